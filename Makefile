@@ -1,0 +1,79 @@
+# STRAP-LLM — one entry point for building, testing, the demo and the benchmarks.
+# Everything a fresh machine needs is installed from here: Go modules, a Python venv with
+# torch/transformers from PyPI (one pip call, so pip's cache serves every later run), and,
+# for `make generate` only, Debian's clang/bpftool.
+
+SHELL        := /bin/bash
+GO           ?= go
+PYTHON       ?= python3
+VENV         ?= .venv
+VPY          := $(VENV)/bin/python
+BIN          := bin/strapd
+VERSION      ?= 0.1.0
+GOFLAGS_LD   := -ldflags "-X main.version=$(VERSION)"
+PREFIX       ?= /usr/local
+DESTDIR      ?=
+# Python packages for the client, its tests and the demo; one pip invocation (see above).
+PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest
+FUZZTIME     ?= 10s
+
+.PHONY: all build test test-go test-python vet demo bench fuzz generate install uninstall clean venv
+
+all: build
+
+build: $(BIN)
+
+$(BIN): go.mod go.sum $(shell find cmd internal -name '*.go' -not -name '*_test.go' 2>/dev/null)
+	@mkdir -p bin
+	$(GO) build $(GOFLAGS_LD) -o $@ ./cmd/strapd
+
+# The venv is rebuilt only when the client's packaging changes.
+$(VENV)/.stamp: clients/python/pyproject.toml
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet $(PY_DEPS)
+	$(VPY) -m pip install --quiet --no-deps -e clients/python
+	@touch $@
+
+venv: $(VENV)/.stamp
+
+vet:
+	$(GO) vet ./...
+
+test-go: vet
+	$(GO) test -race -count=1 ./...
+
+test-python: $(BIN) $(VENV)/.stamp
+	STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q clients/python/tests
+
+# The README's test command; CI (.ci/run) calls exactly this.
+test: test-go test-python
+
+# The main job on its embedded default: a real capture of a Llama-architecture model built
+# from a small config (no weights can be downloaded), analysed from the file on disk.
+demo: $(BIN) $(VENV)/.stamp
+	STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) clients/python/examples/demo.py
+
+bench: $(BIN) $(VENV)/.stamp
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./internal/...
+
+# Every fuzz target for FUZZTIME each (seeds live in testdata/).
+fuzz:
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; done
+
+# Regenerates the committed BPF objects; needs clang and bpftool (installed here if missing).
+generate:
+	@command -v clang >/dev/null && command -v bpftool >/dev/null || \
+	  (apt-get update && apt-get install -y --no-install-recommends clang llvm libbpf-dev bpftool)
+	$(GO) generate ./internal/bpf/...
+
+install: $(BIN)
+	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/strapd
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/strapd
+
+clean:
+	rm -rf bin
