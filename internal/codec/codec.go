@@ -27,7 +27,23 @@ var (
 	ErrUnknownCodec = errors.New("unknown codec")
 	// ErrCorrupt: a stored block does not decode to the expected size.
 	ErrCorrupt = errors.New("corrupt block")
+	// ErrBadLevel: the level is outside the codec's range.
+	ErrBadLevel = errors.New("bad codec level")
+	// ErrLossyOption: a lossless codec was given a lossy error bound.
+	ErrLossyOption = errors.New("lossless codec takes no lossy bound")
+	// ErrBlockTable: a payload's block table disagrees with its packet header or itself.
+	ErrBlockTable = errors.New("bad block table")
 )
+
+// MaxBlockSize is the largest block_size a stream may use (docs/STREAM_FORMAT.md 5); it
+// bounds what one block can make a reader allocate.
+const MaxBlockSize = 64 << 20
+
+// Bounder is implemented by codecs that know the most raw bytes a stored block of a given
+// size can decode to. Readers use it to reject lying sizes before allocating.
+type Bounder interface {
+	MaxDecodedLen(stored int) int
+}
 
 // Codec encodes and decodes independent blocks. Implementations are safe for concurrent use
 // by many goroutines (the pipeline's worker pool shares one instance).

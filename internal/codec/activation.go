@@ -1,0 +1,434 @@
+package codec
+
+// Shared parts of the activation codecs (ids 16–63, docs/COMPRESSION.md): the entropy-coded
+// plane frame, float conversions that both decoders must reproduce bit for bit, and the
+// optional interfaces through which the pipeline asks a lossy codec for its error.
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/klauspost/compress/huff0"
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/strap-llm/strap/internal/dtype"
+)
+
+// Activation codec numbers; part of the stream format (docs/COMPRESSION.md).
+const (
+	// Shuffle is the lossless byte-plane codec.
+	Shuffle ID = 16
+	// Quant is error-bounded uniform quantization ("abs" or "rel" bound).
+	Quant ID = 17
+	// FP16 is the range-checked downcast of float32/float64 to float16.
+	FP16 ID = 18
+)
+
+// Errors returned by the activation codecs.
+var (
+	// ErrBadBound: a lossy bound is missing, not positive, or of a mode the codec lacks.
+	ErrBadBound = errors.New("bad lossy bound")
+	// ErrBadLevel: the level is outside what the codec offers.
+	ErrBadLevel = errors.New("bad codec level")
+)
+
+// BlockStats is the error a codec introduced into one block, measured on the values the
+// decoder will produce. Lossless blocks have zero error.
+type BlockStats struct {
+	// Values is the number of elements in the block.
+	Values int
+	// MaxAbs is the largest |decoded - original| over finite originals.
+	MaxAbs float64
+	// SumSqErr is the sum of squared errors over finite originals.
+	SumSqErr float64
+	// SumSq is the sum of squares of the finite originals (the L2 norm², for rel-L2).
+	SumSq float64
+	// Lossless is true when the block was stored without loss (range check, bound that
+	// could not be met, non-float dtype).
+	Lossless bool
+}
+
+// StatsEncoder is implemented by lossy codecs. The pipeline calls EncodeStats instead of
+// Encode so it can record the achieved error in the packet's meta (see ErrorReport).
+type StatsEncoder interface {
+	// EncodeStats is Encode plus the error the stored block carries. When compressed is
+	// false the caller stores src verbatim and the error is zero.
+	EncodeStats(dst, src []byte, dt dtype.DType) (out []byte, compressed bool, st BlockStats, err error)
+}
+
+// TensorPreparer is implemented by codecs whose parameters depend on the whole tensor
+// (the "rel" bound is relative to the tensor's RMS). The pipeline calls ForTensor once per
+// tensor, before splitting it into blocks, and encodes that tensor's blocks with the
+// returned codec. Skipping the call is safe: each block then uses its own RMS, which keeps
+// the bound but compresses less well where blocks differ in scale.
+type TensorPreparer interface {
+	ForTensor(tensor []byte, dt dtype.DType) (Codec, error)
+}
+
+// ErrorReport is the per-packet error summary the pipeline writes under the key "lossy"
+// of a TENSOR packet's meta JSON.
+type ErrorReport struct {
+	// Mode is the bound's mode: "abs", "rel" or "fp16".
+	Mode string `json:"mode"`
+	// Bound is the bound asked for (0 for "fp16" without a stated bound).
+	Bound float64 `json:"bound"`
+	// MaxAbsErr is the achieved maximum absolute error.
+	MaxAbsErr float64 `json:"max_abs_err"`
+	// RelL2Err is the achieved ‖x̂−x‖₂ / ‖x‖₂ (0 when ‖x‖₂ is 0).
+	RelL2Err float64 `json:"rel_l2_err"`
+	// Blocks is the number of blocks in the packet.
+	Blocks int `json:"blocks"`
+	// LosslessBlocks counts blocks stored without loss (flagged fallbacks).
+	LosslessBlocks int `json:"lossless_blocks"`
+}
+
+// Report folds the stats of a packet's blocks into its ErrorReport.
+func Report(b LossyBound, blocks []BlockStats) ErrorReport {
+	r := ErrorReport{Mode: b.Mode, Bound: b.Value, Blocks: len(blocks)}
+	var sse, ss float64
+	for _, s := range blocks {
+		r.MaxAbsErr = math.Max(r.MaxAbsErr, s.MaxAbs)
+		sse += s.SumSqErr
+		ss += s.SumSq
+		if s.Lossless {
+			r.LosslessBlocks++
+		}
+	}
+	if ss > 0 {
+		r.RelL2Err = math.Sqrt(sse / ss)
+	}
+	return r
+}
+
+// Exceeds reports whether the achieved error is beyond the bound asked for (a bug).
+func (r ErrorReport) Exceeds() bool {
+	switch r.Mode {
+	case "abs":
+		return r.MaxAbsErr > r.Bound
+	case "rel", "fp16":
+		return r.Bound > 0 && r.RelL2Err > r.Bound
+	}
+	return false
+}
+
+// --- plane frames -----------------------------------------------------------------------
+
+// A plane frame is a standard zstd frame (single segment, content size set, no checksum),
+// so any zstd decoder reads it. At level ≤ 1 its blocks hold only Huffman-coded literals
+// (huff0, no match search): the entropy of a byte plane at ~1 GB/s instead of a match
+// finder that finds nothing in float data.
+
+const (
+	zstdMagic     = 0xFD2FB528
+	literalsChunk = 128 << 10 // zstd's maximum block size
+)
+
+var huffPool = sync.Pool{New: func() any { return &huff0.Scratch{} }}
+
+var (
+	zencMu sync.Mutex
+	zenc   = map[zstd.EncoderLevel]*zstd.Encoder{}
+	zdecMu sync.Mutex
+	zdec   *zstd.Decoder
+)
+
+func zstdEncoder(l zstd.EncoderLevel) (*zstd.Encoder, error) {
+	zencMu.Lock()
+	defer zencMu.Unlock()
+	if e, ok := zenc[l]; ok {
+		return e, nil
+	}
+	e, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(l), zstd.WithEncoderConcurrency(1),
+		zstd.WithEncoderCRC(false), zstd.WithZeroFrames(true))
+	if err != nil {
+		return nil, fmt.Errorf("zstd encoder: %w", err)
+	}
+	zenc[l] = e
+	return e, nil
+}
+
+func zstdDecoder() (*zstd.Decoder, error) {
+	zdecMu.Lock()
+	defer zdecMu.Unlock()
+	if zdec == nil {
+		d, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(0),
+			zstd.WithDecoderMaxMemory(1<<31), zstd.IgnoreChecksum(true))
+		if err != nil {
+			return nil, fmt.Errorf("zstd decoder: %w", err)
+		}
+		zdec = d
+	}
+	return zdec, nil
+}
+
+// appendPlane appends the plane frame of p. level ≤ 1: literal-only frame; 2–4: klauspost
+// zstd at SpeedDefault, SpeedBetterCompression, SpeedBestCompression.
+func appendPlane(dst, p []byte, level int) ([]byte, error) {
+	if level >= 2 {
+		e, err := zstdEncoder(zstd.EncoderLevel(level))
+		if err != nil {
+			return nil, err
+		}
+		return e.EncodeAll(p, dst), nil
+	}
+	// Frame header: magic, descriptor 0xA0 (4-byte content size, single segment).
+	dst = binary.LittleEndian.AppendUint32(dst, zstdMagic)
+	dst = append(dst, 0xA0)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(p)))
+	s := huffPool.Get().(*huff0.Scratch)
+	defer huffPool.Put(s)
+	s.Reuse = huff0.ReusePolicyNone
+	for first := true; first || len(p) > 0; first = false {
+		n := min(len(p), literalsChunk)
+		chunk := p[:n]
+		p = p[n:]
+		dst = appendLiteralsBlock(dst, chunk, len(p) == 0, s)
+	}
+	return dst, nil
+}
+
+func blockHeader(dst []byte, last bool, typ, size int) []byte {
+	h := uint32(size)<<3 | uint32(typ)<<1
+	if last {
+		h |= 1
+	}
+	return append(dst, byte(h), byte(h>>8), byte(h>>16))
+}
+
+// appendLiteralsBlock writes one zstd block holding chunk as Huffman literals and no
+// sequences, or as a raw or RLE block when entropy coding does not pay (as zstd does).
+func appendLiteralsBlock(dst, chunk []byte, last bool, s *huff0.Scratch) []byte {
+	var (
+		out    []byte
+		err    error
+		single bool
+	)
+	switch {
+	case len(chunk) >= 1024:
+		out, _, err = huff0.Compress4X(chunk, s)
+	case len(chunk) > 16:
+		single = true
+		out, _, err = huff0.Compress1X(chunk, s)
+	default:
+		err = huff0.ErrIncompressible
+	}
+	var lh []byte
+	if err == nil {
+		lh = literalsHeader(len(out), len(chunk), single)
+		if len(lh)+len(out)+1 >= len(chunk) {
+			err = huff0.ErrIncompressible
+		}
+	}
+	switch {
+	case err == nil:
+		dst = blockHeader(dst, last, 2, len(lh)+len(out)+1)
+		dst = append(dst, lh...)
+		dst = append(dst, out...)
+		return append(dst, 0) // Number_of_Sequences = 0
+	case errors.Is(err, huff0.ErrUseRLE):
+		dst = blockHeader(dst, last, 1, len(chunk))
+		return append(dst, chunk[0])
+	default: // incompressible or any other huff0 refusal: raw
+		dst = blockHeader(dst, last, 0, len(chunk))
+		return append(dst, chunk...)
+	}
+}
+
+// literalsHeader is the zstd Literals_Section_Header of a Compressed_Literals_Block.
+func literalsHeader(compLen, regen int, single bool) []byte {
+	const typ = 2
+	switch {
+	case regen < 1<<10 && compLen < 1<<10:
+		sf := uint64(1)
+		if single {
+			sf = 0
+		}
+		h := typ | sf<<2 | uint64(regen)<<4 | uint64(compLen)<<14
+		return []byte{byte(h), byte(h >> 8), byte(h >> 16)}
+	case regen < 1<<14 && compLen < 1<<14:
+		h := typ | 2<<2 | uint64(regen)<<4 | uint64(compLen)<<18
+		return []byte{byte(h), byte(h >> 8), byte(h >> 16), byte(h >> 24)}
+	default:
+		h := typ | 3<<2 | uint64(regen)<<4 | uint64(compLen)<<22
+		return []byte{byte(h), byte(h >> 8), byte(h >> 16), byte(h >> 24), byte(h >> 32)}
+	}
+}
+
+// decodePlane appends the n bytes of the plane frame f to dst. The frame must declare
+// exactly n bytes of content, so corrupt input cannot make the decoder allocate more.
+func decodePlane(dst, f []byte, n int) ([]byte, error) {
+	var h zstd.Header
+	if err := h.Decode(f); err != nil {
+		return nil, fmt.Errorf("plane frame: %w: %w", ErrCorrupt, err)
+	}
+	if !h.HasFCS || h.FrameContentSize != uint64(n) {
+		return nil, fmt.Errorf("plane frame declares %d bytes, want %d: %w", h.FrameContentSize, n, ErrCorrupt)
+	}
+	d, err := zstdDecoder()
+	if err != nil {
+		return nil, err
+	}
+	start := len(dst)
+	dst = grow(dst, n)[:start]
+	out, err := d.DecodeAll(f, dst)
+	if err != nil {
+		return nil, fmt.Errorf("plane frame: %w: %w", ErrCorrupt, err)
+	}
+	if len(out)-start != n {
+		return nil, fmt.Errorf("plane frame gave %d bytes, want %d: %w", len(out)-start, n, ErrCorrupt)
+	}
+	return out, nil
+}
+
+func grow(b []byte, n int) []byte {
+	if cap(b)-len(b) >= n {
+		return b[:len(b)+n]
+	}
+	nb := make([]byte, len(b)+n, len(b)+n)
+	copy(nb, b)
+	return nb
+}
+
+// appendPlanes writes the plane table (count × u32 frame length) and the frames of planes.
+func appendPlanes(dst []byte, planes [][]byte, level int) ([]byte, error) {
+	tab := len(dst)
+	dst = append(dst, make([]byte, 4*len(planes))...)
+	for j, p := range planes {
+		start := len(dst)
+		var err error
+		if dst, err = appendPlane(dst, p, level); err != nil {
+			return nil, err
+		}
+		binary.LittleEndian.PutUint32(dst[tab+4*j:], uint32(len(dst)-start))
+	}
+	return dst, nil
+}
+
+// readPlanes decodes k planes of n bytes each from src (plane table then frames) into one
+// buffer of k·n bytes, and returns the bytes of src after the last frame.
+func readPlanes(src []byte, k, n int) (planes, rest []byte, err error) {
+	if len(src) < 4*k {
+		return nil, nil, fmt.Errorf("plane table: %w", ErrCorrupt)
+	}
+	off := 4 * k
+	planes = make([]byte, 0, k*n)
+	for j := range k {
+		fl := int(binary.LittleEndian.Uint32(src[4*j:]))
+		if fl > len(src)-off {
+			return nil, nil, fmt.Errorf("plane %d overruns block: %w", j, ErrCorrupt)
+		}
+		if planes, err = decodePlane(planes, src[off:off+fl], n); err != nil {
+			return nil, nil, fmt.Errorf("plane %d: %w", j, err)
+		}
+		off += fl
+	}
+	return planes, src[off:], nil
+}
+
+// --- floats ------------------------------------------------------------------------------
+
+// f32ToF16 rounds to nearest even, as numpy's astype(float16) does; overflow gives ±inf.
+func f32ToF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	sign := uint16(b>>16) & 0x8000
+	exp := int32(b>>23) & 0xff
+	man := b & 0x7fffff
+	if exp == 0xff {
+		if man != 0 {
+			return sign | 0x7e00 | uint16(man>>13)
+		}
+		return sign | 0x7c00
+	}
+	e := exp - 127 + 15
+	if e >= 0x1f {
+		return sign | 0x7c00
+	}
+	if e <= 0 {
+		if e < -10 {
+			return sign
+		}
+		m := man | 0x800000
+		s := uint32(14 - e)
+		h := m >> s
+		rem, half := m&(1<<s-1), uint32(1)<<(s-1)
+		if rem > half || (rem == half && h&1 == 1) {
+			h++
+		}
+		return sign | uint16(h)
+	}
+	h := uint32(e)<<10 | man>>13
+	rem := man & 0x1fff
+	if rem > 0x1000 || (rem == 0x1000 && h&1 == 1) {
+		h++ // a carry into the exponent is right, up to inf
+	}
+	return sign | uint16(h)
+}
+
+// f16ToF32 widens exactly.
+func f16ToF32(h uint16) float32 {
+	sign := uint32(h&0x8000) << 16
+	exp := uint32(h>>10) & 0x1f
+	man := uint32(h & 0x3ff)
+	switch {
+	case exp == 0x1f:
+		return math.Float32frombits(sign | 0x7f800000 | man<<13)
+	case exp == 0:
+		if man == 0 {
+			return math.Float32frombits(sign)
+		}
+		v := float32(man) * (1.0 / (1 << 24))
+		if sign != 0 {
+			v = -v
+		}
+		return v
+	}
+	return math.Float32frombits(sign | (exp+127-15)<<23 | man<<13)
+}
+
+// f32ToBF16 rounds to nearest even on the bit pattern (NaN is never fed to it).
+func f32ToBF16(f float32) uint16 {
+	u := math.Float32bits(f)
+	return uint16((u + 0x7fff + (u>>16)&1) >> 16)
+}
+
+func bf16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// loadFloat reads element i of a float block as float64 (exact for every float dtype here).
+func loadFloat(src []byte, dt dtype.DType, i int) float64 {
+	switch dt {
+	case dtype.Float32:
+		return float64(math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:])))
+	case dtype.Float64:
+		return math.Float64frombits(binary.LittleEndian.Uint64(src[8*i:]))
+	case dtype.Float16:
+		return float64(f16ToF32(binary.LittleEndian.Uint16(src[2*i:])))
+	case dtype.BFloat16:
+		return float64(bf16ToF32(binary.LittleEndian.Uint16(src[2*i:])))
+	}
+	panic("codec: loadFloat on " + dt.String())
+}
+
+// quantizable reports whether the lossy codecs handle dt (others are stored losslessly).
+func quantizable(dt dtype.DType) bool {
+	switch dt {
+	case dtype.Float32, dtype.Float64, dtype.Float16, dtype.BFloat16:
+		return true
+	}
+	return false
+}
+
+// blockRMSNorm returns the element count and sum of squares of the finite values of src.
+func sumSquares(src []byte, dt dtype.DType) (n int, ss float64) {
+	cnt := len(src) / dt.Size()
+	for i := range cnt {
+		x := loadFloat(src, dt, i)
+		if !math.IsInf(x, 0) && !math.IsNaN(x) {
+			ss += x * x
+			n++
+		}
+	}
+	return n, ss
+}

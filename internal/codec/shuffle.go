@@ -1,0 +1,189 @@
+package codec
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+	"sync"
+
+	"github.com/strap-llm/strap/internal/dtype"
+)
+
+// The shuffle codec (id 16) is lossless: each element (sign bit rotated to the bottom for
+// floats, so one byte plane holds the exponent) is split into byte planes, and each plane
+// is entropy-coded as a zstd frame (docs/COMPRESSION.md section 2).
+
+func init() {
+	Register("shuffle", Shuffle, func(o Options) (Codec, error) {
+		if o.Lossy != nil {
+			return nil, fmt.Errorf("shuffle is lossless: %w", ErrBadBound)
+		}
+		if o.Level < 0 || o.Level > 4 {
+			return nil, fmt.Errorf("shuffle level %d (0–4): %w", o.Level, ErrBadLevel)
+		}
+		return shuffleCodec{level: o.Level}, nil
+	})
+}
+
+type shuffleCodec struct{ level int }
+
+func (shuffleCodec) ID() ID         { return Shuffle }
+func (shuffleCodec) Name() string   { return "shuffle" }
+func (c shuffleCodec) Level() int   { return c.level }
+func (c shuffleCodec) String() string { return fmt.Sprintf("shuffle(level %d)", c.level) }
+
+func (c shuffleCodec) Encode(dst, src []byte, dt dtype.DType) ([]byte, bool, error) {
+	out, err := appendShuffled(dst, src, dt, c.level)
+	if err != nil {
+		return nil, false, fmt.Errorf("shuffle: %w", err)
+	}
+	if len(out)-len(dst) >= len(src) {
+		return dst, false, nil
+	}
+	return out, true, nil
+}
+
+func (c shuffleCodec) Decode(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error) {
+	out, err := decodeShuffled(dst, src, dt, rawLen)
+	if err != nil {
+		return nil, fmt.Errorf("shuffle: %w", err)
+	}
+	return out, nil
+}
+
+var planePool = sync.Pool{New: func() any { return new([]byte) }}
+
+// rotates reports whether elements of dt have their sign bit rotated to bit 0.
+func rotates(dt dtype.DType) bool {
+	return dt.IsFloat() && dt.Size() > 1
+}
+
+// appendShuffled appends the shuffle payload of src (elements of dt) to dst.
+func appendShuffled(dst, src []byte, dt dtype.DType, level int) ([]byte, error) {
+	w := dt.Size()
+	if w == 0 {
+		return nil, fmt.Errorf("dtype %d: %w", uint8(dt), ErrCorrupt)
+	}
+	n := len(src) / w
+	bp := planePool.Get().(*[]byte)
+	defer planePool.Put(bp)
+	if cap(*bp) < n*w {
+		*bp = make([]byte, n*w)
+	}
+	buf := (*bp)[:n*w]
+	shuffle(buf, src[:n*w], w, rotates(dt))
+	planes := make([][]byte, w)
+	for j := range w {
+		planes[j] = buf[j*n : (j+1)*n]
+	}
+	dst, err := appendPlanes(dst, planes, level)
+	if err != nil {
+		return nil, err
+	}
+	return append(dst, src[n*w:]...), nil
+}
+
+// decodeShuffled appends the rawLen bytes of a shuffle payload to dst.
+func decodeShuffled(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error) {
+	w := dt.Size()
+	if w == 0 || rawLen < 0 {
+		return nil, fmt.Errorf("dtype %d, raw length %d: %w", uint8(dt), rawLen, ErrCorrupt)
+	}
+	n := rawLen / w
+	planes, rest, err := readPlanes(src, w, n)
+	if err != nil {
+		return nil, err
+	}
+	if len(rest) != rawLen-n*w {
+		return nil, fmt.Errorf("tail is %d bytes, want %d: %w", len(rest), rawLen-n*w, ErrCorrupt)
+	}
+	start := len(dst)
+	dst = grow(dst, rawLen)
+	unshuffle(dst[start:start+n*w], planes, w, rotates(dt))
+	copy(dst[start+n*w:], rest)
+	return dst, nil
+}
+
+// shuffle writes the w byte planes of the n = len(src)/w elements of src into buf, plane j
+// at buf[j·n:(j+1)·n].
+func shuffle(buf, src []byte, w int, rot bool) {
+	n := len(src) / w
+	switch {
+	case w == 4:
+		p0, p1, p2, p3 := buf[:n], buf[n:2*n], buf[2*n:3*n], buf[3*n:4*n]
+		for i := range n {
+			v := binary.LittleEndian.Uint32(src[4*i:])
+			if rot {
+				v = bits.RotateLeft32(v, 1)
+			}
+			p0[i], p1[i], p2[i], p3[i] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
+		}
+	case w == 2:
+		p0, p1 := buf[:n], buf[n:2*n]
+		for i := range n {
+			v := binary.LittleEndian.Uint16(src[2*i:])
+			if rot {
+				v = bits.RotateLeft16(v, 1)
+			}
+			p0[i], p1[i] = byte(v), byte(v>>8)
+		}
+	case w == 8:
+		for i := range n {
+			v := binary.LittleEndian.Uint64(src[8*i:])
+			if rot {
+				v = bits.RotateLeft64(v, 1)
+			}
+			for j := range 8 {
+				buf[j*n+i] = byte(v >> (8 * j))
+			}
+		}
+	default:
+		for i := range n {
+			for j := range w {
+				buf[j*n+i] = src[w*i+j]
+			}
+		}
+	}
+}
+
+// unshuffle is the inverse of shuffle.
+func unshuffle(dst, buf []byte, w int, rot bool) {
+	n := len(dst) / w
+	switch {
+	case w == 4:
+		p0, p1, p2, p3 := buf[:n], buf[n:2*n], buf[2*n:3*n], buf[3*n:4*n]
+		for i := range n {
+			v := uint32(p0[i]) | uint32(p1[i])<<8 | uint32(p2[i])<<16 | uint32(p3[i])<<24
+			if rot {
+				v = bits.RotateLeft32(v, -1)
+			}
+			binary.LittleEndian.PutUint32(dst[4*i:], v)
+		}
+	case w == 2:
+		p0, p1 := buf[:n], buf[n:2*n]
+		for i := range n {
+			v := uint16(p0[i]) | uint16(p1[i])<<8
+			if rot {
+				v = bits.RotateLeft16(v, -1)
+			}
+			binary.LittleEndian.PutUint16(dst[2*i:], v)
+		}
+	case w == 8:
+		for i := range n {
+			var v uint64
+			for j := range 8 {
+				v |= uint64(buf[j*n+i]) << (8 * j)
+			}
+			if rot {
+				v = bits.RotateLeft64(v, -1)
+			}
+			binary.LittleEndian.PutUint64(dst[8*i:], v)
+		}
+	default:
+		for i := range n {
+			for j := range w {
+				dst[w*i+j] = buf[j*n+i]
+			}
+		}
+	}
+}
