@@ -1,0 +1,345 @@
+package shm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/strap-llm/strap/internal/dtype"
+)
+
+// Layout constants of the ring (PROTOCOL.md section 2).
+const (
+	// HeaderSize is the size of the RingHeader; the data region starts there.
+	HeaderSize = 4096
+	// Align is the alignment of every record position and length.
+	Align = 64
+	// RecordFixedSize is the size of a record header before its shape.
+	RecordFixedSize = 80
+	// MaxNDim is the largest number of dimensions a record may carry.
+	MaxNDim = 8
+	// MaxNameLen is the longest module name a record may carry.
+	MaxNameLen = 4096
+	// MaxMetaLen is the longest meta JSON a record may carry.
+	MaxMetaLen = 65536
+	// RingVersion is the ring header version this package reads and writes.
+	RingVersion = 1
+)
+
+// Record kinds.
+const (
+	KindTensor uint16 = 1
+	KindPad    uint16 = 2
+)
+
+// FlagPart marks a record that carries one part of a larger tensor.
+const FlagPart uint16 = 1
+
+var (
+	ringMagic   = [4]byte{'S', 'R', 'N', 'G'}
+	recordMagic = [4]byte{'S', 'R', 'E', 'C'}
+)
+
+// Errors returned by this package. Each returned error wraps one of them and names the
+// expected and the found value.
+var (
+	// ErrNotMemfd: the ring descriptor is not a sealable memfd.
+	ErrNotMemfd = errors.New("ring is not a memfd")
+	// ErrNotSealed: the memfd lacks F_SEAL_SHRINK or F_SEAL_GROW.
+	ErrNotSealed = errors.New("ring memfd not sealed")
+	// ErrRingSize: the declared ring size is invalid or differs from the memfd's size.
+	ErrRingSize = errors.New("bad ring size")
+	// ErrRingHeader: the RingHeader is malformed.
+	ErrRingHeader = errors.New("bad ring header")
+	// ErrBadRecord: a record fails one of the checks of PROTOCOL.md section 2.
+	ErrBadRecord = errors.New("bad record")
+	// ErrRingFull: the producer has no room for a record now.
+	ErrRingFull = errors.New("ring full")
+	// ErrTooLarge: a record can never fit in the ring, even when empty.
+	ErrTooLarge = errors.New("record larger than ring")
+)
+
+// AlignUp rounds n up to a multiple of Align.
+func AlignUp(n uint64) uint64 { return (n + Align - 1) &^ (Align - 1) }
+
+// CheckRingSize validates a declared ring size: the data region must be non-empty and a
+// multiple of Align.
+func CheckRingSize(ringSize uint64) error {
+	if ringSize <= HeaderSize {
+		return fmt.Errorf("%w: %d bytes, need more than %d", ErrRingSize, ringSize, HeaderSize)
+	}
+	if (ringSize-HeaderSize)%Align != 0 {
+		return fmt.Errorf("%w: data size %d is not a multiple of %d", ErrRingSize, ringSize-HeaderSize, Align)
+	}
+	return nil
+}
+
+// PutHeader writes a RingHeader for a ring of ringSize bytes into b (len(b) >= HeaderSize).
+func PutHeader(b []byte, ringSize uint64) {
+	clear(b[:HeaderSize])
+	copy(b[0:4], ringMagic[:])
+	binary.LittleEndian.PutUint32(b[4:], RingVersion)
+	binary.LittleEndian.PutUint64(b[8:], ringSize)
+	binary.LittleEndian.PutUint64(b[16:], HeaderSize)
+	binary.LittleEndian.PutUint64(b[24:], ringSize-HeaderSize)
+}
+
+// ParseHeader checks the RingHeader in b against the ring size declared in OPEN and returns
+// the size of the data region.
+func ParseHeader(b []byte, ringSize uint64) (dataSize uint64, err error) {
+	if len(b) < HeaderSize {
+		return 0, fmt.Errorf("%w: %d bytes, need %d", ErrRingHeader, len(b), HeaderSize)
+	}
+	if [4]byte(b[0:4]) != ringMagic {
+		return 0, fmt.Errorf("%w: magic %q, expected %q", ErrRingHeader, b[0:4], ringMagic[:])
+	}
+	if v := binary.LittleEndian.Uint32(b[4:]); v != RingVersion {
+		return 0, fmt.Errorf("%w: version %d, expected %d", ErrRingHeader, v, RingVersion)
+	}
+	if v := binary.LittleEndian.Uint64(b[8:]); v != ringSize {
+		return 0, fmt.Errorf("%w: ring_size %d, expected %d", ErrRingHeader, v, ringSize)
+	}
+	if v := binary.LittleEndian.Uint64(b[16:]); v != HeaderSize {
+		return 0, fmt.Errorf("%w: data_offset %d, expected %d", ErrRingHeader, v, HeaderSize)
+	}
+	dataSize = binary.LittleEndian.Uint64(b[24:])
+	if dataSize != ringSize-HeaderSize {
+		return 0, fmt.Errorf("%w: data_size %d, expected %d", ErrRingHeader, dataSize, ringSize-HeaderSize)
+	}
+	if dataSize == 0 || dataSize%Align != 0 {
+		return 0, fmt.Errorf("%w: data_size %d is not a positive multiple of %d", ErrRingHeader, dataSize, Align)
+	}
+	for i, c := range b[32:HeaderSize] {
+		if c != 0 {
+			return 0, fmt.Errorf("%w: reserved byte %d is %#x, expected 0", ErrRingHeader, 32+i, c)
+		}
+	}
+	return dataSize, nil
+}
+
+// Record is one parsed ring record. Shape, Name, Meta and Payload alias the bytes it was
+// parsed from.
+type Record struct {
+	Kind       uint16
+	DType      dtype.DType
+	Seq        uint64
+	Len        uint64 // record_len: bytes to the next record
+	Step       uint64
+	Forward    uint64
+	Flags      uint16
+	PartOffset uint64
+	TensorLen  uint64
+	Shape      []uint64
+	Name       string
+	Meta       []byte
+	Payload    []byte
+}
+
+// Limits tighten the per-record maxima of the protocol; zero fields take the protocol's.
+type Limits struct {
+	// MaxNDim is the most dimensions accepted (≤ MaxNDim).
+	MaxNDim int
+	// MaxNameLen is the longest name accepted (≤ MaxNameLen).
+	MaxNameLen int
+	// MaxMetaLen is the longest meta accepted (≤ MaxMetaLen).
+	MaxMetaLen int
+}
+
+func (l Limits) norm() Limits {
+	if l.MaxNDim <= 0 || l.MaxNDim > MaxNDim {
+		l.MaxNDim = MaxNDim
+	}
+	if l.MaxNameLen <= 0 || l.MaxNameLen > MaxNameLen {
+		l.MaxNameLen = MaxNameLen
+	}
+	if l.MaxMetaLen <= 0 || l.MaxMetaLen > MaxMetaLen {
+		l.MaxMetaLen = MaxMetaLen
+	}
+	return l
+}
+
+func badf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrBadRecord}, args...)...)
+}
+
+// ParseRecord parses the record at the start of b. b holds exactly the bytes the record may
+// occupy: from its position to the nearer of the published head and the end of the data
+// region, so a record_len beyond len(b) is an error. The sequence number is not checked
+// here (the caller knows the expected one); every other check of PROTOCOL.md section 2 is.
+func ParseRecord(b []byte, lim Limits) (Record, error) {
+	var r Record
+	lim = lim.norm()
+	if len(b) < Align {
+		return r, badf("%d bytes left before the window ends, a record needs at least %d", len(b), Align)
+	}
+	if [4]byte(b[0:4]) != recordMagic {
+		return r, badf("magic %q, expected %q", b[0:4], recordMagic[:])
+	}
+	le := binary.LittleEndian
+	r.Kind = le.Uint16(b[4:])
+	r.Len = le.Uint64(b[16:])
+	if r.Len < Align || r.Len%Align != 0 {
+		return r, badf("record_len %d, expected a multiple of %d, at least %d", r.Len, Align, Align)
+	}
+	if r.Len > uint64(len(b)) {
+		return r, badf("record_len %d runs past the published window or data region (%d bytes left)", r.Len, len(b))
+	}
+	switch r.Kind {
+	case KindPad:
+		return r, nil
+	case KindTensor:
+	default:
+		return r, badf("kind %d, expected %d (tensor) or %d (pad)", r.Kind, KindTensor, KindPad)
+	}
+	if len(b) < RecordFixedSize {
+		return r, badf("%d bytes, a tensor record header needs %d", len(b), RecordFixedSize)
+	}
+	r.DType = dtype.DType(b[6])
+	ndim := int(b[7])
+	r.Seq = le.Uint64(b[8:])
+	r.Step = le.Uint64(b[24:])
+	r.Forward = le.Uint64(b[32:])
+	payloadOff := le.Uint64(b[40:])
+	payloadLen := le.Uint64(b[48:])
+	nameLen := int(le.Uint16(b[56:]))
+	r.Flags = le.Uint16(b[58:])
+	metaLen := int(le.Uint32(b[60:]))
+	r.PartOffset = le.Uint64(b[64:])
+	r.TensorLen = le.Uint64(b[72:])
+
+	if !r.DType.Valid() {
+		return r, badf("seq %d: unknown dtype %d", r.Seq, b[6])
+	}
+	if ndim > lim.MaxNDim {
+		return r, badf("seq %d: ndim %d, at most %d", r.Seq, ndim, lim.MaxNDim)
+	}
+	if nameLen < 1 || nameLen > lim.MaxNameLen {
+		return r, badf("seq %d: name_len %d, expected 1..%d", r.Seq, nameLen, lim.MaxNameLen)
+	}
+	if metaLen > lim.MaxMetaLen {
+		return r, badf("seq %d: meta_len %d, at most %d", r.Seq, metaLen, lim.MaxMetaLen)
+	}
+	if r.Flags&^FlagPart != 0 {
+		return r, badf("seq %d: flags %#x, only bit 0 (PART) is defined", r.Seq, r.Flags)
+	}
+	hdrEnd := uint64(RecordFixedSize + 8*ndim + nameLen + metaLen)
+	if payloadOff%Align != 0 || payloadOff < hdrEnd {
+		return r, badf("seq %d: payload_off %d, expected a multiple of %d and at least %d", r.Seq, payloadOff, Align, hdrEnd)
+	}
+	if payloadOff > r.Len || payloadLen > r.Len-payloadOff {
+		return r, badf("seq %d: payload_off %d + payload_len %d exceeds record_len %d", r.Seq, payloadOff, payloadLen, r.Len)
+	}
+	r.Shape = make([]uint64, ndim)
+	elems := uint64(1)
+	overflow := false
+	for i := range ndim {
+		d := le.Uint64(b[RecordFixedSize+8*i:])
+		r.Shape[i] = d
+		if d != 0 && elems > ^uint64(0)/d {
+			overflow = true
+		}
+		elems *= d
+	}
+	size := uint64(r.DType.Size())
+	if overflow || (elems != 0 && elems > ^uint64(0)/size) || elems*size != r.TensorLen {
+		return r, badf("seq %d: shape %v of %s is not tensor_len %d bytes", r.Seq, r.Shape, r.DType, r.TensorLen)
+	}
+	if r.Flags&FlagPart != 0 {
+		if r.PartOffset > r.TensorLen || payloadLen > r.TensorLen-r.PartOffset {
+			return r, badf("seq %d: part_offset %d + payload_len %d exceeds tensor_len %d", r.Seq, r.PartOffset, payloadLen, r.TensorLen)
+		}
+	} else {
+		if r.TensorLen != payloadLen {
+			return r, badf("seq %d: tensor_len %d != payload_len %d in a record without PART", r.Seq, r.TensorLen, payloadLen)
+		}
+		if r.PartOffset != 0 {
+			return r, badf("seq %d: part_offset %d in a record without PART, expected 0", r.Seq, r.PartOffset)
+		}
+	}
+	off := RecordFixedSize + 8*ndim
+	r.Name = string(b[off : off+nameLen])
+	off += nameLen
+	if metaLen > 0 {
+		r.Meta = b[off : off+metaLen]
+	}
+	r.Payload = b[payloadOff : payloadOff+payloadLen]
+	return r, nil
+}
+
+// Tensor describes one record to encode. Shape is the whole tensor's; Payload is this
+// record's bytes (all of them, or one part when Flags has FlagPart).
+type Tensor struct {
+	Name       string
+	DType      dtype.DType
+	Shape      []uint64
+	Step       uint64
+	Forward    uint64
+	Meta       []byte
+	Flags      uint16
+	PartOffset uint64
+	TensorLen  uint64 // 0 means len(Payload)
+	Payload    []byte
+}
+
+// HeaderLen is the record header size of t before alignment: 80 + 8·ndim + name + meta.
+func (t *Tensor) HeaderLen() uint64 {
+	return uint64(RecordFixedSize + 8*len(t.Shape) + len(t.Name) + len(t.Meta))
+}
+
+// RecordLen is the aligned size t takes in the ring.
+func (t *Tensor) RecordLen() uint64 {
+	return AlignUp(AlignUp(t.HeaderLen()) + uint64(len(t.Payload)))
+}
+
+// AppendRecord appends the record encoding of t with sequence number seq to dst, padded
+// with zeros to its record length. It is the reference encoding the golden files hold.
+func AppendRecord(dst []byte, t *Tensor, seq uint64) []byte {
+	n := t.RecordLen()
+	start := len(dst)
+	dst = append(dst, make([]byte, n)...)
+	PutRecord(dst[start:], t, seq)
+	return dst
+}
+
+// PutRecord writes the record encoding of t into b, which must hold t.RecordLen() bytes
+// (its padding bytes are left as they are; the reference zeroes them).
+func PutRecord(b []byte, t *Tensor, seq uint64) {
+	le := binary.LittleEndian
+	payloadOff := AlignUp(t.HeaderLen())
+	tensorLen := t.TensorLen
+	if tensorLen == 0 && t.Flags&FlagPart == 0 {
+		tensorLen = uint64(len(t.Payload))
+	}
+	copy(b[0:4], recordMagic[:])
+	le.PutUint16(b[4:], KindTensor)
+	b[6] = byte(t.DType)
+	b[7] = byte(len(t.Shape))
+	le.PutUint64(b[8:], seq)
+	le.PutUint64(b[16:], t.RecordLen())
+	le.PutUint64(b[24:], t.Step)
+	le.PutUint64(b[32:], t.Forward)
+	le.PutUint64(b[40:], payloadOff)
+	le.PutUint64(b[48:], uint64(len(t.Payload)))
+	le.PutUint16(b[56:], uint16(len(t.Name)))
+	le.PutUint16(b[58:], t.Flags)
+	le.PutUint32(b[60:], uint32(len(t.Meta)))
+	le.PutUint64(b[64:], t.PartOffset)
+	le.PutUint64(b[72:], tensorLen)
+	off := RecordFixedSize
+	for _, d := range t.Shape {
+		le.PutUint64(b[off:], d)
+		off += 8
+	}
+	off += copy(b[off:], t.Name)
+	off += copy(b[off:], t.Meta)
+	clear(b[off:payloadOff])
+	copy(b[payloadOff:], t.Payload)
+}
+
+// PutPad writes a PAD record of length n (a multiple of Align) at the start of b.
+func PutPad(b []byte, n uint64) {
+	clear(b[:Align])
+	copy(b[0:4], recordMagic[:])
+	binary.LittleEndian.PutUint16(b[4:], KindPad)
+	binary.LittleEndian.PutUint64(b[16:], n)
+}

@@ -1,0 +1,364 @@
+package shm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/strap-llm/strap/internal/dtype"
+	"golang.org/x/sys/unix"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/ring")
+
+const goldenDir = "../../testdata/ring"
+
+// goldenRecords are the inputs of the golden record files; testdata/ring/README.md
+// describes the same inputs for the Python encoder.
+func goldenRecords() map[string]struct {
+	t   Tensor
+	seq uint64
+} {
+	f32 := make([]byte, 24)
+	for i := range 6 {
+		binary.LittleEndian.PutUint32(f32[4*i:], uint32(0x3f800000+i)) // 1.0, then the next floats up
+	}
+	bf := []byte{0x80, 0x3f, 0x00, 0x40, 0x40, 0x40, 0x80, 0x40} // bf16 1,2,3,4
+	part := make([]byte, 16)
+	for i := range part {
+		part[i] = byte(i)
+	}
+	return map[string]struct {
+		t   Tensor
+		seq uint64
+	}{
+		"record_f32_2x3.bin": {Tensor{Name: "model.layers.0.mlp", DType: dtype.Float32, Shape: []uint64{2, 3}, Step: 5, Forward: 2, Payload: f32}, 1},
+		"record_bf16_meta.bin": {Tensor{Name: "model.layers.3.self_attn", DType: dtype.BFloat16, Shape: []uint64{1, 4}, Step: 0, Forward: 0,
+			Meta: []byte(`{"positions":[0,4,8],"dim":1}`), Payload: bf}, 7},
+		"record_part.bin": {Tensor{Name: "lm_head", DType: dtype.Uint8, Shape: []uint64{4, 16}, Step: 9, Forward: 3, Flags: FlagPart,
+			PartOffset: 32, TensorLen: 64, Payload: part}, 12},
+		"record_scalar_i64.bin": {Tensor{Name: "x", DType: dtype.Int64, Shape: []uint64{}, Payload: []byte{42, 0, 0, 0, 0, 0, 0, 0}}, 3},
+	}
+}
+
+func TestGolden(t *testing.T) {
+	check := func(t *testing.T, name string, got []byte) {
+		t.Helper()
+		path := filepath.Join(goldenDir, name)
+		if *update {
+			if err := os.WriteFile(path, got, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("read golden (run with -update to create): %v", err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s: encoding differs from golden file", name)
+		}
+	}
+	for name, g := range goldenRecords() {
+		t.Run(name, func(t *testing.T) {
+			b := AppendRecord(nil, &g.t, g.seq)
+			check(t, name, b)
+			r, err := ParseRecord(b, Limits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Seq != g.seq || r.Name != g.t.Name || !bytes.Equal(r.Payload, g.t.Payload) || !bytes.Equal(r.Meta, g.t.Meta) {
+				t.Fatalf("round trip: got %+v", r)
+			}
+		})
+	}
+	t.Run("header_8256.bin", func(t *testing.T) {
+		b := make([]byte, HeaderSize)
+		PutHeader(b, 8256)
+		check(t, "header_8256.bin", b)
+		if ds, err := ParseHeader(b, 8256); err != nil || ds != 4160 {
+			t.Fatalf("ParseHeader = %d, %v", ds, err)
+		}
+	})
+	t.Run("pad_128.bin", func(t *testing.T) {
+		b := make([]byte, 128)
+		PutPad(b, 128)
+		check(t, "pad_128.bin", b)
+	})
+}
+
+func validRecord(t *testing.T) []byte {
+	t.Helper()
+	g := goldenRecords()["record_f32_2x3.bin"]
+	return AppendRecord(nil, &g.t, 1)
+}
+
+func TestParseRecordErrors(t *testing.T) {
+	le := binary.LittleEndian
+	tests := []struct {
+		name    string
+		mutate  func(b []byte) []byte
+		wantSub string
+	}{
+		{"short", func(b []byte) []byte { return b[:32] }, "at least 64"},
+		{"magic", func(b []byte) []byte { copy(b, "XREC"); return b }, `magic "XREC"`},
+		{"kind", func(b []byte) []byte { le.PutUint16(b[4:], 3); return b }, "kind 3"},
+		{"len not aligned", func(b []byte) []byte { le.PutUint64(b[16:], 100); return b }, "record_len 100"},
+		{"len past window", func(b []byte) []byte { le.PutUint64(b[16:], 1024); return b }, "runs past"},
+		{"dtype", func(b []byte) []byte { b[6] = 99; return b }, "unknown dtype 99"},
+		{"ndim", func(b []byte) []byte { b[7] = 9; return b }, "ndim 9"},
+		{"name empty", func(b []byte) []byte { le.PutUint16(b[56:], 0); return b }, "name_len 0"},
+		{"flags", func(b []byte) []byte { le.PutUint16(b[58:], 2); return b }, "flags 0x2"},
+		{"meta too long", func(b []byte) []byte { le.PutUint32(b[60:], 70000); return b }, "meta_len 70000"},
+		{"payload_off misaligned", func(b []byte) []byte { le.PutUint64(b[40:], 65); return b }, "payload_off 65"},
+		{"payload_off inside header", func(b []byte) []byte { le.PutUint32(b[60:], 40); return b }, "payload_off 128"},
+		{"payload past record", func(b []byte) []byte { le.PutUint64(b[48:], 1000); return b }, "exceeds record_len"},
+		{"shape mismatch", func(b []byte) []byte { le.PutUint64(b[80:], 3); return b }, "shape [3 3]"},
+		{"tensor_len != payload_len", func(b []byte) []byte { le.PutUint64(b[48:], 20); return b }, "tensor_len 24 != payload_len 20"},
+		{"part_offset without PART", func(b []byte) []byte { le.PutUint64(b[64:], 8); return b }, "part_offset 8"},
+		{"part out of range", func(b []byte) []byte { le.PutUint16(b[58:], 1); le.PutUint64(b[64:], 8); return b }, "part_offset 8 + payload_len 24"},
+		{"shape overflow", func(b []byte) []byte { le.PutUint64(b[80:], 1<<62); le.PutUint64(b[88:], 1<<3); return b }, "is not tensor_len"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b := tc.mutate(validRecord(t))
+			_, err := ParseRecord(b, Limits{})
+			if !errors.Is(err, ErrBadRecord) {
+				t.Fatalf("err = %v, want ErrBadRecord", err)
+			}
+			if !strings.Contains(err.Error(), tc.wantSub) {
+				t.Fatalf("err = %q, want it to contain %q", err, tc.wantSub)
+			}
+		})
+	}
+	t.Run("limits", func(t *testing.T) {
+		_, err := ParseRecord(validRecord(t), Limits{MaxNameLen: 4})
+		if err == nil || !strings.Contains(err.Error(), "name_len 18, expected 1..4") {
+			t.Fatalf("err = %v", err)
+		}
+	})
+}
+
+func TestParseHeaderErrors(t *testing.T) {
+	le := binary.LittleEndian
+	tests := []struct {
+		name    string
+		mutate  func(b []byte)
+		size    uint64
+		wantSub string
+	}{
+		{"ok", func([]byte) {}, 8192, ""},
+		{"magic", func(b []byte) { b[0] = 'X' }, 8192, "magic"},
+		{"version", func(b []byte) { le.PutUint32(b[4:], 2) }, 8192, "version 2"},
+		{"size mismatch", func([]byte) {}, 8256, "ring_size 8192, expected 8256"},
+		{"data_offset", func(b []byte) { le.PutUint64(b[16:], 64) }, 8192, "data_offset 64"},
+		{"data_size", func(b []byte) { le.PutUint64(b[24:], 64) }, 8192, "data_size 64"},
+		{"reserved", func(b []byte) { b[100] = 1 }, 8192, "reserved byte 100"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b := make([]byte, HeaderSize)
+			PutHeader(b, 8192)
+			tc.mutate(b)
+			_, err := ParseHeader(b, tc.size)
+			if tc.wantSub == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrRingHeader) || !strings.Contains(err.Error(), tc.wantSub) {
+				t.Fatalf("err = %v, want ErrRingHeader containing %q", err, tc.wantSub)
+			}
+		})
+	}
+}
+
+func TestMapChecks(t *testing.T) {
+	t.Run("sealed ok", func(t *testing.T) {
+		p, err := NewProducer(HeaderSize+4096, ProducerOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		r, err := Map(int(p.File().Fd()), HeaderSize+4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		if r.DataSize() != 4096 || r.Size() != HeaderSize+4096 {
+			t.Fatalf("sizes %d %d", r.DataSize(), r.Size())
+		}
+	})
+	t.Run("unsealed", func(t *testing.T) {
+		p, err := NewProducer(HeaderSize+4096, ProducerOptions{NoSeal: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if _, err := Map(int(p.File().Fd()), HeaderSize+4096); !errors.Is(err, ErrNotSealed) {
+			t.Fatalf("err = %v, want ErrNotSealed", err)
+		}
+	})
+	t.Run("size mismatch", func(t *testing.T) {
+		p, err := NewProducer(HeaderSize+4096, ProducerOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if _, err := Map(int(p.File().Fd()), HeaderSize+8192); !errors.Is(err, ErrRingSize) {
+			t.Fatalf("err = %v, want ErrRingSize", err)
+		}
+	})
+	t.Run("regular file", func(t *testing.T) {
+		f, err := os.CreateTemp(t.TempDir(), "ring")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := f.Truncate(HeaderSize + 4096); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Map(int(f.Fd()), HeaderSize+4096); !errors.Is(err, ErrNotMemfd) {
+			t.Fatalf("err = %v, want ErrNotMemfd", err)
+		}
+	})
+	t.Run("pipe", func(t *testing.T) {
+		var fds [2]int
+		if err := unix.Pipe(fds[:]); err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fds[0])
+		defer unix.Close(fds[1])
+		if _, err := Map(fds[0], HeaderSize+4096); !errors.Is(err, ErrNotMemfd) {
+			t.Fatalf("err = %v, want ErrNotMemfd", err)
+		}
+	})
+}
+
+func TestProducerReaderRoundTrip(t *testing.T) {
+	const ringSize = HeaderSize + 1024
+	p, err := NewProducer(ringSize, ProducerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ring, err := Map(int(p.File().Fd()), ringSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ring.Close()
+	rd := NewReader(ring.Data(), 0, Limits{})
+	// 300 payload bytes: record is 128+320 = 448, two fit per 1024 with a pad after.
+	payload := bytes.Repeat([]byte{7}, 300)
+	var wantSeq uint64 = 1
+	pads := 0
+	for i := range 10 {
+		tn := Tensor{Name: "m", DType: dtype.Uint8, Shape: []uint64{300}, Step: uint64(i), Payload: payload}
+		seq, err := p.Put(&tn)
+		if err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+		if seq != wantSeq {
+			t.Fatalf("seq %d, want %d", seq, wantSeq)
+		}
+		for rd.Pos() < p.Head() {
+			rec, _, err := rd.Next(p.Head())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.Kind == KindPad {
+				pads++
+				continue
+			}
+			if rec.Seq != wantSeq || rec.Step != uint64(i) || !bytes.Equal(rec.Payload, payload) {
+				t.Fatalf("record %d: seq %d step %d", i, rec.Seq, rec.Step)
+			}
+		}
+		wantSeq++
+		if err := p.Release(rd.Pos()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if pads == 0 {
+		t.Fatal("expected PAD records at the wrap")
+	}
+	// Ring full: nothing released.
+	big := Tensor{Name: "m", DType: dtype.Uint8, Shape: []uint64{300}, Payload: payload}
+	if _, err := p.Put(&big); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Put(&big); err != nil && !errors.Is(err, ErrRingFull) {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := p.Put(&big); errors.Is(err, ErrRingFull) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	huge := Tensor{Name: "m", DType: dtype.Uint8, Shape: []uint64{2000}, Payload: make([]byte, 2000)}
+	if _, err := p.Put(&huge); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("err = %v, want ErrTooLarge", err)
+	}
+	parts := p.Split(&huge)
+	var covered uint64
+	for _, pt := range parts {
+		if pt.Flags&FlagPart == 0 || pt.PartOffset != covered || pt.TensorLen != 2000 || pt.RecordLen() > p.DataSize() {
+			t.Fatalf("bad part %+v", pt)
+		}
+		covered += uint64(len(pt.Payload))
+	}
+	if covered != 2000 || len(parts) < 2 {
+		t.Fatalf("parts cover %d in %d parts", covered, len(parts))
+	}
+}
+
+func TestReaderRejectsPadNotAtEnd(t *testing.T) {
+	data := make([]byte, 1024)
+	PutPad(data, 128)
+	if _, _, err := NewReader(data, 0, Limits{}).Next(1024); err == nil || !strings.Contains(err.Error(), "expected the region end 1024") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func FuzzParseRecord(f *testing.F) {
+	files, _ := filepath.Glob(filepath.Join(goldenDir, "*.bin"))
+	for _, p := range files {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := ParseRecord(b, Limits{})
+		if err != nil {
+			if !errors.Is(err, ErrBadRecord) {
+				t.Fatalf("error does not wrap ErrBadRecord: %v", err)
+			}
+			return
+		}
+		if r.Len > uint64(len(b)) || r.Len%Align != 0 {
+			t.Fatalf("accepted record_len %d of %d bytes", r.Len, len(b))
+		}
+		if r.Kind == KindTensor {
+			// Re-encoding what was parsed must parse to the same fields.
+			tn := Tensor{Name: r.Name, DType: r.DType, Shape: r.Shape, Step: r.Step, Forward: r.Forward, Meta: r.Meta,
+				Flags: r.Flags, PartOffset: r.PartOffset, TensorLen: r.TensorLen, Payload: r.Payload}
+			r2, err := ParseRecord(AppendRecord(nil, &tn, r.Seq), Limits{})
+			if err != nil {
+				t.Fatalf("re-encoded record rejected: %v", err)
+			}
+			if r2.Seq != r.Seq || r2.Name != r.Name || !bytes.Equal(r2.Payload, r.Payload) || r2.TensorLen != r.TensorLen {
+				t.Fatalf("re-encode mismatch")
+			}
+		}
+	})
+}
