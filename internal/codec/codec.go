@@ -27,8 +27,6 @@ var (
 	ErrUnknownCodec = errors.New("unknown codec")
 	// ErrCorrupt: a stored block does not decode to the expected size.
 	ErrCorrupt = errors.New("corrupt block")
-	// ErrBadLevel: the level is outside the codec's range.
-	ErrBadLevel = errors.New("bad codec level")
 	// ErrLossyOption: a lossless codec was given a lossy error bound.
 	ErrLossyOption = errors.New("lossless codec takes no lossy bound")
 	// ErrBlockTable: a payload's block table disagrees with its packet header or itself.

@@ -68,7 +68,8 @@ func (c *lz4Codec) Encode(dst, src []byte, _ dtype.DType) ([]byte, bool, error) 
 }
 
 func (*lz4Codec) Decode(dst, src []byte, _ dtype.DType, rawLen int) ([]byte, error) {
-	if rawLen < 0 || rawLen > lz4MaxDecoded(len(src)) {
+	// Encode never compresses an empty block, and the lz4 decoder faults on an empty dst.
+	if rawLen <= 0 || rawLen > lz4MaxDecoded(len(src)) {
 		return dst, fmt.Errorf("lz4: %d stored bytes cannot decode to %d: %w", len(src), rawLen, ErrCorrupt)
 	}
 	l := len(dst)
