@@ -1,0 +1,163 @@
+package control
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// Hello opens a connection (client → daemon).
+type Hello struct {
+	Protocol int    `json:"protocol"`
+	Client   string `json:"client"`
+	PID      int    `json:"pid"`
+}
+
+// Welcome answers Hello.
+type Welcome struct {
+	Protocol   int    `json:"protocol"`
+	Daemon     string `json:"daemon"`
+	PID        int    `json:"pid"`
+	MaxMessage int    `json:"max_message"`
+}
+
+// Open asks for a session; it carries the ring memfd and the output file (PROTOCOL.md 1.3).
+type Open struct {
+	RingSize   uint64         `json:"ring_size"`
+	Codec      string         `json:"codec"`
+	CodecLevel int            `json:"codec_level,omitempty"`
+	Policy     string         `json:"policy"`
+	BlockSize  uint64         `json:"block_size,omitempty"`
+	AppendAt   uint64         `json:"append_at,omitempty"`
+	Metadata   map[string]any `json:"metadata,omitempty"`
+}
+
+// OpenRequired are the fields OPEN must carry.
+var OpenRequired = []string{"ring_size", "codec", "policy"}
+
+// Opened answers Open.
+type Opened struct {
+	Session   uint64 `json:"session"`
+	BlockSize uint64 `json:"block_size"`
+}
+
+// Publish says every record in [previous head, Head) is complete; Seq is the last tensor
+// record's sequence number among them.
+type Publish struct {
+	Head uint64 `json:"head"`
+	Seq  uint64 `json:"seq"`
+}
+
+// Release gives ring space back up to Tail.
+type Release struct {
+	Tail uint64 `json:"tail"`
+}
+
+// Drop reports a record the client could not place under policy drop.
+type Drop struct {
+	Seq     uint64 `json:"seq"`
+	Name    string `json:"name"`
+	Step    uint64 `json:"step"`
+	Forward uint64 `json:"forward"`
+	Bytes   uint64 `json:"bytes"`
+	Reason  string `json:"reason"`
+}
+
+// DropRequired are the fields DROP must carry.
+var DropRequired = []string{"seq", "name", "bytes"}
+
+// Token is a per-token notice (reserved; written as a TOKEN packet).
+type Token struct {
+	Seq     uint64 `json:"seq"`
+	Index   uint64 `json:"index"`
+	TokenID int64  `json:"token_id"`
+	Text    string `json:"text"`
+}
+
+// Close ends a session after the last Publish.
+type Close struct {
+	Seq   uint64 `json:"seq"`
+	Head  uint64 `json:"head"`
+	Drops uint64 `json:"drops"`
+}
+
+// Closed answers Close once the stream is complete and synced.
+type Closed struct {
+	Packets   uint64 `json:"packets"`
+	Drops     uint64 `json:"drops"`
+	BytesIn   uint64 `json:"bytes_in"`
+	BytesOut  uint64 `json:"bytes_out"`
+	FileBytes uint64 `json:"file_bytes"`
+}
+
+// Error codes sent in ERROR messages.
+const (
+	CodeBadMessage      = "bad_message"
+	CodeProtocolVersion = "protocol_version"
+	CodeRingNotSealed   = "ring_not_sealed"
+	CodeRingSize        = "ring_size"
+	CodeRingHeader      = "ring_header"
+	CodeBadOutput       = "bad_output"
+	CodeBadCodec        = "bad_codec"
+	CodeLimit           = "limit"
+	CodeMemoryBudget    = "memory_budget"
+	CodeTornRecord      = "torn_record"
+	CodeBadRecord       = "bad_record"
+	CodeWrite           = "write_error"
+	CodeCodec           = "codec_error"
+	CodeShutdown        = "shutdown"
+	CodeInternal        = "internal"
+)
+
+// Error reports a failure to the client. It implements error so a client can return it.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Fatal   bool   `json:"fatal"`
+}
+
+// Error formats the code and message.
+func (e *Error) Error() string { return fmt.Sprintf("strapd error %s: %s", e.Code, e.Message) }
+
+// DaemonStatus is the daemon part of STATUS_REPLY.
+type DaemonStatus struct {
+	Version     string  `json:"version"`
+	PID         int     `json:"pid"`
+	UptimeS     float64 `json:"uptime_s"`
+	Socket      string  `json:"socket"`
+	MemoryLimit int64   `json:"memory_limit"`
+	MemoryUsed  int64   `json:"memory_used"`
+	Sessions    int     `json:"sessions"`
+}
+
+// SessionStatus is one session in STATUS_REPLY.
+type SessionStatus struct {
+	Session    uint64 `json:"session"`
+	PID        int32  `json:"pid"`
+	UID        uint32 `json:"uid"`
+	ModelClass string `json:"model_class"`
+	OutputPath string `json:"output_path"`
+	Codec      string `json:"codec"`
+	Policy     string `json:"policy"`
+	Started    string `json:"started"`
+	Packets    uint64 `json:"packets"`
+	Drops      uint64 `json:"drops"`
+	BytesIn    uint64 `json:"bytes_in"`
+	BytesOut   uint64 `json:"bytes_out"`
+	RingSize   uint64 `json:"ring_size"`
+	RingUsed   uint64 `json:"ring_used"`
+}
+
+// StatusReply answers Status.
+type StatusReply struct {
+	Daemon   DaemonStatus    `json:"daemon"`
+	Sessions []SessionStatus `json:"sessions"`
+}
+
+// MarshalJSON keeps "sessions" a list (never null) for readers in other languages.
+func (s StatusReply) MarshalJSON() ([]byte, error) {
+	type plain StatusReply
+	if s.Sessions == nil {
+		s.Sessions = []SessionStatus{}
+	}
+	return json.Marshal(plain(s))
+}

@@ -1,0 +1,283 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/strap-llm/strap/internal/shm"
+)
+
+// Client is a small synchronous client of the daemon, used by tests, load generators and
+// `strapd status`. It is not safe for concurrent use.
+type Client struct {
+	conn    *Conn
+	welcome Welcome
+	// Tail is the newest tail received in a RELEASE.
+	Tail uint64
+}
+
+// Dial connects to the daemon at path and performs the handshake.
+func Dial(ctx context.Context, path, clientName string) (*Client, error) {
+	conn, err := DialConn(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{conn: conn}
+	if err := conn.Unix().SetDeadline(deadline(ctx, 10*time.Second)); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("hello: %w", err)
+	}
+	if err := conn.Send(TypeHello, Hello{Protocol: Version, Client: clientName, PID: os.Getpid()}); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("hello: %w", err)
+	}
+	m, err := c.expect(TypeWelcome)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("hello: %w", err)
+	}
+	if err := m.Unmarshal(&c.welcome, "protocol"); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("hello: %w", err)
+	}
+	_ = conn.Unix().SetDeadline(time.Time{})
+	return c, nil
+}
+
+// Conn is the underlying connection (tests send malformed messages through it).
+func (c *Client) Conn() *Conn { return c.conn }
+
+// Welcome is the daemon's handshake answer.
+func (c *Client) Welcome() Welcome { return c.welcome }
+
+// recv reads one message, records RELEASE tails and turns ERROR into *Error.
+func (c *Client) recv() (Message, error) {
+	m, fds, err := c.conn.Recv(0)
+	closeAll(fds)
+	if err != nil {
+		return m, fmt.Errorf("receive: %w", err)
+	}
+	switch m.Type {
+	case TypeError:
+		var e Error
+		if err := m.Unmarshal(&e); err != nil {
+			return m, err
+		}
+		return m, &e
+	case TypeRelease:
+		var r Release
+		if err := m.Unmarshal(&r, "tail"); err != nil {
+			return m, err
+		}
+		if r.Tail > c.Tail {
+			c.Tail = r.Tail
+		}
+	}
+	return m, nil
+}
+
+// expect reads messages until one of type t, absorbing RELEASE messages.
+func (c *Client) expect(t Type) (Message, error) {
+	for {
+		m, err := c.recv()
+		if err != nil {
+			return m, err
+		}
+		if m.Type == t {
+			return m, nil
+		}
+		if m.Type != TypeRelease {
+			return m, fmt.Errorf("%w: %s while waiting for %s", ErrUnexpected, m.Type, t)
+		}
+	}
+}
+
+// Open sends OPEN with the ring memfd and output file and waits for OPENED.
+func (c *Client) Open(ring, out *os.File, req Open) (Opened, error) {
+	var o Opened
+	if err := c.conn.Send(TypeOpen, req, int(ring.Fd()), int(out.Fd())); err != nil {
+		return o, fmt.Errorf("open: %w", err)
+	}
+	m, err := c.expect(TypeOpened)
+	if err != nil {
+		return o, fmt.Errorf("open: %w", err)
+	}
+	if err := m.Unmarshal(&o, "session"); err != nil {
+		return o, fmt.Errorf("open: %w", err)
+	}
+	return o, nil
+}
+
+// Publish sends PUBLISH.
+func (c *Client) Publish(head, seq uint64) error {
+	return c.conn.Send(TypePublish, Publish{Head: head, Seq: seq})
+}
+
+// Drop sends DROP.
+func (c *Client) Drop(d Drop) error { return c.conn.Send(TypeDrop, d) }
+
+// WaitRelease blocks until a RELEASE raises the tail above old (or an ERROR arrives) and
+// returns the newest tail.
+func (c *Client) WaitRelease(old uint64) (uint64, error) {
+	for c.Tail <= old {
+		m, err := c.recv()
+		if err != nil {
+			return c.Tail, err
+		}
+		if m.Type != TypeRelease {
+			return c.Tail, fmt.Errorf("%w: %s while waiting for RELEASE", ErrUnexpected, m.Type)
+		}
+	}
+	return c.Tail, nil
+}
+
+// Close sends CLOSE and waits for CLOSED (absorbing RELEASE messages).
+func (c *Client) Close(req Close) (Closed, error) {
+	var cl Closed
+	if err := c.conn.Send(TypeClose, req); err != nil {
+		return cl, fmt.Errorf("close: %w", err)
+	}
+	m, err := c.expect(TypeClosed)
+	if err != nil {
+		return cl, fmt.Errorf("close: %w", err)
+	}
+	if err := m.Unmarshal(&cl); err != nil {
+		return cl, fmt.Errorf("close: %w", err)
+	}
+	return cl, nil
+}
+
+// Status asks for the daemon's status.
+func (c *Client) Status() (StatusReply, error) {
+	var r StatusReply
+	if err := c.conn.Send(TypeStatus, nil); err != nil {
+		return r, fmt.Errorf("status: %w", err)
+	}
+	m, err := c.expect(TypeStatusReply)
+	if err != nil {
+		return r, fmt.Errorf("status: %w", err)
+	}
+	if err := m.Unmarshal(&r, "daemon"); err != nil {
+		return r, fmt.Errorf("status: %w", err)
+	}
+	return r, nil
+}
+
+// Disconnect closes the socket without CLOSE (what a dying client does).
+func (c *Client) Disconnect() error { return c.conn.Close() }
+
+// Stream drives one session with a shm.Producer the way the Python client does: split,
+// place, publish, and under policy block wait for RELEASE, under policy drop send DROP.
+type Stream struct {
+	C      *Client
+	P      *shm.Producer
+	Policy string
+	// Drops counts DROP notices sent.
+	Drops uint64
+	// publishedSeq is the last tensor sequence number placed (for PUBLISH).
+	lastTensorSeq uint64
+	published     uint64
+}
+
+// ErrDropped reports that Put dropped (part of) a tensor under policy drop.
+var ErrDropped = errors.New("dropped")
+
+// OpenStream creates a producer ring of ringSize bytes, opens a session writing to out and
+// returns the stream.
+func OpenStream(c *Client, ringSize uint64, out *os.File, req Open) (*Stream, Opened, error) {
+	p, err := shm.NewProducer(ringSize, shm.ProducerOptions{})
+	if err != nil {
+		return nil, Opened{}, err
+	}
+	req.RingSize = ringSize
+	o, err := c.Open(p.File(), out, req)
+	if err != nil {
+		p.Close()
+		return nil, o, err
+	}
+	return &Stream{C: c, P: p, Policy: req.Policy}, o, nil
+}
+
+// Put places t (in parts when it is large) and publishes it. Under policy drop a part that
+// does not fit is reported with DROP and Put returns ErrDropped after trying every part.
+func (s *Stream) Put(t *shm.Tensor) error {
+	dropped := false
+	for _, part := range s.P.Split(t) {
+		for !s.P.Fits(&part) {
+			if s.published < s.P.Head() {
+				if err := s.publish(); err != nil {
+					return err
+				}
+			}
+			if s.Policy == "drop" {
+				break
+			}
+			if _, err := s.C.WaitRelease(s.P.Tail()); err != nil {
+				return err
+			}
+			if err := s.P.Release(s.C.Tail); err != nil {
+				return err
+			}
+		}
+		if !s.P.Fits(&part) {
+			seq := s.P.TakeSeq()
+			s.Drops++
+			dropped = true
+			if err := s.C.Drop(Drop{Seq: seq, Name: part.Name, Step: part.Step, Forward: part.Forward,
+				Bytes: uint64(len(part.Payload)), Reason: "ring_full"}); err != nil {
+				return err
+			}
+			continue
+		}
+		seq, err := s.P.Put(&part)
+		if err != nil {
+			return err
+		}
+		s.lastTensorSeq = seq
+	}
+	if err := s.publish(); err != nil {
+		return err
+	}
+	if dropped {
+		return ErrDropped
+	}
+	return nil
+}
+
+// Absorb takes every RELEASE already queued on the socket without blocking.
+func (s *Stream) Absorb() error {
+	_ = s.C.conn.Unix().SetReadDeadline(time.Now())
+	defer s.C.conn.Unix().SetReadDeadline(time.Time{})
+	for {
+		_, err := s.C.recv()
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return s.P.Release(s.C.Tail)
+			}
+			return err
+		}
+	}
+}
+
+func (s *Stream) publish() error {
+	if s.published == s.P.Head() {
+		return nil
+	}
+	if err := s.C.Publish(s.P.Head(), s.lastTensorSeq); err != nil {
+		return err
+	}
+	s.published = s.P.Head()
+	if s.Policy == "drop" {
+		return s.Absorb()
+	}
+	return nil
+}
+
+// Finish sends CLOSE and waits for CLOSED, then releases the producer.
+func (s *Stream) Finish() (Closed, error) {
+	cl, err := s.C.Close(Close{Seq: s.P.LastSeq(), Head: s.P.Head(), Drops: s.Drops})
+	return cl, errors.Join(err, s.P.Close())
+}
