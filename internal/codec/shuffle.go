@@ -27,9 +27,9 @@ func init() {
 
 type shuffleCodec struct{ level int }
 
-func (shuffleCodec) ID() ID         { return Shuffle }
-func (shuffleCodec) Name() string   { return "shuffle" }
-func (c shuffleCodec) Level() int   { return c.level }
+func (shuffleCodec) ID() ID           { return Shuffle }
+func (shuffleCodec) Name() string     { return "shuffle" }
+func (c shuffleCodec) Level() int     { return c.level }
 func (c shuffleCodec) String() string { return fmt.Sprintf("shuffle(level %d)", c.level) }
 
 func (c shuffleCodec) Encode(dst, src []byte, dt dtype.DType) ([]byte, bool, error) {

@@ -1,0 +1,189 @@
+"""Decoders for the activation codecs (ids 16–63) of the stream format.
+
+The stored formats are specified in ``docs/COMPRESSION.md``; the Go encoder/decoder lives in
+``internal/codec`` (``shuffle.go``, ``lossy.go``, ``activation.go``). Both decoders are held
+to the golden vectors in ``testdata/codec/activation``. Every entropy-coded plane is a
+standard zstd frame, so this module needs only numpy and zstandard.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+
+import numpy as np
+import zstandard
+
+__all__ = ["CodecError", "SHUFFLE", "QUANT", "FP16", "decode_block"]
+
+SHUFFLE = 16
+QUANT = 17
+FP16 = 18
+
+_WIDTH = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float64": 8,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+_FLOATS = {"float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2"}
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_QUANTIZABLE = {"float32", "float64", "float16", "bfloat16"}
+
+_MODE_LOSSY = 0
+_MODE_LOSSLESS = 1
+
+_local = threading.local()
+
+
+class CodecError(ValueError):
+    """A stored block is corrupt or does not match its codec, dtype or length."""
+
+
+def _dctx() -> zstandard.ZstdDecompressor:
+    # ZstdDecompressor objects must not be shared between threads.
+    d = getattr(_local, "dctx", None)
+    if d is None:
+        d = _local.dctx = zstandard.ZstdDecompressor()
+    return d
+
+
+def _read_planes(src: memoryview, k: int, n: int) -> tuple[np.ndarray, memoryview]:
+    """Decode k plane frames of n bytes each; return a (k, n) uint8 array and the rest."""
+    if len(src) < 4 * k:
+        raise CodecError("plane table overruns block")
+    sizes = struct.unpack_from(f"<{k}I", src, 0)
+    off = 4 * k
+    planes = np.empty((k, n), dtype=np.uint8)
+    for j, fl in enumerate(sizes):
+        if fl > len(src) - off:
+            raise CodecError(f"plane {j} overruns block")
+        frame = src[off : off + fl]
+        try:
+            params = zstandard.get_frame_parameters(frame)
+            if params.content_size != n:
+                raise CodecError(f"plane {j} declares {params.content_size} bytes, want {n}")
+            data = _dctx().decompress(frame, max_output_size=n, allow_extra_data=False)
+        except zstandard.ZstdError as e:
+            raise CodecError(f"plane {j}: {e}") from e
+        if len(data) != n:
+            raise CodecError(f"plane {j} gave {len(data)} bytes, want {n}")
+        planes[j] = np.frombuffer(data, dtype=np.uint8)
+        off += fl
+    return planes, src[off:]
+
+
+def _decode_shuffled(src: memoryview, dtype: str, raw_len: int) -> bytes:
+    w = _WIDTH[dtype]
+    n = raw_len // w
+    planes, rest = _read_planes(src, w, n)
+    if len(rest) != raw_len - n * w:
+        raise CodecError(f"tail is {len(rest)} bytes, want {raw_len - n * w}")
+    if w == 1:
+        return planes.tobytes() + bytes(rest)
+    v = np.ascontiguousarray(planes.T).view(np.dtype(_UINT[w]).newbyteorder("<")).reshape(n)
+    if dtype in _FLOATS:  # undo the sign rotation (sign bit was moved to bit 0)
+        bits = 8 * w
+        v = (v >> 1) | ((v & 1) << np.array(bits - 1, dtype=v.dtype))
+    return v.astype(v.dtype.newbyteorder("<"), copy=False).tobytes() + bytes(rest)
+
+
+def _dequant(k: np.ndarray, q: float, dtype: str) -> np.ndarray:
+    """The decoded values of quantized integers k at step q, as the Go decoder computes them."""
+    v = k.astype(np.float64) * q
+    if dtype == "float64":
+        return v.astype("<f8")
+    f = v.astype(np.float32)
+    if dtype == "float32":
+        return f.astype("<f4")
+    if dtype == "float16":
+        return f.astype("<f2")
+    u = f.view(np.uint32)  # bfloat16: round to nearest even on the bit pattern
+    return ((u + np.uint32(0x7FFF) + ((u >> 16) & 1)) >> 16).astype("<u2")
+
+
+def _decode_quant(src: memoryview, dtype: str, raw_len: int) -> bytes:
+    if dtype not in _QUANTIZABLE or raw_len % _WIDTH[dtype]:
+        raise CodecError(f"lossy block of {dtype}, {raw_len} bytes")
+    w = _WIDTH[dtype]
+    n = raw_len // w
+    if len(src) < 14:
+        raise CodecError("short quant header")
+    (q,) = struct.unpack_from("<d", src, 1)
+    b = src[9]
+    (nexc,) = struct.unpack_from("<I", src, 10)
+    if not (0 < q < float("inf")) or not 1 <= b <= 4 or nexc > n:
+        raise CodecError(f"step {q}, width {b}, {nexc} exceptions")
+    p = src[14:]
+    if len(p) < nexc * (4 + w):
+        raise CodecError("exceptions overrun block")
+    idx = np.frombuffer(p[: 4 * nexc], dtype="<u4").astype(np.int64)
+    vals = np.frombuffer(p[4 * nexc : nexc * (4 + w)], dtype=np.uint8).reshape(nexc, w)
+    planes, rest = _read_planes(p[nexc * (4 + w) :], b, n)
+    if len(rest):
+        raise CodecError(f"{len(rest)} trailing bytes")
+    zz = planes[0].astype(np.uint32)
+    for j in range(1, b):
+        zz |= planes[j].astype(np.uint32) << np.uint32(8 * j)
+    k = (zz >> np.uint32(1)).astype(np.int32) ^ -(zz & np.uint32(1)).astype(np.int32)
+    out = _dequant(k, q, dtype)
+    if nexc:
+        if idx[-1] >= n or (nexc > 1 and not np.all(idx[1:] > idx[:-1])):
+            raise CodecError("exception indices not increasing or out of range")
+        out.view(np.uint8).reshape(n, w)[idx] = vals
+    return out.tobytes()
+
+
+def _decode_fp16(src: memoryview, dtype: str, raw_len: int) -> bytes:
+    if dtype not in ("float32", "float64") or raw_len % _WIDTH[dtype]:
+        raise CodecError(f"fp16 block of {dtype}, {raw_len} bytes")
+    n = raw_len // _WIDTH[dtype]
+    half = np.frombuffer(_decode_shuffled(src, "float16", 2 * n), dtype="<f2")
+    return half.astype("<f4" if dtype == "float32" else "<f8").tobytes()
+
+
+def decode_block(codec_id: int, data: bytes, dtype: str, raw_len: int) -> bytes:
+    """Decode one stored block of an activation codec.
+
+    Args:
+        codec_id: the packet's codec number (16 shuffle, 17 quant, 18 fp16).
+        data: the stored block (one entry of the packet's block table).
+        dtype: the packet's dtype name (docs/STREAM_FORMAT.md section 4), e.g. "float32".
+        raw_len: the block's decoded size in bytes.
+
+    Returns:
+        The raw little-endian element bytes, bit-identical to the Go decoder's output.
+
+    Raises:
+        CodecError: the block is corrupt, or the codec id or dtype is unknown.
+
+    Example:
+        >>> raw = decode_block(16, stored, "float32", 4096)
+    """
+    if dtype not in _WIDTH:
+        raise CodecError(f"unknown dtype {dtype!r}")
+    if raw_len < 0:
+        raise CodecError(f"negative raw length {raw_len}")
+    src = memoryview(data).cast("B")
+    if codec_id == SHUFFLE:
+        return _decode_shuffled(src, dtype, raw_len)
+    if codec_id not in (QUANT, FP16):
+        raise CodecError(f"unknown activation codec {codec_id}")
+    if len(src) < 1:
+        raise CodecError("empty block")
+    mode = src[0]
+    if mode == _MODE_LOSSLESS:
+        return _decode_shuffled(src[1:], dtype, raw_len)
+    if mode != _MODE_LOSSY:
+        raise CodecError(f"mode {mode}")
+    if codec_id == QUANT:
+        return _decode_quant(src, dtype, raw_len)
+    return _decode_fp16(src[1:], dtype, raw_len)
