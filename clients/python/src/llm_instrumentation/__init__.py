@@ -1,0 +1,46 @@
+"""llm_instrumentation: capture LLM activations through the strapd daemon.
+
+Example:
+    >>> from llm_instrumentation import capture_activations, open_stream   # doctest: +SKIP
+    >>> with capture_activations(model, preset="balanced", output_path="run.strap") as fw:
+    ...     model(input_ids)
+    >>> with open_stream("run.strap") as r:
+    ...     [t.name for t in r]
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .analysis import analyze_activations, analyze_activations_with_tokens
+from .config import HookGranularity, InstrumentationConfig
+from .errors import (
+    StrapdConnectionError,
+    StrapdProtocolError,
+    StrapdTimeoutError,
+    StrapError,
+    StreamFormatError,
+    UnsupportedCodecError,
+)
+from .framework import InstrumentationFramework, TokenTracker, capture_activations
+from .stream import StreamReader, Tensor, open_stream
+
+__all__ = [
+    "__version__",
+    "analyze_activations",
+    "analyze_activations_with_tokens",
+    "capture_activations",
+    "HookGranularity",
+    "InstrumentationConfig",
+    "InstrumentationFramework",
+    "open_stream",
+    "StrapError",
+    "StrapdConnectionError",
+    "StrapdProtocolError",
+    "StrapdTimeoutError",
+    "StreamFormatError",
+    "StreamReader",
+    "Tensor",
+    "TokenTracker",
+    "UnsupportedCodecError",
+]

@@ -1,0 +1,150 @@
+"""Finding (and if needed starting) strapd: socket path resolution of PROTOCOL.md 1 and a
+detached ``strapd serve`` when nobody answers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from ._protocol import Connection
+from .errors import StrapdConnectionError
+
+log = logging.getLogger("llm_instrumentation")
+
+ROOT_SOCKET = "/run/strapd/strapd.sock"
+
+
+def default_socket_path() -> str:
+    """The per-user default: ``$XDG_RUNTIME_DIR/strapd/strapd.sock`` or
+    ``/tmp/strapd-$UID/strapd.sock``."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return os.path.join(xdg, "strapd", "strapd.sock")
+    return f"/tmp/strapd-{os.getuid()}/strapd.sock"
+
+
+def resolve_socket_path(explicit: Optional[str] = None) -> str:
+    """Resolve the control socket path, first match wins (PROTOCOL.md 1).
+
+    Args:
+        explicit: a path given by the caller.
+
+    Returns:
+        explicit, else ``$STRAPD_SOCKET``, else ``/run/strapd/strapd.sock`` when it exists,
+        else :func:`default_socket_path`.
+    """
+    if explicit:
+        return os.fspath(explicit)
+    env = os.environ.get("STRAPD_SOCKET")
+    if env:
+        return env
+    if os.path.exists(ROOT_SOCKET):
+        return ROOT_SOCKET
+    return default_socket_path()
+
+
+def find_strapd_binary() -> Optional[str]:
+    """Locate the strapd binary: ``$STRAPD_BIN``, next to ``sys.executable``, on PATH, or
+    ``bin/strapd`` of the source checkout this package runs from. None when not found."""
+    env = os.environ.get("STRAPD_BIN")
+    if env:
+        return env if os.access(env, os.X_OK) else None
+    beside = Path(sys.executable).parent / "strapd"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("strapd")
+    if found:
+        return found
+    for parent in Path(__file__).resolve().parents:
+        gomod = parent / "go.mod"
+        if gomod.is_file():
+            cand = parent / "bin" / "strapd"
+            try:
+                is_repo = "github.com/strap-llm/strap" in gomod.read_text(errors="replace")
+            except OSError:
+                is_repo = False
+            if is_repo and cand.is_file() and os.access(cand, os.X_OK):
+                return str(cand)
+            break
+    return None
+
+
+def _tail(path: Path, n: int = 2000) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return "(no log)"
+    return data[-n:].decode("utf-8", "replace")
+
+
+def start_daemon(path: str, binary: Optional[str] = None, timeout: float = 10.0) -> Connection:
+    """Start ``strapd serve --socket path`` detached, wait until it accepts, return a connection.
+
+    The daemon outlives this process (it is a sidecar for later captures too). Its log goes
+    to ``strapd.log`` beside the socket.
+
+    Raises:
+        StrapdConnectionError: no binary, it exited, or it did not answer within ``timeout``
+            (the message carries the log tail).
+    """
+    binary = binary or find_strapd_binary()
+    if binary is None:
+        raise StrapdConnectionError(
+            f"no strapd answers on {path} and no strapd binary was found "
+            "(set STRAPD_BIN, put strapd on PATH, or start `strapd serve` yourself)"
+        )
+    sock_dir = Path(path).parent
+    sock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_path = sock_dir / "strapd.log"
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(
+            [binary, "serve", "--socket", path],
+            stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True,
+        )
+    msg = f"llm_instrumentation: started strapd (pid {proc.pid}) on {path}, log {log_path}"
+    log.warning(msg)
+    print(msg, file=sys.stderr)
+    deadline = time.monotonic() + timeout
+    while True:
+        rc = proc.poll()
+        if rc is not None:
+            raise StrapdConnectionError(f"strapd exited with status {rc} at start-up; log {log_path}:\n{_tail(log_path)}")
+        try:
+            return Connection.connect(path)
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise StrapdConnectionError(
+                f"strapd (pid {proc.pid}) did not accept connections on {path} within {timeout:.0f}s; "
+                f"log {log_path}:\n{_tail(log_path)}"
+            )
+        time.sleep(0.05)
+
+
+def connect(path: Optional[str] = None, autostart: bool = True, timeout: float = 10.0) -> Connection:
+    """Connect to strapd, starting it when nobody answers and ``autostart`` is set.
+
+    Args:
+        path: explicit socket path (else resolved by :func:`resolve_socket_path`).
+        autostart: start a daemon when none answers.
+        timeout: start-up timeout.
+
+    Returns:
+        a connected :class:`~._protocol.Connection` (no handshake yet).
+    """
+    p = resolve_socket_path(path)
+    try:
+        return Connection.connect(p)
+    except (FileNotFoundError, ConnectionRefusedError) as e:
+        if not autostart:
+            raise StrapdConnectionError(f"no strapd answers on {p}: {e}") from None
+    except OSError as e:
+        raise StrapdConnectionError(f"cannot connect to strapd on {p}: {e}") from None
+    return start_daemon(p, timeout=timeout)

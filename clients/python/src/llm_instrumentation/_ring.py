@@ -1,0 +1,236 @@
+"""The shared-memory ring of docs/PROTOCOL.md section 2: a sealed memfd the client writes
+records into and strapd reads after each PUBLISH.
+
+Layout: a 4096-byte ``RingHeader`` then ``data_size`` bytes of records. Positions only grow;
+position ``p`` lives at file offset ``4096 + p % data_size``. Records start and end on
+64-byte boundaries and never wrap (a PAD record fills the end of the region instead).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import struct
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+RING_MAGIC = b"SRNG"
+RING_VERSION = 1
+HEADER_SIZE = 4096
+RING_HEADER = struct.Struct("<4sIQQQ")
+
+REC_MAGIC = b"SREC"
+KIND_TENSOR = 1
+KIND_PAD = 2
+FLAG_PART = 1
+#: magic, kind, dtype, ndim, seq, record_len, step, forward, payload_off, payload_len,
+#: name_len, flags, meta_len, part_offset, tensor_len
+RECORD = struct.Struct("<4sHBBQQQQQQHHIQQ")
+assert RECORD.size == 80
+MAX_NAME = 4096
+MAX_META = 65536
+MAX_NDIM = 8
+
+F_SEAL_SEAL = getattr(fcntl, "F_SEAL_SEAL", 0x0001)
+F_SEAL_SHRINK = getattr(fcntl, "F_SEAL_SHRINK", 0x0002)
+F_SEAL_GROW = getattr(fcntl, "F_SEAL_GROW", 0x0004)
+F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
+
+
+def align64(n: int) -> int:
+    """Round ``n`` up to a multiple of 64."""
+    return (n + 63) & ~63
+
+
+def encode_ring_header(ring_size: int) -> bytes:
+    """Return the 4096-byte RingHeader for a ring of ``ring_size`` bytes."""
+    data_size = ring_size - HEADER_SIZE
+    if data_size <= 0 or data_size % 64:
+        raise ValueError(f"ring_size {ring_size}: data region {data_size} must be > 0 and a multiple of 64")
+    hdr = RING_HEADER.pack(RING_MAGIC, RING_VERSION, ring_size, HEADER_SIZE, data_size)
+    return hdr + bytes(HEADER_SIZE - len(hdr))
+
+
+def header_area(ndim: int, name: bytes, meta: bytes) -> int:
+    """Bytes from a record's start to its payload (``payload_off``): 64-aligned."""
+    return align64(RECORD.size + 8 * ndim + len(name) + len(meta))
+
+
+def encode_record_header(
+    *,
+    dtype: int,
+    shape: Sequence[int],
+    seq: int,
+    record_len: int,
+    step: int,
+    forward: int,
+    payload_len: int,
+    name: bytes,
+    meta: bytes = b"",
+    part_offset: int = 0,
+    tensor_len: Optional[int] = None,
+    part: bool = False,
+) -> bytes:
+    """Encode a TENSOR record's header area (fixed part, shape, name, meta), zero-padded to
+    ``payload_off``.
+
+    Args:
+        dtype: wire dtype id.
+        shape: the whole tensor's shape.
+        seq: the record's sequence number (≥ 1).
+        record_len: bytes to the next record (multiple of 64).
+        step: tokens recorded before the forward pass.
+        forward: forward-pass counter.
+        payload_len: raw payload bytes in this record.
+        name: UTF-8 module name (1–4096 bytes).
+        meta: UTF-8 JSON object or empty.
+        part_offset: offset of this payload within the tensor (PART only).
+        tensor_len: whole tensor bytes (default ``payload_len``).
+        part: set the PART flag.
+
+    Returns:
+        ``payload_off`` bytes.
+    """
+    ndim = len(shape)
+    if ndim > MAX_NDIM:
+        raise ValueError(f"tensor has {ndim} dimensions; the ring carries at most {MAX_NDIM}")
+    if not 1 <= len(name) <= MAX_NAME:
+        raise ValueError(f"module name of {len(name)} bytes (allowed 1..{MAX_NAME})")
+    if len(meta) > MAX_META:
+        raise ValueError(f"record meta of {len(meta)} bytes exceeds {MAX_META}")
+    payload_off = header_area(ndim, name, meta)
+    if tensor_len is None:
+        tensor_len = payload_len
+    fixed = RECORD.pack(
+        REC_MAGIC, KIND_TENSOR, dtype, ndim, seq, record_len, step, forward, payload_off,
+        payload_len, len(name), FLAG_PART if part else 0, len(meta), part_offset, tensor_len,
+    )
+    body = fixed + struct.pack(f"<{ndim}Q", *shape) + name + meta
+    return body + bytes(payload_off - len(body))
+
+
+def encode_pad_header(record_len: int) -> bytes:
+    """Encode a PAD record's 80-byte header (only magic, kind and record_len are set)."""
+    return RECORD.pack(REC_MAGIC, KIND_PAD, 0, 0, 0, record_len, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+
+def parse_record_header(buf: Any, off: int = 0) -> dict:
+    """Decode a record header (tests and debugging). Returns a dict of its fields."""
+    (magic, kind, dtype, ndim, seq, record_len, step, forward, payload_off, payload_len,
+     name_len, flags, meta_len, part_offset, tensor_len) = RECORD.unpack_from(buf, off)
+    p = off + RECORD.size
+    shape = struct.unpack_from(f"<{ndim}Q", buf, p) if kind == KIND_TENSOR else ()
+    p += 8 * len(shape)
+    name = bytes(buf[p:p + name_len]).decode() if kind == KIND_TENSOR else ""
+    p += name_len
+    meta = bytes(buf[p:p + meta_len]) if kind == KIND_TENSOR else b""
+    return dict(magic=magic, kind=kind, dtype=dtype, ndim=ndim, seq=seq, record_len=record_len,
+                step=step, forward=forward, payload_off=payload_off, payload_len=payload_len,
+                name_len=name_len, flags=flags, meta_len=meta_len, part_offset=part_offset,
+                tensor_len=tensor_len, shape=tuple(shape), name=name, meta=meta)
+
+
+class Ring:
+    """A sealed memfd ring mapped read-write by the client.
+
+    Attributes:
+        fd: the memfd (sent to strapd in OPEN).
+        ring_size: total bytes.
+        data_size: bytes of the record region.
+        head: next write position (bytes written since the start, never wraps).
+        tail: newest position released by strapd.
+    """
+
+    def __init__(self, ring_size: int, name: str = "strap-ring") -> None:
+        if ring_size <= HEADER_SIZE or (ring_size - HEADER_SIZE) % 64:
+            raise ValueError(f"ring_size {ring_size} must be 4096 + a positive multiple of 64")
+        self.ring_size = ring_size
+        self.data_size = ring_size - HEADER_SIZE
+        self.head = 0
+        self.tail = 0
+        self._u8: Optional["torch.Tensor"] = None
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(self.fd, ring_size)
+            self.mm = mmap.mmap(self.fd, ring_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self.mm[:HEADER_SIZE] = encode_ring_header(ring_size)
+            fcntl.fcntl(self.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    # ----- space -----------------------------------------------------------------------------
+
+    @property
+    def used(self) -> int:
+        """Bytes written but not yet released."""
+        return self.head - self.tail
+
+    def placement(self, record_len: int) -> Tuple[int, int]:
+        """Return ``(pad_len, needed)`` for a record written at the current head: the PAD
+        needed first (0 if the record fits before the end of the region) and the total bytes
+        of free space it takes."""
+        off = self.head % self.data_size
+        pad = self.data_size - off if off + record_len > self.data_size else 0
+        return pad, pad + record_len
+
+    def fits(self, needed: int) -> bool:
+        """Whether ``needed`` bytes can be written now without overwriting unreleased data."""
+        return self.used + needed <= self.data_size
+
+    def release(self, tail: int) -> None:
+        """Apply a RELEASE: tails only grow and never pass the head."""
+        if tail > self.head:
+            raise ValueError(f"release tail {tail} is past head {self.head}")
+        if tail > self.tail:
+            self.tail = tail
+
+    # ----- writing ---------------------------------------------------------------------------
+
+    def _file_off(self, pos: int) -> int:
+        return HEADER_SIZE + pos % self.data_size
+
+    def write_pad(self, pad_len: int) -> None:
+        """Write a PAD record of ``pad_len`` bytes at the head and advance it."""
+        off = self._file_off(self.head)
+        hdr = encode_pad_header(pad_len)
+        self.mm[off:off + len(hdr)] = hdr
+        self.head += pad_len
+
+    def write_header(self, hdr: bytes) -> int:
+        """Write a record's header area at the head; return the record's file offset."""
+        off = self._file_off(self.head)
+        self.mm[off:off + len(hdr)] = hdr
+        return off
+
+    def write_raw(self, file_off: int, data: bytes) -> None:
+        """Copy ``data`` into the mapping at ``file_off`` (tests, tiny payloads)."""
+        self.mm[file_off:file_off + len(data)] = data
+
+    def u8(self) -> "torch.Tensor":
+        """A ``torch.uint8`` view of the whole mapping (created once, no copy)."""
+        if self._u8 is None:
+            import warnings
+
+            import torch
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # mmap buffers are writable; torch warns anyway
+                self._u8 = torch.frombuffer(self.mm, dtype=torch.uint8)
+        return self._u8
+
+    def close(self) -> None:
+        """Unmap and close the memfd (idempotent)."""
+        self._u8 = None
+        if getattr(self, "mm", None) is not None:
+            try:
+                self.mm.close()
+            except BufferError:
+                pass  # a view still exists somewhere; the mapping goes with the last reference
+            self.mm = None  # type: ignore[assignment]
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

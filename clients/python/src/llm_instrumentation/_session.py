@@ -1,0 +1,259 @@
+"""One capture session: a :class:`~._ring.Ring` plus the control connection that publishes
+records into it (docs/PROTOCOL.md 1.3–1.4).
+
+Per tensor: reserve space (PAD first if the record would cross the end of the region), write
+the header, copy the payload from the live tensor straight into the mapping with one
+``copy_``, then ``sendmsg(PUBLISH{head, seq})``. Tensors whose record would exceed a quarter
+of the data region go as PART records. Pending RELEASE/ERROR messages are drained without
+blocking before each publish.
+
+Policy ``drop`` decides per tensor, before its first record: if there is no room, the whole
+tensor is dropped (one DROP message with its ``tensor_len``), never a part of it; once its
+first part is in the ring the remaining parts wait for space. A tensor is kept whole or
+dropped whole.
+"""
+
+from __future__ import annotations
+
+import json
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+
+from . import _protocol as P
+from ._dtypes import dtype_size, torch_dtype_id
+from ._ring import Ring, align64, encode_record_header, header_area
+from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+class CaptureSession:
+    """Client side of one strapd session.
+
+    Args:
+        conn: a connected :class:`~._protocol.Connection` after the handshake.
+        ring: the ring to send.
+        policy: ``"block"`` or ``"drop"``.
+        stall_timeout: seconds to wait for ring space (or an answer) before raising
+            :class:`StrapdTimeoutError` while the daemon is alive but not releasing.
+        part_size: maximum record size for splitting (default: a quarter of the region).
+    """
+
+    def __init__(self, conn: P.Connection, ring: Ring, policy: str = "block",
+                 stall_timeout: float = 120.0, part_size: Optional[int] = None) -> None:
+        if policy not in ("block", "drop"):
+            raise ValueError(f"policy {policy!r} is not 'block' or 'drop'")
+        self.conn = conn
+        self.ring = ring
+        self.policy = policy
+        self.stall_timeout = stall_timeout
+        self.max_record = (part_size or ring.data_size // 4) // 64 * 64
+        self.seq = 0
+        self.last_tensor_seq = 0
+        self.packets = 0
+        self.bytes_in = 0
+        self.drops = 0
+        self.drop_bytes = 0
+        self.drops_by_module: Dict[str, Dict[str, int]] = {}
+        self.opened: Dict[str, Any] = {}
+        self.closed_summary: Optional[Dict[str, Any]] = None
+        self.error: Optional[BaseException] = None
+        self._lock = threading.Lock()
+        self._cuda: Any = None
+
+    # ----- open / close ------------------------------------------------------------------------
+
+    def open(self, output_fd: int, body: Dict[str, Any], timeout: float = 30.0) -> Dict[str, Any]:
+        """Send OPEN with [ring memfd, output fd] and return the OPENED body."""
+        body = dict(body)
+        body["ring_size"] = self.ring.ring_size
+        body["policy"] = self.policy
+        self.conn.send(P.OPEN, body, fds=[self.ring.fd, output_fd])
+        self.opened = self.conn.expect(P.OPENED, timeout)
+        return self.opened
+
+    def close(self, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Send CLOSE and wait for CLOSED; return its body."""
+        with self._lock:
+            self._check()
+            self.conn.send(P.CLOSE, {"seq": self.seq, "head": self.ring.head, "drops": self.drops})
+            self.closed_summary = self.conn.expect(P.CLOSED, timeout or max(self.stall_timeout, 60.0), skip=(P.RELEASE,))
+            return self.closed_summary
+
+    def shutdown(self) -> None:
+        """Release the socket and ring (after close, or to abandon the session)."""
+        self.conn.close()
+        self.ring.close()
+
+    # ----- messages ----------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise StrapdConnectionError(f"session already failed: {self.error}") from self.error
+
+    def _handle(self, mtype: int, body: Dict[str, Any]) -> None:
+        if mtype == P.RELEASE:
+            tail = body.get("tail")
+            if not isinstance(tail, int):
+                raise StrapdProtocolError(f"RELEASE without an integer tail: {body}")
+            try:
+                self.ring.release(tail)
+            except ValueError as e:
+                raise StrapdProtocolError(str(e)) from None
+        elif mtype == P.ERROR:
+            err = P.error_from_body(body)
+            if err.fatal:
+                raise err
+        else:
+            raise StrapdProtocolError(f"unexpected {P.NAMES.get(mtype, mtype)} during a session")
+
+    def drain(self) -> None:
+        """Handle every pending message without blocking."""
+        while True:
+            got = self.conn.recv(0)
+            if got is None:
+                return
+            self._handle(*got)
+
+    def _wait_for(self, needed: int) -> None:
+        """Block (polling the socket) until ``needed`` bytes are free."""
+        deadline = time.monotonic() + self.stall_timeout
+        while not self.ring.fits(needed):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StrapdTimeoutError(
+                    f"strapd released no ring space for {self.stall_timeout:.0f}s "
+                    f"(need {needed} bytes, {self.ring.used} of {self.ring.data_size} in use)"
+                )
+            got = self.conn.recv(min(left, 1.0))
+            if got is not None:
+                self._handle(*got)
+
+    def _next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    # ----- writing -----------------------------------------------------------------------------
+
+    def write_tensor(self, name: str, t: "torch.Tensor", step: int, forward: int,
+                     meta: Optional[Dict[str, Any]] = None) -> bool:
+        """Copy ``t`` into the ring as one record (or PART records) and publish it.
+
+        Args:
+            name: module name (with a ``.outN`` / ``.key`` suffix for secondary outputs).
+            t: the tensor (any device; detached here, never modified).
+            step: tokens recorded before this forward pass.
+            forward: the forward-pass counter.
+            meta: optional JSON-ready dict stored with the record.
+
+        Returns:
+            True when written, False when dropped under policy ``drop``.
+
+        Raises:
+            StrapdConnectionError: the daemon went away.
+            StrapdProtocolError: the daemon reported a fatal error.
+            TypeError: the dtype cannot be captured.
+        """
+        dt = torch_dtype_id(t.dtype)
+        shape = tuple(int(s) for s in t.shape)
+        tensor_len = t.numel() * dtype_size(dt)
+        name_b = name.encode("utf-8")
+        meta_b = json.dumps(meta, separators=(",", ":")).encode() if meta else b""
+        hdr_area = header_area(len(shape), name_b, meta_b)
+        with self._lock:
+            self._check()
+            try:
+                return self._write(name, name_b, meta_b, hdr_area, t, dt, shape, tensor_len, step, forward)
+            except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
+                self.error = e
+                raise
+
+    def _write(self, name: str, name_b: bytes, meta_b: bytes, hdr_area: int, t: "torch.Tensor",
+               dt: int, shape: Tuple[int, ...], tensor_len: int, step: int, forward: int) -> bool:
+        whole_len = align64(hdr_area + tensor_len)
+        if whole_len <= self.max_record:
+            parts = [(0, tensor_len)]
+        else:
+            cap = (self.max_record - hdr_area) // 64 * 64
+            if cap <= 0:
+                raise ValueError(
+                    f"ring too small: a record header of {hdr_area} bytes for {name} leaves no "
+                    f"payload room in {self.max_record}-byte records; raise max_memory_gb"
+                )
+            parts = [(o, min(cap, tensor_len - o)) for o in range(0, tensor_len, cap)]
+        is_part = len(parts) > 1
+
+        self.drain()
+        first_len = align64(hdr_area + parts[0][1])
+        pad, needed = self.ring.placement(first_len)
+        if not self.ring.fits(needed) and self.policy == "drop":
+            seq = self._next_seq()
+            self.conn.send(P.DROP, {"seq": seq, "name": name, "step": step, "forward": forward,
+                                    "bytes": tensor_len, "reason": "ring_full"})
+            self.drops += 1
+            self.drop_bytes += tensor_len
+            d = self.drops_by_module.setdefault(name, {"count": 0, "bytes": 0})
+            d["count"] += 1
+            d["bytes"] += tensor_len
+            return False
+
+        src_flat = None
+        for part_offset, plen in parts:
+            rec_len = align64(hdr_area + plen)
+            pad, needed = self.ring.placement(rec_len)
+            if not self.ring.fits(needed):
+                self._wait_for(needed)
+                pad, needed = self.ring.placement(rec_len)
+            if pad:
+                self.ring.write_pad(pad)
+            seq = self._next_seq()
+            hdr = encode_record_header(
+                dtype=dt, shape=shape, seq=seq, record_len=rec_len, step=step, forward=forward,
+                payload_len=plen, name=name_b, meta=meta_b, part_offset=part_offset,
+                tensor_len=tensor_len, part=is_part,
+            )
+            file_off = self.ring.write_header(hdr)
+            start = file_off + hdr_area
+            if is_part:
+                if src_flat is None:
+                    src_flat = _flat_bytes(t)
+                self._copy(self.ring.u8()[start:start + plen], src_flat[part_offset:part_offset + plen])
+            elif tensor_len:
+                dst = self.ring.u8()[start:start + plen].view(t.dtype).view(shape)
+                self._copy(dst, t)
+            self.ring.head += rec_len
+            self.last_tensor_seq = seq
+            self.packets += 1
+            self.bytes_in += plen
+            self.conn.send(P.PUBLISH, {"head": self.ring.head, "seq": seq})
+        return True
+
+    def _copy(self, dst: "torch.Tensor", src: "torch.Tensor") -> None:
+        if src.device.type == "cpu":
+            dst.copy_(src.detach())
+            return
+        if src.device.type == "cuda":
+            if self._cuda is None:
+                from ._cuda import CudaCopier
+
+                self._cuda = CudaCopier(self.ring)
+            self._cuda.copy(dst, src.detach())
+            return
+        dst.copy_(src.detach().cpu())
+
+
+def _flat_bytes(t: "torch.Tensor") -> "torch.Tensor":
+    """The tensor's bytes as a flat uint8 tensor. A view when ``t`` is contiguous; a
+    non-contiguous tensor that must be split into parts is made contiguous first (the one
+    case with an extra copy). CUDA tensors stay on the GPU."""
+    import torch
+
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.reshape(-1).view(torch.uint8)
+
+

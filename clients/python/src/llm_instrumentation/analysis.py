@@ -1,0 +1,123 @@
+"""Summaries computed from a stream FILE (never from the capture config)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Dict, Optional, Union
+
+from .stream import DROP, END, TENSOR, TOKEN, open_stream
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .framework import InstrumentationFramework
+
+
+def analyze_activations(path: Union[str, os.PathLike]) -> Dict[str, Any]:
+    """Summarise a capture file.
+
+    Args:
+        path: the stream file.
+
+    Returns:
+        ``{"packets"`` (TENSOR packets, parts counted one by one), ``"tensors"`` (whole
+        tensors), ``"per_layer"`` {name: {count, dtype, shape, raw_bytes, stored_bytes}}
+        (``shape`` of the module's first tensor; count of whole tensors),
+        ``"total_raw_bytes"``, ``"total_stored_bytes"`` (payload bytes on disk),
+        ``"file_bytes"``, ``"compression_ratio"`` (raw / stored, 1.0 when nothing stored),
+        ``"drops"`` {count, bytes, by_module {name: {count, bytes}}}, ``"tokens"`` (TOKEN
+        packets), ``"forwards"`` (distinct forward counters), ``"end_status"``
+        (``"complete"``/``"aborted"``/``"error"``, or ``"missing"`` when the stream was cut
+        short), ``"end"`` (the END meta), ``"truncated_at"``, ``"metadata"``}.
+
+    Example:
+        >>> analyze_activations("run.strap")["compression_ratio"]   # doctest: +SKIP
+        1.18
+    """
+    per_layer: Dict[str, Dict[str, Any]] = {}
+    drops: Dict[str, Any] = {"count": 0, "bytes": 0, "by_module": {}}
+    packets = tensors = tokens = 0
+    raw = stored = 0
+    forwards = set()
+    end: Optional[Dict[str, Any]] = None
+    with open_stream(path) as r:
+        for pk in r.packets():
+            if pk.type == TENSOR:
+                packets += 1
+                raw += pk.raw_len
+                stored += pk.stored_len
+                forwards.add(pk.forward)
+                d = per_layer.get(pk.name)
+                if d is None:
+                    d = per_layer[pk.name] = {"count": 0, "dtype": pk.dtype, "shape": list(pk.shape),
+                                              "raw_bytes": 0, "stored_bytes": 0}
+                if pk.part_offset + pk.raw_len == pk.tensor_len:
+                    d["count"] += 1
+                    tensors += 1
+                d["raw_bytes"] += pk.raw_len
+                d["stored_bytes"] += pk.stored_len
+            elif pk.type == DROP:
+                drops["count"] += 1
+                drops["bytes"] += pk.tensor_len
+                m = drops["by_module"].setdefault(pk.name, {"count": 0, "bytes": 0})
+                m["count"] += 1
+                m["bytes"] += pk.tensor_len
+            elif pk.type == TOKEN:
+                tokens += 1
+            elif pk.type == END:
+                end = pk.meta
+        result = {
+            "packets": packets,
+            "tensors": tensors,
+            "per_layer": per_layer,
+            "total_raw_bytes": raw,
+            "total_stored_bytes": stored,
+            "file_bytes": r.size,
+            "compression_ratio": (raw / stored) if stored else 1.0,
+            "drops": drops,
+            "tokens": tokens,
+            "forwards": len(forwards),
+            "end_status": (end or {}).get("status", "missing") if end is not None else "missing",
+            "end": end,
+            "truncated_at": r.truncated_at,
+            "metadata": r.metadata,
+        }
+    return result
+
+
+def analyze_activations_with_tokens(path: Union[str, os.PathLike],
+                                    framework: Optional["InstrumentationFramework"] = None) -> Dict[str, Any]:
+    """:func:`analyze_activations` plus a per-token breakdown.
+
+    Tokens come from the stream's TOKEN packets when it has any (``source: "stream"``);
+    otherwise from the framework's token tracker when given and non-empty
+    (``source: "framework"``); otherwise the token metadata is empty (``source: "none"``).
+    ``per_step`` counts TENSOR packets and raw bytes by ``step`` (tokens recorded before
+    the forward pass), read from the file.
+
+    Args:
+        path: the stream file.
+        framework: the capture's framework (optional).
+
+    Returns:
+        the analysis dict with ``"token_metadata"`` {total_tokens, tokens:[{token_index,
+        token_id, token_text, position}], source} and ``"per_step"`` {step: {packets,
+        raw_bytes}}.
+    """
+    result = analyze_activations(path)
+    toks = []
+    per_step: Dict[int, Dict[str, int]] = {}
+    with open_stream(path) as r:
+        for pk in r.packets():
+            if pk.type == TOKEN:
+                toks.append({"token_index": pk.step, "token_id": pk.meta.get("token_id"),
+                             "token_text": pk.meta.get("text", ""), "position": pk.meta.get("position", pk.step)})
+            elif pk.type == TENSOR:
+                s = per_step.setdefault(pk.step, {"packets": 0, "raw_bytes": 0})
+                s["packets"] += 1
+                s["raw_bytes"] += pk.raw_len
+    source = "stream" if toks else "none"
+    if not toks and framework is not None and framework.tokens:
+        toks = [dict(t) for t in framework.tokens]
+        source = "framework"
+    result["token_metadata"] = {"total_tokens": len(toks), "tokens": toks, "source": source}
+    result["per_step"] = per_step
+    return result

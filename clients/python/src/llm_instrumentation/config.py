@@ -1,0 +1,344 @@
+"""Capture configuration: :class:`InstrumentationConfig`, its presets, and :class:`HookGranularity`.
+
+Every field has an effect (the original 1.3.1 ignored several):
+
+* ``granularity`` picks which modules get hooks (see :class:`HookGranularity`).
+* ``compression_algorithm`` / ``compression_level`` are sent to strapd as the session codec.
+* ``max_memory_gb`` sizes the shared-memory ring (the client's whole memory cost) and is sent
+  to strapd as the session's memory hint (``OPEN.memory_hint``), which bounds what the daemon
+  buffers for this session.
+* ``target_throughput_gbps`` picks the compression block size and whether the requested codec
+  can keep up on this machine; see :meth:`InstrumentationConfig.transport_plan`.
+* ``backpressure`` is the ring-full policy: ``"block"`` (lossless, the model waits) or
+  ``"drop"`` (the tensor is dropped whole, counted, and recorded as a DROP packet).
+* ``sampled_positions`` is the position stride (or explicit positions) of ``SAMPLED_SLICES``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
+
+#: Codecs strapd accepts today. Activation codecs (byte-shuffle, lossy) come later.
+SUPPORTED_CODECS: Tuple[str, ...] = ("none", "lz4", "zstd")
+#: Valid ``compression_level`` range per codec (0 = the codec's default).
+CODEC_LEVELS: Dict[str, Tuple[int, int]] = {"none": (0, 0), "lz4": (0, 12), "zstd": (0, 22)}
+#: Ring-full policies.
+BACKPRESSURE_POLICIES: Tuple[str, ...] = ("block", "drop")
+
+#: Single-core encode throughput measured on the reference machine (DESIGN-NOTES.md,
+#: 16 MiB of activation-like fp32), in GB/s. Used only by :meth:`transport_plan`.
+CODEC_GBPS_PER_CORE: Dict[str, float] = {"none": float("inf"), "lz4": 0.13, "zstd": 0.08}
+
+#: Smallest ring accepted: header page + 64 KiB of data.
+MIN_RING_BYTES = 4096 + 64 * 1024
+#: Largest ring accepted (the memfd lives in RAM).
+MAX_RING_BYTES = 64 << 30
+
+
+class HookGranularity(str, enum.Enum):
+    """Which modules a capture hooks.
+
+    Members:
+        FULL_TENSOR: every decoder block's output, its attention output and its MLP output
+            (found by architecture: ``model.layers.N{,.self_attn,.mlp}``,
+            ``transformer.h.N{,.attn,.mlp}``, ``[bert.]encoder.layer.N{,.attention,
+            .intermediate,.output}``), whole tensors.
+        ATTENTION_ONLY: the attention modules only.
+        MLP_ONLY: the MLP modules only (BERT: ``intermediate`` and ``output``).
+        RESIDUAL_ONLY: the decoder block outputs (the residual stream) only.
+        SAMPLED_SLICES: the FULL_TENSOR modules, but only a subset of token positions along
+            the sequence dimension (dim 1 of a ``[batch, seq, ...]`` output): every k-th
+            position (k = ``sampled_positions``) plus the last one, or the explicit positions
+            given. The kept indices are stored in each record's meta as
+            ``{"positions": [...], "dim": 1}``. Outputs with fewer than 2 dimensions are
+            stored whole.
+        ALL_MODULES: every named submodule (not the root), whole tensors.
+
+    User patterns (``modules=[...]``) are added to the selection for every granularity.
+    """
+
+    FULL_TENSOR = "full_tensor"
+    ATTENTION_ONLY = "attention_only"
+    MLP_ONLY = "mlp_only"
+    RESIDUAL_ONLY = "residual_only"
+    SAMPLED_SLICES = "sampled_slices"
+    ALL_MODULES = "all_modules"
+
+
+@dataclass(frozen=True)
+class TransportPlan:
+    """What a config asks of strapd for one session (see :meth:`InstrumentationConfig.transport_plan`)."""
+
+    codec: str
+    codec_level: int
+    block_size: int
+    ring_size: int
+    memory_hint: int
+    policy: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class InstrumentationConfig:
+    """Immutable capture configuration. Builder methods validate and return a new config.
+
+    Args:
+        granularity: which modules to hook (:class:`HookGranularity` or its string value).
+        compression_algorithm: ``"none"``, ``"lz4"`` or ``"zstd"``.
+        compression_level: codec level; ``None``/0 = the codec's default. lz4 0–12
+            (>0 = HC), zstd 0–22.
+        target_throughput_gbps: the capture rate you need, or ``None`` for no target.
+            It picks the block size and may lower the codec (see :meth:`transport_plan`).
+        max_memory_gb: shared-memory ring size in GiB (also the daemon's per-session
+            memory hint).
+        backpressure: ``"block"`` (lossless) or ``"drop"``.
+        sampled_positions: for ``SAMPLED_SLICES``: a stride k ≥ 1, or explicit positions
+            (negative ones count from the end).
+        modules: extra fnmatch patterns on ``named_modules()`` names, e.g.
+            ``("model.layers.*.mlp",)``.
+
+    Example:
+        >>> cfg = InstrumentationConfig.balanced().with_memory_limit(0.5)
+        >>> cfg.compression_algorithm, cfg.max_memory_gb
+        ('lz4', 0.5)
+    """
+
+    granularity: HookGranularity = HookGranularity.FULL_TENSOR
+    compression_algorithm: str = "lz4"
+    compression_level: Optional[int] = None
+    target_throughput_gbps: Optional[float] = None
+    max_memory_gb: float = 0.25
+    backpressure: str = "block"
+    sampled_positions: Union[int, Tuple[int, ...]] = 8
+    modules: Tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        try:
+            g = HookGranularity(self.granularity)
+        except ValueError:
+            raise ValueError(
+                f"granularity {self.granularity!r} is not one of "
+                f"{[m.name for m in HookGranularity]}"
+            ) from None
+        object.__setattr__(self, "granularity", g)
+        algo = self.compression_algorithm
+        if not isinstance(algo, str) or algo.lower() not in SUPPORTED_CODECS:
+            raise ValueError(
+                f"compression_algorithm {algo!r} is not supported (choose from {SUPPORTED_CODECS})"
+            )
+        algo = algo.lower()
+        object.__setattr__(self, "compression_algorithm", algo)
+        lvl = self.compression_level
+        if lvl is not None:
+            if isinstance(lvl, bool) or not isinstance(lvl, int):
+                raise TypeError(f"compression_level must be an int, got {lvl!r}")
+            lo, hi = CODEC_LEVELS[algo]
+            if not lo <= lvl <= hi:
+                raise ValueError(f"compression_level {lvl} out of range {lo}..{hi} for {algo}")
+        t = self.target_throughput_gbps
+        if t is not None:
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0 or t == float("inf"):
+                raise ValueError(f"target_throughput_gbps must be a positive number, got {t!r}")
+        m = self.max_memory_gb
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or m != m:
+            raise TypeError(f"max_memory_gb must be a number, got {m!r}")
+        ring = int(m * (1 << 30))
+        if not MIN_RING_BYTES <= ring <= MAX_RING_BYTES:
+            raise ValueError(
+                f"max_memory_gb {m} gives a {ring}-byte ring; allowed "
+                f"{MIN_RING_BYTES}..{MAX_RING_BYTES} bytes"
+            )
+        if self.backpressure not in BACKPRESSURE_POLICIES:
+            raise ValueError(
+                f"backpressure {self.backpressure!r} is not one of {BACKPRESSURE_POLICIES}"
+            )
+        sp = self.sampled_positions
+        if isinstance(sp, bool):
+            raise TypeError("sampled_positions must be an int stride or a sequence of ints")
+        if isinstance(sp, int):
+            if sp < 1:
+                raise ValueError(f"sampled_positions stride must be >= 1, got {sp}")
+        else:
+            try:
+                tup = tuple(sp)
+            except TypeError:
+                raise TypeError(
+                    "sampled_positions must be an int stride or a sequence of ints"
+                ) from None
+            if not tup or not all(isinstance(p, int) and not isinstance(p, bool) for p in tup):
+                raise ValueError(f"sampled_positions must be a non-empty sequence of ints, got {sp!r}")
+            object.__setattr__(self, "sampled_positions", tup)
+        mods = self.modules
+        if isinstance(mods, str):
+            mods = (mods,)
+        mods = tuple(mods)
+        if not all(isinstance(p, str) and p for p in mods):
+            raise ValueError(f"modules must be non-empty strings, got {mods!r}")
+        object.__setattr__(self, "modules", mods)
+
+    # ----- presets ---------------------------------------------------------------------------
+
+    @classmethod
+    def fast_capture(cls) -> "InstrumentationConfig":
+        """No compression: the daemon writes straight from the ring (fastest, biggest files)."""
+        return cls(compression_algorithm="none")
+
+    @classmethod
+    def balanced(cls) -> "InstrumentationConfig":
+        """lz4 at its default level: cheap, modest ratio. The default."""
+        return cls(compression_algorithm="lz4")
+
+    @classmethod
+    def max(cls) -> "InstrumentationConfig":  # noqa: A003 - name from the 1.3.1 API
+        """zstd at a high level (9)."""
+        return cls(compression_algorithm="zstd", compression_level=9)
+
+    @classmethod
+    def max_compression(cls) -> "InstrumentationConfig":
+        """zstd at its maximum level (22); lossless. Lossy codecs come later."""
+        return cls(compression_algorithm="zstd", compression_level=22)
+
+    @classmethod
+    def attention_analysis(cls) -> "InstrumentationConfig":
+        """Attention outputs only, lz4."""
+        return cls(granularity=HookGranularity.ATTENTION_ONLY, compression_algorithm="lz4")
+
+    @classmethod
+    def mlp_analysis(cls) -> "InstrumentationConfig":
+        """MLP outputs only, lz4."""
+        return cls(granularity=HookGranularity.MLP_ONLY, compression_algorithm="lz4")
+
+    @classmethod
+    def from_preset(cls, name: str) -> "InstrumentationConfig":
+        """Return the preset called ``name`` (``"balanced"``, ``"fast_capture"``, ...).
+
+        Raises:
+            ValueError: unknown preset name.
+        """
+        factory = PRESETS.get(name)
+        if factory is None:
+            raise ValueError(f"unknown preset {name!r} (choose from {sorted(PRESETS)})")
+        return factory()
+
+    # ----- builders --------------------------------------------------------------------------
+
+    def _replace(self, **changes: Any) -> "InstrumentationConfig":
+        return dataclasses.replace(self, **changes)
+
+    def with_compression(self, algorithm: str, level: Optional[int] = None) -> "InstrumentationConfig":
+        """Return a copy using codec ``algorithm`` at ``level`` (None = codec default)."""
+        return self._replace(compression_algorithm=algorithm, compression_level=level)
+
+    def with_memory_limit(self, gb: float) -> "InstrumentationConfig":
+        """Return a copy whose ring (and daemon memory hint) is ``gb`` GiB."""
+        return self._replace(max_memory_gb=gb)
+
+    def with_granularity(self, granularity: Union[HookGranularity, str]) -> "InstrumentationConfig":
+        """Return a copy hooking modules at ``granularity``."""
+        return self._replace(granularity=granularity)
+
+    def with_modules(self, patterns: Union[str, Sequence[str]]) -> "InstrumentationConfig":
+        """Return a copy that also hooks modules matching the fnmatch ``patterns``."""
+        return self._replace(modules=(patterns,) if isinstance(patterns, str) else tuple(patterns))
+
+    def with_throughput_target(self, gbps: Optional[float]) -> "InstrumentationConfig":
+        """Return a copy with ``target_throughput_gbps = gbps``."""
+        return self._replace(target_throughput_gbps=gbps)
+
+    def with_backpressure(self, policy: str) -> "InstrumentationConfig":
+        """Return a copy with ring-full policy ``policy`` (``"block"`` or ``"drop"``)."""
+        return self._replace(backpressure=policy)
+
+    def with_sampled_positions(self, positions: Union[int, Sequence[int]]) -> "InstrumentationConfig":
+        """Return a copy with ``sampled_positions`` (stride or explicit positions)."""
+        return self._replace(sampled_positions=positions)
+
+    # ----- effects ---------------------------------------------------------------------------
+
+    @property
+    def ring_size(self) -> int:
+        """Ring bytes: ``max_memory_gb`` GiB rounded down to a multiple of 4096."""
+        return int(self.max_memory_gb * (1 << 30)) // 4096 * 4096
+
+    def transport_plan(self, cores: Optional[int] = None) -> TransportPlan:
+        """Resolve what the session asks of strapd.
+
+        Rules (documented in README.md):
+
+        * block size: 1 MiB; 4 MiB when ``target_throughput_gbps >= 2`` (fewer blocks, less
+          per-block overhead); 256 KiB when the target is below 0.5 GB/s (finer parallelism);
+          never more than an eighth of the ring data region (min 64 KiB).
+        * codec: when a target is set and the requested codec cannot sustain it on ``cores``
+          cores (per-core rates in :data:`CODEC_GBPS_PER_CORE`), zstd falls back to level 1,
+          then to lz4, then to none; lz4 falls back to none. The plan's ``note`` says so and
+          the capture logs it and stores it in the stream metadata.
+
+        Args:
+            cores: cores the daemon can use (default: ``os.cpu_count()``).
+
+        Returns:
+            the :class:`TransportPlan`.
+        """
+        cores = cores or os.cpu_count() or 1
+        codec = self.compression_algorithm
+        level = self.compression_level or 0
+        target = self.target_throughput_gbps
+        block = 1 << 20
+        note = ""
+        if target is not None:
+            if target >= 2:
+                block = 4 << 20
+            elif target < 0.5:
+                block = 256 << 10
+            ladder = [("zstd", level), ("zstd", 1), ("lz4", 0), ("none", 0)]
+            if codec == "lz4":
+                ladder = [("lz4", level), ("none", 0)]
+            elif codec == "none":
+                ladder = [("none", 0)]
+            for c, lv in ladder:
+                per_core = CODEC_GBPS_PER_CORE[c]
+                if c != "none" and lv > 3:
+                    per_core /= 4  # high levels are far slower; a coarse, conservative factor
+                if per_core * cores >= target or c == "none":
+                    if (c, lv) != (codec, level):
+                        note = (
+                            f"{codec} level {level} cannot sustain {target} GB/s on {cores} cores; "
+                            f"using {c} level {lv}"
+                        )
+                    codec, level = c, lv
+                    break
+        data_size = self.ring_size - 4096
+        block = max(64 << 10, min(block, data_size // 8 // 4096 * 4096))
+        return TransportPlan(
+            codec=codec,
+            codec_level=level,
+            block_size=block,
+            ring_size=self.ring_size,
+            memory_hint=self.ring_size,
+            policy=self.backpressure,
+            note=note,
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Return the config as JSON-ready data (stored in the stream metadata)."""
+        d = dataclasses.asdict(self)
+        d["granularity"] = self.granularity.name
+        d["sampled_positions"] = (
+            self.sampled_positions if isinstance(self.sampled_positions, int) else list(self.sampled_positions)
+        )
+        d["modules"] = list(self.modules)
+        return d
+
+
+PRESETS = {
+    "fast_capture": InstrumentationConfig.fast_capture,
+    "balanced": InstrumentationConfig.balanced,
+    "max": InstrumentationConfig.max,
+    "max_compression": InstrumentationConfig.max_compression,
+    "attention_analysis": InstrumentationConfig.attention_analysis,
+    "mlp_analysis": InstrumentationConfig.mlp_analysis,
+}

@@ -1,0 +1,191 @@
+"""Find a model's decoder blocks, attention and MLP modules, at any nesting depth.
+
+The original 1.3.1 looked only at the root's direct children, so on a Hugging Face model it
+found nothing but ``lm_head``. Here the decoder stack is the largest ``nn.ModuleList`` whose
+children share one class (``model.layers``, ``transformer.h``, ``bert.encoder.layer``, ...),
+and each block's attention / MLP are its direct children with the usual names.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+
+from ..config import HookGranularity, InstrumentationConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch.nn as nn
+
+#: Direct children of a block that are its attention module, in preference order.
+ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")
+#: Direct children of a block that are its MLP module(s).
+MLP_NAMES = ("mlp", "feed_forward", "ffn", "intermediate")
+
+
+def _family(model: "nn.Module") -> str:
+    cfg = getattr(model, "config", None)
+    mt = getattr(cfg, "model_type", None)
+    if isinstance(mt, str) and mt:
+        return mt
+    return type(model).__name__.lower()
+
+
+def _hidden_size(model: "nn.Module") -> Optional[int]:
+    cfg = getattr(model, "config", None)
+    for attr in ("hidden_size", "n_embd", "d_model", "dim"):
+        v = getattr(cfg, attr, None)
+        if isinstance(v, int):
+            return v
+    return None
+
+
+def _find_block_list(model: "nn.Module") -> Optional[str]:
+    import torch.nn as nn
+
+    best: Optional[str] = None
+    best_key = (False, 0, 0)
+    for name, mod in model.named_modules():
+        if not isinstance(mod, nn.ModuleList) or len(mod) == 0:
+            continue
+        if len({type(c) for c in mod}) != 1:
+            continue
+        child_names = {n for n, _ in mod[0].named_children()}
+        if not child_names:
+            continue  # a list of leaf layers, not of blocks
+        # Prefer lists whose items contain attention (decoder/encoder blocks, not MoE
+        # experts), then longer lists, then shallower ones.
+        key = (bool(child_names & set(ATTENTION_NAMES)), len(mod), -name.count("."))
+        if best is None or key > best_key:
+            best, best_key = name, key
+    return best
+
+
+def detect_model_architecture(model: "nn.Module") -> Dict[str, Any]:
+    """Describe a model's layer structure.
+
+    Args:
+        model: any ``torch.nn.Module`` (Hugging Face or not).
+
+    Returns:
+        ``{"family", "model_class", "num_layers", "hidden_size", "layer_prefix", "blocks",
+        "attention", "mlp"}`` where the last three are lists of ``named_modules()`` names.
+        ``family`` is ``config.model_type`` when present (``"llama"``, ``"gpt2"``,
+        ``"bert"``, ...), else the lowercase class name.
+
+    Example:
+        >>> arch = detect_model_architecture(model)      # doctest: +SKIP
+        >>> arch["attention"][0]                           # doctest: +SKIP
+        'model.layers.0.self_attn'
+    """
+    prefix = _find_block_list(model)
+    blocks: List[str] = []
+    attention: List[str] = []
+    mlp: List[str] = []
+    if prefix is not None:
+        blist = model.get_submodule(prefix)
+        for i, block in enumerate(blist):
+            bname = f"{prefix}.{i}" if prefix else str(i)
+            blocks.append(bname)
+            children = dict(block.named_children())
+            for a in ATTENTION_NAMES:
+                if a in children:
+                    attention.append(f"{bname}.{a}")
+                    break
+            for m in MLP_NAMES:
+                if m in children:
+                    mlp.append(f"{bname}.{m}")
+                    if m == "intermediate" and "output" in children:
+                        # BERT-style: the MLP is intermediate (up + activation) then output.
+                        mlp.append(f"{bname}.output")
+                    break
+    return {
+        "family": _family(model),
+        "model_class": type(model).__name__,
+        "num_layers": len(blocks),
+        "hidden_size": _hidden_size(model),
+        "layer_prefix": prefix,
+        "blocks": blocks,
+        "attention": attention,
+        "mlp": mlp,
+    }
+
+
+def select_modules(
+    model: "nn.Module",
+    granularity: HookGranularity,
+    patterns: Sequence[str] = (),
+) -> List[str]:
+    """Return the names of the modules to hook, in ``named_modules()`` order.
+
+    Args:
+        model: the model.
+        granularity: the :class:`HookGranularity`.
+        patterns: extra fnmatch patterns on module names, added for every granularity.
+
+    Returns:
+        module names (no duplicates). Raises ValueError when a pattern matches nothing.
+    """
+    g = HookGranularity(granularity)
+    names = [n for n, _ in model.named_modules() if n]
+    arch = detect_model_architecture(model)
+    chosen = set()
+    if g in (HookGranularity.FULL_TENSOR, HookGranularity.SAMPLED_SLICES):
+        chosen.update(arch["blocks"], arch["attention"], arch["mlp"])
+    elif g is HookGranularity.ATTENTION_ONLY:
+        chosen.update(arch["attention"])
+    elif g is HookGranularity.MLP_ONLY:
+        chosen.update(arch["mlp"])
+    elif g is HookGranularity.RESIDUAL_ONLY:
+        chosen.update(arch["blocks"])
+    elif g is HookGranularity.ALL_MODULES:
+        chosen.update(names)
+    for pat in patterns:
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pat)]
+        if not hits:
+            raise ValueError(f"module pattern {pat!r} matches no module of {type(model).__name__}")
+        chosen.update(hits)
+    return [n for n in names if n in chosen]
+
+
+def create_optimized_config(
+    model: "nn.Module",
+    target_throughput_gbps: Optional[float] = None,
+    max_memory_gb: Optional[float] = None,
+    granularity: HookGranularity = HookGranularity.FULL_TENSOR,
+) -> InstrumentationConfig:
+    """Build a config suited to ``model``.
+
+    The ring is sized to hold at least 8 block outputs of a 2048-token sequence at the
+    model's hidden size in its parameter dtype (min 64 MiB, max 2 GiB) unless
+    ``max_memory_gb`` is given; the codec is lz4 (the best lossless ratio per CPU second on
+    activations), lowered by :meth:`InstrumentationConfig.transport_plan` when a throughput
+    target is set.
+
+    Args:
+        model: the model to capture.
+        target_throughput_gbps: optional capture-rate target.
+        max_memory_gb: ring size override.
+        granularity: hook granularity.
+
+    Returns:
+        an :class:`InstrumentationConfig`.
+
+    Example:
+        >>> cfg = create_optimized_config(model, target_throughput_gbps=1.0)  # doctest: +SKIP
+    """
+    if max_memory_gb is None:
+        arch = detect_model_architecture(model)
+        hidden = arch["hidden_size"] or 4096
+        try:
+            elem = next(model.parameters()).element_size()
+        except StopIteration:
+            elem = 4
+        need = 8 * 2048 * hidden * elem
+        need = min(max(need, 64 << 20), 2 << 30)
+        max_memory_gb = need / (1 << 30)
+    return InstrumentationConfig(
+        granularity=granularity,
+        compression_algorithm="lz4",
+        target_throughput_gbps=target_throughput_gbps,
+        max_memory_gb=max_memory_gb,
+    )

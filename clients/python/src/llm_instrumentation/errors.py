@@ -1,0 +1,46 @@
+"""Exceptions raised by llm_instrumentation."""
+
+from __future__ import annotations
+
+
+class StrapError(Exception):
+    """Base class of every error raised by llm_instrumentation."""
+
+
+class StrapdConnectionError(StrapError, ConnectionError):
+    """The daemon could not be reached, or the connection to it broke mid-session."""
+
+
+class StrapdProtocolError(StrapError):
+    """The daemon sent something that breaks docs/PROTOCOL.md, or answered with ERROR.
+
+    Attributes:
+        code: the ERROR body's ``code`` (e.g. ``"bad_record"``), or ``"client"`` for a
+            violation detected by the client.
+        fatal: whether the daemon ended the session.
+    """
+
+    def __init__(self, message: str, code: str = "client", fatal: bool = True) -> None:
+        super().__init__(message)
+        self.code = code
+        self.fatal = fatal
+
+
+class StrapdTimeoutError(StrapError, TimeoutError):
+    """The daemon is alive but did not answer (or release ring space) in time."""
+
+
+class StreamFormatError(StrapError, ValueError):
+    """A stream file is corrupt or not a v2 stream.
+
+    Attributes:
+        offset: byte offset in the file where the problem was found.
+    """
+
+    def __init__(self, message: str, offset: int) -> None:
+        super().__init__(f"{message} (at offset {offset})")
+        self.offset = offset
+
+
+class UnsupportedCodecError(StreamFormatError):
+    """A packet uses a codec id this installation cannot decode."""

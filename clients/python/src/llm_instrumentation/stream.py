@@ -1,0 +1,564 @@
+"""Reader of strapd stream files (docs/STREAM_FORMAT.md, version 2): pure Python + numpy +
+lz4 + zstandard + google-crc32c; torch only for :meth:`Tensor.tensor`.
+
+Every packet's CRC32C is checked when the packet is read. A closed stream is walked through
+its INDEX (random access by module); a stream without footer (daemon crash) is scanned, and
+a torn last packet ends the scan (``reader.truncated_at`` says where).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union
+
+import numpy as np
+
+from ._dtypes import DTYPES, dtype_name
+from .errors import StreamFormatError, UnsupportedCodecError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+FILE_MAGIC = b"STRAPSTM"
+FILE_VERSION = 2
+FILE_HEADER = struct.Struct("<8sHHII4x")  # magic, version, flags, meta_len, crc32c, reserved
+PACKET_MAGIC = b"SPKT"
+#: magic type dtype ndim header_len name_len codec flags meta_len crc seq step forward raw_len
+#: stored_len part_offset tensor_len block_size reserved reserved
+PACKET = struct.Struct("<4sHBBIHBBIIQQQQQQQI4x8x")
+assert PACKET.size == 96
+FOOTER_MAGIC = b"STRAPEND"
+
+TENSOR, DROP, TOKEN, INDEX, END = 1, 2, 3, 4, 5
+TYPE_NAMES = {TENSOR: "TENSOR", DROP: "DROP", TOKEN: "TOKEN", INDEX: "INDEX", END: "END"}
+CODEC_NONE, CODEC_LZ4, CODEC_ZSTD = 0, 1, 2
+FLAG_PART = 1
+INDEX_ENTRY = struct.Struct("<IHHQQQQ")
+assert INDEX_ENTRY.size == 40
+
+
+def crc32c(data: Any, value: int = 0) -> int:
+    """CRC32C (Castagnoli) of ``data``, continuing from ``value``."""
+    import google_crc32c
+
+    return google_crc32c.extend(value, bytes(data) if not isinstance(data, (bytes, bytearray)) else data)
+
+
+@dataclass
+class Packet:
+    """One packet as stored (payload not decoded).
+
+    Attributes are the header fields of STREAM_FORMAT.md 3 plus ``offset`` (file position),
+    ``type_name``, ``dtype`` (name, or None when not a tensor), ``shape``, ``name`` and
+    ``meta`` (decoded JSON dict, ``{}`` when empty).
+    """
+
+    offset: int
+    type: int
+    dtype_id: int
+    codec: int
+    flags: int
+    seq: int
+    step: int
+    forward: int
+    raw_len: int
+    stored_len: int
+    part_offset: int
+    tensor_len: int
+    block_size: int
+    shape: Tuple[int, ...]
+    name: str
+    meta: Dict[str, Any]
+    payload_start: int
+    _reader: "StreamReader" = field(repr=False, compare=False)
+
+    @property
+    def type_name(self) -> str:
+        """``"TENSOR"``, ``"DROP"``, ``"TOKEN"``, ``"INDEX"`` or ``"END"``."""
+        return TYPE_NAMES.get(self.type, str(self.type))
+
+    @property
+    def dtype(self) -> Optional[str]:
+        """dtype name, or None for non-tensor packets."""
+        return dtype_name(self.dtype_id) if self.dtype_id else None
+
+    @property
+    def is_part(self) -> bool:
+        """Whether this is one PART of a larger tensor."""
+        return bool(self.flags & FLAG_PART)
+
+    @property
+    def end(self) -> int:
+        """File offset just after this packet."""
+        return self.payload_start + self.stored_len
+
+    def stored(self) -> memoryview:
+        """The payload bytes as stored (no copy)."""
+        return self._reader._view[self.payload_start:self.end]
+
+    def decode(self) -> bytes:
+        """The decoded payload (``raw_len`` bytes)."""
+        return self._reader._decode(self)
+
+
+class Tensor:
+    """One captured tensor (its PART packets reassembled).
+
+    Attributes:
+        name, seq (of its first packet), step, forward, dtype (name), shape, meta, packets.
+    """
+
+    def __init__(self, packets: List[Packet]) -> None:
+        first = packets[0]
+        self.packets = packets
+        self.name = first.name
+        self.seq = first.seq
+        self.step = first.step
+        self.forward = first.forward
+        self.dtype: str = first.dtype or "uint8"
+        self.shape: Tuple[int, ...] = first.shape
+        self.meta = first.meta
+        self.nbytes = first.tensor_len
+
+    def __repr__(self) -> str:
+        return (f"Tensor(name={self.name!r}, seq={self.seq}, step={self.step}, forward={self.forward}, "
+                f"dtype={self.dtype}, shape={self.shape})")
+
+    def raw(self) -> bytes:
+        """The tensor's raw little-endian bytes in C order."""
+        if len(self.packets) == 1:
+            return self.packets[0].decode()
+        buf = bytearray(self.nbytes)
+        for p in self.packets:
+            buf[p.part_offset:p.part_offset + p.raw_len] = p.decode()
+        return bytes(buf)
+
+    def numpy(self) -> np.ndarray:
+        """The tensor as a numpy array; bfloat16 and float8 are upcast exactly to float32."""
+        raw = self.raw()
+        name = self.dtype
+        if name == "bfloat16":
+            u = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+            arr = u.view(np.float32)
+        elif name in ("float8_e4m3fn", "float8_e5m2"):
+            arr = _FP8_TABLES[name]()[np.frombuffer(raw, dtype=np.uint8)]
+        elif name == "bool":
+            arr = np.frombuffer(raw, dtype=np.uint8).astype(bool)
+        else:
+            arr = np.frombuffer(raw, dtype=np.dtype(name).newbyteorder("<")).copy()
+        return arr.reshape(self.shape)
+
+    def tensor(self) -> "torch.Tensor":
+        """The tensor as a ``torch.Tensor`` of its original dtype (bf16 stays bf16)."""
+        import torch
+
+        raw = bytearray(self.raw())
+        dt = getattr(torch, self.dtype)
+        if not raw:
+            return torch.empty(self.shape, dtype=dt)
+        return torch.frombuffer(raw, dtype=torch.uint8).view(dt).reshape(self.shape)
+
+
+def _fp8_table(exp_bits: int, man_bits: int, bias: int, ieee: bool) -> np.ndarray:
+    vals = np.empty(256, dtype=np.float32)
+    for b in range(256):
+        s = -1.0 if b & 0x80 else 1.0
+        e = (b >> man_bits) & ((1 << exp_bits) - 1)
+        m = b & ((1 << man_bits) - 1)
+        emax = (1 << exp_bits) - 1
+        if ieee and e == emax:
+            vals[b] = s * np.inf if m == 0 else np.nan
+        elif not ieee and e == emax and m == (1 << man_bits) - 1:
+            vals[b] = np.nan
+        elif e == 0:
+            vals[b] = s * (m / (1 << man_bits)) * 2.0 ** (1 - bias)
+        else:
+            vals[b] = s * (1 + m / (1 << man_bits)) * 2.0 ** (e - bias)
+    return vals
+
+
+_fp8_cache: Dict[str, np.ndarray] = {}
+
+
+def _fp8(name: str, *args: Any) -> Any:
+    def get() -> np.ndarray:
+        if name not in _fp8_cache:
+            _fp8_cache[name] = _fp8_table(*args)
+        return _fp8_cache[name]
+    return get
+
+
+_FP8_TABLES = {"float8_e4m3fn": _fp8("float8_e4m3fn", 4, 3, 7, False),
+               "float8_e5m2": _fp8("float8_e5m2", 5, 2, 15, True)}
+
+
+class StreamReader:
+    """An open stream file. Use :func:`open_stream`.
+
+    Attributes:
+        path: the file.
+        version: format version (2).
+        metadata: the header's metadata dict.
+        indexed: whether the footer index was used.
+        truncated_at: offset of a torn final packet (scan mode), else None.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike]) -> None:
+        self.path = os.fspath(path)
+        self._f = open(self.path, "rb")
+        size = os.fstat(self._f.fileno()).st_size
+        self.size = size
+        if size == 0:
+            self._f.close()
+            raise StreamFormatError(f"{self.path} is empty, not a strap stream", 0)
+        self._mm = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._view = memoryview(self._mm)
+        self.truncated_at: Optional[int] = None
+        self.indexed = False
+        try:
+            self._read_header()
+            self._offsets = self._load_index()
+            if self._offsets is None:
+                self._offsets = None  # scan lazily
+        except BaseException:
+            self.close()
+            raise
+        self._scanned: Optional[List[Packet]] = None
+
+    # ----- structure ---------------------------------------------------------------------------
+
+    def _read_header(self) -> None:
+        v = self._view
+        if self.size < FILE_HEADER.size:
+            raise StreamFormatError(f"{self.path}: {self.size} bytes is too short for a stream header", 0)
+        magic, version, flags, meta_len, crc = FILE_HEADER.unpack_from(v, 0)
+        if magic != FILE_MAGIC:
+            hint = " (an llm_instrumentation 1.3.1 stream? that format is not readable)" if magic[:2] != b"ST" else ""
+            raise StreamFormatError(f"{self.path}: bad file magic {bytes(magic)!r}{hint}", 0)
+        if version != FILE_VERSION:
+            raise StreamFormatError(f"{self.path}: stream version {version}, this reader reads {FILE_VERSION}", 8)
+        end = FILE_HEADER.size + meta_len
+        if end > self.size:
+            raise StreamFormatError(f"{self.path}: metadata of {meta_len} bytes runs past the end of the file", 12)
+        got = crc32c(bytes(v[0:16]) + bytes(v[FILE_HEADER.size:end]))
+        if got != crc:
+            raise StreamFormatError(f"{self.path}: file header CRC mismatch (stored {crc:#010x}, computed {got:#010x})", 16)
+        try:
+            meta = json.loads(bytes(v[FILE_HEADER.size:end]).decode("utf-8")) if meta_len else {}
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise StreamFormatError(f"{self.path}: metadata is not JSON: {e}", FILE_HEADER.size) from None
+        if not isinstance(meta, dict):
+            raise StreamFormatError(f"{self.path}: metadata is not a JSON object", FILE_HEADER.size)
+        self.version = version
+        self.flags = flags
+        self.metadata: Dict[str, Any] = meta
+        self.first_packet = (end + 7) // 8 * 8
+
+    def _parse(self, off: int, strict: bool = True) -> Optional[Packet]:
+        """Parse and CRC-check the packet at ``off``. Returns None for a torn packet at the
+        end of the file when ``strict`` is False (scan mode)."""
+        v = self._view
+        if off + PACKET.size > self.size:
+            if strict:
+                raise StreamFormatError(f"{self.path}: packet header runs past the end of the file", off)
+            return None
+        (magic, ptype, dt, ndim, header_len, name_len, codec, flags, meta_len, crc, seq, step, fwd,
+         raw_len, stored_len, part_offset, tensor_len, block_size) = PACKET.unpack_from(v, off)
+        if magic != PACKET_MAGIC:
+            raise StreamFormatError(f"{self.path}: bad packet magic {bytes(magic)!r}", off)
+        if ptype not in TYPE_NAMES:
+            raise StreamFormatError(f"{self.path}: unknown packet type {ptype}", off)
+        if ndim > 8:
+            raise StreamFormatError(f"{self.path}: packet ndim {ndim} > 8", off)
+        if header_len != PACKET.size + 8 * ndim + name_len + meta_len:
+            raise StreamFormatError(
+                f"{self.path}: header_len {header_len} != 96 + 8*{ndim} + {name_len} + {meta_len}", off)
+        end = off + header_len + stored_len
+        if end > self.size:
+            if strict:
+                raise StreamFormatError(f"{self.path}: packet of {header_len + stored_len} bytes runs past the end of the file", off)
+            return None
+        hdr = bytearray(v[off:off + header_len])
+        hdr[20:24] = b"\0\0\0\0"
+        got = crc32c(v[off + header_len:end], crc32c(hdr))
+        if got != crc:
+            raise StreamFormatError(f"{self.path}: packet CRC mismatch (stored {crc:#010x}, computed {got:#010x})", off)
+        if dt and dt not in DTYPES:
+            raise StreamFormatError(f"{self.path}: unknown dtype id {dt}", off)
+        shape = struct.unpack_from(f"<{ndim}Q", v, off + PACKET.size)
+        p = off + PACKET.size + 8 * ndim
+        try:
+            name = bytes(v[p:p + name_len]).decode("utf-8")
+            meta_raw = bytes(v[p + name_len:p + name_len + meta_len])
+            meta = json.loads(meta_raw.decode("utf-8")) if meta_len else {}
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise StreamFormatError(f"{self.path}: packet name/meta not valid UTF-8 JSON: {e}", off) from None
+        if not isinstance(meta, dict):
+            raise StreamFormatError(f"{self.path}: packet meta is not a JSON object", off)
+        if ptype == TENSOR:
+            if not dt:
+                raise StreamFormatError(f"{self.path}: TENSOR packet without dtype", off)
+            n = 1
+            for s in shape:
+                n *= s
+            if n * DTYPES[dt][1] != tensor_len:
+                raise StreamFormatError(
+                    f"{self.path}: shape {tuple(shape)} of {dtype_name(dt)} is not tensor_len {tensor_len} bytes", off)
+            if part_offset + raw_len > tensor_len or (not flags & FLAG_PART and raw_len != tensor_len):
+                raise StreamFormatError(
+                    f"{self.path}: part [{part_offset}, +{raw_len}) does not fit tensor_len {tensor_len}", off)
+        if codec == CODEC_NONE and ptype in (TENSOR, INDEX) and stored_len != raw_len:
+            raise StreamFormatError(f"{self.path}: codec none with stored_len {stored_len} != raw_len {raw_len}", off)
+        return Packet(off, ptype, dt, codec, flags, seq, step, fwd, raw_len, stored_len, part_offset,
+                      tensor_len, block_size, tuple(shape), name, meta, off + header_len, self)
+
+    def _load_index(self) -> Optional[List[int]]:
+        """Offsets of the TENSOR/DROP/TOKEN packets from the footer index, or None when the
+        file has no footer."""
+        if self.size < self.first_packet + 16 or bytes(self._view[self.size - 8:]) != FOOTER_MAGIC:
+            return None
+        (idx_off,) = struct.unpack_from("<Q", self._view, self.size - 16)
+        if not self.first_packet <= idx_off < self.size - 16:
+            raise StreamFormatError(f"{self.path}: footer index offset {idx_off} out of range", self.size - 16)
+        pk = self._parse(idx_off)
+        assert pk is not None
+        if pk.type != INDEX or pk.codec != CODEC_NONE:
+            raise StreamFormatError(f"{self.path}: footer points at a {pk.type_name} packet, not an uncompressed INDEX", idx_off)
+        if pk.end != self.size - 16:
+            raise StreamFormatError(f"{self.path}: bytes between the INDEX packet and the footer", pk.end)
+        data = self._view[pk.payload_start:pk.end]
+        try:
+            (n_names,) = struct.unpack_from("<I", data, 0)
+            p = 4
+            names = []
+            for _ in range(n_names):
+                (ln,) = struct.unpack_from("<H", data, p)
+                p += 2
+                names.append(bytes(data[p:p + ln]).decode("utf-8"))
+                p += ln
+            (n_entries,) = struct.unpack_from("<Q", data, p)
+            p += 8
+            if p + n_entries * INDEX_ENTRY.size != len(data):
+                raise StreamFormatError(f"{self.path}: INDEX has {n_entries} entries but {len(data) - p} bytes of them", idx_off)
+            offsets = []
+            self._index_entries = []
+            for i in range(n_entries):
+                ni, typ, fl, seq, step, fwd, off = INDEX_ENTRY.unpack_from(data, p + i * INDEX_ENTRY.size)
+                if ni >= n_names or not self.first_packet <= off < idx_off:
+                    raise StreamFormatError(f"{self.path}: INDEX entry {i} is out of range", idx_off)
+                offsets.append(off)
+                self._index_entries.append((names[ni], typ, fl, seq, step, fwd, off))
+        except (struct.error, UnicodeDecodeError) as e:
+            raise StreamFormatError(f"{self.path}: INDEX payload is malformed: {e}", idx_off) from None
+        self.indexed = True
+        self._index_offset = idx_off
+        return offsets
+
+    def _scan(self) -> List[Packet]:
+        if self._scanned is None:
+            out: List[Packet] = []
+            off = self.first_packet
+            while off < self.size:
+                pk = self._parse(off, strict=False)
+                if pk is None:
+                    self.truncated_at = off
+                    break
+                out.append(pk)
+                off = pk.end
+            self._scanned = out
+        return self._scanned
+
+    # ----- decoding ----------------------------------------------------------------------------
+
+    def _decode(self, pk: Packet) -> bytes:
+        data = pk.stored()
+        if pk.codec == CODEC_NONE:
+            return bytes(data)
+        if pk.block_size <= 0:
+            raise StreamFormatError(f"{self.path}: codec {pk.codec} packet with block_size 0", pk.offset)
+        n_expected = -(-pk.raw_len // pk.block_size) if pk.raw_len else 0
+        try:
+            (n,) = struct.unpack_from("<I", data, 0)
+            if n != n_expected:
+                raise StreamFormatError(
+                    f"{self.path}: block table has {n} blocks, raw_len {pk.raw_len} / block_size {pk.block_size} needs {n_expected}",
+                    pk.offset)
+            sizes = struct.unpack_from(f"<{n}I", data, 4)
+        except struct.error:
+            raise StreamFormatError(f"{self.path}: block table runs past the payload", pk.offset) from None
+        p = 4 + 4 * n
+        out = bytearray()
+        for i, s in enumerate(sizes):
+            raw_block = bool(s & 0x80000000)
+            s &= 0x7FFFFFFF
+            want = min(pk.block_size, pk.raw_len - i * pk.block_size)
+            blk = data[p:p + s]
+            if len(blk) != s:
+                raise StreamFormatError(f"{self.path}: block {i} runs past the payload", pk.offset)
+            p += s
+            if raw_block:
+                if s != want:
+                    raise StreamFormatError(f"{self.path}: stored block {i} has {s} bytes, expected {want}", pk.offset)
+                out += blk
+                continue
+            try:
+                dec = _decode_block(pk.codec, bytes(blk), pk.dtype or "uint8", want)
+            except UnsupportedCodecError:
+                raise UnsupportedCodecError(f"{self.path}: unsupported codec id {pk.codec}", pk.offset) from None
+            except Exception as e:
+                raise StreamFormatError(f"{self.path}: block {i} does not decode: {e}", pk.offset) from None
+            if len(dec) != want:
+                raise StreamFormatError(f"{self.path}: block {i} decoded to {len(dec)} bytes, expected {want}", pk.offset)
+            out += dec
+        if p != len(data):
+            raise StreamFormatError(f"{self.path}: {len(data) - p} stray bytes after the last block", pk.offset)
+        return bytes(out)
+
+    # ----- public API --------------------------------------------------------------------------
+
+    def packets(self, include_index: bool = False) -> Iterator[Packet]:
+        """Every packet in file order (TENSOR parts, DROP, TOKEN, END; INDEX when asked).
+
+        Each is CRC-checked as it is read.
+        """
+        if self._offsets is not None:
+            for off in self._offsets:
+                pk = self._parse(off)
+                assert pk is not None
+                yield pk
+            # END sits between the last entry and the INDEX; walk there.
+            off = pk.end if self._offsets else self.first_packet
+            while off < self._index_offset:
+                pk = self._parse(off)
+                assert pk is not None
+                yield pk
+                off = pk.end
+            if include_index:
+                idx = self._parse(self._index_offset)
+                assert idx is not None
+                yield idx
+        else:
+            for pk in self._scan():
+                if pk.type != INDEX or include_index:
+                    yield pk
+
+    def __iter__(self) -> Iterator[Tensor]:
+        """Iterate tensors in sequence order (PART packets reassembled; incomplete tensors
+        at a torn end are skipped)."""
+        return self._tensors(None)
+
+    def _tensors(self, name: Optional[str]) -> Iterator[Tensor]:
+        pending: Dict[str, List[Packet]] = {}
+        for pk in self._packet_source(name):
+            if pk.type != TENSOR or (name is not None and pk.name != name):
+                continue
+            if not pk.is_part:
+                yield Tensor([pk])
+                continue
+            parts = pending.get(pk.name)
+            if pk.part_offset == 0:
+                parts = pending[pk.name] = [pk]
+            elif parts is None or parts[-1].part_offset + parts[-1].raw_len != pk.part_offset \
+                    or parts[-1].tensor_len != pk.tensor_len or parts[-1].seq + 1 != pk.seq:
+                raise StreamFormatError(f"{self.path}: PART of {pk.name} at part_offset {pk.part_offset} does not continue a tensor", pk.offset)
+            else:
+                parts.append(pk)
+            if pk.part_offset + pk.raw_len == pk.tensor_len:
+                yield Tensor(pending.pop(pk.name))
+
+    def _packet_source(self, name: Optional[str]) -> Iterator[Packet]:
+        if name is not None and self._offsets is not None:
+            for (n, typ, _fl, _seq, _st, _fw, off) in self._index_entries:
+                if n == name and typ == TENSOR:
+                    pk = self._parse(off)
+                    assert pk is not None
+                    yield pk
+            return
+        yield from self.packets()
+
+    def tensors(self, name: Optional[str] = None) -> List[Tensor]:
+        """The tensors of module ``name`` (every tensor when None), in sequence order."""
+        return list(self._tensors(name))
+
+    def names(self) -> List[str]:
+        """Module names with at least one TENSOR packet, in first-seen order."""
+        seen: Dict[str, None] = {}
+        if self._offsets is not None:
+            for e in self._index_entries:
+                if e[1] == TENSOR:
+                    seen.setdefault(e[0])
+        else:
+            for pk in self._scan():
+                if pk.type == TENSOR:
+                    seen.setdefault(pk.name)
+        return list(seen)
+
+    def end(self) -> Optional[Packet]:
+        """The END packet, or None (stream cut short)."""
+        last = None
+        for pk in self.packets():
+            if pk.type == END:
+                last = pk
+        return last
+
+    def close(self) -> None:
+        """Release the mapping and the file."""
+        try:
+            self._view.release()
+        except (AttributeError, BufferError):
+            pass
+        if getattr(self, "_mm", None) is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                pass
+        self._f.close()
+
+    def __enter__(self) -> "StreamReader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _decode_block(codec: int, data: bytes, dtype: str, raw_len: int) -> bytes:
+    if codec == CODEC_LZ4:
+        import lz4.block
+
+        return lz4.block.decompress(data, uncompressed_size=raw_len)
+    if codec == CODEC_ZSTD:
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_len)
+    if 16 <= codec <= 63:
+        try:
+            from . import _activation_codecs  # type: ignore[attr-defined]
+        except ImportError:
+            raise UnsupportedCodecError(f"unsupported codec id {codec} (no activation codecs installed)", 0) from None
+        return _activation_codecs.decode_block(codec, data, dtype, raw_len)
+    raise UnsupportedCodecError(f"unsupported codec id {codec}", 0)
+
+
+def open_stream(path: Union[str, os.PathLike]) -> StreamReader:
+    """Open a strap stream file for reading.
+
+    Args:
+        path: the stream file.
+
+    Returns:
+        a :class:`StreamReader`: iterate it for tensors, ``.tensors(name)``, ``.packets()``,
+        ``.metadata``. Use it as a context manager to release the file.
+
+    Raises:
+        StreamFormatError: not a v2 stream, or corrupt (the message names the offset).
+
+    Example:
+        >>> with open_stream("run.strap") as r:            # doctest: +SKIP
+        ...     for t in r:
+        ...         print(t.name, t.shape, t.numpy().mean())
+    """
+    return StreamReader(path)

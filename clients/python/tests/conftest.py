@@ -1,0 +1,153 @@
+"""Shared fixtures: repo paths, small Hugging Face models, a fake daemon, the real strapd."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+REPO = Path(__file__).resolve().parents[3]
+TESTDATA = REPO / "testdata"
+
+
+def short_tmpdir() -> str:
+    # Unix socket paths are limited to 107 bytes: keep them short.
+    return tempfile.mkdtemp(prefix="strap-", dir="/tmp")
+
+
+@pytest.fixture
+def sockdir() -> Iterator[str]:
+    d = short_tmpdir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def fake_daemon(sockdir: str):
+    from strapfake import FakeStrapd
+
+    d = FakeStrapd(os.path.join(sockdir, "s.sock"))
+    yield d
+    d.close()
+    assert not d.errors, d.errors
+
+
+def strapd_bin() -> Path:
+    return Path(os.environ.get("STRAPD_BIN", REPO / "bin" / "strapd"))
+
+
+class Daemon:
+    """A real strapd serving on a temp socket."""
+
+    def __init__(self, binary: Path, sockdir: str, *extra: str) -> None:
+        self.socket = os.path.join(sockdir, "strapd.sock")
+        self.log = os.path.join(sockdir, "strapd.log")
+        self._logf = open(self.log, "wb")
+        self.proc = subprocess.Popen([str(binary), "serve", "--socket", self.socket, *extra],
+                                     stdout=self._logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        import socket as so
+
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"strapd exited {self.proc.returncode}: {self.log_tail()}")
+            s = so.socket(so.AF_UNIX, so.SOCK_SEQPACKET)
+            try:
+                s.connect(self.socket)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"strapd did not come up: {self.log_tail()}")
+                time.sleep(0.05)
+            finally:
+                s.close()
+
+    def log_tail(self) -> str:
+        try:
+            return Path(self.log).read_text(errors="replace")[-3000:]
+        except OSError:
+            return ""
+
+    def stop(self) -> Optional[int]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._logf.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def real_strapd(sockdir: str):
+    """Start the real daemon; parametrize extra args with ``@pytest.mark.strapd_args(...)``."""
+    b = strapd_bin()
+    if not (b.is_file() and os.access(b, os.X_OK)):
+        pytest.skip(f"strapd binary not built at {b} (go build -o bin/strapd ./cmd/strapd)")
+    d = Daemon(b, sockdir)
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def strapd_factory(sockdir: str):
+    """Start real daemons with extra args: ``strapd_factory('--debug-write-delay', '20ms')``."""
+    b = strapd_bin()
+    if not (b.is_file() and os.access(b, os.X_OK)):
+        pytest.skip(f"strapd binary not built at {b}")
+    started = []
+
+    def make(*extra: str) -> Daemon:
+        sub = tempfile.mkdtemp(prefix="d", dir=sockdir)
+        d = Daemon(b, sub, *extra)
+        started.append(d)
+        return d
+
+    yield make
+    for d in started:
+        d.stop()
+
+
+# ----- small models ------------------------------------------------------------------------------
+
+def tiny_llama(dtype=None):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                                     num_attention_heads=8, num_key_value_heads=4, vocab_size=1024))
+    m.eval()
+    if dtype is not None:
+        m = m.to(dtype)
+    return m
+
+
+def tiny_gpt2():
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_embd=128, n_layer=3, n_head=4, vocab_size=1000, n_positions=128)).eval()
+
+
+def tiny_bert():
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    return BertModel(BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=256, vocab_size=1000)).eval()

@@ -1,0 +1,115 @@
+"""Byte-exact golden tests of the message and ring-record encoders against the Go side's
+vectors in testdata/protocol and testdata/ring."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+from conftest import TESTDATA
+
+from llm_instrumentation import _protocol as P
+from llm_instrumentation import _ring as R
+from llm_instrumentation.errors import StrapdProtocolError
+
+PROTO = TESTDATA / "protocol"
+RING = TESTDATA / "ring"
+
+MESSAGES = [
+    ("hello.bin", P.HELLO, P.hello_body("llm_instrumentation/0.1.0", 1234)),
+    ("welcome.bin", P.WELCOME, {"protocol": 1, "daemon": "strapd 0.1.0", "pid": 42, "max_message": 65536}),
+    ("open.bin", P.OPEN, {"ring_size": 67108864, "codec": "zstd", "codec_level": 3, "policy": "block",
+                          "block_size": 1048576, "metadata": {"model_class": "LlamaForCausalLM",
+                                                              "output_path": "/abs/capture.strap"}}),
+    ("opened.bin", P.OPENED, {"session": 7, "block_size": 1048576}),
+    ("publish.bin", P.PUBLISH, {"head": 4096, "seq": 3}),
+    ("release.bin", P.RELEASE, {"tail": 2048}),
+    ("drop.bin", P.DROP, {"seq": 4, "name": "model.layers.3.mlp", "step": 10, "forward": 2, "bytes": 8192,
+                          "reason": "ring_full"}),
+    ("close.bin", P.CLOSE, {"seq": 4, "head": 4096, "drops": 1}),
+    ("closed.bin", P.CLOSED, {"packets": 3, "drops": 1, "bytes_in": 12288, "bytes_out": 12288, "file_bytes": 13000}),
+    ("error_protocol_version.bin", P.ERROR, {"code": "protocol_version",
+                                             "message": "client speaks protocol 2, strapd speaks protocol 1",
+                                             "fatal": True}),
+    ("status.bin", P.STATUS, {}),
+]
+
+
+def _need(path):
+    if not path.exists():
+        pytest.skip(f"golden file {path} not written yet")
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("fname,mtype,body", MESSAGES, ids=[m[0] for m in MESSAGES])
+def test_message_golden(fname, mtype, body):
+    want = _need(PROTO / fname)
+    assert P.encode_message(mtype, body) == want
+    ver, got_type, got_body = P.decode_message(want)
+    assert (ver, got_type, got_body) == (1, mtype, body)
+
+
+def test_version_error_is_readable():
+    data = _need(PROTO / "error_protocol_version.bin")
+    _, mtype, body = P.decode_message(data)
+    err = P.error_from_body(body)
+    assert err.code == "protocol_version" and "protocol 2" in str(err)
+
+
+@pytest.mark.parametrize("data,why", [
+    (b"STRP\x01\x00", "shorter"),
+    (b"XXXX\x01\x00\x01\x00\x02\x00\x00\x00{}", "magic"),
+    (b"STRP\x01\x00\x01\x00\x05\x00\x00\x00{}", "length"),
+    (b"STRP\x01\x00\x01\x00\x02\x00\x00\x00[]", "not a JSON object"),
+    (b"STRP\x01\x00\x01\x00\x02\x00\x00\x00{x", "not JSON"),
+])
+def test_decode_rejects(data, why):
+    with pytest.raises(StrapdProtocolError, match=why):
+        P.decode_message(data)
+
+
+def test_ring_header_golden():
+    assert R.encode_ring_header(8256) == _need(RING / "header_8256.bin")
+
+
+def test_pad_golden():
+    want = _need(RING / "pad_128.bin")
+    got = R.encode_pad_header(128)
+    assert got + bytes(128 - len(got)) == want
+
+
+def _record(hdr: bytes, payload: bytes, record_len: int) -> bytes:
+    b = hdr + payload
+    return b + bytes(record_len - len(b))
+
+
+RECORDS = [
+    ("record_f32_2x3.bin", dict(dtype=1, shape=(2, 3), seq=1, step=5, forward=2, name=b"model.layers.0.mlp"),
+     b"".join(struct.pack("<I", 0x3F800000 + i) for i in range(6)), {}),
+    ("record_bf16_meta.bin", dict(dtype=3, shape=(1, 4), seq=7, step=0, forward=0, name=b"model.layers.3.self_attn",
+                                  meta=b'{"positions":[0,4,8],"dim":1}'),
+     bytes.fromhex("803f004040408040"), {}),
+    ("record_part.bin", dict(dtype=6, shape=(4, 16), seq=12, step=9, forward=3, name=b"lm_head"),
+     bytes(range(16)), dict(part=True, part_offset=32, tensor_len=64)),
+    ("record_scalar_i64.bin", dict(dtype=9, shape=(), seq=3, step=0, forward=0, name=b"x"),
+     struct.pack("<q", 42), {}),
+]
+
+
+@pytest.mark.parametrize("fname,fields,payload,extra", RECORDS, ids=[r[0] for r in RECORDS])
+def test_record_golden(fname, fields, payload, extra):
+    want = _need(RING / fname)
+    hdr_len = R.header_area(len(fields["shape"]), fields["name"], fields.get("meta", b""))
+    rec_len = R.align64(hdr_len + len(payload))
+    hdr = R.encode_record_header(record_len=rec_len, payload_len=len(payload), **fields, **extra)
+    assert len(hdr) == hdr_len
+    assert _record(hdr, payload, rec_len) == want
+    parsed = R.parse_record_header(want)
+    assert parsed["seq"] == fields["seq"] and parsed["shape"] == tuple(fields["shape"])
+
+
+def test_meta_json_compact():
+    # meta written by the client uses the same compact form as the golden record
+    assert json.dumps({"positions": [0, 4, 8], "dim": 1}, separators=(",", ":")).encode() == \
+        b'{"positions":[0,4,8],"dim":1}'
