@@ -1,0 +1,562 @@
+//go:build ignore
+
+// STRAP-LLM kernel probes: block I/O latency (system-wide), and for watched processes
+// off-CPU time split by reason, context switches, migrations, user page faults and the
+// model-loading syscalls (mmap, mlock, mlock2, munlock, openat).
+//
+// Every program is a raw tracepoint (raw_tp): no tracefs is needed, the cost per event is
+// close to tp_btf, and unlike tp_btf the kernel lets raw_tp programs run under
+// BPF_PROG_TEST_RUN, so the logic below is unit-tested from Go with fake arguments.
+// Kernel pointers are read through BPF_CORE_READ (probe_read_kernel with CO-RE
+// relocations), so the object loads on any BTF kernel whose structs moved.
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#define MAX_SLOTS 32
+#define PATH_MAX_LEN 256
+
+// Request operation classes (REQ_OP_READ = 0, REQ_OP_WRITE = 1; flush, discard... = other).
+#define OP_READ 0
+#define OP_WRITE 1
+#define OP_OTHER 2
+#define REQ_OP_MASK_ ((1 << 8) - 1)
+
+// Task states as the scheduler passes them to sched_switch.
+#define TASK_RUNNING_ 0x0
+#define TASK_INTERRUPTIBLE_ 0x1
+#define TASK_UNINTERRUPTIBLE_ 0x2
+
+// Why a watched thread is off-CPU; stored with the switch-out stamp.
+#define OFF_RUNNABLE 0 // preempted or yielded: runnable, waiting for a CPU
+#define OFF_SLEEP 1    // interruptible sleep (S): nanosleep, futex, poll, pipe read
+#define OFF_IO 2       // uninterruptible (D): disk I/O, page-cache misses, some locks
+
+// Counter indices in the errs map: events the probes had to drop.
+#define ERR_RQ_MAP_FULL 0
+#define ERR_THREAD_MAP_FULL 1
+#define ERR_PROC_MAP_FULL 2
+#define ERR_DEV_MAP_FULL 3
+#define ERR_RINGBUF_FULL 4
+#define ERR_PENDING_MAP_FULL 5
+#define ERR_MAX 8
+
+// Syscall numbers (x86_64). Set from Go per architecture before load.
+volatile const __s64 nr_mmap = 9;
+volatile const __s64 nr_mlock = 149;
+volatile const __s64 nr_munlock = 150;
+volatile const __s64 nr_mlock2 = 325;
+volatile const __s64 nr_openat = 257;
+
+struct rq_start {
+	__u64 ts;
+	__u64 bytes;
+	__u32 dev;
+	__u32 op;
+};
+
+struct dev_stats {
+	__u64 ios[3];
+	__u64 bytes[3];
+	__u64 slots[MAX_SLOTS];
+};
+
+struct offcpu_start {
+	__u64 ts;
+	__u32 reason;
+	__u32 tgid;
+};
+
+struct thread_stats {
+	__u32 tgid;
+	__u32 _pad;
+	__u64 runnable_ns;
+	__u64 sleep_ns;
+	__u64 io_ns;
+	__u64 nvcsw;
+	__u64 nivcsw;
+	__u64 migrations;
+};
+
+struct proc_stats {
+	__u64 page_faults;
+	__u64 mmap_count;
+	__u64 mmap_bytes;
+	__u64 mlock_count;
+	__u64 mlock_bytes;
+	__u64 munlock_count;
+	__u64 munlock_bytes;
+	__u64 openat_count;
+	__u64 openat_failed;
+	__u64 nvidia_opens;
+};
+
+struct pending_syscall {
+	__s64 nr;
+	__u64 arg0;
+	__u64 arg1;
+};
+
+struct open_event {
+	__u32 tgid;
+	__u32 tid;
+	__s64 ret;
+	char path[PATH_MAX_LEN];
+};
+
+// Block requests in flight, keyed by the struct request pointer (not the sector: one
+// sector can have several requests in flight, and a keyed-by-sector entry leaks when a
+// request is merged). User space counts entries per device for the in-flight gauge.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct rq_start);
+} rq_starts SEC(".maps");
+
+// Cumulative per-device counters and latency histogram; user space diffs per interval.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, struct dev_stats);
+} dev_stats_map SEC(".maps");
+
+// Watched thread groups (tgid -> 1) and cgroup v2 ids (id -> 1).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u8);
+} watched_tgids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u64);
+	__type(value, __u8);
+} watched_cgroups SEC(".maps");
+
+// cfg[0]: number of watched cgroups (0 skips the cgroup-id read on every event).
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} cfg SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 32768);
+	__type(key, __u32);
+	__type(value, struct offcpu_start);
+} offcpu_starts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 32768);
+	__type(key, __u32);
+	__type(value, struct thread_stats);
+} thread_stats_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct proc_stats);
+} proc_stats_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 32768);
+	__type(key, __u32);
+	__type(value, struct pending_syscall);
+} pending_syscalls SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, ERR_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} errs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} open_events SEC(".maps");
+
+// Force the event struct into BTF so bpf2go emits a Go type for it.
+const struct open_event *unused_open_event __attribute__((unused));
+
+static __always_inline void count_err(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&errs, &idx);
+	if (v)
+		__sync_fetch_and_add(v, 1);
+}
+
+// log2 slot of a value, bcc style: slot = bit length (0 for 0), so slot s holds
+// [(1<<s)>>1, (1<<s)-1].
+static __always_inline __u32 log2_slot(__u64 v)
+{
+	__u32 slot = 0;
+	if (v >= (1ULL << 32)) { v >>= 32; slot += 32; }
+	if (v >= (1ULL << 16)) { v >>= 16; slot += 16; }
+	if (v >= (1ULL << 8)) { v >>= 8; slot += 8; }
+	if (v >= (1ULL << 4)) { v >>= 4; slot += 4; }
+	if (v >= (1ULL << 2)) { v >>= 2; slot += 2; }
+	if (v >= (1ULL << 1)) { v >>= 1; slot += 1; }
+	if (v)
+		slot += 1;
+	return slot;
+}
+
+static __always_inline bool cgroup_watched(__u64 cgid)
+{
+	__u32 zero = 0;
+	__u32 *n = bpf_map_lookup_elem(&cfg, &zero);
+	if (!n || *n == 0)
+		return false;
+	return bpf_map_lookup_elem(&watched_cgroups, &cgid) != NULL;
+}
+
+static __always_inline bool tgid_watched(__u32 tgid)
+{
+	return bpf_map_lookup_elem(&watched_tgids, &tgid) != NULL;
+}
+
+static __always_inline bool task_watched(struct task_struct *t, __u32 tgid)
+{
+	if (tgid_watched(tgid))
+		return true;
+	__u32 zero = 0;
+	__u32 *n = bpf_map_lookup_elem(&cfg, &zero);
+	if (!n || *n == 0)
+		return false;
+	__u64 cgid = BPF_CORE_READ(t, cgroups, dfl_cgrp, kn, id);
+	return bpf_map_lookup_elem(&watched_cgroups, &cgid) != NULL;
+}
+
+static __always_inline bool current_watched(__u32 tgid)
+{
+	if (tgid_watched(tgid))
+		return true;
+	return cgroup_watched(bpf_get_current_cgroup_id());
+}
+
+// ---- block I/O -------------------------------------------------------------------------
+
+SEC("raw_tp/block_rq_issue")
+int BPF_PROG(block_rq_issue, struct request *rq)
+{
+	__u64 key = (__u64)rq;
+	struct rq_start s = {};
+	s.ts = bpf_ktime_get_ns();
+	s.bytes = BPF_CORE_READ(rq, __data_len);
+	__u32 flags = BPF_CORE_READ(rq, cmd_flags);
+	__u32 op = flags & REQ_OP_MASK_;
+	s.op = op == 0 ? OP_READ : (op == 1 ? OP_WRITE : OP_OTHER);
+	int major = BPF_CORE_READ(rq, q, disk, major);
+	int minor = BPF_CORE_READ(rq, q, disk, first_minor);
+	s.dev = ((__u32)major << 20) | (__u32)minor;
+	// A re-issue of the same request (after a requeue we missed) just restamps it.
+	if (bpf_map_update_elem(&rq_starts, &key, &s, BPF_ANY) != 0)
+		count_err(ERR_RQ_MAP_FULL);
+	return 0;
+}
+
+SEC("raw_tp/block_rq_requeue")
+int BPF_PROG(block_rq_requeue, struct request *rq)
+{
+	__u64 key = (__u64)rq;
+	bpf_map_delete_elem(&rq_starts, &key);
+	return 0;
+}
+
+SEC("raw_tp/block_rq_complete")
+int BPF_PROG(block_rq_complete, struct request *rq, int error, unsigned int nr_bytes)
+{
+	__u64 key = (__u64)rq;
+	struct rq_start *s = bpf_map_lookup_elem(&rq_starts, &key);
+	if (!s)
+		return 0; // issued before we attached, or a later partial completion
+	struct rq_start st = *s;
+	// Only the deleter accounts, so a racing duplicate completion is counted once.
+	if (bpf_map_delete_elem(&rq_starts, &key) != 0)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 us = now > st.ts ? (now - st.ts) / 1000 : 0;
+
+	struct dev_stats *d = bpf_map_lookup_elem(&dev_stats_map, &st.dev);
+	if (!d) {
+		struct dev_stats zero = {};
+		if (bpf_map_update_elem(&dev_stats_map, &st.dev, &zero, BPF_NOEXIST) != 0 &&
+		    bpf_map_lookup_elem(&dev_stats_map, &st.dev) == NULL) {
+			count_err(ERR_DEV_MAP_FULL);
+			return 0;
+		}
+		d = bpf_map_lookup_elem(&dev_stats_map, &st.dev);
+		if (!d)
+			return 0;
+	}
+	__u32 slot = log2_slot(us);
+	if (slot >= MAX_SLOTS)
+		slot = MAX_SLOTS - 1;
+	__u32 op = st.op;
+	if (op > OP_OTHER)
+		op = OP_OTHER;
+	__sync_fetch_and_add(&d->slots[slot], 1);
+	__sync_fetch_and_add(&d->ios[op], 1);
+	__sync_fetch_and_add(&d->bytes[op], st.bytes);
+	return 0;
+}
+
+// ---- scheduler: off-CPU, context switches, migrations -----------------------------------
+
+static __always_inline struct thread_stats *thread_entry(__u32 tid, __u32 tgid)
+{
+	struct thread_stats *ts = bpf_map_lookup_elem(&thread_stats_map, &tid);
+	if (ts)
+		return ts;
+	struct thread_stats zero = {.tgid = tgid};
+	if (bpf_map_update_elem(&thread_stats_map, &tid, &zero, BPF_NOEXIST) != 0) {
+		ts = bpf_map_lookup_elem(&thread_stats_map, &tid);
+		if (!ts)
+			count_err(ERR_THREAD_MAP_FULL);
+		return ts;
+	}
+	return bpf_map_lookup_elem(&thread_stats_map, &tid);
+}
+
+static __always_inline void account_offcpu(struct thread_stats *ts, __u32 reason, __u64 delta)
+{
+	if (reason == OFF_RUNNABLE)
+		__sync_fetch_and_add(&ts->runnable_ns, delta);
+	else if (reason == OFF_IO)
+		__sync_fetch_and_add(&ts->io_ns, delta);
+	else
+		__sync_fetch_and_add(&ts->sleep_ns, delta);
+}
+
+SEC("raw_tp/sched_switch")
+int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
+	     unsigned int prev_state)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	__u32 prev_tid = BPF_CORE_READ(prev, pid);
+	__u32 prev_tgid = BPF_CORE_READ(prev, tgid);
+	if (prev_tid != 0 && task_watched(prev, prev_tgid)) {
+		struct offcpu_start st = {.ts = now, .tgid = prev_tgid};
+		bool voluntary = !preempt && prev_state != TASK_RUNNING_;
+		if (!voluntary)
+			st.reason = OFF_RUNNABLE;
+		else if (prev_state & TASK_UNINTERRUPTIBLE_)
+			st.reason = OFF_IO;
+		else
+			st.reason = OFF_SLEEP;
+		bpf_map_update_elem(&offcpu_starts, &prev_tid, &st, BPF_ANY);
+		struct thread_stats *ts = thread_entry(prev_tid, prev_tgid);
+		if (ts) {
+			if (voluntary)
+				__sync_fetch_and_add(&ts->nvcsw, 1);
+			else
+				__sync_fetch_and_add(&ts->nivcsw, 1);
+		}
+	}
+
+	__u32 next_tid = BPF_CORE_READ(next, pid);
+	struct offcpu_start *st = bpf_map_lookup_elem(&offcpu_starts, &next_tid);
+	if (st) {
+		struct offcpu_start s = *st;
+		bpf_map_delete_elem(&offcpu_starts, &next_tid);
+		if (now > s.ts) {
+			struct thread_stats *ts = thread_entry(next_tid, s.tgid);
+			if (ts)
+				account_offcpu(ts, s.reason, now - s.ts);
+		}
+	}
+	return 0;
+}
+
+// A wakeup ends the blocked part of an off-CPU period; the rest, until the thread is
+// switched in, is time spent runnable waiting for a CPU.
+static __always_inline int on_wakeup(struct task_struct *p)
+{
+	__u32 tid = BPF_CORE_READ(p, pid);
+	struct offcpu_start *st = bpf_map_lookup_elem(&offcpu_starts, &tid);
+	if (!st || st->reason == OFF_RUNNABLE)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	struct offcpu_start s = *st;
+	if (now > s.ts) {
+		struct thread_stats *ts = thread_entry(tid, s.tgid);
+		if (ts)
+			account_offcpu(ts, s.reason, now - s.ts);
+	}
+	st->ts = now;
+	st->reason = OFF_RUNNABLE;
+	return 0;
+}
+
+SEC("raw_tp/sched_wakeup")
+int BPF_PROG(sched_wakeup, struct task_struct *p)
+{
+	return on_wakeup(p);
+}
+
+SEC("raw_tp/sched_migrate_task")
+int BPF_PROG(sched_migrate_task, struct task_struct *p, int dest_cpu)
+{
+	__u32 tgid = BPF_CORE_READ(p, tgid);
+	__u32 tid = BPF_CORE_READ(p, pid);
+	if (tid == 0 || !task_watched(p, tgid))
+		return 0;
+	struct thread_stats *ts = thread_entry(tid, tgid);
+	if (ts)
+		__sync_fetch_and_add(&ts->migrations, 1);
+	return 0;
+}
+
+// ---- per-process: page faults and syscalls ------------------------------------------------
+
+static __always_inline struct proc_stats *proc_entry(__u32 tgid)
+{
+	struct proc_stats *ps = bpf_map_lookup_elem(&proc_stats_map, &tgid);
+	if (ps)
+		return ps;
+	struct proc_stats zero = {};
+	if (bpf_map_update_elem(&proc_stats_map, &tgid, &zero, BPF_NOEXIST) != 0) {
+		ps = bpf_map_lookup_elem(&proc_stats_map, &tgid);
+		if (!ps)
+			count_err(ERR_PROC_MAP_FULL);
+		return ps;
+	}
+	return bpf_map_lookup_elem(&proc_stats_map, &tgid);
+}
+
+SEC("raw_tp/page_fault_user")
+int BPF_PROG(page_fault_user, unsigned long address, struct pt_regs *regs,
+	     unsigned long error_code)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (!current_watched(tgid))
+		return 0;
+	struct proc_stats *ps = proc_entry(tgid);
+	if (ps)
+		__sync_fetch_and_add(&ps->page_faults, 1);
+	return 0;
+}
+
+static __always_inline bool interesting_nr(__s64 nr)
+{
+	return nr == nr_mmap || nr == nr_mlock || nr == nr_mlock2 || nr == nr_munlock ||
+	       nr == nr_openat;
+}
+
+SEC("raw_tp/sys_enter")
+int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
+{
+	if (!interesting_nr(id))
+		return 0;
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32;
+	if (!current_watched(tgid))
+		return 0;
+	__u32 tid = (__u32)pid_tgid;
+	struct pending_syscall p = {.nr = id};
+	// x86_64 syscall ABI: arguments in di, si, dx, r10, r8, r9.
+	p.arg0 = BPF_CORE_READ(regs, di);
+	p.arg1 = BPF_CORE_READ(regs, si);
+	if (bpf_map_update_elem(&pending_syscalls, &tid, &p, BPF_ANY) != 0)
+		count_err(ERR_PENDING_MAP_FULL);
+	return 0;
+}
+
+// nvidia_name reports whether the last component of path (n bytes with the NUL, as
+// returned by bpf_probe_read_user_str) starts with "nvidia". The scan runs backwards and
+// stops at the first '/', so the verifier sees one loop variable and a bounded trip count.
+static __always_inline bool nvidia_name(const char *path, long n)
+{
+	int base = 0;
+	for (int k = 0; k < PATH_MAX_LEN; k++) {
+		long i = n - 2 - k;
+		if (i < 0)
+			break;
+		i &= PATH_MAX_LEN - 1; // already in range; the mask tells the verifier so
+		if (path[i] == '/') {
+			base = i + 1;
+			break;
+		}
+	}
+	if (base > PATH_MAX_LEN - 7)
+		return false;
+	const char *b = path + (base & (PATH_MAX_LEN - 1));
+	return b[0] == 'n' && b[1] == 'v' && b[2] == 'i' && b[3] == 'd' && b[4] == 'i' &&
+	       b[5] == 'a';
+}
+
+SEC("raw_tp/sys_exit")
+int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	__u32 tgid = pid_tgid >> 32;
+	// Cheap filter first: the syscall number, then the pending entry.
+	__s64 nr = BPF_CORE_READ(regs, orig_ax);
+	if (!interesting_nr(nr))
+		return 0;
+	struct pending_syscall *pp = bpf_map_lookup_elem(&pending_syscalls, &tid);
+	if (!pp)
+		return 0;
+	struct pending_syscall p = *pp;
+	bpf_map_delete_elem(&pending_syscalls, &tid);
+	if (p.nr != nr)
+		return 0;
+	struct proc_stats *ps = proc_entry(tgid);
+	if (!ps)
+		return 0;
+	bool ok = ret >= 0 || ret < -4095; // mmap returns addresses; errors are -4095..-1
+	if (nr == nr_mmap) {
+		if (ok) {
+			__sync_fetch_and_add(&ps->mmap_count, 1);
+			__sync_fetch_and_add(&ps->mmap_bytes, p.arg1);
+		}
+	} else if (nr == nr_mlock || nr == nr_mlock2) {
+		if (ok) {
+			__sync_fetch_and_add(&ps->mlock_count, 1);
+			__sync_fetch_and_add(&ps->mlock_bytes, p.arg1);
+		}
+	} else if (nr == nr_munlock) {
+		if (ok) {
+			__sync_fetch_and_add(&ps->munlock_count, 1);
+			__sync_fetch_and_add(&ps->munlock_bytes, p.arg1);
+		}
+	} else if (nr == nr_openat) {
+		__sync_fetch_and_add(&ps->openat_count, 1);
+		if (ret < 0)
+			__sync_fetch_and_add(&ps->openat_failed, 1);
+		// openat(dirfd, pathname, ...): the path is read at exit, once the kernel has
+		// faulted the user page in to copy it.
+		struct open_event *e = bpf_ringbuf_reserve(&open_events, sizeof(*e), 0);
+		if (!e) {
+			count_err(ERR_RINGBUF_FULL);
+			return 0;
+		}
+		long n = bpf_probe_read_user_str(e->path, sizeof(e->path), (const void *)p.arg1);
+		if (n <= 0 || !nvidia_name(e->path, n)) {
+			bpf_ringbuf_discard(e, 0);
+			return 0;
+		}
+		__sync_fetch_and_add(&ps->nvidia_opens, 1);
+		e->tgid = tgid;
+		e->tid = tid;
+		e->ret = ret;
+		bpf_ringbuf_submit(e, 0);
+	}
+	return 0;
+}

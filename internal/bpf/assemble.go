@@ -1,0 +1,345 @@
+package bpf
+
+import (
+	"encoding/binary"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// maxSlots is the number of log2 latency slots kept by the probes.
+const maxSlots = 32
+
+// numDrops is len(dropNames).
+const numDrops = 6
+
+// maxOpensPerInterval bounds DeviceOpens in one snapshot; the rest are counted in Drops.
+const maxOpensPerInterval = 1024
+
+// dropNames maps the probes' error counters (errs map index) to Drops keys.
+var dropNames = []string{"rq_map_full", "thread_map_full", "proc_map_full", "dev_map_full", "ringbuf_full", "pending_map_full"}
+
+type devCounters struct {
+	ios, bytes [3]uint64
+	slots      [maxSlots]uint64
+}
+
+type threadCounters struct {
+	tgid                                          uint32
+	runnable, sleep, io, nvcsw, nivcsw, migration uint64
+}
+
+type procCounters struct {
+	pageFaults uint64
+	sys        Syscalls
+}
+
+// rawCounters is one read of the probes' cumulative maps.
+type rawCounters struct {
+	devs     map[uint32]devCounters
+	inflight map[uint32]int64
+	threads  map[uint32]threadCounters
+	procs    map[uint32]procCounters
+	errs     [numDrops]uint64
+	stale    uint64 // in-flight entries older than staleAfter, deleted by read
+	progs    []ProgStats
+}
+
+// Snapshot returns the kernel behaviour since the previous Snapshot (or Start). It never
+// fails: a source that cannot be read leaves its fields empty and the reason is in Status.
+func (c *Collector) Snapshot() Snapshot {
+	c.mu.Lock()
+	sessFn := c.sessions
+	c.mu.Unlock()
+	sessions := []Session{}
+	if sessFn != nil {
+		if got := sessFn(); got != nil {
+			sessions = got
+		}
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	s := Snapshot{
+		Sessions: sessions, LatencyHistogram: []DeviceHistogram{}, Inflight: []DeviceCount{}, BlockIO: []DeviceIO{},
+		OffCPUNs: map[string]uint64{}, OffCPU: map[string]OffCPU{}, PageFaults: map[string]uint64{},
+		PageFaultsDetail: map[string]PageFaults{}, Syscalls: map[string]Syscalls{}, DeviceOpens: []DeviceOpen{},
+		Sched: map[string]Sched{}, Collectors: map[string]string{}, BPFStats: []ProgStats{}, Drops: map[string]uint64{},
+	}
+	s.stamp(now, now.Sub(c.last))
+	c.last = now
+	for _, name := range collectorOrder {
+		s.Collectors[name] = c.status[name].Source
+	}
+	if c.closed {
+		s.Watched = []int{}
+		return s
+	}
+
+	var raw rawCounters
+	if c.probes != nil {
+		var err error
+		if raw, err = c.probes.read(); err != nil {
+			c.log.Warn("read probes", zap.String("component", "bpf"), zap.Error(err))
+		}
+		opens, lost := c.probes.drainOpens(maxOpensPerInterval)
+		s.DeviceOpens = append(s.DeviceOpens, opens...)
+		if lost > 0 {
+			s.Drops["device_opens_over_limit"] = lost
+		}
+		for i, name := range dropNames {
+			if d := sub(raw.errs[i], c.prev.errs[i]); d > 0 {
+				s.Drops[name] = d
+			}
+		}
+		if raw.stale > 0 {
+			s.Drops["rq_stale"] = raw.stale
+		}
+		for _, p := range raw.progs {
+			prev := c.prevStats[p.Program]
+			p.Events = sub(p.TotalEvents, prev.TotalEvents)
+			p.RunTimeNs = sub(p.TotalRunTimeNs, prev.TotalRunTimeNs)
+			p.NsPerEvent = nsPer(p.RunTimeNs, p.Events)
+			c.prevStats[p.Program] = p
+			s.BPFStats = append(s.BPFStats, p)
+		}
+	}
+
+	c.blockIO(&s, raw)
+	c.perProcess(&s, raw)
+
+	if c.status[CollectorPressure].Source == SourceProc {
+		if p, err := ReadPSI(filepath.Join(c.opts.ProcRoot, "pressure")); err == nil && len(p) > 0 {
+			s.Pressure = p
+		}
+	}
+	c.prev = raw
+	s.Watched = c.watchedList()
+	return s
+}
+
+func (c *Collector) blockIO(s *Snapshot, raw rawCounters) {
+	secs := s.IntervalS
+	rate := func(n uint64) float64 {
+		if secs <= 0 {
+			return 0
+		}
+		return float64(n) / secs
+	}
+	switch c.status[CollectorBlockIO].Source {
+	case SourceBPF:
+		devs := slices.Sorted(maps.Keys(raw.devs))
+		for _, dev := range devs {
+			cur, prev := raw.devs[dev], c.prev.devs[dev]
+			name := c.devs.name(dev)
+			h := DeviceHistogram{DeviceName: name, Device: devString(dev), Buckets: []Bucket{}}
+			for slot := range maxSlots {
+				n := sub(cur.slots[slot], prev.slots[slot])
+				if n == 0 {
+					continue
+				}
+				h.Total += n
+				h.Buckets = append(h.Buckets, Bucket{Slot: slot, Count: n, BucketLow: (uint64(1) << slot) >> 1, BucketHigh: uint64(1)<<slot - 1})
+			}
+			io := DeviceIO{DeviceName: name,
+				ReadIOs: sub(cur.ios[0], prev.ios[0]), WriteIOs: sub(cur.ios[1], prev.ios[1]), OtherIOs: sub(cur.ios[2], prev.ios[2]),
+				ReadBytes: sub(cur.bytes[0], prev.bytes[0]), WriteBytes: sub(cur.bytes[1], prev.bytes[1]), OtherBytes: sub(cur.bytes[2], prev.bytes[2]),
+			}
+			io.ReadIOPS, io.WriteIOPS = rate(io.ReadIOs), rate(io.WriteIOs)
+			if h.Total == 0 {
+				continue
+			}
+			s.LatencyHistogram = append(s.LatencyHistogram, h)
+			s.BlockIO = append(s.BlockIO, io)
+		}
+		// Every device with a request in flight, or with completions this interval.
+		seen := map[uint32]bool{}
+		for _, dev := range devs {
+			if raw.inflight[dev] > 0 || sub(sumSlots(raw.devs[dev]), sumSlots(c.prev.devs[dev])) > 0 {
+				seen[dev] = true
+			}
+		}
+		for dev, n := range raw.inflight {
+			if n > 0 {
+				seen[dev] = true
+			}
+		}
+		for _, dev := range slices.Sorted(maps.Keys(seen)) {
+			s.Inflight = append(s.Inflight, DeviceCount{DeviceName: c.devs.name(dev), Count: raw.inflight[dev]})
+		}
+	case SourceProc:
+		cur := c.readDiskstats()
+		for _, dev := range slices.Sorted(maps.Keys(cur)) {
+			d, p := cur[dev], c.prevDisk[dev]
+			io := DeviceIO{DeviceName: d.name,
+				ReadIOs: sub(d.reads, p.reads), WriteIOs: sub(d.writes, p.writes),
+				ReadBytes: sub(d.readBytes, p.readBytes), WriteBytes: sub(d.writeBytes, p.writeBytes)}
+			io.ReadIOPS, io.WriteIOPS = rate(io.ReadIOs), rate(io.WriteIOs)
+			if io.ReadIOs+io.WriteIOs > 0 {
+				s.BlockIO = append(s.BlockIO, io)
+			}
+			if io.ReadIOs+io.WriteIOs > 0 || d.inflight > 0 {
+				s.Inflight = append(s.Inflight, DeviceCount{DeviceName: d.name, Count: d.inflight})
+			}
+		}
+		c.prevDisk = cur
+	}
+}
+
+func sumSlots(d devCounters) uint64 {
+	var n uint64
+	for _, v := range d.slots {
+		n += v
+	}
+	return n
+}
+
+// readDiskstats reads /proc/diskstats, keeping whole disks only (as the probes do).
+func (c *Collector) readDiskstats() map[uint32]diskStat {
+	b, err := os.ReadFile(filepath.Join(c.opts.ProcRoot, "diskstats"))
+	if err != nil {
+		return nil
+	}
+	all := parseDiskstats(b)
+	for dev := range all {
+		if _, err := os.Stat(filepath.Join(c.opts.SysRoot, "dev/block", devString(dev), "partition")); err == nil {
+			delete(all, dev)
+		}
+	}
+	return all
+}
+
+func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
+	bpfFaults := c.status[CollectorPageFaults].Source == SourceBPF
+	bpfSys := c.status[CollectorSyscalls].Source == SourceBPF
+	bpfOff := c.status[CollectorOffCPU].Source == SourceBPF
+	bpfSched := c.status[CollectorSched].Source == SourceBPF
+
+	// Every process to report: the watched ones and any the kernel counted through a
+	// watched cgroup.
+	pids := map[int]bool{}
+	for pid := range c.watched {
+		pids[pid] = true
+	}
+	for tgid := range raw.procs {
+		pids[int(tgid)] = true
+	}
+	for _, t := range raw.threads {
+		pids[int(t.tgid)] = true
+	}
+
+	for pid := range pids {
+		key := pidKey(pid)
+		alive := pidAlive(c.opts.ProcRoot, pid)
+		var pf PageFaults
+		if f, err := readProcFaults(c.opts.ProcRoot, pid); err == nil {
+			if prev, ok := c.prevProc[pid]; ok {
+				pf.Minor, pf.Major = sub(f.Minor, prev.Minor), sub(f.Major, prev.Major)
+			}
+			c.prevProc[pid] = f
+		}
+		if bpfFaults {
+			pf.Source = SourceBPF
+			pf.User = sub(raw.procs[uint32(pid)].pageFaults, c.prev.procs[uint32(pid)].pageFaults)
+			s.PageFaults[key] = pf.User
+		} else {
+			pf.Source = SourceProc
+			s.PageFaults[key] = pf.Minor + pf.Major
+		}
+		s.PageFaultsDetail[key] = pf
+		if bpfSys {
+			cur, prev := raw.procs[uint32(pid)].sys, c.prev.procs[uint32(pid)].sys
+			s.Syscalls[key] = Syscalls{
+				MmapCount: sub(cur.MmapCount, prev.MmapCount), MmapBytes: sub(cur.MmapBytes, prev.MmapBytes),
+				MlockCount: sub(cur.MlockCount, prev.MlockCount), MlockBytes: sub(cur.MlockBytes, prev.MlockBytes),
+				MunlockCount: sub(cur.MunlockCount, prev.MunlockCount), MunlockBytes: sub(cur.MunlockBytes, prev.MunlockBytes),
+				OpenatCount: sub(cur.OpenatCount, prev.OpenatCount), OpenatFailed: sub(cur.OpenatFailed, prev.OpenatFailed),
+				NvidiaOpens: sub(cur.NvidiaOpens, prev.NvidiaOpens),
+			}
+		}
+		if bpfOff {
+			s.OffCPU[key] = OffCPU{}
+			s.OffCPUNs[key] = 0
+		}
+		if bpfSched {
+			s.Sched[key] = Sched{Source: SourceBPF}
+		} else if v, i, err := ctxSwitches(c.opts.ProcRoot, pid); err == nil {
+			sc := Sched{Source: SourceProc}
+			if prev, ok := c.prevCtx[pid]; ok {
+				sc.Voluntary, sc.Involuntary = sub(v, prev[0]), sub(i, prev[1])
+			}
+			c.prevCtx[pid] = [2]uint64{v, i}
+			s.Sched[key] = sc
+		}
+		if !alive {
+			// Its last counts are in this snapshot; forget it so the pid can be reused.
+			_ = c.unwatchLocked(pid)
+			delete(c.prevProc, pid)
+			delete(c.prevCtx, pid)
+			if c.probes != nil {
+				c.probes.forgetProcess(uint32(pid))
+			}
+		} else if !c.watched[pid] && len(c.cgroups) == 0 && c.probes != nil {
+			c.probes.forgetProcess(uint32(pid)) // unwatched since the last snapshot
+		}
+	}
+
+	if c.probes == nil || (!bpfOff && !bpfSched) {
+		return
+	}
+	for _, tid := range slices.Sorted(maps.Keys(raw.threads)) {
+		cur, prev := raw.threads[tid], c.prev.threads[tid]
+		if prev.tgid != cur.tgid {
+			prev = threadCounters{}
+		}
+		t := Thread{TID: int(tid), PID: int(cur.tgid),
+			OffCPU:    OffCPU{RunnableNs: sub(cur.runnable, prev.runnable), SleepNs: sub(cur.sleep, prev.sleep), IONs: sub(cur.io, prev.io)},
+			Voluntary: sub(cur.nvcsw, prev.nvcsw), Involuntary: sub(cur.nivcsw, prev.nivcsw), Migrations: sub(cur.migration, prev.migration)}
+		t.BlockedNs = t.SleepNs + t.IONs
+		key := pidKey(t.PID)
+		if bpfOff {
+			o := s.OffCPU[key]
+			o.RunnableNs += t.RunnableNs
+			o.SleepNs += t.SleepNs
+			o.IONs += t.IONs
+			o.BlockedNs += t.BlockedNs
+			s.OffCPU[key] = o
+			s.OffCPUNs[key] = o.RunnableNs + o.BlockedNs
+		}
+		if bpfSched {
+			sc := s.Sched[key]
+			sc.Source = SourceBPF
+			sc.Voluntary += t.Voluntary
+			sc.Involuntary += t.Involuntary
+			sc.Migrations += t.Migrations
+			s.Sched[key] = sc
+		}
+		if c.opts.PerThread && t.RunnableNs+t.BlockedNs+t.Voluntary+t.Involuntary+t.Migrations > 0 {
+			s.Threads = append(s.Threads, t)
+		}
+		if !pidAlive(c.opts.ProcRoot, int(tid)) {
+			c.probes.forgetThread(tid)
+		}
+	}
+	c.probes.sweepThreads(func(tid uint32) bool { return pidAlive(c.opts.ProcRoot, int(tid)) })
+}
+
+func sortProgs(p []ProgStats) {
+	slices.SortFunc(p, func(a, b ProgStats) int {
+		if a.Program < b.Program {
+			return -1
+		}
+		if a.Program > b.Program {
+			return 1
+		}
+		return 0
+	})
+}
+
+// ne is the host byte order of the probes' records (the object is built little-endian).
+var ne = binary.LittleEndian

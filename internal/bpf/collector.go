@@ -1,0 +1,368 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+)
+
+// Collector names, as used in Status and in a snapshot's "collectors" field.
+const (
+	CollectorBlockIO    = "block_io"
+	CollectorOffCPU     = "off_cpu"
+	CollectorPageFaults = "page_faults"
+	CollectorSyscalls   = "syscalls"
+	CollectorSched      = "sched"
+	CollectorPressure   = "pressure"
+)
+
+// Sources of a collector's numbers.
+const (
+	SourceBPF  = "bpf"
+	SourceProc = "proc"
+	SourceOff  = "off"
+)
+
+// Options configures Start. The zero value traces block I/O and PSI system-wide and
+// counts per-process events for nobody until Watch is called.
+type Options struct {
+	// PIDs are thread-group ids to watch from the start.
+	PIDs []int
+	// Cgroups are cgroup v2 directories (e.g. /sys/fs/cgroup/unified/my.slice) whose
+	// member tasks are watched, matched in the kernel by cgroup id.
+	Cgroups []string
+	// WatchSelf adds the calling process (strapd) to the watched set.
+	WatchSelf bool
+	// PerThread adds the per-thread breakdown (Snapshot.Threads).
+	PerThread bool
+	// NoBPF skips the kernel probes and uses only the /proc fallbacks.
+	NoBPF bool
+	// Logger receives one warning per collector that cannot attach; nil logs nothing.
+	Logger *zap.Logger
+	// ProcRoot and SysRoot default to /proc and /sys (overridden by tests).
+	ProcRoot, SysRoot string
+}
+
+// CollectorStatus reports how one collector runs.
+type CollectorStatus struct {
+	// Name is one of the Collector* constants.
+	Name string `json:"name"`
+	// Source is SourceBPF, SourceProc (fallback) or SourceOff.
+	Source string `json:"source"`
+	// Programs are the BPF programs the collector uses.
+	Programs []string `json:"programs,omitempty"`
+	// Error says why the BPF probes are not used (empty when Source is bpf).
+	Error string `json:"error,omitempty"`
+}
+
+// Status is the Collector's health: which collectors run from which source, the
+// watched set, and cumulative BPF run statistics (the probes' measured overhead).
+type Status struct {
+	Collectors []CollectorStatus `json:"collectors"`
+	Watched    []int             `json:"watched"`
+	Cgroups    []string          `json:"cgroups,omitempty"`
+	BPFStats   []ProgStats       `json:"bpf_stats"`
+	// StatsError says why run statistics are unavailable, if they are.
+	StatsError string `json:"stats_error,omitempty"`
+	// Drops are cumulative events lost by the probes, by reason.
+	Drops map[string]uint64 `json:"drops"`
+}
+
+// Collector gathers kernel behaviour into per-interval Snapshots. It is safe for
+// concurrent use: the capture server calls Watch/Unwatch from session goroutines while a
+// ticker calls Snapshot.
+type Collector struct {
+	opts   Options
+	log    *zap.Logger
+	probes *probes // nil when the kernel probes are unavailable
+
+	mu        sync.Mutex
+	closed    bool
+	watched   map[int]bool
+	cgroups   []string
+	sessions  func() []Session
+	status    map[string]*CollectorStatus
+	last      time.Time
+	prev      rawCounters
+	prevProc  map[int]ProcFaults
+	prevCtx   map[int][2]uint64
+	prevDisk  map[uint32]diskStat
+	devs      devNames
+	prevStats map[string]ProgStats
+}
+
+// collectorPrograms lists the BPF programs each collector needs.
+var collectorPrograms = map[string][]string{
+	CollectorBlockIO:    {"block_rq_issue", "block_rq_complete", "block_rq_requeue"},
+	CollectorOffCPU:     {"sched_switch", "sched_wakeup"},
+	CollectorSched:      {"sched_switch", "sched_migrate_task"},
+	CollectorPageFaults: {"page_fault_user"},
+	CollectorSyscalls:   {"sys_enter", "sys_exit"},
+}
+
+// collectorOrder is the order of Status().Collectors.
+var collectorOrder = []string{CollectorBlockIO, CollectorOffCPU, CollectorSched, CollectorPageFaults, CollectorSyscalls, CollectorPressure}
+
+// fallbacks says which /proc source replaces a collector whose probes failed.
+var fallbacks = map[string]string{
+	CollectorBlockIO:    SourceProc, // /proc/diskstats: IOPS, bytes, in-flight; no histogram
+	CollectorOffCPU:     SourceOff,
+	CollectorSched:      SourceProc, // /proc/<pid>/task/*/status ctxt switches; no migrations
+	CollectorPageFaults: SourceProc, // /proc/<pid>/stat minflt+majflt
+	CollectorSyscalls:   SourceOff,
+}
+
+// Start loads and attaches the probes and returns a running Collector. Failing probes
+// never fail Start: each collector that cannot attach is logged once, reported by
+// Status with the reason, and replaced by its /proc fallback where one exists. Start
+// fails only on bad options (a pid or cgroup that does not exist).
+func Start(opts Options) (*Collector, error) {
+	if opts.ProcRoot == "" {
+		opts.ProcRoot = "/proc"
+	}
+	if opts.SysRoot == "" {
+		opts.SysRoot = "/sys"
+	}
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	c := &Collector{
+		opts: opts, log: log, watched: map[int]bool{}, status: map[string]*CollectorStatus{},
+		prevProc: map[int]ProcFaults{}, prevCtx: map[int][2]uint64{}, prevStats: map[string]ProgStats{},
+		devs: devNames{sysRoot: opts.SysRoot},
+	}
+	var cgroupIDs []uint64
+	for _, cg := range opts.Cgroups {
+		id, err := cgroupID(cg)
+		if err != nil {
+			return nil, err
+		}
+		cgroupIDs = append(cgroupIDs, id)
+		c.cgroups = append(c.cgroups, cg)
+	}
+
+	var loadErr error
+	var failed map[string]error
+	if opts.NoBPF {
+		loadErr = errors.New("disabled by option")
+	} else {
+		c.probes, failed, loadErr = loadProbes()
+	}
+	for _, name := range collectorOrder {
+		st := &CollectorStatus{Name: name, Programs: collectorPrograms[name], Source: SourceBPF}
+		if name == CollectorPressure {
+			st.Programs = nil
+			st.Source = SourceProc
+			if _, err := os.Stat(filepath.Join(opts.ProcRoot, "pressure")); err != nil {
+				st.Source = SourceOff
+				st.Error = "no /proc/pressure (kernel without PSI)"
+			}
+		} else if loadErr != nil {
+			st.Source = fallbacks[name]
+			st.Error = loadErr.Error()
+		} else {
+			for _, p := range st.Programs {
+				if err := failed[p]; err != nil {
+					st.Source = fallbacks[name]
+					st.Error = fmt.Sprintf("attach %s: %v", p, err)
+					break
+				}
+			}
+		}
+		if st.Error != "" {
+			log.Warn("collector not on bpf", zap.String("component", "bpf"),
+				zap.String("collector", name), zap.String("source", st.Source), zap.String("reason", st.Error))
+		}
+		c.status[name] = st
+	}
+	if c.probes != nil {
+		for _, id := range cgroupIDs {
+			if err := c.probes.watchCgroup(id); err != nil {
+				c.Close()
+				return nil, fmt.Errorf("watch cgroup: %w", err)
+			}
+		}
+	}
+	pids := slices.Clone(opts.PIDs)
+	if opts.WatchSelf {
+		pids = append(pids, os.Getpid())
+	}
+	for _, pid := range pids {
+		if err := c.Watch(pid); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	c.last = time.Now()
+	if c.probes != nil {
+		c.prev, _ = c.probes.read()
+		for _, p := range c.prev.progs {
+			c.prevStats[p.Program] = p
+		}
+	}
+	c.prevDisk = c.readDiskstats()
+	return c, nil
+}
+
+// cgroupID is the cgroup v2 id of a cgroup directory: its kernfs inode number.
+func cgroupID(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("cgroup %s: %w", path, err)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(path, &fs); err != nil {
+		return 0, fmt.Errorf("cgroup %s: %w", path, err)
+	}
+	const cgroup2Magic = 0x63677270
+	if uint32(fs.Type) != cgroup2Magic {
+		return 0, fmt.Errorf("cgroup %s: not a cgroup v2 directory", path)
+	}
+	return st.Ino, nil
+}
+
+// Watch adds a thread group to the in-kernel filter of the per-process collectors (the
+// client of a live session, say). Watching an already watched pid is a no-op.
+func (c *Collector) Watch(pid int) error {
+	if pid <= 0 {
+		return fmt.Errorf("watch %d: %w", pid, ErrBadPID)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	if !pidAlive(c.opts.ProcRoot, pid) {
+		return fmt.Errorf("watch %d: %w", pid, os.ErrNotExist)
+	}
+	if c.watched[pid] {
+		return nil
+	}
+	if c.probes != nil {
+		if err := c.probes.watch(uint32(pid)); err != nil {
+			return fmt.Errorf("watch %d: %w", pid, err)
+		}
+	}
+	c.watched[pid] = true
+	// Baselines, so the first interval counts from now.
+	if f, err := readProcFaults(c.opts.ProcRoot, pid); err == nil {
+		c.prevProc[pid] = f
+	}
+	if v, i, err := ctxSwitches(c.opts.ProcRoot, pid); err == nil {
+		c.prevCtx[pid] = [2]uint64{v, i}
+	}
+	return nil
+}
+
+// Unwatch removes a thread group from the filter; its counts up to now still appear in
+// the next Snapshot. Unwatching a pid that is not watched is a no-op.
+func (c *Collector) Unwatch(pid int) error {
+	if pid <= 0 {
+		return fmt.Errorf("unwatch %d: %w", pid, ErrBadPID)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	return c.unwatchLocked(pid)
+}
+
+func (c *Collector) unwatchLocked(pid int) error {
+	if !c.watched[pid] {
+		return nil
+	}
+	delete(c.watched, pid)
+	delete(c.prevProc, pid)
+	delete(c.prevCtx, pid)
+	if c.probes != nil {
+		if err := c.probes.unwatch(uint32(pid)); err != nil {
+			return fmt.Errorf("unwatch %d: %w", pid, err)
+		}
+	}
+	return nil
+}
+
+// SetSessions installs the callback that names the capture sessions live in each
+// interval; Snapshot calls it without holding locks the callback could need. nil clears it.
+func (c *Collector) SetSessions(f func() []Session) {
+	c.mu.Lock()
+	c.sessions = f
+	c.mu.Unlock()
+}
+
+// Status reports which collectors run from which source and the probes' cumulative run
+// statistics.
+func (c *Collector) Status() Status {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := Status{Watched: c.watchedList(), Cgroups: slices.Clone(c.cgroups), BPFStats: []ProgStats{}, Drops: map[string]uint64{}}
+	for _, name := range collectorOrder {
+		st.Collectors = append(st.Collectors, *c.status[name])
+	}
+	if c.probes != nil && !c.closed {
+		raw, err := c.probes.read()
+		if err == nil {
+			for _, p := range raw.progs {
+				p.Events, p.RunTimeNs = p.TotalEvents, p.TotalRunTimeNs
+				p.NsPerEvent = nsPer(p.TotalRunTimeNs, p.TotalEvents)
+				st.BPFStats = append(st.BPFStats, p)
+			}
+			for i, name := range dropNames {
+				if raw.errs[i] != 0 {
+					st.Drops[name] = raw.errs[i]
+				}
+			}
+		}
+		st.StatsError = c.probes.statsErr
+	}
+	return st
+}
+
+func (c *Collector) watchedList() []int {
+	out := make([]int, 0, len(c.watched))
+	for pid := range c.watched {
+		out = append(out, pid)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Close detaches the probes and frees their maps. It is safe to call more than once.
+func (c *Collector) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	if c.probes != nil {
+		return c.probes.close()
+	}
+	return nil
+}
+
+func nsPer(ns, n uint64) float64 {
+	if n == 0 {
+		return 0
+	}
+	return float64(ns) / float64(n)
+}
+
+func sub(a, b uint64) uint64 {
+	if a < b {
+		return a // counter restarted (entry deleted and recreated)
+	}
+	return a - b
+}
+
+func pidKey(pid int) string { return strconv.Itoa(pid) }

@@ -1,0 +1,311 @@
+//go:build linux && amd64
+
+package bpf
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+)
+
+// staleAfter is how old an in-flight block request may get before read drops it: a
+// request whose completion the probe missed (issued before a detach, say) would
+// otherwise hold the in-flight gauge above 0 forever.
+const staleAfter = 120e9 // ns
+
+// probes is the loaded BPF object with its attached links.
+type probes struct {
+	objs     strapObjects
+	links    []link.Link
+	stats    interface{ Close() error }
+	statsErr string
+	ring     *ringbuf.Reader
+	done     chan struct{}
+
+	mu        sync.Mutex
+	opens     []DeviceOpen
+	opensLost uint64
+}
+
+// attachPoints maps each program to its raw tracepoint.
+func (p *probes) attachPoints() map[string]*ebpf.Program {
+	return map[string]*ebpf.Program{
+		"block_rq_issue":     p.objs.BlockRqIssue,
+		"block_rq_complete":  p.objs.BlockRqComplete,
+		"block_rq_requeue":   p.objs.BlockRqRequeue,
+		"sched_switch":       p.objs.SchedSwitch,
+		"sched_wakeup":       p.objs.SchedWakeup,
+		"sched_migrate_task": p.objs.SchedMigrateTask,
+		"page_fault_user":    p.objs.PageFaultUser,
+		"sys_enter":          p.objs.SysEnter,
+		"sys_exit":           p.objs.SysExit,
+	}
+}
+
+// loadProbes loads the object and attaches every program it can. A nil probes with an
+// error means nothing loaded (no CAP_BPF, no BTF…); otherwise failed names the programs
+// that would not attach.
+func loadProbes() (*probes, map[string]error, error) {
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, nil, fmt.Errorf("remove memlock rlimit: %w", err)
+	}
+	p := &probes{done: make(chan struct{})}
+	if err := p.load(); err != nil {
+		return nil, nil, err
+	}
+	failed := map[string]error{}
+	for name, prog := range p.attachPoints() {
+		l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: name, Program: prog})
+		if err != nil {
+			failed[name] = err
+			continue
+		}
+		p.links = append(p.links, l)
+	}
+	if st, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME); err != nil {
+		p.statsErr = fmt.Sprintf("enable run-time stats: %v", err)
+	} else {
+		p.stats = st
+	}
+	r, err := ringbuf.NewReader(p.objs.OpenEvents)
+	if err != nil {
+		p.close()
+		return nil, nil, fmt.Errorf("open events ring: %w", err)
+	}
+	p.ring = r
+	go p.readOpens()
+	return p, failed, nil
+}
+
+// load loads the collection without attaching anything (tests run programs directly).
+func (p *probes) load() error {
+	spec, err := loadStrap()
+	if err != nil {
+		return fmt.Errorf("load bpf spec: %w", err)
+	}
+	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return fmt.Errorf("load bpf programs: %w", err)
+		}
+		if errors.Is(err, unix.EPERM) {
+			return fmt.Errorf("load bpf programs (needs CAP_BPF and CAP_PERFMON): %w", err)
+		}
+		return fmt.Errorf("load bpf programs: %w", err)
+	}
+	return nil
+}
+
+func (p *probes) readOpens() {
+	defer close(p.done)
+	for {
+		rec, err := p.ring.Read()
+		if err != nil {
+			return // ringbuf.ErrClosed on close
+		}
+		var e strapOpenEvent
+		if len(rec.RawSample) < 16+len(e.Path) {
+			continue
+		}
+		b := rec.RawSample
+		ev := DeviceOpen{
+			PID: int(ne.Uint32(b[0:4])), TID: int(ne.Uint32(b[4:8])), Ret: int64(ne.Uint64(b[8:16])),
+		}
+		path := b[16 : 16+len(e.Path)]
+		if i := bytes.IndexByte(path, 0); i >= 0 {
+			path = path[:i]
+		}
+		ev.Path = string(path)
+		p.mu.Lock()
+		if len(p.opens) < 4*maxOpensPerInterval {
+			p.opens = append(p.opens, ev)
+		} else {
+			p.opensLost++
+		}
+		p.mu.Unlock()
+	}
+}
+
+// drainOpens returns up to max device opens since the last call and how many were lost.
+func (p *probes) drainOpens(max int) ([]DeviceOpen, uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := p.opens
+	lost := p.opensLost
+	if len(out) > max {
+		lost += uint64(len(out) - max)
+		out = out[:max]
+	}
+	p.opens, p.opensLost = nil, 0
+	return out, lost
+}
+
+func (p *probes) watch(tgid uint32) error {
+	return p.objs.WatchedTgids.Put(tgid, uint8(1))
+}
+
+func (p *probes) unwatch(tgid uint32) error {
+	err := p.objs.WatchedTgids.Delete(tgid)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil
+	}
+	return err
+}
+
+func (p *probes) watchCgroup(id uint64) error {
+	if err := p.objs.WatchedCgroups.Put(id, uint8(1)); err != nil {
+		return err
+	}
+	var n uint32
+	iter := p.objs.WatchedCgroups.Iterate()
+	var k uint64
+	var v uint8
+	for iter.Next(&k, &v) {
+		n++
+	}
+	return p.objs.Cfg.Put(uint32(0), n)
+}
+
+// read takes the cumulative counters of every map.
+func (p *probes) read() (rawCounters, error) {
+	raw := rawCounters{
+		devs: map[uint32]devCounters{}, inflight: map[uint32]int64{},
+		threads: map[uint32]threadCounters{}, procs: map[uint32]procCounters{},
+	}
+	var errs []error
+
+	var dk uint32
+	var dv strapDevStats
+	it := p.objs.DevStatsMap.Iterate()
+	for it.Next(&dk, &dv) {
+		raw.devs[dk] = devCounters{ios: dv.Ios, bytes: dv.Bytes, slots: dv.Slots}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("dev stats: %w", err))
+	}
+
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	now := uint64(ts.Nano())
+	var rk uint64
+	var rv strapRqStart
+	var stale []uint64
+	it = p.objs.RqStarts.Iterate()
+	for it.Next(&rk, &rv) {
+		if now > rv.Ts && now-rv.Ts > staleAfter {
+			stale = append(stale, rk)
+			continue
+		}
+		raw.inflight[rv.Dev]++
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("in-flight requests: %w", err))
+	}
+	for _, k := range stale {
+		if p.objs.RqStarts.Delete(k) == nil {
+			raw.stale++
+		}
+	}
+
+	var tk uint32
+	var tv strapThreadStats
+	it = p.objs.ThreadStatsMap.Iterate()
+	for it.Next(&tk, &tv) {
+		raw.threads[tk] = threadCounters{tgid: tv.Tgid, runnable: tv.RunnableNs, sleep: tv.SleepNs, io: tv.IoNs,
+			nvcsw: tv.Nvcsw, nivcsw: tv.Nivcsw, migration: tv.Migrations}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("thread stats: %w", err))
+	}
+
+	var pk uint32
+	var pv strapProcStats
+	it = p.objs.ProcStatsMap.Iterate()
+	for it.Next(&pk, &pv) {
+		raw.procs[pk] = procCounters{pageFaults: pv.PageFaults, sys: Syscalls{
+			MmapCount: pv.MmapCount, MmapBytes: pv.MmapBytes, MlockCount: pv.MlockCount, MlockBytes: pv.MlockBytes,
+			MunlockCount: pv.MunlockCount, MunlockBytes: pv.MunlockBytes, OpenatCount: pv.OpenatCount,
+			OpenatFailed: pv.OpenatFailed, NvidiaOpens: pv.NvidiaOpens}}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("proc stats: %w", err))
+	}
+
+	for i := range raw.errs {
+		var v uint64
+		if err := p.objs.Errs.Lookup(uint32(i), &v); err == nil {
+			raw.errs[i] = v
+		}
+	}
+
+	for name, prog := range p.attachPoints() {
+		st, err := prog.Stats()
+		if err != nil {
+			continue
+		}
+		raw.progs = append(raw.progs, ProgStats{Program: name, TotalEvents: st.RunCount,
+			TotalRunTimeNs: uint64(st.Runtime), RecursionMisses: st.RecursionMisses})
+	}
+	sortProgs(raw.progs)
+	return raw, errors.Join(errs...)
+}
+
+// forgetProcess drops a process's counters (it exited or is no longer watched).
+func (p *probes) forgetProcess(tgid uint32) {
+	_ = p.objs.ProcStatsMap.Delete(tgid)
+}
+
+// forgetThread drops an exited thread's entries.
+func (p *probes) forgetThread(tid uint32) {
+	_ = p.objs.ThreadStatsMap.Delete(tid)
+	_ = p.objs.OffcpuStarts.Delete(tid)
+	_ = p.objs.PendingSyscalls.Delete(tid)
+}
+
+// sweepThreads drops switch-out stamps and pending syscalls of threads that are gone
+// (a thread that exits while switched out, or inside a traced syscall, leaves one).
+func (p *probes) sweepThreads(alive func(tid uint32) bool) {
+	var dead []uint32
+	var k uint32
+	var ov strapOffcpuStart
+	it := p.objs.OffcpuStarts.Iterate()
+	for it.Next(&k, &ov) {
+		if !alive(k) {
+			dead = append(dead, k)
+		}
+	}
+	var pv strapPendingSyscall
+	it = p.objs.PendingSyscalls.Iterate()
+	for it.Next(&k, &pv) {
+		if !alive(k) {
+			dead = append(dead, k)
+		}
+	}
+	for _, tid := range dead {
+		p.forgetThread(tid)
+	}
+}
+
+func (p *probes) close() error {
+	var errs []error
+	for _, l := range p.links {
+		errs = append(errs, l.Close())
+	}
+	p.links = nil
+	if p.ring != nil {
+		errs = append(errs, p.ring.Close())
+		<-p.done
+	}
+	if p.stats != nil {
+		errs = append(errs, p.stats.Close())
+	}
+	errs = append(errs, p.objs.Close())
+	return errors.Join(errs...)
+}

@@ -1,0 +1,208 @@
+package bpf
+
+import "time"
+
+// Snapshot is one interval of kernel behaviour: one JSON line of a trace file. Field
+// names of the original llm_instrumentation trace (timestamp, iso_timestamp, interval_s,
+// latency_histogram, inflight, off_cpu_ns, page_faults, pressure) are kept; the rest are
+// new and documented in docs/TRACE_FORMAT.md. Per-process maps are keyed by the decimal
+// tgid. Counters are deltas over the interval; inflight is a gauge at the snapshot time.
+type Snapshot struct {
+	// Timestamp is the end of the interval, Unix seconds.
+	Timestamp float64 `json:"timestamp"`
+	// ISOTimestamp is Timestamp in RFC 3339 UTC with microseconds.
+	ISOTimestamp string `json:"iso_timestamp"`
+	// IntervalS is the length of the interval in seconds (monotonic clock).
+	IntervalS float64 `json:"interval_s"`
+	// Sessions are the capture sessions live during the interval (never null).
+	Sessions []Session `json:"sessions"`
+	// Watched lists the tgids the per-process collectors counted, sorted.
+	Watched []int `json:"watched"`
+
+	// LatencyHistogram is the block-request issue→complete latency (µs) per device.
+	LatencyHistogram []DeviceHistogram `json:"latency_histogram"`
+	// Inflight is the number of requests issued and not completed per device.
+	Inflight []DeviceCount `json:"inflight"`
+	// BlockIO is IOPS and bytes per device split by direction.
+	BlockIO []DeviceIO `json:"block_io"`
+
+	// OffCPUNs is the total off-CPU time per process (runnable + sleep + io).
+	OffCPUNs map[string]uint64 `json:"off_cpu_ns"`
+	// OffCPU splits OffCPUNs by reason.
+	OffCPU map[string]OffCPU `json:"off_cpu"`
+	// PageFaults is the user page faults per process in the interval.
+	PageFaults map[string]uint64 `json:"page_faults"`
+	// PageFaultsDetail gives the /proc major/minor split and the source of PageFaults.
+	PageFaultsDetail map[string]PageFaults `json:"page_faults_detail"`
+	// Syscalls counts the model-loading syscalls per process.
+	Syscalls map[string]Syscalls `json:"syscalls"`
+	// DeviceOpens lists every successful or failed open of a file whose name starts with
+	// "nvidia" by a watched process in the interval.
+	DeviceOpens []DeviceOpen `json:"device_opens"`
+	// Sched is context switches and CPU migrations per process.
+	Sched map[string]Sched `json:"sched"`
+	// Threads is the per-thread breakdown, present only when asked for.
+	Threads []Thread `json:"threads,omitempty"`
+
+	// Pressure is /proc/pressure cpu/io/memory; absent where the kernel has no PSI.
+	Pressure map[string]PSIResource `json:"pressure,omitempty"`
+
+	// Collectors names the source of each collector: "bpf", "proc" (fallback) or "off".
+	Collectors map[string]string `json:"collectors"`
+	// BPFStats is each attached program's run statistics over the interval.
+	BPFStats []ProgStats `json:"bpf_stats"`
+	// Drops counts events the probes could not record in the interval, by reason; a
+	// non-zero value means the numbers above are undercounts.
+	Drops map[string]uint64 `json:"drops"`
+}
+
+// Session names one live capture session; supplied by the caller through SetSessions.
+type Session struct {
+	// ID is the session id of the capture protocol.
+	ID string `json:"id"`
+	// Output is the capture's stream file path (or "fd:N" when passed by descriptor).
+	Output string `json:"output,omitempty"`
+	// PID is the client's tgid.
+	PID int `json:"pid,omitempty"`
+}
+
+// DeviceHistogram is one device's latency histogram over the interval.
+type DeviceHistogram struct {
+	// DeviceName is the kernel name (vda, nvme0n1), or "M:m" when sysfs has none.
+	DeviceName string `json:"device_name"`
+	// Device is "major:minor" of the whole disk.
+	Device string `json:"device"`
+	// Total is the number of completed requests (the sum of the bucket counts).
+	Total uint64 `json:"total"`
+	// Buckets are the non-empty log2 buckets in slot order.
+	Buckets []Bucket `json:"buckets"`
+}
+
+// Bucket is one log2 latency bucket: requests whose latency in µs lies in
+// [BucketLow, BucketHigh]; slot s covers [(1<<s)>>1, (1<<s)-1].
+type Bucket struct {
+	// Slot is the bit length of the latency in µs.
+	Slot int `json:"slot"`
+	// Count is the number of requests.
+	Count uint64 `json:"count"`
+	// BucketLow is the smallest latency (µs) in the bucket.
+	BucketLow uint64 `json:"bucket_low"`
+	// BucketHigh is the largest latency (µs) in the bucket.
+	BucketHigh uint64 `json:"bucket_high"`
+}
+
+// DeviceCount is a per-device gauge.
+type DeviceCount struct {
+	// DeviceName is as in DeviceHistogram.
+	DeviceName string `json:"device_name"`
+	// Count is the gauge value.
+	Count int64 `json:"count"`
+}
+
+// DeviceIO is one device's completed requests and bytes over the interval.
+type DeviceIO struct {
+	// DeviceName is as in DeviceHistogram.
+	DeviceName string `json:"device_name"`
+	// ReadIOs, WriteIOs and OtherIOs (flush, discard…) count completed requests.
+	ReadIOs  uint64 `json:"read_ios"`
+	WriteIOs uint64 `json:"write_ios"`
+	OtherIOs uint64 `json:"other_ios"`
+	// ReadBytes, WriteBytes and OtherBytes sum the request sizes at issue.
+	ReadBytes  uint64 `json:"read_bytes"`
+	WriteBytes uint64 `json:"write_bytes"`
+	OtherBytes uint64 `json:"other_bytes"`
+	// ReadIOPS and WriteIOPS are the counts divided by the interval.
+	ReadIOPS  float64 `json:"read_iops"`
+	WriteIOPS float64 `json:"write_iops"`
+}
+
+// OffCPU splits off-CPU time by reason, so it is never ambiguous.
+type OffCPU struct {
+	// RunnableNs: preempted (or woken) and waiting for a CPU.
+	RunnableNs uint64 `json:"runnable_ns"`
+	// SleepNs: interruptible sleep until the wakeup (nanosleep, futex, poll, read).
+	SleepNs uint64 `json:"sleep_ns"`
+	// IONs: uninterruptible sleep until the wakeup (disk I/O, page-cache misses).
+	IONs uint64 `json:"io_ns"`
+	// BlockedNs is SleepNs + IONs.
+	BlockedNs uint64 `json:"blocked_ns"`
+}
+
+// PageFaults is one process's page faults over the interval.
+type PageFaults struct {
+	// User is the count of the exceptions:page_fault_user probe (0 when Source is proc).
+	User uint64 `json:"user"`
+	// Minor and Major are the deltas of /proc/<pid>/stat minflt and majflt.
+	Minor uint64 `json:"minor"`
+	Major uint64 `json:"major"`
+	// Source is "bpf" or "proc" (page_faults is then minor+major).
+	Source string `json:"source"`
+}
+
+// Syscalls counts one process's model-loading syscalls that succeeded in the interval.
+type Syscalls struct {
+	MmapCount    uint64 `json:"mmap_count"`
+	MmapBytes    uint64 `json:"mmap_bytes"`
+	MlockCount   uint64 `json:"mlock_count"`
+	MlockBytes   uint64 `json:"mlock_bytes"`
+	MunlockCount uint64 `json:"munlock_count"`
+	MunlockBytes uint64 `json:"munlock_bytes"`
+	OpenatCount  uint64 `json:"openat_count"`
+	OpenatFailed uint64 `json:"openat_failed"`
+	NvidiaOpens  uint64 `json:"nvidia_opens"`
+}
+
+// DeviceOpen is one openat of an nvidia-named path.
+type DeviceOpen struct {
+	// PID and TID of the caller.
+	PID int `json:"pid"`
+	TID int `json:"tid"`
+	// Path is the path argument as passed (relative paths stay relative).
+	Path string `json:"path"`
+	// Ret is the syscall result: the fd, or -errno.
+	Ret int64 `json:"ret"`
+}
+
+// Sched is context switches and migrations over the interval.
+type Sched struct {
+	// Voluntary switches: the thread blocked. Involuntary: it was preempted.
+	Voluntary   uint64 `json:"voluntary"`
+	Involuntary uint64 `json:"involuntary"`
+	// Migrations is CPU migrations (bpf only).
+	Migrations uint64 `json:"migrations"`
+	// Source is "bpf" or "proc".
+	Source string `json:"source"`
+}
+
+// Thread is one watched thread's off-CPU and scheduler numbers over the interval.
+type Thread struct {
+	TID int `json:"tid"`
+	PID int `json:"pid"`
+	OffCPU
+	Voluntary   uint64 `json:"voluntary"`
+	Involuntary uint64 `json:"involuntary"`
+	Migrations  uint64 `json:"migrations"`
+}
+
+// ProgStats is one BPF program's run statistics (kernel.bpf_stats_enabled).
+type ProgStats struct {
+	// Program is the BPF program name.
+	Program string `json:"program"`
+	// Events is the number of runs in the interval; RunTimeNs their total time.
+	Events    uint64 `json:"events"`
+	RunTimeNs uint64 `json:"run_time_ns"`
+	// NsPerEvent is RunTimeNs/Events (0 with no events).
+	NsPerEvent float64 `json:"ns_per_event"`
+	// TotalEvents and TotalRunTimeNs are cumulative since the program was loaded.
+	TotalEvents    uint64 `json:"total_events"`
+	TotalRunTimeNs uint64 `json:"total_run_time_ns"`
+	// RecursionMisses counts runs skipped because another program ran on the CPU.
+	RecursionMisses uint64 `json:"recursion_misses"`
+}
+
+// stamp fills the time fields of s for the interval ending at end.
+func (s *Snapshot) stamp(end time.Time, interval time.Duration) {
+	s.Timestamp = float64(end.UnixNano()) / 1e9
+	s.ISOTimestamp = end.UTC().Format("2006-01-02T15:04:05.000000Z07:00")
+	s.IntervalS = interval.Seconds()
+}
