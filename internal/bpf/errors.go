@@ -17,4 +17,7 @@ var (
 	// ErrTornLine is reported by ReadSnapshots for a final line without its newline (a
 	// write cut short by a crash); the whole lines before it are returned.
 	ErrTornLine = errors.New("bpf: torn last line")
+	// ErrNotTrace is returned by RepairFile (and OpenFile) for a file whose tail is not a
+	// trace written by this package; the file is left untouched.
+	ErrNotTrace = errors.New("bpf: not a trace file")
 )
