@@ -271,7 +271,8 @@ class InstrumentationConfig:
 
         * block size: 1 MiB; 4 MiB when ``target_throughput_gbps >= 2`` (fewer blocks, less
           per-block overhead); 256 KiB when the target is below 0.5 GB/s (finer parallelism);
-          never more than an eighth of the ring data region (min 64 KiB).
+          capped at the largest power of two within an eighth of the ring data region
+          (min 64 KiB).
         * codec: when a target is set and the requested codec cannot sustain it on ``cores``
           cores (per-core rates in :data:`CODEC_GBPS_PER_CORE`), zstd falls back to level 1,
           then to lz4, then to none; lz4 falls back to none. The plan's ``note`` says so and
@@ -312,7 +313,8 @@ class InstrumentationConfig:
                     codec, level = c, lv
                     break
         data_size = self.ring_size - 4096
-        block = max(64 << 10, min(block, data_size // 8 // 4096 * 4096))
+        cap = 1 << max(16, (data_size // 8).bit_length() - 1)  # power of two <= data/8, >= 64 KiB
+        block = min(block, cap)
         return TransportPlan(
             codec=codec,
             codec_level=level,

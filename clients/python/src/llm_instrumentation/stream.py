@@ -45,7 +45,13 @@ def crc32c(data: Any, value: int = 0) -> int:
     """CRC32C (Castagnoli) of ``data``, continuing from ``value``."""
     import google_crc32c
 
-    return google_crc32c.extend(value, bytes(data) if not isinstance(data, (bytes, bytearray)) else data)
+    if isinstance(data, bytes):
+        return google_crc32c.extend(value, data)
+    # google_crc32c takes bytes only: feed views in bounded chunks.
+    mv = memoryview(data)
+    for i in range(0, len(mv), 8 << 20):
+        value = google_crc32c.extend(value, bytes(mv[i:i + (8 << 20)]))
+    return value
 
 
 @dataclass

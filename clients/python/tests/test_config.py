@@ -1,0 +1,115 @@
+"""InstrumentationConfig: presets, builders, validation and the transport plan."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from llm_instrumentation import HookGranularity, InstrumentationConfig
+
+
+@pytest.mark.parametrize("preset,codec,level,gran", [
+    ("fast_capture", "none", None, HookGranularity.FULL_TENSOR),
+    ("balanced", "lz4", None, HookGranularity.FULL_TENSOR),
+    ("max", "zstd", 9, HookGranularity.FULL_TENSOR),
+    ("max_compression", "zstd", 22, HookGranularity.FULL_TENSOR),
+    ("attention_analysis", "lz4", None, HookGranularity.ATTENTION_ONLY),
+    ("mlp_analysis", "lz4", None, HookGranularity.MLP_ONLY),
+])
+def test_presets(preset, codec, level, gran):
+    cfg = getattr(InstrumentationConfig, preset)()
+    assert (cfg.compression_algorithm, cfg.compression_level, cfg.granularity) == (codec, level, gran)
+    assert InstrumentationConfig.from_preset(preset) == cfg
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="unknown preset"):
+        InstrumentationConfig.from_preset("turbo")
+
+
+def test_immutable_and_builders_return_new():
+    base = InstrumentationConfig.balanced()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        base.max_memory_gb = 1.0  # type: ignore[misc]
+    cases = [
+        (lambda c: c.with_compression("zstd", 5), dict(compression_algorithm="zstd", compression_level=5)),
+        (lambda c: c.with_memory_limit(0.5), dict(max_memory_gb=0.5)),
+        (lambda c: c.with_granularity("mlp_only"), dict(granularity=HookGranularity.MLP_ONLY)),
+        (lambda c: c.with_modules("model.layers.*.mlp"), dict(modules=("model.layers.*.mlp",))),
+        (lambda c: c.with_throughput_target(1.5), dict(target_throughput_gbps=1.5)),
+        (lambda c: c.with_backpressure("drop"), dict(backpressure="drop")),
+        (lambda c: c.with_sampled_positions([0, -1]), dict(sampled_positions=(0, -1))),
+    ]
+    for build, want in cases:
+        new = build(base)
+        assert new is not base
+        for k, v in want.items():
+            assert getattr(new, k) == v, k
+    assert base == InstrumentationConfig.balanced()
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(compression_algorithm="brotli"), ValueError, "not supported"),
+    (dict(compression_algorithm="lz4", compression_level=13), ValueError, "out of range"),
+    (dict(compression_algorithm="zstd", compression_level=23), ValueError, "out of range"),
+    (dict(compression_algorithm="none", compression_level=1), ValueError, "out of range"),
+    (dict(compression_level=1.5), TypeError, "int"),
+    (dict(target_throughput_gbps=0), ValueError, "positive"),
+    (dict(target_throughput_gbps=-1.0), ValueError, "positive"),
+    (dict(max_memory_gb=0), ValueError, "ring"),
+    (dict(max_memory_gb=1e-6), ValueError, "ring"),
+    (dict(max_memory_gb=1000), ValueError, "ring"),
+    (dict(max_memory_gb="1"), TypeError, "number"),
+    (dict(backpressure="spill"), ValueError, "backpressure"),
+    (dict(granularity="everything"), ValueError, "granularity"),
+    (dict(sampled_positions=0), ValueError, ">= 1"),
+    (dict(sampled_positions=()), ValueError, "non-empty"),
+    (dict(sampled_positions=True), TypeError, "stride"),
+    (dict(modules=("",)), ValueError, "non-empty"),
+])
+def test_validation(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        InstrumentationConfig(**kwargs)
+
+
+def test_builder_validates():
+    with pytest.raises(ValueError):
+        InstrumentationConfig().with_compression("lzma")
+    with pytest.raises(ValueError):
+        InstrumentationConfig().with_backpressure("maybe")
+
+
+def test_ring_size_from_memory_limit():
+    plan = InstrumentationConfig().with_memory_limit(0.5).transport_plan(cores=2)
+    assert plan.ring_size == 512 << 20 and plan.memory_hint == 512 << 20
+    assert (plan.ring_size - 4096) % 64 == 0
+
+
+@pytest.mark.parametrize("codec,level,target,cores,want_codec,want_level,block", [
+    ("lz4", None, None, 2, "lz4", 0, 1 << 20),
+    ("lz4", None, 0.1, 2, "lz4", 0, 256 << 10),
+    ("lz4", None, 1.0, 2, "none", 0, 1 << 20),      # 2 cores x 0.13 GB/s < 1 GB/s
+    ("lz4", None, 1.0, 16, "lz4", 0, 1 << 20),
+    ("zstd", 9, 0.2, 2, "lz4", 0, 256 << 10),       # level 9 too slow, level 1 too slow (0.16)
+    ("zstd", 9, 0.15, 2, "zstd", 1, 256 << 10),
+    ("zstd", 3, 4.0, 64, "zstd", 3, 4 << 20),
+    ("none", None, 8.0, 2, "none", 0, 4 << 20),
+])
+def test_transport_plan(codec, level, target, cores, want_codec, want_level, block):
+    cfg = InstrumentationConfig(compression_algorithm=codec, compression_level=level, target_throughput_gbps=target)
+    plan = cfg.transport_plan(cores=cores)
+    assert (plan.codec, plan.codec_level, plan.block_size) == (want_codec, want_level, block)
+    assert bool(plan.note) == ((want_codec, want_level) != (codec, level or 0))
+
+
+def test_block_size_capped_by_ring():
+    plan = InstrumentationConfig(max_memory_gb=1 / 1024).transport_plan(cores=2)  # 1 MiB ring
+    assert plan.block_size == 64 << 10  # largest power of two <= (1 MiB - 4096) / 8
+
+
+def test_to_dict_json_ready():
+    import json
+
+    d = InstrumentationConfig.max().with_sampled_positions((1, 2)).to_dict()
+    assert json.loads(json.dumps(d))["granularity"] == "FULL_TENSOR"
