@@ -62,7 +62,10 @@ func newZstd(o Options) (Codec, error) {
 	enc, ok := zstdEncs[lvl]
 	if !ok {
 		// No frame checksum: every packet already carries a CRC32C over its payload.
-		enc, err = zstd.NewWriter(nil, zstd.WithEncoderLevel(lvl), zstd.WithEncoderCRC(false))
+		// Single segment: the frame content size is then always written (without it a
+		// frame under 1 KiB would omit it) and the window is the block itself.
+		enc, err = zstd.NewWriter(nil, zstd.WithEncoderLevel(lvl), zstd.WithEncoderCRC(false),
+			zstd.WithSingleSegment(true))
 		if err == nil {
 			zstdEncs[lvl] = enc
 		}

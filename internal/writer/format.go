@@ -1,0 +1,330 @@
+package writer
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math/bits"
+
+	"github.com/strap-llm/strap/internal/codec"
+	"github.com/strap-llm/strap/internal/dtype"
+)
+
+// PacketType is the type field of a packet header.
+type PacketType uint16
+
+// Packet types (docs/STREAM_FORMAT.md 3).
+const (
+	TypeTensor PacketType = 1
+	TypeDrop   PacketType = 2
+	TypeToken  PacketType = 3
+	TypeIndex  PacketType = 4
+	TypeEnd    PacketType = 5
+)
+
+// String is the upper-case name used in the spec and in JSON output.
+func (t PacketType) String() string {
+	switch t {
+	case TypeTensor:
+		return "TENSOR"
+	case TypeDrop:
+		return "DROP"
+	case TypeToken:
+		return "TOKEN"
+	case TypeIndex:
+		return "INDEX"
+	case TypeEnd:
+		return "END"
+	}
+	return fmt.Sprintf("TYPE(%d)", uint16(t))
+}
+
+// FlagPart marks a packet that carries one part of a larger tensor.
+const FlagPart uint8 = 1
+
+// Layout constants of the format.
+const (
+	// FileMagic opens every stream.
+	FileMagic = "STRAPSTM"
+	// Version is the stream format version this package writes and reads.
+	Version = 2
+	// FileHeaderLen is the fixed part of the file header, before the metadata JSON.
+	FileHeaderLen = 24
+	// PacketMagic opens every packet.
+	PacketMagic = "SPKT"
+	// PacketHeaderLen is the fixed part of a packet header.
+	PacketHeaderLen = 96
+	// MaxNDim is the most dimensions a tensor may have.
+	MaxNDim = 8
+	// FooterMagic closes a stream that was closed.
+	FooterMagic = "STRAPEND"
+	// FooterLen is the size of the footer.
+	FooterLen = 16
+	// IndexEntryLen is the size of one INDEX entry.
+	IndexEntryLen = 40
+)
+
+// Errors returned by this package. Reader errors are wrapped in an *OffsetError naming
+// where in the file they were found.
+var (
+	// ErrBadMagic: a file or packet magic is not what the format says.
+	ErrBadMagic = errors.New("bad magic")
+	// ErrBadVersion: the file is not a version-2 stream.
+	ErrBadVersion = errors.New("unsupported stream version")
+	// ErrBadCRC: a CRC32C does not match the bytes it covers.
+	ErrBadCRC = errors.New("crc mismatch")
+	// ErrTruncated: the file ends inside a header or packet.
+	ErrTruncated = errors.New("truncated")
+	// ErrCorrupt: a field is out of range or disagrees with another field.
+	ErrCorrupt = errors.New("corrupt stream")
+	// ErrNoIndex: the stream has no footer and INDEX (it was not closed).
+	ErrNoIndex = errors.New("no index")
+	// ErrInvalidPacket: WritePacket was given a packet that breaks the format's rules.
+	ErrInvalidPacket = errors.New("invalid packet")
+	// ErrClosed: the Writer was closed.
+	ErrClosed = errors.New("writer closed")
+)
+
+// OffsetError is a reader error at a file offset.
+type OffsetError struct {
+	// Offset is the file offset of the header or packet at fault.
+	Offset int64
+	// Err is what is wrong there.
+	Err error
+}
+
+func (e *OffsetError) Error() string { return fmt.Sprintf("at offset %d: %v", e.Offset, e.Err) }
+
+// Unwrap gives the cause, so errors.Is(err, ErrBadCRC) works.
+func (e *OffsetError) Unwrap() error { return e.Err }
+
+func atOffset(off int64, format string, args ...any) error {
+	return &OffsetError{Offset: off, Err: fmt.Errorf(format, args...)}
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Block is one piece of a packet's payload. For codec none the blocks are raw byte slices
+// written back to back; for other codecs each is one codec block, in order.
+type Block struct {
+	// Data is the block's stored bytes. The Writer does not keep it after WritePacket.
+	Data []byte
+	// Raw marks a block stored verbatim (bit 31 of its size in the block table).
+	Raw bool
+}
+
+// Packet is one TENSOR, DROP or TOKEN packet to write; the field meanings are those of the
+// packet header in docs/STREAM_FORMAT.md 3.
+type Packet struct {
+	Type  PacketType
+	DType dtype.DType
+	// Shape is the whole tensor's shape (at most MaxNDim dimensions).
+	Shape []uint64
+	Name  string
+	// Meta is a JSON object or empty.
+	Meta    []byte
+	Codec   codec.ID
+	Flags   uint8
+	Seq     uint64
+	Step    uint64
+	Forward uint64
+	// RawLen is the decoded size of this packet's payload (for DROP: the bytes lost).
+	RawLen uint64
+	// PartOffset is this payload's offset in the whole tensor (PART only).
+	PartOffset uint64
+	// TensorLen is the whole tensor's size; 0 means RawLen (not allowed for PART).
+	TensorLen uint64
+	// BlockSize is the raw bytes per codec block; 0 for codec none.
+	BlockSize uint32
+	// Blocks is the payload: for codec none raw slices written back to back (they may
+	// alias the ring mapping and are not retained after WritePacket returns); for other
+	// codecs one entry per codec block, from which the writer builds the block table.
+	Blocks []Block
+}
+
+// EndInfo is what the END packet records about how the session ended.
+type EndInfo struct {
+	// Status is "complete", "aborted" or "error".
+	Status string
+	// Error is the error text for status "error" (or the reason for "aborted").
+	Error string
+	// Packets is the number of TENSOR/DROP/TOKEN packets; 0 lets the writer fill its count.
+	Packets uint64
+	// Drops is the number of DROP packets; 0 lets the writer fill its count.
+	Drops uint64
+}
+
+// EndMeta is the END packet's meta JSON.
+type EndMeta struct {
+	Status  string `json:"status"`
+	Packets uint64 `json:"packets"`
+	Drops   uint64 `json:"drops"`
+	Error   string `json:"error,omitempty"`
+}
+
+// header is a packet header as stored, minus the variable parts' bytes.
+type header struct {
+	typ        PacketType
+	dt         dtype.DType
+	ndim       int
+	headerLen  uint32
+	nameLen    int
+	codec      codec.ID
+	flags      uint8
+	metaLen    uint32
+	crc        uint32
+	seq        uint64
+	step       uint64
+	forward    uint64
+	rawLen     uint64
+	storedLen  uint64
+	partOffset uint64
+	tensorLen  uint64
+	blockSize  uint32
+}
+
+// appendHeader appends the fixed header (crc zero), shape, name and meta.
+func appendHeader(dst []byte, p *Packet, storedLen uint64) []byte {
+	hl := PacketHeaderLen + 8*len(p.Shape) + len(p.Name) + len(p.Meta)
+	start := len(dst)
+	var fixed [PacketHeaderLen]byte
+	dst = append(dst, fixed[:]...)
+	h := dst[start:]
+	copy(h[0:4], PacketMagic)
+	le := binary.LittleEndian
+	le.PutUint16(h[4:], uint16(p.Type))
+	h[6] = byte(p.DType)
+	h[7] = byte(len(p.Shape))
+	le.PutUint32(h[8:], uint32(hl))
+	le.PutUint16(h[12:], uint16(len(p.Name)))
+	h[14] = byte(p.Codec)
+	h[15] = p.Flags
+	le.PutUint32(h[16:], uint32(len(p.Meta)))
+	le.PutUint64(h[24:], p.Seq)
+	le.PutUint64(h[32:], p.Step)
+	le.PutUint64(h[40:], p.Forward)
+	le.PutUint64(h[48:], p.RawLen)
+	le.PutUint64(h[56:], storedLen)
+	le.PutUint64(h[64:], p.PartOffset)
+	le.PutUint64(h[72:], p.TensorLen)
+	le.PutUint32(h[80:], p.BlockSize)
+	for _, d := range p.Shape {
+		dst = le.AppendUint64(dst, d)
+	}
+	dst = append(dst, p.Name...)
+	return append(dst, p.Meta...)
+}
+
+// parseHeader decodes the fixed 96 bytes; it checks the magic and the header_len sum.
+func parseHeader(b []byte) (header, error) {
+	le := binary.LittleEndian
+	if string(b[0:4]) != PacketMagic {
+		return header{}, fmt.Errorf("packet magic %q: %w", b[0:4], ErrBadMagic)
+	}
+	h := header{
+		typ:        PacketType(le.Uint16(b[4:])),
+		dt:         dtype.DType(b[6]),
+		ndim:       int(b[7]),
+		headerLen:  le.Uint32(b[8:]),
+		nameLen:    int(le.Uint16(b[12:])),
+		codec:      codec.ID(b[14]),
+		flags:      b[15],
+		metaLen:    le.Uint32(b[16:]),
+		crc:        le.Uint32(b[20:]),
+		seq:        le.Uint64(b[24:]),
+		step:       le.Uint64(b[32:]),
+		forward:    le.Uint64(b[40:]),
+		rawLen:     le.Uint64(b[48:]),
+		storedLen:  le.Uint64(b[56:]),
+		partOffset: le.Uint64(b[64:]),
+		tensorLen:  le.Uint64(b[72:]),
+		blockSize:  le.Uint32(b[80:]),
+	}
+	if h.typ < TypeTensor || h.typ > TypeEnd {
+		return h, fmt.Errorf("packet type %d: %w", h.typ, ErrCorrupt)
+	}
+	if h.ndim > MaxNDim {
+		return h, fmt.Errorf("ndim %d > %d: %w", h.ndim, MaxNDim, ErrCorrupt)
+	}
+	if want := uint64(PacketHeaderLen) + 8*uint64(h.ndim) + uint64(h.nameLen) + uint64(h.metaLen); uint64(h.headerLen) != want {
+		return h, fmt.Errorf("header_len %d, fields sum to %d: %w", h.headerLen, want, ErrCorrupt)
+	}
+	return h, nil
+}
+
+// tensorBytes is prod(shape)·size, with ok=false on overflow.
+func tensorBytes(shape []uint64, size int) (uint64, bool) {
+	n := uint64(size)
+	for _, d := range shape {
+		hi, lo := bits.Mul64(n, d)
+		if hi != 0 {
+			return 0, false
+		}
+		n = lo
+	}
+	return n, true
+}
+
+// checkFields applies the rules that tie header fields together; the Writer applies them
+// to its input and the Reader to what it reads, so both enforce one set of rules.
+func checkFields(typ PacketType, dt dtype.DType, shape []uint64, cid codec.ID, flags uint8,
+	seq, rawLen, storedLen, partOffset, tensorLen uint64, blockSize uint32) error {
+	if flags&^FlagPart != 0 {
+		return fmt.Errorf("flags %#x: %w", flags, ErrCorrupt)
+	}
+	part := flags&FlagPart != 0
+	switch typ {
+	case TypeTensor, TypeDrop:
+		if seq == 0 {
+			return fmt.Errorf("%v with seq 0: %w", typ, ErrCorrupt)
+		}
+		if part {
+			if partOffset > tensorLen || rawLen > tensorLen-partOffset {
+				return fmt.Errorf("part [%d,+%d) outside tensor_len %d: %w", partOffset, rawLen, tensorLen, ErrCorrupt)
+			}
+		} else if partOffset != 0 || tensorLen != rawLen {
+			return fmt.Errorf("not PART but part_offset %d, tensor_len %d, raw_len %d: %w",
+				partOffset, tensorLen, rawLen, ErrCorrupt)
+		}
+		if typ == TypeTensor || dt != dtype.Invalid {
+			if !dt.Valid() {
+				return fmt.Errorf("dtype %d: %w", dt, ErrCorrupt)
+			}
+			if n, ok := tensorBytes(shape, dt.Size()); !ok || n != tensorLen {
+				return fmt.Errorf("shape %v of %v is not tensor_len %d bytes: %w", shape, dt, tensorLen, ErrCorrupt)
+			}
+		}
+		if typ == TypeDrop && (storedLen != 0 || cid != codec.None || blockSize != 0) {
+			return fmt.Errorf("DROP with payload/codec: %w", ErrCorrupt)
+		}
+	case TypeToken, TypeEnd, TypeIndex:
+		if part || rawLen != storedLen || cid != codec.None || blockSize != 0 || partOffset != 0 || tensorLen != rawLen {
+			return fmt.Errorf("%v with tensor fields set: %w", typ, ErrCorrupt)
+		}
+		if typ == TypeToken && seq == 0 {
+			return fmt.Errorf("TOKEN with seq 0: %w", ErrCorrupt)
+		}
+		if typ != TypeToken && seq != 0 {
+			return fmt.Errorf("%v with seq %d: %w", typ, seq, ErrCorrupt)
+		}
+		if typ != TypeIndex && rawLen != 0 {
+			return fmt.Errorf("%v with a payload: %w", typ, ErrCorrupt)
+		}
+	default:
+		return fmt.Errorf("packet type %d: %w", typ, ErrCorrupt)
+	}
+	if typ == TypeTensor {
+		if cid == codec.None {
+			if blockSize != 0 || storedLen != rawLen {
+				return fmt.Errorf("codec none with block_size %d, stored_len %d, raw_len %d: %w",
+					blockSize, storedLen, rawLen, ErrCorrupt)
+			}
+		} else if blockSize == 0 || blockSize > codec.MaxBlockSize {
+			return fmt.Errorf("block_size %d not in 1..%d: %w", blockSize, codec.MaxBlockSize, ErrCorrupt)
+		}
+	}
+	return nil
+}
+
+func align8(n int64) int64 { return (n + 7) &^ 7 }

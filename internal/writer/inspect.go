@@ -1,0 +1,182 @@
+package writer
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+// maxShapes caps the distinct shapes listed per module.
+const maxShapes = 16
+
+// ModuleStats sums the TENSOR packets of one module name.
+type ModuleStats struct {
+	Name    string `json:"name"`
+	Packets uint64 `json:"packets"`
+	// DTypes lists the element types seen (one, normally).
+	DTypes []string `json:"dtypes"`
+	// Shapes lists the distinct whole-tensor shapes seen, first maxShapes.
+	Shapes      [][]uint64 `json:"shapes"`
+	RawBytes    uint64     `json:"raw_bytes"`
+	StoredBytes uint64     `json:"stored_bytes"`
+	// Ratio is raw over stored bytes (0 when nothing is stored).
+	Ratio float64 `json:"ratio"`
+}
+
+// Summary is what Inspect found.
+type Summary struct {
+	Size int64          `json:"size"`
+	Meta map[string]any `json:"meta"`
+	// Modules is sorted by name.
+	Modules []ModuleStats `json:"modules"`
+	// Packets, RawBytes, StoredBytes, Ratio: totals over TENSOR packets.
+	Packets     uint64  `json:"packets"`
+	RawBytes    uint64  `json:"raw_bytes"`
+	StoredBytes uint64  `json:"stored_bytes"`
+	Ratio       float64 `json:"ratio"`
+	// Drops and DroppedBytes: DROP packets and the bytes they lost.
+	Drops        uint64 `json:"drops"`
+	DroppedBytes uint64 `json:"dropped_bytes"`
+	Tokens       uint64 `json:"tokens"`
+	// End is the END meta; nil when the stream was cut short.
+	End *EndMeta `json:"end"`
+	// Error is why the walk stopped early, empty when it reached the end.
+	Error string `json:"error,omitempty"`
+}
+
+// Inspect summarizes the stream in r from packet headers alone (no CRC check, no decoding:
+// that is Verify's job), so it is quick on large files.
+func Inspect(r io.ReaderAt, size int64) (Summary, error) {
+	rd, err := NewReader(r, size)
+	if err != nil {
+		return Summary{}, err
+	}
+	sum := Summary{Size: size, Meta: rd.header.Meta}
+	mods := map[string]*ModuleStats{}
+	s := rd.Scan(true)
+	for s.Next() {
+		p := s.Packet()
+		switch p.Type {
+		case TypeTensor:
+			m := mods[p.Name]
+			if m == nil {
+				m = &ModuleStats{Name: p.Name}
+				mods[p.Name] = m
+			}
+			m.Packets++
+			m.RawBytes += p.RawLen
+			m.StoredBytes += p.StoredLen
+			if dt := p.DType.String(); !slices.Contains(m.DTypes, dt) {
+				m.DTypes = append(m.DTypes, dt)
+			}
+			if len(m.Shapes) < maxShapes && !slices.ContainsFunc(m.Shapes, func(s []uint64) bool { return equalShape(s, p.Shape) }) {
+				m.Shapes = append(m.Shapes, append([]uint64{}, p.Shape...))
+			}
+			sum.Packets++
+			sum.RawBytes += p.RawLen
+			sum.StoredBytes += p.StoredLen
+		case TypeDrop:
+			sum.Drops++
+			sum.DroppedBytes += p.RawLen
+		case TypeToken:
+			sum.Tokens++
+		case TypeEnd:
+			var em EndMeta
+			if err := json.Unmarshal(p.Meta, &em); err == nil {
+				sum.End = &em
+			}
+		}
+	}
+	if err := s.Err(); err != nil {
+		sum.Error = err.Error()
+	}
+	for _, m := range mods {
+		m.Ratio = ratio(m.RawBytes, m.StoredBytes)
+		sum.Modules = append(sum.Modules, *m)
+	}
+	slices.SortFunc(sum.Modules, func(a, b ModuleStats) int { return strings.Compare(a.Name, b.Name) })
+	sum.Ratio = ratio(sum.RawBytes, sum.StoredBytes)
+	return sum, nil
+}
+
+// InspectFile opens path and inspects it.
+func InspectFile(path string) (Summary, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Summary{}, fmt.Errorf("open stream: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return Summary{}, fmt.Errorf("stat stream: %w", err)
+	}
+	s, err := Inspect(f, st.Size())
+	if err != nil {
+		return Summary{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return s, nil
+}
+
+func ratio(raw, stored uint64) float64 {
+	if stored == 0 {
+		return 0
+	}
+	return float64(raw) / float64(stored)
+}
+
+func shapeString(s []uint64) string {
+	parts := make([]string, len(s))
+	for i, d := range s {
+		parts[i] = fmt.Sprint(d)
+	}
+	return "[" + strings.Join(parts, ",") + "]"
+}
+
+// WriteText prints the summary as a table for people.
+func (sum *Summary) WriteText(w io.Writer) error {
+	if len(sum.Meta) > 0 {
+		keys := make([]string, 0, len(sum.Meta))
+		for k := range sum.Meta {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			v, _ := json.Marshal(sum.Meta[k])
+			fmt.Fprintf(w, "%s: %s\n", k, v)
+		}
+		fmt.Fprintln(w)
+	}
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "module\tpackets\tdtype\tshape\traw bytes\tstored bytes\tratio\t")
+	for _, m := range sum.Modules {
+		shapes := make([]string, len(m.Shapes))
+		for i, s := range m.Shapes {
+			shapes[i] = shapeString(s)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%.3f\t\n", m.Name, m.Packets, strings.Join(m.DTypes, ","),
+			strings.Join(shapes, " "), m.RawBytes, m.StoredBytes, m.Ratio)
+	}
+	fmt.Fprintf(tw, "total\t%d\t\t\t%d\t%d\t%.3f\t\n", sum.Packets, sum.RawBytes, sum.StoredBytes, sum.Ratio)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\ndrops: %d packets, %d bytes lost; tokens: %d\n", sum.Drops, sum.DroppedBytes, sum.Tokens)
+	if sum.End != nil {
+		fmt.Fprintf(w, "end: %s (packets %d, drops %d)", sum.End.Status, sum.End.Packets, sum.End.Drops)
+		if sum.End.Error != "" {
+			fmt.Fprintf(w, ": %s", sum.End.Error)
+		}
+		fmt.Fprintln(w)
+	} else {
+		fmt.Fprintln(w, "end: none (stream cut short)")
+	}
+	if sum.Error != "" {
+		fmt.Fprintf(w, "stopped early: %s\n", sum.Error)
+	}
+	_, err := fmt.Fprint(w)
+	return err
+}

@@ -1,0 +1,478 @@
+package writer
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/strap-llm/strap/internal/codec"
+)
+
+const (
+	// bufSize is the write-behind buffer: small packets are packed into it and written
+	// with one large sequential write.
+	bufSize = 4 << 20
+	// copyMax is the largest payload copied into the buffer; bigger ones go out with
+	// writev straight from the caller's slices.
+	copyMax = 256 << 10
+	// iovMax is Linux's IOV_MAX.
+	iovMax = 1024
+)
+
+// indexEntry is one INDEX entry, kept in memory until Close.
+type indexEntry struct {
+	nameIdx  uint32
+	typ      PacketType
+	flags    uint16
+	seq      uint64
+	step     uint64
+	forward  uint64
+	offset   uint64
+}
+
+// Writer writes one v2 stream to a file it does not own. It is not safe for concurrent
+// use: the pipeline's single writer goroutine calls it in sequence order.
+type Writer struct {
+	f       *os.File
+	rc      syscall.RawConn
+	regular bool // fdatasync only means something for regular files
+
+	buf     []byte // pending bytes, written at flush
+	off     int64  // stream bytes so far, buffered included
+	hdr     []byte // scratch: packet header
+	table   []byte // scratch: block table
+	iov     [][]byte
+	sizes   []int
+	raws    []bool
+	codecOK map[codec.ID]bool
+
+	packets uint64
+	drops   uint64
+	names   map[string]uint32
+	nameLst []string
+	index   []indexEntry
+
+	err    error // sticky: after a failed write the stream's tail is unknown
+	closed bool
+}
+
+// New starts a stream on f: it truncates a non-empty regular file, writes the file
+// header with meta as its metadata JSON at offset 0, and buffers it. f stays the caller's.
+// Writes are sequential (write/writev from f's position), so f may also be a pipe or
+// /dev/null.
+func New(f *os.File, meta map[string]any) (*Writer, error) {
+	if meta == nil {
+		meta = map[string]any{}
+	}
+	mj, err := json.Marshal(meta)
+	if err != nil {
+		return nil, fmt.Errorf("stream metadata: %w", err)
+	}
+	if uint64(len(mj)) > 1<<32-1 {
+		return nil, fmt.Errorf("stream metadata of %d bytes: %w", len(mj), ErrInvalidPacket)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("stat stream file: %w", err)
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("stream file: %w", err)
+	}
+	w := &Writer{
+		f:       f,
+		rc:      rc,
+		regular: st.Mode().IsRegular(),
+		buf:     make([]byte, 0, bufSize),
+		codecOK: map[codec.ID]bool{},
+		names:   map[string]uint32{},
+	}
+	if w.regular {
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return nil, fmt.Errorf("seek stream file: %w", err)
+		}
+		if st.Size() > 0 {
+			if err := f.Truncate(0); err != nil {
+				return nil, fmt.Errorf("truncate stream file: %w", err)
+			}
+		}
+	}
+	var h [FileHeaderLen]byte
+	copy(h[:8], FileMagic)
+	le := binary.LittleEndian
+	le.PutUint16(h[8:], Version)
+	le.PutUint32(h[12:], uint32(len(mj)))
+	crc := crc32.Update(crc32.Update(0, castagnoli, h[:16]), castagnoli, mj)
+	le.PutUint32(h[16:], crc)
+	w.buf = append(w.buf, h[:]...)
+	w.buf = append(w.buf, mj...)
+	for len(w.buf)%8 != 0 {
+		w.buf = append(w.buf, 0)
+	}
+	w.off = int64(len(w.buf))
+	return w, nil
+}
+
+// Offset is the number of stream bytes written so far, buffered ones included; the next
+// packet starts there.
+func (w *Writer) Offset() int64 { return w.off }
+
+// Packets is the number of TENSOR, DROP and TOKEN packets written.
+func (w *Writer) Packets() uint64 { return w.packets }
+
+// Drops is the number of DROP packets written.
+func (w *Writer) Drops() uint64 { return w.drops }
+
+// Err is the write error that stopped the stream, if any.
+func (w *Writer) Err() error { return w.err }
+
+// validate checks p against the format rules and returns its stored length.
+func (w *Writer) validate(p *Packet) (uint64, error) {
+	switch p.Type {
+	case TypeTensor, TypeDrop, TypeToken:
+	default:
+		return 0, fmt.Errorf("type %v: only TENSOR, DROP and TOKEN are written by WritePacket: %w", p.Type, ErrInvalidPacket)
+	}
+	if len(p.Shape) > MaxNDim {
+		return 0, fmt.Errorf("%d dimensions > %d: %w", len(p.Shape), MaxNDim, ErrInvalidPacket)
+	}
+	if len(p.Name) > 0xffff {
+		return 0, fmt.Errorf("name of %d bytes: %w", len(p.Name), ErrInvalidPacket)
+	}
+	if uint64(len(p.Meta)) > 1<<31 || (len(p.Meta) > 0 && !isJSONObject(p.Meta)) {
+		return 0, fmt.Errorf("meta is not a JSON object: %w", ErrInvalidPacket)
+	}
+	var stored uint64
+	if p.Codec == codec.None {
+		for _, b := range p.Blocks {
+			stored += uint64(len(b.Data))
+		}
+		if p.Type == TypeTensor && stored != p.RawLen {
+			return 0, fmt.Errorf("codec none: blocks hold %d bytes, raw_len %d: %w", stored, p.RawLen, ErrInvalidPacket)
+		}
+	} else {
+		if !w.codecOK[p.Codec] {
+			if _, err := codec.ByID(p.Codec); err != nil {
+				return 0, fmt.Errorf("packet codec: %w: %w", err, ErrInvalidPacket)
+			}
+			w.codecOK[p.Codec] = true
+		}
+		if p.BlockSize == 0 || p.BlockSize > codec.MaxBlockSize {
+			return 0, fmt.Errorf("block_size %d not in 1..%d: %w", p.BlockSize, codec.MaxBlockSize, ErrInvalidPacket)
+		}
+		if n := codec.BlockCount(int(min(p.RawLen, 1<<62)), int(p.BlockSize)); uint64(len(p.Blocks)) != uint64(n) {
+			return 0, fmt.Errorf("%d blocks, raw_len %d at block_size %d needs %d: %w",
+				len(p.Blocks), p.RawLen, p.BlockSize, n, ErrInvalidPacket)
+		}
+		stored = uint64(codec.TableLen(len(p.Blocks)))
+		for i, b := range p.Blocks {
+			if len(b.Data) >= codec.RawBit {
+				return 0, fmt.Errorf("block %d of %d bytes: %w", i, len(b.Data), ErrInvalidPacket)
+			}
+			if b.Raw {
+				if want := min(uint64(p.BlockSize), p.RawLen-uint64(i)*uint64(p.BlockSize)); uint64(len(b.Data)) != want {
+					return 0, fmt.Errorf("raw block %d holds %d bytes, decodes to %d: %w", i, len(b.Data), want, ErrInvalidPacket)
+				}
+			}
+			stored += uint64(len(b.Data))
+		}
+	}
+	if p.Type != TypeTensor && len(p.Blocks) != 0 {
+		return 0, fmt.Errorf("%v packets carry no payload: %w", p.Type, ErrInvalidPacket)
+	}
+	if err := checkFields(p.Type, p.DType, p.Shape, p.Codec, p.Flags, p.Seq, p.RawLen, stored,
+		p.PartOffset, p.TensorLen, p.BlockSize); err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrInvalidPacket, err)
+	}
+	return stored, nil
+}
+
+// isJSONObject reports whether b is one valid JSON object.
+func isJSONObject(b []byte) bool {
+	for _, c := range b {
+		switch c {
+		case ' ', '\t', '\r', '\n':
+			continue
+		case '{':
+			return json.Valid(b)
+		}
+		return false
+	}
+	return false
+}
+
+// WritePacket appends one TENSOR, DROP or TOKEN packet. Small packets are copied into the
+// buffer; a large payload is written with writev straight from p.Blocks, so it is never
+// copied and never retained after the call returns. TensorLen 0 on a non-PART packet is
+// taken as RawLen. An invalid packet returns ErrInvalidPacket and writes nothing; a
+// write error is returned and sticks: every later call returns it.
+func (w *Writer) WritePacket(p *Packet) error {
+	if w.closed {
+		return ErrClosed
+	}
+	if w.err != nil {
+		return w.err
+	}
+	if p.TensorLen == 0 && p.Flags&FlagPart == 0 {
+		q := *p
+		q.TensorLen = q.RawLen
+		p = &q
+	}
+	stored, err := w.validate(p)
+	if err != nil {
+		return fmt.Errorf("write packet seq %d: %w", p.Seq, err)
+	}
+	if err := w.writePacket(p, stored); err != nil {
+		return err
+	}
+	idx, ok := w.names[p.Name]
+	if !ok {
+		idx = uint32(len(w.nameLst))
+		w.names[p.Name] = idx
+		w.nameLst = append(w.nameLst, p.Name)
+	}
+	w.packets++
+	if p.Type == TypeDrop {
+		w.drops++
+	}
+	w.index = append(w.index, indexEntry{nameIdx: idx, typ: p.Type, flags: uint16(p.Flags),
+		seq: p.Seq, step: p.Step, forward: p.Forward, offset: uint64(w.off)})
+	w.off += int64(len(w.hdr)) + int64(stored)
+	return nil
+}
+
+// writePacket encodes p's header, computes the CRC and writes header, table and payload.
+// It does not advance w.off; the caller does once the packet is accounted for.
+func (w *Writer) writePacket(p *Packet, stored uint64) error {
+	w.hdr = appendHeader(w.hdr[:0], p, stored)
+	crc := crc32.Update(0, castagnoli, w.hdr)
+	w.table = w.table[:0]
+	if p.Codec != codec.None {
+		w.sizes, w.raws = w.sizes[:0], w.raws[:0]
+		for _, b := range p.Blocks {
+			w.sizes = append(w.sizes, len(b.Data))
+			w.raws = append(w.raws, b.Raw)
+		}
+		var err error
+		if w.table, err = codec.AppendBlockTable(w.table, w.sizes, w.raws); err != nil {
+			return fmt.Errorf("write packet seq %d: %w", p.Seq, err)
+		}
+		crc = crc32.Update(crc, castagnoli, w.table)
+	}
+	for _, b := range p.Blocks {
+		crc = crc32.Update(crc, castagnoli, b.Data)
+	}
+	binary.LittleEndian.PutUint32(w.hdr[20:], crc)
+
+	total := uint64(len(w.hdr)) + stored
+	if total <= copyMax {
+		if uint64(len(w.buf))+total > bufSize {
+			if err := w.flush(); err != nil {
+				return err
+			}
+		}
+		w.buf = append(w.buf, w.hdr...)
+		w.buf = append(w.buf, w.table...)
+		for _, b := range p.Blocks {
+			w.buf = append(w.buf, b.Data...)
+		}
+		return nil
+	}
+	iov := append(w.iov[:0], w.buf, w.hdr, w.table)
+	for _, b := range p.Blocks {
+		if len(b.Data) > 0 {
+			iov = append(iov, b.Data)
+		}
+	}
+	err := w.writev(iov)
+	clear(iov) // drop references to the caller's slices
+	w.iov = iov[:0]
+	w.buf = w.buf[:0]
+	return err
+}
+
+// flush writes the buffer.
+func (w *Writer) flush() error {
+	if len(w.buf) == 0 || w.err != nil {
+		return w.err
+	}
+	w.iov = append(w.iov[:0], w.buf)
+	err := w.writev(w.iov)
+	w.iov[0] = nil
+	w.buf = w.buf[:0]
+	return err
+}
+
+// writev writes every byte of iov, resuming after short writes and EINTR/EAGAIN. On error
+// the stream is dead (its tail is unknown) and the error sticks.
+func (w *Writer) writev(iov [][]byte) error {
+	for len(iov) > 0 {
+		for len(iov) > 0 && len(iov[0]) == 0 {
+			iov = iov[1:]
+		}
+		if len(iov) == 0 {
+			break
+		}
+		chunk := iov[:min(len(iov), iovMax)]
+		var n int
+		var werr error
+		err := w.rc.Write(func(fd uintptr) bool {
+			for {
+				n, werr = unix.Writev(int(fd), chunk)
+				if werr != unix.EINTR {
+					break
+				}
+			}
+			return werr != unix.EAGAIN
+		})
+		if err == nil {
+			err = werr
+		}
+		if err != nil {
+			w.err = fmt.Errorf("write stream: %w", err)
+			return w.err
+		}
+		if n == 0 {
+			w.err = fmt.Errorf("write stream: %w", io.ErrShortWrite)
+			return w.err
+		}
+		for n > 0 {
+			if n >= len(iov[0]) {
+				n -= len(iov[0])
+				iov = iov[1:]
+			} else {
+				iov[0] = iov[0][n:]
+				n = 0
+			}
+		}
+	}
+	return nil
+}
+
+// Sync writes the buffer and fdatasyncs the file (a no-op for pipes and devices).
+func (w *Writer) Sync() error {
+	if w.closed {
+		return ErrClosed
+	}
+	return w.sync()
+}
+
+func (w *Writer) sync() error {
+	if err := w.flush(); err != nil {
+		return err
+	}
+	if !w.regular {
+		return nil
+	}
+	var serr error
+	if err := w.rc.Control(func(fd uintptr) {
+		for {
+			serr = unix.Fdatasync(int(fd))
+			if serr != unix.EINTR {
+				return
+			}
+		}
+	}); err != nil {
+		serr = err
+	}
+	if serr != nil {
+		w.err = fmt.Errorf("fdatasync stream: %w", serr)
+		return w.err
+	}
+	return nil
+}
+
+// Close ends the stream: END packet, INDEX packet, footer, flush and fdatasync. It does
+// not close the file. After a write error it returns that error and writes nothing more
+// (the stream then reads as cut short).
+func (w *Writer) Close(end EndInfo) error {
+	if w.closed {
+		return ErrClosed
+	}
+	w.closed = true
+	if w.err != nil {
+		return w.err
+	}
+	switch end.Status {
+	case "complete", "aborted", "error":
+	default:
+		w.err = fmt.Errorf("end status %q: %w", end.Status, ErrInvalidPacket)
+		return w.err
+	}
+	em := EndMeta{Status: end.Status, Packets: end.Packets, Drops: end.Drops, Error: end.Error}
+	if em.Packets == 0 {
+		em.Packets = w.packets
+	}
+	if em.Drops == 0 {
+		em.Drops = w.drops
+	}
+	meta, err := json.Marshal(em)
+	if err != nil {
+		return fmt.Errorf("end meta: %w", err)
+	}
+	if err := w.writePacket(&Packet{Type: TypeEnd, Meta: meta}, 0); err != nil {
+		return err
+	}
+	w.off += int64(len(w.hdr))
+
+	indexOff := w.off
+	payload := w.indexPayload()
+	ip := &Packet{Type: TypeIndex, RawLen: uint64(len(payload)), TensorLen: uint64(len(payload)),
+		Blocks: []Block{{Data: payload}}}
+	if err := w.writePacket(ip, uint64(len(payload))); err != nil {
+		return err
+	}
+	w.off += int64(len(w.hdr)) + int64(len(payload))
+
+	var foot [FooterLen]byte
+	binary.LittleEndian.PutUint64(foot[:], uint64(indexOff))
+	copy(foot[8:], FooterMagic)
+	if len(w.buf)+FooterLen > bufSize {
+		if err := w.flush(); err != nil {
+			return err
+		}
+	}
+	w.buf = append(w.buf, foot[:]...)
+	w.off += FooterLen
+	return w.sync()
+}
+
+// Abort ends the stream with status "aborted" (cause nil) or "error" (cause set).
+func (w *Writer) Abort(cause error) error {
+	if cause == nil {
+		return w.Close(EndInfo{Status: "aborted"})
+	}
+	return w.Close(EndInfo{Status: "error", Error: cause.Error()})
+}
+
+// indexPayload encodes the INDEX payload (docs/STREAM_FORMAT.md 3).
+func (w *Writer) indexPayload() []byte {
+	n := 4 + 8 + IndexEntryLen*len(w.index)
+	for _, s := range w.nameLst {
+		n += 2 + len(s)
+	}
+	le := binary.LittleEndian
+	b := make([]byte, 0, n)
+	b = le.AppendUint32(b, uint32(len(w.nameLst)))
+	for _, s := range w.nameLst {
+		b = le.AppendUint16(b, uint16(len(s)))
+		b = append(b, s...)
+	}
+	b = le.AppendUint64(b, uint64(len(w.index)))
+	for _, e := range w.index {
+		b = le.AppendUint32(b, e.nameIdx)
+		b = le.AppendUint16(b, uint16(e.typ))
+		b = le.AppendUint16(b, e.flags)
+		b = le.AppendUint64(b, e.seq)
+		b = le.AppendUint64(b, e.step)
+		b = le.AppendUint64(b, e.forward)
+		b = le.AppendUint64(b, e.offset)
+	}
+	return b
+}
