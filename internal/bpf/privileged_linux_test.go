@@ -1,0 +1,259 @@
+//go:build linux && amd64
+
+package bpf
+
+import (
+	"errors"
+	"os"
+	"runtime"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+)
+
+// requireBPF skips the test only when the kernel probes truly cannot run here, naming
+// what is missing; anything else that fails is a test failure.
+func requireBPF(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		var caps unix.CapUserHeader
+		caps.Version = unix.LINUX_CAPABILITY_VERSION_3
+		var data [2]unix.CapUserData
+		if err := unix.Capget(&caps, &data[0]); err != nil || data[1].Effective&(1<<(unix.CAP_BPF-32)) == 0 {
+			t.Skip("skipping: needs root or CAP_BPF+CAP_PERFMON")
+		}
+	}
+	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
+		t.Skip("skipping: kernel has no BTF (/sys/kernel/btf/vmlinux)")
+	}
+}
+
+// loadedProbes loads the object without attaching it: maps are private to the test and
+// programs run only through prog.Run.
+func loadedProbes(t testing.TB) *probes {
+	t.Helper()
+	requireBPF(t)
+	if err := rlimit.RemoveMemlock(); err != nil {
+		t.Fatalf("remove memlock: %v", err)
+	}
+	p := &probes{}
+	if err := p.load(); err != nil {
+		if errors.Is(err, unix.EPERM) {
+			t.Skipf("skipping: loading BPF programs is not permitted here (EPERM): %v", err)
+		}
+		t.Fatalf("load: %v", err)
+	}
+	t.Cleanup(func() { p.objs.Close() })
+	return p
+}
+
+func monoNow(t testing.TB) uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		t.Fatal(err)
+	}
+	return uint64(ts.Nano())
+}
+
+func run(t *testing.T, prog *ebpf.Program, args ...uint64) {
+	t.Helper()
+	if _, err := prog.Run(&ebpf.RunOptions{Context: args}); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+}
+
+func mapLen[K comparable, V any](t *testing.T, m *ebpf.Map) int {
+	t.Helper()
+	var k K
+	var v V
+	n := 0
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestProgBlockRequests drives the block programs with fake request pointers: the kernel
+// reads of the (bogus) struct fail and yield zeros, so everything lands on device 0, and
+// the pairing logic keyed by the request pointer is what is tested.
+func TestProgBlockRequests(t *testing.T) {
+	p := loadedProbes(t)
+	issue, complete, requeue := p.objs.BlockRqIssue, p.objs.BlockRqComplete, p.objs.BlockRqRequeue
+	inflight := func() int { return mapLen[uint64, strapRqStart](t, p.objs.RqStarts) }
+	total := func() (n uint64) {
+		var d strapDevStats
+		if err := p.objs.DevStatsMap.Lookup(uint32(0), &d); err != nil {
+			return 0
+		}
+		for _, v := range d.Slots {
+			n += v
+		}
+		return n
+	}
+
+	t.Run("issue-complete pairs by request and leaves nothing in flight", func(t *testing.T) {
+		for r := uint64(1); r <= 5; r++ {
+			run(t, issue, 0xffff000000000000+r*512)
+		}
+		if got := inflight(); got != 5 {
+			t.Fatalf("in flight after 5 issues = %d, want 5", got)
+		}
+		for r := uint64(1); r <= 5; r++ {
+			run(t, complete, 0xffff000000000000+r*512, 0, 4096)
+		}
+		if got := inflight(); got != 0 {
+			t.Fatalf("in flight after completions = %d, want 0", got)
+		}
+		if got := total(); got != 5 {
+			t.Fatalf("histogram total = %d, want 5", got)
+		}
+	})
+	t.Run("re-issue of one request counts once", func(t *testing.T) {
+		before := total()
+		run(t, issue, 0xffff0000000a0000)
+		run(t, issue, 0xffff0000000a0000)
+		if got := inflight(); got != 1 {
+			t.Fatalf("in flight = %d, want 1", got)
+		}
+		run(t, complete, 0xffff0000000a0000, 0, 0)
+		run(t, complete, 0xffff0000000a0000, 0, 0) // a later partial completion
+		if got := total() - before; got != 1 {
+			t.Fatalf("completions counted = %d, want 1", got)
+		}
+	})
+	t.Run("requeue forgets the request", func(t *testing.T) {
+		before := total()
+		run(t, issue, 0xffff0000000b0000)
+		run(t, requeue, 0xffff0000000b0000)
+		run(t, complete, 0xffff0000000b0000, 0, 0)
+		if got := inflight(); got != 0 {
+			t.Fatalf("in flight = %d, want 0", got)
+		}
+		if got := total() - before; got != 0 {
+			t.Fatalf("requeued request counted %d times", got)
+		}
+	})
+	t.Run("latency lands in its log2 slot", func(t *testing.T) {
+		for _, tc := range []struct {
+			us   uint64
+			slot int
+		}{{3000, 12}, {100, 7}, {70000, 17}} {
+			var before strapDevStats
+			_ = p.objs.DevStatsMap.Lookup(uint32(0), &before)
+			key := uint64(0xffff0000000c0000)
+			if err := p.objs.RqStarts.Put(key, strapRqStart{Ts: monoNow(t) - tc.us*1000, Bytes: 8192, Op: 1}); err != nil {
+				t.Fatal(err)
+			}
+			run(t, complete, key, 0, 0)
+			var after strapDevStats
+			if err := p.objs.DevStatsMap.Lookup(uint32(0), &after); err != nil {
+				t.Fatal(err)
+			}
+			// A slow test machine may add a few µs, never enough to change these slots.
+			if after.Slots[tc.slot]-before.Slots[tc.slot] != 1 {
+				t.Errorf("%d µs: slot %d not incremented (slots %v)", tc.us, tc.slot, after.Slots)
+			}
+			if after.Ios[1]-before.Ios[1] != 1 || after.Bytes[1]-before.Bytes[1] != 8192 {
+				t.Errorf("%d µs: write ios/bytes += %d/%d, want 1/8192", tc.us, after.Ios[1]-before.Ios[1], after.Bytes[1]-before.Bytes[1])
+			}
+		}
+	})
+}
+
+// TestProgOffCPUSplit seeds a switch-out stamp for tid 0 (what the bogus task pointers
+// read as) and checks that wakeup closes the blocked part and switch-in the runnable part.
+func TestProgOffCPUSplit(t *testing.T) {
+	p := loadedProbes(t)
+	for _, tc := range []struct {
+		name   string
+		reason uint32
+		check  func(s strapThreadStats) uint64
+	}{
+		{"sleep", 1, func(s strapThreadStats) uint64 { return s.SleepNs }},
+		{"io", 2, func(s strapThreadStats) uint64 { return s.IoNs }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_ = p.objs.ThreadStatsMap.Delete(uint32(0))
+			const blocked = 200e6
+			if err := p.objs.OffcpuStarts.Put(uint32(0), strapOffcpuStart{Ts: monoNow(t) - blocked, Reason: tc.reason, Tgid: 42}); err != nil {
+				t.Fatal(err)
+			}
+			run(t, p.objs.SchedWakeup, 0xffff000000001000)
+			var st strapOffcpuStart
+			if err := p.objs.OffcpuStarts.Lookup(uint32(0), &st); err != nil || st.Reason != 0 {
+				t.Fatalf("after wakeup: stamp %+v, err %v; want reason runnable", st, err)
+			}
+			run(t, p.objs.SchedSwitch, 0, 0xffff000000002000, 0xffff000000001000, 0)
+			var ts strapThreadStats
+			if err := p.objs.ThreadStatsMap.Lookup(uint32(0), &ts); err != nil {
+				t.Fatal(err)
+			}
+			if got := tc.check(ts); got < blocked || got > blocked+50e6 {
+				t.Errorf("%s ns = %d, want about %d", tc.name, got, uint64(blocked))
+			}
+			if ts.Tgid != 42 || ts.RunnableNs == 0 || ts.RunnableNs > 50e6 {
+				t.Errorf("thread stats %+v: want tgid 42 and a small runnable time", ts)
+			}
+			if err := p.objs.OffcpuStarts.Lookup(uint32(0), &st); !errors.Is(err, ebpf.ErrKeyNotExist) {
+				t.Errorf("stamp left after switch-in: %+v %v", st, err)
+			}
+		})
+	}
+}
+
+// TestProgFilter runs the page-fault and syscall-entry programs in the test's own
+// context (prog.Run executes them as the calling thread): only a watched tgid counts.
+func TestProgFilter(t *testing.T) {
+	p := loadedProbes(t)
+	runtime.LockOSThread() // the pending entry is keyed by this thread's id
+	defer runtime.UnlockOSThread()
+	self := uint32(os.Getpid())
+	faults := func() uint64 {
+		var ps strapProcStats
+		_ = p.objs.ProcStatsMap.Lookup(self, &ps)
+		return ps.PageFaults
+	}
+	run(t, p.objs.PageFaultUser, 0x1000, 0, 6)
+	if got := faults(); got != 0 {
+		t.Fatalf("unwatched process counted %d faults", got)
+	}
+	if err := p.watch(self); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		run(t, p.objs.PageFaultUser, 0x1000, 0, 6)
+	}
+	if got := faults(); got != 3 {
+		t.Fatalf("watched process: %d faults, want 3", got)
+	}
+
+	pending := func() int { return mapLen[uint32, strapPendingSyscall](t, p.objs.PendingSyscalls) }
+	run(t, p.objs.SysEnter, 0, 39) // getpid: not a model-loading syscall
+	if got := pending(); got != 0 {
+		t.Fatalf("getpid left %d pending entries", got)
+	}
+	for _, nr := range []uint64{9, 149, 150, 325, 257} {
+		run(t, p.objs.SysEnter, 0, nr)
+	}
+	if got := pending(); got != 1 { // one per thread, the last syscall wins
+		t.Fatalf("pending entries = %d, want 1", got)
+	}
+	var ps strapPendingSyscall
+	if err := p.objs.PendingSyscalls.Lookup(uint32(unix.Gettid()), &ps); err != nil || ps.Nr != 257 {
+		t.Fatalf("pending for this thread = %+v (%v), want nr 257", ps, err)
+	}
+	if err := p.unwatch(self); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.objs.PendingSyscalls.Delete(uint32(unix.Gettid()))
+	run(t, p.objs.SysEnter, 0, 9)
+	if got := pending(); got != 0 {
+		t.Fatalf("unwatched process left %d pending entries", got)
+	}
+}
