@@ -119,9 +119,12 @@ class FakeStrapd:
         write_delay: seconds slept per TENSOR record before release (slow disk).
     """
 
-    def __init__(self, path: str, write_delay: float = 0.0) -> None:
+    def __init__(self, path: str, write_delay: float = 0.0, die_after_packets: Optional[int] = None,
+                 error_after_packets: Optional[int] = None) -> None:
         self.path = path
         self.write_delay = write_delay
+        self.die_after_packets = die_after_packets
+        self.error_after_packets = error_after_packets
         self.errors: List[str] = []
         self.sessions: List[Dict[str, Any]] = []
         self.lsock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -252,6 +255,14 @@ class FakeStrapd:
                              tensor_len=r["tensor_len"], flags=r["flags"])
                     sess["packets"] += 1
                     bytes_in += r["payload_len"]
+                    if sess["packets"] == self.die_after_packets:
+                        sess["status"] = "died"
+                        return  # closes the connection without a word, like a crashed daemon
+                    if sess["packets"] == self.error_after_packets:
+                        self._send(c, P.ERROR, {"code": "write_failed", "message": "ENOSPC", "fatal": True})
+                        w.finish("error", sess["packets"], sess["drops"], "ENOSPC")
+                        sess["status"] = "error"
+                        return
                     tail += r["record_len"]
                 assert tail == head
                 assert body["seq"] == expect - 1, (body, expect)
@@ -272,3 +283,4 @@ class FakeStrapd:
                 return
             else:
                 raise AssertionError(f"unexpected message {mt}")
+
