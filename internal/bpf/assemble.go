@@ -65,19 +65,14 @@ func (c *Collector) Snapshot() Snapshot {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()
-	s := Snapshot{
-		Sessions: sessions, LatencyHistogram: []DeviceHistogram{}, Inflight: []DeviceCount{}, BlockIO: []DeviceIO{},
-		OffCPUNs: map[string]uint64{}, OffCPU: map[string]OffCPU{}, PageFaults: map[string]uint64{},
-		PageFaultsDetail: map[string]PageFaults{}, Syscalls: map[string]Syscalls{}, DeviceOpens: []DeviceOpen{},
-		Sched: map[string]Sched{}, Collectors: map[string]string{}, BPFStats: []ProgStats{}, Drops: map[string]uint64{},
-	}
+	s := newSnapshot()
+	s.Sessions = sessions
 	s.stamp(now, now.Sub(c.last))
 	c.last = now
 	for _, name := range collectorOrder {
 		s.Collectors[name] = c.status[name].Source
 	}
 	if c.closed {
-		s.Watched = []int{}
 		return s
 	}
 
@@ -343,3 +338,14 @@ func sortProgs(p []ProgStats) {
 
 // ne is the host byte order of the probes' records (the object is built little-endian).
 var ne = binary.LittleEndian
+
+// newSnapshot returns a Snapshot whose lists and maps are empty rather than nil, so every
+// line has [] / {} where there is nothing to report.
+func newSnapshot() Snapshot {
+	return Snapshot{
+		Sessions: []Session{}, Watched: []int{}, LatencyHistogram: []DeviceHistogram{}, Inflight: []DeviceCount{},
+		BlockIO: []DeviceIO{}, OffCPUNs: map[string]uint64{}, OffCPU: map[string]OffCPU{}, PageFaults: map[string]uint64{},
+		PageFaultsDetail: map[string]PageFaults{}, Syscalls: map[string]Syscalls{}, DeviceOpens: []DeviceOpen{},
+		Sched: map[string]Sched{}, Collectors: map[string]string{}, BPFStats: []ProgStats{}, Drops: map[string]uint64{},
+	}
+}
