@@ -182,6 +182,7 @@ def test_drop_policy_counts_drops(llama, sockdir, tmp_path):
                     llama(**ids(24, i))
         s = fw.summary
         assert s["drops"] > 0 and s["packets"] + s["drops"] == 36
+        assert fw.stats["drops"] == s["drops"] and sum(v["count"] for v in fw.stats["drops_by_module"].values()) == s["drops"]
         a = analyze_activations(out)
         assert a["drops"]["count"] == s["drops"] and a["packets"] == s["packets"]
         assert sum(v["count"] for v in a["drops"]["by_module"].values()) == s["drops"]

@@ -146,6 +146,7 @@ class InstrumentationFramework:
         self.summary: Optional[Dict[str, Any]] = None
         self.plan = config.transport_plan()
         self._session: Optional[CaptureSession] = None
+        self._last_session: Optional[CaptureSession] = None
         self._handles: List[Any] = []
         self._forward = 0
         self._step = 0
@@ -254,6 +255,7 @@ class InstrumentationFramework:
                 self.summary = {}
         finally:
             session.shutdown()
+            self._last_session = session
             self._session = None
         return self.summary
 
@@ -281,7 +283,7 @@ class InstrumentationFramework:
     @property
     def stats(self) -> Dict[str, Any]:
         """Client-side counters: packets written, drops, bytes copied into the ring."""
-        s = self._session
+        s = self._session or self._last_session
         if s is None:
             return {"packets": 0, "drops": 0, "drop_bytes": 0, "bytes_in": 0}
         return {"packets": s.packets, "drops": s.drops, "drop_bytes": s.drop_bytes,

@@ -1,0 +1,105 @@
+"""Socket path resolution, binary discovery and autostart (PROTOCOL.md 1)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_gpt2
+
+from llm_instrumentation import StrapdConnectionError, capture_activations, open_stream
+from llm_instrumentation import _daemon as D
+from llm_instrumentation import _protocol as P
+
+FAKE_SCRIPT = Path(__file__).with_name("fake_strapd_bin.py")
+
+
+@pytest.fixture
+def fake_bin(tmp_path):
+    """An executable 'strapd' that runs the fake daemon with this interpreter."""
+    b = tmp_path / "strapd"
+    b.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE_SCRIPT} \"$@\"\n")
+    b.chmod(0o755)
+    return str(b)
+
+
+@pytest.mark.parametrize("explicit,env,xdg,want", [
+    ("/x/a.sock", {"STRAPD_SOCKET": "/y/b.sock"}, "/run/user/1", "/x/a.sock"),
+    (None, {"STRAPD_SOCKET": "/y/b.sock"}, "/run/user/1", "/y/b.sock"),
+    (None, {}, "/run/user/1", "/run/user/1/strapd/strapd.sock"),
+    (None, {}, None, f"/tmp/strapd-{os.getuid()}/strapd.sock"),
+])
+def test_resolve_socket_path(monkeypatch, explicit, env, xdg, want):
+    monkeypatch.delenv("STRAPD_SOCKET", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    if xdg:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", xdg)
+    monkeypatch.setattr(D, "ROOT_SOCKET", "/nonexistent/strapd.sock")
+    assert D.resolve_socket_path(explicit) == want
+
+
+def test_root_socket_preferred_when_present(monkeypatch, tmp_path):
+    root = tmp_path / "root.sock"
+    root.touch()
+    monkeypatch.delenv("STRAPD_SOCKET", raising=False)
+    monkeypatch.setattr(D, "ROOT_SOCKET", str(root))
+    assert D.resolve_socket_path() == str(root)
+
+
+def test_find_binary_env(monkeypatch, tmp_path, fake_bin):
+    monkeypatch.setenv("STRAPD_BIN", fake_bin)
+    assert D.find_strapd_binary() == fake_bin
+    monkeypatch.setenv("STRAPD_BIN", str(tmp_path / "missing"))
+    assert D.find_strapd_binary() is None
+
+
+def test_no_daemon_no_autostart(sockdir):
+    with pytest.raises(StrapdConnectionError, match="no strapd answers"):
+        D.connect(os.path.join(sockdir, "none.sock"), autostart=False)
+
+
+def test_autostart_failure_has_log_tail(monkeypatch, sockdir, fake_bin):
+    monkeypatch.setenv("STRAPD_BIN", fake_bin)
+    monkeypatch.setenv("FAKE_STRAPD_MODE", "--fail")
+    with pytest.raises(StrapdConnectionError, match="permission denied"):
+        D.connect(os.path.join(sockdir, "sub", "s.sock"), autostart=True, timeout=10)
+    assert oct(os.stat(os.path.join(sockdir, "sub")).st_mode & 0o777) == "0o700"
+
+
+def test_autostart_then_capture(monkeypatch, sockdir, tmp_path, capsys, fake_bin):
+    monkeypatch.setenv("STRAPD_BIN", fake_bin)
+    monkeypatch.delenv("FAKE_STRAPD_MODE", raising=False)
+    path = os.path.join(sockdir, "auto", "strapd.sock")
+    m = tiny_gpt2()
+    pid = None
+    try:
+        with torch.no_grad():
+            with capture_activations(m, preset="balanced", output_path=tmp_path / "a.strap", socket_path=path) as fw:
+                m(input_ids=torch.tensor([[1, 2, 3]]))
+        assert "started strapd" in capsys.readouterr().err
+        assert os.path.exists(os.path.join(sockdir, "auto", "strapd.log"))
+        conn = P.Connection.connect(path)
+        pid = P.handshake(conn, "t", os.getpid())["pid"]
+        conn.close()
+        with open_stream(tmp_path / "a.strap") as r:
+            assert len(r.tensors()) == fw.summary["packets"] > 0
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+                time.sleep(0.05)
