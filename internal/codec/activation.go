@@ -117,13 +117,15 @@ func (r ErrorReport) Exceeds() bool {
 // --- plane frames -----------------------------------------------------------------------
 
 // A plane frame is a standard zstd frame (single segment, content size set, no checksum),
-// so any zstd decoder reads it. At level ≤ 1 its blocks hold only Huffman-coded literals
+// so any zstd decoder reads it. At level 0 its blocks hold only Huffman-coded literals
 // (huff0, no match search): the entropy of a byte plane at ~1 GB/s instead of a match
 // finder that finds nothing in float data.
 
 const (
 	zstdMagic     = 0xFD2FB528
 	literalsChunk = 128 << 10 // zstd's maximum block size
+	// maxPlane bounds what the plane decoder will allocate for one frame.
+	maxPlane = 1 << 30
 )
 
 var huffPool = sync.Pool{New: func() any { return &huff0.Scratch{} }}
@@ -142,7 +144,7 @@ func zstdEncoder(l zstd.EncoderLevel) (*zstd.Encoder, error) {
 		return e, nil
 	}
 	e, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(l), zstd.WithEncoderConcurrency(1),
-		zstd.WithEncoderCRC(false), zstd.WithZeroFrames(true))
+		zstd.WithEncoderCRC(false), zstd.WithZeroFrames(true), zstd.WithSingleSegment(true))
 	if err != nil {
 		return nil, fmt.Errorf("zstd encoder: %w", err)
 	}
@@ -155,7 +157,8 @@ func zstdDecoder() (*zstd.Decoder, error) {
 	defer zdecMu.Unlock()
 	if zdec == nil {
 		d, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(0),
-			zstd.WithDecoderMaxMemory(1<<31), zstd.IgnoreChecksum(true))
+			zstd.WithDecoderMaxMemory(maxPlane), zstd.WithDecoderMaxWindow(maxPlane),
+			zstd.WithDecodeAllCapLimit(true), zstd.IgnoreChecksum(true))
 		if err != nil {
 			return nil, fmt.Errorf("zstd decoder: %w", err)
 		}
@@ -164,10 +167,10 @@ func zstdDecoder() (*zstd.Decoder, error) {
 	return zdec, nil
 }
 
-// appendPlane appends the plane frame of p. level ≤ 1: literal-only frame; 2–4: klauspost
-// zstd at SpeedDefault, SpeedBetterCompression, SpeedBestCompression.
+// appendPlane appends the plane frame of p. Level 0: literal-only frame (huff0); 1–4:
+// klauspost zstd at SpeedFastest, SpeedDefault, SpeedBetterCompression, SpeedBestCompression.
 func appendPlane(dst, p []byte, level int) ([]byte, error) {
-	if level >= 2 {
+	if level >= 1 {
 		e, err := zstdEncoder(zstd.EncoderLevel(level))
 		if err != nil {
 			return nil, err
@@ -257,30 +260,30 @@ func literalsHeader(compLen, regen int, single bool) []byte {
 	}
 }
 
-// decodePlane appends the n bytes of the plane frame f to dst. The frame must declare
-// exactly n bytes of content, so corrupt input cannot make the decoder allocate more.
-func decodePlane(dst, f []byte, n int) ([]byte, error) {
+// decodePlane decodes the plane frame f into out, which must have length exactly the
+// plane's size. The frame must declare that size, and the decoder may not write past
+// cap(out) (WithDecodeAllCapLimit), so corrupt input cannot make it allocate or loop more.
+func decodePlane(out, f []byte) error {
+	n := len(out)
 	var h zstd.Header
 	if err := h.Decode(f); err != nil {
-		return nil, fmt.Errorf("plane frame: %w: %w", ErrCorrupt, err)
+		return fmt.Errorf("plane frame: %w: %w", ErrCorrupt, err)
 	}
 	if !h.HasFCS || h.FrameContentSize != uint64(n) {
-		return nil, fmt.Errorf("plane frame declares %d bytes, want %d: %w", h.FrameContentSize, n, ErrCorrupt)
+		return fmt.Errorf("plane frame declares %d bytes, want %d: %w", h.FrameContentSize, n, ErrCorrupt)
 	}
 	d, err := zstdDecoder()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	start := len(dst)
-	dst = grow(dst, n)[:start]
-	out, err := d.DecodeAll(f, dst)
+	got, err := d.DecodeAll(f, out[:0:n])
 	if err != nil {
-		return nil, fmt.Errorf("plane frame: %w: %w", ErrCorrupt, err)
+		return fmt.Errorf("plane frame: %w: %w", ErrCorrupt, err)
 	}
-	if len(out)-start != n {
-		return nil, fmt.Errorf("plane frame gave %d bytes, want %d: %w", len(out)-start, n, ErrCorrupt)
+	if len(got) != n || (n > 0 && &got[0] != &out[0]) {
+		return fmt.Errorf("plane frame gave %d bytes, want %d: %w", len(got), n, ErrCorrupt)
 	}
-	return out, nil
+	return nil
 }
 
 func grow(b []byte, n int) []byte {
@@ -314,13 +317,13 @@ func readPlanes(src []byte, k, n int) (planes, rest []byte, err error) {
 		return nil, nil, fmt.Errorf("plane table: %w", ErrCorrupt)
 	}
 	off := 4 * k
-	planes = make([]byte, 0, k*n)
+	planes = make([]byte, k*n)
 	for j := range k {
 		fl := int(binary.LittleEndian.Uint32(src[4*j:]))
 		if fl > len(src)-off {
 			return nil, nil, fmt.Errorf("plane %d overruns block: %w", j, ErrCorrupt)
 		}
-		if planes, err = decodePlane(planes, src[off:off+fl], n); err != nil {
+		if err = decodePlane(planes[j*n:(j+1)*n], src[off:off+fl]); err != nil {
 			return nil, nil, fmt.Errorf("plane %d: %w", j, err)
 		}
 		off += fl

@@ -214,6 +214,7 @@ func TestActivationLosslessRoundTrip(t *testing.T) {
 		o    Options
 	}{
 		{"shuffle", Options{}},
+		{"shuffle", Options{Level: 1}},
 		{"shuffle", Options{Level: 3}},
 	}
 	for _, cc := range codecs {

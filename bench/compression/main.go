@@ -1,0 +1,474 @@
+// Command compression benchmarks every codec on activation corpora and prints the table of
+// docs/COMPRESSION.md: ratio versus raw bytes, max-abs and relative-L2 error, and compress /
+// decompress MB/s on one core, for each codec × corpus × dtype (float32, bfloat16, float16).
+//
+//	.venv/bin/python bench/compression/gen_corpus.py --out /tmp/strap-corpus
+//	go run ./bench/compression -corpus /tmp/strap-corpus
+package main
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/klauspost/compress/fse"
+
+	"github.com/strap-llm/strap/internal/codec"
+	"github.com/strap-llm/strap/internal/dtype"
+)
+
+func main() { os.Exit(run()) }
+
+type variant struct {
+	label string
+	name  string // registry name; "" for a bench-only variant
+	opts  codec.Options
+}
+
+func variants() []variant {
+	rel := func(v float64) *codec.LossyBound { return &codec.LossyBound{Mode: "rel", Value: v} }
+	return []variant{
+		{"lz4", "lz4", codec.Options{}},
+		{"zstd-fastest", "zstd", codec.Options{Level: 1}},
+		{"shuffle (huff0)", "shuffle", codec.Options{}},
+		{"shuffle+zstd1", "shuffle", codec.Options{Level: 1}},
+		{"shuffle+zstd3", "shuffle", codec.Options{Level: 3}},
+		{"shuffle+fse*", "", codec.Options{}},
+		{"fp16", "fp16", codec.Options{}},
+		{"quant rel 1e-3", "quant", codec.Options{Lossy: rel(1e-3)}},
+		{"quant rel 1e-3 zstd3", "quant", codec.Options{Level: 3, Lossy: rel(1e-3)}},
+		{"quant abs 1e-3", "quant", codec.Options{Lossy: &codec.LossyBound{Mode: "abs", Value: 1e-3}}},
+	}
+}
+
+type tensor struct {
+	name string
+	f32  []float32
+}
+
+type row struct {
+	variant, corpus, dt          string
+	raw, stored                  int
+	maxAbs, sse, ss              float64
+	encDur, decDur               time.Duration
+	lossless, blocks, exceptions int
+}
+
+func run() int {
+	corpusDir := flag.String("corpus", "", "directory written by gen_corpus.py (minilm/, llama/); empty: N(0,1) only")
+	blockSize := flag.Int("block", 1<<20, "block size in bytes")
+	maxMB := flag.Int("max-mb", 32, "MiB of float32 per corpus to use")
+	normalMB := flag.Int("normal-mb", 16, "MiB of float32 N(0,1)")
+	only := flag.String("codecs", "", "comma-separated labels to run (default all)")
+	dump := flag.String("dump", "", "write the stored blocks of the first corpus×float32 here (for py_decode.py)")
+	flag.Parse()
+	runtime.GOMAXPROCS(1) // per-core figures
+
+	corpora := map[string][]tensor{"normal": normal(*normalMB << 20)}
+	order := []string{}
+	if *corpusDir != "" {
+		for _, c := range []string{"minilm", "llama"} {
+			ts, err := load(filepath.Join(*corpusDir, c), *maxMB<<20)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "corpus %s: %v\n", c, err)
+				return 1
+			}
+			corpora[c] = ts
+			order = append(order, c)
+		}
+	}
+	order = append(order, "normal")
+	fmt.Printf("block %d KiB, GOMAXPROCS 1, %s/%s\n\n", *blockSize>>10, runtime.GOOS, runtime.GOARCH)
+	fmt.Printf("| codec | corpus | dtype | ratio | max-abs err | rel-L2 err | compress MB/s | decompress MB/s | lossless blocks |\n")
+	fmt.Printf("|---|---|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, v := range variants() {
+		if *only != "" && !strings.Contains(","+*only+",", ","+v.label+",") {
+			continue
+		}
+		for _, cname := range order {
+			for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16, dtype.Float16} {
+				var dumpDir string
+				if *dump != "" && cname == order[0] && dt == dtype.Float32 {
+					dumpDir = *dump
+				}
+				r, err := bench(v, cname, corpora[cname], dt, *blockSize, dumpDir)
+				if errors.Is(err, codec.ErrUnknownCodec) {
+					continue
+				}
+				if err != nil {
+					fmt.Fprintf(os.Stderr, "%s %s %s: %v\n", v.label, cname, dt, err)
+					return 1
+				}
+				rel := 0.0
+				if r.ss > 0 {
+					rel = math.Sqrt(r.sse / r.ss)
+				}
+				dec := fmt.Sprintf("%.0f", mbps(r.raw, r.decDur))
+				if r.decDur == 0 {
+					dec = "–"
+				}
+				fmt.Printf("| %s | %s | %s | %.3f | %.3g | %.3g | %.0f | %s | %d/%d |\n", v.label, cname, dt,
+					float64(r.raw)/float64(r.stored), r.maxAbs, rel, mbps(r.raw, r.encDur), dec, r.lossless, r.blocks)
+			}
+		}
+	}
+	return 0
+}
+
+func mbps(n int, d time.Duration) float64 { return float64(n) / 1e6 / d.Seconds() }
+
+func normal(bytes int) []tensor {
+	r := rand.New(rand.NewPCG(1, 2))
+	var ts []tensor
+	for left := bytes / 4; left > 0; left -= 1 << 20 {
+		v := make([]float32, min(left, 1<<20))
+		for i := range v {
+			v[i] = float32(r.NormFloat64())
+		}
+		ts = append(ts, tensor{name: "normal", f32: v})
+	}
+	return ts
+}
+
+func load(dir string, budget int) ([]tensor, error) {
+	j, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	if err != nil {
+		return nil, fmt.Errorf("manifest: %w", err)
+	}
+	var m []struct {
+		File, Name string
+	}
+	if err := json.Unmarshal(j, &m); err != nil {
+		return nil, fmt.Errorf("manifest: %w", err)
+	}
+	var ts []tensor
+	for _, e := range m {
+		b, err := os.ReadFile(filepath.Join(dir, e.File))
+		if err != nil {
+			return nil, fmt.Errorf("tensor: %w", err)
+		}
+		if budget -= len(b); budget < 0 {
+			break
+		}
+		v := make([]float32, len(b)/4)
+		for i := range v {
+			v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+		}
+		ts = append(ts, tensor{name: e.Name, f32: v})
+	}
+	return ts, nil
+}
+
+// encodeAs stores float32 values as dt (round to nearest even; fp16 overflow gives inf,
+// which the codecs then carry exactly).
+func encodeAs(v []float32, dt dtype.DType) []byte {
+	switch dt {
+	case dtype.Float32:
+		b := make([]byte, 4*len(v))
+		for i, x := range v {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+		}
+		return b
+	case dtype.BFloat16:
+		b := make([]byte, 2*len(v))
+		for i, x := range v {
+			u := math.Float32bits(x)
+			binary.LittleEndian.PutUint16(b[2*i:], uint16((u+0x7fff+(u>>16)&1)>>16))
+		}
+		return b
+	case dtype.Float16:
+		b := make([]byte, 2*len(v))
+		for i, x := range v {
+			binary.LittleEndian.PutUint16(b[2*i:], f32ToF16(x))
+		}
+		return b
+	}
+	panic("dtype")
+}
+
+func bench(v variant, cname string, ts []tensor, dt dtype.DType, bs int, dumpDir string) (row, error) {
+	r := row{variant: v.label, corpus: cname, dt: dt.String()}
+	var c codec.Codec
+	if v.name != "" {
+		var err error
+		if c, err = codec.New(v.name, v.opts); err != nil {
+			return r, err
+		}
+	}
+	type blk struct {
+		stored []byte
+		raw    []byte
+	}
+	var dumpEntries []map[string]any
+	for ti, t := range ts {
+		src := encodeAs(t.f32, dt)
+		tc := c
+		start := time.Now()
+		if tp, ok := c.(codec.TensorPreparer); ok {
+			var err error
+			if tc, err = tp.ForTensor(src, dt); err != nil {
+				return r, err
+			}
+		}
+		var blocks []blk
+		for off := 0; off < len(src); off += bs {
+			b := src[off:min(off+bs, len(src))]
+			var (
+				out []byte
+				ok  bool
+				st  codec.BlockStats
+				err error
+			)
+			switch se := tc.(type) {
+			case nil:
+				out, ok = fseShuffle(b, dt)
+			case codec.StatsEncoder:
+				out, ok, st, err = se.EncodeStats(nil, b, dt)
+			default:
+				out, ok, err = tc.Encode(nil, b, dt)
+			}
+			if err != nil {
+				return r, fmt.Errorf("encode: %w", err)
+			}
+			if !ok {
+				out = nil
+			}
+			if st.Lossless {
+				r.lossless++
+			}
+			blocks = append(blocks, blk{out, b})
+		}
+		r.encDur += time.Since(start)
+		r.blocks += len(blocks)
+		var dec []byte
+		start = time.Now()
+		for _, b := range blocks {
+			switch {
+			case b.stored == nil:
+				dec = append(dec, b.raw...)
+			case c == nil:
+				var err error
+				if dec, err = fseUnshuffle(dec, b.stored, dt, len(b.raw)); err != nil {
+					return r, err
+				}
+			default:
+				var err error
+				if dec, err = c.Decode(dec, b.stored, dt, len(b.raw)); err != nil {
+					return r, fmt.Errorf("decode: %w", err)
+				}
+			}
+		}
+		r.decDur += time.Since(start)
+		for _, b := range blocks {
+			r.raw += len(b.raw)
+			if b.stored == nil {
+				r.stored += len(b.raw)
+			} else {
+				r.stored += len(b.stored)
+			}
+		}
+		errStats(&r, src, dec, dt)
+		if dumpDir != "" && c != nil {
+			for bi, b := range blocks {
+				if b.stored == nil || len(dumpEntries) >= 24 {
+					continue
+				}
+				d := filepath.Join(dumpDir, sanitize(v.label))
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					return r, err
+				}
+				f := fmt.Sprintf("%d_%d.stored", ti, bi)
+				if err := os.WriteFile(filepath.Join(d, f), b.stored, 0o644); err != nil {
+					return r, err
+				}
+				dumpEntries = append(dumpEntries, map[string]any{"file": f, "codec_id": int(c.ID()), "dtype": dt.String(), "raw_len": len(b.raw)})
+			}
+		}
+	}
+	if dumpEntries != nil {
+		j, _ := json.MarshalIndent(dumpEntries, "", " ")
+		if err := os.WriteFile(filepath.Join(dumpDir, sanitize(v.label), "manifest.json"), j, 0o644); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+func sanitize(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == ' ' || r == '(' || r == ')' || r == '+' {
+			return '_'
+		}
+		return r
+	}, s)
+}
+
+func errStats(r *row, src, dec []byte, dt dtype.DType) {
+	w := dt.Size()
+	for i := range len(src) / w {
+		x, y := load1(src, dt, i), load1(dec, dt, i)
+		if math.IsInf(x, 0) || math.IsNaN(x) {
+			continue
+		}
+		e := math.Abs(x - y)
+		r.maxAbs = max(r.maxAbs, e)
+		r.sse += e * e
+		r.ss += x * x
+	}
+}
+
+func load1(b []byte, dt dtype.DType, i int) float64 {
+	switch dt {
+	case dtype.Float32:
+		return float64(math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])))
+	case dtype.BFloat16:
+		return float64(math.Float32frombits(uint32(binary.LittleEndian.Uint16(b[2*i:])) << 16))
+	}
+	return float64(f16ToF32(binary.LittleEndian.Uint16(b[2*i:])))
+}
+
+// --- bench-only: byte planes entropy-coded with FSE (klauspost/compress/fse). ---
+// Not a stored format: Python has no fast FSE decoder outside zstd, which uses FSE only for
+// sequences. It is here to show what FSE would gain over Huffman on the same planes.
+
+func fseShuffle(b []byte, dt dtype.DType) ([]byte, bool) {
+	w := dt.Size()
+	n := len(b) / w
+	var out []byte
+	var s fse.Scratch
+	for j := range w {
+		p := make([]byte, n)
+		for i := range n {
+			v := rot(b, dt, i)
+			p[i] = byte(v >> (8 * j))
+		}
+		c, err := fse.Compress(p, &s)
+		switch {
+		case err == nil:
+			out = binary.LittleEndian.AppendUint32(out, uint32(len(c)))
+			out = append(out, c...)
+		case errors.Is(err, fse.ErrUseRLE):
+			out = binary.LittleEndian.AppendUint32(out, 1<<31|1)
+			out = append(out, p[0])
+		default:
+			out = binary.LittleEndian.AppendUint32(out, 1<<30|uint32(len(p)))
+			out = append(out, p...)
+		}
+	}
+	return out, len(out) < len(b)
+}
+
+func rot(b []byte, dt dtype.DType, i int) uint32 {
+	if dt.Size() == 4 {
+		u := binary.LittleEndian.Uint32(b[4*i:])
+		return u<<1 | u>>31
+	}
+	u := uint32(binary.LittleEndian.Uint16(b[2*i:]))
+	return (u<<1 | u>>15) & 0xffff
+}
+
+func fseUnshuffle(dst, s []byte, dt dtype.DType, rawLen int) ([]byte, error) {
+	w := dt.Size()
+	n := rawLen / w
+	planes := make([][]byte, w)
+	var sc fse.Scratch
+	for j := range w {
+		h := binary.LittleEndian.Uint32(s)
+		s = s[4:]
+		switch {
+		case h&(1<<31) != 0:
+			p := make([]byte, n)
+			for i := range p {
+				p[i] = s[0]
+			}
+			planes[j], s = p, s[1:]
+		case h&(1<<30) != 0:
+			planes[j], s = s[:n], s[n:]
+		default:
+			p, err := fse.Decompress(s[:h], &sc)
+			if err != nil {
+				return nil, err
+			}
+			planes[j], s = append([]byte(nil), p...), s[h:]
+		}
+	}
+	for i := range n {
+		var v uint32
+		for j := range w {
+			v |= uint32(planes[j][i]) << (8 * j)
+		}
+		if w == 4 {
+			v = v>>1 | v<<31
+			dst = binary.LittleEndian.AppendUint32(dst, v)
+		} else {
+			v = (v>>1 | v<<15) & 0xffff
+			dst = binary.LittleEndian.AppendUint16(dst, uint16(v))
+		}
+	}
+	return dst, nil
+}
+
+// f32ToF16 and f16ToF32 mirror internal/codec (unexported there).
+func f32ToF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	sign := uint16(b>>16) & 0x8000
+	exp := int32(b>>23) & 0xff
+	man := b & 0x7fffff
+	if exp == 0xff {
+		if man != 0 {
+			return sign | 0x7e00
+		}
+		return sign | 0x7c00
+	}
+	e := exp - 127 + 15
+	if e >= 0x1f {
+		return sign | 0x7c00
+	}
+	if e <= 0 {
+		if e < -10 {
+			return sign
+		}
+		m := man | 0x800000
+		s := uint32(14 - e)
+		h := m >> s
+		rem, half := m&(1<<s-1), uint32(1)<<(s-1)
+		if rem > half || (rem == half && h&1 == 1) {
+			h++
+		}
+		return sign | uint16(h)
+	}
+	h := uint32(e)<<10 | man>>13
+	rem := man & 0x1fff
+	if rem > 0x1000 || (rem == 0x1000 && h&1 == 1) {
+		h++
+	}
+	return sign | uint16(h)
+}
+
+func f16ToF32(h uint16) float64 {
+	sign := 1.0
+	if h&0x8000 != 0 {
+		sign = -1
+	}
+	exp := int(h>>10) & 0x1f
+	man := float64(h & 0x3ff)
+	switch exp {
+	case 0x1f:
+		if man != 0 {
+			return math.NaN()
+		}
+		return sign * math.Inf(1)
+	case 0:
+		return sign * man * math.Ldexp(1, -24)
+	}
+	return sign * (1 + man/1024) * math.Ldexp(1, exp-15)
+}
