@@ -297,3 +297,51 @@ def test_stream_golden(path):
     a = analyze_activations(path)
     assert a["end_status"] == (exp["end"]["status"] if exp["end"] else "missing")
     assert a["tensors"] == len(exp["tensors"])
+
+
+def test_index_entry_must_match_packet(tmp_path):
+    p = write_stream(tmp_path / "i.strap", [("a", torch.ones(4), None), ("b", torch.ones(2), None)])
+    data = bytearray(p.read_bytes())
+    idx_off = struct.unpack_from("<Q", data, len(data) - 16)[0]
+    hl = struct.unpack_from("<I", data, idx_off + 8)[0]
+    pay = idx_off + hl
+    n_names = struct.unpack_from("<I", data, pay)[0]
+    q = pay + 4
+    for _ in range(n_names):
+        q += 2 + struct.unpack_from("<H", data, q)[0]
+    first_entry = q + 8
+    struct.pack_into("<Q", data, first_entry + 8, 99)  # seq of entry 0
+    _fix_crc(data, idx_off)
+    p.write_bytes(bytes(data))
+    with open_stream(p) as r:
+        with pytest.raises(StreamFormatError, match="INDEX entry disagrees"):
+            list(r)
+
+
+@pytest.mark.parametrize("name", ["none_basic.strap", "lz4_mixed.strap", "zstd_mixed.strap"])
+def test_mutations_give_clear_errors(tmp_path, name):
+    """Deterministic fuzzing: any single-byte change either reads or raises StreamFormatError."""
+    src = STREAM_DIR / name
+    if not src.exists():
+        pytest.skip("golden stream missing")
+    import random
+
+    base = src.read_bytes()
+    rnd = random.Random(1234)
+    p = tmp_path / "m.strap"
+    outcomes = {"ok": 0, "error": 0}
+    for _ in range(150):
+        data = bytearray(base)
+        i = rnd.randrange(len(data))
+        data[i] ^= 1 << rnd.randrange(8)
+        p.write_bytes(bytes(data))
+        try:
+            with open_stream(p) as r:
+                for t in r:
+                    t.raw()
+                list(r.packets(include_index=True))
+            outcomes["ok"] += 1
+        except StreamFormatError as e:
+            assert "offset" in str(e)
+            outcomes["error"] += 1
+    assert outcomes["error"] > 100  # CRCs catch nearly every flip

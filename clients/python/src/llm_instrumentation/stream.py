@@ -227,9 +227,7 @@ class StreamReader:
         self.indexed = False
         try:
             self._read_header()
-            self._offsets = self._load_index()
-            if self._offsets is None:
-                self._offsets = None  # scan lazily
+            self._offsets = self._load_index()  # None: no footer, scan instead
         except BaseException:
             self.close()
             raise
@@ -432,9 +430,10 @@ class StreamReader:
         Each is CRC-checked as it is read.
         """
         if self._offsets is not None:
-            for off in self._offsets:
-                pk = self._parse(off)
+            for entry in self._index_entries:
+                pk = self._parse(entry[6])
                 assert pk is not None
+                self._check_entry(pk, entry)
                 yield pk
             # END sits between the last entry and the INDEX; walk there.
             off = pk.end if self._offsets else self.first_packet
@@ -476,12 +475,18 @@ class StreamReader:
             if pk.part_offset + pk.raw_len == pk.tensor_len:
                 yield Tensor(pending.pop(pk.name))
 
+    def _check_entry(self, pk: Packet, entry: Tuple[str, int, int, int, int, int, int]) -> None:
+        name, typ, fl, seq, step, fwd, off = entry
+        if (pk.name, pk.type, pk.flags, pk.seq, pk.step, pk.forward) != (name, typ, fl, seq, step, fwd):
+            raise StreamFormatError(f"{self.path}: INDEX entry disagrees with the packet it points at", off)
+
     def _packet_source(self, name: Optional[str]) -> Iterator[Packet]:
         if name is not None and self._offsets is not None:
-            for (n, typ, _fl, _seq, _st, _fw, off) in self._index_entries:
-                if n == name and typ == TENSOR:
-                    pk = self._parse(off)
+            for entry in self._index_entries:
+                if entry[0] == name and entry[1] == TENSOR:
+                    pk = self._parse(entry[6])
                     assert pk is not None
+                    self._check_entry(pk, entry)
                     yield pk
             return
         yield from self.packets()
