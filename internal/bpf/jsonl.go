@@ -134,12 +134,11 @@ func (w *Writer) Write(s Snapshot) error {
 	if w.closed {
 		return ErrClosed
 	}
-	b, err := json.Marshal(s)
+	b, err := jsonLine(s)
 	if err != nil {
-		return fmt.Errorf("encode snapshot: %w", err)
+		return err
 	}
 	w.buf = append(w.buf, b...)
-	w.buf = append(w.buf, '\n')
 	w.pending++
 	if w.pending >= max(w.opts.FlushEvery, 1) {
 		return w.Flush()
@@ -205,4 +204,13 @@ func ReadSnapshots(r io.Reader) ([]Snapshot, error) {
 		}
 		out = append(out, s)
 	}
+}
+
+// jsonLine encodes s as one trace line with its newline.
+func jsonLine(s Snapshot) ([]byte, error) {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return nil, fmt.Errorf("encode snapshot: %w", err)
+	}
+	return append(b, '\n'), nil
 }

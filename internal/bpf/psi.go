@@ -1,11 +1,13 @@
 package bpf
 
 import (
+	"errors"
 	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 )
 
 // PSIValues is one line of /proc/pressure/<resource>: the share of wall time (percent)
@@ -112,8 +114,8 @@ func ReadPSI(dir string) (map[string]PSIResource, error) {
 	out := make(map[string]PSIResource, len(PSIResources))
 	for _, res := range PSIResources {
 		b, err := os.ReadFile(filepath.Join(dir, res))
-		if os.IsNotExist(err) {
-			continue
+		if os.IsNotExist(err) || errors.Is(err, syscall.EOPNOTSUPP) {
+			continue // resource absent, or PSI compiled in but disabled (psi=0)
 		}
 		if err != nil {
 			return out, fmt.Errorf("read pressure %s: %w", res, err)

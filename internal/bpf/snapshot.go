@@ -206,3 +206,14 @@ func (s *Snapshot) stamp(end time.Time, interval time.Duration) {
 	s.ISOTimestamp = end.UTC().Format("2006-01-02T15:04:05.000000Z07:00")
 	s.IntervalS = interval.Seconds()
 }
+
+// StatsMissing reports whether the snapshot has no BPF run statistics although probes
+// ran (kernel.bpf_stats_enabled could not be turned on).
+func (s *Snapshot) StatsMissing() bool {
+	for _, p := range s.BPFStats {
+		if p.TotalEvents > 0 && p.TotalRunTimeNs > 0 {
+			return false
+		}
+	}
+	return true
+}
