@@ -1,8 +1,8 @@
 package bpf
 
 import (
-	"errors"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
