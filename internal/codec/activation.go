@@ -370,6 +370,15 @@ func f32ToF16(f float32) uint16 {
 	return sign | uint16(h)
 }
 
+// f16Table widens every fp16 bit pattern (256 KiB, built once at init).
+var f16Table = func() *[1 << 16]float32 {
+	var t [1 << 16]float32
+	for h := range t {
+		t[h] = f16ToF32(uint16(h))
+	}
+	return &t
+}()
+
 // f16ToF32 widens exactly.
 func f16ToF32(h uint16) float32 {
 	sign := uint32(h&0x8000) << 16
@@ -423,9 +432,20 @@ func quantizable(dt dtype.DType) bool {
 	return false
 }
 
-// blockRMSNorm returns the element count and sum of squares of the finite values of src.
+// sumSquares returns the element count and sum of squares of the finite values of src.
 func sumSquares(src []byte, dt dtype.DType) (n int, ss float64) {
 	cnt := len(src) / dt.Size()
+	if dt == dtype.Float32 {
+		src = src[:4*cnt]
+		for i := range cnt {
+			x := float64(math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:])))
+			if x-x == 0 { // finite
+				ss += x * x
+				n++
+			}
+		}
+		return n, ss
+	}
 	for i := range cnt {
 		x := loadFloat(src, dt, i)
 		if !math.IsInf(x, 0) && !math.IsNaN(x) {

@@ -141,6 +141,10 @@ func (c *quantCodec) quantize(t *quantTry, src []byte, dt dtype.DType, q float64
 	inv := 1 / q
 	abs := c.bound.Mode == "abs"
 	t.exc, t.maxZZ, t.sse, t.max = t.exc[:0], 0, 0, 0
+	if dt == dtype.Float32 {
+		quantizeF32(t, src, q, abs, c.bound.Value)
+		return
+	}
 	for i := range t.zz {
 		x := loadFloat(src, dt, i)
 		r := math.Floor(x*inv + 0.5)
@@ -162,6 +166,37 @@ func (c *quantCodec) quantize(t *quantTry, src []byte, dt dtype.DType, q float64
 		t.sse += e * e
 		t.max = max(t.max, e)
 	}
+}
+
+// quantizeF32 is quantize for float32, the common case, without per-element dtype switches.
+func quantizeF32(t *quantTry, src []byte, q float64, abs bool, bound float64) {
+	inv := 1 / q
+	zz := t.zz
+	src = src[:4*len(zz)]
+	var sse, mx float64
+	var maxZZ uint32
+	for i := range zz {
+		x := float64(math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:])))
+		r := math.Floor(x*inv + 0.5)
+		if !(math.Abs(r) < quantLimit) {
+			zz[i] = 0
+			t.exc = append(t.exc, uint32(i))
+			continue
+		}
+		k := int32(r)
+		e := math.Abs(x - float64(float32(float64(k)*q)))
+		if abs && !(e <= bound) {
+			zz[i] = 0
+			t.exc = append(t.exc, uint32(i))
+			continue
+		}
+		z := uint32(k<<1) ^ uint32(k>>31)
+		zz[i] = z
+		maxZZ = max(maxZZ, z)
+		sse += e * e
+		mx = max(mx, e)
+	}
+	t.sse, t.max, t.maxZZ = sse, mx, maxZZ
 }
 
 // dequant is the decoded value of quantized integer k at step q in dtype dt, exactly as
@@ -293,13 +328,29 @@ func decodeQuant(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error) {
 	start := len(dst)
 	dst = grow(dst, rawLen)
 	out := dst[start:]
-	for i := range n {
-		var z uint32
-		for j := range b {
-			z |= uint32(planes[j*n+i]) << (8 * j)
+	if dt == dtype.Float32 && b <= 2 {
+		p0, p1 := planes[:n], planes[:n]
+		if b == 2 {
+			p1 = planes[n : 2*n]
 		}
-		k := int32(z>>1) ^ -int32(z&1)
-		storeFloat(out, dt, i, dequant(k, q, dt))
+		out := out[:4*n]
+		for i := range n {
+			z := uint32(p0[i])
+			if b == 2 {
+				z |= uint32(p1[i]) << 8
+			}
+			k := int32(z>>1) ^ -int32(z&1)
+			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(float32(float64(k)*q)))
+		}
+	} else {
+		for i := range n {
+			var z uint32
+			for j := range b {
+				z |= uint32(planes[j*n+i]) << (8 * j)
+			}
+			k := int32(z>>1) ^ -int32(z&1)
+			storeFloat(out, dt, i, dequant(k, q, dt))
+		}
 	}
 	prev := -1
 	for e := range nexc {
@@ -352,23 +403,15 @@ func (c *fp16Codec) EncodeStats(dst, src []byte, dt dtype.DType) ([]byte, bool, 
 	n := len(src) / w
 	half := make([]byte, 2*n)
 	st := BlockStats{Values: n}
-	for i := range n {
-		x := loadFloat(src, dt, i)
-		if math.IsNaN(x) {
-			return encodeLossless(dst, src, dt, c.level) // keep NaN payloads exact
-		}
-		h := f32ToF16(float32(x))
-		y := float64(f16ToF32(h))
-		if math.IsInf(y, 0) && !math.IsInf(x, 0) {
-			return encodeLossless(dst, src, dt, c.level) // beyond fp16's range: never inf
-		}
-		binary.LittleEndian.PutUint16(half[2*i:], h)
-		if !math.IsInf(x, 0) {
-			e := math.Abs(x - y)
-			st.SumSq += x * x
-			st.SumSqErr += e * e
-			st.MaxAbs = max(st.MaxAbs, e)
-		}
+	var ok bool
+	if dt == dtype.Float32 {
+		ok = downcastF32(half, src, &st)
+	} else {
+		ok = downcastF64(half, src, &st)
+	}
+	if !ok {
+		// NaN (kept exact) or a finite value beyond fp16's range (never inf): lossless.
+		return encodeLossless(dst, src, dt, c.level)
 	}
 	if c.relL2 > 0 && st.SumSqErr > c.relL2*c.relL2*st.SumSq {
 		return encodeLossless(dst, src, dt, c.level)
@@ -381,6 +424,59 @@ func (c *fp16Codec) EncodeStats(dst, src []byte, dt dtype.DType) ([]byte, bool, 
 		return dst, false, BlockStats{Values: n, SumSq: st.SumSq, Lossless: true}, nil
 	}
 	return out, true, st, nil
+}
+
+// downcastF32 writes the fp16 of each float32 of src into half and accumulates the error;
+// false when the block has a NaN or a finite value that fp16 cannot hold.
+func downcastF32(half, src []byte, st *BlockStats) bool {
+	n := len(half) / 2
+	src = src[:4*n]
+	var ss, sse, mx float64
+	for i := range n {
+		u := binary.LittleEndian.Uint32(src[4*i:])
+		if u&0x7f800000 == 0x7f800000 {
+			if u&0x7fffff != 0 {
+				return false
+			}
+			binary.LittleEndian.PutUint16(half[2*i:], uint16(u>>16)&0x8000|0x7c00)
+			continue
+		}
+		f := math.Float32frombits(u)
+		h := f32ToF16(f)
+		if h&0x7c00 == 0x7c00 {
+			return false
+		}
+		binary.LittleEndian.PutUint16(half[2*i:], h)
+		x := float64(f)
+		e := x - float64(f16Table[h])
+		ss += x * x
+		sse += e * e
+		mx = max(mx, math.Abs(e))
+	}
+	st.SumSq, st.SumSqErr, st.MaxAbs = ss, sse, mx
+	return true
+}
+
+func downcastF64(half, src []byte, st *BlockStats) bool {
+	for i := range len(half) / 2 {
+		x := loadFloat(src, dtype.Float64, i)
+		if math.IsNaN(x) {
+			return false
+		}
+		h := f32ToF16(float32(x))
+		y := float64(f16Table[h])
+		if math.IsInf(y, 0) && !math.IsInf(x, 0) {
+			return false
+		}
+		binary.LittleEndian.PutUint16(half[2*i:], h)
+		if !math.IsInf(x, 0) {
+			e := math.Abs(x - y)
+			st.SumSq += x * x
+			st.SumSqErr += e * e
+			st.MaxAbs = max(st.MaxAbs, e)
+		}
+	}
+	return true
 }
 
 func (c *fp16Codec) Decode(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error) {
@@ -415,7 +511,7 @@ func decodeFP16(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error) {
 	dst = grow(dst, rawLen)
 	out := dst[start:]
 	for i := range n {
-		f := f16ToF32(binary.LittleEndian.Uint16(half[2*i:]))
+		f := f16Table[binary.LittleEndian.Uint16(half[2*i:])]
 		if dt == dtype.Float32 {
 			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(f))
 		} else {

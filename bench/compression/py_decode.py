@@ -1,0 +1,38 @@
+"""Time the Python decoder (llm_instrumentation._activation_codecs) on blocks the Go
+benchmark dumped, and check it agrees bit for bit with the Go decoder's output.
+
+    go run ./bench/compression -corpus /tmp/strap-corpus -dump /tmp/strap-dump
+    PYTHONPATH=clients/python/src .venv/bin/python bench/compression/py_decode.py /tmp/strap-dump
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from llm_instrumentation._activation_codecs import decode_block
+
+
+def main() -> None:
+    root = Path(sys.argv[1])
+    print("| codec | blocks | MiB | Python decode MB/s (1 thread) |")
+    print("|---|---:|---:|---:|")
+    for d in sorted(p for p in root.iterdir() if (p / "manifest.json").exists()):
+        entries = json.loads((d / "manifest.json").read_text())
+        blocks = [((d / e["file"]).read_bytes(), e) for e in entries]
+        raw = sum(e["raw_len"] for _, e in blocks)
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            for data, e in blocks:
+                out = decode_block(e["codec_id"], data, e["dtype"], e["raw_len"])
+                assert hashlib.sha256(out).hexdigest() == e["go_sha256"], e["file"]
+            best = min(best, time.perf_counter() - t)
+        print(f"| {d.name} | {len(blocks)} | {raw / 2**20:.1f} | {raw / 1e6 / best:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
