@@ -12,8 +12,13 @@ import (
 // RawBit marks a block-table entry whose block is stored uncompressed.
 const RawBit = 1 << 31
 
-// parallelDecodeMin is the payload size from which DecodePayload spreads blocks over cores.
-const parallelDecodeMin = 4 << 20
+const (
+	// parallelDecodeMin is the payload size from which DecodePayload spreads blocks over cores.
+	parallelDecodeMin = 4 << 20
+	// maxUpfrontRatio is the raw/stored ratio up to which DecodePayload trusts raw_len
+	// enough to allocate it before decoding.
+	maxUpfrontRatio = 64
+)
 
 // TableEntry is one parsed block-table entry.
 type TableEntry struct {
@@ -167,6 +172,27 @@ func DecodePayload(c Codec, dt dtype.DType, payload []byte, rawLen, blockSize in
 			}
 		}
 	}
+	workers := min(runtime.GOMAXPROCS(0), len(entries))
+	// A payload claiming more than an honest ratio is decoded one block after another into
+	// a buffer that grows with the bytes really produced, so a lie costs no allocation.
+	if rawLen > maxUpfrontRatio*len(payload) || rawLen < parallelDecodeMin || workers < 2 {
+		out := make([]byte, 0, min(rawLen, maxUpfrontRatio*len(payload)))
+		for i, e := range entries {
+			src := payload[e.Off : e.Off+e.Stored]
+			if e.Raw {
+				out = append(out, src...)
+				continue
+			}
+			l := len(out)
+			if out, err = c.Decode(out, src, dt, e.RawLen); err != nil {
+				return nil, fmt.Errorf("%s: block %d: %w", c.Name(), i, err)
+			}
+			if len(out)-l != e.RawLen {
+				return nil, fmt.Errorf("%s: block %d decoded to %d bytes, want %d: %w", c.Name(), i, len(out)-l, e.RawLen, ErrCorrupt)
+			}
+		}
+		return out, nil
+	}
 	out := make([]byte, rawLen)
 	decodeOne := func(i int) error {
 		e := entries[i]
@@ -183,19 +209,10 @@ func DecodePayload(c Codec, dt dtype.DType, payload []byte, rawLen, blockSize in
 		if len(got) != e.RawLen {
 			return fmt.Errorf("%s: block %d decoded to %d bytes, want %d: %w", c.Name(), i, len(got), e.RawLen, ErrCorrupt)
 		}
-		if e.RawLen > 0 && &got[0] != &region[0] {
+		if &got[0] != &region[0] {
 			copy(region, got) // a codec that could not decode in place
 		}
 		return nil
-	}
-	workers := min(runtime.GOMAXPROCS(0), len(entries))
-	if rawLen < parallelDecodeMin || workers < 2 {
-		for i := range entries {
-			if err := decodeOne(i); err != nil {
-				return nil, err
-			}
-		}
-		return out, nil
 	}
 	var (
 		wg       sync.WaitGroup

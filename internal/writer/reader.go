@@ -103,9 +103,22 @@ func NewReader(r io.ReaderAt, size int64) (*Reader, error) {
 	if err := json.Unmarshal(fh.MetaRaw, &fh.Meta); err != nil || fh.Meta == nil {
 		return nil, atOffset(FileHeaderLen, "metadata is not a JSON object: %w", ErrCorrupt)
 	}
+	if le.Uint32(h[20:]) != 0 {
+		return nil, atOffset(20, "file header reserved field %#x: %w", le.Uint32(h[20:]), ErrCorrupt)
+	}
 	fh.DataOffset = align8(FileHeaderLen + metaLen)
 	if fh.DataOffset > size {
 		return nil, atOffset(FileHeaderLen+metaLen, "header padding: %w", ErrTruncated)
+	}
+	// Neither the reserved field nor the padding is under the CRC: require zeros, so no
+	// byte of the file escapes a check.
+	var pad [8]byte
+	padLen := fh.DataOffset - FileHeaderLen - metaLen
+	if _, err := r.ReadAt(pad[:padLen], FileHeaderLen+metaLen); err != nil {
+		return nil, atOffset(FileHeaderLen+metaLen, "read header padding: %w", err)
+	}
+	if pad != [8]byte{} {
+		return nil, atOffset(FileHeaderLen+metaLen, "header padding not zero: %w", ErrCorrupt)
 	}
 	return &Reader{r: r, size: size, header: fh, codecs: map[codec.ID]codec.Codec{}}, nil
 }

@@ -1,0 +1,64 @@
+package writer
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// FuzzReader treats arbitrary bytes as a stream file: every walk must end in a clean stop
+// or an error naming an offset, never a panic, a hang or an allocation beyond the input.
+// Seeds: the golden streams in testdata/stream.
+func FuzzReader(f *testing.F) {
+	seeds, _ := filepath.Glob(filepath.Join(goldenDir, "*.strap"))
+	for _, p := range seeds {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte(FileMagic))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		size := int64(len(data))
+		rep := Verify(bytes.NewReader(data), size)
+		r, err := NewReader(bytes.NewReader(data), size)
+		if err != nil {
+			var oe *OffsetError
+			if !errors.As(err, &oe) {
+				t.Fatalf("reader error without offset: %v", err)
+			}
+			if rep.OK {
+				t.Fatal("verify OK on a file the reader rejects")
+			}
+			return
+		}
+		ts := r.Tensors()
+		n := 0
+		for ts.Next() {
+			tn := ts.Tensor()
+			if want, ok := tensorBytes(tn.Shape, tn.DType.Size()); !ok || want != uint64(len(tn.Data)) {
+				t.Fatalf("tensor %q: %d bytes for shape %v", tn.Name, len(tn.Data), tn.Shape)
+			}
+			n++
+		}
+		if err := ts.Err(); err != nil {
+			var oe *OffsetError
+			if !errors.As(err, &oe) || oe.Offset < 0 || oe.Offset > size {
+				t.Fatalf("tensor walk error without a valid offset: %v", err)
+			}
+			if rep.OK {
+				t.Fatalf("verify OK but tensor walk failed: %v", err)
+			}
+		}
+		if rep.OK && uint64(n) > rep.Tensors {
+			t.Fatalf("%d tensors from %d TENSOR packets", n, rep.Tensors)
+		}
+		_, _, _ = r.Entries()
+		if _, err := Inspect(bytes.NewReader(data), size); err != nil {
+			t.Fatalf("inspect failed after NewReader succeeded: %v", err)
+		}
+	})
+}
