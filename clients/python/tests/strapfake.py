@@ -34,7 +34,7 @@ def encode_blocks(codec: str, raw: bytes, block_size: int, level: int = 0) -> by
         if codec == "lz4":
             c = lz4.block.compress(b, store_size=False)
         else:
-            c = zstandard.ZstdCompressor(level=level or 3, write_content_size=True).compress(b)
+            c = zstandard.ZstdCompressor(level={0: 1, 1: 1, 2: 3, 3: 7, 4: 19}[level], write_content_size=True).compress(b)
         if len(c) >= len(b):
             sizes.append(len(b) | 0x80000000)
             out.append(b)

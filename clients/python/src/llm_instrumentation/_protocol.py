@@ -120,10 +120,37 @@ class Connection:
             raise
         return cls(s, path)
 
-    def _dead(self, what: str, err: Optional[BaseException] = None) -> StrapdConnectionError:
+    def _dead(self, what: str, err: Optional[BaseException] = None) -> Exception:
+        """The exception for a broken connection: the daemon's last ERROR when it sent one
+        before closing (it usually does), else StrapdConnectionError."""
         self.closed = True
+        last = self._salvage_error()
+        if last is not None:
+            return last
         detail = f": {err}" if err else ""
         return StrapdConnectionError(f"strapd connection {self.path or ''} {what}{detail}")
+
+    def _salvage_error(self) -> Optional[StrapdProtocolError]:
+        # A peer that closes with our messages unread makes the next recv fail with
+        # ECONNRESET once (the socket error is cleared by reading it); messages it sent
+        # before closing are still queued behind that.
+        found = None
+        for _ in range(256):
+            try:
+                data = self.sock.recv(MAX_MESSAGE + 1, socket.MSG_DONTWAIT)
+            except ConnectionResetError:
+                continue
+            except OSError:
+                break
+            if not data:
+                break
+            try:
+                _, mtype, body = decode_message(data)
+            except StrapdProtocolError:
+                break
+            if mtype == ERROR:
+                found = error_from_body(body)
+        return found
 
     def send(self, msg_type: int, body: Optional[Dict[str, Any]] = None, fds: Sequence[int] = ()) -> None:
         """Send one message (with ``fds`` as SCM_RIGHTS when given)."""

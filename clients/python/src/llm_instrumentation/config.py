@@ -24,8 +24,10 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 #: Codecs strapd accepts today. Activation codecs (byte-shuffle, lossy) come later.
 SUPPORTED_CODECS: Tuple[str, ...] = ("none", "lz4", "zstd")
-#: Valid ``compression_level`` range per codec (0 = the codec's default).
-CODEC_LEVELS: Dict[str, Tuple[int, int]] = {"none": (0, 0), "lz4": (0, 12), "zstd": (0, 22)}
+#: Valid ``compression_level`` range per codec, as strapd's codecs define them
+#: (internal/codec): lz4 0 = fast compressor, 1–9 = HC with search depth 2^(8+level);
+#: zstd 0/1 = fastest, 2 = default, 3 = better, 4 = best compression.
+CODEC_LEVELS: Dict[str, Tuple[int, int]] = {"none": (0, 0), "lz4": (0, 9), "zstd": (0, 4)}
 #: Ring-full policies.
 BACKPRESSURE_POLICIES: Tuple[str, ...] = ("block", "drop")
 
@@ -89,8 +91,8 @@ class InstrumentationConfig:
     Args:
         granularity: which modules to hook (:class:`HookGranularity` or its string value).
         compression_algorithm: ``"none"``, ``"lz4"`` or ``"zstd"``.
-        compression_level: codec level; ``None``/0 = the codec's default. lz4 0–12
-            (>0 = HC), zstd 0–22.
+        compression_level: codec level (see :data:`CODEC_LEVELS`); ``None`` = 0. lz4 0–9
+            (0 fast, 1–9 HC), zstd 0–4 (0/1 fastest, 2 default, 3 better, 4 best).
         target_throughput_gbps: the capture rate you need, or ``None`` for no target.
             It picks the block size and may lower the codec (see :meth:`transport_plan`).
         max_memory_gb: shared-memory ring size in GiB (also the daemon's per-session
@@ -194,13 +196,13 @@ class InstrumentationConfig:
 
     @classmethod
     def max(cls) -> "InstrumentationConfig":  # noqa: A003 - name from the 1.3.1 API
-        """zstd at a high level (9)."""
-        return cls(compression_algorithm="zstd", compression_level=9)
+        """zstd at a high level (3, "better compression")."""
+        return cls(compression_algorithm="zstd", compression_level=3)
 
     @classmethod
     def max_compression(cls) -> "InstrumentationConfig":
-        """zstd at its maximum level (22); lossless. Lossy codecs come later."""
-        return cls(compression_algorithm="zstd", compression_level=22)
+        """zstd at its maximum level (4, "best compression"); lossless. Lossy codecs come later."""
+        return cls(compression_algorithm="zstd", compression_level=4)
 
     @classmethod
     def attention_analysis(cls) -> "InstrumentationConfig":
@@ -297,13 +299,13 @@ class InstrumentationConfig:
                 block = 256 << 10
             ladder = [("zstd", level), ("zstd", 1), ("lz4", 0), ("none", 0)]
             if codec == "lz4":
-                ladder = [("lz4", level), ("none", 0)]
+                ladder = [("lz4", level), ("lz4", 0), ("none", 0)]
             elif codec == "none":
                 ladder = [("none", 0)]
             for c, lv in ladder:
                 per_core = CODEC_GBPS_PER_CORE[c]
-                if c != "none" and lv > 3:
-                    per_core /= 4  # high levels are far slower; a coarse, conservative factor
+                if c == "zstd" and lv >= 3 or c == "lz4" and lv >= 1:
+                    per_core /= 4  # better/best zstd and lz4 HC are far slower; coarse, conservative
                 if per_core * cores >= target or c == "none":
                     if (c, lv) != (codec, level):
                         note = (
