@@ -79,7 +79,7 @@ func (c *Collector) Snapshot() Snapshot {
 	var raw rawCounters
 	if c.probes != nil {
 		var err error
-		if raw, err = c.probes.read(); err != nil {
+		if raw, err = c.probes.read(true); err != nil {
 			c.log.Warn("read probes", zap.String("component", "bpf"), zap.Error(err))
 		}
 		opens, lost := c.probes.drainOpens(maxOpensPerInterval)
@@ -278,9 +278,11 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 			delete(c.prevCtx, pid)
 			if c.probes != nil {
 				c.probes.forgetProcess(uint32(pid))
+				delete(raw.procs, uint32(pid)) // a reused pid starts from zero
 			}
 		} else if !c.watched[pid] && len(c.cgroups) == 0 && c.probes != nil {
 			c.probes.forgetProcess(uint32(pid)) // unwatched since the last snapshot
+			delete(raw.procs, uint32(pid))
 		}
 	}
 
@@ -317,8 +319,11 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 		if c.opts.PerThread && t.RunnableNs+t.BlockedNs+t.Voluntary+t.Involuntary+t.Migrations > 0 {
 			s.Threads = append(s.Threads, t)
 		}
-		if !pidAlive(c.opts.ProcRoot, int(tid)) {
+		// Exited threads, and threads of processes no longer watched, are reported this
+		// once and then forgotten.
+		if !pidAlive(c.opts.ProcRoot, int(tid)) || (!c.watched[int(cur.tgid)] && len(c.cgroups) == 0) {
 			c.probes.forgetThread(tid)
+			delete(raw.threads, tid)
 		}
 	}
 	c.probes.sweepThreads(func(tid uint32) bool { return pidAlive(c.opts.ProcRoot, int(tid)) })

@@ -204,7 +204,7 @@ func Start(opts Options) (*Collector, error) {
 	}
 	c.last = time.Now()
 	if c.probes != nil {
-		c.prev, _ = c.probes.read()
+		c.prev, _ = c.probes.read(true)
 		for _, p := range c.prev.progs {
 			c.prevStats[p.Program] = p
 		}
@@ -310,7 +310,7 @@ func (c *Collector) Status() Status {
 		st.Collectors = append(st.Collectors, *c.status[name])
 	}
 	if c.probes != nil && !c.closed {
-		raw, err := c.probes.read()
+		raw, err := c.probes.read(false)
 		if err == nil {
 			for _, p := range raw.progs {
 				p.Events, p.RunTimeNs = p.TotalEvents, p.TotalRunTimeNs

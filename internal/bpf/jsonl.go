@@ -34,7 +34,9 @@ type Writer struct {
 }
 
 // NewWriter returns a Writer appending to w (a file, a pipe, or a client-passed fd
-// wrapped with os.NewFile). The caller keeps ownership of w; Close only flushes.
+// wrapped with os.NewFile). The caller keeps ownership of w; Close only flushes. It does
+// not repair w: call RepairFile first on a file that may hold a crashed run's tail (the
+// descriptor must be readable), or hand over a fresh file.
 func NewWriter(w io.Writer, opts WriterOptions) *Writer {
 	wr := &Writer{w: w, opts: opts}
 	if f, ok := w.(*os.File); ok {
@@ -46,7 +48,7 @@ func NewWriter(w io.Writer, opts WriterOptions) *Writer {
 // OpenFile opens (creating if needed) a trace file for appending, first truncating a torn
 // last line left by a crash. The returned Writer owns the file and closes it.
 func OpenFile(path string, opts WriterOptions) (*Writer, int64, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, 0, fmt.Errorf("open trace: %w", err)
 	}
@@ -54,10 +56,6 @@ func OpenFile(path string, opts WriterOptions) (*Writer, int64, error) {
 	if err != nil {
 		f.Close()
 		return nil, 0, err
-	}
-	if _, err := f.Seek(0, io.SeekEnd); err != nil {
-		f.Close()
-		return nil, 0, fmt.Errorf("seek trace: %w", err)
 	}
 	w := NewWriter(f, opts)
 	w.owned = true

@@ -29,15 +29,21 @@ func killWriterChild(path string) {
 		os.Stderr.WriteString(err.Error())
 		os.Exit(3)
 	}
-	s := sampleSnapshot()
-	for i := range 3000 { // ~200 KiB lines: a write(2) spans many pages, so a kill can cut it
-		s.Threads = append(s.Threads, Thread{TID: 100000 + i, PID: 4242, OffCPU: OffCPU{SleepNs: uint64(i)}})
-	}
+	s := bigSnapshot()
 	for {
 		if err := w.Write(s); err != nil {
 			os.Exit(4)
 		}
 	}
+}
+
+// bigSnapshot makes ~200 KiB lines: a write(2) spans many pages, so a kill can cut it.
+func bigSnapshot() Snapshot {
+	s := sampleSnapshot()
+	for i := range 3000 {
+		s.Threads = append(s.Threads, Thread{TID: 100000 + i, PID: 4242, OffCPU: OffCPU{SleepNs: uint64(i)}})
+	}
+	return s
 }
 
 // TestSIGKILLWholeOrAbsent kills a writer mid-stream several times, restarting it on the
@@ -50,6 +56,10 @@ func TestSIGKILLWholeOrAbsent(t *testing.T) {
 	}
 	path := filepath.Join(t.TempDir(), "trace.jsonl")
 	torn := 0
+	line, err := jsonLine(bigSnapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
 	for round := range 4 {
 		cmd := exec.Command(exe, "-test.run=^$")
 		cmd.Env = append(os.Environ(), killWriterEnv+"="+path)
@@ -63,7 +73,7 @@ func TestSIGKILLWholeOrAbsent(t *testing.T) {
 			start = st.Size()
 		}
 		for time.Now().Before(deadline) {
-			if st, err := os.Stat(path); err == nil && st.Size() > start+int64(round%2+1)*200<<10 {
+			if st, err := os.Stat(path); err == nil && st.Size() >= start+int64(round%2+2)*int64(len(line)) {
 				break
 			}
 			time.Sleep(time.Millisecond)

@@ -173,8 +173,9 @@ func (p *probes) watchCgroup(id uint64) error {
 	return p.objs.Cfg.Put(uint32(0), n)
 }
 
-// read takes the cumulative counters of every map.
-func (p *probes) read() (rawCounters, error) {
+// read takes the cumulative counters of every map; with sweep it also deletes in-flight
+// entries older than staleAfter (counted in rawCounters.stale).
+func (p *probes) read(sweep bool) (rawCounters, error) {
 	raw := rawCounters{
 		devs: map[uint32]devCounters{}, inflight: map[uint32]int64{},
 		threads: map[uint32]threadCounters{}, procs: map[uint32]procCounters{},
@@ -199,7 +200,7 @@ func (p *probes) read() (rawCounters, error) {
 	var stale []uint64
 	it = p.objs.RqStarts.Iterate()
 	for it.Next(&rk, &rv) {
-		if now > rv.Ts && now-rv.Ts > staleAfter {
+		if sweep && now > rv.Ts && now-rv.Ts > staleAfter {
 			stale = append(stale, rk)
 			continue
 		}

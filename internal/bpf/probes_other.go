@@ -7,7 +7,7 @@ type probes struct{ statsErr string }
 
 func loadProbes() (*probes, map[string]error, error) { return nil, nil, ErrUnsupported }
 
-func (p *probes) read() (rawCounters, error)            { return rawCounters{}, nil }
+func (p *probes) read(bool) (rawCounters, error)        { return rawCounters{}, nil }
 func (p *probes) drainOpens(int) ([]DeviceOpen, uint64) { return nil, 0 }
 func (p *probes) watch(uint32) error                    { return ErrUnsupported }
 func (p *probes) unwatch(uint32) error                  { return nil }
