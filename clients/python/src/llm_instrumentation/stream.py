@@ -257,6 +257,16 @@ class StreamReader:
             raise StreamFormatError(f"{self.path}: metadata is not JSON: {e}", FILE_HEADER.size) from None
         if not isinstance(meta, dict):
             raise StreamFormatError(f"{self.path}: metadata is not a JSON object", FILE_HEADER.size)
+        # Neither the reserved field nor the padding is under the CRC: require zeros (as the
+        # Go reader does) so that no byte of the header goes unchecked.
+        (reserved,) = struct.unpack_from("<I", v, 20)
+        if reserved:
+            raise StreamFormatError(f"{self.path}: file header reserved field {reserved:#x}", 20)
+        pad_end = (end + 7) // 8 * 8
+        if pad_end > self.size:
+            raise StreamFormatError(f"{self.path}: file header padding runs past the end of the file", end)
+        if any(bytes(v[end:pad_end])):
+            raise StreamFormatError(f"{self.path}: file header padding not zero", end)
         self.version = version
         self.flags = flags
         self.metadata: Dict[str, Any] = meta
@@ -303,20 +313,10 @@ class StreamReader:
             raise StreamFormatError(f"{self.path}: packet name/meta not valid UTF-8 JSON: {e}", off) from None
         if not isinstance(meta, dict):
             raise StreamFormatError(f"{self.path}: packet meta is not a JSON object", off)
-        if ptype == TENSOR:
-            if not dt:
-                raise StreamFormatError(f"{self.path}: TENSOR packet without dtype", off)
-            n = 1
-            for s in shape:
-                n *= s
-            if n * DTYPES[dt][1] != tensor_len:
-                raise StreamFormatError(
-                    f"{self.path}: shape {tuple(shape)} of {dtype_name(dt)} is not tensor_len {tensor_len} bytes", off)
-            if part_offset + raw_len > tensor_len or (not flags & FLAG_PART and raw_len != tensor_len):
-                raise StreamFormatError(
-                    f"{self.path}: part [{part_offset}, +{raw_len}) does not fit tensor_len {tensor_len}", off)
-        if codec == CODEC_NONE and ptype in (TENSOR, INDEX) and stored_len != raw_len:
-            raise StreamFormatError(f"{self.path}: codec none with stored_len {stored_len} != raw_len {raw_len}", off)
+        why = _check_fields(ptype, dt, shape, codec, flags, seq, raw_len, stored_len, part_offset, tensor_len,
+                            block_size)
+        if why:
+            raise StreamFormatError(f"{self.path}: {TYPE_NAMES[ptype]} packet: {why}", off)
         return Packet(off, ptype, dt, codec, flags, seq, step, fwd, raw_len, stored_len, part_offset,
                       tensor_len, block_size, tuple(shape), name, meta, off + header_len, self)
 
@@ -534,6 +534,52 @@ class StreamReader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+MAX_BLOCK_SIZE = 64 << 20
+
+
+def _check_fields(typ: int, dt: int, shape: Tuple[int, ...], codec: int, flags: int, seq: int, raw_len: int,
+                  stored_len: int, part_offset: int, tensor_len: int, block_size: int) -> str:
+    """The rules tying header fields together (the same set as the Go reader's
+    ``checkFields``). Returns what is wrong, or ``""``."""
+    if flags & ~FLAG_PART:
+        return f"flags {flags:#x}"
+    part = bool(flags & FLAG_PART)
+    if typ in (TENSOR, DROP):
+        if seq == 0:
+            return "seq 0"
+        if part:
+            if part_offset > tensor_len or raw_len > tensor_len - part_offset:
+                return f"part [{part_offset},+{raw_len}) outside tensor_len {tensor_len}"
+        elif part_offset != 0 or tensor_len != raw_len:
+            return f"not PART but part_offset {part_offset}, tensor_len {tensor_len}, raw_len {raw_len}"
+        if typ == TENSOR or dt:
+            if dt not in DTYPES:
+                return f"dtype {dt}"
+            n = DTYPES[dt][1]
+            for d in shape:
+                n *= d
+            if n != tensor_len:
+                return f"shape {tuple(shape)} of {DTYPES[dt][0]} is not tensor_len {tensor_len} bytes"
+        if typ == DROP and (stored_len or codec or block_size):
+            return "DROP with payload/codec"
+    else:
+        if part or raw_len != stored_len or codec or block_size or part_offset or tensor_len != raw_len:
+            return "tensor fields set"
+        if typ == TOKEN and seq == 0:
+            return "seq 0"
+        if typ != TOKEN and seq:
+            return f"seq {seq}"
+        if typ != INDEX and raw_len:
+            return "payload on a packet that has none"
+    if typ == TENSOR:
+        if codec == CODEC_NONE:
+            if block_size or stored_len != raw_len:
+                return f"codec none with block_size {block_size}, stored_len {stored_len}, raw_len {raw_len}"
+        elif not 1 <= block_size <= MAX_BLOCK_SIZE:
+            return f"block_size {block_size} not in 1..{MAX_BLOCK_SIZE}"
+    return ""
 
 
 def _decode_block(codec: int, data: bytes, dtype: str, raw_len: int) -> bytes:
