@@ -68,6 +68,12 @@ type TensorPreparer interface {
 	ForTensor(tensor []byte, dt dtype.DType) (Codec, error)
 }
 
+// LossyCodec is implemented by the lossy codecs: Bound is the bound they were built with,
+// the one to pass to Report ({Mode: "fp16"} for fp16 without a stated bound).
+type LossyCodec interface {
+	Bound() LossyBound
+}
+
 // ErrorReport is the per-packet error summary the pipeline writes under the key "lossy"
 // of a TENSOR packet's meta JSON.
 type ErrorReport struct {

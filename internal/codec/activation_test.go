@@ -310,9 +310,9 @@ func TestActivationLossyRoundTrip(t *testing.T) {
 					}
 					maxAbs, relL2 := measure(t, tensor, got, dt)
 					checkBound(t, cc.o.Lossy, maxAbs, relL2)
-					bound := LossyBound{Mode: "fp16"}
-					if cc.o.Lossy != nil {
-						bound = *cc.o.Lossy
+					bound := c.(LossyCodec).Bound()
+					if cc.o.Lossy != nil && bound != *cc.o.Lossy {
+						t.Fatalf("Bound() = %+v, built with %+v", bound, *cc.o.Lossy)
 					}
 					r := Report(bound, stats)
 					if r.Exceeds() {

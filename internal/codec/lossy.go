@@ -59,6 +59,14 @@ type quantCodec struct {
 	rms float64
 }
 
+// Bound implements LossyCodec (zero for a decode-only instance).
+func (c *quantCodec) Bound() LossyBound {
+	if c.bound == nil {
+		return LossyBound{}
+	}
+	return *c.bound
+}
+
 func (*quantCodec) ID() ID       { return Quant }
 func (*quantCodec) Name() string { return "quant" }
 
@@ -386,6 +394,9 @@ type fp16Codec struct {
 	level int
 	relL2 float64
 }
+
+// Bound implements LossyCodec.
+func (c *fp16Codec) Bound() LossyBound { return LossyBound{Mode: "fp16", Value: c.relL2} }
 
 func (*fp16Codec) ID() ID       { return FP16 }
 func (*fp16Codec) Name() string { return "fp16" }
