@@ -1,13 +1,34 @@
 package main
 
-// PLACEHOLDER: replaced by the helper that owns this command.
-
 import (
-	"errors"
+	"encoding/json"
 
 	"github.com/spf13/cobra"
+
+	"github.com/strap-llm/strap/internal/writer"
 )
 
+// newInspectCmd builds `strapd inspect FILE [--json]`: a per-module summary of a stream
+// read from packet headers alone (writer.Inspect).
 func newInspectCmd() *cobra.Command {
-	return &cobra.Command{Use: "inspect", RunE: func(*cobra.Command, []string) error { return errors.New("inspect: not built yet") }}
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "inspect FILE",
+		Short: "Summarize a capture stream per module: packets, dtype, shape, raw and stored bytes, ratio",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sum, err := writer.InspectFile(args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(sum)
+			}
+			return sum.WriteText(cmd.OutOrStdout())
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the summary as JSON")
+	return cmd
 }

@@ -1,13 +1,58 @@
 package main
 
-// PLACEHOLDER: replaced by the helper that owns this command.
-
 import (
-	"errors"
+	"encoding/json"
+	"fmt"
 
 	"github.com/spf13/cobra"
+
+	"github.com/strap-llm/strap/internal/writer"
 )
 
+// damagedError makes `strapd verify` exit 2 for a damaged or truncated stream.
+type damagedError struct{ msg string }
+
+func (e damagedError) Error() string { return e.msg }
+
+// ExitCode is 2: the file was read, and it is not whole.
+func (damagedError) ExitCode() int { return 2 }
+
+// newVerifyCmd builds `strapd verify FILE [--json]`: every packet's CRC, sequence numbers,
+// END, INDEX and footer (writer.Verify). Exit 0 when whole, 2 when damaged or truncated,
+// 1 when the file cannot be read at all.
 func newVerifyCmd() *cobra.Command {
-	return &cobra.Command{Use: "verify", RunE: func(*cobra.Command, []string) error { return errors.New("verify: not built yet") }}
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "verify FILE",
+		Short: "Check a capture stream: every CRC, sequence numbers, END/INDEX/footer; exit 2 if damaged",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			rep, err := writer.VerifyFile(args[0])
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(rep); err != nil {
+					return err
+				}
+			} else if err := rep.WriteText(out); err != nil {
+				return err
+			}
+			if rep.OK {
+				return nil
+			}
+			switch {
+			case rep.Truncated:
+				return damagedError{fmt.Sprintf("%s: truncated at offset %d", args[0], rep.FirstBadOffset)}
+			case rep.FirstBadOffset >= 0:
+				return damagedError{fmt.Sprintf("%s: damaged at offset %d", args[0], rep.FirstBadOffset)}
+			}
+			return damagedError{fmt.Sprintf("%s: not whole: %s", args[0], rep.Problems[0])}
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	return cmd
 }

@@ -157,6 +157,7 @@ func Verify(r io.ReaderAt, size int64) Report {
 	}
 	rep.HasFooter = s.Footer()
 	if rep.HasFooter {
+		rep.ValidUntil = size
 		idx, err := rd.Footer()
 		if err != nil || idx != s.indexOff {
 			rep.IndexConsistent = false
