@@ -117,7 +117,7 @@ func (c *zstdCodec) Decode(dst, src []byte, _ dtype.DType, rawLen int) ([]byte, 
 	}
 	l := len(dst)
 	// Capacity exactly rawLen more: with WithDecodeAllCapLimit the decoder refuses to go past it.
-	buf := slices.Grow(dst, rawLen)[:l : l+rawLen]
+	buf := slices.Grow(dst, rawLen)[: l : l+rawLen]
 	out, err := c.dec.DecodeAll(src, buf)
 	if err != nil {
 		return dst, fmt.Errorf("zstd: %w: %w", ErrCorrupt, err)

@@ -25,17 +25,17 @@ const goldenDir = "../../testdata/stream"
 // goldenFile is the JSON description of one golden stream; the schema is documented in
 // testdata/stream/README.md, which the Python reader's tests follow too.
 type goldenFile struct {
-	Stream            string          `json:"stream"`
-	Size              int64           `json:"size"`
-	HeaderMeta        map[string]any  `json:"header_meta"`
-	DataOffset        int64           `json:"data_offset"`
-	Packets           []goldenPacket  `json:"packets"`
-	Tensors           []goldenTensor  `json:"tensors"`
-	IncompleteTensors int             `json:"incomplete_tensors"`
-	End               *EndMeta        `json:"end"`
-	IndexOffset       *int64          `json:"index_offset"`
-	Index             []goldenEntry   `json:"index"`
-	TruncatedAt       *int64          `json:"truncated_at"`
+	Stream            string         `json:"stream"`
+	Size              int64          `json:"size"`
+	HeaderMeta        map[string]any `json:"header_meta"`
+	DataOffset        int64          `json:"data_offset"`
+	Packets           []goldenPacket `json:"packets"`
+	Tensors           []goldenTensor `json:"tensors"`
+	IncompleteTensors int            `json:"incomplete_tensors"`
+	End               *EndMeta       `json:"end"`
+	IndexOffset       *int64         `json:"index_offset"`
+	Index             []goldenEntry  `json:"index"`
+	TruncatedAt       *int64         `json:"truncated_at"`
 }
 
 type goldenPacket struct {
@@ -100,7 +100,7 @@ type scenario struct {
 	end       EndInfo
 	// cut, when set, truncates the file: packet index and bytes into that packet.
 	cutPacket, cutInto int
-	cutFrom           string // scenario whose file is cut
+	cutFrom            string // scenario whose file is cut
 }
 
 func tensorPacket(name string, dt dtype.DType, shape []uint64, raw []byte, seq, step, fwd uint64, meta string) gpacket {

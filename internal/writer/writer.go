@@ -27,13 +27,13 @@ const (
 
 // indexEntry is one INDEX entry, kept in memory until Close.
 type indexEntry struct {
-	nameIdx  uint32
-	typ      PacketType
-	flags    uint16
-	seq      uint64
-	step     uint64
-	forward  uint64
-	offset   uint64
+	nameIdx uint32
+	typ     PacketType
+	flags   uint16
+	seq     uint64
+	step    uint64
+	forward uint64
+	offset  uint64
 }
 
 // Writer writes one v2 stream to a file it does not own. It is not safe for concurrent
