@@ -3,11 +3,8 @@ writer's golden files in testdata/stream (when present)."""
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -86,6 +86,9 @@ class CaptureSession:
     def shutdown(self) -> None:
         """Release the socket and ring (after close, or to abandon the session)."""
         self.conn.close()
+        if self._cuda is not None:
+            self._cuda.close()
+            self._cuda = None
         self.ring.close()
 
     # ----- messages ----------------------------------------------------------------------------
