@@ -93,6 +93,9 @@ struct proc_stats {
 	__u64 openat_count;
 	__u64 openat_failed;
 	__u64 nvidia_opens;
+	__u64 exited;      // 1 once the last thread exited; exit_* are then final
+	__u64 exit_min_flt; // the process's lifetime minflt/majflt as /proc/<pid>/stat showed them
+	__u64 exit_maj_flt;
 };
 
 struct pending_syscall {
@@ -449,6 +452,26 @@ int BPF_PROG(page_fault_user, unsigned long address, struct pt_regs *regs,
 	struct proc_stats *ps = proc_entry(tgid);
 	if (ps)
 		__sync_fetch_and_add(&ps->page_faults, 1);
+	return 0;
+}
+
+// When the last thread of a watched process exits, keep its lifetime fault counters:
+// /proc/<pid>/stat is gone by the time user space takes the next snapshot, and the
+// major/minor split would be lost for exactly the short-lived processes.
+SEC("raw_tp/sched_process_exit")
+int BPF_PROG(sched_process_exit, struct task_struct *p)
+{
+	__u32 tgid = BPF_CORE_READ(p, tgid);
+	if (!task_watched(p, tgid))
+		return 0;
+	if (BPF_CORE_READ(p, signal, live.counter) != 0)
+		return 0; // other threads still run; their counts reach signal_struct on exit
+	struct proc_stats *ps = proc_entry(tgid);
+	if (!ps)
+		return 0;
+	ps->exit_min_flt = BPF_CORE_READ(p, signal, min_flt) + BPF_CORE_READ(p, min_flt);
+	ps->exit_maj_flt = BPF_CORE_READ(p, signal, maj_flt) + BPF_CORE_READ(p, maj_flt);
+	ps->exited = 1;
 	return 0;
 }
 

@@ -36,6 +36,10 @@ type threadCounters struct {
 type procCounters struct {
 	pageFaults uint64
 	sys        Syscalls
+	// exited is set by the probe when the last thread exited; exitFaults are then the
+	// lifetime counters /proc would have shown.
+	exited     bool
+	exitFaults ProcFaults
 }
 
 // rawCounters is one read of the probes' cumulative maps.
@@ -232,7 +236,11 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 		key := pidKey(pid)
 		alive := pidAlive(c.opts.ProcRoot, pid)
 		var pf PageFaults
-		if f, err := readProcFaults(c.opts.ProcRoot, pid); err == nil {
+		f, err := readProcFaults(c.opts.ProcRoot, pid)
+		if pc := raw.procs[uint32(pid)]; err != nil && pc.exited {
+			f, err = pc.exitFaults, nil
+		}
+		if err == nil {
 			if prev, ok := c.prevProc[pid]; ok {
 				pf.Minor, pf.Major = sub(f.Minor, prev.Minor), sub(f.Major, prev.Major)
 			}

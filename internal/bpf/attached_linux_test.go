@@ -270,8 +270,8 @@ func TestPageFaults(t *testing.T) {
 	if got := s.PageFaults[strconv.Itoa(watched.pid)]; got < pages {
 		t.Fatalf("watched child: %d user page faults, want >= %d", got, pages)
 	}
-	if d := s.PageFaultsDetail[strconv.Itoa(watched.pid)]; d.Source != SourceBPF {
-		t.Errorf("page fault source %q, want bpf", d.Source)
+	if d := s.PageFaultsDetail[strconv.Itoa(watched.pid)]; d.Source != SourceBPF || d.Minor+d.Major < pages {
+		t.Errorf("page fault detail %+v: want source bpf and the /proc split (kept at exit) >= %d", d, pages)
 	}
 	if got, ok := s.PageFaults[strconv.Itoa(other.pid)]; ok {
 		t.Fatalf("unwatched child counted: %d faults", got)

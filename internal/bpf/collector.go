@@ -104,7 +104,7 @@ var collectorPrograms = map[string][]string{
 	CollectorBlockIO:    {"block_rq_issue", "block_rq_complete", "block_rq_requeue"},
 	CollectorOffCPU:     {"sched_switch", "sched_wakeup"},
 	CollectorSched:      {"sched_switch", "sched_migrate_task"},
-	CollectorPageFaults: {"page_fault_user"},
+	CollectorPageFaults: {"page_fault_user", "sched_process_exit"},
 	CollectorSyscalls:   {"sys_enter", "sys_exit"},
 }
 

@@ -46,6 +46,7 @@ func (p *probes) attachPoints() map[string]*ebpf.Program {
 		"page_fault_user":    p.objs.PageFaultUser,
 		"sys_enter":          p.objs.SysEnter,
 		"sys_exit":           p.objs.SysExit,
+		"sched_process_exit": p.objs.SchedProcessExit,
 	}
 }
 
@@ -233,7 +234,8 @@ func (p *probes) read(sweep bool) (rawCounters, error) {
 		raw.procs[pk] = procCounters{pageFaults: pv.PageFaults, sys: Syscalls{
 			MmapCount: pv.MmapCount, MmapBytes: pv.MmapBytes, MlockCount: pv.MlockCount, MlockBytes: pv.MlockBytes,
 			MunlockCount: pv.MunlockCount, MunlockBytes: pv.MunlockBytes, OpenatCount: pv.OpenatCount,
-			OpenatFailed: pv.OpenatFailed, NvidiaOpens: pv.NvidiaOpens}}
+			OpenatFailed: pv.OpenatFailed, NvidiaOpens: pv.NvidiaOpens},
+			exited: pv.Exited != 0, exitFaults: ProcFaults{Minor: pv.ExitMinFlt, Major: pv.ExitMajFlt}}
 	}
 	if err := it.Err(); err != nil {
 		errs = append(errs, fmt.Errorf("proc stats: %w", err))

@@ -54,6 +54,9 @@ type strapProcStats struct {
 	OpenatCount  uint64
 	OpenatFailed uint64
 	NvidiaOpens  uint64
+	Exited       uint64
+	ExitMinFlt   uint64
+	ExitMajFlt   uint64
 }
 
 type strapRqStart struct {
@@ -96,6 +99,7 @@ const (
 	strapProgBlockRqRequeue   = "block_rq_requeue"
 	strapProgPageFaultUser    = "page_fault_user"
 	strapProgSchedMigrateTask = "sched_migrate_task"
+	strapProgSchedProcessExit = "sched_process_exit"
 	strapProgSchedSwitch      = "sched_switch"
 	strapProgSchedWakeup      = "sched_wakeup"
 	strapProgSysEnter         = "sys_enter"
@@ -155,6 +159,7 @@ type strapProgramSpecs struct {
 	BlockRqRequeue   *ebpf.ProgramSpec `ebpf:"block_rq_requeue"`
 	PageFaultUser    *ebpf.ProgramSpec `ebpf:"page_fault_user"`
 	SchedMigrateTask *ebpf.ProgramSpec `ebpf:"sched_migrate_task"`
+	SchedProcessExit *ebpf.ProgramSpec `ebpf:"sched_process_exit"`
 	SchedSwitch      *ebpf.ProgramSpec `ebpf:"sched_switch"`
 	SchedWakeup      *ebpf.ProgramSpec `ebpf:"sched_wakeup"`
 	SysEnter         *ebpf.ProgramSpec `ebpf:"sys_enter"`
@@ -260,6 +265,7 @@ type strapPrograms struct {
 	BlockRqRequeue   *ebpf.Program `ebpf:"block_rq_requeue"`
 	PageFaultUser    *ebpf.Program `ebpf:"page_fault_user"`
 	SchedMigrateTask *ebpf.Program `ebpf:"sched_migrate_task"`
+	SchedProcessExit *ebpf.Program `ebpf:"sched_process_exit"`
 	SchedSwitch      *ebpf.Program `ebpf:"sched_switch"`
 	SchedWakeup      *ebpf.Program `ebpf:"sched_wakeup"`
 	SysEnter         *ebpf.Program `ebpf:"sys_enter"`
@@ -273,6 +279,7 @@ func (p *strapPrograms) Close() error {
 		p.BlockRqRequeue,
 		p.PageFaultUser,
 		p.SchedMigrateTask,
+		p.SchedProcessExit,
 		p.SchedSwitch,
 		p.SchedWakeup,
 		p.SysEnter,
