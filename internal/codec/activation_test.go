@@ -722,3 +722,51 @@ func BenchmarkActivation(b *testing.B) {
 		})
 	}
 }
+
+// TestRealActivations guards ratio and bound on a committed sample of real activations
+// (all-MiniLM-L6-v2 layer 0: 110592 attention-output values, then 131072 GELU values;
+// written by bench/compression/gen_corpus.py). The full table is in docs/COMPRESSION.md.
+func TestRealActivations(t *testing.T) {
+	raw := read(t, "testdata/activation/minilm_sample.f32")
+	parts := map[string][]byte{"attention": raw[:4*110592], "gelu": raw[4*110592:]}
+	tests := []struct {
+		name     string
+		codec    string
+		o        Options
+		minRatio float64
+	}{
+		{"shuffle", "shuffle", Options{}, 1.18},
+		{"fp16", "fp16", Options{}, 2.3},
+		{"quant-rel1e-3", "quant", Options{Lossy: &LossyBound{Mode: "rel", Value: 1e-3}}, 3.2},
+		{"quant-abs1e-3", "quant", Options{Lossy: &LossyBound{Mode: "abs", Value: 1e-3}}, 3.0},
+	}
+	for _, tt := range tests {
+		for pname, src := range parts {
+			t.Run(tt.name+"/"+pname, func(t *testing.T) {
+				c := mustNew(t, tt.codec, tt.o)
+				blocks, stats := encodeTensor(t, c, src, dtype.Float32, 1<<18)
+				got := decodeTensor(t, c, blocks, src, dtype.Float32, 1<<18)
+				stored := 0
+				for i, b := range blocks {
+					if b == nil {
+						b = src[i<<18 : min((i+1)<<18, len(src))]
+					}
+					stored += len(b)
+				}
+				ratio := float64(len(src)) / float64(stored)
+				maxAbs, relL2 := measure(t, src, got, dtype.Float32)
+				t.Logf("ratio %.3f, max-abs %.3g, rel-L2 %.3g", ratio, maxAbs, relL2)
+				checkBound(t, tt.o.Lossy, maxAbs, relL2)
+				if lc, ok := c.(LossyCodec); ok && Report(lc.Bound(), stats).Exceeds() {
+					t.Fatal("report exceeds bound")
+				}
+				if tt.o.Lossy == nil && tt.codec == "shuffle" && !bytes.Equal(got, src) {
+					t.Fatal("lossless round trip changed bytes")
+				}
+				if ratio < tt.minRatio {
+					t.Fatalf("ratio %.3f < %.2f", ratio, tt.minRatio)
+				}
+			})
+		}
+	}
+}
