@@ -19,6 +19,9 @@ func TestMain(m *testing.M) {
 	if path := os.Getenv(killWriterEnv); path != "" {
 		killWriterChild(path) // never returns
 	}
+	if os.Getenv(unprivEnv) != "" {
+		unprivChild() // never returns
+	}
 	os.Exit(m.Run())
 }
 

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -54,11 +55,14 @@ func (p *probes) attachPoints() map[string]*ebpf.Program {
 // error means nothing loaded (no CAP_BPF, no BTF…); otherwise failed names the programs
 // that would not attach.
 func loadProbes() (*probes, map[string]error, error) {
-	if err := rlimit.RemoveMemlock(); err != nil {
-		return nil, nil, fmt.Errorf("remove memlock rlimit: %w", err)
-	}
+	// Only kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; where raising it fails
+	// (no CAP_SYS_RESOURCE) the load below reports the real problem.
+	memlockErr := rlimit.RemoveMemlock()
 	p := &probes{done: make(chan struct{})}
 	if err := p.load(); err != nil {
+		if memlockErr != nil && !errors.Is(err, unix.EPERM) {
+			err = fmt.Errorf("%w (and raising RLIMIT_MEMLOCK failed: %v)", err, memlockErr)
+		}
 		return nil, nil, err
 	}
 	failed := map[string]error{}
@@ -97,7 +101,7 @@ func (p *probes) load() error {
 			return fmt.Errorf("load bpf programs: %w", err)
 		}
 		if errors.Is(err, unix.EPERM) {
-			return fmt.Errorf("load bpf programs (needs CAP_BPF and CAP_PERFMON): %w", err)
+			return fmt.Errorf("load bpf programs: needs CAP_BPF and CAP_PERFMON (uid %d has not): %w", os.Geteuid(), err)
 		}
 		return fmt.Errorf("load bpf programs: %w", err)
 	}
