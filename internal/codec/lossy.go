@@ -149,8 +149,12 @@ func (c *quantCodec) quantize(t *quantTry, src []byte, dt dtype.DType, q float64
 	inv := 1 / q
 	abs := c.bound.Mode == "abs"
 	t.exc, t.maxZZ, t.sse, t.max = t.exc[:0], 0, 0, 0
-	if dt == dtype.Float32 {
+	switch dt {
+	case dtype.Float32:
 		quantizeF32(t, src, q, abs, c.bound.Value)
+		return
+	case dtype.Float16, dtype.BFloat16:
+		quantize16(t, src, q, abs, c.bound.Value, dt == dtype.BFloat16)
 		return
 	}
 	for i := range t.zz {
@@ -193,6 +197,50 @@ func quantizeF32(t *quantTry, src []byte, q float64, abs bool, bound float64) {
 		}
 		k := int32(r)
 		e := math.Abs(x - float64(float32(float64(k)*q)))
+		if abs && !(e <= bound) {
+			zz[i] = 0
+			t.exc = append(t.exc, uint32(i))
+			continue
+		}
+		z := uint32(k<<1) ^ uint32(k>>31)
+		zz[i] = z
+		maxZZ = max(maxZZ, z)
+		sse += e * e
+		mx = max(mx, e)
+	}
+	t.sse, t.max, t.maxZZ = sse, mx, maxZZ
+}
+
+// quantize16 is quantize for float16 and bfloat16.
+func quantize16(t *quantTry, src []byte, q float64, abs bool, bound float64, bf bool) {
+	inv := 1 / q
+	zz := t.zz
+	src = src[:2*len(zz)]
+	var sse, mx float64
+	var maxZZ uint32
+	for i := range zz {
+		h := binary.LittleEndian.Uint16(src[2*i:])
+		var x float64
+		if bf {
+			x = float64(bf16ToF32(h))
+		} else {
+			x = float64(f16Table[h])
+		}
+		r := math.Floor(x*inv + 0.5)
+		if !(math.Abs(r) < quantLimit) {
+			zz[i] = 0
+			t.exc = append(t.exc, uint32(i))
+			continue
+		}
+		k := int32(r)
+		f := float32(float64(k) * q)
+		var y float64
+		if bf {
+			y = float64(bf16ToF32(f32ToBF16(f)))
+		} else {
+			y = float64(f16Table[f32ToF16(f)])
+		}
+		e := math.Abs(x - y)
 		if abs && !(e <= bound) {
 			zz[i] = 0
 			t.exc = append(t.exc, uint32(i))
@@ -349,6 +397,21 @@ func decodeQuant(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error) {
 			}
 			k := int32(z>>1) ^ -int32(z&1)
 			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(float32(float64(k)*q)))
+		}
+	} else if dt == dtype.Float16 || dt == dtype.BFloat16 {
+		bf := dt == dtype.BFloat16
+		for i := range n {
+			var z uint32
+			for j := range b {
+				z |= uint32(planes[j*n+i]) << (8 * j)
+			}
+			k := int32(z>>1) ^ -int32(z&1)
+			f := float32(float64(k) * q)
+			if bf {
+				binary.LittleEndian.PutUint16(out[2*i:], f32ToBF16(f))
+			} else {
+				binary.LittleEndian.PutUint16(out[2*i:], f32ToF16(f))
+			}
 		}
 	} else {
 		for i := range n {
