@@ -1,0 +1,128 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// ErrBudget: a session's ring (plus its guaranteed buffer) does not fit in the memory limit.
+var ErrBudget = errors.New("memory budget exceeded")
+
+// Budget is the daemon's one memory limit. It counts every ring mapping for the life of its
+// session and every compression buffer while it is in flight. Each session also reserves,
+// at open, enough for the buffers of its largest possible record (a packet is written only
+// once all its blocks are compressed, because its header carries the stored length and
+// CRC): so a session can always make progress even when other sessions hold the rest of
+// the budget, and in-flight buffers wait for budget instead of exceeding it.
+type Budget struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	limit int64
+	used  int64
+}
+
+// NewBudget creates a budget of limit bytes (limit <= 0: unlimited).
+func NewBudget(limit int64) *Budget {
+	b := &Budget{limit: limit}
+	b.cond = sync.NewCond(&b.mu)
+	return b
+}
+
+// Limit is the configured limit in bytes (<= 0: unlimited).
+func (b *Budget) Limit() int64 { return b.limit }
+
+// Used is the bytes counted now.
+func (b *Budget) Used() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used
+}
+
+func (b *Budget) fits(n int64) bool { return b.limit <= 0 || b.used+n <= b.limit }
+
+// Lease is one session's share of the budget: its ring, its private reserve, and the
+// buffers it has in flight.
+type Lease struct {
+	b           *Budget
+	fixed       int64 // ring + reserve, held for the session's life
+	reserve     int64
+	reserveUsed int64
+	closed      bool
+}
+
+// Open reserves ringSize + reserve bytes for a new session, or fails with ErrBudget.
+func (b *Budget) Open(ringSize, reserve int64) (*Lease, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := ringSize + reserve
+	if !b.fits(n) {
+		return nil, fmt.Errorf("%w: session needs %d bytes (ring %d + compression buffers %d), %d of %d in use",
+			ErrBudget, n, ringSize, reserve, b.used, b.limit)
+	}
+	b.used += n
+	return &Lease{b: b, fixed: n, reserve: reserve}, nil
+}
+
+// grant is one buffer's charge: from the shared budget, or the lease's own reserve.
+type grant struct {
+	n    int64
+	slot bool
+}
+
+// acquire waits until n bytes are free in the shared budget or in the lease's reserve,
+// whichever comes first, or ctx is done.
+func (l *Lease) acquire(ctx context.Context, n int64) (grant, error) {
+	b := l.b
+	if n > l.reserve {
+		return grant{}, fmt.Errorf("buffer of %d bytes exceeds the session's reserve of %d", n, l.reserve)
+	}
+	stop := context.AfterFunc(ctx, func() {
+		b.mu.Lock()
+		b.cond.Broadcast()
+		b.mu.Unlock()
+	})
+	defer stop()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for {
+		if b.fits(n) {
+			b.used += n
+			return grant{n: n}, nil
+		}
+		if l.reserveUsed+n <= l.reserve {
+			l.reserveUsed += n
+			return grant{n: n, slot: true}, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return grant{}, err
+		}
+		b.cond.Wait()
+	}
+}
+
+// release returns a grant.
+func (l *Lease) release(g grant) {
+	b := l.b
+	b.mu.Lock()
+	if g.slot {
+		l.reserveUsed -= g.n
+	} else {
+		b.used -= g.n
+	}
+	b.cond.Broadcast()
+	b.mu.Unlock()
+}
+
+// Close returns the lease's fixed reservation. Every grant must have been released.
+func (l *Lease) Close() {
+	b := l.b
+	b.mu.Lock()
+	if !l.closed {
+		l.closed = true
+		b.used -= l.fixed
+		b.cond.Broadcast()
+	}
+	b.mu.Unlock()
+}

@@ -1,0 +1,473 @@
+package pipeline
+
+import (
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/strap-llm/strap/internal/codec"
+	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/dtype"
+	"github.com/strap-llm/strap/internal/pipeline/pipelinetest"
+	"github.com/strap-llm/strap/internal/shm"
+)
+
+// harness drives one session in-process: a Go producer writes the ring, the test calls
+// Publish directly, and RELEASE tails come back through a channel.
+type harness struct {
+	tb      testing.TB
+	p       *shm.Producer
+	s       *Session
+	out     *os.File
+	tail    atomic.Uint64
+	rel     chan struct{}
+	errs    chan *Error
+	pubHead uint64
+	lastSeq uint64
+	drops   uint64
+}
+
+type hopts struct {
+	codec      string
+	ringSize   uint64
+	blockSize  int
+	budget     *Budget
+	pool       *Pool
+	writeDelay time.Duration
+}
+
+func newHarness(tb testing.TB, o hopts) *harness {
+	tb.Helper()
+	if o.ringSize == 0 {
+		o.ringSize = shm.HeaderSize + 1<<20
+	}
+	if o.budget == nil {
+		o.budget = NewBudget(0)
+	}
+	if o.pool == nil {
+		o.pool = NewPool(2)
+		tb.Cleanup(o.pool.Close)
+	}
+	p, err := shm.NewProducer(o.ringSize, shm.ProducerOptions{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { p.Close() })
+	ring, err := shm.Map(int(p.File().Fd()), o.ringSize)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out, err := os.Create(filepath.Join(tb.TempDir(), "out.strap"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { out.Close() })
+	var c codec.Codec
+	if o.codec != "" {
+		if c, err = codec.New(o.codec, codec.Options{}); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	lease, err := o.budget.Open(int64(o.ringSize), Reserve(c, o.blockSize, ring.DataSize()))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	h := &harness{tb: tb, p: p, out: out, rel: make(chan struct{}, 1), errs: make(chan *Error, 1)}
+	h.s, err = Start(Options{ID: 1, Ring: ring, Output: out, Codec: c, BlockSize: o.blockSize,
+		Metadata: map[string]any{"test": true}, Pool: o.pool, Lease: lease, WriteDelay: o.writeDelay,
+		Release: func(t uint64) {
+			h.tail.Store(t)
+			select {
+			case h.rel <- struct{}{}:
+			default:
+			}
+		},
+		OnError: func(e *Error) { h.errs <- e },
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return h
+}
+
+func (h *harness) publish() error {
+	if h.pubHead == h.p.Head() {
+		return nil
+	}
+	h.pubHead = h.p.Head()
+	return h.s.Publish(h.p.Head(), h.lastSeq)
+}
+
+// put places t (split into parts as needed), waiting for releases (policy block).
+func (h *harness) put(t *shm.Tensor) error {
+	for _, part := range h.p.Split(t) {
+		for !h.p.Fits(&part) {
+			if err := h.publish(); err != nil {
+				return err
+			}
+			select {
+			case <-h.rel:
+			case <-h.s.Failed():
+				return h.s.Err()
+			case <-time.After(10 * time.Second):
+				h.tb.Fatal("no release within 10s")
+			}
+			if err := h.p.Release(h.tail.Load()); err != nil {
+				h.tb.Fatal(err)
+			}
+		}
+		seq, err := h.p.Put(&part)
+		if err != nil {
+			h.tb.Fatal(err)
+		}
+		h.lastSeq = seq
+	}
+	return h.publish()
+}
+
+func (h *harness) finish(status string) (Result, error) {
+	if status == StatusComplete {
+		if err := h.s.CheckClose(control.Close{Seq: h.p.LastSeq(), Head: h.p.Head(), Drops: h.drops}); err != nil {
+			h.s.Finish(status)
+			return Result{}, err
+		}
+	}
+	return h.s.Finish(status)
+}
+
+func f32Tensor(name string, seed uint64, shape ...uint64) shm.Tensor {
+	n := uint64(1)
+	for _, d := range shape {
+		n *= d
+	}
+	return shm.Tensor{Name: name, DType: dtype.Float32, Shape: shape, Step: seed, Forward: seed / 2,
+		Payload: pipelinetest.Activations(seed, int(n))}
+}
+
+func TestSessionExact(t *testing.T) {
+	tests := []struct {
+		name      string
+		codec     string
+		ringSize  uint64
+		blockSize int
+	}{
+		{"none", "", shm.HeaderSize + 256<<10, 0},
+		{"none explicit", "none", shm.HeaderSize + 256<<10, 0},
+		{"lz4", "lz4", shm.HeaderSize + 256<<10, 16 << 10},
+		{"zstd", "zstd", shm.HeaderSize + 256<<10, 16 << 10},
+		{"zstd one block", "zstd", shm.HeaderSize + 1<<20, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, hopts{codec: tc.codec, ringSize: tc.ringSize, blockSize: tc.blockSize})
+			var want []shm.Tensor
+			for i := range 12 {
+				// Sizes from tiny to larger than the ring (split into parts).
+				n := uint64(3 << (i % 7 * 2))
+				tn := f32Tensor("model.layers."+string(rune('0'+i%10))+".mlp", uint64(i+1), n, 7)
+				want = append(want, tn)
+				if err := h.put(&tn); err != nil {
+					t.Fatal(err)
+				}
+			}
+			scalar := shm.Tensor{Name: "scalar", DType: dtype.Int64, Payload: make([]byte, 8), Meta: []byte(`{"k":1}`)}
+			want = append(want, scalar)
+			if err := h.put(&scalar); err != nil {
+				t.Fatal(err)
+			}
+			res, err := h.finish(StatusComplete)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := pipelinetest.ReadFile(h.out.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.EndStatus() != StatusComplete || !st.Footer {
+				t.Fatalf("end %q footer %v", st.EndStatus(), st.Footer)
+			}
+			got, err := st.Tensors()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(want) {
+				t.Fatalf("%d tensors, want %d", len(got), len(want))
+			}
+			for i := range want {
+				if got[i].Name != want[i].Name || got[i].DType != want[i].DType || got[i].Step != want[i].Step {
+					t.Fatalf("tensor %d: %s %s step %d", i, got[i].Name, got[i].DType, got[i].Step)
+				}
+				if err := pipelinetest.Equal(got[i].Payload, want[i].Payload); err != nil {
+					t.Fatalf("tensor %d (%s): %v", i, want[i].Name, err)
+				}
+			}
+			if res.Packets != uint64(len(st.Packets)) || res.FileBytes != uint64(fileSize(t, h.out)) {
+				t.Fatalf("result %+v, %d packets, file %d", res, len(st.Packets), fileSize(t, h.out))
+			}
+			for i, p := range st.Packets {
+				if p.Seq != uint64(i+1) {
+					t.Fatalf("packet %d has seq %d", i, p.Seq)
+				}
+			}
+			if st.Meta["test"] != true {
+				t.Fatalf("metadata %v", st.Meta)
+			}
+		})
+	}
+}
+
+func fileSize(t *testing.T, f *os.File) int64 {
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
+}
+
+func TestDropsAndTokensInOrder(t *testing.T) {
+	h := newHarness(t, hopts{codec: "lz4"})
+	a := f32Tensor("a", 1, 100)
+	if err := h.put(&a); err != nil {
+		t.Fatal(err)
+	}
+	seq := h.p.TakeSeq()
+	if err := h.s.Drop(control.Drop{Seq: seq, Name: "b", Step: 3, Forward: 1, Bytes: 4096, Reason: "ring_full"}); err != nil {
+		t.Fatal(err)
+	}
+	h.drops++
+	if err := h.s.Token(control.Token{Seq: h.p.TakeSeq(), Index: 3, TokenID: 42, Text: "hi"}); err != nil {
+		t.Fatal(err)
+	}
+	c := f32Tensor("c", 2, 100)
+	if err := h.put(&c); err != nil {
+		t.Fatal(err)
+	}
+	res, err := h.finish(StatusComplete)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := pipelinetest.ReadFile(h.out.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	types := []uint16{}
+	for _, p := range st.Packets {
+		types = append(types, p.Type)
+	}
+	if len(types) != 4 || types[0] != 1 || types[1] != 2 || types[2] != 3 || types[3] != 1 {
+		t.Fatalf("packet types %v", types)
+	}
+	d := st.Packets[1]
+	if d.Name != "b" || d.RawLen != 4096 || d.Meta["reason"] != "ring_full" || d.Seq != 2 {
+		t.Fatalf("drop packet %+v", d)
+	}
+	if res.Drops != 1 || st.End.Meta["drops"] != float64(1) {
+		t.Fatalf("drops: result %d, end %v", res.Drops, st.End.Meta)
+	}
+}
+
+func TestSessionErrors(t *testing.T) {
+	le := binary.LittleEndian
+	tests := []struct {
+		name     string
+		corrupt  func(h *harness, recPos uint64)
+		wantCode string
+		wantSub  string
+	}{
+		{"torn seq", func(h *harness, pos uint64) { le.PutUint64(h.p.Mem()[shm.HeaderSize+pos+8:], 9) }, control.CodeTornRecord, "seq 9, expected 2"},
+		{"bad magic", func(h *harness, pos uint64) { h.p.Mem()[shm.HeaderSize+pos] = 'X' }, control.CodeBadRecord, "magic"},
+		{"lying length", func(h *harness, pos uint64) { le.PutUint64(h.p.Mem()[shm.HeaderSize+pos+16:], 1<<30) }, control.CodeBadRecord, "record_len"},
+		{"lying shape", func(h *harness, pos uint64) { le.PutUint64(h.p.Mem()[shm.HeaderSize+pos+80:], 1000) }, control.CodeBadRecord, "shape"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, hopts{codec: "zstd"})
+			a := f32Tensor("a", 1, 64)
+			if err := h.put(&a); err != nil {
+				t.Fatal(err)
+			}
+			b := f32Tensor("b", 2, 64)
+			pos := h.p.Head()
+			if _, err := h.p.Put(&b); err != nil {
+				t.Fatal(err)
+			}
+			tc.corrupt(h, pos)
+			err := h.s.Publish(h.p.Head(), 2)
+			var se *Error
+			if !errors.As(err, &se) || se.Code != tc.wantCode || !strings.Contains(se.Error(), tc.wantSub) {
+				t.Fatalf("err = %v, want code %s containing %q", err, tc.wantCode, tc.wantSub)
+			}
+			if e := <-h.errs; e.Code != tc.wantCode {
+				t.Fatalf("OnError got %v", e)
+			}
+			if err := h.s.Publish(h.p.Head(), 2); err == nil {
+				t.Fatal("publish after failure succeeded")
+			}
+			res, err := h.s.Finish(StatusComplete)
+			if err == nil || res.Status != StatusError {
+				t.Fatalf("finish: %+v %v", res, err)
+			}
+			st, rerr := pipelinetest.ReadFile(h.out.Name())
+			if rerr != nil {
+				t.Fatal(rerr)
+			}
+			// The good record before the bad one is kept; the stream ends with status error.
+			if st.EndStatus() != StatusError || len(st.Packets) != 1 || st.Packets[0].Name != "a" {
+				t.Fatalf("end %q, %d packets", st.EndStatus(), len(st.Packets))
+			}
+			if msg, _ := st.End.Meta["error"].(string); !strings.Contains(msg, tc.wantSub) {
+				t.Fatalf("END error %q", msg)
+			}
+		})
+	}
+	t.Run("close mismatch", func(t *testing.T) {
+		h := newHarness(t, hopts{})
+		a := f32Tensor("a", 1, 64)
+		if err := h.put(&a); err != nil {
+			t.Fatal(err)
+		}
+		err := h.s.CheckClose(control.Close{Seq: 5, Head: h.p.Head()})
+		if err == nil || !strings.Contains(err.Error(), "close seq 5, last sequence number received 1") {
+			t.Fatalf("err = %v", err)
+		}
+		h.s.Finish(StatusComplete)
+	})
+	t.Run("head beyond ring", func(t *testing.T) {
+		h := newHarness(t, hopts{ringSize: shm.HeaderSize + 4096})
+		err := h.s.Publish(8192, 1)
+		if err == nil || !strings.Contains(err.Error(), "more than data_size 4096") {
+			t.Fatalf("err = %v", err)
+		}
+		h.s.Finish(StatusComplete)
+	})
+	t.Run("aborted", func(t *testing.T) {
+		h := newHarness(t, hopts{codec: "lz4"})
+		a := f32Tensor("a", 1, 64)
+		if err := h.put(&a); err != nil {
+			t.Fatal(err)
+		}
+		res, err := h.s.Finish(StatusAborted)
+		if err != nil || res.Status != StatusAborted {
+			t.Fatalf("%+v %v", res, err)
+		}
+		st, err := pipelinetest.ReadFile(h.out.Name())
+		if err != nil || st.EndStatus() != StatusAborted || len(st.Packets) != 1 {
+			t.Fatalf("%v %+v", err, st)
+		}
+	})
+}
+
+func TestBudget(t *testing.T) {
+	b := NewBudget(1000)
+	l1, err := b.Open(600, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Open(300, 100); !errors.Is(err, ErrBudget) {
+		t.Fatalf("err = %v, want ErrBudget", err)
+	}
+	// 300 free: three grants fit the shared budget; the fourth takes the reserve; the
+	// fifth waits.
+	g1, err := l1.acquire(t.Context(), 100)
+	if err != nil || g1.slot {
+		t.Fatalf("%+v %v", g1, err)
+	}
+	g2, _ := l1.acquire(t.Context(), 100)
+	g3, _ := l1.acquire(t.Context(), 100)
+	if g2.slot || g3.slot || b.Used() != 1000 {
+		t.Fatalf("used %d", b.Used())
+	}
+	g4, _ := l1.acquire(t.Context(), 100)
+	if !g4.slot {
+		t.Fatal("fourth grant should use the reserve")
+	}
+	if _, err := l1.acquire(t.Context(), 101); err == nil {
+		t.Fatal("grant larger than the reserve accepted")
+	}
+	got := make(chan grant)
+	go func() {
+		g, _ := l1.acquire(t.Context(), 100)
+		got <- g
+	}()
+	select {
+	case <-got:
+		t.Fatal("acquire did not wait")
+	case <-time.After(20 * time.Millisecond):
+	}
+	l1.release(g1)
+	if g := <-got; g.slot {
+		t.Fatal("waiter should get shared budget")
+	}
+	l1.release(g2)
+	l1.release(g3)
+	l1.release(g4)
+	l1.Close()
+	if b.Used() != 100 {
+		t.Fatalf("used %d after close, want the one grant still out", b.Used())
+	}
+}
+
+// TestTightBudget runs a compressed session whose budget holds its ring and exactly one
+// buffer: blocks must wait for each other, and everything still arrives.
+func TestTightBudget(t *testing.T) {
+	const ring = shm.HeaderSize + 256<<10
+	c, _ := codec.New("zstd", codec.Options{})
+	budget := NewBudget(ring + Reserve(c, 8<<10, ring-shm.HeaderSize))
+	h := newHarness(t, hopts{codec: "zstd", ringSize: ring, blockSize: 8 << 10, budget: budget})
+	tn := f32Tensor("big", 7, 200, 1000)
+	if err := h.put(&tn); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.finish(StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	st, err := pipelinetest.ReadFile(h.out.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.Tensors()
+	if err != nil || len(got) != 1 {
+		t.Fatal(err)
+	}
+	if err := pipelinetest.Equal(got[0].Payload, tn.Payload); err != nil {
+		t.Fatal(err)
+	}
+	if budget.Used() != 0 {
+		t.Fatalf("budget used %d after finish", budget.Used())
+	}
+}
+
+func BenchmarkPipeline(b *testing.B) {
+	const tensorElems = 1 << 20 // 4 MiB of float32
+	for _, name := range []string{"none", "lz4", "zstd"} {
+		b.Run(name, func(b *testing.B) {
+			pool := NewPool(0)
+			defer pool.Close()
+			h := newHarness(b, hopts{codec: name, ringSize: shm.HeaderSize + 64<<20, pool: pool})
+			tn := shm.Tensor{Name: "model.layers.0.mlp", DType: dtype.Float32, Shape: []uint64{tensorElems},
+				Payload: pipelinetest.Activations(1, tensorElems)}
+			b.ReportAllocs()
+			b.SetBytes(int64(len(tn.Payload)))
+			b.ResetTimer()
+			for range b.N {
+				if err := h.put(&tn); err != nil {
+					b.Fatal(err)
+				}
+			}
+			res, err := h.finish(StatusComplete)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			if res.Packets != uint64(b.N) {
+				b.Fatalf("%d packets, want %d", res.Packets, b.N)
+			}
+			b.ReportMetric(float64(res.BytesIn)/float64(res.FileBytes), "ratio")
+		})
+	}
+}
