@@ -16,19 +16,28 @@ import (
 
 // Collector names, as used in Status and in a snapshot's "collectors" field.
 const (
-	CollectorBlockIO    = "block_io"
-	CollectorOffCPU     = "off_cpu"
+	// CollectorBlockIO is system-wide block I/O latency, IOPS, bytes and in-flight.
+	CollectorBlockIO = "block_io"
+	// CollectorOffCPU is off-CPU time per watched process, split by reason.
+	CollectorOffCPU = "off_cpu"
+	// CollectorPageFaults is user page faults per watched process.
 	CollectorPageFaults = "page_faults"
-	CollectorSyscalls   = "syscalls"
-	CollectorSched      = "sched"
-	CollectorPressure   = "pressure"
+	// CollectorSyscalls is mmap/mlock/munlock/openat per watched process.
+	CollectorSyscalls = "syscalls"
+	// CollectorSched is context switches and migrations per watched process.
+	CollectorSched = "sched"
+	// CollectorPressure is /proc/pressure (PSI).
+	CollectorPressure = "pressure"
 )
 
 // Sources of a collector's numbers.
 const (
-	SourceBPF  = "bpf"
+	// SourceBPF: counted by the kernel probes.
+	SourceBPF = "bpf"
+	// SourceProc: read from /proc (the fallback, or PSI).
 	SourceProc = "proc"
-	SourceOff  = "off"
+	// SourceOff: not collected; CollectorStatus.Error says why.
+	SourceOff = "off"
 )
 
 // Options configures Start. The zero value traces block I/O and PSI system-wide and
@@ -66,10 +75,13 @@ type CollectorStatus struct {
 // Status is the Collector's health: which collectors run from which source, the
 // watched set, and cumulative BPF run statistics (the probes' measured overhead).
 type Status struct {
+	// Collectors are in a fixed order: block_io, off_cpu, sched, page_faults, syscalls, pressure.
 	Collectors []CollectorStatus `json:"collectors"`
-	Watched    []int             `json:"watched"`
-	Cgroups    []string          `json:"cgroups,omitempty"`
-	BPFStats   []ProgStats       `json:"bpf_stats"`
+	// Watched are the watched tgids, sorted; Cgroups the watched cgroup directories.
+	Watched []int    `json:"watched"`
+	Cgroups []string `json:"cgroups,omitempty"`
+	// BPFStats are cumulative since load (Events = TotalEvents).
+	BPFStats []ProgStats `json:"bpf_stats"`
 	// StatsError says why run statistics are unavailable, if they are.
 	StatsError string `json:"stats_error,omitempty"`
 	// Drops are cumulative events lost by the probes, by reason.

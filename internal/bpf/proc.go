@@ -86,11 +86,10 @@ func ctxSwitches(procRoot string, pid int) (vol, invol uint64, err error) {
 
 // diskStat is one line of /proc/diskstats: the block I/O fallback.
 type diskStat struct {
-	name                   string
-	reads, writes          uint64
-	readBytes, writeBytes  uint64
-	inflight               int64
-	isPartition, isVirtual bool
+	name                  string
+	reads, writes         uint64
+	readBytes, writeBytes uint64
+	inflight              int64
 }
 
 // parseDiskstats parses /proc/diskstats (sectors are 512 bytes regardless of the device).

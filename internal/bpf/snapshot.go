@@ -104,6 +104,7 @@ type DeviceIO struct {
 	// DeviceName is as in DeviceHistogram.
 	DeviceName string `json:"device_name"`
 	// ReadIOs, WriteIOs and OtherIOs (flush, discard…) count completed requests.
+	// The /proc/diskstats fallback has no OtherIOs/OtherBytes.
 	ReadIOs  uint64 `json:"read_ios"`
 	WriteIOs uint64 `json:"write_ios"`
 	OtherIOs uint64 `json:"other_ios"`
@@ -139,22 +140,27 @@ type PageFaults struct {
 	Source string `json:"source"`
 }
 
-// Syscalls counts one process's model-loading syscalls that succeeded in the interval.
+// Syscalls counts one process's model-loading syscalls in the interval.
 type Syscalls struct {
-	MmapCount    uint64 `json:"mmap_count"`
-	MmapBytes    uint64 `json:"mmap_bytes"`
-	MlockCount   uint64 `json:"mlock_count"`
-	MlockBytes   uint64 `json:"mlock_bytes"`
+	// MmapCount and MmapBytes: successful mmap calls and their length arguments.
+	MmapCount uint64 `json:"mmap_count"`
+	MmapBytes uint64 `json:"mmap_bytes"`
+	// MlockCount and MlockBytes: successful mlock and mlock2 calls and their lengths.
+	MlockCount uint64 `json:"mlock_count"`
+	MlockBytes uint64 `json:"mlock_bytes"`
+	// MunlockCount and MunlockBytes: successful munlock calls and their lengths.
 	MunlockCount uint64 `json:"munlock_count"`
 	MunlockBytes uint64 `json:"munlock_bytes"`
+	// OpenatCount is every openat call; OpenatFailed those that returned an error.
 	OpenatCount  uint64 `json:"openat_count"`
 	OpenatFailed uint64 `json:"openat_failed"`
-	NvidiaOpens  uint64 `json:"nvidia_opens"`
+	// NvidiaOpens is the openat calls of nvidia-named paths (listed in DeviceOpens).
+	NvidiaOpens uint64 `json:"nvidia_opens"`
 }
 
 // DeviceOpen is one openat of an nvidia-named path.
 type DeviceOpen struct {
-	// PID and TID of the caller.
+	// PID (tgid) and TID of the caller.
 	PID int `json:"pid"`
 	TID int `json:"tid"`
 	// Path is the path argument as passed (relative paths stay relative).
@@ -176,9 +182,12 @@ type Sched struct {
 
 // Thread is one watched thread's off-CPU and scheduler numbers over the interval.
 type Thread struct {
+	// TID is the thread id, PID its thread group.
 	TID int `json:"tid"`
 	PID int `json:"pid"`
+	// OffCPU is the thread's off-CPU split (fields inlined in JSON).
 	OffCPU
+	// Voluntary, Involuntary and Migrations are as in Sched.
 	Voluntary   uint64 `json:"voluntary"`
 	Involuntary uint64 `json:"involuntary"`
 	Migrations  uint64 `json:"migrations"`
