@@ -418,7 +418,7 @@ func TestActivationOptions(t *testing.T) {
 		o    Options
 		want error
 	}{
-		{"shuffle", Options{Lossy: &LossyBound{Mode: "abs", Value: 1}}, ErrBadBound},
+		{"shuffle", Options{Lossy: &LossyBound{Mode: "abs", Value: 1}}, ErrLossyOption},
 		{"shuffle", Options{Level: 9}, ErrBadLevel},
 		{"quant", Options{Lossy: &LossyBound{Mode: "abs", Value: 0}}, ErrBadBound},
 		{"quant", Options{Lossy: &LossyBound{Mode: "rel", Value: math.Inf(1)}}, ErrBadBound},

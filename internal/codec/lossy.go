@@ -344,6 +344,9 @@ func (c *quantCodec) Decode(dst, src []byte, dt dtype.DType, rawLen int) ([]byte
 }
 
 func decodeQuant(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error) {
+	if rawLen < 0 || rawLen > MaxBlockSize {
+		return nil, fmt.Errorf("block of %d bytes: %w", rawLen, ErrCorrupt)
+	}
 	if len(src) < 1 {
 		return nil, fmt.Errorf("empty block: %w", ErrCorrupt)
 	}
@@ -562,6 +565,9 @@ func (c *fp16Codec) Decode(dst, src []byte, dt dtype.DType, rawLen int) ([]byte,
 }
 
 func decodeFP16(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error) {
+	if rawLen < 0 || rawLen > MaxBlockSize {
+		return nil, fmt.Errorf("block of %d bytes: %w", rawLen, ErrCorrupt)
+	}
 	if len(src) < 1 {
 		return nil, fmt.Errorf("empty block: %w", ErrCorrupt)
 	}

@@ -16,7 +16,7 @@ import (
 func init() {
 	Register("shuffle", Shuffle, func(o Options) (Codec, error) {
 		if o.Lossy != nil {
-			return nil, fmt.Errorf("shuffle is lossless: %w", ErrBadBound)
+			return nil, fmt.Errorf("shuffle: %w", ErrLossyOption)
 		}
 		if o.Level < 0 || o.Level > 4 {
 			return nil, fmt.Errorf("shuffle level %d (0–4): %w", o.Level, ErrBadLevel)
@@ -86,7 +86,7 @@ func appendShuffled(dst, src []byte, dt dtype.DType, level int) ([]byte, error) 
 // decodeShuffled appends the rawLen bytes of a shuffle payload to dst.
 func decodeShuffled(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error) {
 	w := dt.Size()
-	if w == 0 || rawLen < 0 {
+	if w == 0 || rawLen < 0 || rawLen > MaxBlockSize {
 		return nil, fmt.Errorf("dtype %d, raw length %d: %w", uint8(dt), rawLen, ErrCorrupt)
 	}
 	n := rawLen / w
