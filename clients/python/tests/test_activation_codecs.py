@@ -52,6 +52,7 @@ def test_lossy_golden_keeps_nonfinite() -> None:
         (16, b"\x00" * 16, "nosuchtype", 16),
         (19, b"\x00", "float32", 4),
         (17, b"\x00" * 32, "int32", 16),  # lossy block of an integer dtype
+        (16, b"\x00" * 16, "float32", (64 << 20) + 4),  # over the maximum block size
     ],
 )
 def test_corrupt_raises(codec_id: int, data: bytes, dtype: str, raw_len: int) -> None:

@@ -38,6 +38,10 @@ _FLOATS = {"float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _QUANTIZABLE = {"float32", "float64", "float16", "bfloat16"}
 
+# Largest block a stream may use (internal/codec.MaxBlockSize): bounds what a corrupt
+# block can make the decoder allocate.
+MAX_BLOCK_SIZE = 64 << 20
+
 _MODE_LOSSY = 0
 _MODE_LOSSLESS = 1
 
@@ -170,8 +174,8 @@ def decode_block(codec_id: int, data: bytes, dtype: str, raw_len: int) -> bytes:
     """
     if dtype not in _WIDTH:
         raise CodecError(f"unknown dtype {dtype!r}")
-    if raw_len < 0:
-        raise CodecError(f"negative raw length {raw_len}")
+    if not 0 <= raw_len <= MAX_BLOCK_SIZE:
+        raise CodecError(f"raw length {raw_len} not in 0..{MAX_BLOCK_SIZE}")
     src = memoryview(data).cast("B")
     if codec_id == SHUFFLE:
         return _decode_shuffled(src, dtype, raw_len)
