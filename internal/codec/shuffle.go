@@ -58,6 +58,50 @@ func rotates(dt dtype.DType) bool {
 	return dt.IsFloat() && dt.Size() > 1
 }
 
+const (
+	// flagZeroMap: the payload has a bitmap of the elements whose bytes are all zero, and the
+	// planes hold only the other elements.
+	flagZeroMap = 1
+	// zeroMapShare: a zero map is written when at least 1/zeroMapShare of the elements are
+	// zero (ReLU outputs, masks, padding); below that it costs more than it saves.
+	zeroMapShare = 16
+)
+
+// countZeros counts the elements of src (width w) whose bytes are all zero.
+func countZeros(src []byte, w int) int {
+	z := 0
+	switch w {
+	case 2:
+		for i := 0; i+2 <= len(src); i += 2 {
+			if binary.LittleEndian.Uint16(src[i:]) == 0 {
+				z++
+			}
+		}
+	case 4:
+		for i := 0; i+4 <= len(src); i += 4 {
+			if binary.LittleEndian.Uint32(src[i:]) == 0 {
+				z++
+			}
+		}
+	case 8:
+		for i := 0; i+8 <= len(src); i += 8 {
+			if binary.LittleEndian.Uint64(src[i:]) == 0 {
+				z++
+			}
+		}
+	}
+	return z
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // appendShuffled appends the shuffle payload of src (elements of dt) to dst.
 func appendShuffled(dst, src []byte, dt dtype.DType, level int) ([]byte, error) {
 	w := dt.Size()
@@ -65,16 +109,41 @@ func appendShuffled(dst, src []byte, dt dtype.DType, level int) ([]byte, error) 
 		return nil, fmt.Errorf("dtype %d: %w", uint8(dt), ErrCorrupt)
 	}
 	n := len(src) / w
+	body, m := src[:n*w], n
+	var flags byte
+	fi := len(dst)
+	dst = append(dst, 0)
+	if z := countZeros(body, w); w >= 2 && n > 0 && z >= max(1, n/zeroMapShare) {
+		flags |= flagZeroMap
+		bitmap := make([]byte, (n+7)/8)
+		compact := make([]byte, 0, (n-z)*w)
+		for i := range n {
+			e := body[i*w : (i+1)*w]
+			if allZero(e) {
+				bitmap[i>>3] |= 1 << (i & 7)
+			} else {
+				compact = append(compact, e...)
+			}
+		}
+		m = n - z
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(m))
+		var err error
+		if dst, err = appendPlanes(dst, [][]byte{bitmap}, level); err != nil {
+			return nil, err
+		}
+		body = compact
+	}
+	dst[fi] = flags
 	bp := planePool.Get().(*[]byte)
 	defer planePool.Put(bp)
-	if cap(*bp) < n*w {
-		*bp = make([]byte, n*w)
+	if cap(*bp) < m*w {
+		*bp = make([]byte, m*w)
 	}
-	buf := (*bp)[:n*w]
-	shuffle(buf, src[:n*w], w, rotates(dt))
+	buf := (*bp)[:m*w]
+	shuffle(buf, body, w, rotates(dt))
 	planes := make([][]byte, w)
 	for j := range w {
-		planes[j] = buf[j*n : (j+1)*n]
+		planes[j] = buf[j*m : (j+1)*m]
 	}
 	dst, err := appendPlanes(dst, planes, level)
 	if err != nil {
@@ -90,7 +159,33 @@ func decodeShuffled(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error)
 		return nil, fmt.Errorf("dtype %d, raw length %d: %w", uint8(dt), rawLen, ErrCorrupt)
 	}
 	n := rawLen / w
-	planes, rest, err := readPlanes(src, w, n)
+	if len(src) < 1 || src[0]&^flagZeroMap != 0 {
+		return nil, fmt.Errorf("shuffle flags: %w", ErrCorrupt)
+	}
+	flags, src := src[0], src[1:]
+	m := n
+	var bitmap []byte
+	if flags&flagZeroMap != 0 {
+		if len(src) < 4 {
+			return nil, fmt.Errorf("zero map header: %w", ErrCorrupt)
+		}
+		m = int(binary.LittleEndian.Uint32(src))
+		if m > n {
+			return nil, fmt.Errorf("%d non-zero elements of %d: %w", m, n, ErrCorrupt)
+		}
+		var err error
+		if bitmap, src, err = readPlanes(src[4:], 1, (n+7)/8); err != nil {
+			return nil, fmt.Errorf("zero map: %w", err)
+		}
+		zeros := 0
+		for _, b := range bitmap {
+			zeros += bits.OnesCount8(b)
+		}
+		if zeros != n-m || (n%8 != 0 && bitmap[n/8]>>(n%8) != 0) {
+			return nil, fmt.Errorf("zero map counts %d zeros, want %d: %w", zeros, n-m, ErrCorrupt)
+		}
+	}
+	planes, rest, err := readPlanes(src, w, m)
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +194,22 @@ func decodeShuffled(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error)
 	}
 	start := len(dst)
 	dst = grow(dst, rawLen)
-	unshuffle(dst[start:start+n*w], planes, w, rotates(dt))
+	out := dst[start : start+n*w]
+	if bitmap == nil {
+		unshuffle(out, planes, w, rotates(dt))
+	} else {
+		vals := make([]byte, m*w)
+		unshuffle(vals, planes, w, rotates(dt))
+		for i, k := 0, 0; i < n; i++ {
+			e := out[i*w : (i+1)*w]
+			if bitmap[i>>3]&(1<<(i&7)) != 0 {
+				clear(e)
+			} else {
+				copy(e, vals[k*w:(k+1)*w])
+				k++
+			}
+		}
+	}
 	copy(dst[start+n*w:], rest)
 	return dst, nil
 }

@@ -42,6 +42,8 @@ _QUANTIZABLE = {"float32", "float64", "float16", "bfloat16"}
 # block can make the decoder allocate.
 MAX_BLOCK_SIZE = 64 << 20
 
+_FLAG_ZERO_MAP = 1
+
 _MODE_LOSSY = 0
 _MODE_LOSSLESS = 1
 
@@ -88,15 +90,34 @@ def _read_planes(src: memoryview, k: int, n: int) -> tuple[np.ndarray, memoryvie
 def _decode_shuffled(src: memoryview, dtype: str, raw_len: int) -> bytes:
     w = _WIDTH[dtype]
     n = raw_len // w
-    planes, rest = _read_planes(src, w, n)
+    if len(src) < 1 or src[0] & ~_FLAG_ZERO_MAP:
+        raise CodecError("shuffle flags")
+    flags, src = src[0], src[1:]
+    m, mask = n, None
+    if flags & _FLAG_ZERO_MAP:
+        if len(src) < 4:
+            raise CodecError("zero map header")
+        (m,) = struct.unpack_from("<I", src, 0)
+        if m > n:
+            raise CodecError(f"{m} non-zero elements of {n}")
+        bm, src = _read_planes(src[4:], 1, (n + 7) // 8)
+        bits = np.unpackbits(bm[0], bitorder="little")
+        if bits[n:].any() or int(bits.sum()) != n - m:
+            raise CodecError("zero map does not match its count")
+        mask = bits[:n].astype(bool)
+    planes, rest = _read_planes(src, w, m)
     if len(rest) != raw_len - n * w:
         raise CodecError(f"tail is {len(rest)} bytes, want {raw_len - n * w}")
     if w == 1:
-        return planes.tobytes() + bytes(rest)
-    v = np.ascontiguousarray(planes.T).view(np.dtype(_UINT[w]).newbyteorder("<")).reshape(n)
-    if dtype in _FLOATS:  # undo the sign rotation (sign bit was moved to bit 0)
-        bits = 8 * w
-        v = (v >> 1) | ((v & 1) << np.array(bits - 1, dtype=v.dtype))
+        v = planes.reshape(m)
+    else:
+        v = np.ascontiguousarray(planes.T).view(np.dtype(_UINT[w]).newbyteorder("<")).reshape(m)
+        if dtype in _FLOATS:  # undo the sign rotation (sign bit was moved to bit 0)
+            v = (v >> 1) | ((v & 1) << np.array(8 * w - 1, dtype=v.dtype))
+    if mask is not None:
+        full = np.zeros(n, dtype=v.dtype)
+        full[~mask] = v
+        v = full
     return v.astype(v.dtype.newbyteorder("<"), copy=False).tobytes() + bytes(rest)
 
 
