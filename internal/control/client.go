@@ -7,6 +7,8 @@ import (
 	"os"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/strap-llm/strap/internal/shm"
 )
 
@@ -56,6 +58,11 @@ func (c *Client) Welcome() Welcome { return c.welcome }
 // recv reads one message, records RELEASE tails and turns ERROR into *Error.
 func (c *Client) recv() (Message, error) {
 	m, fds, err := c.conn.Recv(0)
+	if errors.Is(err, unix.ECONNRESET) {
+		// Linux reports a peer that closed with our messages unread as ECONNRESET once,
+		// before the messages it sent us: read those (an ERROR may be among them).
+		m, fds, err = c.conn.Recv(0)
+	}
 	closeAll(fds)
 	if err != nil {
 		return m, fmt.Errorf("receive: %w", err)

@@ -237,6 +237,12 @@ func (s *Session) fail(e *Error) *Error {
 	return s.ferr.Load()
 }
 
+// Fail ends the session with a fatal error found outside the pipeline (a malformed
+// message on its connection). It returns the session's first fatal error.
+func (s *Session) Fail(code string, err error) *Error {
+	return s.fail(&Error{Code: code, Err: err})
+}
+
 // Stats returns the counters now.
 func (s *Session) Stats() Stats {
 	h, t := s.headA.Load(), s.tailA.Load()

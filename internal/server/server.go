@@ -1,0 +1,297 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/pipeline"
+	"github.com/strap-llm/strap/internal/shm"
+)
+
+// Errors returned by this package.
+var (
+	// ErrAlreadyRunning: another daemon answers on the socket path.
+	ErrAlreadyRunning = errors.New("another strapd is serving on this socket")
+	// ErrNotSocket: the socket path exists and is not a socket, so it is not removed.
+	ErrNotSocket = errors.New("socket path exists and is not a socket")
+	// errQueueFull: a client left too many replies unread.
+	errQueueFull = errors.New("client does not read its replies")
+)
+
+// Config are the server's settings. Zero fields take the defaults of DefaultConfig.
+type Config struct {
+	// Socket is the resolved control socket path.
+	Socket string
+	// MemoryLimit bounds ring mappings plus compression buffers in flight, in bytes.
+	MemoryLimit int64
+	// Workers sizes the compression pool (GOMAXPROCS when 0).
+	Workers int
+	// MaxSessions is the most sessions open at once.
+	MaxSessions int
+	// MaxRingSize is the largest ring a client may open, in bytes.
+	MaxRingSize uint64
+	// MaxBlockSize is the largest block_size a client may ask for.
+	MaxBlockSize uint64
+	// Limits bound record names, meta and dimensions.
+	Limits shm.Limits
+	// DebugWriteDelay slows every packet write (tests fill tiny rings with it).
+	DebugWriteDelay time.Duration
+	// ShutdownTimeout bounds how long shutdown waits for sessions to drain.
+	ShutdownTimeout time.Duration
+	// HandshakeTimeout bounds how long a new connection may take to send HELLO.
+	HandshakeTimeout time.Duration
+	// Version is the daemon version reported in WELCOME and STATUS.
+	Version string
+}
+
+// DefaultConfig returns safe defaults (socket path left empty).
+func DefaultConfig() Config {
+	return Config{
+		MemoryLimit:      4 << 30,
+		MaxSessions:      64,
+		MaxRingSize:      1 << 30,
+		MaxBlockSize:     16 << 20,
+		ShutdownTimeout:  30 * time.Second,
+		HandshakeTimeout: 10 * time.Second,
+		Version:          "0.0.0",
+	}
+}
+
+func (c *Config) fill() {
+	d := DefaultConfig()
+	if c.MemoryLimit == 0 {
+		c.MemoryLimit = d.MemoryLimit
+	}
+	if c.MaxSessions == 0 {
+		c.MaxSessions = d.MaxSessions
+	}
+	if c.MaxRingSize == 0 {
+		c.MaxRingSize = d.MaxRingSize
+	}
+	if c.MaxBlockSize == 0 {
+		c.MaxBlockSize = d.MaxBlockSize
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = d.ShutdownTimeout
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = d.HandshakeTimeout
+	}
+	if c.Version == "" {
+		c.Version = d.Version
+	}
+}
+
+// Server is the daemon's control-socket server.
+type Server struct {
+	cfg     Config
+	log     *zap.Logger
+	ln      *net.UnixListener
+	pool    *pipeline.Pool
+	budget  *pipeline.Budget
+	started time.Time
+
+	mu       sync.Mutex
+	conns    map[*conn]struct{}
+	sessions int
+	nextID   uint64
+	closing  atomic.Bool
+	wg       sync.WaitGroup
+}
+
+// New creates a server; Listen and Serve start it.
+func New(cfg Config, log *zap.Logger) *Server {
+	cfg.fill()
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Server{cfg: cfg, log: log, conns: map[*conn]struct{}{}, started: time.Now()}
+}
+
+// Listen creates the socket: parent directory with mode 0700 when it does not exist, a
+// stale socket removed, and ErrAlreadyRunning when another daemon answers.
+func (s *Server) Listen() error {
+	path := s.cfg.Socket
+	if path == "" {
+		return errors.New("listen: no socket path")
+	}
+	dir := filepath.Dir(path)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("create socket dir: %w", err)
+		}
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return fmt.Errorf("create socket dir: %w", err)
+		}
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return fmt.Errorf("listen %s: %w", path, ErrNotSocket)
+		}
+		c, err := net.DialTimeout("unixpacket", path, time.Second)
+		if err == nil {
+			c.Close()
+			return fmt.Errorf("listen %s: %w", path, ErrAlreadyRunning)
+		}
+		s.log.Info("removing stale socket", zap.String("socket", path), zap.Error(err))
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("remove stale socket: %w", err)
+		}
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	ln.SetUnlinkOnClose(true)
+	s.ln = ln
+	return nil
+}
+
+// Socket is the socket path.
+func (s *Server) Socket() string { return s.cfg.Socket }
+
+// Serve accepts connections until ctx is cancelled, then drains every session (bounded by
+// ShutdownTimeout) and returns. A cancelled context is a clean exit (nil).
+func (s *Server) Serve(ctx context.Context) error {
+	if s.ln == nil {
+		if err := s.Listen(); err != nil {
+			return err
+		}
+	}
+	s.pool = pipeline.NewPool(s.cfg.Workers)
+	s.budget = pipeline.NewBudget(s.cfg.MemoryLimit)
+	s.log.Info("serving", zap.String("socket", s.cfg.Socket), zap.Int("workers", s.pool.Workers()),
+		zap.Int64("memory_limit", s.cfg.MemoryLimit), zap.Int("max_sessions", s.cfg.MaxSessions))
+
+	acceptErr := make(chan error, 1)
+	go func() {
+		for {
+			uc, err := s.ln.AcceptUnix()
+			if err != nil {
+				acceptErr <- err
+				return
+			}
+			c := s.newConn(uc)
+			if c == nil {
+				continue
+			}
+			s.wg.Add(1)
+			go c.serve()
+		}
+	}()
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-acceptErr:
+		err = fmt.Errorf("accept: %w", err)
+		s.log.Error("accept failed", zap.Error(err))
+	}
+	s.shutdown()
+	return err
+}
+
+// shutdown stops accepting, wakes every connection so it drains its session, and waits.
+func (s *Server) shutdown() {
+	s.closing.Store(true)
+	s.ln.Close()
+	s.mu.Lock()
+	n := len(s.conns)
+	for c := range s.conns {
+		c.wake()
+	}
+	s.mu.Unlock()
+	s.log.Info("shutting down", zap.Int("connections", n), zap.Duration("timeout", s.cfg.ShutdownTimeout))
+	done := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		s.pool.Close()
+		s.log.Info("shutdown complete")
+	case <-time.After(s.cfg.ShutdownTimeout):
+		s.log.Error("shutdown timed out; sessions still draining are left unfinished",
+			zap.Duration("timeout", s.cfg.ShutdownTimeout))
+	}
+}
+
+func (s *Server) newConn(uc *net.UnixConn) *conn {
+	c := &conn{srv: s, c: control.NewConn(uc)}
+	log := s.log.With(zap.String("component", "session"))
+	if cred, err := c.c.PeerCred(); err == nil {
+		c.cred = *cred
+		log = log.With(zap.Int32("pid", cred.Pid), zap.Uint32("uid", cred.Uid), zap.Uint32("gid", cred.Gid))
+	} else {
+		log.Warn("no peer credentials", zap.Error(err))
+	}
+	c.log = log
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing.Load() {
+		uc.Close()
+		return nil
+	}
+	s.conns[c] = struct{}{}
+	return c
+}
+
+func (s *Server) removeConn(c *conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+}
+
+// takeSessionSlot counts a new session against MaxSessions.
+func (s *Server) takeSessionSlot() (uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sessions >= s.cfg.MaxSessions {
+		return 0, false
+	}
+	s.sessions++
+	s.nextID++
+	return s.nextID, true
+}
+
+func (s *Server) dropSessionSlot() {
+	s.mu.Lock()
+	s.sessions--
+	s.mu.Unlock()
+}
+
+// Status builds a STATUS_REPLY.
+func (s *Server) Status() control.StatusReply {
+	s.mu.Lock()
+	var sess []control.SessionStatus
+	for c := range s.conns {
+		if st, ok := c.status(); ok {
+			sess = append(sess, st)
+		}
+	}
+	n := s.sessions
+	s.mu.Unlock()
+	sort.Slice(sess, func(i, j int) bool { return sess[i].Session < sess[j].Session })
+	var used int64
+	if s.budget != nil {
+		used = s.budget.Used()
+	}
+	return control.StatusReply{
+		Daemon: control.DaemonStatus{Version: s.cfg.Version, PID: os.Getpid(), UptimeS: time.Since(s.started).Seconds(),
+			Socket: s.cfg.Socket, MemoryLimit: s.cfg.MemoryLimit, MemoryUsed: used, Sessions: n},
+		Sessions: sess,
+	}
+}
+
