@@ -770,3 +770,39 @@ func TestRealActivations(t *testing.T) {
 		}
 	}
 }
+
+// TestShuffleZeroMap: a zero map is written exactly when enough elements are zero, and it
+// round-trips -0.0 (not all-zero bytes) as a value.
+func TestShuffleZeroMap(t *testing.T) {
+	c := mustNew(t, "shuffle", Options{})
+	tests := []struct {
+		kind string
+		n    int
+		want byte
+	}{
+		{"relu", 4000, flagZeroMap},
+		{"zero", 4000, flagZeroMap},
+		{"normal", 4000, 0},
+		{"relu", 100, flagZeroMap},
+		{"special", 4000, 0},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%s/%d", tt.kind, tt.n), func(t *testing.T) {
+			src := toBytes(gen(tt.kind, tt.n, 5), dtype.Float32)
+			if tt.kind == "relu" {
+				storeFloat(src, dtype.Float32, 1, math.Copysign(0, -1))
+			}
+			out, ok, err := c.Encode(nil, src, dtype.Float32)
+			if err != nil || !ok {
+				t.Fatalf("encode: ok=%v err=%v", ok, err)
+			}
+			if out[0] != tt.want {
+				t.Fatalf("flags %#x, want %#x", out[0], tt.want)
+			}
+			got, err := c.Decode(nil, out, dtype.Float32, len(src))
+			if err != nil || !bytes.Equal(got, src) {
+				t.Fatalf("round trip: %v", err)
+			}
+		})
+	}
+}

@@ -67,30 +67,47 @@ const (
 	zeroMapShare = 16
 )
 
-// countZeros counts the elements of src (width w) whose bytes are all zero.
-func countZeros(src []byte, w int) int {
-	z := 0
+// countZeros counts the elements of src (width w) whose bytes are all zero, looking at
+// every stride-th element only.
+func countZeros(src []byte, w, stride int) int {
+	z, step := 0, w*stride
 	switch w {
 	case 2:
-		for i := 0; i+2 <= len(src); i += 2 {
+		for i := 0; i+2 <= len(src); i += step {
 			if binary.LittleEndian.Uint16(src[i:]) == 0 {
 				z++
 			}
 		}
 	case 4:
-		for i := 0; i+4 <= len(src); i += 4 {
+		for i := 0; i+4 <= len(src); i += step {
 			if binary.LittleEndian.Uint32(src[i:]) == 0 {
 				z++
 			}
 		}
 	case 8:
-		for i := 0; i+8 <= len(src); i += 8 {
+		for i := 0; i+8 <= len(src); i += step {
 			if binary.LittleEndian.Uint64(src[i:]) == 0 {
 				z++
 			}
 		}
 	}
 	return z
+}
+
+// zeroMapWorth returns the number of all-zero elements when a zero map pays, else 0. A
+// sample of every 8th element decides whether the full count is worth its pass.
+func zeroMapWorth(body []byte, w, n int) int {
+	if w < 2 || n == 0 {
+		return 0
+	}
+	need := max(1, n/zeroMapShare)
+	if n >= 1024 && 8*countZeros(body, w, 8) < need/2 {
+		return 0
+	}
+	if z := countZeros(body, w, 1); z >= need {
+		return z
+	}
+	return 0
 }
 
 func allZero(b []byte) bool {
@@ -113,7 +130,7 @@ func appendShuffled(dst, src []byte, dt dtype.DType, level int) ([]byte, error) 
 	var flags byte
 	fi := len(dst)
 	dst = append(dst, 0)
-	if z := countZeros(body, w); w >= 2 && n > 0 && z >= max(1, n/zeroMapShare) {
+	if z := zeroMapWorth(body, w, n); z > 0 {
 		flags |= flagZeroMap
 		bitmap := make([]byte, (n+7)/8)
 		compact := make([]byte, 0, (n-z)*w)
