@@ -1,13 +1,83 @@
 package main
 
-// PLACEHOLDER: replaced by the helper that owns this command.
-
 import (
-	"errors"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/strap-llm/strap/internal/control"
 )
 
 func newStatusCmd() *cobra.Command {
-	return &cobra.Command{Use: "status", RunE: func(*cobra.Command, []string) error { return errors.New("status: not built yet") }}
+	var (
+		socket  string
+		asJSON  bool
+		timeout time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the running daemon and its sessions",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			path := control.ClientSocketPath(socket)
+			c, err := control.Dial(ctx, path, "strapd-status/"+version)
+			if err != nil {
+				return fmt.Errorf("is strapd running? %w", err)
+			}
+			defer c.Disconnect()
+			rep, err := c.Status()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(rep)
+			}
+			return printStatus(cmd.OutOrStdout(), rep)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&socket, "socket", "", "control socket path (default: resolved as in PROTOCOL.md 1)")
+	f.BoolVar(&asJSON, "json", false, "print the STATUS_REPLY as JSON")
+	f.DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for the daemon")
+	return cmd
+}
+
+func printStatus(w io.Writer, rep control.StatusReply) error {
+	d := rep.Daemon
+	fmt.Fprintf(w, "strapd %s  pid %d  up %s  socket %s\n", d.Version, d.PID,
+		(time.Duration(d.UptimeS * float64(time.Second))).Round(time.Second), d.Socket)
+	fmt.Fprintf(w, "memory %s of %s  sessions %d\n", human(d.MemoryUsed), human(d.MemoryLimit), d.Sessions)
+	if len(rep.Sessions) == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nSESSION\tPID\tUID\tMODEL\tCODEC\tPACKETS\tDROPS\tIN\tOUT\tRING USED\tOUTPUT")
+	for _, s := range rep.Sessions {
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s/%s\t%s\n", s.Session, s.PID, s.UID, s.ModelClass, s.Codec,
+			s.Packets, s.Drops, human(int64(s.BytesIn)), human(int64(s.BytesOut)), human(int64(s.RingUsed)),
+			human(int64(s.RingSize)), s.OutputPath)
+	}
+	return tw.Flush()
+}
+
+func human(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
