@@ -193,4 +193,3 @@ func (b *byteSize) Set(s string) error {
 
 // Type names the flag's value type in help.
 func (b *byteSize) Type() string { return "bytes" }
-

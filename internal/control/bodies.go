@@ -22,13 +22,23 @@ type Welcome struct {
 
 // Open asks for a session; it carries the ring memfd and the output file (PROTOCOL.md 1.3).
 type Open struct {
-	RingSize   uint64         `json:"ring_size"`
-	Codec      string         `json:"codec"`
-	CodecLevel int            `json:"codec_level,omitempty"`
-	Policy     string         `json:"policy"`
-	BlockSize  uint64         `json:"block_size,omitempty"`
-	AppendAt   uint64         `json:"append_at,omitempty"`
-	Metadata   map[string]any `json:"metadata,omitempty"`
+	RingSize   uint64 `json:"ring_size"`
+	Codec      string `json:"codec"`
+	CodecLevel int    `json:"codec_level,omitempty"`
+	Policy     string `json:"policy"`
+	BlockSize  uint64 `json:"block_size,omitempty"`
+	// Lossy is the error bound of a lossy codec ("quant", "fp16"); absent for lossless ones.
+	Lossy    *Lossy         `json:"lossy,omitempty"`
+	AppendAt uint64         `json:"append_at,omitempty"`
+	Metadata map[string]any `json:"metadata,omitempty"`
+}
+
+// Lossy is an error bound as OPEN carries it (docs/COMPRESSION.md 7).
+type Lossy struct {
+	// Mode is "abs", "rel" or "fp16".
+	Mode string `json:"mode"`
+	// Value is the bound (may be 0 for "fp16").
+	Value float64 `json:"value,omitempty"`
 }
 
 // OpenRequired are the fields OPEN must carry.

@@ -34,6 +34,7 @@ type harness struct {
 
 type hopts struct {
 	codec      string
+	lossy      *codec.LossyBound
 	ringSize   uint64
 	blockSize  int
 	budget     *Budget
@@ -69,7 +70,7 @@ func newHarness(tb testing.TB, o hopts) *harness {
 	tb.Cleanup(func() { out.Close() })
 	var c codec.Codec
 	if o.codec != "" {
-		if c, err = codec.New(o.codec, codec.Options{}); err != nil {
+		if c, err = codec.New(o.codec, codec.Options{Lossy: o.lossy}); err != nil {
 			tb.Fatal(err)
 		}
 	}
@@ -161,6 +162,7 @@ func TestSessionExact(t *testing.T) {
 		{"lz4", "lz4", shm.HeaderSize + 256<<10, 16 << 10},
 		{"zstd", "zstd", shm.HeaderSize + 256<<10, 16 << 10},
 		{"zstd one block", "zstd", shm.HeaderSize + 1<<20, 0},
+		{"shuffle", "shuffle", shm.HeaderSize + 256<<10, 16 << 10},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -218,6 +220,35 @@ func TestSessionExact(t *testing.T) {
 				t.Fatalf("metadata %v", st.Meta)
 			}
 		})
+	}
+}
+
+// TestLossyMeta: a lossy codec's packets carry the achieved error under meta "lossy",
+// within the bound, and the client's own meta keys are kept.
+func TestLossyMeta(t *testing.T) {
+	h := newHarness(t, hopts{codec: "quant", lossy: &codec.LossyBound{Mode: "rel", Value: 1e-3}, blockSize: 16 << 10})
+	tn := f32Tensor("m", 3, 100, 300)
+	tn.Meta = []byte(`{"dim":1}`)
+	if err := h.put(&tn); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.finish(StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	st, err := pipelinetest.ReadFile(h.out.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := st.Packets[0]
+	l, ok := p.Meta["lossy"].(map[string]any)
+	if !ok || p.Meta["dim"] != float64(1) || l["mode"] != "rel" || l["bound"] != 1e-3 {
+		t.Fatalf("meta %v", p.Meta)
+	}
+	if e, _ := l["rel_l2_err"].(float64); !(e > 0 && e <= 1e-3) {
+		t.Fatalf("rel_l2_err %v", l["rel_l2_err"])
+	}
+	if p.StoredLen*2 > p.RawLen {
+		t.Fatalf("quant stored %d of %d bytes", p.StoredLen, p.RawLen)
 	}
 }
 

@@ -135,6 +135,7 @@ type item struct {
 	tok  control.Token
 
 	blocks  []writer.Block
+	stats   []codec.BlockStats // lossy codecs: the error of each block
 	grants  []grant
 	pending atomic.Int32
 	done    chan struct{}
@@ -178,9 +179,9 @@ type Session struct {
 	ferr     atomic.Pointer[Error]
 
 	packets, drops, bytesIn, bytesOut, headA, tailA atomic.Uint64
-	finishOnce                                       sync.Once
-	result                                           Result
-	resultErr                                        error
+	finishOnce                                      sync.Once
+	result                                          Result
+	resultErr                                       error
 }
 
 // Start writes the stream header and starts the session's writer.
@@ -324,12 +325,26 @@ func (s *Session) dispatch(it *item) error {
 		close(it.done)
 		return s.enqueue(it)
 	}
+	dt := it.rec.DType
+	enc := s.codec
+	if tp, ok := enc.(codec.TensorPreparer); ok {
+		// One pass over the whole record (e.g. the RMS a relative bound refers to).
+		c, err := tp.ForTensor(p, dt)
+		if err != nil {
+			s.free(it.span)
+			return s.fail(&Error{Code: control.CodeCodec, Err: fmt.Errorf("prepare seq %d (%s): %w", it.seq, it.rec.Name, err)})
+		}
+		enc = c
+	}
+	se, withStats := enc.(codec.StatsEncoder)
+	if withStats {
+		it.stats = make([]codec.BlockStats, n)
+	}
 	it.pending.Store(int32(n))
 	// Queue the item first so the writer waits on it in order while blocks compress.
 	if err := s.enqueue(it); err != nil {
 		return err
 	}
-	dt := it.rec.DType
 	for i := range n {
 		src := p[i*s.bs : min(len(p), (i+1)*s.bs)]
 		g, err := s.o.Lease.acquire(s.ctx, int64(bufCap(len(src))))
@@ -344,7 +359,21 @@ func (s *Session) dispatch(it *item) error {
 		i := i
 		job := func() {
 			buf := getBuf(bufCap(len(src)))
-			out, compressed, err := s.codec.Encode(buf[:0], src, dt)
+			var (
+				out        []byte
+				compressed bool
+				err        error
+			)
+			if withStats {
+				var st codec.BlockStats
+				out, compressed, st, err = se.EncodeStats(buf[:0], src, dt)
+				if !compressed {
+					st = codec.BlockStats{Values: len(src) / max(1, dt.Size()), Lossless: true}
+				}
+				it.stats[i] = st
+			} else {
+				out, compressed, err = enc.Encode(buf[:0], src, dt)
+			}
 			switch {
 			case err != nil:
 				it.setErr(fmt.Errorf("block %d: %w", i, err))
@@ -515,6 +544,13 @@ func (s *Session) write(it *item) error {
 		if r.Flags&shm.FlagPart != 0 {
 			p.Flags = writer.FlagPart
 		}
+		if it.stats != nil {
+			meta, err := s.lossyMeta(it)
+			if err != nil {
+				return err
+			}
+			p.Meta = meta
+		}
 		if s.codec == nil {
 			p.Codec = codec.None
 			p.Blocks = []writer.Block{{Data: r.Payload}}
@@ -555,6 +591,30 @@ func (s *Session) write(it *item) error {
 		s.packets.Add(1)
 	}
 	return nil
+}
+
+// errBoundExceeded: a lossy codec reported an error beyond its bound (a codec bug).
+var errBoundExceeded = errors.New("lossy codec exceeded its error bound")
+
+// lossyMeta folds a lossy packet's block stats into its meta under "lossy"
+// (docs/COMPRESSION.md 6), refusing a packet whose error exceeds the bound.
+func (s *Session) lossyMeta(it *item) ([]byte, error) {
+	var b codec.LossyBound
+	if lc, ok := s.codec.(codec.LossyCodec); ok {
+		b = lc.Bound()
+	}
+	rep := codec.Report(b, it.stats)
+	if rep.Exceeds() {
+		return nil, fmt.Errorf("seq %d (%s): %w: %+v", it.seq, it.rec.Name, errBoundExceeded, rep)
+	}
+	obj := map[string]any{}
+	if len(it.meta) > 0 {
+		if err := json.Unmarshal(it.meta, &obj); err != nil {
+			return nil, fmt.Errorf("seq %d meta: %w", it.seq, err)
+		}
+	}
+	obj["lossy"] = rep
+	return json.Marshal(obj)
 }
 
 // Finish ends the session: no more input is taken, everything queued is written, then the

@@ -348,9 +348,16 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	if bs < 4096 || bs > cfg.MaxBlockSize {
 		return perr(control.CodeLimit, "block_size %d, expected 4096..%d", bs, cfg.MaxBlockSize)
 	}
-	cd, err := codec.New(req.Codec, codec.Options{Level: req.CodecLevel})
+	copts := codec.Options{Level: req.CodecLevel}
+	if req.Lossy != nil {
+		copts.Lossy = &codec.LossyBound{Mode: req.Lossy.Mode, Value: req.Lossy.Value}
+	}
+	cd, err := codec.New(req.Codec, copts)
 	if err != nil {
 		return &pipeline.Error{Code: control.CodeBadCodec, Err: err}
+	}
+	if lc, ok := cd.(codec.LossyCodec); ok && lc.Bound().Mode == "" {
+		return perr(control.CodeBadCodec, "codec %s is lossy and needs a bound: OPEN \"lossy\": {\"mode\": \"rel\"|\"abs\"|\"fp16\", \"value\": v}", cd.Name())
 	}
 	if err := checkOutput(fds[1]); err != nil {
 		return err
@@ -392,6 +399,9 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	}
 	if req.Metadata == nil {
 		meta["client_metadata"] = map[string]any{}
+	}
+	if req.Lossy != nil {
+		meta["lossy"] = req.Lossy
 	}
 	log := c.log.With(zap.Uint64("session", id))
 	sess, err := pipeline.Start(pipeline.Options{

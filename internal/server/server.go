@@ -294,4 +294,3 @@ func (s *Server) Status() control.StatusReply {
 		Sessions: sess,
 	}
 }
-

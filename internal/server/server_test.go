@@ -347,6 +347,8 @@ func TestOpenRefusals(t *testing.T) {
 		{"output is a pipe", func(t *testing.T) *os.File { return sealed(t, small) }, pipe, control.Open{RingSize: small, Codec: "none", Policy: "block"}, control.CodeBadOutput, "regular file"},
 		{"output O_APPEND", func(t *testing.T) *os.File { return sealed(t, small) }, appendOut, control.Open{RingSize: small, Codec: "none", Policy: "block"}, control.CodeBadOutput, "O_APPEND"},
 		{"unknown codec", func(t *testing.T) *os.File { return sealed(t, small) }, outFile, control.Open{RingSize: small, Codec: "brotli", Policy: "block"}, control.CodeBadCodec, "brotli"},
+		{"lossy codec without bound", func(t *testing.T) *os.File { return sealed(t, small) }, outFile, control.Open{RingSize: small, Codec: "quant", Policy: "block"}, control.CodeBadCodec, "needs a bound"},
+		{"lossless codec with bound", func(t *testing.T) *os.File { return sealed(t, small) }, outFile, control.Open{RingSize: small, Codec: "zstd", Policy: "block", Lossy: &control.Lossy{Mode: "rel", Value: 1e-3}}, control.CodeBadCodec, "lossy"},
 		{"bad policy", func(t *testing.T) *os.File { return sealed(t, small) }, outFile, control.Open{RingSize: small, Codec: "none", Policy: "maybe"}, control.CodeBadMessage, "policy"},
 		{"ring over limit", func(t *testing.T) *os.File { return sealed(t, small) }, outFile, control.Open{RingSize: 1 << 20, Codec: "none", Policy: "block"}, control.CodeLimit, "--max-ring-size"},
 		{"memory budget", func(t *testing.T) *os.File { return sealed(t, shm.HeaderSize+300<<10) }, outFile, control.Open{RingSize: shm.HeaderSize + 300<<10, Codec: "zstd", Policy: "block"}, control.CodeMemoryBudget, "memory budget"},
