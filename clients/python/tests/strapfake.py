@@ -273,6 +273,7 @@ class FakeStrapd:
                 w.packet(2, name=body["name"], seq=body["seq"], step=body["step"], forward=body["forward"],
                          meta=json.dumps({"reason": body["reason"]}).encode(), raw_len=body["bytes"])
                 sess["drops"] += 1
+                sess["packets"] += 1  # like strapd: TENSOR, DROP and TOKEN packets count
             elif mt == P.CLOSE:
                 assert body["seq"] == expect - 1 and body["head"] == tail and body["drops"] == sess["drops"], (body, expect, tail)
                 w.finish("complete", sess["packets"], sess["drops"])
