@@ -40,6 +40,7 @@ type hopts struct {
 	budget     *Budget
 	pool       *Pool
 	writeDelay time.Duration
+	output     *os.File
 }
 
 func newHarness(tb testing.TB, o hopts) *harness {
@@ -63,9 +64,12 @@ func newHarness(tb testing.TB, o hopts) *harness {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	out, err := os.Create(filepath.Join(tb.TempDir(), "out.strap"))
-	if err != nil {
-		tb.Fatal(err)
+	out := o.output
+	if out == nil {
+		out, err = os.Create(filepath.Join(tb.TempDir(), "out.strap"))
+		if err != nil {
+			tb.Fatal(err)
+		}
 	}
 	tb.Cleanup(func() { out.Close() })
 	var c codec.Codec
@@ -500,5 +504,33 @@ func BenchmarkPipeline(b *testing.B) {
 			}
 			b.ReportMetric(float64(res.BytesIn)/float64(res.FileBytes), "ratio")
 		})
+	}
+}
+
+// TestWriteErrorReachesClient: a failing output (here /dev/full: every write is ENOSPC once
+// the writer flushes) becomes a fatal write_error for the session, never swallowed.
+func TestWriteErrorReachesClient(t *testing.T) {
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skip("no /dev/full")
+	}
+	h := newHarness(t, hopts{codec: "lz4", output: full})
+	for i := range 50 {
+		tn := f32Tensor("m", uint64(i+1), 20000)
+		if err = h.put(&tn); err != nil {
+			break
+		}
+	}
+	_, ferr := h.s.Finish(StatusComplete)
+	if ferr == nil {
+		t.Fatal("finish succeeded on a closed output")
+	}
+	select {
+	case e := <-h.errs:
+		if e.Code != control.CodeWrite {
+			t.Fatalf("OnError code %s (%v), want %s", e.Code, e, control.CodeWrite)
+		}
+	default:
+		t.Fatalf("no error reported to the client (put: %v, finish: %v)", err, ferr)
 	}
 }

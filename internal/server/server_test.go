@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	"golang.org/x/sys/unix"
 
@@ -31,7 +32,7 @@ type testServer struct {
 	err    error
 }
 
-func startServer(t *testing.T, cfg Config) *testServer {
+func startServer(t testing.TB, cfg Config) *testServer {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "strapd-test")
 	if err != nil {
@@ -45,7 +46,11 @@ func startServer(t *testing.T, cfg Config) *testServer {
 	if cfg.Workers == 0 {
 		cfg.Workers = 2
 	}
-	srv := New(cfg, zaptest.NewLogger(t))
+	log := zap.NewNop()
+	if _, bench := t.(*testing.B); !bench {
+		log = zaptest.NewLogger(t)
+	}
+	srv := New(cfg, log)
 	if err := srv.Listen(); err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +62,7 @@ func startServer(t *testing.T, cfg Config) *testServer {
 }
 
 // stop cancels the server and returns Serve's result (once; later calls repeat it).
-func (ts *testServer) stop(t *testing.T) error {
+func (ts *testServer) stop(t testing.TB) error {
 	ts.once.Do(func() {
 		ts.cancel()
 		select {
@@ -72,7 +77,7 @@ func (ts *testServer) stop(t *testing.T) error {
 	return ts.err
 }
 
-func (ts *testServer) dial(t *testing.T) *control.Client {
+func (ts *testServer) dial(t testing.TB) *control.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -84,7 +89,7 @@ func (ts *testServer) dial(t *testing.T) *control.Client {
 	return c
 }
 
-func outFile(t *testing.T) *os.File {
+func outFile(t testing.TB) *os.File {
 	t.Helper()
 	f, err := os.OpenFile(filepath.Join(t.TempDir(), "out.strap"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
@@ -307,7 +312,7 @@ func TestOpenRefusals(t *testing.T) {
 		}
 		return f
 	}
-	readOnly := func(t *testing.T) *os.File {
+	readOnly := func(t testing.TB) *os.File {
 		f, err := os.Open(outFile(t).Name())
 		if err != nil {
 			t.Fatal(err)
@@ -315,7 +320,7 @@ func TestOpenRefusals(t *testing.T) {
 		t.Cleanup(func() { f.Close() })
 		return f
 	}
-	pipe := func(t *testing.T) *os.File {
+	pipe := func(t testing.TB) *os.File {
 		r, w, err := os.Pipe()
 		if err != nil {
 			t.Fatal(err)
@@ -323,7 +328,7 @@ func TestOpenRefusals(t *testing.T) {
 		t.Cleanup(func() { r.Close(); w.Close() })
 		return w
 	}
-	appendOut := func(t *testing.T) *os.File {
+	appendOut := func(t testing.TB) *os.File {
 		f, err := os.OpenFile(filepath.Join(t.TempDir(), "a"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 		if err != nil {
 			t.Fatal(err)
@@ -335,7 +340,7 @@ func TestOpenRefusals(t *testing.T) {
 	tests := []struct {
 		name     string
 		ring     func(t *testing.T) *os.File
-		out      func(t *testing.T) *os.File
+		out      func(t testing.TB) *os.File
 		req      control.Open
 		wantCode string
 		wantSub  string
