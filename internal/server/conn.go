@@ -34,6 +34,9 @@ type conn struct {
 	info    control.SessionStatus
 	slotted bool
 	outFile *os.File
+
+	counted bool            // counted in srv.quotas (removeConn undoes it)
+	rate    *requestLimiter // control messages per second
 }
 
 // wake interrupts the connection's blocking read (shutdown, or a session failure).
@@ -106,6 +109,10 @@ func (c *conn) handshake() bool {
 		return false
 	}
 	_ = c.c.Unix().SetReadDeadline(time.Time{})
+	if err := c.admit(); err != nil {
+		c.fatal(CodeAccessDenied, err)
+		return false
+	}
 	if c.srv.closing.Load() {
 		c.fatal(control.CodeShutdown, errors.New("strapd is shutting down"))
 		return false
@@ -151,6 +158,13 @@ func (c *conn) loop() {
 			return
 		}
 		resets = 0
+		if err := c.rate.allow(); err != nil {
+			closeFDs(fds)
+			var pe *pipeline.Error
+			errors.As(err, &pe)
+			c.endWith(pe.Code, pe.Err)
+			return
+		}
 		if m.Version != control.Version {
 			closeFDs(fds)
 			c.endWith(control.CodeProtocolVersion, fmt.Errorf("message in protocol %d, strapd speaks protocol %d", m.Version, control.Version))
@@ -216,7 +230,7 @@ func (c *conn) handle(m control.Message, fds []int) bool {
 	sess := c.session()
 	switch m.Type {
 	case control.TypeStatus:
-		c.out.send(control.TypeStatusReply, c.srv.Status())
+		c.out.send(control.TypeStatusReply, c.srv.StatusFor(&c.cred))
 		return false
 	case control.TypeOpen:
 		if sess != nil {
@@ -292,6 +306,7 @@ func (c *conn) finish(status string) (pipeline.Result, error) {
 	if c.slotted {
 		c.slotted = false
 		c.srv.dropSessionSlot()
+		c.srv.quotas.closeSession(c.cred.Uid)
 		if cerr := c.outFile.Close(); cerr != nil && err == nil {
 			err = fmt.Errorf("close output: %w", cerr)
 		}
@@ -362,13 +377,18 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	if err := checkOutput(fds[1]); err != nil {
 		return err
 	}
+	if err := c.srv.quotas.openSession(cfg.Clients, c.cred.Uid); err != nil {
+		return &pipeline.Error{Code: control.CodeLimit, Err: err}
+	}
 	id, ok := c.srv.takeSessionSlot()
 	if !ok {
+		c.srv.quotas.closeSession(c.cred.Uid)
 		return perr(control.CodeLimit, "%d sessions already open (--max-sessions)", cfg.MaxSessions)
 	}
 	defer func() {
 		if err != nil {
 			c.srv.dropSessionSlot()
+			c.srv.quotas.closeSession(c.cred.Uid)
 		}
 	}()
 	lease, err := c.srv.budget.Open(int64(req.RingSize), pipeline.Reserve(cd, int(bs), req.RingSize-shm.HeaderSize))
@@ -396,6 +416,8 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 		"strapd_version": cfg.Version, "created": time.Now().UTC().Format(time.RFC3339), "host": host,
 		"session": id, "codec": cd.Name(), "codec_level": req.CodecLevel, "block_size": bs, "policy": req.Policy,
 		"client_metadata": req.Metadata,
+		// Who opened the session, as the kernel reported it (SO_PEERCRED), not as the client says.
+		"peer": map[string]any{"pid": c.cred.Pid, "uid": c.cred.Uid, "gid": c.cred.Gid},
 	}
 	if req.Metadata == nil {
 		meta["client_metadata"] = map[string]any{}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/strap-llm/strap/internal/control"
 	"github.com/strap-llm/strap/internal/pipeline"
@@ -27,6 +28,8 @@ var (
 	ErrNotSocket = errors.New("socket path exists and is not a socket")
 	// errQueueFull: a client left too many replies unread.
 	errQueueFull = errors.New("client does not read its replies")
+	// ErrDrainTimeout: shutdown gave up on sessions still draining after ShutdownTimeout.
+	ErrDrainTimeout = errors.New("sessions still draining at the shutdown timeout")
 )
 
 // Config are the server's settings. Zero fields take the defaults of DefaultConfig.
@@ -53,6 +56,13 @@ type Config struct {
 	HandshakeTimeout time.Duration
 	// Version is the daemon version reported in WELCOME and STATUS.
 	Version string
+	// Access sets the socket's mode and group and the uid/gid allow-lists.
+	Access Access
+	// Clients bounds connections, sessions and request rates per client and per uid.
+	Clients ClientLimits
+	// Notify receives service state changes for systemd (READY=1, STATUS=…, STOPPING=1);
+	// nil: none are sent. It must not block for long.
+	Notify func(state string)
 }
 
 // DefaultConfig returns safe defaults (socket path left empty).
@@ -65,6 +75,9 @@ func DefaultConfig() Config {
 		ShutdownTimeout:  30 * time.Second,
 		HandshakeTimeout: 10 * time.Second,
 		Version:          "0.0.0",
+		Access:           Access{SocketMode: 0o600},
+		Clients: ClientLimits{MaxConns: 1024, MaxConnsPerUID: 128, MaxSessionsPerUID: 32,
+			ConnectRate: 200, RequestRate: 200000},
 	}
 }
 
@@ -91,6 +104,24 @@ func (c *Config) fill() {
 	if c.Version == "" {
 		c.Version = d.Version
 	}
+	if c.Access.SocketMode == 0 {
+		c.Access.SocketMode = d.Access.SocketMode
+	}
+	for _, f := range []struct {
+		v   *int
+		def int
+	}{{&c.Clients.MaxConns, d.Clients.MaxConns}, {&c.Clients.MaxConnsPerUID, d.Clients.MaxConnsPerUID},
+		{&c.Clients.MaxSessionsPerUID, d.Clients.MaxSessionsPerUID}} {
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+	}
+	if c.Clients.ConnectRate == 0 {
+		c.Clients.ConnectRate = d.Clients.ConnectRate
+	}
+	if c.Clients.RequestRate == 0 {
+		c.Clients.RequestRate = d.Clients.RequestRate
+	}
 }
 
 // Server is the daemon's control-socket server.
@@ -102,15 +133,17 @@ type Server struct {
 	budget  *pipeline.Budget
 	started time.Time
 
-	mu       sync.Mutex
-	conns    map[*conn]struct{}
-	sessions int
-	nextID   uint64
-	closing  atomic.Bool
-	wg       sync.WaitGroup
+	mu        sync.Mutex
+	conns     map[*conn]struct{}
+	sessions  int
+	nextID    uint64
+	closing   atomic.Bool
+	wg        sync.WaitGroup
+	quotas    quotas
+	inherited bool // the listener came from systemd (UseListener)
 }
 
-// New creates a server; Listen and Serve start it.
+// New creates a server; Listen (or UseListener) and Serve start it.
 func New(cfg Config, log *zap.Logger) *Server {
 	cfg.fill()
 	if log == nil {
@@ -119,8 +152,10 @@ func New(cfg Config, log *zap.Logger) *Server {
 	return &Server{cfg: cfg, log: log, conns: map[*conn]struct{}{}, started: time.Now()}
 }
 
-// Listen creates the socket: parent directory with mode 0700 when it does not exist, a
-// stale socket removed, and ErrAlreadyRunning when another daemon answers.
+// Listen creates the socket: parent directory with mode 0700 (0750 and the socket group
+// when Access.SocketGID is positive) when it does not exist, a stale socket removed,
+// ErrAlreadyRunning when another daemon answers, then the socket's mode and group from
+// Access.
 func (s *Server) Listen() error {
 	path := s.cfg.Socket
 	if path == "" {
@@ -128,11 +163,20 @@ func (s *Server) Listen() error {
 	}
 	dir := filepath.Dir(path)
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
+		mode := os.FileMode(0o700)
+		if s.cfg.Access.SocketGID > 0 {
+			mode = 0o750
+		}
+		if err := os.MkdirAll(dir, mode); err != nil {
 			return fmt.Errorf("create socket dir: %w", err)
 		}
-		if err := os.Chmod(dir, 0o700); err != nil {
+		if err := os.Chmod(dir, mode); err != nil {
 			return fmt.Errorf("create socket dir: %w", err)
+		}
+		if s.cfg.Access.SocketGID > 0 {
+			if err := os.Chown(dir, -1, s.cfg.Access.SocketGID); err != nil {
+				return fmt.Errorf("create socket dir: %w", err)
+			}
 		}
 	}
 	if fi, err := os.Lstat(path); err == nil {
@@ -149,11 +193,19 @@ func (s *Server) Listen() error {
 			return fmt.Errorf("remove stale socket: %w", err)
 		}
 	}
+	// bind creates the socket file with 0777 &^ umask: no client may get in before the
+	// chmod below, so bind under a umask that leaves only the owner.
+	old := unix.Umask(0o177)
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	unix.Umask(old)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
 	ln.SetUnlinkOnClose(true)
+	if err := s.applySocketPerms(path); err != nil {
+		ln.Close()
+		return fmt.Errorf("listen: %w", err)
+	}
 	s.ln = ln
 	return nil
 }
@@ -171,8 +223,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	s.pool = pipeline.NewPool(s.cfg.Workers)
 	s.budget = pipeline.NewBudget(s.cfg.MemoryLimit)
-	s.log.Info("serving", zap.String("socket", s.cfg.Socket), zap.Int("workers", s.pool.Workers()),
-		zap.Int64("memory_limit", s.cfg.MemoryLimit), zap.Int("max_sessions", s.cfg.MaxSessions))
+	s.log.Info("serving", zap.String("socket", s.cfg.Socket), zap.Bool("socket_activated", s.inherited),
+		zap.Int("workers", s.pool.Workers()), zap.Int64("memory_limit", s.cfg.MemoryLimit),
+		zap.Int("max_sessions", s.cfg.MaxSessions))
 
 	acceptErr := make(chan error, 1)
 	go func() {
@@ -191,6 +244,8 @@ func (s *Server) Serve(ctx context.Context) error {
 		}
 	}()
 
+	s.notify(fmt.Sprintf("READY=1\nSTATUS=serving on %s", s.cfg.Socket))
+
 	var err error
 	select {
 	case <-ctx.Done():
@@ -198,21 +253,25 @@ func (s *Server) Serve(ctx context.Context) error {
 		err = fmt.Errorf("accept: %w", err)
 		s.log.Error("accept failed", zap.Error(err))
 	}
-	s.shutdown()
-	return err
+	return errors.Join(err, s.shutdown())
 }
 
-// shutdown stops accepting, wakes every connection so it drains its session, and waits.
-func (s *Server) shutdown() {
+// shutdown stops accepting, wakes every connection so it drains its session (every
+// published record written, END, index, footer, fdatasync), and waits up to
+// ShutdownTimeout; ErrDrainTimeout when sessions were still draining then.
+func (s *Server) shutdown() error {
 	s.closing.Store(true)
 	s.ln.Close()
 	s.mu.Lock()
 	n := len(s.conns)
+	sessions := s.sessions
 	for c := range s.conns {
 		c.wake()
 	}
 	s.mu.Unlock()
-	s.log.Info("shutting down", zap.Int("connections", n), zap.Duration("timeout", s.cfg.ShutdownTimeout))
+	s.notify(fmt.Sprintf("STOPPING=1\nSTATUS=draining %d sessions", sessions))
+	s.log.Info("shutting down", zap.Int("connections", n), zap.Int("sessions", sessions),
+		zap.Duration("timeout", s.cfg.ShutdownTimeout))
 	done := make(chan struct{})
 	go func() {
 		s.wg.Wait()
@@ -222,25 +281,39 @@ func (s *Server) shutdown() {
 	case <-done:
 		s.pool.Close()
 		s.log.Info("shutdown complete")
+		return nil
 	case <-time.After(s.cfg.ShutdownTimeout):
+		s.mu.Lock()
+		left := s.sessions
+		s.mu.Unlock()
 		s.log.Error("shutdown timed out; sessions still draining are left unfinished",
-			zap.Duration("timeout", s.cfg.ShutdownTimeout))
+			zap.Duration("timeout", s.cfg.ShutdownTimeout), zap.Int("sessions", left))
+		return fmt.Errorf("shutdown: %w (%d left after %v)", ErrDrainTimeout, left, s.cfg.ShutdownTimeout)
 	}
 }
 
 func (s *Server) newConn(uc *net.UnixConn) *conn {
 	c := &conn{srv: s, c: control.NewConn(uc)}
 	log := s.log.With(zap.String("component", "session"))
-	if cred, err := c.c.PeerCred(); err == nil {
-		c.cred = *cred
-		log = log.With(zap.Int32("pid", cred.Pid), zap.Uint32("uid", cred.Uid), zap.Uint32("gid", cred.Gid))
-	} else {
-		log.Warn("no peer credentials", zap.Error(err))
+	cred, err := c.c.PeerCred()
+	if err != nil {
+		// Without credentials neither the allow-lists nor per-uid limits can hold: refuse.
+		s.refuse(uc, log, CodeAccessDenied, fmt.Errorf("%w: %w", errAccessDenied, err))
+		return nil
 	}
+	c.cred = *cred
+	log = log.With(zap.Int32("pid", cred.Pid), zap.Uint32("uid", cred.Uid), zap.Uint32("gid", cred.Gid))
 	c.log = log
+	if err := s.quotas.connect(s.cfg.Clients, c.cred.Uid, time.Now()); err != nil {
+		s.refuse(uc, log, control.CodeLimit, err)
+		return nil
+	}
+	c.counted = true
+	c.rate = newRequestLimiter(s.cfg.Clients.RequestRate)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing.Load() {
+		s.quotas.disconnect(c.cred.Uid, time.Now())
 		uc.Close()
 		return nil
 	}
@@ -252,6 +325,9 @@ func (s *Server) removeConn(c *conn) {
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
+	if c.counted {
+		s.quotas.disconnect(c.cred.Uid, time.Now())
+	}
 }
 
 // takeSessionSlot counts a new session against MaxSessions.

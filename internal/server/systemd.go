@@ -1,0 +1,135 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// listenFDsStart is the first descriptor systemd passes (SD_LISTEN_FDS_START).
+const listenFDsStart = 3
+
+// Errors of socket activation.
+var (
+	// ErrActivation: LISTEN_FDS/LISTEN_PID are set for this process but do not describe
+	// exactly one listening AF_UNIX SOCK_SEQPACKET socket.
+	ErrActivation = errors.New("socket activation")
+)
+
+// Notify sends one sd_notify(3) state datagram ("READY=1", "STATUS=…", "STOPPING=1",
+// several joined by newlines) to $NOTIFY_SOCKET. Without $NOTIFY_SOCKET (not started by
+// systemd as Type=notify) it does nothing and returns nil. A leading '@' names an abstract
+// socket, as systemd writes it.
+func Notify(state string) error {
+	path := os.Getenv("NOTIFY_SOCKET")
+	if path == "" {
+		return nil
+	}
+	if path[0] != '/' && path[0] != '@' {
+		return fmt.Errorf("notify: NOTIFY_SOCKET %q is neither a path nor an abstract name", path)
+	}
+	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		return fmt.Errorf("notify: %w", err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte(state)); err != nil {
+		return fmt.Errorf("notify: %w", err)
+	}
+	return nil
+}
+
+// ActivationListener returns the control socket systemd passed to this process
+// (sd_listen_fds(3): LISTEN_PID is our pid, LISTEN_FDS is 1, the socket is fd 3), or nil
+// when the process was not socket-activated. It checks that fd 3 is a listening AF_UNIX
+// SOCK_SEQPACKET socket and clears LISTEN_PID, LISTEN_FDS and LISTEN_FDNAMES so that no
+// child inherits them.
+func ActivationListener() (*net.UnixListener, error) {
+	pidStr, fdsStr := os.Getenv("LISTEN_PID"), os.Getenv("LISTEN_FDS")
+	if pidStr == "" && fdsStr == "" {
+		return nil, nil
+	}
+	defer func() {
+		os.Unsetenv("LISTEN_PID")
+		os.Unsetenv("LISTEN_FDS")
+		os.Unsetenv("LISTEN_FDNAMES")
+	}()
+	pid, err := strconv.Atoi(pidStr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: LISTEN_PID %q: %w", ErrActivation, pidStr, err)
+	}
+	if pid != os.Getpid() {
+		// Meant for another process (e.g. our parent passed its environment on): ignore.
+		return nil, nil
+	}
+	n, err := strconv.Atoi(fdsStr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: LISTEN_FDS %q: %w", ErrActivation, fdsStr, err)
+	}
+	if n != 1 {
+		return nil, fmt.Errorf("%w: LISTEN_FDS=%d, expected exactly one socket (ListenSequentialPacket= in strapd.socket)", ErrActivation, n)
+	}
+	fd := listenFDsStart
+	unix.CloseOnExec(fd)
+	if err := checkActivationFD(fd); err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "systemd-socket")
+	defer f.Close() // FileListener dups it
+	ln, err := net.FileListener(f)
+	if err != nil {
+		return nil, fmt.Errorf("%w: fd %d: %w", ErrActivation, fd, err)
+	}
+	ul, ok := ln.(*net.UnixListener)
+	if !ok {
+		ln.Close()
+		return nil, fmt.Errorf("%w: fd %d is a %T, expected a unix socket", ErrActivation, fd, ln)
+	}
+	return ul, nil
+}
+
+func checkActivationFD(fd int) error {
+	dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	if err != nil {
+		return fmt.Errorf("%w: fd %d is not a socket: %w", ErrActivation, fd, err)
+	}
+	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	if err != nil {
+		return fmt.Errorf("%w: fd %d: %w", ErrActivation, fd, err)
+	}
+	acc, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+	if err != nil {
+		return fmt.Errorf("%w: fd %d: %w", ErrActivation, fd, err)
+	}
+	if dom != unix.AF_UNIX || typ != unix.SOCK_SEQPACKET || acc != 1 {
+		return fmt.Errorf("%w: fd %d is domain %d type %d listening %v, expected a listening AF_UNIX SOCK_SEQPACKET socket",
+			ErrActivation, fd, dom, typ, acc == 1)
+	}
+	return nil
+}
+
+// UseListener makes the server accept on ln (a socket systemd passed) instead of creating
+// its socket in Listen. The socket file belongs to systemd: it is not removed on exit, and
+// its mode and group are the ones strapd.socket set. An empty Config.Socket is taken from
+// the listener's address.
+func (s *Server) UseListener(ln *net.UnixListener) {
+	ln.SetUnlinkOnClose(false)
+	s.ln = ln
+	s.inherited = true
+	if s.cfg.Socket == "" {
+		if a, ok := ln.Addr().(*net.UnixAddr); ok {
+			s.cfg.Socket = a.Name
+		}
+	}
+}
+
+// notify passes a state change to Config.Notify, if any.
+func (s *Server) notify(state string) {
+	if s.cfg.Notify != nil {
+		s.cfg.Notify(state)
+	}
+}
