@@ -76,6 +76,9 @@ def test_autostart_failure_has_log_tail(monkeypatch, sockdir, fake_bin):
 def test_autostart_then_capture(monkeypatch, sockdir, tmp_path, capsys, fake_bin):
     monkeypatch.setenv("STRAPD_BIN", fake_bin)
     monkeypatch.delenv("FAKE_STRAPD_MODE", raising=False)
+    # the stand-in daemon is a Python process: give it longer than strapd's 10 s on a busy box
+    real_connect = D.connect
+    monkeypatch.setattr(D, "connect", lambda p, autostart=True, timeout=10.0: real_connect(p, autostart, 60.0))
     path = os.path.join(sockdir, "auto", "strapd.sock")
     m = tiny_gpt2()
     pid = None

@@ -95,7 +95,7 @@ def test_sigkill_client_mid_capture(real_strapd, tmp_path):
                 child.wait(10)
                 m(**ids(6, 2))
                 # the daemon closes the dead session; the live one stays
-                for _ in range(100):
+                for _ in range(300):
                     sessions = _status(real_strapd.socket)["sessions"]
                     if len(sessions) == 1:
                         break
