@@ -1,8 +1,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"os/signal"
+	"os/user"
 	"strconv"
 	"strings"
 	"syscall"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/strap-llm/strap/internal/control"
 	"github.com/strap-llm/strap/internal/server"
@@ -18,8 +22,38 @@ import (
 
 // serveConfig is everything `strapd serve` is told on its command line.
 type serveConfig struct {
-	// Socket is the control socket path; empty resolves per PROTOCOL.md 1.
+	// Socket is the control socket path; empty resolves per PROTOCOL.md 1. A socket
+	// systemd passes (socket activation) takes precedence.
 	Socket string
+	// Access decides who may connect (docs/DEPLOY.md).
+	Access struct {
+		// SocketGroup is the group given the socket; members may connect.
+		SocketGroup string
+		// SocketGroupSet is true when --socket-group was given: a missing group is then an
+		// error instead of a warning.
+		SocketGroupSet bool
+		// SocketMode is the socket's permission bits, as octal text.
+		SocketMode string
+		// AllowUIDs, when not empty, are the only uids (besides root) that may connect.
+		AllowUIDs []uint
+		// AllowGIDs, when not empty, are groups whose members may connect.
+		AllowGIDs []uint
+	}
+	// Clients bound what one client or one uid may take.
+	Clients struct {
+		// MaxConns is the most connections open at once.
+		MaxConns int
+		// MaxConnsPerUID is the most connections one uid may hold.
+		MaxConnsPerUID int
+		// MaxSessionsPerUID is the most sessions one uid may hold.
+		MaxSessionsPerUID int
+		// ConnectRate is the new connections per second allowed per uid.
+		ConnectRate float64
+		// RequestRate is the control messages per second allowed per connection.
+		RequestRate float64
+	}
+	// LogFile, when set, receives the log (JSON lines) instead of stderr; SIGHUP reopens it.
+	LogFile string
 	// Memory bounds what the daemon may hold.
 	Memory struct {
 		// Limit counts ring mappings plus compression buffers in flight.
@@ -72,8 +106,82 @@ func (c *serveConfig) validate() error {
 		return fmt.Errorf("--shutdown-timeout %v: must be positive", c.ShutdownTimeout)
 	case c.Debug.WriteDelay < 0:
 		return fmt.Errorf("--debug-write-delay %v: must not be negative", c.Debug.WriteDelay)
+	case c.Clients.MaxConns < 0:
+		return fmt.Errorf("--max-conns %d: must be positive (0: the default)", c.Clients.MaxConns)
+	case c.Clients.MaxConnsPerUID < 0:
+		return fmt.Errorf("--max-conns-per-uid %d: must be positive (0: the default)", c.Clients.MaxConnsPerUID)
+	case c.Clients.MaxSessionsPerUID < 0:
+		return fmt.Errorf("--max-sessions-per-uid %d: must be positive (0: the default)", c.Clients.MaxSessionsPerUID)
+	case c.Clients.ConnectRate < 0:
+		return fmt.Errorf("--max-connect-rate %g: must be 0 (unlimited) or positive", c.Clients.ConnectRate)
+	case c.Clients.RequestRate < 0:
+		return fmt.Errorf("--max-request-rate %g: must be 0 (unlimited) or positive", c.Clients.RequestRate)
+	}
+	if _, err := c.socketMode(); err != nil {
+		return err
 	}
 	return nil
+}
+
+// socketMode parses --socket-mode.
+func (c *serveConfig) socketMode() (os.FileMode, error) {
+	if c.Access.SocketMode == "" {
+		return 0o660, nil
+	}
+	m, err := strconv.ParseUint(c.Access.SocketMode, 8, 32)
+	if err != nil || m == 0 || m&^0o777 != 0 || m&0o600 != 0o600 {
+		return 0, fmt.Errorf("--socket-mode %q: want octal permission bits that let the owner read and write, e.g. 0660", c.Access.SocketMode)
+	}
+	return os.FileMode(m), nil
+}
+
+// socketGID resolves --socket-group. The default group missing (or not ours to give when
+// not root) leaves the socket to its owner alone, with a warning; an explicit one is an error.
+func (c *serveConfig) socketGID(log *zap.Logger, mode *os.FileMode) (int, error) {
+	if c.Access.SocketGroup == "" {
+		return 0, nil
+	}
+	gid := -1
+	var err error
+	if n, perr := strconv.Atoi(c.Access.SocketGroup); perr == nil && n >= 0 {
+		gid = n
+	} else if g, lerr := user.LookupGroup(c.Access.SocketGroup); lerr == nil {
+		gid, err = strconv.Atoi(g.Gid)
+	} else {
+		err = lerr
+	}
+	if err == nil && os.Geteuid() != 0 && gid != os.Getegid() {
+		if groups, gerr := os.Getgroups(); gerr != nil || !containsInt(groups, gid) {
+			err = fmt.Errorf("not root and not a member of group %d", gid)
+		}
+	}
+	if err != nil {
+		if c.Access.SocketGroupSet {
+			return 0, fmt.Errorf("--socket-group %q: %w", c.Access.SocketGroup, err)
+		}
+		log.Warn("socket group unavailable; only the daemon's own uid (and root) can connect",
+			zap.String("group", c.Access.SocketGroup), zap.Error(err))
+		*mode &= 0o700
+		return 0, nil
+	}
+	return gid, nil
+}
+
+func containsInt(s []int, v int) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func toUint32(s []uint) []uint32 {
+	var out []uint32
+	for _, v := range s {
+		out = append(out, uint32(v))
+	}
+	return out
 }
 
 func newServeCmd(logger func() *zap.Logger) *cobra.Command {
@@ -85,22 +193,80 @@ func newServeCmd(logger func() *zap.Logger) *cobra.Command {
 	cfg.Limits.MaxNameLen = shm.MaxNameLen
 	cfg.Limits.MaxNDim = shm.MaxNDim
 	cfg.ShutdownTimeout = 30 * time.Second
+	cfg.Access.SocketGroup = "strap"
+	cfg.Access.SocketMode = "0660"
+	def := server.DefaultConfig().Clients
+	cfg.Clients.MaxConns = def.MaxConns
+	cfg.Clients.MaxConnsPerUID = def.MaxConnsPerUID
+	cfg.Clients.MaxSessionsPerUID = def.MaxSessionsPerUID
+	cfg.Clients.ConnectRate = def.ConnectRate
+	cfg.Clients.RequestRate = def.RequestRate
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Receive activation tensors from capture clients and stream them to disk",
 		Long: `serve listens on the control socket (docs/PROTOCOL.md) and runs one session per
 client: records from the client's sealed memfd ring are compressed on all cores and written
 to the output file the client passed, in sequence order. SIGINT/SIGTERM drain every
-session and exit 0.`,
+session and exit 0; SIGHUP reopens --log-file. Under systemd (docs/DEPLOY.md) it accepts
+the socket strapd.socket passes and reports its state with sd_notify.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.Access.SocketGroupSet = cmd.Flags().Changed("socket-group")
 			if err := cfg.validate(); err != nil {
 				return err
 			}
-			log := logger().With(zap.String("component", "strapd"))
+			notify := func(state string) {
+				if err := server.Notify(state); err != nil {
+					fmt.Fprintln(os.Stderr, "strapd: sd_notify:", err)
+				}
+			}
+			notify("STATUS=starting")
+			base := logger()
+			var logFile *server.LogFile
+			if cfg.LogFile != "" {
+				var err error
+				if logFile, err = server.OpenLogFile(cfg.LogFile); err != nil {
+					return err
+				}
+				defer logFile.Close()
+				ec := zap.NewProductionEncoderConfig()
+				ec.TimeKey = "ts"
+				ec.EncodeTime = zapcore.ISO8601TimeEncoder
+				base = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(ec), logFile, base.Core()))
+			}
+			log := base.With(zap.String("component", "strapd"))
 			defer log.Sync() //nolint:errcheck // stderr sync errors are not actionable
+			// SIGTERM/SIGINT cancel ctx (drain, then exit); SIGHUP only reopens the log.
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			go func() {
+				for range hup {
+					if logFile == nil {
+						log.Info("SIGHUP: no --log-file to reopen (logging to stderr)")
+						continue
+					}
+					if err := logFile.Reopen(); err != nil {
+						log.Error("SIGHUP: reopen log file", zap.Error(err))
+						continue
+					}
+					log.Info("SIGHUP: log file reopened", zap.String("path", cfg.LogFile))
+				}
+			}()
+			mode, _ := cfg.socketMode()
+			notify("STATUS=opening control socket")
+			ln, err := server.ActivationListener()
+			if err != nil {
+				return err
+			}
+			gid := 0
+			if ln == nil {
+				if gid, err = cfg.socketGID(log, &mode); err != nil {
+					return err
+				}
+			}
 			srv := server.New(server.Config{
 				Socket:          control.DaemonSocketPath(cfg.Socket),
 				MemoryLimit:     int64(cfg.Memory.Limit),
@@ -112,11 +278,24 @@ session and exit 0.`,
 				DebugWriteDelay: cfg.Debug.WriteDelay,
 				ShutdownTimeout: cfg.ShutdownTimeout,
 				Version:         version,
+				Access: server.Access{SocketMode: mode, SocketGID: gid,
+					AllowUIDs: toUint32(cfg.Access.AllowUIDs), AllowGIDs: toUint32(cfg.Access.AllowGIDs)},
+				Clients: server.ClientLimits{MaxConns: cfg.Clients.MaxConns, MaxConnsPerUID: cfg.Clients.MaxConnsPerUID,
+					MaxSessionsPerUID: cfg.Clients.MaxSessionsPerUID, ConnectRate: orOff(cfg.Clients.ConnectRate),
+					RequestRate: orOff(cfg.Clients.RequestRate)},
+				Notify: notify,
 			}, log)
-			if err := srv.Listen(); err != nil {
+			if ln != nil {
+				srv.UseListener(ln)
+			} else if err := srv.Listen(); err != nil {
+				notify("STATUS=failed: " + err.Error())
 				return err
 			}
-			return srv.Serve(ctx)
+			err = srv.Serve(ctx)
+			if errors.Is(err, server.ErrDrainTimeout) {
+				log.Error("exiting with sessions unfinished", zap.Error(err))
+			}
+			return err
 		},
 	}
 	f := cmd.Flags()
@@ -129,6 +308,16 @@ session and exit 0.`,
 	f.IntVar(&cfg.Limits.MaxNameLen, "max-name-len", cfg.Limits.MaxNameLen, "longest module name accepted")
 	f.IntVar(&cfg.Limits.MaxNDim, "max-ndim", cfg.Limits.MaxNDim, "most tensor dimensions accepted")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long SIGTERM waits for sessions to drain")
+	f.StringVar(&cfg.Access.SocketGroup, "socket-group", cfg.Access.SocketGroup, "group given the control socket; its members may connect (empty: leave as created)")
+	f.StringVar(&cfg.Access.SocketMode, "socket-mode", cfg.Access.SocketMode, "control socket permission bits, octal")
+	f.UintSliceVar(&cfg.Access.AllowUIDs, "allow-uid", nil, "only these uids (and root) may connect (repeatable; default: anyone the socket lets in)")
+	f.UintSliceVar(&cfg.Access.AllowGIDs, "allow-gid", nil, "members of these groups may connect (repeatable)")
+	f.IntVar(&cfg.Clients.MaxConns, "max-conns", cfg.Clients.MaxConns, "most connections open at once")
+	f.IntVar(&cfg.Clients.MaxConnsPerUID, "max-conns-per-uid", cfg.Clients.MaxConnsPerUID, "most connections one uid may hold")
+	f.IntVar(&cfg.Clients.MaxSessionsPerUID, "max-sessions-per-uid", cfg.Clients.MaxSessionsPerUID, "most sessions one uid may hold")
+	f.Float64Var(&cfg.Clients.ConnectRate, "max-connect-rate", cfg.Clients.ConnectRate, "new connections per second per uid (0: unlimited)")
+	f.Float64Var(&cfg.Clients.RequestRate, "max-request-rate", cfg.Clients.RequestRate, "control messages per second per connection (0: unlimited)")
+	f.StringVar(&cfg.LogFile, "log-file", "", "write the log here (JSON lines) instead of stderr; SIGHUP reopens it")
 	f.DurationVar(&cfg.Debug.WriteDelay, "debug-write-delay", 0, "sleep after every packet written (tests only)")
 	_ = f.MarkHidden("debug-write-delay")
 	return cmd
@@ -193,3 +382,11 @@ func (b *byteSize) Set(s string) error {
 
 // Type names the flag's value type in help.
 func (b *byteSize) Type() string { return "bytes" }
+
+// orOff maps the flag's "0: unlimited" to the server's "negative: off".
+func orOff(v float64) float64 {
+	if v == 0 {
+		return -1
+	}
+	return v
+}
