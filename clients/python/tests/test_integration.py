@@ -173,3 +173,22 @@ def test_tiny_ring_parts(real_strapd, tmp_path):
     capture_and_check(model("llama_fp32"), [ids(40, 3)], tmp_path / "p.strap", real_strapd.socket, config=cfg)
     with open_stream(tmp_path / "p.strap") as r:
         assert len(r.tensors("model.layers.0.mlp")[0].packets) == 3
+
+
+def test_daemon_killed_mid_capture_raises_promptly(strapd_factory, tmp_path):
+    from llm_instrumentation import StrapdConnectionError
+
+    d = strapd_factory()
+    m = model("llama_fp32")
+    t_kill = None
+    with pytest.raises(StrapdConnectionError):
+        with torch.no_grad():
+            with capture_activations(m, preset="fast_capture", output_path=tmp_path / "k.strap", socket_path=d.socket,
+                                     autostart_daemon=False):
+                m(**ids(6, 1))
+                d.proc.send_signal(signal.SIGKILL)
+                d.proc.wait(10)
+                t_kill = time.monotonic()
+                for i in range(50):
+                    m(**ids(6, i))
+    assert time.monotonic() - t_kill < 5

@@ -285,6 +285,7 @@ def test_stream_golden(path):
             tt = t.tensor()
             assert str(tt.dtype) == "torch." + t.dtype and tuple(tt.shape) == t.shape
         assert r.truncated_at == exp["truncated_at"]
+        assert r.incomplete_tensors == exp["incomplete_tensors"]
         end = r.end()
         assert (end.meta if end else None) == exp["end"]
         if exp["index"] is not None:
@@ -342,3 +343,23 @@ def test_mutations_give_clear_errors(tmp_path, name):
             assert "offset" in str(e)
             outcomes["error"] += 1
     assert outcomes["error"] > 100  # CRCs catch nearly every flip
+
+
+def test_incomplete_parts_counted_not_returned(tmp_path):
+    big = torch.arange(300.0)
+    raw = _raw(big)
+    p = tmp_path / "inc.strap"
+    with open(p, "wb") as f:
+        w = StreamWriter(f, {})
+        dt = DTYPE_IDS["float32"]
+        kw = dict(dtype=dt, shape=(300,), name="big", tensor_len=len(raw), flags=1)
+        w.packet(1, seq=1, raw=raw[:400], part_offset=0, **kw)           # then a gap: part 400..800 missing
+        w.packet(1, seq=2, raw=raw[800:1200], part_offset=800, **kw)
+        for i, off in enumerate(range(0, 1200, 400)):                     # a whole one
+            w.packet(1, seq=3 + i, raw=raw[off:off + 400], part_offset=off, **kw)
+        w.packet(1, seq=6, raw=raw[:400], part_offset=0, **kw)            # cut short at the end
+        w.finish("aborted", 6, 0)
+    with open_stream(p) as r:
+        got = list(r)
+        assert len(got) == 1 and torch.equal(got[0].tensor(), big) and got[0].seq == 3
+        assert r.incomplete_tensors == 3  # the broken one, its orphan part, the cut one (as the Go reader counts)

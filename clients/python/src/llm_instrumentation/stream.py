@@ -211,6 +211,8 @@ class StreamReader:
         metadata: the header's metadata dict.
         indexed: whether the footer index was used.
         truncated_at: offset of a torn final packet (scan mode), else None.
+        incomplete_tensors: split tensors whose parts did not all arrive, counted by the
+            last full iteration (they are never returned).
     """
 
     def __init__(self, path: Union[str, os.PathLike]) -> None:
@@ -224,6 +226,7 @@ class StreamReader:
         self._mm = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
         self._view = memoryview(self._mm)
         self.truncated_at: Optional[int] = None
+        self.incomplete_tensors = 0
         self.indexed = False
         try:
             self._read_header()
@@ -457,7 +460,11 @@ class StreamReader:
         return self._tensors(None)
 
     def _tensors(self, name: Optional[str]) -> Iterator[Tensor]:
+        # Same rules as the Go reader: the parts of one tensor follow each other in order
+        # among that module's packets; a gap (a dropped part, a cut stream) makes the tensor
+        # incomplete: counted in ``incomplete_tensors``, never returned.
         pending: Dict[str, List[Packet]] = {}
+        incomplete = 0
         for pk in self._packet_source(name):
             if pk.type != TENSOR or (name is not None and pk.name != name):
                 continue
@@ -465,15 +472,23 @@ class StreamReader:
                 yield Tensor([pk])
                 continue
             parts = pending.get(pk.name)
-            if pk.part_offset == 0:
-                parts = pending[pk.name] = [pk]
-            elif parts is None or parts[-1].part_offset + parts[-1].raw_len != pk.part_offset \
-                    or parts[-1].tensor_len != pk.tensor_len or parts[-1].seq + 1 != pk.seq:
-                raise StreamFormatError(f"{self.path}: PART of {pk.name} at part_offset {pk.part_offset} does not continue a tensor", pk.offset)
-            else:
-                parts.append(pk)
+            if parts is not None:
+                last = parts[-1]
+                if (pk.part_offset != last.part_offset + last.raw_len or pk.tensor_len != last.tensor_len
+                        or pk.dtype_id != last.dtype_id or pk.shape != last.shape):
+                    incomplete += 1
+                    del pending[pk.name]
+                    parts = None
+            if parts is None:
+                if pk.part_offset != 0:
+                    incomplete += 1
+                    continue
+                parts = pending[pk.name] = []
+            parts.append(pk)
             if pk.part_offset + pk.raw_len == pk.tensor_len:
-                yield Tensor(pending.pop(pk.name))
+                del pending[pk.name]
+                yield Tensor(parts)
+        self.incomplete_tensors = incomplete + len(pending)
 
     def _check_entry(self, pk: Packet, entry: Tuple[str, int, int, int, int, int, int]) -> None:
         name, typ, fl, seq, step, fwd, off = entry
