@@ -55,6 +55,7 @@ def test_exact_every_lossless_preset(real_strapd, tmp_path, mname, preset):
     a = analyze_activations(tmp_path / "c.strap")
     assert a["metadata"]["codec"] == InstrumentationConfig.from_preset(preset).compression_algorithm
     assert a["drops"]["count"] == 0 and a["end_status"] == "complete"
+    assert "end status complete" in strapd_verify(tmp_path / "c.strap")
 
 
 def test_outputs_unchanged(real_strapd, tmp_path):
@@ -66,6 +67,15 @@ def test_outputs_unchanged(real_strapd, tmp_path):
                                  socket_path=real_strapd.socket, autostart_daemon=False):
             got = m(**x).logits
     assert torch.equal(bits(plain), bits(got))
+
+
+def strapd_verify(path) -> str:
+    """Run ``strapd verify`` (the Go reader) on a stream; it must exit 0."""
+    from conftest import strapd_bin
+
+    res = subprocess.run([str(strapd_bin()), "verify", str(path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
 
 
 def _status(sock):
@@ -109,6 +119,7 @@ def test_sigkill_client_mid_capture(real_strapd, tmp_path):
             child.wait()
     a = analyze_activations(out)
     assert a["end_status"] == "aborted"
+    assert "end status aborted" in strapd_verify(out)
     assert a["tensors"] >= n * hooks and a["tensors"] == a["packets"]
     with open_stream(out) as r:
         ts = list(r)
@@ -166,6 +177,7 @@ def test_slow_writer_drop_policy_counts(strapd_factory, tmp_path):
     with open_stream(out) as r:
         seqs = sorted([t.seq for t in r] + [pk.seq for pk in r.packets() if pk.type_name == "DROP"])
     assert seqs == list(range(1, 37))
+    assert f"drops {s['drops']}" in strapd_verify(out)
 
 
 def test_tiny_ring_parts(real_strapd, tmp_path):
