@@ -314,3 +314,18 @@ def test_two_sessions_at_once(fake_daemon, tmp_path):
     for t in ths:
         t.join(60)
     assert not errors, errors
+
+
+def test_default_output_path_in_output_dir(fake_daemon, tmp_path):
+    m = tiny_gpt2()
+    paths = []
+    for _ in range(2):
+        with torch.no_grad():
+            with capture_activations(m, output_dir=tmp_path / "caps", socket_path=fake_daemon.path,
+                                     autostart_daemon=False) as fw:
+                m(input_ids=torch.tensor([[1, 2]]))
+        paths.append(fw.output_path)
+    assert paths[0] != paths[1] and all(p.startswith(str(tmp_path / "caps")) for p in paths)
+    md = analyze_activations(paths[0])["metadata"]["client_metadata"]
+    assert md["output_path"] == paths[0] and md["model_class"] == "GPT2LMHeadModel"
+    assert md["capture_config"]["compression_algorithm"] == "lz4"

@@ -73,6 +73,11 @@ def test_validation(kwargs, exc, match):
         InstrumentationConfig(**kwargs)
 
 
+def test_granularity_by_name_or_value():
+    assert InstrumentationConfig(granularity="MLP_ONLY").granularity is HookGranularity.MLP_ONLY
+    assert InstrumentationConfig(granularity="mlp_only").granularity is HookGranularity.MLP_ONLY
+
+
 def test_builder_validates():
     with pytest.raises(ValueError):
         InstrumentationConfig().with_compression("lzma")

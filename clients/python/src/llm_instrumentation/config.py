@@ -122,10 +122,12 @@ class InstrumentationConfig:
         try:
             g = HookGranularity(self.granularity)
         except ValueError:
+            g = HookGranularity.__members__.get(str(self.granularity).upper())  # type: ignore[assignment]
+        if g is None:
             raise ValueError(
                 f"granularity {self.granularity!r} is not one of "
                 f"{[m.name for m in HookGranularity]}"
-            ) from None
+            )
         object.__setattr__(self, "granularity", g)
         algo = self.compression_algorithm
         if not isinstance(algo, str) or algo.lower() not in SUPPORTED_CODECS:

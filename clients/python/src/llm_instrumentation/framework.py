@@ -327,7 +327,7 @@ def capture_activations(
             ``"max_compression"``, ``"attention_analysis"``, ``"mlp_analysis"``). Default
             ``"balanced"`` when ``config`` is not given either.
         config: an :class:`InstrumentationConfig` (exclusive with ``preset``).
-        output_path: the stream file; default ``output_dir/capture_<UTC time>_<pid>.strap``.
+        output_path: the stream file; default ``output_dir/capture_<UTC time, µs>_<pid>.strap``.
         output_dir: directory for the default output path.
         modules: extra fnmatch patterns on module names (``["model.layers.*.mlp"]``).
         track_per_token: give the framework a :class:`TokenTracker`; a packet's ``step``
@@ -364,7 +364,7 @@ def capture_activations(
     elif not isinstance(config, InstrumentationConfig):
         raise TypeError(f"config must be an InstrumentationConfig, got {type(config).__name__}")
     if output_path is None:
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S_%f")
         output_path = Path(output_dir) / f"capture_{stamp}_{os.getpid()}.strap"
     fw = InstrumentationFramework(model, config, output_path, modules=modules, socket_path=socket_path,
                                   autostart_daemon=autostart_daemon, track_per_token=track_per_token,
