@@ -329,3 +329,22 @@ def test_default_output_path_in_output_dir(fake_daemon, tmp_path):
     md = analyze_activations(paths[0])["metadata"]["client_metadata"]
     assert md["output_path"] == paths[0] and md["model_class"] == "GPT2LMHeadModel"
     assert md["capture_config"]["compression_algorithm"] == "lz4"
+
+
+def test_gradients_unchanged_under_capture(fake_daemon, tmp_path):
+    m = tiny_gpt2().train()
+    torch.manual_seed(1)
+    x = torch.randint(0, 1000, (1, 6))
+
+    def grads():
+        torch.manual_seed(2)  # same dropout masks
+        m.zero_grad()
+        m(input_ids=x, labels=x).loss.backward()
+        return [p.grad.clone() for p in m.parameters()]
+
+    plain = grads()
+    with capture_activations(m, preset="fast_capture", output_path=tmp_path / "g.strap",
+                             socket_path=fake_daemon.path, autostart_daemon=False) as fw:
+        captured = grads()
+    assert all(torch.equal(a, b) for a, b in zip(plain, captured))
+    assert fw.summary["packets"] == len(fw.hooked_modules)
