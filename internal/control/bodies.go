@@ -29,8 +29,46 @@ type Open struct {
 	BlockSize  uint64 `json:"block_size,omitempty"`
 	// Lossy is the error bound of a lossy codec ("quant", "fp16"); absent for lossless ones.
 	Lossy    *Lossy         `json:"lossy,omitempty"`
-	AppendAt uint64         `json:"append_at,omitempty"`
+	// AppendAt, when not 0, resumes the stream in the output file: its bytes [0, AppendAt)
+	// are a checkpointed prefix the daemon checks against Resume and continues.
+	AppendAt uint64 `json:"append_at,omitempty"`
+	// Resume states what the prefix must end with; required with AppendAt.
+	Resume   *Resume        `json:"resume,omitempty"`
 	Metadata map[string]any `json:"metadata,omitempty"`
+}
+
+// Resume is what a checkpointed stream prefix ends with (CHECKPOINTED of the session that
+// wrote it): the daemon refuses to append when the prefix disagrees.
+type Resume struct {
+	// LastSeq is the sequence number of the prefix's last packet (0: no packet yet).
+	LastSeq uint64 `json:"last_seq"`
+	// LastCRC is the CRC32C field of the prefix's last packet.
+	LastCRC uint32 `json:"last_crc"`
+	// Packets is the number of TENSOR, DROP and TOKEN packets in the prefix.
+	Packets uint64 `json:"packets"`
+}
+
+// Checkpoint asks the daemon to make every event up to Seq durable (write and fdatasync)
+// and to answer Checkpointed. Seq must be the last sequence number the client took.
+type Checkpoint struct {
+	Seq uint64 `json:"seq"`
+}
+
+// Checkpointed answers Checkpoint once every packet up to Seq is on disk.
+type Checkpointed struct {
+	// Seq echoes the request.
+	Seq uint64 `json:"seq"`
+	// Offset is the stream's size in bytes after the last packet: a resume appends here.
+	Offset uint64 `json:"offset"`
+	// Packets and Drops count TENSOR/DROP/TOKEN packets and DROP packets so far.
+	Packets uint64 `json:"packets"`
+	Drops   uint64 `json:"drops"`
+	// Tokens counts TOKEN packets so far.
+	Tokens uint64 `json:"tokens"`
+	// LastOffset is where the last packet starts (0 when there is none).
+	LastOffset uint64 `json:"last_offset"`
+	// LastCRC is the last packet's CRC32C field (0 when there is none).
+	LastCRC uint32 `json:"last_crc"`
 }
 
 // Lossy is an error bound as OPEN carries it (docs/COMPRESSION.md 7).
@@ -81,6 +119,8 @@ type Token struct {
 	Index   uint64 `json:"index"`
 	TokenID int64  `json:"token_id"`
 	Text    string `json:"text"`
+	// Position is the token's sequence position (absent: the same as Index).
+	Position *int64 `json:"position,omitempty"`
 }
 
 // Close ends a session after the last Publish.
@@ -155,6 +195,25 @@ type SessionStatus struct {
 	BytesOut   uint64 `json:"bytes_out"`
 	RingSize   uint64 `json:"ring_size"`
 	RingUsed   uint64 `json:"ring_used"`
+	// AgeS is the session's age in seconds.
+	AgeS float64 `json:"age_s"`
+	// Ratio is bytes_in / bytes_out (0 before anything was written).
+	Ratio float64 `json:"ratio"`
+	// InMBps and OutMBps are MB/s (10^6 bytes) over the last few seconds.
+	InMBps  float64 `json:"in_mbps"`
+	OutMBps float64 `json:"out_mbps"`
+	// RateWindowS is the window the rates cover.
+	RateWindowS float64 `json:"rate_window_s"`
+	// RingFill is ring_used / ring_size.
+	RingFill float64 `json:"ring_fill"`
+	// Tokens counts TOKEN packets written.
+	Tokens uint64 `json:"tokens"`
+	// Checkpoints counts CHECKPOINTED replies; LastCheckpointAgeS is the age of the last
+	// one in seconds (-1 when none).
+	Checkpoints        uint64  `json:"checkpoints"`
+	LastCheckpointAgeS float64 `json:"last_checkpoint_age_s"`
+	// Resumed is the append_at offset when the session resumed a stream, else 0.
+	Resumed uint64 `json:"resumed_at,omitempty"`
 }
 
 // StatusReply answers Status.

@@ -38,13 +38,17 @@ const (
 	TypeStatus      Type = 11
 	TypeStatusReply Type = 12
 	TypeToken       Type = 13
+	// TypeCheckpoint asks for everything up to a seq to be durable (CHECKPOINTS.md).
+	TypeCheckpoint Type = 14
+	// TypeCheckpointed answers TypeCheckpoint with the durable facts.
+	TypeCheckpointed Type = 15
 )
 
 var typeNames = map[Type]string{
 	TypeHello: "HELLO", TypeWelcome: "WELCOME", TypeOpen: "OPEN", TypeOpened: "OPENED",
 	TypePublish: "PUBLISH", TypeRelease: "RELEASE", TypeDrop: "DROP", TypeClose: "CLOSE",
 	TypeClosed: "CLOSED", TypeError: "ERROR", TypeStatus: "STATUS", TypeStatusReply: "STATUS_REPLY",
-	TypeToken: "TOKEN",
+	TypeToken: "TOKEN", TypeCheckpoint: "CHECKPOINT", TypeCheckpointed: "CHECKPOINTED",
 }
 
 // String is the protocol name of t.
