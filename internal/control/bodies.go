@@ -28,7 +28,7 @@ type Open struct {
 	Policy     string `json:"policy"`
 	BlockSize  uint64 `json:"block_size,omitempty"`
 	// Lossy is the error bound of a lossy codec ("quant", "fp16"); absent for lossless ones.
-	Lossy    *Lossy         `json:"lossy,omitempty"`
+	Lossy *Lossy `json:"lossy,omitempty"`
 	// AppendAt, when not 0, resumes the stream in the output file: its bytes [0, AppendAt)
 	// are a checkpointed prefix the daemon checks against Resume and continues.
 	AppendAt uint64 `json:"append_at,omitempty"`
