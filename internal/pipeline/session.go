@@ -74,6 +74,12 @@ type Options struct {
 	Log *zap.Logger
 	// WriteDelay slows the writer by this much per packet (tests fill tiny rings with it).
 	WriteDelay time.Duration
+	// Resume, when set, continues the stream already in Output instead of starting one
+	// (writer.Resume checks the prefix); sequence numbers go on after its LastSeq.
+	Resume *writer.ResumeExpect
+	// OnCheckpoint is called from the writer goroutine once every event up to a
+	// checkpoint's seq is written and fdatasynced; it must not block.
+	OnCheckpoint func(control.Checkpointed)
 }
 
 // Reserve is the compression buffer memory a session must reserve at open so that its
@@ -102,6 +108,11 @@ func bufCap(n int) int { return n + n/64 + 1024 }
 type Stats struct {
 	Packets  uint64
 	Drops    uint64
+	Tokens   uint64
+	// Checkpoints counts durable checkpoints; LastCheckpoint is when the last one was
+	// made (zero when none).
+	Checkpoints    uint64
+	LastCheckpoint time.Time
 	BytesIn  uint64
 	BytesOut uint64
 	RingUsed uint64
@@ -122,6 +133,7 @@ const (
 	kindTensor itemKind = iota
 	kindDrop
 	kindToken
+	kindCheckpoint
 )
 
 // item is one ordered event of a session on its way to the writer.
@@ -179,6 +191,8 @@ type Session struct {
 	ferr     atomic.Pointer[Error]
 
 	packets, drops, bytesIn, bytesOut, headA, tailA atomic.Uint64
+	tokens, checkpoints                             atomic.Uint64
+	lastCkpt                                        atomic.Int64 // unix nanoseconds
 	finishOnce                                      sync.Once
 	result                                          Result
 	resultErr                                       error
@@ -198,11 +212,28 @@ func Start(o Options) (*Session, error) {
 	if o.OnError == nil {
 		o.OnError = func(*Error) {}
 	}
-	w, err := writer.New(o.Output, o.Metadata)
+	if o.OnCheckpoint == nil {
+		o.OnCheckpoint = func(control.Checkpointed) {}
+	}
+	var (
+		w   *writer.Writer
+		err error
+	)
+	nextSeq := uint64(1)
+	if o.Resume != nil {
+		w, err = writer.Resume(o.Output, *o.Resume)
+		nextSeq = o.Resume.LastSeq + 1
+	} else {
+		w, err = writer.New(o.Output, o.Metadata)
+	}
 	if err != nil {
 		o.Ring.Close()
 		o.Lease.Close()
-		return nil, &Error{Code: control.CodeBadOutput, Err: fmt.Errorf("write stream header: %w", err)}
+		what := "write stream header"
+		if o.Resume != nil {
+			what = "resume stream"
+		}
+		return nil, &Error{Code: control.CodeBadOutput, Err: fmt.Errorf("%s: %w", what, err)}
 	}
 	c := o.Codec
 	if c != nil && c.ID() == codec.None {
@@ -212,11 +243,14 @@ func Start(o Options) (*Session, error) {
 	s := &Session{
 		o: o, w: w, codec: c, bs: o.BlockSize, ctx: ctx, stop: stop,
 		rd:         shm.NewReader(o.Ring.Data(), 0, o.Limits),
-		nextSeq:    1,
+		nextSeq:    nextSeq,
 		queue:      make(chan *item, 1024),
 		writerDone: make(chan struct{}),
 		failed:     make(chan struct{}),
 	}
+	s.packets.Store(w.Packets())
+	s.drops.Store(w.Drops())
+	s.tokens.Store(w.Tokens())
 	go s.writeLoop()
 	return s, nil
 }
@@ -247,8 +281,12 @@ func (s *Session) Fail(code string, err error) *Error {
 // Stats returns the counters now.
 func (s *Session) Stats() Stats {
 	h, t := s.headA.Load(), s.tailA.Load()
-	return Stats{Packets: s.packets.Load(), Drops: s.drops.Load(), BytesIn: s.bytesIn.Load(),
-		BytesOut: s.bytesOut.Load(), Head: h, Tail: t, RingUsed: h - min(t, h)}
+	st := Stats{Packets: s.packets.Load(), Drops: s.drops.Load(), Tokens: s.tokens.Load(), BytesIn: s.bytesIn.Load(),
+		BytesOut: s.bytesOut.Load(), Head: h, Tail: t, RingUsed: h - min(t, h), Checkpoints: s.checkpoints.Load()}
+	if ns := s.lastCkpt.Load(); ns != 0 {
+		st.LastCheckpoint = time.Unix(0, ns)
+	}
+	return st
 }
 
 // Publish takes the window [previous head, head): it parses every record in it and queues
@@ -460,6 +498,21 @@ func (s *Session) Token(t control.Token) error {
 	return s.enqueue(it)
 }
 
+// Checkpoint asks for every event up to seq (the last sequence number taken) to be written
+// and fdatasynced; Options.OnCheckpoint then reports the durable facts. A seq other than
+// the last one received is a fatal torn_record: a checkpoint must cover everything sent.
+func (s *Session) Checkpoint(c control.Checkpoint) error {
+	if e := s.Err(); e != nil {
+		return e
+	}
+	if c.Seq != s.nextSeq-1 {
+		return s.fail(errf(control.CodeTornRecord, "checkpoint seq %d, last sequence number received %d", c.Seq, s.nextSeq-1))
+	}
+	it := &item{kind: kindCheckpoint, seq: c.Seq, done: make(chan struct{})}
+	close(it.done)
+	return s.enqueue(it)
+}
+
 // CheckClose validates CLOSE against what was received: the head of the last PUBLISH, the
 // last sequence number taken, and the number of DROP notices.
 func (s *Session) CheckClose(c control.Close) error {
@@ -513,6 +566,11 @@ func (s *Session) writeLoop() {
 			if err := it.getErr(); err != nil {
 				stopped = true
 				s.fail(&Error{Code: control.CodeCodec, Err: fmt.Errorf("compress seq %d (%s): %w", it.seq, it.rec.Name, err)})
+			} else if it.kind == kindCheckpoint {
+				if err := s.checkpoint(it.seq); err != nil {
+					stopped = true
+					s.fail(&Error{Code: control.CodeWrite, Err: fmt.Errorf("checkpoint seq %d: %w", it.seq, err)})
+				}
 			} else if err := s.write(it); err != nil {
 				stopped = true
 				s.fail(&Error{Code: control.CodeWrite, Err: fmt.Errorf("write seq %d: %w", it.seq, err)})
@@ -531,6 +589,19 @@ func (s *Session) writeLoop() {
 			s.free(it.span)
 		}
 	}
+}
+
+// checkpoint makes everything written so far durable and reports it.
+func (s *Session) checkpoint(seq uint64) error {
+	if err := s.w.Sync(); err != nil {
+		return err
+	}
+	lo, lc := s.w.LastPacket()
+	s.checkpoints.Add(1)
+	s.lastCkpt.Store(time.Now().UnixNano())
+	s.o.OnCheckpoint(control.Checkpointed{Seq: seq, Offset: uint64(s.w.Offset()), Packets: s.w.Packets(),
+		Drops: s.w.Drops(), Tokens: s.w.Tokens(), LastOffset: uint64(lo), LastCRC: lc})
+	return nil
 }
 
 func (s *Session) write(it *item) error {
@@ -570,7 +641,11 @@ func (s *Session) write(it *item) error {
 			Step: d.Step, Forward: d.Forward, RawLen: d.Bytes, TensorLen: d.Bytes}
 	case kindToken:
 		t := it.tok
-		meta, _ := json.Marshal(map[string]any{"token_id": t.TokenID, "text": t.Text})
+		pos := int64(t.Index)
+		if t.Position != nil {
+			pos = *t.Position
+		}
+		meta, _ := json.Marshal(map[string]any{"token_id": t.TokenID, "text": t.Text, "position": pos})
 		p = writer.Packet{Type: writer.TypeToken, Name: "token", Meta: meta, Seq: t.Seq, Step: t.Index}
 	}
 	before := s.w.Offset()
@@ -588,6 +663,7 @@ func (s *Session) write(it *item) error {
 		s.drops.Add(1)
 		s.packets.Add(1)
 	case kindToken:
+		s.tokens.Add(1)
 		s.packets.Add(1)
 	}
 	return nil

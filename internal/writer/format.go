@@ -84,6 +84,9 @@ var (
 	ErrInvalidPacket = errors.New("invalid packet")
 	// ErrClosed: the Writer was closed.
 	ErrClosed = errors.New("writer closed")
+	// ErrResumeMismatch: the stream prefix a resume names does not end as its checkpoint
+	// says (docs/CHECKPOINTS.md).
+	ErrResumeMismatch = errors.New("stream prefix does not match the checkpoint")
 )
 
 // OffsetError is a reader error at a file offset.

@@ -54,6 +54,9 @@ type Writer struct {
 
 	packets uint64
 	drops   uint64
+	tokens  uint64
+	lastOff int64  // start of the last TENSOR/DROP/TOKEN packet (0: none yet)
+	lastCRC uint32 // its CRC32C field
 	names   map[string]uint32
 	nameLst []string
 	index   []indexEntry
@@ -128,6 +131,13 @@ func (w *Writer) Packets() uint64 { return w.packets }
 
 // Drops is the number of DROP packets written.
 func (w *Writer) Drops() uint64 { return w.drops }
+
+// Tokens is the number of TOKEN packets written.
+func (w *Writer) Tokens() uint64 { return w.tokens }
+
+// LastPacket is the start offset and CRC32C field of the last TENSOR, DROP or TOKEN packet
+// (0, 0 when there is none): with Offset, what a checkpoint records.
+func (w *Writer) LastPacket() (offset int64, crc uint32) { return w.lastOff, w.lastCRC }
 
 // Err is the write error that stopped the stream, if any.
 func (w *Writer) Err() error { return w.err }
@@ -238,9 +248,13 @@ func (w *Writer) WritePacket(p *Packet) error {
 		w.nameLst = append(w.nameLst, p.Name)
 	}
 	w.packets++
-	if p.Type == TypeDrop {
+	switch p.Type {
+	case TypeDrop:
 		w.drops++
+	case TypeToken:
+		w.tokens++
 	}
+	w.lastOff, w.lastCRC = w.off, binary.LittleEndian.Uint32(w.hdr[20:])
 	w.index = append(w.index, indexEntry{nameIdx: idx, typ: p.Type, flags: uint16(p.Flags),
 		seq: p.Seq, step: p.Step, forward: p.Forward, offset: uint64(w.off)})
 	w.off += int64(len(w.hdr)) + int64(stored)

@@ -1,0 +1,109 @@
+package writer
+
+import (
+	"fmt"
+	"github.com/strap-llm/strap/internal/codec"
+	"io"
+	"os"
+)
+
+// ResumeExpect is what the prefix [0, AppendAt) of a stream must end with.
+type ResumeExpect struct {
+	// AppendAt is the prefix length: the end of the last checkpointed packet.
+	AppendAt int64
+	// LastSeq is the last packet's sequence number (0 when the prefix has no packet).
+	LastSeq uint64
+	// LastCRC is the last packet's CRC32C field.
+	LastCRC uint32
+	// Packets is the number of TENSOR, DROP and TOKEN packets in the prefix.
+	Packets uint64
+}
+
+// Resume continues the stream in f at e.AppendAt. f must be readable (O_RDWR): the prefix
+// is walked header by header to rebuild the index and counters, it must end exactly at
+// AppendAt on a packet boundary, hold no END or INDEX, and its last packet must have seq
+// LastSeq, CRC LastCRC (checked against the bytes, not only the header field) and be the
+// Packets-th. Then f is truncated to AppendAt and writing continues there. The header is
+// kept as it is (it already names the capture). It returns the Writer and the last
+// sequence number of the prefix.
+func Resume(f *os.File, e ResumeExpect) (*Writer, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("stat stream file: %w", err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("resume needs a regular file: %w", ErrResumeMismatch)
+	}
+	if e.AppendAt <= 0 || e.AppendAt > st.Size() {
+		return nil, fmt.Errorf("append_at %d, file holds %d bytes: %w", e.AppendAt, st.Size(), ErrResumeMismatch)
+	}
+	r, err := NewReader(f, e.AppendAt)
+	if err != nil {
+		return nil, fmt.Errorf("stream header: %w", err)
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("stream file: %w", err)
+	}
+	w := &Writer{f: f, rc: rc, regular: true, buf: make([]byte, 0, bufSize), codecOK: map[codec.ID]bool{},
+		names: map[string]uint32{}}
+	var last *PacketInfo
+	sc := r.Scan(true)
+	for sc.Next() {
+		p := sc.Packet()
+		switch p.Type {
+		case TypeTensor, TypeDrop, TypeToken:
+		default:
+			return nil, fmt.Errorf("%v packet at offset %d inside the prefix (the capture had ended there): %w",
+				p.Type, p.Offset, ErrResumeMismatch)
+		}
+		idx, ok := w.names[p.Name]
+		if !ok {
+			idx = uint32(len(w.nameLst))
+			w.names[p.Name] = idx
+			w.nameLst = append(w.nameLst, p.Name)
+		}
+		w.packets++
+		switch p.Type {
+		case TypeDrop:
+			w.drops++
+		case TypeToken:
+			w.tokens++
+		}
+		w.index = append(w.index, indexEntry{nameIdx: idx, typ: p.Type, flags: uint16(p.Flags), seq: p.Seq,
+			step: p.Step, forward: p.Forward, offset: uint64(p.Offset)})
+		last = p
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("append_at %d is not on a packet boundary of the stream: %w: %w", e.AppendAt, err, ErrResumeMismatch)
+	}
+	if w.packets != e.Packets {
+		return nil, fmt.Errorf("prefix holds %d packets, checkpoint says %d: %w", w.packets, e.Packets, ErrResumeMismatch)
+	}
+	if last == nil {
+		if e.LastSeq != 0 {
+			return nil, fmt.Errorf("prefix holds no packet, checkpoint says last seq %d: %w", e.LastSeq, ErrResumeMismatch)
+		}
+	} else {
+		if last.Seq != e.LastSeq {
+			return nil, fmt.Errorf("last packet of the prefix has seq %d, checkpoint says %d: %w", last.Seq, e.LastSeq, ErrResumeMismatch)
+		}
+		if last.CRC != e.LastCRC {
+			return nil, fmt.Errorf("last packet (offset %d) has crc %#08x, checkpoint says %#08x: %w",
+				last.Offset, last.CRC, e.LastCRC, ErrResumeMismatch)
+		}
+		// The header field alone could be stale: check the bytes too.
+		if _, _, err := r.ReadPacket(last.Offset); err != nil {
+			return nil, fmt.Errorf("last packet of the prefix: %w: %w", err, ErrResumeMismatch)
+		}
+		w.lastOff, w.lastCRC = last.Offset, last.CRC
+	}
+	if err := f.Truncate(e.AppendAt); err != nil {
+		return nil, fmt.Errorf("truncate stream file to %d: %w", e.AppendAt, err)
+	}
+	if _, err := f.Seek(e.AppendAt, io.SeekStart); err != nil {
+		return nil, fmt.Errorf("seek stream file: %w", err)
+	}
+	w.off = e.AppendAt
+	return w, nil
+}
