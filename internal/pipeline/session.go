@@ -106,18 +106,18 @@ func bufCap(n int) int { return n + n/64 + 1024 }
 
 // Stats are a session's counters.
 type Stats struct {
-	Packets  uint64
-	Drops    uint64
-	Tokens   uint64
+	Packets uint64
+	Drops   uint64
+	Tokens  uint64
 	// Checkpoints counts durable checkpoints; LastCheckpoint is when the last one was
 	// made (zero when none).
 	Checkpoints    uint64
 	LastCheckpoint time.Time
-	BytesIn  uint64
-	BytesOut uint64
-	RingUsed uint64
-	Head     uint64
-	Tail     uint64
+	BytesIn        uint64
+	BytesOut       uint64
+	RingUsed       uint64
+	Head           uint64
+	Tail           uint64
 }
 
 // Result is what CLOSED reports.

@@ -35,6 +35,7 @@ type conn struct {
 	slotted bool
 	outFile *os.File
 
+	rates   rateTracker     // status: MB/s over the last seconds, ratio, tokens, checkpoints
 	counted bool            // counted in srv.quotas (removeConn undoes it)
 	rate    *requestLimiter // control messages per second
 }
@@ -51,6 +52,7 @@ func (c *conn) status() (control.SessionStatus, bool) {
 	st := c.info
 	ss := c.sess.Stats()
 	st.Packets, st.Drops, st.BytesIn, st.BytesOut, st.RingUsed = ss.Packets, ss.Drops, ss.BytesIn, ss.BytesOut, ss.RingUsed
+	c.rates.fill(&st, ss, time.Now())
 	return st, true
 }
 
@@ -248,7 +250,7 @@ func (c *conn) handle(m control.Message, fds []int) bool {
 			return true
 		}
 		return false
-	case control.TypePublish, control.TypeDrop, control.TypeToken, control.TypeClose:
+	case control.TypePublish, control.TypeDrop, control.TypeToken, control.TypeCheckpoint, control.TypeClose:
 	default:
 		c.endWith(control.CodeBadMessage, fmt.Errorf("unexpected %s", m.Type))
 		return true
@@ -273,6 +275,11 @@ func (c *conn) handle(m control.Message, fds []int) bool {
 		var t control.Token
 		if err = m.Unmarshal(&t, "seq", "index"); err == nil {
 			err = sess.Token(t)
+		}
+	case control.TypeCheckpoint:
+		var ck control.Checkpoint
+		if err = m.Unmarshal(&ck, "seq"); err == nil {
+			err = sess.Checkpoint(ck)
 		}
 	case control.TypeClose:
 		var cl control.Close
@@ -353,8 +360,9 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	if req.Policy != "block" && req.Policy != "drop" {
 		return perr(control.CodeBadMessage, "policy %q, expected \"block\" or \"drop\"", req.Policy)
 	}
-	if req.AppendAt != 0 {
-		return perr(control.CodeBadMessage, "append_at %d: resuming a stream is not supported yet", req.AppendAt)
+	resume, err := resumeExpect(req)
+	if err != nil {
+		return err
 	}
 	bs := req.BlockSize
 	if bs == 0 {
@@ -429,6 +437,10 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	sess, err := pipeline.Start(pipeline.Options{
 		ID: id, Ring: ring, Output: out, Codec: cd, BlockSize: int(bs), Metadata: meta, Limits: cfg.Limits,
 		Pool: c.srv.pool, Lease: lease, Release: c.out.release, Log: log, WriteDelay: cfg.DebugWriteDelay,
+		Resume: resume,
+		OnCheckpoint: func(ck control.Checkpointed) {
+			c.out.send(control.TypeCheckpointed, ck)
+		},
 		OnError: func(e *pipeline.Error) {
 			c.out.send(control.TypeError, control.Error{Code: e.Code, Message: e.Err.Error(), Fatal: true})
 			c.wake()
@@ -444,7 +456,8 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	c.slotted = true
 	c.info = control.SessionStatus{Session: id, PID: c.cred.Pid, UID: c.cred.Uid, ModelClass: str("model_class"),
 		OutputPath: str("output_path"), Codec: cd.Name(), Policy: req.Policy, Started: time.Now().UTC().Format(time.RFC3339),
-		RingSize: req.RingSize}
+		RingSize: req.RingSize, Resumed: req.AppendAt}
+	c.rates.start(time.Now(), sess.Stats())
 	// The output file stays open for the session's life; finish closes it.
 	c.outFile = out
 	c.mu.Unlock()
