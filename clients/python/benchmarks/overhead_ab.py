@@ -1,0 +1,230 @@
+"""Capture overhead on a real model, as interleaved A/B pairs (docs/PERFORMANCE.md section 1).
+
+For every (preset, capture set) configuration and every pair index, one *plain* trial (a
+512-token forward pass, no hooks) and one *captured* trial (open a capture session, the same
+forward pass with hooks, close the session: the daemon has written, indexed and fdatasync'ed
+the file) run back to back. The order inside a pair alternates (plain first on even pairs,
+captured first on odd ones) and the pair loop is outermost, so load drift on a shared
+machine hits every configuration alike. Same model, same input ids, every trial.
+
+The kept-throughput ratio of a pair is plain time / captured time; the configuration's figure
+is the median over pairs. A captured trial's time includes session open and close, so it
+counts everything the capture costs, not only the hooks; the hook-only ratio (forward pass
+inside the open session) is reported next to it.
+
+Then a greedy generation loop (KV cache, one token per forward, ``record_token`` per token)
+plain versus captured under one preset, same interleaving; the generated ids must match.
+
+Usage::
+
+    python clients/python/benchmarks/overhead_ab.py --socket /tmp/s/strapd.sock \\
+        --tmpdir /tmp/s --json out.json [--pairs 5] [--seq 512] [--quick]
+
+Prints progress on stderr and writes one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Dict, List, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+from _bench_model import CAPTURE_SETS, DEFAULT_MODEL, build_model, threads  # noqa: E402
+from llm_instrumentation import InstrumentationConfig, capture_activations  # noqa: E402
+from llm_instrumentation.config import PRESETS  # noqa: E402
+
+#: Presets whose granularity is fixed by the preset itself (one capture set each).
+OWN_SET = {"attention_analysis": "attention_only", "mlp_analysis": "mlp_only"}
+
+
+def configurations(presets: List[str], sets: List[str]) -> List[Tuple[str, str, InstrumentationConfig]]:
+    """(preset, capture set label, config) for every preset × set; the granularity presets
+    keep their own set."""
+    out = []
+    for p in presets:
+        base = InstrumentationConfig.from_preset(p)
+        if p in OWN_SET:
+            out.append((p, OWN_SET[p], base))
+            continue
+        for s in sets:
+            out.append((p, s, base.with_granularity(CAPTURE_SETS[s])))
+    return out
+
+
+def plain_trial(model: Any, x: torch.Tensor) -> Dict[str, float]:
+    t0 = time.perf_counter()
+    model(input_ids=x)
+    return {"s": time.perf_counter() - t0}
+
+
+def captured_trial(model: Any, x: torch.Tensor, cfg: InstrumentationConfig, sock: str, path: str) -> Dict[str, Any]:
+    t0 = time.perf_counter()
+    with capture_activations(model, config=cfg, output_path=path, socket_path=sock,
+                             autostart_daemon=False) as fw:
+        t1 = time.perf_counter()
+        model(input_ids=x)
+        t2 = time.perf_counter()
+    t3 = time.perf_counter()
+    summ = fw.summary or {}
+    if summ.get("drops"):
+        raise RuntimeError(f"capture dropped {summ['drops']} tensors under policy block")
+    os.remove(path)
+    return {"s": t3 - t0, "open_s": t1 - t0, "forward_s": t2 - t1, "close_s": t3 - t2,
+            "bytes_in": int(summ.get("bytes_in", 0)), "file_bytes": int(summ.get("file_bytes", 0)),
+            "packets": int(summ.get("packets", 0)), "hooks": len(fw.hooked_modules),
+            "codec": fw.plan.codec, "codec_level": fw.plan.codec_level}
+
+
+def greedy(model: Any, prompt: torch.Tensor, n: int, fw: Any = None) -> List[int]:
+    """Greedy decoding with the KV cache; records each token when ``fw`` is given."""
+    out = model(input_ids=prompt, use_cache=True)
+    pkv = out.past_key_values
+    nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    ids = []
+    for _ in range(n):
+        tid = int(nxt)
+        ids.append(tid)
+        if fw is not None:
+            fw.record_token(tid, str(tid))
+        out = model(input_ids=nxt, past_key_values=pkv, use_cache=True)
+        pkv = out.past_key_values
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    return ids
+
+
+def summarise(rows: List[Dict[str, Any]], tokens: int) -> Dict[str, Any]:
+    """Medians over pairs; ratio = plain time / captured time per pair, then the median."""
+    plain = [r["plain"]["s"] for r in rows]
+    cap = [r["captured"]["s"] for r in rows]
+    fwd = [r["captured"]["forward_s"] for r in rows]
+    ratios = [p / c for p, c in zip(plain, cap)]
+    hook_ratios = [p / f for p, f in zip(plain, fwd)]
+    c0 = rows[0]["captured"]
+    med_cap = statistics.median(cap)
+    return {
+        "pairs": len(rows),
+        "plain_tok_s": tokens / statistics.median(plain),
+        "captured_tok_s": tokens / med_cap,
+        "ratio": statistics.median(ratios),
+        "ratio_min": min(ratios), "ratio_max": max(ratios),
+        "hook_only_ratio": statistics.median(hook_ratios),
+        "open_s": statistics.median(r["captured"]["open_s"] for r in rows),
+        "close_s": statistics.median(r["captured"]["close_s"] for r in rows),
+        "bytes_per_trial": c0["bytes_in"],
+        "file_bytes_per_trial": c0["file_bytes"],
+        "file_ratio": c0["bytes_in"] / c0["file_bytes"] if c0["file_bytes"] else None,
+        "captured_bytes_per_s": c0["bytes_in"] / med_cap,
+        "hooks": c0["hooks"], "packets": c0["packets"],
+        "codec": c0["codec"], "codec_level": c0["codec_level"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--socket", required=True)
+    ap.add_argument("--tmpdir", required=True, help="directory for the stream files (deleted after each trial)")
+    ap.add_argument("--json", required=True, help="write the results here")
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--presets", default="fast_capture,balanced,max,max_compression,attention_analysis,mlp_analysis")
+    ap.add_argument("--sets", default=",".join(CAPTURE_SETS))
+    ap.add_argument("--gen-preset", default="balanced")
+    ap.add_argument("--gen-set", default="resid+attn+mlp")
+    ap.add_argument("--gen-prompt", type=int, default=128)
+    ap.add_argument("--gen-new", type=int, default=32)
+    ap.add_argument("--gen-pairs", type=int, default=5)
+    for k, v in DEFAULT_MODEL.items():
+        ap.add_argument(f"--{k}", type=int, default=v)
+    a = ap.parse_args()
+    presets = [p for p in a.presets.split(",") if p]
+    unknown = [p for p in presets if p not in PRESETS]
+    if unknown:
+        ap.error(f"unknown presets {unknown} (known: {sorted(PRESETS)})")
+    sets = [s for s in a.sets.split(",") if s]
+    if any(s not in CAPTURE_SETS for s in sets):
+        ap.error(f"capture sets must be among {list(CAPTURE_SETS)}")
+    if a.pairs < 1 or a.gen_pairs < 0:
+        ap.error("--pairs must be >= 1 and --gen-pairs >= 0")
+
+    model_cfg = {k: getattr(a, k) for k in DEFAULT_MODEL}
+    model = build_model(**model_cfg)
+    x = torch.randint(0, a.vocab, (1, a.seq), generator=torch.Generator().manual_seed(1))
+    confs = configurations(presets, sets)
+    path = os.path.join(a.tmpdir, "overhead.strap")
+    log = lambda *m: print("overhead:", *m, file=sys.stderr, flush=True)  # noqa: E731
+    results: Dict[str, Any] = {"model": dict(model_cfg, params=sum(p.numel() for p in model.parameters()),
+                                             dtype="float32", batch=1, seq=a.seq),
+                               "torch_threads": threads(), "configs": []}
+    with torch.no_grad():
+        # Warm-up: allocator, kernels, the daemon's first session.
+        plain_trial(model, x)
+        captured_trial(model, x, confs[0][2], a.socket, path)
+        rows: Dict[int, List[Dict[str, Any]]] = {i: [] for i in range(len(confs))}
+        for pair in range(a.pairs):
+            for i, (p, s, cfg) in enumerate(confs):
+                if pair % 2 == 0:
+                    pl = plain_trial(model, x)
+                    cp = captured_trial(model, x, cfg, a.socket, path)
+                else:
+                    cp = captured_trial(model, x, cfg, a.socket, path)
+                    pl = plain_trial(model, x)
+                rows[i].append({"pair": pair, "plain": pl, "captured": cp})
+                log(f"pair {pair} {p}/{s}: plain {pl['s']:.3f}s captured {cp['s']:.3f}s "
+                    f"(fwd {cp['forward_s']:.3f} close {cp['close_s']:.3f}) {cp['bytes_in'] / 2**20:.0f} MiB")
+        for i, (p, s, cfg) in enumerate(confs):
+            results["configs"].append({"preset": p, "set": s, "granularity": cfg.granularity.value,
+                                       "summary": summarise(rows[i], a.seq), "trials": rows[i]})
+
+        if a.gen_pairs:
+            gen_cfg = InstrumentationConfig.from_preset(a.gen_preset).with_granularity(CAPTURE_SETS[a.gen_set])
+            prompt = x[:, : a.gen_prompt]
+            greedy(model, prompt, 2)
+            gens = []
+            for pair in range(a.gen_pairs):
+                order = ("plain", "captured") if pair % 2 == 0 else ("captured", "plain")
+                row: Dict[str, Any] = {"pair": pair}
+                for kind in order:
+                    t0 = time.perf_counter()
+                    if kind == "plain":
+                        ids = greedy(model, prompt, a.gen_new)
+                        row["plain"] = {"s": time.perf_counter() - t0}
+                    else:
+                        with capture_activations(model, config=gen_cfg, output_path=path, socket_path=a.socket,
+                                                 autostart_daemon=False, track_per_token=True) as fw:
+                            ids = greedy(model, prompt, a.gen_new, fw)
+                        summ = fw.summary or {}
+                        row["captured"] = {"s": time.perf_counter() - t0, "bytes_in": int(summ.get("bytes_in", 0)),
+                                           "file_bytes": int(summ.get("file_bytes", 0)),
+                                           "packets": int(summ.get("packets", 0)), "tokens": len(fw.tokens)}
+                        os.remove(path)
+                    row[kind + "_ids"] = ids
+                if row["plain_ids"] != row["captured_ids"]:
+                    raise RuntimeError("greedy generation differs with capture on: hooks changed the model")
+                del row["plain_ids"], row["captured_ids"]
+                gens.append(row)
+                log(f"generation pair {pair}: plain {row['plain']['s']:.3f}s captured {row['captured']['s']:.3f}s")
+            ratios = [r["plain"]["s"] / r["captured"]["s"] for r in gens]
+            med_cap = statistics.median(r["captured"]["s"] for r in gens)
+            results["generation"] = {
+                "preset": a.gen_preset, "set": a.gen_set, "prompt_tokens": a.gen_prompt, "new_tokens": a.gen_new,
+                "plain_tok_s": a.gen_new / statistics.median(r["plain"]["s"] for r in gens),
+                "captured_tok_s": a.gen_new / med_cap,
+                "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                "bytes_per_trial": gens[0]["captured"]["bytes_in"],
+                "captured_bytes_per_s": gens[0]["captured"]["bytes_in"] / med_cap,
+                "identical_ids": True, "trials": gens,
+            }
+    with open(a.json, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
