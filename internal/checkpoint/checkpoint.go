@@ -1,0 +1,134 @@
+package checkpoint
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+// Format identifiers of a checkpoint file.
+const (
+	// FormatName is the "format" field of every checkpoint.
+	FormatName = "strap-checkpoint"
+	// Version is the checkpoint format version this package reads.
+	Version = 1
+	// Suffix is appended to a stream's path to name its default checkpoint.
+	Suffix = ".ckpt.json"
+	// MaxSize bounds a checkpoint file: it holds no per-token data, so it stays small.
+	MaxSize = 1 << 20
+)
+
+// Errors returned by this package.
+var (
+	// ErrFormat: a checkpoint file is not a valid version-1 checkpoint.
+	ErrFormat = errors.New("not a valid checkpoint")
+	// ErrMismatch: a stream does not match its checkpoint.
+	ErrMismatch = errors.New("stream does not match its checkpoint")
+	// ErrInUse: a live capture holds the stream's lock.
+	ErrInUse = errors.New("stream is in use by a live capture")
+)
+
+// Checkpoint is one checkpoint file: the durable facts strapd reported (CHECKPOINTED)
+// plus the client's own state at that point.
+type Checkpoint struct {
+	// Format is FormatName; Version is 1.
+	Format  string `json:"format"`
+	Version int    `json:"version"`
+	// Stream is the stream file's absolute path (a label: resume names the file itself).
+	Stream string `json:"stream"`
+	// Created is when the checkpoint was written (RFC 3339).
+	Created string `json:"created"`
+	// Fingerprint identifies the capture config and model; the stream header's
+	// client_metadata carries the same value.
+	Fingerprint string `json:"fingerprint"`
+	// StreamOffset is the stream's length at the checkpoint: a resume appends here.
+	StreamOffset int64 `json:"stream_offset"`
+	// Packets counts TENSOR, DROP and TOKEN packets before StreamOffset; Drops the DROP ones.
+	Packets uint64 `json:"packets"`
+	Drops   uint64 `json:"drops"`
+	// LastSeq is the last packet's sequence number (0: none).
+	LastSeq uint64 `json:"last_seq"`
+	// LastPacketOffset and LastPacketCRC locate and identify the last packet.
+	LastPacketOffset int64  `json:"last_packet_offset"`
+	LastPacketCRC    uint32 `json:"last_packet_crc"`
+	// TokenCount is the number of tokens recorded (and written as TOKEN packets); the
+	// resumed capture's next forward pass has step TokenCount.
+	TokenCount uint64 `json:"token_count"`
+	// ForwardCount is the number of forward passes captured so far.
+	ForwardCount uint64 `json:"forward_count"`
+}
+
+// Parse decodes and checks a checkpoint. Unknown fields are allowed (later versions may add
+// some); a missing required field, a wrong format or version, or inconsistent numbers are
+// errors wrapping ErrFormat.
+func Parse(b []byte) (*Checkpoint, error) {
+	if len(b) > MaxSize {
+		return nil, fmt.Errorf("%d bytes, at most %d: %w", len(b), MaxSize, ErrFormat)
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(b, &keys); err != nil {
+		return nil, fmt.Errorf("not a JSON object: %v: %w", err, ErrFormat)
+	}
+	for _, k := range []string{"format", "version", "fingerprint", "stream_offset", "packets", "last_seq",
+		"last_packet_offset", "last_packet_crc", "token_count"} {
+		if v, ok := keys[k]; !ok || bytes.Equal(v, []byte("null")) {
+			return nil, fmt.Errorf("missing field %q: %w", k, ErrFormat)
+		}
+	}
+	var c Checkpoint
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, fmt.Errorf("fields: %v: %w", err, ErrFormat)
+	}
+	switch {
+	case c.Format != FormatName:
+		return nil, fmt.Errorf("format %q, expected %q: %w", c.Format, FormatName, ErrFormat)
+	case c.Version != Version:
+		return nil, fmt.Errorf("version %d, this strapd reads %d: %w", c.Version, Version, ErrFormat)
+	case c.StreamOffset <= 0:
+		return nil, fmt.Errorf("stream_offset %d: %w", c.StreamOffset, ErrFormat)
+	case (c.Packets == 0) != (c.LastSeq == 0):
+		return nil, fmt.Errorf("%d packets with last_seq %d: %w", c.Packets, c.LastSeq, ErrFormat)
+	case c.LastSeq < c.Packets:
+		return nil, fmt.Errorf("last_seq %d below the packet count %d: %w", c.LastSeq, c.Packets, ErrFormat)
+	case c.Packets > 0 && (c.LastPacketOffset <= 0 || c.LastPacketOffset >= c.StreamOffset):
+		return nil, fmt.Errorf("last_packet_offset %d outside the stream prefix of %d bytes: %w",
+			c.LastPacketOffset, c.StreamOffset, ErrFormat)
+	case c.Drops > c.Packets || c.TokenCount > c.Packets:
+		return nil, fmt.Errorf("drops %d / token_count %d exceed %d packets: %w", c.Drops, c.TokenCount, c.Packets, ErrFormat)
+	}
+	return &c, nil
+}
+
+// Load reads and parses the checkpoint file at path.
+func Load(path string) (*Checkpoint, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open checkpoint: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("read checkpoint %s: %w", path, err)
+	}
+	c, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// DefaultPath is the checkpoint path of a stream when none is named.
+func DefaultPath(stream string) string { return stream + Suffix }
+
+// StreamFor is the stream a default-named checkpoint belongs to ("" when the name does not
+// end with Suffix).
+func StreamFor(ckpt string) string {
+	if s, ok := strings.CutSuffix(ckpt, Suffix); ok && s != "" {
+		return s
+	}
+	return ""
+}
