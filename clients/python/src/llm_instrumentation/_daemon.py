@@ -109,7 +109,8 @@ def start_daemon(path: str, binary: Optional[str] = None, timeout: float = 10.0)
             start_new_session=True, close_fds=True,
         )
     msg = f"llm_instrumentation: started strapd (pid {proc.pid}) on {path}, log {log_path}"
-    log.warning(msg)
+    # Printed, not only logged: with logging unconfigured a warning would print it twice.
+    log.info(msg)
     print(msg, file=sys.stderr)
     deadline = time.monotonic() + timeout
     while True:
