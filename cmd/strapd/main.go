@@ -37,6 +37,7 @@ func run() int {
 		newInspectCmd(),
 		newVerifyCmd(),
 		newTraceCmd(logger),
+		newResumeCmd(),
 		newVersionCmd(),
 	)
 	if err := root.Execute(); err != nil {

@@ -60,13 +60,30 @@ func printStatus(w io.Writer, rep control.StatusReply) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nSESSION\tPID\tUID\tMODEL\tCODEC\tPACKETS\tDROPS\tIN\tOUT\tRING USED\tOUTPUT")
+	fmt.Fprintln(tw, "\nSESSION\tPID\tUID\tMODEL\tAGE\tIN\tOUT\tRATIO\tIN MB/s\tOUT MB/s\tRING\tDROPS\tTOKENS\tCHECKPOINT\tOUTPUT")
 	for _, s := range rep.Sessions {
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s/%s\t%s\n", s.Session, s.PID, s.UID, s.ModelClass, s.Codec,
-			s.Packets, s.Drops, human(int64(s.BytesIn)), human(int64(s.BytesOut)), human(int64(s.RingUsed)),
-			human(int64(s.RingSize)), s.OutputPath)
+		ck := "-"
+		if s.LastCheckpointAgeS >= 0 {
+			ck = fmt.Sprintf("%d, %s ago", s.Checkpoints, secs(s.LastCheckpointAgeS))
+		}
+		ratio := "-"
+		if s.Ratio > 0 {
+			ratio = fmt.Sprintf("%.2fx", s.Ratio)
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t%.0f%%\t%d\t%d\t%s\t%s\n", s.Session, s.PID, s.UID,
+			s.ModelClass, secs(s.AgeS), human(int64(s.BytesIn)), human(int64(s.BytesOut)), ratio, s.InMBps, s.OutMBps,
+			100*s.RingFill, s.Drops, s.Tokens, ck, s.OutputPath)
 	}
 	return tw.Flush()
+}
+
+// secs prints a duration in seconds rounded for people.
+func secs(s float64) string {
+	d := time.Duration(s * float64(time.Second))
+	if d < time.Minute {
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
 }
 
 func human(n int64) string {

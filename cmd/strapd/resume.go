@@ -1,0 +1,164 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/strap-llm/strap/internal/checkpoint"
+)
+
+// notResumableError makes `strapd resume` exit 2 when the stream does not match its
+// checkpoint (1 stays for files that cannot be read at all).
+type notResumableError struct{ msg string }
+
+func (e notResumableError) Error() string { return e.msg }
+
+// ExitCode is 2: the files were read, and they do not agree.
+func (notResumableError) ExitCode() int { return 2 }
+
+// resumeConfig are the flags of `strapd resume`.
+type resumeConfig struct {
+	// Checkpoint is the checkpoint file ("" = STREAM.ckpt.json).
+	Checkpoint string
+	// Repair cuts the stream back to its checkpoint.
+	Repair bool
+	// JSON prints reports as JSON.
+	JSON bool
+	// List is a directory whose checkpoints are listed instead of checking one stream.
+	List string
+}
+
+func (c *resumeConfig) validate(args []string) error {
+	switch {
+	case c.List != "" && len(args) > 0:
+		return errors.New("give either --list DIR or a STREAM, not both")
+	case c.List != "" && (c.Repair || c.Checkpoint != ""):
+		return errors.New("--list takes no --repair or --checkpoint")
+	case c.List == "" && len(args) != 1:
+		return errors.New("name one STREAM (or --list DIR)")
+	}
+	return nil
+}
+
+// newResumeCmd builds `strapd resume STREAM [--checkpoint P] [--repair] [--json]` and
+// `strapd resume --list DIR`: whether a capture can be resumed, from which token and
+// offset, what a resume cuts; --repair makes the stream consistent with its checkpoint.
+func newResumeCmd() *cobra.Command {
+	var cfg resumeConfig
+	cmd := &cobra.Command{
+		Use:   "resume STREAM | --list DIR",
+		Short: "Say whether a capture can resume from its checkpoint (and --repair it), or list resumable captures",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := cfg.validate(args); err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if cfg.List != "" {
+				es, err := checkpoint.List(cfg.List)
+				if err != nil {
+					return err
+				}
+				if cfg.JSON {
+					if es == nil {
+						es = []checkpoint.Entry{}
+					}
+					return writeJSON(out, es)
+				}
+				return printList(out, es)
+			}
+			stream := args[0]
+			var (
+				rep checkpoint.Report
+				err error
+			)
+			if cfg.Repair {
+				rep, err = checkpoint.Repair(stream, cfg.Checkpoint)
+			} else {
+				rep, _, err = checkpoint.CheckFile(stream, cfg.Checkpoint)
+			}
+			if rep.Checkpoint != "" && (rep.Resumable || len(rep.Problems) > 0) {
+				if cfg.JSON {
+					if jerr := writeJSON(out, rep); jerr != nil {
+						return jerr
+					}
+				} else {
+					printReport(out, rep, cfg.Repair && err == nil)
+				}
+			}
+			switch {
+			case errors.Is(err, checkpoint.ErrMismatch) || (err == nil && !rep.Resumable):
+				return notResumableError{fmt.Sprintf("%s cannot resume from %s", stream, rep.Checkpoint)}
+			case err != nil:
+				return err
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Checkpoint, "checkpoint", "", "checkpoint file (default STREAM"+checkpoint.Suffix+")")
+	f.BoolVar(&cfg.Repair, "repair", false, "cut the stream back to its checkpoint (refused while a capture holds it)")
+	f.BoolVar(&cfg.JSON, "json", false, "print the report as JSON")
+	f.StringVar(&cfg.List, "list", "", "list the checkpoints in this directory and whether each can resume")
+	return cmd
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func printReport(w io.Writer, r checkpoint.Report, repaired bool) {
+	if !r.Resumable {
+		fmt.Fprintf(w, "%s: NOT resumable from %s\n", r.Stream, r.Checkpoint)
+		for _, p := range r.Problems {
+			fmt.Fprintf(w, "  - %s\n", p)
+		}
+		return
+	}
+	fmt.Fprintf(w, "%s: resumable from %s\n", r.Stream, r.Checkpoint)
+	fmt.Fprintf(w, "  resume from token %d at byte offset %d (%d packets, last seq %d)\n",
+		r.ResumeToken, r.ResumeOffset, r.Packets, r.LastSeq)
+	verb := "would cut"
+	if repaired {
+		verb = "cut"
+	}
+	if r.CutBytes == 0 {
+		fmt.Fprintf(w, "  nothing after the checkpoint: the stream ends there\n")
+		return
+	}
+	fmt.Fprintf(w, "  %s %d bytes: %d packets (%d tokens to generate again)", verb, r.CutBytes, r.CutPackets, r.CutTokens)
+	if r.CutEnd != "" {
+		fmt.Fprintf(w, ", END (%s)", r.CutEnd)
+	}
+	if r.CutIndex {
+		fmt.Fprintf(w, ", INDEX and footer")
+	}
+	if r.TornAt >= 0 {
+		fmt.Fprintf(w, ", a torn packet at offset %d", r.TornAt)
+	}
+	fmt.Fprintln(w)
+}
+
+func printList(w io.Writer, es []checkpoint.Entry) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STREAM\tRESUMABLE\tFROM TOKEN\tOFFSET\tCUT BYTES\tNOTE")
+	for _, e := range es {
+		note := e.Error
+		if note == "" && len(e.Problems) > 0 {
+			note = e.Problems[0]
+		}
+		yes := "no"
+		if e.Resumable && e.Error == "" {
+			yes = "yes"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", e.Stream, yes, e.ResumeToken, e.ResumeOffset, e.CutBytes, note)
+	}
+	return tw.Flush()
+}
