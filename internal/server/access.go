@@ -123,20 +123,24 @@ func (s *Server) StatusFor(peer *unix.Ucred) control.StatusReply {
 	return rep
 }
 
-// refuseTimeout bounds the one write to a connection refused at accept.
-const refuseTimeout = 100 * time.Millisecond
+// refuseTimeout bounds how long a connection refused at accept may take to send HELLO.
+const refuseTimeout = time.Second
 
 // refuse answers a connection refused at accept (limits, no credentials) with one fatal
-// ERROR, without waiting for its HELLO, and closes it. The client reads the ERROR where it
-// expected WELCOME (after one ECONNRESET, PROTOCOL.md 1.4).
+// ERROR and closes it. It first reads the client's HELLO (for at most refuseTimeout, in its
+// own goroutine), so the client's send succeeds and it reads the ERROR where it expected
+// WELCOME instead of a broken pipe.
 func (s *Server) refuse(uc *net.UnixConn, log *zap.Logger, code string, err error) {
 	log.Warn("refusing connection", zap.String("code", code), zap.Error(err))
-	b, eerr := control.Encode(control.TypeError, control.Error{Code: code, Message: err.Error(), Fatal: true})
-	if eerr == nil {
-		_ = uc.SetWriteDeadline(time.Now().Add(refuseTimeout))
-		_, _ = uc.Write(b)
-	}
-	uc.Close()
+	go func() {
+		defer uc.Close()
+		c := control.NewConn(uc)
+		_ = uc.SetDeadline(time.Now().Add(refuseTimeout))
+		if _, fds, rerr := c.Recv(0); rerr == nil {
+			closeFDs(fds)
+		}
+		_ = c.Send(control.TypeError, control.Error{Code: code, Message: err.Error(), Fatal: true})
+	}()
 }
 
 // admit applies the allow-lists to this connection's peer.
