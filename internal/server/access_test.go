@@ -1,0 +1,410 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/pipeline/pipelinetest"
+	"github.com/strap-llm/strap/internal/shm"
+)
+
+func TestAdmit(t *testing.T) {
+	tests := []struct {
+		name   string
+		access Access
+		cred   *unix.Ucred
+		groups []uint32
+		ok     bool
+	}{
+		{"no lists admit anyone", Access{}, &unix.Ucred{Uid: 1000, Gid: 1000}, nil, true},
+		{"unknown peer is refused", Access{}, nil, nil, false},
+		{"uid on the list", Access{AllowUIDs: []uint32{1000}}, &unix.Ucred{Uid: 1000, Gid: 1000}, nil, true},
+		{"uid not on the list", Access{AllowUIDs: []uint32{1000}}, &unix.Ucred{Uid: 1001, Gid: 1001}, nil, false},
+		{"root always", Access{AllowUIDs: []uint32{1000}}, &unix.Ucred{Uid: 0, Gid: 0}, nil, true},
+		{"primary group on the list", Access{AllowGIDs: []uint32{50}}, &unix.Ucred{Uid: 1001, Gid: 50}, nil, true},
+		{"supplementary group on the list", Access{AllowGIDs: []uint32{50}}, &unix.Ucred{Uid: 1001, Gid: 1001}, []uint32{7, 50}, true},
+		{"no group on the list", Access{AllowGIDs: []uint32{50}}, &unix.Ucred{Uid: 1001, Gid: 1001}, []uint32{7}, false},
+		{"either list admits", Access{AllowUIDs: []uint32{1}, AllowGIDs: []uint32{50}}, &unix.Ucred{Uid: 1, Gid: 9}, nil, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.access.admit(tc.cred, tc.groups)
+			if (err == nil) != tc.ok {
+				t.Fatalf("admit = %v, want ok=%v", err, tc.ok)
+			}
+			if err != nil && !errors.Is(err, errAccessDenied) {
+				t.Fatalf("err %v is not errAccessDenied", err)
+			}
+		})
+	}
+}
+
+func TestCanControl(t *testing.T) {
+	tests := []struct {
+		name  string
+		peer  *unix.Ucred
+		owner uint32
+		ok    bool
+	}{
+		{"owner", &unix.Ucred{Uid: 1000}, 1000, true},
+		{"other user", &unix.Ucred{Uid: 1001}, 1000, false},
+		{"root", &unix.Ucred{Uid: 0}, 1000, true},
+		{"unknown", nil, 1000, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := CanControl(tc.peer, tc.owner); got != tc.ok {
+				t.Fatalf("CanControl = %v", got)
+			}
+		})
+	}
+}
+
+// TestStatusShowsOwnSessions: STATUS lists a session only to its owner and root.
+func TestStatusShowsOwnSessions(t *testing.T) {
+	ts := startServer(t, Config{})
+	c := ts.dial(t)
+	st, _, err := control.OpenStream(c, shm.HeaderSize+64<<10, outFile(t), control.Open{Codec: "none", Policy: "block"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Finish()
+	me := uint32(os.Getuid())
+	if n := len(ts.srv.StatusFor(&unix.Ucred{Uid: me}).Sessions); n != 1 {
+		t.Fatalf("owner sees %d sessions", n)
+	}
+	if n := len(ts.srv.StatusFor(&unix.Ucred{Uid: 0}).Sessions); n != 1 {
+		t.Fatalf("root sees %d sessions", n)
+	}
+	other := ts.srv.StatusFor(&unix.Ucred{Uid: me + 4242})
+	if len(other.Sessions) != 0 || other.Daemon.Sessions != 1 {
+		t.Fatalf("another user sees %+v", other)
+	}
+}
+
+func TestSocketPermissions(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("giving the socket another group needs root")
+	}
+	ts := startServer(t, Config{Access: Access{SocketMode: 0o660, SocketGID: 65534}})
+	for _, c := range []struct {
+		path string
+		mode os.FileMode
+	}{{ts.sock, 0o660}, {filepath.Dir(ts.sock), 0o750}} {
+		var st unix.Stat_t
+		if err := unix.Stat(c.path, &st); err != nil {
+			t.Fatal(err)
+		}
+		if os.FileMode(st.Mode).Perm() != c.mode || st.Gid != 65534 {
+			t.Fatalf("%s: mode %o gid %d, want %o gid 65534", c.path, st.Mode&0o777, st.Gid, c.mode)
+		}
+	}
+}
+
+// Environment of the unprivileged helper process (TestHelperUnprivilegedClient).
+const (
+	envHelper      = "STRAPD_TEST_HELPER"
+	envSock        = "STRAPD_TEST_SOCK"
+	envDeniedSock  = "STRAPD_TEST_DENIED_SOCK"
+	envVictim      = "STRAPD_TEST_VICTIM"
+	envOwnDir      = "STRAPD_TEST_OWN_DIR"
+	helperResultLn = "HELPER-RESULT "
+)
+
+// helperResult is what the unprivileged helper reports about one attempt.
+type helperResult struct {
+	Attempt string `json:"attempt"`
+	Code    string `json:"code,omitempty"`
+	Err     string `json:"err,omitempty"`
+	Sessions int    `json:"sessions,omitempty"`
+	Visible int    `json:"visible,omitempty"`
+}
+
+// TestRootDaemonUnprivilegedClient: a daemon running as root, a client running as
+// nobody (uid 65534). The client tries to make the daemon write a root-owned file it cannot
+// write itself (read-only fd, directory, O_PATH fd, socket, a path label); every attempt
+// fails and the file is untouched. The client's own capture works, STATUS shows it only
+// its own sessions, a uid outside the socket's group cannot connect, and an allow-list
+// refuses it with access_denied.
+func TestRootDaemonUnprivilegedClient(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the daemon runs as root and the client as uid 65534")
+	}
+	base, err := os.MkdirTemp("", "strapd-nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The victim: root's file in root's directory, world-readable, writable by root only.
+	victimDir := filepath.Join(base, "root-only")
+	if err := os.Mkdir(victimDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	victim := filepath.Join(victimDir, "precious")
+	content := []byte("root's data, not to be overwritten\n")
+	if err := os.WriteFile(victim, content, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour).Truncate(time.Second)
+	if err := os.Chtimes(victim, old, old); err != nil {
+		t.Fatal(err)
+	}
+	ownDir := filepath.Join(base, "nobody")
+	if err := os.Mkdir(ownDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(ownDir, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	helper := filepath.Join(base, "helper.test")
+	copyExecutable(t, helper)
+
+	// Sockets in base/run (group nogroup, 0750) and base/denied.
+	ts := startServerAt(t, filepath.Join(base, "run", "s.sock"), Config{Access: Access{SocketMode: 0o660, SocketGID: 65534}})
+	denied := startServerAt(t, filepath.Join(base, "denied", "s.sock"),
+		Config{Access: Access{SocketMode: 0o660, SocketGID: 65534, AllowUIDs: []uint32{4242}}})
+
+	// Root holds a session while the helper asks for STATUS.
+	rc := ts.dial(t)
+	rootStream, _, err := control.OpenStream(rc, shm.HeaderSize+64<<10, outFile(t), control.Open{Codec: "none", Policy: "block"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rootStream.Finish()
+
+	run := func(uid, gid uint32) map[string]helperResult {
+		cmd := exec.Command(helper, "-test.run=^TestHelperUnprivilegedClient$", "-test.count=1")
+		cmd.Env = []string{envHelper + "=1", envSock + "=" + ts.sock, envDeniedSock + "=" + denied.sock,
+			envVictim + "=" + victim, envOwnDir + "=" + ownDir, "PATH=/usr/bin:/bin"}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid, Groups: []uint32{}}}
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("helper as uid %d: %v\nstdout:\n%s\nstderr:\n%s", uid, err, stdout.String(), stderr.String())
+		}
+		res := map[string]helperResult{}
+		sc := bufio.NewScanner(&stdout)
+		for sc.Scan() {
+			if line, ok := strings.CutPrefix(sc.Text(), helperResultLn); ok {
+				var r helperResult
+				if err := json.Unmarshal([]byte(line), &r); err != nil {
+					t.Fatalf("helper line %q: %v", line, err)
+				}
+				res[r.Attempt] = r
+			}
+		}
+		t.Logf("helper as uid %d: %+v", uid, res)
+		return res
+	}
+
+	res := run(65534, 65534)
+	if r := res["open victim for writing"]; !strings.Contains(r.Err, "permission denied") {
+		t.Errorf("the client itself could open the victim for writing: %+v", r)
+	}
+	for _, a := range []string{"victim read-only", "victim O_PATH", "victim's directory", "socket"} {
+		if r, ok := res[a]; !ok || r.Code != control.CodeBadOutput {
+			t.Errorf("%s: %+v, want bad_output", a, r)
+		}
+	}
+	if r := res["status"]; r.Err != "" || r.Visible != 0 || r.Sessions < 1 {
+		t.Errorf("status as nobody: %+v, want root's session counted but not listed", r)
+	}
+	if r := res["allow-list"]; r.Code != CodeAccessDenied {
+		t.Errorf("allow-list: %+v, want access_denied", r)
+	}
+	if r := res["own capture"]; r.Err != "" {
+		t.Fatalf("own capture: %+v", r)
+	}
+	// The victim is untouched and nothing was created at the label path.
+	got, err := os.ReadFile(victim)
+	if err != nil || !bytes.Equal(got, content) {
+		t.Fatalf("victim changed: %q %v", got, err)
+	}
+	if fi, err := os.Stat(victim); err != nil || !fi.ModTime().Equal(old) {
+		t.Fatalf("victim touched: %v %v", fi.ModTime(), err)
+	}
+	if _, err := os.Stat(filepath.Join(victimDir, "label.strap")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the daemon created the labelled path: %v", err)
+	}
+	// The client's own file holds its capture, with the kernel's idea of who it is.
+	s, err := pipelinetest.ReadFile(filepath.Join(ownDir, "own.strap"))
+	if err != nil || s.EndStatus() != "complete" || len(s.Packets) != 3 {
+		t.Fatalf("own capture: %v", err)
+	}
+	if peer, _ := s.Meta["peer"].(map[string]any); peer["uid"] != float64(65534) || peer["gid"] != float64(65534) {
+		t.Fatalf("stream peer %v", s.Meta["peer"])
+	}
+
+	// A uid outside the socket's group cannot even connect.
+	res = run(65533, 65533)
+	if r := res["connect"]; !strings.Contains(r.Err, "permission denied") {
+		t.Fatalf("outsider connect: %+v, want permission denied", r)
+	}
+}
+
+// TestHelperUnprivilegedClient is the client side of TestRootDaemonUnprivilegedClient,
+// run in a child process as an unprivileged uid. It reports each attempt on stdout.
+func TestHelperUnprivilegedClient(t *testing.T) {
+	if os.Getenv(envHelper) == "" {
+		t.Skip("helper process of TestRootDaemonUnprivilegedClient")
+	}
+	report := func(r helperResult) {
+		b, _ := json.Marshal(r)
+		os.Stdout.WriteString(helperResultLn + string(b) + "\n")
+	}
+	codeOf := func(attempt string, err error) helperResult {
+		r := helperResult{Attempt: attempt}
+		var e *control.Error
+		if errors.As(err, &e) {
+			r.Code = e.Code
+		}
+		if err != nil {
+			r.Err = err.Error()
+		}
+		return r
+	}
+	sock, victim, ownDir := os.Getenv(envSock), os.Getenv(envVictim), os.Getenv(envOwnDir)
+	dial := func(path string) (*control.Client, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return control.Dial(ctx, path, "nobody")
+	}
+	c, err := dial(sock)
+	if err != nil {
+		report(codeOf("connect", err))
+		return
+	}
+	c.Disconnect()
+
+	_, err = os.OpenFile(victim, os.O_WRONLY, 0)
+	report(codeOf("open victim for writing", err))
+
+	size := uint64(shm.HeaderSize + 64<<10)
+	label := map[string]any{"output_path": filepath.Join(filepath.Dir(victim), "label.strap")}
+	try := func(attempt string, out *os.File) {
+		defer out.Close()
+		p, err := shm.NewProducer(size, shm.ProducerOptions{})
+		if err != nil {
+			report(codeOf(attempt, err))
+			return
+		}
+		defer p.Close()
+		c, err := dial(sock)
+		if err != nil {
+			report(codeOf(attempt, err))
+			return
+		}
+		defer c.Disconnect()
+		_, err = c.Open(p.File(), out, control.Open{RingSize: size, Codec: "none", Policy: "block", Metadata: label})
+		report(codeOf(attempt, err))
+	}
+	if f, err := os.Open(victim); err == nil {
+		try("victim read-only", f)
+	}
+	if fd, err := unix.Open(victim, unix.O_PATH|unix.O_CLOEXEC, 0); err == nil {
+		try("victim O_PATH", os.NewFile(uintptr(fd), "opath"))
+	}
+	if f, err := os.Open(filepath.Dir(victim)); err == nil {
+		try("victim's directory", f)
+	}
+	if fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err == nil {
+		defer unix.Close(fds[1])
+		try("socket", os.NewFile(uintptr(fds[0]), "socket"))
+	}
+
+	if c, err := dial(sock); err == nil {
+		rep, err := c.Status()
+		r := codeOf("status", err)
+		r.Sessions, r.Visible = rep.Daemon.Sessions, len(rep.Sessions)
+		report(r)
+		c.Disconnect()
+	}
+
+	_, err = dial(os.Getenv(envDeniedSock))
+	report(codeOf("allow-list", err))
+
+	// Its own file, labelled with the victim's directory: written, and only it.
+	out, err := os.OpenFile(filepath.Join(ownDir, "own.strap"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		report(codeOf("own capture", err))
+		return
+	}
+	defer out.Close()
+	c, err = dial(sock)
+	if err != nil {
+		report(codeOf("own capture", err))
+		return
+	}
+	defer c.Disconnect()
+	st, _, err := control.OpenStream(c, size, out, control.Open{Codec: "lz4", Policy: "block", Metadata: label})
+	if err == nil {
+		for i := range 3 {
+			tn := tensor("m", uint64(i+1), 1000)
+			if err = st.Put(&tn); err != nil {
+				break
+			}
+		}
+	}
+	if err == nil {
+		_, err = st.Finish()
+	}
+	report(codeOf("own capture", err))
+}
+
+// startServerAt is startServer with a chosen socket path.
+func startServerAt(t *testing.T, sock string, cfg Config) *testServer {
+	t.Helper()
+	cfg.Socket = sock
+	cfg.Workers = 1
+	srv := New(cfg, nil)
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ts := &testServer{srv: srv, sock: sock, cancel: cancel, done: make(chan error, 1)}
+	go func() { ts.done <- srv.Serve(ctx) }()
+	t.Cleanup(func() { ts.stop(t) })
+	return ts
+}
+
+// copyExecutable copies the running test binary to dst with mode 0755, so another uid can
+// run it (go test builds it in a directory only its owner can enter).
+func copyExecutable(t *testing.T, dst string) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := os.Open(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
