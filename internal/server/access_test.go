@@ -127,11 +127,11 @@ const (
 
 // helperResult is what the unprivileged helper reports about one attempt.
 type helperResult struct {
-	Attempt string `json:"attempt"`
-	Code    string `json:"code,omitempty"`
-	Err     string `json:"err,omitempty"`
+	Attempt  string `json:"attempt"`
+	Code     string `json:"code,omitempty"`
+	Err      string `json:"err,omitempty"`
 	Sessions int    `json:"sessions,omitempty"`
-	Visible int    `json:"visible,omitempty"`
+	Visible  int    `json:"visible,omitempty"`
 }
 
 // TestRootDaemonUnprivilegedClient: a daemon running as root, a client running as
