@@ -274,6 +274,13 @@ class FakeStrapd:
                          meta=json.dumps({"reason": body["reason"]}).encode(), raw_len=body["bytes"])
                 sess["drops"] += 1
                 sess["packets"] += 1  # like strapd: TENSOR, DROP and TOKEN packets count
+            elif mt == P.TOKEN:
+                assert body["seq"] == expect, f"TOKEN expected seq {expect}, found {body['seq']}"
+                expect += 1
+                meta = {"token_id": body["token_id"], "text": body["text"], "position": body.get("position", body["index"])}
+                w.packet(3, name="token", seq=body["seq"], step=body["index"],
+                         meta=json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
+                sess["packets"] += 1
             elif mt == P.CLOSE:
                 assert body["seq"] == expect - 1 and body["head"] == tail and body["drops"] == sess["drops"], (body, expect, tail)
                 w.finish("complete", sess["packets"], sess["drops"])

@@ -232,9 +232,11 @@ def test_step_and_forward_counters(llama, fake_daemon, tmp_path):
         got = [(t.step, t.forward) for t in r.tensors("model.layers.1.mlp")]
     assert got == [(0, 0), (1, 1), (2, 2), (3, 3)]
     a = analyze_activations_with_tokens(out, fw)
-    assert a["token_metadata"]["source"] == "framework" and a["token_metadata"]["total_tokens"] == 3
+    # tokens are TOKEN packets in the stream now
+    assert a["token_metadata"]["source"] == "stream" and a["token_metadata"]["total_tokens"] == 3
+    assert a["token_metadata"]["tokens"] == fw.tokens
     assert a["per_step"][0]["packets"] == 12 and set(a["per_step"]) == {0, 1, 2, 3}
-    assert analyze_activations_with_tokens(out)["token_metadata"] == {"total_tokens": 0, "tokens": [], "source": "none"}
+    assert analyze_activations_with_tokens(out)["token_metadata"]["source"] == "stream"
 
 
 def test_daemon_death_raises_promptly(llama, sockdir, tmp_path):

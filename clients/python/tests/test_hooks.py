@@ -105,10 +105,13 @@ def test_create_optimized_config(models):
 
 
 @pytest.mark.parametrize("kw,exc", [
-    (dict(checkpoint_interval_tokens=10), NotImplementedError),
-    (dict(checkpoint_path="/tmp/x"), NotImplementedError),
-    (dict(resume_from_checkpoint=True), NotImplementedError),
-    (dict(checkpoint_interval_tokens=0), ValueError),
+    (dict(checkpoint_interval_tokens=10), ValueError),          # checkpoints need tracking
+    (dict(checkpoint_path="/tmp/x", track_per_token=True), ValueError),  # a path but no interval
+    (dict(resume_from_checkpoint=True), ValueError),
+    (dict(checkpoint_interval_tokens=0, track_per_token=True), ValueError),
+    (dict(checkpoint_interval_tokens=-3, track_per_token=True), ValueError),
+    (dict(checkpoint_interval_tokens=2.5, track_per_token=True), ValueError),
+    (dict(resume_from_checkpoint=True, overwrite_checkpoint=True, track_per_token=True), ValueError),
     (dict(track_per_token="yes"), TypeError),
     (dict(preset="balanced", config=InstrumentationConfig()), ValueError),
     (dict(preset="nope"), ValueError),

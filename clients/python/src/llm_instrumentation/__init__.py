@@ -22,7 +22,9 @@ from .errors import (
     StreamFormatError,
     UnsupportedCodecError,
 )
-from .framework import InstrumentationFramework, TokenTracker, capture_activations
+from .checkpoint import CheckpointError
+from .framework import InstrumentationFramework, capture_activations
+from .tracking import TokenTracker
 from .stream import StreamReader, Tensor, open_stream
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "analyze_activations",
     "analyze_activations_with_tokens",
     "capture_activations",
+    "CheckpointError",
     "HookGranularity",
     "InstrumentationConfig",
     "InstrumentationFramework",

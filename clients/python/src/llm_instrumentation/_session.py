@@ -54,6 +54,7 @@ class CaptureSession:
         self.seq = 0
         self.last_tensor_seq = 0
         self.packets = 0
+        self.tokens = 0
         self.bytes_in = 0
         self.drops = 0
         self.drop_bytes = 0
@@ -233,6 +234,50 @@ class CaptureSession:
             self.bytes_in += plen
             self.conn.send(P.PUBLISH, {"head": self.ring.head, "seq": seq})
         return True
+
+    # ----- tokens and checkpoints (docs/CHECKPOINTS.md) ------------------------------------------
+
+    def token(self, index: int, token_id: int, text: str, position: int) -> int:
+        """Send TOKEN for one recorded token (it takes the next sequence number and becomes
+        a TOKEN packet with ``step = index``); return its sequence number."""
+        with self._lock:
+            self._check()
+            try:
+                self.drain()
+                seq = self._next_seq()
+                self.conn.send(P.TOKEN, {"seq": seq, "index": index, "token_id": token_id, "text": text,
+                                         "position": position})
+                self.tokens += 1
+                return seq
+            except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
+                self.error = e
+                raise
+
+    def checkpoint(self, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Ask the daemon to make every event sent so far durable; return the CHECKPOINTED
+        body (``seq``, ``offset``, ``packets``, ``drops``, ``tokens``, ``last_offset``,
+        ``last_crc``) once it has written and fdatasynced them."""
+        with self._lock:
+            self._check()
+            try:
+                self.conn.send(P.CHECKPOINT, {"seq": self.seq})
+                deadline = time.monotonic() + (timeout or max(self.stall_timeout, 60.0))
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise StrapdTimeoutError(f"strapd did not answer CHECKPOINT (seq {self.seq}) in time")
+                    got = self.conn.recv(left)
+                    if got is None:
+                        continue
+                    mtype, body = got
+                    if mtype == P.CHECKPOINTED:
+                        if body.get("seq") != self.seq:
+                            raise StrapdProtocolError(f"CHECKPOINTED for seq {body.get('seq')}, asked for {self.seq}")
+                        return body
+                    self._handle(mtype, body)
+            except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
+                self.error = e
+                raise
 
     def _copy(self, dst: "torch.Tensor", src: "torch.Tensor") -> None:
         if src.device.type == "cpu":

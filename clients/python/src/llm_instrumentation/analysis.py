@@ -85,26 +85,34 @@ def analyze_activations(path: Union[str, os.PathLike]) -> Dict[str, Any]:
 
 def analyze_activations_with_tokens(path: Union[str, os.PathLike],
                                     framework: Optional["InstrumentationFramework"] = None) -> Dict[str, Any]:
-    """:func:`analyze_activations` plus a per-token breakdown.
+    """:func:`analyze_activations` plus an exact per-token breakdown, read from the stream.
+
+    Every packet carries its ``step``: the number of tokens recorded before the forward
+    pass that produced it, so packets of step ``k`` belong to token ``k`` (the token that
+    forward pass chose). Nothing is divided evenly.
 
     Tokens come from the stream's TOKEN packets when it has any (``source: "stream"``);
     otherwise from the framework's token tracker when given and non-empty
     (``source: "framework"``); otherwise the token metadata is empty (``source: "none"``).
-    ``per_step`` counts TENSOR packets and raw bytes by ``step`` (tokens recorded before
-    the forward pass), read from the file.
 
     Args:
         path: the stream file.
         framework: the capture's framework (optional).
 
     Returns:
-        the analysis dict with ``"token_metadata"`` {total_tokens, tokens:[{token_index,
-        token_id, token_text, position}], source} and ``"per_step"`` {step: {packets,
-        raw_bytes}}.
+        the analysis dict plus ``token_metadata`` {total_tokens, tokens:[{token_index,
+        token_id, token_text, position}], source}; ``packets_per_token`` {step: TENSOR
+        packets}; ``bytes_per_token`` {step: {raw, stored}} (payload bytes decoded and on
+        disk); ``per_token_modules`` {step: {module: {packets, raw_bytes, stored_bytes}}};
+        ``per_step`` {step: {packets, raw_bytes}} (kept from earlier versions); and
+        ``bytes_per_token_mean`` {raw, stored} over the steps seen.
     """
     result = analyze_activations(path)
     toks = []
     per_step: Dict[int, Dict[str, int]] = {}
+    packets_per_token: Dict[int, int] = {}
+    bytes_per_token: Dict[int, Dict[str, int]] = {}
+    per_mod: Dict[int, Dict[str, Dict[str, int]]] = {}
     with open_stream(path) as r:
         for pk in r.packets():
             if pk.type == TOKEN:
@@ -114,10 +122,27 @@ def analyze_activations_with_tokens(path: Union[str, os.PathLike],
                 s = per_step.setdefault(pk.step, {"packets": 0, "raw_bytes": 0})
                 s["packets"] += 1
                 s["raw_bytes"] += pk.raw_len
+                packets_per_token[pk.step] = packets_per_token.get(pk.step, 0) + 1
+                b = bytes_per_token.setdefault(pk.step, {"raw": 0, "stored": 0})
+                b["raw"] += pk.raw_len
+                b["stored"] += pk.stored_len
+                m = per_mod.setdefault(pk.step, {}).setdefault(pk.name, {"packets": 0, "raw_bytes": 0,
+                                                                         "stored_bytes": 0})
+                m["packets"] += 1
+                m["raw_bytes"] += pk.raw_len
+                m["stored_bytes"] += pk.stored_len
     source = "stream" if toks else "none"
     if not toks and framework is not None and framework.tokens:
         toks = [dict(t) for t in framework.tokens]
         source = "framework"
     result["token_metadata"] = {"total_tokens": len(toks), "tokens": toks, "source": source}
     result["per_step"] = per_step
+    result["packets_per_token"] = packets_per_token
+    result["bytes_per_token"] = bytes_per_token
+    result["per_token_modules"] = per_mod
+    n = len(bytes_per_token)
+    result["bytes_per_token_mean"] = {
+        "raw": sum(b["raw"] for b in bytes_per_token.values()) / n if n else 0.0,
+        "stored": sum(b["stored"] for b in bytes_per_token.values()) / n if n else 0.0,
+    }
     return result

@@ -1,0 +1,288 @@
+"""Checkpoint files and resume checks (docs/CHECKPOINTS.md).
+
+A checkpoint is written by the client only after strapd has answered CHECKPOINTED: every
+packet up to the checkpoint is then on disk (fdatasync). The file is replaced atomically
+(temp file, fsync, rename, fsync of the directory) and holds no per-token data — the tokens
+are TOKEN packets in the stream — so its cost does not grow with the capture.
+
+Resume reads the stream through a descriptor opened ``O_RDWR`` (never truncating on open),
+checks its first ``stream_offset`` bytes against the checkpoint (fingerprint, packet count,
+last sequence number, offset and CRC32C of the last packet, recomputed from the bytes),
+collects the TOKEN packets to restore the tracker, and only then cuts the file back to the
+checkpoint. The same descriptor, locked with ``flock``, goes to strapd with ``append_at``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
+
+from .errors import StrapError
+from .stream import FILE_HEADER, FILE_MAGIC, FILE_VERSION, PACKET, PACKET_MAGIC, TOKEN, TYPE_NAMES, crc32c
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch.nn as nn
+
+FORMAT = "strap-checkpoint"
+VERSION = 1
+SUFFIX = ".ckpt.json"
+MAX_SIZE = 1 << 20
+_REQUIRED = ("format", "version", "fingerprint", "stream_offset", "packets", "last_seq", "last_packet_offset",
+             "last_packet_crc", "token_count")
+
+
+class CheckpointError(StrapError, ValueError):
+    """A checkpoint is missing, unreadable, or does not match the stream or the capture."""
+
+
+@dataclass
+class Checkpoint:
+    """One checkpoint file (field meanings: docs/CHECKPOINTS.md)."""
+
+    stream: str
+    fingerprint: str
+    stream_offset: int
+    packets: int
+    drops: int
+    last_seq: int
+    last_packet_offset: int
+    last_packet_crc: int
+    token_count: int
+    forward_count: int
+    created: str = ""
+    format: str = FORMAT
+    version: int = VERSION
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        """The file's bytes."""
+        d = asdict(self)
+        extra = d.pop("extra")
+        d.update(extra)
+        return (json.dumps(d, indent=1, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def parse(cls, data: bytes, path: str = "checkpoint") -> "Checkpoint":
+        """Parse and check a checkpoint (the same rules as Go ``checkpoint.Parse``)."""
+        if len(data) > MAX_SIZE:
+            raise CheckpointError(f"{path}: {len(data)} bytes is too large for a checkpoint")
+        try:
+            d = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{path}: not JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise CheckpointError(f"{path}: not a JSON object")
+        for k in _REQUIRED:
+            if d.get(k) is None:
+                raise CheckpointError(f"{path}: missing field {k!r}")
+        if d["format"] != FORMAT or d["version"] != VERSION:
+            raise CheckpointError(f"{path}: format {d['format']!r} version {d['version']!r}, expected {FORMAT!r} {VERSION}")
+        ints = ("stream_offset", "packets", "last_seq", "last_packet_offset", "last_packet_crc", "token_count")
+        for k in ints + ("drops", "forward_count"):
+            v = d.get(k, 0)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise CheckpointError(f"{path}: {k} is {v!r}, expected a non-negative integer")
+        ck = cls(stream=str(d.get("stream", "")), fingerprint=str(d["fingerprint"]), stream_offset=d["stream_offset"],
+                 packets=d["packets"], drops=d.get("drops", 0), last_seq=d["last_seq"],
+                 last_packet_offset=d["last_packet_offset"], last_packet_crc=d["last_packet_crc"],
+                 token_count=d["token_count"], forward_count=d.get("forward_count", 0), created=str(d.get("created", "")),
+                 extra={k: v for k, v in d.items() if k not in cls.__dataclass_fields__})
+        if ck.stream_offset <= 0 or (ck.packets == 0) != (ck.last_seq == 0) or ck.last_seq < ck.packets \
+                or (ck.packets and not 0 < ck.last_packet_offset < ck.stream_offset) \
+                or ck.token_count > ck.packets or ck.last_packet_crc >= 1 << 32:
+            raise CheckpointError(f"{path}: inconsistent numbers: {ck}")
+        return ck
+
+
+def default_path(output_path: Union[str, os.PathLike]) -> str:
+    """``{output_path}.ckpt.json``."""
+    return os.fspath(output_path) + SUFFIX
+
+
+def load(path: Union[str, os.PathLike]) -> Checkpoint:
+    """Read the checkpoint at ``path`` (CheckpointError when absent or invalid)."""
+    p = os.fspath(path)
+    try:
+        with open(p, "rb") as f:
+            data = f.read(MAX_SIZE + 1)
+    except FileNotFoundError:
+        raise CheckpointError(f"no checkpoint at {p}") from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {p}: {e}") from None
+    return Checkpoint.parse(data, p)
+
+
+def write_atomic(path: Union[str, os.PathLike], data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and durably: temp file in the same
+    directory, write, fsync, rename over ``path``, fsync the directory. A crash at any point
+    leaves either the old file or the new one, never a mix."""
+    p = os.path.abspath(os.fspath(path))
+    d = os.path.dirname(p)
+    tmp = f"{p}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, p)
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def fsync_unlink(path: Union[str, os.PathLike]) -> None:
+    """Remove ``path`` and make the removal durable (fsync of the directory)."""
+    p = os.path.abspath(os.fspath(path))
+    os.unlink(p)
+    dfd = os.open(os.path.dirname(p), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def fingerprint(model: "nn.Module", config_dict: Dict[str, Any], transport: Dict[str, Any],
+                modules: List[str]) -> str:
+    """A SHA-256 over what must not change between a capture and its resume: the capture
+    config, the transport (codec, level, block size), the hooked modules, the model class,
+    its config (Hugging Face ``config.to_dict()`` when it has one) and every parameter's and
+    buffer's name, shape and dtype. Parameter values are not hashed (too costly for large
+    models); the resumed generation itself re-creates the same packets only with the same
+    weights, which the byte-equality tests check."""
+    h = hashlib.sha256()
+    cfg = getattr(model, "config", None)
+    model_cfg: Any = None
+    if cfg is not None and hasattr(cfg, "to_dict"):
+        model_cfg = {k: v for k, v in cfg.to_dict().items() if k not in ("transformers_version", "_name_or_path")}
+    doc = {"capture_config": config_dict, "transport": transport, "modules": modules,
+           "model_class": type(model).__name__, "model_config": model_cfg}
+    h.update(json.dumps(doc, sort_keys=True, default=str).encode())
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
+    return "sha256:" + h.hexdigest()
+
+
+def now_rfc3339() -> str:
+    """The current UTC time, RFC 3339."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def lock_stream(fd: int, wait: float, path: str) -> None:
+    """Take the stream's exclusive ``flock``. A live capture holds it through the descriptor
+    strapd keeps, so this waits (up to ``wait`` seconds) for a session that is still ending,
+    e.g. the one of a client that was just killed."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise CheckpointError(
+                    f"{path} is in use by a live capture (its strapd session still holds the stream lock "
+                    f"after {wait:.0f}s)") from None
+            time.sleep(0.05)
+
+
+def _read_exact(fd: int, off: int, n: int) -> bytes:
+    b = os.pread(fd, n, off)
+    if len(b) != n:
+        raise EOFError(off)
+    return b
+
+
+def scan_prefix(fd: int, ck: Checkpoint, path: str, want_fingerprint: Optional[str]) -> List[Dict[str, Any]]:
+    """Check the stream behind ``fd`` against ``ck`` and return the checkpointed tokens.
+
+    Raises:
+        CheckpointError: naming the first thing that differs.
+    """
+    size = os.fstat(fd).st_size
+    if size < ck.stream_offset:
+        raise CheckpointError(
+            f"{path} is {size} bytes, shorter than the checkpointed offset {ck.stream_offset}: "
+            f"data reported durable is gone; the stream cannot be resumed")
+    try:
+        hdr = _read_exact(fd, 0, FILE_HEADER.size)
+        magic, version, _flags, meta_len, crc = FILE_HEADER.unpack(hdr)
+        if magic != FILE_MAGIC or version != FILE_VERSION:
+            raise CheckpointError(f"{path}: not a version-{FILE_VERSION} strap stream")
+        meta_raw = _read_exact(fd, FILE_HEADER.size, meta_len)
+    except EOFError:
+        raise CheckpointError(f"{path}: stream header is cut short") from None
+    if crc32c(hdr[:16] + meta_raw) != crc:
+        raise CheckpointError(f"{path}: stream header CRC mismatch")
+    meta = json.loads(meta_raw)
+    stream_fp = (meta.get("client_metadata") or {}).get("fingerprint")
+    if stream_fp != ck.fingerprint:
+        raise CheckpointError(f"fingerprint differs: checkpoint {ck.fingerprint!r}, stream header {stream_fp!r}")
+    if want_fingerprint is not None and want_fingerprint != ck.fingerprint:
+        raise CheckpointError(
+            f"fingerprint differs: checkpoint {ck.fingerprint!r}, this capture (config + model) {want_fingerprint!r}; "
+            f"resume with the same model, config, preset and modules")
+    off = (FILE_HEADER.size + meta_len + 7) // 8 * 8
+    packets = 0
+    last: Optional[Tuple[int, int, int, int]] = None  # offset, length, seq, crc
+    tokens: List[Dict[str, Any]] = []
+    while off < ck.stream_offset:
+        try:
+            h = _read_exact(fd, off, PACKET.size)
+        except EOFError:
+            raise CheckpointError(f"{path}: packet header at {off} is cut short") from None
+        (magic, ptype, _dt, ndim, header_len, name_len, _codec, _fl, meta_len, pcrc, seq, step, _fwd,
+         _raw, stored_len, *_rest) = PACKET.unpack(h)
+        if magic != PACKET_MAGIC or header_len != PACKET.size + 8 * ndim + name_len + meta_len:
+            raise CheckpointError(f"{path}: no valid packet at offset {off} (before the checkpointed offset "
+                                  f"{ck.stream_offset})")
+        if ptype not in (1, 2, 3):
+            raise CheckpointError(f"{path}: {TYPE_NAMES.get(ptype, ptype)} packet at offset {off}, inside the "
+                                  f"checkpointed prefix")
+        plen = header_len + stored_len
+        if ptype == TOKEN:
+            p = off + PACKET.size + 8 * ndim
+            tm = json.loads(_read_exact(fd, p + name_len, meta_len) or b"{}")
+            tokens.append({"token_index": step, "token_id": tm.get("token_id"), "token_text": tm.get("text", ""),
+                           "position": tm.get("position", step)})
+        packets += 1
+        last = (off, plen, seq, pcrc)
+        off += plen
+    if off != ck.stream_offset:
+        raise CheckpointError(f"{path}: checkpointed offset {ck.stream_offset} is not the end of a packet "
+                              f"(a packet ends at {off})")
+    if packets != ck.packets:
+        raise CheckpointError(f"{path}: {packets} packets before the offset, checkpoint says {ck.packets}")
+    if len(tokens) != ck.token_count:
+        raise CheckpointError(f"{path}: {len(tokens)} tokens before the offset, checkpoint says {ck.token_count}")
+    if [t["token_index"] for t in tokens] != list(range(len(tokens))):
+        raise CheckpointError(f"{path}: TOKEN packets are not numbered 0..{len(tokens) - 1}")
+    if last is not None:
+        loff, plen, seq, pcrc = last
+        if loff != ck.last_packet_offset:
+            raise CheckpointError(f"{path}: last packet starts at {loff}, checkpoint says {ck.last_packet_offset}")
+        if seq != ck.last_seq:
+            raise CheckpointError(f"{path}: last packet has seq {seq}, checkpoint says {ck.last_seq}")
+        if pcrc != ck.last_packet_crc:
+            raise CheckpointError(f"{path}: last packet CRC {pcrc:#010x}, checkpoint says {ck.last_packet_crc:#010x}")
+        body = bytearray(_read_exact(fd, loff, plen))
+        body[20:24] = b"\0\0\0\0"
+        got = crc32c(bytes(body))
+        if got != pcrc:
+            raise CheckpointError(f"{path}: last packet's bytes have CRC {got:#010x}, stored {pcrc:#010x} (damaged)")
+    return tokens
+
+

@@ -1,0 +1,320 @@
+"""Per-token tracking, durable checkpoints and exact resume against the real strapd.
+
+Every kill here is a real SIGKILL (of a client subprocess, or of the daemon); the resumed
+capture regenerates from ``tracker.tokens`` and must equal an uninterrupted capture of the
+same greedy generation packet for packet (type, name, seq, step, forward, shape, codec,
+stored bytes, meta) and token for token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+import torch
+
+from conftest import REPO, strapd_bin, tiny_llama
+from genloop import INTERVAL, N_TOKENS, generate
+
+from llm_instrumentation import CheckpointError, InstrumentationConfig, InstrumentationFramework, \
+    analyze_activations_with_tokens, capture_activations, open_stream
+from llm_instrumentation import checkpoint as ckpt
+from llm_instrumentation.framework import tokens_path
+
+HERE = Path(__file__).parent
+CHILD = HERE / "resume_child.py"
+_model = None
+_reference: Dict[str, Any] = {}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # The child runs with one thread too: the same kernels give the same bytes.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def model():
+    global _model
+    if _model is None:
+        _model = tiny_llama()
+    return _model
+
+
+def packets(path: Path) -> List[Tuple[Any, ...]]:
+    with open_stream(path) as r:
+        return [(p.type, p.name, p.seq, p.step, p.forward, p.dtype_id, p.shape, p.codec, p.raw_len,
+                 bytes(p.stored()), json.dumps(p.meta, sort_keys=True)) for p in r.packets()]
+
+
+def capture(sock: str, out: Path, resume: bool = False, **kw: Any) -> InstrumentationFramework:
+    with capture_activations(model(), preset="balanced", output_path=out, socket_path=sock, autostart_daemon=False,
+                             track_per_token=True, checkpoint_interval_tokens=INTERVAL, resume_from_checkpoint=resume,
+                             **kw) as fw:
+        generate(fw, model())
+    return fw
+
+
+def reference(sock: str, tmp: Path) -> Dict[str, Any]:
+    if not _reference:
+        out = tmp / "reference.strap"
+        fw = capture(sock, out)
+        _reference.update(packets=packets(out), tokens=fw.tokens, forwards=fw.forward_count,
+                          tokens_file=json.loads(Path(tokens_path(out)).read_text()))
+    return _reference
+
+
+def wait_session_ended(out: Path) -> None:
+    """Wait until strapd has ended the killed client's session: it then closes its
+    descriptor and with it the stream lock."""
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        ckpt.lock_stream(fd, 30, str(out))
+    finally:
+        os.close(fd)
+
+
+def run_child(sock: str, out: Path, kill: str, delay: float = 0.0) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(CHILD), sock, str(out), kill, str(delay)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(HERE))
+
+
+def assert_same_as_reference(sock: str, out: Path, tmp: Path, fw: InstrumentationFramework) -> None:
+    ref = reference(sock, tmp)
+    got = packets(out)
+    assert len(got) == len(ref["packets"]), (len(got), len(ref["packets"]))
+    for i, (a, b) in enumerate(zip(got, ref["packets"])):
+        assert a == b, f"packet {i} differs: {a[:9]} vs {b[:9]}"
+    assert fw.tokens == ref["tokens"]
+    assert fw.forward_count == ref["forwards"]
+    tf = json.loads(Path(tokens_path(out)).read_text())
+    assert tf["tokens"] == ref["tokens_file"]["tokens"] and tf["total_tokens"] == N_TOKENS
+    assert not os.path.exists(ckpt.default_path(out)), "checkpoint left after a clean finish"
+    v = subprocess.run([str(strapd_bin()), "verify", str(out)], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
+KILLS = [
+    pytest.param("before:8", id="sigkill-just-before-checkpoint-8"),
+    pytest.param("after:4", id="sigkill-just-after-checkpoint-4"),
+    # inside a forward pass at a random tensor write (12 writes per forward of the tiny Llama under "balanced")
+    *[pytest.param(f"write:{random.Random(seed).randrange(12 * INTERVAL + 1, 12 * N_TOKENS)}", id=f"sigkill-random-seed{seed}")
+      for seed in (1, 2)],
+]
+
+
+@pytest.mark.parametrize("kill", KILLS)
+def test_client_sigkill_then_resume_equals_uninterrupted(real_strapd, tmp_path, kill):
+    out = tmp_path / "run.strap"
+    p = run_child(real_strapd.socket, out, kill)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == -signal.SIGKILL, err
+    c = ckpt.load(ckpt.default_path(out))
+    assert c.token_count % INTERVAL == 0 and c.token_count >= INTERVAL
+    fw = capture(real_strapd.socket, out, resume=True)
+    assert fw.resume_step == c.token_count and fw.token_tracker.resume_step == c.token_count
+    assert_same_as_reference(real_strapd.socket, out, tmp_path, fw)
+
+
+def test_daemon_sigkill_client_errors_then_resume(strapd_factory, tmp_path):
+    d1 = strapd_factory()
+    out = tmp_path / "run.strap"
+    p = run_child(d1.socket, out, "none", delay=0.15)
+    assert p.stdout is not None
+    for line in p.stdout:
+        if line.strip() == "token 6":
+            break
+    else:
+        pytest.fail(f"child ended early: {p.stderr.read() if p.stderr else ''}")
+    d1.proc.send_signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    _, err = p.communicate(timeout=30)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 1 and elapsed < 5, (p.returncode, elapsed, err)
+    assert "StrapdConnectionError" in err and "strapd connection" in err, err
+    d2 = strapd_factory()
+    fw = capture(d2.socket, out, resume=True)
+    assert fw.resume_step == 4
+    assert_same_as_reference(d2.socket, out, tmp_path, fw)
+
+
+def test_torn_tail_verify_and_repair(real_strapd, tmp_path):
+    out = tmp_path / "run.strap"
+    p = run_child(real_strapd.socket, out, f"write:{12 * 6 + 5}")  # inside forward 6: packets after checkpoint 4
+    p.communicate(timeout=120)
+    assert p.returncode == -signal.SIGKILL
+    c = ckpt.load(ckpt.default_path(out))
+    assert c.token_count == 4
+    wait_session_ended(out)  # then tear the tail
+    cut = c.stream_offset + 150
+    assert os.path.getsize(out) > cut
+    os.truncate(out, cut)
+    v = subprocess.run([str(strapd_bin()), "verify", "--json", str(out)], capture_output=True, text=True)
+    assert v.returncode == 2
+    rep = json.loads(v.stdout)
+    assert rep["truncated"] and rep["first_bad_offset"] == c.stream_offset, rep
+    r = subprocess.run([str(strapd_bin()), "resume", "--json", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rr = json.loads(r.stdout)
+    assert rr["resumable"] and rr["resume_token"] == 4 and rr["resume_offset"] == c.stream_offset
+    assert rr["torn_at"] == c.stream_offset and rr["cut_bytes"] == 150
+    r = subprocess.run([str(strapd_bin()), "resume", "--repair", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0 and "resume from token 4" in r.stdout, r.stdout + r.stderr
+    assert os.path.getsize(out) == c.stream_offset
+    fw = capture(real_strapd.socket, out, resume=True)
+    assert_same_as_reference(real_strapd.socket, out, tmp_path, fw)
+
+
+def test_python_resume_cuts_a_torn_tail(real_strapd, tmp_path):
+    out = tmp_path / "run.strap"
+    p = run_child(real_strapd.socket, out, "after:8")
+    p.communicate(timeout=120)
+    c = ckpt.load(ckpt.default_path(out))
+    wait_session_ended(out)
+    with open(out, "ab") as f:  # a torn packet after the aborted END/INDEX/footer
+        f.write(b"SPKT" + b"\x01" * 40)
+    fw = capture(real_strapd.socket, out, resume=True)
+    assert fw.resume_step == c.token_count == 8
+    assert_same_as_reference(real_strapd.socket, out, tmp_path, fw)
+
+
+def test_status_json_during_live_capture(real_strapd, tmp_path):
+    out = tmp_path / "live.strap"
+    p = run_child(real_strapd.socket, out, "none", delay=0.25)
+    assert p.stdout is not None
+    try:
+        def status() -> Dict[str, Any]:
+            r = subprocess.run([str(strapd_bin()), "status", "--json", "--socket", real_strapd.socket],
+                               capture_output=True, text=True, timeout=10)
+            assert r.returncode == 0, r.stderr
+            return json.loads(r.stdout)
+
+        for line in p.stdout:
+            if line.strip() == "token 5":
+                break
+        s1 = status()
+        for line in p.stdout:
+            if line.strip() == "token 9":
+                break
+        s2 = status()
+        d = s2["daemon"]
+        assert d["pid"] == real_strapd.proc.pid and d["uptime_s"] > 0 and d["socket"] == real_strapd.socket
+        assert d["memory_used"] > 0 and d["sessions"] == 1
+        a, b = s1["sessions"][0], s2["sessions"][0]
+        for s in (a, b):
+            assert s["pid"] == p.pid and s["uid"] == os.getuid() and s["model_class"] == "LlamaForCausalLM"
+            assert s["output_path"] == str(out) and s["ring_size"] > 0 and 0 <= s["ring_fill"] <= 1
+            assert s["drops"] == 0 and s["ratio"] > 0.5 and s["started"]
+        assert a["tokens"] >= 5 and b["tokens"] >= 9 and b["tokens"] > a["tokens"]
+        assert b["bytes_in"] > a["bytes_in"] > 0 and b["bytes_out"] > a["bytes_out"] > 0
+        assert b["packets"] > a["packets"] and b["age_s"] > a["age_s"]
+        assert b["in_mbps"] > 0 and b["out_mbps"] > 0 and b["rate_window_s"] > 0
+        assert b["checkpoints"] >= 2 and 0 <= b["last_checkpoint_age_s"] < 10
+        text = subprocess.run([str(strapd_bin()), "status", "--socket", real_strapd.socket],
+                              capture_output=True, text=True, timeout=10).stdout
+        assert "LlamaForCausalLM" in text and "TOKENS" in text
+    finally:
+        p.kill()
+        p.communicate()
+
+
+# ----- argument checks, leftovers, mismatches --------------------------------------------------
+
+def test_resume_without_checkpoint(real_strapd, tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        capture(real_strapd.socket, tmp_path / "none.strap", resume=True)
+
+
+def test_leftover_checkpoint_is_never_loaded_silently(real_strapd, tmp_path):
+    out = tmp_path / "run.strap"
+    with pytest.raises(RuntimeError, match="boom"):
+        with capture_activations(model(), preset="balanced", output_path=out, socket_path=real_strapd.socket,
+                                 autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=2) as fw:
+            generate(fw, model(), n_tokens=3)
+            raise RuntimeError("boom")
+    assert os.path.exists(ckpt.default_path(out)), "checkpoint must survive a failed capture"
+    for kw in ({}, {"track_per_token": True, "checkpoint_interval_tokens": 2}):
+        with pytest.raises(CheckpointError, match="overwrite_checkpoint=True"):
+            with capture_activations(model(), preset="balanced", output_path=out, socket_path=real_strapd.socket,
+                                     autostart_daemon=False, **kw):
+                pass
+    # the explicit way: start over
+    with capture_activations(model(), preset="balanced", output_path=out, socket_path=real_strapd.socket,
+                             autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=2,
+                             overwrite_checkpoint=True) as fw:
+        generate(fw, model(), n_tokens=2)
+    assert not os.path.exists(ckpt.default_path(out))
+    assert len(fw.tokens) == 2
+
+
+def test_resume_mismatch_names_what_differs(real_strapd, tmp_path):
+    out = tmp_path / "run.strap"
+    p = run_child(real_strapd.socket, out, "after:4")
+    p.communicate(timeout=120)
+    ckp = ckpt.default_path(out)
+    wait_session_ended(out)
+    # another config: the fingerprint differs
+    with pytest.raises(CheckpointError, match="fingerprint"):
+        with capture_activations(model(), preset="fast_capture", output_path=out, socket_path=real_strapd.socket,
+                                 autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=INTERVAL,
+                                 resume_from_checkpoint=True):
+            pass
+    good = Path(ckp).read_bytes()
+    size = os.path.getsize(out)
+    for field, value, match in [("last_packet_crc", 1, "CRC"), ("stream_offset", None, "not the end of a packet"),
+                                ("packets", 7, "packets"), ("stream_offset", 1 << 40, "shorter")]:
+        d = json.loads(good)
+        d[field] = value if value is not None else d["last_packet_offset"] + 7  # inside the last packet
+        if field == "packets":
+            d["last_seq"] = max(d["last_seq"], 7)
+        Path(ckp).write_text(json.dumps(d))
+        with pytest.raises(CheckpointError, match=match):
+            capture(real_strapd.socket, out, resume=True)
+        assert os.path.getsize(out) == size, "a refused resume must not cut the stream"
+    Path(ckp).write_bytes(good)
+    fw = capture(real_strapd.socket, out, resume=True)
+    assert_same_as_reference(real_strapd.socket, out, tmp_path, fw)
+
+
+def test_framework_method_yields_tracker_and_tokens_file(real_strapd, tmp_path):
+    cfg = InstrumentationConfig.from_preset("balanced")
+    fw = InstrumentationFramework(model(), cfg, socket_path=real_strapd.socket, autostart_daemon=False)
+    with fw.capture_activations(tmp_path / "plain.strap") as tracker:
+        assert tracker is None
+        model()(input_ids=torch.tensor([[1, 2, 3]]))
+    for name in ("run_tokens.json", "noext", "x.strap"):
+        out = tmp_path / name  # pathlib.Path; a name ending in _tokens.json is still not overwritten
+        with fw.capture_activations(out, track_per_token=True, checkpoint_interval_tokens=2) as tracker:
+            assert tracker is fw.token_tracker and tracker.tokens == []
+            generate(fw, model(), n_tokens=3)
+        tp = Path(tokens_path(out))
+        assert tp != out and tp.name == name + "_tokens.json"
+        doc = json.loads(tp.read_text())
+        assert doc["total_tokens"] == 3 and [t["token_index"] for t in doc["tokens"]] == [0, 1, 2]
+        assert set(doc["tokens"][0]) >= {"token_index", "token_id", "token_text"}
+        assert doc["capture_duration_seconds"] > 0
+        with open_stream(out) as r:  # the stream is still a stream
+            assert r.end() is not None
+        a = analyze_activations_with_tokens(out)
+        assert a["token_metadata"]["tokens"] == fw.tokens
+        ppt = a["packets_per_token"]
+        assert sorted(ppt) == [0, 1, 2] and ppt[0] == ppt[1] == ppt[2] == len(fw.hooked_modules), ppt
+        raw = {k: v["raw"] for k, v in a["bytes_per_token"].items()}
+        assert raw[0] < raw[1] < raw[2]  # the sequence grows by one token per step
+        mods = a["per_token_modules"][2]
+        assert sum(m["raw_bytes"] for m in mods.values()) == raw[2]
+        assert sum(m["stored_bytes"] for m in mods.values()) == a["bytes_per_token"][2]["stored"]
+    with pytest.raises(ValueError, match="track_per_token"):
+        with fw.capture_activations(tmp_path / "y.strap", checkpoint_interval_tokens=2):
+            pass
