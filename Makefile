@@ -53,8 +53,14 @@ test: test-go test-python
 demo: $(BIN) $(VENV)/.stamp
 	STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) clients/python/examples/demo.py
 
+# Measures capture overhead, daemon ingest, memory, compression, probe cost and profiles on
+# this machine (< 15 min on 2 cores) and writes docs/PERFORMANCE.md, bench/results/*.json and
+# the PNG charts. matplotlib is installed here only, so `make test` never needs it.
+# BENCH_ARGS=--quick is a seconds-long smoke test whose results go to a temp dir.
+BENCH_ARGS ?=
 bench: $(BIN) $(VENV)/.stamp
-	$(GO) test -run '^$$' -bench . -benchtime 1x ./internal/...
+	$(VPY) -m pip install --quiet matplotlib
+	$(VPY) bench/run.py --strapd $(BIN) --go $(GO) $(BENCH_ARGS)
 
 # Every fuzz target for FUZZTIME each (seeds live in testdata/).
 fuzz:

@@ -86,7 +86,6 @@ def captured_trial(model: Any, x: torch.Tensor, cfg: InstrumentationConfig, sock
 def greedy(model: Any, prompt: torch.Tensor, n: int, fw: Any = None) -> List[int]:
     """Greedy decoding with the KV cache; records each token when ``fw`` is given."""
     out = model(input_ids=prompt, use_cache=True)
-    pkv = out.past_key_values
     nxt = out.logits[:, -1].argmax(-1, keepdim=True)
     ids = []
     for _ in range(n):
@@ -94,10 +93,17 @@ def greedy(model: Any, prompt: torch.Tensor, n: int, fw: Any = None) -> List[int
         ids.append(tid)
         if fw is not None:
             fw.record_token(tid, str(tid))
-        out = model(input_ids=nxt, past_key_values=pkv, use_cache=True)
-        pkv = out.past_key_values
+        out = model(input_ids=nxt, use_cache=True, **_cache_kw(out))
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
     return ids
+
+
+def _cache_kw(out: Any) -> Dict[str, Any]:
+    """The KV cache of a previous output as the next call's keyword (transformers 5 renamed
+    ``past_key_values`` to ``cache``)."""
+    if "cache" in out:
+        return {"cache": out["cache"]}
+    return {"past_key_values": out.past_key_values}
 
 
 def summarise(rows: List[Dict[str, Any]], tokens: int) -> Dict[str, Any]:
