@@ -3,6 +3,10 @@
 No weights can be downloaded here, so the model is built from a small `LlamaConfig` with a
 fixed seed. The capture goes PyTorch hooks → memfd ring → strapd (started automatically if
 none is running) → stream file; the table below is read back from that file.
+
+Then a generation loop: greedy decoding with the KV cache, per-token tracking (every token
+is a TOKEN packet, every packet carries its step) and a durable checkpoint every 8 tokens;
+the bytes per token are read back from the stream.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from llm_instrumentation import capture_activations, open_stream
+from llm_instrumentation import analyze_activations_with_tokens, capture_activations, open_stream
 
 
 def main() -> int:
@@ -64,7 +68,48 @@ def main() -> int:
         t = first.tensor()
         print(f"\nfirst record: {first.name} step={first.step} forward={first.forward} "
               f"{t.dtype} {tuple(t.shape)} mean={t.float().mean().item():+.4f}")
+
+    generate(model, os.path.join(out_dir, "llama-generate.strap"))
     return 0
+
+
+def generate(model: LlamaForCausalLM, output: str, n_tokens: int = 32, every: int = 8) -> None:
+    """Greedy generation with per-token tracking and checkpoints; bytes per token."""
+    prompt = torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(2))
+    t0 = time.perf_counter()
+    with capture_activations(model, preset="balanced", output_path=output, track_per_token=True,
+                             checkpoint_interval_tokens=every, overwrite_checkpoint=True) as fw:
+        tracker = fw.token_tracker
+        with torch.no_grad():
+            ids, past = prompt, None
+            while tracker.step < n_tokens:
+                res = model(input_ids=ids, cache=past, use_cache=True)
+                past = res.cache
+                nxt = int(res.logits[0, -1].argmax())
+                tracker.record_token(nxt, f"<{nxt}>")  # TOKEN packet; checkpoint every `every` tokens
+                ids = torch.tensor([[nxt]])
+    elapsed = time.perf_counter() - t0
+    a = analyze_activations_with_tokens(output, fw)
+    cks = fw.checkpoint_times
+    print(f"\ngenerated {n_tokens} tokens (greedy, KV cache) in {elapsed:.2f} s, "
+          f"{len(cks)} checkpoints of {1e3 * sum(cks) / max(1, len(cks)):.1f} ms on average "
+          f"(strapd fdatasync + atomic checkpoint file; deleted after the clean finish)")
+    print(f"stream: {output}\ntokens: {output}_tokens.json\n")
+    header = f"{'token':>5} {'id':>5} {'packets':>7} {'raw bytes':>10} {'stored':>10} {'ratio':>6}"
+    print(header)
+    print("-" * len(header))
+    toks = {t["token_index"]: t for t in a["token_metadata"]["tokens"]}
+    for step in sorted(a["bytes_per_token"]):
+        b = a["bytes_per_token"][step]
+        tid = toks[step]["token_id"] if step in toks else "-"
+        print(f"{step:>5} {tid:>5} {a['packets_per_token'][step]:>7} {b['raw']:>10} {b['stored']:>10} "
+              f"{b['raw'] / b['stored'] if b['stored'] else float('inf'):>6.2f}")
+    m = a["bytes_per_token_mean"]
+    print("-" * len(header))
+    print(f"bytes per token: {m['raw']:.0f} raw, {m['stored']:.0f} stored "
+          f"(token 0 includes the {prompt.shape[1]}-token prompt)")
+    big = max(a["per_token_modules"][n_tokens - 1].items(), key=lambda kv: kv[1]["raw_bytes"])
+    print(f"largest module at the last token: {big[0]} ({big[1]['raw_bytes']} raw bytes)")
 
 
 if __name__ == "__main__":
