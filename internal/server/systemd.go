@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 
+	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 )
 
@@ -114,16 +115,18 @@ func checkActivationFD(fd int) error {
 
 // UseListener makes the server accept on ln (a socket systemd passed) instead of creating
 // its socket in Listen. The socket file belongs to systemd: it is not removed on exit, and
-// its mode and group are the ones strapd.socket set. An empty Config.Socket is taken from
-// the listener's address.
+// its mode and group are the ones strapd.socket set. The listener's address replaces
+// Config.Socket (STATUS and the logs report the socket clients really use).
 func (s *Server) UseListener(ln *net.UnixListener) {
 	ln.SetUnlinkOnClose(false)
 	s.ln = ln
 	s.inherited = true
-	if s.cfg.Socket == "" {
-		if a, ok := ln.Addr().(*net.UnixAddr); ok {
-			s.cfg.Socket = a.Name
+	if a, ok := ln.Addr().(*net.UnixAddr); ok && a.Name != "" {
+		if s.cfg.Socket != "" && s.cfg.Socket != a.Name {
+			s.log.Info("using the socket systemd passed instead of --socket", zap.String("socket", a.Name),
+				zap.String("ignored", s.cfg.Socket))
 		}
+		s.cfg.Socket = a.Name
 	}
 }
 
