@@ -79,6 +79,17 @@ type serveConfig struct {
 	}
 	// ShutdownTimeout bounds how long SIGTERM waits for sessions to drain.
 	ShutdownTimeout time.Duration
+	// Probes configures the eBPF collector beside the captures (docs/TRACE_FORMAT.md).
+	Probes struct {
+		// Off runs no collector: no traces (an OPEN with a trace file is refused).
+		Off bool
+		// NoBPF skips the kernel probes; only the /proc fallbacks run.
+		NoBPF bool
+		// Interval is the time between snapshots (0: server.DefaultTraceInterval).
+		Interval time.Duration
+		// PerThread adds the per-thread breakdown to every snapshot.
+		PerThread bool
+	}
 	// Debug holds hidden test options.
 	Debug struct {
 		// WriteDelay sleeps this long after every packet written (tests fill tiny rings).
@@ -102,6 +113,8 @@ func (c *serveConfig) validate() error {
 		return fmt.Errorf("--max-name-len %d: must be 1..%d", c.Limits.MaxNameLen, shm.MaxNameLen)
 	case c.Limits.MaxNDim < 0 || c.Limits.MaxNDim > shm.MaxNDim:
 		return fmt.Errorf("--max-ndim %d: must be 0..%d", c.Limits.MaxNDim, shm.MaxNDim)
+	case c.Probes.Interval != 0 && c.Probes.Interval < 100*time.Millisecond:
+		return fmt.Errorf("--trace-interval %v: must be at least 100ms", c.Probes.Interval)
 	case c.ShutdownTimeout <= 0:
 		return fmt.Errorf("--shutdown-timeout %v: must be positive", c.ShutdownTimeout)
 	case c.Debug.WriteDelay < 0:
@@ -193,6 +206,7 @@ func newServeCmd(logger func() *zap.Logger) *cobra.Command {
 	cfg.Limits.MaxNameLen = shm.MaxNameLen
 	cfg.Limits.MaxNDim = shm.MaxNDim
 	cfg.ShutdownTimeout = 30 * time.Second
+	cfg.Probes.Interval = server.DefaultTraceInterval
 	cfg.Access.SocketGroup = "strap"
 	cfg.Access.SocketMode = "0660"
 	def := server.DefaultConfig().Clients
@@ -284,6 +298,8 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 					MaxSessionsPerUID: cfg.Clients.MaxSessionsPerUID, ConnectRate: orOff(cfg.Clients.ConnectRate),
 					RequestRate: orOff(cfg.Clients.RequestRate)},
 				Notify: notify,
+				Probes: server.Probes{Enabled: !cfg.Probes.Off, NoBPF: cfg.Probes.NoBPF,
+					Interval: cfg.Probes.Interval, PerThread: cfg.Probes.PerThread},
 			}, log)
 			if ln != nil {
 				srv.UseListener(ln)
@@ -308,6 +324,10 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 	f.IntVar(&cfg.Limits.MaxNameLen, "max-name-len", cfg.Limits.MaxNameLen, "longest module name accepted")
 	f.IntVar(&cfg.Limits.MaxNDim, "max-ndim", cfg.Limits.MaxNDim, "most tensor dimensions accepted")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long SIGTERM waits for sessions to drain")
+	f.BoolVar(&cfg.Probes.Off, "no-probes", false, "run no eBPF/proc collector: no kernel trace beside captures")
+	f.BoolVar(&cfg.Probes.NoBPF, "no-bpf", false, "do not load eBPF probes; the collector uses /proc fallbacks only")
+	f.DurationVar(&cfg.Probes.Interval, "trace-interval", cfg.Probes.Interval, "time between kernel snapshots written to session traces")
+	f.BoolVar(&cfg.Probes.PerThread, "trace-per-thread", false, "add the per-thread breakdown to trace snapshots")
 	f.StringVar(&cfg.Access.SocketGroup, "socket-group", cfg.Access.SocketGroup, "group given the control socket; its members may connect (empty: leave as created)")
 	f.StringVar(&cfg.Access.SocketMode, "socket-mode", cfg.Access.SocketMode, "control socket permission bits, octal")
 	f.UintSliceVar(&cfg.Access.AllowUIDs, "allow-uid", nil, "only these uids (and root) may connect (repeatable; default: anyone the socket lets in)")

@@ -56,6 +56,7 @@ func printStatus(w io.Writer, rep control.StatusReply) error {
 	fmt.Fprintf(w, "strapd %s  pid %d  up %s  socket %s\n", d.Version, d.PID,
 		(time.Duration(d.UptimeS * float64(time.Second))).Round(time.Second), d.Socket)
 	fmt.Fprintf(w, "memory %s of %s  sessions %d\n", human(d.MemoryUsed), human(d.MemoryLimit), d.Sessions)
+	printProbes(w, d.Probes)
 	if len(rep.Sessions) == 0 {
 		return nil
 	}

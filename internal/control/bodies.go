@@ -177,6 +177,9 @@ type DaemonStatus struct {
 	MemoryLimit int64   `json:"memory_limit"`
 	MemoryUsed  int64   `json:"memory_used"`
 	Sessions    int     `json:"sessions"`
+	// Probes is the eBPF collectors' state (set by internal/server/probes.go); absent
+	// when the daemon runs without probes (serve --no-probes).
+	Probes *ProbesStatus `json:"probes,omitempty"`
 }
 
 // SessionStatus is one session in STATUS_REPLY.

@@ -142,7 +142,7 @@ func (c *conn) loop() {
 			}
 			_ = c.c.Unix().SetReadDeadline(time.Now().Add(drainIdle))
 		}
-		m, fds, err := c.c.Recv(2)
+		m, fds, err := c.c.Recv(3)
 		if err != nil {
 			// Linux reports a peer that closed with our replies unread as ECONNRESET once,
 			// before the messages it queued: keep reading them, EOF follows.
@@ -309,6 +309,8 @@ func (c *conn) handle(m control.Message, fds []int) bool {
 func (c *conn) finish(status string) (pipeline.Result, error) {
 	sess := c.session()
 	res, err := sess.Finish(status)
+	// The trace's last snapshot covers the stream's end; its errors never fail the capture.
+	_ = c.srv.probeSessionEnd(c.info.Session)
 	c.mu.Lock()
 	if c.slotted {
 		c.slotted = false
@@ -343,8 +345,8 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 			closeFDs(fds)
 		}
 	}()
-	if len(fds) != 2 {
-		return perr(control.CodeBadMessage, "OPEN carries %d file descriptors, expected 2 (ring memfd, output file)", len(fds))
+	if len(fds) != 2 && len(fds) != 3 {
+		return perr(control.CodeBadMessage, "OPEN carries %d file descriptors, expected 2 or 3 (ring memfd, output file, optional trace file)", len(fds))
 	}
 	var req control.Open
 	if err := m.Unmarshal(&req, control.OpenRequired...); err != nil {
@@ -385,6 +387,9 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	if err := checkOutput(fds[1]); err != nil {
 		return err
 	}
+	if err := c.srv.checkTrace(fds); err != nil {
+		return err
+	}
 	if err := c.srv.quotas.openSession(cfg.Clients, c.cred.Uid); err != nil {
 		return &pipeline.Error{Code: control.CodeLimit, Err: err}
 	}
@@ -417,6 +422,10 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	}
 	_ = unix.Close(fds[0])
 	out := os.NewFile(uintptr(fds[1]), fmt.Sprintf("session-%d-output", id))
+	var trace *os.File
+	if len(fds) == 3 {
+		trace = os.NewFile(uintptr(fds[2]), fmt.Sprintf("session-%d-trace", id))
+	}
 	fds = nil
 
 	host, _ := os.Hostname()
@@ -448,6 +457,9 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	})
 	if err != nil {
 		out.Close()
+		if trace != nil {
+			trace.Close()
+		}
 		return err
 	}
 	str := func(k string) string { s, _ := req.Metadata[k].(string); return s }
@@ -461,6 +473,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	// The output file stays open for the session's life; finish closes it.
 	c.outFile = out
 	c.mu.Unlock()
+	c.srv.probeSessionStart(id, c.info.OutputPath, int(c.cred.Pid), trace)
 	log.Info("session opened", zap.String("codec", cd.Name()), zap.Uint64("ring_size", req.RingSize),
 		zap.String("policy", req.Policy), zap.String("output_path", c.info.OutputPath))
 	c.out.send(control.TypeOpened, control.Opened{Session: id, BlockSize: bs})

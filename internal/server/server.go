@@ -63,6 +63,8 @@ type Config struct {
 	// Notify receives service state changes for systemd (READY=1, STATUS=…, STOPPING=1);
 	// nil: none are sent. It must not block for long.
 	Notify func(state string)
+	// Probes runs the eBPF collector beside the captures (probes.go); zero: none.
+	Probes Probes
 }
 
 // DefaultConfig returns safe defaults (socket path left empty).
@@ -140,7 +142,8 @@ type Server struct {
 	closing   atomic.Bool
 	wg        sync.WaitGroup
 	quotas    quotas
-	inherited bool // the listener came from systemd (UseListener)
+	inherited bool      // the listener came from systemd (UseListener)
+	probes    *probeHub // nil without Config.Probes.Enabled
 }
 
 // New creates a server; Listen (or UseListener) and Serve start it.
@@ -223,6 +226,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	s.pool = pipeline.NewPool(s.cfg.Workers)
 	s.budget = pipeline.NewBudget(s.cfg.MemoryLimit)
+	s.startProbes()
 	s.log.Info("serving", zap.String("socket", s.cfg.Socket), zap.Bool("socket_activated", s.inherited),
 		zap.Int("workers", s.pool.Workers()), zap.Int64("memory_limit", s.cfg.MemoryLimit),
 		zap.Int("max_sessions", s.cfg.MaxSessions))
@@ -253,7 +257,11 @@ func (s *Server) Serve(ctx context.Context) error {
 		err = fmt.Errorf("accept: %w", err)
 		s.log.Error("accept failed", zap.Error(err))
 	}
-	return errors.Join(err, s.shutdown())
+	err = errors.Join(err, s.shutdown())
+	if perr := s.stopProbes(); perr != nil {
+		s.log.Warn("closing probes", zap.Error(perr))
+	}
+	return err
 }
 
 // shutdown stops accepting, wakes every connection so it drains its session (every
@@ -366,7 +374,8 @@ func (s *Server) Status() control.StatusReply {
 	}
 	return control.StatusReply{
 		Daemon: control.DaemonStatus{Version: s.cfg.Version, PID: os.Getpid(), UptimeS: time.Since(s.started).Seconds(),
-			Socket: s.cfg.Socket, MemoryLimit: s.cfg.MemoryLimit, MemoryUsed: used, Sessions: n},
+			Socket: s.cfg.Socket, MemoryLimit: s.cfg.MemoryLimit, MemoryUsed: used, Sessions: n,
+			Probes: s.probeStatus()},
 		Sessions: sess,
 	}
 }

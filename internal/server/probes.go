@@ -1,0 +1,325 @@
+package server
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/strap-llm/strap/internal/bpf"
+	"github.com/strap-llm/strap/internal/control"
+)
+
+// Probes configures the eBPF collector that runs beside the captures
+// (docs/TRACE_FORMAT.md). The zero value runs none.
+type Probes struct {
+	// Enabled starts one bpf.Collector with the server. Without it an OPEN carrying a
+	// trace descriptor is refused (bad_output).
+	Enabled bool
+	// Interval is the time between snapshots; 0 means DefaultTraceInterval.
+	Interval time.Duration
+	// PerThread adds the per-thread breakdown to every snapshot.
+	PerThread bool
+	// NoBPF skips the kernel probes and uses only the /proc fallbacks.
+	NoBPF bool
+}
+
+// DefaultTraceInterval is the snapshot interval when Probes.Interval is 0.
+const DefaultTraceInterval = 5 * time.Second
+
+// finalSnapshotWait bounds how long a finishing session waits for its last snapshot.
+const finalSnapshotWait = 5 * time.Second
+
+// probeHub owns the server's one Collector, the one ticker that calls Snapshot, and the
+// trace writers of the live sessions that asked for one.
+type probeHub struct {
+	log      *zap.Logger
+	coll     *bpf.Collector // nil when disabled or failed to start
+	startErr error
+	interval time.Duration
+	self     int
+
+	final chan chan struct{} // a finishing session asks the ticker for one more snapshot
+	stop  chan struct{}
+	done  chan struct{}
+
+	mu        sync.Mutex
+	live      map[uint64]*probeSession
+	ended     []bpf.Session // ended since the last snapshot: still named in it
+	refs      map[int]int   // watched pid -> live sessions of that client
+	snapshots uint64
+}
+
+// probeSession is one live session as the probes see it.
+type probeSession struct {
+	info bpf.Session
+
+	mu    sync.Mutex // serialises the ticker's writes with the session's close
+	trace *os.File   // nil: the session asked for no trace
+	w     *bpf.Writer
+	lines int
+	err   error // first write error; later snapshots are not attempted
+}
+
+// startProbes starts the collector and its ticker when Config.Probes asks for them. A
+// collector that cannot start is logged once and reported by STATUS; captures still run.
+func (s *Server) startProbes() {
+	p := s.cfg.Probes
+	if !p.Enabled {
+		return
+	}
+	h := &probeHub{log: s.log.With(zap.String("component", "probes")), interval: p.Interval, self: os.Getpid(),
+		final: make(chan chan struct{}), stop: make(chan struct{}), done: make(chan struct{}),
+		live: map[uint64]*probeSession{}, refs: map[int]int{}}
+	if h.interval <= 0 {
+		h.interval = DefaultTraceInterval
+	}
+	coll, err := bpf.Start(bpf.Options{WatchSelf: true, PerThread: p.PerThread, NoBPF: p.NoBPF, Logger: h.log})
+	if err != nil {
+		h.startErr = err
+		h.log.Error("probes not started; captures run without traces", zap.Error(err))
+		close(h.done)
+		s.probes = h
+		return
+	}
+	h.coll = coll
+	coll.SetSessions(h.sessions)
+	var srcs []string
+	for _, c := range coll.Status().Collectors {
+		srcs = append(srcs, c.Name+"="+c.Source)
+	}
+	h.log.Info("probes started", zap.Duration("interval", h.interval), zap.Strings("collectors", srcs))
+	s.probes = h
+	go h.tick()
+}
+
+// stopProbes stops the ticker and closes the collector; sessions still open write no more
+// snapshots but are closed cleanly when they finish.
+func (s *Server) stopProbes() error {
+	h := s.probes
+	if h == nil || h.coll == nil {
+		return nil
+	}
+	close(h.stop)
+	<-h.done
+	return h.coll.Close()
+}
+
+// tick is the only caller of Snapshot: every interval, and once more for each finishing
+// session that has a trace, so even a session shorter than the interval gets its lines.
+func (h *probeHub) tick() {
+	defer close(h.done)
+	t := time.NewTicker(h.interval)
+	defer t.Stop()
+	for {
+		var reply chan struct{}
+		select {
+		case <-h.stop:
+			return
+		case <-t.C:
+		case reply = <-h.final:
+		}
+		snap := h.coll.Snapshot()
+		h.mu.Lock()
+		h.snapshots++
+		var targets []*probeSession
+		for _, ps := range h.live {
+			if ps.trace != nil {
+				targets = append(targets, ps)
+			}
+		}
+		h.mu.Unlock()
+		for _, ps := range targets {
+			ps.write(snap, h.log)
+		}
+		if reply != nil {
+			close(reply)
+		}
+	}
+}
+
+// sessions is the Collector's SetSessions callback: the live sessions plus those that
+// ended since the last snapshot, sorted by id. It consumes the ended list.
+func (h *probeHub) sessions() []bpf.Session {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := h.ended
+	h.ended = nil
+	for _, ps := range h.live {
+		out = append(out, ps.info)
+	}
+	slices.SortFunc(out, func(a, b bpf.Session) int {
+		x, _ := strconv.ParseUint(a.ID, 10, 64)
+		y, _ := strconv.ParseUint(b.ID, 10, 64)
+		return cmp.Compare(x, y)
+	})
+	return slices.CompactFunc(out, func(a, b bpf.Session) bool { return a.ID == b.ID })
+}
+
+func (ps *probeSession) write(snap bpf.Snapshot, log *zap.Logger) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.w == nil || ps.err != nil {
+		return
+	}
+	if err := ps.w.Write(snap); err != nil {
+		ps.err = err
+		log.Warn("trace write failed; no more snapshots for this session", zap.String("session", ps.info.ID), zap.Error(err))
+		return
+	}
+	ps.lines++
+}
+
+// checkTrace validates OPEN's optional third descriptor, the trace file: a regular file
+// open for writing (O_APPEND allowed: lines are whole writes). nil when there is none.
+func (s *Server) checkTrace(fds []int) error {
+	if len(fds) < 3 {
+		return nil
+	}
+	if s.probes == nil {
+		return perr(control.CodeBadOutput, "trace descriptor given but this strapd runs without probes (serve --no-probes)")
+	}
+	if s.probes.coll == nil {
+		return perr(control.CodeBadOutput, "trace descriptor given but the probes did not start: %v", s.probes.startErr)
+	}
+	fd := fds[2]
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return perr(control.CodeBadOutput, "fstat trace: %v", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return perr(control.CodeBadOutput, "trace is file type %#o, expected a regular file", st.Mode&unix.S_IFMT)
+	}
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return perr(control.CodeBadOutput, "trace flags: %v", err)
+	}
+	if acc := fl & unix.O_ACCMODE; acc != unix.O_WRONLY && acc != unix.O_RDWR {
+		return perr(control.CodeBadOutput, "trace is not open for writing (open it O_WRONLY|O_CREAT|O_TRUNC)")
+	}
+	return nil
+}
+
+// probeSessionStart registers a started session with the probes: its client is watched
+// and, when trace is not nil, every snapshot until the session ends is written into it.
+// It takes ownership of trace.
+func (s *Server) probeSessionStart(id uint64, output string, pid int, trace *os.File) {
+	h := s.probes
+	if h == nil || h.coll == nil {
+		if trace != nil {
+			trace.Close()
+		}
+		return
+	}
+	ps := &probeSession{info: bpf.Session{ID: strconv.FormatUint(id, 10), Output: output, PID: pid}, trace: trace}
+	if trace != nil {
+		ps.w = bpf.NewWriter(trace, bpf.WriterOptions{})
+	}
+	h.mu.Lock()
+	h.live[id] = ps
+	first := h.refs[pid] == 0
+	h.refs[pid]++
+	h.mu.Unlock()
+	if first && pid != h.self && pid > 0 {
+		if err := h.coll.Watch(pid); err != nil {
+			h.log.Warn("cannot watch session client", zap.Uint64("session", id), zap.Int("pid", pid), zap.Error(err))
+		}
+	}
+}
+
+// probeSessionEnd unregisters a finished session: a traced one first gets a last snapshot
+// covering its end, then its trace is flushed, fsynced and closed; its client is unwatched
+// when no other live session belongs to it. The error is the trace's (the capture is not
+// affected by it).
+func (s *Server) probeSessionEnd(id uint64) error {
+	h := s.probes
+	if h == nil || h.coll == nil {
+		return nil
+	}
+	h.mu.Lock()
+	ps := h.live[id]
+	h.mu.Unlock()
+	if ps == nil {
+		return nil
+	}
+	if ps.trace != nil {
+		reply := make(chan struct{})
+		select {
+		case h.final <- reply:
+			select {
+			case <-reply:
+			case <-time.After(finalSnapshotWait):
+			}
+		case <-h.done:
+		case <-time.After(finalSnapshotWait):
+		}
+	}
+	h.mu.Lock()
+	delete(h.live, id)
+	h.ended = append(h.ended, ps.info)
+	pid := ps.info.PID
+	h.refs[pid]--
+	last := h.refs[pid] <= 0
+	if last {
+		delete(h.refs, pid)
+	}
+	h.mu.Unlock()
+	if last && pid != h.self && pid > 0 {
+		// Its counts up to now still appear in the next snapshot (bpf.Collector.Unwatch).
+		if err := h.coll.Unwatch(pid); err != nil && !errors.Is(err, bpf.ErrClosed) {
+			h.log.Warn("cannot unwatch session client", zap.Int("pid", pid), zap.Error(err))
+		}
+	}
+	if ps.trace == nil {
+		return nil
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	err := ps.err
+	if cerr := ps.w.Close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	if serr := ps.trace.Sync(); serr != nil && err == nil {
+		err = fmt.Errorf("fsync trace: %w", serr)
+	}
+	if cerr := ps.trace.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("close trace: %w", cerr)
+	}
+	ps.w = nil
+	if err != nil {
+		h.log.Warn("session trace incomplete", zap.Uint64("session", id), zap.Int("lines", ps.lines), zap.Error(err))
+	} else {
+		h.log.Debug("session trace closed", zap.Uint64("session", id), zap.Int("lines", ps.lines))
+	}
+	return err
+}
+
+// probeStatus is STATUS_REPLY's daemon.probes; nil when the daemon runs without probes.
+func (s *Server) probeStatus() *control.ProbesStatus {
+	h := s.probes
+	if h == nil {
+		return nil
+	}
+	h.mu.Lock()
+	ps := &control.ProbesStatus{Enabled: h.coll != nil, IntervalS: h.interval.Seconds(), Snapshots: h.snapshots}
+	for _, p := range h.live {
+		if p.trace != nil {
+			ps.TraceSessions++
+		}
+	}
+	h.mu.Unlock()
+	if h.startErr != nil {
+		ps.Error = h.startErr.Error()
+	}
+	if h.coll != nil {
+		ps.Status = h.coll.Status()
+	}
+	return ps
+}

@@ -1,0 +1,166 @@
+package server
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/strap-llm/strap/internal/bpf"
+	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/shm"
+)
+
+// probeConfig runs the real collector: kernel probes as root, the /proc fallbacks
+// otherwise (the session wiring under test is the same).
+func probeConfig(interval time.Duration) Config {
+	return Config{Probes: Probes{Enabled: true, Interval: interval, NoBPF: os.Geteuid() != 0}}
+}
+
+// openTraced opens a session passing a trace file as OPEN's third descriptor.
+func openTraced(t *testing.T, c *control.Client, out, trace *os.File, meta map[string]any) (*control.Stream, control.Opened, error) {
+	t.Helper()
+	const ringSize = shm.HeaderSize + 64<<10
+	p, err := shm.NewProducer(ringSize, shm.ProducerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	req := control.Open{RingSize: ringSize, Codec: "none", Policy: "block", Metadata: meta}
+	if err := c.Conn().Send(control.TypeOpen, req, int(p.File().Fd()), int(out.Fd()), int(trace.Fd())); err != nil {
+		t.Fatal(err)
+	}
+	m, _, err := c.Conn().Recv(0)
+	if err != nil {
+		return nil, control.Opened{}, err
+	}
+	switch m.Type {
+	case control.TypeOpened:
+		var o control.Opened
+		if err := m.Unmarshal(&o, "session"); err != nil {
+			t.Fatal(err)
+		}
+		return &control.Stream{C: c, P: p, Policy: "block"}, o, nil
+	case control.TypeError:
+		var e control.Error
+		if err := m.Unmarshal(&e, "code"); err != nil {
+			t.Fatal(err)
+		}
+		return nil, control.Opened{}, &e
+	}
+	t.Fatalf("unexpected %s", m.Type)
+	return nil, control.Opened{}, nil
+}
+
+func traceFile(t *testing.T) *os.File {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(t.TempDir(), "out.trace.jsonl"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func TestSessionTrace(t *testing.T) {
+	ts := startServer(t, probeConfig(150*time.Millisecond))
+	c := ts.dial(t)
+	out, trace := outFile(t), traceFile(t)
+	st, o, err := openTraced(t, c, out, trace, map[string]any{"output_path": "/x/run.strap"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	trace.Close() // the daemon holds its own copy, as a real client does
+	sc := ts.dial(t)
+	waitFor(t, func() bool {
+		rep, err := sc.Status()
+		return err == nil && rep.Daemon.Probes != nil && rep.Daemon.Probes.TraceSessions == 1 &&
+			rep.Daemon.Probes.Snapshots >= 2
+	})
+	a := tensor("a", 1, 100)
+	if err := st.Put(&a); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Finish(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(trace.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	snaps, err := bpf.ReadSnapshots(f)
+	if err != nil {
+		t.Fatalf("trace: %v", err)
+	}
+	if len(snaps) < 2 {
+		t.Fatalf("%d snapshots, want >= 2 (interval ticks plus the final one)", len(snaps))
+	}
+	id := strconv.FormatUint(o.Session, 10)
+	for i, s := range snaps {
+		if !slices.ContainsFunc(s.Sessions, func(x bpf.Session) bool {
+			return x.ID == id && x.PID == os.Getpid() && x.Output == "/x/run.strap"
+		}) {
+			t.Errorf("snapshot %d names sessions %+v, want id %s", i, s.Sessions, id)
+		}
+		if !slices.Contains(s.Watched, os.Getpid()) {
+			t.Errorf("snapshot %d watches %v, want %d", i, s.Watched, os.Getpid())
+		}
+	}
+	rep, err := sc.Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := rep.Daemon.Probes
+	if p == nil || !p.Enabled || p.TraceSessions != 0 || len(p.Collectors) != 6 || p.IntervalS != 0.15 {
+		t.Fatalf("probes status %+v", p)
+	}
+	if os.Geteuid() == 0 && p.Collectors[0].Source == bpf.SourceBPF && len(p.BPFStats) == 0 {
+		t.Errorf("block_io on bpf but no run statistics: %+v", p)
+	}
+}
+
+// TestSessionTraceRefusals: a trace descriptor that is not a writable regular file, or one
+// sent to a daemon without probes, is refused with bad_output.
+func TestSessionTraceRefusals(t *testing.T) {
+	readOnly := func(t *testing.T) *os.File {
+		f, err := os.Open(traceFile(t).Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	pipe := func(t *testing.T) *os.File {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close(); w.Close() })
+		return w
+	}
+	tests := []struct {
+		name   string
+		cfg    Config
+		trace  func(t *testing.T) *os.File
+		substr string
+	}{
+		{"read-only", probeConfig(time.Second), readOnly, "not open for writing"},
+		{"pipe", probeConfig(time.Second), pipe, "expected a regular file"},
+		{"no probes", Config{}, traceFile, "without probes"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startServer(t, tc.cfg)
+			_, _, err := openTraced(t, ts.dial(t), outFile(t), tc.trace(t), nil)
+			var e *control.Error
+			if !errors.As(err, &e) || e.Code != control.CodeBadOutput || !strings.Contains(e.Message, tc.substr) {
+				t.Fatalf("got %v, want bad_output mentioning %q", err, tc.substr)
+			}
+		})
+	}
+}
