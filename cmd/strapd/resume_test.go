@@ -1,0 +1,138 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/strap-llm/strap/internal/checkpoint"
+	"github.com/strap-llm/strap/internal/dtype"
+	"github.com/strap-llm/strap/internal/writer"
+)
+
+func TestResumeConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  resumeConfig
+		args []string
+		want string
+	}{
+		{"stream", resumeConfig{}, []string{"s"}, ""},
+		{"repair", resumeConfig{Repair: true}, []string{"s"}, ""},
+		{"list", resumeConfig{List: "d"}, nil, ""},
+		{"nothing", resumeConfig{}, nil, "name one STREAM"},
+		{"both", resumeConfig{List: "d"}, []string{"s"}, "not both"},
+		{"list repair", resumeConfig{List: "d", Repair: true}, nil, "--list takes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.validate(tc.args)
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("validate() = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// runResume runs `strapd resume args...` in-process and returns stdout, the error and its
+// exit code.
+func runResume(t *testing.T, args ...string) (string, error, int) {
+	t.Helper()
+	cmd := newResumeCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(args)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	err := cmd.Execute()
+	code := 0
+	if err != nil {
+		code = 1
+		var ec exitCoder
+		if asExitCoder(err, &ec) {
+			code = ec.ExitCode()
+		}
+	}
+	return out.String(), err, code
+}
+
+// killedCapture writes a stream checkpointed after 2 of 4 tokens whose session then ended
+// as aborted, and its checkpoint file.
+func killedCapture(t *testing.T, dir string) (string, *checkpoint.Checkpoint) {
+	path := filepath.Join(dir, "run.strap")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	w, err := writer.New(f, map[string]any{"client_metadata": map[string]any{"fingerprint": "fp"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ck *checkpoint.Checkpoint
+	for k := range 4 {
+		raw := bytes.Repeat([]byte{byte(k)}, 64)
+		for _, p := range []writer.Packet{
+			{Type: writer.TypeTensor, DType: dtype.Uint8, Shape: []uint64{64}, Name: "m", Seq: uint64(2*k + 1), Step: uint64(k),
+				RawLen: 64, Blocks: []writer.Block{{Data: raw}}},
+			{Type: writer.TypeToken, Name: "token", Seq: uint64(2*k + 2), Step: uint64(k), Meta: []byte(fmt.Sprintf(`{"token_id":%d}`, k))},
+		} {
+			if err := w.WritePacket(&p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if k == 1 {
+			lo, lc := w.LastPacket()
+			ck = &checkpoint.Checkpoint{Format: checkpoint.FormatName, Version: 1, Stream: path, Fingerprint: "fp",
+				StreamOffset: w.Offset(), Packets: 4, LastSeq: 4, LastPacketOffset: lo, LastPacketCRC: lc, TokenCount: 2}
+			b, _ := json.Marshal(ck)
+			if err := os.WriteFile(checkpoint.DefaultPath(path), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := w.Abort(nil); err != nil {
+		t.Fatal(err)
+	}
+	return path, ck
+}
+
+func TestResumeCommand(t *testing.T) {
+	dir := t.TempDir()
+	path, ck := killedCapture(t, dir)
+	size := fileLen(t, path)
+
+	out, err, code := runResume(t, path)
+	if err != nil || !strings.Contains(out, "resume from token 2 at byte offset "+fmt.Sprint(ck.StreamOffset)) ||
+		!strings.Contains(out, "would cut") || !strings.Contains(out, "END (aborted)") {
+		t.Fatalf("resume: %v (%d)\n%s", err, code, out)
+	}
+	if fileLen(t, path) != size {
+		t.Fatal("a check changed the stream")
+	}
+	out, err, _ = runResume(t, "--list", dir, "--json")
+	var es []checkpoint.Entry
+	if err != nil || json.Unmarshal([]byte(out), &es) != nil || len(es) != 1 || !es[0].Resumable || es[0].CutTokens != 2 {
+		t.Fatalf("list: %v\n%s", err, out)
+	}
+	// Another checkpoint path that does not match: exit 2, nothing cut.
+	bad := *ck
+	bad.LastPacketCRC++
+	b, _ := json.Marshal(bad)
+	badPath := filepath.Join(dir, "other.json")
+	_ = os.WriteFile(badPath, b, 0o644)
+	out, _, code = runResume(t, path, "--checkpoint", badPath, "--repair")
+	if code != 2 || !strings.Contains(out, "NOT resumable") || !strings.Contains(out, "crc") || fileLen(t, path) != size {
+		t.Fatalf("mismatch: exit %d\n%s", code, out)
+	}
+	out, err, _ = runResume(t, path, "--repair")
+	if err != nil || !strings.Contains(out, "cut ") || fileLen(t, path) != ck.StreamOffset {
+		t.Fatalf("repair: %v\n%s", err, out)
+	}
+	if _, err, code := runResume(t, filepath.Join(dir, "missing.strap")); err == nil || code != 1 {
+		t.Fatalf("missing checkpoint: %v exit %d", err, code)
+	}
+}
