@@ -9,12 +9,13 @@ import (
 )
 
 // newInspectCmd builds `strapd inspect FILE [--json]`: a per-module summary of a stream
-// read from packet headers alone (writer.Inspect).
+// read from packet headers alone (writer.Inspect), with the lossy codecs' bound and
+// achieved errors from each packet's "lossy" meta.
 func newInspectCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "inspect FILE",
-		Short: "Summarize a capture stream per module: packets, dtype, shape, raw and stored bytes, ratio",
+		Short: "Summarize a capture stream per module: packets, dtype, shape, raw and stored bytes, ratio, lossy error bound and achieved errors",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sum, err := writer.InspectFile(args[0])

@@ -220,6 +220,15 @@ func (s *Server) probeSessionStart(id uint64, output string, pid int, trace *os.
 	}
 	ps := &probeSession{info: bpf.Session{ID: strconv.FormatUint(id, 10), Output: output, PID: pid}, trace: trace}
 	if trace != nil {
+		// A trace continued by a resumed capture may end in a line torn by a crash: cut it
+		// before appending (possible only when the client opened it readable, O_RDWR).
+		if fl, err := unix.FcntlInt(trace.Fd(), unix.F_GETFL, 0); err == nil && fl&unix.O_ACCMODE == unix.O_RDWR {
+			if cut, err := bpf.RepairFile(trace); err != nil {
+				h.log.Warn("trace tail not repaired; appending anyway", zap.Uint64("session", id), zap.Error(err))
+			} else if cut > 0 {
+				h.log.Info("cut a torn line from the trace", zap.Uint64("session", id), zap.Int64("bytes", cut))
+			}
+		}
 		ps.w = bpf.NewWriter(trace, bpf.WriterOptions{})
 	}
 	h.mu.Lock()

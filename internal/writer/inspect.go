@@ -1,6 +1,7 @@
 package writer
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -25,6 +26,83 @@ type ModuleStats struct {
 	StoredBytes uint64     `json:"stored_bytes"`
 	// Ratio is raw over stored bytes (0 when nothing is stored).
 	Ratio float64 `json:"ratio"`
+	// Lossy folds the lossy error reports of the module's packets; nil when lossless.
+	Lossy *LossyStats `json:"lossy,omitempty"`
+}
+
+// LossyStats folds the "lossy" meta that strapd writes on every packet of a lossy codec
+// (docs/COMPRESSION.md 6): the bound asked for and the errors achieved.
+type LossyStats struct {
+	// Mode and Bound are what the user asked for ("abs", "rel" or "fp16").
+	Mode  string  `json:"mode"`
+	Bound float64 `json:"bound"`
+	// MaxAbsErr is the largest absolute error of any packet.
+	MaxAbsErr float64 `json:"max_abs_err"`
+	// RelL2Err is the worst packet's relative L2 error.
+	RelL2Err float64 `json:"rel_l2_err"`
+	// Packets counts the packets with a report; LosslessBlocks the blocks stored exactly
+	// (flagged fallbacks).
+	Packets        uint64 `json:"packets"`
+	LosslessBlocks uint64 `json:"lossless_blocks"`
+	// Exceeded counts packets whose achieved error is over the bound (a codec bug).
+	Exceeded uint64 `json:"exceeded"`
+	// Unreadable counts packets whose "lossy" meta could not be parsed.
+	Unreadable uint64 `json:"unreadable,omitempty"`
+}
+
+// lossyReport is one packet's "lossy" meta.
+type lossyReport struct {
+	Mode           string  `json:"mode"`
+	Bound          float64 `json:"bound"`
+	MaxAbsErr      float64 `json:"max_abs_err"`
+	RelL2Err       float64 `json:"rel_l2_err"`
+	LosslessBlocks uint64  `json:"lossless_blocks"`
+}
+
+// exceeds reports whether the achieved error is over the bound: abs compares the max
+// absolute error, rel (and fp16 with a value) the relative L2 error.
+func (r lossyReport) exceeds() bool {
+	switch {
+	case r.Mode == "abs":
+		return r.MaxAbsErr > r.Bound
+	case r.Mode == "rel", r.Mode == "fp16" && r.Bound > 0:
+		return r.RelL2Err > r.Bound
+	}
+	return false
+}
+
+// add folds one packet's meta into *ls (allocated on first use). Packets without a
+// "lossy" key leave it untouched.
+func addLossy(ls **LossyStats, meta []byte) {
+	if len(meta) == 0 || !bytes.Contains(meta, []byte(`"lossy"`)) {
+		return
+	}
+	var m struct {
+		Lossy *lossyReport `json:"lossy"`
+	}
+	err := json.Unmarshal(meta, &m)
+	if err == nil && m.Lossy == nil {
+		return
+	}
+	if *ls == nil {
+		*ls = &LossyStats{}
+	}
+	s := *ls
+	if err != nil {
+		s.Unreadable++
+		return
+	}
+	r := m.Lossy
+	if s.Packets == 0 {
+		s.Mode, s.Bound = r.Mode, r.Bound
+	}
+	s.Packets++
+	s.MaxAbsErr = max(s.MaxAbsErr, r.MaxAbsErr)
+	s.RelL2Err = max(s.RelL2Err, r.RelL2Err)
+	s.LosslessBlocks += r.LosslessBlocks
+	if r.exceeds() {
+		s.Exceeded++
+	}
 }
 
 // Summary is what Inspect found.
@@ -42,6 +120,8 @@ type Summary struct {
 	Drops        uint64 `json:"drops"`
 	DroppedBytes uint64 `json:"dropped_bytes"`
 	Tokens       uint64 `json:"tokens"`
+	// Lossy folds every lossy packet's error report; nil for a lossless stream.
+	Lossy *LossyStats `json:"lossy,omitempty"`
 	// End is the END meta; nil when the stream was cut short.
 	End *EndMeta `json:"end"`
 	// Error is why the walk stopped early, empty when it reached the end.
@@ -76,6 +156,8 @@ func Inspect(r io.ReaderAt, size int64) (Summary, error) {
 			if len(m.Shapes) < maxShapes && !slices.ContainsFunc(m.Shapes, func(s []uint64) bool { return equalShape(s, p.Shape) }) {
 				m.Shapes = append(m.Shapes, append([]uint64{}, p.Shape...))
 			}
+			addLossy(&m.Lossy, p.Meta)
+			addLossy(&sum.Lossy, p.Meta)
 			sum.Packets++
 			sum.RawBytes += p.RawLen
 			sum.StoredBytes += p.StoredLen
@@ -163,6 +245,27 @@ func (sum *Summary) WriteText(w io.Writer) error {
 	fmt.Fprintf(tw, "total\t%d\t\t\t%d\t%d\t%.3f\t\n", sum.Packets, sum.RawBytes, sum.StoredBytes, sum.Ratio)
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if sum.Lossy != nil {
+		fmt.Fprintln(w)
+		lt := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(lt, "module\tbound\tmax abs err\trel L2 err\tpackets\tlossless blocks\texceeded\t")
+		row := func(name string, l *LossyStats) {
+			fmt.Fprintf(lt, "%s\t%s %g\t%.3g\t%.3g\t%d\t%d\t%d\t\n", name, l.Mode, l.Bound, l.MaxAbsErr, l.RelL2Err,
+				l.Packets, l.LosslessBlocks, l.Exceeded)
+		}
+		for _, m := range sum.Modules {
+			if m.Lossy != nil {
+				row(m.Name, m.Lossy)
+			}
+		}
+		row("total", sum.Lossy)
+		if err := lt.Flush(); err != nil {
+			return err
+		}
+		if sum.Lossy.Exceeded > 0 {
+			fmt.Fprintf(w, "WARNING: %d packets exceed their error bound\n", sum.Lossy.Exceeded)
+		}
 	}
 	fmt.Fprintf(w, "\ndrops: %d packets, %d bytes lost; tokens: %d\n", sum.Drops, sum.DroppedBytes, sum.Tokens)
 	if sum.End != nil {
