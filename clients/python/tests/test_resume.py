@@ -318,3 +318,36 @@ def test_framework_method_yields_tracker_and_tokens_file(real_strapd, tmp_path):
     with pytest.raises(ValueError, match="track_per_token"):
         with fw.capture_activations(tmp_path / "y.strap", checkpoint_interval_tokens=2):
             pass
+
+
+def test_checkpoint_file_does_not_grow(real_strapd, tmp_path):
+    """The checkpoint holds no token list: its size is the same at 2 and at 40 tokens, and
+    each one is a whole valid file (atomic replace)."""
+    out = tmp_path / "grow.strap"
+    sizes = {}
+    with capture_activations(model(), preset="balanced", output_path=out, socket_path=real_strapd.socket,
+                             autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=2) as fw:
+        tr = fw.token_tracker
+        for k in range(40):
+            tr.record_token(k, f"t{k}")  # tokens only: no forward pass needed to checkpoint
+            if tr.step in (2, 40):
+                sizes[tr.step] = os.path.getsize(ckpt.default_path(out))
+                c = ckpt.load(ckpt.default_path(out))
+                assert c.token_count == tr.step and c.packets == tr.step and c.last_seq == tr.step
+        assert len(fw.checkpoint_times) == 20
+    assert abs(sizes[40] - sizes[2]) <= 8, sizes  # a few more digits at most
+
+
+def test_checkpoint_parse_shares_the_go_vector():
+    """The Go and Python parsers read the same file (internal/checkpoint/testdata)."""
+    path = REPO / "internal" / "checkpoint" / "testdata" / "valid.ckpt.json"
+    c = ckpt.Checkpoint.parse(path.read_bytes())
+    assert (c.stream_offset, c.packets, c.last_seq, c.last_packet_crc, c.token_count) == (4096, 30, 30, 0x12345678, 10)
+    d = json.loads(path.read_bytes())
+    for field, value in [("version", 2), ("stream_offset", 0), ("packets", 0), ("token_count", 31),
+                         ("last_packet_offset", 5000), ("format", "x")]:
+        bad = dict(d, **{field: value})
+        with pytest.raises(CheckpointError):
+            ckpt.Checkpoint.parse(json.dumps(bad).encode())
+    with pytest.raises(CheckpointError, match="missing field 'fingerprint'"):
+        ckpt.Checkpoint.parse(json.dumps({k: v for k, v in d.items() if k != "fingerprint"}).encode())
