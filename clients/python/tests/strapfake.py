@@ -72,8 +72,8 @@ class StreamWriter:
                part_offset: int = 0, tensor_len: Optional[int] = None, flags: int = 0,
                raw_len: Optional[int] = None, codec: Optional[str] = None) -> int:
         codec = self.codec if codec is None else codec
-        if ptype != 1 or not raw:
-            codec = "none"
+        if ptype != 1 or not raw or codec not in ("lz4", "zstd"):
+            codec = "none"  # the fake encodes only lz4/zstd; shuffle/quant/fp16 sessions are stored raw
         payload = raw if codec == "none" else encode_blocks(codec, raw, self.block_size, self.level)
         nb = name.encode()
         raw_len = len(raw) if raw_len is None else raw_len

@@ -67,12 +67,17 @@ class CaptureSession:
 
     # ----- open / close ------------------------------------------------------------------------
 
-    def open(self, output_fd: int, body: Dict[str, Any], timeout: float = 30.0) -> Dict[str, Any]:
-        """Send OPEN with [ring memfd, output fd] and return the OPENED body."""
+    def open(self, output_fd: int, body: Dict[str, Any], timeout: float = 30.0,
+             trace_fd: Optional[int] = None) -> Dict[str, Any]:
+        """Send OPEN with [ring memfd, output fd(, trace fd)] and return the OPENED body.
+
+        ``trace_fd``, when given, is a file opened for writing into which strapd writes its
+        kernel trace for this session (docs/PROTOCOL.md 1.3, docs/TRACE_FORMAT.md)."""
         body = dict(body)
         body["ring_size"] = self.ring.ring_size
         body["policy"] = self.policy
-        self.conn.send(P.OPEN, body, fds=[self.ring.fd, output_fd])
+        fds = [self.ring.fd, output_fd] + ([trace_fd] if trace_fd is not None else [])
+        self.conn.send(P.OPEN, body, fds=fds)
         self.opened = self.conn.expect(P.OPENED, timeout)
         return self.opened
 

@@ -26,7 +26,13 @@ def analyze_activations(path: Union[str, os.PathLike]) -> Dict[str, Any]:
         ``"drops"`` {count, bytes, by_module {name: {count, bytes}}}, ``"tokens"`` (TOKEN
         packets), ``"forwards"`` (distinct forward counters), ``"end_status"``
         (``"complete"``/``"aborted"``/``"error"``, or ``"missing"`` when the stream was cut
-        short), ``"end"`` (the END meta), ``"truncated_at"``, ``"metadata"``}.
+        short), ``"end"`` (the END meta), ``"truncated_at"``, ``"metadata"``,
+        ``"lossy"``}. ``"lossy"`` (also in each ``per_layer`` entry) is None for a lossless
+        capture, else ``{mode, bound}`` (what was asked) and the achieved errors that strapd
+        measured on the decoded values and recorded per packet (docs/COMPRESSION.md 6):
+        ``max_abs_err`` (max over packets), ``rel_l2_err`` (the worst packet's), ``packets``,
+        ``lossless_blocks`` (blocks stored exactly: flagged fallbacks) and ``exceeded``
+        (packets whose achieved error is over the bound; always 0 unless strapd has a bug).
 
     Example:
         >>> analyze_activations("run.strap")["compression_ratio"]   # doctest: +SKIP
@@ -38,6 +44,7 @@ def analyze_activations(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     raw = stored = 0
     forwards = set()
     end: Optional[Dict[str, Any]] = None
+    lossy: Optional[Dict[str, Any]] = None
     with open_stream(path) as r:
         for pk in r.packets():
             if pk.type == TENSOR:
@@ -48,7 +55,11 @@ def analyze_activations(path: Union[str, os.PathLike]) -> Dict[str, Any]:
                 d = per_layer.get(pk.name)
                 if d is None:
                     d = per_layer[pk.name] = {"count": 0, "dtype": pk.dtype, "shape": list(pk.shape),
-                                              "raw_bytes": 0, "stored_bytes": 0}
+                                              "raw_bytes": 0, "stored_bytes": 0, "lossy": None}
+                rep = pk.meta.get("lossy") if isinstance(pk.meta, dict) else None
+                if isinstance(rep, dict):
+                    d["lossy"] = fold_lossy(d["lossy"], rep)
+                    lossy = fold_lossy(lossy, rep)
                 if pk.part_offset + pk.raw_len == pk.tensor_len:
                     d["count"] += 1
                     tensors += 1
@@ -79,8 +90,33 @@ def analyze_activations(path: Union[str, os.PathLike]) -> Dict[str, Any]:
             "end": end,
             "truncated_at": r.truncated_at,
             "metadata": r.metadata,
+            "lossy": lossy,
         }
     return result
+
+
+def lossy_exceeds(rep: Dict[str, Any]) -> bool:
+    """Whether one packet's ``"lossy"`` report is over its bound: ``abs`` compares
+    ``max_abs_err``, ``rel`` and ``fp16`` with a value compare ``rel_l2_err``."""
+    mode, bound = rep.get("mode"), float(rep.get("bound") or 0.0)
+    if mode == "abs":
+        return float(rep.get("max_abs_err", 0.0)) > bound
+    if mode == "rel" or (mode == "fp16" and bound > 0):
+        return float(rep.get("rel_l2_err", 0.0)) > bound
+    return False
+
+
+def fold_lossy(acc: Optional[Dict[str, Any]], rep: Dict[str, Any]) -> Dict[str, Any]:
+    """Add one packet's ``"lossy"`` meta to a running summary (None starts one)."""
+    if acc is None:
+        acc = {"mode": rep.get("mode"), "bound": rep.get("bound", 0.0), "max_abs_err": 0.0, "rel_l2_err": 0.0,
+               "packets": 0, "lossless_blocks": 0, "exceeded": 0}
+    acc["max_abs_err"] = max(acc["max_abs_err"], float(rep.get("max_abs_err", 0.0)))
+    acc["rel_l2_err"] = max(acc["rel_l2_err"], float(rep.get("rel_l2_err", 0.0)))
+    acc["packets"] += 1
+    acc["lossless_blocks"] += int(rep.get("lossless_blocks", 0))
+    acc["exceeded"] += int(lossy_exceeds(rep))
+    return acc
 
 
 def analyze_activations_with_tokens(path: Union[str, os.PathLike],

@@ -12,6 +12,9 @@ Every field has an effect (the original 1.3.1 ignored several):
 * ``backpressure`` is the ring-full policy: ``"block"`` (lossless, the model waits) or
   ``"drop"`` (the tensor is dropped whole, counted, and recorded as a DROP packet).
 * ``sampled_positions`` is the position stride (or explicit positions) of ``SAMPLED_SLICES``.
+* ``lossy`` is the error bound of a lossy codec (``quant``, ``fp16``), sent as ``OPEN.lossy``;
+  strapd verifies it per packet and records the achieved error (docs/COMPRESSION.md 6–7).
+* ``trace`` asks strapd to write its kernel trace (docs/TRACE_FORMAT.md) beside the capture.
 """
 
 from __future__ import annotations
@@ -22,18 +25,27 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
-#: Codecs strapd accepts today. Activation codecs (byte-shuffle, lossy) come later.
-SUPPORTED_CODECS: Tuple[str, ...] = ("none", "lz4", "zstd")
+#: Codecs strapd accepts (docs/COMPRESSION.md 1): generic lossless ``none``/``lz4``/``zstd``,
+#: the dtype-aware lossless ``shuffle``, and the opt-in lossy ``quant`` and ``fp16``.
+SUPPORTED_CODECS: Tuple[str, ...] = ("none", "lz4", "zstd", "shuffle", "quant", "fp16")
+#: Codecs that change values; they need a ``lossy`` bound (``fp16`` implies its own).
+LOSSY_CODECS: Tuple[str, ...] = ("quant", "fp16")
 #: Valid ``compression_level`` range per codec, as strapd's codecs define them
 #: (internal/codec): lz4 0 = fast compressor, 1–9 = HC with search depth 2^(8+level);
-#: zstd 0/1 = fastest, 2 = default, 3 = better, 4 = best compression.
-CODEC_LEVELS: Dict[str, Tuple[int, int]] = {"none": (0, 0), "lz4": (0, 9), "zstd": (0, 4)}
+#: zstd 0/1 = fastest, 2 = default, 3 = better, 4 = best compression; shuffle/quant/fp16 0–4.
+CODEC_LEVELS: Dict[str, Tuple[int, int]] = {"none": (0, 0), "lz4": (0, 9), "zstd": (0, 4),
+                                            "shuffle": (0, 4), "quant": (0, 4), "fp16": (0, 4)}
+#: Bound modes per lossy codec: ``abs`` (max absolute error) and ``rel`` (relative L2 error,
+#: i.e. RMS error over the tensor's RMS) for quant; ``fp16`` (its rounding, optionally capped
+#: by a relative L2 value) for fp16.
+LOSSY_MODES: Dict[str, Tuple[str, ...]] = {"quant": ("abs", "rel"), "fp16": ("fp16",)}
 #: Ring-full policies.
 BACKPRESSURE_POLICIES: Tuple[str, ...] = ("block", "drop")
 
 #: Single-core encode throughput measured on the reference machine (DESIGN-NOTES.md,
 #: 16 MiB of activation-like fp32), in GB/s. Used only by :meth:`transport_plan`.
-CODEC_GBPS_PER_CORE: Dict[str, float] = {"none": float("inf"), "lz4": 0.13, "zstd": 0.08}
+CODEC_GBPS_PER_CORE: Dict[str, float] = {"none": float("inf"), "lz4": 0.13, "zstd": 0.08,
+                                          "shuffle": 0.6, "quant": 0.5, "fp16": 0.5}
 
 #: Smallest ring accepted: header page + 64 KiB of data.
 MIN_RING_BYTES = 4096 + 64 * 1024
@@ -82,6 +94,7 @@ class TransportPlan:
     memory_hint: int
     policy: str
     note: str = ""
+    lossy: Optional[Dict[str, Any]] = None
 
 
 @dataclass(frozen=True)
@@ -90,9 +103,20 @@ class InstrumentationConfig:
 
     Args:
         granularity: which modules to hook (:class:`HookGranularity` or its string value).
-        compression_algorithm: ``"none"``, ``"lz4"`` or ``"zstd"``.
+        compression_algorithm: ``"none"``, ``"lz4"``, ``"zstd"``, ``"shuffle"`` (lossless,
+            dtype-aware: the default), or the lossy ``"quant"`` / ``"fp16"``.
         compression_level: codec level (see :data:`CODEC_LEVELS`); ``None`` = 0. lz4 0–9
-            (0 fast, 1–9 HC), zstd 0–4 (0/1 fastest, 2 default, 3 better, 4 best).
+            (0 fast, 1–9 HC), zstd 0–4 (0/1 fastest, 2 default, 3 better, 4 best),
+            shuffle/quant/fp16 0–4.
+        lossy: the error bound of a lossy codec, required by ``quant`` and refused by the
+            lossless codecs: ``"rel:1e-3"`` (relative L2 error ≤ 1e-3 per tensor),
+            ``"abs:1e-2"`` (every value within 1e-2), ``"fp16"`` (fp16 rounding; the
+            default for codec ``fp16``), ``"fp16:1e-3"`` (and blocks over rel-L2 1e-3 kept
+            exact), or a dict ``{"mode": "rel", "value": 1e-3}``. Stored normalized as
+            ``"mode:value"``.
+        trace: ask strapd to write its kernel trace (JSONL snapshots naming this session)
+            to ``{output_path}.trace.jsonl``; ``capture_activations(trace_path=...)`` picks
+            another path. The interval is the daemon's (``strapd serve --trace-interval``).
         target_throughput_gbps: the capture rate you need, or ``None`` for no target.
             It picks the block size and may lower the codec (see :meth:`transport_plan`).
         max_memory_gb: shared-memory ring size in GiB (also the daemon's per-session
@@ -106,17 +130,21 @@ class InstrumentationConfig:
     Example:
         >>> cfg = InstrumentationConfig.balanced().with_memory_limit(0.5)
         >>> cfg.compression_algorithm, cfg.max_memory_gb
-        ('lz4', 0.5)
+        ('shuffle', 0.5)
+        >>> InstrumentationConfig().with_compression("quant", lossy="rel:1e-3").lossy
+        'rel:0.001'
     """
 
     granularity: HookGranularity = HookGranularity.FULL_TENSOR
-    compression_algorithm: str = "lz4"
+    compression_algorithm: str = "shuffle"
     compression_level: Optional[int] = None
     target_throughput_gbps: Optional[float] = None
     max_memory_gb: float = 0.25
     backpressure: str = "block"
     sampled_positions: Union[int, Tuple[int, ...]] = 8
     modules: Tuple[str, ...] = field(default_factory=tuple)
+    lossy: Optional[Union[str, Dict[str, Any]]] = None
+    trace: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -143,6 +171,9 @@ class InstrumentationConfig:
             lo, hi = CODEC_LEVELS[algo]
             if not lo <= lvl <= hi:
                 raise ValueError(f"compression_level {lvl} out of range {lo}..{hi} for {algo}")
+        object.__setattr__(self, "lossy", _normalize_lossy(algo, self.lossy))
+        if not isinstance(self.trace, bool):
+            raise TypeError(f"trace must be a bool, got {self.trace!r}")
         t = self.target_throughput_gbps
         if t is not None:
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0 or t == float("inf"):
@@ -193,28 +224,31 @@ class InstrumentationConfig:
 
     @classmethod
     def balanced(cls) -> "InstrumentationConfig":
-        """lz4 at its default level: cheap, modest ratio. The default."""
-        return cls(compression_algorithm="lz4")
+        """``shuffle`` level 0: lossless, dtype-aware byte planes + entropy coding (1.2× fp32,
+        1.5× bf16 at 500–740 MB/s per core; docs/COMPRESSION.md 7). The default."""
+        return cls(compression_algorithm="shuffle", compression_level=0)
 
     @classmethod
     def max(cls) -> "InstrumentationConfig":  # noqa: A003 - name from the 1.3.1 API
-        """zstd at a high level (3, "better compression")."""
-        return cls(compression_algorithm="zstd", compression_level=3)
+        """The strongest lossless codec measured: ``shuffle`` (zstd levels on activations
+        compress less and slower; docs/COMPRESSION.md 7–8)."""
+        return cls(compression_algorithm="shuffle", compression_level=0)
 
     @classmethod
     def max_compression(cls) -> "InstrumentationConfig":
-        """zstd at its maximum level (4, "best compression"); lossless. Lossy codecs come later."""
-        return cls(compression_algorithm="zstd", compression_level=4)
+        """**Lossy**: ``quant`` with relative L2 error ≤ 1e-3 per tensor, verified by strapd
+        (≈3.1–3.4× on fp32). The only lossy preset."""
+        return cls(compression_algorithm="quant", compression_level=0, lossy="rel:1e-3")
 
     @classmethod
     def attention_analysis(cls) -> "InstrumentationConfig":
-        """Attention outputs only, lz4."""
-        return cls(granularity=HookGranularity.ATTENTION_ONLY, compression_algorithm="lz4")
+        """Attention outputs only, ``shuffle``."""
+        return cls(granularity=HookGranularity.ATTENTION_ONLY, compression_algorithm="shuffle")
 
     @classmethod
     def mlp_analysis(cls) -> "InstrumentationConfig":
-        """MLP outputs only, lz4."""
-        return cls(granularity=HookGranularity.MLP_ONLY, compression_algorithm="lz4")
+        """MLP outputs only, ``shuffle``."""
+        return cls(granularity=HookGranularity.MLP_ONLY, compression_algorithm="shuffle")
 
     @classmethod
     def from_preset(cls, name: str) -> "InstrumentationConfig":
@@ -233,9 +267,28 @@ class InstrumentationConfig:
     def _replace(self, **changes: Any) -> "InstrumentationConfig":
         return dataclasses.replace(self, **changes)
 
-    def with_compression(self, algorithm: str, level: Optional[int] = None) -> "InstrumentationConfig":
-        """Return a copy using codec ``algorithm`` at ``level`` (None = codec default)."""
-        return self._replace(compression_algorithm=algorithm, compression_level=level)
+    def with_compression(self, algorithm: str, level: Optional[int] = None,
+                         lossy: Optional[Union[str, Dict[str, Any]]] = None) -> "InstrumentationConfig":
+        """Return a copy using codec ``algorithm`` at ``level`` (None = codec default) with
+        error bound ``lossy`` (required for ``quant``, refused by lossless codecs).
+
+        Example:
+            >>> InstrumentationConfig().with_compression("fp16").lossy
+            'fp16:0.0'
+        """
+        return self._replace(compression_algorithm=algorithm, compression_level=level, lossy=lossy)
+
+    def with_trace(self, trace: bool = True) -> "InstrumentationConfig":
+        """Return a copy that asks strapd for a kernel trace beside the capture."""
+        return self._replace(trace=trace)
+
+    @property
+    def lossy_bound(self) -> Optional[Dict[str, Any]]:
+        """The bound as ``OPEN.lossy`` carries it (``{"mode", "value"}``), or None."""
+        if self.lossy is None:
+            return None
+        mode, _, value = str(self.lossy).partition(":")
+        return {"mode": mode, "value": float(value)}
 
     def with_memory_limit(self, gb: float) -> "InstrumentationConfig":
         """Return a copy whose ring (and daemon memory hint) is ``gb`` GiB."""
@@ -302,13 +355,16 @@ class InstrumentationConfig:
             ladder = [("zstd", level), ("zstd", 1), ("lz4", 0), ("none", 0)]
             if codec == "lz4":
                 ladder = [("lz4", level), ("lz4", 0), ("none", 0)]
-            elif codec == "none":
-                ladder = [("none", 0)]
+            elif codec == "shuffle":
+                ladder = [("shuffle", level), ("none", 0)]
+            elif codec == "none" or codec in LOSSY_CODECS:
+                # A lossy codec is the user's explicit choice: never swapped for another.
+                ladder = [(codec, level)]
             for c, lv in ladder:
                 per_core = CODEC_GBPS_PER_CORE[c]
                 if c == "zstd" and lv >= 3 or c == "lz4" and lv >= 1:
                     per_core /= 4  # better/best zstd and lz4 HC are far slower; coarse, conservative
-                if per_core * cores >= target or c == "none":
+                if per_core * cores >= target or c == "none" or c in LOSSY_CODECS:
                     if (c, lv) != (codec, level):
                         note = (
                             f"{codec} level {level} cannot sustain {target} GB/s on {cores} cores; "
@@ -327,6 +383,7 @@ class InstrumentationConfig:
             memory_hint=self.ring_size,
             policy=self.backpressure,
             note=note,
+            lossy=self.lossy_bound if codec in LOSSY_CODECS else None,
         )
 
     def to_dict(self) -> Dict[str, Any]:
@@ -338,6 +395,49 @@ class InstrumentationConfig:
         )
         d["modules"] = list(self.modules)
         return d
+
+
+def _normalize_lossy(codec: str, lossy: Any) -> Optional[str]:
+    """Validate ``lossy`` against ``codec`` and return it as ``"mode:value"`` (None when
+    the codec is lossless). ``fp16`` without a bound gets ``"fp16:0.0"`` (its rounding)."""
+    if lossy is None:
+        if codec == "fp16":
+            return "fp16:0.0"
+        if codec in LOSSY_CODECS:
+            raise ValueError(
+                f"codec {codec!r} is lossy and needs a bound: lossy='rel:1e-3' (relative L2 error) "
+                f"or 'abs:1e-2' (max absolute error)"
+            )
+        return None
+    if codec not in LOSSY_CODECS:
+        raise ValueError(
+            f"lossy={lossy!r} needs a lossy codec ({', '.join(LOSSY_CODECS)}); {codec!r} is lossless"
+        )
+    if isinstance(lossy, dict):
+        unknown = set(lossy) - {"mode", "value"}
+        if unknown or "mode" not in lossy:
+            raise ValueError(f"lossy dict must be {{'mode': ..., 'value': ...}}, got {lossy!r}")
+        mode, value = lossy["mode"], lossy.get("value", 0.0)
+    elif isinstance(lossy, str):
+        mode, sep, v = lossy.strip().partition(":")
+        if sep and not v:
+            raise ValueError(f"lossy {lossy!r}: missing value after ':'")
+        try:
+            value = float(v) if sep else 0.0
+        except ValueError:
+            raise ValueError(f"lossy {lossy!r}: value {v!r} is not a number") from None
+    else:
+        raise TypeError(f"lossy must be a str like 'rel:1e-3' or a dict, got {lossy!r}")
+    if not isinstance(mode, str) or mode not in LOSSY_MODES[codec]:
+        raise ValueError(f"lossy mode {mode!r} does not fit codec {codec!r} (modes: {LOSSY_MODES[codec]})")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"lossy value must be a number, got {value!r}")
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")) or value < 0:
+        raise ValueError(f"lossy value {value!r} must be a finite number >= 0")
+    if mode in ("abs", "rel") and not value > 0:
+        raise ValueError(f"lossy {mode} bound must be > 0, got {value!r}")
+    return f"{mode}:{value!r}"
 
 
 PRESETS = {

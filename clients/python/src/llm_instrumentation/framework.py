@@ -135,9 +135,13 @@ class InstrumentationFramework:
                  autostart_daemon: bool = True, track_per_token: bool = False,
                  stall_timeout: float = 120.0, checkpoint_interval_tokens: Optional[int] = None,
                  checkpoint_path: Optional[Union[str, os.PathLike]] = None, resume_from_checkpoint: bool = False,
-                 overwrite_checkpoint: bool = False, lock_wait: float = 30.0) -> None:
+                 overwrite_checkpoint: bool = False, lock_wait: float = 30.0,
+                 trace_path: Optional[Union[str, os.PathLike, bool]] = None) -> None:
         self.model = model
         self.config = config
+        self._trace_arg = trace_path
+        #: the kernel trace file strapd writes for this capture (None: no trace).
+        self.trace_path: Optional[str] = None
         patterns = tuple(config.modules) + tuple(modules or ())
         self.hooked_modules = select_modules(model, config.granularity, patterns)
         if not self.hooked_modules:
@@ -263,7 +267,9 @@ class InstrumentationFramework:
         out_fd, resume = self._open_output()
         conn = None
         ring: Optional[Ring] = None
+        trace_fd: Optional[int] = None
         try:
+            trace_fd = self._open_trace(resume is not None)
             conn = _daemon.connect(self.socket_path, autostart=self.autostart_daemon)
             P.handshake(conn, f"llm_instrumentation/{__version__}", os.getpid())
             ring = Ring(plan.ring_size)
@@ -288,11 +294,13 @@ class InstrumentationFramework:
                                "version": __version__},
                 },
             }
+            if plan.lossy is not None:
+                body["lossy"] = plan.lossy
             if resume is not None:
                 body["append_at"] = resume.stream_offset
                 body["resume"] = {"last_seq": resume.last_seq, "last_crc": resume.last_packet_crc,
                                   "packets": resume.packets}
-            session.open(out_fd, body)
+            session.open(out_fd, body, trace_fd=trace_fd)
             if resume is not None:
                 session.seq = resume.last_seq
                 session.last_tensor_seq = resume.last_seq
@@ -302,16 +310,43 @@ class InstrumentationFramework:
             if ring is not None:
                 ring.close()
             os.close(out_fd)
+            if trace_fd is not None:
+                os.close(trace_fd)
             raise
         # strapd keeps its own descriptor, and with it the stream's flock, until the session
         # ends: a resume or another capture waits for that.
         os.close(out_fd)
+        if trace_fd is not None:
+            os.close(trace_fd)
         self._session = session
         self._started_at = time.monotonic()
         if self.token_tracker is not None:
             self.token_tracker._sink = self._on_token
         self._install_hooks()
         return self
+
+    def _open_trace(self, resuming: bool) -> Optional[int]:
+        """Open the trace file strapd writes into (OPEN's third descriptor), or None.
+
+        ``trace_path``: None follows ``config.trace`` (default ``{output_path}.trace.jsonl``),
+        False never traces, True the default path, a path that file. A resumed capture
+        appends to its trace (strapd first cuts a line torn by a crash); otherwise the file
+        is truncated."""
+        arg = self._trace_arg
+        if arg is None:
+            arg = self.config.trace
+        if arg is False:
+            self.trace_path = None
+            return None
+        assert self.output_path is not None
+        path = self.output_path + ".trace.jsonl" if arg is True else os.path.abspath(os.fspath(arg))
+        if path == self.output_path:
+            raise ValueError(f"trace_path {path} is the stream's output_path")
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        flags = os.O_RDWR | os.O_APPEND if resuming else os.O_WRONLY | os.O_TRUNC
+        fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.trace_path = path
+        return fd
 
     def _install_hooks(self) -> None:
         self._handles.append(self.model.register_forward_pre_hook(self._on_model_forward))
@@ -540,6 +575,7 @@ def capture_activations(
     socket_path: Optional[str] = None,
     autostart_daemon: bool = True,
     stall_timeout: float = 120.0,
+    trace_path: Optional[Union[str, os.PathLike, bool]] = None,
 ) -> Iterator[InstrumentationFramework]:
     """Capture module outputs of ``model`` into a strapd stream file while the block runs.
 
@@ -564,6 +600,12 @@ def capture_activations(
         socket_path: strapd control socket (default: PROTOCOL.md 1 resolution).
         autostart_daemon: start ``strapd serve`` when no daemon answers.
         stall_timeout: seconds to wait for ring space before raising.
+        trace_path: where strapd writes its kernel trace for this capture (JSONL snapshots
+            of block I/O, off-CPU time, page faults, syscalls, PSI naming this session;
+            docs/TRACE_FORMAT.md). None (default) follows ``config.trace`` (off unless set;
+            then ``{output_path}.trace.jsonl``); True that default path; False no trace.
+            The client opens the file and passes its descriptor; strapd writes a snapshot
+            every ``strapd serve --trace-interval`` and one at the session's end.
 
     Yields:
         the :class:`InstrumentationFramework`; on exit the session is closed and the file
@@ -592,6 +634,6 @@ def capture_activations(
                                   autostart_daemon=autostart_daemon, track_per_token=track_per_token,
                                   stall_timeout=stall_timeout, checkpoint_interval_tokens=checkpoint_interval_tokens,
                                   checkpoint_path=checkpoint_path, resume_from_checkpoint=resume_from_checkpoint,
-                                  overwrite_checkpoint=overwrite_checkpoint)
+                                  overwrite_checkpoint=overwrite_checkpoint, trace_path=trace_path)
     with fw._running():
         yield fw
