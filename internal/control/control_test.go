@@ -37,7 +37,15 @@ var goldenMessages = []struct {
 	{"closed.bin", TypeClosed, Closed{Packets: 3, Drops: 1, BytesIn: 12288, BytesOut: 12288, FileBytes: 13000}},
 	{"error_protocol_version.bin", TypeError, Error{Code: "protocol_version", Message: "client speaks protocol 2, strapd speaks protocol 1", Fatal: true}},
 	{"status.bin", TypeStatus, nil},
+	{"token.bin", TypeToken, Token{Seq: 5, Index: 2, TokenID: 1234, Text: " the", Position: ptr(int64(8))}},
+	{"checkpoint.bin", TypeCheckpoint, Checkpoint{Seq: 5}},
+	{"checkpointed.bin", TypeCheckpointed, Checkpointed{Seq: 5, Offset: 40960, Packets: 5, Drops: 0, Tokens: 2,
+		LastOffset: 40800, LastCRC: 3735928559}},
+	{"open_resume.bin", TypeOpen, Open{RingSize: 67108864, Codec: "lz4", Policy: "block", AppendAt: 40960,
+		Resume: &Resume{LastSeq: 5, LastCRC: 3735928559, Packets: 5}}},
 }
+
+func ptr[T any](v T) *T { return &v }
 
 func TestGoldenMessages(t *testing.T) {
 	for _, g := range goldenMessages {

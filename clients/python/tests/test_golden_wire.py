@@ -33,6 +33,12 @@ MESSAGES = [
                                              "message": "client speaks protocol 2, strapd speaks protocol 1",
                                              "fatal": True}),
     ("status.bin", P.STATUS, {}),
+    ("token.bin", P.TOKEN, {"seq": 5, "index": 2, "token_id": 1234, "text": " the", "position": 8}),
+    ("checkpoint.bin", P.CHECKPOINT, {"seq": 5}),
+    ("checkpointed.bin", P.CHECKPOINTED, {"seq": 5, "offset": 40960, "packets": 5, "drops": 0, "tokens": 2,
+                                          "last_offset": 40800, "last_crc": 3735928559}),
+    ("open_resume.bin", P.OPEN, {"ring_size": 67108864, "codec": "lz4", "policy": "block", "append_at": 40960,
+                                 "resume": {"last_seq": 5, "last_crc": 3735928559, "packets": 5}}),
 ]
 
 
