@@ -25,7 +25,8 @@ from llm_instrumentation import _protocol as P
 
 pytestmark = pytest.mark.integration
 
-PRESETS = ["fast_capture", "balanced", "max", "max_compression", "attention_analysis", "mlp_analysis"]
+# Lossless presets (max_compression is lossy: test_integration_lossy_trace.py checks its bound).
+PRESETS = ["fast_capture", "balanced", "max", "attention_analysis", "mlp_analysis"]
 MODELS = {
     "llama_fp32": lambda: tiny_llama(),
     "llama_bf16": lambda: tiny_llama(torch.bfloat16),
