@@ -216,9 +216,11 @@ class InstrumentationFramework:
                         f"a checkpoint of an earlier capture exists at {leftover}: pass resume_from_checkpoint=True "
                         f"to continue that capture, or overwrite_checkpoint=True to start over (the stream "
                         f"{self.output_path} and the checkpoint are then replaced)")
-            fd = os.open(self.output_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # Not O_TRUNC: a live capture of the same file must keep its bytes; the lock
+            # tells, then the file is emptied.
+            fd = os.open(self.output_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
-                ckpt.lock_stream(fd, self.lock_wait, self.output_path)
+                ckpt.lock_stream(fd, min(self.lock_wait, 10.0), self.output_path)
                 os.ftruncate(fd, 0)
                 if os.path.exists(leftover):
                     ckpt.fsync_unlink(leftover)
