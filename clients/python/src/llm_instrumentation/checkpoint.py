@@ -227,8 +227,11 @@ def scan_prefix(fd: int, ck: Checkpoint, path: str, want_fingerprint: Optional[s
         raise CheckpointError(f"{path}: stream header is cut short") from None
     if crc32c(hdr[:16] + meta_raw) != crc:
         raise CheckpointError(f"{path}: stream header CRC mismatch")
-    meta = json.loads(meta_raw)
-    stream_fp = (meta.get("client_metadata") or {}).get("fingerprint")
+    try:
+        meta = json.loads(meta_raw.decode("utf-8"))
+        stream_fp = (meta.get("client_metadata") or {}).get("fingerprint")
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+        raise CheckpointError(f"{path}: stream metadata is not a JSON object: {e}") from None
     if stream_fp != ck.fingerprint:
         raise CheckpointError(f"fingerprint differs: checkpoint {ck.fingerprint!r}, stream header {stream_fp!r}")
     if want_fingerprint is not None and want_fingerprint != ck.fingerprint:
@@ -255,7 +258,10 @@ def scan_prefix(fd: int, ck: Checkpoint, path: str, want_fingerprint: Optional[s
         plen = header_len + stored_len
         if ptype == TOKEN:
             p = off + PACKET.size + 8 * ndim
-            tm = json.loads(_read_exact(fd, p + name_len, meta_len) or b"{}")
+            try:
+                tm = json.loads(_read_exact(fd, p + name_len, meta_len) or b"{}")
+            except (EOFError, UnicodeDecodeError, json.JSONDecodeError):
+                raise CheckpointError(f"{path}: TOKEN packet at {off} has a bad meta") from None
             tokens.append({"token_index": step, "token_id": tm.get("token_id"), "token_text": tm.get("text", ""),
                            "position": tm.get("position", step)})
         packets += 1
