@@ -8,6 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/control"
 )
 
@@ -30,11 +31,14 @@ func printProbes(w io.Writer, p *control.ProbesStatus) {
 		p.IntervalS, p.Snapshots, p.TraceSessions, strings.Join(pids, " "))
 	for _, c := range p.Collectors {
 		state := "attached"
-		if c.Source != "bpf" {
-			state = "failed"
-			if c.Error == "" {
-				state = c.Source
-			}
+		switch {
+		case c.Source == bpf.SourceBPF:
+		case c.Error != "":
+			state = "not attached, fallback " + c.Source
+		case c.Source == bpf.SourceProc:
+			state = "reads /proc"
+		default:
+			state = c.Source
 		}
 		line := fmt.Sprintf("  %-12s %-8s %s", c.Name, c.Source, state)
 		if c.Error != "" {
