@@ -201,3 +201,52 @@ func TestResumeMismatch(t *testing.T) {
 		}
 	})
 }
+
+// BenchmarkCheckpoint is one step of a per-token capture (two tensors and a token) followed
+// by what the daemon does for a checkpoint (flush, fdatasync, last packet facts), after a
+// prefix of 10 or 10,000 tokens: the cost must not depend on the prefix.
+func BenchmarkCheckpoint(b *testing.B) {
+	for _, prefix := range []int{10, 10000} {
+		b.Run(fmt.Sprintf("after_%d_tokens", prefix), func(b *testing.B) {
+			f := tempFile(b)
+			w, err := New(f, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			raw := randomBytes(4096, 1)
+			seq := uint64(0)
+			step := func(k int) {
+				for _, name := range []string{"model.layers.0.mlp", "lm_head"} {
+					seq++
+					p := Packet{Type: TypeTensor, DType: dtype.Uint8, Shape: []uint64{4096}, Name: name, Seq: seq,
+						Step: uint64(k), RawLen: 4096, Blocks: []Block{{Data: raw}}}
+					if err := w.WritePacket(&p); err != nil {
+						b.Fatal(err)
+					}
+				}
+				seq++
+				if err := w.WritePacket(&Packet{Type: TypeToken, Name: "token", Seq: seq, Step: uint64(k)}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for k := range prefix {
+				step(k)
+			}
+			if err := w.Sync(); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.SetBytes(2 * 4096)
+			b.ResetTimer()
+			for i := range b.N {
+				step(prefix + i)
+				if err := w.Sync(); err != nil {
+					b.Fatal(err)
+				}
+				if off, crc := w.LastPacket(); off <= 0 || crc == 0 {
+					b.Fatalf("last packet %d %#x", off, crc)
+				}
+			}
+		})
+	}
+}
