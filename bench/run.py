@@ -64,12 +64,14 @@ def show(cmd: List[str], tmp: Optional[Path] = None) -> str:
     return s.replace(str(ROOT) + "/", "").replace(str(ROOT), ".")
 
 
-def run(cmd: List[str], timeout: float = 600, env: Optional[Dict[str, str]] = None, cwd: Path = ROOT) -> str:
-    """Run cmd, return stdout; raise with stderr's tail on failure."""
-    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                       env={**os.environ, **(env or {})})
+def run(cmd: List[str], timeout: float = 600, env: Optional[Dict[str, str]] = None, cwd: Path = ROOT,
+        progress: bool = False) -> str:
+    """Run cmd, return stdout; raise with stderr's tail on failure. With progress, the
+    command's stderr goes straight to ours (long steps report as they go)."""
+    p = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE,
+                       text=True, timeout=timeout, cwd=cwd, env={**os.environ, **(env or {})})
     if p.returncode != 0:
-        raise RuntimeError(f"{show(cmd)} exited {p.returncode}:\n{p.stderr[-3000:]}")
+        raise RuntimeError(f"{show(cmd)} exited {p.returncode}:\n{(p.stderr or '(stderr above)')[-3000:]}")
     return p.stdout
 
 
@@ -214,7 +216,7 @@ def step_overhead(ctx: "Ctx") -> Dict[str, Any]:
                     "--vocab", "1000", "--heads", "4", "--gen-pairs", "1", "--gen-prompt", "16", "--gen-new", "4"]
         la0 = loadavg()
         t0 = time.monotonic()
-        run(cmd, timeout=900)
+        run(cmd, timeout=900, progress=True)
         r = json.loads(out.read_text())
     r["command"] = "strapd serve --socket $S --memory-limit 2GiB &\n" + show(cmd, ctx.tmp).replace(show([d.sock], ctx.tmp), "$S")
     r["seconds"] = time.monotonic() - t0
@@ -344,11 +346,23 @@ def step_compression(ctx: "Ctx") -> Dict[str, Any]:
 
 
 def step_probes(ctx: "Ctx") -> Dict[str, Any]:
+    """internal/bpf BenchmarkProbeEvents and its no-probe baseline, alternated run by run
+    (one compiled test binary) so load drift hits both alike."""
     n = "2000x" if ctx.quick else "100000x"
-    cmd = [ctx.go, "test", "-run", "^$", "-bench", "ProbeEvents", "-benchtime", n, "-count", "3", "./internal/bpf"]
-    r: Dict[str, Any] = {"command": show(cmd), "loadavg": [loadavg()]}
+    binp = ctx.tmp / "bpf.test"
+    build = [ctx.go, "test", "-c", "-o", binp, "./internal/bpf"]
+    rounds = 2 if ctx.quick else 5
+    r: Dict[str, Any] = {"command": show(build, ctx.tmp) + "\n" + " ; ".join(
+        show([binp, "-test.run", "^$", "-test.bench", f"^{b}$", "-test.benchtime", n], ctx.tmp)
+        for b in ("BenchmarkProbeEvents", "BenchmarkProbeEventsBaseline")) + f"   # alternated, {rounds} rounds",
+        "loadavg": [loadavg()]}
+    out = ""
     try:
-        out = run(cmd, timeout=300)
+        run(build, timeout=300)
+        for _ in range(rounds):
+            for b in ("BenchmarkProbeEvents", "BenchmarkProbeEventsBaseline"):
+                out += run([binp, "-test.run", "^$", "-test.bench", f"^{b}$", "-test.benchtime", n],
+                           timeout=300, cwd=ROOT / "internal" / "bpf")
     except Exception as e:
         r["error"] = str(e)[-1500:]
         return r
@@ -432,14 +446,15 @@ def step_profile(ctx: "Ctx") -> Dict[str, Any]:
         r["daemon"].append(pprof_top(ctx, f"BenchmarkCapture/{codec}$", "./internal/server", ignore))
     r["daemon_perf"] = perf_daemon(ctx)
     out = ctx.tmp / "hook_profile.json"
-    with Strapd(ctx.strapd, ctx.tmp, "2GiB") as d:
-        cmd = [PY, BENCH_PY / "hook_profile.py", "--socket", d.sock, "--tmpdir", ctx.tmp, "--json", out]
-        if ctx.quick:
-            cmd += ["--forwards", "1", "--seq", "64", "--layers", "2", "--hidden", "256", "--intermediate", "704",
-                    "--vocab", "1000", "--heads", "4"]
-        run(cmd, timeout=600)
-        r["client"] = json.loads(out.read_text())
-        r["client"]["command"] = show(cmd, ctx.tmp).replace(show([d.sock], ctx.tmp), "$S")
+    small = ["--layers", "2", "--hidden", "256", "--intermediate", "704", "--vocab", "1000", "--heads", "4"]
+    # Full 512-token forward passes, then one-token ones: the per-record cost of the hook path.
+    for key, extra in (("client", ["--forwards", "1", "--seq", "64"] + small if ctx.quick else []),
+                       ("client_small", ["--forwards", "8" if ctx.quick else "64", "--seq", "1"] + (small if ctx.quick else []))):
+        with Strapd(ctx.strapd, ctx.tmp, "2GiB") as d:
+            cmd = [PY, BENCH_PY / "hook_profile.py", "--socket", d.sock, "--tmpdir", ctx.tmp, "--json", out] + extra
+            run(cmd, timeout=600)
+            r[key] = json.loads(out.read_text())
+            r[key]["command"] = show(cmd, ctx.tmp).replace(show([d.sock], ctx.tmp), "$S")
     r["loadavg"].append(loadavg())
     return r
 

@@ -86,9 +86,13 @@ def main() -> None:
     funcs = []
     client_tt = 0.0
     client_ct_hook = 0.0
-    for (fn, line, name), (cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+    for (fn, line, name), (cc, nc, tt, ct, callers) in st.stats.items():  # type: ignore[attr-defined]
+        # The capture path: the client package's own code, and built-ins it calls (copy_,
+        # sendmsg, recv, ...) — counted only when every caller is in the client package.
+        capture = CLIENT_PKG in fn or (fn == "~" and bool(callers)
+                                       and all(CLIENT_PKG in c[0] for c in callers))
         funcs.append({"func": f"{os.path.basename(fn)}:{line}({name})", "file": fn, "calls": nc,
-                      "own_s": tt, "cum_s": ct})
+                      "own_s": tt, "cum_s": ct, "capture_path": capture})
         if CLIENT_PKG in fn:
             client_tt += tt
         if CLIENT_PKG in fn and name == "hook":
@@ -96,8 +100,11 @@ def main() -> None:
     funcs.sort(key=lambda r: r["own_s"], reverse=True)
     out["cprofile_wall_s"] = cp_wall
     out["cprofile_top"] = [{k: v for k, v in r.items() if k != "file"} for r in funcs[: a.top]]
+    out["capture_top"] = [{k: v for k, v in r.items() if k != "file"} for r in funcs if r["capture_path"]][: a.top]
     out["hook_cum_s"] = client_ct_hook
     out["hook_share_of_wall"] = client_ct_hook / cp_wall if cp_wall else None
+    # One record per hook per forward for these capture sets (tensor outputs; None skipped).
+    out["hook_us_per_record"] = client_ct_hook / (a.forwards * out["hooks"]) * 1e6
     out["client_own_s"] = client_tt
     with open(a.json, "w") as f:
         json.dump(out, f, indent=1)

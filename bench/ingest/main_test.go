@@ -1,0 +1,27 @@
+package main
+
+import "testing"
+
+func TestParseSize(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want uint64
+		err  bool
+	}{
+		{"4096", 4096, false},
+		{"64KiB", 64 << 10, false},
+		{"2GiB", 2 << 30, false},
+		{"1.5MiB", 3 << 19, false},
+		{"0", 0, true},
+		{"-1MiB", 0, true},
+		{"lots", 0, true},
+		{"", 0, true},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := parseSize(tc.in)
+			if (err != nil) != tc.err || got != tc.want {
+				t.Fatalf("parseSize(%q) = %d, %v; want %d, error %v", tc.in, got, err, tc.want, tc.err)
+			}
+		})
+	}
+}
