@@ -311,16 +311,19 @@ func (c *conn) finish(status string) (pipeline.Result, error) {
 	res, err := sess.Finish(status)
 	// The trace's last snapshot covers the stream's end; its errors never fail the capture.
 	_ = c.srv.probeSessionEnd(c.info.Session)
+	// c.mu is released before the server's lock is taken: Status holds s.mu while it takes
+	// each c.mu, and the opposite order deadlocked a STATUS against a finishing session.
 	c.mu.Lock()
-	if c.slotted {
-		c.slotted = false
+	slotted := c.slotted
+	c.slotted = false
+	c.mu.Unlock()
+	if slotted {
 		c.srv.dropSessionSlot()
 		c.srv.quotas.closeSession(c.cred.Uid)
 		if cerr := c.outFile.Close(); cerr != nil && err == nil {
 			err = fmt.Errorf("close output: %w", cerr)
 		}
 	}
-	c.mu.Unlock()
 	if err != nil {
 		c.log.Warn("session ended with error", zap.Uint64("session", c.info.Session), zap.String("status", res.Status), zap.Error(err))
 	}

@@ -461,3 +461,51 @@ func pipelineStream(path string) (string, error) {
 	}
 	return s.EndStatus(), nil
 }
+
+// TestStatusPollDuringSessionEnds: clients polling STATUS while sessions end must not
+// deadlock the daemon (Status takes the server lock, then each connection's; a finishing
+// session once took them in the other order).
+func TestStatusPollDuringSessionEnds(t *testing.T) {
+	ts := startServer(t, Config{})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sc := ts.dial(t)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if i%16 == 0 { // through the socket now and then, directly otherwise
+					if _, err := sc.Status(); err != nil {
+						t.Errorf("status: %v", err)
+						return
+					}
+				} else {
+					ts.srv.Status()
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 100 {
+			if _, _, _, err := capture(t, ts, control.Open{Codec: "none", Policy: "block"}, shm.HeaderSize+64<<10, 1, 16); err != nil {
+				t.Errorf("capture %d: %v", i, err)
+				return
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("sessions stopped finishing while STATUS was polled: deadlock")
+	}
+	close(stop)
+	wg.Wait()
+}
