@@ -70,7 +70,7 @@ fuzz:
 	  list=$$($(GO) test -list '^Fuzz' $$pkg); \
 	  for f in $$(echo "$$list" | grep '^Fuzz' || true); do \
 	    echo "== $$pkg $$f ($(FUZZTIME))"; n=$$((n+1)); \
-	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s $$pkg; \
 	  done; done; echo "fuzz: $$n targets, $(FUZZTIME) each"
 
 # Regenerates the committed BPF objects; needs clang and bpftool (installed here if missing).
