@@ -22,9 +22,20 @@ TARGETS = {
 }
 
 
+FAILED: Dict[str, str] = {}
+
+
 def load(results: Path, name: str) -> Optional[Dict[str, Any]]:
+    """A step's results, or None when it did not run or failed (failures are listed in the
+    document)."""
     p = results / f"{name}.json"
-    return json.loads(p.read_text()) if p.exists() else None
+    if not p.exists():
+        return None
+    d = json.loads(p.read_text())
+    if "step_error" in d:
+        FAILED[name] = d["step_error"]
+        return None
+    return d
 
 
 def f(x: Optional[float], nd: int = 3) -> str:
@@ -58,16 +69,17 @@ def charts(results: Path, ov: Optional[Dict[str, Any]], ing: Optional[Dict[str, 
         confs = ov["configs"]
         presets = list(dict.fromkeys(c["preset"] for c in confs))
         sets = list(dict.fromkeys(c["set"] for c in confs))
-        fig, ax = plt.subplots(figsize=(9, 4.2))
-        w = 0.8 / len(sets)
-        for j, s in enumerate(sets):
+        fig, ax = plt.subplots(figsize=(9, 4.8))
+        w = 0.8 / max(sum(1 for c in confs if c["preset"] == p) for p in presets)
+        for s in sets:
             xs, ys, lo, hi = [], [], [], []
             for i, p in enumerate(presets):
+                mine = [c["set"] for c in confs if c["preset"] == p]
                 c = next((c for c in confs if c["preset"] == p and c["set"] == s), None)
                 if c is None:
                     continue
                 sm = c["summary"]
-                xs.append(i + (j - (len(sets) - 1) / 2) * w)
+                xs.append(i + (mine.index(s) - (len(mine) - 1) / 2) * w)
                 ys.append(sm["ratio"])
                 lo.append(sm["ratio"] - sm["ratio_min"])
                 hi.append(sm["ratio_max"] - sm["ratio"])
@@ -75,23 +87,24 @@ def charts(results: Path, ov: Optional[Dict[str, Any]], ing: Optional[Dict[str, 
         ax.axhline(TARGETS["overhead"], color="k", ls="--", lw=1, label="target 0.97")
         ax.set_xticks(range(len(presets)), presets, rotation=15)
         ax.set_ylabel("kept fraction of plain tokens/s")
-        ax.set_ylim(0, 1.1)
-        ax.set_title("Capture overhead: median of interleaved A/B pairs (bars: min–max)")
-        ax.legend(fontsize=8, ncol=3)
+        ax.set_ylim(0, 1.3)
+        ax.set_title("Capture overhead: median of interleaved A/B pairs (whiskers: min–max, cut at 1.3)")
+        ax.legend(fontsize=8, ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.16))
         fig.tight_layout()
         fig.savefig(results / "overhead.png", dpi=110)
         plt.close(fig)
         out["overhead"] = "overhead.png"
     if ing:
         runs = ing["runs"]
-        codecs = list(dict.fromkeys(r["codec"] for r in runs))
+        codecs = list(dict.fromkeys(r.get("codec_label", r["codec"]) for r in runs))
         series = [(p, t) for p in ("go", "python") for t in ("disk", "tmpfs")]
-        fig, ax = plt.subplots(figsize=(9, 4.2))
+        fig, ax = plt.subplots(figsize=(9, 5))
         w = 0.8 / len(series)
         for j, (p, t) in enumerate(series):
             xs, ys = [], []
             for i, c in enumerate(codecs):
-                r = next((r for r in runs if r["producer"] == p and r["target"] == t and r["codec"] == c), None)
+                r = next((r for r in runs if r["producer"] == p and r["target"] == t
+                          and r.get("codec_label", r["codec"]) == c), None)
                 if r:
                     xs.append(i + (j - (len(series) - 1) / 2) * w)
                     ys.append(r["gbps"])
@@ -101,7 +114,7 @@ def charts(results: Path, ov: Optional[Dict[str, Any]], ing: Optional[Dict[str, 
         ax.set_xticks(range(len(codecs)), codecs)
         ax.set_ylabel("GB/s of raw tensor bytes")
         ax.set_title("Daemon ingest per codec (close, index and fdatasync included)")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.1))
         fig.tight_layout()
         fig.savefig(results / "ingest.png", dpi=110)
         plt.close(fig)
@@ -121,6 +134,8 @@ def render(results: Path, doc: Path) -> None:
     prof = load(results, "profile")
     meta = load(results, "run")
     pngs = charts(results, ov, ing)
+    failed = dict(FAILED)
+    FAILED.clear()
     rel = os.path.relpath(results, doc.parent)
     L: List[str] = []
     w = L.append
@@ -152,6 +167,13 @@ def render(results: Path, doc: Path) -> None:
         w("  set aside for the daemon). Load averages (1/5/15 min) at the start and end of each step are")
         w("  given with it. A/B pairs are interleaved so that drift hits both sides alike, but absolute")
         w("  figures can be ±30 % from run to run.")
+        w("")
+
+    if failed:
+        w("## Steps that failed in this run")
+        w("")
+        for k, v in failed.items():
+            w(f"- `{k}`: `{v.strip().splitlines()[-1][:300] if v.strip() else v}` (full text in `bench/results/{k}.json`)")
         w("")
 
     # ----- targets
@@ -211,9 +233,13 @@ def render(results: Path, doc: Path) -> None:
             w(f"(The real-activation corpus could not be generated, so only N(0,1) rows: `{comp['corpus_error'][-200:]}`.)")
         w("")
         w("Smaller sample (16 MiB per corpus, one repetition) than docs/COMPRESSION.md's table, so the")
-        w("MB/s are noisier; docs/COMPRESSION.md is the reference for ratios.")
+        w("MB/s are noisier; docs/COMPRESSION.md is the reference for ratios. float32 rows only (the")
+        w("dtype of the model above); every dtype is in `bench/results/compression.json`.")
         w("")
-        L.extend(line for line in comp["table"].splitlines() if line.startswith("|") or line.startswith("block"))
+        lines = comp["table"].splitlines()
+        w(" ".join(line for line in lines if line.startswith("block")) + ".")
+        w("")
+        L.extend(line for line in lines if line.startswith("|") and ("float32" in line or "---" in line or "| codec |" in line))
         w("")
     if pr:
         probes_section(w, pr)
@@ -250,12 +276,18 @@ def overhead_section(w: Any, ov: Dict[str, Any], pngs: Dict[str, str], rel: str,
     w("|---|---|---|---:|---:|---:|---:|---|---:|---|---:|---:|")
     for c in ov["configs"]:
         s = c["summary"]
-        codec = s["codec"] + (f" {s['codec_level']}" if s["codec_level"] else "")
+        lossy = s.get("lossy")
+        if isinstance(lossy, dict):
+            lossy = f"{lossy.get('mode')}:{lossy.get('value', '')}".rstrip(":")
+        codec = s["codec"] + (f" {s['codec_level']}" if s["codec_level"] else "") + (f" {lossy}" if lossy else "")
         w(f"| {c['preset']} | {codec} | {c['set']} | {s['hooks']} | {s['bytes_per_trial'] / MiB:.0f} | "
           f"{s['plain_tok_s']:.0f} | {s['captured_tok_s']:.0f} | {s['ratio']:.3f} ({s['ratio_min']:.2f}–{s['ratio_max']:.2f}) | "
           f"{s['hook_only_ratio']:.3f} | {s['open_s']:.3f} / {s['close_s']:.3f} | {s['captured_bytes_per_s'] / 1e6:.0f} | "
           f"{f(s['file_ratio'], 2)} |")
     w("")
+    for p, q in (ov.get("same_as") or {}).items():
+        w(f"`{p}` is the same configuration as `{q}` (same codec, level and bound) on this commit, so it was measured once, as `{q}`.")
+        w("")
     if "overhead" in pngs:
         w(f"![kept throughput per preset and capture set]({rel}/{pngs['overhead']})")
         w("")
@@ -289,17 +321,43 @@ def overhead_section(w: Any, ov: Dict[str, Any], pngs: Dict[str, str], rel: str,
           f"{plain:.3f} s (median); the capture added "
           + ", ".join(f"{v * 1000:.0f} ms for {k}" for k, v in parts.items()) + f". The largest part is {top}.")
         w("")
+        cp = (prof or {}).get("client") or {}
+        copy_s = next((r["own_s"] for r in cp.get("capture_top", []) if "copy_" in r["func"]), None)
+        send_s = next((r["own_s"] for r in cp.get("capture_top", []) if "sendmsg" in r["func"]), None)
         if s["ratio"] < TARGETS["overhead"]:
-            w("The target is **not met**. What would fix it, by part: the forward-pass share is the")
-            w("client's `copy_` of every output into the ring (section 5: it is a memory-bound copy of")
-            w(f"{s['bytes_per_trial'] / MiB:.0f} MiB per forward on cores the model is using) plus, on this 2-core machine,")
-            w("the daemon's compression competing with the model's matmuls for the same cores — on a")
-            w("machine with a core to spare for strapd that part falls to the copy alone. The close")
-            w("share is the `fdatasync` of the file; it is per session, so a capture that spans many")
-            w("forward passes (the real use) pays it once, not per forward pass as this one-forward")
-            w("trial does. The open share is the ring's first-touch page faults and the handshake,")
-            w("also once per session.")
+            w(f"The target is **not met** ({s['ratio']:.3f}). What each part is and what would fix it:")
             w("")
+            w(f"- *During the forward pass* the hooks copy {s['bytes_per_trial'] / MiB:.0f} MiB per forward into the ring")
+            if copy_s is not None and cp.get("cprofile_wall_s"):
+                w(f"  (section 5: `copy_` is {copy_s / cp['cprofile_wall_s'] * 100:.1f} % of the profiled forward time, `sendmsg` "
+                  f"{(send_s or 0) / cp['cprofile_wall_s'] * 100:.1f} %),")
+            w("  and, on this 2-core machine, strapd compresses and writes on the same two cores the")
+            w("  model's matmuls use: every CPU-second the daemon spends is taken from the model. Fix: give")
+            w("  strapd its own core (on a real host it has many), which leaves the copy; the copy itself")
+            w("  is one memory-bound `copy_` per tensor and could only shrink by capturing fewer bytes")
+            w("  (`SAMPLED_SLICES`) or a lossy codec applied before the copy.")
+            w("- *Closing* is the `fdatasync` of the file and the daemon's drain of what the ring still")
+            w("  held: once per session. This trial captures a single forward pass per session, so it")
+            w("  pays the close on every forward; a capture that spans many forward passes pays it once.")
+            w("- *Opening* (handshake, memfd, the ring's first-touch page faults) is also once per session.")
+            w("")
+    g = ov.get("generation")
+    cs = (prof or {}).get("client_small") or {}
+    if g and g["ratio"] < TARGETS["overhead"]:
+        per_tok_plain = 1 / g["plain_tok_s"]
+        per_tok_cap = 1 / g["captured_tok_s"]
+        w(f"**Generation.** Greedy decoding keeps {g['ratio']:.3f} of plain tokens/s: "
+          f"{(per_tok_cap - per_tok_plain) * 1e3:.1f} ms more per token, for {g['bytes_per_trial'] / max(g['new_tokens'], 1) / 1024:.0f} "
+          "KiB captured per token. Small tensors make the fixed cost per record dominate, not the bytes:")
+        if cs.get("hook_us_per_record"):
+            top = cs.get("capture_top", [])[:3]
+            w(f"section 5 measures {cs['hook_us_per_record']:.0f} µs per captured tensor on one-token forward passes "
+              "(profiler overhead included), led by " + ", ".join(f"`{r['func']}`" for r in top) + ".")
+        w("Each record is published with its own `sendmsg`, and each wakes the daemon, which then")
+        w("competes for the same two cores. Fix (client, not measured here): publish once per forward")
+        w("pass (or when the ring is a quarter full) instead of once per record — PROTOCOL.md 1.4")
+        w("already lets one PUBLISH cover many records — and cache each module's encoded record header.")
+        w("")
 
 
 def ingest_section(w: Any, ing: Dict[str, Any], pngs: Dict[str, str], rel: str, prof: Optional[Dict[str, Any]]) -> None:
@@ -335,7 +393,7 @@ def ingest_section(w: Any, ing: Dict[str, Any], pngs: Dict[str, str], rel: str, 
     w("| producer | codec | target | GB/s | × dd | file ratio | daemon CPU-s/GB | client CPU-s/GB | strapd peak RSS MiB |")
     w("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for r in ing["runs"]:
-        w(f"| {r['producer']} | {r['codec']} | {r['target']} | {r['gbps']:.3f} | {r['gbps'] / dd:.2f} | {r['file_ratio']:.2f} | "
+        w(f"| {r['producer']} | {r.get('codec_label', r['codec'])} | {r['target']} | {r['gbps']:.3f} | {r['gbps'] / dd:.2f} | {r['file_ratio']:.2f} | "
           f"{r['daemon_cpu_s_per_gb']:.3f} | {r['client_cpu_s_per_gb']:.3f} | {mib(r['daemon_hwm_bytes'])} |")
     w("")
     if "ingest" in pngs:
@@ -381,7 +439,7 @@ def memory_section(w: Any, mem: Dict[str, Any]) -> None:
       f"{mem['dirty_limit_bytes'] / 2**30:.1f} GiB), so strapd's writes end up waiting on the disk and the ring fills.")
     w("strapd's `--memory-limit` (the configured budget) is the tightest that admits the session: a")
     w("session reserves its 256 MiB ring, plus about as much again for compression buffers with a")
-    w("compressing codec (PROTOCOL.md 1.3), so 320 MiB for none and 576 MiB for lz4. Peak RSS is")
+    w("compressing codec (PROTOCOL.md 1.3), so 320 MiB for none and 576 MiB for the others. Peak RSS is")
     w("`VmHWM` from `/proc/PID/status` (the ring's shared pages count once touched); the sampled")
     w("maximum of `VmRSS` every 20 ms is next to it, and the largest Dirty + Writeback the kernel held")
     w(f"during the run shows the backlog sat in the page cache. Load {fmt_load(mem['loadavg'])}.")
@@ -456,8 +514,13 @@ def top_three(prof: Dict[str, Any]) -> List[str]:
             f"`{r['sym']}` {r['pct']:.0f} %" for r in dp["top"][:3]) + ".")
     for d in prof.get("daemon", []):
         codec = d["bench"].split("/")[1].rstrip("$")
+        # runtime.asyncPreempt is the scheduler's signal landing in a hot loop: its samples
+        # belong to that loop, so it is not named as a cost of its own.
+        rows = [r for r in d["top"] if r["func"] != "runtime.asyncPreempt"]
+        pre = next((r["flat_pct"] for r in d["top"] if r["func"] == "runtime.asyncPreempt"), None)
         out.append(f"- **Daemon, codec {codec} (pprof, BenchmarkCapture):** " + "; ".join(
-            f"`{r['func']}` {r['flat_pct']:.0f} %" for r in d["top"][:3]) + ".")
+            f"`{r['func']}` {r['flat_pct']:.0f} %" for r in rows[:3]) + "."
+            + (f" (`runtime.asyncPreempt`, {pre:.0f} %, is preemption landing inside those loops.)" if pre else ""))
     for key, label in (("client", "512-token forward passes"), ("client_small", "one-token forward passes")):
         c = prof.get(key)
         if c and c.get("capture_top"):
@@ -497,9 +560,6 @@ def profile_section(w: Any, prof: Dict[str, Any]) -> None:
         w("|---:|---:|---|")
         for r in d["top"][:10]:
             w(f"| {r['flat_pct']:.1f} | {r['cum_pct']:.1f} | `{r['func']}` |")
-        w("")
-        top3 = [r["func"] for r in d["top"][:3]]
-        w(f"Top three for {d['bench'].split('/')[1].rstrip('$')}: " + "; ".join(f"`{t}`" for t in top3) + ".")
         w("")
     dp = prof.get("daemon_perf")
     if dp and not dp.get("error"):

@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 BENCH_PY = ROOT / "clients" / "python" / "benchmarks"
 STEPS = ("machine", "overhead", "ingest", "memory", "compression", "probes", "profile")
-GO_CODECS = ("none", "lz4", "zstd", "shuffle")
+#: Ingest codecs: (codec, lossy bound or ""); the Python producer runs those its client knows.
+INGEST_CODECS = (("none", ""), ("lz4", ""), ("zstd", ""), ("shuffle", ""), ("quant", "rel:1e-3"))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -241,6 +242,10 @@ def python_codecs() -> List[str]:
     return json.loads(run([PY, "-c", "import json; from llm_instrumentation.config import SUPPORTED_CODECS as S; print(json.dumps(list(S)))"]))
 
 
+def balanced_codec() -> str:
+    return run([PY, "-c", "from llm_instrumentation import InstrumentationConfig as C; print(C.from_preset('balanced').compression_algorithm)"]).strip()
+
+
 def budget_for(codec: str) -> str:
     """The tightest --memory-limit that admits a 256 MiB-ring session (PROTOCOL.md 1.3: the
     ring, plus about the ring again in compression buffers for a compressing codec)."""
@@ -248,24 +253,24 @@ def budget_for(codec: str) -> str:
 
 
 def one_ingest(ctx: "Ctx", producer: str, codec: str, target: Path, size: str, memory_limit: str,
-               ring_mib: int = 256) -> Dict[str, Any]:
+               ring_mib: int = 256, lossy: str = "") -> Dict[str, Any]:
     """One session through a fresh strapd: daemon CPU seconds, its peak RSS, client facts."""
     with Strapd(ctx.strapd, ctx.tmp, memory_limit) as d:
-        res = one_ingest_on(ctx, d, producer, codec, target, size, ring_mib)
+        res = one_ingest_on(ctx, d, producer, codec, target, size, ring_mib, lossy)
     res["memory_limit"] = memory_limit
     return res
 
 
 def one_ingest_on(ctx: "Ctx", d: Strapd, producer: str, codec: str, target: Path, size: str,
-                  ring_mib: int = 256) -> Dict[str, Any]:
+                  ring_mib: int = 256, lossy: str = "") -> Dict[str, Any]:
     """One session through the running daemon d."""
     out = target / f"ingest-{producer}-{codec}.strap"
     if producer == "go":
         cmd = [ctx.ingest_bin, "-socket", d.sock, "-out", out, "-codec", codec, "-bytes", size,
-               "-ring-mib", str(ring_mib)]
+               "-ring-mib", str(ring_mib)] + (["-lossy", lossy] if lossy else [])
     else:
         cmd = [PY, BENCH_PY / "ingest.py", "--socket", d.sock, "--out", out, "--codec", codec,
-               "--bytes", size, "--ring-mib", str(ring_mib)]
+               "--bytes", size, "--ring-mib", str(ring_mib)] + (["--lossy", lossy] if lossy else [])
     cpu0 = proc_cpu(d.pid)
     with Sampler(d.pid) as smp:
         res = json.loads(run(cmd, timeout=600).strip().splitlines()[-1])
@@ -289,11 +294,15 @@ def step_ingest(ctx: "Ctx") -> Dict[str, Any]:
     shm = Path(tempfile.mkdtemp(prefix="strap-bench-", dir="/dev/shm"))
     r: Dict[str, Any] = {"size": size, "loadavg": [loadavg()], "dd": [dd_direct(ctx, dd_mib)], "runs": []}
     try:
-        for producer, codecs in (("go", GO_CODECS), ("python", python_codecs())):
-            for codec in codecs:
+        py = python_codecs()
+        for producer in ("go", "python"):
+            for codec, lossy in INGEST_CODECS:
+                if producer == "python" and codec not in py:
+                    continue
                 for target_name, target in (("disk", ctx.tmp), ("tmpfs", shm)):
-                    res = one_ingest(ctx, producer, codec, target, size, budget_for(codec))
+                    res = one_ingest(ctx, producer, codec, target, size, budget_for(codec), lossy=lossy)
                     res["target"] = target_name
+                    res["codec_label"] = codec + (f" {lossy}" if lossy else "")
                     r["runs"].append(res)
                     log(f"ingest {producer} {codec} -> {target_name}: {res['gbps']:.3f} GB/s, "
                         f"daemon {res['daemon_cpu_s_per_gb']:.3f} CPU-s/GB, RSS {res['daemon_hwm_bytes'] >> 20} MiB")
@@ -315,7 +324,8 @@ def step_memory(ctx: "Ctx") -> Dict[str, Any]:
     gib = 1 if ctx.quick else max(4, -(-need // (1 << 30)))
     size = f"{gib}GiB"
     r: Dict[str, Any] = {"size": size, "dirty_limit_bytes": free * ratio // 100, "loadavg": [loadavg()], "runs": []}
-    for producer, codec in (("go", "none"), ("go", "lz4"), ("python", "none")):
+    bal = balanced_codec()
+    for producer, codec in (("go", "none"), ("go", bal), ("python", "none")):
         res = one_ingest(ctx, producer, codec, ctx.tmp, size, budget_for(codec), ring_mib=256)
         res["budget_bytes"] = int(budget_for(codec)[:-3]) << 20
         r["runs"].append(res)
@@ -496,6 +506,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import render  # noqa: E402  (bench/render.py)
 
+    failures: List[str] = []
     if not a.render_only:
         tmp = Path(tempfile.mkdtemp(prefix="strap-bench-", dir=a.tmpdir or "/var/tmp"))
         ctx = Ctx(a, tmp)
@@ -507,7 +518,12 @@ def main() -> None:
             for s in steps:
                 log(f"step {s} (load {loadavg()})")
                 t0 = time.monotonic()
-                res = globals()[f"step_{s}"](ctx)
+                try:
+                    res = globals()[f"step_{s}"](ctx)
+                except Exception as e:  # the other steps still run; the doc lists the failure
+                    res = {"step_error": f"{type(e).__name__}: {e}"}
+                    failures.append(s)
+                    log(f"step {s} FAILED: {e}")
                 res["step_seconds"] = time.monotonic() - t0
                 (results / f"{s}.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
                 log(f"step {s} done in {res['step_seconds']:.0f} s")
@@ -520,6 +536,8 @@ def main() -> None:
         log(f"all steps in {total:.0f} s")
     render.render(results, doc)
     log(f"wrote {doc} and charts in {results}")
+    if failures:
+        raise SystemExit(f"bench: steps failed: {', '.join(failures)} (see {doc})")
 
 
 if __name__ == "__main__":

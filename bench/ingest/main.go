@@ -32,6 +32,7 @@ type result struct {
 	Producer   string  `json:"producer"`
 	Codec      string  `json:"codec"`
 	Level      int     `json:"level"`
+	Lossy      string  `json:"lossy,omitempty"`
 	TensorMiB  int     `json:"tensor_mib"`
 	RingMiB    int     `json:"ring_mib"`
 	BlockSize  uint64  `json:"block_size"`
@@ -58,6 +59,7 @@ func run() int {
 	ringMiB := flag.Int("ring-mib", 256, "ring size in MiB (plus the 4 KiB header)")
 	distinct := flag.Int("distinct", 8, "distinct tensors cycled through (defeats the CPU cache)")
 	block := flag.Uint64("block-size", 1<<20, "compression block size asked for in OPEN")
+	lossySpec := flag.String("lossy", "", "error bound of a lossy codec, MODE:VALUE (rel:1e-3, abs:1e-2, fp16)")
 	flag.Parse()
 	if *socket == "" || *out == "" {
 		fmt.Fprintln(os.Stderr, "ingest: -socket and -out are required")
@@ -72,7 +74,12 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "ingest: -tensor-mib, -ring-mib and -distinct must be positive")
 		return 2
 	}
-	r, err := push(*socket, *out, *codecName, *level, want, *tensorMiB, *ringMiB, *distinct, *block)
+	lossy, err := parseLossy(*lossySpec)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "ingest: -lossy: %v\n", err)
+		return 2
+	}
+	r, err := push(*socket, *out, *codecName, *level, lossy, want, *tensorMiB, *ringMiB, *distinct, *block)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "ingest: %v\n", err)
 		return 1
@@ -84,7 +91,7 @@ func run() int {
 	return 0
 }
 
-func push(socket, out, codecName string, level int, want uint64, tensorMiB, ringMiB, distinct int, block uint64) (result, error) {
+func push(socket, out, codecName string, level int, lossy *control.Lossy, want uint64, tensorMiB, ringMiB, distinct int, block uint64) (result, error) {
 	elems := tensorMiB << 20 / 4
 	tensors := make([]shm.Tensor, distinct)
 	for i := range tensors {
@@ -106,7 +113,7 @@ func push(socket, out, codecName string, level int, want uint64, tensorMiB, ring
 	ringSize := uint64(shm.HeaderSize) + uint64(ringMiB)<<20
 	start := time.Now()
 	st, opened, err := control.OpenStream(c, ringSize, f, control.Open{Codec: codecName, CodecLevel: level,
-		Policy: "block", BlockSize: block,
+		Policy: "block", BlockSize: block, Lossy: lossy,
 		Metadata: map[string]any{"model_class": "synthetic", "producer": "bench/ingest"}})
 	if err != nil {
 		return result{}, fmt.Errorf("open: %w", err)
@@ -135,7 +142,7 @@ func push(socket, out, codecName string, level int, want uint64, tensorMiB, ring
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return result{
-		Producer: "go", Codec: codecName, Level: level, TensorMiB: tensorMiB, RingMiB: ringMiB,
+		Producer: "go", Codec: codecName, Level: level, Lossy: lossyString(lossy), TensorMiB: tensorMiB, RingMiB: ringMiB,
 		BlockSize: opened.BlockSize, Tensors: n, Packets: cl.Packets, Drops: cl.Drops,
 		BytesIn: cl.BytesIn, BytesOut: cl.BytesOut, FileBytes: cl.FileBytes,
 		Seconds: secs, PutSeconds: putDone.Sub(start).Seconds(), GBps: float64(cl.BytesIn) / secs / 1e9,
@@ -165,4 +172,33 @@ func parseSize(s string) (uint64, error) {
 		return 0, fmt.Errorf("bad size %q", s)
 	}
 	return uint64(v * float64(mult)), nil
+}
+
+// parseLossy reads MODE:VALUE ("rel:1e-3", "abs:0.01") or "fp16"; "" is no bound.
+func parseLossy(s string) (*control.Lossy, error) {
+	if s == "" {
+		return nil, nil
+	}
+	mode, val, found := strings.Cut(s, ":")
+	if !found {
+		if mode != "fp16" {
+			return nil, fmt.Errorf("bad bound %q: want MODE:VALUE or fp16", s)
+		}
+		return &control.Lossy{Mode: mode}, nil
+	}
+	v, err := strconv.ParseFloat(val, 64)
+	if err != nil || !(v > 0) {
+		return nil, fmt.Errorf("bad bound value in %q", s)
+	}
+	return &control.Lossy{Mode: mode, Value: v}, nil
+}
+
+func lossyString(l *control.Lossy) string {
+	if l == nil {
+		return ""
+	}
+	if l.Value == 0 {
+		return l.Mode
+	}
+	return fmt.Sprintf("%s:%g", l.Mode, l.Value)
 }

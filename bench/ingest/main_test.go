@@ -25,3 +25,26 @@ func TestParseSize(t *testing.T) {
 		})
 	}
 }
+
+func TestParseLossy(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want string
+		err  bool
+	}{
+		{"", "", false},
+		{"rel:1e-3", "rel:0.001", false},
+		{"abs:0.01", "abs:0.01", false},
+		{"fp16", "fp16", false},
+		{"rel", "", true},
+		{"rel:0", "", true},
+		{"rel:x", "", true},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			l, err := parseLossy(tc.in)
+			if (err != nil) != tc.err || lossyString(l) != tc.want {
+				t.Fatalf("parseLossy(%q) = %q, %v; want %q, error %v", tc.in, lossyString(l), err, tc.want, tc.err)
+			}
+		})
+	}
+}

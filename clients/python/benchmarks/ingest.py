@@ -70,6 +70,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--codec", default="none")
     ap.add_argument("--level", type=int, default=None)
+    ap.add_argument("--lossy", default=None, help="bound of a lossy codec, e.g. rel:1e-3")
     ap.add_argument("--bytes", default="1GiB")
     ap.add_argument("--tensor-mib", type=int, default=4)
     ap.add_argument("--ring-mib", type=int, default=256)
@@ -90,8 +91,9 @@ def main() -> None:
         t[u > 0.999] *= 100
         tensors.append(t)
     model = Producer(tensors)
+    kw = {"lossy": a.lossy} if a.lossy else {}
     cfg = InstrumentationConfig(granularity="all_modules", compression_algorithm=a.codec,
-                                compression_level=a.level, max_memory_gb=(a.ring_mib << 20) / (1 << 30))
+                                compression_level=a.level, max_memory_gb=(a.ring_mib << 20) / (1 << 30), **kw)
     before = rss_bytes()
     cpu0 = cpu_seconds()
     pushed = 0
@@ -113,7 +115,7 @@ def main() -> None:
         sys.exit(1)
     after = rss_bytes()
     print(json.dumps({
-        "producer": "python", "codec": fw.plan.codec, "level": fw.plan.codec_level, "tensor_mib": a.tensor_mib,
+        "producer": "python", "codec": fw.plan.codec, "level": fw.plan.codec_level, "lossy": a.lossy or "", "tensor_mib": a.tensor_mib,
         "ring_mib": a.ring_mib, "block_size": fw.plan.block_size, "tensors": n, "packets": s["packets"],
         "drops": s["drops"], "bytes_in": s["bytes_in"], "bytes_out": s["bytes_out"], "file_bytes": s["file_bytes"],
         "seconds": secs, "put_seconds": t1 - t0, "gbps": s["bytes_in"] / secs / 1e9,

@@ -45,11 +45,29 @@ from llm_instrumentation.config import PRESETS  # noqa: E402
 OWN_SET = {"attention_analysis": "attention_only", "mlp_analysis": "mlp_only"}
 
 
+def same_as(presets: List[str]) -> Dict[str, str]:
+    """Presets whose whole config equals an earlier preset's (e.g. ``max`` when it is
+    ``balanced``'s codec): measured once, under the first name."""
+    seen: Dict[Any, str] = {}
+    alias = {}
+    for p in presets:
+        c = InstrumentationConfig.from_preset(p)
+        key = json.dumps(c.to_dict(), sort_keys=True, default=str)
+        if key in seen:
+            alias[p] = seen[key]
+        else:
+            seen[key] = p
+    return alias
+
+
 def configurations(presets: List[str], sets: List[str]) -> List[Tuple[str, str, InstrumentationConfig]]:
     """(preset, capture set label, config) for every preset × set; the granularity presets
-    keep their own set."""
+    keep their own set; a preset identical to an earlier one is left out (see same_as)."""
     out = []
+    alias = same_as(presets)
     for p in presets:
+        if p in alias:
+            continue
         base = InstrumentationConfig.from_preset(p)
         if p in OWN_SET:
             out.append((p, OWN_SET[p], base))
@@ -80,7 +98,7 @@ def captured_trial(model: Any, x: torch.Tensor, cfg: InstrumentationConfig, sock
     return {"s": t3 - t0, "open_s": t1 - t0, "forward_s": t2 - t1, "close_s": t3 - t2,
             "bytes_in": int(summ.get("bytes_in", 0)), "file_bytes": int(summ.get("file_bytes", 0)),
             "packets": int(summ.get("packets", 0)), "hooks": len(fw.hooked_modules),
-            "codec": fw.plan.codec, "codec_level": fw.plan.codec_level}
+            "codec": fw.plan.codec, "codec_level": fw.plan.codec_level, "lossy": cfg.lossy}
 
 
 def greedy(model: Any, prompt: torch.Tensor, n: int, fw: Any = None) -> List[int]:
@@ -129,7 +147,7 @@ def summarise(rows: List[Dict[str, Any]], tokens: int) -> Dict[str, Any]:
         "file_ratio": c0["bytes_in"] / c0["file_bytes"] if c0["file_bytes"] else None,
         "captured_bytes_per_s": c0["bytes_in"] / med_cap,
         "hooks": c0["hooks"], "packets": c0["packets"],
-        "codec": c0["codec"], "codec_level": c0["codec_level"],
+        "codec": c0["codec"], "codec_level": c0["codec_level"], "lossy": c0.get("lossy"),
     }
 
 
@@ -168,7 +186,7 @@ def main() -> None:
     log = lambda *m: print("overhead:", *m, file=sys.stderr, flush=True)  # noqa: E731
     results: Dict[str, Any] = {"model": dict(model_cfg, params=sum(p.numel() for p in model.parameters()),
                                              dtype="float32", batch=1, seq=a.seq),
-                               "torch_threads": threads(), "configs": []}
+                               "torch_threads": threads(), "configs": [], "same_as": same_as(presets)}
     with torch.no_grad():
         # Warm-up: allocator, kernels, the daemon's first session.
         plain_trial(model, x)
