@@ -324,26 +324,56 @@ func captureSome(t *testing.T, c *control.Client, out string, count int, finish 
 	return sent
 }
 
-// TestSIGTERMDrainsLiveSessions: SIGTERM during three live captures (records published,
-// no CLOSE) writes everything published, ends each stream (END aborted, index, footer,
-// fdatasync), tells each client, and exits 0; every file passes `strapd verify` and holds
-// the published tensors bit-exact.
+// TestSIGTERMDrainsLiveSessions: SIGTERM during three live captures (checkpointed, then
+// more records published, no CLOSE) writes everything published, ends each stream (END
+// aborted, index, footer, fdatasync), tells each client, and exits 0; every file passes
+// `strapd verify` and holds the published tensors bit-exact. Then each capture resumes from
+// its checkpoint on a new daemon and finishes complete.
 func TestSIGTERMDrainsLiveSessions(t *testing.T) {
 	bin := strapdBinary(t)
 	dir := shortDir(t)
 	sock := filepath.Join(dir, "s.sock")
-	d := startDaemon(t, exec.Command(bin, "serve", "--socket", sock, "--workers", "2", "--memory-limit", "256MiB",
-		"--shutdown-timeout", "10s", "--debug-write-delay", "2ms"))
+	serve := func() *daemon {
+		return startDaemon(t, exec.Command(bin, "serve", "--socket", sock, "--workers", "2", "--memory-limit", "256MiB",
+			"--shutdown-timeout", "10s", "--debug-write-delay", "2ms"))
+	}
+	d := serve()
+	req := control.Open{Codec: "zstd", Policy: "block", Metadata: map[string]any{"model_class": "Deploy"}}
 	type live struct {
 		c    *control.Client
 		out  string
+		ck   control.Checkpointed
 		sent []shm.Tensor
 	}
-	var sessions []live
+	put := func(st *control.Stream, sent []shm.Tensor, from, n int) []shm.Tensor {
+		for i := from; i < from+n; i++ {
+			tn := shm.Tensor{Name: fmt.Sprintf("model.layers.%d.mlp", i%4), DType: dtype.Float32, Shape: []uint64{50, 100},
+				Step: uint64(i), Payload: pipelinetest.Activations(uint64(i+1), 5000)}
+			if err := st.Put(&tn); err != nil {
+				t.Fatal(err)
+			}
+			sent = append(sent, tn)
+		}
+		return sent
+	}
+	var sessions []*live
 	for i := range 3 {
-		c := dialRetry(t, sock)
-		out := filepath.Join(dir, fmt.Sprintf("live%d.strap", i))
-		sessions = append(sessions, live{c: c, out: out, sent: captureSome(t, c, out, 12+4*i, false)})
+		l := &live{c: dialRetry(t, sock), out: filepath.Join(dir, fmt.Sprintf("live%d.strap", i))}
+		f, err := os.OpenFile(l.out, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _, err := control.OpenStream(l.c, shm.HeaderSize+256<<10, f, req)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.sent = put(st, nil, 0, 6+2*i)
+		if l.ck, err = l.c.Checkpoint(st.P.LastSeq()); err != nil {
+			t.Fatal(err)
+		}
+		l.sent = put(st, l.sent, len(l.sent), 6) // published after the checkpoint
+		sessions = append(sessions, l)
 	}
 	start := time.Now()
 	if err := d.stop(t, syscall.SIGTERM, 30*time.Second); err != nil {
@@ -357,21 +387,59 @@ func TestSIGTERMDrainsLiveSessions(t *testing.T) {
 		if !errors.As(err, &e) || e.Code != control.CodeShutdown {
 			t.Errorf("session %d: client got %v, want ERROR shutdown", i, err)
 		}
-		if out, err := exec.Command(bin, "verify", s.out).CombinedOutput(); err != nil {
-			t.Errorf("session %d: strapd verify: %v\n%s", i, err, out)
-		}
-		st, err := pipelinetest.ReadFile(s.out)
+		checkFile(t, bin, s.out, s.sent, "aborted")
+	}
+
+	// Resume each capture from its checkpoint on a new daemon: the records published after
+	// the checkpoint and the END are cut, new records follow.
+	d = serve()
+	for i, s := range sessions {
+		f, err := os.OpenFile(s.out, os.O_RDWR, 0)
 		if err != nil {
-			t.Fatalf("session %d: %v", i, err)
+			t.Fatal(err)
 		}
-		got, err := st.Tensors()
-		if err != nil || st.EndStatus() != "aborted" || !st.Footer || len(got) != len(s.sent) {
-			t.Fatalf("session %d: end %q footer %v, %d of %d tensors: %v", i, st.EndStatus(), st.Footer, len(got), len(s.sent), err)
+		r := req
+		r.AppendAt, r.Resume = s.ck.Offset, &control.Resume{LastSeq: s.ck.Seq, LastCRC: s.ck.LastCRC, Packets: s.ck.Packets}
+		st, _, err := control.OpenStream(dialRetry(t, sock), shm.HeaderSize+256<<10, f, r)
+		f.Close()
+		if err != nil {
+			t.Fatalf("session %d: resume: %v", i, err)
 		}
-		for j := range s.sent {
-			if err := pipelinetest.Equal(got[j].Payload, s.sent[j].Payload); err != nil {
-				t.Fatalf("session %d tensor %d: %v", i, j, err)
-			}
+		for range s.ck.Seq {
+			st.P.TakeSeq()
+		}
+		kept := s.sent[:s.ck.Seq]
+		kept = put(st, append([]shm.Tensor(nil), kept...), 100, 3)
+		if _, err := st.Finish(); err != nil {
+			t.Fatalf("session %d: close resumed: %v", i, err)
+		}
+		checkFile(t, bin, s.out, kept, "complete")
+	}
+	if err := d.stop(t, syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Fatalf("second daemon: %v\n%s", err, d.stderr.String())
+	}
+}
+
+// checkFile checks a stream with `strapd verify` and reads back its tensors bit-exact.
+func checkFile(t *testing.T, bin, path string, sent []shm.Tensor, end string) {
+	t.Helper()
+	if out, err := exec.Command(bin, "verify", path).CombinedOutput(); err != nil {
+		t.Fatalf("%s: strapd verify: %v\n%s", path, err, out)
+	}
+	st, err := pipelinetest.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	got, err := st.Tensors()
+	if err != nil || st.EndStatus() != end || !st.Footer || len(got) != len(sent) {
+		t.Fatalf("%s: end %q (want %q) footer %v, %d of %d tensors: %v", path, st.EndStatus(), end, st.Footer, len(got), len(sent), err)
+	}
+	for j := range sent {
+		if got[j].Name != sent[j].Name || got[j].Step != sent[j].Step {
+			t.Fatalf("%s tensor %d: %s step %d, want %s step %d", path, j, got[j].Name, got[j].Step, sent[j].Name, sent[j].Step)
+		}
+		if err := pipelinetest.Equal(got[j].Payload, sent[j].Payload); err != nil {
+			t.Fatalf("%s tensor %d: %v", path, j, err)
 		}
 	}
 }
