@@ -57,6 +57,10 @@ func printStatus(w io.Writer, rep control.StatusReply) error {
 		(time.Duration(d.UptimeS * float64(time.Second))).Round(time.Second), d.Socket)
 	fmt.Fprintf(w, "memory %s of %s  sessions %d\n", human(d.MemoryUsed), human(d.MemoryLimit), d.Sessions)
 	printProbes(w, d.Probes)
+	if hidden := d.Sessions - len(rep.Sessions); hidden > 0 {
+		// STATUS lists only the asking uid's sessions (root sees all): say so.
+		fmt.Fprintf(w, "%d session(s) of other users not shown\n", hidden)
+	}
 	if len(rep.Sessions) == 0 {
 		return nil
 	}
