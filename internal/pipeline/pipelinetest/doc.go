@@ -1,4 +1,4 @@
-// Package pipelinetest holds test helpers shared by the daemon's tests: an independent,
-// strict reader of finished stream files (docs/STREAM_FORMAT.md) that checks every CRC and
-// decodes every payload, and deterministic tensor generators.
+// Package pipelinetest holds test helpers shared by the daemon's tests: a whole-file view
+// of a finished stream, read with internal/writer's reader (every CRC checked, every payload
+// decoded), and deterministic tensor generators.
 package pipelinetest

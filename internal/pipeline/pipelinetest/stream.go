@@ -6,13 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
+
 	"math"
 	"math/rand/v2"
 	"os"
 
 	"github.com/strap-llm/strap/internal/codec"
 	"github.com/strap-llm/strap/internal/dtype"
+	"github.com/strap-llm/strap/internal/writer"
 )
 
 // Packet is one packet read back from a stream, payload decoded.
@@ -47,8 +48,6 @@ type Stream struct {
 	TruncatedAt int64
 }
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
 // ReadFile reads and checks a whole stream file.
 func ReadFile(path string) (*Stream, error) {
 	b, err := os.ReadFile(path)
@@ -58,101 +57,52 @@ func ReadFile(path string) (*Stream, error) {
 	return Read(b)
 }
 
-// Read checks and decodes a stream held in b.
+// Read checks and decodes a stream held in b with the one Go reader, internal/writer (the
+// Python reader is the independent second implementation, held to the same golden files).
 func Read(b []byte) (*Stream, error) {
-	le := binary.LittleEndian
-	if len(b) < 24 || string(b[:8]) != "STRAPSTM" {
-		return nil, errors.New("not a stream: bad magic")
+	r, err := writer.NewReader(bytes.NewReader(b), int64(len(b)))
+	if err != nil {
+		return nil, err
 	}
-	if v := le.Uint16(b[8:]); v != 2 {
-		return nil, fmt.Errorf("stream version %d", v)
-	}
-	ml := int(le.Uint32(b[12:]))
-	if 24+ml > len(b) {
-		return nil, errors.New("header metadata truncated")
-	}
-	crc := crc32.Update(crc32.Checksum(b[:16], castagnoli), castagnoli, b[24:24+ml])
-	if crc != le.Uint32(b[16:]) {
-		return nil, errors.New("file header crc mismatch")
-	}
-	s := &Stream{}
-	if err := json.Unmarshal(b[24:24+ml], &s.Meta); err != nil {
-		return nil, fmt.Errorf("header metadata: %w", err)
-	}
-	off := int64((24 + ml + 7) &^ 7)
-	for off < int64(len(b)) {
-		if s.Index != nil {
-			// Only the footer may follow the INDEX.
-			rest := b[off:]
-			if len(rest) != 16 || string(rest[8:]) != "STRAPEND" || int64(le.Uint64(rest)) != s.Index.Offset {
-				return nil, fmt.Errorf("bad footer at %d", off)
-			}
-			s.Footer = true
-			break
-		}
-		if int64(len(b))-off < 96 {
-			s.TruncatedAt = off
-			break
-		}
-		h := b[off:]
-		if string(h[:4]) != "SPKT" {
-			return nil, fmt.Errorf("packet magic at %d", off)
-		}
-		p := Packet{Offset: off, Type: le.Uint16(h[4:]), DType: dtype.DType(h[6]), Codec: codec.ID(h[14]), Flags: h[15],
-			Seq: le.Uint64(h[24:]), Step: le.Uint64(h[32:]), Forward: le.Uint64(h[40:]), RawLen: le.Uint64(h[48:]),
-			StoredLen: le.Uint64(h[56:]), PartOffset: le.Uint64(h[64:]), TensorLen: le.Uint64(h[72:])}
-		ndim := int(h[7])
-		hl := int64(le.Uint32(h[8:]))
-		nl := int(le.Uint16(h[12:]))
-		mlen := int(le.Uint32(h[16:]))
-		bs := int(le.Uint32(h[80:]))
-		if hl != int64(96+8*ndim+nl+mlen) {
-			return nil, fmt.Errorf("header_len %d at %d", hl, off)
-		}
-		total := hl + int64(p.StoredLen)
-		if off+total > int64(len(b)) {
-			s.TruncatedAt = off
-			break
-		}
-		pk := append([]byte(nil), b[off:off+total]...)
-		clear(pk[20:24])
-		if crc32.Checksum(pk, castagnoli) != le.Uint32(h[20:]) {
-			return nil, fmt.Errorf("packet crc mismatch at %d", off)
-		}
-		for i := range ndim {
-			p.Shape = append(p.Shape, le.Uint64(h[96+8*i:]))
-		}
-		p.Name = string(h[96+8*ndim : 96+8*ndim+nl])
-		if mlen > 0 {
-			if err := json.Unmarshal(h[96+8*ndim+nl:hl], &p.Meta); err != nil {
-				return nil, fmt.Errorf("packet meta at %d: %w", off, err)
+	s := &Stream{Meta: r.Header().Meta}
+	sc := r.Scan(false)
+	for sc.Next() {
+		pi := sc.Packet()
+		p := Packet{Offset: pi.Offset, Type: uint16(pi.Type), DType: pi.DType, Shape: pi.Shape, Name: pi.Name,
+			Codec: pi.Codec, Flags: pi.Flags, Seq: pi.Seq, Step: pi.Step, Forward: pi.Forward, RawLen: pi.RawLen,
+			StoredLen: pi.StoredLen, PartOffset: pi.PartOffset, TensorLen: pi.TensorLen}
+		if len(pi.Meta) > 0 {
+			if err := json.Unmarshal(pi.Meta, &p.Meta); err != nil {
+				return nil, fmt.Errorf("packet meta at %d: %w", pi.Offset, err)
 			}
 		}
-		stored := b[off+hl : off+total]
-		if p.Codec == codec.None {
-			p.Payload = stored
-		} else {
-			c, err := codec.ByID(p.Codec)
-			if err != nil {
-				return nil, err
+		switch pi.Type {
+		case writer.TypeTensor:
+			if p.Payload, err = r.Decode(pi, sc.Payload()); err != nil {
+				return nil, fmt.Errorf("decode packet at %d: %w", pi.Offset, err)
 			}
-			if p.Payload, err = codec.DecodePayload(c, p.DType, stored, int(p.RawLen), bs); err != nil {
-				return nil, fmt.Errorf("decode packet at %d: %w", off, err)
-			}
+		case writer.TypeIndex:
+			p.Payload = sc.Payload()
 		}
-		switch p.Type {
-		case 4:
+		switch pi.Type {
+		case writer.TypeIndex:
 			s.Index = &p
-		case 5:
+		case writer.TypeEnd:
 			s.End = &p
 		default:
 			if s.End != nil {
-				return nil, fmt.Errorf("packet after END at %d", off)
+				return nil, fmt.Errorf("packet after END at %d", pi.Offset)
 			}
 			s.Packets = append(s.Packets, p)
 		}
-		off += total
 	}
+	if err := sc.Err(); err != nil {
+		if !errors.Is(err, writer.ErrTruncated) || s.Index != nil {
+			return nil, err
+		}
+		s.TruncatedAt = sc.Offset()
+	}
+	s.Footer = sc.Footer()
 	return s, nil
 }
 
