@@ -123,6 +123,9 @@ func (s *Server) StatusFor(peer *unix.Ucred) control.StatusReply {
 	return rep
 }
 
+// maxRefusing bounds the refused connections being answered at once.
+const maxRefusing = 64
+
 // refuseTimeout bounds how long a connection refused at accept may take to send HELLO.
 const refuseTimeout = time.Second
 
@@ -131,8 +134,16 @@ const refuseTimeout = time.Second
 // own goroutine), so the client's send succeeds and it reads the ERROR where it expected
 // WELCOME instead of a broken pipe.
 func (s *Server) refuse(uc *net.UnixConn, log *zap.Logger, code string, err error) {
+	if s.refusing.Add(1) > maxRefusing {
+		// A flood: answering each one would hold a descriptor and a goroutine per
+		// connection for refuseTimeout. Close at once; the client sees EOF.
+		s.refusing.Add(-1)
+		uc.Close()
+		return
+	}
 	log.Warn("refusing connection", zap.String("code", code), zap.Error(err))
 	go func() {
+		defer s.refusing.Add(-1)
 		defer uc.Close()
 		c := control.NewConn(uc)
 		_ = uc.SetDeadline(time.Now().Add(refuseTimeout))

@@ -142,8 +142,9 @@ type Server struct {
 	closing   atomic.Bool
 	wg        sync.WaitGroup
 	quotas    quotas
-	inherited bool      // the listener came from systemd (UseListener)
-	probes    *probeHub // nil without Config.Probes.Enabled
+	refusing  atomic.Int32 // refused connections being answered (refuse)
+	inherited bool         // the listener came from systemd (UseListener)
+	probes    *probeHub    // nil without Config.Probes.Enabled
 }
 
 // New creates a server; Listen (or UseListener) and Serve start it.
