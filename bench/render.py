@@ -148,6 +148,12 @@ def render(results: Path, doc: Path) -> None:
     w("same filesystem as the `dd` baseline; `$S` the socket of a fresh `strapd serve` started")
     w("for that measurement alone).")
     w("")
+    w("```sh")
+    w("make bench                       # everything below, < 15 min on 2 cores")
+    w("make bench BENCH_ARGS=--quick    # smoke test of the harness (tiny sizes, results in a temp dir)")
+    w(".venv/bin/python bench/run.py --only ingest,memory   # some steps (bench/run.py --help)")
+    w("```")
+    w("")
     if m:
         d = m["disk"]
         total = f"; whole run {meta['total_seconds'] / 60:.1f} min" if meta else ""
@@ -159,7 +165,7 @@ def render(results: Path, doc: Path) -> None:
         w(f"- CPU: {m['cores']} cores ({m['cpu']}), torch uses {m['torch_threads']} threads; memory "
           f"{m['mem_gib']} GiB; kernel {m['kernel']}.")
         w(f"- Disk: `{d['device']}` ({d['fstype']}, {d['size_gib']} GiB, "
-          f"{'rotational' if d.get('rotational') else 'non-rotational'}, scheduler `{d.get('scheduler', '?')}`); "
+          f"sysfs says {'rotational' if d.get('rotational') else 'non-rotational'}, scheduler `{d.get('scheduler', '?')}`); "
           f"`vm.dirty_ratio` {m['dirty_ratio']} %.")
         w(f"- Software: torch {m['torch']}, transformers {m['transformers']}, Python {m['python']}, {m['go']}.")
         w("- **Load caveat.** This is a 2-core VM shared with other engineers' builds and tests;")
@@ -403,15 +409,17 @@ def ingest_section(w: Any, ing: Dict[str, Any], pngs: Dict[str, str], rel: str, 
     gt = next((r for r in ing["runs"] if r["producer"] == "go" and r["codec"] == "none" and r["target"] == "tmpfs"), None)
     if gn and gt:
         w(f"**Reading.** Codec none to disk: {gn['gbps']:.3f} GB/s = {gn['gbps'] / dd:.2f} × dd; to tmpfs "
-          f"{gt['gbps']:.3f} GB/s, so the daemon's own path is {'not' if gt['gbps'] > 1.5 * gn['gbps'] else 'also'} the limit "
-          f"on disk. The producer finished pushing after {gn['put_seconds']:.2f} s of the {gn['seconds']:.2f} s; the rest is the")
-        w("kernel writing the page cache back during the final `fdatasync`.")
+          f"{gt['gbps']:.3f} GB/s. The producer finished pushing after {gn['put_seconds']:.2f} s of the "
+          f"{gn['seconds']:.2f} s ({gn['bytes_in'] / gn['put_seconds'] / 1e9:.2f} GB/s while pushing); the rest is the")
+        w("final `fdatasync` waiting for the page cache to reach the disk.")
         if gn["gbps"] / dd < TARGETS["ingest"]:
-            w("The ingest target is **not met**: strapd writes through the page cache and syncs at the end,")
-            w("while `dd oflag=direct` streams to the device with no cache in between; writeback of a")
-            w("burst of dirty pages reaches the disk later and in smaller requests than direct 8 MiB")
-            w("writes. Fix: O_DIRECT writes of aligned 8 MiB runs for codec none (the ring mapping is")
-            w("page-aligned), or `sync_file_range` every few tens of MiB so writeback starts at once.")
+            w("The ingest target is **not met**. strapd writes through the page cache and syncs at the end;")
+            w("`dd oflag=direct` streams to the device with no copy and no cache in between. Both phases")
+            w("cost: while pushing, the daemon's kernel copy of every byte into the page cache (below)")
+            w("shares two cores with the producer; at the end, `fdatasync` waits for what is still dirty.")
+            w("Fix (writer, not measured here): for codec none, O_DIRECT writes of aligned runs straight from")
+            w("the page-aligned ring mapping, so data reaches the device as it arrives with no copy; short of")
+            w("that, `sync_file_range` every few tens of MiB so writeback overlaps the capture.")
         if gn["daemon_cpu_s_per_gb"] > TARGETS["cpu"]:
             dp = (prof or {}).get("daemon_perf") or {}
             top = dp.get("top") or []
@@ -456,12 +464,15 @@ def memory_section(w: Any, mem: Dict[str, Any]) -> None:
         ok = r["daemon_hwm_bytes"] <= r["budget_bytes"] + TARGETS["rss_slack"]
         client = mib(r["client_maxrss_bytes"])
         if r.get("client_rss_before_bytes"):
-            client += f" ({mib(r['client_rss_before_bytes'])} before the session)"
+            client += (f" ({mib(r['client_rss_before_bytes'])} before the session: "
+                       f"+{mib(r['client_maxrss_bytes'] - r['client_rss_before_bytes'])})")
         w(f"| {r['producer']} | {r['codec']} | {r['gbps']:.3f} | {mib(r['budget_bytes'])} | {mib(r['daemon_hwm_bytes'])} | "
           f"{mib(r['daemon_rss_sampled_max'])} | {met(ok)} | {client} | {mib(r['dirty_writeback_max'])} |")
     w("")
-    w("The client's peak RSS includes its 256 MiB ring once every page of it has been written, and for")
-    w("the Python producer the interpreter, torch and the source tensors.")
+    w("The client's budget is its ring (`max_memory_gb`, 256 MiB here). Its peak RSS includes that ring")
+    w("once every page of it has been written; for the Python producer the growth during the session")
+    w("(peak minus the RSS before it, which holds the interpreter, torch and the source tensors) is the")
+    w("figure to hold against the ring.")
     w("")
 
 
