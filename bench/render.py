@@ -337,6 +337,11 @@ def overhead_section(w: Any, ov: Dict[str, Any], pngs: Dict[str, str], rel: str,
             if copy_s is not None and cp.get("cprofile_wall_s"):
                 w(f"  (section 5: `copy_` is {copy_s / cp['cprofile_wall_s'] * 100:.1f} % of the profiled forward time, `sendmsg` "
                   f"{(send_s or 0) / cp['cprofile_wall_s'] * 100:.1f} %),")
+            rcp = (prof or {}).get("ring_copy")
+            if rcp:
+                big = max(rcp["sizes"], key=lambda z: z["kib"])
+                w(f"  — a copy that runs at {big['torch_copy_default_threads']:.2f} GB/s the way the hook does it against "
+                  f"{big['numpy_copyto']:.2f} GB/s with `numpy.copyto` (section 5, a client fix) —")
             w("  and, on this 2-core machine, strapd compresses and writes on the same two cores the")
             w("  model's matmuls use: every CPU-second the daemon spends is taken from the model. Fix: give")
             w("  strapd its own core (on a real host it has many), which leaves the copy; the copy itself")
@@ -632,6 +637,41 @@ def profile_section(w: Any, prof: Dict[str, Any]) -> None:
               f"{c['cprofile_wall_s']:.3f} s profiled ({c['hook_share_of_wall'] * 100:.1f} %), "
               f"{c.get('hook_us_per_record', 0):.0f} µs per captured tensor.")
             w("")
+    rc = prof.get("ring_copy")
+    if rc:
+        w("### The client's copy into the ring")
+        w("")
+        w(f"The one copy per tensor, alone: float32 tensors copied into a {rc['ring_mib']} MiB memfd mapping through a")
+        w(f"`torch.frombuffer` view, as the hook does (`copy_`, torch's default {rc['torch_threads']} intra-op threads), against")
+        w(f"the same with one torch thread and `numpy.copyto`; interleaved, median GB/s of {rc['rounds']} laps over the")
+        w("whole ring (its pages already touched), and the first lap over fresh pages.")
+        w("")
+        w("```sh")
+        w(rc["command"])
+        w("```")
+        w("")
+        w("| tensor | first lap (page faults) | `copy_`, default threads | `copy_`, 1 thread | `numpy.copyto` |")
+        w("|---:|---:|---:|---:|---:|")
+        for z in rc["sizes"]:
+            w(f"| {z['kib']} KiB | {z['first_lap_gbps']:.2f} | {z['torch_copy_default_threads']:.2f} | "
+              f"{z['torch_copy_1_thread']:.2f} | {z['numpy_copyto']:.2f} |")
+        w("")
+        big = max(rc["sizes"], key=lambda z: z["kib"])
+        if big["torch_copy_default_threads"] < 0.7 * big["torch_copy_1_thread"]:
+            w(f"**A performance problem in the client (not fixed here: library code).** For {big['kib']} KiB tensors the")
+            w(f"hook's `copy_` runs at {big['torch_copy_default_threads']:.2f} GB/s with torch's {rc['torch_threads']} threads but "
+              f"{big['torch_copy_1_thread']:.2f} GB/s with one, and `numpy.copyto` reaches {big['numpy_copyto']:.2f}: a memory copy")
+            w("gains little from a second thread, and when another process (here strapd, or another tenant)")
+            w("holds a core, torch's parallel region waits for its descheduled worker — the likely cause of")
+            w("the gap. Fix in `_session.py`: copy contiguous CPU tensors with `numpy.copyto` (or under one")
+            w("intra-op thread); it would cut the hook's main cost (section 5, `copy_`) by the ratio above.")
+            w("")
+        w(f"The first lap over a fresh ring runs at {min(z['first_lap_gbps'] for z in rc['sizes']):.2f}–"
+          f"{max(z['first_lap_gbps'] for z in rc['sizes']):.2f} GB/s: every new session pays page faults for each ring page it")
+        w("touches (the overhead trials of section 1 open a fresh session per trial, so they pay it every")
+        w("time). Pre-faulting the ring when it is created (`MADV_POPULATE_WRITE`) would move that cost to")
+        w("session open, outside the forward pass.")
+        w("")
     cs = prof.get("client_small")
     if cs:
         w(f"**Per-record cost.** The same profile on one-token forward passes ({cs['forwards']} of them, no KV cache; "

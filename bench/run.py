@@ -465,6 +465,9 @@ def step_profile(ctx: "Ctx") -> Dict[str, Any]:
             run(cmd, timeout=600)
             r[key] = json.loads(out.read_text())
             r[key]["command"] = show(cmd, ctx.tmp).replace(show([d.sock], ctx.tmp), "$S")
+    rc = [PY, BENCH_PY / "ring_copy.py"] + (["--ring-mib", "32", "--rounds", "1"] if ctx.quick else [])
+    r["ring_copy"] = json.loads(run(rc, timeout=300).strip().splitlines()[-1])
+    r["ring_copy"]["command"] = show(rc, ctx.tmp)
     r["loadavg"].append(loadavg())
     return r
 
