@@ -504,7 +504,10 @@ def main() -> None:
         results = Path(tempfile.mkdtemp(prefix="strap-bench-quick-"))
     else:
         results = ROOT / "bench" / "results"
-    doc = Path(a.doc) if a.doc else (results / "PERFORMANCE.md" if a.quick else ROOT / "docs" / "PERFORMANCE.md")
+    committed = results.resolve() == (ROOT / "bench" / "results").resolve()
+    # Only the committed results make docs/PERFORMANCE.md; any other run writes its doc beside them.
+    doc = Path(a.doc) if a.doc else (ROOT / "docs" / "PERFORMANCE.md" if committed and not a.quick
+                                     else results / "PERFORMANCE.md")
     results.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import render  # noqa: E402  (bench/render.py)
