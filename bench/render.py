@@ -159,7 +159,7 @@ def render(results: Path, doc: Path) -> None:
         total = f"; whole run {meta['total_seconds'] / 60:.1f} min" if meta else ""
         w("## Machine and caveats")
         w("")
-        w(f"- Run {m['date_utc']}, commit `{m['commit']}`{' (with uncommitted changes in the tree)' if m.get('tree_modified') else ''}"
+        w(f"- Run {m['date_utc']}, commit `{m['commit']}`{' (the checkout also held uncommitted work of other engineers)' if m.get('tree_modified') else ''}"
           f"{', **quick mode (smoke-test sizes, not the real figures)**' if m.get('quick') else ''}"
           f"{total}.")
         w(f"- CPU: {m['cores']} cores ({m['cpu']}), torch uses {m['torch_threads']} threads; memory "
@@ -188,7 +188,7 @@ def render(results: Path, doc: Path) -> None:
         c = next((c for c in ov["configs"] if c["preset"] == "balanced" and c["set"] == "resid+attn+mlp"), None)
         if c:
             sm = c["summary"]
-            rows.append(f"| ≥ 0.97 of plain tokens/s, residual + attention + MLP, `balanced` | {sm['ratio']:.3f} "
+            rows.append(f"| ≥ 0.97 of plain tokens/s, residual + attention + MLP, `balanced` ({sm['codec']}) | {sm['ratio']:.3f} "
                         f"(pairs {sm['ratio_min']:.3f}–{sm['ratio_max']:.3f}; forward alone {sm['hook_only_ratio']:.3f}) | "
                         f"{met(sm['ratio'] >= TARGETS['overhead'])} |")
     dd = max(d["gbps"] for d in ing["dd"]) if ing else None
