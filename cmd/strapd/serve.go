@@ -76,6 +76,8 @@ type serveConfig struct {
 		MaxNameLen int
 		// MaxNDim is the most tensor dimensions accepted in a record.
 		MaxNDim int
+		// MaxElements is the most elements one captured tensor may have.
+		MaxElements uint64
 	}
 	// ShutdownTimeout bounds how long SIGTERM waits for sessions to drain.
 	ShutdownTimeout time.Duration
@@ -205,6 +207,7 @@ func newServeCmd(logger func() *zap.Logger) *cobra.Command {
 	cfg.Limits.MaxRingSize = 1 << 30
 	cfg.Limits.MaxNameLen = shm.MaxNameLen
 	cfg.Limits.MaxNDim = shm.MaxNDim
+	cfg.Limits.MaxElements = 1 << 32
 	cfg.ShutdownTimeout = 30 * time.Second
 	cfg.Probes.Interval = server.DefaultTraceInterval
 	cfg.Access.SocketGroup = "strap"
@@ -288,7 +291,7 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 				MaxSessions:     cfg.Limits.MaxSessions,
 				MaxRingSize:     uint64(cfg.Limits.MaxRingSize),
 				MaxBlockSize:    uint64(cfg.Pipeline.MaxBlockSize),
-				Limits:          shm.Limits{MaxNDim: cfg.Limits.MaxNDim, MaxNameLen: cfg.Limits.MaxNameLen},
+				Limits:          shm.Limits{MaxNDim: cfg.Limits.MaxNDim, MaxNameLen: cfg.Limits.MaxNameLen, MaxElements: cfg.Limits.MaxElements},
 				DebugWriteDelay: cfg.Debug.WriteDelay,
 				ShutdownTimeout: cfg.ShutdownTimeout,
 				Version:         version,
@@ -323,6 +326,7 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 	f.Var(&cfg.Limits.MaxRingSize, "max-ring-size", "largest ring a client may open")
 	f.IntVar(&cfg.Limits.MaxNameLen, "max-name-len", cfg.Limits.MaxNameLen, "longest module name accepted")
 	f.IntVar(&cfg.Limits.MaxNDim, "max-ndim", cfg.Limits.MaxNDim, "most tensor dimensions accepted")
+	f.Uint64Var(&cfg.Limits.MaxElements, "max-elements", cfg.Limits.MaxElements, "most elements one captured tensor may have (0: no limit)")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long SIGTERM waits for sessions to drain")
 	f.BoolVar(&cfg.Probes.Off, "no-probes", false, "run no eBPF/proc collector: no kernel trace beside captures")
 	f.BoolVar(&cfg.Probes.NoBPF, "no-bpf", false, "do not load eBPF probes; the collector uses /proc fallbacks only")

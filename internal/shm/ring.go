@@ -143,6 +143,9 @@ type Limits struct {
 	MaxNameLen int
 	// MaxMetaLen is the longest meta accepted (≤ MaxMetaLen).
 	MaxMetaLen int
+	// MaxElements is the most elements a tensor's shape may declare (0: no limit beyond
+	// the shape × dtype size == tensor_len check).
+	MaxElements uint64
 }
 
 func (l Limits) norm() Limits {
@@ -243,6 +246,9 @@ func ParseRecord(b []byte, lim Limits) (Record, error) {
 	size := uint64(r.DType.Size())
 	if overflow || (elems != 0 && elems > ^uint64(0)/size) || elems*size != r.TensorLen {
 		return r, badf("seq %d: shape %v of %s is not tensor_len %d bytes", r.Seq, r.Shape, r.DType, r.TensorLen)
+	}
+	if lim.MaxElements > 0 && elems > lim.MaxElements {
+		return r, badf("seq %d: shape %v has %d elements, at most %d", r.Seq, r.Shape, elems, lim.MaxElements)
 	}
 	if r.Flags&FlagPart != 0 {
 		if r.PartOffset > r.TensorLen || payloadLen > r.TensorLen-r.PartOffset {

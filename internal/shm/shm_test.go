@@ -141,6 +141,16 @@ func TestParseRecordErrors(t *testing.T) {
 			t.Fatalf("err = %v", err)
 		}
 	})
+	t.Run("element limit", func(t *testing.T) {
+		// validRecord declares 6 elements: a limit of 5 refuses it, 6 accepts it.
+		_, err := ParseRecord(validRecord(t), Limits{MaxElements: 5})
+		if !errors.Is(err, ErrBadRecord) || !strings.Contains(err.Error(), "6 elements, at most 5") {
+			t.Fatalf("err = %v", err)
+		}
+		if _, err := ParseRecord(validRecord(t), Limits{MaxElements: 6}); err != nil {
+			t.Fatalf("at the limit: %v", err)
+		}
+	})
 }
 
 func TestParseHeaderErrors(t *testing.T) {
