@@ -112,7 +112,11 @@ func CanControl(peer *unix.Ucred, ownerUID uint32) bool {
 // StatusFor is Status as the peer may see it: the daemon-wide figures, and only the
 // sessions CanControl lets it see. A nil peer sees no session.
 func (s *Server) StatusFor(peer *unix.Ucred) control.StatusReply {
-	rep := s.Status()
+	return statusFor(s.Status(), peer)
+}
+
+// statusFor filters a full status down to what peer may see.
+func statusFor(rep control.StatusReply, peer *unix.Ucred) control.StatusReply {
 	kept := rep.Sessions[:0]
 	for _, st := range rep.Sessions {
 		if CanControl(peer, st.UID) {
@@ -120,6 +124,22 @@ func (s *Server) StatusFor(peer *unix.Ucred) control.StatusReply {
 		}
 	}
 	rep.Sessions = kept
+	if pr := rep.Daemon.Probes; pr != nil && (peer == nil || peer.Uid != 0) {
+		// The watched set names other users' client pids: keep strapd's own and those of
+		// the sessions this peer may see.
+		visible := map[int]bool{rep.Daemon.PID: true}
+		for _, st := range kept {
+			visible[int(st.PID)] = true
+		}
+		cp := *pr
+		cp.Watched = nil
+		for _, pid := range pr.Watched {
+			if visible[pid] {
+				cp.Watched = append(cp.Watched, pid)
+			}
+		}
+		rep.Daemon.Probes = &cp
+	}
 	return rep
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -406,5 +407,43 @@ func copyExecutable(t *testing.T, dst string) {
 	}
 	if err := out.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestStatusForHidesOtherUsersWatchedPIDs(t *testing.T) {
+	full := control.StatusReply{
+		Daemon: control.DaemonStatus{PID: 10, Probes: &control.ProbesStatus{}},
+		Sessions: []control.SessionStatus{
+			{Session: 1, PID: 100, UID: 1000},
+			{Session: 2, PID: 200, UID: 2000},
+		},
+	}
+	full.Daemon.Probes.Watched = []int{10, 100, 200, 300}
+	tests := []struct {
+		name     string
+		peer     *unix.Ucred
+		sessions int
+		watched  []int
+	}{
+		{"root sees all", &unix.Ucred{Uid: 0}, 2, []int{10, 100, 200, 300}},
+		{"owner sees own", &unix.Ucred{Uid: 1000}, 1, []int{10, 100}},
+		{"stranger sees daemon only", &unix.Ucred{Uid: 3000}, 0, []int{10}},
+		{"no credentials", nil, 0, []int{10}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := full
+			in.Sessions = append([]control.SessionStatus(nil), full.Sessions...)
+			got := statusFor(in, tt.peer)
+			if len(got.Sessions) != tt.sessions {
+				t.Fatalf("sessions = %d, want %d", len(got.Sessions), tt.sessions)
+			}
+			if !slices.Equal(got.Daemon.Probes.Watched, tt.watched) {
+				t.Fatalf("watched = %v, want %v", got.Daemon.Probes.Watched, tt.watched)
+			}
+			if !slices.Equal(full.Daemon.Probes.Watched, []int{10, 100, 200, 300}) {
+				t.Fatal("filtering changed the daemon's own status")
+			}
+		})
 	}
 }
