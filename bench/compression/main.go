@@ -196,7 +196,7 @@ func encodeAs(v []float32, dt dtype.DType) []byte {
 	case dtype.Float16:
 		b := make([]byte, 2*len(v))
 		for i, x := range v {
-			binary.LittleEndian.PutUint16(b[2*i:], f32ToF16(x))
+			binary.LittleEndian.PutUint16(b[2*i:], dtype.Float32ToFloat16(x))
 		}
 		return b
 	}
@@ -355,7 +355,7 @@ func load1(b []byte, dt dtype.DType, i int) float64 {
 	case dtype.BFloat16:
 		return float64(math.Float32frombits(uint32(binary.LittleEndian.Uint16(b[2*i:])) << 16))
 	}
-	return float64(f16ToF32(binary.LittleEndian.Uint16(b[2*i:])))
+	return float64(dtype.Float16ToFloat32(binary.LittleEndian.Uint16(b[2*i:])))
 }
 
 // --- bench-only: byte planes entropy-coded with FSE (klauspost/compress/fse). ---
@@ -437,60 +437,4 @@ func fseUnshuffle(dst, s []byte, dt dtype.DType, rawLen int) ([]byte, error) {
 		}
 	}
 	return dst, nil
-}
-
-// f32ToF16 and f16ToF32 mirror internal/codec (unexported there).
-func f32ToF16(f float32) uint16 {
-	b := math.Float32bits(f)
-	sign := uint16(b>>16) & 0x8000
-	exp := int32(b>>23) & 0xff
-	man := b & 0x7fffff
-	if exp == 0xff {
-		if man != 0 {
-			return sign | 0x7e00
-		}
-		return sign | 0x7c00
-	}
-	e := exp - 127 + 15
-	if e >= 0x1f {
-		return sign | 0x7c00
-	}
-	if e <= 0 {
-		if e < -10 {
-			return sign
-		}
-		m := man | 0x800000
-		s := uint32(14 - e)
-		h := m >> s
-		rem, half := m&(1<<s-1), uint32(1)<<(s-1)
-		if rem > half || (rem == half && h&1 == 1) {
-			h++
-		}
-		return sign | uint16(h)
-	}
-	h := uint32(e)<<10 | man>>13
-	rem := man & 0x1fff
-	if rem > 0x1000 || (rem == 0x1000 && h&1 == 1) {
-		h++
-	}
-	return sign | uint16(h)
-}
-
-func f16ToF32(h uint16) float64 {
-	sign := 1.0
-	if h&0x8000 != 0 {
-		sign = -1
-	}
-	exp := int(h>>10) & 0x1f
-	man := float64(h & 0x3ff)
-	switch exp {
-	case 0x1f:
-		if man != 0 {
-			return math.NaN()
-		}
-		return sign * math.Inf(1)
-	case 0:
-		return sign * man * math.Ldexp(1, -24)
-	}
-	return sign * (1 + man/1024) * math.Ldexp(1, exp-15)
 }

@@ -339,80 +339,14 @@ func readPlanes(src []byte, k, n int) (planes, rest []byte, err error) {
 
 // --- floats ------------------------------------------------------------------------------
 
-// f32ToF16 rounds to nearest even, as numpy's astype(float16) does; overflow gives ±inf.
-func f32ToF16(f float32) uint16 {
-	b := math.Float32bits(f)
-	sign := uint16(b>>16) & 0x8000
-	exp := int32(b>>23) & 0xff
-	man := b & 0x7fffff
-	if exp == 0xff {
-		if man != 0 {
-			return sign | 0x7e00 | uint16(man>>13)
-		}
-		return sign | 0x7c00
-	}
-	e := exp - 127 + 15
-	if e >= 0x1f {
-		return sign | 0x7c00
-	}
-	if e <= 0 {
-		if e < -10 {
-			return sign
-		}
-		m := man | 0x800000
-		s := uint32(14 - e)
-		h := m >> s
-		rem, half := m&(1<<s-1), uint32(1)<<(s-1)
-		if rem > half || (rem == half && h&1 == 1) {
-			h++
-		}
-		return sign | uint16(h)
-	}
-	h := uint32(e)<<10 | man>>13
-	rem := man & 0x1fff
-	if rem > 0x1000 || (rem == 0x1000 && h&1 == 1) {
-		h++ // a carry into the exponent is right, up to inf
-	}
-	return sign | uint16(h)
-}
-
 // f16Table widens every fp16 bit pattern (256 KiB, built once at init).
 var f16Table = func() *[1 << 16]float32 {
 	var t [1 << 16]float32
 	for h := range t {
-		t[h] = f16ToF32(uint16(h))
+		t[h] = dtype.Float16ToFloat32(uint16(h))
 	}
 	return &t
 }()
-
-// f16ToF32 widens exactly.
-func f16ToF32(h uint16) float32 {
-	sign := uint32(h&0x8000) << 16
-	exp := uint32(h>>10) & 0x1f
-	man := uint32(h & 0x3ff)
-	switch {
-	case exp == 0x1f:
-		return math.Float32frombits(sign | 0x7f800000 | man<<13)
-	case exp == 0:
-		if man == 0 {
-			return math.Float32frombits(sign)
-		}
-		v := float32(man) * (1.0 / (1 << 24))
-		if sign != 0 {
-			v = -v
-		}
-		return v
-	}
-	return math.Float32frombits(sign | (exp+127-15)<<23 | man<<13)
-}
-
-// f32ToBF16 rounds to nearest even on the bit pattern (NaN is never fed to it).
-func f32ToBF16(f float32) uint16 {
-	u := math.Float32bits(f)
-	return uint16((u + 0x7fff + (u>>16)&1) >> 16)
-}
-
-func bf16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
 
 // loadFloat reads element i of a float block as float64 (exact for every float dtype here).
 func loadFloat(src []byte, dt dtype.DType, i int) float64 {
@@ -422,9 +356,9 @@ func loadFloat(src []byte, dt dtype.DType, i int) float64 {
 	case dtype.Float64:
 		return math.Float64frombits(binary.LittleEndian.Uint64(src[8*i:]))
 	case dtype.Float16:
-		return float64(f16ToF32(binary.LittleEndian.Uint16(src[2*i:])))
+		return float64(dtype.Float16ToFloat32(binary.LittleEndian.Uint16(src[2*i:])))
 	case dtype.BFloat16:
-		return float64(bf16ToF32(binary.LittleEndian.Uint16(src[2*i:])))
+		return float64(dtype.BFloat16ToFloat32(binary.LittleEndian.Uint16(src[2*i:])))
 	}
 	panic("codec: loadFloat on " + dt.String())
 }

@@ -447,11 +447,11 @@ func TestActivationOptions(t *testing.T) {
 func TestFloatConversions(t *testing.T) {
 	// Every fp16 value survives f16 → f32 → f16, and rounding is to nearest even.
 	for h := range 1 << 16 {
-		f := f16ToF32(uint16(h))
+		f := dtype.Float16ToFloat32(uint16(h))
 		if f != f { // NaN
 			continue
 		}
-		if got := f32ToF16(f); got != uint16(h) {
+		if got := dtype.Float32ToFloat16(f); got != uint16(h) {
 			t.Fatalf("fp16 %#04x → %g → %#04x", h, f, got)
 		}
 	}
@@ -469,12 +469,12 @@ func TestFloatConversions(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprint(tt.in), func(t *testing.T) {
-			if got := f32ToF16(tt.in); got != tt.want {
-				t.Fatalf("f32ToF16(%g) = %#04x, want %#04x", tt.in, got, tt.want)
+			if got := dtype.Float32ToFloat16(tt.in); got != tt.want {
+				t.Fatalf("dtype.Float32ToFloat16(%g) = %#04x, want %#04x", tt.in, got, tt.want)
 			}
 		})
 	}
-	if got := f32ToBF16(1 + 1.0/256); got != 0x3f80 {
+	if got := dtype.Float32ToBFloat16(1 + 1.0/256); got != 0x3f80 {
 		t.Fatalf("bf16 tie: %#04x", got)
 	}
 }

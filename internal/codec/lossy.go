@@ -222,7 +222,7 @@ func quantize16(t *quantTry, src []byte, q float64, abs bool, bound float64, bf 
 		h := binary.LittleEndian.Uint16(src[2*i:])
 		var x float64
 		if bf {
-			x = float64(bf16ToF32(h))
+			x = float64(dtype.BFloat16ToFloat32(h))
 		} else {
 			x = float64(f16Table[h])
 		}
@@ -236,9 +236,9 @@ func quantize16(t *quantTry, src []byte, q float64, abs bool, bound float64, bf 
 		f := float32(float64(k) * q)
 		var y float64
 		if bf {
-			y = float64(bf16ToF32(f32ToBF16(f)))
+			y = float64(dtype.BFloat16ToFloat32(dtype.Float32ToBFloat16(f)))
 		} else {
-			y = float64(f16Table[f32ToF16(f)])
+			y = float64(f16Table[dtype.Float32ToFloat16(f)])
 		}
 		e := math.Abs(x - y)
 		if abs && !(e <= bound) {
@@ -264,9 +264,9 @@ func dequant(k int32, q float64, dt dtype.DType) float64 {
 	case dtype.Float32:
 		return float64(float32(v))
 	case dtype.Float16:
-		return float64(f16ToF32(f32ToF16(float32(v))))
+		return float64(dtype.Float16ToFloat32(dtype.Float32ToFloat16(float32(v))))
 	case dtype.BFloat16:
-		return float64(bf16ToF32(f32ToBF16(float32(v))))
+		return float64(dtype.BFloat16ToFloat32(dtype.Float32ToBFloat16(float32(v))))
 	}
 	return v
 }
@@ -278,9 +278,9 @@ func storeFloat(dst []byte, dt dtype.DType, i int, v float64) {
 	case dtype.Float64:
 		binary.LittleEndian.PutUint64(dst[8*i:], math.Float64bits(v))
 	case dtype.Float16:
-		binary.LittleEndian.PutUint16(dst[2*i:], f32ToF16(float32(v)))
+		binary.LittleEndian.PutUint16(dst[2*i:], dtype.Float32ToFloat16(float32(v)))
 	case dtype.BFloat16:
-		binary.LittleEndian.PutUint16(dst[2*i:], f32ToBF16(float32(v)))
+		binary.LittleEndian.PutUint16(dst[2*i:], dtype.Float32ToBFloat16(float32(v)))
 	}
 }
 
@@ -411,9 +411,9 @@ func decodeQuant(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error) {
 			k := int32(z>>1) ^ -int32(z&1)
 			f := float32(float64(k) * q)
 			if bf {
-				binary.LittleEndian.PutUint16(out[2*i:], f32ToBF16(f))
+				binary.LittleEndian.PutUint16(out[2*i:], dtype.Float32ToBFloat16(f))
 			} else {
-				binary.LittleEndian.PutUint16(out[2*i:], f32ToF16(f))
+				binary.LittleEndian.PutUint16(out[2*i:], dtype.Float32ToFloat16(f))
 			}
 		}
 	} else {
@@ -519,7 +519,7 @@ func downcastF32(half, src []byte, st *BlockStats) bool {
 			continue
 		}
 		f := math.Float32frombits(u)
-		h := f32ToF16(f)
+		h := dtype.Float32ToFloat16(f)
 		if h&0x7c00 == 0x7c00 {
 			return false
 		}
@@ -540,7 +540,7 @@ func downcastF64(half, src []byte, st *BlockStats) bool {
 		if math.IsNaN(x) {
 			return false
 		}
-		h := f32ToF16(float32(x))
+		h := dtype.Float32ToFloat16(float32(x))
 		y := float64(f16Table[h])
 		if math.IsInf(y, 0) && !math.IsInf(x, 0) {
 			return false

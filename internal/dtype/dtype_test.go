@@ -48,3 +48,40 @@ func TestInvalid(t *testing.T) {
 		t.Error("Parse accepted an unknown name")
 	}
 }
+
+func TestFloat16RoundTrip(t *testing.T) {
+	// Every fp16 bit pattern widens exactly and narrows back to itself (NaNs stay NaN).
+	for h := 0; h < 1<<16; h++ {
+		f := Float16ToFloat32(uint16(h))
+		back := Float32ToFloat16(f)
+		isNaN := h&0x7c00 == 0x7c00 && h&0x3ff != 0
+		if isNaN {
+			if back&0x7c00 != 0x7c00 || back&0x3ff == 0 {
+				t.Fatalf("NaN %#04x came back as %#04x", h, back)
+			}
+			continue
+		}
+		if back != uint16(h) {
+			t.Fatalf("%#04x -> %v -> %#04x", h, f, back)
+		}
+	}
+	// Round to nearest even between 1 and the next fp16 (1 + 2^-10).
+	if got := Float32ToFloat16(1 + 1.0/2048); got != 0x3c00 {
+		t.Errorf("tie rounded to %#04x, want 0x3c00 (even)", got)
+	}
+	if got := Float32ToFloat16(70000); got != 0x7c00 {
+		t.Errorf("overflow gave %#04x, want +inf", got)
+	}
+}
+
+func TestBFloat16RoundTrip(t *testing.T) {
+	for h := 0; h < 1<<16; h++ {
+		f := BFloat16ToFloat32(uint16(h))
+		if f != f { // NaN: Float32ToBFloat16 is never fed NaN
+			continue
+		}
+		if back := Float32ToBFloat16(f); back != uint16(h) {
+			t.Fatalf("%#04x -> %v -> %#04x", h, f, back)
+		}
+	}
+}
