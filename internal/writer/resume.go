@@ -57,21 +57,7 @@ func Resume(f *os.File, e ResumeExpect) (*Writer, error) {
 			return nil, fmt.Errorf("%v packet at offset %d inside the prefix (the capture had ended there): %w",
 				p.Type, p.Offset, ErrResumeMismatch)
 		}
-		idx, ok := w.names[p.Name]
-		if !ok {
-			idx = uint32(len(w.nameLst))
-			w.names[p.Name] = idx
-			w.nameLst = append(w.nameLst, p.Name)
-		}
-		w.packets++
-		switch p.Type {
-		case TypeDrop:
-			w.drops++
-		case TypeToken:
-			w.tokens++
-		}
-		w.index = append(w.index, indexEntry{nameIdx: idx, typ: p.Type, flags: uint16(p.Flags), seq: p.Seq,
-			step: p.Step, forward: p.Forward, offset: uint64(p.Offset)})
+		w.account(p.Name, p.Type, p.Flags, p.Seq, p.Step, p.Forward, p.Offset)
 		last = p
 	}
 	if err := sc.Err(); err != nil {

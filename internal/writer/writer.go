@@ -241,24 +241,30 @@ func (w *Writer) WritePacket(p *Packet) error {
 	if err := w.writePacket(p, stored); err != nil {
 		return err
 	}
-	idx, ok := w.names[p.Name]
+	w.account(p.Name, p.Type, p.Flags, p.Seq, p.Step, p.Forward, w.off)
+	w.lastOff, w.lastCRC = w.off, binary.LittleEndian.Uint32(w.hdr[20:])
+	w.off += int64(len(w.hdr)) + int64(stored)
+	return nil
+}
+
+// account counts a TENSOR, DROP or TOKEN packet at offset off and adds its index entry;
+// shared by WritePacket and Resume (which replays the packets already in the file).
+func (w *Writer) account(name string, typ PacketType, flags uint8, seq, step, forward uint64, off int64) {
+	idx, ok := w.names[name]
 	if !ok {
 		idx = uint32(len(w.nameLst))
-		w.names[p.Name] = idx
-		w.nameLst = append(w.nameLst, p.Name)
+		w.names[name] = idx
+		w.nameLst = append(w.nameLst, name)
 	}
 	w.packets++
-	switch p.Type {
+	switch typ {
 	case TypeDrop:
 		w.drops++
 	case TypeToken:
 		w.tokens++
 	}
-	w.lastOff, w.lastCRC = w.off, binary.LittleEndian.Uint32(w.hdr[20:])
-	w.index = append(w.index, indexEntry{nameIdx: idx, typ: p.Type, flags: uint16(p.Flags),
-		seq: p.Seq, step: p.Step, forward: p.Forward, offset: uint64(w.off)})
-	w.off += int64(len(w.hdr)) + int64(stored)
-	return nil
+	w.index = append(w.index, indexEntry{nameIdx: idx, typ: typ, flags: uint16(flags),
+		seq: seq, step: step, forward: forward, offset: uint64(off)})
 }
 
 // writePacket encodes p's header, computes the CRC and writes header, table and payload.
