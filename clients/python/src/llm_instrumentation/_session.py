@@ -3,9 +3,14 @@ records into it (docs/PROTOCOL.md 1.3–1.4).
 
 Per tensor: reserve space (PAD first if the record would cross the end of the region), write
 the header, copy the payload from the live tensor straight into the mapping with one
-``copy_``, then ``sendmsg(PUBLISH{head, seq})``. Tensors whose record would exceed a quarter
-of the data region go as PART records. Pending RELEASE/ERROR messages are drained without
-blocking before each publish.
+``copy_``. Records are published in batches: one ``sendmsg(PUBLISH{head, seq})`` covers every
+record written since the last one, sent when the unpublished bytes reach ``publish_bytes``, at
+the end of each forward pass of the model (:meth:`flush`), and before anything that must
+follow them in sequence order or needs the daemon to see them (DROP, TOKEN, CHECKPOINT, CLOSE,
+waiting for ring space). A syscall per record was the largest client cost for the small
+tensors of token-by-token generation (docs/PERFORMANCE.md). Tensors whose record would exceed
+a quarter of the data region go as PART records. Pending RELEASE/ERROR messages are drained
+without blocking before each tensor.
 
 Policy ``drop`` decides per tensor, before its first record: if there is no room, the whole
 tensor is dropped (one DROP message with its ``tensor_len``), never a part of it; once its
@@ -40,10 +45,14 @@ class CaptureSession:
         stall_timeout: seconds to wait for ring space (or an answer) before raising
             :class:`StrapdTimeoutError` while the daemon is alive but not releasing.
         part_size: maximum record size for splitting (default: a quarter of the region).
+        publish_bytes: unpublished bytes that trigger a PUBLISH without waiting for
+            :meth:`flush` (default: an eighth of the region, at most 4 MiB), so the daemon
+            starts on large tensors while the forward pass goes on.
     """
 
     def __init__(self, conn: P.Connection, ring: Ring, policy: str = "block",
-                 stall_timeout: float = 120.0, part_size: Optional[int] = None) -> None:
+                 stall_timeout: float = 120.0, part_size: Optional[int] = None,
+                 publish_bytes: Optional[int] = None) -> None:
         if policy not in ("block", "drop"):
             raise ValueError(f"policy {policy!r} is not 'block' or 'drop'")
         self.conn = conn
@@ -51,6 +60,8 @@ class CaptureSession:
         self.policy = policy
         self.stall_timeout = stall_timeout
         self.max_record = (part_size or ring.data_size // 4) // 64 * 64
+        self.publish_bytes = max(64, publish_bytes or min(ring.data_size // 8, 4 << 20))
+        self.published_head = ring.head
         self.seq = 0
         self.last_tensor_seq = 0
         self.packets = 0
@@ -85,6 +96,7 @@ class CaptureSession:
         """Send CLOSE and wait for CLOSED; return its body."""
         with self._lock:
             self._check()
+            self._publish()
             self.conn.send(P.CLOSE, {"seq": self.seq, "head": self.ring.head, "drops": self.drops})
             self.closed_summary = self.conn.expect(P.CLOSED, timeout or max(self.stall_timeout, 60.0), skip=(P.RELEASE,))
             return self.closed_summary
@@ -127,8 +139,26 @@ class CaptureSession:
                 return
             self._handle(*got)
 
+    def _publish(self) -> None:
+        """Send one PUBLISH covering every record written since the last one (none: no-op)."""
+        if self.ring.head != self.published_head:
+            self.conn.send(P.PUBLISH, {"head": self.ring.head, "seq": self.last_tensor_seq})
+            self.published_head = self.ring.head
+
+    def flush(self) -> None:
+        """Publish every record written so far (the framework calls this after each forward
+        pass of the model)."""
+        with self._lock:
+            self._check()
+            try:
+                self._publish()
+            except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
+                self.error = e
+                raise
+
     def _wait_for(self, needed: int) -> None:
         """Block (polling the socket) until ``needed`` bytes are free."""
+        self._publish()  # the daemon releases only what it has seen
         deadline = time.monotonic() + self.stall_timeout
         while not self.ring.fits(needed):
             left = deadline - time.monotonic()
@@ -199,6 +229,7 @@ class CaptureSession:
         first_len = align64(hdr_area + parts[0][1])
         pad, needed = self.ring.placement(first_len)
         if not self.ring.fits(needed) and self.policy == "drop":
+            self._publish()  # the records before it come first in sequence order
             seq = self._next_seq()
             self.conn.send(P.DROP, {"seq": seq, "name": name, "step": step, "forward": forward,
                                     "bytes": tensor_len, "reason": "ring_full"})
@@ -237,7 +268,8 @@ class CaptureSession:
             self.last_tensor_seq = seq
             self.packets += 1
             self.bytes_in += plen
-            self.conn.send(P.PUBLISH, {"head": self.ring.head, "seq": seq})
+            if self.ring.head - self.published_head >= self.publish_bytes:
+                self._publish()
         return True
 
     # ----- tokens and checkpoints (docs/CHECKPOINTS.md) ------------------------------------------
@@ -249,6 +281,7 @@ class CaptureSession:
             self._check()
             try:
                 self.drain()
+                self._publish()
                 seq = self._next_seq()
                 self.conn.send(P.TOKEN, {"seq": seq, "index": index, "token_id": token_id, "text": text,
                                          "position": position})
@@ -265,6 +298,7 @@ class CaptureSession:
         with self._lock:
             self._check()
             try:
+                self._publish()
                 self.conn.send(P.CHECKPOINT, {"seq": self.seq})
                 deadline = time.monotonic() + (timeout or max(self.stall_timeout, 60.0))
                 while True:

@@ -355,6 +355,9 @@ class InstrumentationFramework:
         mods = dict(self.model.named_modules())
         for name in self.hooked_modules:
             self._handles.append(mods[name].register_forward_hook(self._make_hook(name)))
+        # Registered last, so it runs after a hook on the root module itself: one PUBLISH per
+        # forward pass for the records not yet published.
+        self._handles.append(self.model.register_forward_hook(self._on_model_forward_end))
 
     def _remove_hooks(self) -> None:
         for h in self._handles:
@@ -367,6 +370,11 @@ class InstrumentationFramework:
         self._forward = self.forward_count
         self.forward_count += 1
         self._step = self.token_tracker.step if self.token_tracker is not None else 0
+
+    def _on_model_forward_end(self, module: Any, args: Any, output: Any) -> None:
+        session = self._session
+        if session is not None:
+            session.flush()
 
     def _make_hook(self, name: str) -> Any:
         sampled = self.config.granularity is HookGranularity.SAMPLED_SLICES
