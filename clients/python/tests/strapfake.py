@@ -208,7 +208,7 @@ class FakeStrapd:
                 "policy": body["policy"], "client_metadata": body["metadata"]}
         w = StreamWriter(out, meta, codec=body["codec"], level=body.get("codec_level", 0),
                          block_size=body.get("block_size", 1 << 20))
-        sess.update(w=w, packets=0, drops=0, open=body)
+        sess.update(w=w, packets=0, drops=0, publishes=0, open=body)
         self.sessions.append(sess)
         self._send(c, P.OPENED, {"session": len(self.sessions), "block_size": w.block_size})
         tail = 0
@@ -222,6 +222,7 @@ class FakeStrapd:
                 return
             _, mt, body = P.decode_message(data)
             if mt == P.PUBLISH:
+                sess["publishes"] += 1
                 head = body["head"]
                 while tail < head:
                     off = HEADER_SIZE + tail % dsize

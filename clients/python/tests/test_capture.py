@@ -239,6 +239,20 @@ def test_step_and_forward_counters(llama, fake_daemon, tmp_path):
     assert analyze_activations_with_tokens(out)["token_metadata"]["source"] == "stream"
 
 
+def test_one_publish_per_forward_pass(llama, fake_daemon, tmp_path):
+    """Small tensors are published in one batch per forward pass, not one syscall each."""
+    out = tmp_path / "batch.strap"
+    with torch.no_grad():
+        with capture_activations(llama, preset="fast_capture", output_path=out, socket_path=fake_daemon.path,
+                                 autostart_daemon=False) as fw:
+            for k in range(3):
+                llama(**ids(6, seed=k))
+    sess = fake_daemon.sessions[-1]
+    assert len(fw.hooked_modules) > 1
+    assert sess["packets"] == 3 * len(fw.hooked_modules)
+    assert sess["publishes"] == 3
+
+
 def test_daemon_death_raises_promptly(llama, sockdir, tmp_path):
     d = FakeStrapd(os.path.join(sockdir, "x.sock"), die_after_packets=3)
     try:
