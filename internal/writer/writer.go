@@ -23,6 +23,10 @@ const (
 	copyMax = 256 << 10
 	// iovMax is Linux's IOV_MAX.
 	iovMax = 1024
+	// writebackKick is how many bytes may be written before the writer asks the kernel to
+	// start writing the file's dirty pages back (sync_file_range, asynchronous). Writeback
+	// then overlaps the capture instead of piling up for the final fdatasync.
+	writebackKick = 32 << 20
 )
 
 // indexEntry is one INDEX entry, kept in memory until Close.
@@ -42,6 +46,10 @@ type Writer struct {
 	f       *os.File
 	rc      syscall.RawConn
 	regular bool // fdatasync only means something for regular files
+	// unkicked counts bytes written since writeback was last started; noKick is set once
+	// sync_file_range fails (a file system without it): it is only an optimisation.
+	unkicked int64
+	noKick   bool
 
 	buf     []byte // pending bytes, written at flush
 	off     int64  // stream bytes so far, buffered included
@@ -362,6 +370,7 @@ func (w *Writer) writev(iov [][]byte) error {
 			w.err = fmt.Errorf("write stream: %w", io.ErrShortWrite)
 			return w.err
 		}
+		w.unkicked += int64(n)
 		for n > 0 {
 			if n >= len(iov[0]) {
 				n -= len(iov[0])
@@ -372,7 +381,25 @@ func (w *Writer) writev(iov [][]byte) error {
 			}
 		}
 	}
+	if w.unkicked >= writebackKick {
+		w.kickWriteback()
+	}
 	return nil
+}
+
+// kickWriteback starts writeback of every dirty page of the file without waiting for it.
+// Errors are not the stream's: a failed write-out surfaces at the next fdatasync.
+func (w *Writer) kickWriteback() {
+	w.unkicked = 0
+	if !w.regular || w.noKick {
+		return
+	}
+	var kerr error
+	if err := w.rc.Control(func(fd uintptr) {
+		kerr = unix.SyncFileRange(int(fd), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+	}); err != nil || kerr != nil {
+		w.noKick = true
+	}
 }
 
 // Sync writes the buffer and fdatasyncs the file (a no-op for pipes and devices).
