@@ -105,6 +105,8 @@ class Sampler:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.max_rss = 0
+        self.max_anon = 0
+        self.max_shmem = 0
         self.max_dirty = 0
         self.n = 0
         self._stop = threading.Event()
@@ -114,6 +116,9 @@ class Sampler:
         while not self._stop.is_set():
             with contextlib.suppress(OSError, KeyError):
                 self.max_rss = max(self.max_rss, proc_status(self.pid, "VmRSS"))
+                # Anonymous memory (Go heap, stacks) apart from the ring's shared pages.
+                self.max_anon = max(self.max_anon, proc_status(self.pid, "RssAnon"))
+                self.max_shmem = max(self.max_shmem, proc_status(self.pid, "RssShmem"))
             self.max_dirty = max(self.max_dirty, meminfo("Dirty") + meminfo("Writeback"))
             self.n += 1
             self._stop.wait(0.02)
@@ -277,6 +282,8 @@ def one_ingest_on(ctx: "Ctx", d: Strapd, producer: str, codec: str, target: Path
     res["daemon_cpu_s"] = proc_cpu(d.pid) - cpu0
     res["daemon_hwm_bytes"] = proc_status(d.pid, "VmHWM")
     res["daemon_rss_sampled_max"] = smp.max_rss
+    res["daemon_anon_sampled_max"] = smp.max_anon
+    res["daemon_shmem_sampled_max"] = smp.max_shmem
     res["dirty_writeback_max"] = smp.max_dirty
     out.unlink(missing_ok=True)
     gb = res["bytes_in"] / 1e9
