@@ -364,10 +364,18 @@ def overhead_section(w: Any, ov: Dict[str, Any], pngs: Dict[str, str], rel: str,
             top = cs.get("capture_top", [])[:3]
             w(f"section 5 measures {cs['hook_us_per_record']:.0f} µs per captured tensor on one-token forward passes "
               "(profiler overhead included), led by " + ", ".join(f"`{r['func']}`" for r in top) + ".")
-        w("Each record is published with its own `sendmsg`, and each wakes the daemon, which then")
-        w("competes for the same two cores. Fix (client, not measured here): publish once per forward")
-        w("pass (or when the ring is a quarter full) instead of once per record — PROTOCOL.md 1.4")
-        w("already lets one PUBLISH cover many records — and cache each module's encoded record header.")
+        send = next((r for r in cs.get("capture_top", []) if "sendmsg" in r["func"]), None)
+        records = cs.get("forwards", 0) * cs.get("hooks", 0)
+        if send and records and send["calls"] >= 0.9 * records:
+            w(f"Each record is published with its own `sendmsg` ({send['calls']} for {records} records), and each")
+            w("wakes the daemon, which then competes for the same two cores. Fix (client, not measured")
+            w("here): publish once per forward pass instead of once per record — PROTOCOL.md 1.4 already")
+            w("lets one PUBLISH cover many records — and cache each module's encoded record header.")
+        elif send and records:
+            w(f"Publication is already batched ({send['calls']} `sendmsg` for {records} records); what is left per")
+            w("record is the Python of the hook path itself (output splitting, header encoding, ring")
+            w("bookkeeping) and the `copy_` dispatch. Fix (client, not measured here): cache each module's")
+            w("encoded record header and copy small tensors with `numpy.copyto` (section 5).")
         w("")
 
 
@@ -423,8 +431,7 @@ def ingest_section(w: Any, ing: Dict[str, Any], pngs: Dict[str, str], rel: str, 
             w("cost: while pushing, the daemon's kernel copy of every byte into the page cache (below)")
             w("shares two cores with the producer; at the end, `fdatasync` waits for what is still dirty.")
             w("Fix (writer, not measured here): for codec none, O_DIRECT writes of aligned runs straight from")
-            w("the page-aligned ring mapping, so data reaches the device as it arrives with no copy; short of")
-            w("that, `sync_file_range` every few tens of MiB so writeback overlaps the capture.")
+            w("the page-aligned ring mapping, so data reaches the device as it arrives with no kernel copy.")
         if gn["daemon_cpu_s_per_gb"] > TARGETS["cpu"]:
             dp = (prof or {}).get("daemon_perf") or {}
             top = dp.get("top") or []
