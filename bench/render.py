@@ -455,14 +455,14 @@ def memory_section(w: Any, mem: Dict[str, Any]) -> None:
     w("## 3. Memory")
     w("")
     w(f"A producer faster than the disk: {mem['size']} per run into a file on disk — more than the page")
-    w(f"cache takes before the kernel throttles writers (`vm.dirty_ratio` of available memory ≈ "
-      f"{mem['dirty_limit_bytes'] / 2**30:.1f} GiB), so strapd's writes end up waiting on the disk and the ring fills.")
+    w(f"cache could hold before the kernel throttles writers (`vm.dirty_ratio` of available memory ≈ "
+      f"{mem['dirty_limit_bytes'] / 2**30:.1f} GiB), so strapd's writes wait on the disk and the ring fills.")
     w("strapd's `--memory-limit` (the configured budget) is the tightest that admits the session: a")
     w("session reserves its 256 MiB ring, plus about as much again for compression buffers with a")
     w("compressing codec (PROTOCOL.md 1.3), so 320 MiB for none and 576 MiB for the others. Peak RSS is")
     w("`VmHWM` from `/proc/PID/status` (the ring's shared pages count once touched); the sampled")
     w("maximum of `VmRSS` every 20 ms is next to it, and the largest Dirty + Writeback the kernel held")
-    w(f"during the run shows the backlog sat in the page cache. Load {fmt_load(mem['loadavg'])}.")
+    w(f"during the run (how much of the backlog sat in the page cache rather than in strapd). Load {fmt_load(mem['loadavg'])}.")
     w("")
     w("```sh")
     for r in mem["runs"]:
