@@ -457,7 +457,7 @@ def perf_daemon(ctx: "Ctx") -> Dict[str, Any]:
 
 
 def step_profile(ctx: "Ctx") -> Dict[str, Any]:
-    ignore = r"shm\.\(\*Producer\)|control\.\(\*Stream\)\.Put|shm\.PutRecord"
+    ignore = r"shm\.\(\*Producer\)|control\.\(\*Stream\)\.Put|shm\.PutRecord|pipelinetest\."
     r: Dict[str, Any] = {"loadavg": [loadavg()], "daemon": []}
     for codec in ("none", "lz4"):
         r["daemon"].append(pprof_top(ctx, f"BenchmarkCapture/{codec}$", "./internal/server", ignore))
