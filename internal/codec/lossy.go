@@ -343,19 +343,31 @@ func (c *quantCodec) Decode(dst, src []byte, dt dtype.DType, rawLen int) ([]byte
 	return out, nil
 }
 
-func decodeQuant(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error) {
+// decodeLosslessMode reads the mode byte that starts every quant and fp16 block. A block
+// stored losslessly (mode 0: it could not meet its bound, or held values the lossy form
+// cannot carry) is decoded here and done is true, as it is for a bad block; for mode 1 the
+// caller decodes the lossy body at src[1:].
+func decodeLosslessMode(dst, src []byte, dt dtype.DType, rawLen int) (out []byte, done bool, err error) {
 	if rawLen < 0 || rawLen > MaxBlockSize {
-		return nil, fmt.Errorf("block of %d bytes: %w", rawLen, ErrCorrupt)
+		return nil, true, fmt.Errorf("block of %d bytes: %w", rawLen, ErrCorrupt)
 	}
 	if len(src) < 1 {
-		return nil, fmt.Errorf("empty block: %w", ErrCorrupt)
+		return nil, true, fmt.Errorf("empty block: %w", ErrCorrupt)
 	}
 	switch src[0] {
 	case modeLossless:
-		return decodeShuffled(dst, src[1:], dt, rawLen)
+		out, err = decodeShuffled(dst, src[1:], dt, rawLen)
+		return out, true, err
 	case modeLossy:
+		return nil, false, nil
 	default:
-		return nil, fmt.Errorf("mode %d: %w", src[0], ErrCorrupt)
+		return nil, true, fmt.Errorf("mode %d: %w", src[0], ErrCorrupt)
+	}
+}
+
+func decodeQuant(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error) {
+	if out, done, err := decodeLosslessMode(dst, src, dt, rawLen); done {
+		return out, err
 	}
 	w := dt.Size()
 	if !quantizable(dt) || rawLen < 0 || rawLen%w != 0 {
@@ -565,18 +577,8 @@ func (c *fp16Codec) Decode(dst, src []byte, dt dtype.DType, rawLen int) ([]byte,
 }
 
 func decodeFP16(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error) {
-	if rawLen < 0 || rawLen > MaxBlockSize {
-		return nil, fmt.Errorf("block of %d bytes: %w", rawLen, ErrCorrupt)
-	}
-	if len(src) < 1 {
-		return nil, fmt.Errorf("empty block: %w", ErrCorrupt)
-	}
-	switch src[0] {
-	case modeLossless:
-		return decodeShuffled(dst, src[1:], dt, rawLen)
-	case modeLossy:
-	default:
-		return nil, fmt.Errorf("mode %d: %w", src[0], ErrCorrupt)
+	if out, done, err := decodeLosslessMode(dst, src, dt, rawLen); done {
+		return out, err
 	}
 	w := dt.Size()
 	if (dt != dtype.Float32 && dt != dtype.Float64) || rawLen < 0 || rawLen%w != 0 {
