@@ -10,7 +10,8 @@ follow them in sequence order or needs the daemon to see them (DROP, TOKEN, CHEC
 waiting for ring space). A syscall per record was the largest client cost for the small
 tensors of token-by-token generation (docs/PERFORMANCE.md). Tensors whose record would exceed
 a quarter of the data region go as PART records. Pending RELEASE/ERROR messages are drained
-without blocking before each tensor.
+without blocking before each publish, and before a tensor that does not fit the space known
+to be free.
 
 Policy ``drop`` decides per tensor, before its first record: if there is no room, the whole
 tensor is dropped (one DROP message with its ``tensor_len``), never a part of it; once its
@@ -142,6 +143,7 @@ class CaptureSession:
     def _publish(self) -> None:
         """Send one PUBLISH covering every record written since the last one (none: no-op)."""
         if self.ring.head != self.published_head:
+            self.drain()  # a daemon ERROR surfaces here, once per publish, not per tensor
             self.conn.send(P.PUBLISH, {"head": self.ring.head, "seq": self.last_tensor_seq})
             self.published_head = self.ring.head
 
@@ -225,9 +227,10 @@ class CaptureSession:
             parts = [(o, min(cap, tensor_len - o)) for o in range(0, tensor_len, cap)]
         is_part = len(parts) > 1
 
-        self.drain()
         first_len = align64(hdr_area + parts[0][1])
         pad, needed = self.ring.placement(first_len)
+        if not self.ring.fits(needed):
+            self.drain()  # RELEASEs received since the last publish free space
         if not self.ring.fits(needed) and self.policy == "drop":
             self._publish()  # the records before it come first in sequence order
             seq = self._next_seq()
