@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Dict, Optional, Union
 
-from .stream import DROP, END, TENSOR, TOKEN, open_stream
+from ..stream import DROP, END, TENSOR, TOKEN, open_stream
 
 if TYPE_CHECKING:  # pragma: no cover
     from .framework import InstrumentationFramework
