@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Union
 from ..stream import DROP, END, TENSOR, TOKEN, open_stream
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .framework import InstrumentationFramework
+    from ..framework import InstrumentationFramework
 
 
 def analyze_activations(path: Union[str, os.PathLike]) -> Dict[str, Any]:
