@@ -75,16 +75,23 @@ def test_wheel_in_fresh_venv(tmp_path):
     assert whl.is_file(), whl
     assert whl.name.endswith("-py3-none-manylinux_2_17_x86_64.whl"), whl.name
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    # ensurepip installs the pip wheel that ships with Python: no network.
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     vpy = venv / "bin" / "python"
     purelib = subprocess.run([str(vpy), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
     shared = [p for p in site.getsitepackages() if Path(p).is_dir()]
     assert shared and not any(Path(p).resolve() == Path(purelib).resolve() for p in shared)
     (Path(purelib) / "_shared_deps.pth").write_text("".join(p + "\n" for p in shared))
-    # pip of this interpreter installs into the fresh one (--python): no ensurepip, no index.
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(vpy), "install", "--quiet",
+    subprocess.run([str(vpy), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                     "--no-deps", "--no-index", str(whl)], check=True)
+
+    # The aarch64 wheel's tag is honoured: pip refuses it on this x86_64 machine.
+    arm = whl.with_name(whl.name.replace("x86_64", "aarch64"))
+    assert arm.is_file(), f"{arm} missing (make wheel builds both)"
+    refused = subprocess.run([str(vpy), "-m", "pip", "install", "--disable-pip-version-check", "--no-deps",
+                              "--no-index", str(arm)], capture_output=True, text=True)
+    assert refused.returncode != 0 and "not a supported wheel on this platform" in refused.stderr, refused
 
     sock = short_tmpdir()
     cwd = tmp_path / "cwd"
