@@ -90,7 +90,7 @@ test-dist: $(WHEEL_AMD64) $(WHEEL_ARM64) test-arm64
 # its own binary as another user (the child would need binfmt_misc to find qemu); bpf and
 # cmd/strapd exec arm64 children the same way. Installs qemu-user-static when missing.
 ARM64_PKGS   ?= ./internal/shm/ ./internal/codec/ ./internal/dtype/ ./internal/writer/ ./internal/checkpoint/ \
-                ./internal/control/ ./internal/pipeline/ ./internal/server/
+                ./internal/control/ ./internal/pipeline/ ./internal/server/ ./internal/jsontext/
 ARM64_SKIP   ?= ^TestRootDaemonUnprivilegedClient$$
 QEMU_ARM64   ?= qemu-aarch64-static
 test-arm64:
