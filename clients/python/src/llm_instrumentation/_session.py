@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
+from . import _daemon
 from . import _protocol as P
 from ._dtypes import dtype_size, torch_dtype_id
 from ._ring import Ring, align64, encode_record_header, header_area
@@ -347,6 +349,46 @@ class CaptureSession:
             self._cuda.copy(dst, src.detach())
             return
         dst.copy_(src.detach().cpu())
+
+
+def open_session(socket_path: Optional[str], autostart: bool, stall_timeout: float, ring_size: int, policy: str,
+                 output_fd: int, trace_fd: Optional[int], request: P.Open, resume_seq: int = 0) -> CaptureSession:
+    """Connect to strapd (starting it when ``autostart``), shake hands, create the ring and
+    open a session. On any failure the connection and ring are released again.
+
+    Args:
+        socket_path: the control socket (None: default resolution).
+        autostart: start ``strapd serve`` when no daemon answers.
+        stall_timeout: seconds to wait for ring space.
+        ring_size: bytes of the ring.
+        policy: ``"block"`` or ``"drop"``.
+        output_fd: the stream file (the caller keeps and closes it).
+        trace_fd: the trace file, or None (the caller keeps and closes it).
+        request: the OPEN body.
+        resume_seq: the last sequence number of a resumed stream (0: fresh); the session
+            continues after it.
+
+    Returns:
+        the open session.
+    """
+    from . import __version__
+
+    conn: Optional[P.Connection] = None
+    ring: Optional[Ring] = None
+    try:
+        conn = _daemon.connect(socket_path, autostart=autostart)
+        P.handshake(conn, f"llm_instrumentation/{__version__}", os.getpid())
+        ring = Ring(ring_size)
+        session = CaptureSession(conn, ring, policy, stall_timeout)
+        session.open(output_fd, request, trace_fd=trace_fd)
+    except BaseException:
+        if conn is not None:
+            conn.close()
+        if ring is not None:
+            ring.close()
+        raise
+    session.seq = session.last_tensor_seq = resume_seq
+    return session
 
 
 def _flat_bytes(t: "torch.Tensor") -> "torch.Tensor":
