@@ -30,6 +30,8 @@ class Capture:
     """The state and life cycle of captures of one model (see the framework for attributes)."""
 
     def _init(self, model: "nn.Module", config: InstrumentationConfig, options: SessionOptions) -> None:
+        # Not __init__: the public constructor keeps its documented keyword parameters and
+        # turns them into options; it and ``from_options`` both end here.
         self.model = model
         self.config = config
         self.plan = config.transport_plan()
