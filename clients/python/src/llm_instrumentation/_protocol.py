@@ -75,11 +75,11 @@ class Body:
             a dict ready for ``json.dumps``.
         """
         out: Dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
+        for name in _names(type(self)):
+            v = getattr(self, name)
             if v is None:
                 continue
-            out[f.name] = v.to_body() if isinstance(v, Body) else v
+            out[name] = v.to_body() if isinstance(v, Body) else v
         return out
 
     @classmethod
@@ -110,6 +110,15 @@ class Body:
 
 
 _HINTS: Dict[type, Dict[str, Any]] = {}
+_NAMES: Dict[type, Tuple[str, ...]] = {}
+
+
+def _names(cls: type) -> Tuple[str, ...]:
+    # PUBLISH goes once per forward pass: keep dataclasses.fields() out of that path.
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 def _hints(cls: type) -> Dict[str, Any]:
