@@ -237,6 +237,8 @@ def capture_activations(
         ...     model(input_ids)
         >>> fw.analyze_activations()["packets"]  # doctest: +SKIP
     """
+    # SessionOptions checks these again; checking first keeps the error a bad combination
+    # gets the same whatever else is wrong (preset, config, output path).
     check_tracking(track_per_token, checkpoint_interval_tokens, checkpoint_path, resume_from_checkpoint,
                    overwrite_checkpoint)
     if preset is not None and config is not None:
