@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/strap-llm/strap/internal/writer"
+	"github.com/strap-llm/strap/internal/stream"
 )
 
 // Report says whether a stream can be resumed from its checkpoint and what a resume cuts.
@@ -62,7 +62,7 @@ func Check(f io.ReaderAt, size int64, c *Checkpoint) Report {
 			size, c.StreamOffset)
 		return rep
 	}
-	r, err := writer.NewReader(f, c.StreamOffset)
+	r, err := stream.NewReader(f, c.StreamOffset)
 	if err != nil {
 		rep.problem("stream header: %v", err)
 		return rep
@@ -76,18 +76,18 @@ func Check(f io.ReaderAt, size int64, c *Checkpoint) Report {
 	}
 	var (
 		packets, tokens uint64
-		last            *writer.PacketInfo
+		last            *stream.PacketInfo
 	)
 	sc := r.Scan(true)
 	for sc.Next() {
 		p := sc.Packet()
 		switch p.Type {
-		case writer.TypeTensor, writer.TypeDrop, writer.TypeToken:
+		case stream.TypeTensor, stream.TypeDrop, stream.TypeToken:
 		default:
 			rep.problem("%v packet at offset %d, before the checkpointed offset %d", p.Type, p.Offset, c.StreamOffset)
 		}
 		packets++
-		if p.Type == writer.TypeToken {
+		if p.Type == stream.TypeToken {
 			tokens++
 		}
 		last = p
@@ -125,13 +125,13 @@ func describeTail(rep *Report, f io.ReaderAt, size, from int64) {
 	if size == from {
 		return
 	}
-	r, err := writer.NewReader(f, size)
+	r, err := stream.NewReader(f, size)
 	if err != nil {
 		return
 	}
 	off := from
 	for off < size {
-		if size-off == writer.FooterLen && rep.CutIndex {
+		if size-off == stream.FooterLen && rep.CutIndex {
 			return
 		}
 		p, err := r.ReadHeader(off)
@@ -140,15 +140,15 @@ func describeTail(rep *Report, f io.ReaderAt, size, from int64) {
 			return
 		}
 		switch p.Type {
-		case writer.TypeEnd:
-			var em writer.EndMeta
+		case stream.TypeEnd:
+			var em stream.EndMeta
 			_ = json.Unmarshal(p.Meta, &em) // verify reports a bad END; here only the status matters
 			rep.CutEnd = em.Status
-		case writer.TypeIndex:
+		case stream.TypeIndex:
 			rep.CutIndex = true
 		default:
 			rep.CutPackets++
-			if p.Type == writer.TypeToken {
+			if p.Type == stream.TypeToken {
 				rep.CutTokens++
 			}
 		}

@@ -16,7 +16,7 @@ import (
 	"github.com/strap-llm/strap/internal/control"
 	"github.com/strap-llm/strap/internal/dtype"
 	"github.com/strap-llm/strap/internal/shm"
-	"github.com/strap-llm/strap/internal/writer"
+	"github.com/strap-llm/strap/internal/stream"
 )
 
 // DefaultBlockSize is the raw bytes per compression block when OPEN names none.
@@ -75,8 +75,8 @@ type Options struct {
 	// WriteDelay slows the writer by this much per packet (tests fill tiny rings with it).
 	WriteDelay time.Duration
 	// Resume, when set, continues the stream already in Output instead of starting one
-	// (writer.Resume checks the prefix); sequence numbers go on after its LastSeq.
-	Resume *writer.ResumeExpect
+	// (stream.Resume checks the prefix); sequence numbers go on after its LastSeq.
+	Resume *stream.ResumeExpect
 	// OnCheckpoint is called from the writer goroutine once every event up to a
 	// checkpoint's seq is written and fdatasynced; it must not block.
 	OnCheckpoint func(control.Checkpointed)
@@ -146,7 +146,7 @@ type item struct {
 	drop control.Drop
 	tok  control.Token
 
-	blocks  []writer.Block
+	blocks  []stream.Block
 	stats   []codec.BlockStats // lossy codecs: the error of each block
 	grants  []grant
 	pending atomic.Int32
@@ -165,7 +165,7 @@ type span struct {
 // pool and writes packets in sequence order.
 type Session struct {
 	o     Options
-	w     *writer.Writer
+	w     *stream.Writer
 	codec codec.Codec
 	bs    int
 	ctx   context.Context
@@ -216,15 +216,15 @@ func Start(o Options) (*Session, error) {
 		o.OnCheckpoint = func(control.Checkpointed) {}
 	}
 	var (
-		w   *writer.Writer
+		w   *stream.Writer
 		err error
 	)
 	nextSeq := uint64(1)
 	if o.Resume != nil {
-		w, err = writer.Resume(o.Output, *o.Resume)
+		w, err = stream.Resume(o.Output, *o.Resume)
 		nextSeq = o.Resume.LastSeq + 1
 	} else {
-		w, err = writer.New(o.Output, o.Metadata)
+		w, err = stream.New(o.Output, o.Metadata)
 	}
 	if err != nil {
 		o.Ring.Close()
@@ -356,7 +356,7 @@ func (s *Session) dispatch(it *item) error {
 	}
 	p := it.rec.Payload
 	n := (len(p) + s.bs - 1) / s.bs
-	it.blocks = make([]writer.Block, n)
+	it.blocks = make([]stream.Block, n)
 	it.grants = make([]grant, n)
 	if n == 0 {
 		s.free(it.span)
@@ -417,10 +417,10 @@ func (s *Session) dispatch(it *item) error {
 				it.setErr(fmt.Errorf("block %d: %w", i, err))
 				putBuf(buf)
 			case compressed:
-				it.blocks[i] = writer.Block{Data: out}
+				it.blocks[i] = stream.Block{Data: out}
 			default:
 				// Stored verbatim: copy, since the ring bytes are released before writing.
-				it.blocks[i] = writer.Block{Data: append(out[:0], src...), Raw: true}
+				it.blocks[i] = stream.Block{Data: append(out[:0], src...), Raw: true}
 			}
 			s.blockDone(it)
 		}
@@ -605,15 +605,15 @@ func (s *Session) checkpoint(seq uint64) error {
 }
 
 func (s *Session) write(it *item) error {
-	var p writer.Packet
+	var p stream.Packet
 	switch it.kind {
 	case kindTensor:
 		r := &it.rec
-		p = writer.Packet{Type: writer.TypeTensor, DType: r.DType, Shape: r.Shape, Name: r.Name, Meta: it.meta,
+		p = stream.Packet{Type: stream.TypeTensor, DType: r.DType, Shape: r.Shape, Name: r.Name, Meta: it.meta,
 			Seq: r.Seq, Step: r.Step, Forward: r.Forward, RawLen: uint64(len(r.Payload)),
 			PartOffset: r.PartOffset, TensorLen: r.TensorLen}
 		if r.Flags&shm.FlagPart != 0 {
-			p.Flags = writer.FlagPart
+			p.Flags = stream.FlagPart
 		}
 		if it.stats != nil {
 			meta, err := s.lossyMeta(it)
@@ -624,7 +624,7 @@ func (s *Session) write(it *item) error {
 		}
 		if s.codec == nil {
 			p.Codec = codec.None
-			p.Blocks = []writer.Block{{Data: r.Payload}}
+			p.Blocks = []stream.Block{{Data: r.Payload}}
 		} else {
 			p.Codec = s.codec.ID()
 			p.BlockSize = uint32(s.bs)
@@ -637,7 +637,7 @@ func (s *Session) write(it *item) error {
 			reason = "ring_full"
 		}
 		meta, _ := json.Marshal(map[string]string{"reason": reason})
-		p = writer.Packet{Type: writer.TypeDrop, DType: dtype.Invalid, Name: d.Name, Meta: meta, Seq: d.Seq,
+		p = stream.Packet{Type: stream.TypeDrop, DType: dtype.Invalid, Name: d.Name, Meta: meta, Seq: d.Seq,
 			Step: d.Step, Forward: d.Forward, RawLen: d.Bytes, TensorLen: d.Bytes}
 	case kindToken:
 		t := it.tok
@@ -646,7 +646,7 @@ func (s *Session) write(it *item) error {
 			pos = *t.Position
 		}
 		meta, _ := json.Marshal(map[string]any{"token_id": t.TokenID, "text": t.Text, "position": pos})
-		p = writer.Packet{Type: writer.TypeToken, Name: "token", Meta: meta, Seq: t.Seq, Step: t.Index}
+		p = stream.Packet{Type: stream.TypeToken, Name: "token", Meta: meta, Seq: t.Seq, Step: t.Index}
 	}
 	before := s.w.Offset()
 	if err := s.w.WritePacket(&p); err != nil {
@@ -705,7 +705,7 @@ func (s *Session) Finish(status string) (Result, error) {
 func (s *Session) finish(status string) (Result, error) {
 	close(s.queue)
 	<-s.writerDone
-	end := writer.EndInfo{Status: status, Packets: s.packets.Load(), Drops: s.drops.Load()}
+	end := stream.EndInfo{Status: status, Packets: s.packets.Load(), Drops: s.drops.Load()}
 	if e := s.Err(); e != nil {
 		end.Status = StatusError
 		end.Error = e.Error()

@@ -11,7 +11,7 @@ import (
 
 	"github.com/strap-llm/strap/internal/control"
 	"github.com/strap-llm/strap/internal/shm"
-	"github.com/strap-llm/strap/internal/writer"
+	"github.com/strap-llm/strap/internal/stream"
 )
 
 // stepEvents sends step k of a per-token capture: two tensors, then token k.
@@ -33,7 +33,7 @@ func stepEvents(t *testing.T, st *control.Stream, k int) {
 // packetsOf lists every packet of a stream but the INDEX, header fields and stored bytes.
 func packetsOf(t *testing.T, path string) []string {
 	t.Helper()
-	r, f, err := writer.OpenFile(path)
+	r, f, err := stream.OpenFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func packetsOf(t *testing.T, path string) []string {
 	sc := r.Scan(false)
 	for sc.Next() {
 		p := sc.Packet()
-		if p.Type == writer.TypeIndex {
+		if p.Type == stream.TypeIndex {
 			continue
 		}
 		out = append(out, fmt.Sprintf("%v %s seq=%d step=%d fwd=%d meta=%s crc=%08x %x", p.Type, p.Name, p.Seq, p.Step,
@@ -182,7 +182,7 @@ func TestCheckpointAndResumeThroughSocket(t *testing.T) {
 			t.Fatalf("packet %d:\n got %.200s\nwant %.200s", i, got[i], want[i])
 		}
 	}
-	if rep, err := writer.VerifyFile(path); err != nil || !rep.OK {
+	if rep, err := stream.VerifyFile(path); err != nil || !rep.OK {
 		t.Fatalf("verify: %+v %v", rep, err)
 	}
 }

@@ -13,7 +13,7 @@ import (
 
 	"github.com/strap-llm/strap/internal/codec"
 	"github.com/strap-llm/strap/internal/dtype"
-	"github.com/strap-llm/strap/internal/writer"
+	"github.com/strap-llm/strap/internal/stream"
 )
 
 // Packet is one packet read back from a stream, payload decoded.
@@ -57,10 +57,10 @@ func ReadFile(path string) (*Stream, error) {
 	return Read(b)
 }
 
-// Read checks and decodes a stream held in b with the one Go reader, internal/writer (the
+// Read checks and decodes a stream held in b with the one Go reader, internal/stream (the
 // Python reader is the independent second implementation, held to the same golden files).
 func Read(b []byte) (*Stream, error) {
-	r, err := writer.NewReader(bytes.NewReader(b), int64(len(b)))
+	r, err := stream.NewReader(bytes.NewReader(b), int64(len(b)))
 	if err != nil {
 		return nil, err
 	}
@@ -77,17 +77,17 @@ func Read(b []byte) (*Stream, error) {
 			}
 		}
 		switch pi.Type {
-		case writer.TypeTensor:
+		case stream.TypeTensor:
 			if p.Payload, err = r.Decode(pi, sc.Payload()); err != nil {
 				return nil, fmt.Errorf("decode packet at %d: %w", pi.Offset, err)
 			}
-		case writer.TypeIndex:
+		case stream.TypeIndex:
 			p.Payload = sc.Payload()
 		}
 		switch pi.Type {
-		case writer.TypeIndex:
+		case stream.TypeIndex:
 			s.Index = &p
-		case writer.TypeEnd:
+		case stream.TypeEnd:
 			s.End = &p
 		default:
 			if s.End != nil {
@@ -97,7 +97,7 @@ func Read(b []byte) (*Stream, error) {
 		}
 	}
 	if err := sc.Err(); err != nil {
-		if !errors.Is(err, writer.ErrTruncated) || s.Index != nil {
+		if !errors.Is(err, stream.ErrTruncated) || s.Index != nil {
 			return nil, err
 		}
 		s.TruncatedAt = sc.Offset()

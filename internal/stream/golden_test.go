@@ -1,4 +1,4 @@
-package writer
+package stream
 
 import (
 	"bytes"
@@ -419,7 +419,7 @@ func TestGolden(t *testing.T) {
 			}
 			want, err := os.ReadFile(sp)
 			if err != nil {
-				t.Fatalf("%v (run go test ./internal/writer -run Golden -update)", err)
+				t.Fatalf("%v (run go test ./internal/stream -run Golden -update)", err)
 			}
 			if !bytes.Equal(data, want) {
 				t.Errorf("%s: writer output (%d bytes) differs from golden (%d bytes)", sp, len(data), len(want))
