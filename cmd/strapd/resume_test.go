@@ -76,9 +76,8 @@ func killedCapture(t *testing.T, dir string) (string, *checkpoint.Checkpoint) {
 	for k := range 4 {
 		raw := bytes.Repeat([]byte{byte(k)}, 64)
 		for _, p := range []stream.Packet{
-			{Type: stream.TypeTensor, DType: dtype.Uint8, Shape: []uint64{64}, Name: "m", Seq: uint64(2*k + 1), Step: uint64(k),
-				RawLen: 64, Blocks: []stream.Block{{Data: raw}}},
-			{Type: stream.TypeToken, Name: "token", Seq: uint64(2*k + 2), Step: uint64(k), Meta: []byte(fmt.Sprintf(`{"token_id":%d}`, k))},
+			{Header: stream.Header{Type: stream.TypeTensor, DType: dtype.Uint8, Shape: []uint64{64}, Seq: uint64(2*k + 1), Step: uint64(k), RawLen: 64}, Name: "m", Blocks: []stream.Block{{Data: raw}}},
+			{Header: stream.Header{Type: stream.TypeToken, Seq: uint64(2*k + 2), Step: uint64(k)}, Name: "token", Meta: []byte(fmt.Sprintf(`{"token_id":%d}`, k))},
 		} {
 			if err := w.WritePacket(&p); err != nil {
 				t.Fatal(err)

@@ -74,45 +74,17 @@ func Check(f io.ReaderAt, size int64, c *Checkpoint) Report {
 		rep.problem("fingerprint: checkpoint %q, stream header %q (another capture config or model)",
 			c.Fingerprint, rep.StreamFingerprint)
 	}
-	var (
-		packets, tokens uint64
-		last            *stream.PacketInfo
-	)
-	sc := r.Scan(true)
-	for sc.Next() {
-		p := sc.Packet()
-		switch p.Type {
-		case stream.TypeTensor, stream.TypeDrop, stream.TypeToken:
-		default:
-			rep.problem("%v packet at offset %d, before the checkpointed offset %d", p.Type, p.Offset, c.StreamOffset)
-		}
-		packets++
-		if p.Type == stream.TypeToken {
-			tokens++
-		}
-		last = p
+	pre, errs := stream.CheckPrefix(r, stream.ResumeExpect{AppendAt: c.StreamOffset, LastSeq: c.LastSeq,
+		LastCRC: c.LastPacketCRC, Packets: c.Packets}, nil)
+	for _, err := range errs {
+		rep.problem("%v", err)
 	}
-	if err := sc.Err(); err != nil {
-		rep.problem("checkpointed offset %d is not the end of a packet: %v", c.StreamOffset, err)
+	// What a resume does not name but the checkpoint file records: checked here only.
+	if pre.Tokens != c.TokenCount {
+		rep.problem("tokens: %d TOKEN packets before the offset, checkpoint says %d", pre.Tokens, c.TokenCount)
 	}
-	if packets != c.Packets {
-		rep.problem("packets: %d before the offset, checkpoint says %d", packets, c.Packets)
-	}
-	if tokens != c.TokenCount {
-		rep.problem("tokens: %d TOKEN packets before the offset, checkpoint says %d", tokens, c.TokenCount)
-	}
-	switch {
-	case last == nil: // the packet count above already differs when it should not be empty
-	case last.Offset != c.LastPacketOffset:
-		rep.problem("last packet starts at %d, checkpoint says %d", last.Offset, c.LastPacketOffset)
-	case last.Seq != c.LastSeq:
-		rep.problem("last packet has seq %d, checkpoint says %d", last.Seq, c.LastSeq)
-	case last.CRC != c.LastPacketCRC:
-		rep.problem("last packet crc %#08x, checkpoint says %#08x", last.CRC, c.LastPacketCRC)
-	default:
-		if _, _, err := r.ReadPacket(last.Offset); err != nil {
-			rep.problem("last packet: %v", err)
-		}
+	if pre.Last != nil && pre.Last.Offset != c.LastPacketOffset {
+		rep.problem("last packet starts at %d, checkpoint says %d", pre.Last.Offset, c.LastPacketOffset)
 	}
 	rep.Resumable = len(rep.Problems) == 0
 	describeTail(&rep, f, size, c.StreamOffset)

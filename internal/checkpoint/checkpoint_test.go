@@ -108,14 +108,12 @@ func capture(t *testing.T, steps, ckAt int, fp string, end func(w *stream.Writer
 		for _, name := range []string{"a", "b"} {
 			seq++
 			raw := bytes.Repeat([]byte{byte(seq)}, 100)
-			if err := w.WritePacket(&stream.Packet{Type: stream.TypeTensor, DType: dtype.Uint8, Shape: []uint64{100},
-				Name: name, Seq: seq, Step: uint64(k), RawLen: 100, Blocks: []stream.Block{{Data: raw}}}); err != nil {
+			if err := w.WritePacket(&stream.Packet{Header: stream.Header{Type: stream.TypeTensor, DType: dtype.Uint8, Shape: []uint64{100}, Seq: seq, Step: uint64(k), RawLen: 100}, Name: name, Blocks: []stream.Block{{Data: raw}}}); err != nil {
 				t.Fatal(err)
 			}
 		}
 		seq++
-		if err := w.WritePacket(&stream.Packet{Type: stream.TypeToken, Name: "token", Seq: seq, Step: uint64(k),
-			Meta: []byte(fmt.Sprintf(`{"token_id":%d}`, k))}); err != nil {
+		if err := w.WritePacket(&stream.Packet{Header: stream.Header{Type: stream.TypeToken, Seq: seq, Step: uint64(k)}, Name: "token", Meta: []byte(fmt.Sprintf(`{"token_id":%d}`, k))}); err != nil {
 			t.Fatal(err)
 		}
 		if k+1 == ckAt {

@@ -6,34 +6,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-
 	"math"
 	"math/rand/v2"
 	"os"
 
-	"github.com/strap-llm/strap/internal/codec"
-	"github.com/strap-llm/strap/internal/dtype"
 	"github.com/strap-llm/strap/internal/stream"
 )
 
-// Packet is one packet read back from a stream, payload decoded.
+// Packet is one packet read back from a stream, payload decoded and meta parsed.
 type Packet struct {
-	Offset     int64
-	Type       uint16
-	DType      dtype.DType
-	Shape      []uint64
-	Name       string
-	Meta       map[string]any
-	Codec      codec.ID
-	Flags      uint8
-	Seq        uint64
-	Step       uint64
-	Forward    uint64
-	RawLen     uint64
-	StoredLen  uint64
-	PartOffset uint64
-	TensorLen  uint64
-	Payload    []byte
+	Offset int64
+	stream.Header
+	Name    string
+	Meta    map[string]any
+	Payload []byte
 }
 
 // Stream is a stream file read back.
@@ -68,9 +54,7 @@ func Read(b []byte) (*Stream, error) {
 	sc := r.Scan(false)
 	for sc.Next() {
 		pi := sc.Packet()
-		p := Packet{Offset: pi.Offset, Type: uint16(pi.Type), DType: pi.DType, Shape: pi.Shape, Name: pi.Name,
-			Codec: pi.Codec, Flags: pi.Flags, Seq: pi.Seq, Step: pi.Step, Forward: pi.Forward, RawLen: pi.RawLen,
-			StoredLen: pi.StoredLen, PartOffset: pi.PartOffset, TensorLen: pi.TensorLen}
+		p := Packet{Offset: pi.Offset, Header: pi.Header, Name: pi.Name}
 		if len(pi.Meta) > 0 {
 			if err := json.Unmarshal(pi.Meta, &p.Meta); err != nil {
 				return nil, fmt.Errorf("packet meta at %d: %w", pi.Offset, err)
@@ -121,10 +105,10 @@ func (s *Stream) Tensors() ([]Packet, error) {
 	var out []Packet
 	var cur *Packet
 	for _, p := range s.Packets {
-		if p.Type != 1 {
+		if p.Type != stream.TypeTensor {
 			continue
 		}
-		if p.Flags&1 == 0 {
+		if !p.Part() {
 			if cur != nil {
 				return nil, fmt.Errorf("tensor %q seq %d interrupts parts of %q", p.Name, p.Seq, cur.Name)
 			}
