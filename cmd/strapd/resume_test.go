@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -51,8 +52,7 @@ func runResume(t *testing.T, args ...string) (string, error, int) {
 	code := 0
 	if err != nil {
 		code = 1
-		var ec exitCoder
-		if asExitCoder(err, &ec) {
+		if ec, ok := errors.AsType[exitCoder](err); ok {
 			code = ec.ExitCode()
 		}
 	}
