@@ -98,7 +98,6 @@ func newHarness(tb testing.TB, o hopts) *harness {
 		OnError: func(e error) { h.errs <- e },
 	}, fd, out)
 	if err != nil {
-		unix.Close(fd)
 		tb.Fatal(err)
 	}
 	return h

@@ -183,10 +183,11 @@ func (p *Plan) Meta(id uint64, version string, now time.Time) StreamMeta {
 }
 
 // Open starts the session: it leases the ring and its compression reserve from the budget,
-// maps the ring from ringFD (which it closes once mapped), and writes the stream header
-// (or checks and continues the resumed prefix) to out, which stays the caller's to close.
-// On failure ringFD is left to the caller.
+// maps the ring from ringFD, and writes the stream header (or checks and continues the
+// resumed prefix) to out. ringFD is always closed by Open, whatever the outcome (the
+// mapping outlives it); out stays the caller's to close.
 func (p *Plan) Open(env Env, ringFD int, out *os.File) (*Session, error) {
+	defer unix.Close(ringFD)
 	req := p.req
 	lease, err := env.Budget.Open(int64(req.RingSize), Reserve(p.codec, p.bs, req.RingSize-shm.HeaderSize))
 	if err != nil {
@@ -205,7 +206,6 @@ func (p *Plan) Open(env Env, ringFD int, out *os.File) (*Session, error) {
 		}
 		return nil, &Error{Kind: k, Err: err}
 	}
-	_ = unix.Close(ringFD)
 	return start(options{Env: env, Ring: ring, Output: out, Codec: p.codec, BlockSize: p.bs,
 		Metadata: p.Meta(env.ID, env.Version, time.Now()), Lease: lease, Resume: p.resume})
 }

@@ -406,6 +406,9 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	}()
 	log := c.log.With(zap.Uint64("session", id))
 	out := os.NewFile(uintptr(fds[1]), fmt.Sprintf("session-%d-output", id))
+	ringFD := fds[0]
+	// Open closes the ring descriptor and out owns the output's: only a trace is left.
+	fds = fds[2:]
 	sess, err := plan.Open(pipeline.Env{ID: id, Version: cfg.Version, Limits: cfg.Limits, Pool: c.srv.pool,
 		Budget: c.srv.budget, Release: c.out.release, Log: log, WriteDelay: cfg.DebugWriteDelay,
 		OnCheckpoint: func(d pipeline.Durable) {
@@ -416,16 +419,14 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 			c.out.send(control.TypeError, wireError(err))
 			c.wake()
 		},
-	}, fds[0], out)
+	}, ringFD, out)
 	if err != nil {
-		// out owns fds[1] now; the ring descriptor and any trace are still ours to close.
 		out.Close()
-		fds = append(fds[:1], fds[2:]...)
 		return err
 	}
 	var trace *os.File
-	if len(fds) == 3 {
-		trace = os.NewFile(uintptr(fds[2]), fmt.Sprintf("session-%d-trace", id))
+	if len(fds) == 1 {
+		trace = os.NewFile(uintptr(fds[0]), fmt.Sprintf("session-%d-trace", id))
 	}
 	fds = nil
 	str := func(k string) string { s, _ := req.Metadata[k].(string); return s }
