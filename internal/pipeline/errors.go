@@ -38,11 +38,13 @@ const (
 	KindCodec
 )
 
+// kindNames are what logs and the END packet's error text call each kind. They are the
+// words the END text has always used, so streams read the same whoever maps the codes.
 var kindNames = [...]string{
-	KindInternal: "internal", KindBadRequest: "bad_request", KindRingSize: "ring_size",
+	KindInternal: "internal", KindBadRequest: "bad_message", KindRingSize: "ring_size",
 	KindRingNotSealed: "ring_not_sealed", KindRingHeader: "ring_header", KindBadOutput: "bad_output",
 	KindBadCodec: "bad_codec", KindMemoryBudget: "memory_budget", KindTornRecord: "torn_record",
-	KindBadRecord: "bad_record", KindWrite: "write", KindCodec: "codec",
+	KindBadRecord: "bad_record", KindWrite: "write_error", KindCodec: "codec_error",
 }
 
 // String names the kind (in logs and in the END packet's error text).

@@ -226,7 +226,7 @@ func (c *conn) endOnRecvError(err error, draining bool) {
 func (c *conn) endWith(err error) {
 	if sess := c.session(); sess != nil {
 		// The session reports through OnError; record the cause there.
-		sess.Fail(err)
+		sess.Fail(endCause{err})
 		c.finish(pipeline.StatusError)
 		return
 	}
@@ -316,7 +316,7 @@ func (c *conn) handle(m control.Message, fds []int) bool {
 		done, err := h(c, m, sess)
 		if err != nil {
 			if errors.Is(err, control.ErrBadMessage) {
-				sess.Fail(control.Errorf(control.CodeBadMessage, "%w", err))
+				sess.Fail(endCause{control.Errorf(control.CodeBadMessage, "%w", err)})
 			}
 			c.finish(pipeline.StatusError)
 			return true
@@ -355,3 +355,17 @@ func closeFDs(fds []int) {
 		_ = unix.Close(fd)
 	}
 }
+
+// endCause is a failure the server hands to a session: the END packet's error text reads
+// "code: message" like the session's own failures, while wireError still finds the coded
+// error underneath.
+type endCause struct{ err error }
+
+func (e endCause) Error() string {
+	if ce, ok := errors.AsType[*control.Error](e.err); ok {
+		return ce.Code + ": " + ce.Message
+	}
+	return e.err.Error()
+}
+
+func (e endCause) Unwrap() error { return e.err }
