@@ -89,7 +89,7 @@ test-dist: $(WHEEL_AMD64) $(WHEEL_ARM64) test-arm64
 # whose ordering is stronger), see docs/DEPLOY.md. Skipped: the one server test that execs
 # its own binary as another user (the child would need binfmt_misc to find qemu); bpf and
 # cmd/strapd exec arm64 children the same way. Installs qemu-user-static when missing.
-ARM64_PKGS   ?= ./internal/shm/ ./internal/codec/ ./internal/dtype/ ./internal/writer/ ./internal/checkpoint/ \
+ARM64_PKGS   ?= ./internal/shm/ ./internal/codec/ ./internal/dtype/ ./internal/stream/ ./internal/checkpoint/ \
                 ./internal/control/ ./internal/pipeline/ ./internal/server/ ./internal/jsontext/
 ARM64_SKIP   ?= ^TestRootDaemonUnprivilegedClient$$
 QEMU_ARM64   ?= qemu-aarch64-static

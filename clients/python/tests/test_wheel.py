@@ -50,7 +50,7 @@ CHILD = textwrap.dedent(r'''
         with li.capture_activations(m, preset="balanced", output_path=out) as fw:
             m(input_ids=torch.tensor([[1, 2, 3, 4]]))
     conn = P.Connection.connect(D.resolve_socket_path())
-    pid = P.handshake(conn, "wheel-test", os.getpid())["pid"]
+    pid = P.handshake(conn, "wheel-test", os.getpid()).pid
     conn.close()
     with li.open_stream(out) as r:
         n = len(r.tensors())
