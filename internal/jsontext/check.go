@@ -17,10 +17,10 @@ var (
 	ErrLoneSurrogate = errors.New("unpaired surrogate escape")
 )
 
-// Check reports whether b, which the caller has already found to be valid JSON
-// (json.Valid), holds only valid Unicode text: valid UTF-8, and no string escape that
-// decodes to a lone surrogate. Errors wrap ErrInvalidUTF8 or ErrLoneSurrogate and give the
-// byte offset.
+// Check reports whether b holds only valid Unicode text: valid UTF-8, and no string escape
+// that decodes to a lone surrogate. Errors wrap ErrInvalidUTF8 or ErrLoneSurrogate and give
+// the byte offset. The verdict is exact for valid JSON (json.Valid); other input is safe to
+// pass (no panic) but may be accepted, so check validity too.
 func Check(b []byte) error {
 	if !utf8.Valid(b) {
 		i := 0
