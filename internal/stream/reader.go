@@ -167,8 +167,13 @@ func (r *Reader) ReadHeader(off int64) (*PacketInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := p.checkText(); err != nil {
-		return nil, err
+	if terr := p.checkText(); terr != nil {
+		// A damaged byte reads as bad text too: read the packet whole, so that a CRC that
+		// disagrees is reported as the damage it is (as ReadPacket would).
+		if _, _, err := r.ReadPacket(off); err != nil {
+			return nil, err
+		}
+		return nil, terr
 	}
 	return p, nil
 }

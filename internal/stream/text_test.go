@@ -188,7 +188,7 @@ func TestReaderInvalidText(t *testing.T) {
 }
 
 // TestCRCBeforeText: a damaged name byte with a stale CRC is reported as a CRC failure
-// (damage), not as bad text.
+// (damage), not as bad text, by every read path.
 func TestCRCBeforeText(t *testing.T) {
 	b := textStream(t)
 	off := packetStarts(t, b)[0]
@@ -198,6 +198,13 @@ func TestCRCBeforeText(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, _, err := r.ReadPacket(off); !errors.Is(err, ErrBadCRC) {
-		t.Fatalf("got %v, want ErrBadCRC", err)
+		t.Fatalf("ReadPacket: %v, want ErrBadCRC", err)
+	}
+	// A header-only read checks no CRC of its own, but bad text makes it look.
+	if _, err := r.ReadHeader(off); !errors.Is(err, ErrBadCRC) {
+		t.Fatalf("ReadHeader: %v, want ErrBadCRC", err)
+	}
+	if rep := Verify(bytes.NewReader(b), int64(len(b))); rep.FirstBadOffset != off || !strings.Contains(rep.Error, "crc") {
+		t.Fatalf("verify: first bad %d (want %d), error %q", rep.FirstBadOffset, off, rep.Error)
 	}
 }
