@@ -97,8 +97,11 @@ def main() -> int:
         (bindir / "strapd").chmod(0o755)
         wheel_dir = Path(tmp) / "wheel"
         wheel_dir.mkdir()
+        # setuptools before 70.1 has no bdist_wheel of its own (it needed the wheel package).
         code = (
-            "import sys; from setuptools import build_meta as b; "
+            "import sys, setuptools; from setuptools import build_meta as b; "
+            "v = tuple(int(x) for x in setuptools.__version__.split('.')[:2]); "
+            "v >= (70, 1) or sys.exit(f'setuptools {setuptools.__version__} is too old: make wheel needs >= 70.1'); "
             "print(b.build_wheel(sys.argv[1], config_settings={'--build-option': ['--plat-name', sys.argv[2]]}))"
         )
         res = subprocess.run([sys.executable, "-c", code, str(wheel_dir), args.plat], cwd=work,
