@@ -310,8 +310,10 @@ class InstrumentationConfig:
     # ----- builders --------------------------------------------------------------------------
 
     def copy(self) -> "InstrumentationConfig":
-        """An independent config with the same fields."""
-        return dataclasses.replace(self)
+        """An independent config with the same fields (already valid: not re-checked)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
 
     def with_compression(self, algo: Optional[str] = None, level: Optional[int] = None,
                          lossy: Optional[Union[str, Dict[str, Any]]] = None, *,
