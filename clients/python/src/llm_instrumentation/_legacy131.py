@@ -33,6 +33,10 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 #: ``metadata["format"]`` of a 1.3.1 stream.
 FORMAT = "llm_instrumentation-1.3.1"
 
+#: Largest decoded payload accepted. 1.3.1 refused packets over its 128 MiB ring and
+#: activations compress ~1.1–1.4×, so a frame claiming more is corrupt, not big.
+MAX_RAW = 1 << 30
+
 # Codec ids as in stream.py, so code that looks at ``Packet.codec`` sees the same numbers.
 _CODEC_IDS = {"none": 0, "lz4": 1, "zstd": 2}
 
@@ -79,6 +83,10 @@ class LegacyPacket:
             StreamFormatError: the payload is not a valid frame of its codec.
         """
         data = self.stored()
+        claimed = _content_size(self.codec_name, data)
+        if claimed is not None and claimed > MAX_RAW:
+            raise StreamFormatError(f"{self._reader.path}: 1.3.1 packet {self.index} ({self.name!r}) claims "
+                                    f"{claimed} decoded bytes (more than {MAX_RAW})", self.offset)
         try:
             if self.codec_name == "lz4":
                 import lz4.frame
@@ -87,7 +95,7 @@ class LegacyPacket:
             elif self.codec_name == "zstd":
                 import zstandard
 
-                out = zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 34)
+                out = zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_RAW)
             else:
                 out = data
         except Exception as e:

@@ -91,7 +91,7 @@ def load_stream_packets(
         ('model.layers.0.self_attn', 0)
     """
     from ..errors import StreamFormatError
-    from ..stream import DROP, TENSOR, open_stream
+    from ..stream import DROP, Tensor, open_stream
 
     if compression is not None and (not isinstance(compression, str) or compression.lower() not in
                                     _LEGACY_CODECS + ("shuffle", "quant", "fp16")):
@@ -108,7 +108,10 @@ def load_stream_packets(
                 pk.codec_name = c
         # Tensors come from iterating the reader (PART packets joined); DROP packets from
         # the packet walk. Both follow file order; merge them by offset.
-        items: List[Tuple[int, str, Any]] = [(t.packets[0].offset, "t", t) for t in r]
+        # A 1.3.1 packet is one tensor; it is wrapped below, inside the try, because its
+        # size may only be known by decoding it.
+        items: List[Tuple[int, str, Any]] = (
+            [(pk.offset, "p", pk) for pk in r.packets()] if legacy else [(t.packets[0].offset, "t", t) for t in r])
         drops = [pk for pk in r.packets() if pk.type == DROP]
         dropped = len(drops)
         if include_failed:
@@ -122,18 +125,19 @@ def load_stream_packets(
                 rec["dropped"] = True
                 records.append(rec)
                 continue
-            t = obj
-            stored = sum(p.stored_len for p in t.packets)
-            rec = _record(index, t.name, stored, t.nbytes, t.dtype, t.shape, t.seq, t.step, t.forward, legacy)
+            pks = [obj] if kind == "p" else obj.packets
+            stored = sum(p.stored_len for p in pks)
             try:
-                values = t.numpy()
+                t = Tensor(pks) if kind == "p" else obj
+                rec = _record(index, t.name, stored, t.nbytes, t.dtype, t.shape, t.seq, t.step, t.forward, legacy)
+                rec.update(_compute_tensor_statistics(t.numpy()))
             except StreamFormatError as e:
                 if not include_failed:
                     raise
+                rec = _record(index, pks[0].name, stored, None, None, (), pks[0].seq, pks[0].step, pks[0].forward,
+                              legacy)
                 rec.update(_empty_tensor_statistics())
                 rec["error"] = str(e)
-            else:
-                rec.update(_compute_tensor_statistics(values))
             records.append(rec)
         del items
     if dropped and not include_failed:
@@ -142,7 +146,7 @@ def load_stream_packets(
     return records
 
 
-def _record(index: int, name: str, stored: int, raw: int, dtype: Optional[str], shape: Sequence[int],
+def _record(index: int, name: str, stored: int, raw: Optional[int], dtype: Optional[str], shape: Sequence[int],
             seq: int, step: Optional[int], forward: Optional[int], legacy: bool) -> PacketLike:
     return {
         "packet_index": index,
