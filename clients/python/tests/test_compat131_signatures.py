@@ -165,6 +165,7 @@ def test_report_compatibility(capsys):
     with capsys.disabled():
         print(f"\n1.3.1 public names: {len(names)}, compatible: {len(ok)}, different: {sorted(found)}")
     assert len(ok) + len(found) == len(names)
+    assert len(ok) >= 34, "fewer 1.3.1 names are compatible than before"
 
 
 def test_checker_catches_differences():

@@ -80,6 +80,9 @@ def test_not_a_stream_at_all(tmp_path):
     p.write_bytes(struct.pack("!HI", 2, 0) + b"\xff\xfe")
     with pytest.raises(StreamFormatError, match="not UTF-8"):
         open_stream(p)
+    p.write_bytes(b"STRAP")  # a cut v2 header is reported as one, not read as 1.3.1
+    with pytest.raises(StreamFormatError, match="too short for a stream header"):
+        open_stream(p)
 
 
 def test_analyze_131_stream_keys():

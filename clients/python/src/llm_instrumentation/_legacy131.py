@@ -163,9 +163,10 @@ def _content_size(codec: str, data: bytes) -> Optional[int]:
 
 
 def is_legacy_header(head: bytes) -> bool:
-    """Whether a file starting with ``head`` is not a v2 strap stream (no ``STRAPSTM``
-    magic): :func:`open_stream` then reads it as 1.3.1."""
-    return not head.startswith(b"STRAPSTM")
+    """Whether a file starting with ``head`` (its first 8 bytes, or all of a shorter file)
+    cannot be a v2 strap stream, whose ``STRAPSTM`` magic it neither has nor begins:
+    :func:`open_stream` then reads it as 1.3.1."""
+    return not b"STRAPSTM".startswith(head[:8])
 
 
 class LegacyStreamReader:
