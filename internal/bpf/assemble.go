@@ -113,7 +113,7 @@ func (c *Collector) Snapshot() Snapshot {
 	c.perProcess(&s, raw)
 
 	if c.status[CollectorPressure].Source == SourceProc {
-		if p, err := ReadPSI(filepath.Join(c.opts.ProcRoot, "pressure")); err == nil && len(p) > 0 {
+		if p, err := ReadPSI(c.opts.ProcRoot); err == nil && len(p) > 0 {
 			s.Pressure = p
 		}
 	}
@@ -200,11 +200,10 @@ func sumSlots(d devCounters) uint64 {
 
 // readDiskstats reads /proc/diskstats, keeping whole disks only (as the probes do).
 func (c *Collector) readDiskstats() map[uint32]diskStat {
-	b, err := os.ReadFile(filepath.Join(c.opts.ProcRoot, "diskstats"))
+	all, err := diskstats(c.blockFS)
 	if err != nil {
 		return nil
 	}
-	all := parseDiskstats(b)
 	for dev := range all {
 		if _, err := os.Stat(filepath.Join(c.opts.SysRoot, "dev/block", devString(dev), "partition")); err == nil {
 			delete(all, dev)
@@ -236,7 +235,7 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 		key := pidKey(pid)
 		alive := pidAlive(c.opts.ProcRoot, pid)
 		var pf PageFaults
-		f, err := readProcFaults(c.opts.ProcRoot, pid)
+		f, err := readProcFaults(c.procFS, pid)
 		if pc := raw.procs[uint32(pid)]; err != nil && pc.exited {
 			f, err = pc.exitFaults, nil
 		}
@@ -271,7 +270,7 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 		}
 		if bpfSched {
 			s.Sched[key] = Sched{Source: SourceBPF}
-		} else if v, i, err := ctxSwitches(c.opts.ProcRoot, pid); err == nil {
+		} else if v, i, err := ctxSwitches(c.procFS, pid); err == nil {
 			sc := Sched{Source: SourceProc}
 			if prev, ok := c.prevCtx[pid]; ok {
 				sc.Voluntary, sc.Involuntary = sub(v, prev[0]), sub(i, prev[1])

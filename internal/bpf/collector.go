@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/procfs"
+	"github.com/prometheus/procfs/blockdevice"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 )
@@ -107,6 +109,8 @@ type Collector struct {
 	prevProc  map[int]ProcFaults
 	prevCtx   map[int][2]uint64
 	prevDisk  map[uint32]diskStat
+	procFS    procfs.FS      // opts.ProcRoot
+	blockFS   blockdevice.FS // opts.ProcRoot and opts.SysRoot
 	devs      devNames
 	prevStats map[string]ProgStats
 }
@@ -151,6 +155,13 @@ func Start(opts Options) (*Collector, error) {
 		opts: opts, log: log, watched: map[int]bool{}, status: map[string]*CollectorStatus{},
 		prevProc: map[int]ProcFaults{}, prevCtx: map[int][2]uint64{}, prevStats: map[string]ProgStats{},
 		devs: devNames{sysRoot: opts.SysRoot},
+	}
+	var err error
+	if c.procFS, err = procfs.NewFS(opts.ProcRoot); err != nil {
+		return nil, fmt.Errorf("proc root: %w", err)
+	}
+	if c.blockFS, err = blockdevice.NewFS(opts.ProcRoot, opts.SysRoot); err != nil {
+		return nil, fmt.Errorf("proc/sys root: %w", err)
 	}
 	var cgroupIDs []uint64
 	for _, cg := range opts.Cgroups {
@@ -266,10 +277,10 @@ func (c *Collector) Watch(pid int) error {
 	}
 	c.watched[pid] = true
 	// Baselines, so the first interval counts from now.
-	if f, err := readProcFaults(c.opts.ProcRoot, pid); err == nil {
+	if f, err := readProcFaults(c.procFS, pid); err == nil {
 		c.prevProc[pid] = f
 	}
-	if v, i, err := ctxSwitches(c.opts.ProcRoot, pid); err == nil {
+	if v, i, err := ctxSwitches(c.procFS, pid); err == nil {
 		c.prevCtx[pid] = [2]uint64{v, i}
 	}
 	return nil

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/trace")
@@ -34,9 +36,25 @@ func golden(t *testing.T, name string, got []byte) {
 	}
 }
 
-// TestParsePSIGolden parses every file in testdata/trace/psi and compares the results
-// (values or error) with psi.golden.json.
-func TestParsePSIGolden(t *testing.T) {
+// psiFS lays b out as <tmp>/pressure/cpu, the layout procfs reads.
+func psiFS(t testing.TB, b []byte) procfs.FS {
+	root := t.TempDir()
+	if err := os.Mkdir(filepath.Join(root, "pressure"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "pressure", "cpu"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := procfs.NewFS(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+// TestReadPSIGolden reads every file in testdata/trace/psi as a /proc/pressure file and
+// compares the results (values or error) with psi.golden.json.
+func TestReadPSIGolden(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join(testdataDir, "psi", "*.txt"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no PSI fixtures: %v", err)
@@ -53,7 +71,7 @@ func TestParsePSIGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r, err := ParsePSI(b)
+			r, err := readPSIResource(psiFS(t, b), "cpu")
 			bad := strings.HasPrefix(name, "bad-")
 			switch {
 			case bad && err == nil:
@@ -84,13 +102,15 @@ func TestReadPSIAbsent(t *testing.T) {
 	}
 }
 
-func TestParseProcStat(t *testing.T) {
+// TestReadProcFaults reads the fixtures of testdata/trace/procstat as /proc/<pid>/stat.
+func TestReadProcFaults(t *testing.T) {
 	for _, tc := range []struct {
 		file         string
 		minor, major uint64
 		wantErr      bool
 	}{
 		{file: "paren-in-comm.txt", minor: 1234, major: 56},
+		{file: "self.txt", minor: 117, major: 0},
 		{file: "bad-short.txt", wantErr: true},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
@@ -98,7 +118,19 @@ func TestParseProcStat(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := ParseProcStat(b)
+			root := t.TempDir()
+			const pid = 4242
+			if err := os.MkdirAll(filepath.Join(root, "4242"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(root, "4242", "stat"), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			fs, err := procfs.NewFS(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := readProcFaults(fs, pid)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
 			}

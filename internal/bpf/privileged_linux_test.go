@@ -1,9 +1,10 @@
-//go:build linux && amd64
+//go:build linux && amd64 && privileged
 
 package bpf
 
 import (
 	"errors"
+	"math/bits"
 	"os"
 	"runtime"
 	"testing"
@@ -12,23 +13,6 @@ import (
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
 )
-
-// requireBPF skips the test only when the kernel probes truly cannot run here, naming
-// what is missing; anything else that fails is a test failure.
-func requireBPF(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		var caps unix.CapUserHeader
-		caps.Version = unix.LINUX_CAPABILITY_VERSION_3
-		var data [2]unix.CapUserData
-		if err := unix.Capget(&caps, &data[0]); err != nil || data[1].Effective&(1<<(unix.CAP_BPF-32)) == 0 {
-			t.Skip("skipping: needs root or CAP_BPF+CAP_PERFMON")
-		}
-	}
-	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
-		t.Skip("skipping: kernel has no BTF (/sys/kernel/btf/vmlinux)")
-	}
-}
 
 // loadedProbes loads the object without attaching it: maps are private to the test and
 // programs run only through prog.Run.
@@ -140,24 +124,40 @@ func TestProgBlockRequests(t *testing.T) {
 		}
 	})
 	t.Run("latency lands in its log2 slot", func(t *testing.T) {
+		// Each latency sits in the lower half of its slot, so a few µs of delay change
+		// nothing; and the test measures how long it really took between stamping the
+		// start and the completion, so a stall of the test machine widens the accepted
+		// slots by exactly what it added instead of failing. A wrong slot computation
+		// still fails: the accepted range never reaches a wrong neighbour below.
 		for _, tc := range []struct {
 			us   uint64
 			slot int
-		}{{3000, 12}, {100, 7}, {70000, 17}} {
+		}{{2500, 12}, {70, 7}, {70000, 17}} {
+			if got := bits.Len64(tc.us); got != tc.slot {
+				t.Fatalf("test table: %d µs is in slot %d, not %d", tc.us, got, tc.slot)
+			}
 			var before strapDevStats
 			_ = p.objs.DevStatsMap.Lookup(uint32(0), &before)
 			key := uint64(0xffff0000000c0000)
-			if err := p.objs.RqStarts.Put(key, strapRqStart{Ts: monoNow(t) - tc.us*1000, Bytes: 8192, Op: 1}); err != nil {
+			t0 := monoNow(t)
+			if err := p.objs.RqStarts.Put(key, strapRqStart{Ts: t0 - tc.us*1000, Bytes: 8192, Op: 1}); err != nil {
 				t.Fatal(err)
 			}
 			run(t, complete, key, 0, 0)
+			stalled := (monoNow(t) - t0) / 1000
 			var after strapDevStats
 			if err := p.objs.DevStatsMap.Lookup(uint32(0), &after); err != nil {
 				t.Fatal(err)
 			}
-			// A slow test machine may add a few µs, never enough to change these slots.
-			if after.Slots[tc.slot]-before.Slots[tc.slot] != 1 {
-				t.Errorf("%d µs: slot %d not incremented (slots %v)", tc.us, tc.slot, after.Slots)
+			hi := bits.Len64(tc.us + stalled + 1)
+			var got []int
+			for s := range after.Slots {
+				for range after.Slots[s] - before.Slots[s] {
+					got = append(got, s)
+				}
+			}
+			if len(got) != 1 || got[0] < tc.slot || got[0] > hi {
+				t.Errorf("%d µs (+%d µs of test delay): slots incremented %v, want one in %d..%d", tc.us, stalled, got, tc.slot, hi)
 			}
 			if after.Ios[1]-before.Ios[1] != 1 || after.Bytes[1]-before.Bytes[1] != 8192 {
 				t.Errorf("%d µs: write ios/bytes += %d/%d, want 1/8192", tc.us, after.Ios[1]-before.Ios[1], after.Bytes[1]-before.Bytes[1])

@@ -1,4 +1,4 @@
-//go:build linux
+//go:build linux && privileged
 
 package bpf
 
@@ -12,27 +12,6 @@ import (
 	"syscall"
 	"testing"
 )
-
-const unprivEnv = "STRAP_BPF_TEST_UNPRIV"
-
-// unprivChild starts a Collector as whoever it runs as and prints its Status and one
-// Snapshot as JSON.
-func unprivChild() {
-	c, err := Start(Options{WatchSelf: true})
-	if err != nil {
-		os.Stderr.WriteString(err.Error())
-		os.Exit(3)
-	}
-	out := struct {
-		Status   Status
-		Snapshot Snapshot
-	}{c.Status(), c.Snapshot()}
-	c.Close()
-	if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
-		os.Exit(4)
-	}
-	os.Exit(0)
-}
 
 // TestUnprivilegedFallback runs the collector as nobody (no CAP_BPF, no CAP_PERFMON):
 // Start succeeds, every BPF collector reports why it is not on bpf, and the /proc
