@@ -161,6 +161,17 @@ func sampleSnapshot() Snapshot {
 		Sched:       map[string]Sched{"4242": {Voluntary: 12, Involuntary: 3, Migrations: 1, Source: SourceBPF}},
 		Threads: []Thread{{TID: 4243, PID: 4242, OffCPU: OffCPU{RunnableNs: 1000000, SleepNs: 300000000, BlockedNs: 300000000},
 			Voluntary: 12, Involuntary: 3, Migrations: 1}},
+		SyscallLatency: map[string]map[string]LatencyStats{"4242": {
+			"futex": {Count: 4, Errors: 1, Timed: 4, TotalNs: 200000000, Buckets: []Bucket{{Slot: 16, Count: 4, BucketLow: 32768, BucketHigh: 65535}}},
+			"read":  {Count: 100, Timed: 10, TotalNs: 30000, Buckets: []Bucket{{Slot: 2, Count: 10, BucketLow: 2, BucketHigh: 3}}},
+		}},
+		SyncWait: map[string]map[string]LatencyStats{"4242": {
+			"futex": {Count: 3, Errors: 1, Timed: 3, TotalNs: 150000000, Buckets: []Bucket{{Slot: 16, Count: 3, BucketLow: 32768, BucketHigh: 65535}}},
+		}},
+		RunqueueLatency: map[string]LatencyStats{"4242": {Count: 7, Timed: 7, TotalNs: 21000000, Buckets: []Bucket{{Slot: 12, Count: 7, BucketLow: 2048, BucketHigh: 4095}}}},
+		NvidiaIoctl:     map[string]LatencyStats{"4242": {Count: 2, Errors: 2, Timed: 2, TotalNs: 4000, Buckets: []Bucket{{Slot: 2, Count: 2, BucketLow: 2, BucketHigh: 3}}}},
+		TCP:             map[string]TCP{"4242": {TxBytes: 1048576, RxBytes: 524288, TxCalls: 16, RxCalls: 40, Retransmits: 1}},
+		Memory:          map[string]Memory{"4242": {RSSBytes: 1073741824, RSSPeakBytes: 2147483648}},
 		Pressure: map[string]PSIResource{
 			"cpu":    {Some: &PSIValues{Avg10: 1.5, Avg60: 0.75, Avg300: 0.25, Total: 123456}, Full: &PSIValues{}},
 			"io":     {Some: &PSIValues{Avg10: 0.1, Total: 42}, Full: &PSIValues{Avg10: 0.05, Total: 21}},
@@ -172,6 +183,10 @@ func sampleSnapshot() Snapshot {
 			TotalEvents: 5000, TotalRunTimeNs: 1060000}},
 		Drops: map[string]uint64{"ringbuf_full": 1},
 	}
+	for _, c := range []string{CollectorSyscallLatency, CollectorSyncWait, CollectorRunqueue, CollectorNvidiaIoctl, CollectorTCP} {
+		s.Collectors[c] = SourceBPF
+	}
+	s.Collectors[CollectorMemory] = SourceProc
 	s.stamp(time.Date(2026, 11, 25, 21, 0, 5, 123456000, time.UTC), 5*time.Second)
 	return s
 }
@@ -338,7 +353,10 @@ func TestFormatText(t *testing.T) {
 	if err := FormatText(&b, sampleSnapshot()); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"vda", "pid 4242", "sleep 300ms", "/dev/nvidia0", "pressure cpu", "sched_switch 1000×212ns", "DROPPED ringbuf_full: 1"} {
+	for _, want := range []string{"vda", "pid 4242", "sleep 300ms", "/dev/nvidia0", "pressure cpu", "sched_switch 1000×212ns", "DROPPED ringbuf_full: 1",
+		"rss 1.0GiB (peak 2.0GiB)", "tcp tx 1.0MiB rx 512.0KiB retrans 1", "runq 7× mean 3ms max<4.096ms",
+		"nvidia ioctl 2× (2 failed) mean 2µs max<4µs", "waits  futex 3× (1 failed) mean 50ms max<65.536ms",
+		"syscalls  futex 4× (1 failed) mean 50ms max<65.536ms  read 100× mean 3µs max<4µs"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("text output lacks %q:\n%s", want, b.String())
 		}

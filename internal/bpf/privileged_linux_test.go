@@ -234,19 +234,33 @@ func TestProgFilter(t *testing.T) {
 	}
 
 	pending := func() int { return mapLen[uint32, strapPendingSyscall](t, p.objs.PendingSyscalls) }
-	run(t, p.objs.SysEnter, 0, 39) // getpid: not a model-loading syscall
-	if got := pending(); got != 0 {
-		t.Fatalf("getpid left %d pending entries", got)
-	}
-	for _, nr := range []uint64{9, 149, 150, 325, 257} {
-		run(t, p.objs.SysEnter, 0, nr)
-	}
-	if got := pending(); got != 1 { // one per thread, the last syscall wins
-		t.Fatalf("pending entries = %d, want 1", got)
-	}
-	var ps strapPendingSyscall
-	if err := p.objs.PendingSyscalls.Lookup(uint32(unix.Gettid()), &ps); err != nil || ps.Nr != 257 {
-		t.Fatalf("pending for this thread = %+v (%v), want nr 257", ps, err)
+	// Every syscall of a watched thread is stamped (its latency is timed at exit); one
+	// entry per thread, the last syscall wins. The fake regs read as zeros, so futex's op
+	// reads as FUTEX_WAIT and ioctl's fd as 0 (this test's stdin, not an nvidia file).
+	for _, tc := range []struct {
+		nr    uint64
+		kind  uint32
+		flags uint32
+	}{
+		{39, 0xff, 1},  // getpid: no sync wait
+		{9, 0xff, 1},   // mmap
+		{202, 0, 1},    // futex, FUTEX_WAIT
+		{232, 1, 1},    // epoll_wait
+		{7, 2, 1},      // poll
+		{271, 3, 1},    // ppoll
+		{230, 4, 1},    // clock_nanosleep
+		{16, 0xff, 1},  // ioctl on fd 0
+		{257, 0xff, 1}, // openat
+	} {
+		run(t, p.objs.SysEnter, 0, tc.nr)
+		if got := pending(); got != 1 {
+			t.Fatalf("nr %d: pending entries = %d, want 1", tc.nr, got)
+		}
+		var ps strapPendingSyscall
+		if err := p.objs.PendingSyscalls.Lookup(uint32(unix.Gettid()), &ps); err != nil || ps.Nr != int64(tc.nr) ||
+			ps.SyncKind != tc.kind || ps.Flags != tc.flags || ps.Ts == 0 {
+			t.Fatalf("pending for this thread = %+v (%v), want nr %d sync kind %d flags %d", ps, err, tc.nr, tc.kind, tc.flags)
+		}
 	}
 	if err := p.unwatch(self); err != nil {
 		t.Fatal(err)
@@ -255,5 +269,34 @@ func TestProgFilter(t *testing.T) {
 	run(t, p.objs.SysEnter, 0, 9)
 	if got := pending(); got != 0 {
 		t.Fatalf("unwatched process left %d pending entries", got)
+	}
+}
+
+// TestProgTCPRetransmit: a retransmit runs in softirq or timer context, so the probe
+// charges it to the watched process recorded as the socket's owner when it last moved
+// data, and ignores sockets no watched process used. Retransmits cannot be caused on
+// loopback without dropping packets, so the program runs on a fake socket pointer.
+func TestProgTCPRetransmit(t *testing.T) {
+	p := loadedProbes(t)
+	const sk, tgid = uint64(0xffff000000d00000), uint32(4242)
+	if err := p.objs.SockOwner.Put(sk, tgid); err != nil {
+		t.Fatal(err)
+	}
+	retrans := func() uint64 {
+		var ts strapTcpStats
+		_ = p.objs.TcpStatsMap.Lookup(tgid, &ts)
+		return ts.Retransmits
+	}
+	run(t, p.objs.TcpRetransmitSkb, sk, 0)
+	run(t, p.objs.TcpRetransmitSkb, sk, 0)
+	if got := retrans(); got != 2 {
+		t.Fatalf("retransmits of the owned socket = %d, want 2", got)
+	}
+	run(t, p.objs.TcpRetransmitSkb, sk+0x1000, 0)
+	if got := retrans(); got != 2 {
+		t.Fatalf("a retransmit on a socket no watched process used was charged: %d", got)
+	}
+	if n := mapLen[uint32, strapTcpStats](t, p.objs.TcpStatsMap); n != 1 {
+		t.Fatalf("%d tcp stats entries, want 1", n)
 	}
 }

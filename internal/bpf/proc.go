@@ -32,6 +32,19 @@ func readProcFaults(fs procfs.FS, pid int) (ProcFaults, error) {
 	return ProcFaults{Minor: uint64(st.MinFlt), Major: uint64(st.MajFlt)}, nil
 }
 
+// readMemory reads pid's resident set size and its peak from /proc/<pid>/status.
+func readMemory(fs procfs.FS, pid int) (Memory, error) {
+	p, err := fs.Proc(pid)
+	if err != nil {
+		return Memory{}, err
+	}
+	st, err := p.NewStatus()
+	if err != nil {
+		return Memory{}, fmt.Errorf("proc status %d: %w", pid, err)
+	}
+	return Memory{RSSBytes: st.VmRSS, RSSPeakBytes: st.VmHWM}, nil
+}
+
 // ctxSwitches sums voluntary/nonvoluntary_ctxt_switches over every thread of pid; the
 // process-level status file only shows the leader thread's.
 func ctxSwitches(fs procfs.FS, pid int) (vol, invol uint64, err error) {
