@@ -203,6 +203,19 @@ func TestProgOffCPUSplit(t *testing.T) {
 			if err := p.objs.OffcpuStarts.Lookup(uint32(0), &st); !errors.Is(err, ebpf.ErrKeyNotExist) {
 				t.Errorf("stamp left after switch-in: %+v %v", st, err)
 			}
+			// The runnable part, and only it, is one run-queue wait of the thread group.
+			var rq strapLatStats
+			if err := p.objs.RunqStats.Lookup(uint32(42), &rq); err != nil {
+				t.Fatal(err)
+			}
+			var inSlots uint64
+			for _, n := range rq.Slots {
+				inSlots += n
+			}
+			if rq.Count != 1 || rq.Timed != 1 || inSlots != 1 || rq.TotalNs != ts.RunnableNs {
+				t.Errorf("run-queue stats %+v: want one wait of %d ns", rq, ts.RunnableNs)
+			}
+			_ = p.objs.RunqStats.Delete(uint32(42))
 		})
 	}
 }
