@@ -12,7 +12,7 @@ type probes struct{ statsErr string }
 
 // loadProbes names the build's platform so that `strapd status` on, say, the arm64 binary
 // of a wheel says why there is no histogram rather than only that there is none.
-func loadProbes() (*probes, map[string]error, error) {
+func loadProbes(uint32) (*probes, map[string]error, error) {
 	return nil, nil, fmt.Errorf("%w; this strapd is %s/%s, without the eBPF object", ErrUnsupported, runtime.GOOS, runtime.GOARCH)
 }
 
