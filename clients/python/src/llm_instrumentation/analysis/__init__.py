@@ -165,13 +165,16 @@ def fold_lossy(acc: Optional[Dict[str, Any]], rep: Dict[str, Any]) -> Dict[str, 
 
 
 def tokens_file_candidates(stream_path: Union[str, os.PathLike]) -> List[str]:
-    """Where a capture's tokens file may be, in order: ``{stream_path}_tokens.json``;
-    ``<stem>_tokens.json`` for a ``<stem>.stream``; and what 1.3.1 wrote,
-    ``stream_path.replace(".stream", "_tokens.json")`` (every occurrence, directories too)."""
+    """Where a capture's tokens file may be, in order: ``<stem>_tokens.json`` for a
+    ``<stem>.stream`` (what captures write, as 1.3.1 did); ``{stream_path}_tokens.json``
+    (what captures write for other names, and wrote for every name before); and what 1.3.1
+    wrote, ``stream_path.replace(".stream", "_tokens.json")`` (every occurrence,
+    directories too)."""
     p = os.fspath(stream_path)
-    out = [p + "_tokens.json"]
+    out = []
     if p.endswith(".stream"):
         out.append(p[: -len(".stream")] + "_tokens.json")
+    out.append(p + "_tokens.json")
     legacy = p.replace(".stream", "_tokens.json")
     if legacy not in out and legacy != p:
         out.append(legacy)
