@@ -238,8 +238,9 @@ def create_optimized_config(model_arch: Union[str, "nn.Module"], purpose: str) -
     ``interpretability``: :meth:`~InstrumentationConfig.attention_analysis`;
     ``debugging``: :meth:`~InstrumentationConfig.fast_capture`; ``performance_analysis``:
     :meth:`~InstrumentationConfig.balanced`, with zstd for ``gpt``/``llama``/``qwen`` (1.3.1
-    also set a 16 GB memory limit there; the default ring is kept instead, since a limit
-    above 1 GiB is clamped anyway); ``full_capture``: :meth:`~InstrumentationConfig.balanced`.
+    also set a 16 GB memory limit there; the default ring is kept instead: a capture fits
+    its ring to what strapd admits, 1 GiB by default, and would warn about a cap the
+    caller never set); ``full_capture``: :meth:`~InstrumentationConfig.balanced`.
 
     Args:
         model_arch: a name from :func:`detect_model_architecture`, or the model itself.
