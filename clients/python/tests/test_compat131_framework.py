@@ -10,7 +10,6 @@ resolution), so their calls are 1.3.1's exactly.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
