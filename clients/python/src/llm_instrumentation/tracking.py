@@ -75,7 +75,8 @@ class TokenTracker:
         """Write the tokens as 1.3.1's tokens file: ``{"total_tokens", "tokens",
         "capture_duration_seconds"}`` (seconds since :attr:`start_time`), UTF-8 JSON.
 
-        A capture writes ``{output_path}_tokens.json`` itself; this is for saving elsewhere.
+        A capture writes its tokens file itself (:func:`~llm_instrumentation.framework.tokens_path`);
+        this is for saving elsewhere.
 
         Args:
             path: the JSON file to write (replaced).
