@@ -137,7 +137,7 @@ func (c *conn) handshake() bool {
 	}
 	c.log.Debug("client connected", zap.String("client", h.Client))
 	c.out.send(control.TypeWelcome, control.Welcome{Protocol: control.Version, Daemon: "strapd " + c.srv.cfg.Version,
-		PID: os.Getpid(), MaxMessage: control.MaxMessage})
+		PID: os.Getpid(), MaxMessage: control.MaxMessage, MaxRingSize: c.srv.cfg.MaxRingSize})
 	return true
 }
 
