@@ -58,8 +58,8 @@ demo: $(BIN) $(VENV)/.stamp
 	STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) clients/python/examples/demo.py
 
 # Measures capture overhead, daemon ingest, memory, compression, probe cost and profiles on
-# this machine (< 15 min on 2 cores) and writes docs/PERFORMANCE.md, bench/results/*.json and
-# the PNG charts. matplotlib is installed here only, so `make test` never needs it.
+# this machine (< 15 min on 2 cores) and writes bench/results/*.json, the tables in
+# docs/PERFORMANCE-DATA.md and the PNG charts (the reading in docs/PERFORMANCE.md is written by hand). matplotlib is installed here only, so `make test` never needs it.
 # BENCH_ARGS=--quick is a seconds-long smoke test whose results go to a temp dir.
 BENCH_ARGS ?=
 bench: $(BIN) $(VENV)/.stamp
