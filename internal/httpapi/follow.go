@@ -165,7 +165,6 @@ func (h *Handler) follow(w http.ResponseWriter, r *http.Request, lr logRequest, 
 	hd.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	sse := &sseWriter{w: w, rc: rc}
-	sse.comment("following resource logs")
 
 	p := h.peer(r)
 	tails := map[uint64]*tailer{}
@@ -189,6 +188,9 @@ func (h *Handler) follow(w http.ResponseWriter, r *http.Request, lr logRequest, 
 	for _, s := range sessions {
 		add(s, lr.filter.HasSince)
 	}
+	// Sent once every log is positioned: a line written after the client read this
+	// comment is delivered.
+	sse.comment("following resource logs")
 	tick := time.NewTicker(h.opts.Poll)
 	defer tick.Stop()
 	lastWrite := time.Now()

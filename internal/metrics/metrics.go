@@ -35,6 +35,9 @@ type Options struct {
 	// Detail adds per-session series labelled with session id, uid and pid
 	// (serve --http-metrics-detail); off, nothing in /metrics names a user.
 	Detail bool
+	// Codecs are exported at zero from the start, so a codec's first drops are an
+	// increase Prometheus sees (a counter born non-zero reads as no increase).
+	Codecs []string
 	// SelfPID is strapd's tgid, counted as process="strapd" in the per-process kernel
 	// series; every other watched tgid is process="clients". 0: os.Getpid().
 	SelfPID int
@@ -117,6 +120,9 @@ func New(o Options) *Metrics {
 	m := &Metrics{opts: o, reg: prometheus.NewRegistry(), ended: map[string]*counts{},
 		live: map[uint64]*liveSession{}, endedIDs: map[uint64]bool{}, lastToken: map[uint64]time.Time{}}
 	m.kernel.init()
+	for _, c := range o.Codecs {
+		m.totals(c)
+	}
 	h := func(name, help string) prometheus.Histogram {
 		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: latencyBuckets})
 	}

@@ -80,6 +80,21 @@ type Options struct {
 	// OnCheckpoint is called from the writer goroutine once every event up to a
 	// checkpoint's seq is written and fdatasynced; it must not block.
 	OnCheckpoint func(control.Checkpointed)
+	// Observer receives write, fdatasync, checkpoint and token timings; nil: none.
+	Observer Observer
+}
+
+// Observer receives a session's timings (internal/metrics implements it). Its methods are
+// called from the session's goroutines and must return quickly.
+type Observer interface {
+	// ObserveWrite is the time one packet took to reach the file.
+	ObserveWrite(time.Duration)
+	// ObserveSync is the time of one fdatasync.
+	ObserveSync(time.Duration)
+	// ObserveCheckpoint is the time from a CHECKPOINT to its durable reply.
+	ObserveCheckpoint(time.Duration)
+	// ObserveToken is a TOKEN of session arriving at at.
+	ObserveToken(session uint64, at time.Time)
 }
 
 // Reserve is the compression buffer memory a session must reserve at open so that its
@@ -145,6 +160,7 @@ type item struct {
 	span *span // ring bytes it holds; nil for notices
 	drop control.Drop
 	tok  control.Token
+	at   time.Time // when a checkpoint was asked for
 
 	blocks  []writer.Block
 	stats   []codec.BlockStats // lossy codecs: the error of each block
@@ -225,6 +241,9 @@ func Start(o Options) (*Session, error) {
 		nextSeq = o.Resume.LastSeq + 1
 	} else {
 		w, err = writer.New(o.Output, o.Metadata)
+	}
+	if err == nil && o.Observer != nil {
+		w.OnSync = o.Observer.ObserveSync
 	}
 	if err != nil {
 		o.Ring.Close()
@@ -493,6 +512,9 @@ func (s *Session) Token(t control.Token) error {
 		return s.fail(errf(control.CodeTornRecord, "token has seq %d, expected %d", t.Seq, s.nextSeq))
 	}
 	s.nextSeq++
+	if s.o.Observer != nil {
+		s.o.Observer.ObserveToken(s.o.ID, time.Now())
+	}
 	it := &item{kind: kindToken, seq: t.Seq, tok: t, done: make(chan struct{})}
 	close(it.done)
 	return s.enqueue(it)
@@ -508,7 +530,7 @@ func (s *Session) Checkpoint(c control.Checkpoint) error {
 	if c.Seq != s.nextSeq-1 {
 		return s.fail(errf(control.CodeTornRecord, "checkpoint seq %d, last sequence number received %d", c.Seq, s.nextSeq-1))
 	}
-	it := &item{kind: kindCheckpoint, seq: c.Seq, done: make(chan struct{})}
+	it := &item{kind: kindCheckpoint, seq: c.Seq, at: time.Now(), done: make(chan struct{})}
 	close(it.done)
 	return s.enqueue(it)
 }
@@ -570,6 +592,8 @@ func (s *Session) writeLoop() {
 				if err := s.checkpoint(it.seq); err != nil {
 					stopped = true
 					s.fail(&Error{Code: control.CodeWrite, Err: fmt.Errorf("checkpoint seq %d: %w", it.seq, err)})
+				} else if s.o.Observer != nil {
+					s.o.Observer.ObserveCheckpoint(time.Since(it.at))
 				}
 			} else if err := s.write(it); err != nil {
 				stopped = true
@@ -649,8 +673,12 @@ func (s *Session) write(it *item) error {
 		p = writer.Packet{Type: writer.TypeToken, Name: "token", Meta: meta, Seq: t.Seq, Step: t.Index}
 	}
 	before := s.w.Offset()
+	start := time.Now()
 	if err := s.w.WritePacket(&p); err != nil {
 		return err
+	}
+	if s.o.Observer != nil {
+		s.o.Observer.ObserveWrite(time.Since(start))
 	}
 	if s.o.WriteDelay > 0 {
 		time.Sleep(s.o.WriteDelay)

@@ -309,6 +309,11 @@ func (c *conn) handle(m control.Message, fds []int) bool {
 func (c *conn) finish(status string) (pipeline.Result, error) {
 	sess := c.session()
 	res, err := sess.Finish(status)
+	if o := c.srv.cfg.Observer; o != nil {
+		if st, ok := c.status(); ok {
+			o.SessionEnded(st)
+		}
+	}
 	// The trace's last snapshot covers the stream's end; its errors never fail the capture.
 	_ = c.srv.probeSessionEnd(c.info.Session)
 	// c.mu is released before the server's lock is taken: Status holds s.mu while it takes
@@ -449,7 +454,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	sess, err := pipeline.Start(pipeline.Options{
 		ID: id, Ring: ring, Output: out, Codec: cd, BlockSize: int(bs), Metadata: meta, Limits: cfg.Limits,
 		Pool: c.srv.pool, Lease: lease, Release: c.out.release, Log: log, WriteDelay: cfg.DebugWriteDelay,
-		Resume: resume,
+		Resume: resume, Observer: c.srv.cfg.Observer,
 		OnCheckpoint: func(ck control.Checkpointed) {
 			c.out.send(control.TypeCheckpointed, ck)
 		},

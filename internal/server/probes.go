@@ -45,6 +45,7 @@ type probeHub struct {
 	startErr error
 	interval time.Duration
 	self     int
+	observe  func(bpf.Snapshot) // metrics; nil: none
 
 	final chan chan struct{} // a finishing session asks the ticker for one more snapshot
 	stop  chan struct{}
@@ -90,6 +91,9 @@ func (s *Server) startProbes() {
 		return
 	}
 	h.coll = coll
+	if s.cfg.Observer != nil {
+		h.observe = s.cfg.Observer.ObserveSnapshot
+	}
 	coll.SetSessions(h.sessions)
 	var srcs []string
 	for _, c := range coll.Status().Collectors {
@@ -127,6 +131,9 @@ func (h *probeHub) tick() {
 		case reply = <-h.final:
 		}
 		snap := h.coll.Snapshot()
+		if h.observe != nil {
+			h.observe(snap)
+		}
 		h.mu.Lock()
 		h.snapshots++
 		var targets []*probeSession
