@@ -21,7 +21,7 @@ FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-.PHONY: all build test test-go test-python vet demo bench fuzz generate install uninstall clean venv
+.PHONY: all build test test-go test-python vet demo bench fuzz generate install uninstall clean venv prometheus check-deploy
 
 all: build
 
@@ -43,8 +43,21 @@ venv: $(VENV)/.stamp
 vet:
 	$(GO) vet ./...
 
-test-go: vet
+# cmd/strapd TestPrometheusScrapesCapture runs a real Prometheus against a real capture.
+test-go: vet prometheus
 	$(GO) test -race -count=1 ./...
+
+# Debian's Prometheus and promtool, installed when missing (the test above skips, saying so,
+# only when this could not install them).
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+	  (apt-get update && apt-get install -y --no-install-recommends prometheus) || \
+	  echo "make prometheus: could not install prometheus; TestPrometheusScrapesCapture will skip"
+
+# The shipped Prometheus config and rules as Prometheus itself reads them.
+check-deploy: prometheus
+	promtool check config deploy/prometheus/prometheus.yml
+	promtool check rules deploy/prometheus/rules/*.yml
 
 test-python: $(BIN) $(VENV)/.stamp
 	STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q clients/python/tests
