@@ -3,6 +3,8 @@ package metrics
 import (
 	"io"
 	"net/http/httptest"
+	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -220,5 +222,46 @@ func TestLatencyObserversAndNil(t *testing.T) {
 	body, _ := io.ReadAll(rec.Body)
 	if rec.Code != 200 || !strings.Contains(string(body), "process_resident_memory_bytes") {
 		t.Fatalf("exposition %d:\n%.500s", rec.Code, body)
+	}
+}
+
+// TestEverySeriesDocumented: each strapd_* family the package can expose (every source
+// fed, detail on) is named in docs/HTTP_API.md, and the doc names no family that does
+// not exist.
+func TestEverySeriesDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/HTTP_API.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeDaemon{}
+	f.rep.Daemon.Probes = &control.ProbesStatus{Enabled: true, Status: bpf.Status{
+		Collectors: []bpf.CollectorStatus{{Name: "block_io", Source: "bpf"}},
+		BPFStats:   []bpf.ProgStats{{Program: "block_rq_issue", TotalEvents: 1}}, Drops: map[string]uint64{"ringbuf": 0}}}
+	m := New(Options{Status: f.status, Detail: true, Codecs: []string{"none"},
+		Pool: func() PoolStats { return PoolStats{Workers: 1, BusySeconds: []float64{0}} }})
+	f.set(sess(1, "none", 1, 1, 0, 0))
+	m.ObserveSnapshot(bpf.Snapshot{
+		LatencyHistogram: []bpf.DeviceHistogram{{DeviceName: "vda", Buckets: []bpf.Bucket{{Slot: 1, Count: 1}}}},
+		Inflight:         []bpf.DeviceCount{{DeviceName: "vda"}}, BlockIO: []bpf.DeviceIO{{DeviceName: "vda"}},
+		OffCPU: map[string]bpf.OffCPU{"1": {}}, PageFaults: map[string]uint64{"1": 0},
+		PageFaultsDetail: map[string]bpf.PageFaults{"1": {}}, Syscalls: map[string]bpf.Syscalls{"1": {}},
+		Sched: map[string]bpf.Sched{"1": {}}, Pressure: map[string]bpf.PSIResource{"io": {Some: &bpf.PSIValues{}}}})
+	fams, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exposed := map[string]bool{}
+	for _, fam := range fams {
+		if name := fam.GetName(); strings.HasPrefix(name, "strapd_") {
+			exposed[name] = true
+			if !strings.Contains(string(doc), "`"+name+"`") {
+				t.Errorf("%s is exposed but not in docs/HTTP_API.md", name)
+			}
+		}
+	}
+	for _, name := range regexp.MustCompile("`(strapd_[a-z0-9_]+)`").FindAllStringSubmatch(string(doc), -1) {
+		if !exposed[name[1]] {
+			t.Errorf("docs/HTTP_API.md names %s, which is not exposed", name[1])
+		}
 	}
 }
