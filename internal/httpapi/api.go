@@ -357,6 +357,7 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 		ConnContext:       peerContext,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       time.Minute, // idle keep-alive connections do not pile up
 		MaxHeaderBytes:    64 << 10,
 	}
 	return serve(ctx, srv, ln)
@@ -368,6 +369,7 @@ func ServeTCP(ctx context.Context, ln net.Listener, h http.Handler) error {
 		Handler:           h,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       time.Minute, // idle keep-alive connections do not pile up
 		MaxHeaderBytes:    64 << 10,
 	}
 	return serve(ctx, srv, ln)
