@@ -89,6 +89,12 @@ func TestPrometheusScrapesCapture(t *testing.T) {
 		t.Fatal("the drop session dropped nothing: the drop alert cannot be checked")
 	}
 
+	// Without --http-metrics-detail nothing in /metrics names a user, a session or a pid.
+	if code, body := httpGet(t, http.DefaultClient, "http://"+httpAddr+"/metrics"); code != 200 {
+		t.Fatalf("/metrics: %d", code)
+	} else if m := regexp.MustCompile(`(?m)^strapd_[^{ ]*\{[^}]*\b(session|uid|pid|path|module)="`).FindString(body); m != "" {
+		t.Errorf("/metrics carries per-user detail without --http-metrics-detail: %s", m)
+	}
 	api := unixClient(apiSock, nil)
 	for i := 0; ; i++ { // the probe ticker's first snapshots
 		if _, body := httpGet(t, api, "http://strapd/api/v1/trace?n=2"); strings.Contains(body, "latency_histogram") {
