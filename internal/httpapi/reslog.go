@@ -154,6 +154,7 @@ type tailer struct {
 	line    int
 	partial []byte // a line not yet ended by '\n'
 	long    bool   // inside a line longer than maxLineBytes, skipping to its end
+	buf     []byte // read buffer, kept across polls
 }
 
 func newTailer(session uint64, uid uint32, output string) *tailer {
@@ -234,7 +235,10 @@ func (t *tailer) poll(onEvent func(Event), onBad func(Malformed), f *Filter) err
 	if fi, err := t.f.Stat(); err == nil && fi.Size() < t.off {
 		t.off, t.line, t.partial, t.long = 0, 0, nil, false
 	}
-	buf := make([]byte, 64<<10)
+	if t.buf == nil {
+		t.buf = make([]byte, 64<<10)
+	}
+	buf := t.buf
 	for read := 0; read < maxReadPerPoll; {
 		n, err := t.f.ReadAt(buf, t.off)
 		read += n
