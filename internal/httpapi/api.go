@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -278,20 +279,28 @@ func filterSnapshot(s bpf.Snapshot, p *Peer, st control.StatusReply) bpf.Snapsho
 		pids[int(ss.PID)] = true
 		ids[strconv.FormatUint(ss.Session, 10)] = true
 	}
-	keep := func(pid string) bool {
-		n, err := strconv.Atoi(pid)
-		return err == nil && pids[n]
-	}
 	s.Sessions = filterSlice(s.Sessions, func(x bpf.Session) bool { return ids[x.ID] })
 	s.Watched = filterSlice(s.Watched, func(pid int) bool { return pids[pid] })
 	s.DeviceOpens = filterSlice(s.DeviceOpens, func(d bpf.DeviceOpen) bool { return pids[d.PID] })
 	s.Threads = filterSlice(s.Threads, func(t bpf.Thread) bool { return pids[t.PID] })
-	s.OffCPUNs = filterMap(s.OffCPUNs, keep)
-	s.OffCPU = filterMap(s.OffCPU, keep)
-	s.PageFaults = filterMap(s.PageFaults, keep)
-	s.PageFaultsDetail = filterMap(s.PageFaultsDetail, keep)
-	s.Syscalls = filterMap(s.Syscalls, keep)
-	s.Sched = filterMap(s.Sched, keep)
+	// Per-process maps are keyed by the decimal tgid (TRACE_FORMAT.md). Every map of the
+	// snapshot goes through this rule, so a collector added later is filtered without a
+	// change here; keys that are not numbers (devices, PSI resources, collectors, drop
+	// reasons) are not per process and stay.
+	v := reflect.ValueOf(&s).Elem()
+	for i := range v.NumField() {
+		f := v.Field(i)
+		if f.Kind() != reflect.Map || f.Type().Key().Kind() != reflect.String || f.IsNil() || !f.CanSet() {
+			continue
+		}
+		out := reflect.MakeMapWithSize(f.Type(), f.Len())
+		for it := f.MapRange(); it.Next(); {
+			if n, err := strconv.Atoi(it.Key().String()); err != nil || pids[n] {
+				out.SetMapIndex(it.Key(), it.Value())
+			}
+		}
+		f.Set(out)
+	}
 	return s
 }
 
@@ -303,19 +312,6 @@ func filterSlice[T any](in []T, keep func(T) bool) []T {
 	for _, x := range in {
 		if keep(x) {
 			out = append(out, x)
-		}
-	}
-	return out
-}
-
-func filterMap[V any](in map[string]V, keep func(string) bool) map[string]V {
-	if in == nil {
-		return nil
-	}
-	out := make(map[string]V, len(in))
-	for k, v := range in {
-		if keep(k) {
-			out[k] = v
 		}
 	}
 	return out
