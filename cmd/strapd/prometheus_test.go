@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/control/controltest"
 	"github.com/strap-llm/strap/internal/dtype"
 	"github.com/strap-llm/strap/internal/pipeline/pipelinetest"
 	"github.com/strap-llm/strap/internal/shm"
@@ -425,7 +426,7 @@ func startCapture(t *testing.T, c *control.Client, out string) *liveCapture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Close() })
-	st, opened, err := control.OpenStream(c, shm.HeaderSize+4<<20, f, control.Open{Codec: "zstd", Policy: "block",
+	st, opened, err := controltest.OpenStream(c, shm.HeaderSize+4<<20, f, control.Open{Codec: "zstd", Policy: "block",
 		Metadata: map[string]any{"model_class": "PromTest", "output_path": out}})
 	if err != nil {
 		t.Fatal(err)
@@ -496,7 +497,7 @@ func dropSome(t *testing.T, c *control.Client, out string) uint64 {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	st, _, err := control.OpenStream(c, shm.HeaderSize+96<<10, f, control.Open{Codec: "zstd", Policy: "drop",
+	st, _, err := controltest.OpenStream(c, shm.HeaderSize+96<<10, f, control.Open{Codec: "zstd", Policy: "drop",
 		Metadata: map[string]any{"output_path": out}})
 	if err != nil {
 		t.Fatal(err)
@@ -504,7 +505,7 @@ func dropSome(t *testing.T, c *control.Client, out string) uint64 {
 	payload := pipelinetest.Activations(9, 16<<10)
 	for i := 0; i < 2000 && st.Drops < 20; i++ {
 		tn := shm.Tensor{Name: "model.layers.0", DType: dtype.Float32, Shape: []uint64{16 << 10}, Payload: payload}
-		if err := st.Put(&tn); err != nil && !errors.Is(err, control.ErrDropped) {
+		if err := st.Put(&tn); err != nil && !errors.Is(err, controltest.ErrDropped) {
 			t.Fatal(err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"os/user"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -170,7 +171,7 @@ func (c *serveConfig) socketGID(log *zap.Logger, mode *os.FileMode) (int, error)
 		err = lerr
 	}
 	if err == nil && os.Geteuid() != 0 && gid != os.Getegid() {
-		if groups, gerr := os.Getgroups(); gerr != nil || !containsInt(groups, gid) {
+		if groups, gerr := os.Getgroups(); gerr != nil || !slices.Contains(groups, gid) {
 			err = fmt.Errorf("not root and not a member of group %d", gid)
 		}
 	}
@@ -184,15 +185,6 @@ func (c *serveConfig) socketGID(log *zap.Logger, mode *os.FileMode) (int, error)
 		return 0, nil
 	}
 	return gid, nil
-}
-
-func containsInt(s []int, v int) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 func toUint32(s []uint) []uint32 {

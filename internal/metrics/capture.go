@@ -113,8 +113,8 @@ func (c captureCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descProbesEnabled, 1)
 		counter(descProbeSnaps, float64(pr.Snapshots))
 		for _, col := range pr.Collectors {
-			gauge(descCollectorUp, b2f(col.Source != "off"), col.Name)
-			gauge(descCollectorBPF, b2f(col.Source == "bpf"), col.Name)
+			gauge(descCollectorUp, b2f(col.Source != control.ProbeSourceOff), col.Name)
+			gauge(descCollectorBPF, b2f(col.Source == control.ProbeSourceBPF), col.Name)
 		}
 		for _, p := range pr.BPFStats {
 			counter(descProbeEvents, float64(p.TotalEvents), p.Program)

@@ -234,9 +234,9 @@ func TestEverySeriesDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := &fakeDaemon{}
-	f.rep.Daemon.Probes = &control.ProbesStatus{Enabled: true, Status: bpf.Status{
-		Collectors: []bpf.CollectorStatus{{Name: "block_io", Source: "bpf"}},
-		BPFStats:   []bpf.ProgStats{{Program: "block_rq_issue", TotalEvents: 1}}, Drops: map[string]uint64{"ringbuf": 0}}}
+	f.rep.Daemon.Probes = &control.ProbesStatus{Enabled: true,
+		Collectors: []control.ProbeCollector{{Name: "block_io", Source: "bpf"}},
+		BPFStats:   []control.ProbeProgStats{{Program: "block_rq_issue", TotalEvents: 1}}, Drops: map[string]uint64{"ringbuf": 0}}
 	m := New(Options{Status: f.status, Detail: true, Codecs: []string{"none"},
 		Pool: func() PoolStats { return PoolStats{Workers: 1, BusySeconds: []float64{0}} }})
 	f.set(sess(1, "none", 1, 1, 0, 0))
