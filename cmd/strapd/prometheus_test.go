@@ -159,8 +159,17 @@ func TestPrometheusScrapesCapture(t *testing.T) {
 	if code, _ := httpGet(t, http.DefaultClient, "http://"+httpAddr+"/metrics"); code != 200 {
 		t.Errorf("/metrics after the checks: %d", code)
 	}
+	// A follower still open at SIGTERM does not hold the daemon: the stream ends when it exits.
+	follower, err := api.Get("http://strapd/api/v1/resource-logs?follow=1")
+	if err != nil || follower.StatusCode != 200 {
+		t.Fatalf("follower before SIGTERM: %v %v", err, follower)
+	}
+	defer follower.Body.Close()
 	if err := d.stop(t, syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatalf("strapd exit: %v\n%s", err, d.stderr.String())
+	}
+	if _, err := io.Copy(io.Discard, follower.Body); err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("follower after exit: %v", err)
 	}
 }
 

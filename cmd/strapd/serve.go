@@ -320,7 +320,8 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 						return err
 					}
 				}
-				hctx, hcancel := context.WithCancel(ctx)
+				// HTTP outlives the signal: /metrics and the API answer while sessions drain.
+				hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
 				wait, err := startHTTP(hctx, cfg.HTTP, srv, obs, mode, gid, log)
 				if err != nil {
 					hcancel()
