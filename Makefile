@@ -23,7 +23,7 @@ FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-.PHONY: all build test test-go test-python vet demo bench fuzz generate install uninstall clean venv prometheus check-deploy
+.PHONY: all build test test-go test-privileged test-python vet demo bench fuzz generate install uninstall clean venv prometheus check-deploy
 
 all: build
 
@@ -44,6 +44,7 @@ venv: $(VENV)/.stamp
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags privileged ./...
 
 # cmd/strapd TestPrometheusScrapesCapture runs a real Prometheus against a real capture.
 test-go: vet prometheus
@@ -64,8 +65,25 @@ check-deploy: prometheus
 test-python: $(BIN) $(VENV)/.stamp
 	STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q clients/python/tests
 
-# The README's test command; CI (.ci/run) calls exactly this.
+# Root-only tests (eBPF probes attached to the running kernel, a socket given another
+# group, a client run as another uid) live in files built only with the `privileged` build
+# tag (`//go:build ... privileged`); run without root they skip, naming what is missing.
+# This target runs just those tests: the names the tag adds to each package that has such
+# files.
+test-privileged:
+	@set -e; for dir in $$(grep -rlE --include='*_test.go' '^//go:build.*\bprivileged\b' cmd internal | xargs -n1 dirname | sort -u); do \
+	  names=$$(comm -13 <($(GO) test -list . ./$$dir | grep -E '^(Test|Example)' | sort) \
+	                    <($(GO) test -tags privileged -list . ./$$dir | grep -E '^(Test|Example)' | sort) | paste -sd'|'); \
+	  [ -n "$$names" ] || continue; \
+	  echo "== ./$$dir (privileged): $$names"; \
+	  $(GO) test -race -count=1 -tags privileged -run "^($$names)\$$" ./$$dir; \
+	done
+
+# The README's test command; CI (.ci/run) calls exactly this, as root, so it runs the
+# privileged tests too.
 test: test-go test-python
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-privileged; \
+	else echo "make test: not root, so not running make test-privileged"; fi
 
 # The main job on its embedded default: a real capture of a Llama-architecture model built
 # from a small config (no weights can be downloaded), analysed from the file on disk.

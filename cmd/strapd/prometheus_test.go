@@ -24,6 +24,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/strap-llm/strap/internal/control"
 	"github.com/strap-llm/strap/internal/control/controltest"
 	"github.com/strap-llm/strap/internal/dtype"
@@ -441,6 +443,18 @@ func startCapture(t *testing.T, c *control.Client, out string) *liveCapture {
 		t.Fatal(err)
 	}
 	lc := &liveCapture{session: opened.Session, stopCh: make(chan struct{}), done: make(chan struct{})}
+	// The host side of GPU work goes through ioctls on nvidia-named device files; the probe
+	// goes by the name, so an "nvidia0" that is the null device (1:3) stands in for one
+	// here (its ioctls fail ENOTTY, counted as errors).
+	dev := filepath.Join(filepath.Dir(out), "nvidia0")
+	if err := unix.Mknod(dev, unix.S_IFCHR|0o600, int(unix.Mkdev(1, 3))); err != nil {
+		t.Fatal(err)
+	}
+	nv, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(nv) })
 	payloads := make([][]byte, 8)
 	for i := range payloads {
 		payloads[i] = pipelinetest.Activations(uint64(i+1), 64<<10)
@@ -462,6 +476,12 @@ func startCapture(t *testing.T, c *control.Client, out string) *liveCapture {
 			lc.bytes.Add(uint64(len(tn.Payload)))
 			if i%4 == 3 {
 				if lc.err = c.Token(control.Token{Seq: st.P.TakeSeq(), Index: uint64(i / 4), TokenID: int64(i)}); lc.err != nil {
+					return
+				}
+			}
+			if i%8 == 0 {
+				if _, err := unix.IoctlGetTermios(nv, unix.TCGETS); !errors.Is(err, unix.ENOTTY) {
+					lc.err = fmt.Errorf("ioctl on the stand-in nvidia0: %v, want ENOTTY", err)
 					return
 				}
 			}

@@ -36,6 +36,8 @@ type kernelState struct {
 	csw      map[[2]string]uint64 // (process class, voluntary|involuntary)
 	migr     map[string]uint64
 	psi      map[[2]string]bpf.PSIValues // (resource, some|full), latest
+
+	latency latencyState // per-syscall, waits, run queue, nvidia ioctls, TCP, RSS
 }
 
 type devLatency struct {
@@ -59,6 +61,7 @@ func (k *kernelState) init() {
 	k.csw = map[[2]string]uint64{}
 	k.migr = map[string]uint64{}
 	k.psi = map[[2]string]bpf.PSIValues{}
+	k.latency.init()
 }
 
 // ObserveSnapshot folds one kernel snapshot into the cumulative kernel series. Call it
@@ -139,6 +142,7 @@ func (m *Metrics) ObserveSnapshot(s bpf.Snapshot) {
 		k.csw[[2]string{c, "involuntary"}] += sc.Involuntary
 		k.migr[c] += sc.Migrations
 	}
+	k.latency.observe(&s, class)
 	for res, r := range s.Pressure {
 		if r.Some != nil {
 			k.psi[[2]string{res, "some"}] = *r.Some
@@ -242,6 +246,7 @@ func (c kernelCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descPSIAvg10, v.Avg10/100, key[0], key[1])
 		counter(descPSITotal, float64(v.Total)/1e6, key[0], key[1])
 	}
+	k.latency.collect(ch)
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -158,6 +158,11 @@ func TestSnapshotsFoldIntoCounters(t *testing.T) {
 		Syscalls:   map[string]bpf.Syscalls{"11": {MmapCount: 2, MmapBytes: 8192, MlockCount: 1}},
 		Sched:      map[string]bpf.Sched{"10": {Voluntary: 3, Involuntary: 1, Migrations: 2}},
 		Pressure:   map[string]bpf.PSIResource{"io": {Some: &bpf.PSIValues{Avg10: 12.5, Total: 3e6}}},
+		RunqueueLatency: map[string]bpf.LatencyStats{"11": {Count: 4, Timed: 3, TotalNs: 6e6,
+			Buckets: []bpf.Bucket{{Slot: 11, Count: 3, BucketLow: 1024, BucketHigh: 2047}}}},
+		SyscallLatency: map[string]map[string]bpf.LatencyStats{"10": {"futex": {Count: 5, Errors: 2}}},
+		TCP:            map[string]bpf.TCP{"11": {TxBytes: 100, RxBytes: 7}},
+		Memory:         map[string]bpf.Memory{"10": {RSSBytes: 1000}, "11": {RSSBytes: 20}, "12": {RSSBytes: 3}},
 	}
 	m.ObserveSnapshot(snap)
 	snap.Timestamp = 101
@@ -176,10 +181,18 @@ func TestSnapshotsFoldIntoCounters(t *testing.T) {
 		"strapd_cpu_migrations_total{process=strapd}":                 4,
 		"strapd_pressure_avg10_ratio{kind=some,resource=io}":          0.125,
 		"strapd_pressure_stall_seconds_total{kind=some,resource=io}":  3,
+		"strapd_syscall_calls_total{process=strapd,syscall=futex}":    10,
+		"strapd_syscall_errors_total{process=strapd,syscall=futex}":   4,
+		"strapd_tcp_bytes_total{direction=tx,process=clients}":        200,
+		"strapd_watched_resident_bytes{process=clients}":              23, // a gauge: the last snapshot only
+		"strapd_watched_resident_bytes{process=strapd}":               1000,
 	} {
 		if got, ok := v[k]; !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v", k, got, ok, want)
 		}
+	}
+	if rq := h["strapd_runqueue_latency_seconds{process=clients}"]; rq.GetSampleCount() != 6 || rq.GetSampleSum() != 0.012 {
+		t.Errorf("run-queue histogram: count %d sum %v, want 6 timed and the exact 0.012 s", rq.GetSampleCount(), rq.GetSampleSum())
 	}
 	lat := h["strapd_block_io_latency_seconds{device=vda}"]
 	if lat == nil || lat.GetSampleCount() != 10 {
@@ -245,7 +258,11 @@ func TestEverySeriesDocumented(t *testing.T) {
 		Inflight:         []bpf.DeviceCount{{DeviceName: "vda"}}, BlockIO: []bpf.DeviceIO{{DeviceName: "vda"}},
 		OffCPU: map[string]bpf.OffCPU{"1": {}}, PageFaults: map[string]uint64{"1": 0},
 		PageFaultsDetail: map[string]bpf.PageFaults{"1": {}}, Syscalls: map[string]bpf.Syscalls{"1": {}},
-		Sched: map[string]bpf.Sched{"1": {}}, Pressure: map[string]bpf.PSIResource{"io": {Some: &bpf.PSIValues{}}}})
+		Sched: map[string]bpf.Sched{"1": {}}, Pressure: map[string]bpf.PSIResource{"io": {Some: &bpf.PSIValues{}}},
+		SyscallLatency:  map[string]map[string]bpf.LatencyStats{"1": {"read": {}}},
+		SyncWait:        map[string]map[string]bpf.LatencyStats{"1": {"futex": {}}},
+		RunqueueLatency: map[string]bpf.LatencyStats{"1": {}}, NvidiaIoctl: map[string]bpf.LatencyStats{"1": {}},
+		TCP: map[string]bpf.TCP{"1": {}}, Memory: map[string]bpf.Memory{"1": {}}})
 	fams, err := m.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)
