@@ -46,12 +46,12 @@ vet:
 	$(GO) vet ./...
 	$(GO) vet -tags privileged ./...
 
-# cmd/strapd TestPrometheusScrapesCapture runs a real Prometheus against a real capture.
-test-go: vet prometheus
+test-go: vet
 	$(GO) test -race -count=1 ./...
 
-# Debian's Prometheus and promtool, installed when missing (the test above skips, saying so,
-# only when this could not install them).
+# Debian's Prometheus and promtool, installed when missing: test-privileged needs them for
+# cmd/strapd TestPrometheusScrapesCapture (a real Prometheus against a real capture), which
+# skips, saying so, only when this could not install them.
 prometheus:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
 	  (apt-get update && apt-get install -y --no-install-recommends prometheus) || \
@@ -70,7 +70,7 @@ test-python: $(BIN) $(VENV)/.stamp
 # tag (`//go:build ... privileged`); run without root they skip, naming what is missing.
 # This target runs just those tests: the names the tag adds to each package that has such
 # files.
-test-privileged:
+test-privileged: prometheus
 	@set -e; for dir in $$(grep -rlE --include='*_test.go' '^//go:build.*\bprivileged\b' cmd internal | xargs -n1 dirname | sort -u); do \
 	  names=$$(comm -13 <($(GO) test -list . ./$$dir | grep -E '^(Test|Example)' | sort) \
 	                    <($(GO) test -tags privileged -list . ./$$dir | grep -E '^(Test|Example)' | sort) | paste -sd'|'); \

@@ -1,4 +1,9 @@
+//go:build privileged
+
 package main
+
+// Root-only (`make test-privileged` builds it with -tags privileged): the kernel probes feed
+// the dashboard, and one request is made as another uid.
 
 import (
 	"bufio"
