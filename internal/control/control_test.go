@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/strap-llm/strap/internal/jsontext"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/protocol")
@@ -257,6 +259,14 @@ func FuzzDecodeMessage(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte("STRP"))
+	// Bodies whose text encoding/json would rewrite to U+FFFD.
+	for _, body := range []string{"{\"seq\":1,\"index\":0,\"text\":\"model.\xff\xfe\"}", `{"seq":1,"text":"\udcff"}`} {
+		b, err := EncodeRaw(Version, TypeToken, []byte(body))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := Decode(b)
 		if err != nil {
@@ -264,6 +274,9 @@ func FuzzDecodeMessage(f *testing.F) {
 				t.Fatalf("error does not wrap ErrBadMessage: %v", err)
 			}
 			return
+		}
+		if err := jsontext.Check(m.Body); err != nil {
+			t.Fatalf("accepted a body jsontext rejects: %v", err)
 		}
 		// Every typed body must either decode or fail with ErrBadMessage, never panic.
 		var bodies = []any{&Hello{}, &Open{}, &Publish{}, &Drop{}, &Close{}, &Token{}, &StatusReply{}, &Error{}}

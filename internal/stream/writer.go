@@ -9,10 +9,12 @@ import (
 	"os"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/strap-llm/strap/internal/codec"
+	"github.com/strap-llm/strap/internal/jsontext"
 )
 
 const (
@@ -175,6 +177,14 @@ func (w *Writer) validate(p *Packet) (uint64, error) {
 	}
 	if uint64(len(p.Meta)) > 1<<31 || (len(p.Meta) > 0 && !isJSONObject(p.Meta)) {
 		return 0, fmt.Errorf("meta is not a JSON object: %w", ErrInvalidPacket)
+	}
+	// Names and meta are UTF-8 (STREAM_FORMAT.md 3); the reader refuses anything else, so
+	// writing it would make a stream that does not read back.
+	if !utf8.ValidString(p.Name) {
+		return 0, fmt.Errorf("name %q is not valid UTF-8: %w", p.Name, ErrInvalidPacket)
+	}
+	if err := jsontext.Check(p.Meta); err != nil {
+		return 0, fmt.Errorf("meta of %q: %w: %w", p.Name, err, ErrInvalidPacket)
 	}
 	var stored uint64
 	if p.Codec == codec.None {
