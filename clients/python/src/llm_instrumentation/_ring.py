@@ -152,6 +152,7 @@ class Ring:
         self.head = 0
         self.tail = 0
         self._u8: Optional["torch.Tensor"] = None
+        self._addr = 0
         self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, ring_size)
@@ -222,8 +223,16 @@ class Ring:
                 self._u8 = torch.frombuffer(self.mm, dtype=torch.uint8)
         return self._u8
 
+    def address(self) -> int:
+        """The mapping's address, for copying with ``memmove``; valid while the ring is open
+        (the :meth:`u8` view it comes from keeps the mapping exported until :meth:`close`)."""
+        if self._addr == 0:
+            self._addr = self.u8().data_ptr()
+        return self._addr
+
     def close(self) -> None:
         """Unmap and close the memfd (idempotent)."""
+        self._addr = 0
         self._u8 = None
         if getattr(self, "mm", None) is not None:
             try:
