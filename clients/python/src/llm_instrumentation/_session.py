@@ -293,6 +293,8 @@ class CaptureSession:
         rec_len = lay.record_len
         if off + rec_len > size or head + rec_len - ring.tail > size:
             return False
+        if head + rec_len > ring.populated:
+            ring.populate(head + rec_len)
         file_off = HEADER_SIZE + off
         mm = ring.mm
         hdr = lay.header
@@ -366,6 +368,7 @@ class CaptureSession:
                 pad, needed = self.ring.placement(rec_len)
             if pad:
                 self.ring.write_pad(pad)
+            self.ring.populate(self.ring.head + rec_len)
             seq = self._next_seq()
             hdr = encode_record_header(
                 dtype=dt, shape=shape, seq=seq, record_len=rec_len, step=step, forward=forward,
