@@ -222,7 +222,10 @@ class Ring:
     def write_pad(self, pad_len: int) -> None:
         """Write a PAD record of ``pad_len`` bytes at the head and advance it."""
         off = self._file_off(self.head)
-        hdr = encode_pad_header(pad_len)
+        # A PAD may be a single 64-byte slot at the very end of the region: its header's zero
+        # tail (bytes 64-79) would then run past the mapping. The daemon reads only magic,
+        # kind and record_len of a PAD.
+        hdr = encode_pad_header(pad_len)[:pad_len]
         self.mm[off:off + len(hdr)] = hdr
         self.head += pad_len
 
