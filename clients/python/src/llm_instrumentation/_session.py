@@ -3,7 +3,9 @@ records into it (docs/PROTOCOL.md 1.3–1.4).
 
 Per tensor: reserve space (PAD first if the record would cross the end of the region), write
 the header, copy the payload from the live tensor straight into the mapping with one
-``copy_``. Records are published in batches: one ``sendmsg(PUBLISH{head, seq})`` covers every
+``copy_`` (one ``memmove`` for a small contiguous CPU tensor). What repeats between records of
+one module output (its encoded header, sizes) is kept while its dtype and shape stay, so a
+small record costs a few microseconds of Python (docs/PERFORMANCE.md). Records are published in batches: one ``sendmsg(PUBLISH{head, seq})`` covers every
 record written since the last one, sent when the unpublished bytes reach ``publish_bytes``, at
 the end of each forward pass of the model (:meth:`flush`), and before anything that must
 follow them in sequence order or needs the daemon to see them (DROP, TOKEN, CHECKPOINT, CLOSE,
