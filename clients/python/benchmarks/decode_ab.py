@@ -134,7 +134,8 @@ def main() -> None:
         client_cpu_kept = [r["plain"]["cpu_s"] / r["captured"]["cpu_s"] for r in rows]
         loop_cpu_kept = [r["plain"]["cpu_s"] / r["captured"]["loop_cpu_s"] for r in rows]
         extra = [(r["captured"]["loop_s"] - r["plain"]["s"]) / a.new * 1e3 for r in rows]
-        res = {"model": model_cfg, "torch_threads": threads(), "load": os.getloadavg(), "preset": a.preset, "set": a.set,
+        res = {"model": model_cfg, "torch_threads": threads(), "load": os.getloadavg(),
+               "preset": a.preset, "set": a.set,
                "prompt_tokens": a.prompt, "new_tokens": a.new, "pairs": a.pairs,
                "plain_tok_s": a.new / statistics.median(r["plain"]["s"] for r in rows),
                "captured_tok_s": a.new / statistics.median(r["captured"]["s"] for r in rows),
@@ -150,7 +151,8 @@ def main() -> None:
               f"tok/s, kept {res['kept']:.3f} [{min(kept):.3f}..{max(kept):.3f}], loop only {res['loop_kept']:.3f} "
               f"[{min(loop):.3f}..{max(loop):.3f}], +{res['extra_ms_per_token']:.2f} ms/token; "
               f"CPU kept {res['cpu_kept']:.3f} [{min(cpu_kept):.3f}..{max(cpu_kept):.3f}] (client only "
-              f"{res['client_cpu_kept']:.3f}, loop only {res['loop_client_cpu_kept']:.3f}, daemon {res['daemon_cpu_s']:.3f} s/trial); {a.pairs} pairs, "
+              f"{res['client_cpu_kept']:.3f}, loop only {res['loop_client_cpu_kept']:.3f}, "
+              f"daemon {res['daemon_cpu_s']:.3f} s/trial); {a.pairs} pairs, "
               f"torch threads {threads()}, ids identical")
         if a.json:
             with open(a.json, "w") as f:

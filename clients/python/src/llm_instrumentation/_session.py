@@ -5,12 +5,13 @@ Per tensor: reserve space (PAD first if the record would cross the end of the re
 the header, copy the payload from the live tensor straight into the mapping with one
 ``copy_`` (one ``memmove`` for a small contiguous CPU tensor). What repeats between records of
 one module output (its encoded header, sizes) is kept while its dtype and shape stay, so a
-small record costs a few microseconds of Python (docs/PERFORMANCE.md). Records are published in batches: one ``sendmsg(PUBLISH{head, seq})`` covers every
-record written since the last one, sent when the unpublished bytes reach ``publish_bytes``, at
-the end of each forward pass of the model (:meth:`flush`), and before anything that must
-follow them in sequence order or needs the daemon to see them (DROP, TOKEN, CHECKPOINT, CLOSE,
-waiting for ring space). A syscall per record was the largest client cost for the small
-tensors of token-by-token generation (docs/PERFORMANCE.md). Tensors whose record would exceed
+small record costs a few microseconds of Python (docs/PERFORMANCE.md). Records are published
+in batches: one ``sendmsg(PUBLISH{head, seq})`` covers every record written since the last
+one, sent when the unpublished bytes reach ``publish_bytes``, at the end of each forward pass
+of the model (:meth:`flush`), and before anything that must follow them in sequence order or
+needs the daemon to see them (DROP, TOKEN, CHECKPOINT, CLOSE, waiting for ring space). A
+syscall per record was the largest client cost for the small tensors of token-by-token
+generation (docs/PERFORMANCE.md). Tensors whose record would exceed
 a quarter of the data region go as PART records. Pending RELEASE/ERROR messages are drained
 without blocking before each publish, and before a tensor that does not fit the space known
 to be free.
@@ -43,7 +44,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 #: seq, record_len, step and forward of a TENSOR record header, at byte 8 (docs/PROTOCOL.md):
-#: the only fields in which two whole records of one module, dtype and shape differ.
+#: seq, step and forward are the only fields in which two whole records of one module, dtype
+#: and shape differ; record_len, between them, is rewritten unchanged so that one pack does.
 _SEQ_STEP_FORWARD = struct.Struct("<QQQQ")
 _SEQ_OFF = 8
 
