@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from _bench_model import CAPTURE_SETS, DEFAULT_MODEL, build_model, threads  # noqa: E402
+from _bench_model import CAPTURE_SETS, DEFAULT_MODEL, build_model, cpu_seconds, threads  # noqa: E402
 from llm_instrumentation import InstrumentationConfig, capture_activations  # noqa: E402
 from llm_instrumentation.config import PRESETS  # noqa: E402
 
@@ -77,25 +77,39 @@ def configurations(presets: List[str], sets: List[str]) -> List[Tuple[str, str, 
     return out
 
 
+#: strapd's pid (``--daemon-pid``): its CPU seconds are read from /proc around each captured trial.
+DAEMON_PID = 0
+
+
+def daemon_cpu() -> float:
+    """strapd's user + system CPU seconds so far (0 without ``--daemon-pid``)."""
+    if not DAEMON_PID:
+        return 0.0
+    with open(f"/proc/{DAEMON_PID}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def plain_trial(model: Any, x: torch.Tensor) -> Dict[str, float]:
-    t0 = time.perf_counter()
+    c0, t0 = cpu_seconds(), time.perf_counter()
     model(input_ids=x)
-    return {"s": time.perf_counter() - t0}
+    return {"s": time.perf_counter() - t0, "cpu_s": cpu_seconds() - c0}
 
 
 def captured_trial(model: Any, x: torch.Tensor, cfg: InstrumentationConfig, sock: str, path: str) -> Dict[str, Any]:
-    t0 = time.perf_counter()
+    d0, c0, t0 = daemon_cpu(), cpu_seconds(), time.perf_counter()
     with capture_activations(model, config=cfg, output_path=path, socket_path=sock,
                              autostart_daemon=False) as fw:
-        t1 = time.perf_counter()
+        t1, f0 = time.perf_counter(), cpu_seconds()
         model(input_ids=x)
-        t2 = time.perf_counter()
-    t3 = time.perf_counter()
+        t2, f1 = time.perf_counter(), cpu_seconds()
+    t3, c1, d1 = time.perf_counter(), cpu_seconds(), daemon_cpu()
     summ = fw.summary or {}
     if summ.get("drops"):
         raise RuntimeError(f"capture dropped {summ['drops']} tensors under policy block")
     os.remove(path)
     return {"s": t3 - t0, "open_s": t1 - t0, "forward_s": t2 - t1, "close_s": t3 - t2,
+            "cpu_s": c1 - c0, "forward_cpu_s": f1 - f0, "daemon_cpu_s": d1 - d0,
             "bytes_in": int(summ.get("bytes_in", 0)), "file_bytes": int(summ.get("file_bytes", 0)),
             "packets": int(summ.get("packets", 0)), "hooks": len(fw.hooked_modules),
             "codec": fw.plan.codec, "codec_level": fw.plan.codec_level, "lossy": cfg.lossy}
@@ -133,7 +147,13 @@ def summarise(rows: List[Dict[str, Any]], tokens: int) -> Dict[str, Any]:
     hook_ratios = [p / f for p, f in zip(plain, fwd)]
     c0 = rows[0]["captured"]
     med_cap = statistics.median(cap)
+    cpu_kept = [r["plain"]["cpu_s"] / (r["captured"]["cpu_s"] + r["captured"]["daemon_cpu_s"]) for r in rows]
     return {
+        "cpu_kept": statistics.median(cpu_kept), "cpu_kept_min": min(cpu_kept), "cpu_kept_max": max(cpu_kept),
+        "client_cpu_kept": statistics.median(r["plain"]["cpu_s"] / r["captured"]["cpu_s"] for r in rows),
+        "forward_client_cpu_kept": statistics.median(r["plain"]["cpu_s"] / r["captured"]["forward_cpu_s"]
+                                                     for r in rows),
+        "daemon_cpu_s": statistics.median(r["captured"]["daemon_cpu_s"] for r in rows),
         "pairs": len(rows),
         "plain_tok_s": tokens / statistics.median(plain),
         "captured_tok_s": tokens / med_cap,
@@ -165,6 +185,9 @@ def main() -> None:
     ap.add_argument("--gen-prompt", type=int, default=128)
     ap.add_argument("--gen-new", type=int, default=32)
     ap.add_argument("--gen-pairs", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--daemon-pid", type=int, default=0,
+                    help="strapd's pid: report its CPU seconds per captured trial and the CPU-time ratios")
     for k, v in DEFAULT_MODEL.items():
         ap.add_argument(f"--{k}", type=int, default=v)
     a = ap.parse_args()
@@ -178,6 +201,10 @@ def main() -> None:
     if a.pairs < 1 or a.gen_pairs < 0:
         ap.error("--pairs must be >= 1 and --gen-pairs >= 0")
 
+    global DAEMON_PID
+    DAEMON_PID = a.daemon_pid
+    if a.threads:
+        torch.set_num_threads(a.threads)
     model_cfg = {k: getattr(a, k) for k in DEFAULT_MODEL}
     model = build_model(**model_cfg)
     x = torch.randint(0, a.vocab, (1, a.seq), generator=torch.Generator().manual_seed(1))
@@ -202,10 +229,16 @@ def main() -> None:
                     pl = plain_trial(model, x)
                 rows[i].append({"pair": pair, "plain": pl, "captured": cp})
                 log(f"pair {pair} {p}/{s}: plain {pl['s']:.3f}s captured {cp['s']:.3f}s "
-                    f"(fwd {cp['forward_s']:.3f} close {cp['close_s']:.3f}) {cp['bytes_in'] / 2**20:.0f} MiB")
+                    f"(fwd {cp['forward_s']:.3f} close {cp['close_s']:.3f}) {cp['bytes_in'] / 2**20:.0f} MiB; "
+                    f"CPU plain {pl['cpu_s']:.3f}s captured {cp['cpu_s']:.3f}s + daemon {cp['daemon_cpu_s']:.3f}s")
         for i, (p, s, cfg) in enumerate(confs):
+            summ = summarise(rows[i], a.seq)
             results["configs"].append({"preset": p, "set": s, "granularity": cfg.granularity.value,
-                                       "summary": summarise(rows[i], a.seq), "trials": rows[i]})
+                                       "summary": summ, "trials": rows[i]})
+            log(f"{p}/{s}: kept {summ['ratio']:.3f} [{summ['ratio_min']:.3f}..{summ['ratio_max']:.3f}], "
+                f"forward only {summ['hook_only_ratio']:.3f}; CPU kept {summ['cpu_kept']:.3f} "
+                f"[{summ['cpu_kept_min']:.3f}..{summ['cpu_kept_max']:.3f}] (client {summ['client_cpu_kept']:.3f}, "
+                f"forward only {summ['forward_client_cpu_kept']:.3f}, daemon {summ['daemon_cpu_s']:.3f} s/trial)")
 
         if a.gen_pairs:
             gen_cfg = InstrumentationConfig.from_preset(a.gen_preset).with_granularity(CAPTURE_SETS[a.gen_set])

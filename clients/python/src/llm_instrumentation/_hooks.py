@@ -140,9 +140,25 @@ class Hooks:
         self._handles.clear()
 
     def _module_hook(self, name: str, record: RecordFn) -> Callable[[Any, Any, Any], None]:
-        sampled, spec = self.sampled, self.spec
+        import torch
+
+        sampled, spec, tensor = self.sampled, self.spec, torch.Tensor
 
         def hook(module: Any, args: Any, output: Any) -> None:
+            if not sampled:
+                # Runs per module and forward pass: the two common outputs, one tensor and a
+                # tuple (attention: output, weights or None), skip the general walk with its
+                # (record name, tensor) list; names as split_output gives them.
+                if type(output) is tensor:
+                    record(name, output, None)
+                    return None
+                if type(output) is tuple:
+                    first = True
+                    for i, v in enumerate(output):
+                        if isinstance(v, tensor):
+                            record(name if first else f"{name}.out{i}", v, None)
+                            first = False
+                    return None
             for rec_name, t in split_output(name, output):
                 meta = None
                 if sampled and t.dim() >= 2:

@@ -98,19 +98,19 @@ class Body:
         what = NAMES.get(cls.TYPE, cls.__name__)
         if not isinstance(body, dict):
             raise StrapdProtocolError(f"{what} body is not a JSON object: {body!r}")
-        hints = _hints(cls)
         kw: Dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            if f.name not in body:
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                    raise StrapdProtocolError(f"{what} without field {f.name!r}: {body}")
+        for name, required, hint in _fields(cls):
+            if name not in body:
+                if required:
+                    raise StrapdProtocolError(f"{what} without field {name!r}: {body}")
                 continue
-            kw[f.name] = _convert(body[f.name], hints[f.name], f"{what}.{f.name}")
+            kw[name] = _convert(body[name], hint, f"{what}.{name}")
         return cls(**kw)
 
 
 _HINTS: Dict[type, Dict[str, Any]] = {}
 _NAMES: Dict[type, Tuple[str, ...]] = {}
+_FIELDS: Dict[type, Tuple[Tuple[str, bool, Any], ...]] = {}
 
 
 def _names(cls: type) -> Tuple[str, ...]:
@@ -119,6 +119,17 @@ def _names(cls: type) -> Tuple[str, ...]:
     if names is None:
         names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
     return names
+
+
+def _fields(cls: type) -> Tuple[Tuple[str, bool, Any], ...]:
+    # RELEASE arrives several times per forward pass: resolve (name, required, type) once.
+    specs = _FIELDS.get(cls)
+    if specs is None:
+        hints = _hints(cls)
+        specs = _FIELDS[cls] = tuple(
+            (f.name, f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, hints[f.name])
+            for f in dataclasses.fields(cls))
+    return specs
 
 
 def _hints(cls: type) -> Dict[str, Any]:
@@ -130,6 +141,8 @@ def _hints(cls: type) -> Dict[str, Any]:
 
 def _convert(v: Any, tp: Any, where: str) -> Any:
     """Check ``v`` against the annotation ``tp`` (and build nested bodies)."""
+    if tp is int:  # the common case (RELEASE's tail), before the slower typing introspection
+        return v if isinstance(v, int) and not isinstance(v, bool) else _bad(v, "an integer", where)
     origin = typing.get_origin(tp)
     if origin is Union:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -606,8 +619,8 @@ class Connection:
             StrapdConnectionError: EOF or a socket error.
             StrapdProtocolError: a malformed message or a version other than 1.
         """
-        if timeout is not None:
-            r, _, _ = select.select([self.sock], [], [], max(timeout, 0.0))
+        if timeout is not None and timeout > 0:  # a poll needs no select: MSG_DONTWAIT below
+            r, _, _ = select.select([self.sock], [], [], timeout)
             if not r:
                 return None
         try:

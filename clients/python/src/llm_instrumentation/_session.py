@@ -3,12 +3,15 @@ records into it (docs/PROTOCOL.md 1.3–1.4).
 
 Per tensor: reserve space (PAD first if the record would cross the end of the region), write
 the header, copy the payload from the live tensor straight into the mapping with one
-``copy_``. Records are published in batches: one ``sendmsg(PUBLISH{head, seq})`` covers every
-record written since the last one, sent when the unpublished bytes reach ``publish_bytes``, at
-the end of each forward pass of the model (:meth:`flush`), and before anything that must
-follow them in sequence order or needs the daemon to see them (DROP, TOKEN, CHECKPOINT, CLOSE,
-waiting for ring space). A syscall per record was the largest client cost for the small
-tensors of token-by-token generation (docs/PERFORMANCE.md). Tensors whose record would exceed
+``copy_`` (one ``memmove`` for a small contiguous CPU tensor). What repeats between records of
+one module output (its encoded header, sizes) is kept while its dtype and shape stay, so a
+small record costs a few microseconds of Python (docs/PERFORMANCE.md). Records are published
+in batches: one ``sendmsg(PUBLISH{head, seq})`` covers every record written since the last
+one, sent when the unpublished bytes reach ``publish_bytes``, at the end of each forward pass
+of the model (:meth:`flush`), and before anything that must follow them in sequence order or
+needs the daemon to see them (DROP, TOKEN, CHECKPOINT, CLOSE, waiting for ring space). A
+syscall per record was the largest client cost for the small tensors of token-by-token
+generation (docs/PERFORMANCE.md). Tensors whose record would exceed
 a quarter of the data region go as PART records. Pending RELEASE/ERROR messages are drained
 without blocking before each publish, and before a tensor that does not fit the space known
 to be free.
@@ -21,22 +24,54 @@ dropped whole.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import os
+import struct
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Set, Tuple
 
 from . import _daemon
 from . import _protocol as P
 from ._dtypes import dtype_size, torch_dtype_id
-from ._ring import Ring, align64, encode_record_header, header_area
+from ._ring import HEADER_SIZE, Ring, align64, encode_record_header, header_area
 from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+
+
+#: seq, record_len, step and forward of a TENSOR record header, at byte 8 (docs/PROTOCOL.md):
+#: seq, step and forward are the only fields in which two whole records of one module, dtype
+#: and shape differ; record_len, between them, is rewritten unchanged so that one pack does.
+_SEQ_STEP_FORWARD = struct.Struct("<QQQQ")
+_SEQ_OFF = 8
+
+#: Tensors up to this size are copied with one ``memmove`` from their data pointer. Below it
+#: torch's ``copy_`` dispatch and the three ring views it needs cost more than the bytes; above
+#: it ``copy_`` is faster, using torch's intra-op threads (docs/PERFORMANCE.md section 5).
+SMALL_COPY = 64 << 10
+
+_memmove = ctypes.memmove
+
+
+class _Layout(NamedTuple):
+    """What repeats between the records of one module output while its dtype and shape stay:
+    the encoded header area (``seq``, ``step`` and ``forward`` zero, patched per record) and
+    the sizes. Only tensors written as one whole record (not PART) have one."""
+
+    dtype: Any  # torch.dtype
+    size: Any  # torch.Size, compared with the next tensor's
+    cls: type
+    header: bytes
+    hdr_area: int
+    record_len: int
+    tensor_len: int
+    shape: Tuple[int, ...]
+    memmove: bool
 
 
 class CaptureSession:
@@ -79,6 +114,7 @@ class CaptureSession:
         self.error: Optional[BaseException] = None
         self._lock = threading.Lock()
         self._cuda: Any = None
+        self._layouts: Dict[str, _Layout] = {}
 
     # ----- open / close ------------------------------------------------------------------------
 
@@ -212,19 +248,90 @@ class CaptureSession:
             StrapdProtocolError: the daemon reported a fatal error.
             TypeError: the dtype cannot be captured.
         """
+        lay = None
+        if meta is None:
+            lay = self._layouts.get(name)
+            if lay is None or lay.dtype is not t.dtype or lay.size != t.shape or lay.cls is not type(t):
+                lay = self._layout(name, t)
+        with self._lock:
+            self._check()
+            try:
+                if lay is not None and self._write_whole(lay, t, step, forward):
+                    return True
+                return self._write_any(name, t, step, forward, meta)
+            except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
+                self.error = e
+                raise
+
+    def _layout(self, name: str, t: "torch.Tensor") -> Optional[_Layout]:
+        """Build and keep the layout of ``name``'s records for ``t``'s dtype and shape; None
+        when ``t`` is not a plain strided tensor or needs PART records."""
+        import torch
+
+        cls = type(t)
+        if (cls is not torch.Tensor and cls is not torch.nn.Parameter) or t.layout is not torch.strided:
+            return None
+        dt = torch_dtype_id(t.dtype)
+        shape = tuple(int(s) for s in t.shape)
+        tensor_len = t.numel() * dtype_size(dt)
+        name_b = name.encode("utf-8")
+        hdr_area = header_area(len(shape), name_b, b"")
+        rec_len = align64(hdr_area + tensor_len)
+        if rec_len > self.max_record:
+            return None
+        header = encode_record_header(dtype=dt, shape=shape, seq=0, record_len=rec_len, step=0, forward=0,
+                                      payload_len=tensor_len, name=name_b)
+        lay = _Layout(t.dtype, t.shape, cls, header, hdr_area, rec_len, tensor_len, shape,
+                      tensor_len <= SMALL_COPY)
+        self._layouts[name] = lay
+        return lay
+
+    def _write_whole(self, lay: _Layout, t: "torch.Tensor", step: int, forward: int) -> bool:
+        """The common case, with nothing computed per record that repeats: one whole record
+        that fits before the end of the region in space known to be free. False (nothing
+        written) when it needs a PAD first, or space (waiting, draining or dropping): then
+        :meth:`_write_any` does it."""
+        ring = self.ring
+        head = ring.head
+        size = ring.data_size
+        off = head % size
+        rec_len = lay.record_len
+        if off + rec_len > size or head + rec_len - ring.tail > size:
+            return False
+        if head + rec_len > ring.populated:
+            ring.populate(head + rec_len)
+        file_off = HEADER_SIZE + off
+        mm = ring.mm
+        hdr = lay.header
+        mm[file_off:file_off + len(hdr)] = hdr
+        seq = self.seq + 1
+        _SEQ_STEP_FORWARD.pack_into(mm, file_off + _SEQ_OFF, seq, rec_len, step, forward)
+        n = lay.tensor_len
+        if n:
+            start = file_off + lay.hdr_area
+            if lay.memmove and t.is_cpu and t.is_contiguous():
+                # The bytes of a contiguous CPU tensor are n bytes at data_ptr(): one memcpy.
+                _memmove(ring.address() + start, t.data_ptr(), n)
+            else:
+                self._copy(ring.u8()[start:start + n].view(t.dtype).view(lay.shape), t)
+        self.seq = seq
+        ring.head = head + rec_len
+        self.last_tensor_seq = seq
+        self.packets += 1
+        self.bytes_in += n
+        if ring.head - self.published_head >= self.publish_bytes:
+            self._publish()
+        return True
+
+    def _write_any(self, name: str, t: "torch.Tensor", step: int, forward: int,
+                   meta: Optional[Dict[str, Any]]) -> bool:
         dt = torch_dtype_id(t.dtype)
         shape = tuple(int(s) for s in t.shape)
         tensor_len = t.numel() * dtype_size(dt)
         name_b = name.encode("utf-8")
         meta_b = json.dumps(meta, separators=(",", ":")).encode() if meta else b""
         hdr_area = header_area(len(shape), name_b, meta_b)
-        with self._lock:
-            self._check()
-            try:
-                return self._write(name, name_b, meta_b, hdr_area, t, dt, shape, tensor_len, step, forward)
-            except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
-                self.error = e
-                raise
+        return self._write(name, name_b, meta_b, hdr_area, t, dt, shape, tensor_len, step, forward)
 
     def _write(self, name: str, name_b: bytes, meta_b: bytes, hdr_area: int, t: "torch.Tensor",
                dt: int, shape: Tuple[int, ...], tensor_len: int, step: int, forward: int) -> bool:
@@ -266,6 +373,7 @@ class CaptureSession:
                 pad, needed = self.ring.placement(rec_len)
             if pad:
                 self.ring.write_pad(pad)
+            self.ring.populate(self.ring.head + rec_len)
             seq = self._next_seq()
             hdr = encode_record_header(
                 dtype=dt, shape=shape, seq=seq, record_len=rec_len, step=step, forward=forward,
