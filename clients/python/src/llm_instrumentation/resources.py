@@ -435,8 +435,11 @@ class ResourceMonitor:
             per-forward event then carries the bytes of its forward pass.
         enabled: False starts disabled (no hooks); None follows
             ``STRAP_RESOURCE_LOG_DISABLED``.
-        flush_events: events buffered before they are written (also written once per
-            second, at :meth:`flush` and at :meth:`close`).
+        flush_events: records kept before they go to the writer thread (at the end of a
+            forward pass).
+        flush_interval: seconds after which they go anyway (None: only by count, at
+            :meth:`flush` and at :meth:`close`).
+        environ: the environment to read the settings from (default ``os.environ``).
 
     Raises:
         ValueError: a bad level, or neither a path nor a sink.
@@ -446,7 +449,8 @@ class ResourceMonitor:
                  path: Union[str, os.PathLike, None] = None, *, sink: Any = None,
                  session_id: Optional[str] = None, step_fn: Optional[Callable[[], int]] = None,
                  capture_bytes_fn: Optional[Callable[[], int]] = None, enabled: Optional[bool] = None,
-                 flush_events: int = 512, environ: Optional[Mapping[str, str]] = None) -> None:
+                 flush_events: int = 512, flush_interval: Optional[float] = 0.5,
+                 environ: Optional[Mapping[str, str]] = None) -> None:
         settings = resource_settings_from_env(environ)
         self.model = model
         self.level = ResourceLevel.parse(level) if level is not None else (settings.level or ResourceLevel.MINIMAL)
@@ -465,12 +469,16 @@ class ResourceMonitor:
         self._step_fn = step_fn
         self._capture_bytes_fn = capture_bytes_fn
         self._flush_events = max(1, int(flush_events))
+        self._flush_interval = flush_interval
         self._step = 0
         self._forward = -1
         self._cur_step = 0
         self._lock = threading.Lock()
-        self._buf: List[Dict[str, Any]] = []
-        self._pending: List[Tuple[Dict[str, Any], Any, Any]] = []  # CUDA-timed events awaiting their times
+        # Plain values recorded by the hooks: (builder, args...); built into events, counted,
+        # serialized and written by the writer thread.
+        self._records: List[Tuple[Any, ...]] = []
+        self._writer: Optional[_Writer] = None
+        self._root: Optional[_Site] = None
         self._last_flush = time.monotonic()
         self._handles: List[Any] = []
         self._sites: List[_Site] = []
@@ -542,7 +550,8 @@ class ResourceMonitor:
             "pid": os.getpid(),
             "nvml": self._nvml is not None,
         }
-        self._emit(start)
+        self._writer = _Writer(self)
+        self._records.append((self._b_prebuilt, start))
         if self._enabled:
             self._parameter_events()
             self._install()
@@ -577,9 +586,15 @@ class ResourceMonitor:
         self._step = int(step)
 
     def flush(self) -> None:
-        """Write every buffered event now (on a GPU this waits for their CUDA events)."""
-        self._resolve(wait=True)
-        self._write_out()
+        """Write every recorded event now (on a GPU the writer waits for their CUDA events).
+
+        Raises:
+            RuntimeError: writing failed (the cause is chained).
+        """
+        if self._writer is None:
+            raise RuntimeError("resource monitor not started")
+        self._hand_off()
+        self._writer.sync()
         self._sink.flush()
 
     def close(self) -> Dict[str, Any]:
@@ -591,14 +606,23 @@ class ResourceMonitor:
         if self._closed:
             return {}
         self._uninstall()
-        self._resolve(wait=True)
-        summary = self._summary()
-        self._emit(summary)
-        self._write_out()
         self._closed = True
-        self._sink.flush()
-        self._sink.close()
-        self._rss.close()
+        w = self._writer
+        try:
+            if w is not None:
+                self._hand_off()
+                w.sync()  # every event counted before the summary is made
+            summary = self._summary()
+            if w is not None:
+                self._records.append((self._b_prebuilt, summary))
+                self._hand_off()
+                w.sync()
+        finally:
+            if w is not None:
+                w.stop()
+            self._sink.flush()
+            self._sink.close()
+            self._rss.close()
         return summary
 
     def __enter__(self) -> "ResourceMonitor":
@@ -679,6 +703,7 @@ class ResourceMonitor:
     def _install(self) -> None:
         if self._handles:
             return
+        self._root = None
         level = self.level
         mods = dict(self.model.named_modules())
         self._sites = []
@@ -689,6 +714,7 @@ class ResourceMonitor:
             self._sites.append(site)
             kw = site.kind == "attention"
             if site.kind == "model":
+                self._root = site
                 self._handles.append(mod.register_forward_pre_hook(self._model_pre, with_kwargs=True))
                 continue
             self._handles.append(mod.register_forward_pre_hook(self._make_pre(site), with_kwargs=kw))
@@ -720,33 +746,35 @@ class ResourceMonitor:
             site.ev0 = None
         site.t0 = time.perf_counter_ns()
 
-    def _stop_timer(self, site: _Site, ev: Dict[str, Any]) -> None:
+    def _stop_timer(self, site: _Site) -> Any:
+        """The measurement: elapsed ns on the CPU, or the CUDA event pair (resolved by the
+        writer thread, which waits for the GPU instead of the model's thread)."""
         t1 = time.perf_counter_ns()
-        if site.ev0 is not None:
+        ev0 = site.ev0
+        if ev0 is not None:
             import torch
 
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            ev["duration_source"] = "cuda_event"
-            self._pending.append((ev, site.ev0, end))
             site.ev0 = None
-        else:
-            ev["duration_us"] = (t1 - site.t0) / 1000.0
-            ev["duration_source"] = "perf_counter"
-            _derive(ev)
+            return (ev0, end)
+        return t1 - site.t0
 
-    def _resolve(self, wait: bool) -> None:
-        if not self._pending:
-            return
-        if not wait and not self._pending[-1][2].query():
-            return
-        for ev, start, end in self._pending:
-            end.synchronize()
-            ev["duration_us"] = start.elapsed_time(end) * 1000.0
-            _derive(ev)
-        self._pending.clear()
+    def _ctx(self, site: _Site) -> Tuple[_Site, int, int, int]:
+        return (site, time.time_ns() // 1000, self._cur_step, self._forward)
 
-    # ----- hooks ---------------------------------------------------------------------------
+    def _mem_now(self) -> Dict[str, Any]:
+        if self._cuda:
+            import torch
+
+            return {"device_memory_allocated_bytes": torch.cuda.memory_allocated(),
+                    "device_memory_reserved_bytes": torch.cuda.memory_reserved(),
+                    "device_memory_peak_bytes": torch.cuda.max_memory_allocated(),
+                    "memory_source": "torch.cuda.memory_stats"}
+        rss = self._rss.read()
+        return {"process_rss_bytes": rss, "memory_source": "proc_self_statm"} if rss is not None else {}
+
+    # ----- hooks: record plain values now, build the events in the writer thread ------------
 
     def _model_pre(self, module: Any, args: Any, kwargs: Dict[str, Any]) -> None:
         self._forward += 1
@@ -754,12 +782,13 @@ class ResourceMonitor:
         self._cur_step = self._step_fn() if self._step_fn is not None else self._step
         self._forward_flops = 0
         self._forward_capture0 = self._capture_bytes_fn() if self._capture_bytes_fn is not None else 0
-        root = self._sites[0] if self._sites and self._sites[0].kind == "model" else None
+        root = self._root
         if root is not None:
             t = _first_tensor(args) if args else _first_tensor(kwargs)
-            self._root_input = t
+            self._root_input = _tm(t) if t is not None else None
             self._start_timer(root, self._probe_cuda_tensor() if self._cuda else None)
         self._stack.clear()
+        self._attn_end.clear()
         if self.level >= ResourceLevel.VERBOSE and self._mode is None:
             self._mode = _ElementwiseMode(self)
             self._mode.__enter__()
@@ -771,46 +800,35 @@ class ResourceMonitor:
 
     def _model_post(self, module: Any, args: Any, kwargs: Dict[str, Any], output: Any) -> None:
         self._exit_mode()
-        root = self._sites[0] if self._sites and self._sites[0].kind == "model" else None
+        root = self._root
         if root is None or output is None:  # None: the forward pass raised
             return
-        inp, self._root_input = self._root_input, None
-        ev = self._base("compute_execution", root, "compute")
-        ev["operation"] = "model_forward"
-        if inp is not None:
-            ev["input_tensors"] = [{"shape": list(inp.shape), "dtype": _dtype_name(inp)}]
-            if inp.dim() >= 2 and not inp.is_floating_point():
-                ev["tokens_in_forward"] = int(inp.shape[-1])
         logits = getattr(output, "logits", None)
         out = logits if logits is not None else _first_tensor(output)
-        if out is not None:
-            ev["output_shape"] = list(out.shape)
-        ev["flops"] = self._forward_flops
-        ev["compute_intensity_gflops"] = self._forward_flops / 1e9
-        ev["flops_source"] = "sum_of_recorded_ops"
-        if self._capture_bytes_fn is not None:
-            ev["capture_bytes"] = self._capture_bytes_fn() - self._forward_capture0
-        self._memory_fields(ev)
+        cap = self._capture_bytes_fn() - self._forward_capture0 if self._capture_bytes_fn is not None else None
+        sm = None
         if self._nvml is not None:
             try:
                 import pynvml  # type: ignore[import-not-found]
 
-                ev["sm_utilization_percent"] = float(pynvml.nvmlDeviceGetUtilizationRates(self._nvml).gpu)
-                ev["sm_utilization_source"] = "nvml_device_sample"
+                sm = float(pynvml.nvmlDeviceGetUtilizationRates(self._nvml).gpu)
             except Exception:
-                pass
-        self._stop_timer(root, ev)
-        self._emit(ev, count_compute=False)
-        self._resolve(wait=False)
-        if len(self._buf) >= self._flush_events or time.monotonic() - self._last_flush > 1.0:
-            if not self._pending:
-                self._write_out()
+                sm = None
+        timing = self._stop_timer(root)
+        self._records.append((self._b_forward, self._ctx(root), timing, self._root_input,
+                              tuple(out.shape) if out is not None else None, self._forward_flops, cap,
+                              self._mem_now(), sm))
+        self._root_input = None
+        if len(self._records) >= self._flush_events or (
+                self._flush_interval is not None and time.monotonic() - self._last_flush > self._flush_interval):
+            self._hand_off()
 
     def _make_pre(self, site: _Site) -> Callable[..., None]:
         kind = site.kind
+        stack = self._stack
         if kind == "attention":
             def pre_attn(module: Any, args: Any, kwargs: Dict[str, Any]) -> None:
-                self._stack.append(site)
+                stack.append(site)
                 cache = _cache_from(args, kwargs)
                 site.kv_cache = cache
                 idx = getattr(module, "layer_idx", None)
@@ -823,15 +841,13 @@ class ResourceMonitor:
 
         if kind == "mlp":
             def pre_mlp(module: Any, args: Any) -> None:
-                self._stack.append(site)
-                t = _first_tensor(args)
-                self._handoff(site, t)
-                self._start_timer(site, t)
+                stack.append(site)
+                self._handoff(site, _first_tensor(args))
                 return None
             return pre_mlp
 
         def pre(module: Any, args: Any) -> None:
-            self._stack.append(site)
+            stack.append(site)
             self._start_timer(site, _first_tensor(args))
             return None
         return pre
@@ -848,33 +864,21 @@ class ResourceMonitor:
             b = getattr(site.mod, "bias", None)
             if b is not None:
                 wbytes += b.numel() * b.element_size()
-            wshape = list(w.shape)
+            static = (tuple(w.shape), w.dtype, wbytes, in_f, out_f)
 
             def post_linear(module: Any, args: Any, output: Any) -> None:
                 self._pop(site)
-                x = _first_tensor(args)
                 out = _first_tensor(output)
                 if out is None:
                     return None
-                rows = out.numel() // out_f if out_f else 0
-                flops = 2 * rows * in_f * out_f
-                ev = self._base("compute_execution", site, "compute")
-                ev["operation"] = "mul_mat"
-                ev["input_tensors"] = [{"name": "input", "shape": list(x.shape) if x is not None else None,
-                                        "dtype": _dtype_name(x) if x is not None else None},
-                                       {"name": "weight", "shape": wshape, "dtype": _dtype_name(w)}]
-                ev["output_shape"] = list(out.shape)
-                ev["flops"] = flops
-                ev["compute_intensity_gflops"] = flops / 1e9
-                ev["flops_source"] = "computed_from_shapes"
-                ev["bytes_accessed"] = (x.numel() * x.element_size() if x is not None else 0) + wbytes \
-                    + out.numel() * out.element_size()
+                x = _first_tensor(args)
+                on = out.numel()
+                flops = 2 * (on // out_f if out_f else 0) * in_f * out_f
                 self._forward_flops += flops
-                self._stop_timer(site, ev)
-                self._emit(ev)
-                if site.mlp_op is not None:
-                    self._mlp_event(site, x, out, wshape, in_f, out_f, ev)
-                self._alloc(site, out, "module_output")
+                timing = self._stop_timer(site)
+                self._records.append((self._b_linear, self._ctx(site), timing, _tm(x) if x is not None else None, _tm(out),
+                       flops, static))
+                self._alloc(site, out)
                 return None
             return post_linear
 
@@ -883,43 +887,31 @@ class ResourceMonitor:
                 self._pop(site)
                 x = args[0] if args else kwargs.get("hidden_states")
                 out = _first_tensor(output)
-                ev = self._base("compute_execution", site, "compute")
-                ev["operation"] = "attention"
                 cache = site.kv_cache
                 site.kv_cache = None
                 idx = getattr(module, "layer_idx", None)
                 idx = site.layer_id if idx is None else idx
                 k, v = _cache_layer(cache, idx) if cache is not None and idx is not None else (None, None)
+                if k is not None and k.numel() == 0:
+                    k = v = None
                 q_len = int(x.shape[-2]) if x is not None and x.dim() >= 2 else 0
                 batch = int(x.shape[0]) if x is not None and x.dim() >= 3 else 1
                 kv_len = _kv_len(k) if k is not None else q_len
-                ev["input_tensors"] = [{"name": "hidden_states", "shape": list(x.shape) if x is not None else None}]
-                if k is not None:
-                    ev["input_tensors"].append({"name": "key_cache", "shape": list(k.shape), "dtype": _dtype_name(k)})
-                    ev["input_tensors"].append({"name": "value_cache", "shape": list(v.shape) if v is not None else None})
-                if out is not None:
-                    ev["output_shape"] = list(out.shape)
-                ev["query_tokens"] = q_len
-                ev["key_tokens"] = kv_len
+                flops = None
                 if site.n_heads and site.head_dim:
-                    # QK^T and the weighted sum of V, dense (a causal kernel may skip the masked
-                    # half); the q/k/v/o projections are their own mul_mat events.
                     flops = 4 * batch * site.n_heads * q_len * kv_len * site.head_dim
-                    ev["flops"] = flops
-                    ev["compute_intensity_gflops"] = flops / 1e9
-                    ev["flops_source"] = "computed_from_shapes"
-                    ev["flops_covers"] = "scores_and_weighted_sum_dense"
                     self._forward_flops += flops
-                else:
-                    ev["flops"] = None
-                    ev["flops_source"] = "unknown_head_layout"
-                self._stop_timer(site, ev)
-                self._emit(ev)
+                timing = self._stop_timer(site)
+                ctx = self._ctx(site)
+                km = _tm(k) if k is not None else None
+                vm = _tm(v) if v is not None else None
+                self._records.append((self._b_attention, ctx, timing, _tm(x) if x is not None else None,
+                       _tm(out) if out is not None else None, q_len, kv_len, km, vm, flops))
                 if out is not None:
                     self._attn_end[site.layer_id] = (time.perf_counter_ns(), self._cuda_mark(out))
-                    self._alloc(site, out, "module_output")
-                if k is not None:
-                    self._kv_event(site, idx, k, v, site.kv_before, q_len)
+                    self._alloc(site, out)
+                if km is not None:
+                    self._records.append((self._b_kv, ctx, idx, km, vm, site.kv_before))
                 return None
             return post_attn
 
@@ -928,54 +920,20 @@ class ResourceMonitor:
                 self._pop(site)
                 out = _first_tensor(output)
                 if out is not None:
-                    self._alloc(site, out, "module_output")
+                    self._alloc(site, out)
                 return None
             return post_mlp
-
-        if kind in ("norm", "activation"):
-            fpe = site.flops_per_element or 1
-
-            def post_elem(module: Any, args: Any, output: Any) -> None:
-                self._pop(site)
-                out = _first_tensor(output)
-                if out is None:
-                    return None
-                x = _first_tensor(args)
-                ev = self._base("compute_execution", site, "compute")
-                ev["operation"] = "norm" if kind == "norm" else "activation"
-                if site.activation:
-                    ev["activation_function"] = site.activation
-                ev["input_tensors"] = [{"name": "input", "shape": list(x.shape) if x is not None else None,
-                                        "dtype": _dtype_name(x) if x is not None else None}]
-                ev["output_shape"] = list(out.shape)
-                flops = fpe * out.numel()
-                ev["flops"] = flops
-                ev["compute_intensity_gflops"] = flops / 1e9
-                ev["flops_source"] = "computed_from_shapes"
-                ev["flops_per_element"] = fpe
-                ev["bytes_accessed"] = (x.numel() * x.element_size() if x is not None else 0) \
-                    + out.numel() * out.element_size()
-                self._forward_flops += flops
-                self._stop_timer(site, ev)
-                self._emit(ev)
-                self._alloc(site, out, "module_output")
-                return None
-            return post_elem
 
         def post_other(module: Any, args: Any, output: Any) -> None:
             self._pop(site)
             out = _first_tensor(output)
-            ev = self._base("compute_execution", site, "compute")
-            ev["operation"] = site.kind if site.kind != "leaf" else type(module).__name__
-            if out is not None:
-                ev["output_shape"] = list(out.shape)
-                ev["bytes_accessed"] = out.numel() * out.element_size()
-            ev["flops"] = 0
-            ev["flops_source"] = "not_counted"
-            self._stop_timer(site, ev)
-            self._emit(ev)
-            if out is not None:
-                self._alloc(site, out, "module_output")
+            if out is None:
+                return None
+            x = _first_tensor(args)
+            timing = self._stop_timer(site)
+            self._records.append((self._b_module, self._ctx(site), timing, _tm(x) if x is not None else None, _tm(out),
+                   type(module).__name__))
+            self._alloc(site, out)
             return None
         return post_other
 
@@ -995,57 +953,12 @@ class ResourceMonitor:
         ev.record()
         return ev
 
-    # ----- event builders ------------------------------------------------------------------
-
-    def _base(self, event: str, site: _Site, word: str, device: str = "") -> Dict[str, Any]:
-        ts = _now_us()
-        self._seq += 1
-        layer = site.layer_id
-        return {
-            "event": event,
-            "resource_id": f"{device or ('gpu' if self._cuda else 'cpu')}_{word}_layer_"
-                           f"{layer if layer is not None else 'none'}_{site.leaf}_{ts}_{self._seq}",
-            "timestamp": ts,
-            "session_id": self.session_id,
-            "step": self._cur_step,
-            "forward": self._forward,
-            "layer_id": layer,
-            "component_type": site.component,
-            "module": site.name,
-        }
-
-    def _memory_fields(self, ev: Dict[str, Any]) -> None:
-        if self._cuda:
-            import torch
-
-            alloc = torch.cuda.memory_allocated()
-            ev["device_memory_allocated_bytes"] = alloc
-            ev["device_memory_reserved_bytes"] = torch.cuda.memory_reserved()
-            ev["device_memory_peak_bytes"] = torch.cuda.max_memory_allocated()
-            ev["memory_source"] = "torch.cuda.memory_stats"
-            self._peak_device = max(self._peak_device, ev["device_memory_peak_bytes"])
-        else:
-            rss = self._rss.read()
-            if rss is not None:
-                ev["process_rss_bytes"] = rss
-                ev["memory_source"] = "proc_self_statm"
-
-    def _alloc(self, site: _Site, t: "torch.Tensor", kind: str, nbytes: Optional[int] = None,
-               shape: Optional[List[int]] = None) -> None:
-        size = nbytes if nbytes is not None else t.numel() * t.element_size()
+    def _alloc(self, site: _Site, t: "torch.Tensor") -> None:
+        size = t.numel() * t.element_size()
         if self.level == ResourceLevel.MINIMAL and size <= MINIMAL_ALLOCATION_BYTES:
             return
-        ev = self._base("memory_allocation", site, "memory")
-        ev["allocation_kind"] = kind
-        ev["allocation_size_bytes"] = size
-        ev["allocation_size_mb"] = size / (1 << 20)
-        ev["memory_type"] = "vram" if t.is_cuda else "host"
-        ev["tensor_shape"] = shape if shape is not None else list(t.shape)
-        ev["precision"] = _precision(t)
-        ev["memory_address"] = hex(t.data_ptr())
-        ev["size_source"] = "tensor_nbytes"
-        self._memory_fields(ev)
-        self._emit(ev)
+        self._records.append((self._b_alloc, self._ctx(site), "module_output", size, tuple(t.shape), t.dtype,
+                              t.is_cuda, t.data_ptr(), self._mem_now()))
 
     def _parameter_events(self) -> None:
         total = 0
@@ -1055,82 +968,149 @@ class ResourceMonitor:
                 continue
             nbytes = sum(p.numel() * p.element_size() for p in params)
             total += nbytes
+            if self.level == ResourceLevel.MINIMAL and nbytes <= MINIMAL_ALLOCATION_BYTES:
+                continue
             site = _Site(name, mod, "params", ResourceLevel.MINIMAL, _layer_of(name, self._arch_prefix),
                          _component(name, mod))
             w = getattr(mod, "weight", None)
             first = w if w is not None else params[0]
-            self._alloc(site, first, "parameters", nbytes=nbytes, shape=list(first.shape))
+            self._records.append((self._b_alloc, (site, _now_us(), self._step, -1), "parameters", nbytes,
+                                  tuple(first.shape), first.dtype, first.is_cuda, first.data_ptr(), self._mem_now()))
         self._param_bytes = total
-
-    def _mlp_event(self, site: _Site, x: Optional["torch.Tensor"], out: "torch.Tensor", wshape: List[int],
-                   in_f: int, out_f: int, compute: Dict[str, Any]) -> None:
-        ev = self._base("mlp_operation", site, "mlp")
-        op = site.mlp_op
-        ev["mlp_operation"] = op
-        ev["weight_shape"] = wshape
-        ev["activation_shape"] = list(out.shape)
-        out_bytes = out.numel() * out.element_size()
-        in_bytes = x.numel() * x.element_size() if x is not None else 0
-        ev["intermediate_dim"] = in_f if op == "down_proj" else out_f
-        ev["intermediate_size_bytes"] = in_bytes if op == "down_proj" else out_bytes
-        ev["intermediate_size_mb"] = ev["intermediate_size_bytes"] / (1 << 20)
-        # Input and output of the projection are both live while it runs.
-        ev["activation_memory_peak_bytes"] = in_bytes + out_bytes
-        ev["activation_memory_peak_mb"] = (in_bytes + out_bytes) / (1 << 20)
-        ev["activation_memory_peak_source"] = "computed_input_plus_output"
-        ev["activation_function"] = site.activation
-        ev["flops"] = compute["flops"]
-        ev["compute_resource_id"] = compute["resource_id"]
-        self._emit(ev)
 
     def _handoff(self, site: _Site, t: Optional["torch.Tensor"]) -> None:
         prev = self._attn_end.pop(site.layer_id, None)
         if prev is None or t is None:
             return
         t_end, cuda_end = prev
-        ev = self._base("component_handoff", site, "flow")
-        ev["resource_id"] = ev["resource_id"].replace(f"_{site.leaf}_", "_attention_to_mlp_", 1)
-        ev["from_component"] = "attention"
-        ev["to_component"] = "mlp"
-        nbytes = t.numel() * t.element_size()
-        ev["data_size_bytes"] = nbytes
-        ev["data_size_mb"] = nbytes / (1 << 20)
-        ev["tensor_shape"] = list(t.shape)
-        # The gap holds the residual add and the post-attention norm; on one device nothing
-        # is copied, so this is the effective rate of the handoff, not a link bandwidth.
         if cuda_end is not None:
             import torch
 
             start = torch.cuda.Event(enable_timing=True)
             start.record()
-            ev["duration_source"] = "cuda_event"
-            ev["bandwidth_source"] = "bytes_over_measured_gap"
-            self._pending.append((ev, cuda_end, start))
+            timing: Any = (cuda_end, start)
         else:
-            ev["duration_us"] = (time.perf_counter_ns() - t_end) / 1000.0
-            ev["duration_source"] = "perf_counter"
-            ev["bandwidth_source"] = "bytes_over_measured_gap"
-            _derive(ev)
+            timing = time.perf_counter_ns() - t_end
         if self._cuda:
             import torch
 
             frac = torch.cuda.memory_allocated() / self._cuda_total if self._cuda_total else None
-            ev["memory_pressure_source"] = "cuda_allocated_over_total"
+            src = "cuda_allocated_over_total"
         else:
             frac = _host_memory_fraction()
-            ev["memory_pressure_source"] = "proc_meminfo_used_over_total"
-        ev["memory_pressure"] = _pressure_word(frac)
-        ev["memory_used_fraction"] = frac
-        self.component_flows += 1
-        self._emit(ev)
+            src = "proc_meminfo_used_over_total"
+        self._records.append((self._b_handoff, self._ctx(site), timing, _tm(t), frac, src))
 
-    def _kv_event(self, site: _Site, idx: int, k: "torch.Tensor", v: Optional["torch.Tensor"], before: int,
-                  q_len: int) -> None:
-        ev = self._base("kv_cache_update", site, "kv")
-        length = _kv_len(k)
-        nbytes = k.numel() * k.element_size() + (v.numel() * v.element_size() if v is not None else 0)
+    def _elementwise(self, op: str, out: Any, dur_ns: int) -> None:
+        import torch
+
+        if not isinstance(out, torch.Tensor):
+            return
+        site = self._stack[-1] if self._stack else self._root
+        if site is None:
+            return
+        m = _tm(out)
+        self._forward_flops += out.numel() * FLOPS_PER_ELEMENT["elementwise"]
+        self._records.append((self._b_elementwise, self._ctx(site), op, m, dur_ns))
+
+    # ----- builders (writer thread) --------------------------------------------------------
+
+    def _base(self, event: str, ctx: Tuple[_Site, int, int, int], word: str) -> Dict[str, Any]:
+        site, ts, step, fwd = ctx
+        self._seq += 1
+        layer = site.layer_id
+        return {
+            "event": event,
+            "resource_id": f"{'gpu' if self._cuda else 'cpu'}_{word}_layer_"
+                           f"{layer if layer is not None else 'none'}_{site.leaf}_{ts}_{self._seq}",
+            "timestamp": ts,
+            "session_id": self.session_id,
+            "step": step,
+            "forward": fwd,
+            "layer_id": layer,
+            "component_type": site.component,
+            "module": site.name,
+        }
+
+    @staticmethod
+    def _timing(ev: Dict[str, Any], timing: Any) -> None:
+        if isinstance(timing, tuple):
+            start, end = timing
+            end.synchronize()
+            ev["duration_us"] = start.elapsed_time(end) * 1000.0
+            ev["duration_source"] = "cuda_event"
+        else:
+            ev["duration_us"] = timing / 1000.0
+            ev["duration_source"] = "perf_counter"
+        _derive(ev)
+
+    def _b_linear(self, ctx: Any, timing: Any, xm: Any, om: Any, flops: int, static: Any) -> List[Dict[str, Any]]:
+        site = ctx[0]
+        wshape, wdtype, wbytes, in_f, out_f = static
+        ev = self._base("compute_execution", ctx, "compute")
+        ev["operation"] = "mul_mat"
+        ev["input_tensors"] = [_tdesc("input", xm), {"name": "weight", "shape": list(wshape),
+                                                      "dtype": _dname(wdtype)}]
+        ev["output_shape"] = list(om[0])
+        ev["flops"] = flops
+        ev["compute_intensity_gflops"] = flops / 1e9
+        ev["flops_source"] = "computed_from_shapes"
+        ev["bytes_accessed"] = (xm[2] if xm is not None else 0) + wbytes + om[2]
+        self._timing(ev, timing)
+        out = [ev]
+        if site.mlp_op is not None:
+            op = site.mlp_op
+            m = self._base("mlp_operation", ctx, "mlp")
+            in_bytes = xm[2] if xm is not None else 0
+            m["mlp_operation"] = op
+            m["weight_shape"] = list(wshape)
+            m["activation_shape"] = list(om[0])
+            m["intermediate_dim"] = in_f if op == "down_proj" else out_f
+            m["intermediate_size_bytes"] = in_bytes if op == "down_proj" else om[2]
+            m["intermediate_size_mb"] = m["intermediate_size_bytes"] / (1 << 20)
+            # Input and output of the projection are both live while it runs.
+            m["activation_memory_peak_bytes"] = in_bytes + om[2]
+            m["activation_memory_peak_mb"] = (in_bytes + om[2]) / (1 << 20)
+            m["activation_memory_peak_source"] = "computed_input_plus_output"
+            m["activation_function"] = site.activation
+            m["flops"] = flops
+            m["duration_us"] = ev.get("duration_us")
+            m["duration_source"] = ev.get("duration_source")
+            m["compute_resource_id"] = ev["resource_id"]
+            out.append(m)
+        return out
+
+    def _b_attention(self, ctx: Any, timing: Any, xm: Any, om: Any, q_len: int, kv_len: int, km: Any, vm: Any,
+                     flops: Optional[int]) -> List[Dict[str, Any]]:
+        ev = self._base("compute_execution", ctx, "compute")
+        ev["operation"] = "attention"
+        ev["input_tensors"] = [_tdesc("hidden_states", xm)]
+        if km is not None:
+            ev["input_tensors"] += [_tdesc("key_cache", km), _tdesc("value_cache", vm)]
+        if om is not None:
+            ev["output_shape"] = list(om[0])
+        ev["query_tokens"] = q_len
+        ev["key_tokens"] = kv_len
+        if flops is not None:
+            # QK^T and the weighted sum of V, dense (a causal kernel may skip the masked
+            # half); the q/k/v/o projections are their own mul_mat events.
+            ev["flops"] = flops
+            ev["compute_intensity_gflops"] = flops / 1e9
+            ev["flops_source"] = "computed_from_shapes"
+            ev["flops_covers"] = "scores_and_weighted_sum_dense"
+        else:
+            ev["flops"] = None
+            ev["flops_source"] = "unknown_head_layout"
+        self._timing(ev, timing)
+        return [ev]
+
+    def _b_kv(self, ctx: Any, idx: int, km: Any, vm: Any, before: int) -> List[Dict[str, Any]]:
+        ev = self._base("kv_cache_update", ctx, "kv")
+        shape = km[0]
+        length = int(shape[-2]) if len(shape) >= 2 else 0
+        nbytes = km[2] + (vm[2] if vm is not None else 0)
         prev = self._kv_prev_bytes.get(idx)
-        # A cache that starts again (a new sequence) is growth from nothing, not a shrink.
+        # A cache that starts again (a new sequence) grows from nothing; it did not shrink.
         grew_from = prev if prev is not None and before > 0 else 0
         self._kv_prev_bytes[idx] = nbytes
         ev["cache_length_tokens"] = length
@@ -1142,74 +1122,148 @@ class ResourceMonitor:
         ev["cache_mb"] = nbytes / (1 << 20)
         ev["bytes_per_token"] = nbytes / length if length else 0.0
         ev["growth_bytes"] = nbytes - grew_from
-        ev["key_shape"] = list(k.shape)
-        ev["value_shape"] = list(v.shape) if v is not None else None
-        ev["precision"] = _precision(k)
-        ev["memory_type"] = "vram" if k.is_cuda else "host"
+        ev["key_shape"] = list(shape)
+        ev["value_shape"] = list(vm[0]) if vm is not None else None
+        ev["precision"] = _short(km[1])
+        ev["memory_type"] = "vram" if km[3] else "host"
         ev["size_source"] = "tensor_nbytes"
-        self._emit(ev)
+        return [ev]
 
-    def _elementwise(self, op: str, out: Any, dur_ns: int) -> None:
-        import torch
+    def _b_module(self, ctx: Any, timing: Any, xm: Any, om: Any, cls: str) -> List[Dict[str, Any]]:
+        site = ctx[0]
+        ev = self._base("compute_execution", ctx, "compute")
+        kind = site.kind
+        ev["operation"] = kind if kind in ("norm", "activation", "embedding") else cls
+        if site.activation and kind == "activation":
+            ev["activation_function"] = site.activation
+        ev["input_tensors"] = [_tdesc("input", xm)]
+        ev["output_shape"] = list(om[0])
+        numel = _numel(om[0])
+        if kind in ("norm", "activation"):
+            fpe = site.flops_per_element or 1
+            flops = fpe * numel
+            ev["flops"] = flops
+            ev["compute_intensity_gflops"] = flops / 1e9
+            ev["flops_source"] = "computed_from_shapes"
+            ev["flops_per_element"] = fpe
+            ev["bytes_accessed"] = (xm[2] if xm is not None else 0) + om[2]
+        else:
+            ev["flops"] = 0
+            ev["flops_source"] = "not_counted"
+            ev["bytes_accessed"] = om[2]
+        self._timing(ev, timing)
+        return [ev]
 
-        if not isinstance(out, torch.Tensor):
-            return
-        site = self._stack[-1] if self._stack else (self._sites[0] if self._sites else None)
-        if site is None:
-            return
-        ev = self._base("compute_execution", site, "compute")
+    def _b_forward(self, ctx: Any, timing: Any, inm: Any, out_shape: Any, flops: int, cap: Optional[int],
+                   mem: Dict[str, Any], sm: Optional[float]) -> List[Dict[str, Any]]:
+        ev = self._base("compute_execution", ctx, "compute")
+        ev["operation"] = "model_forward"
+        if inm is not None:
+            ev["input_tensors"] = [_tdesc("input", inm)]
+            if len(inm[0]) >= 2 and not inm[1].is_floating_point:
+                ev["tokens_in_forward"] = int(inm[0][-1])
+        if out_shape is not None:
+            ev["output_shape"] = list(out_shape)
+        ev["flops"] = flops
+        ev["compute_intensity_gflops"] = flops / 1e9
+        ev["flops_source"] = "sum_of_recorded_ops"
+        if cap is not None:
+            ev["capture_bytes"] = cap
+        ev.update(mem)
+        if "device_memory_peak_bytes" in mem:
+            self._peak_device = max(self._peak_device, mem["device_memory_peak_bytes"])
+        if sm is not None:
+            ev["sm_utilization_percent"] = sm
+            ev["sm_utilization_source"] = "nvml_device_sample"
+        self._timing(ev, timing)
+        return [ev]
+
+    def _b_alloc(self, ctx: Any, kind: str, size: int, shape: Any, dtype: Any, is_cuda: bool, ptr: int,
+                 mem: Dict[str, Any]) -> List[Dict[str, Any]]:
+        ev = self._base("memory_allocation", ctx, "memory")
+        ev["allocation_kind"] = kind
+        ev["allocation_size_bytes"] = size
+        ev["allocation_size_mb"] = size / (1 << 20)
+        ev["memory_type"] = "vram" if is_cuda else "host"
+        ev["tensor_shape"] = list(shape)
+        ev["precision"] = _short(dtype)
+        ev["memory_address"] = hex(ptr)
+        ev["size_source"] = "tensor_nbytes"
+        ev.update(mem)
+        return [ev]
+
+    def _b_handoff(self, ctx: Any, timing: Any, tm: Any, frac: Optional[float], src: str) -> List[Dict[str, Any]]:
+        ev = self._base("component_handoff", ctx, "flow")
+        ev["resource_id"] = ev["resource_id"].replace(f"_{ctx[0].leaf}_", "_attention_to_mlp_", 1)
+        ev["from_component"] = "attention"
+        ev["to_component"] = "mlp"
+        ev["data_size_bytes"] = tm[2]
+        ev["data_size_mb"] = tm[2] / (1 << 20)
+        ev["tensor_shape"] = list(tm[0])
+        # The gap holds the residual add and the post-attention norm; on one device nothing
+        # is copied, so this is the effective rate of the handoff, not a link bandwidth.
+        ev["bandwidth_source"] = "bytes_over_measured_gap"
+        self._timing(ev, timing)
+        ev["memory_pressure"] = _pressure_word(frac)
+        ev["memory_used_fraction"] = frac
+        ev["memory_pressure_source"] = src
+        return [ev]
+
+    def _b_elementwise(self, ctx: Any, op: str, om: Any, dur_ns: int) -> List[Dict[str, Any]]:
+        ev = self._base("compute_execution", ctx, "compute")
         ev["operation"] = op
         ev["elementwise"] = True
-        ev["output_shape"] = list(out.shape)
-        flops = out.numel() * FLOPS_PER_ELEMENT["elementwise"]
+        ev["output_shape"] = list(om[0])
+        flops = _numel(om[0]) * FLOPS_PER_ELEMENT["elementwise"]
         ev["flops"] = flops
         ev["compute_intensity_gflops"] = flops / 1e9
         ev["flops_source"] = "computed_from_shapes"
         ev["flops_per_element"] = FLOPS_PER_ELEMENT["elementwise"]
-        ev["bytes_accessed"] = out.numel() * out.element_size()
-        if out.is_cuda:
-            # Host time of the launch only: a CUDA event pair per element-wise op would cost
-            # more than the op; said on the event.
-            ev["duration_us"] = dur_ns / 1000.0
-            ev["duration_source"] = "perf_counter_launch_only"
-        else:
-            ev["duration_us"] = dur_ns / 1000.0
-            ev["duration_source"] = "perf_counter"
+        ev["bytes_accessed"] = om[2]
+        ev["duration_us"] = dur_ns / 1000.0
+        # On a GPU this is the host time of the launch: a CUDA event pair per element-wise
+        # op would cost more than the op.
+        ev["duration_source"] = "perf_counter_launch_only" if om[3] else "perf_counter"
         _derive(ev)
-        self._forward_flops += flops
-        self._emit(ev)
+        return [ev]
+
+    @staticmethod
+    def _b_prebuilt(ev: Dict[str, Any]) -> List[Dict[str, Any]]:
+        return [ev]
 
     # ----- output --------------------------------------------------------------------------
 
-    def _emit(self, ev: Dict[str, Any], count_compute: bool = True) -> None:
-        name = ev["event"]
-        self.counts[name] = self.counts.get(name, 0) + 1
-        if count_compute and name == "compute_execution":
-            f = ev.get("flops")
-            if f:
-                self.total_flops += f
-        self._buf.append(ev)
-
-    def _write_out(self) -> None:
-        if self._pending:
-            # Keep order: nothing after the first event still waiting for its CUDA time.
-            first = next((i for i, e in enumerate(self._buf) if any(e is p[0] for p in self._pending)), len(self._buf))
-        else:
-            first = len(self._buf)
-        if first == 0:
-            return
-        ready, self._buf = self._buf[:first], self._buf[first:]
-        dumps = json.dumps
-        lines = []
-        for e in ready:
-            if e["event"] == "compute_execution" and e.get("operation") != "model_forward":
-                d = e.get("duration_us")
-                if d is not None and not e.get("elementwise") and e.get("component_type") != "model":
-                    self.total_compute_us += d
-            lines.append(dumps(e, separators=(",", ":")).encode() + b"\n")
-        self._sink.write(lines)
-        self.events_written += len(lines)
+    def _hand_off(self) -> None:
+        """Pass the recorded values to the writer thread."""
+        recs, self._records = self._records, []
         self._last_flush = time.monotonic()
+        if recs:
+            self._writer.put(recs)
+
+    def _write_batch(self, recs: List[Any]) -> None:
+        """Writer thread: build, count, serialize and write one batch."""
+        enc = _ENCODER.encode
+        lines: List[bytes] = []
+        counts = self.counts
+        for i, r in enumerate(recs):
+            for ev in r[0](*r[1:]):
+                name = ev["event"]
+                counts[name] = counts.get(name, 0) + 1
+                if name == "compute_execution" and ev.get("operation") != "model_forward":
+                    f = ev.get("flops")
+                    if f:
+                        self.total_flops += f
+                    d = ev.get("duration_us")
+                    if d is not None and not ev.get("elementwise") and ev.get("operation") != "attention":
+                        self.total_compute_us += d
+                elif name == "component_handoff":
+                    self.component_flows += 1
+                lines.append(enc(ev).encode() + b"\n")
+            if i % 32 == 31:
+                time.sleep(0)  # let the model's thread take the GIL back
+        if lines:
+            self._sink.write(lines)
+            self.events_written += len(lines)
 
     def _summary(self) -> Dict[str, Any]:
         ev: Dict[str, Any] = {
@@ -1223,6 +1277,7 @@ class ResourceMonitor:
             "parameter_bytes": self._param_bytes,
             "total_compute_flops": self.total_flops,
             "total_compute_gflops": self.total_flops / 1e9,
+            "total_compute_us": self.total_compute_us,
             "component_flows": self.component_flows,
             "events": dict(self.counts),
         }
@@ -1238,6 +1293,81 @@ class ResourceMonitor:
             ev["total_memory_source"] = "proc_self_status_VmHWM"
         ev["total_memory_mb"] = peak / (1 << 20) if peak is not None else None
         return ev
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
+def _tm(t: "torch.Tensor") -> Tuple[Tuple[int, ...], Any, int, bool]:
+    """What an event needs of a tensor, taken at once (no reference to the tensor is kept)."""
+    return (tuple(t.shape), t.dtype, t.numel() * t.element_size(), t.is_cuda)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _dname(dtype: Any) -> str:
+    s = str(dtype)
+    return s[6:] if s.startswith("torch.") else s
+
+
+def _short(dtype: Any) -> str:
+    n = _dname(dtype)
+    return _DTYPE_SHORT.get(n, n)
+
+
+def _tdesc(name: str, m: Any) -> Dict[str, Any]:
+    if m is None:
+        return {"name": name, "shape": None, "dtype": None}
+    return {"name": name, "shape": list(m[0]), "dtype": _dname(m[1])}
+
+
+class _Writer:
+    """The thread that turns recorded values into JSON lines and writes them, so the
+    model's thread only records. Errors are kept and raised at the next flush or close."""
+
+    def __init__(self, monitor: "ResourceMonitor") -> None:
+        import queue
+
+        self._q: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._mon = monitor
+        self.error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="strap-resources", daemon=True)
+        self._thread.start()
+
+    def put(self, recs: List[Any]) -> None:
+        self._q.put(recs)
+
+    def sync(self) -> None:
+        done = threading.Event()
+        self._q.put(done)
+        done.wait()
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise RuntimeError(f"resource events could not be written: {err}") from err
+
+    def stop(self) -> None:
+        self._q.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            try:
+                self._mon._write_batch(item)
+            except BaseException as e:  # kept for the model's thread; never dropped silently
+                log.error("llm_instrumentation: writing resource events failed: %s", e)
+                if self.error is None:
+                    self.error = e
 
 
 def _derive(ev: Dict[str, Any]) -> None:
