@@ -272,3 +272,17 @@ def test_runtime_control(tmp_path):
     with torch.no_grad():
         m(x)
     assert len(read(p)) == len(ev)
+
+
+def test_session_sink_batches_into_messages():
+    from llm_instrumentation.resources import SessionSink
+
+    sent: List[bytes] = []
+    sink = SessionSink(sent.append, max_body=200)
+    lines = [json.dumps({"event": "e", "i": i, "pad": "x" * 30}).encode() + b"\n" for i in range(10)]
+    sink.write(lines)
+    assert len(sent) > 1 and all(len(b) <= 200 for b in sent)
+    got = [ev for b in sent for ev in json.loads(b)["events"]]
+    assert [e["i"] for e in got] == list(range(10))
+    with pytest.raises(ValueError, match="does not fit"):
+        sink.write([json.dumps({"event": "e", "pad": "x" * 300}).encode() + b"\n"])

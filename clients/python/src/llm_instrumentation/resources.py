@@ -41,6 +41,7 @@ __all__ = [
     "monitor_resources",
     "resource_settings_from_env",
     "JsonlSink",
+    "SessionSink",
     "MINIMAL_ALLOCATION_BYTES",
 ]
 
@@ -214,6 +215,56 @@ class JsonlSink:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+class SessionSink:
+    """Sends event lines to strapd as RESOURCES messages (PROTOCOL.md 1.4) over a capture
+    session's connection; strapd appends them to the resource log passed with OPEN.
+
+    Args:
+        send: sends one RESOURCES body (bytes of a JSON object) as one message.
+        max_body: the largest body one message may carry.
+        path: the resource log strapd writes (for ``ResourceMonitor.path``).
+    """
+
+    def __init__(self, send: Callable[[bytes], None], max_body: int, path: Optional[str] = None) -> None:
+        self._send = send
+        self._max = max_body
+        self.path = path
+        self.messages = 0
+
+    def write(self, lines: Sequence[bytes]) -> None:
+        """Send the lines in as few messages as fit.
+
+        Raises:
+            ValueError: one event alone is larger than a message can carry.
+        """
+        head, tail = b'{"events":[', b"]}"
+        room = self._max - len(head) - len(tail)
+        batch: List[bytes] = []
+        size = 0
+        for line in lines:
+            ev = line.rstrip(b"\n")
+            if len(ev) + 1 > room:
+                raise ValueError(f"a resource event of {len(ev)} bytes does not fit in one message "
+                                 f"({self._max} bytes)")
+            if batch and size + len(ev) + 1 > room:
+                self._flush_batch(head, tail, batch)
+                batch, size = [], 0
+            batch.append(ev)
+            size += len(ev) + 1
+        if batch:
+            self._flush_batch(head, tail, batch)
+
+    def _flush_batch(self, head: bytes, tail: bytes, batch: List[bytes]) -> None:
+        self._send(head + b",".join(batch) + tail)
+        self.messages += 1
+
+    def flush(self) -> None:
+        """Messages are sent as they are made."""
+
+    def close(self) -> None:
+        """The connection belongs to the capture session."""
 
 
 # ----- helpers -------------------------------------------------------------------------------
@@ -433,6 +484,9 @@ class ResourceMonitor:
             value set with :meth:`set_step`, 0 at first).
         capture_bytes_fn: returns the bytes a live capture has handed to strapd so far; the
             per-forward event then carries the bytes of its forward pass.
+        forward_fn: returns the number of the forward pass that is starting (default: the
+            monitor counts the passes it sees); a capture passes its own counter so events
+            and stream packets agree.
         enabled: False starts disabled (no hooks); None follows
             ``STRAP_RESOURCE_LOG_DISABLED``.
         flush_events: records kept before they go to the writer thread (at the end of a
@@ -448,7 +502,8 @@ class ResourceMonitor:
     def __init__(self, model: "nn.Module", level: Union[ResourceLevel, str, int, None] = None,
                  path: Union[str, os.PathLike, None] = None, *, sink: Any = None,
                  session_id: Optional[str] = None, step_fn: Optional[Callable[[], int]] = None,
-                 capture_bytes_fn: Optional[Callable[[], int]] = None, enabled: Optional[bool] = None,
+                 capture_bytes_fn: Optional[Callable[[], int]] = None,
+                 forward_fn: Optional[Callable[[], int]] = None, enabled: Optional[bool] = None,
                  flush_events: int = 512, flush_interval: Optional[float] = 0.5,
                  environ: Optional[Mapping[str, str]] = None) -> None:
         settings = resource_settings_from_env(environ)
@@ -468,6 +523,7 @@ class ResourceMonitor:
             "%Y%m%d_%H%M%S_%f") + f"_{os.getpid()}"
         self._step_fn = step_fn
         self._capture_bytes_fn = capture_bytes_fn
+        self._forward_fn = forward_fn
         self._flush_events = max(1, int(flush_events))
         self._flush_interval = flush_interval
         self._step = 0
@@ -777,7 +833,7 @@ class ResourceMonitor:
     # ----- hooks: record plain values now, build the events in the writer thread ------------
 
     def _model_pre(self, module: Any, args: Any, kwargs: Dict[str, Any]) -> None:
-        self._forward += 1
+        self._forward = self._forward_fn() if self._forward_fn is not None else self._forward + 1
         self.forwards += 1
         self._cur_step = self._step_fn() if self._step_fn is not None else self._step
         self._forward_flops = 0
