@@ -286,3 +286,26 @@ def test_session_sink_batches_into_messages():
     assert [e["i"] for e in got] == list(range(10))
     with pytest.raises(ValueError, match="does not fit"):
         sink.write([json.dumps({"event": "e", "pad": "x" * 300}).encode() + b"\n"])
+
+
+def test_write_errors_surface_and_self_cost_is_reported(tmp_path):
+    class Broken:
+        path = None
+
+        def write(self, lines):
+            raise OSError(28, "No space left on device")
+
+        def flush(self):
+            pass
+
+        def close(self):
+            pass
+
+    m = TwoLinear().eval()
+    with pytest.raises(RuntimeError, match="resource events could not be written.*No space"):
+        ResourceMonitor(m, "MINIMAL", sink=Broken(), environ={}).start()
+    with monitor_resources(m, "MINIMAL", tmp_path / "ok.jsonl", environ={}) as mon:
+        with torch.no_grad():
+            m(torch.randn(4, 64))
+    s = read(tmp_path / "ok.jsonl")[-1]
+    assert s["monitor_hook_us"] > 0 and s["monitor_writer_cpu_us"] > 0

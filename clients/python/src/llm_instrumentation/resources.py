@@ -559,6 +559,10 @@ class ResourceMonitor:
         self.component_flows = 0
         self.forwards = 0
         self.events_written = 0
+        #: time spent inside the monitor's hooks (model thread) and CPU time of its writer
+        #: thread, in ns: the monitor's own cost, measured.
+        self.hook_ns = 0
+        self.writer_cpu_ns = 0
         self._param_bytes = 0
         self._peak_device = 0
         self._arch_prefix = self._layer_prefix()
@@ -608,10 +612,18 @@ class ResourceMonitor:
         }
         self._writer = _Writer(self)
         self._records.append((self._b_prebuilt, start))
-        if self._enabled:
-            self._parameter_events()
-            self._install()
-        self.flush()
+        try:
+            if self._enabled:
+                self._parameter_events()
+                self._install()
+            self.flush()
+        except BaseException:
+            self._uninstall()
+            self._closed = True
+            self._writer.stop()
+            self._sink.close()
+            self._rss.close()
+            raise
         return self
 
     def set_level(self, level: Union[ResourceLevel, str, int]) -> None:
@@ -771,12 +783,25 @@ class ResourceMonitor:
             kw = site.kind == "attention"
             if site.kind == "model":
                 self._root = site
-                self._handles.append(mod.register_forward_pre_hook(self._model_pre, with_kwargs=True))
+                self._handles.append(mod.register_forward_pre_hook(self._timed(self._model_pre), with_kwargs=True))
                 continue
-            self._handles.append(mod.register_forward_pre_hook(self._make_pre(site), with_kwargs=kw))
-            self._handles.append(mod.register_forward_hook(self._make_post(site), with_kwargs=kw))
+            self._handles.append(mod.register_forward_pre_hook(self._timed(self._make_pre(site)), with_kwargs=kw))
+            self._handles.append(mod.register_forward_hook(self._timed(self._make_post(site)), with_kwargs=kw))
         # The root's end hook last: it runs after every other hook of the root.
-        self._handles.append(self.model.register_forward_hook(self._model_post, with_kwargs=True, always_call=True))
+        self._handles.append(self.model.register_forward_hook(self._timed(self._model_post), with_kwargs=True,
+                                                              always_call=True))
+
+    def _timed(self, fn: Callable[..., None]) -> Callable[..., None]:
+        """``fn`` with its own time added to ``hook_ns``: the monitor's cost in the model's
+        thread, measured (torch's dispatch of a hook is not included)."""
+        clock = time.perf_counter_ns
+
+        def timed(*args: Any) -> None:
+            t = clock()
+            fn(*args)
+            self.hook_ns += clock() - t
+            return None
+        return timed
 
     def _uninstall(self) -> None:
         for h in self._handles:
@@ -1294,14 +1319,22 @@ class ResourceMonitor:
         recs, self._records = self._records, []
         self._last_flush = time.monotonic()
         if recs:
+            assert self._writer is not None
             self._writer.put(recs)
 
     def _write_batch(self, recs: List[Any]) -> None:
         """Writer thread: build, count, serialize and write one batch."""
+        c0 = time.thread_time_ns()
+        try:
+            self._write_batch_inner(recs)
+        finally:
+            self.writer_cpu_ns += time.thread_time_ns() - c0
+
+    def _write_batch_inner(self, recs: List[Any]) -> None:
         enc = _ENCODER.encode
         lines: List[bytes] = []
         counts = self.counts
-        for i, r in enumerate(recs):
+        for r in recs:
             for ev in r[0](*r[1:]):
                 name = ev["event"]
                 counts[name] = counts.get(name, 0) + 1
@@ -1315,8 +1348,9 @@ class ResourceMonitor:
                 elif name == "component_handoff":
                     self.component_flows += 1
                 lines.append(enc(ev).encode() + b"\n")
-            if i % 32 == 31:
-                time.sleep(0)  # let the model's thread take the GIL back
+            # Give the GIL back after every record: a model thread returning from a torch op
+            # otherwise waits for the interpreter's switch interval (5 ms) to get it.
+            time.sleep(0)
         if lines:
             self._sink.write(lines)
             self.events_written += len(lines)
@@ -1336,6 +1370,8 @@ class ResourceMonitor:
             "total_compute_us": self.total_compute_us,
             "component_flows": self.component_flows,
             "events": dict(self.counts),
+            "monitor_hook_us": self.hook_ns / 1000.0,
+            "monitor_writer_cpu_us": self.writer_cpu_ns / 1000.0,
         }
         if self._cuda:
             import torch
