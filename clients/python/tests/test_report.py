@@ -161,3 +161,30 @@ def test_report_resources_only(tmp_path):
     assert any("No trace" in n for n in r["notes"])
     lines = [json.loads(x) for x in (Path(str(cap) + ".resources.jsonl")).read_text().splitlines()]
     assert lines[-1]["event"] == "resource_session_summary"
+
+
+def test_progress_bar_only_for_long_reads():
+    import io
+
+    from llm_instrumentation import report as R
+
+    out = io.StringIO()
+    clock = [100.0]
+    R.time.monotonic, real = (lambda: clock[0]), R.time.monotonic
+    try:
+        p = R.Progress("reading x", 10_000_000, True, out)
+        p.update(1_000_000)          # under half a second: nothing shown
+        assert out.getvalue() == ""
+        clock[0] += 1.0
+        p.update(5_000_000)
+        assert "reading x [###############" in out.getvalue() and "50.0%" in out.getvalue()
+        p.done()
+        assert out.getvalue().endswith("100.0% (10.0 MB)\n")
+        quiet = io.StringIO()
+        q = R.Progress("reading y", 10, False, quiet)
+        clock[0] += 5
+        q.update(5)
+        q.done()
+        assert quiet.getvalue() == ""
+    finally:
+        R.time.monotonic = real
