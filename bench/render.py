@@ -387,7 +387,7 @@ def ingest_section(w: Any, ing: Dict[str, Any], pngs: Dict[str, str], rel: str, 
     w("zeros, rare ×100 outliers; 4 MiB each, 8 distinct ones cycled) through a 256 MiB ring into a")
     w("fresh strapd, policy block; the time runs from OPEN to CLOSED, so it")
     w("includes the final index, footer and `fdatasync`. *Go*: `bench/ingest` (`shm.Producer` +")
-    w("`control.Stream`); *Python*: `clients/python/benchmarks/ingest.py` (the real hook path:")
+    w("`controltest.Stream`); *Python*: `clients/python/benchmarks/ingest.py` (the real hook path:")
     w("`capture_activations` on a module that returns the tensors). Targets: a file next to the `dd`")
     w("file, and tmpfs (`/dev/shm`) as the CPU-bound ceiling — strapd refuses a non-regular output")
     w("such as `/dev/null` (PROTOCOL.md 1.3), and tmpfs is the closest regular file to it. Daemon CPU")

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/control/controltest"
 	"github.com/strap-llm/strap/internal/dtype"
 	"github.com/strap-llm/strap/internal/pipeline/pipelinetest"
 	"github.com/strap-llm/strap/internal/shm"
@@ -112,7 +113,7 @@ func push(socket, out, codecName string, level int, lossy *control.Lossy, want u
 	defer c.Disconnect()
 	ringSize := uint64(shm.HeaderSize) + uint64(ringMiB)<<20
 	start := time.Now()
-	st, opened, err := control.OpenStream(c, ringSize, f, control.Open{Codec: codecName, CodecLevel: level,
+	st, opened, err := controltest.OpenStream(c, ringSize, f, control.Open{Codec: codecName, CodecLevel: level,
 		Policy: "block", BlockSize: block, Lossy: lossy,
 		Metadata: map[string]any{"model_class": "synthetic", "producer": "bench/ingest"}})
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/control/controltest"
 	"github.com/strap-llm/strap/internal/dtype"
 	"github.com/strap-llm/strap/internal/pipeline/pipelinetest"
 	"github.com/strap-llm/strap/internal/shm"
@@ -302,7 +303,7 @@ func captureSome(t *testing.T, c *control.Client, out string, count int, finish 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Close() })
-	st, _, err := control.OpenStream(c, shm.HeaderSize+256<<10, f, control.Open{Codec: "zstd", Policy: "block",
+	st, _, err := controltest.OpenStream(c, shm.HeaderSize+256<<10, f, control.Open{Codec: "zstd", Policy: "block",
 		Metadata: map[string]any{"model_class": "Deploy", "output_path": out}})
 	if err != nil {
 		t.Fatal(err)
@@ -345,7 +346,7 @@ func TestSIGTERMDrainsLiveSessions(t *testing.T) {
 		ck   control.Checkpointed
 		sent []shm.Tensor
 	}
-	put := func(st *control.Stream, sent []shm.Tensor, from, n int) []shm.Tensor {
+	put := func(st *controltest.Stream, sent []shm.Tensor, from, n int) []shm.Tensor {
 		for i := from; i < from+n; i++ {
 			tn := shm.Tensor{Name: fmt.Sprintf("model.layers.%d.mlp", i%4), DType: dtype.Float32, Shape: []uint64{50, 100},
 				Step: uint64(i), Payload: pipelinetest.Activations(uint64(i+1), 5000)}
@@ -363,7 +364,7 @@ func TestSIGTERMDrainsLiveSessions(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		st, _, err := control.OpenStream(l.c, shm.HeaderSize+256<<10, f, req)
+		st, _, err := controltest.OpenStream(l.c, shm.HeaderSize+256<<10, f, req)
 		f.Close()
 		if err != nil {
 			t.Fatal(err)
@@ -400,7 +401,7 @@ func TestSIGTERMDrainsLiveSessions(t *testing.T) {
 		}
 		r := req
 		r.AppendAt, r.Resume = s.ck.Offset, &control.Resume{LastSeq: s.ck.Seq, LastCRC: s.ck.LastCRC, Packets: s.ck.Packets}
-		st, _, err := control.OpenStream(dialRetry(t, sock), shm.HeaderSize+256<<10, f, r)
+		st, _, err := controltest.OpenStream(dialRetry(t, sock), shm.HeaderSize+256<<10, f, r)
 		f.Close()
 		if err != nil {
 			t.Fatalf("session %d: resume: %v", i, err)

@@ -5,11 +5,11 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/strap-llm/strap/internal/writer"
+	"github.com/strap-llm/strap/internal/stream"
 )
 
 // newInspectCmd builds `strapd inspect FILE [--json]`: a per-module summary of a stream
-// read from packet headers alone (writer.Inspect), with the lossy codecs' bound and
+// read from packet headers alone (stream.Inspect), with the lossy codecs' bound and
 // achieved errors from each packet's "lossy" meta.
 func newInspectCmd() *cobra.Command {
 	var asJSON bool
@@ -18,7 +18,7 @@ func newInspectCmd() *cobra.Command {
 		Short: "Summarize a capture stream per module: packets, dtype, shape, raw and stored bytes, ratio, lossy error bound and achieved errors",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sum, err := writer.InspectFile(args[0])
+			sum, err := stream.InspectFile(args[0])
 			if err != nil {
 				return err
 			}

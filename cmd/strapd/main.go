@@ -4,6 +4,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -41,8 +42,7 @@ func run() int {
 		newVersionCmd(),
 	)
 	if err := root.Execute(); err != nil {
-		var ec exitCoder
-		if asExitCoder(err, &ec) {
+		if ec, ok := errors.AsType[exitCoder](err); ok {
 			if msg := err.Error(); msg != "" {
 				fmt.Fprintln(os.Stderr, "strapd:", msg)
 			}
@@ -58,21 +58,6 @@ func run() int {
 type exitCoder interface {
 	error
 	ExitCode() int
-}
-
-func asExitCoder(err error, target *exitCoder) bool {
-	for err != nil {
-		if ec, ok := err.(exitCoder); ok {
-			*target = ec
-			return true
-		}
-		u, ok := err.(interface{ Unwrap() error })
-		if !ok {
-			return false
-		}
-		err = u.Unwrap()
-	}
-	return false
 }
 
 // newLogger logs human-readable lines on a terminal and JSON lines otherwise (journald,

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,7 +12,7 @@ import (
 
 	"github.com/strap-llm/strap/internal/checkpoint"
 	"github.com/strap-llm/strap/internal/dtype"
-	"github.com/strap-llm/strap/internal/writer"
+	"github.com/strap-llm/strap/internal/stream"
 )
 
 func TestResumeConfigValidate(t *testing.T) {
@@ -51,8 +52,7 @@ func runResume(t *testing.T, args ...string) (string, error, int) {
 	code := 0
 	if err != nil {
 		code = 1
-		var ec exitCoder
-		if asExitCoder(err, &ec) {
+		if ec, ok := errors.AsType[exitCoder](err); ok {
 			code = ec.ExitCode()
 		}
 	}
@@ -68,17 +68,16 @@ func killedCapture(t *testing.T, dir string) (string, *checkpoint.Checkpoint) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	w, err := writer.New(f, map[string]any{"client_metadata": map[string]any{"fingerprint": "fp"}})
+	w, err := stream.New(f, map[string]any{"client_metadata": map[string]any{"fingerprint": "fp"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var ck *checkpoint.Checkpoint
 	for k := range 4 {
 		raw := bytes.Repeat([]byte{byte(k)}, 64)
-		for _, p := range []writer.Packet{
-			{Type: writer.TypeTensor, DType: dtype.Uint8, Shape: []uint64{64}, Name: "m", Seq: uint64(2*k + 1), Step: uint64(k),
-				RawLen: 64, Blocks: []writer.Block{{Data: raw}}},
-			{Type: writer.TypeToken, Name: "token", Seq: uint64(2*k + 2), Step: uint64(k), Meta: []byte(fmt.Sprintf(`{"token_id":%d}`, k))},
+		for _, p := range []stream.Packet{
+			{Header: stream.Header{Type: stream.TypeTensor, DType: dtype.Uint8, Shape: []uint64{64}, Seq: uint64(2*k + 1), Step: uint64(k), RawLen: 64}, Name: "m", Blocks: []stream.Block{{Data: raw}}},
+			{Header: stream.Header{Type: stream.TypeToken, Seq: uint64(2*k + 2), Step: uint64(k)}, Name: "token", Meta: []byte(fmt.Sprintf(`{"token_id":%d}`, k))},
 		} {
 			if err := w.WritePacket(&p); err != nil {
 				t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"os/user"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -166,7 +167,7 @@ func (c *serveConfig) socketGID(log *zap.Logger, mode *os.FileMode) (int, error)
 		err = lerr
 	}
 	if err == nil && os.Geteuid() != 0 && gid != os.Getegid() {
-		if groups, gerr := os.Getgroups(); gerr != nil || !containsInt(groups, gid) {
+		if groups, gerr := os.Getgroups(); gerr != nil || !slices.Contains(groups, gid) {
 			err = fmt.Errorf("not root and not a member of group %d", gid)
 		}
 	}
@@ -180,15 +181,6 @@ func (c *serveConfig) socketGID(log *zap.Logger, mode *os.FileMode) (int, error)
 		return 0, nil
 	}
 	return gid, nil
-}
-
-func containsInt(s []int, v int) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 func toUint32(s []uint) []uint32 {

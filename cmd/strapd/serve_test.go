@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/control/controltest"
 	"github.com/strap-llm/strap/internal/dtype"
 	"github.com/strap-llm/strap/internal/pipeline/pipelinetest"
 	"github.com/strap-llm/strap/internal/shm"
@@ -151,7 +152,7 @@ func TestBinaryEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer of.Close()
-	st, _, err := control.OpenStream(c, shm.HeaderSize+1<<20, of, control.Open{Codec: "zstd", Policy: "block",
+	st, _, err := controltest.OpenStream(c, shm.HeaderSize+1<<20, of, control.Open{Codec: "zstd", Policy: "block",
 		Metadata: map[string]any{"model_class": "E2E", "output_path": outPath}})
 	if err != nil {
 		t.Fatal(err)

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/control"
 )
 
@@ -32,10 +31,10 @@ func printProbes(w io.Writer, p *control.ProbesStatus) {
 	for _, c := range p.Collectors {
 		state := "attached"
 		switch {
-		case c.Source == bpf.SourceBPF:
+		case c.Source == control.ProbeSourceBPF:
 		case c.Error != "":
 			state = "not attached, fallback " + c.Source
-		case c.Source == bpf.SourceProc:
+		case c.Source == control.ProbeSourceProc:
 			state = "reads /proc"
 		default:
 			state = c.Source

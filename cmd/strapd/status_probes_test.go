@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/control"
 )
 
@@ -17,16 +16,16 @@ func TestPrintProbes(t *testing.T) {
 	}{
 		{"off", nil, []string{"probes: off"}},
 		{"not started", &control.ProbesStatus{Error: "cgroup /x: no such file"}, []string{"not started: cgroup /x"}},
-		{"running", &control.ProbesStatus{Enabled: true, IntervalS: 5, Snapshots: 3, TraceSessions: 1, Status: bpf.Status{
-			Collectors: []bpf.CollectorStatus{
+		{"running", &control.ProbesStatus{Enabled: true, IntervalS: 5, Snapshots: 3, TraceSessions: 1,
+			Collectors: []control.ProbeCollector{
 				{Name: "block_io", Source: "bpf"},
 				{Name: "syscalls", Source: "off", Error: "attach sys_enter: permission denied"},
 				{Name: "pressure", Source: "proc"},
 			},
 			Watched:  []int{42, 1234},
-			BPFStats: []bpf.ProgStats{{Program: "sched_switch", TotalEvents: 1000, NsPerEvent: 501.4}},
+			BPFStats: []control.ProbeProgStats{{Program: "sched_switch", TotalEvents: 1000, NsPerEvent: 501.4}},
 			Drops:    map[string]uint64{"ringbuf_full": 2, "rq_stale": 1},
-		}}, []string{
+		}, []string{
 			"probes: every 5s, 3 snapshots, 1 sessions tracing, watching [42 1234]",
 			"block_io     bpf      attached",
 			"syscalls     off      not attached, fallback off: attach sys_enter: permission denied",

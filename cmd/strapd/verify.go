@@ -6,7 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/strap-llm/strap/internal/writer"
+	"github.com/strap-llm/strap/internal/stream"
 )
 
 // damagedError makes `strapd verify` exit 2 for a damaged or truncated stream.
@@ -18,7 +18,7 @@ func (e damagedError) Error() string { return e.msg }
 func (damagedError) ExitCode() int { return 2 }
 
 // newVerifyCmd builds `strapd verify FILE [--json]`: every packet's CRC, sequence numbers,
-// END, INDEX and footer (writer.Verify). Exit 0 when whole, 2 when damaged or truncated,
+// END, INDEX and footer (stream.Verify). Exit 0 when whole, 2 when damaged or truncated,
 // 1 when the file cannot be read at all.
 func newVerifyCmd() *cobra.Command {
 	var asJSON bool
@@ -27,7 +27,7 @@ func newVerifyCmd() *cobra.Command {
 		Short: "Check a capture stream: every CRC, sequence numbers, END/INDEX/footer; exit 2 if damaged",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			rep, err := writer.VerifyFile(args[0])
+			rep, err := stream.VerifyFile(args[0])
 			if err != nil {
 				return err
 			}

@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/strap-llm/strap/internal/writer"
+	"github.com/strap-llm/strap/internal/stream"
 )
 
 // Report says whether a stream can be resumed from its checkpoint and what a resume cuts.
@@ -62,7 +62,7 @@ func Check(f io.ReaderAt, size int64, c *Checkpoint) Report {
 			size, c.StreamOffset)
 		return rep
 	}
-	r, err := writer.NewReader(f, c.StreamOffset)
+	r, err := stream.NewReader(f, c.StreamOffset)
 	if err != nil {
 		rep.problem("stream header: %v", err)
 		return rep
@@ -74,45 +74,17 @@ func Check(f io.ReaderAt, size int64, c *Checkpoint) Report {
 		rep.problem("fingerprint: checkpoint %q, stream header %q (another capture config or model)",
 			c.Fingerprint, rep.StreamFingerprint)
 	}
-	var (
-		packets, tokens uint64
-		last            *writer.PacketInfo
-	)
-	sc := r.Scan(true)
-	for sc.Next() {
-		p := sc.Packet()
-		switch p.Type {
-		case writer.TypeTensor, writer.TypeDrop, writer.TypeToken:
-		default:
-			rep.problem("%v packet at offset %d, before the checkpointed offset %d", p.Type, p.Offset, c.StreamOffset)
-		}
-		packets++
-		if p.Type == writer.TypeToken {
-			tokens++
-		}
-		last = p
+	pre, errs := stream.CheckPrefix(r, stream.ResumeExpect{AppendAt: c.StreamOffset, LastSeq: c.LastSeq,
+		LastCRC: c.LastPacketCRC, Packets: c.Packets}, nil)
+	for _, err := range errs {
+		rep.problem("%v", err)
 	}
-	if err := sc.Err(); err != nil {
-		rep.problem("checkpointed offset %d is not the end of a packet: %v", c.StreamOffset, err)
+	// What a resume does not name but the checkpoint file records: checked here only.
+	if pre.Tokens != c.TokenCount {
+		rep.problem("tokens: %d TOKEN packets before the offset, checkpoint says %d", pre.Tokens, c.TokenCount)
 	}
-	if packets != c.Packets {
-		rep.problem("packets: %d before the offset, checkpoint says %d", packets, c.Packets)
-	}
-	if tokens != c.TokenCount {
-		rep.problem("tokens: %d TOKEN packets before the offset, checkpoint says %d", tokens, c.TokenCount)
-	}
-	switch {
-	case last == nil: // the packet count above already differs when it should not be empty
-	case last.Offset != c.LastPacketOffset:
-		rep.problem("last packet starts at %d, checkpoint says %d", last.Offset, c.LastPacketOffset)
-	case last.Seq != c.LastSeq:
-		rep.problem("last packet has seq %d, checkpoint says %d", last.Seq, c.LastSeq)
-	case last.CRC != c.LastPacketCRC:
-		rep.problem("last packet crc %#08x, checkpoint says %#08x", last.CRC, c.LastPacketCRC)
-	default:
-		if _, _, err := r.ReadPacket(last.Offset); err != nil {
-			rep.problem("last packet: %v", err)
-		}
+	if pre.Last != nil && pre.Last.Offset != c.LastPacketOffset {
+		rep.problem("last packet starts at %d, checkpoint says %d", pre.Last.Offset, c.LastPacketOffset)
 	}
 	rep.Resumable = len(rep.Problems) == 0
 	describeTail(&rep, f, size, c.StreamOffset)
@@ -125,13 +97,13 @@ func describeTail(rep *Report, f io.ReaderAt, size, from int64) {
 	if size == from {
 		return
 	}
-	r, err := writer.NewReader(f, size)
+	r, err := stream.NewReader(f, size)
 	if err != nil {
 		return
 	}
 	off := from
 	for off < size {
-		if size-off == writer.FooterLen && rep.CutIndex {
+		if size-off == stream.FooterLen && rep.CutIndex {
 			return
 		}
 		p, err := r.ReadHeader(off)
@@ -140,15 +112,15 @@ func describeTail(rep *Report, f io.ReaderAt, size, from int64) {
 			return
 		}
 		switch p.Type {
-		case writer.TypeEnd:
-			var em writer.EndMeta
+		case stream.TypeEnd:
+			var em stream.EndMeta
 			_ = json.Unmarshal(p.Meta, &em) // verify reports a bad END; here only the status matters
 			rep.CutEnd = em.Status
-		case writer.TypeIndex:
+		case stream.TypeIndex:
 			rep.CutIndex = true
 		default:
 			rep.CutPackets++
-			if p.Type == writer.TypeToken {
+			if p.Type == stream.TypeToken {
 				rep.CutTokens++
 			}
 		}

@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/strap-llm/strap/internal/dtype"
-	"github.com/strap-llm/strap/internal/writer"
+	"github.com/strap-llm/strap/internal/stream"
 )
 
 func TestParse(t *testing.T) {
@@ -89,7 +89,7 @@ func FuzzParse(f *testing.F) {
 
 // capture writes a stream of k steps (two tensors and a token each), checkpointing after
 // step ckAt; it returns the file and the checkpoint, and the stream goes on to the end.
-func capture(t *testing.T, steps, ckAt int, fp string, end func(w *writer.Writer, f *os.File)) (string, *Checkpoint) {
+func capture(t *testing.T, steps, ckAt int, fp string, end func(w *stream.Writer, f *os.File)) (string, *Checkpoint) {
 	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "run.strap")
@@ -98,7 +98,7 @@ func capture(t *testing.T, steps, ckAt int, fp string, end func(w *writer.Writer
 		t.Fatal(err)
 	}
 	defer f.Close()
-	w, err := writer.New(f, map[string]any{"client_metadata": map[string]any{"fingerprint": fp}})
+	w, err := stream.New(f, map[string]any{"client_metadata": map[string]any{"fingerprint": fp}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,14 +108,12 @@ func capture(t *testing.T, steps, ckAt int, fp string, end func(w *writer.Writer
 		for _, name := range []string{"a", "b"} {
 			seq++
 			raw := bytes.Repeat([]byte{byte(seq)}, 100)
-			if err := w.WritePacket(&writer.Packet{Type: writer.TypeTensor, DType: dtype.Uint8, Shape: []uint64{100},
-				Name: name, Seq: seq, Step: uint64(k), RawLen: 100, Blocks: []writer.Block{{Data: raw}}}); err != nil {
+			if err := w.WritePacket(&stream.Packet{Header: stream.Header{Type: stream.TypeTensor, DType: dtype.Uint8, Shape: []uint64{100}, Seq: seq, Step: uint64(k), RawLen: 100}, Name: name, Blocks: []stream.Block{{Data: raw}}}); err != nil {
 				t.Fatal(err)
 			}
 		}
 		seq++
-		if err := w.WritePacket(&writer.Packet{Type: writer.TypeToken, Name: "token", Seq: seq, Step: uint64(k),
-			Meta: []byte(fmt.Sprintf(`{"token_id":%d}`, k))}); err != nil {
+		if err := w.WritePacket(&stream.Packet{Header: stream.Header{Type: stream.TypeToken, Seq: seq, Step: uint64(k)}, Name: "token", Meta: []byte(fmt.Sprintf(`{"token_id":%d}`, k))}); err != nil {
 			t.Fatal(err)
 		}
 		if k+1 == ckAt {
@@ -137,16 +135,16 @@ func capture(t *testing.T, steps, ckAt int, fp string, end func(w *writer.Writer
 }
 
 func TestCheckAndRepair(t *testing.T) {
-	abort := func(w *writer.Writer, f *os.File) { _ = w.Abort(nil) }
+	abort := func(w *stream.Writer, f *os.File) { _ = w.Abort(nil) }
 	for _, tc := range []struct {
 		name      string
-		end       func(w *writer.Writer, f *os.File)
+		end       func(w *stream.Writer, f *os.File)
 		cutTokens uint64
 		torn      bool
 		endStatus string
 	}{
 		{"client killed (aborted END)", abort, 3, false, "aborted"},
-		{"daemon killed, torn tail", func(w *writer.Writer, f *os.File) {
+		{"daemon killed, torn tail", func(w *stream.Writer, f *os.File) {
 			_ = w.Sync()
 			_ = f.Truncate(w.Offset() - 7)
 		}, 2, true, ""},
@@ -165,7 +163,7 @@ func TestCheckAndRepair(t *testing.T) {
 			if tc.torn {
 				f, _ := os.Open(path)
 				st, _ := f.Stat()
-				v := writer.Verify(f, st.Size())
+				v := stream.Verify(f, st.Size())
 				f.Close()
 				if !v.Truncated || v.FirstBadOffset != rep.TornAt {
 					t.Fatalf("verify: truncated %v at %d, check says torn at %d", v.Truncated, v.FirstBadOffset, rep.TornAt)
@@ -187,7 +185,7 @@ func TestCheckAndRepair(t *testing.T) {
 }
 
 func TestCheckMismatch(t *testing.T) {
-	keep := func(w *writer.Writer, f *os.File) { _ = w.Sync() }
+	keep := func(w *stream.Writer, f *os.File) { _ = w.Sync() }
 	for _, tc := range []struct {
 		name string
 		mod  func(c *Checkpoint, path string)
@@ -228,7 +226,7 @@ func TestCheckMismatch(t *testing.T) {
 }
 
 func TestRepairRefusesLiveCapture(t *testing.T) {
-	path, _ := capture(t, 6, 4, "fp", func(w *writer.Writer, f *os.File) { _ = w.Abort(nil) })
+	path, _ := capture(t, 6, 4, "fp", func(w *stream.Writer, f *os.File) { _ = w.Abort(nil) })
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -243,7 +241,7 @@ func TestRepairRefusesLiveCapture(t *testing.T) {
 }
 
 func TestList(t *testing.T) {
-	path, _ := capture(t, 5, 2, "fp", func(w *writer.Writer, f *os.File) { _ = w.Abort(nil) })
+	path, _ := capture(t, 5, 2, "fp", func(w *stream.Writer, f *os.File) { _ = w.Abort(nil) })
 	dir := filepath.Dir(path)
 	// A checkpoint whose stream is gone and a file that is no checkpoint.
 	_ = os.WriteFile(filepath.Join(dir, "gone.strap"+Suffix), []byte(`{}`), 0o644)

@@ -33,7 +33,12 @@ type Open struct {
 	// are a checkpointed prefix the daemon checks against Resume and continues.
 	AppendAt uint64 `json:"append_at,omitempty"`
 	// Resume states what the prefix must end with; required with AppendAt.
-	Resume   *Resume        `json:"resume,omitempty"`
+	Resume *Resume `json:"resume,omitempty"`
+	// MemoryHint is the bytes the client asks the daemon to budget for this session's
+	// compression buffers (0: no hint). It caps them, raised to what the largest record
+	// needs and lowered to the daemon's memory limit (PROTOCOL.md 1.3).
+	MemoryHint uint64 `json:"memory_hint,omitempty"`
+	// Metadata is the client's object, copied into the stream header.
 	Metadata map[string]any `json:"metadata,omitempty"`
 }
 
@@ -158,15 +163,29 @@ const (
 	CodeInternal        = "internal"
 )
 
-// Error reports a failure to the client. It implements error so a client can return it.
+// Error is the ERROR body and the one coded error of the protocol: the daemon raises it for
+// failures that are about the conversation itself (access, quotas, malformed messages) and
+// builds it from a session's failure kind (internal/server's table); the Go client returns
+// the one it receives. The cause, when the daemon made it, stays reachable with errors.Is.
 type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 	Fatal   bool   `json:"fatal"`
+	cause   error
+}
+
+// Errorf makes a fatal Error with code; the message is formatted as by fmt.Errorf and any
+// %w operand stays reachable through Unwrap.
+func Errorf(code, format string, args ...any) *Error {
+	err := fmt.Errorf(format, args...)
+	return &Error{Code: code, Message: err.Error(), Fatal: true, cause: err}
 }
 
 // Error formats the code and message.
 func (e *Error) Error() string { return fmt.Sprintf("strapd error %s: %s", e.Code, e.Message) }
+
+// Unwrap is the cause the daemon built the error from (nil for one decoded off the wire).
+func (e *Error) Unwrap() error { return e.cause }
 
 // DaemonStatus is the daemon part of STATUS_REPLY.
 type DaemonStatus struct {

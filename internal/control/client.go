@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/strap-llm/strap/internal/shm"
 )
 
 // Client is a small synchronous client of the daemon, used by tests, load generators and
@@ -55,8 +53,9 @@ func (c *Client) Conn() *Conn { return c.conn }
 // Welcome is the daemon's handshake answer.
 func (c *Client) Welcome() Welcome { return c.welcome }
 
-// recv reads one message, records RELEASE tails and turns ERROR into *Error.
-func (c *Client) recv() (Message, error) {
+// Recv reads one message, records RELEASE tails and turns ERROR into *Error (controltest
+// polls RELEASE through it).
+func (c *Client) Recv() (Message, error) {
 	m, fds, err := c.conn.Recv(0)
 	if errors.Is(err, unix.ECONNRESET) {
 		// Linux reports a peer that closed with our messages unread as ECONNRESET once,
@@ -89,7 +88,7 @@ func (c *Client) recv() (Message, error) {
 // expect reads messages until one of type t, absorbing RELEASE messages.
 func (c *Client) expect(t Type) (Message, error) {
 	for {
-		m, err := c.recv()
+		m, err := c.Recv()
 		if err != nil {
 			return m, err
 		}
@@ -130,7 +129,7 @@ func (c *Client) Drop(d Drop) error { return c.conn.Send(TypeDrop, d) }
 // returns the newest tail.
 func (c *Client) WaitRelease(old uint64) (uint64, error) {
 	for c.Tail <= old {
-		m, err := c.recv()
+		m, err := c.Recv()
 		if err != nil {
 			return c.Tail, err
 		}
@@ -175,116 +174,3 @@ func (c *Client) Status() (StatusReply, error) {
 
 // Disconnect closes the socket without CLOSE (what a dying client does).
 func (c *Client) Disconnect() error { return c.conn.Close() }
-
-// Stream drives one session with a shm.Producer the way the Python client does: split,
-// place, publish, and under policy block wait for RELEASE, under policy drop send DROP.
-type Stream struct {
-	C      *Client
-	P      *shm.Producer
-	Policy string
-	// Drops counts DROP notices sent.
-	Drops uint64
-	// publishedSeq is the last tensor sequence number placed (for PUBLISH).
-	lastTensorSeq uint64
-	published     uint64
-}
-
-// ErrDropped reports that Put dropped (part of) a tensor under policy drop.
-var ErrDropped = errors.New("dropped")
-
-// OpenStream creates a producer ring of ringSize bytes, opens a session writing to out and
-// returns the stream.
-func OpenStream(c *Client, ringSize uint64, out *os.File, req Open) (*Stream, Opened, error) {
-	p, err := shm.NewProducer(ringSize, shm.ProducerOptions{})
-	if err != nil {
-		return nil, Opened{}, err
-	}
-	req.RingSize = ringSize
-	o, err := c.Open(p.File(), out, req)
-	if err != nil {
-		p.Close()
-		return nil, o, err
-	}
-	return &Stream{C: c, P: p, Policy: req.Policy}, o, nil
-}
-
-// Put places t (in parts when it is large) and publishes it. Under policy drop a part that
-// does not fit is reported with DROP and Put returns ErrDropped after trying every part.
-func (s *Stream) Put(t *shm.Tensor) error {
-	dropped := false
-	for _, part := range s.P.Split(t) {
-		for !s.P.Fits(&part) {
-			if s.published < s.P.Head() {
-				if err := s.publish(); err != nil {
-					return err
-				}
-			}
-			if s.Policy == "drop" {
-				break
-			}
-			if _, err := s.C.WaitRelease(s.P.Tail()); err != nil {
-				return err
-			}
-			if err := s.P.Release(s.C.Tail); err != nil {
-				return err
-			}
-		}
-		if !s.P.Fits(&part) {
-			seq := s.P.TakeSeq()
-			s.Drops++
-			dropped = true
-			if err := s.C.Drop(Drop{Seq: seq, Name: part.Name, Step: part.Step, Forward: part.Forward,
-				Bytes: uint64(len(part.Payload)), Reason: "ring_full"}); err != nil {
-				return err
-			}
-			continue
-		}
-		seq, err := s.P.Put(&part)
-		if err != nil {
-			return err
-		}
-		s.lastTensorSeq = seq
-	}
-	if err := s.publish(); err != nil {
-		return err
-	}
-	if dropped {
-		return ErrDropped
-	}
-	return nil
-}
-
-// Absorb takes every RELEASE already queued on the socket without blocking.
-func (s *Stream) Absorb() error {
-	_ = s.C.conn.Unix().SetReadDeadline(time.Now())
-	defer s.C.conn.Unix().SetReadDeadline(time.Time{})
-	for {
-		_, err := s.C.recv()
-		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				return s.P.Release(s.C.Tail)
-			}
-			return err
-		}
-	}
-}
-
-func (s *Stream) publish() error {
-	if s.published == s.P.Head() {
-		return nil
-	}
-	if err := s.C.Publish(s.P.Head(), s.lastTensorSeq); err != nil {
-		return err
-	}
-	s.published = s.P.Head()
-	if s.Policy == "drop" {
-		return s.Absorb()
-	}
-	return nil
-}
-
-// Finish sends CLOSE and waits for CLOSED, then releases the producer.
-func (s *Stream) Finish() (Closed, error) {
-	cl, err := s.C.Close(Close{Seq: s.P.LastSeq(), Head: s.P.Head(), Drops: s.Drops})
-	return cl, errors.Join(err, s.P.Close())
-}

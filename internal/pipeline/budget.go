@@ -50,6 +50,11 @@ type Lease struct {
 	reserve     int64
 	reserveUsed int64
 	closed      bool
+	// inFlightCap, when > 0, caps the bytes of this session's buffers in flight (shared
+	// and reserve grants together): the client's memory hint, clamped. inFlight counts
+	// them and peak is the most seen (tests check the cap holds).
+	inFlightCap    int64
+	inFlight, peak int64
 }
 
 // Open reserves ringSize + reserve bytes for a new session, or fails with ErrBudget.
@@ -63,6 +68,21 @@ func (b *Budget) Open(ringSize, reserve int64) (*Lease, error) {
 	}
 	b.used += n
 	return &Lease{b: b, fixed: n, reserve: reserve}, nil
+}
+
+// limitInFlight caps the session's in-flight buffers at hint bytes (hint <= 0: no cap).
+// The cap is raised to the lease's reserve, which holds the buffers of the largest record,
+// because a lower one could never compress that record; and lowered to the daemon's limit,
+// which a session cannot exceed anyway.
+func (l *Lease) limitInFlight(hint int64) {
+	if hint <= 0 {
+		return
+	}
+	c := max(hint, l.reserve)
+	if lim := l.b.limit; lim > 0 {
+		c = min(c, max(lim, l.reserve))
+	}
+	l.inFlightCap = c
 }
 
 // grant is one buffer's charge: from the shared budget, or the lease's own reserve.
@@ -87,12 +107,16 @@ func (l *Lease) acquire(ctx context.Context, n int64) (grant, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for {
-		if b.fits(n) {
+		// Over the client's hint, wait for this session's own buffers to be written.
+		underHint := l.inFlightCap <= 0 || l.inFlight+n <= l.inFlightCap
+		switch {
+		case underHint && b.fits(n):
 			b.used += n
+			l.took(n)
 			return grant{n: n}, nil
-		}
-		if l.reserveUsed+n <= l.reserve {
+		case underHint && l.reserveUsed+n <= l.reserve:
 			l.reserveUsed += n
+			l.took(n)
 			return grant{n: n, slot: true}, nil
 		}
 		if err := ctx.Err(); err != nil {
@@ -102,10 +126,17 @@ func (l *Lease) acquire(ctx context.Context, n int64) (grant, error) {
 	}
 }
 
+// took counts a new grant of n bytes; b.mu is held.
+func (l *Lease) took(n int64) {
+	l.inFlight += n
+	l.peak = max(l.peak, l.inFlight)
+}
+
 // release returns a grant.
 func (l *Lease) release(g grant) {
 	b := l.b
 	b.mu.Lock()
+	l.inFlight -= g.n
 	if g.slot {
 		l.reserveUsed -= g.n
 	} else {

@@ -10,11 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/strap-llm/strap/internal/codec"
-	"github.com/strap-llm/strap/internal/control"
 	"github.com/strap-llm/strap/internal/dtype"
 	"github.com/strap-llm/strap/internal/pipeline/pipelinetest"
 	"github.com/strap-llm/strap/internal/shm"
+	"github.com/strap-llm/strap/internal/stream"
 )
 
 // harness drives one session in-process: a Go producer writes the ring, the test calls
@@ -26,7 +28,7 @@ type harness struct {
 	out     *os.File
 	tail    atomic.Uint64
 	rel     chan struct{}
-	errs    chan *Error
+	errs    chan error
 	pubHead uint64
 	lastSeq uint64
 	drops   uint64
@@ -41,6 +43,8 @@ type hopts struct {
 	pool       *Pool
 	writeDelay time.Duration
 	output     *os.File
+	// memoryHint is the request's memory_hint (0: none).
+	memoryHint uint64
 }
 
 func newHarness(tb testing.TB, o hopts) *harness {
@@ -60,10 +64,6 @@ func newHarness(tb testing.TB, o hopts) *harness {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { p.Close() })
-	ring, err := shm.Map(int(p.File().Fd()), o.ringSize)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	out := o.output
 	if out == nil {
 		out, err = os.Create(filepath.Join(tb.TempDir(), "out.strap"))
@@ -72,19 +72,22 @@ func newHarness(tb testing.TB, o hopts) *harness {
 		}
 	}
 	tb.Cleanup(func() { out.Close() })
-	var c codec.Codec
-	if o.codec != "" {
-		if c, err = codec.New(o.codec, codec.Options{Lossy: o.lossy}); err != nil {
-			tb.Fatal(err)
-		}
+	name := o.codec
+	if name == "" {
+		name = "none"
 	}
-	lease, err := o.budget.Open(int64(o.ringSize), Reserve(c, o.blockSize, ring.DataSize()))
+	plan, err := Prepare(Request{RingSize: o.ringSize, Codec: name, Lossy: o.lossy, BlockSize: uint64(o.blockSize),
+		Policy: "block", MemoryHint: o.memoryHint, ClientMetadata: map[string]any{"test": true}})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	h := &harness{tb: tb, p: p, out: out, rel: make(chan struct{}, 1), errs: make(chan *Error, 1)}
-	h.s, err = Start(Options{ID: 1, Ring: ring, Output: out, Codec: c, BlockSize: o.blockSize,
-		Metadata: map[string]any{"test": true}, Pool: o.pool, Lease: lease, WriteDelay: o.writeDelay,
+	// Open takes the descriptor it maps; the producer keeps its own.
+	fd, err := unix.Dup(int(p.File().Fd()))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	h := &harness{tb: tb, p: p, out: out, rel: make(chan struct{}, 1), errs: make(chan error, 1)}
+	h.s, err = plan.Open(Env{ID: 1, Pool: o.pool, Budget: o.budget, WriteDelay: o.writeDelay,
 		Release: func(t uint64) {
 			h.tail.Store(t)
 			select {
@@ -92,8 +95,8 @@ func newHarness(tb testing.TB, o hopts) *harness {
 			default:
 			}
 		},
-		OnError: func(e *Error) { h.errs <- e },
-	})
+		OnError: func(e error) { h.errs <- e },
+	}, fd, out)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -137,7 +140,7 @@ func (h *harness) put(t *shm.Tensor) error {
 
 func (h *harness) finish(status string) (Result, error) {
 	if status == StatusComplete {
-		if err := h.s.CheckClose(control.Close{Seq: h.p.LastSeq(), Head: h.p.Head(), Drops: h.drops}); err != nil {
+		if err := h.s.CheckClose(Close{Seq: h.p.LastSeq(), Head: h.p.Head(), Drops: h.drops}); err != nil {
 			h.s.Finish(status)
 			return Result{}, err
 		}
@@ -220,7 +223,8 @@ func TestSessionExact(t *testing.T) {
 					t.Fatalf("packet %d has seq %d", i, p.Seq)
 				}
 			}
-			if st.Meta["test"] != true {
+			// The header is the typed StreamMeta: the client's object nested, the codec named.
+			if cm, _ := st.Meta["client_metadata"].(map[string]any); cm["test"] != true || st.Meta["codec"] == nil {
 				t.Fatalf("metadata %v", st.Meta)
 			}
 		})
@@ -271,11 +275,11 @@ func TestDropsAndTokensInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	seq := h.p.TakeSeq()
-	if err := h.s.Drop(control.Drop{Seq: seq, Name: "b", Step: 3, Forward: 1, Bytes: 4096, Reason: "ring_full"}); err != nil {
+	if err := h.s.Drop(Drop{Seq: seq, Name: "b", Step: 3, Forward: 1, Bytes: 4096, Reason: "ring_full"}); err != nil {
 		t.Fatal(err)
 	}
 	h.drops++
-	if err := h.s.Token(control.Token{Seq: h.p.TakeSeq(), Index: 3, TokenID: 42, Text: "hi"}); err != nil {
+	if err := h.s.Token(Token{Seq: h.p.TakeSeq(), Index: 3, TokenID: 42, Text: "hi"}); err != nil {
 		t.Fatal(err)
 	}
 	c := f32Tensor("c", 2, 100)
@@ -290,7 +294,7 @@ func TestDropsAndTokensInOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	types := []uint16{}
+	types := []stream.PacketType{}
 	for _, p := range st.Packets {
 		types = append(types, p.Type)
 	}
@@ -311,13 +315,13 @@ func TestSessionErrors(t *testing.T) {
 	tests := []struct {
 		name     string
 		corrupt  func(h *harness, recPos uint64)
-		wantCode string
+		wantKind Kind
 		wantSub  string
 	}{
-		{"torn seq", func(h *harness, pos uint64) { le.PutUint64(h.p.Mem()[shm.HeaderSize+pos+8:], 9) }, control.CodeTornRecord, "seq 9, expected 2"},
-		{"bad magic", func(h *harness, pos uint64) { h.p.Mem()[shm.HeaderSize+pos] = 'X' }, control.CodeBadRecord, "magic"},
-		{"lying length", func(h *harness, pos uint64) { le.PutUint64(h.p.Mem()[shm.HeaderSize+pos+16:], 1<<30) }, control.CodeBadRecord, "record_len"},
-		{"lying shape", func(h *harness, pos uint64) { le.PutUint64(h.p.Mem()[shm.HeaderSize+pos+80:], 1000) }, control.CodeBadRecord, "shape"},
+		{"torn seq", func(h *harness, pos uint64) { le.PutUint64(h.p.Mem()[shm.HeaderSize+pos+8:], 9) }, KindTornRecord, "seq 9, expected 2"},
+		{"bad magic", func(h *harness, pos uint64) { h.p.Mem()[shm.HeaderSize+pos] = 'X' }, KindBadRecord, "magic"},
+		{"lying length", func(h *harness, pos uint64) { le.PutUint64(h.p.Mem()[shm.HeaderSize+pos+16:], 1<<30) }, KindBadRecord, "record_len"},
+		{"lying shape", func(h *harness, pos uint64) { le.PutUint64(h.p.Mem()[shm.HeaderSize+pos+80:], 1000) }, KindBadRecord, "shape"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -334,10 +338,10 @@ func TestSessionErrors(t *testing.T) {
 			tc.corrupt(h, pos)
 			err := h.s.Publish(h.p.Head(), 2)
 			var se *Error
-			if !errors.As(err, &se) || se.Code != tc.wantCode || !strings.Contains(se.Error(), tc.wantSub) {
-				t.Fatalf("err = %v, want code %s containing %q", err, tc.wantCode, tc.wantSub)
+			if !errors.As(err, &se) || se.Kind != tc.wantKind || !strings.Contains(se.Error(), tc.wantSub) {
+				t.Fatalf("err = %v, want kind %s containing %q", err, tc.wantKind, tc.wantSub)
 			}
-			if e := <-h.errs; e.Code != tc.wantCode {
+			if e := <-h.errs; KindOf(e) != tc.wantKind {
 				t.Fatalf("OnError got %v", e)
 			}
 			if err := h.s.Publish(h.p.Head(), 2); err == nil {
@@ -366,7 +370,7 @@ func TestSessionErrors(t *testing.T) {
 		if err := h.put(&a); err != nil {
 			t.Fatal(err)
 		}
-		err := h.s.CheckClose(control.Close{Seq: 5, Head: h.p.Head()})
+		err := h.s.CheckClose(Close{Seq: 5, Head: h.p.Head()})
 		if err == nil || !strings.Contains(err.Error(), "close seq 5, last sequence number received 1") {
 			t.Fatalf("err = %v", err)
 		}
@@ -527,8 +531,8 @@ func TestWriteErrorReachesClient(t *testing.T) {
 	}
 	select {
 	case e := <-h.errs:
-		if e.Code != control.CodeWrite {
-			t.Fatalf("OnError code %s (%v), want %s", e.Code, e, control.CodeWrite)
+		if KindOf(e) != KindWrite {
+			t.Fatalf("OnError kind %s (%v), want %s", KindOf(e), e, KindWrite)
 		}
 	default:
 		t.Fatalf("no error reported to the client (put: %v, finish: %v)", err, ferr)

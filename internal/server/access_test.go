@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/control/controltest"
 	"github.com/strap-llm/strap/internal/pipeline/pipelinetest"
 	"github.com/strap-llm/strap/internal/shm"
 )
@@ -79,7 +80,7 @@ func TestCanControl(t *testing.T) {
 func TestStatusShowsOwnSessions(t *testing.T) {
 	ts := startServer(t, Config{})
 	c := ts.dial(t)
-	st, _, err := control.OpenStream(c, shm.HeaderSize+64<<10, outFile(t), control.Open{Codec: "none", Policy: "block"})
+	st, _, err := controltest.OpenStream(c, shm.HeaderSize+64<<10, outFile(t), control.Open{Codec: "none", Policy: "block"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +185,7 @@ func TestRootDaemonUnprivilegedClient(t *testing.T) {
 
 	// Root holds a session while the helper asks for STATUS.
 	rc := ts.dial(t)
-	rootStream, _, err := control.OpenStream(rc, shm.HeaderSize+64<<10, outFile(t), control.Open{Codec: "none", Policy: "block"})
+	rootStream, _, err := controltest.OpenStream(rc, shm.HeaderSize+64<<10, outFile(t), control.Open{Codec: "none", Policy: "block"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,7 +355,7 @@ func TestHelperUnprivilegedClient(t *testing.T) {
 		return
 	}
 	defer c.Disconnect()
-	st, _, err := control.OpenStream(c, size, out, control.Open{Codec: "lz4", Policy: "block", Metadata: label})
+	st, _, err := controltest.OpenStream(c, size, out, control.Open{Codec: "lz4", Policy: "block", Metadata: label})
 	if err == nil {
 		for i := range 3 {
 			tn := tensor("m", uint64(i+1), 1000)

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/control/controltest"
 	"github.com/strap-llm/strap/internal/dtype"
 	"github.com/strap-llm/strap/internal/pipeline/pipelinetest"
 	"github.com/strap-llm/strap/internal/shm"
@@ -19,7 +20,7 @@ func BenchmarkCapture(b *testing.B) {
 			ts := startServer(b, Config{Workers: 0})
 			c := ts.dial(b)
 			out := outFile(b)
-			st, _, err := control.OpenStream(c, shm.HeaderSize+64<<20, out, control.Open{Codec: cd, Policy: "block"})
+			st, _, err := controltest.OpenStream(c, shm.HeaderSize+64<<20, out, control.Open{Codec: cd, Policy: "block"})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/control/controltest"
 	"github.com/strap-llm/strap/internal/dtype"
 	"github.com/strap-llm/strap/internal/pipeline/pipelinetest"
 	"github.com/strap-llm/strap/internal/shm"
@@ -30,7 +31,7 @@ func alongside(t *testing.T, ts *testServer, hostile func(t *testing.T)) {
 		defer wg.Done()
 		c := ts.dial(t)
 		out := outFile(t)
-		st, _, err := control.OpenStream(c, shm.HeaderSize+128<<10, out, control.Open{Codec: "zstd", Policy: "block", BlockSize: 16 << 10})
+		st, _, err := controltest.OpenStream(c, shm.HeaderSize+128<<10, out, control.Open{Codec: "zstd", Policy: "block", BlockSize: 16 << 10})
 		close(started)
 		if err != nil {
 			t.Errorf("good session: open: %v", err)
@@ -252,7 +253,7 @@ func TestLyingRecords(t *testing.T) {
 			alongside(t, ts, func(t *testing.T) {
 				c := ts.dial(t)
 				out := outFile(t)
-				st, _, err := control.OpenStream(c, shm.HeaderSize+64<<10, out, control.Open{Codec: "lz4", Policy: "block"})
+				st, _, err := controltest.OpenStream(c, shm.HeaderSize+64<<10, out, control.Open{Codec: "lz4", Policy: "block"})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -285,7 +286,7 @@ func TestTruncateSealedRing(t *testing.T) {
 	alongside(t, ts, func(t *testing.T) {
 		c := ts.dial(t)
 		out := outFile(t)
-		st, _, err := control.OpenStream(c, shm.HeaderSize+64<<10, out, control.Open{Codec: "none", Policy: "block"})
+		st, _, err := controltest.OpenStream(c, shm.HeaderSize+64<<10, out, control.Open{Codec: "none", Policy: "block"})
 		if err != nil {
 			t.Fatal(err)
 		}

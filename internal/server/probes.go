@@ -328,7 +328,18 @@ func (s *Server) probeStatus() *control.ProbesStatus {
 		ps.Error = h.startErr.Error()
 	}
 	if h.coll != nil {
-		ps.Status = h.coll.Status()
+		fillProbes(ps, h.coll.Status())
 	}
 	return ps
+}
+
+// fillProbes copies the collector's status into its wire form (control stays free of bpf).
+func fillProbes(ps *control.ProbesStatus, st bpf.Status) {
+	for _, c := range st.Collectors {
+		ps.Collectors = append(ps.Collectors, control.ProbeCollector{Name: c.Name, Source: c.Source, Programs: c.Programs, Error: c.Error})
+	}
+	for _, p := range st.BPFStats {
+		ps.BPFStats = append(ps.BPFStats, control.ProbeProgStats(p))
+	}
+	ps.Watched, ps.Cgroups, ps.StatsError, ps.Drops = st.Watched, st.Cgroups, st.StatsError, st.Drops
 }

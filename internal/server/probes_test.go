@@ -12,6 +12,7 @@ import (
 
 	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/control/controltest"
 	"github.com/strap-llm/strap/internal/shm"
 )
 
@@ -22,7 +23,7 @@ func probeConfig(interval time.Duration) Config {
 }
 
 // openTraced opens a session passing a trace file as OPEN's third descriptor.
-func openTraced(t *testing.T, c *control.Client, out, trace *os.File, meta map[string]any) (*control.Stream, control.Opened, error) {
+func openTraced(t *testing.T, c *control.Client, out, trace *os.File, meta map[string]any) (*controltest.Stream, control.Opened, error) {
 	t.Helper()
 	const ringSize = shm.HeaderSize + 64<<10
 	p, err := shm.NewProducer(ringSize, shm.ProducerOptions{})
@@ -44,7 +45,7 @@ func openTraced(t *testing.T, c *control.Client, out, trace *os.File, meta map[s
 		if err := m.Unmarshal(&o, "session"); err != nil {
 			t.Fatal(err)
 		}
-		return &control.Stream{C: c, P: p, Policy: "block"}, o, nil
+		return &controltest.Stream{C: c, P: p, Policy: "block"}, o, nil
 	case control.TypeError:
 		var e control.Error
 		if err := m.Unmarshal(&e, "code"); err != nil {

@@ -10,12 +10,13 @@ import (
 	"testing"
 
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/control/controltest"
 	"github.com/strap-llm/strap/internal/shm"
-	"github.com/strap-llm/strap/internal/writer"
+	"github.com/strap-llm/strap/internal/stream"
 )
 
 // stepEvents sends step k of a per-token capture: two tensors, then token k.
-func stepEvents(t *testing.T, st *control.Stream, k int) {
+func stepEvents(t *testing.T, st *controltest.Stream, k int) {
 	t.Helper()
 	for j := range 2 {
 		tn := tensor(fmt.Sprintf("model.layers.%d.mlp", j), uint64(10*k+j+1), 300)
@@ -33,7 +34,7 @@ func stepEvents(t *testing.T, st *control.Stream, k int) {
 // packetsOf lists every packet of a stream but the INDEX, header fields and stored bytes.
 func packetsOf(t *testing.T, path string) []string {
 	t.Helper()
-	r, f, err := writer.OpenFile(path)
+	r, f, err := stream.OpenFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +43,7 @@ func packetsOf(t *testing.T, path string) []string {
 	sc := r.Scan(false)
 	for sc.Next() {
 		p := sc.Packet()
-		if p.Type == writer.TypeIndex {
+		if p.Type == stream.TypeIndex {
 			continue
 		}
 		out = append(out, fmt.Sprintf("%v %s seq=%d step=%d fwd=%d meta=%s crc=%08x %x", p.Type, p.Name, p.Seq, p.Step,
@@ -65,7 +66,7 @@ func TestCheckpointAndResumeThroughSocket(t *testing.T) {
 	// Uninterrupted reference.
 	c := ts.dial(t)
 	ref := outFile(t)
-	st, _, err := control.OpenStream(c, shm.HeaderSize+256<<10, ref, req)
+	st, _, err := controltest.OpenStream(c, shm.HeaderSize+256<<10, ref, req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +84,7 @@ func TestCheckpointAndResumeThroughSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	c2 := ts.dial(t)
-	st2, _, err := control.OpenStream(c2, shm.HeaderSize+256<<10, out, req)
+	st2, _, err := controltest.OpenStream(c2, shm.HeaderSize+256<<10, out, req)
 	out.Close()
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +135,7 @@ func TestCheckpointAndResumeThroughSocket(t *testing.T) {
 			c := ts.dial(t)
 			r := req
 			r.AppendAt, r.Resume = tc.at, tc.resume
-			_, _, err = control.OpenStream(c, shm.HeaderSize+256<<10, f, r)
+			_, _, err = controltest.OpenStream(c, shm.HeaderSize+256<<10, f, r)
 			var ce *control.Error
 			if !errors.As(err, &ce) || !strings.Contains(ce.Message, tc.want) {
 				t.Fatalf("OPEN = %v, want an error about %q", err, tc.want)
@@ -153,7 +154,7 @@ func TestCheckpointAndResumeThroughSocket(t *testing.T) {
 	c3 := ts.dial(t)
 	r := req
 	r.AppendAt, r.Resume = ck.Offset, &expect
-	st3, _, err := control.OpenStream(c3, shm.HeaderSize+256<<10, f, r)
+	st3, _, err := controltest.OpenStream(c3, shm.HeaderSize+256<<10, f, r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +183,7 @@ func TestCheckpointAndResumeThroughSocket(t *testing.T) {
 			t.Fatalf("packet %d:\n got %.200s\nwant %.200s", i, got[i], want[i])
 		}
 	}
-	if rep, err := writer.VerifyFile(path); err != nil || !rep.OK {
+	if rep, err := stream.VerifyFile(path); err != nil || !rep.OK {
 		t.Fatalf("verify: %+v %v", rep, err)
 	}
 }
@@ -192,7 +193,7 @@ func TestCheckpointAndResumeThroughSocket(t *testing.T) {
 func TestCheckpointMustCoverEverything(t *testing.T) {
 	ts := startServer(t, Config{})
 	c := ts.dial(t)
-	st, _, err := control.OpenStream(c, shm.HeaderSize+64<<10, outFile(t), control.Open{Codec: "none", Policy: "block"})
+	st, _, err := controltest.OpenStream(c, shm.HeaderSize+64<<10, outFile(t), control.Open{Codec: "none", Policy: "block"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/control/controltest"
 	"github.com/strap-llm/strap/internal/dtype"
 	"github.com/strap-llm/strap/internal/pipeline/pipelinetest"
 	"github.com/strap-llm/strap/internal/shm"
@@ -108,7 +109,7 @@ func tensor(name string, seed uint64, n int) shm.Tensor {
 func capture(t *testing.T, ts *testServer, req control.Open, ringSize uint64, count, n int) (*os.File, []shm.Tensor, control.Closed, error) {
 	c := ts.dial(t)
 	out := outFile(t)
-	st, _, err := control.OpenStream(c, ringSize, out, req)
+	st, _, err := controltest.OpenStream(c, ringSize, out, req)
 	if err != nil {
 		return out, nil, control.Closed{}, err
 	}
@@ -116,7 +117,7 @@ func capture(t *testing.T, ts *testServer, req control.Open, ringSize uint64, co
 	for i := range count {
 		tn := tensor(fmt.Sprintf("model.layers.%d.mlp", i%4), uint64(i+1), n)
 		err := st.Put(&tn)
-		if errors.Is(err, control.ErrDropped) {
+		if errors.Is(err, controltest.ErrDropped) {
 			continue
 		}
 		if err != nil {
@@ -245,7 +246,7 @@ func TestTornRecordIsolated(t *testing.T) {
 
 	c := ts.dial(t)
 	out := outFile(t)
-	st, _, err := control.OpenStream(c, shm.HeaderSize+64<<10, out, control.Open{Codec: "none", Policy: "block"})
+	st, _, err := controltest.OpenStream(c, shm.HeaderSize+64<<10, out, control.Open{Codec: "none", Policy: "block"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,7 +390,7 @@ func TestClientDeathMidCapture(t *testing.T) {
 	ts := startServer(t, Config{})
 	c := ts.dial(t)
 	out := outFile(t)
-	st, _, err := control.OpenStream(c, shm.HeaderSize+256<<10, out, control.Open{Codec: "lz4", Policy: "block"})
+	st, _, err := controltest.OpenStream(c, shm.HeaderSize+256<<10, out, control.Open{Codec: "lz4", Policy: "block"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -475,7 +476,7 @@ func TestStatus(t *testing.T) {
 	ts := startServer(t, Config{})
 	c := ts.dial(t)
 	out := outFile(t)
-	st, o, err := control.OpenStream(c, shm.HeaderSize+64<<10, out, control.Open{Codec: "none", Policy: "block",
+	st, o, err := controltest.OpenStream(c, shm.HeaderSize+64<<10, out, control.Open{Codec: "none", Policy: "block",
 		Metadata: map[string]any{"model_class": "Llama", "output_path": "/x/y.strap"}})
 	if err != nil {
 		t.Fatal(err)
@@ -504,7 +505,7 @@ func TestShutdownDrains(t *testing.T) {
 	ts := startServer(t, Config{DebugWriteDelay: 2 * time.Millisecond})
 	c := ts.dial(t)
 	out := outFile(t)
-	st, _, err := control.OpenStream(c, shm.HeaderSize+256<<10, out, control.Open{Codec: "zstd", Policy: "block"})
+	st, _, err := controltest.OpenStream(c, shm.HeaderSize+256<<10, out, control.Open{Codec: "zstd", Policy: "block"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,11 @@ REPO = Path(__file__).resolve().parents[3]
 TESTDATA = REPO / "testdata"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-client-bodies", action="store_true", default=False,
+                     help="rewrite testdata/protocol/client_bodies.json from the client's message dataclasses")
+
+
 def short_tmpdir() -> str:
     # Unix socket paths are limited to 107 bytes: keep them short.
     return tempfile.mkdtemp(prefix="strap-", dir="/tmp")

@@ -89,7 +89,7 @@ def test_autostart_then_capture(monkeypatch, sockdir, tmp_path, capsys, fake_bin
         assert "started strapd" in capsys.readouterr().err
         assert os.path.exists(os.path.join(sockdir, "auto", "strapd.log"))
         conn = P.Connection.connect(path)
-        pid = P.handshake(conn, "t", os.getpid())["pid"]
+        pid = P.handshake(conn, "t", os.getpid()).pid
         conn.close()
         with open_stream(tmp_path / "a.strap") as r:
             assert len(r.tensors()) == fw.summary["packets"] > 0

@@ -17,30 +17,26 @@ PROTO = TESTDATA / "protocol"
 RING = TESTDATA / "ring"
 
 MESSAGES = [
-    ("hello.bin", P.HELLO, P.hello_body("llm_instrumentation/0.1.0", 1234)),
-    ("welcome.bin", P.WELCOME, {"protocol": 1, "daemon": "strapd 0.1.0", "pid": 42, "max_message": 65536}),
-    ("open.bin", P.OPEN, {"ring_size": 67108864, "codec": "zstd", "codec_level": 3, "policy": "block",
-                          "block_size": 1048576, "metadata": {"model_class": "LlamaForCausalLM",
-                                                              "output_path": "/abs/capture.strap"}}),
-    ("opened.bin", P.OPENED, {"session": 7, "block_size": 1048576}),
-    ("publish.bin", P.PUBLISH, {"head": 4096, "seq": 3}),
-    ("release.bin", P.RELEASE, {"tail": 2048}),
-    ("drop.bin", P.DROP, {"seq": 4, "name": "model.layers.3.mlp", "step": 10, "forward": 2, "bytes": 8192,
-                          "reason": "ring_full"}),
-    ("close.bin", P.CLOSE, {"seq": 4, "head": 4096, "drops": 1}),
-    ("closed.bin", P.CLOSED, {"packets": 3, "drops": 1, "bytes_in": 12288, "bytes_out": 12288, "file_bytes": 13000}),
-    ("error_protocol_version.bin", P.ERROR, {"code": "protocol_version",
-                                             "message": "client speaks protocol 2, strapd speaks protocol 1",
-                                             "fatal": True}),
-    ("status.bin", P.STATUS, {}),
-    ("token.bin", P.TOKEN, {"seq": 5, "index": 2, "token_id": 1234, "text": " the", "position": 8}),
-    ("checkpoint.bin", P.CHECKPOINT, {"seq": 5}),
-    ("checkpointed.bin", P.CHECKPOINTED, {"seq": 5, "offset": 40960, "packets": 5, "drops": 0, "tokens": 2,
-                                          "last_offset": 40800, "last_crc": 3735928559}),
-    ("open_resume.bin", P.OPEN, {"ring_size": 67108864, "codec": "lz4", "policy": "block", "append_at": 40960,
-                                 "resume": {"last_seq": 5, "last_crc": 3735928559, "packets": 5}}),
+    ("hello.bin", P.Hello(protocol=1, client="llm_instrumentation/0.1.0", pid=1234)),
+    ("welcome.bin", P.Welcome(protocol=1, daemon="strapd 0.1.0", pid=42, max_message=65536)),
+    ("open.bin", P.Open(ring_size=67108864, codec="zstd", codec_level=3, policy="block", block_size=1048576,
+                        metadata={"model_class": "LlamaForCausalLM", "output_path": "/abs/capture.strap"})),
+    ("opened.bin", P.Opened(session=7, block_size=1048576)),
+    ("publish.bin", P.Publish(head=4096, seq=3)),
+    ("release.bin", P.Release(tail=2048)),
+    ("drop.bin", P.Drop(seq=4, name="model.layers.3.mlp", step=10, forward=2, bytes=8192, reason="ring_full")),
+    ("close.bin", P.Close(seq=4, head=4096, drops=1)),
+    ("closed.bin", P.Closed(packets=3, drops=1, bytes_in=12288, bytes_out=12288, file_bytes=13000)),
+    ("error_protocol_version.bin", P.Error(code="protocol_version",
+                                           message="client speaks protocol 2, strapd speaks protocol 1", fatal=True)),
+    ("status.bin", P.Status()),
+    ("token.bin", P.Token(seq=5, index=2, token_id=1234, text=" the", position=8)),
+    ("checkpoint.bin", P.Checkpoint(seq=5)),
+    ("checkpointed.bin", P.Checkpointed(seq=5, offset=40960, packets=5, drops=0, tokens=2, last_offset=40800,
+                                        last_crc=3735928559)),
+    ("open_resume.bin", P.Open(ring_size=67108864, codec="lz4", policy="block", append_at=40960,
+                               resume=P.Resume(last_seq=5, last_crc=3735928559, packets=5))),
 ]
-
 
 def _need(path):
     if not path.exists():
@@ -48,12 +44,66 @@ def _need(path):
     return path.read_bytes()
 
 
-@pytest.mark.parametrize("fname,mtype,body", MESSAGES, ids=[m[0] for m in MESSAGES])
-def test_message_golden(fname, mtype, body):
+@pytest.mark.parametrize("fname,body", MESSAGES, ids=[m[0] for m in MESSAGES])
+def test_message_golden(fname, body):
+    # The typed bodies are what the client sends and parses: encoding one must give Go's
+    # bytes exactly, and decoding Go's bytes must give the same dataclass back.
     want = _need(PROTO / fname)
-    assert P.encode_message(mtype, body) == want
-    ver, got_type, got_body = P.decode_message(want)
-    assert (ver, got_type, got_body) == (1, mtype, body)
+    assert P.encode(body) == want
+    assert P.decode(want) == (1, body)
+
+
+def test_golden_set_covers_every_message():
+    # STATUS_REPLY has no vector: its figures grow with the daemon (PROTOCOL.md 4).
+    assert {type(b) for _, b in MESSAGES} == set(P.BODIES.values()) - {P.StatusReply}
+
+
+def test_open_as_the_client_builds_it():
+    # OPEN as framework builds it carries memory_hint and the lossy bound: both must be
+    # fields Go reads (testdata/protocol/client_bodies.json), in Go's order.
+    body = P.Open(ring_size=1 << 26, codec="quant", codec_level=0, policy="drop", block_size=1 << 20,
+                  lossy=P.Lossy(mode="rel", value=0.001), memory_hint=1 << 26, metadata={"a": 1})
+    assert P.encode(body)[P.HEADER.size:] == (
+        b'{"ring_size":67108864,"codec":"quant","codec_level":0,"policy":"drop","block_size":1048576,'
+        b'"lossy":{"mode":"rel","value":0.001},"memory_hint":67108864,"metadata":{"a":1}}')
+    assert P.decode(P.encode(body)) == (1, body)
+
+
+@pytest.mark.parametrize("cls,body,why", [
+    (P.Release, {}, "without field 'tail'"),
+    (P.Release, {"tail": "1"}, "expected an integer"),
+    (P.Release, {"tail": True}, "expected an integer"),
+    (P.Checkpointed, {"seq": 1, "offset": 2, "packets": 3, "drops": 0, "tokens": 0, "last_offset": 1,
+                      "last_crc": None}, "expected an integer"),
+    (P.Welcome, {"protocol": 1, "daemon": 7, "pid": 1, "max_message": 1}, "expected a string"),
+    (P.StatusReply, {"daemon": {}, "sessions": {}}, "expected a list"),
+    (P.Open, {"ring_size": 1, "codec": "x", "policy": "block", "resume": {"last_seq": 1}}, "without field"),
+])
+def test_typed_decode_rejects(cls, body, why):
+    with pytest.raises(StrapdProtocolError, match=why):
+        cls.from_body(body)
+
+
+def test_unknown_fields_are_ignored():
+    # A newer daemon may add fields (PROTOCOL.md 4: readers ignore unknown ones).
+    assert P.Opened.from_body({"session": 1, "block_size": 2, "later": True}) == P.Opened(session=1, block_size=2)
+
+
+def test_malformed_error_still_raises():
+    err = P.error_from_body({"code": "write_error", "message": 5})
+    assert err.code == "write_error" and err.fatal
+
+
+def test_client_bodies_file_is_current(request):
+    # testdata/protocol/client_bodies.json lists every field the client can send; the Go
+    # tests check strapd reads each one. Regenerate with --update-client-bodies.
+    path = PROTO / "client_bodies.json"
+    want = json.dumps(P.client_fields(), indent=1, sort_keys=True) + "\n"
+    if request.config.getoption("--update-client-bodies"):
+        path.write_text(want)
+    assert path.exists(), f"{path} missing: run pytest {__file__} --update-client-bodies"
+    assert json.loads(path.read_text()) == json.loads(want), \
+        f"{path} is stale: run pytest {__file__} --update-client-bodies"
 
 
 def test_version_error_is_readable():

@@ -224,7 +224,7 @@ def test_session_trace_through_client_fd(strapd_factory, tmp_path):
             import time
 
             time.sleep(0.5)  # at least two interval ticks inside the session
-    sid = str(fw._last_session.opened["session"])
+    sid = str(fw._last_session.opened.session)
     assert fw.trace_path == str(out) + ".trace.jsonl"
     snaps = read_trace(Path(fw.trace_path))
     assert len(snaps) >= 2, f"{len(snaps)} snapshots in {fw.trace_path}"
@@ -281,7 +281,7 @@ def test_no_trace_by_default_and_explicit_path(strapd_factory, tmp_path):
     snaps = read_trace(explicit)
     assert len(snaps) >= 1  # the final snapshot at session end, even under one interval
     # Named: session b, and session a too when it ended within the same interval.
-    sid = str(fw._last_session.opened["session"])
+    sid = str(fw._last_session.opened.session)
     assert any(x["id"] == sid and x["output"] == str(tmp_path / "b.strap") for x in snaps[-1]["sessions"])
 
 

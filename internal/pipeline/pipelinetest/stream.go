@@ -6,34 +6,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-
 	"math"
 	"math/rand/v2"
 	"os"
 
-	"github.com/strap-llm/strap/internal/codec"
-	"github.com/strap-llm/strap/internal/dtype"
-	"github.com/strap-llm/strap/internal/writer"
+	"github.com/strap-llm/strap/internal/stream"
 )
 
-// Packet is one packet read back from a stream, payload decoded.
+// Packet is one packet read back from a stream, payload decoded and meta parsed.
 type Packet struct {
-	Offset     int64
-	Type       uint16
-	DType      dtype.DType
-	Shape      []uint64
-	Name       string
-	Meta       map[string]any
-	Codec      codec.ID
-	Flags      uint8
-	Seq        uint64
-	Step       uint64
-	Forward    uint64
-	RawLen     uint64
-	StoredLen  uint64
-	PartOffset uint64
-	TensorLen  uint64
-	Payload    []byte
+	Offset int64
+	stream.Header
+	Name    string
+	Meta    map[string]any
+	Payload []byte
 }
 
 // Stream is a stream file read back.
@@ -57,10 +43,10 @@ func ReadFile(path string) (*Stream, error) {
 	return Read(b)
 }
 
-// Read checks and decodes a stream held in b with the one Go reader, internal/writer (the
+// Read checks and decodes a stream held in b with the one Go reader, internal/stream (the
 // Python reader is the independent second implementation, held to the same golden files).
 func Read(b []byte) (*Stream, error) {
-	r, err := writer.NewReader(bytes.NewReader(b), int64(len(b)))
+	r, err := stream.NewReader(bytes.NewReader(b), int64(len(b)))
 	if err != nil {
 		return nil, err
 	}
@@ -68,26 +54,24 @@ func Read(b []byte) (*Stream, error) {
 	sc := r.Scan(false)
 	for sc.Next() {
 		pi := sc.Packet()
-		p := Packet{Offset: pi.Offset, Type: uint16(pi.Type), DType: pi.DType, Shape: pi.Shape, Name: pi.Name,
-			Codec: pi.Codec, Flags: pi.Flags, Seq: pi.Seq, Step: pi.Step, Forward: pi.Forward, RawLen: pi.RawLen,
-			StoredLen: pi.StoredLen, PartOffset: pi.PartOffset, TensorLen: pi.TensorLen}
+		p := Packet{Offset: pi.Offset, Header: pi.Header, Name: pi.Name}
 		if len(pi.Meta) > 0 {
 			if err := json.Unmarshal(pi.Meta, &p.Meta); err != nil {
 				return nil, fmt.Errorf("packet meta at %d: %w", pi.Offset, err)
 			}
 		}
 		switch pi.Type {
-		case writer.TypeTensor:
+		case stream.TypeTensor:
 			if p.Payload, err = r.Decode(pi, sc.Payload()); err != nil {
 				return nil, fmt.Errorf("decode packet at %d: %w", pi.Offset, err)
 			}
-		case writer.TypeIndex:
+		case stream.TypeIndex:
 			p.Payload = sc.Payload()
 		}
 		switch pi.Type {
-		case writer.TypeIndex:
+		case stream.TypeIndex:
 			s.Index = &p
-		case writer.TypeEnd:
+		case stream.TypeEnd:
 			s.End = &p
 		default:
 			if s.End != nil {
@@ -97,7 +81,7 @@ func Read(b []byte) (*Stream, error) {
 		}
 	}
 	if err := sc.Err(); err != nil {
-		if !errors.Is(err, writer.ErrTruncated) || s.Index != nil {
+		if !errors.Is(err, stream.ErrTruncated) || s.Index != nil {
 			return nil, err
 		}
 		s.TruncatedAt = sc.Offset()
@@ -121,10 +105,10 @@ func (s *Stream) Tensors() ([]Packet, error) {
 	var out []Packet
 	var cur *Packet
 	for _, p := range s.Packets {
-		if p.Type != 1 {
+		if p.Type != stream.TypeTensor {
 			continue
 		}
-		if p.Flags&1 == 0 {
+		if !p.Part() {
 			if cur != nil {
 				return nil, fmt.Errorf("tensor %q seq %d interrupts parts of %q", p.Name, p.Seq, cur.Name)
 			}

@@ -1,18 +1,27 @@
 """Control-socket messages of docs/PROTOCOL.md section 1, and the client end of the socket.
 
 A message is one SOCK_SEQPACKET datagram: ``"STRP" u16 version u16 type u32 body_len`` then a
-JSON object. Bodies are encoded compactly (``separators=(",", ":")``, keys in insertion
-order) so that golden byte vectors are stable.
+JSON object. Every body is a frozen dataclass below that mirrors its Go struct in
+internal/control/bodies.go: field names are the Go json tags, field order is the Go struct's
+order (so golden byte vectors written by Go are reproduced byte for byte), and a field that
+is None is left out of the JSON (Go's ``omitempty`` / pointer fields). Bodies are encoded
+compactly (``separators=(",", ":")``). Received bodies are checked against their dataclass
+(missing or mistyped fields raise :class:`StrapdProtocolError`); unknown fields are ignored,
+as PROTOCOL.md asks of readers, so a newer daemon can add fields.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import select
 import socket
 import struct
+import sys
 import time
-from typing import Any, Dict, Optional, Sequence, Tuple
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError
 
@@ -44,17 +53,344 @@ NAMES = {
     CHECKPOINTED: "CHECKPOINTED",
 }
 
+B = TypeVar("B", bound="Body")
+
+
+# ----- bodies ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Body:
+    """Base of every message body (and of the objects nested in one).
+
+    Subclasses that are whole messages set ``TYPE`` to their type number.
+    """
+
+    TYPE: ClassVar[int] = 0
+
+    def to_body(self) -> Dict[str, Any]:
+        """The JSON object, fields in declaration order, None fields left out.
+
+        Returns:
+            a dict ready for ``json.dumps``.
+        """
+        out: Dict[str, Any] = {}
+        for name in _names(type(self)):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            out[name] = v.to_body() if isinstance(v, Body) else v
+        return out
+
+    @classmethod
+    def from_body(cls: Type[B], body: Dict[str, Any]) -> B:
+        """Build a body from a decoded JSON object, checking every field's type.
+
+        Args:
+            body: the decoded JSON object.
+
+        Returns:
+            the dataclass.
+
+        Raises:
+            StrapdProtocolError: a required field is missing or a field has the wrong type.
+        """
+        what = NAMES.get(cls.TYPE, cls.__name__)
+        if not isinstance(body, dict):
+            raise StrapdProtocolError(f"{what} body is not a JSON object: {body!r}")
+        hints = _hints(cls)
+        kw: Dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in body:
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    raise StrapdProtocolError(f"{what} without field {f.name!r}: {body}")
+                continue
+            kw[f.name] = _convert(body[f.name], hints[f.name], f"{what}.{f.name}")
+        return cls(**kw)
+
+
+_HINTS: Dict[type, Dict[str, Any]] = {}
+_NAMES: Dict[type, Tuple[str, ...]] = {}
+
+
+def _names(cls: type) -> Tuple[str, ...]:
+    # PUBLISH goes once per forward pass: keep dataclasses.fields() out of that path.
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def _hints(cls: type) -> Dict[str, Any]:
+    # Annotations are strings (postponed evaluation); resolve them once per class.
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls, vars(sys.modules[__name__]))
+    return _HINTS[cls]
+
+
+def _convert(v: Any, tp: Any, where: str) -> Any:
+    """Check ``v`` against the annotation ``tp`` (and build nested bodies)."""
+    origin = typing.get_origin(tp)
+    if origin is Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if v is None:
+            return None
+        return _convert(v, args[0], where)
+    if isinstance(tp, type) and issubclass(tp, Body):
+        return tp.from_body(v) if isinstance(v, dict) else _bad(v, "an object", where)
+    if tp is Any:
+        return v
+    if tp is bool:
+        return v if isinstance(v, bool) else _bad(v, "a boolean", where)
+    if tp is int:
+        return v if isinstance(v, int) and not isinstance(v, bool) else _bad(v, "an integer", where)
+    if tp is float:
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else _bad(v, "a number", where)
+    if tp is str:
+        return v if isinstance(v, str) else _bad(v, "a string", where)
+    if origin is dict:
+        return v if isinstance(v, dict) else _bad(v, "an object", where)
+    if origin is list:
+        if not isinstance(v, list):
+            _bad(v, "a list", where)
+        (item,) = typing.get_args(tp)
+        return [_convert(x, item, f"{where}[{i}]") for i, x in enumerate(v)]
+    raise TypeError(f"{where}: no conversion for {tp!r}")  # a dataclass this module cannot read
+
+
+def _bad(v: Any, want: str, where: str) -> Any:
+    raise StrapdProtocolError(f"{where} is {v!r}, expected {want}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hello(Body):
+    """HELLO: opens a connection (client to daemon)."""
+
+    TYPE: ClassVar[int] = HELLO
+    protocol: int
+    client: str
+    pid: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Welcome(Body):
+    """WELCOME: the daemon's answer to HELLO."""
+
+    TYPE: ClassVar[int] = WELCOME
+    protocol: int
+    daemon: str
+    pid: int
+    max_message: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lossy(Body):
+    """The error bound of a lossy codec as OPEN carries it (docs/COMPRESSION.md 7)."""
+
+    mode: str
+    value: Optional[float] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resume(Body):
+    """What a checkpointed stream prefix ends with (the CHECKPOINTED that wrote it)."""
+
+    last_seq: int
+    last_crc: int
+    packets: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Open(Body):
+    """OPEN: asks for a session; sent with the ring memfd, the output fd (and the trace fd).
+
+    ``memory_hint`` is advisory (PROTOCOL.md 1.3); ``append_at`` and ``resume`` go together.
+    """
+
+    TYPE: ClassVar[int] = OPEN
+    ring_size: int
+    codec: str
+    codec_level: Optional[int] = None
+    policy: str
+    block_size: Optional[int] = None
+    lossy: Optional[Lossy] = None
+    append_at: Optional[int] = None
+    resume: Optional[Resume] = None
+    memory_hint: Optional[int] = None
+    metadata: Optional[Dict[str, Any]] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Opened(Body):
+    """OPENED: the daemon's answer to OPEN."""
+
+    TYPE: ClassVar[int] = OPENED
+    session: int
+    block_size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Publish(Body):
+    """PUBLISH: every record in [previous head, head) is complete; ``seq`` is the last
+    tensor record's sequence number among them."""
+
+    TYPE: ClassVar[int] = PUBLISH
+    head: int
+    seq: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Release(Body):
+    """RELEASE: the daemon gives ring space back up to ``tail``."""
+
+    TYPE: ClassVar[int] = RELEASE
+    tail: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Drop(Body):
+    """DROP: a tensor the client could not place under policy ``drop``."""
+
+    TYPE: ClassVar[int] = DROP
+    seq: int
+    name: str
+    step: int
+    forward: int
+    bytes: int
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Token(Body):
+    """TOKEN: one recorded token, written as a TOKEN packet (``position`` absent: ``index``)."""
+
+    TYPE: ClassVar[int] = TOKEN
+    seq: int
+    index: int
+    token_id: int
+    text: str
+    position: Optional[int] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Close(Body):
+    """CLOSE: ends a session after the last PUBLISH."""
+
+    TYPE: ClassVar[int] = CLOSE
+    seq: int
+    head: int
+    drops: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Closed(Body):
+    """CLOSED: the stream is complete and synced."""
+
+    TYPE: ClassVar[int] = CLOSED
+    packets: int
+    drops: int
+    bytes_in: int
+    bytes_out: int
+    file_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint(Body):
+    """CHECKPOINT: make every event up to ``seq`` (the last one taken) durable."""
+
+    TYPE: ClassVar[int] = CHECKPOINT
+    seq: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpointed(Body):
+    """CHECKPOINTED: every packet up to ``seq`` is on disk (field meanings: PROTOCOL.md 1.4)."""
+
+    TYPE: ClassVar[int] = CHECKPOINTED
+    seq: int
+    offset: int
+    packets: int
+    drops: int
+    tokens: int
+    last_offset: int
+    last_crc: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Error(Body):
+    """ERROR: a failure reported by the daemon.
+
+    The defaults apply to a malformed ERROR only: it must still reach the user as an error,
+    and a missing ``fatal`` is taken as fatal, the safe reading.
+    """
+
+    TYPE: ClassVar[int] = ERROR
+    code: str = "unknown"
+    message: str = ""
+    fatal: bool = True
+
+    def exception(self) -> StrapdProtocolError:
+        """The exception raised to the user for this ERROR.
+
+        Returns:
+            a :class:`StrapdProtocolError` carrying ``code`` and ``fatal``.
+        """
+        return StrapdProtocolError(f"strapd error {self.code}: {self.message}", code=self.code, fatal=self.fatal)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Status(Body):
+    """STATUS: asks for STATUS_REPLY (empty body)."""
+
+    TYPE: ClassVar[int] = STATUS
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatusReply(Body):
+    """STATUS_REPLY (PROTOCOL.md 4). Its figures grow with the daemon; the client passes
+    them through to the caller, so only the two top-level fields are typed here."""
+
+    TYPE: ClassVar[int] = STATUS_REPLY
+    daemon: Dict[str, Any]
+    sessions: List[Dict[str, Any]] = field(default_factory=list)
+
+
+#: every message body by type number.
+BODIES: Dict[int, Type[Body]] = {c.TYPE: c for c in (
+    Hello, Welcome, Open, Opened, Publish, Release, Drop, Close, Closed, Error, Status, StatusReply, Token,
+    Checkpoint, Checkpointed)}
+
+#: the messages a client sends (the rest only come from the daemon).
+CLIENT_SENDS: Tuple[Type[Body], ...] = (Hello, Open, Publish, Drop, Token, Checkpoint, Close, Status)
+
+
+def client_fields() -> Dict[str, List[str]]:
+    """The top-level fields the client can send, by message name
+    (``testdata/protocol/client_bodies.json``; the Go tests check strapd reads each).
+
+    Returns:
+        ``{"HELLO": ["client", "pid", "protocol"], ...}``, names sorted.
+    """
+    return {NAMES[c.TYPE]: sorted(f.name for f in dataclasses.fields(c)) for c in CLIENT_SENDS}
+
+
+# ----- framing ---------------------------------------------------------------------------------
+
 
 def encode_message(msg_type: int, body: Optional[Dict[str, Any]] = None, version: int = VERSION) -> bytes:
-    """Encode one message.
+    """Encode one message from a raw JSON object (tests use it for deliberately odd
+    messages; the client sends typed bodies with :func:`encode`).
 
     Args:
-        msg_type: the type number (``HELLO`` ... ``TOKEN``).
+        msg_type: the type number (``HELLO`` ... ``CHECKPOINTED``).
         body: the JSON object (``{}`` when None).
         version: header version (tests use other values to check the version error).
 
     Returns:
         the datagram bytes.
+
+    Raises:
+        ValueError: the message exceeds ``MAX_MESSAGE`` bytes.
 
     Example:
         >>> encode_message(STATUS)
@@ -66,11 +402,35 @@ def encode_message(msg_type: int, body: Optional[Dict[str, Any]] = None, version
     return HEADER.pack(MAGIC, version, msg_type, len(raw)) + raw
 
 
+def encode(body: Body) -> bytes:
+    """Encode one typed message.
+
+    Args:
+        body: a message body (its class gives the type number).
+
+    Returns:
+        the datagram bytes.
+
+    Example:
+        >>> encode(Publish(head=4096, seq=3))
+        b'STRP\\x01\\x00\\x05\\x00\\x15\\x00\\x00\\x00{"head":4096,"seq":3}'
+    """
+    if not body.TYPE:
+        raise TypeError(f"{type(body).__name__} is part of a body, not a message")
+    return encode_message(body.TYPE, body.to_body())
+
+
 def decode_message(data: bytes) -> Tuple[int, int, Dict[str, Any]]:
     """Decode one datagram into ``(version, type, body)``.
 
     Any version is accepted here (the layout never changes) so that a version-mismatch
     ERROR can be read; callers check the version.
+
+    Args:
+        data: one datagram.
+
+    Returns:
+        the header version, the type number and the JSON object.
 
     Raises:
         StrapdProtocolError: short datagram, bad magic, wrong length, body not a JSON object.
@@ -91,12 +451,55 @@ def decode_message(data: bytes) -> Tuple[int, int, Dict[str, Any]]:
     return version, mtype, body
 
 
+def decode(data: bytes) -> Tuple[int, Body]:
+    """Decode one datagram into ``(version, typed body)``.
+
+    Args:
+        data: one datagram.
+
+    Returns:
+        the header version and the body's dataclass.
+
+    Raises:
+        StrapdProtocolError: a framing error (see :func:`decode_message`), an unknown type,
+            or a body that does not match its dataclass.
+    """
+    version, mtype, body = decode_message(data)
+    cls = BODIES.get(mtype)
+    if cls is None:
+        raise StrapdProtocolError(f"unknown message type {mtype}")
+    return version, cls.from_body(body)
+
+
 def error_from_body(body: Dict[str, Any]) -> StrapdProtocolError:
-    """Turn an ERROR body into the exception raised to the user."""
-    code = str(body.get("code", "unknown"))
-    return StrapdProtocolError(
-        f"strapd error {code}: {body.get('message', '')}", code=code, fatal=bool(body.get("fatal", True))
-    )
+    """Turn an ERROR body into the exception raised to the user.
+
+    Args:
+        body: the decoded ERROR object.
+
+    Returns:
+        the exception.
+    """
+    return lenient_error(body).exception()
+
+
+def lenient_error(body: Dict[str, Any]) -> Error:
+    """Read an ERROR body; malformed fields get the :class:`Error` defaults, because an
+    error report must never be lost to a type check.
+
+    Args:
+        body: the decoded ERROR object.
+
+    Returns:
+        the typed body.
+    """
+    try:
+        return Error.from_body(body)
+    except StrapdProtocolError:
+        return Error(code=str(body.get("code", "unknown")), message=str(body.get("message", "")))
+
+
+# ----- the connection --------------------------------------------------------------------------
 
 
 class Connection:
@@ -112,7 +515,18 @@ class Connection:
 
     @classmethod
     def connect(cls, path: str, timeout: float = 5.0) -> "Connection":
-        """Connect to the daemon socket at ``path`` (raises OSError when nobody answers)."""
+        """Connect to the daemon socket at ``path``.
+
+        Args:
+            path: the control socket.
+            timeout: seconds to wait for the connection.
+
+        Returns:
+            the connection (no handshake yet).
+
+        Raises:
+            OSError: nobody answers at ``path``.
+        """
         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
             s.settimeout(timeout)
@@ -155,9 +569,17 @@ class Connection:
                 found = error_from_body(body)
         return found
 
-    def send(self, msg_type: int, body: Optional[Dict[str, Any]] = None, fds: Sequence[int] = ()) -> None:
-        """Send one message (with ``fds`` as SCM_RIGHTS when given)."""
-        data = encode_message(msg_type, body)
+    def send(self, msg: Body, fds: Sequence[int] = ()) -> None:
+        """Send one message.
+
+        Args:
+            msg: the typed body.
+            fds: descriptors passed with it as SCM_RIGHTS.
+
+        Raises:
+            StrapdConnectionError: the daemon closed the connection (or its last ERROR).
+        """
+        data = encode(msg)
         try:
             if fds:
                 socket.send_fds(self.sock, [data], list(fds), socket.MSG_NOSIGNAL)
@@ -166,13 +588,16 @@ class Connection:
         except (BrokenPipeError, ConnectionResetError) as e:
             raise self._dead("closed by the daemon", e) from None
         except OSError as e:
-            raise self._dead(f"failed sending {NAMES.get(msg_type, msg_type)}", e) from None
+            raise self._dead(f"failed sending {NAMES.get(msg.TYPE, msg.TYPE)}", e) from None
 
-    def recv(self, timeout: Optional[float]) -> Optional[Tuple[int, Dict[str, Any]]]:
+    def recv(self, timeout: Optional[float]) -> Optional[Body]:
         """Receive one message, waiting at most ``timeout`` seconds (None = forever, 0 = poll).
 
+        Args:
+            timeout: seconds to wait.
+
         Returns:
-            ``(type, body)``, or None when nothing arrived in time.
+            the typed body, or None when nothing arrived in time.
 
         Raises:
             StrapdConnectionError: EOF or a socket error.
@@ -193,33 +618,45 @@ class Connection:
         if not data:
             raise self._dead("closed by the daemon (EOF)")
         version, mtype, body = decode_message(data)
+        if mtype == ERROR:
+            # Read leniently whatever the version: a version-mismatch ERROR must reach the user.
+            return lenient_error(body)
         if version != VERSION:
-            if mtype == ERROR:
-                raise error_from_body(body)
             raise StrapdProtocolError(f"daemon speaks protocol {version}, client speaks {VERSION}", code="protocol_version")
-        return mtype, body
+        cls = BODIES.get(mtype)
+        if cls is None:
+            raise StrapdProtocolError(f"unknown message type {mtype}")
+        return cls.from_body(body)
 
-    def expect(self, want: int, timeout: float, skip: Sequence[int] = ()) -> Dict[str, Any]:
-        """Wait for a message of type ``want``; ERROR raises; types in ``skip`` are ignored.
+    def expect(self, want: Type[B], timeout: float, skip: Sequence[Type[Body]] = ()) -> B:
+        """Wait for a message of class ``want``; ERROR raises; classes in ``skip`` are ignored.
+
+        Args:
+            want: the body class to wait for.
+            timeout: seconds to wait in all.
+            skip: body classes that may come first and are dropped.
+
+        Returns:
+            the body.
 
         Raises:
             StrapdTimeoutError: nothing suitable within ``timeout`` seconds.
+            StrapdProtocolError: an ERROR, or a message of another type.
         """
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise StrapdTimeoutError(f"strapd did not answer {NAMES[want]} within {timeout:.0f}s")
+                raise StrapdTimeoutError(f"strapd did not answer {NAMES[want.TYPE]} within {timeout:.0f}s")
             got = self.recv(left)
             if got is None:
                 continue
-            mtype, body = got
-            if mtype == want:
-                return body
-            if mtype == ERROR:
-                raise error_from_body(body)
-            if mtype not in skip:
-                raise StrapdProtocolError(f"expected {NAMES[want]}, got {NAMES.get(mtype, mtype)}")
+            if isinstance(got, want):
+                return got
+            if isinstance(got, Error):
+                raise got.exception()
+            if not isinstance(got, tuple(skip)):
+                raise StrapdProtocolError(f"expected {NAMES[want.TYPE]}, got {NAMES[got.TYPE]}")
 
     def close(self) -> None:
         """Close the socket (idempotent)."""
@@ -230,22 +667,38 @@ class Connection:
             pass
 
 
-def hello_body(client: str, pid: int) -> Dict[str, Any]:
-    """The HELLO body."""
-    return {"protocol": VERSION, "client": client, "pid": pid}
+def handshake(conn: Connection, client: str, pid: int, timeout: float = 10.0) -> Welcome:
+    """Send HELLO and wait for WELCOME.
 
+    Args:
+        conn: a fresh connection.
+        client: the client's name and version.
+        pid: the client's pid.
+        timeout: seconds to wait for WELCOME.
 
-def handshake(conn: Connection, client: str, pid: int, timeout: float = 10.0) -> Dict[str, Any]:
-    """Send HELLO and return the WELCOME body (checks the daemon's protocol number)."""
-    conn.send(HELLO, hello_body(client, pid))
-    body = conn.expect(WELCOME, timeout)
-    if body.get("protocol") != VERSION:
-        raise StrapdProtocolError(f"daemon speaks protocol {body.get('protocol')}, client speaks {VERSION}", code="protocol_version")
-    return body
+    Returns:
+        the WELCOME body.
+
+    Raises:
+        StrapdProtocolError: the daemon speaks another protocol number, or refused.
+    """
+    conn.send(Hello(protocol=VERSION, client=client, pid=pid))
+    w = conn.expect(Welcome, timeout)
+    if w.protocol != VERSION:
+        raise StrapdProtocolError(f"daemon speaks protocol {w.protocol}, client speaks {VERSION}", code="protocol_version")
+    return w
 
 
 def status(path: str, timeout: float = 5.0) -> Dict[str, Any]:
-    """Ask the daemon at ``path`` for its STATUS_REPLY body."""
+    """Ask the daemon at ``path`` for its status.
+
+    Args:
+        path: the control socket.
+        timeout: seconds to wait for each answer.
+
+    Returns:
+        the STATUS_REPLY body as a dict (``daemon``, ``sessions``).
+    """
     import os
 
     from . import __version__
@@ -253,9 +706,7 @@ def status(path: str, timeout: float = 5.0) -> Dict[str, Any]:
     conn = Connection.connect(path, timeout)
     try:
         handshake(conn, f"llm_instrumentation/{__version__}", os.getpid(), timeout)
-        conn.send(STATUS, {})
-        return conn.expect(STATUS_REPLY, timeout)
+        conn.send(Status())
+        return conn.expect(StatusReply, timeout).to_body()
     finally:
         conn.close()
-
-

@@ -21,12 +21,14 @@ dropped whole.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
+from . import _daemon
 from . import _protocol as P
 from ._dtypes import dtype_size, torch_dtype_id
 from ._ring import Ring, align64, encode_record_header, header_area
@@ -71,35 +73,50 @@ class CaptureSession:
         self.drops = 0
         self.drop_bytes = 0
         self.drops_by_module: Dict[str, Dict[str, int]] = {}
-        self.opened: Dict[str, Any] = {}
-        self.closed_summary: Optional[Dict[str, Any]] = None
+        self.opened: Optional[P.Opened] = None
+        self.closed_summary: Optional[P.Closed] = None
         self.error: Optional[BaseException] = None
         self._lock = threading.Lock()
         self._cuda: Any = None
 
     # ----- open / close ------------------------------------------------------------------------
 
-    def open(self, output_fd: int, body: Dict[str, Any], timeout: float = 30.0,
-             trace_fd: Optional[int] = None) -> Dict[str, Any]:
+    def open(self, output_fd: int, request: P.Open, timeout: float = 30.0,
+             trace_fd: Optional[int] = None) -> P.Opened:
         """Send OPEN with [ring memfd, output fd(, trace fd)] and return the OPENED body.
 
-        ``trace_fd``, when given, is a file opened for writing into which strapd writes its
-        kernel trace for this session (docs/PROTOCOL.md 1.3, docs/TRACE_FORMAT.md)."""
-        body = dict(body)
-        body["ring_size"] = self.ring.ring_size
-        body["policy"] = self.policy
+        Args:
+            output_fd: the stream file, open for writing (and reading when resuming).
+            request: the OPEN body; its ``ring_size`` and ``policy`` are this session's
+                (they are filled in here, so they cannot disagree with the ring sent).
+            timeout: seconds to wait for OPENED.
+            trace_fd: a file open for writing into which strapd writes its kernel trace
+                for this session (docs/PROTOCOL.md 1.3, docs/TRACE_FORMAT.md), or None.
+
+        Returns:
+            the OPENED body.
+        """
+        request = dataclasses.replace(request, ring_size=self.ring.ring_size, policy=self.policy)
         fds = [self.ring.fd, output_fd] + ([trace_fd] if trace_fd is not None else [])
-        self.conn.send(P.OPEN, body, fds=fds)
-        self.opened = self.conn.expect(P.OPENED, timeout)
+        self.conn.send(request, fds=fds)
+        self.opened = self.conn.expect(P.Opened, timeout)
         return self.opened
 
-    def close(self, timeout: Optional[float] = None) -> Dict[str, Any]:
-        """Send CLOSE and wait for CLOSED; return its body."""
+    def close(self, timeout: Optional[float] = None) -> P.Closed:
+        """Send CLOSE and wait for CLOSED.
+
+        Args:
+            timeout: seconds to wait (default: ``stall_timeout``, at least 60).
+
+        Returns:
+            the CLOSED body.
+        """
         with self._lock:
             self._check()
             self._publish()
-            self.conn.send(P.CLOSE, {"seq": self.seq, "head": self.ring.head, "drops": self.drops})
-            self.closed_summary = self.conn.expect(P.CLOSED, timeout or max(self.stall_timeout, 60.0), skip=(P.RELEASE,))
+            self.conn.send(P.Close(seq=self.seq, head=self.ring.head, drops=self.drops))
+            self.closed_summary = self.conn.expect(P.Closed, timeout or max(self.stall_timeout, 60.0),
+                                                   skip=(P.Release,))
             return self.closed_summary
 
     def shutdown(self) -> None:
@@ -116,21 +133,17 @@ class CaptureSession:
         if self.error is not None:
             raise StrapdConnectionError(f"session already failed: {self.error}") from self.error
 
-    def _handle(self, mtype: int, body: Dict[str, Any]) -> None:
-        if mtype == P.RELEASE:
-            tail = body.get("tail")
-            if not isinstance(tail, int):
-                raise StrapdProtocolError(f"RELEASE without an integer tail: {body}")
+    def _handle(self, msg: P.Body) -> None:
+        if isinstance(msg, P.Release):
             try:
-                self.ring.release(tail)
+                self.ring.release(msg.tail)
             except ValueError as e:
                 raise StrapdProtocolError(str(e)) from None
-        elif mtype == P.ERROR:
-            err = P.error_from_body(body)
-            if err.fatal:
-                raise err
+        elif isinstance(msg, P.Error):
+            if msg.fatal:
+                raise msg.exception()
         else:
-            raise StrapdProtocolError(f"unexpected {P.NAMES.get(mtype, mtype)} during a session")
+            raise StrapdProtocolError(f"unexpected {P.NAMES[msg.TYPE]} during a session")
 
     def drain(self) -> None:
         """Handle every pending message without blocking."""
@@ -138,13 +151,13 @@ class CaptureSession:
             got = self.conn.recv(0)
             if got is None:
                 return
-            self._handle(*got)
+            self._handle(got)
 
     def _publish(self) -> None:
         """Send one PUBLISH covering every record written since the last one (none: no-op)."""
         if self.ring.head != self.published_head:
             self.drain()  # a daemon ERROR surfaces here, once per publish, not per tensor
-            self.conn.send(P.PUBLISH, {"head": self.ring.head, "seq": self.last_tensor_seq})
+            self.conn.send(P.Publish(head=self.ring.head, seq=self.last_tensor_seq))
             self.published_head = self.ring.head
 
     def flush(self) -> None:
@@ -171,7 +184,7 @@ class CaptureSession:
                 )
             got = self.conn.recv(min(left, 1.0))
             if got is not None:
-                self._handle(*got)
+                self._handle(got)
 
     def _next_seq(self) -> int:
         self.seq += 1
@@ -234,8 +247,8 @@ class CaptureSession:
         if not self.ring.fits(needed) and self.policy == "drop":
             self._publish()  # the records before it come first in sequence order
             seq = self._next_seq()
-            self.conn.send(P.DROP, {"seq": seq, "name": name, "step": step, "forward": forward,
-                                    "bytes": tensor_len, "reason": "ring_full"})
+            self.conn.send(P.Drop(seq=seq, name=name, step=step, forward=forward, bytes=tensor_len,
+                                  reason="ring_full"))
             self.drops += 1
             self.drop_bytes += tensor_len
             d = self.drops_by_module.setdefault(name, {"count": 0, "bytes": 0})
@@ -286,23 +299,27 @@ class CaptureSession:
                 self.drain()
                 self._publish()
                 seq = self._next_seq()
-                self.conn.send(P.TOKEN, {"seq": seq, "index": index, "token_id": token_id, "text": text,
-                                         "position": position})
+                self.conn.send(P.Token(seq=seq, index=index, token_id=token_id, text=text, position=position))
                 self.tokens += 1
                 return seq
             except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
                 self.error = e
                 raise
 
-    def checkpoint(self, timeout: Optional[float] = None) -> Dict[str, Any]:
-        """Ask the daemon to make every event sent so far durable; return the CHECKPOINTED
-        body (``seq``, ``offset``, ``packets``, ``drops``, ``tokens``, ``last_offset``,
-        ``last_crc``) once it has written and fdatasynced them."""
+    def checkpoint(self, timeout: Optional[float] = None) -> P.Checkpointed:
+        """Ask the daemon to make every event sent so far durable.
+
+        Args:
+            timeout: seconds to wait (default: ``stall_timeout``, at least 60).
+
+        Returns:
+            the CHECKPOINTED body, once strapd has written and fdatasynced every event.
+        """
         with self._lock:
             self._check()
             try:
                 self._publish()
-                self.conn.send(P.CHECKPOINT, {"seq": self.seq})
+                self.conn.send(P.Checkpoint(seq=self.seq))
                 deadline = time.monotonic() + (timeout or max(self.stall_timeout, 60.0))
                 while True:
                     left = deadline - time.monotonic()
@@ -311,12 +328,11 @@ class CaptureSession:
                     got = self.conn.recv(left)
                     if got is None:
                         continue
-                    mtype, body = got
-                    if mtype == P.CHECKPOINTED:
-                        if body.get("seq") != self.seq:
-                            raise StrapdProtocolError(f"CHECKPOINTED for seq {body.get('seq')}, asked for {self.seq}")
-                        return body
-                    self._handle(mtype, body)
+                    if isinstance(got, P.Checkpointed):
+                        if got.seq != self.seq:
+                            raise StrapdProtocolError(f"CHECKPOINTED for seq {got.seq}, asked for {self.seq}")
+                        return got
+                    self._handle(got)
             except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
                 self.error = e
                 raise
@@ -333,6 +349,46 @@ class CaptureSession:
             self._cuda.copy(dst, src.detach())
             return
         dst.copy_(src.detach().cpu())
+
+
+def open_session(socket_path: Optional[str], autostart: bool, stall_timeout: float, ring_size: int, policy: str,
+                 output_fd: int, trace_fd: Optional[int], request: P.Open, resume_seq: int = 0) -> CaptureSession:
+    """Connect to strapd (starting it when ``autostart``), shake hands, create the ring and
+    open a session. On any failure the connection and ring are released again.
+
+    Args:
+        socket_path: the control socket (None: default resolution).
+        autostart: start ``strapd serve`` when no daemon answers.
+        stall_timeout: seconds to wait for ring space.
+        ring_size: bytes of the ring.
+        policy: ``"block"`` or ``"drop"``.
+        output_fd: the stream file (the caller keeps and closes it).
+        trace_fd: the trace file, or None (the caller keeps and closes it).
+        request: the OPEN body.
+        resume_seq: the last sequence number of a resumed stream (0: fresh); the session
+            continues after it.
+
+    Returns:
+        the open session.
+    """
+    from . import __version__
+
+    conn: Optional[P.Connection] = None
+    ring: Optional[Ring] = None
+    try:
+        conn = _daemon.connect(socket_path, autostart=autostart)
+        P.handshake(conn, f"llm_instrumentation/{__version__}", os.getpid())
+        ring = Ring(ring_size)
+        session = CaptureSession(conn, ring, policy, stall_timeout)
+        session.open(output_fd, request, trace_fd=trace_fd)
+    except BaseException:
+        if conn is not None:
+            conn.close()
+        if ring is not None:
+            ring.close()
+        raise
+    session.seq = session.last_tensor_seq = resume_seq
+    return session
 
 
 def _flat_bytes(t: "torch.Tensor") -> "torch.Tensor":

@@ -21,10 +21,11 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 from .errors import StrapError
-from .stream import FILE_HEADER, FILE_MAGIC, FILE_VERSION, PACKET, PACKET_MAGIC, TOKEN, TYPE_NAMES, crc32c
+from .errors import StreamFormatError
+from .stream import DROP, TENSOR, TOKEN, Packet, StreamReader
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch.nn as nn
@@ -199,15 +200,20 @@ def lock_stream(fd: int, wait: float, path: str) -> None:
             time.sleep(0.05)
 
 
-def _read_exact(fd: int, off: int, n: int) -> bytes:
-    b = os.pread(fd, n, off)
-    if len(b) != n:
-        raise EOFError(off)
-    return b
-
-
 def scan_prefix(fd: int, ck: Checkpoint, path: str, want_fingerprint: Optional[str]) -> List[Dict[str, Any]]:
     """Check the stream behind ``fd`` against ``ck`` and return the checkpointed tokens.
+
+    The prefix is walked with the stream reader (:meth:`StreamReader.walk`), so every
+    packet in it is parsed by the same rules and CRC-checked as when the stream is read.
+
+    Args:
+        fd: the stream, open for reading (not consumed: the caller keeps and closes it).
+        ck: the checkpoint.
+        path: the stream's path, for messages.
+        want_fingerprint: this capture's fingerprint (None: do not compare).
+
+    Returns:
+        the tokens of the TOKEN packets in the prefix, as the tracker holds them.
 
     Raises:
         CheckpointError: naming the first thing that differs.
@@ -218,58 +224,46 @@ def scan_prefix(fd: int, ck: Checkpoint, path: str, want_fingerprint: Optional[s
             f"{path} is {size} bytes, shorter than the checkpointed offset {ck.stream_offset}: "
             f"data reported durable is gone; the stream cannot be resumed")
     try:
-        hdr = _read_exact(fd, 0, FILE_HEADER.size)
-        magic, version, _flags, meta_len, crc = FILE_HEADER.unpack(hdr)
-        if magic != FILE_MAGIC or version != FILE_VERSION:
-            raise CheckpointError(f"{path}: not a version-{FILE_VERSION} strap stream")
-        meta_raw = _read_exact(fd, FILE_HEADER.size, meta_len)
-    except EOFError:
-        raise CheckpointError(f"{path}: stream header is cut short") from None
-    if crc32c(hdr[:16] + meta_raw) != crc:
-        raise CheckpointError(f"{path}: stream header CRC mismatch")
+        reader = StreamReader(path, fd=fd, use_index=False)
+    except StreamFormatError as e:
+        raise CheckpointError(f"{path}: stream header is not valid: {e}") from None
     try:
-        meta = json.loads(meta_raw.decode("utf-8"))
-        stream_fp = (meta.get("client_metadata") or {}).get("fingerprint")
-    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
-        raise CheckpointError(f"{path}: stream metadata is not a JSON object: {e}") from None
+        return _check_prefix(reader, ck, path, want_fingerprint)
+    finally:
+        # The caller truncates the file next: the mapping must be gone by then.
+        reader.close()
+
+
+def _check_prefix(reader: StreamReader, ck: Checkpoint, path: str,
+                  want_fingerprint: Optional[str]) -> List[Dict[str, Any]]:
+    client_meta = reader.metadata.get("client_metadata")
+    stream_fp = client_meta.get("fingerprint") if isinstance(client_meta, dict) else None
     if stream_fp != ck.fingerprint:
         raise CheckpointError(f"fingerprint differs: checkpoint {ck.fingerprint!r}, stream header {stream_fp!r}")
     if want_fingerprint is not None and want_fingerprint != ck.fingerprint:
         raise CheckpointError(
             f"fingerprint differs: checkpoint {ck.fingerprint!r}, this capture (config + model) {want_fingerprint!r}; "
             f"resume with the same model, config, preset and modules")
-    off = (FILE_HEADER.size + meta_len + 7) // 8 * 8
     packets = 0
-    last: Optional[Tuple[int, int, int, int]] = None  # offset, length, seq, crc
+    last: Optional[Packet] = None
     tokens: List[Dict[str, Any]] = []
-    while off < ck.stream_offset:
-        try:
-            h = _read_exact(fd, off, PACKET.size)
-        except EOFError:
-            raise CheckpointError(f"{path}: packet header at {off} is cut short") from None
-        (magic, ptype, _dt, ndim, header_len, name_len, _codec, _fl, meta_len, pcrc, seq, step, _fwd,
-         _raw, stored_len, *_rest) = PACKET.unpack(h)
-        if magic != PACKET_MAGIC or header_len != PACKET.size + 8 * ndim + name_len + meta_len:
-            raise CheckpointError(f"{path}: no valid packet at offset {off} (before the checkpointed offset "
-                                  f"{ck.stream_offset})")
-        if ptype not in (1, 2, 3):
-            raise CheckpointError(f"{path}: {TYPE_NAMES.get(ptype, ptype)} packet at offset {off}, inside the "
-                                  f"checkpointed prefix")
-        plen = header_len + stored_len
-        if ptype == TOKEN:
-            p = off + PACKET.size + 8 * ndim
-            try:
-                tm = json.loads(_read_exact(fd, p + name_len, meta_len) or b"{}")
-            except (EOFError, UnicodeDecodeError, json.JSONDecodeError):
-                raise CheckpointError(f"{path}: TOKEN packet at {off} has a bad meta") from None
-            tokens.append({"token_index": step, "token_id": tm.get("token_id"), "token_text": tm.get("text", ""),
-                           "position": tm.get("position", step)})
-        packets += 1
-        last = (off, plen, seq, pcrc)
-        off += plen
-    if off != ck.stream_offset:
+    try:
+        for pk in reader.walk(ck.stream_offset):
+            if pk.type not in (TENSOR, DROP, TOKEN):
+                raise CheckpointError(f"{path}: {pk.type_name} packet at offset {pk.offset}, inside the "
+                                      f"checkpointed prefix")
+            if pk.type == TOKEN:
+                tokens.append({"token_index": pk.step, "token_id": pk.meta.get("token_id"),
+                               "token_text": pk.meta.get("text", ""), "position": pk.meta.get("position", pk.step)})
+            packets += 1
+            last = pk
+    except StreamFormatError as e:
+        raise CheckpointError(f"{path}: no valid packet at offset {e.offset} (before the checkpointed offset "
+                              f"{ck.stream_offset}): {e}") from None
+    end = last.end if last is not None else reader.first_packet
+    if end != ck.stream_offset:
         raise CheckpointError(f"{path}: checkpointed offset {ck.stream_offset} is not the end of a packet "
-                              f"(a packet ends at {off})")
+                              f"(a packet ends at {end})")
     if packets != ck.packets:
         raise CheckpointError(f"{path}: {packets} packets before the offset, checkpoint says {ck.packets}")
     if len(tokens) != ck.token_count:
@@ -277,18 +271,12 @@ def scan_prefix(fd: int, ck: Checkpoint, path: str, want_fingerprint: Optional[s
     if [t["token_index"] for t in tokens] != list(range(len(tokens))):
         raise CheckpointError(f"{path}: TOKEN packets are not numbered 0..{len(tokens) - 1}")
     if last is not None:
-        loff, plen, seq, pcrc = last
-        if loff != ck.last_packet_offset:
-            raise CheckpointError(f"{path}: last packet starts at {loff}, checkpoint says {ck.last_packet_offset}")
-        if seq != ck.last_seq:
-            raise CheckpointError(f"{path}: last packet has seq {seq}, checkpoint says {ck.last_seq}")
-        if pcrc != ck.last_packet_crc:
-            raise CheckpointError(f"{path}: last packet CRC {pcrc:#010x}, checkpoint says {ck.last_packet_crc:#010x}")
-        body = bytearray(_read_exact(fd, loff, plen))
-        body[20:24] = b"\0\0\0\0"
-        got = crc32c(bytes(body))
-        if got != pcrc:
-            raise CheckpointError(f"{path}: last packet's bytes have CRC {got:#010x}, stored {pcrc:#010x} (damaged)")
+        # The walk already checked the last packet's bytes against its stored CRC; what is
+        # left is whether it is the packet the checkpoint names.
+        if last.offset != ck.last_packet_offset:
+            raise CheckpointError(f"{path}: last packet starts at {last.offset}, checkpoint says {ck.last_packet_offset}")
+        if last.seq != ck.last_seq:
+            raise CheckpointError(f"{path}: last packet has seq {last.seq}, checkpoint says {ck.last_seq}")
+        if last.crc != ck.last_packet_crc:
+            raise CheckpointError(f"{path}: last packet CRC {last.crc:#010x}, checkpoint says {ck.last_packet_crc:#010x}")
     return tokens
-
-

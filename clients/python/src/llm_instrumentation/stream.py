@@ -81,6 +81,8 @@ class Packet:
     meta: Dict[str, Any]
     payload_start: int
     _reader: "StreamReader" = field(repr=False, compare=False)
+    #: the stored CRC32C field (checked against the bytes when the packet was parsed).
+    crc: int = 0
 
     @property
     def type_name(self) -> str:
@@ -215,22 +217,28 @@ class StreamReader:
             last full iteration (they are never returned).
     """
 
-    def __init__(self, path: Union[str, os.PathLike]) -> None:
+    def __init__(self, path: Union[str, os.PathLike], *, fd: Optional[int] = None, use_index: bool = True) -> None:
+        """Open ``path`` (or map ``fd``, a descriptor the caller keeps and closes; ``path``
+        then only names it in errors). ``use_index=False`` ignores a footer: the resume
+        check walks a prefix of a file whose tail it must not trust."""
         self.path = os.fspath(path)
-        self._f = open(self.path, "rb")
-        size = os.fstat(self._f.fileno()).st_size
+        self._f = open(self.path, "rb") if fd is None else None
+        size = os.fstat(self._f.fileno() if self._f is not None else fd).st_size  # type: ignore[arg-type]
         self.size = size
         if size == 0:
-            self._f.close()
+            if self._f is not None:
+                self._f.close()
             raise StreamFormatError(f"{self.path} is empty, not a strap stream", 0)
-        self._mm = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
+        # mmap keeps its own duplicate of the descriptor, so a caller's fd stays the caller's.
+        self._mm = mmap.mmap(self._f.fileno() if self._f is not None else fd, size,  # type: ignore[arg-type]
+                             access=mmap.ACCESS_READ)
         self._view = memoryview(self._mm)
         self.truncated_at: Optional[int] = None
         self.incomplete_tensors = 0
         self.indexed = False
         try:
             self._read_header()
-            self._offsets = self._load_index()  # None: no footer, scan instead
+            self._offsets = self._load_index() if use_index else None  # None: no footer, scan instead
         except BaseException:
             self.close()
             raise
@@ -321,7 +329,7 @@ class StreamReader:
         if why:
             raise StreamFormatError(f"{self.path}: {TYPE_NAMES[ptype]} packet: {why}", off)
         return Packet(off, ptype, dt, codec, flags, seq, step, fwd, raw_len, stored_len, part_offset,
-                      tensor_len, block_size, tuple(shape), name, meta, off + header_len, self)
+                      tensor_len, block_size, tuple(shape), name, meta, off + header_len, self, crc=crc)
 
     def _load_index(self) -> Optional[List[int]]:
         """Offsets of the TENSOR/DROP/TOKEN packets from the footer index, or None when the
@@ -454,6 +462,28 @@ class StreamReader:
                 if pk.type != INDEX or include_index:
                     yield pk
 
+    def walk(self, stop: int) -> Iterator[Packet]:
+        """Every packet that starts before offset ``stop``, in file order, without the index.
+
+        Each is parsed strictly (a packet cut by the end of the file is an error, not the
+        end of the walk) and CRC-checked. The last one yielded may end after ``stop``.
+
+        Args:
+            stop: the offset to walk up to.
+
+        Yields:
+            the packets.
+
+        Raises:
+            StreamFormatError: a packet before ``stop`` is malformed, damaged or cut short.
+        """
+        off = self.first_packet
+        while off < stop:
+            pk = self._parse(off)
+            assert pk is not None  # strict parsing raises instead
+            yield pk
+            off = pk.end
+
     def __iter__(self) -> Iterator[Tensor]:
         """Iterate tensors in sequence order (PART packets reassembled; incomplete tensors
         at a torn end are skipped)."""
@@ -542,7 +572,8 @@ class StreamReader:
                 self._mm.close()
             except BufferError:
                 pass
-        self._f.close()
+        if self._f is not None:
+            self._f.close()
 
     def __enter__(self) -> "StreamReader":
         return self

@@ -1,4 +1,4 @@
-package writer
+package stream
 
 import (
 	"bytes"
@@ -153,7 +153,7 @@ func Inspect(r io.ReaderAt, size int64) (Summary, error) {
 			if dt := p.DType.String(); !slices.Contains(m.DTypes, dt) {
 				m.DTypes = append(m.DTypes, dt)
 			}
-			if len(m.Shapes) < maxShapes && !slices.ContainsFunc(m.Shapes, func(s []uint64) bool { return equalShape(s, p.Shape) }) {
+			if len(m.Shapes) < maxShapes && !slices.ContainsFunc(m.Shapes, func(s []uint64) bool { return slices.Equal(s, p.Shape) }) {
 				m.Shapes = append(m.Shapes, append([]uint64{}, p.Shape...))
 			}
 			addLossy(&m.Lossy, p.Meta)

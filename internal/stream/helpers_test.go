@@ -1,4 +1,4 @@
-package writer
+package stream
 
 import (
 	"encoding/binary"

@@ -1,4 +1,4 @@
-package writer
+package stream
 
 import (
 	"fmt"
@@ -36,8 +36,7 @@ func BenchmarkWritePacket(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					p := Packet{Type: TypeTensor, DType: dtype.Float32, Shape: []uint64{uint64(size / 4)},
-						Name: "model.layers.0.mlp", Codec: c.ID(), RawLen: uint64(size), Blocks: blocks}
+					p := Packet{Header: Header{Type: TypeTensor, DType: dtype.Float32, Shape: []uint64{uint64(size / 4)}, Codec: c.ID(), RawLen: uint64(size)}, Name: "model.layers.0.mlp", Blocks: blocks}
 					if c.ID() != codec.None {
 						p.BlockSize = uint32(bs)
 					}

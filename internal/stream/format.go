@@ -1,4 +1,4 @@
-package writer
+package stream
 
 import (
 	"encoding/binary"
@@ -117,16 +117,15 @@ type Block struct {
 	Raw bool
 }
 
-// Packet is one TENSOR, DROP or TOKEN packet to write; the field meanings are those of the
-// packet header in docs/STREAM_FORMAT.md 3.
-type Packet struct {
+// Header is a packet header's fields as docs/STREAM_FORMAT.md 3 defines them, less the
+// lengths that follow from the variable parts (name, meta) and the CRC. It is the one
+// description of a packet: the writer fills it, the reader returns it, index entries and
+// test helpers embed it, and check holds the rules that tie its fields together.
+type Header struct {
 	Type  PacketType
 	DType dtype.DType
 	// Shape is the whole tensor's shape (at most MaxNDim dimensions).
-	Shape []uint64
-	Name  string
-	// Meta is a JSON object or empty.
-	Meta    []byte
+	Shape   []uint64
 	Codec   codec.ID
 	Flags   uint8
 	Seq     uint64
@@ -134,12 +133,26 @@ type Packet struct {
 	Forward uint64
 	// RawLen is the decoded size of this packet's payload (for DROP: the bytes lost).
 	RawLen uint64
+	// StoredLen is the payload's size in the file. WritePacket ignores it on input and
+	// derives it from the blocks.
+	StoredLen uint64
 	// PartOffset is this payload's offset in the whole tensor (PART only).
 	PartOffset uint64
-	// TensorLen is the whole tensor's size; 0 means RawLen (not allowed for PART).
+	// TensorLen is the whole tensor's size; 0 on write means RawLen (not allowed for PART).
 	TensorLen uint64
 	// BlockSize is the raw bytes per codec block; 0 for codec none.
 	BlockSize uint32
+}
+
+// Part reports whether the packet carries one part of a larger tensor.
+func (h *Header) Part() bool { return h.Flags&FlagPart != 0 }
+
+// Packet is one TENSOR, DROP or TOKEN packet to write.
+type Packet struct {
+	Header
+	Name string
+	// Meta is a JSON object or empty.
+	Meta []byte
 	// Blocks is the payload: for codec none raw slices written back to back (they may
 	// alias the ring mapping and are not retained after WritePacket returns); for other
 	// codecs one entry per codec block, from which the writer builds the block table.
@@ -166,25 +179,15 @@ type EndMeta struct {
 	Error   string `json:"error,omitempty"`
 }
 
-// header is a packet header as stored, minus the variable parts' bytes.
-type header struct {
-	typ        PacketType
-	dt         dtype.DType
-	ndim       int
-	headerLen  uint32
-	nameLen    int
-	codec      codec.ID
-	flags      uint8
-	metaLen    uint32
-	crc        uint32
-	seq        uint64
-	step       uint64
-	forward    uint64
-	rawLen     uint64
-	storedLen  uint64
-	partOffset uint64
-	tensorLen  uint64
-	blockSize  uint32
+// rawHeader is the fixed part of a packet header as stored: the fields plus the lengths
+// of the variable parts and the CRC, which Header leaves out.
+type rawHeader struct {
+	Header    // Shape is nil here; ndim says how long it is
+	ndim      int
+	headerLen uint32
+	nameLen   int
+	metaLen   uint32
+	crc       uint32
 }
 
 // appendHeader appends the fixed header (crc zero), shape, name and meta.
@@ -220,32 +223,34 @@ func appendHeader(dst []byte, p *Packet, storedLen uint64) []byte {
 }
 
 // parseHeader decodes the fixed 96 bytes; it checks the magic and the header_len sum.
-func parseHeader(b []byte) (header, error) {
+func parseHeader(b []byte) (rawHeader, error) {
 	le := binary.LittleEndian
 	if string(b[0:4]) != PacketMagic {
-		return header{}, fmt.Errorf("packet magic %q: %w", b[0:4], ErrBadMagic)
+		return rawHeader{}, fmt.Errorf("packet magic %q: %w", b[0:4], ErrBadMagic)
 	}
-	h := header{
-		typ:        PacketType(le.Uint16(b[4:])),
-		dt:         dtype.DType(b[6]),
-		ndim:       int(b[7]),
-		headerLen:  le.Uint32(b[8:]),
-		nameLen:    int(le.Uint16(b[12:])),
-		codec:      codec.ID(b[14]),
-		flags:      b[15],
-		metaLen:    le.Uint32(b[16:]),
-		crc:        le.Uint32(b[20:]),
-		seq:        le.Uint64(b[24:]),
-		step:       le.Uint64(b[32:]),
-		forward:    le.Uint64(b[40:]),
-		rawLen:     le.Uint64(b[48:]),
-		storedLen:  le.Uint64(b[56:]),
-		partOffset: le.Uint64(b[64:]),
-		tensorLen:  le.Uint64(b[72:]),
-		blockSize:  le.Uint32(b[80:]),
+	h := rawHeader{
+		Header: Header{
+			Type:       PacketType(le.Uint16(b[4:])),
+			DType:      dtype.DType(b[6]),
+			Codec:      codec.ID(b[14]),
+			Flags:      b[15],
+			Seq:        le.Uint64(b[24:]),
+			Step:       le.Uint64(b[32:]),
+			Forward:    le.Uint64(b[40:]),
+			RawLen:     le.Uint64(b[48:]),
+			StoredLen:  le.Uint64(b[56:]),
+			PartOffset: le.Uint64(b[64:]),
+			TensorLen:  le.Uint64(b[72:]),
+			BlockSize:  le.Uint32(b[80:]),
+		},
+		ndim:      int(b[7]),
+		headerLen: le.Uint32(b[8:]),
+		nameLen:   int(le.Uint16(b[12:])),
+		metaLen:   le.Uint32(b[16:]),
+		crc:       le.Uint32(b[20:]),
 	}
-	if h.typ < TypeTensor || h.typ > TypeEnd {
-		return h, fmt.Errorf("packet type %d: %w", h.typ, ErrCorrupt)
+	if h.Type < TypeTensor || h.Type > TypeEnd {
+		return h, fmt.Errorf("packet type %d: %w", h.Type, ErrCorrupt)
 	}
 	if h.ndim > MaxNDim {
 		return h, fmt.Errorf("ndim %d > %d: %w", h.ndim, MaxNDim, ErrCorrupt)
@@ -269,10 +274,11 @@ func tensorBytes(shape []uint64, size int) (uint64, bool) {
 	return n, true
 }
 
-// checkFields applies the rules that tie header fields together; the Writer applies them
-// to its input and the Reader to what it reads, so both enforce one set of rules.
-func checkFields(typ PacketType, dt dtype.DType, shape []uint64, cid codec.ID, flags uint8,
-	seq, rawLen, storedLen, partOffset, tensorLen uint64, blockSize uint32) error {
+// check applies the rules that tie header fields together; the Writer applies them to its
+// input and the Reader to what it reads, so both enforce one set of rules.
+func (h *Header) check() error {
+	typ, dt, shape, cid, flags := h.Type, h.DType, h.Shape, h.Codec, h.Flags
+	seq, rawLen, storedLen, partOffset, tensorLen, blockSize := h.Seq, h.RawLen, h.StoredLen, h.PartOffset, h.TensorLen, h.BlockSize
 	if flags&^FlagPart != 0 {
 		return fmt.Errorf("flags %#x: %w", flags, ErrCorrupt)
 	}

@@ -1,4 +1,4 @@
-package writer
+package stream
 
 import (
 	"bytes"
@@ -19,12 +19,10 @@ func resumePackets(n int) []Packet {
 		for _, name := range []string{"model.layers.0.mlp", "lm_head"} {
 			seq++
 			raw := randomBytes(64+8*k, seq)
-			ps = append(ps, Packet{Type: TypeTensor, DType: dtype.Uint8, Shape: []uint64{uint64(len(raw))}, Name: name,
-				Seq: seq, Step: uint64(k), Forward: uint64(k), RawLen: uint64(len(raw)), Blocks: []Block{{Data: raw}}})
+			ps = append(ps, Packet{Header: Header{Type: TypeTensor, DType: dtype.Uint8, Shape: []uint64{uint64(len(raw))}, Seq: seq, Step: uint64(k), Forward: uint64(k), RawLen: uint64(len(raw))}, Name: name, Blocks: []Block{{Data: raw}}})
 		}
 		seq++
-		ps = append(ps, Packet{Type: TypeToken, Name: "token", Seq: seq, Step: uint64(k),
-			Meta: []byte(fmt.Sprintf(`{"token_id":%d,"text":"t%d","position":%d}`, k*7, k, k))})
+		ps = append(ps, Packet{Header: Header{Type: TypeToken, Seq: seq, Step: uint64(k)}, Name: "token", Meta: []byte(fmt.Sprintf(`{"token_id":%d,"text":"t%d","position":%d}`, k*7, k, k))})
 	}
 	return ps[:n]
 }
@@ -218,14 +216,13 @@ func BenchmarkCheckpoint(b *testing.B) {
 			step := func(k int) {
 				for _, name := range []string{"model.layers.0.mlp", "lm_head"} {
 					seq++
-					p := Packet{Type: TypeTensor, DType: dtype.Uint8, Shape: []uint64{4096}, Name: name, Seq: seq,
-						Step: uint64(k), RawLen: 4096, Blocks: []Block{{Data: raw}}}
+					p := Packet{Header: Header{Type: TypeTensor, DType: dtype.Uint8, Shape: []uint64{4096}, Seq: seq, Step: uint64(k), RawLen: 4096}, Name: name, Blocks: []Block{{Data: raw}}}
 					if err := w.WritePacket(&p); err != nil {
 						b.Fatal(err)
 					}
 				}
 				seq++
-				if err := w.WritePacket(&Packet{Type: TypeToken, Name: "token", Seq: seq, Step: uint64(k)}); err != nil {
+				if err := w.WritePacket(&Packet{Header: Header{Type: TypeToken, Seq: seq, Step: uint64(k)}, Name: "token"}); err != nil {
 					b.Fatal(err)
 				}
 			}

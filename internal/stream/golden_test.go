@@ -1,4 +1,4 @@
-package writer
+package stream
 
 import (
 	"bytes"
@@ -104,8 +104,7 @@ type scenario struct {
 }
 
 func tensorPacket(name string, dt dtype.DType, shape []uint64, raw []byte, seq, step, fwd uint64, meta string) gpacket {
-	return gpacket{p: Packet{Type: TypeTensor, DType: dt, Shape: shape, Name: name, Meta: []byte(meta),
-		Seq: seq, Step: step, Forward: fwd, RawLen: uint64(len(raw))}, raw: raw}
+	return gpacket{p: Packet{Header: Header{Type: TypeTensor, DType: dt, Shape: shape, Seq: seq, Step: step, Forward: fwd, RawLen: uint64(len(raw))}, Name: name, Meta: []byte(meta)}, raw: raw}
 }
 
 // splitParts cuts one tensor into PART packets of partLen bytes, seqs from seq on.
@@ -113,9 +112,7 @@ func splitParts(name string, dt dtype.DType, shape []uint64, raw []byte, partLen
 	var out []gpacket
 	for off := 0; off < len(raw); off += partLen {
 		part := raw[off:min(len(raw), off+partLen)]
-		out = append(out, gpacket{p: Packet{Type: TypeTensor, DType: dt, Shape: shape, Name: name,
-			Flags: FlagPart, Seq: seq, Step: step, Forward: fwd, RawLen: uint64(len(part)),
-			PartOffset: uint64(off), TensorLen: uint64(len(raw))}, raw: part})
+		out = append(out, gpacket{p: Packet{Header: Header{Type: TypeTensor, DType: dt, Shape: shape, Flags: FlagPart, Seq: seq, Step: step, Forward: fwd, RawLen: uint64(len(part)), PartOffset: uint64(off), TensorLen: uint64(len(raw))}, Name: name}, raw: part})
 		seq++
 	}
 	return out
@@ -161,11 +158,10 @@ func scenarios() []scenario {
 		tensorPacket("model.layers.0.self_attn", dtype.Float16, []uint64{4}, f16Bytes(1, -2.5, 0, 65504), 2, 0, 0, ""),
 		tensorPacket("lm_head", dtype.BFloat16, []uint64{2, 2}, bf16Bytes(1, -1, 0.5, 3.140625), 3, 0, 0, ""),
 		tensorPacket("input_ids", dtype.Int64, []uint64{3}, i64Bytes(1, -2, 1<<40), 4, 0, 0, ""),
-		{p: Packet{Type: TypeToken, Seq: 5, Step: 0, Meta: []byte(`{"token_id":42,"text":"hi","position":0}`)}},
+		{p: Packet{Header: Header{Type: TypeToken, Seq: 5, Step: 0}, Meta: []byte(`{"token_id":42,"text":"hi","position":0}`)}},
 		tensorPacket("model.layers.1.mlp", dtype.Float32, []uint64{1, 3, 4}, seqF32(12, 0.25, 0), 6, 1, 1,
 			`{"positions":[0,4,8],"dim":1}`),
-		{p: Packet{Type: TypeDrop, Name: "model.layers.1.mlp", Seq: 7, Step: 1, Forward: 1, RawLen: 4096,
-			Meta: []byte(`{"reason":"ring_full"}`)}},
+		{p: Packet{Header: Header{Type: TypeDrop, Seq: 7, Step: 1, Forward: 1, RawLen: 4096}, Name: "model.layers.1.mlp", Meta: []byte(`{"reason":"ring_full"}`)}},
 	}
 	basic = append(basic, splitParts("model.norm", dtype.Float32, []uint64{4, 8}, seqF32(32, 1, -16), 48, 8, 1, 1)...)
 	basic = append(basic, tensorPacket("model.layers.1.mask", dtype.Bool, []uint64{5}, []byte{1, 0, 1, 1, 0}, 11, 1, 1, ""))
@@ -176,8 +172,7 @@ func scenarios() []scenario {
 			tensorPacket("model.layers.0.self_attn", dtype.Uint8, []uint64{2048}, randomBytes(2048, seed), 2, 0, 0, ""),
 			tensorPacket("model.layers.0.zero", dtype.Float16, []uint64{1000}, make([]byte, 2000), 3, 0, 0, ""),
 			tensorPacket("input_ids", dtype.Int64, []uint64{1, 7}, i64Bytes(1, 15043, 29892, 590, 1024, 338, 2), 4, 0, 0, ""),
-			{p: Packet{Type: TypeDrop, Name: "model.layers.0.mlp", Seq: 5, Step: 1, Forward: 1, RawLen: 4096,
-				Meta: []byte(`{"reason":"ring_full"}`)}},
+			{p: Packet{Header: Header{Type: TypeDrop, Seq: 5, Step: 1, Forward: 1, RawLen: 4096}, Name: "model.layers.0.mlp", Meta: []byte(`{"reason":"ring_full"}`)}},
 		}, splitParts("lm_head", dtype.Float32, []uint64{8, 256}, normalF32(2048, 0, seed+1), 4096, 6, 1, 1)...)
 	}
 	return []scenario{
@@ -419,7 +414,7 @@ func TestGolden(t *testing.T) {
 			}
 			want, err := os.ReadFile(sp)
 			if err != nil {
-				t.Fatalf("%v (run go test ./internal/writer -run Golden -update)", err)
+				t.Fatalf("%v (run go test ./internal/stream -run Golden -update)", err)
 			}
 			if !bytes.Equal(data, want) {
 				t.Errorf("%s: writer output (%d bytes) differs from golden (%d bytes)", sp, len(data), len(want))
@@ -525,7 +520,7 @@ func TestGoldenRead(t *testing.T) {
 					t.Fatalf("%d index entries, want %d", len(idx), len(g.Index))
 				}
 				for k, e := range idx {
-					got := goldenEntry{Name: e.Name, Type: e.Type.String(), Flags: e.Flags, Seq: e.Seq, Step: e.Step,
+					got := goldenEntry{Name: e.Name, Type: e.Type.String(), Flags: uint16(e.Flags), Seq: e.Seq, Step: e.Step,
 						Forward: e.Forward, Offset: e.Offset}
 					if got != g.Index[k] {
 						t.Errorf("index %d: %+v, want %+v", k, got, g.Index[k])

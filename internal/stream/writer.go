@@ -1,4 +1,4 @@
-package writer
+package stream
 
 import (
 	"encoding/binary"
@@ -75,15 +75,21 @@ type Writer struct {
 
 // New starts a stream on f: it truncates a non-empty regular file, writes the file
 // header with meta as its metadata JSON at offset 0, and buffers it. f stays the caller's.
-// Writes are sequential (write/writev from f's position), so f may also be a pipe or
-// /dev/null.
-func New(f *os.File, meta map[string]any) (*Writer, error) {
-	if meta == nil {
-		meta = map[string]any{}
-	}
-	mj, err := json.Marshal(meta)
-	if err != nil {
-		return nil, fmt.Errorf("stream metadata: %w", err)
+// meta is anything that marshals to a JSON object (the daemon passes a typed struct, tests
+// a map); nil writes {}. Writes are sequential (write/writev from f's position), so f may
+// also be a pipe or /dev/null.
+func New(f *os.File, meta any) (*Writer, error) {
+	mj := []byte("{}")
+	if meta != nil {
+		var err error
+		if mj, err = json.Marshal(meta); err != nil {
+			return nil, fmt.Errorf("stream metadata: %w", err)
+		}
+		if string(mj) == "null" {
+			mj = []byte("{}")
+		} else if !isJSONObject(mj) {
+			return nil, fmt.Errorf("stream metadata is %.20s..., not a JSON object: %w", mj, ErrInvalidPacket)
+		}
 	}
 	if uint64(len(mj)) > 1<<32-1 {
 		return nil, fmt.Errorf("stream metadata of %d bytes: %w", len(mj), ErrInvalidPacket)
@@ -204,8 +210,9 @@ func (w *Writer) validate(p *Packet) (uint64, error) {
 	if p.Type != TypeTensor && len(p.Blocks) != 0 {
 		return 0, fmt.Errorf("%v packets carry no payload: %w", p.Type, ErrInvalidPacket)
 	}
-	if err := checkFields(p.Type, p.DType, p.Shape, p.Codec, p.Flags, p.Seq, p.RawLen, stored,
-		p.PartOffset, p.TensorLen, p.BlockSize); err != nil {
+	h := p.Header
+	h.StoredLen = stored
+	if err := h.check(); err != nil {
 		return 0, fmt.Errorf("%w: %w", ErrInvalidPacket, err)
 	}
 	return stored, nil
@@ -463,15 +470,14 @@ func (w *Writer) Close(end EndInfo) error {
 	if err != nil {
 		return fmt.Errorf("end meta: %w", err)
 	}
-	if err := w.writePacket(&Packet{Type: TypeEnd, Meta: meta}, 0); err != nil {
+	if err := w.writePacket(&Packet{Header: Header{Type: TypeEnd}, Meta: meta}, 0); err != nil {
 		return err
 	}
 	w.off += int64(len(w.hdr))
 
 	indexOff := w.off
 	payload := w.indexPayload()
-	ip := &Packet{Type: TypeIndex, RawLen: uint64(len(payload)), TensorLen: uint64(len(payload)),
-		Blocks: []Block{{Data: payload}}}
+	ip := &Packet{Header: Header{Type: TypeIndex, RawLen: uint64(len(payload)), TensorLen: uint64(len(payload))}, Blocks: []Block{{Data: payload}}}
 	if err := w.writePacket(ip, uint64(len(payload))); err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package writer
+package stream
 
 import (
 	"bytes"
@@ -35,9 +35,7 @@ func TestWriteReadRoundTrip(t *testing.T) {
 					raw = big
 				}
 				seq++
-				p := Packet{Type: TypeTensor, DType: dtype.Float32, Shape: []uint64{uint64(len(raw) / 4)},
-					Name: filepath.Join("layer", string(rune('a'+i%5))), Codec: c.ID(), Seq: seq,
-					Step: uint64(i), Forward: uint64(i), RawLen: uint64(len(raw))}
+				p := Packet{Header: Header{Type: TypeTensor, DType: dtype.Float32, Shape: []uint64{uint64(len(raw) / 4)}, Codec: c.ID(), Seq: seq, Step: uint64(i), Forward: uint64(i), RawLen: uint64(len(raw))}, Name: filepath.Join("layer", string(rune('a'+i%5)))}
 				if c.ID() != codec.None {
 					p.BlockSize = 1 << 16
 				}
@@ -69,7 +67,7 @@ func TestWriteReadRoundTrip(t *testing.T) {
 			if err := w.Close(EndInfo{Status: "complete"}); !errors.Is(err, ErrClosed) {
 				t.Fatalf("second Close: %v", err)
 			}
-			if err := w.WritePacket(&Packet{Type: TypeToken, Seq: 99}); !errors.Is(err, ErrClosed) {
+			if err := w.WritePacket(&Packet{Header: Header{Type: TypeToken, Seq: 99}}); !errors.Is(err, ErrClosed) {
 				t.Fatalf("write after close: %v", err)
 			}
 			st, _ := f.Stat()
@@ -107,8 +105,7 @@ func TestWriteReadRoundTrip(t *testing.T) {
 func TestWritePacketInvalid(t *testing.T) {
 	raw := f32Bytes(1, 2, 3, 4)
 	lz, _ := codec.New("lz4", codec.Options{})
-	good := Packet{Type: TypeTensor, DType: dtype.Float32, Shape: []uint64{2, 2}, Name: "m", Seq: 1,
-		RawLen: 16, Blocks: []Block{{Data: raw}}}
+	good := Packet{Header: Header{Type: TypeTensor, DType: dtype.Float32, Shape: []uint64{2, 2}, Seq: 1, RawLen: 16}, Name: "m", Blocks: []Block{{Data: raw}}}
 	tests := []struct {
 		name string
 		mod  func(p *Packet)
@@ -182,8 +179,7 @@ func TestWriteErrorSticks(t *testing.T) {
 		t.Fatal(err)
 	}
 	big := make([]byte, 1<<20)
-	p := Packet{Type: TypeTensor, DType: dtype.Uint8, Shape: []uint64{1 << 20}, Name: "m", Seq: 1,
-		RawLen: 1 << 20, Blocks: []Block{{Data: big}}}
+	p := Packet{Header: Header{Type: TypeTensor, DType: dtype.Uint8, Shape: []uint64{1 << 20}, Seq: 1, RawLen: 1 << 20}, Name: "m", Blocks: []Block{{Data: big}}}
 	err = w.WritePacket(&p)
 	if !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("WritePacket: %v, want ENOSPC", err)
@@ -200,7 +196,7 @@ func TestWriteErrorSticks(t *testing.T) {
 	f2, _ := os.OpenFile("/dev/full", os.O_WRONLY, 0)
 	defer f2.Close()
 	w2, _ := New(f2, nil)
-	if err := w2.WritePacket(&Packet{Type: TypeToken, Seq: 1}); err != nil {
+	if err := w2.WritePacket(&Packet{Header: Header{Type: TypeToken, Seq: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := w2.Sync(); !errors.Is(err, syscall.ENOSPC) {
@@ -219,8 +215,7 @@ func TestDevNull(t *testing.T) {
 		t.Fatal(err)
 	}
 	raw := make([]byte, 1<<20)
-	p := Packet{Type: TypeTensor, DType: dtype.Uint8, Shape: []uint64{1 << 20}, Name: "m", Seq: 1,
-		RawLen: 1 << 20, Blocks: []Block{{Data: raw}}}
+	p := Packet{Header: Header{Type: TypeTensor, DType: dtype.Uint8, Shape: []uint64{1 << 20}, Seq: 1, RawLen: 1 << 20}, Name: "m", Blocks: []Block{{Data: raw}}}
 	if err := w.WritePacket(&p); err != nil {
 		t.Fatal(err)
 	}
@@ -238,8 +233,7 @@ func TestNotRetained(t *testing.T) {
 	var want [][]byte
 	for i, n := range sizes {
 		buf := bytes.Repeat([]byte{byte(i + 1)}, n)
-		p := Packet{Type: TypeTensor, DType: dtype.Uint8, Shape: []uint64{uint64(n)}, Name: "m",
-			Seq: uint64(i + 1), RawLen: uint64(n), Blocks: []Block{{Data: buf}}}
+		p := Packet{Header: Header{Type: TypeTensor, DType: dtype.Uint8, Shape: []uint64{uint64(n)}, Seq: uint64(i + 1), RawLen: uint64(n)}, Name: "m", Blocks: []Block{{Data: buf}}}
 		if err := w.WritePacket(&p); err != nil {
 			t.Fatal(err)
 		}
@@ -293,7 +287,7 @@ func TestNewTruncatesAndOffsets(t *testing.T) {
 func TestAbort(t *testing.T) {
 	f := tempFile(t)
 	w, _ := New(f, nil)
-	_ = w.WritePacket(&Packet{Type: TypeDrop, Name: "m", Seq: 1, RawLen: 100, Meta: []byte(`{"reason":"ring_full"}`)})
+	_ = w.WritePacket(&Packet{Header: Header{Type: TypeDrop, Seq: 1, RawLen: 100}, Name: "m", Meta: []byte(`{"reason":"ring_full"}`)})
 	if err := w.Abort(errors.New("codec failed")); err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +304,7 @@ func writeSeqs(t *testing.T, seqs ...uint64) []byte {
 	f := tempFile(t)
 	w, _ := New(f, nil)
 	for _, s := range seqs {
-		if err := w.WritePacket(&Packet{Type: TypeToken, Seq: s}); err != nil {
+		if err := w.WritePacket(&Packet{Header: Header{Type: TypeToken, Seq: s}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,4 +1,4 @@
-package writer
+package stream
 
 import (
 	"encoding/json"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 )
 
 // maxListed caps the gaps and problems a Report lists.
@@ -99,8 +100,7 @@ func Verify(r io.ReaderAt, size int64) Report {
 			if p.Type == TypeDrop {
 				endCounts.drops++
 			}
-			walked = append(walked, IndexEntry{Name: p.Name, Type: p.Type, Flags: uint16(p.Flags),
-				Seq: p.Seq, Step: p.Step, Forward: p.Forward, Offset: p.Offset})
+			walked = append(walked, p.entry())
 			switch {
 			case p.Seq > rep.LastSeq+1:
 				if len(rep.SeqGaps) < maxListed {
@@ -141,7 +141,7 @@ func Verify(r io.ReaderAt, size int64) Report {
 				rep.problem("%v", err)
 				break
 			}
-			rep.IndexConsistent = equalEntries(entries, walked)
+			rep.IndexConsistent = slices.EqualFunc(entries, walked, sameEntry)
 			if !rep.IndexConsistent {
 				rep.problem("INDEX at offset %d does not list the %d packets walked", p.Offset, len(walked))
 			}
@@ -198,18 +198,6 @@ func (rep *Report) fail(err error, off int64) {
 	} else {
 		rep.problem("bad data at offset %d: %v", off, err)
 	}
-}
-
-func equalEntries(a, b []IndexEntry) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // VerifyFile opens path and verifies it; the error is only for failing to open or stat it.

@@ -1,4 +1,4 @@
-package writer
+package stream
 
 import (
 	"bytes"
@@ -25,8 +25,7 @@ func TestInspectLossy(t *testing.T) {
 	}
 	payload := f32Bytes(1, 2, 3, 4)
 	for i, p := range packets {
-		if err := w.WritePacket(&Packet{Type: TypeTensor, DType: dtype.Float32, Shape: []uint64{4}, Name: p.name,
-			Meta: []byte(p.meta), Seq: uint64(i + 1), RawLen: uint64(len(payload)), Blocks: []Block{{Data: payload}}}); err != nil {
+		if err := w.WritePacket(&Packet{Header: Header{Type: TypeTensor, DType: dtype.Float32, Shape: []uint64{4}, Seq: uint64(i + 1), RawLen: uint64(len(payload))}, Name: p.name, Meta: []byte(p.meta), Blocks: []Block{{Data: payload}}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,10 +1,11 @@
-package writer
+package stream
 
 import (
 	"fmt"
-	"github.com/strap-llm/strap/internal/codec"
 	"io"
 	"os"
+
+	"github.com/strap-llm/strap/internal/codec"
 )
 
 // ResumeExpect is what the prefix [0, AppendAt) of a stream must end with.
@@ -47,42 +48,14 @@ func Resume(f *os.File, e ResumeExpect) (*Writer, error) {
 	}
 	w := &Writer{f: f, rc: rc, regular: true, buf: make([]byte, 0, bufSize), codecOK: map[codec.ID]bool{},
 		names: map[string]uint32{}}
-	var last *PacketInfo
-	sc := r.Scan(true)
-	for sc.Next() {
-		p := sc.Packet()
-		switch p.Type {
-		case TypeTensor, TypeDrop, TypeToken:
-		default:
-			return nil, fmt.Errorf("%v packet at offset %d inside the prefix (the capture had ended there): %w",
-				p.Type, p.Offset, ErrResumeMismatch)
-		}
+	pre, errs := CheckPrefix(r, e, func(p *PacketInfo) {
 		w.account(p.Name, p.Type, p.Flags, p.Seq, p.Step, p.Forward, p.Offset)
-		last = p
+	})
+	if len(errs) > 0 {
+		return nil, errs[0]
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("append_at %d is not on a packet boundary of the stream: %w: %w", e.AppendAt, err, ErrResumeMismatch)
-	}
-	if w.packets != e.Packets {
-		return nil, fmt.Errorf("prefix holds %d packets, checkpoint says %d: %w", w.packets, e.Packets, ErrResumeMismatch)
-	}
-	if last == nil {
-		if e.LastSeq != 0 {
-			return nil, fmt.Errorf("prefix holds no packet, checkpoint says last seq %d: %w", e.LastSeq, ErrResumeMismatch)
-		}
-	} else {
-		if last.Seq != e.LastSeq {
-			return nil, fmt.Errorf("last packet of the prefix has seq %d, checkpoint says %d: %w", last.Seq, e.LastSeq, ErrResumeMismatch)
-		}
-		if last.CRC != e.LastCRC {
-			return nil, fmt.Errorf("last packet (offset %d) has crc %#08x, checkpoint says %#08x: %w",
-				last.Offset, last.CRC, e.LastCRC, ErrResumeMismatch)
-		}
-		// The header field alone could be stale: check the bytes too.
-		if _, _, err := r.ReadPacket(last.Offset); err != nil {
-			return nil, fmt.Errorf("last packet of the prefix: %w: %w", err, ErrResumeMismatch)
-		}
-		w.lastOff, w.lastCRC = last.Offset, last.CRC
+	if pre.Last != nil {
+		w.lastOff, w.lastCRC = pre.Last.Offset, pre.Last.CRC
 	}
 	if err := f.Truncate(e.AppendAt); err != nil {
 		return nil, fmt.Errorf("truncate stream file to %d: %w", e.AppendAt, err)

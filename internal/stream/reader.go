@@ -1,4 +1,4 @@
-package writer
+package stream
 
 import (
 	"encoding/binary"
@@ -8,6 +8,7 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
+	"slices"
 
 	"github.com/strap-llm/strap/internal/codec"
 	"github.com/strap-llm/strap/internal/dtype"
@@ -32,28 +33,13 @@ type PacketInfo struct {
 	// Offset is the packet's start in the file.
 	Offset int64
 	// Len is the packet's total size: header_len + stored_len.
-	Len        int64
-	Type       PacketType
-	DType      dtype.DType
-	Shape      []uint64
-	Name       string
-	Meta       []byte
-	Codec      codec.ID
-	Flags      uint8
-	Seq        uint64
-	Step       uint64
-	Forward    uint64
-	RawLen     uint64
-	StoredLen  uint64
-	PartOffset uint64
-	TensorLen  uint64
-	BlockSize  uint32
+	Len int64
+	Header
+	Name string
+	Meta []byte
 	// CRC is the stored CRC32C.
 	CRC uint32
 }
-
-// Part reports whether the packet carries one part of a larger tensor.
-func (p *PacketInfo) Part() bool { return p.Flags&FlagPart != 0 }
 
 // Reader reads a v2 stream from an io.ReaderAt of known size. Every length it reads is
 // checked against the file size before anything is allocated for it.
@@ -191,15 +177,11 @@ func (r *Reader) ReadHeader(off int64) (*PacketInfo, error) {
 	if err != nil {
 		return nil, &OffsetError{Offset: off, Err: err}
 	}
-	total := uint64(h.headerLen) + h.storedLen
-	if h.storedLen > uint64(rem) || total > uint64(rem) {
-		return nil, atOffset(off, "packet of %d+%d bytes, %d left in file: %w", h.headerLen, h.storedLen, rem, ErrTruncated)
+	total := uint64(h.headerLen) + h.StoredLen
+	if h.StoredLen > uint64(rem) || total > uint64(rem) {
+		return nil, atOffset(off, "packet of %d+%d bytes, %d left in file: %w", h.headerLen, h.StoredLen, rem, ErrTruncated)
 	}
-	p := &PacketInfo{
-		Offset: off, Len: int64(total), Type: h.typ, DType: h.dt, Codec: h.codec, Flags: h.flags,
-		Seq: h.seq, Step: h.step, Forward: h.forward, RawLen: h.rawLen, StoredLen: h.storedLen,
-		PartOffset: h.partOffset, TensorLen: h.tensorLen, BlockSize: h.blockSize, CRC: h.crc,
-	}
+	p := &PacketInfo{Offset: off, Len: int64(total), Header: h.Header, CRC: h.crc}
 	varLen := int(h.headerLen) - PacketHeaderLen
 	if varLen > 0 {
 		vb := make([]byte, varLen)
@@ -218,8 +200,7 @@ func (r *Reader) ReadHeader(off int64) (*PacketInfo, error) {
 			p.Meta = vb[h.nameLen:]
 		}
 	}
-	if err := checkFields(h.typ, h.dt, p.Shape, h.codec, h.flags, h.seq, h.rawLen, h.storedLen,
-		h.partOffset, h.tensorLen, h.blockSize); err != nil {
+	if err := p.check(); err != nil {
 		return nil, &OffsetError{Offset: off, Err: err}
 	}
 	if p.Type != TypeTensor && p.Type != TypeIndex && p.StoredLen != 0 {
@@ -358,15 +339,12 @@ func (s *Scanner) Offset() int64 { return s.off }
 // Footer reports whether the walk ended at a footer.
 func (s *Scanner) Footer() bool { return s.footer }
 
-// IndexEntry is one INDEX entry with its name resolved.
+// IndexEntry is one INDEX entry with its name resolved. Its Header holds the fields the
+// index repeats from the packet (type, flags, seq, step, forward); the rest are zero.
 type IndexEntry struct {
-	Name    string
-	Type    PacketType
-	Flags   uint16
-	Seq     uint64
-	Step    uint64
-	Forward uint64
-	Offset  int64
+	Header
+	Name   string
+	Offset int64
 }
 
 // Index reads the INDEX through the footer, checking the INDEX packet's CRC and every
@@ -436,8 +414,14 @@ func parseIndex(b []byte, off int64) ([]IndexEntry, error) {
 		if uint64(ni) >= nNames {
 			return nil, bad(fmt.Sprintf("entry %d name index %d", i, ni))
 		}
-		out[i] = IndexEntry{Name: names[ni], Type: PacketType(le.Uint16(e[4:])), Flags: le.Uint16(e[6:]),
-			Seq: le.Uint64(e[8:]), Step: le.Uint64(e[16:]), Forward: le.Uint64(e[24:]), Offset: int64(le.Uint64(e[32:]))}
+		flags := le.Uint16(e[6:])
+		if flags > 0xff {
+			// Packet flags are one byte; wider index flags cannot describe a packet.
+			return nil, bad(fmt.Sprintf("entry %d flags %#x", i, flags))
+		}
+		out[i] = IndexEntry{Header: Header{Type: PacketType(le.Uint16(e[4:])), Flags: uint8(flags),
+			Seq: le.Uint64(e[8:]), Step: le.Uint64(e[16:]), Forward: le.Uint64(e[24:])},
+			Name: names[ni], Offset: int64(le.Uint64(e[32:]))}
 		switch out[i].Type {
 		case TypeTensor, TypeDrop, TypeToken:
 		default:
@@ -462,8 +446,7 @@ func (r *Reader) Entries() (entries []IndexEntry, fromIndex bool, err error) {
 	for s.Next() {
 		p := s.Packet()
 		if p.Type == TypeTensor || p.Type == TypeDrop || p.Type == TypeToken {
-			entries = append(entries, IndexEntry{Name: p.Name, Type: p.Type, Flags: uint16(p.Flags),
-				Seq: p.Seq, Step: p.Step, Forward: p.Forward, Offset: p.Offset})
+			entries = append(entries, p.entry())
 		}
 	}
 	return entries, false, s.Err()
@@ -534,7 +517,7 @@ func (ts *TensorScanner) Next() bool {
 		// Parts of one tensor follow each other in order; a gap means a part was dropped.
 		pt := ts.pending[p.Name]
 		if pt != nil && (p.PartOffset != uint64(len(pt.t.Data)) || pt.tensorLen != p.TensorLen ||
-			pt.t.DType != p.DType || !equalShape(pt.t.Shape, p.Shape)) {
+			pt.t.DType != p.DType || !slices.Equal(pt.t.Shape, p.Shape)) {
 			ts.incomplete++
 			delete(ts.pending, p.Name)
 			pt = nil
@@ -574,14 +557,14 @@ func (ts *TensorScanner) Err() error { return ts.err }
 // Incomplete is the number of split tensors whose parts did not all arrive.
 func (ts *TensorScanner) Incomplete() int { return ts.incomplete }
 
-func equalShape(a, b []uint64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
+// entry is the index entry the packet gets: the header fields the INDEX repeats.
+func (p *PacketInfo) entry() IndexEntry {
+	return IndexEntry{Header: Header{Type: p.Type, Flags: p.Flags, Seq: p.Seq, Step: p.Step, Forward: p.Forward},
+		Name: p.Name, Offset: p.Offset}
+}
+
+// sameEntry compares the fields an index entry carries.
+func sameEntry(a, b IndexEntry) bool {
+	return a.Name == b.Name && a.Offset == b.Offset && a.Type == b.Type && a.Flags == b.Flags &&
+		a.Seq == b.Seq && a.Step == b.Step && a.Forward == b.Forward
 }

@@ -1,0 +1,221 @@
+"""A running capture: the life cycle of one strapd session for a model's hooks — start,
+forward-pass and token callbacks, checkpoints, stop. :class:`~.framework.InstrumentationFramework`
+is its public face."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
+
+from . import _open, _resume
+from . import checkpoint as ckpt
+from ._hooks import Hooks, choose_modules
+from ._options import SessionOptions
+from ._session import CaptureSession, open_session
+from .config import InstrumentationConfig
+from .tracking import TokenTracker
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    import torch.nn as nn
+
+log = logging.getLogger("llm_instrumentation")
+
+
+class Capture:
+    """The state and life cycle of captures of one model (see the framework for attributes)."""
+
+    def _init(self, model: "nn.Module", config: InstrumentationConfig, options: SessionOptions) -> None:
+        # Not __init__: the public constructor keeps its documented keyword parameters and
+        # turns them into options; it and ``from_options`` both end here.
+        self.model = model
+        self.config = config
+        self.plan = config.transport_plan()
+        self.hooked_modules = choose_modules(model, config, options.modules)
+        self._hooks = Hooks(model, self.hooked_modules, config)
+        self.forward_count = 0
+        self.summary: Optional[Dict[str, Any]] = None
+        self.trace_path: Optional[str] = None
+        self._session: Optional[CaptureSession] = None
+        self._last_session: Optional[CaptureSession] = None
+        self._forward = 0
+        self._step = 0
+        self._fingerprint: Optional[str] = None
+        self._use(options)
+
+    def _use(self, options: SessionOptions) -> None:
+        """Make ``options`` the current capture's and reset its per-capture state."""
+        self.options = options
+        self.token_tracker: Optional[TokenTracker] = TokenTracker() if options.track_per_token else None
+        self.last_checkpoint: Optional[ckpt.Checkpoint] = None
+        self.resume_step = 0
+        self.checkpoint_times: List[float] = []
+        self._started_at = 0.0
+        self._clean = False
+
+    def fingerprint(self) -> str:
+        """The capture's fingerprint (config, transport, hooked modules, model structure):
+        checkpoints and the stream header carry it; a resume must match it.
+
+        Returns:
+            ``"sha256:..."``.
+        """
+        if self._fingerprint is None:
+            self._fingerprint = _open.fingerprint(self.model, self.config, self.plan, self.hooked_modules)
+        return self._fingerprint
+
+    # ----- life cycle --------------------------------------------------------------------------
+
+    def start(self) -> "Capture":
+        """Connect to strapd (starting it if needed), open the session, install the hooks.
+        With ``resume_from_checkpoint`` the stream is checked and cut back first.
+
+        Returns:
+            self.
+        """
+        opts, plan = self.options, self.plan
+        if self._session is not None:
+            raise RuntimeError("capture already started")
+        if opts.output_path is None:
+            raise ValueError("no output_path: pass one to capture_activations")
+        if plan.note:
+            log.warning("llm_instrumentation: %s", plan.note)
+        Path(opts.output_path).parent.mkdir(parents=True, exist_ok=True)
+        out = _resume.open_output(opts, self.fingerprint())
+        if out.resume is not None:
+            tr = self.token_tracker
+            assert tr is not None
+            tr.tokens, tr.resume_step = out.tokens, out.resume.token_count
+            self.resume_step, self.forward_count = out.resume.token_count, out.resume.forward_count
+            self.last_checkpoint = out.resume
+        try:
+            self.trace_path = _resume.resolve_trace(opts, self.config.trace)
+            trace_fd = _resume.open_trace(self.trace_path, out.resume is not None) if self.trace_path else None
+            try:
+                session = open_session(
+                    opts.socket_path, opts.autostart_daemon, opts.stall_timeout, plan.ring_size, plan.policy,
+                    out.fd, trace_fd,
+                    _open.open_request(self.model, self.config, plan, self.hooked_modules, opts.output_path,
+                                       self.fingerprint(), out.resume),
+                    resume_seq=out.resume.last_seq if out.resume is not None else 0)
+            finally:
+                if trace_fd is not None:
+                    os.close(trace_fd)
+        finally:
+            # strapd keeps its own descriptors, and with the stream's its flock, until the
+            # session ends: a resume or another capture waits for that.
+            os.close(out.fd)
+        self._session = session
+        self._started_at = time.monotonic()
+        if self.token_tracker is not None:
+            self.token_tracker._sink = self._on_token
+        self._hooks.install(self._on_forward_start, self._on_forward_end, self._on_record)
+        return self
+
+    def _on_forward_start(self) -> None:
+        self._forward = self.forward_count
+        self.forward_count += 1
+        self._step = self.token_tracker.step if self.token_tracker is not None else 0
+
+    def _on_forward_end(self) -> None:
+        if self._session is not None:
+            self._session.flush()
+
+    def _on_record(self, name: str, t: "torch.Tensor", meta: Optional[Dict[str, Any]]) -> None:
+        if self._session is not None:
+            self._session.write_tensor(name, t, self._step, self._forward, meta)
+
+    def _on_token(self, tok: Dict[str, Any]) -> None:
+        session = self._session
+        if session is None:
+            return
+        session.token(tok["token_index"], tok["token_id"], tok["token_text"], tok["position"])
+        interval = self.options.checkpoint_interval_tokens
+        if interval is not None and (tok["token_index"] + 1) % interval == 0:
+            self.checkpoint()  # looked up on the instance: tests wrap it to simulate crashes
+
+    def _remove_hooks(self) -> None:
+        self._hooks.remove()
+        if self.token_tracker is not None:
+            self.token_tracker._sink = None
+
+    def checkpoint(self) -> ckpt.Checkpoint:
+        """Make a checkpoint now: strapd writes and fdatasyncs every packet sent so far and
+        reports the stream's offset and last packet; then the checkpoint file is replaced
+        atomically. Called every ``checkpoint_interval_tokens`` tokens; callable directly.
+
+        Returns:
+            the checkpoint written.
+        """
+        session, ck_path, tr = self._session, self.options.checkpoint_file, self.token_tracker
+        if session is None or ck_path is None or tr is None:
+            raise RuntimeError("checkpoint() needs a live capture with track_per_token=True and a checkpoint path")
+        t0 = time.perf_counter()
+        c = _resume.checkpoint_from(session.checkpoint(), self.options.output_path or "", self.fingerprint(),
+                                    tr.step, self.forward_count)
+        ckpt.write_atomic(ck_path, c.to_json())
+        self.checkpoint_times.append(time.perf_counter() - t0)
+        self.last_checkpoint = c
+        return c
+
+    def stop(self) -> Dict[str, Any]:
+        """Remove the hooks, close the session (the daemon finishes the file). With tracking,
+        ``{output_path}_tokens.json`` is written; after a clean close the checkpoint is
+        deleted (it is kept when the session had failed).
+
+        Returns:
+            the CLOSED summary (``packets``, ``drops``, ``bytes_in``, ``bytes_out``, ``file_bytes``).
+        """
+        self._remove_hooks()
+        session = self._session
+        if session is None:
+            return self.summary or {}
+        clean = False
+        try:
+            if session.error is None:
+                self.summary = session.close().to_body()
+                clean = True
+            else:
+                self.summary = {}
+        finally:
+            session.shutdown()
+            self._last_session, self._session = session, None
+            tr, out = self.token_tracker, self.options.output_path
+            if tr is not None and out is not None:
+                took = time.monotonic() - self._started_at if self._started_at else 0.0
+                _resume.write_tokens_file(out, tr.tokens, took, self.resume_step, self.forward_count,
+                                          self.fingerprint())
+        ck_path = self.options.checkpoint_file
+        if clean and self._clean and ck_path is not None and os.path.exists(ck_path):
+            ckpt.fsync_unlink(ck_path)
+        return self.summary
+
+    def abort(self) -> None:
+        """Remove the hooks and drop the connection without CLOSE (the daemon ends the stream
+        as ``aborted``). The checkpoint is kept."""
+        self._remove_hooks()
+        if self._session is not None:
+            self._session.shutdown()
+            self._session = None
+
+    @contextlib.contextmanager
+    def _running(self) -> Iterator["Capture"]:
+        self.start()
+        try:
+            yield self
+        except BaseException:
+            # Keep what was captured: close cleanly when the connection is intact; the
+            # checkpoint stays, so the capture can be resumed.
+            try:
+                self.stop()
+            except Exception as e:  # the user's exception matters more; log ours
+                log.error("llm_instrumentation: closing the capture after an error failed: %s", e)
+                self.abort()
+            raise
+        self._clean = True
+        self.stop()
+

@@ -1,0 +1,158 @@
+"""Which modules of a model are captured, and the forward hooks that hand their outputs on.
+
+The hooks know nothing of strapd: they call back into the framework, which counts forward
+passes and writes the tensors into the session.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from .config import HookGranularity, InstrumentationConfig
+from .core.auto_detect import select_modules
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    import torch.nn as nn
+
+
+#: receives one output tensor of a hooked module: ``(record name, tensor, record meta)``.
+RecordFn = Callable[[str, "torch.Tensor", Optional[Dict[str, Any]]], None]
+
+
+def split_output(name: str, out: Any) -> List[Tuple[str, "torch.Tensor"]]:
+    """The tensors of one module output, with their record names.
+
+    A tensor is ``name``. In a tuple/list, the first tensor is ``name`` and any other
+    tensor at index ``i`` is ``name.out{i}`` (non-tensors such as caches and ``None`` are
+    skipped). A ``ModelOutput`` / dict: the first tensor value is ``name``, every other tensor
+    value ``name.{key}``.
+
+    Args:
+        name: the module's name.
+        out: what its forward returned.
+
+    Returns:
+        ``(record name, tensor)`` pairs, in output order.
+    """
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [(name, out)]
+    items: List[Tuple[str, Any]]
+    if isinstance(out, dict):  # transformers ModelOutput is an OrderedDict
+        items = [(str(k), v) for k, v in out.items()]
+    elif isinstance(out, (tuple, list)):
+        items = [(f"out{i}", v) for i, v in enumerate(out)]
+    else:
+        return []
+    res: List[Tuple[str, "torch.Tensor"]] = []
+    for key, v in items:
+        if isinstance(v, torch.Tensor):
+            res.append((name if not res else f"{name}.{key}", v))
+    return res
+
+
+def sample_positions(seq_len: int, spec: Union[int, Tuple[int, ...]]) -> List[int]:
+    """The kept positions of a ``SAMPLED_SLICES`` capture.
+
+    Args:
+        seq_len: length of the sequence dimension.
+        spec: stride k (keeps ``0, k, 2k, ...`` plus ``seq_len - 1``) or explicit positions
+            (negative = from the end; out-of-range ones are ignored).
+
+    Returns:
+        sorted unique positions.
+    """
+    if seq_len <= 0:
+        return []
+    if isinstance(spec, int):
+        pos = set(range(0, seq_len, spec))
+        pos.add(seq_len - 1)
+    else:
+        pos = {p + seq_len if p < 0 else p for p in spec}
+        pos = {p for p in pos if 0 <= p < seq_len}
+    return sorted(pos)
+
+
+def choose_modules(model: "nn.Module", config: InstrumentationConfig, extra: Sequence[str]) -> List[str]:
+    """The names of the modules to hook: the config's granularity and patterns plus ``extra``.
+
+    Args:
+        model: the model.
+        config: its capture config.
+        extra: more fnmatch patterns on module names.
+
+    Returns:
+        module names, in ``named_modules`` order.
+
+    Raises:
+        ValueError: nothing matches (a capture of nothing is a mistake, not a result).
+    """
+    patterns = tuple(config.modules) + tuple(extra)
+    names = select_modules(model, config.granularity, patterns)
+    if not names:
+        raise ValueError(
+            f"no module of {type(model).__name__} matches granularity {config.granularity.name}"
+            f"{' and patterns ' + str(list(patterns)) if patterns else ''}; pass modules=[...] patterns"
+        )
+    return list(names)
+
+
+class Hooks:
+    """The forward hooks of one capture on ``model``.
+
+    Args:
+        model: the model.
+        modules: names of the modules to hook.
+        config: the capture config (granularity and sampled positions).
+    """
+
+    def __init__(self, model: "nn.Module", modules: Sequence[str], config: InstrumentationConfig) -> None:
+        self.model = model
+        self.modules = list(modules)
+        self.sampled = config.granularity is HookGranularity.SAMPLED_SLICES
+        self.spec = config.sampled_positions
+        self._handles: List[Any] = []
+
+    def install(self, forward_started: Callable[[], None], forward_ended: Callable[[], None], record: RecordFn) -> None:
+        """Register the hooks; they call back until :meth:`remove`.
+
+        Args:
+            forward_started: called as a forward pass of the whole model begins.
+            forward_ended: called once it ended, after every module hook ran.
+            record: called with ``(record name, tensor, record meta or None)`` for each
+                output tensor of a hooked module.
+        """
+        model = self.model
+        self._handles.append(model.register_forward_pre_hook(lambda m, a: forward_started()))
+        mods = dict(model.named_modules())
+        for name in self.modules:
+            self._handles.append(mods[name].register_forward_hook(self._module_hook(name, record)))
+        # Registered last, so it runs after a hook on the root module itself: one PUBLISH per
+        # forward pass for the records not yet published.
+        self._handles.append(model.register_forward_hook(lambda m, a, o: forward_ended()))
+
+    def remove(self) -> None:
+        """Remove every hook (idempotent)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def _module_hook(self, name: str, record: RecordFn) -> Callable[[Any, Any, Any], None]:
+        sampled, spec = self.sampled, self.spec
+
+        def hook(module: Any, args: Any, output: Any) -> None:
+            for rec_name, t in split_output(name, output):
+                meta = None
+                if sampled and t.dim() >= 2:
+                    import torch
+
+                    pos = sample_positions(int(t.shape[1]), spec)
+                    idx = torch.tensor(pos, dtype=torch.long, device=t.device)
+                    t = t.detach().index_select(1, idx)
+                    meta = {"positions": pos, "dim": 1}
+                record(rec_name, t, meta)
+            return None  # never replaces the output
+
+        return hook

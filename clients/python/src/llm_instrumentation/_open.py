@@ -1,0 +1,87 @@
+"""What a capture tells strapd when it opens a session: the OPEN request, with the metadata
+strapd copies into the stream header, and the fingerprint a resume is checked against."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+from . import _protocol as P
+from . import checkpoint as ckpt
+from .config import InstrumentationConfig, TransportPlan
+from .core.auto_detect import detect_model_architecture
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch.nn as nn
+
+
+def transport(plan: TransportPlan) -> Dict[str, Any]:
+    """The part of the transport plan a resume must keep (it shapes the stream's bytes).
+
+    Args:
+        plan: the config's transport plan.
+
+    Returns:
+        ``{"codec", "codec_level", "block_size"}``.
+    """
+    return {"codec": plan.codec, "codec_level": plan.codec_level, "block_size": plan.block_size}
+
+
+def fingerprint(model: "nn.Module", config: InstrumentationConfig, plan: TransportPlan, modules: List[str]) -> str:
+    """The capture's fingerprint (see :func:`llm_instrumentation.checkpoint.fingerprint`).
+
+    Args:
+        model: the model.
+        config: its capture config.
+        plan: the transport plan.
+        modules: the hooked modules.
+
+    Returns:
+        ``"sha256:..."``.
+    """
+    return ckpt.fingerprint(model, config.to_dict(), transport(plan), list(modules))
+
+
+def open_request(model: "nn.Module", config: InstrumentationConfig, plan: TransportPlan, modules: List[str],
+                 output_path: str, fp: str, resume: Optional[ckpt.Checkpoint]) -> P.Open:
+    """The OPEN body of a capture.
+
+    ``ring_size`` and ``policy`` are the plan's here; the session sets them from the ring it
+    actually sends.
+
+    Args:
+        model: the model.
+        config: its capture config.
+        plan: the transport plan.
+        modules: the hooked modules.
+        output_path: the stream file (a label for strapd, which never opens it).
+        fp: the capture's fingerprint.
+        resume: the checkpoint a resumed capture continues, or None.
+
+    Returns:
+        the OPEN body.
+    """
+    from . import __version__
+
+    arch = detect_model_architecture(model)
+    metadata = {
+        "model_class": type(model).__name__,
+        "model_family": arch["family"],
+        "capture_config": config.to_dict(),
+        "transport": {"codec": plan.codec, "codec_level": plan.codec_level, "block_size": plan.block_size,
+                      "ring_size": plan.ring_size, "note": plan.note},
+        "modules": list(modules),
+        "output_path": output_path,
+        "fingerprint": fp,
+        "client": {"pid": os.getpid(), "argv0": os.path.basename(sys.argv[0]) if sys.argv else "",
+                   "version": __version__},
+    }
+    lossy = P.Lossy(mode=plan.lossy["mode"], value=plan.lossy.get("value")) if plan.lossy is not None else None
+    resume_body = None
+    if resume is not None:
+        resume_body = P.Resume(last_seq=resume.last_seq, last_crc=resume.last_packet_crc, packets=resume.packets)
+    return P.Open(ring_size=plan.ring_size, codec=plan.codec, codec_level=plan.codec_level, policy=plan.policy,
+                  block_size=plan.block_size, lossy=lossy,
+                  append_at=resume.stream_offset if resume is not None else None, resume=resume_body,
+                  memory_hint=plan.memory_hint, metadata=metadata)

@@ -1,0 +1,125 @@
+"""The options of one capture session, checked once, in one frozen dataclass.
+
+``capture_activations`` and ``InstrumentationFramework`` take these as keyword parameters
+(the documented public API); both turn them into a :class:`SessionOptions` and hand that on,
+so each option is validated and normalized in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple, Union
+
+from . import checkpoint as ckpt
+
+PathArg = Union[str, "os.PathLike[str]"]
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """Where and how one capture runs (everything but the model and its config).
+
+    Paths are stored absolute. Construction checks the combination and raises on a bad one.
+
+    Attributes:
+        output_path: the stream file (None until a capture names one).
+        modules: extra fnmatch patterns on module names, added to the config's.
+        socket_path: strapd control socket (None: PROTOCOL.md 1 resolution).
+        autostart_daemon: start ``strapd serve`` when no daemon answers.
+        track_per_token: keep a token tracker; tokens become TOKEN packets.
+        stall_timeout: seconds to wait for ring space before raising.
+        checkpoint_interval_tokens: make a checkpoint every N recorded tokens (None: never).
+        checkpoint_path: checkpoint file as given (None: ``{output_path}.ckpt.json``).
+        resume_from_checkpoint: continue the capture the checkpoint describes.
+        overwrite_checkpoint: start over although a checkpoint of an earlier capture exists.
+        lock_wait: seconds to wait for the stream's lock when resuming (a session that is
+            still ending holds it).
+        trace_path: kernel trace file: None follows ``config.trace``, True the default
+            path, False none, else that path.
+    """
+
+    output_path: Optional[str] = None
+    modules: Tuple[str, ...] = ()
+    socket_path: Optional[str] = None
+    autostart_daemon: bool = True
+    track_per_token: bool = False
+    stall_timeout: float = 120.0
+    checkpoint_interval_tokens: Optional[int] = None
+    checkpoint_path: Optional[str] = None
+    resume_from_checkpoint: bool = False
+    overwrite_checkpoint: bool = False
+    lock_wait: float = 30.0
+    trace_path: Optional[Union[str, bool]] = None
+
+    def __post_init__(self) -> None:
+        check_tracking(self.track_per_token, self.checkpoint_interval_tokens, self.checkpoint_path,
+                       self.resume_from_checkpoint, self.overwrite_checkpoint)
+        # Frozen: normalized values are set once, here, and never change afterwards.
+        set_ = object.__setattr__
+        set_(self, "output_path", _abs(self.output_path))
+        set_(self, "checkpoint_path", _abs(self.checkpoint_path))
+        set_(self, "modules", tuple(self.modules or ()))
+        if self.trace_path is not None and not isinstance(self.trace_path, bool):
+            set_(self, "trace_path", _abs(self.trace_path))
+
+    def with_capture(self, **changes: Any) -> "SessionOptions":
+        """A copy with other per-capture options (checked again).
+
+        Args:
+            changes: fields to replace.
+
+        Returns:
+            the new options.
+        """
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def checkpoint_file(self) -> Optional[str]:
+        """Where checkpoints go: ``checkpoint_path``, or ``{output_path}.ckpt.json`` when
+        checkpointing or resuming; None when neither (or no output path yet)."""
+        if self.output_path is None:
+            return None
+        if self.checkpoint_interval_tokens is None and not self.resume_from_checkpoint and self.checkpoint_path is None:
+            return None
+        return self.checkpoint_path if self.checkpoint_path is not None else ckpt.default_path(self.output_path)
+
+
+def _abs(p: Optional[PathArg]) -> Optional[str]:
+    return os.path.abspath(os.fspath(p)) if p is not None else None
+
+
+def check_tracking(track_per_token: Any, checkpoint_interval_tokens: Any, checkpoint_path: Any,
+                   resume_from_checkpoint: Any, overwrite_checkpoint: Any) -> None:
+    """Check the tracking and checkpoint options together.
+
+    Args:
+        track_per_token: must be a bool.
+        checkpoint_interval_tokens: None or a positive int.
+        checkpoint_path: None or a path.
+        resume_from_checkpoint: must be a bool.
+        overwrite_checkpoint: must be a bool.
+
+    Raises:
+        TypeError: a flag that is not a bool.
+        ValueError: a bad interval, or options that exclude or need each other.
+    """
+    if not isinstance(track_per_token, bool):
+        raise TypeError(f"track_per_token must be a bool, got {track_per_token!r}")
+    for name, v in (("resume_from_checkpoint", resume_from_checkpoint), ("overwrite_checkpoint", overwrite_checkpoint)):
+        if not isinstance(v, bool):
+            raise TypeError(f"{name} must be a bool, got {v!r}")
+    if checkpoint_interval_tokens is not None and (
+            isinstance(checkpoint_interval_tokens, bool) or not isinstance(checkpoint_interval_tokens, int)
+            or checkpoint_interval_tokens <= 0):
+        raise ValueError(f"checkpoint_interval_tokens must be a positive int, got {checkpoint_interval_tokens!r}")
+    checkpoints = checkpoint_interval_tokens is not None or checkpoint_path is not None or resume_from_checkpoint
+    if checkpoints and not track_per_token:
+        raise ValueError("checkpoints and resume need track_per_token=True: a checkpoint is taken every "
+                         "checkpoint_interval_tokens recorded tokens, and resume restores the tracker's tokens")
+    if checkpoint_path is not None and checkpoint_interval_tokens is None and not resume_from_checkpoint:
+        raise ValueError("checkpoint_path without checkpoint_interval_tokens or resume_from_checkpoint: "
+                         "set checkpoint_interval_tokens=N to write checkpoints there")
+    if resume_from_checkpoint and overwrite_checkpoint:
+        raise ValueError("resume_from_checkpoint and overwrite_checkpoint exclude each other")

@@ -1,0 +1,198 @@
+"""The files of a capture around the stream: locking and cutting the stream for a fresh
+capture or a resume, the trace file, checkpoint files and the tokens file
+(docs/CHECKPOINTS.md, docs/TRACE_FORMAT.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+from . import _protocol as P
+from . import checkpoint as ckpt
+from ._options import SessionOptions
+from .checkpoint import CheckpointError
+
+
+def tokens_path(output_path: Union[str, "os.PathLike[str]"]) -> str:
+    """The tokens file of a capture.
+
+    ``{output_path}_tokens.json``: appending (never replacing a suffix) means it can never
+    be the stream itself, whatever its name.
+
+    Args:
+        output_path: the stream file.
+
+    Returns:
+        the tokens file's path.
+    """
+    return os.fspath(output_path) + "_tokens.json"
+
+
+@dataclass
+class Output:
+    """The locked stream file, ready for OPEN.
+
+    Attributes:
+        fd: the descriptor (the caller closes it once strapd holds its own copy).
+        resume: the checkpoint the capture goes on from, or None for a fresh capture.
+        tokens: the checkpointed tokens (empty for a fresh capture).
+    """
+
+    fd: int
+    resume: Optional[ckpt.Checkpoint] = None
+    tokens: List[Dict[str, Any]] = field(default_factory=list)
+
+
+def open_output(opts: SessionOptions, fingerprint: str) -> Output:
+    """Open and lock the stream file. Fresh: empty it (and remove a leftover checkpoint
+    when ``overwrite_checkpoint``). Resume: check it against the checkpoint and cut it back
+    to the checkpointed offset.
+
+    Args:
+        opts: the session options (``output_path`` set).
+        fingerprint: this capture's fingerprint; a resume must match it.
+
+    Returns:
+        the locked output.
+
+    Raises:
+        CheckpointError: a leftover checkpoint without resume or overwrite, no checkpoint
+            or stream to resume, a stream that does not match it, or a live capture
+            holding the lock.
+    """
+    out = opts.output_path
+    assert out is not None
+    ck_path = opts.checkpoint_file
+    if not opts.resume_from_checkpoint:
+        leftover = ck_path or ckpt.default_path(out)
+        if os.path.exists(leftover) and not opts.overwrite_checkpoint:
+            raise CheckpointError(
+                f"a checkpoint of an earlier capture exists at {leftover}: pass resume_from_checkpoint=True "
+                f"to continue that capture, or overwrite_checkpoint=True to start over (the stream "
+                f"{out} and the checkpoint are then replaced)")
+        # Not O_TRUNC: a live capture of the same file must keep its bytes; the lock
+        # tells, then the file is emptied.
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            ckpt.lock_stream(fd, min(opts.lock_wait, 10.0), out)
+            os.ftruncate(fd, 0)
+            if os.path.exists(leftover):
+                ckpt.fsync_unlink(leftover)
+        except BaseException:
+            os.close(fd)
+            raise
+        return Output(fd)
+    assert ck_path is not None
+    if not os.path.exists(ck_path):
+        raise CheckpointError(f"resume_from_checkpoint=True but there is no checkpoint at {ck_path}")
+    c = ckpt.load(ck_path)
+    try:
+        fd = os.open(out, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {ck_path} names stream {out}, which does not exist") from None
+    try:
+        ckpt.lock_stream(fd, opts.lock_wait, out)
+        tokens = ckpt.scan_prefix(fd, c, out, fingerprint)
+        os.ftruncate(fd, c.stream_offset)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return Output(fd, c, tokens)
+
+
+def resolve_trace(opts: SessionOptions, config_trace: Union[bool, str, None]) -> Optional[str]:
+    """The trace file of a capture, or None for no trace.
+
+    Args:
+        opts: the session options (``trace_path``: None follows ``config_trace``, False
+            never traces, True the default ``{output_path}.trace.jsonl``, else that path).
+        config_trace: the config's ``trace`` setting.
+
+    Returns:
+        the absolute path, or None.
+
+    Raises:
+        ValueError: the trace path is the stream itself.
+    """
+    arg = opts.trace_path if opts.trace_path is not None else config_trace
+    if arg is None or arg is False:
+        return None
+    assert opts.output_path is not None
+    path = opts.output_path + ".trace.jsonl" if arg is True else os.path.abspath(os.fspath(arg))
+    if path == opts.output_path:
+        raise ValueError(f"trace_path {path} is the stream's output_path")
+    return path
+
+
+def open_trace(path: str, resuming: bool) -> int:
+    """Open the trace file strapd writes into (OPEN's third descriptor).
+
+    A resumed capture appends to its trace (strapd first cuts a line torn by a crash and
+    needs to read for that); otherwise the file is truncated.
+
+    Args:
+        path: the trace file.
+        resuming: whether the capture is a resume.
+
+    Returns:
+        the descriptor.
+    """
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_APPEND if resuming else os.O_WRONLY | os.O_TRUNC
+    return os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+
+def checkpoint_from(reply: P.Checkpointed, stream: str, fingerprint: str, token_count: int,
+                    forward_count: int) -> ckpt.Checkpoint:
+    """The checkpoint file for a CHECKPOINTED reply.
+
+    Args:
+        reply: strapd's answer (everything up to it is durable).
+        stream: the stream's path.
+        fingerprint: the capture's fingerprint.
+        token_count: tokens the tracker holds.
+        forward_count: forward passes so far.
+
+    Returns:
+        the checkpoint.
+
+    Raises:
+        CheckpointError: strapd wrote another number of TOKEN packets than the tracker
+            holds (tokens were recorded outside the capture).
+    """
+    if reply.tokens != token_count:
+        raise CheckpointError(f"strapd wrote {reply.tokens} TOKEN packets, the tracker holds {token_count} "
+                              f"tokens: record_token was called outside this capture")
+    return ckpt.Checkpoint(stream=stream, fingerprint=fingerprint, stream_offset=reply.offset, packets=reply.packets,
+                           drops=reply.drops, last_seq=reply.seq, last_packet_offset=reply.last_offset,
+                           last_packet_crc=reply.last_crc, token_count=token_count, forward_count=forward_count,
+                           created=ckpt.now_rfc3339())
+
+
+def write_tokens_file(output_path: str, tokens: List[Dict[str, Any]], duration_s: float, resume_step: int,
+                      forward_count: int, fingerprint: str) -> None:
+    """Write ``{output_path}_tokens.json`` atomically (the 1.3.1 tokens file, plus where the
+    capture resumed and its fingerprint).
+
+    Args:
+        output_path: the stream file.
+        tokens: the tracker's tokens.
+        duration_s: seconds the capture ran.
+        resume_step: the step a resumed capture went on from (0: not resumed).
+        forward_count: forward passes of the model.
+        fingerprint: the capture's fingerprint.
+    """
+    doc = {
+        "total_tokens": len(tokens),
+        "tokens": tokens,
+        "capture_duration_seconds": duration_s,
+        "stream_path": output_path,
+        "resumed_from_step": resume_step,
+        "forward_count": forward_count,
+        "fingerprint": fingerprint,
+    }
+    ckpt.write_atomic(tokens_path(output_path), json.dumps(doc, indent=1).encode())

@@ -1,0 +1,104 @@
+"""The resume check (checkpoint.scan_prefix) over the stream reader, on the Go writer's
+golden stream: what it accepts, what it refuses, and that it leaves the descriptor usable."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+from conftest import TESTDATA
+
+from llm_instrumentation import checkpoint as ckpt
+from llm_instrumentation.stream import FILE_HEADER, crc32c, open_stream
+
+GOLDEN = TESTDATA / "stream" / "none_basic.strap"
+FP = "abcdef"
+
+
+def _stream(tmp_path, mutate=None):
+    """none_basic.strap with a fingerprint in its client metadata (same length, so every
+    packet keeps its offset), the header CRC recomputed."""
+    if not GOLDEN.exists():
+        pytest.skip("testdata/stream not written yet")
+    data = bytearray(GOLDEN.read_bytes())
+    meta_len = FILE_HEADER.unpack_from(data)[3]
+    meta = bytes(data[FILE_HEADER.size:FILE_HEADER.size + meta_len])
+    new = meta.replace(b'"client":"golden-test"', b'"fingerprint":"%s"' % FP.encode())
+    assert len(new) == len(meta) and new != meta
+    data[FILE_HEADER.size:FILE_HEADER.size + meta_len] = new
+    struct.pack_into("<I", data, 16, crc32c(bytes(data[:16]) + new))
+    if mutate:
+        mutate(data)
+    p = tmp_path / "s.strap"
+    p.write_bytes(bytes(data))
+    return p
+
+
+def _checkpoint(path, n):
+    """A checkpoint after the first ``n`` packets of the stream."""
+    with open_stream(path) as r:
+        pks = list(r.packets())[:n]
+    last = pks[-1]
+    return ckpt.Checkpoint(stream=str(path), fingerprint=FP, stream_offset=last.end, packets=n,
+                           drops=sum(p.type_name == "DROP" for p in pks), last_seq=last.seq,
+                           last_packet_offset=last.offset, last_packet_crc=last.crc,
+                           token_count=sum(p.type_name == "TOKEN" for p in pks), forward_count=0)
+
+
+def _scan(path, ck, want=FP):
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return ckpt.scan_prefix(fd, ck, str(path), want)
+    finally:
+        os.close(fd)
+
+
+def test_prefix_accepted_and_tokens_restored(tmp_path):
+    p = _stream(tmp_path)
+    ck = _checkpoint(p, 5)  # four TENSOR packets, then TOKEN 0
+    assert _scan(p, ck) == [{"token_index": 0, "token_id": 42, "token_text": "hi", "position": 0}]
+    # The caller's descriptor stays open and the mapping is gone: the file can be cut.
+    fd = os.open(p, os.O_RDWR)
+    ckpt.scan_prefix(fd, ck, str(p), FP)
+    os.ftruncate(fd, ck.stream_offset)
+    os.close(fd)
+    assert os.path.getsize(p) == ck.stream_offset
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda ck: setattr(ck, "stream_offset", ck.stream_offset - 8), "not the end of a packet"),
+    (lambda ck: setattr(ck, "packets", ck.packets + 1), "packets before the offset"),
+    (lambda ck: setattr(ck, "last_packet_crc", ck.last_packet_crc ^ 1), "last packet CRC"),
+    (lambda ck: setattr(ck, "last_seq", ck.last_seq + 1), "last packet has seq"),
+    (lambda ck: setattr(ck, "fingerprint", "other"), "fingerprint differs"),
+    (lambda ck: setattr(ck, "stream_offset", 1 << 40), "shorter than the checkpointed offset"),
+])
+def test_prefix_mismatch_named(tmp_path, change, match):
+    p = _stream(tmp_path)
+    ck = _checkpoint(p, 5)
+    change(ck)
+    with pytest.raises(ckpt.CheckpointError, match=match):
+        _scan(p, ck)
+
+
+def test_damaged_packet_inside_prefix_refused(tmp_path):
+    # Every packet of the prefix is CRC-checked, not only the last one: resuming after a
+    # damaged packet would append to a stream no reader accepts.
+    def flip(data):
+        data[442 + 100] ^= 0xFF  # inside the second packet
+
+    good = _stream(tmp_path)
+    ck1, ck5 = _checkpoint(good, 1), _checkpoint(good, 5)
+    p = _stream(tmp_path, flip)
+    assert _scan(p, ck1) == []  # the damage lies after this prefix
+    with pytest.raises(ckpt.CheckpointError, match="CRC mismatch"):
+        _scan(p, ck5)
+
+
+def test_bad_header_refused(tmp_path):
+    p = _stream(tmp_path, lambda d: d.__setitem__(slice(0, 8), b"NOTSTRAP"))
+    ck = ckpt.Checkpoint(stream=str(p), fingerprint=FP, stream_offset=978, packets=5, drops=0, last_seq=5,
+                         last_packet_offset=842, last_packet_crc=1, token_count=1, forward_count=0)
+    with pytest.raises(ckpt.CheckpointError, match="stream header is not valid"):
+        _scan(p, ck)

@@ -1,0 +1,154 @@
+package pipeline
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/strap-llm/strap/internal/codec"
+	"github.com/strap-llm/strap/internal/stream"
+)
+
+// Reserve is the compression buffer memory a session must reserve at open so that its
+// largest possible record (one filling the data region) can always be compressed: 0 for
+// codec none, which writes straight from the ring.
+func Reserve(c codec.Codec, blockSize int, dataSize uint64) int64 {
+	if c == nil || c.ID() == codec.None {
+		return 0
+	}
+	if blockSize <= 0 {
+		blockSize = DefaultBlockSize
+	}
+	full := int64(dataSize) / int64(blockSize)
+	r := full * int64(bufCap(blockSize))
+	if rest := int(int64(dataSize) % int64(blockSize)); rest > 0 {
+		r += int64(bufCap(rest))
+	}
+	return r
+}
+
+// bufCap is the capacity of a compression buffer for a block of n raw bytes: room for
+// codecs that expand incompressible input a little before giving up.
+func bufCap(n int) int { return n + n/64 + 1024 }
+
+// dispatch queues it for the writer and, for compressed codecs, its blocks for the pool.
+// The item is queued before its blocks are submitted so the writer waits on it in order
+// while they compress.
+func (s *Session) dispatch(it *item) error {
+	if s.codec == nil || it.kind != kindTensor {
+		close(it.done)
+		return s.enqueue(it)
+	}
+	p := it.rec.Payload
+	n := (len(p) + s.bs - 1) / s.bs
+	it.blocks = make([]stream.Block, n)
+	it.grants = make([]grant, n)
+	if n == 0 {
+		s.tail.free(it.span)
+		close(it.done)
+		return s.enqueue(it)
+	}
+	dt := it.rec.DType
+	enc := s.codec
+	if tp, ok := enc.(codec.TensorPreparer); ok {
+		// One pass over the whole record (e.g. the RMS a relative bound refers to).
+		c, err := tp.ForTensor(p, dt)
+		if err != nil {
+			s.tail.free(it.span)
+			return s.fail(&Error{Kind: KindCodec, Err: fmt.Errorf("prepare seq %d (%s): %w", it.seq, it.rec.Name, err)})
+		}
+		enc = c
+	}
+	se, withStats := enc.(codec.StatsEncoder)
+	if withStats {
+		it.stats = make([]codec.BlockStats, n)
+	}
+	it.pending.Store(int32(n))
+	if err := s.enqueue(it); err != nil {
+		return err
+	}
+	for i := range n {
+		src := p[i*s.bs : min(len(p), (i+1)*s.bs)]
+		g, err := s.o.Lease.acquire(s.ctx, int64(bufCap(len(src))))
+		if err != nil {
+			s.abandon(it, n-i, err)
+			return s.fail(&Error{Kind: KindInternal, Err: fmt.Errorf("wait for memory budget: %w", err)})
+		}
+		it.grants[i] = g
+		job := func() {
+			buf := getBuf(bufCap(len(src)))
+			var (
+				out        []byte
+				compressed bool
+				err        error
+			)
+			if withStats {
+				var st codec.BlockStats
+				out, compressed, st, err = se.EncodeStats(buf[:0], src, dt)
+				if !compressed {
+					st = codec.BlockStats{Values: len(src) / max(1, dt.Size()), Lossless: true}
+				}
+				it.stats[i] = st
+			} else {
+				out, compressed, err = enc.Encode(buf[:0], src, dt)
+			}
+			switch {
+			case err != nil:
+				it.setErr(fmt.Errorf("block %d: %w", i, err))
+				putBuf(buf)
+			case compressed:
+				it.blocks[i] = stream.Block{Data: out}
+			default:
+				// Stored verbatim: copy, since the ring bytes are released before writing.
+				it.blocks[i] = stream.Block{Data: append(out[:0], src...), Raw: true}
+			}
+			s.blockDone(it)
+		}
+		if err := s.o.Pool.Submit(s.ctx, job); err != nil {
+			s.abandon(it, n-i, err)
+			return s.fail(&Error{Kind: KindInternal, Err: fmt.Errorf("submit block: %w", err)})
+		}
+	}
+	return nil
+}
+
+// abandon counts the left blocks of it that will never be submitted as done, with err, so
+// the writer is not left waiting for them.
+func (s *Session) abandon(it *item, left int, err error) {
+	it.setErr(err)
+	for range left {
+		s.blockDone(it)
+	}
+}
+
+// blockDone counts one finished block; the last one frees the ring bytes.
+func (s *Session) blockDone(it *item) {
+	if it.pending.Add(-1) == 0 {
+		s.tail.free(it.span)
+		close(it.done)
+	}
+}
+
+// enqueue hands it to the writer, in sequence order.
+func (s *Session) enqueue(it *item) error {
+	select {
+	case s.queue <- it:
+		return nil
+	case <-s.ctx.Done():
+		return s.fail(&Error{Kind: KindInternal, Err: s.ctx.Err()})
+	}
+}
+
+// bufPool recycles compression buffers across sessions: they are large and short-lived.
+var bufPool sync.Pool
+
+func getBuf(n int) []byte {
+	if v, ok := bufPool.Get().(*[]byte); ok && cap(*v) >= n {
+		return (*v)[:0]
+	}
+	return make([]byte, 0, n)
+}
+
+func putBuf(b []byte) {
+	b = b[:0]
+	bufPool.Put(&b)
+}

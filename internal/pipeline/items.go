@@ -1,0 +1,104 @@
+package pipeline
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/strap-llm/strap/internal/codec"
+	"github.com/strap-llm/strap/internal/shm"
+	"github.com/strap-llm/strap/internal/stream"
+)
+
+// Drop is a record the client could not place under policy drop; it becomes a DROP packet.
+type Drop struct {
+	Seq     uint64
+	Name    string
+	Step    uint64
+	Forward uint64
+	// Bytes is the size of the tensor (part) that was lost.
+	Bytes uint64
+	// Reason is why ("" is written as stream.DefaultDropReason).
+	Reason string
+}
+
+// Token is one generated token; it becomes a TOKEN packet.
+type Token struct {
+	Seq     uint64
+	Index   uint64
+	TokenID int64
+	Text    string
+	// Position is the token's sequence position (nil: the same as Index).
+	Position *int64
+}
+
+// Close is what the client says it sent before ending the session.
+type Close struct {
+	// Seq is the last sequence number it took, Head the head of its last publish, and
+	// Drops the number of DROP notices it sent.
+	Seq, Head, Drops uint64
+}
+
+// Durable are the facts of a checkpoint once every event up to Seq is on disk: what a
+// resume must name to continue the stream.
+type Durable struct {
+	// Seq echoes the checkpoint request.
+	Seq uint64
+	// Offset is the stream's size after the last packet: a resume appends here.
+	Offset uint64
+	// Packets, Drops and Tokens count TENSOR/DROP/TOKEN packets, DROP and TOKEN packets.
+	Packets, Drops, Tokens uint64
+	// LastOffset and LastCRC locate and identify the last packet (0 when there is none).
+	LastOffset uint64
+	LastCRC    uint32
+}
+
+type itemKind uint8
+
+const (
+	kindTensor itemKind = iota
+	kindDrop
+	kindToken
+	kindCheckpoint
+)
+
+// item is one ordered event of a session on its way to the writer: a published record
+// or a notice. Exactly one of rec, drop and tok is meaningful, as kind says.
+type item struct {
+	kind itemKind
+	seq  uint64
+	rec  shm.Record
+	meta []byte
+	span *span // ring bytes it holds; nil for notices
+	drop Drop
+	tok  Token
+
+	// Filled by the fan-out (fanout.go) for compressed codecs.
+	blocks  []stream.Block
+	stats   []codec.BlockStats // lossy codecs: the error of each block
+	grants  []grant
+	pending atomic.Int32
+	done    chan struct{} // closed once every block is compressed (at once for the rest)
+	errMu   sync.Mutex
+	err     error
+}
+
+// notice is an item that needs no compression: it is ready as soon as it is queued.
+func notice(kind itemKind, seq uint64) *item {
+	it := &item{kind: kind, seq: seq, done: make(chan struct{})}
+	close(it.done)
+	return it
+}
+
+func (it *item) setErr(err error) {
+	it.errMu.Lock()
+	if it.err == nil {
+		it.err = err
+	}
+	it.errMu.Unlock()
+}
+
+func (it *item) getErr() error {
+	it.errMu.Lock()
+	defer it.errMu.Unlock()
+	return it.err
+}

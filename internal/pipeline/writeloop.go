@@ -1,0 +1,84 @@
+package pipeline
+
+import (
+	"fmt"
+	"time"
+)
+
+// writeLoop writes queued items in order. After a fatal error it keeps draining (waiting for
+// jobs and returning buffers) without writing.
+func (s *Session) writeLoop() {
+	defer close(s.writerDone)
+	// Items queued before a reader-side failure are good and still written; after a codec
+	// or write failure nothing more is written (the stream would have a gap).
+	stopped := false
+	for it := range s.queue {
+		<-it.done
+		if !stopped {
+			if err := it.getErr(); err != nil {
+				stopped = true
+				s.fail(&Error{Kind: KindCodec, Err: fmt.Errorf("compress seq %d (%s): %w", it.seq, it.rec.Name, err)})
+			} else if it.kind == kindCheckpoint {
+				if err := s.checkpoint(it.seq); err != nil {
+					stopped = true
+					s.fail(&Error{Kind: KindWrite, Err: fmt.Errorf("checkpoint seq %d: %w", it.seq, err)})
+				}
+			} else if err := s.write(it); err != nil {
+				stopped = true
+				s.fail(&Error{Kind: KindWrite, Err: fmt.Errorf("write seq %d: %w", it.seq, err)})
+			}
+		}
+		for i, b := range it.blocks {
+			if b.Data != nil {
+				putBuf(b.Data)
+			}
+			if it.grants != nil && it.grants[i].n > 0 {
+				s.o.Lease.release(it.grants[i])
+			}
+		}
+		it.blocks = nil
+		if s.codec == nil && it.span != nil {
+			s.tail.free(it.span)
+		}
+	}
+}
+
+// checkpoint makes everything written so far durable and reports it.
+func (s *Session) checkpoint(seq uint64) error {
+	if err := s.w.Sync(); err != nil {
+		return err
+	}
+	lo, lc := s.w.LastPacket()
+	s.checkpoints.Add(1)
+	s.lastCkpt.Store(time.Now().UnixNano())
+	s.o.OnCheckpoint(Durable{Seq: seq, Offset: uint64(s.w.Offset()), Packets: s.w.Packets(),
+		Drops: s.w.Drops(), Tokens: s.w.Tokens(), LastOffset: uint64(lo), LastCRC: lc})
+	return nil
+}
+
+// write writes one item's packet and counts it.
+func (s *Session) write(it *item) error {
+	p, err := s.packet(it)
+	if err != nil {
+		return err
+	}
+	before := s.w.Offset()
+	if err := s.w.WritePacket(&p); err != nil {
+		return err
+	}
+	if s.o.WriteDelay > 0 {
+		time.Sleep(s.o.WriteDelay)
+	}
+	switch it.kind {
+	case kindTensor:
+		s.packets.Add(1)
+		s.bytesOut.Add(uint64(s.w.Offset() - before))
+	case kindDrop:
+		s.drops.Add(1)
+		s.packets.Add(1)
+	case kindToken:
+		s.tokens.Add(1)
+		s.packets.Add(1)
+	}
+	return nil
+}

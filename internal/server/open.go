@@ -1,0 +1,142 @@
+package server
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/strap-llm/strap/internal/codec"
+	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/pipeline"
+)
+
+// open validates OPEN and its descriptors, counts the session against the quotas and
+// starts it. The descriptors are always closed (the ring stays mapped; the output is kept
+// open as an *os.File until finish).
+func (c *conn) open(m control.Message, fds []int) (err error) {
+	defer func() {
+		if err != nil {
+			closeFDs(fds)
+		}
+	}()
+	if len(fds) != 2 && len(fds) != 3 {
+		return perr(control.CodeBadMessage, "OPEN carries %d file descriptors, expected 2 or 3 (ring memfd, output file, optional trace file)", len(fds))
+	}
+	var req control.Open
+	if err := m.Unmarshal(&req, control.OpenRequired...); err != nil {
+		return control.Errorf(control.CodeBadMessage, "%w", err)
+	}
+	cfg := &c.srv.cfg
+	if req.RingSize > cfg.MaxRingSize {
+		return perr(control.CodeLimit, "ring_size %d exceeds this daemon's maximum %d (--max-ring-size)", req.RingSize, cfg.MaxRingSize)
+	}
+	plan, err := pipeline.Prepare(sessionRequest(req, c.cred))
+	if err != nil {
+		return err
+	}
+	if bs := plan.BlockSize(); bs < 4096 || bs > cfg.MaxBlockSize {
+		return perr(control.CodeLimit, "block_size %d, expected 4096..%d", bs, cfg.MaxBlockSize)
+	}
+	if err := checkOutput(fds[1]); err != nil {
+		return err
+	}
+	if err := c.srv.checkTrace(fds); err != nil {
+		return err
+	}
+	if err := c.srv.quotas.openSession(cfg.Clients, c.cred.Uid); err != nil {
+		return control.Errorf(control.CodeLimit, "%w", err)
+	}
+	id, ok := c.srv.takeSessionSlot()
+	if !ok {
+		c.srv.quotas.closeSession(c.cred.Uid)
+		return perr(control.CodeLimit, "%d sessions already open (--max-sessions)", cfg.MaxSessions)
+	}
+	defer func() {
+		if err != nil {
+			c.srv.dropSessionSlot()
+			c.srv.quotas.closeSession(c.cred.Uid)
+		}
+	}()
+	log := c.log.With(zap.Uint64("session", id))
+	out := os.NewFile(uintptr(fds[1]), fmt.Sprintf("session-%d-output", id))
+	ringFD := fds[0]
+	// Open closes the ring descriptor and out owns the output's: only a trace is left.
+	fds = fds[2:]
+	sess, err := plan.Open(pipeline.Env{ID: id, Version: cfg.Version, Limits: cfg.Limits, Pool: c.srv.pool,
+		Budget: c.srv.budget, Release: c.out.release, Log: log, WriteDelay: cfg.DebugWriteDelay,
+		OnCheckpoint: func(d pipeline.Durable) {
+			c.out.send(control.TypeCheckpointed, control.Checkpointed{Seq: d.Seq, Offset: d.Offset, Packets: d.Packets,
+				Drops: d.Drops, Tokens: d.Tokens, LastOffset: d.LastOffset, LastCRC: d.LastCRC})
+		},
+		OnError: func(err error) {
+			c.out.send(control.TypeError, wireError(err))
+			c.wake()
+		},
+	}, ringFD, out)
+	if err != nil {
+		out.Close()
+		return err
+	}
+	var trace *os.File
+	if len(fds) == 1 {
+		trace = os.NewFile(uintptr(fds[0]), fmt.Sprintf("session-%d-trace", id))
+	}
+	fds = nil
+	str := func(k string) string { s, _ := req.Metadata[k].(string); return s }
+	c.mu.Lock()
+	c.sess = sess
+	c.slotted = true
+	c.info = control.SessionStatus{Session: id, PID: c.cred.Pid, UID: c.cred.Uid, ModelClass: str("model_class"),
+		OutputPath: str("output_path"), Codec: plan.Codec(), Policy: req.Policy, Started: time.Now().UTC().Format(time.RFC3339),
+		RingSize: req.RingSize, Resumed: req.AppendAt}
+	c.rates.start(time.Now(), sess.Stats())
+	// The output file stays open for the session's life; finish closes it.
+	c.outFile = out
+	c.mu.Unlock()
+	c.srv.probeSessionStart(id, c.info.OutputPath, int(c.cred.Pid), trace)
+	log.Info("session opened", zap.String("codec", plan.Codec()), zap.Uint64("ring_size", req.RingSize),
+		zap.String("policy", req.Policy), zap.String("output_path", c.info.OutputPath),
+		zap.Int64("memory_budget", sess.MemoryBudget()))
+	c.out.send(control.TypeOpened, control.Opened{Session: id, BlockSize: plan.BlockSize()})
+	return nil
+}
+
+// sessionRequest is OPEN in the pipeline's terms, with the peer as the kernel reported it.
+func sessionRequest(req control.Open, cred unix.Ucred) pipeline.Request {
+	r := pipeline.Request{RingSize: req.RingSize, Codec: req.Codec, CodecLevel: req.CodecLevel,
+		BlockSize: req.BlockSize, Policy: req.Policy, MemoryHint: req.MemoryHint, AppendAt: req.AppendAt,
+		ClientMetadata: req.Metadata, Peer: pipeline.Peer{PID: cred.Pid, UID: cred.Uid, GID: cred.Gid}}
+	if req.Lossy != nil {
+		r.Lossy = &codec.LossyBound{Mode: req.Lossy.Mode, Value: req.Lossy.Value}
+	}
+	if req.Resume != nil {
+		r.Resume = &pipeline.ResumePoint{LastSeq: req.Resume.LastSeq, LastCRC: req.Resume.LastCRC, Packets: req.Resume.Packets}
+	}
+	return r
+}
+
+// checkOutput verifies the output descriptor is a regular file open for writing, without
+// O_APPEND (the stream is written at explicit offsets from 0).
+func checkOutput(fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return perr(control.CodeBadOutput, "fstat output: %v", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return perr(control.CodeBadOutput, "output is file type %#o, expected a regular file", st.Mode&unix.S_IFMT)
+	}
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return perr(control.CodeBadOutput, "output flags: %v", err)
+	}
+	if acc := fl & unix.O_ACCMODE; acc != unix.O_WRONLY && acc != unix.O_RDWR {
+		return perr(control.CodeBadOutput, "output is not open for writing (open it O_WRONLY|O_CREAT|O_TRUNC)")
+	}
+	if fl&unix.O_APPEND != 0 {
+		return perr(control.CodeBadOutput, "output is open with O_APPEND; open it O_WRONLY|O_CREAT|O_TRUNC")
+	}
+	return nil
+}

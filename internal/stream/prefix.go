@@ -1,0 +1,68 @@
+package stream
+
+import "fmt"
+
+// Prefix is what a walk of a stream prefix found.
+type Prefix struct {
+	// Packets and Tokens count the TENSOR/DROP/TOKEN packets and the TOKEN packets.
+	Packets, Tokens uint64
+	// Last is the last packet (nil when the prefix holds none).
+	Last *PacketInfo
+}
+
+// CheckPrefix walks every packet of r, a Reader opened with the prefix's length as its
+// size, and compares the prefix with e: it holds only TENSOR, DROP and TOKEN packets, ends
+// on a packet boundary, has e.Packets of them, and its last one has seq e.LastSeq and CRC
+// e.LastCRC, checked against the bytes too. A resumed session and checkpoint repair both
+// rely on these facts, so both ask this one function. visit, when not nil, sees each
+// packet. Each difference is one error wrapping ErrResumeMismatch; none means writing may
+// continue at the prefix's end.
+func CheckPrefix(r *Reader, e ResumeExpect, visit func(*PacketInfo)) (Prefix, []error) {
+	var (
+		pre  Prefix
+		errs []error
+	)
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf(format+": %w", append(args, ErrResumeMismatch)...))
+	}
+	sc := r.Scan(true)
+	for sc.Next() {
+		p := sc.Packet()
+		switch p.Type {
+		case TypeTensor, TypeDrop, TypeToken:
+		default:
+			bad("%v packet at offset %d inside the prefix (the capture had ended there)", p.Type, p.Offset)
+		}
+		pre.Packets++
+		if p.Type == TypeToken {
+			pre.Tokens++
+		}
+		if visit != nil {
+			visit(p)
+		}
+		pre.Last = p
+	}
+	if err := sc.Err(); err != nil {
+		bad("checkpointed offset %d is not on a packet boundary (not the end of a packet): %w", r.Size(), err)
+	}
+	if pre.Packets != e.Packets {
+		bad("prefix holds %d packets, checkpoint says %d", pre.Packets, e.Packets)
+	}
+	last := pre.Last
+	switch {
+	case last == nil:
+		if e.LastSeq != 0 {
+			bad("prefix holds no packet, checkpoint says last seq %d", e.LastSeq)
+		}
+	case last.Seq != e.LastSeq:
+		bad("last packet of the prefix has seq %d, checkpoint says %d", last.Seq, e.LastSeq)
+	case last.CRC != e.LastCRC:
+		bad("last packet (offset %d) has crc %#08x, checkpoint says %#08x", last.Offset, last.CRC, e.LastCRC)
+	default:
+		// The header field alone could be stale: check the bytes too.
+		if _, _, err := r.ReadPacket(last.Offset); err != nil {
+			bad("last packet of the prefix: %w", err)
+		}
+	}
+	return pre, errs
+}
