@@ -56,11 +56,8 @@ def disk_io(directory: Path) -> None:
 
 def capture(d, out: Path, tokens: int = 12) -> None:
     m = tiny_llama()
-    from llm_instrumentation.resources import monitor_resources
-
     with capture_activations(m, output_path=out, socket_path=d.socket, autostart_daemon=False, trace_path=True,
-                             track_per_token=True) as fw, \
-            monitor_resources(m, "DETAILED", str(out) + ".resources.jsonl", step_fn=lambda: fw.token_tracker.step):
+                             track_per_token=True, resource_level="DETAILED") as fw:
         ids = torch.randint(0, 1024, (1, 16), generator=torch.Generator().manual_seed(0))
         past = None
         with torch.no_grad():
