@@ -229,9 +229,10 @@ def top_costs(resources: List[Dict[str, Any]], trace: List[Dict[str, Any]], pids
             k = "forward pass outside the recorded operations (norms, adds, hooks, ...)"
             costs[k] = rest
             src[k] = "model_forward duration minus the recorded operations"
+    # Interruptible sleep is left out: idle worker threads sleep by design, so it is not a
+    # cost of the capture (the timeline shows it).
     names = {"runnable_ns": "client waiting for a CPU (runnable)",
-             "io_ns": "client blocked on I/O (D state)",
-             "sleep_ns": "client sleeping (socket, futex, poll)"}
+             "io_ns": "client blocked on I/O (D state)"}
     names = {k: v + ", summed over its threads" for k, v in names.items()}
     for s in trace:
         oc = s.get("off_cpu") or {}
