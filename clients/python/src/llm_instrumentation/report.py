@@ -25,7 +25,7 @@ import os
 import sys
 import time
 from collections import defaultdict
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = ["build_report", "load_trace", "load_resources", "main"]
 

@@ -273,14 +273,8 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
-def _dtype_name(t: "torch.Tensor") -> str:
-    s = str(t.dtype)
-    return s[6:] if s.startswith("torch.") else s
 
 
-def _precision(t: "torch.Tensor") -> str:
-    n = _dtype_name(t)
-    return _DTYPE_SHORT.get(n, n)
 
 
 def _first_tensor(x: Any) -> Optional["torch.Tensor"]:
@@ -297,10 +291,6 @@ def _first_tensor(x: Any) -> Optional["torch.Tensor"]:
     return None
 
 
-def _device_label(t: Optional["torch.Tensor"]) -> str:
-    if t is None or t.device.type == "cpu":
-        return "cpu"
-    return f"gpu_{t.device.index or 0}" if t.device.type == "cuda" else t.device.type
 
 
 def _layer_of(name: str, prefix: Optional[str]) -> Optional[int]:
