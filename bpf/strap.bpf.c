@@ -1,8 +1,10 @@
 //go:build ignore
 
 // STRAP-LLM kernel probes: block I/O latency (system-wide), and for watched processes
-// off-CPU time split by reason, context switches, migrations, user page faults and the
-// model-loading syscalls (mmap, mlock, mlock2, munlock, openat).
+// off-CPU time split by reason, context switches, migrations, run-queue latency, user
+// page faults, the model-loading syscalls (mmap, mlock, mlock2, munlock, openat), every
+// syscall's count, errors and latency, the sync waits (futex, epoll, poll, ppoll,
+// clock_nanosleep), ioctls on nvidia-named files and TCP bytes and retransmits.
 //
 // Every program is a raw tracepoint (raw_tp): no tracefs is needed, the cost per event is
 // close to tp_btf, and unlike tp_btf the kernel lets raw_tp programs run under
@@ -43,7 +45,23 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define ERR_DEV_MAP_FULL 3
 #define ERR_RINGBUF_FULL 4
 #define ERR_PENDING_MAP_FULL 5
+#define ERR_SYSCALL_MAP_FULL 6
+#define ERR_STATS_MAP_FULL 7 // sync_stats, runq_stats, ioctl_stats, tcp_stats_map
 #define ERR_MAX 8
+
+// Sync-wait kinds (the key's second half in sync_stats).
+#define SYNC_FUTEX 0 // futex wait operations and futex_waitv
+#define SYNC_EPOLL 1 // epoll_wait, epoll_pwait, epoll_pwait2
+#define SYNC_POLL 2
+#define SYNC_PPOLL 3
+#define SYNC_NANOSLEEP 4 // clock_nanosleep
+#define SYNC_NONE 0xff
+
+// pending_syscall.flags
+#define PF_TIMED 1  // stamped at entry: its latency is recorded at exit
+#define PF_NVIDIA 2 // an ioctl on a file whose name starts with "nvidia"
+
+#define IPPROTO_TCP_ 6
 
 // Syscall numbers (x86_64). Set from Go per architecture before load.
 volatile const __s64 nr_mmap = 9;
@@ -51,6 +69,20 @@ volatile const __s64 nr_mlock = 149;
 volatile const __s64 nr_munlock = 150;
 volatile const __s64 nr_mlock2 = 325;
 volatile const __s64 nr_openat = 257;
+volatile const __s64 nr_read = 0;
+volatile const __s64 nr_write = 1;
+volatile const __s64 nr_ioctl = 16;
+volatile const __s64 nr_futex = 202;
+volatile const __s64 nr_futex_waitv = 449;
+volatile const __s64 nr_epoll_wait = 232;
+volatile const __s64 nr_epoll_pwait = 281;
+volatile const __s64 nr_epoll_pwait2 = 441;
+volatile const __s64 nr_poll = 7;
+volatile const __s64 nr_ppoll = 271;
+volatile const __s64 nr_clock_nanosleep = 230;
+
+// Time one read/write in sample_rw (1 = every one); counts and errors are always exact.
+volatile const __u32 sample_rw = 1;
 
 struct rq_start {
 	__u64 ts;
@@ -102,6 +134,33 @@ struct pending_syscall {
 	__s64 nr;
 	__u64 arg0;
 	__u64 arg1;
+	__u64 ts;
+	__u32 flags;
+	__u32 sync_kind;
+};
+
+// Key of per-process stats split by syscall number or sync-wait kind.
+struct tgid_key {
+	__u32 tgid;
+	__u32 id;
+};
+
+// A latency histogram with its counts. count and errors cover every call; timed is how
+// many of them went into total_ns and slots (fewer when read/write are sampled).
+struct lat_stats {
+	__u64 count;
+	__u64 errors;
+	__u64 timed;
+	__u64 total_ns;
+	__u64 slots[MAX_SLOTS];
+};
+
+struct tcp_stats {
+	__u64 tx_bytes;
+	__u64 rx_bytes;
+	__u64 tx_calls;
+	__u64 rx_calls;
+	__u64 retransmits;
 };
 
 struct open_event {
@@ -180,6 +239,60 @@ struct {
 	__type(value, struct pending_syscall);
 } pending_syscalls SEC(".maps");
 
+// Every syscall of watched processes by (tgid, nr); sync waits by (tgid, SYNC_*).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct tgid_key);
+	__type(value, struct lat_stats);
+} syscall_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct tgid_key);
+	__type(value, struct lat_stats);
+} sync_stats SEC(".maps");
+
+// Run-queue latency and nvidia ioctls per tgid.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct lat_stats);
+} runq_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct lat_stats);
+} ioctl_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct tcp_stats);
+} tcp_stats_map SEC(".maps");
+
+// TCP socket -> the watched tgid that last sent or received on it: a retransmit runs
+// from a timer or softirq, where current is not the owner. LRU, so closed sockets age out.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u32);
+} sock_owner SEC(".maps");
+
+// Counter for read/write sampling; per CPU, so no atomics on the hot path.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} rw_seen SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, ERR_MAX);
@@ -249,6 +362,36 @@ static __always_inline bool current_watched(__u32 tgid)
 	if (tgid_watched(tgid))
 		return true;
 	return cgroup_watched(bpf_get_current_cgroup_id());
+}
+
+// lookup_or_init returns map's entry for key, creating it zeroed; NULL (counted under
+// err_idx) when the map is full.
+static __always_inline void *lookup_or_init(void *map, const void *key, const void *zero,
+					    __u32 err_idx)
+{
+	void *v = bpf_map_lookup_elem(map, key);
+	if (v)
+		return v;
+	bpf_map_update_elem(map, key, zero, BPF_NOEXIST);
+	v = bpf_map_lookup_elem(map, key);
+	if (!v)
+		count_err(err_idx);
+	return v;
+}
+
+static __always_inline void lat_add(struct lat_stats *l, bool timed, __u64 ns, bool err)
+{
+	__sync_fetch_and_add(&l->count, 1);
+	if (err)
+		__sync_fetch_and_add(&l->errors, 1);
+	if (!timed)
+		return;
+	__u32 slot = log2_slot(ns / 1000);
+	if (slot >= MAX_SLOTS)
+		slot = MAX_SLOTS - 1;
+	__sync_fetch_and_add(&l->timed, 1);
+	__sync_fetch_and_add(&l->total_ns, ns);
+	__sync_fetch_and_add(&l->slots[slot], 1);
 }
 
 // ---- block I/O -------------------------------------------------------------------------
@@ -381,6 +524,14 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
 			struct thread_stats *ts = thread_entry(next_tid, s.tgid);
 			if (ts)
 				account_offcpu(ts, s.reason, now - s.ts);
+			// Runnable since a wakeup or a preemption: that wait is run-queue latency.
+			if (s.reason == OFF_RUNNABLE) {
+				struct lat_stats zero = {};
+				struct lat_stats *l = lookup_or_init(&runq_stats, &s.tgid, &zero,
+								     ERR_STATS_MAP_FULL);
+				if (l)
+					lat_add(l, true, now - s.ts, false);
+			}
 		}
 	}
 	return 0;
@@ -410,6 +561,20 @@ SEC("raw_tp/sched_wakeup")
 int BPF_PROG(sched_wakeup, struct task_struct *p)
 {
 	return on_wakeup(p);
+}
+
+// A new task is runnable from its first wakeup: stamp it so that its first switch-in
+// counts as run-queue latency (it has no switch-out stamp yet).
+SEC("raw_tp/sched_wakeup_new")
+int BPF_PROG(sched_wakeup_new, struct task_struct *p)
+{
+	__u32 tid = BPF_CORE_READ(p, pid);
+	__u32 tgid = BPF_CORE_READ(p, tgid);
+	if (tid == 0 || !task_watched(p, tgid))
+		return 0;
+	struct offcpu_start st = {.ts = bpf_ktime_get_ns(), .reason = OFF_RUNNABLE, .tgid = tgid};
+	bpf_map_update_elem(&offcpu_starts, &tid, &st, BPF_ANY);
+	return 0;
 }
 
 SEC("raw_tp/sched_migrate_task")
@@ -481,20 +646,74 @@ static __always_inline bool interesting_nr(__s64 nr)
 	       nr == nr_openat;
 }
 
+// sync_kind classifies the blocking waits; futex counts only its wait operations (a
+// FUTEX_WAKE never blocks).
+static __always_inline __u32 sync_kind(__s64 nr, __u64 arg1)
+{
+	if (nr == nr_futex) {
+		__u32 op = arg1 & 127; // FUTEX_CMD_MASK: without PRIVATE and CLOCK_REALTIME
+		// FUTEX_WAIT, LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2
+		if (op == 0 || op == 6 || op == 9 || op == 11 || op == 13)
+			return SYNC_FUTEX;
+		return SYNC_NONE;
+	}
+	if (nr == nr_futex_waitv)
+		return SYNC_FUTEX;
+	if (nr == nr_epoll_wait || nr == nr_epoll_pwait || nr == nr_epoll_pwait2)
+		return SYNC_EPOLL;
+	if (nr == nr_poll)
+		return SYNC_POLL;
+	if (nr == nr_ppoll)
+		return SYNC_PPOLL;
+	if (nr == nr_clock_nanosleep)
+		return SYNC_NANOSLEEP;
+	return SYNC_NONE;
+}
+
+// fd_is_nvidia reports whether the calling task's descriptor fd is a file whose name
+// (the dentry's, so what a path to it ends in) starts with "nvidia": /dev/nvidia0,
+// /dev/nvidiactl, /dev/nvidia-uvm. The name, not the major number: nvidia-uvm's major is
+// assigned at load time.
+static __always_inline bool fd_is_nvidia(__u64 fd)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
+		return false;
+	struct file **fds = BPF_CORE_READ(fdt, fd);
+	struct file *f = NULL;
+	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]) != 0 || !f)
+		return false;
+	const unsigned char *name = BPF_CORE_READ(f, f_path.dentry, d_name.name);
+	char b[8] = {};
+	if (bpf_probe_read_kernel_str(b, sizeof(b), name) < 7)
+		return false;
+	return b[0] == 'n' && b[1] == 'v' && b[2] == 'i' && b[3] == 'd' && b[4] == 'i' &&
+	       b[5] == 'a';
+}
+
 SEC("raw_tp/sys_enter")
 int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 {
-	if (!interesting_nr(id))
-		return 0;
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32;
 	if (!current_watched(tgid))
 		return 0;
 	__u32 tid = (__u32)pid_tgid;
-	struct pending_syscall p = {.nr = id};
+	if ((id == nr_read || id == nr_write) && sample_rw > 1) {
+		__u32 zero = 0;
+		__u64 *seen = bpf_map_lookup_elem(&rw_seen, &zero);
+		if (seen && (*seen)++ % sample_rw != 0)
+			return 0; // counted at exit, not timed
+	}
+	struct pending_syscall p = {.nr = id, .flags = PF_TIMED};
 	// x86_64 syscall ABI: arguments in di, si, dx, r10, r8, r9.
 	p.arg0 = BPF_CORE_READ(regs, di);
 	p.arg1 = BPF_CORE_READ(regs, si);
+	p.sync_kind = sync_kind(id, p.arg1);
+	if (id == nr_ioctl && fd_is_nvidia(p.arg0))
+		p.flags |= PF_NVIDIA;
+	p.ts = bpf_ktime_get_ns(); // last, so the work above is not counted as the syscall's
 	if (bpf_map_update_elem(&pending_syscalls, &tid, &p, BPF_ANY) != 0)
 		count_err(ERR_PENDING_MAP_FULL);
 	return 0;
@@ -526,24 +745,51 @@ static __always_inline bool nvidia_name(const char *path, long n)
 SEC("raw_tp/sys_exit")
 int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 {
+	__u64 now = bpf_ktime_get_ns();
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid;
 	__u32 tgid = pid_tgid >> 32;
-	// Cheap filter first: the syscall number, then the pending entry.
+	if (!current_watched(tgid))
+		return 0;
 	__s64 nr = BPF_CORE_READ(regs, orig_ax);
-	if (!interesting_nr(nr))
-		return 0;
+	if (nr < 0)
+		return 0; // no syscall (a tracer or seccomp set it to -1)
+	bool failed = ret < 0 && ret >= -4095; // mmap returns addresses; errors are -4095..-1
+	struct pending_syscall p = {.nr = -1};
 	struct pending_syscall *pp = bpf_map_lookup_elem(&pending_syscalls, &tid);
-	if (!pp)
+	if (pp) {
+		p = *pp;
+		bpf_map_delete_elem(&pending_syscalls, &tid);
+	}
+	// An entry for another number is stale (its exit was never seen: exit, or a probe
+	// attached mid-call); this call is then counted but not timed.
+	bool timed = p.nr == nr && (p.flags & PF_TIMED) && now > p.ts;
+	__u64 ns = timed ? now - p.ts : 0;
+
+	struct lat_stats zero = {};
+	struct tgid_key key = {.tgid = tgid, .id = (__u32)nr};
+	struct lat_stats *l = lookup_or_init(&syscall_stats, &key, &zero, ERR_SYSCALL_MAP_FULL);
+	if (l)
+		lat_add(l, timed, ns, failed);
+	if (!timed)
 		return 0;
-	struct pending_syscall p = *pp;
-	bpf_map_delete_elem(&pending_syscalls, &tid);
-	if (p.nr != nr)
+	if (p.sync_kind != SYNC_NONE) {
+		key.id = p.sync_kind;
+		l = lookup_or_init(&sync_stats, &key, &zero, ERR_STATS_MAP_FULL);
+		if (l)
+			lat_add(l, true, ns, failed);
+	}
+	if (p.flags & PF_NVIDIA) {
+		l = lookup_or_init(&ioctl_stats, &tgid, &zero, ERR_STATS_MAP_FULL);
+		if (l)
+			lat_add(l, true, ns, failed);
+	}
+	if (!interesting_nr(nr))
 		return 0;
 	struct proc_stats *ps = proc_entry(tgid);
 	if (!ps)
 		return 0;
-	bool ok = ret >= 0 || ret < -4095; // mmap returns addresses; errors are -4095..-1
+	bool ok = !failed;
 	if (nr == nr_mmap) {
 		if (ok) {
 			__sync_fetch_and_add(&ps->mmap_count, 1);
@@ -581,5 +827,60 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 		e->ret = ret;
 		bpf_ringbuf_submit(e, 0);
 	}
+	return 0;
+}
+
+// ---- TCP ----------------------------------------------------------------------------------
+
+// sock_send_length/sock_recv_length fire in sock_sendmsg/sock_recvmsg with the bytes
+// moved (or -errno), in the caller's context: every send/write/recv/read on a socket.
+static __always_inline int tcp_account(struct sock *sk, int ret, bool tx)
+{
+	if (ret <= 0 || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP_)
+		return 0;
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (!current_watched(tgid))
+		return 0;
+	__u64 key = (__u64)sk;
+	bpf_map_update_elem(&sock_owner, &key, &tgid, BPF_ANY);
+	struct tcp_stats zero = {};
+	struct tcp_stats *t = lookup_or_init(&tcp_stats_map, &tgid, &zero, ERR_STATS_MAP_FULL);
+	if (!t)
+		return 0;
+	if (tx) {
+		__sync_fetch_and_add(&t->tx_bytes, ret);
+		__sync_fetch_and_add(&t->tx_calls, 1);
+	} else {
+		__sync_fetch_and_add(&t->rx_bytes, ret);
+		__sync_fetch_and_add(&t->rx_calls, 1);
+	}
+	return 0;
+}
+
+SEC("raw_tp/sock_send_length")
+int BPF_PROG(sock_send_length, struct sock *sk, int ret, int flags)
+{
+	return tcp_account(sk, ret, true);
+}
+
+SEC("raw_tp/sock_recv_length")
+int BPF_PROG(sock_recv_length, struct sock *sk, int ret, int flags)
+{
+	return tcp_account(sk, ret, false);
+}
+
+// A retransmit is charged to the watched process that last moved data on the socket.
+SEC("raw_tp/tcp_retransmit_skb")
+int BPF_PROG(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb)
+{
+	__u64 key = (__u64)sk;
+	__u32 *owner = bpf_map_lookup_elem(&sock_owner, &key);
+	if (!owner)
+		return 0;
+	__u32 tgid = *owner;
+	struct tcp_stats zero = {};
+	struct tcp_stats *t = lookup_or_init(&tcp_stats_map, &tgid, &zero, ERR_STATS_MAP_FULL);
+	if (t)
+		__sync_fetch_and_add(&t->retransmits, 1);
 	return 0;
 }

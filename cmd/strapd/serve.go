@@ -92,6 +92,8 @@ type serveConfig struct {
 		Interval time.Duration
 		// PerThread adds the per-thread breakdown to every snapshot.
 		PerThread bool
+		// SampleReadWrite times one read/write syscall in N (1: every one).
+		SampleReadWrite int
 	}
 	// Debug holds hidden test options.
 	Debug struct {
@@ -116,6 +118,8 @@ func (c *serveConfig) validate() error {
 		return fmt.Errorf("--max-name-len %d: must be 1..%d", c.Limits.MaxNameLen, shm.MaxNameLen)
 	case c.Limits.MaxNDim < 0 || c.Limits.MaxNDim > shm.MaxNDim:
 		return fmt.Errorf("--max-ndim %d: must be 0..%d", c.Limits.MaxNDim, shm.MaxNDim)
+	case c.Probes.SampleReadWrite < 0:
+		return fmt.Errorf("--trace-sample-read-write %d: must not be negative (0 and 1 time every call)", c.Probes.SampleReadWrite)
 	case c.Probes.Interval != 0 && c.Probes.Interval < 100*time.Millisecond:
 		return fmt.Errorf("--trace-interval %v: must be at least 100ms", c.Probes.Interval)
 	case c.ShutdownTimeout <= 0:
@@ -294,7 +298,7 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 					RequestRate: orOff(cfg.Clients.RequestRate)},
 				Notify: notify,
 				Probes: server.Probes{Enabled: !cfg.Probes.Off, NoBPF: cfg.Probes.NoBPF,
-					Interval: cfg.Probes.Interval, PerThread: cfg.Probes.PerThread},
+					Interval: cfg.Probes.Interval, PerThread: cfg.Probes.PerThread, SampleReadWrite: cfg.Probes.SampleReadWrite},
 			}, log)
 			if ln != nil {
 				srv.UseListener(ln)
@@ -324,6 +328,7 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 	f.BoolVar(&cfg.Probes.NoBPF, "no-bpf", false, "do not load eBPF probes; the collector uses /proc fallbacks only")
 	f.DurationVar(&cfg.Probes.Interval, "trace-interval", cfg.Probes.Interval, "time between kernel snapshots written to session traces")
 	f.BoolVar(&cfg.Probes.PerThread, "trace-per-thread", false, "add the per-thread breakdown to trace snapshots")
+	f.IntVar(&cfg.Probes.SampleReadWrite, "trace-sample-read-write", 1, "time one read/write syscall in N for the syscall latency histograms (counts stay exact)")
 	f.StringVar(&cfg.Access.SocketGroup, "socket-group", cfg.Access.SocketGroup, "group given the control socket; its members may connect (empty: leave as created)")
 	f.StringVar(&cfg.Access.SocketMode, "socket-mode", cfg.Access.SocketMode, "control socket permission bits, octal")
 	f.UintSliceVar(&cfg.Access.AllowUIDs, "allow-uid", nil, "only these uids (and root) may connect (repeatable; default: anyone the socket lets in)")

@@ -37,6 +37,9 @@ type traceConfig struct {
 	Count int
 	// NoBPF uses only the /proc fallbacks.
 	NoBPF bool
+	// SampleReadWrite times one read/write syscall in N in the syscall latency
+	// histograms (1: every one).
+	SampleReadWrite int
 }
 
 func (c *traceConfig) validate() error {
@@ -57,6 +60,9 @@ func (c *traceConfig) validate() error {
 			return fmt.Errorf("--pid %d: must be positive", p)
 		}
 	}
+	if c.SampleReadWrite < 0 {
+		return fmt.Errorf("--sample-read-write %d: must not be negative (0 and 1 time every call)", c.SampleReadWrite)
+	}
 	return nil
 }
 
@@ -64,7 +70,7 @@ func newTraceCmd(logger func() *zap.Logger) *cobra.Command {
 	cfg := traceConfig{}
 	cmd := &cobra.Command{
 		Use:   "trace",
-		Short: "Record block I/O, off-CPU time, page faults, model-loading syscalls and PSI as JSONL snapshots",
+		Short: "Record block I/O, off-CPU time, page faults, syscalls, waits, run-queue latency, TCP, RSS and PSI as JSONL snapshots",
 		Long: `trace attaches strapd's eBPF probes and writes one JSON line per interval
 (docs/TRACE_FORMAT.md). Block I/O is system-wide; the per-process collectors count strapd
 itself and every --pid / --cgroup. Collectors that cannot attach (no CAP_BPF/CAP_PERFMON, no
@@ -88,6 +94,7 @@ BTF) are reported once and replaced by /proc fallbacks where those exist.`,
 	f.BoolVar(&cfg.PerThread, "per-thread", false, "add the per-thread off-CPU / scheduler breakdown")
 	f.IntVar(&cfg.Count, "count", 0, "stop after this many snapshots (0: until interrupted)")
 	f.BoolVar(&cfg.NoBPF, "no-bpf", false, "do not load eBPF probes; /proc fallbacks only")
+	f.IntVar(&cfg.SampleReadWrite, "sample-read-write", 1, "time one read/write syscall in N for the latency histograms (counts stay exact)")
 	return cmd
 }
 
@@ -100,7 +107,7 @@ func runTrace(parent context.Context, cfg traceConfig, log *zap.Logger) error {
 
 	col, err := bpf.Start(bpf.Options{
 		PIDs: cfg.PIDs, Cgroups: cfg.Cgroups, WatchSelf: true, PerThread: cfg.PerThread,
-		NoBPF: cfg.NoBPF, Logger: log,
+		NoBPF: cfg.NoBPF, SampleReadWrite: cfg.SampleReadWrite, Logger: log,
 	})
 	if err != nil {
 		return fmt.Errorf("trace: %w", err)

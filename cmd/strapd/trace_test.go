@@ -27,6 +27,8 @@ func TestTraceConfigValidate(t *testing.T) {
 		{"empty output", func(c *traceConfig) { c.Output = "" }, "--output"},
 		{"bad pid", func(c *traceConfig) { c.PIDs = []int{-3} }, "--pid"},
 		{"negative count", func(c *traceConfig) { c.Count = -1 }, "--count"},
+		{"sample read/write 1 in 10", func(c *traceConfig) { c.SampleReadWrite = 10 }, ""},
+		{"negative sampling", func(c *traceConfig) { c.SampleReadWrite = -1 }, "--sample-read-write"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok

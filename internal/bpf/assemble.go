@@ -15,13 +15,14 @@ import (
 const maxSlots = 32
 
 // numDrops is len(dropNames).
-const numDrops = 6
+const numDrops = 8
 
 // maxOpensPerInterval bounds DeviceOpens in one snapshot; the rest are counted in Drops.
 const maxOpensPerInterval = 1024
 
 // dropNames maps the probes' error counters (errs map index) to Drops keys.
-var dropNames = []string{"rq_map_full", "thread_map_full", "proc_map_full", "dev_map_full", "ringbuf_full", "pending_map_full"}
+var dropNames = []string{"rq_map_full", "thread_map_full", "proc_map_full", "dev_map_full", "ringbuf_full", "pending_map_full",
+	"syscall_map_full", "stats_map_full"}
 
 type devCounters struct {
 	ios, bytes [3]uint64
@@ -48,6 +49,11 @@ type rawCounters struct {
 	inflight map[uint32]int64
 	threads  map[uint32]threadCounters
 	procs    map[uint32]procCounters
+	syscalls map[tgidID]latCounters // by (tgid, syscall number)
+	syncs    map[tgidID]latCounters // by (tgid, sync-wait kind)
+	runq     map[uint32]latCounters
+	ioctl    map[uint32]latCounters
+	tcp      map[uint32]TCP
 	errs     [numDrops]uint64
 	stale    uint64 // in-flight entries older than staleAfter, deleted by read
 	progs    []ProgStats
@@ -113,7 +119,7 @@ func (c *Collector) Snapshot() Snapshot {
 	c.perProcess(&s, raw)
 
 	if c.status[CollectorPressure].Source == SourceProc {
-		if p, err := ReadPSI(filepath.Join(c.opts.ProcRoot, "pressure")); err == nil && len(p) > 0 {
+		if p, err := ReadPSI(c.opts.ProcRoot); err == nil && len(p) > 0 {
 			s.Pressure = p
 		}
 	}
@@ -200,11 +206,10 @@ func sumSlots(d devCounters) uint64 {
 
 // readDiskstats reads /proc/diskstats, keeping whole disks only (as the probes do).
 func (c *Collector) readDiskstats() map[uint32]diskStat {
-	b, err := os.ReadFile(filepath.Join(c.opts.ProcRoot, "diskstats"))
+	all, err := diskstats(c.blockFS)
 	if err != nil {
 		return nil
 	}
-	all := parseDiskstats(b)
 	for dev := range all {
 		if _, err := os.Stat(filepath.Join(c.opts.SysRoot, "dev/block", devString(dev), "partition")); err == nil {
 			delete(all, dev)
@@ -228,6 +233,17 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 	for tgid := range raw.procs {
 		pids[int(tgid)] = true
 	}
+	for k := range raw.syscalls {
+		pids[int(k.tgid)] = true
+	}
+	for _, m := range []map[uint32]latCounters{raw.runq, raw.ioctl} {
+		for tgid := range m {
+			pids[int(tgid)] = true
+		}
+	}
+	for tgid := range raw.tcp {
+		pids[int(tgid)] = true
+	}
 	for _, t := range raw.threads {
 		pids[int(t.tgid)] = true
 	}
@@ -236,7 +252,7 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 		key := pidKey(pid)
 		alive := pidAlive(c.opts.ProcRoot, pid)
 		var pf PageFaults
-		f, err := readProcFaults(c.opts.ProcRoot, pid)
+		f, err := readProcFaults(c.procFS, pid)
 		if pc := raw.procs[uint32(pid)]; err != nil && pc.exited {
 			f, err = pc.exitFaults, nil
 		}
@@ -269,9 +285,15 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 			s.OffCPU[key] = OffCPU{}
 			s.OffCPUNs[key] = 0
 		}
+		c.kernelStats(s, raw, pid, key)
+		if alive && c.status[CollectorMemory].Source == SourceProc {
+			if m, err := readMemory(c.procFS, pid); err == nil {
+				s.Memory[key] = m
+			}
+		}
 		if bpfSched {
 			s.Sched[key] = Sched{Source: SourceBPF}
-		} else if v, i, err := ctxSwitches(c.opts.ProcRoot, pid); err == nil {
+		} else if v, i, err := ctxSwitches(c.procFS, pid); err == nil {
 			sc := Sched{Source: SourceProc}
 			if prev, ok := c.prevCtx[pid]; ok {
 				sc.Voluntary, sc.Involuntary = sub(v, prev[0]), sub(i, prev[1])
@@ -286,11 +308,11 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 			delete(c.prevCtx, pid)
 			if c.probes != nil {
 				c.probes.forgetProcess(uint32(pid))
-				delete(raw.procs, uint32(pid)) // a reused pid starts from zero
+				raw.forget(uint32(pid)) // a reused pid starts from zero
 			}
 		} else if !c.watched[pid] && len(c.cgroups) == 0 && c.probes != nil {
 			c.probes.forgetProcess(uint32(pid)) // unwatched since the last snapshot
-			delete(raw.procs, uint32(pid))
+			raw.forget(uint32(pid))
 		}
 	}
 
@@ -337,6 +359,53 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 	c.probes.sweepThreads(func(tid uint32) bool { return pidAlive(c.opts.ProcRoot, int(tid)) })
 }
 
+// kernelStats adds pid's syscall, sync-wait, run-queue, nvidia ioctl and TCP numbers of
+// the interval to s, for the collectors that run on bpf.
+func (c *Collector) kernelStats(s *Snapshot, raw rawCounters, pid int, key string) {
+	tgid := uint32(pid)
+	on := func(name string) bool { return c.status[name].Source == SourceBPF }
+	if on(CollectorSyscallLatency) {
+		if m := byTgid(raw.syscalls, c.prev.syscalls, tgid, syscallName); m != nil {
+			s.SyscallLatency[key] = m
+		}
+	}
+	if on(CollectorSyncWait) {
+		if m := byTgid(raw.syncs, c.prev.syncs, tgid, syncKindName); m != nil {
+			s.SyncWait[key] = m
+		}
+	}
+	if on(CollectorRunqueue) {
+		if l, ok := latDelta(raw.runq[tgid], c.prev.runq[tgid]); ok {
+			s.RunqueueLatency[key] = l
+		}
+	}
+	if on(CollectorNvidiaIoctl) {
+		if l, ok := latDelta(raw.ioctl[tgid], c.prev.ioctl[tgid]); ok {
+			s.NvidiaIoctl[key] = l
+		}
+	}
+	if on(CollectorTCP) {
+		if t, ok := tcpDelta(raw.tcp[tgid], c.prev.tcp[tgid]); ok {
+			s.TCP[key] = t
+		}
+	}
+}
+
+// forget drops a process from a read, so that its next counts start from zero.
+func (raw *rawCounters) forget(tgid uint32) {
+	delete(raw.procs, tgid)
+	delete(raw.runq, tgid)
+	delete(raw.ioctl, tgid)
+	delete(raw.tcp, tgid)
+	for _, m := range []map[tgidID]latCounters{raw.syscalls, raw.syncs} {
+		for k := range m {
+			if k.tgid == tgid {
+				delete(m, k)
+			}
+		}
+	}
+}
+
 func sortProgs(p []ProgStats) {
 	slices.SortFunc(p, func(a, b ProgStats) int {
 		if a.Program < b.Program {
@@ -360,5 +429,8 @@ func newSnapshot() Snapshot {
 		BlockIO: []DeviceIO{}, OffCPUNs: map[string]uint64{}, OffCPU: map[string]OffCPU{}, PageFaults: map[string]uint64{},
 		PageFaultsDetail: map[string]PageFaults{}, Syscalls: map[string]Syscalls{}, DeviceOpens: []DeviceOpen{},
 		Sched: map[string]Sched{}, Collectors: map[string]string{}, BPFStats: []ProgStats{}, Drops: map[string]uint64{},
+		SyscallLatency: map[string]map[string]LatencyStats{}, SyncWait: map[string]map[string]LatencyStats{},
+		RunqueueLatency: map[string]LatencyStats{}, NvidiaIoctl: map[string]LatencyStats{}, TCP: map[string]TCP{},
+		Memory: map[string]Memory{},
 	}
 }

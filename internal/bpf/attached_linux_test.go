@@ -1,104 +1,17 @@
-//go:build linux && amd64
+//go:build linux && amd64 && privileged
 
 package bpf
 
 import (
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
-
-// startAttached starts a Collector with every probe attached, failing (not skipping)
-// when a probe that should attach here does not.
-func startAttached(t *testing.T, opts Options) *Collector {
-	t.Helper()
-	requireBPF(t)
-	c, err := Start(opts)
-	if err != nil {
-		t.Fatalf("start: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	})
-	for _, st := range c.Status().Collectors {
-		if st.Source == SourceBPF || st.Name == CollectorPressure {
-			continue
-		}
-		if strings.Contains(st.Error, "operation not permitted") {
-			t.Skipf("skipping: loading BPF programs is not permitted here: %s", st.Error)
-		}
-		t.Fatalf("collector %s not on bpf: %s", st.Name, st.Error)
-	}
-	return c
-}
-
-// gatedChild starts `sh -c 'read x; exec <cmd>'`: the child waits on stdin until release,
-// so the test can watch its pid before the measured work begins.
-type gatedChild struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	pid   int
-}
-
-func startGated(t *testing.T, script string, env ...string) *gatedChild {
-	t.Helper()
-	cmd := exec.Command("sh", "-c", "read x; exec "+script)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	g := &gatedChild{cmd: cmd, stdin: in, pid: cmd.Process.Pid}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	return g
-}
-
-// releaseAndWait lets the child run and waits for it to exit successfully.
-func (g *gatedChild) releaseAndWait(t *testing.T) {
-	t.Helper()
-	if _, err := io.WriteString(g.stdin, "go\n"); err != nil {
-		t.Fatal(err)
-	}
-	g.stdin.Close()
-	done := make(chan error, 1)
-	go func() { done <- g.cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("child %d: %v", g.pid, err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatalf("child %d did not finish", g.pid)
-	}
-}
-
-func python(t *testing.T) string {
-	t.Helper()
-	for _, p := range []string{"python3", "/usr/bin/python3"} {
-		if path, err := exec.LookPath(p); err == nil {
-			return path
-		}
-	}
-	t.Skip("skipping: no python3 to run the child workload")
-	return ""
-}
 
 // TestBlockIODirectWrite writes a known number of O_DIRECT blocks to a file on a real
 // block device and checks the device's histogram and in-flight gauge.
@@ -243,14 +156,6 @@ func TestOffCPUSleep(t *testing.T) {
 	}
 }
 
-const touchPages = `import mmap, sys
-n = int(sys.argv[1])
-m = mmap.mmap(-1, n * 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-m.madvise(mmap.MADV_NOHUGEPAGE)
-for i in range(n):
-    m[i * 4096] = 1
-`
-
 // TestPageFaults: a watched child touching N fresh pages shows >= N user faults, and an
 // identical unwatched child is not counted (the filter is in the kernel).
 func TestPageFaults(t *testing.T) {
@@ -381,47 +286,4 @@ func cgroup2Root(t *testing.T) string {
 	}
 	t.Skip("skipping: no cgroup v2 hierarchy mounted")
 	return ""
-}
-
-// TestProcFallbacks: with the probes off, page faults and context switches still come
-// from /proc and the collectors say so.
-func TestProcFallbacks(t *testing.T) {
-	py := python(t)
-	c, err := Start(Options{NoBPF: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	want := map[string]string{CollectorBlockIO: SourceProc, CollectorOffCPU: SourceOff, CollectorSched: SourceProc,
-		CollectorPageFaults: SourceProc, CollectorSyscalls: SourceOff}
-	for _, st := range c.Status().Collectors {
-		if w, ok := want[st.Name]; ok && (st.Source != w || st.Error == "") {
-			t.Errorf("collector %s: source %q error %q, want %q with a reason", st.Name, st.Source, st.Error, w)
-		}
-	}
-	const pages = 2000
-	// The child must still exist when the snapshot reads /proc, so it waits on stdin
-	// again after touching its pages.
-	g := startGated(t, fmt.Sprintf("%s -c '%s%s' %d", py, touchPages, "\nsys.stdin.readline()\n", pages))
-	if err := c.Watch(g.pid); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.WriteString(g.stdin, "go\n"); err != nil {
-		t.Fatal(err)
-	}
-	key := strconv.Itoa(g.pid)
-	deadline := time.Now().Add(10 * time.Second)
-	var total uint64
-	for total < pages && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Millisecond)
-		s := c.Snapshot()
-		total += s.PageFaults[key]
-		if d := s.PageFaultsDetail[key]; d.Source != SourceProc {
-			t.Fatalf("source %q, want proc", d.Source)
-		}
-	}
-	if total < pages {
-		t.Fatalf("proc fallback counted %d faults, want >= %d", total, pages)
-	}
-	g.releaseAndWait(t)
 }

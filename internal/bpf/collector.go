@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/procfs"
+	"github.com/prometheus/procfs/blockdevice"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 )
@@ -28,6 +30,20 @@ const (
 	CollectorSched = "sched"
 	// CollectorPressure is /proc/pressure (PSI).
 	CollectorPressure = "pressure"
+	// CollectorSyscallLatency is every syscall's count, errors and latency per watched
+	// process.
+	CollectorSyscallLatency = "syscall_latency"
+	// CollectorSyncWait is futex/epoll/poll/ppoll/clock_nanosleep wait latency per watched
+	// process.
+	CollectorSyncWait = "sync_wait"
+	// CollectorRunqueue is run-queue latency (runnable until on a CPU) per watched process.
+	CollectorRunqueue = "runqueue"
+	// CollectorNvidiaIoctl is ioctl latency on nvidia-named files per watched process.
+	CollectorNvidiaIoctl = "nvidia_ioctl"
+	// CollectorTCP is TCP bytes and retransmits per watched process.
+	CollectorTCP = "tcp"
+	// CollectorMemory is the resident set size per watched process (/proc).
+	CollectorMemory = "memory"
 )
 
 // Sources of a collector's numbers.
@@ -54,6 +70,9 @@ type Options struct {
 	PerThread bool
 	// NoBPF skips the kernel probes and uses only the /proc fallbacks.
 	NoBPF bool
+	// SampleReadWrite times one read/write syscall in N (per CPU) in the syscall
+	// latency histograms; counts and errors stay exact. 0 and 1 time every call.
+	SampleReadWrite int
 	// Logger receives one warning per collector that cannot attach; nil logs nothing.
 	Logger *zap.Logger
 	// ProcRoot and SysRoot default to /proc and /sys (overridden by tests).
@@ -75,7 +94,8 @@ type CollectorStatus struct {
 // Status is the Collector's health: which collectors run from which source, the
 // watched set, and cumulative BPF run statistics (the probes' measured overhead).
 type Status struct {
-	// Collectors are in a fixed order: block_io, off_cpu, sched, page_faults, syscalls, pressure.
+	// Collectors are in a fixed order: block_io, off_cpu, sched, page_faults, syscalls,
+	// syscall_latency, sync_wait, runqueue, nvidia_ioctl, tcp, memory, pressure.
 	Collectors []CollectorStatus `json:"collectors"`
 	// Watched are the watched tgids, sorted; Cgroups the watched cgroup directories.
 	Watched []int    `json:"watched"`
@@ -107,36 +127,54 @@ type Collector struct {
 	prevProc  map[int]ProcFaults
 	prevCtx   map[int][2]uint64
 	prevDisk  map[uint32]diskStat
+	procFS    procfs.FS      // opts.ProcRoot
+	blockFS   blockdevice.FS // opts.ProcRoot and opts.SysRoot
 	devs      devNames
 	prevStats map[string]ProgStats
 }
 
 // collectorPrograms lists the BPF programs each collector needs.
 var collectorPrograms = map[string][]string{
-	CollectorBlockIO:    {"block_rq_issue", "block_rq_complete", "block_rq_requeue"},
-	CollectorOffCPU:     {"sched_switch", "sched_wakeup"},
-	CollectorSched:      {"sched_switch", "sched_migrate_task"},
-	CollectorPageFaults: {"page_fault_user", "sched_process_exit"},
-	CollectorSyscalls:   {"sys_enter", "sys_exit"},
+	CollectorBlockIO:        {"block_rq_issue", "block_rq_complete", "block_rq_requeue"},
+	CollectorOffCPU:         {"sched_switch", "sched_wakeup"},
+	CollectorSched:          {"sched_switch", "sched_migrate_task"},
+	CollectorPageFaults:     {"page_fault_user", "sched_process_exit"},
+	CollectorSyscalls:       {"sys_enter", "sys_exit"},
+	CollectorSyscallLatency: {"sys_enter", "sys_exit"},
+	CollectorSyncWait:       {"sys_enter", "sys_exit"},
+	CollectorNvidiaIoctl:    {"sys_enter", "sys_exit"},
+	CollectorRunqueue:       {"sched_switch", "sched_wakeup", "sched_wakeup_new"},
+	CollectorTCP:            {"sock_send_length", "sock_recv_length", "tcp_retransmit_skb"},
 }
 
 // collectorOrder is the order of Status().Collectors.
-var collectorOrder = []string{CollectorBlockIO, CollectorOffCPU, CollectorSched, CollectorPageFaults, CollectorSyscalls, CollectorPressure}
+var collectorOrder = []string{CollectorBlockIO, CollectorOffCPU, CollectorSched, CollectorPageFaults, CollectorSyscalls,
+	CollectorSyscallLatency, CollectorSyncWait, CollectorRunqueue, CollectorNvidiaIoctl, CollectorTCP, CollectorMemory,
+	CollectorPressure}
 
 // fallbacks says which /proc source replaces a collector whose probes failed.
 var fallbacks = map[string]string{
-	CollectorBlockIO:    SourceProc, // /proc/diskstats: IOPS, bytes, in-flight; no histogram
-	CollectorOffCPU:     SourceOff,
-	CollectorSched:      SourceProc, // /proc/<pid>/task/*/status ctxt switches; no migrations
-	CollectorPageFaults: SourceProc, // /proc/<pid>/stat minflt+majflt
-	CollectorSyscalls:   SourceOff,
+	CollectorBlockIO:        SourceProc, // /proc/diskstats: IOPS, bytes, in-flight; no histogram
+	CollectorOffCPU:         SourceOff,
+	CollectorSched:          SourceProc, // /proc/<pid>/task/*/status ctxt switches; no migrations
+	CollectorPageFaults:     SourceProc, // /proc/<pid>/stat minflt+majflt
+	CollectorSyscalls:       SourceOff,
+	CollectorSyscallLatency: SourceOff,
+	CollectorSyncWait:       SourceOff,
+	CollectorNvidiaIoctl:    SourceOff,
+	CollectorRunqueue:       SourceOff,
+	CollectorTCP:            SourceOff,
 }
 
 // Start loads and attaches the probes and returns a running Collector. Failing probes
 // never fail Start: each collector that cannot attach is logged once, reported by
 // Status with the reason, and replaced by its /proc fallback where one exists. Start
-// fails only on bad options (a pid or cgroup that does not exist).
+// fails only on bad options (a pid or cgroup that does not exist, a negative sampling
+// factor).
 func Start(opts Options) (*Collector, error) {
+	if opts.SampleReadWrite < 0 {
+		return nil, fmt.Errorf("sample read/write %d: must be 0 (every call) or positive", opts.SampleReadWrite)
+	}
 	if opts.ProcRoot == "" {
 		opts.ProcRoot = "/proc"
 	}
@@ -151,6 +189,13 @@ func Start(opts Options) (*Collector, error) {
 		opts: opts, log: log, watched: map[int]bool{}, status: map[string]*CollectorStatus{},
 		prevProc: map[int]ProcFaults{}, prevCtx: map[int][2]uint64{}, prevStats: map[string]ProgStats{},
 		devs: devNames{sysRoot: opts.SysRoot},
+	}
+	var err error
+	if c.procFS, err = procfs.NewFS(opts.ProcRoot); err != nil {
+		return nil, fmt.Errorf("proc root: %w", err)
+	}
+	if c.blockFS, err = blockdevice.NewFS(opts.ProcRoot, opts.SysRoot); err != nil {
+		return nil, fmt.Errorf("proc/sys root: %w", err)
 	}
 	var cgroupIDs []uint64
 	for _, cg := range opts.Cgroups {
@@ -167,11 +212,14 @@ func Start(opts Options) (*Collector, error) {
 	if opts.NoBPF {
 		loadErr = errors.New("disabled by option")
 	} else {
-		c.probes, failed, loadErr = loadProbes()
+		c.probes, failed, loadErr = loadProbes(uint32(max(1, opts.SampleReadWrite)))
 	}
 	for _, name := range collectorOrder {
 		st := &CollectorStatus{Name: name, Programs: collectorPrograms[name], Source: SourceBPF}
-		if name == CollectorPressure {
+		if name == CollectorMemory {
+			st.Programs = nil
+			st.Source = SourceProc // /proc/<pid>/status: VmRSS is a gauge no probe improves on
+		} else if name == CollectorPressure {
 			st.Programs = nil
 			st.Source = SourceProc
 			if _, err := os.Stat(filepath.Join(opts.ProcRoot, "pressure")); err != nil {
@@ -266,10 +314,10 @@ func (c *Collector) Watch(pid int) error {
 	}
 	c.watched[pid] = true
 	// Baselines, so the first interval counts from now.
-	if f, err := readProcFaults(c.opts.ProcRoot, pid); err == nil {
+	if f, err := readProcFaults(c.procFS, pid); err == nil {
 		c.prevProc[pid] = f
 	}
-	if v, i, err := ctxSwitches(c.opts.ProcRoot, pid); err == nil {
+	if v, i, err := ctxSwitches(c.procFS, pid); err == nil {
 		c.prevCtx[pid] = [2]uint64{v, i}
 	}
 	return nil

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/trace")
@@ -34,9 +36,25 @@ func golden(t *testing.T, name string, got []byte) {
 	}
 }
 
-// TestParsePSIGolden parses every file in testdata/trace/psi and compares the results
-// (values or error) with psi.golden.json.
-func TestParsePSIGolden(t *testing.T) {
+// psiFS lays b out as <tmp>/pressure/cpu, the layout procfs reads.
+func psiFS(t testing.TB, b []byte) procfs.FS {
+	root := t.TempDir()
+	if err := os.Mkdir(filepath.Join(root, "pressure"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "pressure", "cpu"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := procfs.NewFS(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+// TestReadPSIGolden reads every file in testdata/trace/psi as a /proc/pressure file and
+// compares the results (values or error) with psi.golden.json.
+func TestReadPSIGolden(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join(testdataDir, "psi", "*.txt"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no PSI fixtures: %v", err)
@@ -53,7 +71,7 @@ func TestParsePSIGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r, err := ParsePSI(b)
+			r, err := readPSIResource(psiFS(t, b), "cpu")
 			bad := strings.HasPrefix(name, "bad-")
 			switch {
 			case bad && err == nil:
@@ -84,13 +102,15 @@ func TestReadPSIAbsent(t *testing.T) {
 	}
 }
 
-func TestParseProcStat(t *testing.T) {
+// TestReadProcFaults reads the fixtures of testdata/trace/procstat as /proc/<pid>/stat.
+func TestReadProcFaults(t *testing.T) {
 	for _, tc := range []struct {
 		file         string
 		minor, major uint64
 		wantErr      bool
 	}{
 		{file: "paren-in-comm.txt", minor: 1234, major: 56},
+		{file: "self.txt", minor: 117, major: 0},
 		{file: "bad-short.txt", wantErr: true},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
@@ -98,7 +118,19 @@ func TestParseProcStat(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := ParseProcStat(b)
+			root := t.TempDir()
+			const pid = 4242
+			if err := os.MkdirAll(filepath.Join(root, "4242"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(root, "4242", "stat"), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			fs, err := procfs.NewFS(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := readProcFaults(fs, pid)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
 			}
@@ -129,6 +161,17 @@ func sampleSnapshot() Snapshot {
 		Sched:       map[string]Sched{"4242": {Voluntary: 12, Involuntary: 3, Migrations: 1, Source: SourceBPF}},
 		Threads: []Thread{{TID: 4243, PID: 4242, OffCPU: OffCPU{RunnableNs: 1000000, SleepNs: 300000000, BlockedNs: 300000000},
 			Voluntary: 12, Involuntary: 3, Migrations: 1}},
+		SyscallLatency: map[string]map[string]LatencyStats{"4242": {
+			"futex": {Count: 4, Errors: 1, Timed: 4, TotalNs: 200000000, Buckets: []Bucket{{Slot: 16, Count: 4, BucketLow: 32768, BucketHigh: 65535}}},
+			"read":  {Count: 100, Timed: 10, TotalNs: 30000, Buckets: []Bucket{{Slot: 2, Count: 10, BucketLow: 2, BucketHigh: 3}}},
+		}},
+		SyncWait: map[string]map[string]LatencyStats{"4242": {
+			"futex": {Count: 3, Errors: 1, Timed: 3, TotalNs: 150000000, Buckets: []Bucket{{Slot: 16, Count: 3, BucketLow: 32768, BucketHigh: 65535}}},
+		}},
+		RunqueueLatency: map[string]LatencyStats{"4242": {Count: 7, Timed: 7, TotalNs: 21000000, Buckets: []Bucket{{Slot: 12, Count: 7, BucketLow: 2048, BucketHigh: 4095}}}},
+		NvidiaIoctl:     map[string]LatencyStats{"4242": {Count: 2, Errors: 2, Timed: 2, TotalNs: 4000, Buckets: []Bucket{{Slot: 2, Count: 2, BucketLow: 2, BucketHigh: 3}}}},
+		TCP:             map[string]TCP{"4242": {TxBytes: 1048576, RxBytes: 524288, TxCalls: 16, RxCalls: 40, Retransmits: 1}},
+		Memory:          map[string]Memory{"4242": {RSSBytes: 1073741824, RSSPeakBytes: 2147483648}},
 		Pressure: map[string]PSIResource{
 			"cpu":    {Some: &PSIValues{Avg10: 1.5, Avg60: 0.75, Avg300: 0.25, Total: 123456}, Full: &PSIValues{}},
 			"io":     {Some: &PSIValues{Avg10: 0.1, Total: 42}, Full: &PSIValues{Avg10: 0.05, Total: 21}},
@@ -140,6 +183,10 @@ func sampleSnapshot() Snapshot {
 			TotalEvents: 5000, TotalRunTimeNs: 1060000}},
 		Drops: map[string]uint64{"ringbuf_full": 1},
 	}
+	for _, c := range []string{CollectorSyscallLatency, CollectorSyncWait, CollectorRunqueue, CollectorNvidiaIoctl, CollectorTCP} {
+		s.Collectors[c] = SourceBPF
+	}
+	s.Collectors[CollectorMemory] = SourceProc
 	s.stamp(time.Date(2026, 11, 25, 21, 0, 5, 123456000, time.UTC), 5*time.Second)
 	return s
 }
@@ -306,7 +353,10 @@ func TestFormatText(t *testing.T) {
 	if err := FormatText(&b, sampleSnapshot()); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"vda", "pid 4242", "sleep 300ms", "/dev/nvidia0", "pressure cpu", "sched_switch 1000×212ns", "DROPPED ringbuf_full: 1"} {
+	for _, want := range []string{"vda", "pid 4242", "sleep 300ms", "/dev/nvidia0", "pressure cpu", "sched_switch 1000×212ns", "DROPPED ringbuf_full: 1",
+		"rss 1.0GiB (peak 2.0GiB)", "tcp tx 1.0MiB rx 512.0KiB retrans 1", "runq 7× mean 3ms max<4.096ms",
+		"nvidia ioctl 2× (2 failed) mean 2µs max<4µs", "waits  futex 3× (1 failed) mean 50ms max<65.536ms",
+		"syscalls  futex 4× (1 failed) mean 50ms max<65.536ms  read 100× mean 3µs max<4µs"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("text output lacks %q:\n%s", want, b.String())
 		}

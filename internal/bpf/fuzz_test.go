@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -22,11 +23,16 @@ func addSeeds(f *testing.F, dir string) {
 	}
 }
 
-func FuzzParsePSI(f *testing.F) {
+// FuzzReadPSI: whatever a pressure file holds, ReadPSI's checks on top of procfs either
+// refuse it or return a some line and averages within 0..100.
+func FuzzReadPSI(f *testing.F) {
 	addSeeds(f, "psi")
 	f.Fuzz(func(t *testing.T, b []byte) {
-		r, err := ParsePSI(b)
+		r, err := readPSIResource(psiFS(t, b), "cpu")
 		if err != nil {
+			if !errors.Is(err, ErrBadPSI) {
+				t.Fatalf("error %v is not ErrBadPSI", err)
+			}
 			return
 		}
 		if r.Some == nil {
@@ -37,13 +43,6 @@ func FuzzParsePSI(f *testing.F) {
 				t.Fatalf("average out of range: %+v", v)
 			}
 		}
-	})
-}
-
-func FuzzParseProcStat(f *testing.F) {
-	addSeeds(f, "procstat")
-	f.Fuzz(func(t *testing.T, b []byte) {
-		_, _ = ParseProcStat(b)
 	})
 }
 

@@ -15,16 +15,6 @@ import (
 
 const killWriterEnv = "STRAP_BPF_TEST_KILL_WRITER"
 
-func TestMain(m *testing.M) {
-	if path := os.Getenv(killWriterEnv); path != "" {
-		killWriterChild(path) // never returns
-	}
-	if os.Getenv(unprivEnv) != "" {
-		unprivChild() // never returns
-	}
-	os.Exit(m.Run())
-}
-
 // killWriterChild appends large snapshot lines as fast as it can until it is killed.
 func killWriterChild(path string) {
 	w, _, err := OpenFile(path, WriterOptions{})

@@ -29,6 +29,7 @@ type probes struct {
 	statsErr string
 	ring     *ringbuf.Reader
 	done     chan struct{}
+	sampleRW uint32 // the sample_rw constant: time one read/write in this many
 
 	mu        sync.Mutex
 	opens     []DeviceOpen
@@ -48,17 +49,21 @@ func (p *probes) attachPoints() map[string]*ebpf.Program {
 		"sys_enter":          p.objs.SysEnter,
 		"sys_exit":           p.objs.SysExit,
 		"sched_process_exit": p.objs.SchedProcessExit,
+		"sched_wakeup_new":   p.objs.SchedWakeupNew,
+		"sock_send_length":   p.objs.SockSendLength,
+		"sock_recv_length":   p.objs.SockRecvLength,
+		"tcp_retransmit_skb": p.objs.TcpRetransmitSkb,
 	}
 }
 
 // loadProbes loads the object and attaches every program it can. A nil probes with an
 // error means nothing loaded (no CAP_BPF, no BTF…); otherwise failed names the programs
 // that would not attach.
-func loadProbes() (*probes, map[string]error, error) {
+func loadProbes(sampleRW uint32) (*probes, map[string]error, error) {
 	// Only kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; where raising it fails
 	// (no CAP_SYS_RESOURCE) the load below reports the real problem.
 	memlockErr := rlimit.RemoveMemlock()
-	p := &probes{done: make(chan struct{})}
+	p := &probes{done: make(chan struct{}), sampleRW: sampleRW}
 	if err := p.load(); err != nil {
 		if memlockErr != nil && !errors.Is(err, unix.EPERM) {
 			err = fmt.Errorf("%w (and raising RLIMIT_MEMLOCK failed: %v)", err, memlockErr)
@@ -94,6 +99,15 @@ func (p *probes) load() error {
 	spec, err := loadStrap()
 	if err != nil {
 		return fmt.Errorf("load bpf spec: %w", err)
+	}
+	if p.sampleRW > 1 {
+		v, ok := spec.Variables["sample_rw"]
+		if !ok {
+			return errors.New("load bpf spec: no sample_rw variable")
+		}
+		if err := v.Set(p.sampleRW); err != nil {
+			return fmt.Errorf("set sample_rw: %w", err)
+		}
 	}
 	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
@@ -184,6 +198,8 @@ func (p *probes) read(sweep bool) (rawCounters, error) {
 	raw := rawCounters{
 		devs: map[uint32]devCounters{}, inflight: map[uint32]int64{},
 		threads: map[uint32]threadCounters{}, procs: map[uint32]procCounters{},
+		syscalls: map[tgidID]latCounters{}, syncs: map[tgidID]latCounters{}, runq: map[uint32]latCounters{},
+		ioctl: map[uint32]latCounters{}, tcp: map[uint32]TCP{},
 	}
 	var errs []error
 
@@ -245,6 +261,44 @@ func (p *probes) read(sweep bool) (rawCounters, error) {
 		errs = append(errs, fmt.Errorf("proc stats: %w", err))
 	}
 
+	var lk strapTgidKey
+	var lv strapLatStats
+	for _, m := range []struct {
+		name string
+		m    *ebpf.Map
+		dst  map[tgidID]latCounters
+	}{{"syscall stats", p.objs.SyscallStats, raw.syscalls}, {"sync stats", p.objs.SyncStats, raw.syncs}} {
+		it = m.m.Iterate()
+		for it.Next(&lk, &lv) {
+			m.dst[tgidID{lk.Tgid, lk.Id}] = latFrom(lv)
+		}
+		if err := it.Err(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", m.name, err))
+		}
+	}
+	for _, m := range []struct {
+		name string
+		m    *ebpf.Map
+		dst  map[uint32]latCounters
+	}{{"runq stats", p.objs.RunqStats, raw.runq}, {"ioctl stats", p.objs.IoctlStats, raw.ioctl}} {
+		it = m.m.Iterate()
+		for it.Next(&pk, &lv) {
+			m.dst[pk] = latFrom(lv)
+		}
+		if err := it.Err(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", m.name, err))
+		}
+	}
+	var tv2 strapTcpStats
+	it = p.objs.TcpStatsMap.Iterate()
+	for it.Next(&pk, &tv2) {
+		raw.tcp[pk] = TCP{TxBytes: tv2.TxBytes, RxBytes: tv2.RxBytes, TxCalls: tv2.TxCalls, RxCalls: tv2.RxCalls,
+			Retransmits: tv2.Retransmits}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("tcp stats: %w", err))
+	}
+
 	for i := range raw.errs {
 		var v uint64
 		if err := p.objs.Errs.Lookup(uint32(i), &v); err == nil {
@@ -264,9 +318,30 @@ func (p *probes) read(sweep bool) (rawCounters, error) {
 	return raw, errors.Join(errs...)
 }
 
+func latFrom(v strapLatStats) latCounters {
+	return latCounters{count: v.Count, errors: v.Errors, timed: v.Timed, totalNs: v.TotalNs, slots: v.Slots}
+}
+
 // forgetProcess drops a process's counters (it exited or is no longer watched).
 func (p *probes) forgetProcess(tgid uint32) {
 	_ = p.objs.ProcStatsMap.Delete(tgid)
+	_ = p.objs.RunqStats.Delete(tgid)
+	_ = p.objs.IoctlStats.Delete(tgid)
+	_ = p.objs.TcpStatsMap.Delete(tgid)
+	for _, m := range []*ebpf.Map{p.objs.SyscallStats, p.objs.SyncStats} {
+		var k strapTgidKey
+		var v strapLatStats
+		var dead []strapTgidKey
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			if k.Tgid == tgid {
+				dead = append(dead, k)
+			}
+		}
+		for _, k := range dead {
+			_ = m.Delete(k)
+		}
+	}
 }
 
 // forgetThread drops an exited thread's entries.

@@ -5,7 +5,7 @@ package bpf
 // probes is absent on this platform; every collector uses its /proc fallback or is off.
 type probes struct{ statsErr string }
 
-func loadProbes() (*probes, map[string]error, error) { return nil, nil, ErrUnsupported }
+func loadProbes(uint32) (*probes, map[string]error, error) { return nil, nil, ErrUnsupported }
 
 func (p *probes) read(bool) (rawCounters, error)        { return rawCounters{}, nil }
 func (p *probes) drainOpens(int) ([]DeviceOpen, uint64) { return nil, 0 }

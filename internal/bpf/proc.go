@@ -1,14 +1,14 @@
 package bpf
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
+	"github.com/prometheus/procfs"
+	"github.com/prometheus/procfs/blockdevice"
 	"golang.org/x/sys/unix"
 )
 
@@ -18,68 +18,47 @@ type ProcFaults struct {
 	Minor, Major uint64
 }
 
-// ParseProcStat extracts the fault counters from the contents of /proc/<pid>/stat. The
-// command name (field 2) may contain spaces and parentheses, so fields are counted from
-// the last ')'.
-func ParseProcStat(b []byte) (ProcFaults, error) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return ProcFaults{}, fmt.Errorf("proc stat: no ')' after comm")
-	}
-	f := bytes.Fields(b[i+1:])
-	// f[0] is field 3 (state), so field n is f[n-3].
-	if len(f) < 10 {
-		return ProcFaults{}, fmt.Errorf("proc stat: %d fields after comm, want >= 10", len(f))
-	}
-	minor, err := strconv.ParseUint(string(f[7]), 10, 64)
-	if err != nil {
-		return ProcFaults{}, fmt.Errorf("proc stat minflt: %w", err)
-	}
-	major, err := strconv.ParseUint(string(f[9]), 10, 64)
-	if err != nil {
-		return ProcFaults{}, fmt.Errorf("proc stat majflt: %w", err)
-	}
-	return ProcFaults{Minor: minor, Major: major}, nil
-}
-
-func readProcFaults(procRoot string, pid int) (ProcFaults, error) {
-	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+// readProcFaults reads pid's fault counters with procfs, which counts the fields after
+// the last ')' (a command name may hold spaces and parentheses).
+func readProcFaults(fs procfs.FS, pid int) (ProcFaults, error) {
+	p, err := fs.Proc(pid)
 	if err != nil {
 		return ProcFaults{}, err
 	}
-	return ParseProcStat(b)
+	st, err := p.Stat()
+	if err != nil {
+		return ProcFaults{}, fmt.Errorf("proc stat %d: %w", pid, err)
+	}
+	return ProcFaults{Minor: uint64(st.MinFlt), Major: uint64(st.MajFlt)}, nil
+}
+
+// readMemory reads pid's resident set size and its peak from /proc/<pid>/status.
+func readMemory(fs procfs.FS, pid int) (Memory, error) {
+	p, err := fs.Proc(pid)
+	if err != nil {
+		return Memory{}, err
+	}
+	st, err := p.NewStatus()
+	if err != nil {
+		return Memory{}, fmt.Errorf("proc status %d: %w", pid, err)
+	}
+	return Memory{RSSBytes: st.VmRSS, RSSPeakBytes: st.VmHWM}, nil
 }
 
 // ctxSwitches sums voluntary/nonvoluntary_ctxt_switches over every thread of pid; the
 // process-level status file only shows the leader thread's.
-func ctxSwitches(procRoot string, pid int) (vol, invol uint64, err error) {
-	dir := filepath.Join(procRoot, strconv.Itoa(pid), "task")
-	ents, err := os.ReadDir(dir)
+func ctxSwitches(fs procfs.FS, pid int) (vol, invol uint64, err error) {
+	threads, err := fs.AllThreads(pid)
 	if err != nil {
 		return 0, 0, err
 	}
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "status"))
+	for _, t := range threads {
+		st, err := t.NewStatus()
 		if err != nil {
 			continue // thread exited between readdir and read
 		}
-		s := bufio.NewScanner(bytes.NewReader(b))
-		for s.Scan() {
-			k, v, ok := strings.Cut(s.Text(), ":")
-			if !ok {
-				continue
-			}
-			n, perr := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-			if perr != nil {
-				continue
-			}
-			switch k {
-			case "voluntary_ctxt_switches":
-				vol += n
-			case "nonvoluntary_ctxt_switches":
-				invol += n
-			}
-		}
+		vol += st.VoluntaryCtxtSwitches
+		invol += st.NonVoluntaryCtxtSwitches
 	}
 	return vol, invol, nil
 }
@@ -92,37 +71,21 @@ type diskStat struct {
 	inflight              int64
 }
 
-// parseDiskstats parses /proc/diskstats (sectors are 512 bytes regardless of the device).
-func parseDiskstats(b []byte) map[uint32]diskStat {
-	out := map[uint32]diskStat{}
-	s := bufio.NewScanner(bytes.NewReader(b))
-	for s.Scan() {
-		f := strings.Fields(s.Text())
-		if len(f) < 14 {
-			continue
-		}
-		var n [14]uint64
-		ok := true
-		for i := range 14 {
-			if i == 2 {
-				continue
-			}
-			v, err := strconv.ParseUint(f[i], 10, 64)
-			if err != nil {
-				ok = false
-				break
-			}
-			n[i] = v
-		}
-		if !ok {
-			continue
-		}
-		out[uint32(n[0]<<20|n[1])] = diskStat{
-			name: f[2], reads: n[3], readBytes: n[5] * 512, writes: n[7], writeBytes: n[9] * 512,
-			inflight: int64(n[11]),
+// diskstats reads /proc/diskstats with procfs, keyed like the tracepoints' device
+// numbers (major<<20 | minor); sectors are 512 bytes regardless of the device.
+func diskstats(fs blockdevice.FS) (map[uint32]diskStat, error) {
+	all, err := fs.ProcDiskstats()
+	if err != nil {
+		return nil, fmt.Errorf("diskstats: %w", err)
+	}
+	out := make(map[uint32]diskStat, len(all))
+	for _, d := range all {
+		out[d.MajorNumber<<20|d.MinorNumber] = diskStat{
+			name: d.DeviceName, reads: d.ReadIOs, readBytes: d.ReadSectors * 512,
+			writes: d.WriteIOs, writeBytes: d.WriteSectors * 512, inflight: int64(d.IOsInProgress),
 		}
 	}
-	return out
+	return out, nil
 }
 
 // devNames maps the tracepoint device number (major<<20 | minor) to the kernel's name

@@ -44,6 +44,21 @@ type Snapshot struct {
 	// Threads is the per-thread breakdown, present only when asked for.
 	Threads []Thread `json:"threads,omitempty"`
 
+	// SyscallLatency is every syscall of each process by name: counts, errors and a
+	// latency histogram (read and write possibly sampled: see LatencyStats.Timed).
+	SyscallLatency map[string]map[string]LatencyStats `json:"syscall_latency"`
+	// SyncWait is the blocking waits of each process by kind (futex, epoll_wait, poll,
+	// ppoll, clock_nanosleep).
+	SyncWait map[string]map[string]LatencyStats `json:"sync_wait"`
+	// RunqueueLatency is how long each process's threads waited for a CPU once runnable.
+	RunqueueLatency map[string]LatencyStats `json:"runqueue_latency"`
+	// NvidiaIoctl is the ioctls on files whose name starts with "nvidia", per process.
+	NvidiaIoctl map[string]LatencyStats `json:"nvidia_ioctl"`
+	// TCP is bytes sent and received over TCP and retransmits, per process.
+	TCP map[string]TCP `json:"tcp"`
+	// Memory is each process's resident set size at the snapshot time (a gauge).
+	Memory map[string]Memory `json:"memory"`
+
 	// Pressure is /proc/pressure cpu/io/memory; absent where the kernel has no PSI.
 	Pressure map[string]PSIResource `json:"pressure,omitempty"`
 
@@ -191,6 +206,39 @@ type Thread struct {
 	Voluntary   uint64 `json:"voluntary"`
 	Involuntary uint64 `json:"involuntary"`
 	Migrations  uint64 `json:"migrations"`
+}
+
+// LatencyStats is a count of events with a log2 latency histogram over the interval.
+type LatencyStats struct {
+	// Count is every event; Errors those that returned an error (-errno).
+	Count  uint64 `json:"count"`
+	Errors uint64 `json:"errors"`
+	// Timed is how many of Count were timed into TotalNs and Buckets: all of them except
+	// for sampled read/write (--sample-read-write N times about one in N) and calls
+	// already in progress when the probe attached.
+	Timed   uint64 `json:"timed"`
+	TotalNs uint64 `json:"total_ns"`
+	// Buckets are the non-empty log2 buckets of latency in µs, as in DeviceHistogram.
+	Buckets []Bucket `json:"buckets"`
+}
+
+// TCP is one process's TCP traffic over the interval.
+type TCP struct {
+	// TxBytes and RxBytes are what send/write and recv/read calls on TCP sockets
+	// moved; TxCalls and RxCalls count those calls.
+	TxBytes uint64 `json:"tx_bytes"`
+	RxBytes uint64 `json:"rx_bytes"`
+	TxCalls uint64 `json:"tx_calls"`
+	RxCalls uint64 `json:"rx_calls"`
+	// Retransmits counts segment retransmissions on sockets this process moved data on.
+	Retransmits uint64 `json:"retransmits"`
+}
+
+// Memory is one process's memory at the snapshot time.
+type Memory struct {
+	// RSSBytes is VmRSS and RSSPeakBytes VmHWM of /proc/<pid>/status.
+	RSSBytes     uint64 `json:"rss_bytes"`
+	RSSPeakBytes uint64 `json:"rss_peak_bytes"`
 }
 
 // ProgStats is one BPF program's run statistics (kernel.bpf_stats_enabled).

@@ -20,6 +20,15 @@ type strapDevStats struct {
 	Slots [32]uint64
 }
 
+type strapLatStats struct {
+	_       structs.HostLayout
+	Count   uint64
+	Errors  uint64
+	Timed   uint64
+	TotalNs uint64
+	Slots   [32]uint64
+}
+
 type strapOffcpuStart struct {
 	_      structs.HostLayout
 	Ts     uint64
@@ -36,10 +45,13 @@ type strapOpenEvent struct {
 }
 
 type strapPendingSyscall struct {
-	_    structs.HostLayout
-	Nr   int64
-	Arg0 uint64
-	Arg1 uint64
+	_        structs.HostLayout
+	Nr       int64
+	Arg0     uint64
+	Arg1     uint64
+	Ts       uint64
+	Flags    uint32
+	SyncKind uint32
 }
 
 type strapProcStats struct {
@@ -67,6 +79,21 @@ type strapRqStart struct {
 	Op    uint32
 }
 
+type strapTcpStats struct {
+	_           structs.HostLayout
+	TxBytes     uint64
+	RxBytes     uint64
+	TxCalls     uint64
+	RxCalls     uint64
+	Retransmits uint64
+}
+
+type strapTgidKey struct {
+	_    structs.HostLayout
+	Tgid uint32
+	Id   uint32
+}
+
 type strapThreadStats struct {
 	_          structs.HostLayout
 	Tgid       uint32
@@ -86,11 +113,18 @@ const (
 	strapMapCfg               = "cfg"
 	strapMapDevStatsMap       = "dev_stats_map"
 	strapMapErrs              = "errs"
+	strapMapIoctlStats        = "ioctl_stats"
 	strapMapOffcpuStarts      = "offcpu_starts"
 	strapMapOpenEvents        = "open_events"
 	strapMapPendingSyscalls   = "pending_syscalls"
 	strapMapProcStatsMap      = "proc_stats_map"
 	strapMapRqStarts          = "rq_starts"
+	strapMapRunqStats         = "runq_stats"
+	strapMapRwSeen            = "rw_seen"
+	strapMapSockOwner         = "sock_owner"
+	strapMapSyncStats         = "sync_stats"
+	strapMapSyscallStats      = "syscall_stats"
+	strapMapTcpStatsMap       = "tcp_stats_map"
 	strapMapThreadStatsMap    = "thread_stats_map"
 	strapMapWatchedCgroups    = "watched_cgroups"
 	strapMapWatchedTgids      = "watched_tgids"
@@ -102,13 +136,29 @@ const (
 	strapProgSchedProcessExit = "sched_process_exit"
 	strapProgSchedSwitch      = "sched_switch"
 	strapProgSchedWakeup      = "sched_wakeup"
+	strapProgSchedWakeupNew   = "sched_wakeup_new"
+	strapProgSockRecvLength   = "sock_recv_length"
+	strapProgSockSendLength   = "sock_send_length"
 	strapProgSysEnter         = "sys_enter"
 	strapProgSysExit          = "sys_exit"
+	strapProgTcpRetransmitSkb = "tcp_retransmit_skb"
+	strapVarNrClockNanosleep  = "nr_clock_nanosleep"
+	strapVarNrEpollPwait      = "nr_epoll_pwait"
+	strapVarNrEpollPwait2     = "nr_epoll_pwait2"
+	strapVarNrEpollWait       = "nr_epoll_wait"
+	strapVarNrFutex           = "nr_futex"
+	strapVarNrFutexWaitv      = "nr_futex_waitv"
+	strapVarNrIoctl           = "nr_ioctl"
 	strapVarNrMlock           = "nr_mlock"
 	strapVarNrMlock2          = "nr_mlock2"
 	strapVarNrMmap            = "nr_mmap"
 	strapVarNrMunlock         = "nr_munlock"
 	strapVarNrOpenat          = "nr_openat"
+	strapVarNrPoll            = "nr_poll"
+	strapVarNrPpoll           = "nr_ppoll"
+	strapVarNrRead            = "nr_read"
+	strapVarNrWrite           = "nr_write"
+	strapVarSampleRw          = "sample_rw"
 	strapVarUnusedOpenEvent   = "unused_open_event"
 )
 
@@ -162,8 +212,12 @@ type strapProgramSpecs struct {
 	SchedProcessExit *ebpf.ProgramSpec `ebpf:"sched_process_exit"`
 	SchedSwitch      *ebpf.ProgramSpec `ebpf:"sched_switch"`
 	SchedWakeup      *ebpf.ProgramSpec `ebpf:"sched_wakeup"`
+	SchedWakeupNew   *ebpf.ProgramSpec `ebpf:"sched_wakeup_new"`
+	SockRecvLength   *ebpf.ProgramSpec `ebpf:"sock_recv_length"`
+	SockSendLength   *ebpf.ProgramSpec `ebpf:"sock_send_length"`
 	SysEnter         *ebpf.ProgramSpec `ebpf:"sys_enter"`
 	SysExit          *ebpf.ProgramSpec `ebpf:"sys_exit"`
+	TcpRetransmitSkb *ebpf.ProgramSpec `ebpf:"tcp_retransmit_skb"`
 }
 
 // strapMapSpecs contains maps before they are loaded into the kernel.
@@ -173,11 +227,18 @@ type strapMapSpecs struct {
 	Cfg             *ebpf.MapSpec `ebpf:"cfg"`
 	DevStatsMap     *ebpf.MapSpec `ebpf:"dev_stats_map"`
 	Errs            *ebpf.MapSpec `ebpf:"errs"`
+	IoctlStats      *ebpf.MapSpec `ebpf:"ioctl_stats"`
 	OffcpuStarts    *ebpf.MapSpec `ebpf:"offcpu_starts"`
 	OpenEvents      *ebpf.MapSpec `ebpf:"open_events"`
 	PendingSyscalls *ebpf.MapSpec `ebpf:"pending_syscalls"`
 	ProcStatsMap    *ebpf.MapSpec `ebpf:"proc_stats_map"`
 	RqStarts        *ebpf.MapSpec `ebpf:"rq_starts"`
+	RunqStats       *ebpf.MapSpec `ebpf:"runq_stats"`
+	RwSeen          *ebpf.MapSpec `ebpf:"rw_seen"`
+	SockOwner       *ebpf.MapSpec `ebpf:"sock_owner"`
+	SyncStats       *ebpf.MapSpec `ebpf:"sync_stats"`
+	SyscallStats    *ebpf.MapSpec `ebpf:"syscall_stats"`
+	TcpStatsMap     *ebpf.MapSpec `ebpf:"tcp_stats_map"`
 	ThreadStatsMap  *ebpf.MapSpec `ebpf:"thread_stats_map"`
 	WatchedCgroups  *ebpf.MapSpec `ebpf:"watched_cgroups"`
 	WatchedTgids    *ebpf.MapSpec `ebpf:"watched_tgids"`
@@ -187,12 +248,24 @@ type strapMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type strapVariableSpecs struct {
-	NrMlock         *ebpf.VariableSpec `ebpf:"nr_mlock"`
-	NrMlock2        *ebpf.VariableSpec `ebpf:"nr_mlock2"`
-	NrMmap          *ebpf.VariableSpec `ebpf:"nr_mmap"`
-	NrMunlock       *ebpf.VariableSpec `ebpf:"nr_munlock"`
-	NrOpenat        *ebpf.VariableSpec `ebpf:"nr_openat"`
-	UnusedOpenEvent *ebpf.VariableSpec `ebpf:"unused_open_event"`
+	NrClockNanosleep *ebpf.VariableSpec `ebpf:"nr_clock_nanosleep"`
+	NrEpollPwait     *ebpf.VariableSpec `ebpf:"nr_epoll_pwait"`
+	NrEpollPwait2    *ebpf.VariableSpec `ebpf:"nr_epoll_pwait2"`
+	NrEpollWait      *ebpf.VariableSpec `ebpf:"nr_epoll_wait"`
+	NrFutex          *ebpf.VariableSpec `ebpf:"nr_futex"`
+	NrFutexWaitv     *ebpf.VariableSpec `ebpf:"nr_futex_waitv"`
+	NrIoctl          *ebpf.VariableSpec `ebpf:"nr_ioctl"`
+	NrMlock          *ebpf.VariableSpec `ebpf:"nr_mlock"`
+	NrMlock2         *ebpf.VariableSpec `ebpf:"nr_mlock2"`
+	NrMmap           *ebpf.VariableSpec `ebpf:"nr_mmap"`
+	NrMunlock        *ebpf.VariableSpec `ebpf:"nr_munlock"`
+	NrOpenat         *ebpf.VariableSpec `ebpf:"nr_openat"`
+	NrPoll           *ebpf.VariableSpec `ebpf:"nr_poll"`
+	NrPpoll          *ebpf.VariableSpec `ebpf:"nr_ppoll"`
+	NrRead           *ebpf.VariableSpec `ebpf:"nr_read"`
+	NrWrite          *ebpf.VariableSpec `ebpf:"nr_write"`
+	SampleRw         *ebpf.VariableSpec `ebpf:"sample_rw"`
+	UnusedOpenEvent  *ebpf.VariableSpec `ebpf:"unused_open_event"`
 }
 
 // strapObjects contains all objects after they have been loaded into the kernel.
@@ -218,11 +291,18 @@ type strapMaps struct {
 	Cfg             *ebpf.Map `ebpf:"cfg"`
 	DevStatsMap     *ebpf.Map `ebpf:"dev_stats_map"`
 	Errs            *ebpf.Map `ebpf:"errs"`
+	IoctlStats      *ebpf.Map `ebpf:"ioctl_stats"`
 	OffcpuStarts    *ebpf.Map `ebpf:"offcpu_starts"`
 	OpenEvents      *ebpf.Map `ebpf:"open_events"`
 	PendingSyscalls *ebpf.Map `ebpf:"pending_syscalls"`
 	ProcStatsMap    *ebpf.Map `ebpf:"proc_stats_map"`
 	RqStarts        *ebpf.Map `ebpf:"rq_starts"`
+	RunqStats       *ebpf.Map `ebpf:"runq_stats"`
+	RwSeen          *ebpf.Map `ebpf:"rw_seen"`
+	SockOwner       *ebpf.Map `ebpf:"sock_owner"`
+	SyncStats       *ebpf.Map `ebpf:"sync_stats"`
+	SyscallStats    *ebpf.Map `ebpf:"syscall_stats"`
+	TcpStatsMap     *ebpf.Map `ebpf:"tcp_stats_map"`
 	ThreadStatsMap  *ebpf.Map `ebpf:"thread_stats_map"`
 	WatchedCgroups  *ebpf.Map `ebpf:"watched_cgroups"`
 	WatchedTgids    *ebpf.Map `ebpf:"watched_tgids"`
@@ -233,11 +313,18 @@ func (m *strapMaps) Close() error {
 		m.Cfg,
 		m.DevStatsMap,
 		m.Errs,
+		m.IoctlStats,
 		m.OffcpuStarts,
 		m.OpenEvents,
 		m.PendingSyscalls,
 		m.ProcStatsMap,
 		m.RqStarts,
+		m.RunqStats,
+		m.RwSeen,
+		m.SockOwner,
+		m.SyncStats,
+		m.SyscallStats,
+		m.TcpStatsMap,
 		m.ThreadStatsMap,
 		m.WatchedCgroups,
 		m.WatchedTgids,
@@ -248,12 +335,24 @@ func (m *strapMaps) Close() error {
 //
 // It can be passed to loadStrapObjects or ebpf.CollectionSpec.LoadAndAssign.
 type strapVariables struct {
-	NrMlock         *ebpf.Variable `ebpf:"nr_mlock"`
-	NrMlock2        *ebpf.Variable `ebpf:"nr_mlock2"`
-	NrMmap          *ebpf.Variable `ebpf:"nr_mmap"`
-	NrMunlock       *ebpf.Variable `ebpf:"nr_munlock"`
-	NrOpenat        *ebpf.Variable `ebpf:"nr_openat"`
-	UnusedOpenEvent *ebpf.Variable `ebpf:"unused_open_event"`
+	NrClockNanosleep *ebpf.Variable `ebpf:"nr_clock_nanosleep"`
+	NrEpollPwait     *ebpf.Variable `ebpf:"nr_epoll_pwait"`
+	NrEpollPwait2    *ebpf.Variable `ebpf:"nr_epoll_pwait2"`
+	NrEpollWait      *ebpf.Variable `ebpf:"nr_epoll_wait"`
+	NrFutex          *ebpf.Variable `ebpf:"nr_futex"`
+	NrFutexWaitv     *ebpf.Variable `ebpf:"nr_futex_waitv"`
+	NrIoctl          *ebpf.Variable `ebpf:"nr_ioctl"`
+	NrMlock          *ebpf.Variable `ebpf:"nr_mlock"`
+	NrMlock2         *ebpf.Variable `ebpf:"nr_mlock2"`
+	NrMmap           *ebpf.Variable `ebpf:"nr_mmap"`
+	NrMunlock        *ebpf.Variable `ebpf:"nr_munlock"`
+	NrOpenat         *ebpf.Variable `ebpf:"nr_openat"`
+	NrPoll           *ebpf.Variable `ebpf:"nr_poll"`
+	NrPpoll          *ebpf.Variable `ebpf:"nr_ppoll"`
+	NrRead           *ebpf.Variable `ebpf:"nr_read"`
+	NrWrite          *ebpf.Variable `ebpf:"nr_write"`
+	SampleRw         *ebpf.Variable `ebpf:"sample_rw"`
+	UnusedOpenEvent  *ebpf.Variable `ebpf:"unused_open_event"`
 }
 
 // strapPrograms contains all programs after they have been loaded into the kernel.
@@ -268,8 +367,12 @@ type strapPrograms struct {
 	SchedProcessExit *ebpf.Program `ebpf:"sched_process_exit"`
 	SchedSwitch      *ebpf.Program `ebpf:"sched_switch"`
 	SchedWakeup      *ebpf.Program `ebpf:"sched_wakeup"`
+	SchedWakeupNew   *ebpf.Program `ebpf:"sched_wakeup_new"`
+	SockRecvLength   *ebpf.Program `ebpf:"sock_recv_length"`
+	SockSendLength   *ebpf.Program `ebpf:"sock_send_length"`
 	SysEnter         *ebpf.Program `ebpf:"sys_enter"`
 	SysExit          *ebpf.Program `ebpf:"sys_exit"`
+	TcpRetransmitSkb *ebpf.Program `ebpf:"tcp_retransmit_skb"`
 }
 
 func (p *strapPrograms) Close() error {
@@ -282,8 +385,12 @@ func (p *strapPrograms) Close() error {
 		p.SchedProcessExit,
 		p.SchedSwitch,
 		p.SchedWakeup,
+		p.SchedWakeupNew,
+		p.SockRecvLength,
+		p.SockSendLength,
 		p.SysEnter,
 		p.SysExit,
+		p.TcpRetransmitSkb,
 	)
 }
 

@@ -46,6 +46,12 @@ func FormatText(w io.Writer, s Snapshot) error {
 	for k := range s.Sched {
 		pids[k] = true
 	}
+	for k := range s.SyscallLatency {
+		pids[k] = true
+	}
+	for k := range s.Memory {
+		pids[k] = true
+	}
 	keys := slices.SortedFunc(maps.Keys(pids), func(a, b string) int {
 		x, _ := strconv.Atoi(a)
 		y, _ := strconv.Atoi(b)
@@ -67,6 +73,51 @@ func FormatText(w io.Writer, s Snapshot) error {
 			fmt.Fprintf(&b, "           mmap %d (%s)  mlock %d (%s)  munlock %d (%s)  openat %d (%d failed)  nvidia opens %d\n",
 				sc.MmapCount, humanBytes(float64(sc.MmapBytes)), sc.MlockCount, humanBytes(float64(sc.MlockBytes)),
 				sc.MunlockCount, humanBytes(float64(sc.MunlockBytes)), sc.OpenatCount, sc.OpenatFailed, sc.NvidiaOpens)
+		}
+		var extra []string
+		if m, ok := s.Memory[pid]; ok {
+			extra = append(extra, fmt.Sprintf("rss %s (peak %s)", humanBytes(float64(m.RSSBytes)), humanBytes(float64(m.RSSPeakBytes))))
+		}
+		if t, ok := s.TCP[pid]; ok {
+			extra = append(extra, fmt.Sprintf("tcp tx %s rx %s retrans %d", humanBytes(float64(t.TxBytes)), humanBytes(float64(t.RxBytes)), t.Retransmits))
+		}
+		if l, ok := s.RunqueueLatency[pid]; ok {
+			extra = append(extra, "runq "+latText(l))
+		}
+		if l, ok := s.NvidiaIoctl[pid]; ok {
+			extra = append(extra, "nvidia ioctl "+latText(l))
+		}
+		if len(extra) > 0 {
+			fmt.Fprintf(&b, "           %s\n", strings.Join(extra, "  "))
+		}
+		if m := s.SyncWait[pid]; len(m) > 0 {
+			b.WriteString("           waits")
+			for _, k := range slices.Sorted(maps.Keys(m)) {
+				fmt.Fprintf(&b, "  %s %s", k, latText(m[k]))
+			}
+			b.WriteString("\n")
+		}
+		if m := s.SyscallLatency[pid]; len(m) > 0 {
+			// The syscalls that took the most time, then the most frequent.
+			names := slices.SortedFunc(maps.Keys(m), func(a, b string) int {
+				x, y := m[a], m[b]
+				switch {
+				case x.TotalNs != y.TotalNs:
+					return cmpDesc(x.TotalNs, y.TotalNs)
+				case x.Count != y.Count:
+					return cmpDesc(x.Count, y.Count)
+				}
+				return strings.Compare(a, b)
+			})
+			b.WriteString("           syscalls")
+			for i, k := range names {
+				if i == 6 {
+					fmt.Fprintf(&b, "  … %d more", len(names)-i)
+					break
+				}
+				fmt.Fprintf(&b, "  %s %s", k, latText(m[k]))
+			}
+			b.WriteString("\n")
 		}
 	}
 	for _, o := range s.DeviceOpens {
@@ -97,6 +148,31 @@ func FormatText(w io.Writer, s Snapshot) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// latText renders LatencyStats as "12× (1 failed) mean 3ms max<4ms".
+func latText(l LatencyStats) string {
+	t := fmt.Sprintf("%d×", l.Count)
+	if l.Errors > 0 {
+		t += fmt.Sprintf(" (%d failed)", l.Errors)
+	}
+	if l.Timed > 0 {
+		t += " mean " + dur(l.TotalNs/l.Timed)
+		if n := len(l.Buckets); n > 0 {
+			t += " max<" + dur((l.Buckets[n-1].BucketHigh+1)*1000)
+		}
+	}
+	return t
+}
+
+func cmpDesc(a, b uint64) int {
+	if a > b {
+		return -1
+	}
+	if a < b {
+		return 1
+	}
+	return 0
 }
 
 func rate(n uint64, secs float64) float64 {

@@ -1,4 +1,4 @@
-//go:build linux
+//go:build linux && privileged
 
 package bpf
 
@@ -12,27 +12,6 @@ import (
 	"syscall"
 	"testing"
 )
-
-const unprivEnv = "STRAP_BPF_TEST_UNPRIV"
-
-// unprivChild starts a Collector as whoever it runs as and prints its Status and one
-// Snapshot as JSON.
-func unprivChild() {
-	c, err := Start(Options{WatchSelf: true})
-	if err != nil {
-		os.Stderr.WriteString(err.Error())
-		os.Exit(3)
-	}
-	out := struct {
-		Status   Status
-		Snapshot Snapshot
-	}{c.Status(), c.Snapshot()}
-	c.Close()
-	if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
-		os.Exit(4)
-	}
-	os.Exit(0)
-}
 
 // TestUnprivilegedFallback runs the collector as nobody (no CAP_BPF, no CAP_PERFMON):
 // Start succeeds, every BPF collector reports why it is not on bpf, and the /proc
@@ -87,8 +66,8 @@ func TestUnprivilegedFallback(t *testing.T) {
 		t.Fatalf("child output %q: %v", b, err)
 	}
 	for _, st := range got.Status.Collectors {
-		if st.Name == CollectorPressure {
-			continue
+		if st.Name == CollectorPressure || st.Name == CollectorMemory {
+			continue // /proc only, with or without privileges
 		}
 		if st.Source == SourceBPF || !strings.Contains(st.Error, "CAP_BPF") {
 			t.Errorf("collector %s as nobody: source %q, error %q; want a fallback with a reason", st.Name, st.Source, st.Error)
@@ -97,5 +76,7 @@ func TestUnprivilegedFallback(t *testing.T) {
 	}
 	if got.Snapshot.Collectors[CollectorPageFaults] != SourceProc || len(got.Snapshot.Watched) != 1 {
 		t.Errorf("snapshot collectors %v watched %v: want page faults from proc for the child itself", got.Snapshot.Collectors, got.Snapshot.Watched)
+	} else if m := got.Snapshot.Memory[pidKey(got.Snapshot.Watched[0])]; m.RSSBytes == 0 || m.RSSPeakBytes < m.RSSBytes {
+		t.Errorf("memory of the child itself %+v: want its RSS from /proc", m)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/strap-llm/strap/internal/control"
+	"golang.org/x/time/rate"
 )
 
 // ClientLimits bound what one client (connection) or one user (uid) may take, so a buggy
@@ -20,47 +21,30 @@ type ClientLimits struct {
 	// all users together).
 	MaxSessionsPerUID int
 	// ConnectRate is the new connections per second one uid may open (burst: the same
-	// number).
+	// number, at least 1).
 	ConnectRate float64
 	// RequestRate is the control messages per second one connection may send (burst: the
-	// same number); PUBLISH counts, so it must exceed a fast client's records per second.
+	// same number, at least 1); PUBLISH counts, so it must exceed a fast client's records per second.
 	RequestRate float64
 }
 
-// bucket is a token bucket: rate tokens per second, at most burst stored.
-type bucket struct {
-	rate, burst, tokens float64
-	last                time.Time
+// newBucket is a token bucket of rate tokens per second holding at most as many (at
+// least one, so that a rate below 1/s still admits a message every 1/rate seconds), full
+// at the start.
+func newBucket(r float64) *rate.Limiter {
+	return rate.NewLimiter(rate.Limit(r), max(1, int(r)))
 }
 
-func newBucket(rate float64, now time.Time) *bucket {
-	return &bucket{rate: rate, burst: rate, tokens: rate, last: now}
-}
-
-// take spends one token if there is one.
-func (b *bucket) take(now time.Time) bool {
-	if b == nil {
-		return true
-	}
-	b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
-	b.last = now
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
-}
-
-// full reports whether the bucket has refilled to its burst by now (forgetting it then
+// bucketFull reports whether b has refilled to its burst by now (forgetting it then
 // loses nothing).
-func (b *bucket) full(now time.Time) bool {
-	return b.tokens+now.Sub(b.last).Seconds()*b.rate >= b.burst
+func bucketFull(b *rate.Limiter, now time.Time) bool {
+	return b.TokensAt(now) >= float64(b.Burst())
 }
 
 // uidUsage is what one uid holds.
 type uidUsage struct {
 	conns, sessions int
-	connect         *bucket
+	connect         *rate.Limiter
 }
 
 // quotas tracks per-uid usage; the zero value is ready.
@@ -84,7 +68,7 @@ func (q *quotas) get(uid uint32) *uidUsage {
 
 // forget drops a uid's entry once it holds nothing and its connect bucket is full again.
 func (q *quotas) forget(uid uint32, u *uidUsage, now time.Time) {
-	if u.conns == 0 && u.sessions == 0 && (u.connect == nil || u.connect.full(now)) {
+	if u.conns == 0 && u.sessions == 0 && (u.connect == nil || bucketFull(u.connect, now)) {
 		delete(q.uids, uid)
 	}
 }
@@ -96,9 +80,9 @@ func (q *quotas) connect(l ClientLimits, uid uint32, now time.Time) error {
 	u := q.get(uid)
 	if l.ConnectRate > 0 {
 		if u.connect == nil {
-			u.connect = newBucket(l.ConnectRate, now)
+			u.connect = newBucket(l.ConnectRate)
 		}
-		if !u.connect.take(now) {
+		if !u.connect.AllowN(now, 1) {
 			return fmt.Errorf("uid %d opens more than %g connections per second (--max-connect-rate)", uid, l.ConnectRate)
 		}
 	}
@@ -144,20 +128,20 @@ func (q *quotas) closeSession(uid uint32) {
 
 // requestLimiter rate-limits one connection's control messages.
 type requestLimiter struct {
-	b    *bucket
+	b    *rate.Limiter // nil: no limit
 	rate float64
 }
 
-func newRequestLimiter(rate float64) *requestLimiter {
-	if rate <= 0 {
+func newRequestLimiter(r float64) *requestLimiter {
+	if r <= 0 {
 		return &requestLimiter{}
 	}
-	return &requestLimiter{b: newBucket(rate, time.Now()), rate: rate}
+	return &requestLimiter{b: newBucket(r), rate: r}
 }
 
 // allow spends one message; the error names the limit.
 func (r *requestLimiter) allow() error {
-	if r.b.take(time.Now()) {
+	if r.b == nil || r.b.Allow() {
 		return nil
 	}
 	return perr(control.CodeLimit, "more than %g control messages per second on one connection (--max-request-rate)", r.rate)

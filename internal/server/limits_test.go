@@ -8,27 +8,42 @@ import (
 
 func TestBucket(t *testing.T) {
 	t0 := time.Unix(1000, 0)
-	b := newBucket(10, t0)
-	for i := range 10 {
-		if !b.take(t0) {
-			t.Fatalf("burst token %d refused", i)
-		}
+	for _, tc := range []struct {
+		name  string
+		rate  float64
+		burst int
+		every time.Duration // a token comes back after this long
+	}{
+		{"10 per second", 10, 10, 100 * time.Millisecond},
+		{"below one per second", 0.5, 1, 2 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBucket(tc.rate)
+			// rate.Limiter starts full at its first use, whenever that is.
+			for i := range tc.burst {
+				if !b.AllowN(t0, 1) {
+					t.Fatalf("burst token %d refused", i)
+				}
+			}
+			if b.AllowN(t0, 1) {
+				t.Fatalf("token %d in the same instant allowed", tc.burst+1)
+			}
+			if b.AllowN(t0.Add(tc.every/2), 1) {
+				t.Fatalf("token after %v at %g/s", tc.every/2, tc.rate)
+			}
+			if !b.AllowN(t0.Add(tc.every), 1) {
+				t.Fatalf("no token after %v at %g/s", tc.every, tc.rate)
+			}
+			if bucketFull(b, t0.Add(tc.every*3/2)) {
+				t.Fatalf("full after %v", tc.every*3/2)
+			}
+			if !bucketFull(b, t0.Add(time.Duration(tc.burst+1)*tc.every)) {
+				t.Fatal("not full after a whole refill")
+			}
+		})
 	}
-	if b.take(t0) {
-		t.Fatal("11th token in the same instant allowed")
-	}
-	if !b.take(t0.Add(100 * time.Millisecond)) {
-		t.Fatal("no token after 100ms at 10/s")
-	}
-	if b.full(t0.Add(200 * time.Millisecond)) {
-		t.Fatal("full after 200ms")
-	}
-	if !b.full(t0.Add(2 * time.Second)) {
-		t.Fatal("not full after 2s")
-	}
-	var nilBucket *bucket
-	if !nilBucket.take(t0) {
-		t.Fatal("a nil bucket (no limit) refused")
+	if err := newRequestLimiter(0).allow(); err != nil {
+		t.Fatalf("rate 0 (no limit) refused: %v", err)
 	}
 }
 

@@ -29,6 +29,8 @@ type Probes struct {
 	PerThread bool
 	// NoBPF skips the kernel probes and uses only the /proc fallbacks.
 	NoBPF bool
+	// SampleReadWrite times one read/write syscall in N (0 and 1: every one).
+	SampleReadWrite int
 }
 
 // DefaultTraceInterval is the snapshot interval when Probes.Interval is 0.
@@ -81,7 +83,8 @@ func (s *Server) startProbes() {
 	if h.interval <= 0 {
 		h.interval = DefaultTraceInterval
 	}
-	coll, err := bpf.Start(bpf.Options{WatchSelf: true, PerThread: p.PerThread, NoBPF: p.NoBPF, Logger: h.log})
+	coll, err := bpf.Start(bpf.Options{WatchSelf: true, PerThread: p.PerThread, NoBPF: p.NoBPF,
+		SampleReadWrite: p.SampleReadWrite, Logger: h.log})
 	if err != nil {
 		h.startErr = err
 		h.log.Error("probes not started; captures run without traces", zap.Error(err))

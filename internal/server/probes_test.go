@@ -117,7 +117,7 @@ func TestSessionTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := rep.Daemon.Probes
-	if p == nil || !p.Enabled || p.TraceSessions != 0 || len(p.Collectors) != 6 || p.IntervalS != 0.15 {
+	if p == nil || !p.Enabled || p.TraceSessions != 0 || len(p.Collectors) != 12 || p.IntervalS != 0.15 {
 		t.Fatalf("probes status %+v", p)
 	}
 	if os.Geteuid() == 0 && p.Collectors[0].Source == bpf.SourceBPF && len(p.BPFStats) == 0 {

@@ -4,15 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"strconv"
 
+	"github.com/coreos/go-systemd/v22/activation"
+	"github.com/coreos/go-systemd/v22/daemon"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 )
-
-// listenFDsStart is the first descriptor systemd passes (SD_LISTEN_FDS_START).
-const listenFDsStart = 3
 
 // Errors of socket activation.
 var (
@@ -23,64 +20,39 @@ var (
 
 // Notify sends one sd_notify(3) state datagram ("READY=1", "STATUS=…", "STOPPING=1",
 // several joined by newlines) to $NOTIFY_SOCKET. Without $NOTIFY_SOCKET (not started by
-// systemd as Type=notify) it does nothing and returns nil. A leading '@' names an abstract
-// socket, as systemd writes it.
+// systemd as Type=notify) it does nothing and returns nil. NOTIFY_SOCKET stays set: every
+// later phase reports through it too.
 func Notify(state string) error {
-	path := os.Getenv("NOTIFY_SOCKET")
-	if path == "" {
-		return nil
-	}
-	if path[0] != '/' && path[0] != '@' {
-		return fmt.Errorf("notify: NOTIFY_SOCKET %q is neither a path nor an abstract name", path)
-	}
-	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: path, Net: "unixgram"})
-	if err != nil {
-		return fmt.Errorf("notify: %w", err)
-	}
-	defer c.Close()
-	if _, err := c.Write([]byte(state)); err != nil {
+	if _, err := daemon.SdNotify(false, state); err != nil {
 		return fmt.Errorf("notify: %w", err)
 	}
 	return nil
 }
 
 // ActivationListener returns the control socket systemd passed to this process
-// (sd_listen_fds(3): LISTEN_PID is our pid, LISTEN_FDS is 1, the socket is fd 3), or nil
-// when the process was not socket-activated. It checks that fd 3 is a listening AF_UNIX
-// SOCK_SEQPACKET socket and clears LISTEN_PID, LISTEN_FDS and LISTEN_FDNAMES so that no
-// child inherits them.
+// (sd_listen_fds(3): LISTEN_PID is our pid, the socket is fd 3), or nil when the process
+// was not socket-activated (LISTEN_PID unset, not a number or another process's pid,
+// LISTEN_FDS unset or 0, as sd_listen_fds(3) treats them). More than one descriptor, or
+// one that is not a listening AF_UNIX SOCK_SEQPACKET socket, is an error. LISTEN_PID,
+// LISTEN_FDS and LISTEN_FDNAMES are cleared so that no child inherits them.
 func ActivationListener() (*net.UnixListener, error) {
-	pidStr, fdsStr := os.Getenv("LISTEN_PID"), os.Getenv("LISTEN_FDS")
-	if pidStr == "" && fdsStr == "" {
+	files := activation.Files(true)
+	if len(files) == 0 {
 		return nil, nil
 	}
 	defer func() {
-		os.Unsetenv("LISTEN_PID")
-		os.Unsetenv("LISTEN_FDS")
-		os.Unsetenv("LISTEN_FDNAMES")
+		for _, f := range files {
+			f.Close() // FileListener dups the one it keeps
+		}
 	}()
-	pid, err := strconv.Atoi(pidStr)
-	if err != nil {
-		return nil, fmt.Errorf("%w: LISTEN_PID %q: %w", ErrActivation, pidStr, err)
+	if len(files) != 1 {
+		return nil, fmt.Errorf("%w: LISTEN_FDS=%d, expected exactly one socket (ListenSequentialPacket= in strapd.socket)", ErrActivation, len(files))
 	}
-	if pid != os.Getpid() {
-		// Meant for another process (e.g. our parent passed its environment on): ignore.
-		return nil, nil
-	}
-	n, err := strconv.Atoi(fdsStr)
-	if err != nil {
-		return nil, fmt.Errorf("%w: LISTEN_FDS %q: %w", ErrActivation, fdsStr, err)
-	}
-	if n != 1 {
-		return nil, fmt.Errorf("%w: LISTEN_FDS=%d, expected exactly one socket (ListenSequentialPacket= in strapd.socket)", ErrActivation, n)
-	}
-	fd := listenFDsStart
-	unix.CloseOnExec(fd)
+	f := files[0]
+	fd := int(f.Fd())
 	if err := checkActivationFD(fd); err != nil {
 		return nil, err
 	}
-	f := os.NewFile(uintptr(fd), "systemd-socket")
-	defer f.Close() // FileListener dups it
 	ln, err := net.FileListener(f)
 	if err != nil {
 		return nil, fmt.Errorf("%w: fd %d: %w", ErrActivation, fd, err)

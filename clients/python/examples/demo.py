@@ -142,10 +142,10 @@ def generate(model: LlamaForCausalLM, output: str, n_tokens: int = 32, every: in
     print(header)
     print("-" * len(header))
     toks = {t["token_index"]: t for t in a["token_metadata"]["tokens"]}
-    for step in sorted(a["bytes_per_token"]):
-        b = a["bytes_per_token"][step]
+    for step in sorted(a["bytes_per_step"]):
+        b = a["bytes_per_step"][step]
         tid = toks[step]["token_id"] if step in toks else "-"
-        print(f"{step:>5} {tid:>5} {a['packets_per_token'][step]:>7} {b['raw']:>10} {b['stored']:>10} "
+        print(f"{step:>5} {tid:>5} {a['packets_per_step'][step]:>7} {b['raw']:>10} {b['stored']:>10} "
               f"{b['raw'] / b['stored'] if b['stored'] else float('inf'):>6.2f}")
     m = a["bytes_per_token_mean"]
     print("-" * len(header))

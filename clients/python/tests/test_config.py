@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from llm_instrumentation import HookGranularity, InstrumentationConfig
@@ -28,25 +26,35 @@ def test_unknown_preset():
         InstrumentationConfig.from_preset("turbo")
 
 
-def test_immutable_and_builders_return_new():
-    base = InstrumentationConfig.balanced()
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        base.max_memory_gb = 1.0  # type: ignore[misc]
+def test_builders_change_the_config_and_return_it():
+    """1.3.1's builders mutated and returned self: ``cfg = cfg.with_x()`` and a bare
+    ``cfg.with_x()`` both take effect; ``copy()`` gives an independent config."""
     cases = [
         (lambda c: c.with_compression("zstd", 2), dict(compression_algorithm="zstd", compression_level=2)),
         (lambda c: c.with_memory_limit(0.5), dict(max_memory_gb=0.5)),
         (lambda c: c.with_granularity("mlp_only"), dict(granularity=HookGranularity.MLP_ONLY)),
         (lambda c: c.with_modules("model.layers.*.mlp"), dict(modules=("model.layers.*.mlp",))),
         (lambda c: c.with_throughput_target(1.5), dict(target_throughput_gbps=1.5)),
+        (lambda c: c.with_throughput(2.5), dict(target_throughput_gbps=2.5)),
         (lambda c: c.with_backpressure("drop"), dict(backpressure="drop")),
         (lambda c: c.with_sampled_positions([0, -1]), dict(sampled_positions=(0, -1))),
     ]
     for build, want in cases:
-        new = build(base)
-        assert new is not base
+        base = InstrumentationConfig.balanced()
+        keep = base.copy()
+        assert build(base) is base
         for k, v in want.items():
-            assert getattr(new, k) == v, k
-    assert base == InstrumentationConfig.balanced()
+            assert getattr(base, k) == v, k
+        assert keep == InstrumentationConfig.balanced() and keep != base
+    # attribute assignment is validated like the constructor, and all-or-nothing
+    cfg = InstrumentationConfig.balanced()
+    cfg.max_memory_gb = 0.5
+    assert cfg.ring_size == 512 << 20
+    with pytest.raises(TypeError, match="number"):
+        cfg.max_memory_gb = "1"  # type: ignore[assignment]
+    with pytest.raises(ValueError, match="needs a bound"):
+        cfg.with_compression("quant")
+    assert (cfg.max_memory_gb, cfg.compression_algorithm) == (0.5, "shuffle")
 
 
 @pytest.mark.parametrize("kwargs,exc,match", [
@@ -59,7 +67,7 @@ def test_immutable_and_builders_return_new():
     (dict(target_throughput_gbps=-1.0), ValueError, "positive"),
     (dict(max_memory_gb=0), ValueError, "ring"),
     (dict(max_memory_gb=1e-6), ValueError, "ring"),
-    (dict(max_memory_gb=1000), ValueError, "ring"),
+    (dict(max_memory_gb=float("inf")), ValueError, "ring"),
     (dict(max_memory_gb="1"), TypeError, "number"),
     (dict(backpressure="spill"), ValueError, "backpressure"),
     (dict(granularity="everything"), ValueError, "granularity"),

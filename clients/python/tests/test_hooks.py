@@ -7,7 +7,7 @@ import torch
 from conftest import tiny_bert, tiny_gpt2, tiny_llama
 
 from llm_instrumentation import HookGranularity, InstrumentationConfig, capture_activations
-from llm_instrumentation.core.auto_detect import create_optimized_config, detect_model_architecture, select_modules
+from llm_instrumentation.core.auto_detect import config_for_model, describe_model, select_modules
 from llm_instrumentation.framework import TokenTracker, sample_positions, split_output
 
 
@@ -23,7 +23,7 @@ def models():
      ["encoder.layer.{}.intermediate", "encoder.layer.{}.output"], 128),
 ])
 def test_detect(models, family, n, blocks, attn, mlp, hidden):
-    arch = detect_model_architecture(models[family])
+    arch = describe_model(models[family])
     assert arch["family"] == family
     assert arch["num_layers"] == n and arch["hidden_size"] == hidden
     assert arch["blocks"] == [blocks.format(i) for i in range(n)]
@@ -36,7 +36,7 @@ def test_detect_bert_prefix_when_wrapped():
 
     m = BertForMaskedLM(BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                                    intermediate_size=128, vocab_size=100))
-    arch = detect_model_architecture(m)
+    arch = describe_model(m)
     assert arch["blocks"] == ["bert.encoder.layer.0", "bert.encoder.layer.1"]
     assert arch["mlp"][:2] == ["bert.encoder.layer.0.intermediate", "bert.encoder.layer.0.output"]
 
@@ -97,11 +97,11 @@ def test_token_tracker():
     assert tr.step == 2 and tr.tokens[1] == {"token_index": 1, "token_id": 7, "token_text": "b", "position": 10}
 
 
-def test_create_optimized_config(models):
-    cfg = create_optimized_config(models["llama"], target_throughput_gbps=0.1)
+def test_config_for_model(models):
+    cfg = config_for_model(models["llama"], target_throughput_gbps=0.1)
     assert isinstance(cfg, InstrumentationConfig)
     assert cfg.ring_size == 64 << 20  # 8 x 2048 x 256 x 4 bytes = 16 MiB -> min 64 MiB
-    assert create_optimized_config(models["llama"], max_memory_gb=0.125).max_memory_gb == 0.125
+    assert config_for_model(models["llama"], max_memory_gb=0.125).max_memory_gb == 0.125
 
 
 @pytest.mark.parametrize("kw,exc", [

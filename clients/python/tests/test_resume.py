@@ -308,13 +308,13 @@ def test_framework_method_yields_tracker_and_tokens_file(real_strapd, tmp_path):
             assert r.end() is not None
         a = analyze_activations_with_tokens(out)
         assert a["token_metadata"]["tokens"] == fw.tokens
-        ppt = a["packets_per_token"]
+        ppt = a["packets_per_step"]
         assert sorted(ppt) == [0, 1, 2] and ppt[0] == ppt[1] == ppt[2] == len(fw.hooked_modules), ppt
-        raw = {k: v["raw"] for k, v in a["bytes_per_token"].items()}
+        raw = {k: v["raw"] for k, v in a["bytes_per_step"].items()}
         assert raw[0] < raw[1] < raw[2]  # the sequence grows by one token per step
         mods = a["per_token_modules"][2]
         assert sum(m["raw_bytes"] for m in mods.values()) == raw[2]
-        assert sum(m["stored_bytes"] for m in mods.values()) == a["bytes_per_token"][2]["stored"]
+        assert sum(m["stored_bytes"] for m in mods.values()) == a["bytes_per_step"][2]["stored"]
     with pytest.raises(ValueError, match="track_per_token"):
         with fw.capture_activations(tmp_path / "y.strap", checkpoint_interval_tokens=2):
             pass

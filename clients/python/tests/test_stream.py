@@ -176,10 +176,14 @@ def test_empty_and_foreign_files(tmp_path):
     (tmp_path / "e").write_bytes(b"")
     with pytest.raises(StreamFormatError, match="empty"):
         open_stream(tmp_path / "e")
-    # 1.3.1 format: big-endian !HI + name + payload
-    (tmp_path / "old").write_bytes(struct.pack("!HI", 3, 4) + b"abc" + b"\0" * 4 + b"\0" * 20)
+    # 1.3.1 format: big-endian !HI + name + payload; read by the legacy reader
+    # (test_compat131_stream.py), and a file that is neither is refused
+    (tmp_path / "old").write_bytes(struct.pack("!HI", 3, 4) + b"abc" + b"\0" * 4)
+    with open_stream(tmp_path / "old") as r:
+        assert r.legacy and [(p.name, p.raw_len) for p in r.packets()] == [("abc", 4)]
+    (tmp_path / "junk").write_bytes(b"\xff" * 40)
     with pytest.raises(StreamFormatError, match="1.3.1"):
-        open_stream(tmp_path / "old")
+        open_stream(tmp_path / "junk")
 
 
 def test_unsupported_codec(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 from .analysis import analyze_activations, analyze_activations_with_tokens
 from .config import HookGranularity, InstrumentationConfig
+from .core.hooks import HookConfig
 from .errors import (
     StrapdConnectionError,
     StrapdProtocolError,
@@ -33,6 +34,7 @@ __all__ = [
     "analyze_activations_with_tokens",
     "capture_activations",
     "CheckpointError",
+    "HookConfig",
     "HookGranularity",
     "InstrumentationConfig",
     "InstrumentationFramework",

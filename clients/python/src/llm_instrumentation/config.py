@@ -4,9 +4,10 @@ Every field has an effect (the original 1.3.1 ignored several):
 
 * ``granularity`` picks which modules get hooks (see :class:`HookGranularity`).
 * ``compression_algorithm`` / ``compression_level`` are sent to strapd as the session codec.
-* ``max_memory_gb`` sizes the shared-memory ring (the client's whole memory cost) and is sent
-  to strapd as the session's memory hint (``OPEN.memory_hint``), which bounds what the daemon
-  buffers for this session.
+* ``max_memory_gb`` caps host buffering, as in 1.3.1: it sizes the shared-memory ring (the
+  client's whole memory cost; None = 0.25 GiB) and is sent to strapd as the session's memory
+  hint (``OPEN.memory_hint``). A cap above what strapd admits by default (1 GiB,
+  ``strapd serve --max-ring-size``) is clamped to it, with one warning.
 * ``target_throughput_gbps`` picks the compression block size and whether the requested codec
   can keep up on this machine; see :meth:`InstrumentationConfig.transport_plan`.
 * ``backpressure`` is the ring-full policy: ``"block"`` (lossless, the model waits) or
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
@@ -49,8 +52,11 @@ CODEC_GBPS_PER_CORE: Dict[str, float] = {"none": float("inf"), "lz4": 0.13, "zst
 
 #: Smallest ring accepted: header page + 64 KiB of data.
 MIN_RING_BYTES = 4096 + 64 * 1024
-#: Largest ring accepted (the memfd lives in RAM).
-MAX_RING_BYTES = 64 << 30
+#: Largest ring a config asks for: strapd's default ``--max-ring-size``. A larger
+#: ``max_memory_gb`` (1.3.1's presets used 16–64) is a cap, so it is clamped to this.
+MAX_RING_BYTES = 1 << 30
+#: Ring size when ``max_memory_gb`` is None.
+DEFAULT_RING_BYTES = 256 << 20
 
 
 class HookGranularity(str, enum.Enum):
@@ -97,9 +103,18 @@ class TransportPlan:
     lossy: Optional[Dict[str, Any]] = None
 
 
-@dataclass(frozen=True)
+@dataclass
 class InstrumentationConfig:
-    """Immutable capture configuration. Builder methods validate and return a new config.
+    """Capture configuration. Every change is validated: the constructor, attribute
+    assignment (``cfg.max_memory_gb = 0.5``) and the ``with_*`` builders all refuse bad values.
+
+    The first four fields are 1.3.1's, in 1.3.1's order, so
+    ``InstrumentationConfig(HookGranularity.FULL_TENSOR, "lz4", 2.0, 24)`` works.
+
+    The ``with_*`` builders change this config and return it, as 1.3.1's did: both
+    ``cfg = cfg.with_compression("zstd")`` and a bare ``cfg.with_compression("zstd")`` take
+    effect. Use :meth:`copy` first for an independent variant (the preset class methods
+    return a new config on every call).
 
     Args:
         granularity: which modules to hook (:class:`HookGranularity` or its string value).
@@ -125,8 +140,10 @@ class InstrumentationConfig:
             the capture's fingerprint.
         target_throughput_gbps: the capture rate you need, or ``None`` for no target.
             It picks the block size and may lower the codec (see :meth:`transport_plan`).
-        max_memory_gb: shared-memory ring size in GiB (also the daemon's per-session
-            memory hint).
+        max_memory_gb: cap on host buffering in GiB, as in 1.3.1: the shared-memory ring
+            size (also the daemon's per-session memory hint). None = 0.25 GiB. Values above
+            1 GiB (strapd's default ``--max-ring-size``) are clamped to it with a warning;
+            the field keeps the value given, :attr:`ring_size` the effective one.
         backpressure: ``"block"`` (lossless) or ``"drop"``.
         sampled_positions: for ``SAMPLED_SLICES``: a stride k ≥ 1, or explicit positions
             (negative ones count from the end).
@@ -143,9 +160,9 @@ class InstrumentationConfig:
 
     granularity: HookGranularity = HookGranularity.FULL_TENSOR
     compression_algorithm: str = "shuffle"
-    compression_level: Optional[int] = None
     target_throughput_gbps: Optional[float] = None
-    max_memory_gb: float = 0.25
+    max_memory_gb: Optional[float] = None
+    compression_level: Optional[int] = None
     backpressure: str = "block"
     sampled_positions: Union[int, Tuple[int, ...]] = 8
     modules: Tuple[str, ...] = field(default_factory=tuple)
@@ -154,6 +171,28 @@ class InstrumentationConfig:
     resource_level: Optional[str] = None
 
     def __post_init__(self) -> None:
+        self._normalize(warn=True)
+        object.__setattr__(self, "_ready", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FIELDS and self.__dict__.get("_ready"):
+            self._update({name: value})
+            return
+        object.__setattr__(self, name, value)
+
+    def _update(self, changes: Dict[str, Any]) -> "InstrumentationConfig":
+        """Apply ``changes`` to this config, all or nothing: they are validated on a copy."""
+        unknown = set(changes) - set(_FIELDS)
+        if unknown:
+            raise TypeError(f"unknown config fields {sorted(unknown)}")
+        trial = object.__new__(type(self))
+        trial.__dict__.update({f: getattr(self, f) for f in _FIELDS})
+        trial.__dict__.update(changes)
+        trial._normalize(warn="max_memory_gb" in changes)
+        self.__dict__.update({f: trial.__dict__[f] for f in _FIELDS})
+        return self
+
+    def _normalize(self, warn: bool) -> None:
         try:
             g = HookGranularity(self.granularity)
         except ValueError:
@@ -190,14 +229,20 @@ class InstrumentationConfig:
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0 or t == float("inf"):
                 raise ValueError(f"target_throughput_gbps must be a positive number, got {t!r}")
         m = self.max_memory_gb
-        if isinstance(m, bool) or not isinstance(m, (int, float)) or m != m:
-            raise TypeError(f"max_memory_gb must be a number, got {m!r}")
-        ring = int(m * (1 << 30))
-        if not MIN_RING_BYTES <= ring <= MAX_RING_BYTES:
-            raise ValueError(
-                f"max_memory_gb {m} gives a {ring}-byte ring; allowed "
-                f"{MIN_RING_BYTES}..{MAX_RING_BYTES} bytes"
-            )
+        if m is not None:
+            if isinstance(m, bool) or not isinstance(m, (int, float)) or math.isnan(m):
+                raise TypeError(f"max_memory_gb must be a number or None, got {m!r}")
+            if math.isinf(m) or m * (1 << 30) < MIN_RING_BYTES:
+                raise ValueError(
+                    f"max_memory_gb {m} gives a {m * (1 << 30):.0f}-byte ring; at least "
+                    f"{MIN_RING_BYTES} bytes needed"
+                )
+            if warn and m * (1 << 30) > MAX_RING_BYTES:
+                warnings.warn(
+                    f"max_memory_gb={m} is more than strapd admits by default for one session's ring; "
+                    f"using {MAX_RING_BYTES / (1 << 30):g} GiB (max_memory_gb caps host buffering)",
+                    stacklevel=4,
+                )
         if self.backpressure not in BACKPRESSURE_POLICIES:
             raise ValueError(
                 f"backpressure {self.backpressure!r} is not one of {BACKPRESSURE_POLICIES}"
@@ -275,27 +320,35 @@ class InstrumentationConfig:
 
     # ----- builders --------------------------------------------------------------------------
 
-    def _replace(self, **changes: Any) -> "InstrumentationConfig":
-        return dataclasses.replace(self, **changes)
+    def copy(self) -> "InstrumentationConfig":
+        """An independent config with the same fields (already valid: not re-checked)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
 
-    def with_compression(self, algorithm: str, level: Optional[int] = None,
-                         lossy: Optional[Union[str, Dict[str, Any]]] = None) -> "InstrumentationConfig":
-        """Return a copy using codec ``algorithm`` at ``level`` (None = codec default) with
-        error bound ``lossy`` (required for ``quant``, refused by lossless codecs).
+    def with_compression(self, algo: Optional[str] = None, level: Optional[int] = None,
+                         lossy: Optional[Union[str, Dict[str, Any]]] = None, *,
+                         algorithm: Optional[str] = None) -> "InstrumentationConfig":
+        """Use codec ``algo`` at ``level`` (None = codec default) with error bound ``lossy``
+        (required for ``quant``, refused by lossless codecs). ``algorithm=`` is accepted as
+        another name for ``algo``. Changes this config and returns it.
 
         Example:
             >>> InstrumentationConfig().with_compression("fp16").lossy
             'fp16:0.0'
         """
-        return self._replace(compression_algorithm=algorithm, compression_level=level, lossy=lossy)
+        if (algo is None) == (algorithm is None):
+            raise TypeError("with_compression needs the codec, as algo= or algorithm= (not both)")
+        return self._update({"compression_algorithm": algo if algo is not None else algorithm,
+                             "compression_level": level, "lossy": lossy})
 
     def with_trace(self, trace: bool = True) -> "InstrumentationConfig":
-        """Return a copy that asks strapd for a kernel trace beside the capture."""
-        return self._replace(trace=trace)
+        """Ask strapd for a kernel trace beside the capture. Changes this config and returns it."""
+        return self._update({"trace": trace})
 
     def with_resources(self, level: Optional[str] = "MINIMAL") -> "InstrumentationConfig":
-        """Return a copy that records resource events at ``level`` (None: off)."""
-        return self._replace(resource_level=level)
+        """Record resource events at ``level`` (None: off). Changes this config and returns it."""
+        return self._update({"resource_level": level})
 
     @property
     def lossy_bound(self) -> Optional[Dict[str, Any]]:
@@ -305,36 +358,44 @@ class InstrumentationConfig:
         mode, _, value = str(self.lossy).partition(":")
         return {"mode": mode, "value": float(value)}
 
-    def with_memory_limit(self, gb: float) -> "InstrumentationConfig":
-        """Return a copy whose ring (and daemon memory hint) is ``gb`` GiB."""
-        return self._replace(max_memory_gb=gb)
+    def with_memory_limit(self, gb: Optional[float]) -> "InstrumentationConfig":
+        """Cap host buffering (the ring and the daemon's memory hint) at ``gb`` GiB; see
+        ``max_memory_gb``. Changes this config and returns it."""
+        return self._update({"max_memory_gb": gb})
 
     def with_granularity(self, granularity: Union[HookGranularity, str]) -> "InstrumentationConfig":
-        """Return a copy hooking modules at ``granularity``."""
-        return self._replace(granularity=granularity)
+        """Hook modules at ``granularity``. Changes this config and returns it."""
+        return self._update({"granularity": granularity})
 
     def with_modules(self, patterns: Union[str, Sequence[str]]) -> "InstrumentationConfig":
-        """Return a copy that also hooks modules matching the fnmatch ``patterns``."""
-        return self._replace(modules=(patterns,) if isinstance(patterns, str) else tuple(patterns))
+        """Also hook modules matching the fnmatch ``patterns``. Changes this config and returns it."""
+        return self._update({"modules": (patterns,) if isinstance(patterns, str) else tuple(patterns)})
+
+    def with_throughput(self, gbps: Optional[float]) -> "InstrumentationConfig":
+        """Set ``target_throughput_gbps`` (1.3.1's name). Changes this config and returns it."""
+        return self._update({"target_throughput_gbps": gbps})
 
     def with_throughput_target(self, gbps: Optional[float]) -> "InstrumentationConfig":
-        """Return a copy with ``target_throughput_gbps = gbps``."""
-        return self._replace(target_throughput_gbps=gbps)
+        """Same as :meth:`with_throughput`."""
+        return self.with_throughput(gbps)
 
     def with_backpressure(self, policy: str) -> "InstrumentationConfig":
-        """Return a copy with ring-full policy ``policy`` (``"block"`` or ``"drop"``)."""
-        return self._replace(backpressure=policy)
+        """Ring-full policy ``policy`` (``"block"`` or ``"drop"``). Changes this config and returns it."""
+        return self._update({"backpressure": policy})
 
     def with_sampled_positions(self, positions: Union[int, Sequence[int]]) -> "InstrumentationConfig":
-        """Return a copy with ``sampled_positions`` (stride or explicit positions)."""
-        return self._replace(sampled_positions=positions)
+        """``sampled_positions`` (stride or explicit positions). Changes this config and returns it."""
+        return self._update({"sampled_positions": positions})
 
     # ----- effects ---------------------------------------------------------------------------
 
     @property
     def ring_size(self) -> int:
-        """Ring bytes: ``max_memory_gb`` GiB rounded down to a multiple of 4096."""
-        return int(self.max_memory_gb * (1 << 30)) // 4096 * 4096
+        """Ring bytes: ``max_memory_gb`` GiB (None: 0.25 GiB), at most :data:`MAX_RING_BYTES`,
+        rounded down to a multiple of 4096."""
+        if self.max_memory_gb is None:
+            return DEFAULT_RING_BYTES
+        return min(int(self.max_memory_gb * (1 << 30)), MAX_RING_BYTES) // 4096 * 4096
 
     def transport_plan(self, cores: Optional[int] = None) -> TransportPlan:
         """Resolve what the session asks of strapd.
@@ -456,6 +517,8 @@ def _normalize_lossy(codec: str, lossy: Any) -> Optional[str]:
         raise ValueError(f"lossy {mode} bound must be > 0, got {value!r}")
     return f"{mode}:{value!r}"
 
+
+_FIELDS: Tuple[str, ...] = tuple(f.name for f in dataclasses.fields(InstrumentationConfig))
 
 PRESETS = {
     "fast_capture": InstrumentationConfig.fast_capture,

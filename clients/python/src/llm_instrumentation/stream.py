@@ -252,7 +252,7 @@ class StreamReader:
             raise StreamFormatError(f"{self.path}: {self.size} bytes is too short for a stream header", 0)
         magic, version, flags, meta_len, crc = FILE_HEADER.unpack_from(v, 0)
         if magic != FILE_MAGIC:
-            hint = " (an llm_instrumentation 1.3.1 stream? that format is not readable)" if magic[:2] != b"ST" else ""
+            hint = " (an llm_instrumentation 1.3.1 stream? open it with open_stream)" if magic[:2] != b"ST" else ""
             raise StreamFormatError(f"{self.path}: bad file magic {bytes(magic)!r}{hint}", 0)
         if version != FILE_VERSION:
             raise StreamFormatError(f"{self.path}: stream version {version}, this reader reads {FILE_VERSION}", 8)
@@ -647,21 +647,31 @@ def _decode_block(codec: int, data: bytes, dtype: str, raw_len: int) -> bytes:
 
 
 def open_stream(path: Union[str, os.PathLike]) -> StreamReader:
-    """Open a strap stream file for reading.
+    """Open a strap stream file for reading (also an llm_instrumentation 1.3.1 ``.stream``).
 
     Args:
         path: the stream file.
 
     Returns:
         a :class:`StreamReader`: iterate it for tensors, ``.tensors(name)``, ``.packets()``,
-        ``.metadata``. Use it as a context manager to release the file.
+        ``.metadata``. Use it as a context manager to release the file. A file without the
+        ``STRAPSTM`` magic is read as 1.3.1's format by a
+        :class:`~llm_instrumentation._legacy131.LegacyStreamReader` (same API, ``legacy``
+        True; dtype assumed float16, no shape or step: see that module).
 
     Raises:
-        StreamFormatError: not a v2 stream, or corrupt (the message names the offset).
+        StreamFormatError: neither a v2 nor a 1.3.1 stream, or corrupt (the message names
+            the offset).
 
     Example:
         >>> with open_stream("run.strap") as r:            # doctest: +SKIP
         ...     for t in r:
         ...         print(t.name, t.shape, t.numpy().mean())
     """
+    from . import _legacy131
+
+    with open(path, "rb") as f:
+        head = f.read(len(FILE_MAGIC))
+    if head and _legacy131.is_legacy_header(head):
+        return _legacy131.LegacyStreamReader(path)  # type: ignore[return-value]
     return StreamReader(path)

@@ -9,7 +9,10 @@ and every ``checkpoint_interval_tokens`` tokens a durable checkpoint is made
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+import json
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional, Union
 
 
 class TokenTracker:
@@ -20,6 +23,8 @@ class TokenTracker:
             ``position``. After a resume it holds the checkpointed tokens.
         resume_step: the step a resumed capture goes on from (the number of tokens the
             checkpoint kept); 0 for a fresh capture.
+        start_time: ``time.time()`` when the tracker was made (a capture makes it as it
+            starts), as in 1.3.1.
 
     Example:
         >>> tr = TokenTracker()
@@ -32,6 +37,7 @@ class TokenTracker:
     def __init__(self) -> None:
         self.tokens: List[Dict[str, Any]] = []
         self.resume_step = 0
+        self.start_time: float = time.time()
         # Set by a live capture: sends TOKEN and makes checkpoints. Called after the token
         # is appended, with it.
         self._sink: Optional[Callable[[Dict[str, Any]], None]] = None
@@ -64,3 +70,20 @@ class TokenTracker:
         if self._sink is not None:
             self._sink(tok)
         return idx
+
+    def save(self, path: Union[str, os.PathLike]) -> None:
+        """Write the tokens as 1.3.1's tokens file: ``{"total_tokens", "tokens",
+        "capture_duration_seconds"}`` (seconds since :attr:`start_time`), UTF-8 JSON.
+
+        A capture writes ``{output_path}_tokens.json`` itself; this is for saving elsewhere.
+
+        Args:
+            path: the JSON file to write (replaced).
+        """
+        doc = {
+            "total_tokens": len(self.tokens),
+            "tokens": self.tokens,
+            "capture_duration_seconds": time.time() - self.start_time,
+        }
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2, ensure_ascii=False)

@@ -1,33 +1,68 @@
-"""Summaries computed from a stream FILE (never from the capture config)."""
+"""Summaries computed from a stream FILE (never from the capture config), and 1.3.1's
+plotting helpers (:mod:`.visualization`; pandas / matplotlib / plotly come with the
+``strap-llm[analysis]`` extra and are imported only when a helper runs)."""
 
 from __future__ import annotations
 
+import json
 import os
-from typing import TYPE_CHECKING, Any, Dict, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 from ..stream import DROP, END, TENSOR, TOKEN, open_stream
+from .visualization import (
+    analyze_circuits,
+    build_packet_dataframe,
+    create_interactive_dashboard,
+    load_stream_packets,
+    plot_token_progression,
+    visualize_attention_patterns,
+)
+
+__all__ = [
+    "analyze_activations",
+    "analyze_activations_with_tokens",
+    "analyze_circuits",
+    "build_packet_dataframe",
+    "create_interactive_dashboard",
+    "load_stream_packets",
+    "plot_token_progression",
+    "visualize_attention_patterns",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..framework import InstrumentationFramework
 
 
-def analyze_activations(path: Union[str, os.PathLike]) -> Dict[str, Any]:
-    """Summarise a capture file.
+def stream_codec(r: Any) -> str:
+    """The codec a stream was written with: the header's ``codec`` (strap streams), the
+    detected one (1.3.1 streams), or ``"unknown"``."""
+    if getattr(r, "legacy", False):
+        return str(r.codec)
+    c = r.metadata.get("codec") if isinstance(r.metadata, dict) else None
+    return str(c) if c else "unknown"
+
+
+def analyze_activations(stream_path: Union[str, os.PathLike]) -> Dict[str, Any]:
+    """Summarise a capture file (a strap stream or a 1.3.1 ``.stream``).
 
     Args:
-        path: the stream file.
+        stream_path: the stream file.
 
     Returns:
-        ``{"packets"`` (TENSOR packets, parts counted one by one), ``"tensors"`` (whole
-        tensors), ``"per_layer"`` {name: {count, dtype, shape, raw_bytes, stored_bytes}}
-        (``shape`` of the module's first tensor; count of whole tensors),
-        ``"total_raw_bytes"``, ``"total_stored_bytes"`` (payload bytes on disk),
+        1.3.1's keys: ``"stream_path"`` (str), ``"compression"`` (the codec the file was
+        written with), ``"packets"`` (TENSOR packets, parts counted one by one),
+        ``"total_compressed_bytes"`` (payload bytes on disk), ``"per_layer"``
+        {name: {count, bytes, dtype, shape, raw_bytes, stored_bytes}} (``count``: whole
+        tensors; ``bytes`` = ``stored_bytes``, on disk; ``shape`` of the module's first
+        tensor); and ours: ``"tensors"`` (whole tensors),
+        ``"total_raw_bytes"``, ``"total_stored_bytes"`` (= ``total_compressed_bytes``),
         ``"file_bytes"``, ``"compression_ratio"`` (raw / stored, 1.0 when nothing stored),
         ``"drops"`` {count, bytes, by_module {name: {count, bytes}}}, ``"tokens"`` (TOKEN
-        packets), ``"forwards"`` (distinct forward counters), ``"end_status"``
-        (``"complete"``/``"aborted"``/``"error"``, or ``"missing"`` when the stream was cut
-        short), ``"end"`` (the END meta), ``"truncated_at"``, ``"metadata"``,
-        ``"lossy"``}. ``"lossy"`` (also in each ``per_layer`` entry) is None for a lossless
+        packets), ``"forwards"`` (distinct forward counters; None for a 1.3.1 file),
+        ``"end_status"`` (``"complete"``/``"aborted"``/``"error"``, ``"missing"`` when the
+        stream was cut short, ``"unknown"`` for a 1.3.1 file, which has no END), ``"end"``
+        (the END meta), ``"truncated_at"``, ``"metadata"``, ``"lossy"``, ``"legacy"``
+        (True for a 1.3.1 file: its dtype is assumed, see ``_legacy131``). ``"lossy"`` (also in each ``per_layer`` entry) is None for a lossless
         capture, else ``{mode, bound}`` (what was asked) and the achieved errors that strapd
         measured on the decoded values and recorded per packet (docs/COMPRESSION.md 6):
         ``max_abs_err`` (max over packets), ``rel_l2_err`` (the worst packet's), ``packets``,
@@ -45,7 +80,8 @@ def analyze_activations(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     forwards = set()
     end: Optional[Dict[str, Any]] = None
     lossy: Optional[Dict[str, Any]] = None
-    with open_stream(path) as r:
+    with open_stream(stream_path) as r:
+        legacy = bool(getattr(r, "legacy", False))
         for pk in r.packets():
             if pk.type == TENSOR:
                 packets += 1
@@ -54,7 +90,7 @@ def analyze_activations(path: Union[str, os.PathLike]) -> Dict[str, Any]:
                 forwards.add(pk.forward)
                 d = per_layer.get(pk.name)
                 if d is None:
-                    d = per_layer[pk.name] = {"count": 0, "dtype": pk.dtype, "shape": list(pk.shape),
+                    d = per_layer[pk.name] = {"count": 0, "bytes": 0, "dtype": pk.dtype, "shape": list(pk.shape),
                                               "raw_bytes": 0, "stored_bytes": 0, "lossy": None}
                 rep = pk.meta.get("lossy") if isinstance(pk.meta, dict) else None
                 if isinstance(rep, dict):
@@ -65,6 +101,7 @@ def analyze_activations(path: Union[str, os.PathLike]) -> Dict[str, Any]:
                     tensors += 1
                 d["raw_bytes"] += pk.raw_len
                 d["stored_bytes"] += pk.stored_len
+                d["bytes"] += pk.stored_len
             elif pk.type == DROP:
                 drops["count"] += 1
                 drops["bytes"] += pk.tensor_len
@@ -75,8 +112,15 @@ def analyze_activations(path: Union[str, os.PathLike]) -> Dict[str, Any]:
                 tokens += 1
             elif pk.type == END:
                 end = pk.meta
+        if legacy:
+            end_status = "unknown"
+        else:
+            end_status = (end or {}).get("status", "missing") if end is not None else "missing"
         result = {
+            "stream_path": os.fspath(stream_path),
+            "compression": stream_codec(r),
             "packets": packets,
+            "total_compressed_bytes": stored,
             "tensors": tensors,
             "per_layer": per_layer,
             "total_raw_bytes": raw,
@@ -85,12 +129,13 @@ def analyze_activations(path: Union[str, os.PathLike]) -> Dict[str, Any]:
             "compression_ratio": (raw / stored) if stored else 1.0,
             "drops": drops,
             "tokens": tokens,
-            "forwards": len(forwards),
-            "end_status": (end or {}).get("status", "missing") if end is not None else "missing",
+            "forwards": None if legacy else len(forwards),
+            "end_status": end_status,
             "end": end,
             "truncated_at": r.truncated_at,
             "metadata": r.metadata,
             "lossy": lossy,
+            "legacy": legacy,
         }
     return result
 
@@ -119,47 +164,66 @@ def fold_lossy(acc: Optional[Dict[str, Any]], rep: Dict[str, Any]) -> Dict[str, 
     return acc
 
 
-def analyze_activations_with_tokens(path: Union[str, os.PathLike],
-                                    framework: Optional["InstrumentationFramework"] = None) -> Dict[str, Any]:
-    """:func:`analyze_activations` plus an exact per-token breakdown, read from the stream.
+def tokens_file_candidates(stream_path: Union[str, os.PathLike]) -> List[str]:
+    """Where a capture's tokens file may be, in order: ``{stream_path}_tokens.json``;
+    ``<stem>_tokens.json`` for a ``<stem>.stream``; and what 1.3.1 wrote,
+    ``stream_path.replace(".stream", "_tokens.json")`` (every occurrence, directories too)."""
+    p = os.fspath(stream_path)
+    out = [p + "_tokens.json"]
+    if p.endswith(".stream"):
+        out.append(p[: -len(".stream")] + "_tokens.json")
+    legacy = p.replace(".stream", "_tokens.json")
+    if legacy not in out and legacy != p:
+        out.append(legacy)
+    return out
 
-    Every packet carries its ``step``: the number of tokens recorded before the forward
-    pass that produced it, so packets of step ``k`` belong to token ``k`` (the token that
-    forward pass chose). Nothing is divided evenly.
+
+def analyze_activations_with_tokens(stream_path: Union[str, os.PathLike],
+                                    framework: Optional["InstrumentationFramework"] = None) -> Dict[str, Any]:
+    """:func:`analyze_activations` plus the tokens and an exact per-token breakdown.
+
+    Every packet of a strap stream carries its ``step``: the number of tokens recorded
+    before the forward pass that produced it, so packets of step ``k`` belong to token ``k``
+    (the token that forward pass chose). Nothing is divided evenly.
 
     Tokens come from the stream's TOKEN packets when it has any (``source: "stream"``);
     otherwise from the framework's token tracker when given and non-empty
-    (``source: "framework"``); otherwise the token metadata is empty (``source: "none"``).
+    (``source: "framework"``); otherwise from the tokens file beside the stream
+    (:func:`tokens_file_candidates`; ``source: "file"``, how a 1.3.1 capture kept them);
+    otherwise the token metadata is empty (``source: "none"``).
 
     Args:
-        path: the stream file.
-        framework: the capture's framework (optional).
+        stream_path: the stream file.
+        framework: the capture's framework (optional; 1.3.1 required it).
 
     Returns:
-        the analysis dict plus ``token_metadata`` {total_tokens, tokens:[{token_index,
-        token_id, token_text, position}], source}; ``packets_per_token`` {step: TENSOR
-        packets}; ``bytes_per_token`` {step: {raw, stored}} (payload bytes decoded and on
-        disk); ``per_token_modules`` {step: {module: {packets, raw_bytes, stored_bytes}}};
-        ``per_step`` {step: {packets, raw_bytes}} (kept from earlier versions); and
-        ``bytes_per_token_mean`` {raw, stored} over the steps seen.
+        the analysis dict plus 1.3.1's keys: ``token_metadata`` {total_tokens,
+        tokens:[{token_index, token_id, token_text, position}], source} and, when there are
+        tokens and packets, ``packets_per_token`` and ``bytes_per_token`` (floats: TENSOR
+        packets and bytes on disk divided by the token count); and ours, per step:
+        ``packets_per_step`` {step: TENSOR packets}; ``bytes_per_step`` {step: {raw,
+        stored}}; ``per_token_modules`` {step: {module: {packets, raw_bytes,
+        stored_bytes}}}; ``per_step`` {step: {packets, raw_bytes}}; and
+        ``bytes_per_token_mean`` {raw, stored} over the steps seen. A 1.3.1 file records no
+        steps: its per-step dicts are empty.
     """
-    result = analyze_activations(path)
+    result = analyze_activations(stream_path)
     toks = []
     per_step: Dict[int, Dict[str, int]] = {}
-    packets_per_token: Dict[int, int] = {}
-    bytes_per_token: Dict[int, Dict[str, int]] = {}
+    packets_per_step: Dict[int, int] = {}
+    bytes_per_step: Dict[int, Dict[str, int]] = {}
     per_mod: Dict[int, Dict[str, Dict[str, int]]] = {}
-    with open_stream(path) as r:
+    with open_stream(stream_path) as r:
         for pk in r.packets():
             if pk.type == TOKEN:
                 toks.append({"token_index": pk.step, "token_id": pk.meta.get("token_id"),
                              "token_text": pk.meta.get("text", ""), "position": pk.meta.get("position", pk.step)})
-            elif pk.type == TENSOR:
+            elif pk.type == TENSOR and pk.step is not None:
                 s = per_step.setdefault(pk.step, {"packets": 0, "raw_bytes": 0})
                 s["packets"] += 1
                 s["raw_bytes"] += pk.raw_len
-                packets_per_token[pk.step] = packets_per_token.get(pk.step, 0) + 1
-                b = bytes_per_token.setdefault(pk.step, {"raw": 0, "stored": 0})
+                packets_per_step[pk.step] = packets_per_step.get(pk.step, 0) + 1
+                b = bytes_per_step.setdefault(pk.step, {"raw": 0, "stored": 0})
                 b["raw"] += pk.raw_len
                 b["stored"] += pk.stored_len
                 m = per_mod.setdefault(pk.step, {}).setdefault(pk.name, {"packets": 0, "raw_bytes": 0,
@@ -168,17 +232,33 @@ def analyze_activations_with_tokens(path: Union[str, os.PathLike],
                 m["raw_bytes"] += pk.raw_len
                 m["stored_bytes"] += pk.stored_len
     source = "stream" if toks else "none"
-    if not toks and framework is not None and framework.tokens:
+    extra: Dict[str, Any] = {}
+    if not toks and framework is not None and getattr(framework, "tokens", None):
         toks = [dict(t) for t in framework.tokens]
         source = "framework"
-    result["token_metadata"] = {"total_tokens": len(toks), "tokens": toks, "source": source}
+    if not toks:
+        for cand in tokens_file_candidates(stream_path):
+            if cand != os.fspath(stream_path) and os.path.isfile(cand):
+                with open(cand, "r", encoding="utf-8") as f:
+                    doc = json.load(f)
+                if not isinstance(doc, dict) or not isinstance(doc.get("tokens"), list):
+                    raise ValueError(f"{cand} is not a tokens file (no 'tokens' list)")
+                toks = doc["tokens"]
+                extra = {k: v for k, v in doc.items() if k not in ("tokens", "total_tokens")}
+                source = "file"
+                break
+    result["token_metadata"] = {"total_tokens": len(toks), "tokens": toks, "source": source, **extra}
+    n_tok = len(toks)
+    if n_tok > 0 and result["packets"] > 0:
+        result["packets_per_token"] = result["packets"] / n_tok
+        result["bytes_per_token"] = result["total_compressed_bytes"] / n_tok
     result["per_step"] = per_step
-    result["packets_per_token"] = packets_per_token
-    result["bytes_per_token"] = bytes_per_token
+    result["packets_per_step"] = packets_per_step
+    result["bytes_per_step"] = bytes_per_step
     result["per_token_modules"] = per_mod
-    n = len(bytes_per_token)
+    n = len(bytes_per_step)
     result["bytes_per_token_mean"] = {
-        "raw": sum(b["raw"] for b in bytes_per_token.values()) / n if n else 0.0,
-        "stored": sum(b["stored"] for b in bytes_per_token.values()) / n if n else 0.0,
+        "raw": sum(b["raw"] for b in bytes_per_step.values()) / n if n else 0.0,
+        "stored": sum(b["stored"] for b in bytes_per_step.values()) / n if n else 0.0,
     }
     return result

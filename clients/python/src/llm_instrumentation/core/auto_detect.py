@@ -1,15 +1,17 @@
-"""Find a model's decoder blocks, attention and MLP modules, at any nesting depth.
+"""Find a model's decoder blocks, attention and MLP modules, at any nesting depth; and
+1.3.1's ``detect_model_architecture`` / ``create_optimized_config``.
 
 The original 1.3.1 looked only at the root's direct children, so on a Hugging Face model it
 found nothing but ``lm_head``. Here the decoder stack is the largest ``nn.ModuleList`` whose
 children share one class (``model.layers``, ``transformer.h``, ``bert.encoder.layer``, ...),
-and each block's attention / MLP are its direct children with the usual names.
+and each block's attention / MLP are its direct children with the usual names
+(:func:`describe_model`).
 """
 
 from __future__ import annotations
 
 import fnmatch
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from ..config import HookGranularity, InstrumentationConfig
 
@@ -60,8 +62,8 @@ def _find_block_list(model: "nn.Module") -> Optional[str]:
     return best
 
 
-def detect_model_architecture(model: "nn.Module") -> Dict[str, Any]:
-    """Describe a model's layer structure.
+def describe_model(model: "nn.Module") -> Dict[str, Any]:
+    """Describe a model's layer structure (what the hooks are placed on).
 
     Args:
         model: any ``torch.nn.Module`` (Hugging Face or not).
@@ -73,8 +75,8 @@ def detect_model_architecture(model: "nn.Module") -> Dict[str, Any]:
         ``"bert"``, ...), else the lowercase class name.
 
     Example:
-        >>> arch = detect_model_architecture(model)      # doctest: +SKIP
-        >>> arch["attention"][0]                           # doctest: +SKIP
+        >>> arch = describe_model(model)      # doctest: +SKIP
+        >>> arch["attention"][0]              # doctest: +SKIP
         'model.layers.0.self_attn'
     """
     prefix = _find_block_list(model)
@@ -127,7 +129,7 @@ def select_modules(
     """
     g = HookGranularity(granularity)
     names = [n for n, _ in model.named_modules() if n]
-    arch = detect_model_architecture(model)
+    arch = describe_model(model)
     chosen = set()
     if g in (HookGranularity.FULL_TENSOR, HookGranularity.SAMPLED_SLICES):
         chosen.update(arch["blocks"], arch["attention"], arch["mlp"])
@@ -147,19 +149,18 @@ def select_modules(
     return [n for n in names if n in chosen]
 
 
-def create_optimized_config(
+def config_for_model(
     model: "nn.Module",
     target_throughput_gbps: Optional[float] = None,
     max_memory_gb: Optional[float] = None,
     granularity: HookGranularity = HookGranularity.FULL_TENSOR,
 ) -> InstrumentationConfig:
-    """Build a config suited to ``model``.
+    """Build a config sized for ``model``.
 
     The ring is sized to hold at least 8 block outputs of a 2048-token sequence at the
-    model's hidden size in its parameter dtype (min 64 MiB, max 2 GiB) unless
-    ``max_memory_gb`` is given; the codec is lz4 (the best lossless ratio per CPU second on
-    activations), lowered by :meth:`InstrumentationConfig.transport_plan` when a throughput
-    target is set.
+    model's hidden size in its parameter dtype (min 64 MiB, max 1 GiB) unless
+    ``max_memory_gb`` is given; the codec is lz4, lowered by
+    :meth:`InstrumentationConfig.transport_plan` when a throughput target is set.
 
     Args:
         model: the model to capture.
@@ -171,17 +172,17 @@ def create_optimized_config(
         an :class:`InstrumentationConfig`.
 
     Example:
-        >>> cfg = create_optimized_config(model, target_throughput_gbps=1.0)  # doctest: +SKIP
+        >>> cfg = config_for_model(model, target_throughput_gbps=1.0)  # doctest: +SKIP
     """
     if max_memory_gb is None:
-        arch = detect_model_architecture(model)
+        arch = describe_model(model)
         hidden = arch["hidden_size"] or 4096
         try:
             elem = next(model.parameters()).element_size()
         except StopIteration:
             elem = 4
         need = 8 * 2048 * hidden * elem
-        need = min(max(need, 64 << 20), 2 << 30)
+        need = min(max(need, 64 << 20), 1 << 30)
         max_memory_gb = need / (1 << 30)
     return InstrumentationConfig(
         granularity=granularity,
@@ -189,3 +190,101 @@ def create_optimized_config(
         target_throughput_gbps=target_throughput_gbps,
         max_memory_gb=max_memory_gb,
     )
+
+
+class ArchitectureName(str):
+    """1.3.1's architecture string (``"llama"``, ``"gpt2"``, ``"unknown"``, ...) that also
+    answers the keys of :func:`describe_model` (``arch["blocks"]``), which this function
+    returned before it took 1.3.1's form."""
+
+    _structure: Dict[str, Any]
+
+    def __new__(cls, name: str, structure: Dict[str, Any]) -> "ArchitectureName":
+        obj = super().__new__(cls, name)
+        obj._structure = structure
+        return obj
+
+    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+        if isinstance(key, str):
+            return self._structure[key]
+        return str.__getitem__(self, key)
+
+
+_ARCH_KEYWORDS = ("gpt", "llama", "qwen", "bert")
+
+
+def detect_model_architecture(model: "nn.Module") -> ArchitectureName:
+    """The model's architecture name, as 1.3.1 computed it.
+
+    ``config.model_type`` lowercased when the model has one; else the first of ``gpt``,
+    ``llama``, ``qwen``, ``bert`` found in ``config.architectures[0]``, then in the class
+    name; else ``"unknown"``. (An empty ``model_type`` counts as none; 1.3.1 returned ``""``.)
+
+    Args:
+        model: any ``torch.nn.Module``.
+
+    Returns:
+        the name, a ``str``; indexing it with a key of :func:`describe_model`
+        (``arch["attention"]``) gives that structure entry.
+
+    Example:
+        >>> detect_model_architecture(model)   # doctest: +SKIP
+        'llama'
+    """
+    name = "unknown"
+    cfg = getattr(model, "config", None)
+    mt = getattr(cfg, "model_type", None)
+    if mt:
+        name = str(mt).lower()
+    else:
+        archs = getattr(cfg, "architectures", None)
+        if archs:
+            first = str(archs[0]).lower()
+            name = next((k for k in _ARCH_KEYWORDS if k in first), "unknown")
+    if name == "unknown":
+        cls = type(model).__name__.lower()
+        name = next((k for k in _ARCH_KEYWORDS if k in cls), "unknown")
+    return ArchitectureName(name, describe_model(model))
+
+
+#: The purposes :func:`create_optimized_config` knows.
+PURPOSES = ("interpretability", "debugging", "performance_analysis", "full_capture")
+
+
+def create_optimized_config(model_arch: Union[str, "nn.Module"], purpose: str) -> InstrumentationConfig:
+    """A preset chosen by purpose, as in 1.3.1.
+
+    ``interpretability``: :meth:`~InstrumentationConfig.attention_analysis`;
+    ``debugging``: :meth:`~InstrumentationConfig.fast_capture`; ``performance_analysis``:
+    :meth:`~InstrumentationConfig.balanced`, with zstd for ``gpt``/``llama``/``qwen`` (1.3.1
+    also set a 16 GB memory limit there; the default ring is kept instead, since a limit
+    above 1 GiB is clamped anyway); ``full_capture``: :meth:`~InstrumentationConfig.balanced`.
+
+    Args:
+        model_arch: a name from :func:`detect_model_architecture`, or the model itself.
+        purpose: one of :data:`PURPOSES`.
+
+    Returns:
+        a new :class:`InstrumentationConfig`.
+
+    Raises:
+        ValueError: an unknown purpose (1.3.1 quietly returned ``balanced()``).
+
+    Example:
+        >>> create_optimized_config("llama", "performance_analysis").compression_algorithm
+        'zstd'
+    """
+    if not isinstance(model_arch, str):
+        model_arch = detect_model_architecture(model_arch)
+    if purpose == "interpretability":
+        return InstrumentationConfig.attention_analysis()
+    if purpose == "debugging":
+        return InstrumentationConfig.fast_capture()
+    if purpose == "performance_analysis":
+        cfg = InstrumentationConfig.balanced()
+        if str(model_arch) in {"gpt", "llama", "qwen"}:
+            cfg.with_compression("zstd")
+        return cfg
+    if purpose == "full_capture":
+        return InstrumentationConfig.balanced()
+    raise ValueError(f"unknown purpose {purpose!r} (choose from {PURPOSES})")
