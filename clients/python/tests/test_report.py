@@ -41,9 +41,15 @@ def chromium() -> str:
     raise AssertionError  # unreachable
 
 
-def disk_io(directory: Path) -> None:
-    """Some synced writes, so the trace has block requests to show."""
-    p = directory / "io.bin"
+def disk_io() -> None:
+    """Some synced writes, so the trace has block requests to show. Beside the repository,
+    which is on a disk, where /tmp may be a tmpfs."""
+    import tempfile
+
+    from conftest import REPO
+
+    d = tempfile.mkdtemp(prefix=".report-io-", dir=REPO)
+    p = Path(d) / "io.bin"
     fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         for _ in range(8):
@@ -51,7 +57,7 @@ def disk_io(directory: Path) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
-        p.unlink()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def capture(d, out: Path, tokens: int = 12) -> None:
@@ -68,7 +74,7 @@ def capture(d, out: Path, tokens: int = 12) -> None:
                 fw.token_tracker.record_token(nxt, f"<{nxt}>")
                 ids = torch.tensor([[nxt]])
                 if i % 4 == 0:
-                    disk_io(out.parent)
+                    disk_io()
 
 
 def test_report_from_real_capture_in_chromium(strapd_factory, tmp_path):

@@ -309,3 +309,22 @@ def test_write_errors_surface_and_self_cost_is_reported(tmp_path):
             m(torch.randn(4, 64))
     s = read(tmp_path / "ok.jsonl")[-1]
     assert s["monitor_hook_us"] > 0 and s["monitor_writer_cpu_us"] > 0
+
+
+def test_unclosed_monitor_is_closed_at_exit(tmp_path):
+    """A script that starts a monitor and never closes it still leaves a complete log."""
+    import subprocess
+    import sys
+
+    p = tmp_path / "exit.jsonl"
+    code = ("import torch, torch.nn as nn\n"
+            "from llm_instrumentation.resources import ResourceMonitor\n"
+            "m = nn.Sequential(nn.Linear(8, 8)).eval()\n"
+            f"mon = ResourceMonitor(m, 'MINIMAL', {str(p)!r}, environ={{}}, flush_interval=None).start()\n"
+            "with torch.no_grad():\n    m(torch.randn(2, 8))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": __import__("os").pathsep.join(sys.path)})
+    assert res.returncode == 0, res.stderr
+    ev = read(p)
+    assert ev[-1]["event"] == "resource_session_summary" and ev[-1]["forwards"] == 1
+    assert [e["module"] for e in ev if e["event"] == "compute_execution"] == ["0", ""]

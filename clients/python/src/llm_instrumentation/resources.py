@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import enum
@@ -601,6 +602,8 @@ class ResourceMonitor:
             "nvml": self._nvml is not None,
         }
         self._writer = _Writer(self)
+        # A script that never closes its monitor still gets its events and summary written.
+        atexit.register(self.close)
         self._records.append((self._b_prebuilt, start))
         try:
             if self._enabled:
@@ -608,6 +611,7 @@ class ResourceMonitor:
                 self._install()
             self.flush()
         except BaseException:
+            atexit.unregister(self.close)
             self._uninstall()
             self._closed = True
             self._writer.stop()
@@ -663,6 +667,7 @@ class ResourceMonitor:
         """
         if self._closed:
             return {}
+        atexit.unregister(self.close)
         self._uninstall()
         self._closed = True
         w = self._writer
