@@ -547,31 +547,47 @@ def fig_timeline(F: Figures, resources: List[Dict[str, Any]], trace: List[Dict[s
     ax = axes[0]
     if cap:
         ax.plot([c[0] for c in cap], [c[1] for c in cap], marker=".", lw=0.8, label="capture (stream bytes / forward time)")
-    disk = [(_t(s["timestamp"], t0), sum(d.get("write_bytes", 0) for d in s.get("block_io", [])) / s["interval_s"] / 1e9)
+    disk = [(_t(s["timestamp"], t0), s["interval_s"],
+             sum(d.get("write_bytes", 0) for d in s.get("block_io", [])) / s["interval_s"] / 1e9)
             for s in trace if s.get("interval_s")]
     if disk:
-        ax.step([d[0] for d in disk], [d[1] for d in disk], where="pre", label="disk writes (block_io)")
-    if any(c[1] > 0 for c in cap) or any(d[1] > 0 for d in disk):
+        xs: List[float] = []
+        ys: List[float] = []
+        for end, iv, v in disk:
+            xs += [end - iv, end]
+            ys += [v, v]
+        ax.plot(xs, ys, label="disk writes (block_io, per trace interval)")
+    if any(c[1] > 0 for c in cap) or any(d[2] > 0 for d in disk):
         # The two rates differ by orders of magnitude on small models; zeros drop out.
         ax.set_yscale("log")
     ax.set_ylabel("GB/s (log)")
     ax.legend(fontsize=7)
     snaps = [s for s in trace if s.get("interval_s")]
-    ts = [_t(s["timestamp"], t0) for s in snaps]
+
+    def per_interval(ax: Any, values: List[float], **kw: Any) -> None:
+        # A snapshot's counters cover [timestamp - interval_s, timestamp]: draw them there.
+        xs: List[float] = []
+        ys: List[float] = []
+        for s, v in zip(snaps, values):
+            end = _t(s["timestamp"], t0)
+            xs += [end - s["interval_s"], end]
+            ys += [v, v]
+        ax.plot(xs, ys, **kw)
+
     ax = axes[1]
     for key, label in (("runnable_ns", "runnable"), ("sleep_ns", "sleep"), ("io_ns", "io")):
-        ax.step(ts, [sum(((s.get("off_cpu") or {}).get(p) or {}).get(key, 0) for p in pids) / 1e6 / s["interval_s"]
-                     for s in snaps], where="pre", label=label)
+        per_interval(ax, [sum(((s.get("off_cpu") or {}).get(p) or {}).get(key, 0) for p in pids) / 1e6 / s["interval_s"]
+                          for s in snaps], label=label)
     ax.set_ylabel("client off-CPU\n(ms per s)")
     ax.legend(fontsize=7)
     ax = axes[2]
-    ax.step(ts, [sum((s.get("page_faults") or {}).get(p, 0) for p in pids) / s["interval_s"] for s in snaps],
-            where="pre", color="tab:orange")
+    per_interval(ax, [sum((s.get("page_faults") or {}).get(p, 0) for p in pids) / s["interval_s"] for s in snaps],
+                 color="tab:orange")
     ax.set_ylabel("client page\nfaults / s")
     ax = axes[3]
     for res in ("cpu", "io", "memory"):
-        ax.step(ts, [((((s.get("pressure") or {}).get(res) or {}).get("some") or {}).get("avg10") or 0) for s in snaps],
-                where="pre", label=f"{res} some avg10")
+        per_interval(ax, [((((s.get("pressure") or {}).get(res) or {}).get("some") or {}).get("avg10") or 0)
+                          for s in snaps], label=f"{res} some avg10")
     ax.set_ylabel("PSI (%)")
     ax.set_xlabel("time since the first event (s)")
     ax.legend(fontsize=7)
