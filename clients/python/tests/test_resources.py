@@ -328,3 +328,18 @@ def test_unclosed_monitor_is_closed_at_exit(tmp_path):
     ev = read(p)
     assert ev[-1]["event"] == "resource_session_summary" and ev[-1]["forwards"] == 1
     assert [e["module"] for e in ev if e["event"] == "compute_execution"] == ["0", ""]
+
+
+def test_torch_multihead_attention_seq_first(tmp_path):
+    """nn.TransformerEncoderLayer (nn.MultiheadAttention, sequence first): the attention
+    event counts 4·B·H·S·S·D with the batch and sequence read from the right axes."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0).eval()
+    x = torch.randn(10, 3, 32)  # (seq, batch, embed)
+    with monitor_resources(layer, "MINIMAL", tmp_path / "t.jsonl", environ={}):
+        with torch.no_grad():
+            layer(x)
+    att = of(read(tmp_path / "t.jsonl"), "compute_execution", operation="attention")
+    assert len(att) == 1
+    assert att[0]["query_tokens"] == 10 and att[0]["key_tokens"] == 10
+    assert att[0]["flops"] == 4 * 3 * 4 * 10 * 10 * 8

@@ -970,9 +970,18 @@ class ResourceMonitor:
                 k, v = _cache_layer(cache, idx) if cache is not None and idx is not None else (None, None)
                 if k is not None and k.numel() == 0:
                     k = v = None
-                q_len = int(x.shape[-2]) if x is not None and x.dim() >= 2 else 0
-                batch = int(x.shape[0]) if x is not None and x.dim() >= 3 else 1
-                kv_len = _kv_len(k) if k is not None else q_len
+                # nn.MultiheadAttention without batch_first takes (seq, batch, embed).
+                seq_first = getattr(module, "batch_first", True) is False
+                q_len = int(x.shape[0 if seq_first else -2]) if x is not None and x.dim() >= 2 else 0
+                batch = int(x.shape[1 if seq_first else 0]) if x is not None and x.dim() >= 3 else 1
+                if k is not None:
+                    kv_len = _kv_len(k)
+                else:
+                    # Cross-attention (a key given apart from the query) attends to the key's length.
+                    key = args[1] if len(args) > 1 else kwargs.get("key")
+                    kv_len = q_len
+                    if key is not None and hasattr(key, "shape") and key.dim() >= 2:
+                        kv_len = int(key.shape[0 if seq_first else -2])
                 flops = None
                 if site.n_heads and site.head_dim:
                     flops = 4 * batch * site.n_heads * q_len * kv_len * site.head_dim
