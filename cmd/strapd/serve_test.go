@@ -72,6 +72,15 @@ func TestServeConfigValidate(t *testing.T) {
 		{"ndim", func(c *serveConfig) { c.Limits.MaxNDim = 9 }, "--max-ndim"},
 		{"name", func(c *serveConfig) { c.Limits.MaxNameLen = 5000 }, "--max-name-len"},
 		{"delay", func(c *serveConfig) { c.Debug.WriteDelay = -1 }, "--debug-write-delay"},
+		{"http ok", func(c *serveConfig) { c.HTTP = httpConfig{Addr: "127.0.0.1:9464", MaxFollowers: 64} }, ""},
+		{"http no port", func(c *serveConfig) { c.HTTP = httpConfig{Addr: "127.0.0.1", MaxFollowers: 64} }, "want host:port"},
+		{"http bad port", func(c *serveConfig) { c.HTTP = httpConfig{Addr: "127.0.0.1:http", MaxFollowers: 64} }, "is not a number"},
+		{"http no host", func(c *serveConfig) { c.HTTP = httpConfig{Addr: ":9464", MaxFollowers: 64} }, "name the address"},
+		{"http relative socket", func(c *serveConfig) {
+			c.HTTP = httpConfig{Addr: "127.0.0.1:1", APISocket: "api.sock", MaxFollowers: 64}
+		}, "--http-api-socket"},
+		{"http followers", func(c *serveConfig) { c.HTTP = httpConfig{Addr: "127.0.0.1:1"} }, "--http-max-followers"},
+		{"detail without http", func(c *serveConfig) { c.HTTP = httpConfig{MetricsDetail: true} }, "need --http"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

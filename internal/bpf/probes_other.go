@@ -2,10 +2,19 @@
 
 package bpf
 
+import (
+	"fmt"
+	"runtime"
+)
+
 // probes is absent on this platform; every collector uses its /proc fallback or is off.
 type probes struct{ statsErr string }
 
-func loadProbes(uint32) (*probes, map[string]error, error) { return nil, nil, ErrUnsupported }
+// loadProbes names the build's platform so that `strapd status` on, say, the arm64 binary
+// of a wheel says why there is no histogram rather than only that there is none.
+func loadProbes(uint32) (*probes, map[string]error, error) {
+	return nil, nil, fmt.Errorf("%w; this strapd is %s/%s, without the eBPF object", ErrUnsupported, runtime.GOOS, runtime.GOARCH)
+}
 
 func (p *probes) read(bool) (rawCounters, error)        { return rawCounters{}, nil }
 func (p *probes) drainOpens(int) ([]DeviceOpen, uint64) { return nil, 0 }

@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/strap-llm/strap/internal/jsontext"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/protocol")
@@ -27,7 +29,8 @@ var goldenMessages = []struct {
 	body any
 }{
 	{"hello.bin", TypeHello, Hello{Protocol: 1, Client: "llm_instrumentation/0.1.0", PID: 1234}},
-	{"welcome.bin", TypeWelcome, Welcome{Protocol: 1, Daemon: "strapd 0.1.0", PID: 42, MaxMessage: 65536}},
+	{"welcome.bin", TypeWelcome, Welcome{Protocol: 1, Daemon: "strapd 0.1.0", PID: 42, MaxMessage: 65536,
+		MaxRingSize: 1 << 30}},
 	{"open.bin", TypeOpen, Open{RingSize: 67108864, Codec: "zstd", CodecLevel: 3, Policy: "block", BlockSize: 1048576,
 		Metadata: map[string]any{"model_class": "LlamaForCausalLM", "output_path": "/abs/capture.strap"}}},
 	{"opened.bin", TypeOpened, Opened{Session: 7, BlockSize: 1048576}},
@@ -261,6 +264,14 @@ func FuzzDecodeMessage(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte("STRP"))
+	// Bodies whose text encoding/json would rewrite to U+FFFD.
+	for _, body := range []string{"{\"seq\":1,\"index\":0,\"text\":\"model.\xff\xfe\"}", `{"seq":1,"text":"\udcff"}`} {
+		b, err := EncodeRaw(Version, TypeToken, []byte(body))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := Decode(b)
 		if err != nil {
@@ -268,6 +279,9 @@ func FuzzDecodeMessage(f *testing.F) {
 				t.Fatalf("error does not wrap ErrBadMessage: %v", err)
 			}
 			return
+		}
+		if err := jsontext.Check(m.Body); err != nil {
+			t.Fatalf("accepted a body jsontext rejects: %v", err)
 		}
 		// Every typed body must either decode or fail with ErrBadMessage, never panic.
 		var bodies = []any{&Hello{}, &Open{}, &Publish{}, &Drop{}, &Close{}, &Token{}, &StatusReply{}, &Error{}}

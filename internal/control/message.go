@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/strap-llm/strap/internal/jsontext"
 )
 
 // Framing constants (PROTOCOL.md 1.1).
@@ -152,11 +154,17 @@ func checkObject(body []byte) error {
 	if t := bytes.TrimLeft(body, " \t\r\n"); len(t) == 0 || t[0] != '{' {
 		return errors.New("not a JSON object")
 	}
-	return nil
+	// encoding/json would decode invalid UTF-8 and lone surrogate escapes as U+FFFD, so a
+	// TOKEN text or a module name would reach the stream other than the client sent it.
+	return jsontext.Check(body)
 }
 
 // Unmarshal decodes the body into v and checks that every key in required is present.
 func (m Message) Unmarshal(v any, required ...string) error {
+	// Checked here too: a Message need not have come through Decode.
+	if err := jsontext.Check(m.Body); err != nil {
+		return fmt.Errorf("%w: %s body: %w", ErrBadMessage, m.Type, err)
+	}
 	if len(required) > 0 {
 		var keys map[string]json.RawMessage
 		if err := json.Unmarshal(m.Body, &keys); err != nil {

@@ -2,6 +2,8 @@ package pipeline
 
 import (
 	"encoding/json"
+	"time"
+	"unicode/utf8"
 
 	"github.com/strap-llm/strap/internal/shm"
 )
@@ -81,6 +83,10 @@ func (s *Session) Drop(d Drop) error {
 	if d.Name == "" || len(d.Name) > shm.MaxNameLen {
 		return s.fail(errf(KindBadRequest, "drop seq %d: name length %d, expected 1..%d", d.Seq, len(d.Name), shm.MaxNameLen))
 	}
+	// json.Marshal of the DROP meta would turn invalid UTF-8 into U+FFFD without a word.
+	if !utf8.ValidString(d.Name) || !utf8.ValidString(d.Reason) {
+		return s.fail(errf(KindBadRequest, "drop seq %d: name %q or reason %q is not valid UTF-8", d.Seq, d.Name, d.Reason))
+	}
 	s.in.nextSeq++
 	s.in.dropsIn++
 	it := notice(kindDrop, d.Seq)
@@ -96,7 +102,15 @@ func (s *Session) Token(t Token) error {
 	if t.Seq != s.in.nextSeq {
 		return s.fail(errf(KindTornRecord, "token has seq %d, expected %d", t.Seq, s.in.nextSeq))
 	}
+	// The text goes into the TOKEN meta through json.Marshal, which would write invalid
+	// UTF-8 as U+FFFD: the stream would hold a text the client never sent.
+	if !utf8.ValidString(t.Text) {
+		return s.fail(errf(KindBadRequest, "token seq %d: text %q is not valid UTF-8", t.Seq, t.Text))
+	}
 	s.in.nextSeq++
+	if s.o.Observer != nil {
+		s.o.Observer.ObserveToken(s.o.ID, time.Now())
+	}
 	it := notice(kindToken, t.Seq)
 	it.tok = t
 	return s.enqueue(it)
@@ -112,7 +126,9 @@ func (s *Session) Checkpoint(seq uint64) error {
 	if seq != s.in.nextSeq-1 {
 		return s.fail(errf(KindTornRecord, "checkpoint seq %d, last sequence number received %d", seq, s.in.nextSeq-1))
 	}
-	return s.enqueue(notice(kindCheckpoint, seq))
+	it := notice(kindCheckpoint, seq)
+	it.at = time.Now()
+	return s.enqueue(it)
 }
 
 // CheckClose validates CLOSE against what was received: the head of the last PUBLISH, the

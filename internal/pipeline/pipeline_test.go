@@ -384,6 +384,40 @@ func TestSessionErrors(t *testing.T) {
 		}
 		h.s.Finish(StatusComplete)
 	})
+	// Notices whose text json.Marshal would rewrite to U+FFFD: refused, never written.
+	for _, tc := range []struct {
+		name   string
+		notice func(h *harness) error
+		sub    string
+	}{
+		{"token text not UTF-8", func(h *harness) error {
+			return h.s.Token(Token{Seq: h.p.TakeSeq(), Index: 0, TokenID: 1, Text: "model.\xff\xfe"})
+		}, `token seq 2: text "model.\xff\xfe" is not valid UTF-8`},
+		{"drop name not UTF-8", func(h *harness) error {
+			return h.s.Drop(Drop{Seq: h.p.TakeSeq(), Name: "model.\xff\xfe", Bytes: 4})
+		}, `drop seq 2: name "model.\xff\xfe"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, hopts{})
+			a := f32Tensor("a", 1, 64)
+			if err := h.put(&a); err != nil {
+				t.Fatal(err)
+			}
+			err := tc.notice(h)
+			var se *Error
+			if !errors.As(err, &se) || se.Kind != KindBadRequest || !strings.Contains(se.Error(), tc.sub) {
+				t.Fatalf("err = %v, want kind %s containing %q", err, KindBadRequest, tc.sub)
+			}
+			res, err := h.s.Finish(StatusComplete)
+			if err == nil || res.Status != StatusError {
+				t.Fatalf("finish: %+v %v", res, err)
+			}
+			st, rerr := pipelinetest.ReadFile(h.out.Name())
+			if rerr != nil || st.EndStatus() != StatusError || len(st.Packets) != 1 {
+				t.Fatalf("%v: end %q, %d packets", rerr, st.EndStatus(), len(st.Packets))
+			}
+		})
+	}
 	t.Run("aborted", func(t *testing.T) {
 		h := newHarness(t, hopts{codec: "lz4"})
 		a := f32Tensor("a", 1, 64)

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"unicode/utf8"
 
 	"github.com/strap-llm/strap/internal/dtype"
 )
@@ -263,10 +264,21 @@ func ParseRecord(b []byte, lim Limits) (Record, error) {
 		}
 	}
 	off := RecordFixedSize + 8*ndim
-	r.Name = string(b[off : off+nameLen])
+	// Name and meta are UTF-8 (PROTOCOL.md section 2). Checked here, where the bytes become a
+	// string, because nothing later would: encoding/json and the stream writer pass invalid
+	// UTF-8 through or turn it into U+FFFD, so a name that differs from what the client sent
+	// would land on disk silently.
+	name := b[off : off+nameLen]
+	if !utf8.Valid(name) {
+		return r, badf("seq %d: name %q is not valid UTF-8", r.Seq, name)
+	}
+	r.Name = string(name)
 	off += nameLen
 	if metaLen > 0 {
 		r.Meta = b[off : off+metaLen]
+		if !utf8.Valid(r.Meta) {
+			return r, badf("seq %d: meta of %q is not valid UTF-8", r.Seq, r.Name)
+		}
 	}
 	r.Payload = b[payloadOff : payloadOff+payloadLen]
 	return r, nil

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/strap-llm/strap/internal/dtype"
 	"golang.org/x/sys/unix"
@@ -122,6 +123,14 @@ func TestParseRecordErrors(t *testing.T) {
 		{"part_offset without PART", func(b []byte) []byte { le.PutUint64(b[64:], 8); return b }, "part_offset 8"},
 		{"part out of range", func(b []byte) []byte { le.PutUint16(b[58:], 1); le.PutUint64(b[64:], 8); return b }, "part_offset 8 + payload_len 24"},
 		{"shape overflow", func(b []byte) []byte { le.PutUint64(b[80:], 1<<62); le.PutUint64(b[88:], 1<<3); return b }, "is not tensor_len"},
+		// The name starts after the 80-byte header and 2 dims.
+		{"name not UTF-8", func(b []byte) []byte { copy(b[96:], "model.\xff\xfe"); return b }, `name "model.\xff\xfe`},
+		{"name truncated rune", func(b []byte) []byte { copy(b[96+17:], "\xe2"); return b }, "is not valid UTF-8"},
+		{"meta not UTF-8", func(b []byte) []byte {
+			g := goldenRecords()["record_bf16_meta.bin"]
+			g.t.Meta = []byte("{\"text\":\"\xc0\xaf\"}") // overlong "/": invalid UTF-8
+			return AppendRecord(nil, &g.t, 7)
+		}, `meta of "model.layers.3.self_attn" is not valid UTF-8`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -347,6 +356,14 @@ func FuzzParseRecord(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte{})
+	// Invalid UTF-8 in the name and in the meta: the mutator starts next to the boundary.
+	for _, tn := range []Tensor{
+		{Name: "model.\xff\xfe", DType: dtype.Uint8, Shape: []uint64{2}, Payload: []byte{1, 2}},
+		{Name: "m\xed\xa0\x80", DType: dtype.Uint8, Shape: []uint64{1}, Payload: []byte{1}}, // a UTF-16 surrogate
+		{Name: "m", DType: dtype.Uint8, Shape: []uint64{1}, Meta: []byte("{\"text\":\"\xf8\x88\"}"), Payload: []byte{1}},
+	} {
+		f.Add(AppendRecord(nil, &tn, 1))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := ParseRecord(b, Limits{})
 		if err != nil {
@@ -357,6 +374,9 @@ func FuzzParseRecord(f *testing.F) {
 		}
 		if r.Len > uint64(len(b)) || r.Len%Align != 0 {
 			t.Fatalf("accepted record_len %d of %d bytes", r.Len, len(b))
+		}
+		if !utf8.ValidString(r.Name) || !utf8.Valid(r.Meta) {
+			t.Fatalf("accepted a name %q or meta %q that is not UTF-8", r.Name, r.Meta)
 		}
 		if r.Kind == KindTensor {
 			// Re-encoding what was parsed must parse to the same fields.

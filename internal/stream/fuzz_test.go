@@ -6,6 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"unicode/utf8"
+
+	"github.com/strap-llm/strap/internal/jsontext"
 )
 
 // FuzzReader treats arbitrary bytes as a stream file: every walk must end in a clean stop
@@ -21,9 +24,25 @@ func FuzzReader(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte(FileMagic))
+	// Right CRCs around text that is not Unicode: names, meta, INDEX names, header metadata.
+	for _, tc := range invalidTextStreams(f) {
+		f.Add(tc.data)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		size := int64(len(data))
 		rep := Verify(bytes.NewReader(data), size)
+		if rep.OK {
+			// A stream verify passes hands out only valid text.
+			r, err := NewReader(bytes.NewReader(data), size)
+			if err != nil {
+				t.Fatalf("verify OK, reader fails: %v", err)
+			}
+			for s := r.Scan(false); s.Next(); {
+				if p := s.Packet(); !utf8.ValidString(p.Name) || jsontext.Check(p.Meta) != nil {
+					t.Fatalf("verify OK with packet name %q meta %q at %d", p.Name, p.Meta, p.Offset)
+				}
+			}
+		}
 		r, err := NewReader(bytes.NewReader(data), size)
 		if err != nil {
 			var oe *OffsetError

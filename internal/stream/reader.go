@@ -9,9 +9,11 @@ import (
 	"io"
 	"os"
 	"slices"
+	"unicode/utf8"
 
 	"github.com/strap-llm/strap/internal/codec"
 	"github.com/strap-llm/strap/internal/dtype"
+	"github.com/strap-llm/strap/internal/jsontext"
 )
 
 // FileHeader is the parsed file header.
@@ -89,6 +91,9 @@ func NewReader(r io.ReaderAt, size int64) (*Reader, error) {
 	if err := json.Unmarshal(fh.MetaRaw, &fh.Meta); err != nil || fh.Meta == nil {
 		return nil, atOffset(FileHeaderLen, "metadata is not a JSON object: %w", ErrCorrupt)
 	}
+	if err := jsontext.Check(fh.MetaRaw); err != nil {
+		return nil, atOffset(FileHeaderLen, "metadata: %v: %w", err, ErrCorrupt)
+	}
 	if le.Uint32(h[20:]) != 0 {
 		return nil, atOffset(20, "file header reserved field %#x: %w", le.Uint32(h[20:]), ErrCorrupt)
 	}
@@ -158,6 +163,37 @@ func (r *Reader) Footer() (int64, error) {
 // ReadHeader reads and checks the packet header at off (magic, header_len, bounds and the
 // rules between fields; not the CRC, which covers the payload too).
 func (r *Reader) ReadHeader(off int64) (*PacketInfo, error) {
+	p, err := r.readHeader(off)
+	if err != nil {
+		return nil, err
+	}
+	if terr := p.checkText(); terr != nil {
+		// A damaged byte reads as bad text too: read the packet whole, so that a CRC that
+		// disagrees is reported as the damage it is (as ReadPacket would).
+		if _, _, err := r.ReadPacket(off); err != nil {
+			return nil, err
+		}
+		return nil, terr
+	}
+	return p, nil
+}
+
+// checkText refuses a name or meta that is not valid UTF-8 (STREAM_FORMAT.md 3): a reader
+// that turned it into a string as it is would hand out a name that differs from every
+// valid one without saying so, and JSON decoding would rewrite it to U+FFFD.
+func (p *PacketInfo) checkText() error {
+	if !utf8.ValidString(p.Name) {
+		return atOffset(p.Offset, "packet name %q is not valid UTF-8: %w", p.Name, ErrCorrupt)
+	}
+	if err := jsontext.Check(p.Meta); err != nil {
+		return atOffset(p.Offset, "meta of packet %q: %v: %w", p.Name, err, ErrCorrupt)
+	}
+	return nil
+}
+
+// readHeader is ReadHeader without the text check, so ReadPacket can check the CRC first
+// and report a damaged byte as damage rather than as bad text.
+func (r *Reader) readHeader(off int64) (*PacketInfo, error) {
 	rem := r.size - off
 	if off < r.header.DataOffset || rem <= 0 {
 		return nil, atOffset(off, "packet offset outside [%d, %d): %w", r.header.DataOffset, r.size, ErrCorrupt)
@@ -212,7 +248,7 @@ func (r *Reader) ReadHeader(off int64) (*PacketInfo, error) {
 // ReadPacket reads the packet at off whole, checks its CRC and returns its header and
 // stored payload.
 func (r *Reader) ReadPacket(off int64) (*PacketInfo, []byte, error) {
-	p, err := r.ReadHeader(off)
+	p, err := r.readHeader(off)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -226,6 +262,9 @@ func (r *Reader) ReadPacket(off int64) (*PacketInfo, []byte, error) {
 		return nil, nil, atOffset(off, "packet crc %#08x, computed %#08x: %w", got, crc, ErrBadCRC)
 	}
 	binary.LittleEndian.PutUint32(buf[20:], got)
+	if err := p.checkText(); err != nil {
+		return nil, nil, err
+	}
 	if len(p.Meta) > 0 && !isJSONObject(p.Meta) {
 		return nil, nil, atOffset(off, "packet meta is not a JSON object: %w", ErrCorrupt)
 	}
@@ -395,6 +434,9 @@ func parseIndex(b []byte, off int64) ([]IndexEntry, error) {
 		l := int(le.Uint16(b))
 		if len(b) < 2+l {
 			return nil, bad("name table")
+		}
+		if !utf8.Valid(b[2 : 2+l]) {
+			return nil, bad(fmt.Sprintf("name %d %q is not valid UTF-8", i, b[2:2+l]))
 		}
 		names[i] = string(b[2 : 2+l])
 		b = b[2+l:]

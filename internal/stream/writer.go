@@ -8,10 +8,13 @@ import (
 	"io"
 	"os"
 	"syscall"
+	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/strap-llm/strap/internal/codec"
+	"github.com/strap-llm/strap/internal/jsontext"
 )
 
 const (
@@ -71,6 +74,9 @@ type Writer struct {
 
 	err    error // sticky: after a failed write the stream's tail is unknown
 	closed bool
+
+	// OnSync, when set, receives how long each fdatasync took (metrics).
+	OnSync func(time.Duration)
 }
 
 // New starts a stream on f: it truncates a non-empty regular file, writes the file
@@ -171,6 +177,14 @@ func (w *Writer) validate(p *Packet) (uint64, error) {
 	}
 	if uint64(len(p.Meta)) > 1<<31 || (len(p.Meta) > 0 && !isJSONObject(p.Meta)) {
 		return 0, fmt.Errorf("meta is not a JSON object: %w", ErrInvalidPacket)
+	}
+	// Names and meta are UTF-8 (STREAM_FORMAT.md 3); the reader refuses anything else, so
+	// writing it would make a stream that does not read back.
+	if !utf8.ValidString(p.Name) {
+		return 0, fmt.Errorf("name %q is not valid UTF-8: %w", p.Name, ErrInvalidPacket)
+	}
+	if err := jsontext.Check(p.Meta); err != nil {
+		return 0, fmt.Errorf("meta of %q: %w: %w", p.Name, err, ErrInvalidPacket)
 	}
 	var stored uint64
 	if p.Codec == codec.None {
@@ -425,6 +439,7 @@ func (w *Writer) sync() error {
 		return nil
 	}
 	var serr error
+	start := time.Now()
 	if err := w.rc.Control(func(fd uintptr) {
 		for {
 			serr = unix.Fdatasync(int(fd))
@@ -434,6 +449,9 @@ func (w *Writer) sync() error {
 		}
 	}); err != nil {
 		serr = err
+	}
+	if w.OnSync != nil {
+		w.OnSync(time.Since(start))
 	}
 	if serr != nil {
 		w.err = fmt.Errorf("fdatasync stream: %w", serr)

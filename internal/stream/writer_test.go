@@ -135,6 +135,9 @@ func TestWritePacketInvalid(t *testing.T) {
 		{"drop_with_payload", func(p *Packet) { p.Type = TypeDrop }},
 		{"token_with_payload", func(p *Packet) { p.Type = TypeToken; p.DType = 0; p.Shape = nil; p.RawLen = 0 }},
 		{"long_name", func(p *Packet) { p.Name = string(make([]byte, 70000)) }},
+		{"name_not_utf8", func(p *Packet) { p.Name = "model.\xff\xfe" }},
+		{"meta_not_utf8", func(p *Packet) { p.Meta = []byte("{\"text\":\"\xff\"}") }},
+		{"meta_lone_surrogate", func(p *Packet) { p.Meta = []byte(`{"text":"\udcff"}`) }},
 	}
 	_ = lz
 	for _, tt := range tests {

@@ -60,6 +60,59 @@ def test_find_binary_env(monkeypatch, tmp_path, fake_bin):
     assert D.find_strapd_binary() is None
 
 
+def _exe(path: Path, text: str = "#!/bin/sh\nexit 0\n") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def test_find_binary_order(monkeypatch, tmp_path):
+    """STRAPD_BIN, then the bundled daemon, then beside the interpreter, then PATH; the
+    console-script shim is never taken for the daemon."""
+    bundled = _exe(tmp_path / "pkg" / "_bin" / "strapd")
+    onpath = _exe(tmp_path / "path" / "strapd")
+    shim = _exe(tmp_path / "venv" / "bin" / "strapd",
+                "#!/venv/bin/python\nimport sys\nfrom llm_instrumentation._strapd_cli import main\n")
+    monkeypatch.delenv("STRAPD_BIN", raising=False)
+    monkeypatch.setattr(D, "BUNDLED_STRAPD", bundled)
+    monkeypatch.setattr(D.sys, "executable", str(tmp_path / "venv" / "bin" / "python"))
+    monkeypatch.setenv("PATH", f"{shim.parent}{os.pathsep}{onpath.parent}")
+    assert D.find_strapd_binary() == str(bundled)
+    monkeypatch.setenv("STRAPD_BIN", str(onpath))
+    assert D.find_strapd_binary() == str(onpath)
+    monkeypatch.delenv("STRAPD_BIN")
+    bundled.unlink()
+    # the shim sits beside the interpreter and first on PATH: both skipped
+    assert D.find_strapd_binary() == str(onpath)
+    real_beside = _exe(tmp_path / "venv2" / "bin" / "strapd")
+    monkeypatch.setattr(D.sys, "executable", str(tmp_path / "venv2" / "bin" / "python"))
+    assert D.find_strapd_binary() == str(real_beside)
+
+
+def test_bundled_not_executable_is_skipped(monkeypatch, tmp_path, caplog):
+    bundled = _exe(tmp_path / "_bin" / "strapd")
+    bundled.chmod(0o644)
+    onpath = _exe(tmp_path / "path" / "strapd")
+    monkeypatch.delenv("STRAPD_BIN", raising=False)
+    monkeypatch.setattr(D, "BUNDLED_STRAPD", bundled)
+    monkeypatch.setattr(D.sys, "executable", str(tmp_path / "nowhere" / "python"))
+    monkeypatch.setenv("PATH", str(onpath.parent))
+    with caplog.at_level("WARNING", logger="llm_instrumentation"):
+        assert D.find_strapd_binary() == str(onpath)
+    assert "not executable" in caplog.text
+
+
+def test_shim_without_binary_says_so(monkeypatch, tmp_path, capsys):
+    from llm_instrumentation import _strapd_cli
+
+    monkeypatch.setenv("STRAPD_BIN", str(tmp_path / "missing"))
+    with pytest.raises(SystemExit) as ei:
+        _strapd_cli.main()
+    assert ei.value.code == 127
+    assert "carries no strapd binary" in capsys.readouterr().err
+
+
 def test_no_daemon_no_autostart(sockdir):
     with pytest.raises(StrapdConnectionError, match="no strapd answers"):
         D.connect(os.path.join(sockdir, "none.sock"), autostart=False)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -49,18 +48,47 @@ def resolve_socket_path(explicit: Optional[str] = None) -> str:
     return default_socket_path()
 
 
+# The daemon a platform wheel carries (tools/build_wheel.py puts it there).
+BUNDLED_STRAPD = Path(__file__).resolve().parent / "_bin" / "strapd"
+
+# The console script pip writes for ``strapd`` imports this module; finding it must not
+# count as finding the daemon (it would exec find_strapd_binary's answer, or fail).
+_SHIM_MARK = b"llm_instrumentation._strapd_cli"
+
+
+def _is_shim(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1024)
+    except OSError:
+        return False
+    return head.startswith(b"#!") and _SHIM_MARK in head
+
+
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK) and not _is_shim(path)
+
+
 def find_strapd_binary() -> Optional[str]:
-    """Locate the strapd binary: ``$STRAPD_BIN``, next to ``sys.executable``, on PATH, or
-    ``bin/strapd`` of the source checkout this package runs from. None when not found."""
+    """Locate the strapd binary, first match wins: ``$STRAPD_BIN``; the daemon bundled in
+    this package (a platform wheel); next to ``sys.executable``; on PATH; ``bin/strapd`` of
+    the source checkout this package runs from. The ``strapd`` console-script shim is
+    skipped. None when not found."""
     env = os.environ.get("STRAPD_BIN")
     if env:
         return env if os.access(env, os.X_OK) else None
+    if BUNDLED_STRAPD.is_file():
+        if os.access(BUNDLED_STRAPD, os.X_OK):
+            return str(BUNDLED_STRAPD)
+        log.warning("bundled strapd %s is not executable (installed without its mode bits?); skipped",
+                    BUNDLED_STRAPD)
     beside = Path(sys.executable).parent / "strapd"
-    if beside.is_file() and os.access(beside, os.X_OK):
+    if _executable(beside):
         return str(beside)
-    found = shutil.which("strapd")
-    if found:
-        return found
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        cand = Path(d or ".") / "strapd"
+        if _executable(cand):
+            return str(cand)
     for parent in Path(__file__).resolve().parents:
         gomod = parent / "go.mod"
         if gomod.is_file():
@@ -97,7 +125,8 @@ def start_daemon(path: str, binary: Optional[str] = None, timeout: float = 10.0)
     if binary is None:
         raise StrapdConnectionError(
             f"no strapd answers on {path} and no strapd binary was found "
-            "(set STRAPD_BIN, put strapd on PATH, or start `strapd serve` yourself)"
+            "(install the platform wheel, which bundles it; set STRAPD_BIN; put strapd on PATH; "
+            "or start `strapd serve` yourself)"
         )
     sock_dir = Path(path).parent
     sock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

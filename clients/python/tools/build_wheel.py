@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Build a platform wheel of strap-llm that carries a static strapd.
+
+The client package is pure Python; what makes the wheel platform-specific is the daemon at
+``llm_instrumentation/_bin/strapd``. The package is copied to a scratch directory, the binary
+is placed there, and setuptools' own ``bdist_wheel`` is run through the PEP 517 backend with
+``--plat-name``: a pure package built with an explicit platform name gets the tag
+``py3-none-<plat>``, which is what a static binary needs (any CPython 3, any glibc/musl of
+that architecture).
+
+Usage (the Makefile's ``wheel`` target):
+    python tools/build_wheel.py --binary build/linux_amd64/strapd \
+        --plat manylinux_2_17_x86_64 --version 0.1.0 --out dist
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent  # clients/python
+
+# ELF e_machine of each architecture a platform tag may name.
+ELF_MACHINE = {"x86_64": 62, "aarch64": 183}
+
+
+def elf_machine(path: Path) -> int:
+    """The e_machine field of a little-endian 64-bit ELF file; raises on anything else."""
+    head = path.read_bytes()[:20]
+    if len(head) < 20 or head[:4] != b"\x7fELF":
+        raise SystemExit(f"{path}: not an ELF file")
+    if head[4] != 2 or head[5] != 1:
+        raise SystemExit(f"{path}: not a little-endian 64-bit ELF file")
+    return int.from_bytes(head[18:20], "little")
+
+
+def project_version() -> str:
+    text = (HERE / "pyproject.toml").read_text()
+    m = re.search(r'^version\s*=\s*"([^"]+)"', text, re.M)
+    if not m:
+        raise SystemExit("pyproject.toml: no version")
+    return m.group(1)
+
+
+def check_wheel(whl: Path, plat: str) -> None:
+    """Fail unless the wheel has the expected tag and an executable strapd inside."""
+    with zipfile.ZipFile(whl) as z:
+        names = z.namelist()
+        wheel_meta = next(n for n in names if n.endswith(".dist-info/WHEEL"))
+        tags = [l.split(":", 1)[1].strip() for l in z.read(wheel_meta).decode().splitlines()
+                if l.startswith("Tag:")]
+        if tags != [f"py3-none-{plat}"]:
+            raise SystemExit(f"{whl}: tags {tags}, want py3-none-{plat}")
+        info = z.getinfo("llm_instrumentation/_bin/strapd")
+        mode = info.external_attr >> 16
+        if not mode & 0o111:
+            raise SystemExit(f"{whl}: llm_instrumentation/_bin/strapd is not executable (mode {mode:o})")
+        if not any(n.endswith(".dist-info/entry_points.txt") for n in names):
+            raise SystemExit(f"{whl}: no entry_points.txt (the strapd console script)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--binary", required=True, type=Path, help="static strapd for the target platform")
+    ap.add_argument("--plat", required=True, help="platform tag, e.g. manylinux_2_17_x86_64")
+    ap.add_argument("--version", required=True, help="version strapd was built with (must match pyproject)")
+    ap.add_argument("--out", required=True, type=Path, help="directory for the wheel")
+    args = ap.parse_args()
+
+    if args.version != project_version():
+        raise SystemExit(f"strapd built as {args.version} but pyproject.toml says {project_version()}")
+    arch = next((a for a in ELF_MACHINE if args.plat.endswith("_" + a)), None)
+    if arch is None:
+        raise SystemExit(f"platform tag {args.plat}: unknown architecture (know {sorted(ELF_MACHINE)})")
+    if elf_machine(args.binary) != ELF_MACHINE[arch]:
+        raise SystemExit(f"{args.binary} is not an {arch} binary, but the tag is {args.plat}")
+
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="strap-wheel-") as tmp:
+        work = Path(tmp) / "pkg"
+        # A scratch copy keeps setuptools' build/ and egg-info out of the source tree and
+        # keeps one architecture's binary from leaking into the other's wheel.
+        shutil.copytree(HERE / "src", work / "src",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "_bin"))
+        for f in ("pyproject.toml", "README.md"):
+            shutil.copy2(HERE / f, work / f)
+        bindir = work / "src" / "llm_instrumentation" / "_bin"
+        bindir.mkdir()
+        shutil.copyfile(args.binary, bindir / "strapd")
+        (bindir / "strapd").chmod(0o755)
+        wheel_dir = Path(tmp) / "wheel"
+        wheel_dir.mkdir()
+        # setuptools before 70.1 has no bdist_wheel of its own (it needed the wheel package).
+        code = (
+            "import sys, setuptools; from setuptools import build_meta as b; "
+            "v = tuple(int(x) for x in setuptools.__version__.split('.')[:2]); "
+            "v >= (70, 1) or sys.exit(f'setuptools {setuptools.__version__} is too old: make wheel needs >= 70.1'); "
+            "print(b.build_wheel(sys.argv[1], config_settings={'--build-option': ['--plat-name', sys.argv[2]]}))"
+        )
+        res = subprocess.run([sys.executable, "-c", code, str(wheel_dir), args.plat], cwd=work,
+                             capture_output=True, text=True)
+        if res.returncode != 0:
+            sys.stderr.write(res.stdout + res.stderr)
+            raise SystemExit(f"bdist_wheel failed (exit {res.returncode})")
+        name = res.stdout.strip().splitlines()[-1]
+        whl = wheel_dir / name
+        check_wheel(whl, args.plat)
+        dest = out / name
+        shutil.move(str(whl), dest)
+    print(dest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
