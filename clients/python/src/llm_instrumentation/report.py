@@ -234,17 +234,29 @@ def top_costs(resources: List[Dict[str, Any]], trace: List[Dict[str, Any]], pids
     names = {"runnable_ns": "client waiting for a CPU (runnable)",
              "io_ns": "client blocked on I/O (D state)"}
     names = {k: v + ", summed over its threads" for k, v in names.items()}
+    # A snapshot can cover time before or after the forward passes (the daemon's interval
+    # is not the capture's): its share inside them is counted, assuming the time was spread
+    # evenly over the interval, and the source says so.
+    window = None
+    if fwd:
+        window = (min(e["timestamp"] - e["duration_us"] for e in fwd) / 1e6, max(e["timestamp"] for e in fwd) / 1e6)
     for s in trace:
         oc = s.get("off_cpu") or {}
+        iv = s.get("interval_s") or 0
+        share = 1.0
+        if window is not None and iv > 0:
+            start, end = s["timestamp"] - iv, s["timestamp"]
+            share = max(0.0, min(end, window[1]) - max(start, window[0])) / iv
         for pid in pids:
             row = oc.get(pid)
             if not row:
                 continue
             for key, label in names.items():
                 v = row.get(key)
-                if v:
-                    costs[label] += v / 1e9
-                    src[label] = "kernel trace (off_cpu, summed over threads)"
+                if v and share > 0:
+                    costs[label] += v / 1e9 * share
+                    src[label] = ("kernel trace (off_cpu, summed over threads"
+                                  + (", prorated to the forward passes' time)" if window is not None else ")"))
     rows = [{"label": k, "seconds": v, "source": src.get(k, ""),
              "share": (v / wall_s if wall_s else None)} for k, v in costs.items() if v > 0]
     rows.sort(key=lambda r: -r["seconds"])
