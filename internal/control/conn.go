@@ -14,9 +14,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// maxFDs is the most descriptors a message may carry (OPEN carries 2); the control buffer
-// has room for a few more so extras can be seen and closed instead of truncated.
-const maxFDs = 2
+// maxFDs is the most descriptors a message may carry (OPEN: ring, output, trace, resource
+// log); the control buffer has room for a few more so extras can be seen and closed
+// instead of truncated.
+const maxFDs = 4
 
 // Conn is one SOCK_SEQPACKET connection speaking the framing of PROTOCOL.md 1.1. Send and
 // Recv may be used by different goroutines; neither is safe for concurrent use by two.

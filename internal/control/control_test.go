@@ -2,6 +2,7 @@ package control
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"flag"
 	"net"
@@ -46,6 +47,10 @@ var goldenMessages = []struct {
 		LastOffset: 40800, LastCRC: 3735928559}},
 	{"open_resume.bin", TypeOpen, Open{RingSize: 67108864, Codec: "lz4", Policy: "block", AppendAt: 40960,
 		Resume: &Resume{LastSeq: 5, LastCRC: 3735928559, Packets: 5}}},
+	{"open_resources.bin", TypeOpen, Open{RingSize: 67108864, Codec: "none", Policy: "block", Resources: true}},
+	{"resources.bin", TypeResources, Resources{Events: []json.RawMessage{
+		json.RawMessage(`{"event":"compute_execution","step":3,"flops":65536,"duration_us":12.5}`),
+		json.RawMessage(`{"event":"kv_cache_update","step":3,"cache_bytes":8192}`)}}},
 }
 
 func ptr[T any](v T) *T { return &v }

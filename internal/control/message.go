@@ -44,6 +44,8 @@ const (
 	TypeCheckpoint Type = 14
 	// TypeCheckpointed answers TypeCheckpoint with the durable facts.
 	TypeCheckpointed Type = 15
+	// TypeResources carries resource events for the session's resource log.
+	TypeResources Type = 16
 )
 
 var typeNames = map[Type]string{
@@ -51,6 +53,7 @@ var typeNames = map[Type]string{
 	TypePublish: "PUBLISH", TypeRelease: "RELEASE", TypeDrop: "DROP", TypeClose: "CLOSE",
 	TypeClosed: "CLOSED", TypeError: "ERROR", TypeStatus: "STATUS", TypeStatusReply: "STATUS_REPLY",
 	TypeToken: "TOKEN", TypeCheckpoint: "CHECKPOINT", TypeCheckpointed: "CHECKPOINTED",
+	TypeResources: "RESOURCES",
 }
 
 // String is the protocol name of t.

@@ -32,6 +32,7 @@ type conn struct {
 	info    control.SessionStatus
 	slotted bool
 	outFile *os.File
+	res     *resourceLog // the session's resource log, nil when OPEN passed none
 
 	rates   rateTracker     // status: MB/s over the last seconds, ratio, tokens, checkpoints
 	counted bool            // counted in srv.quotas (removeConn undoes it)
@@ -51,6 +52,9 @@ func (c *conn) status() (control.SessionStatus, bool) {
 	ss := c.sess.Stats()
 	st.Packets, st.Drops, st.BytesIn, st.BytesOut, st.RingUsed = ss.Packets, ss.Drops, ss.BytesIn, ss.BytesOut, ss.RingUsed
 	c.rates.fill(&st, ss, time.Now())
+	if c.res != nil {
+		c.res.fill(&st)
+	}
 	return st, true
 }
 
@@ -158,7 +162,7 @@ func (c *conn) loop() {
 			}
 			_ = c.c.Unix().SetReadDeadline(time.Now().Add(drainIdle))
 		}
-		m, fds, err := c.recv(3)
+		m, fds, err := c.recv(4)
 		if err != nil {
 			// Linux reports a peer that closed with our replies unread as ECONNRESET once,
 			// before the messages it queued: keep reading them, EOF follows.
@@ -272,6 +276,17 @@ var sessionHandlers = map[control.Type]func(c *conn, m control.Message, s *pipel
 		}
 		return false, s.Checkpoint(ck.Seq)
 	},
+	control.TypeResources: func(c *conn, m control.Message, _ *pipeline.Session) (bool, error) {
+		if c.res == nil {
+			return false, fmt.Errorf("%w: RESOURCES but OPEN passed no resource log (\"resources\": true)", control.ErrBadMessage)
+		}
+		lines, n, err := control.ResourceLines(m)
+		if err != nil {
+			return false, err
+		}
+		c.res.append(lines, n)
+		return false, nil
+	},
 	control.TypeClose: func(c *conn, m control.Message, s *pipeline.Session) (bool, error) {
 		var cl control.Close
 		if err := m.Unmarshal(&cl, "seq", "head", "drops"); err != nil {
@@ -347,6 +362,13 @@ func (c *conn) finish(status string) (pipeline.Result, error) {
 		c.srv.quotas.closeSession(c.cred.Uid)
 		if cerr := c.outFile.Close(); cerr != nil && err == nil {
 			err = fmt.Errorf("close output: %w", cerr)
+		}
+		// Like the trace, the resource log never fails the capture: its errors are logged
+		// (and were in status while the session lived).
+		if c.res != nil {
+			if rerr := c.res.close(); rerr != nil {
+				c.log.Warn("resource log", zap.Uint64("session", c.info.Session), zap.Error(rerr))
+			}
 		}
 	}
 	if err != nil {

@@ -22,12 +22,26 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 			closeFDs(fds)
 		}
 	}()
-	if len(fds) != 2 && len(fds) != 3 {
-		return perr(control.CodeBadMessage, "OPEN carries %d file descriptors, expected 2 or 3 (ring memfd, output file, optional trace file)", len(fds))
+	if len(fds) < 2 || len(fds) > 4 {
+		return perr(control.CodeBadMessage, "OPEN carries %d file descriptors, expected 2 to 4 (ring memfd, output file, optional trace file, resource log when \"resources\": true)", len(fds))
 	}
 	var req control.Open
 	if err := m.Unmarshal(&req, control.OpenRequired...); err != nil {
 		return control.Errorf(control.CodeBadMessage, "%w", err)
+	}
+	// The resource log, when asked for, is the last descriptor; what comes before it is
+	// the ring, the output and the optional trace.
+	streamFDs := fds
+	if req.Resources {
+		if len(fds) < 3 {
+			return perr(control.CodeBadMessage, "OPEN with \"resources\": true carries %d file descriptors, expected 3 or 4 (ring memfd, output file, optional trace file, resource log)", len(fds))
+		}
+		streamFDs = fds[:len(fds)-1]
+		if err := checkResourceLog(fds[len(fds)-1]); err != nil {
+			return err
+		}
+	} else if len(fds) == 4 {
+		return perr(control.CodeBadMessage, "OPEN carries 4 file descriptors without \"resources\": true, expected 2 or 3 (ring memfd, output file, optional trace file)")
 	}
 	cfg := &c.srv.cfg
 	if req.RingSize > cfg.MaxRingSize {
@@ -43,7 +57,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	if err := checkOutput(fds[1]); err != nil {
 		return err
 	}
-	if err := c.srv.checkTrace(fds); err != nil {
+	if err := c.srv.checkTrace(streamFDs); err != nil {
 		return err
 	}
 	if err := c.srv.quotas.openSession(cfg.Clients, c.cred.Uid); err != nil {
@@ -80,6 +94,11 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 		out.Close()
 		return err
 	}
+	var res *resourceLog
+	if req.Resources {
+		res = newResourceLog(fds[len(fds)-1], id, log)
+		fds = fds[:len(fds)-1]
+	}
 	var trace *os.File
 	if len(fds) == 1 {
 		trace = os.NewFile(uintptr(fds[0]), fmt.Sprintf("session-%d-trace", id))
@@ -88,10 +107,11 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	str := func(k string) string { s, _ := req.Metadata[k].(string); return s }
 	c.mu.Lock()
 	c.sess = sess
+	c.res = res
 	c.slotted = true
 	c.info = control.SessionStatus{Session: id, PID: c.cred.Pid, UID: c.cred.Uid, ModelClass: str("model_class"),
 		OutputPath: str("output_path"), Codec: plan.Codec(), Policy: req.Policy, Started: time.Now().UTC().Format(time.RFC3339),
-		RingSize: req.RingSize, Resumed: req.AppendAt}
+		RingSize: req.RingSize, Resumed: req.AppendAt, ResourceLog: res != nil}
 	c.rates.start(time.Now(), sess.Stats())
 	// The output file stays open for the session's life; finish closes it.
 	c.outFile = out

@@ -7,6 +7,10 @@ none is running) → stream file; the table below is read back from that file.
 Then a generation loop: greedy decoding with the KV cache, per-token tracking (every token
 is a TOKEN packet, every packet carries its step) and a durable checkpoint every 8 tokens;
 the bytes per token are read back from the stream.
+
+Last, a generation captured with the kernel trace (as root: strapd's BPF probes) and resource
+events (DETAILED: per-module time, FLOPs, memory, KV cache), turned into the HTML report of
+``python -m llm_instrumentation.report``; its path and the three biggest costs are printed.
 """
 
 from __future__ import annotations
@@ -70,7 +74,46 @@ def main() -> int:
               f"{t.dtype} {tuple(t.shape)} mean={t.float().mean().item():+.4f}")
 
     generate(model, os.path.join(out_dir, "llama-generate.strap"))
+    report(model, os.path.join(out_dir, "llama-report.strap"))
     return 0
+
+
+def report(model: LlamaForCausalLM, output: str, n_tokens: int = 24) -> None:
+    """Capture with the kernel trace and resource events, then build the report."""
+    root = os.geteuid() == 0
+    if not root:
+        print("\nnot root: the kernel trace needs strapd's BPF probes (CAP_BPF + CAP_PERFMON); "
+              "capturing without it, the report's block I/O and system figures are skipped")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("\nmatplotlib is not installed (pip install strap-llm[report]): report skipped")
+        return
+    from llm_instrumentation.report import build_report
+
+    prompt = torch.randint(0, model.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(3))
+    t0 = time.perf_counter()
+    with capture_activations(model, preset="balanced", output_path=output, track_per_token=True,
+                             trace_path=root, resource_level="DETAILED") as fw:
+        tracker = fw.token_tracker
+        with torch.no_grad():
+            ids, past = prompt, None
+            while tracker.step < n_tokens:
+                res = model(input_ids=ids, cache=past, use_cache=True)
+                past = res.cache
+                nxt = int(res.logits[0, -1].argmax())
+                tracker.record_token(nxt, f"<{nxt}>")
+                ids = torch.tensor([[nxt]])
+    elapsed = time.perf_counter() - t0
+    r = build_report(output)
+    print(f"\ncaptured {n_tokens} tokens with {'the kernel trace and ' if root else ''}resource events "
+          f"in {elapsed:.2f} s")
+    print(f"resource events: {output}.resources.jsonl" + (f"\nkernel trace: {fw.trace_path}" if root else ""))
+    print(f"report: {r['html']} ({len(r['figures'])} figures)")
+    print("three biggest costs:")
+    for i, c in enumerate(r["costs"], 1):
+        share = f" ({c['share'] * 100:.1f} % of the wall time)" if c.get("share") else ""
+        print(f"  {i}. {c['label']}: {c['seconds']:.3f} s{share}")
 
 
 def generate(model: LlamaForCausalLM, output: str, n_tokens: int = 32, every: int = 8) -> None:

@@ -36,6 +36,10 @@ MESSAGES = [
                                         last_crc=3735928559)),
     ("open_resume.bin", P.Open(ring_size=67108864, codec="lz4", policy="block", append_at=40960,
                                resume=P.Resume(last_seq=5, last_crc=3735928559, packets=5))),
+    ("open_resources.bin", P.Open(ring_size=67108864, codec="none", policy="block", resources=True)),
+    ("resources.bin", P.Resources(events=[
+        {"event": "compute_execution", "step": 3, "flops": 65536, "duration_us": 12.5},
+        {"event": "kv_cache_update", "step": 3, "cache_bytes": 8192}])),
 ]
 
 def _need(path):
@@ -170,3 +174,20 @@ def test_meta_json_compact():
     # meta written by the client uses the same compact form as the golden record
     assert json.dumps({"positions": [0, 4, 8], "dim": 1}, separators=(",", ":")).encode() == \
         b'{"positions":[0,4,8],"dim":1}'
+
+
+def test_resources_sent_raw_match_the_golden():
+    """The monitor's path (events serialized once, packed by SessionSink, sent with
+    send_raw's header) gives the golden datagram byte for byte."""
+    import json
+
+    from llm_instrumentation.resources import SessionSink
+
+    want = _need(PROTO / "resources.bin")
+    sent = []
+    events = [{"event": "compute_execution", "step": 3, "flops": 65536, "duration_us": 12.5},
+              {"event": "kv_cache_update", "step": 3, "cache_bytes": 8192}]
+    sink = SessionSink(sent.append, P.MAX_MESSAGE - P.HEADER.size)
+    sink.write([json.dumps(e, separators=(",", ":")).encode() + b"\n" for e in events])
+    assert len(sent) == 1
+    assert P.HEADER.pack(P.MAGIC, P.VERSION, P.RESOURCES, len(sent[0])) + sent[0] == want

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
 
 from . import _open, _resume
+from . import _protocol as P
 from . import checkpoint as ckpt
 from ._hooks import Hooks, choose_modules
 from ._options import SessionOptions
@@ -40,6 +41,9 @@ class Capture:
         self.forward_count = 0
         self.summary: Optional[Dict[str, Any]] = None
         self.trace_path: Optional[str] = None
+        self.resource_monitor: Optional[Any] = None
+        self.resources_path: Optional[str] = None
+        self.resource_summary: Optional[Dict[str, Any]] = None
         self._session: Optional[CaptureSession] = None
         self._last_session: Optional[CaptureSession] = None
         self._forward = 0
@@ -117,17 +121,25 @@ class Capture:
             self.last_checkpoint = out.resume
         try:
             self.trace_path = _resume.resolve_trace(opts, self.config.trace)
-            trace_fd = _resume.open_trace(self.trace_path, out.resume is not None) if self.trace_path else None
+            level = _resource_level(opts.resource_level, self.config.resource_level)
+            self.resources_path = opts.output_path + ".resources.jsonl" if level is not None else None
+            trace_fd = res_fd = None
             try:
+                trace_fd = _resume.open_trace(self.trace_path, out.resume is not None) if self.trace_path else None
+                if self.resources_path is not None:
+                    # A resume appends to the events of the capture it continues.
+                    flags = os.O_WRONLY | (os.O_APPEND if out.resume is not None else os.O_TRUNC)
+                    res_fd = os.open(self.resources_path, flags | os.O_CREAT | os.O_CLOEXEC, 0o644)
                 session = open_session(
                     opts.socket_path, opts.autostart_daemon, opts.stall_timeout, plan.ring_size, plan.policy,
                     out.fd, trace_fd,
                     _open.open_request(model, self.config, plan, self.hooked_modules, opts.output_path,
                                        self.fingerprint(), out.resume),
-                    resume_seq=out.resume.last_seq if out.resume is not None else 0)
+                    resume_seq=out.resume.last_seq if out.resume is not None else 0, resources_fd=res_fd)
             finally:
-                if trace_fd is not None:
-                    os.close(trace_fd)
+                for fd in (trace_fd, res_fd):
+                    if fd is not None:
+                        os.close(fd)
         finally:
             # strapd keeps its own descriptors, and with the stream's its flock, until the
             # session ends: a resume or another capture waits for that.
@@ -137,7 +149,39 @@ class Capture:
         if self.token_tracker is not None:
             self.token_tracker._sink = self._on_token
         hooks.install(self._on_forward_start, self._on_forward_end, self._on_record)
+        if level is not None:
+            try:
+                self._start_resources(session, level)
+            except BaseException:
+                self.abort()
+                raise
         return self
+
+    def _start_resources(self, session: CaptureSession, level: str) -> None:
+        """The resource monitor, sending its events to strapd over this session. Started
+        after the capture's hooks, so its forward hooks see the capture's step and forward
+        counter already set and its events carry the stream packets' numbers."""
+        from .resources import ResourceMonitor, SessionSink
+
+        conn = session.conn
+        sink = SessionSink(lambda body: conn.send_raw(P.RESOURCES, body), P.MAX_MESSAGE - P.HEADER.size,
+                           self.resources_path)
+        self.resource_summary = None
+        self.resource_monitor = ResourceMonitor(
+            self.model, level, sink=sink, step_fn=lambda: self._step, forward_fn=lambda: self._forward,
+            capture_bytes_fn=lambda: session.bytes_in, enabled=True).start()
+
+    def _close_resources(self) -> Optional[BaseException]:
+        """Close the monitor (its last events go before CLOSE); its error, if any."""
+        mon, self.resource_monitor = self.resource_monitor, None
+        if mon is None:
+            return None
+        try:
+            self.resource_summary = mon.close()
+        except Exception as e:
+            log.error("llm_instrumentation: the resource events could not all be sent: %s", e)
+            return e
+        return None
 
     def _on_forward_start(self) -> None:
         self._forward = self.forward_count
@@ -195,6 +239,7 @@ class Capture:
             the CLOSED summary (``packets``, ``drops``, ``bytes_in``, ``bytes_out``, ``file_bytes``).
         """
         self._remove_hooks()
+        res_err = self._close_resources()
         session = self._session
         if session is None:
             return self.summary or {}
@@ -216,12 +261,16 @@ class Capture:
         ck_path = self.options.checkpoint_file
         if clean and self._clean and ck_path is not None and os.path.exists(ck_path):
             ckpt.fsync_unlink(ck_path)
+        if clean and res_err is not None:
+            # The capture is complete; its resource log is not, and that must not pass unseen.
+            raise RuntimeError(f"capture closed, but its resource events were not all sent: {res_err}") from res_err
         return self.summary
 
     def abort(self) -> None:
         """Remove the hooks and drop the connection without CLOSE (the daemon ends the stream
         as ``aborted``). The checkpoint is kept."""
         self._remove_hooks()
+        self._close_resources()
         if self._session is not None:
             self._session.shutdown()
             self._session = None
@@ -243,3 +292,21 @@ class Capture:
         self._clean = True
         self.stop()
 
+
+
+def _resource_level(option: Any, config_level: Optional[str]) -> Optional[str]:
+    """The resource level of a capture, or None for none: the option (False: none), then
+    the config, then ``STRAP_RESOURCE_LOG_LEVEL``; ``STRAP_RESOURCE_LOG_DISABLED`` turns it
+    off whatever was asked."""
+    from .resources import resource_settings_from_env
+
+    env = resource_settings_from_env()
+    if option is False:
+        return None
+    level = option if option is not None else config_level
+    if level is None and env.level is not None:
+        level = env.level.name
+    if level is not None and env.disabled:
+        log.info("llm_instrumentation: resource events off (STRAP_RESOURCE_LOG_DISABLED)")
+        return None
+    return level

@@ -40,7 +40,9 @@ def fingerprint(model: "nn.Module", config: InstrumentationConfig, plan: Transpo
     Returns:
         ``"sha256:..."``.
     """
-    return ckpt.fingerprint(model, config.to_dict(), transport(plan), list(modules))
+    # Resource events never change the stream: a resume may record them or not.
+    cfg = {k: v for k, v in config.to_dict().items() if k != "resource_level"}
+    return ckpt.fingerprint(model, cfg, transport(plan), list(modules))
 
 
 def open_request(model: "nn.Module", config: InstrumentationConfig, plan: TransportPlan, modules: List[str],

@@ -38,6 +38,9 @@ class SessionOptions:
             still ending holds it).
         trace_path: kernel trace file: None follows ``config.trace``, True the default
             path, False none, else that path.
+        resource_level: resource events (docs/RESOURCE_EVENTS.md): None follows
+            ``config.resource_level``, then ``STRAP_RESOURCE_LOG_LEVEL``; False none; else
+            ``"MINIMAL"``/``"DETAILED"``/``"VERBOSE"`` (stored as the level's name).
     """
 
     output_path: Optional[str] = None
@@ -52,6 +55,7 @@ class SessionOptions:
     overwrite_checkpoint: bool = False
     lock_wait: float = 30.0
     trace_path: Optional[Union[str, bool]] = None
+    resource_level: Optional[Union[str, int, bool]] = None
 
     def __post_init__(self) -> None:
         check_tracking(self.track_per_token, self.checkpoint_interval_tokens, self.checkpoint_path,
@@ -63,6 +67,12 @@ class SessionOptions:
         set_(self, "modules", tuple(self.modules or ()))
         if self.trace_path is not None and not isinstance(self.trace_path, bool):
             set_(self, "trace_path", _abs(self.trace_path))
+        if self.resource_level is True:
+            raise ValueError("resource_level=True: name a level (MINIMAL, DETAILED, VERBOSE) or pass False")
+        if self.resource_level is not None and self.resource_level is not False:
+            from .resources import ResourceLevel
+
+            set_(self, "resource_level", ResourceLevel.parse(self.resource_level).name)
 
     def with_capture(self, **changes: Any) -> "SessionOptions":
         """A copy with other per-capture options (checked again).

@@ -45,12 +45,13 @@ STATUS_REPLY = 12
 TOKEN = 13
 CHECKPOINT = 14
 CHECKPOINTED = 15
+RESOURCES = 16
 
 NAMES = {
     HELLO: "HELLO", WELCOME: "WELCOME", OPEN: "OPEN", OPENED: "OPENED", PUBLISH: "PUBLISH",
     RELEASE: "RELEASE", DROP: "DROP", CLOSE: "CLOSE", CLOSED: "CLOSED", ERROR: "ERROR",
     STATUS: "STATUS", STATUS_REPLY: "STATUS_REPLY", TOKEN: "TOKEN", CHECKPOINT: "CHECKPOINT",
-    CHECKPOINTED: "CHECKPOINTED",
+    CHECKPOINTED: "CHECKPOINTED", RESOURCES: "RESOURCES",
 }
 
 B = TypeVar("B", bound="Body")
@@ -234,6 +235,7 @@ class Open(Body):
     resume: Optional[Resume] = None
     memory_hint: Optional[int] = None
     metadata: Optional[Dict[str, Any]] = None
+    resources: Optional[bool] = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -371,13 +373,25 @@ class StatusReply(Body):
     sessions: List[Dict[str, Any]] = field(default_factory=list)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Resources(Body):
+    """RESOURCES: resource events for the session's resource log (docs/RESOURCE_EVENTS.md).
+
+    The monitor's writer thread sends these with :meth:`Connection.send_raw`, the events
+    already serialized; this class documents the body and lists its field.
+    """
+
+    TYPE: ClassVar[int] = RESOURCES
+    events: List[Dict[str, Any]]
+
+
 #: every message body by type number.
 BODIES: Dict[int, Type[Body]] = {c.TYPE: c for c in (
     Hello, Welcome, Open, Opened, Publish, Release, Drop, Close, Closed, Error, Status, StatusReply, Token,
-    Checkpoint, Checkpointed)}
+    Checkpoint, Checkpointed, Resources)}
 
 #: the messages a client sends (the rest only come from the daemon).
-CLIENT_SENDS: Tuple[Type[Body], ...] = (Hello, Open, Publish, Drop, Token, Checkpoint, Close, Status)
+CLIENT_SENDS: Tuple[Type[Body], ...] = (Hello, Open, Publish, Drop, Token, Checkpoint, Close, Status, Resources)
 
 
 def client_fields() -> Dict[str, List[str]]:
@@ -605,6 +619,29 @@ class Connection:
             raise self._dead("closed by the daemon", e) from None
         except OSError as e:
             raise self._dead(f"failed sending {NAMES.get(msg.TYPE, msg.TYPE)}", e) from None
+
+    def send_raw(self, msg_type: int, body: bytes) -> None:
+        """Send one message whose body is already a serialized JSON object (RESOURCES:
+        the events are serialized once, by the monitor's writer thread). Safe to call from
+        another thread than :meth:`send`: each is one ``sendmsg`` of one datagram.
+
+        Args:
+            msg_type: the type number.
+            body: the JSON object's bytes.
+
+        Raises:
+            ValueError: the message exceeds ``MAX_MESSAGE`` bytes.
+            StrapdConnectionError: the daemon closed the connection.
+        """
+        if HEADER.size + len(body) > MAX_MESSAGE:
+            raise ValueError(f"{NAMES.get(msg_type, msg_type)} message of {HEADER.size + len(body)} bytes exceeds "
+                             f"{MAX_MESSAGE}")
+        try:
+            self.sock.sendmsg([HEADER.pack(MAGIC, VERSION, msg_type, len(body)), body], [], socket.MSG_NOSIGNAL)
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise self._dead("closed by the daemon", e) from None
+        except OSError as e:
+            raise self._dead(f"failed sending {NAMES.get(msg_type, msg_type)}", e) from None
 
     def recv(self, timeout: Optional[float]) -> Optional[Body]:
         """Receive one message, waiting at most ``timeout`` seconds (None = forever, 0 = poll).

@@ -119,8 +119,9 @@ class CaptureSession:
     # ----- open / close ------------------------------------------------------------------------
 
     def open(self, output_fd: int, request: P.Open, timeout: float = 30.0,
-             trace_fd: Optional[int] = None) -> P.Opened:
-        """Send OPEN with [ring memfd, output fd(, trace fd)] and return the OPENED body.
+             trace_fd: Optional[int] = None, resources_fd: Optional[int] = None) -> P.Opened:
+        """Send OPEN with [ring memfd, output fd(, trace fd)(, resource log fd)] and return
+        the OPENED body.
 
         Args:
             output_fd: the stream file, open for writing (and reading when resuming).
@@ -129,12 +130,16 @@ class CaptureSession:
             timeout: seconds to wait for OPENED.
             trace_fd: a file open for writing into which strapd writes its kernel trace
                 for this session (docs/PROTOCOL.md 1.3, docs/TRACE_FORMAT.md), or None.
+            resources_fd: a file open for writing into which strapd appends the session's
+                RESOURCES events (docs/RESOURCE_EVENTS.md), or None.
 
         Returns:
             the OPENED body.
         """
-        request = dataclasses.replace(request, ring_size=self.ring.ring_size, policy=self.policy)
-        fds = [self.ring.fd, output_fd] + ([trace_fd] if trace_fd is not None else [])
+        request = dataclasses.replace(request, ring_size=self.ring.ring_size, policy=self.policy,
+                                      resources=True if resources_fd is not None else None)
+        fds = [self.ring.fd, output_fd] + ([trace_fd] if trace_fd is not None else []) \
+            + ([resources_fd] if resources_fd is not None else [])
         self.conn.send(request, fds=fds)
         self.opened = self.conn.expect(P.Opened, timeout)
         return self.opened
@@ -503,7 +508,8 @@ def fit_ring(ring_size: int, max_ring_size: Optional[int]) -> int:
 
 
 def open_session(socket_path: Optional[str], autostart: bool, stall_timeout: float, ring_size: int, policy: str,
-                 output_fd: int, trace_fd: Optional[int], request: P.Open, resume_seq: int = 0) -> CaptureSession:
+                 output_fd: int, trace_fd: Optional[int], request: P.Open, resume_seq: int = 0,
+                 resources_fd: Optional[int] = None) -> CaptureSession:
     """Connect to strapd (starting it when ``autostart``), shake hands, create the ring and
     open a session. On any failure the connection and ring are released again.
 
@@ -518,6 +524,7 @@ def open_session(socket_path: Optional[str], autostart: bool, stall_timeout: flo
         request: the OPEN body.
         resume_seq: the last sequence number of a resumed stream (0: fresh); the session
             continues after it.
+        resources_fd: the resource log, or None (the caller keeps and closes it).
 
     Returns:
         the open session.
@@ -535,7 +542,7 @@ def open_session(socket_path: Optional[str], autostart: bool, stall_timeout: flo
             request = dataclasses.replace(request, metadata={**request.metadata, "transport": transport})
         ring = Ring(fitted)
         session = CaptureSession(conn, ring, policy, stall_timeout)
-        session.open(output_fd, request, trace_fd=trace_fd)
+        session.open(output_fd, request, trace_fd=trace_fd, resources_fd=resources_fd)
     except BaseException:
         if conn is not None:
             conn.close()

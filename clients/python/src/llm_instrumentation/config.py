@@ -132,6 +132,12 @@ class InstrumentationConfig:
         trace: ask strapd to write its kernel trace (JSONL snapshots naming this session)
             to ``{output_path}.trace.jsonl``; ``capture_activations(trace_path=...)`` picks
             another path. The interval is the daemon's (``strapd serve --trace-interval``).
+        resource_level: record resource events (docs/RESOURCE_EVENTS.md) at this level —
+            ``"MINIMAL"``, ``"DETAILED"`` or ``"VERBOSE"`` — into
+            ``{output_path}.resources.jsonl``; ``None`` (default) leaves it to
+            ``capture_activations(resource_level=...)`` and ``STRAP_RESOURCE_LOG_LEVEL``.
+            Stored as the level's name. It does not change the stream, so it is not part of
+            the capture's fingerprint.
         target_throughput_gbps: the capture rate you need, or ``None`` for no target.
             It picks the block size and may lower the codec (see :meth:`transport_plan`).
         max_memory_gb: cap on host buffering in GiB, as in 1.3.1: the shared-memory ring
@@ -162,6 +168,7 @@ class InstrumentationConfig:
     modules: Tuple[str, ...] = field(default_factory=tuple)
     lossy: Optional[Union[str, Dict[str, Any]]] = None
     trace: bool = False
+    resource_level: Optional[str] = None
 
     def __post_init__(self) -> None:
         self._normalize()
@@ -213,6 +220,10 @@ class InstrumentationConfig:
         object.__setattr__(self, "lossy", _normalize_lossy(algo, self.lossy))
         if not isinstance(self.trace, bool):
             raise TypeError(f"trace must be a bool, got {self.trace!r}")
+        if self.resource_level is not None:
+            from .resources import ResourceLevel
+
+            object.__setattr__(self, "resource_level", ResourceLevel.parse(self.resource_level).name)
         t = self.target_throughput_gbps
         if t is not None:
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0 or t == float("inf"):
@@ -328,6 +339,10 @@ class InstrumentationConfig:
     def with_trace(self, trace: bool = True) -> "InstrumentationConfig":
         """Ask strapd for a kernel trace beside the capture. Changes this config and returns it."""
         return self._update({"trace": trace})
+
+    def with_resources(self, level: Optional[str] = "MINIMAL") -> "InstrumentationConfig":
+        """Record resource events at ``level`` (None: off). Changes this config and returns it."""
+        return self._update({"resource_level": level})
 
     @property
     def lossy_bound(self) -> Optional[Dict[str, Any]]:
@@ -449,6 +464,8 @@ class InstrumentationConfig:
             self.sampled_positions if isinstance(self.sampled_positions, int) else list(self.sampled_positions)
         )
         d["modules"] = list(self.modules)
+        if d["resource_level"] is None:
+            del d["resource_level"]  # configs without resource events read as before
         return d
 
 

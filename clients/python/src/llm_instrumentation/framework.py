@@ -56,6 +56,11 @@ class InstrumentationFramework(Capture):
         forward_count: forward passes of the model seen so far.
         summary: the daemon's CLOSED body after :meth:`stop`.
         trace_path: the kernel trace file strapd writes (None: no trace).
+        resource_monitor: the :class:`~llm_instrumentation.resources.ResourceMonitor` of
+            the running capture (None when resource events are off); ``set_level``,
+            ``disable``, ``enable``, ``flush`` control it.
+        resources_path: ``{output_path}.resources.jsonl`` when resource events are on.
+        resource_summary: the monitor's ``resource_session_summary`` after :meth:`stop`.
         last_checkpoint: the last checkpoint written or resumed from (None: none yet).
         resume_step: the step a resumed capture goes on from (0 when not resumed).
         checkpoint_times: seconds each checkpoint took (request to durable file).
@@ -94,7 +99,8 @@ class InstrumentationFramework(Capture):
                  autostart_daemon: bool = True, track_per_token: bool = False, stall_timeout: float = 120.0,
                  checkpoint_interval_tokens: Optional[int] = None, checkpoint_path: Optional[PathArg] = None,
                  resume_from_checkpoint: bool = False, overwrite_checkpoint: bool = False, lock_wait: float = 30.0,
-                 trace_path: Optional[Union[PathArg, bool]] = None) -> None:
+                 trace_path: Optional[Union[PathArg, bool]] = None,
+                 resource_level: Optional[Union[str, bool]] = None) -> None:
         if not isinstance(config, InstrumentationConfig) and isinstance(model, InstrumentationConfig):
             config, model = model, config  # InstrumentationFramework(model, config)
         if not isinstance(config, InstrumentationConfig):
@@ -104,7 +110,7 @@ class InstrumentationFramework(Capture):
             autostart_daemon=autostart_daemon, track_per_token=track_per_token, stall_timeout=stall_timeout,
             checkpoint_interval_tokens=checkpoint_interval_tokens, checkpoint_path=checkpoint_path,  # type: ignore[arg-type]
             resume_from_checkpoint=resume_from_checkpoint, overwrite_checkpoint=overwrite_checkpoint,
-            lock_wait=lock_wait, trace_path=trace_path)  # type: ignore[arg-type]
+            lock_wait=lock_wait, trace_path=trace_path, resource_level=resource_level)  # type: ignore[arg-type]
         self._init(model, config, opts)
 
     def instrument_model(self, model: "nn.Module") -> None:
@@ -250,6 +256,7 @@ def capture_activations(
     autostart_daemon: bool = True,
     stall_timeout: float = 120.0,
     trace_path: Optional[Union[PathArg, bool]] = None,
+    resource_level: Optional[Union[str, bool]] = None,
 ) -> Iterator[InstrumentationFramework]:
     """Capture module outputs of ``model`` into a strapd stream file while the block runs.
 
@@ -288,6 +295,13 @@ def capture_activations(
             then ``{output_path}.trace.jsonl``); True that default path; False no trace.
             The client opens the file and passes its descriptor; strapd writes a snapshot
             every ``strapd serve --trace-interval`` and one at the session's end.
+        resource_level: record resource events (docs/RESOURCE_EVENTS.md: per-module time,
+            FLOPs, memory, MLP, attention→MLP handoff, KV cache) at ``"MINIMAL"``,
+            ``"DETAILED"`` or ``"VERBOSE"``; strapd writes them to
+            ``{output_path}.resources.jsonl``. None (default) follows
+            ``config.resource_level``, then ``STRAP_RESOURCE_LOG_LEVEL`` (off when neither
+            is set); False never. ``STRAP_RESOURCE_LOG_DISABLED=1`` turns them off whatever
+            is asked. ``fw.resource_monitor`` controls them while the capture runs.
 
     Yields:
         the :class:`InstrumentationFramework`; on exit the session is closed and the file
@@ -328,7 +342,7 @@ def capture_activations(
             autostart_daemon=autostart_daemon, track_per_token=track_per_token, stall_timeout=stall_timeout,
             checkpoint_interval_tokens=checkpoint_interval_tokens, checkpoint_path=checkpoint_path,  # type: ignore[arg-type]
             resume_from_checkpoint=resume_from_checkpoint, overwrite_checkpoint=overwrite_checkpoint,
-            trace_path=trace_path)  # type: ignore[arg-type]
+            trace_path=trace_path, resource_level=resource_level)  # type: ignore[arg-type]
         fw = InstrumentationFramework.from_options(model, config, opts)
         with fw._running():
             started = True

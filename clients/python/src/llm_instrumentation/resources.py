@@ -1,0 +1,1560 @@
+"""Resource events of a PyTorch model: memory, compute, MLP, attention→MLP handoff, KV cache.
+
+The event types and field names follow the LLaMA resource instrumentation the project was
+seeded with (``memory_allocation``, ``compute_execution``, ``mlp_operation``,
+``component_handoff``, ``resource_session_start`` / ``resource_session_summary``) plus
+``kv_cache_update``; docs/RESOURCE_EVENTS.md is the field reference. What is measured and
+what is computed is said on every event: durations are measured (CUDA events on a GPU,
+``perf_counter`` around the module on a CPU), FLOPs are computed from tensor shapes
+(``"flops_source": "computed_from_shapes"``), throughputs follow from the two.
+
+The monitor has its own forward pre/post hooks, independent of the capture hooks, so it works
+alone (writing ``STRAP_RESOURCE_LOG_PATH`` itself) or inside ``capture_activations``.
+
+Example:
+    >>> from llm_instrumentation.resources import monitor_resources  # doctest: +SKIP
+    >>> with monitor_resources(model, level="DETAILED", path="run.resources.jsonl") as mon:
+    ...     model(input_ids)
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import enum
+import json
+import logging
+import os
+import re
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    import torch.nn as nn
+
+__all__ = [
+    "ResourceLevel",
+    "ResourceMonitor",
+    "ResourceSettings",
+    "monitor_resources",
+    "resource_settings_from_env",
+    "JsonlSink",
+    "SessionSink",
+    "MINIMAL_ALLOCATION_BYTES",
+]
+
+log = logging.getLogger("llm_instrumentation")
+
+#: At MINIMAL only allocations larger than this are reported (seed: "> 1 MB").
+MINIMAL_ALLOCATION_BYTES = 1 << 20
+
+#: FLOPs per element assumed for the non-matmul modules. They are conventions, not
+#: measurements, and every event using one says so (``flops_per_element``).
+FLOPS_PER_ELEMENT = {
+    "rms_norm": 4,      # square, mean (add), rsqrt-scale, weight multiply
+    "layer_norm": 7,    # mean, subtract, square, mean, rsqrt-scale, weight, bias
+    "silu": 4,          # x * sigmoid(x): exp, add, divide, multiply
+    "gelu": 8,          # tanh approximation
+    "relu": 1,
+    "elementwise": 1,
+}
+
+ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")
+MLP_NAMES = ("mlp", "feed_forward", "ffn", "intermediate")
+#: Linear layers of an MLP, by the names Llama/Mistral, Mixtral, GPT-2 and GPT-NeoX use.
+MLP_OPS = {
+    "gate_proj": "gate_proj", "w1": "gate_proj",
+    "up_proj": "up_proj", "w3": "up_proj", "c_fc": "up_proj", "fc1": "up_proj", "dense_h_to_4h": "up_proj",
+    "down_proj": "down_proj", "w2": "down_proj", "c_proj": "down_proj", "fc2": "down_proj",
+    "dense_4h_to_h": "down_proj",
+}
+_ACTIVATIONS = {"silu": "silu", "siluactivation": "silu", "swish": "silu", "gelu": "gelu",
+                "geluactivation": "gelu", "newgeluactivation": "gelu", "gelutanh": "gelu",
+                "pytorchgelutanh": "gelu", "fastgeluactivation": "gelu", "quickgeluactivation": "gelu",
+                "relu": "relu", "reluactivation": "relu", "relu2": "relu", "tanh": "tanh", "sigmoid": "sigmoid"}
+_DTYPE_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int64": "i64",
+                "int32": "i32", "int8": "i8", "uint8": "u8", "bool": "bool"}
+_LAYER_RE = re.compile(r"\.(\d+)(?:\.|$)")
+
+
+class ResourceLevel(enum.IntEnum):
+    """How much is recorded (seed 003's levels).
+
+    MINIMAL: matrix multiplications (every ``Linear``), attention, MLP projections, the KV
+    cache, one event per forward pass, and allocations larger than 1 MiB. DETAILED: also
+    norms, activation functions, embeddings, the attention→MLP handoff and every allocation.
+    VERBOSE: also element-wise tensor operations (add, mul, ...) and every other leaf module.
+    """
+
+    MINIMAL = 1
+    DETAILED = 2
+    VERBOSE = 3
+
+    @classmethod
+    def parse(cls, value: Union["ResourceLevel", str, int]) -> "ResourceLevel":
+        """A level from a name (case-insensitive), an int 1–3, or a level.
+
+        Raises:
+            ValueError: anything else, naming the accepted values.
+        """
+        if isinstance(value, ResourceLevel):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return cls(value)
+            except ValueError:
+                pass
+        if isinstance(value, str):
+            try:
+                return cls[value.strip().upper()]
+            except KeyError:
+                pass
+        raise ValueError(f"resource level must be one of MINIMAL, DETAILED, VERBOSE, got {value!r}")
+
+
+# ----- environment ---------------------------------------------------------------------------
+
+_ENV = {
+    "level": ("STRAP_RESOURCE_LOG_LEVEL", "LLAMA_RESOURCE_LOG_LEVEL"),
+    "path": ("STRAP_RESOURCE_LOG_PATH", "LLAMA_RESOURCE_LOG_PATH"),
+    "disabled": ("STRAP_RESOURCE_LOG_DISABLED", "LLAMA_RESOURCE_DISABLED"),
+}
+
+
+class ResourceSettings:
+    """What the environment asks for.
+
+    Attributes:
+        level: the level set (None when neither variable is set).
+        path: the log path set (None when unset).
+        disabled: resource tracking is switched off for the process.
+    """
+
+    def __init__(self, level: Optional[ResourceLevel], path: Optional[str], disabled: bool) -> None:
+        self.level = level
+        self.path = path
+        self.disabled = disabled
+
+    def __repr__(self) -> str:
+        return f"ResourceSettings(level={self.level!r}, path={self.path!r}, disabled={self.disabled})"
+
+
+def _env_value(environ: Mapping[str, str], key: str) -> Tuple[Optional[str], Optional[str]]:
+    for name in _ENV[key]:
+        v = environ.get(name)
+        if v is not None and v.strip() != "":
+            return name, v.strip()
+    return None, None
+
+
+def resource_settings_from_env(environ: Optional[Mapping[str, str]] = None) -> ResourceSettings:
+    """Read ``STRAP_RESOURCE_LOG_LEVEL``, ``STRAP_RESOURCE_LOG_PATH`` and
+    ``STRAP_RESOURCE_LOG_DISABLED`` (the seed's ``LLAMA_RESOURCE_LOG_LEVEL``,
+    ``LLAMA_RESOURCE_LOG_PATH`` and ``LLAMA_RESOURCE_DISABLED`` are aliases; the STRAP name
+    wins when both are set).
+
+    Args:
+        environ: the environment (default ``os.environ``).
+
+    Returns:
+        the settings.
+
+    Raises:
+        ValueError: a level that is not MINIMAL/DETAILED/VERBOSE, or a disabled flag that is
+            not a boolean word (1/0, true/false, yes/no, on/off).
+    """
+    env = os.environ if environ is None else environ
+    name, lv = _env_value(env, "level")
+    level = None
+    if lv is not None:
+        try:
+            level = ResourceLevel.parse(lv)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+    _, path = _env_value(env, "path")
+    name, dv = _env_value(env, "disabled")
+    disabled = False
+    if dv is not None:
+        low = dv.lower()
+        if low in ("1", "true", "yes", "on"):
+            disabled = True
+        elif low in ("0", "false", "no", "off"):
+            disabled = False
+        else:
+            raise ValueError(f"{name} must be 1/0, true/false, yes/no or on/off, got {dv!r}")
+    return ResourceSettings(level, path, disabled)
+
+
+# ----- sinks ---------------------------------------------------------------------------------
+
+class JsonlSink:
+    """Appends event lines to a file: the standalone mode (no daemon involved)."""
+
+    def __init__(self, path: Union[str, os.PathLike], append: bool = False) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        parent = os.path.dirname(self.path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | (0 if append else os.O_TRUNC)
+        self._fd = os.open(self.path, flags, 0o644)
+
+    def write(self, lines: Sequence[bytes]) -> None:
+        """Write whole lines (each ends in ``\\n``) with one ``write(2)``."""
+        data = b"".join(lines)
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+
+    def flush(self) -> None:
+        """Lines are written unbuffered; nothing is held back."""
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class SessionSink:
+    """Sends event lines to strapd as RESOURCES messages (PROTOCOL.md 1.4) over a capture
+    session's connection; strapd appends them to the resource log passed with OPEN.
+
+    Args:
+        send: sends one RESOURCES body (bytes of a JSON object) as one message.
+        max_body: the largest body one message may carry.
+        path: the resource log strapd writes (for ``ResourceMonitor.path``).
+    """
+
+    def __init__(self, send: Callable[[bytes], None], max_body: int, path: Optional[str] = None) -> None:
+        self._send = send
+        self._max = max_body
+        self.path = path
+        self.messages = 0
+
+    def write(self, lines: Sequence[bytes]) -> None:
+        """Send the lines in as few messages as fit.
+
+        Raises:
+            ValueError: one event alone is larger than a message can carry.
+        """
+        head, tail = b'{"events":[', b"]}"
+        room = self._max - len(head) - len(tail)
+        batch: List[bytes] = []
+        size = 0
+        for line in lines:
+            ev = line.rstrip(b"\n")
+            if len(ev) + 1 > room:
+                raise ValueError(f"a resource event of {len(ev)} bytes does not fit in one message "
+                                 f"({self._max} bytes)")
+            if batch and size + len(ev) + 1 > room:
+                self._flush_batch(head, tail, batch)
+                batch, size = [], 0
+            batch.append(ev)
+            size += len(ev) + 1
+        if batch:
+            self._flush_batch(head, tail, batch)
+
+    def _flush_batch(self, head: bytes, tail: bytes, batch: List[bytes]) -> None:
+        self._send(head + b",".join(batch) + tail)
+        self.messages += 1
+
+    def flush(self) -> None:
+        """Messages are sent as they are made."""
+
+    def close(self) -> None:
+        """The connection belongs to the capture session."""
+
+
+# ----- helpers -------------------------------------------------------------------------------
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+
+
+
+
+def _first_tensor(x: Any) -> Optional["torch.Tensor"]:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, (tuple, list)):
+        for v in x:
+            if isinstance(v, torch.Tensor):
+                return v
+    return None
+
+
+
+
+def _layer_of(name: str, prefix: Optional[str]) -> Optional[int]:
+    if prefix and name.startswith(prefix + "."):
+        head = name[len(prefix) + 1:].split(".", 1)[0]
+        if head.isdigit():
+            return int(head)
+        return None
+    m = _LAYER_RE.search(name)
+    return int(m.group(1)) if m else None
+
+
+def _component(name: str, mod: "nn.Module") -> str:
+    parts = name.split(".") if name else []
+    if not parts:
+        return "model"
+    for p in parts:
+        if p in ATTENTION_NAMES:
+            return "attention"
+        if p in MLP_NAMES:
+            return "mlp"
+    cls = type(mod).__name__.lower()
+    if "norm" in cls:
+        return "norm"
+    if "embed" in cls or "embed" in parts[-1]:
+        return "embedding"
+    return parts[-1]
+
+
+def _activation_name(mod: Any) -> Optional[str]:
+    key = type(mod).__name__.lower()
+    if key in _ACTIVATIONS:
+        return _ACTIVATIONS[key]
+    if "gelu" in key:
+        return "gelu"
+    if "silu" in key or "swish" in key:
+        return "silu"
+    return None
+
+
+class _Rss:
+    """The process's resident set size from ``/proc/self/statm`` (one pread)."""
+
+    def __init__(self) -> None:
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        try:
+            self._fd: Optional[int] = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._fd = None
+
+    def read(self) -> Optional[int]:
+        if self._fd is None:
+            return None
+        try:
+            fields = os.pread(self._fd, 128, 0).split()
+            return int(fields[1]) * self._page
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _peak_rss() -> Optional[int]:
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _host_memory_fraction() -> Optional[float]:
+    try:
+        total = avail = None
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemTotal:"):
+                    total = int(line.split()[1])
+                elif line.startswith(b"MemAvailable:"):
+                    avail = int(line.split()[1])
+                if total is not None and avail is not None:
+                    return 1.0 - avail / total
+    except (OSError, ValueError, ZeroDivisionError):
+        pass
+    return None
+
+
+def _pressure_word(fraction: Optional[float]) -> Optional[str]:
+    if fraction is None:
+        return None
+    return "low" if fraction < 0.5 else "medium" if fraction < 0.8 else "high"
+
+
+def _cache_layer(cache: Any, idx: int) -> Tuple[Optional["torch.Tensor"], Optional["torch.Tensor"]]:
+    """Keys and values of one layer of a Hugging Face cache (``Cache.layers`` in 4.56+,
+    ``key_cache``/``value_cache`` before, or the legacy tuple of tuples)."""
+    if cache is None:
+        return None, None
+    inner = getattr(cache, "self_attention_cache", None)
+    if inner is not None:
+        cache = inner
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        if idx < len(layers):
+            lay = layers[idx]
+            return getattr(lay, "keys", None), getattr(lay, "values", None)
+        return None, None
+    kc = getattr(cache, "key_cache", None)
+    if kc is not None:
+        vc = getattr(cache, "value_cache", None)
+        if idx < len(kc):
+            return kc[idx], (vc[idx] if vc is not None and idx < len(vc) else None)
+        return None, None
+    if isinstance(cache, (tuple, list)) and idx < len(cache):
+        item = cache[idx]
+        if isinstance(item, (tuple, list)) and len(item) >= 2:
+            return item[0], item[1]
+    return None, None
+
+
+def _kv_len(k: Optional["torch.Tensor"]) -> int:
+    if k is None or k.dim() < 2 or k.numel() == 0:
+        return 0
+    return int(k.shape[-2])
+
+
+class _Site:
+    """One hooked module: what it is, and its in-flight start time."""
+
+    __slots__ = ("name", "mod", "kind", "level", "layer_id", "component", "mlp_op", "activation", "leaf",
+                 "t0", "ev0", "kv_before", "kv_cache", "n_heads", "head_dim", "flops_per_element")
+
+    def __init__(self, name: str, mod: Any, kind: str, level: ResourceLevel, layer_id: Optional[int],
+                 component: str) -> None:
+        self.name = name
+        self.mod = mod
+        self.kind = kind
+        self.level = level
+        self.layer_id = layer_id
+        self.component = component
+        self.mlp_op: Optional[str] = None
+        self.activation: Optional[str] = None
+        self.leaf = name.rsplit(".", 1)[-1] if name else "model"
+        self.t0 = 0
+        self.ev0: Any = None
+        self.kv_before = 0
+        self.kv_cache: Any = None
+        self.n_heads: Optional[int] = None
+        self.head_dim: Optional[int] = None
+        self.flops_per_element: Optional[int] = None
+
+
+def _cache_from(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    for key in ("cache", "past_key_values", "past_key_value", "layer_past"):
+        v = kwargs.get(key)
+        if v is not None:
+            return v
+    return None
+
+
+# ----- the monitor ---------------------------------------------------------------------------
+
+class ResourceMonitor:
+    """Records resource events of ``model`` while it runs.
+
+    Args:
+        model: a ``torch.nn.Module`` (Hugging Face or not).
+        level: MINIMAL, DETAILED or VERBOSE (name or :class:`ResourceLevel`); None takes
+            ``STRAP_RESOURCE_LOG_LEVEL`` and falls back to MINIMAL.
+        path: JSONL file to write (standalone mode); None takes ``STRAP_RESOURCE_LOG_PATH``.
+            Exactly one of a path or a ``sink`` is used.
+        sink: an object with ``write(lines)``, ``flush()`` and ``close()`` receiving the
+            serialized event lines (the capture session uses this to send them to strapd).
+        session_id: put on every event (default ``resource_sess_<UTC time>_<pid>``).
+        step_fn: returns the token step of the forward pass that is starting (default: the
+            value set with :meth:`set_step`, 0 at first).
+        capture_bytes_fn: returns the bytes a live capture has handed to strapd so far; the
+            per-forward event then carries the bytes of its forward pass.
+        forward_fn: returns the number of the forward pass that is starting (default: the
+            monitor counts the passes it sees); a capture passes its own counter so events
+            and stream packets agree.
+        enabled: False starts disabled (no hooks); None follows
+            ``STRAP_RESOURCE_LOG_DISABLED``.
+        flush_events: records kept before they go to the writer thread (at the end of a
+            forward pass).
+        flush_interval: seconds after which they go anyway (None: only by count, at
+            :meth:`flush` and at :meth:`close`).
+        environ: the environment to read the settings from (default ``os.environ``).
+
+    Raises:
+        ValueError: a bad level, or neither a path nor a sink.
+    """
+
+    def __init__(self, model: "nn.Module", level: Union[ResourceLevel, str, int, None] = None,
+                 path: Union[str, os.PathLike, None] = None, *, sink: Any = None,
+                 session_id: Optional[str] = None, step_fn: Optional[Callable[[], int]] = None,
+                 capture_bytes_fn: Optional[Callable[[], int]] = None,
+                 forward_fn: Optional[Callable[[], int]] = None, enabled: Optional[bool] = None,
+                 flush_events: int = 512, flush_interval: Optional[float] = 0.5,
+                 environ: Optional[Mapping[str, str]] = None) -> None:
+        settings = resource_settings_from_env(environ)
+        self.model = model
+        self.level = ResourceLevel.parse(level) if level is not None else (settings.level or ResourceLevel.MINIMAL)
+        if sink is None:
+            p = path if path is not None else settings.path
+            if p is None:
+                raise ValueError("ResourceMonitor needs a path (or STRAP_RESOURCE_LOG_PATH) or a sink")
+            sink = JsonlSink(p)
+            self.path: Optional[str] = sink.path
+        else:
+            self.path = getattr(sink, "path", None)
+        self._sink = sink
+        self._enabled = (not settings.disabled) if enabled is None else bool(enabled)
+        self.session_id = session_id or "resource_sess_" + datetime.datetime.now(datetime.timezone.utc).strftime(
+            "%Y%m%d_%H%M%S_%f") + f"_{os.getpid()}"
+        self._step_fn = step_fn
+        self._capture_bytes_fn = capture_bytes_fn
+        self._forward_fn = forward_fn
+        self._flush_events = max(1, int(flush_events))
+        self._flush_interval = flush_interval
+        self._step = 0
+        self._forward = -1
+        self._cur_step = 0
+        self._lock = threading.Lock()
+        # Plain values recorded by the hooks: (builder, args...); built into events, counted,
+        # serialized and written by the writer thread.
+        self._records: List[Tuple[Any, ...]] = []
+        self._writer: Optional[_Writer] = None
+        self._root: Optional[_Site] = None
+        self._last_flush = time.monotonic()
+        self._handles: List[Any] = []
+        self._sites: List[_Site] = []
+        self._stack: List[_Site] = []
+        self._attn_end: Dict[Optional[int], Tuple[int, Any]] = {}
+        self._kv_prev_bytes: Dict[int, int] = {}
+        self._mode: Any = None
+        self._root_input: Any = None
+        self._rss = _Rss()
+        self._seq = 0
+        self._started = False
+        self._closed = False
+        self._forward_flops = 0
+        self._forward_capture0 = 0
+        self._cuda = False
+        self._cuda_total: Optional[int] = None
+        self._nvml: Any = None
+        # Totals for the summary.
+        self.counts: Dict[str, int] = {}
+        self.total_flops = 0
+        self.total_compute_us = 0.0
+        self.component_flows = 0
+        self.forwards = 0
+        self.events_written = 0
+        #: time spent inside the monitor's hooks (model thread) and CPU time of its writer
+        #: thread, in ns: the monitor's own cost, measured.
+        self.hook_ns = 0
+        self.writer_cpu_ns = 0
+        self._param_bytes = 0
+        self._peak_device = 0
+        self._arch_prefix = self._layer_prefix()
+
+    # ----- public control ------------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        """Whether hooks are installed and events recorded."""
+        return self._enabled
+
+    def start(self) -> "ResourceMonitor":
+        """Write ``resource_session_start`` and the parameter allocations; install the hooks
+        (unless disabled)."""
+        if self._started:
+            raise RuntimeError("resource monitor already started")
+        self._started = True
+        dev = self._model_device()
+        self._cuda = dev.type == "cuda"
+        if self._cuda:
+            import torch
+
+            self._cuda_total = torch.cuda.get_device_properties(dev).total_memory
+            try:  # SM utilisation only where NVML can say it; never estimated.
+                import pynvml  # type: ignore[import-not-found]
+
+                pynvml.nvmlInit()
+                self._nvml = pynvml.nvmlDeviceGetHandleByIndex(dev.index or 0)
+            except Exception:
+                self._nvml = None
+        import torch
+
+        start = {
+            "event": "resource_session_start",
+            "resource_id": f"session_{self.session_id}",
+            "timestamp": _now_us(),
+            "iso_timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds"),
+            "session_id": self.session_id,
+            "level": self.level.name,
+            "enabled": self._enabled,
+            "model_class": type(self.model).__name__,
+            "device": str(dev),
+            "timing": "cuda_event" if self._cuda else "perf_counter",
+            "torch_version": torch.__version__,
+            "pid": os.getpid(),
+            "nvml": self._nvml is not None,
+        }
+        self._writer = _Writer(self)
+        # A script that never closes its monitor still gets its events and summary written.
+        atexit.register(self.close)
+        self._records.append((self._b_prebuilt, start))
+        try:
+            if self._enabled:
+                self._parameter_events()
+                self._install()
+            self.flush()
+        except BaseException:
+            atexit.unregister(self.close)
+            self._uninstall()
+            self._closed = True
+            self._writer.stop()
+            self._sink.close()
+            self._rss.close()
+            raise
+        return self
+
+    def set_level(self, level: Union[ResourceLevel, str, int]) -> None:
+        """Change the level while running (the hooks are re-installed)."""
+        new = ResourceLevel.parse(level)
+        with self._lock:
+            self.level = new
+        if self._enabled and self._started and not self._closed:
+            self._uninstall()
+            self._install()
+
+    def disable(self) -> None:
+        """Stop recording: the hooks are removed (no cost while disabled)."""
+        self._enabled = False
+        self._uninstall()
+
+    def enable(self) -> None:
+        """Record again after :meth:`disable`."""
+        if self._closed:
+            raise RuntimeError("resource monitor is closed")
+        if not self._enabled:
+            self._enabled = True
+            if self._started:
+                self._install()
+
+    def set_step(self, step: int) -> None:
+        """The token step the next forward passes belong to (when no ``step_fn``)."""
+        self._step = int(step)
+
+    def flush(self) -> None:
+        """Write every recorded event now (on a GPU the writer waits for their CUDA events).
+
+        Raises:
+            RuntimeError: writing failed (the cause is chained).
+        """
+        if self._writer is None:
+            raise RuntimeError("resource monitor not started")
+        self._hand_off()
+        self._writer.sync()
+        self._sink.flush()
+
+    def close(self) -> Dict[str, Any]:
+        """Remove the hooks, write ``resource_session_summary``, flush and close the sink.
+
+        Returns:
+            the summary event.
+        """
+        if self._closed:
+            return {}
+        atexit.unregister(self.close)
+        self._uninstall()
+        self._closed = True
+        w = self._writer
+        try:
+            if w is not None:
+                self._hand_off()
+                w.sync()  # every event counted before the summary is made
+            summary = self._summary()
+            if w is not None:
+                self._records.append((self._b_prebuilt, summary))
+                self._hand_off()
+                w.sync()
+        finally:
+            if w is not None:
+                w.stop()
+            self._sink.flush()
+            self._sink.close()
+            self._rss.close()
+        return summary
+
+    def __enter__(self) -> "ResourceMonitor":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ----- installation --------------------------------------------------------------------
+
+    def _layer_prefix(self) -> Optional[str]:
+        try:
+            from .core.auto_detect import detect_model_architecture
+
+            return detect_model_architecture(self.model).get("layer_prefix")
+        except Exception:  # any model without a recognisable block list
+            return None
+
+    def _model_device(self) -> "torch.device":
+        import torch
+
+        for p in self.model.parameters():
+            return p.device
+        return torch.device("cpu")
+
+    def _classify(self, name: str, mod: "nn.Module", parents: Dict[str, "nn.Module"]) -> Optional[_Site]:
+        import torch.nn as nn
+
+        layer = _layer_of(name, self._arch_prefix)
+        comp = _component(name, mod)
+        leaf = name.rsplit(".", 1)[-1] if name else ""
+        cls = type(mod).__name__
+        if name == "":
+            return _Site(name, mod, "model", ResourceLevel.MINIMAL, None, "model")
+        if isinstance(mod, nn.Linear) or cls == "Conv1D":
+            s = _Site(name, mod, "linear", ResourceLevel.MINIMAL, layer, comp)
+            parent = name.rsplit(".", 1)[0] if "." in name else ""
+            if comp == "mlp" and leaf in MLP_OPS:
+                s.mlp_op = MLP_OPS[leaf]
+                pm = parents.get(parent)
+                act = getattr(pm, "act_fn", None) or getattr(pm, "act", None) or getattr(pm, "activation_fn", None)
+                s.activation = _activation_name(act) if act is not None else None
+                if s.activation is None:
+                    ha = getattr(getattr(self.model, "config", None), "hidden_act", None)
+                    s.activation = ha if isinstance(ha, str) else None
+            return s
+        if leaf in ATTENTION_NAMES and any(True for _ in mod.children()):
+            s = _Site(name, mod, "attention", ResourceLevel.MINIMAL, layer, "attention")
+            cfg = getattr(mod, "config", None) or getattr(self.model, "config", None)
+            heads = getattr(mod, "num_heads", None) or getattr(cfg, "num_attention_heads", None) \
+                or getattr(cfg, "n_head", None)
+            hd = getattr(mod, "head_dim", None)
+            if hd is None and heads:
+                hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", None)
+                hd = hidden // heads if hidden else None
+            s.n_heads = int(heads) if heads else None
+            s.head_dim = int(hd) if hd else None
+            return s
+        if leaf in MLP_NAMES and any(True for _ in mod.children()):
+            return _Site(name, mod, "mlp", ResourceLevel.DETAILED, layer, "mlp")
+        if any(True for _ in mod.children()):
+            return None
+        low = cls.lower()
+        if "norm" in low:
+            s = _Site(name, mod, "norm", ResourceLevel.DETAILED, layer, comp)
+            s.flops_per_element = FLOPS_PER_ELEMENT["rms_norm" if "rms" in low else "layer_norm"]
+            return s
+        act = _activation_name(mod)
+        if act is not None:
+            s = _Site(name, mod, "activation", ResourceLevel.DETAILED, layer, comp)
+            s.activation = act
+            s.flops_per_element = FLOPS_PER_ELEMENT.get(act, FLOPS_PER_ELEMENT["elementwise"])
+            return s
+        if isinstance(mod, nn.Embedding):
+            return _Site(name, mod, "embedding", ResourceLevel.DETAILED, layer, "embedding")
+        return _Site(name, mod, "leaf", ResourceLevel.VERBOSE, layer, comp)
+
+    def _install(self) -> None:
+        if self._handles:
+            return
+        self._root = None
+        level = self.level
+        mods = dict(self.model.named_modules())
+        self._sites = []
+        for name, mod in mods.items():
+            site = self._classify(name, mod, mods)
+            if site is None or site.level > level:
+                continue
+            self._sites.append(site)
+            kw = site.kind == "attention"
+            if site.kind == "model":
+                self._root = site
+                self._handles.append(mod.register_forward_pre_hook(self._timed(self._model_pre), with_kwargs=True))
+                continue
+            self._handles.append(mod.register_forward_pre_hook(self._timed(self._make_pre(site)), with_kwargs=kw))
+            self._handles.append(mod.register_forward_hook(self._timed(self._make_post(site)), with_kwargs=kw))
+        # The root's end hook last: it runs after every other hook of the root.
+        self._handles.append(self.model.register_forward_hook(self._timed(self._model_post), with_kwargs=True,
+                                                              always_call=True))
+
+    def _timed(self, fn: Callable[..., None]) -> Callable[..., None]:
+        """``fn`` with its own time added to ``hook_ns``: the monitor's cost in the model's
+        thread, measured (torch's dispatch of a hook is not included)."""
+        clock = time.perf_counter_ns
+
+        def timed(*args: Any) -> None:
+            t = clock()
+            fn(*args)
+            self.hook_ns += clock() - t
+            return None
+        return timed
+
+    def _uninstall(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._exit_mode()
+
+    def _exit_mode(self) -> None:
+        if self._mode is not None:
+            mode, self._mode = self._mode, None
+            mode.__exit__(None, None, None)
+
+    # ----- timing --------------------------------------------------------------------------
+
+    def _start_timer(self, site: _Site, t: Optional["torch.Tensor"]) -> None:
+        if t is not None and t.is_cuda:
+            import torch
+
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            site.ev0 = ev
+        else:
+            site.ev0 = None
+        site.t0 = time.perf_counter_ns()
+
+    def _stop_timer(self, site: _Site) -> Any:
+        """The measurement: elapsed ns on the CPU, or the CUDA event pair (resolved by the
+        writer thread, which waits for the GPU instead of the model's thread)."""
+        t1 = time.perf_counter_ns()
+        ev0 = site.ev0
+        if ev0 is not None:
+            import torch
+
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            site.ev0 = None
+            return (ev0, end)
+        return t1 - site.t0
+
+    def _ctx(self, site: _Site) -> Tuple[_Site, int, int, int]:
+        return (site, time.time_ns() // 1000, self._cur_step, self._forward)
+
+    def _mem_now(self) -> Dict[str, Any]:
+        if self._cuda:
+            import torch
+
+            return {"device_memory_allocated_bytes": torch.cuda.memory_allocated(),
+                    "device_memory_reserved_bytes": torch.cuda.memory_reserved(),
+                    "device_memory_peak_bytes": torch.cuda.max_memory_allocated(),
+                    "memory_source": "torch.cuda.memory_stats"}
+        rss = self._rss.read()
+        return {"process_rss_bytes": rss, "memory_source": "proc_self_statm"} if rss is not None else {}
+
+    # ----- hooks: record plain values now, build the events in the writer thread ------------
+
+    def _model_pre(self, module: Any, args: Any, kwargs: Dict[str, Any]) -> None:
+        self._forward = self._forward_fn() if self._forward_fn is not None else self._forward + 1
+        self.forwards += 1
+        self._cur_step = self._step_fn() if self._step_fn is not None else self._step
+        self._forward_flops = 0
+        self._forward_capture0 = self._capture_bytes_fn() if self._capture_bytes_fn is not None else 0
+        root = self._root
+        if root is not None:
+            t = _first_tensor(args) if args else _first_tensor(kwargs)
+            self._root_input = _tm(t) if t is not None else None
+            self._start_timer(root, self._probe_cuda_tensor() if self._cuda else None)
+        self._stack.clear()
+        self._attn_end.clear()
+        if self.level >= ResourceLevel.VERBOSE and self._mode is None:
+            self._mode = _ElementwiseMode(self)
+            self._mode.__enter__()
+
+    def _probe_cuda_tensor(self) -> Optional["torch.Tensor"]:
+        for p in self.model.parameters():
+            return p
+        return None
+
+    def _model_post(self, module: Any, args: Any, kwargs: Dict[str, Any], output: Any) -> None:
+        self._exit_mode()
+        root = self._root
+        if root is None or output is None:  # None: the forward pass raised
+            return
+        logits = getattr(output, "logits", None)
+        out = logits if logits is not None else _first_tensor(output)
+        cap = self._capture_bytes_fn() - self._forward_capture0 if self._capture_bytes_fn is not None else None
+        sm = None
+        if self._nvml is not None:
+            try:
+                import pynvml  # type: ignore[import-not-found]
+
+                sm = float(pynvml.nvmlDeviceGetUtilizationRates(self._nvml).gpu)
+            except Exception:
+                sm = None
+        timing = self._stop_timer(root)
+        self._records.append((self._b_forward, self._ctx(root), timing, self._root_input,
+                              tuple(out.shape) if out is not None else None, self._forward_flops, cap,
+                              self._mem_now(), sm))
+        self._root_input = None
+        if len(self._records) >= self._flush_events or (
+                self._flush_interval is not None and time.monotonic() - self._last_flush > self._flush_interval):
+            self._hand_off()
+
+    def _make_pre(self, site: _Site) -> Callable[..., None]:
+        kind = site.kind
+        stack = self._stack
+        if kind == "attention":
+            def pre_attn(module: Any, args: Any, kwargs: Dict[str, Any]) -> None:
+                stack.append(site)
+                cache = _cache_from(args, kwargs)
+                site.kv_cache = cache
+                idx = getattr(module, "layer_idx", None)
+                idx = site.layer_id if idx is None else idx
+                site.kv_before = _kv_len(_cache_layer(cache, idx)[0]) if cache is not None and idx is not None else 0
+                t = args[0] if args else kwargs.get("hidden_states")
+                self._start_timer(site, t)
+                return None
+            return pre_attn
+
+        if kind == "mlp":
+            def pre_mlp(module: Any, args: Any) -> None:
+                stack.append(site)
+                self._handoff(site, _first_tensor(args))
+                return None
+            return pre_mlp
+
+        def pre(module: Any, args: Any) -> None:
+            stack.append(site)
+            self._start_timer(site, _first_tensor(args))
+            return None
+        return pre
+
+    def _make_post(self, site: _Site) -> Callable[..., None]:
+        kind = site.kind
+        if kind == "linear":
+            w = site.mod.weight
+            if type(site.mod).__name__ == "Conv1D":  # GPT-2 stores (in, out)
+                in_f, out_f = int(w.shape[0]), int(w.shape[1])
+            else:
+                in_f, out_f = int(w.shape[1]), int(w.shape[0])
+            wbytes = w.numel() * w.element_size()
+            b = getattr(site.mod, "bias", None)
+            if b is not None:
+                wbytes += b.numel() * b.element_size()
+            static = (tuple(w.shape), w.dtype, wbytes, in_f, out_f)
+
+            def post_linear(module: Any, args: Any, output: Any) -> None:
+                self._pop(site)
+                out = _first_tensor(output)
+                if out is None:
+                    return None
+                x = _first_tensor(args)
+                on = out.numel()
+                flops = 2 * (on // out_f if out_f else 0) * in_f * out_f
+                self._forward_flops += flops
+                timing = self._stop_timer(site)
+                self._records.append((self._b_linear, self._ctx(site), timing, _tm(x) if x is not None else None, _tm(out),
+                       flops, static))
+                self._alloc(site, out)
+                return None
+            return post_linear
+
+        if kind == "attention":
+            def post_attn(module: Any, args: Any, kwargs: Dict[str, Any], output: Any) -> None:
+                self._pop(site)
+                x = args[0] if args else kwargs.get("hidden_states")
+                out = _first_tensor(output)
+                cache = site.kv_cache
+                site.kv_cache = None
+                idx = getattr(module, "layer_idx", None)
+                idx = site.layer_id if idx is None else idx
+                k, v = _cache_layer(cache, idx) if cache is not None and idx is not None else (None, None)
+                if k is not None and k.numel() == 0:
+                    k = v = None
+                # nn.MultiheadAttention without batch_first takes (seq, batch, embed).
+                seq_first = getattr(module, "batch_first", True) is False
+                q_len = int(x.shape[0 if seq_first else -2]) if x is not None and x.dim() >= 2 else 0
+                batch = int(x.shape[1 if seq_first else 0]) if x is not None and x.dim() >= 3 else 1
+                if k is not None:
+                    kv_len = _kv_len(k)
+                else:
+                    # Cross-attention (a key given apart from the query) attends to the key's length.
+                    key = args[1] if len(args) > 1 else kwargs.get("key")
+                    kv_len = q_len
+                    if key is not None and hasattr(key, "shape") and key.dim() >= 2:
+                        kv_len = int(key.shape[0 if seq_first else -2])
+                flops = None
+                if site.n_heads and site.head_dim:
+                    flops = 4 * batch * site.n_heads * q_len * kv_len * site.head_dim
+                    self._forward_flops += flops
+                timing = self._stop_timer(site)
+                ctx = self._ctx(site)
+                km = _tm(k) if k is not None else None
+                vm = _tm(v) if v is not None else None
+                self._records.append((self._b_attention, ctx, timing, _tm(x) if x is not None else None,
+                       _tm(out) if out is not None else None, q_len, kv_len, km, vm, flops))
+                if out is not None:
+                    self._attn_end[site.layer_id] = (time.perf_counter_ns(), self._cuda_mark(out))
+                    self._alloc(site, out)
+                if km is not None:
+                    self._records.append((self._b_kv, ctx, idx, km, vm, site.kv_before))
+                return None
+            return post_attn
+
+        if kind == "mlp":
+            def post_mlp(module: Any, args: Any, output: Any) -> None:
+                self._pop(site)
+                out = _first_tensor(output)
+                if out is not None:
+                    self._alloc(site, out)
+                return None
+            return post_mlp
+
+        def post_other(module: Any, args: Any, output: Any) -> None:
+            self._pop(site)
+            out = _first_tensor(output)
+            if out is None:
+                return None
+            x = _first_tensor(args)
+            timing = self._stop_timer(site)
+            self._records.append((self._b_module, self._ctx(site), timing, _tm(x) if x is not None else None, _tm(out),
+                   type(module).__name__))
+            self._alloc(site, out)
+            return None
+        return post_other
+
+    def _pop(self, site: _Site) -> None:
+        st = self._stack
+        if st and st[-1] is site:
+            st.pop()
+        elif site in st:
+            st.remove(site)
+
+    def _cuda_mark(self, t: "torch.Tensor") -> Any:
+        if not t.is_cuda:
+            return None
+        import torch
+
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def _alloc(self, site: _Site, t: "torch.Tensor") -> None:
+        size = t.numel() * t.element_size()
+        if self.level == ResourceLevel.MINIMAL and size <= MINIMAL_ALLOCATION_BYTES:
+            return
+        self._records.append((self._b_alloc, self._ctx(site), "module_output", size, tuple(t.shape), t.dtype,
+                              t.is_cuda, t.data_ptr(), self._mem_now()))
+
+    def _parameter_events(self) -> None:
+        total = 0
+        for name, mod in self.model.named_modules():
+            params = [p for p in mod.parameters(recurse=False)]
+            if not params:
+                continue
+            nbytes = sum(p.numel() * p.element_size() for p in params)
+            total += nbytes
+            if self.level == ResourceLevel.MINIMAL and nbytes <= MINIMAL_ALLOCATION_BYTES:
+                continue
+            site = _Site(name, mod, "params", ResourceLevel.MINIMAL, _layer_of(name, self._arch_prefix),
+                         _component(name, mod))
+            w = getattr(mod, "weight", None)
+            first = w if w is not None else params[0]
+            self._records.append((self._b_alloc, (site, _now_us(), self._step, -1), "parameters", nbytes,
+                                  tuple(first.shape), first.dtype, first.is_cuda, first.data_ptr(), self._mem_now()))
+        self._param_bytes = total
+
+    def _handoff(self, site: _Site, t: Optional["torch.Tensor"]) -> None:
+        prev = self._attn_end.pop(site.layer_id, None)
+        if prev is None or t is None:
+            return
+        t_end, cuda_end = prev
+        if cuda_end is not None:
+            import torch
+
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            timing: Any = (cuda_end, start)
+        else:
+            timing = time.perf_counter_ns() - t_end
+        if self._cuda:
+            import torch
+
+            frac = torch.cuda.memory_allocated() / self._cuda_total if self._cuda_total else None
+            src = "cuda_allocated_over_total"
+        else:
+            frac = _host_memory_fraction()
+            src = "proc_meminfo_used_over_total"
+        self._records.append((self._b_handoff, self._ctx(site), timing, _tm(t), frac, src))
+
+    def _elementwise(self, op: str, out: Any, dur_ns: int) -> None:
+        import torch
+
+        if not isinstance(out, torch.Tensor):
+            return
+        site = self._stack[-1] if self._stack else self._root
+        if site is None:
+            return
+        m = _tm(out)
+        self._forward_flops += out.numel() * FLOPS_PER_ELEMENT["elementwise"]
+        self._records.append((self._b_elementwise, self._ctx(site), op, m, dur_ns))
+
+    # ----- builders (writer thread) --------------------------------------------------------
+
+    def _base(self, event: str, ctx: Tuple[_Site, int, int, int], word: str) -> Dict[str, Any]:
+        site, ts, step, fwd = ctx
+        self._seq += 1
+        layer = site.layer_id
+        return {
+            "event": event,
+            "resource_id": f"{'gpu' if self._cuda else 'cpu'}_{word}_layer_"
+                           f"{layer if layer is not None else 'none'}_{site.leaf}_{ts}_{self._seq}",
+            "timestamp": ts,
+            "session_id": self.session_id,
+            "step": step,
+            "forward": fwd,
+            "layer_id": layer,
+            "component_type": site.component,
+            "module": site.name,
+        }
+
+    @staticmethod
+    def _timing(ev: Dict[str, Any], timing: Any) -> None:
+        if isinstance(timing, tuple):
+            start, end = timing
+            end.synchronize()
+            ev["duration_us"] = start.elapsed_time(end) * 1000.0
+            ev["duration_source"] = "cuda_event"
+        else:
+            ev["duration_us"] = timing / 1000.0
+            ev["duration_source"] = "perf_counter"
+        _derive(ev)
+
+    def _b_linear(self, ctx: Any, timing: Any, xm: Any, om: Any, flops: int, static: Any) -> List[Dict[str, Any]]:
+        site = ctx[0]
+        wshape, wdtype, wbytes, in_f, out_f = static
+        ev = self._base("compute_execution", ctx, "compute")
+        ev["operation"] = "mul_mat"
+        ev["input_tensors"] = [_tdesc("input", xm), {"name": "weight", "shape": list(wshape),
+                                                      "dtype": _dname(wdtype)}]
+        ev["output_shape"] = list(om[0])
+        ev["flops"] = flops
+        ev["compute_intensity_gflops"] = flops / 1e9
+        ev["flops_source"] = "computed_from_shapes"
+        ev["bytes_accessed"] = (xm[2] if xm is not None else 0) + wbytes + om[2]
+        self._timing(ev, timing)
+        out = [ev]
+        if site.mlp_op is not None:
+            op = site.mlp_op
+            m = self._base("mlp_operation", ctx, "mlp")
+            in_bytes = xm[2] if xm is not None else 0
+            m["mlp_operation"] = op
+            m["weight_shape"] = list(wshape)
+            m["activation_shape"] = list(om[0])
+            m["intermediate_dim"] = in_f if op == "down_proj" else out_f
+            m["intermediate_size_bytes"] = in_bytes if op == "down_proj" else om[2]
+            m["intermediate_size_mb"] = m["intermediate_size_bytes"] / (1 << 20)
+            # Input and output of the projection are both live while it runs.
+            m["activation_memory_peak_bytes"] = in_bytes + om[2]
+            m["activation_memory_peak_mb"] = (in_bytes + om[2]) / (1 << 20)
+            m["activation_memory_peak_source"] = "computed_input_plus_output"
+            m["activation_function"] = site.activation
+            m["flops"] = flops
+            m["duration_us"] = ev.get("duration_us")
+            m["duration_source"] = ev.get("duration_source")
+            m["compute_resource_id"] = ev["resource_id"]
+            out.append(m)
+        return out
+
+    def _b_attention(self, ctx: Any, timing: Any, xm: Any, om: Any, q_len: int, kv_len: int, km: Any, vm: Any,
+                     flops: Optional[int]) -> List[Dict[str, Any]]:
+        ev = self._base("compute_execution", ctx, "compute")
+        ev["operation"] = "attention"
+        ev["input_tensors"] = [_tdesc("hidden_states", xm)]
+        if km is not None:
+            ev["input_tensors"] += [_tdesc("key_cache", km), _tdesc("value_cache", vm)]
+        if om is not None:
+            ev["output_shape"] = list(om[0])
+        ev["query_tokens"] = q_len
+        ev["key_tokens"] = kv_len
+        if flops is not None:
+            # QK^T and the weighted sum of V, dense (a causal kernel may skip the masked
+            # half); the q/k/v/o projections are their own mul_mat events.
+            ev["flops"] = flops
+            ev["compute_intensity_gflops"] = flops / 1e9
+            ev["flops_source"] = "computed_from_shapes"
+            ev["flops_covers"] = "scores_and_weighted_sum_dense"
+        else:
+            ev["flops"] = None
+            ev["flops_source"] = "unknown_head_layout"
+        self._timing(ev, timing)
+        return [ev]
+
+    def _b_kv(self, ctx: Any, idx: int, km: Any, vm: Any, before: int) -> List[Dict[str, Any]]:
+        ev = self._base("kv_cache_update", ctx, "kv")
+        shape = km[0]
+        length = int(shape[-2]) if len(shape) >= 2 else 0
+        nbytes = km[2] + (vm[2] if vm is not None else 0)
+        prev = self._kv_prev_bytes.get(idx)
+        # A cache that starts again (a new sequence) grows from nothing; it did not shrink.
+        grew_from = prev if prev is not None and before > 0 else 0
+        self._kv_prev_bytes[idx] = nbytes
+        ev["cache_length_tokens"] = length
+        ev["previous_length_tokens"] = before
+        ev["new_tokens"] = length - before
+        ev["reused_tokens"] = before
+        ev["cache_hit_ratio"] = before / length if length else 0.0
+        ev["cache_bytes"] = nbytes
+        ev["cache_mb"] = nbytes / (1 << 20)
+        ev["bytes_per_token"] = nbytes / length if length else 0.0
+        ev["growth_bytes"] = nbytes - grew_from
+        ev["key_shape"] = list(shape)
+        ev["value_shape"] = list(vm[0]) if vm is not None else None
+        ev["precision"] = _short(km[1])
+        ev["memory_type"] = "vram" if km[3] else "host"
+        ev["size_source"] = "tensor_nbytes"
+        return [ev]
+
+    def _b_module(self, ctx: Any, timing: Any, xm: Any, om: Any, cls: str) -> List[Dict[str, Any]]:
+        site = ctx[0]
+        ev = self._base("compute_execution", ctx, "compute")
+        kind = site.kind
+        ev["operation"] = kind if kind in ("norm", "activation", "embedding") else cls
+        if site.activation and kind == "activation":
+            ev["activation_function"] = site.activation
+        ev["input_tensors"] = [_tdesc("input", xm)]
+        ev["output_shape"] = list(om[0])
+        numel = _numel(om[0])
+        if kind in ("norm", "activation"):
+            fpe = site.flops_per_element or 1
+            flops = fpe * numel
+            ev["flops"] = flops
+            ev["compute_intensity_gflops"] = flops / 1e9
+            ev["flops_source"] = "computed_from_shapes"
+            ev["flops_per_element"] = fpe
+            ev["bytes_accessed"] = (xm[2] if xm is not None else 0) + om[2]
+        else:
+            ev["flops"] = 0
+            ev["flops_source"] = "not_counted"
+            ev["bytes_accessed"] = om[2]
+        self._timing(ev, timing)
+        return [ev]
+
+    def _b_forward(self, ctx: Any, timing: Any, inm: Any, out_shape: Any, flops: int, cap: Optional[int],
+                   mem: Dict[str, Any], sm: Optional[float]) -> List[Dict[str, Any]]:
+        ev = self._base("compute_execution", ctx, "compute")
+        ev["operation"] = "model_forward"
+        if inm is not None:
+            ev["input_tensors"] = [_tdesc("input", inm)]
+            if len(inm[0]) >= 2 and not inm[1].is_floating_point:
+                ev["tokens_in_forward"] = int(inm[0][-1])
+        if out_shape is not None:
+            ev["output_shape"] = list(out_shape)
+        ev["flops"] = flops
+        ev["compute_intensity_gflops"] = flops / 1e9
+        ev["flops_source"] = "sum_of_recorded_ops"
+        if cap is not None:
+            ev["capture_bytes"] = cap
+        ev.update(mem)
+        if "device_memory_peak_bytes" in mem:
+            self._peak_device = max(self._peak_device, mem["device_memory_peak_bytes"])
+        if sm is not None:
+            ev["sm_utilization_percent"] = sm
+            ev["sm_utilization_source"] = "nvml_device_sample"
+        self._timing(ev, timing)
+        return [ev]
+
+    def _b_alloc(self, ctx: Any, kind: str, size: int, shape: Any, dtype: Any, is_cuda: bool, ptr: int,
+                 mem: Dict[str, Any]) -> List[Dict[str, Any]]:
+        ev = self._base("memory_allocation", ctx, "memory")
+        ev["allocation_kind"] = kind
+        ev["allocation_size_bytes"] = size
+        ev["allocation_size_mb"] = size / (1 << 20)
+        ev["memory_type"] = "vram" if is_cuda else "host"
+        ev["tensor_shape"] = list(shape)
+        ev["precision"] = _short(dtype)
+        ev["memory_address"] = hex(ptr)
+        ev["size_source"] = "tensor_nbytes"
+        ev.update(mem)
+        return [ev]
+
+    def _b_handoff(self, ctx: Any, timing: Any, tm: Any, frac: Optional[float], src: str) -> List[Dict[str, Any]]:
+        ev = self._base("component_handoff", ctx, "flow")
+        ev["resource_id"] = ev["resource_id"].replace(f"_{ctx[0].leaf}_", "_attention_to_mlp_", 1)
+        ev["from_component"] = "attention"
+        ev["to_component"] = "mlp"
+        ev["data_size_bytes"] = tm[2]
+        ev["data_size_mb"] = tm[2] / (1 << 20)
+        ev["tensor_shape"] = list(tm[0])
+        # The gap holds the residual add and the post-attention norm; on one device nothing
+        # is copied, so this is the effective rate of the handoff, not a link bandwidth.
+        ev["bandwidth_source"] = "bytes_over_measured_gap"
+        self._timing(ev, timing)
+        ev["memory_pressure"] = _pressure_word(frac)
+        ev["memory_used_fraction"] = frac
+        ev["memory_pressure_source"] = src
+        return [ev]
+
+    def _b_elementwise(self, ctx: Any, op: str, om: Any, dur_ns: int) -> List[Dict[str, Any]]:
+        ev = self._base("compute_execution", ctx, "compute")
+        ev["operation"] = op
+        ev["elementwise"] = True
+        ev["output_shape"] = list(om[0])
+        flops = _numel(om[0]) * FLOPS_PER_ELEMENT["elementwise"]
+        ev["flops"] = flops
+        ev["compute_intensity_gflops"] = flops / 1e9
+        ev["flops_source"] = "computed_from_shapes"
+        ev["flops_per_element"] = FLOPS_PER_ELEMENT["elementwise"]
+        ev["bytes_accessed"] = om[2]
+        ev["duration_us"] = dur_ns / 1000.0
+        # On a GPU this is the host time of the launch: a CUDA event pair per element-wise
+        # op would cost more than the op.
+        ev["duration_source"] = "perf_counter_launch_only" if om[3] else "perf_counter"
+        _derive(ev)
+        return [ev]
+
+    @staticmethod
+    def _b_prebuilt(ev: Dict[str, Any]) -> List[Dict[str, Any]]:
+        return [ev]
+
+    # ----- output --------------------------------------------------------------------------
+
+    def _hand_off(self) -> None:
+        """Pass the recorded values to the writer thread."""
+        recs, self._records = self._records, []
+        self._last_flush = time.monotonic()
+        if recs:
+            assert self._writer is not None
+            self._writer.put(recs)
+
+    def _write_batch(self, recs: List[Any]) -> None:
+        """Writer thread: build, count, serialize and write one batch."""
+        c0 = time.thread_time_ns()
+        try:
+            self._write_batch_inner(recs)
+        finally:
+            self.writer_cpu_ns += time.thread_time_ns() - c0
+
+    def _write_batch_inner(self, recs: List[Any]) -> None:
+        enc = _ENCODER.encode
+        lines: List[bytes] = []
+        counts = self.counts
+        for r in recs:
+            for ev in r[0](*r[1:]):
+                name = ev["event"]
+                counts[name] = counts.get(name, 0) + 1
+                if name == "compute_execution" and ev.get("operation") != "model_forward":
+                    f = ev.get("flops")
+                    if f:
+                        self.total_flops += f
+                    d = ev.get("duration_us")
+                    if d is not None and not ev.get("elementwise") and ev.get("operation") != "attention":
+                        self.total_compute_us += d
+                elif name == "component_handoff":
+                    self.component_flows += 1
+                lines.append(enc(ev).encode() + b"\n")
+            # Give the GIL back after every record: a model thread returning from a torch op
+            # otherwise waits for the interpreter's switch interval (5 ms) to get it.
+            time.sleep(0)
+        if lines:
+            self._sink.write(lines)
+            self.events_written += len(lines)
+
+    def _summary(self) -> Dict[str, Any]:
+        ev: Dict[str, Any] = {
+            "event": "resource_session_summary",
+            "resource_id": f"session_{self.session_id}_summary",
+            "timestamp": _now_us(),
+            "iso_timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds"),
+            "session_id": self.session_id,
+            "level": self.level.name,
+            "forwards": self.forwards,
+            "parameter_bytes": self._param_bytes,
+            "total_compute_flops": self.total_flops,
+            "total_compute_gflops": self.total_flops / 1e9,
+            "total_compute_us": self.total_compute_us,
+            "component_flows": self.component_flows,
+            "events": dict(self.counts),
+            "monitor_hook_us": self.hook_ns / 1000.0,
+            "monitor_writer_cpu_us": self.writer_cpu_ns / 1000.0,
+        }
+        if self._cuda:
+            import torch
+
+            peak = max(self._peak_device, torch.cuda.max_memory_allocated())
+            ev["total_memory_bytes"] = peak
+            ev["total_memory_source"] = "torch.cuda.max_memory_allocated"
+        else:
+            peak = _peak_rss()
+            ev["total_memory_bytes"] = peak
+            ev["total_memory_source"] = "proc_self_status_VmHWM"
+        ev["total_memory_mb"] = peak / (1 << 20) if peak is not None else None
+        return ev
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
+def _tm(t: "torch.Tensor") -> Tuple[Tuple[int, ...], Any, int, bool]:
+    """What an event needs of a tensor, taken at once (no reference to the tensor is kept)."""
+    return (tuple(t.shape), t.dtype, t.numel() * t.element_size(), t.is_cuda)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _dname(dtype: Any) -> str:
+    s = str(dtype)
+    return s[6:] if s.startswith("torch.") else s
+
+
+def _short(dtype: Any) -> str:
+    n = _dname(dtype)
+    return _DTYPE_SHORT.get(n, n)
+
+
+def _tdesc(name: str, m: Any) -> Dict[str, Any]:
+    if m is None:
+        return {"name": name, "shape": None, "dtype": None}
+    return {"name": name, "shape": list(m[0]), "dtype": _dname(m[1])}
+
+
+class _Writer:
+    """The thread that turns recorded values into JSON lines and writes them, so the
+    model's thread only records. Errors are kept and raised at the next flush or close."""
+
+    def __init__(self, monitor: "ResourceMonitor") -> None:
+        import queue
+
+        self._q: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._mon = monitor
+        self.error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="strap-resources", daemon=True)
+        self._thread.start()
+
+    def put(self, recs: List[Any]) -> None:
+        self._q.put(recs)
+
+    def sync(self) -> None:
+        done = threading.Event()
+        self._q.put(done)
+        done.wait()
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise RuntimeError(f"resource events could not be written: {err}") from err
+
+    def stop(self) -> None:
+        self._q.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            try:
+                self._mon._write_batch(item)
+            except BaseException as e:  # kept for the model's thread; never dropped silently
+                log.error("llm_instrumentation: writing resource events failed: %s", e)
+                if self.error is None:
+                    self.error = e
+
+
+def _derive(ev: Dict[str, Any]) -> None:
+    """Throughputs that follow from a measured duration and a computed size."""
+    d = ev.get("duration_us")
+    if not d or d <= 0:
+        return
+    f = ev.get("flops")
+    if f:
+        ev["throughput_gflops_per_s"] = f / (d * 1e3)
+    b = ev.get("bytes_accessed")
+    if b:
+        ev["memory_throughput_gbps"] = b / (d * 1e3)
+    n = ev.get("data_size_bytes")
+    if n is not None and ev.get("event") == "component_handoff":
+        ev["transfer_bandwidth_gbps"] = n / (d * 1e3)
+
+
+def _elementwise_table() -> Dict[Any, str]:
+    import torch
+    import torch.nn.functional as F
+
+    T = torch.Tensor
+    table = {
+        torch.add: "add", T.add: "add", T.__add__: "add", T.__radd__: "add", T.__iadd__: "add", T.add_: "add",
+        torch.sub: "sub", T.sub: "sub", T.__sub__: "sub", T.__rsub__: "sub",
+        torch.mul: "mul", T.mul: "mul", T.__mul__: "mul", T.__rmul__: "mul", T.__imul__: "mul", T.mul_: "mul",
+        torch.div: "div", T.div: "div", T.__truediv__: "div", T.__rtruediv__: "div",
+        torch.pow: "pow", T.pow: "pow", T.__pow__: "pow",
+        torch.rsqrt: "rsqrt", T.rsqrt: "rsqrt", torch.exp: "exp", T.exp: "exp", torch.neg: "neg", T.neg: "neg",
+        T.__neg__: "neg", torch.sigmoid: "sigmoid", torch.tanh: "tanh",
+        F.silu: "silu", F.gelu: "gelu", F.relu: "relu", torch.cos: "cos", torch.sin: "sin",
+    }
+    return table
+
+
+def _make_mode_class() -> Any:
+    from torch.overrides import TorchFunctionMode
+
+    class ElementwiseMode(TorchFunctionMode):
+        """Times element-wise torch functions called inside the model (VERBOSE)."""
+
+        def __init__(self, monitor: ResourceMonitor) -> None:
+            super().__init__()
+            self.monitor = monitor
+            self.table = _elementwise_table()
+
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            op = self.table.get(func)
+            if op is None:
+                return func(*args, **kwargs)
+            t0 = time.perf_counter_ns()
+            out = func(*args, **kwargs)
+            self.monitor._elementwise(op, out, time.perf_counter_ns() - t0)
+            return out
+
+    return ElementwiseMode
+
+
+_MODE_CLASS: Any = None
+
+
+def _ElementwiseMode(monitor: ResourceMonitor) -> Any:
+    global _MODE_CLASS
+    if _MODE_CLASS is None:
+        _MODE_CLASS = _make_mode_class()
+    return _MODE_CLASS(monitor)
+
+
+@contextlib.contextmanager
+def monitor_resources(model: "nn.Module", level: Union[ResourceLevel, str, int, None] = None,
+                      path: Union[str, os.PathLike, None] = None, **kwargs: Any) -> Iterator[ResourceMonitor]:
+    """Record resource events of ``model`` into a JSONL file while the block runs.
+
+    Args:
+        model: the model.
+        level: MINIMAL / DETAILED / VERBOSE (default ``STRAP_RESOURCE_LOG_LEVEL`` or MINIMAL).
+        path: the JSONL file (default ``STRAP_RESOURCE_LOG_PATH``).
+        **kwargs: passed to :class:`ResourceMonitor`.
+
+    Yields:
+        the running monitor (``set_level``, ``disable``, ``enable``, ``flush``, ``set_step``).
+
+    Example:
+        >>> with monitor_resources(model, "MINIMAL", "r.jsonl") as mon:  # doctest: +SKIP
+        ...     model(ids)
+    """
+    mon = ResourceMonitor(model, level, path, **kwargs)
+    mon.start()
+    try:
+        yield mon
+    finally:
+        mon.close()
