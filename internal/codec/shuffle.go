@@ -282,9 +282,13 @@ func shuffle(buf, src []byte, w int, rot bool) {
 	n := len(src) / w
 	switch {
 	case w == 4:
-		shuffle4(buf[:n], buf[n:2*n], buf[2*n:3*n], buf[3*n:4*n], src, rot)
+		p0, p1, p2, p3 := buf[:n], buf[n:2*n], buf[2*n:3*n], buf[3*n:4*n]
+		k := shuffle4Vec(p0, p1, p2, p3, src, rot)
+		shuffle4(p0[k:], p1[k:], p2[k:], p3[k:], src[4*k:], rot)
 	case w == 2:
-		shuffle2(buf[:n], buf[n:2*n], src, rot)
+		p0, p1 := buf[:n], buf[n:2*n]
+		k := shuffle2Vec(p0, p1, src, rot)
+		shuffle2(p0[k:], p1[k:], src[2*k:], rot)
 	case w == 8:
 		for i := range n {
 			v := binary.LittleEndian.Uint64(src[8*i:])
