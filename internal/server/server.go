@@ -32,6 +32,11 @@ var (
 	ErrDrainTimeout = errors.New("sessions still draining at the shutdown timeout")
 )
 
+// goHeapSlack is how far above the memory limit less the open rings the Go heap may grow
+// (pipeline.Budget.LimitGoHeap): codec state and the runtime's own memory, which the budget
+// does not count, with the process's RSS kept under the limit + 64 MiB.
+const goHeapSlack = 40 << 20
+
 // Config are the server's settings. Zero fields take the defaults of DefaultConfig.
 type Config struct {
 	// Socket is the resolved control socket path.
@@ -227,6 +232,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	s.pool = pipeline.NewPool(s.cfg.Workers)
 	s.budget = pipeline.NewBudget(s.cfg.MemoryLimit)
+	if os.Getenv("GOMEMLIMIT") == "" {
+		s.budget.LimitGoHeap(goHeapSlack)
+	}
 	s.startProbes()
 	s.log.Info("serving", zap.String("socket", s.cfg.Socket), zap.Bool("socket_activated", s.inherited),
 		zap.Int("workers", s.pool.Workers()), zap.Int64("memory_limit", s.cfg.MemoryLimit),
