@@ -45,6 +45,8 @@ type hopts struct {
 	output     *os.File
 	// memoryHint is the request's memory_hint (0: none).
 	memoryHint uint64
+	// cpu is the daemon's CPU budget (nil: unlimited).
+	cpu *CPUBudget
 }
 
 func newHarness(tb testing.TB, o hopts) *harness {
@@ -87,7 +89,7 @@ func newHarness(tb testing.TB, o hopts) *harness {
 		tb.Fatal(err)
 	}
 	h := &harness{tb: tb, p: p, out: out, rel: make(chan struct{}, 1), errs: make(chan error, 1)}
-	h.s, err = plan.Open(Env{ID: 1, Pool: o.pool, Budget: o.budget, WriteDelay: o.writeDelay,
+	h.s, err = plan.Open(Env{ID: 1, Pool: o.pool, Budget: o.budget, CPU: o.cpu, WriteDelay: o.writeDelay,
 		Release: func(t uint64) {
 			h.tail.Store(t)
 			select {

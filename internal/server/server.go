@@ -70,6 +70,9 @@ type Config struct {
 	Notify func(state string)
 	// Probes runs the eBPF collector beside the captures (probes.go); zero: none.
 	Probes Probes
+	// CPUBudget bounds the CPUs compression may use, all sessions together; blocks beyond
+	// it are stored raw (pipeline.CPUBudget). nil: unlimited.
+	CPUBudget *float64
 }
 
 // DefaultConfig returns safe defaults (socket path left empty).
@@ -138,6 +141,7 @@ type Server struct {
 	ln      *net.UnixListener
 	pool    *pipeline.Pool
 	budget  *pipeline.Budget
+	cpu     *pipeline.CPUBudget // nil: unlimited
 	started time.Time
 
 	mu        sync.Mutex
@@ -232,6 +236,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	s.pool = pipeline.NewPool(s.cfg.Workers)
 	s.budget = pipeline.NewBudget(s.cfg.MemoryLimit)
+	if s.cfg.CPUBudget != nil {
+		s.cpu = pipeline.NewCPUBudget(*s.cfg.CPUBudget)
+	}
 	if os.Getenv("GOMEMLIMIT") == "" {
 		s.budget.LimitGoHeap(goHeapSlack)
 	}
@@ -384,7 +391,7 @@ func (s *Server) Status() control.StatusReply {
 	return control.StatusReply{
 		Daemon: control.DaemonStatus{Version: s.cfg.Version, PID: os.Getpid(), UptimeS: time.Since(s.started).Seconds(),
 			Socket: s.cfg.Socket, MemoryLimit: s.cfg.MemoryLimit, MemoryUsed: used, Sessions: n,
-			Probes: s.probeStatus()},
+			Probes: s.probeStatus(), CPUBudget: s.cfg.CPUBudget, CPURawBlocks: s.cpu.RawBlocks()},
 		Sessions: sess,
 	}
 }
