@@ -4,14 +4,17 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // CPUBudget bounds the time the worker pool spends compressing, shared by every session:
 // a token bucket filled at Cores seconds per second. A block may be compressed only while
 // the bucket holds time; otherwise it is stored raw (lossless, and a copy costs a small
 // fraction of compressing it), so compression never takes more than the budget plus one
-// burst, however fast clients publish. Each compression is charged its wall time, which is
-// at least its CPU time: the bound holds on a loaded machine too, at some cost in ratio.
+// burst, however fast clients publish. Each compression is charged the CPU time of its
+// worker's thread (pool workers keep one thread each), so the bound is
+// on CPU, not on the wall time a loaded machine stretches a compression to.
 type CPUBudget struct {
 	cores float64
 
@@ -65,6 +68,37 @@ func (b *CPUBudget) take() bool {
 	}
 	b.raw.Add(1)
 	return false
+}
+
+// threadCPU is the CPU time of the calling thread; ok false where the clock is missing.
+func threadCPU() (time.Duration, bool) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
+		return 0, false
+	}
+	return time.Duration(ts.Nano()), true
+}
+
+// meter measures one compression for charge: thread CPU time where the clock works, else
+// wall time (an upper bound on it).
+type meter struct {
+	wall     time.Time
+	cpu      time.Duration
+	cpuClock bool
+}
+
+func startMeter() meter {
+	c, ok := threadCPU()
+	return meter{wall: time.Now(), cpu: c, cpuClock: ok}
+}
+
+func (m meter) elapsed() time.Duration {
+	if m.cpuClock {
+		if c, ok := threadCPU(); ok && c >= m.cpu {
+			return c - m.cpu
+		}
+	}
+	return time.Since(m.wall)
 }
 
 // charge takes the time one compression took out of the bucket.

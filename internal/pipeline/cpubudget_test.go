@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"runtime"
 	"testing"
 	"time"
 
@@ -92,5 +93,25 @@ func TestCPUBudgetZero(t *testing.T) {
 				t.Fatalf("file %d bytes for %d raw: blocks were compressed", res.FileBytes, res.BytesIn)
 			}
 		})
+	}
+}
+
+// TestMeterCountsCPU: the meter charges the CPU a job burns, not the time it waits.
+func TestMeterCountsCPU(t *testing.T) {
+	if _, ok := threadCPU(); !ok {
+		t.Skip("no thread CPU clock")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	m := startMeter()
+	time.Sleep(50 * time.Millisecond)
+	if d := m.elapsed(); d > 20*time.Millisecond {
+		t.Fatalf("a 50 ms sleep was charged %v", d)
+	}
+	m = startMeter()
+	for end := time.Now().Add(30 * time.Millisecond); time.Now().Before(end); {
+	}
+	if d := m.elapsed(); d <= 0 {
+		t.Fatalf("30 ms of spinning was charged %v", d)
 	}
 }

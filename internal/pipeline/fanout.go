@@ -3,7 +3,6 @@ package pipeline
 import (
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/strap-llm/strap/internal/codec"
 	"github.com/strap-llm/strap/internal/stream"
@@ -82,7 +81,10 @@ func (s *Session) dispatch(it *item) error {
 				compressed bool
 				err        error
 			)
-			start := time.Now()
+			var m meter
+			if s.o.CPU != nil {
+				m = startMeter()
+			}
 			switch {
 			case !s.o.CPU.take():
 				s.cpuRaw.Add(1)
@@ -97,10 +99,10 @@ func (s *Session) dispatch(it *item) error {
 					st = codec.BlockStats{Values: len(src) / max(1, dt.Size()), Lossless: true}
 				}
 				it.stats[i] = st
-				s.o.CPU.charge(time.Since(start))
+				s.o.CPU.charge(m.elapsed())
 			default:
 				out, compressed, err = enc.Encode(buf[:0], src, dt)
-				s.o.CPU.charge(time.Since(start))
+				s.o.CPU.charge(m.elapsed())
 			}
 			switch {
 			case err != nil:

@@ -25,6 +25,10 @@ func NewPool(workers int) *Pool {
 	for range workers {
 		go func() {
 			defer p.wg.Done()
+			// One thread per worker for its life, so a job's thread CPU time is its own
+			// (threadCPU, which the CPU budget charges).
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
 			for job := range p.jobs {
 				job()
 			}
