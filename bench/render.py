@@ -129,6 +129,7 @@ def render(results: Path, doc: Path) -> None:
     ov = load(results, "overhead")
     ing = load(results, "ingest")
     mem = load(results, "memory")
+    cpub = load(results, "cpubudget")
     comp = load(results, "compression")
     pr = load(results, "probes")
     prof = load(results, "profile")
@@ -224,6 +225,8 @@ def render(results: Path, doc: Path) -> None:
         ingest_section(w, ing, pngs, rel, prof)
     if mem:
         memory_section(w, mem)
+    if cpub:
+        cpubudget_section(w, cpub)
     if comp or pr:
         w("## 4. Compression and probe overhead")
         w("")
@@ -460,6 +463,33 @@ def ingest_section(w: Any, ing: Dict[str, Any], pngs: Dict[str, str], rel: str, 
             w("the ring; no page-cache copy), which leaves the CRC (≈0.1 CPU-s/GB at the rate measured")
             w("above) and the syscalls.")
         w("")
+
+
+def cpubudget_section(w: Any, cb: Dict[str, Any]) -> None:
+    w(f"## 3b. CPU budget (`serve --cpu-budget`, load {fmt_load(cb['loadavg'])})")
+    w("")
+    if "step_error" in cb:
+        w(f"Step failed: `{cb['step_error']}`.")
+        w("")
+        return
+    w(f"Run {cb.get('date_utc', '?')} at commit `{cb.get('commit', '?')}` ({cb['cores']} cores). "
+      f"The Go producer pushes {cb['size']} with codec {cb['codec']} through a fresh strapd per budget;")
+    w("a block that finds the budget spent is stored raw (lossless). *raw blocks* is the daemon's")
+    w("`cpu_raw_blocks` from `strapd status --json` after the session. *daemon CPU-s/GB* is the whole")
+    w("process (parsing, CRC, writing included), which the budget does not bound: only compression.")
+    w("")
+    w("```sh")
+    w(cb["strapd_command"])
+    if cb["runs"]:
+        w(cb["runs"][0]["command"])
+    w("```")
+    w("")
+    w("| --cpu-budget (CPUs) | GB/s | file ratio | raw blocks | daemon CPU-s/GB |")
+    w("|---|---:|---:|---:|---:|")
+    for r in cb["runs"]:
+        w(f"| {r['cpu_budget']} | {r['gbps']:.3f} | {r['file_ratio']:.3f} | {r['cpu_raw_blocks']} of {r['blocks']} | "
+          f"{r['daemon_cpu_s_per_gb']:.2f} |")
+    w("")
 
 
 def memory_section(w: Any, mem: Dict[str, Any]) -> None:
