@@ -23,7 +23,7 @@ FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-.PHONY: all build test test-go test-privileged test-python vet demo bench fuzz generate install uninstall clean venv
+.PHONY: all build test test-go test-privileged test-python vet demo bench fuzz generate install uninstall clean venv prometheus check-deploy
 
 all: build
 
@@ -49,6 +49,19 @@ vet:
 test-go: vet
 	$(GO) test -race -count=1 ./...
 
+# Debian's Prometheus and promtool, installed when missing: test-privileged needs them for
+# cmd/strapd TestPrometheusScrapesCapture (a real Prometheus against a real capture), which
+# skips, saying so, only when this could not install them.
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+	  (apt-get update && apt-get install -y --no-install-recommends prometheus) || \
+	  echo "make prometheus: could not install prometheus; TestPrometheusScrapesCapture will skip"
+
+# The shipped Prometheus config and rules as Prometheus itself reads them.
+check-deploy: prometheus
+	promtool check config deploy/prometheus/prometheus.yml
+	promtool check rules deploy/prometheus/rules/*.yml
+
 test-python: $(BIN) $(VENV)/.stamp
 	STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q clients/python/tests
 
@@ -57,7 +70,7 @@ test-python: $(BIN) $(VENV)/.stamp
 # tag (`//go:build ... privileged`); run without root they skip, naming what is missing.
 # This target runs just those tests: the names the tag adds to each package that has such
 # files.
-test-privileged:
+test-privileged: prometheus
 	@set -e; for dir in $$(grep -rlE --include='*_test.go' '^//go:build.*\bprivileged\b' cmd internal | xargs -n1 dirname | sort -u); do \
 	  names=$$(comm -13 <($(GO) test -list . ./$$dir | grep -E '^(Test|Example)' | sort) \
 	                    <($(GO) test -tags privileged -list . ./$$dir | grep -E '^(Test|Example)' | sort) | paste -sd'|'); \
@@ -78,8 +91,9 @@ demo: $(BIN) $(VENV)/.stamp
 	STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) clients/python/examples/demo.py
 
 # Measures capture overhead, daemon ingest, memory, compression, probe cost and profiles on
-# this machine (< 15 min on 2 cores) and writes docs/PERFORMANCE.md, bench/results/*.json and
-# the PNG charts (matplotlib comes with PY_DEPS).
+# this machine (< 15 min on 2 cores) and writes bench/results/*.json, the tables in
+# docs/PERFORMANCE-DATA.md and the PNG charts (matplotlib comes with PY_DEPS); the reading
+# in docs/PERFORMANCE.md is written by hand.
 # BENCH_ARGS=--quick is a seconds-long smoke test whose results go to a temp dir.
 BENCH_ARGS ?=
 bench: $(BIN) $(VENV)/.stamp

@@ -1,6 +1,6 @@
 """`make bench`: measure capture overhead, daemon ingest, memory, compression, probe cost and
-profiles on this machine, write ``bench/results/*.json``, PNG charts and
-``docs/PERFORMANCE.md``.
+profiles on this machine, write ``bench/results/*.json``, PNG charts and the tables in
+``docs/PERFORMANCE-DATA.md`` (the reading of a run is written by hand in ``docs/PERFORMANCE.md``).
 
 Every measurement runs a fresh ``strapd serve`` on a temporary socket (so its peak RSS and
 CPU time belong to that measurement alone) and records the exact command it ran.
@@ -8,7 +8,7 @@ CPU time belong to that measurement alone) and records the exact command it ran.
 Usage::
 
     .venv/bin/python bench/run.py [--strapd bin/strapd] [--quick] [--only overhead,ingest,...]
-    .venv/bin/python bench/run.py --render-only      # rebuild the doc and charts from the JSON
+    .venv/bin/python bench/run.py --render-only      # rebuild the tables and charts from the JSON
 
 ``--quick`` shrinks every size (a smoke test of the harness, minutes → seconds); its results
 go to a temporary directory, never over the committed ones, unless ``--results`` says so.
@@ -524,7 +524,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the harness")
     ap.add_argument("--only", default="", help=f"comma-separated steps of {STEPS}")
     ap.add_argument("--results", default=None, help="JSON directory (default bench/results; --quick: a temp dir)")
-    ap.add_argument("--doc", default=None, help="document to write (default docs/PERFORMANCE.md; --quick: in --results)")
+    ap.add_argument("--doc", default=None, help="tables to write (default docs/PERFORMANCE-DATA.md; --quick: in --results)")
     ap.add_argument("--render-only", action="store_true")
     ap.add_argument("--tmpdir", default=None, help="where streams and dd go (default: a new dir under /var/tmp)")
     a = ap.parse_args()
@@ -539,9 +539,10 @@ def main() -> None:
     else:
         results = ROOT / "bench" / "results"
     committed = results.resolve() == (ROOT / "bench" / "results").resolve()
-    # Only the committed results make docs/PERFORMANCE.md; any other run writes its doc beside them.
-    doc = Path(a.doc) if a.doc else (ROOT / "docs" / "PERFORMANCE.md" if committed and not a.quick
-                                     else results / "PERFORMANCE.md")
+    # Only the committed results make docs/PERFORMANCE-DATA.md; any other run writes its tables
+    # beside its JSON.
+    doc = Path(a.doc) if a.doc else (ROOT / "docs" / "PERFORMANCE-DATA.md" if committed and not a.quick
+                                     else results / "PERFORMANCE-DATA.md")
     results.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import render  # noqa: E402  (bench/render.py)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/httpapi"
 	"github.com/strap-llm/strap/internal/server"
 	"github.com/strap-llm/strap/internal/shm"
 )
@@ -97,6 +99,8 @@ type serveConfig struct {
 		// SampleReadWrite times one read/write syscall in N (1: every one).
 		SampleReadWrite int
 	}
+	// HTTP serves /metrics and the JSON API (docs/HTTP_API.md); off unless --http is set.
+	HTTP httpConfig
 	// Debug holds hidden test options.
 	Debug struct {
 		// WriteDelay sleeps this long after every packet written (tests fill tiny rings).
@@ -153,7 +157,7 @@ func (c *serveConfig) validate() error {
 	if _, err := c.socketMode(); err != nil {
 		return err
 	}
-	return nil
+	return c.HTTP.validate()
 }
 
 // socketMode parses --socket-mode.
@@ -293,7 +297,14 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 					return err
 				}
 			}
-			srv := server.New(server.Config{
+			var srv *server.Server
+			var obs *observer
+			var observe server.Observer // stays a nil interface without --http
+			if cfg.HTTP.Addr != "" {
+				obs = newObserver(cfg.HTTP, !cfg.Probes.Off, &srv)
+				observe = obs
+			}
+			srv = server.New(server.Config{
 				Socket:          control.DaemonSocketPath(cfg.Socket),
 				MemoryLimit:     int64(cfg.Memory.Limit),
 				Workers:         cfg.Pipeline.Workers,
@@ -313,12 +324,30 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 				Notify: notify,
 				Probes: server.Probes{Enabled: !cfg.Probes.Off, NoBPF: cfg.Probes.NoBPF,
 					Interval: cfg.Probes.Interval, PerThread: cfg.Probes.PerThread, SampleReadWrite: cfg.Probes.SampleReadWrite},
+				Observer: observe,
 			}, log)
 			if ln != nil {
 				srv.UseListener(ln)
 			} else if err := srv.Listen(); err != nil {
 				notify("STATUS=failed: " + err.Error())
 				return err
+			}
+			if obs != nil {
+				if ln != nil { // socket-activated: the API socket still needs its group
+					if gid, err = cfg.socketGID(log, &mode); err != nil {
+						return err
+					}
+				}
+				// HTTP outlives the signal: /metrics and the API answer while sessions drain.
+				hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
+				wait, err := startHTTP(hctx, cfg.HTTP, srv, obs, mode, gid, log)
+				if err != nil {
+					hcancel()
+					notify("STATUS=failed: " + err.Error())
+					return err
+				}
+				defer wait()
+				defer hcancel()
 			}
 			err = srv.Serve(ctx)
 			if errors.Is(err, server.ErrDrainTimeout) {
@@ -354,6 +383,10 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 	f.Float64Var(&cfg.Clients.ConnectRate, "max-connect-rate", cfg.Clients.ConnectRate, "new connections per second per uid (0: unlimited)")
 	f.Float64Var(&cfg.Clients.RequestRate, "max-request-rate", cfg.Clients.RequestRate, "control messages per second per connection (0: unlimited)")
 	f.StringVar(&cfg.LogFile, "log-file", "", "write the log here (JSON lines) instead of stderr; SIGHUP reopens it")
+	f.StringVar(&cfg.HTTP.Addr, "http", "", "serve Prometheus /metrics on this host:port (e.g. 127.0.0.1:9464) and the JSON API on --http-api-socket; off when empty")
+	f.StringVar(&cfg.HTTP.APISocket, "http-api-socket", "", "Unix socket of the JSON API, with the control socket's mode, group and allow-lists (default: api.sock beside the control socket)")
+	f.BoolVar(&cfg.HTTP.MetricsDetail, "http-metrics-detail", false, "add per-session series (session id, uid, pid) to /metrics")
+	f.IntVar(&cfg.HTTP.MaxFollowers, "http-max-followers", httpapi.DefaultMaxFollowers, "resource-log streams (follow=1) open at once; more get 429")
 	f.DurationVar(&cfg.Debug.WriteDelay, "debug-write-delay", 0, "sleep after every packet written (tests only)")
 	_ = f.MarkHidden("debug-write-delay")
 	return cmd

@@ -77,6 +77,15 @@ func TestServeConfigValidate(t *testing.T) {
 		{"cpu none", func(c *serveConfig) { c.Pipeline.CPUBudget = 0 }, ""},
 		{"cpu too many", func(c *serveConfig) { c.Pipeline.CPUBudget = 2000 }, "--cpu-budget"},
 		{"cpu NaN", func(c *serveConfig) { c.Pipeline.CPUBudget = math.NaN() }, "--cpu-budget"},
+		{"http ok", func(c *serveConfig) { c.HTTP = httpConfig{Addr: "127.0.0.1:9464", MaxFollowers: 64} }, ""},
+		{"http no port", func(c *serveConfig) { c.HTTP = httpConfig{Addr: "127.0.0.1", MaxFollowers: 64} }, "want host:port"},
+		{"http bad port", func(c *serveConfig) { c.HTTP = httpConfig{Addr: "127.0.0.1:http", MaxFollowers: 64} }, "is not a number"},
+		{"http no host", func(c *serveConfig) { c.HTTP = httpConfig{Addr: ":9464", MaxFollowers: 64} }, "name the address"},
+		{"http relative socket", func(c *serveConfig) {
+			c.HTTP = httpConfig{Addr: "127.0.0.1:1", APISocket: "api.sock", MaxFollowers: 64}
+		}, "--http-api-socket"},
+		{"http followers", func(c *serveConfig) { c.HTTP = httpConfig{Addr: "127.0.0.1:1"} }, "--http-max-followers"},
+		{"detail without http", func(c *serveConfig) { c.HTTP = httpConfig{MetricsDetail: true} }, "need --http"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

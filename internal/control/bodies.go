@@ -18,6 +18,9 @@ type Welcome struct {
 	Daemon     string `json:"daemon"`
 	PID        int    `json:"pid"`
 	MaxMessage int    `json:"max_message"`
+	// MaxRingSize is the largest ring this daemon admits (--max-ring-size), so a client
+	// can size its ring to fit before it sends OPEN.
+	MaxRingSize uint64 `json:"max_ring_size"`
 }
 
 // Open asks for a session; it carries the ring memfd and the output file (PROTOCOL.md 1.3).

@@ -26,7 +26,8 @@ var goldenMessages = []struct {
 	body any
 }{
 	{"hello.bin", TypeHello, Hello{Protocol: 1, Client: "llm_instrumentation/0.1.0", PID: 1234}},
-	{"welcome.bin", TypeWelcome, Welcome{Protocol: 1, Daemon: "strapd 0.1.0", PID: 42, MaxMessage: 65536}},
+	{"welcome.bin", TypeWelcome, Welcome{Protocol: 1, Daemon: "strapd 0.1.0", PID: 42, MaxMessage: 65536,
+		MaxRingSize: 1 << 30}},
 	{"open.bin", TypeOpen, Open{RingSize: 67108864, Codec: "zstd", CodecLevel: 3, Policy: "block", BlockSize: 1048576,
 		Metadata: map[string]any{"model_class": "LlamaForCausalLM", "output_path": "/abs/capture.strap"}}},
 	{"opened.bin", TypeOpened, Opened{Session: 7, BlockSize: 1048576}},

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"encoding/json"
+	"time"
 
 	"github.com/strap-llm/strap/internal/shm"
 )
@@ -97,6 +98,9 @@ func (s *Session) Token(t Token) error {
 		return s.fail(errf(KindTornRecord, "token has seq %d, expected %d", t.Seq, s.in.nextSeq))
 	}
 	s.in.nextSeq++
+	if s.o.Observer != nil {
+		s.o.Observer.ObserveToken(s.o.ID, time.Now())
+	}
 	it := notice(kindToken, t.Seq)
 	it.tok = t
 	return s.enqueue(it)
@@ -112,7 +116,9 @@ func (s *Session) Checkpoint(seq uint64) error {
 	if seq != s.in.nextSeq-1 {
 		return s.fail(errf(KindTornRecord, "checkpoint seq %d, last sequence number received %d", seq, s.in.nextSeq-1))
 	}
-	return s.enqueue(notice(kindCheckpoint, seq))
+	it := notice(kindCheckpoint, seq)
+	it.at = time.Now()
+	return s.enqueue(it)
 }
 
 // CheckClose validates CLOSE against what was received: the head of the last PUBLISH, the

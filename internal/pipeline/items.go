@@ -3,6 +3,7 @@ package pipeline
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/strap-llm/strap/internal/codec"
 	"github.com/strap-llm/strap/internal/shm"
@@ -71,6 +72,7 @@ type item struct {
 	span *span // ring bytes it holds; nil for notices
 	drop Drop
 	tok  Token
+	at   time.Time // when a checkpoint was asked for
 
 	// Filled by the fan-out (fanout.go) for compressed codecs.
 	blocks  []stream.Block

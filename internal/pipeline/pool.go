@@ -4,6 +4,8 @@ import (
 	"context"
 	"runtime"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // Pool is the worker pool shared by every session: a fixed number of goroutines running
@@ -13,6 +15,9 @@ type Pool struct {
 	wg   sync.WaitGroup
 	once sync.Once
 	n    int
+	busy atomic.Int32
+	// busyNs is each worker's cumulative time in jobs (metrics: CPU per worker).
+	busyNs []atomic.Int64
 }
 
 // NewPool starts workers goroutines (GOMAXPROCS when workers <= 0).
@@ -20,9 +25,9 @@ func NewPool(workers int) *Pool {
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
-	p := &Pool{jobs: make(chan func(), 4*workers), n: workers}
+	p := &Pool{jobs: make(chan func(), 4*workers), n: workers, busyNs: make([]atomic.Int64, workers)}
 	p.wg.Add(workers)
-	for range workers {
+	for i := range workers {
 		go func() {
 			defer p.wg.Done()
 			// One thread per worker for its life, so a job's thread CPU time is its own
@@ -30,7 +35,11 @@ func NewPool(workers int) *Pool {
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
 			for job := range p.jobs {
+				p.busy.Add(1)
+				start := time.Now()
 				job()
+				p.busyNs[i].Add(int64(time.Since(start)))
+				p.busy.Add(-1)
 			}
 		}()
 	}
@@ -39,6 +48,16 @@ func NewPool(workers int) *Pool {
 
 // Workers is the number of worker goroutines.
 func (p *Pool) Workers() int { return p.n }
+
+// Load reports the workers running a job, the jobs queued, and each worker's cumulative
+// seconds in jobs.
+func (p *Pool) Load() (busy, queued int, busySeconds []float64) {
+	busySeconds = make([]float64, len(p.busyNs))
+	for i := range p.busyNs {
+		busySeconds[i] = time.Duration(p.busyNs[i].Load()).Seconds()
+	}
+	return int(p.busy.Load()), len(p.jobs), busySeconds
+}
 
 // Submit queues job, waiting for queue space until ctx is done.
 func (p *Pool) Submit(ctx context.Context, job func()) error {

@@ -90,6 +90,21 @@ type Env struct {
 	Log *zap.Logger
 	// WriteDelay slows the writer by this much per packet (tests fill tiny rings with it).
 	WriteDelay time.Duration
+	// Observer receives write, fdatasync, checkpoint and token timings; nil: none.
+	Observer Observer
+}
+
+// Observer receives a session's timings (internal/metrics implements it). Its methods are
+// called from the session's goroutines and must return quickly.
+type Observer interface {
+	// ObserveWrite is the time one packet took to reach the file.
+	ObserveWrite(time.Duration)
+	// ObserveSync is the time of one fdatasync.
+	ObserveSync(time.Duration)
+	// ObserveCheckpoint is the time from a CHECKPOINT to its durable reply.
+	ObserveCheckpoint(time.Duration)
+	// ObserveToken is a TOKEN of session arriving at at.
+	ObserveToken(session uint64, at time.Time)
 }
 
 // Plan is a checked request with its codec built: everything about a session that can be

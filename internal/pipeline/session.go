@@ -120,6 +120,9 @@ func start(o options) (*Session, error) {
 	} else {
 		w, err = stream.New(o.Output, o.Metadata)
 	}
+	if err == nil && o.Observer != nil {
+		w.OnSync = o.Observer.ObserveSync
+	}
 	if err != nil {
 		o.Ring.Close()
 		o.Lease.Close()

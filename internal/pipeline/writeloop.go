@@ -22,6 +22,8 @@ func (s *Session) writeLoop() {
 				if err := s.checkpoint(it.seq); err != nil {
 					stopped = true
 					s.fail(&Error{Kind: KindWrite, Err: fmt.Errorf("checkpoint seq %d: %w", it.seq, err)})
+				} else if s.o.Observer != nil {
+					s.o.Observer.ObserveCheckpoint(time.Since(it.at))
 				}
 			} else if err := s.write(it); err != nil {
 				stopped = true
@@ -63,8 +65,12 @@ func (s *Session) write(it *item) error {
 		return err
 	}
 	before := s.w.Offset()
+	start := time.Now()
 	if err := s.w.WritePacket(&p); err != nil {
 		return err
+	}
+	if s.o.Observer != nil {
+		s.o.Observer.ObserveWrite(time.Since(start))
 	}
 	if s.o.WriteDelay > 0 {
 		time.Sleep(s.o.WriteDelay)

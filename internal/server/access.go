@@ -103,6 +103,12 @@ func peerGroups(c *control.Conn) ([]uint32, error) {
 	return buf[:n/4], nil
 }
 
+// Admit checks a peer of another socket (the HTTP API's) against the allow-lists, as every
+// control connection is checked.
+func (s *Server) Admit(cred *unix.Ucred, groups []uint32) error {
+	return s.cfg.Access.admit(cred, groups)
+}
+
 // CanControl reports whether a peer may see or control a session owned by ownerUID: the
 // owner itself, or root. `status` and `resume` go through it.
 func CanControl(peer *unix.Ucred, ownerUID uint32) bool {

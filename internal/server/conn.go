@@ -138,7 +138,7 @@ func (c *conn) handshake() bool {
 	}
 	c.log.Debug("client connected", zap.String("client", h.Client))
 	c.out.send(control.TypeWelcome, control.Welcome{Protocol: control.Version, Daemon: "strapd " + c.srv.cfg.Version,
-		PID: os.Getpid(), MaxMessage: control.MaxMessage})
+		PID: os.Getpid(), MaxMessage: control.MaxMessage, MaxRingSize: c.srv.cfg.MaxRingSize})
 	return true
 }
 
@@ -330,6 +330,11 @@ func (c *conn) handle(m control.Message, fds []int) bool {
 func (c *conn) finish(status string) (pipeline.Result, error) {
 	sess := c.session()
 	res, err := sess.Finish(status)
+	if o := c.srv.cfg.Observer; o != nil {
+		if st, ok := c.status(); ok {
+			o.SessionEnded(st)
+		}
+	}
 	// The trace's last snapshot covers the stream's end; its errors never fail the capture.
 	_ = c.srv.probeSessionEnd(c.info.Session)
 	// c.mu is released before the server's lock is taken: Status holds s.mu while it takes

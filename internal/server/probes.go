@@ -47,6 +47,7 @@ type probeHub struct {
 	startErr error
 	interval time.Duration
 	self     int
+	observe  func(bpf.Snapshot) // metrics; nil: none
 
 	final chan chan struct{} // a finishing session asks the ticker for one more snapshot
 	stop  chan struct{}
@@ -93,6 +94,9 @@ func (s *Server) startProbes() {
 		return
 	}
 	h.coll = coll
+	if s.cfg.Observer != nil {
+		h.observe = s.cfg.Observer.ObserveSnapshot
+	}
 	coll.SetSessions(h.sessions)
 	var srcs []string
 	for _, c := range coll.Status().Collectors {
@@ -130,6 +134,9 @@ func (h *probeHub) tick() {
 		case reply = <-h.final:
 		}
 		snap := h.coll.Snapshot()
+		if h.observe != nil {
+			h.observe(snap)
+		}
 		h.mu.Lock()
 		h.snapshots++
 		var targets []*probeSession

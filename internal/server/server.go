@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/control"
 	"github.com/strap-llm/strap/internal/pipeline"
 	"github.com/strap-llm/strap/internal/shm"
@@ -70,9 +71,31 @@ type Config struct {
 	Notify func(state string)
 	// Probes runs the eBPF collector beside the captures (probes.go); zero: none.
 	Probes Probes
+	// Observer receives timings, ended sessions and kernel snapshots for metrics
+	// (internal/metrics); nil: none.
+	Observer Observer
 	// CPUBudget bounds the CPUs compression may use, all sessions together; blocks beyond
 	// it are stored raw (pipeline.CPUBudget). nil: unlimited.
 	CPUBudget *float64
+}
+
+// Observer is what the server tells metrics. Its methods must return quickly.
+type Observer interface {
+	pipeline.Observer
+	// SessionEnded is a session's final status, once, after it finished.
+	SessionEnded(control.SessionStatus)
+	// ObserveSnapshot is each kernel snapshot the probe ticker takes.
+	ObserveSnapshot(bpf.Snapshot)
+}
+
+// PoolLoad reports the compression pool's size, busy workers, queued jobs and each
+// worker's cumulative seconds in jobs (zeros before Serve started the pool).
+func (s *Server) PoolLoad() (workers, busy, queued int, busySeconds []float64) {
+	if s.pool == nil {
+		return 0, 0, 0, nil
+	}
+	busy, queued, busySeconds = s.pool.Load()
+	return s.pool.Workers(), busy, queued, busySeconds
 }
 
 // DefaultConfig returns safe defaults (socket path left empty).

@@ -290,6 +290,10 @@ func waitFor(t *testing.T, cond func() bool) {
 
 func TestOpenRefusals(t *testing.T) {
 	ts := startServer(t, Config{MemoryLimit: 512 << 10, MaxRingSize: 512 << 10})
+	// WELCOME tells the limit, so a client can fit its ring before OPEN.
+	if got := ts.dial(t).Welcome().MaxRingSize; got != 512<<10 {
+		t.Fatalf("WELCOME max_ring_size = %d, want %d", got, 512<<10)
+	}
 	sealed := func(t *testing.T, size uint64) *os.File {
 		p, err := shm.NewProducer(size, shm.ProducerOptions{})
 		if err != nil {

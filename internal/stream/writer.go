@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -71,6 +72,9 @@ type Writer struct {
 
 	err    error // sticky: after a failed write the stream's tail is unknown
 	closed bool
+
+	// OnSync, when set, receives how long each fdatasync took (metrics).
+	OnSync func(time.Duration)
 }
 
 // New starts a stream on f: it truncates a non-empty regular file, writes the file
@@ -425,6 +429,7 @@ func (w *Writer) sync() error {
 		return nil
 	}
 	var serr error
+	start := time.Now()
 	if err := w.rc.Control(func(fd uintptr) {
 		for {
 			serr = unix.Fdatasync(int(fd))
@@ -434,6 +439,9 @@ func (w *Writer) sync() error {
 		}
 	}); err != nil {
 		serr = err
+	}
+	if w.OnSync != nil {
+		w.OnSync(time.Since(start))
 	}
 	if serr != nil {
 		w.err = fmt.Errorf("fdatasync stream: %w", serr)

@@ -18,7 +18,7 @@ RING = TESTDATA / "ring"
 
 MESSAGES = [
     ("hello.bin", P.Hello(protocol=1, client="llm_instrumentation/0.1.0", pid=1234)),
-    ("welcome.bin", P.Welcome(protocol=1, daemon="strapd 0.1.0", pid=42, max_message=65536)),
+    ("welcome.bin", P.Welcome(protocol=1, daemon="strapd 0.1.0", pid=42, max_message=65536, max_ring_size=1 << 30)),
     ("open.bin", P.Open(ring_size=67108864, codec="zstd", codec_level=3, policy="block", block_size=1048576,
                         metadata={"model_class": "LlamaForCausalLM", "output_path": "/abs/capture.strap"})),
     ("opened.bin", P.Opened(session=7, block_size=1048576)),
@@ -76,6 +76,7 @@ def test_open_as_the_client_builds_it():
     (P.Checkpointed, {"seq": 1, "offset": 2, "packets": 3, "drops": 0, "tokens": 0, "last_offset": 1,
                       "last_crc": None}, "expected an integer"),
     (P.Welcome, {"protocol": 1, "daemon": 7, "pid": 1, "max_message": 1}, "expected a string"),
+    (P.Welcome, {"protocol": 1, "daemon": "d", "pid": 1, "max_message": 1, "max_ring_size": "1"}, "expected an integer"),
     (P.StatusReply, {"daemon": {}, "sessions": {}}, "expected a list"),
     (P.Open, {"ring_size": 1, "codec": "x", "policy": "block", "resume": {"last_seq": 1}}, "without field"),
 ])

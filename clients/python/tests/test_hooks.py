@@ -113,7 +113,6 @@ def test_config_for_model(models):
     (dict(checkpoint_interval_tokens=2.5, track_per_token=True), ValueError),
     (dict(resume_from_checkpoint=True, overwrite_checkpoint=True, track_per_token=True), ValueError),
     (dict(track_per_token="yes"), TypeError),
-    (dict(preset="balanced", config=InstrumentationConfig()), ValueError),
     (dict(preset="nope"), ValueError),
     (dict(config={"compression_algorithm": "lz4"}), TypeError),
 ])

@@ -141,7 +141,9 @@ def test_daemon_sigkill_client_errors_then_resume(strapd_factory, tmp_path):
     t0 = time.monotonic()
     _, err = p.communicate(timeout=30)
     elapsed = time.monotonic() - t0
-    assert p.returncode == 1 and elapsed < 5, (p.returncode, elapsed, err)
+    # Far below the 120 s stall timeout: the client noticed the dead daemon rather than
+    # waiting for ring space; the margin covers interpreter teardown on a loaded machine.
+    assert p.returncode == 1 and elapsed < 20, (p.returncode, elapsed, err)
     assert "StrapdConnectionError" in err and "strapd connection" in err, err
     d2 = strapd_factory()
     fw = capture(d2.socket, out, resume=True)

@@ -29,14 +29,14 @@ log = logging.getLogger("llm_instrumentation")
 class Capture:
     """The state and life cycle of captures of one model (see the framework for attributes)."""
 
-    def _init(self, model: "nn.Module", config: InstrumentationConfig, options: SessionOptions) -> None:
+    def _init(self, model: Optional["nn.Module"], config: InstrumentationConfig, options: SessionOptions) -> None:
         # Not __init__: the public constructor keeps its documented keyword parameters and
         # turns them into options; it and ``from_options`` both end here.
-        self.model = model
+        self.model: Optional["nn.Module"] = None
         self.config = config
         self.plan = config.transport_plan()
-        self.hooked_modules = choose_modules(model, config, options.modules)
-        self._hooks = Hooks(model, self.hooked_modules, config)
+        self.hooked_modules: List[str] = []
+        self._hooks: Optional[Hooks] = None
         self.forward_count = 0
         self.summary: Optional[Dict[str, Any]] = None
         self.trace_path: Optional[str] = None
@@ -46,6 +46,24 @@ class Capture:
         self._step = 0
         self._fingerprint: Optional[str] = None
         self._use(options)
+        if model is not None:
+            self._attach(model)
+
+    def _attach(self, model: "nn.Module") -> None:
+        """Make ``model`` the captured one and choose its modules (hooks go on at start)."""
+        if model is self.model:
+            return
+        if self.model is not None:
+            # One stream names modules without saying which model they belong to, so two
+            # models' "model.layers.0" would be one module to every reader.
+            raise ValueError(f"this framework already instruments a {type(self.model).__name__}; module names "
+                             f"of two models would collide in one stream: use one framework per model")
+        if not callable(getattr(model, "named_modules", None)):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.hooked_modules = choose_modules(model, self.config, self.options.modules)
+        self._hooks = Hooks(model, self.hooked_modules, self.config)
+        self.model = model
+        self._fingerprint = None
 
     def _use(self, options: SessionOptions) -> None:
         """Make ``options`` the current capture's and reset its per-capture state."""
@@ -64,6 +82,8 @@ class Capture:
         Returns:
             ``"sha256:..."``.
         """
+        if self.model is None:
+            raise RuntimeError("no model: call instrument_model(model) first")
         if self._fingerprint is None:
             self._fingerprint = _open.fingerprint(self.model, self.config, self.plan, self.hooked_modules)
         return self._fingerprint
@@ -80,6 +100,9 @@ class Capture:
         opts, plan = self.options, self.plan
         if self._session is not None:
             raise RuntimeError("capture already started")
+        model, hooks = self.model, self._hooks
+        if model is None or hooks is None:
+            raise RuntimeError("no model to capture: call instrument_model(model) first")
         if opts.output_path is None:
             raise ValueError("no output_path: pass one to capture_activations")
         if plan.note:
@@ -99,7 +122,7 @@ class Capture:
                 session = open_session(
                     opts.socket_path, opts.autostart_daemon, opts.stall_timeout, plan.ring_size, plan.policy,
                     out.fd, trace_fd,
-                    _open.open_request(self.model, self.config, plan, self.hooked_modules, opts.output_path,
+                    _open.open_request(model, self.config, plan, self.hooked_modules, opts.output_path,
                                        self.fingerprint(), out.resume),
                     resume_seq=out.resume.last_seq if out.resume is not None else 0)
             finally:
@@ -113,7 +136,7 @@ class Capture:
         self._started_at = time.monotonic()
         if self.token_tracker is not None:
             self.token_tracker._sink = self._on_token
-        self._hooks.install(self._on_forward_start, self._on_forward_end, self._on_record)
+        hooks.install(self._on_forward_start, self._on_forward_end, self._on_record)
         return self
 
     def _on_forward_start(self) -> None:
@@ -139,7 +162,8 @@ class Capture:
             self.checkpoint()  # looked up on the instance: tests wrap it to simulate crashes
 
     def _remove_hooks(self) -> None:
-        self._hooks.remove()
+        if self._hooks is not None:
+            self._hooks.remove()
         if self.token_tracker is not None:
             self.token_tracker._sink = None
 
@@ -164,7 +188,7 @@ class Capture:
 
     def stop(self) -> Dict[str, Any]:
         """Remove the hooks, close the session (the daemon finishes the file). With tracking,
-        ``{output_path}_tokens.json`` is written; after a clean close the checkpoint is
+        the tokens file (:func:`~._resume.tokens_path`) is written; after a clean close the checkpoint is
         deleted (it is kept when the session had failed).
 
         Returns:

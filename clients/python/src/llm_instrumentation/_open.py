@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from . import _protocol as P
 from . import checkpoint as ckpt
 from .config import InstrumentationConfig, TransportPlan
-from .core.auto_detect import detect_model_architecture
+from .core.auto_detect import describe_model
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch.nn as nn
@@ -64,7 +64,7 @@ def open_request(model: "nn.Module", config: InstrumentationConfig, plan: Transp
     """
     from . import __version__
 
-    arch = detect_model_architecture(model)
+    arch = describe_model(model)
     metadata = {
         "model_class": type(model).__name__,
         "model_family": arch["family"],

@@ -181,6 +181,9 @@ class Welcome(Body):
     daemon: str
     pid: int
     max_message: int
+    #: The largest ring OPEN may ask for (``strapd serve --max-ring-size``); None from a
+    #: daemon that does not say.
+    max_ring_size: Optional[int] = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,16 +19,26 @@ from .checkpoint import CheckpointError
 def tokens_path(output_path: Union[str, "os.PathLike[str]"]) -> str:
     """The tokens file of a capture.
 
-    ``{output_path}_tokens.json``: appending (never replacing a suffix) means it can never
-    be the stream itself, whatever its name.
+    For a stream named ``<stem>.stream`` it is ``<stem>_tokens.json``, the name 1.3.1 gave
+    it, so scripts that open that file keep working. Any other name gets ``_tokens.json``
+    appended: 1.3.1 replaced ``.stream`` wherever it occurred and so, for a path without
+    it, wrote the tokens over the stream itself; appending can never name the stream.
 
     Args:
         output_path: the stream file.
 
     Returns:
-        the tokens file's path.
+        the tokens file's path (never the stream's).
+
+    Example:
+        >>> tokens_path("/runs/gen.stream"), tokens_path("/runs/gen.strap")
+        ('/runs/gen_tokens.json', '/runs/gen.strap_tokens.json')
     """
-    return os.fspath(output_path) + "_tokens.json"
+    p = os.fspath(output_path)
+    head, base = os.path.split(p)
+    if base.endswith(".stream") and base != ".stream":
+        return os.path.join(head, base[: -len(".stream")] + "_tokens.json")
+    return p + "_tokens.json"
 
 
 @dataclass
@@ -175,7 +185,7 @@ def checkpoint_from(reply: P.Checkpointed, stream: str, fingerprint: str, token_
 
 def write_tokens_file(output_path: str, tokens: List[Dict[str, Any]], duration_s: float, resume_step: int,
                       forward_count: int, fingerprint: str) -> None:
-    """Write ``{output_path}_tokens.json`` atomically (the 1.3.1 tokens file, plus where the
+    """Write the tokens file (:func:`tokens_path`) atomically (the 1.3.1 tokens file, plus where the
     capture resumed and its fingerprint).
 
     Args:

@@ -26,7 +26,8 @@ import json
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+import warnings
+from typing import TYPE_CHECKING, Any, Dict, Optional, Set, Tuple
 
 from . import _daemon
 from . import _protocol as P
@@ -351,6 +352,48 @@ class CaptureSession:
         dst.copy_(src.detach().cpu())
 
 
+_FIT_WARNED: Set[Tuple[int, int]] = set()
+
+
+def fit_ring(ring_size: int, max_ring_size: Optional[int]) -> int:
+    """The ring size to use with a daemon that admits rings up to ``max_ring_size`` bytes.
+
+    ``max_memory_gb`` is a cap on host buffering (1.3.1's presets asked for 16–64 GB), so a
+    ring larger than the daemon admits is shrunk to fit, with a warning (once per size and
+    limit in a process), rather than refused.
+
+    Args:
+        ring_size: the ring the config asks for.
+        max_ring_size: WELCOME's ``max_ring_size`` (None, from a daemon that does not say:
+            strapd's default, :data:`~llm_instrumentation.config.MAX_RING_BYTES`).
+
+    Returns:
+        ``ring_size``, or the largest page multiple within the limit.
+
+    Raises:
+        StrapdProtocolError: the daemon admits no ring of the smallest usable size.
+    """
+    from .config import MAX_RING_BYTES, MIN_RING_BYTES
+
+    limit = MAX_RING_BYTES if max_ring_size is None else max_ring_size
+    if ring_size <= limit:
+        return ring_size
+    fitted = limit // 4096 * 4096
+    if fitted < MIN_RING_BYTES:
+        raise StrapdProtocolError(f"strapd admits rings of at most {limit} bytes (--max-ring-size), less than "
+                                  f"the smallest usable ring ({MIN_RING_BYTES} bytes)", code="limit")
+    if (ring_size, limit) in _FIT_WARNED:
+        return fitted
+    # Once per size and limit in this process: a script capturing in a loop gets one line.
+    # (The warnings module's own once-per-place is reset whenever anything, e.g. torch,
+    # enters warnings.catch_warnings.)
+    _FIT_WARNED.add((ring_size, limit))
+    warnings.warn(f"max_memory_gb asks for a {ring_size / (1 << 30):g} GiB ring, more than strapd admits "
+                  f"(--max-ring-size {limit / (1 << 30):g} GiB); using {fitted / (1 << 30):g} GiB "
+                  f"(max_memory_gb caps host buffering)", UserWarning, stacklevel=2)
+    return fitted
+
+
 def open_session(socket_path: Optional[str], autostart: bool, stall_timeout: float, ring_size: int, policy: str,
                  output_fd: int, trace_fd: Optional[int], request: P.Open, resume_seq: int = 0) -> CaptureSession:
     """Connect to strapd (starting it when ``autostart``), shake hands, create the ring and
@@ -377,8 +420,12 @@ def open_session(socket_path: Optional[str], autostart: bool, stall_timeout: flo
     ring: Optional[Ring] = None
     try:
         conn = _daemon.connect(socket_path, autostart=autostart)
-        P.handshake(conn, f"llm_instrumentation/{__version__}", os.getpid())
-        ring = Ring(ring_size)
+        welcome = P.handshake(conn, f"llm_instrumentation/{__version__}", os.getpid())
+        fitted = fit_ring(ring_size, welcome.max_ring_size)
+        if fitted != ring_size:
+            transport = dict(request.metadata.get("transport") or {}, ring_size=fitted)
+            request = dataclasses.replace(request, metadata={**request.metadata, "transport": transport})
+        ring = Ring(fitted)
         session = CaptureSession(conn, ring, policy, stall_timeout)
         session.open(output_fd, request, trace_fd=trace_fd)
     except BaseException:

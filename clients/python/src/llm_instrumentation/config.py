@@ -6,8 +6,9 @@ Every field has an effect (the original 1.3.1 ignored several):
 * ``compression_algorithm`` / ``compression_level`` are sent to strapd as the session codec.
 * ``max_memory_gb`` caps host buffering, as in 1.3.1: it sizes the shared-memory ring (the
   client's whole memory cost; None = 0.25 GiB) and is sent to strapd as the session's memory
-  hint (``OPEN.memory_hint``). A cap above what strapd admits by default (1 GiB,
-  ``strapd serve --max-ring-size``) is clamped to it, with one warning.
+  hint (``OPEN.memory_hint``). A ring larger than the daemon admits (its WELCOME says:
+  ``strapd serve --max-ring-size``, 1 GiB by default) is shrunk to fit when the capture
+  starts, with one warning.
 * ``target_throughput_gbps`` picks the compression block size and whether the requested codec
   can keep up on this machine; see :meth:`InstrumentationConfig.transport_plan`.
 * ``backpressure`` is the ring-full policy: ``"block"`` (lossless, the model waits) or
@@ -24,7 +25,6 @@ import dataclasses
 import enum
 import math
 import os
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
@@ -52,8 +52,8 @@ CODEC_GBPS_PER_CORE: Dict[str, float] = {"none": float("inf"), "lz4": 0.13, "zst
 
 #: Smallest ring accepted: header page + 64 KiB of data.
 MIN_RING_BYTES = 4096 + 64 * 1024
-#: Largest ring a config asks for: strapd's default ``--max-ring-size``. A larger
-#: ``max_memory_gb`` (1.3.1's presets used 16–64) is a cap, so it is clamped to this.
+#: strapd's default ``--max-ring-size``. A capture fits its ring to the daemon's limit,
+#: which WELCOME tells; this one is assumed of a daemon that does not say.
 MAX_RING_BYTES = 1 << 30
 #: Ring size when ``max_memory_gb`` is None.
 DEFAULT_RING_BYTES = 256 << 20
@@ -135,9 +135,9 @@ class InstrumentationConfig:
         target_throughput_gbps: the capture rate you need, or ``None`` for no target.
             It picks the block size and may lower the codec (see :meth:`transport_plan`).
         max_memory_gb: cap on host buffering in GiB, as in 1.3.1: the shared-memory ring
-            size (also the daemon's per-session memory hint). None = 0.25 GiB. Values above
-            1 GiB (strapd's default ``--max-ring-size``) are clamped to it with a warning;
-            the field keeps the value given, :attr:`ring_size` the effective one.
+            size (also the daemon's per-session memory hint). None = 0.25 GiB. A ring larger
+            than the daemon admits (``strapd serve --max-ring-size``, 1 GiB by default) is
+            shrunk to its limit when the capture starts, with a warning.
         backpressure: ``"block"`` (lossless) or ``"drop"``.
         sampled_positions: for ``SAMPLED_SLICES``: a stride k ≥ 1, or explicit positions
             (negative ones count from the end).
@@ -164,7 +164,7 @@ class InstrumentationConfig:
     trace: bool = False
 
     def __post_init__(self) -> None:
-        self._normalize(warn=True)
+        self._normalize()
         object.__setattr__(self, "_ready", True)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -181,11 +181,11 @@ class InstrumentationConfig:
         trial = object.__new__(type(self))
         trial.__dict__.update({f: getattr(self, f) for f in _FIELDS})
         trial.__dict__.update(changes)
-        trial._normalize(warn="max_memory_gb" in changes)
+        trial._normalize()
         self.__dict__.update({f: trial.__dict__[f] for f in _FIELDS})
         return self
 
-    def _normalize(self, warn: bool) -> None:
+    def _normalize(self) -> None:
         try:
             g = HookGranularity(self.granularity)
         except ValueError:
@@ -225,12 +225,6 @@ class InstrumentationConfig:
                 raise ValueError(
                     f"max_memory_gb {m} gives a {m * (1 << 30):.0f}-byte ring; at least "
                     f"{MIN_RING_BYTES} bytes needed"
-                )
-            if warn and m * (1 << 30) > MAX_RING_BYTES:
-                warnings.warn(
-                    f"max_memory_gb={m} is more than strapd admits by default for one session's ring; "
-                    f"using {MAX_RING_BYTES / (1 << 30):g} GiB (max_memory_gb caps host buffering)",
-                    stacklevel=4,
                 )
         if self.backpressure not in BACKPRESSURE_POLICIES:
             raise ValueError(
@@ -376,11 +370,11 @@ class InstrumentationConfig:
 
     @property
     def ring_size(self) -> int:
-        """Ring bytes: ``max_memory_gb`` GiB (None: 0.25 GiB), at most :data:`MAX_RING_BYTES`,
-        rounded down to a multiple of 4096."""
+        """Ring bytes: ``max_memory_gb`` GiB (None: 0.25 GiB) rounded down to a multiple of
+        4096. A capture shrinks it to what the daemon admits."""
         if self.max_memory_gb is None:
             return DEFAULT_RING_BYTES
-        return min(int(self.max_memory_gb * (1 << 30)), MAX_RING_BYTES) // 4096 * 4096
+        return int(self.max_memory_gb * (1 << 30)) // 4096 * 4096
 
     def transport_plan(self, cores: Optional[int] = None) -> TransportPlan:
         """Resolve what the session asks of strapd.

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import os
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Union
+import warnings
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Union, overload
 
 from ._capture import Capture
 from ._hooks import sample_positions, split_output
@@ -20,10 +21,11 @@ from ._options import SessionOptions, check_tracking
 from ._resume import tokens_path
 from .checkpoint import CheckpointError
 from .config import InstrumentationConfig
+from .core.auto_detect import describe_model
 from .tracking import TokenTracker
 
 __all__ = ["InstrumentationFramework", "TokenTracker", "capture_activations", "split_output", "sample_positions",
-           "CheckpointError", "tokens_path", "SessionOptions"]
+           "CheckpointError", "tokens_path", "SessionOptions", "default_output_path"]
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch.nn as nn
@@ -36,15 +38,18 @@ def _option(name: str, doc: str) -> Any:
 
 
 class InstrumentationFramework(Capture):
-    """Hooks on ``model`` that stream module outputs to strapd.
+    """Hooks on a model that stream module outputs to strapd.
 
-    Either use :func:`capture_activations`, or build one and use its
-    :meth:`capture_activations` context manager (the original 1.3.1 way), which yields the
-    token tracker. Parameters: as :func:`capture_activations`, plus ``lock_wait`` (seconds a
-    resume waits for the stream's lock).
+    1.3.1's form: ``fw = InstrumentationFramework(config)``, ``fw.instrument_model(model)``,
+    then ``with fw.capture_activations(path, track_per_token=...) as tracker:``. The model can
+    also be given up front, ``InstrumentationFramework(model, config)`` (either order of the
+    two positional arguments; ``model=`` / ``config=`` as keywords). Other parameters: as
+    :func:`capture_activations`, plus ``lock_wait`` (seconds a resume waits for the stream's
+    lock).
 
     Attributes:
-        model, config: the instrumented model and its :class:`InstrumentationConfig`.
+        model, config: the instrumented model (None before :meth:`instrument_model`) and
+            its :class:`InstrumentationConfig`.
         options: the :class:`SessionOptions` of the current (or next) capture.
         hooked_modules: names of the modules with hooks.
         token_tracker: the :class:`TokenTracker` (``None`` unless ``track_per_token``).
@@ -66,12 +71,34 @@ class InstrumentationFramework(Capture):
     stall_timeout = _option("stall_timeout", "seconds to wait for ring space.")
     lock_wait = _option("lock_wait", "seconds a resume waits for the stream's lock.")
 
-    def __init__(self, model: "nn.Module", config: InstrumentationConfig, output_path: Optional[PathArg] = None,
+    @overload
+    def __init__(self, config: InstrumentationConfig, model: Optional["nn.Module"] = None,
+                 output_path: Optional[PathArg] = None, modules: Optional[Sequence[str]] = None,
+                 socket_path: Optional[str] = None, autostart_daemon: bool = True, track_per_token: bool = False,
+                 stall_timeout: float = 120.0, checkpoint_interval_tokens: Optional[int] = None,
+                 checkpoint_path: Optional[PathArg] = None, resume_from_checkpoint: bool = False,
+                 overwrite_checkpoint: bool = False, lock_wait: float = 30.0,
+                 trace_path: Optional[Union[PathArg, bool]] = None) -> None: ...
+
+    @overload
+    def __init__(self, config: "nn.Module", model: InstrumentationConfig,  # (model, config), positionally
+                 output_path: Optional[PathArg] = None, modules: Optional[Sequence[str]] = None,
+                 socket_path: Optional[str] = None, autostart_daemon: bool = True, track_per_token: bool = False,
+                 stall_timeout: float = 120.0, checkpoint_interval_tokens: Optional[int] = None,
+                 checkpoint_path: Optional[PathArg] = None, resume_from_checkpoint: bool = False,
+                 overwrite_checkpoint: bool = False, lock_wait: float = 30.0,
+                 trace_path: Optional[Union[PathArg, bool]] = None) -> None: ...
+
+    def __init__(self, config: Any, model: Any = None, output_path: Optional[PathArg] = None,
                  modules: Optional[Sequence[str]] = None, socket_path: Optional[str] = None,
                  autostart_daemon: bool = True, track_per_token: bool = False, stall_timeout: float = 120.0,
                  checkpoint_interval_tokens: Optional[int] = None, checkpoint_path: Optional[PathArg] = None,
                  resume_from_checkpoint: bool = False, overwrite_checkpoint: bool = False, lock_wait: float = 30.0,
                  trace_path: Optional[Union[PathArg, bool]] = None) -> None:
+        if not isinstance(config, InstrumentationConfig) and isinstance(model, InstrumentationConfig):
+            config, model = model, config  # InstrumentationFramework(model, config)
+        if not isinstance(config, InstrumentationConfig):
+            raise TypeError(f"config must be an InstrumentationConfig, got {type(config).__name__}")
         opts = SessionOptions(
             output_path=output_path, modules=tuple(modules or ()), socket_path=socket_path,  # type: ignore[arg-type]
             autostart_daemon=autostart_daemon, track_per_token=track_per_token, stall_timeout=stall_timeout,
@@ -79,6 +106,21 @@ class InstrumentationFramework(Capture):
             resume_from_checkpoint=resume_from_checkpoint, overwrite_checkpoint=overwrite_checkpoint,
             lock_wait=lock_wait, trace_path=trace_path)  # type: ignore[arg-type]
         self._init(model, config, opts)
+
+    def instrument_model(self, model: "nn.Module") -> None:
+        """Name the model to capture (1.3.1's way); its hooks go on when a capture starts.
+
+        The same model again does nothing. A framework captures one model: module names
+        in a stream do not say which model they belong to.
+
+        Args:
+            model: a ``torch.nn.Module``.
+
+        Raises:
+            ValueError: a different model than the one already instrumented.
+            TypeError: not a module.
+        """
+        self._attach(model)
 
     @classmethod
     def from_options(cls, model: "nn.Module", config: InstrumentationConfig,
@@ -114,14 +156,18 @@ class InstrumentationFramework(Capture):
 
         Raises:
             ValueError: invalid combination (interval <= 0, checkpoints without tracking).
+            RuntimeError: no model yet (call :meth:`instrument_model`), or a capture is running.
             CheckpointError: resume without a checkpoint, a stream that does not match it, or
                 a leftover checkpoint when resume was not asked for.
 
         Example:
-            >>> fw = InstrumentationFramework(model, InstrumentationConfig())  # doctest: +SKIP
-            >>> with fw.capture_activations("run.strap", track_per_token=True) as tracker:
+            >>> fw = InstrumentationFramework(InstrumentationConfig())  # doctest: +SKIP
+            >>> fw.instrument_model(model)                            # doctest: +SKIP
+            >>> with fw.capture_activations("run.stream", track_per_token=True) as tracker:
             ...     tracker.record_token(42, "hi")
         """
+        if self.model is None:
+            raise RuntimeError("no model to capture: call instrument_model(model) first")
         if self._session is not None:
             raise RuntimeError("capture already started")
         self._use(self.options.with_capture(
@@ -162,30 +208,38 @@ class InstrumentationFramework(Capture):
         return {"packets": s.packets, "drops": s.drops, "drop_bytes": s.drop_bytes,
                 "bytes_in": s.bytes_in, "drops_by_module": dict(s.drops_by_module)}
 
-    def analyze_activations(self, path: Optional[PathArg] = None) -> Dict[str, Any]:
+    def analyze_activations(self, stream_path: Optional[PathArg] = None) -> Dict[str, Any]:
         """Summarise a stream file — see :func:`llm_instrumentation.analysis.analyze_activations`.
 
         Args:
-            path: the stream (default: this capture's).
+            stream_path: the stream (default: this capture's).
 
         Returns:
             the summary.
         """
         from .analysis import analyze_activations
 
-        p = path if path is not None else self.output_path
+        p = stream_path if stream_path is not None else self.output_path
         if p is None:
             raise ValueError("no stream: pass a path")
         return analyze_activations(p)
 
 
+#: 1.3.1 wrote captures here when no output path was given.
+DEFAULT_OUTPUT_DIR = "./captures"
+
+
 @contextlib.contextmanager
 def capture_activations(
     model: "nn.Module",
+    output_path: Optional[PathArg] = None,
+    output_dir: PathArg = DEFAULT_OUTPUT_DIR,
     preset: Optional[str] = None,
     config: Optional[InstrumentationConfig] = None,
-    output_path: Optional[PathArg] = None,
-    output_dir: PathArg = "./captures",
+    auto_timestamp: bool = True,
+    prefix: str = "",
+    include_metadata: bool = True,
+    *,
     modules: Optional[Sequence[str]] = None,
     track_per_token: bool = False,
     checkpoint_interval_tokens: Optional[int] = None,
@@ -199,14 +253,22 @@ def capture_activations(
 ) -> Iterator[InstrumentationFramework]:
     """Capture module outputs of ``model`` into a strapd stream file while the block runs.
 
+    The first eight parameters are 1.3.1's, in its order; the rest are keyword-only.
+
     Args:
         model: a ``torch.nn.Module``.
+        output_path: the stream file. None: a new file in ``output_dir`` named as 1.3.1
+            named it (:func:`default_output_path`).
+        output_dir: directory for the default output path (created).
         preset: name of a preset (``"fast_capture"``, ``"balanced"``, ``"max"``,
             ``"max_compression"``, ``"attention_analysis"``, ``"mlp_analysis"``). Default
-            ``"balanced"`` when ``config`` is not given either.
-        config: an :class:`InstrumentationConfig` (exclusive with ``preset``).
-        output_path: the stream file; default ``output_dir/capture_<UTC time, µs>_<pid>.strap``.
-        output_dir: directory for the default output path.
+            ``"balanced"`` when ``config`` is not given either. Given with ``config``, the
+            preset is used, as in 1.3.1, with a warning.
+        config: an :class:`InstrumentationConfig`.
+        auto_timestamp: put the local time (``%Y%m%d_%H%M%S``) in the default file name.
+        prefix: put this first in the default file name.
+        include_metadata: put the model's name and the preset (or codec) in the default
+            file name.
         modules: extra fnmatch patterns on module names (``["model.layers.*.mlp"]``).
         track_per_token: give the framework a :class:`TokenTracker` (``fw.token_tracker``);
             a packet's ``step`` is the number of tokens recorded before its forward pass,
@@ -232,8 +294,12 @@ def capture_activations(
         complete (on an exception inside the block it is still closed cleanly, and the
         checkpoint is kept).
 
+    Raises:
+        ValueError: an unknown preset, a bad option combination, or a resume without
+            ``output_path``.
+
     Example:
-        >>> with capture_activations(model, preset="balanced", output_path="run.strap") as fw:  # doctest: +SKIP
+        >>> with capture_activations(model, "run.stream", preset="balanced") as fw:  # doctest: +SKIP
         ...     model(input_ids)
         >>> fw.analyze_activations()["packets"]  # doctest: +SKIP
     """
@@ -242,22 +308,87 @@ def capture_activations(
     check_tracking(track_per_token, checkpoint_interval_tokens, checkpoint_path, resume_from_checkpoint,
                    overwrite_checkpoint)
     if preset is not None and config is not None:
-        raise ValueError("pass either preset or config, not both")
+        warnings.warn(f"capture_activations: both preset={preset!r} and config given; using the preset "
+                      f"(as 1.3.1 did) and ignoring config", UserWarning, stacklevel=3)
+        config = None
     if config is None:
         config = InstrumentationConfig.from_preset(preset or "balanced")
     elif not isinstance(config, InstrumentationConfig):
         raise TypeError(f"config must be an InstrumentationConfig, got {type(config).__name__}")
+    reserved = output_path is None
     if output_path is None:
         if resume_from_checkpoint:
             raise ValueError("resume_from_checkpoint needs the output_path of the capture to resume")
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S_%f")
-        output_path = Path(output_dir) / f"capture_{stamp}_{os.getpid()}.strap"
-    opts = SessionOptions(
-        output_path=output_path, modules=tuple(modules or ()), socket_path=socket_path,  # type: ignore[arg-type]
-        autostart_daemon=autostart_daemon, track_per_token=track_per_token, stall_timeout=stall_timeout,
-        checkpoint_interval_tokens=checkpoint_interval_tokens, checkpoint_path=checkpoint_path,  # type: ignore[arg-type]
-        resume_from_checkpoint=resume_from_checkpoint, overwrite_checkpoint=overwrite_checkpoint,
-        trace_path=trace_path)  # type: ignore[arg-type]
-    fw = InstrumentationFramework.from_options(model, config, opts)
-    with fw._running():
-        yield fw
+        output_path = default_output_path(model, config, preset, output_dir, auto_timestamp, prefix,
+                                          include_metadata)
+    started = False
+    try:
+        opts = SessionOptions(
+            output_path=output_path, modules=tuple(modules or ()), socket_path=socket_path,  # type: ignore[arg-type]
+            autostart_daemon=autostart_daemon, track_per_token=track_per_token, stall_timeout=stall_timeout,
+            checkpoint_interval_tokens=checkpoint_interval_tokens, checkpoint_path=checkpoint_path,  # type: ignore[arg-type]
+            resume_from_checkpoint=resume_from_checkpoint, overwrite_checkpoint=overwrite_checkpoint,
+            trace_path=trace_path)  # type: ignore[arg-type]
+        fw = InstrumentationFramework.from_options(model, config, opts)
+        with fw._running():
+            started = True
+            yield fw
+    finally:
+        if reserved and not started:
+            _remove_if_empty(os.fspath(output_path))
+
+
+def default_output_path(model: "nn.Module", config: InstrumentationConfig, preset: Optional[str] = None,
+                        output_dir: PathArg = DEFAULT_OUTPUT_DIR, auto_timestamp: bool = True, prefix: str = "",
+                        include_metadata: bool = True) -> str:
+    """Make ``output_dir`` and reserve a new stream file there, named as 1.3.1 named it.
+
+    The name joins with ``_``: ``prefix`` if given; with ``include_metadata`` the model's
+    name (``config.model_type``, else the lowercased class name; characters other than
+    letters, digits, ``-`` and ``_`` become ``_``) and ``preset`` (else the config's codec);
+    with ``auto_timestamp`` the local time, ``%Y%m%d_%H%M%S``; ``capture`` when that leaves
+    nothing; then ``.stream``. 1.3.1 overwrote a capture started in the same second with
+    the same name; here ``_1``, ``_2``, ... is added before ``.stream`` instead. The file is
+    created empty (exclusively), so two processes never pick the same one.
+
+    Args:
+        model: the model.
+        config: its config.
+        preset: the preset's name, if one was used.
+        output_dir: the directory.
+        auto_timestamp, prefix, include_metadata: as :func:`capture_activations`.
+
+    Returns:
+        the new file's path.
+
+    Example:
+        >>> default_output_path(model, cfg, "balanced", "/runs")  # doctest: +SKIP
+        '/runs/llama_balanced_20250101_120000.stream'
+    """
+    os.makedirs(output_dir, exist_ok=True)
+    parts = [prefix] if prefix else []
+    if include_metadata:
+        name = describe_model(model)["family"]
+        parts.append("".join(c if c.isalnum() or c in "-_" else "_" for c in name))
+        parts.append(preset if preset else config.compression_algorithm)
+    if auto_timestamp:
+        parts.append(datetime.datetime.now().strftime("%Y%m%d_%H%M%S"))
+    stem = os.path.join(os.fspath(output_dir), "_".join(parts) or "capture")
+    for n in itertools.count():
+        path = f"{stem}.stream" if n == 0 else f"{stem}_{n}.stream"
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+        except FileExistsError:
+            continue
+        return path
+    raise AssertionError("unreachable")  # itertools.count() never ends
+
+
+def _remove_if_empty(path: str) -> None:
+    # A reserved default path whose capture never started would otherwise stay behind as
+    # an empty file.
+    try:
+        if os.path.getsize(path) == 0:
+            os.unlink(path)
+    except OSError:
+        pass

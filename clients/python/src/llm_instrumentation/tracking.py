@@ -75,7 +75,8 @@ class TokenTracker:
         """Write the tokens as 1.3.1's tokens file: ``{"total_tokens", "tokens",
         "capture_duration_seconds"}`` (seconds since :attr:`start_time`), UTF-8 JSON.
 
-        A capture writes ``{output_path}_tokens.json`` itself; this is for saving elsewhere.
+        A capture writes its tokens file itself (:func:`~llm_instrumentation.framework.tokens_path`);
+        this is for saving elsewhere.
 
         Args:
             path: the JSON file to write (replaced).
@@ -87,3 +88,78 @@ class TokenTracker:
         }
         with open(path, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=2, ensure_ascii=False)
+
+
+class TokenMap:
+    """Which recorded token each forward pass's packets belong to, read off a stream.
+
+    A packet's ``step`` is the number of tokens recorded before its forward pass, which is
+    its token when tokens are recorded as they are made (forward, ``record_token``,
+    forward, ...). Recorded afterwards, e.g. from ``model.generate()``'s output, every
+    packet would be step 0. So the packets are walked in stream order: each run of forward
+    passes followed by a run of TOKEN packets is matched from the end, the last token to
+    the last forward pass, the one before to the one before, and so on (a generation's
+    ``k``-th forward pass chose its ``k``-th token, with or without a KV cache). Forward
+    passes left over (more than tokens) go to the run's first token, as their step says;
+    tokens left over (more than forward passes: prompt tokens recorded too) get none. With
+    one token per run this is exactly the step. Forward passes no token follows keep
+    their step.
+
+    Example:
+        >>> from llm_instrumentation.stream import TENSOR, TOKEN
+        >>> tm = TokenMap()
+        >>> for ptype, step, fwd in [(TENSOR, 0, 0), (TENSOR, 0, 1), (TOKEN, 0, 0), (TOKEN, 1, 0)]:
+        ...     tm.feed(ptype, step, fwd)
+        >>> tm.finish(); tm.token_of(0, 1)
+        1
+    """
+
+    def __init__(self) -> None:
+        from .stream import DROP, TENSOR, TOKEN  # numpy only where streams are read
+
+        self._token_type, self._packet_types = TOKEN, (TENSOR, DROP)
+        self._forwards: List[int] = []
+        self._tokens: List[int] = []
+        self._map: Dict[int, int] = {}
+
+    def feed(self, ptype: int, step: int, forward: int) -> None:
+        """Take the next packet in stream order.
+
+        Args:
+            ptype: the packet type (``stream.TENSOR``, ``DROP``, ``TOKEN``; others ignored).
+            step: its step (a TOKEN's: the token's index).
+            forward: its forward pass.
+        """
+        if ptype == self._token_type:
+            self._tokens.append(step)
+        elif ptype in self._packet_types:
+            if self._tokens:
+                self._close()
+            if not self._forwards or self._forwards[-1] != forward:
+                self._forwards.append(forward)
+
+    def finish(self) -> None:
+        """Close the last run (call after the last packet)."""
+        if self._tokens:
+            self._close()
+
+    def _close(self) -> None:
+        fw, toks = self._forwards, self._tokens
+        n = min(len(fw), len(toks))
+        for f in fw[: len(fw) - n]:
+            self._map[f] = toks[0]
+        for f, t in zip(fw[len(fw) - n:], toks[len(toks) - n:]):
+            self._map[f] = t
+        self._forwards, self._tokens = [], []
+
+    def token_of(self, step: int, forward: int) -> int:
+        """The token of a packet.
+
+        Args:
+            step: the packet's step.
+            forward: its forward pass.
+
+        Returns:
+            the token's index.
+        """
+        return self._map.get(forward, step)

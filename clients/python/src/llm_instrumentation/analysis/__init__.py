@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from ..stream import DROP, END, TENSOR, TOKEN, open_stream
+from ..tracking import TokenMap
 from .visualization import (
     analyze_circuits,
     build_packet_dataframe,
@@ -165,13 +166,16 @@ def fold_lossy(acc: Optional[Dict[str, Any]], rep: Dict[str, Any]) -> Dict[str, 
 
 
 def tokens_file_candidates(stream_path: Union[str, os.PathLike]) -> List[str]:
-    """Where a capture's tokens file may be, in order: ``{stream_path}_tokens.json``;
-    ``<stem>_tokens.json`` for a ``<stem>.stream``; and what 1.3.1 wrote,
-    ``stream_path.replace(".stream", "_tokens.json")`` (every occurrence, directories too)."""
+    """Where a capture's tokens file may be, in order: ``<stem>_tokens.json`` for a
+    ``<stem>.stream`` (what captures write, as 1.3.1 did); ``{stream_path}_tokens.json``
+    (what captures write for other names, and wrote for every name before); and what 1.3.1
+    wrote, ``stream_path.replace(".stream", "_tokens.json")`` (every occurrence,
+    directories too)."""
     p = os.fspath(stream_path)
-    out = [p + "_tokens.json"]
+    out = []
     if p.endswith(".stream"):
         out.append(p[: -len(".stream")] + "_tokens.json")
+    out.append(p + "_tokens.json")
     legacy = p.replace(".stream", "_tokens.json")
     if legacy not in out and legacy != p:
         out.append(legacy)
@@ -184,7 +188,9 @@ def analyze_activations_with_tokens(stream_path: Union[str, os.PathLike],
 
     Every packet of a strap stream carries its ``step``: the number of tokens recorded
     before the forward pass that produced it, so packets of step ``k`` belong to token ``k``
-    (the token that forward pass chose). Nothing is divided evenly.
+    (the token that forward pass chose). Tokens recorded after the forward passes (from
+    ``model.generate()``'s output) are matched to them in order instead
+    (:class:`~llm_instrumentation.tracking.TokenMap`). Nothing is divided evenly.
 
     Tokens come from the stream's TOKEN packets when it has any (``source: "stream"``);
     otherwise from the framework's token tracker when given and non-empty
@@ -201,7 +207,7 @@ def analyze_activations_with_tokens(stream_path: Union[str, os.PathLike],
         tokens:[{token_index, token_id, token_text, position}], source} and, when there are
         tokens and packets, ``packets_per_token`` and ``bytes_per_token`` (floats: TENSOR
         packets and bytes on disk divided by the token count); and ours, per step:
-        ``packets_per_step`` {step: TENSOR packets}; ``bytes_per_step`` {step: {raw,
+        ``packets_per_step`` {token: TENSOR packets} (the "step" keys are tokens, as above); ``bytes_per_step`` {step: {raw,
         stored}}; ``per_token_modules`` {step: {module: {packets, raw_bytes,
         stored_bytes}}}; ``per_step`` {step: {packets, raw_bytes}}; and
         ``bytes_per_token_mean`` {raw, stored} over the steps seen. A 1.3.1 file records no
@@ -209,28 +215,42 @@ def analyze_activations_with_tokens(stream_path: Union[str, os.PathLike],
     """
     result = analyze_activations(stream_path)
     toks = []
+    # Sums per (step, forward pass) first: which token a forward pass belongs to is known
+    # only once the TOKEN packets after it are read (TokenMap).
+    per_fwd: Dict[Tuple[int, int], Dict[str, Dict[str, int]]] = {}
+    tmap = TokenMap()
+    with open_stream(stream_path) as r:
+        for pk in r.packets():
+            if pk.step is None:
+                continue  # a 1.3.1 stream: no steps, no tokens in it
+            tmap.feed(pk.type, pk.step, pk.forward)
+            if pk.type == TOKEN:
+                toks.append({"token_index": pk.step, "token_id": pk.meta.get("token_id"),
+                             "token_text": pk.meta.get("text", ""), "position": pk.meta.get("position", pk.step)})
+            elif pk.type == TENSOR:
+                m = per_fwd.setdefault((pk.step, pk.forward), {}).setdefault(
+                    pk.name, {"packets": 0, "raw_bytes": 0, "stored_bytes": 0})
+                m["packets"] += 1
+                m["raw_bytes"] += pk.raw_len
+                m["stored_bytes"] += pk.stored_len
+    tmap.finish()
     per_step: Dict[int, Dict[str, int]] = {}
     packets_per_step: Dict[int, int] = {}
     bytes_per_step: Dict[int, Dict[str, int]] = {}
     per_mod: Dict[int, Dict[str, Dict[str, int]]] = {}
-    with open_stream(stream_path) as r:
-        for pk in r.packets():
-            if pk.type == TOKEN:
-                toks.append({"token_index": pk.step, "token_id": pk.meta.get("token_id"),
-                             "token_text": pk.meta.get("text", ""), "position": pk.meta.get("position", pk.step)})
-            elif pk.type == TENSOR and pk.step is not None:
-                s = per_step.setdefault(pk.step, {"packets": 0, "raw_bytes": 0})
-                s["packets"] += 1
-                s["raw_bytes"] += pk.raw_len
-                packets_per_step[pk.step] = packets_per_step.get(pk.step, 0) + 1
-                b = bytes_per_step.setdefault(pk.step, {"raw": 0, "stored": 0})
-                b["raw"] += pk.raw_len
-                b["stored"] += pk.stored_len
-                m = per_mod.setdefault(pk.step, {}).setdefault(pk.name, {"packets": 0, "raw_bytes": 0,
-                                                                         "stored_bytes": 0})
-                m["packets"] += 1
-                m["raw_bytes"] += pk.raw_len
-                m["stored_bytes"] += pk.stored_len
+    for (step, fwd), mods in sorted(per_fwd.items(), key=lambda kv: kv[0][1]):
+        tok = tmap.token_of(step, fwd)
+        s = per_step.setdefault(tok, {"packets": 0, "raw_bytes": 0})
+        b = bytes_per_step.setdefault(tok, {"raw": 0, "stored": 0})
+        for name, st in mods.items():
+            s["packets"] += st["packets"]
+            s["raw_bytes"] += st["raw_bytes"]
+            packets_per_step[tok] = packets_per_step.get(tok, 0) + st["packets"]
+            b["raw"] += st["raw_bytes"]
+            b["stored"] += st["stored_bytes"]
+            m = per_mod.setdefault(tok, {}).setdefault(name, {"packets": 0, "raw_bytes": 0, "stored_bytes": 0})
+            for k in m:
+                m[k] += st[k]
     source = "stream" if toks else "none"
     extra: Dict[str, Any] = {}
     if not toks and framework is not None and getattr(framework, "tokens", None):

@@ -7,7 +7,9 @@ built on :func:`~llm_instrumentation.stream.open_stream`, so unlike 1.3.1's:
 * statistics are computed on the exact tensors in their real dtype (1.3.1 read every payload
   as fp16, whatever it was);
 * a packet's token is the stream's ``step`` (the number of tokens recorded before the
-  forward pass that produced it), not an even split of packets over tokens;
+  forward pass that produced it), or, for tokens recorded after the forward passes (from
+  ``generate()``'s output), the token matched to its forward pass
+  (:class:`~llm_instrumentation.tracking.TokenMap`); not an even split of packets over tokens;
 * a payload that does not decode is an error unless ``include_failed=True`` (1.3.1 skipped
   it silently), and tensors the capture dropped (DROP packets) are reported.
 
@@ -77,7 +79,8 @@ def load_stream_packets(
         dicts in stream order with 1.3.1's keys ``packet_index``, ``layer_name`` (``"<root>"``
         for the root module), ``compressed_bytes`` (on disk), ``uncompressed_bytes``,
         ``l2_norm``, ``mean``, ``std``, ``max``, ``min``, ``sparsity`` (share of exact zeros),
-        plus ``dtype``, ``shape``, ``seq``, ``forward`` and ``token_index`` (the stream's step;
+        plus ``dtype``, ``shape``, ``seq``, ``forward`` and ``token_index`` (the packet's token: its step,
+        or the token matched to its forward pass, see :class:`~llm_instrumentation.tracking.TokenMap`;
         None for a 1.3.1 file).
 
     Raises:
@@ -92,6 +95,7 @@ def load_stream_packets(
     """
     from ..errors import StreamFormatError
     from ..stream import DROP, Tensor, open_stream
+    from ..tracking import TokenMap
 
     if compression is not None and (not isinstance(compression, str) or compression.lower() not in
                                     _LEGACY_CODECS + ("shuffle", "quant", "fp16")):
@@ -114,6 +118,12 @@ def load_stream_packets(
             [(pk.offset, "p", pk) for pk in r.packets()] if legacy else [(t.packets[0].offset, "t", t) for t in r])
         drops = [pk for pk in r.packets() if pk.type == DROP]
         dropped = len(drops)
+        tmap = None
+        if not legacy:
+            tmap = TokenMap()
+            for pk in r.packets():
+                tmap.feed(pk.type, pk.step, pk.forward)
+            tmap.finish()
         if include_failed:
             items += [(pk.offset, "d", pk) for pk in drops]
             items.sort(key=lambda x: x[0])
@@ -140,6 +150,9 @@ def load_stream_packets(
                 rec["error"] = str(e)
             records.append(rec)
         del items
+    if tmap is not None:
+        for rec in records:
+            rec["token_index"] = tmap.token_of(rec["token_index"], rec["forward"])
     if dropped and not include_failed:
         warnings.warn(f"{stream_path}: {dropped} tensors were dropped during the capture (DROP packets); "
                       f"include_failed=True lists them", stacklevel=2)

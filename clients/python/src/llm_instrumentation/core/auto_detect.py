@@ -192,28 +192,10 @@ def config_for_model(
     )
 
 
-class ArchitectureName(str):
-    """1.3.1's architecture string (``"llama"``, ``"gpt2"``, ``"unknown"``, ...) that also
-    answers the keys of :func:`describe_model` (``arch["blocks"]``), which this function
-    returned before it took 1.3.1's form."""
-
-    _structure: Dict[str, Any]
-
-    def __new__(cls, name: str, structure: Dict[str, Any]) -> "ArchitectureName":
-        obj = super().__new__(cls, name)
-        obj._structure = structure
-        return obj
-
-    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
-        if isinstance(key, str):
-            return self._structure[key]
-        return str.__getitem__(self, key)
-
-
 _ARCH_KEYWORDS = ("gpt", "llama", "qwen", "bert")
 
 
-def detect_model_architecture(model: "nn.Module") -> ArchitectureName:
+def detect_model_architecture(model: "nn.Module") -> str:
     """The model's architecture name, as 1.3.1 computed it.
 
     ``config.model_type`` lowercased when the model has one; else the first of ``gpt``,
@@ -224,8 +206,7 @@ def detect_model_architecture(model: "nn.Module") -> ArchitectureName:
         model: any ``torch.nn.Module``.
 
     Returns:
-        the name, a ``str``; indexing it with a key of :func:`describe_model`
-        (``arch["attention"]``) gives that structure entry.
+        the name. The layer structure the hooks use is :func:`describe_model`'s.
 
     Example:
         >>> detect_model_architecture(model)   # doctest: +SKIP
@@ -244,7 +225,7 @@ def detect_model_architecture(model: "nn.Module") -> ArchitectureName:
     if name == "unknown":
         cls = type(model).__name__.lower()
         name = next((k for k in _ARCH_KEYWORDS if k in cls), "unknown")
-    return ArchitectureName(name, describe_model(model))
+    return name
 
 
 #: The purposes :func:`create_optimized_config` knows.
@@ -257,8 +238,9 @@ def create_optimized_config(model_arch: Union[str, "nn.Module"], purpose: str) -
     ``interpretability``: :meth:`~InstrumentationConfig.attention_analysis`;
     ``debugging``: :meth:`~InstrumentationConfig.fast_capture`; ``performance_analysis``:
     :meth:`~InstrumentationConfig.balanced`, with zstd for ``gpt``/``llama``/``qwen`` (1.3.1
-    also set a 16 GB memory limit there; the default ring is kept instead, since a limit
-    above 1 GiB is clamped anyway); ``full_capture``: :meth:`~InstrumentationConfig.balanced`.
+    also set a 16 GB memory limit there; the default ring is kept instead: a capture fits
+    its ring to what strapd admits, 1 GiB by default, and would warn about a cap the
+    caller never set); ``full_capture``: :meth:`~InstrumentationConfig.balanced`.
 
     Args:
         model_arch: a name from :func:`detect_model_architecture`, or the model itself.
