@@ -272,19 +272,26 @@ func looksUniform(chunk []byte) bool {
 		c = c[64:]
 	}
 	var mx uint32
-	var sum float64 // Σ c·log2(c) over the sample's counts
 	for _, v := range h {
-		if v > 1 {
-			sum += float64(v) * math.Log2(float64(v))
-		}
 		mx = max(mx, v)
 	}
 	// 8·mx estimates the full count; compare it with 3/4 of len/128.
 	if 32*int(mx) < 3*(len(chunk)>>7) {
 		return true
 	}
-	n := float64(len(chunk) / 64 * 8)
-	return math.Log2(n)-sum/n > 7.92
+	n := len(chunk) / 64 * 8
+	// A value over 1/16 of the sample caps its entropy at 7.83 bits (the rest spread evenly
+	// over 255 values): an exponent plane, no need for the logarithms.
+	if 16*int(mx) > n {
+		return false
+	}
+	var sum float64 // Σ c·log2(c) over the sample's counts
+	for _, v := range h {
+		if v > 1 {
+			sum += float64(v) * math.Log2(float64(v))
+		}
+	}
+	return math.Log2(float64(n))-sum/float64(n) > 7.92
 }
 
 // literalsHeader is the zstd Literals_Section_Header of a Compressed_Literals_Block.

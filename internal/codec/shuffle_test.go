@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"fmt"
 	"math/bits"
+	"math/rand/v2"
 	"testing"
+
+	"github.com/klauspost/compress/huff0"
 )
 
 // refPlanes is the byte-at-a-time transpose the fast ones must match.
@@ -104,6 +107,53 @@ func TestCompactNonZero(t *testing.T) {
 						w, n, every, k, bitmap, len(wantVals)/w, wantMap)
 				}
 			}
+		}
+	}
+}
+
+// TestLooksUniform: a chunk judged uniform is one Huffman coding would not shrink by more
+// than about 1 % (or that huff0 refuses outright), and the obvious cases go each way.
+func TestLooksUniform(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	gen := func(f func() byte) []byte {
+		b := make([]byte, literalsChunk)
+		for i := range b {
+			b[i] = f()
+		}
+		return b
+	}
+	planes := make([]byte, 4<<20)
+	shuffle(planes, normalF32(1<<20, 0, 9), 4, true)
+	cases := []struct {
+		name string
+		c    []byte
+		want int // 1 uniform, 0 not, -1 either (checked against huff0 only)
+	}{
+		{"random", gen(func() byte { return byte(r.Uint32()) }), 1},
+		{"200 values", gen(func() byte { return byte(r.IntN(200)) }), -1},
+		{"128 values", gen(func() byte { return byte(r.IntN(128)) }), 0},
+		{"16 values", gen(func() byte { return byte(r.IntN(16)) }), 0},
+		{"one value in 8", gen(func() byte {
+			if r.IntN(8) == 0 {
+				return 0
+			}
+			return byte(r.Uint32())
+		}), 0},
+		{"fp32 plane 0", planes[:literalsChunk], 1},
+		{"fp32 plane 2", planes[2<<20 : 2<<20+literalsChunk], -1},
+		{"fp32 exponent plane", planes[3<<20 : 3<<20+literalsChunk], 0},
+	}
+	for _, tc := range cases {
+		got := looksUniform(tc.c)
+		if tc.want >= 0 && got != (tc.want == 1) {
+			t.Errorf("%s: uniform %v, want %v", tc.name, got, tc.want == 1)
+		}
+		if !got {
+			continue
+		}
+		out, _, err := huff0.Compress4X(tc.c, &huff0.Scratch{})
+		if err == nil && len(out) < len(tc.c)*99/100 {
+			t.Errorf("%s: judged uniform, but huff0 shrinks it to %d of %d bytes", tc.name, len(out), len(tc.c))
 		}
 	}
 }
