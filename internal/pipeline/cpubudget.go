@@ -13,7 +13,7 @@ import (
 // the bucket holds time; otherwise it is stored raw (lossless, and a copy costs a small
 // fraction of compressing it), so compression never takes more than the budget plus one
 // burst, however fast clients publish. Each compression is charged the CPU time of its
-// worker's thread (pool workers keep one thread each), so the bound is
+// worker's thread (with a budget, NewPool locks each worker to one thread), so the bound is
 // on CPU, not on the wall time a loaded machine stretches a compression to.
 type CPUBudget struct {
 	cores float64

@@ -58,7 +58,7 @@ func newHarness(tb testing.TB, o hopts) *harness {
 		o.budget = NewBudget(0)
 	}
 	if o.pool == nil {
-		o.pool = NewPool(2)
+		o.pool = NewPool(2, o.cpu != nil)
 		tb.Cleanup(o.pool.Close)
 	}
 	p, err := shm.NewProducer(o.ringSize, shm.ProducerOptions{})
@@ -487,7 +487,7 @@ func BenchmarkPipeline(b *testing.B) {
 	const tensorElems = 1 << 20 // 4 MiB of float32
 	for _, name := range []string{"none", "lz4", "zstd"} {
 		b.Run(name, func(b *testing.B) {
-			pool := NewPool(0)
+			pool := NewPool(0, false)
 			defer pool.Close()
 			h := newHarness(b, hopts{codec: name, ringSize: shm.HeaderSize + 64<<20, pool: pool})
 			tn := shm.Tensor{Name: "model.layers.0.mlp", DType: dtype.Float32, Shape: []uint64{tensorElems},

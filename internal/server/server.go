@@ -257,7 +257,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			return err
 		}
 	}
-	s.pool = pipeline.NewPool(s.cfg.Workers)
+	s.pool = pipeline.NewPool(s.cfg.Workers, s.cfg.CPUBudget != nil)
 	s.budget = pipeline.NewBudget(s.cfg.MemoryLimit)
 	if s.cfg.CPUBudget != nil {
 		s.cpu = pipeline.NewCPUBudget(*s.cfg.CPUBudget)
