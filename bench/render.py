@@ -151,6 +151,7 @@ def render(results: Path, doc: Path) -> None:
     ov = load(results, "overhead", failed)
     ing = load(results, "ingest", failed)
     mem = load(results, "memory", failed)
+    cpub = load(results, "cpubudget", failed)
     comp = load(results, "compression", failed)
     pr = load(results, "probes", failed)
     prof = load(results, "profile", failed)
@@ -182,6 +183,8 @@ def render(results: Path, doc: Path) -> None:
         ingest_tables(w, ing, pngs, rel)
     if mem:
         memory_tables(w, mem)
+    if cpub:
+        cpubudget_tables(w, cpub)
     if comp:
         compression_tables(w, comp)
     if pr:
@@ -354,6 +357,19 @@ def memory_tables(w: Emit, mem: Json) -> None:
     table(w, ["producer", "codec", "GB/s", "budget MiB", "strapd VmHWM MiB", "strapd VmRSS max MiB (anon / ring shmem)",
               f"≤ budget + {mib(TARGETS['rss_slack'])} MiB", "client peak RSS MiB", "max Dirty+Writeback MiB"],
           "llrrrrlrr", rows)
+
+
+def cpubudget_tables(w: Emit, cb: Json) -> None:
+    w(f"## 3b. CPU budget (`serve --cpu-budget`; {cb['size']} of {cb['codec']} per budget; "
+      f"load {fmt_load(cb['loadavg'])})")
+    w("")
+    w(f"Run {cb['date_utc']} at commit `{cb['commit']}`, {cb['cores']} cores. *raw blocks*: the daemon's "
+      "`cpu_raw_blocks` (`strapd status --json`) after the session; *daemon CPU-s/GB*: the whole process.")
+    w("")
+    commands(w, [cb["strapd_command"]] + [r["command"] for r in cb["runs"][:1]])
+    table(w, ["--cpu-budget (CPUs)", "GB/s", "file ratio", "raw blocks", "daemon CPU-s/GB"], "lrrrr",
+          [(r["cpu_budget"], f"{r['gbps']:.3f}", f"{r['file_ratio']:.3f}", f"{r['cpu_raw_blocks']} of {r['blocks']}",
+            f"{r['daemon_cpu_s_per_gb']:.2f}") for r in cb["runs"]])
 
 
 def compression_tables(w: Emit, comp: Json) -> None:

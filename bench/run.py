@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 BENCH_PY = ROOT / "clients" / "python" / "benchmarks"
-STEPS = ("machine", "overhead", "ingest", "memory", "compression", "probes", "profile")
+STEPS = ("machine", "overhead", "ingest", "memory", "cpubudget", "compression", "probes", "profile")
 #: Ingest codecs: (codec, lossy bound or ""); the Python producer runs those its client knows.
 INGEST_CODECS = (("none", ""), ("lz4", ""), ("zstd", ""), ("shuffle", ""), ("quant", "rel:1e-3"))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -135,10 +135,11 @@ class Sampler:
 class Strapd:
     """A fresh `strapd serve` on a socket in tmp."""
 
-    def __init__(self, binary: Path, tmp: Path, memory_limit: str) -> None:
+    def __init__(self, binary: Path, tmp: Path, memory_limit: str, extra: Optional[List[str]] = None) -> None:
         self.sock = tmp / f"strapd-{time.monotonic_ns()}.sock"
+        self.binary = binary
         self.cmd = [str(binary), "serve", "--socket", str(self.sock), "--memory-limit", memory_limit,
-                    "--log-file", str(tmp / "strapd.log")]
+                    "--log-file", str(tmp / "strapd.log")] + list(extra or [])
         self.memory_limit = memory_limit
         self.p: Optional[subprocess.Popen] = None
 
@@ -339,6 +340,32 @@ def step_memory(ctx: "Ctx") -> Dict[str, Any]:
         log(f"memory {producer} {codec}: strapd peak {res['daemon_hwm_bytes'] >> 20} MiB, "
             f"{res['gbps']:.3f} GB/s, dirty+writeback max {res['dirty_writeback_max'] >> 20} MiB")
     r["loadavg"].append(loadavg())
+    return r
+
+
+def step_cpubudget(ctx: "Ctx") -> Dict[str, Any]:
+    """The balanced codec under `serve --cpu-budget`: what throughput and file ratio each budget
+    keeps, and how many blocks it stored raw (STATUS after the session, from a fresh daemon)."""
+    size = "128MiB" if ctx.quick else "1GiB"
+    codec = balanced_codec()
+    cores = os.cpu_count() or 1
+    r: Dict[str, Any] = {"size": size, "codec": codec, "cores": cores, "loadavg": [loadavg()], "runs": [],
+                         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                         "commit": run(["git", "rev-parse", "--short", "HEAD"]).strip()}
+    for budget in ("", "0", "0.25", "0.5", "1", str(cores)):
+        extra = ["--cpu-budget", budget] if budget else []
+        with Strapd(ctx.strapd, ctx.tmp, budget_for(codec), extra) as d:
+            res = one_ingest_on(ctx, d, "go", codec, ctx.tmp, size)
+            st = json.loads(run([str(d.binary), "status", "--socket", str(d.sock), "--json"]))
+        res["cpu_budget"] = budget or "unlimited"
+        res["cpu_raw_blocks"] = st["daemon"].get("cpu_raw_blocks", 0)
+        res["blocks"] = -(-res["bytes_in"] // res.get("block_size", 1 << 20))
+        res["memory_limit"] = budget_for(codec)
+        r["runs"].append(res)
+        log(f"cpu budget {res['cpu_budget']}: {res['gbps']:.3f} GB/s, ratio {res['file_ratio']:.3f}, "
+            f"{res['cpu_raw_blocks']}/{res['blocks']} blocks raw")
+    r["loadavg"].append(loadavg())
+    r["strapd_command"] = f"strapd serve --socket $S --memory-limit {budget_for(codec)} --cpu-budget B &"
     return r
 
 

@@ -68,6 +68,8 @@ type serveConfig struct {
 		Workers int
 		// MaxBlockSize is the largest block_size a client may ask for.
 		MaxBlockSize byteSize
+		// CPUBudget is the CPUs compression may use, all sessions together (< 0: unlimited).
+		CPUBudget float64
 	}
 	// Limits protect the daemon from clients asking too much.
 	Limits struct {
@@ -106,12 +108,23 @@ type serveConfig struct {
 	}
 }
 
+// cpuBudget is the server's CPU budget: nil (unlimited) for a negative --cpu-budget.
+func (c *serveConfig) cpuBudget() *float64 {
+	if c.Pipeline.CPUBudget < 0 {
+		return nil
+	}
+	v := c.Pipeline.CPUBudget
+	return &v
+}
+
 func (c *serveConfig) validate() error {
 	switch {
 	case c.Memory.Limit < 1<<20:
 		return fmt.Errorf("--memory-limit %d: must be at least 1MiB", c.Memory.Limit)
 	case c.Pipeline.Workers < 0 || c.Pipeline.Workers > 1024:
 		return fmt.Errorf("--workers %d: must be 0 (GOMAXPROCS) to 1024", c.Pipeline.Workers)
+	case !(c.Pipeline.CPUBudget <= 1024): // NaN too
+		return fmt.Errorf("--cpu-budget %g: must be a number of CPUs up to 1024", c.Pipeline.CPUBudget)
 	case c.Pipeline.MaxBlockSize < 4096 || c.Pipeline.MaxBlockSize > 64<<20:
 		return fmt.Errorf("--max-block-size %d: must be 4KiB..64MiB", c.Pipeline.MaxBlockSize)
 	case c.Limits.MaxSessions < 1:
@@ -300,6 +313,7 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 				MaxBlockSize:    uint64(cfg.Pipeline.MaxBlockSize),
 				Limits:          shm.Limits{MaxNDim: cfg.Limits.MaxNDim, MaxNameLen: cfg.Limits.MaxNameLen, MaxElements: cfg.Limits.MaxElements},
 				DebugWriteDelay: cfg.Debug.WriteDelay,
+				CPUBudget:       cfg.cpuBudget(),
 				ShutdownTimeout: cfg.ShutdownTimeout,
 				Version:         version,
 				Access: server.Access{SocketMode: mode, SocketGID: gid,
@@ -347,6 +361,7 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 	f.Var(&cfg.Memory.Limit, "memory-limit", "memory for ring mappings plus compression buffers in flight (e.g. 512MiB, 4GiB)")
 	f.IntVar(&cfg.Pipeline.Workers, "workers", 0, "compression workers shared by all sessions (0: one per CPU)")
 	f.Var(&cfg.Pipeline.MaxBlockSize, "max-block-size", "largest compression block a client may ask for")
+	f.Float64Var(&cfg.Pipeline.CPUBudget, "cpu-budget", -1, "CPUs compression may use, all sessions together, e.g. 0.5; blocks beyond it are stored raw (negative: unlimited)")
 	f.IntVar(&cfg.Limits.MaxSessions, "max-sessions", cfg.Limits.MaxSessions, "most sessions open at once")
 	f.Var(&cfg.Limits.MaxRingSize, "max-ring-size", "largest ring a client may open")
 	f.IntVar(&cfg.Limits.MaxNameLen, "max-name-len", cfg.Limits.MaxNameLen, "longest module name accepted")

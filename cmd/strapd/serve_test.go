@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -72,6 +73,10 @@ func TestServeConfigValidate(t *testing.T) {
 		{"ndim", func(c *serveConfig) { c.Limits.MaxNDim = 9 }, "--max-ndim"},
 		{"name", func(c *serveConfig) { c.Limits.MaxNameLen = 5000 }, "--max-name-len"},
 		{"delay", func(c *serveConfig) { c.Debug.WriteDelay = -1 }, "--debug-write-delay"},
+		{"cpu unlimited", func(c *serveConfig) { c.Pipeline.CPUBudget = -1 }, ""},
+		{"cpu none", func(c *serveConfig) { c.Pipeline.CPUBudget = 0 }, ""},
+		{"cpu too many", func(c *serveConfig) { c.Pipeline.CPUBudget = 2000 }, "--cpu-budget"},
+		{"cpu NaN", func(c *serveConfig) { c.Pipeline.CPUBudget = math.NaN() }, "--cpu-budget"},
 		{"http ok", func(c *serveConfig) { c.HTTP = httpConfig{Addr: "127.0.0.1:9464", MaxFollowers: 64} }, ""},
 		{"http no port", func(c *serveConfig) { c.HTTP = httpConfig{Addr: "127.0.0.1", MaxFollowers: 64} }, "want host:port"},
 		{"http bad port", func(c *serveConfig) { c.HTTP = httpConfig{Addr: "127.0.0.1:http", MaxFollowers: 64} }, "is not a number"},

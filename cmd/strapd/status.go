@@ -56,6 +56,9 @@ func printStatus(w io.Writer, rep control.StatusReply) error {
 	fmt.Fprintf(w, "strapd %s  pid %d  up %s  socket %s\n", d.Version, d.PID,
 		(time.Duration(d.UptimeS * float64(time.Second))).Round(time.Second), d.Socket)
 	fmt.Fprintf(w, "memory %s of %s  sessions %d\n", human(d.MemoryUsed), human(d.MemoryLimit), d.Sessions)
+	if d.CPUBudget != nil {
+		fmt.Fprintf(w, "cpu budget %g CPUs for compression  %d blocks stored raw over it\n", *d.CPUBudget, d.CPURawBlocks)
+	}
 	printProbes(w, d.Probes)
 	if hidden := d.Sessions - len(rep.Sessions); hidden > 0 {
 		// STATUS lists only the asking uid's sessions (root sees all): say so.

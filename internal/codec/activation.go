@@ -216,6 +216,8 @@ func appendLiteralsBlock(dst, chunk []byte, last bool, s *huff0.Scratch) []byte 
 		single bool
 	)
 	switch {
+	case len(chunk) >= sampleMin && looksUniform(chunk):
+		err = huff0.ErrIncompressible
 	case len(chunk) >= 1024:
 		out, _, err = huff0.Compress4X(chunk, s)
 	case len(chunk) > 16:
@@ -244,6 +246,52 @@ func appendLiteralsBlock(dst, chunk []byte, last bool, s *huff0.Scratch) []byte 
 		dst = blockHeader(dst, last, 0, len(chunk))
 		return append(dst, chunk...)
 	}
+}
+
+// sampleMin is the smallest chunk looksUniform judges: below it the sample is too small.
+const sampleMin = 8 << 10
+
+// looksUniform predicts, from every 8th byte, that Huffman coding cannot shrink chunk by
+// more than about 1 %: byte planes of mantissa bits are noise, and counting all their bytes
+// (what huff0 does before it refuses them) cost as much as coding the exponent plane. The
+// sample costs an eighth of that count. A chunk is judged uniform when the sample's
+// entropy is over 7.92 bits a byte, or its commonest value is under 3/4 of huff0's own
+// refusal threshold (1/128 of the chunk), about three standard deviations below it.
+func looksUniform(chunk []byte) bool {
+	var h [256]uint32
+	c := chunk
+	for len(c) >= 64 {
+		h[c[0]]++
+		h[c[8]]++
+		h[c[16]]++
+		h[c[24]]++
+		h[c[32]]++
+		h[c[40]]++
+		h[c[48]]++
+		h[c[56]]++
+		c = c[64:]
+	}
+	var mx uint32
+	for _, v := range h {
+		mx = max(mx, v)
+	}
+	// 8·mx estimates the full count; compare it with 3/4 of len/128.
+	if 32*int(mx) < 3*(len(chunk)>>7) {
+		return true
+	}
+	n := len(chunk) / 64 * 8
+	// A value over 1/16 of the sample caps its entropy at 7.83 bits (the rest spread evenly
+	// over 255 values): an exponent plane, no need for the logarithms.
+	if 16*int(mx) > n {
+		return false
+	}
+	var sum float64 // Σ c·log2(c) over the sample's counts
+	for _, v := range h {
+		if v > 1 {
+			sum += float64(v) * math.Log2(float64(v))
+		}
+	}
+	return math.Log2(float64(n))-sum/float64(n) > 7.92
 }
 
 // literalsHeader is the zstd Literals_Section_Header of a Compressed_Literals_Block.

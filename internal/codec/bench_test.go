@@ -2,7 +2,9 @@ package codec
 
 import (
 	"fmt"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/strap-llm/strap/internal/dtype"
 )
@@ -78,5 +80,90 @@ func BenchmarkDecodePayload(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// shuffleCorpus is what BenchmarkShuffle encodes: 1 MiB of normal values as fp32 and as
+// bf16 (the activation dtypes), with and without a quarter of zeros (the zero-map path).
+func shuffleCorpus() []struct {
+	name string
+	dt   dtype.DType
+	src  []byte
+} {
+	bf16 := func(f32 []byte) []byte {
+		out := make([]byte, len(f32)/2)
+		for i := range len(f32) / 4 {
+			// Truncation keeps the test data independent of the codec's rounding.
+			out[2*i], out[2*i+1] = f32[4*i+2], f32[4*i+3]
+		}
+		return out
+	}
+	return []struct {
+		name string
+		dt   dtype.DType
+		src  []byte
+	}{
+		{"fp32", dtype.Float32, normalF32(benchBlock/4, 0, 21)},
+		{"fp32-25%0", dtype.Float32, normalF32(benchBlock/4, 0.25, 22)},
+		{"bf16", dtype.BFloat16, bf16(normalF32(benchBlock/2, 0, 23))},
+		{"bf16-25%0", dtype.BFloat16, bf16(normalF32(benchBlock/2, 0.25, 24))},
+	}
+}
+
+// BenchmarkShuffle measures the shuffle codec at its default level, one goroutine.
+func BenchmarkShuffle(b *testing.B) {
+	c, err := New("shuffle", Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, tc := range shuffleCorpus() {
+		enc, ok, err := c.Encode(nil, tc.src, tc.dt)
+		if err != nil || !ok {
+			b.Fatalf("encode: %v ok=%v", err, ok)
+		}
+		ratio := float64(len(tc.src)) / float64(len(enc))
+		b.Run("encode/"+tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(tc.src)))
+			dst := make([]byte, 0, 2*len(tc.src))
+			cpu := processCPU()
+			for b.Loop() {
+				if _, _, err := c.Encode(dst[:0], tc.src, tc.dt); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportCPURate(b, cpu, len(tc.src))
+			b.ReportMetric(ratio, "ratio")
+		})
+		b.Run("decode/"+tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(tc.src)))
+			dst := make([]byte, 0, len(tc.src))
+			cpu := processCPU()
+			for b.Loop() {
+				if _, err := c.Decode(dst[:0], enc, tc.dt, len(tc.src)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportCPURate(b, cpu, len(tc.src))
+		})
+	}
+}
+
+// processCPU is the CPU time this process has used (user + system, every thread, the
+// garbage collector's included).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportCPURate reports MB per CPU-second since start: on a shared machine the wall-clock
+// MB/s measures the neighbours' load, this the codec's cost per core.
+func reportCPURate(b *testing.B, start time.Duration, size int) {
+	if d := processCPU() - start; d > 0 {
+		b.ReportMetric(float64(size)*float64(b.N)/1e6/d.Seconds(), "MB/cpu-s")
 	}
 }

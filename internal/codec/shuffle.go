@@ -51,7 +51,19 @@ func (c shuffleCodec) Decode(dst, src []byte, dt dtype.DType, rawLen int) ([]byt
 	return out, nil
 }
 
-var planePool = sync.Pool{New: func() any { return new([]byte) }}
+// shuffleScratch is the per-call working memory of the encoder, pooled so a block costs
+// no allocation: the plane buffer, and the zero map's bitmap and compacted elements.
+type shuffleScratch struct{ planes, bitmap, compact []byte }
+
+var shufflePool = sync.Pool{New: func() any { return new(shuffleScratch) }}
+
+// sized returns b resized to n bytes, reallocated only when its capacity is short.
+func sized(b []byte, n int) []byte {
+	if cap(b) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
+}
 
 // rotates reports whether elements of dt have their sign bit rotated to bit 0.
 func rotates(dt dtype.DType) bool {
@@ -94,20 +106,57 @@ func countZeros(src []byte, w, stride int) int {
 	return z
 }
 
-// zeroMapWorth returns the number of all-zero elements when a zero map pays, else 0. A
-// sample of every 8th element decides whether the full count is worth its pass.
-func zeroMapWorth(body []byte, w, n int) int {
+// zeroMapLikely reports whether a zero map may pay: a sample of every 8th element decides
+// whether compacting the block, which also counts its zeros, is worth its pass.
+func zeroMapLikely(body []byte, w, n int) bool {
 	if w < 2 || n == 0 {
-		return 0
+		return false
 	}
 	need := max(1, n/zeroMapShare)
-	if n >= 1024 && 8*countZeros(body, w, 8) < need/2 {
-		return 0
+	return n < 1024 || 8*countZeros(body, w, 8) >= need/2
+}
+
+// compactNonZero sets bit i of bitmap for every all-zero element i of body (width w),
+// copies the other elements in order into compact (at least len(body) bytes) and returns
+// their number. The 2- and 4-byte loops have no branch on the data: each element is
+// stored at the compacted position, which advances only past a non-zero one.
+func compactNonZero(bitmap, compact, body []byte, w int) int {
+	n, k := len(body)/w, 0
+	compact = compact[:len(body)]
+	for i := 0; i < n; i += 8 {
+		var bm byte
+		end := min(n, i+8)
+		switch w {
+		case 2:
+			for j := i; j < end; j++ {
+				v := binary.LittleEndian.Uint16(body[2*j:])
+				binary.LittleEndian.PutUint16(compact[2*k:], v)
+				z := (uint32(v) - 1) >> 31
+				bm |= byte(z) << (j - i)
+				k += int(z ^ 1)
+			}
+		case 4:
+			for j := i; j < end; j++ {
+				v := binary.LittleEndian.Uint32(body[4*j:])
+				binary.LittleEndian.PutUint32(compact[4*k:], v)
+				z := (uint64(v) - 1) >> 63
+				bm |= byte(z) << (j - i)
+				k += int(z ^ 1)
+			}
+		default:
+			for j := i; j < end; j++ {
+				e := body[j*w : (j+1)*w]
+				if allZero(e) {
+					bm |= 1 << (j - i)
+				} else {
+					copy(compact[k*w:], e)
+					k++
+				}
+			}
+		}
+		bitmap[i>>3] = bm
 	}
-	if z := countZeros(body, w, 1); z >= need {
-		return z
-	}
-	return 0
+	return k
 }
 
 func allZero(b []byte) bool {
@@ -127,40 +176,36 @@ func appendShuffled(dst, src []byte, dt dtype.DType, level int) ([]byte, error) 
 	}
 	n := len(src) / w
 	body, m := src[:n*w], n
+	sc := shufflePool.Get().(*shuffleScratch)
+	defer shufflePool.Put(sc)
 	var flags byte
 	fi := len(dst)
 	dst = append(dst, 0)
-	if z := zeroMapWorth(body, w, n); z > 0 {
-		flags |= flagZeroMap
-		bitmap := make([]byte, (n+7)/8)
-		compact := make([]byte, 0, (n-z)*w)
-		for i := range n {
-			e := body[i*w : (i+1)*w]
-			if allZero(e) {
-				bitmap[i>>3] |= 1 << (i & 7)
-			} else {
-				compact = append(compact, e...)
+	if zeroMapLikely(body, w, n) {
+		sc.bitmap = sized(sc.bitmap, (n+7)/8)
+		sc.compact = sized(sc.compact, n*w)
+		if k := compactNonZero(sc.bitmap, sc.compact, body, w); n-k >= max(1, n/zeroMapShare) {
+			flags |= flagZeroMap
+			m = k
+			dst = binary.LittleEndian.AppendUint32(dst, uint32(m))
+			var err error
+			if dst, err = appendPlanes(dst, [][]byte{sc.bitmap}, level); err != nil {
+				return nil, err
 			}
+			body = sc.compact[:m*w]
 		}
-		m = n - z
-		dst = binary.LittleEndian.AppendUint32(dst, uint32(m))
-		var err error
-		if dst, err = appendPlanes(dst, [][]byte{bitmap}, level); err != nil {
-			return nil, err
-		}
-		body = compact
 	}
 	dst[fi] = flags
-	bp := planePool.Get().(*[]byte)
-	defer planePool.Put(bp)
-	if cap(*bp) < m*w {
-		*bp = make([]byte, m*w)
-	}
-	buf := (*bp)[:m*w]
+	sc.planes = sized(sc.planes, m*w)
+	buf := sc.planes
 	shuffle(buf, body, w, rotates(dt))
-	planes := make([][]byte, w)
+	var pa [8][]byte
+	planes := pa[:0]
+	if w > len(pa) {
+		planes = make([][]byte, 0, w)
+	}
 	for j := range w {
-		planes[j] = buf[j*m : (j+1)*m]
+		planes = append(planes, buf[j*m:(j+1)*m])
 	}
 	dst, err := appendPlanes(dst, planes, level)
 	if err != nil {
@@ -238,22 +283,12 @@ func shuffle(buf, src []byte, w int, rot bool) {
 	switch {
 	case w == 4:
 		p0, p1, p2, p3 := buf[:n], buf[n:2*n], buf[2*n:3*n], buf[3*n:4*n]
-		for i := range n {
-			v := binary.LittleEndian.Uint32(src[4*i:])
-			if rot {
-				v = bits.RotateLeft32(v, 1)
-			}
-			p0[i], p1[i], p2[i], p3[i] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
-		}
+		k := shuffle4Vec(p0, p1, p2, p3, src, rot)
+		shuffle4(p0[k:], p1[k:], p2[k:], p3[k:], src[4*k:], rot)
 	case w == 2:
 		p0, p1 := buf[:n], buf[n:2*n]
-		for i := range n {
-			v := binary.LittleEndian.Uint16(src[2*i:])
-			if rot {
-				v = bits.RotateLeft16(v, 1)
-			}
-			p0[i], p1[i] = byte(v), byte(v>>8)
-		}
+		k := shuffle2Vec(p0, p1, src, rot)
+		shuffle2(p0[k:], p1[k:], src[2*k:], rot)
 	case w == 8:
 		for i := range n {
 			v := binary.LittleEndian.Uint64(src[8*i:])
@@ -278,23 +313,9 @@ func unshuffle(dst, buf []byte, w int, rot bool) {
 	n := len(dst) / w
 	switch {
 	case w == 4:
-		p0, p1, p2, p3 := buf[:n], buf[n:2*n], buf[2*n:3*n], buf[3*n:4*n]
-		for i := range n {
-			v := uint32(p0[i]) | uint32(p1[i])<<8 | uint32(p2[i])<<16 | uint32(p3[i])<<24
-			if rot {
-				v = bits.RotateLeft32(v, -1)
-			}
-			binary.LittleEndian.PutUint32(dst[4*i:], v)
-		}
+		unshuffle4(dst, buf[:n], buf[n:2*n], buf[2*n:3*n], buf[3*n:4*n], rot)
 	case w == 2:
-		p0, p1 := buf[:n], buf[n:2*n]
-		for i := range n {
-			v := uint16(p0[i]) | uint16(p1[i])<<8
-			if rot {
-				v = bits.RotateLeft16(v, -1)
-			}
-			binary.LittleEndian.PutUint16(dst[2*i:], v)
-		}
+		unshuffle2(dst, buf[:n], buf[n:2*n], rot)
 	case w == 8:
 		for i := range n {
 			var v uint64

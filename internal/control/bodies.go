@@ -202,6 +202,10 @@ type DaemonStatus struct {
 	MemoryLimit int64   `json:"memory_limit"`
 	MemoryUsed  int64   `json:"memory_used"`
 	Sessions    int     `json:"sessions"`
+	// CPUBudget is serve --cpu-budget in CPUs (absent: unlimited); CPURawBlocks counts
+	// the blocks, over all sessions, stored raw because it was spent.
+	CPUBudget    *float64 `json:"cpu_budget,omitempty"`
+	CPURawBlocks uint64   `json:"cpu_raw_blocks"`
 	// Probes is the eBPF collectors' state (set by internal/server/probes.go); absent
 	// when the daemon runs without probes (serve --no-probes).
 	Probes *ProbesStatus `json:"probes,omitempty"`
@@ -240,6 +244,9 @@ type SessionStatus struct {
 	// one in seconds (-1 when none).
 	Checkpoints        uint64  `json:"checkpoints"`
 	LastCheckpointAgeS float64 `json:"last_checkpoint_age_s"`
+	// CPURawBlocks counts the session's blocks stored raw because the daemon's CPU
+	// budget was spent.
+	CPURawBlocks uint64 `json:"cpu_raw_blocks"`
 	// Resumed is the append_at offset when the session resumed a stream, else 0.
 	Resumed uint64 `json:"resumed_at,omitempty"`
 	// ResourceLog says the session passed a resource log; ResourceEvents counts the events

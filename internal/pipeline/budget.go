@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 )
 
@@ -21,6 +22,32 @@ type Budget struct {
 	cond  *sync.Cond
 	limit int64
 	used  int64
+	// rings is the bytes of open sessions' ring mappings; goSlack > 0 keeps the Go
+	// runtime's memory limit at limit - rings + goSlack (LimitGoHeap).
+	rings, goSlack int64
+}
+
+// LimitGoHeap keeps the Go runtime's soft memory limit (debug.SetMemoryLimit) at the budget
+// less the open rings, plus slack, from now on. The Go heap holds the compression buffers
+// the budget admits (the rings are shared mappings, outside it); without a limit the
+// collector lets garbage grow as large as the live heap (GOGC=100) before it runs, so a
+// backlog of buffers could take twice their size. slack covers what the budget does not
+// count: codec state, stacks, the runtime's own. No-op for an unlimited budget.
+func (b *Budget) LimitGoHeap(slack int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.limit <= 0 || slack <= 0 {
+		return
+	}
+	b.goSlack = slack
+	b.setGoLimit()
+}
+
+// setGoLimit applies the Go memory limit for the rings open now; b.mu is held.
+func (b *Budget) setGoLimit() {
+	if b.goSlack > 0 {
+		debug.SetMemoryLimit(b.limit - b.rings + b.goSlack)
+	}
 }
 
 // NewBudget creates a budget of limit bytes (limit <= 0: unlimited).
@@ -47,6 +74,7 @@ func (b *Budget) fits(n int64) bool { return b.limit <= 0 || b.used+n <= b.limit
 type Lease struct {
 	b           *Budget
 	fixed       int64 // ring + reserve, held for the session's life
+	ring        int64
 	reserve     int64
 	reserveUsed int64
 	closed      bool
@@ -67,7 +95,9 @@ func (b *Budget) Open(ringSize, reserve int64) (*Lease, error) {
 			ErrBudget, n, ringSize, reserve, b.used, b.limit)
 	}
 	b.used += n
-	return &Lease{b: b, fixed: n, reserve: reserve}, nil
+	b.rings += ringSize
+	b.setGoLimit()
+	return &Lease{b: b, fixed: n, ring: ringSize, reserve: reserve}, nil
 }
 
 // limitInFlight caps the session's in-flight buffers at hint bytes (hint <= 0: no cap).
@@ -153,6 +183,8 @@ func (l *Lease) Close() {
 	if !l.closed {
 		l.closed = true
 		b.used -= l.fixed
+		b.rings -= l.ring
+		b.setGoLimit()
 		b.cond.Broadcast()
 	}
 	b.mu.Unlock()

@@ -81,15 +81,28 @@ func (s *Session) dispatch(it *item) error {
 				compressed bool
 				err        error
 			)
-			if withStats {
+			var m meter
+			if s.o.CPU != nil {
+				m = startMeter()
+			}
+			switch {
+			case !s.o.CPU.take():
+				s.cpuRaw.Add(1)
+				out = buf[:0]
+				if withStats {
+					it.stats[i] = codec.BlockStats{Values: len(src) / max(1, dt.Size()), Lossless: true}
+				}
+			case withStats:
 				var st codec.BlockStats
 				out, compressed, st, err = se.EncodeStats(buf[:0], src, dt)
 				if !compressed {
 					st = codec.BlockStats{Values: len(src) / max(1, dt.Size()), Lossless: true}
 				}
 				it.stats[i] = st
-			} else {
+				s.o.CPU.charge(m.elapsed())
+			default:
 				out, compressed, err = enc.Encode(buf[:0], src, dt)
+				s.o.CPU.charge(m.elapsed())
 			}
 			switch {
 			case err != nil:

@@ -45,6 +45,8 @@ type hopts struct {
 	output     *os.File
 	// memoryHint is the request's memory_hint (0: none).
 	memoryHint uint64
+	// cpu is the daemon's CPU budget (nil: unlimited).
+	cpu *CPUBudget
 }
 
 func newHarness(tb testing.TB, o hopts) *harness {
@@ -56,7 +58,7 @@ func newHarness(tb testing.TB, o hopts) *harness {
 		o.budget = NewBudget(0)
 	}
 	if o.pool == nil {
-		o.pool = NewPool(2)
+		o.pool = NewPool(2, o.cpu != nil)
 		tb.Cleanup(o.pool.Close)
 	}
 	p, err := shm.NewProducer(o.ringSize, shm.ProducerOptions{})
@@ -87,7 +89,7 @@ func newHarness(tb testing.TB, o hopts) *harness {
 		tb.Fatal(err)
 	}
 	h := &harness{tb: tb, p: p, out: out, rel: make(chan struct{}, 1), errs: make(chan error, 1)}
-	h.s, err = plan.Open(Env{ID: 1, Pool: o.pool, Budget: o.budget, WriteDelay: o.writeDelay,
+	h.s, err = plan.Open(Env{ID: 1, Pool: o.pool, Budget: o.budget, CPU: o.cpu, WriteDelay: o.writeDelay,
 		Release: func(t uint64) {
 			h.tail.Store(t)
 			select {
@@ -519,7 +521,7 @@ func BenchmarkPipeline(b *testing.B) {
 	const tensorElems = 1 << 20 // 4 MiB of float32
 	for _, name := range []string{"none", "lz4", "zstd"} {
 		b.Run(name, func(b *testing.B) {
-			pool := NewPool(0)
+			pool := NewPool(0, false)
 			defer pool.Close()
 			h := newHarness(b, hopts{codec: name, ringSize: shm.HeaderSize + 64<<20, pool: pool})
 			tn := shm.Tensor{Name: "model.layers.0.mlp", DType: dtype.Float32, Shape: []uint64{tensorElems},

@@ -20,8 +20,10 @@ type Pool struct {
 	busyNs []atomic.Int64
 }
 
-// NewPool starts workers goroutines (GOMAXPROCS when workers <= 0).
-func NewPool(workers int) *Pool {
+// NewPool starts workers goroutines (GOMAXPROCS when workers <= 0). With lockThreads each
+// keeps one OS thread for its life, so the thread CPU time a job takes is its own: the CPU
+// budget charges that (without a budget the runtime schedules workers freely).
+func NewPool(workers int, lockThreads bool) *Pool {
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
@@ -30,6 +32,10 @@ func NewPool(workers int) *Pool {
 	for i := range workers {
 		go func() {
 			defer p.wg.Done()
+			if lockThreads {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+			}
 			for job := range p.jobs {
 				p.busy.Add(1)
 				start := time.Now()

@@ -77,6 +77,8 @@ type Env struct {
 	Pool *Pool
 	// Budget is the daemon's memory limit the session leases its share from.
 	Budget *Budget
+	// CPU bounds compression time, shared by all sessions; nil: unlimited.
+	CPU *CPUBudget
 	// Release is called with each new ring tail; it must not block.
 	Release func(tail uint64)
 	// OnError is called once, with the first fatal error; it must not block.

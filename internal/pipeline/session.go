@@ -50,9 +50,11 @@ type Stats struct {
 	LastCheckpoint time.Time
 	BytesIn        uint64
 	BytesOut       uint64
-	RingUsed       uint64
-	Head           uint64
-	Tail           uint64
+	// CPURawBlocks counts blocks stored raw because the CPU budget was spent.
+	CPURawBlocks uint64
+	RingUsed     uint64
+	Head         uint64
+	Tail         uint64
 }
 
 // Result is how a session ended.
@@ -83,7 +85,7 @@ type Session struct {
 	ferr     atomic.Pointer[error]
 
 	packets, drops, bytesIn, bytesOut, headA atomic.Uint64
-	tokens, checkpoints                      atomic.Uint64
+	tokens, checkpoints, cpuRaw              atomic.Uint64
 	lastCkpt                                 atomic.Int64 // unix nanoseconds
 	finishOnce                               sync.Once
 	result                                   Result
@@ -182,7 +184,8 @@ func (s *Session) Fail(err error) error { return s.fail(err) }
 func (s *Session) Stats() Stats {
 	h, t := s.headA.Load(), s.tail.pos.Load()
 	st := Stats{Packets: s.packets.Load(), Drops: s.drops.Load(), Tokens: s.tokens.Load(), BytesIn: s.bytesIn.Load(),
-		BytesOut: s.bytesOut.Load(), Head: h, Tail: t, RingUsed: h - min(t, h), Checkpoints: s.checkpoints.Load()}
+		BytesOut: s.bytesOut.Load(), Head: h, Tail: t, RingUsed: h - min(t, h), Checkpoints: s.checkpoints.Load(),
+		CPURawBlocks: s.cpuRaw.Load()}
 	if ns := s.lastCkpt.Load(); ns != 0 {
 		st.LastCheckpoint = time.Unix(0, ns)
 	}

@@ -51,6 +51,7 @@ func (c *conn) status() (control.SessionStatus, bool) {
 	st := c.info
 	ss := c.sess.Stats()
 	st.Packets, st.Drops, st.BytesIn, st.BytesOut, st.RingUsed = ss.Packets, ss.Drops, ss.BytesIn, ss.BytesOut, ss.RingUsed
+	st.CPURawBlocks = ss.CPURawBlocks
 	c.rates.fill(&st, ss, time.Now())
 	if c.res != nil {
 		c.res.fill(&st)

@@ -80,7 +80,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	// Open closes the ring descriptor and out owns the output's: only a trace is left.
 	fds = fds[2:]
 	sess, err := plan.Open(pipeline.Env{ID: id, Version: cfg.Version, Limits: cfg.Limits, Pool: c.srv.pool,
-		Budget: c.srv.budget, Release: c.out.release, Log: log, WriteDelay: cfg.DebugWriteDelay, Observer: cfg.Observer,
+		Budget: c.srv.budget, CPU: c.srv.cpu, Release: c.out.release, Log: log, WriteDelay: cfg.DebugWriteDelay, Observer: cfg.Observer,
 		OnCheckpoint: func(d pipeline.Durable) {
 			c.out.send(control.TypeCheckpointed, control.Checkpointed{Seq: d.Seq, Offset: d.Offset, Packets: d.Packets,
 				Drops: d.Drops, Tokens: d.Tokens, LastOffset: d.LastOffset, LastCRC: d.LastCRC})

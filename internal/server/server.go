@@ -33,6 +33,11 @@ var (
 	ErrDrainTimeout = errors.New("sessions still draining at the shutdown timeout")
 )
 
+// goHeapSlack is how far above the memory limit less the open rings the Go heap may grow
+// (pipeline.Budget.LimitGoHeap): codec state and the runtime's own memory, which the budget
+// does not count, with the process's RSS kept under the limit + 64 MiB.
+const goHeapSlack = 40 << 20
+
 // Config are the server's settings. Zero fields take the defaults of DefaultConfig.
 type Config struct {
 	// Socket is the resolved control socket path.
@@ -69,6 +74,9 @@ type Config struct {
 	// Observer receives timings, ended sessions and kernel snapshots for metrics
 	// (internal/metrics); nil: none.
 	Observer Observer
+	// CPUBudget bounds the CPUs compression may use, all sessions together; blocks beyond
+	// it are stored raw (pipeline.CPUBudget). nil: unlimited.
+	CPUBudget *float64
 }
 
 // Observer is what the server tells metrics. Its methods must return quickly.
@@ -156,6 +164,7 @@ type Server struct {
 	ln      *net.UnixListener
 	pool    *pipeline.Pool
 	budget  *pipeline.Budget
+	cpu     *pipeline.CPUBudget // nil: unlimited
 	started time.Time
 
 	mu        sync.Mutex
@@ -248,8 +257,14 @@ func (s *Server) Serve(ctx context.Context) error {
 			return err
 		}
 	}
-	s.pool = pipeline.NewPool(s.cfg.Workers)
+	s.pool = pipeline.NewPool(s.cfg.Workers, s.cfg.CPUBudget != nil)
 	s.budget = pipeline.NewBudget(s.cfg.MemoryLimit)
+	if s.cfg.CPUBudget != nil {
+		s.cpu = pipeline.NewCPUBudget(*s.cfg.CPUBudget)
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		s.budget.LimitGoHeap(goHeapSlack)
+	}
 	s.startProbes()
 	s.log.Info("serving", zap.String("socket", s.cfg.Socket), zap.Bool("socket_activated", s.inherited),
 		zap.Int("workers", s.pool.Workers()), zap.Int64("memory_limit", s.cfg.MemoryLimit),
@@ -399,7 +414,7 @@ func (s *Server) Status() control.StatusReply {
 	return control.StatusReply{
 		Daemon: control.DaemonStatus{Version: s.cfg.Version, PID: os.Getpid(), UptimeS: time.Since(s.started).Seconds(),
 			Socket: s.cfg.Socket, MemoryLimit: s.cfg.MemoryLimit, MemoryUsed: used, Sessions: n,
-			Probes: s.probeStatus()},
+			Probes: s.probeStatus(), CPUBudget: s.cfg.CPUBudget, CPURawBlocks: s.cpu.RawBlocks()},
 		Sessions: sess,
 	}
 }

@@ -1,0 +1,159 @@
+package codec
+
+import (
+	"bytes"
+	"fmt"
+	"math/bits"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/klauspost/compress/huff0"
+)
+
+// refPlanes is the byte-at-a-time transpose the fast ones must match.
+func refPlanes(src []byte, w int, rot bool) []byte {
+	n := len(src) / w
+	out := make([]byte, n*w)
+	for i := range n {
+		var v uint64
+		for j := range w {
+			v |= uint64(src[i*w+j]) << (8 * j)
+		}
+		if rot {
+			v = (v<<1 | v>>(8*w-1)) & (1<<(8*w) - 1)
+		}
+		for j := range w {
+			out[j*n+i] = byte(v >> (8 * j))
+		}
+	}
+	return out
+}
+
+// TestTransposes checks the vector and word-wide transposes against refPlanes, and the
+// inverse, at lengths around every loop's step, with and without the sign rotation.
+func TestTransposes(t *testing.T) {
+	defer func(v bool) { hasAVX2 = v }(hasAVX2)
+	for _, vec := range []bool{false, true} {
+		if vec && !hasAVX2 {
+			continue
+		}
+		hasAVX2 = vec
+		for _, w := range []int{2, 4} {
+			for _, rot := range []bool{false, true} {
+				for n := 0; n < 200; n++ {
+					src := randomBytes(n*w+n%w, uint64(n))
+					t.Run(fmt.Sprintf("avx2=%v/w%d/rot=%v/n%d", vec, w, rot, n), func(t *testing.T) {
+						want := refPlanes(src, w, rot)
+						got := make([]byte, n*w)
+						shuffle(got, src[:n*w], w, rot)
+						if !bytes.Equal(got, want) {
+							t.Fatalf("shuffle:\n got %x\nwant %x", got, want)
+						}
+						back := make([]byte, n*w)
+						unshuffle(back, got, w, rot)
+						if !bytes.Equal(back, src[:n*w]) {
+							t.Fatalf("unshuffle:\n got %x\nwant %x", back, src[:n*w])
+						}
+					})
+				}
+			}
+		}
+	}
+}
+
+// TestRotateLanes: the lane rotations agree with math/bits on every lane.
+func TestRotateLanes(t *testing.T) {
+	for _, x := range []uint64{0, 1, 0x8000000080000000, 0x8001800180018001, 0xDEADBEEFCAFEF00D} {
+		var w32, w16 uint64
+		for l := range 2 {
+			w32 |= uint64(bits.RotateLeft32(uint32(x>>(32*l)), 1)) << (32 * l)
+		}
+		for l := range 4 {
+			w16 |= uint64(bits.RotateLeft16(uint16(x>>(16*l)), 1)) << (16 * l)
+		}
+		if rotl32x2(x) != w32 || rotr32x2(w32) != x {
+			t.Errorf("32-bit lanes of %#x: %#x, want %#x", x, rotl32x2(x), w32)
+		}
+		if rotl16x4(x) != w16 || rotr16x4(w16) != x {
+			t.Errorf("16-bit lanes of %#x: %#x, want %#x", x, rotl16x4(x), w16)
+		}
+	}
+}
+
+// TestCompactNonZero compares the zero-map compaction with a plain loop, for every width
+// the codec meets and zero densities from none to all.
+func TestCompactNonZero(t *testing.T) {
+	for _, w := range []int{2, 3, 4, 8} {
+		for _, every := range []int{1, 2, 3, 7, 1000} {
+			for _, n := range []int{0, 1, 7, 8, 9, 63, 64, 65, 1000} {
+				body := randomBytes(n*w, uint64(n*w+every))
+				for i := 0; i < n; i += every {
+					clear(body[i*w : (i+1)*w])
+				}
+				wantMap := make([]byte, (n+7)/8)
+				var wantVals []byte
+				for i := range n {
+					if allZero(body[i*w : (i+1)*w]) {
+						wantMap[i/8] |= 1 << (i % 8)
+					} else {
+						wantVals = append(wantVals, body[i*w:(i+1)*w]...)
+					}
+				}
+				bitmap := bytes.Repeat([]byte{0xAA}, (n+7)/8)
+				compact := make([]byte, n*w)
+				k := compactNonZero(bitmap, compact, body, w)
+				if k*w != len(wantVals) || !bytes.Equal(compact[:k*w], wantVals) || !bytes.Equal(bitmap, wantMap) {
+					t.Errorf("w %d, n %d, zero every %d: %d kept, bitmap %x; want %d, %x",
+						w, n, every, k, bitmap, len(wantVals)/w, wantMap)
+				}
+			}
+		}
+	}
+}
+
+// TestLooksUniform: a chunk judged uniform is one Huffman coding would not shrink by more
+// than about 1 % (or that huff0 refuses outright), and the obvious cases go each way.
+func TestLooksUniform(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	gen := func(f func() byte) []byte {
+		b := make([]byte, literalsChunk)
+		for i := range b {
+			b[i] = f()
+		}
+		return b
+	}
+	planes := make([]byte, 4<<20)
+	shuffle(planes, normalF32(1<<20, 0, 9), 4, true)
+	cases := []struct {
+		name string
+		c    []byte
+		want int // 1 uniform, 0 not, -1 either (checked against huff0 only)
+	}{
+		{"random", gen(func() byte { return byte(r.Uint32()) }), 1},
+		{"200 values", gen(func() byte { return byte(r.IntN(200)) }), -1},
+		{"128 values", gen(func() byte { return byte(r.IntN(128)) }), 0},
+		{"16 values", gen(func() byte { return byte(r.IntN(16)) }), 0},
+		{"one value in 8", gen(func() byte {
+			if r.IntN(8) == 0 {
+				return 0
+			}
+			return byte(r.Uint32())
+		}), 0},
+		{"fp32 plane 0", planes[:literalsChunk], 1},
+		{"fp32 plane 2", planes[2<<20 : 2<<20+literalsChunk], -1},
+		{"fp32 exponent plane", planes[3<<20 : 3<<20+literalsChunk], 0},
+	}
+	for _, tc := range cases {
+		got := looksUniform(tc.c)
+		if tc.want >= 0 && got != (tc.want == 1) {
+			t.Errorf("%s: uniform %v, want %v", tc.name, got, tc.want == 1)
+		}
+		if !got {
+			continue
+		}
+		out, _, err := huff0.Compress4X(tc.c, &huff0.Scratch{})
+		if err == nil && len(out) < len(tc.c)*99/100 {
+			t.Errorf("%s: judged uniform, but huff0 shrinks it to %d of %d bytes", tc.name, len(out), len(tc.c))
+		}
+	}
+}
