@@ -426,3 +426,50 @@ func sub(a, b uint64) uint64 {
 }
 
 func pidKey(pid int) string { return strconv.Itoa(pid) }
+
+// ProcessTotals are one process's cumulative counters since its first watched event, read
+// on demand (per token, not per interval): differences of two readings are what the
+// process did in between.
+type ProcessTotals struct {
+	// OffCPU is the sum over the process's threads; BlockedNs is left 0.
+	OffCPU OffCPU
+	// PageFaults counts user page faults.
+	PageFaults uint64
+	// SyscallCount counts returned syscalls; SyscallNs is the entry→exit time of the
+	// SyscallTimed of them that were timed (read/write may be sampled).
+	SyscallCount, SyscallTimed, SyscallNs uint64
+	// ReadBytes and WriteBytes are /proc/<pid>/io read_bytes and write_bytes: storage
+	// bytes the process caused to be read (at submission, readahead included) and to be
+	// written (when it dirtied page-cache pages, not when writeback reached the disk).
+	ReadBytes, WriteBytes uint64
+}
+
+// ProcessTotals reads pid's cumulative counters. It needs the kernel probes (ErrUnsupported
+// without them); pid must be watched for the probe counters to grow.
+func (c *Collector) ProcessTotals(pid int) (ProcessTotals, error) {
+	if pid <= 0 {
+		return ProcessTotals{}, ErrBadPID
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ProcessTotals{}, ErrClosed
+	}
+	if c.probes == nil || c.status[CollectorOffCPU].Source != SourceBPF {
+		return ProcessTotals{}, ErrUnsupported
+	}
+	t, err := c.probes.procTotals(uint32(pid))
+	if err != nil {
+		return t, err
+	}
+	p, err := c.procFS.Proc(pid)
+	if err != nil {
+		return t, fmt.Errorf("proc %d: %w", pid, err)
+	}
+	io, err := p.IO()
+	if err != nil {
+		return t, fmt.Errorf("proc %d io: %w", pid, err)
+	}
+	t.ReadBytes, t.WriteBytes = io.ReadBytes, io.WriteBytes
+	return t, nil
+}

@@ -16,3 +16,5 @@ func (p *probes) forgetProcess(uint32)                  {}
 func (p *probes) forgetThread(uint32)                   {}
 func (p *probes) sweepThreads(func(uint32) bool)        {}
 func (p *probes) close() error                          { return nil }
+
+func (p *probes) procTotals(uint32) (ProcessTotals, error) { return ProcessTotals{}, ErrUnsupported }
