@@ -74,6 +74,10 @@ type Snapshot struct {
 	// this line is written to (set by the capture server, never by Snapshot); absent when
 	// the session recorded no token in the interval.
 	TokensKernel []TokenKernel `json:"tokens_kernel,omitempty"`
+
+	// Spans are the application's correlation spans overlapping the interval (strapd
+	// trace --spans); absent without a spans file.
+	Spans []Span `json:"spans,omitempty"`
 }
 
 // TokenKernel is what the kernel did for a session's client process while it generated one

@@ -67,6 +67,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--disable-correlation", action="store_true", help="Do not add the corr_id field to events."
     )
+    parser.add_argument(
+        "--spans", type=str, default=os.environ.get("STRAP_SPANS_FILE"),
+        help="Correlation spans file (llm_instrumentation.correlate; default $STRAP_SPANS_FILE): "
+        "corr_id is the request whose span overlaps each interval.",
+    )
     parser.add_argument("command", nargs="*", help="Subcommand: run (default) or top.")
     return parser.parse_args(argv)
 
@@ -330,6 +335,13 @@ def snapshot_to_events(snap: Dict[str, Any], only: Sequence[str], single_pid: Op
     return events
 
 
+def corr_fields(snap: Dict[str, Any]) -> tuple:
+    """``(corr_id, corr_ids)`` of a snapshot: the distinct ids of the spans overlapping its
+    interval, sorted, and the id when there is exactly one (1.3.1's field holds one id)."""
+    ids = sorted({s["corr_id"] for s in snap.get("spans", [])})
+    return (ids[0] if len(ids) == 1 else None), ids
+
+
 class _Sink:
     """1.3.1's aggregator output: sorted-key compact JSON; to a file, buffered until
     ``flush_every`` lines are pending or an interval has passed since the last flush (so in
@@ -384,6 +396,8 @@ def strapd_trace_argv(binary: str, args: argparse.Namespace, pids: List[int], cg
         argv += ["--cgroup", cgroup]
     if "sched" in only:
         argv.append("--per-thread")
+    if args.spans and not args.disable_correlation:
+        argv += ["--spans", str(args.spans)]
     return argv
 
 
@@ -457,7 +471,7 @@ def run(args: argparse.Namespace) -> int:
                 ev["ts_ns"] = ts_ns
                 ev["ts"] = ts
                 if corr:
-                    ev["corr_id"] = None
+                    ev["corr_id"], ev["corr_ids"] = corr_fields(snap)
                 if labels:
                     ev["labels"] = dict(labels)
             sink.write_batch(events)
