@@ -248,6 +248,7 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 		pids[int(t.tgid)] = true
 	}
 
+	defer c.forgetThreadCPU(pids)
 	for pid := range pids {
 		key := pidKey(pid)
 		alive := pidAlive(c.opts.ProcRoot, pid)
@@ -286,6 +287,9 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 			s.OffCPUNs[key] = 0
 		}
 		c.kernelStats(s, raw, pid, key)
+		if alive {
+			c.threadCPU(s, pid, key)
+		}
 		if alive && c.status[CollectorMemory].Source == SourceProc {
 			if m, err := readMemory(c.procFS, pid); err == nil {
 				s.Memory[key] = m

@@ -131,6 +131,8 @@ type Collector struct {
 	blockFS   blockdevice.FS // opts.ProcRoot and opts.SysRoot
 	devs      devNames
 	prevStats map[string]ProgStats
+	// prevThreadCPU is each reported process's per-thread schedstat run time (tid -> ns).
+	prevThreadCPU map[int]map[int]uint64
 }
 
 // collectorPrograms lists the BPF programs each collector needs.
@@ -188,7 +190,8 @@ func Start(opts Options) (*Collector, error) {
 	c := &Collector{
 		opts: opts, log: log, watched: map[int]bool{}, status: map[string]*CollectorStatus{},
 		prevProc: map[int]ProcFaults{}, prevCtx: map[int][2]uint64{}, prevStats: map[string]ProgStats{},
-		devs: devNames{sysRoot: opts.SysRoot},
+		prevThreadCPU: map[int]map[int]uint64{},
+		devs:          devNames{sysRoot: opts.SysRoot},
 	}
 	var err error
 	if c.procFS, err = procfs.NewFS(opts.ProcRoot); err != nil {

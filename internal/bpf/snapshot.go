@@ -75,6 +75,10 @@ type Snapshot struct {
 	// the session recorded no token in the interval.
 	TokensKernel []TokenKernel `json:"tokens_kernel,omitempty"`
 
+	// ThreadCPU is each process's on-CPU time by thread name; absent when no watched
+	// process's threads could be read.
+	ThreadCPU map[string]map[string]ThreadCPU `json:"thread_cpu,omitempty"`
+
 	// Spans are the application's correlation spans overlapping the interval (strapd
 	// trace --spans); absent without a spans file.
 	Spans []Span `json:"spans,omitempty"`
