@@ -77,6 +77,9 @@ type Options struct {
 	Logger *zap.Logger
 	// ProcRoot and SysRoot default to /proc and /sys (overridden by tests).
 	ProcRoot, SysRoot string
+	// CPUNodes maps CPU number to NUMA node for the cross-node migration count; nil reads
+	// it from SysRoot/devices/system/node/node*/cpulist (tests pass a fake topology).
+	CPUNodes map[int]int
 }
 
 // CollectorStatus reports how one collector runs.
@@ -133,6 +136,8 @@ type Collector struct {
 	prevStats map[string]ProgStats
 	// prevThreadCPU is each reported process's per-thread schedstat run time (tid -> ns).
 	prevThreadCPU map[int]map[int]uint64
+	// numaNodes is how many NUMA nodes the CPU topology given to the probes has.
+	numaNodes int
 }
 
 // collectorPrograms lists the BPF programs each collector needs.
@@ -216,6 +221,17 @@ func Start(opts Options) (*Collector, error) {
 		loadErr = errors.New("disabled by option")
 	} else {
 		c.probes, failed, loadErr = loadProbes(uint32(max(1, opts.SampleReadWrite)))
+	}
+	if c.probes != nil {
+		nodes := opts.CPUNodes
+		if nodes == nil {
+			nodes = readCPUNodes(opts.SysRoot)
+		}
+		if err := c.probes.setCPUNodes(nodes); err != nil {
+			c.log.Warn("cpu to NUMA node map not loaded; no cross-node migrations counted", zap.Error(err))
+		} else {
+			c.numaNodes = countNodes(nodes)
+		}
 	}
 	for _, name := range collectorOrder {
 		st := &CollectorStatus{Name: name, Programs: collectorPrograms[name], Source: SourceBPF}

@@ -241,7 +241,7 @@ func (p *probes) read(sweep bool) (rawCounters, error) {
 	it = p.objs.ThreadStatsMap.Iterate()
 	for it.Next(&tk, &tv) {
 		raw.threads[tk] = threadCounters{tgid: tv.Tgid, runnable: tv.RunnableNs, sleep: tv.SleepNs, io: tv.IoNs,
-			nvcsw: tv.Nvcsw, nivcsw: tv.Nivcsw, migration: tv.Migrations}
+			nvcsw: tv.Nvcsw, nivcsw: tv.Nivcsw, migration: tv.Migrations, crossNode: tv.CrossNode}
 	}
 	if err := it.Err(); err != nil {
 		errs = append(errs, fmt.Errorf("thread stats: %w", err))
@@ -432,4 +432,18 @@ func (p *probes) procTotals(tgid uint32) (ProcessTotals, error) {
 		errs = append(errs, fmt.Errorf("syscall stats: %w", err))
 	}
 	return out, errors.Join(errs...)
+}
+
+// setCPUNodes loads the CPU → NUMA node map the migration probe compares; CPUs past the
+// map's size are left at node 0.
+func (p *probes) setCPUNodes(nodes map[int]int) error {
+	for cpu, node := range nodes {
+		if cpu < 0 || cpu >= int(p.objs.CpuNode.MaxEntries()) || node < 0 {
+			continue
+		}
+		if err := p.objs.CpuNode.Put(uint32(cpu), uint32(node)); err != nil {
+			return fmt.Errorf("cpu_node[%d]: %w", cpu, err)
+		}
+	}
+	return nil
 }

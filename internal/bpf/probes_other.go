@@ -18,3 +18,5 @@ func (p *probes) sweepThreads(func(uint32) bool)        {}
 func (p *probes) close() error                          { return nil }
 
 func (p *probes) procTotals(uint32) (ProcessTotals, error) { return ProcessTotals{}, ErrUnsupported }
+
+func (p *probes) setCPUNodes(map[int]int) error { return ErrUnsupported }

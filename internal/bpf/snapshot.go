@@ -75,6 +75,9 @@ type Snapshot struct {
 	// the session recorded no token in the interval.
 	TokensKernel []TokenKernel `json:"tokens_kernel,omitempty"`
 
+	// NUMA is each process's cross-node CPU migrations; absent on a one-node machine.
+	NUMA map[string]NUMA `json:"numa,omitempty"`
+
 	// ThreadCPU is each process's on-CPU time by thread name; absent when no watched
 	// process's threads could be read.
 	ThreadCPU map[string]map[string]ThreadCPU `json:"thread_cpu,omitempty"`

@@ -1,5 +1,70 @@
 package bpf
 
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// NUMA is a process's NUMA behaviour over the interval.
+type NUMA struct {
+	// CrossNodeMigrations counts CPU migrations of its threads whose source and
+	// destination CPUs are on different nodes (a thread leaving its memory's node).
+	CrossNodeMigrations uint64 `json:"cross_node_migrations"`
+}
+
+// readCPUNodes maps each CPU to its node from sysRoot/devices/system/node/node*/cpulist;
+// empty when sysfs has no node directories (then no migration is cross-node).
+func readCPUNodes(sysRoot string) map[int]int {
+	out := map[int]int{}
+	dirs, _ := filepath.Glob(filepath.Join(sysRoot, "devices/system/node/node[0-9]*"))
+	for _, d := range dirs {
+		node, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(d), "node"))
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(d, "cpulist"))
+		if err != nil {
+			continue
+		}
+		for _, cpu := range parseCPUList(strings.TrimSpace(string(b))) {
+			out[cpu] = node
+		}
+	}
+	return out
+}
+
+// parseCPUList expands a kernel cpulist ("0-3,8,10-11"); malformed parts are skipped.
+func parseCPUList(s string) []int {
+	var cpus []int
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil || a < 0 {
+			continue
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.Atoi(hi); err != nil || b < a || b-a > 1<<16 {
+				continue
+			}
+		}
+		for cpu := a; cpu <= b; cpu++ {
+			cpus = append(cpus, cpu)
+		}
+	}
+	return cpus
+}
+
+func countNodes(nodes map[int]int) int {
+	seen := map[int]bool{}
+	for _, n := range nodes {
+		seen[n] = true
+	}
+	return len(seen)
+}
+
 // ThreadCPU is the CPU time of one process's threads that share a name (torch's
 // intra-op pool, a tokenizer worker, the main thread) over the interval.
 type ThreadCPU struct {
