@@ -152,3 +152,21 @@ def test_run_writes_every_collector(tmp_path: Path) -> None:
     assert {e["pid"] for e in nets} == {load.pid}
     assert sum(e["tx_calls"] for e in nets) > 0 and sum(e["tx_bytes_s"] for e in nets) > 0
     assert any(e["requests"] > 0 for e in events if e["type"] == "disk")
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0, reason="the probes need root")
+def test_top_execs_strapd_top() -> None:
+    binary = strapd_bin()
+    if not binary.exists():
+        pytest.skip(f"strapd binary not built: {binary}")
+    env = dict(os.environ, STRAPD_BIN=str(binary),
+               PYTHONPATH=str(HERE.parent / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    res = subprocess.run(
+        [sys.executable, "-m", "llm_instrumentation.cli.llm_prof", "--pid", str(os.getpid()), "--interval", "0.3",
+         "--log", "ERROR", "top", "--", "--count", "1", "--no-daemon"],
+        env=env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    # Not a terminal: one plain screen, this process among the watched ones.
+    assert res.stdout.startswith("strapd top") and "\x1b[" not in res.stdout
+    assert f"{os.getpid()} " in res.stdout and "SESSIONS  (not asked: --no-daemon)" in res.stdout
