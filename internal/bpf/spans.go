@@ -131,13 +131,25 @@ func (t *SpanTail) Poll() error {
 	if fi.Size() == t.off {
 		return nil
 	}
-	data, err := io.ReadAll(io.NewSectionReader(f, t.off, fi.Size()-t.off))
-	if err != nil {
-		return fmt.Errorf("spans %s: %w", t.path, err)
+	// In bounded chunks: a long-lived server's spans file read from its start can be large.
+	buf := make([]byte, spanChunk)
+	for t.off < fi.Size() {
+		n, err := f.ReadAt(buf[:min(int64(len(buf)), fi.Size()-t.off)], t.off)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("spans %s: %w", t.path, err)
+		}
+		before := t.off
+		t.Feed(buf[:n], &t.off)
+		if t.off == before {
+			return nil // a partial last line: wait for the rest
+		}
 	}
-	t.Feed(data, &t.off)
 	return nil
 }
+
+// spanChunk is how much of the spans file Poll reads at once; larger than maxSpanLine, so
+// every full chunk holds a whole line or is skipped as one too long.
+const spanChunk = 1 << 20
 
 // Feed consumes the whole lines at the start of data and advances *off by their length;
 // a trailing partial line is left unless it exceeds the line limit, in which case it is

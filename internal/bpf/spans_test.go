@@ -3,6 +3,7 @@ package bpf
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 )
 
@@ -130,5 +131,36 @@ func TestSpanTailDropsOpenSpansOfGoneProcesses(t *testing.T) {
 		`{"event":"start","corr_id":"crashed","pid":999999,"tid":5,"t":1}`+"\n"), &off)
 	if got := tail.Overlapping(0, 2); len(got) != 1 || got[0].CorrID != "live" {
 		t.Fatalf("spans %+v: the crashed process's open span must be dropped", got)
+	}
+}
+
+// TestSpanTailChunks reads a spans file larger than one chunk, ending in a partial line.
+func TestSpanTailChunks(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "spans.jsonl")
+	var b []byte
+	n := 0
+	for len(b) < 3*spanChunk {
+		id := "r" + strconv.Itoa(n)
+		b = append(b, `{"event":"start","corr_id":"`+id+`","pid":1,"tid":1,"t":1}`+"\n"+
+			`{"event":"end","corr_id":"`+id+`","pid":1,"tid":1,"t":2}`+"\n"...)
+		n++
+	}
+	b = append(b, `{"event":"start","corr_id":"last","pid":1,"tid":1,"t":3`...)
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tail, err := NewSpanTail(p, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tail.alive = func(int) bool { return true }
+	if err := tail.Poll(); err != nil {
+		t.Fatal(err)
+	}
+	if got := tail.Overlapping(0, 2.5); len(got) != n || tail.Bad != 0 {
+		t.Fatalf("%d spans, %d bad; want %d and 0", len(got), tail.Bad, n)
+	}
+	if want := int64(len(b) - len(`{"event":"start","corr_id":"last","pid":1,"tid":1,"t":3`)); tail.off != want {
+		t.Fatalf("offset %d, want %d", tail.off, want)
 	}
 }

@@ -19,7 +19,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, Dict, Iterator, List, Optional, Sequence
+from typing import IO, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .._daemon import find_strapd_binary
 
@@ -162,8 +162,10 @@ def _max_us(buckets: List[Dict[str, int]]) -> float:
     return float(1 << max(b["slot"] for b in buckets)) if buckets else 0.0
 
 
-def _syscall_events(per_pid: Dict[str, Dict[str, Dict[str, Any]]], interval: float, mmap_bytes: Dict[str, int]) -> Iterator[Dict[str, Any]]:
-    by_name: Dict[str, List[tuple]] = {}
+def _syscall_events(
+    per_pid: Dict[str, Dict[str, Dict[str, Any]]], interval: float, mmap_bytes: Dict[str, int]
+) -> Iterator[Dict[str, Any]]:
+    by_name: Dict[str, List[Tuple[int, Dict[str, Any]]]] = {}
     for pid, names in per_pid.items():
         for name, st in names.items():
             by_name.setdefault(name, []).append((int(pid), st))
@@ -335,7 +337,7 @@ def snapshot_to_events(snap: Dict[str, Any], only: Sequence[str], single_pid: Op
     return events
 
 
-def corr_fields(snap: Dict[str, Any]) -> tuple:
+def corr_fields(snap: Dict[str, Any]) -> Tuple[Optional[str], List[str]]:
     """``(corr_id, corr_ids)`` of a snapshot: the distinct ids of the spans overlapping its
     interval, sorted, and the id when there is exactly one (1.3.1's field holds one id)."""
     ids = sorted({s["corr_id"] for s in snap.get("spans", [])})
