@@ -113,11 +113,11 @@ func TestQuantileUs(t *testing.T) {
 // live session that sends tokens, reads the screen and quits with q.
 func TestTopInTmux(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("the probes need root")
+		t.Skip("skipping: the probes need root")
 	}
 	tmux, err := exec.LookPath("tmux")
 	if err != nil {
-		t.Skip("tmux not installed")
+		t.Skip("skipping: tmux not installed (Debian: apt-get install -y tmux)")
 	}
 	bin := strapdBinary(t)
 	dir := shortDir(t)
