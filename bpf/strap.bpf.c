@@ -112,6 +112,7 @@ struct thread_stats {
 	__u64 nvcsw;
 	__u64 nivcsw;
 	__u64 migrations;
+	__u64 cross_node; // migrations whose source and destination CPUs are on different NUMA nodes
 };
 
 struct proc_stats {
@@ -202,6 +203,29 @@ struct {
 	__type(key, __u64);
 	__type(value, __u8);
 } watched_cgroups SEC(".maps");
+
+// cpu_node[cpu]: the NUMA node of each CPU, filled from sysfs at load (all 0 when
+// unknown, so no migration counts as cross-node).
+#define MAX_CPUS 1024
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_CPUS);
+	__type(key, __u32);
+	__type(value, __u32);
+} cpu_node SEC(".maps");
+
+// Kernels before 5.16 keep the CPU in task_struct, later ones in thread_info.
+struct task_struct___old {
+	unsigned int cpu;
+} __attribute__((preserve_access_index));
+
+static __always_inline __u32 task_cpu_of(struct task_struct *p)
+{
+	if (bpf_core_field_exists(p->thread_info.cpu))
+		return BPF_CORE_READ(p, thread_info.cpu);
+	struct task_struct___old *o = (void *)p;
+	return BPF_CORE_READ(o, cpu);
+}
 
 // cfg[0]: number of watched cgroups (0 skips the cgroup-id read on every event).
 struct {
@@ -585,8 +609,14 @@ int BPF_PROG(sched_migrate_task, struct task_struct *p, int dest_cpu)
 	if (tid == 0 || !task_watched(p, tgid))
 		return 0;
 	struct thread_stats *ts = thread_entry(tid, tgid);
-	if (ts)
-		__sync_fetch_and_add(&ts->migrations, 1);
+	if (!ts)
+		return 0;
+	__sync_fetch_and_add(&ts->migrations, 1);
+	__u32 from = task_cpu_of(p), to = dest_cpu;
+	__u32 *nf = bpf_map_lookup_elem(&cpu_node, &from);
+	__u32 *nt = bpf_map_lookup_elem(&cpu_node, &to);
+	if (nf && nt && *nf != *nt)
+		__sync_fetch_and_add(&ts->cross_node, 1);
 	return 0;
 }
 

@@ -38,6 +38,7 @@ func run() int {
 		newInspectCmd(),
 		newVerifyCmd(),
 		newTraceCmd(logger),
+		newTopCmd(logger),
 		newResumeCmd(),
 		newVersionCmd(),
 	)

@@ -40,6 +40,9 @@ type traceConfig struct {
 	// SampleReadWrite times one read/write syscall in N in the syscall latency
 	// histograms (1: every one).
 	SampleReadWrite int
+	// Spans is a correlation spans file applications append to (llm_instrumentation.correlate);
+	// the spans overlapping each snapshot are attached to it. "" for none.
+	Spans string
 }
 
 func (c *traceConfig) validate() error {
@@ -94,6 +97,7 @@ BTF) are reported once and replaced by /proc fallbacks where those exist.`,
 	f.BoolVar(&cfg.PerThread, "per-thread", false, "add the per-thread off-CPU / scheduler breakdown")
 	f.IntVar(&cfg.Count, "count", 0, "stop after this many snapshots (0: until interrupted)")
 	f.BoolVar(&cfg.NoBPF, "no-bpf", false, "do not load eBPF probes; /proc fallbacks only")
+	f.StringVar(&cfg.Spans, "spans", "", "correlation spans file (JSONL, appended by llm_instrumentation.correlate) whose spans are attached to the snapshots they overlap")
 	f.IntVar(&cfg.SampleReadWrite, "sample-read-write", 1, "time one read/write syscall in N for the latency histograms (counts stay exact)")
 	return cmd
 }
@@ -133,8 +137,26 @@ func runTrace(parent context.Context, cfg traceConfig, log *zap.Logger) error {
 	log.Info("tracing", zap.Float64("interval_s", cfg.IntervalS), zap.String("output", cfg.Output),
 		zap.Bool("no_output", cfg.NoOutput), zap.Ints("watched", col.Status().Watched))
 
+	var spans *bpf.SpanTail
+	if cfg.Spans != "" {
+		if spans, err = bpf.NewSpanTail(cfg.Spans, true); err != nil {
+			return fmt.Errorf("trace: %w", err)
+		}
+	}
+	var badSpans uint64
 	emit := func() error {
 		s := col.Snapshot()
+		if spans != nil {
+			if err := spans.Poll(); err != nil {
+				log.Warn("spans file not read", zap.Error(err))
+			}
+			s.Spans = spans.Overlapping(s.Timestamp-s.IntervalS, s.Timestamp)
+			if n := spans.Bad - badSpans; n > 0 {
+				s.Drops["spans_malformed"] = n
+				log.Warn("malformed lines in the spans file skipped", zap.Uint64("lines", n), zap.Error(spans.LastErr))
+				badSpans = spans.Bad
+			}
+		}
 		if w == nil {
 			return bpf.FormatText(os.Stdout, s)
 		}

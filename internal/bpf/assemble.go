@@ -30,8 +30,8 @@ type devCounters struct {
 }
 
 type threadCounters struct {
-	tgid                                          uint32
-	runnable, sleep, io, nvcsw, nivcsw, migration uint64
+	tgid                                                     uint32
+	runnable, sleep, io, nvcsw, nivcsw, migration, crossNode uint64
 }
 
 type procCounters struct {
@@ -248,6 +248,7 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 		pids[int(t.tgid)] = true
 	}
 
+	defer c.forgetThreadCPU(pids)
 	for pid := range pids {
 		key := pidKey(pid)
 		alive := pidAlive(c.opts.ProcRoot, pid)
@@ -286,6 +287,9 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 			s.OffCPUNs[key] = 0
 		}
 		c.kernelStats(s, raw, pid, key)
+		if alive {
+			c.threadCPU(s, pid, key)
+		}
 		if alive && c.status[CollectorMemory].Source == SourceProc {
 			if m, err := readMemory(c.procFS, pid); err == nil {
 				s.Memory[key] = m
@@ -344,6 +348,14 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 			sc.Voluntary += t.Voluntary
 			sc.Involuntary += t.Involuntary
 			sc.Migrations += t.Migrations
+			if c.numaNodes > 1 {
+				if s.NUMA == nil {
+					s.NUMA = map[string]NUMA{}
+				}
+				n := s.NUMA[key]
+				n.CrossNodeMigrations += sub(cur.crossNode, prev.crossNode)
+				s.NUMA[key] = n
+			}
 			s.Sched[key] = sc
 		}
 		if c.opts.PerThread && t.RunnableNs+t.BlockedNs+t.Voluntary+t.Involuntary+t.Migrations > 0 {

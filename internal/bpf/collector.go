@@ -77,6 +77,9 @@ type Options struct {
 	Logger *zap.Logger
 	// ProcRoot and SysRoot default to /proc and /sys (overridden by tests).
 	ProcRoot, SysRoot string
+	// CPUNodes maps CPU number to NUMA node for the cross-node migration count; nil reads
+	// it from SysRoot/devices/system/node/node*/cpulist (tests pass a fake topology).
+	CPUNodes map[int]int
 }
 
 // CollectorStatus reports how one collector runs.
@@ -131,6 +134,10 @@ type Collector struct {
 	blockFS   blockdevice.FS // opts.ProcRoot and opts.SysRoot
 	devs      devNames
 	prevStats map[string]ProgStats
+	// prevThreadCPU is each reported process's per-thread schedstat run time (tid -> ns).
+	prevThreadCPU map[int]map[int]uint64
+	// numaNodes is how many NUMA nodes the CPU topology given to the probes has.
+	numaNodes int
 }
 
 // collectorPrograms lists the BPF programs each collector needs.
@@ -188,7 +195,8 @@ func Start(opts Options) (*Collector, error) {
 	c := &Collector{
 		opts: opts, log: log, watched: map[int]bool{}, status: map[string]*CollectorStatus{},
 		prevProc: map[int]ProcFaults{}, prevCtx: map[int][2]uint64{}, prevStats: map[string]ProgStats{},
-		devs: devNames{sysRoot: opts.SysRoot},
+		prevThreadCPU: map[int]map[int]uint64{},
+		devs:          devNames{sysRoot: opts.SysRoot},
 	}
 	var err error
 	if c.procFS, err = procfs.NewFS(opts.ProcRoot); err != nil {
@@ -213,6 +221,17 @@ func Start(opts Options) (*Collector, error) {
 		loadErr = errors.New("disabled by option")
 	} else {
 		c.probes, failed, loadErr = loadProbes(uint32(max(1, opts.SampleReadWrite)))
+	}
+	if c.probes != nil {
+		nodes := opts.CPUNodes
+		if nodes == nil {
+			nodes = readCPUNodes(opts.SysRoot)
+		}
+		if err := c.probes.setCPUNodes(nodes); err != nil {
+			c.log.Warn("cpu to NUMA node map not loaded; no cross-node migrations counted", zap.Error(err))
+		} else {
+			c.numaNodes = countNodes(nodes)
+		}
 	}
 	for _, name := range collectorOrder {
 		st := &CollectorStatus{Name: name, Programs: collectorPrograms[name], Source: SourceBPF}
@@ -426,3 +445,50 @@ func sub(a, b uint64) uint64 {
 }
 
 func pidKey(pid int) string { return strconv.Itoa(pid) }
+
+// ProcessTotals are one process's cumulative counters since its first watched event, read
+// on demand (per token, not per interval): differences of two readings are what the
+// process did in between.
+type ProcessTotals struct {
+	// OffCPU is the sum over the process's threads; BlockedNs is left 0.
+	OffCPU OffCPU
+	// PageFaults counts user page faults.
+	PageFaults uint64
+	// SyscallCount counts returned syscalls; SyscallNs is the entry→exit time of the
+	// SyscallTimed of them that were timed (read/write may be sampled).
+	SyscallCount, SyscallTimed, SyscallNs uint64
+	// ReadBytes and WriteBytes are /proc/<pid>/io read_bytes and write_bytes: storage
+	// bytes the process caused to be read (at submission, readahead included) and to be
+	// written (when it dirtied page-cache pages, not when writeback reached the disk).
+	ReadBytes, WriteBytes uint64
+}
+
+// ProcessTotals reads pid's cumulative counters. It needs the kernel probes (ErrUnsupported
+// without them); pid must be watched for the probe counters to grow.
+func (c *Collector) ProcessTotals(pid int) (ProcessTotals, error) {
+	if pid <= 0 {
+		return ProcessTotals{}, ErrBadPID
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ProcessTotals{}, ErrClosed
+	}
+	if c.probes == nil || c.status[CollectorOffCPU].Source != SourceBPF {
+		return ProcessTotals{}, ErrUnsupported
+	}
+	t, err := c.probes.procTotals(uint32(pid))
+	if err != nil {
+		return t, err
+	}
+	p, err := c.procFS.Proc(pid)
+	if err != nil {
+		return t, fmt.Errorf("proc %d: %w", pid, err)
+	}
+	io, err := p.IO()
+	if err != nil {
+		return t, fmt.Errorf("proc %d io: %w", pid, err)
+	}
+	t.ReadBytes, t.WriteBytes = io.ReadBytes, io.WriteBytes
+	return t, nil
+}

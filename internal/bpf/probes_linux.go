@@ -241,7 +241,7 @@ func (p *probes) read(sweep bool) (rawCounters, error) {
 	it = p.objs.ThreadStatsMap.Iterate()
 	for it.Next(&tk, &tv) {
 		raw.threads[tk] = threadCounters{tgid: tv.Tgid, runnable: tv.RunnableNs, sleep: tv.SleepNs, io: tv.IoNs,
-			nvcsw: tv.Nvcsw, nivcsw: tv.Nivcsw, migration: tv.Migrations}
+			nvcsw: tv.Nvcsw, nivcsw: tv.Nivcsw, migration: tv.Migrations, crossNode: tv.CrossNode}
 	}
 	if err := it.Err(); err != nil {
 		errs = append(errs, fmt.Errorf("thread stats: %w", err))
@@ -390,4 +390,60 @@ func (p *probes) close() error {
 	}
 	errs = append(errs, p.objs.Close())
 	return errors.Join(errs...)
+}
+
+// procTotals sums one process's cumulative counters: its threads' off-CPU time, its user
+// page faults, and its syscalls' count and timed time. The thread and syscall tables hold
+// only watched processes, so walking them is cheap; an exited thread whose entry was
+// already removed is no longer in the sum.
+func (p *probes) procTotals(tgid uint32) (ProcessTotals, error) {
+	var out ProcessTotals
+	var errs []error
+	var tk uint32
+	var tv strapThreadStats
+	it := p.objs.ThreadStatsMap.Iterate()
+	for it.Next(&tk, &tv) {
+		if tv.Tgid == tgid {
+			out.OffCPU.RunnableNs += tv.RunnableNs
+			out.OffCPU.SleepNs += tv.SleepNs
+			out.OffCPU.IONs += tv.IoNs
+		}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("thread stats: %w", err))
+	}
+	var pv strapProcStats
+	if err := p.objs.ProcStatsMap.Lookup(tgid, &pv); err == nil {
+		out.PageFaults = pv.PageFaults
+	} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+		errs = append(errs, fmt.Errorf("proc stats: %w", err))
+	}
+	var lk strapTgidKey
+	var lv strapLatStats
+	it = p.objs.SyscallStats.Iterate()
+	for it.Next(&lk, &lv) {
+		if lk.Tgid == tgid {
+			out.SyscallCount += lv.Count
+			out.SyscallTimed += lv.Timed
+			out.SyscallNs += lv.TotalNs
+		}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("syscall stats: %w", err))
+	}
+	return out, errors.Join(errs...)
+}
+
+// setCPUNodes loads the CPU → NUMA node map the migration probe compares; CPUs past the
+// map's size are left at node 0.
+func (p *probes) setCPUNodes(nodes map[int]int) error {
+	for cpu, node := range nodes {
+		if cpu < 0 || cpu >= int(p.objs.CpuNode.MaxEntries()) || node < 0 {
+			continue
+		}
+		if err := p.objs.CpuNode.Put(uint32(cpu), uint32(node)); err != nil {
+			return fmt.Errorf("cpu_node[%d]: %w", cpu, err)
+		}
+	}
+	return nil
 }

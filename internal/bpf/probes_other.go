@@ -25,3 +25,7 @@ func (p *probes) forgetProcess(uint32)                  {}
 func (p *probes) forgetThread(uint32)                   {}
 func (p *probes) sweepThreads(func(uint32) bool)        {}
 func (p *probes) close() error                          { return nil }
+
+func (p *probes) procTotals(uint32) (ProcessTotals, error) { return ProcessTotals{}, ErrUnsupported }
+
+func (p *probes) setCPUNodes(map[int]int) error { return ErrUnsupported }

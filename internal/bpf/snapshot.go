@@ -69,6 +69,73 @@ type Snapshot struct {
 	// Drops counts events the probes could not record in the interval, by reason; a
 	// non-zero value means the numbers above are undercounts.
 	Drops map[string]uint64 `json:"drops"`
+
+	// TokensKernel is the kernel activity per generated token of the session whose trace
+	// this line is written to (set by the capture server, never by Snapshot); absent when
+	// the session recorded no token in the interval.
+	TokensKernel []TokenKernel `json:"tokens_kernel,omitempty"`
+
+	// NUMA is each process's cross-node CPU migrations; absent on a one-node machine.
+	NUMA map[string]NUMA `json:"numa,omitempty"`
+
+	// ThreadCPU is each process's on-CPU time by thread name; absent when no watched
+	// process's threads could be read.
+	ThreadCPU map[string]map[string]ThreadCPU `json:"thread_cpu,omitempty"`
+
+	// Spans are the application's correlation spans overlapping the interval (strapd
+	// trace --spans); absent without a spans file.
+	Spans []Span `json:"spans,omitempty"`
+}
+
+// TokenKernel is what the kernel did for a session's client process while it generated one
+// token: the window from strapd's receipt of the previous TOKEN (or of OPEN, for the
+// first) to its receipt of this one.
+type TokenKernel struct {
+	// Session is the capture session id; Index and TokenID are the TOKEN's.
+	Session string `json:"session"`
+	Index   uint64 `json:"index"`
+	TokenID int64  `json:"token_id"`
+	// PID is the client's tgid.
+	PID int `json:"pid"`
+	// Timestamp is when strapd received the TOKEN (Unix seconds); WindowS the window's
+	// length in seconds (monotonic clock).
+	Timestamp float64 `json:"timestamp"`
+	WindowS   float64 `json:"window_s"`
+	// OffCPUNs is OffCPU's runnable + sleep + io, summed over the process's threads.
+	OffCPUNs uint64 `json:"off_cpu_ns"`
+	OffCPU   OffCPU `json:"off_cpu"`
+	// PageFaults counts user page faults.
+	PageFaults uint64 `json:"page_faults"`
+	// SyscallCount counts returned syscalls; SyscallNs is the time of the SyscallTimed of
+	// them that were timed.
+	SyscallCount uint64 `json:"syscall_count"`
+	SyscallTimed uint64 `json:"syscall_timed"`
+	SyscallNs    uint64 `json:"syscall_ns"`
+	// BlockReadBytes and BlockWriteBytes are the task I/O accounting's storage bytes
+	// (/proc/<pid>/io read_bytes, write_bytes).
+	BlockReadBytes  uint64 `json:"block_read_bytes"`
+	BlockWriteBytes uint64 `json:"block_write_bytes"`
+}
+
+// TokenWindow is the TokenKernel for the window between two ProcessTotals readings of
+// the same process (counters that went backwards, e.g. a removed exited thread, give 0).
+func TokenWindow(prev, cur ProcessTotals) TokenKernel {
+	oc := OffCPU{RunnableNs: dropSub(cur.OffCPU.RunnableNs, prev.OffCPU.RunnableNs), SleepNs: dropSub(cur.OffCPU.SleepNs, prev.OffCPU.SleepNs),
+		IONs: dropSub(cur.OffCPU.IONs, prev.OffCPU.IONs)}
+	oc.BlockedNs = oc.SleepNs + oc.IONs
+	return TokenKernel{OffCPUNs: oc.RunnableNs + oc.SleepNs + oc.IONs, OffCPU: oc,
+		PageFaults: dropSub(cur.PageFaults, prev.PageFaults), SyscallCount: dropSub(cur.SyscallCount, prev.SyscallCount),
+		SyscallTimed: dropSub(cur.SyscallTimed, prev.SyscallTimed), SyscallNs: dropSub(cur.SyscallNs, prev.SyscallNs),
+		BlockReadBytes: dropSub(cur.ReadBytes, prev.ReadBytes), BlockWriteBytes: dropSub(cur.WriteBytes, prev.WriteBytes)}
+}
+
+// dropSub is a-b, or 0 when a sum went backwards (a thread's entry was removed): the
+// window then undercounts rather than reporting a lifetime total.
+func dropSub(a, b uint64) uint64 {
+	if a < b {
+		return 0
+	}
+	return a - b
 }
 
 // Session names one live capture session; supplied by the caller through SetSessions.

@@ -104,6 +104,7 @@ type strapThreadStats struct {
 	Nvcsw      uint64
 	Nivcsw     uint64
 	Migrations uint64
+	CrossNode  uint64
 }
 
 // Names of all BPF objects in the ELF.
@@ -111,6 +112,7 @@ type strapThreadStats struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	strapMapCfg               = "cfg"
+	strapMapCpuNode           = "cpu_node"
 	strapMapDevStatsMap       = "dev_stats_map"
 	strapMapErrs              = "errs"
 	strapMapIoctlStats        = "ioctl_stats"
@@ -225,6 +227,7 @@ type strapProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type strapMapSpecs struct {
 	Cfg             *ebpf.MapSpec `ebpf:"cfg"`
+	CpuNode         *ebpf.MapSpec `ebpf:"cpu_node"`
 	DevStatsMap     *ebpf.MapSpec `ebpf:"dev_stats_map"`
 	Errs            *ebpf.MapSpec `ebpf:"errs"`
 	IoctlStats      *ebpf.MapSpec `ebpf:"ioctl_stats"`
@@ -289,6 +292,7 @@ func (o *strapObjects) Close() error {
 // It can be passed to loadStrapObjects or ebpf.CollectionSpec.LoadAndAssign.
 type strapMaps struct {
 	Cfg             *ebpf.Map `ebpf:"cfg"`
+	CpuNode         *ebpf.Map `ebpf:"cpu_node"`
 	DevStatsMap     *ebpf.Map `ebpf:"dev_stats_map"`
 	Errs            *ebpf.Map `ebpf:"errs"`
 	IoctlStats      *ebpf.Map `ebpf:"ioctl_stats"`
@@ -311,6 +315,7 @@ type strapMaps struct {
 func (m *strapMaps) Close() error {
 	return _StrapClose(
 		m.Cfg,
+		m.CpuNode,
 		m.DevStatsMap,
 		m.Errs,
 		m.IoctlStats,

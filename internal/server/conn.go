@@ -262,13 +262,20 @@ var sessionHandlers = map[control.Type]func(c *conn, m control.Message, s *pipel
 		return false, s.Drop(pipeline.Drop{Seq: d.Seq, Name: d.Name, Step: d.Step, Forward: d.Forward,
 			Bytes: d.Bytes, Reason: d.Reason})
 	},
-	control.TypeToken: func(_ *conn, m control.Message, s *pipeline.Session) (bool, error) {
+	control.TypeToken: func(c *conn, m control.Message, s *pipeline.Session) (bool, error) {
 		var t control.Token
 		if err := m.Unmarshal(&t, "seq", "index"); err != nil {
 			return false, err
 		}
-		return false, s.Token(pipeline.Token{Seq: t.Seq, Index: t.Index, TokenID: t.TokenID, Text: t.Text,
-			Position: t.Position})
+		if err := s.Token(pipeline.Token{Seq: t.Seq, Index: t.Index, TokenID: t.TokenID, Text: t.Text,
+			Position: t.Position}); err != nil {
+			return false, err
+		}
+		c.mu.Lock()
+		id := c.info.Session
+		c.mu.Unlock()
+		c.srv.probeToken(id, t)
+		return false, nil
 	},
 	control.TypeCheckpoint: func(_ *conn, m control.Message, s *pipeline.Session) (bool, error) {
 		var ck control.Checkpoint

@@ -69,6 +69,13 @@ type probeSession struct {
 	w     *bpf.Writer
 	lines int
 	err   error // first write error; later snapshots are not attempted
+
+	// Per-token kernel attribution (traced sessions only): the client's counters at the
+	// last TOKEN (or OPEN), and the windows not yet written to the trace.
+	last     bpf.ProcessTotals
+	lastAt   time.Time
+	tokens   []bpf.TokenKernel
+	tokenErr error // the first failed reading; no more windows after it
 }
 
 // startProbes starts the collector and its ticker when Config.Probes asks for them. A
@@ -179,6 +186,7 @@ func (ps *probeSession) write(snap bpf.Snapshot, log *zap.Logger) {
 	if ps.w == nil || ps.err != nil {
 		return
 	}
+	snap.TokensKernel, ps.tokens = ps.tokens, nil
 	if err := ps.w.Write(snap); err != nil {
 		ps.err = err
 		log.Warn("trace write failed; no more snapshots for this session", zap.String("session", ps.info.ID), zap.Error(err))
@@ -251,6 +259,46 @@ func (s *Server) probeSessionStart(id uint64, output string, pid int, trace *os.
 			h.log.Warn("cannot watch session client", zap.Uint64("session", id), zap.Int("pid", pid), zap.Error(err))
 		}
 	}
+	if trace != nil && pid > 0 {
+		ps.mu.Lock()
+		ps.lastAt = time.Now()
+		ps.last, ps.tokenErr = h.coll.ProcessTotals(pid)
+		ps.mu.Unlock()
+	}
+}
+
+// probeToken records the kernel activity of the session's client since its previous TOKEN
+// (or OPEN); the window goes into the next snapshot line of the session's trace. Sessions
+// without a trace are not sampled.
+func (s *Server) probeToken(id uint64, t control.Token) {
+	h := s.probes
+	if h == nil || h.coll == nil {
+		return
+	}
+	h.mu.Lock()
+	ps := h.live[id]
+	h.mu.Unlock()
+	if ps == nil || ps.trace == nil || ps.info.PID <= 0 {
+		return
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.tokenErr != nil {
+		return
+	}
+	now := time.Now()
+	cur, err := h.coll.ProcessTotals(ps.info.PID)
+	if err != nil {
+		ps.tokenErr = err
+		h.log.Warn("per-token kernel counters unavailable for this session", zap.Uint64("session", id), zap.Error(err))
+		return
+	}
+	w := bpf.TokenWindow(ps.last, cur)
+	w.Session, w.Index, w.TokenID, w.PID = ps.info.ID, t.Index, t.TokenID, ps.info.PID
+	w.Timestamp = float64(now.UnixMicro()) / 1e6
+	w.WindowS = now.Sub(ps.lastAt).Seconds()
+	ps.tokens = append(ps.tokens, w)
+	ps.last, ps.lastAt = cur, now
 }
 
 // probeSessionEnd unregisters a finished session: a traced one first gets a last snapshot

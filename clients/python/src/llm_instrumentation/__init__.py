@@ -24,6 +24,7 @@ from .errors import (
     UnsupportedCodecError,
 )
 from .checkpoint import CheckpointError
+from .correlation import correlate
 from .framework import InstrumentationFramework, capture_activations
 from .tracking import TokenTracker
 from .stream import StreamReader, Tensor, open_stream
@@ -34,6 +35,7 @@ __all__ = [
     "analyze_activations_with_tokens",
     "capture_activations",
     "CheckpointError",
+    "correlate",
     "HookConfig",
     "HookGranularity",
     "InstrumentationConfig",

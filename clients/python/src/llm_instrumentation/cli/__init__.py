@@ -1,0 +1,1 @@
+"""Command-line tools shipped with strap-llm (``llm-prof``)."""
