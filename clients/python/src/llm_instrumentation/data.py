@@ -243,28 +243,62 @@ class ActivationDataset(IterableDataset):
             info.metadata = r.metadata
             names = r.names()
             chosen = names if patterns is None else _select(names, patterns)
-            # One pass over the packets: TOKEN (ids) and DROP (lost records, reported).
+            # One pass over the packets (each CRC-checked once, here): TOKEN (ids), DROP
+            # (lost records, reported) and the selected modules' TENSOR packets, grouped
+            # into whole tensors by the reader's rule (STREAM_FORMAT.md 7), in file order
+            # as ``r.tensors(name)`` returns them.
+            sel = set(chosen)
+            groups: Dict[str, List[Tensor]] = {n: [] for n in chosen}
+            pending: Dict[str, List[Any]] = {}
             for pk in r.packets():
-                if pk.type == TOKEN:
+                if pk.type == TENSOR:
+                    if pk.name in sel:
+                        self._group(pk, pending, groups, info)
+                elif pk.type == TOKEN:
                     m = pk.meta
                     info.tokens[pk.step] = (int(m.get("token_id", -1)), int(m.get("position", pk.step)),
                                             str(m.get("text", "")))
                 elif pk.type == DROP and (patterns is None or _select([pk.name], patterns)):
                     info.drops[pk.name] = info.drops.get(pk.name, 0) + 1
+            for name in pending:
+                info.incomplete[name] = info.incomplete.get(name, 0) + 1
             info.truncated_at = r.truncated_at
             for name in chosen:
                 mi = mod_index.setdefault(name, len(mod_index))
-                ts = r.tensors(name)
-                if r.incomplete_tensors:
-                    info.incomplete[name] = r.incomplete_tensors
                 assert self._handles is not None
-                self._handles[(si, name)] = ts
-                for k, t in enumerate(ts):
+                self._handles[(si, name)] = groups[name]
+                for k, t in enumerate(groups[name]):
                     self.units.append(self._unit(si, mi, k, t))
             self.streams.append(info)
         self.modules = list(mod_index)
         if patterns is not None and not self.modules:
             raise ValueError(f"no module of {self.paths} matches {patterns}")
+
+    @staticmethod
+    def _group(pk: Any, pending: Dict[str, List[Any]], groups: Dict[str, List[Tensor]], info: _StreamInfo) -> None:
+        """Collect PART packets into whole tensors: the parts of one tensor follow each
+        other among its module's packets; one that does not continue the previous ends that
+        tensor as incomplete (never returned, counted)."""
+        if not pk.is_part:
+            groups[pk.name].append(Tensor([pk]))
+            return
+        parts = pending.get(pk.name)
+        if parts is not None:
+            last = parts[-1]
+            if (pk.part_offset != last.part_offset + last.raw_len or pk.tensor_len != last.tensor_len
+                    or pk.dtype_id != last.dtype_id or pk.shape != last.shape):
+                info.incomplete[pk.name] = info.incomplete.get(pk.name, 0) + 1
+                del pending[pk.name]
+                parts = None
+        if parts is None:
+            if pk.part_offset != 0:
+                info.incomplete[pk.name] = info.incomplete.get(pk.name, 0) + 1
+                return
+            parts = pending[pk.name] = []
+        parts.append(pk)
+        if pk.part_offset + pk.raw_len == pk.tensor_len:
+            del pending[pk.name]
+            groups[pk.name].append(Tensor(parts))
 
     def _unit(self, si: int, mi: int, k: int, t: Tensor) -> Unit:
         shape = tuple(t.shape)
@@ -378,15 +412,17 @@ class ActivationDataset(IterableDataset):
             r = open_stream(self.paths[u.stream])
             readers.append(r)
             opened[key] = r.tensors(name)
-            if len(opened[key]) <= max((x.ordinal for x in self.units if (x.stream, x.module) == (u.stream, u.module)),
-                                       default=-1):
-                raise RuntimeError(f"{self.paths[u.stream]}: {name} has fewer tensors than at construction "
-                                   "(the file changed)")
-        return opened[key][u.ordinal]
+        ts = opened[key]
+        if u.ordinal >= len(ts) or (ts[u.ordinal].step, ts[u.ordinal].forward) != (u.step, u.forward):
+            raise RuntimeError(f"{self.paths[u.stream]}: {name} tensor {u.ordinal} is not the one seen at "
+                               "construction (the file changed)")
+        return ts[u.ordinal]
 
     def _unit_rows(self, u: Unit, t: Tensor, token_tables: Dict[int, Tuple[np.ndarray, np.ndarray]]
                    ) -> Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]:
-        x = t.tensor() if self.dtype is None else t.tensor().to(self.dtype)
+        x = _decoded(t)
+        if self.dtype is not None:
+            x = x.to(self.dtype)
         d = u.shape[-1]
         x = x.reshape(u.rows, d)
         b, n_seq = u.batch, u.seq
@@ -419,7 +455,8 @@ class ActivationDataset(IterableDataset):
     def iter_chunks(self, shard: Optional[int] = None, n_shards: Optional[int] = None
                     ) -> Iterator[Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]]:
         """Unshuffled rows of one shard, one ``(activations [n, d], meta {key: [n]})`` pair
-        per tensor (the fast path for exporters). Default shard: this worker's."""
+        per tensor (the fast path for exporters). Default shard: this worker's. The
+        activations may be read-only views of the decoded bytes: copy before writing."""
         if shard is None or n_shards is None:
             shard, n_shards = self._shard()
         tables = {i: s.token_arrays() for i, s in enumerate(self.streams)}
@@ -443,13 +480,26 @@ class ActivationDataset(IterableDataset):
                 cols = {k: v.tolist() for k, v in meta.items()}
                 for i in range(x.shape[0]):
                     row = {k: cols[k][i] for k in META_KEYS}
-                    row["activation"] = x[i]
+                    row["activation"] = x[i].clone()
                     yield row
         else:
             yield from _batches(chunks, self.batch_size, self.drop_last)
 
     def _chunks_unshuffled(self, shard: int, n_shards: int) -> Iterator[Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]]:
         return self.iter_chunks(shard, n_shards)
+
+
+def _decoded(t: Tensor) -> "torch.Tensor":
+    """The tensor's decoded bytes as a torch tensor without a further copy: read-only
+    memory, so every path out of the dataset copies it (batches, the shuffle buffer,
+    single rows) before anyone can write to it."""
+    raw = t.raw()
+    dt = getattr(torch, t.dtype)
+    if not raw:
+        return torch.empty(t.shape, dtype=dt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "the given buffer is not writable"
+        return torch.frombuffer(raw, dtype=torch.uint8).view(dt).reshape(t.shape)
 
 
 def _batches(chunks: Iterator[Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]], size: int, drop_last: bool
