@@ -118,23 +118,43 @@ def reader_speed(path: Path) -> Dict[str, float]:
     return {"rows": rows, "bytes": nbytes, "seconds": dt, "rows_per_s": rows / dt, "gb_per_s": nbytes / dt / 1e9}
 
 
-def dataset_speed(path: Path, workers: int = 0, shuffle: bool = False) -> Dict[str, float]:
-    """Construction (CRC of every packet, tokens) plus one epoch of 4096-row batches."""
+def dataset_epoch(ds: ActivationDataset, workers: int = 0) -> float:
     t0 = time.perf_counter()
-    ds = ActivationDataset(path, MODULE, batch_size=4096, shuffle=shuffle, shuffle_buffer=65536)
-    t1 = time.perf_counter()
-    rows = nbytes = 0
     it = ds if workers == 0 else torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
-    for b in it:
-        a = b["activation"]
-        rows += a.shape[0]
-        nbytes += a.numel() * a.element_size()
-    t2 = time.perf_counter()
-    ds.close()
-    dt = t2 - t0
-    return {"rows": rows, "bytes": nbytes, "construct_s": t1 - t0, "epoch_s": t2 - t1, "seconds": dt,
-            "rows_per_s": rows / dt, "gb_per_s": nbytes / dt / 1e9, "epoch_rows_per_s": rows / (t2 - t1),
-            "workers": workers, "shuffle": shuffle}
+    for _ in it:
+        pass
+    return time.perf_counter() - t0
+
+
+def throughput(path: Path, reps: int) -> Dict[str, Any]:
+    """Reader and dataset read the same module of the same (page-cached) file, interleaved
+    ``reps`` times; medians. The dataset's construction (one pass over every packet of the
+    file: CRC, TOKEN and DROP packets) is timed apart from its epochs."""
+    import statistics
+
+    reader_speed(path)  # page cache
+    t0 = time.perf_counter()
+    plain = ActivationDataset(path, MODULE, batch_size=4096)
+    construct = time.perf_counter() - t0
+    shuffled = ActivationDataset(path, MODULE, batch_size=4096, shuffle=True, shuffle_buffer=65536)
+    rows, nbytes = plain.rows, plain.nbytes
+    runs: Dict[str, List[float]] = {"reader": [], "epoch": [], "epoch_shuffled": [], "epoch_2_workers": []}
+    for _ in range(reps):
+        runs["reader"].append(reader_speed(path)["seconds"])
+        runs["epoch"].append(dataset_epoch(plain))
+        runs["epoch_shuffled"].append(dataset_epoch(shuffled))
+        runs["epoch_2_workers"].append(dataset_epoch(plain, workers=2))
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    out: Dict[str, Any] = {"rows": rows, "bytes": nbytes, "file_bytes": os.path.getsize(path), "reps": reps,
+                           "construct_s": construct, "seconds_median": med, "seconds_all": runs}
+    for k, v in med.items():
+        out[k] = {"rows_per_s": rows / v, "gb_per_s": nbytes / v / 1e9, "over_reader": med["reader"] / v}
+    first = construct + med["epoch"]
+    out["construct_plus_epoch"] = {"rows_per_s": rows / first, "gb_per_s": nbytes / first / 1e9,
+                                   "over_reader": med["reader"] / first}
+    plain.close()
+    shuffled.close()
+    return out
 
 
 def saelens_train(cache: Path, held: Path, d_in: int, args: argparse.Namespace) -> Dict[str, Any]:
@@ -183,6 +203,9 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--workdir", default=None, help="keep the files here (default: a temp dir, removed)")
     ap.add_argument("--no-saelens", action="store_true")
+    ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions of the throughput runs")
+    ap.add_argument("--reuse", action="store_true", help="reuse train.strap/held.strap already in --workdir")
+    ap.add_argument("--only-throughput", action="store_true")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
 
@@ -207,25 +230,19 @@ def main() -> None:
             if os.path.exists(sock):
                 break
             time.sleep(0.05)
-        windows = token_windows(tok, a.tokens + a.held_tokens, a.ctx)
-        n_held = max(1, a.held_tokens // a.ctx)
         train_p, held_p = work / "train.strap", work / "held.strap"
-        log(f"capturing {len(windows) - n_held} + {n_held} windows of {a.ctx} tokens")
-        res["capture_s"] = capture(model, tok, windows[:-n_held], train_p, sock, a.capture_batch)
-        capture(model, tok, windows[-n_held:], held_p, sock, a.capture_batch)
+        if not (a.reuse and train_p.exists() and held_p.exists()):
+            windows = token_windows(tok, a.tokens + a.held_tokens, a.ctx)
+            n_held = max(1, a.held_tokens // a.ctx)
+            log(f"capturing {len(windows) - n_held} + {n_held} windows of {a.ctx} tokens")
+            res["capture_s"] = capture(model, tok, windows[:-n_held], train_p, sock, a.capture_batch)
+            capture(model, tok, windows[-n_held:], held_p, sock, a.capture_batch)
         res["stream_bytes"] = os.path.getsize(train_p)
 
         log("throughput")
-        reader_speed(train_p)  # warm the page cache for both
-        rd = [reader_speed(train_p) for _ in range(3)]
-        dsr = [dataset_speed(train_p) for _ in range(3)]
-        best_r = max(rd, key=lambda r: r["gb_per_s"])
-        best_d = max(dsr, key=lambda r: r["gb_per_s"])
-        res["throughput"] = {"reader": best_r, "dataset": best_d,
-                             "dataset_over_reader": best_d["gb_per_s"] / best_r["gb_per_s"],
-                             "dataset_epoch_over_reader": best_d["epoch_rows_per_s"] / best_r["rows_per_s"],
-                             "dataset_shuffled": dataset_speed(train_p, shuffle=True),
-                             "dataset_2_workers": dataset_speed(train_p, workers=2)}
+        res["throughput"] = throughput(train_p, a.reps)
+        if a.only_throughput:
+            return
 
         log("exports")
         t0 = time.perf_counter()
@@ -255,15 +272,15 @@ def main() -> None:
                 log(f"training SAELens TopK SAE on {a.train_tokens} tokens from our export")
                 res["saelens"] = saelens_train(work / "saelens", held_p, sae.d_in, a)
     finally:
+        txt = json.dumps(res, indent=1, default=str)
+        if a.out:
+            Path(a.out).write_text(txt + "\n")
+        print(txt)
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(20)
         shutil.rmtree(sock_dir, ignore_errors=True)
         if a.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
-    txt = json.dumps(res, indent=1, default=str)
-    if a.out:
-        Path(a.out).write_text(txt + "\n")
-    print(txt)
 
 
 if __name__ == "__main__":

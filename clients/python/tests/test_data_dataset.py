@@ -45,7 +45,7 @@ def key(row: Dict) -> Tuple[int, ...]:
     return tuple(int(row[k]) for k in ("stream", "module", "forward", "batch", "position"))
 
 
-def expected_tokens() -> List[Tuple[int, int, int, int]]:
+def expected_tokens() -> Dict[Tuple[int, int, int], int]:
     """(forward, batch, position) → token id, from the prompts as they were fed."""
     return {(f, b, p): tid for f, batch in enumerate(BATCHES) for b, pr in enumerate(batch) for p, tid in enumerate(pr)}
 

@@ -17,7 +17,6 @@ whose token was not recorded get ``token_id = token_index = -1``.
 from __future__ import annotations
 
 import fnmatch
-import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -490,21 +489,25 @@ class ActivationDataset(IterableDataset):
 
 
 def _decoded(t: Tensor) -> "torch.Tensor":
-    """The tensor's decoded bytes as a torch tensor without a further copy: read-only
-    memory, so every path out of the dataset copies it (batches, the shuffle buffer,
-    single rows) before anyone can write to it."""
+    """The tensor's decoded bytes as a torch tensor, without a further copy.
+
+    ``Tensor.raw()`` returns a bytes object made for this call and referenced by nothing
+    else, so the tensor may own its memory (writes land in that private object); a
+    one-byte object may be CPython's shared singleton, so that case is copied."""
     raw = t.raw()
     dt = getattr(torch, t.dtype)
     if not raw:
         return torch.empty(t.shape, dtype=dt)
+    buf: Any = raw if len(raw) > 1 else bytearray(raw)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "the given buffer is not writable"
-        return torch.frombuffer(raw, dtype=torch.uint8).view(dt).reshape(t.shape)
+        return torch.frombuffer(buf, dtype=torch.uint8).view(dt).reshape(t.shape)
 
 
 def _batches(chunks: Iterator[Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]], size: int, drop_last: bool
              ) -> Iterator[Dict[str, "torch.Tensor"]]:
-    """Regroup chunks of any size into batches of exactly ``size`` rows (the last may be short)."""
+    """Regroup chunks of any size into batches of exactly ``size`` rows (the last may be
+    short). A batch inside one chunk is a view of it (no copy)."""
     pend: List[Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]] = []
     have = 0
 
@@ -523,8 +526,8 @@ def _batches(chunks: Iterator[Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]],
                 rest.append((x[k:], {key: v[k:] for key, v in m.items()}))
             taken += k
         pend, have = rest, have - taken
-        out = {key: (torch.cat([m[key] for m in ms]) if len(ms) > 1 else ms[0][key].clone()) for key in META_KEYS}
-        out["activation"] = torch.cat(xs) if len(xs) > 1 else xs[0].clone()
+        out = {key: (torch.cat([m[key] for m in ms]) if len(ms) > 1 else ms[0][key]) for key in META_KEYS}
+        out["activation"] = torch.cat(xs) if len(xs) > 1 else xs[0]
         return out
 
     for x, m in chunks:
@@ -541,52 +544,45 @@ def _batches(chunks: Iterator[Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]],
 def _shuffle_buffer(chunks: Iterator[Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]], cap: int,
                     gen: "torch.Generator") -> Iterator[Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]]:
     """Mix rows through a buffer of ``cap`` rows: once full, each incoming row takes the
-    place of a random buffered row, which goes out. Every row comes out exactly once."""
+    place of a random buffered row, which goes out. Every row comes out exactly once.
+    The metadata columns travel as one int64 matrix (one gather/scatter per chunk)."""
     buf_x: Optional["torch.Tensor"] = None
-    buf_m: Dict[str, "torch.Tensor"] = {}
+    buf_m: Optional["torch.Tensor"] = None
+    keys: List[str] = []
+    dtypes: Dict[str, "torch.dtype"] = {}
     fill = 0
+
+    def unpack(mm: "torch.Tensor") -> Dict[str, "torch.Tensor"]:
+        return {k: mm[:, j].to(dtypes[k]) for j, k in enumerate(keys)}
+
     for x, m in chunks:
         n = x.shape[0]
-        if buf_x is None and n:
+        if n == 0:
+            continue
+        if buf_x is None:
+            keys = list(m)
+            dtypes = {k: v.dtype for k, v in m.items()}
             buf_x = torch.empty((cap, x.shape[1]), dtype=x.dtype)
-            buf_m = {k: torch.empty((cap,), dtype=v.dtype) for k, v in m.items()}
-        assert buf_x is not None or n == 0
+            buf_m = torch.empty((cap, len(keys)), dtype=torch.int64)
+        assert buf_m is not None
+        mm = torch.stack([m[k].to(torch.int64) for k in keys], 1)
         i = 0
-        if fill < cap and n:
+        if fill < cap:
             k = min(cap - fill, n)
             buf_x[fill:fill + k] = x[:k]
-            for key, v in m.items():
-                buf_m[key][fill:fill + k] = v[:k]
+            buf_m[fill:fill + k] = mm[:k]
             fill += k
             i = k
         while i < n:
             k = min(cap, n - i)
             slots = torch.randperm(cap, generator=gen)[:k]
-            out_x = buf_x[slots]
-            out_m = {key: v[slots] for key, v in buf_m.items()}
-            buf_x[slots] = x[i:i + k]
-            for key, v in m.items():
-                buf_m[key][slots] = v[i:i + k]
+            out_x = buf_x.index_select(0, slots)
+            out_m = buf_m.index_select(0, slots)
+            buf_x.index_copy_(0, slots, x[i:i + k])
+            buf_m.index_copy_(0, slots, mm[i:i + k])
             i += k
-            yield out_x, out_m
+            yield out_x, unpack(out_m)
     if fill:
-        assert buf_x is not None
+        assert buf_x is not None and buf_m is not None
         perm = torch.randperm(fill, generator=gen)
-        yield buf_x[:fill][perm], {key: v[:fill][perm] for key, v in buf_m.items()}
-
-
-def rows_per_second(ds: ActivationDataset, epochs: int = 1) -> Dict[str, float]:
-    """Read every row of ``ds`` in this process; return rows, bytes, seconds and the rates
-    (used by the benchmark)."""
-    import time
-
-    rows = nbytes = 0
-    t0 = time.perf_counter()
-    for _ in range(epochs):
-        for b in ds:
-            a = b["activation"]
-            rows += a.shape[0] if a.dim() == 2 else 1
-            nbytes += a.numel() * a.element_size()
-    dt = time.perf_counter() - t0
-    return {"rows": rows, "bytes": nbytes, "seconds": dt, "rows_per_s": rows / dt if dt else math.inf,
-            "gb_per_s": nbytes / dt / 1e9 if dt else math.inf}
+        yield buf_x.index_select(0, perm), unpack(buf_m.index_select(0, perm))
