@@ -39,6 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 BENCH_PY = ROOT / "clients" / "python" / "benchmarks"
 STEPS = ("machine", "overhead", "ingest", "memory", "cpubudget", "compression", "probes", "profile")
+#: Steps run only when ``--only`` names them: long, and they need the trained MiniLM package.
+EXTRA_STEPS = ("analysis",)
 #: Ingest codecs: (codec, lossy bound or ""); the Python producer runs those its client knows.
 INGEST_CODECS = (("none", ""), ("lz4", ""), ("zstd", ""), ("shuffle", ""), ("quant", "rel:1e-3"))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -508,6 +510,20 @@ def step_profile(ctx: "Ctx") -> Dict[str, Any]:
 
 # ----- driver ------------------------------------------------------------------------------------
 
+def step_analysis(ctx: "Ctx") -> Dict[str, Any]:
+    """ActivationDataset throughput against the reader, exports, and a TopK SAE trained on
+    real MiniLM activations (SAELens's beside it when sae-lens is importable):
+    clients/python/benchmarks/analysis_bench.py, which starts its own strapd."""
+    out = ctx.tmp / "analysis.json"
+    sizes = (["--tokens", "4096", "--held-tokens", "1024", "--train-tokens", "16384"] if ctx.quick else
+             ["--tokens", "65536", "--held-tokens", "8192", "--train-tokens", "1048576"])
+    cmd = [PY, BENCH_PY / "analysis_bench.py", "--strapd", ctx.strapd, *sizes, "--out", out]
+    run(cmd, timeout=3600, progress=True)
+    res = json.loads(out.read_text())
+    res["command"] = show(cmd, ctx.tmp)
+    return res
+
+
 class Ctx:
     def __init__(self, a: argparse.Namespace, tmp: Path) -> None:
         self.quick = a.quick
@@ -522,16 +538,16 @@ def main() -> None:
     ap.add_argument("--strapd", default=str(ROOT / "bin" / "strapd"))
     ap.add_argument("--go", default=shutil.which("go") or "/usr/local/go/bin/go")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the harness")
-    ap.add_argument("--only", default="", help=f"comma-separated steps of {STEPS}")
+    ap.add_argument("--only", default="", help=f"comma-separated steps of {STEPS + EXTRA_STEPS}")
     ap.add_argument("--results", default=None, help="JSON directory (default bench/results; --quick: a temp dir)")
     ap.add_argument("--doc", default=None, help="tables to write (default docs/PERFORMANCE-DATA.md; --quick: in --results)")
     ap.add_argument("--render-only", action="store_true")
     ap.add_argument("--tmpdir", default=None, help="where streams and dd go (default: a new dir under /var/tmp)")
     a = ap.parse_args()
     steps = [s for s in a.only.split(",") if s] or list(STEPS)
-    bad = [s for s in steps if s not in STEPS]
+    bad = [s for s in steps if s not in STEPS + EXTRA_STEPS]
     if bad:
-        ap.error(f"unknown steps {bad}; choose from {STEPS}")
+        ap.error(f"unknown steps {bad}; choose from {STEPS + EXTRA_STEPS}")
     if a.results:
         results = Path(a.results)
     elif a.quick:
