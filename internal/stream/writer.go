@@ -3,6 +3,7 @@ package stream
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -284,9 +285,13 @@ func (w *Writer) account(name string, typ PacketType, flags uint8, seq, step, fo
 
 // writePacket encodes p's header, computes the CRC and writes header, table and payload.
 // It does not advance w.off; the caller does once the packet is accounted for.
+//
+// The CRC must cover exactly the bytes that reach the file, also when p.Shared blocks can
+// change under us: a small packet is copied into the buffer first and its CRC computed over
+// that copy; a large one goes out with writev straight from the blocks, so their CRC is
+// computed before and again after the write, and a difference is ErrPayloadChanged.
 func (w *Writer) writePacket(p *Packet, stored uint64) error {
 	w.hdr = appendHeader(w.hdr[:0], p, stored)
-	crc := crc32.Update(0, castagnoli, w.hdr)
 	w.table = w.table[:0]
 	if p.Codec != codec.None {
 		w.sizes, w.raws = w.sizes[:0], w.raws[:0]
@@ -298,13 +303,7 @@ func (w *Writer) writePacket(p *Packet, stored uint64) error {
 		if w.table, err = codec.AppendBlockTable(w.table, w.sizes, w.raws); err != nil {
 			return fmt.Errorf("write packet seq %d: %w", p.Seq, err)
 		}
-		crc = crc32.Update(crc, castagnoli, w.table)
 	}
-	for _, b := range p.Blocks {
-		crc = crc32.Update(crc, castagnoli, b.Data)
-	}
-	binary.LittleEndian.PutUint32(w.hdr[20:], crc)
-
 	total := uint64(len(w.hdr)) + stored
 	if total <= copyMax {
 		if uint64(len(w.buf))+total > bufSize {
@@ -312,13 +311,20 @@ func (w *Writer) writePacket(p *Packet, stored uint64) error {
 				return err
 			}
 		}
+		start := len(w.buf)
 		w.buf = append(w.buf, w.hdr...)
 		w.buf = append(w.buf, w.table...)
 		for _, b := range p.Blocks {
 			w.buf = append(w.buf, b.Data...)
 		}
+		crc := crc32.Update(0, castagnoli, w.buf[start:])
+		binary.LittleEndian.PutUint32(w.buf[start+20:], crc)
+		binary.LittleEndian.PutUint32(w.hdr[20:], crc)
 		return nil
 	}
+	head := crc32.Update(crc32.Update(0, castagnoli, w.hdr), castagnoli, w.table)
+	crc := payloadCRC(head, p.Blocks)
+	binary.LittleEndian.PutUint32(w.hdr[20:], crc)
 	iov := append(w.iov[:0], w.buf, w.hdr, w.table)
 	for _, b := range p.Blocks {
 		if len(b.Data) > 0 {
@@ -329,6 +335,44 @@ func (w *Writer) writePacket(p *Packet, stored uint64) error {
 	clear(iov) // drop references to the caller's slices
 	w.iov = iov[:0]
 	w.buf = w.buf[:0]
+	if err != nil || !p.Shared {
+		return err
+	}
+	if again := payloadCRC(head, p.Blocks); again != crc {
+		return w.unwrite(fmt.Errorf("packet seq %d (%s): crc %#08x before the write, %#08x after: %w",
+			p.Seq, p.Name, crc, again, ErrPayloadChanged))
+	}
+	return nil
+}
+
+// payloadCRC continues crc over every block.
+func payloadCRC(crc uint32, blocks []Block) uint32 {
+	for _, b := range blocks {
+		crc = crc32.Update(crc, castagnoli, b.Data)
+	}
+	return crc
+}
+
+// unwrite cuts the packet just written (it starts at w.off) off a regular file, so the
+// stream ends on its previous packet and stays writable; err is returned. Where the file
+// cannot be cut (a pipe), or cutting fails, err sticks: the stream is dead.
+func (w *Writer) unwrite(err error) error {
+	cerr := errors.New("output is not a regular file")
+	if w.regular {
+		var terr error
+		cerr = w.rc.Control(func(fd uintptr) {
+			if terr = unix.Ftruncate(int(fd), w.off); terr == nil {
+				_, terr = unix.Seek(int(fd), w.off, io.SeekStart)
+			}
+		})
+		if cerr == nil {
+			cerr = terr
+		}
+	}
+	if cerr != nil {
+		w.err = fmt.Errorf("%w; cutting it off the file: %w", err, cerr)
+		return w.err
+	}
 	return err
 }
 
