@@ -61,6 +61,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 		}
 	}()
 	log := c.log.With(zap.Uint64("session", id))
+	outputLabel, _ := req.Metadata["output_path"].(string)
 	out := os.NewFile(uintptr(fds[1]), fmt.Sprintf("session-%d-output", id))
 	ringFD := fds[0]
 	// Open closes the ring descriptor and out owns the output's: only a trace is left.
@@ -72,7 +73,12 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 				Drops: d.Drops, Tokens: d.Tokens, LastOffset: d.LastOffset, LastCRC: d.LastCRC})
 		},
 		OnError: func(err error) {
-			c.out.send(control.TypeError, wireError(err))
+			e := wireError(err)
+			if e.Code == control.CodeWrite {
+				// strapd never sees the path; the client's label lets the message name the file.
+				e.Message = fmt.Sprintf("stream %q: %s", outputLabel, e.Message)
+			}
+			c.out.send(control.TypeError, e)
 			c.wake()
 		},
 	}, ringFD, out)

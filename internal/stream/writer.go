@@ -70,8 +70,11 @@ type Writer struct {
 	nameLst []string
 	index   []indexEntry
 
-	err    error // sticky: after a failed write the stream's tail is unknown
-	closed bool
+	// written is how many bytes of the stream are in the file: every writev call holds
+	// whole packets, so it is a packet boundary between calls.
+	written int64
+	err     error // sticky: after a failed write the stream's tail is unknown
+	closed  bool
 }
 
 // New starts a stream on f: it truncates a non-empty regular file, writes the file
@@ -368,6 +371,9 @@ func (w *Writer) unwrite(err error) error {
 		if cerr == nil {
 			cerr = terr
 		}
+		if cerr == nil {
+			w.written = w.off
+		}
 	}
 	if cerr != nil {
 		w.err = fmt.Errorf("%w; cutting it off the file: %w", err, cerr)
@@ -389,8 +395,16 @@ func (w *Writer) flush() error {
 }
 
 // writev writes every byte of iov, resuming after short writes and EINTR/EAGAIN. On error
-// the stream is dead (its tail is unknown) and the error sticks.
+// (a full disk, an I/O error) the stream is dead and the error sticks; a regular file is cut
+// back to where this call began, a packet boundary, so every packet in it stays whole and
+// verifies, and the error says how much space the file system has left.
 func (w *Writer) writev(iov [][]byte) error {
+	start := w.written
+	defer func() {
+		if w.err != nil {
+			w.cutTo(start)
+		}
+	}()
 	for len(iov) > 0 {
 		for len(iov) > 0 && len(iov[0]) == 0 {
 			iov = iov[1:]
@@ -414,13 +428,14 @@ func (w *Writer) writev(iov [][]byte) error {
 			err = werr
 		}
 		if err != nil {
-			w.err = fmt.Errorf("write stream: %w", err)
+			w.err = fmt.Errorf("write stream: %w%s", err, w.freeSpace())
 			return w.err
 		}
 		if n == 0 {
-			w.err = fmt.Errorf("write stream: %w", io.ErrShortWrite)
+			w.err = fmt.Errorf("write stream: %w%s", io.ErrShortWrite, w.freeSpace())
 			return w.err
 		}
+		w.written += int64(n)
 		w.unkicked += int64(n)
 		for n > 0 {
 			if n >= len(iov[0]) {
@@ -436,6 +451,35 @@ func (w *Writer) writev(iov [][]byte) error {
 		w.kickWriteback()
 	}
 	return nil
+}
+
+// cutTo cuts a regular file back to off after a failed write; best effort, since the file
+// system is failing: a tail that cannot be cut reads as a torn packet.
+func (w *Writer) cutTo(off int64) {
+	if !w.regular {
+		return
+	}
+	_ = w.rc.Control(func(fd uintptr) {
+		if unix.Ftruncate(int(fd), off) == nil {
+			_, _ = unix.Seek(int(fd), off, io.SeekStart)
+		}
+	})
+	w.written = off
+}
+
+// freeSpace describes the space left on the file's file system, for write errors: a full
+// disk is the usual cause and the number tells.
+func (w *Writer) freeSpace() string {
+	if !w.regular {
+		return ""
+	}
+	var st unix.Statfs_t
+	var serr error
+	if err := w.rc.Control(func(fd uintptr) { serr = unix.Fstatfs(int(fd), &st) }); err != nil || serr != nil {
+		return ""
+	}
+	free := st.Bavail * uint64(st.Bsize)
+	return fmt.Sprintf(" (%d bytes free of %d on the stream's file system)", free, st.Blocks*uint64(st.Bsize))
 }
 
 // kickWriteback starts writeback of every dirty page of the file without waiting for it.
@@ -480,7 +524,7 @@ func (w *Writer) sync() error {
 		serr = err
 	}
 	if serr != nil {
-		w.err = fmt.Errorf("fdatasync stream: %w", serr)
+		w.err = fmt.Errorf("fdatasync stream: %w%s", serr, w.freeSpace())
 		return w.err
 	}
 	return nil
