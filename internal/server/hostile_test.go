@@ -428,6 +428,42 @@ func TestRequestFlood(t *testing.T) {
 	})
 }
 
+// TestRequestFloodUnreadReplies: a client that floods requests without reading its
+// replies, past the 256 queued replies that mute it and then over the request rate, still
+// gets ERROR limit once it reads: the fatal error is never dropped with the replies.
+func TestRequestFloodUnreadReplies(t *testing.T) {
+	ts := startServer(t, Config{Clients: ClientLimits{RequestRate: 600}})
+	c := ts.dial(t)
+	req, _ := control.Encode(control.TypeStatus, nil)
+	_ = c.Conn().Unix().SetWriteDeadline(time.Now().Add(5 * time.Second))
+	sent := 0
+	for range 2000 {
+		if err := c.Conn().SendRaw(req); err != nil {
+			break // strapd cut us off: the reason waits on the socket
+		}
+		sent++
+	}
+	_ = c.Conn().Unix().SetReadDeadline(time.Now().Add(10 * time.Second))
+	replies := 0
+	for {
+		m, err := c.Recv()
+		if err == nil {
+			if m.Type == control.TypeStatusReply {
+				replies++
+			}
+			continue
+		}
+		var e *control.Error
+		if !errors.As(err, &e) || e.Code != control.CodeLimit || !strings.Contains(e.Message, "--max-request-rate") {
+			t.Fatalf("after %d requests and %d replies: %v, want ERROR limit naming --max-request-rate", sent, replies, err)
+		}
+		if replies >= sent {
+			t.Fatalf("%d replies to %d requests: the flood was never muted", replies, sent)
+		}
+		return
+	}
+}
+
 // TestNeverReadsReplies: a client that floods STATUS and never reads a reply does not
 // stall the daemon; its replies are dropped once its queue is full and everyone else is
 // served.
