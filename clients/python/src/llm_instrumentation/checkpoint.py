@@ -283,7 +283,7 @@ def _intact_tail(reader: StreamReader, base: Checkpoint, start: int,
                  tokens: List[Dict[str, Any]]) -> Tuple[Checkpoint, List[Dict[str, Any]]]:
     """Extend ``base`` (the prefix up to ``start``) to the end of the last TOKEN packet of
     the intact run of packets that follows it."""
-    best, kept = base, list(tokens)
+    best = base
     packets, drops, forwards = base.packets, base.drops, base.forward_count
     toks = list(tokens)
     try:
@@ -305,10 +305,9 @@ def _intact_tail(reader: StreamReader, base: Checkpoint, start: int,
                               packets=packets, drops=drops, last_seq=pk.seq, last_packet_offset=pk.offset,
                               last_packet_crc=pk.crc, token_count=len(toks), forward_count=forwards,
                               created=base.created)
-            kept = list(toks)
     except StreamFormatError:
         pass  # a torn or damaged packet ends the intact run
-    return best, kept
+    return best, toks[:best.token_count]
 
 
 def _token(pk: Packet) -> Dict[str, Any]:
