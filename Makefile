@@ -26,7 +26,7 @@ FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-.PHONY: all build test test-go test-privileged test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium
+.PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium
 
 all: build
 
@@ -139,6 +139,17 @@ test-arm64:
 	@command -v $(QEMU_ARM64) >/dev/null || \
 	  (apt-get update && apt-get install -y --no-install-recommends qemu-user-static)
 	CGO_ENABLED=0 GOARCH=arm64 $(GO) test -count=1 -exec $(QEMU_ARM64) $(ARM64_PKGS)
+
+# Random-kill tests (clients/python/tests/test_random_kill.py): SIGKILL strapd at
+# STRAP_KILL_DAEMON_RUNS random moments of a checkpointed capture (checkpoints and close
+# included) and the client at STRAP_KILL_CLIENT_RUNS random points (before the first
+# checkpoint included); every resume must equal an uninterrupted capture. STRAP_KILL_SEED
+# replays a run. About 10 minutes on 2 cores with the defaults.
+STRAP_KILL_DAEMON_RUNS ?= 20
+STRAP_KILL_CLIENT_RUNS ?= 40
+test-long: $(BIN) $(VENV)/.stamp
+	STRAP_TEST_LONG=1 STRAP_KILL_DAEMON_RUNS=$(STRAP_KILL_DAEMON_RUNS) STRAP_KILL_CLIENT_RUNS=$(STRAP_KILL_CLIENT_RUNS) \
+	  STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q -rs clients/python/tests/test_random_kill.py
 
 # The main job on its embedded default: a real capture of a Llama-architecture model built
 # from a small config (no weights can be downloaded), analysed from the file on disk.

@@ -52,7 +52,7 @@ func newResumeCmd() *cobra.Command {
 	var cfg resumeConfig
 	cmd := &cobra.Command{
 		Use:   "resume STREAM | --list DIR",
-		Short: "Say whether a capture can resume from its checkpoint (and --repair it), or list resumable captures",
+		Short: "Say whether and where a capture can resume (and --repair it), or list resumable captures",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := cfg.validate(args); err != nil {
@@ -82,7 +82,7 @@ func newResumeCmd() *cobra.Command {
 			} else {
 				rep, _, err = checkpoint.CheckFile(stream, cfg.Checkpoint)
 			}
-			if rep.Checkpoint != "" && (rep.Resumable || len(rep.Problems) > 0) {
+			if rep.Resumable || len(rep.Problems) > 0 {
 				if cfg.JSON {
 					if jerr := writeJSON(out, rep); jerr != nil {
 						return jerr
@@ -93,7 +93,7 @@ func newResumeCmd() *cobra.Command {
 			}
 			switch {
 			case errors.Is(err, checkpoint.ErrMismatch) || (err == nil && !rep.Resumable):
-				return notResumableError{fmt.Sprintf("%s cannot resume from %s", stream, rep.Checkpoint)}
+				return notResumableError{fmt.Sprintf("%s cannot resume (%s)", stream, from(rep))}
 			case err != nil:
 				return err
 			}
@@ -102,7 +102,7 @@ func newResumeCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Checkpoint, "checkpoint", "", "checkpoint file (default STREAM"+checkpoint.Suffix+")")
-	f.BoolVar(&cfg.Repair, "repair", false, "cut the stream back to its checkpoint (refused while a capture holds it)")
+	f.BoolVar(&cfg.Repair, "repair", false, "cut the stream back to where a resume goes on (refused while a capture holds it)")
 	f.BoolVar(&cfg.JSON, "json", false, "print the report as JSON")
 	f.StringVar(&cfg.List, "list", "", "list the checkpoints in this directory and whether each can resume")
 	return cmd
@@ -114,23 +114,40 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
+// from names what a report checked: the checkpoint file, or the stream alone.
+func from(r checkpoint.Report) string {
+	if r.Checkpoint == "" {
+		return "no checkpoint: the stream alone"
+	}
+	return "checkpoint " + r.Checkpoint
+}
+
 func printReport(w io.Writer, r checkpoint.Report, repaired bool) {
 	if !r.Resumable {
-		fmt.Fprintf(w, "%s: NOT resumable from %s\n", r.Stream, r.Checkpoint)
+		fmt.Fprintf(w, "%s: NOT resumable (%s)\n", r.Stream, from(r))
 		for _, p := range r.Problems {
 			fmt.Fprintf(w, "  - %s\n", p)
 		}
 		return
 	}
-	fmt.Fprintf(w, "%s: resumable from %s\n", r.Stream, r.Checkpoint)
+	fmt.Fprintf(w, "%s: resumable (%s)\n", r.Stream, from(r))
 	fmt.Fprintf(w, "  resume from token %d at byte offset %d (%d packets, last seq %d)\n",
 		r.ResumeToken, r.ResumeOffset, r.Packets, r.LastSeq)
+	switch {
+	case r.Source == checkpoint.SourceCheckpoint:
+		fmt.Fprintf(w, "  using the checkpoint: no intact token follows it in the stream\n")
+	case r.Checkpoint != "":
+		fmt.Fprintf(w, "  using the stream's intact prefix: %d tokens past the checkpoint (token %d, offset %d), every packet CRC-checked\n",
+			r.ResumeToken-r.TokenCount, r.TokenCount, r.CheckpointOffset)
+	default:
+		fmt.Fprintf(w, "  using the stream's intact prefix (no checkpoint), every packet CRC-checked\n")
+	}
 	verb := "would cut"
 	if repaired {
 		verb = "cut"
 	}
 	if r.CutBytes == 0 {
-		fmt.Fprintf(w, "  nothing after the checkpoint: the stream ends there\n")
+		fmt.Fprintf(w, "  nothing after the resume point: the stream ends there\n")
 		return
 	}
 	fmt.Fprintf(w, "  %s %d bytes: %d packets (%d tokens to generate again)", verb, r.CutBytes, r.CutPackets, r.CutTokens)

@@ -104,8 +104,12 @@ func TestResumeCommand(t *testing.T) {
 	path, ck := killedCapture(t, dir)
 	size := fileLen(t, path)
 
+	// Tokens 2 and 3 are intact past the checkpoint: the resume keeps them and cuts the
+	// aborted session's END, INDEX and footer only.
+	endAt := endOffset(t, path)
 	out, err, code := runResume(t, path)
-	if err != nil || !strings.Contains(out, "resume from token 2 at byte offset "+fmt.Sprint(ck.StreamOffset)) ||
+	if err != nil || !strings.Contains(out, "resume from token 4 at byte offset "+fmt.Sprint(endAt)) ||
+		!strings.Contains(out, "2 tokens past the checkpoint (token 2, offset "+fmt.Sprint(ck.StreamOffset)+")") ||
 		!strings.Contains(out, "would cut") || !strings.Contains(out, "END (aborted)") {
 		t.Fatalf("resume: %v (%d)\n%s", err, code, out)
 	}
@@ -114,7 +118,8 @@ func TestResumeCommand(t *testing.T) {
 	}
 	out, err, _ = runResume(t, "--list", dir, "--json")
 	var es []checkpoint.Entry
-	if err != nil || json.Unmarshal([]byte(out), &es) != nil || len(es) != 1 || !es[0].Resumable || es[0].CutTokens != 2 {
+	if err != nil || json.Unmarshal([]byte(out), &es) != nil || len(es) != 1 || !es[0].Resumable || es[0].CutTokens != 0 ||
+		es[0].Source != checkpoint.SourceStream || es[0].ResumeToken != 4 {
 		t.Fatalf("list: %v\n%s", err, out)
 	}
 	// Another checkpoint path that does not match: exit 2, nothing cut.
@@ -128,10 +133,42 @@ func TestResumeCommand(t *testing.T) {
 		t.Fatalf("mismatch: exit %d\n%s", code, out)
 	}
 	out, err, _ = runResume(t, path, "--repair")
-	if err != nil || !strings.Contains(out, "cut ") || fileLen(t, path) != ck.StreamOffset {
+	if err != nil || !strings.Contains(out, "cut ") || fileLen(t, path) != endAt {
 		t.Fatalf("repair: %v\n%s", err, out)
 	}
 	if _, err, code := runResume(t, filepath.Join(dir, "missing.strap")); err == nil || code != 1 {
-		t.Fatalf("missing checkpoint: %v exit %d", err, code)
+		t.Fatalf("missing stream: %v exit %d", err, code)
 	}
+	// Without a checkpoint the stream alone says where to go on.
+	if err := os.Remove(checkpoint.DefaultPath(path)); err != nil {
+		t.Fatal(err)
+	}
+	out, err, _ = runResume(t, path, "--json")
+	var rep checkpoint.Report
+	if err != nil || json.Unmarshal([]byte(out), &rep) != nil || !rep.Resumable || rep.Source != checkpoint.SourceStream ||
+		rep.ResumeToken != 4 || rep.ResumeOffset != endAt || rep.Checkpoint != "" || rep.CutBytes != 0 {
+		t.Fatalf("no checkpoint: %v\n%s", err, out)
+	}
+	out, _, code = runResume(t, filepath.Join(dir, "other.json"))
+	if code != 2 || !strings.Contains(out, "no checkpoint, and the stream header is not valid") {
+		t.Fatalf("not a stream: exit %d\n%s", code, out)
+	}
+}
+
+// endOffset is where the END packet of the stream at path starts.
+func endOffset(t *testing.T, path string) int64 {
+	t.Helper()
+	r, f, err := stream.OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := r.Scan(true)
+	for sc.Next() {
+		if sc.Packet().Type == stream.TypeEnd {
+			return sc.Packet().Offset
+		}
+	}
+	t.Fatalf("%s has no END: %v", path, sc.Err())
+	return 0
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -12,33 +13,48 @@ import (
 	"github.com/strap-llm/strap/internal/stream"
 )
 
-// Report says whether a stream can be resumed from its checkpoint and what a resume cuts.
+// Sources of a resume point (Report.Source).
+const (
+	// SourceCheckpoint: the stream is resumed at its checkpoint's offset.
+	SourceCheckpoint = "checkpoint"
+	// SourceStream: the stream is resumed at the end of the intact run of packets past
+	// its checkpoint (or from its first packet when there is no checkpoint).
+	SourceStream = "stream"
+)
+
+// Report says whether a stream can be resumed, from where, and what a resume cuts.
 type Report struct {
-	// Stream and Checkpoint are the files looked at.
+	// Stream and Checkpoint are the files looked at (Checkpoint "" when there is none).
 	Stream     string `json:"stream"`
 	Checkpoint string `json:"checkpoint"`
-	// Resumable: the stream's first StreamOffset bytes are exactly what the checkpoint
-	// describes, so a resume (or --repair) can cut there and go on.
+	// Resumable: the stream's first CheckpointOffset bytes are exactly what the
+	// checkpoint describes (or there is no checkpoint and the stream header is valid), so
+	// a resume (or --repair) can cut at ResumeOffset and go on.
 	Resumable bool `json:"resumable"`
 	// Problems names every difference found when not resumable.
 	Problems []string `json:"problems,omitempty"`
+	// Source says where ResumeOffset comes from: SourceCheckpoint or SourceStream.
+	Source string `json:"source"`
 	// ResumeToken is the step the resumed capture starts from (tokens kept).
 	ResumeToken uint64 `json:"resume_token"`
-	// ResumeOffset is where the stream is cut and appended to.
+	// ResumeOffset is where the stream is cut and appended to: the checkpoint's offset, or
+	// the end of the last intact TOKEN packet after it.
 	ResumeOffset int64 `json:"resume_offset"`
+	// CheckpointOffset is the checkpoint's offset: the durable floor (0: no checkpoint).
+	CheckpointOffset int64 `json:"checkpoint_offset"`
 	// Size is the stream's current size; CutBytes = Size - ResumeOffset.
 	Size     int64 `json:"size"`
 	CutBytes int64 `json:"cut_bytes"`
-	// CutPackets counts the complete packets after the checkpoint that a resume removes
+	// CutPackets counts the complete packets after ResumeOffset that a resume removes
 	// (TENSOR, DROP, TOKEN; END and INDEX are listed in CutEnd/CutIndex); CutTokens the
 	// TOKEN packets among them, which the resumed capture generates again.
 	CutPackets uint64 `json:"cut_packets"`
 	CutTokens  uint64 `json:"cut_tokens"`
 	CutEnd     string `json:"cut_end,omitempty"`
 	CutIndex   bool   `json:"cut_index"`
-	// TornAt is the offset of a packet cut short after the checkpoint (-1: none).
+	// TornAt is the offset of a packet cut short after ResumeOffset (-1: none).
 	TornAt int64 `json:"torn_at"`
-	// Packets, LastSeq and TokenCount are the checkpoint's.
+	// Packets and LastSeq describe the prefix kept; TokenCount is the checkpoint's.
 	Packets    uint64 `json:"packets"`
 	LastSeq    uint64 `json:"last_seq"`
 	TokenCount uint64 `json:"token_count"`
@@ -51,11 +67,17 @@ func (r *Report) problem(format string, args ...any) {
 	r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
 }
 
-// Check compares the stream in f (size bytes) with c. It never changes the file; what it
-// finds is in the Report.
+// Check compares the stream in f (size bytes) with c and finds where a resume goes on. c
+// is the floor: the stream must hold exactly what it describes. Past it (from the first
+// packet when c is nil) the intact run of packets is kept up to its last TOKEN packet
+// (stream.IntactRun). It never changes the file; what it finds is in the Report.
 func Check(f io.ReaderAt, size int64, c *Checkpoint) Report {
-	rep := Report{ResumeToken: c.TokenCount, ResumeOffset: c.StreamOffset, Size: size, TornAt: -1,
-		Packets: c.Packets, LastSeq: c.LastSeq, TokenCount: c.TokenCount, Fingerprint: c.Fingerprint}
+	if c == nil {
+		return checkStream(f, size)
+	}
+	rep := Report{Source: SourceCheckpoint, ResumeToken: c.TokenCount, ResumeOffset: c.StreamOffset,
+		CheckpointOffset: c.StreamOffset, Size: size, TornAt: -1, Packets: c.Packets, LastSeq: c.LastSeq,
+		TokenCount: c.TokenCount, Fingerprint: c.Fingerprint}
 	rep.CutBytes = size - c.StreamOffset
 	if size < c.StreamOffset {
 		rep.problem("stream is %d bytes, shorter than the checkpointed offset %d (data that was reported durable is gone)",
@@ -87,8 +109,45 @@ func Check(f io.ReaderAt, size int64, c *Checkpoint) Report {
 		rep.problem("last packet starts at %d, checkpoint says %d", pre.Last.Offset, c.LastPacketOffset)
 	}
 	rep.Resumable = len(rep.Problems) == 0
-	describeTail(&rep, f, size, c.StreamOffset)
+	if rep.Resumable {
+		if full, err := stream.NewReader(f, size); err == nil {
+			extend(&rep, stream.IntactRun(full, c.StreamOffset, c.TokenCount))
+		}
+	}
+	describeTail(&rep, f, size, rep.ResumeOffset)
 	return rep
+}
+
+// checkStream finds the resume point of a stream that has no checkpoint.
+func checkStream(f io.ReaderAt, size int64) Report {
+	rep := Report{Source: SourceStream, Size: size, TornAt: -1, CutBytes: size}
+	r, err := stream.NewReader(f, size)
+	if err != nil {
+		rep.problem("no checkpoint, and the stream header is not valid: %v", err)
+		return rep
+	}
+	if cm, ok := r.Header().Meta["client_metadata"].(map[string]any); ok {
+		rep.StreamFingerprint, _ = cm["fingerprint"].(string)
+	}
+	rep.Resumable = true
+	rep.ResumeOffset = r.Header().DataOffset
+	extend(&rep, stream.IntactRun(r, rep.ResumeOffset, 0))
+	rep.CutBytes = size - rep.ResumeOffset
+	describeTail(&rep, f, size, rep.ResumeOffset)
+	return rep
+}
+
+// extend moves the resume point to the end of the intact run past it.
+func extend(rep *Report, run stream.Intact) {
+	if run.Last == nil {
+		return
+	}
+	rep.Source = SourceStream
+	rep.ResumeOffset = run.End
+	rep.ResumeToken += run.Tokens
+	rep.Packets += run.Packets
+	rep.LastSeq = run.Last.Seq
+	rep.CutBytes = rep.Size - run.End
 }
 
 // describeTail counts what lies after the checkpointed offset: whole packets, a torn one,
@@ -129,12 +188,10 @@ func describeTail(rep *Report, f io.ReaderAt, size, from int64) {
 }
 
 // CheckFile opens the stream at path read-only and checks it against the checkpoint at
-// ckptPath ("" for the default one).
+// ckptPath ("" for the default one). When the default checkpoint does not exist the
+// stream is checked alone (its intact prefix); a named one must exist.
 func CheckFile(path, ckptPath string) (Report, *Checkpoint, error) {
-	if ckptPath == "" {
-		ckptPath = DefaultPath(path)
-	}
-	c, err := Load(ckptPath)
+	c, ckptPath, err := loadOptional(path, ckptPath)
 	if err != nil {
 		return Report{Stream: path, Checkpoint: ckptPath}, nil, err
 	}
@@ -152,15 +209,27 @@ func CheckFile(path, ckptPath string) (Report, *Checkpoint, error) {
 	return rep, c, nil
 }
 
-// Repair cuts the stream at path back to its checkpoint: after checking it (a stream that
-// does not match is left alone: ErrMismatch) it takes the stream's lock, so a live capture
-// is never cut (ErrInUse), truncates it to the checkpointed offset and syncs. The result is
-// the stream as it was when the checkpoint was made: a resume appends there.
-func Repair(path, ckptPath string) (Report, error) {
-	if ckptPath == "" {
-		ckptPath = DefaultPath(path)
+// loadOptional loads the checkpoint at ckptPath, or at the default path when it is "":
+// then a missing file is no error (nil, "").
+func loadOptional(path, ckptPath string) (*Checkpoint, string, error) {
+	if ckptPath != "" {
+		c, err := Load(ckptPath)
+		return c, ckptPath, err
 	}
+	ckptPath = DefaultPath(path)
 	c, err := Load(ckptPath)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, "", nil
+	}
+	return c, ckptPath, err
+}
+
+// Repair cuts the stream at path back to where a resume goes on (Check): after checking
+// it (a stream that does not match its checkpoint is left alone: ErrMismatch) it takes the
+// stream's lock, so a live capture is never cut (ErrInUse), truncates it and syncs. A
+// resume then appends there.
+func Repair(path, ckptPath string) (Report, error) {
+	c, ckptPath, err := loadOptional(path, ckptPath)
 	if err != nil {
 		return Report{Stream: path, Checkpoint: ckptPath}, err
 	}
@@ -187,7 +256,7 @@ func Repair(path, ckptPath string) (Report, error) {
 	if rep.CutBytes == 0 {
 		return rep, nil
 	}
-	if err := f.Truncate(c.StreamOffset); err != nil {
+	if err := f.Truncate(rep.ResumeOffset); err != nil {
 		return rep, fmt.Errorf("truncate stream: %w", err)
 	}
 	if err := f.Sync(); err != nil {

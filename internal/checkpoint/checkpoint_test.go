@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -136,28 +137,41 @@ func capture(t *testing.T, steps, ckAt int, fp string, end func(w *stream.Writer
 
 func TestCheckAndRepair(t *testing.T) {
 	abort := func(w *stream.Writer, f *os.File) { _ = w.Abort(nil) }
+	torn := func(w *stream.Writer, f *os.File) {
+		_ = w.Sync()
+		_ = f.Truncate(w.Offset() - 7)
+	}
 	for _, tc := range []struct {
 		name      string
+		steps     int
 		end       func(w *stream.Writer, f *os.File)
-		cutTokens uint64
+		token     uint64 // where the resume goes on
+		source    string
+		cutPkts   uint64
 		torn      bool
 		endStatus string
 	}{
-		{"client killed (aborted END)", abort, 3, false, "aborted"},
-		{"daemon killed, torn tail", func(w *stream.Writer, f *os.File) {
-			_ = w.Sync()
-			_ = f.Truncate(w.Offset() - 7)
-		}, 2, true, ""},
+		// Tokens 4..6 are intact past the checkpoint at 4: kept, only the END goes.
+		{"client killed (aborted END)", 7, abort, 7, SourceStream, 0, false, "aborted"},
+		// Token 6 is torn: tokens 4 and 5 are kept, the packets of step 6 go.
+		{"daemon killed, torn tail", 7, torn, 6, SourceStream, 2, true, ""},
+		// The first token past the checkpoint is torn: the checkpoint is where it goes on.
+		{"torn right after the checkpoint", 5, torn, 4, SourceCheckpoint, 2, true, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			path, ck := capture(t, 7, 4, "sha256:abc", tc.end)
+			path, ck := capture(t, tc.steps, 4, "sha256:abc", tc.end)
 			rep, _, err := CheckFile(path, "")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !rep.Resumable || rep.ResumeToken != 4 || rep.ResumeOffset != ck.StreamOffset || rep.CutTokens != tc.cutTokens ||
-				(rep.TornAt >= 0) != tc.torn || rep.CutEnd != tc.endStatus {
+			if !rep.Resumable || rep.ResumeToken != tc.token || rep.Source != tc.source || rep.TokenCount != 4 ||
+				rep.CheckpointOffset != ck.StreamOffset || rep.CutPackets != tc.cutPkts || rep.CutTokens != 0 ||
+				(rep.TornAt >= 0) != tc.torn || rep.CutEnd != tc.endStatus || rep.Packets != 3*tc.token ||
+				rep.LastSeq != 3*tc.token || rep.CutBytes != rep.Size-rep.ResumeOffset {
 				t.Fatalf("report %+v", rep)
+			}
+			if tc.source == SourceCheckpoint && rep.ResumeOffset != ck.StreamOffset {
+				t.Fatalf("resume offset %d, checkpoint at %d", rep.ResumeOffset, ck.StreamOffset)
 			}
 			// verify reports the damage before the repair...
 			if tc.torn {
@@ -173,14 +187,59 @@ func TestCheckAndRepair(t *testing.T) {
 				t.Fatal(err)
 			}
 			st, _ := os.Stat(path)
-			if st.Size() != ck.StreamOffset {
-				t.Fatalf("repaired to %d bytes, checkpoint at %d", st.Size(), ck.StreamOffset)
+			if st.Size() != rep.ResumeOffset {
+				t.Fatalf("repaired to %d bytes, resume point at %d", st.Size(), rep.ResumeOffset)
 			}
-			rep, _, err = CheckFile(path, "")
-			if err != nil || !rep.Resumable || rep.CutBytes != 0 {
-				t.Fatalf("after repair: %+v %v", rep, err)
+			again, _, err := CheckFile(path, "")
+			if err != nil || !again.Resumable || again.CutBytes != 0 || again.ResumeToken != tc.token {
+				t.Fatalf("after repair: %+v %v", again, err)
 			}
 		})
+	}
+}
+
+func TestCheckWithoutCheckpoint(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		steps int
+		cut   int64 // bytes cut off the end
+		token uint64
+	}{
+		{"every token intact", 3, 0, 3},
+		{"last token torn", 3, 7, 2},
+		{"first token torn", 1, 7, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path, _ := capture(t, tc.steps, 0, "fp", func(w *stream.Writer, f *os.File) {
+				_ = w.Sync()
+				_ = f.Truncate(w.Offset() - tc.cut)
+			})
+			rep, c, err := CheckFile(path, "")
+			if err != nil || c != nil {
+				t.Fatal(err, c)
+			}
+			if !rep.Resumable || rep.Checkpoint != "" || rep.Source != SourceStream || rep.ResumeToken != tc.token ||
+				rep.Packets != 3*tc.token || rep.StreamFingerprint != "fp" {
+				t.Fatalf("report %+v", rep)
+			}
+			if _, err := Repair(path, ""); err != nil {
+				t.Fatal(err)
+			}
+			if st, _ := os.Stat(path); st.Size() != rep.ResumeOffset {
+				t.Fatalf("repaired to %d bytes, resume point at %d", st.Size(), rep.ResumeOffset)
+			}
+		})
+	}
+	// A named checkpoint must exist; a file that is no stream is not resumable.
+	dir := t.TempDir()
+	junk := filepath.Join(dir, "junk.strap")
+	_ = os.WriteFile(junk, []byte("not a stream"), 0o644)
+	if _, _, err := CheckFile(junk, filepath.Join(dir, "none.json")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("named missing checkpoint: %v", err)
+	}
+	rep, _, err := CheckFile(junk, "")
+	if err != nil || rep.Resumable || len(rep.Problems) != 1 {
+		t.Fatalf("junk: %+v %v", rep, err)
 	}
 }
 
@@ -252,7 +311,7 @@ func TestList(t *testing.T) {
 	if len(es) != 2 {
 		t.Fatalf("%d entries: %+v", len(es), es)
 	}
-	if es[0].Error == "" || es[1].Error != "" || !es[1].Resumable || es[1].ResumeToken != 2 {
+	if es[0].Error == "" || es[1].Error != "" || !es[1].Resumable || es[1].ResumeToken != 5 || es[1].TokenCount != 2 {
 		t.Fatalf("entries %+v", es)
 	}
 }

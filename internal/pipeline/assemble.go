@@ -52,6 +52,7 @@ func (s *Session) packet(it *item) (stream.Packet, error) {
 	if s.codec == nil {
 		p.Codec = codec.None
 		p.Blocks = []stream.Block{{Data: r.Payload}}
+		p.Shared = true // straight from the ring, which the client can write
 	} else {
 		p.Codec = s.codec.ID()
 		p.BlockSize = uint32(s.bs)

@@ -1,8 +1,11 @@
 package pipeline
 
 import (
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/strap-llm/strap/internal/stream"
 )
 
 // writeLoop writes queued items in order. After a fatal error it keeps draining (waiting for
@@ -27,7 +30,14 @@ func (s *Session) writeLoop() {
 				}
 			} else if err := s.write(it); err != nil {
 				stopped = true
-				s.fail(&Error{Kind: KindWrite, Err: fmt.Errorf("write seq %d: %w", it.seq, err)})
+				kind := KindWrite
+				if errors.Is(err, stream.ErrPayloadChanged) {
+					// The client broke the protocol (it wrote into published bytes): the
+					// stream stays valid up to the previous packet and says so in END.
+					kind = KindBadRecord
+					err = fmt.Errorf("%w: the client overwrote ring bytes after PUBLISH", err)
+				}
+				s.fail(&Error{Kind: kind, Err: fmt.Errorf("write seq %d: %w", it.seq, err)})
 			}
 		}
 		for i, b := range it.blocks {

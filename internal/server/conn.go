@@ -93,9 +93,23 @@ func (c *conn) serve() {
 	defer c.srv.wg.Done()
 	defer c.srv.removeConn(c)
 	c.out = newOutbox(c.c, func(err error) {
-		c.log.Warn("client stopped reading or left; replies dropped", zap.Error(err))
+		c.log.Warn("client stopped reading or left; replies dropped (a fatal ERROR is still sent)", zap.Error(err))
 	})
 	defer func() {
+		// Nothing more is taken: what the client still has queued is read and dropped
+		// (with any descriptors), which wakes a client blocked sending into our full
+		// socket (a flood cut off by a limit); its next send then fails with EPIPE, and it
+		// turns to read the replies and the ERROR that say why.
+		u := c.c.Unix()
+		_ = u.CloseRead()
+		go func() {
+			buf := make([]byte, 4096)
+			for {
+				if _, err := u.Read(buf); err != nil {
+					return
+				}
+			}
+		}()
 		c.out.flush(flushTimeout)
 		c.c.Close()
 		c.out.stop()

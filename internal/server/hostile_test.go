@@ -18,6 +18,7 @@ import (
 	"github.com/strap-llm/strap/internal/dtype"
 	"github.com/strap-llm/strap/internal/pipeline/pipelinetest"
 	"github.com/strap-llm/strap/internal/shm"
+	"github.com/strap-llm/strap/internal/stream"
 )
 
 // alongside runs a well-behaved capture while hostile runs, and checks that it finishes
@@ -427,6 +428,42 @@ func TestRequestFlood(t *testing.T) {
 	})
 }
 
+// TestRequestFloodUnreadReplies: a client that floods requests without reading its
+// replies, past the 256 queued replies that mute it and then over the request rate, still
+// gets ERROR limit once it reads: the fatal error is never dropped with the replies.
+func TestRequestFloodUnreadReplies(t *testing.T) {
+	ts := startServer(t, Config{Clients: ClientLimits{RequestRate: 600}})
+	c := ts.dial(t)
+	req, _ := control.Encode(control.TypeStatus, nil)
+	_ = c.Conn().Unix().SetWriteDeadline(time.Now().Add(5 * time.Second))
+	sent := 0
+	for range 2000 {
+		if err := c.Conn().SendRaw(req); err != nil {
+			break // strapd cut us off: the reason waits on the socket
+		}
+		sent++
+	}
+	_ = c.Conn().Unix().SetReadDeadline(time.Now().Add(10 * time.Second))
+	replies := 0
+	for {
+		m, err := c.Recv()
+		if err == nil {
+			if m.Type == control.TypeStatusReply {
+				replies++
+			}
+			continue
+		}
+		var e *control.Error
+		if !errors.As(err, &e) || e.Code != control.CodeLimit || !strings.Contains(e.Message, "--max-request-rate") {
+			t.Fatalf("after %d requests and %d replies: %v, want ERROR limit naming --max-request-rate", sent, replies, err)
+		}
+		if replies >= sent {
+			t.Fatalf("%d replies to %d requests: the flood was never muted", replies, sent)
+		}
+		return
+	}
+}
+
 // TestNeverReadsReplies: a client that floods STATUS and never reads a reply does not
 // stall the daemon; its replies are dropped once its queue is full and everyone else is
 // served.
@@ -514,4 +551,102 @@ func TestStatusPollDuringSessionEnds(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+}
+
+// TestOverwriteAfterPublish: a client that keeps rewriting payload bytes after PUBLISH
+// (codec none, records large enough to be written with writev straight from the ring)
+// never gets a stream that ends complete with a packet failing its CRC. Each run either
+// ends complete with every packet verifying (the bytes changed before strapd read them,
+// which no daemon can tell), or the client gets ERROR bad_record naming the overwrite and
+// the stream ends with status error and verifies up to it.
+func TestOverwriteAfterPublish(t *testing.T) {
+	ts := startServer(t, Config{})
+	runs, detected := 10, 0
+	for run := range runs {
+		c := ts.dial(t)
+		out := outFile(t)
+		st, _, err := controltest.OpenStream(c, shm.HeaderSize+8<<20, out, control.Open{Codec: "none", Policy: "block"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem := st.P.Mem()
+		var (
+			mu     sync.Mutex
+			ranges [][2]uint64
+		)
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(done)
+			for i := uint64(0); ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				mu.Lock()
+				if len(ranges) > 0 {
+					r := ranges[int(i)%len(ranges)]
+					mem[r[0]+(i*4099)%(r[1]-r[0])]++
+				}
+				mu.Unlock()
+			}
+		}()
+		var firstErr error
+		for i := range 6 {
+			pos := st.P.Head()
+			tn := tensor("model.layers.0.mlp", uint64(run*10+i+1), 1<<18) // 1 MiB
+			if err := st.Put(&tn); err != nil {
+				firstErr = err
+				break
+			}
+			// The payload lies inside the record, past its header (name, shape, meta).
+			from, to := shm.HeaderSize+pos%st.P.DataSize()+4096, shm.HeaderSize+st.P.Head()%st.P.DataSize()-4096
+			mu.Lock()
+			ranges = append(ranges, [2]uint64{from, to})
+			mu.Unlock()
+		}
+		if firstErr == nil {
+			// Finish by hand: the rewriting goes on until CLOSED, then the ring is unmapped.
+			_, firstErr = c.Close(control.Close{Seq: st.P.LastSeq(), Head: st.P.Head(), Drops: st.Drops})
+		}
+		close(stop)
+		<-done
+		_ = st.P.Close()
+		var status string
+		waitFor(t, func() bool {
+			status, err = pipelineStream(out.Name())
+			return err == nil && status != ""
+		})
+		rep, err := stream.VerifyFile(out.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rep.OK {
+			t.Fatalf("run %d: stream does not verify (END %q, client error %v): %+v", run, status, firstErr, rep)
+		}
+		if firstErr == nil {
+			if status != "complete" {
+				t.Fatalf("run %d: no error for the client, END %q", run, status)
+			}
+			continue
+		}
+		var e *control.Error
+		if !errors.As(firstErr, &e) {
+			// A send failed because strapd had already closed the connection: its ERROR
+			// waits on the socket.
+			_ = c.Conn().Unix().SetReadDeadline(time.Now().Add(10 * time.Second))
+			_, firstErr = c.WaitRelease(1 << 60)
+		}
+		if !errors.As(firstErr, &e) || e.Code != control.CodeBadRecord || !strings.Contains(e.Message, "overwrote ring bytes after PUBLISH") {
+			t.Fatalf("run %d: client error %v, want bad_record naming the overwrite", run, firstErr)
+		}
+		if status != "error" {
+			t.Fatalf("run %d: client told %v, END %q", run, firstErr, status)
+		}
+		detected++
+	}
+	t.Logf("%d of %d runs caught the overwrite; every stream verified", detected, runs)
+	if detected == 0 {
+		t.Fatal("no run caught an overwrite made while strapd wrote the record")
+	}
 }

@@ -54,7 +54,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	if bs := plan.BlockSize(); bs < 4096 || bs > cfg.MaxBlockSize {
 		return perr(control.CodeLimit, "block_size %d, expected 4096..%d", bs, cfg.MaxBlockSize)
 	}
-	if err := checkOutput(fds[1]); err != nil {
+	if err := checkOutput(fds[1], req.AppendAt != 0); err != nil {
 		return err
 	}
 	if err := c.srv.checkTrace(streamFDs); err != nil {
@@ -75,6 +75,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 		}
 	}()
 	log := c.log.With(zap.Uint64("session", id))
+	outputLabel, _ := req.Metadata["output_path"].(string)
 	out := os.NewFile(uintptr(fds[1]), fmt.Sprintf("session-%d-output", id))
 	ringFD := fds[0]
 	// Open closes the ring descriptor and out owns the output's: only a trace is left.
@@ -86,7 +87,12 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 				Drops: d.Drops, Tokens: d.Tokens, LastOffset: d.LastOffset, LastCRC: d.LastCRC})
 		},
 		OnError: func(err error) {
-			c.out.send(control.TypeError, wireError(err))
+			e := wireError(err)
+			if e.Code == control.CodeWrite {
+				// strapd never sees the path; the client's label lets the message name the file.
+				e.Message = fmt.Sprintf("stream %q: %s", outputLabel, e.Message)
+			}
+			c.out.send(control.TypeError, e)
 			c.wake()
 		},
 	}, ringFD, out)
@@ -139,8 +145,9 @@ func sessionRequest(req control.Open, cred unix.Ucred) pipeline.Request {
 }
 
 // checkOutput verifies the output descriptor is a regular file open for writing, without
-// O_APPEND (the stream is written at explicit offsets from 0).
-func checkOutput(fd int) error {
+// O_APPEND (the stream is written at explicit offsets from 0); a resume (append_at) also
+// reads the prefix back, so it needs O_RDWR.
+func checkOutput(fd int, resume bool) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return perr(control.CodeBadOutput, "fstat output: %v", err)
@@ -152,11 +159,15 @@ func checkOutput(fd int) error {
 	if err != nil {
 		return perr(control.CodeBadOutput, "output flags: %v", err)
 	}
-	if acc := fl & unix.O_ACCMODE; acc != unix.O_WRONLY && acc != unix.O_RDWR {
-		return perr(control.CodeBadOutput, "output is not open for writing (open it O_WRONLY|O_CREAT|O_TRUNC)")
+	const how = "open it O_WRONLY|O_CREAT|O_TRUNC for a new capture, O_RDWR without O_TRUNC to resume"
+	switch acc := fl & unix.O_ACCMODE; {
+	case acc != unix.O_WRONLY && acc != unix.O_RDWR:
+		return perr(control.CodeBadOutput, "output is not open for writing (%s)", how)
+	case resume && acc != unix.O_RDWR:
+		return perr(control.CodeBadOutput, "output is open O_WRONLY, but append_at resumes it and strapd reads the prefix back (%s)", how)
 	}
 	if fl&unix.O_APPEND != 0 {
-		return perr(control.CodeBadOutput, "output is open with O_APPEND; open it O_WRONLY|O_CREAT|O_TRUNC")
+		return perr(control.CodeBadOutput, "output is open with O_APPEND (%s)", how)
 	}
 	return nil
 }

@@ -8,7 +8,9 @@ import (
 )
 
 // maxQueued bounds the messages waiting for a client that does not read; past it the
-// connection is given up (RELEASE never queues: only the newest tail is kept).
+// connection's replies are dropped (RELEASE never queues: only the newest tail is kept).
+// A fatal ERROR is still queued: it is the last message of the connection, so it cannot
+// grow the queue further, and the client must learn why it was cut off.
 const maxQueued = 256
 
 // outbox sends messages to one client from its own goroutine, so the daemon never blocks
@@ -19,7 +21,8 @@ type outbox struct {
 	q        [][]byte
 	tail     uint64
 	tailSent uint64
-	dead     bool // the socket failed or the queue overflowed
+	dead     bool // the socket failed
+	muted    bool // the queue overflowed: replies are dropped, a fatal ERROR is not
 	sending  bool // a message is being written
 	stopped  bool
 	wake     chan struct{}
@@ -48,16 +51,17 @@ func (o *outbox) send(t control.Type, body any) {
 		// Bodies are daemon-built structs; a failure here is a programming error.
 		panic(err)
 	}
+	e, isErr := body.(control.Error)
+	fatal := t == control.TypeError && isErr && e.Fatal
 	o.mu.Lock()
-	if o.dead || o.stopped {
+	if o.dead || o.stopped || (o.muted && !fatal) {
 		o.mu.Unlock()
 		return
 	}
-	if len(o.q) >= maxQueued {
-		o.dead = true
+	if len(o.q) >= maxQueued && !fatal {
+		o.muted = true
 		o.mu.Unlock()
 		o.onDead(errQueueFull)
-		o.signal()
 		return
 	}
 	o.q = append(o.q, b)

@@ -220,7 +220,7 @@ func (s *Server) checkTrace(fds []int) error {
 		return perr(control.CodeBadOutput, "trace flags: %v", err)
 	}
 	if acc := fl & unix.O_ACCMODE; acc != unix.O_WRONLY && acc != unix.O_RDWR {
-		return perr(control.CodeBadOutput, "trace is not open for writing (open it O_WRONLY|O_CREAT|O_TRUNC)")
+		return perr(control.CodeBadOutput, "trace is not open for writing (open it O_WRONLY|O_CREAT|O_TRUNC, or O_RDWR|O_APPEND to resume)")
 	}
 	return nil
 }

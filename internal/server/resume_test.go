@@ -123,7 +123,7 @@ func TestCheckpointAndResumeThroughSocket(t *testing.T) {
 		{"crc", ck.Offset, &control.Resume{LastSeq: ck.Seq, LastCRC: ck.LastCRC + 1, Packets: ck.Packets}, os.O_RDWR, "crc"},
 		{"mid-packet", ck.Offset - 9, &expect, os.O_RDWR, "packet boundary"},
 		{"no resume body", ck.Offset, nil, os.O_RDWR, "without resume"},
-		{"write-only", ck.Offset, &expect, os.O_WRONLY, "resume stream"},
+		{"write-only", ck.Offset, &expect, os.O_WRONLY, "O_RDWR without O_TRUNC to resume"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f, err := os.OpenFile(path, tc.flags, 0)

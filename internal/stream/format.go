@@ -87,6 +87,11 @@ var (
 	// ErrResumeMismatch: the stream prefix a resume names does not end as its checkpoint
 	// says (docs/CHECKPOINTS.md).
 	ErrResumeMismatch = errors.New("stream prefix does not match the checkpoint")
+	// ErrPayloadChanged: a Shared payload changed while it was being written, so the bytes
+	// in the file may not be the ones its CRC covers. The packet is cut off the file again
+	// (regular files) and the stream goes on being writable, so the session can end with
+	// an END that says why.
+	ErrPayloadChanged = errors.New("payload changed while it was written")
 )
 
 // OffsetError is a reader error at a file offset.
@@ -157,6 +162,10 @@ type Packet struct {
 	// alias the ring mapping and are not retained after WritePacket returns); for other
 	// codecs one entry per codec block, from which the writer builds the block table.
 	Blocks []Block
+	// Shared says the blocks alias memory another process can write while the packet is
+	// written (the ring, for codec none): the writer then makes its CRC cover exactly the
+	// bytes that reach the file, or fails with ErrPayloadChanged.
+	Shared bool
 }
 
 // EndInfo is what the END packet records about how the session ended.

@@ -75,6 +75,22 @@ func FuzzReader(f *testing.F) {
 		if rep.OK && uint64(n) > rep.Tensors {
 			t.Fatalf("%d tensors from %d TENSOR packets", n, rep.Tensors)
 		}
+		// The resume point: a packet boundary inside the file, every packet before it
+		// verifying, and CheckPrefix accepting that prefix as what it says it holds.
+		run := IntactRun(r, r.Header().DataOffset, 0)
+		if run.End < r.Header().DataOffset || run.End > size || (run.Last == nil) != (run.Tokens == 0) {
+			t.Fatalf("intact run %+v in a file of %d bytes", run, size)
+		}
+		if run.Last != nil {
+			pr, err := NewReader(bytes.NewReader(data), run.End)
+			if err != nil {
+				t.Fatalf("prefix reader: %v", err)
+			}
+			if _, errs := CheckPrefix(pr, ResumeExpect{AppendAt: run.End, LastSeq: run.Last.Seq, LastCRC: run.Last.CRC,
+				Packets: run.Packets}, nil); len(errs) > 0 {
+				t.Fatalf("intact run %+v is not a resumable prefix: %v", run, errs)
+			}
+		}
 		_, _, _ = r.Entries()
 		if _, err := Inspect(bytes.NewReader(data), size); err != nil {
 			t.Fatalf("inspect failed after NewReader succeeded: %v", err)

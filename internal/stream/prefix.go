@@ -66,3 +66,54 @@ func CheckPrefix(r *Reader, e ResumeExpect, visit func(*PacketInfo)) (Prefix, []
 	}
 	return pre, errs
 }
+
+// Intact is the end of the intact run of packets that follows a prefix: see IntactRun.
+type Intact struct {
+	// End is where the kept prefix ends: the end of Last, or the start of the walk when
+	// the run holds no TOKEN packet.
+	End int64
+	// Packets, Drops and Tokens count the TENSOR/DROP/TOKEN, DROP and TOKEN packets from
+	// the start of the walk to End.
+	Packets, Drops, Tokens uint64
+	// Forwards is one more than the largest forward counter of a TENSOR or DROP packet up
+	// to End (0: none).
+	Forwards uint64
+	// Last is the last TOKEN packet of the run (nil: none, End is the start of the walk).
+	Last *PacketInfo
+}
+
+// IntactRun walks from off, a packet boundary after which tokens TOKEN packets came
+// before, while every packet reads whole, passes its CRC check and is a TENSOR, DROP or
+// TOKEN packet whose TOKENs go on numbering tokens, tokens+1, ... It returns the end of
+// the run's last TOKEN packet: every packet of each token's forward pass lies before it,
+// so a resumed capture can go on there. r must be given the whole file's size.
+func IntactRun(r *Reader, off int64, tokens uint64) Intact {
+	run := Intact{End: off}
+	var packets, drops, toks, forwards uint64
+	for off < r.Size() {
+		p, _, err := r.ReadPacket(off)
+		if err != nil {
+			break
+		}
+		switch p.Type {
+		case TypeTensor, TypeDrop:
+			if p.Type == TypeDrop {
+				drops++
+			}
+			forwards = max(forwards, p.Forward+1)
+		case TypeToken:
+			if p.Step != tokens+toks {
+				return run
+			}
+			toks++
+		default:
+			return run
+		}
+		packets++
+		off += p.Len
+		if p.Type == TypeToken {
+			run = Intact{End: off, Packets: packets, Drops: drops, Tokens: toks, Forwards: forwards, Last: p}
+		}
+	}
+	return run
+}

@@ -63,6 +63,6 @@ func Resume(f *os.File, e ResumeExpect) (*Writer, error) {
 	if _, err := f.Seek(e.AppendAt, io.SeekStart); err != nil {
 		return nil, fmt.Errorf("seek stream file: %w", err)
 	}
-	w.off = e.AppendAt
+	w.off, w.written = e.AppendAt, e.AppendAt
 	return w, nil
 }

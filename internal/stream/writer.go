@@ -3,6 +3,7 @@ package stream
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -72,8 +73,11 @@ type Writer struct {
 	nameLst []string
 	index   []indexEntry
 
-	err    error // sticky: after a failed write the stream's tail is unknown
-	closed bool
+	// written is how many bytes of the stream are in the file: every writev call holds
+	// whole packets, so it is a packet boundary between calls.
+	written int64
+	err     error // sticky: after a failed write the stream's tail is unknown
+	closed  bool
 
 	// OnSync, when set, receives how long each fdatasync took (metrics).
 	OnSync func(time.Duration)
@@ -298,9 +302,13 @@ func (w *Writer) account(name string, typ PacketType, flags uint8, seq, step, fo
 
 // writePacket encodes p's header, computes the CRC and writes header, table and payload.
 // It does not advance w.off; the caller does once the packet is accounted for.
+//
+// The CRC must cover exactly the bytes that reach the file, also when p.Shared blocks can
+// change under us: a small packet is copied into the buffer first and its CRC computed over
+// that copy; a large one goes out with writev straight from the blocks, so their CRC is
+// computed before and again after the write, and a difference is ErrPayloadChanged.
 func (w *Writer) writePacket(p *Packet, stored uint64) error {
 	w.hdr = appendHeader(w.hdr[:0], p, stored)
-	crc := crc32.Update(0, castagnoli, w.hdr)
 	w.table = w.table[:0]
 	if p.Codec != codec.None {
 		w.sizes, w.raws = w.sizes[:0], w.raws[:0]
@@ -312,13 +320,7 @@ func (w *Writer) writePacket(p *Packet, stored uint64) error {
 		if w.table, err = codec.AppendBlockTable(w.table, w.sizes, w.raws); err != nil {
 			return fmt.Errorf("write packet seq %d: %w", p.Seq, err)
 		}
-		crc = crc32.Update(crc, castagnoli, w.table)
 	}
-	for _, b := range p.Blocks {
-		crc = crc32.Update(crc, castagnoli, b.Data)
-	}
-	binary.LittleEndian.PutUint32(w.hdr[20:], crc)
-
 	total := uint64(len(w.hdr)) + stored
 	if total <= copyMax {
 		if uint64(len(w.buf))+total > bufSize {
@@ -326,13 +328,20 @@ func (w *Writer) writePacket(p *Packet, stored uint64) error {
 				return err
 			}
 		}
+		start := len(w.buf)
 		w.buf = append(w.buf, w.hdr...)
 		w.buf = append(w.buf, w.table...)
 		for _, b := range p.Blocks {
 			w.buf = append(w.buf, b.Data...)
 		}
+		crc := crc32.Update(0, castagnoli, w.buf[start:])
+		binary.LittleEndian.PutUint32(w.buf[start+20:], crc)
+		binary.LittleEndian.PutUint32(w.hdr[20:], crc)
 		return nil
 	}
+	head := crc32.Update(crc32.Update(0, castagnoli, w.hdr), castagnoli, w.table)
+	crc := payloadCRC(head, p.Blocks)
+	binary.LittleEndian.PutUint32(w.hdr[20:], crc)
 	iov := append(w.iov[:0], w.buf, w.hdr, w.table)
 	for _, b := range p.Blocks {
 		if len(b.Data) > 0 {
@@ -343,6 +352,47 @@ func (w *Writer) writePacket(p *Packet, stored uint64) error {
 	clear(iov) // drop references to the caller's slices
 	w.iov = iov[:0]
 	w.buf = w.buf[:0]
+	if err != nil || !p.Shared {
+		return err
+	}
+	if again := payloadCRC(head, p.Blocks); again != crc {
+		return w.unwrite(fmt.Errorf("packet seq %d (%s): crc %#08x before the write, %#08x after: %w",
+			p.Seq, p.Name, crc, again, ErrPayloadChanged))
+	}
+	return nil
+}
+
+// payloadCRC continues crc over every block.
+func payloadCRC(crc uint32, blocks []Block) uint32 {
+	for _, b := range blocks {
+		crc = crc32.Update(crc, castagnoli, b.Data)
+	}
+	return crc
+}
+
+// unwrite cuts the packet just written (it starts at w.off) off a regular file, so the
+// stream ends on its previous packet and stays writable; err is returned. Where the file
+// cannot be cut (a pipe), or cutting fails, err sticks: the stream is dead.
+func (w *Writer) unwrite(err error) error {
+	cerr := errors.New("output is not a regular file")
+	if w.regular {
+		var terr error
+		cerr = w.rc.Control(func(fd uintptr) {
+			if terr = unix.Ftruncate(int(fd), w.off); terr == nil {
+				_, terr = unix.Seek(int(fd), w.off, io.SeekStart)
+			}
+		})
+		if cerr == nil {
+			cerr = terr
+		}
+		if cerr == nil {
+			w.written = w.off
+		}
+	}
+	if cerr != nil {
+		w.err = fmt.Errorf("%w; cutting it off the file: %w", err, cerr)
+		return w.err
+	}
 	return err
 }
 
@@ -359,8 +409,16 @@ func (w *Writer) flush() error {
 }
 
 // writev writes every byte of iov, resuming after short writes and EINTR/EAGAIN. On error
-// the stream is dead (its tail is unknown) and the error sticks.
+// (a full disk, an I/O error) the stream is dead and the error sticks; a regular file is cut
+// back to where this call began, a packet boundary, so every packet in it stays whole and
+// verifies, and the error says how much space the file system has left.
 func (w *Writer) writev(iov [][]byte) error {
+	start := w.written
+	defer func() {
+		if w.err != nil {
+			w.cutTo(start)
+		}
+	}()
 	for len(iov) > 0 {
 		for len(iov) > 0 && len(iov[0]) == 0 {
 			iov = iov[1:]
@@ -384,13 +442,14 @@ func (w *Writer) writev(iov [][]byte) error {
 			err = werr
 		}
 		if err != nil {
-			w.err = fmt.Errorf("write stream: %w", err)
+			w.err = fmt.Errorf("write stream: %w%s", err, w.freeSpace())
 			return w.err
 		}
 		if n == 0 {
-			w.err = fmt.Errorf("write stream: %w", io.ErrShortWrite)
+			w.err = fmt.Errorf("write stream: %w%s", io.ErrShortWrite, w.freeSpace())
 			return w.err
 		}
+		w.written += int64(n)
 		w.unkicked += int64(n)
 		for n > 0 {
 			if n >= len(iov[0]) {
@@ -406,6 +465,35 @@ func (w *Writer) writev(iov [][]byte) error {
 		w.kickWriteback()
 	}
 	return nil
+}
+
+// cutTo cuts a regular file back to off after a failed write; best effort, since the file
+// system is failing: a tail that cannot be cut reads as a torn packet.
+func (w *Writer) cutTo(off int64) {
+	if !w.regular {
+		return
+	}
+	_ = w.rc.Control(func(fd uintptr) {
+		if unix.Ftruncate(int(fd), off) == nil {
+			_, _ = unix.Seek(int(fd), off, io.SeekStart)
+		}
+	})
+	w.written = off
+}
+
+// freeSpace describes the space left on the file's file system, for write errors: a full
+// disk is the usual cause and the number tells.
+func (w *Writer) freeSpace() string {
+	if !w.regular {
+		return ""
+	}
+	var st unix.Statfs_t
+	var serr error
+	if err := w.rc.Control(func(fd uintptr) { serr = unix.Fstatfs(int(fd), &st) }); err != nil || serr != nil {
+		return ""
+	}
+	free := st.Bavail * uint64(st.Bsize)
+	return fmt.Sprintf(" (%d bytes free of %d on the stream's file system)", free, st.Blocks*uint64(st.Bsize))
 }
 
 // kickWriteback starts writeback of every dirty page of the file without waiting for it.
@@ -454,7 +542,7 @@ func (w *Writer) sync() error {
 		w.OnSync(time.Since(start))
 	}
 	if serr != nil {
-		w.err = fmt.Errorf("fdatasync stream: %w", serr)
+		w.err = fmt.Errorf("fdatasync stream: %w%s", serr, w.freeSpace())
 		return w.err
 	}
 	return nil

@@ -523,3 +523,76 @@ func TestHostileHeaders(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedPayloadChangedWhileWritten: a payload another party rewrites while it is being
+// written (a client writing into published ring bytes) never leaves a packet whose CRC
+// does not cover its bytes. A large packet that changed between its CRC and its writev is
+// ErrPayloadChanged and cut off the file again; a small one is CRC-checked over the copy
+// that is written, so it always verifies. Either way the stream reads clean to its END.
+func TestSharedPayloadChangedWhileWritten(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		size        int
+		wantChanged bool
+	}{
+		{"writev from shared memory", 4 << 20, true},
+		{"copied into the buffer", 64 << 10, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Outside the Go heap, like the ring: the rewriting goroutine stands in for the
+			// client process.
+			mem, err := syscall.Mmap(-1, 0, tc.size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer syscall.Munmap(mem)
+			stop, done := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(done)
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					mem[(i*4099)%len(mem)]++
+				}
+			}()
+			f := tempFile(t)
+			w, err := New(f, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seq, changed := uint64(0), 0
+			for range 40 {
+				seq++
+				p := Packet{Header: Header{Type: TypeTensor, DType: dtype.Uint8, Shape: []uint64{uint64(len(mem))},
+					Seq: seq, RawLen: uint64(len(mem))}, Name: "x", Blocks: []Block{{Data: mem}}, Shared: true}
+				before := w.Offset()
+				switch err := w.WritePacket(&p); {
+				case errors.Is(err, ErrPayloadChanged):
+					changed++
+					seq-- // not written: the next packet takes its number
+					if st, _ := f.Stat(); st.Size() != before || w.Offset() != before {
+						t.Fatalf("changed packet left in the file: size %d, offset %d, packet started at %d", st.Size(), w.Offset(), before)
+					}
+				case err != nil:
+					t.Fatal(err)
+				}
+			}
+			close(stop)
+			<-done
+			if err := w.Close(EndInfo{Status: "complete"}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.wantChanged != (changed > 0) {
+				t.Fatalf("%d of 40 packets changed while written, want changes: %v", changed, tc.wantChanged)
+			}
+			st, _ := f.Stat()
+			rep := Verify(f, st.Size())
+			if !rep.OK || rep.Tensors != seq {
+				t.Fatalf("verify: %+v", rep)
+			}
+		})
+	}
+}

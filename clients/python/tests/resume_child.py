@@ -7,6 +7,11 @@ argv: socket output kill [delay]; kill is one of
   before:K             just before the checkpoint at token K (TOKEN K sent, not yet durable)
   after:K              just after the checkpoint file for token K was replaced
   write:N              inside the N-th tensor write (a random point of a forward pass)
+  token:K              just after token K was recorded (its TOKEN sent; any checkpoint
+                       for it made)
+
+It prints "token K" after each token, "checkpoint K" as it asks for the checkpoint at token
+K and "closing" before the capture is closed, so a parent can kill strapd at those moments.
 """
 
 import os
@@ -35,19 +40,30 @@ if __name__ == "__main__":
     what, _, arg = kill.partition(":")
     with capture_activations(m, preset="balanced", output_path=out, socket_path=sock, autostart_daemon=False,
                              track_per_token=True, checkpoint_interval_tokens=INTERVAL) as fw:
-        if what in ("before", "after"):
-            k = int(arg)
-            orig = fw.checkpoint
+        orig = fw.checkpoint
+        k = int(arg) if arg else -1
 
-            def ck():
-                if what == "before" and fw.token_tracker.step == k:
-                    die()
-                c = orig()
-                if what == "after" and fw.token_tracker.step == k:
-                    die()
-                return c
+        def ck():
+            print(f"checkpoint {fw.token_tracker.step}", flush=True)
+            if what == "before" and fw.token_tracker.step == k:
+                die()
+            c = orig()
+            if what == "after" and fw.token_tracker.step == k:
+                die()
+            return c
 
-            fw.checkpoint = ck
+        fw.checkpoint = ck
+        if what == "token":
+            tr = fw.token_tracker
+            orig_record = tr.record_token
+
+            def record(*a, **kw):
+                r = orig_record(*a, **kw)
+                if tr.step == k:
+                    die()
+                return r
+
+            tr.record_token = record
         elif what == "write":
             n = int(arg)
             orig_write = CaptureSession.write_tensor
@@ -61,4 +77,5 @@ if __name__ == "__main__":
 
             CaptureSession.write_tensor = write
         generate(fw, m, delay=delay, echo=True)
+        print("closing", flush=True)
     print("done", flush=True)

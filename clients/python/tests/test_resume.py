@@ -114,6 +114,23 @@ KILLS = [
 ]
 
 
+def intact_tokens(out: Path) -> int:
+    """TOKEN packets of the stream's intact run (what a resume keeps), read once the killed
+    client's session has ended."""
+    wait_session_ended(out)
+    n = 0
+    with open_stream(out) as r:
+        try:
+            for p in r.packets():
+                if p.type_name == "TOKEN":
+                    n += 1
+                elif p.type_name not in ("TENSOR", "DROP"):
+                    break
+        except Exception:
+            pass
+    return n
+
+
 @pytest.mark.parametrize("kill", KILLS)
 def test_client_sigkill_then_resume_equals_uninterrupted(real_strapd, tmp_path, kill):
     out = tmp_path / "run.strap"
@@ -122,8 +139,35 @@ def test_client_sigkill_then_resume_equals_uninterrupted(real_strapd, tmp_path, 
     assert p.returncode == -signal.SIGKILL, err
     c = ckpt.load(ckpt.default_path(out))
     assert c.token_count % INTERVAL == 0 and c.token_count >= INTERVAL
+    n = intact_tokens(out)
+    assert n >= c.token_count
     fw = capture(real_strapd.socket, out, resume=True)
-    assert fw.resume_step == c.token_count and fw.token_tracker.resume_step == c.token_count
+    # The checkpoint is the floor; tokens the stream holds intact past it are kept too.
+    assert fw.resume_step == n and fw.token_tracker.resume_step == n
+    assert fw.resumed_from == ("checkpoint" if n == c.token_count else "stream")
+    assert_same_as_reference(real_strapd.socket, out, tmp_path, fw)
+
+
+@pytest.mark.parametrize("kill,tokens", [
+    pytest.param("write:3", 0, id="sigkill-in-first-forward-no-token-yet"),
+    pytest.param("write:42", 3, id="sigkill-in-forward-3-before-first-checkpoint"),
+    pytest.param("before:4", 4, id="sigkill-just-before-first-checkpoint"),
+])
+def test_client_sigkill_before_first_checkpoint_resumes_from_stream(real_strapd, tmp_path, kill, tokens):
+    """No checkpoint was ever made: the stream's own intact prefix (every packet's CRC)
+    says which tokens are whole, and the resume goes on after the last of them."""
+    out = tmp_path / "run.strap"
+    p = run_child(real_strapd.socket, out, kill)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == -signal.SIGKILL, err
+    assert not os.path.exists(ckpt.default_path(out))
+    assert intact_tokens(out) == tokens
+    r = subprocess.run([str(strapd_bin()), "resume", "--json", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["resumable"] and rep["source"] == "stream" and rep["resume_token"] == tokens, rep
+    fw = capture(real_strapd.socket, out, resume=True)
+    assert fw.resume_step == tokens and fw.resumed_from == "stream"
     assert_same_as_reference(real_strapd.socket, out, tmp_path, fw)
 
 
@@ -146,8 +190,10 @@ def test_daemon_sigkill_client_errors_then_resume(strapd_factory, tmp_path):
     assert p.returncode == 1 and elapsed < 20, (p.returncode, elapsed, err)
     assert "StrapdConnectionError" in err and "strapd connection" in err, err
     d2 = strapd_factory()
+    n = intact_tokens(out)
+    assert 4 <= n <= 7, n  # the checkpoint at 4, and what strapd had written when killed
     fw = capture(d2.socket, out, resume=True)
-    assert fw.resume_step == 4
+    assert fw.resume_step == n
     assert_same_as_reference(d2.socket, out, tmp_path, fw)
 
 
@@ -233,9 +279,14 @@ def test_status_json_during_live_capture(real_strapd, tmp_path):
 
 # ----- argument checks, leftovers, mismatches --------------------------------------------------
 
-def test_resume_without_checkpoint(real_strapd, tmp_path):
-    with pytest.raises(CheckpointError, match="no checkpoint"):
+def test_resume_without_checkpoint_or_stream(real_strapd, tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint .* and no stream"):
         capture(real_strapd.socket, tmp_path / "none.strap", resume=True)
+    bad = tmp_path / "bad.strap"
+    bad.write_bytes(b"not a stream at all")
+    with pytest.raises(CheckpointError, match="no checkpoint and the stream header is not valid"):
+        capture(real_strapd.socket, bad, resume=True)
+    assert bad.read_bytes() == b"not a stream at all"
 
 
 def test_leftover_checkpoint_is_never_loaded_silently(real_strapd, tmp_path):

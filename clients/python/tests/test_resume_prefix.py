@@ -102,3 +102,47 @@ def test_bad_header_refused(tmp_path):
                          last_packet_offset=842, last_packet_crc=1, token_count=1, forward_count=0)
     with pytest.raises(ckpt.CheckpointError, match="stream header is not valid"):
         _scan(p, ck)
+
+
+def _point(path, ck, want=FP):
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return ckpt.resume_point(fd, ck, str(path), want)
+    finally:
+        os.close(fd)
+
+
+def test_resume_point_without_checkpoint_is_the_last_intact_token(tmp_path):
+    # TOKEN 0 ends at 978; the packets of step 1 after it have no TOKEN: they are cut.
+    p = _stream(tmp_path)
+    rp = _point(p, None)
+    assert rp.source == "stream" and rp.floor is None
+    assert (rp.point.stream_offset, rp.point.packets, rp.point.last_seq, rp.point.token_count) == (978, 5, 5, 1)
+    assert rp.point.forward_count == 1 and rp.point.last_packet_offset == 842
+    assert rp.tokens == [{"token_index": 0, "token_id": 42, "token_text": "hi", "position": 0}]
+    with pytest.raises(ckpt.CheckpointError, match="fingerprint differs"):
+        _point(p, None, want="other")
+
+
+def test_resume_point_goes_past_an_older_checkpoint(tmp_path):
+    p = _stream(tmp_path)
+    rp = _point(p, _checkpoint(p, 2))
+    assert rp.source == "stream" and rp.point.stream_offset == 978 and rp.point.token_count == 1
+    assert rp.floor is not None and rp.floor.stream_offset == 578
+    at = _point(p, _checkpoint(p, 5))  # the checkpoint is the last intact token
+    assert at.source == "checkpoint" and at.point.stream_offset == 978
+
+
+def test_resume_point_stops_at_a_damaged_packet(tmp_path):
+    def flip(data):
+        data[705 + 100] ^= 0xFF  # inside the fourth TENSOR, before TOKEN 0
+
+    p = _stream(tmp_path, flip)
+    rp = _point(p, None)
+    assert rp.source == "stream" and rp.point.stream_offset == 288 and rp.point.token_count == 0 and rp.tokens == []
+    # A checkpoint whose prefix holds the damaged packet is refused: it is the floor.
+    good = tmp_path / "good"
+    good.mkdir()
+    ck5 = _checkpoint(_stream(good), 5)
+    with pytest.raises(ckpt.CheckpointError, match="CRC mismatch"):
+        _point(p, ck5)

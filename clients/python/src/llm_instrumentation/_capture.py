@@ -75,6 +75,7 @@ class Capture:
         self.token_tracker: Optional[TokenTracker] = TokenTracker() if options.track_per_token else None
         self.last_checkpoint: Optional[ckpt.Checkpoint] = None
         self.resume_step = 0
+        self.resumed_from: Optional[str] = None
         self.checkpoint_times: List[float] = []
         self._started_at = 0.0
         self._clean = False
@@ -113,12 +114,16 @@ class Capture:
             log.warning("llm_instrumentation: %s", plan.note)
         Path(opts.output_path).parent.mkdir(parents=True, exist_ok=True)
         out = _resume.open_output(opts, self.fingerprint())
+        self.resumed_from = out.source
         if out.resume is not None:
             tr = self.token_tracker
             assert tr is not None
             tr.tokens, tr.resume_step = out.tokens, out.resume.token_count
             self.resume_step, self.forward_count = out.resume.token_count, out.resume.forward_count
-            self.last_checkpoint = out.resume
+            self.last_checkpoint = out.floor
+            log.info("llm_instrumentation: resuming %s from token %d at byte %d (%s)", opts.output_path,
+                     out.resume.token_count, out.resume.stream_offset,
+                     "its checkpoint" if out.source == "checkpoint" else "the stream's intact prefix")
         try:
             self.trace_path = _resume.resolve_trace(opts, self.config.trace)
             level = _resource_level(opts.resource_level, self.config.resource_level)

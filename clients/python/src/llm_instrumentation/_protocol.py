@@ -23,7 +23,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
 
-from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError
+from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError, StrapdWriteError
 
 MAGIC = b"STRP"
 VERSION = 1
@@ -351,9 +351,11 @@ class Error(Body):
         """The exception raised to the user for this ERROR.
 
         Returns:
-            a :class:`StrapdProtocolError` carrying ``code`` and ``fatal``.
+            a :class:`StrapdProtocolError` carrying ``code`` and ``fatal``
+            (:class:`StrapdWriteError` for ``write_error``).
         """
-        return StrapdProtocolError(f"strapd error {self.code}: {self.message}", code=self.code, fatal=self.fatal)
+        cls = StrapdWriteError if self.code == "write_error" else StrapdProtocolError
+        return cls(f"strapd error {self.code}: {self.message}", code=self.code, fatal=self.fatal)
 
 
 @dataclass(frozen=True, kw_only=True)

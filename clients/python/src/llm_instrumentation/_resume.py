@@ -47,19 +47,25 @@ class Output:
 
     Attributes:
         fd: the descriptor (the caller closes it once strapd holds its own copy).
-        resume: the checkpoint the capture goes on from, or None for a fresh capture.
-        tokens: the checkpointed tokens (empty for a fresh capture).
+        resume: the prefix the capture goes on from (the checkpoint, or one made from the
+            stream's intact prefix), or None for a fresh capture.
+        tokens: the tokens of that prefix (empty for a fresh capture).
+        source: ``"checkpoint"`` or ``"stream"``: what the prefix's end came from (None
+            for a fresh capture).
+        floor: the checkpoint file found on a resume (None: none).
     """
 
     fd: int
     resume: Optional[ckpt.Checkpoint] = None
     tokens: List[Dict[str, Any]] = field(default_factory=list)
+    source: Optional[str] = None
+    floor: Optional[ckpt.Checkpoint] = None
 
 
 def open_output(opts: SessionOptions, fingerprint: str) -> Output:
     """Open and lock the stream file. Fresh: empty it (and remove a leftover checkpoint
-    when ``overwrite_checkpoint``). Resume: check it against the checkpoint and cut it back
-    to the checkpointed offset.
+    when ``overwrite_checkpoint``). Resume: check it against the checkpoint, when there is
+    one, and cut it back to the end of its last intact token (docs/CHECKPOINTS.md 4).
 
     Args:
         opts: the session options (``output_path`` set).
@@ -69,9 +75,9 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
         the locked output.
 
     Raises:
-        CheckpointError: a leftover checkpoint without resume or overwrite, no checkpoint
-            or stream to resume, a stream that does not match it, or a live capture
-            holding the lock.
+        CheckpointError: a leftover checkpoint without resume or overwrite, neither a
+            checkpoint nor a stream to resume, a stream that does not match the checkpoint
+            or the capture, or a live capture holding the lock.
     """
     out = opts.output_path
     assert out is not None
@@ -96,22 +102,27 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
             raise
         return Output(fd)
     assert ck_path is not None
-    if not os.path.exists(ck_path):
-        raise CheckpointError(f"resume_from_checkpoint=True but there is no checkpoint at {ck_path}")
-    c = ckpt.load(ck_path)
+    c = ckpt.load(ck_path) if os.path.exists(ck_path) else None
     try:
         fd = os.open(out, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {ck_path} names stream {out}, which does not exist") from None
+        if c is not None:
+            raise CheckpointError(f"checkpoint {ck_path} names stream {out}, which does not exist") from None
+        raise CheckpointError(f"resume_from_checkpoint=True but there is no checkpoint at {ck_path} "
+                              f"and no stream at {out}") from None
     try:
         ckpt.lock_stream(fd, opts.lock_wait, out)
-        tokens = ckpt.scan_prefix(fd, c, out, fingerprint)
-        os.ftruncate(fd, c.stream_offset)
+        if c is None and os.fstat(fd).st_size == 0:
+            # A client killed before strapd wrote the header: nothing was captured, so
+            # the resume is a capture from token 0 into the same file.
+            return Output(fd, source="stream")
+        rp = ckpt.resume_point(fd, c, out, fingerprint)
+        os.ftruncate(fd, rp.point.stream_offset)
         os.fsync(fd)
     except BaseException:
         os.close(fd)
         raise
-    return Output(fd, c, tokens)
+    return Output(fd, rp.point, rp.tokens, rp.source, c)
 
 
 def resolve_trace(opts: SessionOptions, config_trace: Union[bool, str, None]) -> Optional[str]:

@@ -21,7 +21,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from .errors import StrapError
 from .errors import StreamFormatError
@@ -200,6 +200,121 @@ def lock_stream(fd: int, wait: float, path: str) -> None:
             time.sleep(0.05)
 
 
+@dataclass
+class ResumePoint:
+    """Where a resumed capture goes on (docs/CHECKPOINTS.md section 4).
+
+    Attributes:
+        point: the prefix to keep, in the checkpoint's terms (``stream_offset``,
+            ``packets``, ``last_seq``, ``last_packet_crc``, ``token_count``, ...): the
+            checkpoint file itself, or one made from the stream's intact prefix.
+        tokens: the tokens of the TOKEN packets in that prefix.
+        source: ``"checkpoint"`` (the prefix ends at the checkpoint) or ``"stream"`` (it
+            goes on past the checkpoint, or there is none, up to the last intact token).
+        floor: the checkpoint file, or None when there is none.
+    """
+
+    point: Checkpoint
+    tokens: List[Dict[str, Any]]
+    source: str
+    floor: Optional[Checkpoint]
+
+
+def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint: str) -> ResumePoint:
+    """Find where a resume goes on in the stream behind ``fd``.
+
+    The checkpoint, when there is one, is the floor: the stream must hold exactly what it
+    describes (:func:`scan_prefix`), since that much was fdatasync'd. Past it (or from the
+    first packet when there is none) the walk goes on while every packet parses, passes its
+    CRC32C check and is a TENSOR, DROP or TOKEN packet with TOKENs numbered in order; the
+    prefix kept ends with the last TOKEN packet of that walk, so every packet of each kept
+    token's forward pass is intact. A packet after it (a forward pass cut short, an END of
+    the aborted session, a torn or damaged packet) is generated again.
+
+    Args:
+        fd: the stream, open for reading (the caller keeps and closes it).
+        ck: the checkpoint file's contents, or None when there is none.
+        path: the stream's path, for messages.
+        want_fingerprint: this capture's fingerprint; the stream header must carry it.
+
+    Returns:
+        the resume point.
+
+    Raises:
+        CheckpointError: the checkpointed prefix does not match, or (without a checkpoint)
+            the stream header is not valid or names another capture.
+    """
+    if ck is not None:
+        size = os.fstat(fd).st_size
+        if size < ck.stream_offset:
+            raise CheckpointError(
+                f"{path} is {size} bytes, shorter than the checkpointed offset {ck.stream_offset}: "
+                f"data reported durable is gone; the stream cannot be resumed")
+    try:
+        reader = StreamReader(path, fd=fd, use_index=False)
+    except StreamFormatError as e:
+        what = "stream header is not valid" if ck is not None else \
+            "there is no checkpoint and the stream header is not valid either (nothing to resume from)"
+        raise CheckpointError(f"{path}: {what}: {e}") from None
+    try:
+        if ck is not None:
+            tokens = _check_prefix(reader, ck, path, want_fingerprint)
+            start = ck.stream_offset
+            base = Checkpoint(**{**asdict(ck), "extra": dict(ck.extra)})
+        else:
+            client_meta = reader.metadata.get("client_metadata")
+            stream_fp = client_meta.get("fingerprint") if isinstance(client_meta, dict) else None
+            if stream_fp != want_fingerprint:
+                raise CheckpointError(
+                    f"fingerprint differs: stream header {stream_fp!r}, this capture (config + model) "
+                    f"{want_fingerprint!r}; resume with the same model, config, preset and modules")
+            tokens, start = [], reader.first_packet
+            base = Checkpoint(stream=path, fingerprint=want_fingerprint, stream_offset=start, packets=0, drops=0,
+                              last_seq=0, last_packet_offset=0, last_packet_crc=0, token_count=0, forward_count=0)
+        point, tokens = _intact_tail(reader, base, start, tokens)
+    finally:
+        # The caller truncates the file next: the mapping must be gone by then.
+        reader.close()
+    source = "checkpoint" if ck is not None and point.stream_offset == ck.stream_offset else "stream"
+    return ResumePoint(point, tokens, source, ck)
+
+
+def _intact_tail(reader: StreamReader, base: Checkpoint, start: int,
+                 tokens: List[Dict[str, Any]]) -> Tuple[Checkpoint, List[Dict[str, Any]]]:
+    """Extend ``base`` (the prefix up to ``start``) to the end of the last TOKEN packet of
+    the intact run of packets that follows it."""
+    best = base
+    packets, drops, forwards = base.packets, base.drops, base.forward_count
+    toks = list(tokens)
+    try:
+        for pk in reader.walk(reader.size, start):
+            if pk.type not in (TENSOR, DROP, TOKEN):
+                break  # END/INDEX of the aborted session: the capture goes on before it
+            if pk.type == TOKEN and pk.step != len(toks):
+                break
+            packets += 1
+            if pk.type == DROP:
+                drops += 1
+            if pk.type != TOKEN:
+                # The forward counter is not stored with TOKEN packets: the next forward
+                # pass is the one after the last that left a packet.
+                forwards = max(forwards, pk.forward + 1)
+                continue
+            toks.append(_token(pk))
+            best = Checkpoint(stream=base.stream, fingerprint=base.fingerprint, stream_offset=pk.end,
+                              packets=packets, drops=drops, last_seq=pk.seq, last_packet_offset=pk.offset,
+                              last_packet_crc=pk.crc, token_count=len(toks), forward_count=forwards,
+                              created=base.created)
+    except StreamFormatError:
+        pass  # a torn or damaged packet ends the intact run
+    return best, toks[:best.token_count]
+
+
+def _token(pk: Packet) -> Dict[str, Any]:
+    return {"token_index": pk.step, "token_id": pk.meta.get("token_id"), "token_text": pk.meta.get("text", ""),
+            "position": pk.meta.get("position", pk.step)}
+
+
 def scan_prefix(fd: int, ck: Checkpoint, path: str, want_fingerprint: Optional[str]) -> List[Dict[str, Any]]:
     """Check the stream behind ``fd`` against ``ck`` and return the checkpointed tokens.
 
@@ -253,8 +368,7 @@ def _check_prefix(reader: StreamReader, ck: Checkpoint, path: str,
                 raise CheckpointError(f"{path}: {pk.type_name} packet at offset {pk.offset}, inside the "
                                       f"checkpointed prefix")
             if pk.type == TOKEN:
-                tokens.append({"token_index": pk.step, "token_id": pk.meta.get("token_id"),
-                               "token_text": pk.meta.get("text", ""), "position": pk.meta.get("position", pk.step)})
+                tokens.append(_token(pk))
             packets += 1
             last = pk
     except StreamFormatError as e:

@@ -26,6 +26,14 @@ class StrapdProtocolError(StrapError):
         self.fatal = fatal
 
 
+class StrapdWriteError(StrapdProtocolError):
+    """strapd could not write the stream: a full disk (ENOSPC), an I/O error (EIO), a file
+    size limit (``ERROR write_error``). The message names the stream and the space left on
+    its file system. Every packet written before the failure stays readable and verifies
+    (strapd cuts the file back to the last whole packet), so once space is freed the
+    capture can resume (docs/CHECKPOINTS.md)."""
+
+
 class StrapdTimeoutError(StrapError, TimeoutError):
     """The daemon is alive but did not answer (or release ring space) in time."""
 

@@ -63,6 +63,9 @@ class InstrumentationFramework(Capture):
         resource_summary: the monitor's ``resource_session_summary`` after :meth:`stop`.
         last_checkpoint: the last checkpoint written or resumed from (None: none yet).
         resume_step: the step a resumed capture goes on from (0 when not resumed).
+        resumed_from: what a resume went on from: ``"checkpoint"`` (the checkpoint's
+            offset) or ``"stream"`` (the stream's intact prefix, past the checkpoint or
+            without one); None when not resumed.
         checkpoint_times: seconds each checkpoint took (request to durable file).
     """
 
@@ -163,7 +166,7 @@ class InstrumentationFramework(Capture):
         Raises:
             ValueError: invalid combination (interval <= 0, checkpoints without tracking).
             RuntimeError: no model yet (call :meth:`instrument_model`), or a capture is running.
-            CheckpointError: resume without a checkpoint, a stream that does not match it, or
+            CheckpointError: resume with neither a checkpoint nor a stream, a stream that does not match it, or
                 a leftover checkpoint when resume was not asked for.
 
         Example:
@@ -283,8 +286,9 @@ def capture_activations(
         checkpoint_interval_tokens: make a durable checkpoint every N recorded tokens
             (needs ``track_per_token``).
         checkpoint_path: checkpoint file (default ``{output_path}.ckpt.json``).
-        resume_from_checkpoint: check the stream against the checkpoint, cut it back there,
-            restore ``fw.token_tracker.tokens`` and ``fw.resume_step``, and append.
+        resume_from_checkpoint: check the stream against the checkpoint (when there is
+            one), cut it back to the end of its last intact token (the checkpoint's offset
+            at least), restore ``fw.token_tracker.tokens`` and ``fw.resume_step``, and append.
         overwrite_checkpoint: start a new capture although a checkpoint exists (it is deleted).
         socket_path: strapd control socket (default: PROTOCOL.md 1 resolution).
         autostart_daemon: start ``strapd serve`` when no daemon answers.

@@ -462,7 +462,7 @@ class StreamReader:
                 if pk.type != INDEX or include_index:
                     yield pk
 
-    def walk(self, stop: int) -> Iterator[Packet]:
+    def walk(self, stop: int, start: Optional[int] = None) -> Iterator[Packet]:
         """Every packet that starts before offset ``stop``, in file order, without the index.
 
         Each is parsed strictly (a packet cut by the end of the file is an error, not the
@@ -470,6 +470,7 @@ class StreamReader:
 
         Args:
             stop: the offset to walk up to.
+            start: where the walk begins, a packet boundary (default: the first packet).
 
         Yields:
             the packets.
@@ -477,7 +478,7 @@ class StreamReader:
         Raises:
             StreamFormatError: a packet before ``stop`` is malformed, damaged or cut short.
         """
-        off = self.first_packet
+        off = self.first_packet if start is None else start
         while off < stop:
             pk = self._parse(off)
             assert pk is not None  # strict parsing raises instead
