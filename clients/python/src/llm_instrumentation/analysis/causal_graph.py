@@ -60,9 +60,9 @@ def decoder_components(model: nn.Module) -> Tuple[List[Component], Optional[str]
     Raises:
         ValueError: the structure is not recognised (pass components explicitly).
     """
-    from ..core.auto_detect import detect_model_architecture
+    from ..core.auto_detect import describe_model
 
-    arch = detect_model_architecture(model)
+    arch = describe_model(model)
     if not arch["blocks"] or len(arch["attention"]) != len(arch["blocks"]) or len(arch["mlp"]) != len(arch["blocks"]):
         raise ValueError(f"{type(model).__name__}: not a decoder with one attention and one MLP per block; "
                          "pass components=[Component(name, reader), ...]")
