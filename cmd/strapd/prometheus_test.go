@@ -442,7 +442,15 @@ func startCapture(t *testing.T, c *control.Client, out string) *liveCapture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Close() })
-	st, opened, err := controltest.OpenStream(c, shm.HeaderSize+4<<20, f, control.Open{Codec: "zstd", Policy: "block",
+	// A resource log, as a client with resource_level set passes one: its events feed the
+	// dashboard's per-component panels.
+	// O_APPEND: checkAPI appends a line of its own to the same file while strapd writes.
+	res, err := os.OpenFile(out+".resources.jsonl", os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { res.Close() })
+	st, opened, err := controltest.OpenStreamResources(c, shm.HeaderSize+4<<20, f, res, control.Open{Codec: "zstd", Policy: "block",
 		Metadata: map[string]any{"model_class": "PromTest", "output_path": out}})
 	if err != nil {
 		t.Fatal(err)
@@ -485,6 +493,18 @@ func startCapture(t *testing.T, c *control.Client, out string) *liveCapture {
 				}
 			}
 			if i%8 == 0 {
+				// One forward pass's resource events, as the monitor writes them
+				// (RESOURCE_EVENTS.md): timed modules with FLOPs computed from shapes.
+				now := time.Now().UnixMicro()
+				var evs []json.RawMessage
+				for j, comp := range []string{"attention", "mlp", "norm"} {
+					evs = append(evs, json.RawMessage(fmt.Sprintf(
+						`{"event":"compute_execution","timestamp":%d,"step":%d,"forward":%d,"layer_id":%d,"component_type":%q,"module":"model.layers.%d.%s","duration_us":%d,"duration_source":"perf_counter","flops":%d,"flops_source":"computed_from_shapes"}`,
+						now, i/8, i/8, i%8, comp, i%8, comp, 100*(j+1), 1<<(20+j))))
+				}
+				if lc.err = c.Resources(evs...); lc.err != nil {
+					return
+				}
 				if _, err := unix.IoctlGetTermios(nv, unix.TCGETS); !errors.Is(err, unix.ENOTTY) {
 					lc.err = fmt.Errorf("ioctl on the stand-in nvidia0: %v, want ENOTTY", err)
 					return
@@ -628,7 +648,7 @@ func checkAPI(t *testing.T, api *http.Client, apiSock string, session uint64, ou
 	}
 
 	// SSE: a resource event written after the client connected reaches it.
-	resp, err := api.Get(fmt.Sprintf("%s/resource-logs?session=%d&follow=1&event=alloc", base, session))
+	resp, err := api.Get(fmt.Sprintf("%s/resource-logs?session=%d&follow=1&event=alloc&layer=3", base, session))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -641,8 +661,8 @@ func checkAPI(t *testing.T, api *http.Client, apiSock string, session uint64, ou
 	if err != nil {
 		t.Fatal(err)
 	}
-	fmt.Fprintf(logf, `{"timestamp": %.3f, "event": "alloc", "layer": "model.layers.3.mlp", "bytes": 4096}`+"\n",
-		float64(time.Now().UnixNano())/1e9)
+	fmt.Fprintf(logf, `{"timestamp": %d, "event": "alloc", "layer_id": 3, "module": "model.layers.3.mlp", "bytes": 4096}`+"\n",
+		time.Now().UnixMicro())
 	logf.Close()
 	got := make(chan string, 1)
 	go func() {
@@ -660,7 +680,7 @@ func checkAPI(t *testing.T, api *http.Client, apiSock string, session uint64, ou
 	}()
 	select {
 	case line, ok := <-got:
-		if !ok || !strings.Contains(line, `"layer":"model.layers.3.mlp"`) || !strings.Contains(line, fmt.Sprintf(`"session":%d`, session)) {
+		if !ok || !strings.Contains(line, `"module":"model.layers.3.mlp"`) || !strings.Contains(line, fmt.Sprintf(`"session":%d`, session)) {
 			t.Errorf("SSE delivered %q", line)
 		}
 	case <-time.After(10 * time.Second):

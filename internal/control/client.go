@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -115,6 +116,29 @@ func (c *Client) Open(ring, out *os.File, req Open) (Opened, error) {
 		return o, fmt.Errorf("open: %w", err)
 	}
 	return o, nil
+}
+
+// OpenResources sends OPEN with a resource log (req.Resources is set): res is a file
+// open for writing into which the daemon appends the events of later RESOURCES messages.
+func (c *Client) OpenResources(ring, out, res *os.File, req Open) (Opened, error) {
+	var o Opened
+	req.Resources = true
+	if err := c.conn.Send(TypeOpen, req, int(ring.Fd()), int(out.Fd()), int(res.Fd())); err != nil {
+		return o, fmt.Errorf("open: %w", err)
+	}
+	m, err := c.expect(TypeOpened)
+	if err != nil {
+		return o, fmt.Errorf("open: %w", err)
+	}
+	if err := m.Unmarshal(&o, "session"); err != nil {
+		return o, fmt.Errorf("open: %w", err)
+	}
+	return o, nil
+}
+
+// Resources sends RESOURCES with events, each a JSON object with an "event" name.
+func (c *Client) Resources(events ...json.RawMessage) error {
+	return c.conn.Send(TypeResources, Resources{Events: events})
 }
 
 // Publish sends PUBLISH.

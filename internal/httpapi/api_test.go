@@ -184,7 +184,8 @@ func TestFilterSnapshot(t *testing.T) {
 // filterSnapshot filters by hand (maps are filtered whatever their name); a collector that
 // adds another has to be added there, or this fails.
 func TestFilterCoversEverySlice(t *testing.T) {
-	handled := map[string]bool{"Sessions": true, "Watched": true, "DeviceOpens": true, "Threads": true}
+	handled := map[string]bool{"Sessions": true, "Watched": true, "DeviceOpens": true, "Threads": true,
+		"TokensKernel": true, "Spans": true}
 	typ := reflect.TypeOf(bpf.Snapshot{})
 	for i := range typ.NumField() {
 		f := typ.Field(i)
@@ -250,11 +251,14 @@ func TestResourceLogsRead(t *testing.T) {
 	s1, s2 := logSession(dir, 1), logSession(dir, 2)
 	be.set(s1, s2, control.SessionStatus{Session: 3, OutputPath: "relative.strap"})
 	log1 := s1.OutputPath + ResourceSuffix
-	appendLine(t, log1, `{"timestamp": 100.5, "event": "load", "layer": 3, "rss": 1}`+"\n")
-	appendLine(t, log1, `{"timestamp": 101, "event": "alloc", "layer": "model.layers.3.mlp"}`+"\n")
+	// The resource monitor's format (RESOURCE_EVENTS.md): timestamp in Unix µs, layer_id.
+	appendLine(t, log1, `{"timestamp": 100500000, "event": "load", "layer_id": 3, "rss": 1}`+"\n")
+	// An older writer: the timestamp quoted, the layer named "layer".
+	appendLine(t, log1, `{"timestamp": "101000000", "event": "alloc", "layer": "model.layers.3.mlp"}`+"\n")
 	appendLine(t, log1, "not json\n\n") // line 4 is empty: counted, not an event
-	appendLine(t, log1, `{"timestamp": 102, "event": "load", "layer": 4}`+"\n")
-	appendLine(t, log1, `{"timestamp": 103, "event": "lo`) // being written
+	appendLine(t, log1, `{"timestamp": 102000000, "event": "load", "layer_id": 4, "layer": 3}`+"\n")
+	appendLine(t, log1, `{"timestamp": 100.5, "event": "load", "layer_id": null}`+"\n")
+	appendLine(t, log1, `{"timestamp": 103000000, "event": "lo`) // being written
 	a := startAPI(t, be, Options{})
 	c := a.client(nil)
 	tests := []struct {
@@ -264,11 +268,16 @@ func TestResourceLogsRead(t *testing.T) {
 		want        string
 	}{
 		{"everything", "", 200, []int{1, 2, 5}, `"error": "no resource log (yet)"`},
+		{"seconds timestamp", "", 200, []int{1, 2, 5}, `"line": 6,
+      "error": "timestamp: want Unix microseconds`},
 		{"by event", "?event=load", 200, []int{1, 5}, `"incomplete_tail": true`},
-		{"by numeric layer", "?layer=3", 200, []int{1}, ""},
+		{"by numeric layer", "?layer=3", 200, []int{1}, ""}, // line 5's layer_id wins over its layer
+		{"by layer_id", "?layer=4", 200, []int{5}, ""},
 		{"by module layer", "?layer=model.layers.3.mlp", 200, []int{2}, ""},
 		{"since unix", "?since=101", 200, []int{2, 5}, ""},
+		{"since fractional", "?since=100.5", 200, []int{1, 2, 5}, ""},
 		{"since rfc3339", "?since=1970-01-01T00:01:41Z", 200, []int{2, 5}, ""},
+		{"since rfc3339 µs", "?since=1970-01-01T00:01:41.000001Z", 200, []int{5}, ""},
 		{"one session", "?session=1&limit=1", 200, []int{1}, `"truncated": true`},
 		{"relative output", "?session=3", 200, nil, "not an absolute path"},
 		{"malformed since", "?since=yesterday", 400, nil, `since \"yesterday\"`},
@@ -299,8 +308,8 @@ func TestResourceLogsRead(t *testing.T) {
 			if fmt.Sprint(got) != fmt.Sprint(tc.lines) {
 				t.Fatalf("lines %v, want %v\n%s", got, tc.lines, body)
 			}
-			if tc.query == "" && (len(rep.Malformed) != 1 || rep.Malformed[0].Line != 3) {
-				t.Fatalf("malformed %+v, want line 3", rep.Malformed)
+			if tc.query == "" && (len(rep.Malformed) != 2 || rep.Malformed[0].Line != 3 || rep.Malformed[1].Line != 6) {
+				t.Fatalf("malformed %+v, want lines 3 and 6", rep.Malformed)
 			}
 		})
 	}
@@ -361,7 +370,7 @@ func TestFollowDeliversNewLines(t *testing.T) {
 	s1 := logSession(dir, 1)
 	be.set(s1)
 	log1 := s1.OutputPath + ResourceSuffix
-	appendLine(t, log1, `{"timestamp": 1, "event": "old"}`+"\n")
+	appendLine(t, log1, `{"timestamp": 1000000, "event": "old"}`+"\n")
 	a := startAPI(t, be, Options{Poll: 20 * time.Millisecond})
 	resp, err := a.client(nil).Get("http://strapd/api/v1/resource-logs?follow=1&event=new")
 	if err != nil {
@@ -378,7 +387,7 @@ func TestFollowDeliversNewLines(t *testing.T) {
 	}
 	go readEvents(br, events)
 	// The stream is open (its first comment arrived): every line from here on is new.
-	appendLine(t, log1, `{"timestamp": 2, "event": "skip"}`+"\n"+`{"timestamp": 3, "event": "new", "n": 1}`+"\n")
+	appendLine(t, log1, `{"timestamp": 2000000, "event": "skip"}`+"\n"+`{"timestamp": 3000000, "event": "new", "n": 1}`+"\n")
 	ev := waitEvent(t, events, "resource")
 	var e Event
 	if err := json.Unmarshal([]byte(ev.data), &e); err != nil || e.Session != 1 || e.Line != 3 || ev.id != "1:3" ||

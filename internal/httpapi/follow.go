@@ -62,7 +62,7 @@ func parseLogRequest(w http.ResponseWriter, r *http.Request) (logRequest, bool) 
 		if err != nil {
 			return bad(err.Error())
 		}
-		lr.filter.Since, lr.filter.HasSince = v, true
+		lr.filter.SinceUS, lr.filter.HasSince = v, true
 	}
 	switch q.Get("follow") {
 	case "", "0":

@@ -12,7 +12,8 @@ import (
 // give an error; never a panic.
 func FuzzResourceLine(f *testing.F) {
 	for _, s := range []string{
-		`{"timestamp": 1.5, "event": "load", "layer": 3}`,
+		`{"timestamp": 1.5, "event": "load", "layer": 3}`, `{"timestamp": "1704097842123456", "layer_id": 0}`,
+		`{"timestamp": 1704097842123456, "layer_id": null, "layer": "x"}`, `{"timestamp": "-1"}`,
 		`{"layer": "model.layers.0.mlp", "event": "alloc", "bytes": 4096}`,
 		`{"timestamp": "soon"}`, `{"layer": [1]}`, `{} {}`, `null`, `[1,2]`, `{"event": 5}`, "{\"a\":1}\r",
 	} {

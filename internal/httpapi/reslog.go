@@ -33,22 +33,23 @@ const (
 type Filter struct {
 	// Event keeps lines whose "event" equals it.
 	Event string
-	// Layer keeps lines whose "layer" (a string, or a number compared as written) equals it.
+	// Layer keeps lines whose "layer_id" (or, on lines without one, "layer"), a string or
+	// a number compared as written, equals it.
 	Layer string
-	// Since keeps lines whose "timestamp" (Unix seconds) is at or after it; lines without
-	// a timestamp are left out when it is set.
-	Since    float64
+	// SinceUS keeps lines whose "timestamp" (Unix microseconds) is at or after it; lines
+	// without a timestamp are left out when it is set.
+	SinceUS  int64
 	HasSince bool
 }
 
 // resourceLine is what the API reads of one line: the filter fields and the line itself.
 type resourceLine struct {
-	Event     string
-	Layer     string
-	HasLayer  bool
-	Timestamp float64
-	HasTS     bool
-	Raw       json.RawMessage
+	Event       string
+	Layer       string
+	HasLayer    bool
+	TimestampUS int64 // Unix microseconds
+	HasTS       bool
+	Raw         json.RawMessage
 }
 
 // parseResourceLine checks that b is one JSON object and reads the fields the filters
@@ -76,25 +77,30 @@ func parseResourceLine(b []byte) (resourceLine, error) {
 			return resourceLine{}, fmt.Errorf("event: want a string: %w", err)
 		}
 	}
-	if v, ok := fields["layer"]; ok && string(v) != "null" {
+	for _, name := range []string{"layer_id", "layer"} {
+		v, ok := fields[name]
+		if !ok || string(v) == "null" {
+			continue
+		}
 		var s string
 		if err := json.Unmarshal(v, &s); err == nil {
 			l.Layer = s
 		} else {
 			var n json.Number
 			if err := json.Unmarshal(v, &n); err != nil {
-				return resourceLine{}, fmt.Errorf("layer: want a string or a number, got %.40s", v)
+				return resourceLine{}, fmt.Errorf("%s: want a string or a number, got %.40s", name, v)
 			}
 			l.Layer = n.String()
 		}
 		l.HasLayer = true
+		break
 	}
 	if v, ok := fields["timestamp"]; ok && string(v) != "null" {
-		var ts float64
-		if err := json.Unmarshal(v, &ts); err != nil || math.IsNaN(ts) || math.IsInf(ts, 0) {
-			return resourceLine{}, fmt.Errorf("timestamp: want Unix seconds as a number, got %.40s", v)
+		us, err := parseMicros(v)
+		if err != nil {
+			return resourceLine{}, err
 		}
-		l.Timestamp, l.HasTS = ts, true
+		l.TimestampUS, l.HasTS = us, true
 	}
 	return l, nil
 }
@@ -106,25 +112,44 @@ func (f *Filter) match(l *resourceLine) bool {
 	if f.Layer != "" && (!l.HasLayer || l.Layer != f.Layer) {
 		return false
 	}
-	if f.HasSince && (!l.HasTS || l.Timestamp < f.Since) {
+	if f.HasSince && (!l.HasTS || l.TimestampUS < f.SinceUS) {
 		return false
 	}
 	return true
 }
 
-// parseSince reads since= as RFC 3339 or as Unix seconds.
-func parseSince(s string) (float64, error) {
+// parseMicros reads a line's "timestamp": Unix microseconds as the resource monitor
+// writes it, a JSON integer, or a string of decimal digits (seed 003's logs quoted it).
+func parseMicros(v json.RawMessage) (int64, error) {
+	digits := string(v)
+	var s string
+	if err := json.Unmarshal(v, &s); err == nil {
+		digits = s
+	}
+	us, err := strconv.ParseInt(digits, 10, 64)
+	if err != nil || us < 0 {
+		return 0, fmt.Errorf("timestamp: want Unix microseconds (an integer, or a string of digits), got %.40s", v)
+	}
+	return us, nil
+}
+
+// parseSince reads since= as RFC 3339 or as Unix seconds, and returns Unix microseconds.
+func parseSince(s string) (int64, error) {
 	if v, err := strconv.ParseFloat(s, 64); err == nil {
-		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+		// 9.2e12 s is past what int64 microseconds hold.
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > 9e12 {
 			return 0, fmt.Errorf("since %q: want a non-negative number of Unix seconds or an RFC 3339 time", s)
 		}
-		return v, nil
+		return int64(math.Round(v * 1e6)), nil
 	}
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
 		return 0, fmt.Errorf("since %q: want an RFC 3339 time (2026-11-26T02:00:00Z) or Unix seconds", s)
 	}
-	return float64(t.UnixNano()) / 1e9, nil
+	if t.Unix() < 0 {
+		return 0, fmt.Errorf("since %q: before 1970", s)
+	}
+	return t.UnixMicro(), nil
 }
 
 // Event is one resource event as the API returns it.

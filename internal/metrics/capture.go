@@ -53,6 +53,7 @@ var (
 
 func (c captureCollector) Collect(ch chan<- prometheus.Metric) {
 	m := c.m
+	m.collectResources(ch)
 	st := m.opts.Status()
 	d := st.Daemon
 	gauge := func(desc *prometheus.Desc, v float64, lv ...string) {

@@ -70,6 +70,9 @@ type Metrics struct {
 	endedFIFO []uint64
 	lastToken map[uint64]time.Time
 
+	resources           map[resourceKey]*resourceSums // resource-event aggregates since start
+	resourcesUnreadable uint64
+
 	kernel kernelState
 }
 

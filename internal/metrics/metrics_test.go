@@ -263,6 +263,7 @@ func TestEverySeriesDocumented(t *testing.T) {
 		SyncWait:        map[string]map[string]bpf.LatencyStats{"1": {"futex": {}}},
 		RunqueueLatency: map[string]bpf.LatencyStats{"1": {}}, NvidiaIoctl: map[string]bpf.LatencyStats{"1": {}},
 		TCP: map[string]bpf.TCP{"1": {}}, Memory: map[string]bpf.Memory{"1": {}}})
+	m.ObserveResources([]byte(`{"event":"compute_execution","component_type":"mlp","duration_us":1,"flops":2}` + "\n"))
 	fams, err := m.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)

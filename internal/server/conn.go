@@ -307,6 +307,9 @@ var sessionHandlers = map[control.Type]func(c *conn, m control.Message, s *pipel
 			return false, err
 		}
 		c.res.append(lines, n)
+		if o := c.srv.cfg.Observer; o != nil {
+			o.ObserveResources(lines)
+		}
 		return false, nil
 	},
 	control.TypeClose: func(c *conn, m control.Message, s *pipeline.Session) (bool, error) {

@@ -86,6 +86,9 @@ type Observer interface {
 	SessionEnded(control.SessionStatus)
 	// ObserveSnapshot is each kernel snapshot the probe ticker takes.
 	ObserveSnapshot(bpf.Snapshot)
+	// ObserveResources is the JSON lines of resource events just appended to a
+	// session's resource log (after the append, failed or not: they were sent).
+	ObserveResources(lines []byte)
 }
 
 // PoolLoad reports the compression pool's size, busy workers, queued jobs and each

@@ -28,12 +28,23 @@ var ErrDropped = errors.New("dropped")
 // OpenStream creates a producer ring of ringSize bytes, opens a session writing to out and
 // returns the stream.
 func OpenStream(c *control.Client, ringSize uint64, out *os.File, req control.Open) (*Stream, control.Opened, error) {
+	return OpenStreamResources(c, ringSize, out, nil, req)
+}
+
+// OpenStreamResources is OpenStream with a resource log res (a file open for writing;
+// nil: none), for sessions that send RESOURCES.
+func OpenStreamResources(c *control.Client, ringSize uint64, out, res *os.File, req control.Open) (*Stream, control.Opened, error) {
 	p, err := shm.NewProducer(ringSize, shm.ProducerOptions{})
 	if err != nil {
 		return nil, control.Opened{}, err
 	}
 	req.RingSize = ringSize
-	o, err := c.Open(p.File(), out, req)
+	var o control.Opened
+	if res != nil {
+		o, err = c.OpenResources(p.File(), out, res, req)
+	} else {
+		o, err = c.Open(p.File(), out, req)
+	}
 	if err != nil {
 		p.Close()
 		return nil, o, err

@@ -1,0 +1,178 @@
+package metrics
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"sort"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Resource events arrive with client-chosen strings; only these values become labels, so
+// the series stay bounded whatever a client sends. Anything else counts as "other".
+var (
+	resourceEventTypes = map[string]bool{
+		"compute_execution": true, "memory_allocation": true, "mlp_operation": true,
+		"component_handoff": true, "kv_cache_update": true,
+		"resource_session_start": true, "resource_session_summary": true,
+	}
+	resourceComponents = map[string]bool{
+		"attention": true, "mlp": true, "norm": true, "embedding": true, "model": true, "lm_head": true,
+	}
+)
+
+const labelOther = "other"
+
+type resourceKey struct{ event, component string }
+
+type resourceSums struct {
+	events     uint64
+	malformed  uint64
+	durationUS float64
+	timed      uint64
+	flops      float64
+}
+
+var (
+	resLabels         = []string{"event", "component_type"}
+	descResEvents     = prometheus.NewDesc("strapd_resource_events_total", "Resource events received in RESOURCES messages (whether or not their log write succeeded: strapd status counts the lost ones), by event type and component_type (types and components outside the documented sets count as \"other\"; component_type \"none\" when absent).", resLabels, nil)
+	descResDuration   = prometheus.NewDesc("strapd_resource_duration_seconds_total", "Sum of the measured duration_us of resource events that carry one, in seconds.", resLabels, nil)
+	descResTimed      = prometheus.NewDesc("strapd_resource_timed_events_total", "Resource events that carried a measured duration_us (the denominator of a mean duration).", resLabels, nil)
+	descResFLOPs      = prometheus.NewDesc("strapd_resource_flops_total", "Sum of the flops field of resource events that carry one (computed from shapes by the client).", resLabels, nil)
+	descResUnreadable = prometheus.NewDesc("strapd_resource_events_unreadable_total", "Resource events received but left out of the resource aggregates: their duration_us or flops was not a finite non-negative number.", nil, nil)
+)
+
+// ObserveResources adds resource events to the aggregates: lines are the JSON lines the
+// daemon appended (one compact object per line, already checked by control.ResourceLines).
+func (m *Metrics) ObserveResources(lines []byte) {
+	if m == nil {
+		return
+	}
+	type ev struct {
+		Event      string           `json:"event"`
+		Component  *string          `json:"component_type"`
+		DurationUS *json.RawMessage `json:"duration_us"`
+		FLOPs      *json.RawMessage `json:"flops"`
+	}
+	type parsed struct {
+		key        resourceKey
+		dur, fl    float64
+		hasDur     bool
+		hasFLOPs   bool
+		unreadable bool
+	}
+	var batch []parsed
+	for len(lines) > 0 {
+		i := bytes.IndexByte(lines, '\n')
+		var line []byte
+		if i < 0 {
+			line, lines = lines, nil
+		} else {
+			line, lines = lines[:i], lines[i+1:]
+		}
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var e ev
+		p := parsed{}
+		if err := json.Unmarshal(line, &e); err != nil {
+			p.unreadable = true
+			batch = append(batch, p)
+			continue
+		}
+		p.key.event = labelOther
+		if resourceEventTypes[e.Event] {
+			p.key.event = e.Event
+		}
+		switch {
+		case e.Component == nil:
+			p.key.component = "none"
+		case resourceComponents[*e.Component]:
+			p.key.component = *e.Component
+		default:
+			p.key.component = labelOther
+		}
+		if v, ok, bad := number(e.DurationUS); bad {
+			p.unreadable = true
+		} else if ok {
+			p.dur, p.hasDur = v, true
+		}
+		if v, ok, bad := number(e.FLOPs); bad {
+			p.unreadable = true
+		} else if ok {
+			p.fl, p.hasFLOPs = v, true
+		}
+		batch = append(batch, p)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.resources == nil {
+		m.resources = map[resourceKey]*resourceSums{}
+	}
+	for _, p := range batch {
+		if p.unreadable {
+			m.resourcesUnreadable++
+			continue
+		}
+		s := m.resources[p.key]
+		if s == nil {
+			s = &resourceSums{}
+			m.resources[p.key] = s
+		}
+		s.events++
+		if p.hasDur {
+			s.durationUS += p.dur
+			s.timed++
+		}
+		if p.hasFLOPs {
+			s.flops += p.fl
+		}
+	}
+}
+
+// number reads an optional numeric field: ok when it holds a finite non-negative number,
+// bad when it holds something else (null counts as absent: the client writes
+// "flops": null where it cannot compute them).
+func number(raw *json.RawMessage) (v float64, ok, bad bool) {
+	if raw == nil || string(*raw) == "null" {
+		return 0, false, false
+	}
+	if err := json.Unmarshal(*raw, &v); err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+		return 0, false, true
+	}
+	return v, true, false
+}
+
+// collectResources sends the resource aggregates; called with m.mu not held.
+func (m *Metrics) collectResources(ch chan<- prometheus.Metric) {
+	m.mu.Lock()
+	keys := make([]resourceKey, 0, len(m.resources))
+	sums := make(map[resourceKey]resourceSums, len(m.resources))
+	for k, s := range m.resources {
+		keys = append(keys, k)
+		sums[k] = *s
+	}
+	unreadable := m.resourcesUnreadable
+	m.mu.Unlock()
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].event != keys[j].event {
+			return keys[i].event < keys[j].event
+		}
+		return keys[i].component < keys[j].component
+	})
+	counter := func(desc *prometheus.Desc, v float64, lv ...string) {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, v, lv...)
+	}
+	if len(keys) == 0 && unreadable == 0 {
+		return // no resource events yet: no series, as the docs say
+	}
+	counter(descResUnreadable, float64(unreadable))
+	for _, k := range keys {
+		s := sums[k]
+		counter(descResEvents, float64(s.events), k.event, k.component)
+		counter(descResTimed, float64(s.timed), k.event, k.component)
+		counter(descResDuration, s.durationUS/1e6, k.event, k.component)
+		counter(descResFLOPs, s.flops, k.event, k.component)
+	}
+}
