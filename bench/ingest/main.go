@@ -147,7 +147,7 @@ func push(socket, out, codecName string, level int, lossy *control.Lossy, want u
 		BlockSize: opened.BlockSize, Tensors: n, Packets: cl.Packets, Drops: cl.Drops,
 		BytesIn: cl.BytesIn, BytesOut: cl.BytesOut, FileBytes: cl.FileBytes,
 		Seconds: secs, PutSeconds: putDone.Sub(start).Seconds(), GBps: float64(cl.BytesIn) / secs / 1e9,
-		ClientCPU: tv(ru.Utime) + tv(ru.Stime), ClientRSS: ru.Maxrss * 1024,
+		ClientCPU: tv(ru.Utime) + tv(ru.Stime), ClientRSS: int64(ru.Maxrss) * 1024,
 	}, nil
 }
 

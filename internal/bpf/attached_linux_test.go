@@ -118,12 +118,7 @@ func blockDeviceDir(t *testing.T) string {
 func TestOffCPUSleep(t *testing.T) {
 	c := startAttached(t, Options{PerThread: true})
 	g := startGated(t, "sleep 0.3")
-	if err := c.Watch(g.pid); err != nil {
-		t.Fatal(err)
-	}
-	c.Snapshot()
-	g.releaseAndWait(t)
-	s := c.Snapshot()
+	s := measure(t, c, g)
 	key := strconv.Itoa(g.pid)
 	o, ok := s.OffCPU[key]
 	if !ok {
@@ -164,13 +159,7 @@ func TestPageFaults(t *testing.T) {
 	const pages = 3000
 	watched := startGated(t, fmt.Sprintf("%s -c '%s' %d", py, touchPages, pages))
 	other := startGated(t, fmt.Sprintf("%s -c '%s' %d", py, touchPages, pages))
-	if err := c.Watch(watched.pid); err != nil {
-		t.Fatal(err)
-	}
-	c.Snapshot()
-	watched.releaseAndWait(t)
-	other.releaseAndWait(t)
-	s := c.Snapshot()
+	s := measure(t, c, watched, other)
 	t.Logf("watched child %d: %d user faults, detail %+v", watched.pid, s.PageFaults[strconv.Itoa(watched.pid)], s.PageFaultsDetail[strconv.Itoa(watched.pid)])
 	if got := s.PageFaults[strconv.Itoa(watched.pid)]; got < pages {
 		t.Fatalf("watched child: %d user page faults, want >= %d", got, pages)
@@ -214,12 +203,7 @@ func TestModelLoadingSyscalls(t *testing.T) {
 	c := startAttached(t, Options{})
 	const mapLen, lockLen = 7<<20 + 3*4096, 2 << 20
 	g := startGated(t, fmt.Sprintf("%s -c '%s' %s %d %d", py, loadLike, dir, mapLen, lockLen))
-	if err := c.Watch(g.pid); err != nil {
-		t.Fatal(err)
-	}
-	c.Snapshot()
-	g.releaseAndWait(t)
-	s := c.Snapshot()
+	s := measure(t, c, g)
 	sc := s.Syscalls[strconv.Itoa(g.pid)]
 	t.Logf("syscalls %+v, device opens %+v", sc, s.DeviceOpens)
 	if sc.MmapCount < 1 || sc.MmapBytes < mapLen {

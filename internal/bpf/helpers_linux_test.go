@@ -201,3 +201,19 @@ func TestProcFallbacks(t *testing.T) {
 	}
 	g.releaseAndWait(t)
 }
+
+// measure watches the gated child, releases it and returns the snapshot of its run alone
+// (the snapshot taken first drops what came before). The unwatched children are released
+// right after it and run the same work unwatched, so a test can show that they do not count.
+func measure(t *testing.T, c *Collector, watched *gatedChild, unwatched ...*gatedChild) Snapshot {
+	t.Helper()
+	if err := c.Watch(watched.pid); err != nil {
+		t.Fatal(err)
+	}
+	c.Snapshot()
+	watched.releaseAndWait(t)
+	for _, g := range unwatched {
+		g.releaseAndWait(t)
+	}
+	return c.Snapshot()
+}

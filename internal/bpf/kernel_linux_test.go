@@ -54,13 +54,7 @@ func TestSyncWaits(t *testing.T) {
 	c := startAttached(t, Options{})
 	watched := startGated(t, fmt.Sprintf("%s -c '%s'", py, syncWaits))
 	other := startGated(t, fmt.Sprintf("%s -c '%s'", py, syncWaits))
-	if err := c.Watch(watched.pid); err != nil {
-		t.Fatal(err)
-	}
-	c.Snapshot()
-	watched.releaseAndWait(t)
-	other.releaseAndWait(t)
-	s := c.Snapshot()
+	s := measure(t, c, watched, other)
 	key := strconv.Itoa(watched.pid)
 	waits := s.SyncWait[key]
 	t.Logf("sync waits %+v", waits)
@@ -114,12 +108,7 @@ func TestSyscallLatencySampling(t *testing.T) {
 	const reads, closes, every = 3000, 500, 10
 	c := startAttached(t, Options{SampleReadWrite: every})
 	g := startGated(t, fmt.Sprintf("%s -c '%s' %d %d", py, syscallMix, reads, closes))
-	if err := c.Watch(g.pid); err != nil {
-		t.Fatal(err)
-	}
-	c.Snapshot()
-	g.releaseAndWait(t)
-	sc := c.Snapshot().SyscallLatency[strconv.Itoa(g.pid)]
+	sc := measure(t, c, g).SyscallLatency[strconv.Itoa(g.pid)]
 	rd, cl, ml := sc["read"], sc["close"], sc["mlock"]
 	t.Logf("read %+v\nclose %+v\nmlock %+v (%d syscalls seen)", rd, cl, ml, len(sc))
 	// The sampling counter is per CPU and shared by reads and writes, so the timed share
@@ -154,12 +143,7 @@ func TestRunqueueLatency(t *testing.T) {
 	py := python(t)
 	c := startAttached(t, Options{})
 	g := startGated(t, fmt.Sprintf("%s -c '%s'", py, busyPair))
-	if err := c.Watch(g.pid); err != nil {
-		t.Fatal(err)
-	}
-	c.Snapshot()
-	g.releaseAndWait(t)
-	s := c.Snapshot()
+	s := measure(t, c, g)
 	l := s.RunqueueLatency[strconv.Itoa(g.pid)]
 	t.Logf("run-queue latency %+v; off-CPU %+v", l, s.OffCPU[strconv.Itoa(g.pid)])
 	if l.Count < 1 || l.Timed != l.Count || l.TotalNs < 100e6 {
@@ -203,13 +187,7 @@ func TestTCPLoopback(t *testing.T) {
 	c := startAttached(t, Options{})
 	cmd := fmt.Sprintf("%s -c '%s' %d %d", py, tcpLoopback, n, m)
 	watched, other := startGated(t, cmd), startGated(t, cmd)
-	if err := c.Watch(watched.pid); err != nil {
-		t.Fatal(err)
-	}
-	c.Snapshot()
-	watched.releaseAndWait(t)
-	other.releaseAndWait(t)
-	s := c.Snapshot()
+	s := measure(t, c, watched, other)
 	got := s.TCP[strconv.Itoa(watched.pid)]
 	t.Logf("tcp %+v", got)
 	if got.TxBytes != n+m || got.RxBytes != n+m || got.TxCalls < 2 || got.RxCalls < 2 {
@@ -266,12 +244,7 @@ func TestNvidiaIoctl(t *testing.T) {
 	}
 	c := startAttached(t, Options{})
 	g := startGated(t, fmt.Sprintf("%s -c '%s' %s", py, nvidiaIoctls, dir))
-	if err := c.Watch(g.pid); err != nil {
-		t.Fatal(err)
-	}
-	c.Snapshot()
-	g.releaseAndWait(t)
-	s := c.Snapshot()
+	s := measure(t, c, g)
 	l := s.NvidiaIoctl[strconv.Itoa(g.pid)]
 	all := s.SyscallLatency[strconv.Itoa(g.pid)]["ioctl"]
 	t.Logf("nvidia ioctls %+v; all ioctls %+v", l, all)

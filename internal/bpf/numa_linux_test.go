@@ -36,12 +36,7 @@ func TestCrossNodeMigrations(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := startAttached(t, Options{CPUNodes: tc.nodes})
 			g := startGated(t, fmt.Sprintf("%s -c '%s' %d", py, hopCPUs, hops))
-			if err := c.Watch(g.pid); err != nil {
-				t.Fatal(err)
-			}
-			c.Snapshot()
-			g.releaseAndWait(t)
-			s := c.Snapshot()
+			s := measure(t, c, g)
 			key := strconv.Itoa(g.pid)
 			t.Logf("sched %+v numa %+v", s.Sched[key], s.NUMA)
 			if s.Sched[key].Migrations < hops-2 {

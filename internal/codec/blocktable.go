@@ -54,7 +54,7 @@ func AppendBlockTable(dst []byte, sizes []int, raw []bool) ([]byte, error) {
 	}
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(sizes)))
 	for i, s := range sizes {
-		if s < 0 || s >= RawBit {
+		if s < 0 || uint64(s) >= RawBit {
 			return dst, fmt.Errorf("block table: block %d size %d: %w", i, s, ErrBlockTable)
 		}
 		v := uint32(s)

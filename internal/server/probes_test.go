@@ -12,49 +12,12 @@ import (
 
 	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/control"
-	"github.com/strap-llm/strap/internal/control/controltest"
-	"github.com/strap-llm/strap/internal/shm"
 )
 
 // probeConfig runs the real collector: kernel probes as root, the /proc fallbacks
 // otherwise (the session wiring under test is the same).
 func probeConfig(interval time.Duration) Config {
 	return Config{Probes: Probes{Enabled: true, Interval: interval, NoBPF: os.Geteuid() != 0}}
-}
-
-// openTraced opens a session passing a trace file as OPEN's third descriptor.
-func openTraced(t *testing.T, c *control.Client, out, trace *os.File, meta map[string]any) (*controltest.Stream, control.Opened, error) {
-	t.Helper()
-	const ringSize = shm.HeaderSize + 64<<10
-	p, err := shm.NewProducer(ringSize, shm.ProducerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	req := control.Open{RingSize: ringSize, Codec: "none", Policy: "block", Metadata: meta}
-	if err := c.Conn().Send(control.TypeOpen, req, int(p.File().Fd()), int(out.Fd()), int(trace.Fd())); err != nil {
-		t.Fatal(err)
-	}
-	m, _, err := c.Conn().Recv(0)
-	if err != nil {
-		return nil, control.Opened{}, err
-	}
-	switch m.Type {
-	case control.TypeOpened:
-		var o control.Opened
-		if err := m.Unmarshal(&o, "session"); err != nil {
-			t.Fatal(err)
-		}
-		return &controltest.Stream{C: c, P: p, Policy: "block"}, o, nil
-	case control.TypeError:
-		var e control.Error
-		if err := m.Unmarshal(&e, "code"); err != nil {
-			t.Fatal(err)
-		}
-		return nil, control.Opened{}, &e
-	}
-	t.Fatalf("unexpected %s", m.Type)
-	return nil, control.Opened{}, nil
 }
 
 func traceFile(t *testing.T) *os.File {
@@ -71,7 +34,7 @@ func TestSessionTrace(t *testing.T) {
 	ts := startServer(t, probeConfig(150*time.Millisecond))
 	c := ts.dial(t)
 	out, trace := outFile(t), traceFile(t)
-	st, o, err := openTraced(t, c, out, trace, map[string]any{"output_path": "/x/run.strap"})
+	st, o, err := openWith(t, c, control.Open{Metadata: map[string]any{"output_path": "/x/run.strap"}}, out, trace)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +120,7 @@ func TestSessionTraceRefusals(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			ts := startServer(t, tc.cfg)
-			_, _, err := openTraced(t, ts.dial(t), outFile(t), tc.trace(t), nil)
+			_, _, err := openWith(t, ts.dial(t), control.Open{}, outFile(t), tc.trace(t))
 			var e *control.Error
 			if !errors.As(err, &e) || e.Code != control.CodeBadOutput || !strings.Contains(e.Message, tc.substr) {
 				t.Fatalf("got %v, want bad_output mentioning %q", err, tc.substr)

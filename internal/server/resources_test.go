@@ -12,8 +12,9 @@ import (
 	"github.com/strap-llm/strap/internal/shm"
 )
 
-// openWith opens a session sending OPEN with the given descriptors after the ring.
-func openWith(t *testing.T, c *control.Client, req control.Open, fds ...*os.File) (*controltest.Stream, error) {
+// openWith opens a session sending OPEN with the given descriptors after the ring (ring
+// size, codec none and policy block are set here; the rest of req goes as given).
+func openWith(t *testing.T, c *control.Client, req control.Open, fds ...*os.File) (*controltest.Stream, control.Opened, error) {
 	t.Helper()
 	const ringSize = shm.HeaderSize + 64<<10
 	p, err := shm.NewProducer(ringSize, shm.ProducerOptions{})
@@ -31,20 +32,24 @@ func openWith(t *testing.T, c *control.Client, req control.Open, fds ...*os.File
 	}
 	m, _, err := c.Conn().Recv(0)
 	if err != nil {
-		return nil, err
+		return nil, control.Opened{}, err
 	}
 	switch m.Type {
 	case control.TypeOpened:
-		return &controltest.Stream{C: c, P: p, Policy: "block"}, nil
+		var o control.Opened
+		if err := m.Unmarshal(&o, "session"); err != nil {
+			t.Fatal(err)
+		}
+		return &controltest.Stream{C: c, P: p, Policy: "block"}, o, nil
 	case control.TypeError:
 		var e control.Error
 		if err := m.Unmarshal(&e, "code"); err != nil {
 			t.Fatal(err)
 		}
-		return nil, &e
+		return nil, control.Opened{}, &e
 	}
 	t.Fatalf("unexpected %s", m.Type)
-	return nil, nil
+	return nil, control.Opened{}, nil
 }
 
 func resourceFile(t *testing.T, flag int) *os.File {
@@ -75,7 +80,7 @@ func TestResourceLog(t *testing.T) {
 	ts := startServer(t, Config{})
 	c := ts.dial(t)
 	out, res := outFile(t), resourceFile(t, os.O_WRONLY|os.O_TRUNC)
-	st, err := openWith(t, c, control.Open{Resources: true}, out, res)
+	st, _, err := openWith(t, c, control.Open{Resources: true}, out, res)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,14 +127,14 @@ func (r rawBody) MarshalJSON() ([]byte, error) { return []byte(r), nil }
 func TestResourceLogRefusals(t *testing.T) {
 	ts := startServer(t, Config{})
 	t.Run("resources without its descriptor", func(t *testing.T) {
-		_, err := openWith(t, ts.dial(t), control.Open{Resources: true}, outFile(t))
+		_, _, err := openWith(t, ts.dial(t), control.Open{Resources: true}, outFile(t))
 		var e *control.Error
 		if !errors.As(err, &e) || e.Code != control.CodeBadMessage || !strings.Contains(e.Message, "resources") {
 			t.Fatalf("got %v", err)
 		}
 	})
 	t.Run("four descriptors without resources", func(t *testing.T) {
-		_, err := openWith(t, ts.dial(t), control.Open{}, outFile(t), outFile(t), outFile(t))
+		_, _, err := openWith(t, ts.dial(t), control.Open{}, outFile(t), outFile(t), outFile(t))
 		var e *control.Error
 		if !errors.As(err, &e) || e.Code != control.CodeBadMessage {
 			t.Fatalf("got %v", err)
@@ -137,7 +142,7 @@ func TestResourceLogRefusals(t *testing.T) {
 	})
 	t.Run("read-only resource log", func(t *testing.T) {
 		ro := resourceFile(t, os.O_RDONLY)
-		_, err := openWith(t, ts.dial(t), control.Open{Resources: true}, outFile(t), ro)
+		_, _, err := openWith(t, ts.dial(t), control.Open{Resources: true}, outFile(t), ro)
 		var e *control.Error
 		if !errors.As(err, &e) || e.Code != control.CodeBadOutput || !strings.Contains(e.Message, "resource log") {
 			t.Fatalf("got %v", err)
@@ -158,7 +163,7 @@ func TestResourceLogRefusals(t *testing.T) {
 			if tc.resources {
 				fds = append(fds, resourceFile(t, os.O_WRONLY|os.O_TRUNC))
 			}
-			if _, err := openWith(t, c, control.Open{Resources: tc.resources}, fds...); err != nil {
+			if _, _, err := openWith(t, c, control.Open{Resources: tc.resources}, fds...); err != nil {
 				t.Fatal(err)
 			}
 			if err := c.Conn().Send(control.TypeResources, rawBody(tc.body)); err != nil {

@@ -214,7 +214,7 @@ func (w *Writer) validate(p *Packet) (uint64, error) {
 		}
 		stored = uint64(codec.TableLen(len(p.Blocks)))
 		for i, b := range p.Blocks {
-			if len(b.Data) >= codec.RawBit {
+			if uint64(len(b.Data)) >= codec.RawBit {
 				return 0, fmt.Errorf("block %d of %d bytes: %w", i, len(b.Data), ErrInvalidPacket)
 			}
 			if b.Raw {

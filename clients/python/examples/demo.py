@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 import time
+from typing import Any
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -78,6 +79,18 @@ def main() -> int:
     return 0
 
 
+def greedy(model: LlamaForCausalLM, prompt: torch.Tensor, tracker: Any, n_tokens: int) -> None:
+    """Greedy decoding with the KV cache; each new token is recorded (a TOKEN packet)."""
+    with torch.no_grad():
+        ids, past = prompt, None
+        while tracker.step < n_tokens:
+            res = model(input_ids=ids, cache=past, use_cache=True)
+            past = res.cache
+            nxt = int(res.logits[0, -1].argmax())
+            tracker.record_token(nxt, f"<{nxt}>")
+            ids = torch.tensor([[nxt]])
+
+
 def report(model: LlamaForCausalLM, output: str, n_tokens: int = 24) -> None:
     """Capture with the kernel trace and resource events, then build the report."""
     root = os.geteuid() == 0
@@ -95,15 +108,7 @@ def report(model: LlamaForCausalLM, output: str, n_tokens: int = 24) -> None:
     t0 = time.perf_counter()
     with capture_activations(model, preset="balanced", output_path=output, track_per_token=True,
                              trace_path=root, resource_level="DETAILED") as fw:
-        tracker = fw.token_tracker
-        with torch.no_grad():
-            ids, past = prompt, None
-            while tracker.step < n_tokens:
-                res = model(input_ids=ids, cache=past, use_cache=True)
-                past = res.cache
-                nxt = int(res.logits[0, -1].argmax())
-                tracker.record_token(nxt, f"<{nxt}>")
-                ids = torch.tensor([[nxt]])
+        greedy(model, prompt, fw.token_tracker, n_tokens)
     elapsed = time.perf_counter() - t0
     r = build_report(output)
     print(f"\ncaptured {n_tokens} tokens with {'the kernel trace and ' if root else ''}resource events "
@@ -122,15 +127,7 @@ def generate(model: LlamaForCausalLM, output: str, n_tokens: int = 32, every: in
     t0 = time.perf_counter()
     with capture_activations(model, preset="balanced", output_path=output, track_per_token=True,
                              checkpoint_interval_tokens=every, overwrite_checkpoint=True) as fw:
-        tracker = fw.token_tracker
-        with torch.no_grad():
-            ids, past = prompt, None
-            while tracker.step < n_tokens:
-                res = model(input_ids=ids, cache=past, use_cache=True)
-                past = res.cache
-                nxt = int(res.logits[0, -1].argmax())
-                tracker.record_token(nxt, f"<{nxt}>")  # TOKEN packet; checkpoint every `every` tokens
-                ids = torch.tensor([[nxt]])
+        greedy(model, prompt, fw.token_tracker, n_tokens)  # a checkpoint every `every` tokens
     elapsed = time.perf_counter() - t0
     a = analyze_activations_with_tokens(output, fw)
     cks = fw.checkpoint_times

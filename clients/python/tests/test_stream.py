@@ -127,6 +127,26 @@ def test_tensors_by_name_and_metadata(tmp_path):
             assert r.names() == ["y", "x"]
 
 
+def test_lone_surrogate_escape_in_meta_is_corrupt(tmp_path):
+    """As in the Go reader: an escaped surrogate pair reads; an escaped lone surrogate (what
+    json.dumps writes for a str holding one) is corrupt, in packet meta and in the header."""
+    t = torch.zeros(2)
+    p = write_stream(tmp_path / "pair.strap", [("x", t, {"text": "\U0001f600", "k": ["\u00e9"]})])
+    with open_stream(p) as r:
+        assert [pk.meta for pk in r.tensors("x")] == [{"text": "\U0001f600", "k": ["\u00e9"]}]
+    for meta in ({"text": "\udcff"}, {"a": [{"b": "x\ud800"}]}, {"\udcff": 1}):
+        p = write_stream(tmp_path / "lone.strap", [("x", t, meta)])
+        assert b"\\ud" in p.read_bytes()
+        with pytest.raises(StreamFormatError, match="unpaired surrogate"):
+            with open_stream(p) as r:
+                list(r.tensors("x"))
+    p = tmp_path / "head.strap"
+    with open(p, "wb") as f:
+        StreamWriter(f, {"client_metadata": {"model_class": "\udcff"}})
+    with pytest.raises(StreamFormatError, match="unpaired surrogate"):
+        open_stream(p)
+
+
 def test_drops_in_analysis(tmp_path):
     p = write_stream(tmp_path / "d.strap", [("a", torch.ones(4), None)], drops=[("a", 16), ("b", 8)])
     a = analyze_activations(p)

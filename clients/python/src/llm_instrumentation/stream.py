@@ -13,7 +13,7 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -263,8 +263,8 @@ class StreamReader:
         if got != crc:
             raise StreamFormatError(f"{self.path}: file header CRC mismatch (stored {crc:#010x}, computed {got:#010x})", 16)
         try:
-            meta = json.loads(bytes(v[FILE_HEADER.size:end]).decode("utf-8")) if meta_len else {}
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            meta = _loads_meta(bytes(v[FILE_HEADER.size:end])) if meta_len else {}
+        except (UnicodeDecodeError, ValueError) as e:
             raise StreamFormatError(f"{self.path}: metadata is not JSON: {e}", FILE_HEADER.size) from None
         if not isinstance(meta, dict):
             raise StreamFormatError(f"{self.path}: metadata is not a JSON object", FILE_HEADER.size)
@@ -319,8 +319,8 @@ class StreamReader:
         try:
             name = bytes(v[p:p + name_len]).decode("utf-8")
             meta_raw = bytes(v[p + name_len:p + name_len + meta_len])
-            meta = json.loads(meta_raw.decode("utf-8")) if meta_len else {}
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            meta = _loads_meta(meta_raw) if meta_len else {}
+        except (UnicodeDecodeError, ValueError) as e:
             raise StreamFormatError(f"{self.path}: packet name/meta not valid UTF-8 JSON: {e}", off) from None
         if not isinstance(meta, dict):
             raise StreamFormatError(f"{self.path}: packet meta is not a JSON object", off)
@@ -584,6 +584,37 @@ class StreamReader:
 
 
 MAX_BLOCK_SIZE = 64 << 20
+
+
+def _loads_meta(raw: bytes) -> Any:
+    """Parse metadata JSON as the Go reader does: invalid UTF-8 and an escape of a lone
+    surrogate (``"\\udcff"``) are corrupt. ``json`` joins escaped surrogate pairs into one
+    code point, so any surrogate left in a parsed string was unpaired."""
+    obj = json.loads(raw.decode("utf-8"))
+    if b"\\u" in raw:
+        _reject_surrogates(obj)
+    return obj
+
+
+def _reject_surrogates(obj: Any) -> None:
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, str):
+            strs: Iterable[str] = (o,)
+        elif isinstance(o, dict):
+            strs = o.keys()
+            stack.extend(o.values())
+        elif isinstance(o, list):
+            stack.extend(o)
+            continue
+        else:
+            continue
+        for t in strs:
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"unpaired surrogate escape in {t!r}") from None
 
 
 def _check_fields(typ: int, dt: int, shape: Tuple[int, ...], codec: int, flags: int, seq: int, raw_len: int,

@@ -8,6 +8,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
+from .._resume import tokens_path
 from ..stream import DROP, END, TENSOR, TOKEN, open_stream
 from ..tracking import TokenMap
 from .visualization import (
@@ -172,13 +173,10 @@ def tokens_file_candidates(stream_path: Union[str, os.PathLike]) -> List[str]:
     wrote, ``stream_path.replace(".stream", "_tokens.json")`` (every occurrence,
     directories too)."""
     p = os.fspath(stream_path)
-    out = []
-    if p.endswith(".stream"):
-        out.append(p[: -len(".stream")] + "_tokens.json")
-    out.append(p + "_tokens.json")
-    legacy = p.replace(".stream", "_tokens.json")
-    if legacy not in out and legacy != p:
-        out.append(legacy)
+    out = [tokens_path(p)]
+    for cand in (p + "_tokens.json", p.replace(".stream", "_tokens.json")):
+        if cand not in out and cand != p:
+            out.append(cand)
     return out
 
 
