@@ -450,7 +450,7 @@ def probes_tables(w: Emit, pr: Json) -> None:
         nsv = [r[f"{prog}-ns/event"] for r in rows if f"{prog}-ns/event" in r]
         if not nsv:
             return "not fired" if ev else "–"
-        return f"{st.median(nsv):.0f}" + (f" ({st.median(ev):.2f}/op)" if ev else "")
+        return f"{st.median(nsv):.0f}" + (f" ({st.median(ev):.3g}/op)" if ev else "")
 
     table(w, ["program"] + [f"ns per event (events per op): {label}" for label, _, _ in loops], "l" + "r" * len(loops),
           [[prog] + [cell(pr_rows, prog) for _, pr_rows, _ in loops] for prog in progs])
