@@ -12,7 +12,7 @@ import json
 import os
 import statistics as st
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 MiB = 1 << 20
 
@@ -154,6 +154,8 @@ def render(results: Path, doc: Path) -> None:
     cpub = load(results, "cpubudget", failed)
     comp = load(results, "compression", failed)
     pr = load(results, "probes", failed)
+    pab = load(results, "probes_ab", failed)
+    res = load(results, "resources", failed)
     prof = load(results, "profile", failed)
     meta = load(results, "run", failed)
     pngs = charts(results, ov, ing)
@@ -176,7 +178,7 @@ def render(results: Path, doc: Path) -> None:
         w("")
         table(w, ["step", "last line of the error (full text in `bench/results/STEP.json`)"], "ll",
               [(f"`{k}`", f"`{(v.strip().splitlines() or [''])[-1][:300]}`") for k, v in failed.items()])
-    targets_table(w, ov, ing, mem)
+    targets_table(w, ov, ing, mem, pab, res)
     if ov:
         overhead_tables(w, ov, pngs, rel)
     if ing:
@@ -189,6 +191,10 @@ def render(results: Path, doc: Path) -> None:
         compression_tables(w, comp)
     if pr:
         probes_tables(w, pr)
+    if pab:
+        probes_ab_tables(w, pab)
+    if res:
+        resources_tables(w, res)
     if prof:
         profile_tables(w, prof)
     doc.write_text("\n".join(L).rstrip() + "\n")
@@ -215,7 +221,8 @@ def machine_table(w: Emit, m: Json, meta: Optional[Json]) -> None:
     table(w, ["", ""], "ll", rows)
 
 
-def targets_table(w: Emit, ov: Optional[Json], ing: Optional[Json], mem: Optional[Json]) -> None:
+def targets_table(w: Emit, ov: Optional[Json], ing: Optional[Json], mem: Optional[Json],
+                  pab: Optional[Json] = None, res: Optional[Json] = None) -> None:
     rows: List[Sequence[str]] = []
     if ov:
         c = next((c for c in ov["configs"] if c["preset"] == "balanced" and c["set"] == "resid+attn+mlp"), None)
@@ -243,6 +250,21 @@ def targets_table(w: Emit, ov: Optional[Json], ing: Optional[Json], mem: Optiona
         rows.append((f"strapd RSS ≤ budget + {mib(TARGETS['rss_slack'])} MiB while the producer outruns the disk",
                      f"peak {mib(worst['daemon_hwm_bytes'])} MiB ({worst['producer']}, {worst['codec']}) "
                      f"against {mib(worst['budget_bytes'])} + {mib(TARGETS['rss_slack'])} MiB", met(ok)))
+    if pab and "probes" in pab.get("arms", {}):
+        a = pab["arms"]["probes"]
+        rows.append((f"eBPF probes watching the capturing process cost ≤ {pab['target'] * 100:.0f} % of tokens/s "
+                     "(greedy decoding, `serve` against `serve --no-probes`)",
+                     f"kept {a['kept']:.3f} (pairs {a['kept_min']:.3f}–{a['kept_max']:.3f}); CPU kept {a['cpu_kept']:.3f}",
+                     a["verdict"]))
+    if res:
+        for wl, rw in res["workloads"].items():
+            for lvl in ("MINIMAL", "DETAILED"):
+                c = rw.get(lvl)
+                if c and c.get("target") is not None:
+                    rows.append((f"resource events `{lvl}` cost ≤ {c['target'] * 100:.0f} % of tokens/s, {wl}",
+                                 f"{c['overhead_median'] * 100:.1f} % A/B (pairs {c['overhead_min'] * 100:.1f} … "
+                                 f"{c['overhead_max'] * 100:.1f}); self-measured {c['self_overhead_median'] * 100:.2f} %",
+                                 c["verdict"]))
     if rows:
         w("## Targets")
         w("")
@@ -391,7 +413,7 @@ def compression_tables(w: Emit, comp: Json) -> None:
 
 
 def probes_tables(w: Emit, pr: Json) -> None:
-    w(f"## 4b. eBPF probe overhead (`internal/bpf` BenchmarkProbeEvents; load {fmt_load(pr['loadavg'])})")
+    w(f"## 4b. eBPF probe overhead (`internal/bpf` BenchmarkProbeEvents, BenchmarkProbeSockEvents; load {fmt_load(pr['loadavg'])})")
     w("")
     commands(w, [pr["command"]])
     if pr.get("error"):
@@ -403,21 +425,82 @@ def probes_tables(w: Emit, pr: Json) -> None:
     base = b.get("BenchmarkProbeEventsBaseline", [])
     if not (probe and base):
         return
-    p_ns = st.median(r["ns/op"] for r in probe)
-    b_ns = st.median(r["ns/op"] for r in base)
-    w("One iteration maps a page, faults it in and unmaps it, as a watched process.")
-    w("")
-    table(w, ["", "ns/op (median)", "min–max", "runs"], "lrrr", [
-        ("without probes", f"{b_ns:.0f}", f"{min(r['ns/op'] for r in base):.0f}–{max(r['ns/op'] for r in base):.0f}", len(base)),
-        ("every collector attached", f"{p_ns:.0f}", f"{min(r['ns/op'] for r in probe):.0f}–{max(r['ns/op'] for r in probe):.0f}",
-         len(probe)),
-        ("difference", f"{p_ns - b_ns:+.0f} ({(p_ns / b_ns - 1) * 100:+.0f} %)", "", ""),
-    ])
+    def ns(rows: List[Json]) -> Tuple[float, str]:
+        return (st.median(r["ns/op"] for r in rows),
+                f"{min(r['ns/op'] for r in rows):.0f}–{max(r['ns/op'] for r in rows):.0f}")
+
+    loops = [("map, fault, unmap a page", probe, base)]
+    if b.get("BenchmarkProbeSockEvents") and b.get("BenchmarkProbeSockEventsBaseline"):
+        loops.append(("64 bytes over loopback TCP, sent and read", b["BenchmarkProbeSockEvents"],
+                      b["BenchmarkProbeSockEventsBaseline"]))
+    rows = []
+    for label, pr_rows, b_rows in loops:
+        (p_ns, p_rng), (b_ns, b_rng) = ns(pr_rows), ns(b_rows)
+        rows.append((label, f"{b_ns:.0f} ({b_rng})", f"{p_ns:.0f} ({p_rng})",
+                     f"{p_ns - b_ns:+.0f} ({(p_ns / b_ns - 1) * 100:+.0f} %)", len(pr_rows)))
+    table(w, ["one iteration, as a watched process", "ns/op without probes (min–max)",
+              "ns/op every collector attached", "difference", "runs"], "lrrrr", rows)
     w("Per program, from the kernel's `BPF_STATS_RUN_TIME` (system-wide events):")
     w("")
-    keys = sorted({k for r in probe for k in r if k.endswith("-ns/event")})
-    table(w, ["program", "ns per event (median)"], "lr",
-          [(k[: -len("-ns/event")], f"{st.median(r[k] for r in probe if k in r):.0f}") for k in keys])
+    progs = sorted({k.split("-", 1)[0] for _, pr_rows, _ in loops for r in pr_rows for k in r
+                    if k.endswith("-ns/event") or k.endswith("-events/op")})
+
+    def cell(rows: List[Json], prog: str) -> str:
+        ev = [r[f"{prog}-events/op"] for r in rows if f"{prog}-events/op" in r]
+        nsv = [r[f"{prog}-ns/event"] for r in rows if f"{prog}-ns/event" in r]
+        if not nsv:
+            return "not fired" if ev else "–"
+        return f"{st.median(nsv):.0f}" + (f" ({st.median(ev):.3g}/op)" if ev else "")
+
+    table(w, ["program"] + [f"ns per event (events per op): {label}" for label, _, _ in loops], "l" + "r" * len(loops),
+          [[prog] + [cell(pr_rows, prog) for _, pr_rows, _ in loops] for prog in progs])
+
+
+def probes_ab_tables(w: Emit, pab: Json) -> None:
+    mo = pab["model"]
+    w(f"## 4c. eBPF probes on a capture (`probes_ab.py`; load {fmt_load(pab['loadavg'])})")
+    w("")
+    commands(w, [pab["command"]])
+    w(f"Greedy decoding, {pab['new_tokens']} tokens after a {pab['prompt_tokens']}-token prompt, captured "
+      f"(`{pab['preset']}`, {pab['set']}, `record_token` per token); model hidden {mo['hidden']}, {mo['layers']} layers; "
+      f"torch threads {pab['torch_threads']}; {pab['pairs']} rotated triples; ids identical in every arm.")
+    w("")
+    labels = {"noprobes": "`serve --no-probes`", "probes": "`serve` (client watched)",
+              "trace": "`serve`, session with kernel trace"}
+    rows = []
+    for arm, label in labels.items():
+        a = pab["arms"].get(arm)
+        rows.append((label, f"{pab['tok_s'][arm]:.1f}",
+                     f"{a['kept']:.3f} ({a['kept_min']:.3f}–{a['kept_max']:.3f})" if a else "–",
+                     f"{a['loop_kept']:.3f}" if a else "–",
+                     f"{a['cpu_kept']:.3f} ({a['cpu_kept_min']:.3f}–{a['cpu_kept_max']:.3f})" if a else "–",
+                     f"{pab['client_sys_s'][arm]:.3f}", f"{pab['daemon_cpu_s'][arm]:.3f}",
+                     a["verdict"] if a else ""))
+    table(w, ["daemon", "tokens/s (median)", "kept, wall (min–max)", "kept, loop only", "kept, CPU (min–max)",
+              "client sys s/trial", "daemon CPU s/trial", f"≤ {pab['target'] * 100:.0f} %"], "lrrrrrrl", rows)
+
+
+def resources_tables(w: Emit, res: Json) -> None:
+    mo = res["model"]
+    w(f"## 4d. Resource events (`resource_overhead.py`; load {fmt_load(res['loadavg'])})")
+    w("")
+    commands(w, [res["command"]])
+    w(f"Model hidden {mo['hidden']}, {mo['layers']} layers, {mo['dtype']}, on {res['device']}; torch threads "
+      f"{res['torch_threads']}; {res['pairs']} rotated trials per level; prefill {res['seq']} tokens, "
+      f"decode {res['tokens']} tokens.")
+    w("")
+    rows = []
+    for wl, rw in res["workloads"].items():
+        rows.append((wl, "off", f"{rw['off']['tokens_per_s_median']:.1f}", "", "", "", ""))
+        for lvl, c in rw.items():
+            if lvl == "off":
+                continue
+            tgt = f"≤ {c['target'] * 100:.0f} %: {c['verdict']}" if c.get("target") is not None else ""
+            rows.append((wl, lvl, f"{c['tokens_per_s_median']:.1f}",
+                         f"{c['overhead_median'] * 100:.1f} % ({c['overhead_min'] * 100:.1f} … {c['overhead_max'] * 100:.1f})",
+                         f"{c['cpu_overhead_median'] * 100:+.1f} %", f"{c['self_overhead_median'] * 100:.2f} %", tgt))
+    table(w, ["workload", "level", "tokens/s (median)", "A/B overhead (min … max)", "CPU / token",
+              "self-measured", "target"], "llrrrrl", rows)
 
 
 def top_rows(prof: Json) -> List[Sequence[str]]:

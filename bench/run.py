@@ -38,12 +38,15 @@ from typing import Any, Dict, List, Optional
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 BENCH_PY = ROOT / "clients" / "python" / "benchmarks"
-STEPS = ("machine", "overhead", "ingest", "memory", "cpubudget", "compression", "probes", "profile")
+STEPS = ("machine", "overhead", "ingest", "memory", "cpubudget", "compression", "probes", "probes_ab",
+         "resources", "profile")
 #: Steps run only when ``--only`` names them: long, and they need the trained MiniLM package.
 EXTRA_STEPS = ("analysis",)
 #: Ingest codecs: (codec, lossy bound or ""); the Python producer runs those its client knows.
 INGEST_CODECS = (("none", ""), ("lz4", ""), ("zstd", ""), ("shuffle", ""), ("quant", "rel:1e-3"))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+PROBE_BENCHES = ("BenchmarkProbeEvents", "BenchmarkProbeEventsBaseline",
+                 "BenchmarkProbeSockEvents", "BenchmarkProbeSockEventsBaseline")
 
 
 def log(*msg: Any) -> None:
@@ -392,21 +395,22 @@ def step_compression(ctx: "Ctx") -> Dict[str, Any]:
 
 
 def step_probes(ctx: "Ctx") -> Dict[str, Any]:
-    """internal/bpf BenchmarkProbeEvents and its no-probe baseline, alternated run by run
-    (one compiled test binary) so load drift hits both alike."""
+    """internal/bpf BenchmarkProbeEvents (page faults, mmap syscalls, scheduling) and
+    BenchmarkProbeSockEvents (loopback TCP), each with its no-probe baseline, alternated run
+    by run (one compiled test binary) so load drift hits all alike."""
     n = "2000x" if ctx.quick else "100000x"
     binp = ctx.tmp / "bpf.test"
     build = [ctx.go, "test", "-c", "-o", binp, "./internal/bpf"]
     rounds = 2 if ctx.quick else 5
     r: Dict[str, Any] = {"command": show(build, ctx.tmp) + "\n" + " ; ".join(
         show([binp, "-test.run", "^$", "-test.bench", f"^{b}$", "-test.benchtime", n], ctx.tmp)
-        for b in ("BenchmarkProbeEvents", "BenchmarkProbeEventsBaseline")) + f"   # alternated, {rounds} rounds",
+        for b in PROBE_BENCHES) + f"   # alternated, {rounds} rounds",
         "loadavg": [loadavg()]}
     out = ""
     try:
         run(build, timeout=300)
         for _ in range(rounds):
-            for b in ("BenchmarkProbeEvents", "BenchmarkProbeEventsBaseline"):
+            for b in PROBE_BENCHES:
                 out += run([binp, "-test.run", "^$", "-test.bench", f"^{b}$", "-test.benchtime", n],
                            timeout=300, cwd=ROOT / "internal" / "bpf")
     except Exception as e:
@@ -426,6 +430,40 @@ def step_probes(ctx: "Ctx") -> Dict[str, Any]:
     if not rows:
         r["error"] = "no benchmark lines (skipped? the probes need root or CAP_BPF+CAP_PERFMON):\n" + out[-1500:]
     r["loadavg"].append(loadavg())
+    return r
+
+
+def step_probes_ab(ctx: "Ctx") -> Dict[str, Any]:
+    """The probes' whole-set cost on a capture: captured greedy decoding through
+    `strapd serve --no-probes` against `strapd serve` (its collector watching the client),
+    with and without the session's kernel trace (clients/python/benchmarks/probes_ab.py,
+    which starts its own daemons)."""
+    out = ctx.tmp / "probes_ab.json"
+    cmd = [PY, BENCH_PY / "probes_ab.py", "--strapd", ctx.strapd, "--threads", "1", "--json", out]
+    cmd += ["--pairs", "1", "--new", "8", "--settle", "0.2"] if ctx.quick else ["--pairs", "7", "--new", "64"]
+    la0 = loadavg()
+    run(cmd, timeout=900, progress=True)
+    r = json.loads(out.read_text())
+    r["command"] = show(cmd, ctx.tmp).replace(str(ctx.strapd), "bin/strapd")
+    r["loadavg"] = [la0, loadavg()]
+    return r
+
+
+def step_resources(ctx: "Ctx") -> Dict[str, Any]:
+    """Resource events' cost in tokens/s, MINIMAL and DETAILED against off
+    (clients/python/benchmarks/resource_overhead.py; no daemon)."""
+    out = ctx.tmp / "resources.json"
+    cmd = [PY, BENCH_PY / "resource_overhead.py", "--threads", "1", "--json", out]
+    if ctx.quick:
+        cmd += ["--pairs", "1", "--seq", "16", "--tokens", "4", "--layers", "2", "--hidden", "256",
+                "--intermediate", "704", "--vocab", "1000", "--heads", "4"]
+    else:
+        cmd += ["--pairs", "9"]
+    la0 = loadavg()
+    run(cmd, timeout=900, progress=True)
+    r = json.loads(out.read_text())
+    r["command"] = show(cmd, ctx.tmp)
+    r["loadavg"] = [la0, loadavg()]
     return r
 
 
