@@ -57,7 +57,7 @@ import torch  # noqa: E402
 from _bench_model import CAPTURE_SETS, build_model, cpu_seconds, threads  # noqa: E402
 from decode_ab import DECODE_MODEL  # noqa: E402
 from overhead_ab import greedy  # noqa: E402
-from record_cost import REPO  # noqa: E402
+from record_cost import REPO, start_strapd  # noqa: E402
 
 from llm_instrumentation import InstrumentationConfig, capture_activations  # noqa: E402
 
@@ -65,25 +65,7 @@ TARGET = 0.01
 
 
 def start(binary: str, d: str, name: str, extra: List[str]) -> Tuple[subprocess.Popen, str]:
-    sock = os.path.join(d, f"{name}.sock")
-    log = open(os.path.join(d, f"{name}.log"), "wb")
-    proc = subprocess.Popen([binary, "serve", "--socket", sock, "--memory-limit", "1GiB"] + extra,
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 15
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"strapd {name} exited {proc.returncode}; see {d}/{name}.log")
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            s.connect(sock)
-            return proc, sock
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"strapd {name} did not come up") from None
-            time.sleep(0.05)
-        finally:
-            s.close()
+    return start_strapd(binary, d, name, ["--memory-limit", "1GiB", *extra])
 
 
 def proc_cpu(pid: int) -> float:

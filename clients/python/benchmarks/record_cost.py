@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -86,15 +86,17 @@ class DecoderShape(nn.Module):
         return x
 
 
-def start_strapd(binary: str, d: str) -> Tuple[subprocess.Popen, str]:
-    sock = os.path.join(d, "strapd.sock")
-    log = open(os.path.join(d, "strapd.log"), "wb")
-    proc = subprocess.Popen([binary, "serve", "--socket", sock], stdout=log, stderr=subprocess.STDOUT,
+def start_strapd(binary: str, d: str, name: str = "strapd", extra: Sequence[str] = ()) -> Tuple[subprocess.Popen, str]:
+    """Start ``strapd serve`` on ``d/<name>.sock`` (log ``d/<name>.log``) with ``extra`` flags;
+    return once it accepts connections."""
+    sock = os.path.join(d, f"{name}.sock")
+    log = open(os.path.join(d, f"{name}.log"), "wb")
+    proc = subprocess.Popen([binary, "serve", "--socket", sock, *extra], stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 15
     while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"strapd exited {proc.returncode}; see {d}/strapd.log")
+            raise RuntimeError(f"strapd {name} exited {proc.returncode}; see {d}/{name}.log")
         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             s.connect(sock)
@@ -102,7 +104,7 @@ def start_strapd(binary: str, d: str) -> Tuple[subprocess.Popen, str]:
         except OSError:
             if time.monotonic() > deadline:
                 proc.kill()
-                raise RuntimeError("strapd did not come up") from None
+                raise RuntimeError(f"strapd {name} did not come up") from None
             time.sleep(0.05)
         finally:
             s.close()
