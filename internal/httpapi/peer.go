@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/strap-llm/strap/internal/control"
 )
 
 // Peer is the process at the other end of an API connection, as the kernel recorded it
@@ -65,22 +66,7 @@ func PeerOf(c net.Conn) (*Peer, error) {
 		if serr != nil {
 			return
 		}
-		buf := make([]uint32, 64)
-		for {
-			n := uint32(len(buf) * 4)
-			_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_SOCKET, unix.SO_PEERGROUPS,
-				uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&n)), 0)
-			if e == unix.ERANGE && int(n) > len(buf)*4 {
-				buf = make([]uint32, n/4+1)
-				continue
-			}
-			if e != 0 {
-				serr = fmt.Errorf("SO_PEERGROUPS: %w", e)
-				return
-			}
-			groups = buf[:n/4]
-			return
-		}
+		groups, serr = control.PeerGroups(int(fd))
 	})
 	if cerr != nil {
 		return nil, fmt.Errorf("peer credentials: %w", cerr)

@@ -7,7 +7,6 @@ import (
 	"os"
 	"slices"
 	"time"
-	"unsafe"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -76,31 +75,16 @@ func peerGroups(c *control.Conn) ([]uint32, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peer groups: %w", err)
 	}
-	buf := make([]uint32, 64)
+	var groups []uint32
 	var serr error
-	var n uint32
-	cerr := rc.Control(func(fd uintptr) {
-		for {
-			n = uint32(len(buf) * 4)
-			_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_SOCKET, unix.SO_PEERGROUPS,
-				uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&n)), 0)
-			if e == unix.ERANGE && int(n) > len(buf)*4 {
-				buf = make([]uint32, n/4+1)
-				continue
-			}
-			if e != 0 {
-				serr = e
-			}
-			return
-		}
-	})
+	cerr := rc.Control(func(fd uintptr) { groups, serr = control.PeerGroups(int(fd)) })
 	if cerr != nil {
 		return nil, fmt.Errorf("peer groups: %w", cerr)
 	}
 	if serr != nil {
 		return nil, fmt.Errorf("peer groups: %w", serr)
 	}
-	return buf[:n/4], nil
+	return groups, nil
 }
 
 // Admit checks a peer of another socket (the HTTP API's) against the allow-lists, as every
