@@ -86,6 +86,8 @@ type serveConfig struct {
 	}
 	// ShutdownTimeout bounds how long SIGTERM waits for sessions to drain.
 	ShutdownTimeout time.Duration
+	// ExitIdle, when positive, exits cleanly after this long with no client connected.
+	ExitIdle time.Duration
 	// Probes configures the eBPF collector beside the captures (docs/TRACE_FORMAT.md).
 	Probes struct {
 		// Off runs no collector: no traces (an OPEN with a trace file is refused).
@@ -141,6 +143,8 @@ func (c *serveConfig) validate() error {
 		return fmt.Errorf("--trace-interval %v: must be at least 100ms", c.Probes.Interval)
 	case c.ShutdownTimeout <= 0:
 		return fmt.Errorf("--shutdown-timeout %v: must be positive", c.ShutdownTimeout)
+	case c.ExitIdle < 0:
+		return fmt.Errorf("--exit-idle %v: must be 0 (never) or positive", c.ExitIdle)
 	case c.Debug.WriteDelay < 0:
 		return fmt.Errorf("--debug-write-delay %v: must not be negative", c.Debug.WriteDelay)
 	case c.Clients.MaxConns < 0:
@@ -315,6 +319,7 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 				DebugWriteDelay: cfg.Debug.WriteDelay,
 				CPUBudget:       cfg.cpuBudget(),
 				ShutdownTimeout: cfg.ShutdownTimeout,
+				ExitIdle:        cfg.ExitIdle,
 				Version:         version,
 				Access: server.Access{SocketMode: mode, SocketGID: gid,
 					AllowUIDs: toUint32(cfg.Access.AllowUIDs), AllowGIDs: toUint32(cfg.Access.AllowGIDs)},
@@ -368,6 +373,7 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 	f.IntVar(&cfg.Limits.MaxNDim, "max-ndim", cfg.Limits.MaxNDim, "most tensor dimensions accepted")
 	f.Uint64Var(&cfg.Limits.MaxElements, "max-elements", cfg.Limits.MaxElements, "most elements one captured tensor may have (0: no limit)")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long SIGTERM waits for sessions to drain")
+	f.DurationVar(&cfg.ExitIdle, "exit-idle", 0, "exit cleanly after this long with no client connected (0: never; the Python client starts strapd with 15m)")
 	f.BoolVar(&cfg.Probes.Off, "no-probes", false, "run no eBPF/proc collector: no kernel trace beside captures")
 	f.BoolVar(&cfg.Probes.NoBPF, "no-bpf", false, "do not load eBPF probes; the collector uses /proc fallbacks only")
 	f.DurationVar(&cfg.Probes.Interval, "trace-interval", cfg.Probes.Interval, "time between kernel snapshots written to session traces")

@@ -60,6 +60,9 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// HandshakeTimeout bounds how long a new connection may take to send HELLO.
 	HandshakeTimeout time.Duration
+	// ExitIdle, when positive, ends Serve cleanly once no control connection has been open
+	// for this long (a daemon the client started for itself does not linger forever).
+	ExitIdle time.Duration
 	// Version is the daemon version reported in WELCOME and STATUS.
 	Version string
 	// Access sets the socket's mode and group and the uid/gid allow-lists.
@@ -172,6 +175,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	conns     map[*conn]struct{}
+	idleSince time.Time // when the last connection closed; zero while one is open
 	sessions  int
 	nextID    uint64
 	closing   atomic.Bool
@@ -188,7 +192,7 @@ func New(cfg Config, log *zap.Logger) *Server {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Server{cfg: cfg, log: log, conns: map[*conn]struct{}{}, started: time.Now()}
+	return &Server{cfg: cfg, log: log, conns: map[*conn]struct{}{}, started: time.Now(), idleSince: time.Now()}
 }
 
 // Listen creates the socket: parent directory with mode 0700 (0750 and the socket group
@@ -295,6 +299,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	var err error
 	select {
 	case <-ctx.Done():
+	case <-s.idleExpired(ctx):
+		s.log.Info("exiting: no connection for the idle time", zap.Duration("exit_idle", s.cfg.ExitIdle))
 	case err = <-acceptErr:
 		err = fmt.Errorf("accept: %w", err)
 		s.log.Error("accept failed", zap.Error(err))
@@ -304,6 +310,37 @@ func (s *Server) Serve(ctx context.Context) error {
 		s.log.Warn("closing probes", zap.Error(perr))
 	}
 	return err
+}
+
+// idleExpired is closed once ExitIdle has passed with no connection open; nil (never
+// ready) when ExitIdle is not set. A connection counts once it was accepted: one made in
+// the instant the listener closes is reset and its client must connect again (the Python
+// client then starts a new daemon).
+func (s *Server) idleExpired(ctx context.Context) <-chan struct{} {
+	if s.cfg.ExitIdle <= 0 {
+		return nil
+	}
+	ch := make(chan struct{})
+	go func() {
+		t := time.NewTicker(min(s.cfg.ExitIdle/4, time.Second))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-t.C:
+				s.mu.Lock()
+				idle := len(s.conns) == 0 && s.sessions == 0 && !s.idleSince.IsZero() &&
+					now.Sub(s.idleSince) >= s.cfg.ExitIdle
+				s.mu.Unlock()
+				if idle {
+					close(ch)
+					return
+				}
+			}
+		}
+	}()
+	return ch
 }
 
 // shutdown stops accepting, wakes every connection so it drains its session (every
@@ -368,12 +405,16 @@ func (s *Server) newConn(uc *net.UnixConn) *conn {
 		return nil
 	}
 	s.conns[c] = struct{}{}
+	s.idleSince = time.Time{}
 	return c
 }
 
 func (s *Server) removeConn(c *conn) {
 	s.mu.Lock()
 	delete(s.conns, c)
+	if len(s.conns) == 0 {
+		s.idleSince = time.Now()
+	}
 	s.mu.Unlock()
 	if c.counted {
 		s.quotas.disconnect(c.cred.Uid, time.Now())

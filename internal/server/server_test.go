@@ -614,3 +614,33 @@ func TestSilentClient(t *testing.T) {
 		return err == nil && len(rep.Sessions) == 1 && rep.Sessions[0].Packets == 5000
 	})
 }
+
+// TestExitIdle: with ExitIdle set, Serve keeps running while a client is connected however
+// long it stays, and returns cleanly once no client has been connected for ExitIdle.
+func TestExitIdle(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	ts := startServer(t, Config{ExitIdle: idle})
+	c := ts.dial(t)
+	select {
+	case err := <-ts.done:
+		t.Fatalf("Serve returned %v while a client was connected", err)
+	case <-time.After(3 * idle):
+	}
+	if _, err := c.Status(); err != nil {
+		t.Fatalf("status after %v connected: %v", 3*idle, err)
+	}
+	closed := time.Now()
+	c.Disconnect()
+	select {
+	case err := <-ts.done:
+		if err != nil {
+			t.Fatalf("Serve after idle: %v", err)
+		}
+		if waited := time.Since(closed); waited < idle {
+			t.Fatalf("exited %v after the last client left, before the idle time %v", waited, idle)
+		}
+		ts.once.Do(func() {}) // Serve already returned: nothing left for stop to cancel
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve still running 10s after the last client left")
+	}
+}

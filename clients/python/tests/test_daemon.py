@@ -159,3 +159,36 @@ def test_autostart_then_capture(monkeypatch, sockdir, tmp_path, capsys, fake_bin
                 except ChildProcessError:
                     pass
                 time.sleep(0.05)
+
+
+def test_autostarted_daemon_exits_when_idle(monkeypatch, sockdir):
+    """The real strapd, autostarted, stays while a client is connected and exits by itself once
+    none has been for STRAPD_EXIT_IDLE; the next connect starts a fresh one."""
+    from conftest import strapd_bin
+
+    monkeypatch.setenv("STRAPD_BIN", str(strapd_bin()))
+    monkeypatch.setenv("STRAPD_EXIT_IDLE", "1s")
+    path = os.path.join(sockdir, "idle", "strapd.sock")
+    conn = D.connect(path, autostart=True)
+    pid = P.handshake(conn, "t", os.getpid()).pid
+    time.sleep(2.5)  # connected for longer than the idle time: must still be there
+    os.kill(pid, 0)
+    conn.close()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
+        except ChildProcessError:
+            pass
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGTERM)
+        pytest.fail(f"autostarted strapd {pid} still running 15 s after its last client left")
+    with pytest.raises(StrapdConnectionError, match="no strapd answers"):
+        D.connect(path, autostart=False)
+    log = Path(sockdir, "idle", "strapd.log").read_text()
+    assert "no connection for the idle time" in log

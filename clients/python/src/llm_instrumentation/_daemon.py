@@ -114,8 +114,9 @@ def _tail(path: Path, n: int = 2000) -> str:
 def start_daemon(path: str, binary: Optional[str] = None, timeout: float = 10.0) -> Connection:
     """Start ``strapd serve --socket path`` detached, wait until it accepts, return a connection.
 
-    The daemon outlives this process (it is a sidecar for later captures too). Its log goes
-    to ``strapd.log`` beside the socket.
+    The daemon outlives this process (it is a sidecar for later captures and resumes too) and
+    exits by itself once no client has been connected for ``STRAPD_EXIT_IDLE`` (a Go duration,
+    default ``15m``; ``0`` keeps it running). Its log goes to ``strapd.log`` beside the socket.
 
     Raises:
         StrapdConnectionError: no binary, it exited, or it did not answer within ``timeout``
@@ -133,7 +134,7 @@ def start_daemon(path: str, binary: Optional[str] = None, timeout: float = 10.0)
     log_path = sock_dir / "strapd.log"
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(
-            [binary, "serve", "--socket", path],
+            [binary, "serve", "--socket", path, "--exit-idle", os.environ.get("STRAPD_EXIT_IDLE", "15m")],
             stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True,
         )
