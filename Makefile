@@ -97,8 +97,15 @@ check-deploy: prometheus
 	promtool check config deploy/prometheus/prometheus.yml
 	promtool check rules deploy/prometheus/rules/*.yml
 
-test-python: $(BIN) $(VENV)/.stamp chromium
-	STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q clients/python/tests
+# eiorun runs strapd with real EIO on its stream writes (internal/faultinject) for
+# clients/python/tests/test_eio.py.
+EIORUN       := bin/eiorun
+$(EIORUN): $(GO_SRC)
+	@mkdir -p bin
+	$(GO) build -o $@ ./internal/faultinject/eiorun
+
+test-python: $(BIN) $(EIORUN) $(VENV)/.stamp chromium
+	STRAPD_BIN=$(CURDIR)/$(BIN) STRAP_EIORUN_BIN=$(CURDIR)/$(EIORUN) $(VPY) -m pytest -q clients/python/tests
 
 # Root-only tests (eBPF probes attached to the running kernel, a socket given another
 # group, a client run as another uid) live in files built only with the `privileged` build
