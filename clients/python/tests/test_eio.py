@@ -41,7 +41,7 @@ def eiorun(tmp_path) -> Path:
 
 def test_eio_names_file_then_resume(real_strapd, tmp_path, sockdir, eiorun):
     ref = reference(real_strapd.socket, tmp_path)
-    full_size = os.path.getsize(tmp_path / "reference.strap")
+    full_size = ref["size"]
     disk = tmp_path / "disk"
     disk.mkdir()
     armed = tmp_path / "eio.armed"
