@@ -97,6 +97,8 @@ func Start(rule Rule, argv []string, stdin, stdout, stderr *os.File) (*Process, 
 	cmd.Env = append(os.Environ(), childEnv+"=3")
 	cmd.ExtraFiles = []*os.File{child}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+	// Without its supervisor the target's writes would fail with ENOSYS: it goes too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		child.Close()
 		return nil, fmt.Errorf("faultinject: start: %w", err)
@@ -122,9 +124,6 @@ func (p *Process) Injected() (uint64, string) {
 
 // Signal sends sig to the target.
 func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
-
-// Pid is the target's process id.
-func (p *Process) Pid() int { return p.cmd.Process.Pid }
 
 // Wait waits for the target to exit and stops answering its calls.
 func (p *Process) Wait() error {
@@ -250,7 +249,7 @@ func installFilter() (int, error) {
 		unix.SECCOMP_FILTER_FLAG_NEW_LISTENER, uintptr(unsafe.Pointer(&fprog)))
 	runtime.KeepAlive(prog)
 	if errno != 0 {
-		return -1, fmt.Errorf("seccomp with a user-notification listener (Linux 5.0+): %w", errno)
+		return -1, fmt.Errorf("seccomp with a user-notification listener (Linux 5.5+): %w", errno)
 	}
 	return int(fd), nil
 }

@@ -7,7 +7,7 @@ The EIO is real: strapd runs under eiorun (internal/faultinject), whose seccomp 
 hands strapd's write calls to it; those on the stream's directory past half the
 reference's size get EIO, the rest run. No root, device mapper or FUSE is needed; the
 test skips, saying why, only without Go to build eiorun or on a kernel without seccomp
-user notification.
+user notification (Linux 5.5+).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_eio_names_file_then_resume(real_strapd, tmp_path, sockdir, eiorun):
     try:
         d = Daemon(strapd_bin(), sub, wrapper=wrapper)
     except RuntimeError as e:
-        if "seccomp" in str(e):
+        if "seccomp with a user-notification listener" in str(e):
             pytest.skip(f"this kernel cannot hand strapd's writes to eiorun: {e}")
         raise
     try:
