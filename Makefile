@@ -41,8 +41,9 @@ $(BIN): $(GO_SRC)
 # Platform wheels of the client with a static strapd inside (llm_instrumentation/_bin/strapd,
 # plus a `strapd` console script): `pip install` of one needs neither Go nor a checkout.
 # CGO_ENABLED=0 makes the binary static, so one manylinux_2_17 tag per architecture fits
-# every glibc. The arm64 daemon carries no eBPF object (internal/bpf: probes_other.go); its
-# collectors run on their /proc fallbacks and say so (docs/DEPLOY.md).
+# every glibc. Each daemon embeds the eBPF object generated for its architecture
+# (internal/bpf: strap_x86_bpfel.o, strap_arm64_bpfel.o; docs/DEPLOY.md says what has been
+# tried on which).
 WHEEL_AMD64  := dist/strap_llm-$(VERSION)-py3-none-manylinux_2_17_x86_64.whl
 WHEEL_ARM64  := dist/strap_llm-$(VERSION)-py3-none-manylinux_2_17_aarch64.whl
 PY_SRC       := clients/python/pyproject.toml clients/python/README.md clients/python/tools/build_wheel.py \
@@ -96,8 +97,15 @@ check-deploy: prometheus
 	promtool check config deploy/prometheus/prometheus.yml
 	promtool check rules deploy/prometheus/rules/*.yml
 
-test-python: $(BIN) $(VENV)/.stamp chromium
-	STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q clients/python/tests
+# eiorun runs strapd with real EIO on its stream writes (internal/faultinject) for
+# clients/python/tests/test_eio.py.
+EIORUN       := bin/eiorun
+$(EIORUN): $(GO_SRC)
+	@mkdir -p bin
+	$(GO) build -o $@ ./internal/faultinject/eiorun
+
+test-python: $(BIN) $(EIORUN) $(VENV)/.stamp chromium
+	STRAPD_BIN=$(CURDIR)/$(BIN) STRAP_EIORUN_BIN=$(CURDIR)/$(EIORUN) $(VPY) -m pytest -q clients/python/tests
 
 # Root-only tests (eBPF probes attached to the running kernel, a socket given another
 # group, a client run as another uid) live in files built only with the `privileged` build
@@ -129,9 +137,12 @@ test-dist: $(WHEEL_AMD64) $(WHEEL_ARM64) test-arm64
 # machine: ring, codecs, stream files, checkpoints, control messages, pipeline and the whole
 # server over real memfds and sockets. It proves arm64 code generation, sizes, alignment and
 # syscall numbers; not the arm64 memory model (qemu-user runs guest threads on x86 cores,
-# whose ordering is stronger), see docs/DEPLOY.md. Left out: bpf and cmd/strapd, whose tests
-# exec arm64 children of their own (those would need binfmt_misc to find qemu), and the
-# privileged-tag tests. Installs qemu-user-static when missing.
+# whose ordering is stronger), see docs/DEPLOY.md. Of internal/bpf only TestObjectSpec runs:
+# it parses the embedded arm64 eBPF object (programs, maps, types, the arm64 register reads)
+# without a kernel; qemu-user passes syscalls to this x86_64 kernel, so nothing arm64 can be
+# loaded or attached here. Left out: bpf's other tests and cmd/strapd's, which exec arm64
+# children of their own (those would need binfmt_misc to find qemu), and the privileged-tag
+# tests. Installs qemu-user-static when missing.
 ARM64_PKGS   ?= ./internal/shm/ ./internal/codec/ ./internal/dtype/ ./internal/stream/ ./internal/checkpoint/ \
                 ./internal/control/ ./internal/pipeline/ ./internal/server/ ./internal/jsontext/
 QEMU_ARM64   ?= qemu-aarch64-static
@@ -139,6 +150,7 @@ test-arm64:
 	@command -v $(QEMU_ARM64) >/dev/null || \
 	  (apt-get update && apt-get install -y --no-install-recommends qemu-user-static)
 	CGO_ENABLED=0 GOARCH=arm64 $(GO) test -count=1 -exec $(QEMU_ARM64) $(ARM64_PKGS)
+	CGO_ENABLED=0 GOARCH=arm64 $(GO) test -count=1 -exec $(QEMU_ARM64) -run '^TestObjectSpec$$' -v ./internal/bpf/
 
 # Random-kill tests (clients/python/tests/test_random_kill.py): SIGKILL strapd at
 # STRAP_KILL_DAEMON_RUNS random moments of a checkpointed capture (checkpoints and close
@@ -178,7 +190,8 @@ fuzz:
 	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) $$pkg; \
 	  done; done; echo "fuzz: $$n targets, $(FUZZTIME) each"
 
-# Regenerates the committed BPF objects; needs clang and bpftool (installed here if missing).
+# Regenerates the committed BPF objects, one per architecture (amd64, arm64), and the
+# syscall-name tables; needs clang and bpftool (installed here if missing).
 generate:
 	@command -v clang >/dev/null && command -v bpftool >/dev/null || \
 	  (apt-get update && apt-get install -y --no-install-recommends clang llvm libbpf-dev bpftool)

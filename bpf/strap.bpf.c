@@ -16,6 +16,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
+#include "arch.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -63,7 +64,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define IPPROTO_TCP_ 6
 
-// Syscall numbers (x86_64). Set from Go per architecture before load.
+// Syscall numbers: x86_64 defaults; the loader sets every nr_* for its architecture
+// (-1 for a call the architecture lacks, such as poll and epoll_wait on arm64).
 volatile const __s64 nr_mmap = 9;
 volatile const __s64 nr_mlock = 149;
 volatile const __s64 nr_munlock = 150;
@@ -737,9 +739,8 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 			return 0; // counted at exit, not timed
 	}
 	struct pending_syscall p = {.nr = id, .flags = PF_TIMED};
-	// x86_64 syscall ABI: arguments in di, si, dx, r10, r8, r9.
-	p.arg0 = BPF_CORE_READ(regs, di);
-	p.arg1 = BPF_CORE_READ(regs, si);
+	p.arg0 = SYSCALL_ARG0(regs);
+	p.arg1 = SYSCALL_ARG1(regs);
 	p.sync_kind = sync_kind(id, p.arg1);
 	if (id == nr_ioctl && fd_is_nvidia(p.arg0))
 		p.flags |= PF_NVIDIA;
@@ -781,7 +782,7 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 	__u32 tgid = pid_tgid >> 32;
 	if (!current_watched(tgid))
 		return 0;
-	__s64 nr = BPF_CORE_READ(regs, orig_ax);
+	__s64 nr = SYSCALL_NR(regs);
 	if (nr < 0)
 		return 0; // no syscall (a tracer or seccomp set it to -1)
 	bool failed = ret < 0 && ret >= -4095; // mmap returns addresses; errors are -4095..-1

@@ -5,9 +5,9 @@ import "errors"
 // Sentinel errors returned by this package.
 var (
 	// ErrUnsupported is returned by Start on platforms without the eBPF object (anything
-	// but linux/amd64); the /proc collectors still need a Collector, so callers treat it as
+	// but linux/amd64 and linux/arm64); the /proc collectors still need a Collector, so callers treat it as
 	// "kernel probes off" rather than fatal.
-	ErrUnsupported = errors.New("bpf: eBPF probes are built for linux/amd64 only")
+	ErrUnsupported = errors.New("bpf: eBPF probes are built for linux/amd64 and linux/arm64 only")
 	// ErrClosed is returned by calls on a closed Collector or Writer.
 	ErrClosed = errors.New("bpf: closed")
 	// ErrBadPID is returned by Watch/Unwatch for a pid that is not positive.

@@ -33,7 +33,8 @@ func latDelta(cur, prev latCounters) (LatencyStats, bool) {
 	return l, l.Count > 0
 }
 
-// syscallName names an x86_64 syscall number; unknown numbers read "syscall_<nr>".
+// syscallName names a syscall number of this build's architecture; unknown numbers read
+// "syscall_<nr>".
 func syscallName(nr uint32) string {
 	if n, ok := syscallNames[nr]; ok {
 		return n

@@ -1,4 +1,4 @@
-//go:build linux && amd64
+//go:build linux && (amd64 || arm64)
 
 package bpf
 
@@ -100,6 +100,9 @@ func (p *probes) load() error {
 	if err != nil {
 		return fmt.Errorf("load bpf spec: %w", err)
 	}
+	if err := setSyscallNrs(spec); err != nil {
+		return fmt.Errorf("load bpf spec: %w", err)
+	}
 	if p.sampleRW > 1 {
 		v, ok := spec.Variables["sample_rw"]
 		if !ok {
@@ -118,6 +121,21 @@ func (p *probes) load() error {
 			return fmt.Errorf("load bpf programs: needs CAP_BPF and CAP_PERFMON (uid %d has not): %w", os.Geteuid(), err)
 		}
 		return fmt.Errorf("load bpf programs: %w", err)
+	}
+	return nil
+}
+
+// setSyscallNrs writes this architecture's syscall numbers into the object's nr_*
+// constants; the object's defaults are x86_64's.
+func setSyscallNrs(spec *ebpf.CollectionSpec) error {
+	for name, nr := range syscallNrs {
+		v, ok := spec.Variables[name]
+		if !ok {
+			return fmt.Errorf("no %s variable", name)
+		}
+		if err := v.Set(nr); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
 	}
 	return nil
 }

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import pytest
 
@@ -54,11 +54,13 @@ def strapd_bin() -> Path:
 class Daemon:
     """A real strapd serving on a temp socket."""
 
-    def __init__(self, binary: Path, sockdir: str, *extra: str) -> None:
+    def __init__(self, binary: Path, sockdir: str, *extra: str, wrapper: Sequence[str] = ()) -> None:
+        # wrapper: a command that runs strapd (the fault injector of test_eio.py); signals
+        # reach strapd through it.
         self.socket = os.path.join(sockdir, "strapd.sock")
         self.log = os.path.join(sockdir, "strapd.log")
         self._logf = open(self.log, "wb")
-        self.proc = subprocess.Popen([str(binary), "serve", "--socket", self.socket, *extra],
+        self.proc = subprocess.Popen([*wrapper, str(binary), "serve", "--socket", self.socket, *extra],
                                      stdout=self._logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         import socket as so

@@ -39,7 +39,7 @@ def small_tmpfs(tmp_path):
 def test_enospc_names_file_and_free_space_then_resume(real_strapd, tmp_path, small_tmpfs):
     mnt, mount = small_tmpfs
     ref = reference(real_strapd.socket, tmp_path)
-    full_size = os.path.getsize(tmp_path / "reference.strap")
+    full_size = ref["size"]
     mount(full_size // 2 // 4096 * 4096)
     out = mnt / "run.strap"
     ck = tmp_path / "run.ckpt.json"  # on a disk with room: the test is about the stream

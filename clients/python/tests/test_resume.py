@@ -70,8 +70,9 @@ def reference(sock: str, tmp: Path) -> Dict[str, Any]:
     if not _reference:
         out = tmp / "reference.strap"
         fw = capture(sock, out)
+        # size: tests that run later get this cached capture, not a file in their tmp dir.
         _reference.update(packets=packets(out), tokens=fw.tokens, forwards=fw.forward_count,
-                          tokens_file=json.loads(Path(tokens_path(out)).read_text()))
+                          tokens_file=json.loads(Path(tokens_path(out)).read_text()), size=os.path.getsize(out))
     return _reference
 
 
