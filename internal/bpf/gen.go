@@ -4,7 +4,7 @@ package bpf
 // generate` installs clang, llvm, libbpf-dev and bpftool. The generated strap_x86_bpfel.go
 // and .o are committed so `go build` needs no clang.
 //go:generate sh -c "bpftool btf dump file /sys/kernel/btf/vmlinux format c > ../../bpf/vmlinux.h"
-//go:generate go tool bpf2go -tags linux -target amd64 -type rq_start -type dev_stats -type thread_stats -type proc_stats -type open_event -type offcpu_start -type lat_stats -type tcp_stats -type tgid_key strap ../../bpf/strap.bpf.c -- -O2 -g -Wall -I../../bpf -I/usr/include
+//go:generate go tool bpf2go -tags linux -target amd64 -type rq_start -type dev_stats -type thread_stats -type proc_stats -type open_event -type offcpu_start -type lat_stats -type tcp_stats -type tgid_key -type weight_open strap ../../bpf/strap.bpf.c -- -O2 -g -Wall -I../../bpf -I/usr/include
 
 // Syscall names for the per-syscall statistics, from the x86_64 uapi header (Debian's
 // linux-libc-dev, a dependency of libbpf-dev).

@@ -200,8 +200,9 @@ func TestProgOffCPUSplit(t *testing.T) {
 			if ts.Tgid != 42 || ts.RunnableNs == 0 || ts.RunnableNs > 50e6 {
 				t.Errorf("thread stats %+v: want tgid 42 and a small runnable time", ts)
 			}
-			if err := p.objs.OffcpuStarts.Lookup(uint32(0), &st); !errors.Is(err, ebpf.ErrKeyNotExist) {
-				t.Errorf("stamp left after switch-in: %+v %v", st, err)
+			// The entry stays (written in place at the next switch-out) but holds no stamp.
+			if err := p.objs.OffcpuStarts.Lookup(uint32(0), &st); err == nil && st.Reason != offNone {
+				t.Errorf("stamp left after switch-in: %+v", st)
 			}
 			// The runnable part, and only it, is one run-queue wait of the thread group.
 			var rq strapLatStats
@@ -311,5 +312,55 @@ func TestProgTCPRetransmit(t *testing.T) {
 	}
 	if n := mapLen[uint32, strapTcpStats](t, p.objs.TcpStatsMap); n != 1 {
 		t.Fatalf("%d tcp stats entries, want 1", n)
+	}
+}
+
+// TestProcTotalsBatched: the per-TOKEN reading sums exactly the process's entries of the
+// thread and syscall tables, read in batches; more entries than one batch holds, and
+// entries of another process beside them.
+func TestProcTotalsBatched(t *testing.T) {
+	p := loadedProbes(t)
+	const tgid, other = uint32(4242), uint32(77)
+	var want ProcessTotals
+	for tid := uint32(1); tid <= 3*batchChunk+17; tid++ {
+		owner := tgid
+		if tid%5 == 0 {
+			owner = other
+		}
+		v := strapThreadStats{Tgid: owner, RunnableNs: uint64(tid), SleepNs: 2 * uint64(tid), IoNs: 3 * uint64(tid)}
+		if err := p.objs.ThreadStatsMap.Put(tid, v); err != nil {
+			t.Fatal(err)
+		}
+		if owner == tgid {
+			want.OffCPU.RunnableNs += v.RunnableNs
+			want.OffCPU.SleepNs += v.SleepNs
+			want.OffCPU.IONs += v.IoNs
+		}
+	}
+	for nr := uint32(0); nr < 300; nr++ {
+		for _, pid := range []uint32{tgid, other} {
+			v := strapLatStats{Count: uint64(nr) + 1, Timed: uint64(nr), TotalNs: 1000 * uint64(nr)}
+			if err := p.objs.SyscallStats.Put(strapTgidKey{Tgid: pid, Id: nr}, v); err != nil {
+				t.Fatal(err)
+			}
+			if pid == tgid {
+				want.SyscallCount += v.Count
+				want.SyscallTimed += v.Timed
+				want.SyscallNs += v.TotalNs
+			}
+		}
+	}
+	if err := p.objs.ProcStatsMap.Put(tgid, strapProcStats{PageFaults: 99}); err != nil {
+		t.Fatal(err)
+	}
+	want.PageFaults = 99
+	for range 2 { // the second reading reuses the buffers
+		got, err := p.procTotals(tgid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Fatalf("procTotals = %+v, want %+v", got, want)
+		}
 	}
 }

@@ -29,3 +29,7 @@ func (p *probes) close() error                          { return nil }
 func (p *probes) procTotals(uint32) (ProcessTotals, error) { return ProcessTotals{}, ErrUnsupported }
 
 func (p *probes) setCPUNodes(map[int]int) error { return ErrUnsupported }
+
+func (p *probes) takeWeightOpen(uint32) (weightOpen, bool, error) {
+	return weightOpen{}, false, ErrUnsupported
+}

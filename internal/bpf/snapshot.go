@@ -75,6 +75,11 @@ type Snapshot struct {
 	// the session recorded no token in the interval.
 	TokensKernel []TokenKernel `json:"tokens_kernel,omitempty"`
 
+	// ModelLoad is the model-load phase of the client of the session whose trace this
+	// line is written to, when its first PUBLISH arrived in the interval (set by the
+	// capture server, never by Snapshot).
+	ModelLoad []ModelLoad `json:"model_load,omitempty"`
+
 	// NUMA is each process's cross-node CPU migrations; absent on a one-node machine.
 	NUMA map[string]NUMA `json:"numa,omitempty"`
 

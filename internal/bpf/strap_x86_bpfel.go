@@ -107,6 +107,13 @@ type strapThreadStats struct {
 	CrossNode  uint64
 }
 
+type strapWeightOpen struct {
+	_         structs.HostLayout
+	Ts        uint64
+	StartBoot uint64
+	Path      [256]int8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -130,6 +137,8 @@ const (
 	strapMapThreadStatsMap    = "thread_stats_map"
 	strapMapWatchedCgroups    = "watched_cgroups"
 	strapMapWatchedTgids      = "watched_tgids"
+	strapMapWeightOpens       = "weight_opens"
+	strapMapWeightScratch     = "weight_scratch"
 	strapProgBlockRqComplete  = "block_rq_complete"
 	strapProgBlockRqIssue     = "block_rq_issue"
 	strapProgBlockRqRequeue   = "block_rq_requeue"
@@ -245,6 +254,8 @@ type strapMapSpecs struct {
 	ThreadStatsMap  *ebpf.MapSpec `ebpf:"thread_stats_map"`
 	WatchedCgroups  *ebpf.MapSpec `ebpf:"watched_cgroups"`
 	WatchedTgids    *ebpf.MapSpec `ebpf:"watched_tgids"`
+	WeightOpens     *ebpf.MapSpec `ebpf:"weight_opens"`
+	WeightScratch   *ebpf.MapSpec `ebpf:"weight_scratch"`
 }
 
 // strapVariableSpecs contains global variables before they are loaded into the kernel.
@@ -310,6 +321,8 @@ type strapMaps struct {
 	ThreadStatsMap  *ebpf.Map `ebpf:"thread_stats_map"`
 	WatchedCgroups  *ebpf.Map `ebpf:"watched_cgroups"`
 	WatchedTgids    *ebpf.Map `ebpf:"watched_tgids"`
+	WeightOpens     *ebpf.Map `ebpf:"weight_opens"`
+	WeightScratch   *ebpf.Map `ebpf:"weight_scratch"`
 }
 
 func (m *strapMaps) Close() error {
@@ -333,6 +346,8 @@ func (m *strapMaps) Close() error {
 		m.ThreadStatsMap,
 		m.WatchedCgroups,
 		m.WatchedTgids,
+		m.WeightOpens,
+		m.WeightScratch,
 	)
 }
 
