@@ -80,6 +80,10 @@ type Options struct {
 	// CPUNodes maps CPU number to NUMA node for the cross-node migration count; nil reads
 	// it from SysRoot/devices/system/node/node*/cpulist (tests pass a fake topology).
 	CPUNodes map[int]int
+	// NUMAMapsInterval is how often each watched process's resident pages per NUMA node
+	// are read from /proc/<pid>/numa_maps (Snapshot.NUMAPages); 0 means
+	// DefaultNUMAMapsInterval, negative never.
+	NUMAMapsInterval time.Duration
 }
 
 // CollectorStatus reports how one collector runs.
@@ -138,6 +142,8 @@ type Collector struct {
 	prevThreadCPU map[int]map[int]uint64
 	// numaNodes is how many NUMA nodes the CPU topology given to the probes has.
 	numaNodes int
+	// numaRead is when each watched process's numa_maps was last read.
+	numaRead map[int]time.Time
 }
 
 // collectorPrograms lists the BPF programs each collector needs.
@@ -195,7 +201,7 @@ func Start(opts Options) (*Collector, error) {
 	c := &Collector{
 		opts: opts, log: log, watched: map[int]bool{}, status: map[string]*CollectorStatus{},
 		prevProc: map[int]ProcFaults{}, prevCtx: map[int][2]uint64{}, prevStats: map[string]ProgStats{},
-		prevThreadCPU: map[int]map[int]uint64{},
+		prevThreadCPU: map[int]map[int]uint64{}, numaRead: map[int]time.Time{},
 		devs:          devNames{sysRoot: opts.SysRoot},
 	}
 	var err error
@@ -363,6 +369,7 @@ func (c *Collector) unwatchLocked(pid int) error {
 	delete(c.watched, pid)
 	delete(c.prevProc, pid)
 	delete(c.prevCtx, pid)
+	delete(c.numaRead, pid)
 	if c.probes != nil {
 		if err := c.probes.unwatch(uint32(pid)); err != nil {
 			return fmt.Errorf("unwatch %d: %w", pid, err)

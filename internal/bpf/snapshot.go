@@ -83,6 +83,11 @@ type Snapshot struct {
 	// NUMA is each process's cross-node CPU migrations; absent on a one-node machine.
 	NUMA map[string]NUMA `json:"numa,omitempty"`
 
+	// NUMAPages is each process's resident pages per NUMA node (keyed by decimal node
+	// number) from /proc/<pid>/numa_maps, a gauge read at most every
+	// Options.NUMAMapsInterval: a process appears only in the snapshots that read it.
+	NUMAPages map[string]map[string]NodePages `json:"numa_pages,omitempty"`
+
 	// ThreadCPU is each process's on-CPU time by thread name; absent when no watched
 	// process's threads could be read.
 	ThreadCPU map[string]map[string]ThreadCPU `json:"thread_cpu,omitempty"`
