@@ -202,7 +202,7 @@ func Start(opts Options) (*Collector, error) {
 		opts: opts, log: log, watched: map[int]bool{}, status: map[string]*CollectorStatus{},
 		prevProc: map[int]ProcFaults{}, prevCtx: map[int][2]uint64{}, prevStats: map[string]ProgStats{},
 		prevThreadCPU: map[int]map[int]uint64{}, numaRead: map[int]time.Time{},
-		devs:          devNames{sysRoot: opts.SysRoot},
+		devs: devNames{sysRoot: opts.SysRoot},
 	}
 	var err error
 	if c.procFS, err = procfs.NewFS(opts.ProcRoot); err != nil {
