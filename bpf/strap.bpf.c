@@ -102,6 +102,8 @@ struct offcpu_start {
 	__u64 ts;
 	__u32 reason;
 	__u32 tgid;
+	__u32 totals; // the process keeps per-process totals (WATCH_TOTALS at switch-out)
+	__u32 _pad;
 };
 
 struct thread_stats {
@@ -130,6 +132,15 @@ struct proc_stats {
 	__u64 exited;      // 1 once the last thread exited; exit_* are then final
 	__u64 exit_min_flt; // the process's lifetime minflt/majflt as /proc/<pid>/stat showed them
 	__u64 exit_maj_flt;
+	// Per-process totals, kept only for a WATCH_TOTALS process (a traced session's client,
+	// read at every TOKEN with one lookup): off-CPU time by reason over all its threads,
+	// returned syscalls, how many were timed and their time.
+	__u64 tot_runnable_ns;
+	__u64 tot_sleep_ns;
+	__u64 tot_io_ns;
+	__u64 tot_syscalls;
+	__u64 tot_timed;
+	__u64 tot_syscall_ns;
 };
 
 struct pending_syscall {
@@ -190,7 +201,9 @@ struct {
 	__type(value, struct dev_stats);
 } dev_stats_map SEC(".maps");
 
-// Watched thread groups (tgid -> 1) and cgroup v2 ids (id -> 1).
+// Watched thread groups (tgid -> WATCH_* bits) and cgroup v2 ids (id -> 1).
+#define WATCH_ON 1
+#define WATCH_TOTALS 2 // also keep the per-process totals of proc_stats
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
@@ -406,6 +419,18 @@ static __always_inline bool task_watched(struct task_struct *t, __u32 tgid)
 	return bpf_map_lookup_elem(&watched_cgroups, &cgid) != NULL;
 }
 
+// current_watch returns the current process's WATCH_* bits, 0 when it is not watched.
+static __always_inline __u8 current_watch(__u32 tgid)
+{
+	__u8 *w = bpf_map_lookup_elem(&watched_tgids, &tgid);
+	if (w)
+		return *w;
+	if (!cgroups_watched())
+		return 0;
+	__u64 cgid = bpf_get_current_cgroup_id();
+	return bpf_map_lookup_elem(&watched_cgroups, &cgid) ? WATCH_ON : 0;
+}
+
 static __always_inline bool current_watched(__u32 tgid)
 {
 	if (tgid_watched(tgid))
@@ -530,14 +555,46 @@ static __always_inline struct thread_stats *thread_entry(__u32 tid, __u32 tgid)
 	return bpf_map_lookup_elem(&thread_stats_map, &tid);
 }
 
-static __always_inline void account_offcpu(struct thread_stats *ts, __u32 reason, __u64 delta)
+static struct proc_stats zero_proc_stats;
+
+static __always_inline struct proc_stats *proc_entry(__u32 tgid)
 {
+	struct proc_stats *ps = bpf_map_lookup_elem(&proc_stats_map, &tgid);
+	if (ps)
+		return ps;
+	// A zero entry from .bss: sys_exit's stack cannot hold this one beside the others.
+	if (bpf_map_update_elem(&proc_stats_map, &tgid, &zero_proc_stats, BPF_NOEXIST) != 0) {
+		ps = bpf_map_lookup_elem(&proc_stats_map, &tgid);
+		if (!ps)
+			count_err(ERR_PROC_MAP_FULL);
+		return ps;
+	}
+	return bpf_map_lookup_elem(&proc_stats_map, &tgid);
+}
+
+static __always_inline void account_offcpu(struct thread_stats *ts, const struct offcpu_start *s,
+					   __u64 delta)
+{
+	__u32 reason = s->reason;
+	if (ts) {
+		if (reason == OFF_RUNNABLE)
+			__sync_fetch_and_add(&ts->runnable_ns, delta);
+		else if (reason == OFF_IO)
+			__sync_fetch_and_add(&ts->io_ns, delta);
+		else
+			__sync_fetch_and_add(&ts->sleep_ns, delta);
+	}
+	if (!s->totals)
+		return;
+	struct proc_stats *ps = proc_entry(s->tgid);
+	if (!ps)
+		return;
 	if (reason == OFF_RUNNABLE)
-		__sync_fetch_and_add(&ts->runnable_ns, delta);
+		__sync_fetch_and_add(&ps->tot_runnable_ns, delta);
 	else if (reason == OFF_IO)
-		__sync_fetch_and_add(&ts->io_ns, delta);
+		__sync_fetch_and_add(&ps->tot_io_ns, delta);
 	else
-		__sync_fetch_and_add(&ts->sleep_ns, delta);
+		__sync_fetch_and_add(&ps->tot_sleep_ns, delta);
 }
 
 // stamp_offcpu records tid's switch-out (or new-task) stamp. A thread's entry is written
@@ -545,16 +602,18 @@ static __always_inline void account_offcpu(struct thread_stats *ts, __u32 reason
 // OFF_NONE; user space drops the entries of exited threads): a hash update or delete
 // takes the bucket lock and recycles an element, several times the cost of a lookup,
 // on every context switch of a watched thread.
-static __always_inline void stamp_offcpu(__u32 tid, __u64 ts, __u32 reason, __u32 tgid)
+static __always_inline void stamp_offcpu(__u32 tid, __u64 ts, __u32 reason, __u32 tgid,
+					 __u32 totals)
 {
 	struct offcpu_start *cur = bpf_map_lookup_elem(&offcpu_starts, &tid);
 	if (cur) {
 		cur->ts = ts;
 		cur->tgid = tgid;
+		cur->totals = totals;
 		cur->reason = reason;
 		return;
 	}
-	struct offcpu_start st = {.ts = ts, .reason = reason, .tgid = tgid};
+	struct offcpu_start st = {.ts = ts, .reason = reason, .tgid = tgid, .totals = totals};
 	bpf_map_update_elem(&offcpu_starts, &tid, &st, BPF_NOEXIST);
 }
 
@@ -569,7 +628,8 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
 	__u32 prev_tid = (__u32)pid_tgid;
 	__u32 prev_tgid = pid_tgid >> 32;
 	__u64 now = 0;
-	if (prev_tid != 0 && current_watched(prev_tgid)) {
+	__u8 w = prev_tid != 0 ? current_watch(prev_tgid) : 0;
+	if (w) {
 		now = bpf_ktime_get_ns();
 		__u32 reason;
 		bool voluntary = !preempt && prev_state != TASK_RUNNING_;
@@ -579,7 +639,7 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
 			reason = OFF_IO;
 		else
 			reason = OFF_SLEEP;
-		stamp_offcpu(prev_tid, now, reason, prev_tgid);
+		stamp_offcpu(prev_tid, now, reason, prev_tgid, w & WATCH_TOTALS);
 		struct thread_stats *ts = thread_entry(prev_tid, prev_tgid);
 		if (ts) {
 			if (voluntary)
@@ -597,9 +657,7 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
 		if (!now)
 			now = bpf_ktime_get_ns();
 		if (now > s.ts) {
-			struct thread_stats *ts = thread_entry(next_tid, s.tgid);
-			if (ts)
-				account_offcpu(ts, s.reason, now - s.ts);
+			account_offcpu(thread_entry(next_tid, s.tgid), &s, now - s.ts);
 			// Runnable since a wakeup or a preemption: that wait is run-queue latency.
 			if (s.reason == OFF_RUNNABLE) {
 				struct lat_stats zero = {};
@@ -624,9 +682,7 @@ static __always_inline int on_wakeup(struct task_struct *p)
 	__u64 now = bpf_ktime_get_ns();
 	struct offcpu_start s = *st;
 	if (now > s.ts) {
-		struct thread_stats *ts = thread_entry(tid, s.tgid);
-		if (ts)
-			account_offcpu(ts, s.reason, now - s.ts);
+		account_offcpu(thread_entry(tid, s.tgid), &s, now - s.ts);
 	}
 	st->ts = now;
 	st->reason = OFF_RUNNABLE;
@@ -648,7 +704,8 @@ int BPF_PROG(sched_wakeup_new, struct task_struct *p)
 	__u32 tgid = BPF_CORE_READ(p, tgid);
 	if (tid == 0 || !task_watched(p, tgid))
 		return 0;
-	stamp_offcpu(tid, bpf_ktime_get_ns(), OFF_RUNNABLE, tgid);
+	__u8 *w = bpf_map_lookup_elem(&watched_tgids, &tgid);
+	stamp_offcpu(tid, bpf_ktime_get_ns(), OFF_RUNNABLE, tgid, w && (*w & WATCH_TOTALS));
 	return 0;
 }
 
@@ -672,21 +729,6 @@ int BPF_PROG(sched_migrate_task, struct task_struct *p, int dest_cpu)
 }
 
 // ---- per-process: page faults and syscalls ------------------------------------------------
-
-static __always_inline struct proc_stats *proc_entry(__u32 tgid)
-{
-	struct proc_stats *ps = bpf_map_lookup_elem(&proc_stats_map, &tgid);
-	if (ps)
-		return ps;
-	struct proc_stats zero = {};
-	if (bpf_map_update_elem(&proc_stats_map, &tgid, &zero, BPF_NOEXIST) != 0) {
-		ps = bpf_map_lookup_elem(&proc_stats_map, &tgid);
-		if (!ps)
-			count_err(ERR_PROC_MAP_FULL);
-		return ps;
-	}
-	return bpf_map_lookup_elem(&proc_stats_map, &tgid);
-}
 
 SEC("raw_tp/page_fault_user")
 int BPF_PROG(page_fault_user, unsigned long address, struct pt_regs *regs,
@@ -887,7 +929,8 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid;
 	__u32 tgid = pid_tgid >> 32;
-	if (!current_watched(tgid))
+	__u8 w = current_watch(tgid);
+	if (!w)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
 	struct pending_syscall p = {.nr = -1};
@@ -914,6 +957,16 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 	struct lat_stats *l = lookup_or_init(&syscall_stats, &key, &zero, ERR_SYSCALL_MAP_FULL);
 	if (l)
 		lat_add(l, timed, ns, failed);
+	if (w & WATCH_TOTALS) {
+		struct proc_stats *ps = proc_entry(tgid);
+		if (ps) {
+			__sync_fetch_and_add(&ps->tot_syscalls, 1);
+			if (timed) {
+				__sync_fetch_and_add(&ps->tot_timed, 1);
+				__sync_fetch_and_add(&ps->tot_syscall_ns, ns);
+			}
+		}
+	}
 	if (!timed)
 		return 0;
 	if (p.sync_kind != SYNC_NONE) {

@@ -175,3 +175,21 @@ func BenchmarkWriterWrite(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkProcessTotals is the daemon's cost per TOKEN of a traced session: one reading
+// of the watched process's cumulative counters (the thread and syscall tables hold this
+// process's entries, as a daemon's do its own).
+func BenchmarkProcessTotals(b *testing.B) {
+	c := startAttachedB(b)
+	if err := c.Watch(os.Getpid()); err != nil {
+		b.Fatal(err)
+	}
+	mapTouchUnmap(&testing.B{N: 1000}) // some syscalls and faults to sum
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if _, err := c.ProcessTotals(os.Getpid()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -144,6 +144,8 @@ type Collector struct {
 	numaNodes int
 	// numaRead is when each watched process's numa_maps was last read.
 	numaRead map[int]time.Time
+	// totals are the watched processes whose totals the probes keep (TrackTotals).
+	totals map[int]bool
 }
 
 // collectorPrograms lists the BPF programs each collector needs.
@@ -201,7 +203,7 @@ func Start(opts Options) (*Collector, error) {
 	c := &Collector{
 		opts: opts, log: log, watched: map[int]bool{}, status: map[string]*CollectorStatus{},
 		prevProc: map[int]ProcFaults{}, prevCtx: map[int][2]uint64{}, prevStats: map[string]ProgStats{},
-		prevThreadCPU: map[int]map[int]uint64{}, numaRead: map[int]time.Time{},
+		prevThreadCPU: map[int]map[int]uint64{}, numaRead: map[int]time.Time{}, totals: map[int]bool{},
 		devs: devNames{sysRoot: opts.SysRoot},
 	}
 	var err error
@@ -370,6 +372,7 @@ func (c *Collector) unwatchLocked(pid int) error {
 	delete(c.prevProc, pid)
 	delete(c.prevCtx, pid)
 	delete(c.numaRead, pid)
+	delete(c.totals, pid)
 	if c.probes != nil {
 		if err := c.probes.unwatch(uint32(pid)); err != nil {
 			return fmt.Errorf("unwatch %d: %w", pid, err)
@@ -470,6 +473,33 @@ type ProcessTotals struct {
 	ReadBytes, WriteBytes uint64
 }
 
+// TrackTotals has the probes keep watched pid's cumulative totals in the kernel, so that
+// ProcessTotals is one map lookup instead of a read of the thread and syscall tables: for a
+// process whose totals are read often (at every TOKEN of a traced session). It costs the
+// process one more map lookup per syscall and per switch-in, and lasts until Unwatch;
+// totals count from the call on, so take the baseline reading after it.
+func (c *Collector) TrackTotals(pid int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	if !c.watched[pid] {
+		return fmt.Errorf("track totals of %d: not watched", pid)
+	}
+	if c.probes == nil || c.status[CollectorOffCPU].Source != SourceBPF {
+		return ErrUnsupported
+	}
+	if c.totals[pid] {
+		return nil
+	}
+	if err := c.probes.watchTotals(uint32(pid)); err != nil {
+		return fmt.Errorf("track totals of %d: %w", pid, err)
+	}
+	c.totals[pid] = true
+	return nil
+}
+
 // ProcessTotals reads pid's cumulative counters. It needs the kernel probes (ErrUnsupported
 // without them); pid must be watched for the probe counters to grow.
 func (c *Collector) ProcessTotals(pid int) (ProcessTotals, error) {
@@ -484,7 +514,11 @@ func (c *Collector) ProcessTotals(pid int) (ProcessTotals, error) {
 	if c.probes == nil || c.status[CollectorOffCPU].Source != SourceBPF {
 		return ProcessTotals{}, ErrUnsupported
 	}
-	t, err := c.probes.procTotals(uint32(pid))
+	read := c.probes.procTotals
+	if c.totals[pid] {
+		read = c.probes.procTotalsKernel
+	}
+	t, err := read(uint32(pid))
 	if err != nil {
 		return t, err
 	}

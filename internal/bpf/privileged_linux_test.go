@@ -364,3 +364,65 @@ func TestProcTotalsBatched(t *testing.T) {
 		}
 	}
 }
+
+// TestProgTotals: for a process watched with totals, sys_exit and the off-CPU accounting
+// also add to its per-process totals (what a TOKEN reads with one lookup); a process
+// watched without them gets none.
+func TestProgTotals(t *testing.T) {
+	p := loadedProbes(t)
+	runtime.LockOSThread() // the pending entry is keyed by this thread's id
+	defer runtime.UnlockOSThread()
+	self := uint32(os.Getpid())
+	if err := p.watch(self); err != nil {
+		t.Fatal(err)
+	}
+	run(t, p.objs.SysEnter, 0, 39)
+	run(t, p.objs.SysExit, 0, 0)
+	if got, err := p.procTotalsKernel(self); err != nil || got.SyscallCount != 0 {
+		t.Fatalf("watched without totals: %+v, %v; want no totals", got, err)
+	}
+	if err := p.watchTotals(self); err != nil {
+		t.Fatal(err)
+	}
+	run(t, p.objs.SysEnter, 0, 39) // getpid, stamped and timed
+	run(t, p.objs.SysExit, 0, 0)
+	run(t, p.objs.SysExit, 0, 0) // an exit without its entry: counted, not timed
+	got, err := p.procTotalsKernel(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.SyscallCount != 2 || got.SyscallTimed != 1 || got.SyscallNs == 0 || got.SyscallNs > 50e6 {
+		t.Fatalf("totals %+v: want 2 syscalls, 1 timed for a few µs", got)
+	}
+
+	for _, tc := range []struct {
+		name   string
+		totals uint32
+	}{{"with totals", 1}, {"without", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const tgid = uint32(4343)
+			before, _ := p.procTotalsKernel(tgid)
+			const blocked = 200e6
+			if err := p.objs.OffcpuStarts.Put(uint32(0), strapOffcpuStart{Ts: monoNow(t) - blocked, Reason: 1, Tgid: tgid,
+				Totals: tc.totals}); err != nil {
+				t.Fatal(err)
+			}
+			run(t, p.objs.SchedWakeup, 0xffff000000001000)
+			run(t, p.objs.SchedSwitch, 0, 0xffff000000002000, 0xffff000000001000, 0)
+			after, err := p.procTotalsKernel(tgid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sleep, runnable := after.OffCPU.SleepNs-before.OffCPU.SleepNs, after.OffCPU.RunnableNs-before.OffCPU.RunnableNs
+			if tc.totals == 0 {
+				if sleep != 0 || runnable != 0 {
+					t.Fatalf("totals grew without the flag: %+v", after)
+				}
+				return
+			}
+			if sleep < blocked || sleep > blocked+50e6 || runnable == 0 || runnable > 50e6 {
+				t.Fatalf("totals sleep %d runnable %d ns: want about %d and a little", sleep, runnable, uint64(blocked))
+			}
+		})
+	}
+}

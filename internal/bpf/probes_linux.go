@@ -173,8 +173,34 @@ func (p *probes) drainOpens(max int) ([]DeviceOpen, uint64) {
 	return out, lost
 }
 
+// Values of watched_tgids (WATCH_* in bpf/strap.bpf.c).
+const (
+	watchOn     = uint8(1)
+	watchTotals = uint8(2)
+)
+
 func (p *probes) watch(tgid uint32) error {
-	return p.objs.WatchedTgids.Put(tgid, uint8(1))
+	return p.objs.WatchedTgids.Put(tgid, watchOn)
+}
+
+// watchTotals has the probes keep tgid's per-process totals (procTotalsKernel).
+func (p *probes) watchTotals(tgid uint32) error {
+	return p.objs.WatchedTgids.Put(tgid, watchOn|watchTotals)
+}
+
+// procTotalsKernel reads the totals the probes keep for a watchTotals process: one lookup.
+func (p *probes) procTotalsKernel(tgid uint32) (ProcessTotals, error) {
+	var pv strapProcStats
+	if err := p.objs.ProcStatsMap.Lookup(tgid, &pv); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return ProcessTotals{}, nil // nothing counted yet
+		}
+		return ProcessTotals{}, fmt.Errorf("proc stats: %w", err)
+	}
+	return ProcessTotals{
+		OffCPU:     OffCPU{RunnableNs: pv.TotRunnableNs, SleepNs: pv.TotSleepNs, IONs: pv.TotIoNs},
+		PageFaults: pv.PageFaults, SyscallCount: pv.TotSyscalls, SyscallTimed: pv.TotTimed, SyscallNs: pv.TotSyscallNs,
+	}, nil
 }
 
 func (p *probes) unwatch(tgid uint32) error {

@@ -27,6 +27,10 @@ func (p *probes) sweepThreads(func(uint32) bool)        {}
 func (p *probes) close() error                          { return nil }
 
 func (p *probes) procTotals(uint32) (ProcessTotals, error) { return ProcessTotals{}, ErrUnsupported }
+func (p *probes) procTotalsKernel(uint32) (ProcessTotals, error) {
+	return ProcessTotals{}, ErrUnsupported
+}
+func (p *probes) watchTotals(uint32) error { return ErrUnsupported }
 
 func (p *probes) setCPUNodes(map[int]int) error { return ErrUnsupported }
 

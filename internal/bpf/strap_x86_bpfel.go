@@ -34,6 +34,8 @@ type strapOffcpuStart struct {
 	Ts     uint64
 	Reason uint32
 	Tgid   uint32
+	Totals uint32
+	Pad    uint32
 }
 
 type strapOpenEvent struct {
@@ -55,20 +57,26 @@ type strapPendingSyscall struct {
 }
 
 type strapProcStats struct {
-	_            structs.HostLayout
-	PageFaults   uint64
-	MmapCount    uint64
-	MmapBytes    uint64
-	MlockCount   uint64
-	MlockBytes   uint64
-	MunlockCount uint64
-	MunlockBytes uint64
-	OpenatCount  uint64
-	OpenatFailed uint64
-	NvidiaOpens  uint64
-	Exited       uint64
-	ExitMinFlt   uint64
-	ExitMajFlt   uint64
+	_             structs.HostLayout
+	PageFaults    uint64
+	MmapCount     uint64
+	MmapBytes     uint64
+	MlockCount    uint64
+	MlockBytes    uint64
+	MunlockCount  uint64
+	MunlockBytes  uint64
+	OpenatCount   uint64
+	OpenatFailed  uint64
+	NvidiaOpens   uint64
+	Exited        uint64
+	ExitMinFlt    uint64
+	ExitMajFlt    uint64
+	TotRunnableNs uint64
+	TotSleepNs    uint64
+	TotIoNs       uint64
+	TotSyscalls   uint64
+	TotTimed      uint64
+	TotSyscallNs  uint64
 }
 
 type strapRqStart struct {

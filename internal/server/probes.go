@@ -263,6 +263,11 @@ func (s *Server) probeSessionStart(id uint64, output string, pid int, trace *os.
 		}
 	}
 	if trace != nil && pid > 0 {
+		// Its totals are read at every TOKEN: one lookup when the probes keep them, else
+		// a read of the thread and syscall tables.
+		if err := h.coll.TrackTotals(pid); err != nil && !errors.Is(err, bpf.ErrUnsupported) {
+			h.log.Debug("per-process totals not kept in the kernel", zap.Uint64("session", id), zap.Int("pid", pid), zap.Error(err))
+		}
 		ps.mu.Lock()
 		ps.lastAt = time.Now()
 		ps.last, ps.tokenErr = h.coll.ProcessTotals(pid)
