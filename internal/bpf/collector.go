@@ -340,6 +340,9 @@ func (c *Collector) Watch(pid int) error {
 		}
 	}
 	c.watched[pid] = true
+	// numa_maps costs tens of ms for a torch process (a page-table walk over ~1000
+	// mappings): the first reading waits one interval, so short sessions pay none.
+	c.numaRead[pid] = time.Now()
 	// Baselines, so the first interval counts from now.
 	if f, err := readProcFaults(c.procFS, pid); err == nil {
 		c.prevProc[pid] = f
