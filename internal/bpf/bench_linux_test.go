@@ -177,19 +177,37 @@ func BenchmarkWriterWrite(b *testing.B) {
 }
 
 // BenchmarkProcessTotals is the daemon's cost per TOKEN of a traced session: one reading
-// of the watched process's cumulative counters (the thread and syscall tables hold this
-// process's entries, as a daemon's do its own).
+// of the watched process's cumulative counters, from the kernel's per-process totals
+// (TrackTotals, as for a session's client) and from the thread and syscall tables (a
+// process watched without them). Both include the /proc/<pid>/io read.
 func BenchmarkProcessTotals(b *testing.B) {
-	c := startAttachedB(b)
-	if err := c.Watch(os.Getpid()); err != nil {
-		b.Fatal(err)
-	}
-	mapTouchUnmap(&testing.B{N: 1000}) // some syscalls and faults to sum
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N {
-		if _, err := c.ProcessTotals(os.Getpid()); err != nil {
-			b.Fatal(err)
+	for _, kernel := range []bool{true, false} {
+		name := "tables"
+		if kernel {
+			name = "kernel-totals"
 		}
+		b.Run(name, func(b *testing.B) {
+			c := startAttachedB(b)
+			if err := c.Watch(os.Getpid()); err != nil {
+				b.Fatal(err)
+			}
+			if kernel {
+				if err := c.TrackTotals(os.Getpid()); err != nil {
+					b.Fatal(err)
+				}
+			}
+			mapTouchUnmap(&testing.B{N: 1000}) // some syscalls and faults to sum
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				t, err := c.ProcessTotals(os.Getpid())
+				if err != nil {
+					b.Fatal(err)
+				}
+				if t.SyscallCount == 0 {
+					b.Fatal("no syscalls counted")
+				}
+			}
+		})
 	}
 }

@@ -146,6 +146,8 @@ type Collector struct {
 	numaRead map[int]time.Time
 	// totals are the watched processes whose totals the probes keep (TrackTotals).
 	totals map[int]bool
+	// io reads ProcessTotals' /proc/<pid>/io.
+	io procIO
 }
 
 // collectorPrograms lists the BPF programs each collector needs.
@@ -204,7 +206,7 @@ func Start(opts Options) (*Collector, error) {
 		opts: opts, log: log, watched: map[int]bool{}, status: map[string]*CollectorStatus{},
 		prevProc: map[int]ProcFaults{}, prevCtx: map[int][2]uint64{}, prevStats: map[string]ProgStats{},
 		prevThreadCPU: map[int]map[int]uint64{}, numaRead: map[int]time.Time{}, totals: map[int]bool{},
-		devs: devNames{sysRoot: opts.SysRoot},
+		devs: devNames{sysRoot: opts.SysRoot}, io: procIO{root: opts.ProcRoot},
 	}
 	var err error
 	if c.procFS, err = procfs.NewFS(opts.ProcRoot); err != nil {
@@ -376,6 +378,7 @@ func (c *Collector) unwatchLocked(pid int) error {
 	delete(c.prevCtx, pid)
 	delete(c.numaRead, pid)
 	delete(c.totals, pid)
+	c.io.forget(pid)
 	if c.probes != nil {
 		if err := c.probes.unwatch(uint32(pid)); err != nil {
 			return fmt.Errorf("unwatch %d: %w", pid, err)
@@ -437,6 +440,7 @@ func (c *Collector) Close() error {
 		return nil
 	}
 	c.closed = true
+	c.io.forget(-1)
 	if c.probes != nil {
 		return c.probes.close()
 	}
@@ -525,14 +529,6 @@ func (c *Collector) ProcessTotals(pid int) (ProcessTotals, error) {
 	if err != nil {
 		return t, err
 	}
-	p, err := c.procFS.Proc(pid)
-	if err != nil {
-		return t, fmt.Errorf("proc %d: %w", pid, err)
-	}
-	io, err := p.IO()
-	if err != nil {
-		return t, fmt.Errorf("proc %d io: %w", pid, err)
-	}
-	t.ReadBytes, t.WriteBytes = io.ReadBytes, io.WriteBytes
-	return t, nil
+	t.ReadBytes, t.WriteBytes, err = c.io.read(pid)
+	return t, err
 }

@@ -120,3 +120,14 @@ func FuzzParseNUMAMaps(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseProcIO: whatever /proc/<pid>/io holds, parseProcIO returns its two values or
+// ErrBadProcIO, never anything else.
+func FuzzParseProcIO(f *testing.F) {
+	addSeeds(f, "procio")
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if _, _, err := parseProcIO(b); err != nil && !errors.Is(err, ErrBadProcIO) {
+			t.Fatalf("error %v is not ErrBadProcIO", err)
+		}
+	})
+}

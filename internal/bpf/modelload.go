@@ -3,8 +3,6 @@ package bpf
 import (
 	"fmt"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // userHZ is the unit of /proc/<pid>/stat's starttime (USER_HZ: 100 on every Linux ABI).
@@ -37,8 +35,8 @@ func (c *Collector) TakeModelLoad(session string, pid int) (ModelLoad, bool, err
 	if pid <= 0 {
 		return ModelLoad{}, false, ErrBadPID
 	}
-	var boot unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &boot); err != nil {
+	bootNs, err := bootNow()
+	if err != nil {
 		return ModelLoad{}, false, fmt.Errorf("boot-time clock: %w", err)
 	}
 	now := time.Now()
@@ -68,7 +66,7 @@ func (c *Collector) TakeModelLoad(session string, pid int) (ModelLoad, bool, err
 			return ModelLoad{}, false, nil
 		}
 	}
-	return newModelLoad(session, pid, w, now, uint64(boot.Nano())), true, nil
+	return newModelLoad(session, pid, w, now, bootNs), true, nil
 }
 
 // weightOpen is a process's first weight-file open as the probes recorded it.
