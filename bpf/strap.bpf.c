@@ -4,7 +4,8 @@
 // off-CPU time split by reason, context switches, migrations, run-queue latency, user
 // page faults, the model-loading syscalls (mmap, mlock, mlock2, munlock, openat), every
 // syscall's count, errors and latency, the sync waits (futex, epoll, poll, ppoll,
-// clock_nanosleep), ioctls on nvidia-named files and TCP bytes and retransmits.
+// clock_nanosleep), ioctls on nvidia-named files and TCP bytes and retransmits; and, for
+// every process, its first open of a model weight file (the start of a model load).
 //
 // Every program is a raw tracepoint (raw_tp): no tracefs is needed, the cost per event is
 // close to tp_btf, and unlike tp_btf the kernel lets raw_tp programs run under
