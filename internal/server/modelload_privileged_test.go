@@ -86,6 +86,7 @@ func TestModelLoadPhase(t *testing.T) {
 		t.Fatalf("model_load entries %+v, want exactly one", loads)
 	}
 	ml := loads[0]
+	t.Logf("model_load %+v (bound %.6f s)", ml, bound.Seconds())
 	if ml.Session != strconv.FormatUint(o.Session, 10) || ml.PID != os.Getpid() || ml.Path != weights {
 		t.Errorf("model_load %+v: want session %d, pid %d, path %s", ml, o.Session, os.Getpid(), weights)
 	}
