@@ -383,6 +383,16 @@ func (c *Collector) unwatchLocked(pid int) error {
 		if err := c.probes.unwatch(uint32(pid)); err != nil {
 			return fmt.Errorf("unwatch %d: %w", pid, err)
 		}
+		// sys_exit takes a call's number from its thread's pending entry, which is only
+		// overwritten by a watched sys_enter: a stamp left by a call that returned while the
+		// process was unwatched would be taken by some later call's exit after a new Watch.
+		if tasks, err := os.ReadDir(filepath.Join(c.opts.ProcRoot, strconv.Itoa(pid), "task")); err == nil {
+			for _, e := range tasks {
+				if tid, err := strconv.Atoi(e.Name()); err == nil && tid > 0 {
+					c.probes.forgetPending(uint32(tid))
+				}
+			}
+		}
 	}
 	return nil
 }

@@ -426,3 +426,27 @@ func TestProgTotals(t *testing.T) {
 		})
 	}
 }
+
+// TestUnwatchForgetsPending: unwatching a process drops its threads' pending-syscall
+// stamps, which sys_exit would otherwise take for a later call after a new Watch.
+func TestUnwatchForgetsPending(t *testing.T) {
+	p := loadedProbes(t)
+	runtime.LockOSThread() // the pending entry is keyed by this thread's id
+	defer runtime.UnlockOSThread()
+	self, tid := os.Getpid(), uint32(unix.Gettid())
+	if err := p.watch(uint32(self)); err != nil {
+		t.Fatal(err)
+	}
+	run(t, p.objs.SysEnter, 0, 39)
+	var ps strapPendingSyscall
+	if err := p.objs.PendingSyscalls.Lookup(tid, &ps); err != nil || ps.Nr != 39 {
+		t.Fatalf("pending before unwatch: %+v, %v; want nr 39", ps, err)
+	}
+	c := &Collector{opts: Options{ProcRoot: "/proc"}, probes: p, watched: map[int]bool{self: true}}
+	if err := c.unwatchLocked(self); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.objs.PendingSyscalls.Lookup(tid, &ps); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("pending after unwatch: %+v, %v; want none", ps, err)
+	}
+}

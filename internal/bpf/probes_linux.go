@@ -377,6 +377,11 @@ func (p *probes) forgetProcess(tgid uint32) {
 	}
 }
 
+// forgetPending drops a thread's pending-syscall stamp.
+func (p *probes) forgetPending(tid uint32) {
+	_ = p.objs.PendingSyscalls.Delete(tid)
+}
+
 // forgetThread drops an exited thread's entries.
 func (p *probes) forgetThread(tid uint32) {
 	_ = p.objs.ThreadStatsMap.Delete(tid)

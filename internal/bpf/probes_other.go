@@ -23,6 +23,7 @@ func (p *probes) unwatch(uint32) error                  { return nil }
 func (p *probes) watchCgroup(uint64) error              { return ErrUnsupported }
 func (p *probes) forgetProcess(uint32)                  {}
 func (p *probes) forgetThread(uint32)                   {}
+func (p *probes) forgetPending(uint32)                  {}
 func (p *probes) sweepThreads(func(uint32) bool)        {}
 func (p *probes) close() error                          { return nil }
 
