@@ -103,3 +103,64 @@ func TestModelLoadPhase(t *testing.T) {
 		t.Errorf("path %q", ml.Path)
 	}
 }
+
+// TestModelLoadTakenByUntracedSession: the load ends at the first PUBLISH of any session of
+// the client, so a traced session opened after an untraced one has published reports none;
+// opening a weight file again starts a new load, which the next traced session reports.
+func TestModelLoadTakenByUntracedSession(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: the weight-open probe needs root (CAP_BPF+CAP_PERFMON)")
+	}
+	ts := startServer(t, probeConfig(time.Hour))
+	weights := filepath.Join(t.TempDir(), "y.gguf")
+	session := func(traced bool) []bpf.ModelLoad {
+		t.Helper()
+		fds := []*os.File{outFile(t)}
+		var trace *os.File
+		if traced {
+			trace = traceFile(t)
+			fds = append(fds, trace)
+		}
+		st, _, err := openWith(t, ts.dial(t), control.Open{Metadata: map[string]any{"output_path": "/x/a.strap"}}, fds...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := tensor("a", 1, 100)
+		if err := st.Put(&a); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Finish(); err != nil {
+			t.Fatal(err)
+		}
+		if !traced {
+			return nil
+		}
+		rf, err := os.Open(trace.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rf.Close()
+		snaps, err := bpf.ReadSnapshots(rf)
+		if err != nil || len(snaps) == 0 {
+			t.Fatalf("trace: %d lines, %v", len(snaps), err)
+		}
+		var loads []bpf.ModelLoad
+		for _, s := range snaps {
+			loads = append(loads, s.ModelLoad...)
+		}
+		return loads
+	}
+	if err := os.WriteFile(weights, []byte("GGUF"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	session(false)
+	if loads := session(true); len(loads) != 0 {
+		t.Fatalf("model_load %+v after an untraced session's PUBLISH ended the load", loads)
+	}
+	if err := os.WriteFile(weights, []byte("GGUF"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if loads := session(true); len(loads) != 1 || loads[0].Path != weights {
+		t.Fatalf("model_load %+v after a new open of %s, want exactly that one", loads, weights)
+	}
+}

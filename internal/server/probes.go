@@ -309,9 +309,11 @@ func (s *Server) probeToken(id uint64, t control.Token) {
 	ps.last, ps.lastAt = cur, now
 }
 
-// probeFirstPublish ends the model-load phase of a traced session's client at the
-// session's first PUBLISH (the first forward pass the client reports): when the probes saw
-// the client open a weight file, the phase goes into the session's next trace line.
+// probeFirstPublish ends the model-load phase of a session's client at the session's first
+// PUBLISH (the first forward pass the client reports): when the probes saw the client open
+// a weight file, the phase is logged and, for a traced session, goes into its next trace
+// line. An untraced session takes the phase too: a later traced one must not report a load
+// that ended before it.
 func (s *Server) probeFirstPublish(id uint64) {
 	h := s.probes
 	if h == nil || h.coll == nil {
@@ -320,7 +322,7 @@ func (s *Server) probeFirstPublish(id uint64) {
 	h.mu.Lock()
 	ps := h.live[id]
 	h.mu.Unlock()
-	if ps == nil || ps.trace == nil || ps.info.PID <= 0 {
+	if ps == nil || ps.info.PID <= 0 {
 		return
 	}
 	ml, ok, err := h.coll.TakeModelLoad(ps.info.ID, ps.info.PID)
@@ -335,6 +337,9 @@ func (s *Server) probeFirstPublish(id uint64) {
 	}
 	h.log.Info("model load", zap.Uint64("session", id), zap.Int("pid", ml.PID), zap.String("path", ml.Path),
 		zap.Float64("duration_s", ml.DurationS))
+	if ps.trace == nil {
+		return
+	}
 	ps.mu.Lock()
 	ps.loads = append(ps.loads, ml)
 	ps.mu.Unlock()
