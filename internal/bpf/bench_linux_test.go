@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -209,5 +210,35 @@ func BenchmarkProcessTotals(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkProbeOpenUnwatched is the cost the weight-open record adds to every process:
+// an unwatched process opens and closes a file (sys_enter reads the path of every openat
+// to look for a weight-file name; everything else returns at the watched filter).
+func BenchmarkProbeOpenUnwatched(b *testing.B) {
+	c := startAttachedB(b)
+	c.Snapshot()
+	b.ReportAllocs()
+	b.ResetTimer()
+	openClose(b)
+	b.StopTimer()
+	reportProgStats(b, c.Snapshot())
+}
+
+// BenchmarkProbeOpenUnwatchedBaseline is BenchmarkProbeOpenUnwatched's loop without probes.
+func BenchmarkProbeOpenUnwatchedBaseline(b *testing.B) {
+	b.ReportAllocs()
+	openClose(b)
+}
+
+func openClose(b *testing.B) {
+	path := []byte("/usr/lib/python3/dist-packages/model/config.json\x00")
+	cwd := unix.AT_FDCWD
+	for range b.N {
+		fd, _, errno := unix.Syscall6(unix.SYS_OPENAT, uintptr(cwd), uintptr(unsafe.Pointer(&path[0])), unix.O_RDONLY, 0, 0, 0)
+		if errno == 0 {
+			unix.Close(int(fd))
+		}
 	}
 }
