@@ -4,7 +4,8 @@
 // off-CPU time split by reason, context switches, migrations, run-queue latency, user
 // page faults, the model-loading syscalls (mmap, mlock, mlock2, munlock, openat), every
 // syscall's count, errors and latency, the sync waits (futex, epoll, poll, ppoll,
-// clock_nanosleep), ioctls on nvidia-named files and TCP bytes and retransmits.
+// clock_nanosleep), ioctls on nvidia-named files and TCP bytes and retransmits; and, for
+// every process, its first open of a model weight file (the start of a model load).
 //
 // Every program is a raw tracepoint (raw_tp): no tracefs is needed, the cost per event is
 // close to tp_btf, and unlike tp_btf the kernel lets raw_tp programs run under
@@ -38,6 +39,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define OFF_RUNNABLE 0 // preempted or yielded: runnable, waiting for a CPU
 #define OFF_SLEEP 1    // interruptible sleep (S): nanosleep, futex, poll, pipe read
 #define OFF_IO 2       // uninterruptible (D): disk I/O, page-cache misses, some locks
+#define OFF_NONE 3     // no stamp: the thread is on a CPU (the entry is kept, see sched_switch)
 
 // Counter indices in the errs map: events the probes had to drop.
 #define ERR_RQ_MAP_FULL 0
@@ -103,6 +105,8 @@ struct offcpu_start {
 	__u64 ts;
 	__u32 reason;
 	__u32 tgid;
+	__u32 totals; // the process keeps per-process totals (WATCH_TOTALS at switch-out)
+	__u32 _pad;
 };
 
 struct thread_stats {
@@ -131,6 +135,15 @@ struct proc_stats {
 	__u64 exited;      // 1 once the last thread exited; exit_* are then final
 	__u64 exit_min_flt; // the process's lifetime minflt/majflt as /proc/<pid>/stat showed them
 	__u64 exit_maj_flt;
+	// Per-process totals, kept only for a WATCH_TOTALS process (a traced session's client,
+	// read at every TOKEN with one lookup): off-CPU time by reason over all its threads,
+	// returned syscalls, how many were timed and their time.
+	__u64 tot_runnable_ns;
+	__u64 tot_sleep_ns;
+	__u64 tot_io_ns;
+	__u64 tot_syscalls;
+	__u64 tot_timed;
+	__u64 tot_syscall_ns;
 };
 
 struct pending_syscall {
@@ -191,7 +204,9 @@ struct {
 	__type(value, struct dev_stats);
 } dev_stats_map SEC(".maps");
 
-// Watched thread groups (tgid -> 1) and cgroup v2 ids (id -> 1).
+// Watched thread groups (tgid -> WATCH_* bits) and cgroup v2 ids (id -> 1).
+#define WATCH_ON 1
+#define WATCH_TOTALS 2 // also keep the per-process totals of proc_stats
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
@@ -331,6 +346,32 @@ struct {
 	__uint(max_entries, 256 * 1024);
 } open_events SEC(".maps");
 
+// The first openat of a model weight file by a process: when it started loading a model.
+// Recorded for every process, not only watched ones: a capture session's client is
+// watched from its OPEN, which comes after the model is loaded.
+struct weight_open {
+	__u64 ts;         // bpf_ktime_get_boot_ns() at the openat's entry
+	__u64 start_boot; // the process's start (group leader's start_boottime): tells a reused pid
+	char path[PATH_MAX_LEN];
+};
+
+// tgid -> its first weight-file open; LRU, so processes long gone age out. User space
+// deletes an entry once it has reported the load, so a later load is seen again.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct weight_open);
+} weight_opens SEC(".maps");
+
+// Room for the path being checked (too large for the BPF stack beside the rest).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct weight_open);
+} weight_scratch SEC(".maps");
+
 // Force the event struct into BTF so bpf2go emits a Go type for it.
 const struct open_event *unused_open_event __attribute__((unused));
 
@@ -357,13 +398,13 @@ static __always_inline __u32 log2_slot(__u64 v)
 	return slot;
 }
 
-static __always_inline bool cgroup_watched(__u64 cgid)
+// cgroups_watched reports whether any cgroup is watched: without one, the cgroup id is
+// never read (a helper call on every event of every unwatched process).
+static __always_inline bool cgroups_watched(void)
 {
 	__u32 zero = 0;
 	__u32 *n = bpf_map_lookup_elem(&cfg, &zero);
-	if (!n || *n == 0)
-		return false;
-	return bpf_map_lookup_elem(&watched_cgroups, &cgid) != NULL;
+	return n && *n != 0;
 }
 
 static __always_inline bool tgid_watched(__u32 tgid)
@@ -375,19 +416,32 @@ static __always_inline bool task_watched(struct task_struct *t, __u32 tgid)
 {
 	if (tgid_watched(tgid))
 		return true;
-	__u32 zero = 0;
-	__u32 *n = bpf_map_lookup_elem(&cfg, &zero);
-	if (!n || *n == 0)
+	if (!cgroups_watched())
 		return false;
 	__u64 cgid = BPF_CORE_READ(t, cgroups, dfl_cgrp, kn, id);
 	return bpf_map_lookup_elem(&watched_cgroups, &cgid) != NULL;
+}
+
+// current_watch returns the current process's WATCH_* bits, 0 when it is not watched.
+static __always_inline __u8 current_watch(__u32 tgid)
+{
+	__u8 *w = bpf_map_lookup_elem(&watched_tgids, &tgid);
+	if (w)
+		return *w;
+	if (!cgroups_watched())
+		return 0;
+	__u64 cgid = bpf_get_current_cgroup_id();
+	return bpf_map_lookup_elem(&watched_cgroups, &cgid) ? WATCH_ON : 0;
 }
 
 static __always_inline bool current_watched(__u32 tgid)
 {
 	if (tgid_watched(tgid))
 		return true;
-	return cgroup_watched(bpf_get_current_cgroup_id());
+	if (!cgroups_watched())
+		return false;
+	__u64 cgid = bpf_get_current_cgroup_id();
+	return bpf_map_lookup_elem(&watched_cgroups, &cgid) != NULL;
 }
 
 // lookup_or_init returns map's entry for key, creating it zeroed; NULL (counted under
@@ -504,34 +558,91 @@ static __always_inline struct thread_stats *thread_entry(__u32 tid, __u32 tgid)
 	return bpf_map_lookup_elem(&thread_stats_map, &tid);
 }
 
-static __always_inline void account_offcpu(struct thread_stats *ts, __u32 reason, __u64 delta)
+static struct proc_stats zero_proc_stats;
+
+static __always_inline struct proc_stats *proc_entry(__u32 tgid)
 {
+	struct proc_stats *ps = bpf_map_lookup_elem(&proc_stats_map, &tgid);
+	if (ps)
+		return ps;
+	// A zero entry from .bss: sys_exit's stack cannot hold this one beside the others.
+	if (bpf_map_update_elem(&proc_stats_map, &tgid, &zero_proc_stats, BPF_NOEXIST) != 0) {
+		ps = bpf_map_lookup_elem(&proc_stats_map, &tgid);
+		if (!ps)
+			count_err(ERR_PROC_MAP_FULL);
+		return ps;
+	}
+	return bpf_map_lookup_elem(&proc_stats_map, &tgid);
+}
+
+static __always_inline void account_offcpu(struct thread_stats *ts, const struct offcpu_start *s,
+					   __u64 delta)
+{
+	__u32 reason = s->reason;
+	if (ts) {
+		if (reason == OFF_RUNNABLE)
+			__sync_fetch_and_add(&ts->runnable_ns, delta);
+		else if (reason == OFF_IO)
+			__sync_fetch_and_add(&ts->io_ns, delta);
+		else
+			__sync_fetch_and_add(&ts->sleep_ns, delta);
+	}
+	if (!s->totals)
+		return;
+	struct proc_stats *ps = proc_entry(s->tgid);
+	if (!ps)
+		return;
 	if (reason == OFF_RUNNABLE)
-		__sync_fetch_and_add(&ts->runnable_ns, delta);
+		__sync_fetch_and_add(&ps->tot_runnable_ns, delta);
 	else if (reason == OFF_IO)
-		__sync_fetch_and_add(&ts->io_ns, delta);
+		__sync_fetch_and_add(&ps->tot_io_ns, delta);
 	else
-		__sync_fetch_and_add(&ts->sleep_ns, delta);
+		__sync_fetch_and_add(&ps->tot_sleep_ns, delta);
+}
+
+// stamp_offcpu records tid's switch-out (or new-task) stamp. A thread's entry is written
+// in place once it exists and is never deleted by the probes (a switch-in marks it
+// OFF_NONE; user space drops the entries of exited threads): a hash update or delete
+// takes the bucket lock and recycles an element, several times the cost of a lookup,
+// on every context switch of a watched thread.
+static __always_inline void stamp_offcpu(__u32 tid, __u64 ts, __u32 reason, __u32 tgid,
+					 __u32 totals)
+{
+	struct offcpu_start *cur = bpf_map_lookup_elem(&offcpu_starts, &tid);
+	if (cur) {
+		cur->ts = ts;
+		cur->tgid = tgid;
+		cur->totals = totals;
+		cur->reason = reason;
+		return;
+	}
+	struct offcpu_start st = {.ts = ts, .reason = reason, .tgid = tgid, .totals = totals};
+	bpf_map_update_elem(&offcpu_starts, &tid, &st, BPF_NOEXIST);
 }
 
 SEC("raw_tp/sched_switch")
 int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
 {
-	__u64 now = bpf_ktime_get_ns();
-
-	__u32 prev_tid = BPF_CORE_READ(prev, pid);
-	__u32 prev_tgid = BPF_CORE_READ(prev, tgid);
-	if (prev_tid != 0 && task_watched(prev, prev_tgid)) {
-		struct offcpu_start st = {.ts = now, .tgid = prev_tgid};
+	// The tracepoint fires before the switch, while current is still prev: its ids come
+	// from a helper instead of two reads of prev's task_struct, and the clock is read
+	// only when a watched thread is involved.
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 prev_tid = (__u32)pid_tgid;
+	__u32 prev_tgid = pid_tgid >> 32;
+	__u64 now = 0;
+	__u8 w = prev_tid != 0 ? current_watch(prev_tgid) : 0;
+	if (w) {
+		now = bpf_ktime_get_ns();
+		__u32 reason;
 		bool voluntary = !preempt && prev_state != TASK_RUNNING_;
 		if (!voluntary)
-			st.reason = OFF_RUNNABLE;
+			reason = OFF_RUNNABLE;
 		else if (prev_state & TASK_UNINTERRUPTIBLE_)
-			st.reason = OFF_IO;
+			reason = OFF_IO;
 		else
-			st.reason = OFF_SLEEP;
-		bpf_map_update_elem(&offcpu_starts, &prev_tid, &st, BPF_ANY);
+			reason = OFF_SLEEP;
+		stamp_offcpu(prev_tid, now, reason, prev_tgid, w & WATCH_TOTALS);
 		struct thread_stats *ts = thread_entry(prev_tid, prev_tgid);
 		if (ts) {
 			if (voluntary)
@@ -543,13 +654,13 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
 
 	__u32 next_tid = BPF_CORE_READ(next, pid);
 	struct offcpu_start *st = bpf_map_lookup_elem(&offcpu_starts, &next_tid);
-	if (st) {
+	if (st && st->reason != OFF_NONE) {
 		struct offcpu_start s = *st;
-		bpf_map_delete_elem(&offcpu_starts, &next_tid);
+		st->reason = OFF_NONE;
+		if (!now)
+			now = bpf_ktime_get_ns();
 		if (now > s.ts) {
-			struct thread_stats *ts = thread_entry(next_tid, s.tgid);
-			if (ts)
-				account_offcpu(ts, s.reason, now - s.ts);
+			account_offcpu(thread_entry(next_tid, s.tgid), &s, now - s.ts);
 			// Runnable since a wakeup or a preemption: that wait is run-queue latency.
 			if (s.reason == OFF_RUNNABLE) {
 				struct lat_stats zero = {};
@@ -569,14 +680,12 @@ static __always_inline int on_wakeup(struct task_struct *p)
 {
 	__u32 tid = BPF_CORE_READ(p, pid);
 	struct offcpu_start *st = bpf_map_lookup_elem(&offcpu_starts, &tid);
-	if (!st || st->reason == OFF_RUNNABLE)
+	if (!st || (st->reason != OFF_SLEEP && st->reason != OFF_IO))
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
 	struct offcpu_start s = *st;
 	if (now > s.ts) {
-		struct thread_stats *ts = thread_entry(tid, s.tgid);
-		if (ts)
-			account_offcpu(ts, s.reason, now - s.ts);
+		account_offcpu(thread_entry(tid, s.tgid), &s, now - s.ts);
 	}
 	st->ts = now;
 	st->reason = OFF_RUNNABLE;
@@ -598,8 +707,8 @@ int BPF_PROG(sched_wakeup_new, struct task_struct *p)
 	__u32 tgid = BPF_CORE_READ(p, tgid);
 	if (tid == 0 || !task_watched(p, tgid))
 		return 0;
-	struct offcpu_start st = {.ts = bpf_ktime_get_ns(), .reason = OFF_RUNNABLE, .tgid = tgid};
-	bpf_map_update_elem(&offcpu_starts, &tid, &st, BPF_ANY);
+	__u8 *w = bpf_map_lookup_elem(&watched_tgids, &tgid);
+	stamp_offcpu(tid, bpf_ktime_get_ns(), OFF_RUNNABLE, tgid, w && (*w & WATCH_TOTALS));
 	return 0;
 }
 
@@ -623,21 +732,6 @@ int BPF_PROG(sched_migrate_task, struct task_struct *p, int dest_cpu)
 }
 
 // ---- per-process: page faults and syscalls ------------------------------------------------
-
-static __always_inline struct proc_stats *proc_entry(__u32 tgid)
-{
-	struct proc_stats *ps = bpf_map_lookup_elem(&proc_stats_map, &tgid);
-	if (ps)
-		return ps;
-	struct proc_stats zero = {};
-	if (bpf_map_update_elem(&proc_stats_map, &tgid, &zero, BPF_NOEXIST) != 0) {
-		ps = bpf_map_lookup_elem(&proc_stats_map, &tgid);
-		if (!ps)
-			count_err(ERR_PROC_MAP_FULL);
-		return ps;
-	}
-	return bpf_map_lookup_elem(&proc_stats_map, &tgid);
-}
 
 SEC("raw_tp/page_fault_user")
 int BPF_PROG(page_fault_user, unsigned long address, struct pt_regs *regs,
@@ -724,11 +818,57 @@ static __always_inline bool fd_is_nvidia(__u64 fd)
 	       b[5] == 'a';
 }
 
+// ends_with reports whether the string of len bytes in b (a PATH_MAX_LEN buffer) ends
+// in suf (sl bytes, at most 12: a loop the verifier bounds).
+static __always_inline bool ends_with(const char *b, long len, const char *suf, int sl)
+{
+	if (len < sl || len >= PATH_MAX_LEN)
+		return false;
+	for (int i = 0; i < sl && i < 12; i++)
+		if (b[(len - sl + i) & (PATH_MAX_LEN - 1)] != suf[i])
+			return false;
+	return true;
+}
+
+// weight_name reports whether a path names a model weight file by its suffix.
+static __always_inline bool weight_name(const char *b, long len)
+{
+	return ends_with(b, len, ".safetensors", 12) || ends_with(b, len, ".gguf", 5) ||
+	       ends_with(b, len, ".bin", 4) || ends_with(b, len, ".pt", 3) ||
+	       ends_with(b, len, ".pth", 4);
+}
+
+// note_weight_open records tgid's first openat of a weight file. The path is read at
+// entry (unlike device_opens, read at exit) because the exit of an unwatched process's
+// syscall is not followed; a path whose page is not resident yet is missed.
+static __always_inline void note_weight_open(struct pt_regs *regs, __u32 tgid)
+{
+	if (bpf_map_lookup_elem(&weight_opens, &tgid))
+		return;
+	__u32 zero = 0;
+	struct weight_open *w = bpf_map_lookup_elem(&weight_scratch, &zero);
+	if (!w)
+		return;
+	// openat(dirfd, pathname, ...)
+	const char *path = (const char *)SYSCALL_ARG1(regs);
+	long n = bpf_probe_read_user_str(w->path, sizeof(w->path), path);
+	if (n <= 1 || !weight_name(w->path, n - 1))
+		return;
+	w->ts = bpf_ktime_get_boot_ns();
+	w->start_boot = 0;
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	if (bpf_core_field_exists(task->start_boottime))
+		w->start_boot = BPF_CORE_READ(task, group_leader, start_boottime);
+	bpf_map_update_elem(&weight_opens, &tgid, w, BPF_NOEXIST);
+}
+
 SEC("raw_tp/sys_enter")
 int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32;
+	if (id == nr_openat)
+		note_weight_open(regs, tgid);
 	if (!current_watched(tgid))
 		return 0;
 	__u32 tid = (__u32)pid_tgid;
@@ -739,13 +879,25 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 			return 0; // counted at exit, not timed
 	}
 	struct pending_syscall p = {.nr = id, .flags = PF_TIMED};
-	p.arg0 = SYSCALL_ARG0(regs);
-	p.arg1 = SYSCALL_ARG1(regs);
+	// Only these calls use an argument (futex its op, ioctl its fd, the model-loading
+	// calls their length or path): the rest skip two reads of the saved registers.
+	if (id == nr_futex || id == nr_ioctl || interesting_nr(id)) {
+		p.arg0 = SYSCALL_ARG0(regs);
+		p.arg1 = SYSCALL_ARG1(regs);
+	}
 	p.sync_kind = sync_kind(id, p.arg1);
 	if (id == nr_ioctl && fd_is_nvidia(p.arg0))
 		p.flags |= PF_NVIDIA;
+	// The thread's entry is overwritten in place (sys_exit marks it consumed rather than
+	// deleting it; user space drops exited threads' entries): no bucket lock or element
+	// recycling on the hot path.
+	struct pending_syscall *cur = bpf_map_lookup_elem(&pending_syscalls, &tid);
 	p.ts = bpf_ktime_get_ns(); // last, so the work above is not counted as the syscall's
-	if (bpf_map_update_elem(&pending_syscalls, &tid, &p, BPF_ANY) != 0)
+	if (cur) {
+		*cur = p;
+		return 0;
+	}
+	if (bpf_map_update_elem(&pending_syscalls, &tid, &p, BPF_NOEXIST) != 0)
 		count_err(ERR_PENDING_MAP_FULL);
 	return 0;
 }
@@ -776,25 +928,30 @@ static __always_inline bool nvidia_name(const char *path, long n)
 SEC("raw_tp/sys_exit")
 int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 {
-	__u64 now = bpf_ktime_get_ns();
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid;
 	__u32 tgid = pid_tgid >> 32;
-	if (!current_watched(tgid))
+	__u8 w = current_watch(tgid);
+	if (!w)
 		return 0;
-	__s64 nr = SYSCALL_NR(regs);
-	if (nr < 0)
-		return 0; // no syscall (a tracer or seccomp set it to -1)
-	bool failed = ret < 0 && ret >= -4095; // mmap returns addresses; errors are -4095..-1
+	__u64 now = bpf_ktime_get_ns();
 	struct pending_syscall p = {.nr = -1};
 	struct pending_syscall *pp = bpf_map_lookup_elem(&pending_syscalls, &tid);
 	if (pp) {
 		p = *pp;
-		bpf_map_delete_elem(&pending_syscalls, &tid);
+		pp->nr = -1; // consumed: a later exit without an entry stamp is not timed
+		pp->flags = 0;
 	}
-	// An entry for another number is stale (its exit was never seen: exit, or a probe
-	// attached mid-call); this call is then counted but not timed.
-	bool timed = p.nr == nr && (p.flags & PF_TIMED) && now > p.ts;
+	// A live entry holds the number its sys_enter saw, which is this call's (seccomp and
+	// tracers change it before sys_enter runs); only an exit without one (sampled out, in
+	// progress when the probes attached, a fork's child) reads the saved registers.
+	__s64 nr = p.nr;
+	if (nr < 0)
+		nr = SYSCALL_NR(regs);
+	if (nr < 0)
+		return 0; // no syscall (a tracer or seccomp set it to -1)
+	bool failed = ret < 0 && ret >= -4095; // mmap returns addresses; errors are -4095..-1
+	bool timed = (p.flags & PF_TIMED) && now > p.ts;
 	__u64 ns = timed ? now - p.ts : 0;
 
 	struct lat_stats zero = {};
@@ -802,6 +959,16 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 	struct lat_stats *l = lookup_or_init(&syscall_stats, &key, &zero, ERR_SYSCALL_MAP_FULL);
 	if (l)
 		lat_add(l, timed, ns, failed);
+	if (w & WATCH_TOTALS) {
+		struct proc_stats *ps = proc_entry(tgid);
+		if (ps) {
+			__sync_fetch_and_add(&ps->tot_syscalls, 1);
+			if (timed) {
+				__sync_fetch_and_add(&ps->tot_timed, 1);
+				__sync_fetch_and_add(&ps->tot_syscall_ns, ns);
+			}
+		}
+	}
 	if (!timed)
 		return 0;
 	if (p.sync_kind != SYNC_NONE) {
@@ -867,13 +1034,16 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 // moved (or -errno), in the caller's context: every send/write/recv/read on a socket.
 static __always_inline int tcp_account(struct sock *sk, int ret, bool tx)
 {
-	if (ret <= 0 || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP_)
+	if (ret <= 0)
 		return 0;
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	if (!current_watched(tgid))
+	if (!current_watched(tgid) || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP_)
 		return 0;
 	__u64 key = (__u64)sk;
-	bpf_map_update_elem(&sock_owner, &key, &tgid, BPF_ANY);
+	// An LRU update takes a lock and an element on every call; the owner rarely changes.
+	__u32 *owner = bpf_map_lookup_elem(&sock_owner, &key);
+	if (!owner || *owner != tgid)
+		bpf_map_update_elem(&sock_owner, &key, &tgid, BPF_ANY);
 	struct tcp_stats zero = {};
 	struct tcp_stats *t = lookup_or_init(&tcp_stats_map, &tgid, &zero, ERR_STATS_MAP_FULL);
 	if (!t)

@@ -40,6 +40,9 @@ type traceConfig struct {
 	// SampleReadWrite times one read/write syscall in N in the syscall latency
 	// histograms (1: every one).
 	SampleReadWrite int
+	// NUMAMapsS is how often each watched process's resident pages per NUMA node are read
+	// from /proc/<pid>/numa_maps, in seconds; 0 never.
+	NUMAMapsS float64
 	// Spans is a correlation spans file applications append to (llm_instrumentation.correlate);
 	// the spans overlapping each snapshot are attached to it. "" for none.
 	Spans string
@@ -65,6 +68,9 @@ func (c *traceConfig) validate() error {
 	}
 	if c.SampleReadWrite < 0 {
 		return fmt.Errorf("--sample-read-write %d: must not be negative (0 and 1 time every call)", c.SampleReadWrite)
+	}
+	if !(c.NUMAMapsS >= 0) || math.IsInf(c.NUMAMapsS, 0) {
+		return fmt.Errorf("--numa-maps-interval %v: must be 0 (never) or a positive number of seconds", c.NUMAMapsS)
 	}
 	return nil
 }
@@ -99,6 +105,8 @@ BTF) are reported once and replaced by /proc fallbacks where those exist.`,
 	f.BoolVar(&cfg.NoBPF, "no-bpf", false, "do not load eBPF probes; /proc fallbacks only")
 	f.StringVar(&cfg.Spans, "spans", "", "correlation spans file (JSONL, appended by llm_instrumentation.correlate) whose spans are attached to the snapshots they overlap")
 	f.IntVar(&cfg.SampleReadWrite, "sample-read-write", 1, "time one read/write syscall in N for the latency histograms (counts stay exact)")
+	f.Float64Var(&cfg.NUMAMapsS, "numa-maps-interval", bpf.DefaultNUMAMapsInterval.Seconds(),
+		"seconds between readings of each watched process's resident pages per NUMA node (/proc/PID/numa_maps; 0: never)")
 	return cmd
 }
 
@@ -112,6 +120,7 @@ func runTrace(parent context.Context, cfg traceConfig, log *zap.Logger) error {
 	col, err := bpf.Start(bpf.Options{
 		PIDs: cfg.PIDs, Cgroups: cfg.Cgroups, WatchSelf: true, PerThread: cfg.PerThread,
 		NoBPF: cfg.NoBPF, SampleReadWrite: cfg.SampleReadWrite, Logger: log,
+		NUMAMapsInterval: numaMapsInterval(cfg.NUMAMapsS),
 	})
 	if err != nil {
 		return fmt.Errorf("trace: %w", err)
@@ -185,4 +194,13 @@ func runTrace(parent context.Context, cfg traceConfig, log *zap.Logger) error {
 		return fmt.Errorf("trace: %w", runErr)
 	}
 	return nil
+}
+
+// numaMapsInterval turns --numa-maps-interval's seconds into bpf.Options' interval, where
+// a negative value means never.
+func numaMapsInterval(s float64) time.Duration {
+	if s == 0 {
+		return -1
+	}
+	return max(time.Duration(s*float64(time.Second)), time.Nanosecond)
 }

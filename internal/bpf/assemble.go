@@ -295,6 +295,9 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 				s.Memory[key] = m
 			}
 		}
+		if alive {
+			c.numaPages(s, pid, key)
+		}
 		if bpfSched {
 			s.Sched[key] = Sched{Source: SourceBPF}
 		} else if v, i, err := ctxSwitches(c.procFS, pid); err == nil {

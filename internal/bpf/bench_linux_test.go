@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -172,6 +173,72 @@ func BenchmarkWriterWrite(b *testing.B) {
 	for range b.N {
 		if err := w.Write(s); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkProcessTotals is the daemon's cost per TOKEN of a traced session: one reading
+// of the watched process's cumulative counters, from the kernel's per-process totals
+// (TrackTotals, as for a session's client) and from the thread and syscall tables (a
+// process watched without them). Both include the /proc/<pid>/io read.
+func BenchmarkProcessTotals(b *testing.B) {
+	for _, kernel := range []bool{true, false} {
+		name := "tables"
+		if kernel {
+			name = "kernel-totals"
+		}
+		b.Run(name, func(b *testing.B) {
+			c := startAttachedB(b)
+			if err := c.Watch(os.Getpid()); err != nil {
+				b.Fatal(err)
+			}
+			if kernel {
+				if err := c.TrackTotals(os.Getpid()); err != nil {
+					b.Fatal(err)
+				}
+			}
+			mapTouchUnmap(&testing.B{N: 1000}) // some syscalls and faults to sum
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				t, err := c.ProcessTotals(os.Getpid())
+				if err != nil {
+					b.Fatal(err)
+				}
+				if t.SyscallCount == 0 {
+					b.Fatal("no syscalls counted")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkProbeOpenUnwatched is the cost the weight-open record adds to every process:
+// an unwatched process opens and closes a file (sys_enter reads the path of every openat
+// to look for a weight-file name; everything else returns at the watched filter).
+func BenchmarkProbeOpenUnwatched(b *testing.B) {
+	c := startAttachedB(b)
+	c.Snapshot()
+	b.ReportAllocs()
+	b.ResetTimer()
+	openClose(b)
+	b.StopTimer()
+	reportProgStats(b, c.Snapshot())
+}
+
+// BenchmarkProbeOpenUnwatchedBaseline is BenchmarkProbeOpenUnwatched's loop without probes.
+func BenchmarkProbeOpenUnwatchedBaseline(b *testing.B) {
+	b.ReportAllocs()
+	openClose(b)
+}
+
+func openClose(b *testing.B) {
+	path := []byte("/usr/lib/python3/dist-packages/model/config.json\x00")
+	cwd := unix.AT_FDCWD
+	for range b.N {
+		fd, _, errno := unix.Syscall6(unix.SYS_OPENAT, uintptr(cwd), uintptr(unsafe.Pointer(&path[0])), unix.O_RDONLY, 0, 0, 0)
+		if errno == 0 {
+			unix.Close(int(fd))
 		}
 	}
 }

@@ -80,6 +80,10 @@ type Options struct {
 	// CPUNodes maps CPU number to NUMA node for the cross-node migration count; nil reads
 	// it from SysRoot/devices/system/node/node*/cpulist (tests pass a fake topology).
 	CPUNodes map[int]int
+	// NUMAMapsInterval is how often each watched process's resident pages per NUMA node
+	// are read from /proc/<pid>/numa_maps (Snapshot.NUMAPages); 0 means
+	// DefaultNUMAMapsInterval, negative never.
+	NUMAMapsInterval time.Duration
 }
 
 // CollectorStatus reports how one collector runs.
@@ -138,6 +142,12 @@ type Collector struct {
 	prevThreadCPU map[int]map[int]uint64
 	// numaNodes is how many NUMA nodes the CPU topology given to the probes has.
 	numaNodes int
+	// numaRead is when each watched process's numa_maps was last read.
+	numaRead map[int]time.Time
+	// totals are the watched processes whose totals the probes keep (TrackTotals).
+	totals map[int]bool
+	// io reads ProcessTotals' /proc/<pid>/io.
+	io procIO
 }
 
 // collectorPrograms lists the BPF programs each collector needs.
@@ -195,8 +205,8 @@ func Start(opts Options) (*Collector, error) {
 	c := &Collector{
 		opts: opts, log: log, watched: map[int]bool{}, status: map[string]*CollectorStatus{},
 		prevProc: map[int]ProcFaults{}, prevCtx: map[int][2]uint64{}, prevStats: map[string]ProgStats{},
-		prevThreadCPU: map[int]map[int]uint64{},
-		devs:          devNames{sysRoot: opts.SysRoot},
+		prevThreadCPU: map[int]map[int]uint64{}, numaRead: map[int]time.Time{}, totals: map[int]bool{},
+		devs: devNames{sysRoot: opts.SysRoot}, io: procIO{root: opts.ProcRoot},
 	}
 	var err error
 	if c.procFS, err = procfs.NewFS(opts.ProcRoot); err != nil {
@@ -332,6 +342,9 @@ func (c *Collector) Watch(pid int) error {
 		}
 	}
 	c.watched[pid] = true
+	// numa_maps costs tens of ms for a torch process (a page-table walk over ~1000
+	// mappings): the first reading waits one interval, so short sessions pay none.
+	c.numaRead[pid] = time.Now()
 	// Baselines, so the first interval counts from now.
 	if f, err := readProcFaults(c.procFS, pid); err == nil {
 		c.prevProc[pid] = f
@@ -363,9 +376,22 @@ func (c *Collector) unwatchLocked(pid int) error {
 	delete(c.watched, pid)
 	delete(c.prevProc, pid)
 	delete(c.prevCtx, pid)
+	delete(c.numaRead, pid)
+	delete(c.totals, pid)
+	c.io.forget(pid)
 	if c.probes != nil {
 		if err := c.probes.unwatch(uint32(pid)); err != nil {
 			return fmt.Errorf("unwatch %d: %w", pid, err)
+		}
+		// sys_exit takes a call's number from its thread's pending entry, which is only
+		// overwritten by a watched sys_enter: a stamp left by a call that returned while the
+		// process was unwatched would be taken by some later call's exit after a new Watch.
+		if tasks, err := os.ReadDir(filepath.Join(c.opts.ProcRoot, strconv.Itoa(pid), "task")); err == nil {
+			for _, e := range tasks {
+				if tid, err := strconv.Atoi(e.Name()); err == nil && tid > 0 {
+					c.probes.forgetPending(uint32(tid))
+				}
+			}
 		}
 	}
 	return nil
@@ -424,6 +450,7 @@ func (c *Collector) Close() error {
 		return nil
 	}
 	c.closed = true
+	c.io.forget(-1)
 	if c.probes != nil {
 		return c.probes.close()
 	}
@@ -463,6 +490,33 @@ type ProcessTotals struct {
 	ReadBytes, WriteBytes uint64
 }
 
+// TrackTotals has the probes keep watched pid's cumulative totals in the kernel, so that
+// ProcessTotals is one map lookup instead of a read of the thread and syscall tables: for a
+// process whose totals are read often (at every TOKEN of a traced session). It costs the
+// process one more map lookup per syscall and per switch-in, and lasts until Unwatch;
+// totals count from the call on, so take the baseline reading after it.
+func (c *Collector) TrackTotals(pid int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	if !c.watched[pid] {
+		return fmt.Errorf("track totals of %d: not watched", pid)
+	}
+	if c.probes == nil || c.status[CollectorOffCPU].Source != SourceBPF {
+		return ErrUnsupported
+	}
+	if c.totals[pid] {
+		return nil
+	}
+	if err := c.probes.watchTotals(uint32(pid)); err != nil {
+		return fmt.Errorf("track totals of %d: %w", pid, err)
+	}
+	c.totals[pid] = true
+	return nil
+}
+
 // ProcessTotals reads pid's cumulative counters. It needs the kernel probes (ErrUnsupported
 // without them); pid must be watched for the probe counters to grow.
 func (c *Collector) ProcessTotals(pid int) (ProcessTotals, error) {
@@ -477,18 +531,14 @@ func (c *Collector) ProcessTotals(pid int) (ProcessTotals, error) {
 	if c.probes == nil || c.status[CollectorOffCPU].Source != SourceBPF {
 		return ProcessTotals{}, ErrUnsupported
 	}
-	t, err := c.probes.procTotals(uint32(pid))
+	read := c.probes.procTotals
+	if c.totals[pid] {
+		read = c.probes.procTotalsKernel
+	}
+	t, err := read(uint32(pid))
 	if err != nil {
 		return t, err
 	}
-	p, err := c.procFS.Proc(pid)
-	if err != nil {
-		return t, fmt.Errorf("proc %d: %w", pid, err)
-	}
-	io, err := p.IO()
-	if err != nil {
-		return t, fmt.Errorf("proc %d io: %w", pid, err)
-	}
-	t.ReadBytes, t.WriteBytes = io.ReadBytes, io.WriteBytes
-	return t, nil
+	t.ReadBytes, t.WriteBytes, err = c.io.read(pid)
+	return t, err
 }

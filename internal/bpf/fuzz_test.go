@@ -99,3 +99,35 @@ func FuzzReadSnapshots(f *testing.F) {
 		_, _ = ReadSnapshots(bytes.NewReader(b))
 	})
 }
+
+// FuzzParseNUMAMaps: whatever /proc/<pid>/numa_maps holds, parseNUMAMaps either refuses
+// it with ErrBadNUMAMaps or returns per-node sums whose bytes are whole KiB and at least
+// 4 KiB per page.
+func FuzzParseNUMAMaps(f *testing.F) {
+	addSeeds(f, "numa_maps")
+	f.Fuzz(func(t *testing.T, b []byte) {
+		nodes, err := parseNUMAMaps(b)
+		if err != nil {
+			if !errors.Is(err, ErrBadNUMAMaps) {
+				t.Fatalf("error %v is not ErrBadNUMAMaps", err)
+			}
+			return
+		}
+		for n, p := range nodes {
+			if n < 0 || p.Bytes%1024 != 0 || p.Bytes < p.Pages*1024 {
+				t.Fatalf("node %d: %+v", n, p)
+			}
+		}
+	})
+}
+
+// FuzzParseProcIO: whatever /proc/<pid>/io holds, parseProcIO returns its two values or
+// ErrBadProcIO, never anything else.
+func FuzzParseProcIO(f *testing.F) {
+	addSeeds(f, "procio")
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if _, _, err := parseProcIO(b); err != nil && !errors.Is(err, ErrBadProcIO) {
+			t.Fatalf("error %v is not ErrBadProcIO", err)
+		}
+	})
+}

@@ -7,7 +7,7 @@ package bpf
 // build machine's (x86_64); the arm64 object takes the few arch-specific kernel types from
 // bpf/arch.h and everything else from it, which CO-RE relocates by name on the target.
 //go:generate sh -c "bpftool btf dump file /sys/kernel/btf/vmlinux format c > ../../bpf/vmlinux.h"
-//go:generate go tool bpf2go -tags linux -target amd64,arm64 -type rq_start -type dev_stats -type thread_stats -type proc_stats -type open_event -type offcpu_start -type lat_stats -type tcp_stats -type tgid_key strap ../../bpf/strap.bpf.c -- -O2 -g -Wall -I../../bpf -I/usr/include
+//go:generate go tool bpf2go -tags linux -target amd64,arm64 -type rq_start -type dev_stats -type thread_stats -type proc_stats -type open_event -type offcpu_start -type lat_stats -type tcp_stats -type tgid_key -type weight_open strap ../../bpf/strap.bpf.c -- -O2 -g -Wall -I../../bpf -I/usr/include
 
 // Syscall names for the per-syscall statistics: amd64's from the x86_64 uapi header
 // (Debian's linux-libc-dev, a dependency of libbpf-dev); arm64's from golang.org/x/sys's

@@ -200,8 +200,9 @@ func TestProgOffCPUSplit(t *testing.T) {
 			if ts.Tgid != 42 || ts.RunnableNs == 0 || ts.RunnableNs > 50e6 {
 				t.Errorf("thread stats %+v: want tgid 42 and a small runnable time", ts)
 			}
-			if err := p.objs.OffcpuStarts.Lookup(uint32(0), &st); !errors.Is(err, ebpf.ErrKeyNotExist) {
-				t.Errorf("stamp left after switch-in: %+v %v", st, err)
+			// The entry stays (written in place at the next switch-out) but holds no stamp.
+			if err := p.objs.OffcpuStarts.Lookup(uint32(0), &st); err == nil && st.Reason != offNone {
+				t.Errorf("stamp left after switch-in: %+v", st)
 			}
 			// The runnable part, and only it, is one run-queue wait of the thread group.
 			var rq strapLatStats
@@ -311,5 +312,141 @@ func TestProgTCPRetransmit(t *testing.T) {
 	}
 	if n := mapLen[uint32, strapTcpStats](t, p.objs.TcpStatsMap); n != 1 {
 		t.Fatalf("%d tcp stats entries, want 1", n)
+	}
+}
+
+// TestProcTotalsBatched: the per-TOKEN reading sums exactly the process's entries of the
+// thread and syscall tables, read in batches; more entries than one batch holds, and
+// entries of another process beside them.
+func TestProcTotalsBatched(t *testing.T) {
+	p := loadedProbes(t)
+	const tgid, other = uint32(4242), uint32(77)
+	var want ProcessTotals
+	for tid := uint32(1); tid <= 3*batchChunk+17; tid++ {
+		owner := tgid
+		if tid%5 == 0 {
+			owner = other
+		}
+		v := strapThreadStats{Tgid: owner, RunnableNs: uint64(tid), SleepNs: 2 * uint64(tid), IoNs: 3 * uint64(tid)}
+		if err := p.objs.ThreadStatsMap.Put(tid, v); err != nil {
+			t.Fatal(err)
+		}
+		if owner == tgid {
+			want.OffCPU.RunnableNs += v.RunnableNs
+			want.OffCPU.SleepNs += v.SleepNs
+			want.OffCPU.IONs += v.IoNs
+		}
+	}
+	for nr := uint32(0); nr < 300; nr++ {
+		for _, pid := range []uint32{tgid, other} {
+			v := strapLatStats{Count: uint64(nr) + 1, Timed: uint64(nr), TotalNs: 1000 * uint64(nr)}
+			if err := p.objs.SyscallStats.Put(strapTgidKey{Tgid: pid, Id: nr}, v); err != nil {
+				t.Fatal(err)
+			}
+			if pid == tgid {
+				want.SyscallCount += v.Count
+				want.SyscallTimed += v.Timed
+				want.SyscallNs += v.TotalNs
+			}
+		}
+	}
+	if err := p.objs.ProcStatsMap.Put(tgid, strapProcStats{PageFaults: 99}); err != nil {
+		t.Fatal(err)
+	}
+	want.PageFaults = 99
+	for range 2 { // the second reading reuses the buffers
+		got, err := p.procTotals(tgid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Fatalf("procTotals = %+v, want %+v", got, want)
+		}
+	}
+}
+
+// TestProgTotals: for a process watched with totals, sys_exit and the off-CPU accounting
+// also add to its per-process totals (what a TOKEN reads with one lookup); a process
+// watched without them gets none.
+func TestProgTotals(t *testing.T) {
+	p := loadedProbes(t)
+	runtime.LockOSThread() // the pending entry is keyed by this thread's id
+	defer runtime.UnlockOSThread()
+	self := uint32(os.Getpid())
+	if err := p.watch(self); err != nil {
+		t.Fatal(err)
+	}
+	run(t, p.objs.SysEnter, 0, 39)
+	run(t, p.objs.SysExit, 0, 0)
+	if got, err := p.procTotalsKernel(self); err != nil || got.SyscallCount != 0 {
+		t.Fatalf("watched without totals: %+v, %v; want no totals", got, err)
+	}
+	if err := p.watchTotals(self); err != nil {
+		t.Fatal(err)
+	}
+	run(t, p.objs.SysEnter, 0, 39) // getpid, stamped and timed
+	run(t, p.objs.SysExit, 0, 0)
+	run(t, p.objs.SysExit, 0, 0) // an exit without its entry: counted, not timed
+	got, err := p.procTotalsKernel(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.SyscallCount != 2 || got.SyscallTimed != 1 || got.SyscallNs == 0 || got.SyscallNs > 50e6 {
+		t.Fatalf("totals %+v: want 2 syscalls, 1 timed for a few µs", got)
+	}
+
+	for _, tc := range []struct {
+		name   string
+		totals uint32
+	}{{"with totals", 1}, {"without", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const tgid = uint32(4343)
+			before, _ := p.procTotalsKernel(tgid)
+			const blocked = 200e6
+			if err := p.objs.OffcpuStarts.Put(uint32(0), strapOffcpuStart{Ts: monoNow(t) - blocked, Reason: 1, Tgid: tgid,
+				Totals: tc.totals}); err != nil {
+				t.Fatal(err)
+			}
+			run(t, p.objs.SchedWakeup, 0xffff000000001000)
+			run(t, p.objs.SchedSwitch, 0, 0xffff000000002000, 0xffff000000001000, 0)
+			after, err := p.procTotalsKernel(tgid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sleep, runnable := after.OffCPU.SleepNs-before.OffCPU.SleepNs, after.OffCPU.RunnableNs-before.OffCPU.RunnableNs
+			if tc.totals == 0 {
+				if sleep != 0 || runnable != 0 {
+					t.Fatalf("totals grew without the flag: %+v", after)
+				}
+				return
+			}
+			if sleep < blocked || sleep > blocked+50e6 || runnable == 0 || runnable > 50e6 {
+				t.Fatalf("totals sleep %d runnable %d ns: want about %d and a little", sleep, runnable, uint64(blocked))
+			}
+		})
+	}
+}
+
+// TestUnwatchForgetsPending: unwatching a process drops its threads' pending-syscall
+// stamps, which sys_exit would otherwise take for a later call after a new Watch.
+func TestUnwatchForgetsPending(t *testing.T) {
+	p := loadedProbes(t)
+	runtime.LockOSThread() // the pending entry is keyed by this thread's id
+	defer runtime.UnlockOSThread()
+	self, tid := os.Getpid(), uint32(unix.Gettid())
+	if err := p.watch(uint32(self)); err != nil {
+		t.Fatal(err)
+	}
+	run(t, p.objs.SysEnter, 0, 39)
+	var ps strapPendingSyscall
+	if err := p.objs.PendingSyscalls.Lookup(tid, &ps); err != nil || ps.Nr != 39 {
+		t.Fatalf("pending before unwatch: %+v, %v; want nr 39", ps, err)
+	}
+	c := &Collector{opts: Options{ProcRoot: "/proc"}, probes: p, watched: map[int]bool{self: true}}
+	if err := c.unwatchLocked(self); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.objs.PendingSyscalls.Lookup(tid, &ps); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("pending after unwatch: %+v, %v; want none", ps, err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -21,6 +22,10 @@ import (
 // otherwise hold the in-flight gauge above 0 forever.
 const staleAfter = 120e9 // ns
 
+// offNone is OFF_NONE of bpf/strap.bpf.c: a thread's switch-out entry that holds no stamp
+// (the probes keep entries across switch-ins and write them in place).
+const offNone = 3
+
 // probes is the loaded BPF object with its attached links.
 type probes struct {
 	objs     strapObjects
@@ -30,6 +35,8 @@ type probes struct {
 	ring     *ringbuf.Reader
 	done     chan struct{}
 	sampleRW uint32 // the sample_rw constant: time one read/write in this many
+
+	tok tokenBufs // procTotals' buffers
 
 	mu        sync.Mutex
 	opens     []DeviceOpen
@@ -184,8 +191,34 @@ func (p *probes) drainOpens(max int) ([]DeviceOpen, uint64) {
 	return out, lost
 }
 
+// Values of watched_tgids (WATCH_* in bpf/strap.bpf.c).
+const (
+	watchOn     = uint8(1)
+	watchTotals = uint8(2)
+)
+
 func (p *probes) watch(tgid uint32) error {
-	return p.objs.WatchedTgids.Put(tgid, uint8(1))
+	return p.objs.WatchedTgids.Put(tgid, watchOn)
+}
+
+// watchTotals has the probes keep tgid's per-process totals (procTotalsKernel).
+func (p *probes) watchTotals(tgid uint32) error {
+	return p.objs.WatchedTgids.Put(tgid, watchOn|watchTotals)
+}
+
+// procTotalsKernel reads the totals the probes keep for a watchTotals process: one lookup.
+func (p *probes) procTotalsKernel(tgid uint32) (ProcessTotals, error) {
+	var pv strapProcStats
+	if err := p.objs.ProcStatsMap.Lookup(tgid, &pv); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return ProcessTotals{}, nil // nothing counted yet
+		}
+		return ProcessTotals{}, fmt.Errorf("proc stats: %w", err)
+	}
+	return ProcessTotals{
+		OffCPU:     OffCPU{RunnableNs: pv.TotRunnableNs, SleepNs: pv.TotSleepNs, IONs: pv.TotIoNs},
+		PageFaults: pv.PageFaults, SyscallCount: pv.TotSyscalls, SyscallTimed: pv.TotTimed, SyscallNs: pv.TotSyscallNs,
+	}, nil
 }
 
 func (p *probes) unwatch(tgid uint32) error {
@@ -362,6 +395,11 @@ func (p *probes) forgetProcess(tgid uint32) {
 	}
 }
 
+// forgetPending drops a thread's pending-syscall stamp.
+func (p *probes) forgetPending(tid uint32) {
+	_ = p.objs.PendingSyscalls.Delete(tid)
+}
+
 // forgetThread drops an exited thread's entries.
 func (p *probes) forgetThread(tid uint32) {
 	_ = p.objs.ThreadStatsMap.Delete(tid)
@@ -411,24 +449,25 @@ func (p *probes) close() error {
 }
 
 // procTotals sums one process's cumulative counters: its threads' off-CPU time, its user
-// page faults, and its syscalls' count and timed time. The thread and syscall tables hold
-// only watched processes, so walking them is cheap; an exited thread whose entry was
-// already removed is no longer in the sum.
+// page faults, and its syscalls' count and timed time. It runs at every TOKEN of a traced
+// session, so the two tables are read with BPF_MAP_LOOKUP_BATCH (one system call per 256
+// entries, into buffers kept between calls) rather than iterated (two system calls per
+// entry: with strapd's and a torch client's threads and syscalls, about a millisecond per
+// TOKEN). An exited thread whose entry was already removed is no longer in the sum.
 func (p *probes) procTotals(tgid uint32) (ProcessTotals, error) {
 	var out ProcessTotals
 	var errs []error
-	var tk uint32
-	var tv strapThreadStats
-	it := p.objs.ThreadStatsMap.Iterate()
-	for it.Next(&tk, &tv) {
+	var err error
+	p.tok.tids, p.tok.threads, err = readAll(p.objs.ThreadStatsMap, p.tok.tids, p.tok.threads)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("thread stats: %w", err))
+	}
+	for _, tv := range p.tok.threads {
 		if tv.Tgid == tgid {
 			out.OffCPU.RunnableNs += tv.RunnableNs
 			out.OffCPU.SleepNs += tv.SleepNs
 			out.OffCPU.IONs += tv.IoNs
 		}
-	}
-	if err := it.Err(); err != nil {
-		errs = append(errs, fmt.Errorf("thread stats: %w", err))
 	}
 	var pv strapProcStats
 	if err := p.objs.ProcStatsMap.Lookup(tgid, &pv); err == nil {
@@ -436,20 +475,84 @@ func (p *probes) procTotals(tgid uint32) (ProcessTotals, error) {
 	} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
 		errs = append(errs, fmt.Errorf("proc stats: %w", err))
 	}
-	var lk strapTgidKey
-	var lv strapLatStats
-	it = p.objs.SyscallStats.Iterate()
-	for it.Next(&lk, &lv) {
+	p.tok.sysKeys, p.tok.sysVals, err = readAll(p.objs.SyscallStats, p.tok.sysKeys, p.tok.sysVals)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("syscall stats: %w", err))
+	}
+	for i, lk := range p.tok.sysKeys {
 		if lk.Tgid == tgid {
+			lv := &p.tok.sysVals[i]
 			out.SyscallCount += lv.Count
 			out.SyscallTimed += lv.Timed
 			out.SyscallNs += lv.TotalNs
 		}
 	}
-	if err := it.Err(); err != nil {
-		errs = append(errs, fmt.Errorf("syscall stats: %w", err))
-	}
 	return out, errors.Join(errs...)
+}
+
+// tokenBufs are procTotals' buffers, reused between TOKENs (the Collector's mutex guards them).
+type tokenBufs struct {
+	tids    []uint32
+	threads []strapThreadStats
+	sysKeys []strapTgidKey
+	sysVals []strapLatStats
+}
+
+// batchChunk is how many entries one BPF_MAP_LOOKUP_BATCH call returns at most; a hash
+// map's bucket must fit in it (ENOSPC otherwise), which any chunk above a handful does.
+const batchChunk = 256
+
+// readAll reads every entry of a hash map into keys and vals (their backing arrays reused),
+// in chunks of batchChunk entries per system call; on a kernel without batch lookups it
+// falls back to iterating.
+func readAll[K any, V any](m *ebpf.Map, keys []K, vals []V) ([]K, []V, error) {
+	keys, vals = keys[:0], vals[:0]
+	var cursor ebpf.MapBatchCursor
+	for {
+		keys, vals = slices.Grow(keys, batchChunk), slices.Grow(vals, batchChunk)
+		nk, nv := len(keys), len(vals)
+		n, err := m.BatchLookup(&cursor, keys[nk:nk+batchChunk], vals[nv:nv+batchChunk], nil)
+		keys, vals = keys[:nk+n], vals[:nv+n]
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return keys, vals, nil
+		}
+		if errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EINVAL) {
+			break
+		}
+		if err != nil {
+			return keys, vals, err
+		}
+	}
+	keys, vals = keys[:0], vals[:0]
+	var k K
+	var v V
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		keys, vals = append(keys, k), append(vals, v)
+	}
+	return keys, vals, it.Err()
+}
+
+// takeWeightOpen returns and deletes tgid's first weight-file open.
+func (p *probes) takeWeightOpen(tgid uint32) (weightOpen, bool, error) {
+	var v strapWeightOpen
+	if err := p.objs.WeightOpens.Lookup(tgid, &v); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return weightOpen{}, false, nil
+		}
+		return weightOpen{}, false, fmt.Errorf("weight opens: %w", err)
+	}
+	if err := p.objs.WeightOpens.Delete(tgid); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return weightOpen{}, false, fmt.Errorf("weight opens: %w", err)
+	}
+	path := make([]byte, 0, len(v.Path))
+	for _, c := range v.Path {
+		if c == 0 {
+			break
+		}
+		path = append(path, byte(c))
+	}
+	return weightOpen{Path: string(path), BootNs: v.Ts, StartBoot: v.StartBoot}, true, nil
 }
 
 // setCPUNodes loads the CPU → NUMA node map the migration probe compares; CPUs past the

@@ -23,9 +23,18 @@ func (p *probes) unwatch(uint32) error                  { return nil }
 func (p *probes) watchCgroup(uint64) error              { return ErrUnsupported }
 func (p *probes) forgetProcess(uint32)                  {}
 func (p *probes) forgetThread(uint32)                   {}
+func (p *probes) forgetPending(uint32)                  {}
 func (p *probes) sweepThreads(func(uint32) bool)        {}
 func (p *probes) close() error                          { return nil }
 
 func (p *probes) procTotals(uint32) (ProcessTotals, error) { return ProcessTotals{}, ErrUnsupported }
+func (p *probes) procTotalsKernel(uint32) (ProcessTotals, error) {
+	return ProcessTotals{}, ErrUnsupported
+}
+func (p *probes) watchTotals(uint32) error { return ErrUnsupported }
 
 func (p *probes) setCPUNodes(map[int]int) error { return ErrUnsupported }
+
+func (p *probes) takeWeightOpen(uint32) (weightOpen, bool, error) {
+	return weightOpen{}, false, ErrUnsupported
+}

@@ -75,8 +75,18 @@ type Snapshot struct {
 	// the session recorded no token in the interval.
 	TokensKernel []TokenKernel `json:"tokens_kernel,omitempty"`
 
+	// ModelLoad is the model-load phase of the client of the session whose trace this
+	// line is written to, when its first PUBLISH arrived in the interval (set by the
+	// capture server, never by Snapshot).
+	ModelLoad []ModelLoad `json:"model_load,omitempty"`
+
 	// NUMA is each process's cross-node CPU migrations; absent on a one-node machine.
 	NUMA map[string]NUMA `json:"numa,omitempty"`
+
+	// NUMAPages is each process's resident pages per NUMA node (keyed by decimal node
+	// number) from /proc/<pid>/numa_maps, a gauge read at most every
+	// Options.NUMAMapsInterval: a process appears only in the snapshots that read it.
+	NUMAPages map[string]map[string]NodePages `json:"numa_pages,omitempty"`
 
 	// ThreadCPU is each process's on-CPU time by thread name; absent when no watched
 	// process's threads could be read.

@@ -34,6 +34,8 @@ type strapOffcpuStart struct {
 	Ts     uint64
 	Reason uint32
 	Tgid   uint32
+	Totals uint32
+	Pad    uint32
 }
 
 type strapOpenEvent struct {
@@ -55,20 +57,26 @@ type strapPendingSyscall struct {
 }
 
 type strapProcStats struct {
-	_            structs.HostLayout
-	PageFaults   uint64
-	MmapCount    uint64
-	MmapBytes    uint64
-	MlockCount   uint64
-	MlockBytes   uint64
-	MunlockCount uint64
-	MunlockBytes uint64
-	OpenatCount  uint64
-	OpenatFailed uint64
-	NvidiaOpens  uint64
-	Exited       uint64
-	ExitMinFlt   uint64
-	ExitMajFlt   uint64
+	_             structs.HostLayout
+	PageFaults    uint64
+	MmapCount     uint64
+	MmapBytes     uint64
+	MlockCount    uint64
+	MlockBytes    uint64
+	MunlockCount  uint64
+	MunlockBytes  uint64
+	OpenatCount   uint64
+	OpenatFailed  uint64
+	NvidiaOpens   uint64
+	Exited        uint64
+	ExitMinFlt    uint64
+	ExitMajFlt    uint64
+	TotRunnableNs uint64
+	TotSleepNs    uint64
+	TotIoNs       uint64
+	TotSyscalls   uint64
+	TotTimed      uint64
+	TotSyscallNs  uint64
 }
 
 type strapRqStart struct {
@@ -107,6 +115,13 @@ type strapThreadStats struct {
 	CrossNode  uint64
 }
 
+type strapWeightOpen struct {
+	_         structs.HostLayout
+	Ts        uint64
+	StartBoot uint64
+	Path      [256]int8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -130,6 +145,8 @@ const (
 	strapMapThreadStatsMap    = "thread_stats_map"
 	strapMapWatchedCgroups    = "watched_cgroups"
 	strapMapWatchedTgids      = "watched_tgids"
+	strapMapWeightOpens       = "weight_opens"
+	strapMapWeightScratch     = "weight_scratch"
 	strapProgBlockRqComplete  = "block_rq_complete"
 	strapProgBlockRqIssue     = "block_rq_issue"
 	strapProgBlockRqRequeue   = "block_rq_requeue"
@@ -245,6 +262,8 @@ type strapMapSpecs struct {
 	ThreadStatsMap  *ebpf.MapSpec `ebpf:"thread_stats_map"`
 	WatchedCgroups  *ebpf.MapSpec `ebpf:"watched_cgroups"`
 	WatchedTgids    *ebpf.MapSpec `ebpf:"watched_tgids"`
+	WeightOpens     *ebpf.MapSpec `ebpf:"weight_opens"`
+	WeightScratch   *ebpf.MapSpec `ebpf:"weight_scratch"`
 }
 
 // strapVariableSpecs contains global variables before they are loaded into the kernel.
@@ -310,6 +329,8 @@ type strapMaps struct {
 	ThreadStatsMap  *ebpf.Map `ebpf:"thread_stats_map"`
 	WatchedCgroups  *ebpf.Map `ebpf:"watched_cgroups"`
 	WatchedTgids    *ebpf.Map `ebpf:"watched_tgids"`
+	WeightOpens     *ebpf.Map `ebpf:"weight_opens"`
+	WeightScratch   *ebpf.Map `ebpf:"weight_scratch"`
 }
 
 func (m *strapMaps) Close() error {
@@ -333,6 +354,8 @@ func (m *strapMaps) Close() error {
 		m.ThreadStatsMap,
 		m.WatchedCgroups,
 		m.WatchedTgids,
+		m.WeightOpens,
+		m.WeightScratch,
 	)
 }
 

@@ -284,6 +284,7 @@ func filterSnapshot(s bpf.Snapshot, p *Peer, st control.StatusReply) bpf.Snapsho
 	s.DeviceOpens = filterSlice(s.DeviceOpens, func(d bpf.DeviceOpen) bool { return pids[d.PID] })
 	s.Threads = filterSlice(s.Threads, func(t bpf.Thread) bool { return pids[t.PID] })
 	s.TokensKernel = filterSlice(s.TokensKernel, func(t bpf.TokenKernel) bool { return pids[t.PID] })
+	s.ModelLoad = filterSlice(s.ModelLoad, func(m bpf.ModelLoad) bool { return pids[m.PID] })
 	s.Spans = filterSlice(s.Spans, func(x bpf.Span) bool { return pids[x.PID] })
 	// Per-process maps are keyed by the decimal tgid (TRACE_FORMAT.md). Every map of the
 	// snapshot goes through this rule, so a collector added later is filtered without a

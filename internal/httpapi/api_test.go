@@ -185,7 +185,7 @@ func TestFilterSnapshot(t *testing.T) {
 // adds another has to be added there, or this fails.
 func TestFilterCoversEverySlice(t *testing.T) {
 	handled := map[string]bool{"Sessions": true, "Watched": true, "DeviceOpens": true, "Threads": true,
-		"TokensKernel": true, "Spans": true}
+		"TokensKernel": true, "Spans": true, "ModelLoad": true}
 	typ := reflect.TypeOf(bpf.Snapshot{})
 	for i := range typ.NumField() {
 		f := typ.Field(i)

@@ -37,6 +37,9 @@ type conn struct {
 	rates   rateTracker     // status: MB/s over the last seconds, ratio, tokens, checkpoints
 	counted bool            // counted in srv.quotas (removeConn undoes it)
 	rate    *requestLimiter // control messages per second
+	// published is set at the session's first PUBLISH (the end of its client's model
+	// load, for the probes); only the connection's reader touches it.
+	published bool
 }
 
 // wake interrupts the connection's blocking read (shutdown, or a session failure).
@@ -261,12 +264,22 @@ func (c *conn) session() *pipeline.Session {
 // sessionHandlers serve the messages that act on an open session; each reports whether
 // the connection is done. Errors are the session's own (it already told the client).
 var sessionHandlers = map[control.Type]func(c *conn, m control.Message, s *pipeline.Session) (bool, error){
-	control.TypePublish: func(_ *conn, m control.Message, s *pipeline.Session) (bool, error) {
+	control.TypePublish: func(c *conn, m control.Message, s *pipeline.Session) (bool, error) {
 		var p control.Publish
 		if err := m.Unmarshal(&p, "head", "seq"); err != nil {
 			return false, err
 		}
-		return false, s.Publish(p.Head, p.Seq)
+		if err := s.Publish(p.Head, p.Seq); err != nil {
+			return false, err
+		}
+		if !c.published {
+			c.published = true
+			c.mu.Lock()
+			id := c.info.Session
+			c.mu.Unlock()
+			c.srv.probeFirstPublish(id)
+		}
+		return false, nil
 	},
 	control.TypeDrop: func(_ *conn, m control.Message, s *pipeline.Session) (bool, error) {
 		var d control.Drop

@@ -76,6 +76,8 @@ type probeSession struct {
 	lastAt   time.Time
 	tokens   []bpf.TokenKernel
 	tokenErr error // the first failed reading; no more windows after it
+	// loads is the client's model-load phase, ended by the first PUBLISH, not yet written.
+	loads []bpf.ModelLoad
 }
 
 // startProbes starts the collector and its ticker when Config.Probes asks for them. A
@@ -187,6 +189,7 @@ func (ps *probeSession) write(snap bpf.Snapshot, log *zap.Logger) {
 		return
 	}
 	snap.TokensKernel, ps.tokens = ps.tokens, nil
+	snap.ModelLoad, ps.loads = ps.loads, nil
 	if err := ps.w.Write(snap); err != nil {
 		ps.err = err
 		log.Warn("trace write failed; no more snapshots for this session", zap.String("session", ps.info.ID), zap.Error(err))
@@ -260,6 +263,11 @@ func (s *Server) probeSessionStart(id uint64, output string, pid int, trace *os.
 		}
 	}
 	if trace != nil && pid > 0 {
+		// Its totals are read at every TOKEN: one lookup when the probes keep them, else
+		// a read of the thread and syscall tables.
+		if err := h.coll.TrackTotals(pid); err != nil && !errors.Is(err, bpf.ErrUnsupported) {
+			h.log.Debug("per-process totals not kept in the kernel", zap.Uint64("session", id), zap.Int("pid", pid), zap.Error(err))
+		}
 		ps.mu.Lock()
 		ps.lastAt = time.Now()
 		ps.last, ps.tokenErr = h.coll.ProcessTotals(pid)
@@ -299,6 +307,42 @@ func (s *Server) probeToken(id uint64, t control.Token) {
 	w.WindowS = now.Sub(ps.lastAt).Seconds()
 	ps.tokens = append(ps.tokens, w)
 	ps.last, ps.lastAt = cur, now
+}
+
+// probeFirstPublish ends the model-load phase of a session's client at the session's first
+// PUBLISH (the first forward pass the client reports): when the probes saw the client open
+// a weight file, the phase is logged and, for a traced session, goes into its next trace
+// line. An untraced session takes the phase too: a later traced one must not report a load
+// that ended before it.
+func (s *Server) probeFirstPublish(id uint64) {
+	h := s.probes
+	if h == nil || h.coll == nil {
+		return
+	}
+	h.mu.Lock()
+	ps := h.live[id]
+	h.mu.Unlock()
+	if ps == nil || ps.info.PID <= 0 {
+		return
+	}
+	ml, ok, err := h.coll.TakeModelLoad(ps.info.ID, ps.info.PID)
+	if err != nil {
+		if !errors.Is(err, bpf.ErrUnsupported) && !errors.Is(err, bpf.ErrClosed) {
+			h.log.Warn("model-load phase not read", zap.Uint64("session", id), zap.Error(err))
+		}
+		return
+	}
+	if !ok {
+		return
+	}
+	h.log.Info("model load", zap.Uint64("session", id), zap.Int("pid", ml.PID), zap.String("path", ml.Path),
+		zap.Float64("duration_s", ml.DurationS))
+	if ps.trace == nil {
+		return
+	}
+	ps.mu.Lock()
+	ps.loads = append(ps.loads, ml)
+	ps.mu.Unlock()
 }
 
 // probeSessionEnd unregisters a finished session: a traced one first gets a last snapshot

@@ -26,13 +26,18 @@ Per pair, for each probing arm against ``noprobes``:
   unlike wall time on a shared machine. Events other processes fire on the machine are not
   in either figure (the per-program cost per event is the ``probes`` step's table).
 
+With ``--strapd-old OTHER`` two more arms, ``probes_old`` and ``trace_old``, run the same
+trials through that binary (an older build, say), interleaved with the rest: an A/B of two
+builds' probes against one shared no-probes baseline.
+
 Target: kept ≥ 0.99 for ``probes`` (≤ 1 % of tokens/s). Must run as root (or with CAP_BPF+CAP_PERFMON):
 the script fails when the probing daemon reports its collector did not attach.
 
 Usage::
 
     python clients/python/benchmarks/probes_ab.py --strapd bin/strapd [--pairs 7] [--new 64] \\
-        [--prompt 32] [--preset balanced] [--set resid+attn+mlp] [--threads 1] [--json out.json]
+        [--prompt 32] [--preset balanced] [--set resid+attn+mlp] [--threads 1] [--json out.json] \\
+        [--strapd-old /tmp/old-strapd]
 """
 
 from __future__ import annotations
@@ -81,6 +86,7 @@ def self_sys() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--strapd", default=str(REPO / "bin" / "strapd"))
+    ap.add_argument("--strapd-old", help="a second strapd whose probes run as arms probes_old and trace_old")
     ap.add_argument("--pairs", type=int, default=7)
     ap.add_argument("--new", type=int, default=64, help="generated tokens per trial")
     ap.add_argument("--prompt", type=int, default=32)
@@ -114,7 +120,7 @@ def main() -> None:
                 # Attached only for its own trials: the programs fire on every event of the
                 # machine (and filter by pid inside), so a collector left attached would tax
                 # the no-probes trials too.
-                procs[arm], socks[arm] = start(a.strapd, tmp, arm, [])
+                procs[arm], socks[arm] = start(a.strapd_old if arm.endswith("_old") else a.strapd, tmp, arm, [])
                 # Its collector's first snapshot of the machine runs just after the socket
                 # answers: a start-up cost, not the probes' cost per token.
                 time.sleep(a.settle)
@@ -131,7 +137,7 @@ def main() -> None:
             t0 = time.perf_counter()
             with capture_activations(model, config=cfg, output_path=path, socket_path=socks[arm],
                                      autostart_daemon=False, track_per_token=True,
-                                     trace_path=(arm == "trace")) as fw:
+                                     trace_path=arm.startswith("trace")) as fw:
                 t1 = time.perf_counter()
                 ids = greedy(model, prompt, a.new, fw)
                 loop = time.perf_counter() - t1
@@ -142,7 +148,7 @@ def main() -> None:
                 raise RuntimeError(f"capture dropped {summ['drops']} tensors under policy block")
             trace = path + ".trace.jsonl"
             lines = 0
-            if arm == "trace":
+            if arm.startswith("trace"):
                 if not os.path.exists(trace):
                     raise RuntimeError("the probing daemon wrote no trace: its collector did not start "
                                        f"(root or CAP_BPF+CAP_PERFMON needed; see {tmp}/trace.log)")
@@ -152,13 +158,15 @@ def main() -> None:
             os.remove(path)
             return {"s": dt, "loop_s": loop, "cpu_s": cpu, "sys_s": sys_s, "daemon_cpu_s": dcpu, "ids": ids, "trace_lines": lines}
 
-        arms = ("noprobes", "probes", "trace")
+        arms: Tuple[str, ...] = ("noprobes", "probes", "trace")
+        if a.strapd_old:
+            arms += ("probes_old", "trace_old")
         rows: List[Dict[str, Any]] = []
         with torch.no_grad():
             for arm in arms:
                 trial(arm)
             for pair in range(a.pairs):
-                order = arms[pair % 3:] + arms[:pair % 3]
+                order = arms[pair % len(arms):] + arms[:pair % len(arms)]
                 r: Dict[str, Any] = {arm: trial(arm) for arm in order}
                 ids = r["noprobes"].pop("ids")
                 if any(r[arm].pop("ids") != ids for arm in arms[1:]):
