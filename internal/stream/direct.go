@@ -49,10 +49,10 @@ type direct struct {
 	// is the newest boundary at or before the last submitted job's offset.
 	bounds []int64
 
-	free      chan []byte
-	todo      chan dirJob
-	allocated int
-	pending   sync.WaitGroup
+	free    chan []byte
+	todo    chan dirJob
+	owned   []stagingBuf // every buffer taken, given back at stop
+	pending sync.WaitGroup
 
 	mu      sync.Mutex
 	err     error // first failed write; later jobs are not written
@@ -133,14 +133,57 @@ func enableDirect(rc syscall.RawConn, off int64, head []byte) (*direct, string) 
 	return d, ""
 }
 
-// alignedBuf returns an empty slice of capacity n whose first byte is page-aligned.
-func alignedBuf(n int) []byte {
-	b := make([]byte, n+dirAlign)
-	a := int(dirAlign - uintptr(unsafe.Pointer(unsafe.SliceData(b)))&(dirAlign-1))
-	if a == dirAlign {
-		a = 0
+// spareBufs keeps staging buffers between streams, so a new session does not fault in
+// and zero fresh memory; a few sessions' worth, the rest is unmapped.
+var spareBufs = make(chan stagingBuf, 2*dirBufs)
+
+// stagingBuf is one staging buffer's memory: mapped (unmapped when dropped) or, where
+// mapping failed, from the heap.
+type stagingBuf struct {
+	b      []byte
+	mapped bool
+}
+
+// newStagingBuf maps an empty staging buffer of capacity dirBufSize, outside the Go heap
+// and backed by huge pages where the kernel allows: O_DIRECT pins the buffer's pages for
+// every write, and a 2 MiB page pins as one.
+func newStagingBuf() stagingBuf {
+	select {
+	case b := <-spareBufs:
+		return b
+	default:
 	}
-	return b[a : a : a+n]
+	const huge = 2 << 20
+	m, err := unix.MmapPtr(-1, 0, nil, dirBufSize+huge, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		// The heap then: any page-aligned memory does for O_DIRECT.
+		b := make([]byte, dirBufSize+dirAlign)
+		a := int(-uintptr(unsafe.Pointer(unsafe.SliceData(b)))) & (dirAlign - 1)
+		return stagingBuf{b: b[a : a : a+dirBufSize]}
+	}
+	// Keep the 2 MiB-aligned dirBufSize bytes of the mapping, unmap the ends.
+	lead := -uintptr(m) & (huge - 1)
+	start := unsafe.Add(m, lead)
+	if lead > 0 {
+		_ = unix.MunmapPtr(m, lead)
+	}
+	if trail := huge - lead; trail > 0 {
+		_ = unix.MunmapPtr(unsafe.Add(start, dirBufSize), trail)
+	}
+	b := unsafe.Slice((*byte)(start), dirBufSize)
+	_ = unix.Madvise(b, unix.MADV_HUGEPAGE) // advice only
+	return stagingBuf{b: b[:0], mapped: true}
+}
+
+// freeStagingBuf keeps b for the next stream, or unmaps it when enough are kept.
+func freeStagingBuf(b stagingBuf) {
+	select {
+	case spareBufs <- b:
+	default:
+		if b.mapped {
+			_ = unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(b.b)), uintptr(cap(b.b)))
+		}
+	}
 }
 
 // getBuf returns an empty staging buffer, waiting for one to come back from the device
@@ -151,9 +194,10 @@ func (d *direct) getBuf() []byte {
 		return b
 	default:
 	}
-	if d.allocated < dirBufs {
-		d.allocated++
-		return alignedBuf(dirBufSize)
+	if len(d.owned) < dirBufs {
+		b := newStagingBuf()
+		d.owned = append(d.owned, b)
+		return b.b[:0]
 	}
 	return <-d.free
 }
@@ -260,22 +304,29 @@ func (d *direct) drain() {
 	d.pending.Wait()
 }
 
-// writeTail writes the staged partial block through the page cache: O_DIRECT cannot
-// write less than a block, and padding it would show readers of the live file zeros past
-// the stream's end. The next O_DIRECT write over that block makes the kernel write the
-// cached page back and drop it first, so the two paths stay coherent.
+// writeTail makes the staged partial block durable-ready: O_DIRECT writes whole blocks,
+// so it is written padded with zeros and the file cut back to the stream's end. The
+// padding is visible for the instant between the two calls (a reader of the live file
+// may see zeros after the last packet then, as after a crash at that point), but no byte
+// of the stream ever goes through the page cache: a cached copy of a block that O_DIRECT
+// also writes could be stale and, once dirtied by a buffered write, be written back over
+// the newer bytes.
 func (d *direct) writeTail() error {
-	if len(d.stage) == 0 {
+	n := len(d.stage)
+	if n == 0 {
 		return nil
 	}
-	if err := setDirect(d.rc, false); err != nil {
-		return fmt.Errorf("clear O_DIRECT: %w", err)
+	padded := (n + dirAlign - 1) &^ (dirAlign - 1)
+	b := d.stage[:padded]
+	clear(b[n:])
+	if err := d.pwrite(b, d.base); err != nil {
+		return err
 	}
-	werr := d.pwrite(d.stage, d.base)
-	if err := setDirect(d.rc, true); err != nil && werr == nil {
-		werr = fmt.Errorf("set O_DIRECT: %w", err)
+	var terr error
+	if err := d.rc.Control(func(fd uintptr) { terr = unix.Ftruncate(int(fd), d.base+int64(n)) }); err != nil {
+		return err
 	}
-	return werr
+	return terr
 }
 
 // reset drops every staged byte and restarts staging at off, with head the file's bytes
@@ -297,4 +348,8 @@ func (d *direct) stop() {
 	close(d.todo)
 	d.pending.Wait()
 	_ = setDirect(d.rc, false) // best effort: the stream itself is complete
+	for _, b := range d.owned {
+		freeStagingBuf(b)
+	}
+	d.stage, d.owned = nil, nil
 }
