@@ -297,6 +297,24 @@ func (d *direct) put(src []byte, crc *uint32) {
 	}
 }
 
+// putChecked is put for bytes another process may be writing (the ring): each chunk's
+// CRC is computed over the source just before it is copied (which also brings it into
+// cache for the copy) and over the copy after; the two running CRCs differ when the
+// source changed in between.
+func (d *direct) putChecked(src []byte, before, after *uint32) {
+	for len(src) > 0 {
+		if len(d.stage) == cap(d.stage) {
+			d.submit(len(d.stage))
+		}
+		n := min(len(src), cap(d.stage)-len(d.stage), crcChunk)
+		*before = crc32.Update(*before, castagnoli, src[:n])
+		at := len(d.stage)
+		d.stage = append(d.stage, src[:n]...)
+		*after = crc32.Update(*after, castagnoli, d.stage[at:])
+		src = src[n:]
+	}
+}
+
 // drain submits every whole staged block and waits until the device has taken all
 // submitted ones; the bytes left staged are fewer than dirAlign.
 func (d *direct) drain() {

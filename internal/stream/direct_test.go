@@ -192,19 +192,17 @@ func TestDirectResume(t *testing.T) {
 }
 
 // TestDirectSharedPayloadChanged: a shared payload rewritten while a direct writer
-// stages it never leaves a packet whose CRC does not cover its bytes. One that fits a
-// staging buffer is CRC-checked over the copy, so it always verifies; a larger one is
-// checked over the ring and over the copy, and a difference is ErrPayloadChanged with the
-// packet cut off the file and the stream writable after it.
+// stages it never leaves a packet whose CRC does not cover its bytes, and the rewriting is
+// caught: ErrPayloadChanged, the packet gone (dropped from the staging buffer when it fits
+// one, cut off the file when it is larger) and the stream writable after it.
 func TestDirectSharedPayloadChanged(t *testing.T) {
 	dir := directDir(t)
 	for _, tc := range []struct {
-		name        string
-		size        int
-		wantChanged bool
+		name string
+		size int
 	}{
-		{"larger than a staging buffer", dirBufSize + 5<<20, true},
-		{"fits a staging buffer", 4 << 20, false},
+		{"larger than a staging buffer", dirBufSize + 5<<20},
+		{"fits a staging buffer", 4 << 20},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mem, err := syscall.Mmap(-1, 0, tc.size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
@@ -254,9 +252,10 @@ func TestDirectSharedPayloadChanged(t *testing.T) {
 			if err := w.Close(EndInfo{Status: "complete"}); err != nil {
 				t.Fatal(err)
 			}
-			if tc.wantChanged != (changed > 0) {
-				t.Fatalf("%d of 12 packets changed while written, want changes: %v", changed, tc.wantChanged)
+			if changed == 0 {
+				t.Fatal("no packet of 12 caught changing while written")
 			}
+			t.Logf("%d of 12 packets caught changing", changed)
 			st, _ := f.Stat()
 			if st.Size() != w.Offset() {
 				t.Fatalf("file %d bytes, stream %d", st.Size(), w.Offset())

@@ -415,11 +415,12 @@ func (w *Writer) writePacket(p *Packet, stored uint64) error {
 
 // writePacketDirect stages header, table and payload (w.hdr and w.table built) for
 // O_DIRECT. A packet that fits in the staging buffer is copied first and its CRC computed
-// over the copy, which the client cannot change: one CRC pass, and no second one is needed
-// to prove the bytes written are the bytes checked. A larger packet's header must leave
-// before its payload is copied, so its CRC is computed over the source first and, for a
-// shared payload, again over the copy; a difference is ErrPayloadChanged and the packet is
-// cut off the file.
+// over the copy, which the client cannot change, so the CRC covers the bytes written; a
+// shared payload's chunks are also CRC-checked over the ring just before their copy, to
+// catch a client writing into published bytes (ErrPayloadChanged, nothing written). A
+// larger packet's header must leave before its payload is copied, so its CRC is computed
+// over the source first and, for a shared payload, again over the copy; a difference is
+// ErrPayloadChanged and the packet is cut off the file.
 func (w *Writer) writePacketDirect(p *Packet, stored uint64) error {
 	d := w.d
 	total := len(w.hdr) + int(stored) // stored counts the block table
@@ -432,8 +433,21 @@ func (w *Writer) writePacketDirect(p *Packet, stored uint64) error {
 		var crc uint32
 		d.put(w.hdr, &crc)
 		d.put(w.table, &crc)
-		for _, b := range p.Blocks {
-			d.put(b.Data, &crc)
+		if p.Shared {
+			ring := crc
+			for _, b := range p.Blocks {
+				d.putChecked(b.Data, &ring, &crc)
+			}
+			if ring != crc {
+				// Nothing of the packet has left the buffer: it fits.
+				d.stage = d.stage[:start]
+				return fmt.Errorf("packet seq %d (%s): crc %#08x over the ring, %#08x over the copy written: %w",
+					p.Seq, p.Name, ring, crc, ErrPayloadChanged)
+			}
+		} else {
+			for _, b := range p.Blocks {
+				d.put(b.Data, &crc)
+			}
 		}
 		binary.LittleEndian.PutUint32(d.stage[start+20:], crc)
 		binary.LittleEndian.PutUint32(w.hdr[20:], crc)
