@@ -27,7 +27,7 @@ const (
 	dirBufs = 3
 	// crcChunk is how much is copied before the copy is CRC-checked, so the CRC reads
 	// bytes still in cache.
-	crcChunk = 64 << 10
+	crcChunk = 256 << 10
 )
 
 // dirJob is one aligned staging buffer to write at off. safe is the latest packet
