@@ -19,9 +19,11 @@ const (
 	// dirAlign is the file offset, length and memory alignment of every O_DIRECT write:
 	// a page, which covers devices with 512-byte and 4 KiB logical blocks.
 	dirAlign = 4096
-	// dirBufSize is one staging buffer. A packet that fits in one (a 4 MiB tensor and its
-	// header do) is copied in and CRC-checked over the copy, once.
-	dirBufSize = 8 << 20
+	// dirBufSize is one staging buffer. A packet that fits in one is copied in and
+	// CRC-checked over the copy, once. Tensors come in powers of two: the 256 KiB over
+	// 8 MiB lets an 8 MiB tensor, or two of 4 MiB, fit with their headers (and makes the
+	// writes twice as large as one 4 MiB packet each).
+	dirBufSize = 8<<20 + 256<<10
 	// dirBufs staging buffers at most per stream: one being filled, the others being
 	// written by the I/O goroutine, so copying and the device overlap.
 	dirBufs = 3
