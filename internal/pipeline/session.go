@@ -235,7 +235,8 @@ func (s *Session) finish(status string) (Result, error) {
 	if err == nil && end.Status == StatusError {
 		err = s.Err()
 	}
-	s.o.Log.Info("session finished", zap.String("status", end.Status), zap.Uint64("packets", st.Packets),
+	direct, _ := s.w.Direct()
+	s.o.Log.Info("session finished", zap.String("status", end.Status), zap.Bool("direct_io", direct), zap.Uint64("packets", st.Packets),
 		zap.Uint64("drops", st.Drops), zap.Uint64("bytes_in", st.BytesIn), zap.Uint64("bytes_out", st.BytesOut),
 		zap.Uint64("file_bytes", res.FileBytes))
 	return res, err

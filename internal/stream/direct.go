@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -55,6 +56,11 @@ type direct struct {
 	todo    chan dirJob
 	owned   []stagingBuf // every buffer taken, given back at stop
 	pending sync.WaitGroup
+
+	// refused is set once a write came back EINVAL although F_SETFL took O_DIRECT (a file
+	// system that takes the flag but not the I/O): O_DIRECT is cleared and every write
+	// from then on, that one again first, goes through the page cache.
+	refused atomic.Bool
 
 	mu      sync.Mutex
 	err     error // first failed write; later jobs are not written
@@ -212,7 +218,7 @@ func (d *direct) run() {
 		failed := d.err != nil
 		d.mu.Unlock()
 		if !failed {
-			if err := d.pwrite(j.buf, j.off); err != nil {
+			if err := d.writeAt(j.buf, j.off); err != nil {
 				d.mu.Lock()
 				d.err, d.errSafe = err, j.safe
 				d.mu.Unlock()
@@ -221,6 +227,17 @@ func (d *direct) run() {
 		d.free <- j.buf[:0]
 		d.pending.Done()
 	}
+}
+
+// writeAt is pwrite, falling back to the page cache for good when the file system
+// fails an aligned O_DIRECT write with EINVAL (see refused).
+func (d *direct) writeAt(b []byte, off int64) error {
+	err := d.pwrite(b, off)
+	if errors.Is(err, unix.EINVAL) && !d.refused.Load() && setDirect(d.rc, false) == nil {
+		d.refused.Store(true)
+		err = d.pwrite(b, off)
+	}
+	return err
 }
 
 // pwrite writes all of b at off, resuming after short writes and EINTR.
@@ -339,7 +356,7 @@ func (d *direct) writeTail() error {
 	padded := (n + dirAlign - 1) &^ (dirAlign - 1)
 	b := d.stage[:padded]
 	clear(b[n:])
-	if err := d.pwrite(b, d.base); err != nil {
+	if err := d.writeAt(b, d.base); err != nil {
 		return err
 	}
 	var terr error

@@ -187,7 +187,12 @@ func (w *Writer) startDirect(head []byte) {
 
 // Direct reports whether the stream is written with O_DIRECT, and if not, why (empty
 // when it was not asked for).
-func (w *Writer) Direct() (bool, string) { return w.d != nil, w.directWhy }
+func (w *Writer) Direct() (bool, string) {
+	if w.d != nil && w.d.refused.Load() {
+		return false, "the file system took O_DIRECT but failed a write with EINVAL"
+	}
+	return w.d != nil, w.directWhy
+}
 
 // Offset is the number of stream bytes written so far, buffered ones included; the next
 // packet starts there.
