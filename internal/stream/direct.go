@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -316,22 +317,25 @@ func (d *direct) put(src []byte, crc *uint32) {
 	}
 }
 
-// putChecked is put for bytes another process may be writing (the ring): each chunk's
-// CRC is computed over the source just before it is copied (which also brings it into
-// cache for the copy) and over the copy after; the two running CRCs differ when the
-// source changed in between.
-func (d *direct) putChecked(src []byte, before, after *uint32) {
+// putChecked is put for bytes another process may be writing (the ring): each chunk
+// is copied, CRC-checked over the copy, and then compared with the source, which the
+// copy has just brought into cache (a CRC pass over the source instead reads it from
+// memory a second time, and cost most of the daemon's CPU budget: PERFORMANCE.md). It
+// returns false when the source differs from the copy: it changed in between.
+func (d *direct) putChecked(src []byte, crc *uint32) bool {
+	same := true
 	for len(src) > 0 {
 		if len(d.stage) == cap(d.stage) {
 			d.submit(len(d.stage))
 		}
 		n := min(len(src), cap(d.stage)-len(d.stage), crcChunk)
-		*before = crc32.Update(*before, castagnoli, src[:n])
 		at := len(d.stage)
 		d.stage = append(d.stage, src[:n]...)
-		*after = crc32.Update(*after, castagnoli, d.stage[at:])
+		*crc = crc32.Update(*crc, castagnoli, d.stage[at:])
+		same = same && bytes.Equal(src[:n], d.stage[at:])
 		src = src[n:]
 	}
+	return same
 }
 
 // drain submits every whole staged block and waits until the device has taken all

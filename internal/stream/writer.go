@@ -421,8 +421,8 @@ func (w *Writer) writePacket(p *Packet, stored uint64) error {
 // writePacketDirect stages header, table and payload (w.hdr and w.table built) for
 // O_DIRECT. A packet that fits in the staging buffer is copied first and its CRC computed
 // over the copy, which the client cannot change, so the CRC covers the bytes written; a
-// shared payload's chunks are also CRC-checked over the ring just before their copy, to
-// catch a client writing into published bytes (ErrPayloadChanged, nothing written). A
+// shared payload's chunks are also compared with the ring after their copy, to catch a
+// client writing into published bytes (ErrPayloadChanged, nothing written). A
 // larger packet's header must leave before its payload is copied, so its CRC is computed
 // over the source first and, for a shared payload, again over the copy; a difference is
 // ErrPayloadChanged and the packet is cut off the file.
@@ -439,15 +439,15 @@ func (w *Writer) writePacketDirect(p *Packet, stored uint64) error {
 		d.put(w.hdr, &crc)
 		d.put(w.table, &crc)
 		if p.Shared {
-			ring := crc
+			same := true
 			for _, b := range p.Blocks {
-				d.putChecked(b.Data, &ring, &crc)
+				same = d.putChecked(b.Data, &crc) && same
 			}
-			if ring != crc {
+			if !same {
 				// Nothing of the packet has left the buffer: it fits.
 				d.stage = d.stage[:start]
-				return fmt.Errorf("packet seq %d (%s): crc %#08x over the ring, %#08x over the copy written: %w",
-					p.Seq, p.Name, ring, crc, ErrPayloadChanged)
+				return fmt.Errorf("packet seq %d (%s): the ring differs from the copy to be written: %w",
+					p.Seq, p.Name, ErrPayloadChanged)
 			}
 		} else {
 			for _, b := range p.Blocks {
