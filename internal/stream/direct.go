@@ -142,12 +142,9 @@ func enableDirect(rc syscall.RawConn, off int64, head []byte) (*direct, string) 
 	return d, ""
 }
 
-// spareBufs keeps staging buffers between streams, so a new session does not fault in
-// and zero fresh memory; a few sessions' worth, the rest is unmapped.
-var spareBufs = make(chan stagingBuf, 2*dirBufs)
-
-// stagingBuf is one staging buffer's memory: mapped (unmapped when dropped) or, where
-// mapping failed, from the heap.
+// stagingBuf is one staging buffer's memory: mapped (unmapped at the stream's end, so an
+// idle daemon holds none: the memory budget does not count them) or, where mapping
+// failed, from the heap.
 type stagingBuf struct {
 	b      []byte
 	mapped bool
@@ -157,11 +154,6 @@ type stagingBuf struct {
 // and backed by huge pages where the kernel allows: O_DIRECT pins the buffer's pages for
 // every write, and a 2 MiB page pins as one.
 func newStagingBuf() stagingBuf {
-	select {
-	case b := <-spareBufs:
-		return b
-	default:
-	}
 	const huge = 2 << 20
 	m, err := unix.MmapPtr(-1, 0, nil, dirBufSize+huge, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
@@ -184,14 +176,10 @@ func newStagingBuf() stagingBuf {
 	return stagingBuf{b: b[:0], mapped: true}
 }
 
-// freeStagingBuf keeps b for the next stream, or unmaps it when enough are kept.
+// freeStagingBuf unmaps b (a heap buffer is left to the collector).
 func freeStagingBuf(b stagingBuf) {
-	select {
-	case spareBufs <- b:
-	default:
-		if b.mapped {
-			_ = unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(b.b)), uintptr(cap(b.b)))
-		}
+	if b.mapped {
+		_ = unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(b.b)), uintptr(cap(b.b)))
 	}
 }
 
