@@ -1,35 +1,111 @@
-"""Interleaved A/B of strapd ingest between two builds (Go producer, 512 MiB to tmpfs, codecs none
-and shuffle): reads /tmp/ab/{old,new}-{strapd,ingest}; see docs/PERFORMANCE.md for how they are built."""
-import json, os, subprocess, sys, time, statistics
-R = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+"""Interleaved A/B of strapd ingest between two builds, Go producer (bench/ingest).
+
+Reads BIN/{old,new}-{strapd,ingest} (BIN is --bin, default /tmp/ab; docs/PERFORMANCE.md says
+how they are built). Each trial starts the side's daemon, pushes --bytes of float32 with the
+side's producer to a file in --dir (default /dev/shm: tmpfs, the disk taken out; a directory
+on a block device measures the disk path), and reports GB/s (the producer's clock, from
+connecting until the stream is closed and fdatasynced) and the daemon's CPU seconds per GB. With --dd, each round also times
+`dd if=/dev/zero of=DIR/ab-dd bs=4M count=N oflag=direct` for the same bytes on the same
+directory, the device's own pace for large direct writes.
+
+    python3 bench/ab_ingest.py 5                              # tmpfs, codecs none and shuffle
+    python3 bench/ab_ingest.py 5 --dir /var/tmp --codecs none --bytes 1GiB --dd
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import time
+
 TCK = os.sysconf("SC_CLK_TCK")
+UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def size(s):
+    m = re.fullmatch(r"(\d+)(KiB|MiB|GiB)?", s)
+    if not m:
+        raise argparse.ArgumentTypeError(f"size {s!r}: want N, NKiB, NMiB or NGiB")
+    return int(m.group(1)) * UNITS.get(m.group(2), 1)
+
+
 def cpu(pid):
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / TCK
-def run(side, codec):
-    sock = f"/tmp/ab/{side}.sock"
-    if os.path.exists(sock): os.unlink(sock)
-    d = subprocess.Popen([f"/tmp/ab/{side}-strapd", "serve", "--socket", sock, "--memory-limit", "1GiB", "--no-probes"],
+
+
+def run(a, side, codec):
+    sock = f"{a.bin}/{side}.sock"
+    if os.path.exists(sock):
+        os.unlink(sock)
+    d = subprocess.Popen([f"{a.bin}/{side}-strapd", "serve", "--socket", sock, "--memory-limit", "1GiB", "--no-probes"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        if os.path.exists(sock): break
-        time.sleep(0.05)
-    out = f"/dev/shm/ab-{side}.strap"
-    c0 = cpu(d.pid); t0 = time.monotonic()
-    r = subprocess.run([f"/tmp/ab/{side}-ingest", "-socket", sock, "-out", out, "-codec", codec, "-bytes", "512MiB"],
-                       capture_output=True, text=True)
-    t = time.monotonic() - t0; c = cpu(d.pid) - c0
-    d.terminate(); d.wait()
+    try:
+        for _ in range(100):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.05)
+        out = os.path.join(a.dir, f"ab-{side}.strap")
+        c0 = cpu(d.pid)
+        t0 = time.monotonic()
+        r = subprocess.run([f"{a.bin}/{side}-ingest", "-socket", sock, "-out", out, "-codec", codec,
+                            "-bytes", str(a.bytes)], capture_output=True, text=True)
+        t = time.monotonic() - t0
+        c = cpu(d.pid) - c0
+    finally:
+        d.terminate()
+        d.wait()
     os.unlink(out)
-    if r.returncode: raise SystemExit(r.stderr)
-    return 512 * 2**20 / t / 1e9, c / (512 * 2**20 / 1e9)
-res = {}
-for i in range(R):
-    for codec in ("none", "shuffle"):
-        order = ("old", "new") if i % 2 == 0 else ("new", "old")
-        for side in order:
-            res.setdefault((side, codec), []).append(run(side, codec))
-for codec in ("none", "shuffle"):
-    for side in ("old", "new"):
-        g = [x[0] for x in res[(side, codec)]]; c = [x[1] for x in res[(side, codec)]]
-        print(f"{codec:8s} {side}: GB/s median {statistics.median(g):.3f} [{min(g):.3f}-{max(g):.3f}]  daemon CPU-s/GB median {statistics.median(c):.2f} [{min(c):.2f}-{max(c):.2f}]")
+    if r.returncode:
+        raise SystemExit(f"{side} {codec}: {r.stderr}")
+    # The producer's own clock, from connecting to the stream closed and fdatasynced:
+    # without its start-up (generating the tensors takes a good part of a second).
+    t = json.loads(r.stdout).get("seconds", t)
+    return a.bytes / t / 1e9, c / (a.bytes / 1e9)
+
+
+def dd(a):
+    out = os.path.join(a.dir, "ab-dd")
+    n = max(1, a.bytes // (4 << 20))
+    t0 = time.monotonic()
+    r = subprocess.run(["dd", "if=/dev/zero", f"of={out}", "bs=4M", f"count={n}", "oflag=direct"],
+                       capture_output=True, text=True)
+    t = time.monotonic() - t0
+    os.unlink(out)
+    if r.returncode:
+        raise SystemExit(f"dd: {r.stderr}")
+    return n * (4 << 20) / t / 1e9, float("nan")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("rounds", type=int, nargs="?", default=5)
+    p.add_argument("--bin", default="/tmp/ab", help="directory of {old,new}-{strapd,ingest}")
+    p.add_argument("--dir", default="/dev/shm", help="where the streams are written")
+    p.add_argument("--codecs", default="none,shuffle", help="comma-separated codecs")
+    p.add_argument("--bytes", type=size, default=512 << 20, help="raw bytes per trial (512MiB)")
+    p.add_argument("--dd", action="store_true", help="also time dd oflag=direct on --dir each round")
+    a = p.parse_args()
+    codecs = a.codecs.split(",")
+    res = {}
+    for i in range(a.rounds):
+        for codec in codecs:
+            order = ("old", "new") if i % 2 == 0 else ("new", "old")
+            for side in order:
+                res.setdefault((side, codec), []).append(run(a, side, codec))
+        if a.dd:
+            res.setdefault(("dd", "-"), []).append(dd(a))
+    print(f"{a.rounds} rounds, {a.bytes >> 20} MiB per trial to {a.dir}, load average {os.getloadavg()}")
+    keys = [(s, c) for c in codecs for s in ("old", "new")] + ([("dd", "-")] if a.dd else [])
+    for side, codec in keys:
+        g = [x[0] for x in res[(side, codec)]]
+        c = [x[1] for x in res[(side, codec)]]
+        line = f"{codec:8s} {side}: GB/s median {statistics.median(g):.3f} [{min(g):.3f}-{max(g):.3f}]"
+        if side != "dd":
+            line += f"  daemon CPU-s/GB median {statistics.median(c):.2f} [{min(c):.2f}-{max(c):.2f}]"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

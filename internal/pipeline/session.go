@@ -114,11 +114,21 @@ func start(o options) (*Session, error) {
 		err error
 	)
 	nextSeq := uint64(1)
+	// O_DIRECT where the file system takes it: the page-cache copy of buffered writes
+	// was most of the daemon's CPU on codec none (docs/STREAM_FORMAT.md 6).
+	wo := stream.WriterOptions{Direct: true}
 	if o.Resume != nil {
-		w, err = stream.Resume(o.Output, *o.Resume)
+		w, err = stream.ResumeWith(o.Output, *o.Resume, wo)
 		nextSeq = o.Resume.LastSeq + 1
 	} else {
-		w, err = stream.New(o.Output, o.Metadata)
+		w, err = stream.NewWith(o.Output, o.Metadata, wo)
+	}
+	if err == nil {
+		if on, why := w.Direct(); on {
+			o.Log.Info("stream output", zap.Bool("direct_io", true))
+		} else {
+			o.Log.Info("stream output", zap.Bool("direct_io", false), zap.String("buffered_because", why))
+		}
 	}
 	if err == nil && o.Observer != nil {
 		w.OnSync = o.Observer.ObserveSync
@@ -225,7 +235,8 @@ func (s *Session) finish(status string) (Result, error) {
 	if err == nil && end.Status == StatusError {
 		err = s.Err()
 	}
-	s.o.Log.Info("session finished", zap.String("status", end.Status), zap.Uint64("packets", st.Packets),
+	direct, _ := s.w.Direct()
+	s.o.Log.Info("session finished", zap.String("status", end.Status), zap.Bool("direct_io", direct), zap.Uint64("packets", st.Packets),
 		zap.Uint64("drops", st.Drops), zap.Uint64("bytes_in", st.BytesIn), zap.Uint64("bytes_out", st.BytesOut),
 		zap.Uint64("file_bytes", res.FileBytes))
 	return res, err

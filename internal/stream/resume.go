@@ -27,7 +27,11 @@ type ResumeExpect struct {
 // Packets-th. Then f is truncated to AppendAt and writing continues there. The header is
 // kept as it is (it already names the capture). It returns the Writer and the last
 // sequence number of the prefix.
-func Resume(f *os.File, e ResumeExpect) (*Writer, error) {
+func Resume(f *os.File, e ResumeExpect) (*Writer, error) { return ResumeWith(f, e, WriterOptions{}) }
+
+// ResumeWith is Resume with options. With o.Direct, the bytes of the prefix's last partial
+// block are read back, because O_DIRECT writes from that block's start.
+func ResumeWith(f *os.File, e ResumeExpect, o WriterOptions) (*Writer, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("stat stream file: %w", err)
@@ -64,5 +68,12 @@ func Resume(f *os.File, e ResumeExpect) (*Writer, error) {
 		return nil, fmt.Errorf("seek stream file: %w", err)
 	}
 	w.off, w.written = e.AppendAt, e.AppendAt
+	if o.Direct {
+		lead := make([]byte, e.AppendAt&(dirAlign-1))
+		if _, err := f.ReadAt(lead, e.AppendAt-int64(len(lead))); err != nil {
+			return nil, fmt.Errorf("read stream file: %w", err)
+		}
+		w.startDirect(lead)
+	}
 	return w, nil
 }

@@ -50,6 +50,11 @@ type Writer struct {
 	f       *os.File
 	rc      syscall.RawConn
 	regular bool // fdatasync only means something for regular files
+	// d, when set, stages every byte and writes with O_DIRECT (direct.go); buf is unused
+	// then. directWhy says why a stream that asked for it is written through the page
+	// cache instead.
+	d         *direct
+	directWhy string
 	// unkicked counts bytes written since writeback was last started; noKick is set once
 	// sync_file_range fails (a file system without it): it is only an optimisation.
 	unkicked int64
@@ -83,12 +88,24 @@ type Writer struct {
 	OnSync func(time.Duration)
 }
 
+// WriterOptions choose how a Writer writes; the zero value writes through the page cache.
+type WriterOptions struct {
+	// Direct writes a regular file with O_DIRECT from aligned staging buffers
+	// (docs/STREAM_FORMAT.md 6), set on f's open file description. Where the file
+	// system refuses it, or is tmpfs, the Writer falls back to buffered writes and
+	// Direct reports why.
+	Direct bool
+}
+
 // New starts a stream on f: it truncates a non-empty regular file, writes the file
 // header with meta as its metadata JSON at offset 0, and buffers it. f stays the caller's.
 // meta is anything that marshals to a JSON object (the daemon passes a typed struct, tests
 // a map); nil writes {}. Writes are sequential (write/writev from f's position), so f may
 // also be a pipe or /dev/null.
-func New(f *os.File, meta any) (*Writer, error) {
+func New(f *os.File, meta any) (*Writer, error) { return NewWith(f, meta, WriterOptions{}) }
+
+// NewWith is New with options.
+func NewWith(f *os.File, meta any, o WriterOptions) (*Writer, error) {
 	mj := []byte("{}")
 	if meta != nil {
 		var err error
@@ -143,7 +160,38 @@ func New(f *os.File, meta any) (*Writer, error) {
 		w.buf = append(w.buf, 0)
 	}
 	w.off = int64(len(w.buf))
+	if o.Direct {
+		w.startDirect(nil)
+	}
 	return w, nil
+}
+
+// startDirect switches a regular file to O_DIRECT at w.off; head holds the file's bytes
+// [alignDown(w.off), w.off) when they are not in w.buf (a resumed stream).
+func (w *Writer) startDirect(head []byte) {
+	if !w.regular {
+		w.directWhy = "not a regular file"
+		return
+	}
+	at := w.written
+	if head != nil {
+		at = w.off
+	}
+	if w.d, w.directWhy = enableDirect(w.rc, at, head); w.d == nil {
+		return
+	}
+	w.d.put(w.buf, nil) // the file header of a new stream
+	w.d.mark(w.off)
+	w.buf = nil
+}
+
+// Direct reports whether the stream is written with O_DIRECT, and if not, why (empty
+// when it was not asked for).
+func (w *Writer) Direct() (bool, string) {
+	if w.d != nil && w.d.refused.Load() {
+		return false, "the file system took O_DIRECT but failed a write with EINVAL"
+	}
+	return w.d != nil, w.directWhy
 }
 
 // Offset is the number of stream bytes written so far, buffered ones included; the next
@@ -308,6 +356,11 @@ func (w *Writer) account(name string, typ PacketType, flags uint8, seq, step, fo
 // that copy; a large one goes out with writev straight from the blocks, so their CRC is
 // computed before and again after the write, and a difference is ErrPayloadChanged.
 func (w *Writer) writePacket(p *Packet, stored uint64) error {
+	if w.d != nil {
+		if err := w.checkDirect(); err != nil {
+			return err
+		}
+	}
 	w.hdr = appendHeader(w.hdr[:0], p, stored)
 	w.table = w.table[:0]
 	if p.Codec != codec.None {
@@ -320,6 +373,9 @@ func (w *Writer) writePacket(p *Packet, stored uint64) error {
 		if w.table, err = codec.AppendBlockTable(w.table, w.sizes, w.raws); err != nil {
 			return fmt.Errorf("write packet seq %d: %w", p.Seq, err)
 		}
+	}
+	if w.d != nil {
+		return w.writePacketDirect(p, stored)
 	}
 	total := uint64(len(w.hdr)) + stored
 	if total <= copyMax {
@@ -360,6 +416,100 @@ func (w *Writer) writePacket(p *Packet, stored uint64) error {
 			p.Seq, p.Name, crc, again, ErrPayloadChanged))
 	}
 	return nil
+}
+
+// writePacketDirect stages header, table and payload (w.hdr and w.table built) for
+// O_DIRECT. A packet that fits in the staging buffer is copied first and its CRC computed
+// over the copy, which the client cannot change, so the CRC covers the bytes written; a
+// shared payload's chunks are also compared with the ring after their copy, to catch a
+// client writing into published bytes (ErrPayloadChanged, nothing written). A
+// larger packet's header must leave before its payload is copied, so its CRC is computed
+// over the source first and, for a shared payload, again over the copy; a difference is
+// ErrPayloadChanged and the packet is cut off the file.
+func (w *Writer) writePacketDirect(p *Packet, stored uint64) error {
+	d := w.d
+	total := len(w.hdr) + int(stored) // stored counts the block table
+	end := w.off + int64(total)
+	if len(d.stage)+total > cap(d.stage) {
+		d.submitAligned()
+	}
+	if len(d.stage)+total <= cap(d.stage) {
+		start := len(d.stage)
+		var crc uint32
+		d.put(w.hdr, &crc)
+		d.put(w.table, &crc)
+		if p.Shared {
+			same := true
+			for _, b := range p.Blocks {
+				same = d.putChecked(b.Data, &crc) && same
+			}
+			if !same {
+				// Nothing of the packet has left the buffer: it fits.
+				d.stage = d.stage[:start]
+				return fmt.Errorf("packet seq %d (%s): the ring differs from the copy to be written: %w",
+					p.Seq, p.Name, ErrPayloadChanged)
+			}
+		} else {
+			for _, b := range p.Blocks {
+				d.put(b.Data, &crc)
+			}
+		}
+		binary.LittleEndian.PutUint32(d.stage[start+20:], crc)
+		binary.LittleEndian.PutUint32(w.hdr[20:], crc)
+		d.mark(end)
+		return w.checkDirect()
+	}
+	// The bytes before the packet in its first block, to stage again if it is cut off.
+	var saved [dirAlign]byte
+	lead := saved[:w.off&(dirAlign-1)]
+	copy(lead, d.stage[w.off-int64(len(lead))-d.base:])
+	head := crc32.Update(crc32.Update(0, castagnoli, w.hdr), castagnoli, w.table)
+	crc := payloadCRC(head, p.Blocks)
+	binary.LittleEndian.PutUint32(w.hdr[20:], crc)
+	d.put(w.hdr, nil)
+	d.put(w.table, nil)
+	again := head
+	var check *uint32
+	if p.Shared {
+		check = &again
+	}
+	for _, b := range p.Blocks {
+		d.put(b.Data, check)
+	}
+	if check == nil || again == crc {
+		d.mark(end)
+		return w.checkDirect()
+	}
+	d.pending.Wait()
+	if err := w.checkDirect(); err != nil {
+		return err
+	}
+	err := fmt.Errorf("packet seq %d (%s): crc %#08x over the ring, %#08x over the copy written: %w",
+		p.Seq, p.Name, crc, again, ErrPayloadChanged)
+	var terr error
+	if cerr := w.rc.Control(func(fd uintptr) { terr = unix.Ftruncate(int(fd), w.off) }); cerr != nil || terr != nil {
+		w.err = fmt.Errorf("%w; cutting it off the file: %w", err, errors.Join(cerr, terr))
+		return w.err
+	}
+	d.reset(w.off, lead)
+	return err
+}
+
+// checkDirect turns a failed O_DIRECT write into the stream's sticky error, once every
+// write in flight is done, and cuts the file back to the packet boundary before the
+// failed write.
+func (w *Writer) checkDirect() error {
+	if w.err != nil {
+		return w.err
+	}
+	if err, _ := w.d.failed(); err == nil {
+		return nil
+	}
+	w.d.pending.Wait()
+	err, safe := w.d.failed()
+	w.cutTo(safe)
+	w.err = fmt.Errorf("write stream: %w%s", err, w.freeSpace())
+	return w.err
 }
 
 // payloadCRC continues crc over every block.
@@ -520,7 +670,19 @@ func (w *Writer) Sync() error {
 }
 
 func (w *Writer) sync() error {
-	if err := w.flush(); err != nil {
+	if w.d != nil {
+		if w.err != nil {
+			return w.err
+		}
+		w.d.drain()
+		if err := w.checkDirect(); err != nil {
+			return err
+		}
+		if err := w.d.writeTail(); err != nil {
+			w.err = fmt.Errorf("write stream: %w%s", err, w.freeSpace())
+			return w.err
+		}
+	} else if err := w.flush(); err != nil {
 		return err
 	}
 	if !w.regular {
@@ -556,6 +718,9 @@ func (w *Writer) Close(end EndInfo) error {
 		return ErrClosed
 	}
 	w.closed = true
+	if w.d != nil {
+		defer w.d.stop()
+	}
 	if w.err != nil {
 		return w.err
 	}
@@ -592,12 +757,16 @@ func (w *Writer) Close(end EndInfo) error {
 	var foot [FooterLen]byte
 	binary.LittleEndian.PutUint64(foot[:], uint64(indexOff))
 	copy(foot[8:], FooterMagic)
-	if len(w.buf)+FooterLen > bufSize {
-		if err := w.flush(); err != nil {
-			return err
+	if w.d != nil {
+		w.d.put(foot[:], nil)
+	} else {
+		if len(w.buf)+FooterLen > bufSize {
+			if err := w.flush(); err != nil {
+				return err
+			}
 		}
+		w.buf = append(w.buf, foot[:]...)
 	}
-	w.buf = append(w.buf, foot[:]...)
 	w.off += FooterLen
 	return w.sync()
 }
