@@ -100,6 +100,35 @@ func (b *Budget) Open(ringSize, reserve int64) (*Lease, error) {
 	return &Lease{b: b, fixed: n, ring: ringSize, reserve: reserve}, nil
 }
 
+// TryHold adds n bytes to the lease's share for the rest of the session when they fit in
+// the budget now, and reports whether they did; Release gives them back early.
+func (l *Lease) TryHold(n int64) bool {
+	b := l.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if l.closed || !b.fits(n) {
+		return false
+	}
+	b.used += n
+	l.fixed += n
+	b.setGoLimit()
+	return true
+}
+
+// Unhold gives back n bytes taken by TryHold before the session ends.
+func (l *Lease) Unhold(n int64) {
+	b := l.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if l.closed {
+		return
+	}
+	b.used -= n
+	l.fixed -= n
+	b.setGoLimit()
+	b.cond.Broadcast()
+}
+
 // limitInFlight caps the session's in-flight buffers at hint bytes (hint <= 0: no cap).
 // The cap is raised to the lease's reserve, which holds the buffers of the largest record,
 // because a lower one could never compress that record; and lowered to the daemon's limit,

@@ -2,8 +2,14 @@ package pipeline
 
 import (
 	"math"
+	"os"
+	"path/filepath"
 	"runtime/debug"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/strap-llm/strap/internal/stream"
 )
 
 // TestBudgetGoLimit: with LimitGoHeap the Go memory limit follows the budget less the open
@@ -41,4 +47,46 @@ func TestBudgetGoLimit(t *testing.T) {
 	want(88 << 20)
 	l2.Close()
 	want(108 << 20)
+}
+
+// TestDirectStagingInBudget: a session writing a disk file with O_DIRECT holds its staging
+// buffers in the memory budget; where the budget has no room for them it writes through the
+// page cache instead, and either way finishing gives every byte back.
+func TestDirectStagingInBudget(t *testing.T) {
+	if err := probeDirect(t.TempDir()); err != nil {
+		t.Skipf("the temp dir's file system takes no O_DIRECT here: %v", err)
+	}
+	open := func(limit int64) (h *harness, used int64, direct bool) {
+		b := NewBudget(limit)
+		h = newHarness(t, hopts{budget: b})
+		direct, _ = h.s.w.Direct()
+		return h, b.Used(), direct
+	}
+	roomy, withStaging, direct := open(1 << 30)
+	if !direct {
+		t.Fatal("with room in the budget the session does not write with O_DIRECT")
+	}
+	tight, without, directTight := open(withStaging - 1)
+	if directTight {
+		t.Fatalf("budget %d has no room for %d bytes of staging, yet the session writes with O_DIRECT",
+			withStaging-1, stream.DirectStaging)
+	}
+	if withStaging-without != stream.DirectStaging {
+		t.Fatalf("O_DIRECT session holds %d bytes, buffered one %d: difference %d, want the staging %d",
+			withStaging, without, withStaging-without, stream.DirectStaging)
+	}
+	for _, h := range []*harness{roomy, tight} {
+		if _, err := h.finish(StatusComplete); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// probeDirect reports whether files in dir can be opened with O_DIRECT.
+func probeDirect(dir string) error {
+	f, err := os.OpenFile(filepath.Join(dir, "probe"), os.O_CREATE|os.O_WRONLY|unix.O_DIRECT, 0o600)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }

@@ -115,8 +115,10 @@ func start(o options) (*Session, error) {
 	)
 	nextSeq := uint64(1)
 	// O_DIRECT where the file system takes it: the page-cache copy of buffered writes
-	// was most of the daemon's CPU on codec none (docs/STREAM_FORMAT.md 6).
-	wo := stream.WriterOptions{Direct: true}
+	// was most of the daemon's CPU on codec none (docs/STREAM_FORMAT.md 6). Its staging
+	// buffers count in the memory budget; without room for them the stream is buffered.
+	staged := o.Lease.TryHold(stream.DirectStaging)
+	wo := stream.WriterOptions{Direct: staged}
 	if o.Resume != nil {
 		w, err = stream.ResumeWith(o.Output, *o.Resume, wo)
 		nextSeq = o.Resume.LastSeq + 1
@@ -127,8 +129,14 @@ func start(o options) (*Session, error) {
 		if on, why := w.Direct(); on {
 			o.Log.Info("stream output", zap.Bool("direct_io", true))
 		} else {
+			if !staged {
+				why = fmt.Sprintf("no room in --memory-limit for the %d bytes of O_DIRECT staging buffers", stream.DirectStaging)
+			}
 			o.Log.Info("stream output", zap.Bool("direct_io", false), zap.String("buffered_because", why))
 		}
+	}
+	if staged && (err != nil || !directOn(w)) {
+		o.Lease.Unhold(stream.DirectStaging)
 	}
 	if err == nil && o.Observer != nil {
 		w.OnSync = o.Observer.ObserveSync
@@ -240,4 +248,10 @@ func (s *Session) finish(status string) (Result, error) {
 		zap.Uint64("drops", st.Drops), zap.Uint64("bytes_in", st.BytesIn), zap.Uint64("bytes_out", st.BytesOut),
 		zap.Uint64("file_bytes", res.FileBytes))
 	return res, err
+}
+
+// directOn reports whether w writes with O_DIRECT (and so holds its staging buffers).
+func directOn(w *stream.Writer) bool {
+	on, _ := w.Direct()
+	return on
 }

@@ -34,6 +34,10 @@ const (
 	crcChunk = 256 << 10
 )
 
+// DirectStaging is the most memory one stream's direct writer holds in staging buffers;
+// the daemon counts it in the session's memory budget.
+const DirectStaging = dirBufs * dirBufSize
+
 // dirJob is one aligned staging buffer to write at off. safe is the latest packet
 // boundary at or before off: where the file is cut back to if this write fails.
 type dirJob struct {
