@@ -269,6 +269,19 @@ func (d *direct) failed() (error, int64) {
 // mark records a packet boundary at off (the end of a packet just staged).
 func (d *direct) mark(off int64) { d.bounds = append(d.bounds, off) }
 
+// boundAtOrBefore is the newest packet boundary at or before off that staging still
+// knows (bounds[0] is never later than the oldest unwritten byte).
+func (d *direct) boundAtOrBefore(off int64) int64 {
+	b := d.bounds[0]
+	for _, x := range d.bounds[1:] {
+		if x > off {
+			break
+		}
+		b = x
+	}
+	return b
+}
+
 // submit hands stage[:n] (n a multiple of dirAlign) to the I/O goroutine and carries the
 // rest over into a fresh buffer.
 func (d *direct) submit(n int) {

@@ -679,6 +679,9 @@ func (w *Writer) sync() error {
 			return err
 		}
 		if err := w.d.writeTail(); err != nil {
+			// The whole blocks before the tail are on the file; what the failed write
+			// left after them is cut back to the packet boundary they end in.
+			w.cutTo(w.d.boundAtOrBefore(w.d.base))
 			w.err = fmt.Errorf("write stream: %w%s", err, w.freeSpace())
 			return w.err
 		}
