@@ -130,6 +130,9 @@ def main() -> int:
 
     cpu_per_token: Dict[str, Dict[str, List[float]]] = {w: {c: [] for c in configs} for w in chosen}
     self_per_token: Dict[str, Dict[str, List[float]]] = {w: {c: [] for c in configs} for w in chosen}
+    # The self-measured time split: the hooks (model thread) and the writer thread's CPU.
+    hook_per_token: Dict[str, Dict[str, List[float]]] = {w: {c: [] for c in configs} for w in chosen}
+    writer_per_token: Dict[str, Dict[str, List[float]]] = {w: {c: [] for c in configs} for w in chosen}
 
     def trial(cfg: str, fn: Callable[[], float], w: str = "") -> float:
         if cfg == "off":
@@ -139,7 +142,7 @@ def main() -> int:
             mon.set_level(ResourceLevel[cfg])
         sync(a.device)
         c0 = cpu_seconds()
-        m0 = mon.hook_ns + mon.writer_cpu_ns
+        h0, w0 = mon.hook_ns, mon.writer_cpu_ns
         t0 = time.perf_counter()
         n = fn()
         if cfg != "off":
@@ -151,7 +154,9 @@ def main() -> int:
             # steadier figure on a shared machine, and the whole cost, not only the wall time.
             cpu_per_token[w][cfg].append((cpu_seconds() - c0) / n)
             # The monitor's own time (inside its hooks + its writer thread's CPU), measured.
-            self_per_token[w][cfg].append((mon.hook_ns + mon.writer_cpu_ns - m0) / 1e9 / n)
+            self_per_token[w][cfg].append((mon.hook_ns - h0 + mon.writer_cpu_ns - w0) / 1e9 / n)
+            hook_per_token[w][cfg].append((mon.hook_ns - h0) / 1e9 / n)
+            writer_per_token[w][cfg].append((mon.writer_cpu_ns - w0) / 1e9 / n)
         return n / dt
 
     load_before = machine_load()
@@ -181,7 +186,7 @@ def main() -> int:
         "workloads": {},
     }
     print(f"\n{'workload':<8} {'config':<9} {'tokens/s (median)':>18} {'overhead median':>16} {'min':>8} {'max':>8}"
-          f"  {'cpu ovh':>8} {'self':>7}  target")
+          f"  {'cpu ovh':>8} {'self':>7} {'hooks µs/tok':>12} {'writer µs/tok':>13}  target")
     for w in chosen:
         base = tps[w]["off"]
         cbase = cpu_per_token[w]["off"]
@@ -214,12 +219,15 @@ def main() -> int:
             rw[c] = {"tokens_per_s_median": statistics.median(tps[w][c]), "tokens_per_s": tps[w][c],
                      "cpu_s_per_token": cpu_per_token[w][c], "cpu_overhead_median": statistics.median(cov),
                      "self_s_per_token": self_per_token[w][c], "self_overhead_median": statistics.median(sov),
+                     "hook_us_per_token_median": statistics.median(hook_per_token[w][c]) * 1e6,
+                     "writer_cpu_us_per_token_median": statistics.median(writer_per_token[w][c]) * 1e6,
                      "overhead_per_pair": ov, "overhead_median": med, "overhead_min": min(ov),
                      "overhead_max": max(ov), "target": target,
                      "verdict": verdict}
             t = f"≤ {target * 100:.0f} %: {verdict}" if target is not None else ""
             print(f"{w:<8} {c:<9} {statistics.median(tps[w][c]):>18.1f} {med * 100:>15.2f}% "
-                  f"{min(ov) * 100:>7.2f}% {max(ov) * 100:>7.2f}% {statistics.median(cov) * 100:>7.2f}% {statistics.median(sov) * 100:>6.2f}%  {t}")
+                  f"{min(ov) * 100:>7.2f}% {max(ov) * 100:>7.2f}% {statistics.median(cov) * 100:>7.2f}% {statistics.median(sov) * 100:>6.2f}% "
+                  f"{rw[c]['hook_us_per_token_median']:>12.0f} {rw[c]['writer_cpu_us_per_token_median']:>13.0f}  {t}")
         result["workloads"][w] = rw
     print(f"\nevents logged: {summary.get('events')} ({result['log_bytes']} bytes of JSONL)")
     print(f"machine load before/after: {result['machine_load']['before']} / {result['machine_load']['after']}")

@@ -559,6 +559,7 @@ class ResourceMonitor:
         self._w_fwd = -1
         self._w_flops = 0
         self._tpl: Dict[Any, Any] = {}
+        self._site_cache: Dict[str, Tuple[Any, Optional[_Site]]] = {}
         self._cuda = False
         self._cuda_total: Optional[int] = None
         self._nvml: Any = None
@@ -798,7 +799,14 @@ class ResourceMonitor:
         mods = dict(self.model.named_modules())
         self._sites = []
         for name, mod in mods.items():
-            site = self._classify(name, mod, mods)
+            # The same site object across re-installs (set_level, enable): the writer's
+            # templates are keyed by it.
+            known = self._site_cache.get(name)
+            if known is not None and known[0] is mod:
+                site = known[1]
+            else:
+                site = self._classify(name, mod, mods)
+                self._site_cache[name] = (mod, site)
             if site is None or site.level > level:
                 continue
             self._sites.append(site)
@@ -985,6 +993,8 @@ class ResourceMonitor:
         clock = time.perf_counter_ns
         wall = time.time_ns
         tensor = _TENSOR
+        append = self._records.append
+        alloc_min = self._alloc_min
         if kind == "linear":
             w = site.mod.weight
             if type(site.mod).__name__ == "Conv1D":  # GPT-2 stores (in, out)
@@ -1014,10 +1024,10 @@ class ResourceMonitor:
                 x = args[0] if args and type(args[0]) is tensor else _first_tensor(args)
                 timing = t1 - site.t0 if site.ev0 is None else self._stop_cuda(site)
                 if x is not None:
-                    self._records.append((build, site, wall(), timing, x.shape, x.dtype, out.shape, out.dtype))
+                    append((build, site, wall(), timing, x.shape, x.dtype, out.shape, out.dtype))
                 else:
-                    self._records.append((build, site, wall(), timing, None, None, out.shape, out.dtype))
-                if out.nbytes > self._alloc_min:
+                    append((build, site, wall(), timing, None, None, out.shape, out.dtype))
+                if out.nbytes > alloc_min:
                     self._alloc(site, out)
                 self.hook_ns += clock() - t1
                 return None
@@ -1057,14 +1067,14 @@ class ResourceMonitor:
                 km = _tm(k) if k is not None else None
                 vm = _tm(v) if v is not None else None
                 recs = self._records
-                recs.append((self._g, self._b_attention, site, tns, timing, _tm(x) if x is not None else None,
+                recs.append((self._w_attention, site, tns, timing, _tm(x) if x is not None else None,
                              _tm(out) if out is not None else None, q_len, kv_len, km, vm, flops))
                 if out is not None:
                     self._attn_end[site.layer_id] = (clock(), self._cuda_mark(out))
-                    if out.nbytes > self._alloc_min:
+                    if out.nbytes > alloc_min:
                         self._alloc(site, out)
                 if km is not None:
-                    recs.append((self._g, self._b_kv, site, tns, idx, km, vm, site.kv_before))
+                    recs.append((self._w_kv, site, tns, idx, km, vm, site.kv_before))
                 self.hook_ns += clock() - t1
                 return None
             return post_attn
@@ -1074,7 +1084,7 @@ class ResourceMonitor:
             if verbose:
                 self._pop(site)
             out = _first_tensor(output)
-            if out is not None and out.nbytes > self._alloc_min:
+            if out is not None and out.nbytes > alloc_min:
                 self._alloc(site, out)
             self.hook_ns += clock() - t1
             return None
@@ -1238,7 +1248,6 @@ class ResourceMonitor:
         ev["query_tokens"] = q_len
         ev["key_tokens"] = kv_len
         if flops is not None:
-            self._w_flops += flops
             # QK^T and the weighted sum of V, dense (a causal kernel may skip the masked
             # half); the q/k/v/o projections are their own mul_mat events.
             ev["flops"] = flops
@@ -1479,9 +1488,85 @@ class ResourceMonitor:
         counts["memory_allocation"] = counts.get("memory_allocation", 0) + 1
         return [(fmt % v).encode()]
 
+    def _w_attention(self, site: _Site, tns: int, timing: Any, xm: Any, om: Any, q_len: int, kv_len: int, km: Any,
+                     vm: Any, flops: Optional[int]) -> List[Any]:
+        if flops is not None:
+            self._w_flops += flops
+        ctx = (site, tns // 1000, self._w_step, self._w_fwd)
+        if type(timing) is not int:
+            return self._b_attention(ctx, timing, xm, om, q_len, kv_len, km, vm, flops)
+        # The cache's shapes, the key length and the FLOPs change every decoding step: they
+        # are slots of the template, not part of its key.
+        key = ("attention", site, xm, om, km is not None and km[1], vm is not None and vm[1],
+               flops is None, timing > 0)
+        tpl = self._tpl.get(key)
+        if tpl is None:
+            ev = self._template_of(self._b_attention, ctx, timing, xm, om, q_len, kv_len, km, vm, flops)[0]
+            slots = dict(_SLOTS, query_tokens="qt", key_tokens="kt")
+            if km is not None:
+                slots["input_tensors"] = "it"
+                it = _ENCODER.encode(ev["input_tensors"][:1])[:-1].replace("%", "%%")
+                it += ',{"name":"key_cache","shape":%(ks)s,"dtype":' + _ENCODER.encode(_dname(km[1]))
+                it += '},{"name":"value_cache","shape":%(vs)s,"dtype":' + _ENCODER.encode(
+                    _dname(vm[1]) if vm is not None else None) + "}]"
+            else:
+                it = None
+            if flops is not None:
+                slots.update(flops="fl", compute_intensity_gflops="gf")
+            tpl = self._tpl[key] = (_compile(ev, "seq", slots), it)
+        fmt, it = tpl
+        self._seq = seq = self._seq + 1
+        d = timing / 1000.0
+        v = {"ts": ctx[1], "seq": seq, "step": ctx[2], "fwd": ctx[3], "d": d, "qt": q_len, "kt": kv_len}
+        if it is not None:
+            v["it"] = it % {"ks": _jlist(km[0]), "vs": _jlist(vm[0]) if vm is not None else "null"}
+        if flops is not None:
+            v["fl"] = flops
+            v["gf"] = flops / 1e9
+            if timing > 0:
+                v["tf"] = flops / (d * 1e3)
+            if flops:
+                self.total_flops += flops
+        counts = self.counts
+        counts["compute_execution"] = counts.get("compute_execution", 0) + 1
+        return [(fmt % v).encode()]
+
+    def _w_kv(self, site: _Site, tns: int, idx: int, km: Any, vm: Any, before: int) -> List[Any]:
+        ctx = (site, tns // 1000, self._w_step, self._w_fwd)
+        key = ("kv", site, km[1], km[3], len(km[0]) >= 2, vm is None)
+        fmt = self._tpl.get(key)
+        if fmt is None:
+            prev = self._kv_prev_bytes.get(idx)
+            try:
+                ev = self._template_of(self._b_kv, ctx, idx, km, vm, before)[0]
+            finally:
+                if prev is None:
+                    self._kv_prev_bytes.pop(idx, None)
+                else:
+                    self._kv_prev_bytes[idx] = prev
+            fmt = self._tpl[key] = _compile(ev, "seq", _KV_SLOTS)
+        # As _b_kv.
+        shape = km[0]
+        length = int(shape[-2]) if len(shape) >= 2 else 0
+        nbytes = km[2] + (vm[2] if vm is not None else 0)
+        prev = self._kv_prev_bytes.get(idx)
+        grew_from = prev if prev is not None and before > 0 else 0
+        self._kv_prev_bytes[idx] = nbytes
+        self._seq = seq = self._seq + 1
+        v = {"ts": ctx[1], "seq": seq, "step": ctx[2], "fwd": ctx[3], "len": length, "prev": before,
+             "new": length - before, "reused": before, "hit": before / length if length else 0.0,
+             "cb": nbytes, "cmb": nbytes / (1 << 20), "bpt": nbytes / length if length else 0.0,
+             "grow": nbytes - grew_from, "ks": _jlist(shape), "vs": _jlist(vm[0]) if vm is not None else "null"}
+        counts = self.counts
+        counts["kv_cache_update"] = counts.get("kv_cache_update", 0) + 1
+        return [(fmt % v).encode()]
+
     def _template_of(self, builder: Callable[..., List[Dict[str, Any]]], *args: Any) -> List[Dict[str, Any]]:
         """The events ``builder`` makes of a record, as the model for a template (the
         sequence numbers they take are given back)."""
+        if len(self._tpl) >= _MAX_TEMPLATES:
+            # Many input shapes (prompts of every length): start again rather than grow.
+            self._tpl.clear()
         seq = self._seq
         try:
             return builder(*args)
@@ -1492,7 +1577,9 @@ class ResourceMonitor:
 
     def _hand_off(self) -> None:
         """Pass the recorded values to the writer thread."""
-        recs, self._records = self._records, []
+        # Copied and emptied rather than replaced: the hooks hold its append method.
+        recs = self._records[:]
+        self._records.clear()
         self._last_flush = time.monotonic()
         if recs:
             assert self._writer is not None
@@ -1581,21 +1668,26 @@ _SLOTS = {"timestamp": "ts", "step": "step", "forward": "fwd", "duration_us": "d
           "process_rss_bytes": "process_rss_bytes", "device_memory_allocated_bytes": "device_memory_allocated_bytes",
           "device_memory_reserved_bytes": "device_memory_reserved_bytes",
           "device_memory_peak_bytes": "device_memory_peak_bytes"}
+#: The changing fields of a ``kv_cache_update`` (every one but its names and types).
+_KV_SLOTS = dict(_SLOTS, cache_length_tokens="len", previous_length_tokens="prev", new_tokens="new",
+                 reused_tokens="reused", cache_hit_ratio="hit", cache_bytes="cb", cache_mb="cmb",
+                 bytes_per_token="bpt", growth_bytes="grow", key_shape="ks", value_shape="vs")
 #: Changing fields written as JSON strings.
 _QUOTED_SLOTS = {"memory_address": "addr"}
 
 
-def _compile(ev: Dict[str, Any], seq_slot: str) -> str:
+def _compile(ev: Dict[str, Any], seq_slot: str, slots: Optional[Dict[str, str]] = None) -> str:
     """``ev`` serialized as the writer loop would, as a %-format string whose changing
     fields are ``%(slot)s``: ``_SLOTS``, ``_QUOTED_SLOTS`` and the trailing
     ``{timestamp}_{seq}`` of ``resource_id`` (``seq_slot``) and ``compute_resource_id``
     (``seq``). The line ends in ``\\n``."""
     enc = _ENCODER.encode
+    slots = _SLOTS if slots is None else slots
     parts = []
     for k, v in ev.items():
         head = enc(k) + ":"
-        if k in _SLOTS:
-            parts.append(head + "%(" + _SLOTS[k] + ")s")
+        if k in slots:
+            parts.append(head + "%(" + slots[k] + ")s")
         elif k in _QUOTED_SLOTS:
             parts.append(head + "\"%(" + _QUOTED_SLOTS[k] + ")s\"")
         elif k in ("resource_id", "compute_resource_id"):
@@ -1608,6 +1700,14 @@ def _compile(ev: Dict[str, Any], seq_slot: str) -> str:
 
 
 _ITEMSIZE: Dict[Any, int] = {}
+
+
+def _jlist(shape: Sequence[int]) -> str:
+    """A shape as the JSON list the encoder writes."""
+    return "[" + ",".join(map(str, shape)) + "]"
+
+#: Templates kept per monitor (a few per hooked module and input shape; about 1 KiB each).
+_MAX_TEMPLATES = 4096
 
 
 def _meta(shape: Any, dtype: Any, is_cuda: bool = False) -> Optional[Tuple[Any, Any, int, bool]]:
