@@ -343,3 +343,37 @@ def test_torch_multihead_attention_seq_first(tmp_path):
     assert len(att) == 1
     assert att[0]["query_tokens"] == 10 and att[0]["key_tokens"] == 10
     assert att[0]["flops"] == 4 * 3 * 4 * 10 * 10 * 8
+
+
+def test_forward_wrappers_are_removed_and_keep_the_signature(tmp_path):
+    import inspect
+
+    m = TwoLinear().eval()
+    sig = inspect.signature(m.small.forward)
+    mon = ResourceMonitor(m, "MINIMAL", tmp_path / "w.jsonl", environ={}).start()
+    # Linear modules are timed through a wrapper of their forward, not hooks.
+    assert "forward" in m.small.__dict__ and not m.small._forward_hooks
+    assert inspect.signature(m.small.forward) == sig
+    mon.disable()
+    assert "forward" not in m.small.__dict__ and "forward" not in m.big.__dict__
+    mon.enable()
+    # Something else wraps the forward after the monitor: closing must leave its wrapper
+    # working (the monitor's only passes the call on) and record nothing more.
+    inner = m.big.forward
+    calls = []
+
+    def outer(*a, **k):
+        calls.append(1)
+        return inner(*a, **k)
+
+    m.big.forward = outer
+    with torch.no_grad():
+        m(torch.randn(2, 8, 64))
+    summary = mon.close()
+    assert summary["events"]["compute_execution"] == 3  # small, big, model_forward
+    assert "forward" not in m.small.__dict__ and m.big.__dict__["forward"] is outer
+    n = len(read(tmp_path / "w.jsonl"))
+    with torch.no_grad():
+        y = m(torch.randn(2, 8, 64))
+    assert y.shape == (2, 8, 1024) and len(calls) == 2
+    assert len(read(tmp_path / "w.jsonl")) == n

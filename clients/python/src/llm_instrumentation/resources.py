@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import datetime
 import enum
+import functools
 import json
 import logging
 import os
@@ -560,6 +561,7 @@ class ResourceMonitor:
         self._w_flops = 0
         self._tpl: Dict[Any, Any] = {}
         self._site_cache: Dict[str, Tuple[Any, Optional[_Site]]] = {}
+        self._wrapped: List[Tuple[Any, Any, Any]] = []
         self._cuda = False
         self._cuda_total: Optional[int] = None
         self._nvml: Any = None
@@ -815,15 +817,106 @@ class ResourceMonitor:
                 self._root = site
                 self._handles.append(mod.register_forward_pre_hook(self._model_pre, with_kwargs=True))
                 continue
-            self._handles.append(mod.register_forward_pre_hook(self._make_pre(site), with_kwargs=kw))
-            self._handles.append(mod.register_forward_hook(self._make_post(site), with_kwargs=kw))
+            if site.kind in ("attention", "mlp"):
+                self._handles.append(mod.register_forward_pre_hook(self._make_pre(site), with_kwargs=kw))
+                self._handles.append(mod.register_forward_hook(self._make_post(site), with_kwargs=kw))
+            else:
+                self._wrap(site, mod)
         # The root's end hook last: it runs after every other hook of the root.
         self._handles.append(self.model.register_forward_hook(self._model_post, with_kwargs=True, always_call=True))
+
+    def _wrap(self, site: _Site, mod: Any) -> None:
+        """Time a module by wrapping its ``forward`` (an instance attribute, as accelerate's
+        hooks do) rather than with a pre and a post hook: one Python call instead of torch's
+        hook dispatch and two hooks, and a module without hooks keeps torch's fast call path.
+        Used for the modules timed alone (Linear, norms, activations, embeddings, leaves);
+        attention and the MLP, which need their keyword arguments or the handoff, keep hooks."""
+        if site.kind == "linear":
+            w = mod.weight
+            if type(mod).__name__ == "Conv1D":  # GPT-2 stores (in, out)
+                in_f, out_f = int(w.shape[0]), int(w.shape[1])
+            else:
+                in_f, out_f = int(w.shape[1]), int(w.shape[0])
+            wbytes = w.numel() * w.element_size()
+            b = getattr(mod, "bias", None)
+            if b is not None:
+                wbytes += b.numel() * b.element_size()
+            site.static = (tuple(w.shape), w.dtype, wbytes, in_f, out_f)
+            build = self._w_linear
+        else:
+            build = self._w_module
+        verbose = self.level >= ResourceLevel.VERBOSE
+        any_cuda = self._any_cuda
+        stack = self._stack
+        clock = time.perf_counter_ns
+        wall = time.time_ns
+        tensor = _TENSOR
+        append = self._records.append
+        alloc_min = self._alloc_min
+        prev = mod.__dict__.get("forward", _UNREAD)
+        orig = mod.forward
+        active = [True]
+
+        @functools.wraps(orig)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not active[0]:
+                return orig(*args, **kwargs)
+            t = clock()
+            if verbose:
+                stack.append(site)
+            ev0 = None
+            if any_cuda:
+                x0 = _first_tensor(args)
+                if x0 is not None and x0.is_cuda:
+                    import torch
+
+                    ev0 = torch.cuda.Event(enable_timing=True)
+                    ev0.record()
+            t0 = clock()
+            self.hook_ns += t0 - t
+            output = orig(*args, **kwargs)
+            t1 = clock()
+            if verbose:
+                self._pop(site)
+            out = output if type(output) is tensor else _first_tensor(output)
+            if out is not None:
+                x = args[0] if args and type(args[0]) is tensor else _first_tensor(args)
+                if ev0 is None:
+                    timing: Any = t1 - t0
+                else:
+                    import torch
+
+                    end = torch.cuda.Event(enable_timing=True)
+                    end.record()
+                    timing = (ev0, end)
+                if x is not None:
+                    append((build, site, wall(), timing, x.shape, x.dtype, out.shape, out.dtype))
+                else:
+                    append((build, site, wall(), timing, None, None, out.shape, out.dtype))
+                if out.nbytes > alloc_min:
+                    self._alloc(site, out)
+            self.hook_ns += clock() - t1
+            return output
+
+        forward.strap_active = active  # type: ignore[attr-defined]
+        mod.__dict__["forward"] = forward
+        self._wrapped.append((mod, forward, prev))
 
     def _uninstall(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for mod, fwd, prev in self._wrapped:
+            if mod.__dict__.get("forward") is fwd:
+                if prev is _UNREAD:
+                    del mod.__dict__["forward"]
+                else:
+                    mod.__dict__["forward"] = prev
+            else:
+                # Something wrapped the module's forward after us: ours stays in its chain
+                # and only passes the call on from now.
+                fwd.strap_active[0] = False
+        self._wrapped.clear()
         self._exit_mode()
 
     def _exit_mode(self) -> None:
@@ -957,82 +1050,21 @@ class ResourceMonitor:
                 return None
             return pre_attn
 
-        if kind == "mlp":
-            def pre_mlp(module: Any, args: Any) -> None:
-                t = clock()
-                if verbose:
-                    stack.append(site)
-                self._handoff(site, _first_tensor(args))
-                self.hook_ns += clock() - t
-                return None
-            return pre_mlp
-
-        if self._any_cuda:
-            def pre_timed(module: Any, args: Any) -> None:
-                t = clock()
-                if verbose:
-                    stack.append(site)
-                self._start_timer(site, _first_tensor(args))
-                self.hook_ns += site.t0 - t
-                return None
-            return pre_timed
-
-        def pre(module: Any, args: Any) -> None:
+        def pre_mlp(module: Any, args: Any) -> None:
             t = clock()
             if verbose:
                 stack.append(site)
-            site.ev0 = None
-            site.t0 = t1 = clock()
-            self.hook_ns += t1 - t
+            self._handoff(site, _first_tensor(args))
+            self.hook_ns += clock() - t
             return None
-        return pre
+        return pre_mlp
 
     def _make_post(self, site: _Site) -> Callable[..., None]:
         kind = site.kind
         verbose = self.level >= ResourceLevel.VERBOSE
         clock = time.perf_counter_ns
         wall = time.time_ns
-        tensor = _TENSOR
-        append = self._records.append
         alloc_min = self._alloc_min
-        if kind == "linear":
-            w = site.mod.weight
-            if type(site.mod).__name__ == "Conv1D":  # GPT-2 stores (in, out)
-                in_f, out_f = int(w.shape[0]), int(w.shape[1])
-            else:
-                in_f, out_f = int(w.shape[1]), int(w.shape[0])
-            wbytes = w.numel() * w.element_size()
-            b = getattr(site.mod, "bias", None)
-            if b is not None:
-                wbytes += b.numel() * b.element_size()
-            site.static = (tuple(w.shape), w.dtype, wbytes, in_f, out_f)
-            build = self._w_linear
-        elif kind in ("attention", "mlp"):
-            build = None
-        else:
-            build = self._w_module
-
-        if build is not None:
-            def post(module: Any, args: Any, output: Any) -> None:
-                t1 = clock()
-                if verbose:
-                    self._pop(site)
-                out = output if type(output) is tensor else _first_tensor(output)
-                if out is None:
-                    self.hook_ns += clock() - t1
-                    return None
-                x = args[0] if args and type(args[0]) is tensor else _first_tensor(args)
-                timing = t1 - site.t0 if site.ev0 is None else self._stop_cuda(site)
-                if x is not None:
-                    append((build, site, wall(), timing, x.shape, x.dtype, out.shape, out.dtype))
-                else:
-                    append((build, site, wall(), timing, None, None, out.shape, out.dtype))
-                if out.nbytes > alloc_min:
-                    self._alloc(site, out)
-                self.hook_ns += clock() - t1
-                return None
-            return post
-
         if kind == "attention":
             def post_attn(module: Any, args: Any, kwargs: Dict[str, Any], output: Any) -> None:
                 t1 = clock()
