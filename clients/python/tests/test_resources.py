@@ -377,3 +377,19 @@ def test_forward_wrappers_are_removed_and_keep_the_signature(tmp_path):
         y = m(torch.randn(2, 8, 64))
     assert y.shape == (2, 8, 1024) and len(calls) == 2
     assert len(read(tmp_path / "w.jsonl")) == n
+
+
+def test_copies_of_a_wrapped_module_run_their_own_weights(tmp_path):
+    import copy
+    import pickle
+
+    m = TwoLinear().eval()
+    x = torch.randn(2, 8, 64)
+    with monitor_resources(m, "MINIMAL", tmp_path / "c.jsonl", environ={}):
+        assert "forward" in m.small.__dict__
+        for twin in (copy.deepcopy(m.small), pickle.loads(pickle.dumps(m.small))):
+            with torch.no_grad():
+                twin.weight.add_(1.0)
+                want = nn.functional.linear(x, twin.weight, twin.bias)
+                assert torch.allclose(twin(x), want), "the copy ran the original's weights"
+                assert not torch.allclose(m.small(x), want)

@@ -460,6 +460,46 @@ class _Site:
         self.static: Any = None
 
 
+class _WrappedForward:
+    """A module's ``forward`` as the monitor wraps it. It calls the module it was made for,
+    so a copy of the module (``copy.deepcopy``, pickle) gets that module's own forward back
+    instead of a wrapper that would run the original's weights."""
+
+    def __init__(self, fn: Callable[..., Any], orig: Any, mod: Any, prev: Any, active: List[bool]) -> None:
+        self.fn = fn
+        self.mod = mod
+        self.prev = prev
+        self.active = active
+        functools.update_wrapper(self, orig)  # name, doc and __wrapped__ (the signature)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+        import copy
+
+        new = memo.get(id(self.mod))
+        if new is None:  # the wrapper copied without its module: nothing to rebind it to
+            return self
+        if self.prev is _UNREAD:
+            return _own_forward(new)
+        return copy.deepcopy(self.prev, memo)
+
+    def __reduce__(self) -> Any:
+        if self.prev is _UNREAD:
+            return (_own_forward, (self.mod,))
+        return (_identity, (self.prev,))
+
+
+def _own_forward(mod: Any) -> Any:
+    """``mod``'s class's forward, bound to ``mod``."""
+    return type(mod).forward.__get__(mod)
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
 def _cache_from(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     for key in ("cache", "past_key_values", "past_key_value", "layer_past"):
         v = kwargs.get(key)
@@ -857,7 +897,6 @@ class ResourceMonitor:
         orig = mod.forward
         active = [True]
 
-        @functools.wraps(orig)
         def forward(*args: Any, **kwargs: Any) -> Any:
             if not active[0]:
                 return orig(*args, **kwargs)
@@ -898,9 +937,9 @@ class ResourceMonitor:
             self.hook_ns += clock() - t1
             return output
 
-        forward.strap_active = active  # type: ignore[attr-defined]
-        mod.__dict__["forward"] = forward
-        self._wrapped.append((mod, forward, prev))
+        wrapper = _WrappedForward(forward, orig, mod, prev, active)
+        mod.__dict__["forward"] = wrapper
+        self._wrapped.append((mod, wrapper, prev))
 
     def _uninstall(self) -> None:
         for h in self._handles:
@@ -915,7 +954,7 @@ class ResourceMonitor:
             else:
                 # Something wrapped the module's forward after us: ours stays in its chain
                 # and only passes the call on from now.
-                fwd.strap_active[0] = False
+                fwd.active[0] = False
         self._wrapped.clear()
         self._exit_mode()
 
