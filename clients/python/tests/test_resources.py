@@ -393,3 +393,29 @@ def test_copies_of_a_wrapped_module_run_their_own_weights(tmp_path):
                 want = nn.functional.linear(x, twin.weight, twin.bias)
                 assert torch.allclose(twin(x), want), "the copy ran the original's weights"
                 assert not torch.allclose(m.small(x), want)
+
+
+def test_templates_write_what_the_builders_write(tmp_path):
+    """The writer's templates (one per module and input shape) against the general builders:
+    the same events, fields and order, but for what changes from run to run."""
+    volatile = {"timestamp", "resource_id", "compute_resource_id", "session_id", "iso_timestamp", "pid",
+                "duration_us", "throughput_gflops_per_s", "memory_throughput_gbps", "transfer_bandwidth_gbps",
+                "memory_address", "process_rss_bytes", "memory_used_fraction", "memory_pressure",
+                "monitor_hook_us", "monitor_writer_cpu_us", "total_compute_us", "total_memory_bytes",
+                "total_memory_mb"}
+    m = tiny_llama()
+    runs = []
+    for fast in (True, False):
+        p = tmp_path / f"fast-{fast}.jsonl"
+        mon = ResourceMonitor(m, "VERBOSE", p, environ={})
+        mon._fast = fast
+        with mon:
+            generate(m, mon, 6, 3)
+            mon.set_level("DETAILED")
+            generate(m, mon, 6, 2)
+            with torch.no_grad():
+                m(torch.randint(0, 1024, (2, 9)))
+        runs.append([[(k, "*" if k in volatile else v) for k, v in e.items()] for e in read(p)])
+        ids = [e["resource_id"].rsplit("_", 1)[1] for e in read(p)[1:-1]]
+        assert ids == [str(i) for i in range(1, len(ids) + 1)], "sequence numbers run on"
+    assert len(runs[0]) > 500 and runs[0] == runs[1]

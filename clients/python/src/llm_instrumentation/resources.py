@@ -600,6 +600,8 @@ class ResourceMonitor:
         self._w_fwd = -1
         self._w_flops = 0
         self._tpl: Dict[Any, Any] = {}
+        # False: every event built by the general builders (the tests compare both paths).
+        self._fast = True
         self._site_cache: Dict[str, Tuple[Any, Optional[_Site]]] = {}
         self._wrapped: List[Tuple[Any, Any, Any]] = []
         self._cuda = False
@@ -1482,7 +1484,7 @@ class ResourceMonitor:
 
     def _w_linear(self, site: _Site, tns: int, timing: Any, xs: Any, xd: Any, os_: Any, od: Any) -> List[Any]:
         in_f, out_f = site.static[3], site.static[4]
-        if type(timing) is not int:  # a CUDA event pair: resolved and built the general way
+        if type(timing) is not int or not self._fast:  # a CUDA event pair: resolved and built the general way
             flops = 2 * (_numel(os_) // out_f if out_f else 0) * in_f * out_f
             self._w_flops += flops
             return self._b_linear((site, tns // 1000, self._w_step, self._w_fwd), timing,
@@ -1518,7 +1520,7 @@ class ResourceMonitor:
     def _w_module(self, site: _Site, tns: int, timing: Any, xs: Any, xd: Any, os_: Any, od: Any) -> List[Any]:
         cls = type(site.mod).__name__
         ctx = (site, tns // 1000, self._w_step, self._w_fwd)
-        if type(timing) is not int:
+        if type(timing) is not int or not self._fast:
             return self._b_module(ctx, timing, _meta(xs, xd), _meta(os_, od), cls)
         key = (site, xs, xd, os_, od, timing > 0)
         tpl = self._tpl.get(key)
@@ -1547,6 +1549,8 @@ class ResourceMonitor:
         if mem is None:  # the forward pass did not end (it raised, or the monitor was disabled in it)
             mem = self._mem_now()
         ctx = (site, tns // 1000, self._w_step, self._w_fwd)
+        if not self._fast:
+            return self._b_alloc(ctx, kind, size, shape, dtype, is_cuda, ptr, mem)
         key = (site, kind, size, shape, dtype, is_cuda, tuple(mem))
         fmt = self._tpl.get(key)
         if fmt is None:
@@ -1564,7 +1568,7 @@ class ResourceMonitor:
         if flops is not None:
             self._w_flops += flops
         ctx = (site, tns // 1000, self._w_step, self._w_fwd)
-        if type(timing) is not int:
+        if type(timing) is not int or not self._fast:
             return self._b_attention(ctx, timing, xm, om, q_len, kv_len, km, vm, flops)
         # The cache's shapes, the key length and the FLOPs change every decoding step: they
         # are slots of the template, not part of its key.
@@ -1604,6 +1608,8 @@ class ResourceMonitor:
 
     def _w_kv(self, site: _Site, tns: int, idx: int, km: Any, vm: Any, before: int) -> List[Any]:
         ctx = (site, tns // 1000, self._w_step, self._w_fwd)
+        if not self._fast:
+            return self._b_kv(ctx, idx, km, vm, before)
         key = ("kv", site, km[1], km[3], len(km[0]) >= 2, vm is None)
         fmt = self._tpl.get(key)
         if fmt is None:
