@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/strap-llm/strap/internal/jsontext"
 )
 
 // Resources carries resource events of the session's model (RESOURCES, PROTOCOL.md 1.4);
@@ -16,40 +18,136 @@ type Resources struct {
 
 // ResourceLines checks a RESOURCES body and returns its events as JSON lines: each event
 // compacted onto one line and ended by '\n', in the order sent, with their count.
+//
+// The body is validated and compacted by encoding/json in one pass; the events are then
+// found by walking the compact text, which is cheaper than decoding it (a client sends about
+// a hundred events per forward pass of its model). Keys match exactly, after unescaping;
+// of a repeated key the last counts, as when decoding into a map.
 func ResourceLines(m Message) ([]byte, int, error) {
-	var r Resources
-	if err := m.Unmarshal(&r, "events"); err != nil {
-		return nil, 0, err
+	if err := jsontext.Check(m.Body); err != nil {
+		return nil, 0, fmt.Errorf("%w: %s body: %w", ErrBadMessage, m.Type, err)
 	}
-	if len(r.Events) == 0 {
+	var compact bytes.Buffer
+	compact.Grow(len(m.Body))
+	if err := json.Compact(&compact, m.Body); err != nil {
+		return nil, 0, fmt.Errorf("%w: %s body: %w", ErrBadMessage, m.Type, err)
+	}
+	c := compact.Bytes()
+	if c[0] != '{' {
+		return nil, 0, fmt.Errorf("%w: %s body is not a JSON object", ErrBadMessage, m.Type)
+	}
+	events, err := member(c, "events")
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: %s body: %w", ErrBadMessage, m.Type, err)
+	}
+	if events == nil || string(events) == "null" {
+		return nil, 0, fmt.Errorf("%w: %s body lacks required field %q", ErrBadMessage, m.Type, "events")
+	}
+	if events[0] != '[' {
+		return nil, 0, fmt.Errorf("%w: %s events is not a list", ErrBadMessage, m.Type)
+	}
+	out := make([]byte, 0, len(events)+16)
+	n := 0
+	for i := 1; events[i] != ']'; {
+		end := skipValue(events, i)
+		if err := checkEvent(events[i:end]); err != nil {
+			return nil, 0, fmt.Errorf("%w: RESOURCES event %d: %w", ErrBadMessage, n, err)
+		}
+		out = append(append(out, events[i:end]...), '\n')
+		n++
+		i = end
+		if events[i] == ',' {
+			i++
+		}
+	}
+	if n == 0 {
 		return nil, 0, fmt.Errorf("%w: RESOURCES without events", ErrBadMessage)
 	}
-	var out bytes.Buffer
-	out.Grow(len(m.Body))
-	for i, ev := range r.Events {
-		if err := checkEvent(ev); err != nil {
-			return nil, 0, fmt.Errorf("%w: RESOURCES event %d: %w", ErrBadMessage, i, err)
-		}
-		if err := json.Compact(&out, ev); err != nil {
-			return nil, 0, fmt.Errorf("%w: RESOURCES event %d: %w", ErrBadMessage, i, err)
-		}
-		out.WriteByte('\n')
-	}
-	return out.Bytes(), len(r.Events), nil
+	return out, n, nil
 }
 
-func checkEvent(ev json.RawMessage) error {
-	var head struct {
-		Event *string `json:"event"`
-	}
-	if t := bytes.TrimLeft(ev, " \t\r\n"); len(t) == 0 || t[0] != '{' {
+// checkEvent: an object whose "event" member is a non-empty string.
+func checkEvent(ev []byte) error {
+	if ev[0] != '{' {
 		return errors.New("not a JSON object")
 	}
-	if err := json.Unmarshal(ev, &head); err != nil {
+	name, err := member(ev, "event")
+	if err != nil {
 		return err
 	}
-	if head.Event == nil || *head.Event == "" {
+	// A string token longer than its two quotes decodes to a non-empty string.
+	if len(name) < 3 || name[0] != '"' {
 		return errors.New(`no "event" name`)
 	}
 	return nil
+}
+
+// member returns the value of key in obj, compact and valid JSON text of an object (nil when
+// absent; the last when repeated).
+func member(obj []byte, key string) ([]byte, error) {
+	var found []byte
+	for i := 1; obj[i] != '}'; {
+		kend := skipValue(obj, i)
+		k := obj[i:kend]
+		match := string(k[1:len(k)-1]) == key
+		if !match && bytes.IndexByte(k, '\\') >= 0 {
+			var s string
+			if err := json.Unmarshal(k, &s); err != nil {
+				return nil, err
+			}
+			match = s == key
+		}
+		vstart := kend + 1 // past ':'
+		vend := skipValue(obj, vstart)
+		if match {
+			found = obj[vstart:vend]
+		}
+		i = vend
+		if obj[i] == ',' {
+			i++
+		}
+	}
+	return found, nil
+}
+
+// skipValue returns the end of the value starting at b[i], in compact valid JSON text.
+func skipValue(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for {
+			switch b[i] {
+			case '"':
+				i = skipString(b, i)
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+	default: // number, true, false, null
+		for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' {
+			i++
+		}
+		return i
+	}
+}
+
+// skipString returns the end of the string token starting at b[i] (the opening quote).
+func skipString(b []byte, i int) int {
+	for i++; ; i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
 }

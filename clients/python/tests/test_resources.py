@@ -343,3 +343,79 @@ def test_torch_multihead_attention_seq_first(tmp_path):
     assert len(att) == 1
     assert att[0]["query_tokens"] == 10 and att[0]["key_tokens"] == 10
     assert att[0]["flops"] == 4 * 3 * 4 * 10 * 10 * 8
+
+
+def test_forward_wrappers_are_removed_and_keep_the_signature(tmp_path):
+    import inspect
+
+    m = TwoLinear().eval()
+    sig = inspect.signature(m.small.forward)
+    mon = ResourceMonitor(m, "MINIMAL", tmp_path / "w.jsonl", environ={}).start()
+    # Linear modules are timed through a wrapper of their forward, not hooks.
+    assert "forward" in m.small.__dict__ and not m.small._forward_hooks
+    assert inspect.signature(m.small.forward) == sig
+    mon.disable()
+    assert "forward" not in m.small.__dict__ and "forward" not in m.big.__dict__
+    mon.enable()
+    # Something else wraps the forward after the monitor: closing must leave its wrapper
+    # working (the monitor's only passes the call on) and record nothing more.
+    inner = m.big.forward
+    calls = []
+
+    def outer(*a, **k):
+        calls.append(1)
+        return inner(*a, **k)
+
+    m.big.forward = outer
+    with torch.no_grad():
+        m(torch.randn(2, 8, 64))
+    summary = mon.close()
+    assert summary["events"]["compute_execution"] == 3  # small, big, model_forward
+    assert "forward" not in m.small.__dict__ and m.big.__dict__["forward"] is outer
+    n = len(read(tmp_path / "w.jsonl"))
+    with torch.no_grad():
+        y = m(torch.randn(2, 8, 64))
+    assert y.shape == (2, 8, 1024) and len(calls) == 2
+    assert len(read(tmp_path / "w.jsonl")) == n
+
+
+def test_copies_of_a_wrapped_module_run_their_own_weights(tmp_path):
+    import copy
+    import pickle
+
+    m = TwoLinear().eval()
+    x = torch.randn(2, 8, 64)
+    with monitor_resources(m, "MINIMAL", tmp_path / "c.jsonl", environ={}):
+        assert "forward" in m.small.__dict__
+        for twin in (copy.deepcopy(m.small), pickle.loads(pickle.dumps(m.small))):
+            with torch.no_grad():
+                twin.weight.add_(1.0)
+                want = nn.functional.linear(x, twin.weight, twin.bias)
+                assert torch.allclose(twin(x), want), "the copy ran the original's weights"
+                assert not torch.allclose(m.small(x), want)
+
+
+def test_templates_write_what_the_builders_write(tmp_path):
+    """The writer's templates (one per module and input shape) against the general builders:
+    the same events, fields and order, but for what changes from run to run."""
+    volatile = {"timestamp", "resource_id", "compute_resource_id", "session_id", "iso_timestamp", "pid",
+                "duration_us", "throughput_gflops_per_s", "memory_throughput_gbps", "transfer_bandwidth_gbps",
+                "memory_address", "process_rss_bytes", "memory_used_fraction", "memory_pressure",
+                "monitor_hook_us", "monitor_writer_cpu_us", "total_compute_us", "total_memory_bytes",
+                "total_memory_mb"}
+    m = tiny_llama()
+    runs = []
+    for fast in (True, False):
+        p = tmp_path / f"fast-{fast}.jsonl"
+        mon = ResourceMonitor(m, "VERBOSE", p, environ={})
+        mon._fast = fast
+        with mon:
+            generate(m, mon, 6, 3)
+            mon.set_level("DETAILED")
+            generate(m, mon, 6, 2)
+            with torch.no_grad():
+                m(torch.randint(0, 1024, (2, 9)))
+        runs.append([[(k, "*" if k in volatile else v) for k, v in e.items()] for e in read(p)])
+        ids = [e["resource_id"].rsplit("_", 1)[1] for e in read(p)[1:-1]]
+        assert ids == [str(i) for i in range(1, len(ids) + 1)], "sequence numbers run on"
+    assert len(runs[0]) > 500 and runs[0] == runs[1]

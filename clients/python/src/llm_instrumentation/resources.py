@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import datetime
 import enum
+import functools
 import json
 import logging
 import os
@@ -278,16 +279,25 @@ def _now_us() -> int:
 
 
 
-def _first_tensor(x: Any) -> Optional["torch.Tensor"]:
-    import torch
+#: ``torch.Tensor``, set when hooks are installed (this module imports torch only then).
+_TENSOR: Any = None
+#: Not read yet in this forward pass.
+_UNREAD = object()
 
-    if isinstance(x, torch.Tensor):
+
+def _first_tensor(x: Any) -> Optional["torch.Tensor"]:
+    tensor = _TENSOR
+    if tensor is None:
+        import torch
+
+        tensor = torch.Tensor
+    if isinstance(x, tensor):
         return x
     if isinstance(x, dict):
         x = list(x.values())
     if isinstance(x, (tuple, list)):
         for v in x:
-            if isinstance(v, torch.Tensor):
+            if isinstance(v, tensor):
                 return v
     return None
 
@@ -427,7 +437,7 @@ class _Site:
     """One hooked module: what it is, and its in-flight start time."""
 
     __slots__ = ("name", "mod", "kind", "level", "layer_id", "component", "mlp_op", "activation", "leaf",
-                 "t0", "ev0", "kv_before", "kv_cache", "n_heads", "head_dim", "flops_per_element")
+                 "t0", "ev0", "kv_before", "kv_cache", "n_heads", "head_dim", "flops_per_element", "static")
 
     def __init__(self, name: str, mod: Any, kind: str, level: ResourceLevel, layer_id: Optional[int],
                  component: str) -> None:
@@ -447,6 +457,47 @@ class _Site:
         self.n_heads: Optional[int] = None
         self.head_dim: Optional[int] = None
         self.flops_per_element: Optional[int] = None
+        self.static: Any = None
+
+
+class _WrappedForward:
+    """A module's ``forward`` as the monitor wraps it. It calls the module it was made for,
+    so a copy of the module (``copy.deepcopy``, pickle) gets that module's own forward back
+    instead of a wrapper that would run the original's weights."""
+
+    def __init__(self, fn: Callable[..., Any], orig: Any, mod: Any, prev: Any, active: List[bool]) -> None:
+        self.fn = fn
+        self.mod = mod
+        self.prev = prev
+        self.active = active
+        functools.update_wrapper(self, orig)  # name, doc and __wrapped__ (the signature)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+        import copy
+
+        new = memo.get(id(self.mod))
+        if new is None:  # the wrapper copied without its module: nothing to rebind it to
+            return self
+        if self.prev is _UNREAD:
+            return _own_forward(new)
+        return copy.deepcopy(self.prev, memo)
+
+    def __reduce__(self) -> Any:
+        if self.prev is _UNREAD:
+            return (_own_forward, (self.mod,))
+        return (_identity, (self.prev,))
+
+
+def _own_forward(mod: Any) -> Any:
+    """``mod``'s class's forward, bound to ``mod``."""
+    return type(mod).forward.__get__(mod)
+
+
+def _identity(x: Any) -> Any:
+    return x
 
 
 def _cache_from(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
@@ -538,8 +589,21 @@ class ResourceMonitor:
         self._seq = 0
         self._started = False
         self._closed = False
-        self._forward_flops = 0
         self._forward_capture0 = 0
+        self._fwd_mem: Optional[List[Any]] = None
+        self._fwd_frac: Any = _UNREAD
+        self._alloc_min = -1
+        self._any_cuda = False
+        # Writer thread: the step, forward pass and FLOPs so far of the records it builds,
+        # and the templates of the fast paths.
+        self._w_step = 0
+        self._w_fwd = -1
+        self._w_flops = 0
+        self._tpl: Dict[Any, Any] = {}
+        # False: every event built by the general builders (the tests compare both paths).
+        self._fast = True
+        self._site_cache: Dict[str, Tuple[Any, Optional[_Site]]] = {}
+        self._wrapped: List[Tuple[Any, Any, Any]] = []
         self._cuda = False
         self._cuda_total: Optional[int] = None
         self._nvml: Any = None
@@ -766,42 +830,134 @@ class ResourceMonitor:
     def _install(self) -> None:
         if self._handles:
             return
+        global _TENSOR
+        import torch
+
+        _TENSOR = torch.Tensor
         self._root = None
         level = self.level
+        # Checked once here rather than on every hook: only allocations the level keeps are
+        # recorded, and only a model with CUDA parameters needs CUDA events.
+        self._alloc_min = MINIMAL_ALLOCATION_BYTES if level == ResourceLevel.MINIMAL else -1
+        self._any_cuda = self._cuda or any(p.is_cuda for p in self.model.parameters())
         mods = dict(self.model.named_modules())
         self._sites = []
         for name, mod in mods.items():
-            site = self._classify(name, mod, mods)
+            # The same site object across re-installs (set_level, enable): the writer's
+            # templates are keyed by it.
+            known = self._site_cache.get(name)
+            if known is not None and known[0] is mod:
+                site = known[1]
+            else:
+                site = self._classify(name, mod, mods)
+                self._site_cache[name] = (mod, site)
             if site is None or site.level > level:
                 continue
             self._sites.append(site)
             kw = site.kind == "attention"
             if site.kind == "model":
                 self._root = site
-                self._handles.append(mod.register_forward_pre_hook(self._timed(self._model_pre), with_kwargs=True))
+                self._handles.append(mod.register_forward_pre_hook(self._model_pre, with_kwargs=True))
                 continue
-            self._handles.append(mod.register_forward_pre_hook(self._timed(self._make_pre(site)), with_kwargs=kw))
-            self._handles.append(mod.register_forward_hook(self._timed(self._make_post(site)), with_kwargs=kw))
+            if site.kind in ("attention", "mlp"):
+                self._handles.append(mod.register_forward_pre_hook(self._make_pre(site), with_kwargs=kw))
+                self._handles.append(mod.register_forward_hook(self._make_post(site), with_kwargs=kw))
+            else:
+                self._wrap(site, mod)
         # The root's end hook last: it runs after every other hook of the root.
-        self._handles.append(self.model.register_forward_hook(self._timed(self._model_post), with_kwargs=True,
-                                                              always_call=True))
+        self._handles.append(self.model.register_forward_hook(self._model_post, with_kwargs=True, always_call=True))
 
-    def _timed(self, fn: Callable[..., None]) -> Callable[..., None]:
-        """``fn`` with its own time added to ``hook_ns``: the monitor's cost in the model's
-        thread, measured (torch's dispatch of a hook is not included)."""
+    def _wrap(self, site: _Site, mod: Any) -> None:
+        """Time a module by wrapping its ``forward`` (an instance attribute, as accelerate's
+        hooks do) rather than with a pre and a post hook: one Python call instead of torch's
+        hook dispatch and two hooks, and a module without hooks keeps torch's fast call path.
+        Used for the modules timed alone (Linear, norms, activations, embeddings, leaves);
+        attention and the MLP, which need their keyword arguments or the handoff, keep hooks."""
+        if site.kind == "linear":
+            w = mod.weight
+            if type(mod).__name__ == "Conv1D":  # GPT-2 stores (in, out)
+                in_f, out_f = int(w.shape[0]), int(w.shape[1])
+            else:
+                in_f, out_f = int(w.shape[1]), int(w.shape[0])
+            wbytes = w.numel() * w.element_size()
+            b = getattr(mod, "bias", None)
+            if b is not None:
+                wbytes += b.numel() * b.element_size()
+            site.static = (tuple(w.shape), w.dtype, wbytes, in_f, out_f)
+            build = self._w_linear
+        else:
+            build = self._w_module
+        verbose = self.level >= ResourceLevel.VERBOSE
+        any_cuda = self._any_cuda
+        stack = self._stack
         clock = time.perf_counter_ns
+        wall = time.time_ns
+        tensor = _TENSOR
+        append = self._records.append
+        alloc_min = self._alloc_min
+        prev = mod.__dict__.get("forward", _UNREAD)
+        orig = mod.forward
+        active = [True]
 
-        def timed(*args: Any) -> None:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not active[0]:
+                return orig(*args, **kwargs)
             t = clock()
-            fn(*args)
-            self.hook_ns += clock() - t
-            return None
-        return timed
+            if verbose:
+                stack.append(site)
+            ev0 = None
+            if any_cuda:
+                x0 = _first_tensor(args)
+                if x0 is not None and x0.is_cuda:
+                    import torch
+
+                    ev0 = torch.cuda.Event(enable_timing=True)
+                    ev0.record()
+            t0 = clock()
+            self.hook_ns += t0 - t
+            output = orig(*args, **kwargs)
+            t1 = clock()
+            if verbose:
+                self._pop(site)
+            out = output if type(output) is tensor else _first_tensor(output)
+            if out is not None:
+                x = args[0] if args and type(args[0]) is tensor else _first_tensor(args)
+                if ev0 is None:
+                    timing: Any = t1 - t0
+                else:
+                    import torch
+
+                    end = torch.cuda.Event(enable_timing=True)
+                    end.record()
+                    timing = (ev0, end)
+                if x is not None:
+                    append((build, site, wall(), timing, x.shape, x.dtype, out.shape, out.dtype))
+                else:
+                    append((build, site, wall(), timing, None, None, out.shape, out.dtype))
+                if out.nbytes > alloc_min:
+                    self._alloc(site, out)
+            self.hook_ns += clock() - t1
+            return output
+
+        wrapper = _WrappedForward(forward, orig, mod, prev, active)
+        mod.__dict__["forward"] = wrapper
+        self._wrapped.append((mod, wrapper, prev))
 
     def _uninstall(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for mod, fwd, prev in self._wrapped:
+            if mod.__dict__.get("forward") is fwd:
+                if prev is _UNREAD:
+                    del mod.__dict__["forward"]
+                else:
+                    mod.__dict__["forward"] = prev
+            else:
+                # Something wrapped the module's forward after us: ours stays in its chain
+                # and only passes the call on from now.
+                fwd.active[0] = False
+        self._wrapped.clear()
         self._exit_mode()
 
     def _exit_mode(self) -> None:
@@ -822,22 +978,15 @@ class ResourceMonitor:
             site.ev0 = None
         site.t0 = time.perf_counter_ns()
 
-    def _stop_timer(self, site: _Site) -> Any:
-        """The measurement: elapsed ns on the CPU, or the CUDA event pair (resolved by the
-        writer thread, which waits for the GPU instead of the model's thread)."""
-        t1 = time.perf_counter_ns()
-        ev0 = site.ev0
-        if ev0 is not None:
-            import torch
+    def _stop_cuda(self, site: _Site) -> Any:
+        """The CUDA event pair of a module timed on the GPU (resolved by the writer thread,
+        which waits for the GPU instead of the model's thread)."""
+        import torch
 
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            site.ev0 = None
-            return (ev0, end)
-        return t1 - site.t0
-
-    def _ctx(self, site: _Site) -> Tuple[_Site, int, int, int]:
-        return (site, time.time_ns() // 1000, self._cur_step, self._forward)
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        ev0, site.ev0 = site.ev0, None
+        return (ev0, end)
 
     def _mem_now(self) -> Dict[str, Any]:
         if self._cuda:
@@ -851,23 +1000,34 @@ class ResourceMonitor:
         return {"process_rss_bytes": rss, "memory_source": "proc_self_statm"} if rss is not None else {}
 
     # ----- hooks: record plain values now, build the events in the writer thread ------------
+    #
+    # Each hook adds its own time to ``hook_ns`` (the monitor's measured cost in the model's
+    # thread; torch's dispatch of a hook is not included). The step and forward pass of the
+    # records are not repeated on each: a ``_w_begin`` record at the start of every forward
+    # pass gives them to the writer, which also sums the pass's FLOPs.
 
     def _model_pre(self, module: Any, args: Any, kwargs: Dict[str, Any]) -> None:
+        t = time.perf_counter_ns()
         self._forward = self._forward_fn() if self._forward_fn is not None else self._forward + 1
         self.forwards += 1
         self._cur_step = self._step_fn() if self._step_fn is not None else self._step
-        self._forward_flops = 0
+        self._records.append((self._w_begin, self._cur_step, self._forward))
         self._forward_capture0 = self._capture_bytes_fn() if self._capture_bytes_fn is not None else 0
+        # The memory reading every module-output allocation of this pass carries: taken once,
+        # when the pass ends (_model_post), instead of once per allocation.
+        self._fwd_mem = [None]
+        self._fwd_frac = _UNREAD
         root = self._root
         if root is not None:
-            t = _first_tensor(args) if args else _first_tensor(kwargs)
-            self._root_input = _tm(t) if t is not None else None
+            t_in = _first_tensor(args) if args else _first_tensor(kwargs)
+            self._root_input = _tm(t_in) if t_in is not None else None
             self._start_timer(root, self._probe_cuda_tensor() if self._cuda else None)
         self._stack.clear()
         self._attn_end.clear()
         if self.level >= ResourceLevel.VERBOSE and self._mode is None:
             self._mode = _ElementwiseMode(self)
             self._mode.__enter__()
+        self.hook_ns += time.perf_counter_ns() - t
 
     def _probe_cuda_tensor(self) -> Optional["torch.Tensor"]:
         for p in self.model.parameters():
@@ -875,7 +1035,18 @@ class ResourceMonitor:
         return None
 
     def _model_post(self, module: Any, args: Any, kwargs: Dict[str, Any], output: Any) -> None:
+        t = time.perf_counter_ns()
+        try:
+            self._end_forward(output)
+        finally:
+            self.hook_ns += time.perf_counter_ns() - t
+
+    def _end_forward(self, output: Any) -> None:
         self._exit_mode()
+        mem = self._mem_now()
+        cell, self._fwd_mem = self._fwd_mem, None
+        if cell is not None:
+            cell[0] = mem
         root = self._root
         if root is None or output is None:  # None: the forward pass raised
             return
@@ -890,10 +1061,10 @@ class ResourceMonitor:
                 sm = float(pynvml.nvmlDeviceGetUtilizationRates(self._nvml).gpu)
             except Exception:
                 sm = None
-        timing = self._stop_timer(root)
-        self._records.append((self._b_forward, self._ctx(root), timing, self._root_input,
-                              tuple(out.shape) if out is not None else None, self._forward_flops, cap,
-                              self._mem_now(), sm))
+        t1 = time.perf_counter_ns()
+        timing = t1 - root.t0 if root.ev0 is None else self._stop_cuda(root)
+        self._records.append((self._g, self._b_forward, root, time.time_ns(), timing, self._root_input,
+                              tuple(out.shape) if out is not None else None, cap, mem, sm))
         self._root_input = None
         if len(self._records) >= self._flush_events or (
                 self._flush_interval is not None and time.monotonic() - self._last_flush > self._flush_interval):
@@ -902,65 +1073,44 @@ class ResourceMonitor:
     def _make_pre(self, site: _Site) -> Callable[..., None]:
         kind = site.kind
         stack = self._stack
+        verbose = self.level >= ResourceLevel.VERBOSE
+        clock = time.perf_counter_ns
         if kind == "attention":
             def pre_attn(module: Any, args: Any, kwargs: Dict[str, Any]) -> None:
-                stack.append(site)
+                t = clock()
+                if verbose:
+                    stack.append(site)
                 cache = _cache_from(args, kwargs)
                 site.kv_cache = cache
                 idx = getattr(module, "layer_idx", None)
                 idx = site.layer_id if idx is None else idx
                 site.kv_before = _kv_len(_cache_layer(cache, idx)[0]) if cache is not None and idx is not None else 0
-                t = args[0] if args else kwargs.get("hidden_states")
-                self._start_timer(site, t)
+                x = args[0] if args else kwargs.get("hidden_states")
+                self._start_timer(site, x)
+                self.hook_ns += site.t0 - t
                 return None
             return pre_attn
 
-        if kind == "mlp":
-            def pre_mlp(module: Any, args: Any) -> None:
+        def pre_mlp(module: Any, args: Any) -> None:
+            t = clock()
+            if verbose:
                 stack.append(site)
-                self._handoff(site, _first_tensor(args))
-                return None
-            return pre_mlp
-
-        def pre(module: Any, args: Any) -> None:
-            stack.append(site)
-            self._start_timer(site, _first_tensor(args))
+            self._handoff(site, _first_tensor(args))
+            self.hook_ns += clock() - t
             return None
-        return pre
+        return pre_mlp
 
     def _make_post(self, site: _Site) -> Callable[..., None]:
         kind = site.kind
-        if kind == "linear":
-            w = site.mod.weight
-            if type(site.mod).__name__ == "Conv1D":  # GPT-2 stores (in, out)
-                in_f, out_f = int(w.shape[0]), int(w.shape[1])
-            else:
-                in_f, out_f = int(w.shape[1]), int(w.shape[0])
-            wbytes = w.numel() * w.element_size()
-            b = getattr(site.mod, "bias", None)
-            if b is not None:
-                wbytes += b.numel() * b.element_size()
-            static = (tuple(w.shape), w.dtype, wbytes, in_f, out_f)
-
-            def post_linear(module: Any, args: Any, output: Any) -> None:
-                self._pop(site)
-                out = _first_tensor(output)
-                if out is None:
-                    return None
-                x = _first_tensor(args)
-                on = out.numel()
-                flops = 2 * (on // out_f if out_f else 0) * in_f * out_f
-                self._forward_flops += flops
-                timing = self._stop_timer(site)
-                self._records.append((self._b_linear, self._ctx(site), timing, _tm(x) if x is not None else None, _tm(out),
-                       flops, static))
-                self._alloc(site, out)
-                return None
-            return post_linear
-
+        verbose = self.level >= ResourceLevel.VERBOSE
+        clock = time.perf_counter_ns
+        wall = time.time_ns
+        alloc_min = self._alloc_min
         if kind == "attention":
             def post_attn(module: Any, args: Any, kwargs: Dict[str, Any], output: Any) -> None:
-                self._pop(site)
+                t1 = clock()
+                if verbose:
+                    self._pop(site)
                 x = args[0] if args else kwargs.get("hidden_states")
                 out = _first_tensor(output)
                 cache = site.kv_cache
@@ -985,42 +1135,33 @@ class ResourceMonitor:
                 flops = None
                 if site.n_heads and site.head_dim:
                     flops = 4 * batch * site.n_heads * q_len * kv_len * site.head_dim
-                    self._forward_flops += flops
-                timing = self._stop_timer(site)
-                ctx = self._ctx(site)
+                timing = t1 - site.t0 if site.ev0 is None else self._stop_cuda(site)
+                tns = wall()
                 km = _tm(k) if k is not None else None
                 vm = _tm(v) if v is not None else None
-                self._records.append((self._b_attention, ctx, timing, _tm(x) if x is not None else None,
-                       _tm(out) if out is not None else None, q_len, kv_len, km, vm, flops))
+                recs = self._records
+                recs.append((self._w_attention, site, tns, timing, _tm(x) if x is not None else None,
+                             _tm(out) if out is not None else None, q_len, kv_len, km, vm, flops))
                 if out is not None:
-                    self._attn_end[site.layer_id] = (time.perf_counter_ns(), self._cuda_mark(out))
-                    self._alloc(site, out)
+                    self._attn_end[site.layer_id] = (clock(), self._cuda_mark(out))
+                    if out.nbytes > alloc_min:
+                        self._alloc(site, out)
                 if km is not None:
-                    self._records.append((self._b_kv, ctx, idx, km, vm, site.kv_before))
+                    recs.append((self._w_kv, site, tns, idx, km, vm, site.kv_before))
+                self.hook_ns += clock() - t1
                 return None
             return post_attn
 
-        if kind == "mlp":
-            def post_mlp(module: Any, args: Any, output: Any) -> None:
+        def post_mlp(module: Any, args: Any, output: Any) -> None:
+            t1 = clock()
+            if verbose:
                 self._pop(site)
-                out = _first_tensor(output)
-                if out is not None:
-                    self._alloc(site, out)
-                return None
-            return post_mlp
-
-        def post_other(module: Any, args: Any, output: Any) -> None:
-            self._pop(site)
             out = _first_tensor(output)
-            if out is None:
-                return None
-            x = _first_tensor(args)
-            timing = self._stop_timer(site)
-            self._records.append((self._b_module, self._ctx(site), timing, _tm(x) if x is not None else None, _tm(out),
-                   type(module).__name__))
-            self._alloc(site, out)
+            if out is not None and out.nbytes > alloc_min:
+                self._alloc(site, out)
+            self.hook_ns += clock() - t1
             return None
-        return post_other
+        return post_mlp
 
     def _pop(self, site: _Site) -> None:
         st = self._stack
@@ -1039,14 +1180,16 @@ class ResourceMonitor:
         return ev
 
     def _alloc(self, site: _Site, t: "torch.Tensor") -> None:
-        size = t.numel() * t.element_size()
-        if self.level == ResourceLevel.MINIMAL and size <= MINIMAL_ALLOCATION_BYTES:
-            return
-        self._records.append((self._b_alloc, self._ctx(site), "module_output", size, tuple(t.shape), t.dtype,
-                              t.is_cuda, t.data_ptr(), self._mem_now()))
+        """A module's output allocation (the caller has applied the level's size filter)."""
+        cell = self._fwd_mem
+        if cell is None:  # outside a forward pass of the model: read the memory now
+            cell = [self._mem_now()]
+        self._records.append((self._w_alloc, site, time.time_ns(), "module_output", t.nbytes, t.shape, t.dtype,
+                              t.is_cuda, t.data_ptr(), cell))
 
     def _parameter_events(self) -> None:
         total = 0
+        self._records.append((self._w_begin, self._step, -1))
         for name, mod in self.model.named_modules():
             params = [p for p in mod.parameters(recurse=False)]
             if not params:
@@ -1059,7 +1202,7 @@ class ResourceMonitor:
                          _component(name, mod))
             w = getattr(mod, "weight", None)
             first = w if w is not None else params[0]
-            self._records.append((self._b_alloc, (site, _now_us(), self._step, -1), "parameters", nbytes,
+            self._records.append((self._g, self._b_alloc, site, time.time_ns(), "parameters", nbytes,
                                   tuple(first.shape), first.dtype, first.is_cuda, first.data_ptr(), self._mem_now()))
         self._param_bytes = total
 
@@ -1082,9 +1225,12 @@ class ResourceMonitor:
             frac = torch.cuda.memory_allocated() / self._cuda_total if self._cuda_total else None
             src = "cuda_allocated_over_total"
         else:
-            frac = _host_memory_fraction()
+            # The machine's memory use moves slowly next to one forward pass: read once per pass.
+            frac = self._fwd_frac
+            if frac is _UNREAD:
+                frac = self._fwd_frac = _host_memory_fraction()
             src = "proc_meminfo_used_over_total"
-        self._records.append((self._b_handoff, self._ctx(site), timing, _tm(t), frac, src))
+        self._records.append((self._g, self._b_handoff, site, time.time_ns(), timing, _tm(t), frac, src))
 
     def _elementwise(self, op: str, out: Any, dur_ns: int) -> None:
         import torch
@@ -1094,9 +1240,7 @@ class ResourceMonitor:
         site = self._stack[-1] if self._stack else self._root
         if site is None:
             return
-        m = _tm(out)
-        self._forward_flops += out.numel() * FLOPS_PER_ELEMENT["elementwise"]
-        self._records.append((self._b_elementwise, self._ctx(site), op, m, dur_ns))
+        self._records.append((self._g, self._b_elementwise, site, time.time_ns(), op, _tm(out), dur_ns))
 
     # ----- builders (writer thread) --------------------------------------------------------
 
@@ -1239,8 +1383,9 @@ class ResourceMonitor:
         self._timing(ev, timing)
         return [ev]
 
-    def _b_forward(self, ctx: Any, timing: Any, inm: Any, out_shape: Any, flops: int, cap: Optional[int],
+    def _b_forward(self, ctx: Any, timing: Any, inm: Any, out_shape: Any, cap: Optional[int],
                    mem: Dict[str, Any], sm: Optional[float]) -> List[Dict[str, Any]]:
+        flops = self._w_flops
         ev = self._base("compute_execution", ctx, "compute")
         ev["operation"] = "model_forward"
         if inm is not None:
@@ -1300,6 +1445,7 @@ class ResourceMonitor:
         ev["elementwise"] = True
         ev["output_shape"] = list(om[0])
         flops = _numel(om[0]) * FLOPS_PER_ELEMENT["elementwise"]
+        self._w_flops += flops
         ev["flops"] = flops
         ev["compute_intensity_gflops"] = flops / 1e9
         ev["flops_source"] = "computed_from_shapes"
@@ -1316,11 +1462,201 @@ class ResourceMonitor:
     def _b_prebuilt(ev: Dict[str, Any]) -> List[Dict[str, Any]]:
         return [ev]
 
+    # ----- fast paths (writer thread) ------------------------------------------------------
+    #
+    # What repeats from one forward pass to the next — a module's name, layer, shapes, FLOPs,
+    # byte counts — is serialized once per module and input shape into a %-format template
+    # (``_compile``); an event then costs one formatting of its few changing values
+    # (timestamp, sequence number, step, forward, duration and what follows from it). The
+    # template is made from the event the builder above makes, so both paths write the same
+    # fields in the same order.
+
+    def _g(self, builder: Callable[..., List[Dict[str, Any]]], site: _Site, tns: int, *rest: Any) -> List[Any]:
+        """An event built the general way (dicts, serialized by the writer loop)."""
+        return builder((site, tns // 1000, self._w_step, self._w_fwd), *rest)
+
+    def _w_begin(self, step: int, fwd: int) -> List[Any]:
+        """A forward pass starts: the step and forward number of the records that follow."""
+        self._w_step = step
+        self._w_fwd = fwd
+        self._w_flops = 0
+        return []
+
+    def _w_linear(self, site: _Site, tns: int, timing: Any, xs: Any, xd: Any, os_: Any, od: Any) -> List[Any]:
+        in_f, out_f = site.static[3], site.static[4]
+        if type(timing) is not int or not self._fast:  # a CUDA event pair: resolved and built the general way
+            flops = 2 * (_numel(os_) // out_f if out_f else 0) * in_f * out_f
+            self._w_flops += flops
+            return self._b_linear((site, tns // 1000, self._w_step, self._w_fwd), timing,
+                                  _meta(xs, xd), _meta(os_, od), flops, site.static)
+        key = (site, xs, xd, os_, od, timing > 0)
+        tpl = self._tpl.get(key)
+        if tpl is None:
+            flops = 2 * (_numel(os_) // out_f if out_f else 0) * in_f * out_f
+            evs = self._template_of(self._b_linear, (site, tns // 1000, self._w_step, self._w_fwd), timing,
+                                    _meta(xs, xd), _meta(os_, od), flops, site.static)
+            fmts = [_compile(evs[0], "seq")]
+            if len(evs) > 1:
+                fmts.append(_compile(evs[1], "seq2"))
+            tpl = self._tpl[key] = (fmts, flops, evs[0]["bytes_accessed"])
+        fmts, flops, nbytes = tpl
+        seq = self._seq + 1
+        self._seq = seq + len(fmts) - 1
+        d = timing / 1000.0
+        v = {"ts": tns // 1000, "seq": seq, "seq2": seq + 1, "step": self._w_step, "fwd": self._w_fwd, "d": d}
+        if timing > 0:
+            v["tf"] = flops / (d * 1e3)
+            v["tb"] = nbytes / (d * 1e3)
+        self._w_flops += flops
+        counts = self.counts
+        counts["compute_execution"] = counts.get("compute_execution", 0) + 1
+        if len(fmts) > 1:
+            counts["mlp_operation"] = counts.get("mlp_operation", 0) + 1
+        if flops:
+            self.total_flops += flops
+        self.total_compute_us += d
+        return [(f % v).encode() for f in fmts]
+
+    def _w_module(self, site: _Site, tns: int, timing: Any, xs: Any, xd: Any, os_: Any, od: Any) -> List[Any]:
+        cls = type(site.mod).__name__
+        ctx = (site, tns // 1000, self._w_step, self._w_fwd)
+        if type(timing) is not int or not self._fast:
+            return self._b_module(ctx, timing, _meta(xs, xd), _meta(os_, od), cls)
+        key = (site, xs, xd, os_, od, timing > 0)
+        tpl = self._tpl.get(key)
+        if tpl is None:
+            ev = self._template_of(self._b_module, ctx, timing, _meta(xs, xd), _meta(os_, od), cls)[0]
+            tpl = self._tpl[key] = (_compile(ev, "seq"), ev["flops"], ev["bytes_accessed"],
+                                    ev["operation"] != "attention")
+        fmt, flops, nbytes, counts_time = tpl
+        self._seq = seq = self._seq + 1
+        d = timing / 1000.0
+        v = {"ts": ctx[1], "seq": seq, "step": ctx[2], "fwd": ctx[3], "d": d}
+        if timing > 0:
+            v["tf"] = flops / (d * 1e3) if flops else 0
+            v["tb"] = nbytes / (d * 1e3)
+        counts = self.counts
+        counts["compute_execution"] = counts.get("compute_execution", 0) + 1
+        if flops:
+            self.total_flops += flops
+        if counts_time:
+            self.total_compute_us += d
+        return [(fmt % v).encode()]
+
+    def _w_alloc(self, site: _Site, tns: int, kind: str, size: int, shape: Any, dtype: Any, is_cuda: bool,
+                 ptr: int, cell: List[Any]) -> List[Any]:
+        mem = cell[0]
+        if mem is None:  # the forward pass did not end (it raised, or the monitor was disabled in it)
+            mem = self._mem_now()
+        ctx = (site, tns // 1000, self._w_step, self._w_fwd)
+        if not self._fast:
+            return self._b_alloc(ctx, kind, size, shape, dtype, is_cuda, ptr, mem)
+        key = (site, kind, size, shape, dtype, is_cuda, tuple(mem))
+        fmt = self._tpl.get(key)
+        if fmt is None:
+            ev = self._template_of(self._b_alloc, ctx, kind, size, shape, dtype, is_cuda, ptr, mem)[0]
+            fmt = self._tpl[key] = _compile(ev, "seq")
+        self._seq = seq = self._seq + 1
+        v = dict(mem)
+        v.update(ts=ctx[1], seq=seq, step=ctx[2], fwd=ctx[3], addr=hex(ptr))
+        counts = self.counts
+        counts["memory_allocation"] = counts.get("memory_allocation", 0) + 1
+        return [(fmt % v).encode()]
+
+    def _w_attention(self, site: _Site, tns: int, timing: Any, xm: Any, om: Any, q_len: int, kv_len: int, km: Any,
+                     vm: Any, flops: Optional[int]) -> List[Any]:
+        if flops is not None:
+            self._w_flops += flops
+        ctx = (site, tns // 1000, self._w_step, self._w_fwd)
+        if type(timing) is not int or not self._fast:
+            return self._b_attention(ctx, timing, xm, om, q_len, kv_len, km, vm, flops)
+        # The cache's shapes, the key length and the FLOPs change every decoding step: they
+        # are slots of the template, not part of its key.
+        key = ("attention", site, xm, om, km is not None and km[1], vm is not None and vm[1],
+               flops is None, timing > 0)
+        tpl = self._tpl.get(key)
+        if tpl is None:
+            ev = self._template_of(self._b_attention, ctx, timing, xm, om, q_len, kv_len, km, vm, flops)[0]
+            slots = dict(_SLOTS, query_tokens="qt", key_tokens="kt")
+            if km is not None:
+                slots["input_tensors"] = "it"
+                it = _ENCODER.encode(ev["input_tensors"][:1])[:-1].replace("%", "%%")
+                it += ',{"name":"key_cache","shape":%(ks)s,"dtype":' + _ENCODER.encode(_dname(km[1]))
+                it += '},{"name":"value_cache","shape":%(vs)s,"dtype":' + _ENCODER.encode(
+                    _dname(vm[1]) if vm is not None else None) + "}]"
+            else:
+                it = None
+            if flops is not None:
+                slots.update(flops="fl", compute_intensity_gflops="gf")
+            tpl = self._tpl[key] = (_compile(ev, "seq", slots), it)
+        fmt, it = tpl
+        self._seq = seq = self._seq + 1
+        d = timing / 1000.0
+        v = {"ts": ctx[1], "seq": seq, "step": ctx[2], "fwd": ctx[3], "d": d, "qt": q_len, "kt": kv_len}
+        if it is not None:
+            v["it"] = it % {"ks": _jlist(km[0]), "vs": _jlist(vm[0]) if vm is not None else "null"}
+        if flops is not None:
+            v["fl"] = flops
+            v["gf"] = flops / 1e9
+            if timing > 0:
+                v["tf"] = flops / (d * 1e3)
+            if flops:
+                self.total_flops += flops
+        counts = self.counts
+        counts["compute_execution"] = counts.get("compute_execution", 0) + 1
+        return [(fmt % v).encode()]
+
+    def _w_kv(self, site: _Site, tns: int, idx: int, km: Any, vm: Any, before: int) -> List[Any]:
+        ctx = (site, tns // 1000, self._w_step, self._w_fwd)
+        if not self._fast:
+            return self._b_kv(ctx, idx, km, vm, before)
+        key = ("kv", site, km[1], km[3], len(km[0]) >= 2, vm is None)
+        fmt = self._tpl.get(key)
+        if fmt is None:
+            prev = self._kv_prev_bytes.get(idx)
+            try:
+                ev = self._template_of(self._b_kv, ctx, idx, km, vm, before)[0]
+            finally:
+                if prev is None:
+                    self._kv_prev_bytes.pop(idx, None)
+                else:
+                    self._kv_prev_bytes[idx] = prev
+            fmt = self._tpl[key] = _compile(ev, "seq", _KV_SLOTS)
+        # As _b_kv.
+        shape = km[0]
+        length = int(shape[-2]) if len(shape) >= 2 else 0
+        nbytes = km[2] + (vm[2] if vm is not None else 0)
+        prev = self._kv_prev_bytes.get(idx)
+        grew_from = prev if prev is not None and before > 0 else 0
+        self._kv_prev_bytes[idx] = nbytes
+        self._seq = seq = self._seq + 1
+        v = {"ts": ctx[1], "seq": seq, "step": ctx[2], "fwd": ctx[3], "len": length, "prev": before,
+             "new": length - before, "reused": before, "hit": before / length if length else 0.0,
+             "cb": nbytes, "cmb": nbytes / (1 << 20), "bpt": nbytes / length if length else 0.0,
+             "grow": nbytes - grew_from, "ks": _jlist(shape), "vs": _jlist(vm[0]) if vm is not None else "null"}
+        counts = self.counts
+        counts["kv_cache_update"] = counts.get("kv_cache_update", 0) + 1
+        return [(fmt % v).encode()]
+
+    def _template_of(self, builder: Callable[..., List[Dict[str, Any]]], *args: Any) -> List[Dict[str, Any]]:
+        """The events ``builder`` makes of a record, as the model for a template (the
+        sequence numbers they take are given back)."""
+        if len(self._tpl) >= _MAX_TEMPLATES:
+            # Many input shapes (prompts of every length): start again rather than grow.
+            self._tpl.clear()
+        seq = self._seq
+        try:
+            return builder(*args)
+        finally:
+            self._seq = seq
+
     # ----- output --------------------------------------------------------------------------
 
     def _hand_off(self) -> None:
         """Pass the recorded values to the writer thread."""
-        recs, self._records = self._records, []
+        # Copied and emptied rather than replaced: the hooks hold its append method.
+        recs = self._records[:]
+        self._records.clear()
         self._last_flush = time.monotonic()
         if recs:
             assert self._writer is not None
@@ -1338,23 +1674,32 @@ class ResourceMonitor:
         enc = _ENCODER.encode
         lines: List[bytes] = []
         counts = self.counts
+        clock = time.perf_counter_ns
+        last = clock()
         for r in recs:
-            for ev in r[0](*r[1:]):
-                name = ev["event"]
-                counts[name] = counts.get(name, 0) + 1
-                if name == "compute_execution" and ev.get("operation") != "model_forward":
-                    f = ev.get("flops")
-                    if f:
-                        self.total_flops += f
-                    d = ev.get("duration_us")
-                    if d is not None and not ev.get("elementwise") and ev.get("operation") != "attention":
-                        self.total_compute_us += d
-                elif name == "component_handoff":
-                    self.component_flows += 1
-                lines.append(enc(ev).encode() + b"\n")
-            # Give the GIL back after every record: a model thread returning from a torch op
-            # otherwise waits for the interpreter's switch interval (5 ms) to get it.
-            time.sleep(0)
+            out = r[0](*r[1:])
+            if out and type(out[0]) is bytes:  # a fast path: serialized and counted already
+                lines += out
+            else:
+                for ev in out:
+                    name = ev["event"]
+                    counts[name] = counts.get(name, 0) + 1
+                    if name == "compute_execution" and ev.get("operation") != "model_forward":
+                        f = ev.get("flops")
+                        if f:
+                            self.total_flops += f
+                        d = ev.get("duration_us")
+                        if d is not None and not ev.get("elementwise") and ev.get("operation") != "attention":
+                            self.total_compute_us += d
+                    elif name == "component_handoff":
+                        self.component_flows += 1
+                    lines.append(enc(ev).encode() + b"\n")
+            # Give the GIL back every 0.2 ms of work: a model thread returning from a torch op
+            # otherwise waits up to the interpreter's switch interval (5 ms) to get it. (Once
+            # per record cost more than the records: sleep(0) is a system call.)
+            if clock() - last > 200_000:
+                time.sleep(0)
+                last = clock()
         if lines:
             self._sink.write(lines)
             self.events_written += len(lines)
@@ -1392,6 +1737,66 @@ class ResourceMonitor:
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+#: What a template's changing fields are called in its %-format (``_compile``): the value
+#: of each is formatted with ``%s`` (ints and finite floats read the same as in JSON).
+_SLOTS = {"timestamp": "ts", "step": "step", "forward": "fwd", "duration_us": "d",
+          "throughput_gflops_per_s": "tf", "memory_throughput_gbps": "tb",
+          "process_rss_bytes": "process_rss_bytes", "device_memory_allocated_bytes": "device_memory_allocated_bytes",
+          "device_memory_reserved_bytes": "device_memory_reserved_bytes",
+          "device_memory_peak_bytes": "device_memory_peak_bytes"}
+#: The changing fields of a ``kv_cache_update`` (every one but its names and types).
+_KV_SLOTS = dict(_SLOTS, cache_length_tokens="len", previous_length_tokens="prev", new_tokens="new",
+                 reused_tokens="reused", cache_hit_ratio="hit", cache_bytes="cb", cache_mb="cmb",
+                 bytes_per_token="bpt", growth_bytes="grow", key_shape="ks", value_shape="vs")
+#: Changing fields written as JSON strings.
+_QUOTED_SLOTS = {"memory_address": "addr"}
+
+
+def _compile(ev: Dict[str, Any], seq_slot: str, slots: Optional[Dict[str, str]] = None) -> str:
+    """``ev`` serialized as the writer loop would, as a %-format string whose changing
+    fields are ``%(slot)s``: ``_SLOTS``, ``_QUOTED_SLOTS`` and the trailing
+    ``{timestamp}_{seq}`` of ``resource_id`` (``seq_slot``) and ``compute_resource_id``
+    (``seq``). The line ends in ``\\n``."""
+    enc = _ENCODER.encode
+    slots = _SLOTS if slots is None else slots
+    parts = []
+    for k, v in ev.items():
+        head = enc(k) + ":"
+        if k in slots:
+            parts.append(head + "%(" + slots[k] + ")s")
+        elif k in _QUOTED_SLOTS:
+            parts.append(head + "\"%(" + _QUOTED_SLOTS[k] + ")s\"")
+        elif k in ("resource_id", "compute_resource_id"):
+            prefix = v.rsplit("_", 2)[0] + "_"
+            slot = seq_slot if k == "resource_id" else "seq"
+            parts.append((head + enc(prefix)[:-1]).replace("%", "%%") + "%(ts)s_%(" + slot + ")s\"")
+        else:
+            parts.append((head + enc(v)).replace("%", "%%"))
+    return "{" + ",".join(parts) + "}\n"
+
+
+_ITEMSIZE: Dict[Any, int] = {}
+
+
+def _jlist(shape: Sequence[int]) -> str:
+    """A shape as the JSON list the encoder writes."""
+    return "[" + ",".join(map(str, shape)) + "]"
+
+#: Templates kept per monitor (a few per hooked module and input shape; about 1 KiB each).
+_MAX_TEMPLATES = 4096
+
+
+def _meta(shape: Any, dtype: Any, is_cuda: bool = False) -> Optional[Tuple[Any, Any, int, bool]]:
+    """``_tm`` of a tensor from its shape and dtype (what the hooks record)."""
+    if shape is None:
+        return None
+    size = _ITEMSIZE.get(dtype)
+    if size is None:
+        import torch
+
+        size = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
+    return (shape, dtype, _numel(shape) * size, is_cuda)
 
 
 def _tm(t: "torch.Tensor") -> Tuple[Tuple[int, ...], Any, int, bool]:
