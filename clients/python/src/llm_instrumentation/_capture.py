@@ -249,20 +249,29 @@ class Capture:
         if session is None:
             return self.summary or {}
         clean = False
+        wrote_tokens = False
+
+        def write_tokens() -> None:
+            nonlocal wrote_tokens
+            wrote_tokens = True
+            tr, out = self.token_tracker, self.options.output_path
+            if tr is not None and out is not None:
+                took = time.monotonic() - self._started_at if self._started_at else 0.0
+                _resume.write_tokens_file(out, tr.tokens, took, self.resume_step, self.forward_count,
+                                          self.fingerprint())
+
         try:
             if session.error is None:
-                self.summary = session.close().to_body()
+                # The tokens file is written while strapd finishes and syncs the stream.
+                self.summary = session.close(meanwhile=write_tokens).to_body()
                 clean = True
             else:
                 self.summary = {}
         finally:
             session.shutdown()
             self._last_session, self._session = session, None
-            tr, out = self.token_tracker, self.options.output_path
-            if tr is not None and out is not None:
-                took = time.monotonic() - self._started_at if self._started_at else 0.0
-                _resume.write_tokens_file(out, tr.tokens, took, self.resume_step, self.forward_count,
-                                          self.fingerprint())
+            if not wrote_tokens:
+                write_tokens()
         ck_path = self.options.checkpoint_file
         if clean and self._clean and ck_path is not None and os.path.exists(ck_path):
             ckpt.fsync_unlink(ck_path)

@@ -32,12 +32,12 @@ import struct
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional, Set, Tuple
 
 from . import _daemon
 from . import _protocol as P
 from ._dtypes import dtype_size, torch_dtype_id
-from ._ring import HEADER_SIZE, Ring, align64, encode_record_header, header_area
+from ._ring import HEADER_SIZE, Ring, align64, encode_record_header, header_area, keep_ring, take_ring
 from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -144,11 +144,14 @@ class CaptureSession:
         self.opened = self.conn.expect(P.Opened, timeout)
         return self.opened
 
-    def close(self, timeout: Optional[float] = None) -> P.Closed:
+    def close(self, timeout: Optional[float] = None, meanwhile: Optional[Callable[[], None]] = None) -> P.Closed:
         """Send CLOSE and wait for CLOSED.
 
         Args:
             timeout: seconds to wait (default: ``stall_timeout``, at least 60).
+            meanwhile: called once CLOSE is sent, before waiting: work of the client's own
+                (its tokens file, with its fsyncs) then overlaps the daemon's last writes
+                and ``fdatasync`` instead of following them.
 
         Returns:
             the CLOSED body.
@@ -157,17 +160,24 @@ class CaptureSession:
             self._check()
             self._publish()
             self.conn.send(P.Close(seq=self.seq, head=self.ring.head, drops=self.drops))
+            if meanwhile is not None:
+                meanwhile()
             self.closed_summary = self.conn.expect(P.Closed, timeout or max(self.stall_timeout, 60.0),
                                                    skip=(P.Release,))
             return self.closed_summary
 
     def shutdown(self) -> None:
-        """Release the socket and ring (after close, or to abandon the session)."""
+        """Release the socket and ring (after close, or to abandon the session). After a
+        clean close the ring is kept for the process's next capture (:func:`~._ring.keep_ring`):
+        the daemon answered CLOSED, so it reads the ring no more."""
         self.conn.close()
         if self._cuda is not None:
             self._cuda.close()
             self._cuda = None
-        self.ring.close()
+        if self.closed_summary is not None and self.error is None:
+            keep_ring(self.ring)
+        else:
+            self.ring.close()
 
     # ----- messages ----------------------------------------------------------------------------
 
@@ -540,7 +550,7 @@ def open_session(socket_path: Optional[str], autostart: bool, stall_timeout: flo
         if fitted != ring_size:
             transport = dict(request.metadata.get("transport") or {}, ring_size=fitted)
             request = dataclasses.replace(request, metadata={**request.metadata, "transport": transport})
-        ring = Ring(fitted)
+        ring = take_ring(fitted)
         session = CaptureSession(conn, ring, policy, stall_timeout)
         session.open(output_fd, request, trace_fd=trace_fd, resources_fd=resources_fd)
     except BaseException:
