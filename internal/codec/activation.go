@@ -218,6 +218,8 @@ func appendLiteralsBlock(dst, chunk []byte, last bool, s *huff0.Scratch) []byte 
 	switch {
 	case len(chunk) >= sampleMin && looksUniform(chunk):
 		err = huff0.ErrIncompressible
+	case len(chunk) > 16 && len(chunk) < smallMax && smallLooksUniform(chunk):
+		err = huff0.ErrIncompressible
 	case len(chunk) >= 1024:
 		out, _, err = huff0.Compress4X(chunk, s)
 	case len(chunk) > 16:
@@ -293,6 +295,47 @@ func looksUniform(chunk []byte) bool {
 	}
 	return math.Log2(float64(n))-sum/float64(n) > 7.92
 }
+
+// smallLooksUniform is looksUniform for chunks under smallMax, where a sample would be
+// too small but counting every byte is cheap: one-token decode records make 512-byte
+// planes, and huff0 sorting and building a table for a mantissa plane it then refuses was
+// most of the daemon's CPU per token. It estimates what Huffman coding would send — the
+// chunk at its byte entropy (a floor for any prefix code) plus its table, taken as an
+// eighth of a byte per distinct value (huff0's compressed weights measured 37 bytes for 200
+// values: the estimate stays under them, so a doubtful chunk is still coded) — and judges
+// the chunk uniform when that is not under 99 % of it. TestSmallLooksUniform checks the
+// judgement against huff0 itself.
+//
+// From smallMax up huff0 refuses noise itself after its count, before any table (a value
+// seen fewer than len/128 times at most), and this estimate would only add its own count.
+func smallLooksUniform(chunk []byte) bool {
+	var h [256]uint32
+	for _, b := range chunk {
+		h[b]++
+	}
+	n := float64(len(chunk))
+	var sum float64 // Σ c·log2(c)
+	k := 0
+	for _, v := range h {
+		if v > 0 {
+			k++
+			sum += cLog2C[v]
+		}
+	}
+	bits := n*math.Log2(n) - sum // n · entropy
+	return bits/8+float64(k)/8 >= 0.99*n
+}
+
+// smallMax bounds the chunks smallLooksUniform judges (see there).
+const smallMax = 4096
+
+// cLog2C[c] is c·log2(c), for the counts of a chunk under smallMax.
+var cLog2C = func() (t [smallMax]float64) {
+	for c := 2; c < smallMax; c++ {
+		t[c] = float64(c) * math.Log2(float64(c))
+	}
+	return t
+}()
 
 // literalsHeader is the zstd Literals_Section_Header of a Compressed_Literals_Block.
 func literalsHeader(compLen, regen int, single bool) []byte {

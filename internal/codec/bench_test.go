@@ -2,6 +2,7 @@ package codec
 
 import (
 	"fmt"
+	"math"
 	"syscall"
 	"testing"
 	"time"
@@ -166,4 +167,44 @@ func reportCPURate(b *testing.B, start time.Duration, size int) {
 	if d := processCPU() - start; d > 0 {
 		b.ReportMetric(float64(size)*float64(b.N)/1e6/d.Seconds(), "MB/cpu-s")
 	}
+}
+
+// BenchmarkShuffleDecodeRecord encodes what one-token decode records are: 1×1×hidden fp32
+// and bf16 activations, a few KiB each, where per-plane overhead rather than bytes decides.
+func BenchmarkShuffleDecodeRecord(b *testing.B) {
+	c, err := New("shuffle", Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, hidden := range []int{512, 4096} {
+		for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16} {
+			src := normalF32(hidden, 0, uint64(hidden))
+			if dt == dtype.BFloat16 {
+				src = bf16FromF32(src)
+			}
+			b.Run(fmt.Sprintf("%s/hidden%d", dt, hidden), func(b *testing.B) {
+				b.SetBytes(int64(len(src)))
+				dst := make([]byte, 0, 2*len(src)+64)
+				var out []byte
+				for b.Loop() {
+					out, _, err = c.Encode(dst[:0], src, dt)
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(len(src))/float64(len(out)), "ratio")
+			})
+		}
+	}
+}
+
+// bf16FromF32 rounds little-endian float32 values to bfloat16.
+func bf16FromF32(src []byte) []byte {
+	out := make([]byte, len(src)/2)
+	for i := range len(src) / 4 {
+		bits := uint32(src[4*i]) | uint32(src[4*i+1])<<8 | uint32(src[4*i+2])<<16 | uint32(src[4*i+3])<<24
+		h := dtype.Float32ToBFloat16(math.Float32frombits(bits))
+		out[2*i], out[2*i+1] = byte(h), byte(h>>8)
+	}
+	return out
 }

@@ -157,3 +157,55 @@ func TestLooksUniform(t *testing.T) {
 		}
 	}
 }
+
+// TestSmallLooksUniform: for the short planes of one-token records, a chunk judged uniform
+// is one that huff0 would not shrink by more than 1 % (its block would be raw anyway), noise
+// is judged uniform at every size, and planes with structure are still coded.
+func TestSmallLooksUniform(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, n := range []int{32, 128, 512, 1024, 2048, smallMax - 1} {
+		gen := func(f func() byte) []byte {
+			b := make([]byte, n)
+			for i := range b {
+				b[i] = f()
+			}
+			return b
+		}
+		planes := make([]byte, 4*n)
+		shuffle(planes, normalF32(n, 0, uint64(n)), 4, true)
+		randomWant := -1 // below 512 bytes the estimate may leave noise to huff0 (CPU only)
+		if n >= 512 {
+			randomWant = 1
+		}
+		cases := []struct {
+			name string
+			c    []byte
+			want int // 1 uniform, 0 not, -1 either (checked against huff0 only)
+		}{
+			{"random", gen(func() byte { return byte(r.Uint32()) }), randomWant},
+			{"200 values", gen(func() byte { return byte(r.IntN(200)) }), -1},
+			{"64 values", gen(func() byte { return byte(r.IntN(64)) }), -1},
+			{"16 values", gen(func() byte { return byte(r.IntN(16)) }), 0},
+			{"fp32 plane 0", planes[:n], -1},
+			{"fp32 plane 2", planes[2*n : 3*n], -1},
+			{"fp32 exponent plane", planes[3*n:], 0},
+		}
+		for _, tc := range cases {
+			got := smallLooksUniform(tc.c)
+			if tc.want >= 0 && got != (tc.want == 1) {
+				t.Errorf("%d bytes, %s: uniform %v, want %v", n, tc.name, got, tc.want == 1)
+			}
+			if !got {
+				continue
+			}
+			compress := huff0.Compress1X
+			if n >= 1024 {
+				compress = huff0.Compress4X
+			}
+			out, _, err := compress(tc.c, &huff0.Scratch{})
+			if err == nil && len(out) < len(tc.c)*99/100 {
+				t.Errorf("%d bytes, %s: judged uniform, but huff0 shrinks it to %d bytes", n, tc.name, len(out))
+			}
+		}
+	}
+}
