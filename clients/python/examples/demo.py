@@ -15,7 +15,9 @@ events (DETAILED: per-module time, FLOPs, memory, KV cache), turned into the HTM
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -91,7 +93,35 @@ def greedy(model: LlamaForCausalLM, prompt: torch.Tensor, tracker: Any, n_tokens
             ids = torch.tensor([[nxt]])
 
 
-def report(model: LlamaForCausalLM, output: str, n_tokens: int = 24) -> None:
+@contextlib.contextmanager
+def report_daemon():
+    """A strapd of its own for the report's capture, taking a kernel snapshot every 100 ms
+    (`strapd serve --trace-interval`; the default 5 s would give a one-second capture one
+    snapshot and its timelines one point). Yields its socket path; stopped afterwards."""
+    from llm_instrumentation._daemon import find_strapd_binary
+
+    binary = find_strapd_binary()
+    if binary is None:
+        raise SystemExit("no strapd binary found (set STRAPD_BIN or run `make build`)")
+    sock_dir = tempfile.mkdtemp(prefix="strapd-report-")  # short: socket paths are limited to 108 bytes
+    sock = os.path.join(sock_dir, "strapd.sock")
+    log = open(os.path.join(sock_dir, "strapd.log"), "ab")
+    proc = subprocess.Popen([binary, "serve", "--socket", sock, "--trace-interval", "100ms"],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(sock):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"strapd did not start; log {log.name}")
+            time.sleep(0.05)
+        yield sock
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def report(model: LlamaForCausalLM, output: str, n_tokens: int = 160) -> None:
     """Capture with the kernel trace and resource events, then build the report."""
     root = os.geteuid() == 0
     if not root:
@@ -105,11 +135,12 @@ def report(model: LlamaForCausalLM, output: str, n_tokens: int = 24) -> None:
     from llm_instrumentation.report import build_report
 
     prompt = torch.randint(0, model.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(3))
-    t0 = time.perf_counter()
-    with capture_activations(model, preset="balanced", output_path=output, track_per_token=True,
-                             trace_path=root, resource_level="DETAILED") as fw:
-        greedy(model, prompt, fw.token_tracker, n_tokens)
-    elapsed = time.perf_counter() - t0
+    with report_daemon() as sock:
+        t0 = time.perf_counter()
+        with capture_activations(model, preset="balanced", output_path=output, track_per_token=True,
+                                 trace_path=root, resource_level="DETAILED", socket_path=sock) as fw:
+            greedy(model, prompt, fw.token_tracker, n_tokens)
+        elapsed = time.perf_counter() - t0
     r = build_report(output)
     print(f"\ncaptured {n_tokens} tokens with {'the kernel trace and ' if root else ''}resource events "
           f"in {elapsed:.2f} s")
