@@ -104,26 +104,19 @@ func (c *Client) expect(t Type) (Message, error) {
 
 // Open sends OPEN with the ring memfd and output file and waits for OPENED.
 func (c *Client) Open(ring, out *os.File, req Open) (Opened, error) {
-	var o Opened
-	if err := c.conn.Send(TypeOpen, req, int(ring.Fd()), int(out.Fd())); err != nil {
-		return o, fmt.Errorf("open: %w", err)
-	}
-	m, err := c.expect(TypeOpened)
-	if err != nil {
-		return o, fmt.Errorf("open: %w", err)
-	}
-	if err := m.Unmarshal(&o, "session"); err != nil {
-		return o, fmt.Errorf("open: %w", err)
-	}
-	return o, nil
+	return c.open(req, int(ring.Fd()), int(out.Fd()))
 }
 
 // OpenResources sends OPEN with a resource log (req.Resources is set): res is a file
 // open for writing into which the daemon appends the events of later RESOURCES messages.
 func (c *Client) OpenResources(ring, out, res *os.File, req Open) (Opened, error) {
-	var o Opened
 	req.Resources = true
-	if err := c.conn.Send(TypeOpen, req, int(ring.Fd()), int(out.Fd()), int(res.Fd())); err != nil {
+	return c.open(req, int(ring.Fd()), int(out.Fd()), int(res.Fd()))
+}
+
+func (c *Client) open(req Open, fds ...int) (Opened, error) {
+	var o Opened
+	if err := c.conn.Send(TypeOpen, req, fds...); err != nil {
 		return o, fmt.Errorf("open: %w", err)
 	}
 	m, err := c.expect(TypeOpened)

@@ -129,14 +129,13 @@ func start(o options) (*Session, error) {
 		if on, why := w.Direct(); on {
 			o.Log.Info("stream output", zap.Bool("direct_io", true))
 		} else {
-			if !staged {
+			if staged {
+				o.Lease.Unhold(stream.DirectStaging) // buffered after all: no staging held
+			} else {
 				why = fmt.Sprintf("no room in --memory-limit for the %d bytes of O_DIRECT staging buffers", stream.DirectStaging)
 			}
 			o.Log.Info("stream output", zap.Bool("direct_io", false), zap.String("buffered_because", why))
 		}
-	}
-	if staged && (err != nil || !directOn(w)) {
-		o.Lease.Unhold(stream.DirectStaging)
 	}
 	if err == nil && o.Observer != nil {
 		w.OnSync = o.Observer.ObserveSync
@@ -248,10 +247,4 @@ func (s *Session) finish(status string) (Result, error) {
 		zap.Uint64("drops", st.Drops), zap.Uint64("bytes_in", st.BytesIn), zap.Uint64("bytes_out", st.BytesOut),
 		zap.Uint64("file_bytes", res.FileBytes))
 	return res, err
-}
-
-// directOn reports whether w writes with O_DIRECT (and so holds its staging buffers).
-func directOn(w *stream.Writer) bool {
-	on, _ := w.Direct()
-	return on
 }

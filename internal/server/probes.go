@@ -275,17 +275,23 @@ func (s *Server) probeSessionStart(id uint64, output string, pid int, trace *os.
 	}
 }
 
+// liveProbeSession is the probe hub and the registered session id, or a nil session
+// when the collector is not running or id is not registered.
+func (s *Server) liveProbeSession(id uint64) (*probeHub, *probeSession) {
+	h := s.probes
+	if h == nil || h.coll == nil {
+		return h, nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h, h.live[id]
+}
+
 // probeToken records the kernel activity of the session's client since its previous TOKEN
 // (or OPEN); the window goes into the next snapshot line of the session's trace. Sessions
 // without a trace are not sampled.
 func (s *Server) probeToken(id uint64, t control.Token) {
-	h := s.probes
-	if h == nil || h.coll == nil {
-		return
-	}
-	h.mu.Lock()
-	ps := h.live[id]
-	h.mu.Unlock()
+	h, ps := s.liveProbeSession(id)
 	if ps == nil || ps.trace == nil || ps.info.PID <= 0 {
 		return
 	}
@@ -315,13 +321,7 @@ func (s *Server) probeToken(id uint64, t control.Token) {
 // line. An untraced session takes the phase too: a later traced one must not report a load
 // that ended before it.
 func (s *Server) probeFirstPublish(id uint64) {
-	h := s.probes
-	if h == nil || h.coll == nil {
-		return
-	}
-	h.mu.Lock()
-	ps := h.live[id]
-	h.mu.Unlock()
+	h, ps := s.liveProbeSession(id)
 	if ps == nil || ps.info.PID <= 0 {
 		return
 	}
@@ -350,13 +350,7 @@ func (s *Server) probeFirstPublish(id uint64) {
 // when no other live session belongs to it. The error is the trace's (the capture is not
 // affected by it).
 func (s *Server) probeSessionEnd(id uint64) error {
-	h := s.probes
-	if h == nil || h.coll == nil {
-		return nil
-	}
-	h.mu.Lock()
-	ps := h.live[id]
-	h.mu.Unlock()
+	h, ps := s.liveProbeSession(id)
 	if ps == nil {
 		return nil
 	}

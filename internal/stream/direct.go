@@ -307,7 +307,19 @@ func (d *direct) submitAligned() {
 
 // put copies src into the staging buffers, submitting each full one. With crc set, the
 // copy is CRC-checked chunk by chunk right after it is made.
-func (d *direct) put(src []byte, crc *uint32) {
+func (d *direct) put(src []byte, crc *uint32) { d.copyIn(src, crc, false) }
+
+// putChecked is put for bytes another process may be writing (the ring): each chunk
+// is copied, CRC-checked over the copy, and then compared with the source, which the
+// copy has just brought into cache (a CRC pass over the source instead reads it from
+// memory a second time, and cost most of the daemon's CPU budget: PERFORMANCE.md). It
+// returns false when the source differs from the copy: it changed in between.
+func (d *direct) putChecked(src []byte, crc *uint32) bool { return d.copyIn(src, crc, true) }
+
+// copyIn is put and putChecked: chunks of at most crcChunk, so the CRC and the
+// comparison read bytes still in cache. It returns false when compare found a change.
+func (d *direct) copyIn(src []byte, crc *uint32, compare bool) bool {
+	same := true
 	for len(src) > 0 {
 		if len(d.stage) == cap(d.stage) {
 			d.submit(len(d.stage))
@@ -318,26 +330,9 @@ func (d *direct) put(src []byte, crc *uint32) {
 		if crc != nil {
 			*crc = crc32.Update(*crc, castagnoli, d.stage[at:])
 		}
-		src = src[n:]
-	}
-}
-
-// putChecked is put for bytes another process may be writing (the ring): each chunk
-// is copied, CRC-checked over the copy, and then compared with the source, which the
-// copy has just brought into cache (a CRC pass over the source instead reads it from
-// memory a second time, and cost most of the daemon's CPU budget: PERFORMANCE.md). It
-// returns false when the source differs from the copy: it changed in between.
-func (d *direct) putChecked(src []byte, crc *uint32) bool {
-	same := true
-	for len(src) > 0 {
-		if len(d.stage) == cap(d.stage) {
-			d.submit(len(d.stage))
+		if compare {
+			same = same && bytes.Equal(src[:n], d.stage[at:])
 		}
-		n := min(len(src), cap(d.stage)-len(d.stage), crcChunk)
-		at := len(d.stage)
-		d.stage = append(d.stage, src[:n]...)
-		*crc = crc32.Update(*crc, castagnoli, d.stage[at:])
-		same = same && bytes.Equal(src[:n], d.stage[at:])
 		src = src[n:]
 	}
 	return same
