@@ -1335,13 +1335,7 @@ class ResourceMonitor:
 
     def _b_kv(self, ctx: Any, idx: int, km: Any, vm: Any, before: int) -> List[Dict[str, Any]]:
         ev = self._base("kv_cache_update", ctx, "kv")
-        shape = km[0]
-        length = int(shape[-2]) if len(shape) >= 2 else 0
-        nbytes = km[2] + (vm[2] if vm is not None else 0)
-        prev = self._kv_prev_bytes.get(idx)
-        # A cache that starts again (a new sequence) grows from nothing; it did not shrink.
-        grew_from = prev if prev is not None and before > 0 else 0
-        self._kv_prev_bytes[idx] = nbytes
+        shape, length, nbytes, growth = self._kv_step(idx, km, vm, before)
         ev["cache_length_tokens"] = length
         ev["previous_length_tokens"] = before
         ev["new_tokens"] = length - before
@@ -1350,13 +1344,25 @@ class ResourceMonitor:
         ev["cache_bytes"] = nbytes
         ev["cache_mb"] = nbytes / (1 << 20)
         ev["bytes_per_token"] = nbytes / length if length else 0.0
-        ev["growth_bytes"] = nbytes - grew_from
+        ev["growth_bytes"] = growth
         ev["key_shape"] = list(shape)
         ev["value_shape"] = list(vm[0]) if vm is not None else None
         ev["precision"] = _short(km[1])
         ev["memory_type"] = "vram" if km[3] else "host"
         ev["size_source"] = "tensor_nbytes"
         return [ev]
+
+    def _kv_step(self, idx: int, km: Any, vm: Any, before: int) -> Tuple[Any, int, int, int]:
+        """Layer ``idx``'s cache after this pass: key shape, length in tokens, bytes, and growth
+        in bytes since the previous pass (remembered here)."""
+        shape = km[0]
+        length = int(shape[-2]) if len(shape) >= 2 else 0
+        nbytes = km[2] + (vm[2] if vm is not None else 0)
+        prev = self._kv_prev_bytes.get(idx)
+        # A cache that starts again (a new sequence) grows from nothing; it did not shrink.
+        grew_from = prev if prev is not None and before > 0 else 0
+        self._kv_prev_bytes[idx] = nbytes
+        return shape, length, nbytes, nbytes - grew_from
 
     def _b_module(self, ctx: Any, timing: Any, xm: Any, om: Any, cls: str) -> List[Dict[str, Any]]:
         site = ctx[0]
@@ -1622,18 +1628,12 @@ class ResourceMonitor:
                 else:
                     self._kv_prev_bytes[idx] = prev
             fmt = self._tpl[key] = _compile(ev, "seq", _KV_SLOTS)
-        # As _b_kv.
-        shape = km[0]
-        length = int(shape[-2]) if len(shape) >= 2 else 0
-        nbytes = km[2] + (vm[2] if vm is not None else 0)
-        prev = self._kv_prev_bytes.get(idx)
-        grew_from = prev if prev is not None and before > 0 else 0
-        self._kv_prev_bytes[idx] = nbytes
+        shape, length, nbytes, growth = self._kv_step(idx, km, vm, before)
         self._seq = seq = self._seq + 1
         v = {"ts": ctx[1], "seq": seq, "step": ctx[2], "fwd": ctx[3], "len": length, "prev": before,
              "new": length - before, "reused": before, "hit": before / length if length else 0.0,
              "cb": nbytes, "cmb": nbytes / (1 << 20), "bpt": nbytes / length if length else 0.0,
-             "grow": nbytes - grew_from, "ks": _jlist(shape), "vs": _jlist(vm[0]) if vm is not None else "null"}
+             "grow": growth, "ks": _jlist(shape), "vs": _jlist(vm[0]) if vm is not None else "null"}
         counts = self.counts
         counts["kv_cache_update"] = counts.get("kv_cache_update", 0) + 1
         return [(fmt % v).encode()]
