@@ -244,18 +244,7 @@ def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint:
         CheckpointError: the checkpointed prefix does not match, or (without a checkpoint)
             the stream header is not valid or names another capture.
     """
-    if ck is not None:
-        size = os.fstat(fd).st_size
-        if size < ck.stream_offset:
-            raise CheckpointError(
-                f"{path} is {size} bytes, shorter than the checkpointed offset {ck.stream_offset}: "
-                f"data reported durable is gone; the stream cannot be resumed")
-    try:
-        reader = StreamReader(path, fd=fd, use_index=False)
-    except StreamFormatError as e:
-        what = "stream header is not valid" if ck is not None else \
-            "there is no checkpoint and the stream header is not valid either (nothing to resume from)"
-        raise CheckpointError(f"{path}: {what}: {e}") from None
+    reader = _prefix_reader(fd, ck, path)
     try:
         if ck is not None:
             tokens = _check_prefix(reader, ck, path, want_fingerprint)
@@ -277,6 +266,23 @@ def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint:
         reader.close()
     source = "checkpoint" if ck is not None and point.stream_offset == ck.stream_offset else "stream"
     return ResumePoint(point, tokens, source, ck)
+
+
+def _prefix_reader(fd: int, ck: Optional[Checkpoint], path: str) -> StreamReader:
+    """A reader of the stream behind ``fd`` for a resume check: the file must still hold
+    everything ``ck`` (when given) reported durable, and its header must parse."""
+    if ck is not None:
+        size = os.fstat(fd).st_size
+        if size < ck.stream_offset:
+            raise CheckpointError(
+                f"{path} is {size} bytes, shorter than the checkpointed offset {ck.stream_offset}: "
+                f"data reported durable is gone; the stream cannot be resumed")
+    try:
+        return StreamReader(path, fd=fd, use_index=False)
+    except StreamFormatError as e:
+        what = "stream header is not valid" if ck is not None else \
+            "there is no checkpoint and the stream header is not valid either (nothing to resume from)"
+        raise CheckpointError(f"{path}: {what}: {e}") from None
 
 
 def _intact_tail(reader: StreamReader, base: Checkpoint, start: int,
@@ -333,15 +339,7 @@ def scan_prefix(fd: int, ck: Checkpoint, path: str, want_fingerprint: Optional[s
     Raises:
         CheckpointError: naming the first thing that differs.
     """
-    size = os.fstat(fd).st_size
-    if size < ck.stream_offset:
-        raise CheckpointError(
-            f"{path} is {size} bytes, shorter than the checkpointed offset {ck.stream_offset}: "
-            f"data reported durable is gone; the stream cannot be resumed")
-    try:
-        reader = StreamReader(path, fd=fd, use_index=False)
-    except StreamFormatError as e:
-        raise CheckpointError(f"{path}: stream header is not valid: {e}") from None
+    reader = _prefix_reader(fd, ck, path)
     try:
         return _check_prefix(reader, ck, path, want_fingerprint)
     finally:
