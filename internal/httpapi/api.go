@@ -351,27 +351,24 @@ func Listen(path string, mode uint32, gid int) (*net.UnixListener, error) {
 // Serve serves h on ln until ctx is done, with each connection's peer credentials
 // attached to its requests. Open streams end when ctx does.
 func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
-	srv := &http.Server{
-		Handler:           h,
-		ConnContext:       peerContext,
-		BaseContext:       func(net.Listener) context.Context { return ctx },
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       time.Minute, // idle keep-alive connections do not pile up
-		MaxHeaderBytes:    64 << 10,
-	}
+	srv := newServer(ctx, h)
+	srv.ConnContext = peerContext
 	return serve(ctx, srv, ln)
 }
 
 // ServeTCP serves h (the /metrics side) on ln until ctx is done. Requests carry no peer.
 func ServeTCP(ctx context.Context, ln net.Listener, h http.Handler) error {
-	srv := &http.Server{
+	return serve(ctx, newServer(ctx, h), ln)
+}
+
+func newServer(ctx context.Context, h http.Handler) *http.Server {
+	return &http.Server{
 		Handler:           h,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       time.Minute, // idle keep-alive connections do not pile up
 		MaxHeaderBytes:    64 << 10,
 	}
-	return serve(ctx, srv, ln)
 }
 
 func serve(ctx context.Context, srv *http.Server, ln net.Listener) error {
