@@ -75,6 +75,11 @@ def compile_speedups(arch: str, dest: Path) -> None:
         raise SystemExit(f"compiling _speedups.c for {arch} failed: {' '.join(cmd)}")
     if elf_machine(dest) != ELF_MACHINE[arch]:
         raise SystemExit(f"{cc} built {dest} for another architecture than {arch}")
+    # The manylinux_2_17 tag promises nothing newer than glibc 2.17: the version names the
+    # extension's symbols need are strings in its .gnu.version_r section.
+    need = {tuple(int(x) for x in v.split(b".")) for v in re.findall(rb"GLIBC_(2\.[0-9]+(?:\.[0-9]+)?)", dest.read_bytes())}
+    if any(v > (2, 17) for v in need):
+        raise SystemExit(f"{dest} needs glibc {max(need)}, newer than manylinux_2_17 allows")
 
 
 def check_wheel(whl: Path, plat: str) -> None:
