@@ -47,6 +47,7 @@ $(BIN): $(GO_SRC)
 WHEEL_AMD64  := dist/strap_llm-$(VERSION)-py3-none-manylinux_2_17_x86_64.whl
 WHEEL_ARM64  := dist/strap_llm-$(VERSION)-py3-none-manylinux_2_17_aarch64.whl
 PY_SRC       := clients/python/pyproject.toml clients/python/README.md clients/python/tools/build_wheel.py \
+                clients/python/src/llm_instrumentation/_speedups.c \
                 $(shell find clients/python/src -name '*.py' -o -name py.typed 2>/dev/null)
 
 build/linux_%/strapd: $(GO_SRC)
@@ -56,13 +57,18 @@ build/linux_%/strapd: $(GO_SRC)
 $(WHEEL_AMD64): build/linux_amd64/strapd $(PY_SRC) $(VENV)/.stamp
 	$(VPY) clients/python/tools/build_wheel.py --binary $< --plat manylinux_2_17_x86_64 --version $(VERSION) --out dist
 
+# The arm64 wheel's C extension needs Debian's cross compiler (installed when missing).
 $(WHEEL_ARM64): build/linux_arm64/strapd $(PY_SRC) $(VENV)/.stamp
+	@command -v aarch64-linux-gnu-gcc >/dev/null || \
+	  (apt-get update && apt-get install -y --no-install-recommends gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
 	$(VPY) clients/python/tools/build_wheel.py --binary $< --plat manylinux_2_17_aarch64 --version $(VERSION) --out dist
 
 wheel: $(WHEEL_AMD64) $(WHEEL_ARM64)
 
-# The venv is rebuilt only when the client's packaging changes.
-$(VENV)/.stamp: clients/python/pyproject.toml
+# The venv is rebuilt only when the client's packaging changes. The editable install compiles
+# the client's C extension (setup.py) into clients/python/src; without a C compiler it
+# installs without it (the client's Python path writes the same bytes).
+$(VENV)/.stamp: clients/python/pyproject.toml clients/python/setup.py clients/python/src/llm_instrumentation/_speedups.c
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet $(PY_DEPS)
 	$(VPY) -m pip install --quiet --no-deps -e clients/python

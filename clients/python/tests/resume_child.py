@@ -38,6 +38,19 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     m = tiny_llama()
     what, _, arg = kill.partition(":")
+    if what == "write":
+        # Patched before the capture starts: its hooks bind the session's record method.
+        n = int(arg)
+        orig_record = CaptureSession.record
+        count = [0]
+
+        def record_then_die(self, *a, **kw):
+            count[0] += 1
+            if count[0] == n:
+                die()
+            return orig_record(self, *a, **kw)
+
+        CaptureSession.record = record_then_die
     with capture_activations(m, preset="balanced", output_path=out, socket_path=sock, autostart_daemon=False,
                              track_per_token=True, checkpoint_interval_tokens=INTERVAL) as fw:
         orig = fw.checkpoint
@@ -64,18 +77,6 @@ if __name__ == "__main__":
                 return r
 
             tr.record_token = record
-        elif what == "write":
-            n = int(arg)
-            orig_write = CaptureSession.write_tensor
-            count = [0]
-
-            def write(self, *a, **kw):
-                count[0] += 1
-                if count[0] == n:
-                    die()
-                return orig_write(self, *a, **kw)
-
-            CaptureSession.write_tensor = write
         generate(fw, m, delay=delay, echo=True)
         print("closing", flush=True)
     print("done", flush=True)

@@ -121,6 +121,9 @@ def test_resource_events_over_http_api(strapd_factory, tmp_path):
     with capture_activations(m2, output_path=out2, socket_path=d.socket, autostart_daemon=False,
                              track_per_token=True, resource_level="DETAILED") as fw2:
         forward(fw2, m2, ids)
+        # strapd writes each RESOURCES message as its connection reads it, in order: once a
+        # CHECKPOINT sent after them is answered, the file holds them all.
+        fw2._session.checkpoint()
         sid2 = [s for s in P.status(d.socket)["sessions"] if s["output_path"] == str(out2)][0]["session"]
         file2 = [json.loads(x) for x in Path(str(out2) + ".resources.jsonl").read_bytes().splitlines()]
 

@@ -3,6 +3,7 @@ docs/PROTOCOL.md: the golden records of testdata/ring, written through CaptureSe
 
 from __future__ import annotations
 
+import shutil
 import socket
 import struct
 
@@ -12,6 +13,7 @@ from conftest import TESTDATA
 
 from llm_instrumentation import _protocol as P
 from llm_instrumentation import _ring as R
+from llm_instrumentation import _session
 from llm_instrumentation._session import CaptureSession
 
 RING = TESTDATA / "ring"
@@ -91,3 +93,88 @@ def test_fast_path_yields_to_pad_and_wraps(session):
     assert s.ring.head > 2 * s.ring.data_size
     while peer.recv(0) is not None:
         pass
+
+
+@pytest.mark.parametrize("c_ext", [True, False], ids=["c-extension", "python"])
+def test_record_writes_what_write_tensor_writes(session, monkeypatch, c_ext):
+    """The hooks' callback (``record``: one C call for a known layout) and ``write_tensor``
+    give the same records byte for byte: first sight (layout built), cached layout, the PAD
+    before the end of the region, a non-contiguous view and a changed shape (general path);
+    so does ``record`` without the C extension."""
+    if c_ext and _session._c_write_record is None:
+        pytest.skip("llm_instrumentation._speedups is not built (test_speedups_built says why)")
+    if not c_ext:
+        monkeypatch.setattr(_session, "_c_write_record", None)
+    s, peer = session
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ref = CaptureSession(P.Connection(a), R.Ring(R.HEADER_SIZE + 64 * 64))
+    try:
+        tensors = [_f32_2x3(), _f32_2x3() * 2, torch.arange(6, dtype=torch.float32).reshape(3, 2).t(),
+                   torch.ones(4, 3), _f32_2x3()]
+        for i in range(40):
+            t = tensors[i % len(tensors)]
+            s.step, s.forward = i // 3, i
+            assert s.record("model.layers.0.mlp", t, None)
+            assert ref.write_tensor("model.layers.0.mlp", t, i // 3, i)
+            assert s.ring.head == ref.ring.head and s.seq == ref.seq == i + 1
+            assert bytes(s.ring.mm) == bytes(ref.ring.mm)
+            for x in (s, ref):
+                x.ring.release(x.ring.head)
+        assert (s.packets, s.bytes_in, s.last_tensor_seq) == (ref.packets, ref.bytes_in, ref.last_tensor_seq)
+    finally:
+        ref.shutdown()
+        b.close()
+    while peer.recv(0) is not None:
+        pass
+
+
+def test_record_after_an_error_raises(session):
+    """A session that failed refuses records on the fast path too."""
+    s, _ = session
+    s.record("x", _f32_2x3(), None)
+    s.error = RuntimeError("daemon said no")
+    with pytest.raises(Exception, match="session already failed"):
+        s.record("x", _f32_2x3(), None)
+
+
+def test_speedups_built():
+    """Where a C compiler exists, the installed client has its C extension (``make venv``
+    builds it; a tree used through PYTHONPATH: ``python setup.py build_ext --inplace`` in
+    clients/python)."""
+    if _session._c_write_record is None:
+        if shutil.which("cc") is None and shutil.which("gcc") is None:
+            pytest.skip("no C compiler here: the client runs on its Python path")
+        pytest.fail("llm_instrumentation._speedups is not importable although a C compiler exists")
+
+
+def test_write_record_checks_sizes():
+    """The C call refuses sizes that would write outside the record."""
+    if _session._c_write_record is None:
+        pytest.skip("llm_instrumentation._speedups is not built")
+    import ctypes
+    import mmap
+
+    wr = _session._c_write_record
+    m = mmap.mmap(-1, 4096)
+    buf = ctypes.c_char.from_buffer(m)
+    try:
+        dst = ctypes.addressof(buf)
+        src = torch.arange(4, dtype=torch.float32)
+        wr(dst, bytes(80), 3, 128, 4, 5, 80, src.data_ptr(), 16)
+        assert struct.unpack_from("<QQQQ", m, 8) == (3, 128, 4, 5)
+        assert bytes(m[80:96]) == src.numpy().tobytes()
+        for args, msg in [((dst, bytes(80), 1, 128, 0, 0, 80, src.data_ptr(), 64), "payload of 64 at 80"),
+                          ((dst, bytes(96), 1, 128, 0, 0, 80, src.data_ptr(), 16), "header of 96"),
+                          ((dst, bytes(32), 1, 128, 0, 0, 80, src.data_ptr(), 16), "header of 32"),
+                          ((0, bytes(80), 1, 128, 0, 0, 80, src.data_ptr(), 16), "header of 80")]:
+            with pytest.raises(ValueError, match=msg):
+                wr(*args)
+        with pytest.raises(ValueError, match="seq must be an int"):
+            wr(dst, bytes(80), -1, 128, 0, 0, 80, src.data_ptr(), 16)
+        with pytest.raises(TypeError):
+            wr(dst, "not bytes", 1, 128, 0, 0, 80, src.data_ptr(), 16)
+        with pytest.raises(TypeError, match="9 arguments"):
+            wr(dst)
+    finally:
+        del buf
+        m.close()

@@ -40,6 +40,7 @@ CHILD = textwrap.dedent(r'''
     from transformers import GPT2Config, GPT2LMHeadModel
     import llm_instrumentation as li
     from llm_instrumentation import _daemon as D, _protocol as P
+    from llm_instrumentation import _session, _speedups
 
     venv = Path(sys.argv[1]).resolve()
     out = Path(sys.argv[2])
@@ -59,6 +60,7 @@ CHILD = textwrap.dedent(r'''
         "daemon_exe": os.readlink(f"/proc/{pid}/exe"),
         "packets": fw.summary["packets"], "read_back": n,
         "torch_from": torch.__file__,
+        "speedups": _speedups.__file__, "speedups_used": _session._c_write_record is not None,
     }))
 ''')
 
@@ -117,6 +119,10 @@ def test_wheel_in_fresh_venv(tmp_path):
         assert Path(info["daemon_exe"]).resolve() == bundled, info
         assert "started strapd" in res.stderr
         assert info["packets"] == info["read_back"] > 0, info
+        # The wheel's C extension (abi3, compiled for the wheel's architecture) is the one
+        # loaded, and the session uses it.
+        assert Path(info["speedups"]).resolve() == Path(purelib).resolve() / "llm_instrumentation" / "_speedups.abi3.so"
+        assert info["speedups_used"], info
 
         # The console script on the venv's PATH runs the same daemon binary.
         shim = shutil.which("strapd", path=path)

@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Build a platform wheel of strap-llm that carries a static strapd.
 
-The client package is pure Python; what makes the wheel platform-specific is the daemon at
-``llm_instrumentation/_bin/strapd``. The package is copied to a scratch directory, the binary
-is placed there, and setuptools' own ``bdist_wheel`` is run through the PEP 517 backend with
-``--plat-name``: a pure package built with an explicit platform name gets the tag
-``py3-none-<plat>``, which is what a static binary needs (any CPython 3, any glibc/musl of
-that architecture).
+What makes the wheel platform-specific is the daemon at ``llm_instrumentation/_bin/strapd``
+and the client's optional C extension ``llm_instrumentation/_speedups.abi3.so``. The package
+is copied to a scratch directory, the binary is placed there, the extension is compiled for
+the target architecture (``cc`` on the same architecture, else Debian's cross compiler
+``<arch>-linux-gnu-gcc``; ``CC_<arch>`` overrides), and setuptools' own ``bdist_wheel`` is
+run through the PEP 517 backend with ``--plat-name`` on the scratch copy, where the extension
+is package data: a package without ``ext_modules`` built with an explicit platform name gets
+the tag ``py3-none-<plat>`` (any Python 3 ≥ 3.10, any glibc/musl of that architecture). The
+extension uses CPython's limited API of 3.10 (the ``abi3`` ABI), so it loads into every
+CPython the package supports; an interpreter that cannot load it takes the client's Python
+path, which writes the same bytes.
 
 Usage (the Makefile's ``wheel`` target):
     python tools/build_wheel.py --binary build/linux_amd64/strapd \
@@ -16,10 +21,13 @@ Usage (the Makefile's ``wheel`` target):
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import zipfile
 from pathlib import Path
@@ -48,8 +56,36 @@ def project_version() -> str:
     return m.group(1)
 
 
+SPEEDUPS = "llm_instrumentation/_speedups.abi3.so"
+
+
+def compile_speedups(arch: str, dest: Path) -> None:
+    """Compile _speedups.c for ``arch`` into ``dest`` and check the result's architecture."""
+    host = platform.machine()
+    cc = os.environ.get(f"CC_{arch}") or ("cc" if host == arch else f"{arch}-linux-gnu-gcc")
+    if shutil.which(cc) is None:
+        raise SystemExit(f"no C compiler {cc!r} for {arch} (Debian: apt-get install gcc-{arch.replace('_', '-')}"
+                         f"-linux-gnu; or set CC_{arch})")
+    include = sysconfig.get_paths()["include"]
+    cmd = [cc, "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-I", include,
+           str(HERE / "src" / "llm_instrumentation" / "_speedups.c"), "-o", str(dest)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.stderr.write(res.stdout + res.stderr)
+        raise SystemExit(f"compiling _speedups.c for {arch} failed: {' '.join(cmd)}")
+    if elf_machine(dest) != ELF_MACHINE[arch]:
+        raise SystemExit(f"{cc} built {dest} for another architecture than {arch}")
+    # The manylinux_2_17 tag promises nothing newer than glibc 2.17: the version names the
+    # extension's symbols need are strings in its .gnu.version_r section.
+    need = {tuple(int(x) for x in v.split(b".")) for v in re.findall(rb"GLIBC_(2\.[0-9]+(?:\.[0-9]+)?)", dest.read_bytes())}
+    if any(v > (2, 17) for v in need):
+        raise SystemExit(f"{dest} needs glibc {max(need)}, newer than manylinux_2_17 allows")
+
+
 def check_wheel(whl: Path, plat: str) -> None:
-    """Fail unless the wheel has the expected tag and an executable strapd inside."""
+    """Fail unless the wheel has the expected tag, an executable strapd and the C extension
+    for its architecture inside."""
+    arch = next(a for a in ELF_MACHINE if plat.endswith("_" + a))
     with zipfile.ZipFile(whl) as z:
         names = z.namelist()
         wheel_meta = next(n for n in names if n.endswith(".dist-info/WHEEL"))
@@ -61,6 +97,11 @@ def check_wheel(whl: Path, plat: str) -> None:
         mode = info.external_attr >> 16
         if not mode & 0o111:
             raise SystemExit(f"{whl}: llm_instrumentation/_bin/strapd is not executable (mode {mode:o})")
+        if SPEEDUPS not in names:
+            raise SystemExit(f"{whl}: no {SPEEDUPS}")
+        so = z.read(SPEEDUPS)
+        if so[:4] != b"\x7fELF" or int.from_bytes(so[18:20], "little") != ELF_MACHINE[arch]:
+            raise SystemExit(f"{whl}: {SPEEDUPS} is not an {arch} ELF file")
         if not any(n.endswith(".dist-info/entry_points.txt") for n in names):
             raise SystemExit(f"{whl}: no entry_points.txt (the strapd console script)")
 
@@ -87,10 +128,17 @@ def main() -> int:
         work = Path(tmp) / "pkg"
         # A scratch copy keeps setuptools' build/ and egg-info out of the source tree and
         # keeps one architecture's binary from leaking into the other's wheel.
+        # setup.py (the extension's source build) stays behind: the scratch copy carries the
+        # extension compiled for the target as package data instead.
         shutil.copytree(HERE / "src", work / "src",
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "_bin"))
-        for f in ("pyproject.toml", "README.md"):
-            shutil.copy2(HERE / f, work / f)
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "_bin", "*.so"))
+        shutil.copy2(HERE / "README.md", work / "README.md")
+        pyproject = (HERE / "pyproject.toml").read_text()
+        data = '"_bin/strapd"'
+        if data not in pyproject:
+            raise SystemExit(f"pyproject.toml: package-data has no {data} to add the extension beside")
+        (work / "pyproject.toml").write_text(pyproject.replace(data, f'{data}, "_speedups.abi3.so"', 1))
+        compile_speedups(arch, work / "src" / SPEEDUPS)
         bindir = work / "src" / "llm_instrumentation" / "_bin"
         bindir.mkdir()
         shutil.copyfile(args.binary, bindir / "strapd")

@@ -153,7 +153,7 @@ class Capture:
         self._started_at = time.monotonic()
         if self.token_tracker is not None:
             self.token_tracker._sink = self._on_token
-        hooks.install(self._on_forward_start, self._on_forward_end, self._on_record)
+        hooks.install(self._on_forward_start, self._on_forward_end, session.record)
         if level is not None:
             try:
                 self._start_resources(session, level)
@@ -192,14 +192,13 @@ class Capture:
         self._forward = self.forward_count
         self.forward_count += 1
         self._step = self.token_tracker.step if self.token_tracker is not None else 0
+        session = self._session
+        if session is not None:
+            session.step, session.forward = self._step, self._forward
 
     def _on_forward_end(self) -> None:
         if self._session is not None:
             self._session.flush()
-
-    def _on_record(self, name: str, t: "torch.Tensor", meta: Optional[Dict[str, Any]]) -> None:
-        if self._session is not None:
-            self._session.write_tensor(name, t, self._step, self._forward, meta)
 
     def _on_token(self, tok: Dict[str, Any]) -> None:
         session = self._session

@@ -57,6 +57,13 @@ SMALL_COPY = 64 << 10
 
 _memmove = ctypes.memmove
 
+try:
+    # One C call for header, changing fields and payload (_speedups.c says why); without it
+    # the hooks' records take write_tensor's Python path, which writes the same bytes.
+    from ._speedups import write_record as _c_write_record
+except ImportError:  # pragma: no cover - exercised by the tests with it hidden
+    _c_write_record = None
+
 
 class _Layout(NamedTuple):
     """What repeats between the records of one module output while its dtype and shape stay:
@@ -115,6 +122,11 @@ class CaptureSession:
         self._lock = threading.Lock()
         self._cuda: Any = None
         self._layouts: Dict[str, _Layout] = {}
+        self._ring_addr = ring.address()
+        #: The current forward pass's numbers, set by the capture as each pass begins; the
+        #: hooks' :meth:`record` writes them into every record of the pass.
+        self.step = 0
+        self.forward = 0
 
     # ----- open / close ------------------------------------------------------------------------
 
@@ -244,6 +256,49 @@ class CaptureSession:
 
     # ----- writing -----------------------------------------------------------------------------
 
+    def record(self, name: str, t: "torch.Tensor", meta: Optional[Dict[str, Any]]) -> bool:
+        """The capture hooks' callback: :meth:`write_tensor` with the current forward pass's
+        :attr:`step` and :attr:`forward`.
+
+        It runs once per hooked module output, between kernels that stream the model's
+        weights through the caches, so its Python runs cold: every call and attribute
+        lookup it saves counts. The common case — a whole record of a module output seen
+        before with the same dtype and shape, in space known to be free before the end of
+        the region — is written here by one call of the C extension (``_speedups.c``);
+        anything else, or everything where the extension is missing, goes through
+        :meth:`write_tensor`, which writes the same bytes (docs/PERFORMANCE.md, "Client cost
+        per record inside decoding").
+        """
+        lay = self._layouts.get(name) if meta is None else None
+        if lay is None or _c_write_record is None or lay.dtype is not t.dtype or lay.size != t.shape \
+                or lay.cls is not type(t) or not lay.memmove or not t.is_cpu or not t.is_contiguous():
+            return self.write_tensor(name, t, self.step, self.forward, meta)
+        ring = self.ring
+        rec_len = lay.record_len
+        with self._lock:
+            head = ring.head
+            off = head % ring.data_size
+            if self.error is not None or off + rec_len > ring.data_size \
+                    or head + rec_len - ring.tail > ring.data_size or head + rec_len > ring.populated:
+                return self._write_locked(name, lay, t, self.step, self.forward, meta)
+            file_off = HEADER_SIZE + off
+            seq = self.seq + 1
+            n = lay.tensor_len
+            _c_write_record(self._ring_addr + file_off, lay.header, seq, rec_len, self.step, self.forward,
+                            lay.hdr_area, t.data_ptr(), n)
+            self.seq = seq
+            ring.head = head = head + rec_len
+            self.last_tensor_seq = seq
+            self.packets += 1
+            self.bytes_in += n
+            if head - self.published_head >= self.publish_bytes:
+                try:
+                    self._publish()
+                except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
+                    self.error = e
+                    raise
+            return True
+
     def write_tensor(self, name: str, t: "torch.Tensor", step: int, forward: int,
                      meta: Optional[Dict[str, Any]] = None) -> bool:
         """Copy ``t`` into the ring as one record (or PART records) and publish it.
@@ -269,14 +324,18 @@ class CaptureSession:
             if lay is None or lay.dtype is not t.dtype or lay.size != t.shape or lay.cls is not type(t):
                 lay = self._layout(name, t)
         with self._lock:
-            self._check()
-            try:
-                if lay is not None and self._write_whole(lay, t, step, forward):
-                    return True
-                return self._write_any(name, t, step, forward, meta)
-            except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
-                self.error = e
-                raise
+            return self._write_locked(name, lay, t, step, forward, meta)
+
+    def _write_locked(self, name: str, lay: Optional[_Layout], t: "torch.Tensor", step: int, forward: int,
+                      meta: Optional[Dict[str, Any]]) -> bool:
+        self._check()
+        try:
+            if lay is not None and self._write_whole(lay, t, step, forward):
+                return True
+            return self._write_any(name, t, step, forward, meta)
+        except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
+            self.error = e
+            raise
 
     def _layout(self, name: str, t: "torch.Tensor") -> Optional[_Layout]:
         """Build and keep the layout of ``name``'s records for ``t``'s dtype and shape; None
@@ -326,7 +385,7 @@ class CaptureSession:
             start = file_off + lay.hdr_area
             if lay.memmove and t.is_cpu and t.is_contiguous():
                 # The bytes of a contiguous CPU tensor are n bytes at data_ptr(): one memcpy.
-                _memmove(ring.address() + start, t.data_ptr(), n)
+                _memmove(self._ring_addr + start, t.data_ptr(), n)
             else:
                 self._copy(ring.u8()[start:start + n].view(t.dtype).view(lay.shape), t)
         self.seq = seq

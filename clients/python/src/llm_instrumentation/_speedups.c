@@ -1,0 +1,107 @@
+/*
+ * The client's per-record copy into the ring, in C (docs/PERFORMANCE.md, "Client cost per
+ * record inside decoding").
+ *
+ * During token-by-token decoding a capture hook runs between kernels that stream the
+ * model's weights through the caches, so the Python that writes a record runs cold: the
+ * header slice assignment, the struct.pack_into of the changing fields and ctypes.memmove
+ * took about 7 us per record there (against under 1 us in a warm loop), most of it the code
+ * those three paths touch. write_record does the same three stores in one call.
+ *
+ * Built against the limited API of CPython 3.10 (one .abi3.so for every later CPython).
+ * Optional: llm_instrumentation._session falls back to the Python path, which writes the
+ * same bytes, wherever this module is missing (tests/test_record_fast_path.py checks both).
+ */
+#define Py_LIMITED_API 0x030A0000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+/* The offset of seq in a TENSOR record header; record_len, step and forward follow it as
+ * little-endian u64 (docs/PROTOCOL.md 2). */
+#define SEQ_OFF 8
+
+static int
+u64_arg(PyObject *o, const char *what, uint64_t *out)
+{
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_ValueError, "write_record: %s must be an int in [0, 2**64)", what);
+        return -1;
+    }
+    *out = (uint64_t)v;
+    return 0;
+}
+
+static void
+put_le64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+PyDoc_STRVAR(write_record_doc,
+"write_record(dst, header, seq, record_len, step, forward, payload_off, src, n)\n"
+"--\n\n"
+"Write one TENSOR record at address dst: the encoded header area (bytes), then seq,\n"
+"record_len, step and forward as little-endian u64 at byte 8, then n payload bytes copied\n"
+"from address src to dst + payload_off. The caller owns both addresses: dst a writable\n"
+"ring mapping with record_len bytes free, src a live contiguous tensor's data pointer.");
+
+static PyObject *
+write_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 9) {
+        PyErr_Format(PyExc_TypeError, "write_record takes 9 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    char *hdr;
+    Py_ssize_t hdr_len;
+    if (PyBytes_AsStringAndSize(args[1], &hdr, &hdr_len) < 0)
+        return NULL;
+    uint64_t dst, seq, rec_len, step, forward, payload_off, src, n;
+    if (u64_arg(args[0], "dst", &dst) || u64_arg(args[2], "seq", &seq) ||
+        u64_arg(args[3], "record_len", &rec_len) || u64_arg(args[4], "step", &step) ||
+        u64_arg(args[5], "forward", &forward) || u64_arg(args[6], "payload_off", &payload_off) ||
+        u64_arg(args[7], "src", &src) || u64_arg(args[8], "n", &n))
+        return NULL;
+    /* What the addresses cannot be checked for, the sizes can: a header that would not
+     * hold the four fields, or a header or payload reaching past the record. */
+    if (dst == 0 || (n > 0 && src == 0) || hdr_len < SEQ_OFF + 32 || (uint64_t)hdr_len > payload_off ||
+        payload_off > rec_len || n > rec_len - payload_off) {
+        PyErr_Format(PyExc_ValueError,
+                     "write_record: header of %zd bytes, payload of %llu at %llu, record of %llu",
+                     hdr_len, (unsigned long long)n, (unsigned long long)payload_off,
+                     (unsigned long long)rec_len);
+        return NULL;
+    }
+    unsigned char *d = (unsigned char *)(uintptr_t)dst;
+    memcpy(d, hdr, (size_t)hdr_len);
+    put_le64(d + SEQ_OFF, seq);
+    put_le64(d + SEQ_OFF + 8, rec_len);
+    put_le64(d + SEQ_OFF + 16, step);
+    put_le64(d + SEQ_OFF + 24, forward);
+    if (n > 0)
+        memcpy(d + payload_off, (const void *)(uintptr_t)src, (size_t)n);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"write_record", (PyCFunction)(void (*)(void))write_record, METH_FASTCALL, write_record_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "llm_instrumentation._speedups",
+    "The client's per-record ring write in C (optional; a Python path writes the same bytes).",
+    0, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    return PyModule_Create(&module);
+}
