@@ -19,6 +19,12 @@ what the capture would cost if model and daemon took turns on one core, a load-i
 lower bound of the wall-time ratio on an idle machine (there the daemon runs beside the model).
 ``--threads 1`` keeps torch to one intra-op thread.
 
+``--record-time`` also times the callback the capture gives its hooks (the per-record write)
+with ``time.thread_time_ns`` around each call, inside the decoding: there, between kernels
+that stream the weights through the caches, a record costs more than in ``record_cost.py``'s
+warm loop. The two clock reads and the wrapper are part of the figure (a few µs cold), and
+the captured trials are slower by them: use it for the per-record figure, not for *kept*.
+
 Usage::
 
     python clients/python/benchmarks/decode_ab.py [--socket S | --strapd bin/strapd] \\
@@ -62,12 +68,17 @@ def main() -> None:
     ap.add_argument("--set", default="resid+attn+mlp", choices=list(CAPTURE_SETS))
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--json")
+    ap.add_argument("--record-time", action="store_true",
+                    help="time each call of the hooks' record callback (µs per record inside decoding)")
     for k, v in DECODE_MODEL.items():
         ap.add_argument(f"--{k}", type=int, default=v)
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
 
+    rec_ns: List[int] = []
+    if a.record_time:
+        _time_record_calls(rec_ns)
     tmp = tempfile.mkdtemp(prefix="strap-dec-", dir="/tmp")
     proc = None
     log = lambda *m: print("decode:", *m, file=sys.stderr, flush=True)  # noqa: E731
@@ -154,6 +165,11 @@ def main() -> None:
               f"{res['client_cpu_kept']:.3f}, loop only {res['loop_client_cpu_kept']:.3f}, "
               f"daemon {res['daemon_cpu_s']:.3f} s/trial); {a.pairs} pairs, "
               f"torch threads {threads()}, ids identical")
+        if rec_ns:
+            res["record_us"] = statistics.median(rec_ns) / 1e3
+            res["record_us_mean"] = sum(rec_ns) / len(rec_ns) / 1e3
+            print(f"record callback inside decoding: median {res['record_us']:.1f} µs, mean "
+                  f"{res['record_us_mean']:.1f} µs over {len(rec_ns)} calls (thread CPU, wrapper included)")
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(res, f, indent=1)
@@ -162,6 +178,26 @@ def main() -> None:
             proc.terminate()
             proc.wait(10)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _time_record_calls(out: List[int]) -> None:
+    """Make every capture's hooks call their record callback through a timer appending
+    the thread CPU ns of each call to ``out``."""
+    from llm_instrumentation import _hooks
+
+    install = _hooks.Hooks.install
+    clock = time.thread_time_ns
+
+    def timed_install(self: Any, started: Any, ended: Any, record: Any) -> None:
+        def timed(name: str, t: Any, meta: Any) -> Any:
+            t0 = clock()
+            r = record(name, t, meta)
+            out.append(clock() - t0)
+            return r
+
+        install(self, started, ended, timed)
+
+    _hooks.Hooks.install = timed_install  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":
