@@ -38,8 +38,8 @@ from typing import Any, Dict, List, Optional
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 BENCH_PY = ROOT / "clients" / "python" / "benchmarks"
-STEPS = ("machine", "overhead", "ingest", "memory", "cpubudget", "compression", "probes", "probes_ab",
-         "resources", "profile")
+STEPS = ("machine", "overhead", "decode", "ingest", "memory", "cpubudget", "compression", "probes",
+         "probes_ab", "resources", "profile")
 #: Steps run only when ``--only`` names them: long, and they need the trained MiniLM package.
 EXTRA_STEPS = ("analysis",)
 #: Ingest codecs: (codec, lossy bound or ""); the Python producer runs those its client knows.
@@ -445,6 +445,33 @@ def step_probes_ab(ctx: "Ctx") -> Dict[str, Any]:
     run(cmd, timeout=900, progress=True)
     r = json.loads(out.read_text())
     r["command"] = show(cmd, ctx.tmp).replace(str(ctx.strapd), "bin/strapd")
+    r["loadavg"] = [la0, loadavg()]
+    return r
+
+
+def step_decode(ctx: "Ctx") -> Dict[str, Any]:
+    """Token-by-token decoding under capture, and the client's cost per record: greedy decoding
+    kept with one torch thread (decode_ab.py), the per-record cost in a warm loop
+    (record_cost.py) and inside decoding, where the caches are cold (decode_ab.py
+    --record-time). Each starts its own strapd."""
+    outs = {k: ctx.tmp / f"decode-{k}.json" for k in ("kept", "record", "record_decoding")}
+    model = ["--hidden", "128", "--layers", "2", "--intermediate", "352", "--vocab", "1000", "--heads", "4"]
+    cmds = {
+        "kept": [PY, BENCH_PY / "decode_ab.py", "--strapd", ctx.strapd, "--threads", "1", "--json", outs["kept"]]
+        + (["--pairs", "1", "--new", "8"] + model if ctx.quick else ["--pairs", "7"]),
+        "record": [PY, BENCH_PY / "record_cost.py", "--strapd", ctx.strapd, "--json", outs["record"]]
+        + (["--rounds", "1", "--forwards", "10"] if ctx.quick else ["--rounds", "9"]),
+        "record_decoding": [PY, BENCH_PY / "decode_ab.py", "--strapd", ctx.strapd, "--threads", "1", "--record-time",
+                            "--json", outs["record_decoding"]]
+        + (["--pairs", "1", "--new", "8"] + model if ctx.quick else ["--pairs", "2"]),
+    }
+    la0 = loadavg()
+    r: Dict[str, Any] = {}
+    for k, cmd in cmds.items():
+        run(cmd, timeout=900, progress=True)
+        r[k] = json.loads(outs[k].read_text())
+        r[k].pop("trials", None)
+        r[k]["command"] = show(cmd, ctx.tmp)
     r["loadavg"] = [la0, loadavg()]
     return r
 
