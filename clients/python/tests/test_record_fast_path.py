@@ -178,3 +178,29 @@ def test_write_record_checks_sizes():
     finally:
         del buf
         m.close()
+
+
+@pytest.mark.parametrize("c_ext", [True, False], ids=["c-extension", "python"])
+def test_no_record_after_shutdown(monkeypatch, c_ext):
+    """A hook still running on another thread when the capture ends must not write into the
+    unmapped ring, nor into the ring kept for the process's next capture: after shutdown
+    records are refused and the ring is left as it was."""
+    if c_ext and _session._c_write_record is None:
+        pytest.skip("llm_instrumentation._speedups is not built")
+    if not c_ext:
+        monkeypatch.setattr(_session, "_c_write_record", None)
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ring = R.Ring(R.HEADER_SIZE + 64 * 64)
+    s = CaptureSession(P.Connection(a), ring)
+    t = _f32_2x3()
+    assert s.record("model.layers.0.mlp", t, None) and s.record("model.layers.0.mlp", t, None)
+    s.closed_summary = P.Closed(packets=2, drops=0, bytes_in=48, bytes_out=48, file_bytes=0)
+    s.shutdown()  # a clean end: the ring is kept for the next capture, still mapped
+    try:
+        before, head = bytes(ring.mm), ring.head
+        assert not s.record("model.layers.0.mlp", t, None)
+        assert not s.write_tensor("model.layers.0.mlp", t, 0, 0)
+        assert bytes(ring.mm) == before and ring.head == head and s.seq == 2
+    finally:
+        R.release_idle_ring()
+        b.close()

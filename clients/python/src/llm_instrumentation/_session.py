@@ -123,6 +123,7 @@ class CaptureSession:
         self._cuda: Any = None
         self._layouts: Dict[str, _Layout] = {}
         self._ring_addr = ring.address()
+        self._shut = False
         #: The current forward pass's numbers, set by the capture as each pass begins; the
         #: hooks' :meth:`record` writes them into every record of the pass.
         self.step = 0
@@ -181,7 +182,13 @@ class CaptureSession:
     def shutdown(self) -> None:
         """Release the socket and ring (after close, or to abandon the session). After a
         clean close the ring is kept for the process's next capture (:func:`~._ring.keep_ring`):
-        the daemon answered CLOSED, so it reads the ring no more."""
+        the daemon answered CLOSED, so it reads the ring no more.
+
+        From here on records are refused (:meth:`record` and :meth:`write_tensor` return
+        False without writing): a hook still running on another thread must not write into
+        an unmapped ring, or into the ring kept for the next capture."""
+        with self._lock:
+            self._shut = True
         self.conn.close()
         if self._cuda is not None:
             self._cuda.close()
@@ -278,7 +285,7 @@ class CaptureSession:
         with self._lock:
             head = ring.head
             off = head % ring.data_size
-            if self.error is not None or off + rec_len > ring.data_size \
+            if self._shut or self.error is not None or off + rec_len > ring.data_size \
                     or head + rec_len - ring.tail > ring.data_size or head + rec_len > ring.populated:
                 return self._write_locked(name, lay, t, self.step, self.forward, meta)
             file_off = HEADER_SIZE + off
@@ -311,7 +318,8 @@ class CaptureSession:
             meta: optional JSON-ready dict stored with the record.
 
         Returns:
-            True when written, False when dropped under policy ``drop``.
+            True when written, False when dropped under policy ``drop`` or refused after
+            :meth:`shutdown`.
 
         Raises:
             StrapdConnectionError: the daemon went away.
@@ -328,6 +336,8 @@ class CaptureSession:
 
     def _write_locked(self, name: str, lay: Optional[_Layout], t: "torch.Tensor", step: int, forward: int,
                       meta: Optional[Dict[str, Any]]) -> bool:
+        if self._shut:
+            return False
         self._check()
         try:
             if lay is not None and self._write_whole(lay, t, step, forward):
