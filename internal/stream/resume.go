@@ -73,7 +73,7 @@ func ResumeWith(f *os.File, e ResumeExpect, o WriterOptions) (*Writer, error) {
 		if _, err := f.ReadAt(lead, e.AppendAt-int64(len(lead))); err != nil {
 			return nil, fmt.Errorf("read stream file: %w", err)
 		}
-		w.startDirect(lead)
+		w.startDirect(lead, o.Staging)
 	}
 	return w, nil
 }

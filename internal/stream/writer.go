@@ -95,6 +95,9 @@ type WriterOptions struct {
 	// system refuses it, or is tmpfs, the Writer falls back to buffered writes and
 	// Direct reports why.
 	Direct bool
+	// Staging lends the direct writer its staging buffers (nil: it maps its own and
+	// unmaps them when the stream ends).
+	Staging StagingSource
 }
 
 // New starts a stream on f: it truncates a non-empty regular file, writes the file
@@ -161,14 +164,15 @@ func NewWith(f *os.File, meta any, o WriterOptions) (*Writer, error) {
 	}
 	w.off = int64(len(w.buf))
 	if o.Direct {
-		w.startDirect(nil)
+		w.startDirect(nil, o.Staging)
 	}
 	return w, nil
 }
 
 // startDirect switches a regular file to O_DIRECT at w.off; head holds the file's bytes
-// [alignDown(w.off), w.off) when they are not in w.buf (a resumed stream).
-func (w *Writer) startDirect(head []byte) {
+// [alignDown(w.off), w.off) when they are not in w.buf (a resumed stream); src lends
+// the staging buffers (nil: the writer's own).
+func (w *Writer) startDirect(head []byte, src StagingSource) {
 	if !w.regular {
 		w.directWhy = "not a regular file"
 		return
@@ -177,7 +181,7 @@ func (w *Writer) startDirect(head []byte) {
 	if head != nil {
 		at = w.off
 	}
-	if w.d, w.directWhy = enableDirect(w.rc, at, head); w.d == nil {
+	if w.d, w.directWhy = enableDirect(w.rc, at, head, src); w.d == nil {
 		return
 	}
 	w.d.put(w.buf, nil) // the file header of a new stream
