@@ -136,7 +136,6 @@ func NewWith(f *os.File, meta any, o WriterOptions) (*Writer, error) {
 		f:       f,
 		rc:      rc,
 		regular: st.Mode().IsRegular(),
-		buf:     make([]byte, 0, bufSize),
 		codecOK: map[codec.ID]bool{},
 		names:   map[string]uint32{},
 	}
@@ -166,7 +165,17 @@ func NewWith(f *os.File, meta any, o WriterOptions) (*Writer, error) {
 	if o.Direct {
 		w.startDirect(nil, o.Staging)
 	}
+	w.writeBehind()
 	return w, nil
+}
+
+// writeBehind gives a buffered stream its write-behind buffer, keeping what w.buf holds.
+// A direct stream stages in its own buffers and never needs one: allocating its 4 MiB
+// anyway cost each session the zeroing of them.
+func (w *Writer) writeBehind() {
+	if w.d == nil {
+		w.buf = append(make([]byte, 0, bufSize), w.buf...)
+	}
 }
 
 // startDirect switches a regular file to O_DIRECT at w.off; head holds the file's bytes
