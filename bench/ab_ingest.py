@@ -4,9 +4,14 @@ Reads BIN/{old,new}-{strapd,ingest} (BIN is --bin, default /tmp/ab; docs/PERFORM
 how they are built). Each trial starts the side's daemon, pushes --bytes of float32 with the
 side's producer to a file in --dir (default /dev/shm: tmpfs, the disk taken out; a directory
 on a block device measures the disk path), and reports GB/s (the producer's clock, from
-connecting until the stream is closed and fdatasynced) and the daemon's CPU seconds per GB. With --dd, each round also times
-`dd if=/dev/zero of=DIR/ab-dd bs=4M count=N oflag=direct` for the same bytes on the same
-directory, the device's own pace for large direct writes.
+connecting until the stream is closed and fdatasynced) and the daemon's CPU seconds per GB. With --dd,
+`dd if=/dev/zero of=DIR/ab-dd bs=4M count=N oflag=direct conv=fdatasync` (the same bytes, the
+same directory, durable at the end like the stream: the device's own pace for large direct
+writes) runs before the first trial and after every trial, so each trial sits between two dd
+runs; its ratio to dd is its GB/s over the geometric mean of those two, and the figure is the
+median of these per-trial ratios. A virtio disk's pace swings by 2x between seconds (its
+host's cache), so a ratio of medians taken minutes apart says little; neighbours share the
+swing.
 
     python3 bench/ab_ingest.py 5                              # tmpfs, codecs none and shuffle
     python3 bench/ab_ingest.py 5 --dir /var/tmp --codecs none --bytes 1GiB --dd
@@ -69,7 +74,7 @@ def dd(a):
     out = os.path.join(a.dir, "ab-dd")
     n = max(1, a.bytes // (4 << 20))
     t0 = time.monotonic()
-    r = subprocess.run(["dd", "if=/dev/zero", f"of={out}", "bs=4M", f"count={n}", "oflag=direct"],
+    r = subprocess.run(["dd", "if=/dev/zero", f"of={out}", "bs=4M", f"count={n}", "oflag=direct", "conv=fdatasync"],
                        capture_output=True, text=True)
     t = time.monotonic() - t0
     os.unlink(out)
@@ -89,13 +94,21 @@ def main():
     a = p.parse_args()
     codecs = a.codecs.split(",")
     res = {}
+    ratios = {}
+    last_dd = dd(a) if a.dd else None
+    if a.dd:
+        res.setdefault(("dd", "-"), []).append(last_dd)
     for i in range(a.rounds):
         for codec in codecs:
             order = ("old", "new") if i % 2 == 0 else ("new", "old")
             for side in order:
-                res.setdefault((side, codec), []).append(run(a, side, codec))
-        if a.dd:
-            res.setdefault(("dd", "-"), []).append(dd(a))
+                r = run(a, side, codec)
+                res.setdefault((side, codec), []).append(r)
+                if a.dd:
+                    after = dd(a)
+                    res[("dd", "-")].append(after)
+                    ratios.setdefault((side, codec), []).append(r[0] / (last_dd[0] * after[0]) ** 0.5)
+                    last_dd = after
     print(f"{a.rounds} rounds, {a.bytes >> 20} MiB per trial to {a.dir}, load average {os.getloadavg()}")
     keys = [(s, c) for c in codecs for s in ("old", "new")] + ([("dd", "-")] if a.dd else [])
     for side, codec in keys:
@@ -104,8 +117,10 @@ def main():
         line = f"{codec:8s} {side}: GB/s median {statistics.median(g):.3f} [{min(g):.3f}-{max(g):.3f}]"
         if side != "dd":
             line += f"  daemon CPU-s/GB median {statistics.median(c):.2f} [{min(c):.2f}-{max(c):.2f}]"
+            if a.dd:
+                q = ratios[(side, codec)]
+                line += f"  x dd (per trial, neighbours) median {statistics.median(q):.2f} [{min(q):.2f}-{max(q):.2f}]"
         print(line)
-
 
 if __name__ == "__main__":
     main()

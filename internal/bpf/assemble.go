@@ -249,6 +249,7 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 	}
 
 	defer c.forgetThreadCPU(pids)
+	defer c.pruneNUMARead(pids)
 	for pid := range pids {
 		key := pidKey(pid)
 		alive := pidAlive(c.opts.ProcRoot, pid)

@@ -376,7 +376,10 @@ func (c *Collector) unwatchLocked(pid int) error {
 	delete(c.watched, pid)
 	delete(c.prevProc, pid)
 	delete(c.prevCtx, pid)
-	delete(c.numaRead, pid)
+	// numaRead stays: the pid's counts still appear in the next snapshot, and without
+	// its time there it would read the numa_maps that the interval was skipping — at
+	// every snapshot after each short session of a client that captures again and
+	// again (pruneNUMARead drops the time once the interval is past).
 	delete(c.totals, pid)
 	c.io.forget(pid)
 	if c.probes != nil {

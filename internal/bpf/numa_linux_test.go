@@ -4,9 +4,13 @@ package bpf
 
 import (
 	"fmt"
+	"io"
+	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 )
 
 // hopCPUs moves the process between CPU 0 and CPU 1 n times by changing its affinity; each
@@ -56,4 +60,59 @@ func TestCrossNodeMigrations(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNUMAMapsNotReadAfterUnwatch: a client whose session ended still appears in the next
+// snapshot with its counts, but its numa_maps (tens of ms of page-table walk for a torch
+// process) is not read for it before the interval since its Watch is over.
+func TestNUMAMapsNotReadAfterUnwatch(t *testing.T) {
+	if _, err := os.Stat("/proc/self/numa_maps"); err != nil {
+		t.Skipf("skipping: kernel without numa_maps: %v", err)
+	}
+	py := python(t)
+	const mib = 16
+	c := startAttached(t, Options{NUMAMapsInterval: time.Hour})
+	g := startGated(t, fmt.Sprintf("%s -c '%s' %d", py, holdPages, mib<<8))
+	if err := c.Watch(g.pid); err != nil {
+		t.Fatal(err)
+	}
+	c.Snapshot()
+	if _, err := io.WriteString(g.stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for rssKiB(t, g.pid) < mib<<10 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the child never held %d MiB", mib)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := c.Unwatch(g.pid); err != nil {
+		t.Fatal(err)
+	}
+	s := c.Snapshot()
+	key := strconv.Itoa(g.pid)
+	if _, ok := s.PageFaults[key]; !ok {
+		t.Fatalf("the unwatched child is not in the snapshot after its faults (page faults %v)", s.PageFaults)
+	}
+	if n, ok := s.NUMAPages[key]; ok {
+		t.Fatalf("numa_maps read for an unwatched process within the interval: %+v", n)
+	}
+	g.stdin.Close()
+}
+
+// rssKiB is pid's VmRSS in KiB (0 when /proc has none).
+func rssKiB(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return n
+		}
+	}
+	return 0
 }

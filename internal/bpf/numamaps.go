@@ -128,12 +128,9 @@ func readNUMAMaps(procRoot string, pid int) (map[string]NodePages, error) {
 // lock (about 20 ms of system time for a torch process with a small model and 1000
 // mappings, more for a model of many GB), not a cost to pay every snapshot.
 func (c *Collector) numaPages(s *Snapshot, pid int, key string) {
-	every := c.opts.NUMAMapsInterval
+	every := c.numaEvery()
 	if every < 0 {
 		return
-	}
-	if every == 0 {
-		every = DefaultNUMAMapsInterval
 	}
 	now := time.Now()
 	if last, ok := c.numaRead[pid]; ok && now.Sub(last) < every {
@@ -151,4 +148,25 @@ func (c *Collector) numaPages(s *Snapshot, pid int, key string) {
 		s.NUMAPages = map[string]map[string]NodePages{}
 	}
 	s.NUMAPages[key] = nodes
+}
+
+// numaEvery is the interval between numa_maps readings of one process (negative: never).
+func (c *Collector) numaEvery() time.Duration {
+	if every := c.opts.NUMAMapsInterval; every != 0 {
+		return every
+	}
+	return DefaultNUMAMapsInterval
+}
+
+// pruneNUMARead forgets the reading times of processes that are neither watched nor
+// reported now and whose interval is over (one reported later is read at once, as it
+// would be anyway), so the map does not grow with every client that came and went.
+func (c *Collector) pruneNUMARead(reported map[int]bool) {
+	every := c.numaEvery()
+	now := time.Now()
+	for pid, at := range c.numaRead {
+		if !reported[pid] && !c.watched[pid] && (every < 0 || now.Sub(at) >= every) {
+			delete(c.numaRead, pid)
+		}
+	}
 }

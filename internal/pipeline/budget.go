@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
+	"time"
+
+	"github.com/strap-llm/strap/internal/stream"
 )
 
 // ErrBudget: a session's ring (plus its guaranteed buffer) does not fit in the memory limit.
@@ -25,7 +28,22 @@ type Budget struct {
 	// rings is the bytes of open sessions' ring mappings; goSlack > 0 keeps the Go
 	// runtime's memory limit at limit - rings + goSlack (LimitGoHeap).
 	rings, goSlack int64
+	// idle holds the O_DIRECT staging buffers of ended streams for the next stream (Get,
+	// Put): counted in used while idle, unmapped when the budget needs their room or
+	// StagingKeep after the last one came back.
+	idle      []stream.StagingBuf
+	idleTimer *time.Timer
+	keep      time.Duration
 }
+
+// StagingKeep is how long the staging buffers of an ended O_DIRECT stream are kept for
+// the next one. A fresh buffer costs the kernel zeroing each of its pages on first
+// touch, a third of the daemon's CPU on a 48 MiB capture; a client capturing again
+// within this time (its own ring is kept as long) pays that once.
+const StagingKeep = 30 * time.Second
+
+// maxIdleStaging is how many staging buffers are kept idle at most: one stream's.
+const maxIdleStaging = int(stream.DirectStaging / stream.StagingBufSize)
 
 // LimitGoHeap keeps the Go runtime's soft memory limit (debug.SetMemoryLimit) at the budget
 // less the open rings, plus slack, from now on. The Go heap holds the compression buffers
@@ -52,7 +70,7 @@ func (b *Budget) setGoLimit() {
 
 // NewBudget creates a budget of limit bytes (limit <= 0: unlimited).
 func NewBudget(limit int64) *Budget {
-	b := &Budget{limit: limit}
+	b := &Budget{limit: limit, keep: StagingKeep}
 	b.cond = sync.NewCond(&b.mu)
 	return b
 }
@@ -60,14 +78,88 @@ func NewBudget(limit int64) *Budget {
 // Limit is the configured limit in bytes (<= 0: unlimited).
 func (b *Budget) Limit() int64 { return b.limit }
 
-// Used is the bytes counted now.
+// Used is the bytes counted now (idle staging buffers included).
 func (b *Budget) Used() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.used
 }
 
-func (b *Budget) fits(n int64) bool { return b.limit <= 0 || b.used+n <= b.limit }
+// fits reports whether n more bytes fit, unmapping the idle staging buffers first when
+// only their room is missing; b.mu is held.
+func (b *Budget) fits(n int64) bool {
+	if b.limit <= 0 || b.used+n <= b.limit {
+		return true
+	}
+	if len(b.idle) > 0 {
+		b.dropIdle()
+		return b.used+n <= b.limit
+	}
+	return false
+}
+
+// Get lends an O_DIRECT stream a staging buffer: an idle one (whose bytes its stream's
+// lease already holds, so they leave the idle count) or a new one.
+func (b *Budget) Get() stream.StagingBuf {
+	b.mu.Lock()
+	if n := len(b.idle); n > 0 {
+		buf := b.idle[n-1]
+		b.idle = b.idle[:n-1]
+		b.used -= stream.StagingBufSize
+		b.mu.Unlock()
+		return buf
+	}
+	b.mu.Unlock()
+	return stream.NewStagingBuf()
+}
+
+// Put takes back a staging buffer of an ending stream: kept idle when it is a mapping,
+// fewer than maxIdleStaging are, and it fits in the budget beside the lease that still
+// holds it (counted twice until that lease closes); unmapped otherwise.
+func (b *Budget) Put(buf stream.StagingBuf) {
+	b.mu.Lock()
+	if !buf.Mapped() || len(b.idle) >= maxIdleStaging ||
+		(b.limit > 0 && b.used+stream.StagingBufSize > b.limit) {
+		b.mu.Unlock()
+		stream.FreeStagingBuf(buf)
+		return
+	}
+	b.idle = append(b.idle, buf)
+	b.used += stream.StagingBufSize
+	if b.idleTimer == nil {
+		b.idleTimer = time.AfterFunc(b.keep, b.expireIdle)
+	} else {
+		b.idleTimer.Reset(b.keep)
+	}
+	b.mu.Unlock()
+}
+
+// IdleStaging is the number of idle staging buffers kept now.
+func (b *Budget) IdleStaging() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.idle)
+}
+
+// expireIdle unmaps the idle staging buffers after StagingKeep without a stream.
+func (b *Budget) expireIdle() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.idle) > 0 {
+		b.dropIdle()
+		b.cond.Broadcast()
+	}
+}
+
+// dropIdle unmaps every idle staging buffer; b.mu is held.
+func (b *Budget) dropIdle() {
+	for _, buf := range b.idle {
+		stream.FreeStagingBuf(buf)
+	}
+	b.used -= int64(len(b.idle)) * stream.StagingBufSize
+	clear(b.idle)
+	b.idle = b.idle[:0]
+}
 
 // Lease is one session's share of the budget: its ring, its private reserve, and the
 // buffers it has in flight.

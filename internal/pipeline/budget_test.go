@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -89,4 +90,57 @@ func probeDirect(dir string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// TestDirectStagingKept: the staging buffers of an ended O_DIRECT stream stay mapped for
+// the next stream, counted in the budget while idle and not twice once a stream takes
+// them; the budget unmaps them when it needs their room, and after its keep time.
+func TestDirectStagingKept(t *testing.T) {
+	if err := probeDirect(t.TempDir()); err != nil {
+		t.Skipf("the temp dir's file system takes no O_DIRECT here: %v", err)
+	}
+	b := NewBudget(1 << 30)
+	run := func() (used int64) {
+		h := newHarness(t, hopts{budget: b})
+		if direct, why := h.s.w.Direct(); !direct {
+			t.Fatalf("not O_DIRECT: %s", why)
+		}
+		used = b.Used()
+		if _, err := h.finish(StatusComplete); err != nil {
+			t.Fatal(err)
+		}
+		return used
+	}
+	first := run()
+	idle := b.IdleStaging()
+	if idle < 1 || b.Used() != int64(idle)*stream.StagingBufSize {
+		t.Fatalf("after the first stream: %d idle buffers, %d bytes used; want >= 1 and exactly their size", idle, b.Used())
+	}
+	if second := run(); second != first {
+		t.Fatalf("a stream on kept buffers holds %d bytes, a stream on fresh ones %d", second, first)
+	}
+	// A lease that needs their room gets it.
+	if b.IdleStaging() == 0 {
+		t.Fatal("the second stream's buffers were not kept")
+	}
+	l, err := b.Open(b.Limit(), 0)
+	if err != nil {
+		t.Fatalf("a lease of the whole budget beside idle staging buffers: %v", err)
+	}
+	if b.IdleStaging() != 0 {
+		t.Fatalf("%d staging buffers still idle in a full budget", b.IdleStaging())
+	}
+	l.Close()
+	// And after the keep time they go by themselves.
+	b.mu.Lock()
+	b.keep = 20 * time.Millisecond
+	b.mu.Unlock()
+	run()
+	deadline := time.Now().Add(5 * time.Second)
+	for b.IdleStaging() > 0 || b.Used() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d idle buffers, %d bytes used long after the keep time", b.IdleStaging(), b.Used())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

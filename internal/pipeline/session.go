@@ -118,7 +118,7 @@ func start(o options) (*Session, error) {
 	// was most of the daemon's CPU on codec none (docs/STREAM_FORMAT.md 6). Its staging
 	// buffers count in the memory budget; without room for them the stream is buffered.
 	staged := o.Lease.TryHold(stream.DirectStaging)
-	wo := stream.WriterOptions{Direct: staged}
+	wo := stream.WriterOptions{Direct: staged, Staging: o.Lease.b}
 	if o.Resume != nil {
 		w, err = stream.ResumeWith(o.Output, *o.Resume, wo)
 		nextSeq = o.Resume.LastSeq + 1

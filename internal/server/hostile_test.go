@@ -132,7 +132,10 @@ func TestHostileRings(t *testing.T) {
 			})
 		})
 	}
-	waitFor(t, func() bool { st := ts.srv.Status(); return st.Daemon.Sessions == 0 && st.Daemon.MemoryUsed == 0 })
+	waitFor(t, func() bool {
+		st := ts.srv.Status()
+		return st.Daemon.Sessions == 0 && st.Daemon.MemoryUsed == idleStagingBytes(ts.srv)
+	})
 }
 
 func socketFile(t *testing.T) *os.File {

@@ -59,7 +59,8 @@ type direct struct {
 
 	free    chan []byte
 	todo    chan dirJob
-	owned   []stagingBuf // every buffer taken, given back at stop
+	src     StagingSource // nil: buffers mapped for this stream, unmapped at stop
+	owned   []StagingBuf  // every buffer taken, given back at stop
 	pending sync.WaitGroup
 
 	// refused is set once a write came back EINVAL although F_SETFL took O_DIRECT (a file
@@ -121,8 +122,9 @@ func fileFlags(rc syscall.RawConn) (int, error) {
 
 // enableDirect turns O_DIRECT on for the stream's file, whose next byte goes at off and
 // whose bytes [alignDown(off), off) are head (the caller knows them: it wrote or read
-// them). It returns nil and the reason when the file is written through the page cache.
-func enableDirect(rc syscall.RawConn, off int64, head []byte) (*direct, string) {
+// them), taking its staging buffers from src (nil: its own). It returns nil and the
+// reason when the file is written through the page cache.
+func enableDirect(rc syscall.RawConn, off int64, head []byte, src StagingSource) (*direct, string) {
 	if why := directUnsupported(rc); why != "" {
 		return nil, why
 	}
@@ -138,7 +140,7 @@ func enableDirect(rc syscall.RawConn, off int64, head []byte) (*direct, string) 
 	if err := setDirect(rc, true); err != nil {
 		return nil, fmt.Sprintf("the file system refuses O_DIRECT: %v", err)
 	}
-	d := &direct{rc: rc, free: make(chan []byte, dirBufs), todo: make(chan dirJob, dirBufs)}
+	d := &direct{rc: rc, free: make(chan []byte, dirBufs), todo: make(chan dirJob, dirBufs), src: src}
 	d.base = off &^ (dirAlign - 1)
 	d.stage = append(d.getBuf(), head[len(head)-int(off-d.base):]...)
 	d.bounds = []int64{off}
@@ -146,25 +148,44 @@ func enableDirect(rc syscall.RawConn, off int64, head []byte) (*direct, string) 
 	return d, ""
 }
 
-// stagingBuf is one staging buffer's memory: mapped (unmapped at the stream's end, so an
-// idle daemon holds none: the memory budget does not count them) or, where mapping
-// failed, from the heap.
-type stagingBuf struct {
+// StagingBufSize is the capacity of one staging buffer.
+const StagingBufSize = dirBufSize
+
+// StagingBuf is one staging buffer's memory: mapped outside the Go heap or, where
+// mapping failed, from the heap. Only the daemon's own goroutines ever touch it; bytes
+// of an earlier stream left in a reused one are never written (only what a stream
+// staged is, and a partial block's padding is cleared first).
+type StagingBuf struct {
 	b      []byte
 	mapped bool
 }
 
-// newStagingBuf maps an empty staging buffer of capacity dirBufSize, outside the Go heap
-// and backed by huge pages where the kernel allows: O_DIRECT pins the buffer's pages for
-// every write, and a 2 MiB page pins as one.
-func newStagingBuf() stagingBuf {
+// Mapped reports whether the buffer is a mapping (FreeStagingBuf unmaps it) rather than
+// heap memory.
+func (s StagingBuf) Mapped() bool { return s.mapped }
+
+// StagingSource lends direct writers their staging buffers: Get returns one of capacity
+// StagingBufSize (its contents are undefined), Put takes back one a writer no longer
+// uses. The daemon keeps those of an ended stream for the next one: a fresh mapping
+// costs the kernel zeroing every page on first touch, which for the 24.75 MiB of a
+// stream's three buffers was a third of the daemon's CPU on a 48 MiB prefill capture
+// (docs/PERFORMANCE.md).
+type StagingSource interface {
+	Get() StagingBuf
+	Put(StagingBuf)
+}
+
+// NewStagingBuf maps an empty staging buffer of capacity StagingBufSize, outside the
+// Go heap and backed by huge pages where the kernel allows: O_DIRECT pins the buffer's
+// pages for every write, and a 2 MiB page pins as one.
+func NewStagingBuf() StagingBuf {
 	const huge = 2 << 20
 	m, err := unix.MmapPtr(-1, 0, nil, dirBufSize+huge, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		// The heap then: any page-aligned memory does for O_DIRECT.
 		b := make([]byte, dirBufSize+dirAlign)
 		a := int(-uintptr(unsafe.Pointer(unsafe.SliceData(b)))) & (dirAlign - 1)
-		return stagingBuf{b: b[a : a : a+dirBufSize]}
+		return StagingBuf{b: b[a : a : a+dirBufSize]}
 	}
 	// Keep the 2 MiB-aligned dirBufSize bytes of the mapping, unmap the ends.
 	lead := -uintptr(m) & (huge - 1)
@@ -177,11 +198,11 @@ func newStagingBuf() stagingBuf {
 	}
 	b := unsafe.Slice((*byte)(start), dirBufSize)
 	_ = unix.Madvise(b, unix.MADV_HUGEPAGE) // advice only
-	return stagingBuf{b: b[:0], mapped: true}
+	return StagingBuf{b: b[:0], mapped: true}
 }
 
-// freeStagingBuf unmaps b (a heap buffer is left to the collector).
-func freeStagingBuf(b stagingBuf) {
+// FreeStagingBuf unmaps b (a heap buffer is left to the collector).
+func FreeStagingBuf(b StagingBuf) {
 	if b.mapped {
 		_ = unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(b.b)), uintptr(cap(b.b)))
 	}
@@ -196,7 +217,12 @@ func (d *direct) getBuf() []byte {
 	default:
 	}
 	if len(d.owned) < dirBufs {
-		b := newStagingBuf()
+		var b StagingBuf
+		if d.src != nil {
+			b = d.src.Get()
+		} else {
+			b = NewStagingBuf()
+		}
 		d.owned = append(d.owned, b)
 		return b.b[:0]
 	}
@@ -390,7 +416,11 @@ func (d *direct) stop() {
 	d.pending.Wait()
 	_ = setDirect(d.rc, false) // best effort: the stream itself is complete
 	for _, b := range d.owned {
-		freeStagingBuf(b)
+		if d.src != nil {
+			d.src.Put(b)
+		} else {
+			FreeStagingBuf(b)
+		}
 	}
 	d.stage, d.owned = nil, nil
 }

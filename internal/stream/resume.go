@@ -50,7 +50,7 @@ func ResumeWith(f *os.File, e ResumeExpect, o WriterOptions) (*Writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stream file: %w", err)
 	}
-	w := &Writer{f: f, rc: rc, regular: true, buf: make([]byte, 0, bufSize), codecOK: map[codec.ID]bool{},
+	w := &Writer{f: f, rc: rc, regular: true, codecOK: map[codec.ID]bool{},
 		names: map[string]uint32{}}
 	pre, errs := CheckPrefix(r, e, func(p *PacketInfo) {
 		w.account(p.Name, p.Type, p.Flags, p.Seq, p.Step, p.Forward, p.Offset)
@@ -73,7 +73,8 @@ func ResumeWith(f *os.File, e ResumeExpect, o WriterOptions) (*Writer, error) {
 		if _, err := f.ReadAt(lead, e.AppendAt-int64(len(lead))); err != nil {
 			return nil, fmt.Errorf("read stream file: %w", err)
 		}
-		w.startDirect(lead)
+		w.startDirect(lead, o.Staging)
 	}
+	w.writeBehind()
 	return w, nil
 }

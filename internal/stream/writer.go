@@ -95,6 +95,9 @@ type WriterOptions struct {
 	// system refuses it, or is tmpfs, the Writer falls back to buffered writes and
 	// Direct reports why.
 	Direct bool
+	// Staging lends the direct writer its staging buffers (nil: it maps its own and
+	// unmaps them when the stream ends).
+	Staging StagingSource
 }
 
 // New starts a stream on f: it truncates a non-empty regular file, writes the file
@@ -133,7 +136,6 @@ func NewWith(f *os.File, meta any, o WriterOptions) (*Writer, error) {
 		f:       f,
 		rc:      rc,
 		regular: st.Mode().IsRegular(),
-		buf:     make([]byte, 0, bufSize),
 		codecOK: map[codec.ID]bool{},
 		names:   map[string]uint32{},
 	}
@@ -161,14 +163,25 @@ func NewWith(f *os.File, meta any, o WriterOptions) (*Writer, error) {
 	}
 	w.off = int64(len(w.buf))
 	if o.Direct {
-		w.startDirect(nil)
+		w.startDirect(nil, o.Staging)
 	}
+	w.writeBehind()
 	return w, nil
 }
 
+// writeBehind gives a buffered stream its write-behind buffer, keeping what w.buf holds.
+// A direct stream stages in its own buffers and never needs one: allocating its 4 MiB
+// anyway cost each session the zeroing of them.
+func (w *Writer) writeBehind() {
+	if w.d == nil {
+		w.buf = append(make([]byte, 0, bufSize), w.buf...)
+	}
+}
+
 // startDirect switches a regular file to O_DIRECT at w.off; head holds the file's bytes
-// [alignDown(w.off), w.off) when they are not in w.buf (a resumed stream).
-func (w *Writer) startDirect(head []byte) {
+// [alignDown(w.off), w.off) when they are not in w.buf (a resumed stream); src lends
+// the staging buffers (nil: the writer's own).
+func (w *Writer) startDirect(head []byte, src StagingSource) {
 	if !w.regular {
 		w.directWhy = "not a regular file"
 		return
@@ -177,7 +190,7 @@ func (w *Writer) startDirect(head []byte) {
 	if head != nil {
 		at = w.off
 	}
-	if w.d, w.directWhy = enableDirect(w.rc, at, head); w.d == nil {
+	if w.d, w.directWhy = enableDirect(w.rc, at, head, src); w.d == nil {
 		return
 	}
 	w.d.put(w.buf, nil) // the file header of a new stream
