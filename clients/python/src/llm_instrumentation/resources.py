@@ -1619,32 +1619,27 @@ class ResourceMonitor:
         return []
 
     def _w_linear(self, site: _Site, tc: int, timing: Any, xs: Any, xd: Any, os_: Any, od: Any) -> List[Any]:
-        in_f, out_f = site.static[3], site.static[4]
-        tns = tc + self._w_off
-        if type(timing) is int and timing > self._w_long:
+        if type(timing) is not int:  # a CUDA event pair: resolved and built the general way
+            return self._b_linear_rec(site, tc, timing, xs, xd, os_, od)
+        if timing > self._w_long:
             self._w_long, self._w_long_site = timing, site
-        if os_ is None:  # a Linear's own forward: input.shape[:-1] + (out_features,)
-            os_ = xs[:-1] + (out_f,)
-        if type(timing) is not int or not self._fast:  # a CUDA event pair: resolved and built the general way
-            flops = 2 * (_numel(os_) // out_f if out_f else 0) * in_f * out_f
-            self._w_flops += flops
-            return self._b_linear((site, tns // 1000, self._w_step, self._w_fwd), timing,
-                                  _meta(xs, xd), _meta(os_, od), flops, site.static)
+        if not self._fast:
+            return self._b_linear_rec(site, tc, timing, xs, xd, os_, od)
+        # No output shape: a Linear's own forward, whose output shape follows from the input's.
         key = (site, xs, xd, os_, od, timing > 0)
         tpl = self._tpl.get(key)
         if tpl is None:
-            flops = 2 * (_numel(os_) // out_f if out_f else 0) * in_f * out_f
-            evs = self._template_of(self._b_linear, (site, tns // 1000, self._w_step, self._w_fwd), timing,
-                                    _meta(xs, xd), _meta(os_, od), flops, site.static)
+            evs = self._template_of(self._b_linear_rec, site, tc, timing, xs, xd, os_, od)
             fmts = [_compile(evs[0], "seq")]
             if len(evs) > 1:
                 fmts.append(_compile(evs[1], "seq2"))
-            tpl = self._tpl[key] = (fmts, flops, evs[0]["bytes_accessed"])
+            tpl = self._tpl[key] = (fmts, evs[0]["flops"], evs[0]["bytes_accessed"])
         fmts, flops, nbytes = tpl
         seq = self._seq + 1
         self._seq = seq + len(fmts) - 1
         d = timing / 1000.0
-        v = {"ts": tns // 1000, "seq": seq, "seq2": seq + 1, "step": self._w_step, "fwd": self._w_fwd, "d": d}
+        v = {"ts": (tc + self._w_off) // 1000, "seq": seq, "seq2": seq + 1, "step": self._w_step,
+             "fwd": self._w_fwd, "d": d}
         if timing > 0:
             v["tf"] = flops / (d * 1e3)
             v["tb"] = nbytes / (d * 1e3)
@@ -1657,6 +1652,17 @@ class ResourceMonitor:
             self.total_flops += flops
         self.total_compute_us += d
         return [(f % v).encode() for f in fmts]
+
+    def _b_linear_rec(self, site: _Site, tc: int, timing: Any, xs: Any, xd: Any, os_: Any,
+                      od: Any) -> List[Dict[str, Any]]:
+        """``_b_linear`` of a wrapper's record (adds its FLOPs to the pass's)."""
+        in_f, out_f = site.static[3], site.static[4]
+        if os_ is None:  # a Linear's own forward: input.shape[:-1] + (out_features,)
+            os_ = xs[:-1] + (out_f,)
+        flops = 2 * (_numel(os_) // out_f if out_f else 0) * in_f * out_f
+        self._w_flops += flops
+        return self._b_linear((site, (tc + self._w_off) // 1000, self._w_step, self._w_fwd), timing,
+                              _meta(xs, xd), _meta(os_, od), flops, site.static)
 
     def _w_module(self, site: _Site, tc: int, timing: Any, xs: Any, xd: Any, os_: Any, od: Any) -> List[Any]:
         cls = type(site.mod).__name__
@@ -1813,11 +1819,11 @@ class ResourceMonitor:
         if len(self._tpl) >= _MAX_TEMPLATES:
             # Many input shapes (prompts of every length): start again rather than grow.
             self._tpl.clear()
-        seq = self._seq
+        seq, flops = self._seq, self._w_flops
         try:
             return builder(*args)
         finally:
-            self._seq = seq
+            self._seq, self._w_flops = seq, flops
 
     # ----- output --------------------------------------------------------------------------
 
