@@ -16,8 +16,8 @@ the reported figure is the median over pairs, with the min and max. Next to it, 
 overhead: process CPU seconds per token (the model's thread plus the monitor's writer
 thread) against ``off``; and the self-measured overhead: the monitor's own time (inside its
 hooks, plus its writer thread's CPU time) per token over the plain time per token, which
-load from other processes hardly disturbs but which leaves out torch's dispatch of the hooks
-the monitor still uses (attention, MLP, the model: a few µs per call); it is printed split
+load from other processes hardly disturbs but which leaves out torch's dispatch of the
+model's two hooks and each wrapper's call and first test (a few hundred ns); it is printed split
 into the hooks' time and the writer's CPU. Targets (the issue's):
 MINIMAL ≤ 1 %, DETAILED ≤ 3 %. ``verdict``: ``NOT met`` when the self-measured overhead
 alone exceeds the target; ``met`` when it does not and the A/B median is within the target
@@ -201,7 +201,7 @@ def main() -> int:
             cov = [x / b - 1 for x, b in zip(cpu_per_token[w][c], cbase)]
             # Self-measured: the monitor's seconds per token over the same pair's plain
             # seconds per token (wall) — steady on a loaded machine, but it leaves out
-            # torch's dispatch of the hooks the monitor still uses (a few µs per call).
+            # torch's dispatch of the model's hooks and the wrappers' entry (a few hundred ns each).
             sov = [x * b for x, b in zip(self_per_token[w][c], base)]
             smed = statistics.median(sov)
             verdict = None

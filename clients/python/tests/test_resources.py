@@ -396,8 +396,10 @@ def test_copies_of_a_wrapped_module_run_their_own_weights(tmp_path):
 
 
 def test_templates_write_what_the_builders_write(tmp_path):
-    """The writer's templates (one per module and input shape) against the general builders:
-    the same events, fields and order, but for what changes from run to run."""
+    """The fast path — the CPU wrapper that records only shapes, dtypes and clock readings,
+    and the writer's templates (one per module and input shape) — against the general
+    wrapper and builders: the same events, fields and order at every level, but for what
+    changes from run to run."""
     volatile = {"timestamp", "resource_id", "compute_resource_id", "session_id", "iso_timestamp", "pid",
                 "duration_us", "throughput_gflops_per_s", "memory_throughput_gbps", "transfer_bandwidth_gbps",
                 "memory_address", "process_rss_bytes", "memory_used_fraction", "memory_pressure",
@@ -415,7 +417,62 @@ def test_templates_write_what_the_builders_write(tmp_path):
             generate(m, mon, 6, 2)
             with torch.no_grad():
                 m(torch.randint(0, 1024, (2, 9)))
+            mon.set_level("MINIMAL")
+            generate(m, mon, 5, 3)
+            with torch.no_grad():
+                m.lm_head(torch.randn(3, 256))  # a module called outside a forward pass of the model
         runs.append([[(k, "*" if k in volatile else v) for k, v in e.items()] for e in read(p)])
         ids = [e["resource_id"].rsplit("_", 1)[1] for e in read(p)[1:-1]]
         assert ids == [str(i) for i in range(1, len(ids) + 1)], "sequence numbers run on"
     assert len(runs[0]) > 500 and runs[0] == runs[1]
+
+
+class LongLast(nn.Module):
+    """Three Linears; the last one sleeps, so it is the longest module of every pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+        self.slow = SlowLinear(16, 4096, 0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.slow(self.b(self.a(x)))
+
+
+def test_records_go_to_the_writer_as_the_longest_module_starts(tmp_path):
+    """A pass's records go to the writer when the previous pass's longest module starts the
+    next pass (its torch call holds no interpreter lock), never before the pass has ended:
+    DETAILED allocations carry the memory reading taken at the end of their own pass."""
+    m = LongLast().eval()
+    mon = ResourceMonitor(m, "DETAILED", tmp_path / "l.jsonl", environ={}, flush_events=1 << 20,
+                          flush_interval=None)
+    batches = []
+    with mon:
+        with torch.no_grad():
+            m(torch.randn(2, 16))
+            assert mon._long[0] is None  # no pass written yet: nothing known
+            mon.flush()
+            assert mon._long[0] is not None and mon._long[0].name == "slow"
+            put = mon._writer.put
+
+            def spy(recs):
+                batches.append([r[0].__name__ for r in recs])
+                put(recs)
+
+            mon._writer.put = spy
+            for _ in range(3):
+                m(torch.randn(2, 16))
+        mon._writer.sync()
+        # Passes 2 and 3 hand off the pass before them, whole, as `slow` starts; pass 3's
+        # records wait for the close.
+        assert len(batches) == 2, batches
+        for b in batches:
+            assert b[0] == "_w_begin" and b.count("_w_begin") == 1 and b[-1] == "_g", b
+    ev = read(tmp_path / "l.jsonl")
+    fwd = {e["forward"]: e for e in of(ev, "compute_execution", operation="model_forward")}
+    allocs = of(ev, "memory_allocation", allocation_kind="module_output")
+    assert len(fwd) == 4 and len(allocs) == 12
+    for a in allocs:
+        assert a["process_rss_bytes"] == fwd[a["forward"]]["process_rss_bytes"]
+    assert len(of(ev, "compute_execution", operation="mul_mat")) == 12

@@ -437,7 +437,7 @@ class _Site:
     """One hooked module: what it is, and its in-flight start time."""
 
     __slots__ = ("name", "mod", "kind", "level", "layer_id", "component", "mlp_op", "activation", "leaf",
-                 "t0", "ev0", "kv_before", "kv_cache", "n_heads", "head_dim", "flops_per_element", "static")
+                 "t0", "ev0", "n_heads", "head_dim", "flops_per_element", "static")
 
     def __init__(self, name: str, mod: Any, kind: str, level: ResourceLevel, layer_id: Optional[int],
                  component: str) -> None:
@@ -452,8 +452,6 @@ class _Site:
         self.leaf = name.rsplit(".", 1)[-1] if name else "model"
         self.t0 = 0
         self.ev0: Any = None
-        self.kv_before = 0
-        self.kv_cache: Any = None
         self.n_heads: Optional[int] = None
         self.head_dim: Optional[int] = None
         self.flops_per_element: Optional[int] = None
@@ -599,8 +597,21 @@ class ResourceMonitor:
         self._w_step = 0
         self._w_fwd = -1
         self._w_flops = 0
+        # Wall clock minus perf_counter_ns: the wrappers record their end times on the
+        # monotonic clock; the writer turns them into Unix time with the offset read at the
+        # start of the forward pass (``_w_begin``).
+        self._w_off = time.time_ns() - time.perf_counter_ns()
+        # The module that took longest in the last forward pass the writer saw (``[site]``,
+        # set after each batch, read by the wrappers: the records go to the writer as it
+        # starts), and the writer's running maximum over the pass it is building.
+        self._long: List[Optional[_Site]] = [None]
+        self._w_long = 0
+        self._w_long_site: Optional[_Site] = None
+        # Records before this index belong to forward passes that have ended.
+        self._pass_start = 0
         self._tpl: Dict[Any, Any] = {}
-        # False: every event built by the general builders (the tests compare both paths).
+        # False: every module timed by the general wrapper and every event built by the
+        # general builders (the tests compare both paths).
         self._fast = True
         self._site_cache: Dict[str, Tuple[Any, Optional[_Site]]] = {}
         self._wrapped: List[Tuple[Any, Any, Any]] = []
@@ -854,16 +865,11 @@ class ResourceMonitor:
             if site is None or site.level > level:
                 continue
             self._sites.append(site)
-            kw = site.kind == "attention"
             if site.kind == "model":
                 self._root = site
                 self._handles.append(mod.register_forward_pre_hook(self._model_pre, with_kwargs=True))
                 continue
-            if site.kind in ("attention", "mlp"):
-                self._handles.append(mod.register_forward_pre_hook(self._make_pre(site), with_kwargs=kw))
-                self._handles.append(mod.register_forward_hook(self._make_post(site), with_kwargs=kw))
-            else:
-                self._wrap(site, mod)
+            self._wrap(site, mod)
         # The root's end hook last: it runs after every other hook of the root.
         self._handles.append(self.model.register_forward_hook(self._model_post, with_kwargs=True, always_call=True))
 
@@ -871,8 +877,9 @@ class ResourceMonitor:
         """Time a module by wrapping its ``forward`` (an instance attribute, as accelerate's
         hooks do) rather than with a pre and a post hook: one Python call instead of torch's
         hook dispatch and two hooks, and a module without hooks keeps torch's fast call path.
-        Used for the modules timed alone (Linear, norms, activations, embeddings, leaves);
-        attention and the MLP, which need their keyword arguments or the handoff, keep hooks."""
+        Used for every hooked module but the model itself: the modules timed alone (Linear,
+        norms, activations, embeddings, leaves), attention (its keyword arguments are the
+        wrapper's) and the MLP (its start ends the attention→MLP handoff)."""
         if site.kind == "linear":
             w = mod.weight
             if type(mod).__name__ == "Conv1D":  # GPT-2 stores (in, out)
@@ -887,22 +894,112 @@ class ResourceMonitor:
             build = self._w_linear
         else:
             build = self._w_module
+        prev = mod.__dict__.get("forward", _UNREAD)
+        orig = mod.forward
+        active = [True]
+        if site.kind == "attention":
+            forward = self._attention_forward(site, mod, orig, active)
+        elif site.kind == "mlp":
+            forward = self._mlp_forward(site, orig, active)
+        elif self.level >= ResourceLevel.VERBOSE or self._any_cuda or not self._fast:
+            forward = self._general_forward(site, build, orig, active)
+        else:
+            # A Linear (or GPT-2 Conv1D) that runs its class's own forward returns
+            # input.shape[:-1] + (out_features,): the writer derives the output shape.
+            import torch.nn as nn
+
+            fwd = type(mod).forward
+            derived = prev is _UNREAD and site.kind == "linear" and (
+                fwd is nn.Linear.forward or (type(mod).__name__ == "Conv1D"
+                                             and type(mod).__module__.startswith("transformers.")))
+            forward = self._fast_forward(site, build, orig, active, derived)
+        # The wrapper's class calls the closure itself (no frame of its own in between).
+        cls = type("_WrappedForward", (_WrappedForward,), {"__call__": staticmethod(forward)})
+        wrapper = cls(forward, orig, mod, prev, active)
+        mod.__dict__["forward"] = wrapper
+        self._wrapped.append((mod, wrapper, prev))
+
+    def _fast_forward(self, site: _Site, build: Any, orig: Any, active: List[bool], derived: bool) -> Any:
+        """The wrapper of a module on the CPU below VERBOSE: one clock read on each side of the
+        call and one after the record; the input's shape and dtype and the output's dtype
+        (and its shape, unless ``derived``). The wall-clock timestamp is made by the writer
+        from the end time (``_w_off``)."""
+        clock = time.perf_counter_ns
+        tensor = _TENSOR
+        append = self._records.append
+        alloc_min = self._alloc_min
+        alloc = self._w_alloc_out
+        general = self._general_forward(site, build, orig, active)
+        long = self._long
+        hand_off = self._hand_off_passes
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not (args and type(args[0]) is tensor and active[0]):
+                return general(*args, **kwargs)
+            if long[0] is site:
+                t = clock()
+                hand_off()
+                self.hook_ns += clock() - t
+            t0 = clock()
+            output = orig(*args, **kwargs)
+            t1 = clock()
+            if type(output) is not tensor:
+                return general._finish(site, args, output, t0, t1)
+            x = args[0]
+            xs = x.shape
+            os_ = None if derived else output.shape
+            od = output.dtype
+            append((build, site, t1, t1 - t0, xs, x.dtype, os_, od))
+            n = output.nbytes
+            if n > alloc_min:
+                cell = self._fwd_mem
+                if cell is None:  # outside a forward pass of the model: read the memory now
+                    cell = [self._mem_now()]
+                append((alloc, site, t1, n, xs, os_, od, output.data_ptr(), cell))
+            self.hook_ns += clock() - t1
+            return output
+
+        return forward
+
+    def _general_forward(self, site: _Site, build: Any, orig: Any, active: List[bool]) -> Any:
+        """The wrapper for every case: CUDA events, the VERBOSE module stack, inputs that are
+        not a plain tensor in the first position."""
         verbose = self.level >= ResourceLevel.VERBOSE
         any_cuda = self._any_cuda
         stack = self._stack
         clock = time.perf_counter_ns
-        wall = time.time_ns
         tensor = _TENSOR
         append = self._records.append
         alloc_min = self._alloc_min
-        prev = mod.__dict__.get("forward", _UNREAD)
-        orig = mod.forward
-        active = [True]
+        long = self._long
+
+        def finish(site: _Site, args: Tuple[Any, ...], output: Any, t0: int, t1: int, ev0: Any = None) -> Any:
+            out = output if type(output) is tensor else _first_tensor(output)
+            if out is not None:
+                x = args[0] if args and type(args[0]) is tensor else _first_tensor(args)
+                if ev0 is None:
+                    timing: Any = t1 - t0
+                else:
+                    import torch
+
+                    end = torch.cuda.Event(enable_timing=True)
+                    end.record()
+                    timing = (ev0, end)
+                if x is not None:
+                    append((build, site, t1, timing, x.shape, x.dtype, out.shape, out.dtype))
+                else:
+                    append((build, site, t1, timing, None, None, out.shape, out.dtype))
+                if out.nbytes > alloc_min:
+                    self._alloc(site, out, t1)
+            self.hook_ns += clock() - t1
+            return output
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             if not active[0]:
                 return orig(*args, **kwargs)
             t = clock()
+            if long[0] is site:
+                self._hand_off_passes()
             if verbose:
                 stack.append(site)
             ev0 = None
@@ -919,29 +1016,148 @@ class ResourceMonitor:
             t1 = clock()
             if verbose:
                 self._pop(site)
-            out = output if type(output) is tensor else _first_tensor(output)
-            if out is not None:
-                x = args[0] if args and type(args[0]) is tensor else _first_tensor(args)
-                if ev0 is None:
-                    timing: Any = t1 - t0
-                else:
-                    import torch
+            return finish(site, args, output, t0, t1, ev0)
 
-                    end = torch.cuda.Event(enable_timing=True)
-                    end.record()
-                    timing = (ev0, end)
-                if x is not None:
-                    append((build, site, wall(), timing, x.shape, x.dtype, out.shape, out.dtype))
-                else:
-                    append((build, site, wall(), timing, None, None, out.shape, out.dtype))
-                if out.nbytes > alloc_min:
-                    self._alloc(site, out)
+        forward._finish = finish  # type: ignore[attr-defined]
+        return forward
+
+    def _mlp_forward(self, site: _Site, orig: Any, active: List[bool]) -> Any:
+        """The wrapper of an MLP (DETAILED): its start ends the attention→MLP handoff; its
+        output is an allocation."""
+        verbose = self.level >= ResourceLevel.VERBOSE
+        stack = self._stack
+        clock = time.perf_counter_ns
+        tensor = _TENSOR
+        alloc_min = self._alloc_min
+        long = self._long
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not active[0]:
+                return orig(*args, **kwargs)
+            t = clock()
+            if long[0] is site:
+                self._hand_off_passes()
+            if verbose:
+                stack.append(site)
+            self._handoff(site, args[0] if args and type(args[0]) is tensor else _first_tensor(args), t)
+            self.hook_ns += clock() - t
+            output = orig(*args, **kwargs)
+            t1 = clock()
+            if verbose:
+                self._pop(site)
+            out = output if type(output) is tensor else _first_tensor(output)
+            if out is not None and out.nbytes > alloc_min:
+                self._alloc(site, out, t1)
             self.hook_ns += clock() - t1
             return output
 
-        wrapper = _WrappedForward(forward, orig, mod, prev, active)
-        mod.__dict__["forward"] = wrapper
-        self._wrapped.append((mod, wrapper, prev))
+        return forward
+
+    def _attention_forward(self, site: _Site, mod: Any, orig: Any, active: List[bool]) -> Any:
+        """The wrapper of an attention module: its duration, the query and key lengths, the
+        KV cache before and after the call (read from the cache it was given)."""
+        verbose = self.level >= ResourceLevel.VERBOSE
+        handoff = self.level >= ResourceLevel.DETAILED
+        any_cuda = self._any_cuda
+        stack = self._stack
+        clock = time.perf_counter_ns
+        tensor = _TENSOR
+        append = self._records.append
+        alloc_min = self._alloc_min
+        attn_end = self._attn_end
+        idx = getattr(mod, "layer_idx", None)
+        idx = site.layer_id if idx is None else idx
+        # nn.MultiheadAttention without batch_first takes (seq, batch, embed).
+        seq_first = getattr(mod, "batch_first", True) is False
+        heads, head_dim = site.n_heads, site.head_dim
+        w_attention, w_kv = self._w_attention_raw, self._w_kv_raw
+        long = self._long
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not active[0]:
+                return orig(*args, **kwargs)
+            t = clock()
+            if long[0] is site:
+                self._hand_off_passes()
+            if verbose:
+                stack.append(site)
+            cache = _cache_from(args, kwargs)
+            if cache is not None and idx is not None:
+                before = _kv_len(_cache_layer(cache, idx)[0])
+            else:
+                before = 0
+                cache = None
+            x = args[0] if args else kwargs.get("hidden_states")
+            ev0 = None
+            if any_cuda and x is not None and x.is_cuda:
+                import torch
+
+                ev0 = torch.cuda.Event(enable_timing=True)
+                ev0.record()
+            t0 = clock()
+            self.hook_ns += t0 - t
+            output = orig(*args, **kwargs)
+            t1 = clock()
+            if verbose:
+                self._pop(site)
+            out = output[0] if type(output) is tuple and output and type(output[0]) is tensor \
+                else _first_tensor(output)
+            k = v = None
+            if cache is not None:
+                k, v = _cache_layer(cache, idx)
+                if k is not None and k.numel() == 0:
+                    k = v = None
+            if x is not None:
+                xs = x.shape
+                n = len(xs)
+                q_len = xs[0 if seq_first else -2] if n >= 2 else 0
+                batch = xs[1 if seq_first else 0] if n >= 3 else 1
+            else:
+                xs = None
+                q_len, batch = 0, 1
+            if k is not None:
+                kv_len = _kv_len(k)
+            else:
+                # Cross-attention (a key given apart from the query) attends to the key's length.
+                key = args[1] if len(args) > 1 else kwargs.get("key")
+                kv_len = q_len
+                if key is not None and hasattr(key, "shape") and key.dim() >= 2:
+                    kv_len = int(key.shape[0 if seq_first else -2])
+            flops = 4 * batch * heads * q_len * kv_len * head_dim if heads and head_dim else None
+            if ev0 is None:
+                timing: Any = t1 - t0
+            else:
+                import torch
+
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                timing = (ev0, end)
+            # Shapes and dtypes only: a reference to a cache tensor would keep it alive until
+            # the writer got to the record.
+            if k is not None:
+                kv = (k.shape, k.dtype, any_cuda and k.is_cuda,
+                      v.shape if v is not None else None, v.dtype if v is not None else None,
+                      any_cuda and v is not None and v.is_cuda)
+            else:
+                kv = None
+            if out is not None:
+                cu = any_cuda and out.is_cuda
+                append((w_attention, site, t1, timing, xs, x.dtype if x is not None else None,
+                        any_cuda and x is not None and x.is_cuda, out.shape, out.dtype, cu,
+                        q_len, kv_len, kv, flops))
+                if handoff:
+                    attn_end[site.layer_id] = (clock(), self._cuda_mark(out) if cu else None)
+                if out.nbytes > alloc_min:
+                    self._alloc(site, out, t1)
+            else:
+                append((w_attention, site, t1, timing, xs, x.dtype if x is not None else None,
+                        any_cuda and x is not None and x.is_cuda, None, None, False, q_len, kv_len, kv, flops))
+            if kv is not None:
+                append((w_kv, site, t1, idx, kv, before))
+            self.hook_ns += clock() - t1
+            return output
+
+        return forward
 
     def _uninstall(self) -> None:
         for h in self._handles:
@@ -1011,7 +1227,8 @@ class ResourceMonitor:
         self._forward = self._forward_fn() if self._forward_fn is not None else self._forward + 1
         self.forwards += 1
         self._cur_step = self._step_fn() if self._step_fn is not None else self._step
-        self._records.append((self._w_begin, self._cur_step, self._forward))
+        self._pass_start = len(self._records)
+        self._records.append((self._w_begin, self._cur_step, self._forward, time.time_ns() - time.perf_counter_ns()))
         self._forward_capture0 = self._capture_bytes_fn() if self._capture_bytes_fn is not None else 0
         # The memory reading every module-output allocation of this pass carries: taken once,
         # when the pass ends (_model_post), instead of once per allocation.
@@ -1070,99 +1287,6 @@ class ResourceMonitor:
                 self._flush_interval is not None and time.monotonic() - self._last_flush > self._flush_interval):
             self._hand_off()
 
-    def _make_pre(self, site: _Site) -> Callable[..., None]:
-        kind = site.kind
-        stack = self._stack
-        verbose = self.level >= ResourceLevel.VERBOSE
-        clock = time.perf_counter_ns
-        if kind == "attention":
-            def pre_attn(module: Any, args: Any, kwargs: Dict[str, Any]) -> None:
-                t = clock()
-                if verbose:
-                    stack.append(site)
-                cache = _cache_from(args, kwargs)
-                site.kv_cache = cache
-                idx = getattr(module, "layer_idx", None)
-                idx = site.layer_id if idx is None else idx
-                site.kv_before = _kv_len(_cache_layer(cache, idx)[0]) if cache is not None and idx is not None else 0
-                x = args[0] if args else kwargs.get("hidden_states")
-                self._start_timer(site, x)
-                self.hook_ns += site.t0 - t
-                return None
-            return pre_attn
-
-        def pre_mlp(module: Any, args: Any) -> None:
-            t = clock()
-            if verbose:
-                stack.append(site)
-            self._handoff(site, _first_tensor(args))
-            self.hook_ns += clock() - t
-            return None
-        return pre_mlp
-
-    def _make_post(self, site: _Site) -> Callable[..., None]:
-        kind = site.kind
-        verbose = self.level >= ResourceLevel.VERBOSE
-        clock = time.perf_counter_ns
-        wall = time.time_ns
-        alloc_min = self._alloc_min
-        if kind == "attention":
-            def post_attn(module: Any, args: Any, kwargs: Dict[str, Any], output: Any) -> None:
-                t1 = clock()
-                if verbose:
-                    self._pop(site)
-                x = args[0] if args else kwargs.get("hidden_states")
-                out = _first_tensor(output)
-                cache = site.kv_cache
-                site.kv_cache = None
-                idx = getattr(module, "layer_idx", None)
-                idx = site.layer_id if idx is None else idx
-                k, v = _cache_layer(cache, idx) if cache is not None and idx is not None else (None, None)
-                if k is not None and k.numel() == 0:
-                    k = v = None
-                # nn.MultiheadAttention without batch_first takes (seq, batch, embed).
-                seq_first = getattr(module, "batch_first", True) is False
-                q_len = int(x.shape[0 if seq_first else -2]) if x is not None and x.dim() >= 2 else 0
-                batch = int(x.shape[1 if seq_first else 0]) if x is not None and x.dim() >= 3 else 1
-                if k is not None:
-                    kv_len = _kv_len(k)
-                else:
-                    # Cross-attention (a key given apart from the query) attends to the key's length.
-                    key = args[1] if len(args) > 1 else kwargs.get("key")
-                    kv_len = q_len
-                    if key is not None and hasattr(key, "shape") and key.dim() >= 2:
-                        kv_len = int(key.shape[0 if seq_first else -2])
-                flops = None
-                if site.n_heads and site.head_dim:
-                    flops = 4 * batch * site.n_heads * q_len * kv_len * site.head_dim
-                timing = t1 - site.t0 if site.ev0 is None else self._stop_cuda(site)
-                tns = wall()
-                km = _tm(k) if k is not None else None
-                vm = _tm(v) if v is not None else None
-                recs = self._records
-                recs.append((self._w_attention, site, tns, timing, _tm(x) if x is not None else None,
-                             _tm(out) if out is not None else None, q_len, kv_len, km, vm, flops))
-                if out is not None:
-                    self._attn_end[site.layer_id] = (clock(), self._cuda_mark(out))
-                    if out.nbytes > alloc_min:
-                        self._alloc(site, out)
-                if km is not None:
-                    recs.append((self._w_kv, site, tns, idx, km, vm, site.kv_before))
-                self.hook_ns += clock() - t1
-                return None
-            return post_attn
-
-        def post_mlp(module: Any, args: Any, output: Any) -> None:
-            t1 = clock()
-            if verbose:
-                self._pop(site)
-            out = _first_tensor(output)
-            if out is not None and out.nbytes > alloc_min:
-                self._alloc(site, out)
-            self.hook_ns += clock() - t1
-            return None
-        return post_mlp
-
     def _pop(self, site: _Site) -> None:
         st = self._stack
         if st and st[-1] is site:
@@ -1179,17 +1303,18 @@ class ResourceMonitor:
         ev.record()
         return ev
 
-    def _alloc(self, site: _Site, t: "torch.Tensor") -> None:
-        """A module's output allocation (the caller has applied the level's size filter)."""
+    def _alloc(self, site: _Site, t: "torch.Tensor", tc: int) -> None:
+        """A module's output allocation at ``tc`` (``perf_counter_ns``; the caller has applied
+        the level's size filter)."""
         cell = self._fwd_mem
         if cell is None:  # outside a forward pass of the model: read the memory now
             cell = [self._mem_now()]
-        self._records.append((self._w_alloc, site, time.time_ns(), "module_output", t.nbytes, t.shape, t.dtype,
+        self._records.append((self._w_alloc, site, tc, "module_output", t.nbytes, t.shape, t.dtype,
                               t.is_cuda, t.data_ptr(), cell))
 
     def _parameter_events(self) -> None:
         total = 0
-        self._records.append((self._w_begin, self._step, -1))
+        self._records.append((self._w_begin, self._step, -1, time.time_ns() - time.perf_counter_ns()))
         for name, mod in self.model.named_modules():
             params = [p for p in mod.parameters(recurse=False)]
             if not params:
@@ -1206,7 +1331,8 @@ class ResourceMonitor:
                                   tuple(first.shape), first.dtype, first.is_cuda, first.data_ptr(), self._mem_now()))
         self._param_bytes = total
 
-    def _handoff(self, site: _Site, t: Optional["torch.Tensor"]) -> None:
+    def _handoff(self, site: _Site, t: Optional["torch.Tensor"], tc: int) -> None:
+        """The attention→MLP handoff of the MLP starting at ``tc`` (``perf_counter_ns``)."""
         prev = self._attn_end.pop(site.layer_id, None)
         if prev is None or t is None:
             return
@@ -1218,7 +1344,7 @@ class ResourceMonitor:
             start.record()
             timing: Any = (cuda_end, start)
         else:
-            timing = time.perf_counter_ns() - t_end
+            timing = tc - t_end
         if self._cuda:
             import torch
 
@@ -1230,7 +1356,7 @@ class ResourceMonitor:
             if frac is _UNREAD:
                 frac = self._fwd_frac = _host_memory_fraction()
             src = "proc_meminfo_used_over_total"
-        self._records.append((self._g, self._b_handoff, site, time.time_ns(), timing, _tm(t), frac, src))
+        self._records.append((self._w_handoff, site, tc, timing, t.shape, t.dtype, t.is_cuda, frac, src))
 
     def _elementwise(self, op: str, out: Any, dur_ns: int) -> None:
         import torch
@@ -1481,35 +1607,39 @@ class ResourceMonitor:
         """An event built the general way (dicts, serialized by the writer loop)."""
         return builder((site, tns // 1000, self._w_step, self._w_fwd), *rest)
 
-    def _w_begin(self, step: int, fwd: int) -> List[Any]:
-        """A forward pass starts: the step and forward number of the records that follow."""
+    def _w_begin(self, step: int, fwd: int, off: int) -> List[Any]:
+        """A forward pass starts: the step and forward number of the records that follow, and
+        the wall clock's offset from ``perf_counter_ns`` their end times are read against."""
         self._w_step = step
         self._w_fwd = fwd
         self._w_flops = 0
+        self._w_off = off
+        self._w_long_site = None
+        self._w_long = 0
         return []
 
-    def _w_linear(self, site: _Site, tns: int, timing: Any, xs: Any, xd: Any, os_: Any, od: Any) -> List[Any]:
-        in_f, out_f = site.static[3], site.static[4]
-        if type(timing) is not int or not self._fast:  # a CUDA event pair: resolved and built the general way
-            flops = 2 * (_numel(os_) // out_f if out_f else 0) * in_f * out_f
-            self._w_flops += flops
-            return self._b_linear((site, tns // 1000, self._w_step, self._w_fwd), timing,
-                                  _meta(xs, xd), _meta(os_, od), flops, site.static)
+    def _w_linear(self, site: _Site, tc: int, timing: Any, xs: Any, xd: Any, os_: Any, od: Any) -> List[Any]:
+        if type(timing) is not int:  # a CUDA event pair: resolved and built the general way
+            return self._b_linear_rec(site, tc, timing, xs, xd, os_, od)
+        if timing > self._w_long:
+            self._w_long, self._w_long_site = timing, site
+        if not self._fast:
+            return self._b_linear_rec(site, tc, timing, xs, xd, os_, od)
+        # No output shape: a Linear's own forward, whose output shape follows from the input's.
         key = (site, xs, xd, os_, od, timing > 0)
         tpl = self._tpl.get(key)
         if tpl is None:
-            flops = 2 * (_numel(os_) // out_f if out_f else 0) * in_f * out_f
-            evs = self._template_of(self._b_linear, (site, tns // 1000, self._w_step, self._w_fwd), timing,
-                                    _meta(xs, xd), _meta(os_, od), flops, site.static)
+            evs = self._template_of(self._b_linear_rec, site, tc, timing, xs, xd, os_, od)
             fmts = [_compile(evs[0], "seq")]
             if len(evs) > 1:
                 fmts.append(_compile(evs[1], "seq2"))
-            tpl = self._tpl[key] = (fmts, flops, evs[0]["bytes_accessed"])
+            tpl = self._tpl[key] = (fmts, evs[0]["flops"], evs[0]["bytes_accessed"])
         fmts, flops, nbytes = tpl
         seq = self._seq + 1
         self._seq = seq + len(fmts) - 1
         d = timing / 1000.0
-        v = {"ts": tns // 1000, "seq": seq, "seq2": seq + 1, "step": self._w_step, "fwd": self._w_fwd, "d": d}
+        v = {"ts": (tc + self._w_off) // 1000, "seq": seq, "seq2": seq + 1, "step": self._w_step,
+             "fwd": self._w_fwd, "d": d}
         if timing > 0:
             v["tf"] = flops / (d * 1e3)
             v["tb"] = nbytes / (d * 1e3)
@@ -1523,8 +1653,22 @@ class ResourceMonitor:
         self.total_compute_us += d
         return [(f % v).encode() for f in fmts]
 
-    def _w_module(self, site: _Site, tns: int, timing: Any, xs: Any, xd: Any, os_: Any, od: Any) -> List[Any]:
+    def _b_linear_rec(self, site: _Site, tc: int, timing: Any, xs: Any, xd: Any, os_: Any,
+                      od: Any) -> List[Dict[str, Any]]:
+        """``_b_linear`` of a wrapper's record (adds its FLOPs to the pass's)."""
+        in_f, out_f = site.static[3], site.static[4]
+        if os_ is None:  # a Linear's own forward: input.shape[:-1] + (out_features,)
+            os_ = xs[:-1] + (out_f,)
+        flops = 2 * (_numel(os_) // out_f if out_f else 0) * in_f * out_f
+        self._w_flops += flops
+        return self._b_linear((site, (tc + self._w_off) // 1000, self._w_step, self._w_fwd), timing,
+                              _meta(xs, xd), _meta(os_, od), flops, site.static)
+
+    def _w_module(self, site: _Site, tc: int, timing: Any, xs: Any, xd: Any, os_: Any, od: Any) -> List[Any]:
         cls = type(site.mod).__name__
+        tns = tc + self._w_off
+        if type(timing) is int and timing > self._w_long:
+            self._w_long, self._w_long_site = timing, site
         ctx = (site, tns // 1000, self._w_step, self._w_fwd)
         if type(timing) is not int or not self._fast:
             return self._b_module(ctx, timing, _meta(xs, xd), _meta(os_, od), cls)
@@ -1549,8 +1693,22 @@ class ResourceMonitor:
             self.total_compute_us += d
         return [(fmt % v).encode()]
 
-    def _w_alloc(self, site: _Site, tns: int, kind: str, size: int, shape: Any, dtype: Any, is_cuda: bool,
+    def _w_handoff(self, site: _Site, tc: int, timing: Any, shape: Any, dtype: Any, is_cuda: bool,
+                   frac: Optional[float], src: str) -> List[Any]:
+        return self._b_handoff((site, (tc + self._w_off) // 1000, self._w_step, self._w_fwd), timing,
+                               _meta(shape, dtype, is_cuda), frac, src)
+
+    def _w_alloc_out(self, site: _Site, tc: int, size: int, xs: Any, os_: Any, od: Any, ptr: int,
+                     cell: List[Any]) -> List[Any]:
+        """The output allocation of a module timed by ``_fast_forward`` (on the CPU; the
+        shape of a Linear's output follows from its input's)."""
+        if os_ is None:
+            os_ = xs[:-1] + (site.static[4],)
+        return self._w_alloc(site, tc, "module_output", size, os_, od, False, ptr, cell)
+
+    def _w_alloc(self, site: _Site, tc: int, kind: str, size: int, shape: Any, dtype: Any, is_cuda: bool,
                  ptr: int, cell: List[Any]) -> List[Any]:
+        tns = tc + self._w_off
         mem = cell[0]
         if mem is None:  # the forward pass did not end (it raised, or the monitor was disabled in it)
             mem = self._mem_now()
@@ -1568,6 +1726,23 @@ class ResourceMonitor:
         counts = self.counts
         counts["memory_allocation"] = counts.get("memory_allocation", 0) + 1
         return [(fmt % v).encode()]
+
+    def _w_attention_raw(self, site: _Site, tc: int, timing: Any, xs: Any, xd: Any, xcu: bool, os_: Any, od: Any,
+                         ocu: bool, q_len: int, kv_len: int, kv: Any, flops: Optional[int]) -> List[Any]:
+        """An attention record of the wrapper (shapes and dtypes as read, end time on
+        ``perf_counter_ns``)."""
+        if type(timing) is int and timing > self._w_long:
+            self._w_long, self._w_long_site = timing, site
+        km = vm = None
+        if kv is not None:
+            km = _meta(kv[0], kv[1], kv[2])
+            vm = _meta(kv[3], kv[4], kv[5])
+        return self._w_attention(site, tc + self._w_off, timing, _meta(xs, xd, xcu), _meta(os_, od, ocu),
+                                 q_len, kv_len, km, vm, flops)
+
+    def _w_kv_raw(self, site: _Site, tc: int, idx: int, kv: Any, before: int) -> List[Any]:
+        return self._w_kv(site, tc + self._w_off, idx, _meta(kv[0], kv[1], kv[2]), _meta(kv[3], kv[4], kv[5]),
+                          before)
 
     def _w_attention(self, site: _Site, tns: int, timing: Any, xm: Any, om: Any, q_len: int, kv_len: int, km: Any,
                      vm: Any, flops: Optional[int]) -> List[Any]:
@@ -1644,11 +1819,11 @@ class ResourceMonitor:
         if len(self._tpl) >= _MAX_TEMPLATES:
             # Many input shapes (prompts of every length): start again rather than grow.
             self._tpl.clear()
-        seq = self._seq
+        seq, flops = self._seq, self._w_flops
         try:
             return builder(*args)
         finally:
-            self._seq = seq
+            self._seq, self._w_flops = seq, flops
 
     # ----- output --------------------------------------------------------------------------
 
@@ -1657,8 +1832,24 @@ class ResourceMonitor:
         # Copied and emptied rather than replaced: the hooks hold its append method.
         recs = self._records[:]
         self._records.clear()
+        self._pass_start = 0
         self._last_flush = time.monotonic()
         if recs:
+            assert self._writer is not None
+            self._writer.put(recs)
+
+    def _hand_off_passes(self) -> None:
+        """Pass the records of the forward passes that have ended to the writer thread.
+        Called as the module that took longest in the previous pass starts (``_long``): the
+        writer then builds and writes them while that module's torch call runs without the
+        interpreter lock, instead of competing with the model's thread for it. The running
+        pass's records stay: its allocations wait for the memory reading taken at its end."""
+        n = self._pass_start
+        if n:
+            recs = self._records[:n]
+            del self._records[:n]
+            self._pass_start = 0
+            self._last_flush = time.monotonic()
             assert self._writer is not None
             self._writer.put(recs)
 
@@ -1697,9 +1888,11 @@ class ResourceMonitor:
             # Give the GIL back every 0.2 ms of work: a model thread returning from a torch op
             # otherwise waits up to the interpreter's switch interval (5 ms) to get it. (Once
             # per record cost more than the records: sleep(0) is a system call.)
-            if clock() - last > 200_000:
+            if clock() - last > _YIELD_NS:
                 time.sleep(0)
                 last = clock()
+        if self._w_long_site is not None:
+            self._long[0] = self._w_long_site
         if lines:
             self._sink.write(lines)
             self.events_written += len(lines)
@@ -1737,6 +1930,8 @@ class ResourceMonitor:
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
+#: The writer thread gives the GIL back after this much work (ns).
+_YIELD_NS = 200_000
 
 #: What a template's changing fields are called in its %-format (``_compile``): the value
 #: of each is formatted with ``%s`` (ints and finite floats read the same as in JSON).
