@@ -18,11 +18,13 @@ MiB = 1 << 20
 
 #: The targets the tables compare against (the "target" column states each one).
 TARGETS = {
-    "overhead": 0.97,  # kept fraction of plain tokens/s, balanced, residual + attention + MLP
+    # kept fraction of plain tokens/s of a 512-token prefill, residual + attention + MLP
+    "overhead_fast_capture": 0.97,
+    "overhead_balanced": 0.90,
     "decode": 0.95,  # kept fraction of tokens/s, greedy decoding, balanced, residual + attention + MLP
     "record_us": 15.0,  # client CPU per decode-size record
-    "ingest": 0.95,  # ingest / dd oflag=direct, codec none
-    "cpu": 0.25,  # daemon CPU-seconds per GB, codec none
+    "ingest": 0.9,  # ingest / dd oflag=direct, codec none
+    "cpu": 0.3,  # daemon CPU-seconds per GB, codec none
     "rss_slack": 64 * MiB,  # strapd RSS <= budget + this
 }
 
@@ -106,7 +108,9 @@ def charts(results: Path, ov: Optional[Json], ing: Optional[Json]) -> Dict[str, 
                 lo.append(sm["ratio"] - sm["ratio_min"])
                 hi.append(sm["ratio_max"] - sm["ratio"])
             ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=s)
-        ax.axhline(TARGETS["overhead"], color="k", ls="--", lw=1, label=f"target {TARGETS['overhead']}")
+        for preset, ls in (("fast_capture", "--"), ("balanced", ":")):
+            tgt = TARGETS[f"overhead_{preset}"]
+            ax.axhline(tgt, color="k", ls=ls, lw=1, label=f"target {preset} {tgt}")
         ax.set_xticks(range(len(presets)), presets, rotation=15)
         ax.set_ylabel("kept fraction of plain tokens/s")
         ax.set_ylim(0, 1.3)
@@ -240,12 +244,13 @@ def targets_table(w: Emit, ov: Optional[Json], ing: Optional[Json], mem: Optiona
                      f"{k['kept']:.3f} (pairs {k['kept_min']:.3f}–{k['kept_max']:.3f}); CPU kept {k['cpu_kept']:.3f}, "
                      f"client alone {k['client_cpu_kept']:.3f}", met(k["kept"] >= TARGETS["decode"])))
     if ov:
-        c = next((c for c in ov["configs"] if c["preset"] == "balanced" and c["set"] == "resid+attn+mlp"), None)
-        if c:
-            sm = c["summary"]
-            rows.append((f"≥ {TARGETS['overhead']} of plain tokens/s, residual + attention + MLP, `balanced` ({sm['codec']})",
-                         f"{sm['ratio']:.3f} (pairs {sm['ratio_min']:.3f}–{sm['ratio_max']:.3f}; forward alone {sm['hook_only_ratio']:.3f})",
-                         met(sm["ratio"] >= TARGETS["overhead"])))
+        for preset in ("fast_capture", "balanced"):
+            c = next((c for c in ov["configs"] if c["preset"] == preset and c["set"] == "resid+attn+mlp"), None)
+            if c:
+                sm, tgt = c["summary"], TARGETS[f"overhead_{preset}"]
+                rows.append((f"prefill keeps ≥ {tgt} of plain tokens/s, residual + attention + MLP, `{preset}` ({sm['codec']})",
+                             f"{sm['ratio']:.3f} (pairs {sm['ratio_min']:.3f}–{sm['ratio_max']:.3f}; forward alone {sm['hook_only_ratio']:.3f})",
+                             met(sm["ratio"] >= tgt)))
     if ing:
         dd = max(d["gbps"] for d in ing["dd"])
         gn = pick(ing["runs"], "go", "none", "disk")

@@ -68,12 +68,18 @@ def configurations(presets: List[str], sets: List[str]) -> List[Tuple[str, str, 
     for p in presets:
         if p in alias:
             continue
-        base = InstrumentationConfig.from_preset(p)
         if p in OWN_SET:
-            out.append((p, OWN_SET[p], base))
+            out.append((p, OWN_SET[p], InstrumentationConfig.from_preset(p)))
             continue
         for s in sets:
-            out.append((p, s, base.with_granularity(CAPTURE_SETS[s])))
+            # A fresh config per set: with_granularity changes the config it is called on
+            # (1.3.1's builders do), so one base shared by the sets would end up with the
+            # last set's granularity in every entry.
+            out.append((p, s, InstrumentationConfig.from_preset(p).with_granularity(CAPTURE_SETS[s])))
+    for p, s, cfg in out:
+        want = CAPTURE_SETS.get(s, OWN_SET.get(p))
+        if cfg.granularity.value != want:
+            raise RuntimeError(f"{p}/{s}: configured granularity {cfg.granularity.value}, expected {want}")
     return out
 
 
