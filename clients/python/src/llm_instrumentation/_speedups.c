@@ -1,23 +1,30 @@
 /*
- * The client's per-record copy into the ring, in C (docs/PERFORMANCE.md, "Client cost per
- * record inside decoding").
+ * The client's hot paths in C (docs/PERFORMANCE.md):
  *
- * During token-by-token decoding a capture hook runs between kernels that stream the
- * model's weights through the caches, so the Python that writes a record runs cold: the
- * header slice assignment, the struct.pack_into of the changing fields and ctypes.memmove
- * took about 7 us per record there (against under 1 us in a warm loop), most of it the code
- * those three paths touch. write_record does the same three stores in one call.
+ * - write_record: the per-record copy into the ring ("Client cost per record inside
+ *   decoding"). During token-by-token decoding a capture hook runs between kernels that
+ *   stream the model's weights through the caches, so the Python that writes a record runs
+ *   cold: the header slice assignment, the struct.pack_into of the changing fields and
+ *   ctypes.memmove took about 7 us per record there (against under 1 us in a warm loop),
+ *   most of it the code those three paths touch. write_record does the same three stores in
+ *   one call.
+ * - TimedForward and render: the resource monitor's timing wrapper of a module on the CPU
+ *   and its writer's formatting of those records into JSON lines ("Resource events on
+ *   decode"). resources.py holds the logic; these do what its fast paths do, for the records
+ *   they know, and hand everything else back to it.
  *
  * Built against the limited API of CPython 3.10 (one .abi3.so for every later CPython).
- * Optional: llm_instrumentation._session falls back to the Python path, which writes the
- * same bytes, wherever this module is missing (tests/test_record_fast_path.py checks both).
+ * Optional: the Python paths write the same bytes wherever this module is missing
+ * (tests/test_record_fast_path.py and tests/test_resources.py check both).
  */
 #define Py_LIMITED_API 0x030A0000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 /* The offset of seq in a TENSOR record header; record_len, step and forward follow it as
  * little-endian u64 (docs/PROTOCOL.md 2). */
@@ -89,19 +96,785 @@ write_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* ----- the resource monitor's timing wrapper ----------------------------------------------- */
+
+/* The clock of time.perf_counter_ns on Linux: the wrapper's readings and the monitor's
+ * Python readings are compared and subtracted. */
+static long long
+monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + (long long)ts.tv_nsec;
+}
+
+static PyObject *str_shape, *str_dtype, *str_nbytes, *str_hook_ns, *str_data_ptr, *str_fwd_mem, *str_mem_cell;
+
+/* The monitor's attributes render reads and writes, interned once. */
+enum { A_FAST, A_BUILD_LINEAR, A_BUILD_MODULE, A_BUILD_ALLOC, A_TPL, A_COUNTS, A_W_LONG_SITE, A_TOTAL_US, A_SEQ, A_W_OFF,
+       A_W_STEP, A_W_FWD, A_W_FLOPS, A_W_LONG, A_TOTAL_FLOPS, N_ATTRS };
+static const char *attr_names[N_ATTRS] = {"_fast", "_build_linear", "_build_module", "_build_alloc", "_tpl", "counts",
+                                          "_w_long_site", "total_compute_us", "_seq", "_w_off", "_w_step",
+                                          "_w_fwd", "_w_flops", "_w_long", "total_flops"};
+static PyObject *attr[N_ATTRS];
+static PyObject *str_compute_execution, *str_mlp_operation, *str_memory_allocation, *str_module_output, *str_static;
+
+/* monitor.hook_ns += ns */
+static int
+add_hook_ns(PyObject *mon, long long ns)
+{
+    PyObject *cur = PyObject_GetAttr(mon, str_hook_ns);
+    if (cur == NULL)
+        return -1;
+    long long v = PyLong_AsLongLong(cur);
+    Py_DECREF(cur);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *nv = PyLong_FromLongLong(v + ns);
+    if (nv == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(mon, str_hook_ns, nv);
+    Py_DECREF(nv);
+    return rc;
+}
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *mon;      /* the ResourceMonitor: its hook_ns */
+    PyObject *orig;     /* the module's forward */
+    PyObject *general;  /* the general wrapper: every call this one does not time itself */
+    PyObject *finish;   /* general._finish: an output that is not a plain tensor */
+    PyObject *alloc;    /* the writer's method for an output allocation above the level's size */
+    PyObject *hand_off; /* passes ended forward passes to the writer */
+    PyObject *records;  /* the monitor's record list */
+    PyObject *site;
+    PyObject *build;    /* the writer's method for these records */
+    PyObject *tensor;   /* torch.Tensor: only exact tensors take this path */
+    PyObject *lng;      /* [site]: the longest module of the last pass */
+    PyObject *active;   /* [bool]: False once the monitor unwrapped the module */
+    int derived;        /* the output shape follows from the input's (not recorded) */
+    long long alloc_min;
+} TimedForward;
+
+#define TF_FIELDS(X) X(mon) X(orig) X(general) X(finish) X(alloc) X(hand_off) X(records) X(site) \
+    X(build) X(tensor) X(lng) X(active)
+
+static int
+tf_traverse(TimedForward *self, visitproc visit, void *arg)
+{
+#define VISIT(f) Py_VISIT(self->f);
+    TF_FIELDS(VISIT)
+#undef VISIT
+    return 0;
+}
+
+static int
+tf_clear(TimedForward *self)
+{
+#define CLEAR(f) Py_CLEAR(self->f);
+    TF_FIELDS(CLEAR)
+#undef CLEAR
+    return 0;
+}
+
+static void
+tf_dealloc(TimedForward *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    tf_clear(self);
+    freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyObject *
+tf_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *o[12];
+    int derived;
+    long long alloc_min;
+    if (kwargs != NULL && PyDict_Size(kwargs) > 0) {
+        PyErr_SetString(PyExc_TypeError, "TimedForward takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOpL:TimedForward", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                          &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &derived, &alloc_min))
+        return NULL;
+    if (!PyList_Check(o[6]) || !PyList_Check(o[10]) || !PyList_Check(o[11]) || PyList_Size(o[10]) != 1 ||
+        PyList_Size(o[11]) != 1 || !PyType_Check(o[9])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "TimedForward: records must be a list, tensor a type, long and active one-item lists");
+        return NULL;
+    }
+    allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
+    TimedForward *self = (TimedForward *)alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    PyObject **dst[12] = {&self->mon, &self->orig, &self->general, &self->finish, &self->alloc, &self->hand_off,
+                          &self->records, &self->site, &self->build, &self->tensor, &self->lng, &self->active};
+    for (int i = 0; i < 12; i++) {
+        Py_INCREF(o[i]);
+        *dst[i] = o[i];
+    }
+    self->derived = derived;
+    self->alloc_min = alloc_min;
+    return (PyObject *)self;
+}
+
+/* resources.ResourceMonitor._fast_forward's closure: the module's call timed on the
+ * monotonic clock; (build, site, t1, t1 - t0, input shape, input dtype, output shape or
+ * None, output dtype) appended to the records. */
+static PyObject *
+tf_call(TimedForward *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *x = PyTuple_Size(args) > 0 ? PyTuple_GetItem(args, 0) : NULL;
+    if (x == NULL || (PyObject *)Py_TYPE(x) != self->tensor || PyList_GetItem(self->active, 0) != Py_True) {
+        PyErr_Clear();
+        return PyObject_Call(self->general, args, kwargs);
+    }
+    if (PyList_GetItem(self->lng, 0) == self->site) {
+        long long t = monotonic_ns();
+        PyObject *r = PyObject_CallNoArgs(self->hand_off);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+        if (add_hook_ns(self->mon, monotonic_ns() - t) < 0)
+            return NULL;
+    }
+    long long t0 = monotonic_ns();
+    PyObject *out = PyObject_Call(self->orig, args, kwargs);
+    long long t1 = monotonic_ns();
+    if (out == NULL)
+        return NULL;
+    if ((PyObject *)Py_TYPE(out) != self->tensor) {
+        PyObject *r = PyObject_CallFunction(self->finish, "OOOLL", self->site, args, out, t0, t1);
+        Py_DECREF(out);
+        return r;
+    }
+    PyObject *xs = NULL, *xd = NULL, *os = NULL, *od = NULL, *t1o = NULL, *dur = NULL, *rec = NULL,
+             *nb = NULL;
+    xs = PyObject_GetAttr(x, str_shape);
+    xd = xs ? PyObject_GetAttr(x, str_dtype) : NULL;
+    if (xd != NULL) {
+        if (self->derived) {
+            Py_INCREF(Py_None);
+            os = Py_None;
+        } else {
+            os = PyObject_GetAttr(out, str_shape);
+        }
+    }
+    od = os ? PyObject_GetAttr(out, str_dtype) : NULL;
+    t1o = od ? PyLong_FromLongLong(t1) : NULL;
+    dur = t1o ? PyLong_FromLongLong(t1 - t0) : NULL;
+    rec = dur ? PyTuple_Pack(8, self->build, self->site, t1o, dur, xs, xd, os, od) : NULL;
+    if (rec == NULL || PyList_Append(self->records, rec) < 0)
+        goto fail;
+    nb = PyObject_GetAttr(out, str_nbytes);
+    if (nb == NULL)
+        goto fail;
+    long long n = PyLong_AsLongLong(nb);
+    if (n == -1 && PyErr_Occurred())
+        goto fail;
+    if (n > self->alloc_min) {
+        /* (alloc, site, t1, nbytes, input shape, output shape or None, output dtype, address,
+         * [memory reading of the pass, or of now outside one]) */
+        PyObject *cell = PyObject_GetAttr(self->mon, str_fwd_mem);
+        if (cell == Py_None) {
+            Py_DECREF(cell);
+            cell = PyObject_CallMethodObjArgs(self->mon, str_mem_cell, NULL);
+        }
+        PyObject *dp = cell ? PyObject_GetAttr(out, str_data_ptr) : NULL;
+        PyObject *ptr = dp ? PyObject_CallNoArgs(dp) : NULL;
+        PyObject *arec = ptr ? PyTuple_Pack(9, self->alloc, self->site, t1o, nb, xs, os, od, ptr, cell) : NULL;
+        int rc = arec ? PyList_Append(self->records, arec) : -1;
+        Py_XDECREF(cell); Py_XDECREF(dp); Py_XDECREF(ptr); Py_XDECREF(arec);
+        if (rc < 0)
+            goto fail;
+    }
+    if (add_hook_ns(self->mon, monotonic_ns() - t1) < 0)
+        goto fail;
+    Py_DECREF(xs); Py_DECREF(xd); Py_DECREF(os); Py_DECREF(od);
+    Py_DECREF(t1o); Py_DECREF(dur); Py_DECREF(rec); Py_DECREF(nb);
+    return out;
+fail:
+    Py_XDECREF(xs); Py_XDECREF(xd); Py_XDECREF(os); Py_XDECREF(od);
+    Py_XDECREF(t1o); Py_XDECREF(dur); Py_XDECREF(rec); Py_XDECREF(nb);
+    Py_DECREF(out);
+    return NULL;
+}
+
+PyDoc_STRVAR(tf_doc,
+"TimedForward(monitor, orig, general, finish, alloc, hand_off, records, site, build, tensor,\n"
+"             long, active, derived, alloc_min)\n"
+"--\n\n"
+"The resource monitor's wrapper of a module's forward on the CPU (resources.py,\n"
+"ResourceMonitor._fast_forward): times the call and records shapes and dtypes.");
+
+static PyType_Slot tf_slots[] = {
+    {Py_tp_new, tf_new},
+    {Py_tp_call, tf_call},
+    {Py_tp_dealloc, tf_dealloc},
+    {Py_tp_traverse, tf_traverse},
+    {Py_tp_clear, tf_clear},
+    {Py_tp_doc, (void *)tf_doc},
+    {0, NULL},
+};
+
+static PyType_Spec tf_spec = {
+    "llm_instrumentation._speedups.TimedForward", sizeof(TimedForward), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, tf_slots,
+};
+
+/* ----- the resource writer's templates ---------------------------------------------------- */
+
+/* The slots of a template program (resources._C_SLOTS). */
+enum { SLOT_TS, SLOT_SEQ, SLOT_SEQ2, SLOT_STEP, SLOT_FWD, SLOT_D, SLOT_TF, SLOT_TB, SLOT_ADDR, SLOT_RSS,
+       SLOT_DEV_ALLOCATED, SLOT_DEV_RESERVED, SLOT_DEV_PEAK, N_SLOTS };
+/* The memory reading's keys of the last four, in that order. */
+#define N_MEM 4
+static const char *mem_names[N_MEM] = {"process_rss_bytes", "device_memory_allocated_bytes",
+                                       "device_memory_reserved_bytes", "device_memory_peak_bytes"};
+static PyObject *mem_keys[N_MEM];
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+} Buf;
+
+static int
+buf_put(Buf *b, const char *s, size_t n)
+{
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 2048;
+        while (cap < b->len + n)
+            cap *= 2;
+        char *p = PyMem_Realloc(b->p, cap);
+        if (p == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+
+/* Decimal digits of v at the end of s[0..32): returns where they start. */
+static char *
+digits(char *end, unsigned long long v)
+{
+    do {
+        *--end = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    return end;
+}
+
+static int
+buf_ll(Buf *b, long long v)
+{
+    char s[32], *end = s + sizeof s;
+    char *p = digits(end, v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v);
+    if (v < 0)
+        *--p = '-';
+    return buf_put(b, p, (size_t)(end - p));
+}
+
+/* str(v) of a float: repr's shortest round trip. */
+static int
+buf_double(Buf *b, double v)
+{
+    char *s = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (s == NULL)
+        return -1;
+    int rc = buf_put(b, s, strlen(s));
+    PyMem_Free(s);
+    return rc;
+}
+
+/* str(ns / 1000.0) without a float conversion: below 10**15 ns the double nearest a
+ * three-decimal number is printed by repr as that number, trailing zeros dropped (two
+ * numbers with three decimals lie 0.001 apart, many units in the last place there). */
+static int
+buf_us(Buf *b, long long ns)
+{
+    if (ns < 0 || ns >= 1000000000000000LL)
+        return buf_double(b, (double)ns / 1000.0);
+    char s[40], *end = s + 32;
+    char *p = digits(end, (unsigned long long)(ns / 1000));
+    int frac = (int)(ns % 1000);
+    *end++ = '.';
+    *end++ = (char)('0' + frac / 100);
+    *end++ = (char)('0' + frac / 10 % 10);
+    *end++ = (char)('0' + frac % 10);
+    while (end[-1] == '0' && end[-2] != '.')
+        end--;
+    return buf_put(b, p, (size_t)(end - p));
+}
+
+/* Python's floor division of a by 1000. */
+static long long
+floordiv1000(long long a)
+{
+    long long q = a / 1000;
+    return (a % 1000 != 0 && a < 0) ? q - 1 : q;
+}
+
+typedef struct {
+    long long ints[N_SLOTS];
+    unsigned long long addr;
+    int has[N_SLOTS]; /* the memory values present in the reading */
+    double d_tf, d_tb;
+    int tf_is_int; /* the module path writes 0 (an int) as the throughput of no FLOPs */
+    int has_tf;
+} Values;
+
+static int
+run_program(Buf *b, PyObject *prog, const Values *v, long long timing)
+{
+    Py_ssize_t n = PyTuple_Size(prog);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *part = PyTuple_GetItem(prog, i);
+        if (PyBytes_Check(part)) {
+            char *s;
+            Py_ssize_t len;
+            if (PyBytes_AsStringAndSize(part, &s, &len) < 0 || buf_put(b, s, (size_t)len) < 0)
+                return -1;
+            continue;
+        }
+        long code = PyLong_AsLong(part);
+        int rc;
+        switch (code) {
+        case SLOT_TS: case SLOT_SEQ: case SLOT_SEQ2: case SLOT_STEP: case SLOT_FWD:
+            rc = buf_ll(b, v->ints[code]);
+            break;
+        case SLOT_D:
+            rc = buf_us(b, timing);
+            break;
+        case SLOT_TF:
+            rc = v->tf_is_int ? buf_put(b, "0", 1) : buf_double(b, v->d_tf);
+            break;
+        case SLOT_TB:
+            rc = buf_double(b, v->d_tb);
+            break;
+        case SLOT_ADDR: { /* hex(ptr) */
+            char s[32], *end = s + sizeof s, *p = end;
+            unsigned long long a = v->addr;
+            do {
+                *--p = "0123456789abcdef"[a & 15];
+                a >>= 4;
+            } while (a);
+            *--p = 'x';
+            *--p = '0';
+            rc = buf_put(b, p, (size_t)(end - p));
+            break;
+        }
+        case SLOT_RSS: case SLOT_DEV_ALLOCATED: case SLOT_DEV_RESERVED: case SLOT_DEV_PEAK:
+            if (!v->has[code]) {
+                PyErr_Format(PyExc_KeyError, "render: the memory reading has no %s", mem_names[code - SLOT_RSS]);
+                return -1;
+            }
+            rc = buf_ll(b, v->ints[code]);
+            break;
+        default:
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "render: unknown template slot %ld", code);
+            return -1;
+        }
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* A monitor attribute as a long long / double; read once per call. */
+static int
+get_ll(PyObject *mon, int name, long long *out)
+{
+    PyObject *o = PyObject_GetAttr(mon, attr[name]);
+    if (o == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(o);
+    Py_DECREF(o);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int
+set_ll(PyObject *mon, int name, long long v)
+{
+    PyObject *o = PyLong_FromLongLong(v);
+    if (o == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(mon, attr[name], o);
+    Py_DECREF(o);
+    return rc;
+}
+
+static int
+count_add(PyObject *counts, PyObject *name, long long k)
+{
+    if (k == 0)
+        return 0;
+    PyObject *cur = PyDict_GetItemWithError(counts, name); /* borrowed */
+    if (cur == NULL && PyErr_Occurred())
+        return -1;
+    long long v = 0;
+    if (cur != NULL) {
+        v = PyLong_AsLongLong(cur);
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+    }
+    PyObject *nv = PyLong_FromLongLong(v + k);
+    if (nv == NULL)
+        return -1;
+    int rc = PyDict_SetItem(counts, name, nv);
+    Py_DECREF(nv);
+    return rc;
+}
+
+/* resources.ResourceMonitor._w_alloc_out's fast path for one record (build, site, t1, size,
+ * input shape, output shape or None, dtype, address, [memory reading]): 1 when its line was
+ * appended, 0 when the Python path must take it, -1 on an error. */
+static int
+render_alloc(PyObject *r, PyObject *tpl, PyObject *lines, Buf *b, long long seq, long long off, long long step,
+             long long fwd)
+{
+    PyObject *site = PyTuple_GetItem(r, 1), *size = PyTuple_GetItem(r, 3), *xs = PyTuple_GetItem(r, 4),
+             *os = PyTuple_GetItem(r, 5), *od = PyTuple_GetItem(r, 6), *ptr = PyTuple_GetItem(r, 7),
+             *cell = PyTuple_GetItem(r, 8);
+    if (!PyList_Check(cell) || PyList_Size(cell) != 1)
+        return 0;
+    PyObject *mem = PyList_GetItem(cell, 0);
+    if (!PyDict_Check(mem) || !PyLong_CheckExact(ptr) || !PyLong_CheckExact(PyTuple_GetItem(r, 2)))
+        return 0; /* no reading taken (the pass did not end): the Python path reads one */
+    Values v;
+    memset(&v, 0, sizeof v);
+    for (int k = 0; k < N_MEM; k++) {
+        PyObject *m = PyDict_GetItemWithError(mem, mem_keys[k]);
+        if (m == NULL) {
+            if (PyErr_Occurred())
+                return -1;
+            continue;
+        }
+        if (!PyLong_CheckExact(m))
+            return 0;
+        v.ints[SLOT_RSS + k] = PyLong_AsLongLong(m);
+        v.has[SLOT_RSS + k] = 1;
+    }
+    long long t1 = PyLong_AsLongLong(PyTuple_GetItem(r, 2));
+    v.addr = PyLong_AsUnsignedLongLong(ptr);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *shape, *key = NULL, *keys = NULL;
+    if (os == Py_None) { /* a Linear's own forward: input.shape[:-1] + (out_features,) */
+        PyObject *st = PyObject_GetAttr(site, str_static);
+        if (st == NULL)
+            return -1;
+        Py_ssize_t nd = PyObject_Size(xs);
+        if (!PyTuple_Check(st) || PyTuple_Size(st) < 5 || nd < 1) {
+            Py_DECREF(st);
+            PyErr_Clear();
+            return 0;
+        }
+        PyObject *head = PySequence_GetSlice(xs, 0, nd - 1);
+        PyObject *tail = head ? PyTuple_Pack(1, PyTuple_GetItem(st, 4)) : NULL;
+        shape = tail ? PySequence_Concat(head, tail) : NULL;
+        Py_DECREF(st);
+        Py_XDECREF(head);
+        Py_XDECREF(tail);
+        if (shape == NULL)
+            return -1;
+    } else {
+        Py_INCREF(os);
+        shape = os;
+    }
+    keys = PySequence_Tuple(mem);
+    if (keys != NULL)
+        key = PyTuple_Pack(7, site, str_module_output, size, shape, od, Py_False, keys);
+    Py_DECREF(shape);
+    Py_XDECREF(keys);
+    if (key == NULL)
+        return -1;
+    PyObject *entry = PyDict_GetItemWithError(tpl, key); /* borrowed */
+    Py_DECREF(key);
+    if (entry == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *prog = PyTuple_Check(entry) && PyTuple_Size(entry) == 2 ? PyTuple_GetItem(entry, 1) : NULL;
+    if (prog == NULL || !PyTuple_Check(prog))
+        return 0;
+    v.ints[SLOT_TS] = floordiv1000(t1 + off);
+    v.ints[SLOT_SEQ] = seq + 1;
+    v.ints[SLOT_STEP] = step;
+    v.ints[SLOT_FWD] = fwd;
+    b->len = 0;
+    if (run_program(b, prog, &v, 0) < 0)
+        return -1;
+    PyObject *line = PyBytes_FromStringAndSize(b->p, (Py_ssize_t)b->len);
+    if (line == NULL || PyList_Append(lines, line) < 0) {
+        Py_XDECREF(line);
+        return -1;
+    }
+    Py_DECREF(line);
+    return 1;
+}
+
+PyDoc_STRVAR(render_doc,
+"render(monitor, records, start, lines, deadline_ns) -> int\n"
+"--\n\n"
+"The resource writer's fast path (resources.py, ResourceMonitor._w_linear, _w_module and\n"
+"_w_alloc_out)\n"
+"for records[start:]: each record of a Linear or module timed on the CPU whose template is\n"
+"known becomes its JSON lines, appended to lines, with the monitor's counters advanced as\n"
+"those methods advance them. Stops at the first other record, or once the monotonic clock\n"
+"passes deadline_ns, and returns the index of the first record not written.");
+
+static PyObject *
+render(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "render takes 5 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *mon = args[0], *recs = args[1], *lines = args[3];
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]);
+    long long deadline = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!PyList_Check(recs) || !PyList_Check(lines)) {
+        PyErr_SetString(PyExc_TypeError, "render: records and lines must be lists");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_Size(recs), i = start;
+    PyObject *fast = PyObject_GetAttr(mon, attr[A_FAST]);
+    if (fast == NULL)
+        return NULL;
+    int is_fast = PyObject_IsTrue(fast);
+    Py_DECREF(fast);
+    if (is_fast <= 0 || i >= n)
+        return is_fast < 0 ? NULL : PyLong_FromSsize_t(i);
+
+    PyObject *lin = NULL, *mod = NULL, *allocb = NULL, *tpl = NULL, *counts = NULL, *long_site = NULL, *tot_us = NULL,
+             *result = NULL;
+    Buf b = {NULL, 0, 0};
+    long long seq, off, step, fwd, w_flops, w_long, total_flops;
+    double total_us;
+    long long n_ce = 0, n_mlp = 0, n_alloc = 0;
+    int dirty = 0;
+    lin = PyObject_GetAttr(mon, attr[A_BUILD_LINEAR]);
+    mod = lin ? PyObject_GetAttr(mon, attr[A_BUILD_MODULE]) : NULL;
+    allocb = mod ? PyObject_GetAttr(mon, attr[A_BUILD_ALLOC]) : NULL;
+    tpl = allocb ? PyObject_GetAttr(mon, attr[A_TPL]) : NULL;
+    counts = tpl ? PyObject_GetAttr(mon, attr[A_COUNTS]) : NULL;
+    long_site = counts ? PyObject_GetAttr(mon, attr[A_W_LONG_SITE]) : NULL;
+    tot_us = long_site ? PyObject_GetAttr(mon, attr[A_TOTAL_US]) : NULL;
+    if (tot_us == NULL || get_ll(mon, A_SEQ, &seq) || get_ll(mon, A_W_OFF, &off) || get_ll(mon, A_W_STEP, &step) ||
+        get_ll(mon, A_W_FWD, &fwd) || get_ll(mon, A_W_FLOPS, &w_flops) || get_ll(mon, A_W_LONG, &w_long) ||
+        get_ll(mon, A_TOTAL_FLOPS, &total_flops))
+        goto done;
+    if (!PyDict_Check(tpl) || !PyDict_Check(counts)) {
+        PyErr_SetString(PyExc_TypeError, "render: the monitor's _tpl and counts must be dicts");
+        goto done;
+    }
+    total_us = PyFloat_AsDouble(tot_us);
+    if (total_us == -1.0 && PyErr_Occurred())
+        goto done;
+
+    for (; i < n; i++) {
+        PyObject *r = PyList_GetItem(recs, i);
+        if (PyTuple_Check(r) && PyTuple_Size(r) == 9 && PyTuple_GetItem(r, 0) == allocb) {
+            int rc = render_alloc(r, tpl, lines, &b, seq, off, step, fwd);
+            if (rc < 0)
+                goto done;
+            if (rc == 0)
+                break;
+            seq += 1;
+            n_alloc += 1;
+            dirty = 1;
+            if (monotonic_ns() > deadline) {
+                i++;
+                break;
+            }
+            continue;
+        }
+        if (!PyTuple_Check(r) || PyTuple_Size(r) != 8)
+            break;
+        PyObject *bld = PyTuple_GetItem(r, 0), *timing = PyTuple_GetItem(r, 3);
+        int is_lin = bld == lin;
+        if ((!is_lin && bld != mod) || !PyLong_CheckExact(timing))
+            break;
+        long long t = PyLong_AsLongLong(timing), t1 = PyLong_AsLongLong(PyTuple_GetItem(r, 2));
+        if (PyErr_Occurred()) {
+            PyErr_Clear(); /* not a 64-bit clock reading: the Python path takes it */
+            break;
+        }
+        PyObject *site = PyTuple_GetItem(r, 1);
+        PyObject *key = PyTuple_Pack(6, site, PyTuple_GetItem(r, 4), PyTuple_GetItem(r, 5),
+                                     PyTuple_GetItem(r, 6), PyTuple_GetItem(r, 7), t > 0 ? Py_True : Py_False);
+        if (key == NULL)
+            goto done;
+        PyObject *entry = PyDict_GetItemWithError(tpl, key); /* borrowed */
+        Py_DECREF(key);
+        if (entry == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            break; /* no template yet: the Python path makes it */
+        }
+        /* Linear: (fmts, flops, nbytes, programs); module: (fmt, flops, nbytes, counts_time, program). */
+        Py_ssize_t want = is_lin ? 4 : 5;
+        if (!PyTuple_Check(entry) || PyTuple_Size(entry) != want)
+            break;
+        PyObject *progs = PyTuple_GetItem(entry, want - 1);
+        if (progs == Py_None)
+            break; /* a slot this path does not know */
+        long long flops = PyLong_AsLongLong(PyTuple_GetItem(entry, 1));
+        long long nbytes = PyLong_AsLongLong(PyTuple_GetItem(entry, 2));
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            break;
+        }
+        if (total_flops > LLONG_MAX - flops || w_flops > LLONG_MAX - flops)
+            break; /* beyond 64 bits: Python's ints take over */
+        int counts_time = 1;
+        if (!is_lin) {
+            counts_time = PyObject_IsTrue(PyTuple_GetItem(entry, 3));
+            if (counts_time < 0)
+                goto done;
+        }
+        if (t > w_long) {
+            w_long = t;
+            Py_INCREF(site);
+            Py_DECREF(long_site);
+            long_site = site;
+        }
+        Py_ssize_t nprog = is_lin ? PyTuple_Size(progs) : 1;
+        Values v;
+        v.ints[SLOT_TS] = floordiv1000(t1 + off);
+        v.ints[SLOT_SEQ] = seq + 1;
+        v.ints[SLOT_SEQ2] = seq + 2;
+        v.ints[SLOT_STEP] = step;
+        v.ints[SLOT_FWD] = fwd;
+        double d = (double)t / 1000.0;
+        v.tf_is_int = !is_lin && flops == 0;
+        v.d_tf = t > 0 ? (double)flops / (d * 1e3) : 0.0;
+        v.d_tb = t > 0 ? (double)nbytes / (d * 1e3) : 0.0;
+        for (Py_ssize_t k = 0; k < nprog; k++) {
+            PyObject *prog = is_lin ? PyTuple_GetItem(progs, k) : progs;
+            b.len = 0;
+            if (prog == NULL || !PyTuple_Check(prog)) {
+                PyErr_SetString(PyExc_TypeError, "render: a template program must be a tuple");
+                goto done;
+            }
+            if (run_program(&b, prog, &v, t) < 0)
+                goto done;
+            PyObject *line = PyBytes_FromStringAndSize(b.p, (Py_ssize_t)b.len);
+            if (line == NULL || PyList_Append(lines, line) < 0) {
+                Py_XDECREF(line);
+                goto done;
+            }
+            Py_DECREF(line);
+        }
+        seq += nprog;
+        dirty = 1;
+        n_ce += 1;
+        if (is_lin) {
+            w_flops += flops;
+            if (nprog > 1)
+                n_mlp += 1;
+        }
+        total_flops += flops;
+        if (counts_time)
+            total_us += d;
+        if (monotonic_ns() > deadline) {
+            i++;
+            break;
+        }
+    }
+    result = PyLong_FromSsize_t(i);
+done:
+    /* What was written is counted, even when a later record failed. */
+    if (dirty) {
+        PyObject *exc_t = NULL, *exc_v = NULL, *exc_tb = NULL;
+        PyErr_Fetch(&exc_t, &exc_v, &exc_tb);
+        PyObject *us = PyFloat_FromDouble(total_us);
+        int rc = us == NULL || set_ll(mon, A_SEQ, seq) || set_ll(mon, A_W_FLOPS, w_flops) ||
+                 set_ll(mon, A_W_LONG, w_long) || PyObject_SetAttr(mon, attr[A_W_LONG_SITE], long_site) ||
+                 set_ll(mon, A_TOTAL_FLOPS, total_flops) || PyObject_SetAttr(mon, attr[A_TOTAL_US], us) ||
+                 count_add(counts, str_compute_execution, n_ce) || count_add(counts, str_mlp_operation, n_mlp) ||
+                 count_add(counts, str_memory_allocation, n_alloc);
+        Py_XDECREF(us);
+        if (exc_t != NULL) {
+            PyErr_Restore(exc_t, exc_v, exc_tb);
+        } else if (rc) {
+            Py_CLEAR(result);
+        }
+    }
+    PyMem_Free(b.p);
+    Py_XDECREF(lin); Py_XDECREF(mod); Py_XDECREF(allocb); Py_XDECREF(tpl); Py_XDECREF(counts); Py_XDECREF(long_site);
+    Py_XDECREF(tot_us);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"write_record", (PyCFunction)(void (*)(void))write_record, METH_FASTCALL, write_record_doc},
+    {"render", (PyCFunction)(void (*)(void))render, METH_FASTCALL, render_doc},
     {NULL, NULL, 0, NULL},
+};
+
+static int
+exec_module(PyObject *m)
+{
+    str_shape = PyUnicode_InternFromString("shape");
+    str_dtype = PyUnicode_InternFromString("dtype");
+    str_nbytes = PyUnicode_InternFromString("nbytes");
+    str_hook_ns = PyUnicode_InternFromString("hook_ns");
+    str_data_ptr = PyUnicode_InternFromString("data_ptr");
+    str_fwd_mem = PyUnicode_InternFromString("_fwd_mem");
+    str_mem_cell = PyUnicode_InternFromString("_mem_cell");
+    str_compute_execution = PyUnicode_InternFromString("compute_execution");
+    str_mlp_operation = PyUnicode_InternFromString("mlp_operation");
+    str_memory_allocation = PyUnicode_InternFromString("memory_allocation");
+    str_module_output = PyUnicode_InternFromString("module_output");
+    str_static = PyUnicode_InternFromString("static");
+    if (!str_memory_allocation || !str_module_output || !str_static)
+        return -1;
+    for (int i = 0; i < N_MEM; i++)
+        if ((mem_keys[i] = PyUnicode_InternFromString(mem_names[i])) == NULL)
+            return -1;
+    if (!str_shape || !str_dtype || !str_nbytes || !str_hook_ns || !str_data_ptr || !str_fwd_mem || !str_mem_cell ||
+        !str_compute_execution || !str_mlp_operation)
+        return -1;
+    for (int i = 0; i < N_ATTRS; i++)
+        if ((attr[i] = PyUnicode_InternFromString(attr_names[i])) == NULL)
+            return -1;
+    PyObject *tp = PyType_FromSpec(&tf_spec);
+    if (tp == NULL)
+        return -1;
+    if (PyModule_AddObject(m, "TimedForward", tp) < 0) {
+        Py_DECREF(tp);
+        return -1;
+    }
+    return 0;
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, exec_module},
+    {0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "llm_instrumentation._speedups",
-    "The client's per-record ring write in C (optional; a Python path writes the same bytes).",
-    0, methods, NULL, NULL, NULL, NULL,
+    "The client's hot paths in C (optional; the Python paths write the same bytes).",
+    0, methods, module_slots, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    return PyModule_Create(&module);
+    return PyModuleDef_Init(&module);
 }

@@ -80,6 +80,13 @@ _DTYPE_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64
                 "int32": "i32", "int8": "i8", "uint8": "u8", "bool": "bool"}
 _LAYER_RE = re.compile(r"\.(\d+)(?:\.|$)")
 
+try:
+    # The CPU timing wrapper and the writer's template filling in C (_speedups.c says why);
+    # without them the Python paths below do the same and write the same bytes.
+    from ._speedups import TimedForward as _TimedForward, render as _render
+except ImportError:  # pragma: no cover - exercised by the tests with them hidden
+    _TimedForward = _render = None
+
 
 class ResourceLevel(enum.IntEnum):
     """How much is recorded (seed 003's levels).
@@ -610,6 +617,11 @@ class ResourceMonitor:
         # Records before this index belong to forward passes that have ended.
         self._pass_start = 0
         self._tpl: Dict[Any, Any] = {}
+        # The writer methods of the records of the timing wrappers, one bound method each:
+        # the C writer (``_render``) knows a record by it.
+        self._build_linear = self._w_linear
+        self._build_module = self._w_module
+        self._build_alloc = self._w_alloc_out
         # False: every module timed by the general wrapper and every event built by the
         # general builders (the tests compare both paths).
         self._fast = True
@@ -891,9 +903,9 @@ class ResourceMonitor:
             if b is not None:
                 wbytes += b.numel() * b.element_size()
             site.static = (tuple(w.shape), w.dtype, wbytes, in_f, out_f)
-            build = self._w_linear
+            build = self._build_linear
         else:
-            build = self._w_module
+            build = self._build_module
         prev = mod.__dict__.get("forward", _UNREAD)
         orig = mod.forward
         active = [True]
@@ -923,13 +935,19 @@ class ResourceMonitor:
         """The wrapper of a module on the CPU below VERBOSE: one clock read on each side of the
         call and one after the record; the input's shape and dtype and the output's dtype
         (and its shape, unless ``derived``). The wall-clock timestamp is made by the writer
-        from the end time (``_w_off``)."""
+        from the end time (``_w_off``). In C (``_speedups.TimedForward``) where the extension
+        is built: a Python wrapper costs a few microseconds per call, each decoding step calls
+        it for every Linear."""
+        general = self._general_forward(site, build, orig, active)
+        if _TimedForward is not None:
+            return _TimedForward(self, orig, general, general._finish, self._build_alloc,  # type: ignore[attr-defined]
+                                 self._hand_off_passes, self._records, site, build, _TENSOR, self._long, active,
+                                 derived, self._alloc_min)
         clock = time.perf_counter_ns
         tensor = _TENSOR
         append = self._records.append
         alloc_min = self._alloc_min
-        alloc = self._w_alloc_out
-        general = self._general_forward(site, build, orig, active)
+        alloc = self._build_alloc
         long = self._long
         hand_off = self._hand_off_passes
 
@@ -960,6 +978,11 @@ class ResourceMonitor:
             return output
 
         return forward
+
+    def _mem_cell(self) -> List[Any]:
+        """The memory reading of an allocation outside a forward pass of the model (the C
+        wrapper's; ``_fast_forward`` does the same)."""
+        return [self._mem_now()]
 
     def _general_forward(self, site: _Site, build: Any, orig: Any, active: List[bool]) -> Any:
         """The wrapper for every case: CUDA events, the VERBOSE module stack, inputs that are
@@ -1633,8 +1656,10 @@ class ResourceMonitor:
             fmts = [_compile(evs[0], "seq")]
             if len(evs) > 1:
                 fmts.append(_compile(evs[1], "seq2"))
-            tpl = self._tpl[key] = (fmts, evs[0]["flops"], evs[0]["bytes_accessed"])
-        fmts, flops, nbytes = tpl
+            progs = tuple(_program(f) for f in fmts)
+            tpl = self._tpl[key] = (fmts, evs[0]["flops"], evs[0]["bytes_accessed"],
+                                    None if None in progs else progs)
+        fmts, flops, nbytes, _ = tpl
         seq = self._seq + 1
         self._seq = seq + len(fmts) - 1
         d = timing / 1000.0
@@ -1676,9 +1701,10 @@ class ResourceMonitor:
         tpl = self._tpl.get(key)
         if tpl is None:
             ev = self._template_of(self._b_module, ctx, timing, _meta(xs, xd), _meta(os_, od), cls)[0]
-            tpl = self._tpl[key] = (_compile(ev, "seq"), ev["flops"], ev["bytes_accessed"],
-                                    ev["operation"] != "attention")
-        fmt, flops, nbytes, counts_time = tpl
+            fmt = _compile(ev, "seq")
+            tpl = self._tpl[key] = (fmt, ev["flops"], ev["bytes_accessed"], ev["operation"] != "attention",
+                                    _program(fmt))
+        fmt, flops, nbytes, counts_time, _ = tpl
         self._seq = seq = self._seq + 1
         d = timing / 1000.0
         v = {"ts": ctx[1], "seq": seq, "step": ctx[2], "fwd": ctx[3], "d": d}
@@ -1716,10 +1742,12 @@ class ResourceMonitor:
         if not self._fast:
             return self._b_alloc(ctx, kind, size, shape, dtype, is_cuda, ptr, mem)
         key = (site, kind, size, shape, dtype, is_cuda, tuple(mem))
-        fmt = self._tpl.get(key)
-        if fmt is None:
+        tpl = self._tpl.get(key)
+        if tpl is None:
             ev = self._template_of(self._b_alloc, ctx, kind, size, shape, dtype, is_cuda, ptr, mem)[0]
-            fmt = self._tpl[key] = _compile(ev, "seq")
+            fmt = _compile(ev, "seq")
+            tpl = self._tpl[key] = (fmt, _program(fmt))
+        fmt = tpl[0]
         self._seq = seq = self._seq + 1
         v = dict(mem)
         v.update(ts=ctx[1], seq=seq, step=ctx[2], fwd=ctx[3], addr=hex(ptr))
@@ -1867,7 +1895,21 @@ class ResourceMonitor:
         counts = self.counts
         clock = time.perf_counter_ns
         last = clock()
-        for r in recs:
+        render = _render if self._fast else None
+        i, n = 0, len(recs)
+        while i < n:
+            if render is not None:
+                # The records of the timing wrappers whose templates are known, in C; it
+                # stops at any other record (taken below) and after _YIELD_NS of work.
+                j = render(self, recs, i, lines, last + _YIELD_NS)
+                if j > i:
+                    i = j
+                    if clock() - last > _YIELD_NS:
+                        time.sleep(0)
+                        last = clock()
+                    continue
+            r = recs[i]
+            i += 1
             out = r[0](*r[1:])
             if out and type(out[0]) is bytes:  # a fast path: serialized and counted already
                 lines += out
@@ -1972,6 +2014,37 @@ def _compile(ev: Dict[str, Any], seq_slot: str, slots: Optional[Dict[str, str]] 
 
 
 _ITEMSIZE: Dict[Any, int] = {}
+
+
+#: The slots the C writer fills (``_speedups.render``), by their number there.
+_C_SLOTS = {"ts": 0, "seq": 1, "seq2": 2, "step": 3, "fwd": 4, "d": 5, "tf": 6, "tb": 7, "addr": 8,
+            "process_rss_bytes": 9, "device_memory_allocated_bytes": 10, "device_memory_reserved_bytes": 11,
+            "device_memory_peak_bytes": 12}
+_FORMAT_RE = re.compile(r"%\((\w+)\)s|%%")
+
+
+def _program(fmt: str) -> Optional[Tuple[Any, ...]]:
+    """A template (``_compile``) as the C writer runs it: its literal parts as UTF-8 bytes,
+    each ``%(slot)s`` as the slot's number; None when it has a slot the C writer does not
+    fill."""
+    parts: List[Any] = []
+    lit: List[str] = []
+    pos = 0
+    for m in _FORMAT_RE.finditer(fmt):
+        lit.append(fmt[pos:m.start()])
+        pos = m.end()
+        if m.group(0) == "%%":
+            lit.append("%")
+            continue
+        code = _C_SLOTS.get(m.group(1))
+        if code is None:
+            return None
+        parts.append("".join(lit).encode())
+        parts.append(code)
+        lit = []
+    lit.append(fmt[pos:])
+    parts.append("".join(lit).encode())
+    return tuple(p for p in parts if p != b"")
 
 
 def _jlist(shape: Sequence[int]) -> str:

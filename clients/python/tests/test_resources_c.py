@@ -1,0 +1,207 @@
+"""The resource monitor's C paths (``_speedups.TimedForward`` and ``_speedups.render``)
+against its Python paths: the same records, the same bytes, the same counters."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import torch
+from conftest import tiny_llama
+
+from llm_instrumentation import resources
+from llm_instrumentation.resources import ResourceMonitor
+
+needs_c = pytest.mark.skipif(resources._render is None or resources._TimedForward is None,
+                             reason="llm_instrumentation._speedups is not built "
+                                    "(test_record_fast_path.py::test_speedups_built says why)")
+
+#: What the writer keeps between batches.
+STATE = ("_seq", "_w_step", "_w_fwd", "_w_flops", "_w_off", "_w_long", "_w_long_site", "total_flops",
+         "total_compute_us", "counts", "component_flows", "_kv_prev_bytes", "events_written")
+
+#: Durations (ns) the C writer prints without a float conversion below 10**15, and past it.
+TIMINGS = [0, 1, 5, 10, 100, 999, 1000, 1001, 1010, 1100, 37615, 100000, 999999, 10 ** 6, 123456789,
+           10 ** 12 + 1, 10 ** 15 - 1, 10 ** 15, 10 ** 15 + 7, 2 ** 62]
+
+
+def decode(model, mon, prompt_len: int, new_tokens: int) -> None:
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(3))
+    past = None
+    with torch.no_grad():
+        for step in range(new_tokens + 1):
+            mon.set_step(step)
+            r = model(input_ids=ids, cache=past, use_cache=True)
+            past = r.cache
+            ids = r.logits[:, -1:].argmax(-1)
+
+
+def recorded(mon: ResourceMonitor, model, level: str) -> List[List[Any]]:
+    """The batches the writer thread would get for a prefill and a few decoding steps."""
+    batches: List[List[Any]] = []
+    mon.set_level(level)
+    mon.flush()
+    put = mon._writer.put
+    mon._writer.put = batches.append
+    try:
+        decode(model, mon, 6, 4)
+        with torch.no_grad():
+            model.lm_head(torch.randn(3, model.config.hidden_size))  # outside a forward pass
+        mon._hand_off()
+    finally:
+        mon._writer.put = put
+    return batches
+
+
+def snapshot(mon: ResourceMonitor) -> Dict[str, Any]:
+    return {k: v if k == "_w_long_site" else copy.copy(v) for k, v in ((k, getattr(mon, k)) for k in STATE)}
+
+
+def write_all(mon: ResourceMonitor, batches: List[List[Any]], state: Dict[str, Any]) -> Any:
+    """Run the writer over copies of the batches from ``state``; its lines and end state."""
+    for k, v in state.items():
+        setattr(mon, k, v if k == "_w_long_site" else copy.copy(v))
+    mon._tpl.clear()
+    lines: List[bytes] = []
+    sink_write = mon._sink.write
+    mon._sink.write = lines.extend
+    try:
+        for b in batches:
+            mon._write_batch_inner(list(b))
+    finally:
+        mon._sink.write = sink_write
+    return lines, snapshot(mon)
+
+
+@needs_c
+@pytest.mark.parametrize("level", ["MINIMAL", "DETAILED", "VERBOSE"])
+def test_c_writer_writes_the_python_writers_bytes(tmp_path: Path, monkeypatch, level: str) -> None:
+    m = tiny_llama()
+    mon = ResourceMonitor(m, "MINIMAL", tmp_path / "r.jsonl", environ={}, flush_interval=None)
+    with mon:
+        batches = recorded(mon, m, level)
+        # Durations the wrappers rarely see: zero, sub-microsecond, past 10**15 ns.
+        i = 0
+        for b in batches:
+            for j, r in enumerate(b):
+                if r[0] in (mon._build_linear, mon._build_module) and type(r[3]) is int:
+                    b[j] = r[:3] + (TIMINGS[i % len(TIMINGS)],) + r[4:]
+                    i += 1
+        assert i > 3 * len(TIMINGS)
+        state = snapshot(mon)
+        calls = []
+        render = resources._render
+
+        def counting(*a):
+            calls.append(a[2])
+            return render(*a)
+
+        w_alloc = mon._w_alloc
+        allocs: List[int] = []
+
+        def counting_alloc(*a):
+            allocs.append(1)
+            return w_alloc(*a)
+
+        mon._w_alloc = counting_alloc
+        monkeypatch.setattr(resources, "_render", counting)
+        lines_c, state_c = write_all(mon, batches, state)
+        allocs_c = len(allocs)
+        monkeypatch.setattr(resources, "_render", None)
+        lines_py, state_py = write_all(mon, batches, state)
+        allocs_py = len(allocs) - allocs_c
+        del mon._w_alloc
+    assert len(calls) > len(batches)
+    if level == "DETAILED":  # every output an allocation: most written by C (not the first of a shape)
+        assert allocs_py > 100 and allocs_c < allocs_py / 2
+    n_fast = sum(1 for b in batches for r in b if r[0] in (mon._build_linear, mon._build_module))
+    assert len(lines_py) > n_fast
+    for a, b in zip(lines_c, lines_py):
+        assert a == b
+    assert len(lines_c) == len(lines_py)
+    assert state_c == state_py
+    assert state_c["counts"]["compute_execution"] >= n_fast
+    for line in lines_c:
+        json.loads(line)
+
+
+@needs_c
+def test_c_writer_stops_at_its_deadline(tmp_path: Path) -> None:
+    """A deadline already past: one record written, the rest left to the next call (the
+    writer gives the interpreter lock back in between)."""
+    m = tiny_llama()
+    mon = ResourceMonitor(m, "MINIMAL", tmp_path / "r.jsonl", environ={}, flush_interval=None)
+    with mon:
+        batches = recorded(mon, m, "MINIMAL")
+        state = snapshot(mon)
+        write_all(mon, batches, state)  # makes the templates
+        recs = [r for b in batches for r in b if r[0] is mon._build_linear]
+        lines: List[bytes] = []
+        assert resources._render(mon, recs, 0, lines, 0) == 1 and len(lines) >= 1
+        assert resources._render(mon, recs, 1, lines, 1 << 62) == len(recs)
+        assert resources._render(mon, recs, len(recs), lines, 1 << 62) == len(recs)
+        with pytest.raises(TypeError):
+            resources._render(mon, tuple(recs), 0, lines, 0)
+
+
+def masked(path: Path) -> List[Any]:
+    volatile = {"timestamp", "resource_id", "compute_resource_id", "session_id", "iso_timestamp",
+                "duration_us", "throughput_gflops_per_s", "memory_throughput_gbps", "transfer_bandwidth_gbps",
+                "memory_address", "process_rss_bytes", "memory_used_fraction", "memory_pressure",
+                "monitor_hook_us", "monitor_writer_cpu_us", "total_compute_us", "total_memory_bytes",
+                "total_memory_mb"}
+    out = []
+    for line in path.read_text().splitlines():
+        e = json.loads(line)
+        out.append([(k, "*" if k in volatile else v) for k, v in e.items()])
+    return out
+
+
+@needs_c
+def test_c_wrapper_records_what_the_python_wrapper_records(tmp_path: Path, monkeypatch) -> None:
+    """The same events with the C wrapper and writer as with the Python ones, and the C
+    wrapper is the one installed where the extension is built."""
+    m = tiny_llama()
+    runs = []
+    for c in (True, False):
+        if not c:
+            monkeypatch.setattr(resources, "_TimedForward", None)
+            monkeypatch.setattr(resources, "_render", None)
+        p = tmp_path / f"c-{c}.jsonl"
+        mon = ResourceMonitor(m, "MINIMAL", p, environ={})
+        with mon:
+            call = type(m.lm_head.__dict__["forward"]).__dict__["__call__"].__func__
+            assert (type(call).__name__ == "TimedForward") is c
+            decode(m, mon, 5, 3)
+            mon.set_level("DETAILED")
+            decode(m, mon, 5, 2)
+            with torch.no_grad():
+                m.lm_head(torch.randn(3, m.config.hidden_size))
+            hook_ns = mon.hook_ns
+        assert hook_ns > 0
+        runs.append(masked(p))
+    assert len(runs[0]) > 200 and runs[0] == runs[1]
+
+
+@needs_c
+def test_c_wrapper_passes_on_what_it_does_not_time(tmp_path: Path) -> None:
+    """A call with no tensor first, keyword arguments, an exception from the module: the
+    module's own behaviour, and a wrapper that is no longer active only passes calls on."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    lin = model[0]
+    mon = ResourceMonitor(model, "MINIMAL", tmp_path / "r.jsonl", environ={})
+    with mon:
+        x = torch.randn(2, 4)
+        assert torch.equal(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias))
+        assert torch.equal(lin(input=x), torch.nn.functional.linear(x, lin.weight, lin.bias))
+        with pytest.raises(RuntimeError):
+            lin(torch.randn(2, 5))
+        wrapper = lin.__dict__["forward"]
+    assert "forward" not in lin.__dict__
+    wrapper.active[0] = False
+    assert torch.equal(wrapper(x), torch.nn.functional.linear(x, lin.weight, lin.bias))
+    with pytest.raises(TypeError):
+        resources._TimedForward(1, 2)
