@@ -12,17 +12,26 @@ machine hits every configuration alike. A trial is a workload timed end to end i
   tokens/s = tokens / time (the generated ids must match the ``off`` trial's).
 
 The overhead of a configuration in one pair is ``1 - tokens/s(config) / tokens/s(off)``;
-the reported figure is the median over pairs, with the min and max. Next to it, the CPU
-overhead: process CPU seconds per token (the model's thread plus the monitor's writer
-thread) against ``off``; and the self-measured overhead: the monitor's own time (inside its
-hooks, plus its writer thread's CPU time) per token over the plain time per token, which
-load from other processes hardly disturbs but which leaves out torch's dispatch of the
-model's two hooks and each wrapper's call and first test (a few hundred ns); it is printed split
-into the hooks' time and the writer's CPU. Targets (the issue's):
-MINIMAL ≤ 1 %, DETAILED ≤ 3 %. ``verdict``: ``NOT met`` when the self-measured overhead
-alone exceeds the target; ``met`` when it does not and the A/B median is within the target
-with a spread of at most four times the target; otherwise it says the A/B was too noisy to
-confirm (or ``NOT met (A/B)``).
+the reported figure is the median over pairs, with the min and max. Next to it:
+
+- model thread: the CPU seconds per token of the thread that runs the model (torch's one
+  intra-op thread is that thread with ``--threads 1``) against ``off`` — everything the
+  monitor adds there (its hooks, torch's dispatch of them, the caches they cool) and
+  steadier than the wall clock on a shared machine, but blind to waits for the interpreter
+  lock;
+- CPU: process CPU seconds per token (every thread, the monitor's writer included);
+- self-measured: the monitor's own clocks, split into its hooks' time (model thread) and its
+  writer thread's CPU, each over the plain time per token.
+
+Targets (the issue's): MINIMAL ≤ 1 %, DETAILED ≤ 3 % of tokens/s. Judged twice:
+
+- ``verdict`` — tokens/s with a core free for the writer thread (a GPU host; a CPU host
+  with torch on fewer threads than cores): ``NOT met`` when the hooks' self-measured time or
+  the model thread's CPU A/B median exceeds the target; ``met`` when neither does and the
+  wall-clock A/B median is within it; ``NOT met (A/B)`` when only the wall clock says over.
+- ``verdict_busy`` — every core busy (torch on all of them): the writer's CPU then comes
+  off the model too, so the hooks plus the writer (self-measured) must be within the
+  target.
 
 Usage::
 
@@ -133,6 +142,8 @@ def main() -> int:
     self_per_token: Dict[str, Dict[str, List[float]]] = {w: {c: [] for c in configs} for w in chosen}
     # The self-measured time split: the hooks (model thread) and the writer thread's CPU.
     hook_per_token: Dict[str, Dict[str, List[float]]] = {w: {c: [] for c in configs} for w in chosen}
+    # CPU seconds per token of the thread that runs the model (and torch's one thread).
+    thread_per_token: Dict[str, Dict[str, List[float]]] = {w: {c: [] for c in configs} for w in chosen}
     writer_per_token: Dict[str, Dict[str, List[float]]] = {w: {c: [] for c in configs} for w in chosen}
 
     def trial(cfg: str, fn: Callable[[], float], w: str = "") -> float:
@@ -143,6 +154,7 @@ def main() -> int:
             mon.set_level(ResourceLevel[cfg])
         sync(a.device)
         c0 = cpu_seconds()
+        th0 = time.thread_time()
         h0, w0 = mon.hook_ns, mon.writer_cpu_ns
         t0 = time.perf_counter()
         n = fn()
@@ -150,7 +162,9 @@ def main() -> int:
             mon.flush()
         sync(a.device)
         dt = time.perf_counter() - t0
+        th = time.thread_time() - th0
         if w:
+            thread_per_token[w][cfg].append(th / n)
             # Process CPU time (model thread + the monitor's writer thread) per token: the
             # steadier figure on a shared machine, and the whole cost, not only the wall time.
             cpu_per_token[w][cfg].append((cpu_seconds() - c0) / n)
@@ -186,14 +200,16 @@ def main() -> int:
         "log_bytes": os.path.getsize(log_path),
         "workloads": {},
     }
-    print(f"\n{'workload':<8} {'config':<9} {'tokens/s (median)':>18} {'overhead median':>16} {'min':>8} {'max':>8}"
-          f"  {'cpu ovh':>8} {'self':>7} {'hooks µs/tok':>12} {'writer µs/tok':>13}  target")
+    print(f"\n{'workload':<8} {'config':<9} {'tok/s':>6} {'A/B median':>10} {'min':>7} {'max':>7}"
+          f" {'thread':>7} {'cpu':>7} {'hooks':>6} {'writer':>6} {'hooks µs':>8} {'writer µs':>9}"
+          f"  target (free core; every core busy)")
     for w in chosen:
         base = tps[w]["off"]
         cbase = cpu_per_token[w]["off"]
         rw: Dict[str, Any] = {"off": {"tokens_per_s_median": statistics.median(base), "tokens_per_s": base,
                                       "cpu_s_per_token": cbase}}
-        print(f"{w:<8} {'off':<9} {statistics.median(base):>18.1f}")
+        tbase = thread_per_token[w]["off"]
+        print(f"{w:<8} {'off':<9} {statistics.median(base):>6.1f}")
         for c in configs[1:]:
             ov = [1 - x / b for x, b in zip(tps[w][c], base)]
             med = statistics.median(ov)
@@ -204,31 +220,34 @@ def main() -> int:
             # torch's dispatch of the model's hooks and the wrappers' entry (a few hundred ns each).
             sov = [x * b for x, b in zip(self_per_token[w][c], base)]
             smed = statistics.median(sov)
-            verdict = None
+            hov = statistics.median([x * b for x, b in zip(hook_per_token[w][c], base)])
+            wov = statistics.median([x * b for x, b in zip(writer_per_token[w][c], base)])
+            tov = statistics.median([x / b - 1 for x, b in zip(thread_per_token[w][c], tbase)])
+            verdict = verdict_busy = None
             if target is not None:
-                # The monitor's own measured time alone over the target: not met, whatever
-                # the noisy A/B says. Under it: met only when the A/B agrees and is steady
-                # enough to tell (its spread within a few times the target).
-                if smed > target:
+                if hov > target or tov > target:
                     verdict = "NOT met"
-                elif med <= target and max(ov) - min(ov) <= 4 * target:
-                    verdict = "met"
                 elif med <= target:
-                    verdict = "met by self-measure; A/B too noisy to confirm"
+                    verdict = "met"
                 else:
                     verdict = "NOT met (A/B)"
+                verdict_busy = "met" if smed <= target else "NOT met"
             rw[c] = {"tokens_per_s_median": statistics.median(tps[w][c]), "tokens_per_s": tps[w][c],
                      "cpu_s_per_token": cpu_per_token[w][c], "cpu_overhead_median": statistics.median(cov),
                      "self_s_per_token": self_per_token[w][c], "self_overhead_median": statistics.median(sov),
                      "hook_us_per_token_median": statistics.median(hook_per_token[w][c]) * 1e6,
+                     "hook_overhead_median": hov, "writer_overhead_median": wov,
+                     "thread_cpu_s_per_token": thread_per_token[w][c], "thread_overhead_median": tov,
+                     "verdict_busy": verdict_busy,
                      "writer_cpu_us_per_token_median": statistics.median(writer_per_token[w][c]) * 1e6,
                      "overhead_per_pair": ov, "overhead_median": med, "overhead_min": min(ov),
                      "overhead_max": max(ov), "target": target,
                      "verdict": verdict}
-            t = f"≤ {target * 100:.0f} %: {verdict}" if target is not None else ""
-            print(f"{w:<8} {c:<9} {statistics.median(tps[w][c]):>18.1f} {med * 100:>15.2f}% "
-                  f"{min(ov) * 100:>7.2f}% {max(ov) * 100:>7.2f}% {statistics.median(cov) * 100:>7.2f}% {statistics.median(sov) * 100:>6.2f}% "
-                  f"{rw[c]['hook_us_per_token_median']:>12.0f} {rw[c]['writer_cpu_us_per_token_median']:>13.0f}  {t}")
+            t = f"≤ {target * 100:.0f} %: {verdict}; {verdict_busy}" if target is not None else ""
+            print(f"{w:<8} {c:<9} {statistics.median(tps[w][c]):>6.1f} {med * 100:>9.2f}% "
+                  f"{min(ov) * 100:>6.2f}% {max(ov) * 100:>6.2f}% {tov * 100:>6.2f}% {statistics.median(cov) * 100:>6.2f}% "
+                  f"{hov * 100:>5.2f}% {wov * 100:>5.2f}% "
+                  f"{rw[c]['hook_us_per_token_median']:>8.0f} {rw[c]['writer_cpu_us_per_token_median']:>9.0f}  {t}")
         result["workloads"][w] = rw
     print(f"\nevents logged: {summary.get('events')} ({result['log_bytes']} bytes of JSONL)")
     print(f"machine load before/after: {result['machine_load']['before']} / {result['machine_load']['after']}")
