@@ -330,7 +330,7 @@ static PyType_Spec tf_spec = {
 
 /* The slots of a template program (resources._C_SLOTS). */
 enum { SLOT_TS, SLOT_SEQ, SLOT_SEQ2, SLOT_STEP, SLOT_FWD, SLOT_D, SLOT_TF, SLOT_TB, SLOT_ADDR, SLOT_RSS,
-       SLOT_DEV_ALLOCATED, SLOT_DEV_RESERVED, SLOT_DEV_PEAK, N_SLOTS };
+       SLOT_DEV_ALLOCATED, SLOT_DEV_RESERVED, SLOT_DEV_PEAK, N_SLOTS, SLOT_NONE = 255 };
 /* The memory reading's keys of the last four, in that order. */
 #define N_MEM 4
 static const char *mem_names[N_MEM] = {"process_rss_bytes", "device_memory_allocated_bytes",
@@ -435,17 +435,32 @@ typedef struct {
 static int
 run_program(Buf *b, PyObject *prog, const Values *v, long long timing)
 {
-    Py_ssize_t n = PyTuple_Size(prog);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *part = PyTuple_GetItem(prog, i);
-        if (PyBytes_Check(part)) {
-            char *s;
-            Py_ssize_t len;
-            if (PyBytes_AsStringAndSize(part, &s, &len) < 0 || buf_put(b, s, (size_t)len) < 0)
-                return -1;
-            continue;
+    /* (text, ops): the template's literal text in one piece, and per op three bytes — how
+     * many bytes of text come next (little-endian u16), then a slot (SLOT_NONE: none). One
+     * contiguous object each, rather than a tuple of parts: the writer runs while the model
+     * streams its weights through the caches, and every object touched is a miss. */
+    char *text, *ops;
+    Py_ssize_t text_len, ops_len;
+    if (!PyTuple_Check(prog) || PyTuple_Size(prog) != 2 ||
+        PyBytes_AsStringAndSize(PyTuple_GetItem(prog, 0), &text, &text_len) < 0 ||
+        PyBytes_AsStringAndSize(PyTuple_GetItem(prog, 1), &ops, &ops_len) < 0 || ops_len % 3 != 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "render: a template program must be (text, ops) bytes");
+        return -1;
+    }
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < ops_len; i += 3) {
+        Py_ssize_t len = (unsigned char)ops[i] | ((unsigned char)ops[i + 1] << 8);
+        int code = (unsigned char)ops[i + 2];
+        if (len > text_len - pos) {
+            PyErr_SetString(PyExc_ValueError, "render: a template program reads past its text");
+            return -1;
         }
-        long code = PyLong_AsLong(part);
+        if (buf_put(b, text + pos, (size_t)len) < 0)
+            return -1;
+        pos += len;
+        if (code == SLOT_NONE)
+            continue;
         int rc;
         switch (code) {
         case SLOT_TS: case SLOT_SEQ: case SLOT_SEQ2: case SLOT_STEP: case SLOT_FWD:
@@ -480,8 +495,7 @@ run_program(Buf *b, PyObject *prog, const Values *v, long long timing)
             rc = buf_ll(b, v->ints[code]);
             break;
         default:
-            if (!PyErr_Occurred())
-                PyErr_Format(PyExc_ValueError, "render: unknown template slot %ld", code);
+            PyErr_Format(PyExc_ValueError, "render: unknown template slot %d", code);
             return -1;
         }
         if (rc < 0)
@@ -605,7 +619,7 @@ render_alloc(PyObject *r, PyObject *tpl, PyObject *lines, Buf *b, long long seq,
     if (entry == NULL)
         return PyErr_Occurred() ? -1 : 0;
     PyObject *prog = PyTuple_Check(entry) && PyTuple_Size(entry) == 2 ? PyTuple_GetItem(entry, 1) : NULL;
-    if (prog == NULL || !PyTuple_Check(prog))
+    if (prog == NULL || prog == Py_None)
         return 0;
     v.ints[SLOT_TS] = floordiv1000(t1 + off);
     v.ints[SLOT_SEQ] = seq + 1;
@@ -766,11 +780,7 @@ render(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         for (Py_ssize_t k = 0; k < nprog; k++) {
             PyObject *prog = is_lin ? PyTuple_GetItem(progs, k) : progs;
             b.len = 0;
-            if (prog == NULL || !PyTuple_Check(prog)) {
-                PyErr_SetString(PyExc_TypeError, "render: a template program must be a tuple");
-                goto done;
-            }
-            if (run_program(&b, prog, &v, t) < 0)
+            if (prog == NULL || run_program(&b, prog, &v, t) < 0)
                 goto done;
             PyObject *line = PyBytes_FromStringAndSize(b.p, (Py_ssize_t)b.len);
             if (line == NULL || PyList_Append(lines, line) < 0) {

@@ -2023,13 +2023,26 @@ _C_SLOTS = {"ts": 0, "seq": 1, "seq2": 2, "step": 3, "fwd": 4, "d": 5, "tf": 6, 
 _FORMAT_RE = re.compile(r"%\((\w+)\)s|%%")
 
 
-def _program(fmt: str) -> Optional[Tuple[Any, ...]]:
-    """A template (``_compile``) as the C writer runs it: its literal parts as UTF-8 bytes,
-    each ``%(slot)s`` as the slot's number; None when it has a slot the C writer does not
-    fill."""
-    parts: List[Any] = []
+def _program(fmt: str) -> Optional[Tuple[bytes, bytes]]:
+    """A template (``_compile``) as the C writer runs it: ``(text, ops)`` — its literal text
+    as UTF-8 in one piece, and per op three bytes: how many bytes of text come next
+    (little-endian u16), then the number of the slot that follows (255: none). None when it
+    has a slot the C writer does not fill."""
+    text = bytearray()
+    ops = bytearray()
     lit: List[str] = []
     pos = 0
+
+    def op(code: int) -> None:
+        chunk = "".join(lit).encode()
+        lit.clear()
+        while len(chunk) > 0xFFFF:
+            ops.extend((0xFF, 0xFF, 255))
+            text.extend(chunk[:0xFFFF])
+            chunk = chunk[0xFFFF:]
+        ops.extend((len(chunk) & 0xFF, len(chunk) >> 8, code))
+        text.extend(chunk)
+
     for m in _FORMAT_RE.finditer(fmt):
         lit.append(fmt[pos:m.start()])
         pos = m.end()
@@ -2039,12 +2052,10 @@ def _program(fmt: str) -> Optional[Tuple[Any, ...]]:
         code = _C_SLOTS.get(m.group(1))
         if code is None:
             return None
-        parts.append("".join(lit).encode())
-        parts.append(code)
-        lit = []
+        op(code)
     lit.append(fmt[pos:])
-    parts.append("".join(lit).encode())
-    return tuple(p for p in parts if p != b"")
+    op(255)
+    return bytes(text), bytes(ops)
 
 
 def _jlist(shape: Sequence[int]) -> str:
