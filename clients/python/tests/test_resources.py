@@ -468,7 +468,7 @@ def test_records_go_to_the_writer_as_the_longest_module_starts(tmp_path):
         # records wait for the close.
         assert len(batches) == 2, batches
         for b in batches:
-            assert b[0] == "_w_begin" and b.count("_w_begin") == 1 and b[-1] == "_g", b
+            assert b[0] == "_w_begin" and b.count("_w_begin") == 1 and b[-1] == "_w_forward", b
     ev = read(tmp_path / "l.jsonl")
     fwd = {e["forward"]: e for e in of(ev, "compute_execution", operation="model_forward")}
     allocs = of(ev, "memory_allocation", allocation_kind="module_output")

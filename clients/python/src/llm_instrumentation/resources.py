@@ -63,6 +63,8 @@ FLOPS_PER_ELEMENT = {
     "elementwise": 1,
 }
 
+_VERBOSE = 3  # ResourceLevel.VERBOSE, compared in the hooks without the enum's lookup
+
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "intermediate")
 #: Linear layers of an MLP, by the names Llama/Mistral, Mixtral, GPT-2 and GPT-NeoX use.
@@ -437,7 +439,7 @@ class _Site:
     """One hooked module: what it is, and its in-flight start time."""
 
     __slots__ = ("name", "mod", "kind", "level", "layer_id", "component", "mlp_op", "activation", "leaf",
-                 "t0", "ev0", "n_heads", "head_dim", "flops_per_element", "static")
+                 "t0", "ev0", "n_heads", "head_dim", "flops_per_element", "static", "attn_static")
 
     def __init__(self, name: str, mod: Any, kind: str, level: ResourceLevel, layer_id: Optional[int],
                  component: str) -> None:
@@ -456,6 +458,8 @@ class _Site:
         self.head_dim: Optional[int] = None
         self.flops_per_element: Optional[int] = None
         self.static: Any = None
+        # An attention module's (seq_first, heads, head_dim, cache layer) for the writer.
+        self.attn_static: Any = None
 
 
 class _WrappedForward:
@@ -1072,34 +1076,10 @@ class ResourceMonitor:
         heads, head_dim = site.n_heads, site.head_dim
         w_attention, w_kv = self._w_attention_raw, self._w_kv_raw
         long = self._long
+        layer_id = site.layer_id
 
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            if not active[0]:
-                return orig(*args, **kwargs)
-            t = clock()
-            if long[0] is site:
-                self._hand_off_passes()
-            if verbose:
-                stack.append(site)
-            cache = _cache_from(args, kwargs)
-            if cache is not None and idx is not None:
-                before = _kv_len(_cache_layer(cache, idx)[0])
-            else:
-                before = 0
-                cache = None
-            x = args[0] if args else kwargs.get("hidden_states")
-            ev0 = None
-            if any_cuda and x is not None and x.is_cuda:
-                import torch
-
-                ev0 = torch.cuda.Event(enable_timing=True)
-                ev0.record()
-            t0 = clock()
-            self.hook_ns += t0 - t
-            output = orig(*args, **kwargs)
-            t1 = clock()
-            if verbose:
-                self._pop(site)
+        def finish(args: Tuple[Any, ...], kwargs: Dict[str, Any], x: Any, cache: Any, before: int, output: Any,
+                   t0: int, t1: int, ev0: Any) -> Any:
             out = output[0] if type(output) is tuple and output and type(output[0]) is tensor \
                 else _first_tensor(output)
             k = v = None
@@ -1146,7 +1126,7 @@ class ResourceMonitor:
                         any_cuda and x is not None and x.is_cuda, out.shape, out.dtype, cu,
                         q_len, kv_len, kv, flops))
                 if handoff:
-                    attn_end[site.layer_id] = (clock(), self._cuda_mark(out) if cu else None)
+                    attn_end[layer_id] = (clock(), self._cuda_mark(out) if cu else None)
                 if out.nbytes > alloc_min:
                     self._alloc(site, out, t1)
             else:
@@ -1156,6 +1136,120 @@ class ResourceMonitor:
                 append((w_kv, site, t1, idx, kv, before))
             self.hook_ns += clock() - t1
             return output
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not active[0]:
+                return orig(*args, **kwargs)
+            t = clock()
+            if long[0] is site:
+                self._hand_off_passes()
+            if verbose:
+                stack.append(site)
+            cache = _cache_from(args, kwargs)
+            if cache is not None and idx is not None:
+                before = _kv_len(_cache_layer(cache, idx)[0])
+            else:
+                before = 0
+                cache = None
+            x = args[0] if args else kwargs.get("hidden_states")
+            ev0 = None
+            if any_cuda and x is not None and x.is_cuda:
+                import torch
+
+                ev0 = torch.cuda.Event(enable_timing=True)
+                ev0.record()
+            t0 = clock()
+            self.hook_ns += t0 - t
+            output = orig(*args, **kwargs)
+            t1 = clock()
+            if verbose:
+                self._pop(site)
+            return finish(args, kwargs, x, cache, before, output, t0, t1, ev0)
+
+        if verbose or any_cuda or not self._fast or idx is None:
+            return forward
+        return self._attention_fast(site, orig, active, idx, seq_first, finish)
+
+    def _attention_fast(self, site: _Site, orig: Any, active: List[bool], idx: int, seq_first: bool,
+                        finish: Any) -> Any:
+        """The attention wrapper on the CPU below VERBOSE, for the common case — a cache with
+        per-layer ``keys``/``values`` (``Cache.layers``), a tensor in and a tensor first out:
+        it records the shapes and dtypes of the input, the output and the layer's cache before
+        and after the call, and one record makes the attention, KV-cache (and output
+        allocation) events; query and key lengths and FLOPs are the writer's to work out.
+        Anything else is finished as the general wrapper does (``finish``)."""
+        clock = time.perf_counter_ns
+        tensor = _TENSOR
+        append = self._records.append
+        alloc_min = self._alloc_min
+        attn_end = self._attn_end if self.level >= ResourceLevel.DETAILED else None
+        long = self._long
+        hand_off = self._hand_off_passes
+        layer_id = site.layer_id
+        record = self._w_attention_kv
+        alloc = self._w_alloc
+        site.attn_static = (seq_first, site.n_heads, site.head_dim, idx)
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not active[0]:
+                return orig(*args, **kwargs)
+            t = clock()
+            if long[0] is site:
+                hand_off()
+            # _cache_from, unrolled.
+            get = kwargs.get
+            cache = get("cache")
+            if cache is None:
+                cache = get("past_key_values")
+                if cache is None:
+                    cache = get("past_key_value")
+                    if cache is None:
+                        cache = get("layer_past")
+            layers = kb = None
+            before = 0
+            if cache is not None:
+                # _cache_layer, keeping the layer list to read the keys after the call.
+                inner = getattr(cache, "self_attention_cache", None)
+                layers = getattr(cache if inner is None else inner, "layers", None)
+                if layers is None:
+                    before = _kv_len(_cache_layer(cache, idx)[0])
+                elif idx < len(layers):
+                    k0 = getattr(layers[idx], "keys", None)
+                    if k0 is not None:
+                        kb = k0.shape
+            x = args[0] if args else get("hidden_states")
+            t0 = clock()
+            self.hook_ns += t0 - t
+            output = orig(*args, **kwargs)
+            t1 = clock()
+            if layers is not None:
+                # The layer read again: the cache may have made it in this call.
+                if idx < len(layers) and type(x) is tensor and type(output) is tuple and output \
+                        and type(output[0]) is tensor:
+                    lay = layers[idx]
+                    k = getattr(lay, "keys", None)
+                    v = getattr(lay, "values", None)
+                    if k is not None and v is not None:
+                        ks = k.shape
+                        if 0 not in ks:
+                            out = output[0]
+                            if attn_end is not None:
+                                attn_end[layer_id] = (clock(), None)
+                            n = out.nbytes
+                            if n > alloc_min:
+                                cell = self._fwd_mem
+                                if cell is None:  # outside a forward pass of the model
+                                    cell = [self._mem_now()]
+                                al: Any = (alloc, site, t1, "module_output", n, out.shape, out.dtype, False,
+                                           out.data_ptr(), cell)
+                            else:
+                                al = None
+                            append((record, site, t1, t1 - t0, x.shape, x.dtype, out.shape, out.dtype, kb, ks,
+                                    k.dtype, v.shape, v.dtype, al))
+                            self.hook_ns += clock() - t1
+                            return output
+                before = _kv_len_of(kb)
+            return finish(args, kwargs, x, cache, before, output, t0, t1, None)
 
         return forward
 
@@ -1223,28 +1317,42 @@ class ResourceMonitor:
     # pass gives them to the writer, which also sums the pass's FLOPs.
 
     def _model_pre(self, module: Any, args: Any, kwargs: Dict[str, Any]) -> None:
-        t = time.perf_counter_ns()
-        self._forward = self._forward_fn() if self._forward_fn is not None else self._forward + 1
+        clock = time.perf_counter_ns
+        t = clock()
+        fwd = self._forward = self._forward_fn() if self._forward_fn is not None else self._forward + 1
         self.forwards += 1
-        self._cur_step = self._step_fn() if self._step_fn is not None else self._step
-        self._pass_start = len(self._records)
-        self._records.append((self._w_begin, self._cur_step, self._forward, time.time_ns() - time.perf_counter_ns()))
-        self._forward_capture0 = self._capture_bytes_fn() if self._capture_bytes_fn is not None else 0
+        step = self._cur_step = self._step_fn() if self._step_fn is not None else self._step
+        records = self._records
+        self._pass_start = len(records)
+        records.append((self._w_begin, step, fwd, time.time_ns() - clock()))
+        cap = self._capture_bytes_fn
+        self._forward_capture0 = cap() if cap is not None else 0
         # The memory reading every module-output allocation of this pass carries: taken once,
         # when the pass ends (_model_post), instead of once per allocation.
         self._fwd_mem = [None]
         self._fwd_frac = _UNREAD
         root = self._root
         if root is not None:
-            t_in = _first_tensor(args) if args else _first_tensor(kwargs)
-            self._root_input = _tm(t_in) if t_in is not None else None
-            self._start_timer(root, self._probe_cuda_tensor() if self._cuda else None)
+            # _first_tensor of the positional arguments, or else of the keyword arguments.
+            t_in = None
+            tensor = _TENSOR
+            for v in (args if args else kwargs.values()):
+                if isinstance(v, tensor):
+                    t_in = v
+                    break
+            # Shape and dtype: all the model_forward event says of its input.
+            self._root_input = (t_in.shape, t_in.dtype) if t_in is not None else None
+            if self._cuda:
+                self._start_timer(root, self._probe_cuda_tensor())
+            else:
+                root.ev0 = None
+                root.t0 = clock()
         self._stack.clear()
         self._attn_end.clear()
-        if self.level >= ResourceLevel.VERBOSE and self._mode is None:
+        if self.level >= _VERBOSE and self._mode is None:
             self._mode = _ElementwiseMode(self)
             self._mode.__enter__()
-        self.hook_ns += time.perf_counter_ns() - t
+        self.hook_ns += clock() - t
 
     def _probe_cuda_tensor(self) -> Optional["torch.Tensor"]:
         for p in self.model.parameters():
@@ -1259,7 +1367,8 @@ class ResourceMonitor:
             self.hook_ns += time.perf_counter_ns() - t
 
     def _end_forward(self, output: Any) -> None:
-        self._exit_mode()
+        if self._mode is not None:
+            self._exit_mode()
         mem = self._mem_now()
         cell, self._fwd_mem = self._fwd_mem, None
         if cell is not None:
@@ -1280,8 +1389,8 @@ class ResourceMonitor:
                 sm = None
         t1 = time.perf_counter_ns()
         timing = t1 - root.t0 if root.ev0 is None else self._stop_cuda(root)
-        self._records.append((self._g, self._b_forward, root, time.time_ns(), timing, self._root_input,
-                              tuple(out.shape) if out is not None else None, cap, mem, sm))
+        self._records.append((self._w_forward, root, time.time_ns(), timing, self._root_input,
+                              out.shape if out is not None else None, cap, mem, sm))
         self._root_input = None
         if len(self._records) >= self._flush_events or (
                 self._flush_interval is not None and time.monotonic() - self._last_flush > self._flush_interval):
@@ -1618,6 +1727,29 @@ class ResourceMonitor:
         self._w_long = 0
         return []
 
+    def _w_forward(self, root: _Site, tns: int, timing: Any, inm: Any, out_shape: Any, cap: Optional[int],
+                   mem: Dict[str, Any], sm: Optional[float]) -> List[Any]:
+        """The model_forward event of a pass: its FLOPs are the writer's sum over the pass."""
+        ctx = (root, tns // 1000, self._w_step, self._w_fwd)
+        if type(timing) is not int or sm is not None or not self._fast or "device_memory_peak_bytes" in mem:
+            return self._b_forward(ctx, timing, inm, out_shape, cap, mem, sm)
+        flops = self._w_flops
+        tf = bool(flops) and timing > 0
+        key = ("forward", root, inm, out_shape, cap is None, tuple(mem), tf)
+        fmt = self._tpl.get(key)
+        if fmt is None:
+            ev = self._template_of(self._b_forward, ctx, timing, inm, out_shape, cap, mem, sm)[0]
+            fmt = self._tpl[key] = _compile(ev, "seq", _FORWARD_SLOTS)
+        self._seq = seq = self._seq + 1
+        d = timing / 1000.0
+        v = dict(mem)
+        v.update(ts=ctx[1], seq=seq, step=ctx[2], fwd=ctx[3], fl=flops, gf=flops / 1e9, cap=cap, d=d)
+        if tf:
+            v["tf"] = flops / (d * 1e3)
+        counts = self.counts
+        counts["compute_execution"] = counts.get("compute_execution", 0) + 1
+        return [(fmt % v).encode()]
+
     def _w_linear(self, site: _Site, tc: int, timing: Any, xs: Any, xd: Any, os_: Any, od: Any) -> List[Any]:
         if type(timing) is not int:  # a CUDA event pair: resolved and built the general way
             return self._b_linear_rec(site, tc, timing, xs, xd, os_, od)
@@ -1813,6 +1945,103 @@ class ResourceMonitor:
         counts["kv_cache_update"] = counts.get("kv_cache_update", 0) + 1
         return [(fmt % v).encode()]
 
+    def _w_attention_kv(self, site: _Site, tc: int, timing: int, xs: Any, xd: Any, os_: Any, od: Any, kb: Any,
+                        ks: Any, kd: Any, vs: Any, vd: Any, al: Any) -> List[Any]:
+        """A record of ``_attention_fast``: the attention event, the output allocation (``al``,
+        a record of its own, or None) and the KV-cache event, in the order and with the
+        values the general wrapper's records give."""
+        if timing > self._w_long:
+            self._w_long, self._w_long_site = timing, site
+        seq_first, heads, head_dim, idx = site.attn_static
+        n = len(xs)
+        q_len = xs[0 if seq_first else -2] if n >= 2 else 0
+        batch = xs[1 if seq_first else 0] if n >= 3 else 1
+        kv_len = ks[-2] if len(ks) >= 2 else 0  # the wrapper passes no empty cache
+        flops = 4 * batch * heads * q_len * kv_len * head_dim if heads and head_dim else None
+        before = _kv_len_of(kb)
+        tns = tc + self._w_off
+        if not self._fast:
+            km, vm = _meta(ks, kd), _meta(vs, vd)
+            out = self._w_attention(site, tns, timing, _meta(xs, xd), _meta(os_, od), q_len, kv_len, km, vm, flops)
+            if al is not None:
+                out += al[0](*al[1:])
+            return out + self._w_kv(site, tns, idx, km, vm, before)
+        variant = 0 if flops is None else 2 if flops and timing > 0 else 1
+        key = (site, xs, xd, os_, od, kd, vd, variant)
+        tpl = self._tpl.get(key)
+        if tpl is None:
+            tpl = self._tpl[key] = self._attention_kv_templates(site, tns, timing, xs, xd, os_, od, q_len, kv_len,
+                                                                ks, kd, vs, vd, flops, before, variant)
+        fa, fk, isz_k, isz_v = tpl
+        sk, nk = _shape_info(ks)
+        sv, nv = _shape_info(vs)
+        ts = tns // 1000
+        step, fwd = self._w_step, self._w_fwd
+        seq = self._seq + 1
+        d = timing / 1000.0
+        if variant == 2:
+            line = fa % (ts, seq, ts, step, fwd, sk, sv, q_len, kv_len, flops, flops / 1e9, d, flops / (d * 1e3))
+        elif variant == 1:
+            line = fa % (ts, seq, ts, step, fwd, sk, sv, q_len, kv_len, flops, flops / 1e9, d)
+        else:
+            line = fa % (ts, seq, ts, step, fwd, sk, sv, q_len, kv_len, d)
+        self._seq = seq
+        lines = [line.encode()]
+        counts = self.counts
+        counts["compute_execution"] = counts.get("compute_execution", 0) + 1
+        if flops:
+            self._w_flops += flops
+            self.total_flops += flops
+        if al is not None:
+            lines += al[0](*al[1:])
+            seq = self._seq
+        # _kv_step
+        nbytes = nk * isz_k + nv * isz_v
+        prev = self._kv_prev_bytes.get(idx)
+        grew_from = prev if prev is not None and before > 0 else 0
+        self._kv_prev_bytes[idx] = nbytes
+        self._seq = seq = seq + 1
+        if kv_len:
+            hit, bpt = before / kv_len, nbytes / kv_len
+        else:
+            hit = bpt = 0.0
+        lines.append((fk % (ts, seq, ts, step, fwd, kv_len, before, kv_len - before, before, hit, nbytes,
+                            nbytes / (1 << 20), bpt, nbytes - grew_from, sk, sv)).encode())
+        counts["kv_cache_update"] = counts.get("kv_cache_update", 0) + 1
+        return lines
+
+    def _attention_kv_templates(self, site: _Site, tns: int, timing: int, xs: Any, xd: Any, os_: Any, od: Any,
+                                q_len: int, kv_len: int, ks: Any, kd: Any, vs: Any, vd: Any, flops: Optional[int],
+                                before: int, variant: int) -> Tuple[str, str, int, int]:
+        """The positional templates of ``_w_attention_kv`` (attention event, KV-cache event) and
+        the cache's item sizes, made from the events the builders make."""
+        ctx = (site, tns // 1000, self._w_step, self._w_fwd)
+        km, vm = _meta(ks, kd), _meta(vs, vd)
+        ev = self._template_of(self._b_attention, ctx, timing, _meta(xs, xd), _meta(os_, od), q_len, kv_len, km,
+                               vm, flops)[0]
+        slots = dict(_SLOTS, query_tokens="qt", key_tokens="kt", input_tensors="it")
+        if flops is not None:
+            slots.update(flops="fl", compute_intensity_gflops="gf")
+        it = _ENCODER.encode(ev["input_tensors"][:1])[:-1].replace("%", "%%")
+        it += ',{"name":"key_cache","shape":%(ks)s,"dtype":' + _ENCODER.encode(_dname(kd))
+        it += '},{"name":"value_cache","shape":%(vs)s,"dtype":' + _ENCODER.encode(_dname(vd)) + "}]"
+        fa = _compile(ev, "seq", slots).replace("%(it)s", it)
+        names = ["ts", "seq", "ts", "step", "fwd", "ks", "vs", "qt", "kt"]
+        names += ["d"] if variant == 0 else ["fl", "gf", "d"] if variant == 1 else ["fl", "gf", "d", "tf"]
+        fa = _positional(fa, names)
+        idx = site.attn_static[3]
+        prev = self._kv_prev_bytes.get(idx)
+        try:
+            ev = self._template_of(self._b_kv, ctx, idx, km, vm, before)[0]
+        finally:
+            if prev is None:
+                self._kv_prev_bytes.pop(idx, None)
+            else:
+                self._kv_prev_bytes[idx] = prev
+        fk = _positional(_compile(ev, "seq", _KV_SLOTS), ["ts", "seq", "ts", "step", "fwd", "len", "prev", "new",
+                                                          "reused", "hit", "cb", "cmb", "bpt", "grow", "ks", "vs"])
+        return fa, fk, _itemsize(kd), _itemsize(vd)
+
     def _template_of(self, builder: Callable[..., List[Dict[str, Any]]], *args: Any) -> List[Dict[str, Any]]:
         """The events ``builder`` makes of a record, as the model for a template (the
         sequence numbers they take are given back)."""
@@ -1944,6 +2173,9 @@ _SLOTS = {"timestamp": "ts", "step": "step", "forward": "fwd", "duration_us": "d
 _KV_SLOTS = dict(_SLOTS, cache_length_tokens="len", previous_length_tokens="prev", new_tokens="new",
                  reused_tokens="reused", cache_hit_ratio="hit", cache_bytes="cb", cache_mb="cmb",
                  bytes_per_token="bpt", growth_bytes="grow", key_shape="ks", value_shape="vs")
+#: The changing fields of a model_forward event: also its FLOPs (the pass's sum) and the
+#: bytes a capture wrote.
+_FORWARD_SLOTS = dict(_SLOTS, flops="fl", compute_intensity_gflops="gf", capture_bytes="cap")
 #: Changing fields written as JSON strings.
 _QUOTED_SLOTS = {"memory_address": "addr"}
 
@@ -1977,6 +2209,58 @@ _ITEMSIZE: Dict[Any, int] = {}
 def _jlist(shape: Sequence[int]) -> str:
     """A shape as the JSON list the encoder writes."""
     return "[" + ",".join(map(str, shape)) + "]"
+
+def _kv_len_of(shape: Any) -> int:
+    """``_kv_len`` of a tensor of this shape (None: no tensor)."""
+    if shape is None or len(shape) < 2 or 0 in shape:
+        return 0
+    return int(shape[-2])
+
+
+#: Shapes the writer has seen, as JSON lists, with their element counts (``_shape_info``).
+_SHAPES: Dict[Any, Tuple[str, int]] = {}
+
+
+def _shape_info(shape: Sequence[int]) -> Tuple[str, int]:
+    """``_jlist`` and ``_numel`` of a shape, kept: a cache's shape is the same in every layer
+    of a decoding step."""
+    got = _SHAPES.get(shape)
+    if got is None:
+        if len(_SHAPES) >= _MAX_TEMPLATES:
+            _SHAPES.clear()
+        got = _SHAPES[shape] = (_jlist(shape), _numel(shape))
+    return got
+
+
+def _itemsize(dtype: Any) -> int:
+    size = _ITEMSIZE.get(dtype)
+    if size is None:
+        import torch
+
+        size = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
+    return size
+
+
+_SLOT_RE = re.compile(r"%%|%\((\w+)\)s")
+
+
+def _positional(fmt: str, names: Sequence[str]) -> str:
+    """A ``_compile`` template with its named slots made positional (``%s``): formatting a
+    tuple costs less than building a dict. ``names`` are the slots in the order the caller
+    gives their values; a template whose slots differ (a builder changed) is an error."""
+    found: List[str] = []
+
+    def sub(m: "re.Match[str]") -> str:
+        if m.group(1) is None:
+            return "%%"
+        found.append(m.group(1))
+        return "%s"
+
+    out = _SLOT_RE.sub(sub, fmt)
+    if found != list(names):
+        raise RuntimeError(f"template slots {found} are not the expected {list(names)}")
+    return out
+
 
 #: Templates kept per monitor (a few per hooked module and input shape; about 1 KiB each).
 _MAX_TEMPLATES = 4096
