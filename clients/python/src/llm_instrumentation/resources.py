@@ -1055,6 +1055,54 @@ class ResourceMonitor:
             self.hook_ns += clock() - t1
             return output
 
+        if verbose or self._any_cuda or not self._fast:
+            return forward
+        return self._mlp_fast(site, orig, active)
+
+    def _mlp_fast(self, site: _Site, orig: Any, active: List[bool]) -> Any:
+        """The MLP wrapper on the CPU below VERBOSE: ``_handoff`` and ``_alloc`` inline."""
+        clock = time.perf_counter_ns
+        tensor = _TENSOR
+        append = self._records.append
+        alloc_min = self._alloc_min
+        long = self._long
+        hand_off = self._hand_off_passes
+        attn_end = self._attn_end
+        layer_id = site.layer_id
+        w_handoff, w_alloc = self._w_handoff, self._w_alloc
+        src = "proc_meminfo_used_over_total"
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not active[0]:
+                return orig(*args, **kwargs)
+            t = clock()
+            if long[0] is site:
+                hand_off()
+            prev = attn_end.pop(layer_id, None)
+            if prev is not None:
+                x = args[0] if args and type(args[0]) is tensor else _first_tensor(args)
+                if x is not None:
+                    # The machine's memory use moves slowly next to one forward pass: read once per pass.
+                    frac = self._fwd_frac
+                    if frac is _UNREAD:
+                        frac = self._fwd_frac = _host_memory_fraction()
+                    append((w_handoff, site, t, t - prev[0], x.shape, x.dtype, False, frac, src))
+            t0 = clock()
+            self.hook_ns += t0 - t
+            output = orig(*args, **kwargs)
+            t1 = clock()
+            out = output if type(output) is tensor else _first_tensor(output)
+            if out is not None:
+                n = out.nbytes
+                if n > alloc_min:
+                    cell = self._fwd_mem
+                    if cell is None:  # outside a forward pass of the model: read the memory now
+                        cell = [self._mem_now()]
+                    append((w_alloc, site, t1, "module_output", n, out.shape, out.dtype, False, out.data_ptr(),
+                            cell))
+            self.hook_ns += clock() - t1
+            return output
+
         return forward
 
     def _attention_forward(self, site: _Site, mod: Any, orig: Any, active: List[bool]) -> Any:
@@ -1827,8 +1875,37 @@ class ResourceMonitor:
 
     def _w_handoff(self, site: _Site, tc: int, timing: Any, shape: Any, dtype: Any, is_cuda: bool,
                    frac: Optional[float], src: str) -> List[Any]:
-        return self._b_handoff((site, (tc + self._w_off) // 1000, self._w_step, self._w_fwd), timing,
-                               _meta(shape, dtype, is_cuda), frac, src)
+        ctx = (site, (tc + self._w_off) // 1000, self._w_step, self._w_fwd)
+        if type(timing) is not int or not self._fast:
+            return self._b_handoff(ctx, timing, _meta(shape, dtype, is_cuda), frac, src)
+        variant = (timing > 0) + 2 * (frac is not None)
+        key = ("handoff", site, shape, dtype, src, variant)
+        tpl = self._tpl.get(key)
+        if tpl is None:
+            ev = self._template_of(self._b_handoff, ctx, timing, _meta(shape, dtype, is_cuda), frac, src)[0]
+            slots = dict(_SLOTS, transfer_bandwidth_gbps="bw")
+            names = ["ts", "seq", "ts", "step", "fwd", "d"] + (["bw"] if timing > 0 else [])
+            if frac is not None:
+                slots.update(memory_pressure="mp", memory_used_fraction="mf")
+                names += ["mp", "mf"]
+            tpl = self._tpl[key] = (_positional(_compile(ev, "seq", slots), names), ev["data_size_bytes"])
+        fmt, nbytes = tpl
+        self._seq = seq = self._seq + 1
+        d = timing / 1000.0
+        ts = ctx[1]
+        if variant == 3:
+            line = fmt % (ts, seq, ts, ctx[2], ctx[3], d, nbytes / (d * 1e3), _PRESSURE_JSON[_pressure_word(frac)],
+                          frac)
+        elif variant == 2:
+            line = fmt % (ts, seq, ts, ctx[2], ctx[3], d, _PRESSURE_JSON[_pressure_word(frac)], frac)
+        elif variant == 1:
+            line = fmt % (ts, seq, ts, ctx[2], ctx[3], d, nbytes / (d * 1e3))
+        else:
+            line = fmt % (ts, seq, ts, ctx[2], ctx[3], d)
+        counts = self.counts
+        counts["component_handoff"] = counts.get("component_handoff", 0) + 1
+        self.component_flows += 1
+        return [line.encode()]
 
     def _w_alloc_out(self, site: _Site, tc: int, size: int, xs: Any, os_: Any, od: Any, ptr: int,
                      cell: List[Any]) -> List[Any]:
@@ -1844,19 +1921,35 @@ class ResourceMonitor:
         mem = cell[0]
         if mem is None:  # the forward pass did not end (it raised, or the monitor was disabled in it)
             mem = self._mem_now()
-        ctx = (site, tns // 1000, self._w_step, self._w_fwd)
         if not self._fast:
-            return self._b_alloc(ctx, kind, size, shape, dtype, is_cuda, ptr, mem)
-        key = (site, kind, size, shape, dtype, is_cuda, tuple(mem))
-        fmt = self._tpl.get(key)
-        if fmt is None:
+            return self._b_alloc((site, tns // 1000, self._w_step, self._w_fwd), kind, size, shape, dtype, is_cuda,
+                                 ptr, mem)
+        mk = tuple(mem)
+        key = (site, kind, size, shape, dtype, is_cuda, mk)
+        tpl = self._tpl.get(key)
+        if tpl is None:
+            ctx = (site, tns // 1000, self._w_step, self._w_fwd)
             ev = self._template_of(self._b_alloc, ctx, kind, size, shape, dtype, is_cuda, ptr, mem)[0]
-            fmt = self._tpl[key] = _compile(ev, "seq")
+            fmt = _compile(ev, "seq")
+            # The host's reading (or none) as positional slots; a GPU's four by name.
+            if mk == _RSS_KEYS:
+                tpl = (_positional(fmt, ["ts", "seq", "ts", "step", "fwd", "addr", "process_rss_bytes"]), 1)
+            elif not mk:
+                tpl = (_positional(fmt, ["ts", "seq", "ts", "step", "fwd", "addr"]), 0)
+            else:
+                tpl = (fmt, None)
+            self._tpl[key] = tpl
+        fmt, host = tpl
         self._seq = seq = self._seq + 1
-        v = dict(mem)
-        v.update(ts=ctx[1], seq=seq, step=ctx[2], fwd=ctx[3], addr=hex(ptr))
+        ts = tns // 1000
         counts = self.counts
         counts["memory_allocation"] = counts.get("memory_allocation", 0) + 1
+        if host == 1:
+            return [(fmt % (ts, seq, ts, self._w_step, self._w_fwd, hex(ptr), mem["process_rss_bytes"])).encode()]
+        if host == 0:
+            return [(fmt % (ts, seq, ts, self._w_step, self._w_fwd, hex(ptr))).encode()]
+        v = dict(mem)
+        v.update(ts=ts, seq=seq, step=self._w_step, fwd=self._w_fwd, addr=hex(ptr))
         return [(fmt % v).encode()]
 
     def _w_attention_raw(self, site: _Site, tc: int, timing: Any, xs: Any, xd: Any, xcu: bool, os_: Any, od: Any,
@@ -2176,6 +2269,10 @@ _KV_SLOTS = dict(_SLOTS, cache_length_tokens="len", previous_length_tokens="prev
 #: The changing fields of a model_forward event: also its FLOPs (the pass's sum) and the
 #: bytes a capture wrote.
 _FORWARD_SLOTS = dict(_SLOTS, flops="fl", compute_intensity_gflops="gf", capture_bytes="cap")
+#: A host memory reading's fields (``_mem_now`` on the CPU).
+_RSS_KEYS = ("process_rss_bytes", "memory_source")
+#: ``memory_pressure`` words as JSON.
+_PRESSURE_JSON = {None: "null", "low": '"low"', "medium": '"medium"', "high": '"high"'}
 #: Changing fields written as JSON strings.
 _QUOTED_SLOTS = {"memory_address": "addr"}
 
