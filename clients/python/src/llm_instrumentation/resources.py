@@ -1911,9 +1911,43 @@ class ResourceMonitor:
                      cell: List[Any]) -> List[Any]:
         """The output allocation of a module timed by ``_fast_forward`` (on the CPU; the
         shape of a Linear's output follows from its input's)."""
-        if os_ is None:
-            os_ = xs[:-1] + (site.static[4],)
-        return self._w_alloc(site, tc, "module_output", size, os_, od, False, ptr, cell)
+        mem = cell[0]
+        if mem is None or not self._fast:
+            if os_ is None:
+                os_ = xs[:-1] + (site.static[4],)
+            return self._w_alloc(site, tc, "module_output", size, os_, od, False, ptr, cell)
+        # The template is keyed by the input's shape rather than the output's made from it. On
+        # the CPU a memory reading is the RSS or nothing (``_mem_now``): its length tells which.
+        key = ("out", site, size, xs, os_, od, len(mem))
+        tpl = self._tpl.get(key)
+        if tpl is None:
+            shape = os_ if os_ is not None else xs[:-1] + (site.static[4],)
+            tpl = self._tpl[key] = self._alloc_template(site, tc, "module_output", size, shape, od, False, ptr, mem)
+        fmt, host = tpl
+        self._seq = seq = self._seq + 1
+        ts = (tc + self._w_off) // 1000
+        counts = self.counts
+        counts["memory_allocation"] = counts.get("memory_allocation", 0) + 1
+        if host == 1:
+            return [(fmt % (ts, seq, ts, self._w_step, self._w_fwd, hex(ptr), mem["process_rss_bytes"])).encode()]
+        if host == 0:
+            return [(fmt % (ts, seq, ts, self._w_step, self._w_fwd, hex(ptr))).encode()]
+        v = dict(mem)
+        v.update(ts=ts, seq=seq, step=self._w_step, fwd=self._w_fwd, addr=hex(ptr))
+        return [(fmt % v).encode()]
+
+    def _alloc_template(self, site: _Site, tc: int, kind: str, size: int, shape: Any, dtype: Any, is_cuda: bool,
+                        ptr: int, mem: Dict[str, Any]) -> Tuple[str, Optional[int]]:
+        """The template of a ``memory_allocation`` event and how its memory reading is filled
+        in: 1 the host's RSS and 0 no reading (positional slots), None a GPU's (by name)."""
+        ctx = (site, (tc + self._w_off) // 1000, self._w_step, self._w_fwd)
+        fmt = _compile(self._template_of(self._b_alloc, ctx, kind, size, shape, dtype, is_cuda, ptr, mem)[0], "seq")
+        mk = tuple(mem)
+        if mk == _RSS_KEYS:
+            return _positional(fmt, ["ts", "seq", "ts", "step", "fwd", "addr", "process_rss_bytes"]), 1
+        if not mk:
+            return _positional(fmt, ["ts", "seq", "ts", "step", "fwd", "addr"]), 0
+        return fmt, None
 
     def _w_alloc(self, site: _Site, tc: int, kind: str, size: int, shape: Any, dtype: Any, is_cuda: bool,
                  ptr: int, cell: List[Any]) -> List[Any]:
@@ -1924,21 +1958,10 @@ class ResourceMonitor:
         if not self._fast:
             return self._b_alloc((site, tns // 1000, self._w_step, self._w_fwd), kind, size, shape, dtype, is_cuda,
                                  ptr, mem)
-        mk = tuple(mem)
-        key = (site, kind, size, shape, dtype, is_cuda, mk)
+        key = (site, kind, size, shape, dtype, is_cuda, tuple(mem))
         tpl = self._tpl.get(key)
         if tpl is None:
-            ctx = (site, tns // 1000, self._w_step, self._w_fwd)
-            ev = self._template_of(self._b_alloc, ctx, kind, size, shape, dtype, is_cuda, ptr, mem)[0]
-            fmt = _compile(ev, "seq")
-            # The host's reading (or none) as positional slots; a GPU's four by name.
-            if mk == _RSS_KEYS:
-                tpl = (_positional(fmt, ["ts", "seq", "ts", "step", "fwd", "addr", "process_rss_bytes"]), 1)
-            elif not mk:
-                tpl = (_positional(fmt, ["ts", "seq", "ts", "step", "fwd", "addr"]), 0)
-            else:
-                tpl = (fmt, None)
-            self._tpl[key] = tpl
+            tpl = self._tpl[key] = self._alloc_template(site, tc, kind, size, shape, dtype, is_cuda, ptr, mem)
         fmt, host = tpl
         self._seq = seq = self._seq + 1
         ts = tns // 1000
