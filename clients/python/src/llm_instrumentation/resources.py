@@ -593,7 +593,6 @@ class ResourceMonitor:
         self._closed = False
         self._forward_capture0 = 0
         self._fwd_mem: Optional[List[Any]] = None
-        self._fwd_frac: Any = _UNREAD
         self._alloc_min = -1
         self._any_cuda = False
         # Writer thread: the step, forward pass and FLOPs so far of the records it builds,
@@ -601,6 +600,8 @@ class ResourceMonitor:
         self._w_step = 0
         self._w_fwd = -1
         self._w_flops = 0
+        # The machine's memory use in the pass the writer builds (read at its first handoff).
+        self._w_frac: Any = _UNREAD
         # Wall clock minus perf_counter_ns: the wrappers record their end times on the
         # monotonic clock; the writer turns them into Unix time with the offset read at the
         # start of the forward pass (``_w_begin``).
@@ -1082,11 +1083,8 @@ class ResourceMonitor:
             if prev is not None:
                 x = args[0] if args and type(args[0]) is tensor else _first_tensor(args)
                 if x is not None:
-                    # The machine's memory use moves slowly next to one forward pass: read once per pass.
-                    frac = self._fwd_frac
-                    if frac is _UNREAD:
-                        frac = self._fwd_frac = _host_memory_fraction()
-                    append((w_handoff, site, t, t - prev[0], x.shape, x.dtype, False, frac, src))
+                    # The machine's memory use: read by the writer (_w_handoff).
+                    append((w_handoff, site, t, t - prev[0], x.shape, x.dtype, False, _UNREAD, src))
             t0 = clock()
             self.hook_ns += t0 - t
             output = orig(*args, **kwargs)
@@ -1378,7 +1376,6 @@ class ResourceMonitor:
         # The memory reading every module-output allocation of this pass carries: taken once,
         # when the pass ends (_model_post), instead of once per allocation.
         self._fwd_mem = [None]
-        self._fwd_frac = _UNREAD
         root = self._root
         if root is not None:
             # _first_tensor of the positional arguments, or else of the keyword arguments.
@@ -1508,10 +1505,7 @@ class ResourceMonitor:
             frac = torch.cuda.memory_allocated() / self._cuda_total if self._cuda_total else None
             src = "cuda_allocated_over_total"
         else:
-            # The machine's memory use moves slowly next to one forward pass: read once per pass.
-            frac = self._fwd_frac
-            if frac is _UNREAD:
-                frac = self._fwd_frac = _host_memory_fraction()
+            frac = _UNREAD  # the machine's memory use: read by the writer (_w_handoff)
             src = "proc_meminfo_used_over_total"
         self._records.append((self._w_handoff, site, tc, timing, t.shape, t.dtype, t.is_cuda, frac, src))
 
@@ -1773,6 +1767,7 @@ class ResourceMonitor:
         self._w_off = off
         self._w_long_site = None
         self._w_long = 0
+        self._w_frac = _UNREAD
         return []
 
     def _w_forward(self, root: _Site, tns: int, timing: Any, inm: Any, out_shape: Any, cap: Optional[int],
@@ -1875,6 +1870,12 @@ class ResourceMonitor:
 
     def _w_handoff(self, site: _Site, tc: int, timing: Any, shape: Any, dtype: Any, is_cuda: bool,
                    frac: Optional[float], src: str) -> List[Any]:
+        if frac is _UNREAD:
+            # The machine's memory use moves slowly next to one forward pass: read once per pass,
+            # here rather than on the model's thread (/proc/meminfo costs three system calls).
+            frac = self._w_frac
+            if frac is _UNREAD:
+                frac = self._w_frac = _host_memory_fraction()
         ctx = (site, (tc + self._w_off) // 1000, self._w_step, self._w_fwd)
         if type(timing) is not int or not self._fast:
             return self._b_handoff(ctx, timing, _meta(shape, dtype, is_cuda), frac, src)
