@@ -1373,8 +1373,8 @@ class ResourceMonitor:
         records.append((self._w_begin, step, fwd, time.time_ns() - clock()))
         cap = self._capture_bytes_fn
         self._forward_capture0 = cap() if cap is not None else 0
-        # The memory reading every module-output allocation of this pass carries: taken once,
-        # when the pass ends (_model_post), instead of once per allocation.
+        # The memory reading every module-output allocation of this pass carries: taken once
+        # per pass (_end_forward on a GPU, the writer on the CPU) instead of once per allocation.
         self._fwd_mem = [None]
         root = self._root
         if root is not None:
@@ -1414,10 +1414,14 @@ class ResourceMonitor:
     def _end_forward(self, output: Any) -> None:
         if self._mode is not None:
             self._exit_mode()
-        mem = self._mem_now()
         cell, self._fwd_mem = self._fwd_mem, None
-        if cell is not None:
-            cell[0] = mem
+        if cell is None:
+            cell = [None]
+        if self._cuda:
+            cell[0] = self._mem_now()
+        # On the CPU the writer reads the RSS as it writes the pass (``_pass_mem``): here a
+        # /proc read would be the model thread's first system call after the pass's compute,
+        # tens of µs on a virtual machine against 2 µs warm.
         root = self._root
         if root is None or output is None:  # None: the forward pass raised
             return
@@ -1435,7 +1439,7 @@ class ResourceMonitor:
         t1 = time.perf_counter_ns()
         timing = t1 - root.t0 if root.ev0 is None else self._stop_cuda(root)
         self._records.append((self._w_forward, root, time.time_ns(), timing, self._root_input,
-                              out.shape if out is not None else None, cap, mem, sm))
+                              out.shape if out is not None else None, cap, cell, sm))
         self._root_input = None
         if len(self._records) >= self._flush_events or (
                 self._flush_interval is not None and time.monotonic() - self._last_flush > self._flush_interval):
@@ -1758,6 +1762,15 @@ class ResourceMonitor:
         """An event built the general way (dicts, serialized by the writer loop)."""
         return builder((site, tns // 1000, self._w_step, self._w_fwd), *rest)
 
+    def _pass_mem(self, cell: List[Any]) -> Dict[str, Any]:
+        """The memory reading of a forward pass: the one the model's thread took at its end (a
+        GPU's), else read now and kept for the pass's other events (the RSS: read here, as
+        the writer writes the pass, so the model's thread makes no system call for it)."""
+        mem = cell[0]
+        if mem is None:
+            mem = cell[0] = self._mem_now()
+        return mem
+
     def _w_begin(self, step: int, fwd: int, off: int) -> List[Any]:
         """A forward pass starts: the step and forward number of the records that follow, and
         the wall clock's offset from ``perf_counter_ns`` their end times are read against."""
@@ -1771,8 +1784,9 @@ class ResourceMonitor:
         return []
 
     def _w_forward(self, root: _Site, tns: int, timing: Any, inm: Any, out_shape: Any, cap: Optional[int],
-                   mem: Dict[str, Any], sm: Optional[float]) -> List[Any]:
+                   cell: List[Any], sm: Optional[float]) -> List[Any]:
         """The model_forward event of a pass: its FLOPs are the writer's sum over the pass."""
+        mem = self._pass_mem(cell)
         ctx = (root, tns // 1000, self._w_step, self._w_fwd)
         if type(timing) is not int or sm is not None or not self._fast or "device_memory_peak_bytes" in mem:
             return self._b_forward(ctx, timing, inm, out_shape, cap, mem, sm)
@@ -1912,8 +1926,8 @@ class ResourceMonitor:
                      cell: List[Any]) -> List[Any]:
         """The output allocation of a module timed by ``_fast_forward`` (on the CPU; the
         shape of a Linear's output follows from its input's)."""
-        mem = cell[0]
-        if mem is None or not self._fast:
+        mem = self._pass_mem(cell)
+        if not self._fast:
             if os_ is None:
                 os_ = xs[:-1] + (site.static[4],)
             return self._w_alloc(site, tc, "module_output", size, os_, od, False, ptr, cell)
@@ -1953,9 +1967,7 @@ class ResourceMonitor:
     def _w_alloc(self, site: _Site, tc: int, kind: str, size: int, shape: Any, dtype: Any, is_cuda: bool,
                  ptr: int, cell: List[Any]) -> List[Any]:
         tns = tc + self._w_off
-        mem = cell[0]
-        if mem is None:  # the forward pass did not end (it raised, or the monitor was disabled in it)
-            mem = self._mem_now()
+        mem = self._pass_mem(cell)
         if not self._fast:
             return self._b_alloc((site, tns // 1000, self._w_step, self._w_fwd), kind, size, shape, dtype, is_cuda,
                                  ptr, mem)
