@@ -468,7 +468,7 @@ def test_records_go_to_the_writer_as_the_longest_module_starts(tmp_path):
         # records wait for the close.
         assert len(batches) == 2, batches
         for b in batches:
-            assert b[0] == "_w_begin" and b.count("_w_begin") == 1 and b[-1] == "_g", b
+            assert b[0] == "_w_begin" and b.count("_w_begin") == 1 and b[-1] == "_w_forward", b
     ev = read(tmp_path / "l.jsonl")
     fwd = {e["forward"]: e for e in of(ev, "compute_execution", operation="model_forward")}
     allocs = of(ev, "memory_allocation", allocation_kind="module_output")
@@ -476,3 +476,152 @@ def test_records_go_to_the_writer_as_the_longest_module_starts(tmp_path):
     for a in allocs:
         assert a["process_rss_bytes"] == fwd[a["forward"]]["process_rss_bytes"]
     assert len(of(ev, "compute_execution", operation="mul_mat")) == 12
+
+
+class _CacheLayer:
+    def __init__(self) -> None:
+        self.keys = torch.tensor([])
+        self.values = torch.tensor([])
+
+
+class LayersCache:
+    """Per-layer keys and values (as ``Cache.layers``), each layer made at its first update."""
+
+    def __init__(self) -> None:
+        self.layers: List[_CacheLayer] = []
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, idx: int) -> None:
+        while len(self.layers) <= idx:
+            self.layers.append(_CacheLayer())
+        lay = self.layers[idx]
+        lay.keys = torch.cat([lay.keys, k], -2) if lay.keys.numel() else k
+        lay.values = torch.cat([lay.values, v], -2) if lay.values.numel() else v
+
+
+class ListCache:
+    """Keys and values in two lists (the ``key_cache``/``value_cache`` caches)."""
+
+    def __init__(self) -> None:
+        self.key_cache: List[torch.Tensor] = []
+        self.value_cache: List[torch.Tensor] = []
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, idx: int) -> None:
+        if idx < len(self.key_cache):
+            self.key_cache[idx] = torch.cat([self.key_cache[idx], k], -2)
+            self.value_cache[idx] = torch.cat([self.value_cache[idx], v], -2)
+        else:
+            self.key_cache.append(k)
+            self.value_cache.append(v)
+
+
+class TupleCache(list):
+    """The legacy cache: one (keys, values) pair per layer."""
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, idx: int) -> None:
+        if idx < len(self):
+            self[idx] = (torch.cat([self[idx][0], k], -2), torch.cat([self[idx][1], v], -2))
+        else:
+            self.append((k, v))
+
+
+class StaleCache(LayersCache):
+    """Layers that stay empty: the attention runs without a cache to read."""
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, idx: int) -> None:
+        while len(self.layers) <= idx:
+            self.layers.append(_CacheLayer())
+
+
+class ToyAttention(nn.Module):
+    def __init__(self, d: int, heads: int, layer_idx: int) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+        self.o = nn.Linear(d, d)
+        self.num_heads, self.head_dim, self.layer_idx = heads, d // heads, layer_idx
+
+    def forward(self, hidden_states: torch.Tensor, cache: Any = None) -> Any:
+        b, s, _ = hidden_states.shape
+        q, k, v = (t.view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
+                   for t in self.qkv(hidden_states).chunk(3, -1))
+        if cache is not None:
+            cache.update(k, v, self.layer_idx)
+            if isinstance(cache, LayersCache) and cache.layers[self.layer_idx].keys.numel():
+                k, v = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.o(y.transpose(1, 2).reshape(b, s, -1)), None
+
+
+class ToyBlock(nn.Module):
+    def __init__(self, d: int, heads: int, i: int) -> None:
+        super().__init__()
+        self.self_attn = ToyAttention(d, heads, i)
+
+
+class ToyDecoder(nn.Module):
+    def __init__(self, d: int = 32, heads: int = 4, n: int = 2) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(ToyBlock(d, heads, i) for i in range(n))
+
+    def forward(self, x: torch.Tensor, cache: Any = None) -> torch.Tensor:
+        for blk in self.layers:
+            x = x + blk.self_attn(hidden_states=x, cache=cache)[0]
+        return x
+
+
+@pytest.mark.parametrize("cache_kind", [LayersCache, ListCache, TupleCache, StaleCache])
+@pytest.mark.parametrize("level", ["MINIMAL", "DETAILED"])
+def test_attention_and_cache_growth_fast_path_against_builders(tmp_path, cache_kind, level):
+    """Decoding steps with a growing cache of each layout: the attention wrapper's one-record
+    path (``Cache.layers``) and its fallbacks against the general wrapper and builders, and
+    the cache's lengths, bytes and growth from step to step."""
+    volatile = {"timestamp", "resource_id", "session_id", "iso_timestamp", "pid", "duration_us",
+                "throughput_gflops_per_s", "memory_throughput_gbps", "memory_address", "process_rss_bytes",
+                "monitor_hook_us", "monitor_writer_cpu_us", "total_compute_us", "total_memory_bytes",
+                "total_memory_mb"}
+    torch.manual_seed(0)
+    m = ToyDecoder().eval()
+    runs, recs = [], []
+    for fast in (True, False):
+        p = tmp_path / f"{fast}.jsonl"
+        mon = ResourceMonitor(m, level, p, environ={}, flush_events=1 << 20, flush_interval=None)
+        mon._fast = fast
+        names: List[str] = []
+        with mon:
+            put = mon._writer.put
+
+            def spy(batch):
+                names.extend(r[0].__name__ for r in batch)
+                put(batch)
+
+            mon._writer.put = spy
+            cache = cache_kind()
+            x = torch.randn(1, 5, 32)
+            with torch.no_grad():
+                for step in range(4):
+                    mon.set_step(step)
+                    m(x, cache=cache)
+                    x = torch.randn(1, 1, 32)
+                    mon.flush()
+        runs.append([[(k, "*" if k in volatile else v) for k, v in e.items()] for e in read(p)])
+        recs.append(names)
+    assert runs[0] == runs[1]
+    uses_fast = "_w_attention_kv" in recs[0]
+    assert uses_fast == (cache_kind is LayersCache)
+    assert "_w_attention_kv" not in recs[1]
+    ev = read(tmp_path / "True.jsonl")
+    kv = of(ev, "kv_cache_update", module="layers.1.self_attn")
+    att = of(ev, "compute_execution", operation="attention", module="layers.1.self_attn")
+    assert len(att) == 4
+    if cache_kind is StaleCache:
+        assert kv == [] and all(len(a["input_tensors"]) == 1 for a in att)
+        assert [a["key_tokens"] for a in att] == [5, 1, 1, 1]
+        return
+    per_token = 2 * 4 * 8 * 4  # keys and values: 4 heads × 8 dims × 4 bytes
+    assert [e["cache_length_tokens"] for e in kv] == [5, 6, 7, 8]
+    assert [e["previous_length_tokens"] for e in kv] == [0, 5, 6, 7]
+    assert [e["cache_bytes"] for e in kv] == [per_token * n for n in (5, 6, 7, 8)]
+    assert [e["growth_bytes"] for e in kv] == [per_token * 5, per_token, per_token, per_token]
+    assert [e["key_shape"] for e in kv] == [[1, 4, n, 8] for n in (5, 6, 7, 8)]
+    assert [a["key_tokens"] for a in att] == [5, 6, 7, 8]
+    assert [a["flops"] for a in att] == [4 * 1 * 4 * q * k * 8 for q, k in ((5, 5), (1, 6), (1, 7), (1, 8))]
+    assert [a["input_tensors"][1]["shape"] for a in att] == [[1, 4, n, 8] for n in (5, 6, 7, 8)]

@@ -117,7 +117,7 @@ static const char *attr_names[N_ATTRS] = {"_fast", "_build_linear", "_build_modu
                                           "_w_long_site", "total_compute_us", "_seq", "_w_off", "_w_step",
                                           "_w_fwd", "_w_flops", "_w_long", "total_flops"};
 static PyObject *attr[N_ATTRS];
-static PyObject *str_compute_execution, *str_mlp_operation, *str_memory_allocation, *str_module_output, *str_static;
+static PyObject *str_compute_execution, *str_mlp_operation, *str_memory_allocation, *str_out;
 
 /* monitor.hook_ns += ns */
 static int
@@ -584,41 +584,18 @@ render_alloc(PyObject *r, PyObject *tpl, PyObject *lines, Buf *b, long long seq,
         PyErr_Clear();
         return 0;
     }
-    PyObject *shape, *key = NULL, *keys = NULL;
-    if (os == Py_None) { /* a Linear's own forward: input.shape[:-1] + (out_features,) */
-        PyObject *st = PyObject_GetAttr(site, str_static);
-        if (st == NULL)
-            return -1;
-        Py_ssize_t nd = PyObject_Size(xs);
-        if (!PyTuple_Check(st) || PyTuple_Size(st) < 5 || nd < 1) {
-            Py_DECREF(st);
-            PyErr_Clear();
-            return 0;
-        }
-        PyObject *head = PySequence_GetSlice(xs, 0, nd - 1);
-        PyObject *tail = head ? PyTuple_Pack(1, PyTuple_GetItem(st, 4)) : NULL;
-        shape = tail ? PySequence_Concat(head, tail) : NULL;
-        Py_DECREF(st);
-        Py_XDECREF(head);
-        Py_XDECREF(tail);
-        if (shape == NULL)
-            return -1;
-    } else {
-        Py_INCREF(os);
-        shape = os;
-    }
-    keys = PySequence_Tuple(mem);
-    if (keys != NULL)
-        key = PyTuple_Pack(7, site, str_module_output, size, shape, od, Py_False, keys);
-    Py_DECREF(shape);
-    Py_XDECREF(keys);
+    /* _w_alloc_out's key: the input's shape, not the output's made from it */
+    PyObject *nmem = PyLong_FromSsize_t(PyDict_Size(mem));
+    PyObject *key = nmem ? PyTuple_Pack(7, str_out, site, size, xs, os, od, nmem) : NULL;
+    Py_XDECREF(nmem);
     if (key == NULL)
         return -1;
     PyObject *entry = PyDict_GetItemWithError(tpl, key); /* borrowed */
     Py_DECREF(key);
     if (entry == NULL)
         return PyErr_Occurred() ? -1 : 0;
-    PyObject *prog = PyTuple_Check(entry) && PyTuple_Size(entry) == 2 ? PyTuple_GetItem(entry, 1) : NULL;
+    /* (fmt, how the reading is filled in, program) */
+    PyObject *prog = PyTuple_Check(entry) && PyTuple_Size(entry) == 3 ? PyTuple_GetItem(entry, 2) : NULL;
     if (prog == NULL || prog == Py_None)
         return 0;
     v.ints[SLOT_TS] = floordiv1000(t1 + off);
@@ -849,9 +826,8 @@ exec_module(PyObject *m)
     str_compute_execution = PyUnicode_InternFromString("compute_execution");
     str_mlp_operation = PyUnicode_InternFromString("mlp_operation");
     str_memory_allocation = PyUnicode_InternFromString("memory_allocation");
-    str_module_output = PyUnicode_InternFromString("module_output");
-    str_static = PyUnicode_InternFromString("static");
-    if (!str_memory_allocation || !str_module_output || !str_static)
+    str_out = PyUnicode_InternFromString("out");
+    if (!str_memory_allocation || !str_out)
         return -1;
     for (int i = 0; i < N_MEM; i++)
         if ((mem_keys[i] = PyUnicode_InternFromString(mem_names[i])) == NULL)

@@ -63,6 +63,8 @@ FLOPS_PER_ELEMENT = {
     "elementwise": 1,
 }
 
+_VERBOSE = 3  # ResourceLevel.VERBOSE, compared in the hooks without the enum's lookup
+
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "intermediate")
 #: Linear layers of an MLP, by the names Llama/Mistral, Mixtral, GPT-2 and GPT-NeoX use.
@@ -444,7 +446,7 @@ class _Site:
     """One hooked module: what it is, and its in-flight start time."""
 
     __slots__ = ("name", "mod", "kind", "level", "layer_id", "component", "mlp_op", "activation", "leaf",
-                 "t0", "ev0", "n_heads", "head_dim", "flops_per_element", "static")
+                 "t0", "ev0", "n_heads", "head_dim", "flops_per_element", "static", "attn_static")
 
     def __init__(self, name: str, mod: Any, kind: str, level: ResourceLevel, layer_id: Optional[int],
                  component: str) -> None:
@@ -463,6 +465,8 @@ class _Site:
         self.head_dim: Optional[int] = None
         self.flops_per_element: Optional[int] = None
         self.static: Any = None
+        # An attention module's (seq_first, heads, head_dim, cache layer) for the writer.
+        self.attn_static: Any = None
 
 
 class _WrappedForward:
@@ -596,7 +600,6 @@ class ResourceMonitor:
         self._closed = False
         self._forward_capture0 = 0
         self._fwd_mem: Optional[List[Any]] = None
-        self._fwd_frac: Any = _UNREAD
         self._alloc_min = -1
         self._any_cuda = False
         # Writer thread: the step, forward pass and FLOPs so far of the records it builds,
@@ -604,6 +607,8 @@ class ResourceMonitor:
         self._w_step = 0
         self._w_fwd = -1
         self._w_flops = 0
+        # The machine's memory use in the pass the writer builds (read at its first handoff).
+        self._w_frac: Any = _UNREAD
         # Wall clock minus perf_counter_ns: the wrappers record their end times on the
         # monotonic clock; the writer turns them into Unix time with the offset read at the
         # start of the forward pass (``_w_begin``).
@@ -1074,6 +1079,51 @@ class ResourceMonitor:
             self.hook_ns += clock() - t1
             return output
 
+        if verbose or self._any_cuda or not self._fast:
+            return forward
+        return self._mlp_fast(site, orig, active)
+
+    def _mlp_fast(self, site: _Site, orig: Any, active: List[bool]) -> Any:
+        """The MLP wrapper on the CPU below VERBOSE: ``_handoff`` and ``_alloc`` inline."""
+        clock = time.perf_counter_ns
+        tensor = _TENSOR
+        append = self._records.append
+        alloc_min = self._alloc_min
+        long = self._long
+        hand_off = self._hand_off_passes
+        attn_end = self._attn_end
+        layer_id = site.layer_id
+        w_handoff, w_alloc = self._w_handoff, self._w_alloc
+        src = "proc_meminfo_used_over_total"
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not active[0]:
+                return orig(*args, **kwargs)
+            t = clock()
+            if long[0] is site:
+                hand_off()
+            prev = attn_end.pop(layer_id, None)
+            if prev is not None:
+                x = args[0] if args and type(args[0]) is tensor else _first_tensor(args)
+                if x is not None:
+                    # The machine's memory use: read by the writer (_w_handoff).
+                    append((w_handoff, site, t, t - prev[0], x.shape, x.dtype, False, _UNREAD, src))
+            t0 = clock()
+            self.hook_ns += t0 - t
+            output = orig(*args, **kwargs)
+            t1 = clock()
+            out = output if type(output) is tensor else _first_tensor(output)
+            if out is not None:
+                n = out.nbytes
+                if n > alloc_min:
+                    cell = self._fwd_mem
+                    if cell is None:  # outside a forward pass of the model: read the memory now
+                        cell = [self._mem_now()]
+                    append((w_alloc, site, t1, "module_output", n, out.shape, out.dtype, False, out.data_ptr(),
+                            cell))
+            self.hook_ns += clock() - t1
+            return output
+
         return forward
 
     def _attention_forward(self, site: _Site, mod: Any, orig: Any, active: List[bool]) -> Any:
@@ -1095,34 +1145,10 @@ class ResourceMonitor:
         heads, head_dim = site.n_heads, site.head_dim
         w_attention, w_kv = self._w_attention_raw, self._w_kv_raw
         long = self._long
+        layer_id = site.layer_id
 
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            if not active[0]:
-                return orig(*args, **kwargs)
-            t = clock()
-            if long[0] is site:
-                self._hand_off_passes()
-            if verbose:
-                stack.append(site)
-            cache = _cache_from(args, kwargs)
-            if cache is not None and idx is not None:
-                before = _kv_len(_cache_layer(cache, idx)[0])
-            else:
-                before = 0
-                cache = None
-            x = args[0] if args else kwargs.get("hidden_states")
-            ev0 = None
-            if any_cuda and x is not None and x.is_cuda:
-                import torch
-
-                ev0 = torch.cuda.Event(enable_timing=True)
-                ev0.record()
-            t0 = clock()
-            self.hook_ns += t0 - t
-            output = orig(*args, **kwargs)
-            t1 = clock()
-            if verbose:
-                self._pop(site)
+        def finish(args: Tuple[Any, ...], kwargs: Dict[str, Any], x: Any, cache: Any, before: int, output: Any,
+                   t0: int, t1: int, ev0: Any) -> Any:
             out = output[0] if type(output) is tuple and output and type(output[0]) is tensor \
                 else _first_tensor(output)
             k = v = None
@@ -1169,7 +1195,7 @@ class ResourceMonitor:
                         any_cuda and x is not None and x.is_cuda, out.shape, out.dtype, cu,
                         q_len, kv_len, kv, flops))
                 if handoff:
-                    attn_end[site.layer_id] = (clock(), self._cuda_mark(out) if cu else None)
+                    attn_end[layer_id] = (clock(), self._cuda_mark(out) if cu else None)
                 if out.nbytes > alloc_min:
                     self._alloc(site, out, t1)
             else:
@@ -1179,6 +1205,120 @@ class ResourceMonitor:
                 append((w_kv, site, t1, idx, kv, before))
             self.hook_ns += clock() - t1
             return output
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not active[0]:
+                return orig(*args, **kwargs)
+            t = clock()
+            if long[0] is site:
+                self._hand_off_passes()
+            if verbose:
+                stack.append(site)
+            cache = _cache_from(args, kwargs)
+            if cache is not None and idx is not None:
+                before = _kv_len(_cache_layer(cache, idx)[0])
+            else:
+                before = 0
+                cache = None
+            x = args[0] if args else kwargs.get("hidden_states")
+            ev0 = None
+            if any_cuda and x is not None and x.is_cuda:
+                import torch
+
+                ev0 = torch.cuda.Event(enable_timing=True)
+                ev0.record()
+            t0 = clock()
+            self.hook_ns += t0 - t
+            output = orig(*args, **kwargs)
+            t1 = clock()
+            if verbose:
+                self._pop(site)
+            return finish(args, kwargs, x, cache, before, output, t0, t1, ev0)
+
+        if verbose or any_cuda or not self._fast or idx is None:
+            return forward
+        return self._attention_fast(site, orig, active, idx, seq_first, finish)
+
+    def _attention_fast(self, site: _Site, orig: Any, active: List[bool], idx: int, seq_first: bool,
+                        finish: Any) -> Any:
+        """The attention wrapper on the CPU below VERBOSE, for the common case — a cache with
+        per-layer ``keys``/``values`` (``Cache.layers``), a tensor in and a tensor first out:
+        it records the shapes and dtypes of the input, the output and the layer's cache before
+        and after the call, and one record makes the attention, KV-cache (and output
+        allocation) events; query and key lengths and FLOPs are the writer's to work out.
+        Anything else is finished as the general wrapper does (``finish``)."""
+        clock = time.perf_counter_ns
+        tensor = _TENSOR
+        append = self._records.append
+        alloc_min = self._alloc_min
+        attn_end = self._attn_end if self.level >= ResourceLevel.DETAILED else None
+        long = self._long
+        hand_off = self._hand_off_passes
+        layer_id = site.layer_id
+        record = self._w_attention_kv
+        alloc = self._w_alloc
+        site.attn_static = (seq_first, site.n_heads, site.head_dim, idx)
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not active[0]:
+                return orig(*args, **kwargs)
+            t = clock()
+            if long[0] is site:
+                hand_off()
+            # _cache_from, unrolled.
+            get = kwargs.get
+            cache = get("cache")
+            if cache is None:
+                cache = get("past_key_values")
+                if cache is None:
+                    cache = get("past_key_value")
+                    if cache is None:
+                        cache = get("layer_past")
+            layers = kb = None
+            before = 0
+            if cache is not None:
+                # _cache_layer, keeping the layer list to read the keys after the call.
+                inner = getattr(cache, "self_attention_cache", None)
+                layers = getattr(cache if inner is None else inner, "layers", None)
+                if layers is None:
+                    before = _kv_len(_cache_layer(cache, idx)[0])
+                elif idx < len(layers):
+                    k0 = getattr(layers[idx], "keys", None)
+                    if k0 is not None:
+                        kb = k0.shape
+            x = args[0] if args else get("hidden_states")
+            t0 = clock()
+            self.hook_ns += t0 - t
+            output = orig(*args, **kwargs)
+            t1 = clock()
+            if layers is not None:
+                # The layer read again: the cache may have made it in this call.
+                if idx < len(layers) and type(x) is tensor and type(output) is tuple and output \
+                        and type(output[0]) is tensor:
+                    lay = layers[idx]
+                    k = getattr(lay, "keys", None)
+                    v = getattr(lay, "values", None)
+                    if k is not None and v is not None:
+                        ks = k.shape
+                        if 0 not in ks:
+                            out = output[0]
+                            if attn_end is not None:
+                                attn_end[layer_id] = (clock(), None)
+                            n = out.nbytes
+                            if n > alloc_min:
+                                cell = self._fwd_mem
+                                if cell is None:  # outside a forward pass of the model
+                                    cell = [self._mem_now()]
+                                al: Any = (alloc, site, t1, "module_output", n, out.shape, out.dtype, False,
+                                           out.data_ptr(), cell)
+                            else:
+                                al = None
+                            append((record, site, t1, t1 - t0, x.shape, x.dtype, out.shape, out.dtype, kb, ks,
+                                    k.dtype, v.shape, v.dtype, al))
+                            self.hook_ns += clock() - t1
+                            return output
+                before = _kv_len_of(kb)
+            return finish(args, kwargs, x, cache, before, output, t0, t1, None)
 
         return forward
 
@@ -1246,28 +1386,41 @@ class ResourceMonitor:
     # pass gives them to the writer, which also sums the pass's FLOPs.
 
     def _model_pre(self, module: Any, args: Any, kwargs: Dict[str, Any]) -> None:
-        t = time.perf_counter_ns()
-        self._forward = self._forward_fn() if self._forward_fn is not None else self._forward + 1
+        clock = time.perf_counter_ns
+        t = clock()
+        fwd = self._forward = self._forward_fn() if self._forward_fn is not None else self._forward + 1
         self.forwards += 1
-        self._cur_step = self._step_fn() if self._step_fn is not None else self._step
-        self._pass_start = len(self._records)
-        self._records.append((self._w_begin, self._cur_step, self._forward, time.time_ns() - time.perf_counter_ns()))
-        self._forward_capture0 = self._capture_bytes_fn() if self._capture_bytes_fn is not None else 0
-        # The memory reading every module-output allocation of this pass carries: taken once,
-        # when the pass ends (_model_post), instead of once per allocation.
+        step = self._cur_step = self._step_fn() if self._step_fn is not None else self._step
+        records = self._records
+        self._pass_start = len(records)
+        records.append((self._w_begin, step, fwd, time.time_ns() - clock()))
+        cap = self._capture_bytes_fn
+        self._forward_capture0 = cap() if cap is not None else 0
+        # The memory reading every module-output allocation of this pass carries: taken once
+        # per pass (_end_forward on a GPU, the writer on the CPU) instead of once per allocation.
         self._fwd_mem = [None]
-        self._fwd_frac = _UNREAD
         root = self._root
         if root is not None:
-            t_in = _first_tensor(args) if args else _first_tensor(kwargs)
-            self._root_input = _tm(t_in) if t_in is not None else None
-            self._start_timer(root, self._probe_cuda_tensor() if self._cuda else None)
+            # _first_tensor of the positional arguments, or else of the keyword arguments.
+            t_in = None
+            tensor = _TENSOR
+            for v in (args if args else kwargs.values()):
+                if isinstance(v, tensor):
+                    t_in = v
+                    break
+            # Shape and dtype: all the model_forward event says of its input.
+            self._root_input = (t_in.shape, t_in.dtype) if t_in is not None else None
+            if self._cuda:
+                self._start_timer(root, self._probe_cuda_tensor())
+            else:
+                root.ev0 = None
+                root.t0 = clock()
         self._stack.clear()
         self._attn_end.clear()
-        if self.level >= ResourceLevel.VERBOSE and self._mode is None:
+        if self.level >= _VERBOSE and self._mode is None:
             self._mode = _ElementwiseMode(self)
             self._mode.__enter__()
-        self.hook_ns += time.perf_counter_ns() - t
+        self.hook_ns += clock() - t
 
     def _probe_cuda_tensor(self) -> Optional["torch.Tensor"]:
         for p in self.model.parameters():
@@ -1282,11 +1435,16 @@ class ResourceMonitor:
             self.hook_ns += time.perf_counter_ns() - t
 
     def _end_forward(self, output: Any) -> None:
-        self._exit_mode()
-        mem = self._mem_now()
+        if self._mode is not None:
+            self._exit_mode()
         cell, self._fwd_mem = self._fwd_mem, None
-        if cell is not None:
-            cell[0] = mem
+        if cell is None:
+            cell = [None]
+        if self._cuda:
+            cell[0] = self._mem_now()
+        # On the CPU the writer reads the RSS as it writes the pass (``_pass_mem``): here a
+        # /proc read would be the model thread's first system call after the pass's compute,
+        # tens of µs on a virtual machine against 2 µs warm.
         root = self._root
         if root is None or output is None:  # None: the forward pass raised
             return
@@ -1303,8 +1461,8 @@ class ResourceMonitor:
                 sm = None
         t1 = time.perf_counter_ns()
         timing = t1 - root.t0 if root.ev0 is None else self._stop_cuda(root)
-        self._records.append((self._g, self._b_forward, root, time.time_ns(), timing, self._root_input,
-                              tuple(out.shape) if out is not None else None, cap, mem, sm))
+        self._records.append((self._w_forward, root, time.time_ns(), timing, self._root_input,
+                              out.shape if out is not None else None, cap, cell, sm))
         self._root_input = None
         if len(self._records) >= self._flush_events or (
                 self._flush_interval is not None and time.monotonic() - self._last_flush > self._flush_interval):
@@ -1374,10 +1532,7 @@ class ResourceMonitor:
             frac = torch.cuda.memory_allocated() / self._cuda_total if self._cuda_total else None
             src = "cuda_allocated_over_total"
         else:
-            # The machine's memory use moves slowly next to one forward pass: read once per pass.
-            frac = self._fwd_frac
-            if frac is _UNREAD:
-                frac = self._fwd_frac = _host_memory_fraction()
+            frac = _UNREAD  # the machine's memory use: read by the writer (_w_handoff)
             src = "proc_meminfo_used_over_total"
         self._records.append((self._w_handoff, site, tc, timing, t.shape, t.dtype, t.is_cuda, frac, src))
 
@@ -1630,6 +1785,15 @@ class ResourceMonitor:
         """An event built the general way (dicts, serialized by the writer loop)."""
         return builder((site, tns // 1000, self._w_step, self._w_fwd), *rest)
 
+    def _pass_mem(self, cell: List[Any]) -> Dict[str, Any]:
+        """The memory reading of a forward pass: the one the model's thread took at its end (a
+        GPU's), else read now and kept for the pass's other events (the RSS: read here, as
+        the writer writes the pass, so the model's thread makes no system call for it)."""
+        mem = cell[0]
+        if mem is None:
+            mem = cell[0] = self._mem_now()
+        return mem
+
     def _w_begin(self, step: int, fwd: int, off: int) -> List[Any]:
         """A forward pass starts: the step and forward number of the records that follow, and
         the wall clock's offset from ``perf_counter_ns`` their end times are read against."""
@@ -1639,7 +1803,32 @@ class ResourceMonitor:
         self._w_off = off
         self._w_long_site = None
         self._w_long = 0
+        self._w_frac = _UNREAD
         return []
+
+    def _w_forward(self, root: _Site, tns: int, timing: Any, inm: Any, out_shape: Any, cap: Optional[int],
+                   cell: List[Any], sm: Optional[float]) -> List[Any]:
+        """The model_forward event of a pass: its FLOPs are the writer's sum over the pass."""
+        mem = self._pass_mem(cell)
+        ctx = (root, tns // 1000, self._w_step, self._w_fwd)
+        if type(timing) is not int or sm is not None or not self._fast or "device_memory_peak_bytes" in mem:
+            return self._b_forward(ctx, timing, inm, out_shape, cap, mem, sm)
+        flops = self._w_flops
+        tf = bool(flops) and timing > 0
+        key = ("forward", root, inm, out_shape, cap is None, tuple(mem), tf)
+        fmt = self._tpl.get(key)
+        if fmt is None:
+            ev = self._template_of(self._b_forward, ctx, timing, inm, out_shape, cap, mem, sm)[0]
+            fmt = self._tpl[key] = _compile(ev, "seq", _FORWARD_SLOTS)
+        self._seq = seq = self._seq + 1
+        d = timing / 1000.0
+        v = dict(mem)
+        v.update(ts=ctx[1], seq=seq, step=ctx[2], fwd=ctx[3], fl=flops, gf=flops / 1e9, cap=cap, d=d)
+        if tf:
+            v["tf"] = flops / (d * 1e3)
+        counts = self.counts
+        counts["compute_execution"] = counts.get("compute_execution", 0) + 1
+        return [(fmt % v).encode()]
 
     def _w_linear(self, site: _Site, tc: int, timing: Any, xs: Any, xd: Any, os_: Any, od: Any) -> List[Any]:
         if type(timing) is not int:  # a CUDA event pair: resolved and built the general way
@@ -1721,38 +1910,110 @@ class ResourceMonitor:
 
     def _w_handoff(self, site: _Site, tc: int, timing: Any, shape: Any, dtype: Any, is_cuda: bool,
                    frac: Optional[float], src: str) -> List[Any]:
-        return self._b_handoff((site, (tc + self._w_off) // 1000, self._w_step, self._w_fwd), timing,
-                               _meta(shape, dtype, is_cuda), frac, src)
+        if frac is _UNREAD:
+            # The machine's memory use moves slowly next to one forward pass: read once per pass,
+            # here rather than on the model's thread (/proc/meminfo costs three system calls).
+            frac = self._w_frac
+            if frac is _UNREAD:
+                frac = self._w_frac = _host_memory_fraction()
+        ctx = (site, (tc + self._w_off) // 1000, self._w_step, self._w_fwd)
+        if type(timing) is not int or not self._fast:
+            return self._b_handoff(ctx, timing, _meta(shape, dtype, is_cuda), frac, src)
+        variant = (timing > 0) + 2 * (frac is not None)
+        key = ("handoff", site, shape, dtype, src, variant)
+        tpl = self._tpl.get(key)
+        if tpl is None:
+            ev = self._template_of(self._b_handoff, ctx, timing, _meta(shape, dtype, is_cuda), frac, src)[0]
+            slots = dict(_SLOTS, transfer_bandwidth_gbps="bw")
+            names = ["ts", "seq", "ts", "step", "fwd", "d"] + (["bw"] if timing > 0 else [])
+            if frac is not None:
+                slots.update(memory_pressure="mp", memory_used_fraction="mf")
+                names += ["mp", "mf"]
+            tpl = self._tpl[key] = (_positional(_compile(ev, "seq", slots), names), ev["data_size_bytes"])
+        fmt, nbytes = tpl
+        self._seq = seq = self._seq + 1
+        d = timing / 1000.0
+        ts = ctx[1]
+        if variant == 3:
+            line = fmt % (ts, seq, ts, ctx[2], ctx[3], d, nbytes / (d * 1e3), _PRESSURE_JSON[_pressure_word(frac)],
+                          frac)
+        elif variant == 2:
+            line = fmt % (ts, seq, ts, ctx[2], ctx[3], d, _PRESSURE_JSON[_pressure_word(frac)], frac)
+        elif variant == 1:
+            line = fmt % (ts, seq, ts, ctx[2], ctx[3], d, nbytes / (d * 1e3))
+        else:
+            line = fmt % (ts, seq, ts, ctx[2], ctx[3], d)
+        counts = self.counts
+        counts["component_handoff"] = counts.get("component_handoff", 0) + 1
+        self.component_flows += 1
+        return [line.encode()]
 
     def _w_alloc_out(self, site: _Site, tc: int, size: int, xs: Any, os_: Any, od: Any, ptr: int,
                      cell: List[Any]) -> List[Any]:
         """The output allocation of a module timed by ``_fast_forward`` (on the CPU; the
         shape of a Linear's output follows from its input's)."""
-        if os_ is None:
-            os_ = xs[:-1] + (site.static[4],)
-        return self._w_alloc(site, tc, "module_output", size, os_, od, False, ptr, cell)
+        mem = self._pass_mem(cell)
+        if not self._fast:
+            if os_ is None:
+                os_ = xs[:-1] + (site.static[4],)
+            return self._w_alloc(site, tc, "module_output", size, os_, od, False, ptr, cell)
+        # The template is keyed by the input's shape rather than the output's made from it. On
+        # the CPU a memory reading is the RSS or nothing (``_mem_now``): its length tells which.
+        key = ("out", site, size, xs, os_, od, len(mem))
+        tpl = self._tpl.get(key)
+        if tpl is None:
+            shape = os_ if os_ is not None else xs[:-1] + (site.static[4],)
+            tpl = self._tpl[key] = self._alloc_template(site, tc, "module_output", size, shape, od, False, ptr, mem)
+        fmt, host, _ = tpl
+        self._seq = seq = self._seq + 1
+        ts = (tc + self._w_off) // 1000
+        counts = self.counts
+        counts["memory_allocation"] = counts.get("memory_allocation", 0) + 1
+        if host == 1:
+            return [(fmt % (ts, seq, ts, self._w_step, self._w_fwd, hex(ptr), mem["process_rss_bytes"])).encode()]
+        if host == 0:
+            return [(fmt % (ts, seq, ts, self._w_step, self._w_fwd, hex(ptr))).encode()]
+        v = dict(mem)
+        v.update(ts=ts, seq=seq, step=self._w_step, fwd=self._w_fwd, addr=hex(ptr))
+        return [(fmt % v).encode()]
+
+    def _alloc_template(self, site: _Site, tc: int, kind: str, size: int, shape: Any, dtype: Any, is_cuda: bool,
+                        ptr: int, mem: Dict[str, Any]) -> Tuple[str, Optional[int], Any]:
+        """The template of a ``memory_allocation`` event, how its memory reading is filled
+        in — 1 the host's RSS and 0 no reading (positional slots), None a GPU's (by name) —
+        and its C program (``_program``)."""
+        ctx = (site, (tc + self._w_off) // 1000, self._w_step, self._w_fwd)
+        fmt = _compile(self._template_of(self._b_alloc, ctx, kind, size, shape, dtype, is_cuda, ptr, mem)[0], "seq")
+        prog = _program(fmt)
+        mk = tuple(mem)
+        if mk == _RSS_KEYS:
+            return _positional(fmt, ["ts", "seq", "ts", "step", "fwd", "addr", "process_rss_bytes"]), 1, prog
+        if not mk:
+            return _positional(fmt, ["ts", "seq", "ts", "step", "fwd", "addr"]), 0, prog
+        return fmt, None, prog
 
     def _w_alloc(self, site: _Site, tc: int, kind: str, size: int, shape: Any, dtype: Any, is_cuda: bool,
                  ptr: int, cell: List[Any]) -> List[Any]:
         tns = tc + self._w_off
-        mem = cell[0]
-        if mem is None:  # the forward pass did not end (it raised, or the monitor was disabled in it)
-            mem = self._mem_now()
-        ctx = (site, tns // 1000, self._w_step, self._w_fwd)
+        mem = self._pass_mem(cell)
         if not self._fast:
-            return self._b_alloc(ctx, kind, size, shape, dtype, is_cuda, ptr, mem)
+            return self._b_alloc((site, tns // 1000, self._w_step, self._w_fwd), kind, size, shape, dtype, is_cuda,
+                                 ptr, mem)
         key = (site, kind, size, shape, dtype, is_cuda, tuple(mem))
         tpl = self._tpl.get(key)
         if tpl is None:
-            ev = self._template_of(self._b_alloc, ctx, kind, size, shape, dtype, is_cuda, ptr, mem)[0]
-            fmt = _compile(ev, "seq")
-            tpl = self._tpl[key] = (fmt, _program(fmt))
-        fmt = tpl[0]
+            tpl = self._tpl[key] = self._alloc_template(site, tc, kind, size, shape, dtype, is_cuda, ptr, mem)
+        fmt, host, _ = tpl
         self._seq = seq = self._seq + 1
-        v = dict(mem)
-        v.update(ts=ctx[1], seq=seq, step=ctx[2], fwd=ctx[3], addr=hex(ptr))
+        ts = tns // 1000
         counts = self.counts
         counts["memory_allocation"] = counts.get("memory_allocation", 0) + 1
+        if host == 1:
+            return [(fmt % (ts, seq, ts, self._w_step, self._w_fwd, hex(ptr), mem["process_rss_bytes"])).encode()]
+        if host == 0:
+            return [(fmt % (ts, seq, ts, self._w_step, self._w_fwd, hex(ptr))).encode()]
+        v = dict(mem)
+        v.update(ts=ts, seq=seq, step=self._w_step, fwd=self._w_fwd, addr=hex(ptr))
         return [(fmt % v).encode()]
 
     def _w_attention_raw(self, site: _Site, tc: int, timing: Any, xs: Any, xd: Any, xcu: bool, os_: Any, od: Any,
@@ -1840,6 +2101,103 @@ class ResourceMonitor:
         counts = self.counts
         counts["kv_cache_update"] = counts.get("kv_cache_update", 0) + 1
         return [(fmt % v).encode()]
+
+    def _w_attention_kv(self, site: _Site, tc: int, timing: int, xs: Any, xd: Any, os_: Any, od: Any, kb: Any,
+                        ks: Any, kd: Any, vs: Any, vd: Any, al: Any) -> List[Any]:
+        """A record of ``_attention_fast``: the attention event, the output allocation (``al``,
+        a record of its own, or None) and the KV-cache event, in the order and with the
+        values the general wrapper's records give."""
+        if timing > self._w_long:
+            self._w_long, self._w_long_site = timing, site
+        seq_first, heads, head_dim, idx = site.attn_static
+        n = len(xs)
+        q_len = xs[0 if seq_first else -2] if n >= 2 else 0
+        batch = xs[1 if seq_first else 0] if n >= 3 else 1
+        kv_len = ks[-2] if len(ks) >= 2 else 0  # the wrapper passes no empty cache
+        flops = 4 * batch * heads * q_len * kv_len * head_dim if heads and head_dim else None
+        before = _kv_len_of(kb)
+        tns = tc + self._w_off
+        if not self._fast:
+            km, vm = _meta(ks, kd), _meta(vs, vd)
+            out = self._w_attention(site, tns, timing, _meta(xs, xd), _meta(os_, od), q_len, kv_len, km, vm, flops)
+            if al is not None:
+                out += al[0](*al[1:])
+            return out + self._w_kv(site, tns, idx, km, vm, before)
+        variant = 0 if flops is None else 2 if flops and timing > 0 else 1
+        key = (site, xs, xd, os_, od, kd, vd, variant)
+        tpl = self._tpl.get(key)
+        if tpl is None:
+            tpl = self._tpl[key] = self._attention_kv_templates(site, tns, timing, xs, xd, os_, od, q_len, kv_len,
+                                                                ks, kd, vs, vd, flops, before, variant)
+        fa, fk, isz_k, isz_v = tpl
+        sk, nk = _shape_info(ks)
+        sv, nv = _shape_info(vs)
+        ts = tns // 1000
+        step, fwd = self._w_step, self._w_fwd
+        seq = self._seq + 1
+        d = timing / 1000.0
+        if variant == 2:
+            line = fa % (ts, seq, ts, step, fwd, sk, sv, q_len, kv_len, flops, flops / 1e9, d, flops / (d * 1e3))
+        elif variant == 1:
+            line = fa % (ts, seq, ts, step, fwd, sk, sv, q_len, kv_len, flops, flops / 1e9, d)
+        else:
+            line = fa % (ts, seq, ts, step, fwd, sk, sv, q_len, kv_len, d)
+        self._seq = seq
+        lines = [line.encode()]
+        counts = self.counts
+        counts["compute_execution"] = counts.get("compute_execution", 0) + 1
+        if flops:
+            self._w_flops += flops
+            self.total_flops += flops
+        if al is not None:
+            lines += al[0](*al[1:])
+            seq = self._seq
+        # _kv_step
+        nbytes = nk * isz_k + nv * isz_v
+        prev = self._kv_prev_bytes.get(idx)
+        grew_from = prev if prev is not None and before > 0 else 0
+        self._kv_prev_bytes[idx] = nbytes
+        self._seq = seq = seq + 1
+        if kv_len:
+            hit, bpt = before / kv_len, nbytes / kv_len
+        else:
+            hit = bpt = 0.0
+        lines.append((fk % (ts, seq, ts, step, fwd, kv_len, before, kv_len - before, before, hit, nbytes,
+                            nbytes / (1 << 20), bpt, nbytes - grew_from, sk, sv)).encode())
+        counts["kv_cache_update"] = counts.get("kv_cache_update", 0) + 1
+        return lines
+
+    def _attention_kv_templates(self, site: _Site, tns: int, timing: int, xs: Any, xd: Any, os_: Any, od: Any,
+                                q_len: int, kv_len: int, ks: Any, kd: Any, vs: Any, vd: Any, flops: Optional[int],
+                                before: int, variant: int) -> Tuple[str, str, int, int]:
+        """The positional templates of ``_w_attention_kv`` (attention event, KV-cache event) and
+        the cache's item sizes, made from the events the builders make."""
+        ctx = (site, tns // 1000, self._w_step, self._w_fwd)
+        km, vm = _meta(ks, kd), _meta(vs, vd)
+        ev = self._template_of(self._b_attention, ctx, timing, _meta(xs, xd), _meta(os_, od), q_len, kv_len, km,
+                               vm, flops)[0]
+        slots = dict(_SLOTS, query_tokens="qt", key_tokens="kt", input_tensors="it")
+        if flops is not None:
+            slots.update(flops="fl", compute_intensity_gflops="gf")
+        it = _ENCODER.encode(ev["input_tensors"][:1])[:-1].replace("%", "%%")
+        it += ',{"name":"key_cache","shape":%(ks)s,"dtype":' + _ENCODER.encode(_dname(kd))
+        it += '},{"name":"value_cache","shape":%(vs)s,"dtype":' + _ENCODER.encode(_dname(vd)) + "}]"
+        fa = _compile(ev, "seq", slots).replace("%(it)s", it)
+        names = ["ts", "seq", "ts", "step", "fwd", "ks", "vs", "qt", "kt"]
+        names += ["d"] if variant == 0 else ["fl", "gf", "d"] if variant == 1 else ["fl", "gf", "d", "tf"]
+        fa = _positional(fa, names)
+        idx = site.attn_static[3]
+        prev = self._kv_prev_bytes.get(idx)
+        try:
+            ev = self._template_of(self._b_kv, ctx, idx, km, vm, before)[0]
+        finally:
+            if prev is None:
+                self._kv_prev_bytes.pop(idx, None)
+            else:
+                self._kv_prev_bytes[idx] = prev
+        fk = _positional(_compile(ev, "seq", _KV_SLOTS), ["ts", "seq", "ts", "step", "fwd", "len", "prev", "new",
+                                                          "reused", "hit", "cb", "cmb", "bpt", "grow", "ks", "vs"])
+        return fa, fk, _itemsize(kd), _itemsize(vd)
 
     def _template_of(self, builder: Callable[..., List[Dict[str, Any]]], *args: Any) -> List[Dict[str, Any]]:
         """The events ``builder`` makes of a record, as the model for a template (the
@@ -1986,6 +2344,13 @@ _SLOTS = {"timestamp": "ts", "step": "step", "forward": "fwd", "duration_us": "d
 _KV_SLOTS = dict(_SLOTS, cache_length_tokens="len", previous_length_tokens="prev", new_tokens="new",
                  reused_tokens="reused", cache_hit_ratio="hit", cache_bytes="cb", cache_mb="cmb",
                  bytes_per_token="bpt", growth_bytes="grow", key_shape="ks", value_shape="vs")
+#: The changing fields of a model_forward event: also its FLOPs (the pass's sum) and the
+#: bytes a capture wrote.
+_FORWARD_SLOTS = dict(_SLOTS, flops="fl", compute_intensity_gflops="gf", capture_bytes="cap")
+#: A host memory reading's fields (``_mem_now`` on the CPU).
+_RSS_KEYS = ("process_rss_bytes", "memory_source")
+#: ``memory_pressure`` words as JSON.
+_PRESSURE_JSON = {None: "null", "low": '"low"', "medium": '"medium"', "high": '"high"'}
 #: Changing fields written as JSON strings.
 _QUOTED_SLOTS = {"memory_address": "addr"}
 
@@ -2061,6 +2426,58 @@ def _program(fmt: str) -> Optional[Tuple[bytes, bytes]]:
 def _jlist(shape: Sequence[int]) -> str:
     """A shape as the JSON list the encoder writes."""
     return "[" + ",".join(map(str, shape)) + "]"
+
+def _kv_len_of(shape: Any) -> int:
+    """``_kv_len`` of a tensor of this shape (None: no tensor)."""
+    if shape is None or len(shape) < 2 or 0 in shape:
+        return 0
+    return int(shape[-2])
+
+
+#: Shapes the writer has seen, as JSON lists, with their element counts (``_shape_info``).
+_SHAPES: Dict[Any, Tuple[str, int]] = {}
+
+
+def _shape_info(shape: Sequence[int]) -> Tuple[str, int]:
+    """``_jlist`` and ``_numel`` of a shape, kept: a cache's shape is the same in every layer
+    of a decoding step."""
+    got = _SHAPES.get(shape)
+    if got is None:
+        if len(_SHAPES) >= _MAX_TEMPLATES:
+            _SHAPES.clear()
+        got = _SHAPES[shape] = (_jlist(shape), _numel(shape))
+    return got
+
+
+def _itemsize(dtype: Any) -> int:
+    size = _ITEMSIZE.get(dtype)
+    if size is None:
+        import torch
+
+        size = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
+    return size
+
+
+_SLOT_RE = re.compile(r"%%|%\((\w+)\)s")
+
+
+def _positional(fmt: str, names: Sequence[str]) -> str:
+    """A ``_compile`` template with its named slots made positional (``%s``): formatting a
+    tuple costs less than building a dict. ``names`` are the slots in the order the caller
+    gives their values; a template whose slots differ (a builder changed) is an error."""
+    found: List[str] = []
+
+    def sub(m: "re.Match[str]") -> str:
+        if m.group(1) is None:
+            return "%%"
+        found.append(m.group(1))
+        return "%s"
+
+    out = _SLOT_RE.sub(sub, fmt)
+    if found != list(names):
+        raise RuntimeError(f"template slots {found} are not the expected {list(names)}")
+    return out
+
 
 #: Templates kept per monitor (a few per hooked module and input shape; about 1 KiB each).
 _MAX_TEMPLATES = 4096
