@@ -99,9 +99,9 @@ def test_c_writer_writes_the_python_writers_bytes(tmp_path: Path, monkeypatch, l
 
         by_c: List[Any] = []
 
-        def counting(mon_, recs, i, lines, deadline):
+        def counting(mon_, recs, i, lines, deadline, consts):
             calls.append(i)
-            j = render(mon_, recs, i, lines, deadline)
+            j = render(mon_, recs, i, lines, deadline, consts)
             by_c.extend(r[0] for r in recs[i:j])
             return j
 
@@ -148,11 +148,14 @@ def test_c_writer_stops_at_its_deadline(tmp_path: Path) -> None:
         write_all(mon, batches, state)  # makes the templates
         recs = [r for b in batches for r in b if r[0] is mon._build_linear]
         lines: List[bytes] = []
-        assert resources._render(mon, recs, 0, lines, 0) == 1 and len(lines) >= 1
-        assert resources._render(mon, recs, 1, lines, 1 << 62) == len(recs)
-        assert resources._render(mon, recs, len(recs), lines, 1 << 62) == len(recs)
+        consts = (mon._build_linear, mon._build_module, mon._build_alloc, mon._tpl, mon.counts)
+        assert resources._render(mon, recs, 0, lines, 0, consts) == 1 and len(lines) >= 1
+        assert resources._render(mon, recs, 1, lines, 1 << 62, consts) == len(recs)
+        assert resources._render(mon, recs, len(recs), lines, 1 << 62, consts) == len(recs)
         with pytest.raises(TypeError):
-            resources._render(mon, tuple(recs), 0, lines, 0)
+            resources._render(mon, tuple(recs), 0, lines, 0, consts)
+        with pytest.raises(TypeError):
+            resources._render(mon, recs, 0, lines, 0, consts[:4])
 
 
 def masked(path: Path) -> List[Any]:

@@ -111,10 +111,9 @@ monotonic_ns(void)
 static PyObject *str_shape, *str_dtype, *str_nbytes, *str_hook_ns, *str_data_ptr, *str_fwd_mem, *str_mem_cell;
 
 /* The monitor's attributes render reads and writes, interned once. */
-enum { A_FAST, A_BUILD_LINEAR, A_BUILD_MODULE, A_BUILD_ALLOC, A_TPL, A_COUNTS, A_W_LONG_SITE, A_TOTAL_US, A_SEQ, A_W_OFF,
+enum { A_W_LONG_SITE, A_TOTAL_US, A_SEQ, A_W_OFF,
        A_W_STEP, A_W_FWD, A_W_FLOPS, A_W_LONG, A_TOTAL_FLOPS, N_ATTRS };
-static const char *attr_names[N_ATTRS] = {"_fast", "_build_linear", "_build_module", "_build_alloc", "_tpl", "counts",
-                                          "_w_long_site", "total_compute_us", "_seq", "_w_off", "_w_step",
+static const char *attr_names[N_ATTRS] = {"_w_long_site", "total_compute_us", "_seq", "_w_off", "_w_step",
                                           "_w_fwd", "_w_flops", "_w_long", "total_flops"};
 static PyObject *attr[N_ATTRS];
 static PyObject *str_compute_execution, *str_mlp_operation, *str_memory_allocation, *str_out;
@@ -615,40 +614,39 @@ render_alloc(PyObject *r, PyObject *tpl, PyObject *lines, Buf *b, long long seq,
 }
 
 PyDoc_STRVAR(render_doc,
-"render(monitor, records, start, lines, deadline_ns) -> int\n"
+"render(monitor, records, start, lines, deadline_ns, consts) -> int\n"
 "--\n\n"
 "The resource writer's fast path (resources.py, ResourceMonitor._w_linear, _w_module and\n"
 "_w_alloc_out)\n"
 "for records[start:]: each record of a Linear or module timed on the CPU whose template is\n"
 "known becomes its JSON lines, appended to lines, with the monitor's counters advanced as\n"
 "those methods advance them. Stops at the first other record, or once the monotonic clock\n"
-"passes deadline_ns, and returns the index of the first record not written.");
+"passes deadline_ns, and returns the index of the first record not written. consts is\n"
+"(monitor._build_linear, _build_module, _build_alloc, _tpl, counts); the caller has\n"
+"checked monitor._fast.");
 
 static PyObject *
 render(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "render takes 5 arguments (%zd given)", nargs);
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "render takes 6 arguments (%zd given)", nargs);
         return NULL;
     }
-    PyObject *mon = args[0], *recs = args[1], *lines = args[3];
+    PyObject *mon = args[0], *recs = args[1], *lines = args[3], *consts = args[5];
     Py_ssize_t start = PyLong_AsSsize_t(args[2]);
     long long deadline = PyLong_AsLongLong(args[4]);
     if (PyErr_Occurred())
         return NULL;
-    if (!PyList_Check(recs) || !PyList_Check(lines)) {
-        PyErr_SetString(PyExc_TypeError, "render: records and lines must be lists");
+    if (!PyList_Check(recs) || !PyList_Check(lines) || !PyTuple_Check(consts) || PyTuple_Size(consts) != 5 ||
+        !PyDict_Check(PyTuple_GetItem(consts, 3)) || !PyDict_Check(PyTuple_GetItem(consts, 4))) {
+        PyErr_SetString(PyExc_TypeError, "render: records and lines must be lists, consts the monitor's "
+                                         "(_build_linear, _build_module, _build_alloc, _tpl, counts)");
         return NULL;
     }
     Py_ssize_t n = PyList_Size(recs), i = start;
-    PyObject *fast = PyObject_GetAttr(mon, attr[A_FAST]);
-    if (fast == NULL)
-        return NULL;
-    int is_fast = PyObject_IsTrue(fast);
-    Py_DECREF(fast);
-    if (is_fast <= 0 || i >= n)
-        return is_fast < 0 ? NULL : PyLong_FromSsize_t(i);
+    if (i >= n)
+        return PyLong_FromSsize_t(i);
 
     PyObject *lin = NULL, *mod = NULL, *allocb = NULL, *tpl = NULL, *counts = NULL, *long_site = NULL, *tot_us = NULL,
              *result = NULL;
@@ -657,21 +655,20 @@ render(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     double total_us;
     long long n_ce = 0, n_mlp = 0, n_alloc = 0;
     int dirty = 0;
-    lin = PyObject_GetAttr(mon, attr[A_BUILD_LINEAR]);
-    mod = lin ? PyObject_GetAttr(mon, attr[A_BUILD_MODULE]) : NULL;
-    allocb = mod ? PyObject_GetAttr(mon, attr[A_BUILD_ALLOC]) : NULL;
-    tpl = allocb ? PyObject_GetAttr(mon, attr[A_TPL]) : NULL;
-    counts = tpl ? PyObject_GetAttr(mon, attr[A_COUNTS]) : NULL;
-    long_site = counts ? PyObject_GetAttr(mon, attr[A_W_LONG_SITE]) : NULL;
+    /* Read once per batch by the caller (they stay for the monitor's life): fewer attribute
+     * reads per call, and the writer calls this once per run of such records. */
+    lin = PyTuple_GetItem(consts, 0);
+    mod = PyTuple_GetItem(consts, 1);
+    allocb = PyTuple_GetItem(consts, 2);
+    tpl = PyTuple_GetItem(consts, 3);
+    counts = PyTuple_GetItem(consts, 4);
+    Py_INCREF(lin); Py_INCREF(mod); Py_INCREF(allocb); Py_INCREF(tpl); Py_INCREF(counts);
+    long_site = PyObject_GetAttr(mon, attr[A_W_LONG_SITE]);
     tot_us = long_site ? PyObject_GetAttr(mon, attr[A_TOTAL_US]) : NULL;
     if (tot_us == NULL || get_ll(mon, A_SEQ, &seq) || get_ll(mon, A_W_OFF, &off) || get_ll(mon, A_W_STEP, &step) ||
         get_ll(mon, A_W_FWD, &fwd) || get_ll(mon, A_W_FLOPS, &w_flops) || get_ll(mon, A_W_LONG, &w_long) ||
         get_ll(mon, A_TOTAL_FLOPS, &total_flops))
         goto done;
-    if (!PyDict_Check(tpl) || !PyDict_Check(counts)) {
-        PyErr_SetString(PyExc_TypeError, "render: the monitor's _tpl and counts must be dicts");
-        goto done;
-    }
     total_us = PyFloat_AsDouble(tot_us);
     if (total_us == -1.0 && PyErr_Occurred())
         goto done;

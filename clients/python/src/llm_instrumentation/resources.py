@@ -2254,12 +2254,14 @@ class ResourceMonitor:
         clock = time.perf_counter_ns
         last = clock()
         render = _render if self._fast else None
+        fast = (self._build_linear, self._build_module, self._build_alloc)
+        consts = fast + (self._tpl, counts)
         i, n = 0, len(recs)
         while i < n:
-            if render is not None:
+            if render is not None and recs[i][0] in fast:
                 # The records of the timing wrappers whose templates are known, in C; it
                 # stops at any other record (taken below) and after _YIELD_NS of work.
-                j = render(self, recs, i, lines, last + _YIELD_NS)
+                j = render(self, recs, i, lines, last + _YIELD_NS, consts)
                 if j > i:
                     i = j
                     if clock() - last > _YIELD_NS:
