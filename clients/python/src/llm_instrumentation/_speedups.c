@@ -110,13 +110,6 @@ monotonic_ns(void)
 
 static PyObject *str_shape, *str_dtype, *str_nbytes, *str_hook_ns, *str_data_ptr, *str_fwd_mem, *str_mem_cell;
 
-/* The monitor's attributes render reads and writes, interned once. */
-enum { A_W_LONG_SITE, A_TOTAL_US, A_SEQ, A_W_OFF,
-       A_W_STEP, A_W_FWD, A_W_FLOPS, A_W_LONG, A_TOTAL_FLOPS, N_ATTRS };
-static const char *attr_names[N_ATTRS] = {"_w_long_site", "total_compute_us", "_seq", "_w_off", "_w_step",
-                                          "_w_fwd", "_w_flops", "_w_long", "total_flops"};
-static PyObject *attr[N_ATTRS];
-static PyObject *str_compute_execution, *str_mlp_operation, *str_memory_allocation, *str_out;
 
 /* monitor.hook_ns += ns */
 static int
@@ -328,9 +321,14 @@ static PyType_Spec tf_spec = {
 /* ----- the resource writer's templates ---------------------------------------------------- */
 
 /* The slots of a template program (resources._C_SLOTS). */
-enum { SLOT_TS, SLOT_SEQ, SLOT_SEQ2, SLOT_STEP, SLOT_FWD, SLOT_D, SLOT_TF, SLOT_TB, SLOT_ADDR, SLOT_RSS,
-       SLOT_DEV_ALLOCATED, SLOT_DEV_RESERVED, SLOT_DEV_PEAK, N_SLOTS, SLOT_NONE = 255 };
-/* The memory reading's keys of the last four, in that order. */
+enum {
+    SLOT_TS, SLOT_SEQ, SLOT_SEQ2, SLOT_STEP, SLOT_FWD, SLOT_D, SLOT_TF, SLOT_TB, SLOT_ADDR,
+    SLOT_RSS, SLOT_DEV_ALLOCATED, SLOT_DEV_RESERVED, SLOT_DEV_PEAK,
+    SLOT_KS, SLOT_VS, SLOT_QT, SLOT_KT, SLOT_FL, SLOT_GF, SLOT_LEN, SLOT_PREV, SLOT_NEW, SLOT_REUSED,
+    SLOT_HIT, SLOT_CB, SLOT_CMB, SLOT_BPT, SLOT_GROW,
+    N_SLOTS, SLOT_NONE = 255
+};
+/* The memory reading's keys of SLOT_RSS and the three after it, in that order. */
 #define N_MEM 4
 static const char *mem_names[N_MEM] = {"process_rss_bytes", "device_memory_allocated_bytes",
                                        "device_memory_reserved_bytes", "device_memory_peak_bytes"};
@@ -361,7 +359,7 @@ buf_put(Buf *b, const char *s, size_t n)
     return 0;
 }
 
-/* Decimal digits of v at the end of s[0..32): returns where they start. */
+/* Decimal digits of v ending at end: returns where they start. */
 static char *
 digits(char *end, unsigned long long v)
 {
@@ -414,6 +412,25 @@ buf_us(Buf *b, long long ns)
     return buf_put(b, p, (size_t)(end - p));
 }
 
+/* resources._jlist: a shape as the JSON list "[1,16,6,64]". */
+static int
+buf_shape(Buf *b, PyObject *shape)
+{
+    if (shape == NULL || !PyTuple_Check(shape)) {
+        PyErr_SetString(PyExc_TypeError, "render: a shape must be a tuple");
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_Size(shape);
+    if (buf_put(b, "[", 1) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long v = PyLong_AsLongLong(PyTuple_GetItem(shape, i));
+        if ((v == -1 && PyErr_Occurred()) || (i && buf_put(b, ",", 1) < 0) || buf_ll(b, v) < 0)
+            return -1;
+    }
+    return buf_put(b, "]", 1);
+}
+
 /* Python's floor division of a by 1000. */
 static long long
 floordiv1000(long long a)
@@ -422,17 +439,19 @@ floordiv1000(long long a)
     return (a % 1000 != 0 && a < 0) ? q - 1 : q;
 }
 
+/* The values of one event's slots. */
 typedef struct {
     long long ints[N_SLOTS];
+    double dbl[N_SLOTS];
+    int has[N_SLOTS];             /* the memory values present in the reading */
     unsigned long long addr;
-    int has[N_SLOTS]; /* the memory values present in the reading */
-    double d_tf, d_tb;
-    int tf_is_int; /* the module path writes 0 (an int) as the throughput of no FLOPs */
-    int has_tf;
+    long long timing;             /* SLOT_D */
+    int tf_zero;                  /* the module path writes 0 (an int) as the throughput of no FLOPs */
+    PyObject *ks, *vs;            /* borrowed shapes */
 } Values;
 
 static int
-run_program(Buf *b, PyObject *prog, const Values *v, long long timing)
+run_program(Buf *b, PyObject *prog, const Values *v)
 {
     /* (text, ops): the template's literal text in one piece, and per op three bytes — how
      * many bytes of text come next (little-endian u16), then a slot (SLOT_NONE: none). One
@@ -458,21 +477,24 @@ run_program(Buf *b, PyObject *prog, const Values *v, long long timing)
         if (buf_put(b, text + pos, (size_t)len) < 0)
             return -1;
         pos += len;
-        if (code == SLOT_NONE)
-            continue;
         int rc;
         switch (code) {
-        case SLOT_TS: case SLOT_SEQ: case SLOT_SEQ2: case SLOT_STEP: case SLOT_FWD:
+        case SLOT_NONE:
+            rc = 0;
+            break;
+        case SLOT_TS: case SLOT_SEQ: case SLOT_SEQ2: case SLOT_STEP: case SLOT_FWD: case SLOT_QT:
+        case SLOT_KT: case SLOT_FL: case SLOT_LEN: case SLOT_PREV: case SLOT_NEW: case SLOT_REUSED:
+        case SLOT_CB: case SLOT_GROW:
             rc = buf_ll(b, v->ints[code]);
             break;
         case SLOT_D:
-            rc = buf_us(b, timing);
+            rc = buf_us(b, v->timing);
             break;
         case SLOT_TF:
-            rc = v->tf_is_int ? buf_put(b, "0", 1) : buf_double(b, v->d_tf);
+            rc = v->tf_zero ? buf_put(b, "0", 1) : buf_double(b, v->dbl[code]);
             break;
-        case SLOT_TB:
-            rc = buf_double(b, v->d_tb);
+        case SLOT_TB: case SLOT_GF: case SLOT_HIT: case SLOT_CMB: case SLOT_BPT:
+            rc = buf_double(b, v->dbl[code]);
             break;
         case SLOT_ADDR: { /* hex(ptr) */
             char s[32], *end = s + sizeof s, *p = end;
@@ -493,6 +515,9 @@ run_program(Buf *b, PyObject *prog, const Values *v, long long timing)
             }
             rc = buf_ll(b, v->ints[code]);
             break;
+        case SLOT_KS: case SLOT_VS:
+            rc = buf_shape(b, code == SLOT_KS ? v->ks : v->vs);
+            break;
         default:
             PyErr_Format(PyExc_ValueError, "render: unknown template slot %d", code);
             return -1;
@@ -503,7 +528,42 @@ run_program(Buf *b, PyObject *prog, const Values *v, long long timing)
     return 0;
 }
 
-/* A monitor attribute as a long long / double; read once per call. */
+/* One line of prog appended to lines. */
+static int
+emit(Buf *b, PyObject *prog, const Values *v, PyObject *lines)
+{
+    b->len = 0;
+    if (run_program(b, prog, v) < 0)
+        return -1;
+    PyObject *line = PyBytes_FromStringAndSize(b->p, (Py_ssize_t)b->len);
+    if (line == NULL)
+        return -1;
+    int rc = PyList_Append(lines, line);
+    Py_DECREF(line);
+    return rc;
+}
+
+/* The writer's state render keeps in C while it runs and writes back to the monitor. */
+enum { A_W_LONG_SITE, A_TOTAL_US, A_SEQ, A_W_OFF, A_W_STEP, A_W_FWD, A_W_FLOPS, A_W_LONG, A_TOTAL_FLOPS,
+       N_ATTRS };
+static const char *attr_names[N_ATTRS] = {"_w_long_site", "total_compute_us", "_seq", "_w_off", "_w_step",
+                                          "_w_fwd", "_w_flops", "_w_long", "total_flops"};
+static PyObject *attr[N_ATTRS];
+/* counts' keys */
+enum { C_COMPUTE, C_MLP, C_ALLOC, C_KV, N_COUNTS };
+static const char *count_names[N_COUNTS] = {"compute_execution", "mlp_operation", "memory_allocation",
+                                            "kv_cache_update"};
+static PyObject *count_keys[N_COUNTS];
+static PyObject *str_out, *str_attn_static;
+
+typedef struct {
+    long long seq, off, step, fwd, w_flops, w_long, total_flops;
+    double total_us;
+    PyObject *long_site; /* owned */
+    long long counts[N_COUNTS];
+    PyObject *tpl, *kv_prev; /* borrowed */
+} State;
+
 static int
 get_ll(PyObject *mon, int name, long long *out)
 {
@@ -548,23 +608,115 @@ count_add(PyObject *counts, PyObject *name, long long k)
     return rc;
 }
 
-/* resources.ResourceMonitor._w_alloc_out's fast path for one record (build, site, t1, size,
- * input shape, output shape or None, dtype, address, [memory reading]): 1 when its line was
- * appended, 0 when the Python path must take it, -1 on an error. */
-static int
-render_alloc(PyObject *r, PyObject *tpl, PyObject *lines, Buf *b, long long seq, long long off, long long step,
-             long long fwd)
+static void
+new_long(State *st, long long t, PyObject *site)
 {
-    PyObject *site = PyTuple_GetItem(r, 1), *size = PyTuple_GetItem(r, 3), *xs = PyTuple_GetItem(r, 4),
-             *os = PyTuple_GetItem(r, 5), *od = PyTuple_GetItem(r, 6), *ptr = PyTuple_GetItem(r, 7),
-             *cell = PyTuple_GetItem(r, 8);
+    if (t > st->w_long) {
+        st->w_long = t;
+        Py_INCREF(site);
+        Py_DECREF(st->long_site);
+        st->long_site = site;
+    }
+}
+
+/* A template entry's item i; NULL (no error) when the entry is not a tuple that long. */
+static PyObject *
+entry_item(PyObject *entry, Py_ssize_t n, Py_ssize_t i)
+{
+    return PyTuple_Check(entry) && PyTuple_Size(entry) == n ? PyTuple_GetItem(entry, i) : NULL;
+}
+
+/* The template entry of key (a new reference, stolen); NULL without an error: none yet. */
+static PyObject *
+lookup(State *st, PyObject *key)
+{
+    if (key == NULL)
+        return NULL;
+    PyObject *entry = PyDict_GetItemWithError(st->tpl, key); /* borrowed */
+    Py_DECREF(key);
+    return entry;
+}
+
+/* Linear (_w_linear) and module (_w_module) records of the timing wrappers:
+ * (build, site, t1, timing, input shape, input dtype, output shape or None, output dtype).
+ * 1 written, 0 for the Python path, -1 an error. */
+static int
+render_timed(State *st, PyObject *r, int is_lin, PyObject *lines, Buf *b)
+{
+    PyObject *timing = PyTuple_GetItem(r, 3), *site = PyTuple_GetItem(r, 1);
+    if (!PyLong_CheckExact(timing))
+        return 0; /* CUDA events */
+    long long t = PyLong_AsLongLong(timing), t1 = PyLong_AsLongLong(PyTuple_GetItem(r, 2));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *entry = lookup(st, PyTuple_Pack(6, site, PyTuple_GetItem(r, 4), PyTuple_GetItem(r, 5),
+                                               PyTuple_GetItem(r, 6), PyTuple_GetItem(r, 7),
+                                               t > 0 ? Py_True : Py_False));
+    if (entry == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    /* Linear: (fmts, flops, nbytes, programs); module: (fmt, flops, nbytes, counts_time, program). */
+    Py_ssize_t want = is_lin ? 4 : 5;
+    PyObject *progs = entry_item(entry, want, want - 1);
+    if (progs == NULL || progs == Py_None)
+        return 0;
+    long long flops = PyLong_AsLongLong(PyTuple_GetItem(entry, 1));
+    long long nbytes = PyLong_AsLongLong(PyTuple_GetItem(entry, 2));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (flops < 0 || st->total_flops > LLONG_MAX - flops || st->w_flops > LLONG_MAX - flops)
+        return 0; /* beyond 64 bits: Python's ints take over */
+    int counts_time = 1;
+    if (!is_lin && (counts_time = PyObject_IsTrue(PyTuple_GetItem(entry, 3))) < 0)
+        return -1;
+    new_long(st, t, site);
+    Values v;
+    memset(&v, 0, sizeof v);
+    v.ints[SLOT_TS] = floordiv1000(t1 + st->off);
+    v.ints[SLOT_SEQ] = st->seq + 1;
+    v.ints[SLOT_SEQ2] = st->seq + 2;
+    v.ints[SLOT_STEP] = st->step;
+    v.ints[SLOT_FWD] = st->fwd;
+    v.timing = t;
+    double d = (double)t / 1000.0;
+    v.tf_zero = !is_lin && flops == 0;
+    v.dbl[SLOT_TF] = t > 0 ? (double)flops / (d * 1e3) : 0.0;
+    v.dbl[SLOT_TB] = t > 0 ? (double)nbytes / (d * 1e3) : 0.0;
+    Py_ssize_t nprog = is_lin ? PyTuple_Size(progs) : 1;
+    for (Py_ssize_t k = 0; k < nprog; k++)
+        if (emit(b, is_lin ? PyTuple_GetItem(progs, k) : progs, &v, lines) < 0)
+            return -1;
+    st->seq += nprog;
+    st->counts[C_COMPUTE] += 1;
+    if (is_lin) {
+        st->w_flops += flops;
+        if (nprog > 1)
+            st->counts[C_MLP] += 1;
+    }
+    st->total_flops += flops;
+    if (counts_time)
+        st->total_us += d;
+    return 1;
+}
+
+/* An allocation's program and values, not yet written: the record of _w_alloc_out (nine
+ * items: build, site, t1, size, input shape, output shape or None, dtype, address, cell) or
+ * of _w_alloc (ten: build, site, t1, kind, size, shape, dtype, is_cuda, address, cell).
+ * 1 ready, 0 for the Python path (no memory reading yet: it reads one), -1 an error. */
+static int
+prepare_alloc(State *st, PyObject *r, PyObject **prog, Values *v)
+{
+    Py_ssize_t n = PyTuple_Size(r);
+    PyObject *site = PyTuple_GetItem(r, 1), *ptr = PyTuple_GetItem(r, n - 2), *cell = PyTuple_GetItem(r, n - 1);
     if (!PyList_Check(cell) || PyList_Size(cell) != 1)
         return 0;
     PyObject *mem = PyList_GetItem(cell, 0);
     if (!PyDict_Check(mem) || !PyLong_CheckExact(ptr) || !PyLong_CheckExact(PyTuple_GetItem(r, 2)))
-        return 0; /* no reading taken (the pass did not end): the Python path reads one */
-    Values v;
-    memset(&v, 0, sizeof v);
+        return 0;
+    memset(v, 0, sizeof *v);
     for (int k = 0; k < N_MEM; k++) {
         PyObject *m = PyDict_GetItemWithError(mem, mem_keys[k]);
         if (m == NULL) {
@@ -574,56 +726,259 @@ render_alloc(PyObject *r, PyObject *tpl, PyObject *lines, Buf *b, long long seq,
         }
         if (!PyLong_CheckExact(m))
             return 0;
-        v.ints[SLOT_RSS + k] = PyLong_AsLongLong(m);
-        v.has[SLOT_RSS + k] = 1;
+        v->ints[SLOT_RSS + k] = PyLong_AsLongLong(m);
+        v->has[SLOT_RSS + k] = 1;
     }
     long long t1 = PyLong_AsLongLong(PyTuple_GetItem(r, 2));
-    v.addr = PyLong_AsUnsignedLongLong(ptr);
+    v->addr = PyLong_AsUnsignedLongLong(ptr);
     if (PyErr_Occurred()) {
         PyErr_Clear();
         return 0;
     }
-    /* _w_alloc_out's key: the input's shape, not the output's made from it */
-    PyObject *nmem = PyLong_FromSsize_t(PyDict_Size(mem));
-    PyObject *key = nmem ? PyTuple_Pack(7, str_out, site, size, xs, os, od, nmem) : NULL;
-    Py_XDECREF(nmem);
+    PyObject *key;
+    if (n == 9) { /* _w_alloc_out's key: the input's shape, not the output's made from it */
+        PyObject *nmem = PyLong_FromSsize_t(PyDict_Size(mem));
+        key = nmem ? PyTuple_Pack(7, str_out, site, PyTuple_GetItem(r, 3), PyTuple_GetItem(r, 4),
+                                  PyTuple_GetItem(r, 5), PyTuple_GetItem(r, 6), nmem) : NULL;
+        Py_XDECREF(nmem);
+    } else { /* _w_alloc's: (site, kind, size, shape, dtype, is_cuda, tuple(mem)) */
+        PyObject *keys = PySequence_Tuple(mem);
+        key = keys ? PyTuple_Pack(7, site, PyTuple_GetItem(r, 3), PyTuple_GetItem(r, 4), PyTuple_GetItem(r, 5),
+                                  PyTuple_GetItem(r, 6), PyTuple_GetItem(r, 7), keys) : NULL;
+        Py_XDECREF(keys);
+    }
     if (key == NULL)
         return -1;
-    PyObject *entry = PyDict_GetItemWithError(tpl, key); /* borrowed */
-    Py_DECREF(key);
+    PyObject *entry = lookup(st, key);
     if (entry == NULL)
         return PyErr_Occurred() ? -1 : 0;
     /* (fmt, how the reading is filled in, program) */
-    PyObject *prog = PyTuple_Check(entry) && PyTuple_Size(entry) == 3 ? PyTuple_GetItem(entry, 2) : NULL;
-    if (prog == NULL || prog == Py_None)
+    *prog = entry_item(entry, 3, 2);
+    if (*prog == NULL || *prog == Py_None)
         return 0;
-    v.ints[SLOT_TS] = floordiv1000(t1 + off);
-    v.ints[SLOT_SEQ] = seq + 1;
-    v.ints[SLOT_STEP] = step;
-    v.ints[SLOT_FWD] = fwd;
-    b->len = 0;
-    if (run_program(b, prog, &v, 0) < 0)
-        return -1;
-    PyObject *line = PyBytes_FromStringAndSize(b->p, (Py_ssize_t)b->len);
-    if (line == NULL || PyList_Append(lines, line) < 0) {
-        Py_XDECREF(line);
-        return -1;
-    }
-    Py_DECREF(line);
+    v->ints[SLOT_TS] = floordiv1000(t1 + st->off);
+    v->ints[SLOT_STEP] = st->step;
+    v->ints[SLOT_FWD] = st->fwd;
     return 1;
+}
+
+static int
+emit_alloc(State *st, PyObject *prog, Values *v, PyObject *lines, Buf *b)
+{
+    v->ints[SLOT_SEQ] = st->seq + 1;
+    if (emit(b, prog, v, lines) < 0)
+        return -1;
+    st->seq += 1;
+    st->counts[C_ALLOC] += 1;
+    return 1;
+}
+
+/* A shape's element count; -1 when it is not a tuple of ints in range. */
+static long long
+numel(PyObject *shape)
+{
+    if (!PyTuple_Check(shape))
+        return -1;
+    long long n = 1;
+    for (Py_ssize_t i = 0; i < PyTuple_Size(shape); i++) {
+        long long d = PyLong_AsLongLong(PyTuple_GetItem(shape, i));
+        if (d < 0 || (d && n > LLONG_MAX / d)) {
+            PyErr_Clear();
+            return -1;
+        }
+        n *= d;
+    }
+    return n;
+}
+
+/* A shape's item i from the end (i < 0) or start; -1 when it has none. */
+static long long
+dim(PyObject *shape, Py_ssize_t i)
+{
+    Py_ssize_t n = PyTuple_Size(shape);
+    if (i < 0)
+        i += n;
+    if (i < 0 || i >= n)
+        return -1;
+    long long d = PyLong_AsLongLong(PyTuple_GetItem(shape, i));
+    if (d == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    return d;
+}
+
+/* The record of the attention wrapper's fast path (_w_attention_kv): (build, site, t1,
+ * timing, input shape, input dtype, output shape, output dtype, key shape before, key shape,
+ * key dtype, value shape, value dtype, output allocation record or None) — the attention
+ * event, the allocation's and the KV cache's, as _w_attention_kv writes them. */
+static int
+render_attention(State *st, PyObject *r, PyObject *walloc, PyObject *lines, Buf *b)
+{
+    PyObject *site = PyTuple_GetItem(r, 1), *timing = PyTuple_GetItem(r, 3), *xs = PyTuple_GetItem(r, 4),
+             *kb = PyTuple_GetItem(r, 8), *ks = PyTuple_GetItem(r, 9), *kd = PyTuple_GetItem(r, 10),
+             *vs = PyTuple_GetItem(r, 11), *vd = PyTuple_GetItem(r, 12), *al = PyTuple_GetItem(r, 13);
+    if (!PyLong_CheckExact(timing) || !PyTuple_Check(xs) || !PyTuple_Check(ks) || !PyTuple_Check(vs) ||
+        (kb != Py_None && !PyTuple_Check(kb)))
+        return 0;
+    long long t = PyLong_AsLongLong(timing), t1 = PyLong_AsLongLong(PyTuple_GetItem(r, 2));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *as = PyObject_GetAttr(site, str_attn_static); /* (seq_first, heads, head_dim, idx) */
+    if (as == NULL)
+        return -1;
+    int ok = PyTuple_Check(as) && PyTuple_Size(as) == 4;
+    PyObject *heads_o = ok ? PyTuple_GetItem(as, 1) : NULL, *hd_o = ok ? PyTuple_GetItem(as, 2) : NULL;
+    PyObject *idx = ok ? PyTuple_GetItem(as, 3) : NULL;
+    int seq_first = ok ? PyObject_IsTrue(PyTuple_GetItem(as, 0)) : 0;
+    long long heads = 0, head_dim = 0;
+    if (ok && heads_o != Py_None)
+        heads = PyLong_AsLongLong(heads_o);
+    if (ok && hd_o != Py_None)
+        head_dim = PyLong_AsLongLong(hd_o);
+    int rc = 0;
+    if (!ok || seq_first < 0 || PyErr_Occurred()) {
+        PyErr_Clear();
+        goto out;
+    }
+    Py_ssize_t n = PyTuple_Size(xs);
+    long long q_len = n >= 2 ? dim(xs, seq_first ? 0 : -2) : 0;
+    long long batch = n >= 3 ? dim(xs, seq_first ? 1 : 0) : 1;
+    long long kv_len = PyTuple_Size(ks) >= 2 ? dim(ks, -2) : 0;
+    long long before = 0;
+    if (kb != Py_None && PyTuple_Size(kb) >= 2 && numel(kb) != 0)
+        before = dim(kb, -2);
+    long long nk = numel(ks), nv = numel(vs);
+    if (q_len < 0 || batch < 0 || kv_len < 0 || before < 0 || nk < 0 || nv < 0)
+        goto out;
+    /* flops = 4 * batch * heads * q_len * kv_len * head_dim, when heads and head_dim are known */
+    int has_flops = heads != 0 && head_dim != 0;
+    long long flops = 0;
+    if (has_flops) {
+        long long f[6] = {4, batch, heads, q_len, kv_len, head_dim};
+        flops = 1;
+        for (int i = 0; i < 6; i++) {
+            if (f[i] < 0 || (f[i] && flops > LLONG_MAX / f[i]))
+                goto out;
+            flops *= f[i];
+        }
+        if (st->total_flops > LLONG_MAX - flops || st->w_flops > LLONG_MAX - flops)
+            goto out;
+    }
+    int variant = !has_flops ? 0 : (flops && t > 0) ? 2 : 1;
+    PyObject *var = PyLong_FromLong(variant);
+    PyObject *entry = var ? lookup(st, PyTuple_Pack(8, site, xs, PyTuple_GetItem(r, 5), PyTuple_GetItem(r, 6),
+                                                    PyTuple_GetItem(r, 7), kd, vd, var)) : NULL;
+    Py_XDECREF(var);
+    if (entry == NULL) {
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto out;
+    }
+    /* (attention fmt, KV fmt, key item size, value item size, attention program, KV program) */
+    PyObject *pa = entry_item(entry, 6, 4), *pk = entry_item(entry, 6, 5);
+    if (pa == NULL || pk == NULL || pa == Py_None || pk == Py_None)
+        goto out;
+    long long isz_k = PyLong_AsLongLong(PyTuple_GetItem(entry, 2)), isz_v = PyLong_AsLongLong(PyTuple_GetItem(entry, 3));
+    if (PyErr_Occurred() || (isz_k && nk > (LLONG_MAX / 2) / isz_k) || (isz_v && nv > (LLONG_MAX / 2) / isz_v)) {
+        PyErr_Clear();
+        goto out;
+    }
+    /* The output allocation: written between the two, or the whole record goes to Python. */
+    PyObject *aprog = NULL;
+    Values av;
+    if (al != Py_None) {
+        if (!PyTuple_Check(al) || PyTuple_Size(al) != 10 || PyTuple_GetItem(al, 0) != walloc)
+            goto out;
+        rc = prepare_alloc(st, al, &aprog, &av);
+        if (rc <= 0)
+            goto out;
+        rc = 0;
+    }
+    new_long(st, t, site);
+    Values v;
+    memset(&v, 0, sizeof v);
+    v.ks = ks;
+    v.vs = vs;
+    v.ints[SLOT_TS] = floordiv1000(t1 + st->off);
+    v.ints[SLOT_SEQ] = st->seq + 1;
+    v.ints[SLOT_STEP] = st->step;
+    v.ints[SLOT_FWD] = st->fwd;
+    v.ints[SLOT_QT] = q_len;
+    v.ints[SLOT_KT] = kv_len;
+    v.ints[SLOT_FL] = flops;
+    v.dbl[SLOT_GF] = (double)flops / 1e9;
+    v.timing = t;
+    v.tf_zero = 0;
+    double d = (double)t / 1000.0;
+    v.dbl[SLOT_TF] = t > 0 ? (double)flops / (d * 1e3) : 0.0;
+    if (emit(b, pa, &v, lines) < 0) {
+        rc = -1;
+        goto out;
+    }
+    st->seq += 1;
+    st->counts[C_COMPUTE] += 1;
+    if (flops) {
+        st->w_flops += flops;
+        st->total_flops += flops;
+    }
+    if (aprog != NULL && emit_alloc(st, aprog, &av, lines, b) < 0) {
+        rc = -1;
+        goto out;
+    }
+    /* _kv_step: the cache's bytes, and their growth since this layer's last update */
+    long long nbytes = nk * isz_k + nv * isz_v, grew_from = 0;
+    PyObject *prev = PyDict_GetItemWithError(st->kv_prev, idx); /* borrowed */
+    if (prev == NULL && PyErr_Occurred()) {
+        rc = -1;
+        goto out;
+    }
+    if (prev != NULL && before > 0) {
+        grew_from = PyLong_AsLongLong(prev);
+        if (grew_from == -1 && PyErr_Occurred()) {
+            rc = -1;
+            goto out;
+        }
+    }
+    PyObject *nb = PyLong_FromLongLong(nbytes);
+    if (nb == NULL || PyDict_SetItem(st->kv_prev, idx, nb) < 0) {
+        Py_XDECREF(nb);
+        rc = -1;
+        goto out;
+    }
+    Py_DECREF(nb);
+    v.ints[SLOT_SEQ] = st->seq + 1;
+    v.ints[SLOT_LEN] = kv_len;
+    v.ints[SLOT_PREV] = before;
+    v.ints[SLOT_NEW] = kv_len - before;
+    v.ints[SLOT_REUSED] = before;
+    v.dbl[SLOT_HIT] = kv_len ? (double)before / (double)kv_len : 0.0;
+    v.ints[SLOT_CB] = nbytes;
+    v.dbl[SLOT_CMB] = (double)nbytes / 1048576.0;
+    v.dbl[SLOT_BPT] = kv_len ? (double)nbytes / (double)kv_len : 0.0;
+    v.ints[SLOT_GROW] = nbytes - grew_from;
+    if (emit(b, pk, &v, lines) < 0) {
+        rc = -1;
+        goto out;
+    }
+    st->seq += 1;
+    st->counts[C_KV] += 1;
+    rc = 1;
+out:
+    Py_DECREF(as);
+    return rc;
 }
 
 PyDoc_STRVAR(render_doc,
 "render(monitor, records, start, lines, deadline_ns, consts) -> int\n"
 "--\n\n"
-"The resource writer's fast path (resources.py, ResourceMonitor._w_linear, _w_module and\n"
-"_w_alloc_out)\n"
-"for records[start:]: each record of a Linear or module timed on the CPU whose template is\n"
-"known becomes its JSON lines, appended to lines, with the monitor's counters advanced as\n"
-"those methods advance them. Stops at the first other record, or once the monotonic clock\n"
-"passes deadline_ns, and returns the index of the first record not written. consts is\n"
-"(monitor._build_linear, _build_module, _build_alloc, _tpl, counts); the caller has\n"
-"checked monitor._fast.");
+"The resource writer's fast paths (resources.py: ResourceMonitor._w_linear, _w_module,\n"
+"_w_alloc_out, _w_alloc, _w_attention_kv) for records[start:]: each record of those whose\n"
+"templates are known becomes its JSON lines, appended to lines, with the monitor's counters\n"
+"advanced as those methods advance them. Stops at the first other record, or once the\n"
+"monotonic clock passes deadline_ns, and returns the index of the first record not\n"
+"written. consts is the monitor's (_build_linear, _build_module, _build_alloc,\n"
+"_build_attention, _build_walloc, _tpl, counts, _kv_prev_bytes); the caller has checked\n"
+"monitor._fast.");
 
 static PyObject *
 render(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -638,142 +993,65 @@ render(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     long long deadline = PyLong_AsLongLong(args[4]);
     if (PyErr_Occurred())
         return NULL;
-    if (!PyList_Check(recs) || !PyList_Check(lines) || !PyTuple_Check(consts) || PyTuple_Size(consts) != 5 ||
-        !PyDict_Check(PyTuple_GetItem(consts, 3)) || !PyDict_Check(PyTuple_GetItem(consts, 4))) {
+    if (!PyList_Check(recs) || !PyList_Check(lines) || !PyTuple_Check(consts) || PyTuple_Size(consts) != 8 ||
+        !PyDict_Check(PyTuple_GetItem(consts, 5)) || !PyDict_Check(PyTuple_GetItem(consts, 6)) ||
+        !PyDict_Check(PyTuple_GetItem(consts, 7))) {
         PyErr_SetString(PyExc_TypeError, "render: records and lines must be lists, consts the monitor's "
-                                         "(_build_linear, _build_module, _build_alloc, _tpl, counts)");
+                                         "(_build_linear, _build_module, _build_alloc, _build_attention, "
+                                         "_build_walloc, _tpl, counts, _kv_prev_bytes)");
         return NULL;
     }
     Py_ssize_t n = PyList_Size(recs), i = start;
     if (i >= n)
         return PyLong_FromSsize_t(i);
-
-    PyObject *lin = NULL, *mod = NULL, *allocb = NULL, *tpl = NULL, *counts = NULL, *long_site = NULL, *tot_us = NULL,
-             *result = NULL;
+    /* Passed by the caller once per batch (they stay for the monitor's life): fewer
+     * attribute reads per call. */
+    PyObject *lin = PyTuple_GetItem(consts, 0), *mod = PyTuple_GetItem(consts, 1),
+             *alloc_out = PyTuple_GetItem(consts, 2), *attn = PyTuple_GetItem(consts, 3),
+             *walloc = PyTuple_GetItem(consts, 4), *counts = PyTuple_GetItem(consts, 6);
+    Py_INCREF(consts); /* keeps the borrowed items alive */
+    State st;
+    memset(&st, 0, sizeof st);
+    st.tpl = PyTuple_GetItem(consts, 5);
+    st.kv_prev = PyTuple_GetItem(consts, 7);
+    PyObject *tot_us = NULL, *result = NULL;
     Buf b = {NULL, 0, 0};
-    long long seq, off, step, fwd, w_flops, w_long, total_flops;
-    double total_us;
-    long long n_ce = 0, n_mlp = 0, n_alloc = 0;
     int dirty = 0;
-    /* Read once per batch by the caller (they stay for the monitor's life): fewer attribute
-     * reads per call, and the writer calls this once per run of such records. */
-    lin = PyTuple_GetItem(consts, 0);
-    mod = PyTuple_GetItem(consts, 1);
-    allocb = PyTuple_GetItem(consts, 2);
-    tpl = PyTuple_GetItem(consts, 3);
-    counts = PyTuple_GetItem(consts, 4);
-    Py_INCREF(lin); Py_INCREF(mod); Py_INCREF(allocb); Py_INCREF(tpl); Py_INCREF(counts);
-    long_site = PyObject_GetAttr(mon, attr[A_W_LONG_SITE]);
-    tot_us = long_site ? PyObject_GetAttr(mon, attr[A_TOTAL_US]) : NULL;
-    if (tot_us == NULL || get_ll(mon, A_SEQ, &seq) || get_ll(mon, A_W_OFF, &off) || get_ll(mon, A_W_STEP, &step) ||
-        get_ll(mon, A_W_FWD, &fwd) || get_ll(mon, A_W_FLOPS, &w_flops) || get_ll(mon, A_W_LONG, &w_long) ||
-        get_ll(mon, A_TOTAL_FLOPS, &total_flops))
+    st.long_site = PyObject_GetAttr(mon, attr[A_W_LONG_SITE]);
+    tot_us = st.long_site ? PyObject_GetAttr(mon, attr[A_TOTAL_US]) : NULL;
+    if (tot_us == NULL || get_ll(mon, A_SEQ, &st.seq) || get_ll(mon, A_W_OFF, &st.off) ||
+        get_ll(mon, A_W_STEP, &st.step) || get_ll(mon, A_W_FWD, &st.fwd) || get_ll(mon, A_W_FLOPS, &st.w_flops) ||
+        get_ll(mon, A_W_LONG, &st.w_long) || get_ll(mon, A_TOTAL_FLOPS, &st.total_flops))
         goto done;
-    total_us = PyFloat_AsDouble(tot_us);
-    if (total_us == -1.0 && PyErr_Occurred())
+    st.total_us = PyFloat_AsDouble(tot_us);
+    if (st.total_us == -1.0 && PyErr_Occurred())
         goto done;
 
     for (; i < n; i++) {
         PyObject *r = PyList_GetItem(recs, i);
-        if (PyTuple_Check(r) && PyTuple_Size(r) == 9 && PyTuple_GetItem(r, 0) == allocb) {
-            int rc = render_alloc(r, tpl, lines, &b, seq, off, step, fwd);
-            if (rc < 0)
-                goto done;
-            if (rc == 0)
-                break;
-            seq += 1;
-            n_alloc += 1;
-            dirty = 1;
-            if (monotonic_ns() > deadline) {
-                i++;
-                break;
-            }
-            continue;
-        }
-        if (!PyTuple_Check(r) || PyTuple_Size(r) != 8)
+        if (!PyTuple_Check(r) || PyTuple_Size(r) < 8)
             break;
-        PyObject *bld = PyTuple_GetItem(r, 0), *timing = PyTuple_GetItem(r, 3);
-        int is_lin = bld == lin;
-        if ((!is_lin && bld != mod) || !PyLong_CheckExact(timing))
-            break;
-        long long t = PyLong_AsLongLong(timing), t1 = PyLong_AsLongLong(PyTuple_GetItem(r, 2));
-        if (PyErr_Occurred()) {
-            PyErr_Clear(); /* not a 64-bit clock reading: the Python path takes it */
+        PyObject *bld = PyTuple_GetItem(r, 0);
+        Py_ssize_t size = PyTuple_Size(r);
+        int rc;
+        if (size == 8 && (bld == lin || bld == mod)) {
+            rc = render_timed(&st, r, bld == lin, lines, &b);
+        } else if ((size == 9 && bld == alloc_out) || (size == 10 && bld == walloc)) {
+            PyObject *prog = NULL;
+            Values v;
+            rc = prepare_alloc(&st, r, &prog, &v);
+            if (rc > 0)
+                rc = emit_alloc(&st, prog, &v, lines, &b);
+        } else if (size == 14 && bld == attn) {
+            rc = render_attention(&st, r, walloc, lines, &b);
+        } else {
             break;
         }
-        PyObject *site = PyTuple_GetItem(r, 1);
-        PyObject *key = PyTuple_Pack(6, site, PyTuple_GetItem(r, 4), PyTuple_GetItem(r, 5),
-                                     PyTuple_GetItem(r, 6), PyTuple_GetItem(r, 7), t > 0 ? Py_True : Py_False);
-        if (key == NULL)
+        if (rc < 0)
             goto done;
-        PyObject *entry = PyDict_GetItemWithError(tpl, key); /* borrowed */
-        Py_DECREF(key);
-        if (entry == NULL) {
-            if (PyErr_Occurred())
-                goto done;
-            break; /* no template yet: the Python path makes it */
-        }
-        /* Linear: (fmts, flops, nbytes, programs); module: (fmt, flops, nbytes, counts_time, program). */
-        Py_ssize_t want = is_lin ? 4 : 5;
-        if (!PyTuple_Check(entry) || PyTuple_Size(entry) != want)
+        if (rc == 0)
             break;
-        PyObject *progs = PyTuple_GetItem(entry, want - 1);
-        if (progs == Py_None)
-            break; /* a slot this path does not know */
-        long long flops = PyLong_AsLongLong(PyTuple_GetItem(entry, 1));
-        long long nbytes = PyLong_AsLongLong(PyTuple_GetItem(entry, 2));
-        if (PyErr_Occurred()) {
-            PyErr_Clear();
-            break;
-        }
-        if (total_flops > LLONG_MAX - flops || w_flops > LLONG_MAX - flops)
-            break; /* beyond 64 bits: Python's ints take over */
-        int counts_time = 1;
-        if (!is_lin) {
-            counts_time = PyObject_IsTrue(PyTuple_GetItem(entry, 3));
-            if (counts_time < 0)
-                goto done;
-        }
-        if (t > w_long) {
-            w_long = t;
-            Py_INCREF(site);
-            Py_DECREF(long_site);
-            long_site = site;
-        }
-        Py_ssize_t nprog = is_lin ? PyTuple_Size(progs) : 1;
-        Values v;
-        v.ints[SLOT_TS] = floordiv1000(t1 + off);
-        v.ints[SLOT_SEQ] = seq + 1;
-        v.ints[SLOT_SEQ2] = seq + 2;
-        v.ints[SLOT_STEP] = step;
-        v.ints[SLOT_FWD] = fwd;
-        double d = (double)t / 1000.0;
-        v.tf_is_int = !is_lin && flops == 0;
-        v.d_tf = t > 0 ? (double)flops / (d * 1e3) : 0.0;
-        v.d_tb = t > 0 ? (double)nbytes / (d * 1e3) : 0.0;
-        for (Py_ssize_t k = 0; k < nprog; k++) {
-            PyObject *prog = is_lin ? PyTuple_GetItem(progs, k) : progs;
-            b.len = 0;
-            if (prog == NULL || run_program(&b, prog, &v, t) < 0)
-                goto done;
-            PyObject *line = PyBytes_FromStringAndSize(b.p, (Py_ssize_t)b.len);
-            if (line == NULL || PyList_Append(lines, line) < 0) {
-                Py_XDECREF(line);
-                goto done;
-            }
-            Py_DECREF(line);
-        }
-        seq += nprog;
         dirty = 1;
-        n_ce += 1;
-        if (is_lin) {
-            w_flops += flops;
-            if (nprog > 1)
-                n_mlp += 1;
-        }
-        total_flops += flops;
-        if (counts_time)
-            total_us += d;
         if (monotonic_ns() > deadline) {
             i++;
             break;
@@ -785,12 +1063,12 @@ done:
     if (dirty) {
         PyObject *exc_t = NULL, *exc_v = NULL, *exc_tb = NULL;
         PyErr_Fetch(&exc_t, &exc_v, &exc_tb);
-        PyObject *us = PyFloat_FromDouble(total_us);
-        int rc = us == NULL || set_ll(mon, A_SEQ, seq) || set_ll(mon, A_W_FLOPS, w_flops) ||
-                 set_ll(mon, A_W_LONG, w_long) || PyObject_SetAttr(mon, attr[A_W_LONG_SITE], long_site) ||
-                 set_ll(mon, A_TOTAL_FLOPS, total_flops) || PyObject_SetAttr(mon, attr[A_TOTAL_US], us) ||
-                 count_add(counts, str_compute_execution, n_ce) || count_add(counts, str_mlp_operation, n_mlp) ||
-                 count_add(counts, str_memory_allocation, n_alloc);
+        PyObject *us = PyFloat_FromDouble(st.total_us);
+        int rc = us == NULL || set_ll(mon, A_SEQ, st.seq) || set_ll(mon, A_W_FLOPS, st.w_flops) ||
+                 set_ll(mon, A_W_LONG, st.w_long) || PyObject_SetAttr(mon, attr[A_W_LONG_SITE], st.long_site) ||
+                 set_ll(mon, A_TOTAL_FLOPS, st.total_flops) || PyObject_SetAttr(mon, attr[A_TOTAL_US], us);
+        for (int k = 0; k < N_COUNTS && !rc; k++)
+            rc = count_add(counts, count_keys[k], st.counts[k]);
         Py_XDECREF(us);
         if (exc_t != NULL) {
             PyErr_Restore(exc_t, exc_v, exc_tb);
@@ -799,8 +1077,9 @@ done:
         }
     }
     PyMem_Free(b.p);
-    Py_XDECREF(lin); Py_XDECREF(mod); Py_XDECREF(allocb); Py_XDECREF(tpl); Py_XDECREF(counts); Py_XDECREF(long_site);
+    Py_XDECREF(st.long_site);
     Py_XDECREF(tot_us);
+    Py_DECREF(consts);
     return result;
 }
 
@@ -809,6 +1088,15 @@ static PyMethodDef methods[] = {
     {"render", (PyCFunction)(void (*)(void))render, METH_FASTCALL, render_doc},
     {NULL, NULL, 0, NULL},
 };
+
+static int
+intern_all(PyObject **dst, const char **names, int n)
+{
+    for (int i = 0; i < n; i++)
+        if ((dst[i] = PyUnicode_InternFromString(names[i])) == NULL)
+            return -1;
+    return 0;
+}
 
 static int
 exec_module(PyObject *m)
@@ -820,21 +1108,12 @@ exec_module(PyObject *m)
     str_data_ptr = PyUnicode_InternFromString("data_ptr");
     str_fwd_mem = PyUnicode_InternFromString("_fwd_mem");
     str_mem_cell = PyUnicode_InternFromString("_mem_cell");
-    str_compute_execution = PyUnicode_InternFromString("compute_execution");
-    str_mlp_operation = PyUnicode_InternFromString("mlp_operation");
-    str_memory_allocation = PyUnicode_InternFromString("memory_allocation");
     str_out = PyUnicode_InternFromString("out");
-    if (!str_memory_allocation || !str_out)
-        return -1;
-    for (int i = 0; i < N_MEM; i++)
-        if ((mem_keys[i] = PyUnicode_InternFromString(mem_names[i])) == NULL)
-            return -1;
+    str_attn_static = PyUnicode_InternFromString("attn_static");
     if (!str_shape || !str_dtype || !str_nbytes || !str_hook_ns || !str_data_ptr || !str_fwd_mem || !str_mem_cell ||
-        !str_compute_execution || !str_mlp_operation)
+        !str_out || !str_attn_static || intern_all(mem_keys, mem_names, N_MEM) ||
+        intern_all(attr, attr_names, N_ATTRS) || intern_all(count_keys, count_names, N_COUNTS))
         return -1;
-    for (int i = 0; i < N_ATTRS; i++)
-        if ((attr[i] = PyUnicode_InternFromString(attr_names[i])) == NULL)
-            return -1;
     PyObject *tp = PyType_FromSpec(&tf_spec);
     if (tp == NULL)
         return -1;

@@ -627,6 +627,8 @@ class ResourceMonitor:
         self._build_linear = self._w_linear
         self._build_module = self._w_module
         self._build_alloc = self._w_alloc_out
+        self._build_attention = self._w_attention_kv
+        self._build_walloc = self._w_alloc
         # False: every module timed by the general wrapper and every event built by the
         # general builders (the tests compare both paths).
         self._fast = True
@@ -1093,7 +1095,7 @@ class ResourceMonitor:
         hand_off = self._hand_off_passes
         attn_end = self._attn_end
         layer_id = site.layer_id
-        w_handoff, w_alloc = self._w_handoff, self._w_alloc
+        w_handoff, w_alloc = self._w_handoff, self._build_walloc
         src = "proc_meminfo_used_over_total"
 
         def forward(*args: Any, **kwargs: Any) -> Any:
@@ -1255,8 +1257,8 @@ class ResourceMonitor:
         long = self._long
         hand_off = self._hand_off_passes
         layer_id = site.layer_id
-        record = self._w_attention_kv
-        alloc = self._w_alloc
+        record = self._build_attention
+        alloc = self._build_walloc
         site.attn_static = (seq_first, site.n_heads, site.head_dim, idx)
 
         def forward(*args: Any, **kwargs: Any) -> Any:
@@ -1490,7 +1492,7 @@ class ResourceMonitor:
         cell = self._fwd_mem
         if cell is None:  # outside a forward pass of the model: read the memory now
             cell = [self._mem_now()]
-        self._records.append((self._w_alloc, site, tc, "module_output", t.nbytes, t.shape, t.dtype,
+        self._records.append((self._build_walloc, site, tc, "module_output", t.nbytes, t.shape, t.dtype,
                               t.is_cuda, t.data_ptr(), cell))
 
     def _parameter_events(self) -> None:
@@ -2129,7 +2131,7 @@ class ResourceMonitor:
         if tpl is None:
             tpl = self._tpl[key] = self._attention_kv_templates(site, tns, timing, xs, xd, os_, od, q_len, kv_len,
                                                                 ks, kd, vs, vd, flops, before, variant)
-        fa, fk, isz_k, isz_v = tpl
+        fa, fk, isz_k, isz_v, _, _ = tpl
         sk, nk = _shape_info(ks)
         sv, nv = _shape_info(vs)
         ts = tns // 1000
@@ -2169,9 +2171,10 @@ class ResourceMonitor:
 
     def _attention_kv_templates(self, site: _Site, tns: int, timing: int, xs: Any, xd: Any, os_: Any, od: Any,
                                 q_len: int, kv_len: int, ks: Any, kd: Any, vs: Any, vd: Any, flops: Optional[int],
-                                before: int, variant: int) -> Tuple[str, str, int, int]:
-        """The positional templates of ``_w_attention_kv`` (attention event, KV-cache event) and
-        the cache's item sizes, made from the events the builders make."""
+                                before: int, variant: int) -> Tuple[str, str, int, int, Any, Any]:
+        """The positional templates of ``_w_attention_kv`` (attention event, KV-cache event),
+        the cache's item sizes and the C programs of both templates, made from the events the
+        builders make."""
         ctx = (site, tns // 1000, self._w_step, self._w_fwd)
         km, vm = _meta(ks, kd), _meta(vs, vd)
         ev = self._template_of(self._b_attention, ctx, timing, _meta(xs, xd), _meta(os_, od), q_len, kv_len, km,
@@ -2183,6 +2186,7 @@ class ResourceMonitor:
         it += ',{"name":"key_cache","shape":%(ks)s,"dtype":' + _ENCODER.encode(_dname(kd))
         it += '},{"name":"value_cache","shape":%(vs)s,"dtype":' + _ENCODER.encode(_dname(vd)) + "}]"
         fa = _compile(ev, "seq", slots).replace("%(it)s", it)
+        pa = _program(fa)
         names = ["ts", "seq", "ts", "step", "fwd", "ks", "vs", "qt", "kt"]
         names += ["d"] if variant == 0 else ["fl", "gf", "d"] if variant == 1 else ["fl", "gf", "d", "tf"]
         fa = _positional(fa, names)
@@ -2195,9 +2199,11 @@ class ResourceMonitor:
                 self._kv_prev_bytes.pop(idx, None)
             else:
                 self._kv_prev_bytes[idx] = prev
-        fk = _positional(_compile(ev, "seq", _KV_SLOTS), ["ts", "seq", "ts", "step", "fwd", "len", "prev", "new",
-                                                          "reused", "hit", "cb", "cmb", "bpt", "grow", "ks", "vs"])
-        return fa, fk, _itemsize(kd), _itemsize(vd)
+        fk = _compile(ev, "seq", _KV_SLOTS)
+        pk = _program(fk)
+        fk = _positional(fk, ["ts", "seq", "ts", "step", "fwd", "len", "prev", "new", "reused", "hit", "cb", "cmb",
+                              "bpt", "grow", "ks", "vs"])
+        return fa, fk, _itemsize(kd), _itemsize(vd), pa, pk
 
     def _template_of(self, builder: Callable[..., List[Dict[str, Any]]], *args: Any) -> List[Dict[str, Any]]:
         """The events ``builder`` makes of a record, as the model for a template (the
@@ -2254,8 +2260,8 @@ class ResourceMonitor:
         clock = time.perf_counter_ns
         last = clock()
         render = _render if self._fast else None
-        fast = (self._build_linear, self._build_module, self._build_alloc)
-        consts = fast + (self._tpl, counts)
+        fast = (self._build_linear, self._build_module, self._build_alloc, self._build_attention, self._build_walloc)
+        consts = fast + (self._tpl, counts, self._kv_prev_bytes)
         i, n = 0, len(recs)
         while i < n:
             if render is not None and recs[i][0] in fast:
@@ -2384,9 +2390,10 @@ _ITEMSIZE: Dict[Any, int] = {}
 
 
 #: The slots the C writer fills (``_speedups.render``), by their number there.
-_C_SLOTS = {"ts": 0, "seq": 1, "seq2": 2, "step": 3, "fwd": 4, "d": 5, "tf": 6, "tb": 7, "addr": 8,
-            "process_rss_bytes": 9, "device_memory_allocated_bytes": 10, "device_memory_reserved_bytes": 11,
-            "device_memory_peak_bytes": 12}
+_C_SLOTS = {name: i for i, name in enumerate((
+    "ts", "seq", "seq2", "step", "fwd", "d", "tf", "tb", "addr", "process_rss_bytes", "device_memory_allocated_bytes",
+    "device_memory_reserved_bytes", "device_memory_peak_bytes", "ks", "vs", "qt", "kt", "fl", "gf", "len", "prev",
+    "new", "reused", "hit", "cb", "cmb", "bpt", "grow"))}
 _FORMAT_RE = re.compile(r"%\((\w+)\)s|%%")
 
 
