@@ -325,7 +325,7 @@ enum {
     SLOT_TS, SLOT_SEQ, SLOT_SEQ2, SLOT_STEP, SLOT_FWD, SLOT_D, SLOT_TF, SLOT_TB, SLOT_ADDR,
     SLOT_RSS, SLOT_DEV_ALLOCATED, SLOT_DEV_RESERVED, SLOT_DEV_PEAK,
     SLOT_KS, SLOT_VS, SLOT_QT, SLOT_KT, SLOT_FL, SLOT_GF, SLOT_LEN, SLOT_PREV, SLOT_NEW, SLOT_REUSED,
-    SLOT_HIT, SLOT_CB, SLOT_CMB, SLOT_BPT, SLOT_GROW,
+    SLOT_HIT, SLOT_CB, SLOT_CMB, SLOT_BPT, SLOT_GROW, SLOT_BW, SLOT_MP, SLOT_MF,
     N_SLOTS, SLOT_NONE = 255
 };
 /* The memory reading's keys of SLOT_RSS and the three after it, in that order. */
@@ -493,9 +493,15 @@ run_program(Buf *b, PyObject *prog, const Values *v)
         case SLOT_TF:
             rc = v->tf_zero ? buf_put(b, "0", 1) : buf_double(b, v->dbl[code]);
             break;
-        case SLOT_TB: case SLOT_GF: case SLOT_HIT: case SLOT_CMB: case SLOT_BPT:
+        case SLOT_TB: case SLOT_GF: case SLOT_HIT: case SLOT_CMB: case SLOT_BPT: case SLOT_BW: case SLOT_MF:
             rc = buf_double(b, v->dbl[code]);
             break;
+        case SLOT_MP: { /* resources._pressure_word of the memory-use fraction, as JSON */
+            double f = v->dbl[SLOT_MF];
+            const char *w = f < 0.5 ? "\"low\"" : f < 0.8 ? "\"medium\"" : "\"high\"";
+            rc = buf_put(b, w, strlen(w));
+            break;
+        }
         case SLOT_ADDR: { /* hex(ptr) */
             char s[32], *end = s + sizeof s, *p = end;
             unsigned long long a = v->addr;
@@ -545,19 +551,20 @@ emit(Buf *b, PyObject *prog, const Values *v, PyObject *lines)
 
 /* The writer's state render keeps in C while it runs and writes back to the monitor. */
 enum { A_W_LONG_SITE, A_TOTAL_US, A_SEQ, A_W_OFF, A_W_STEP, A_W_FWD, A_W_FLOPS, A_W_LONG, A_TOTAL_FLOPS,
-       N_ATTRS };
+       A_FLOWS, A_W_FRAC, N_ATTRS };
 static const char *attr_names[N_ATTRS] = {"_w_long_site", "total_compute_us", "_seq", "_w_off", "_w_step",
-                                          "_w_fwd", "_w_flops", "_w_long", "total_flops"};
+                                          "_w_fwd", "_w_flops", "_w_long", "total_flops", "component_flows",
+                                          "_w_frac"};
 static PyObject *attr[N_ATTRS];
 /* counts' keys */
-enum { C_COMPUTE, C_MLP, C_ALLOC, C_KV, N_COUNTS };
+enum { C_COMPUTE, C_MLP, C_ALLOC, C_KV, C_HANDOFF, N_COUNTS };
 static const char *count_names[N_COUNTS] = {"compute_execution", "mlp_operation", "memory_allocation",
-                                            "kv_cache_update"};
+                                            "kv_cache_update", "component_handoff"};
 static PyObject *count_keys[N_COUNTS];
-static PyObject *str_out, *str_attn_static;
+static PyObject *str_out, *str_attn_static, *str_handoff;
 
 typedef struct {
-    long long seq, off, step, fwd, w_flops, w_long, total_flops;
+    long long seq, off, step, fwd, w_flops, w_long, total_flops, flows;
     double total_us;
     PyObject *long_site; /* owned */
     long long counts[N_COUNTS];
@@ -968,17 +975,81 @@ out:
     return rc;
 }
 
+/* The MLP wrapper's handoff record (_w_handoff): (build, site, t1, timing, shape, dtype,
+ * is_cuda, memory-use fraction or unread, source). */
+static int
+render_handoff(State *st, PyObject *mon, PyObject *r, PyObject *unread, PyObject *lines, Buf *b)
+{
+    PyObject *site = PyTuple_GetItem(r, 1), *timing = PyTuple_GetItem(r, 3), *frac = PyTuple_GetItem(r, 7);
+    if (!PyLong_CheckExact(timing))
+        return 0;
+    long long t = PyLong_AsLongLong(timing), t1 = PyLong_AsLongLong(PyTuple_GetItem(r, 2));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *owned = NULL;
+    if (frac == unread) { /* the pass's reading, once the Python path has taken it */
+        owned = frac = PyObject_GetAttr(mon, attr[A_W_FRAC]);
+        if (frac == NULL)
+            return -1;
+    }
+    int rc = 0;
+    if (frac == unread || (frac != Py_None && !PyFloat_CheckExact(frac)))
+        goto out;
+    int variant = (t > 0) + 2 * (frac != Py_None);
+    PyObject *var = PyLong_FromLong(variant);
+    PyObject *entry = var ? lookup(st, PyTuple_Pack(6, str_handoff, site, PyTuple_GetItem(r, 4), PyTuple_GetItem(r, 5),
+                                                    PyTuple_GetItem(r, 8), var)) : NULL;
+    Py_XDECREF(var);
+    if (entry == NULL) {
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto out;
+    }
+    /* (fmt, bytes handed over, program) */
+    PyObject *prog = entry_item(entry, 3, 2);
+    if (prog == NULL || prog == Py_None)
+        goto out;
+    long long nbytes = PyLong_AsLongLong(PyTuple_GetItem(entry, 1));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        goto out;
+    }
+    Values v;
+    memset(&v, 0, sizeof v);
+    v.ints[SLOT_TS] = floordiv1000(t1 + st->off);
+    v.ints[SLOT_SEQ] = st->seq + 1;
+    v.ints[SLOT_STEP] = st->step;
+    v.ints[SLOT_FWD] = st->fwd;
+    v.timing = t;
+    double d = (double)t / 1000.0;
+    v.dbl[SLOT_BW] = t > 0 ? (double)nbytes / (d * 1e3) : 0.0;
+    v.dbl[SLOT_MF] = frac != Py_None ? PyFloat_AsDouble(frac) : 0.0;
+    if (emit(b, prog, &v, lines) < 0) {
+        rc = -1;
+        goto out;
+    }
+    st->seq += 1;
+    st->counts[C_HANDOFF] += 1;
+    st->flows += 1;
+    rc = 1;
+out:
+    Py_XDECREF(owned);
+    return rc;
+}
+
 PyDoc_STRVAR(render_doc,
 "render(monitor, records, start, lines, deadline_ns, consts) -> int\n"
 "--\n\n"
 "The resource writer's fast paths (resources.py: ResourceMonitor._w_linear, _w_module,\n"
-"_w_alloc_out, _w_alloc, _w_attention_kv) for records[start:]: each record of those whose\n"
+"_w_alloc_out, _w_alloc, _w_attention_kv, _w_handoff) for records[start:]: each record of\n"
+"those whose\n"
 "templates are known becomes its JSON lines, appended to lines, with the monitor's counters\n"
 "advanced as those methods advance them. Stops at the first other record, or once the\n"
 "monotonic clock passes deadline_ns, and returns the index of the first record not\n"
 "written. consts is the monitor's (_build_linear, _build_module, _build_alloc,\n"
-"_build_attention, _build_walloc, _tpl, counts, _kv_prev_bytes); the caller has checked\n"
-"monitor._fast.");
+"_build_attention, _build_walloc, _build_handoff, _tpl, counts, _kv_prev_bytes) and the\n"
+"module's _UNREAD; the caller has checked monitor._fast.");
 
 static PyObject *
 render(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -993,12 +1064,12 @@ render(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     long long deadline = PyLong_AsLongLong(args[4]);
     if (PyErr_Occurred())
         return NULL;
-    if (!PyList_Check(recs) || !PyList_Check(lines) || !PyTuple_Check(consts) || PyTuple_Size(consts) != 8 ||
-        !PyDict_Check(PyTuple_GetItem(consts, 5)) || !PyDict_Check(PyTuple_GetItem(consts, 6)) ||
-        !PyDict_Check(PyTuple_GetItem(consts, 7))) {
+    if (!PyList_Check(recs) || !PyList_Check(lines) || !PyTuple_Check(consts) || PyTuple_Size(consts) != 10 ||
+        !PyDict_Check(PyTuple_GetItem(consts, 6)) || !PyDict_Check(PyTuple_GetItem(consts, 7)) ||
+        !PyDict_Check(PyTuple_GetItem(consts, 8))) {
         PyErr_SetString(PyExc_TypeError, "render: records and lines must be lists, consts the monitor's "
                                          "(_build_linear, _build_module, _build_alloc, _build_attention, "
-                                         "_build_walloc, _tpl, counts, _kv_prev_bytes)");
+                                         "_build_walloc, _build_handoff, _tpl, counts, _kv_prev_bytes) and _UNREAD");
         return NULL;
     }
     Py_ssize_t n = PyList_Size(recs), i = start;
@@ -1008,12 +1079,13 @@ render(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
      * attribute reads per call. */
     PyObject *lin = PyTuple_GetItem(consts, 0), *mod = PyTuple_GetItem(consts, 1),
              *alloc_out = PyTuple_GetItem(consts, 2), *attn = PyTuple_GetItem(consts, 3),
-             *walloc = PyTuple_GetItem(consts, 4), *counts = PyTuple_GetItem(consts, 6);
+             *walloc = PyTuple_GetItem(consts, 4), *handoff = PyTuple_GetItem(consts, 5),
+             *counts = PyTuple_GetItem(consts, 7), *unread = PyTuple_GetItem(consts, 9);
     Py_INCREF(consts); /* keeps the borrowed items alive */
     State st;
     memset(&st, 0, sizeof st);
-    st.tpl = PyTuple_GetItem(consts, 5);
-    st.kv_prev = PyTuple_GetItem(consts, 7);
+    st.tpl = PyTuple_GetItem(consts, 6);
+    st.kv_prev = PyTuple_GetItem(consts, 8);
     PyObject *tot_us = NULL, *result = NULL;
     Buf b = {NULL, 0, 0};
     int dirty = 0;
@@ -1021,7 +1093,8 @@ render(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     tot_us = st.long_site ? PyObject_GetAttr(mon, attr[A_TOTAL_US]) : NULL;
     if (tot_us == NULL || get_ll(mon, A_SEQ, &st.seq) || get_ll(mon, A_W_OFF, &st.off) ||
         get_ll(mon, A_W_STEP, &st.step) || get_ll(mon, A_W_FWD, &st.fwd) || get_ll(mon, A_W_FLOPS, &st.w_flops) ||
-        get_ll(mon, A_W_LONG, &st.w_long) || get_ll(mon, A_TOTAL_FLOPS, &st.total_flops))
+        get_ll(mon, A_W_LONG, &st.w_long) || get_ll(mon, A_TOTAL_FLOPS, &st.total_flops) ||
+        get_ll(mon, A_FLOWS, &st.flows))
         goto done;
     st.total_us = PyFloat_AsDouble(tot_us);
     if (st.total_us == -1.0 && PyErr_Occurred())
@@ -1044,6 +1117,8 @@ render(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 rc = emit_alloc(&st, prog, &v, lines, &b);
         } else if (size == 14 && bld == attn) {
             rc = render_attention(&st, r, walloc, lines, &b);
+        } else if (size == 9 && bld == handoff) {
+            rc = render_handoff(&st, mon, r, unread, lines, &b);
         } else {
             break;
         }
@@ -1066,7 +1141,8 @@ done:
         PyObject *us = PyFloat_FromDouble(st.total_us);
         int rc = us == NULL || set_ll(mon, A_SEQ, st.seq) || set_ll(mon, A_W_FLOPS, st.w_flops) ||
                  set_ll(mon, A_W_LONG, st.w_long) || PyObject_SetAttr(mon, attr[A_W_LONG_SITE], st.long_site) ||
-                 set_ll(mon, A_TOTAL_FLOPS, st.total_flops) || PyObject_SetAttr(mon, attr[A_TOTAL_US], us);
+                 set_ll(mon, A_TOTAL_FLOPS, st.total_flops) || PyObject_SetAttr(mon, attr[A_TOTAL_US], us) ||
+                 set_ll(mon, A_FLOWS, st.flows);
         for (int k = 0; k < N_COUNTS && !rc; k++)
             rc = count_add(counts, count_keys[k], st.counts[k]);
         Py_XDECREF(us);
@@ -1110,8 +1186,9 @@ exec_module(PyObject *m)
     str_mem_cell = PyUnicode_InternFromString("_mem_cell");
     str_out = PyUnicode_InternFromString("out");
     str_attn_static = PyUnicode_InternFromString("attn_static");
+    str_handoff = PyUnicode_InternFromString("handoff");
     if (!str_shape || !str_dtype || !str_nbytes || !str_hook_ns || !str_data_ptr || !str_fwd_mem || !str_mem_cell ||
-        !str_out || !str_attn_static || intern_all(mem_keys, mem_names, N_MEM) ||
+        !str_out || !str_attn_static || !str_handoff || intern_all(mem_keys, mem_names, N_MEM) ||
         intern_all(attr, attr_names, N_ATTRS) || intern_all(count_keys, count_names, N_COUNTS))
         return -1;
     PyObject *tp = PyType_FromSpec(&tf_spec);

@@ -629,6 +629,7 @@ class ResourceMonitor:
         self._build_alloc = self._w_alloc_out
         self._build_attention = self._w_attention_kv
         self._build_walloc = self._w_alloc
+        self._build_handoff = self._w_handoff
         # False: every module timed by the general wrapper and every event built by the
         # general builders (the tests compare both paths).
         self._fast = True
@@ -1095,7 +1096,7 @@ class ResourceMonitor:
         hand_off = self._hand_off_passes
         attn_end = self._attn_end
         layer_id = site.layer_id
-        w_handoff, w_alloc = self._w_handoff, self._build_walloc
+        w_handoff, w_alloc = self._build_handoff, self._build_walloc
         src = "proc_meminfo_used_over_total"
 
         def forward(*args: Any, **kwargs: Any) -> Any:
@@ -1536,7 +1537,7 @@ class ResourceMonitor:
         else:
             frac = _UNREAD  # the machine's memory use: read by the writer (_w_handoff)
             src = "proc_meminfo_used_over_total"
-        self._records.append((self._w_handoff, site, tc, timing, t.shape, t.dtype, t.is_cuda, frac, src))
+        self._records.append((self._build_handoff, site, tc, timing, t.shape, t.dtype, t.is_cuda, frac, src))
 
     def _elementwise(self, op: str, out: Any, dur_ns: int) -> None:
         import torch
@@ -1931,8 +1932,9 @@ class ResourceMonitor:
             if frac is not None:
                 slots.update(memory_pressure="mp", memory_used_fraction="mf")
                 names += ["mp", "mf"]
-            tpl = self._tpl[key] = (_positional(_compile(ev, "seq", slots), names), ev["data_size_bytes"])
-        fmt, nbytes = tpl
+            fmt = _compile(ev, "seq", slots)
+            tpl = self._tpl[key] = (_positional(fmt, names), ev["data_size_bytes"], _program(fmt))
+        fmt, nbytes, _ = tpl
         self._seq = seq = self._seq + 1
         d = timing / 1000.0
         ts = ctx[1]
@@ -2260,8 +2262,9 @@ class ResourceMonitor:
         clock = time.perf_counter_ns
         last = clock()
         render = _render if self._fast else None
-        fast = (self._build_linear, self._build_module, self._build_alloc, self._build_attention, self._build_walloc)
-        consts = fast + (self._tpl, counts, self._kv_prev_bytes)
+        fast = (self._build_linear, self._build_module, self._build_alloc, self._build_attention, self._build_walloc,
+                self._build_handoff)
+        consts = fast + (self._tpl, counts, self._kv_prev_bytes, _UNREAD)
         i, n = 0, len(recs)
         while i < n:
             if render is not None and recs[i][0] in fast:
@@ -2393,7 +2396,7 @@ _ITEMSIZE: Dict[Any, int] = {}
 _C_SLOTS = {name: i for i, name in enumerate((
     "ts", "seq", "seq2", "step", "fwd", "d", "tf", "tb", "addr", "process_rss_bytes", "device_memory_allocated_bytes",
     "device_memory_reserved_bytes", "device_memory_peak_bytes", "ks", "vs", "qt", "kt", "fl", "gf", "len", "prev",
-    "new", "reused", "hit", "cb", "cmb", "bpt", "grow"))}
+    "new", "reused", "hit", "cb", "cmb", "bpt", "grow", "bw", "mp", "mf"))}
 _FORMAT_RE = re.compile(r"%\((\w+)\)s|%%")
 
 
