@@ -40,7 +40,7 @@ CHILD = textwrap.dedent(r'''
     from transformers import GPT2Config, GPT2LMHeadModel
     import llm_instrumentation as li
     from llm_instrumentation import _daemon as D, _protocol as P
-    from llm_instrumentation import _session, _speedups
+    from llm_instrumentation import _session, _speedups, resources
 
     venv = Path(sys.argv[1]).resolve()
     out = Path(sys.argv[2])
@@ -55,12 +55,21 @@ CHILD = textwrap.dedent(r'''
     conn.close()
     with li.open_stream(out) as r:
         n = len(r.tensors())
+    # Resource events through the wheel's C wrapper and writer.
+    res_path = out.with_name("wheel.resources.jsonl")
+    with resources.monitor_resources(m, "MINIMAL", res_path):
+        with torch.no_grad():
+            m(input_ids=torch.tensor([[1, 2, 3, 4]]))
+        c_wrapped = type(m.lm_head.__dict__["forward"]).__dict__["__call__"].__func__
+    events = [json.loads(line) for line in res_path.read_text().splitlines()]
     print(json.dumps({
         "package": li.__file__, "binary": binary, "pid": pid,
         "daemon_exe": os.readlink(f"/proc/{pid}/exe"),
         "packets": fw.summary["packets"], "read_back": n,
         "torch_from": torch.__file__,
         "speedups": _speedups.__file__, "speedups_used": _session._c_write_record is not None,
+        "resources_c": type(c_wrapped).__name__ == "TimedForward" and resources._render is not None,
+        "mul_mat_events": sum(1 for e in events if e.get("operation") == "mul_mat"),
     }))
 ''')
 
@@ -123,6 +132,7 @@ def test_wheel_in_fresh_venv(tmp_path):
         # loaded, and the session uses it.
         assert Path(info["speedups"]).resolve() == Path(purelib).resolve() / "llm_instrumentation" / "_speedups.abi3.so"
         assert info["speedups_used"], info
+        assert info["resources_c"] and info["mul_mat_events"] >= 9, info  # 2 layers x 4 + lm_head
 
         # The console script on the venv's PATH runs the same daemon binary.
         shim = shutil.which("strapd", path=path)
