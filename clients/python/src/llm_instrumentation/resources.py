@@ -2039,7 +2039,7 @@ class ResourceMonitor:
         d = timing / 1000.0
         v = {"ts": ctx[1], "seq": seq, "step": ctx[2], "fwd": ctx[3], "d": d, "qt": q_len, "kt": kv_len}
         if it is not None:
-            v["it"] = it % {"ks": _jlist(km[0]), "vs": _jlist(vm[0]) if vm is not None else "null"}
+            v["it"] = it % {"ks": _shape_info(km[0])[0], "vs": _shape_info(vm[0])[0] if vm is not None else "null"}
         if flops is not None:
             v["fl"] = flops
             v["gf"] = flops / 1e9
@@ -2072,7 +2072,7 @@ class ResourceMonitor:
         v = {"ts": ctx[1], "seq": seq, "step": ctx[2], "fwd": ctx[3], "len": length, "prev": before,
              "new": length - before, "reused": before, "hit": before / length if length else 0.0,
              "cb": nbytes, "cmb": nbytes / (1 << 20), "bpt": nbytes / length if length else 0.0,
-             "grow": growth, "ks": _jlist(shape), "vs": _jlist(vm[0]) if vm is not None else "null"}
+             "grow": growth, "ks": _shape_info(shape)[0], "vs": _shape_info(vm[0])[0] if vm is not None else "null"}
         counts = self.counts
         counts["kv_cache_update"] = counts.get("kv_cache_update", 0) + 1
         return [(fmt % v).encode()]
