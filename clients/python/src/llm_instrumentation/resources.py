@@ -1783,6 +1783,30 @@ class ResourceMonitor:
         self._w_frac = _UNREAD
         return []
 
+    def _w_forward(self, root: _Site, tns: int, timing: Any, inm: Any, out_shape: Any, cap: Optional[int],
+                   cell: List[Any], sm: Optional[float]) -> List[Any]:
+        """The model_forward event of a pass: its FLOPs are the writer's sum over the pass."""
+        mem = self._pass_mem(cell)
+        ctx = (root, tns // 1000, self._w_step, self._w_fwd)
+        if type(timing) is not int or sm is not None or not self._fast or "device_memory_peak_bytes" in mem:
+            return self._b_forward(ctx, timing, inm, out_shape, cap, mem, sm)
+        flops = self._w_flops
+        tf = bool(flops) and timing > 0
+        key = ("forward", root, inm, out_shape, cap is None, tuple(mem), tf)
+        fmt = self._tpl.get(key)
+        if fmt is None:
+            ev = self._template_of(self._b_forward, ctx, timing, inm, out_shape, cap, mem, sm)[0]
+            fmt = self._tpl[key] = _compile(ev, "seq", _FORWARD_SLOTS)
+        self._seq = seq = self._seq + 1
+        d = timing / 1000.0
+        v = dict(mem)
+        v.update(ts=ctx[1], seq=seq, step=ctx[2], fwd=ctx[3], fl=flops, gf=flops / 1e9, cap=cap, d=d)
+        if tf:
+            v["tf"] = flops / (d * 1e3)
+        counts = self.counts
+        counts["compute_execution"] = counts.get("compute_execution", 0) + 1
+        return [(fmt % v).encode()]
+
     def _w_linear(self, site: _Site, tc: int, timing: Any, xs: Any, xd: Any, os_: Any, od: Any) -> List[Any]:
         if type(timing) is not int:  # a CUDA event pair: resolved and built the general way
             return self._b_linear_rec(site, tc, timing, xs, xd, os_, od)
@@ -1897,30 +1921,6 @@ class ResourceMonitor:
         counts["component_handoff"] = counts.get("component_handoff", 0) + 1
         self.component_flows += 1
         return [line.encode()]
-
-    def _w_forward(self, root: _Site, tns: int, timing: Any, inm: Any, out_shape: Any, cap: Optional[int],
-                   cell: List[Any], sm: Optional[float]) -> List[Any]:
-        """The model_forward event of a pass: its FLOPs are the writer's sum over the pass."""
-        mem = self._pass_mem(cell)
-        ctx = (root, tns // 1000, self._w_step, self._w_fwd)
-        if type(timing) is not int or sm is not None or not self._fast or "device_memory_peak_bytes" in mem:
-            return self._b_forward(ctx, timing, inm, out_shape, cap, mem, sm)
-        flops = self._w_flops
-        tf = bool(flops) and timing > 0
-        key = ("forward", root, inm, out_shape, cap is None, tuple(mem), tf)
-        fmt = self._tpl.get(key)
-        if fmt is None:
-            ev = self._template_of(self._b_forward, ctx, timing, inm, out_shape, cap, mem, sm)[0]
-            fmt = self._tpl[key] = _compile(ev, "seq", _FORWARD_SLOTS)
-        self._seq = seq = self._seq + 1
-        d = timing / 1000.0
-        v = dict(mem)
-        v.update(ts=ctx[1], seq=seq, step=ctx[2], fwd=ctx[3], fl=flops, gf=flops / 1e9, cap=cap, d=d)
-        if tf:
-            v["tf"] = flops / (d * 1e3)
-        counts = self.counts
-        counts["compute_execution"] = counts.get("compute_execution", 0) + 1
-        return [(fmt % v).encode()]
 
     def _w_alloc_out(self, site: _Site, tc: int, size: int, xs: Any, os_: Any, od: Any, ptr: int,
                      cell: List[Any]) -> List[Any]:
