@@ -1970,9 +1970,7 @@ class ResourceMonitor:
     def _w_alloc(self, site: _Site, tc: int, kind: str, size: int, shape: Any, dtype: Any, is_cuda: bool,
                  ptr: int, cell: List[Any]) -> List[Any]:
         tns = tc + self._w_off
-        mem = cell[0]
-        if mem is None:
-            mem = self._pass_mem(cell)
+        mem = self._pass_mem(cell)
         if not self._fast:
             return self._b_alloc((site, tns // 1000, self._w_step, self._w_fwd), kind, size, shape, dtype, is_cuda,
                                  ptr, mem)
