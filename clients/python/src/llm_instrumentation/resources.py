@@ -2099,7 +2099,7 @@ class ResourceMonitor:
                 out += al[0](*al[1:])
             return out + self._w_kv(site, tns, idx, km, vm, before)
         variant = 0 if flops is None else 2 if flops and timing > 0 else 1
-        key = ("attention_kv", site, xs, xd, os_, od, kd, vd, variant)
+        key = (site, xs, xd, os_, od, kd, vd, variant)
         tpl = self._tpl.get(key)
         if tpl is None:
             tpl = self._tpl[key] = self._attention_kv_templates(site, tns, timing, xs, xd, os_, od, q_len, kv_len,
