@@ -1926,17 +1926,14 @@ class ResourceMonitor:
                      cell: List[Any]) -> List[Any]:
         """The output allocation of a module timed by ``_fast_forward`` (on the CPU; the
         shape of a Linear's output follows from its input's)."""
-        mem = cell[0]
-        if mem is None:
-            mem = self._pass_mem(cell)
+        mem = self._pass_mem(cell)
         if not self._fast:
             if os_ is None:
                 os_ = xs[:-1] + (site.static[4],)
             return self._w_alloc(site, tc, "module_output", size, os_, od, False, ptr, cell)
-        # The template is keyed by the input's shape rather than the output's made from it (the
-        # size follows from the shape and dtype). On the CPU a memory reading is the RSS or
-        # nothing (``_mem_now``): its length tells which.
-        key = ("out", site, xs, os_, od, len(mem))
+        # The template is keyed by the input's shape rather than the output's made from it. On
+        # the CPU a memory reading is the RSS or nothing (``_mem_now``): its length tells which.
+        key = ("out", site, size, xs, os_, od, len(mem))
         tpl = self._tpl.get(key)
         if tpl is None:
             shape = os_ if os_ is not None else xs[:-1] + (site.static[4],)
@@ -2105,9 +2102,8 @@ class ResourceMonitor:
             tpl = self._tpl[key] = self._attention_kv_templates(site, tns, timing, xs, xd, os_, od, q_len, kv_len,
                                                                 ks, kd, vs, vd, flops, before, variant)
         fa, fk, isz_k, isz_v = tpl
-        shapes = _SHAPES
-        sk, nk = shapes.get(ks) or _shape_info(ks)
-        sv, nv = shapes.get(vs) or _shape_info(vs)
+        sk, nk = _shape_info(ks)
+        sv, nv = _shape_info(vs)
         ts = tns // 1000
         step, fwd = self._w_step, self._w_fwd
         seq = self._seq + 1
