@@ -561,7 +561,7 @@ enum { C_COMPUTE, C_MLP, C_ALLOC, C_KV, C_HANDOFF, N_COUNTS };
 static const char *count_names[N_COUNTS] = {"compute_execution", "mlp_operation", "memory_allocation",
                                             "kv_cache_update", "component_handoff"};
 static PyObject *count_keys[N_COUNTS];
-static PyObject *str_out, *str_attn_static, *str_handoff, *str_attention_kv;
+static PyObject *str_out, *str_attn_static, *str_handoff;
 
 typedef struct {
     long long seq, off, step, fwd, w_flops, w_long, total_flops, flows;
@@ -745,8 +745,8 @@ prepare_alloc(State *st, PyObject *r, PyObject **prog, Values *v)
     PyObject *key;
     if (n == 9) { /* _w_alloc_out's key: the input's shape, not the output's made from it */
         PyObject *nmem = PyLong_FromSsize_t(PyDict_Size(mem));
-        key = nmem ? PyTuple_Pack(6, str_out, site, PyTuple_GetItem(r, 4), PyTuple_GetItem(r, 5),
-                                  PyTuple_GetItem(r, 6), nmem) : NULL;
+        key = nmem ? PyTuple_Pack(7, str_out, site, PyTuple_GetItem(r, 3), PyTuple_GetItem(r, 4),
+                                  PyTuple_GetItem(r, 5), PyTuple_GetItem(r, 6), nmem) : NULL;
         Py_XDECREF(nmem);
     } else { /* _w_alloc's: (site, kind, size, shape, dtype, is_cuda, tuple(mem)) */
         PyObject *keys = PySequence_Tuple(mem);
@@ -874,9 +874,8 @@ render_attention(State *st, PyObject *r, PyObject *walloc, PyObject *lines, Buf 
     }
     int variant = !has_flops ? 0 : (flops && t > 0) ? 2 : 1;
     PyObject *var = PyLong_FromLong(variant);
-    PyObject *entry = var ? lookup(st, PyTuple_Pack(9, str_attention_kv, site, xs, PyTuple_GetItem(r, 5),
-                                                    PyTuple_GetItem(r, 6), PyTuple_GetItem(r, 7), kd, vd, var))
-                          : NULL;
+    PyObject *entry = var ? lookup(st, PyTuple_Pack(8, site, xs, PyTuple_GetItem(r, 5), PyTuple_GetItem(r, 6),
+                                                    PyTuple_GetItem(r, 7), kd, vd, var)) : NULL;
     Py_XDECREF(var);
     if (entry == NULL) {
         rc = PyErr_Occurred() ? -1 : 0;
@@ -1188,9 +1187,8 @@ exec_module(PyObject *m)
     str_out = PyUnicode_InternFromString("out");
     str_attn_static = PyUnicode_InternFromString("attn_static");
     str_handoff = PyUnicode_InternFromString("handoff");
-    str_attention_kv = PyUnicode_InternFromString("attention_kv");
     if (!str_shape || !str_dtype || !str_nbytes || !str_hook_ns || !str_data_ptr || !str_fwd_mem || !str_mem_cell ||
-        !str_out || !str_attn_static || !str_handoff || !str_attention_kv || intern_all(mem_keys, mem_names, N_MEM) ||
+        !str_out || !str_attn_static || !str_handoff || intern_all(mem_keys, mem_names, N_MEM) ||
         intern_all(attr, attr_names, N_ATTRS) || intern_all(count_keys, count_names, N_COUNTS))
         return -1;
     PyObject *tp = PyType_FromSpec(&tf_spec);

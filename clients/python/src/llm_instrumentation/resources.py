@@ -1816,6 +1816,30 @@ class ResourceMonitor:
             self._w_frac = _UNREAD
         return []
 
+    def _w_forward(self, root: _Site, tns: int, timing: Any, inm: Any, out_shape: Any, cap: Optional[int],
+                   cell: List[Any], sm: Optional[float]) -> List[Any]:
+        """The model_forward event of a pass: its FLOPs are the writer's sum over the pass."""
+        mem = self._pass_mem(cell)
+        ctx = (root, tns // 1000, self._w_step, self._w_fwd)
+        if type(timing) is not int or sm is not None or not self._fast or "device_memory_peak_bytes" in mem:
+            return self._b_forward(ctx, timing, inm, out_shape, cap, mem, sm)
+        flops = self._w_flops
+        tf = bool(flops) and timing > 0
+        key = ("forward", root, inm, out_shape, cap is None, tuple(mem), tf)
+        fmt = self._tpl.get(key)
+        if fmt is None:
+            ev = self._template_of(self._b_forward, ctx, timing, inm, out_shape, cap, mem, sm)[0]
+            fmt = self._tpl[key] = _compile(ev, "seq", _FORWARD_SLOTS)
+        self._seq = seq = self._seq + 1
+        d = timing / 1000.0
+        v = dict(mem)
+        v.update(ts=ctx[1], seq=seq, step=ctx[2], fwd=ctx[3], fl=flops, gf=flops / 1e9, cap=cap, d=d)
+        if tf:
+            v["tf"] = flops / (d * 1e3)
+        counts = self.counts
+        counts["compute_execution"] = counts.get("compute_execution", 0) + 1
+        return [(fmt % v).encode()]
+
     def _w_linear(self, site: _Site, tc: int, timing: Any, xs: Any, xd: Any, os_: Any, od: Any) -> List[Any]:
         if type(timing) is not int:  # a CUDA event pair: resolved and built the general way
             return self._b_linear_rec(site, tc, timing, xs, xd, os_, od)
@@ -1936,45 +1960,18 @@ class ResourceMonitor:
         self.component_flows += 1
         return [line.encode()]
 
-    def _w_forward(self, root: _Site, tns: int, timing: Any, inm: Any, out_shape: Any, cap: Optional[int],
-                   cell: List[Any], sm: Optional[float]) -> List[Any]:
-        """The model_forward event of a pass: its FLOPs are the writer's sum over the pass."""
-        mem = self._pass_mem(cell)
-        ctx = (root, tns // 1000, self._w_step, self._w_fwd)
-        if type(timing) is not int or sm is not None or not self._fast or "device_memory_peak_bytes" in mem:
-            return self._b_forward(ctx, timing, inm, out_shape, cap, mem, sm)
-        flops = self._w_flops
-        tf = bool(flops) and timing > 0
-        key = ("forward", root, inm, out_shape, cap is None, tuple(mem), tf)
-        fmt = self._tpl.get(key)
-        if fmt is None:
-            ev = self._template_of(self._b_forward, ctx, timing, inm, out_shape, cap, mem, sm)[0]
-            fmt = self._tpl[key] = _compile(ev, "seq", _FORWARD_SLOTS)
-        self._seq = seq = self._seq + 1
-        d = timing / 1000.0
-        v = dict(mem)
-        v.update(ts=ctx[1], seq=seq, step=ctx[2], fwd=ctx[3], fl=flops, gf=flops / 1e9, cap=cap, d=d)
-        if tf:
-            v["tf"] = flops / (d * 1e3)
-        counts = self.counts
-        counts["compute_execution"] = counts.get("compute_execution", 0) + 1
-        return [(fmt % v).encode()]
-
     def _w_alloc_out(self, site: _Site, tc: int, size: int, xs: Any, os_: Any, od: Any, ptr: int,
                      cell: List[Any]) -> List[Any]:
         """The output allocation of a module timed by ``_fast_forward`` (on the CPU; the
         shape of a Linear's output follows from its input's)."""
-        mem = cell[0]
-        if mem is None:
-            mem = self._pass_mem(cell)
+        mem = self._pass_mem(cell)
         if not self._fast:
             if os_ is None:
                 os_ = xs[:-1] + (site.static[4],)
             return self._w_alloc(site, tc, "module_output", size, os_, od, False, ptr, cell)
-        # The template is keyed by the input's shape rather than the output's made from it (the
-        # size follows from the shape and dtype). On the CPU a memory reading is the RSS or
-        # nothing (``_mem_now``): its length tells which.
-        key = ("out", site, xs, os_, od, len(mem))
+        # The template is keyed by the input's shape rather than the output's made from it. On
+        # the CPU a memory reading is the RSS or nothing (``_mem_now``): its length tells which.
+        key = ("out", site, size, xs, os_, od, len(mem))
         tpl = self._tpl.get(key)
         if tpl is None:
             shape = os_ if os_ is not None else xs[:-1] + (site.static[4],)
@@ -2010,9 +2007,7 @@ class ResourceMonitor:
     def _w_alloc(self, site: _Site, tc: int, kind: str, size: int, shape: Any, dtype: Any, is_cuda: bool,
                  ptr: int, cell: List[Any]) -> List[Any]:
         tns = tc + self._w_off
-        mem = cell[0]
-        if mem is None:
-            mem = self._pass_mem(cell)
+        mem = self._pass_mem(cell)
         if not self._fast:
             return self._b_alloc((site, tns // 1000, self._w_step, self._w_fwd), kind, size, shape, dtype, is_cuda,
                                  ptr, mem)
@@ -2141,15 +2136,14 @@ class ResourceMonitor:
                 out += al[0](*al[1:])
             return out + self._w_kv(site, tns, idx, km, vm, before)
         variant = 0 if flops is None else 2 if flops and timing > 0 else 1
-        key = ("attention_kv", site, xs, xd, os_, od, kd, vd, variant)
+        key = (site, xs, xd, os_, od, kd, vd, variant)
         tpl = self._tpl.get(key)
         if tpl is None:
             tpl = self._tpl[key] = self._attention_kv_templates(site, tns, timing, xs, xd, os_, od, q_len, kv_len,
                                                                 ks, kd, vs, vd, flops, before, variant)
         fa, fk, isz_k, isz_v, _, _ = tpl
-        shapes = _SHAPES
-        sk, nk = shapes.get(ks) or _shape_info(ks)
-        sv, nv = shapes.get(vs) or _shape_info(vs)
+        sk, nk = _shape_info(ks)
+        sv, nv = _shape_info(vs)
         ts = tns // 1000
         step, fwd = self._w_step, self._w_fwd
         seq = self._seq + 1
