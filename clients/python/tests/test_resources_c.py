@@ -235,3 +235,28 @@ def test_c_wrapper_passes_on_what_it_does_not_time(tmp_path: Path) -> None:
     assert torch.equal(wrapper(x), torch.nn.functional.linear(x, lin.weight, lin.bias))
     with pytest.raises(TypeError):
         resources._TimedForward(1, 2)
+
+
+@pytest.mark.parametrize("max_age,reads_expected", [(0.0, "every pass"), (1e9, "once")])
+def test_memory_use_is_read_at_most_every_max_age(tmp_path: Path, monkeypatch, max_age: float,
+                                                 reads_expected: str) -> None:
+    """The machine's memory use on the handoff events: read by the writer for the first
+    handoff it writes, then reused by the passes of the next _FRAC_MAX_AGE seconds."""
+    reads: List[int] = []
+
+    def fraction() -> float:
+        reads.append(1)
+        return 0.6
+
+    monkeypatch.setattr(resources, "_host_memory_fraction", fraction)
+    monkeypatch.setattr(resources, "_FRAC_MAX_AGE", max_age)
+    m = tiny_llama()
+    p = tmp_path / "r.jsonl"
+    with ResourceMonitor(m, "DETAILED", p, environ={}) as mon:
+        decode(m, mon, 5, 4)
+    events = [json.loads(line) for line in p.read_text().splitlines()]
+    handoffs = [e for e in events if e["event"] == "component_handoff"]
+    passes = len({e["forward"] for e in handoffs})
+    assert passes == 5 and all(e["memory_used_fraction"] == 0.6 and e["memory_pressure"] == "medium"
+                               for e in handoffs)
+    assert len(reads) == (passes if reads_expected == "every pass" else 1)
