@@ -456,9 +456,9 @@ def test_records_go_to_the_writer_as_the_longest_module_starts(tmp_path):
             assert mon._long[0] is not None and mon._long[0].name == "slow"
             put = mon._writer.put
 
-            def spy(recs):
+            def spy(recs, *rest):
                 batches.append([r[0].__name__ for r in recs])
-                put(recs)
+                put(recs, *rest)
 
             mon._writer.put = spy
             for _ in range(3):
@@ -589,9 +589,9 @@ def test_attention_and_cache_growth_fast_path_against_builders(tmp_path, cache_k
         with mon:
             put = mon._writer.put
 
-            def spy(batch):
+            def spy(batch, *rest):
                 names.extend(r[0].__name__ for r in batch)
-                put(batch)
+                put(batch, *rest)
 
             mon._writer.put = spy
             cache = cache_kind()

@@ -4,6 +4,7 @@ against its Python paths: the same records, the same bytes, the same counters.""
 from __future__ import annotations
 
 import copy
+import time
 import json
 from pathlib import Path
 from typing import Any, Dict, List
@@ -48,7 +49,7 @@ def recorded(mon: ResourceMonitor, model, level: str) -> List[List[Any]]:
     mon.set_level(level)
     mon.flush()
     put = mon._writer.put
-    mon._writer.put = batches.append
+    mon._writer.put = lambda recs, *rest: batches.append(recs)
     try:
         decode(model, mon, 6, 4)
         with torch.no_grad():
@@ -260,3 +261,33 @@ def test_memory_use_is_read_at_most_every_max_age(tmp_path: Path, monkeypatch, m
     assert passes == 5 and all(e["memory_used_fraction"] == 0.6 and e["memory_pressure"] == "medium"
                                for e in handoffs)
     assert len(reads) == (passes if reads_expected == "every pass" else 1)
+
+
+def test_writer_keeps_the_lock_while_the_longest_linear_runs(tmp_path: Path, monkeypatch) -> None:
+    """Records handed over as the longest module of a pass starts: while that module, a
+    Linear (one torch call without the interpreter lock), runs, the writer does not give the
+    lock back; after it, or without such a window, every _YIELD_NS of work."""
+    m = tiny_llama()
+    mon = ResourceMonitor(m, "DETAILED", tmp_path / "r.jsonl", environ={}, flush_interval=None)
+    with mon:
+        batches = recorded(mon, m, "DETAILED")
+        for b in batches:
+            mon._write_batch_inner(list(b))
+        assert mon._long[0] is not None
+        assert (mon._long_ns > 0) == (mon._long[0].kind == "linear")
+        sleeps: List[float] = []
+        monkeypatch.setattr(resources, "_YIELD_NS", 0)
+        monkeypatch.setattr(resources.time, "sleep", sleeps.append)
+        mon._write_batch_inner(list(batches[-1]), time.perf_counter_ns() + 10 ** 10)
+        assert sleeps == []
+        mon._write_batch_inner(list(batches[-1]), 0)
+        assert len(sleeps) >= len(batches[-1]) // 2
+        monkeypatch.undo()
+        # The model's thread gives the writer the window as it hands the records over.
+        got = []
+        mon._writer.put = lambda recs, quiet_until=0: got.append(quiet_until)
+        mon._long_ns = 10 ** 9
+        t0 = time.perf_counter_ns()
+        decode(m, mon, 3, 2)
+        assert got and all(t0 + 8 * 10 ** 8 <= q <= time.perf_counter_ns() + 8 * 10 ** 8 for q in got)
+        mon._writer.put = type(mon._writer).put.__get__(mon._writer)

@@ -623,6 +623,9 @@ class ResourceMonitor:
         # set after each batch, read by the wrappers: the records go to the writer as it
         # starts), and the writer's running maximum over the pass it is building.
         self._long: List[Optional[_Site]] = [None]
+        # How long that module took (ns), when it is a Linear: one torch call that holds no
+        # interpreter lock, during which the writer need not give the lock back.
+        self._long_ns = 0
         self._w_long = 0
         self._w_long_site: Optional[_Site] = None
         # Records before this index belong to forward passes that have ended.
@@ -2253,22 +2256,25 @@ class ResourceMonitor:
             self._pass_start = 0
             self._last_flush = time.monotonic()
             assert self._writer is not None
-            self._writer.put(recs)
+            self._writer.put(recs, time.perf_counter_ns() + self._long_ns * 4 // 5)
 
-    def _write_batch(self, recs: List[Any]) -> None:
+    def _write_batch(self, recs: List[Any], quiet_until: int = 0) -> None:
         """Writer thread: build, count, serialize and write one batch."""
         c0 = time.thread_time_ns()
         try:
-            self._write_batch_inner(recs)
+            self._write_batch_inner(recs, quiet_until)
         finally:
             self.writer_cpu_ns += time.thread_time_ns() - c0
 
-    def _write_batch_inner(self, recs: List[Any]) -> None:
+    def _write_batch_inner(self, recs: List[Any], quiet_until: int = 0) -> None:
+        """Until ``quiet_until`` (``perf_counter_ns``) the model's thread is known to be in a
+        long Linear's torch call, which does not want the interpreter lock: no need to give it
+        back before then (each ``sleep(0)`` costs ~20 µs of CPU and ~80 µs here)."""
         enc = _ENCODER.encode
         lines: List[bytes] = []
         counts = self.counts
         clock = time.perf_counter_ns
-        last = clock()
+        last = max(clock(), quiet_until - _YIELD_NS)
         render = _render if self._fast else None
         fast = (self._build_linear, self._build_module, self._build_alloc, self._build_attention, self._build_walloc,
                 self._build_handoff)
@@ -2312,6 +2318,7 @@ class ResourceMonitor:
                 last = clock()
         if self._w_long_site is not None:
             self._long[0] = self._w_long_site
+            self._long_ns = self._w_long if self._w_long_site.kind == "linear" else 0
         if lines:
             self._sink.write(lines)
             self.events_written += len(lines)
@@ -2556,8 +2563,8 @@ class _Writer:
         self._thread = threading.Thread(target=self._run, name="strap-resources", daemon=True)
         self._thread.start()
 
-    def put(self, recs: List[Any]) -> None:
-        self._q.put(recs)
+    def put(self, recs: List[Any], quiet_until: int = 0) -> None:
+        self._q.put((recs, quiet_until))
 
     def sync(self) -> None:
         done = threading.Event()
@@ -2580,7 +2587,7 @@ class _Writer:
                 item.set()
                 continue
             try:
-                self._mon._write_batch(item)
+                self._mon._write_batch(*item)
             except BaseException as e:  # kept for the model's thread; never dropped silently
                 log.error("llm_instrumentation: writing resource events failed: %s", e)
                 if self.error is None:
