@@ -541,7 +541,7 @@ def resources_tables(w: Emit, res: Json) -> None:
     w("")
     rows = []
     for wl, rw in res["workloads"].items():
-        rows.append((wl, "off", f"{rw['off']['tokens_per_s_median']:.1f}", "", "", "", ""))
+        rows.append((wl, "off", f"{rw['off']['tokens_per_s_median']:.1f}") + ("",) * 7)
         for lvl, c in rw.items():
             if lvl == "off":
                 continue
