@@ -291,3 +291,20 @@ def test_writer_keeps_the_lock_while_the_longest_linear_runs(tmp_path: Path, mon
         decode(m, mon, 3, 2)
         assert got and all(t0 + 8 * 10 ** 8 <= q <= time.perf_counter_ns() + 8 * 10 ** 8 for q in got)
         mon._writer.put = type(mon._writer).put.__get__(mon._writer)
+
+
+def test_program_of_a_template() -> None:
+    """A template as the C writer runs it: its text in one piece (``%%`` as ``%``) and a
+    table of (length, slot) ops; a literal past 64 KiB split across ops; a slot the C
+    writer does not fill makes no program."""
+    text, ops = resources._program('{"a":"50%%","t":%(ts)s,"d":%(d)s}\n')
+    assert text == b'{"a":"50%","t":,"d":}\n'
+    assert [(ops[i] | ops[i + 1] << 8, ops[i + 2]) for i in range(0, len(ops), 3)] == [
+        (len(b'{"a":"50%","t":'), resources._C_SLOTS["ts"]), (len(b',"d":'), resources._C_SLOTS["d"]),
+        (2, 255)]
+    long = "x" * 70000
+    text, ops = resources._program(long + "%(seq)s")
+    assert text == long.encode()
+    assert [(ops[i] | ops[i + 1] << 8, ops[i + 2]) for i in range(0, len(ops), 3)] == [
+        (0xFFFF, 255), (70000 - 0xFFFF, resources._C_SLOTS["seq"]), (0, 255)]
+    assert resources._program("%(unknown)s") is None
