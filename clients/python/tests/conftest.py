@@ -143,6 +143,20 @@ def tiny_llama(dtype=None):
     return m
 
 
+def generate_with_monitor(model, mon, prompt_len: int, new_tokens: int) -> None:
+    """Greedy decoding with the KV cache, the resource monitor ``mon`` told each step."""
+    import torch
+
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(3))
+    past = None
+    with torch.no_grad():
+        for step in range(new_tokens + 1):
+            mon.set_step(step)
+            r = model(input_ids=ids, cache=past, use_cache=True)
+            past = r.cache
+            ids = r.logits[:, -1:].argmax(-1)
+
+
 def tiny_gpt2():
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel

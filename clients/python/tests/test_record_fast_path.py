@@ -204,3 +204,40 @@ def test_no_record_after_shutdown(monkeypatch, c_ext):
     finally:
         R.release_idle_ring()
         b.close()
+
+
+def test_no_record_after_close():
+    """CLOSE counts every record of the session: from it on records are refused, before the
+    session is shut down too."""
+    import threading
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ring = R.Ring(R.HEADER_SIZE + 64 * 64)
+    s = CaptureSession(P.Connection(a), ring)
+    daemon = P.Connection(b)
+    got = []
+
+    def answer() -> None:
+        while True:
+            m = daemon.recv(10.0)
+            got.append(m)
+            if isinstance(m, P.Close) or m is None:
+                daemon.send(P.Closed(packets=1, drops=0, bytes_in=24, bytes_out=24, file_bytes=0))
+                return
+
+    th = threading.Thread(target=answer)
+    th.start()
+    t = _f32_2x3()
+    try:
+        assert s.record("model.layers.0.mlp", t, None)
+        s.close(timeout=10.0)
+        th.join()
+        assert isinstance(got[-1], P.Close) and got[-1].seq == 1
+        head = ring.head
+        assert not s.record("model.layers.0.mlp", t, None)
+        assert not s.write_tensor("model.layers.0.mlp", t, 0, 0)
+        assert ring.head == head and s.seq == 1
+    finally:
+        s.shutdown()
+        R.release_idle_ring()
+        b.close()

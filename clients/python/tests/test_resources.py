@@ -11,6 +11,7 @@ from typing import Any, Dict, List
 import pytest
 import torch
 import torch.nn as nn
+from conftest import generate_with_monitor as generate
 from conftest import tiny_llama
 
 from llm_instrumentation.resources import (
@@ -127,17 +128,6 @@ def test_sleep_shows_as_duration(tmp_path):
         assert 50_000 <= e["duration_us"] < 50_000 + 40_000, e["duration_us"]
     for e in of(ev, "compute_execution", operation="model_forward"):
         assert e["duration_us"] >= 50_000
-
-
-def generate(model, mon, prompt_len: int, new_tokens: int):
-    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(3))
-    past = None
-    with torch.no_grad():
-        for step in range(new_tokens + 1):
-            mon.set_step(step)
-            r = model(input_ids=ids, cache=past, use_cache=True)
-            past = r.cache
-            ids = r.logits[:, -1:].argmax(-1)
 
 
 def test_llama_kv_cache_mlp_attention_handoff(tmp_path):

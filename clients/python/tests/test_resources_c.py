@@ -7,10 +7,11 @@ import copy
 import time
 import json
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 import torch
+from conftest import generate_with_monitor as decode
 from conftest import tiny_llama
 
 from llm_instrumentation import resources
@@ -32,17 +33,6 @@ TIMINGS = [0, 1, 5, 10, 100, 999, 1000, 1001, 1010, 1100, 37615, 100000, 999999,
            10 ** 12 + 1, 10 ** 15 - 1, 10 ** 15, 10 ** 15 + 7, 2 ** 62]
 
 
-def decode(model, mon, prompt_len: int, new_tokens: int) -> None:
-    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(3))
-    past = None
-    with torch.no_grad():
-        for step in range(new_tokens + 1):
-            mon.set_step(step)
-            r = model(input_ids=ids, cache=past, use_cache=True)
-            past = r.cache
-            ids = r.logits[:, -1:].argmax(-1)
-
-
 def recorded(mon: ResourceMonitor, model, level: str) -> List[List[Any]]:
     """The batches the writer thread would get for a prefill and a few decoding steps."""
     batches: List[List[Any]] = []
@@ -58,6 +48,18 @@ def recorded(mon: ResourceMonitor, model, level: str) -> List[List[Any]]:
     finally:
         mon._writer.put = put
     return batches
+
+
+def counted(value: float) -> Tuple[Callable[[], float], List[int]]:
+    """A stand-in for ``_host_memory_fraction`` that returns ``value``, and the list its calls
+    are counted in."""
+    calls: List[int] = []
+
+    def fraction() -> float:
+        calls.append(1)
+        return value
+
+    return fraction, calls
 
 
 def same(state: Dict[str, Any]) -> Dict[str, Any]:
@@ -115,12 +117,7 @@ def test_c_writer_writes_the_python_writers_bytes(tmp_path: Path, monkeypatch, l
             return j
 
         # Read as the writer writes (the handoff's memory use): the same in both runs.
-        reads: List[int] = []
-
-        def fraction() -> float:
-            reads.append(1)
-            return 0.25
-
+        fraction, reads = counted(0.25)
         monkeypatch.setattr(resources, "_host_memory_fraction", fraction)
         monkeypatch.setattr(resources, "_render", counting)
         lines_c, state_c = write_all(mon, batches, state)
@@ -243,12 +240,7 @@ def test_memory_use_is_read_at_most_every_max_age(tmp_path: Path, monkeypatch, m
                                                  reads_expected: str) -> None:
     """The machine's memory use on the handoff events: read by the writer for the first
     handoff it writes, then reused by the passes of the next _FRAC_MAX_AGE seconds."""
-    reads: List[int] = []
-
-    def fraction() -> float:
-        reads.append(1)
-        return 0.6
-
+    fraction, reads = counted(0.6)
     monkeypatch.setattr(resources, "_host_memory_fraction", fraction)
     monkeypatch.setattr(resources, "_FRAC_MAX_AGE", max_age)
     m = tiny_llama()
@@ -293,6 +285,7 @@ def test_writer_keeps_the_lock_while_the_longest_linear_runs(tmp_path: Path, mon
         mon._writer.put = type(mon._writer).put.__get__(mon._writer)
 
 
+@needs_c
 def test_program_of_a_template() -> None:
     """A template as the C writer runs it: its text in one piece (``%%`` as ``%``) and a
     table of (length, slot) ops; a literal past 64 KiB split across ops; a slot the C
@@ -308,3 +301,25 @@ def test_program_of_a_template() -> None:
     assert [(ops[i] | ops[i + 1] << 8, ops[i + 2]) for i in range(0, len(ops), 3)] == [
         (0xFFFF, 255), (70000 - 0xFFFF, resources._C_SLOTS["seq"]), (0, 255)]
     assert resources._program("%(unknown)s") is None
+
+
+def test_cuda_timing_pairs_events(monkeypatch) -> None:
+    """A module started with a CUDA event ends with a second one recorded then (the writer
+    resolves the pair); without one its duration is the clock difference. torch.cuda.Event
+    is replaced: there is no GPU here."""
+    recorded: List[Any] = []
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+            self.recorded = False
+
+        def record(self) -> None:
+            self.recorded = True
+            recorded.append(self)
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    assert resources._timing(100, 350, None) == 250 and recorded == []
+    start = resources._cuda_event()
+    pair = resources._timing(100, 350, start)
+    assert pair[0] is start and isinstance(pair[1], Event) and pair[1].recorded and recorded == [start, pair[1]]

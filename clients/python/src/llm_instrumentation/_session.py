@@ -173,6 +173,9 @@ class CaptureSession:
             self._check()
             self._publish()
             self.conn.send(P.Close(seq=self.seq, head=self.ring.head, drops=self.drops))
+            # CLOSE counted every record up to here: a later one (a hook on another thread)
+            # would belong to no session; refused from now on, as after shutdown.
+            self._shut = True
             if meanwhile is not None:
                 meanwhile()
             self.closed_summary = self.conn.expect(P.Closed, timeout or max(self.stall_timeout, 60.0),
@@ -184,9 +187,9 @@ class CaptureSession:
         clean close the ring is kept for the process's next capture (:func:`~._ring.keep_ring`):
         the daemon answered CLOSED, so it reads the ring no more.
 
-        From here on records are refused (:meth:`record` and :meth:`write_tensor` return
-        False without writing): a hook still running on another thread must not write into
-        an unmapped ring, or into the ring kept for the next capture."""
+        Records are refused from :meth:`close` on (:meth:`record` and :meth:`write_tensor`
+        return False without writing): a hook still running on another thread must not write
+        into an unmapped ring, or into the ring kept for the next capture."""
         with self._lock:
             self._shut = True
         self.conn.close()

@@ -320,13 +320,20 @@ static PyType_Spec tf_spec = {
 
 /* ----- the resource writer's templates ---------------------------------------------------- */
 
-/* The slots of a template program (resources._C_SLOTS). */
+/* The slots of a template program, by number; their names (the %(name)s of the Python
+ * templates) in slot_names, which the module exports as SLOT_NAMES for resources._program. */
 enum {
     SLOT_TS, SLOT_SEQ, SLOT_SEQ2, SLOT_STEP, SLOT_FWD, SLOT_D, SLOT_TF, SLOT_TB, SLOT_ADDR,
     SLOT_RSS, SLOT_DEV_ALLOCATED, SLOT_DEV_RESERVED, SLOT_DEV_PEAK,
     SLOT_KS, SLOT_VS, SLOT_QT, SLOT_KT, SLOT_FL, SLOT_GF, SLOT_LEN, SLOT_PREV, SLOT_NEW, SLOT_REUSED,
     SLOT_HIT, SLOT_CB, SLOT_CMB, SLOT_BPT, SLOT_GROW, SLOT_BW, SLOT_MP, SLOT_MF,
     N_SLOTS, SLOT_NONE = 255
+};
+static const char *slot_names[N_SLOTS] = {
+    "ts", "seq", "seq2", "step", "fwd", "d", "tf", "tb", "addr",
+    "process_rss_bytes", "device_memory_allocated_bytes", "device_memory_reserved_bytes", "device_memory_peak_bytes",
+    "ks", "vs", "qt", "kt", "fl", "gf", "len", "prev", "new", "reused",
+    "hit", "cb", "cmb", "bpt", "grow", "bw", "mp", "mf",
 };
 /* The memory reading's keys of SLOT_RSS and the three after it, in that order. */
 #define N_MEM 4
@@ -1043,8 +1050,7 @@ PyDoc_STRVAR(render_doc,
 "--\n\n"
 "The resource writer's fast paths (resources.py: ResourceMonitor._w_linear, _w_module,\n"
 "_w_alloc_out, _w_alloc, _w_attention_kv, _w_handoff) for records[start:]: each record of\n"
-"those whose\n"
-"templates are known becomes its JSON lines, appended to lines, with the monitor's counters\n"
+"those whose template is known becomes its JSON lines, appended to lines, with the monitor's counters\n"
 "advanced as those methods advance them. Stops at the first other record, or once the\n"
 "monotonic clock passes deadline_ns, and returns the index of the first record not\n"
 "written. consts is the monitor's (_build_linear, _build_module, _build_alloc,\n"
@@ -1191,6 +1197,23 @@ exec_module(PyObject *m)
         !str_out || !str_attn_static || !str_handoff || intern_all(mem_keys, mem_names, N_MEM) ||
         intern_all(attr, attr_names, N_ATTRS) || intern_all(count_keys, count_names, N_COUNTS))
         return -1;
+    PyObject *names = PyTuple_New(N_SLOTS);
+    if (names == NULL)
+        return -1;
+    for (int i = 0; i < N_SLOTS; i++) {
+        PyObject *name = slot_names[i] ? PyUnicode_FromString(slot_names[i]) : NULL;
+        if (name == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_SystemError, "_speedups: slot %d has no name", i);
+            Py_DECREF(names);
+            return -1;
+        }
+        PyTuple_SetItem(names, i, name);
+    }
+    if (PyModule_AddObject(m, "SLOT_NAMES", names) < 0) {
+        Py_DECREF(names);
+        return -1;
+    }
     PyObject *tp = PyType_FromSpec(&tf_spec);
     if (tp == NULL)
         return -1;

@@ -85,9 +85,10 @@ _LAYER_RE = re.compile(r"\.(\d+)(?:\.|$)")
 try:
     # The CPU timing wrapper and the writer's template filling in C (_speedups.c says why);
     # without them the Python paths below do the same and write the same bytes.
-    from ._speedups import TimedForward as _TimedForward, render as _render
+    from ._speedups import SLOT_NAMES as _SLOT_NAMES, TimedForward as _TimedForward, render as _render
 except ImportError:  # pragma: no cover - exercised by the tests with them hidden
     _TimedForward = _render = None
+    _SLOT_NAMES = ()
 
 
 class ResourceLevel(enum.IntEnum):
@@ -512,6 +513,22 @@ def _own_forward(mod: Any) -> Any:
 
 def _identity(x: Any) -> Any:
     return x
+
+
+def _cuda_event() -> Any:
+    """A CUDA event recorded now on the current stream (timing enabled)."""
+    import torch
+
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record()
+    return ev
+
+
+def _timing(t0: int, t1: int, ev0: Any) -> Any:
+    """A module's duration as a record holds it: ns between two ``perf_counter_ns`` readings,
+    or, when it started with a CUDA event, that event and one recorded now (the writer thread
+    resolves the pair)."""
+    return t1 - t0 if ev0 is None else (ev0, _cuda_event())
 
 
 def _cache_from(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
@@ -1017,14 +1034,7 @@ class ResourceMonitor:
             out = output if type(output) is tensor else _first_tensor(output)
             if out is not None:
                 x = args[0] if args and type(args[0]) is tensor else _first_tensor(args)
-                if ev0 is None:
-                    timing: Any = t1 - t0
-                else:
-                    import torch
-
-                    end = torch.cuda.Event(enable_timing=True)
-                    end.record()
-                    timing = (ev0, end)
+                timing = _timing(t0, t1, ev0)
                 if x is not None:
                     append((build, site, t1, timing, x.shape, x.dtype, out.shape, out.dtype))
                 else:
@@ -1046,10 +1056,7 @@ class ResourceMonitor:
             if any_cuda:
                 x0 = _first_tensor(args)
                 if x0 is not None and x0.is_cuda:
-                    import torch
-
-                    ev0 = torch.cuda.Event(enable_timing=True)
-                    ev0.record()
+                    ev0 = _cuda_event()
             t0 = clock()
             self.hook_ns += t0 - t
             output = orig(*args, **kwargs)
@@ -1185,14 +1192,7 @@ class ResourceMonitor:
                 if key is not None and hasattr(key, "shape") and key.dim() >= 2:
                     kv_len = int(key.shape[0 if seq_first else -2])
             flops = 4 * batch * heads * q_len * kv_len * head_dim if heads and head_dim else None
-            if ev0 is None:
-                timing: Any = t1 - t0
-            else:
-                import torch
-
-                end = torch.cuda.Event(enable_timing=True)
-                end.record()
-                timing = (ev0, end)
+            timing = _timing(t0, t1, ev0)
             # Shapes and dtypes only: a reference to a cache tensor would keep it alive until
             # the writer got to the record.
             if k is not None:
@@ -1233,12 +1233,7 @@ class ResourceMonitor:
                 before = 0
                 cache = None
             x = args[0] if args else kwargs.get("hidden_states")
-            ev0 = None
-            if any_cuda and x is not None and x.is_cuda:
-                import torch
-
-                ev0 = torch.cuda.Event(enable_timing=True)
-                ev0.record()
+            ev0 = _cuda_event() if any_cuda and x is not None and x.is_cuda else None
             t0 = clock()
             self.hook_ns += t0 - t
             output = orig(*args, **kwargs)
@@ -1359,25 +1354,14 @@ class ResourceMonitor:
     # ----- timing --------------------------------------------------------------------------
 
     def _start_timer(self, site: _Site, t: Optional["torch.Tensor"]) -> None:
-        if t is not None and t.is_cuda:
-            import torch
-
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            site.ev0 = ev
-        else:
-            site.ev0 = None
+        site.ev0 = _cuda_event() if t is not None and t.is_cuda else None
         site.t0 = time.perf_counter_ns()
 
     def _stop_cuda(self, site: _Site) -> Any:
         """The CUDA event pair of a module timed on the GPU (resolved by the writer thread,
         which waits for the GPU instead of the model's thread)."""
-        import torch
-
-        end = torch.cuda.Event(enable_timing=True)
-        end.record()
         ev0, site.ev0 = site.ev0, None
-        return (ev0, end)
+        return (ev0, _cuda_event())
 
     def _mem_now(self) -> Dict[str, Any]:
         if self._cuda:
@@ -1488,13 +1472,7 @@ class ResourceMonitor:
             st.remove(site)
 
     def _cuda_mark(self, t: "torch.Tensor") -> Any:
-        if not t.is_cuda:
-            return None
-        import torch
-
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        return ev
+        return _cuda_event() if t.is_cuda else None
 
     def _alloc(self, site: _Site, t: "torch.Tensor", tc: int) -> None:
         """A module's output allocation at ``tc`` (``perf_counter_ns``; the caller has applied
@@ -1531,11 +1509,7 @@ class ResourceMonitor:
             return
         t_end, cuda_end = prev
         if cuda_end is not None:
-            import torch
-
-            start = torch.cuda.Event(enable_timing=True)
-            start.record()
-            timing: Any = (cuda_end, start)
+            timing: Any = (cuda_end, _cuda_event())
         else:
             timing = tc - t_end
         if self._cuda:
@@ -1979,6 +1953,10 @@ class ResourceMonitor:
         if tpl is None:
             shape = os_ if os_ is not None else xs[:-1] + (site.static[4],)
             tpl = self._tpl[key] = self._alloc_template(site, tc, "module_output", size, shape, od, False, ptr, mem)
+        return self._alloc_line(tpl, tc, ptr, mem)
+
+    def _alloc_line(self, tpl: Tuple[str, Optional[int], Any], tc: int, ptr: int, mem: Dict[str, Any]) -> List[Any]:
+        """A ``memory_allocation`` event from its template (``_alloc_template``)."""
         fmt, host, _ = tpl
         self._seq = seq = self._seq + 1
         ts = (tc + self._w_off) // 1000
@@ -2018,18 +1996,7 @@ class ResourceMonitor:
         tpl = self._tpl.get(key)
         if tpl is None:
             tpl = self._tpl[key] = self._alloc_template(site, tc, kind, size, shape, dtype, is_cuda, ptr, mem)
-        fmt, host, _ = tpl
-        self._seq = seq = self._seq + 1
-        ts = tns // 1000
-        counts = self.counts
-        counts["memory_allocation"] = counts.get("memory_allocation", 0) + 1
-        if host == 1:
-            return [(fmt % (ts, seq, ts, self._w_step, self._w_fwd, hex(ptr), mem["process_rss_bytes"])).encode()]
-        if host == 0:
-            return [(fmt % (ts, seq, ts, self._w_step, self._w_fwd, hex(ptr))).encode()]
-        v = dict(mem)
-        v.update(ts=ts, seq=seq, step=self._w_step, fwd=self._w_fwd, addr=hex(ptr))
-        return [(fmt % v).encode()]
+        return self._alloc_line(tpl, tc, ptr, mem)
 
     def _w_attention_raw(self, site: _Site, tc: int, timing: Any, xs: Any, xd: Any, xcu: bool, os_: Any, od: Any,
                          ocu: bool, q_len: int, kv_len: int, kv: Any, flops: Optional[int]) -> List[Any]:
@@ -2407,11 +2374,8 @@ def _compile(ev: Dict[str, Any], seq_slot: str, slots: Optional[Dict[str, str]] 
 _ITEMSIZE: Dict[Any, int] = {}
 
 
-#: The slots the C writer fills (``_speedups.render``), by their number there.
-_C_SLOTS = {name: i for i, name in enumerate((
-    "ts", "seq", "seq2", "step", "fwd", "d", "tf", "tb", "addr", "process_rss_bytes", "device_memory_allocated_bytes",
-    "device_memory_reserved_bytes", "device_memory_peak_bytes", "ks", "vs", "qt", "kt", "fl", "gf", "len", "prev",
-    "new", "reused", "hit", "cb", "cmb", "bpt", "grow", "bw", "mp", "mf"))}
+#: The slots the C writer fills (``_speedups.render``), by their number there (none without it).
+_C_SLOTS = {name: i for i, name in enumerate(_SLOT_NAMES)}
 _FORMAT_RE = re.compile(r"%\((\w+)\)s|%%")
 
 
@@ -2419,7 +2383,7 @@ def _program(fmt: str) -> Optional[Tuple[bytes, bytes]]:
     """A template (``_compile``) as the C writer runs it: ``(text, ops)`` — its literal text
     as UTF-8 in one piece, and per op three bytes: how many bytes of text come next
     (little-endian u16), then the number of the slot that follows (255: none). None when it
-    has a slot the C writer does not fill."""
+    has a slot the C writer does not fill (any, where the extension is missing)."""
     text = bytearray()
     ops = bytearray()
     lit: List[str] = []
