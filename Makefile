@@ -26,7 +26,7 @@ FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-.PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium
+.PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium gpu-check gpu-check-inputs
 
 all: build
 
@@ -138,6 +138,34 @@ test: test-go test-python
 # its bundled daemon for a real capture; and the arm64 build's tests under qemu-user.
 test-dist: $(WHEEL_AMD64) $(WHEEL_ARM64) test-arm64
 	STRAP_WHEEL=$(CURDIR)/$(WHEEL_AMD64) $(VPY) -m pytest -q -m slow clients/python/tests/test_wheel.py
+
+# The GPU check (docs/GPU.md): one script for a bare NVIDIA machine with no network, whose
+# python3 has torch and transformers but nothing of ours. `make gpu-check-inputs` prepares what
+# it installs from, on a machine with the registries: the x86_64 client wheel (static strapd
+# inside) and the client's binary dependencies for CPython 3.10-3.13 (build/gpu-check/wheels,
+# ~40 MB: small enough to carry to the device). `make gpu-check` runs it there (no Go, no venv
+# needed); `make gpu-check DRY_RUN=1` runs the same script on the CPU with a tiny model (CI).
+GPU_CHECK_DIR  ?= build/gpu-check
+GPU_CHECK_PYS  := 3.10 3.11 3.12 3.13
+GPU_CHECK_DEPS := lz4 zstandard google-crc32c
+
+gpu-check-inputs: $(WHEEL_AMD64) $(VENV)/.stamp
+	@mkdir -p $(GPU_CHECK_DIR)/wheels
+	rm -f $(GPU_CHECK_DIR)/wheels/strap_llm-*.whl
+	cp $(WHEEL_AMD64) $(GPU_CHECK_DIR)/wheels/
+	for v in $(GPU_CHECK_PYS); do \
+	  $(VPY) -m pip download --quiet --only-binary=:all: --no-deps --python-version $$v \
+	    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+	    -d $(GPU_CHECK_DIR)/wheels $(GPU_CHECK_DEPS) || exit 1; done
+	@du -sh $(GPU_CHECK_DIR)/wheels
+
+ifeq ($(DRY_RUN),1)
+gpu-check: gpu-check-inputs
+	$(VPY) bench/gpu_check.py --dry-run --inputs $(GPU_CHECK_DIR) --out $(GPU_CHECK_DIR)/dry-run
+else
+gpu-check:
+	python3 bench/gpu_check.py --inputs $(GPU_CHECK_DIR) --out $${OUT:-$(GPU_CHECK_DIR)/out}
+endif
 
 # The linux/arm64 build of the packages that need no BPF, run by qemu-user on this x86_64
 # machine: ring, codecs, stream files, checkpoints, control messages, pipeline and the whole
