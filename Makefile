@@ -26,6 +26,7 @@ FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
+# (C client targets: c test-c fuzz-c bench-c clang, see the C client section below)
 .PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium
 
 all: build
@@ -129,7 +130,7 @@ test-privileged: prometheus
 
 # The README's test command; CI (.ci/run) calls exactly this, as root, so it runs the
 # privileged tests too.
-test: test-go test-python
+test: test-go test-python test-c
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-privileged; \
 	else echo "make test: not root, so not running make test-privileged"; fi
 
@@ -195,6 +196,7 @@ fuzz:
 	    echo "== $$pkg $$f ($(FUZZTIME))"; n=$$((n+1)); \
 	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) $$pkg; \
 	  done; done; echo "fuzz: $$n targets, $(FUZZTIME) each"
+	$(MAKE) --no-print-directory fuzz-c
 
 # Regenerates the committed BPF objects, one per architecture (amd64, arm64), and the
 # syscall-name tables; needs clang and bpftool (installed here if missing).
@@ -224,3 +226,46 @@ uninstall:
 
 clean:
 	rm -rf bin build dist
+
+# ----- C client (clients/c, docs/C_CLIENT.md) -----------------------------------------------
+# `make c` builds libstrap (static and shared) in build/c; `make test-c` builds it twice more,
+# with gcc under ASan/UBSan and with clang (both -Werror), and runs every test program against
+# the real strapd (and the Python reader) in each, the fuzz target's seeds included;
+# `make fuzz-c` runs the libFuzzer target (clang) for FUZZTIME (a duration "10s" or a count
+# "2000x"); `make bench-c` measures the cost per record.
+.PHONY: c test-c fuzz-c bench-c clang
+C_SRC        := $(shell find clients/c -type f 2>/dev/null)
+
+# Debian's clang and its libFuzzer runtime, installed when missing.
+clang:
+	@command -v clang >/dev/null && ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || \
+	  (apt-get update && apt-get install -y --no-install-recommends clang libclang-rt-dev || \
+	   apt-get install -y --no-install-recommends clang)
+
+build/c/.stamp: $(C_SRC)
+	cmake -S clients/c -B build/c -DCMAKE_BUILD_TYPE=Release -DSTRAP_SANITIZE=OFF -DSTRAP_FUZZ=OFF >/dev/null
+	cmake --build build/c -j2
+	@touch $@
+
+c: build/c/.stamp
+
+test-c: $(BIN) $(VENV)/.stamp clang
+	cmake -S clients/c -B build/c-asan -DCMAKE_BUILD_TYPE=Debug -DSTRAP_SANITIZE=ON -DCMAKE_C_COMPILER=gcc >/dev/null
+	cmake --build build/c-asan -j2
+	cd build/c-asan && ctest --output-on-failure
+	cmake -S clients/c -B build/c-clang -DCMAKE_BUILD_TYPE=Debug -DSTRAP_SANITIZE=ON -DCMAKE_C_COMPILER=clang >/dev/null
+	cmake --build build/c-clang -j2
+	cd build/c-clang && ctest --output-on-failure
+
+fuzz-c: clang
+	cmake -S clients/c -B build/c-fuzz -DCMAKE_BUILD_TYPE=Debug -DSTRAP_FUZZ=ON -DCMAKE_C_COMPILER=clang >/dev/null
+	cmake --build build/c-fuzz -j2 --target fuzz_reply
+	@rm -rf build/c-fuzz/corpus && mkdir -p build/c-fuzz/corpus && \
+	  cp testdata/protocol/*.bin clients/c/fuzz/corpus/* build/c-fuzz/corpus/
+	@case "$(FUZZTIME)" in *x) lim="-runs=$(FUZZTIME:x=)";; *s) lim="-max_total_time=$(FUZZTIME:s=)";; \
+	  *) lim="-max_total_time=10";; esac; \
+	  echo "== clients/c fuzz_reply ($(FUZZTIME))"; \
+	  cd build/c-fuzz && ./fuzz_reply $$lim -max_len=70000 corpus
+
+bench-c: $(BIN) c
+	STRAPD_BIN=$(CURDIR)/$(BIN) build/c/bench_record $(BENCH_C_ARGS)

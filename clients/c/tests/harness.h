@@ -37,8 +37,8 @@ extern int th_failures;
 
 typedef struct th_daemon {
 	pid_t pid;
-	char dir[256];    /* a fresh temp dir: socket, log, captures */
-	char socket[300];
+	char dir[64];     /* a fresh temp dir: socket, log, captures */
+	char socket[96];
 } th_daemon;
 
 /* The environment variable, or exit with a message when it is not set. */

@@ -2,7 +2,8 @@
 /* PART records and policy drop through a real strapd. A tensor larger than a quarter of the ring
  * goes as PART records (each its own sequence number) that Python reassembles bit for bit; under
  * policy drop, records that do not fit while nothing can be released (publish_bytes larger than
- * the ring: nothing is published before the flush) become DROP packets, counted in CLOSED. */
+ * the ring: nothing is published before the flush) become DROP packets, in the stream exactly
+ * where the client dropped them and counted in CLOSED. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -85,10 +86,14 @@ int main(void)
 		/* let strapd release the ring before the next pass */
 		usleep(100000);
 	}
-	CHECK(dropped == 4 && written == 8, "written %d, dropped %d", written, dropped);
+	/* The fifth record of each pass is dropped for certain (nothing of the pass was published);
+	 * a DROP publishes the records before it, so later ones may fit again once strapd has
+	 * released them: how many depends on timing, and the stream must say exactly which. */
+	CHECK(dropped >= 2 && written >= 8 && written + dropped == 12, "written %d, dropped %d", written, dropped);
 	CHECK_RC(s, strap_session_close(s, &c), STRAP_OK);
 	st = strap_session_get_stats(s);
-	CHECK(c.drops == 4 && st.drops == 4 && st.drop_bytes == 4 * sizeof rec, "CLOSED drops %llu, stats %llu",
+	CHECK(c.drops == (uint64_t)dropped && st.drops == (uint64_t)dropped && st.drop_bytes == (uint64_t)dropped * sizeof rec,
+	      "CLOSED drops %llu, stats %llu",
 	      (unsigned long long)c.drops, (unsigned long long)st.drops);
 	strap_session_free(s);
 	th_expect_close(&x);

@@ -79,6 +79,10 @@ int main(void)
 	CHECK(rc == 0 && strstr(txt, "('blk.0.attn_q.weight', ('q4_0', (64, 3)))") &&
 		      strstr(txt, "('output.weight', ('q6_K', (256, 2)))") && !strstr(txt, "l_out"),
 	      "Tensor.ggml: %s", txt);
+	/* strapd inspect names the ggml type of the raw-block modules */
+	snprintf(cmd, sizeof cmd, "'%s' inspect '%s' 2>&1", th_env("STRAPD_BIN"), out);
+	rc = th_run(cmd, txt, sizeof txt);
+	CHECK(rc == 0 && strstr(txt, "uint8 (ggml q4_0)") && strstr(txt, "uint8 (ggml q6_K)"), "inspect: %s", txt);
 	th_stop_daemon(&d);
 	return th_done("ggml");
 }
