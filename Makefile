@@ -228,8 +228,9 @@ clean:
 	rm -rf bin build dist
 
 # ----- C client (clients/c, docs/C_CLIENT.md) -----------------------------------------------
-# `make c` builds libstrap (static and shared) in build/c; `make test-c` builds it twice more,
-# with gcc under ASan/UBSan and with clang (both -Werror), and runs every test program against
+# `make c` builds libstrap (static and shared) in build/c; `make test-c` checks the sources
+# against clients/c/.clang-format, builds them twice more, with gcc and with clang (-Werror,
+# ASan/UBSan), and runs every test program against
 # the real strapd (and the Python reader) in each, the fuzz target's seeds included;
 # `make fuzz-c` runs the libFuzzer target (clang) for FUZZTIME (a duration "10s" or a count
 # "2000x"); `make bench-c` measures the cost per record.
@@ -250,6 +251,8 @@ build/c/.stamp: $(C_SRC)
 c: build/c/.stamp
 
 test-c: $(BIN) $(VENV)/.stamp clang
+	@command -v clang-format >/dev/null || (apt-get update && apt-get install -y --no-install-recommends clang-format)
+	cd clients/c && clang-format --dry-run --Werror include/*.h src/*.[ch] tests/*.[ch] fuzz/*.c bench/*.c
 	cmake -S clients/c -B build/c-asan -DCMAKE_BUILD_TYPE=Debug -DSTRAP_SANITIZE=ON -DCMAKE_C_COMPILER=gcc >/dev/null
 	cmake --build build/c-asan -j2
 	cd build/c-asan && ctest --output-on-failure

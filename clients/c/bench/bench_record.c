@@ -58,7 +58,7 @@ int main(int argc, char **argv)
 	size_t n = (size_t)hidden * 4;
 	float *src = malloc(n * (size_t)per);
 	th_fill(src, n * (size_t)per, 1);
-	char (*names)[64] = malloc(64 * (size_t)per);
+	char(*names)[64] = malloc(64 * (size_t)per);
 	for (int l = 0; l < layers; l++) {
 		snprintf(names[3 * l], 64, "model.layers.%d", l);
 		snprintf(names[3 * l + 1], 64, "model.layers.%d.self_attn", l);
@@ -71,8 +71,8 @@ int main(int argc, char **argv)
 		for (int f = 0; f < forwards; f++) {
 			strap_session_begin_forward(s);
 			for (int i = 0; i < per; i++) {
-				if (strap_session_write(s, names[i], STRAP_DTYPE_F32, shape, 3, (char *)src + n * (size_t)i, n,
-							NULL) != STRAP_OK) {
+				if (strap_session_write(s, names[i], STRAP_DTYPE_F32, shape, 3,
+							(char *)src + n * (size_t)i, n, NULL) != STRAP_OK) {
 					strap_error e;
 					strap_session_last_error(s, &e);
 					fprintf(stderr, "write: %s\n", e.message);
@@ -95,13 +95,14 @@ int main(int argc, char **argv)
 	th_stop_daemon(&d);
 	qsort(cpu, (size_t)rounds, sizeof *cpu, cmp);
 	qsort(wall, (size_t)rounds, sizeof *wall, cmp);
-	printf("C client per record, 1x1x%d float32 (%zu B), %d records per forward, %d forwards x %d rounds:\n", hidden, n,
-	       per, forwards, rounds);
+	printf("C client per record, 1x1x%d float32 (%zu B), %d records per forward, %d forwards x %d rounds:\n",
+	       hidden, n, per, forwards, rounds);
 	printf("  CPU  %.3f us median [%.3f-%.3f]\n", cpu[rounds / 2], cpu[0], cpu[rounds - 1]);
 	printf("  wall %.3f us median [%.3f-%.3f]\n", wall[rounds / 2], wall[0], wall[rounds - 1]);
 	printf("  packets written by strapd: %llu\n", (unsigned long long)c.packets);
 	printf("{\"bench\":\"c_record_cost\",\"hidden\":%d,\"records_per_forward\":%d,\"forwards\":%d,\"rounds\":%d,"
-	       "\"cpu_us_median\":%.4f,\"cpu_us_min\":%.4f,\"cpu_us_max\":%.4f,\"wall_us_median\":%.4f,\"wall_us_min\":%.4f,"
+	       "\"cpu_us_median\":%.4f,\"cpu_us_min\":%.4f,\"cpu_us_max\":%.4f,\"wall_us_median\":%.4f,\"wall_us_min\":"
+	       "%.4f,"
 	       "\"wall_us_max\":%.4f,\"target_us\":2.0,\"met\":%s}\n",
 	       hidden, per, forwards, rounds, cpu[rounds / 2], cpu[0], cpu[rounds - 1], wall[rounds / 2], wall[0],
 	       wall[rounds - 1], cpu[rounds / 2] <= 2.0 ? "true" : "false");

@@ -53,25 +53,25 @@ enum strap_status_code {
 	 * daemon was sent a DROP for it, so the stream records the loss. */
 	STRAP_DROPPED = 1,
 
-	STRAP_E_INVALID = -1,  /* a bad argument (the message says which) */
-	STRAP_E_NOMEM = -2,    /* out of memory (only at open) */
-	STRAP_E_SYSTEM = -3,   /* a system call failed (the message names it and errno) */
-	STRAP_E_CONNECT = -4,  /* no strapd answers and none could be started */
-	STRAP_E_CLOSED = -5,   /* the daemon closed the connection (EOF, EPIPE, ECONNRESET) */
-	STRAP_E_PROTOCOL = -6, /* the daemon sent something malformed or unexpected */
-	STRAP_E_DAEMON = -7,   /* the daemon answered ERROR (strap_error.daemon_code says which) */
-	STRAP_E_TIMEOUT = -8,  /* the daemon did not answer (or release ring space) in time */
-	STRAP_E_STATE = -9,    /* the session already failed or was closed */
+	STRAP_E_INVALID = -1,    /* a bad argument (the message says which) */
+	STRAP_E_NOMEM = -2,      /* out of memory (only at open) */
+	STRAP_E_SYSTEM = -3,     /* a system call failed (the message names it and errno) */
+	STRAP_E_CONNECT = -4,    /* no strapd answers and none could be started */
+	STRAP_E_CLOSED = -5,     /* the daemon closed the connection (EOF, EPIPE, ECONNRESET) */
+	STRAP_E_PROTOCOL = -6,   /* the daemon sent something malformed or unexpected */
+	STRAP_E_DAEMON = -7,     /* the daemon answered ERROR (strap_error.daemon_code says which) */
+	STRAP_E_TIMEOUT = -8,    /* the daemon did not answer (or release ring space) in time */
+	STRAP_E_STATE = -9,      /* the session already failed or was closed */
 	STRAP_E_TOO_LARGE = -10, /* a name, meta, message or tensor exceeds a protocol limit */
 	STRAP_E_CHECKPOINT = -11 /* a checkpoint file is missing, malformed or does not match */
 };
 
 /* The detail of a failure. */
 typedef struct strap_error {
-	int code;              /* a STRAP_E_* code, STRAP_OK when there was no failure */
-	int fatal;             /* 1 when the session cannot go on (only strap_session_free helps) */
-	char daemon_code[64];  /* STRAP_E_DAEMON: the ERROR's code ("torn_record", "write_error"...) */
-	char message[1024];    /* a sentence naming what failed; truncated to fit */
+	int code;             /* a STRAP_E_* code, STRAP_OK when there was no failure */
+	int fatal;            /* 1 when the session cannot go on (only strap_session_free helps) */
+	char daemon_code[64]; /* STRAP_E_DAEMON: the ERROR's code ("torn_record", "write_error"...) */
+	char message[1024];   /* a sentence naming what failed; truncated to fit */
 } strap_error;
 
 /* A static, human-readable name of a return code ("invalid argument", ...). Never NULL.
@@ -103,14 +103,38 @@ STRAP_API size_t strap_dtype_size(int dtype);
  * pass tensor->type without including ggml here. The float and integer types map onto
  * strap_dtype; the quantized ones are stored as raw blocks (STREAM_FORMAT.md 4.1). */
 enum strap_ggml_type {
-	STRAP_GGML_F32 = 0, STRAP_GGML_F16 = 1, STRAP_GGML_Q4_0 = 2, STRAP_GGML_Q4_1 = 3,
-	STRAP_GGML_Q5_0 = 6, STRAP_GGML_Q5_1 = 7, STRAP_GGML_Q8_0 = 8, STRAP_GGML_Q8_1 = 9,
-	STRAP_GGML_Q2_K = 10, STRAP_GGML_Q3_K = 11, STRAP_GGML_Q4_K = 12, STRAP_GGML_Q5_K = 13,
-	STRAP_GGML_Q6_K = 14, STRAP_GGML_Q8_K = 15, STRAP_GGML_IQ2_XXS = 16, STRAP_GGML_IQ2_XS = 17,
-	STRAP_GGML_IQ3_XXS = 18, STRAP_GGML_IQ1_S = 19, STRAP_GGML_IQ4_NL = 20, STRAP_GGML_IQ3_S = 21,
-	STRAP_GGML_IQ2_S = 22, STRAP_GGML_IQ4_XS = 23, STRAP_GGML_I8 = 24, STRAP_GGML_I16 = 25,
-	STRAP_GGML_I32 = 26, STRAP_GGML_I64 = 27, STRAP_GGML_F64 = 28, STRAP_GGML_IQ1_M = 29,
-	STRAP_GGML_BF16 = 30, STRAP_GGML_TQ1_0 = 34, STRAP_GGML_TQ2_0 = 35, STRAP_GGML_MXFP4 = 39
+	STRAP_GGML_F32 = 0,
+	STRAP_GGML_F16 = 1,
+	STRAP_GGML_Q4_0 = 2,
+	STRAP_GGML_Q4_1 = 3,
+	STRAP_GGML_Q5_0 = 6,
+	STRAP_GGML_Q5_1 = 7,
+	STRAP_GGML_Q8_0 = 8,
+	STRAP_GGML_Q8_1 = 9,
+	STRAP_GGML_Q2_K = 10,
+	STRAP_GGML_Q3_K = 11,
+	STRAP_GGML_Q4_K = 12,
+	STRAP_GGML_Q5_K = 13,
+	STRAP_GGML_Q6_K = 14,
+	STRAP_GGML_Q8_K = 15,
+	STRAP_GGML_IQ2_XXS = 16,
+	STRAP_GGML_IQ2_XS = 17,
+	STRAP_GGML_IQ3_XXS = 18,
+	STRAP_GGML_IQ1_S = 19,
+	STRAP_GGML_IQ4_NL = 20,
+	STRAP_GGML_IQ3_S = 21,
+	STRAP_GGML_IQ2_S = 22,
+	STRAP_GGML_IQ4_XS = 23,
+	STRAP_GGML_I8 = 24,
+	STRAP_GGML_I16 = 25,
+	STRAP_GGML_I32 = 26,
+	STRAP_GGML_I64 = 27,
+	STRAP_GGML_F64 = 28,
+	STRAP_GGML_IQ1_M = 29,
+	STRAP_GGML_BF16 = 30,
+	STRAP_GGML_TQ1_0 = 34,
+	STRAP_GGML_TQ2_0 = 35,
+	STRAP_GGML_MXFP4 = 39
 };
 
 /* ggml's lowercase name of a type ("q4_0", "f32"), NULL when this library does not know it.
@@ -238,16 +262,16 @@ STRAP_API int strap_session_set_step(strap_session *s, uint64_t step, uint64_t f
  * stored with the record. Returns STRAP_OK, STRAP_DROPPED (policy drop, ring full), or an
  * error. Tensors larger than the part size go as PART records. No allocation.
  * Thread-safe (serialized). */
-STRAP_API int strap_session_write(strap_session *s, const char *name, int dtype, const int64_t *shape,
-			int ndim, const void *data, size_t nbytes, const char *meta_json);
+STRAP_API int strap_session_write(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim,
+				  const void *data, size_t nbytes, const char *meta_json);
 
 /* Write a ggml tensor given as ggml describes it: `ggml_type` (enum ggml_type), ne[0..n_dims-1]
  * (ne[0] innermost) and its contiguous bytes. Float and integer types are written as their
  * strap_dtype with shape ne reversed; quantized types as raw blocks (dtype u8, shape
  * [ne[n-1], ..., ne[1], row bytes], meta {"ggml_type":"q4_0","ggml_ne":[...]}: STREAM_FORMAT.md
  * 4.1). Thread-safe (serialized). */
-STRAP_API int strap_session_write_ggml(strap_session *s, const char *name, int ggml_type, const int64_t *ne,
-			     int n_dims, const void *data, size_t nbytes);
+STRAP_API int strap_session_write_ggml(strap_session *s, const char *name, int ggml_type, const int64_t *ne, int n_dims,
+				       const void *data, size_t nbytes);
 
 /* Publish every record written so far (call once per forward pass). Thread-safe. */
 STRAP_API int strap_session_flush(strap_session *s);
@@ -256,7 +280,7 @@ STRAP_API int strap_session_flush(strap_session *s);
  * tokens recorded before it). `text` is UTF-8 of `text_len` bytes (may be 0); `position` < 0
  * leaves it to the daemon (= index). Sent right after the token is generated. Thread-safe. */
 STRAP_API int strap_session_token(strap_session *s, int64_t token_id, const char *text, size_t text_len,
-			int64_t position);
+				  int64_t position);
 
 /* Make every event so far durable (CHECKPOINT → CHECKPOINTED) and write the checkpoint file
  * (temp file, fsync, rename, directory fsync). Thread-safe (serialized). */
@@ -265,8 +289,7 @@ STRAP_API int strap_session_checkpoint(strap_session *s);
 /* Send resource events (docs/RESOURCE_EVENTS.md): `events[i]` is one JSON object with a
  * non-empty string "event", `lens[i]` its bytes. They are packed into as few RESOURCES
  * messages as fit 64 KiB, never split. Needs params.resources. Thread-safe (serialized). */
-STRAP_API int strap_session_resources(strap_session *s, const char *const *events, const size_t *lens,
-			    size_t n);
+STRAP_API int strap_session_resources(strap_session *s, const char *const *events, const size_t *lens, size_t n);
 
 /* Totals the daemon reported in CLOSED. */
 typedef struct strap_closed {

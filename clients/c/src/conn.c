@@ -165,8 +165,9 @@ static pid_t spawn_daemon(const char *bin, const char *sock, char *log, size_t l
 	}
 	snprintf(log, logcap, "%s/strapd.log", dir);
 	const char *idle = getenv("STRAPD_EXIT_IDLE");
-	char *const argv[] = {(char *)bin, "serve", "--socket", (char *)sock, "--exit-idle",
-			      (char *)(idle && *idle ? idle : "15m"), NULL};
+	char *const argv[] = {(char *)bin,  "serve",       "--socket",
+			      (char *)sock, "--exit-idle", (char *)(idle && *idle ? idle : "15m"),
+			      NULL};
 	int logfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 	if (logfd < 0) {
 		se_set(err, STRAP_E_CONNECT, "cannot open the daemon log %s: %s", log, strerror(errno));
@@ -238,8 +239,8 @@ static pid_t spawn_daemon(const char *bin, const char *sock, char *log, size_t l
 	return (pid_t)v[0];
 }
 
-int sc_connect(const char *explicit_path, int autostart, const char *bin_given, double timeout,
-	       char *path, size_t pathcap, strap_error *err)
+int sc_connect(const char *explicit_path, int autostart, const char *bin_given, double timeout, char *path,
+	       size_t pathcap, strap_error *err)
 {
 	if (strap_resolve_socket_path(explicit_path, path, pathcap) != STRAP_OK) {
 		se_set(err, STRAP_E_INVALID, "socket path too long");
@@ -276,13 +277,15 @@ int sc_connect(const char *explicit_path, int autostart, const char *bin_given, 
 		char tail[600];
 		if (kill(pid, 0) != 0 && errno == ESRCH) {
 			log_tail(log, tail, sizeof tail);
-			se_set(err, STRAP_E_CONNECT, "strapd (pid %d) exited at start-up; log %s:\n%s", (int)pid, log, tail);
+			se_set(err, STRAP_E_CONNECT, "strapd (pid %d) exited at start-up; log %s:\n%s", (int)pid, log,
+			       tail);
 			return STRAP_E_CONNECT;
 		}
 		if (sc_now() > deadline) {
 			log_tail(log, tail, sizeof tail);
-			se_set(err, STRAP_E_CONNECT, "strapd (pid %d) did not accept connections on %s within %.0fs; log %s:\n%s",
-			       (int)pid, path, timeout, log, tail);
+			se_set(err, STRAP_E_CONNECT,
+			       "strapd (pid %d) did not accept connections on %s within %.0fs; log %s:\n%s", (int)pid,
+			       path, timeout, log, tail);
 			return STRAP_E_CONNECT;
 		}
 		struct timespec ts = {0, 50 * 1000 * 1000};

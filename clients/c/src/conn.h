@@ -10,8 +10,8 @@
 double sc_now(void);
 /* Resolve the socket (into path), connect, start strapd when nobody answers and autostart is
  * set. Returns the connected socket, or a STRAP_E_* code with err set. */
-int sc_connect(const char *explicit_path, int autostart, const char *bin, double timeout, char *path,
-	       size_t pathcap, strap_error *err);
+int sc_connect(const char *explicit_path, int autostart, const char *bin, double timeout, char *path, size_t pathcap,
+	       strap_error *err);
 /* Send one datagram with up to 4 descriptors; 0 or -errno. */
 int sc_send(int fd, const void *data, size_t n, const int *fds, int nfds);
 /* Receive one datagram, waiting up to timeout_ms (0: poll, -1: forever). Returns its full

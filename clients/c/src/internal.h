@@ -22,9 +22,21 @@ enum {
 	SP_VERSION = 1,
 	SP_HEADER = 12,
 	SP_MAX_MESSAGE = 65536,
-	SP_HELLO = 1, SP_WELCOME = 2, SP_OPEN = 3, SP_OPENED = 4, SP_PUBLISH = 5, SP_RELEASE = 6,
-	SP_DROP = 7, SP_CLOSE = 8, SP_CLOSED = 9, SP_ERROR = 10, SP_STATUS = 11,
-	SP_STATUS_REPLY = 12, SP_TOKEN = 13, SP_CHECKPOINT = 14, SP_CHECKPOINTED = 15,
+	SP_HELLO = 1,
+	SP_WELCOME = 2,
+	SP_OPEN = 3,
+	SP_OPENED = 4,
+	SP_PUBLISH = 5,
+	SP_RELEASE = 6,
+	SP_DROP = 7,
+	SP_CLOSE = 8,
+	SP_CLOSED = 9,
+	SP_ERROR = 10,
+	SP_STATUS = 11,
+	SP_STATUS_REPLY = 12,
+	SP_TOKEN = 13,
+	SP_CHECKPOINT = 14,
+	SP_CHECKPOINTED = 15,
 	SP_RESOURCES = 16,
 };
 
@@ -39,7 +51,10 @@ enum {
 	SR_MAX_NDIM = 8,
 };
 
-static inline uint64_t sp_align64(uint64_t n) { return (n + 63) & ~(uint64_t)63; }
+static inline uint64_t sp_align64(uint64_t n)
+{
+	return (n + 63) & ~(uint64_t)63;
+}
 
 const char *sp_type_name(int type);
 
@@ -97,7 +112,7 @@ typedef struct sp_open_body {
 	int has_codec_level;
 	int64_t codec_level;
 	const char *policy;
-	uint64_t block_size; /* 0 = absent */
+	uint64_t block_size;    /* 0 = absent */
 	const char *lossy_mode; /* NULL = absent */
 	int has_lossy_value;
 	double lossy_value;
@@ -115,10 +130,10 @@ typedef struct sp_open_body {
 void sp_enc_hello(sw_buf *b, const char *client, int64_t pid);
 void sp_enc_open(sw_buf *b, const sp_open_body *o);
 void sp_enc_publish(sw_buf *b, uint64_t head, uint64_t seq);
-void sp_enc_drop(sw_buf *b, uint64_t seq, const char *name, size_t name_len, uint64_t step,
-		 uint64_t forward, uint64_t bytes, const char *reason);
-void sp_enc_token(sw_buf *b, uint64_t seq, uint64_t index, int64_t token_id, const char *text,
-		  size_t text_len, int has_position, int64_t position);
+void sp_enc_drop(sw_buf *b, uint64_t seq, const char *name, size_t name_len, uint64_t step, uint64_t forward,
+		 uint64_t bytes, const char *reason);
+void sp_enc_token(sw_buf *b, uint64_t seq, uint64_t index, int64_t token_id, const char *text, size_t text_len,
+		  int has_position, int64_t position);
 void sp_enc_checkpoint(sw_buf *b, uint64_t seq);
 void sp_enc_close(sw_buf *b, uint64_t seq, uint64_t head, uint64_t drops);
 void sp_enc_status(sw_buf *b);
@@ -176,10 +191,9 @@ static inline uint64_t sr_header_area(int ndim, size_t name_len, size_t meta_len
 	return sp_align64(SR_RECORD_FIXED + 8 * (uint64_t)ndim + name_len + meta_len);
 }
 /* Write a TENSOR record's header area (zero padded to payload_off) at dst. */
-void sr_encode_record_header(uint8_t *dst, int dtype, const uint64_t *shape, int ndim,
-			     uint64_t seq, uint64_t record_len, uint64_t step, uint64_t forward,
-			     uint64_t payload_len, const char *name, size_t name_len,
-			     const char *meta, size_t meta_len, uint64_t part_offset,
+void sr_encode_record_header(uint8_t *dst, int dtype, const uint64_t *shape, int ndim, uint64_t seq,
+			     uint64_t record_len, uint64_t step, uint64_t forward, uint64_t payload_len,
+			     const char *name, size_t name_len, const char *meta, size_t meta_len, uint64_t part_offset,
 			     uint64_t tensor_len, int part);
 /* Write a PAD record header; only min(80, record_len) bytes are written. */
 void sr_encode_pad(uint8_t *dst, uint64_t record_len);
@@ -190,8 +204,8 @@ int sr_ggml_dtype(int ggml_type);
 /* Pack events[*next..] into one RESOURCES datagram (as many as fit 64 KiB, at least one);
  * advances *next. Returns STRAP_OK, or STRAP_E_TOO_LARGE when events[*next] alone does not fit,
  * or STRAP_E_INVALID when one is not a JSON object with a non-empty string "event" (err says). */
-int sp_pack_resources(sw_buf *b, const char *const *events, const size_t *lens, size_t n,
-		      size_t *next, char *err, size_t errlen);
+int sp_pack_resources(sw_buf *b, const char *const *events, const size_t *lens, size_t n, size_t *next, char *err,
+		      size_t errlen);
 
 /* ----- errors (error.c) ----- */
 void se_set(strap_error *e, int code, const char *fmt, ...) STRAP_PRINTF(3, 4);

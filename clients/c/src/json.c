@@ -285,16 +285,11 @@ char sj_kind(sj_val v)
 	switch (v.p[0]) {
 	case '{':
 	case '[':
-	case '"':
-		return v.p[0];
-	case 't':
-		return 't';
-	case 'f':
-		return 'f';
-	case 'n':
-		return 'z';
-	default:
-		return 'n';
+	case '"': return v.p[0];
+	case 't': return 't';
+	case 'f': return 'f';
+	case 'n': return 'z';
+	default: return 'n';
 	}
 }
 
@@ -329,13 +324,17 @@ static bool key_eq(const char *p, const char *end, const char *key)
 			if (cp < 0x80) {
 				enc[0] = (unsigned char)cp, n = 1;
 			} else if (cp < 0x800) {
-				enc[0] = (unsigned char)(0xC0 | cp >> 6), enc[1] = (unsigned char)(0x80 | (cp & 0x3F)), n = 2;
+				enc[0] = (unsigned char)(0xC0 | cp >> 6), enc[1] = (unsigned char)(0x80 | (cp & 0x3F)),
+				n = 2;
 			} else if (cp < 0x10000) {
-				enc[0] = (unsigned char)(0xE0 | cp >> 12), enc[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+				enc[0] = (unsigned char)(0xE0 | cp >> 12),
+				enc[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
 				enc[2] = (unsigned char)(0x80 | (cp & 0x3F)), n = 3;
 			} else {
-				enc[0] = (unsigned char)(0xF0 | cp >> 18), enc[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-				enc[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F)), enc[3] = (unsigned char)(0x80 | (cp & 0x3F));
+				enc[0] = (unsigned char)(0xF0 | cp >> 18),
+				enc[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
+				enc[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F)),
+				enc[3] = (unsigned char)(0x80 | (cp & 0x3F));
 				n = 4;
 			}
 			for (size_t i = 0; i < n; i++) {

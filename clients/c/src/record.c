@@ -4,7 +4,10 @@
 
 #include "internal.h"
 
-static void le16(uint8_t *p, uint64_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }
+static void le16(uint8_t *p, uint64_t v)
+{
+	p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8);
+}
 static void le32(uint8_t *p, uint64_t v)
 {
 	for (int i = 0; i < 4; i++)
@@ -26,10 +29,9 @@ void sr_encode_ring_header(uint8_t *dst, uint64_t ring_size)
 	le64(dst + 24, ring_size - SR_HEADER_SIZE);
 }
 
-void sr_encode_record_header(uint8_t *dst, int dtype, const uint64_t *shape, int ndim,
-			     uint64_t seq, uint64_t record_len, uint64_t step, uint64_t forward,
-			     uint64_t payload_len, const char *name, size_t name_len,
-			     const char *meta, size_t meta_len, uint64_t part_offset,
+void sr_encode_record_header(uint8_t *dst, int dtype, const uint64_t *shape, int ndim, uint64_t seq,
+			     uint64_t record_len, uint64_t step, uint64_t forward, uint64_t payload_len,
+			     const char *name, size_t name_len, const char *meta, size_t meta_len, uint64_t part_offset,
 			     uint64_t tensor_len, int part)
 {
 	uint64_t off = sr_header_area(ndim, name_len, meta_len);
@@ -116,9 +118,15 @@ static const struct {
 	[STRAP_GGML_MXFP4] = {"mxfp4", 32, 17, 0},
 };
 
-static bool ggml_known(int t) { return t >= 0 && t < 40 && ggml_types[t].name; }
+static bool ggml_known(int t)
+{
+	return t >= 0 && t < 40 && ggml_types[t].name;
+}
 
-const char *strap_ggml_type_name(int t) { return ggml_known(t) ? ggml_types[t].name : NULL; }
+const char *strap_ggml_type_name(int t)
+{
+	return ggml_known(t) ? ggml_types[t].name : NULL;
+}
 
 size_t strap_ggml_row_size(int t, int64_t ne0)
 {
@@ -127,4 +135,7 @@ size_t strap_ggml_row_size(int t, int64_t ne0)
 	return (size_t)(ne0 / ggml_types[t].block) * ggml_types[t].bytes;
 }
 
-int sr_ggml_dtype(int t) { return ggml_known(t) ? ggml_types[t].dtype : -1; }
+int sr_ggml_dtype(int t)
+{
+	return ggml_known(t) ? ggml_types[t].dtype : -1;
+}

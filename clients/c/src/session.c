@@ -58,8 +58,8 @@ struct strap_session {
 	char *output_path; /* absolute */
 	char *ckpt_path;
 	char *fingerprint;
-	char *sbuf; /* one outgoing datagram */
-	uint8_t *rbuf; /* one incoming datagram */
+	char *sbuf;     /* one outgoing datagram */
+	uint8_t *rbuf;  /* one incoming datagram */
 	char meta[256]; /* ggml meta of the current record */
 };
 
@@ -223,8 +223,8 @@ static int expect(strap_session *s, int want, double timeout, sp_reply *r)
 	for (;;) {
 		double left = deadline - sc_now();
 		if (left <= 0)
-			return fail(s, STRAP_E_TIMEOUT, "strapd did not answer with %s within %.0fs", sp_type_name(want),
-				    timeout);
+			return fail(s, STRAP_E_TIMEOUT, "strapd did not answer with %s within %.0fs",
+				    sp_type_name(want), timeout);
 		int got = recv_reply(s, (int)(left * 1000) + 1, r);
 		if (got < 0)
 			return got;
@@ -271,7 +271,10 @@ static int publish(strap_session *s)
 	return STRAP_OK;
 }
 
-static bool fits(const strap_session *s, uint64_t needed) { return s->head - s->tail + needed <= s->data_size; }
+static bool fits(const strap_session *s, uint64_t needed)
+{
+	return s->head - s->tail + needed <= s->data_size;
+}
 
 static uint64_t pad_for(const strap_session *s, uint64_t rec_len)
 {
@@ -290,8 +293,8 @@ static int wait_for(strap_session *s, uint64_t needed)
 		if (left <= 0)
 			return fail(s, STRAP_E_TIMEOUT,
 				    "strapd released no ring space for %.0fs (need %llu bytes, %llu of %llu in use)",
-				    s->stall_timeout, (unsigned long long)needed, (unsigned long long)(s->head - s->tail),
-				    (unsigned long long)s->data_size);
+				    s->stall_timeout, (unsigned long long)needed,
+				    (unsigned long long)(s->head - s->tail), (unsigned long long)s->data_size);
 		sp_reply r;
 		int got = recv_reply(s, left > 1 ? 1000 : (int)(left * 1000) + 1, &r);
 		if (got < 0)
@@ -333,8 +336,8 @@ static int send_drop(strap_session *s, const char *name, size_t name_len, uint64
 	return STRAP_DROPPED;
 }
 
-static int write_locked(strap_session *s, const char *name, size_t name_len, int dtype, const uint64_t *shape,
-			int ndim, const uint8_t *data, uint64_t nbytes, const char *meta, size_t meta_len)
+static int write_locked(strap_session *s, const char *name, size_t name_len, int dtype, const uint64_t *shape, int ndim,
+			const uint8_t *data, uint64_t nbytes, const char *meta, size_t meta_len)
 {
 	uint64_t hdr = sr_header_area(ndim, name_len, meta_len);
 	uint64_t cap = nbytes, nparts = 1;
@@ -372,8 +375,8 @@ static int write_locked(strap_session *s, const char *name, size_t name_len, int
 		populate(s, s->head + rec_len);
 		uint8_t *dst = s->ring + SR_HEADER_SIZE + s->head % s->data_size;
 		uint64_t seq = s->seq + 1;
-		sr_encode_record_header(dst, dtype, shape, ndim, seq, rec_len, s->step, s->forward, plen, name, name_len,
-					meta, meta_len, part ? off : 0, part ? nbytes : plen, part);
+		sr_encode_record_header(dst, dtype, shape, ndim, seq, rec_len, s->step, s->forward, plen, name,
+					name_len, meta, meta_len, part ? off : 0, part ? nbytes : plen, part);
 		if (plen)
 			memcpy(dst + hdr, data + off, plen);
 		s->seq = seq;
@@ -399,8 +402,8 @@ static int check_record(strap_session *s, const char *name, size_t *name_len, si
 	return STRAP_OK;
 }
 
-int strap_session_write(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim,
-			const void *data, size_t nbytes, const char *meta_json)
+int strap_session_write(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim, const void *data,
+			size_t nbytes, const char *meta_json)
 {
 	if (!s)
 		return STRAP_E_INVALID;
@@ -456,9 +459,10 @@ int strap_session_write_ggml(strap_session *s, const char *name, int ggml_type, 
 	int dt = sr_ggml_dtype(ggml_type);
 	if (n_dims < 1 || n_dims > 4 || !ne || dt < 0) {
 		pthread_mutex_lock(&s->mu);
-		int e = dt < 0 ? fail(s, STRAP_E_INVALID, "%s: ggml type %d is not known to libstrap", name ? name : "?",
-				      ggml_type)
-			       : fail(s, STRAP_E_INVALID, "%s: ggml n_dims %d (allowed 1..4)", name ? name : "?", n_dims);
+		int e = dt < 0 ? fail(s, STRAP_E_INVALID, "%s: ggml type %d is not known to libstrap",
+				      name ? name : "?", ggml_type)
+			       : fail(s, STRAP_E_INVALID, "%s: ggml n_dims %d (allowed 1..4)", name ? name : "?",
+				      n_dims);
 		pthread_mutex_unlock(&s->mu);
 		return e;
 	}
@@ -471,8 +475,8 @@ int strap_session_write_ggml(strap_session *s, const char *name, int ggml_type, 
 	size_t row = strap_ggml_row_size(ggml_type, ne[0]);
 	pthread_mutex_lock(&s->mu);
 	if (!row) {
-		int e = fail(s, STRAP_E_INVALID, "%s: ne[0] = %lld is not a whole number of %s blocks", name ? name : "?",
-			     (long long)ne[0], strap_ggml_type_name(ggml_type));
+		int e = fail(s, STRAP_E_INVALID, "%s: ne[0] = %lld is not a whole number of %s blocks",
+			     name ? name : "?", (long long)ne[0], strap_ggml_type_name(ggml_type));
 		pthread_mutex_unlock(&s->mu);
 		return e;
 	}
@@ -657,7 +661,8 @@ static int write_checkpoint(strap_session *s, const sp_reply *c)
 		return fail(s, STRAP_E_SYSTEM, "checkpoint %s: rename: %s", s->ckpt_path, strerror(er));
 	}
 	if (fsync_dir(s->ckpt_path) != 0)
-		return fail(s, STRAP_E_SYSTEM, "checkpoint %s: fsync of its directory: %s", s->ckpt_path, strerror(errno));
+		return fail(s, STRAP_E_SYSTEM, "checkpoint %s: fsync of its directory: %s", s->ckpt_path,
+			    strerror(errno));
 	return STRAP_OK;
 }
 
@@ -857,7 +862,7 @@ static int load_checkpoint(strap_session *s, uint64_t *offset, uint64_t *packets
 	struct {
 		const char *k;
 		uint64_t *dst;
-	} f[] = {{"stream_offset", offset}, {"packets", packets}, {"last_seq", last_seq},
+	} f[] = {{"stream_offset", offset},         {"packets", packets},          {"last_seq", last_seq},
 		 {"last_packet_offset", &last_off}, {"last_packet_crc", last_crc}, {"token_count", tokens}};
 	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
 		if (!sj_get(doc, f[i].k, &v) || !sj_u64(v, f[i].dst))
@@ -889,10 +894,11 @@ static int lock_stream(strap_session *s)
 		if (errno != EWOULDBLOCK && errno != EINTR)
 			return fail(s, STRAP_E_SYSTEM, "flock %s: %s", s->output_path, strerror(errno));
 		if (sc_now() > deadline)
-			return fail(s, STRAP_E_CHECKPOINT,
-				    "%s is in use by a live capture (its strapd session still holds the stream lock after "
-				    "%ds)",
-				    s->output_path, LOCK_WAIT_S);
+			return fail(
+				s, STRAP_E_CHECKPOINT,
+				"%s is in use by a live capture (its strapd session still holds the stream lock after "
+				"%ds)",
+				s->output_path, LOCK_WAIT_S);
 		struct timespec ts = {0, 50 * 1000 * 1000};
 		nanosleep(&ts, NULL);
 	}
@@ -975,14 +981,16 @@ static int open_session(strap_session *s, const strap_session_params *p)
 		return fail(s, STRAP_E_INVALID, "ring_size %llu must be 4096 + a positive multiple of 64",
 			    (unsigned long long)p->ring_size);
 	if (p->policy != STRAP_POLICY_BLOCK && p->policy != STRAP_POLICY_DROP)
-		return fail(s, STRAP_E_INVALID, "policy %d is not STRAP_POLICY_BLOCK or STRAP_POLICY_DROP", (int)p->policy);
+		return fail(s, STRAP_E_INVALID, "policy %d is not STRAP_POLICY_BLOCK or STRAP_POLICY_DROP",
+			    (int)p->policy);
 	if (!p->codec || !*p->codec)
 		return fail(s, STRAP_E_INVALID, "params.codec is empty");
 	s->policy = p->policy;
 	s->stall_timeout = p->stall_timeout_s > 0 ? p->stall_timeout_s : 120.0;
 	s->fingerprint = dupstr(p->fingerprint ? p->fingerprint : "", NULL);
 	char client[200];
-	snprintf(client, sizeof client, "%s", p->client_name && *p->client_name ? p->client_name : "libstrap/" STRAP_VERSION_STRING);
+	snprintf(client, sizeof client, "%s",
+		 p->client_name && *p->client_name ? p->client_name : "libstrap/" STRAP_VERSION_STRING);
 
 	/* the output: opened, locked and (unless resumed) cut here; strapd only gets the fd */
 	s->out_fd = open(p->output_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -1013,8 +1021,9 @@ static int open_session(strap_session *s, const strap_session_params *p)
 			return e;
 		struct stat st;
 		if (fstat(s->out_fd, &st) != 0 || (uint64_t)st.st_size < off)
-			return fail(s, STRAP_E_CHECKPOINT, "stream %s holds %lld bytes, less than the checkpoint's %llu",
-				    s->output_path, (long long)st.st_size, (unsigned long long)off);
+			return fail(s, STRAP_E_CHECKPOINT,
+				    "stream %s holds %lld bytes, less than the checkpoint's %llu", s->output_path,
+				    (long long)st.st_size, (unsigned long long)off);
 		resuming = true;
 	} else {
 		if (have_ckpt && unlink(s->ckpt_path) != 0)
@@ -1051,8 +1060,9 @@ static int open_session(strap_session *s, const strap_session_params *p)
 	if (size > limit) {
 		size = limit / 4096 * 4096;
 		if (size < MIN_RING)
-			return fail(s, STRAP_E_DAEMON, "strapd admits rings of at most %llu bytes (--max-ring-size), less "
-						       "than the smallest usable ring (%d bytes)",
+			return fail(s, STRAP_E_DAEMON,
+				    "strapd admits rings of at most %llu bytes (--max-ring-size), less "
+				    "than the smallest usable ring (%d bytes)",
 				    (unsigned long long)limit, MIN_RING);
 	}
 	if ((e = make_ring(s, size)))
@@ -1069,11 +1079,18 @@ static int open_session(strap_session *s, const strap_session_params *p)
 	sw_buf meta = {(char *)s->rbuf, 0, SP_MAX_MESSAGE, false};
 	if ((e = build_metadata(s, p, client, &meta)))
 		return e;
-	sp_open_body o = {.ring_size = size, .codec = p->codec, .has_codec_level = p->codec_level >= 0,
-			  .codec_level = p->codec_level, .policy = p->policy == STRAP_POLICY_DROP ? "drop" : "block",
-			  .block_size = p->block_size, .lossy_mode = p->lossy_mode,
-			  .has_lossy_value = p->lossy_mode != NULL, .lossy_value = p->lossy_value,
-			  .memory_hint = p->memory_hint, .metadata = meta.p, .metadata_len = meta.n,
+	sp_open_body o = {.ring_size = size,
+			  .codec = p->codec,
+			  .has_codec_level = p->codec_level >= 0,
+			  .codec_level = p->codec_level,
+			  .policy = p->policy == STRAP_POLICY_DROP ? "drop" : "block",
+			  .block_size = p->block_size,
+			  .lossy_mode = p->lossy_mode,
+			  .has_lossy_value = p->lossy_mode != NULL,
+			  .lossy_value = p->lossy_value,
+			  .memory_hint = p->memory_hint,
+			  .metadata = meta.p,
+			  .metadata_len = meta.n,
 			  .resources = p->resources};
 	if (resuming) {
 		o.has_resume = 1;

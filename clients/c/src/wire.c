@@ -12,9 +12,9 @@
 const char *sp_type_name(int type)
 {
 	static const char *const names[] = {
-		"?", "HELLO", "WELCOME", "OPEN", "OPENED", "PUBLISH", "RELEASE", "DROP", "CLOSE",
-		"CLOSED", "ERROR", "STATUS", "STATUS_REPLY", "TOKEN", "CHECKPOINT", "CHECKPOINTED",
-		"RESOURCES"};
+		"?",          "HELLO",        "WELCOME",  "OPEN",  "OPENED", "PUBLISH",      "RELEASE",
+		"DROP",       "CLOSE",        "CLOSED",   "ERROR", "STATUS", "STATUS_REPLY", "TOKEN",
+		"CHECKPOINT", "CHECKPOINTED", "RESOURCES"};
 	return type > 0 && type <= SP_RESOURCES ? names[type] : "unknown";
 }
 
@@ -30,7 +30,10 @@ void sw_raw(sw_buf *b, const void *s, size_t n)
 	b->n += n;
 }
 
-void sw_lit(sw_buf *b, const char *s) { sw_raw(b, s, strlen(s)); }
+void sw_lit(sw_buf *b, const char *s)
+{
+	sw_raw(b, s, strlen(s));
+}
 
 void sw_u64(sw_buf *b, uint64_t v)
 {
@@ -221,8 +224,8 @@ void sp_enc_publish(sw_buf *b, uint64_t head, uint64_t seq)
 	sp_enc_finish(b);
 }
 
-void sp_enc_drop(sw_buf *b, uint64_t seq, const char *name, size_t name_len, uint64_t step,
-		 uint64_t forward, uint64_t bytes, const char *reason)
+void sp_enc_drop(sw_buf *b, uint64_t seq, const char *name, size_t name_len, uint64_t step, uint64_t forward,
+		 uint64_t bytes, const char *reason)
 {
 	sp_enc_begin(b, SP_DROP);
 	sw_raw(b, "{", 1);
@@ -242,8 +245,8 @@ void sp_enc_drop(sw_buf *b, uint64_t seq, const char *name, size_t name_len, uin
 	sp_enc_finish(b);
 }
 
-void sp_enc_token(sw_buf *b, uint64_t seq, uint64_t index, int64_t token_id, const char *text,
-		  size_t text_len, int has_position, int64_t position)
+void sp_enc_token(sw_buf *b, uint64_t seq, uint64_t index, int64_t token_id, const char *text, size_t text_len,
+		  int has_position, int64_t position)
 {
 	sp_enc_begin(b, SP_TOKEN);
 	sw_raw(b, "{", 1);
@@ -304,8 +307,8 @@ static sj_val trim(const char *p, size_t n)
 	return v;
 }
 
-int sp_pack_resources(sw_buf *b, const char *const *events, const size_t *lens, size_t n,
-		      size_t *next, char *err, size_t errlen)
+int sp_pack_resources(sw_buf *b, const char *const *events, const size_t *lens, size_t n, size_t *next, char *err,
+		      size_t errlen)
 {
 	static const char open[] = "{\"events\":[", close[] = "]}";
 	sp_enc_begin(b, SP_RESOURCES);
@@ -319,14 +322,16 @@ int sp_pack_resources(sw_buf *b, const char *const *events, const size_t *lens, 
 		}
 		sj_val ev = trim(events[i], lens[i]), name;
 		if (sj_kind(ev) != '{' || !sj_get(ev, "event", &name) || sj_kind(name) != '"' || name.n < 3) {
-			snprintf(err, errlen, "resource event %zu is not a JSON object with a non-empty string \"event\"", i);
+			snprintf(err, errlen,
+				 "resource event %zu is not a JSON object with a non-empty string \"event\"", i);
 			return STRAP_E_INVALID;
 		}
 		size_t need = ev.n + (i > first ? 1 : 0) + sizeof close - 1;
 		if (b->n + need > SP_MAX_MESSAGE) {
 			if (i == first) {
-				snprintf(err, errlen, "resource event %zu of %zu bytes does not fit one %d-byte message", i,
-					 ev.n, SP_MAX_MESSAGE);
+				snprintf(err, errlen,
+					 "resource event %zu of %zu bytes does not fit one %d-byte message", i, ev.n,
+					 SP_MAX_MESSAGE);
 				return STRAP_E_TOO_LARGE;
 			}
 			break;
@@ -448,9 +453,7 @@ int sp_decode_reply(const uint8_t *d, size_t n, sp_reply *r, char *err, size_t e
 		r->u.opened.session = rd_u64(&x, "session");
 		r->u.opened.block_size = rd_u64(&x, "block_size");
 		break;
-	case SP_RELEASE:
-		r->u.release.tail = rd_u64(&x, "tail");
-		break;
+	case SP_RELEASE: r->u.release.tail = rd_u64(&x, "tail"); break;
 	case SP_CLOSED:
 		r->u.closed.packets = rd_u64(&x, "packets");
 		r->u.closed.drops = rd_u64(&x, "drops");
@@ -474,7 +477,8 @@ int sp_decode_reply(const uint8_t *d, size_t n, sp_reply *r, char *err, size_t e
 			rd_fail(&x, "sessions", "a list");
 		break;
 	default:
-		snprintf(err, errlen, "unexpected message type %d (%s) from the daemon", r->type, sp_type_name(r->type));
+		snprintf(err, errlen, "unexpected message type %d (%s) from the daemon", r->type,
+			 sp_type_name(r->type));
 		return STRAP_E_PROTOCOL;
 	}
 	return x.ok ? STRAP_OK : STRAP_E_PROTOCOL;

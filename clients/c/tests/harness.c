@@ -166,8 +166,8 @@ void th_expect_open(th_expect *x, const char *dir)
 	x->n = 0;
 }
 
-void th_expect_tensor(th_expect *x, const char *name, const char *dtype, const int64_t *shape, int ndim,
-		      uint64_t step, uint64_t forward, const char *meta, const void *data, size_t n, int parts)
+void th_expect_tensor(th_expect *x, const char *name, const char *dtype, const int64_t *shape, int ndim, uint64_t step,
+		      uint64_t forward, const char *meta, const void *data, size_t n, int parts)
 {
 	char file[600];
 	snprintf(file, sizeof file, "%s/%d.bin", x->dir, x->n);

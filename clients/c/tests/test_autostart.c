@@ -16,20 +16,24 @@ int main(void)
 {
 	char buf[600];
 	unsetenv("STRAPD_SOCKET");
-	CHECK(strap_resolve_socket_path("/x/y.sock", buf, sizeof buf) == STRAP_OK && strcmp(buf, "/x/y.sock") == 0, "explicit");
+	CHECK(strap_resolve_socket_path("/x/y.sock", buf, sizeof buf) == STRAP_OK && strcmp(buf, "/x/y.sock") == 0,
+	      "explicit");
 	setenv("STRAPD_SOCKET", "/env/s.sock", 1);
-	CHECK(strap_resolve_socket_path(NULL, buf, sizeof buf) == STRAP_OK && strcmp(buf, "/env/s.sock") == 0, "env: %s", buf);
+	CHECK(strap_resolve_socket_path(NULL, buf, sizeof buf) == STRAP_OK && strcmp(buf, "/env/s.sock") == 0,
+	      "env: %s", buf);
 	CHECK(strap_resolve_socket_path(NULL, buf, 5) == STRAP_E_TOO_LARGE, "small buffer");
 	unsetenv("STRAPD_SOCKET");
 	struct stat st;
 	if (stat("/run/strapd/strapd.sock", &st) != 0) { /* a root daemon's socket wins when it exists */
 		setenv("XDG_RUNTIME_DIR", "/xdg", 1);
-		CHECK(strap_resolve_socket_path(NULL, buf, sizeof buf) == STRAP_OK && strcmp(buf, "/xdg/strapd/strapd.sock") == 0,
+		CHECK(strap_resolve_socket_path(NULL, buf, sizeof buf) == STRAP_OK &&
+			      strcmp(buf, "/xdg/strapd/strapd.sock") == 0,
 		      "xdg: %s", buf);
 		unsetenv("XDG_RUNTIME_DIR");
 		char want[100];
 		snprintf(want, sizeof want, "/tmp/strapd-%u/strapd.sock", (unsigned)getuid());
-		CHECK(strap_resolve_socket_path(NULL, buf, sizeof buf) == STRAP_OK && strcmp(buf, want) == 0, "tmp: %s", buf);
+		CHECK(strap_resolve_socket_path(NULL, buf, sizeof buf) == STRAP_OK && strcmp(buf, want) == 0, "tmp: %s",
+		      buf);
 	} else {
 		printf("autostart: /run/strapd/strapd.sock exists, its precedence over XDG_RUNTIME_DIR not checked\n");
 	}
@@ -47,13 +51,14 @@ int main(void)
 	strap_session *s = NULL;
 	strap_error e;
 	int rc = strap_session_open(&p, &s, &e);
-	CHECK(rc == STRAP_E_CONNECT && strstr(e.message, "no strapd answers on"), "autostart off: %d %s", rc, e.message);
+	CHECK(rc == STRAP_E_CONNECT && strstr(e.message, "no strapd answers on"), "autostart off: %d %s", rc,
+	      e.message);
 
 	p.autostart = 1;
 	p.strapd_bin = "/nonexistent/strapd";
 	rc = strap_session_open(&p, &s, &e);
-	CHECK(rc == STRAP_E_CONNECT && strstr(e.message, "not executable: /nonexistent/strapd"), "bad binary: %d %s", rc,
-	      e.message);
+	CHECK(rc == STRAP_E_CONNECT && strstr(e.message, "not executable: /nonexistent/strapd"), "bad binary: %d %s",
+	      rc, e.message);
 	p.strapd_bin = "/bin/false"; /* starts and exits at once */
 	rc = strap_session_open(&p, &s, &e);
 	CHECK(rc == STRAP_E_CONNECT && strstr(e.message, "exited at start-up"), "exiting binary: %d %s", rc, e.message);

@@ -48,23 +48,30 @@ int main(void)
 			for (int i = 0; i < mods[m].ndim; i++)
 				n *= (size_t)mods[m].shape[i];
 			th_fill(buf[0], n, seed++);
-			CHECK_RC(s, strap_session_write(s, mods[m].name, mods[m].dtype, mods[m].shape, mods[m].ndim, buf[0], n, NULL),
+			CHECK_RC(s,
+				 strap_session_write(s, mods[m].name, mods[m].dtype, mods[m].shape, mods[m].ndim,
+						     buf[0], n, NULL),
 				 STRAP_OK);
 			th_expect_tensor(&x, mods[m].name, mods[m].dname, mods[m].shape, mods[m].ndim, (uint64_t)fwd,
 					 (uint64_t)fwd, NULL, buf[0], n, 1);
 		}
 		if (fwd == 2) {
 			double v = 3.25;
-			CHECK_RC(s, strap_session_write(s, "lm_head.temperature", STRAP_DTYPE_F64, NULL, 0, &v, 8, NULL), STRAP_OK);
+			CHECK_RC(s,
+				 strap_session_write(s, "lm_head.temperature", STRAP_DTYPE_F64, NULL, 0, &v, 8, NULL),
+				 STRAP_OK);
 			th_expect_tensor(&x, "lm_head.temperature", "float64", NULL, 0, 2, 2, NULL, &v, 8, 1);
 			int64_t sh[2] = {2, 3};
 			const char *meta = "{\"positions\":[0,4,8],\"dim\":1}";
 			th_fill(buf[1], 24, 99);
-			CHECK_RC(s, strap_session_write(s, "model.layers.1.sampled", STRAP_DTYPE_F32, sh, 2, buf[1], 24, meta),
+			CHECK_RC(s,
+				 strap_session_write(s, "model.layers.1.sampled", STRAP_DTYPE_F32, sh, 2, buf[1], 24,
+						     meta),
 				 STRAP_OK);
 			th_expect_tensor(&x, "model.layers.1.sampled", "float32", sh, 2, 2, 2, meta, buf[1], 24, 1);
 			int64_t empty[2] = {0, 5};
-			CHECK_RC(s, strap_session_write(s, "empty", STRAP_DTYPE_F32, empty, 2, NULL, 0, NULL), STRAP_OK);
+			CHECK_RC(s, strap_session_write(s, "empty", STRAP_DTYPE_F32, empty, 2, NULL, 0, NULL),
+				 STRAP_OK);
 			th_expect_tensor(&x, "empty", "float32", empty, 2, 2, 2, NULL, "", 0, 1);
 		}
 		CHECK_RC(s, strap_session_flush(s), STRAP_OK);
@@ -80,8 +87,8 @@ int main(void)
 	size_t need = 0;
 	strap_error se;
 	int rc = strap_status(d.socket, status, sizeof status, &need, &se);
-	CHECK(rc == STRAP_OK && strstr(status, "\"sessions\"") && strstr(status, "capture.strap"), "status %d: %s %s", rc,
-	      se.message, status);
+	CHECK(rc == STRAP_OK && strstr(status, "\"sessions\"") && strstr(status, "capture.strap"), "status %d: %s %s",
+	      rc, se.message, status);
 	rc = strap_status(d.socket, status, 8, &need, &se);
 	CHECK(rc == STRAP_E_TOO_LARGE && need > 8, "small status buffer: rc %d need %zu", rc, need);
 
@@ -100,15 +107,18 @@ int main(void)
 	char cmd[2000], txt[1 << 16];
 	snprintf(cmd, sizeof cmd, "'%s' inspect --json '%s'", th_env("STRAPD_BIN"), out);
 	th_run(cmd, txt, sizeof txt);
-	CHECK(strstr(txt, "model.layers.0.self_attn") && strstr(txt, "bfloat16") && strstr(txt, "int32"), "inspect: %s", txt);
+	CHECK(strstr(txt, "model.layers.0.self_attn") && strstr(txt, "bfloat16") && strstr(txt, "int32"), "inspect: %s",
+	      txt);
 	/* the stream header carries the OPEN metadata: the caller's and the library's */
 	snprintf(cmd, sizeof cmd,
 		 "'%s' -c 'import sys; from llm_instrumentation import open_stream; m=open_stream(sys.argv[1]).metadata"
-		 "[\"client_metadata\"]; print(m[\"model_class\"], m[\"capture_config\"][\"layers\"], m[\"client\"][\"name\"], "
+		 "[\"client_metadata\"]; print(m[\"model_class\"], m[\"capture_config\"][\"layers\"], "
+		 "m[\"client\"][\"name\"], "
 		 "m[\"output_path\"])' '%s'",
 		 th_env("STRAP_PYTHON"), out);
 	rc = th_run(cmd, txt, sizeof txt);
-	CHECK(rc == 0 && strstr(txt, "TinyLlama [0, 1] libstrap/0.1.0") && strstr(txt, "/capture.strap"), "metadata: %s", txt);
+	CHECK(rc == 0 && strstr(txt, "TinyLlama [0, 1] libstrap/0.1.0") && strstr(txt, "/capture.strap"),
+	      "metadata: %s", txt);
 	/* strapd wrote the kernel trace through the third descriptor */
 	char trace[800];
 	snprintf(trace, sizeof trace, "%s.trace.jsonl", out);

@@ -31,20 +31,23 @@ int main(void)
 	for (int f = 0; f < 3; f++) { /* no tokens recorded: every pass has step 0 */
 		CHECK_RC(s, strap_session_begin_forward(s), STRAP_OK);
 		th_fill(big, sizeof big, (uint64_t)f);
-		CHECK_RC(s, strap_session_write(s, "lm_head", STRAP_DTYPE_F32, (int64_t[]){300, 256}, 2, big, sizeof big, NULL),
+		CHECK_RC(s,
+			 strap_session_write(s, "lm_head", STRAP_DTYPE_F32, (int64_t[]){300, 256}, 2, big, sizeof big,
+					     NULL),
 			 STRAP_OK);
 		/* 64 KiB records of a 128-byte header area carry 65408 bytes of payload each */
 		th_expect_tensor(&x, "lm_head", "float32", shape, 2, 0, (uint64_t)f, NULL, big, sizeof big,
 				 (int)((sizeof big + 65407) / 65408));
-		CHECK_RC(s, strap_session_write(s, "small", STRAP_DTYPE_U8, (int64_t[]){100}, 1, big, 100, NULL), STRAP_OK);
+		CHECK_RC(s, strap_session_write(s, "small", STRAP_DTYPE_U8, (int64_t[]){100}, 1, big, 100, NULL),
+			 STRAP_OK);
 		th_expect_tensor(&x, "small", "uint8", (int64_t[]){100}, 1, 0, (uint64_t)f, NULL, big, 100, 1);
 		CHECK_RC(s, strap_session_flush(s), STRAP_OK);
 	}
 	strap_closed c;
 	CHECK_RC(s, strap_session_close(s, &c), STRAP_OK);
 	strap_session_stats st = strap_session_get_stats(s);
-	CHECK(st.records == 3 * 6 && c.packets == st.records, "records %llu, packets %llu", (unsigned long long)st.records,
-	      (unsigned long long)c.packets);
+	CHECK(st.records == 3 * 6 && c.packets == st.records, "records %llu, packets %llu",
+	      (unsigned long long)st.records, (unsigned long long)c.packets);
 	strap_session_free(s);
 	th_expect_close(&x);
 	th_check_stream(out, &x);
@@ -67,14 +70,15 @@ int main(void)
 			char name[32];
 			snprintf(name, sizeof name, "layer.%d", i);
 			th_fill(rec, sizeof rec, (uint64_t)(f * 10 + i));
-			int rc = strap_session_write(s, name, STRAP_DTYPE_U8, (int64_t[]){sizeof rec}, 1, rec, sizeof rec, NULL);
+			int rc = strap_session_write(s, name, STRAP_DTYPE_U8, (int64_t[]){sizeof rec}, 1, rec,
+						     sizeof rec, NULL);
 			CHECK(rc == STRAP_OK || rc == STRAP_DROPPED, "write: %d", rc);
 			/* 15 KiB + header = 15.1 KiB records: four fit the 64 KiB ring, the rest wait for a
 			 * publish that never comes before the flush */
 			if (rc == STRAP_OK) {
 				written++;
-				th_expect_tensor(&x, name, "uint8", (int64_t[]){sizeof rec}, 1, (uint64_t)f, (uint64_t)f, NULL, rec,
-						 sizeof rec, 1);
+				th_expect_tensor(&x, name, "uint8", (int64_t[]){sizeof rec}, 1, (uint64_t)f,
+						 (uint64_t)f, NULL, rec, sizeof rec, 1);
 			} else {
 				dropped++;
 				th_expect_drop(&x, name, sizeof rec);
@@ -92,9 +96,9 @@ int main(void)
 	CHECK(dropped >= 2 && written >= 8 && written + dropped == 12, "written %d, dropped %d", written, dropped);
 	CHECK_RC(s, strap_session_close(s, &c), STRAP_OK);
 	st = strap_session_get_stats(s);
-	CHECK(c.drops == (uint64_t)dropped && st.drops == (uint64_t)dropped && st.drop_bytes == (uint64_t)dropped * sizeof rec,
-	      "CLOSED drops %llu, stats %llu",
-	      (unsigned long long)c.drops, (unsigned long long)st.drops);
+	CHECK(c.drops == (uint64_t)dropped && st.drops == (uint64_t)dropped &&
+		      st.drop_bytes == (uint64_t)dropped * sizeof rec,
+	      "CLOSED drops %llu, stats %llu", (unsigned long long)c.drops, (unsigned long long)st.drops);
 	strap_session_free(s);
 	th_expect_close(&x);
 	th_check_stream(out, &x);

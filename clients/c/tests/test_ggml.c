@@ -48,23 +48,28 @@ int main(void)
 			rows *= (size_t)cases[i].ne[k];
 		size_t row = strap_ggml_row_size(cases[i].type, cases[i].ne[0]), n = rows * row;
 		th_fill(buf, n, i + 7);
-		CHECK_RC(s, strap_session_write_ggml(s, cases[i].name, cases[i].type, cases[i].ne, cases[i].n_dims, buf, n),
-			 STRAP_OK);
+		CHECK_RC(
+			s,
+			strap_session_write_ggml(s, cases[i].name, cases[i].type, cases[i].ne, cases[i].n_dims, buf, n),
+			STRAP_OK);
 		int64_t shape[4];
 		for (int k = 0; k < cases[i].n_dims; k++)
 			shape[k] = cases[i].ne[cases[i].n_dims - 1 - k];
 		char meta[200] = "{}";
 		if (cases[i].quant) {
 			shape[cases[i].n_dims - 1] = (int64_t)row;
-			int m = snprintf(meta, sizeof meta, "{\"ggml_type\":\"%s\",\"ggml_ne\":[", strap_ggml_type_name(cases[i].type));
+			int m = snprintf(meta, sizeof meta, "{\"ggml_type\":\"%s\",\"ggml_ne\":[",
+					 strap_ggml_type_name(cases[i].type));
 			for (int k = 0; k < cases[i].n_dims; k++)
-				m += snprintf(meta + m, sizeof meta - (size_t)m, "%s%lld", k ? "," : "", (long long)cases[i].ne[k]);
+				m += snprintf(meta + m, sizeof meta - (size_t)m, "%s%lld", k ? "," : "",
+					      (long long)cases[i].ne[k]);
 			snprintf(meta + m, sizeof meta - (size_t)m, "]}");
 		}
 		th_expect_tensor(&x, cases[i].name, cases[i].dtype, shape, cases[i].n_dims, 0, 0, meta, buf, n, 1);
 	}
 	/* a size that does not match ne is refused */
-	CHECK_RC(s, strap_session_write_ggml(s, "bad", STRAP_GGML_Q4_0, (int64_t[]){64, 3}, 2, buf, 100), STRAP_E_INVALID);
+	CHECK_RC(s, strap_session_write_ggml(s, "bad", STRAP_GGML_Q4_0, (int64_t[]){64, 3}, 2, buf, 100),
+		 STRAP_E_INVALID);
 	CHECK_RC(s, strap_session_close(s, NULL), STRAP_OK);
 	strap_session_free(s);
 	th_expect_close(&x);

@@ -45,14 +45,26 @@ static void messages(void)
 	same("protocol", "hello.bin", b.p, b.n);
 
 	static const char meta[] = "{\"model_class\":\"LlamaForCausalLM\",\"output_path\":\"/abs/capture.strap\"}";
-	sp_open_body o = {.ring_size = 67108864, .codec = "zstd", .has_codec_level = 1, .codec_level = 3,
-			  .policy = "block", .block_size = 1048576, .metadata = meta, .metadata_len = strlen(meta)};
+	sp_open_body o = {.ring_size = 67108864,
+			  .codec = "zstd",
+			  .has_codec_level = 1,
+			  .codec_level = 3,
+			  .policy = "block",
+			  .block_size = 1048576,
+			  .metadata = meta,
+			  .metadata_len = strlen(meta)};
 	b = fresh();
 	sp_enc_open(&b, &o);
 	same("protocol", "open.bin", b.p, b.n);
 
-	sp_open_body r = {.ring_size = 67108864, .codec = "lz4", .policy = "block", .has_resume = 1,
-			  .append_at = 40960, .resume_last_seq = 5, .resume_last_crc = 3735928559u, .resume_packets = 5};
+	sp_open_body r = {.ring_size = 67108864,
+			  .codec = "lz4",
+			  .policy = "block",
+			  .has_resume = 1,
+			  .append_at = 40960,
+			  .resume_last_seq = 5,
+			  .resume_last_crc = 3735928559u,
+			  .resume_packets = 5};
 	b = fresh();
 	sp_enc_open(&b, &r);
 	same("protocol", "open_resume.bin", b.p, b.n);
@@ -63,16 +75,25 @@ static void messages(void)
 	same("protocol", "open_resources.bin", b.p, b.n);
 
 	/* the OPEN the Python framework builds (test_golden_wire.py::test_open_as_the_client_builds_it) */
-	sp_open_body q = {.ring_size = 1 << 26, .codec = "quant", .has_codec_level = 1, .codec_level = 0,
-			  .policy = "drop", .block_size = 1 << 20, .lossy_mode = "rel", .has_lossy_value = 1,
-			  .lossy_value = 0.001, .memory_hint = 1 << 26, .metadata = "{\"a\":1}", .metadata_len = 7};
+	sp_open_body q = {.ring_size = 1 << 26,
+			  .codec = "quant",
+			  .has_codec_level = 1,
+			  .codec_level = 0,
+			  .policy = "drop",
+			  .block_size = 1 << 20,
+			  .lossy_mode = "rel",
+			  .has_lossy_value = 1,
+			  .lossy_value = 0.001,
+			  .memory_hint = 1 << 26,
+			  .metadata = "{\"a\":1}",
+			  .metadata_len = 7};
 	b = fresh();
 	sp_enc_open(&b, &q);
 	static const char qwant[] = "{\"ring_size\":67108864,\"codec\":\"quant\",\"codec_level\":0,\"policy\":\"drop\","
 				    "\"block_size\":1048576,\"lossy\":{\"mode\":\"rel\",\"value\":0.001},"
 				    "\"memory_hint\":67108864,\"metadata\":{\"a\":1}}";
-	CHECK(b.n == SP_HEADER + strlen(qwant) && memcmp(b.p + SP_HEADER, qwant, strlen(qwant)) == 0, "lossy OPEN: %.*s",
-	      (int)(b.n - SP_HEADER), b.p + SP_HEADER);
+	CHECK(b.n == SP_HEADER + strlen(qwant) && memcmp(b.p + SP_HEADER, qwant, strlen(qwant)) == 0,
+	      "lossy OPEN: %.*s", (int)(b.n - SP_HEADER), b.p + SP_HEADER);
 
 	b = fresh();
 	sp_enc_publish(&b, 4096, 3);
@@ -114,16 +135,17 @@ static void replies(void)
 		      r.u.welcome.max_ring_size == 1u << 30 && strcmp(r.u.welcome.daemon, "strapd 0.1.0") == 0,
 	      "welcome: %s", why);
 	n = load("protocol", "opened.bin", d, sizeof d);
-	CHECK(sp_decode_reply(d, n, &r, why, sizeof why) == STRAP_OK && r.type == SP_OPENED && r.u.opened.session == 7 &&
-		      r.u.opened.block_size == 1048576,
+	CHECK(sp_decode_reply(d, n, &r, why, sizeof why) == STRAP_OK && r.type == SP_OPENED &&
+		      r.u.opened.session == 7 && r.u.opened.block_size == 1048576,
 	      "opened: %s", why);
 	n = load("protocol", "release.bin", d, sizeof d);
-	CHECK(sp_decode_reply(d, n, &r, why, sizeof why) == STRAP_OK && r.type == SP_RELEASE && r.u.release.tail == 2048,
+	CHECK(sp_decode_reply(d, n, &r, why, sizeof why) == STRAP_OK && r.type == SP_RELEASE &&
+		      r.u.release.tail == 2048,
 	      "release: %s", why);
 	n = load("protocol", "closed.bin", d, sizeof d);
-	CHECK(sp_decode_reply(d, n, &r, why, sizeof why) == STRAP_OK && r.type == SP_CLOSED && r.u.closed.packets == 3 &&
-		      r.u.closed.drops == 1 && r.u.closed.bytes_in == 12288 && r.u.closed.bytes_out == 12288 &&
-		      r.u.closed.file_bytes == 13000,
+	CHECK(sp_decode_reply(d, n, &r, why, sizeof why) == STRAP_OK && r.type == SP_CLOSED &&
+		      r.u.closed.packets == 3 && r.u.closed.drops == 1 && r.u.closed.bytes_in == 12288 &&
+		      r.u.closed.bytes_out == 12288 && r.u.closed.file_bytes == 13000,
 	      "closed: %s", why);
 	n = load("protocol", "checkpointed.bin", d, sizeof d);
 	CHECK(sp_decode_reply(d, n, &r, why, sizeof why) == STRAP_OK && r.type == SP_CHECKPOINTED &&
@@ -161,8 +183,20 @@ static void ring(void)
 		uint64_t part_offset, tensor_len;
 	} cases[] = {
 		{"record_f32_2x3.bin", "model.layers.0.mlp", "", 1, 2, {2, 3}, 1, 5, 2, {0}, 24, 0, 0, 0},
-		{"record_bf16_meta.bin", "model.layers.3.self_attn", "{\"positions\":[0,4,8],\"dim\":1}", 3, 2, {1, 4}, 7,
-		 0, 0, {0x80, 0x3f, 0x00, 0x40, 0x40, 0x40, 0x80, 0x40}, 8, 0, 0, 0},
+		{"record_bf16_meta.bin",
+		 "model.layers.3.self_attn",
+		 "{\"positions\":[0,4,8],\"dim\":1}",
+		 3,
+		 2,
+		 {1, 4},
+		 7,
+		 0,
+		 0,
+		 {0x80, 0x3f, 0x00, 0x40, 0x40, 0x40, 0x80, 0x40},
+		 8,
+		 0,
+		 0,
+		 0},
 		{"record_part.bin", "lm_head", "", 6, 2, {4, 16}, 12, 9, 3, {0}, 16, 1, 32, 64},
 		{"record_scalar_i64.bin", "x", "", 9, 0, {0}, 3, 0, 0, {42}, 8, 0, 0, 0},
 	};
@@ -177,9 +211,9 @@ static void ring(void)
 		uint64_t hdr = sr_header_area(cases[c].ndim, nl, ml), len = sp_align64(hdr + cases[c].plen);
 		memset(rec, 0xAA, sizeof rec); /* every byte of the record must be written */
 		sr_encode_record_header(rec, cases[c].dtype, cases[c].shape, cases[c].ndim, cases[c].seq, len,
-					cases[c].step, cases[c].forward, cases[c].plen, cases[c].name, nl, cases[c].meta, ml,
-					cases[c].part_offset, cases[c].part ? cases[c].tensor_len : cases[c].plen,
-					cases[c].part);
+					cases[c].step, cases[c].forward, cases[c].plen, cases[c].name, nl,
+					cases[c].meta, ml, cases[c].part_offset,
+					cases[c].part ? cases[c].tensor_len : cases[c].plen, cases[c].part);
 		memcpy(rec + hdr, cases[c].payload, cases[c].plen);
 		memset(rec + hdr + cases[c].plen, 0, len - hdr - cases[c].plen);
 		same("ring", cases[c].file, rec, len);

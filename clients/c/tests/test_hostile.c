@@ -16,8 +16,21 @@
 #include "internal.h"
 
 enum behaviour {
-	B_GARBAGE, B_NOT_JSON, B_VERSION2, B_VERSION_ERROR, B_CLOSE, B_EMPTY, B_HUGE, B_BAD_OPENED, B_WRONG_REPLY,
-	B_TINY_RING, B_RELEASE_PAST_HEAD, B_NO_RELEASE, B_WRITE_ERROR, B_ERROR_AND_CLOSE, B_GOOD,
+	B_GARBAGE,
+	B_NOT_JSON,
+	B_VERSION2,
+	B_VERSION_ERROR,
+	B_CLOSE,
+	B_EMPTY,
+	B_HUGE,
+	B_BAD_OPENED,
+	B_WRONG_REPLY,
+	B_TINY_RING,
+	B_RELEASE_PAST_HEAD,
+	B_NO_RELEASE,
+	B_WRITE_ERROR,
+	B_ERROR_AND_CLOSE,
+	B_GOOD,
 };
 
 static int listen_fd;
@@ -83,7 +96,8 @@ static void *fake_daemon(void *arg)
 		case B_VERSION2: send_msg(c, SP_WELCOME, 2, welcome); break;
 		case B_VERSION_ERROR:
 			send_msg(c, SP_ERROR, 1,
-				 "{\"code\":\"protocol_version\",\"message\":\"client speaks protocol 1, strapd speaks protocol "
+				 "{\"code\":\"protocol_version\",\"message\":\"client speaks protocol 1, strapd speaks "
+				 "protocol "
 				 "2\",\"fatal\":true}");
 			break;
 		case B_CLOSE: break;
@@ -96,7 +110,9 @@ static void *fake_daemon(void *arg)
 			break;
 		}
 		case B_TINY_RING:
-			send_msg(c, SP_WELCOME, 1, "{\"protocol\":1,\"daemon\":\"fake\",\"pid\":1,\"max_message\":65536,\"max_ring_size\":1000}");
+			send_msg(c, SP_WELCOME, 1,
+				 "{\"protocol\":1,\"daemon\":\"fake\",\"pid\":1,\"max_message\":65536,\"max_ring_"
+				 "size\":1000}");
 			break;
 		default:
 			send_msg(c, SP_WELCOME, 1, welcome);
@@ -106,12 +122,15 @@ static void *fake_daemon(void *arg)
 				break;
 			}
 			if (b == B_WRONG_REPLY) {
-				send_msg(c, SP_CLOSED, 1, "{\"packets\":0,\"drops\":0,\"bytes_in\":0,\"bytes_out\":0,\"file_bytes\":0}");
+				send_msg(c, SP_CLOSED, 1,
+					 "{\"packets\":0,\"drops\":0,\"bytes_in\":0,\"bytes_out\":0,\"file_bytes\":0}");
 				break;
 			}
 			send_msg(c, SP_OPENED, 1, "{\"session\":9,\"block_size\":1048576}");
 			if (b == B_ERROR_AND_CLOSE) {
-				send_msg(c, SP_ERROR, 1, "{\"code\":\"torn_record\",\"message\":\"expected seq 1, found 5\",\"fatal\":true}");
+				send_msg(c, SP_ERROR, 1,
+					 "{\"code\":\"torn_record\",\"message\":\"expected seq 1, found "
+					 "5\",\"fatal\":true}");
 				break;
 			}
 			while ((t = recv_msg(c, body, sizeof body)) != 0) {
@@ -129,12 +148,16 @@ static void *fake_daemon(void *arg)
 						snprintf(rel, sizeof rel, "{\"tail\":%s}", head);
 					if (b == B_WRITE_ERROR)
 						send_msg(c, SP_ERROR, 1,
-							 "{\"code\":\"write_error\",\"message\":\"stream \\\"/x\\\": no space left on device "
-							 "(0 bytes free of 1 on the stream's file system)\",\"fatal\":true}");
+							 "{\"code\":\"write_error\",\"message\":\"stream \\\"/x\\\": "
+							 "no space left on device "
+							 "(0 bytes free of 1 on the stream's file "
+							 "system)\",\"fatal\":true}");
 					else if (b != B_NO_RELEASE)
 						send_msg(c, SP_RELEASE, 1, rel);
 				} else if (t == SP_CLOSE) {
-					send_msg(c, SP_CLOSED, 1, "{\"packets\":1,\"drops\":0,\"bytes_in\":4,\"bytes_out\":4,\"file_bytes\":400}");
+					send_msg(c, SP_CLOSED, 1,
+						 "{\"packets\":1,\"drops\":0,\"bytes_in\":4,\"bytes_out\":4,\"file_"
+						 "bytes\":400}");
 				}
 			}
 		}
@@ -182,8 +205,8 @@ static void last_error_has(strap_session *s, const char *msg, const char *code)
 {
 	strap_error e;
 	strap_session_last_error(s, &e);
-	CHECK(strstr(e.message, msg) && (!code || strcmp(e.daemon_code, code) == 0), "error \"%s\" (code %s), want \"%s\"",
-	      e.message, e.daemon_code, msg);
+	CHECK(strstr(e.message, msg) && (!code || strcmp(e.daemon_code, code) == 0),
+	      "error \"%s\" (code %s), want \"%s\"", e.message, e.daemon_code, msg);
 }
 
 int main(void)
@@ -224,7 +247,8 @@ int main(void)
 		usleep(50000);
 		CHECK_RC(s, strap_session_token(s, 1, "a", 1, -1), STRAP_E_PROTOCOL);
 		last_error_has(s, "is past head", NULL);
-		CHECK_RC(s, strap_session_write(s, "m", STRAP_DTYPE_F32, shape, 1, data, sizeof data, NULL), STRAP_E_STATE);
+		CHECK_RC(s, strap_session_write(s, "m", STRAP_DTYPE_F32, shape, 1, data, sizeof data, NULL),
+			 STRAP_E_STATE);
 		strap_session_free(s);
 	}
 
@@ -284,7 +308,8 @@ int main(void)
 			{"lone\xed\xa0\x80", NULL, STRAP_DTYPE_F32, 1, shape, sizeof data, "not valid UTF-8"},
 			{"m", "[1]", STRAP_DTYPE_F32, 1, shape, sizeof data, "meta is not a JSON object"},
 			{"m", "{\"a\":", STRAP_DTYPE_F32, 1, shape, sizeof data, "meta is not a JSON object"},
-			{"m", "{\"a\":\"\\udc00\"}", STRAP_DTYPE_F32, 1, shape, sizeof data, "meta is not a JSON object"},
+			{"m", "{\"a\":\"\\udc00\"}", STRAP_DTYPE_F32, 1, shape, sizeof data,
+			 "meta is not a JSON object"},
 			{"m", NULL, 0, 1, shape, sizeof data, "unknown dtype 0"},
 			{"m", NULL, 13, 1, shape, sizeof data, "unknown dtype 13"},
 			{"m", NULL, STRAP_DTYPE_F32, 9, nine, 4, "ndim 9"},
@@ -292,13 +317,16 @@ int main(void)
 			{"m", NULL, STRAP_DTYPE_F32, 1, shape, 100, "100 bytes given, shape and dtype make 16384"},
 		};
 		for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-			CHECK_RC(s, strap_session_write(s, bad[i].name, bad[i].dtype, bad[i].shape, bad[i].ndim, data, bad[i].n, bad[i].meta),
+			CHECK_RC(s,
+				 strap_session_write(s, bad[i].name, bad[i].dtype, bad[i].shape, bad[i].ndim, data,
+						     bad[i].n, bad[i].meta),
 				 STRAP_E_INVALID);
 			last_error_has(s, bad[i].msg, NULL);
 		}
 		CHECK_RC(s, strap_session_token(s, 1, "\xed\xa0\x80", 3, -1), STRAP_E_INVALID);
 		last_error_has(s, "not valid UTF-8", NULL);
-		CHECK_RC(s, strap_session_write_ggml(s, "q", STRAP_GGML_Q4_0, (int64_t[]){33, 2}, 2, data, 100), STRAP_E_INVALID);
+		CHECK_RC(s, strap_session_write_ggml(s, "q", STRAP_GGML_Q4_0, (int64_t[]){33, 2}, 2, data, 100),
+			 STRAP_E_INVALID);
 		last_error_has(s, "not a whole number of q4_0 blocks", NULL);
 		CHECK_RC(s, strap_session_write_ggml(s, "q", 31, (int64_t[]){32, 2}, 2, data, 100), STRAP_E_INVALID);
 		const char *ev = "{\"event\":\"x\"}";

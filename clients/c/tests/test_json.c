@@ -5,7 +5,10 @@
 #include "harness.h"
 #include "internal.h"
 
-static int valid(const char *s) { return sj_validate(s, strlen(s), NULL, 0); }
+static int valid(const char *s)
+{
+	return sj_validate(s, strlen(s), NULL, 0);
+}
 
 static sj_val val(const char *s)
 {
@@ -15,13 +18,40 @@ static sj_val val(const char *s)
 
 int main(void)
 {
-	const char *good[] = {"{}", "[]", " {\"a\":[1,2.5e3,-0,true,false,null,\"x\"]} ", "\"\\ud83d\\ude00\"",
-			      "{\"k\":\"caf\xc3\xa9\"}", "0", "-1.5E+2", "[[[[]]]]"};
+	const char *good[] = {"{}",
+			      "[]",
+			      " {\"a\":[1,2.5e3,-0,true,false,null,\"x\"]} ",
+			      "\"\\ud83d\\ude00\"",
+			      "{\"k\":\"caf\xc3\xa9\"}",
+			      "0",
+			      "-1.5E+2",
+			      "[[[[]]]]"};
 	for (size_t i = 0; i < sizeof good / sizeof *good; i++)
 		CHECK(valid(good[i]), "should be valid: %s", good[i]);
-	const char *bad[] = {"", "{", "{\"a\"}", "{\"a\":}", "[1,]", "{,}", "01", "1.", "1e", "-", "+1", "\"\\x\"",
-			     "\"\\ud800\"", "\"\\udc00\"", "\"\\ud800\\u0041\"", "\"\x80\"", "\"\xc0\xaf\"",
-			     "\"\xed\xa0\x80\"", "\"\xf4\x90\x80\x80\"", "tru", "nul", "{} {}", "\"a\nb\"", "{1:2}",
+	const char *bad[] = {"",
+			     "{",
+			     "{\"a\"}",
+			     "{\"a\":}",
+			     "[1,]",
+			     "{,}",
+			     "01",
+			     "1.",
+			     "1e",
+			     "-",
+			     "+1",
+			     "\"\\x\"",
+			     "\"\\ud800\"",
+			     "\"\\udc00\"",
+			     "\"\\ud800\\u0041\"",
+			     "\"\x80\"",
+			     "\"\xc0\xaf\"",
+			     "\"\xed\xa0\x80\"",
+			     "\"\xf4\x90\x80\x80\"",
+			     "tru",
+			     "nul",
+			     "{} {}",
+			     "\"a\nb\"",
+			     "{1:2}",
 			     "[\"\xe2\x82\"]"};
 	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
 		CHECK(!valid(bad[i]), "should be invalid: %s", bad[i]);
@@ -47,7 +77,8 @@ int main(void)
 	CHECK(sj_get(obj, "c", &v), "escaped key matched after unescaping");
 	char s[64];
 	bool full;
-	CHECK(sj_str(v, s, sizeof s, &full) && full && strcmp(s, "x\"y\xc3\xa9\xf0\x9f\x98\x80") == 0, "unescape: %s", s);
+	CHECK(sj_str(v, s, sizeof s, &full) && full && strcmp(s, "x\"y\xc3\xa9\xf0\x9f\x98\x80") == 0, "unescape: %s",
+	      s);
 	CHECK(sj_str(v, s, 4, &full) && !full && strcmp(s, "x\"y") == 0, "truncation keeps whole characters: %s", s);
 	CHECK(!sj_get(obj, "z", &v), "missing key");
 

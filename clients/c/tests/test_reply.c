@@ -50,8 +50,8 @@ int main(void)
 	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
 		why[0] = 0;
 		int rc = decode(bad[i].body, bad[i].type, bad[i].version, why, sizeof why, &r);
-		CHECK(rc == STRAP_E_PROTOCOL && strstr(why, bad[i].want), "case %zu (%s): rc %d, reason \"%s\", want \"%s\"",
-		      i, bad[i].body, rc, why, bad[i].want);
+		CHECK(rc == STRAP_E_PROTOCOL && strstr(why, bad[i].want),
+		      "case %zu (%s): rc %d, reason \"%s\", want \"%s\"", i, bad[i].body, rc, why, bad[i].want);
 	}
 	/* framing */
 	uint8_t d[32] = "STRP\x01\x00\x06\x00\x05\x00\x00\x00{}";
@@ -61,7 +61,8 @@ int main(void)
 	CHECK(sp_decode_reply(d, 14, &r, why, sizeof why) == STRAP_E_PROTOCOL && strstr(why, "magic"), "%s", why);
 
 	/* unknown fields are ignored; a malformed ERROR still reads as a fatal error */
-	CHECK(decode("{\"session\":1,\"block_size\":2,\"later\":[true]}", SP_OPENED, 1, why, sizeof why, &r) == STRAP_OK &&
+	CHECK(decode("{\"session\":1,\"block_size\":2,\"later\":[true]}", SP_OPENED, 1, why, sizeof why, &r) ==
+			      STRAP_OK &&
 		      r.u.opened.session == 1,
 	      "unknown fields: %s", why);
 	CHECK(decode("{\"code\":5,\"message\":[1]}", SP_ERROR, 1, why, sizeof why, &r) == STRAP_OK &&

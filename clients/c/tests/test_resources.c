@@ -24,10 +24,11 @@ int main(void)
 	static const char *ev[N];
 	static size_t len[N];
 	for (int i = 0; i < N; i++) {
-		len[i] = (size_t)snprintf(store[i], sizeof store[i],
-					  "{\"event\":\"compute_execution\",\"step\":%d,\"module\":\"model.layers.%d.mlp\","
-					  "\"flops\":%d,\"duration_us\":%d.5,\"text\":\"caf\xc3\xa9\"}",
-					  i / 10, i % 10, i * 1000, i);
+		len[i] = (size_t)snprintf(
+			store[i], sizeof store[i],
+			"{\"event\":\"compute_execution\",\"step\":%d,\"module\":\"model.layers.%d.mlp\","
+			"\"flops\":%d,\"duration_us\":%d.5,\"text\":\"caf\xc3\xa9\"}",
+			i / 10, i % 10, i * 1000, i);
 		ev[i] = store[i];
 	}
 	CHECK_RC(s, strap_session_begin_forward(s), STRAP_OK);

@@ -119,23 +119,27 @@ int main(int argc, char **argv)
 		snprintf(ck, sizeof ck, "%s.ckpt.json", path);
 		struct stat st;
 		int have_ckpt = stat(ck, &st) == 0;
-		CHECK(have_ckpt == (kills[i] >= 12), "kill %d: checkpoint file %s", kills[i], have_ckpt ? "exists" : "missing");
+		CHECK(have_ckpt == (kills[i] >= 12), "kill %d: checkpoint file %s", kills[i],
+		      have_ckpt ? "exists" : "missing");
 		if (have_ckpt) {
 			/* Go reads the C-written checkpoint and finds the stream resumable */
 			snprintf(cmd, sizeof cmd, "'%s' resume --json '%s' 2>&1", th_env("STRAPD_BIN"), path);
 			int r = th_run(cmd, out, sizeof out);
-			CHECK(r == 0 && strstr(out, "\"resumable\": true"), "kill %d: strapd resume exited %d:\n%s", kills[i], r, out);
+			CHECK(r == 0 && strstr(out, "\"resumable\": true"), "kill %d: strapd resume exited %d:\n%s",
+			      kills[i], r, out);
 			/* a capture that ignores the checkpoint is refused, naming it */
 			r = run_child(self, d.socket, path, -1, 0, "fp1", log, sizeof log);
-			CHECK(r == 3 && strstr(log, "checkpoint of an earlier capture exists"), "kill %d: fresh over ckpt: %d %s",
-			      kills[i], r, log);
+			CHECK(r == 3 && strstr(log, "checkpoint of an earlier capture exists"),
+			      "kill %d: fresh over ckpt: %d %s", kills[i], r, log);
 			r = run_child(self, d.socket, path, -1, 1, "fp2", log, sizeof log);
-			CHECK(r == 3 && strstr(log, "fingerprint"), "kill %d: other fingerprint: %d %s", kills[i], r, log);
+			CHECK(r == 3 && strstr(log, "fingerprint"), "kill %d: other fingerprint: %d %s", kills[i], r,
+			      log);
 		}
 		rc = run_child(self, d.socket, path, -1, 1, "fp1", log, sizeof log);
 		CHECK(rc == 0, "kill %d: resume: %d %s", kills[i], rc, log);
 		if (have_ckpt)
-			CHECK(strstr(log, "done from token 0") == NULL, "kill %d: resumed from token 0: %s", kills[i], log);
+			CHECK(strstr(log, "done from token 0") == NULL, "kill %d: resumed from token 0: %s", kills[i],
+			      log);
 		th_check_stream(path, NULL);
 		snprintf(cmd, sizeof cmd, "'%s' '%s/compare_streams.py' '%s' '%s' 2>&1", th_env("STRAP_PYTHON"),
 			 th_env("STRAP_TESTS"), ref, path);
