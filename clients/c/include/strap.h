@@ -305,6 +305,7 @@ STRAP_API int strap_session_close(strap_session *s, strap_closed *out);
 typedef struct strap_session_stats {
 	uint64_t records, tokens, drops, drop_bytes, bytes_in, publishes, checkpoints;
 	uint64_t session_id; /* OPENED's session number */
+	uint64_t ring_size;  /* the ring in use (params.ring_size clamped to the daemon's max_ring_size) */
 } strap_session_stats;
 STRAP_API strap_session_stats strap_session_get_stats(strap_session *s);
 

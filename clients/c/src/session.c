@@ -60,7 +60,7 @@ struct strap_session {
 	char *fingerprint;
 	char *sbuf;     /* one outgoing datagram */
 	uint8_t *rbuf;  /* one incoming datagram */
-	char meta[256]; /* ggml meta of the current record */
+	char meta[256]; /* scratch: the fingerprint read from a checkpoint file */
 };
 
 strap_session_params strap_default_session_params(void)
@@ -99,10 +99,15 @@ STRAP_PRINTF(3, 4) static int fail(strap_session *s, int code, const char *fmt, 
 
 static int check(strap_session *s)
 {
-	if (s->failed)
+	if (s->failed) /* the message of the failure stays */
 		return STRAP_E_STATE;
-	if (s->shut)
+	if (s->shut) {
+		s->err.code = STRAP_E_STATE;
+		s->err.fatal = 1;
+		s->err.daemon_code[0] = 0;
+		snprintf(s->err.message, sizeof s->err.message, "the session is closed (CLOSE was sent)");
 		return STRAP_E_STATE;
+	}
 	return STRAP_OK;
 }
 
@@ -480,7 +485,9 @@ int strap_session_write_ggml(strap_session *s, const char *name, int ggml_type, 
 		pthread_mutex_unlock(&s->mu);
 		return e;
 	}
-	sw_buf m = {s->meta, 0, sizeof s->meta - 1, false};
+	pthread_mutex_unlock(&s->mu);
+	char meta[256]; /* on the stack: another thread's ggml write cannot touch it */
+	sw_buf m = {meta, 0, sizeof meta - 1, false};
 	sw_lit(&m, "{\"ggml_type\":\"");
 	sw_lit(&m, strap_ggml_type_name(ggml_type));
 	sw_lit(&m, "\",\"ggml_ne\":[");
@@ -490,13 +497,8 @@ int strap_session_write_ggml(strap_session *s, const char *name, int ggml_type, 
 		sw_i64(&m, ne[i]);
 	}
 	sw_lit(&m, "]}");
-	s->meta[m.n] = 0;
+	meta[m.n] = 0;
 	shape[n_dims - 1] = (int64_t)row;
-	pthread_mutex_unlock(&s->mu);
-	/* The meta lives in the session; another thread's ggml write could overwrite it before
-	 * the record is written, so a ggml quantized write copies it to the stack first. */
-	char meta[sizeof s->meta];
-	memcpy(meta, s->meta, m.n + 1);
 	return strap_session_write(s, name, STRAP_DTYPE_U8, shape, n_dims, data, nbytes, meta);
 }
 
@@ -776,6 +778,7 @@ strap_session_stats strap_session_get_stats(strap_session *s)
 	st.publishes = s->publishes;
 	st.checkpoints = s->checkpoints;
 	st.session_id = s->session_id;
+	st.ring_size = s->ring_size;
 	pthread_mutex_unlock(&s->mu);
 	return st;
 }
@@ -1068,8 +1071,10 @@ static int open_session(strap_session *s, const strap_session_params *p)
 	if ((e = make_ring(s, size)))
 		return e;
 	s->max_record = (p->part_size ? p->part_size : s->data_size / 4) / 64 * 64;
-	if (s->max_record > s->data_size)
-		s->max_record = s->data_size / 64 * 64;
+	/* A record over half the region could need a PAD so long that PAD + record never fit,
+	 * even in an empty ring (a PAD is needed only past offset data_size - record). */
+	if (s->max_record > s->data_size / 2)
+		s->max_record = s->data_size / 2 / 64 * 64;
 	uint64_t pb = s->data_size / 8 < (4u << 20) ? s->data_size / 8 : (4u << 20);
 	s->publish_bytes = p->publish_bytes ? p->publish_bytes : pb;
 	if (s->publish_bytes < 64)
