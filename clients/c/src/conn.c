@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -200,9 +201,18 @@ static pid_t spawn_daemon(const char *bin, const char *sock, char *log, size_t l
 			dup2(nul, 0);
 		dup2(logfd, 1);
 		dup2(logfd, 2);
-		/* every other descriptor of the host process stays out of the daemon */
-		for (int fd = 3; fd < 4096; fd++) {
-			if (fd != pfd[1])
+		/* the pipe becomes fd 3 (closed by exec); every other descriptor of the host process
+		 * stays out of the daemon */
+		if (pfd[1] != 3) {
+			dup2(pfd[1], 3);
+			pfd[1] = 3;
+		}
+		fcntl(3, F_SETFD, FD_CLOEXEC);
+#ifdef SYS_close_range
+		if (syscall(SYS_close_range, 4u, ~0u, 0u) != 0)
+#endif
+		{
+			for (int fd = 4; fd < 65536; fd++)
 				close(fd);
 		}
 		signal(SIGPIPE, SIG_DFL);

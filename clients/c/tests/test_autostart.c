@@ -3,6 +3,7 @@
  * beside the socket, and the capture goes through; autostart off -> a clear error; a binary that
  * cannot run -> a clear error. */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,11 @@ int main(void)
 	rc = strap_session_open(&p, &s, &e);
 	CHECK(rc == STRAP_E_CONNECT && strstr(e.message, "exited at start-up"), "exiting binary: %d %s", rc, e.message);
 
+	/* a descriptor of the host without O_CLOEXEC must not reach the detached daemon */
+	char marker[300];
+	snprintf(marker, sizeof marker, "%s/host-only-marker", dir);
+	int leak = open(marker, O_WRONLY | O_CREAT, 0600);
+	CHECK(leak >= 0, "open marker");
 	p.strapd_bin = NULL; /* $STRAPD_BIN, as set by the test environment */
 	setenv("STRAPD_EXIT_IDLE", "30s", 1);
 	rc = strap_session_open(&p, &s, &e);
@@ -83,12 +89,18 @@ int main(void)
 	if (pid) {
 		int dpid = atoi(pid + 6);
 		CHECK(dpid > 1 && dpid != getpid(), "daemon pid %d", dpid);
+		char fds[64], cmd0[600], found[4096];
+		snprintf(fds, sizeof fds, "/proc/%d/fd", dpid);
+		snprintf(cmd0, sizeof cmd0, "ls -l %s 2>&1 | grep -c host-only-marker", fds);
+		th_run(cmd0, found, sizeof found);
+		CHECK(atoi(found) == 0, "the daemon holds the host's descriptor: %s", found);
 		if (dpid > 1)
 			kill(dpid, SIGTERM);
 	}
 	char cmd[400];
 	snprintf(cmd, sizeof cmd, "'%s' verify '%s' >/dev/null", th_env("STRAPD_BIN"), out);
 	CHECK(th_run(cmd, NULL, 0) == 0, "verify %s", out);
+	close(leak);
 	sleep(1);
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
 	if (system(cmd) != 0)
