@@ -26,7 +26,7 @@ FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-# (C client targets: c test-c fuzz-c bench-c clang, see the C client section below)
+# (C client targets: c test-c fuzz-c bench-c c-tools, see the C client section below)
 .PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium
 
 all: build
@@ -234,24 +234,24 @@ clean:
 # the real strapd (and the Python reader) in each, the fuzz target's seeds included;
 # `make fuzz-c` runs the libFuzzer target (clang) for FUZZTIME (a duration "10s" or a count
 # "2000x"); `make bench-c` measures the cost per record.
-.PHONY: c test-c fuzz-c bench-c clang
+.PHONY: c test-c fuzz-c bench-c c-tools
 C_SRC        := $(shell find clients/c -type f 2>/dev/null)
 
-# Debian's clang and its libFuzzer runtime, installed when missing.
-clang:
-	@command -v clang >/dev/null && ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || \
-	  (apt-get update && apt-get install -y --no-install-recommends clang libclang-rt-dev || \
-	   apt-get install -y --no-install-recommends clang)
+# What the C client's build and tests need from Debian, installed when missing: CMake and
+# pkg-config (the build, the install test), clang with its libFuzzer runtime, clang-format.
+c-tools:
+	@missing=""; for t in cmake pkg-config clang clang-format; do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	  ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || missing="$$missing libclang-rt-dev"; \
+	  if [ -n "$$missing" ]; then apt-get update && apt-get install -y --no-install-recommends $$missing; fi
 
 build/c/.stamp: $(C_SRC)
 	cmake -S clients/c -B build/c -DCMAKE_BUILD_TYPE=Release -DSTRAP_SANITIZE=OFF -DSTRAP_FUZZ=OFF >/dev/null
 	cmake --build build/c -j2
 	@touch $@
 
-c: build/c/.stamp
+c: c-tools build/c/.stamp
 
-test-c: $(BIN) $(VENV)/.stamp clang
-	@command -v clang-format >/dev/null || (apt-get update && apt-get install -y --no-install-recommends clang-format)
+test-c: $(BIN) $(VENV)/.stamp c-tools
 	cd clients/c && clang-format --dry-run --Werror include/*.h src/*.[ch] tests/*.[ch] fuzz/*.c bench/*.c
 	cmake -S clients/c -B build/c-asan -DCMAKE_BUILD_TYPE=Debug -DSTRAP_SANITIZE=ON -DCMAKE_C_COMPILER=gcc >/dev/null
 	cmake --build build/c-asan -j2
@@ -260,7 +260,7 @@ test-c: $(BIN) $(VENV)/.stamp clang
 	cmake --build build/c-clang -j2
 	cd build/c-clang && ctest --output-on-failure
 
-fuzz-c: clang
+fuzz-c: c-tools
 	cmake -S clients/c -B build/c-fuzz -DCMAKE_BUILD_TYPE=Debug -DSTRAP_FUZZ=ON -DCMAKE_C_COMPILER=clang >/dev/null
 	cmake --build build/c-fuzz -j2 --target fuzz_reply
 	@rm -rf build/c-fuzz/corpus && mkdir -p build/c-fuzz/corpus && \
