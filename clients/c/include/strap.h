@@ -265,6 +265,20 @@ STRAP_API int strap_session_set_step(strap_session *s, uint64_t step, uint64_t f
 STRAP_API int strap_session_write(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim,
 				  const void *data, size_t nbytes, const char *meta_json);
 
+/* Copies `len` bytes of a tensor's payload, starting at byte `offset` of its C-order bytes, to
+ * `dst` (in the ring). Returns 0, or non-zero when it cannot (the write then fails). */
+typedef int (*strap_copy_fn)(void *ctx, void *dst, size_t offset, size_t len);
+
+/* strap_session_write with the payload produced by `fn` straight into the ring instead of read
+ * from a pointer: a tensor in device memory (ggml_backend_tensor_get) or not contiguous is
+ * copied once, with no staging buffer. `fn` is called once per record (once, or per PART
+ * record, in order), under the session's lock: it must not call into the session. A failure
+ * before any byte was committed writes nothing (STRAP_E_INVALID, the session goes on); one
+ * after a first PART record ends the session (STRAP_E_SYSTEM), as the stream would otherwise hold
+ * a cut tensor. Thread-safe (serialized). */
+STRAP_API int strap_session_write_with(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim,
+				       size_t nbytes, const char *meta_json, strap_copy_fn fn, void *ctx);
+
 /* Write a ggml tensor given as ggml describes it: `ggml_type` (enum ggml_type), ne[0..n_dims-1]
  * (ne[0] innermost) and its contiguous bytes. Float and integer types are written as their
  * strap_dtype with shape ne reversed; quantized types as raw blocks (dtype u8, shape
@@ -272,6 +286,11 @@ STRAP_API int strap_session_write(strap_session *s, const char *name, int dtype,
  * 4.1). Thread-safe (serialized). */
 STRAP_API int strap_session_write_ggml(strap_session *s, const char *name, int ggml_type, const int64_t *ne, int n_dims,
 				       const void *data, size_t nbytes);
+
+/* strap_session_write_ggml with the payload produced by `fn` (see strap_session_write_with):
+ * for a ggml tensor in a backend buffer, fn can call ggml_backend_tensor_get. Thread-safe. */
+STRAP_API int strap_session_write_ggml_with(strap_session *s, const char *name, int ggml_type, const int64_t *ne,
+					    int n_dims, size_t nbytes, strap_copy_fn fn, void *ctx);
 
 /* Publish every record written so far (call once per forward pass). Thread-safe. */
 STRAP_API int strap_session_flush(strap_session *s);

@@ -341,8 +341,15 @@ static int send_drop(strap_session *s, const char *name, size_t name_len, uint64
 	return STRAP_DROPPED;
 }
 
+/* Where a record's payload comes from: a pointer, or the caller's copy function. */
+typedef struct src {
+	const uint8_t *data;
+	strap_copy_fn fn;
+	void *ctx;
+} src;
+
 static int write_locked(strap_session *s, const char *name, size_t name_len, int dtype, const uint64_t *shape, int ndim,
-			const uint8_t *data, uint64_t nbytes, const char *meta, size_t meta_len)
+			const src *from, uint64_t nbytes, const char *meta, size_t meta_len)
 {
 	uint64_t hdr = sr_header_area(ndim, name_len, meta_len);
 	uint64_t cap = nbytes, nparts = 1;
@@ -382,8 +389,22 @@ static int write_locked(strap_session *s, const char *name, size_t name_len, int
 		uint64_t seq = s->seq + 1;
 		sr_encode_record_header(dst, dtype, shape, ndim, seq, rec_len, s->step, s->forward, plen, name,
 					name_len, meta, meta_len, part ? off : 0, part ? nbytes : plen, part);
-		if (plen)
-			memcpy(dst + hdr, data + off, plen);
+		if (plen && from->fn) {
+			int rc = from->fn(from->ctx, dst + hdr, (size_t)off, (size_t)plen);
+			if (rc != 0) {
+				/* Nothing of this record is counted. Before the first part nothing was
+				 * written at all; after it the stream would hold a cut tensor, so the
+				 * session ends (readers count the tensor incomplete). */
+				if (off == 0)
+					return fail(s, STRAP_E_INVALID,
+						    "%s: the copy function failed (%d); nothing written", name, rc);
+				return fail(s, STRAP_E_SYSTEM,
+					    "%s: the copy function failed (%d) at byte %llu of %llu; the session ends",
+					    name, rc, (unsigned long long)off, (unsigned long long)nbytes);
+			}
+		} else if (plen) {
+			memcpy(dst + hdr, from->data + off, plen);
+		}
 		s->seq = seq;
 		s->last_tensor_seq = seq;
 		s->head += rec_len;
@@ -407,7 +428,7 @@ static int check_record(strap_session *s, const char *name, size_t *name_len, si
 	return STRAP_OK;
 }
 
-int strap_session_write(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim, const void *data,
+static int write_common(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim, const src *from,
 			size_t nbytes, const char *meta_json)
 {
 	if (!s)
@@ -437,7 +458,7 @@ int strap_session_write(strap_session *s, const char *name, int dtype, const int
 		shp[i] = (uint64_t)shape[i];
 		count *= shp[i];
 	}
-	if (count > UINT64_MAX / esize || count * esize != nbytes || (nbytes && !data)) {
+	if (count > UINT64_MAX / esize || count * esize != nbytes || (nbytes && !from->data && !from->fn)) {
 		e = fail(s, STRAP_E_INVALID, "%s: %zu bytes given, shape and dtype make %llu", name, nbytes,
 			 (unsigned long long)(count * esize));
 		goto out;
@@ -450,17 +471,33 @@ int strap_session_write(strap_session *s, const char *name, int dtype, const int
 			goto out;
 		}
 	}
-	e = write_locked(s, name, name_len, dtype, shp, ndim, data, nbytes, meta_json, meta_len);
+	e = write_locked(s, name, name_len, dtype, shp, ndim, from, nbytes, meta_json, meta_len);
 out:
 	pthread_mutex_unlock(&s->mu);
 	return e;
 }
 
-int strap_session_write_ggml(strap_session *s, const char *name, int ggml_type, const int64_t *ne, int n_dims,
-			     const void *data, size_t nbytes)
+int strap_session_write(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim, const void *data,
+			size_t nbytes, const char *meta_json)
 {
-	if (!s)
-		return STRAP_E_INVALID;
+	src from = {data, NULL, NULL};
+	return write_common(s, name, dtype, shape, ndim, &from, nbytes, meta_json);
+}
+
+int strap_session_write_with(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim,
+			     size_t nbytes, const char *meta_json, strap_copy_fn fn, void *ctx)
+{
+	if (!fn)
+		return strap_session_write(s, name, dtype, shape, ndim, NULL, nbytes, meta_json);
+	src from = {NULL, fn, ctx};
+	return write_common(s, name, dtype, shape, ndim, &from, nbytes, meta_json);
+}
+
+/* A ggml tensor as strap writes it (STREAM_FORMAT.md 4.1): dtype, C-order shape and, for a
+ * quantized type, the raw-block meta (into meta, at least 256 bytes). */
+static int ggml_layout(strap_session *s, const char *name, int ggml_type, const int64_t *ne, int n_dims, int *dtype,
+		       int64_t *shape, char *meta, size_t metacap)
+{
 	int dt = sr_ggml_dtype(ggml_type);
 	if (n_dims < 1 || n_dims > 4 || !ne || dt < 0) {
 		pthread_mutex_lock(&s->mu);
@@ -471,23 +508,23 @@ int strap_session_write_ggml(strap_session *s, const char *name, int ggml_type, 
 		pthread_mutex_unlock(&s->mu);
 		return e;
 	}
-	int64_t shape[4];
 	for (int i = 0; i < n_dims; i++)
 		shape[i] = ne[n_dims - 1 - i];
+	meta[0] = 0;
+	*dtype = dt;
 	if (dt > 0)
-		return strap_session_write(s, name, dt, shape, n_dims, data, nbytes, NULL);
-	/* Quantized: raw blocks, one row of ne[0] elements = row_size bytes (STREAM_FORMAT.md 4.1). */
+		return STRAP_OK;
+	/* Quantized: raw blocks, one row of ne[0] elements = row_size bytes. */
 	size_t row = strap_ggml_row_size(ggml_type, ne[0]);
-	pthread_mutex_lock(&s->mu);
 	if (!row) {
+		pthread_mutex_lock(&s->mu);
 		int e = fail(s, STRAP_E_INVALID, "%s: ne[0] = %lld is not a whole number of %s blocks",
 			     name ? name : "?", (long long)ne[0], strap_ggml_type_name(ggml_type));
 		pthread_mutex_unlock(&s->mu);
 		return e;
 	}
-	pthread_mutex_unlock(&s->mu);
-	char meta[256]; /* on the stack: another thread's ggml write cannot touch it */
-	sw_buf m = {meta, 0, sizeof meta - 1, false};
+	/* built in the caller's (stack) buffer: another thread's ggml write cannot touch it */
+	sw_buf m = {meta, 0, metacap - 1, false};
 	sw_lit(&m, "{\"ggml_type\":\"");
 	sw_lit(&m, strap_ggml_type_name(ggml_type));
 	sw_lit(&m, "\",\"ggml_ne\":[");
@@ -499,7 +536,36 @@ int strap_session_write_ggml(strap_session *s, const char *name, int ggml_type, 
 	sw_lit(&m, "]}");
 	meta[m.n] = 0;
 	shape[n_dims - 1] = (int64_t)row;
-	return strap_session_write(s, name, STRAP_DTYPE_U8, shape, n_dims, data, nbytes, meta);
+	*dtype = STRAP_DTYPE_U8;
+	return STRAP_OK;
+}
+
+int strap_session_write_ggml(strap_session *s, const char *name, int ggml_type, const int64_t *ne, int n_dims,
+			     const void *data, size_t nbytes)
+{
+	if (!s)
+		return STRAP_E_INVALID;
+	int64_t shape[4];
+	char meta[256];
+	int dt, e = ggml_layout(s, name, ggml_type, ne, n_dims, &dt, shape, meta, sizeof meta);
+	if (e)
+		return e;
+	src from = {data, NULL, NULL};
+	return write_common(s, name, dt, shape, n_dims, &from, nbytes, meta[0] ? meta : NULL);
+}
+
+int strap_session_write_ggml_with(strap_session *s, const char *name, int ggml_type, const int64_t *ne, int n_dims,
+				  size_t nbytes, strap_copy_fn fn, void *ctx)
+{
+	if (!s)
+		return STRAP_E_INVALID;
+	int64_t shape[4];
+	char meta[256];
+	int dt, e = ggml_layout(s, name, ggml_type, ne, n_dims, &dt, shape, meta, sizeof meta);
+	if (e)
+		return e;
+	src from = {NULL, fn, ctx};
+	return write_common(s, name, dt, shape, n_dims, &from, nbytes, meta[0] ? meta : NULL);
 }
 
 int strap_session_flush(strap_session *s)
