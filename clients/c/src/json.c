@@ -338,12 +338,13 @@ static bool key_eq(const char *p, const char *end, const char *key)
 				n = 4;
 			}
 			for (size_t i = 0; i < n; i++) {
-				if (*k++ != enc[i])
+				/* the key may end first: an escaped NUL must not match its terminator */
+				if (!*k || *k++ != enc[i])
 					return false;
 			}
 			continue;
 		}
-		if (*k++ != (unsigned char)*p++)
+		if (!*k || *k++ != (unsigned char)*p++)
 			return false;
 	}
 	return *k == 0;

@@ -81,6 +81,10 @@ int main(void)
 	      s);
 	CHECK(sj_str(v, s, 4, &full) && !full && strcmp(s, "x\"y") == 0, "truncation keeps whole characters: %s", s);
 	CHECK(!sj_get(obj, "z", &v), "missing key");
+	/* a key with an escaped NUL is not the shorter key (and is never read past its end) */
+	sj_val nul = val("{\"tail\\u0000x\":1,\"ta\":2}");
+	CHECK(valid(nul.p) && !sj_get(nul, "tail", &v), "escaped NUL key matched a shorter one");
+	CHECK(sj_get(nul, "ta", &v) && sj_u64(v, &u) && u == 2, "ta");
 
 	int64_t i64;
 	CHECK(sj_u64(val("18446744073709551615"), &u) && u == UINT64_MAX, "u64 max");
