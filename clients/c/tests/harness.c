@@ -80,14 +80,29 @@ int th_start_daemon(th_daemon *d, const char *const *extra)
 	return -1;
 }
 
+/* The daemon's directory goes too, unless a check failed (then it is kept to look at). */
+static void remove_dir(th_daemon *d)
+{
+	if (th_failures || !d->dir[0])
+		return;
+	char cmd[200];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", d->dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", d->dir);
+	d->dir[0] = 0;
+}
+
 void th_stop_daemon(th_daemon *d)
 {
-	if (d->pid <= 0)
+	if (d->pid <= 0) {
+		remove_dir(d);
 		return;
+	}
 	kill(d->pid, SIGTERM);
 	for (int i = 0; i < 800; i++) {
 		if (waitpid(d->pid, NULL, WNOHANG) == d->pid) {
 			d->pid = 0;
+			remove_dir(d);
 			return;
 		}
 		struct timespec ts = {0, 25 * 1000 * 1000};
@@ -96,6 +111,7 @@ void th_stop_daemon(th_daemon *d)
 	kill(d->pid, SIGKILL);
 	waitpid(d->pid, NULL, 0);
 	d->pid = 0;
+	remove_dir(d);
 }
 
 int th_run(const char *cmd, char *out, size_t cap)

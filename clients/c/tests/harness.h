@@ -45,7 +45,7 @@ typedef struct th_daemon {
 const char *th_env(const char *name);
 /* Start bin/strapd serve on a fresh socket dir (extra args appended); wait until it accepts. */
 int th_start_daemon(th_daemon *d, const char *const *extra);
-/* SIGTERM and wait (SIGKILL after 20 s). */
+/* SIGTERM and wait (SIGKILL after 20 s); its directory is removed unless a check failed. */
 void th_stop_daemon(th_daemon *d);
 /* Run a shell command; its stdout (up to cap-1 bytes) into out (may be NULL). Returns the exit
  * status (or -1). */
