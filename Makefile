@@ -169,6 +169,7 @@ STRAP_KILL_CLIENT_RUNS ?= 40
 test-long: $(BIN) $(VENV)/.stamp
 	STRAP_TEST_LONG=1 STRAP_KILL_DAEMON_RUNS=$(STRAP_KILL_DAEMON_RUNS) STRAP_KILL_CLIENT_RUNS=$(STRAP_KILL_CLIENT_RUNS) \
 	  STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q -rs clients/python/tests/test_random_kill.py
+	$(MAKE) --no-print-directory test-long-c
 
 # The main job on its embedded default: a real capture of a Llama-architecture model built
 # from a small config (no weights can be downloaded), analysed from the file on disk.
@@ -234,7 +235,7 @@ clean:
 # the real strapd (and the Python reader) in each, the fuzz target's seeds included;
 # `make fuzz-c` runs the libFuzzer target (clang) for FUZZTIME (a duration "10s" or a count
 # "2000x"); `make bench-c` measures the cost per record.
-.PHONY: c test-c fuzz-c bench-c c-tools
+.PHONY: c test-c test-long-c fuzz-c bench-c c-tools
 C_SRC        := $(shell find clients/c -type f 2>/dev/null)
 
 # What the C client's build and tests need from Debian, installed when missing: CMake and
@@ -269,6 +270,13 @@ fuzz-c: c-tools
 	  *) lim="-max_total_time=10";; esac; \
 	  echo "== clients/c fuzz_reply ($(FUZZTIME))"; \
 	  cd build/c-fuzz && ./fuzz_reply $$lim -max_len=70000 corpus
+
+# The C client's tokens/checkpoint/resume test with STRAP_KILL_C_RUNS random kill points more
+# (mid forward pass, after a TOKEN, after a CHECKPOINT); STRAP_KILL_SEED replays a run.
+STRAP_KILL_C_RUNS ?= 20
+test-long-c: $(BIN) $(VENV)/.stamp c
+	STRAP_KILL_CLIENT_RUNS=$(STRAP_KILL_C_RUNS) STRAP_REPO=$(CURDIR) STRAPD_BIN=$(CURDIR)/$(BIN) \
+	  STRAP_PYTHON=$(CURDIR)/$(VPY) STRAP_TESTS=$(CURDIR)/clients/c/tests build/c/test_tokens_resume
 
 bench-c: $(BIN) c
 	STRAPD_BIN=$(CURDIR)/$(BIN) build/c/bench_record $(BENCH_C_ARGS)

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -109,17 +110,40 @@ int main(int argc, char **argv)
 	snprintf(cmd, sizeof cmd, "test ! -e '%s.ckpt.json'", ref);
 	CHECK(th_run(cmd, NULL, 0) == 0, "checkpoint file left after a clean close");
 
-	int kills[] = {2, 13, 1000 + 7, 2000 + 11, 40};
-	for (size_t i = 0; i < sizeof kills / sizeof *kills; i++) {
+	/* Five fixed points; STRAP_KILL_CLIENT_RUNS=N (make test-long-c) adds N random ones, of
+	 * every kind, replayable with STRAP_KILL_SEED. */
+	int kills[5 + 200] = {2, 13, 1000 + 7, 2000 + 11, 40};
+	size_t n_kills = 5;
+	const char *runs = getenv("STRAP_KILL_CLIENT_RUNS");
+	if (runs && atoi(runs) > 0) {
+		const char *seed_env = getenv("STRAP_KILL_SEED");
+		unsigned seed = seed_env && *seed_env ? (unsigned)strtoul(seed_env, NULL, 10) : (unsigned)time(NULL);
+		printf("random kill points: %s, STRAP_KILL_SEED=%u\n", runs, seed);
+		srand(seed);
+		for (int r = 0; r < atoi(runs) && n_kills < sizeof kills / sizeof *kills; r++) {
+			int k = rand() % N_TOKENS;
+			switch (rand() % 3) {
+			case 0: kills[n_kills++] = k * PER_TOKEN + rand() % PER_TOKEN; break; /* mid pass */
+			case 1: kills[n_kills++] = 1000 + k; break;                           /* after TOKEN */
+			default: kills[n_kills++] = 2000 + k; break;                          /* after CHECKPOINT */
+			}
+		}
+	}
+	for (size_t i = 0; i < n_kills; i++) {
 		char path[600];
-		snprintf(path, sizeof path, "%s/kill%d.strap", d.dir, kills[i]);
+		snprintf(path, sizeof path, "%s/kill%zu-%d.strap", d.dir, i, kills[i]);
 		rc = run_child(self, d.socket, path, kills[i], 0, "fp1", log, sizeof log);
 		CHECK(rc == 128 + SIGKILL || rc == -SIGKILL, "kill %d: child ended %d: %s", kills[i], rc, log);
 		char ck[700];
 		snprintf(ck, sizeof ck, "%s.ckpt.json", path);
 		struct stat st;
 		int have_ckpt = stat(ck, &st) == 0;
-		CHECK(have_ckpt == (kills[i] >= 12), "kill %d: checkpoint file %s", kills[i],
+		/* the first checkpoint follows token 3 (INTERVAL tokens): before it there is none */
+		int k0 = kills[i] >= 2000 ? kills[i] - 2000 : kills[i] >= 1000 ? kills[i] - 1000 : -1;
+		int after_first = kills[i] >= 2000   ? k0 >= INTERVAL - 1
+				  : kills[i] >= 1000 ? k0 >= INTERVAL
+						     : kills[i] >= INTERVAL * PER_TOKEN;
+		CHECK(have_ckpt == after_first, "kill %d: checkpoint file %s", kills[i],
 		      have_ckpt ? "exists" : "missing");
 		if (have_ckpt) {
 			/* Go reads the C-written checkpoint and finds the stream resumable */
