@@ -194,7 +194,7 @@ typedef struct strap_session_params {
 	/* Bytes of compression buffers to ask the daemon to budget; 0 = no hint. */
 	uint64_t memory_hint;
 	/* A JSON object whose members are added to OPEN's metadata (model_class, ...); NULL =
-	 * none. The library adds "output_path", "client" and, when set, "fingerprint". */
+	 * none. The library adds "client", "fingerprint" and "output_path" before them. */
 	const char *metadata_json;
 	/* The client name in HELLO and the metadata. Default "libstrap/<version>". */
 	const char *client_name;
@@ -220,7 +220,8 @@ typedef struct strap_session_params {
 
 	/* Seconds to wait for ring space or an answer before STRAP_E_TIMEOUT. Default 120. */
 	double stall_timeout_s;
-	/* Largest record; larger tensors go as PART records. 0: a quarter of the data region. */
+	/* Largest record; larger tensors go as PART records. 0: a quarter of the data region; at
+	 * most half of it. */
 	uint64_t part_size;
 	/* Unpublished bytes that trigger a PUBLISH before strap_session_flush. 0: an eighth of
 	 * the data region, at most 4 MiB. */
@@ -253,7 +254,8 @@ STRAP_API strap_resume_point strap_session_resume_point(const strap_session *s);
  * Thread-safe (serialized). */
 STRAP_API int strap_session_begin_forward(strap_session *s);
 
-/* Override step and forward for the records that follow (callers that count themselves). */
+/* Override step and forward for the records that follow (callers that count themselves; the
+ * next begin_forward continues after `forward`). Thread-safe (serialized). */
 STRAP_API int strap_session_set_step(strap_session *s, uint64_t step, uint64_t forward);
 
 /* Write one tensor: `data` holds `nbytes` bytes in C order, little-endian, and nbytes must
