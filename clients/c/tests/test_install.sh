@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs libstrap into a fresh prefix and builds a tiny consumer against it twice: with CMake
 # (find_package(strap), targets strap::strap and strap::strap_static) and with pkg-config
-# (`pkg-config --cflags --libs strap`, and --static); each consumer runs and checks the library
-# it linked answers.
+# (`pkg-config --cflags --libs strap`, and --static), and once as C++; each consumer runs and
+# checks the library it linked answers.
 # Usage: test_install.sh SOURCE_DIR WORK_DIR C_COMPILER
 set -euo pipefail
 src=$1 work=$2 cc=$3
@@ -63,4 +63,12 @@ pkg-config --exists strap
 # shellcheck disable=SC2046
 "$cc" -static -o "$work/pc_static" "$work/consumer/main.c" $(pkg-config --cflags --libs --static strap)
 "$work/pc_static"
+# C++ (llama.cpp and most engines): the header compiles as C++ and links (extern "C")
+if command -v c++ >/dev/null; then
+  cp "$work/consumer/main.c" "$work/consumer/main.cpp"
+  # shellcheck disable=SC2046
+  c++ -std=c++17 -Wall -Wextra -Werror -o "$work/pc_cxx" "$work/consumer/main.cpp" $(pkg-config --cflags --libs strap) \
+    -Wl,-rpath,"$(pkg-config --variable=libdir strap)"
+  "$work/pc_cxx"
+fi
 echo "install_consumers: ok"
