@@ -6,6 +6,11 @@
 
 #include "internal.h"
 
+#define sc_now strap__sc_now
+#define sc_connect strap__sc_connect
+#define sc_send strap__sc_send
+#define sc_recv strap__sc_recv
+
 /* Monotonic seconds. */
 double sc_now(void);
 /* Resolve the socket (into path), connect, start strapd when nobody answers and autostart is

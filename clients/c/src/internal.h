@@ -11,6 +11,42 @@
 
 #include "strap.h"
 
+/* Every internal symbol carries the library's prefix: a static libstrap.a shares one
+ * namespace with its host program. */
+#define sj_validate strap__sj_validate
+#define sj_kind strap__sj_kind
+#define sj_get strap__sj_get
+#define sj_u64 strap__sj_u64
+#define sj_i64 strap__sj_i64
+#define sj_bool strap__sj_bool
+#define sj_str strap__sj_str
+#define sj_array_next strap__sj_array_next
+#define sw_raw strap__sw_raw
+#define sw_lit strap__sw_lit
+#define sw_u64 strap__sw_u64
+#define sw_i64 strap__sw_i64
+#define sw_f64 strap__sw_f64
+#define sw_str strap__sw_str
+#define sp_utf8_valid strap__sp_utf8_valid
+#define sp_enc_begin strap__sp_enc_begin
+#define sp_enc_finish strap__sp_enc_finish
+#define sp_enc_hello strap__sp_enc_hello
+#define sp_enc_open strap__sp_enc_open
+#define sp_enc_publish strap__sp_enc_publish
+#define sp_enc_drop strap__sp_enc_drop
+#define sp_enc_token strap__sp_enc_token
+#define sp_enc_checkpoint strap__sp_enc_checkpoint
+#define sp_enc_close strap__sp_enc_close
+#define sp_enc_status strap__sp_enc_status
+#define sp_decode_reply strap__sp_decode_reply
+#define sp_pack_resources strap__sp_pack_resources
+#define sp_type_name strap__sp_type_name
+#define sr_encode_ring_header strap__sr_encode_ring_header
+#define sr_encode_record_header strap__sr_encode_record_header
+#define sr_encode_pad strap__sr_encode_pad
+#define sr_ggml_dtype strap__sr_ggml_dtype
+#define se_set strap__se_set
+
 #if defined(__GNUC__)
 #define STRAP_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #else

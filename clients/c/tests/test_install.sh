@@ -49,8 +49,12 @@ cmake --build "$work/consumer/build" >>"$work/consumer.log"
 ldd "$work/consumer/build/consumer_shared" | grep -q "$prefix/lib.*/libstrap.so" || {
   echo "consumer_shared does not load $prefix's libstrap.so:"; ldd "$work/consumer/build/consumer_shared"; exit 1; }
 # the shared library exports the API and nothing internal
-if nm -D --defined-only "$prefix"/lib*/libstrap.so | grep -E ' T (sj_|sw_|sp_|sr_|sc_|se_)'; then
-  echo "libstrap.so exports internal symbols"; exit 1
+if nm -D --defined-only "$prefix"/lib*/libstrap.so | awk 'NF == 3 && $2 ~ /[TDBR]/ {print $3}' | grep -Ev '^strap_[a-z]'; then
+  echo "libstrap.so exports symbols that are not the API"; exit 1
+fi
+# every global symbol of the static library carries the prefix (it shares its host's namespace)
+if nm -g --defined-only "$prefix"/lib*/libstrap.a | awk 'NF == 3 {print $3}' | grep -v '^strap_'; then
+  echo "libstrap.a defines global symbols without the strap_ prefix"; exit 1
 fi
 
 export PKG_CONFIG_PATH=$(dirname "$(find "$prefix" -name strap.pc)")
