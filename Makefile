@@ -26,7 +26,6 @@ FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-# (C client targets: c test-c test-long-c fuzz-c bench-c c-tools: the C client section below)
 .PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium
 
 all: build
