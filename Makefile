@@ -129,7 +129,7 @@ test-privileged: prometheus
 
 # The README's test command; CI (.ci/run) calls exactly this, as root, so it runs the
 # privileged tests too.
-test: test-go test-python
+test: test-go test-python test-c
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-privileged; \
 	else echo "make test: not root, so not running make test-privileged"; fi
 
@@ -196,6 +196,7 @@ STRAP_KILL_CLIENT_RUNS ?= 40
 test-long: $(BIN) $(VENV)/.stamp
 	STRAP_TEST_LONG=1 STRAP_KILL_DAEMON_RUNS=$(STRAP_KILL_DAEMON_RUNS) STRAP_KILL_CLIENT_RUNS=$(STRAP_KILL_CLIENT_RUNS) \
 	  STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q -rs clients/python/tests/test_random_kill.py
+	$(MAKE) --no-print-directory test-long-c
 
 # The main job on its embedded default: a real capture of a Llama-architecture model built
 # from a small config (no weights can be downloaded), analysed from the file on disk.
@@ -223,6 +224,7 @@ fuzz:
 	    echo "== $$pkg $$f ($(FUZZTIME))"; n=$$((n+1)); \
 	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) $$pkg; \
 	  done; done; echo "fuzz: $$n targets, $(FUZZTIME) each"
+	$(MAKE) --no-print-directory fuzz-c
 
 # Regenerates the committed BPF objects, one per architecture (amd64, arm64), and the
 # syscall-name tables; needs clang and bpftool (installed here if missing).
@@ -252,3 +254,56 @@ uninstall:
 
 clean:
 	rm -rf bin build dist
+
+# ----- C client (clients/c, docs/C_CLIENT.md) -----------------------------------------------
+# `make c` builds libstrap (static and shared) in build/c; `make test-c` checks the sources
+# against clients/c/.clang-format, builds them twice more, with gcc and with clang (-Werror,
+# ASan/UBSan), and runs every test program against
+# the real strapd (and the Python reader) in each, the fuzz target's seeds included;
+# `make fuzz-c` runs the libFuzzer target (clang) for FUZZTIME (a duration "10s" or a count
+# "2000x"); `make bench-c` measures the cost per record.
+.PHONY: c test-c test-long-c fuzz-c bench-c c-tools
+C_SRC        := $(shell find clients/c -type f 2>/dev/null)
+
+# What the C client's build and tests need from Debian, installed when missing: CMake and
+# pkg-config (the build, the install test), clang with its libFuzzer runtime, clang-format.
+c-tools:
+	@missing=""; for t in cmake pkg-config clang clang-format; do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	  ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || missing="$$missing libclang-rt-dev"; \
+	  if [ -n "$$missing" ]; then apt-get update && apt-get install -y --no-install-recommends $$missing; fi
+
+build/c/.stamp: $(C_SRC)
+	cmake -S clients/c -B build/c -DCMAKE_BUILD_TYPE=Release -DSTRAP_SANITIZE=OFF -DSTRAP_FUZZ=OFF >/dev/null
+	cmake --build build/c -j2
+	@touch $@
+
+c: c-tools build/c/.stamp
+
+test-c: $(BIN) $(VENV)/.stamp c-tools
+	cd clients/c && clang-format --dry-run --Werror include/*.h src/*.[ch] tests/*.[ch] fuzz/*.c bench/*.c
+	cmake -S clients/c -B build/c-asan -DCMAKE_BUILD_TYPE=Debug -DSTRAP_SANITIZE=ON -DCMAKE_C_COMPILER=gcc >/dev/null
+	cmake --build build/c-asan -j2
+	cd build/c-asan && ctest --output-on-failure
+	cmake -S clients/c -B build/c-clang -DCMAKE_BUILD_TYPE=Debug -DSTRAP_SANITIZE=ON -DCMAKE_C_COMPILER=clang >/dev/null
+	cmake --build build/c-clang -j2
+	cd build/c-clang && ctest --output-on-failure
+
+fuzz-c: c-tools
+	cmake -S clients/c -B build/c-fuzz -DCMAKE_BUILD_TYPE=Debug -DSTRAP_FUZZ=ON -DCMAKE_C_COMPILER=clang >/dev/null
+	cmake --build build/c-fuzz -j2 --target fuzz_reply
+	@rm -rf build/c-fuzz/corpus && mkdir -p build/c-fuzz/corpus && \
+	  cp testdata/protocol/*.bin clients/c/fuzz/corpus/* build/c-fuzz/corpus/
+	@case "$(FUZZTIME)" in *x) lim="-runs=$(FUZZTIME:x=)";; *s) lim="-max_total_time=$(FUZZTIME:s=)";; \
+	  *) lim="-max_total_time=10";; esac; \
+	  echo "== clients/c fuzz_reply ($(FUZZTIME))"; \
+	  cd build/c-fuzz && ./fuzz_reply $$lim -max_len=70000 corpus
+
+# The C client's tokens/checkpoint/resume test with STRAP_KILL_C_RUNS random kill points more
+# (mid forward pass, after a TOKEN, after a CHECKPOINT); STRAP_KILL_SEED replays a run.
+STRAP_KILL_C_RUNS ?= 20
+test-long-c: $(BIN) $(VENV)/.stamp c
+	STRAP_KILL_CLIENT_RUNS=$(STRAP_KILL_C_RUNS) STRAP_REPO=$(CURDIR) STRAPD_BIN=$(CURDIR)/$(BIN) \
+	  STRAP_PYTHON=$(CURDIR)/$(VPY) STRAP_TESTS=$(CURDIR)/clients/c/tests build/c/test_tokens_resume
+
+bench-c: $(BIN) c
+	STRAPD_BIN=$(CURDIR)/$(BIN) build/c/bench_record $(BENCH_C_ARGS)

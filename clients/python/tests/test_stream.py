@@ -127,6 +127,22 @@ def test_tensors_by_name_and_metadata(tmp_path):
             assert r.names() == ["y", "x"]
 
 
+def test_ggml_raw_blocks(tmp_path):
+    # STREAM_FORMAT.md 4.1: a uint8 tensor with ggml meta names its type and ne; the same meta
+    # on another dtype, or a malformed one, is not a ggml tensor.
+    q = torch.arange(3 * 36, dtype=torch.uint8).reshape(3, 36)
+    ts = [("blk.0.attn_q.weight", q, {"ggml_type": "q4_0", "ggml_ne": [64, 3]}),
+          ("l_out-0", torch.zeros(3, 4), {"ggml_type": "q4_0", "ggml_ne": [4, 3]}),
+          ("odd", q, {"ggml_type": "q4_0", "ggml_ne": "64"}),
+          ("plain", q, None)]
+    p = write_stream(tmp_path / "g.strap", ts)
+    with open_stream(p) as r:
+        got = {t.name: t.ggml for t in r}
+        raw = r.tensors("blk.0.attn_q.weight")[0].numpy()
+    assert got == {"blk.0.attn_q.weight": ("q4_0", (64, 3)), "l_out-0": None, "odd": None, "plain": None}
+    assert raw.shape == (3, 36) and raw.tobytes() == q.numpy().tobytes()
+
+
 def test_lone_surrogate_escape_in_meta_is_corrupt(tmp_path):
     """As in the Go reader: an escaped surrogate pair reads; an escaped lone surrogate (what
     json.dumps writes for a str holding one) is corrupt, in packet meta and in the header."""

@@ -136,6 +136,17 @@ class Tensor:
         return (f"Tensor(name={self.name!r}, seq={self.seq}, step={self.step}, forward={self.forward}, "
                 f"dtype={self.dtype}, shape={self.shape})")
 
+    @property
+    def ggml(self) -> Optional[Tuple[str, Tuple[int, ...]]]:
+        """For a ggml tensor stored as raw quantized blocks (STREAM_FORMAT.md 4.1: dtype uint8,
+        shape ``[ne[n-1], ..., ne[1], row bytes]``, meta ``ggml_type``/``ggml_ne``): its ggml type
+        name (``"q4_0"``) and ``ne`` (innermost first); None for any other tensor."""
+        m = self.meta
+        if self.dtype == "uint8" and isinstance(m, dict) and isinstance(m.get("ggml_type"), str) \
+                and isinstance(m.get("ggml_ne"), list) and all(isinstance(v, int) for v in m["ggml_ne"]):
+            return m["ggml_type"], tuple(m["ggml_ne"])
+        return None
+
     def raw(self) -> bytes:
         """The tensor's raw little-endian bytes in C order."""
         if len(self.packets) == 1:
