@@ -217,17 +217,24 @@ class InstrumentationFramework(Capture):
         return {"packets": s.packets, "drops": s.drops, "drop_bytes": s.drop_bytes,
                 "bytes_in": s.bytes_in, "drops_by_module": dict(s.drops_by_module)}
 
-    def analyze_activations(self, stream_path: Optional[PathArg] = None) -> Dict[str, Any]:
+    def analyze_activations(self, stream_path: Optional[PathArg] = None, *,
+                            data_path: Optional[PathArg] = None) -> Dict[str, Any]:
         """Summarise a stream file — see :func:`llm_instrumentation.analysis.analyze_activations`.
 
         Args:
             stream_path: the stream (default: this capture's).
+            data_path: the same, by the name 1.3.1's docs/API.md gives it (its code said
+                ``stream_path``); give one of the two.
 
         Returns:
             the summary.
         """
         from .analysis import analyze_activations
 
+        if data_path is not None:
+            if stream_path is not None:
+                raise TypeError("analyze_activations: give stream_path or data_path, not both")
+            stream_path = data_path
         p = stream_path if stream_path is not None else self.output_path
         if p is None:
             raise ValueError("no stream: pass a path")

@@ -11,6 +11,7 @@ and each block's attention / MLP are its direct children with the usual names
 from __future__ import annotations
 
 import fnmatch
+import warnings
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from ..config import HookGranularity, InstrumentationConfig
@@ -240,17 +241,16 @@ def create_optimized_config(model_arch: Union[str, "nn.Module"], purpose: str) -
     :meth:`~InstrumentationConfig.balanced`, with zstd for ``gpt``/``llama``/``qwen`` (1.3.1
     also set a 16 GB memory limit there; the default ring is kept instead: a capture fits
     its ring to what strapd admits, 1 GiB by default, and would warn about a cap the
-    caller never set); ``full_capture``: :meth:`~InstrumentationConfig.balanced`.
+    caller never set); ``full_capture``: :meth:`~InstrumentationConfig.balanced`. Any other
+    purpose gets :meth:`~InstrumentationConfig.balanced`, as in 1.3.1, with a warning naming
+    the known purposes (1.3.1 said nothing, so a misspelt purpose went unseen).
 
     Args:
         model_arch: a name from :func:`detect_model_architecture`, or the model itself.
-        purpose: one of :data:`PURPOSES`.
+        purpose: one of :data:`PURPOSES` (another: ``balanced()`` with a warning).
 
     Returns:
         a new :class:`InstrumentationConfig`.
-
-    Raises:
-        ValueError: an unknown purpose (1.3.1 quietly returned ``balanced()``).
 
     Example:
         >>> create_optimized_config("llama", "performance_analysis").compression_algorithm
@@ -269,4 +269,6 @@ def create_optimized_config(model_arch: Union[str, "nn.Module"], purpose: str) -
         return cfg
     if purpose == "full_capture":
         return InstrumentationConfig.balanced()
-    raise ValueError(f"unknown purpose {purpose!r} (choose from {PURPOSES})")
+    warnings.warn(f"create_optimized_config: unknown purpose {purpose!r}; using balanced() as 1.3.1 did "
+                  f"(known purposes: {', '.join(PURPOSES)})", UserWarning, stacklevel=2)
+    return InstrumentationConfig.balanced()
