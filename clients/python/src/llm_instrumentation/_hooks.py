@@ -16,6 +16,10 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch.nn as nn
 
 
+#: The record name of the root module's output (a record needs a non-empty name; the
+#: analysis helpers show 1.3.1's unnamed root the same way).
+ROOT_NAME = "<root>"
+
 #: receives one output tensor of a hooked module: ``(record name, tensor, record meta)``.
 RecordFn = Callable[[str, "torch.Tensor", Optional[Dict[str, Any]]], None]
 
@@ -128,7 +132,7 @@ class Hooks:
         self._handles.append(model.register_forward_pre_hook(lambda m, a: forward_started()))
         mods = dict(model.named_modules())
         for name in self.modules:
-            self._handles.append(mods[name].register_forward_hook(self._module_hook(name, record)))
+            self._handles.append(mods[name].register_forward_hook(self._module_hook(name or ROOT_NAME, record)))
         # Registered last, so it runs after a hook on the root module itself: one PUBLISH per
         # forward pass for the records not yet published.
         self._handles.append(model.register_forward_hook(lambda m, a, o: forward_ended()))

@@ -126,11 +126,22 @@ def select_modules(
         patterns: extra fnmatch patterns on module names, added for every granularity.
 
     Returns:
-        module names (no duplicates). Raises ValueError when a pattern matches nothing.
+        module names (no duplicates); ``""`` is the root module. Raises ValueError when a
+        pattern matches nothing.
+
+    A model whose decoder blocks the detector does not find (no list of blocks, e.g. an
+    ``nn.Sequential``), given no patterns, gets what 1.3.1 hooked on every model, with one
+    warning naming the choice: for ``FULL_TENSOR`` / ``SAMPLED_SLICES`` the root and its
+    direct children; for ``ATTENTION_ONLY`` / ``MLP_ONLY`` the direct children whose names
+    contain ``attn`` / ``mlp``.
     """
     g = HookGranularity(granularity)
     names = [n for n, _ in model.named_modules() if n]
     arch = describe_model(model)
+    if arch["layer_prefix"] is None and not patterns:
+        fallback = _fallback_131(model, g)
+        if fallback is not None:
+            return fallback
     chosen = set()
     if g in (HookGranularity.FULL_TENSOR, HookGranularity.SAMPLED_SLICES):
         chosen.update(arch["blocks"], arch["attention"], arch["mlp"])
@@ -150,6 +161,30 @@ def select_modules(
     return [n for n in names if n in chosen]
 
 
+#: What 1.3.1 hooked, by granularity, among the root and its direct children (its only
+#: candidates): every one, or those whose name contains the word.
+_FALLBACK_131 = {HookGranularity.FULL_TENSOR: None, HookGranularity.SAMPLED_SLICES: None,
+                 HookGranularity.ATTENTION_ONLY: "attn", HookGranularity.MLP_ONLY: "mlp"}
+
+
+def _fallback_131(model: "nn.Module", g: HookGranularity) -> Optional[List[str]]:
+    """1.3.1's choice for a model without recognised blocks, or None where 1.3.1 had no
+    such granularity or the choice is empty (the caller then reports nothing selected)."""
+    if g not in _FALLBACK_131:
+        return None
+    word = _FALLBACK_131[g]
+    children = [n for n, _ in model.named_children()]
+    chosen = [""] + children if word is None else [n for n in children if word in n]
+    if not chosen:
+        return None
+    shown = ", ".join(n or "<root>" for n in chosen)
+    warnings.warn(
+        f"{type(model).__name__}: no decoder blocks found (no list of attention/MLP blocks); hooking what 1.3.1 "
+        f"hooked for {g.name}: {shown}. Pass module patterns (modules=[...]) to choose others",
+        UserWarning, stacklevel=4)
+    return chosen
+
+
 def config_for_model(
     model: "nn.Module",
     target_throughput_gbps: Optional[float] = None,
@@ -160,8 +195,8 @@ def config_for_model(
 
     The ring is sized to hold at least 8 block outputs of a 2048-token sequence at the
     model's hidden size in its parameter dtype (min 64 MiB, max 1 GiB) unless
-    ``max_memory_gb`` is given; the codec is lz4, lowered by
-    :meth:`InstrumentationConfig.transport_plan` when a throughput target is set.
+    ``max_memory_gb`` is given; the codec is lz4 (a named codec: a throughput target lz4
+    cannot sustain is noted by :meth:`InstrumentationConfig.transport_plan`, not acted on).
 
     Args:
         model: the model to capture.
