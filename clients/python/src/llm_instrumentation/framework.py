@@ -85,7 +85,7 @@ class InstrumentationFramework(Capture):
                  socket_path: Optional[str] = None, autostart_daemon: bool = True, track_per_token: bool = False,
                  stall_timeout: float = 120.0, checkpoint_interval_tokens: Optional[int] = None,
                  checkpoint_path: Optional[PathArg] = None, resume_from_checkpoint: bool = False,
-                 overwrite_checkpoint: bool = False, lock_wait: float = 30.0,
+                 overwrite_checkpoint: Optional[bool] = None, lock_wait: float = 30.0,
                  trace_path: Optional[Union[PathArg, bool]] = None) -> None: ...
 
     @overload
@@ -94,14 +94,14 @@ class InstrumentationFramework(Capture):
                  socket_path: Optional[str] = None, autostart_daemon: bool = True, track_per_token: bool = False,
                  stall_timeout: float = 120.0, checkpoint_interval_tokens: Optional[int] = None,
                  checkpoint_path: Optional[PathArg] = None, resume_from_checkpoint: bool = False,
-                 overwrite_checkpoint: bool = False, lock_wait: float = 30.0,
+                 overwrite_checkpoint: Optional[bool] = None, lock_wait: float = 30.0,
                  trace_path: Optional[Union[PathArg, bool]] = None) -> None: ...
 
     def __init__(self, config: Any, model: Any = None, output_path: Optional[PathArg] = None,
                  modules: Optional[Sequence[str]] = None, socket_path: Optional[str] = None,
                  autostart_daemon: bool = True, track_per_token: bool = False, stall_timeout: float = 120.0,
                  checkpoint_interval_tokens: Optional[int] = None, checkpoint_path: Optional[PathArg] = None,
-                 resume_from_checkpoint: bool = False, overwrite_checkpoint: bool = False, lock_wait: float = 30.0,
+                 resume_from_checkpoint: bool = False, overwrite_checkpoint: Optional[bool] = None, lock_wait: float = 30.0,
                  trace_path: Optional[Union[PathArg, bool]] = None,
                  resource_level: Optional[Union[str, bool]] = None) -> None:
         if not isinstance(config, InstrumentationConfig) and isinstance(model, InstrumentationConfig):
@@ -152,7 +152,7 @@ class InstrumentationFramework(Capture):
     def capture_activations(self, output_path: PathArg, track_per_token: bool = False,
                             checkpoint_interval_tokens: Optional[int] = None,
                             checkpoint_path: Optional[PathArg] = None, resume_from_checkpoint: bool = False,
-                            overwrite_checkpoint: bool = False) -> Iterator[Optional[TokenTracker]]:
+                            overwrite_checkpoint: Optional[bool] = None) -> Iterator[Optional[TokenTracker]]:
         """Capture into ``output_path`` while the block runs, as the original 1.3.1 API did.
 
         Args:
@@ -163,11 +163,15 @@ class InstrumentationFramework(Capture):
         Yields:
             the token tracker, or None when not tracking.
 
+        Without a model (no :meth:`instrument_model` yet) the capture still runs, as in
+        1.3.1, with a warning: no tensors, but the tracker's tokens go into the stream and
+        the tokens file, and checkpoints are made.
+
         Raises:
             ValueError: invalid combination (interval <= 0, checkpoints without tracking).
-            RuntimeError: no model yet (call :meth:`instrument_model`), or a capture is running.
-            CheckpointError: resume with neither a checkpoint nor a stream, a stream that does not match it, or
-                a leftover checkpoint when resume was not asked for.
+            RuntimeError: a capture is running.
+            CheckpointError: a stream that does not match its checkpoint, or a leftover
+                checkpoint with ``overwrite_checkpoint=False`` (see :func:`capture_activations`).
 
         Example:
             >>> fw = InstrumentationFramework(InstrumentationConfig())  # doctest: +SKIP
@@ -175,16 +179,26 @@ class InstrumentationFramework(Capture):
             >>> with fw.capture_activations("run.stream", track_per_token=True) as tracker:
             ...     tracker.record_token(42, "hi")
         """
-        if self.model is None:
-            raise RuntimeError("no model to capture: call instrument_model(model) first")
         if self._session is not None:
             raise RuntimeError("capture already started")
-        self._use(self.options.with_capture(
+        # Argument errors come first, with or without a model.
+        opts = self.options.with_capture(
             output_path=output_path, track_per_token=track_per_token,
             checkpoint_interval_tokens=checkpoint_interval_tokens, checkpoint_path=checkpoint_path,
-            resume_from_checkpoint=resume_from_checkpoint, overwrite_checkpoint=overwrite_checkpoint))
-        with self._running():
-            yield self.token_tracker
+            resume_from_checkpoint=resume_from_checkpoint, overwrite_checkpoint=overwrite_checkpoint)
+        no_model = self.model is None
+        if no_model:
+            warnings.warn("capture_activations before instrument_model(model): no tensors are captured; the stream "
+                          "gets only the recorded tokens" + (" and checkpoints" if checkpoint_interval_tokens else "")
+                          + " (as 1.3.1 allowed)", UserWarning, stacklevel=3)
+            self._attach_nothing()
+        try:
+            self._use(opts)
+            with self._running():
+                yield self.token_tracker
+        finally:
+            if no_model:
+                self._detach_nothing()
 
     # ----- facts -------------------------------------------------------------------------------
 
@@ -261,7 +275,7 @@ def capture_activations(
     checkpoint_interval_tokens: Optional[int] = None,
     checkpoint_path: Optional[PathArg] = None,
     resume_from_checkpoint: bool = False,
-    overwrite_checkpoint: bool = False,
+    overwrite_checkpoint: Optional[bool] = None,
     socket_path: Optional[str] = None,
     autostart_daemon: bool = True,
     stall_timeout: float = 120.0,
@@ -296,7 +310,14 @@ def capture_activations(
         resume_from_checkpoint: check the stream against the checkpoint (when there is
             one), cut it back to the end of its last intact token (the checkpoint's offset
             at least), restore ``fw.token_tracker.tokens`` and ``fw.resume_step``, and append.
-        overwrite_checkpoint: start a new capture although a checkpoint exists (it is deleted).
+            With neither checkpoint nor stream: a new capture, with a warning. A 1.3.1
+            checkpoint and no strap stream: a new stream that starts with its tokens.
+        overwrite_checkpoint: what to do with a checkpoint an earlier capture left at the
+            checkpoint path (``{output_path}.ckpt.json`` by default) when not resuming:
+            True deletes it and starts over; False raises ``CheckpointError``; None (not
+            given, as in every 1.3.1 call) keeps that capture by moving its stream and
+            checkpoint aside to ``<stem>.interrupted-N<ext>`` with a warning (a 1.3.1
+            checkpoint is deleted with a warning, as 1.3.1 overwrote it).
         socket_path: strapd control socket (default: PROTOCOL.md 1 resolution).
         autostart_daemon: start ``strapd serve`` when no daemon answers.
         stall_timeout: seconds to wait for ring space before raising.
