@@ -118,8 +118,7 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
             # A client killed before strapd wrote the header: nothing was captured, so
             # the resume is a capture from token 0 into the same file.
             return _from_131(Output(fd, source="stream"), old)
-        head = os.pread(fd, 8, 0)
-        if not b"STRAPSTM".startswith(head):
+        if _is_131_stream(fd, out):
             raise CheckpointError(
                 f"{out} is an llm_instrumentation 1.3.1 stream: a capture cannot append to it. Move it aside "
                 f"(open_stream still reads it); resume_from_checkpoint=True then starts a new stream"
@@ -135,6 +134,20 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
         raise
     meta = c.extra.get("metadata") if c is not None else None
     return Output(fd, rp.point, rp.tokens, rp.source, c, meta if isinstance(meta, dict) else None)
+
+
+def _is_131_stream(fd: int, path: str) -> bool:
+    """Whether the non-empty file behind ``fd`` reads as a 1.3.1 stream (not a strap one)."""
+    from . import _legacy131
+    from .errors import StreamFormatError
+
+    if not _legacy131.is_legacy_header(os.pread(fd, 8, 0)):
+        return False
+    try:
+        _legacy131.LegacyStreamReader(path).close()
+    except StreamFormatError:
+        return False  # neither format: the resume check says what is wrong with it
+    return True
 
 
 def _fresh(out: str, opts: SessionOptions, remove: Optional[str]) -> int:
