@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .config import HookGranularity, InstrumentationConfig
-from .core.auto_detect import select_modules
+from .core.auto_detect import falls_back_to_131, select_modules
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -91,11 +91,13 @@ def choose_modules(model: "nn.Module", config: InstrumentationConfig, extra: Seq
         module names, in ``named_modules`` order.
 
     Raises:
-        ValueError: nothing matches (a capture of nothing is a mistake, not a result).
+        ValueError: nothing matches (a capture of nothing is a mistake, not a result),
+            except where 1.3.1's choice for a model without recognised blocks is empty
+            (``select_modules`` warns; 1.3.1 captured nothing there too).
     """
     patterns = tuple(config.modules) + tuple(extra)
     names = select_modules(model, config.granularity, patterns)
-    if not names:
+    if not names and not falls_back_to_131(model, config.granularity, patterns):
         raise ValueError(
             f"no module of {type(model).__name__} matches granularity {config.granularity.name}"
             f"{' and patterns ' + str(list(patterns)) if patterns else ''}; pass modules=[...] patterns"

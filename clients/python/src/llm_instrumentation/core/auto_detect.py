@@ -131,17 +131,16 @@ def select_modules(
 
     A model whose decoder blocks the detector does not find (no list of blocks, e.g. an
     ``nn.Sequential``), given no patterns, gets what 1.3.1 hooked on every model, with one
-    warning naming the choice: for ``FULL_TENSOR`` / ``SAMPLED_SLICES`` the root and its
-    direct children; for ``ATTENTION_ONLY`` / ``MLP_ONLY`` the direct children whose names
-    contain ``attn`` / ``mlp``.
+    warning naming the choice (:func:`falls_back_to_131`): for ``FULL_TENSOR`` /
+    ``SAMPLED_SLICES`` the root and its direct children; for ``ATTENTION_ONLY`` /
+    ``MLP_ONLY`` the direct children whose names contain ``attn`` / ``mlp`` — possibly none,
+    as in 1.3.1, which then captured nothing.
     """
     g = HookGranularity(granularity)
     names = [n for n, _ in model.named_modules() if n]
     arch = describe_model(model)
-    if arch["layer_prefix"] is None and not patterns:
-        fallback = _fallback_131(model, g)
-        if fallback is not None:
-            return fallback
+    if falls_back_to_131(model, g, patterns):
+        return _fallback_131(model, g)
     chosen = set()
     if g in (HookGranularity.FULL_TENSOR, HookGranularity.SAMPLED_SLICES):
         chosen.update(arch["blocks"], arch["attention"], arch["mlp"])
@@ -167,20 +166,23 @@ _FALLBACK_131 = {HookGranularity.FULL_TENSOR: None, HookGranularity.SAMPLED_SLIC
                  HookGranularity.ATTENTION_ONLY: "attn", HookGranularity.MLP_ONLY: "mlp"}
 
 
-def _fallback_131(model: "nn.Module", g: HookGranularity) -> Optional[List[str]]:
-    """1.3.1's choice for a model without recognised blocks, or None where 1.3.1 had no
-    such granularity or the choice is empty (the caller then reports nothing selected)."""
-    if g not in _FALLBACK_131:
-        return None
+def falls_back_to_131(model: "nn.Module", granularity: HookGranularity, patterns: Sequence[str] = ()) -> bool:
+    """Whether :func:`select_modules` gives ``model`` 1.3.1's choice: no decoder blocks
+    found, no patterns, and a granularity 1.3.1 had (``RESIDUAL_ONLY`` and ``ALL_MODULES``
+    are ours)."""
+    return not patterns and HookGranularity(granularity) in _FALLBACK_131 and describe_model(model)["layer_prefix"] is None
+
+
+def _fallback_131(model: "nn.Module", g: HookGranularity) -> List[str]:
+    """1.3.1's choice for a model without recognised blocks, with one warning naming it."""
     word = _FALLBACK_131[g]
     children = [n for n, _ in model.named_children()]
     chosen = [""] + children if word is None else [n for n in children if word in n]
-    if not chosen:
-        return None
-    shown = ", ".join(n or "<root>" for n in chosen)
+    what = ", ".join(n or "<root>" for n in chosen) if chosen else \
+        f"nothing (no direct child's name contains {word!r}; 1.3.1 captured nothing here either)"
     warnings.warn(
         f"{type(model).__name__}: no decoder blocks found (no list of attention/MLP blocks); hooking what 1.3.1 "
-        f"hooked for {g.name}: {shown}. Pass module patterns (modules=[...]) to choose others",
+        f"hooked for {g.name}: {what}. Pass module patterns (modules=[...]) to choose others",
         UserWarning, stacklevel=4)
     return chosen
 
