@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
@@ -14,6 +13,7 @@ from typing import Any, Dict, List, Optional, Union
 from . import _protocol as P
 from . import checkpoint as ckpt
 from ._options import SessionOptions
+from ._warnings import warn_caller
 from .checkpoint import CheckpointError
 
 
@@ -109,8 +109,8 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
         if old is None:
             # 1.3.1 started over here; a restart script passes resume_from_checkpoint=True
             # every time, including the first.
-            warnings.warn(f"resume_from_checkpoint=True but there is no checkpoint at {ck_path} and no stream at "
-                          f"{out}: starting a new capture", UserWarning, stacklevel=5)
+            warn_caller(f"resume_from_checkpoint=True but there is no checkpoint at {ck_path} and no stream at "
+                          f"{out}: starting a new capture")
         return _from_131(Output(_fresh(out, opts, None)), old)
     try:
         ckpt.lock_stream(fd, opts.lock_wait, out)
@@ -124,8 +124,8 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
                 f"(open_stream still reads it); resume_from_checkpoint=True then starts a new stream"
                 + (f" with the {len(old.tokens)} tokens of the 1.3.1 checkpoint {ck_path}" if old else ""))
         if old is not None:
-            warnings.warn(f"{ck_path} is a 1.3.1 checkpoint; the stream {out} says itself where the capture "
-                          f"goes on, so the checkpoint's tokens are not used", UserWarning, stacklevel=5)
+            warn_caller(f"{ck_path} is a 1.3.1 checkpoint; the stream {out} says itself where the capture "
+                          f"goes on, so the checkpoint's tokens are not used")
         rp = ckpt.resume_point(fd, c, out, fingerprint)
         os.ftruncate(fd, rp.point.stream_offset)
         os.fsync(fd)
@@ -194,8 +194,8 @@ def _leftover(opts: SessionOptions, out: str, leftover: str) -> None:
             f"to continue that capture, or overwrite_checkpoint=True to start over (the stream "
             f"{out} and the checkpoint are then replaced)")
     if ckpt.load_131(leftover) is not None:
-        warnings.warn(f"removing the 1.3.1 checkpoint {leftover} of an earlier capture (1.3.1 overwrote it too); "
-                      f"resume_from_checkpoint=True would have gone on from its tokens", UserWarning, stacklevel=6)
+        warn_caller(f"removing the 1.3.1 checkpoint {leftover} of an earlier capture (1.3.1 overwrote it too); "
+                      f"resume_from_checkpoint=True would have gone on from its tokens")
         ckpt.fsync_unlink(leftover)
         return
     try:
@@ -205,8 +205,8 @@ def _leftover(opts: SessionOptions, out: str, leftover: str) -> None:
     if fd is None or os.fstat(fd).st_size == 0:
         if fd is not None:
             os.close(fd)
-        warnings.warn(f"removing the checkpoint {leftover} of an earlier capture whose stream {out} is missing or "
-                      f"empty (nothing to keep)", UserWarning, stacklevel=6)
+        warn_caller(f"removing the checkpoint {leftover} of an earlier capture whose stream {out} is missing or "
+                      f"empty (nothing to keep)")
         ckpt.fsync_unlink(leftover)
         return
     try:
@@ -237,10 +237,10 @@ def _leftover(opts: SessionOptions, out: str, leftover: str) -> None:
         if os.path.exists(old):
             os.rename(old, new)
             moved.append(new)
-    warnings.warn(
+    warn_caller(
         f"a checkpoint of an earlier, unfinished capture was at {leftover}: that capture is kept, moved to "
         f"{', '.join(moved)}; resume it with resume_from_checkpoint=True and output_path={aside!r}. Pass "
-        f"overwrite_checkpoint=True to replace such a capture instead, or False to refuse", UserWarning, stacklevel=6)
+        f"overwrite_checkpoint=True to replace such a capture instead, or False to refuse")
 
 
 def resolve_trace(opts: SessionOptions, config_trace: Union[bool, str, None]) -> Optional[str]:

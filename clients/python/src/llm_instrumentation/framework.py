@@ -19,6 +19,7 @@ from ._capture import Capture
 from ._hooks import sample_positions, split_output
 from ._options import SessionOptions, check_tracking
 from ._resume import tokens_path
+from ._warnings import warn_caller
 from .checkpoint import CheckpointError
 from .config import InstrumentationConfig
 from .core.auto_detect import describe_model
@@ -64,8 +65,9 @@ class InstrumentationFramework(Capture):
         last_checkpoint: the last checkpoint written or resumed from (None: none yet).
         resume_step: the step a resumed capture goes on from (0 when not resumed).
         resumed_from: what a resume went on from: ``"checkpoint"`` (the checkpoint's
-            offset) or ``"stream"`` (the stream's intact prefix, past the checkpoint or
-            without one); None when not resumed.
+            offset), ``"stream"`` (the stream's intact prefix, past the checkpoint or
+            without one) or ``"checkpoint-1.3.1"`` (a 1.3.1 checkpoint's tokens, in a new
+            stream); None when not resumed (also when there was nothing to resume).
         checkpoint_times: seconds each checkpoint took (request to durable file).
     """
 
@@ -73,7 +75,8 @@ class InstrumentationFramework(Capture):
     checkpoint_path = _option("checkpoint_file", "where checkpoints go (None when not checkpointing).")
     checkpoint_interval = _option("checkpoint_interval_tokens", "tokens between checkpoints (None: none).")
     resume = _option("resume_from_checkpoint", "whether this capture resumes a checkpoint.")
-    overwrite_checkpoint = _option("overwrite_checkpoint", "whether a leftover checkpoint is replaced.")
+    overwrite_checkpoint = _option("overwrite_checkpoint", "what a fresh capture does with a leftover checkpoint: "
+                                                           "True replaces, False refuses, None moves it aside.")
     socket_path = _option("socket_path", "strapd control socket (None: default resolution).")
     autostart_daemon = _option("autostart_daemon", "whether strapd is started when none answers.")
     stall_timeout = _option("stall_timeout", "seconds to wait for ring space.")
@@ -188,9 +191,9 @@ class InstrumentationFramework(Capture):
             resume_from_checkpoint=resume_from_checkpoint, overwrite_checkpoint=overwrite_checkpoint)
         no_model = self.model is None
         if no_model:
-            warnings.warn("capture_activations before instrument_model(model): no tensors are captured; the stream "
-                          "gets only the recorded tokens" + (" and checkpoints" if checkpoint_interval_tokens else "")
-                          + " (as 1.3.1 allowed)", UserWarning, stacklevel=3)
+            warn_caller("capture_activations before instrument_model(model): no tensors are captured; the stream "
+                        "gets only the recorded tokens" + (" and checkpoints" if checkpoint_interval_tokens else "")
+                        + " (as 1.3.1 allowed)")
             self._attach_nothing()
         try:
             self._use(opts)

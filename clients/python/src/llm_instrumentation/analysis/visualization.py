@@ -476,8 +476,10 @@ def _assign_tokens(packet_df: "pd.DataFrame", token_metadata: Dict[str, Any]) ->
         df.loc[order, "token_index"] = idx[:len(df)]
         df["token_index"] = df["token_index"].astype("int64")
         df["token_estimated"] = True
-        warnings.warn(f"packets have no token_index (a 1.3.1 stream): {len(df)} packets divided evenly among "
-                      f"{total} tokens as 1.3.1 did; an estimate (rows flagged token_estimated)", stacklevel=3)
+        from .._warnings import warn_caller
+
+        warn_caller(f"packets have no token_index (a 1.3.1 stream): {len(df)} packets divided evenly among "
+                    f"{total} tokens as 1.3.1 did; an estimate (rows flagged token_estimated)")
         positional = list(token_metadata.get("tokens") or [])
         texts = {i: t.get("token_text") for i, t in enumerate(positional)} or texts
     else:

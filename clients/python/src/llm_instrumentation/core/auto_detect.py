@@ -11,9 +11,9 @@ and each block's attention / MLP are its direct children with the usual names
 from __future__ import annotations
 
 import fnmatch
-import warnings
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
+from .._warnings import warn_caller
 from ..config import HookGranularity, InstrumentationConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -180,10 +180,9 @@ def _fallback_131(model: "nn.Module", g: HookGranularity) -> List[str]:
     chosen = [""] + children if word is None else [n for n in children if word in n]
     what = ", ".join(n or "<root>" for n in chosen) if chosen else \
         f"nothing (no direct child's name contains {word!r}; 1.3.1 captured nothing here either)"
-    warnings.warn(
+    warn_caller(
         f"{type(model).__name__}: no decoder blocks found (no list of attention/MLP blocks); hooking what 1.3.1 "
-        f"hooked for {g.name}: {what}. Pass module patterns (modules=[...]) to choose others",
-        UserWarning, stacklevel=4)
+        f"hooked for {g.name}: {what}. Pass module patterns (modules=[...]) to choose others")
     return chosen
 
 
@@ -306,6 +305,6 @@ def create_optimized_config(model_arch: Union[str, "nn.Module"], purpose: str) -
         return cfg
     if purpose == "full_capture":
         return InstrumentationConfig.balanced()
-    warnings.warn(f"create_optimized_config: unknown purpose {purpose!r}; using balanced() as 1.3.1 did "
-                  f"(known purposes: {', '.join(PURPOSES)})", UserWarning, stacklevel=2)
+    warn_caller(f"create_optimized_config: unknown purpose {purpose!r}; using balanced() as 1.3.1 did "
+                f"(known purposes: {', '.join(PURPOSES)})")
     return InstrumentationConfig.balanced()
