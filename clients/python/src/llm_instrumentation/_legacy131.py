@@ -12,8 +12,9 @@ So this reader:
   with one (LZ4 ``04 22 4D 18``, zstd ``28 B5 2F FD``), else takes the file as raw;
 * reports each payload as a flat ``float16`` tensor (what 1.3.1 wrote for fp32 and fp16
   models; an odd byte count is reported as ``uint8``), tagged ``meta["dtype_assumed"]``;
-* gives packets no step or forward (``None``): tokens cannot be tied to packets, and
-  nothing here pretends otherwise;
+* gives packets no step or forward (``None``): the file does not say which token a packet
+  belongs to (the per-token analysis helpers divide packets evenly when given tokens, as
+  1.3.1 did, and flag that as an estimate);
 * stops at a torn last packet (``truncated_at``), and refuses a file whose packets do not
   parse (:class:`StreamFormatError` naming the offset);
 * reads an empty file as a stream of no packets (1.3.1 left one behind for every capture
