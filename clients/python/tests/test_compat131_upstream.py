@@ -1,9 +1,10 @@
 """llm_instrumentation 1.3.1's own test suite, run unmodified against this package and the
 real strapd.
 
-The suite is vendored from the 1.3.1 sdist in ``testdata/compat131/upstream`` (its README
-says where from, and under which license). It runs in a subprocess pytest on a copy of that
-directory, with this package importable as ``llm_instrumentation`` and ``STRAPD_SOCKET``
+The suite comes from the 1.3.1 sdist on PyPI: ``make compat131-upstream`` (run by ``make
+test-python``) fetches it into ``build/compat131/upstream``, never into the repository;
+``testdata/compat131/upstream/README.md`` says where from and holds each file's digest. It runs
+in a subprocess pytest on a copy of that directory, with this package importable as ``llm_instrumentation`` and ``STRAPD_SOCKET``
 naming a real strapd. The tests that exercise only 1.3.1 internals are left out by name
 (``INTERNAL``, each with its reason; clients/python/README.md lists the same names); every
 other test must pass — a test that is skipped or goes missing fails this one too.
@@ -22,7 +23,16 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TESTDATA
 
-UPSTREAM = TESTDATA / "compat131" / "upstream"
+#: the fetched suite (``make compat131-upstream``); STRAP_COMPAT131_UPSTREAM names another copy
+UPSTREAM = Path(os.environ.get("STRAP_COMPAT131_UPSTREAM") or REPO / "build" / "compat131" / "upstream")
+#: the digests of its files
+MANIFEST = TESTDATA / "compat131" / "upstream" / "README.md"
+
+
+def _need_upstream() -> None:
+    if not (UPSTREAM / "tests").is_dir():
+        pytest.skip(f"1.3.1's test suite is not at {UPSTREAM}: run `make compat131-upstream` (it downloads the "
+                    f"1.3.1 sdist from PyPI; make test-python does it first)")
 
 # Test (or whole module, when it cannot even be imported) -> why it is not run.
 INTERNAL = {
@@ -69,8 +79,9 @@ def _junit_ids(xml_path: Path) -> dict:
 
 @pytest.mark.integration
 def test_upstream_131_suite_passes(real_strapd, tmp_path):
+    _need_upstream()
     work = tmp_path / "upstream"
-    shutil.copytree(UPSTREAM, work)
+    shutil.copytree(UPSTREAM, work, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
     env = {**os.environ, "STRAPD_SOCKET": real_strapd.socket, "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("PYTEST_ADDOPTS", None)
     # The suite must test this package, not some other llm_instrumentation on the path.
@@ -97,11 +108,12 @@ def test_readme_lists_the_internal_tests():
     assert listed == set(INTERNAL)
 
 
-def test_vendored_suite_is_unmodified():
-    """The vendored files are the sdist's, byte for byte (sha256 in the README there)."""
+def test_fetched_suite_is_unmodified():
+    """The fetched files are the sdist's as recorded, byte for byte (sha256 in the manifest)."""
     import hashlib
 
-    readme = (UPSTREAM / "README.md").read_text()
+    _need_upstream()
+    readme = MANIFEST.read_text()
     want = dict(re.findall(r"^\| `([\w/.]+)` \| `([0-9a-f]{64})` \|", readme, re.M))
     files = sorted(str(p.relative_to(UPSTREAM)) for p in UPSTREAM.rglob("*.py"))
     assert sorted(want) == files
