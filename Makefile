@@ -27,7 +27,7 @@ FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-.PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium gpu-check gpu-check-inputs compat131-upstream
+.PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium gpu-check gpu-check-inputs compat131-upstream peers-deps
 
 all: build
 
@@ -158,6 +158,23 @@ test: test-go test-python test-c
 test-dist: $(WHEEL_AMD64) $(WHEEL_ARM64) test-arm64
 	STRAP_WHEEL=$(CURDIR)/$(WHEEL_AMD64) $(VPY) -m pytest -q -m slow clients/python/tests/test_wheel.py
 
+# The peers `make bench` compares us with (bench/peers.py): nnsight and TransformerLens in the
+# venv (they leave its torch and transformers as they are), and the llm-instrumentation 1.3.1
+# wheel unpacked beside the checkout with its one extra dependency (aiofiles): it is a package
+# named llm_instrumentation too, so its trials put it first on PYTHONPATH.
+PEERS_DIR  ?= build/peers
+PEER_DEPS  := nnsight transformer-lens
+
+$(PEERS_DIR)/.stamp: $(VENV)/.stamp
+	$(VPY) -m pip install --quiet $(PEER_DEPS)
+	rm -rf $(PEERS_DIR)/li131 $(PEERS_DIR)/li131_deps && mkdir -p $(PEERS_DIR)
+	$(VPY) -m pip download --quiet --no-deps llm-instrumentation==1.3.1 -d $(PEERS_DIR)
+	$(VPY) -m zipfile -e $(PEERS_DIR)/llm_instrumentation-1.3.1-py3-none-any.whl $(PEERS_DIR)/li131
+	$(VPY) -m pip install --quiet --no-deps --target $(PEERS_DIR)/li131_deps aiofiles
+	@touch $@
+
+peers-deps: $(PEERS_DIR)/.stamp
+
 # The GPU check (docs/GPU.md): one script for a bare NVIDIA machine with no network, whose
 # python3 has torch and transformers but nothing of ours. `make gpu-check-inputs` prepares what
 # it installs from, on a machine with the registries: the x86_64 client wheel (static strapd
@@ -228,7 +245,7 @@ demo: $(BIN) $(VENV)/.stamp
 # in docs/PERFORMANCE.md is written by hand.
 # BENCH_ARGS=--quick is a seconds-long smoke test whose results go to a temp dir.
 BENCH_ARGS ?=
-bench: $(BIN) $(VENV)/.stamp
+bench: $(BIN) $(VENV)/.stamp $(PEERS_DIR)/.stamp
 	$(VPY) bench/run.py --strapd $(BIN) --go $(GO) $(BENCH_ARGS)
 
 # Every fuzz target for FUZZTIME each (seeds live in testdata/); fails when a package does
