@@ -24,8 +24,8 @@ import pytest
 import torch
 from conftest import TESTDATA
 
-from llm_instrumentation import resources
-from llm_instrumentation.resources import ResourceMonitor
+from llm_instrumentation.resources import ResourceMonitor, native, records, system, writer
+from llm_instrumentation.resources.records import Rec
 
 GOLDEN = TESTDATA / "resource_events"
 UPDATE = os.environ.get("STRAP_UPDATE_GOLDEN", "") not in ("", "0")
@@ -113,53 +113,47 @@ class Fixed:
         return cell
 
     def record(self, r: Tuple[Any, ...]) -> Tuple[Any, ...]:
-        name = getattr(r[0], "__name__", "")
+        """``r`` with its run-to-run values fixed, field by field (records.FIELDS)."""
+        kind = r[0]
+        f = dict(zip(records.FIELDS[kind], r[1:]))
         g = self.gpu
-        if name == "_w_begin":
+        if kind == Rec.BEGIN:
             self.passes += 1
-            return (r[0], r[1], r[2], WALL0)
-        if name in ("_w_linear", "_w_module"):
-            return (r[0], r[1], self.at(r[2]), self.duration()) + r[4:]
-        if name == "_w_alloc_out":
-            return r[:2] + (self.at(r[2]),) + r[3:7] + (self.addr(), self.cell(r[8]))
-        if name == "_w_alloc":
-            return r[:2] + (self.at(r[2]),) + r[3:7] + (r[7] or g, self.addr(), self.cell(r[9]))
-        if name == "_w_attention_kv":
-            t = self.at(r[2])
-            al = r[13]
-            if al is not None:
-                al = al[:2] + (t,) + al[3:8] + (self.addr(), self.cell(al[9]))
-            return (r[0], r[1], t, self.duration()) + r[4:13] + (al,)
-        if name == "_w_handoff":
-            if g:
-                return (r[0], r[1], self.at(r[2]), self.duration(), r[4], r[5], True, 0.3125, "cuda_allocated_over_total")
-            return (r[0], r[1], self.at(r[2]), self.duration()) + r[4:]
-        if name == "_w_attention_raw":
-            kv = r[12]
-            if kv is not None and g:
-                kv = (kv[0], kv[1], True, kv[3], kv[4], kv[5] or kv[3] is not None)
-            return (r[0], r[1], self.at(r[2]), self.duration(), r[4], r[5], r[6] or (g and r[4] is not None), r[7], r[8],
-                    r[9] or (g and r[7] is not None), r[10], r[11], kv, r[13])
-        if name == "_w_kv_raw":
-            kv = r[4]
-            if g:
-                kv = (kv[0], kv[1], True, kv[3], kv[4], kv[3] is not None)
-            return (r[0], r[1], self.at(r[2]), r[3], kv, r[5])
-        if name == "_w_forward":
-            sm = 42.0 if g else None
-            return (r[0], r[1], WALL0 + self.tick(), self.duration(), r[4], r[5], r[6], self.cell(r[7]), sm)
-        if name == "_g":
-            builder = r[1].__name__
-            if builder == "_b_alloc":  # the parameters, once at start
-                return (r[0], r[1], r[2], WALL0 + self.tick(), r[4], r[5], r[6], r[7], r[8] or g, self.addr(),
-                        self.mem())
-            if builder == "_b_elementwise":
-                tm = r[5]
-                return (r[0], r[1], r[2], WALL0 + self.tick(), r[4], (tm[0], tm[1], tm[2], g),
-                        DURATIONS[self.k % len(DURATIONS)])
-            raise AssertionError(f"a general record the golden files do not know: {builder}")
-        if name == "_b_prebuilt":
-            ev = dict(r[1])
+            f["clock_offset"] = WALL0
+        if "end" in f:
+            f["end"] = self.at(f["end"])
+        if "start" in f:
+            f["start"] = self.at(f["start"])
+        if "wall_ns" in f:
+            f["wall_ns"] = WALL0 + self.tick()
+        if "timing" in f:
+            f["timing"] = self.duration()
+        if "address" in f:
+            f["address"] = self.addr()
+        if "memory" in f:
+            f["memory"] = self.mem() if kind == Rec.PARAMETERS else self.cell(f["memory"])
+        if kind == Rec.ATTENTION_KV and f["allocation"] is not None:
+            al = dict(zip(records.FIELDS[Rec.ALLOC], f["allocation"][1:]))
+            al.update(end=f["end"], address=self.addr(), memory=self.cell(al["memory"]))
+            f["allocation"] = (Rec.ALLOC,) + tuple(al.values())
+        if kind == Rec.ELEMENTWISE:
+            tm = f["tensor"]
+            f["tensor"] = (tm[0], tm[1], tm[2], g)
+            f["duration_ns"] = DURATIONS[self.k % len(DURATIONS)]
+        if g:
+            if "is_cuda" in f:
+                f["is_cuda"] = True
+            if kind == Rec.HANDOFF:
+                f.update(memory_fraction=0.3125, fraction_source="cuda_allocated_over_total")
+            if kind == Rec.ATTENTION:
+                f.update(in_cuda=f["in_shape"] is not None, out_cuda=f["out_shape"] is not None)
+            if kind in (Rec.ATTENTION, Rec.KV) and f["kv"] is not None:
+                kv = f["kv"]
+                f["kv"] = (kv[0], kv[1], True, kv[3], kv[4], kv[3] is not None)
+            if kind == Rec.FORWARD:
+                f["sm_utilization"] = 42.0
+        if kind == Rec.PREBUILT:
+            ev = dict(f["event"])
             ev["timestamp"] = (WALL0 + self.tick()) // 1000
             ev["iso_timestamp"] = "2026-01-01T00:00:00.000000+00:00"
             if ev["event"] == "resource_session_start":
@@ -170,8 +164,10 @@ class Fixed:
                 ev.update(monitor_hook_us=1234.5, monitor_writer_cpu_us=2345.5)
                 if not g:
                     ev.update(total_memory_bytes=RSS * 2, total_memory_mb=RSS * 2 / (1 << 20))
-            return (r[0], ev)
-        raise AssertionError(f"a record the golden files do not know: {name}")
+            f["event"] = ev
+        out = (kind,) + tuple(f.values())
+        records.check_record(out)
+        return out
 
 
 def golden_llama(vocab: int = 8200) -> torch.nn.Module:
@@ -221,22 +217,22 @@ WAYS = ("c", "python", "general")
 def write_session(name: str, way: str, monkeypatch: pytest.MonkeyPatch) -> bytes:
     make, level, prompt, steps, gpu = SESSIONS[name]
     model = make()
+    rendered: List[int] = []
     if way != "c":
-        monkeypatch.setattr(resources, "_TimedForward", None)
-        monkeypatch.setattr(resources, "_render", None)
-    elif resources._render is None or resources._TimedForward is None:
-        pytest.skip("llm_instrumentation._speedups is not built")
+        monkeypatch.setattr(native, "TimedForward", None)
+        monkeypatch.setattr(native, "render", None)
+    elif native.render is None or native.TimedForward is None:
+        pytest.skip("llm_instrumentation.resources._native is not built")
     else:
-        render = resources._render
+        render = native.render
 
-        def counting(mon_: Any, recs: List[Any], i: int, *rest: Any) -> int:
-            j = render(mon_, recs, i, *rest)
+        def counting(state: Any, recs: List[Any], i: int, *rest: Any) -> int:
+            j = render(state, recs, i, *rest)
             rendered.append(j - i)
             return j
 
-        monkeypatch.setattr(resources, "_render", counting)
-    rendered: List[int] = []
-    monkeypatch.setattr(resources, "_host_memory_fraction", lambda: 0.625)
+        monkeypatch.setattr(native, "render", counting)
+    monkeypatch.setattr(system, "host_memory_fraction", lambda: 0.625)
     if gpu:
         monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: 1_400_000)
     fixed = Fixed(gpu)
@@ -245,27 +241,21 @@ def write_session(name: str, way: str, monkeypatch: pytest.MonkeyPatch) -> bytes
                           flush_interval=None, flush_events=1 << 30)
     # On a GPU every module goes through the general wrappers (CUDA events); the writer
     # still takes its fast paths where it has them.
-    fast_writer = way != "general"
-    mon._fast = fast_writer and not gpu
+    mon.fast = way != "general" and not gpu
+    mon.writer.lines.fast = way != "general"
 
-    def put(writer: Any, recs: List[Any], quiet_until: int = 0) -> None:
+    def put(thread: Any, recs: List[Any], quiet_until: int = 0) -> None:
         # The writer runs here, on the model's thread, over the fixed records: the lines
-        # come out in order and nothing depends on the writer thread's timing.
-        recs = [fixed.record(r) for r in recs]
-        cuda, fast = mon._cuda, mon._fast
-        mon._cuda, mon._fast = gpu, fast_writer
-        try:
-            mon._write_batch_inner(recs)
-        finally:
-            mon._cuda, mon._fast = cuda, fast
+        # come out in order and nothing depends on the writer thread's timing. The events
+        # say gpu_ as a GPU's would (start() sets the state from the model's device: the CPU).
+        mon.writer.state.cuda = gpu
+        mon.writer.write_batch([fixed.record(r) for r in recs])
 
-    monkeypatch.setattr(resources._Writer, "put", put)
+    monkeypatch.setattr(writer.WriterThread, "put", put)
     mon.start()
     try:
         decode(model, mon, prompt, steps)
     finally:
-        if gpu:
-            mon._cuda = True  # the summary's memory is the device's
         mon.close()
     monkeypatch.undo()
     if way == "c" and not gpu:
