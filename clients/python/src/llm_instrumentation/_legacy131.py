@@ -251,7 +251,7 @@ class LegacyStreamReader:
         return self._tensors(None)
 
     def _tensors(self, name: Optional[str]) -> Iterator[Any]:
-        from .stream import Tensor
+        from ._tensor import Tensor
 
         for pk in self._packets:
             if name is None or pk.name == name:
