@@ -12,13 +12,14 @@ import argparse
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent.parent
 RECORDS = HERE / "src" / "llm_instrumentation" / "resources" / "records.py"
 HEADER = RECORDS.with_name("_records.h")
 
 
-def load_records():  # type: ignore[no-untyped-def]
+def load_records() -> Any:
     spec = importlib.util.spec_from_file_location("_strap_resource_records", RECORDS)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

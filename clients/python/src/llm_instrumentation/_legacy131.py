@@ -255,7 +255,7 @@ class LegacyStreamReader:
 
         for pk in self._packets:
             if name is None or pk.name == name:
-                yield Tensor([pk])  # type: ignore[list-item]
+                yield Tensor([pk])
 
     def tensors(self, name: Optional[str] = None) -> List[Any]:
         """The tensors of module ``name`` (every tensor when None), in file order."""

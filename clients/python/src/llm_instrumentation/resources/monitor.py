@@ -169,7 +169,7 @@ class ResourceMonitor:
         if cuda:
             rec.cuda_total = torch.cuda.get_device_properties(dev).total_memory
             try:  # SM utilisation only where NVML can say it; never estimated.
-                import pynvml  # type: ignore[import-not-found]
+                import pynvml
 
                 pynvml.nvmlInit()
                 rec.nvml = pynvml.nvmlDeviceGetHandleByIndex(dev.index or 0)

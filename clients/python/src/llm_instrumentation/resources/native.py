@@ -18,7 +18,7 @@ __all__ = ["TimedForward", "render", "available"]
 
 _ext: Any
 try:
-    from . import _native as _ext  # type: ignore[attr-defined, no-redef]
+    from . import _native as _ext
 except ImportError:  # pragma: no cover - exercised by the wheel-less tests
     _ext = None
 

@@ -249,7 +249,7 @@ class Recorder:
         sm = None
         if self.nvml is not None:
             try:
-                import pynvml  # type: ignore[import-not-found]
+                import pynvml
 
                 sm = float(pynvml.nvmlDeviceGetUtilizationRates(self.nvml).gpu)
             except Exception:

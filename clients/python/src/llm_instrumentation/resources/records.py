@@ -203,7 +203,7 @@ _CHECKS: Dict[str, Callable[[Any], bool]] = {
     "kv": lambda v: v is None or (type(v) is tuple and len(v) == 6),
     "input": lambda v: v is None or (type(v) is tuple and len(v) == 2),
     "tensor": lambda v: type(v) is tuple and len(v) == 4,
-    "allocation": lambda v: v is None or (type(v) is tuple and v and v[0] == ALLOC),
+    "allocation": lambda v: v is None or (type(v) is tuple and len(v) > 0 and v[0] == ALLOC),
 }
 
 

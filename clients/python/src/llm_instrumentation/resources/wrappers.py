@@ -158,7 +158,7 @@ def fast_forward(rec: "Recorder", site: Site, tag: int, orig: Any, active: List[
     built: a Python wrapper costs a few microseconds per call, each decoding step calls it
     for every Linear."""
     general = general_forward(rec, site, tag, orig, active)
-    finish = general.finish  # type: ignore[attr-defined]
+    finish = general.finish
     if native.TimedForward is not None:
         return native.TimedForward(rec, orig, general, finish, rec.hand_off_passes, rec.records, site, tag,
                                    rec.tensor, rec.longest, active, derived, rec.alloc_min)
@@ -300,7 +300,7 @@ def attention_forward(rec: "Recorder", site: Site, mod: Any, orig: Any, active: 
         out = output[0] if type(output) is tuple and output and type(output[0]) is tensor \
             else first_tensor(output, tensor)
         k = v = None
-        if cache is not None:
+        if cache is not None and idx is not None:
             k, v = cache_layer(cache, idx)
             if k is not None and k.numel() == 0:
                 k = v = None
@@ -414,7 +414,7 @@ def _attention_fast(rec: "Recorder", site: Site, orig: Any, active: List[bool], 
                 k0 = getattr(layers[idx], "keys", None)
                 if k0 is not None:
                     kb = k0.shape
-        x = args[0] if args else get("hidden_states")
+        x: Any = args[0] if args else get("hidden_states")
         t0 = clock()
         rec.hook_ns += t0 - t
         output = orig(*args, **kwargs)
@@ -429,7 +429,7 @@ def _attention_fast(rec: "Recorder", site: Site, orig: Any, active: List[bool], 
                 if k is not None and v is not None:
                     ks = k.shape
                     if 0 not in ks:
-                        out = output[0]
+                        out: Any = output[0]
                         if attn_end is not None:
                             attn_end[layer_id] = (clock(), None)
                         n = out.nbytes

@@ -25,6 +25,10 @@ log = logging.getLogger("llm_instrumentation")
 YIELD_NS = 200_000
 
 
+def _no_kind(*rec: Any) -> List[Any]:
+    raise TypeError("a resource record of no kind records.Rec knows")
+
+
 class Writer:
     """Writes batches of records (on the writer thread; the tests call it directly).
 
@@ -44,14 +48,14 @@ class Writer:
         #: How long that module took (ns), when it is a Linear: one torch call that holds no
         #: interpreter lock, during which the writer need not give the lock back.
         self.longest_ns = 0
-        handlers: List[Optional[Callable[..., List[Any]]]] = [None] * (max(Rec) + 1)
+        handlers: List[Callable[..., List[Any]]] = [_no_kind] * (max(Rec) + 1)
         for tag, fn in ((BEGIN, lines.begin), (LINEAR, lines.linear), (MODULE, lines.module),
                         (ALLOC_OUT, lines.alloc_out), (ALLOC, lines.alloc), (ATTENTION_KV, lines.attention_kv),
                         (HANDOFF, lines.handoff), (ATTENTION, lines.attention_raw), (KV, lines.kv_raw),
                         (FORWARD, lines.forward), (PARAMETERS, lines.parameters), (ELEMENTWISE, lines.elementwise),
                         (PREBUILT, lines.prebuilt)):
             handlers[tag] = fn
-        assert None not in handlers[1:], "a record kind without a writer method"
+        assert _no_kind not in handlers[1:], "a record kind without a writer method"
         self._handlers = handlers
 
     def write_batch(self, recs: List[Any], quiet_until: int = 0) -> None:
@@ -89,7 +93,7 @@ class Writer:
                     continue
             r = recs[i]
             i += 1
-            out = handlers[r[0]](*r[1:])  # type: ignore[misc]
+            out = handlers[r[0]](*r[1:])
             if out and type(out[0]) is bytes:  # a fast path: serialized and counted already
                 out_lines += out
             else:
