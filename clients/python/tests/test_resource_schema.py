@@ -55,7 +55,7 @@ def test_generator_check_names_a_stale_header(tmp_path: Path) -> None:
 def test_extension_refuses_a_schema_it_was_not_compiled_with() -> None:
     """register() compares records.py's schema with the compiled one and names the row: a
     key's two fields swapped, a field renamed, a row missing."""
-    ext = native._ext
+    ext = native.extension
     rows = records.schema_items()
     i = rows.index(("key", "LINEAR", 1, "in_shape"))
     swapped = list(rows)
@@ -127,11 +127,11 @@ def test_c_and_python_file_templates_under_the_same_keys(tmp_path: Path) -> None
                                             else 0) is not int:
             continue
         if kind in (Rec.ALLOC_OUT, Rec.ALLOC):
-            key = native._ext.template_key(r, r[records.pos(kind, "memory")][0])
+            key = native.extension.template_key(r, r[records.pos(kind, "memory")][0])
         elif kind == Rec.HANDOFF:
-            key = native._ext.template_key(r, mon.writer.state.memory_fraction)
+            key = native.extension.template_key(r, mon.writer.state.memory_fraction)
         else:
-            key = native._ext.template_key(r)
+            key = native.extension.template_key(r)
         if key in templates:
             checked[kind.name] = checked.get(kind.name, 0) + 1
             continue
@@ -151,7 +151,7 @@ def test_a_template_entry_of_another_layout_fails_by_name(tmp_path: Path) -> Non
     mon, recs = recorded(tmp_path, "MINIMAL")
     st = mon.writer.state
     lin = [r for r in recs if r[0] == Rec.LINEAR and type(r[3]) is int and r[3] > 0]
-    key = native._ext.template_key(lin[-1])
+    key = native.extension.template_key(lin[-1])
     assert key in st.templates
     st.templates[key] = st.templates[key][:3]
     with pytest.raises(TypeError, match=r"LINEAR record is not the 4-tuple records.ENTRIES declares "

@@ -70,7 +70,7 @@ CHILD = textwrap.dedent(r'''
         "torch_from": torch.__file__,
         "speedups": _speedups.__file__, "speedups_used": _session._c_write_record is not None,
         "resources_c": type(c_wrapped).__name__ == "TimedForward" and native.render is not None,
-        "resources_native": native._ext.__file__,
+        "resources_native": native.extension.__file__,
         "mul_mat_events": sum(1 for e in events if e.get("operation") == "mul_mat"),
     }))
 ''')

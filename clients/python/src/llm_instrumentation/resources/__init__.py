@@ -53,6 +53,9 @@ _LAZY = {
     "JsonlSink": "sinks",
     "SessionSink": "sinks",
     "FLOPS_PER_ELEMENT": "sites",
+    "ATTENTION_NAMES": "sites",
+    "MLP_NAMES": "sites",
+    "MLP_OPS": "sites",
 }
 
 

@@ -7,9 +7,11 @@
  * (little-endian u16), then the number of the slot that follows (SLOT_NONE: none; the
  * numbers are records.SLOTS, _records.h). Values holds the slot values of one event.
  *
- * The includer defines RENDER_DOUBLE(char *out, size_t cap, double v) -> int (bytes written,
- * or -1) before including this file: the shortest text that reads back as v, as Python's
- * repr writes it ("0.1", "1e-05", "12.0"). _native.c passes PyOS_double_to_string's.
+ * A double is written as Python's repr writes it ("0.1", "1e-05", "12.0"): the includer may
+ * define RENDER_DOUBLE(char *out, size_t cap, double v) -> int (bytes written, or -1) before
+ * including this file (the CPython extension passes PyOS_double_to_string's); without it,
+ * render_repr_double below does the same in plain C (tests/test_render_core.py holds the two
+ * to the same text).
  */
 #ifndef STRAP_RENDER_CORE_H
 #define STRAP_RENDER_CORE_H
@@ -21,6 +23,116 @@
 
 #include "_records.h"
 
+#include <math.h>
+#include <stdio.h>
+
+/* The shortest decimal that reads back as v (the digits, without sign or point, and the
+ * exponent of their first: v = 0.d1d2... x 10^decpt), as David Gay's mode 0 finds it, which
+ * Python's repr uses: the fewest digits that round-trip, and of those the nearest to v. */
+static inline int
+shortest_digits(double v, char *digits, int *decpt)
+{
+    char s[40];
+    for (int p = 1; p <= 17; p++) {
+        snprintf(s, sizeof s, "%.*e", p - 1, v); /* d.ddde+XX, the nearest p-digit decimal */
+        int best = strtod(s, NULL) == v;
+        char *e = strchr(s, 'e');
+        int exp10 = atoi(e + 1);
+        int n = 0;
+        for (char *c = s; c < e; c++)
+            if (*c >= '0' && *c <= '9')
+                digits[n++] = *c;
+        digits[n] = 0;
+        if (!best) {
+            /* Next to a power of two the interval that reads back as v is lopsided: the
+             * nearest p-digit decimal can fall outside it while its neighbour does not. */
+            for (int step = -1; step <= 1 && !best; step += 2) {
+                char t[40];
+                long long m = atoll(digits) + step;
+                int len = snprintf(t, sizeof t, "%lld", m);
+                if (m <= 0 || len != n)
+                    continue;
+                char u[48];
+                snprintf(u, sizeof u, "%c.%se%d", t[0], t + 1, exp10);
+                if (strtod(u, NULL) == v) {
+                    memcpy(digits, t, (size_t)n + 1);
+                    best = 1;
+                }
+            }
+        }
+        if (best) {
+            while (n > 1 && digits[n - 1] == '0')
+                digits[--n] = 0;
+            *decpt = exp10 + 1;
+            return n;
+        }
+    }
+    return -1;
+}
+
+/* repr(v) of a finite or infinite double, in plain C: fixed notation for 1e-4 <= |v| < 1e16
+ * (".0" added to a whole number), else d.ddde±XX. Bytes written, or -1 when cap is short. */
+static inline int
+render_repr_double(char *out, size_t cap, double v)
+{
+    char s[64], digits[24];
+    size_t k = 0;
+    if (isnan(v))
+        return snprintf(out, cap, "nan") < (int)cap ? 3 : -1;
+    if (signbit(v))
+        s[k++] = '-';
+    if (isinf(v)) {
+        memcpy(s + k, "inf", 3);
+        k += 3;
+    } else if (v == 0) {
+        memcpy(s + k, "0.0", 3);
+        k += 3;
+    } else {
+        int decpt, n = shortest_digits(fabs(v), digits, &decpt);
+        if (n < 0)
+            return -1;
+        if (decpt > -4 && decpt <= 16) {
+            if (decpt <= 0) {
+                s[k++] = '0';
+                s[k++] = '.';
+                for (int i = 0; i < -decpt; i++)
+                    s[k++] = '0';
+                memcpy(s + k, digits, (size_t)n);
+                k += (size_t)n;
+            } else if (decpt < n) {
+                memcpy(s + k, digits, (size_t)decpt);
+                k += (size_t)decpt;
+                s[k++] = '.';
+                memcpy(s + k, digits + decpt, (size_t)(n - decpt));
+                k += (size_t)(n - decpt);
+            } else {
+                memcpy(s + k, digits, (size_t)n);
+                k += (size_t)n;
+                for (int i = n; i < decpt; i++)
+                    s[k++] = '0';
+                s[k++] = '.';
+                s[k++] = '0';
+            }
+        } else {
+            s[k++] = digits[0];
+            if (n > 1) {
+                s[k++] = '.';
+                memcpy(s + k, digits + 1, (size_t)(n - 1));
+                k += (size_t)(n - 1);
+            }
+            k += (size_t)snprintf(s + k, sizeof s - k, "e%c%02d", decpt - 1 < 0 ? '-' : '+', abs(decpt - 1));
+        }
+    }
+    if (k >= cap)
+        return -1;
+    memcpy(out, s, k);
+    return (int)k;
+}
+
+#ifndef RENDER_DOUBLE
+#define RENDER_DOUBLE render_repr_double
+#endif
+
 #define SLOT_NONE 255
 
 typedef struct {
@@ -29,7 +141,7 @@ typedef struct {
 } Buf;
 
 /* 0, or -1 when memory ran out. */
-static int
+static inline int
 buf_put(Buf *b, const char *s, size_t n)
 {
     if (b->len + n > b->cap) {
@@ -48,7 +160,7 @@ buf_put(Buf *b, const char *s, size_t n)
 }
 
 /* Decimal digits of v ending at end: returns where they start. */
-static char *
+static inline char *
 digits(char *end, unsigned long long v)
 {
     do {
@@ -58,7 +170,7 @@ digits(char *end, unsigned long long v)
     return end;
 }
 
-static int
+static inline int
 buf_ll(Buf *b, long long v)
 {
     char s[32], *end = s + sizeof s;
@@ -68,7 +180,7 @@ buf_ll(Buf *b, long long v)
     return buf_put(b, p, (size_t)(end - p));
 }
 
-static int
+static inline int
 buf_double(Buf *b, double v)
 {
     char s[64];
@@ -79,7 +191,7 @@ buf_double(Buf *b, double v)
 /* str(ns / 1000.0) without a float conversion: below 10**15 ns the double nearest a
  * three-decimal number is printed by repr as that number, trailing zeros dropped (two
  * numbers with three decimals lie 0.001 apart, many units in the last place there). */
-static int
+static inline int
 buf_us(Buf *b, long long ns)
 {
     if (ns < 0 || ns >= 1000000000000000LL)
@@ -97,7 +209,7 @@ buf_us(Buf *b, long long ns)
 }
 
 /* A shape as the JSON list "[1,16,6,64]" (templates.jlist). */
-static int
+static inline int
 buf_shape(Buf *b, const long long *dims, int n)
 {
     if (buf_put(b, "[", 1) < 0)
@@ -109,7 +221,7 @@ buf_shape(Buf *b, const long long *dims, int n)
 }
 
 /* Python's floor division of a by 1000. */
-static long long
+static inline long long
 floordiv1000(long long a)
 {
     long long q = a / 1000;
@@ -134,7 +246,7 @@ typedef struct {
 enum { RENDER_OK = 0, RENDER_NOMEM = -1, RENDER_BAD_PROGRAM = -2, RENDER_NO_MEMORY_VALUE = -3, RENDER_BAD_SLOT = -4 };
 
 /* The event of one program appended to b; RENDER_OK or what went wrong (*bad: the slot). */
-static int
+static inline int
 run_program(Buf *b, const char *text, size_t text_len, const unsigned char *ops, size_t ops_len, const Values *v,
             int *bad)
 {
@@ -211,7 +323,7 @@ run_program(Buf *b, const char *text, size_t text_len, const unsigned char *ops,
 }
 
 /* The KV cache's figures (events.kv_figures): hit ratio, bytes per token, growth. */
-static void
+static inline void
 kv_figures(long long length, long long before, long long nbytes, int has_prev, long long prev_bytes, double *hit,
            double *bpt, long long *growth)
 {
@@ -222,7 +334,7 @@ kv_figures(long long length, long long before, long long nbytes, int has_prev, l
 }
 
 /* A rate in G/s of amount over t ns (events.per_us of amount and t / 1000.0 µs). */
-static double
+static inline double
 per_ns(double amount, long long t)
 {
     double d = (double)t / 1000.0;

@@ -10,28 +10,37 @@ at import it compares the schema it was compiled with (``_records.h``) against
 
 from __future__ import annotations
 
+import glob
+import logging
+import os
 from typing import Any, Optional
 
 from . import records
 
-__all__ = ["TimedForward", "render", "available"]
+__all__ = ["TimedForward", "available", "extension", "render"]
 
-_ext: Any
+#: The loaded extension module (None where it is not built).
+extension: Any
 try:
-    from . import _native as _ext
-except ImportError:  # pragma: no cover - exercised by the wheel-less tests
-    _ext = None
+    from . import _native as extension
+except ImportError as e:  # pragma: no cover - exercised by the wheel-less tests
+    extension = None
+    # Not built: the Python paths, quietly. Built but not loadable: said once, not hidden.
+    built = glob.glob(os.path.join(os.path.dirname(__file__), "_native*.so"))
+    if built:
+        logging.getLogger("llm_instrumentation").warning(
+            "llm_instrumentation: %s does not load (%s); the resource monitor takes its Python paths", built[0], e)
 
-if _ext is not None:
-    _ext.register(records.schema_items(), records.UNREAD)
+if extension is not None:
+    extension.register(records.schema_items(), records.UNREAD)
 
 #: The C timing wrapper (None without the extension). The tests set these to None to run the
 #: Python paths; the wrappers and the writer read them here at the time they need them.
-TimedForward: Optional[Any] = _ext.TimedForward if _ext is not None else None
+TimedForward: Optional[Any] = extension.TimedForward if extension is not None else None
 #: The C writer of templated records (None without the extension).
-render: Optional[Any] = _ext.render if _ext is not None else None
+render: Optional[Any] = extension.render if extension is not None else None
 
 
 def available() -> bool:
     """Whether the extension is built (whatever the tests switched off)."""
-    return _ext is not None
+    return extension is not None
