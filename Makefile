@@ -47,8 +47,8 @@ $(BIN): $(GO_SRC)
 WHEEL_AMD64  := dist/strap_llm-$(VERSION)-py3-none-manylinux_2_17_x86_64.whl
 WHEEL_ARM64  := dist/strap_llm-$(VERSION)-py3-none-manylinux_2_17_aarch64.whl
 PY_SRC       := clients/python/pyproject.toml clients/python/README.md clients/python/tools/build_wheel.py \
-                clients/python/src/llm_instrumentation/_speedups.c \
-                $(shell find clients/python/src -name '*.py' -o -name py.typed 2>/dev/null)
+                $(shell find clients/python/src -name '*.py' -o -name py.typed -o -name '*.pyi' -o -name '*.c' \
+                  -o -name '*.h' 2>/dev/null)
 
 build/linux_%/strapd: $(GO_SRC)
 	@mkdir -p $(@D)

@@ -45,12 +45,12 @@ put_le64(unsigned char *p, uint64_t v)
 }
 
 PyDoc_STRVAR(write_record_doc,
-"write_record(dst, header, seq, record_len, step, forward, payload_off, src, n)\n"
-"--\n\n"
-"Write one TENSOR record at address dst: the encoded header area (bytes), then seq,\n"
-"record_len, step and forward as little-endian u64 at byte 8, then n payload bytes copied\n"
-"from address src to dst + payload_off. The caller owns both addresses: dst a writable\n"
-"ring mapping with record_len bytes free, src a live contiguous tensor's data pointer.");
+             "write_record(dst, header, seq, record_len, step, forward, payload_off, src, n)\n"
+             "--\n\n"
+             "Write one TENSOR record at address dst: the encoded header area (bytes), then seq,\n"
+             "record_len, step and forward as little-endian u64 at byte 8, then n payload bytes copied\n"
+             "from address src to dst + payload_off. The caller owns both addresses: dst a writable\n"
+             "ring mapping with record_len bytes free, src a live contiguous tensor's data pointer.");
 
 static PyObject *
 write_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -65,19 +65,16 @@ write_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (PyBytes_AsStringAndSize(args[1], &hdr, &hdr_len) < 0)
         return NULL;
     uint64_t dst, seq, rec_len, step, forward, payload_off, src, n;
-    if (u64_arg(args[0], "dst", &dst) || u64_arg(args[2], "seq", &seq) ||
-        u64_arg(args[3], "record_len", &rec_len) || u64_arg(args[4], "step", &step) ||
-        u64_arg(args[5], "forward", &forward) || u64_arg(args[6], "payload_off", &payload_off) ||
-        u64_arg(args[7], "src", &src) || u64_arg(args[8], "n", &n))
+    if (u64_arg(args[0], "dst", &dst) || u64_arg(args[2], "seq", &seq) || u64_arg(args[3], "record_len", &rec_len) ||
+        u64_arg(args[4], "step", &step) || u64_arg(args[5], "forward", &forward) ||
+        u64_arg(args[6], "payload_off", &payload_off) || u64_arg(args[7], "src", &src) || u64_arg(args[8], "n", &n))
         return NULL;
     /* What the addresses cannot be checked for, the sizes can: a header that would not
      * hold the four fields, or a header or payload reaching past the record. */
     if (dst == 0 || (n > 0 && src == 0) || hdr_len < SEQ_OFF + 32 || (uint64_t)hdr_len > payload_off ||
         payload_off > rec_len || n > rec_len - payload_off) {
-        PyErr_Format(PyExc_ValueError,
-                     "write_record: header of %zd bytes, payload of %llu at %llu, record of %llu",
-                     hdr_len, (unsigned long long)n, (unsigned long long)payload_off,
-                     (unsigned long long)rec_len);
+        PyErr_Format(PyExc_ValueError, "write_record: header of %zd bytes, payload of %llu at %llu, record of %llu",
+                     hdr_len, (unsigned long long)n, (unsigned long long)payload_off, (unsigned long long)rec_len);
         return NULL;
     }
     unsigned char *d = (unsigned char *)(uintptr_t)dst;
@@ -101,9 +98,15 @@ static PyModuleDef_Slot module_slots[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "llm_instrumentation._speedups",
+    PyModuleDef_HEAD_INIT,
+    "llm_instrumentation._speedups",
     "The capture's ring write in C (optional; the Python path writes the same bytes).",
-    0, methods, module_slots, NULL, NULL, NULL,
+    0,
+    methods,
+    module_slots,
+    NULL,
+    NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC

@@ -73,11 +73,10 @@ registered(void)
 
 /* ----- register: the schema compiled in against records.py's ------------------------------- */
 
-PyDoc_STRVAR(register_doc,
-"register(schema_items, unread)\n"
-"--\n\n"
-"Compare records.schema_items() with the schema this module was compiled with (_records.h)\n"
-"and keep records.UNREAD. Raises RuntimeError naming the first row that differs.");
+PyDoc_STRVAR(register_doc, "register(schema_items, unread)\n"
+                           "--\n\n"
+                           "Compare records.schema_items() with the schema this module was compiled with (_records.h)\n"
+                           "and keep records.UNREAD. Raises RuntimeError naming the first row that differs.");
 
 static PyObject *
 register_schema(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -95,8 +94,8 @@ register_schema(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             PyErr_Format(PyExc_RuntimeError,
                          "resource record schema: records.py has %zd rows, the compiled _records.h %d (first "
                          "extra: %s %s %d %s); run make generate and rebuild the extension",
-                         n, N_SCHEMA_ITEMS, c ? c->section : "(records.py)", c ? c->owner : "",
-                         c ? c->index : (int)i, c ? c->name : "");
+                         n, N_SCHEMA_ITEMS, c ? c->section : "(records.py)", c ? c->owner : "", c ? c->index : (int)i,
+                         c ? c->name : "");
             return NULL;
         }
         const char *section, *owner, *name;
@@ -149,16 +148,16 @@ typedef struct {
     PyObject *hand_off; /* passes ended forward passes to the writer */
     PyObject *records;  /* the recorder's record list */
     PyObject *site;
-    PyObject *tag;      /* REC_LINEAR or REC_MODULE */
-    PyObject *tensor;   /* torch.Tensor: only exact tensors take this path */
-    PyObject *lng;      /* [site]: the longest module of the last pass */
-    PyObject *active;   /* [bool]: False once the monitor unwrapped the module */
-    int derived;        /* the output shape follows from the input's (not recorded) */
+    PyObject *tag;    /* REC_LINEAR or REC_MODULE */
+    PyObject *tensor; /* torch.Tensor: only exact tensors take this path */
+    PyObject *lng;    /* [site]: the longest module of the last pass */
+    PyObject *active; /* [bool]: False once the monitor unwrapped the module */
+    int derived;      /* the output shape follows from the input's (not recorded) */
     long long alloc_min;
 } TimedForward;
 
-#define TF_FIELDS(X) X(rec) X(orig) X(general) X(finish) X(hand_off) X(records) X(site) X(tag) X(tensor) \
-    X(lng) X(active)
+#define TF_FIELDS(X)                                                                                                   \
+    X(rec) X(orig) X(general) X(finish) X(hand_off) X(records) X(site) X(tag) X(tensor) X(lng) X(active)
 
 static int
 tf_traverse(TimedForward *self, visitproc visit, void *arg)
@@ -201,8 +200,8 @@ tf_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     if (!registered())
         return NULL;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOpL:TimedForward", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
-                          &o[7], &o[8], &o[9], &o[10], &derived, &alloc_min))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOpL:TimedForward", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7],
+                          &o[8], &o[9], &o[10], &derived, &alloc_min))
         return NULL;
     long tag = PyLong_Check(o[7]) ? PyLong_AsLong(o[7]) : -1;
     if (!PyList_Check(o[5]) || !PyList_Check(o[9]) || !PyList_Check(o[10]) || PyList_Size(o[9]) != 1 ||
@@ -216,8 +215,8 @@ tf_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     TimedForward *self = (TimedForward *)alloc(type, 0);
     if (self == NULL)
         return NULL;
-    PyObject **dst[11] = {&self->rec, &self->orig, &self->general, &self->finish, &self->hand_off, &self->records,
-                          &self->site, &self->tag, &self->tensor, &self->lng, &self->active};
+    PyObject **dst[11] = {&self->rec,  &self->orig, &self->general, &self->finish, &self->hand_off, &self->records,
+                          &self->site, &self->tag,  &self->tensor,  &self->lng,    &self->active};
     for (int i = 0; i < 11; i++) {
         Py_INCREF(o[i]);
         *dst[i] = o[i];
@@ -313,28 +312,42 @@ tf_call(TimedForward *self, PyObject *args, PyObject *kwargs)
             PUT(arec, ALLOC_OUT_MEMORY, cell);
             rc = PyList_Append(self->records, arec);
         }
-        Py_XDECREF(cell); Py_XDECREF(dp); Py_XDECREF(ptr); Py_XDECREF(arec);
+        Py_XDECREF(cell);
+        Py_XDECREF(dp);
+        Py_XDECREF(ptr);
+        Py_XDECREF(arec);
         if (rc < 0)
             goto fail;
     }
     if (add_hook_ns(self->rec, monotonic_ns() - t1) < 0)
         goto fail;
-    Py_DECREF(xs); Py_DECREF(xd); Py_DECREF(os); Py_DECREF(od);
-    Py_DECREF(t1o); Py_DECREF(dur); Py_DECREF(rec); Py_DECREF(nb);
+    Py_DECREF(xs);
+    Py_DECREF(xd);
+    Py_DECREF(os);
+    Py_DECREF(od);
+    Py_DECREF(t1o);
+    Py_DECREF(dur);
+    Py_DECREF(rec);
+    Py_DECREF(nb);
     return out;
 fail:
-    Py_XDECREF(xs); Py_XDECREF(xd); Py_XDECREF(os); Py_XDECREF(od);
-    Py_XDECREF(t1o); Py_XDECREF(dur); Py_XDECREF(rec); Py_XDECREF(nb);
+    Py_XDECREF(xs);
+    Py_XDECREF(xd);
+    Py_XDECREF(os);
+    Py_XDECREF(od);
+    Py_XDECREF(t1o);
+    Py_XDECREF(dur);
+    Py_XDECREF(rec);
+    Py_XDECREF(nb);
     Py_DECREF(out);
     return NULL;
 }
 
-PyDoc_STRVAR(tf_doc,
-"TimedForward(recorder, orig, general, finish, hand_off, records, site, tag, tensor, longest,\n"
-"             active, derived, alloc_min)\n"
-"--\n\n"
-"The resource monitor's wrapper of a module's forward on the CPU (wrappers.fast_forward):\n"
-"times the call and records shapes and dtypes.");
+PyDoc_STRVAR(tf_doc, "TimedForward(recorder, orig, general, finish, hand_off, records, site, tag, tensor, longest,\n"
+                     "             active, derived, alloc_min)\n"
+                     "--\n\n"
+                     "The resource monitor's wrapper of a module's forward on the CPU (wrappers.fast_forward):\n"
+                     "times the call and records shapes and dtypes.");
 
 static PyType_Slot tf_slots[] = {
     {Py_tp_new, tf_new},
@@ -347,8 +360,11 @@ static PyType_Slot tf_slots[] = {
 };
 
 static PyType_Spec tf_spec = {
-    "llm_instrumentation.resources._native.TimedForward", sizeof(TimedForward), 0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, tf_slots,
+    "llm_instrumentation.resources._native.TimedForward",
+    sizeof(TimedForward),
+    0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    tf_slots,
 };
 
 static PyMethodDef methods[] = {
@@ -401,9 +417,15 @@ static PyModuleDef_Slot module_slots[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "llm_instrumentation.resources._native",
+    PyModuleDef_HEAD_INIT,
+    "llm_instrumentation.resources._native",
     "The resource monitor's C paths (optional; the Python paths write the same bytes).",
-    0, methods, module_slots, NULL, NULL, NULL,
+    0,
+    methods,
+    module_slots,
+    NULL,
+    NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC

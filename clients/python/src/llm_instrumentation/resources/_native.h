@@ -34,9 +34,9 @@ HIDDEN int registered(void);
 typedef struct {
     long long seq, off, step, fwd, pass_flops, long_ns, total_flops, flows;
     double total_us;
-    PyObject *long_site;         /* owned */
+    PyObject *long_site; /* owned */
     long long counts[N_COUNT];
-    PyObject *tpl, *kv_bytes;    /* owned: the state's dicts */
+    PyObject *tpl, *kv_bytes; /* owned: the state's dicts */
 } State;
 
 /* The site's (seq_first, heads, head_dim, cache layer) and the figures of an ATTENTION_KV

@@ -246,8 +246,8 @@ template_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 const char template_key_doc[] =
-"template_key(record, memory=None) -> tuple\n"
-"--\n\n"
-"The template key render looks a record up by (records.KEYS): LINEAR, MODULE, ALLOC_OUT,\n"
-"ALLOC (with its memory reading), ATTENTION_KV or HANDOFF. The tests compare it with the\n"
-"key the Python writer files the template under.";
+    "template_key(record, memory=None) -> tuple\n"
+    "--\n\n"
+    "The template key render looks a record up by (records.KEYS): LINEAR, MODULE, ALLOC_OUT,\n"
+    "ALLOC (with its memory reading), ATTENTION_KV or HANDOFF. The tests compare it with the\n"
+    "key the Python writer files the template under.";

@@ -205,8 +205,8 @@ render_attention(State *st, PyObject *r, PyObject *lines, Buf *b)
         goto out;
     rc = 0;
     f.variant = !f.has_flops ? 0 : (f.flops && t > 0) ? 2 : 1;
-    PyObject *entry = lookup(st, key_attention(r, f.variant), ENTRY_ATTENTION_KV_LEN, "ATTENTION_KV",
-                             ENTRY_ATTENTION_KV_NAMES);
+    PyObject *entry =
+        lookup(st, key_attention(r, f.variant), ENTRY_ATTENTION_KV_LEN, "ATTENTION_KV", ENTRY_ATTENTION_KV_NAMES);
     if (entry == NULL) {
         rc = PyErr_Occurred() ? -1 : 0;
         goto out;
@@ -483,8 +483,10 @@ render(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         } else if (tag == REC_HANDOFF && size == HANDOFF_LEN) {
             rc = render_handoff(&st, state, r, lines, &b);
         } else if (tag >= REC_LINEAR && tag <= REC_HANDOFF) {
-            PyErr_Format(PyExc_TypeError, "render: a record of kind %ld has %zd items, not what records.FIELDS "
-                                          "declares (the wrappers and records.py differ)", tag, size);
+            PyErr_Format(PyExc_TypeError,
+                         "render: a record of kind %ld has %zd items, not what records.FIELDS "
+                         "declares (the wrappers and records.py differ)",
+                         tag, size);
             goto done;
         } else {
             break;
@@ -530,12 +532,11 @@ done:
     return result;
 }
 
-const char render_doc[] =
-"render(state, records, start, lines, deadline_ns) -> int\n"
-"--\n\n"
-"The writer's fast paths (lines.py: Lines.linear, module, alloc_out, alloc,\n"
-"handoff; attention_lines.py: attention_kv) for records[start:]: each LINEAR, MODULE,\n"
-"ALLOC_OUT, ALLOC, ATTENTION_KV or HANDOFF record whose template is made becomes its JSON\n"
-"lines, appended to lines, with the writer state (records.STATE) advanced as those methods\n"
-"advance it. Stops at the first other record, or once the monotonic clock passes\n"
-"deadline_ns, and returns the index of the first record not written.";
+const char render_doc[] = "render(state, records, start, lines, deadline_ns) -> int\n"
+                          "--\n\n"
+                          "The writer's fast paths (lines.py: Lines.linear, module, alloc_out, alloc,\n"
+                          "handoff; attention_lines.py: attention_kv) for records[start:]: each LINEAR, MODULE,\n"
+                          "ALLOC_OUT, ALLOC, ATTENTION_KV or HANDOFF record whose template is made becomes its JSON\n"
+                          "lines, appended to lines, with the writer state (records.STATE) advanced as those methods\n"
+                          "advance it. Stops at the first other record, or once the monotonic clock passes\n"
+                          "deadline_ns, and returns the index of the first record not written.";

@@ -4,6 +4,9 @@
 #ifndef STRAP_RESOURCE_RECORDS_H
 #define STRAP_RESOURCE_RECORDS_H
 
+/* Generated, one row of the schema a line: not for clang-format. */
+/* clang-format off */
+
 /* Record kinds: item 0 of a record. */
 #define REC_BEGIN 1
 #define REC_LINEAR 2
@@ -449,4 +452,5 @@ static const SchemaItem schema_items[] = {
 };
 #define N_SCHEMA_ITEMS ((int)(sizeof schema_items / sizeof schema_items[0]))
 
+/* clang-format on */
 #endif

@@ -234,12 +234,12 @@ floordiv1000(long long a)
 typedef struct {
     long long ints[N_SLOT];
     double dbl[N_SLOT];
-    int has[N_SLOT];              /* the memory values present in the reading */
+    int has[N_SLOT]; /* the memory values present in the reading */
     unsigned long long addr;
-    long long timing;             /* SLOT_D, ns */
-    int tf_zero;                  /* the module path writes 0 (an int) as the throughput of no FLOPs */
+    long long timing; /* SLOT_D, ns */
+    int tf_zero;      /* the module path writes 0 (an int) as the throughput of no FLOPs */
     long long ks[MAX_DIMS], vs[MAX_DIMS];
-    int ks_n, vs_n;               /* the key and value shapes' ranks */
+    int ks_n, vs_n; /* the key and value shapes' ranks */
 } Values;
 
 /* What run_program can fail on, besides memory. */
@@ -266,9 +266,20 @@ run_program(Buf *b, const char *text, size_t text_len, const unsigned char *ops,
         case SLOT_NONE:
             rc = 0;
             break;
-        case SLOT_TS: case SLOT_SEQ: case SLOT_SEQ2: case SLOT_STEP: case SLOT_FWD: case SLOT_QT:
-        case SLOT_KT: case SLOT_FL: case SLOT_LEN: case SLOT_PREV: case SLOT_NEW: case SLOT_REUSED:
-        case SLOT_CB: case SLOT_GROW:
+        case SLOT_TS:
+        case SLOT_SEQ:
+        case SLOT_SEQ2:
+        case SLOT_STEP:
+        case SLOT_FWD:
+        case SLOT_QT:
+        case SLOT_KT:
+        case SLOT_FL:
+        case SLOT_LEN:
+        case SLOT_PREV:
+        case SLOT_NEW:
+        case SLOT_REUSED:
+        case SLOT_CB:
+        case SLOT_GROW:
             rc = buf_ll(b, v->ints[code]);
             break;
         case SLOT_D:
@@ -277,7 +288,13 @@ run_program(Buf *b, const char *text, size_t text_len, const unsigned char *ops,
         case SLOT_TF:
             rc = v->tf_zero ? buf_put(b, "0", 1) : buf_double(b, v->dbl[code]);
             break;
-        case SLOT_TB: case SLOT_GF: case SLOT_HIT: case SLOT_CMB: case SLOT_BPT: case SLOT_BW: case SLOT_MF:
+        case SLOT_TB:
+        case SLOT_GF:
+        case SLOT_HIT:
+        case SLOT_CMB:
+        case SLOT_BPT:
+        case SLOT_BW:
+        case SLOT_MF:
             rc = buf_double(b, v->dbl[code]);
             break;
         case SLOT_MP: { /* system.pressure_word of the memory-use fraction, as JSON */
@@ -298,7 +315,9 @@ run_program(Buf *b, const char *text, size_t text_len, const unsigned char *ops,
             rc = buf_put(b, p, (size_t)(end - p));
             break;
         }
-        case SLOT_PROCESS_RSS_BYTES: case SLOT_DEVICE_MEMORY_ALLOCATED_BYTES: case SLOT_DEVICE_MEMORY_RESERVED_BYTES:
+        case SLOT_PROCESS_RSS_BYTES:
+        case SLOT_DEVICE_MEMORY_ALLOCATED_BYTES:
+        case SLOT_DEVICE_MEMORY_RESERVED_BYTES:
         case SLOT_DEVICE_MEMORY_PEAK_BYTES:
             if (!v->has[code]) {
                 *bad = code;

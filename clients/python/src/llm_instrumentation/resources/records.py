@@ -241,7 +241,8 @@ def c_header() -> str:
     out = ["/* Generated from records.py by clients/python/tools/gen_records_header.py (make generate).",
            " * Do not edit: change records.py and regenerate; tests/test_resource_schema.py fails while",
            " * this file is stale, and _native.c compares it with records.py at import. */",
-           "#ifndef STRAP_RESOURCE_RECORDS_H", "#define STRAP_RESOURCE_RECORDS_H", ""]
+           "#ifndef STRAP_RESOURCE_RECORDS_H", "#define STRAP_RESOURCE_RECORDS_H", "",
+           "/* Generated, one row of the schema a line: not for clang-format. */", "/* clang-format off */", ""]
     out.append("/* Record kinds: item 0 of a record. */")
     for kind in Rec:
         out.append(f"#define REC_{kind.name} {int(kind)}")
@@ -282,5 +283,6 @@ def c_header() -> str:
     out.append("};")
     out.append("#define N_SCHEMA_ITEMS ((int)(sizeof schema_items / sizeof schema_items[0]))")
     out.append("")
+    out.append("/* clang-format on */")
     out.append("#endif")
     return "\n".join(out) + "\n"
