@@ -17,7 +17,6 @@ Regenerate after an intended change of the events (and say why in the commit)::
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest

@@ -3,7 +3,6 @@ against its Python paths: the same records, the same bytes, the same counters.""
 
 from __future__ import annotations
 
-import copy
 import time
 import json
 from pathlib import Path

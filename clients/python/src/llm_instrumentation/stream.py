@@ -13,16 +13,11 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
-
-import numpy as np
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from ._dtypes import DTYPES, dtype_name
 from ._tensor import Tensor
 from .errors import StreamFormatError, UnsupportedCodecError
-
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
 
 FILE_MAGIC = b"STRAPSTM"
 FILE_VERSION = 2

@@ -3,17 +3,15 @@ allocation and the layer's KV-cache event (see ``lines.py``)."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from .caches import kv_len_of
-from .events import Meta, attention_flops, attention_tokens, dname, itemsize, kv_figures, meta, per_us
+from .events import MIB, Meta, attention_flops, attention_tokens, dname, itemsize, kv_figures, meta, per_us
 from .lines import Lines, Out
 from .sites import Site
 from .templates import ENCODER, KV_SLOTS, TIMED_SLOTS, compile_template, positional, program, shape_info
 
 __all__ = ["AttentionLines"]
-
-MIB = 1 << 20
 
 
 class AttentionLines(Lines):

@@ -18,7 +18,7 @@ from .system import pressure_word
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["EventBuilder", "Meta", "attention_flops", "attention_tokens", "dname", "kv_figures", "linear_flops",
+__all__ = ["MIB", "EventBuilder", "Meta", "attention_flops", "attention_tokens", "dname", "kv_figures", "linear_flops",
            "meta", "numel", "per_us", "short_dtype", "tensor_meta"]
 
 #: What an event needs of a tensor: (shape, dtype, bytes, on a GPU).

@@ -14,6 +14,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Mapping, Optional, Union
 
 from .attention_lines import AttentionLines
+from .events import MIB
 from .levels import ResourceLevel, resource_settings_from_env
 from .records import PREBUILT
 from .recorders import Recorder
@@ -319,7 +320,7 @@ class ResourceMonitor:
             peak = peak_rss()
             ev["total_memory_bytes"] = peak
             ev["total_memory_source"] = "proc_self_status_VmHWM"
-        ev["total_memory_mb"] = peak / (1 << 20) if peak is not None else None
+        ev["total_memory_mb"] = peak / MIB if peak is not None else None
         return ev
 
 
