@@ -13,14 +13,11 @@ from __future__ import annotations
 import fnmatch
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
-from .._anatomy import ATTENTION_NAMES, MLP_NAMES
+from .._anatomy import ATTENTION_NAMES, MLP_NAMES  # the model anatomy's names, shared with resources/
 from ..config import HookGranularity, InstrumentationConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch.nn as nn
-
-__all__ = ["ATTENTION_NAMES", "MLP_NAMES", "create_optimized_config", "describe_model",
-           "detect_model_architecture", "select_modules"]
 
 
 def _family(model: "nn.Module") -> str:
