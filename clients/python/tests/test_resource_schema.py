@@ -165,3 +165,21 @@ def test_a_record_of_another_length_fails_by_name(tmp_path: Path) -> None:
     lin = next(r for r in recs if r[0] == Rec.LINEAR)
     with pytest.raises(TypeError, match="record of kind 2 has 9 items, not what records.FIELDS declares"):
         native.render(mon.writer.state, [lin + (None,)], 0, [], 1 << 62)
+
+
+def test_writer_methods_take_the_fields_records_py_declares() -> None:
+    """Each record kind's writer method (Writer.handlers) takes the record's fields by the
+    names and in the order records.FIELDS declares: reordering one side fails here, naming
+    the kind."""
+    import inspect
+
+    from llm_instrumentation.resources.attention_lines import AttentionLines
+    from llm_instrumentation.resources.state import WriterState
+    from llm_instrumentation.resources.writer import Writer
+
+    st = WriterState("s")
+    w = Writer(st, AttentionLines(st, dict), sink=None, longest=[None])
+    for kind in Rec:
+        params = tuple(inspect.signature(w.handlers[kind]).parameters)
+        assert params == records.FIELDS[kind], f"{kind.name}: the writer takes {params}, records.py declares " \
+                                               f"{records.FIELDS[kind]}"

@@ -17,8 +17,9 @@ __all__ = ["AttentionLines"]
 class AttentionLines(Lines):
     """:class:`Lines` and the attention's: every record kind's lines."""
 
-    def attention_raw(self, site: Site, tc: int, timing: Any, xs: Any, xd: Any, xcu: bool, os_: Any, od: Any,
-                      ocu: bool, q_len: int, kv_len: int, kv: Any, flops: Optional[int]) -> Out:
+    def attention_raw(self, site: Site, end: int, timing: Any, in_shape: Any, in_dtype: Any, in_cuda: bool,
+                      out_shape: Any, out_dtype: Any,
+                      out_cuda: bool, query_tokens: int, key_tokens: int, kv: Any, flops: Optional[int]) -> Out:
         """An attention record of the general wrapper (shapes and dtypes as read, end time on
         ``perf_counter_ns``)."""
         st = self.state
@@ -28,13 +29,14 @@ class AttentionLines(Lines):
         if kv is not None:
             km = meta(kv[0], kv[1], kv[2])
             vm = meta(kv[3], kv[4], kv[5])
-        return self.attention(site, tc + st.clock_offset, timing, meta(xs, xd, xcu), meta(os_, od, ocu), q_len, kv_len,
+        return self.attention(site, end + st.clock_offset, timing, meta(in_shape, in_dtype, in_cuda), meta(out_shape,
+                              out_dtype, out_cuda), query_tokens, key_tokens,
                               km, vm, flops)
 
-    def kv_raw(self, site: Site, tc: int, idx: int, kv: Any, before: int) -> Out:
+    def kv_raw(self, site: Site, end: int, layer_index: int, kv: Any, length_before: int) -> Out:
         km = meta(kv[0], kv[1], kv[2])
         assert km is not None
-        return self.kv(site, tc + self.state.clock_offset, idx, km, meta(kv[3], kv[4], kv[5]), before)
+        return self.kv(site, end + self.state.clock_offset, layer_index, km, meta(kv[3], kv[4], kv[5]), length_before)
 
     def attention(self, site: Site, tns: int, timing: Any, xm: Optional[Meta], om: Optional[Meta], q_len: int,
                   kv_len: int, km: Optional[Meta], vm: Optional[Meta], flops: Optional[int]) -> Out:
@@ -107,36 +109,41 @@ class AttentionLines(Lines):
             else:
                 kvb[idx] = prev
 
-    def attention_kv(self, site: Site, tc: int, timing: int, xs: Any, xd: Any, os_: Any, od: Any, kb: Any, ks: Any,
-                     kd: Any, vs: Any, vd: Any, al: Any) -> Out:
+    def attention_kv(self, site: Site, end: int, timing: int, in_shape: Any, in_dtype: Any, out_shape: Any,
+                     out_dtype: Any, key_shape_before: Any, key_shape: Any,
+                     key_dtype: Any, value_shape: Any, value_dtype: Any, allocation: Any) -> Out:
         """A record of the CPU attention wrapper: the attention event, the output allocation
-        (``al``, an ALLOC record, or None) and the KV-cache event, in the order and with the
+        (``allocation``, an ALLOC record, or None) and the KV-cache event, in the order and with the
         values the general wrapper's records give."""
         st = self.state
         if timing > st.long_ns:
             st.long_ns, st.long_site = timing, site
         seq_first, heads, head_dim, idx = site.attn_static
-        q_len, batch = attention_tokens(xs, seq_first)
-        kv_len = ks[-2] if len(ks) >= 2 else 0  # the wrapper passes no empty cache
+        q_len, batch = attention_tokens(in_shape, seq_first)
+        kv_len = key_shape[-2] if len(key_shape) >= 2 else 0  # the wrapper passes no empty cache
         flops = attention_flops(batch, heads, q_len, kv_len, head_dim)
-        before = kv_len_of(kb)
-        tns = tc + st.clock_offset
+        before = kv_len_of(key_shape_before)
+        tns = end + st.clock_offset
         if not self.fast:
-            km, vm = meta(ks, kd), meta(vs, vd)
+            km, vm = meta(key_shape, key_dtype), meta(value_shape, value_dtype)
             assert km is not None
-            out = self.attention(site, tns, timing, meta(xs, xd), meta(os_, od), q_len, kv_len, km, vm, flops)
-            if al is not None:
-                out += self.alloc(*al[1:])
+            out = self.attention(site, tns, timing, meta(in_shape, in_dtype), meta(out_shape, out_dtype), q_len,
+                                 kv_len, km, vm, flops)
+            if allocation is not None:
+                out += self.alloc(*allocation[1:])
             return out + self.kv(site, tns, idx, km, vm, before)
         variant = 0 if flops is None else 2 if flops and timing > 0 else 1
-        key = (site, xs, xd, os_, od, kd, vd, variant)  # records.KEYS[ATTENTION_KV]
+        key = (site, in_shape, in_dtype, out_shape, out_dtype, key_dtype, value_dtype,
+               variant)  # records.KEYS[ATTENTION_KV]
         tpl = st.templates.get(key)
         if tpl is None:
-            tpl = st.templates[key] = self._attention_kv_templates(site, tns, timing, xs, xd, os_, od, q_len, kv_len,
-                                                                   ks, kd, vs, vd, flops, before, variant)
+            tpl = st.templates[key] = self._attention_kv_templates(site, tns, timing, in_shape, in_dtype, out_shape,
+                                                                   out_dtype, q_len, kv_len,
+                                                                   key_shape, key_dtype, value_shape, value_dtype,
+                                                                       flops, before, variant)
         fa, fk, isz_k, isz_v, _, _ = tpl
-        sk, nk = shape_info(ks)
-        sv, nv = shape_info(vs)
+        sk, nk = shape_info(key_shape)
+        sv, nv = shape_info(value_shape)
         ts = tns // 1000
         step, fwd = st.step, st.forward
         seq = st.seq + 1
@@ -155,8 +162,8 @@ class AttentionLines(Lines):
         if flops:
             st.pass_flops += flops
             st.total_flops += flops
-        if al is not None:
-            lines += self.alloc(*al[1:])
+        if allocation is not None:
+            lines += self.alloc(*allocation[1:])
             seq = st.seq
         nbytes = nk * isz_k + nv * isz_v
         kvb = st.kv_bytes

@@ -68,69 +68,73 @@ class Lines:
 
     # ----- one method per record kind ------------------------------------------------------------
 
-    def begin(self, step: int, fwd: int, off: int) -> Out:
+    def begin(self, step: int, forward: int, clock_offset: int) -> Out:
         """A forward pass starts: the step and forward number of the records that follow, and
         the wall clock's offset from ``perf_counter_ns`` their end times are read against."""
         st = self.state
         st.step = step
-        st.forward = fwd
+        st.forward = forward
         st.pass_flops = 0
-        st.clock_offset = off
+        st.clock_offset = clock_offset
         st.long_site = None
         st.long_ns = 0
         if time.monotonic() - st.memory_fraction_at > system.FRACTION_MAX_AGE:
             st.memory_fraction = UNREAD
         return []
 
-    def prebuilt(self, ev: Dict[str, Any]) -> Out:
-        return [ev]
+    def prebuilt(self, event: Dict[str, Any]) -> Out:
+        return [event]
 
-    def parameters(self, site: Site, tns: int, kind: str, size: int, shape: Any, dtype: Any, is_cuda: bool, ptr: int,
-                   mem: Dict[str, Any]) -> Out:
+    def parameters(self, site: Site, wall_ns: int, kind: str, nbytes: int, shape: Any, dtype: Any, is_cuda: bool,
+                   address: int,
+                   memory: Dict[str, Any]) -> Out:
         st = self.state
-        return self.build.alloc((site, tns // 1000, st.step, st.forward), kind, size, shape, dtype, is_cuda, ptr, mem)
+        return self.build.alloc((site, wall_ns // 1000, st.step, st.forward), kind, nbytes, shape, dtype, is_cuda,
+                                address, memory)
 
-    def elementwise(self, site: Site, tns: int, op: str, tm: Any, dur_ns: int) -> Out:
+    def elementwise(self, site: Site, wall_ns: int, op: str, tensor: Any, duration_ns: int) -> Out:
         st = self.state
-        return self.build.elementwise((site, tns // 1000, st.step, st.forward), op, tm, dur_ns)
+        return self.build.elementwise((site, wall_ns // 1000, st.step, st.forward), op, tensor, duration_ns)
 
-    def forward(self, root: Site, tns: int, timing: Any, inm: Any, out_shape: Any, cap: Optional[int],
-                cell: List[Any], sm: Optional[float]) -> Out:
+    def forward(self, site: Site, wall_ns: int, timing: Any, input: Any, out_shape: Any, capture_bytes: Optional[int],
+                memory: List[Any], sm_utilization: Optional[float]) -> Out:
         """The model_forward event of a pass: its FLOPs are the writer's sum over the pass."""
         st = self.state
-        mem = self.pass_memory(cell)
-        ctx = (root, tns // 1000, st.step, st.forward)
-        if type(timing) is not int or sm is not None or not self.fast or "device_memory_peak_bytes" in mem:
-            return self.build.forward(ctx, timing, inm, out_shape, cap, mem, sm)
+        mem = self.pass_memory(memory)
+        ctx = (site, wall_ns // 1000, st.step, st.forward)
+        if type(timing) is not int or sm_utilization is not None or not self.fast or "device_memory_peak_bytes" in mem:
+            return self.build.forward(ctx, timing, input, out_shape, capture_bytes, mem, sm_utilization)
         flops = st.pass_flops
         tf = bool(flops) and timing > 0
-        key = ("forward", root, inm, out_shape, cap is None, tuple(mem), tf)
+        key = ("forward", site, input, out_shape, capture_bytes is None, tuple(mem), tf)
         fmt = st.templates.get(key)
         if fmt is None:
-            ev = self.template_of(self.build.forward, ctx, timing, inm, out_shape, cap, mem, sm)[0]
+            ev = self.template_of(self.build.forward, ctx, timing, input, out_shape, capture_bytes, mem,
+                                  sm_utilization)[0]
             fmt = st.templates[key] = compile_template(ev, "seq", FORWARD_SLOTS)
         st.seq = seq = st.seq + 1
         d = timing / 1000.0
         v = dict(mem)
-        v.update(ts=ctx[1], seq=seq, step=ctx[2], fwd=ctx[3], fl=flops, gf=flops / 1e9, cap=cap, d=d)
+        v.update(ts=ctx[1], seq=seq, step=ctx[2], fwd=ctx[3], fl=flops, gf=flops / 1e9, cap=capture_bytes, d=d)
         if tf:
             v["tf"] = per_us(flops, d)
         self._count("compute_execution")
         return [(fmt % v).encode()]
 
-    def linear(self, site: Site, tc: int, timing: Any, xs: Any, xd: Any, os_: Any, od: Any) -> Out:
+    def linear(self, site: Site, end: int, timing: Any, in_shape: Any, in_dtype: Any, out_shape: Any,
+               out_dtype: Any) -> Out:
         st = self.state
         if type(timing) is not int:  # a CUDA event pair: resolved and built the general way
-            return self.linear_events(site, tc, timing, xs, xd, os_, od)
+            return self.linear_events(site, end, timing, in_shape, in_dtype, out_shape, out_dtype)
         if timing > st.long_ns:
             st.long_ns, st.long_site = timing, site
         if not self.fast:
-            return self.linear_events(site, tc, timing, xs, xd, os_, od)
+            return self.linear_events(site, end, timing, in_shape, in_dtype, out_shape, out_dtype)
         # No output shape: a Linear's own forward, whose output shape follows from the input's.
-        key = (site, xs, xd, os_, od, timing > 0)  # records.KEYS[LINEAR]
+        key = (site, in_shape, in_dtype, out_shape, out_dtype, timing > 0)  # records.KEYS[LINEAR]
         tpl = st.templates.get(key)
         if tpl is None:
-            evs = self.template_of(self.linear_events, site, tc, timing, xs, xd, os_, od)
+            evs = self.template_of(self.linear_events, site, end, timing, in_shape, in_dtype, out_shape, out_dtype)
             fmts = [compile_template(evs[0], "seq")]
             if len(evs) > 1:
                 fmts.append(compile_template(evs[1], "seq2"))
@@ -142,7 +146,7 @@ class Lines:
         seq = st.seq + 1
         st.seq = seq + len(fmts) - 1
         d = timing / 1000.0
-        v = {"ts": (tc + st.clock_offset) // 1000, "seq": seq, "seq2": seq + 1, "step": st.step,
+        v = {"ts": (end + st.clock_offset) // 1000, "seq": seq, "seq2": seq + 1, "step": st.step,
              "fwd": st.forward, "d": d}
         if timing > 0:
             v["tf"] = per_us(flops, d)
@@ -169,21 +173,22 @@ class Lines:
         return self.build.linear((site, (tc + st.clock_offset) // 1000, st.step, st.forward), timing,
                                  meta(xs, xd), om, flops, site.static)
 
-    def module(self, site: Site, tc: int, timing: Any, xs: Any, xd: Any, os_: Any, od: Any) -> Out:
+    def module(self, site: Site, end: int, timing: Any, in_shape: Any, in_dtype: Any, out_shape: Any,
+               out_dtype: Any) -> Out:
         st = self.state
         cls = type(site.mod).__name__
-        tns = tc + st.clock_offset
+        tns = end + st.clock_offset
         if type(timing) is int and timing > st.long_ns:
             st.long_ns, st.long_site = timing, site
         ctx = (site, tns // 1000, st.step, st.forward)
-        om = meta(os_, od)
+        om = meta(out_shape, out_dtype)
         assert om is not None
         if type(timing) is not int or not self.fast:
-            return self.build.module(ctx, timing, meta(xs, xd), om, cls)
-        key = (site, xs, xd, os_, od, timing > 0)  # records.KEYS[MODULE]
+            return self.build.module(ctx, timing, meta(in_shape, in_dtype), om, cls)
+        key = (site, in_shape, in_dtype, out_shape, out_dtype, timing > 0)  # records.KEYS[MODULE]
         tpl = st.templates.get(key)
         if tpl is None:
-            ev = self.template_of(self.build.module, ctx, timing, meta(xs, xd), om, cls)[0]
+            ev = self.template_of(self.build.module, ctx, timing, meta(in_shape, in_dtype), om, cls)[0]
             fmt = compile_template(ev, "seq")
             # records.ENTRIES[MODULE]
             tpl = st.templates[key] = (fmt, ev["flops"], ev["bytes_accessed"], ev["operation"] != "attention",
@@ -202,29 +207,29 @@ class Lines:
             st.total_compute_us += d
         return [(fmt % v).encode()]
 
-    def handoff(self, site: Site, tc: int, timing: Any, shape: Any, dtype: Any, is_cuda: bool, frac: Any,
-                src: str) -> Out:
+    def handoff(self, site: Site, start: int, timing: Any, shape: Any, dtype: Any, is_cuda: bool, memory_fraction: Any,
+                fraction_source: str) -> Out:
         st = self.state
-        if frac is UNREAD:
+        if memory_fraction is UNREAD:
             # The machine's memory use moves slowly next to one forward pass: read once per pass,
             # here rather than on the model's thread (/proc/meminfo costs three system calls).
-            frac = st.memory_fraction
-            if frac is UNREAD:
-                frac = st.memory_fraction = system.host_memory_fraction()
+            memory_fraction = st.memory_fraction
+            if memory_fraction is UNREAD:
+                memory_fraction = st.memory_fraction = system.host_memory_fraction()
                 st.memory_fraction_at = time.monotonic()
-        ctx = (site, (tc + st.clock_offset) // 1000, st.step, st.forward)
+        ctx = (site, (start + st.clock_offset) // 1000, st.step, st.forward)
         tm = meta(shape, dtype, is_cuda)
         assert tm is not None
         if type(timing) is not int or not self.fast:
-            return self.build.handoff(ctx, timing, tm, frac, src)
-        variant = (timing > 0) + 2 * (frac is not None)
-        key = ("handoff", site, shape, dtype, src, variant)  # records.KEYS[HANDOFF]
+            return self.build.handoff(ctx, timing, tm, memory_fraction, fraction_source)
+        variant = (timing > 0) + 2 * (memory_fraction is not None)
+        key = ("handoff", site, shape, dtype, fraction_source, variant)  # records.KEYS[HANDOFF]
         tpl = st.templates.get(key)
         if tpl is None:
-            ev = self.template_of(self.build.handoff, ctx, timing, tm, frac, src)[0]
+            ev = self.template_of(self.build.handoff, ctx, timing, tm, memory_fraction, fraction_source)[0]
             slots = dict(TIMED_SLOTS, transfer_bandwidth_gbps="bw")
             names = ["ts", "seq", "ts", "step", "fwd", "d"] + (["bw"] if timing > 0 else [])
-            if frac is not None:
+            if memory_fraction is not None:
                 slots.update(memory_pressure="mp", memory_used_fraction="mf")
                 names += ["mp", "mf"]
             fmt = compile_template(ev, "seq", slots)
@@ -235,10 +240,12 @@ class Lines:
         d = timing / 1000.0
         ts = ctx[1]
         if variant == 3:
-            line = fmt % (ts, seq, ts, ctx[2], ctx[3], d, per_us(nbytes, d), PRESSURE_JSON[system.pressure_word(frac)],
-                          frac)
+            line = fmt % (ts, seq, ts, ctx[2], ctx[3], d, per_us(nbytes, d),
+                          PRESSURE_JSON[system.pressure_word(memory_fraction)],
+                          memory_fraction)
         elif variant == 2:
-            line = fmt % (ts, seq, ts, ctx[2], ctx[3], d, PRESSURE_JSON[system.pressure_word(frac)], frac)
+            line = fmt % (ts, seq, ts, ctx[2], ctx[3], d, PRESSURE_JSON[system.pressure_word(memory_fraction)],
+                          memory_fraction)
         elif variant == 1:
             line = fmt % (ts, seq, ts, ctx[2], ctx[3], d, per_us(nbytes, d))
         else:
@@ -247,36 +254,38 @@ class Lines:
         st.component_flows += 1
         return [line.encode()]
 
-    def alloc_out(self, site: Site, tc: int, size: int, xs: Any, os_: Any, od: Any, ptr: int, cell: List[Any]) -> Out:
+    def alloc_out(self, site: Site, end: int, nbytes: int, in_shape: Any, out_shape: Any, out_dtype: Any,
+                  address: int, memory: List[Any]) -> Out:
         """The output allocation of a module timed by the CPU wrapper (the shape of a
         Linear's output follows from its input's)."""
         st = self.state
-        mem = self.pass_memory(cell)
+        mem = self.pass_memory(memory)
         if not self.fast:
-            if os_ is None:
-                os_ = xs[:-1] + (site.static[4],)
-            return self.alloc(site, tc, "module_output", size, os_, od, False, ptr, cell)
+            if out_shape is None:
+                out_shape = in_shape[:-1] + (site.static[4],)
+            return self.alloc(site, end, "module_output", nbytes, out_shape, out_dtype, False, address, memory)
         # The template is keyed by the input's shape rather than the output's made from it. On
         # the CPU a memory reading is the RSS or nothing: its length tells which.
-        key = ("out", site, size, xs, os_, od, len(mem))  # records.KEYS[ALLOC_OUT]
+        key = ("out", site, nbytes, in_shape, out_shape, out_dtype, len(mem))  # records.KEYS[ALLOC_OUT]
         tpl = st.templates.get(key)
         if tpl is None:
-            shape = os_ if os_ is not None else xs[:-1] + (site.static[4],)
-            tpl = st.templates[key] = self.alloc_template(site, tc, "module_output", size, shape, od, False, ptr, mem)
-        return self.alloc_line(tpl, tc, ptr, mem)
+            shape = out_shape if out_shape is not None else in_shape[:-1] + (site.static[4],)
+            tpl = st.templates[key] = self.alloc_template(site, end, "module_output", nbytes, shape, out_dtype,
+                                                          False, address, mem)
+        return self.alloc_line(tpl, end, address, mem)
 
-    def alloc(self, site: Site, tc: int, kind: str, size: int, shape: Any, dtype: Any, is_cuda: bool, ptr: int,
-              cell: List[Any]) -> Out:
+    def alloc(self, site: Site, end: int, kind: str, nbytes: int, shape: Any, dtype: Any, is_cuda: bool, address: int,
+              memory: List[Any]) -> Out:
         st = self.state
-        mem = self.pass_memory(cell)
+        mem = self.pass_memory(memory)
         if not self.fast:
-            return self.build.alloc((site, (tc + st.clock_offset) // 1000, st.step, st.forward), kind, size, shape,
-                                    dtype, is_cuda, ptr, mem)
-        key = (site, kind, size, shape, dtype, is_cuda, tuple(mem))  # records.KEYS[ALLOC]
+            return self.build.alloc((site, (end + st.clock_offset) // 1000, st.step, st.forward), kind, nbytes, shape,
+                                    dtype, is_cuda, address, mem)
+        key = (site, kind, nbytes, shape, dtype, is_cuda, tuple(mem))  # records.KEYS[ALLOC]
         tpl = st.templates.get(key)
         if tpl is None:
-            tpl = st.templates[key] = self.alloc_template(site, tc, kind, size, shape, dtype, is_cuda, ptr, mem)
-        return self.alloc_line(tpl, tc, ptr, mem)
+            tpl = st.templates[key] = self.alloc_template(site, end, kind, nbytes, shape, dtype, is_cuda, address, mem)
+        return self.alloc_line(tpl, end, address, mem)
 
     def alloc_line(self, tpl: Tuple[str, Optional[int], Any], tc: int, ptr: int, mem: Dict[str, Any]) -> Out:
         """A ``memory_allocation`` event from its template (``alloc_template``)."""

@@ -56,7 +56,7 @@ class Writer:
                         (PREBUILT, lines.prebuilt)):
             handlers[tag] = fn
         assert _no_kind not in handlers[1:], "a record kind without a writer method"
-        self._handlers = handlers
+        self.handlers = handlers
 
     def write_batch(self, recs: List[Any], quiet_until: int = 0) -> None:
         """Build, count, serialize and write one batch.
@@ -78,7 +78,7 @@ class Writer:
         clock = time.perf_counter_ns
         last = max(clock(), quiet_until - YIELD_NS)
         render = native.render if self.lines.fast else None
-        handlers = self._handlers
+        handlers = self.handlers
         i, n = 0, len(recs)
         while i < n:
             if render is not None and LINEAR <= recs[i][0] <= HANDOFF:
