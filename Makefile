@@ -27,7 +27,7 @@ FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-.PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium gpu-check gpu-check-inputs compat131-upstream peers-deps
+.PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate generate-records install uninstall clean venv wheel prometheus check-deploy chromium gpu-check gpu-check-inputs compat131-upstream peers-deps
 
 all: build
 
@@ -48,8 +48,8 @@ $(BIN): $(GO_SRC)
 WHEEL_AMD64  := dist/strap_llm-$(VERSION)-py3-none-manylinux_2_17_x86_64.whl
 WHEEL_ARM64  := dist/strap_llm-$(VERSION)-py3-none-manylinux_2_17_aarch64.whl
 PY_SRC       := clients/python/pyproject.toml clients/python/README.md clients/python/tools/build_wheel.py \
-                clients/python/src/llm_instrumentation/_speedups.c \
-                $(shell find clients/python/src -name '*.py' -o -name py.typed 2>/dev/null)
+                $(shell find clients/python/src -name '*.py' -o -name py.typed -o -name '*.pyi' -o -name '*.c' \
+                  -o -name '*.h' 2>/dev/null)
 
 build/linux_%/strapd: $(GO_SRC)
 	@mkdir -p $(@D)
@@ -68,8 +68,11 @@ wheel: $(WHEEL_AMD64) $(WHEEL_ARM64)
 
 # The venv is rebuilt only when the client's packaging changes. The editable install compiles
 # the client's C extension (setup.py) into clients/python/src; without a C compiler it
-# installs without it (the client's Python path writes the same bytes).
-$(VENV)/.stamp: clients/python/pyproject.toml clients/python/setup.py clients/python/src/llm_instrumentation/_speedups.c
+# installs without it (the client's Python path writes the same bytes). The same for the
+# resource monitor's extension (resources/_native.c).
+$(VENV)/.stamp: clients/python/pyproject.toml clients/python/setup.py clients/python/src/llm_instrumentation/_speedups.c \
+		clients/python/src/llm_instrumentation/resources/_native.c clients/python/src/llm_instrumentation/resources/_records.h \
+		clients/python/src/llm_instrumentation/resources/_render_core.h
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet $(PY_DEPS)
 	$(VPY) -m pip install --quiet --no-deps -e clients/python
@@ -264,10 +267,15 @@ fuzz:
 
 # Regenerates the committed BPF objects, one per architecture (amd64, arm64), and the
 # syscall-name tables; needs clang and bpftool (installed here if missing).
-generate:
+# The generated sources: the resource monitor's C header from records.py (committed;
+# tests/test_resource_schema.py fails while it is stale), and the eBPF objects.
+generate: generate-records
 	@command -v clang >/dev/null && command -v bpftool >/dev/null || \
 	  (apt-get update && apt-get install -y --no-install-recommends clang llvm libbpf-dev bpftool)
 	$(GO) generate ./internal/bpf/...
+
+generate-records:
+	$(PYTHON) clients/python/tools/gen_records_header.py
 
 # The binary, the systemd units (ExecStart points at $(PREFIX)/bin), the sysusers entry
 # (user strapd, group strap) and the tmpfiles entry; docs/DEPLOY.md says what comes next.

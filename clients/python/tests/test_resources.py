@@ -14,6 +14,7 @@ import torch.nn as nn
 from conftest import generate_with_monitor as generate
 from conftest import tiny_llama
 
+from llm_instrumentation.resources.records import Rec
 from llm_instrumentation.resources import (
     MINIMAL_ALLOCATION_BYTES,
     ResourceLevel,
@@ -400,7 +401,7 @@ def test_templates_write_what_the_builders_write(tmp_path):
     for fast in (True, False):
         p = tmp_path / f"fast-{fast}.jsonl"
         mon = ResourceMonitor(m, "VERBOSE", p, environ={})
-        mon._fast = fast
+        mon.fast = fast
         with mon:
             generate(m, mon, 6, 3)
             mon.set_level("DETAILED")
@@ -441,24 +442,24 @@ def test_records_go_to_the_writer_as_the_longest_module_starts(tmp_path):
     with mon:
         with torch.no_grad():
             m(torch.randn(2, 16))
-            assert mon._long[0] is None  # no pass written yet: nothing known
+            assert mon.recorder.longest[0] is None  # no pass written yet: nothing known
             mon.flush()
-            assert mon._long[0] is not None and mon._long[0].name == "slow"
-            put = mon._writer.put
+            assert mon.recorder.longest[0] is not None and mon.recorder.longest[0].name == "slow"
+            put = mon.recorder.thread.put
 
             def spy(recs, *rest):
-                batches.append([r[0].__name__ for r in recs])
+                batches.append([Rec(r[0]).name for r in recs])
                 put(recs, *rest)
 
-            mon._writer.put = spy
+            mon.recorder.thread.put = spy
             for _ in range(3):
                 m(torch.randn(2, 16))
-        mon._writer.sync()
+        mon.recorder.thread.sync()
         # Passes 2 and 3 hand off the pass before them, whole, as `slow` starts; pass 3's
         # records wait for the close.
         assert len(batches) == 2, batches
         for b in batches:
-            assert b[0] == "_w_begin" and b.count("_w_begin") == 1 and b[-1] == "_w_forward", b
+            assert b[0] == "BEGIN" and b.count("BEGIN") == 1 and b[-1] == "FORWARD", b
     ev = read(tmp_path / "l.jsonl")
     fwd = {e["forward"]: e for e in of(ev, "compute_execution", operation="model_forward")}
     allocs = of(ev, "memory_allocation", allocation_kind="module_output")
@@ -574,16 +575,16 @@ def test_attention_and_cache_growth_fast_path_against_builders(tmp_path, cache_k
     for fast in (True, False):
         p = tmp_path / f"{fast}.jsonl"
         mon = ResourceMonitor(m, level, p, environ={}, flush_events=1 << 20, flush_interval=None)
-        mon._fast = fast
+        mon.fast = fast
         names: List[str] = []
         with mon:
-            put = mon._writer.put
+            put = mon.recorder.thread.put
 
             def spy(batch, *rest):
-                names.extend(r[0].__name__ for r in batch)
+                names.extend(Rec(r[0]).name for r in batch)
                 put(batch, *rest)
 
-            mon._writer.put = spy
+            mon.recorder.thread.put = spy
             cache = cache_kind()
             x = torch.randn(1, 5, 32)
             with torch.no_grad():
@@ -595,9 +596,9 @@ def test_attention_and_cache_growth_fast_path_against_builders(tmp_path, cache_k
         runs.append([[(k, "*" if k in volatile else v) for k, v in e.items()] for e in read(p)])
         recs.append(names)
     assert runs[0] == runs[1]
-    uses_fast = "_w_attention_kv" in recs[0]
+    uses_fast = "ATTENTION_KV" in recs[0]
     assert uses_fast == (cache_kind is LayersCache)
-    assert "_w_attention_kv" not in recs[1]
+    assert "ATTENTION_KV" not in recs[1]
     ev = read(tmp_path / "True.jsonl")
     kv = of(ev, "kv_cache_update", module="layers.1.self_attn")
     att = of(ev, "compute_execution", operation="attention", module="layers.1.self_attn")

@@ -3,7 +3,6 @@ against its Python paths: the same records, the same bytes, the same counters.""
 
 from __future__ import annotations
 
-import copy
 import time
 import json
 from pathlib import Path
@@ -14,19 +13,12 @@ import torch
 from conftest import generate_with_monitor as decode
 from conftest import tiny_llama
 
-from llm_instrumentation import resources
-from llm_instrumentation.resources import ResourceMonitor
+from llm_instrumentation.resources import ResourceMonitor, native, system, templates, wrappers, writer
+from llm_instrumentation.resources.records import Rec
 
-needs_c = pytest.mark.skipif(resources._render is None or resources._TimedForward is None,
-                             reason="llm_instrumentation._speedups is not built "
+needs_c = pytest.mark.skipif(not native.available(),
+                             reason="llm_instrumentation.resources._native is not built "
                                     "(test_record_fast_path.py::test_speedups_built says why)")
-
-#: What the writer keeps between batches.
-STATE = ("_seq", "_w_step", "_w_fwd", "_w_flops", "_w_off", "_w_long", "_w_long_site", "total_flops",
-         "total_compute_us", "counts", "component_flows", "_kv_prev_bytes", "events_written", "_w_frac",
-         "_w_frac_at")
-#: Kept as they are (a site; the unread marker).
-KEEP = ("_w_long_site", "_w_frac")
 
 #: Durations (ns) the C writer prints without a float conversion below 10**15, and past it.
 TIMINGS = [0, 1, 5, 10, 100, 999, 1000, 1001, 1010, 1100, 37615, 100000, 999999, 10 ** 6, 123456789,
@@ -38,15 +30,15 @@ def recorded(mon: ResourceMonitor, model, level: str) -> List[List[Any]]:
     batches: List[List[Any]] = []
     mon.set_level(level)
     mon.flush()
-    put = mon._writer.put
-    mon._writer.put = lambda recs, *rest: batches.append(recs)
+    thread = mon.recorder.thread
+    thread.put = lambda recs, *rest: batches.append(recs)  # type: ignore[method-assign]
     try:
         decode(model, mon, 6, 4)
         with torch.no_grad():
             model.lm_head(torch.randn(3, model.config.hidden_size))  # outside a forward pass
-        mon._hand_off()
+        mon.recorder.hand_off()
     finally:
-        mon._writer.put = put
+        del thread.put
     return batches
 
 
@@ -63,29 +55,28 @@ def counted(value: float) -> Tuple[Callable[[], float], List[int]]:
 
 
 def same(state: Dict[str, Any]) -> Dict[str, Any]:
-    """What two runs of the writer must agree on (not when they read the clock)."""
-    return {k: v for k, v in state.items() if k != "_w_frac_at"}
+    """What two runs of the writer must agree on (not when they read the clock, nor the
+    templates, nor its CPU time)."""
+    return {k: v for k, v in state.items() if k not in ("memory_fraction_at", "templates", "writer_cpu_ns")}
 
 
 def snapshot(mon: ResourceMonitor) -> Dict[str, Any]:
-    return {k: v if k in KEEP else copy.copy(v) for k, v in ((k, getattr(mon, k)) for k in STATE)}
+    return mon.writer.state.snapshot()
 
 
 def write_all(mon: ResourceMonitor, batches: List[List[Any]], state: Dict[str, Any], keep: bool = False) -> Any:
     """Run the writer over copies of the batches from ``state`` (with the templates made so
     far if ``keep``); its lines and end state."""
-    for k, v in state.items():
-        setattr(mon, k, v if k in KEEP else copy.copy(v))
-    if not keep:
-        mon._tpl.clear()
+    st = mon.writer.state
+    st.restore(state, st.templates if keep else None)
     lines: List[bytes] = []
-    sink_write = mon._sink.write
-    mon._sink.write = lines.extend
+    sink = mon.writer.sink
+    mon.writer.sink = type("Lines", (), {"write": staticmethod(lines.extend)})()
     try:
         for b in batches:
-            mon._write_batch_inner(list(b))
+            mon.writer.write_batch(list(b))
     finally:
-        mon._sink.write = sink_write
+        mon.writer.sink = sink
     return lines, snapshot(mon)
 
 
@@ -100,31 +91,31 @@ def test_c_writer_writes_the_python_writers_bytes(tmp_path: Path, monkeypatch, l
         i = 0
         for b in batches:
             for j, r in enumerate(b):
-                if r[0] in (mon._build_linear, mon._build_module) and type(r[3]) is int:
+                if r[0] in (Rec.LINEAR, Rec.MODULE) and type(r[3]) is int:
                     b[j] = r[:3] + (TIMINGS[i % len(TIMINGS)],) + r[4:]
                     i += 1
         assert i > 3 * len(TIMINGS)
         state = snapshot(mon)
         calls = []
-        render = resources._render
+        render = native.render
 
         by_c: List[Any] = []
 
-        def counting(mon_, recs, i, lines, deadline, consts):
+        def counting(state, recs, i, lines, deadline):
             calls.append(i)
-            j = render(mon_, recs, i, lines, deadline, consts)
+            j = render(state, recs, i, lines, deadline)
             by_c.extend(r[0] for r in recs[i:j])
             return j
 
         # Read as the writer writes (the handoff's memory use): the same in both runs.
         fraction, reads = counted(0.25)
-        monkeypatch.setattr(resources, "_host_memory_fraction", fraction)
-        monkeypatch.setattr(resources, "_render", counting)
+        monkeypatch.setattr(system, "host_memory_fraction", fraction)
+        monkeypatch.setattr(native, "render", counting)
         lines_c, state_c = write_all(mon, batches, state)
-        monkeypatch.setattr(resources, "_render", None)
+        monkeypatch.setattr(native, "render", None)
         lines_py, state_py = write_all(mon, batches, state)
         # Every template made: the C writer takes every record it knows.
-        monkeypatch.setattr(resources, "_render", counting)
+        monkeypatch.setattr(native, "render", counting)
         by_c.clear()
         reads.clear()
         lines_c2, state_c2 = write_all(mon, batches, state, keep=True)
@@ -132,16 +123,15 @@ def test_c_writer_writes_the_python_writers_bytes(tmp_path: Path, monkeypatch, l
     assert len(calls) > len(batches)
     # What each level records through the timing wrappers' writer methods (VERBOSE's general
     # wrapper records allocations the other way).
-    expect = {"MINIMAL": ("linear", "attention"),
-              "DETAILED": ("linear", "module", "alloc", "attention", "walloc", "handoff"),
-              "VERBOSE": ("linear", "module", "walloc", "handoff")}
+    expect = {"MINIMAL": (Rec.LINEAR, Rec.ATTENTION_KV),
+              "DETAILED": (Rec.LINEAR, Rec.MODULE, Rec.ALLOC_OUT, Rec.ATTENTION_KV, Rec.ALLOC, Rec.HANDOFF),
+              "VERBOSE": (Rec.LINEAR, Rec.MODULE, Rec.ALLOC, Rec.HANDOFF)}
     # A handoff that reads the machine's memory use takes the Python path.
-    for name in ("linear", "module", "alloc", "attention", "walloc", "handoff"):
-        build = getattr(mon, "_build_" + name)
-        n = sum(1 for b in batches for r in b if r[0] == build)
-        assert by_c.count(build) == n - (len(reads) if name == "handoff" else 0)
-        assert (n >= 10) == (name in expect[level]), (name, n)
-    n_fast = sum(1 for b in batches for r in b if r[0] in (mon._build_linear, mon._build_module))
+    for kind in (Rec.LINEAR, Rec.MODULE, Rec.ALLOC_OUT, Rec.ATTENTION_KV, Rec.ALLOC, Rec.HANDOFF):
+        n = sum(1 for b in batches for r in b if r[0] == kind)
+        assert by_c.count(kind) == n - (len(reads) if kind == Rec.HANDOFF else 0), kind.name
+        assert (n >= 10) == (kind in expect[level]), (kind.name, n)
+    n_fast = sum(1 for b in batches for r in b if r[0] in (Rec.LINEAR, Rec.MODULE))
     assert len(lines_py) > n_fast
     for a, b in zip(lines_c, lines_py):
         assert a == b
@@ -162,17 +152,16 @@ def test_c_writer_stops_at_its_deadline(tmp_path: Path) -> None:
         batches = recorded(mon, m, "MINIMAL")
         state = snapshot(mon)
         write_all(mon, batches, state)  # makes the templates
-        recs = [r for b in batches for r in b if r[0] is mon._build_linear]
+        recs = [r for b in batches for r in b if r[0] == Rec.LINEAR]
         lines: List[bytes] = []
-        consts = (mon._build_linear, mon._build_module, mon._build_alloc, mon._build_attention, mon._build_walloc,
-                  mon._build_handoff, mon._tpl, mon.counts, mon._kv_prev_bytes, resources._UNREAD)
-        assert resources._render(mon, recs, 0, lines, 0, consts) == 1 and len(lines) >= 1
-        assert resources._render(mon, recs, 1, lines, 1 << 62, consts) == len(recs)
-        assert resources._render(mon, recs, len(recs), lines, 1 << 62, consts) == len(recs)
+        st = mon.writer.state
+        assert native.render(st, recs, 0, lines, 0) == 1 and len(lines) >= 1
+        assert native.render(st, recs, 1, lines, 1 << 62) == len(recs)
+        assert native.render(st, recs, len(recs), lines, 1 << 62) == len(recs)
         with pytest.raises(TypeError):
-            resources._render(mon, tuple(recs), 0, lines, 0, consts)
+            native.render(st, tuple(recs), 0, lines, 0)
         with pytest.raises(TypeError):
-            resources._render(mon, recs, 0, lines, 0, consts[:9])
+            native.render(st, recs, 0, lines)
 
 
 def masked(path: Path) -> List[Any]:
@@ -196,8 +185,8 @@ def test_c_wrapper_records_what_the_python_wrapper_records(tmp_path: Path, monke
     runs = []
     for c in (True, False):
         if not c:
-            monkeypatch.setattr(resources, "_TimedForward", None)
-            monkeypatch.setattr(resources, "_render", None)
+            monkeypatch.setattr(native, "TimedForward", None)
+            monkeypatch.setattr(native, "render", None)
         p = tmp_path / f"c-{c}.jsonl"
         mon = ResourceMonitor(m, "MINIMAL", p, environ={})
         with mon:
@@ -232,7 +221,7 @@ def test_c_wrapper_passes_on_what_it_does_not_time(tmp_path: Path) -> None:
     wrapper.active[0] = False
     assert torch.equal(wrapper(x), torch.nn.functional.linear(x, lin.weight, lin.bias))
     with pytest.raises(TypeError):
-        resources._TimedForward(1, 2)
+        native.TimedForward(1, 2)
 
 
 @pytest.mark.parametrize("max_age,reads_expected", [(0.0, "every pass"), (1e9, "once")])
@@ -241,8 +230,8 @@ def test_memory_use_is_read_at_most_every_max_age(tmp_path: Path, monkeypatch, m
     """The machine's memory use on the handoff events: read by the writer for the first
     handoff it writes, then reused by the passes of the next _FRAC_MAX_AGE seconds."""
     fraction, reads = counted(0.6)
-    monkeypatch.setattr(resources, "_host_memory_fraction", fraction)
-    monkeypatch.setattr(resources, "_FRAC_MAX_AGE", max_age)
+    monkeypatch.setattr(system, "host_memory_fraction", fraction)
+    monkeypatch.setattr(system, "FRACTION_MAX_AGE", max_age)
     m = tiny_llama()
     p = tmp_path / "r.jsonl"
     with ResourceMonitor(m, "DETAILED", p, environ={}) as mon:
@@ -264,25 +253,27 @@ def test_writer_keeps_the_lock_while_the_longest_linear_runs(tmp_path: Path, mon
     with mon:
         batches = recorded(mon, m, "DETAILED")
         for b in batches:
-            mon._write_batch_inner(list(b))
-        assert mon._long[0] is not None
-        assert (mon._long_ns > 0) == (mon._long[0].kind == "linear")
+            mon.writer.write_batch(list(b))
+        longest = mon.recorder.longest
+        assert longest[0] is not None
+        assert (mon.writer.longest_ns > 0) == (longest[0].kind == "linear")
         sleeps: List[float] = []
-        monkeypatch.setattr(resources, "_YIELD_NS", 0)
-        monkeypatch.setattr(resources.time, "sleep", sleeps.append)
-        mon._write_batch_inner(list(batches[-1]), time.perf_counter_ns() + 10 ** 10)
+        monkeypatch.setattr(writer, "YIELD_NS", 0)
+        monkeypatch.setattr(writer.time, "sleep", sleeps.append)
+        mon.writer.write_batch(list(batches[-1]), time.perf_counter_ns() + 10 ** 10)
         assert sleeps == []
-        mon._write_batch_inner(list(batches[-1]), 0)
+        mon.writer.write_batch(list(batches[-1]), 0)
         assert len(sleeps) >= len(batches[-1]) // 2
         monkeypatch.undo()
         # The model's thread gives the writer the window as it hands the records over.
         got = []
-        mon._writer.put = lambda recs, quiet_until=0: got.append(quiet_until)
-        mon._long_ns = 10 ** 9
+        thread = mon.recorder.thread
+        thread.put = lambda recs, quiet_until=0: got.append(quiet_until)  # type: ignore[method-assign]
+        mon.writer.longest_ns = 10 ** 9
         t0 = time.perf_counter_ns()
         decode(m, mon, 3, 2)
         assert got and all(t0 + 8 * 10 ** 8 <= q <= time.perf_counter_ns() + 8 * 10 ** 8 for q in got)
-        mon._writer.put = type(mon._writer).put.__get__(mon._writer)
+        del thread.put
 
 
 @needs_c
@@ -290,17 +281,17 @@ def test_program_of_a_template() -> None:
     """A template as the C writer runs it: its text in one piece (``%%`` as ``%``) and a
     table of (length, slot) ops; a literal past 64 KiB split across ops; a slot the C
     writer does not fill makes no program."""
-    text, ops = resources._program('{"a":"50%%","t":%(ts)s,"d":%(d)s}\n')
+    text, ops = templates.program('{"a":"50%%","t":%(ts)s,"d":%(d)s}\n')
     assert text == b'{"a":"50%","t":,"d":}\n'
     assert [(ops[i] | ops[i + 1] << 8, ops[i + 2]) for i in range(0, len(ops), 3)] == [
-        (len(b'{"a":"50%","t":'), resources._C_SLOTS["ts"]), (len(b',"d":'), resources._C_SLOTS["d"]),
+        (len(b'{"a":"50%","t":'), templates.SLOT_NUMBERS["ts"]), (len(b',"d":'), templates.SLOT_NUMBERS["d"]),
         (2, 255)]
     long = "x" * 70000
-    text, ops = resources._program(long + "%(seq)s")
+    text, ops = templates.program(long + "%(seq)s")
     assert text == long.encode()
     assert [(ops[i] | ops[i + 1] << 8, ops[i + 2]) for i in range(0, len(ops), 3)] == [
-        (0xFFFF, 255), (70000 - 0xFFFF, resources._C_SLOTS["seq"]), (0, 255)]
-    assert resources._program("%(unknown)s") is None
+        (0xFFFF, 255), (70000 - 0xFFFF, templates.SLOT_NUMBERS["seq"]), (0, 255)]
+    assert templates.program("%(unknown)s") is None
 
 
 def test_cuda_timing_pairs_events(monkeypatch) -> None:
@@ -319,7 +310,7 @@ def test_cuda_timing_pairs_events(monkeypatch) -> None:
             recorded.append(self)
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
-    assert resources._timing(100, 350, None) == 250 and recorded == []
-    start = resources._cuda_event()
-    pair = resources._timing(100, 350, start)
+    assert wrappers.timing_of(100, 350, None) == 250 and recorded == []
+    start = wrappers.cuda_event()
+    pair = wrappers.timing_of(100, 350, start)
     assert pair[0] is start and isinstance(pair[1], Event) and pair[1].recorded and recorded == [start, pair[1]]

@@ -41,6 +41,7 @@ CHILD = textwrap.dedent(r'''
     import llm_instrumentation as li
     from llm_instrumentation import _daemon as D, _protocol as P
     from llm_instrumentation import _session, _speedups, resources
+    from llm_instrumentation.resources import native
 
     venv = Path(sys.argv[1]).resolve()
     out = Path(sys.argv[2])
@@ -68,7 +69,8 @@ CHILD = textwrap.dedent(r'''
         "packets": fw.summary["packets"], "read_back": n,
         "torch_from": torch.__file__,
         "speedups": _speedups.__file__, "speedups_used": _session._c_write_record is not None,
-        "resources_c": type(c_wrapped).__name__ == "TimedForward" and resources._render is not None,
+        "resources_c": type(c_wrapped).__name__ == "TimedForward" and native.render is not None,
+        "resources_native": native.extension.__file__,
         "mul_mat_events": sum(1 for e in events if e.get("operation") == "mul_mat"),
     }))
 ''')
@@ -133,6 +135,8 @@ def test_wheel_in_fresh_venv(tmp_path):
         assert Path(info["speedups"]).resolve() == Path(purelib).resolve() / "llm_instrumentation" / "_speedups.abi3.so"
         assert info["speedups_used"], info
         assert info["resources_c"] and info["mul_mat_events"] >= 9, info  # 2 layers x 4 + lm_head
+        assert Path(info["resources_native"]).resolve() == \
+            Path(purelib).resolve() / "llm_instrumentation" / "resources" / "_native.abi3.so"
 
         # The console script on the venv's PATH runs the same daemon binary.
         shim = shutil.which("strapd", path=path)

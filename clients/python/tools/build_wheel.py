@@ -2,8 +2,10 @@
 """Build a platform wheel of strap-llm that carries a static strapd.
 
 What makes the wheel platform-specific is the daemon at ``llm_instrumentation/_bin/strapd``
-and the client's optional C extension ``llm_instrumentation/_speedups.abi3.so``. The package
-is copied to a scratch directory, the binary is placed there, the extension is compiled for
+and the client's optional C extensions ``llm_instrumentation/_speedups.abi3.so`` (the ring's
+record write) and ``llm_instrumentation/resources/_native.abi3.so`` (the resource monitor's
+wrapper and writer). The package is copied to a scratch directory, the binary is placed
+there, the extensions are compiled for
 the target architecture (``cc`` on the same architecture, else Debian's cross compiler
 ``<arch>-linux-gnu-gcc``; ``CC_<arch>`` overrides), and setuptools' own ``bdist_wheel`` is
 run through the PEP 517 backend with ``--plat-name`` on the scratch copy, where the extension
@@ -30,6 +32,7 @@ import sys
 import sysconfig
 import tempfile
 import zipfile
+from typing import List
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent  # clients/python
@@ -56,23 +59,29 @@ def project_version() -> str:
     return m.group(1)
 
 
-SPEEDUPS = "llm_instrumentation/_speedups.abi3.so"
+SRC = HERE / "src" / "llm_instrumentation"
+#: The C extensions (setup.py builds the same from source): path in the wheel, C sources.
+EXTENSIONS = {
+    "llm_instrumentation/_speedups.abi3.so": [SRC / "_speedups.c"],
+    "llm_instrumentation/resources/_native.abi3.so": [SRC / "resources" / f for f in
+                                                      ("_native.c", "_native_keys.c", "_native_render.c")],
+}
 
 
-def compile_speedups(arch: str, dest: Path) -> None:
-    """Compile _speedups.c for ``arch`` into ``dest`` and check the result's architecture."""
+def compile_extension(arch: str, sources: List[Path], dest: Path) -> None:
+    """Compile an extension's C sources for ``arch`` into ``dest`` and check the result's
+    architecture and the glibc it needs."""
     host = platform.machine()
     cc = os.environ.get(f"CC_{arch}") or ("cc" if host == arch else f"{arch}-linux-gnu-gcc")
     if shutil.which(cc) is None:
         raise SystemExit(f"no C compiler {cc!r} for {arch} (Debian: apt-get install gcc-{arch.replace('_', '-')}"
                          f"-linux-gnu; or set CC_{arch})")
     include = sysconfig.get_paths()["include"]
-    cmd = [cc, "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-I", include,
-           str(HERE / "src" / "llm_instrumentation" / "_speedups.c"), "-o", str(dest)]
+    cmd = [cc, "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-I", include, *map(str, sources), "-o", str(dest)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         sys.stderr.write(res.stdout + res.stderr)
-        raise SystemExit(f"compiling _speedups.c for {arch} failed: {' '.join(cmd)}")
+        raise SystemExit(f"compiling {dest.name} for {arch} failed: {' '.join(cmd)}")
     if elf_machine(dest) != ELF_MACHINE[arch]:
         raise SystemExit(f"{cc} built {dest} for another architecture than {arch}")
     # The manylinux_2_17 tag promises nothing newer than glibc 2.17: the version names the
@@ -97,11 +106,12 @@ def check_wheel(whl: Path, plat: str) -> None:
         mode = info.external_attr >> 16
         if not mode & 0o111:
             raise SystemExit(f"{whl}: llm_instrumentation/_bin/strapd is not executable (mode {mode:o})")
-        if SPEEDUPS not in names:
-            raise SystemExit(f"{whl}: no {SPEEDUPS}")
-        so = z.read(SPEEDUPS)
-        if so[:4] != b"\x7fELF" or int.from_bytes(so[18:20], "little") != ELF_MACHINE[arch]:
-            raise SystemExit(f"{whl}: {SPEEDUPS} is not an {arch} ELF file")
+        for ext in EXTENSIONS:
+            if ext not in names:
+                raise SystemExit(f"{whl}: no {ext}")
+            so = z.read(ext)
+            if so[:4] != b"\x7fELF" or int.from_bytes(so[18:20], "little") != ELF_MACHINE[arch]:
+                raise SystemExit(f"{whl}: {ext} is not an {arch} ELF file")
         if not any(n.endswith(".dist-info/entry_points.txt") for n in names):
             raise SystemExit(f"{whl}: no entry_points.txt (the strapd console script)")
 
@@ -137,8 +147,10 @@ def main() -> int:
         data = '"_bin/strapd"'
         if data not in pyproject:
             raise SystemExit(f"pyproject.toml: package-data has no {data} to add the extension beside")
-        (work / "pyproject.toml").write_text(pyproject.replace(data, f'{data}, "_speedups.abi3.so"', 1))
-        compile_speedups(arch, work / "src" / SPEEDUPS)
+        so_data = ", ".join(f'"{ext.split("/", 1)[1]}"' for ext in EXTENSIONS)
+        (work / "pyproject.toml").write_text(pyproject.replace(data, f'{data}, {so_data}', 1))
+        for ext, sources in EXTENSIONS.items():
+            compile_extension(arch, sources, work / "src" / ext)
         bindir = work / "src" / "llm_instrumentation" / "_bin"
         bindir.mkdir()
         shutil.copyfile(args.binary, bindir / "strapd")

@@ -10,7 +10,7 @@ Example:
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 from .analysis import analyze_activations, analyze_activations_with_tokens
 from .config import HookGranularity, InstrumentationConfig

@@ -297,11 +297,11 @@ class LegacyStreamReader:
         return self._tensors(None)
 
     def _tensors(self, name: Optional[str]) -> Iterator[Any]:
-        from .stream import Tensor
+        from ._tensor import Tensor
 
         for pk in self._packets:
             if name is None or pk.name == name:
-                yield Tensor([pk])  # type: ignore[list-item]
+                yield Tensor([pk])
 
     def tensors(self, name: Optional[str] = None) -> List[Any]:
         """The tensors of module ``name`` (every tensor when None), in file order."""

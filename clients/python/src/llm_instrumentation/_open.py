@@ -64,7 +64,7 @@ def open_request(model: "nn.Module", config: InstrumentationConfig, plan: Transp
     Returns:
         the OPEN body.
     """
-    from . import __version__
+    from ._version import __version__
 
     arch = describe_model(model)
     metadata = {

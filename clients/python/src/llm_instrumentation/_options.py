@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Union
 
 from . import checkpoint as ckpt
+from .resources.levels import ResourceLevel
 
 PathArg = Union[str, "os.PathLike[str]"]
 
@@ -74,8 +75,6 @@ class SessionOptions:
         if self.resource_level is True:
             raise ValueError("resource_level=True: name a level (MINIMAL, DETAILED, VERBOSE) or pass False")
         if self.resource_level is not None and self.resource_level is not False:
-            from .resources import ResourceLevel
-
             set_(self, "resource_level", ResourceLevel.parse(self.resource_level).name)
 
     def with_capture(self, **changes: Any) -> "SessionOptions":

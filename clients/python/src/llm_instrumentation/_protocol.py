@@ -756,7 +756,7 @@ def status(path: str, timeout: float = 5.0) -> Dict[str, Any]:
     """
     import os
 
-    from . import __version__
+    from ._version import __version__
 
     conn = Connection.connect(path, timeout)
     try:

@@ -611,7 +611,7 @@ def open_session(socket_path: Optional[str], autostart: bool, stall_timeout: flo
     Returns:
         the open session.
     """
-    from . import __version__
+    from ._version import __version__
 
     conn: Optional[P.Connection] = None
     ring: Optional[Ring] = None

@@ -28,6 +28,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
+from .resources.levels import ResourceLevel
+
 #: Codecs strapd accepts (docs/COMPRESSION.md 1): generic lossless ``none``/``lz4``/``zstd``,
 #: the dtype-aware lossless ``shuffle``, and the opt-in lossy ``quant`` and ``fp16``.
 SUPPORTED_CODECS: Tuple[str, ...] = ("none", "lz4", "zstd", "shuffle", "quant", "fp16")
@@ -233,8 +235,6 @@ class InstrumentationConfig:
         if not isinstance(self.trace, bool):
             raise TypeError(f"trace must be a bool, got {self.trace!r}")
         if self.resource_level is not None:
-            from .resources import ResourceLevel
-
             object.__setattr__(self, "resource_level", ResourceLevel.parse(self.resource_level).name)
         t = self.target_throughput_gbps
         if t is not None:

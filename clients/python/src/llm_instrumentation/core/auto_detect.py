@@ -13,16 +13,12 @@ from __future__ import annotations
 import fnmatch
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
+from .._anatomy import ATTENTION_NAMES, MLP_NAMES  # the model anatomy's names, shared with resources/
 from .._warnings import warn_caller
 from ..config import HookGranularity, InstrumentationConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch.nn as nn
-
-#: Direct children of a block that are its attention module, in preference order.
-ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")
-#: Direct children of a block that are its MLP module(s).
-MLP_NAMES = ("mlp", "feed_forward", "ffn", "intermediate")
 
 
 def _family(model: "nn.Module") -> str:

@@ -1,0 +1,253 @@
+/*
+ * The template keys of the records the C writer renders (records.KEYS, through the generated
+ * _records.h) and the figures of an attention record, for render (_native_render.c) and for
+ * template_key, which the tests compare with the keys the Python writer files templates under.
+ */
+#include "_native.h"
+
+PyObject *
+pack(Py_ssize_t n, PyObject **items)
+{
+    PyObject *t = PyTuple_New(n);
+    if (t == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PUT(t, i, items[i]);
+    return t;
+}
+
+PyObject *
+bool_obj(int v)
+{
+    return v ? Py_True : Py_False;
+}
+
+/* A shape (a tuple of ints) into dims; 0 when it is not one C can hold (Python takes it). */
+int
+shape_dims(PyObject *shape, long long *dims, int *n)
+{
+    if (!PyTuple_Check(shape) || PyTuple_Size(shape) > MAX_DIMS)
+        return 0;
+    *n = (int)PyTuple_Size(shape);
+    for (int i = 0; i < *n; i++) {
+        dims[i] = PyLong_AsLongLong(PyTuple_GetItem(shape, i));
+        if (dims[i] == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* A shape's element count; -1 when it overflows. */
+long long
+numel(const long long *dims, int n)
+{
+    long long e = 1;
+    for (int i = 0; i < n; i++) {
+        if (dims[i] < 0 || (dims[i] && e > LLONG_MAX / dims[i]))
+            return -1;
+        e *= dims[i];
+    }
+    return e;
+}
+
+/* The key records.KEYS[LINEAR or MODULE] of a record. */
+PyObject *
+key_timed(PyObject *r, long long t)
+{
+    PyObject *k[KEY_LINEAR_LEN];
+    k[KEY_LINEAR_SITE] = PyTuple_GetItem(r, LINEAR_SITE);
+    k[KEY_LINEAR_IN_SHAPE] = PyTuple_GetItem(r, LINEAR_IN_SHAPE);
+    k[KEY_LINEAR_IN_DTYPE] = PyTuple_GetItem(r, LINEAR_IN_DTYPE);
+    k[KEY_LINEAR_OUT_SHAPE] = PyTuple_GetItem(r, LINEAR_OUT_SHAPE);
+    k[KEY_LINEAR_OUT_DTYPE] = PyTuple_GetItem(r, LINEAR_OUT_DTYPE);
+    k[KEY_LINEAR_TIMED] = bool_obj(t > 0);
+    return pack(KEY_LINEAR_LEN, k);
+}
+
+/* The key records.KEYS[ALLOC_OUT or ALLOC] of a record (mem: its memory reading). */
+PyObject *
+key_alloc(PyObject *r, PyObject *mem)
+{
+    if (PyTuple_Size(r) == ALLOC_OUT_LEN && tag_of(r) == REC_ALLOC_OUT) {
+        PyObject *k[KEY_ALLOC_OUT_LEN], *nmem = PyLong_FromSsize_t(PyDict_Size(mem));
+        if (nmem == NULL)
+            return NULL;
+        k[KEY_ALLOC_OUT_OUT] = key_out;
+        k[KEY_ALLOC_OUT_SITE] = PyTuple_GetItem(r, ALLOC_OUT_SITE);
+        k[KEY_ALLOC_OUT_NBYTES] = PyTuple_GetItem(r, ALLOC_OUT_NBYTES);
+        k[KEY_ALLOC_OUT_IN_SHAPE] = PyTuple_GetItem(r, ALLOC_OUT_IN_SHAPE);
+        k[KEY_ALLOC_OUT_OUT_SHAPE] = PyTuple_GetItem(r, ALLOC_OUT_OUT_SHAPE);
+        k[KEY_ALLOC_OUT_OUT_DTYPE] = PyTuple_GetItem(r, ALLOC_OUT_OUT_DTYPE);
+        k[KEY_ALLOC_OUT_MEMORY_FIELDS] = nmem;
+        PyObject *key = pack(KEY_ALLOC_OUT_LEN, k);
+        Py_DECREF(nmem);
+        return key;
+    }
+    PyObject *k[KEY_ALLOC_LEN], *keys = PySequence_Tuple(mem);
+    if (keys == NULL)
+        return NULL;
+    k[KEY_ALLOC_SITE] = PyTuple_GetItem(r, ALLOC_SITE);
+    k[KEY_ALLOC_KIND] = PyTuple_GetItem(r, ALLOC_KIND);
+    k[KEY_ALLOC_NBYTES] = PyTuple_GetItem(r, ALLOC_NBYTES);
+    k[KEY_ALLOC_SHAPE] = PyTuple_GetItem(r, ALLOC_SHAPE);
+    k[KEY_ALLOC_DTYPE] = PyTuple_GetItem(r, ALLOC_DTYPE);
+    k[KEY_ALLOC_IS_CUDA] = PyTuple_GetItem(r, ALLOC_IS_CUDA);
+    k[KEY_ALLOC_MEMORY_KEYS] = keys;
+    PyObject *key = pack(KEY_ALLOC_LEN, k);
+    Py_DECREF(keys);
+    return key;
+}
+
+/* The key records.KEYS[ATTENTION_KV] of a record. */
+PyObject *
+key_attention(PyObject *r, int variant)
+{
+    PyObject *k[KEY_ATTENTION_KV_LEN], *var = PyLong_FromLong(variant);
+    if (var == NULL)
+        return NULL;
+    k[KEY_ATTENTION_KV_SITE] = PyTuple_GetItem(r, ATTENTION_KV_SITE);
+    k[KEY_ATTENTION_KV_IN_SHAPE] = PyTuple_GetItem(r, ATTENTION_KV_IN_SHAPE);
+    k[KEY_ATTENTION_KV_IN_DTYPE] = PyTuple_GetItem(r, ATTENTION_KV_IN_DTYPE);
+    k[KEY_ATTENTION_KV_OUT_SHAPE] = PyTuple_GetItem(r, ATTENTION_KV_OUT_SHAPE);
+    k[KEY_ATTENTION_KV_OUT_DTYPE] = PyTuple_GetItem(r, ATTENTION_KV_OUT_DTYPE);
+    k[KEY_ATTENTION_KV_KEY_DTYPE] = PyTuple_GetItem(r, ATTENTION_KV_KEY_DTYPE);
+    k[KEY_ATTENTION_KV_VALUE_DTYPE] = PyTuple_GetItem(r, ATTENTION_KV_VALUE_DTYPE);
+    k[KEY_ATTENTION_KV_VARIANT] = var;
+    PyObject *key = pack(KEY_ATTENTION_KV_LEN, k);
+    Py_DECREF(var);
+    return key;
+}
+
+/* The key records.KEYS[HANDOFF] of a record. */
+PyObject *
+key_handoff_of(PyObject *r, int variant)
+{
+    PyObject *k[KEY_HANDOFF_LEN], *var = PyLong_FromLong(variant);
+    if (var == NULL)
+        return NULL;
+    k[KEY_HANDOFF_HANDOFF] = key_handoff;
+    k[KEY_HANDOFF_SITE] = PyTuple_GetItem(r, HANDOFF_SITE);
+    k[KEY_HANDOFF_SHAPE] = PyTuple_GetItem(r, HANDOFF_SHAPE);
+    k[KEY_HANDOFF_DTYPE] = PyTuple_GetItem(r, HANDOFF_DTYPE);
+    k[KEY_HANDOFF_FRACTION_SOURCE] = PyTuple_GetItem(r, HANDOFF_FRACTION_SOURCE);
+    k[KEY_HANDOFF_VARIANT] = var;
+    PyObject *key = pack(KEY_HANDOFF_LEN, k);
+    Py_DECREF(var);
+    return key;
+}
+
+int
+attention_figures(State *st, PyObject *r, Values *v, AttnFigures *f)
+{
+    PyObject *site = PyTuple_GetItem(r, ATTENTION_KV_SITE), *kb = PyTuple_GetItem(r, ATTENTION_KV_KEY_SHAPE_BEFORE);
+    long long xs[MAX_DIMS], kbd[MAX_DIMS];
+    int xn, kbn = 0;
+    if (!shape_dims(PyTuple_GetItem(r, ATTENTION_KV_IN_SHAPE), xs, &xn) ||
+        !shape_dims(PyTuple_GetItem(r, ATTENTION_KV_KEY_SHAPE), v->ks, &v->ks_n) ||
+        !shape_dims(PyTuple_GetItem(r, ATTENTION_KV_VALUE_SHAPE), v->vs, &v->vs_n) ||
+        (kb != Py_None && !shape_dims(kb, kbd, &kbn)))
+        return 0;
+    PyObject *as = PyObject_GetAttr(site, str_attn_static); /* (seq_first, heads, head_dim, idx) */
+    if (as == NULL)
+        return -1;
+    int ok = PyTuple_Check(as) && PyTuple_Size(as) == 4;
+    int seq_first = ok ? PyObject_IsTrue(PyTuple_GetItem(as, 0)) : 0;
+    f->heads = f->head_dim = 0;
+    if (ok && PyTuple_GetItem(as, 1) != Py_None)
+        f->heads = PyLong_AsLongLong(PyTuple_GetItem(as, 1));
+    if (ok && PyTuple_GetItem(as, 2) != Py_None)
+        f->head_dim = PyLong_AsLongLong(PyTuple_GetItem(as, 2));
+    f->idx = ok ? PyTuple_GetItem(as, 3) : NULL;
+    Py_XINCREF(f->idx);
+    Py_DECREF(as);
+    if (!ok || seq_first < 0 || PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    /* events.attention_tokens, events.attention_flops, caches.kv_len_of */
+    f->q_len = xn >= 2 ? xs[seq_first ? 0 : xn - 2] : 0;
+    f->batch = xn >= 3 ? xs[seq_first ? 1 : 0] : 1;
+    f->kv_len = v->ks_n >= 2 ? v->ks[v->ks_n - 2] : 0;
+    f->before = kb != Py_None && kbn >= 2 && numel(kbd, kbn) != 0 ? kbd[kbn - 2] : 0;
+    f->nk = numel(v->ks, v->ks_n);
+    f->nv = numel(v->vs, v->vs_n);
+    if (f->q_len < 0 || f->batch < 0 || f->kv_len < 0 || f->before < 0 || f->nk < 0 || f->nv < 0)
+        return 0;
+    f->has_flops = f->heads != 0 && f->head_dim != 0;
+    f->flops = 0;
+    if (f->has_flops) {
+        long long m[6] = {4, f->batch, f->heads, f->q_len, f->kv_len, f->head_dim};
+        f->flops = 1;
+        for (int i = 0; i < 6; i++) {
+            if (m[i] < 0 || (m[i] && f->flops > LLONG_MAX / m[i]))
+                return 0;
+            f->flops *= m[i];
+        }
+        if (st->total_flops > LLONG_MAX - f->flops || st->pass_flops > LLONG_MAX - f->flops)
+            return 0;
+    }
+    return 1;
+}
+
+PyObject *
+template_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs < 1 || nargs > 2 || !PyTuple_Check(args[0]) || PyTuple_Size(args[0]) < 2) {
+        PyErr_SetString(PyExc_TypeError, "template_key(record: tuple, memory=None)");
+        return NULL;
+    }
+    PyObject *r = args[0];
+    long tag = PyLong_AsLong(PyTuple_GetItem(r, 0));
+    if (tag == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t size = PyTuple_Size(r);
+    if ((tag == REC_LINEAR && size == LINEAR_LEN) || (tag == REC_MODULE && size == MODULE_LEN)) {
+        long long t = PyLong_AsLongLong(PyTuple_GetItem(r, LINEAR_TIMING));
+        return PyErr_Occurred() ? NULL : key_timed(r, t);
+    }
+    if ((tag == REC_ALLOC_OUT && size == ALLOC_OUT_LEN) || (tag == REC_ALLOC && size == ALLOC_LEN)) {
+        if (nargs < 2 || !PyDict_Check(args[1])) {
+            PyErr_SetString(PyExc_TypeError, "template_key: an allocation's key needs its memory reading (a dict)");
+            return NULL;
+        }
+        return key_alloc(r, args[1]);
+    }
+    if (tag == REC_ATTENTION_KV && size == ATTENTION_KV_LEN) {
+        long long t = PyLong_AsLongLong(PyTuple_GetItem(r, ATTENTION_KV_TIMING));
+        if (PyErr_Occurred())
+            return NULL;
+        Values v;
+        AttnFigures f;
+        memset(&v, 0, sizeof v);
+        memset(&f, 0, sizeof f);
+        State st;
+        memset(&st, 0, sizeof st);
+        int rc = attention_figures(&st, r, &v, &f);
+        Py_XDECREF(f.idx);
+        if (rc <= 0) {
+            if (rc == 0)
+                PyErr_SetString(PyExc_ValueError, "template_key: an attention record C does not render");
+            return NULL;
+        }
+        return key_attention(r, !f.has_flops ? 0 : (f.flops && t > 0) ? 2 : 1);
+    }
+    if (tag == REC_HANDOFF && size == HANDOFF_LEN) {
+        long long t = PyLong_AsLongLong(PyTuple_GetItem(r, HANDOFF_TIMING));
+        if (PyErr_Occurred())
+            return NULL;
+        PyObject *frac = nargs > 1 ? args[1] : PyTuple_GetItem(r, HANDOFF_MEMORY_FRACTION);
+        return key_handoff_of(r, (t > 0) + 2 * (frac != Py_None));
+    }
+    PyErr_Format(PyExc_ValueError, "template_key: no template key for a record of kind %ld and %zd items", tag, size);
+    return NULL;
+}
+
+const char template_key_doc[] =
+    "template_key(record, memory=None) -> tuple\n"
+    "--\n\n"
+    "The template key render looks a record up by (records.KEYS): LINEAR, MODULE, ALLOC_OUT,\n"
+    "ALLOC (with its memory reading), ATTENTION_KV or HANDOFF. The tests compare it with the\n"
+    "key the Python writer files the template under.";

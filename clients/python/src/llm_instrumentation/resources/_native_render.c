@@ -1,0 +1,542 @@
+/*
+ * The writer's rendering of the records of the timing wrappers (lines.py, attention_lines.py):
+ * the writer state (records.STATE) in, the templated records written, the state out.
+ */
+#include "_native.h"
+
+/* The program (text, ops) of a template entry run into lines. */
+static int
+emit(Buf *b, PyObject *prog, const Values *v, PyObject *lines)
+{
+    char *text, *ops;
+    Py_ssize_t text_len, ops_len;
+    if (!PyTuple_Check(prog) || PyTuple_Size(prog) != 2 ||
+        PyBytes_AsStringAndSize(PyTuple_GetItem(prog, 0), &text, &text_len) < 0 ||
+        PyBytes_AsStringAndSize(PyTuple_GetItem(prog, 1), &ops, &ops_len) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "render: a template program must be (text, ops) bytes");
+        return -1;
+    }
+    b->len = 0;
+    int bad = 0;
+    switch (run_program(b, text, (size_t)text_len, (const unsigned char *)ops, (size_t)ops_len, v, &bad)) {
+    case RENDER_OK:
+        break;
+    case RENDER_NOMEM:
+        PyErr_NoMemory();
+        return -1;
+    case RENDER_BAD_PROGRAM:
+        PyErr_SetString(PyExc_ValueError, "render: a template program reads past its text");
+        return -1;
+    case RENDER_NO_MEMORY_VALUE:
+        PyErr_Format(PyExc_KeyError, "render: the memory reading has no %s", slot_names[bad]);
+        return -1;
+    default:
+        PyErr_Format(PyExc_ValueError, "render: unknown template slot %d", bad);
+        return -1;
+    }
+    PyObject *line = PyBytes_FromStringAndSize(b->p, (Py_ssize_t)b->len);
+    if (line == NULL)
+        return -1;
+    int rc = PyList_Append(lines, line);
+    Py_DECREF(line);
+    return rc;
+}
+
+/* The template entry under key (stolen): borrowed; NULL without an error when none is made
+ * yet; NULL with a TypeError naming the items when it is not the tuple records.ENTRIES says. */
+static PyObject *
+lookup(State *st, PyObject *key, Py_ssize_t want, const char *kind, const char *names)
+{
+    if (key == NULL)
+        return NULL;
+    PyObject *entry = PyDict_GetItemWithError(st->tpl, key); /* borrowed */
+    Py_DECREF(key);
+    if (entry != NULL && (!PyTuple_Check(entry) || PyTuple_Size(entry) != want)) {
+        PyErr_Format(PyExc_TypeError,
+                     "render: the template entry of a %s record is not the %zd-tuple records.ENTRIES declares "
+                     "(%s): the writer (lines.py) and records.py differ",
+                     kind, want, names);
+        return NULL;
+    }
+    return entry;
+}
+
+/* LINEAR and MODULE records. 1 written, 0 for the Python path, -1 an error. */
+static int
+render_timed(State *st, PyObject *r, int is_lin, PyObject *lines, Buf *b)
+{
+    PyObject *timing = PyTuple_GetItem(r, LINEAR_TIMING), *site = PyTuple_GetItem(r, LINEAR_SITE);
+    if (!PyLong_CheckExact(timing))
+        return 0; /* CUDA events */
+    long long t = PyLong_AsLongLong(timing), t1 = PyLong_AsLongLong(PyTuple_GetItem(r, LINEAR_END));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *entry = is_lin ? lookup(st, key_timed(r, t), ENTRY_LINEAR_LEN, "LINEAR", ENTRY_LINEAR_NAMES)
+                             : lookup(st, key_timed(r, t), ENTRY_MODULE_LEN, "MODULE", ENTRY_MODULE_NAMES);
+    if (entry == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *progs = PyTuple_GetItem(entry, is_lin ? ENTRY_LINEAR_PROGRAMS : ENTRY_MODULE_PROGRAM);
+    if (progs == Py_None)
+        return 0;
+    long long flops = PyLong_AsLongLong(PyTuple_GetItem(entry, is_lin ? ENTRY_LINEAR_FLOPS : ENTRY_MODULE_FLOPS));
+    long long nbytes = PyLong_AsLongLong(PyTuple_GetItem(entry, is_lin ? ENTRY_LINEAR_NBYTES : ENTRY_MODULE_NBYTES));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (flops < 0 || st->total_flops > LLONG_MAX - flops || st->pass_flops > LLONG_MAX - flops)
+        return 0; /* beyond 64 bits: Python's ints take over */
+    int counts_time = 1;
+    if (!is_lin && (counts_time = PyObject_IsTrue(PyTuple_GetItem(entry, ENTRY_MODULE_COUNTS_TIME))) < 0)
+        return -1;
+    if (t > st->long_ns) {
+        st->long_ns = t;
+        Py_INCREF(site);
+        Py_DECREF(st->long_site);
+        st->long_site = site;
+    }
+    Values v;
+    memset(&v, 0, sizeof v);
+    v.ints[SLOT_TS] = floordiv1000(t1 + st->off);
+    v.ints[SLOT_SEQ] = st->seq + 1;
+    v.ints[SLOT_SEQ2] = st->seq + 2;
+    v.ints[SLOT_STEP] = st->step;
+    v.ints[SLOT_FWD] = st->fwd;
+    v.timing = t;
+    v.tf_zero = !is_lin && flops == 0;
+    v.dbl[SLOT_TF] = t > 0 ? per_ns((double)flops, t) : 0.0;
+    v.dbl[SLOT_TB] = t > 0 ? per_ns((double)nbytes, t) : 0.0;
+    Py_ssize_t nprog = is_lin ? PyTuple_Size(progs) : 1;
+    for (Py_ssize_t k = 0; k < nprog; k++)
+        if (emit(b, is_lin ? PyTuple_GetItem(progs, k) : progs, &v, lines) < 0)
+            return -1;
+    st->seq += nprog;
+    st->counts[COUNT_COMPUTE_EXECUTION] += 1;
+    if (is_lin) {
+        st->pass_flops += flops;
+        if (nprog > 1)
+            st->counts[COUNT_MLP_OPERATION] += 1;
+    }
+    st->total_flops += flops;
+    if (counts_time)
+        st->total_us += (double)t / 1000.0;
+    return 1;
+}
+
+/* An allocation's program and values, not yet written: an ALLOC_OUT or ALLOC record.
+ * 1 ready, 0 for the Python path (no memory reading yet: it reads one), -1 an error. */
+static int
+prepare_alloc(State *st, PyObject *r, PyObject **prog, Values *v)
+{
+    int out = PyTuple_Size(r) == ALLOC_OUT_LEN;
+    PyObject *ptr = PyTuple_GetItem(r, out ? ALLOC_OUT_ADDRESS : ALLOC_ADDRESS);
+    PyObject *cell = PyTuple_GetItem(r, out ? ALLOC_OUT_MEMORY : ALLOC_MEMORY);
+    PyObject *end = PyTuple_GetItem(r, out ? ALLOC_OUT_END : ALLOC_END);
+    if (!PyList_Check(cell) || PyList_Size(cell) != 1)
+        return 0;
+    PyObject *mem = PyList_GetItem(cell, 0);
+    if (!PyDict_Check(mem) || !PyLong_CheckExact(ptr) || !PyLong_CheckExact(end))
+        return 0;
+    memset(v, 0, sizeof *v);
+    for (int k = 0; k < N_MEMORY; k++) {
+        PyObject *m = PyDict_GetItemWithError(mem, mem_keys[k]);
+        if (m == NULL) {
+            if (PyErr_Occurred())
+                return -1;
+            continue;
+        }
+        if (!PyLong_CheckExact(m))
+            return 0;
+        v->ints[SLOT_PROCESS_RSS_BYTES + k] = PyLong_AsLongLong(m);
+        v->has[SLOT_PROCESS_RSS_BYTES + k] = 1;
+    }
+    long long t1 = PyLong_AsLongLong(end);
+    v->addr = PyLong_AsUnsignedLongLong(ptr);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *entry = lookup(st, key_alloc(r, mem), ENTRY_ALLOC_LEN, out ? "ALLOC_OUT" : "ALLOC", ENTRY_ALLOC_NAMES);
+    if (entry == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    *prog = PyTuple_GetItem(entry, ENTRY_ALLOC_PROGRAM);
+    if (*prog == Py_None)
+        return 0;
+    v->ints[SLOT_TS] = floordiv1000(t1 + st->off);
+    v->ints[SLOT_STEP] = st->step;
+    v->ints[SLOT_FWD] = st->fwd;
+    return 1;
+}
+
+static int
+emit_alloc(State *st, PyObject *prog, Values *v, PyObject *lines, Buf *b)
+{
+    v->ints[SLOT_SEQ] = st->seq + 1;
+    if (emit(b, prog, v, lines) < 0)
+        return -1;
+    st->seq += 1;
+    st->counts[COUNT_MEMORY_ALLOCATION] += 1;
+    return 1;
+}
+
+/* An ATTENTION_KV record: the attention event, the allocation's and the KV cache's, as
+ * AttentionLines.attention_kv writes them. */
+static int
+render_attention(State *st, PyObject *r, PyObject *lines, Buf *b)
+{
+    PyObject *site = PyTuple_GetItem(r, ATTENTION_KV_SITE), *timing = PyTuple_GetItem(r, ATTENTION_KV_TIMING);
+    PyObject *al = PyTuple_GetItem(r, ATTENTION_KV_ALLOCATION);
+    if (!PyLong_CheckExact(timing))
+        return 0;
+    long long t = PyLong_AsLongLong(timing), t1 = PyLong_AsLongLong(PyTuple_GetItem(r, ATTENTION_KV_END));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    Values v;
+    memset(&v, 0, sizeof v);
+    AttnFigures f;
+    memset(&f, 0, sizeof f);
+    int rc = attention_figures(st, r, &v, &f);
+    if (rc <= 0)
+        goto out;
+    rc = 0;
+    f.variant = !f.has_flops ? 0 : (f.flops && t > 0) ? 2 : 1;
+    PyObject *entry =
+        lookup(st, key_attention(r, f.variant), ENTRY_ATTENTION_KV_LEN, "ATTENTION_KV", ENTRY_ATTENTION_KV_NAMES);
+    if (entry == NULL) {
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto out;
+    }
+    PyObject *pa = PyTuple_GetItem(entry, ENTRY_ATTENTION_KV_ATTENTION_PROGRAM);
+    PyObject *pk = PyTuple_GetItem(entry, ENTRY_ATTENTION_KV_KV_PROGRAM);
+    if (pa == Py_None || pk == Py_None)
+        goto out;
+    long long isz_k = PyLong_AsLongLong(PyTuple_GetItem(entry, ENTRY_ATTENTION_KV_KEY_ITEMSIZE));
+    long long isz_v = PyLong_AsLongLong(PyTuple_GetItem(entry, ENTRY_ATTENTION_KV_VALUE_ITEMSIZE));
+    if (PyErr_Occurred() || (isz_k && f.nk > (LLONG_MAX / 2) / isz_k) || (isz_v && f.nv > (LLONG_MAX / 2) / isz_v)) {
+        PyErr_Clear();
+        goto out;
+    }
+    /* The output allocation: written between the two, or the whole record goes to Python. */
+    PyObject *aprog = NULL;
+    Values av;
+    if (al != Py_None) {
+        if (!PyTuple_Check(al) || PyTuple_Size(al) != ALLOC_LEN || tag_of(al) != REC_ALLOC)
+            goto out;
+        rc = prepare_alloc(st, al, &aprog, &av);
+        if (rc <= 0)
+            goto out;
+        rc = 0;
+    }
+    if (t > st->long_ns) {
+        st->long_ns = t;
+        Py_INCREF(site);
+        Py_DECREF(st->long_site);
+        st->long_site = site;
+    }
+    v.ints[SLOT_TS] = floordiv1000(t1 + st->off);
+    v.ints[SLOT_SEQ] = st->seq + 1;
+    v.ints[SLOT_STEP] = st->step;
+    v.ints[SLOT_FWD] = st->fwd;
+    v.ints[SLOT_QT] = f.q_len;
+    v.ints[SLOT_KT] = f.kv_len;
+    v.ints[SLOT_FL] = f.flops;
+    v.dbl[SLOT_GF] = (double)f.flops / 1e9;
+    v.timing = t;
+    v.dbl[SLOT_TF] = t > 0 ? per_ns((double)f.flops, t) : 0.0;
+    if (emit(b, pa, &v, lines) < 0) {
+        rc = -1;
+        goto out;
+    }
+    st->seq += 1;
+    st->counts[COUNT_COMPUTE_EXECUTION] += 1;
+    if (f.flops) {
+        st->pass_flops += f.flops;
+        st->total_flops += f.flops;
+    }
+    if (aprog != NULL && emit_alloc(st, aprog, &av, lines, b) < 0) {
+        rc = -1;
+        goto out;
+    }
+    /* the cache's bytes, and their growth since this layer's last update */
+    long long nbytes = f.nk * isz_k + f.nv * isz_v, prev_bytes = 0;
+    PyObject *prev = PyDict_GetItemWithError(st->kv_bytes, f.idx); /* borrowed */
+    if (prev == NULL && PyErr_Occurred()) {
+        rc = -1;
+        goto out;
+    }
+    if (prev != NULL) {
+        prev_bytes = PyLong_AsLongLong(prev);
+        if (prev_bytes == -1 && PyErr_Occurred()) {
+            rc = -1;
+            goto out;
+        }
+    }
+    PyObject *nb = PyLong_FromLongLong(nbytes);
+    if (nb == NULL || PyDict_SetItem(st->kv_bytes, f.idx, nb) < 0) {
+        Py_XDECREF(nb);
+        rc = -1;
+        goto out;
+    }
+    Py_DECREF(nb);
+    double hit, bpt;
+    long long growth;
+    kv_figures(f.kv_len, f.before, nbytes, prev != NULL, prev_bytes, &hit, &bpt, &growth);
+    v.ints[SLOT_SEQ] = st->seq + 1;
+    v.ints[SLOT_LEN] = f.kv_len;
+    v.ints[SLOT_PREV] = f.before;
+    v.ints[SLOT_NEW] = f.kv_len - f.before;
+    v.ints[SLOT_REUSED] = f.before;
+    v.dbl[SLOT_HIT] = hit;
+    v.ints[SLOT_CB] = nbytes;
+    v.dbl[SLOT_CMB] = (double)nbytes / 1048576.0;
+    v.dbl[SLOT_BPT] = bpt;
+    v.ints[SLOT_GROW] = growth;
+    if (emit(b, pk, &v, lines) < 0) {
+        rc = -1;
+        goto out;
+    }
+    st->seq += 1;
+    st->counts[COUNT_KV_CACHE_UPDATE] += 1;
+    rc = 1;
+out:
+    Py_XDECREF(f.idx);
+    return rc;
+}
+
+/* A HANDOFF record; the memory-use fraction when unread is the pass's reading in the state
+ * (once the Python path has taken it). */
+static int
+render_handoff(State *st, PyObject *state, PyObject *r, PyObject *lines, Buf *b)
+{
+    PyObject *timing = PyTuple_GetItem(r, HANDOFF_TIMING), *frac = PyTuple_GetItem(r, HANDOFF_MEMORY_FRACTION);
+    if (!PyLong_CheckExact(timing))
+        return 0;
+    long long t = PyLong_AsLongLong(timing), t1 = PyLong_AsLongLong(PyTuple_GetItem(r, HANDOFF_START));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *owned = NULL;
+    if (frac == unread) {
+        owned = frac = PyObject_GetAttr(state, state_attr[STATE_MEMORY_FRACTION]);
+        if (frac == NULL)
+            return -1;
+    }
+    int rc = 0;
+    if (frac == unread || (frac != Py_None && !PyFloat_CheckExact(frac)))
+        goto out;
+    int variant = (t > 0) + 2 * (frac != Py_None);
+    PyObject *entry = lookup(st, key_handoff_of(r, variant), ENTRY_HANDOFF_LEN, "HANDOFF", ENTRY_HANDOFF_NAMES);
+    if (entry == NULL) {
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto out;
+    }
+    PyObject *prog = PyTuple_GetItem(entry, ENTRY_HANDOFF_PROGRAM);
+    if (prog == Py_None)
+        goto out;
+    long long nbytes = PyLong_AsLongLong(PyTuple_GetItem(entry, ENTRY_HANDOFF_NBYTES));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        goto out;
+    }
+    Values v;
+    memset(&v, 0, sizeof v);
+    v.ints[SLOT_TS] = floordiv1000(t1 + st->off);
+    v.ints[SLOT_SEQ] = st->seq + 1;
+    v.ints[SLOT_STEP] = st->step;
+    v.ints[SLOT_FWD] = st->fwd;
+    v.timing = t;
+    v.dbl[SLOT_BW] = t > 0 ? per_ns((double)nbytes, t) : 0.0;
+    v.dbl[SLOT_MF] = frac != Py_None ? PyFloat_AsDouble(frac) : 0.0;
+    if (emit(b, prog, &v, lines) < 0) {
+        rc = -1;
+        goto out;
+    }
+    st->seq += 1;
+    st->counts[COUNT_COMPONENT_HANDOFF] += 1;
+    st->flows += 1;
+    rc = 1;
+out:
+    Py_XDECREF(owned);
+    return rc;
+}
+
+static int
+get_ll(PyObject *state, int name, long long *out)
+{
+    PyObject *o = PyObject_GetAttr(state, state_attr[name]);
+    if (o == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(o);
+    Py_DECREF(o);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int
+set_ll(PyObject *state, int name, long long v)
+{
+    PyObject *o = PyLong_FromLongLong(v);
+    if (o == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(state, state_attr[name], o);
+    Py_DECREF(o);
+    return rc;
+}
+
+/* The state's dict attribute name (a new reference), or NULL with a TypeError naming it. */
+static PyObject *
+get_dict(PyObject *state, int name)
+{
+    PyObject *d = PyObject_GetAttr(state, state_attr[name]);
+    if (d != NULL && !PyDict_Check(d)) {
+        PyErr_Format(PyExc_TypeError, "render: the writer state's %s must be a dict", state_names[name]);
+        Py_CLEAR(d);
+    }
+    return d;
+}
+
+static int
+count_add(PyObject *counts, PyObject *name, long long k)
+{
+    if (k == 0)
+        return 0;
+    PyObject *cur = PyDict_GetItemWithError(counts, name); /* borrowed */
+    if (cur == NULL && PyErr_Occurred())
+        return -1;
+    long long v = 0;
+    if (cur != NULL) {
+        v = PyLong_AsLongLong(cur);
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+    }
+    PyObject *nv = PyLong_FromLongLong(v + k);
+    if (nv == NULL)
+        return -1;
+    int rc = PyDict_SetItem(counts, name, nv);
+    Py_DECREF(nv);
+    return rc;
+}
+
+PyObject *
+render(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "render takes 5 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (!registered())
+        return NULL;
+    PyObject *state = args[0], *recs = args[1], *lines = args[3];
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]);
+    long long deadline = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!PyList_Check(recs) || !PyList_Check(lines)) {
+        PyErr_SetString(PyExc_TypeError, "render: records and lines must be lists");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_Size(recs), i = start;
+    if (i >= n)
+        return PyLong_FromSsize_t(i);
+    State st;
+    memset(&st, 0, sizeof st);
+    PyObject *tot_us = NULL, *counts = NULL, *result = NULL;
+    Buf b = {NULL, 0, 0};
+    int dirty = 0;
+    st.tpl = get_dict(state, STATE_TEMPLATES);
+    st.kv_bytes = st.tpl ? get_dict(state, STATE_KV_BYTES) : NULL;
+    counts = st.kv_bytes ? get_dict(state, STATE_COUNTS) : NULL;
+    st.long_site = counts ? PyObject_GetAttr(state, state_attr[STATE_LONG_SITE]) : NULL;
+    tot_us = st.long_site ? PyObject_GetAttr(state, state_attr[STATE_TOTAL_COMPUTE_US]) : NULL;
+    if (tot_us == NULL || get_ll(state, STATE_SEQ, &st.seq) || get_ll(state, STATE_CLOCK_OFFSET, &st.off) ||
+        get_ll(state, STATE_STEP, &st.step) || get_ll(state, STATE_FORWARD, &st.fwd) ||
+        get_ll(state, STATE_PASS_FLOPS, &st.pass_flops) || get_ll(state, STATE_LONG_NS, &st.long_ns) ||
+        get_ll(state, STATE_TOTAL_FLOPS, &st.total_flops) || get_ll(state, STATE_COMPONENT_FLOWS, &st.flows))
+        goto done;
+    st.total_us = PyFloat_AsDouble(tot_us);
+    if (st.total_us == -1.0 && PyErr_Occurred())
+        goto done;
+
+    for (; i < n; i++) {
+        PyObject *r = PyList_GetItem(recs, i);
+        if (!PyTuple_Check(r) || PyTuple_Size(r) < 2)
+            break;
+        long tag = tag_of(r);
+        Py_ssize_t size = PyTuple_Size(r);
+        int rc;
+        if ((tag == REC_LINEAR && size == LINEAR_LEN) || (tag == REC_MODULE && size == MODULE_LEN)) {
+            rc = render_timed(&st, r, tag == REC_LINEAR, lines, &b);
+        } else if ((tag == REC_ALLOC_OUT && size == ALLOC_OUT_LEN) || (tag == REC_ALLOC && size == ALLOC_LEN)) {
+            PyObject *prog = NULL;
+            Values v;
+            rc = prepare_alloc(&st, r, &prog, &v);
+            if (rc > 0)
+                rc = emit_alloc(&st, prog, &v, lines, &b);
+        } else if (tag == REC_ATTENTION_KV && size == ATTENTION_KV_LEN) {
+            rc = render_attention(&st, r, lines, &b);
+        } else if (tag == REC_HANDOFF && size == HANDOFF_LEN) {
+            rc = render_handoff(&st, state, r, lines, &b);
+        } else if (tag >= REC_LINEAR && tag <= REC_HANDOFF) {
+            PyErr_Format(PyExc_TypeError,
+                         "render: a record of kind %ld has %zd items, not what records.FIELDS "
+                         "declares (the wrappers and records.py differ)",
+                         tag, size);
+            goto done;
+        } else {
+            break;
+        }
+        if (rc < 0)
+            goto done;
+        if (rc == 0)
+            break;
+        dirty = 1;
+        if (monotonic_ns() > deadline) {
+            i++;
+            break;
+        }
+    }
+    result = PyLong_FromSsize_t(i);
+done:
+    /* What was written is counted, even when a later record failed. */
+    if (dirty) {
+        PyObject *exc_t = NULL, *exc_v = NULL, *exc_tb = NULL;
+        PyErr_Fetch(&exc_t, &exc_v, &exc_tb);
+        PyObject *us = PyFloat_FromDouble(st.total_us);
+        int rc = us == NULL || set_ll(state, STATE_SEQ, st.seq) || set_ll(state, STATE_PASS_FLOPS, st.pass_flops) ||
+                 set_ll(state, STATE_LONG_NS, st.long_ns) ||
+                 PyObject_SetAttr(state, state_attr[STATE_LONG_SITE], st.long_site) ||
+                 set_ll(state, STATE_TOTAL_FLOPS, st.total_flops) ||
+                 PyObject_SetAttr(state, state_attr[STATE_TOTAL_COMPUTE_US], us) ||
+                 set_ll(state, STATE_COMPONENT_FLOWS, st.flows);
+        for (int k = 0; k < N_COUNT && !rc; k++)
+            rc = count_add(counts, count_keys[k], st.counts[k]);
+        Py_XDECREF(us);
+        if (exc_t != NULL) {
+            PyErr_Restore(exc_t, exc_v, exc_tb);
+        } else if (rc) {
+            Py_CLEAR(result);
+        }
+    }
+    free(b.p);
+    Py_XDECREF(st.long_site);
+    Py_XDECREF(st.tpl);
+    Py_XDECREF(st.kv_bytes);
+    Py_XDECREF(counts);
+    Py_XDECREF(tot_us);
+    return result;
+}
+
+const char render_doc[] = "render(state, records, start, lines, deadline_ns) -> int\n"
+                          "--\n\n"
+                          "The writer's fast paths (lines.py: Lines.linear, module, alloc_out, alloc,\n"
+                          "handoff; attention_lines.py: attention_kv) for records[start:]: each LINEAR, MODULE,\n"
+                          "ALLOC_OUT, ALLOC, ATTENTION_KV or HANDOFF record whose template is made becomes its JSON\n"
+                          "lines, appended to lines, with the writer state (records.STATE) advanced as those methods\n"
+                          "advance it. Stops at the first other record, or once the monotonic clock passes\n"
+                          "deadline_ns, and returns the index of the first record not written.";
