@@ -19,7 +19,10 @@ Each trial is its own process (so its peak RSS is its own), builds the model (se
 untimed warm-up pass, then the timed workload, then checks exactness and, for the in-RAM peers,
 times ``torch.save`` of what they kept to the same disk our stream goes to. A round runs every
 variant once in an order that rotates from round to round; kept = plain seconds / variant
-seconds within a round, the median over rounds. Two thread regimes: torch's default
+seconds within a round, the median over rounds. On a shared machine wall time swings with
+other load, so each trial also records CPU seconds (the process's, every thread, and the
+daemon's for ours): *CPU kept* = plain CPU / (variant CPU + daemon CPU), a load-independent
+figure of the work each variant adds (it cannot show waits). Two thread regimes: torch's default
 intra-op threads (every core) and one thread fewer (a core left free).
 
 Phases (issue 27's shapes): ``decode``: Llama 512×8 (inter 1408, vocab 32000), 32-token
@@ -145,7 +148,9 @@ def worker(a: argparse.Namespace) -> Dict[str, Any]:
     with torch.no_grad():
         kept_tensors, t, extra = run(model, a, p, inputs, tmp, names, warm=True)   # warm-up
         _clean(tmp)
+        c0, d0 = cpu_self(), cpu_of(a.daemon_pid)
         kept_tensors, t, extra = run(model, a, p, inputs, tmp, names, warm=False)
+        res["cpu_s"], res["daemon_cpu_s"] = cpu_self() - c0, cpu_of(a.daemon_pid) - d0
     res["s"] = t
     res["tok_s"] = tokens / t
     res.update(extra)
@@ -179,6 +184,23 @@ def worker(a: argparse.Namespace) -> Dict[str, Any]:
         path.unlink()
     res = {k: v for k, v in res.items() if not k.startswith("_")}
     return res
+
+
+def cpu_self() -> float:
+    """User + system CPU seconds of this process, every thread."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def cpu_of(pid: int) -> float:
+    """User + system CPU seconds of another process (the shared strapd), 0 without one."""
+    if not pid:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _clean(tmp: Path) -> None:
@@ -414,7 +436,8 @@ def trial(variant: str, phase: str, shape: Dict[str, int], threads: int, a: argp
         # llm_instrumentation must not be the one imported
         env["PYTHONPATH"] = os.pathsep.join([a.v131, a.v131 + "_deps"])
     cmd = [sys.executable, __file__, "--worker", variant, "--phase", phase, "--shape", json.dumps(shape),
-           "--threads", str(threads), "--socket", sock, "--tmp", str(work), "--out", str(out)]
+           "--threads", str(threads), "--socket", sock, "--tmp", str(work), "--out", str(out),
+           "--daemon-pid", str(a.daemon_pid)]
     if variant == "v131":
         cmd += ["--v131", a.v131]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -433,7 +456,10 @@ def summarise(rounds: List[Dict[str, Dict[str, Any]]]) -> Dict[str, Any]:
                 out[v] = {"error": errs[0]}
             continue
         ratios = [r["plain"]["s"] / r[v]["s"] for r in rows]
+        cpu = [r["plain"]["cpu_s"] / (r[v]["cpu_s"] + r[v]["daemon_cpu_s"]) for r in rows]
         s = {"kept": statistics.median(ratios), "kept_min": min(ratios), "kept_max": max(ratios),
+             "cpu_kept": statistics.median(cpu), "cpu_kept_min": min(cpu), "cpu_kept_max": max(cpu),
+             "daemon_cpu_s": statistics.median(r[v]["daemon_cpu_s"] for r in rows),
              "tok_s": statistics.median(r[v]["tok_s"] for r in rows),
              "peak_rss_bytes": statistics.median(r[v]["peak_rss_bytes"] for r in rows),
              "rss_model_bytes": statistics.median(r[v]["rss_model_bytes"] for r in rows),
@@ -464,6 +490,7 @@ def driver(a: argparse.Namespace) -> Dict[str, Any]:
     regimes = {"all": default_threads, "free": max(1, default_threads - 1)}
     tmp = Path(tempfile.mkdtemp(prefix="strap-peers-", dir=a.tmpdir))
     proc, sock = start_strapd(a.strapd, tmp)
+    a.daemon_pid = proc.pid
     variants = [v for v in VARIANTS if v != "v131" or a.v131]
     res: Dict[str, Any] = {"command": " ".join([os.path.relpath(sys.executable, ROOT)] + sys.argv),
                            "load_start": os.getloadavg(), "cpu_count": os.cpu_count(), "variants": variants,
@@ -502,6 +529,7 @@ def main() -> None:
     ap.add_argument("--shape", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--socket")
+    ap.add_argument("--daemon-pid", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--tmp")
     ap.add_argument("--out")
     ap.add_argument("--v131", default=str(ROOT / "build" / "peers" / "li131"),
@@ -532,6 +560,7 @@ def main() -> None:
                     continue
                 extra = f" +save {s['kept_with_save']:.3f}" if "kept_with_save" in s else ""
                 print(f"  {v:13s} kept {s['kept']:.3f} [{s['kept_min']:.3f}..{s['kept_max']:.3f}]{extra} "
+                      f"CPU kept {s['cpu_kept']:.3f} "
                       f"peak RSS {s['peak_rss_bytes'] / 2**20:.0f} MiB persisted {s['bytes_persisted'] / 2**20:.1f} MiB "
                       f"exact {','.join(s['exact'])}")
     if a.json:

@@ -534,12 +534,13 @@ def peers_tables(w: Emit, pe: Json) -> None:
             rows = []
             for v, s in summ.items():
                 if "error" in s:
-                    rows.append((PEER_LABELS.get(v, v), "error", "", "", "", "", f"`{s['error'][:120]}`"))
+                    rows.append((PEER_LABELS.get(v, v), "error", "", "", "", "", "", f"`{s['error'][:120]}`"))
                     continue
                 same = s.get("ids_identical", s.get("logits_identical"))
                 rows.append((
                     PEER_LABELS.get(v, v),
                     f"{s['kept']:.3f} ({s['kept_min']:.3f}–{s['kept_max']:.3f})",
+                    f"{s['cpu_kept']:.3f} ({s['cpu_kept_min']:.3f}–{s['cpu_kept_max']:.3f})",
                     f"{s['kept_with_save']:.3f}" if "kept_with_save" in s else "",
                     f"{s['peak_rss_bytes'] / 2**20:.0f}" + (f" (+{(s['peak_rss_bytes'] - base) / 2**20:.0f})"
                                                             if base and v != "plain" else ""),
@@ -548,9 +549,9 @@ def peers_tables(w: Emit, pe: Json) -> None:
                     ", ".join(s["exact"]) + ("" if same is None else ("; output identical" if same
                                                                       else "; **output differs**")),
                 ))
-            table(w, ["variant", "kept (min–max)", "kept incl. `torch.save`", "peak RSS MiB (Δ plain)",
+            table(w, ["variant", "kept, wall (min–max)", "CPU kept, daemon incl. (min–max)", "kept incl. `torch.save`", "peak RSS MiB (Δ plain)",
                       "persisted", "`torch.save` bytes", "exact (last layer, first pass) vs uncaptured"],
-                  "lrrrrrl", rows)
+                  "lrrrrrrl", rows)
 
 
 def decode_tables(w: Emit, dec: Json) -> None:
