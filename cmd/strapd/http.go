@@ -13,12 +13,12 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/codec"
 	"github.com/strap-llm/strap/internal/control"
 	"github.com/strap-llm/strap/internal/httpapi"
 	"github.com/strap-llm/strap/internal/metrics"
 	"github.com/strap-llm/strap/internal/server"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // httpConfig is serve's --http* flags (docs/HTTP_API.md).
@@ -77,7 +77,7 @@ type observer struct {
 }
 
 // ObserveSnapshot feeds both the metrics and /api/v1/trace.
-func (o *observer) ObserveSnapshot(s bpf.Snapshot) {
+func (o *observer) ObserveSnapshot(s trace.Snapshot) {
 	o.Metrics.ObserveSnapshot(s)
 	if o.ring != nil {
 		o.ring.Add(s)

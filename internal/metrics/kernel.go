@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/strap-llm/strap/internal/bpf"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // maxSlot is the last log2 latency slot given its own bucket: slot s holds latencies up to
@@ -35,7 +35,7 @@ type kernelState struct {
 	nvidia   map[string]uint64
 	csw      map[[2]string]uint64 // (process class, voluntary|involuntary)
 	migr     map[string]uint64
-	psi      map[[2]string]bpf.PSIValues // (resource, some|full), latest
+	psi      map[[2]string]trace.PSIValues // (resource, some|full), latest
 
 	latency latencyState // per-syscall, waits, run queue, nvidia ioctls, TCP, RSS
 }
@@ -60,14 +60,14 @@ func (k *kernelState) init() {
 	k.nvidia = map[string]uint64{}
 	k.csw = map[[2]string]uint64{}
 	k.migr = map[string]uint64{}
-	k.psi = map[[2]string]bpf.PSIValues{}
+	k.psi = map[[2]string]trace.PSIValues{}
 	k.latency.init()
 }
 
 // ObserveSnapshot folds one kernel snapshot into the cumulative kernel series. Call it
 // with every snapshot the probe ticker takes, once each: the snapshot's counters are
 // deltas over its interval.
-func (m *Metrics) ObserveSnapshot(s bpf.Snapshot) {
+func (m *Metrics) ObserveSnapshot(s trace.Snapshot) {
 	if m == nil {
 		return
 	}

@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/strap-llm/strap/internal/bpf"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // log2Hist is a latency distribution folded from the probes' log2 µs buckets. Its sum is
@@ -16,7 +16,7 @@ type log2Hist struct {
 	sumS  float64
 }
 
-func (h *log2Hist) addStats(l bpf.LatencyStats) {
+func (h *log2Hist) addStats(l trace.LatencyStats) {
 	for _, b := range l.Buckets {
 		h.slots[min(max(b.Slot, 0), maxSlot+1)] += b.Count
 	}
@@ -71,7 +71,7 @@ func hist[K comparable](m map[K]*log2Hist, k K) *log2Hist {
 	return h
 }
 
-func (l *latencyState) observe(s *bpf.Snapshot, class func(string) string) {
+func (l *latencyState) observe(s *trace.Snapshot, class func(string) string) {
 	for pid, calls := range s.SyscallLatency {
 		c := class(pid)
 		for name, st := range calls {

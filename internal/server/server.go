@@ -15,10 +15,10 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/control"
 	"github.com/strap-llm/strap/internal/pipeline"
 	"github.com/strap-llm/strap/internal/shm"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // Errors returned by this package.
@@ -88,7 +88,7 @@ type Observer interface {
 	// SessionEnded is a session's final status, once, after it finished.
 	SessionEnded(control.SessionStatus)
 	// ObserveSnapshot is each kernel snapshot the probe ticker takes.
-	ObserveSnapshot(bpf.Snapshot)
+	ObserveSnapshot(trace.Snapshot)
 	// ObserveResources is the JSON lines of resource events just appended to a
 	// session's resource log (after the append, failed or not: they were sent).
 	ObserveResources(lines []byte)
