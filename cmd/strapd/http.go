@@ -115,6 +115,7 @@ func newObserver(cfg httpConfig, probes bool, srv **server.Server) *observer {
 // before the daemon serves anything.
 func startHTTP(ctx context.Context, cfg httpConfig, srv *server.Server, obs *observer, mode os.FileMode, gid int,
 	log *zap.Logger) (wait func(), err error) {
+	log = log.With(zap.String("component", "http"))
 	apiPath := cfg.apiSocket(srv.Socket())
 	tcp, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
@@ -130,7 +131,7 @@ func startHTTP(ctx context.Context, cfg httpConfig, srv *server.Server, obs *obs
 		trace = obs.ring
 	}
 	api := httpapi.NewHandler(httpapi.Options{Backend: apiBackend{srv}, Trace: trace, MaxFollowers: cfg.MaxFollowers,
-		Log: log.With(zap.String("component", "http"))})
+		Log: log})
 	var wg sync.WaitGroup
 	run := func(name string, serve func() error) {
 		wg.Add(1)

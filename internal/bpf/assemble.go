@@ -92,7 +92,7 @@ func (c *Collector) Snapshot() trace.Snapshot {
 	if c.probes != nil {
 		var err error
 		if raw, err = c.probes.read(true); err != nil {
-			c.log.Warn("read probes", zap.String("component", "bpf"), zap.Error(err))
+			c.log.Warn("read probes", zap.Error(err))
 		}
 		opens, lost := c.probes.drainOpens(maxOpensPerInterval)
 		s.DeviceOpens = append(s.DeviceOpens, opens...)

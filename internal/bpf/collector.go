@@ -35,7 +35,8 @@ type Options struct {
 	// SampleReadWrite times one read/write syscall in N (per CPU) in the syscall
 	// latency histograms; counts and errors stay exact. 0 and 1 time every call.
 	SampleReadWrite int
-	// Logger receives one warning per collector that cannot attach; nil logs nothing.
+	// Logger receives one warning per collector that cannot attach; nil logs nothing. It
+	// carries the caller's component (probes, trace, top): the collector adds none.
 	Logger *zap.Logger
 	// ProcRoot and SysRoot default to /proc and /sys (overridden by tests).
 	ProcRoot, SysRoot string
@@ -230,7 +231,7 @@ func Start(opts Options) (*Collector, error) {
 			}
 		}
 		if st.Error != "" {
-			log.Warn("collector not on bpf", zap.String("component", "bpf"),
+			log.Warn("collector not on bpf",
 				zap.String("collector", name), zap.String("source", st.Source), zap.String("reason", st.Error))
 		}
 		c.status[name] = st

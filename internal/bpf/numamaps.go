@@ -134,7 +134,7 @@ func (c *Collector) numaPages(s *trace.Snapshot, pid int, key string) {
 	nodes, err := readNUMAMaps(c.opts.ProcRoot, pid)
 	if err != nil {
 		if errors.Is(err, ErrBadNUMAMaps) {
-			c.log.Warn("numa_maps not read", zap.String("component", "bpf"), zap.Int("pid", pid), zap.Error(err))
+			c.log.Warn("numa_maps not read", zap.Int("pid", pid), zap.Error(err))
 		}
 		return // no numa_maps (a kernel without NUMA), or the process exited meanwhile
 	}

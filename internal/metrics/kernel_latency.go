@@ -108,6 +108,25 @@ func (l *latencyState) observe(s *trace.Snapshot, class func(string) string) {
 	}
 }
 
+// zero creates class c's series of the running collectors at 0 (kernelState.zeroRunning).
+func (l *latencyState) zero(c string, on func(collector string) bool) {
+	if on(trace.CollectorSyscallLatency) {
+		hist(l.sysLat, c)
+	}
+	if on(trace.CollectorRunqueue) {
+		hist(l.runq, c)
+	}
+	if on(trace.CollectorNvidiaIoctl) {
+		hist(l.nvIoctl, c)
+		l.nvErrors[c] += 0
+	}
+	if on(trace.CollectorTCP) {
+		l.tcpBytes[[2]string{c, "tx"}] += 0
+		l.tcpBytes[[2]string{c, "rx"}] += 0
+		l.retrans[c] += 0
+	}
+}
+
 var (
 	descSysCalls  = prometheus.NewDesc("strapd_syscall_calls_total", "Syscalls of watched processes by name (x86_64 names).", []string{"process", "syscall"}, nil)
 	descSysErrors = prometheus.NewDesc("strapd_syscall_errors_total", "Syscalls of watched processes that returned -errno, by name.", []string{"process", "syscall"}, nil)

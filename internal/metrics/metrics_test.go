@@ -212,6 +212,36 @@ func TestSnapshotsFoldIntoCounters(t *testing.T) {
 	}
 }
 
+// TestKernelZerosWhileIdle: a disk seen once keeps its in-flight gauge, at 0, in the
+// snapshots that no longer list it (idle); the per-class series of a running collector
+// exist for both classes at 0 from the first snapshot; a collector that is off gets none.
+func TestKernelZerosWhileIdle(t *testing.T) {
+	m := New(Options{Status: (&fakeDaemon{}).status, SelfPID: 10})
+	m.ObserveSnapshot(trace.Snapshot{Timestamp: 100, IntervalS: 1,
+		Inflight:   []trace.DeviceCount{{DeviceName: "vda", Count: 2}},
+		Collectors: map[string]string{trace.CollectorTCP: trace.SourceBPF, trace.CollectorNvidiaIoctl: trace.SourceBPF, trace.CollectorSched: trace.SourceOff}})
+	m.ObserveSnapshot(trace.Snapshot{Timestamp: 101, IntervalS: 1,
+		Collectors: map[string]string{trace.CollectorTCP: trace.SourceBPF, trace.CollectorNvidiaIoctl: trace.SourceBPF, trace.CollectorSched: trace.SourceOff}})
+	v, h := gather(t, m)
+	for _, k := range []string{
+		"strapd_block_io_inflight{device=vda}",
+		"strapd_tcp_bytes_total{direction=rx,process=clients}", "strapd_tcp_bytes_total{direction=tx,process=strapd}",
+		"strapd_tcp_retransmits_total{process=clients}", "strapd_nvidia_ioctl_errors_total{process=strapd}",
+	} {
+		if got, ok := v[k]; !ok || got != 0 {
+			t.Errorf("%s = %v (present %v), want 0", k, got, ok)
+		}
+	}
+	if nv := h["strapd_nvidia_ioctl_seconds{process=clients}"]; nv == nil || nv.GetSampleCount() != 0 {
+		t.Errorf("nvidia ioctl histogram of clients: %v, want present and empty", nv)
+	}
+	for k := range v {
+		if strings.HasPrefix(k, "strapd_context_switches_total") || strings.HasPrefix(k, "strapd_cpu_migrations_total") {
+			t.Errorf("%s exported while its collector is off", k)
+		}
+	}
+}
+
 func TestLatencyObserversAndNil(t *testing.T) {
 	var nilM *Metrics
 	nilM.ObserveWrite(time.Millisecond) // a daemon without --http holds a nil *Metrics

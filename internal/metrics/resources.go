@@ -3,7 +3,9 @@ package metrics
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,6 +25,20 @@ var (
 )
 
 const labelOther = "other"
+
+// resourceLabelPairs is every (event, component_type) pair a resource series can carry:
+// the documented values, "other", and "none" for a missing component_type.
+var resourceLabelPairs = func() []resourceKey {
+	events := append(slices.Sorted(maps.Keys(resourceEventTypes)), labelOther)
+	comps := append(slices.Sorted(maps.Keys(resourceComponents)), "none", labelOther)
+	var out []resourceKey
+	for _, e := range events {
+		for _, c := range comps {
+			out = append(out, resourceKey{e, c})
+		}
+	}
+	return out
+}()
 
 type resourceKey struct{ event, component string }
 
@@ -147,10 +163,15 @@ func number(raw *json.RawMessage) (v float64, ok, bad bool) {
 // collectResources sends the resource aggregates; called with m.mu not held.
 func (m *Metrics) collectResources(ch chan<- prometheus.Metric) {
 	m.mu.Lock()
-	keys := make([]resourceKey, 0, len(m.resources))
-	sums := make(map[resourceKey]resourceSums, len(m.resources))
+	sums := make(map[resourceKey]resourceSums, len(resourceLabelPairs))
+	keys := append([]resourceKey(nil), resourceLabelPairs...)
+	for _, k := range keys {
+		sums[k] = resourceSums{}
+	}
 	for k, s := range m.resources {
-		keys = append(keys, k)
+		if _, ok := sums[k]; !ok {
+			keys = append(keys, k)
+		}
 		sums[k] = *s
 	}
 	unreadable := m.resourcesUnreadable
@@ -164,9 +185,9 @@ func (m *Metrics) collectResources(ch chan<- prometheus.Metric) {
 	counter := func(desc *prometheus.Desc, v float64, lv ...string) {
 		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, v, lv...)
 	}
-	if len(keys) == 0 && unreadable == 0 {
-		return // no resource events yet: no series, as the docs say
-	}
+	// Every label pair is known in advance (the sets above), so every series is exported
+	// from start-up, at 0 until an event counts: a panel or rule reading one never finds
+	// it missing, and a first event is an increase Prometheus sees.
 	counter(descResUnreadable, float64(unreadable))
 	for _, k := range keys {
 		s := sums[k]

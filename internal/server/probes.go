@@ -88,7 +88,7 @@ func (s *Server) startProbes() {
 	if !p.Enabled {
 		return
 	}
-	h := &probeHub{log: s.log.With(zap.String("component", "probes")), interval: p.Interval, self: os.Getpid(),
+	h := &probeHub{log: s.root.With(zap.String("component", "probes")), interval: p.Interval, self: os.Getpid(),
 		final: make(chan chan struct{}), stop: make(chan struct{}), done: make(chan struct{}),
 		live: map[uint64]*probeSession{}, refs: map[int]int{}}
 	if h.interval <= 0 {
@@ -211,22 +211,8 @@ func (s *Server) checkTrace(fds []int) error {
 	if s.probes.coll == nil {
 		return perr(control.CodeBadOutput, "trace descriptor given but the probes did not start: %v", s.probes.startErr)
 	}
-	fd := fds[2]
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return perr(control.CodeBadOutput, "fstat trace: %v", err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return perr(control.CodeBadOutput, "trace is file type %#o, expected a regular file", st.Mode&unix.S_IFMT)
-	}
-	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
-	if err != nil {
-		return perr(control.CodeBadOutput, "trace flags: %v", err)
-	}
-	if acc := fl & unix.O_ACCMODE; acc != unix.O_WRONLY && acc != unix.O_RDWR {
-		return perr(control.CodeBadOutput, "trace is not open for writing (open it O_WRONLY|O_CREAT|O_TRUNC, or O_RDWR|O_APPEND to resume)")
-	}
-	return nil
+	_, err := checkWritableFile(fds[2], "trace", "open it O_WRONLY|O_CREAT|O_TRUNC, or O_RDWR|O_APPEND to resume")
+	return err
 }
 
 // probeSessionStart registers a started session with the probes: its client is watched
