@@ -150,7 +150,7 @@ test-dist: $(WHEEL_AMD64) $(WHEEL_ARM64) test-arm64
 # children of their own (those would need binfmt_misc to find qemu), and the privileged-tag
 # tests. Installs qemu-user-static when missing.
 ARM64_PKGS   ?= ./internal/shm/ ./internal/codec/ ./internal/dtype/ ./internal/stream/ ./internal/checkpoint/ \
-                ./internal/control/ ./internal/pipeline/ ./internal/server/ ./internal/jsontext/
+                ./internal/control/ ./internal/pipeline/ ./internal/server/ ./internal/jsontext/ ./internal/resevent/
 QEMU_ARM64   ?= qemu-aarch64-static
 test-arm64:
 	@command -v $(QEMU_ARM64) >/dev/null || \

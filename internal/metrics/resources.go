@@ -2,13 +2,13 @@ package metrics
 
 import (
 	"bytes"
-	"encoding/json"
 	"maps"
-	"math"
 	"slices"
 	"sort"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/strap-llm/strap/internal/resevent"
 )
 
 // Resource events arrive with client-chosen strings; only these values become labels, so
@@ -56,20 +56,15 @@ var (
 	descResDuration   = prometheus.NewDesc("strapd_resource_duration_seconds_total", "Sum of the measured duration_us of resource events that carry one, in seconds.", resLabels, nil)
 	descResTimed      = prometheus.NewDesc("strapd_resource_timed_events_total", "Resource events that carried a measured duration_us (the denominator of a mean duration).", resLabels, nil)
 	descResFLOPs      = prometheus.NewDesc("strapd_resource_flops_total", "Sum of the flops field of resource events that carry one (computed from shapes by the client).", resLabels, nil)
-	descResUnreadable = prometheus.NewDesc("strapd_resource_events_unreadable_total", "Resource events received but left out of the resource aggregates: their duration_us or flops was not a finite non-negative number.", nil, nil)
+	descResUnreadable = prometheus.NewDesc("strapd_resource_events_unreadable_total", "Resource events received but left out of the resource aggregates: their duration_us or flops was not a finite non-negative number, or their component_type not a string.", nil, nil)
 )
 
 // ObserveResources adds resource events to the aggregates: lines are the JSON lines the
-// daemon appended (one compact object per line, already checked by control.ResourceLines).
+// daemon appended (one compact object per line, already checked by control.ResourceLines),
+// read with resevent, as every Go reader of event lines does.
 func (m *Metrics) ObserveResources(lines []byte) {
 	if m == nil {
 		return
-	}
-	type ev struct {
-		Event      string           `json:"event"`
-		Component  *string          `json:"component_type"`
-		DurationUS *json.RawMessage `json:"duration_us"`
-		FLOPs      *json.RawMessage `json:"flops"`
 	}
 	type parsed struct {
 		key        resourceKey
@@ -90,36 +85,35 @@ func (m *Metrics) ObserveResources(lines []byte) {
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
-		var e ev
-		p := parsed{}
-		if err := json.Unmarshal(line, &e); err != nil {
-			p.unreadable = true
-			batch = append(batch, p)
+		batch = append(batch, parsed{unreadable: true})
+		p := &batch[len(batch)-1]
+		e, err := resevent.Parse(line)
+		if err != nil {
 			continue
 		}
+		comp, hasComp, err := e.Component()
+		if err != nil {
+			continue
+		}
+		if p.dur, p.hasDur, err = e.DurationUS(); err != nil {
+			continue
+		}
+		if p.fl, p.hasFLOPs, err = e.FLOPs(); err != nil {
+			continue
+		}
+		p.unreadable = false
 		p.key.event = labelOther
-		if resourceEventTypes[e.Event] {
-			p.key.event = e.Event
+		if name := e.Name(); resourceEventTypes[name] {
+			p.key.event = name
 		}
 		switch {
-		case e.Component == nil:
+		case !hasComp:
 			p.key.component = "none"
-		case resourceComponents[*e.Component]:
-			p.key.component = *e.Component
+		case resourceComponents[comp]:
+			p.key.component = comp
 		default:
 			p.key.component = labelOther
 		}
-		if v, ok, bad := number(e.DurationUS); bad {
-			p.unreadable = true
-		} else if ok {
-			p.dur, p.hasDur = v, true
-		}
-		if v, ok, bad := number(e.FLOPs); bad {
-			p.unreadable = true
-		} else if ok {
-			p.fl, p.hasFLOPs = v, true
-		}
-		batch = append(batch, p)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -145,19 +139,6 @@ func (m *Metrics) ObserveResources(lines []byte) {
 			s.flops += p.fl
 		}
 	}
-}
-
-// number reads an optional numeric field: ok when it holds a finite non-negative number,
-// bad when it holds something else (null counts as absent: the client writes
-// "flops": null where it cannot compute them).
-func number(raw *json.RawMessage) (v float64, ok, bad bool) {
-	if raw == nil || string(*raw) == "null" {
-		return 0, false, false
-	}
-	if err := json.Unmarshal(*raw, &v); err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
-		return 0, false, true
-	}
-	return v, true, false
 }
 
 // collectResources sends the resource aggregates; called with m.mu not held.
