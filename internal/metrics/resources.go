@@ -44,7 +44,6 @@ type resourceKey struct{ event, component string }
 
 type resourceSums struct {
 	events     uint64
-	malformed  uint64
 	durationUS float64
 	timed      uint64
 	flops      float64
