@@ -86,7 +86,8 @@ class InstrumentationFramework(Capture):
                  stall_timeout: float = 120.0, checkpoint_interval_tokens: Optional[int] = None,
                  checkpoint_path: Optional[PathArg] = None, resume_from_checkpoint: bool = False,
                  overwrite_checkpoint: bool = False, lock_wait: float = 30.0,
-                 trace_path: Optional[Union[PathArg, bool]] = None) -> None: ...
+                 trace_path: Optional[Union[PathArg, bool]] = None,
+                 resource_level: Optional[Union[str, bool]] = None) -> None: ...
 
     @overload
     def __init__(self, config: "nn.Module", model: InstrumentationConfig,  # (model, config), positionally
@@ -95,7 +96,8 @@ class InstrumentationFramework(Capture):
                  stall_timeout: float = 120.0, checkpoint_interval_tokens: Optional[int] = None,
                  checkpoint_path: Optional[PathArg] = None, resume_from_checkpoint: bool = False,
                  overwrite_checkpoint: bool = False, lock_wait: float = 30.0,
-                 trace_path: Optional[Union[PathArg, bool]] = None) -> None: ...
+                 trace_path: Optional[Union[PathArg, bool]] = None,
+                 resource_level: Optional[Union[str, bool]] = None) -> None: ...
 
     def __init__(self, config: Any, model: Any = None, output_path: Optional[PathArg] = None,
                  modules: Optional[Sequence[str]] = None, socket_path: Optional[str] = None,

@@ -11,7 +11,7 @@ and each block's attention / MLP are its direct children with the usual names
 from __future__ import annotations
 
 import fnmatch
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Union, cast
 
 from ..config import HookGranularity, InstrumentationConfig
 
@@ -84,7 +84,8 @@ def describe_model(model: "nn.Module") -> Dict[str, Any]:
     attention: List[str] = []
     mlp: List[str] = []
     if prefix is not None:
-        blist = model.get_submodule(prefix)
+        # _find_block_list names a ModuleList (or Sequential): iterable, in order.
+        blist = cast("nn.ModuleList", model.get_submodule(prefix))
         for i, block in enumerate(blist):
             bname = f"{prefix}.{i}" if prefix else str(i)
             blocks.append(bname)
@@ -130,7 +131,7 @@ def select_modules(
     g = HookGranularity(granularity)
     names = [n for n, _ in model.named_modules() if n]
     arch = describe_model(model)
-    chosen = set()
+    chosen: Set[str] = set()
     if g in (HookGranularity.FULL_TENSOR, HookGranularity.SAMPLED_SLICES):
         chosen.update(arch["blocks"], arch["attention"], arch["mlp"])
     elif g is HookGranularity.ATTENTION_ONLY:
