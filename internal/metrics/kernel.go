@@ -113,7 +113,6 @@ func (m *Metrics) ObserveSnapshot(s trace.Snapshot) {
 	for _, c := range s.Inflight {
 		k.inflight[c.DeviceName] = c.Count
 	}
-	k.zeroRunning(s.Collectors)
 	for _, io := range s.BlockIO {
 		for _, x := range []struct {
 			op       string
@@ -154,6 +153,7 @@ func (m *Metrics) ObserveSnapshot(s trace.Snapshot) {
 		k.migr[c] += sc.Migrations
 	}
 	k.latency.observe(&s, class)
+	k.zeroRunning(s.Collectors)
 	for res, r := range s.Pressure {
 		if r.Some != nil {
 			k.psi[[2]string{res, "some"}] = *r.Some

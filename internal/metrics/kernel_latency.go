@@ -120,6 +120,9 @@ func (l *latencyState) zero(c string, on func(collector string) bool) {
 		hist(l.nvIoctl, c)
 		l.nvErrors[c] += 0
 	}
+	if on(trace.CollectorMemory) {
+		l.rss[c] += 0
+	}
 	if on(trace.CollectorTCP) {
 		l.tcpBytes[[2]string{c, "tx"}] += 0
 		l.tcpBytes[[2]string{c, "rx"}] += 0

@@ -221,12 +221,18 @@ func TestKernelZerosWhileIdle(t *testing.T) {
 		Inflight:   []trace.DeviceCount{{DeviceName: "vda", Count: 2}},
 		Collectors: map[string]string{trace.CollectorTCP: trace.SourceBPF, trace.CollectorNvidiaIoctl: trace.SourceBPF, trace.CollectorSched: trace.SourceOff}})
 	m.ObserveSnapshot(trace.Snapshot{Timestamp: 101, IntervalS: 1,
-		Collectors: map[string]string{trace.CollectorTCP: trace.SourceBPF, trace.CollectorNvidiaIoctl: trace.SourceBPF, trace.CollectorSched: trace.SourceOff}})
+		Collectors: map[string]string{trace.CollectorTCP: trace.SourceBPF, trace.CollectorNvidiaIoctl: trace.SourceBPF, trace.CollectorSched: trace.SourceOff,
+			trace.CollectorMemory: trace.SourceProc},
+		Memory: map[string]trace.Memory{"10": {RSSBytes: 1000}}})
 	v, h := gather(t, m)
+	if got := v["strapd_watched_resident_bytes{process=strapd}"]; got != 1000 {
+		t.Errorf("strapd's resident bytes %v, want 1000", got)
+	}
 	for _, k := range []string{
 		"strapd_block_io_inflight{device=vda}",
 		"strapd_tcp_bytes_total{direction=rx,process=clients}", "strapd_tcp_bytes_total{direction=tx,process=strapd}",
 		"strapd_tcp_retransmits_total{process=clients}", "strapd_nvidia_ioctl_errors_total{process=strapd}",
+		"strapd_watched_resident_bytes{process=clients}",
 	} {
 		if got, ok := v[k]; !ok || got != 0 {
 			t.Errorf("%s = %v (present %v), want 0", k, got, ok)

@@ -36,6 +36,6 @@ const (
 	SourceBPF = "bpf"
 	// SourceProc: read from /proc (the fallback, or PSI).
 	SourceProc = "proc"
-	// SourceOff: not collected; CollectorStatus.Error says why.
+	// SourceOff: not collected; bpf.CollectorStatus.Error says why.
 	SourceOff = "off"
 )

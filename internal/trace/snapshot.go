@@ -71,13 +71,13 @@ type Snapshot struct {
 	Drops map[string]uint64 `json:"drops"`
 
 	// TokensKernel is the kernel activity per generated token of the session whose trace
-	// this line is written to (set by the capture server, never by Snapshot); absent when
+	// this line is written to (set by the capture server, never by the collector); absent when
 	// the session recorded no token in the interval.
 	TokensKernel []TokenKernel `json:"tokens_kernel,omitempty"`
 
 	// ModelLoad is the model-load phase of the client of the session whose trace this
 	// line is written to, when its first PUBLISH arrived in the interval (set by the
-	// capture server, never by Snapshot).
+	// capture server, never by the collector).
 	ModelLoad []ModelLoad `json:"model_load,omitempty"`
 
 	// NUMA is each process's cross-node CPU migrations; absent on a one-node machine.
@@ -85,7 +85,7 @@ type Snapshot struct {
 
 	// NUMAPages is each process's resident pages per NUMA node (keyed by decimal node
 	// number) from /proc/<pid>/numa_maps, a gauge read at most every
-	// Options.NUMAMapsInterval: a process appears only in the snapshots that read it.
+	// bpf.Options.NUMAMapsInterval: a process appears only in the snapshots that read it.
 	NUMAPages map[string]map[string]NodePages `json:"numa_pages,omitempty"`
 
 	// ThreadCPU is each process's on-CPU time by thread name; absent when no watched
@@ -127,7 +127,7 @@ type TokenKernel struct {
 	BlockWriteBytes uint64 `json:"block_write_bytes"`
 }
 
-// Session names one live capture session; supplied by the caller through SetSessions.
+// Session names one live capture session; supplied to the collector through bpf.Collector.SetSessions.
 type Session struct {
 	// ID is the session id of the capture protocol.
 	ID string `json:"id"`
