@@ -27,7 +27,7 @@ FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-.PHONY: all build lint test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium
+.PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium
 
 all: build
 
@@ -117,6 +117,7 @@ check-deploy: prometheus
 # (issue 23); it leaves this list when that lands.
 CLANG_FORMAT      ?= clang-format
 CLANG_FORMAT_SKIP := clients/python/src/llm_instrumentation/_speedups.c
+.PHONY: lint
 lint: $(VENV)/.stamp check-deploy
 	$(GO) mod verify
 	$(GO) tool staticcheck -tags privileged ./...
