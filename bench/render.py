@@ -155,6 +155,7 @@ def render(results: Path, doc: Path) -> None:
     failed: Dict[str, str] = {}
     m = load(results, "machine", failed)
     ov = load(results, "overhead", failed)
+    peers = load(results, "peers", failed)
     dec = load(results, "decode", failed)
     ing = load(results, "ingest", failed)
     mem = load(results, "memory", failed)
@@ -186,6 +187,8 @@ def render(results: Path, doc: Path) -> None:
         table(w, ["step", "last line of the error (full text in `bench/results/STEP.json`)"], "ll",
               [(f"`{k}`", f"`{(v.strip().splitlines() or [''])[-1][:300]}`") for k, v in failed.items()])
     targets_table(w, ov, ing, mem, pab, res, dec)
+    if peers:
+        peers_tables(w, peers)
     if ov:
         overhead_tables(w, ov, pngs, rel)
     if dec:
@@ -504,6 +507,50 @@ def probes_ab_tables(w: Emit, pab: Json) -> None:
                      a["verdict"] if a else ""))
     table(w, ["daemon", "tokens/s (median)", "kept, wall (min–max)", "kept, loop only", "kept, CPU (min–max)",
               "client sys s/trial", "daemon CPU s/trial", f"≤ {pab['target'] * 100:.0f} %"], "lrrrrrrl", rows)
+
+
+PEER_LABELS = {
+    "plain": "plain (no capture)", "hooks": "forward hooks, `.cpu().clone()` into a list",
+    "nnsight": "nnsight `.save()`", "tlens": "TransformerLens `run_with_cache` / hooks in `generate`",
+    "v131": "llm-instrumentation 1.3.1, `balanced`", "fast_capture": "**ours** `fast_capture`",
+    "balanced": "**ours** `balanced`", "balanced+res": "**ours** `balanced` + resource events `MINIMAL`",
+}
+
+
+def peers_tables(w: Emit, pe: Json) -> None:
+    w(f"## 0. Beside the peers (load {fmt_load([pe['load_start'], pe['load_end']])})")
+    w("")
+    commands(w, [pe["command"]])
+    for phase, regs in pe["phases"].items():
+        sh = pe["shapes"][phase]
+        what = (f"{sh['prompt']}-token prompt, {sh['new']} greedy tokens with the KV cache"
+                if phase == "decode" else f"{sh['passes']} passes of {sh['tokens']} tokens")
+        for reg, r in regs.items():
+            summ = r["summary"]
+            base = summ.get("plain", {}).get("peak_rss_bytes")
+            w(f"### {phase}: Llama {sh['hidden']}×{sh['layers']}, {what}; torch threads {r['torch_threads']} "
+              f"({'every core' if reg == 'all' else 'a core left free'})")
+            w("")
+            rows = []
+            for v, s in summ.items():
+                if "error" in s:
+                    rows.append((PEER_LABELS.get(v, v), "error", "", "", "", "", f"`{s['error'][:120]}`"))
+                    continue
+                same = s.get("ids_identical", s.get("logits_identical"))
+                rows.append((
+                    PEER_LABELS.get(v, v),
+                    f"{s['kept']:.3f} ({s['kept_min']:.3f}–{s['kept_max']:.3f})",
+                    f"{s['kept_with_save']:.3f}" if "kept_with_save" in s else "",
+                    f"{s['peak_rss_bytes'] / 2**20:.0f}" + (f" (+{(s['peak_rss_bytes'] - base) / 2**20:.0f})"
+                                                            if base and v != "plain" else ""),
+                    f"{s['bytes_persisted'] / 2**20:.1f} MiB" if s["bytes_persisted"] else "0",
+                    f"{s['saved_bytes'] / 2**20:.1f} MiB" if "saved_bytes" in s else "",
+                    ", ".join(s["exact"]) + ("" if same is None else ("; output identical" if same
+                                                                      else "; **output differs**")),
+                ))
+            table(w, ["variant", "kept (min–max)", "kept incl. `torch.save`", "peak RSS MiB (Δ plain)",
+                      "persisted", "`torch.save` bytes", "exact (last layer, first pass) vs uncaptured"],
+                  "lrrrrrl", rows)
 
 
 def decode_tables(w: Emit, dec: Json) -> None:

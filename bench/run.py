@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 BENCH_PY = ROOT / "clients" / "python" / "benchmarks"
-STEPS = ("machine", "overhead", "decode", "ingest", "memory", "cpubudget", "compression", "probes",
+STEPS = ("machine", "peers", "overhead", "decode", "ingest", "memory", "cpubudget", "compression", "probes",
          "probes_ab", "resources", "profile")
 #: Steps run only when ``--only`` names them: long, and they need the trained MiniLM package.
 EXTRA_STEPS = ("analysis",)
@@ -446,6 +446,21 @@ def step_probes_ab(ctx: "Ctx") -> Dict[str, Any]:
     r = json.loads(out.read_text())
     r["command"] = show(cmd, ctx.tmp).replace(str(ctx.strapd), "bin/strapd")
     r["loadavg"] = [la0, loadavg()]
+    return r
+
+
+def step_peers(ctx: "Ctx") -> Dict[str, Any]:
+    """Ours beside nnsight, TransformerLens, plain hooks and the 1.3.1 wheel, interleaved, in both
+    thread regimes (bench/peers.py; its peers come from `make peers-deps`)."""
+    out = ctx.tmp / "peers.json"
+    cmd = [PY, ROOT / "bench" / "peers.py", "--strapd", ctx.strapd, "--tmpdir", ctx.tmp, "--json", out] \
+        + (["--quick", "--rounds", "1", "--regimes", "all"] if ctx.quick else ["--rounds", "3"])
+    run(cmd, timeout=3600, progress=True)
+    r = json.loads(out.read_text())
+    for phase in r["phases"].values():
+        for reg in phase.values():
+            reg.pop("rounds", None)
+    r["command"] = show(cmd, ctx.tmp)
     return r
 
 

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/strap-llm/strap/internal/dtype"
 )
 
 // maxShapes caps the distinct shapes listed per module.
@@ -28,6 +30,9 @@ type ModuleStats struct {
 	Ratio float64 `json:"ratio"`
 	// Lossy folds the lossy error reports of the module's packets; nil when lossless.
 	Lossy *LossyStats `json:"lossy,omitempty"`
+	// GGMLTypes lists the ggml types of packets holding raw ggml blocks (uint8 tensors whose
+	// meta names a "ggml_type", STREAM_FORMAT.md 4.1); empty otherwise.
+	GGMLTypes []string `json:"ggml_types,omitempty"`
 }
 
 // LossyStats folds the "lossy" meta that strapd writes on every packet of a lossy codec
@@ -48,6 +53,20 @@ type LossyStats struct {
 	Exceeded uint64 `json:"exceeded"`
 	// Unreadable counts packets whose "lossy" meta could not be parsed.
 	Unreadable uint64 `json:"unreadable,omitempty"`
+}
+
+// addGGML notes the ggml type of a packet that holds raw ggml blocks: a uint8 tensor whose
+// meta carries "ggml_type" (STREAM_FORMAT.md 4.1, written by the C client).
+func addGGML(m *ModuleStats, p *PacketInfo) {
+	if p.DType != dtype.Uint8 || !bytes.Contains(p.Meta, []byte(`"ggml_type"`)) {
+		return
+	}
+	var g struct {
+		Type string `json:"ggml_type"`
+	}
+	if json.Unmarshal(p.Meta, &g) == nil && g.Type != "" && !slices.Contains(m.GGMLTypes, g.Type) {
+		m.GGMLTypes = append(m.GGMLTypes, g.Type)
+	}
 }
 
 // lossyReport is one packet's "lossy" meta.
@@ -158,6 +177,7 @@ func Inspect(r io.ReaderAt, size int64) (Summary, error) {
 			}
 			addLossy(&m.Lossy, p.Meta)
 			addLossy(&sum.Lossy, p.Meta)
+			addGGML(m, p)
 			sum.Packets++
 			sum.RawBytes += p.RawLen
 			sum.StoredBytes += p.StoredLen
@@ -239,7 +259,11 @@ func (sum *Summary) WriteText(w io.Writer) error {
 		for i, s := range m.Shapes {
 			shapes[i] = shapeString(s)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%.3f\t\n", m.Name, m.Packets, strings.Join(m.DTypes, ","),
+		dts := strings.Join(m.DTypes, ",")
+		if len(m.GGMLTypes) > 0 {
+			dts += " (ggml " + strings.Join(m.GGMLTypes, ",") + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%.3f\t\n", m.Name, m.Packets, dts,
 			strings.Join(shapes, " "), m.RawBytes, m.StoredBytes, m.Ratio)
 	}
 	fmt.Fprintf(tw, "total\t%d\t\t\t%d\t%d\t%.3f\t\n", sum.Packets, sum.RawBytes, sum.StoredBytes, sum.Ratio)

@@ -2,6 +2,7 @@ package stream
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 
 	"github.com/strap-llm/strap/internal/dtype"
@@ -83,5 +84,51 @@ func TestLossyExceeds(t *testing.T) {
 				t.Fatalf("exceeds = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestInspectGGML: a uint8 tensor whose meta names a ggml type (raw quantized blocks,
+// STREAM_FORMAT.md 4.1) shows that type; the same meta on another dtype does not count.
+func TestInspectGGML(t *testing.T) {
+	f := tempFile(t)
+	w, err := New(f, map[string]any{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	packets := []struct {
+		name string
+		dt   dtype.DType
+		meta string
+	}{
+		{"blk.0.attn_q.weight", dtype.Uint8, `{"ggml_type":"q4_0","ggml_ne":[8,1]}`},
+		{"blk.0.attn_q.weight", dtype.Uint8, `{"ggml_type":"q8_0","ggml_ne":[8,1]}`},
+		{"l_out-0", dtype.Uint8, ``},
+		{"other", dtype.Int32, `{"ggml_type":"q4_0"}`},
+	}
+	payload := f32Bytes(1)
+	for i, p := range packets {
+		if err := w.WritePacket(&Packet{Header: Header{Type: TypeTensor, DType: p.dt, Shape: []uint64{4 / uint64(p.dt.Size())}, Seq: uint64(i + 1), RawLen: 4}, Name: p.name, Meta: []byte(p.meta), Blocks: []Block{{Data: payload}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(EndInfo{Status: "complete"}); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := InspectFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"blk.0.attn_q.weight": "q4_0,q8_0", "l_out-0": "", "other": ""}
+	for _, m := range sum.Modules {
+		if got := strings.Join(m.GGMLTypes, ","); got != want[m.Name] {
+			t.Errorf("%s: ggml types %q, want %q", m.Name, got, want[m.Name])
+		}
+	}
+	var buf bytes.Buffer
+	if err := sum.WriteText(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "uint8 (ggml q4_0,q8_0)") {
+		t.Fatalf("text summary without the ggml types:\n%s", buf.String())
 	}
 }

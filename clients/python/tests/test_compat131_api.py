@@ -177,8 +177,9 @@ def test_create_optimized_config_model_and_bad_purpose():
     from llm_instrumentation.core.auto_detect import create_optimized_config
 
     assert create_optimized_config(tiny_llama(), "performance_analysis").compression_algorithm == "zstd"
-    with pytest.raises(ValueError, match="purpose"):
-        create_optimized_config("llama", "speed")
+    # An unknown purpose: balanced(), as 1.3.1, with a warning (test_compat131_dropin.py).
+    with pytest.warns(UserWarning, match="unknown purpose 'speed'"):
+        assert create_optimized_config("llama", "speed") == InstrumentationConfig.balanced()
 
 
 def test_readme_131_auto_config_capture(real_strapd, tmp_path):

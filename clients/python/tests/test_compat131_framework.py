@@ -54,9 +54,8 @@ def test_framework_131_form_and_instrument_model():
     m = tiny_llama()
     fw = InstrumentationFramework(cfg)
     assert fw.model is None and fw.hooked_modules == [] and fw.config is cfg
-    with pytest.raises(RuntimeError, match="instrument_model"):
-        with fw.capture_activations("x.stream"):
-            pass
+    # A capture before instrument_model runs without tensors (test_compat131_dropin.py);
+    # the framework is left without a model, so instrument_model still takes one.
     fw.instrument_model(m)
     hooked = list(fw.hooked_modules)
     assert fw.model is m and "model.layers.0.self_attn" in hooked

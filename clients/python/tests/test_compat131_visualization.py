@@ -185,10 +185,15 @@ def test_legacy_131_stream_has_no_tokens():
     assert rows[3]["layer_name"] == "<root>"
     df = build_packet_dataframe(rows)
     assert "token_index" not in df.columns
+    # Without tokens to divide them among, the token plots refuse (as 1.3.1 did).
     with pytest.raises(ValueError, match="no token_index"):
-        plot_token_progression(df, {"total_tokens": 2, "tokens": [{"token_text": "a"}, {"token_text": "b"}]})
+        plot_token_progression(df)
     with pytest.raises(ValueError, match="no token_index"):
-        build_packet_dataframe(rows, {"total_tokens": 1, "tokens": [{"token_text": "a"}]})
+        analyze_circuits(df)
+    # With tokens, 1.3.1's even split, flagged as an estimate (test_compat131_dropin.py).
+    with pytest.warns(UserWarning, match="divided evenly"):
+        est = build_packet_dataframe(rows, {"total_tokens": 3, "tokens": [{"token_text": t} for t in "abc"]})
+    assert est["token_index"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2] and est["token_estimated"].all()
     # the codec override is used, and a wrong one is an error, not a silent skip
     with pytest.raises(StreamFormatError, match="does not decode as zstd"):
         load_stream_packets(str(p), "zstd")

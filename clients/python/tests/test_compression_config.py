@@ -80,9 +80,13 @@ def test_lossy_codec_never_swapped_by_throughput_target():
     cfg = InstrumentationConfig.max_compression().with_throughput_target(100.0)
     plan = cfg.transport_plan(cores=2)
     assert (plan.codec, plan.lossy) == ("quant", {"mode": "rel", "value": 1e-3})
-    # shuffle, too slow for the target, falls back to none (lossless either way).
-    plan = InstrumentationConfig.balanced().with_throughput_target(100.0).transport_plan(cores=2)
+    assert "may not sustain" in plan.note
+    # The default codec (none named), too slow for the target, falls back to none (lossless
+    # either way); a preset names its codec, so balanced() keeps shuffle and only notes it.
+    plan = InstrumentationConfig().with_throughput_target(100.0).transport_plan(cores=2)
     assert plan.codec == "none" and plan.lossy is None and plan.note
+    plan = InstrumentationConfig.balanced().with_throughput_target(100.0).transport_plan(cores=2)
+    assert plan.codec == "shuffle" and "kept because it was named" in plan.note
 
 
 def test_trace_option():

@@ -12,7 +12,7 @@ import torch
 from conftest import TESTDATA
 from strapfake import StreamWriter
 
-from llm_instrumentation import StreamFormatError, UnsupportedCodecError, analyze_activations, open_stream
+from llm_instrumentation import StreamFormatError, StreamReader, UnsupportedCodecError, analyze_activations, open_stream
 from llm_instrumentation._dtypes import DTYPE_IDS, dtype_size
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8, torch.int16,
@@ -127,6 +127,22 @@ def test_tensors_by_name_and_metadata(tmp_path):
             assert r.names() == ["y", "x"]
 
 
+def test_ggml_raw_blocks(tmp_path):
+    # STREAM_FORMAT.md 4.1: a uint8 tensor with ggml meta names its type and ne; the same meta
+    # on another dtype, or a malformed one, is not a ggml tensor.
+    q = torch.arange(3 * 36, dtype=torch.uint8).reshape(3, 36)
+    ts = [("blk.0.attn_q.weight", q, {"ggml_type": "q4_0", "ggml_ne": [64, 3]}),
+          ("l_out-0", torch.zeros(3, 4), {"ggml_type": "q4_0", "ggml_ne": [4, 3]}),
+          ("odd", q, {"ggml_type": "q4_0", "ggml_ne": "64"}),
+          ("plain", q, None)]
+    p = write_stream(tmp_path / "g.strap", ts)
+    with open_stream(p) as r:
+        got = {t.name: t.ggml for t in r}
+        raw = r.tensors("blk.0.attn_q.weight")[0].numpy()
+    assert got == {"blk.0.attn_q.weight": ("q4_0", (64, 3)), "l_out-0": None, "odd": None, "plain": None}
+    assert raw.shape == (3, 36) and raw.tobytes() == q.numpy().tobytes()
+
+
 def test_lone_surrogate_escape_in_meta_is_corrupt(tmp_path):
     """As in the Go reader: an escaped surrogate pair reads; an escaped lone surrogate (what
     json.dumps writes for a str holding one) is corrupt, in packet meta and in the header."""
@@ -195,7 +211,9 @@ def test_corruption_named_with_offset(tmp_path, mutate, match):
 def test_empty_and_foreign_files(tmp_path):
     (tmp_path / "e").write_bytes(b"")
     with pytest.raises(StreamFormatError, match="empty"):
-        open_stream(tmp_path / "e")
+        StreamReader(tmp_path / "e")
+    with open_stream(tmp_path / "e") as r:  # 1.3.1 left empty streams behind: no packets
+        assert r.legacy and list(r.packets()) == []
     # 1.3.1 format: big-endian !HI + name + payload; read by the legacy reader
     # (test_compat131_stream.py), and a file that is neither is refused
     (tmp_path / "old").write_bytes(struct.pack("!HI", 3, 4) + b"abc" + b"\0" * 4)

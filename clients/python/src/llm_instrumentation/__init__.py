@@ -14,7 +14,9 @@ __version__ = "0.1.0"
 
 from .analysis import analyze_activations, analyze_activations_with_tokens
 from .config import HookGranularity, InstrumentationConfig
+from .core.compression import TensorCompressionManager
 from .core.hooks import HookConfig
+from .core.streaming import StreamingSerializer
 from .errors import (
     StrapdConnectionError,
     StrapdProtocolError,
@@ -48,8 +50,10 @@ __all__ = [
     "StrapdTimeoutError",
     "StrapdWriteError",
     "StreamFormatError",
+    "StreamingSerializer",
     "StreamReader",
     "Tensor",
+    "TensorCompressionManager",
     "TokenTracker",
     "UnsupportedCodecError",
 ]

@@ -5,6 +5,7 @@ is its public face."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import time
@@ -69,6 +70,18 @@ class Capture:
         self.model = model
         self._fingerprint = None
 
+    def _attach_nothing(self) -> None:
+        """Capture without a model (1.3.1 allowed ``capture_activations`` before
+        ``instrument_model``): a stand-in module with no hooks, so the stream gets the
+        tokens and checkpoints and no tensors. :meth:`_detach_nothing` undoes it."""
+        self.model = _no_model()
+        self.hooked_modules = []
+        self._hooks = Hooks(self.model, [], self.config)
+        self._fingerprint = None
+
+    def _detach_nothing(self) -> None:
+        self.model, self._hooks, self.hooked_modules, self._fingerprint = None, None, [], None
+
     def _use(self, options: SessionOptions) -> None:
         """Make ``options`` the current capture's and reset its per-capture state."""
         self.options = options
@@ -79,6 +92,10 @@ class Capture:
         self.checkpoint_times: List[float] = []
         self._started_at = 0.0
         self._clean = False
+        # 1.3.1's checkpoint keys: resumes so far, and each token's JSON, encoded once.
+        self._resume_count = 0
+        self._tokens_json: List[str] = []
+        self._tokens_131_left_out = False
 
     def fingerprint(self) -> str:
         """The capture's fingerprint (config, transport, hooked modules, model structure):
@@ -115,8 +132,8 @@ class Capture:
         Path(opts.output_path).parent.mkdir(parents=True, exist_ok=True)
         out = _resume.open_output(opts, self.fingerprint())
         self.resumed_from = out.source
+        tr = self.token_tracker
         if out.resume is not None:
-            tr = self.token_tracker
             assert tr is not None
             tr.tokens, tr.resume_step = out.tokens, out.resume.token_count
             self.resume_step, self.forward_count = out.resume.token_count, out.resume.forward_count
@@ -124,6 +141,18 @@ class Capture:
             log.info("llm_instrumentation: resuming %s from token %d at byte %d (%s)", opts.output_path,
                      out.resume.token_count, out.resume.stream_offset,
                      "its checkpoint" if out.source == "checkpoint" else "the stream's intact prefix")
+        elif out.tokens:
+            # A 1.3.1 checkpoint's tokens, into a new stream: written first, as TOKEN packets.
+            assert tr is not None
+            tr.tokens, tr.resume_step = out.tokens, len(out.tokens)
+            self.resume_step = len(out.tokens)
+            log.info("llm_instrumentation: %s goes on from the %d tokens of a 1.3.1 checkpoint, in a new stream",
+                     opts.output_path, len(out.tokens))
+        if out.source is not None and tr is not None:
+            meta = out.meta_131 or {}
+            self._resume_count = _int(meta.get("resume_count")) + 1
+            if isinstance(meta.get("start_time"), (int, float)) and not isinstance(meta.get("start_time"), bool):
+                tr.start_time = float(meta["start_time"])  # 1.3.1 kept the first run's
         try:
             self.trace_path = _resume.resolve_trace(opts, self.config.trace)
             level = _resource_level(opts.resource_level, self.config.resource_level)
@@ -152,6 +181,9 @@ class Capture:
         self._session = session
         self._started_at = time.monotonic()
         if self.token_tracker is not None:
+            if out.resume is None:
+                for tok in self.token_tracker.tokens:  # a 1.3.1 checkpoint's: the stream holds every token
+                    session.token(tok["token_index"], tok["token_id"], tok["token_text"], tok["position"])
             self.token_tracker._sink = self._on_token
         hooks.install(self._on_forward_start, self._on_forward_end, session.record)
         if level is not None:
@@ -229,10 +261,33 @@ class Capture:
         t0 = time.perf_counter()
         c = _resume.checkpoint_from(session.checkpoint(), self.options.output_path or "", self.fingerprint(),
                                     tr.step, self.forward_count)
-        ckpt.write_atomic(ck_path, c.to_json())
+        ckpt.write_atomic(ck_path, c.to_json(self._keys_131(c, tr)))
         self.checkpoint_times.append(time.perf_counter() - t0)
         self.last_checkpoint = c
         return c
+
+    def _keys_131(self, c: ckpt.Checkpoint, tr: TokenTracker) -> Optional[List[str]]:
+        """Add 1.3.1's checkpoint keys to ``c`` (``total_tokens``, ``last_checkpoint_time``,
+        ``metadata``: ``start_time``, ``resume_count``, ``updated_at``) and return its
+        ``tokens`` list as encoded JSON, or None when that list would make the file larger
+        than a checkpoint may be (then left out, with one warning)."""
+        now = time.time()
+        c.extra.update({"total_tokens": len(tr.tokens), "last_checkpoint_time": now,
+                        "metadata": {"start_time": tr.start_time, "resume_count": self._resume_count,
+                                     "updated_at": now}})
+        enc = self._tokens_json
+        if len(enc) > len(tr.tokens):
+            del enc[:]
+        enc.extend(json.dumps({k: t[k] for k in ("token_index", "token_id", "token_text", "position")},
+                              ensure_ascii=False) for t in tr.tokens[len(enc):])
+        if sum(len(e) + 1 for e in enc) + (64 << 10) > ckpt.MAX_SIZE:
+            if not self._tokens_131_left_out:
+                self._tokens_131_left_out = True
+                log.warning("llm_instrumentation: %d tokens no longer fit a checkpoint file (%d MiB): 1.3.1's "
+                            "'tokens' list is left out of the checkpoints from now on (the stream holds every "
+                            "token; a resume does not need the list)", len(enc), ckpt.MAX_SIZE >> 20)
+            return None
+        return enc
 
     def stop(self) -> Dict[str, Any]:
         """Remove the hooks, close the session (the daemon finishes the file). With tracking,
@@ -305,6 +360,26 @@ class Capture:
         self._clean = True
         self.stop()
 
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+
+_NO_MODEL: Any = None
+
+
+def _no_model() -> "nn.Module":
+    """A module standing in for the model of a capture without one: no children, never run."""
+    global _NO_MODEL
+    if _NO_MODEL is None:
+        import torch.nn as nn
+
+        class NoModel(nn.Module):
+            """Stands in for the model of a capture that has none (tokens and checkpoints only)."""
+
+        _NO_MODEL = NoModel
+    return _NO_MODEL()
 
 
 def _resource_level(option: Any, config_level: Optional[str]) -> Optional[str]:

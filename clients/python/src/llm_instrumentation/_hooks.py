@@ -9,12 +9,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .config import HookGranularity, InstrumentationConfig
-from .core.auto_detect import select_modules
+from .core.auto_detect import falls_back_to_131, select_modules
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
     import torch.nn as nn
 
+
+#: The record name of the root module's output (a record needs a non-empty name; the
+#: analysis helpers show 1.3.1's unnamed root the same way).
+ROOT_NAME = "<root>"
 
 #: receives one output tensor of a hooked module: ``(record name, tensor, record meta)``;
 #: what it returns (the session's record tells whether the record was written) is ignored.
@@ -88,11 +92,13 @@ def choose_modules(model: "nn.Module", config: InstrumentationConfig, extra: Seq
         module names, in ``named_modules`` order.
 
     Raises:
-        ValueError: nothing matches (a capture of nothing is a mistake, not a result).
+        ValueError: nothing matches (a capture of nothing is a mistake, not a result),
+            except where 1.3.1's choice for a model without recognised blocks is empty
+            (``select_modules`` warns; 1.3.1 captured nothing there too).
     """
     patterns = tuple(config.modules) + tuple(extra)
     names = select_modules(model, config.granularity, patterns)
-    if not names:
+    if not names and not falls_back_to_131(model, config.granularity, patterns):
         raise ValueError(
             f"no module of {type(model).__name__} matches granularity {config.granularity.name}"
             f"{' and patterns ' + str(list(patterns)) if patterns else ''}; pass modules=[...] patterns"
@@ -129,7 +135,7 @@ class Hooks:
         self._handles.append(model.register_forward_pre_hook(lambda m, a: forward_started()))
         mods = dict(model.named_modules())
         for name in self.modules:
-            self._handles.append(mods[name].register_forward_hook(self._module_hook(name, record)))
+            self._handles.append(mods[name].register_forward_hook(self._module_hook(name or ROOT_NAME, record)))
         # Registered last, so it runs after a hook on the root module itself: one PUBLISH per
         # forward pass for the records not yet published.
         self._handles.append(model.register_forward_hook(lambda m, a, o: forward_ended()))

@@ -12,10 +12,13 @@ So this reader:
   with one (LZ4 ``04 22 4D 18``, zstd ``28 B5 2F FD``), else takes the file as raw;
 * reports each payload as a flat ``float16`` tensor (what 1.3.1 wrote for fp32 and fp16
   models; an odd byte count is reported as ``uint8``), tagged ``meta["dtype_assumed"]``;
-* gives packets no step or forward (``None``): tokens cannot be tied to packets, and
-  nothing here pretends otherwise;
+* gives packets no step or forward (``None``): the file does not say which token a packet
+  belongs to (the per-token analysis helpers divide packets evenly when given tokens, as
+  1.3.1 did, and flag that as an estimate);
 * stops at a torn last packet (``truncated_at``), and refuses a file whose packets do not
-  parse (:class:`StreamFormatError` naming the offset).
+  parse (:class:`StreamFormatError` naming the offset);
+* reads an empty file as a stream of no packets (1.3.1 left one behind for every capture
+  that hooked nothing).
 """
 
 from __future__ import annotations
@@ -82,25 +85,11 @@ class LegacyPacket:
         Raises:
             StreamFormatError: the payload is not a valid frame of its codec.
         """
-        data = self.stored()
-        claimed = _content_size(self.codec_name, data)
-        if claimed is not None and claimed > MAX_RAW:
-            raise StreamFormatError(f"{self._reader.path}: 1.3.1 packet {self.index} ({self.name!r}) claims "
-                                    f"{claimed} decoded bytes (more than {MAX_RAW})", self.offset)
         try:
-            if self.codec_name == "lz4":
-                import lz4.frame
-
-                out = lz4.frame.decompress(data)
-            elif self.codec_name == "zstd":
-                import zstandard
-
-                out = zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_RAW)
-            else:
-                out = data
-        except Exception as e:
-            raise StreamFormatError(f"{self._reader.path}: 1.3.1 packet {self.index} ({self.name!r}) does not "
-                                    f"decode as {self.codec_name}: {e}", self.offset) from None
+            out = decompress_payload(self.codec_name, self.stored())
+        except StreamFormatError as e:
+            raise StreamFormatError(f"{self._reader.path}: 1.3.1 packet {self.index} ({self.name!r}) {e}",
+                                    self.offset) from None
         self._raw_len = len(out)
         return out
 
@@ -141,6 +130,63 @@ class LegacyPacket:
     def __repr__(self) -> str:
         return f"LegacyPacket(index={self.index}, name={self.name!r}, offset={self.offset}, " \
                f"stored_len={self.stored_len}, codec={self.codec_name})"
+
+
+def decompress_payload(codec: str, data: bytes) -> bytes:
+    """One 1.3.1 payload, decompressed (the reader and ``TensorCompressionManager`` share it).
+
+    Args:
+        codec: ``"lz4"``, ``"zstd"`` or ``"none"``.
+        data: the payload as stored.
+
+    Returns:
+        the tensor's bytes.
+
+    Raises:
+        StreamFormatError: not a valid frame of ``codec``, or one claiming more than
+            :data:`MAX_RAW` bytes (offset 0: the caller knows where the payload was).
+    """
+    claimed = _content_size(codec, data)
+    if claimed is not None and claimed > MAX_RAW:
+        raise StreamFormatError(f"claims {claimed} decoded bytes (more than {MAX_RAW})", 0)
+    try:
+        if codec == "lz4":
+            import lz4.frame
+
+            return lz4.frame.decompress(data)
+        if codec == "zstd":
+            import zstandard
+
+            return zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_RAW)
+    except Exception as e:
+        raise StreamFormatError(f"does not decode as {codec}: {e}", 0) from None
+    if codec == "none":
+        return bytes(data)
+    raise ValueError(f"1.3.1 wrote lz4, zstd or none payloads, not {codec!r}")
+
+
+def compress_payload(codec: str, raw: bytes, level: Optional[int] = None) -> bytes:
+    """Compress bytes as 1.3.1 did: one LZ4 frame (level 1), one zstd frame (level 3), or as is.
+
+    Args:
+        codec: ``"lz4"``, ``"zstd"`` or ``"none"``.
+        raw: the bytes.
+        level: the codec's level (default: 1.3.1's).
+
+    Returns:
+        the payload.
+    """
+    if codec == "lz4":
+        import lz4.frame
+
+        return lz4.frame.compress(raw, compression_level=1 if level is None else level)
+    if codec == "zstd":
+        import zstandard
+
+        return zstandard.ZstdCompressor(level=3 if level is None else level).compress(raw)
+    if codec == "none":
+        return bytes(raw)
+    raise ValueError(f"1.3.1 wrote lz4, zstd or none payloads, not {codec!r}")
 
 
 def _content_size(codec: str, data: bytes) -> Optional[int]:
@@ -187,10 +233,10 @@ class LegacyStreamReader:
         self.path = os.fspath(path)
         self._f = open(self.path, "rb")
         self.size = os.fstat(self._f.fileno()).st_size
-        if self.size == 0:
-            self._f.close()
-            raise StreamFormatError(f"{self.path} is empty, not a strap stream", 0)
-        self._data: Any = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
+        # An empty file is a 1.3.1 stream with no packets: 1.3.1 wrote one for every
+        # capture that hooked nothing (ATTENTION_ONLY on a Hugging Face model). mmap refuses
+        # a 0-byte mapping, so it reads as empty bytes.
+        self._data: Any = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else b""
         self.truncated_at: Optional[int] = None
         try:
             spans = self._walk()
@@ -271,7 +317,8 @@ class LegacyStreamReader:
 
     def close(self) -> None:
         """Release the mapping and the file."""
-        self._data.close()
+        if isinstance(self._data, mmap.mmap):
+            self._data.close()
         self._f.close()
 
     def __enter__(self) -> "LegacyStreamReader":

@@ -33,7 +33,11 @@ class SessionOptions:
         checkpoint_interval_tokens: make a checkpoint every N recorded tokens (None: never).
         checkpoint_path: checkpoint file as given (None: ``{output_path}.ckpt.json``).
         resume_from_checkpoint: continue the capture the checkpoint describes.
-        overwrite_checkpoint: start over although a checkpoint of an earlier capture exists.
+        overwrite_checkpoint: what a fresh capture does with a checkpoint of an earlier one
+            at its checkpoint path: True deletes it and the stream; False refuses
+            (``CheckpointError``); None (not given) keeps that capture by moving its stream
+            and checkpoint aside to ``<stem>.interrupted-N<ext>``, with a warning (a 1.3.1
+            checkpoint, which 1.3.1 itself overwrote, is deleted with a warning).
         lock_wait: seconds to wait for the stream's lock when resuming (a session that is
             still ending holds it).
         trace_path: kernel trace file: None follows ``config.trace``, True the default
@@ -52,7 +56,7 @@ class SessionOptions:
     checkpoint_interval_tokens: Optional[int] = None
     checkpoint_path: Optional[str] = None
     resume_from_checkpoint: bool = False
-    overwrite_checkpoint: bool = False
+    overwrite_checkpoint: Optional[bool] = None
     lock_wait: float = 30.0
     trace_path: Optional[Union[str, bool]] = None
     resource_level: Optional[Union[str, int, bool]] = None
@@ -109,7 +113,7 @@ def check_tracking(track_per_token: Any, checkpoint_interval_tokens: Any, checkp
         checkpoint_interval_tokens: None or a positive int.
         checkpoint_path: None or a path.
         resume_from_checkpoint: must be a bool.
-        overwrite_checkpoint: must be a bool.
+        overwrite_checkpoint: a bool, or None (not given).
 
     Raises:
         TypeError: a flag that is not a bool.
@@ -117,9 +121,10 @@ def check_tracking(track_per_token: Any, checkpoint_interval_tokens: Any, checkp
     """
     if not isinstance(track_per_token, bool):
         raise TypeError(f"track_per_token must be a bool, got {track_per_token!r}")
-    for name, v in (("resume_from_checkpoint", resume_from_checkpoint), ("overwrite_checkpoint", overwrite_checkpoint)):
-        if not isinstance(v, bool):
-            raise TypeError(f"{name} must be a bool, got {v!r}")
+    if not isinstance(resume_from_checkpoint, bool):
+        raise TypeError(f"resume_from_checkpoint must be a bool, got {resume_from_checkpoint!r}")
+    if overwrite_checkpoint is not None and not isinstance(overwrite_checkpoint, bool):
+        raise TypeError(f"overwrite_checkpoint must be a bool or None, got {overwrite_checkpoint!r}")
     if checkpoint_interval_tokens is not None and (
             isinstance(checkpoint_interval_tokens, bool) or not isinstance(checkpoint_interval_tokens, int)
             or checkpoint_interval_tokens <= 0):
@@ -131,5 +136,5 @@ def check_tracking(track_per_token: Any, checkpoint_interval_tokens: Any, checkp
     if checkpoint_path is not None and checkpoint_interval_tokens is None and not resume_from_checkpoint:
         raise ValueError("checkpoint_path without checkpoint_interval_tokens or resume_from_checkpoint: "
                          "set checkpoint_interval_tokens=N to write checkpoints there")
-    if resume_from_checkpoint and overwrite_checkpoint:
+    if resume_from_checkpoint and overwrite_checkpoint is True:
         raise ValueError("resume_from_checkpoint and overwrite_checkpoint exclude each other")

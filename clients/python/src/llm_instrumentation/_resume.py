@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Union
 from . import _protocol as P
 from . import checkpoint as ckpt
 from ._options import SessionOptions
+from ._warnings import warn_caller
 from .checkpoint import CheckpointError
 
 
@@ -48,11 +49,15 @@ class Output:
     Attributes:
         fd: the descriptor (the caller closes it once strapd holds its own copy).
         resume: the prefix the capture goes on from (the checkpoint, or one made from the
-            stream's intact prefix), or None for a fresh capture.
-        tokens: the tokens of that prefix (empty for a fresh capture).
-        source: ``"checkpoint"`` or ``"stream"``: what the prefix's end came from (None
-            for a fresh capture).
+            stream's intact prefix), or None for a fresh stream.
+        tokens: the tokens of that prefix; for a fresh stream, the tokens of a 1.3.1
+            checkpoint it goes on from (the capture writes them first); else empty.
+        source: what the capture goes on from: ``"checkpoint"`` or ``"stream"`` (the
+            prefix's end), ``"checkpoint-1.3.1"`` (a 1.3.1 checkpoint's tokens, new stream);
+            None for a fresh capture.
         floor: the checkpoint file found on a resume (None: none).
+        meta_131: 1.3.1's ``metadata`` of the checkpoint gone on from (``start_time``,
+            ``resume_count``; ours carry it too), or None.
     """
 
     fd: int
@@ -60,12 +65,14 @@ class Output:
     tokens: List[Dict[str, Any]] = field(default_factory=list)
     source: Optional[str] = None
     floor: Optional[ckpt.Checkpoint] = None
+    meta_131: Optional[Dict[str, Any]] = None
 
 
 def open_output(opts: SessionOptions, fingerprint: str) -> Output:
-    """Open and lock the stream file. Fresh: empty it (and remove a leftover checkpoint
-    when ``overwrite_checkpoint``). Resume: check it against the checkpoint, when there is
-    one, and cut it back to the end of its last intact token (docs/CHECKPOINTS.md 4).
+    """Open and lock the stream file. Fresh: empty it, after dealing with a checkpoint left
+    by an earlier capture (:func:`_leftover`). Resume: check it against the checkpoint, when
+    there is one, and cut it back to the end of its last intact token (docs/CHECKPOINTS.md 4);
+    with nothing to resume, or only a 1.3.1 checkpoint, a new stream.
 
     Args:
         opts: the session options (``output_path`` set).
@@ -75,54 +82,165 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
         the locked output.
 
     Raises:
-        CheckpointError: a leftover checkpoint without resume or overwrite, neither a
-            checkpoint nor a stream to resume, a stream that does not match the checkpoint
-            or the capture, or a live capture holding the lock.
+        CheckpointError: a leftover checkpoint with ``overwrite_checkpoint=False``, a
+            stream that does not match the checkpoint or the capture, a checkpoint whose
+            stream is gone, a 1.3.1 stream to append to, or a live capture holding the lock.
     """
     out = opts.output_path
     assert out is not None
     ck_path = opts.checkpoint_file
     if not opts.resume_from_checkpoint:
         leftover = ck_path or ckpt.default_path(out)
-        if os.path.exists(leftover) and not opts.overwrite_checkpoint:
-            raise CheckpointError(
-                f"a checkpoint of an earlier capture exists at {leftover}: pass resume_from_checkpoint=True "
-                f"to continue that capture, or overwrite_checkpoint=True to start over (the stream "
-                f"{out} and the checkpoint are then replaced)")
-        # Not O_TRUNC: a live capture of the same file must keep its bytes; the lock
-        # tells, then the file is emptied.
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            ckpt.lock_stream(fd, min(opts.lock_wait, 10.0), out)
-            os.ftruncate(fd, 0)
-            if os.path.exists(leftover):
-                ckpt.fsync_unlink(leftover)
-        except BaseException:
-            os.close(fd)
-            raise
-        return Output(fd)
+        if os.path.exists(leftover) and opts.overwrite_checkpoint is not True:
+            _leftover(opts, out, leftover)
+        return Output(_fresh(out, opts, leftover if opts.overwrite_checkpoint else None))
     assert ck_path is not None
-    c = ckpt.load(ck_path) if os.path.exists(ck_path) else None
+    c: Optional[ckpt.Checkpoint] = None
+    old: Optional[ckpt.Checkpoint131] = None
+    if os.path.exists(ck_path):
+        old = ckpt.load_131(ck_path)
+        if old is None:
+            c = ckpt.load(ck_path)
     try:
         fd = os.open(out, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
         if c is not None:
             raise CheckpointError(f"checkpoint {ck_path} names stream {out}, which does not exist") from None
-        raise CheckpointError(f"resume_from_checkpoint=True but there is no checkpoint at {ck_path} "
-                              f"and no stream at {out}") from None
+        if old is None:
+            # 1.3.1 started over here; a restart script passes resume_from_checkpoint=True
+            # every time, including the first.
+            warn_caller(f"resume_from_checkpoint=True but there is no checkpoint at {ck_path} and no stream at "
+                          f"{out}: starting a new capture")
+        return _from_131(Output(_fresh(out, opts, None)), old)
     try:
         ckpt.lock_stream(fd, opts.lock_wait, out)
         if c is None and os.fstat(fd).st_size == 0:
             # A client killed before strapd wrote the header: nothing was captured, so
             # the resume is a capture from token 0 into the same file.
-            return Output(fd, source="stream")
+            return _from_131(Output(fd, source="stream"), old)
+        if _is_131_stream(fd, out):
+            raise CheckpointError(
+                f"{out} is an llm_instrumentation 1.3.1 stream: a capture cannot append to it. Move it aside "
+                f"(open_stream still reads it); resume_from_checkpoint=True then starts a new stream"
+                + (f" with the {len(old.tokens)} tokens of the 1.3.1 checkpoint {ck_path}" if old else ""))
+        if old is not None:
+            warn_caller(f"{ck_path} is a 1.3.1 checkpoint; the stream {out} says itself where the capture "
+                          f"goes on, so the checkpoint's tokens are not used")
         rp = ckpt.resume_point(fd, c, out, fingerprint)
         os.ftruncate(fd, rp.point.stream_offset)
         os.fsync(fd)
     except BaseException:
         os.close(fd)
         raise
-    return Output(fd, rp.point, rp.tokens, rp.source, c)
+    meta = c.extra.get("metadata") if c is not None else None
+    return Output(fd, rp.point, rp.tokens, rp.source, c, meta if isinstance(meta, dict) else None)
+
+
+def _is_131_stream(fd: int, path: str) -> bool:
+    """Whether the non-empty file behind ``fd`` reads as a 1.3.1 stream (not a strap one)."""
+    from . import _legacy131
+    from .errors import StreamFormatError
+
+    if not _legacy131.is_legacy_header(os.pread(fd, 8, 0)):
+        return False
+    try:
+        _legacy131.LegacyStreamReader(path).close()
+    except StreamFormatError:
+        return False  # neither format: the resume check says what is wrong with it
+    return True
+
+
+def _fresh(out: str, opts: SessionOptions, remove: Optional[str]) -> int:
+    """Create or empty the stream for a new capture and lock it; then remove ``remove`` (a
+    leftover checkpoint being overwritten) when given."""
+    # Not O_TRUNC: a live capture of the same file must keep its bytes; the lock tells,
+    # then the file is emptied.
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        ckpt.lock_stream(fd, min(opts.lock_wait, 10.0), out)
+        os.ftruncate(fd, 0)
+        if remove is not None and os.path.exists(remove):
+            ckpt.fsync_unlink(remove)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _from_131(o: Output, old: Optional[ckpt.Checkpoint131]) -> Output:
+    """A new stream that goes on from a 1.3.1 checkpoint's tokens (when there is one)."""
+    if old is not None:
+        o.tokens, o.source, o.meta_131 = old.tokens, "checkpoint-1.3.1", old.metadata
+    return o
+
+
+#: Files beside a stream that belong to its capture, moved with it by :func:`_leftover`.
+_SIDECARS = (".trace.jsonl", ".resources.jsonl")
+
+
+def _leftover(opts: SessionOptions, out: str, leftover: str) -> None:
+    """A fresh capture found the checkpoint of an earlier one at ``leftover``.
+
+    ``overwrite_checkpoint=False`` refuses. Not given (None: every 1.3.1 call, e.g. a notebook
+    cell run again after it was interrupted): a 1.3.1 checkpoint is removed, as 1.3.1
+    overwrote it; ours keeps the earlier capture by moving its stream, checkpoint, trace,
+    resource events and tokens file aside to ``<stem>.interrupted-N<ext>`` (the first N
+    free), where ``resume_from_checkpoint=True`` on that path continues it. With no stream
+    (or an empty one) there is nothing to keep and the checkpoint is removed. Each case warns.
+    """
+    if opts.overwrite_checkpoint is False:
+        raise CheckpointError(
+            f"a checkpoint of an earlier capture exists at {leftover}: pass resume_from_checkpoint=True "
+            f"to continue that capture, or overwrite_checkpoint=True to start over (the stream "
+            f"{out} and the checkpoint are then replaced)")
+    if ckpt.load_131(leftover) is not None:
+        warn_caller(f"removing the 1.3.1 checkpoint {leftover} of an earlier capture (1.3.1 overwrote it too); "
+                      f"resume_from_checkpoint=True would have gone on from its tokens")
+        ckpt.fsync_unlink(leftover)
+        return
+    try:
+        fd = os.open(out, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = None
+    if fd is None or os.fstat(fd).st_size == 0:
+        if fd is not None:
+            os.close(fd)
+        warn_caller(f"removing the checkpoint {leftover} of an earlier capture whose stream {out} is missing or "
+                      f"empty (nothing to keep)")
+        ckpt.fsync_unlink(leftover)
+        return
+    try:
+        # A live capture of this stream holds the lock: its files are not moved.
+        ckpt.lock_stream(fd, min(opts.lock_wait, 10.0), out)
+        stem, ext = os.path.splitext(out)
+        n = 1
+        while True:
+            aside = f"{stem}.interrupted-{n}{ext}"
+            if not any(os.path.exists(p) for p in (aside, ckpt.default_path(aside), tokens_path(aside))):
+                break
+            n += 1
+        os.rename(out, aside)
+    finally:
+        os.close(fd)
+    moved = [aside]
+    try:
+        ckpt.load(leftover)  # checks it; then the same JSON, naming where its stream went
+        with open(leftover, "rb") as f:
+            d = json.loads(f.read())
+        d["stream"] = aside
+        ckpt.write_atomic(ckpt.default_path(aside), json.dumps(d, ensure_ascii=False).encode())
+        ckpt.fsync_unlink(leftover)
+    except CheckpointError:
+        os.rename(leftover, ckpt.default_path(aside))  # not readable: kept as it is
+    moved.append(ckpt.default_path(aside))
+    for old, new in [(out + sfx, aside + sfx) for sfx in _SIDECARS] + [(tokens_path(out), tokens_path(aside))]:
+        if os.path.exists(old):
+            os.rename(old, new)
+            moved.append(new)
+    warn_caller(
+        f"a checkpoint of an earlier, unfinished capture was at {leftover}: that capture is kept, moved to "
+        f"{', '.join(moved)}; resume it with resume_from_checkpoint=True and output_path={aside!r}. Pass "
+        f"overwrite_checkpoint=True to replace such a capture instead, or False to refuse")
 
 
 def resolve_trace(opts: SessionOptions, config_trace: Union[bool, str, None]) -> Optional[str]:

@@ -2,8 +2,11 @@
 
 A checkpoint is written by the client only after strapd has answered CHECKPOINTED: every
 packet up to the checkpoint is then on disk (fdatasync). The file is replaced atomically
-(temp file, fsync, rename, fsync of the directory) and holds no per-token data — the tokens
-are TOKEN packets in the stream — so its cost does not grow with the capture.
+(temp file, fsync, rename, fsync of the directory). A resume needs no per-token data from
+it — the tokens are TOKEN packets in the stream — but beside its own keys it also carries
+1.3.1's (``total_tokens``, ``tokens``, ``last_checkpoint_time``, ``metadata``), so code that
+read 1.3.1's checkpoints reads these; the ``tokens`` list is the part that grows with the
+capture (docs/CHECKPOINTS.md 3). A 1.3.1 checkpoint file (:func:`load_131`) is read too.
 
 Resume reads the stream through a descriptor opened ``O_RDWR`` (never truncating on open),
 checks its first ``stream_offset`` bytes against the checkpoint (fingerprint, packet count,
@@ -33,7 +36,12 @@ if TYPE_CHECKING:  # pragma: no cover
 FORMAT = "strap-checkpoint"
 VERSION = 1
 SUFFIX = ".ckpt.json"
-MAX_SIZE = 1 << 20
+#: Largest checkpoint file read or written: 1.3.1's ``tokens`` list takes about 80 bytes a
+#: token, so this holds some 800 000 tokens; past that the list is left out (with a warning).
+MAX_SIZE = 64 << 20
+#: 1.3.1's keys, written beside ours (``tokens`` is not kept when a checkpoint is parsed:
+#: a resume takes the tokens from the stream).
+KEYS_131 = ("total_tokens", "tokens", "last_checkpoint_time", "metadata")
 _REQUIRED = ("format", "version", "fingerprint", "stream_offset", "packets", "last_seq", "last_packet_offset",
              "last_packet_crc", "token_count")
 
@@ -61,12 +69,22 @@ class Checkpoint:
     version: int = VERSION
     extra: Dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> bytes:
-        """The file's bytes."""
+    def to_json(self, tokens_json: Optional[List[str]] = None) -> bytes:
+        """The file's bytes.
+
+        Args:
+            tokens_json: 1.3.1's ``tokens`` list, each token already encoded as JSON (a
+                capture keeps them encoded, so a checkpoint joins strings instead of
+                encoding every token again); written as the last key. None: no ``tokens``.
+        """
         d = asdict(self)
         extra = d.pop("extra")
         d.update(extra)
-        return (json.dumps(d, indent=1, sort_keys=True) + "\n").encode()
+        d.pop("tokens", None)
+        text = json.dumps(d, indent=1, sort_keys=True)
+        if tokens_json is not None:
+            text = text[:-2] + ',\n "tokens": [' + ",".join(tokens_json) + "]\n}"
+        return (text + "\n").encode()
 
     @classmethod
     def parse(cls, data: bytes, path: str = "checkpoint") -> "Checkpoint":
@@ -93,12 +111,54 @@ class Checkpoint:
                  packets=d["packets"], drops=d.get("drops", 0), last_seq=d["last_seq"],
                  last_packet_offset=d["last_packet_offset"], last_packet_crc=d["last_packet_crc"],
                  token_count=d["token_count"], forward_count=d.get("forward_count", 0), created=str(d.get("created", "")),
-                 extra={k: v for k, v in d.items() if k not in cls.__dataclass_fields__})
+                 extra={k: v for k, v in d.items() if k not in cls.__dataclass_fields__ and k != "tokens"})
         if ck.stream_offset <= 0 or (ck.packets == 0) != (ck.last_seq == 0) or ck.last_seq < ck.packets \
                 or (ck.packets and not 0 < ck.last_packet_offset < ck.stream_offset) \
                 or ck.token_count > ck.packets or ck.last_packet_crc >= 1 << 32:
             raise CheckpointError(f"{path}: inconsistent numbers: {ck}")
         return ck
+
+
+@dataclass
+class Checkpoint131:
+    """A checkpoint file written by llm_instrumentation 1.3.1: its tokens and metadata.
+
+    Attributes:
+        tokens: as the tracker holds them (``token_index`` 0, 1, ... in order; 1.3.1's
+            ``token_index``, which was the position, is kept as ``position``).
+        metadata: 1.3.1's ``metadata`` (``start_time``, ``resume_count``, ``updated_at``).
+    """
+
+    tokens: List[Dict[str, Any]]
+    metadata: Dict[str, Any]
+
+
+def load_131(path: Union[str, os.PathLike]) -> Optional[Checkpoint131]:
+    """Read ``path`` as a 1.3.1 checkpoint: a JSON object with a ``tokens`` list and none of
+    our ``format`` key. None when it is not one (ours, or not JSON: :func:`load` says what).
+
+    Raises:
+        CheckpointError: a 1.3.1 checkpoint whose tokens are not ``{token_id, token_text}``
+            objects.
+    """
+    p = os.fspath(path)
+    try:
+        with open(p, "rb") as f:
+            data = f.read(MAX_SIZE + 1)
+        d = json.loads(data.decode("utf-8")) if len(data) <= MAX_SIZE else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(d, dict) or "format" in d or not isinstance(d.get("tokens"), list):
+        return None
+    tokens = []
+    for i, t in enumerate(d["tokens"]):
+        if not isinstance(t, dict) or isinstance(t.get("token_id"), bool) or not isinstance(t.get("token_id"), int):
+            raise CheckpointError(f"{p}: 1.3.1 checkpoint token {i} is not {{token_id, token_text}}: {t!r}")
+        pos = t.get("token_index", i)
+        tokens.append({"token_index": i, "token_id": t["token_id"], "token_text": str(t.get("token_text", "")),
+                       "position": pos if isinstance(pos, int) and not isinstance(pos, bool) else i})
+    meta = d.get("metadata")
+    return Checkpoint131(tokens, dict(meta) if isinstance(meta, dict) else {})
 
 
 def default_path(output_path: Union[str, os.PathLike]) -> str:

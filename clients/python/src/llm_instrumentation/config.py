@@ -50,6 +50,9 @@ BACKPRESSURE_POLICIES: Tuple[str, ...] = ("block", "drop")
 CODEC_GBPS_PER_CORE: Dict[str, float] = {"none": float("inf"), "lz4": 0.13, "zstd": 0.08,
                                           "shuffle": 0.6, "quant": 0.5, "fp16": 0.5}
 
+#: The codec of a config that names none.
+DEFAULT_CODEC = "shuffle"
+
 #: Smallest ring accepted: header page + 64 KiB of data.
 MIN_RING_BYTES = 4096 + 64 * 1024
 #: strapd's default ``--max-ring-size``. A capture fits its ring to the daemon's limit,
@@ -119,7 +122,9 @@ class InstrumentationConfig:
     Args:
         granularity: which modules to hook (:class:`HookGranularity` or its string value).
         compression_algorithm: ``"none"``, ``"lz4"``, ``"zstd"``, ``"shuffle"`` (lossless,
-            dtype-aware: the default), or the lossy ``"quant"`` / ``"fp16"``.
+            dtype-aware: the default), or the lossy ``"quant"`` / ``"fp16"``. ``None`` (the
+            default) is ``"shuffle"``, and only then may a throughput target lower the codec
+            (see :meth:`transport_plan`): a codec you name is the one you get.
         compression_level: codec level (see :data:`CODEC_LEVELS`); ``None`` = 0. lz4 0–9
             (0 fast, 1–9 HC), zstd 0–4 (0/1 fastest, 2 default, 3 better, 4 best),
             shuffle/quant/fp16 0–4.
@@ -159,7 +164,7 @@ class InstrumentationConfig:
     """
 
     granularity: HookGranularity = HookGranularity.FULL_TENSOR
-    compression_algorithm: str = "shuffle"
+    compression_algorithm: Optional[str] = None
     target_throughput_gbps: Optional[float] = None
     max_memory_gb: Optional[float] = None
     compression_level: Optional[int] = None
@@ -171,6 +176,9 @@ class InstrumentationConfig:
     resource_level: Optional[str] = None
 
     def __post_init__(self) -> None:
+        # Whether the codec was left to the config (None): only then may a throughput
+        # target lower it. A codec someone named is kept.
+        object.__setattr__(self, "_codec_chosen", self.compression_algorithm is not None)
         self._normalize()
         object.__setattr__(self, "_ready", True)
 
@@ -190,6 +198,8 @@ class InstrumentationConfig:
         trial.__dict__.update(changes)
         trial._normalize()
         self.__dict__.update({f: trial.__dict__[f] for f in _FIELDS})
+        if "compression_algorithm" in changes:
+            object.__setattr__(self, "_codec_chosen", changes["compression_algorithm"] is not None)
         return self
 
     def _normalize(self) -> None:
@@ -204,6 +214,8 @@ class InstrumentationConfig:
             )
         object.__setattr__(self, "granularity", g)
         algo = self.compression_algorithm
+        if algo is None:
+            algo = DEFAULT_CODEC
         if not isinstance(algo, str) or algo.lower() not in SUPPORTED_CODECS:
             raise ValueError(
                 f"compression_algorithm {algo!r} is not supported (choose from {SUPPORTED_CODECS})"
@@ -400,10 +412,12 @@ class InstrumentationConfig:
           per-block overhead); 256 KiB when the target is below 0.5 GB/s (finer parallelism);
           capped at the largest power of two within an eighth of the ring data region
           (min 64 KiB).
-        * codec: when a target is set and the requested codec cannot sustain it on ``cores``
-          cores (per-core rates in :data:`CODEC_GBPS_PER_CORE`), zstd falls back to level 1,
-          then to lz4, then to none; lz4 falls back to none. The plan's ``note`` says so and
-          the capture logs it and stores it in the stream metadata.
+        * codec: when a target is set and the codec cannot sustain it on ``cores`` cores
+          (per-core rates in :data:`CODEC_GBPS_PER_CORE`): a codec that was named (in the
+          constructor, a preset, :meth:`with_compression` or by assignment) is kept, and
+          the plan's ``note`` says it may not keep up; the default codec (none named) is
+          lowered: shuffle to none. The capture logs the note as a warning and stores it
+          in the stream metadata.
 
         Args:
             cores: cores the daemon can use (default: ``os.cpu_count()``).
@@ -412,7 +426,7 @@ class InstrumentationConfig:
             the :class:`TransportPlan`.
         """
         cores = cores or os.cpu_count() or 1
-        codec = self.compression_algorithm
+        codec = self.compression_algorithm or DEFAULT_CODEC  # _normalize leaves a name: never None here
         level = self.compression_level or 0
         target = self.target_throughput_gbps
         block = 1 << 20
@@ -422,26 +436,18 @@ class InstrumentationConfig:
                 block = 4 << 20
             elif target < 0.5:
                 block = 256 << 10
-            ladder = [("zstd", level), ("zstd", 1), ("lz4", 0), ("none", 0)]
-            if codec == "lz4":
-                ladder = [("lz4", level), ("lz4", 0), ("none", 0)]
-            elif codec == "shuffle":
-                ladder = [("shuffle", level), ("none", 0)]
-            elif codec == "none" or codec in LOSSY_CODECS:
-                # A lossy codec is the user's explicit choice: never swapped for another.
-                ladder = [(codec, level)]
-            for c, lv in ladder:
-                per_core = CODEC_GBPS_PER_CORE[c]
-                if c == "zstd" and lv >= 3 or c == "lz4" and lv >= 1:
-                    per_core /= 4  # better/best zstd and lz4 HC are far slower; coarse, conservative
-                if per_core * cores >= target or c == "none" or c in LOSSY_CODECS:
-                    if (c, lv) != (codec, level):
-                        note = (
-                            f"{codec} level {level} cannot sustain {target} GB/s on {cores} cores; "
-                            f"using {c} level {lv}"
-                        )
-                    codec, level = c, lv
-                    break
+            sustained = _codec_gbps(codec, level) * cores
+            if sustained < target and codec != "none":
+                if self.__dict__.get("_codec_chosen", True) or codec in LOSSY_CODECS:
+                    # A named codec wins (a none/lz4/zstd comparison must compare those
+                    # three); the target only warns. A lossy codec is never swapped either.
+                    note = (f"{codec} level {level} may not sustain {target} GB/s on {cores} cores (about "
+                            f"{sustained:.2g} GB/s); kept because it was named (leave compression_algorithm "
+                            f"unset to let the target lower the default codec)")
+                else:
+                    note = (f"the default codec {codec} level {level} cannot sustain {target} GB/s on {cores} "
+                            f"cores (about {sustained:.2g} GB/s); using none level 0")
+                    codec, level = "none", 0
         data_size = self.ring_size - 4096
         cap = 1 << max(16, (data_size // 8).bit_length() - 1)  # power of two <= data/8, >= 64 KiB
         block = min(block, cap)
@@ -513,6 +519,14 @@ def _normalize_lossy(codec: str, lossy: Any) -> Optional[str]:
 
 
 _FIELDS: Tuple[str, ...] = tuple(f.name for f in dataclasses.fields(InstrumentationConfig))
+
+
+def _codec_gbps(codec: str, level: int) -> float:
+    """Per-core GB/s assumed for ``codec`` at ``level`` (:data:`CODEC_GBPS_PER_CORE`)."""
+    per_core = CODEC_GBPS_PER_CORE[codec]
+    if codec == "zstd" and level >= 3 or codec == "lz4" and level >= 1:
+        per_core /= 4  # better/best zstd and lz4 HC are far slower; coarse, conservative
+    return per_core
 
 PRESETS = {
     "fast_capture": InstrumentationConfig.fast_capture,

@@ -19,8 +19,9 @@ from ._capture import Capture
 from ._hooks import sample_positions, split_output
 from ._options import SessionOptions, check_tracking
 from ._resume import tokens_path
+from ._warnings import warn_caller
 from .checkpoint import CheckpointError
-from .config import InstrumentationConfig
+from .config import DEFAULT_CODEC, InstrumentationConfig
 from .core.auto_detect import describe_model
 from .tracking import TokenTracker
 
@@ -64,8 +65,9 @@ class InstrumentationFramework(Capture):
         last_checkpoint: the last checkpoint written or resumed from (None: none yet).
         resume_step: the step a resumed capture goes on from (0 when not resumed).
         resumed_from: what a resume went on from: ``"checkpoint"`` (the checkpoint's
-            offset) or ``"stream"`` (the stream's intact prefix, past the checkpoint or
-            without one); None when not resumed.
+            offset), ``"stream"`` (the stream's intact prefix, past the checkpoint or
+            without one) or ``"checkpoint-1.3.1"`` (a 1.3.1 checkpoint's tokens, in a new
+            stream); None when not resumed (also when there was nothing to resume).
         checkpoint_times: seconds each checkpoint took (request to durable file).
     """
 
@@ -73,7 +75,8 @@ class InstrumentationFramework(Capture):
     checkpoint_path = _option("checkpoint_file", "where checkpoints go (None when not checkpointing).")
     checkpoint_interval = _option("checkpoint_interval_tokens", "tokens between checkpoints (None: none).")
     resume = _option("resume_from_checkpoint", "whether this capture resumes a checkpoint.")
-    overwrite_checkpoint = _option("overwrite_checkpoint", "whether a leftover checkpoint is replaced.")
+    overwrite_checkpoint = _option("overwrite_checkpoint", "what a fresh capture does with a leftover checkpoint: "
+                                                           "True replaces, False refuses, None moves it aside.")
     socket_path = _option("socket_path", "strapd control socket (None: default resolution).")
     autostart_daemon = _option("autostart_daemon", "whether strapd is started when none answers.")
     stall_timeout = _option("stall_timeout", "seconds to wait for ring space.")
@@ -85,7 +88,7 @@ class InstrumentationFramework(Capture):
                  socket_path: Optional[str] = None, autostart_daemon: bool = True, track_per_token: bool = False,
                  stall_timeout: float = 120.0, checkpoint_interval_tokens: Optional[int] = None,
                  checkpoint_path: Optional[PathArg] = None, resume_from_checkpoint: bool = False,
-                 overwrite_checkpoint: bool = False, lock_wait: float = 30.0,
+                 overwrite_checkpoint: Optional[bool] = None, lock_wait: float = 30.0,
                  trace_path: Optional[Union[PathArg, bool]] = None,
                  resource_level: Optional[Union[str, bool]] = None) -> None: ...
 
@@ -95,7 +98,7 @@ class InstrumentationFramework(Capture):
                  socket_path: Optional[str] = None, autostart_daemon: bool = True, track_per_token: bool = False,
                  stall_timeout: float = 120.0, checkpoint_interval_tokens: Optional[int] = None,
                  checkpoint_path: Optional[PathArg] = None, resume_from_checkpoint: bool = False,
-                 overwrite_checkpoint: bool = False, lock_wait: float = 30.0,
+                 overwrite_checkpoint: Optional[bool] = None, lock_wait: float = 30.0,
                  trace_path: Optional[Union[PathArg, bool]] = None,
                  resource_level: Optional[Union[str, bool]] = None) -> None: ...
 
@@ -103,7 +106,7 @@ class InstrumentationFramework(Capture):
                  modules: Optional[Sequence[str]] = None, socket_path: Optional[str] = None,
                  autostart_daemon: bool = True, track_per_token: bool = False, stall_timeout: float = 120.0,
                  checkpoint_interval_tokens: Optional[int] = None, checkpoint_path: Optional[PathArg] = None,
-                 resume_from_checkpoint: bool = False, overwrite_checkpoint: bool = False, lock_wait: float = 30.0,
+                 resume_from_checkpoint: bool = False, overwrite_checkpoint: Optional[bool] = None, lock_wait: float = 30.0,
                  trace_path: Optional[Union[PathArg, bool]] = None,
                  resource_level: Optional[Union[str, bool]] = None) -> None:
         if not isinstance(config, InstrumentationConfig) and isinstance(model, InstrumentationConfig):
@@ -154,7 +157,7 @@ class InstrumentationFramework(Capture):
     def capture_activations(self, output_path: PathArg, track_per_token: bool = False,
                             checkpoint_interval_tokens: Optional[int] = None,
                             checkpoint_path: Optional[PathArg] = None, resume_from_checkpoint: bool = False,
-                            overwrite_checkpoint: bool = False) -> Iterator[Optional[TokenTracker]]:
+                            overwrite_checkpoint: Optional[bool] = None) -> Iterator[Optional[TokenTracker]]:
         """Capture into ``output_path`` while the block runs, as the original 1.3.1 API did.
 
         Args:
@@ -165,11 +168,15 @@ class InstrumentationFramework(Capture):
         Yields:
             the token tracker, or None when not tracking.
 
+        Without a model (no :meth:`instrument_model` yet) the capture still runs, as in
+        1.3.1, with a warning: no tensors, but the tracker's tokens go into the stream and
+        the tokens file, and checkpoints are made.
+
         Raises:
             ValueError: invalid combination (interval <= 0, checkpoints without tracking).
-            RuntimeError: no model yet (call :meth:`instrument_model`), or a capture is running.
-            CheckpointError: resume with neither a checkpoint nor a stream, a stream that does not match it, or
-                a leftover checkpoint when resume was not asked for.
+            RuntimeError: a capture is running.
+            CheckpointError: a stream that does not match its checkpoint, or a leftover
+                checkpoint with ``overwrite_checkpoint=False`` (see :func:`capture_activations`).
 
         Example:
             >>> fw = InstrumentationFramework(InstrumentationConfig())  # doctest: +SKIP
@@ -177,16 +184,26 @@ class InstrumentationFramework(Capture):
             >>> with fw.capture_activations("run.stream", track_per_token=True) as tracker:
             ...     tracker.record_token(42, "hi")
         """
-        if self.model is None:
-            raise RuntimeError("no model to capture: call instrument_model(model) first")
         if self._session is not None:
             raise RuntimeError("capture already started")
-        self._use(self.options.with_capture(
+        # Argument errors come first, with or without a model.
+        opts = self.options.with_capture(
             output_path=output_path, track_per_token=track_per_token,
             checkpoint_interval_tokens=checkpoint_interval_tokens, checkpoint_path=checkpoint_path,
-            resume_from_checkpoint=resume_from_checkpoint, overwrite_checkpoint=overwrite_checkpoint))
-        with self._running():
-            yield self.token_tracker
+            resume_from_checkpoint=resume_from_checkpoint, overwrite_checkpoint=overwrite_checkpoint)
+        no_model = self.model is None
+        if no_model:
+            warn_caller("capture_activations before instrument_model(model): no tensors are captured; the stream "
+                        "gets only the recorded tokens" + (" and checkpoints" if checkpoint_interval_tokens else "")
+                        + " (as 1.3.1 allowed)")
+            self._attach_nothing()
+        try:
+            self._use(opts)
+            with self._running():
+                yield self.token_tracker
+        finally:
+            if no_model:
+                self._detach_nothing()
 
     # ----- facts -------------------------------------------------------------------------------
 
@@ -219,17 +236,24 @@ class InstrumentationFramework(Capture):
         return {"packets": s.packets, "drops": s.drops, "drop_bytes": s.drop_bytes,
                 "bytes_in": s.bytes_in, "drops_by_module": dict(s.drops_by_module)}
 
-    def analyze_activations(self, stream_path: Optional[PathArg] = None) -> Dict[str, Any]:
+    def analyze_activations(self, stream_path: Optional[PathArg] = None, *,
+                            data_path: Optional[PathArg] = None) -> Dict[str, Any]:
         """Summarise a stream file — see :func:`llm_instrumentation.analysis.analyze_activations`.
 
         Args:
             stream_path: the stream (default: this capture's).
+            data_path: the same, by the name 1.3.1's docs/API.md gives it (its code said
+                ``stream_path``); give one of the two.
 
         Returns:
             the summary.
         """
         from .analysis import analyze_activations
 
+        if data_path is not None:
+            if stream_path is not None:
+                raise TypeError("analyze_activations: give stream_path or data_path, not both")
+            stream_path = data_path
         p = stream_path if stream_path is not None else self.output_path
         if p is None:
             raise ValueError("no stream: pass a path")
@@ -256,7 +280,7 @@ def capture_activations(
     checkpoint_interval_tokens: Optional[int] = None,
     checkpoint_path: Optional[PathArg] = None,
     resume_from_checkpoint: bool = False,
-    overwrite_checkpoint: bool = False,
+    overwrite_checkpoint: Optional[bool] = None,
     socket_path: Optional[str] = None,
     autostart_daemon: bool = True,
     stall_timeout: float = 120.0,
@@ -291,7 +315,14 @@ def capture_activations(
         resume_from_checkpoint: check the stream against the checkpoint (when there is
             one), cut it back to the end of its last intact token (the checkpoint's offset
             at least), restore ``fw.token_tracker.tokens`` and ``fw.resume_step``, and append.
-        overwrite_checkpoint: start a new capture although a checkpoint exists (it is deleted).
+            With neither checkpoint nor stream: a new capture, with a warning. A 1.3.1
+            checkpoint and no strap stream: a new stream that starts with its tokens.
+        overwrite_checkpoint: what to do with a checkpoint an earlier capture left at the
+            checkpoint path (``{output_path}.ckpt.json`` by default) when not resuming:
+            True deletes it and starts over; False raises ``CheckpointError``; None (not
+            given, as in every 1.3.1 call) keeps that capture by moving its stream and
+            checkpoint aside to ``<stem>.interrupted-N<ext>`` with a warning (a 1.3.1
+            checkpoint is deleted with a warning, as 1.3.1 overwrote it).
         socket_path: strapd control socket (default: PROTOCOL.md 1 resolution).
         autostart_daemon: start ``strapd serve`` when no daemon answers.
         stall_timeout: seconds to wait for ring space before raising.
@@ -390,7 +421,7 @@ def default_output_path(model: "nn.Module", config: InstrumentationConfig, prese
     if include_metadata:
         name = describe_model(model)["family"]
         parts.append("".join(c if c.isalnum() or c in "-_" else "_" for c in name))
-        parts.append(preset if preset else config.compression_algorithm)
+        parts.append(preset or config.compression_algorithm or DEFAULT_CODEC)  # a normalized config names one
     if auto_timestamp:
         parts.append(datetime.datetime.now().strftime("%Y%m%d_%H%M%S"))
     stem = os.path.join(os.fspath(output_dir), "_".join(parts) or "capture")

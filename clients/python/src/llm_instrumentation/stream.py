@@ -136,6 +136,17 @@ class Tensor:
         return (f"Tensor(name={self.name!r}, seq={self.seq}, step={self.step}, forward={self.forward}, "
                 f"dtype={self.dtype}, shape={self.shape})")
 
+    @property
+    def ggml(self) -> Optional[Tuple[str, Tuple[int, ...]]]:
+        """For a ggml tensor stored as raw quantized blocks (STREAM_FORMAT.md 4.1: dtype uint8,
+        shape ``[ne[n-1], ..., ne[1], row bytes]``, meta ``ggml_type``/``ggml_ne``): its ggml type
+        name (``"q4_0"``) and ``ne`` (innermost first); None for any other tensor."""
+        m = self.meta
+        if self.dtype == "uint8" and isinstance(m, dict) and isinstance(m.get("ggml_type"), str) \
+                and isinstance(m.get("ggml_ne"), list) and all(isinstance(v, int) for v in m["ggml_ne"]):
+            return m["ggml_type"], tuple(m["ggml_ne"])
+        return None
+
     def raw(self) -> bytes:
         """The tensor's raw little-endian bytes in C order."""
         if len(self.packets) == 1:
@@ -689,7 +700,8 @@ def open_stream(path: Union[str, os.PathLike]) -> StreamReader:
         ``.metadata``. Use it as a context manager to release the file. A file without the
         ``STRAPSTM`` magic is read as 1.3.1's format by a
         :class:`~llm_instrumentation._legacy131.LegacyStreamReader` (same API, ``legacy``
-        True; dtype assumed float16, no shape or step: see that module).
+        True; dtype assumed float16, no shape or step: see that module). An empty file
+        reads as a 1.3.1 stream of no packets.
 
     Raises:
         StreamFormatError: neither a v2 nor a 1.3.1 stream, or corrupt (the message names
@@ -704,6 +716,8 @@ def open_stream(path: Union[str, os.PathLike]) -> StreamReader:
 
     with open(path, "rb") as f:
         head = f.read(len(FILE_MAGIC))
-    if head and _legacy131.is_legacy_header(head):
+    # An empty file: 1.3.1 wrote one for every capture that hooked nothing, so it reads as
+    # a 1.3.1 stream of no packets (StreamReader itself, used by resume, still refuses it).
+    if not head or _legacy131.is_legacy_header(head):
         return _legacy131.LegacyStreamReader(path)  # type: ignore[return-value]
     return StreamReader(path)

@@ -14,7 +14,10 @@ built on :func:`~llm_instrumentation.stream.open_stream`, so unlike 1.3.1's:
   it silently), and tensors the capture dropped (DROP packets) are reported.
 
 1.3.1 ``.stream`` files are read too (see ``llm_instrumentation._legacy131``); they record no
-step, so their packets have no ``token_index`` and the token plots refuse them.
+step, so their packets have no ``token_index`` of their own. Given ``token_metadata``, the
+token helpers then divide their packets evenly among the tokens, in stream order, as 1.3.1
+did, and flag every such row ``token_estimated`` (with one warning): an estimate, since
+nothing in a 1.3.1 file says which token a packet belongs to.
 
 pandas, matplotlib and plotly are optional (``pip install strap-llm[analysis]``) and imported
 only when a function needs them.
@@ -193,9 +196,10 @@ def build_packet_dataframe(
     Returns:
         a ``pandas.DataFrame``.
 
-    Raises:
-        ValueError: ``token_metadata`` given for packets without a ``token_index`` (a 1.3.1
-            file: its packets cannot be tied to tokens).
+    Given ``token_metadata`` for packets without a ``token_index`` (a 1.3.1 file), the
+    packets are divided evenly among the tokens in stream order, as 1.3.1 did, and the rows
+    are flagged ``token_estimated`` (True), with a warning; packets of a strap stream keep
+    their exact token (``token_estimated`` False).
     """
     pd = _pandas()
     if isinstance(stream_packets, (str, os.PathLike)):
@@ -231,7 +235,8 @@ def plot_token_progression(
         the matplotlib ``Axes``.
 
     Raises:
-        ValueError: unknown metric, or packets without ``token_index`` (a 1.3.1 file).
+        ValueError: unknown metric, or packets without ``token_index`` and no
+            ``token_metadata`` to divide them among (a 1.3.1 file).
     """
     _pandas()
     if metric not in packet_stats.columns:
@@ -279,7 +284,8 @@ def visualize_attention_patterns(
         the matplotlib ``Axes``.
 
     Raises:
-        ValueError: packets without ``token_index`` (a 1.3.1 file).
+        ValueError: packets without ``token_index`` and no ``token_metadata`` to divide
+            them among (a 1.3.1 file).
     """
     pd = _pandas()
     if not isinstance(stream_packets, pd.DataFrame):
@@ -421,7 +427,8 @@ def _matplotlib_dashboard(packet_stats: "pd.DataFrame", metric: str, secondary_m
 
 
 _NO_TOKENS = ("packets have no token_index: a 1.3.1 stream records no step, so its packets cannot be tied "
-              "to tokens (1.3.1 divided them evenly, which misattributes them); capture with this client")
+              "to tokens; pass token_metadata to divide them evenly among the tokens as 1.3.1 did (an "
+              "estimate, flagged token_estimated), or capture with this client for exact tokens")
 
 
 def _compute_tensor_statistics(values: np.ndarray) -> PacketLike:
@@ -455,11 +462,31 @@ def _token_texts(token_metadata: Dict[str, Any]) -> Dict[int, Optional[str]]:
 
 
 def _assign_tokens(packet_df: "pd.DataFrame", token_metadata: Dict[str, Any]) -> "pd.DataFrame":
-    """Add ``token_text`` by each packet's ``token_index`` (its step). Packets without one
-    cannot be tied to tokens: refused, never split evenly."""
-    if "token_index" not in packet_df.columns:
-        raise ValueError(_NO_TOKENS)
+    """Add ``token_text`` by each packet's ``token_index`` (its step) and ``token_estimated``
+    False. Packets without one (a 1.3.1 file) are divided evenly among the tokens in packet
+    order, 1.3.1's rule: the first ``packets % tokens`` tokens get one packet more; those
+    rows are ``token_estimated`` True, with a warning. No tokens in the metadata: refused."""
     texts = _token_texts(token_metadata)
     df = packet_df.copy()
+    if "token_index" not in df.columns:
+        total = int(token_metadata.get("total_tokens") or len(token_metadata.get("tokens") or []))
+        if total <= 0:
+            raise ValueError(_NO_TOKENS)
+        order = df.sort_values("packet_index").index if "packet_index" in df.columns else df.index
+        base, extra = divmod(len(df), total)
+        idx: List[int] = []
+        for t in range(total):
+            idx.extend([t] * (base + (1 if t < extra else 0)))
+        df.loc[order, "token_index"] = idx[:len(df)]
+        df["token_index"] = df["token_index"].astype("int64")
+        df["token_estimated"] = True
+        from .._warnings import warn_caller
+
+        warn_caller(f"packets have no token_index (a 1.3.1 stream): {len(df)} packets divided evenly among "
+                    f"{total} tokens as 1.3.1 did; an estimate (rows flagged token_estimated)")
+        positional = list(token_metadata.get("tokens") or [])
+        texts = {i: t.get("token_text") for i, t in enumerate(positional)} or texts
+    else:
+        df["token_estimated"] = False
     df["token_text"] = df["token_index"].map(lambda i: texts.get(int(i)) if i is not None and i == i else None)
     return df

@@ -286,7 +286,9 @@ def snapshot_to_events(snap: Dict[str, Any], only: Sequence[str], single_pid: Op
             "type": "mem",
             "page_faults_total": sum(faults.values()),
             "page_faults_by_pid": faults,
-            "top_faulting_threads": None,
+            # 1.3.1 always wrote a list (its notebook iterates it); strapd counts faults per
+            # process, not per thread, so the list is empty rather than null.
+            "top_faulting_threads": [],
             "major_faults_by_pid": {pid: d.get("major", 0) for pid, d in snap.get("page_faults_detail", {}).items()},
             "psi": psi,
             "rss_kb": rss_kb,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Union, cast
 
+from .._warnings import warn_caller
 from ..config import HookGranularity, InstrumentationConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,11 +127,21 @@ def select_modules(
         patterns: extra fnmatch patterns on module names, added for every granularity.
 
     Returns:
-        module names (no duplicates). Raises ValueError when a pattern matches nothing.
+        module names (no duplicates); ``""`` is the root module. Raises ValueError when a
+        pattern matches nothing.
+
+    A model whose decoder blocks the detector does not find (no list of blocks, e.g. an
+    ``nn.Sequential``), given no patterns, gets what 1.3.1 hooked on every model, with one
+    warning naming the choice (:func:`falls_back_to_131`): for ``FULL_TENSOR`` /
+    ``SAMPLED_SLICES`` the root and its direct children; for ``ATTENTION_ONLY`` /
+    ``MLP_ONLY`` the direct children whose names contain ``attn`` / ``mlp`` — possibly none,
+    as in 1.3.1, which then captured nothing.
     """
     g = HookGranularity(granularity)
     names = [n for n, _ in model.named_modules() if n]
     arch = describe_model(model)
+    if falls_back_to_131(model, g, patterns):
+        return _fallback_131(model, g)
     chosen: Set[str] = set()
     if g in (HookGranularity.FULL_TENSOR, HookGranularity.SAMPLED_SLICES):
         chosen.update(arch["blocks"], arch["attention"], arch["mlp"])
@@ -150,6 +161,32 @@ def select_modules(
     return [n for n in names if n in chosen]
 
 
+#: What 1.3.1 hooked, by granularity, among the root and its direct children (its only
+#: candidates): every one, or those whose name contains the word.
+_FALLBACK_131 = {HookGranularity.FULL_TENSOR: None, HookGranularity.SAMPLED_SLICES: None,
+                 HookGranularity.ATTENTION_ONLY: "attn", HookGranularity.MLP_ONLY: "mlp"}
+
+
+def falls_back_to_131(model: "nn.Module", granularity: HookGranularity, patterns: Sequence[str] = ()) -> bool:
+    """Whether :func:`select_modules` gives ``model`` 1.3.1's choice: no decoder blocks
+    found, no patterns, and a granularity 1.3.1 had (``RESIDUAL_ONLY`` and ``ALL_MODULES``
+    are ours)."""
+    return not patterns and HookGranularity(granularity) in _FALLBACK_131 and describe_model(model)["layer_prefix"] is None
+
+
+def _fallback_131(model: "nn.Module", g: HookGranularity) -> List[str]:
+    """1.3.1's choice for a model without recognised blocks, with one warning naming it."""
+    word = _FALLBACK_131[g]
+    children = [n for n, _ in model.named_children()]
+    chosen = [""] + children if word is None else [n for n in children if word in n]
+    what = ", ".join(n or "<root>" for n in chosen) if chosen else \
+        f"nothing (no direct child's name contains {word!r}; 1.3.1 captured nothing here either)"
+    warn_caller(
+        f"{type(model).__name__}: no decoder blocks found (no list of attention/MLP blocks); hooking what 1.3.1 "
+        f"hooked for {g.name}: {what}. Pass module patterns (modules=[...]) to choose others")
+    return chosen
+
+
 def config_for_model(
     model: "nn.Module",
     target_throughput_gbps: Optional[float] = None,
@@ -160,8 +197,8 @@ def config_for_model(
 
     The ring is sized to hold at least 8 block outputs of a 2048-token sequence at the
     model's hidden size in its parameter dtype (min 64 MiB, max 1 GiB) unless
-    ``max_memory_gb`` is given; the codec is lz4, lowered by
-    :meth:`InstrumentationConfig.transport_plan` when a throughput target is set.
+    ``max_memory_gb`` is given; the codec is lz4 (a named codec: a throughput target lz4
+    cannot sustain is noted by :meth:`InstrumentationConfig.transport_plan`, not acted on).
 
     Args:
         model: the model to capture.
@@ -241,17 +278,16 @@ def create_optimized_config(model_arch: Union[str, "nn.Module"], purpose: str) -
     :meth:`~InstrumentationConfig.balanced`, with zstd for ``gpt``/``llama``/``qwen`` (1.3.1
     also set a 16 GB memory limit there; the default ring is kept instead: a capture fits
     its ring to what strapd admits, 1 GiB by default, and would warn about a cap the
-    caller never set); ``full_capture``: :meth:`~InstrumentationConfig.balanced`.
+    caller never set); ``full_capture``: :meth:`~InstrumentationConfig.balanced`. Any other
+    purpose gets :meth:`~InstrumentationConfig.balanced`, as in 1.3.1, with a warning naming
+    the known purposes (1.3.1 said nothing, so a misspelt purpose went unseen).
 
     Args:
         model_arch: a name from :func:`detect_model_architecture`, or the model itself.
-        purpose: one of :data:`PURPOSES`.
+        purpose: one of :data:`PURPOSES` (another: ``balanced()`` with a warning).
 
     Returns:
         a new :class:`InstrumentationConfig`.
-
-    Raises:
-        ValueError: an unknown purpose (1.3.1 quietly returned ``balanced()``).
 
     Example:
         >>> create_optimized_config("llama", "performance_analysis").compression_algorithm
@@ -270,4 +306,6 @@ def create_optimized_config(model_arch: Union[str, "nn.Module"], purpose: str) -
         return cfg
     if purpose == "full_capture":
         return InstrumentationConfig.balanced()
-    raise ValueError(f"unknown purpose {purpose!r} (choose from {PURPOSES})")
+    warn_caller(f"create_optimized_config: unknown purpose {purpose!r}; using balanced() as 1.3.1 did "
+                f"(known purposes: {', '.join(PURPOSES)})")
+    return InstrumentationConfig.balanced()

@@ -5,6 +5,9 @@ A capture does not need these (``capture_activations`` places its own hooks); th
 that drove 1.3.1's hook manager directly with its own processor. Unlike 1.3.1's, the manager
 reaches nested modules (``model.layers.3.self_attn``; 1.3.1 hooked only the root and its
 direct children) and hands every tensor of a tuple / ``ModelOutput`` output to the processor.
+A model without recognised decoder blocks gets 1.3.1's choice, with a warning: the root
+(layer name ``""``, as in 1.3.1) and its direct children, or for attention / MLP
+granularity the children whose names contain ``attn`` / ``mlp``.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ class OptimizedHookManager(HookManager):
         Raises:
             ValueError: a ``target_layers`` name the model does not have, or nothing selected.
         """
-        from .auto_detect import select_modules
+        from .auto_detect import falls_back_to_131, select_modules
 
         mods = dict(model.named_modules())
         if config.target_layers:
@@ -104,7 +107,7 @@ class OptimizedHookManager(HookManager):
             names = list(config.target_layers)
         else:
             names = select_modules(model, config.granularity)
-        if not names:
+        if not names and (config.target_layers or not falls_back_to_131(model, config.granularity)):
             raise ValueError(f"no module of {type(model).__name__} matches {config.granularity.name}")
         for name in names:
             self.hooks.append(mods[name].register_forward_hook(self._make_hook(name, config)))

@@ -1,0 +1,351 @@
+/*
+ * strap.h — libstrap, the C client of strapd (docs/C_CLIENT.md).
+ *
+ * One session streams tensors into a sealed memfd ring shared with strapd, which writes them
+ * to a capture stream (docs/PROTOCOL.md, docs/STREAM_FORMAT.md). The library depends on libc
+ * only, never prints, never exits, and allocates nothing on the per-record path.
+ *
+ * Conventions
+ *   - Every function that can fail returns an int: STRAP_OK (0), a positive notice
+ *     (STRAP_DROPPED), or a negative STRAP_E_* code. strap_errstr() names a code; the detailed
+ *     message of a session's last failure is read with strap_session_last_error(), that of a
+ *     failed strap_session_open() / strap_status() through their strap_error argument.
+ *   - Handles are opaque and created and freed in pairs (strap_session_open / _free).
+ *   - Parameter structs are filled by strap_default_*_params() first, so fields added in later
+ *     versions never break callers.
+ *
+ * Thread-safety (also per function below)
+ *   - strap_errstr, strap_default_*_params, strap_resolve_socket_path, strap_dtype_size,
+ *     strap_ggml_type_*: safe from any thread.
+ *   - strap_session_*: one session may be used from several threads; its calls are serialized
+ *     by the session's own lock (they never run at the same time). strap_session_free must not
+ *     race with any other call on the same session.
+ *   - Different sessions are independent.
+ */
+#ifndef STRAP_H
+#define STRAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The shared library exports only what is declared with STRAP_API. */
+#if defined(__GNUC__)
+#define STRAP_API __attribute__((visibility("default")))
+#else
+#define STRAP_API
+#endif
+
+#define STRAP_VERSION_MAJOR 0
+#define STRAP_VERSION_MINOR 1
+#define STRAP_VERSION_PATCH 0
+#define STRAP_VERSION_STRING "0.1.0"
+
+/* ----- errors ------------------------------------------------------------------------- */
+
+/* Return codes. 0 and positive values are not failures. */
+enum strap_status_code {
+	STRAP_OK = 0,
+	/* A tensor was not written under policy STRAP_POLICY_DROP (the ring was full): the
+	 * daemon was sent a DROP for it, so the stream records the loss. */
+	STRAP_DROPPED = 1,
+
+	STRAP_E_INVALID = -1,    /* a bad argument (the message says which) */
+	STRAP_E_NOMEM = -2,      /* out of memory (only at open) */
+	STRAP_E_SYSTEM = -3,     /* a system call failed (the message names it and errno) */
+	STRAP_E_CONNECT = -4,    /* no strapd answers and none could be started */
+	STRAP_E_CLOSED = -5,     /* the daemon closed the connection (EOF, EPIPE, ECONNRESET) */
+	STRAP_E_PROTOCOL = -6,   /* the daemon sent something malformed or unexpected */
+	STRAP_E_DAEMON = -7,     /* the daemon answered ERROR (strap_error.daemon_code says which) */
+	STRAP_E_TIMEOUT = -8,    /* the daemon did not answer (or release ring space) in time */
+	STRAP_E_STATE = -9,      /* the session already failed or was closed */
+	STRAP_E_TOO_LARGE = -10, /* a name, meta, message or tensor exceeds a protocol limit */
+	STRAP_E_CHECKPOINT = -11 /* a checkpoint file is missing, malformed or does not match */
+};
+
+/* The detail of a failure. */
+typedef struct strap_error {
+	int code;             /* a STRAP_E_* code, STRAP_OK when there was no failure */
+	int fatal;            /* 1 when the session cannot go on (only strap_session_free helps) */
+	char daemon_code[64]; /* STRAP_E_DAEMON: the ERROR's code ("torn_record", "write_error"...) */
+	char message[1024];   /* a sentence naming what failed; truncated to fit */
+} strap_error;
+
+/* A static, human-readable name of a return code ("invalid argument", ...). Never NULL.
+ * Thread-safe. */
+STRAP_API const char *strap_errstr(int code);
+
+/* ----- dtypes ------------------------------------------------------------------------- */
+
+/* Element types, numbered as on the wire and in the stream (STREAM_FORMAT.md 4). */
+typedef enum strap_dtype {
+	STRAP_DTYPE_F32 = 1,
+	STRAP_DTYPE_F16 = 2,
+	STRAP_DTYPE_BF16 = 3,
+	STRAP_DTYPE_F64 = 4,
+	STRAP_DTYPE_I8 = 5,
+	STRAP_DTYPE_U8 = 6,
+	STRAP_DTYPE_I16 = 7,
+	STRAP_DTYPE_I32 = 8,
+	STRAP_DTYPE_I64 = 9,
+	STRAP_DTYPE_BOOL = 10,
+	STRAP_DTYPE_F8_E4M3 = 11,
+	STRAP_DTYPE_F8_E5M2 = 12
+} strap_dtype;
+
+/* Bytes per element of a dtype, 0 for an unknown one. Thread-safe. */
+STRAP_API size_t strap_dtype_size(int dtype);
+
+/* ggml's tensor types as ggml numbers them (enum ggml_type), so that a llama.cpp caller can
+ * pass tensor->type without including ggml here. The float and integer types map onto
+ * strap_dtype; the quantized ones are stored as raw blocks (STREAM_FORMAT.md 4.1). */
+enum strap_ggml_type {
+	STRAP_GGML_F32 = 0,
+	STRAP_GGML_F16 = 1,
+	STRAP_GGML_Q4_0 = 2,
+	STRAP_GGML_Q4_1 = 3,
+	STRAP_GGML_Q5_0 = 6,
+	STRAP_GGML_Q5_1 = 7,
+	STRAP_GGML_Q8_0 = 8,
+	STRAP_GGML_Q8_1 = 9,
+	STRAP_GGML_Q2_K = 10,
+	STRAP_GGML_Q3_K = 11,
+	STRAP_GGML_Q4_K = 12,
+	STRAP_GGML_Q5_K = 13,
+	STRAP_GGML_Q6_K = 14,
+	STRAP_GGML_Q8_K = 15,
+	STRAP_GGML_IQ2_XXS = 16,
+	STRAP_GGML_IQ2_XS = 17,
+	STRAP_GGML_IQ3_XXS = 18,
+	STRAP_GGML_IQ1_S = 19,
+	STRAP_GGML_IQ4_NL = 20,
+	STRAP_GGML_IQ3_S = 21,
+	STRAP_GGML_IQ2_S = 22,
+	STRAP_GGML_IQ4_XS = 23,
+	STRAP_GGML_I8 = 24,
+	STRAP_GGML_I16 = 25,
+	STRAP_GGML_I32 = 26,
+	STRAP_GGML_I64 = 27,
+	STRAP_GGML_F64 = 28,
+	STRAP_GGML_IQ1_M = 29,
+	STRAP_GGML_BF16 = 30,
+	STRAP_GGML_TQ1_0 = 34,
+	STRAP_GGML_TQ2_0 = 35,
+	STRAP_GGML_MXFP4 = 39
+};
+
+/* ggml's lowercase name of a type ("q4_0", "f32"), NULL when this library does not know it.
+ * Thread-safe. */
+STRAP_API const char *strap_ggml_type_name(int ggml_type);
+
+/* Bytes of one row of ne0 elements of a ggml type; 0 when the type is unknown or ne0 is not
+ * a whole number of its blocks. Thread-safe. */
+STRAP_API size_t strap_ggml_row_size(int ggml_type, int64_t ne0);
+
+/* ----- socket resolution -------------------------------------------------------------- */
+
+/* Resolve the control socket as PROTOCOL.md 1 says, first match wins: `explicit_path`;
+ * $STRAPD_SOCKET; /run/strapd/strapd.sock when it exists; $XDG_RUNTIME_DIR/strapd/strapd.sock;
+ * /tmp/strapd-$UID/strapd.sock. Writes a NUL-terminated path into buf.
+ * Returns STRAP_OK, or STRAP_E_TOO_LARGE when it does not fit `len` bytes. Thread-safe
+ * (reads the environment: do not call setenv concurrently). */
+STRAP_API int strap_resolve_socket_path(const char *explicit_path, char *buf, size_t len);
+
+/* ----- sessions ----------------------------------------------------------------------- */
+
+typedef struct strap_session strap_session;
+
+typedef enum strap_policy {
+	STRAP_POLICY_BLOCK = 0, /* lossless: the writer waits for ring space */
+	STRAP_POLICY_DROP = 1   /* a tensor that does not fit now is dropped (and a DROP sent) */
+} strap_policy;
+
+/* Everything strap_session_open needs. Fill with strap_default_session_params() first. */
+typedef struct strap_session_params {
+	/* Where the capture goes (required). The library opens it itself (O_RDWR|O_CREAT, takes
+	 * flock(LOCK_EX), truncates it unless resuming) and passes the descriptor to strapd. */
+	const char *output_path;
+
+	/* Control socket: NULL resolves it (strap_resolve_socket_path). */
+	const char *socket_path;
+	/* Start `strapd serve` (detached, log beside the socket) when nobody answers. Default 1. */
+	int autostart;
+	/* The binary to start: NULL takes $STRAPD_BIN, then `strapd` on PATH. */
+	const char *strapd_bin;
+	/* Seconds to wait for a started daemon to accept. Default 10. */
+	double start_timeout_s;
+
+	/* Ring bytes, header included: 4096 + a positive multiple of 64 (clamped down to the
+	 * daemon's max_ring_size). Default 64 MiB. */
+	uint64_t ring_size;
+	/* Stream codec ("none", "lz4", "zstd", "shuffle", ...). Default "none". */
+	const char *codec;
+	/* Codec level; -1 (default) leaves it to the daemon. */
+	int codec_level;
+	/* Raw bytes per compression block; 0 (default) leaves it to the daemon. */
+	uint32_t block_size;
+	/* Lossy codecs only: the error bound ("rel"/"abs" and its value); NULL = none. */
+	const char *lossy_mode;
+	double lossy_value;
+	strap_policy policy;
+	/* Bytes of compression buffers to ask the daemon to budget; 0 = no hint. */
+	uint64_t memory_hint;
+	/* A JSON object whose members are added to OPEN's metadata (model_class, ...); NULL =
+	 * none. The library adds "client", "fingerprint" and "output_path" before them. */
+	const char *metadata_json;
+	/* The client name in HELLO and the metadata. Default "libstrap/<version>". */
+	const char *client_name;
+
+	/* Ask strapd for its kernel trace into "<output>.trace.jsonl". Default 0. */
+	int trace;
+	/* Open "<output>.resources.jsonl" as the session's resource log (RESOURCES). Default 0. */
+	int resources;
+
+	/* Checkpoints (docs/CHECKPOINTS.md): strap_session_checkpoint writes the checkpoint file
+	 * (NULL: "<output>.ckpt.json"). It is deleted after a clean strap_session_close. */
+	const char *checkpoint_path;
+	/* Identifies the capture config and model; stored in the stream header's metadata and
+	 * in each checkpoint, and compared on resume. NULL = "". */
+	const char *fingerprint;
+	/* Resume from the checkpoint file: the stream is cut back to it by strapd and the
+	 * session continues after its last sequence number (strap_session_resume_point says
+	 * from which token). Without a checkpoint file the capture starts from token 0. */
+	int resume;
+	/* Start over although a checkpoint file exists (it is deleted). Without this, and
+	 * without resume, an existing checkpoint file is an error (STRAP_E_CHECKPOINT). */
+	int overwrite_checkpoint;
+
+	/* Seconds to wait for ring space or an answer before STRAP_E_TIMEOUT. Default 120. */
+	double stall_timeout_s;
+	/* Largest record; larger tensors go as PART records. 0: a quarter of the data region; at
+	 * most half of it. */
+	uint64_t part_size;
+	/* Unpublished bytes that trigger a PUBLISH before strap_session_flush. 0: an eighth of
+	 * the data region, at most 4 MiB. */
+	uint64_t publish_bytes;
+} strap_session_params;
+
+/* The defaults above. Thread-safe. */
+STRAP_API strap_session_params strap_default_session_params(void);
+
+/* Where a session starts (a fresh one: all zero). */
+typedef struct strap_resume_point {
+	int resumed;            /* 1 when a checkpoint was resumed */
+	uint64_t token_count;   /* tokens already in the stream: the next token's index */
+	uint64_t forward_count; /* forward passes already captured: the next one's number */
+	uint64_t last_seq;      /* the last sequence number in the kept prefix */
+	uint64_t stream_offset; /* bytes of stream kept */
+} strap_resume_point;
+
+/* Connect (starting strapd when allowed), shake hands, create the ring, open the output
+ * (and trace / resource log / checkpoint state) and send OPEN. On success *out is the
+ * session; on failure *out is NULL and `err` (may be NULL) says why.
+ * Thread-safe (each call makes its own session). */
+STRAP_API int strap_session_open(const strap_session_params *params, strap_session **out, strap_error *err);
+
+/* Where the session started (resume). Thread-safe. */
+STRAP_API strap_resume_point strap_session_resume_point(const strap_session *s);
+
+/* Start a forward pass: the records written until the next call carry step = tokens
+ * recorded so far and forward = this pass's number (0-based, continuing after a resume).
+ * Thread-safe (serialized). */
+STRAP_API int strap_session_begin_forward(strap_session *s);
+
+/* Override step and forward for the records that follow (callers that count themselves; the
+ * next begin_forward continues after `forward`). Thread-safe (serialized). */
+STRAP_API int strap_session_set_step(strap_session *s, uint64_t step, uint64_t forward);
+
+/* Write one tensor: `data` holds `nbytes` bytes in C order, little-endian, and nbytes must
+ * equal the product of `shape` (ndim 0..8; ndim 0 is a scalar) times strap_dtype_size(dtype).
+ * `name` is UTF-8, 1..4096 bytes. `meta_json` is NULL or a JSON object (≤ 65536 bytes),
+ * stored with the record. Returns STRAP_OK, STRAP_DROPPED (policy drop, ring full), or an
+ * error. Tensors larger than the part size go as PART records. No allocation.
+ * Thread-safe (serialized). */
+STRAP_API int strap_session_write(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim,
+				  const void *data, size_t nbytes, const char *meta_json);
+
+/* Copies `len` bytes of a tensor's payload, starting at byte `offset` of its C-order bytes, to
+ * `dst` (in the ring). Returns 0, or non-zero when it cannot (the write then fails). */
+typedef int (*strap_copy_fn)(void *ctx, void *dst, size_t offset, size_t len);
+
+/* strap_session_write with the payload produced by `fn` straight into the ring instead of read
+ * from a pointer: a tensor in device memory (ggml_backend_tensor_get) or not contiguous is
+ * copied once, with no staging buffer. `fn` is called once per record (once, or per PART
+ * record, in order), under the session's lock: it must not call into the session. A failure
+ * before any byte was committed writes nothing (STRAP_E_INVALID, the session goes on); one
+ * after a first PART record ends the session (STRAP_E_SYSTEM), as the stream would otherwise hold
+ * a cut tensor. Thread-safe (serialized). */
+STRAP_API int strap_session_write_with(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim,
+				       size_t nbytes, const char *meta_json, strap_copy_fn fn, void *ctx);
+
+/* Write a ggml tensor given as ggml describes it: `ggml_type` (enum ggml_type), ne[0..n_dims-1]
+ * (ne[0] innermost) and its contiguous bytes. Float and integer types are written as their
+ * strap_dtype with shape ne reversed; quantized types as raw blocks (dtype u8, shape
+ * [ne[n-1], ..., ne[1], row bytes], meta {"ggml_type":"q4_0","ggml_ne":[...]}: STREAM_FORMAT.md
+ * 4.1). Thread-safe (serialized). */
+STRAP_API int strap_session_write_ggml(strap_session *s, const char *name, int ggml_type, const int64_t *ne, int n_dims,
+				       const void *data, size_t nbytes);
+
+/* strap_session_write_ggml with the payload produced by `fn` (see strap_session_write_with):
+ * for a ggml tensor in a backend buffer, fn can call ggml_backend_tensor_get. Thread-safe. */
+STRAP_API int strap_session_write_ggml_with(strap_session *s, const char *name, int ggml_type, const int64_t *ne,
+					    int n_dims, size_t nbytes, strap_copy_fn fn, void *ctx);
+
+/* Publish every record written so far (call once per forward pass). Thread-safe. */
+STRAP_API int strap_session_flush(strap_session *s);
+
+/* Record one generated token: it becomes a TOKEN packet with step = its index (the number of
+ * tokens recorded before it). `text` is UTF-8 of `text_len` bytes (may be 0); `position` < 0
+ * leaves it to the daemon (= index). Sent right after the token is generated. Thread-safe. */
+STRAP_API int strap_session_token(strap_session *s, int64_t token_id, const char *text, size_t text_len,
+				  int64_t position);
+
+/* Make every event so far durable (CHECKPOINT → CHECKPOINTED) and write the checkpoint file
+ * (temp file, fsync, rename, directory fsync). Thread-safe (serialized). */
+STRAP_API int strap_session_checkpoint(strap_session *s);
+
+/* Send resource events (docs/RESOURCE_EVENTS.md): `events[i]` is one JSON object with a
+ * non-empty string "event", `lens[i]` its bytes. They are packed into as few RESOURCES
+ * messages as fit 64 KiB, never split. Needs params.resources. Thread-safe (serialized). */
+STRAP_API int strap_session_resources(strap_session *s, const char *const *events, const size_t *lens, size_t n);
+
+/* Totals the daemon reported in CLOSED. */
+typedef struct strap_closed {
+	uint64_t packets, drops, bytes_in, bytes_out, file_bytes;
+} strap_closed;
+
+/* Send CLOSE and wait for CLOSED: the stream then has its END, index and footer and is
+ * synced. The checkpoint file is deleted. `out` may be NULL. After it only _free is useful.
+ * Thread-safe (serialized). */
+STRAP_API int strap_session_close(strap_session *s, strap_closed *out);
+
+/* The session's counters (records and tokens sent, drops). Thread-safe. */
+typedef struct strap_session_stats {
+	uint64_t records, tokens, drops, drop_bytes, bytes_in, publishes, checkpoints;
+	uint64_t session_id; /* OPENED's session number */
+	uint64_t ring_size;  /* the ring in use (params.ring_size clamped to the daemon's max_ring_size) */
+} strap_session_stats;
+STRAP_API strap_session_stats strap_session_get_stats(strap_session *s);
+
+/* Copy the session's last failure into *out (code STRAP_OK when none). Thread-safe. */
+STRAP_API void strap_session_last_error(strap_session *s, strap_error *out);
+
+/* Release the socket, ring and files. A session not closed ends, for strapd, as a client that
+ * went away (END status "aborted"). NULL is a no-op. Not thread-safe against other calls on s. */
+STRAP_API void strap_session_free(strap_session *s);
+
+/* ----- status ------------------------------------------------------------------------- */
+
+/* Ask the daemon at `socket_path` (NULL: resolved; never autostarted) for STATUS_REPLY and
+ * copy its JSON body, NUL-terminated, into buf. *needed (may be NULL) gets the body's
+ * length + 1; STRAP_E_TOO_LARGE when it does not fit. Thread-safe. */
+STRAP_API int strap_status(const char *socket_path, char *buf, size_t len, size_t *needed, strap_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STRAP_H */

@@ -1,0 +1,191 @@
+/* CHECKPOINT and the checkpoint file of docs/CHECKPOINTS.md 2-3: the request, the file written
+ * once strapd has made every event durable (temp file, fsync, rename, directory fsync), and
+ * its reading and checks on resume. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "session.h"
+
+/* ----- checkpoint files (docs/CHECKPOINTS.md 3) ----- */
+
+static void rfc3339(char *out, size_t cap)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	struct tm tm;
+	gmtime_r(&ts.tv_sec, &tm);
+	size_t n = strftime(out, cap, "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(out + n, cap - n, ".%06ldZ", ts.tv_nsec / 1000);
+}
+
+int ss_fsync_dir(const char *path)
+{
+	char dir[4200];
+	snprintf(dir, sizeof dir, "%s", path);
+	char *slash = strrchr(dir, '/');
+	if (slash == dir)
+		slash[1] = 0;
+	else if (slash)
+		*slash = 0;
+	else
+		strcpy(dir, ".");
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	int r = fsync(fd);
+	close(fd);
+	return r;
+}
+
+static int write_checkpoint(strap_session *s, const sp_reply *c)
+{
+	char created[64];
+	rfc3339(created, sizeof created);
+	sw_buf b = ss_out_buf(s); /* the send buffer is free between messages */
+	sw_lit(&b, "{\"format\":\"strap-checkpoint\",\"version\":1,\"stream\":");
+	sw_str(&b, s->output_path, strlen(s->output_path));
+	sw_lit(&b, ",\"created\":\"");
+	sw_lit(&b, created);
+	sw_lit(&b, "\",\"fingerprint\":");
+	sw_str(&b, s->fingerprint, strlen(s->fingerprint));
+	sw_lit(&b, ",\"stream_offset\":");
+	sw_u64(&b, c->u.checkpointed.offset);
+	sw_lit(&b, ",\"packets\":");
+	sw_u64(&b, c->u.checkpointed.packets);
+	sw_lit(&b, ",\"drops\":");
+	sw_u64(&b, c->u.checkpointed.drops);
+	sw_lit(&b, ",\"last_seq\":");
+	sw_u64(&b, c->u.checkpointed.seq);
+	sw_lit(&b, ",\"last_packet_offset\":");
+	sw_u64(&b, c->u.checkpointed.last_offset);
+	sw_lit(&b, ",\"last_packet_crc\":");
+	sw_u64(&b, c->u.checkpointed.last_crc);
+	sw_lit(&b, ",\"token_count\":");
+	sw_u64(&b, c->u.checkpointed.tokens);
+	sw_lit(&b, ",\"forward_count\":");
+	sw_u64(&b, s->next_forward);
+	sw_lit(&b, "}\n");
+	if (b.overflow)
+		return ss_fail(s, STRAP_E_TOO_LARGE, "checkpoint file exceeds %d bytes", SP_MAX_MESSAGE);
+	char tmp[4300];
+	snprintf(tmp, sizeof tmp, "%s.tmp.%d", s->ckpt_path, (int)getpid());
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return ss_fail(s, STRAP_E_SYSTEM, "checkpoint %s: open: %s", tmp, strerror(errno));
+	size_t done = 0;
+	while (done < b.n) {
+		ssize_t w = write(fd, b.p + done, b.n - done);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0) {
+			int er = errno;
+			close(fd);
+			unlink(tmp);
+			return ss_fail(s, STRAP_E_SYSTEM, "checkpoint %s: write: %s", tmp, strerror(er));
+		}
+		done += (size_t)w;
+	}
+	if (fsync(fd) != 0 || close(fd) != 0) {
+		int er = errno;
+		unlink(tmp);
+		return ss_fail(s, STRAP_E_SYSTEM, "checkpoint %s: fsync: %s", tmp, strerror(er));
+	}
+	if (rename(tmp, s->ckpt_path) != 0) {
+		int er = errno;
+		unlink(tmp);
+		return ss_fail(s, STRAP_E_SYSTEM, "checkpoint %s: rename: %s", s->ckpt_path, strerror(er));
+	}
+	if (ss_fsync_dir(s->ckpt_path) != 0)
+		return ss_fail(s, STRAP_E_SYSTEM, "checkpoint %s: fsync of its directory: %s", s->ckpt_path,
+			       strerror(errno));
+	return STRAP_OK;
+}
+
+int strap_session_checkpoint(strap_session *s)
+{
+	if (!s)
+		return STRAP_E_INVALID;
+	pthread_mutex_lock(&s->mu);
+	int e = ss_check(s);
+	if (e || (e = ss_publish(s)))
+		goto out;
+	sw_buf b = ss_out_buf(s);
+	sp_enc_checkpoint(&b, s->seq);
+	if ((e = ss_send_buf(s, &b, NULL, 0)))
+		goto out;
+	sp_reply r;
+	if ((e = ss_expect(s, SP_CHECKPOINTED, s->stall_timeout > 60 ? s->stall_timeout : 60, &r)))
+		goto out;
+	if (r.u.checkpointed.seq != s->seq) {
+		e = ss_fail(s, STRAP_E_PROTOCOL, "CHECKPOINTED for seq %llu, asked for %llu",
+			    (unsigned long long)r.u.checkpointed.seq, (unsigned long long)s->seq);
+		goto out;
+	}
+	if ((e = write_checkpoint(s, &r)))
+		goto out;
+	s->checkpoints++;
+out:
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+/* Read and check the checkpoint file (the rules of internal/checkpoint Parse). */
+int ss_load_checkpoint(strap_session *s, uint64_t *offset, uint64_t *packets, uint64_t *last_seq, uint64_t *last_crc,
+		       uint64_t *tokens, uint64_t *forwards)
+{
+	int fd = open(s->ckpt_path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s: %s", s->ckpt_path, strerror(errno));
+	char *buf = s->sbuf;
+	ssize_t n = read(fd, buf, SP_MAX_MESSAGE);
+	close(fd);
+	char why[128];
+	if (n < 0 || n >= SP_MAX_MESSAGE || !sj_validate(buf, (size_t)n, why, sizeof why))
+		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s is not a JSON object of at most %d bytes",
+			       s->ckpt_path, SP_MAX_MESSAGE - 1);
+	sj_val doc = {buf, (size_t)n}, v;
+	while (doc.n && *doc.p != '{')
+		doc.p++, doc.n--;
+	char str[256];
+	bool full;
+	if (!sj_get(doc, "format", &v) || !sj_str(v, str, sizeof str, NULL) || strcmp(str, "strap-checkpoint") != 0)
+		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s: format is not \"strap-checkpoint\"",
+			       s->ckpt_path);
+	uint64_t ver = 0, drops = 0, last_off = 0;
+	if (!sj_get(doc, "version", &v) || !sj_u64(v, &ver) || ver != 1)
+		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s: version is not 1", s->ckpt_path);
+	struct {
+		const char *k;
+		uint64_t *dst;
+	} f[] = {{"stream_offset", offset},         {"packets", packets},          {"last_seq", last_seq},
+		 {"last_packet_offset", &last_off}, {"last_packet_crc", last_crc}, {"token_count", tokens}};
+	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+		if (!sj_get(doc, f[i].k, &v) || !sj_u64(v, f[i].dst))
+			return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s: %s missing or not an unsigned integer",
+				       s->ckpt_path, f[i].k);
+	}
+	*forwards = 0;
+	if (sj_get(doc, "forward_count", &v))
+		sj_u64(v, forwards);
+	if (sj_get(doc, "drops", &v))
+		sj_u64(v, &drops);
+	if (!sj_get(doc, "fingerprint", &v) || !sj_str(v, s->meta, sizeof s->meta, &full) || !full ||
+	    strcmp(s->meta, s->fingerprint) != 0)
+		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s: fingerprint is not this capture's (\"%s\")",
+			       s->ckpt_path, s->fingerprint);
+	if (*offset == 0 || (*packets == 0) != (*last_seq == 0) || *last_seq < *packets ||
+	    (*packets && (last_off == 0 || last_off >= *offset)) || drops > *packets || *tokens > *packets ||
+	    *last_crc > UINT32_MAX)
+		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s: inconsistent numbers", s->ckpt_path);
+	return STRAP_OK;
+}

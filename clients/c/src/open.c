@@ -1,0 +1,366 @@
+/* Opening a session (PROTOCOL.md 1.2-1.3): the output and its lock, the side files, the
+ * checkpoint state, the connection and handshake, the sealed ring, OPEN; and STATUS. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "session.h"
+
+strap_session_params strap_default_session_params(void)
+{
+	strap_session_params p;
+	memset(&p, 0, sizeof p);
+	p.autostart = 1;
+	p.start_timeout_s = 10.0;
+	p.ring_size = 64ull << 20;
+	p.codec = "none";
+	p.codec_level = -1;
+	p.policy = STRAP_POLICY_BLOCK;
+	p.stall_timeout_s = 120.0;
+	return p;
+}
+
+/* ----- open ----- */
+
+static char *dupstr(const char *a, const char *b)
+{
+	size_t n = strlen(a), m = b ? strlen(b) : 0;
+	char *p = malloc(n + m + 1);
+	if (p) {
+		memcpy(p, a, n);
+		memcpy(p + n, b ? b : "", m + 1);
+	}
+	return p;
+}
+
+static int lock_stream(strap_session *s)
+{
+	double deadline = sc_now() + LOCK_WAIT_S;
+	for (;;) {
+		if (flock(s->out_fd, LOCK_EX | LOCK_NB) == 0)
+			return STRAP_OK;
+		if (errno != EWOULDBLOCK && errno != EINTR)
+			return ss_fail(s, STRAP_E_SYSTEM, "flock %s: %s", s->output_path, strerror(errno));
+		if (sc_now() > deadline)
+			return ss_fail(
+				s, STRAP_E_CHECKPOINT,
+				"%s is in use by a live capture (its strapd session still holds the stream lock after "
+				"%ds)",
+				s->output_path, LOCK_WAIT_S);
+		struct timespec ts = {0, 50 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+	}
+}
+
+static int open_side_file(strap_session *s, const char *suffix, bool append, int *fd)
+{
+	char path[4300];
+	snprintf(path, sizeof path, "%s%s", s->output_path, suffix);
+	*fd = open(path, (append ? O_RDWR | O_APPEND : O_WRONLY | O_TRUNC) | O_CREAT | O_CLOEXEC, 0644);
+	if (*fd < 0)
+		return ss_fail(s, STRAP_E_SYSTEM, "open %s: %s", path, strerror(errno));
+	return STRAP_OK;
+}
+
+static int make_ring(strap_session *s, uint64_t size)
+{
+	s->ring_size = size;
+	s->data_size = size - SR_HEADER_SIZE;
+	s->ring_fd = memfd_create("strap-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (s->ring_fd < 0)
+		return ss_fail(s, STRAP_E_SYSTEM, "memfd_create: %s", strerror(errno));
+	if (ftruncate(s->ring_fd, (off_t)size) != 0)
+		return ss_fail(s, STRAP_E_SYSTEM, "ftruncate ring to %llu: %s", (unsigned long long)size,
+			       strerror(errno));
+	s->ring = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, s->ring_fd, 0);
+	if (s->ring == MAP_FAILED) {
+		s->ring = NULL;
+		return ss_fail(s, STRAP_E_SYSTEM, "mmap ring: %s", strerror(errno));
+	}
+	sr_encode_ring_header(s->ring, size);
+	/* without the shrink seal strapd would refuse the ring: a truncate could SIGBUS it */
+	if (fcntl(s->ring_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+		return ss_fail(s, STRAP_E_SYSTEM, "seal ring: %s", strerror(errno));
+	return STRAP_OK;
+}
+
+/* OPEN's metadata: the library's members, then the caller's (a later repeat wins in Go). */
+static int build_metadata(strap_session *s, const strap_session_params *p, const char *client, sw_buf *m)
+{
+	sw_lit(m, "{\"client\":{\"name\":");
+	sw_str(m, client, strlen(client));
+	sw_lit(m, ",\"pid\":");
+	sw_i64(m, getpid());
+	sw_lit(m, "},\"fingerprint\":");
+	sw_str(m, s->fingerprint, strlen(s->fingerprint));
+	sw_lit(m, ",\"output_path\":");
+	sw_str(m, s->output_path, strlen(s->output_path));
+	if (p->metadata_json) {
+		size_t n = strlen(p->metadata_json);
+		char why[128];
+		if (!sj_validate(p->metadata_json, n, why, sizeof why))
+			return ss_fail(s, STRAP_E_INVALID, "metadata_json is not JSON: %s", why);
+		const char *a = p->metadata_json, *z = a + n;
+		while (a < z && *a != '{' && *a != '[' && *a != '"')
+			a++;
+		if (a == z || *a != '{')
+			return ss_fail(s, STRAP_E_INVALID, "metadata_json is not a JSON object");
+		while (z > a && z[-1] != '}')
+			z--;
+		/* the members between the braces, if any */
+		const char *in = a + 1, *end = z - 1;
+		while (in < end && (*in == ' ' || *in == '\n' || *in == '\t' || *in == '\r'))
+			in++;
+		if (in < end) {
+			sw_raw(m, ",", 1);
+			sw_raw(m, in, (size_t)(end - in));
+		}
+	}
+	sw_raw(m, "}", 1);
+	if (m->overflow)
+		return ss_fail(s, STRAP_E_TOO_LARGE, "OPEN metadata exceeds the message size");
+	return STRAP_OK;
+}
+
+static int open_session(strap_session *s, const strap_session_params *p)
+{
+	if (!p->output_path || !*p->output_path)
+		return ss_fail(s, STRAP_E_INVALID, "params.output_path is required");
+	if (p->ring_size <= SR_HEADER_SIZE || (p->ring_size - SR_HEADER_SIZE) % 64)
+		return ss_fail(s, STRAP_E_INVALID, "ring_size %llu must be 4096 + a positive multiple of 64",
+			       (unsigned long long)p->ring_size);
+	if (p->policy != STRAP_POLICY_BLOCK && p->policy != STRAP_POLICY_DROP)
+		return ss_fail(s, STRAP_E_INVALID, "policy %d is not STRAP_POLICY_BLOCK or STRAP_POLICY_DROP",
+			       (int)p->policy);
+	if (!p->codec || !*p->codec)
+		return ss_fail(s, STRAP_E_INVALID, "params.codec is empty");
+	s->policy = p->policy;
+	s->stall_timeout = p->stall_timeout_s > 0 ? p->stall_timeout_s : 120.0;
+	s->fingerprint = dupstr(p->fingerprint ? p->fingerprint : "", NULL);
+	char client[200];
+	snprintf(client, sizeof client, "%s",
+		 p->client_name && *p->client_name ? p->client_name : "libstrap/" STRAP_VERSION_STRING);
+
+	/* the output: opened, locked and (unless resumed) cut here; strapd only gets the fd */
+	s->out_fd = open(p->output_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	if (s->out_fd < 0)
+		return ss_fail(s, STRAP_E_SYSTEM, "open %s: %s", p->output_path, strerror(errno));
+	char abs[PATH_MAX];
+	if (!realpath(p->output_path, abs))
+		return ss_fail(s, STRAP_E_SYSTEM, "realpath %s: %s", p->output_path, strerror(errno));
+	s->output_path = dupstr(abs, NULL);
+	s->ckpt_path = p->checkpoint_path && *p->checkpoint_path ? dupstr(p->checkpoint_path, NULL)
+								 : dupstr(abs, ".ckpt.json");
+	if (!s->fingerprint || !s->output_path || !s->ckpt_path)
+		return ss_fail(s, STRAP_E_NOMEM, "out of memory");
+	int e = lock_stream(s);
+	if (e)
+		return e;
+
+	bool have_ckpt = access(s->ckpt_path, F_OK) == 0;
+	uint64_t off = 0, packets = 0, last_seq = 0, last_crc = 0, tokens = 0, forwards = 0;
+	bool resuming = false;
+	if (have_ckpt && !p->resume && !p->overwrite_checkpoint)
+		return ss_fail(
+			s, STRAP_E_CHECKPOINT,
+			"a checkpoint of an earlier capture exists at %s: resume it (params.resume) or start over "
+			"(params.overwrite_checkpoint)",
+			s->ckpt_path);
+	if (have_ckpt && p->resume) {
+		if ((e = ss_load_checkpoint(s, &off, &packets, &last_seq, &last_crc, &tokens, &forwards)))
+			return e;
+		struct stat st;
+		if (fstat(s->out_fd, &st) != 0 || (uint64_t)st.st_size < off)
+			return ss_fail(s, STRAP_E_CHECKPOINT,
+				       "stream %s holds %lld bytes, less than the checkpoint's %llu", s->output_path,
+				       (long long)st.st_size, (unsigned long long)off);
+		resuming = true;
+	} else {
+		if (have_ckpt && unlink(s->ckpt_path) != 0)
+			return ss_fail(s, STRAP_E_SYSTEM, "remove checkpoint %s: %s", s->ckpt_path, strerror(errno));
+		if (ftruncate(s->out_fd, 0) != 0)
+			return ss_fail(s, STRAP_E_SYSTEM, "truncate %s: %s", s->output_path, strerror(errno));
+	}
+	if (p->trace && (e = open_side_file(s, ".trace.jsonl", resuming, &s->trace_fd)))
+		return e;
+	if (p->resources && (e = open_side_file(s, ".resources.jsonl", resuming, &s->res_fd)))
+		return e;
+
+	/* connect and shake hands */
+	char path[4200];
+	strap_error cerr = {0};
+	s->sock = sc_connect(p->socket_path, p->autostart, p->strapd_bin, p->start_timeout_s, path, sizeof path, &cerr);
+	if (s->sock < 0) {
+		int code = s->sock;
+		s->sock = -1;
+		return ss_fail(s, code, "%s", cerr.message);
+	}
+	sw_buf b = ss_out_buf(s);
+	sp_enc_hello(&b, client, getpid());
+	if ((e = ss_send_buf(s, &b, NULL, 0)))
+		return e;
+	sp_reply r;
+	if ((e = ss_expect(s, SP_WELCOME, 10, &r)))
+		return e;
+	if (r.u.welcome.protocol != SP_VERSION)
+		return ss_fail(s, STRAP_E_PROTOCOL, "daemon speaks protocol %lld, client speaks %d",
+			       (long long)r.u.welcome.protocol, SP_VERSION);
+	uint64_t limit = r.u.welcome.max_ring_size ? r.u.welcome.max_ring_size : DEFAULT_MAX_RING;
+	uint64_t size = p->ring_size;
+	if (size > limit) {
+		size = limit / 4096 * 4096;
+		if (size < MIN_RING)
+			return ss_fail(s, STRAP_E_DAEMON,
+				       "strapd admits rings of at most %llu bytes (--max-ring-size), less "
+				       "than the smallest usable ring (%d bytes)",
+				       (unsigned long long)limit, MIN_RING);
+	}
+	if ((e = make_ring(s, size)))
+		return e;
+	s->max_record = (p->part_size ? p->part_size : s->data_size / 4) / 64 * 64;
+	/* A record over half the region could need a PAD so long that PAD + record never fit,
+	 * even in an empty ring (a PAD is needed only past offset data_size - record). */
+	if (s->max_record > s->data_size / 2)
+		s->max_record = s->data_size / 2 / 64 * 64;
+	uint64_t pb = s->data_size / 8 < (4u << 20) ? s->data_size / 8 : (4u << 20);
+	s->publish_bytes = p->publish_bytes ? p->publish_bytes : pb;
+	if (s->publish_bytes < 64)
+		s->publish_bytes = 64;
+
+	/* OPEN, with the metadata built in the receive buffer (free until OPENED comes) */
+	sw_buf meta = {(char *)s->rbuf, 0, SP_MAX_MESSAGE, false};
+	if ((e = build_metadata(s, p, client, &meta)))
+		return e;
+	sp_open_body o = {.ring_size = size,
+			  .codec = p->codec,
+			  .has_codec_level = p->codec_level >= 0,
+			  .codec_level = p->codec_level,
+			  .policy = p->policy == STRAP_POLICY_DROP ? "drop" : "block",
+			  .block_size = p->block_size,
+			  .lossy_mode = p->lossy_mode,
+			  .has_lossy_value = p->lossy_mode != NULL,
+			  .lossy_value = p->lossy_value,
+			  .memory_hint = p->memory_hint,
+			  .metadata = meta.p,
+			  .metadata_len = meta.n,
+			  .resources = p->resources};
+	if (resuming) {
+		o.has_resume = 1;
+		o.append_at = off;
+		o.resume_last_seq = last_seq;
+		o.resume_last_crc = last_crc;
+		o.resume_packets = packets;
+	}
+	b = ss_out_buf(s);
+	sp_enc_open(&b, &o);
+	int fds[4], nfds = 0;
+	fds[nfds++] = s->ring_fd;
+	fds[nfds++] = s->out_fd;
+	if (s->trace_fd >= 0)
+		fds[nfds++] = s->trace_fd;
+	if (s->res_fd >= 0)
+		fds[nfds++] = s->res_fd;
+	if ((e = ss_send_buf(s, &b, fds, nfds)))
+		return e;
+	if ((e = ss_expect(s, SP_OPENED, 30, &r)))
+		return e;
+	s->session_id = r.u.opened.session;
+	if (resuming) {
+		s->seq = s->last_tensor_seq = last_seq;
+		s->tokens = tokens;
+		s->next_forward = forwards;
+		s->resume = (strap_resume_point){1, tokens, forwards, last_seq, off};
+	}
+	return STRAP_OK;
+}
+
+int strap_session_open(const strap_session_params *params, strap_session **out, strap_error *err)
+{
+	if (err)
+		memset(err, 0, sizeof *err);
+	if (!out || !params) {
+		se_set(err, STRAP_E_INVALID, "params and out are required");
+		return STRAP_E_INVALID;
+	}
+	*out = NULL;
+	strap_session *s = calloc(1, sizeof *s);
+	if (!s) {
+		se_set(err, STRAP_E_NOMEM, "out of memory");
+		return STRAP_E_NOMEM;
+	}
+	pthread_mutex_init(&s->mu, NULL);
+	s->sock = s->ring_fd = s->out_fd = s->trace_fd = s->res_fd = -1;
+	s->sbuf = malloc(SP_MAX_MESSAGE + 1);
+	s->rbuf = malloc(SP_MAX_MESSAGE + 1);
+	int e = !s->sbuf || !s->rbuf ? ss_fail(s, STRAP_E_NOMEM, "out of memory") : open_session(s, params);
+	if (e) {
+		if (err) {
+			*err = s->err;
+			err->fatal = 1;
+		}
+		strap_session_free(s);
+		return e;
+	}
+	*out = s;
+	return STRAP_OK;
+}
+
+/* ----- status ----- */
+
+int strap_status(const char *socket_path, char *buf, size_t len, size_t *needed, strap_error *err)
+{
+	if (err)
+		memset(err, 0, sizeof *err);
+	strap_session *s = calloc(1, sizeof *s);
+	if (!s) {
+		se_set(err, STRAP_E_NOMEM, "out of memory");
+		return STRAP_E_NOMEM;
+	}
+	pthread_mutex_init(&s->mu, NULL);
+	s->sock = s->ring_fd = s->out_fd = s->trace_fd = s->res_fd = -1;
+	s->sbuf = malloc(SP_MAX_MESSAGE + 1);
+	s->rbuf = malloc(SP_MAX_MESSAGE + 1);
+	int e;
+	char path[4200];
+	sp_reply r;
+	if (!s->sbuf || !s->rbuf) {
+		e = ss_fail(s, STRAP_E_NOMEM, "out of memory");
+		goto out;
+	}
+	s->sock = sc_connect(socket_path, 0, NULL, 0, path, sizeof path, &s->err);
+	if (s->sock < 0) {
+		e = s->sock;
+		s->sock = -1;
+		goto out;
+	}
+	sw_buf b = ss_out_buf(s);
+	sp_enc_hello(&b, "libstrap/" STRAP_VERSION_STRING, getpid());
+	if ((e = ss_send_buf(s, &b, NULL, 0)) || (e = ss_expect(s, SP_WELCOME, 10, &r)))
+		goto out;
+	b = ss_out_buf(s);
+	sp_enc_status(&b);
+	if ((e = ss_send_buf(s, &b, NULL, 0)) || (e = ss_expect(s, SP_STATUS_REPLY, 10, &r)))
+		goto out;
+	if (needed)
+		*needed = r.body_len + 1;
+	if (!buf || r.body_len + 1 > len) {
+		e = ss_fail(s, STRAP_E_TOO_LARGE, "STATUS_REPLY of %zu bytes does not fit %zu", r.body_len, len);
+		goto out;
+	}
+	memcpy(buf, r.body, r.body_len);
+	buf[r.body_len] = 0;
+out:
+	if (e && err)
+		*err = s->err;
+	strap_session_free(s);
+	return e;
+}

@@ -1,0 +1,712 @@
+/* One capture session once open (docs/PROTOCOL.md 1.4): the records written into the sealed
+ * memfd ring, PUBLISH batching, RELEASE and backpressure, DROP, TOKEN, RESOURCES and CLOSE.
+ * Opening is open.c, CHECKPOINT checkpoint.c. The per-record path (strap_session_write) computes
+ * a header, copies the payload and, once the unpublished bytes reach publish_bytes, sends one
+ * PUBLISH: it never allocates. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "session.h"
+
+/* ----- errors ----- */
+
+int ss_fail(strap_session *s, int code, const char *fmt, ...)
+{
+	s->err.code = code;
+	s->err.daemon_code[0] = 0;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(s->err.message, sizeof s->err.message, fmt, ap);
+	va_end(ap);
+	/* Anything from the connection or the daemon ends the session; a bad argument does not. */
+	if (code != STRAP_E_INVALID && code != STRAP_E_TOO_LARGE) {
+		s->failed = true;
+		s->err.fatal = 1;
+	} else {
+		s->err.fatal = 0;
+	}
+	return code;
+}
+
+int ss_check(strap_session *s)
+{
+	if (s->failed) /* the message of the failure stays */
+		return STRAP_E_STATE;
+	if (s->shut) {
+		s->err.code = STRAP_E_STATE;
+		s->err.fatal = 1;
+		s->err.daemon_code[0] = 0;
+		snprintf(s->err.message, sizeof s->err.message, "the session is closed (CLOSE was sent)");
+		return STRAP_E_STATE;
+	}
+	return STRAP_OK;
+}
+
+/* ----- messages ----- */
+
+int ss_send_buf(strap_session *s, const sw_buf *b, const int *fds, int nfds);
+
+/* The daemon's last ERROR when it closed with one queued (it usually does): a peer closing
+ * with our messages unread makes the next recv fail once with ECONNRESET, and what it sent
+ * before closing is still queued behind that (PROTOCOL.md 1.4). */
+static bool salvage(strap_session *s)
+{
+	bool found = false;
+	for (int i = 0; i < 256; i++) {
+		ssize_t n = sc_recv(s->sock, s->rbuf, SP_MAX_MESSAGE + 1, 0);
+		if (n == -ECONNRESET)
+			continue;
+		if (n <= 0 || n > SP_MAX_MESSAGE)
+			break;
+		sp_reply r;
+		char why[200];
+		if (sp_decode_reply(s->rbuf, (size_t)n, &r, why, sizeof why) != STRAP_OK)
+			break;
+		if (r.type == SP_ERROR) {
+			ss_fail(s, STRAP_E_DAEMON, "strapd error %s: %s", r.u.error.code, r.u.error.message);
+			snprintf(s->err.daemon_code, sizeof s->err.daemon_code, "%s", r.u.error.code);
+			found = true;
+		}
+	}
+	return found;
+}
+
+static int dead(strap_session *s, const char *what, int e)
+{
+	if (salvage(s))
+		return s->err.code;
+	return ss_fail(s, STRAP_E_CLOSED, "strapd connection %s%s%s", what, e ? ": " : "", e ? strerror(e) : "");
+}
+
+int ss_send_buf(strap_session *s, const sw_buf *b, const int *fds, int nfds)
+{
+	if (b->overflow)
+		return ss_fail(s, STRAP_E_TOO_LARGE, "message exceeds %d bytes", SP_MAX_MESSAGE);
+	int r = sc_send(s->sock, b->p, b->n, fds, nfds);
+	if (r == 0)
+		return STRAP_OK;
+	if (r == -EPIPE || r == -ECONNRESET)
+		return dead(s, "closed by the daemon", -r);
+	return dead(s, "failed sending", -r);
+}
+
+/* Receive one message: 1 when *r holds one, 0 when none came within timeout_ms, < 0 error. */
+static int recv_reply(strap_session *s, int timeout_ms, sp_reply *r)
+{
+	ssize_t n = sc_recv(s->sock, s->rbuf, SP_MAX_MESSAGE + 1, timeout_ms);
+	if (n == -EAGAIN)
+		return 0;
+	if (n == -ECONNRESET)
+		return dead(s, "reset by the daemon", ECONNRESET);
+	if (n < 0)
+		return dead(s, "failed", (int)-n);
+	if (n == 0)
+		return dead(s, "closed by the daemon (EOF)", 0);
+	if (n > SP_MAX_MESSAGE)
+		return ss_fail(s, STRAP_E_PROTOCOL, "message of %zd bytes from the daemon exceeds %d", n,
+			       SP_MAX_MESSAGE);
+	char why[300];
+	if (sp_decode_reply(s->rbuf, (size_t)n, r, why, sizeof why) != STRAP_OK)
+		return ss_fail(s, STRAP_E_PROTOCOL, "malformed message from strapd: %s", why);
+	return 1;
+}
+
+static int daemon_error(strap_session *s, const sp_reply *r)
+{
+	ss_fail(s, STRAP_E_DAEMON, "strapd error %s: %s", r->u.error.code, r->u.error.message);
+	snprintf(s->err.daemon_code, sizeof s->err.daemon_code, "%s", r->u.error.code);
+	return STRAP_E_DAEMON;
+}
+
+/* A message during streaming: RELEASE gives space back; a fatal ERROR ends the session. */
+static int handle(strap_session *s, const sp_reply *r)
+{
+	if (r->type == SP_RELEASE) {
+		if (r->u.release.tail > s->head)
+			return ss_fail(s, STRAP_E_PROTOCOL, "release tail %llu is past head %llu",
+				       (unsigned long long)r->u.release.tail, (unsigned long long)s->head);
+		/* The daemon finished reading these bytes before it sent RELEASE (PROTOCOL.md 3);
+		 * our later writes into them must not be hoisted above this receive. */
+		atomic_thread_fence(memory_order_acquire);
+		if (r->u.release.tail > s->tail)
+			s->tail = r->u.release.tail;
+		return STRAP_OK;
+	}
+	if (r->type == SP_ERROR) {
+		if (r->u.error.fatal)
+			return daemon_error(s, r);
+		return STRAP_OK;
+	}
+	return ss_fail(s, STRAP_E_PROTOCOL, "unexpected %s during a session", sp_type_name(r->type));
+}
+
+static int drain(strap_session *s)
+{
+	for (;;) {
+		sp_reply r;
+		int got = recv_reply(s, 0, &r);
+		if (got <= 0)
+			return got;
+		int e = handle(s, &r);
+		if (e)
+			return e;
+	}
+}
+
+/* Wait up to timeout for a message of type want (RELEASE handled on the way, ERROR raises). */
+int ss_expect(strap_session *s, int want, double timeout, sp_reply *r)
+{
+	double deadline = sc_now() + timeout;
+	for (;;) {
+		double left = deadline - sc_now();
+		if (left <= 0)
+			return ss_fail(s, STRAP_E_TIMEOUT, "strapd did not answer with %s within %.0fs",
+				       sp_type_name(want), timeout);
+		int got = recv_reply(s, (int)(left * 1000) + 1, r);
+		if (got < 0)
+			return got;
+		if (got == 0)
+			continue;
+		if (r->type == want)
+			return STRAP_OK;
+		if (r->type == SP_ERROR)
+			return daemon_error(s, r);
+		if (r->type == SP_RELEASE) {
+			int e = handle(s, r);
+			if (e)
+				return e;
+			continue;
+		}
+		return ss_fail(s, STRAP_E_PROTOCOL, "expected %s, got %s", sp_type_name(want), sp_type_name(r->type));
+	}
+}
+
+sw_buf ss_out_buf(strap_session *s)
+{
+	sw_buf b = {s->sbuf, 0, SP_MAX_MESSAGE, false};
+	return b;
+}
+
+/* One PUBLISH for every record written since the last one. */
+int ss_publish(strap_session *s)
+{
+	if (s->head == s->published_head)
+		return STRAP_OK;
+	int e = drain(s); /* a daemon ERROR surfaces here, once per publish */
+	if (e)
+		return e;
+	/* Every byte of the records is written before the message that publishes them
+	 * (PROTOCOL.md 3); sendmsg is a full barrier in practice, this states it in C11. */
+	atomic_thread_fence(memory_order_release);
+	sw_buf b = ss_out_buf(s);
+	sp_enc_publish(&b, s->head, s->last_tensor_seq);
+	e = ss_send_buf(s, &b, NULL, 0);
+	if (e)
+		return e;
+	s->published_head = s->head;
+	s->publishes++;
+	return STRAP_OK;
+}
+
+static bool fits(const strap_session *s, uint64_t needed)
+{
+	return s->head - s->tail + needed <= s->data_size;
+}
+
+static uint64_t pad_for(const strap_session *s, uint64_t rec_len)
+{
+	uint64_t off = s->head % s->data_size;
+	return off + rec_len > s->data_size ? s->data_size - off : 0;
+}
+
+static int wait_for(strap_session *s, uint64_t needed)
+{
+	int e = ss_publish(s); /* the daemon releases only what it has seen */
+	if (e)
+		return e;
+	double deadline = sc_now() + s->stall_timeout;
+	while (!fits(s, needed)) {
+		double left = deadline - sc_now();
+		if (left <= 0)
+			return ss_fail(s, STRAP_E_TIMEOUT,
+				       "strapd released no ring space for %.0fs (need %llu bytes, %llu of %llu in use)",
+				       s->stall_timeout, (unsigned long long)needed,
+				       (unsigned long long)(s->head - s->tail), (unsigned long long)s->data_size);
+		sp_reply r;
+		int got = recv_reply(s, left > 1 ? 1000 : (int)(left * 1000) + 1, &r);
+		if (got < 0)
+			return got;
+		if (got && (e = handle(s, &r)))
+			return e;
+	}
+	return STRAP_OK;
+}
+
+/* Populate the ring's pages before the first lap writes there: one madvise per 4 MiB costs
+ * less than a page fault per page inside the copies. Only a speed-up. */
+static void populate(strap_session *s, uint64_t end)
+{
+	if (end <= s->populated)
+		return;
+	uint64_t start = s->populated;
+	uint64_t stop = end > start + POPULATE_CHUNK ? end : start + POPULATE_CHUNK;
+	if (stop > s->data_size)
+		stop = s->data_size;
+	uint64_t first = (SR_HEADER_SIZE + start) & ~(uint64_t)4095;
+	if (madvise(s->ring + first, SR_HEADER_SIZE + stop - first, MADV_POPULATE_WRITE) != 0)
+		stop = s->data_size; /* not supported here: the writes fault pages in themselves */
+	s->populated = stop < s->data_size ? stop : UINT64_MAX;
+}
+
+static int send_drop(strap_session *s, const char *name, size_t name_len, uint64_t bytes)
+{
+	int e = ss_publish(s); /* the records before it come first in sequence order */
+	if (e)
+		return e;
+	sw_buf b = ss_out_buf(s);
+	sp_enc_drop(&b, s->seq + 1, name, name_len, s->step, s->forward, bytes, "ring_full");
+	if ((e = ss_send_buf(s, &b, NULL, 0)))
+		return e;
+	s->seq++;
+	s->drops++;
+	s->drop_bytes += bytes;
+	return STRAP_DROPPED;
+}
+
+/* Where a record's payload comes from: a pointer, or the caller's copy function. */
+typedef struct src {
+	const uint8_t *data;
+	strap_copy_fn fn;
+	void *ctx;
+} src;
+
+static int write_locked(strap_session *s, const char *name, size_t name_len, int dtype, const uint64_t *shape, int ndim,
+			const src *from, uint64_t nbytes, const char *meta, size_t meta_len)
+{
+	uint64_t hdr = sr_header_area(ndim, name_len, meta_len);
+	uint64_t cap = nbytes, nparts = 1;
+	if (sp_align64(hdr + nbytes) > s->max_record) {
+		if (s->max_record <= hdr + 64)
+			return ss_fail(s, STRAP_E_TOO_LARGE,
+				       "ring too small: a record header of %llu bytes for %s leaves no payload room in "
+				       "%llu-byte records",
+				       (unsigned long long)hdr, name, (unsigned long long)s->max_record);
+		cap = (s->max_record - hdr) / 64 * 64;
+		nparts = (nbytes + cap - 1) / cap;
+	}
+	bool part = nparts > 1;
+	uint64_t first_len = sp_align64(hdr + (cap < nbytes ? cap : nbytes));
+	uint64_t needed = pad_for(s, first_len) + first_len;
+	int e;
+	if (!fits(s, needed) && (e = drain(s)))
+		return e; /* RELEASEs received since the last publish free space */
+	if (!fits(s, needed) && s->policy == STRAP_POLICY_DROP)
+		return send_drop(s, name, name_len, nbytes);
+	for (uint64_t i = 0, off = 0; i < nparts; i++, off += cap) {
+		uint64_t plen = nbytes - off < cap ? nbytes - off : cap;
+		uint64_t rec_len = sp_align64(hdr + plen);
+		uint64_t pad = pad_for(s, rec_len);
+		if (!fits(s, pad + rec_len)) {
+			if ((e = wait_for(s, pad + rec_len)))
+				return e;
+			pad = pad_for(s, rec_len);
+		}
+		if (pad) {
+			populate(s, s->head + pad);
+			sr_encode_pad(s->ring + SR_HEADER_SIZE + s->head % s->data_size, pad);
+			s->head += pad;
+		}
+		populate(s, s->head + rec_len);
+		uint8_t *dst = s->ring + SR_HEADER_SIZE + s->head % s->data_size;
+		uint64_t seq = s->seq + 1;
+		sr_encode_record_header(dst, dtype, shape, ndim, seq, rec_len, s->step, s->forward, plen, name,
+					name_len, meta, meta_len, part ? off : 0, part ? nbytes : plen, part);
+		if (plen && from->fn) {
+			int rc = from->fn(from->ctx, dst + hdr, (size_t)off, (size_t)plen);
+			if (rc != 0) {
+				/* Nothing of this record is counted. Before the first part nothing was
+				 * written at all; after it the stream would hold a cut tensor, so the
+				 * session ends (readers count the tensor incomplete). */
+				if (off == 0)
+					return ss_fail(s, STRAP_E_INVALID,
+						       "%s: the copy function failed (%d); nothing written", name, rc);
+				return ss_fail(
+					s, STRAP_E_SYSTEM,
+					"%s: the copy function failed (%d) at byte %llu of %llu; the session ends",
+					name, rc, (unsigned long long)off, (unsigned long long)nbytes);
+			}
+		} else if (plen) {
+			memcpy(dst + hdr, from->data + off, plen);
+		}
+		s->seq = seq;
+		s->last_tensor_seq = seq;
+		s->head += rec_len;
+		s->records++;
+		s->bytes_in += plen;
+		if (s->head - s->published_head >= s->publish_bytes && (e = ss_publish(s)))
+			return e;
+	}
+	return STRAP_OK;
+}
+
+/* Checks shared by both write entry points; the lock is held. */
+static int check_record(strap_session *s, const char *name, size_t *name_len, size_t meta_len)
+{
+	if (!name || !(*name_len = strlen(name)) || *name_len > SR_MAX_NAME)
+		return ss_fail(s, STRAP_E_INVALID, "tensor name must be 1..%d bytes", SR_MAX_NAME);
+	if (!sp_utf8_valid(name, *name_len))
+		return ss_fail(s, STRAP_E_INVALID, "tensor name is not valid UTF-8");
+	if (meta_len > SR_MAX_META)
+		return ss_fail(s, STRAP_E_TOO_LARGE, "record meta of %zu bytes exceeds %d", meta_len, SR_MAX_META);
+	return STRAP_OK;
+}
+
+static int write_common(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim, const src *from,
+			size_t nbytes, const char *meta_json)
+{
+	if (!s)
+		return STRAP_E_INVALID;
+	pthread_mutex_lock(&s->mu);
+	int e = ss_check(s);
+	if (e)
+		goto out;
+	size_t name_len = 0, meta_len = meta_json ? strlen(meta_json) : 0;
+	if ((e = check_record(s, name, &name_len, meta_len)))
+		goto out;
+	size_t esize = strap_dtype_size(dtype);
+	if (!esize) {
+		e = ss_fail(s, STRAP_E_INVALID, "%s: unknown dtype %d", name, dtype);
+		goto out;
+	}
+	if (ndim < 0 || ndim > SR_MAX_NDIM || (ndim && !shape)) {
+		e = ss_fail(s, STRAP_E_INVALID, "%s: ndim %d (allowed 0..%d)", name, ndim, SR_MAX_NDIM);
+		goto out;
+	}
+	uint64_t shp[SR_MAX_NDIM], count = 1;
+	for (int i = 0; i < ndim; i++) {
+		if (shape[i] < 0 || (shape[i] && count > UINT64_MAX / (uint64_t)shape[i])) {
+			e = ss_fail(s, STRAP_E_INVALID, "%s: bad shape dimension %d", name, i);
+			goto out;
+		}
+		shp[i] = (uint64_t)shape[i];
+		count *= shp[i];
+	}
+	if (count > UINT64_MAX / esize || count * esize != nbytes || (nbytes && !from->data && !from->fn)) {
+		e = ss_fail(s, STRAP_E_INVALID, "%s: %zu bytes given, shape and dtype make %llu", name, nbytes,
+			    (unsigned long long)(count * esize));
+		goto out;
+	}
+	if (meta_len) {
+		char why[128];
+		/* an object, or the daemon ends the session with bad_record */
+		if (!sj_validate(meta_json, meta_len, why, sizeof why) || meta_json[0] != '{') {
+			e = ss_fail(s, STRAP_E_INVALID, "%s: meta is not a JSON object", name);
+			goto out;
+		}
+	}
+	e = write_locked(s, name, name_len, dtype, shp, ndim, from, nbytes, meta_json, meta_len);
+out:
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+int strap_session_write(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim, const void *data,
+			size_t nbytes, const char *meta_json)
+{
+	src from = {data, NULL, NULL};
+	return write_common(s, name, dtype, shape, ndim, &from, nbytes, meta_json);
+}
+
+int strap_session_write_with(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim,
+			     size_t nbytes, const char *meta_json, strap_copy_fn fn, void *ctx)
+{
+	if (!fn)
+		return strap_session_write(s, name, dtype, shape, ndim, NULL, nbytes, meta_json);
+	src from = {NULL, fn, ctx};
+	return write_common(s, name, dtype, shape, ndim, &from, nbytes, meta_json);
+}
+
+/* A ggml tensor as strap writes it (STREAM_FORMAT.md 4.1): dtype, C-order shape and, for a
+ * quantized type, the raw-block meta (into meta, at least 256 bytes). */
+static int ggml_layout(strap_session *s, const char *name, int ggml_type, const int64_t *ne, int n_dims, int *dtype,
+		       int64_t *shape, char *meta, size_t metacap)
+{
+	int dt = sr_ggml_dtype(ggml_type);
+	if (n_dims < 1 || n_dims > 4 || !ne || dt < 0) {
+		pthread_mutex_lock(&s->mu);
+		int e = dt < 0 ? ss_fail(s, STRAP_E_INVALID, "%s: ggml type %d is not known to libstrap",
+					 name ? name : "?", ggml_type)
+			       : ss_fail(s, STRAP_E_INVALID, "%s: ggml n_dims %d (allowed 1..4)", name ? name : "?",
+					 n_dims);
+		pthread_mutex_unlock(&s->mu);
+		return e;
+	}
+	for (int i = 0; i < n_dims; i++)
+		shape[i] = ne[n_dims - 1 - i];
+	meta[0] = 0;
+	*dtype = dt;
+	if (dt > 0)
+		return STRAP_OK;
+	/* Quantized: raw blocks, one row of ne[0] elements = row_size bytes. */
+	size_t row = strap_ggml_row_size(ggml_type, ne[0]);
+	if (!row) {
+		pthread_mutex_lock(&s->mu);
+		int e = ss_fail(s, STRAP_E_INVALID, "%s: ne[0] = %lld is not a whole number of %s blocks",
+				name ? name : "?", (long long)ne[0], strap_ggml_type_name(ggml_type));
+		pthread_mutex_unlock(&s->mu);
+		return e;
+	}
+	/* built in the caller's (stack) buffer: another thread's ggml write cannot touch it */
+	sw_buf m = {meta, 0, metacap - 1, false};
+	sw_lit(&m, "{\"ggml_type\":\"");
+	sw_lit(&m, strap_ggml_type_name(ggml_type));
+	sw_lit(&m, "\",\"ggml_ne\":[");
+	for (int i = 0; i < n_dims; i++) {
+		if (i)
+			sw_raw(&m, ",", 1);
+		sw_i64(&m, ne[i]);
+	}
+	sw_lit(&m, "]}");
+	meta[m.n] = 0;
+	shape[n_dims - 1] = (int64_t)row;
+	*dtype = STRAP_DTYPE_U8;
+	return STRAP_OK;
+}
+
+int strap_session_write_ggml(strap_session *s, const char *name, int ggml_type, const int64_t *ne, int n_dims,
+			     const void *data, size_t nbytes)
+{
+	if (!s)
+		return STRAP_E_INVALID;
+	int64_t shape[4];
+	char meta[256];
+	int dt, e = ggml_layout(s, name, ggml_type, ne, n_dims, &dt, shape, meta, sizeof meta);
+	if (e)
+		return e;
+	src from = {data, NULL, NULL};
+	return write_common(s, name, dt, shape, n_dims, &from, nbytes, meta[0] ? meta : NULL);
+}
+
+int strap_session_write_ggml_with(strap_session *s, const char *name, int ggml_type, const int64_t *ne, int n_dims,
+				  size_t nbytes, strap_copy_fn fn, void *ctx)
+{
+	if (!s)
+		return STRAP_E_INVALID;
+	int64_t shape[4];
+	char meta[256];
+	int dt, e = ggml_layout(s, name, ggml_type, ne, n_dims, &dt, shape, meta, sizeof meta);
+	if (e)
+		return e;
+	src from = {NULL, fn, ctx};
+	return write_common(s, name, dt, shape, n_dims, &from, nbytes, meta[0] ? meta : NULL);
+}
+
+int strap_session_flush(strap_session *s)
+{
+	if (!s)
+		return STRAP_E_INVALID;
+	pthread_mutex_lock(&s->mu);
+	int e = ss_check(s);
+	if (!e)
+		e = ss_publish(s);
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+int strap_session_begin_forward(strap_session *s)
+{
+	if (!s)
+		return STRAP_E_INVALID;
+	pthread_mutex_lock(&s->mu);
+	s->step = s->tokens;
+	s->forward = s->next_forward++;
+	pthread_mutex_unlock(&s->mu);
+	return STRAP_OK;
+}
+
+int strap_session_set_step(strap_session *s, uint64_t step, uint64_t forward)
+{
+	if (!s)
+		return STRAP_E_INVALID;
+	pthread_mutex_lock(&s->mu);
+	s->step = step;
+	s->forward = forward;
+	if (forward + 1 > s->next_forward)
+		s->next_forward = forward + 1;
+	pthread_mutex_unlock(&s->mu);
+	return STRAP_OK;
+}
+
+int strap_session_token(strap_session *s, int64_t token_id, const char *text, size_t text_len, int64_t position)
+{
+	if (!s)
+		return STRAP_E_INVALID;
+	pthread_mutex_lock(&s->mu);
+	int e = ss_check(s);
+	if (e)
+		goto out;
+	if (text_len && !text) {
+		e = ss_fail(s, STRAP_E_INVALID, "token text is NULL with length %zu", text_len);
+		goto out;
+	}
+	if (!sp_utf8_valid(text, text_len)) {
+		/* strapd refuses it (bad_message) and the session would end */
+		e = ss_fail(s, STRAP_E_INVALID, "token %llu text is not valid UTF-8", (unsigned long long)s->tokens);
+		goto out;
+	}
+	if ((e = drain(s)) || (e = ss_publish(s)))
+		goto out;
+	sw_buf b = ss_out_buf(s);
+	sp_enc_token(&b, s->seq + 1, s->tokens, token_id, text, text_len, position >= 0, position);
+	if (b.overflow) {
+		e = ss_fail(s, STRAP_E_TOO_LARGE, "token %llu text of %zu bytes does not fit one message",
+			    (unsigned long long)s->tokens, text_len);
+		goto out;
+	}
+	if ((e = ss_send_buf(s, &b, NULL, 0)))
+		goto out;
+	s->seq++;
+	s->tokens++;
+out:
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+/* ----- resources, close ----- */
+
+int strap_session_resources(strap_session *s, const char *const *events, const size_t *lens, size_t n)
+{
+	if (!s)
+		return STRAP_E_INVALID;
+	pthread_mutex_lock(&s->mu);
+	int e = ss_check(s);
+	if (e)
+		goto out;
+	if (s->res_fd < 0) {
+		e = ss_fail(s, STRAP_E_INVALID, "resource events need a session opened with params.resources");
+		goto out;
+	}
+	if (n && (!events || !lens)) {
+		e = ss_fail(s, STRAP_E_INVALID, "events or lens is NULL");
+		goto out;
+	}
+	for (size_t next = 0; next < n;) {
+		sw_buf b = ss_out_buf(s);
+		char why[200];
+		e = sp_pack_resources(&b, events, lens, n, &next, why, sizeof why);
+		if (e) {
+			ss_fail(s, e, "%s", why);
+			goto out;
+		}
+		if ((e = ss_send_buf(s, &b, NULL, 0)))
+			goto out;
+	}
+out:
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+int strap_session_close(strap_session *s, strap_closed *out)
+{
+	if (!s)
+		return STRAP_E_INVALID;
+	pthread_mutex_lock(&s->mu);
+	int e = ss_check(s);
+	if (e || (e = ss_publish(s)))
+		goto out;
+	sw_buf b = ss_out_buf(s);
+	sp_enc_close(&b, s->seq, s->head, s->drops);
+	if ((e = ss_send_buf(s, &b, NULL, 0)))
+		goto out;
+	/* CLOSE counted every record up to here: nothing more may go into the ring. */
+	s->shut = true;
+	sp_reply r;
+	if ((e = ss_expect(s, SP_CLOSED, s->stall_timeout > 60 ? s->stall_timeout : 60, &r)))
+		goto out;
+	s->closed = true;
+	if (out) {
+		out->packets = r.u.closed.packets;
+		out->drops = r.u.closed.drops;
+		out->bytes_in = r.u.closed.bytes_in;
+		out->bytes_out = r.u.closed.bytes_out;
+		out->file_bytes = r.u.closed.file_bytes;
+	}
+	/* a clean finish: the checkpoint would only describe a prefix of a complete stream */
+	if (unlink(s->ckpt_path) == 0)
+		ss_fsync_dir(s->ckpt_path);
+out:
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+strap_session_stats strap_session_get_stats(strap_session *s)
+{
+	strap_session_stats st;
+	memset(&st, 0, sizeof st);
+	if (!s)
+		return st;
+	pthread_mutex_lock(&s->mu);
+	st.records = s->records;
+	st.tokens = s->tokens;
+	st.drops = s->drops;
+	st.drop_bytes = s->drop_bytes;
+	st.bytes_in = s->bytes_in;
+	st.publishes = s->publishes;
+	st.checkpoints = s->checkpoints;
+	st.session_id = s->session_id;
+	st.ring_size = s->ring_size;
+	pthread_mutex_unlock(&s->mu);
+	return st;
+}
+
+void strap_session_last_error(strap_session *s, strap_error *out)
+{
+	if (!out)
+		return;
+	if (!s) {
+		memset(out, 0, sizeof *out);
+		return;
+	}
+	pthread_mutex_lock(&s->mu);
+	*out = s->err;
+	pthread_mutex_unlock(&s->mu);
+}
+
+strap_resume_point strap_session_resume_point(const strap_session *s)
+{
+	strap_resume_point p;
+	memset(&p, 0, sizeof p);
+	return s ? s->resume : p;
+}
+
+void strap_session_free(strap_session *s)
+{
+	if (!s)
+		return;
+	if (s->sock >= 0)
+		close(s->sock);
+	if (s->ring && s->ring != MAP_FAILED)
+		munmap(s->ring, s->ring_size);
+	int fds[] = {s->ring_fd, s->out_fd, s->trace_fd, s->res_fd};
+	for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++) {
+		if (fds[i] >= 0)
+			close(fds[i]);
+	}
+	free(s->output_path);
+	free(s->ckpt_path);
+	free(s->fingerprint);
+	free(s->sbuf);
+	free(s->rbuf);
+	pthread_mutex_destroy(&s->mu);
+	free(s);
+}

@@ -1,0 +1,95 @@
+/* The session's state and the helpers its files share (session.c: messages, records, tokens,
+ * resources, close; checkpoint.c: CHECKPOINT and the checkpoint file; open.c: opening a
+ * session and STATUS). Private to the library. */
+#ifndef STRAP_SESSION_H
+#define STRAP_SESSION_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "conn.h"
+#include "internal.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+#ifndef F_SEAL_SEAL
+#define F_SEAL_SEAL 0x0001
+#define F_SEAL_SHRINK 0x0002
+#define F_SEAL_GROW 0x0004
+#define F_ADD_SEALS 1033
+#endif
+
+enum {
+	POPULATE_CHUNK = 4 << 20,
+	DEFAULT_MAX_RING = 1 << 30,
+	MIN_RING = 4096 + 64 * 1024,
+	LOCK_WAIT_S = 30,
+};
+
+struct strap_session {
+	pthread_mutex_t mu;
+	int sock;
+	int ring_fd, out_fd, trace_fd, res_fd;
+	uint8_t *ring;
+	uint64_t ring_size, data_size;
+	uint64_t head, tail, published_head, populated;
+	uint64_t seq, last_tensor_seq;
+	uint64_t step, forward, next_forward, tokens;
+	uint64_t max_record, publish_bytes;
+	uint64_t drops, drop_bytes, records, bytes_in, publishes, checkpoints;
+	uint64_t session_id;
+	int policy;
+	double stall_timeout;
+	bool failed, shut, closed;
+	strap_error err;
+	strap_resume_point resume;
+	char *output_path; /* absolute */
+	char *ckpt_path;
+	char *fingerprint;
+	char *sbuf;     /* one outgoing datagram */
+	uint8_t *rbuf;  /* one incoming datagram */
+	char meta[256]; /* scratch: the fingerprint read from a checkpoint file */
+};
+
+/* Internal symbols carry the library's prefix (a static libstrap.a shares one namespace with
+ * its host). */
+#define ss_fail strap__ss_fail
+#define ss_check strap__ss_check
+#define ss_publish strap__ss_publish
+#define ss_out_buf strap__ss_out_buf
+#define ss_send_buf strap__ss_send_buf
+#define ss_expect strap__ss_expect
+#define ss_fsync_dir strap__ss_fsync_dir
+#define ss_load_checkpoint strap__ss_load_checkpoint
+
+/* Record a failure in s->err; anything but a bad argument ends the session. Returns code. */
+int ss_fail(strap_session *s, int code, const char *fmt, ...) STRAP_PRINTF(3, 4);
+/* STRAP_E_STATE when the session failed or was closed (the lock is held). */
+int ss_check(strap_session *s);
+/* One PUBLISH for every record written since the last one. */
+int ss_publish(strap_session *s);
+/* The session's outgoing datagram buffer, empty. */
+sw_buf ss_out_buf(strap_session *s);
+/* Send one datagram with descriptors; a dead connection reports the daemon's last ERROR. */
+int ss_send_buf(strap_session *s, const sw_buf *b, const int *fds, int nfds);
+/* Wait up to timeout for a message of type want (RELEASE handled, ERROR raised). */
+int ss_expect(strap_session *s, int want, double timeout, sp_reply *r);
+/* fsync the directory holding path. */
+int ss_fsync_dir(const char *path);
+/* Read and check the checkpoint file (the rules of internal/checkpoint Parse). */
+int ss_load_checkpoint(strap_session *s, uint64_t *offset, uint64_t *packets, uint64_t *last_seq, uint64_t *last_crc,
+		       uint64_t *tokens, uint64_t *forwards);
+
+#endif
