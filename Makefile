@@ -134,7 +134,8 @@ $(EIORUN): $(GO_SRC)
 	@mkdir -p bin
 	$(GO) build -o $@ ./internal/faultinject/eiorun
 
-test-python: $(BIN) $(EIORUN) $(VENV)/.stamp chromium $(COMPAT131_DIR)/.stamp
+# compat131-upstream by name: COMPAT131_DIR is set further down, after this line is read.
+test-python: $(BIN) $(EIORUN) $(VENV)/.stamp chromium compat131-upstream
 	STRAPD_BIN=$(CURDIR)/$(BIN) STRAP_EIORUN_BIN=$(CURDIR)/$(EIORUN) $(VPY) -m pytest -q clients/python/tests
 
 # llm_instrumentation 1.3.1's own test suite, run against this package by
