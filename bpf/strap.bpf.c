@@ -132,7 +132,7 @@ struct proc_stats {
 	__u64 openat_count;
 	__u64 openat_failed;
 	__u64 nvidia_opens;
-	__u64 exited;      // 1 once the last thread exited; exit_* are then final
+	__u64 exited;       // 1 once the last thread exited; exit_* are then final
 	__u64 exit_min_flt; // the process's lifetime minflt/majflt as /proc/<pid>/stat showed them
 	__u64 exit_maj_flt;
 	// Per-process totals, kept only for a WATCH_TOTALS process (a traced session's client,
@@ -387,12 +387,30 @@ static __always_inline void count_err(__u32 idx)
 static __always_inline __u32 log2_slot(__u64 v)
 {
 	__u32 slot = 0;
-	if (v >= (1ULL << 32)) { v >>= 32; slot += 32; }
-	if (v >= (1ULL << 16)) { v >>= 16; slot += 16; }
-	if (v >= (1ULL << 8)) { v >>= 8; slot += 8; }
-	if (v >= (1ULL << 4)) { v >>= 4; slot += 4; }
-	if (v >= (1ULL << 2)) { v >>= 2; slot += 2; }
-	if (v >= (1ULL << 1)) { v >>= 1; slot += 1; }
+	if (v >= (1ULL << 32)) {
+		v >>= 32;
+		slot += 32;
+	}
+	if (v >= (1ULL << 16)) {
+		v >>= 16;
+		slot += 16;
+	}
+	if (v >= (1ULL << 8)) {
+		v >>= 8;
+		slot += 8;
+	}
+	if (v >= (1ULL << 4)) {
+		v >>= 4;
+		slot += 4;
+	}
+	if (v >= (1ULL << 2)) {
+		v >>= 2;
+		slot += 2;
+	}
+	if (v >= (1ULL << 1)) {
+		v >>= 1;
+		slot += 1;
+	}
 	if (v)
 		slot += 1;
 	return slot;
@@ -734,8 +752,7 @@ int BPF_PROG(sched_migrate_task, struct task_struct *p, int dest_cpu)
 // ---- per-process: page faults and syscalls ------------------------------------------------
 
 SEC("raw_tp/page_fault_user")
-int BPF_PROG(page_fault_user, unsigned long address, struct pt_regs *regs,
-	     unsigned long error_code)
+int BPF_PROG(page_fault_user, unsigned long address, struct pt_regs *regs, unsigned long error_code)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	if (!current_watched(tgid))
@@ -949,7 +966,7 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 	if (nr < 0)
 		nr = SYSCALL_NR(regs);
 	if (nr < 0)
-		return 0; // no syscall (a tracer or seccomp set it to -1)
+		return 0;                      // no syscall (a tracer or seccomp set it to -1)
 	bool failed = ret < 0 && ret >= -4095; // mmap returns addresses; errors are -4095..-1
 	bool timed = (p.flags & PF_TIMED) && now > p.ts;
 	__u64 ns = timed ? now - p.ts : 0;

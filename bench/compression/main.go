@@ -58,11 +58,11 @@ type tensor struct {
 }
 
 type row struct {
-	variant, corpus, dt          string
-	raw, stored                  int
-	maxAbs, sse, ss              float64
-	encDur, decDur               time.Duration
-	lossless, blocks, exceptions int
+	variant, corpus, dt string
+	raw, stored         int
+	maxAbs, sse, ss     float64
+	encDur, decDur      time.Duration
+	lossless, blocks    int
 }
 
 func run() int {

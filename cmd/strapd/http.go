@@ -13,12 +13,12 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/codec"
 	"github.com/strap-llm/strap/internal/control"
 	"github.com/strap-llm/strap/internal/httpapi"
 	"github.com/strap-llm/strap/internal/metrics"
 	"github.com/strap-llm/strap/internal/server"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // httpConfig is serve's --http* flags (docs/HTTP_API.md).
@@ -77,7 +77,7 @@ type observer struct {
 }
 
 // ObserveSnapshot feeds both the metrics and /api/v1/trace.
-func (o *observer) ObserveSnapshot(s bpf.Snapshot) {
+func (o *observer) ObserveSnapshot(s trace.Snapshot) {
 	o.Metrics.ObserveSnapshot(s)
 	if o.ring != nil {
 		o.ring.Add(s)
@@ -115,6 +115,7 @@ func newObserver(cfg httpConfig, probes bool, srv **server.Server) *observer {
 // before the daemon serves anything.
 func startHTTP(ctx context.Context, cfg httpConfig, srv *server.Server, obs *observer, mode os.FileMode, gid int,
 	log *zap.Logger) (wait func(), err error) {
+	log = log.With(zap.String("component", "http"))
 	apiPath := cfg.apiSocket(srv.Socket())
 	tcp, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
@@ -130,7 +131,7 @@ func startHTTP(ctx context.Context, cfg httpConfig, srv *server.Server, obs *obs
 		trace = obs.ring
 	}
 	api := httpapi.NewHandler(httpapi.Options{Backend: apiBackend{srv}, Trace: trace, MaxFollowers: cfg.MaxFollowers,
-		Log: log.With(zap.String("component", "http"))})
+		Log: log})
 	var wg sync.WaitGroup
 	run := func(name string, serve func() error) {
 		wg.Add(1)

@@ -38,9 +38,9 @@ func TestResumeConfigValidate(t *testing.T) {
 	}
 }
 
-// runResume runs `strapd resume args...` in-process and returns stdout, the error and its
-// exit code.
-func runResume(t *testing.T, args ...string) (string, error, int) {
+// runResume runs `strapd resume args...` in-process and returns stdout, its exit code and
+// the error.
+func runResume(t *testing.T, args ...string) (string, int, error) {
 	t.Helper()
 	cmd := newResumeCmd()
 	var out bytes.Buffer
@@ -56,7 +56,7 @@ func runResume(t *testing.T, args ...string) (string, error, int) {
 			code = ec.ExitCode()
 		}
 	}
-	return out.String(), err, code
+	return out.String(), code, err
 }
 
 // killedCapture writes a stream checkpointed after 2 of 4 tokens whose session then ended
@@ -107,7 +107,7 @@ func TestResumeCommand(t *testing.T) {
 	// Tokens 2 and 3 are intact past the checkpoint: the resume keeps them and cuts the
 	// aborted session's END, INDEX and footer only.
 	endAt := endOffset(t, path)
-	out, err, code := runResume(t, path)
+	out, code, err := runResume(t, path)
 	if err != nil || !strings.Contains(out, "resume from token 4 at byte offset "+fmt.Sprint(endAt)) ||
 		!strings.Contains(out, "2 tokens past the checkpoint (token 2, offset "+fmt.Sprint(ck.StreamOffset)+")") ||
 		!strings.Contains(out, "would cut") || !strings.Contains(out, "END (aborted)") {
@@ -116,7 +116,7 @@ func TestResumeCommand(t *testing.T) {
 	if fileLen(t, path) != size {
 		t.Fatal("a check changed the stream")
 	}
-	out, err, _ = runResume(t, "--list", dir, "--json")
+	out, _, err = runResume(t, "--list", dir, "--json")
 	var es []checkpoint.Entry
 	if err != nil || json.Unmarshal([]byte(out), &es) != nil || len(es) != 1 || !es[0].Resumable || es[0].CutTokens != 0 ||
 		es[0].Source != checkpoint.SourceStream || es[0].ResumeToken != 4 {
@@ -128,28 +128,28 @@ func TestResumeCommand(t *testing.T) {
 	b, _ := json.Marshal(bad)
 	badPath := filepath.Join(dir, "other.json")
 	_ = os.WriteFile(badPath, b, 0o644)
-	out, _, code = runResume(t, path, "--checkpoint", badPath, "--repair")
+	out, code, _ = runResume(t, path, "--checkpoint", badPath, "--repair")
 	if code != 2 || !strings.Contains(out, "NOT resumable") || !strings.Contains(out, "crc") || fileLen(t, path) != size {
 		t.Fatalf("mismatch: exit %d\n%s", code, out)
 	}
-	out, err, _ = runResume(t, path, "--repair")
+	out, _, err = runResume(t, path, "--repair")
 	if err != nil || !strings.Contains(out, "cut ") || fileLen(t, path) != endAt {
 		t.Fatalf("repair: %v\n%s", err, out)
 	}
-	if _, err, code := runResume(t, filepath.Join(dir, "missing.strap")); err == nil || code != 1 {
+	if _, code, err := runResume(t, filepath.Join(dir, "missing.strap")); err == nil || code != 1 {
 		t.Fatalf("missing stream: %v exit %d", err, code)
 	}
 	// Without a checkpoint the stream alone says where to go on.
 	if err := os.Remove(checkpoint.DefaultPath(path)); err != nil {
 		t.Fatal(err)
 	}
-	out, err, _ = runResume(t, path, "--json")
+	out, _, err = runResume(t, path, "--json")
 	var rep checkpoint.Report
 	if err != nil || json.Unmarshal([]byte(out), &rep) != nil || !rep.Resumable || rep.Source != checkpoint.SourceStream ||
 		rep.ResumeToken != 4 || rep.ResumeOffset != endAt || rep.Checkpoint != "" || rep.CutBytes != 0 {
 		t.Fatalf("no checkpoint: %v\n%s", err, out)
 	}
-	out, _, code = runResume(t, filepath.Join(dir, "other.json"))
+	out, code, _ = runResume(t, filepath.Join(dir, "other.json"))
 	if code != 2 || !strings.Contains(out, "no checkpoint, and the stream header is not valid") {
 		t.Fatalf("not a stream: exit %d\n%s", code, out)
 	}

@@ -249,116 +249,7 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 			if err := cfg.validate(); err != nil {
 				return err
 			}
-			notify := func(state string) {
-				if err := server.Notify(state); err != nil {
-					fmt.Fprintln(os.Stderr, "strapd: sd_notify:", err)
-				}
-			}
-			notify("STATUS=starting")
-			base := logger()
-			var logFile *server.LogFile
-			if cfg.LogFile != "" {
-				var err error
-				if logFile, err = server.OpenLogFile(cfg.LogFile); err != nil {
-					return err
-				}
-				defer logFile.Close()
-				ec := zap.NewProductionEncoderConfig()
-				ec.TimeKey = "ts"
-				ec.EncodeTime = zapcore.ISO8601TimeEncoder
-				base = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(ec), logFile, base.Core()))
-			}
-			log := base.With(zap.String("component", "strapd"))
-			defer log.Sync() //nolint:errcheck // stderr sync errors are not actionable
-			// SIGTERM/SIGINT cancel ctx (drain, then exit); SIGHUP only reopens the log.
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			hup := make(chan os.Signal, 1)
-			signal.Notify(hup, syscall.SIGHUP)
-			defer signal.Stop(hup)
-			go func() {
-				for range hup {
-					if logFile == nil {
-						log.Info("SIGHUP: no --log-file to reopen (logging to stderr)")
-						continue
-					}
-					if err := logFile.Reopen(); err != nil {
-						log.Error("SIGHUP: reopen log file", zap.Error(err))
-						continue
-					}
-					log.Info("SIGHUP: log file reopened", zap.String("path", cfg.LogFile))
-				}
-			}()
-			mode, _ := cfg.socketMode()
-			notify("STATUS=opening control socket")
-			ln, err := server.ActivationListener()
-			if err != nil {
-				return err
-			}
-			gid := 0
-			if ln == nil {
-				if gid, err = cfg.socketGID(log, &mode); err != nil {
-					return err
-				}
-			}
-			var srv *server.Server
-			var obs *observer
-			var observe server.Observer // stays a nil interface without --http
-			if cfg.HTTP.Addr != "" {
-				obs = newObserver(cfg.HTTP, !cfg.Probes.Off, &srv)
-				observe = obs
-			}
-			srv = server.New(server.Config{
-				Socket:          control.DaemonSocketPath(cfg.Socket),
-				MemoryLimit:     int64(cfg.Memory.Limit),
-				Workers:         cfg.Pipeline.Workers,
-				MaxSessions:     cfg.Limits.MaxSessions,
-				MaxRingSize:     uint64(cfg.Limits.MaxRingSize),
-				MaxBlockSize:    uint64(cfg.Pipeline.MaxBlockSize),
-				Limits:          shm.Limits{MaxNDim: cfg.Limits.MaxNDim, MaxNameLen: cfg.Limits.MaxNameLen, MaxElements: cfg.Limits.MaxElements},
-				DebugWriteDelay: cfg.Debug.WriteDelay,
-				CPUBudget:       cfg.cpuBudget(),
-				ShutdownTimeout: cfg.ShutdownTimeout,
-				ExitIdle:        cfg.ExitIdle,
-				Version:         version,
-				Access: server.Access{SocketMode: mode, SocketGID: gid,
-					AllowUIDs: toUint32(cfg.Access.AllowUIDs), AllowGIDs: toUint32(cfg.Access.AllowGIDs)},
-				Clients: server.ClientLimits{MaxConns: cfg.Clients.MaxConns, MaxConnsPerUID: cfg.Clients.MaxConnsPerUID,
-					MaxSessionsPerUID: cfg.Clients.MaxSessionsPerUID, ConnectRate: orOff(cfg.Clients.ConnectRate),
-					RequestRate: orOff(cfg.Clients.RequestRate)},
-				Notify: notify,
-				Probes: server.Probes{Enabled: !cfg.Probes.Off, NoBPF: cfg.Probes.NoBPF,
-					Interval: cfg.Probes.Interval, PerThread: cfg.Probes.PerThread, SampleReadWrite: cfg.Probes.SampleReadWrite},
-				Observer: observe,
-			}, log)
-			if ln != nil {
-				srv.UseListener(ln)
-			} else if err := srv.Listen(); err != nil {
-				notify("STATUS=failed: " + err.Error())
-				return err
-			}
-			if obs != nil {
-				if ln != nil { // socket-activated: the API socket still needs its group
-					if gid, err = cfg.socketGID(log, &mode); err != nil {
-						return err
-					}
-				}
-				// HTTP outlives the signal: /metrics and the API answer while sessions drain.
-				hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
-				wait, err := startHTTP(hctx, cfg.HTTP, srv, obs, mode, gid, log)
-				if err != nil {
-					hcancel()
-					notify("STATUS=failed: " + err.Error())
-					return err
-				}
-				defer wait()
-				defer hcancel()
-			}
-			err = srv.Serve(ctx)
-			if errors.Is(err, server.ErrDrainTimeout) {
-				log.Error("exiting with sessions unfinished", zap.Error(err))
-			}
-			return err
+			return runServe(cmd.Context(), cfg, logger())
 		},
 	}
 	f := cmd.Flags()
@@ -464,4 +355,143 @@ func orOff(v float64) float64 {
 		return -1
 	}
 	return v
+}
+
+// runServe runs the daemon until ctx is done or SIGINT/SIGTERM, then drains. base is the
+// root logger, without a component: each part adds its own (strapd for these lines,
+// server, session, probes, http), so no line carries the key twice.
+func runServe(ctx context.Context, cfg serveConfig, base *zap.Logger) error {
+	notify := func(state string) {
+		if err := server.Notify(state); err != nil {
+			fmt.Fprintln(os.Stderr, "strapd: sd_notify:", err)
+		}
+	}
+	notify("STATUS=starting")
+	var logFile *server.LogFile
+	if cfg.LogFile != "" {
+		var err error
+		if logFile, err = server.OpenLogFile(cfg.LogFile); err != nil {
+			return err
+		}
+		defer logFile.Close()
+		base = fileLogger(logFile, base)
+	}
+	log := base.With(zap.String("component", "strapd"))
+	defer log.Sync() //nolint:errcheck // stderr sync errors are not actionable
+	// SIGTERM/SIGINT cancel ctx (drain, then exit); SIGHUP only reopens the log.
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	defer reopenOnHUP(logFile, cfg.LogFile, log)()
+
+	mode, _ := cfg.socketMode()
+	notify("STATUS=opening control socket")
+	ln, err := server.ActivationListener()
+	if err != nil {
+		return err
+	}
+	gid := 0
+	if ln == nil {
+		if gid, err = cfg.socketGID(log, &mode); err != nil {
+			return err
+		}
+	}
+	var srv *server.Server
+	var obs *observer
+	var observe server.Observer // stays a nil interface without --http
+	if cfg.HTTP.Addr != "" {
+		obs = newObserver(cfg.HTTP, !cfg.Probes.Off, &srv)
+		observe = obs
+	}
+	srv = server.New(cfg.serverConfig(mode, gid, notify, observe), base)
+	if ln != nil {
+		srv.UseListener(ln)
+	} else if err := srv.Listen(); err != nil {
+		notify("STATUS=failed: " + err.Error())
+		return err
+	}
+	if obs != nil {
+		if ln != nil { // socket-activated: the API socket still needs its group
+			if gid, err = cfg.socketGID(log, &mode); err != nil {
+				return err
+			}
+		}
+		// HTTP outlives the signal: /metrics and the API answer while sessions drain.
+		hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
+		wait, err := startHTTP(hctx, cfg.HTTP, srv, obs, mode, gid, base)
+		if err != nil {
+			hcancel()
+			notify("STATUS=failed: " + err.Error())
+			return err
+		}
+		defer wait()
+		defer hcancel()
+	}
+	err = srv.Serve(ctx)
+	if errors.Is(err, server.ErrDrainTimeout) {
+		log.Error("exiting with sessions unfinished", zap.Error(err))
+	}
+	return err
+}
+
+// fileLogger writes base's lines as JSON to the --log-file (instead of stderr).
+func fileLogger(f *server.LogFile, base *zap.Logger) *zap.Logger {
+	ec := zap.NewProductionEncoderConfig()
+	ec.TimeKey = "ts"
+	ec.EncodeTime = zapcore.ISO8601TimeEncoder
+	return zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(ec), f, base.Core()))
+}
+
+// reopenOnHUP reopens the --log-file on each SIGHUP (logrotate moved it away) until the
+// returned function is called.
+func reopenOnHUP(f *server.LogFile, path string, log *zap.Logger) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range hup {
+			if f == nil {
+				log.Info("SIGHUP: no --log-file to reopen (logging to stderr)")
+				continue
+			}
+			if err := f.Reopen(); err != nil {
+				log.Error("SIGHUP: reopen log file", zap.Error(err))
+				continue
+			}
+			log.Info("SIGHUP: log file reopened", zap.String("path", path))
+		}
+	}()
+	return func() {
+		signal.Stop(hup)
+		close(hup)
+		<-done
+	}
+}
+
+// serverConfig is the server's part of the command line, with the control socket's mode
+// and group as resolved.
+func (c *serveConfig) serverConfig(mode os.FileMode, gid int, notify func(string), observe server.Observer) server.Config {
+	return server.Config{
+		Socket:          control.DaemonSocketPath(c.Socket),
+		MemoryLimit:     int64(c.Memory.Limit),
+		Workers:         c.Pipeline.Workers,
+		MaxSessions:     c.Limits.MaxSessions,
+		MaxRingSize:     uint64(c.Limits.MaxRingSize),
+		MaxBlockSize:    uint64(c.Pipeline.MaxBlockSize),
+		Limits:          shm.Limits{MaxNDim: c.Limits.MaxNDim, MaxNameLen: c.Limits.MaxNameLen, MaxElements: c.Limits.MaxElements},
+		DebugWriteDelay: c.Debug.WriteDelay,
+		CPUBudget:       c.cpuBudget(),
+		ShutdownTimeout: c.ShutdownTimeout,
+		ExitIdle:        c.ExitIdle,
+		Version:         version,
+		Access: server.Access{SocketMode: mode, SocketGID: gid,
+			AllowUIDs: toUint32(c.Access.AllowUIDs), AllowGIDs: toUint32(c.Access.AllowGIDs)},
+		Clients: server.ClientLimits{MaxConns: c.Clients.MaxConns, MaxConnsPerUID: c.Clients.MaxConnsPerUID,
+			MaxSessionsPerUID: c.Clients.MaxSessionsPerUID, ConnectRate: orOff(c.Clients.ConnectRate),
+			RequestRate: orOff(c.Clients.RequestRate)},
+		Notify: notify,
+		Probes: server.Probes{Enabled: !c.Probes.Off, NoBPF: c.Probes.NoBPF,
+			Interval: c.Probes.Interval, PerThread: c.Probes.PerThread, SampleReadWrite: c.Probes.SampleReadWrite},
+		Observer: observe,
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/units"
 )
 
 func newStatusCmd() *cobra.Command {
@@ -55,7 +56,7 @@ func printStatus(w io.Writer, rep control.StatusReply) error {
 	d := rep.Daemon
 	fmt.Fprintf(w, "strapd %s  pid %d  up %s  socket %s\n", d.Version, d.PID,
 		(time.Duration(d.UptimeS * float64(time.Second))).Round(time.Second), d.Socket)
-	fmt.Fprintf(w, "memory %s of %s  sessions %d\n", human(d.MemoryUsed), human(d.MemoryLimit), d.Sessions)
+	fmt.Fprintf(w, "memory %s of %s  sessions %d\n", units.Bytes(float64(d.MemoryUsed)), units.Bytes(float64(d.MemoryLimit)), d.Sessions)
 	if d.CPUBudget != nil {
 		fmt.Fprintf(w, "cpu budget %g CPUs for compression  %d blocks stored raw over it\n", *d.CPUBudget, d.CPURawBlocks)
 	}
@@ -86,7 +87,7 @@ func printStatus(w io.Writer, rep control.StatusReply) error {
 			ratio = fmt.Sprintf("%.2fx", s.Ratio)
 		}
 		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t%.0f%%\t%d\t%d\t%s\t%s\t%s\n", s.Session, s.PID, s.UID,
-			s.ModelClass, s.Codec, secs(s.AgeS), human(int64(s.BytesIn)), human(int64(s.BytesOut)), ratio, s.InMBps, s.OutMBps,
+			s.ModelClass, s.Codec, secs(s.AgeS), units.Bytes(float64(s.BytesIn)), units.Bytes(float64(s.BytesOut)), ratio, s.InMBps, s.OutMBps,
 			100*s.RingFill, s.Drops, s.Tokens, res, ck, s.OutputPath)
 	}
 	return tw.Flush()
@@ -99,17 +100,4 @@ func secs(s float64) string {
 		return d.Round(100 * time.Millisecond).String()
 	}
 	return d.Round(time.Second).String()
-}
-
-func human(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%dB", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

@@ -20,6 +20,8 @@ import (
 
 	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/trace"
+	"github.com/strap-llm/strap/internal/units"
 )
 
 // topConfig is everything `strapd top` is told on its command line.
@@ -252,7 +254,7 @@ func procComm(pid int) string {
 }
 
 // quantileUs is the upper bound in µs of the log2 bucket holding quantile q; -1 when empty.
-func quantileUs(buckets []bpf.Bucket, q float64) int64 {
+func quantileUs(buckets []trace.Bucket, q float64) int64 {
 	var total uint64
 	for _, b := range buckets {
 		total += b.Count
@@ -293,7 +295,7 @@ func perSec(n uint64, s float64) float64 {
 
 // renderTop draws one screen. It is a pure function of its inputs so tests can check
 // the text without a terminal.
-func renderTop(b *strings.Builder, s bpf.Snapshot, st *topSessions, v *topView, comm func(int) string, width int) {
+func renderTop(b *strings.Builder, s trace.Snapshot, st *topSessions, v *topView, comm func(int) string, width int) {
 	line := func(format string, a ...any) {
 		l := fmt.Sprintf(format, a...)
 		if r := []rune(l); len(r) > width {
@@ -305,7 +307,7 @@ func renderTop(b *strings.Builder, s bpf.Snapshot, st *topSessions, v *topView, 
 	line("strapd top  %s  every %.1fs  watched %d  (q quits)", s.ISOTimestamp, s.IntervalS, len(s.Watched))
 
 	var psi []string
-	for _, r := range bpf.PSIResources {
+	for _, r := range trace.PSIResources {
 		p, ok := s.Pressure[r]
 		if !ok || p.Some == nil {
 			continue
@@ -324,7 +326,7 @@ func renderTop(b *strings.Builder, s bpf.Snapshot, st *topSessions, v *topView, 
 
 	line("")
 	line("DISK          R IOPS   W IOPS    R MB/s    W MB/s  LAT p50  LAT p99  IN-FLIGHT")
-	hist := map[string][]bpf.Bucket{}
+	hist := map[string][]trace.Bucket{}
 	for _, h := range s.LatencyHistogram {
 		hist[h.DeviceName] = h.Buckets
 	}
@@ -353,7 +355,7 @@ func renderTop(b *strings.Builder, s bpf.Snapshot, st *topSessions, v *topView, 
 		sc := s.Sched[k]
 		rss := "-"
 		if m, ok := s.Memory[k]; ok {
-			rss = human(int64(m.RSSBytes))
+			rss = units.Bytes(float64(m.RSSBytes))
 		}
 		rq := s.RunqueueLatency[k].Buckets
 		ms := func(ns uint64) float64 { return perSec(ns, s.IntervalS) / 1e6 }
@@ -363,7 +365,7 @@ func renderTop(b *strings.Builder, s bpf.Snapshot, st *topSessions, v *topView, 
 			fmtUs(quantileUs(rq, 0.5)), fmtUs(quantileUs(rq, 0.99)), perSec(sc.Voluntary+sc.Involuntary, s.IntervalS))
 		type named struct {
 			name string
-			l    bpf.LatencyStats
+			l    trace.LatencyStats
 		}
 		var calls []named
 		for n, l := range s.SyscallLatency[k] {

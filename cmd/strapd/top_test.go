@@ -16,14 +16,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/control"
 	"github.com/strap-llm/strap/internal/control/controltest"
 	"github.com/strap-llm/strap/internal/dtype"
 	"github.com/strap-llm/strap/internal/shm"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
-func goldenSnapshot(t *testing.T) bpf.Snapshot {
+func goldenSnapshot(t *testing.T) trace.Snapshot {
 	t.Helper()
 	f, err := os.Open("../../testdata/trace/snapshot.golden.jsonl")
 	if err != nil {
@@ -33,7 +33,7 @@ func goldenSnapshot(t *testing.T) bpf.Snapshot {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(nil, 1<<20)
 	sc.Scan()
-	var s bpf.Snapshot
+	var s trace.Snapshot
 	if err := json.Unmarshal(sc.Bytes(), &s); err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestRenderTop(t *testing.T) {
 	}
 	b.Reset()
 	v.daemonErr = "connect /x: no such file or directory"
-	renderTop(&b, bpf.Snapshot{}, nil, v, procComm, 80)
+	renderTop(&b, trace.Snapshot{}, nil, v, procComm, 80)
 	for _, want := range []string{"(no completed requests)", "(no watched process", "SESSIONS  no daemon: connect /x"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("empty screen lacks %q:\n%s", want, b.String())
@@ -86,20 +86,20 @@ func TestRenderTop(t *testing.T) {
 }
 
 func TestQuantileUs(t *testing.T) {
-	bk := func(slot int, n uint64) bpf.Bucket {
-		return bpf.Bucket{Slot: slot, Count: n, BucketLow: (1 << slot) >> 1, BucketHigh: 1<<slot - 1}
+	bk := func(slot int, n uint64) trace.Bucket {
+		return trace.Bucket{Slot: slot, Count: n, BucketLow: (1 << slot) >> 1, BucketHigh: 1<<slot - 1}
 	}
 	for _, tc := range []struct {
 		name string
-		b    []bpf.Bucket
+		b    []trace.Bucket
 		q    float64
 		want int64
 	}{
 		{"empty", nil, 0.5, -1},
-		{"one bucket", []bpf.Bucket{bk(3, 5)}, 0.99, 8},
-		{"median in first", []bpf.Bucket{bk(1, 6), bk(10, 4)}, 0.5, 2},
-		{"p99 in last", []bpf.Bucket{bk(1, 6), bk(10, 4)}, 0.99, 1024},
-		{"zero-µs slot", []bpf.Bucket{bk(0, 1)}, 0.5, 1},
+		{"one bucket", []trace.Bucket{bk(3, 5)}, 0.99, 8},
+		{"median in first", []trace.Bucket{bk(1, 6), bk(10, 4)}, 0.5, 2},
+		{"p99 in last", []trace.Bucket{bk(1, 6), bk(10, 4)}, 0.99, 1024},
+		{"zero-µs slot", []trace.Bucket{bk(0, 1)}, 0.5, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := quantileUs(tc.b, tc.q); got != tc.want {

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/strap-llm/strap/internal/bpf"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // traceConfig is everything `strapd trace` is told on its command line.
@@ -127,14 +128,14 @@ func runTrace(parent context.Context, cfg traceConfig, log *zap.Logger) error {
 	}
 	defer col.Close()
 
-	var w *bpf.Writer
+	var w *trace.Writer
 	if !cfg.NoOutput {
-		wopts := bpf.WriterOptions{FlushEvery: cfg.FlushEvery, Fsync: cfg.Fsync}
+		wopts := trace.WriterOptions{FlushEvery: cfg.FlushEvery, Fsync: cfg.Fsync}
 		if cfg.Output == "-" {
-			w = bpf.NewWriter(os.Stdout, wopts)
+			w = trace.NewWriter(os.Stdout, wopts)
 		} else {
 			var cut int64
-			w, cut, err = bpf.OpenFile(cfg.Output, wopts)
+			w, cut, err = trace.OpenFile(cfg.Output, wopts)
 			if err != nil {
 				return fmt.Errorf("trace: %w", err)
 			}
@@ -146,9 +147,9 @@ func runTrace(parent context.Context, cfg traceConfig, log *zap.Logger) error {
 	log.Info("tracing", zap.Float64("interval_s", cfg.IntervalS), zap.String("output", cfg.Output),
 		zap.Bool("no_output", cfg.NoOutput), zap.Ints("watched", col.Status().Watched))
 
-	var spans *bpf.SpanTail
+	var spans *trace.SpanTail
 	if cfg.Spans != "" {
-		if spans, err = bpf.NewSpanTail(cfg.Spans, true); err != nil {
+		if spans, err = trace.NewSpanTail(cfg.Spans, true); err != nil {
 			return fmt.Errorf("trace: %w", err)
 		}
 	}
@@ -167,7 +168,7 @@ func runTrace(parent context.Context, cfg traceConfig, log *zap.Logger) error {
 			}
 		}
 		if w == nil {
-			return bpf.FormatText(os.Stdout, s)
+			return trace.FormatText(os.Stdout, s)
 		}
 		return w.Write(s)
 	}

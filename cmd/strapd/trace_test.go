@@ -9,7 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/strap-llm/strap/internal/bpf"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 func TestTraceConfigValidate(t *testing.T) {
@@ -59,7 +59,7 @@ func TestRunTraceWritesSnapshots(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	snaps, err := bpf.ReadSnapshots(f)
+	snaps, err := trace.ReadSnapshots(f)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestRunTraceWritesSnapshots(t *testing.T) {
 		t.Fatalf("%d snapshots, want 3", len(snaps))
 	}
 	for _, s := range snaps {
-		if s.Collectors[bpf.CollectorPageFaults] != bpf.SourceProc || len(s.Watched) == 0 || s.IntervalS <= 0 {
+		if s.Collectors[trace.CollectorPageFaults] != trace.SourceProc || len(s.Watched) == 0 || s.IntervalS <= 0 {
 			t.Fatalf("snapshot %+v", s)
 		}
 	}

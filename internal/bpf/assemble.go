@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // maxSlots is the number of log2 latency slots kept by the probes.
@@ -36,7 +38,7 @@ type threadCounters struct {
 
 type procCounters struct {
 	pageFaults uint64
-	sys        Syscalls
+	sys        trace.Syscalls
 	// exited is set by the probe when the last thread exited; exitFaults are then the
 	// lifetime counters /proc would have shown.
 	exited     bool
@@ -53,19 +55,19 @@ type rawCounters struct {
 	syncs    map[tgidID]latCounters // by (tgid, sync-wait kind)
 	runq     map[uint32]latCounters
 	ioctl    map[uint32]latCounters
-	tcp      map[uint32]TCP
+	tcp      map[uint32]trace.TCP
 	errs     [numDrops]uint64
 	stale    uint64 // in-flight entries older than staleAfter, deleted by read
-	progs    []ProgStats
+	progs    []trace.ProgStats
 }
 
 // Snapshot returns the kernel behaviour since the previous Snapshot (or Start). It never
 // fails: a source that cannot be read leaves its fields empty and the reason is in Status.
-func (c *Collector) Snapshot() Snapshot {
+func (c *Collector) Snapshot() trace.Snapshot {
 	c.mu.Lock()
 	sessFn := c.sessions
 	c.mu.Unlock()
-	sessions := []Session{}
+	sessions := []trace.Session{}
 	if sessFn != nil {
 		if got := sessFn(); got != nil {
 			sessions = got
@@ -75,9 +77,9 @@ func (c *Collector) Snapshot() Snapshot {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()
-	s := newSnapshot()
+	s := trace.NewSnapshot()
 	s.Sessions = sessions
-	s.stamp(now, now.Sub(c.last))
+	s.Stamp(now, now.Sub(c.last))
 	c.last = now
 	for _, name := range collectorOrder {
 		s.Collectors[name] = c.status[name].Source
@@ -90,7 +92,7 @@ func (c *Collector) Snapshot() Snapshot {
 	if c.probes != nil {
 		var err error
 		if raw, err = c.probes.read(true); err != nil {
-			c.log.Warn("read probes", zap.String("component", "bpf"), zap.Error(err))
+			c.log.Warn("read probes", zap.Error(err))
 		}
 		opens, lost := c.probes.drainOpens(maxOpensPerInterval)
 		s.DeviceOpens = append(s.DeviceOpens, opens...)
@@ -118,7 +120,7 @@ func (c *Collector) Snapshot() Snapshot {
 	c.blockIO(&s, raw)
 	c.perProcess(&s, raw)
 
-	if c.status[CollectorPressure].Source == SourceProc {
+	if c.status[trace.CollectorPressure].Source == trace.SourceProc {
 		if p, err := ReadPSI(c.opts.ProcRoot); err == nil && len(p) > 0 {
 			s.Pressure = p
 		}
@@ -128,7 +130,7 @@ func (c *Collector) Snapshot() Snapshot {
 	return s
 }
 
-func (c *Collector) blockIO(s *Snapshot, raw rawCounters) {
+func (c *Collector) blockIO(s *trace.Snapshot, raw rawCounters) {
 	secs := s.IntervalS
 	rate := func(n uint64) float64 {
 		if secs <= 0 {
@@ -136,22 +138,22 @@ func (c *Collector) blockIO(s *Snapshot, raw rawCounters) {
 		}
 		return float64(n) / secs
 	}
-	switch c.status[CollectorBlockIO].Source {
-	case SourceBPF:
+	switch c.status[trace.CollectorBlockIO].Source {
+	case trace.SourceBPF:
 		devs := slices.Sorted(maps.Keys(raw.devs))
 		for _, dev := range devs {
 			cur, prev := raw.devs[dev], c.prev.devs[dev]
 			name := c.devs.name(dev)
-			h := DeviceHistogram{DeviceName: name, Device: devString(dev), Buckets: []Bucket{}}
+			h := trace.DeviceHistogram{DeviceName: name, Device: devString(dev), Buckets: []trace.Bucket{}}
 			for slot := range maxSlots {
 				n := sub(cur.slots[slot], prev.slots[slot])
 				if n == 0 {
 					continue
 				}
 				h.Total += n
-				h.Buckets = append(h.Buckets, Bucket{Slot: slot, Count: n, BucketLow: (uint64(1) << slot) >> 1, BucketHigh: uint64(1)<<slot - 1})
+				h.Buckets = append(h.Buckets, trace.Bucket{Slot: slot, Count: n, BucketLow: (uint64(1) << slot) >> 1, BucketHigh: uint64(1)<<slot - 1})
 			}
-			io := DeviceIO{DeviceName: name,
+			io := trace.DeviceIO{DeviceName: name,
 				ReadIOs: sub(cur.ios[0], prev.ios[0]), WriteIOs: sub(cur.ios[1], prev.ios[1]), OtherIOs: sub(cur.ios[2], prev.ios[2]),
 				ReadBytes: sub(cur.bytes[0], prev.bytes[0]), WriteBytes: sub(cur.bytes[1], prev.bytes[1]), OtherBytes: sub(cur.bytes[2], prev.bytes[2]),
 			}
@@ -175,13 +177,13 @@ func (c *Collector) blockIO(s *Snapshot, raw rawCounters) {
 			}
 		}
 		for _, dev := range slices.Sorted(maps.Keys(seen)) {
-			s.Inflight = append(s.Inflight, DeviceCount{DeviceName: c.devs.name(dev), Count: raw.inflight[dev]})
+			s.Inflight = append(s.Inflight, trace.DeviceCount{DeviceName: c.devs.name(dev), Count: raw.inflight[dev]})
 		}
-	case SourceProc:
+	case trace.SourceProc:
 		cur := c.readDiskstats()
 		for _, dev := range slices.Sorted(maps.Keys(cur)) {
 			d, p := cur[dev], c.prevDisk[dev]
-			io := DeviceIO{DeviceName: d.name,
+			io := trace.DeviceIO{DeviceName: d.name,
 				ReadIOs: sub(d.reads, p.reads), WriteIOs: sub(d.writes, p.writes),
 				ReadBytes: sub(d.readBytes, p.readBytes), WriteBytes: sub(d.writeBytes, p.writeBytes)}
 			io.ReadIOPS, io.WriteIOPS = rate(io.ReadIOs), rate(io.WriteIOs)
@@ -189,7 +191,7 @@ func (c *Collector) blockIO(s *Snapshot, raw rawCounters) {
 				s.BlockIO = append(s.BlockIO, io)
 			}
 			if io.ReadIOs+io.WriteIOs > 0 || d.inflight > 0 {
-				s.Inflight = append(s.Inflight, DeviceCount{DeviceName: d.name, Count: d.inflight})
+				s.Inflight = append(s.Inflight, trace.DeviceCount{DeviceName: d.name, Count: d.inflight})
 			}
 		}
 		c.prevDisk = cur
@@ -218,11 +220,11 @@ func (c *Collector) readDiskstats() map[uint32]diskStat {
 	return all
 }
 
-func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
-	bpfFaults := c.status[CollectorPageFaults].Source == SourceBPF
-	bpfSys := c.status[CollectorSyscalls].Source == SourceBPF
-	bpfOff := c.status[CollectorOffCPU].Source == SourceBPF
-	bpfSched := c.status[CollectorSched].Source == SourceBPF
+func (c *Collector) perProcess(s *trace.Snapshot, raw rawCounters) {
+	bpfFaults := c.status[trace.CollectorPageFaults].Source == trace.SourceBPF
+	bpfSys := c.status[trace.CollectorSyscalls].Source == trace.SourceBPF
+	bpfOff := c.status[trace.CollectorOffCPU].Source == trace.SourceBPF
+	bpfSched := c.status[trace.CollectorSched].Source == trace.SourceBPF
 
 	// Every process to report: the watched ones and any the kernel counted through a
 	// watched cgroup.
@@ -253,7 +255,7 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 	for pid := range pids {
 		key := pidKey(pid)
 		alive := pidAlive(c.opts.ProcRoot, pid)
-		var pf PageFaults
+		var pf trace.PageFaults
 		f, err := readProcFaults(c.procFS, pid)
 		if pc := raw.procs[uint32(pid)]; err != nil && pc.exited {
 			f, err = pc.exitFaults, nil
@@ -265,17 +267,17 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 			c.prevProc[pid] = f
 		}
 		if bpfFaults {
-			pf.Source = SourceBPF
+			pf.Source = trace.SourceBPF
 			pf.User = sub(raw.procs[uint32(pid)].pageFaults, c.prev.procs[uint32(pid)].pageFaults)
 			s.PageFaults[key] = pf.User
 		} else {
-			pf.Source = SourceProc
+			pf.Source = trace.SourceProc
 			s.PageFaults[key] = pf.Minor + pf.Major
 		}
 		s.PageFaultsDetail[key] = pf
 		if bpfSys {
 			cur, prev := raw.procs[uint32(pid)].sys, c.prev.procs[uint32(pid)].sys
-			s.Syscalls[key] = Syscalls{
+			s.Syscalls[key] = trace.Syscalls{
 				MmapCount: sub(cur.MmapCount, prev.MmapCount), MmapBytes: sub(cur.MmapBytes, prev.MmapBytes),
 				MlockCount: sub(cur.MlockCount, prev.MlockCount), MlockBytes: sub(cur.MlockBytes, prev.MlockBytes),
 				MunlockCount: sub(cur.MunlockCount, prev.MunlockCount), MunlockBytes: sub(cur.MunlockBytes, prev.MunlockBytes),
@@ -284,14 +286,14 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 			}
 		}
 		if bpfOff {
-			s.OffCPU[key] = OffCPU{}
+			s.OffCPU[key] = trace.OffCPU{}
 			s.OffCPUNs[key] = 0
 		}
 		c.kernelStats(s, raw, pid, key)
 		if alive {
 			c.threadCPU(s, pid, key)
 		}
-		if alive && c.status[CollectorMemory].Source == SourceProc {
+		if alive && c.status[trace.CollectorMemory].Source == trace.SourceProc {
 			if m, err := readMemory(c.procFS, pid); err == nil {
 				s.Memory[key] = m
 			}
@@ -300,9 +302,9 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 			c.numaPages(s, pid, key)
 		}
 		if bpfSched {
-			s.Sched[key] = Sched{Source: SourceBPF}
+			s.Sched[key] = trace.Sched{Source: trace.SourceBPF}
 		} else if v, i, err := ctxSwitches(c.procFS, pid); err == nil {
-			sc := Sched{Source: SourceProc}
+			sc := trace.Sched{Source: trace.SourceProc}
 			if prev, ok := c.prevCtx[pid]; ok {
 				sc.Voluntary, sc.Involuntary = sub(v, prev[0]), sub(i, prev[1])
 			}
@@ -332,8 +334,8 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 		if prev.tgid != cur.tgid {
 			prev = threadCounters{}
 		}
-		t := Thread{TID: int(tid), PID: int(cur.tgid),
-			OffCPU:    OffCPU{RunnableNs: sub(cur.runnable, prev.runnable), SleepNs: sub(cur.sleep, prev.sleep), IONs: sub(cur.io, prev.io)},
+		t := trace.Thread{TID: int(tid), PID: int(cur.tgid),
+			OffCPU:    trace.OffCPU{RunnableNs: sub(cur.runnable, prev.runnable), SleepNs: sub(cur.sleep, prev.sleep), IONs: sub(cur.io, prev.io)},
 			Voluntary: sub(cur.nvcsw, prev.nvcsw), Involuntary: sub(cur.nivcsw, prev.nivcsw), Migrations: sub(cur.migration, prev.migration)}
 		t.BlockedNs = t.SleepNs + t.IONs
 		key := pidKey(t.PID)
@@ -348,13 +350,13 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 		}
 		if bpfSched {
 			sc := s.Sched[key]
-			sc.Source = SourceBPF
+			sc.Source = trace.SourceBPF
 			sc.Voluntary += t.Voluntary
 			sc.Involuntary += t.Involuntary
 			sc.Migrations += t.Migrations
 			if c.numaNodes > 1 {
 				if s.NUMA == nil {
-					s.NUMA = map[string]NUMA{}
+					s.NUMA = map[string]trace.NUMA{}
 				}
 				n := s.NUMA[key]
 				n.CrossNodeMigrations += sub(cur.crossNode, prev.crossNode)
@@ -377,30 +379,30 @@ func (c *Collector) perProcess(s *Snapshot, raw rawCounters) {
 
 // kernelStats adds pid's syscall, sync-wait, run-queue, nvidia ioctl and TCP numbers of
 // the interval to s, for the collectors that run on bpf.
-func (c *Collector) kernelStats(s *Snapshot, raw rawCounters, pid int, key string) {
+func (c *Collector) kernelStats(s *trace.Snapshot, raw rawCounters, pid int, key string) {
 	tgid := uint32(pid)
-	on := func(name string) bool { return c.status[name].Source == SourceBPF }
-	if on(CollectorSyscallLatency) {
+	on := func(name string) bool { return c.status[name].Source == trace.SourceBPF }
+	if on(trace.CollectorSyscallLatency) {
 		if m := byTgid(raw.syscalls, c.prev.syscalls, tgid, syscallName); m != nil {
 			s.SyscallLatency[key] = m
 		}
 	}
-	if on(CollectorSyncWait) {
+	if on(trace.CollectorSyncWait) {
 		if m := byTgid(raw.syncs, c.prev.syncs, tgid, syncKindName); m != nil {
 			s.SyncWait[key] = m
 		}
 	}
-	if on(CollectorRunqueue) {
+	if on(trace.CollectorRunqueue) {
 		if l, ok := latDelta(raw.runq[tgid], c.prev.runq[tgid]); ok {
 			s.RunqueueLatency[key] = l
 		}
 	}
-	if on(CollectorNvidiaIoctl) {
+	if on(trace.CollectorNvidiaIoctl) {
 		if l, ok := latDelta(raw.ioctl[tgid], c.prev.ioctl[tgid]); ok {
 			s.NvidiaIoctl[key] = l
 		}
 	}
-	if on(CollectorTCP) {
+	if on(trace.CollectorTCP) {
 		if t, ok := tcpDelta(raw.tcp[tgid], c.prev.tcp[tgid]); ok {
 			s.TCP[key] = t
 		}
@@ -422,8 +424,8 @@ func (raw *rawCounters) forget(tgid uint32) {
 	}
 }
 
-func sortProgs(p []ProgStats) {
-	slices.SortFunc(p, func(a, b ProgStats) int {
+func sortProgs(p []trace.ProgStats) {
+	slices.SortFunc(p, func(a, b trace.ProgStats) int {
 		if a.Program < b.Program {
 			return -1
 		}
@@ -436,17 +438,3 @@ func sortProgs(p []ProgStats) {
 
 // ne is the host byte order of the probes' records (the object is built little-endian).
 var ne = binary.LittleEndian
-
-// newSnapshot returns a Snapshot whose lists and maps are empty rather than nil, so every
-// line has [] / {} where there is nothing to report.
-func newSnapshot() Snapshot {
-	return Snapshot{
-		Sessions: []Session{}, Watched: []int{}, LatencyHistogram: []DeviceHistogram{}, Inflight: []DeviceCount{},
-		BlockIO: []DeviceIO{}, OffCPUNs: map[string]uint64{}, OffCPU: map[string]OffCPU{}, PageFaults: map[string]uint64{},
-		PageFaultsDetail: map[string]PageFaults{}, Syscalls: map[string]Syscalls{}, DeviceOpens: []DeviceOpen{},
-		Sched: map[string]Sched{}, Collectors: map[string]string{}, BPFStats: []ProgStats{}, Drops: map[string]uint64{},
-		SyscallLatency: map[string]map[string]LatencyStats{}, SyncWait: map[string]map[string]LatencyStats{},
-		RunqueueLatency: map[string]LatencyStats{}, NvidiaIoctl: map[string]LatencyStats{}, TCP: map[string]TCP{},
-		Memory: map[string]Memory{},
-	}
-}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // TestBlockIODirectWrite writes a known number of O_DIRECT blocks to a file on a real
@@ -46,7 +48,7 @@ func TestBlockIODirectWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := c.Snapshot()
-	var hist *DeviceHistogram
+	var hist *trace.DeviceHistogram
 	for i := range s.LatencyHistogram {
 		if s.LatencyHistogram[i].Device == devString(dev) {
 			hist = &s.LatencyHistogram[i]
@@ -59,7 +61,7 @@ func TestBlockIODirectWrite(t *testing.T) {
 		t.Fatalf("%s: histogram total %d, want >= %d", hist.DeviceName, hist.Total, writes)
 	}
 	t.Logf("%s: %d completions, buckets %+v", name, hist.Total, hist.Buckets)
-	var wr DeviceIO
+	var wr trace.DeviceIO
 	for _, d := range s.BlockIO {
 		if d.DeviceName == name {
 			wr = d
@@ -135,7 +137,7 @@ func TestOffCPUSleep(t *testing.T) {
 	if s.OffCPUNs[key] != o.BlockedNs+o.RunnableNs {
 		t.Errorf("off_cpu_ns %d != blocked %d + runnable %d", s.OffCPUNs[key], o.BlockedNs, o.RunnableNs)
 	}
-	if sc := s.Sched[key]; sc.Voluntary < 1 || sc.Source != SourceBPF {
+	if sc := s.Sched[key]; sc.Voluntary < 1 || sc.Source != trace.SourceBPF {
 		t.Errorf("sched %+v: want >= 1 voluntary switch from bpf", sc)
 	}
 	found := false
@@ -164,7 +166,7 @@ func TestPageFaults(t *testing.T) {
 	if got := s.PageFaults[strconv.Itoa(watched.pid)]; got < pages {
 		t.Fatalf("watched child: %d user page faults, want >= %d", got, pages)
 	}
-	if d := s.PageFaultsDetail[strconv.Itoa(watched.pid)]; d.Source != SourceBPF || d.Minor+d.Major < pages {
+	if d := s.PageFaultsDetail[strconv.Itoa(watched.pid)]; d.Source != trace.SourceBPF || d.Minor+d.Major < pages {
 		t.Errorf("page fault detail %+v: want source bpf and the /proc split (kept at exit) >= %d", d, pages)
 	}
 	if got, ok := s.PageFaults[strconv.Itoa(other.pid)]; ok {

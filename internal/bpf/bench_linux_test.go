@@ -10,6 +10,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // BenchmarkProbeEvents measures the probes' own cost: each iteration maps a page, faults
@@ -39,7 +41,7 @@ func BenchmarkProbeEvents(b *testing.B) {
 
 // reportProgStats reports, for every attached program, its runs per iteration and, when it
 // ran, its ns per run: a program absent from the events columns was attached but not fired.
-func reportProgStats(b *testing.B, s Snapshot) {
+func reportProgStats(b *testing.B, s trace.Snapshot) {
 	b.Helper()
 	if s.StatsMissing() {
 		b.Fatal("no BPF run statistics")
@@ -156,25 +158,11 @@ func startAttachedB(b *testing.B) *Collector {
 	}
 	b.Cleanup(func() { c.Close() })
 	for _, st := range c.Status().Collectors {
-		if st.Source != SourceBPF && st.Name != CollectorPressure && st.Name != CollectorMemory {
+		if st.Source != trace.SourceBPF && st.Name != trace.CollectorPressure && st.Name != trace.CollectorMemory {
 			b.Fatalf("collector %s not on bpf: %s", st.Name, st.Error)
 		}
 	}
 	return c
-}
-
-// BenchmarkWriterWrite encodes and writes one full snapshot line per iteration.
-func BenchmarkWriterWrite(b *testing.B) {
-	s := sampleSnapshot()
-	w := NewWriter(io.Discard, WriterOptions{})
-	line, _ := jsonLine(s)
-	b.ReportAllocs()
-	b.SetBytes(int64(len(line)))
-	for range b.N {
-		if err := w.Write(s); err != nil {
-			b.Fatal(err)
-		}
-	}
 }
 
 // BenchmarkProcessTotals is the daemon's cost per TOKEN of a traced session: one reading

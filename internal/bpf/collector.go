@@ -14,46 +14,8 @@ import (
 	"github.com/prometheus/procfs/blockdevice"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
-)
 
-// Collector names, as used in Status and in a snapshot's "collectors" field.
-const (
-	// CollectorBlockIO is system-wide block I/O latency, IOPS, bytes and in-flight.
-	CollectorBlockIO = "block_io"
-	// CollectorOffCPU is off-CPU time per watched process, split by reason.
-	CollectorOffCPU = "off_cpu"
-	// CollectorPageFaults is user page faults per watched process.
-	CollectorPageFaults = "page_faults"
-	// CollectorSyscalls is mmap/mlock/munlock/openat per watched process.
-	CollectorSyscalls = "syscalls"
-	// CollectorSched is context switches and migrations per watched process.
-	CollectorSched = "sched"
-	// CollectorPressure is /proc/pressure (PSI).
-	CollectorPressure = "pressure"
-	// CollectorSyscallLatency is every syscall's count, errors and latency per watched
-	// process.
-	CollectorSyscallLatency = "syscall_latency"
-	// CollectorSyncWait is futex/epoll/poll/ppoll/clock_nanosleep wait latency per watched
-	// process.
-	CollectorSyncWait = "sync_wait"
-	// CollectorRunqueue is run-queue latency (runnable until on a CPU) per watched process.
-	CollectorRunqueue = "runqueue"
-	// CollectorNvidiaIoctl is ioctl latency on nvidia-named files per watched process.
-	CollectorNvidiaIoctl = "nvidia_ioctl"
-	// CollectorTCP is TCP bytes and retransmits per watched process.
-	CollectorTCP = "tcp"
-	// CollectorMemory is the resident set size per watched process (/proc).
-	CollectorMemory = "memory"
-)
-
-// Sources of a collector's numbers.
-const (
-	// SourceBPF: counted by the kernel probes.
-	SourceBPF = "bpf"
-	// SourceProc: read from /proc (the fallback, or PSI).
-	SourceProc = "proc"
-	// SourceOff: not collected; CollectorStatus.Error says why.
-	SourceOff = "off"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // Options configures Start. The zero value traces block I/O and PSI system-wide and
@@ -73,7 +35,8 @@ type Options struct {
 	// SampleReadWrite times one read/write syscall in N (per CPU) in the syscall
 	// latency histograms; counts and errors stay exact. 0 and 1 time every call.
 	SampleReadWrite int
-	// Logger receives one warning per collector that cannot attach; nil logs nothing.
+	// Logger receives one warning per collector that cannot attach; nil logs nothing. It
+	// carries the caller's component (probes, trace, top): the collector adds none.
 	Logger *zap.Logger
 	// ProcRoot and SysRoot default to /proc and /sys (overridden by tests).
 	ProcRoot, SysRoot string
@@ -108,7 +71,7 @@ type Status struct {
 	Watched []int    `json:"watched"`
 	Cgroups []string `json:"cgroups,omitempty"`
 	// BPFStats are cumulative since load (Events = TotalEvents).
-	BPFStats []ProgStats `json:"bpf_stats"`
+	BPFStats []trace.ProgStats `json:"bpf_stats"`
 	// StatsError says why run statistics are unavailable, if they are.
 	StatsError string `json:"stats_error,omitempty"`
 	// Drops are cumulative events lost by the probes, by reason.
@@ -127,7 +90,7 @@ type Collector struct {
 	closed    bool
 	watched   map[int]bool
 	cgroups   []string
-	sessions  func() []Session
+	sessions  func() []trace.Session
 	status    map[string]*CollectorStatus
 	last      time.Time
 	prev      rawCounters
@@ -137,7 +100,7 @@ type Collector struct {
 	procFS    procfs.FS      // opts.ProcRoot
 	blockFS   blockdevice.FS // opts.ProcRoot and opts.SysRoot
 	devs      devNames
-	prevStats map[string]ProgStats
+	prevStats map[string]trace.ProgStats
 	// prevThreadCPU is each reported process's per-thread schedstat run time (tid -> ns).
 	prevThreadCPU map[int]map[int]uint64
 	// numaNodes is how many NUMA nodes the CPU topology given to the probes has.
@@ -152,35 +115,35 @@ type Collector struct {
 
 // collectorPrograms lists the BPF programs each collector needs.
 var collectorPrograms = map[string][]string{
-	CollectorBlockIO:        {"block_rq_issue", "block_rq_complete", "block_rq_requeue"},
-	CollectorOffCPU:         {"sched_switch", "sched_wakeup"},
-	CollectorSched:          {"sched_switch", "sched_migrate_task"},
-	CollectorPageFaults:     {"page_fault_user", "sched_process_exit"},
-	CollectorSyscalls:       {"sys_enter", "sys_exit"},
-	CollectorSyscallLatency: {"sys_enter", "sys_exit"},
-	CollectorSyncWait:       {"sys_enter", "sys_exit"},
-	CollectorNvidiaIoctl:    {"sys_enter", "sys_exit"},
-	CollectorRunqueue:       {"sched_switch", "sched_wakeup", "sched_wakeup_new"},
-	CollectorTCP:            {"sock_send_length", "sock_recv_length", "tcp_retransmit_skb"},
+	trace.CollectorBlockIO:        {"block_rq_issue", "block_rq_complete", "block_rq_requeue"},
+	trace.CollectorOffCPU:         {"sched_switch", "sched_wakeup"},
+	trace.CollectorSched:          {"sched_switch", "sched_migrate_task"},
+	trace.CollectorPageFaults:     {"page_fault_user", "sched_process_exit"},
+	trace.CollectorSyscalls:       {"sys_enter", "sys_exit"},
+	trace.CollectorSyscallLatency: {"sys_enter", "sys_exit"},
+	trace.CollectorSyncWait:       {"sys_enter", "sys_exit"},
+	trace.CollectorNvidiaIoctl:    {"sys_enter", "sys_exit"},
+	trace.CollectorRunqueue:       {"sched_switch", "sched_wakeup", "sched_wakeup_new"},
+	trace.CollectorTCP:            {"sock_send_length", "sock_recv_length", "tcp_retransmit_skb"},
 }
 
 // collectorOrder is the order of Status().Collectors.
-var collectorOrder = []string{CollectorBlockIO, CollectorOffCPU, CollectorSched, CollectorPageFaults, CollectorSyscalls,
-	CollectorSyscallLatency, CollectorSyncWait, CollectorRunqueue, CollectorNvidiaIoctl, CollectorTCP, CollectorMemory,
-	CollectorPressure}
+var collectorOrder = []string{trace.CollectorBlockIO, trace.CollectorOffCPU, trace.CollectorSched, trace.CollectorPageFaults, trace.CollectorSyscalls,
+	trace.CollectorSyscallLatency, trace.CollectorSyncWait, trace.CollectorRunqueue, trace.CollectorNvidiaIoctl, trace.CollectorTCP, trace.CollectorMemory,
+	trace.CollectorPressure}
 
 // fallbacks says which /proc source replaces a collector whose probes failed.
 var fallbacks = map[string]string{
-	CollectorBlockIO:        SourceProc, // /proc/diskstats: IOPS, bytes, in-flight; no histogram
-	CollectorOffCPU:         SourceOff,
-	CollectorSched:          SourceProc, // /proc/<pid>/task/*/status ctxt switches; no migrations
-	CollectorPageFaults:     SourceProc, // /proc/<pid>/stat minflt+majflt
-	CollectorSyscalls:       SourceOff,
-	CollectorSyscallLatency: SourceOff,
-	CollectorSyncWait:       SourceOff,
-	CollectorNvidiaIoctl:    SourceOff,
-	CollectorRunqueue:       SourceOff,
-	CollectorTCP:            SourceOff,
+	trace.CollectorBlockIO:        trace.SourceProc, // /proc/diskstats: IOPS, bytes, in-flight; no histogram
+	trace.CollectorOffCPU:         trace.SourceOff,
+	trace.CollectorSched:          trace.SourceProc, // /proc/<pid>/task/*/status ctxt switches; no migrations
+	trace.CollectorPageFaults:     trace.SourceProc, // /proc/<pid>/stat minflt+majflt
+	trace.CollectorSyscalls:       trace.SourceOff,
+	trace.CollectorSyscallLatency: trace.SourceOff,
+	trace.CollectorSyncWait:       trace.SourceOff,
+	trace.CollectorNvidiaIoctl:    trace.SourceOff,
+	trace.CollectorRunqueue:       trace.SourceOff,
+	trace.CollectorTCP:            trace.SourceOff,
 }
 
 // Start loads and attaches the probes and returns a running Collector. Failing probes
@@ -204,7 +167,7 @@ func Start(opts Options) (*Collector, error) {
 	}
 	c := &Collector{
 		opts: opts, log: log, watched: map[int]bool{}, status: map[string]*CollectorStatus{},
-		prevProc: map[int]ProcFaults{}, prevCtx: map[int][2]uint64{}, prevStats: map[string]ProgStats{},
+		prevProc: map[int]ProcFaults{}, prevCtx: map[int][2]uint64{}, prevStats: map[string]trace.ProgStats{},
 		prevThreadCPU: map[int]map[int]uint64{}, numaRead: map[int]time.Time{}, totals: map[int]bool{},
 		devs: devNames{sysRoot: opts.SysRoot}, io: procIO{root: opts.ProcRoot},
 	}
@@ -244,15 +207,15 @@ func Start(opts Options) (*Collector, error) {
 		}
 	}
 	for _, name := range collectorOrder {
-		st := &CollectorStatus{Name: name, Programs: collectorPrograms[name], Source: SourceBPF}
-		if name == CollectorMemory {
+		st := &CollectorStatus{Name: name, Programs: collectorPrograms[name], Source: trace.SourceBPF}
+		if name == trace.CollectorMemory {
 			st.Programs = nil
-			st.Source = SourceProc // /proc/<pid>/status: VmRSS is a gauge no probe improves on
-		} else if name == CollectorPressure {
+			st.Source = trace.SourceProc // /proc/<pid>/status: VmRSS is a gauge no probe improves on
+		} else if name == trace.CollectorPressure {
 			st.Programs = nil
-			st.Source = SourceProc
+			st.Source = trace.SourceProc
 			if _, err := os.Stat(filepath.Join(opts.ProcRoot, "pressure")); err != nil {
-				st.Source = SourceOff
+				st.Source = trace.SourceOff
 				st.Error = "no /proc/pressure (kernel without PSI)"
 			}
 		} else if loadErr != nil {
@@ -268,7 +231,7 @@ func Start(opts Options) (*Collector, error) {
 			}
 		}
 		if st.Error != "" {
-			log.Warn("collector not on bpf", zap.String("component", "bpf"),
+			log.Warn("collector not on bpf",
 				zap.String("collector", name), zap.String("source", st.Source), zap.String("reason", st.Error))
 		}
 		c.status[name] = st
@@ -402,7 +365,7 @@ func (c *Collector) unwatchLocked(pid int) error {
 
 // SetSessions installs the callback that names the capture sessions live in each
 // interval; Snapshot calls it without holding locks the callback could need. nil clears it.
-func (c *Collector) SetSessions(f func() []Session) {
+func (c *Collector) SetSessions(f func() []trace.Session) {
 	c.mu.Lock()
 	c.sessions = f
 	c.mu.Unlock()
@@ -413,7 +376,7 @@ func (c *Collector) SetSessions(f func() []Session) {
 func (c *Collector) Status() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	st := Status{Watched: c.watchedList(), Cgroups: slices.Clone(c.cgroups), BPFStats: []ProgStats{}, Drops: map[string]uint64{}}
+	st := Status{Watched: c.watchedList(), Cgroups: slices.Clone(c.cgroups), BPFStats: []trace.ProgStats{}, Drops: map[string]uint64{}}
 	for _, name := range collectorOrder {
 		st.Collectors = append(st.Collectors, *c.status[name])
 	}
@@ -481,7 +444,7 @@ func pidKey(pid int) string { return strconv.Itoa(pid) }
 // process did in between.
 type ProcessTotals struct {
 	// OffCPU is the sum over the process's threads; BlockedNs is left 0.
-	OffCPU OffCPU
+	OffCPU trace.OffCPU
 	// PageFaults counts user page faults.
 	PageFaults uint64
 	// SyscallCount counts returned syscalls; SyscallNs is the entry→exit time of the
@@ -507,7 +470,7 @@ func (c *Collector) TrackTotals(pid int) error {
 	if !c.watched[pid] {
 		return fmt.Errorf("track totals of %d: not watched", pid)
 	}
-	if c.probes == nil || c.status[CollectorOffCPU].Source != SourceBPF {
+	if c.probes == nil || c.status[trace.CollectorOffCPU].Source != trace.SourceBPF {
 		return ErrUnsupported
 	}
 	if c.totals[pid] {
@@ -531,7 +494,7 @@ func (c *Collector) ProcessTotals(pid int) (ProcessTotals, error) {
 	if c.closed {
 		return ProcessTotals{}, ErrClosed
 	}
-	if c.probes == nil || c.status[CollectorOffCPU].Source != SourceBPF {
+	if c.probes == nil || c.status[trace.CollectorOffCPU].Source != trace.SourceBPF {
 		return ProcessTotals{}, ErrUnsupported
 	}
 	read := c.probes.procTotals

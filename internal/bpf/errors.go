@@ -8,16 +8,10 @@ var (
 	// but linux/amd64 and linux/arm64); the /proc collectors still need a Collector, so callers treat it as
 	// "kernel probes off" rather than fatal.
 	ErrUnsupported = errors.New("bpf: eBPF probes are built for linux/amd64 and linux/arm64 only")
-	// ErrClosed is returned by calls on a closed Collector or Writer.
+	// ErrClosed is returned by calls on a closed Collector.
 	ErrClosed = errors.New("bpf: closed")
 	// ErrBadPID is returned by Watch/Unwatch for a pid that is not positive.
 	ErrBadPID = errors.New("bpf: pid must be positive")
 	// ErrBadPSI is returned by ParsePSI for input that is not /proc/pressure syntax.
 	ErrBadPSI = errors.New("bpf: malformed pressure stall information")
-	// ErrTornLine is reported by ReadSnapshots for a final line without its newline (a
-	// write cut short by a crash); the whole lines before it are returned.
-	ErrTornLine = errors.New("bpf: torn last line")
-	// ErrNotTrace is returned by RepairFile (and OpenFile) for a file whose tail is not a
-	// trace written by this package; the file is left untouched.
-	ErrNotTrace = errors.New("bpf: not a trace file")
 )

@@ -17,12 +17,11 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 func TestMain(m *testing.M) {
-	if path := os.Getenv(killWriterEnv); path != "" {
-		killWriterChild(path) // never returns
-	}
 	if os.Getenv(unprivEnv) != "" {
 		unprivChild() // never returns
 	}
@@ -58,7 +57,7 @@ func unprivChild() {
 	}
 	out := struct {
 		Status   Status
-		Snapshot Snapshot
+		Snapshot trace.Snapshot
 	}{c.Status(), c.Snapshot()}
 	c.Close()
 	if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
@@ -82,7 +81,7 @@ func startAttached(t *testing.T, opts Options) *Collector {
 		}
 	})
 	for _, st := range c.Status().Collectors {
-		if st.Source == SourceBPF || st.Name == CollectorPressure || st.Name == CollectorMemory {
+		if st.Source == trace.SourceBPF || st.Name == trace.CollectorPressure || st.Name == trace.CollectorMemory {
 			continue
 		}
 		if strings.Contains(st.Error, "operation not permitted") {
@@ -168,8 +167,8 @@ func TestProcFallbacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	want := map[string]string{CollectorBlockIO: SourceProc, CollectorOffCPU: SourceOff, CollectorSched: SourceProc,
-		CollectorPageFaults: SourceProc, CollectorSyscalls: SourceOff}
+	want := map[string]string{trace.CollectorBlockIO: trace.SourceProc, trace.CollectorOffCPU: trace.SourceOff, trace.CollectorSched: trace.SourceProc,
+		trace.CollectorPageFaults: trace.SourceProc, trace.CollectorSyscalls: trace.SourceOff}
 	for _, st := range c.Status().Collectors {
 		if w, ok := want[st.Name]; ok && (st.Source != w || st.Error == "") {
 			t.Errorf("collector %s: source %q error %q, want %q with a reason", st.Name, st.Source, st.Error, w)
@@ -192,7 +191,7 @@ func TestProcFallbacks(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		s := c.Snapshot()
 		total += s.PageFaults[key]
-		if d := s.PageFaultsDetail[key]; d.Source != SourceProc {
+		if d := s.PageFaultsDetail[key]; d.Source != trace.SourceProc {
 			t.Fatalf("source %q, want proc", d.Source)
 		}
 	}
@@ -205,7 +204,7 @@ func TestProcFallbacks(t *testing.T) {
 // measure watches the gated child, releases it and returns the snapshot of its run alone
 // (the snapshot taken first drops what came before). The unwatched children are released
 // right after it and run the same work unwatched, so a test can show that they do not count.
-func measure(t *testing.T, c *Collector, watched *gatedChild, unwatched ...*gatedChild) Snapshot {
+func measure(t *testing.T, c *Collector, watched *gatedChild, unwatched ...*gatedChild) trace.Snapshot {
 	t.Helper()
 	if err := c.Watch(watched.pid); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // Each test below makes a child process cause the events of one collector, watches it,
@@ -22,7 +24,7 @@ import (
 // sawLatency reports whether l has a timed event of at least min µs that landed no more
 // than three slots above min's (at most about 8× longer: a loaded test machine may delay
 // a wakeup, never by that much), and total time of at least min.
-func sawLatency(l LatencyStats, minUs uint64) bool {
+func sawLatency(l trace.LatencyStats, minUs uint64) bool {
 	lo := bits.Len64(minUs)
 	for _, b := range l.Buckets {
 		if b.Slot >= lo && b.Slot <= lo+3 && b.Count > 0 {
@@ -273,7 +275,7 @@ func TestRSS(t *testing.T) {
 	if _, err := io.WriteString(g.stdin, "go\n"); err != nil {
 		t.Fatal(err)
 	}
-	var m Memory
+	var m trace.Memory
 	for range 100 { // until the child has written its buffer
 		m = c.Snapshot().Memory[strconv.Itoa(g.pid)]
 		if m.RSSBytes >= mib<<20 {

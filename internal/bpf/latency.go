@@ -4,6 +4,8 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // latCounters is one cumulative lat_stats entry of the probes.
@@ -19,15 +21,15 @@ type tgidID struct{ tgid, id uint32 }
 var syncKindNames = []string{"futex", "epoll_wait", "poll", "ppoll", "clock_nanosleep"}
 
 // latDelta is cur minus prev as LatencyStats; ok is false when nothing happened.
-func latDelta(cur, prev latCounters) (LatencyStats, bool) {
+func latDelta(cur, prev latCounters) (trace.LatencyStats, bool) {
 	if cur.count < prev.count {
 		prev = latCounters{} // the entry was recreated (pid reuse): count from zero
 	}
-	l := LatencyStats{Count: cur.count - prev.count, Errors: sub(cur.errors, prev.errors), Timed: sub(cur.timed, prev.timed),
-		TotalNs: sub(cur.totalNs, prev.totalNs), Buckets: []Bucket{}}
+	l := trace.LatencyStats{Count: cur.count - prev.count, Errors: sub(cur.errors, prev.errors), Timed: sub(cur.timed, prev.timed),
+		TotalNs: sub(cur.totalNs, prev.totalNs), Buckets: []trace.Bucket{}}
 	for slot := range maxSlots {
 		if n := sub(cur.slots[slot], prev.slots[slot]); n > 0 {
-			l.Buckets = append(l.Buckets, Bucket{Slot: slot, Count: n, BucketLow: (uint64(1) << slot) >> 1, BucketHigh: uint64(1)<<slot - 1})
+			l.Buckets = append(l.Buckets, trace.Bucket{Slot: slot, Count: n, BucketLow: (uint64(1) << slot) >> 1, BucketHigh: uint64(1)<<slot - 1})
 		}
 	}
 	return l, l.Count > 0
@@ -50,15 +52,15 @@ func syncKindName(kind uint32) string {
 }
 
 // byTgid groups a (tgid, id) map's entries of one tgid by name, as deltas against prev.
-func byTgid(cur, prev map[tgidID]latCounters, tgid uint32, name func(uint32) string) map[string]LatencyStats {
-	var out map[string]LatencyStats
+func byTgid(cur, prev map[tgidID]latCounters, tgid uint32, name func(uint32) string) map[string]trace.LatencyStats {
+	var out map[string]trace.LatencyStats
 	for _, k := range slices.SortedFunc(maps.Keys(cur), func(a, b tgidID) int { return int(a.id) - int(b.id) }) {
 		if k.tgid != tgid {
 			continue
 		}
 		if l, ok := latDelta(cur[k], prev[k]); ok {
 			if out == nil {
-				out = map[string]LatencyStats{}
+				out = map[string]trace.LatencyStats{}
 			}
 			out[name(k.id)] = l
 		}
@@ -67,12 +69,12 @@ func byTgid(cur, prev map[tgidID]latCounters, tgid uint32, name func(uint32) str
 }
 
 // tcpDelta is cur minus prev; ok is false when nothing happened.
-func tcpDelta(cur, prev TCP) (TCP, bool) {
+func tcpDelta(cur, prev trace.TCP) (trace.TCP, bool) {
 	if cur.TxCalls < prev.TxCalls || cur.RxCalls < prev.RxCalls || cur.Retransmits < prev.Retransmits {
-		prev = TCP{}
+		prev = trace.TCP{}
 	}
-	d := TCP{TxBytes: sub(cur.TxBytes, prev.TxBytes), RxBytes: sub(cur.RxBytes, prev.RxBytes),
+	d := trace.TCP{TxBytes: sub(cur.TxBytes, prev.TxBytes), RxBytes: sub(cur.RxBytes, prev.RxBytes),
 		TxCalls: sub(cur.TxCalls, prev.TxCalls), RxCalls: sub(cur.RxCalls, prev.RxCalls),
 		Retransmits: sub(cur.Retransmits, prev.Retransmits)}
-	return d, d != TCP{}
+	return d, d != trace.TCP{}
 }

@@ -10,19 +10,13 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // DefaultNUMAMapsInterval is how often a watched process's /proc/<pid>/numa_maps is read
 // when Options.NUMAMapsInterval is 0.
 const DefaultNUMAMapsInterval = 30 * time.Second
-
-// NodePages is what one process has resident on one NUMA node.
-type NodePages struct {
-	// Pages counts the pages as the kernel does: a huge page is one page.
-	Pages uint64 `json:"pages"`
-	// Bytes is Pages times each mapping's page size.
-	Bytes uint64 `json:"bytes"`
-}
 
 // ErrBadNUMAMaps is returned for /proc/<pid>/numa_maps content that does not parse.
 var ErrBadNUMAMaps = errors.New("malformed numa_maps")
@@ -32,8 +26,8 @@ var ErrBadNUMAMaps = errors.New("malformed numa_maps")
 // every node with resident pages and kernelpagesize_kB=<size> (paths are escaped by the
 // kernel, so a file name holds no space). An empty file (a kernel thread, a process that
 // just exited) gives an empty map.
-func parseNUMAMaps(b []byte) (map[int]NodePages, error) {
-	out := map[int]NodePages{}
+func parseNUMAMaps(b []byte) (map[int]trace.NodePages, error) {
+	out := map[int]trace.NodePages{}
 	type nodeCount struct {
 		node  int
 		pages uint64
@@ -107,7 +101,7 @@ func clip(b []byte) []byte {
 }
 
 // readNUMAMaps reads pid's resident pages per NUMA node, keyed by decimal node number.
-func readNUMAMaps(procRoot string, pid int) (map[string]NodePages, error) {
+func readNUMAMaps(procRoot string, pid int) (map[string]trace.NodePages, error) {
 	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "numa_maps"))
 	if err != nil {
 		return nil, err
@@ -116,7 +110,7 @@ func readNUMAMaps(procRoot string, pid int) (map[string]NodePages, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proc %d: %w", pid, err)
 	}
-	out := make(map[string]NodePages, len(nodes))
+	out := make(map[string]trace.NodePages, len(nodes))
 	for n, p := range nodes {
 		out[strconv.Itoa(n)] = p
 	}
@@ -127,7 +121,7 @@ func readNUMAMaps(procRoot string, pid int) (map[string]NodePages, error) {
 // is at least the interval old: numa_maps walks the process's page tables under its mmap
 // lock (about 20 ms of system time for a torch process with a small model and 1000
 // mappings, more for a model of many GB), not a cost to pay every snapshot.
-func (c *Collector) numaPages(s *Snapshot, pid int, key string) {
+func (c *Collector) numaPages(s *trace.Snapshot, pid int, key string) {
 	every := c.numaEvery()
 	if every < 0 {
 		return
@@ -140,12 +134,12 @@ func (c *Collector) numaPages(s *Snapshot, pid int, key string) {
 	nodes, err := readNUMAMaps(c.opts.ProcRoot, pid)
 	if err != nil {
 		if errors.Is(err, ErrBadNUMAMaps) {
-			c.log.Warn("numa_maps not read", zap.String("component", "bpf"), zap.Int("pid", pid), zap.Error(err))
+			c.log.Warn("numa_maps not read", zap.Int("pid", pid), zap.Error(err))
 		}
 		return // no numa_maps (a kernel without NUMA), or the process exited meanwhile
 	}
 	if s.NUMAPages == nil {
-		s.NUMAPages = map[string]map[string]NodePages{}
+		s.NUMAPages = map[string]map[string]trace.NodePages{}
 	}
 	s.NUMAPages[key] = nodes
 }

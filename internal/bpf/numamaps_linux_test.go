@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // holdPages maps n 4 KiB pages without transparent huge pages, writes each and waits for
@@ -46,7 +48,7 @@ func TestNUMAPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := strconv.Itoa(g.pid)
-	var got map[string]NodePages
+	var got map[string]trace.NodePages
 	var rss uint64
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {

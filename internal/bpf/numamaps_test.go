@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
+
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 func TestParseNUMAMaps(t *testing.T) {
@@ -16,16 +18,16 @@ func TestParseNUMAMaps(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		in   string
-		want map[int]NodePages
+		want map[int]trace.NodePages
 		bad  bool
 	}{
-		{name: "two nodes, a huge-page mapping, a mapping with nothing resident", in: string(golden), want: map[int]NodePages{
+		{name: "two nodes, a huge-page mapping, a mapping with nothing resident", in: string(golden), want: map[int]trace.NodePages{
 			0: {Pages: 200 + 1 + 33, Bytes: (200+33)*4096 + 2<<20},
 			1: {Pages: 100 + 512 + 2, Bytes: (100+512)*4096 + 2*2<<20},
 		}},
-		{name: "empty", in: "", want: map[int]NodePages{}},
-		{name: "blank lines", in: "\n\n", want: map[int]NodePages{}},
-		{name: "no trailing newline", in: "1000 default anon=1 N3=1 kernelpagesize_kB=4", want: map[int]NodePages{3: {1, 4096}}},
+		{name: "empty", in: "", want: map[int]trace.NodePages{}},
+		{name: "blank lines", in: "\n\n", want: map[int]trace.NodePages{}},
+		{name: "no trailing newline", in: "1000 default anon=1 N3=1 kernelpagesize_kB=4", want: map[int]trace.NodePages{3: {Pages: 1, Bytes: 4096}}},
 		{name: "not an address", in: "zz default N0=1 kernelpagesize_kB=4\n", bad: true},
 		{name: "no policy", in: "1000\n", bad: true},
 		{name: "count not a number", in: "1000 default N0=x kernelpagesize_kB=4\n", bad: true},

@@ -15,6 +15,8 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
+
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // staleAfter is how old an in-flight block request may get before read drops it: a
@@ -39,7 +41,7 @@ type probes struct {
 	tok tokenBufs // procTotals' buffers
 
 	mu        sync.Mutex
-	opens     []DeviceOpen
+	opens     []trace.DeviceOpen
 	opensLost uint64
 }
 
@@ -159,7 +161,7 @@ func (p *probes) readOpens() {
 			continue
 		}
 		b := rec.RawSample
-		ev := DeviceOpen{
+		ev := trace.DeviceOpen{
 			PID: int(ne.Uint32(b[0:4])), TID: int(ne.Uint32(b[4:8])), Ret: int64(ne.Uint64(b[8:16])),
 		}
 		path := b[16 : 16+len(e.Path)]
@@ -178,7 +180,7 @@ func (p *probes) readOpens() {
 }
 
 // drainOpens returns up to max device opens since the last call and how many were lost.
-func (p *probes) drainOpens(max int) ([]DeviceOpen, uint64) {
+func (p *probes) drainOpens(max int) ([]trace.DeviceOpen, uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := p.opens
@@ -216,7 +218,7 @@ func (p *probes) procTotalsKernel(tgid uint32) (ProcessTotals, error) {
 		return ProcessTotals{}, fmt.Errorf("proc stats: %w", err)
 	}
 	return ProcessTotals{
-		OffCPU:     OffCPU{RunnableNs: pv.TotRunnableNs, SleepNs: pv.TotSleepNs, IONs: pv.TotIoNs},
+		OffCPU:     trace.OffCPU{RunnableNs: pv.TotRunnableNs, SleepNs: pv.TotSleepNs, IONs: pv.TotIoNs},
 		PageFaults: pv.PageFaults, SyscallCount: pv.TotSyscalls, SyscallTimed: pv.TotTimed, SyscallNs: pv.TotSyscallNs,
 	}, nil
 }
@@ -250,7 +252,7 @@ func (p *probes) read(sweep bool) (rawCounters, error) {
 		devs: map[uint32]devCounters{}, inflight: map[uint32]int64{},
 		threads: map[uint32]threadCounters{}, procs: map[uint32]procCounters{},
 		syscalls: map[tgidID]latCounters{}, syncs: map[tgidID]latCounters{}, runq: map[uint32]latCounters{},
-		ioctl: map[uint32]latCounters{}, tcp: map[uint32]TCP{},
+		ioctl: map[uint32]latCounters{}, tcp: map[uint32]trace.TCP{},
 	}
 	var errs []error
 
@@ -302,7 +304,7 @@ func (p *probes) read(sweep bool) (rawCounters, error) {
 	var pv strapProcStats
 	it = p.objs.ProcStatsMap.Iterate()
 	for it.Next(&pk, &pv) {
-		raw.procs[pk] = procCounters{pageFaults: pv.PageFaults, sys: Syscalls{
+		raw.procs[pk] = procCounters{pageFaults: pv.PageFaults, sys: trace.Syscalls{
 			MmapCount: pv.MmapCount, MmapBytes: pv.MmapBytes, MlockCount: pv.MlockCount, MlockBytes: pv.MlockBytes,
 			MunlockCount: pv.MunlockCount, MunlockBytes: pv.MunlockBytes, OpenatCount: pv.OpenatCount,
 			OpenatFailed: pv.OpenatFailed, NvidiaOpens: pv.NvidiaOpens},
@@ -343,7 +345,7 @@ func (p *probes) read(sweep bool) (rawCounters, error) {
 	var tv2 strapTcpStats
 	it = p.objs.TcpStatsMap.Iterate()
 	for it.Next(&pk, &tv2) {
-		raw.tcp[pk] = TCP{TxBytes: tv2.TxBytes, RxBytes: tv2.RxBytes, TxCalls: tv2.TxCalls, RxCalls: tv2.RxCalls,
+		raw.tcp[pk] = trace.TCP{TxBytes: tv2.TxBytes, RxBytes: tv2.RxBytes, TxCalls: tv2.TxCalls, RxCalls: tv2.RxCalls,
 			Retransmits: tv2.Retransmits}
 	}
 	if err := it.Err(); err != nil {
@@ -362,7 +364,7 @@ func (p *probes) read(sweep bool) (rawCounters, error) {
 		if err != nil {
 			continue
 		}
-		raw.progs = append(raw.progs, ProgStats{Program: name, TotalEvents: st.RunCount,
+		raw.progs = append(raw.progs, trace.ProgStats{Program: name, TotalEvents: st.RunCount,
 			TotalRunTimeNs: uint64(st.Runtime), RecursionMisses: st.RecursionMisses})
 	}
 	sortProgs(raw.progs)

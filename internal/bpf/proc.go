@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/procfs"
 	"github.com/prometheus/procfs/blockdevice"
 	"golang.org/x/sys/unix"
+
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // ProcFaults are the cumulative fault counters of /proc/<pid>/stat.
@@ -33,16 +35,16 @@ func readProcFaults(fs procfs.FS, pid int) (ProcFaults, error) {
 }
 
 // readMemory reads pid's resident set size and its peak from /proc/<pid>/status.
-func readMemory(fs procfs.FS, pid int) (Memory, error) {
+func readMemory(fs procfs.FS, pid int) (trace.Memory, error) {
 	p, err := fs.Proc(pid)
 	if err != nil {
-		return Memory{}, err
+		return trace.Memory{}, err
 	}
 	st, err := p.NewStatus()
 	if err != nil {
-		return Memory{}, fmt.Errorf("proc status %d: %w", pid, err)
+		return trace.Memory{}, fmt.Errorf("proc status %d: %w", pid, err)
 	}
-	return Memory{RSSBytes: st.VmRSS, RSSPeakBytes: st.VmHWM}, nil
+	return trace.Memory{RSSBytes: st.VmRSS, RSSPeakBytes: st.VmHWM}, nil
 }
 
 // ctxSwitches sums voluntary/nonvoluntary_ctxt_switches over every thread of pid; the

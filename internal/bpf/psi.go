@@ -8,27 +8,9 @@ import (
 	"syscall"
 
 	"github.com/prometheus/procfs"
+
+	"github.com/strap-llm/strap/internal/trace"
 )
-
-// PSIValues is one line of /proc/pressure/<resource>: the share of wall time (percent)
-// that some (or all, for "full") non-idle tasks were stalled on the resource, averaged
-// over 10 s, 60 s and 300 s, and the cumulative stall time in microseconds.
-type PSIValues struct {
-	Avg10  float64 `json:"avg10"`
-	Avg60  float64 `json:"avg60"`
-	Avg300 float64 `json:"avg300"`
-	Total  uint64  `json:"total"`
-}
-
-// PSIResource holds the "some" and "full" lines of one resource; Full is nil where the
-// kernel prints no full line (cpu before 5.13).
-type PSIResource struct {
-	Some *PSIValues `json:"some,omitempty"`
-	Full *PSIValues `json:"full,omitempty"`
-}
-
-// PSIResources are the files read under /proc/pressure, in output order.
-var PSIResources = []string{"cpu", "io", "memory"}
 
 // ReadPSI reads every resource present under procRoot/pressure (procRoot is normally
 // /proc) with procfs. It returns nil and no error when that directory does not exist
@@ -36,7 +18,7 @@ var PSIResources = []string{"cpu", "io", "memory"}
 // no "some" line or an average outside 0..100, is an error naming it. As procfs does,
 // lines of an unknown kind are skipped (a later kernel may add some) and, should a kind
 // appear twice, the last line wins.
-func ReadPSI(procRoot string) (map[string]PSIResource, error) {
+func ReadPSI(procRoot string) (map[string]trace.PSIResource, error) {
 	if _, err := os.Stat(filepath.Join(procRoot, "pressure")); os.IsNotExist(err) {
 		return nil, nil
 	}
@@ -44,8 +26,8 @@ func ReadPSI(procRoot string) (map[string]PSIResource, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pressure: %w", err)
 	}
-	out := make(map[string]PSIResource, len(PSIResources))
-	for _, res := range PSIResources {
+	out := make(map[string]trace.PSIResource, len(trace.PSIResources))
+	for _, res := range trace.PSIResources {
 		r, err := readPSIResource(fs, res)
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.EOPNOTSUPP) {
 			continue // resource absent, or PSI compiled in but disabled (psi=0)
@@ -60,32 +42,32 @@ func ReadPSI(procRoot string) (map[string]PSIResource, error) {
 
 // readPSIResource reads /proc/pressure/<res>; a read error is returned as procfs wraps
 // it, anything else wrong with the contents is ErrBadPSI.
-func readPSIResource(fs procfs.FS, res string) (PSIResource, error) {
+func readPSIResource(fs procfs.FS, res string) (trace.PSIResource, error) {
 	st, err := fs.PSIStatsForResource(res)
 	if errors.Is(err, procfs.ErrFileRead) {
-		return PSIResource{}, err
+		return trace.PSIResource{}, err
 	}
 	if err != nil {
-		return PSIResource{}, fmt.Errorf("%w: %v", ErrBadPSI, err)
+		return trace.PSIResource{}, fmt.Errorf("%w: %v", ErrBadPSI, err)
 	}
 	if st.Some == nil {
-		return PSIResource{}, fmt.Errorf("%w: no some line", ErrBadPSI)
+		return trace.PSIResource{}, fmt.Errorf("%w: no some line", ErrBadPSI)
 	}
-	var r PSIResource
+	var r trace.PSIResource
 	for _, l := range []struct {
 		kind string
 		src  *procfs.PSILine
-		dst  **PSIValues
+		dst  **trace.PSIValues
 	}{{"some", st.Some, &r.Some}, {"full", st.Full, &r.Full}} {
 		if l.src == nil {
 			continue
 		}
 		for _, avg := range []float64{l.src.Avg10, l.src.Avg60, l.src.Avg300} {
 			if !(avg >= 0 && avg <= 100) {
-				return PSIResource{}, fmt.Errorf("%w: %s: average %v out of range 0..100", ErrBadPSI, l.kind, avg)
+				return trace.PSIResource{}, fmt.Errorf("%w: %s: average %v out of range 0..100", ErrBadPSI, l.kind, avg)
 			}
 		}
-		*l.dst = &PSIValues{Avg10: l.src.Avg10, Avg60: l.src.Avg60, Avg300: l.src.Avg300, Total: l.src.Total}
+		*l.dst = &trace.PSIValues{Avg10: l.src.Avg10, Avg60: l.src.Avg60, Avg300: l.src.Avg300, Total: l.src.Total}
 	}
 	return r, nil
 }

@@ -5,14 +5,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-)
 
-// NUMA is a process's NUMA behaviour over the interval.
-type NUMA struct {
-	// CrossNodeMigrations counts CPU migrations of its threads whose source and
-	// destination CPUs are on different nodes (a thread leaving its memory's node).
-	CrossNodeMigrations uint64 `json:"cross_node_migrations"`
-}
+	"github.com/strap-llm/strap/internal/trace"
+)
 
 // readCPUNodes maps each CPU to its node from sysRoot/devices/system/node/node*/cpulist;
 // empty when sysfs has no node directories (then no migration is cross-node).
@@ -65,26 +60,17 @@ func countNodes(nodes map[int]int) int {
 	return len(seen)
 }
 
-// ThreadCPU is the CPU time of one process's threads that share a name (torch's
-// intra-op pool, a tokenizer worker, the main thread) over the interval.
-type ThreadCPU struct {
-	// Threads is how many threads had the name at the snapshot.
-	Threads int `json:"threads"`
-	// CPUNs is their on-CPU time in the interval (schedstat run time deltas).
-	CPUNs uint64 `json:"cpu_ns"`
-}
-
 // threadCPU fills s.ThreadCPU[key] from /proc/<pid>/task/*/{comm,schedstat}. A process's
 // first reading is only the baseline; a thread created since the previous snapshot counts
 // from its start; a thread that exited during the interval loses its last partial interval.
-func (c *Collector) threadCPU(s *Snapshot, pid int, key string) {
+func (c *Collector) threadCPU(s *trace.Snapshot, pid int, key string) {
 	threads, err := c.procFS.AllThreads(pid)
 	if err != nil {
 		return
 	}
 	prev, seen := c.prevThreadCPU[pid]
 	cur := make(map[int]uint64, len(threads))
-	byName := map[string]ThreadCPU{}
+	byName := map[string]trace.ThreadCPU{}
 	for _, t := range threads {
 		st, err := t.Schedstat()
 		if err != nil {
@@ -107,7 +93,7 @@ func (c *Collector) threadCPU(s *Snapshot, pid int, key string) {
 		return
 	}
 	if s.ThreadCPU == nil {
-		s.ThreadCPU = map[string]map[string]ThreadCPU{}
+		s.ThreadCPU = map[string]map[string]trace.ThreadCPU{}
 	}
 	s.ThreadCPU[key] = byName
 }

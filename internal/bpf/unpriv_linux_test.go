@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // TestUnprivilegedFallback runs the collector as nobody (no CAP_BPF, no CAP_PERFMON):
@@ -60,21 +62,21 @@ func TestUnprivilegedFallback(t *testing.T) {
 	}
 	var got struct {
 		Status   Status
-		Snapshot Snapshot
+		Snapshot trace.Snapshot
 	}
 	if err := json.Unmarshal(b, &got); err != nil {
 		t.Fatalf("child output %q: %v", b, err)
 	}
 	for _, st := range got.Status.Collectors {
-		if st.Name == CollectorPressure || st.Name == CollectorMemory {
+		if st.Name == trace.CollectorPressure || st.Name == trace.CollectorMemory {
 			continue // /proc only, with or without privileges
 		}
-		if st.Source == SourceBPF || !strings.Contains(st.Error, "CAP_BPF") {
+		if st.Source == trace.SourceBPF || !strings.Contains(st.Error, "CAP_BPF") {
 			t.Errorf("collector %s as nobody: source %q, error %q; want a fallback with a reason", st.Name, st.Source, st.Error)
 		}
 		t.Logf("%s: %s (%s)", st.Name, st.Source, st.Error)
 	}
-	if got.Snapshot.Collectors[CollectorPageFaults] != SourceProc || len(got.Snapshot.Watched) != 1 {
+	if got.Snapshot.Collectors[trace.CollectorPageFaults] != trace.SourceProc || len(got.Snapshot.Watched) != 1 {
 		t.Errorf("snapshot collectors %v watched %v: want page faults from proc for the child itself", got.Snapshot.Collectors, got.Snapshot.Watched)
 	} else if m := got.Snapshot.Memory[pidKey(got.Snapshot.Watched[0])]; m.RSSBytes == 0 || m.RSSPeakBytes < m.RSSBytes {
 		t.Errorf("memory of the child itself %+v: want its RSS from /proc", m)

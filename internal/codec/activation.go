@@ -387,7 +387,7 @@ func grow(b []byte, n int) []byte {
 	if cap(b)-len(b) >= n {
 		return b[:len(b)+n]
 	}
-	nb := make([]byte, len(b)+n, len(b)+n)
+	nb := make([]byte, len(b)+n)
 	copy(nb, b)
 	return nb
 }

@@ -293,7 +293,7 @@ func TestActivationLossyRoundTrip(t *testing.T) {
 	for _, cc := range lossyCodecs() {
 		for _, dt := range allDtypes {
 			for _, kind := range kinds {
-				name := fmt.Sprintf("%s", cc.name)
+				name := cc.name
 				if cc.o.Lossy != nil {
 					name += fmt.Sprintf("-%s%g", cc.o.Lossy.Mode, cc.o.Lossy.Value)
 				}

@@ -3,10 +3,10 @@ package control
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/strap-llm/strap/internal/jsontext"
+	"github.com/strap-llm/strap/internal/resevent"
 )
 
 // Resources carries resource events of the session's model (RESOURCES, PROTOCOL.md 1.4);
@@ -50,7 +50,7 @@ func ResourceLines(m Message) ([]byte, int, error) {
 	n := 0
 	for i := 1; events[i] != ']'; {
 		end := skipValue(events, i)
-		if err := checkEvent(events[i:end]); err != nil {
+		if _, err := resevent.ParseValid(events[i:end]); err != nil {
 			return nil, 0, fmt.Errorf("%w: RESOURCES event %d: %w", ErrBadMessage, n, err)
 		}
 		out = append(append(out, events[i:end]...), '\n')
@@ -64,22 +64,6 @@ func ResourceLines(m Message) ([]byte, int, error) {
 		return nil, 0, fmt.Errorf("%w: RESOURCES without events", ErrBadMessage)
 	}
 	return out, n, nil
-}
-
-// checkEvent: an object whose "event" member is a non-empty string.
-func checkEvent(ev []byte) error {
-	if ev[0] != '{' {
-		return errors.New("not a JSON object")
-	}
-	name, err := member(ev, "event")
-	if err != nil {
-		return err
-	}
-	// A string token longer than its two quotes decodes to a non-empty string.
-	if len(name) < 3 || name[0] != '"' {
-		return errors.New(`no "event" name`)
-	}
-	return nil
 }
 
 // member returns the value of key in obj, compact and valid JSON text of an object (nil when

@@ -15,8 +15,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // Backend is what the API reads from the daemon.
@@ -32,7 +32,7 @@ type Backend interface {
 type TraceSource interface {
 	// Snapshots returns up to n of the most recent snapshots, oldest first; ok is false
 	// when the daemon runs without probes.
-	Snapshots(n int) (snaps []bpf.Snapshot, ok bool)
+	Snapshots(n int) (snaps []trace.Snapshot, ok bool)
 }
 
 // Options configure the API handler.
@@ -232,7 +232,7 @@ func (h *Handler) session(w http.ResponseWriter, r *http.Request) {
 type TraceReply struct {
 	// Snapshots are the most recent kernel snapshots, oldest first, with per-process
 	// numbers kept only for processes the peer may see.
-	Snapshots []bpf.Snapshot `json:"snapshots"`
+	Snapshots []trace.Snapshot `json:"snapshots"`
 }
 
 func (h *Handler) trace(w http.ResponseWriter, r *http.Request) {
@@ -247,7 +247,7 @@ func (h *Handler) trace(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	var snaps []bpf.Snapshot
+	var snaps []trace.Snapshot
 	ok := false
 	if h.opts.Trace != nil {
 		snaps, ok = h.opts.Trace.Snapshots(n)
@@ -258,7 +258,7 @@ func (h *Handler) trace(w http.ResponseWriter, r *http.Request) {
 	}
 	p := h.peer(r)
 	st := h.opts.Backend.Status(p)
-	out := TraceReply{Snapshots: make([]bpf.Snapshot, 0, len(snaps))}
+	out := TraceReply{Snapshots: make([]trace.Snapshot, 0, len(snaps))}
 	for _, s := range snaps {
 		out.Snapshots = append(out.Snapshots, filterSnapshot(s, p, st))
 	}
@@ -269,7 +269,7 @@ func (h *Handler) trace(w http.ResponseWriter, r *http.Request) {
 // (block I/O, PSI, probe health) for everyone; per-process numbers and session names for
 // strapd itself and the peer's own sessions' clients; everything for root. It is the
 // rule the control socket's STATUS applies to the watched set.
-func filterSnapshot(s bpf.Snapshot, p *Peer, st control.StatusReply) bpf.Snapshot {
+func filterSnapshot(s trace.Snapshot, p *Peer, st control.StatusReply) trace.Snapshot {
 	if p.Root() {
 		return s
 	}
@@ -279,13 +279,13 @@ func filterSnapshot(s bpf.Snapshot, p *Peer, st control.StatusReply) bpf.Snapsho
 		pids[int(ss.PID)] = true
 		ids[strconv.FormatUint(ss.Session, 10)] = true
 	}
-	s.Sessions = filterSlice(s.Sessions, func(x bpf.Session) bool { return ids[x.ID] })
+	s.Sessions = filterSlice(s.Sessions, func(x trace.Session) bool { return ids[x.ID] })
 	s.Watched = filterSlice(s.Watched, func(pid int) bool { return pids[pid] })
-	s.DeviceOpens = filterSlice(s.DeviceOpens, func(d bpf.DeviceOpen) bool { return pids[d.PID] })
-	s.Threads = filterSlice(s.Threads, func(t bpf.Thread) bool { return pids[t.PID] })
-	s.TokensKernel = filterSlice(s.TokensKernel, func(t bpf.TokenKernel) bool { return pids[t.PID] })
-	s.ModelLoad = filterSlice(s.ModelLoad, func(m bpf.ModelLoad) bool { return pids[m.PID] })
-	s.Spans = filterSlice(s.Spans, func(x bpf.Span) bool { return pids[x.PID] })
+	s.DeviceOpens = filterSlice(s.DeviceOpens, func(d trace.DeviceOpen) bool { return pids[d.PID] })
+	s.Threads = filterSlice(s.Threads, func(t trace.Thread) bool { return pids[t.PID] })
+	s.TokensKernel = filterSlice(s.TokensKernel, func(t trace.TokenKernel) bool { return pids[t.PID] })
+	s.ModelLoad = filterSlice(s.ModelLoad, func(m trace.ModelLoad) bool { return pids[m.PID] })
+	s.Spans = filterSlice(s.Spans, func(x trace.Span) bool { return pids[x.PID] })
 	// Per-process maps are keyed by the decimal tgid (TRACE_FORMAT.md). Every map of the
 	// snapshot goes through this rule, so a collector added later is filtered without a
 	// change here; keys that are not numbers (devices, PSI resources, collectors, drop

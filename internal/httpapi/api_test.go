@@ -19,8 +19,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // fakeBackend answers like the daemon: root sees every session, others their own; uids
@@ -158,15 +158,15 @@ func TestStatusAndSessions(t *testing.T) {
 }
 
 func TestFilterSnapshot(t *testing.T) {
-	s := bpf.Snapshot{
-		Sessions:    []bpf.Session{{ID: "3", PID: 10}, {ID: "5", PID: 11}},
+	s := trace.Snapshot{
+		Sessions:    []trace.Session{{ID: "3", PID: 10}, {ID: "5", PID: 11}},
 		Watched:     []int{1, 10, 11},
 		OffCPUNs:    map[string]uint64{"1": 1, "10": 2, "11": 3},
 		PageFaults:  map[string]uint64{"10": 2, "11": 3},
-		DeviceOpens: []bpf.DeviceOpen{{PID: 10, Path: "/dev/nvidia0"}, {PID: 11, Path: "/dev/nvidiactl"}},
-		Inflight:    []bpf.DeviceCount{{DeviceName: "vda", Count: 2}},
-		Pressure:    map[string]bpf.PSIResource{"io": {}},
-		Sched:       map[string]bpf.Sched{"10": {}, "11": {}},
+		DeviceOpens: []trace.DeviceOpen{{PID: 10, Path: "/dev/nvidia0"}, {PID: 11, Path: "/dev/nvidiactl"}},
+		Inflight:    []trace.DeviceCount{{DeviceName: "vda", Count: 2}},
+		Pressure:    map[string]trace.PSIResource{"io": {}},
+		Sched:       map[string]trace.Sched{"10": {}, "11": {}},
 	}
 	st := control.StatusReply{Daemon: control.DaemonStatus{PID: 1}, Sessions: []control.SessionStatus{{Session: 5, PID: 11, UID: 1000}}}
 	got := filterSnapshot(s, &Peer{Cred: unix.Ucred{Uid: 1000}}, st)
@@ -186,7 +186,7 @@ func TestFilterSnapshot(t *testing.T) {
 func TestFilterCoversEverySlice(t *testing.T) {
 	handled := map[string]bool{"Sessions": true, "Watched": true, "DeviceOpens": true, "Threads": true,
 		"TokensKernel": true, "Spans": true, "ModelLoad": true}
-	typ := reflect.TypeOf(bpf.Snapshot{})
+	typ := reflect.TypeOf(trace.Snapshot{})
 	for i := range typ.NumField() {
 		f := typ.Field(i)
 		if f.Type.Kind() != reflect.Slice {
@@ -213,7 +213,7 @@ func TestTraceRing(t *testing.T) {
 		t.Fatalf("empty ring: %d %s", code, body)
 	}
 	for i := range 5 {
-		ring.Add(bpf.Snapshot{Timestamp: float64(i)})
+		ring.Add(trace.Snapshot{Timestamp: float64(i)})
 	}
 	code, body = get(t, c, "/api/v1/trace?n=2")
 	var tr TraceReply

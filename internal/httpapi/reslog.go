@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/strap-llm/strap/internal/resevent"
 )
 
 // ResourceSuffix is appended to a session's output path to name its resource-event log.
@@ -52,55 +54,20 @@ type resourceLine struct {
 	Raw         json.RawMessage
 }
 
-// parseResourceLine checks that b is one JSON object and reads the fields the filters
-// use; any other field is passed through untouched.
+// parseResourceLine reads the fields the filters use with resevent (the one Go reader of
+// an event's common fields); the line itself is passed through untouched.
 func parseResourceLine(b []byte) (resourceLine, error) {
 	b = bytes.TrimSpace(b)
-	var fields map[string]json.RawMessage
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	if err := dec.Decode(&fields); err != nil {
-		return resourceLine{}, fmt.Errorf("not a JSON object: %w", err)
+	e, err := resevent.Parse(b)
+	if err != nil {
+		return resourceLine{}, err
 	}
-	if fields == nil {
-		return resourceLine{}, errors.New("not a JSON object: null")
+	l := resourceLine{Event: e.Name(), Raw: json.RawMessage(b)}
+	if l.Layer, l.HasLayer, err = e.Layer(); err != nil {
+		return resourceLine{}, err
 	}
-	if dec.More() {
-		return resourceLine{}, errors.New("more than one JSON value on the line")
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return resourceLine{}, errors.New("trailing data after the JSON object")
-	}
-	l := resourceLine{Raw: json.RawMessage(b)}
-	if v, ok := fields["event"]; ok {
-		if err := json.Unmarshal(v, &l.Event); err != nil {
-			return resourceLine{}, fmt.Errorf("event: want a string: %w", err)
-		}
-	}
-	for _, name := range []string{"layer_id", "layer"} {
-		v, ok := fields[name]
-		if !ok || string(v) == "null" {
-			continue
-		}
-		var s string
-		if err := json.Unmarshal(v, &s); err == nil {
-			l.Layer = s
-		} else {
-			var n json.Number
-			if err := json.Unmarshal(v, &n); err != nil {
-				return resourceLine{}, fmt.Errorf("%s: want a string or a number, got %.40s", name, v)
-			}
-			l.Layer = n.String()
-		}
-		l.HasLayer = true
-		break
-	}
-	if v, ok := fields["timestamp"]; ok && string(v) != "null" {
-		us, err := parseMicros(v)
-		if err != nil {
-			return resourceLine{}, err
-		}
-		l.TimestampUS, l.HasTS = us, true
+	if l.TimestampUS, l.HasTS, err = e.TimestampUS(); err != nil {
+		return resourceLine{}, err
 	}
 	return l, nil
 }
@@ -116,21 +83,6 @@ func (f *Filter) match(l *resourceLine) bool {
 		return false
 	}
 	return true
-}
-
-// parseMicros reads a line's "timestamp": Unix microseconds as the resource monitor
-// writes it, a JSON integer, or a string of decimal digits (seed 003's logs quoted it).
-func parseMicros(v json.RawMessage) (int64, error) {
-	digits := string(v)
-	var s string
-	if err := json.Unmarshal(v, &s); err == nil {
-		digits = s
-	}
-	us, err := strconv.ParseInt(digits, 10, 64)
-	if err != nil || us < 0 {
-		return 0, fmt.Errorf("timestamp: want Unix microseconds (an integer, or a string of digits), got %.40s", v)
-	}
-	return us, nil
 }
 
 // parseSince reads since= as RFC 3339 or as Unix seconds, and returns Unix microseconds.

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"math"
 	"sort"
 	"strconv"
 
@@ -24,7 +25,7 @@ var (
 	descDrops          = prometheus.NewDesc("strapd_capture_drops_total", "Records dropped (policy drop, or records the client reported lost), by codec.", []string{"codec"}, nil)
 	descTokens         = prometheus.NewDesc("strapd_capture_tokens_total", "TOKEN records written.", nil, nil)
 	descCheckpoints    = prometheus.NewDesc("strapd_capture_checkpoints_total", "Durable checkpoints made.", nil, nil)
-	descRatio          = prometheus.NewDesc("strapd_capture_compression_ratio", "Bytes in / bytes stored since start, by codec (rate it with the _total counters for a window).", []string{"codec"}, nil)
+	descRatio          = prometheus.NewDesc("strapd_capture_compression_ratio", "Bytes in / bytes stored since start, by codec (rate it with the _total counters for a window); NaN while the codec has stored nothing.", []string{"codec"}, nil)
 	descRingUsed       = prometheus.NewDesc("strapd_ring_used_bytes", "Bytes published and not yet released, summed over the open sessions' rings.", nil, nil)
 	descRingSize       = prometheus.NewDesc("strapd_ring_size_bytes", "Ring capacity summed over the open sessions.", nil, nil)
 	descRingFillMax    = prometheus.NewDesc("strapd_ring_fill_max_ratio", "The fullest open session's ring_used / ring_size (0 with no session).", nil, nil)
@@ -93,9 +94,13 @@ func (c captureCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descBytesOut, float64(t.bytesOut), k)
 		counter(descPackets, float64(t.packets), k)
 		counter(descDrops, float64(t.drops), k)
+		// With nothing stored yet the ratio is undefined: NaN, not absent, so the panel
+		// shows the codec and the series exists before the first capture.
+		ratio := math.NaN()
 		if t.bytesOut > 0 {
-			gauge(descRatio, float64(t.bytesIn)/float64(t.bytesOut), k)
+			ratio = float64(t.bytesIn) / float64(t.bytesOut)
 		}
+		gauge(descRatio, ratio, k)
 	}
 	counter(descTokens, float64(tokens))
 	counter(descCheckpoints, float64(checkpoints))

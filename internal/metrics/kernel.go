@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/strap-llm/strap/internal/bpf"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // maxSlot is the last log2 latency slot given its own bucket: slot s holds latencies up to
@@ -22,8 +22,8 @@ type kernelState struct {
 	interval float64
 
 	lat      map[string]*devLatency // by device name
-	inflight map[string]int64
-	ios      map[[2]string]uint64 // (device, op)
+	inflight map[string]int64       // every device seen in any block series: 0 while idle
+	ios      map[[2]string]uint64   // (device, op)
 	ioBytes  map[[2]string]uint64
 
 	offCPU   map[[2]string]uint64 // (process class, reason) -> ns
@@ -35,7 +35,7 @@ type kernelState struct {
 	nvidia   map[string]uint64
 	csw      map[[2]string]uint64 // (process class, voluntary|involuntary)
 	migr     map[string]uint64
-	psi      map[[2]string]bpf.PSIValues // (resource, some|full), latest
+	psi      map[[2]string]trace.PSIValues // (resource, some|full), latest
 
 	latency latencyState // per-syscall, waits, run queue, nvidia ioctls, TCP, RSS
 }
@@ -60,14 +60,14 @@ func (k *kernelState) init() {
 	k.nvidia = map[string]uint64{}
 	k.csw = map[[2]string]uint64{}
 	k.migr = map[string]uint64{}
-	k.psi = map[[2]string]bpf.PSIValues{}
+	k.psi = map[[2]string]trace.PSIValues{}
 	k.latency.init()
 }
 
 // ObserveSnapshot folds one kernel snapshot into the cumulative kernel series. Call it
 // with every snapshot the probe ticker takes, once each: the snapshot's counters are
 // deltas over its interval.
-func (m *Metrics) ObserveSnapshot(s bpf.Snapshot) {
+func (m *Metrics) ObserveSnapshot(s trace.Snapshot) {
 	if m == nil {
 		return
 	}
@@ -99,7 +99,17 @@ func (m *Metrics) ObserveSnapshot(s bpf.Snapshot) {
 			d.sumS += float64(b.Count) * (float64(b.BucketLow) + float64(b.BucketHigh)) / 2 / 1e6
 		}
 	}
-	clear(k.inflight)
+	// A gauge of every disk seen so far: a snapshot lists only disks with requests in
+	// flight or completed, and an idle disk's in-flight count is 0, not unknown.
+	for dev := range k.inflight {
+		k.inflight[dev] = 0
+	}
+	for _, h := range s.LatencyHistogram {
+		k.inflight[h.DeviceName] = 0
+	}
+	for _, io := range s.BlockIO {
+		k.inflight[io.DeviceName] = 0
+	}
 	for _, c := range s.Inflight {
 		k.inflight[c.DeviceName] = c.Count
 	}
@@ -143,6 +153,7 @@ func (m *Metrics) ObserveSnapshot(s bpf.Snapshot) {
 		k.migr[c] += sc.Migrations
 	}
 	k.latency.observe(&s, class)
+	k.zeroRunning(s.Collectors)
 	for res, r := range s.Pressure {
 		if r.Some != nil {
 			k.psi[[2]string{res, "some"}] = *r.Some
@@ -150,6 +161,42 @@ func (m *Metrics) ObserveSnapshot(s bpf.Snapshot) {
 		if r.Full != nil {
 			k.psi[[2]string{res, "full"}] = *r.Full
 		}
+	}
+}
+
+// zeroRunning makes sure each series keyed by process class (and a fixed second label)
+// exists for both classes once its collector runs: "no clients' TCP bytes" is a 0, and a
+// dashboard panel or alert reading it should see that 0, not "No data". A collector that
+// is off gets no series (its numbers were never measured; strapd_probe_collector_up says
+// so).
+func (k *kernelState) zeroRunning(collectors map[string]string) {
+	on := func(c string) bool { s, ok := collectors[c]; return ok && s != trace.SourceOff }
+	for _, c := range []string{classDaemon, classClients} {
+		if on(trace.CollectorOffCPU) {
+			for _, r := range []string{"runnable", "sleep", "io"} {
+				k.offCPU[[2]string{c, r}] += 0
+			}
+		}
+		if on(trace.CollectorPageFaults) {
+			k.faults[c] += 0
+			k.major[c] += 0
+		}
+		if on(trace.CollectorSyscalls) {
+			for _, sc := range []string{"mmap", "mlock", "munlock", "openat"} {
+				k.sysCount[[2]string{c, sc}] += 0
+			}
+			for _, sc := range []string{"mmap", "mlock", "munlock"} {
+				k.sysBytes[[2]string{c, sc}] += 0
+			}
+			k.openFail[c] += 0
+			k.nvidia[c] += 0
+		}
+		if on(trace.CollectorSched) {
+			k.csw[[2]string{c, "voluntary"}] += 0
+			k.csw[[2]string{c, "involuntary"}] += 0
+			k.migr[c] += 0
+		}
+		k.latency.zero(c, on)
 	}
 }
 

@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/strap-llm/strap/internal/bpf"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // log2Hist is a latency distribution folded from the probes' log2 µs buckets. Its sum is
@@ -16,7 +16,7 @@ type log2Hist struct {
 	sumS  float64
 }
 
-func (h *log2Hist) addStats(l bpf.LatencyStats) {
+func (h *log2Hist) addStats(l trace.LatencyStats) {
 	for _, b := range l.Buckets {
 		h.slots[min(max(b.Slot, 0), maxSlot+1)] += b.Count
 	}
@@ -71,7 +71,7 @@ func hist[K comparable](m map[K]*log2Hist, k K) *log2Hist {
 	return h
 }
 
-func (l *latencyState) observe(s *bpf.Snapshot, class func(string) string) {
+func (l *latencyState) observe(s *trace.Snapshot, class func(string) string) {
 	for pid, calls := range s.SyscallLatency {
 		c := class(pid)
 		for name, st := range calls {
@@ -105,6 +105,28 @@ func (l *latencyState) observe(s *bpf.Snapshot, class func(string) string) {
 		for pid, m := range s.Memory {
 			l.rss[class(pid)] += m.RSSBytes
 		}
+	}
+}
+
+// zero creates class c's series of the running collectors at 0 (kernelState.zeroRunning).
+func (l *latencyState) zero(c string, on func(collector string) bool) {
+	if on(trace.CollectorSyscallLatency) {
+		hist(l.sysLat, c)
+	}
+	if on(trace.CollectorRunqueue) {
+		hist(l.runq, c)
+	}
+	if on(trace.CollectorNvidiaIoctl) {
+		hist(l.nvIoctl, c)
+		l.nvErrors[c] += 0
+	}
+	if on(trace.CollectorMemory) {
+		l.rss[c] += 0
+	}
+	if on(trace.CollectorTCP) {
+		l.tcpBytes[[2]string{c, "tx"}] += 0
+		l.tcpBytes[[2]string{c, "rx"}] += 0
+		l.retrans[c] += 0
 	}
 }
 

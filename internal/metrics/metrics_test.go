@@ -12,8 +12,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // fakeDaemon is a status whose sessions the test moves along.
@@ -148,21 +148,21 @@ func TestSnapshotsFoldIntoCounters(t *testing.T) {
 	if v, _ := gather(t, m); v["strapd_probe_last_snapshot_timestamp_seconds"] != 0 {
 		t.Fatal("kernel series before any snapshot")
 	}
-	snap := bpf.Snapshot{Timestamp: 100, IntervalS: 1,
-		LatencyHistogram: []bpf.DeviceHistogram{{DeviceName: "vda", Total: 5, Buckets: []bpf.Bucket{
+	snap := trace.Snapshot{Timestamp: 100, IntervalS: 1,
+		LatencyHistogram: []trace.DeviceHistogram{{DeviceName: "vda", Total: 5, Buckets: []trace.Bucket{
 			{Slot: 10, Count: 3, BucketLow: 512, BucketHigh: 1023}, {Slot: 12, Count: 2, BucketLow: 2048, BucketHigh: 4095}}}},
-		Inflight:   []bpf.DeviceCount{{DeviceName: "vda", Count: 4}},
-		BlockIO:    []bpf.DeviceIO{{DeviceName: "vda", WriteIOs: 5, WriteBytes: 5 << 20}},
-		OffCPU:     map[string]bpf.OffCPU{"10": {RunnableNs: 5e8}, "11": {IONs: 2e9}, "12": {IONs: 1e9}},
+		Inflight:   []trace.DeviceCount{{DeviceName: "vda", Count: 4}},
+		BlockIO:    []trace.DeviceIO{{DeviceName: "vda", WriteIOs: 5, WriteBytes: 5 << 20}},
+		OffCPU:     map[string]trace.OffCPU{"10": {RunnableNs: 5e8}, "11": {IONs: 2e9}, "12": {IONs: 1e9}},
 		PageFaults: map[string]uint64{"10": 1, "11": 7},
-		Syscalls:   map[string]bpf.Syscalls{"11": {MmapCount: 2, MmapBytes: 8192, MlockCount: 1}},
-		Sched:      map[string]bpf.Sched{"10": {Voluntary: 3, Involuntary: 1, Migrations: 2}},
-		Pressure:   map[string]bpf.PSIResource{"io": {Some: &bpf.PSIValues{Avg10: 12.5, Total: 3e6}}},
-		RunqueueLatency: map[string]bpf.LatencyStats{"11": {Count: 4, Timed: 3, TotalNs: 6e6,
-			Buckets: []bpf.Bucket{{Slot: 11, Count: 3, BucketLow: 1024, BucketHigh: 2047}}}},
-		SyscallLatency: map[string]map[string]bpf.LatencyStats{"10": {"futex": {Count: 5, Errors: 2}}},
-		TCP:            map[string]bpf.TCP{"11": {TxBytes: 100, RxBytes: 7}},
-		Memory:         map[string]bpf.Memory{"10": {RSSBytes: 1000}, "11": {RSSBytes: 20}, "12": {RSSBytes: 3}},
+		Syscalls:   map[string]trace.Syscalls{"11": {MmapCount: 2, MmapBytes: 8192, MlockCount: 1}},
+		Sched:      map[string]trace.Sched{"10": {Voluntary: 3, Involuntary: 1, Migrations: 2}},
+		Pressure:   map[string]trace.PSIResource{"io": {Some: &trace.PSIValues{Avg10: 12.5, Total: 3e6}}},
+		RunqueueLatency: map[string]trace.LatencyStats{"11": {Count: 4, Timed: 3, TotalNs: 6e6,
+			Buckets: []trace.Bucket{{Slot: 11, Count: 3, BucketLow: 1024, BucketHigh: 2047}}}},
+		SyscallLatency: map[string]map[string]trace.LatencyStats{"10": {"futex": {Count: 5, Errors: 2}}},
+		TCP:            map[string]trace.TCP{"11": {TxBytes: 100, RxBytes: 7}},
+		Memory:         map[string]trace.Memory{"10": {RSSBytes: 1000}, "11": {RSSBytes: 20}, "12": {RSSBytes: 3}},
 	}
 	m.ObserveSnapshot(snap)
 	snap.Timestamp = 101
@@ -212,10 +212,46 @@ func TestSnapshotsFoldIntoCounters(t *testing.T) {
 	}
 }
 
+// TestKernelZerosWhileIdle: a disk seen once keeps its in-flight gauge, at 0, in the
+// snapshots that no longer list it (idle); the per-class series of a running collector
+// exist for both classes at 0 from the first snapshot; a collector that is off gets none.
+func TestKernelZerosWhileIdle(t *testing.T) {
+	m := New(Options{Status: (&fakeDaemon{}).status, SelfPID: 10})
+	m.ObserveSnapshot(trace.Snapshot{Timestamp: 100, IntervalS: 1,
+		Inflight:   []trace.DeviceCount{{DeviceName: "vda", Count: 2}},
+		Collectors: map[string]string{trace.CollectorTCP: trace.SourceBPF, trace.CollectorNvidiaIoctl: trace.SourceBPF, trace.CollectorSched: trace.SourceOff}})
+	m.ObserveSnapshot(trace.Snapshot{Timestamp: 101, IntervalS: 1,
+		Collectors: map[string]string{trace.CollectorTCP: trace.SourceBPF, trace.CollectorNvidiaIoctl: trace.SourceBPF, trace.CollectorSched: trace.SourceOff,
+			trace.CollectorMemory: trace.SourceProc},
+		Memory: map[string]trace.Memory{"10": {RSSBytes: 1000}}})
+	v, h := gather(t, m)
+	if got := v["strapd_watched_resident_bytes{process=strapd}"]; got != 1000 {
+		t.Errorf("strapd's resident bytes %v, want 1000", got)
+	}
+	for _, k := range []string{
+		"strapd_block_io_inflight{device=vda}",
+		"strapd_tcp_bytes_total{direction=rx,process=clients}", "strapd_tcp_bytes_total{direction=tx,process=strapd}",
+		"strapd_tcp_retransmits_total{process=clients}", "strapd_nvidia_ioctl_errors_total{process=strapd}",
+		"strapd_watched_resident_bytes{process=clients}",
+	} {
+		if got, ok := v[k]; !ok || got != 0 {
+			t.Errorf("%s = %v (present %v), want 0", k, got, ok)
+		}
+	}
+	if nv := h["strapd_nvidia_ioctl_seconds{process=clients}"]; nv == nil || nv.GetSampleCount() != 0 {
+		t.Errorf("nvidia ioctl histogram of clients: %v, want present and empty", nv)
+	}
+	for k := range v {
+		if strings.HasPrefix(k, "strapd_context_switches_total") || strings.HasPrefix(k, "strapd_cpu_migrations_total") {
+			t.Errorf("%s exported while its collector is off", k)
+		}
+	}
+}
+
 func TestLatencyObserversAndNil(t *testing.T) {
 	var nilM *Metrics
 	nilM.ObserveWrite(time.Millisecond) // a daemon without --http holds a nil *Metrics
-	nilM.ObserveSnapshot(bpf.Snapshot{})
+	nilM.ObserveSnapshot(trace.Snapshot{})
 	nilM.SessionEnded(control.SessionStatus{})
 	m := New(Options{Status: (&fakeDaemon{}).status})
 	m.ObserveSync(3 * time.Millisecond)
@@ -253,16 +289,16 @@ func TestEverySeriesDocumented(t *testing.T) {
 	m := New(Options{Status: f.status, Detail: true, Codecs: []string{"none"},
 		Pool: func() PoolStats { return PoolStats{Workers: 1, BusySeconds: []float64{0}} }})
 	f.set(sess(1, "none", 1, 1, 0, 0))
-	m.ObserveSnapshot(bpf.Snapshot{
-		LatencyHistogram: []bpf.DeviceHistogram{{DeviceName: "vda", Buckets: []bpf.Bucket{{Slot: 1, Count: 1}}}},
-		Inflight:         []bpf.DeviceCount{{DeviceName: "vda"}}, BlockIO: []bpf.DeviceIO{{DeviceName: "vda"}},
-		OffCPU: map[string]bpf.OffCPU{"1": {}}, PageFaults: map[string]uint64{"1": 0},
-		PageFaultsDetail: map[string]bpf.PageFaults{"1": {}}, Syscalls: map[string]bpf.Syscalls{"1": {}},
-		Sched: map[string]bpf.Sched{"1": {}}, Pressure: map[string]bpf.PSIResource{"io": {Some: &bpf.PSIValues{}}},
-		SyscallLatency:  map[string]map[string]bpf.LatencyStats{"1": {"read": {}}},
-		SyncWait:        map[string]map[string]bpf.LatencyStats{"1": {"futex": {}}},
-		RunqueueLatency: map[string]bpf.LatencyStats{"1": {}}, NvidiaIoctl: map[string]bpf.LatencyStats{"1": {}},
-		TCP: map[string]bpf.TCP{"1": {}}, Memory: map[string]bpf.Memory{"1": {}}})
+	m.ObserveSnapshot(trace.Snapshot{
+		LatencyHistogram: []trace.DeviceHistogram{{DeviceName: "vda", Buckets: []trace.Bucket{{Slot: 1, Count: 1}}}},
+		Inflight:         []trace.DeviceCount{{DeviceName: "vda"}}, BlockIO: []trace.DeviceIO{{DeviceName: "vda"}},
+		OffCPU: map[string]trace.OffCPU{"1": {}}, PageFaults: map[string]uint64{"1": 0},
+		PageFaultsDetail: map[string]trace.PageFaults{"1": {}}, Syscalls: map[string]trace.Syscalls{"1": {}},
+		Sched: map[string]trace.Sched{"1": {}}, Pressure: map[string]trace.PSIResource{"io": {Some: &trace.PSIValues{}}},
+		SyscallLatency:  map[string]map[string]trace.LatencyStats{"1": {"read": {}}},
+		SyncWait:        map[string]map[string]trace.LatencyStats{"1": {"futex": {}}},
+		RunqueueLatency: map[string]trace.LatencyStats{"1": {}}, NvidiaIoctl: map[string]trace.LatencyStats{"1": {}},
+		TCP: map[string]trace.TCP{"1": {}}, Memory: map[string]trace.Memory{"1": {}}})
 	m.ObserveResources([]byte(`{"event":"compute_execution","component_type":"mlp","duration_us":1,"flops":2}` + "\n"))
 	fams, err := m.Registry().Gather()
 	if err != nil {

@@ -2,11 +2,13 @@ package metrics
 
 import (
 	"bytes"
-	"encoding/json"
-	"math"
+	"maps"
+	"slices"
 	"sort"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/strap-llm/strap/internal/resevent"
 )
 
 // Resource events arrive with client-chosen strings; only these values become labels, so
@@ -24,11 +26,24 @@ var (
 
 const labelOther = "other"
 
+// resourceLabelPairs is every (event, component_type) pair a resource series can carry:
+// the documented values, "other", and "none" for a missing component_type.
+var resourceLabelPairs = func() []resourceKey {
+	events := append(slices.Sorted(maps.Keys(resourceEventTypes)), labelOther)
+	comps := append(slices.Sorted(maps.Keys(resourceComponents)), "none", labelOther)
+	var out []resourceKey
+	for _, e := range events {
+		for _, c := range comps {
+			out = append(out, resourceKey{e, c})
+		}
+	}
+	return out
+}()
+
 type resourceKey struct{ event, component string }
 
 type resourceSums struct {
 	events     uint64
-	malformed  uint64
 	durationUS float64
 	timed      uint64
 	flops      float64
@@ -40,20 +55,15 @@ var (
 	descResDuration   = prometheus.NewDesc("strapd_resource_duration_seconds_total", "Sum of the measured duration_us of resource events that carry one, in seconds.", resLabels, nil)
 	descResTimed      = prometheus.NewDesc("strapd_resource_timed_events_total", "Resource events that carried a measured duration_us (the denominator of a mean duration).", resLabels, nil)
 	descResFLOPs      = prometheus.NewDesc("strapd_resource_flops_total", "Sum of the flops field of resource events that carry one (computed from shapes by the client).", resLabels, nil)
-	descResUnreadable = prometheus.NewDesc("strapd_resource_events_unreadable_total", "Resource events received but left out of the resource aggregates: their duration_us or flops was not a finite non-negative number.", nil, nil)
+	descResUnreadable = prometheus.NewDesc("strapd_resource_events_unreadable_total", "Resource events received but left out of the resource aggregates: their duration_us or flops was not a finite non-negative number, or their component_type not a string.", nil, nil)
 )
 
 // ObserveResources adds resource events to the aggregates: lines are the JSON lines the
-// daemon appended (one compact object per line, already checked by control.ResourceLines).
+// daemon appended (one compact object per line, already checked by control.ResourceLines),
+// read with resevent, as every Go reader of event lines does.
 func (m *Metrics) ObserveResources(lines []byte) {
 	if m == nil {
 		return
-	}
-	type ev struct {
-		Event      string           `json:"event"`
-		Component  *string          `json:"component_type"`
-		DurationUS *json.RawMessage `json:"duration_us"`
-		FLOPs      *json.RawMessage `json:"flops"`
 	}
 	type parsed struct {
 		key        resourceKey
@@ -74,36 +84,35 @@ func (m *Metrics) ObserveResources(lines []byte) {
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
-		var e ev
-		p := parsed{}
-		if err := json.Unmarshal(line, &e); err != nil {
-			p.unreadable = true
-			batch = append(batch, p)
+		batch = append(batch, parsed{unreadable: true})
+		p := &batch[len(batch)-1]
+		e, err := resevent.Parse(line)
+		if err != nil {
 			continue
 		}
+		comp, hasComp, err := e.Component()
+		if err != nil {
+			continue
+		}
+		if p.dur, p.hasDur, err = e.DurationUS(); err != nil {
+			continue
+		}
+		if p.fl, p.hasFLOPs, err = e.FLOPs(); err != nil {
+			continue
+		}
+		p.unreadable = false
 		p.key.event = labelOther
-		if resourceEventTypes[e.Event] {
-			p.key.event = e.Event
+		if name := e.Name(); resourceEventTypes[name] {
+			p.key.event = name
 		}
 		switch {
-		case e.Component == nil:
+		case !hasComp:
 			p.key.component = "none"
-		case resourceComponents[*e.Component]:
-			p.key.component = *e.Component
+		case resourceComponents[comp]:
+			p.key.component = comp
 		default:
 			p.key.component = labelOther
 		}
-		if v, ok, bad := number(e.DurationUS); bad {
-			p.unreadable = true
-		} else if ok {
-			p.dur, p.hasDur = v, true
-		}
-		if v, ok, bad := number(e.FLOPs); bad {
-			p.unreadable = true
-		} else if ok {
-			p.fl, p.hasFLOPs = v, true
-		}
-		batch = append(batch, p)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -131,26 +140,18 @@ func (m *Metrics) ObserveResources(lines []byte) {
 	}
 }
 
-// number reads an optional numeric field: ok when it holds a finite non-negative number,
-// bad when it holds something else (null counts as absent: the client writes
-// "flops": null where it cannot compute them).
-func number(raw *json.RawMessage) (v float64, ok, bad bool) {
-	if raw == nil || string(*raw) == "null" {
-		return 0, false, false
-	}
-	if err := json.Unmarshal(*raw, &v); err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
-		return 0, false, true
-	}
-	return v, true, false
-}
-
 // collectResources sends the resource aggregates; called with m.mu not held.
 func (m *Metrics) collectResources(ch chan<- prometheus.Metric) {
 	m.mu.Lock()
-	keys := make([]resourceKey, 0, len(m.resources))
-	sums := make(map[resourceKey]resourceSums, len(m.resources))
+	sums := make(map[resourceKey]resourceSums, len(resourceLabelPairs))
+	keys := append([]resourceKey(nil), resourceLabelPairs...)
+	for _, k := range keys {
+		sums[k] = resourceSums{}
+	}
 	for k, s := range m.resources {
-		keys = append(keys, k)
+		if _, ok := sums[k]; !ok {
+			keys = append(keys, k)
+		}
 		sums[k] = *s
 	}
 	unreadable := m.resourcesUnreadable
@@ -164,9 +165,9 @@ func (m *Metrics) collectResources(ch chan<- prometheus.Metric) {
 	counter := func(desc *prometheus.Desc, v float64, lv ...string) {
 		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, v, lv...)
 	}
-	if len(keys) == 0 && unreadable == 0 {
-		return // no resource events yet: no series, as the docs say
-	}
+	// Every label pair is known in advance (the sets above), so every series is exported
+	// from start-up, at 0 until an event counts: a panel or rule reading one never finds
+	// it missing, and a first event is an increase Prometheus sees.
 	counter(descResUnreadable, float64(unreadable))
 	for _, k := range keys {
 		s := sums[k]

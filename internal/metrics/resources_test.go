@@ -49,3 +49,35 @@ func TestResourceAggregates(t *testing.T) {
 		}
 	}
 }
+
+// TestResourceSeriesFromStart: before any resource event every label pair is exported at 0
+// (a dashboard panel reads 0, not "No data"), and nothing outside the bounded sets.
+func TestResourceSeriesFromStart(t *testing.T) {
+	m := New(Options{Status: (&fakeDaemon{}).status})
+	v, _ := gather(t, m)
+	n := 0
+	for k, x := range v {
+		if !strings.HasPrefix(k, "strapd_resource_") {
+			continue
+		}
+		n++
+		if x != 0 {
+			t.Errorf("%s = %g before any event", k, x)
+		}
+	}
+	// 4 labelled families × (7 event types + other) × (6 components + none + other), and
+	// the unlabelled unreadable counter.
+	if want := 4*8*8 + 1; n != want {
+		t.Errorf("%d resource series before any event, want %d", n, want)
+	}
+	for _, k := range []string{
+		"strapd_resource_events_total{component_type=mlp,event=compute_execution}",
+		"strapd_resource_flops_total{component_type=other,event=other}",
+		"strapd_resource_duration_seconds_total{component_type=none,event=resource_session_summary}",
+		"strapd_resource_events_unreadable_total",
+	} {
+		if _, ok := v[k]; !ok {
+			t.Errorf("%s: missing before any event", k)
+		}
+	}
+}

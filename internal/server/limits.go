@@ -5,8 +5,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/strap-llm/strap/internal/control"
 	"golang.org/x/time/rate"
+
+	"github.com/strap-llm/strap/internal/control"
 )
 
 // ClientLimits bound what one client (connection) or one user (uid) may take, so a buggy

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // TestModelLoadPhase: a process opens x.safetensors, "loads" for 300 ms, then opens a
@@ -30,7 +30,7 @@ func TestModelLoadPhase(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, col := range rep.Daemon.Probes.Collectors {
-		if col.Name == bpf.CollectorSyscalls && col.Source != bpf.SourceBPF {
+		if col.Name == trace.CollectorSyscalls && col.Source != trace.SourceBPF {
 			t.Skipf("skipping: syscalls collector on %s: %s", col.Source, col.Error)
 		}
 	}
@@ -48,12 +48,12 @@ func TestModelLoadPhase(t *testing.T) {
 	f.Close()
 	time.Sleep(load)
 
-	out, trace := outFile(t), traceFile(t)
-	st, o, err := openWith(t, c, control.Open{Metadata: map[string]any{"output_path": "/x/run.strap"}}, out, trace)
+	out, tf := outFile(t), traceFile(t)
+	st, o, err := openWith(t, c, control.Open{Metadata: map[string]any{"output_path": "/x/run.strap"}}, out, tf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	trace.Close()
+	tf.Close()
 	a := tensor("a", 1, 100)
 	if err := st.Put(&a); err != nil {
 		t.Fatal(err)
@@ -69,16 +69,16 @@ func TestModelLoadPhase(t *testing.T) {
 	}
 	bound := time.Since(before)
 
-	rf, err := os.Open(trace.Name())
+	rf, err := os.Open(tf.Name())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rf.Close()
-	snaps, err := bpf.ReadSnapshots(rf)
+	snaps, err := trace.ReadSnapshots(rf)
 	if err != nil {
 		t.Fatalf("trace: %v", err)
 	}
-	var loads []bpf.ModelLoad
+	var loads []trace.ModelLoad
 	for _, s := range snaps {
 		loads = append(loads, s.ModelLoad...)
 	}
@@ -113,13 +113,13 @@ func TestModelLoadTakenByUntracedSession(t *testing.T) {
 	}
 	ts := startServer(t, probeConfig(time.Hour))
 	weights := filepath.Join(t.TempDir(), "y.gguf")
-	session := func(traced bool) []bpf.ModelLoad {
+	session := func(traced bool) []trace.ModelLoad {
 		t.Helper()
 		fds := []*os.File{outFile(t)}
-		var trace *os.File
+		var tf *os.File
 		if traced {
-			trace = traceFile(t)
-			fds = append(fds, trace)
+			tf = traceFile(t)
+			fds = append(fds, tf)
 		}
 		st, _, err := openWith(t, ts.dial(t), control.Open{Metadata: map[string]any{"output_path": "/x/a.strap"}}, fds...)
 		if err != nil {
@@ -135,16 +135,16 @@ func TestModelLoadTakenByUntracedSession(t *testing.T) {
 		if !traced {
 			return nil
 		}
-		rf, err := os.Open(trace.Name())
+		rf, err := os.Open(tf.Name())
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer rf.Close()
-		snaps, err := bpf.ReadSnapshots(rf)
+		snaps, err := trace.ReadSnapshots(rf)
 		if err != nil || len(snaps) == 0 {
 			t.Fatalf("trace: %d lines, %v", len(snaps), err)
 		}
-		var loads []bpf.ModelLoad
+		var loads []trace.ModelLoad
 		for _, s := range snaps {
 			loads = append(loads, s.ModelLoad...)
 		}

@@ -148,22 +148,12 @@ func sessionRequest(req control.Open, cred unix.Ucred) pipeline.Request {
 // O_APPEND (the stream is written at explicit offsets from 0); a resume (append_at) also
 // reads the prefix back, so it needs O_RDWR.
 func checkOutput(fd int, resume bool) error {
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return perr(control.CodeBadOutput, "fstat output: %v", err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return perr(control.CodeBadOutput, "output is file type %#o, expected a regular file", st.Mode&unix.S_IFMT)
-	}
-	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
-	if err != nil {
-		return perr(control.CodeBadOutput, "output flags: %v", err)
-	}
 	const how = "open it O_WRONLY|O_CREAT|O_TRUNC for a new capture, O_RDWR without O_TRUNC to resume"
-	switch acc := fl & unix.O_ACCMODE; {
-	case acc != unix.O_WRONLY && acc != unix.O_RDWR:
-		return perr(control.CodeBadOutput, "output is not open for writing (%s)", how)
-	case resume && acc != unix.O_RDWR:
+	fl, err := checkWritableFile(fd, "output", how)
+	if err != nil {
+		return err
+	}
+	if resume && fl&unix.O_ACCMODE != unix.O_RDWR {
 		return perr(control.CodeBadOutput, "output is open O_WRONLY, but append_at resumes it and strapd reads the prefix back (%s)", how)
 	}
 	if fl&unix.O_APPEND != 0 {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // Probes configures the eBPF collector that runs beside the captures
@@ -47,7 +48,7 @@ type probeHub struct {
 	startErr error
 	interval time.Duration
 	self     int
-	observe  func(bpf.Snapshot) // metrics; nil: none
+	observe  func(trace.Snapshot) // metrics; nil: none
 
 	final chan chan struct{} // a finishing session asks the ticker for one more snapshot
 	stop  chan struct{}
@@ -55,18 +56,18 @@ type probeHub struct {
 
 	mu        sync.Mutex
 	live      map[uint64]*probeSession
-	ended     []bpf.Session // ended since the last snapshot: still named in it
-	refs      map[int]int   // watched pid -> live sessions of that client
+	ended     []trace.Session // ended since the last snapshot: still named in it
+	refs      map[int]int     // watched pid -> live sessions of that client
 	snapshots uint64
 }
 
 // probeSession is one live session as the probes see it.
 type probeSession struct {
-	info bpf.Session
+	info trace.Session
 
 	mu    sync.Mutex // serialises the ticker's writes with the session's close
 	trace *os.File   // nil: the session asked for no trace
-	w     *bpf.Writer
+	w     *trace.Writer
 	lines int
 	err   error // first write error; later snapshots are not attempted
 
@@ -74,10 +75,10 @@ type probeSession struct {
 	// last TOKEN (or OPEN), and the windows not yet written to the trace.
 	last     bpf.ProcessTotals
 	lastAt   time.Time
-	tokens   []bpf.TokenKernel
+	tokens   []trace.TokenKernel
 	tokenErr error // the first failed reading; no more windows after it
 	// loads is the client's model-load phase, ended by the first PUBLISH, not yet written.
-	loads []bpf.ModelLoad
+	loads []trace.ModelLoad
 }
 
 // startProbes starts the collector and its ticker when Config.Probes asks for them. A
@@ -87,7 +88,7 @@ func (s *Server) startProbes() {
 	if !p.Enabled {
 		return
 	}
-	h := &probeHub{log: s.log.With(zap.String("component", "probes")), interval: p.Interval, self: os.Getpid(),
+	h := &probeHub{log: s.root.With(zap.String("component", "probes")), interval: p.Interval, self: os.Getpid(),
 		final: make(chan chan struct{}), stop: make(chan struct{}), done: make(chan struct{}),
 		live: map[uint64]*probeSession{}, refs: map[int]int{}}
 	if h.interval <= 0 {
@@ -166,7 +167,7 @@ func (h *probeHub) tick() {
 
 // sessions is the Collector's SetSessions callback: the live sessions plus those that
 // ended since the last snapshot, sorted by id. It consumes the ended list.
-func (h *probeHub) sessions() []bpf.Session {
+func (h *probeHub) sessions() []trace.Session {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	out := h.ended
@@ -174,15 +175,15 @@ func (h *probeHub) sessions() []bpf.Session {
 	for _, ps := range h.live {
 		out = append(out, ps.info)
 	}
-	slices.SortFunc(out, func(a, b bpf.Session) int {
+	slices.SortFunc(out, func(a, b trace.Session) int {
 		x, _ := strconv.ParseUint(a.ID, 10, 64)
 		y, _ := strconv.ParseUint(b.ID, 10, 64)
 		return cmp.Compare(x, y)
 	})
-	return slices.CompactFunc(out, func(a, b bpf.Session) bool { return a.ID == b.ID })
+	return slices.CompactFunc(out, func(a, b trace.Session) bool { return a.ID == b.ID })
 }
 
-func (ps *probeSession) write(snap bpf.Snapshot, log *zap.Logger) {
+func (ps *probeSession) write(snap trace.Snapshot, log *zap.Logger) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if ps.w == nil || ps.err != nil {
@@ -210,47 +211,33 @@ func (s *Server) checkTrace(fds []int) error {
 	if s.probes.coll == nil {
 		return perr(control.CodeBadOutput, "trace descriptor given but the probes did not start: %v", s.probes.startErr)
 	}
-	fd := fds[2]
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return perr(control.CodeBadOutput, "fstat trace: %v", err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return perr(control.CodeBadOutput, "trace is file type %#o, expected a regular file", st.Mode&unix.S_IFMT)
-	}
-	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
-	if err != nil {
-		return perr(control.CodeBadOutput, "trace flags: %v", err)
-	}
-	if acc := fl & unix.O_ACCMODE; acc != unix.O_WRONLY && acc != unix.O_RDWR {
-		return perr(control.CodeBadOutput, "trace is not open for writing (open it O_WRONLY|O_CREAT|O_TRUNC, or O_RDWR|O_APPEND to resume)")
-	}
-	return nil
+	_, err := checkWritableFile(fds[2], "trace", "open it O_WRONLY|O_CREAT|O_TRUNC, or O_RDWR|O_APPEND to resume")
+	return err
 }
 
 // probeSessionStart registers a started session with the probes: its client is watched
-// and, when trace is not nil, every snapshot until the session ends is written into it.
-// It takes ownership of trace.
-func (s *Server) probeSessionStart(id uint64, output string, pid int, trace *os.File) {
+// and, when traceFile is not nil, every snapshot until the session ends is written into it.
+// It takes ownership of traceFile.
+func (s *Server) probeSessionStart(id uint64, output string, pid int, traceFile *os.File) {
 	h := s.probes
 	if h == nil || h.coll == nil {
-		if trace != nil {
-			trace.Close()
+		if traceFile != nil {
+			traceFile.Close()
 		}
 		return
 	}
-	ps := &probeSession{info: bpf.Session{ID: strconv.FormatUint(id, 10), Output: output, PID: pid}, trace: trace}
-	if trace != nil {
+	ps := &probeSession{info: trace.Session{ID: strconv.FormatUint(id, 10), Output: output, PID: pid}, trace: traceFile}
+	if traceFile != nil {
 		// A trace continued by a resumed capture may end in a line torn by a crash: cut it
 		// before appending (possible only when the client opened it readable, O_RDWR).
-		if fl, err := unix.FcntlInt(trace.Fd(), unix.F_GETFL, 0); err == nil && fl&unix.O_ACCMODE == unix.O_RDWR {
-			if cut, err := bpf.RepairFile(trace); err != nil {
+		if fl, err := unix.FcntlInt(traceFile.Fd(), unix.F_GETFL, 0); err == nil && fl&unix.O_ACCMODE == unix.O_RDWR {
+			if cut, err := trace.RepairFile(traceFile); err != nil {
 				h.log.Warn("trace tail not repaired; appending anyway", zap.Uint64("session", id), zap.Error(err))
 			} else if cut > 0 {
 				h.log.Info("cut a torn line from the trace", zap.Uint64("session", id), zap.Int64("bytes", cut))
 			}
 		}
-		ps.w = bpf.NewWriter(trace, bpf.WriterOptions{})
+		ps.w = trace.NewWriter(traceFile, trace.WriterOptions{})
 	}
 	h.mu.Lock()
 	h.live[id] = ps
@@ -262,7 +249,7 @@ func (s *Server) probeSessionStart(id uint64, output string, pid int, trace *os.
 			h.log.Warn("cannot watch session client", zap.Uint64("session", id), zap.Int("pid", pid), zap.Error(err))
 		}
 	}
-	if trace != nil && pid > 0 {
+	if traceFile != nil && pid > 0 {
 		// Its totals are read at every TOKEN: one lookup when the probes keep them, else
 		// a read of the thread and syscall tables.
 		if err := h.coll.TrackTotals(pid); err != nil && !errors.Is(err, bpf.ErrUnsupported) {

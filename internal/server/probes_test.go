@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // probeConfig runs the real collector: kernel probes as root, the /proc fallbacks
@@ -33,12 +33,12 @@ func traceFile(t *testing.T) *os.File {
 func TestSessionTrace(t *testing.T) {
 	ts := startServer(t, probeConfig(150*time.Millisecond))
 	c := ts.dial(t)
-	out, trace := outFile(t), traceFile(t)
-	st, o, err := openWith(t, c, control.Open{Metadata: map[string]any{"output_path": "/x/run.strap"}}, out, trace)
+	out, tf := outFile(t), traceFile(t)
+	st, o, err := openWith(t, c, control.Open{Metadata: map[string]any{"output_path": "/x/run.strap"}}, out, tf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	trace.Close() // the daemon holds its own copy, as a real client does
+	tf.Close() // the daemon holds its own copy, as a real client does
 	sc := ts.dial(t)
 	waitFor(t, func() bool {
 		rep, err := sc.Status()
@@ -52,12 +52,12 @@ func TestSessionTrace(t *testing.T) {
 	if _, err := st.Finish(); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open(trace.Name())
+	f, err := os.Open(tf.Name())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	snaps, err := bpf.ReadSnapshots(f)
+	snaps, err := trace.ReadSnapshots(f)
 	if err != nil {
 		t.Fatalf("trace: %v", err)
 	}
@@ -66,7 +66,7 @@ func TestSessionTrace(t *testing.T) {
 	}
 	id := strconv.FormatUint(o.Session, 10)
 	for i, s := range snaps {
-		if !slices.ContainsFunc(s.Sessions, func(x bpf.Session) bool {
+		if !slices.ContainsFunc(s.Sessions, func(x trace.Session) bool {
 			return x.ID == id && x.PID == os.Getpid() && x.Output == "/x/run.strap"
 		}) {
 			t.Errorf("snapshot %d names sessions %+v, want id %s", i, s.Sessions, id)
@@ -83,7 +83,7 @@ func TestSessionTrace(t *testing.T) {
 	if p == nil || !p.Enabled || p.TraceSessions != 0 || len(p.Collectors) != 12 || p.IntervalS != 0.15 {
 		t.Fatalf("probes status %+v", p)
 	}
-	if os.Geteuid() == 0 && p.Collectors[0].Source == bpf.SourceBPF && len(p.BPFStats) == 0 {
+	if os.Geteuid() == 0 && p.Collectors[0].Source == trace.SourceBPF && len(p.BPFStats) == 0 {
 		t.Errorf("block_io on bpf but no run statistics: %+v", p)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"sync"
 
 	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 
 	"github.com/strap-llm/strap/internal/control"
 )
@@ -27,21 +26,8 @@ type resourceLog struct {
 
 // checkResourceLog validates the resource log descriptor: a regular file open for writing.
 func checkResourceLog(fd int) error {
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return perr(control.CodeBadOutput, "fstat resource log: %v", err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return perr(control.CodeBadOutput, "resource log is file type %#o, expected a regular file", st.Mode&unix.S_IFMT)
-	}
-	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
-	if err != nil {
-		return perr(control.CodeBadOutput, "resource log flags: %v", err)
-	}
-	if acc := fl & unix.O_ACCMODE; acc != unix.O_WRONLY && acc != unix.O_RDWR {
-		return perr(control.CodeBadOutput, "resource log is not open for writing (open it O_WRONLY|O_CREAT|O_TRUNC)")
-	}
-	return nil
+	_, err := checkWritableFile(fd, "resource log", "open it O_WRONLY|O_CREAT|O_TRUNC")
+	return err
 }
 
 func newResourceLog(fd int, id uint64, log *zap.Logger) *resourceLog {

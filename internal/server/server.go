@@ -15,10 +15,10 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/strap-llm/strap/internal/bpf"
 	"github.com/strap-llm/strap/internal/control"
 	"github.com/strap-llm/strap/internal/pipeline"
 	"github.com/strap-llm/strap/internal/shm"
+	"github.com/strap-llm/strap/internal/trace"
 )
 
 // Errors returned by this package.
@@ -88,7 +88,7 @@ type Observer interface {
 	// SessionEnded is a session's final status, once, after it finished.
 	SessionEnded(control.SessionStatus)
 	// ObserveSnapshot is each kernel snapshot the probe ticker takes.
-	ObserveSnapshot(bpf.Snapshot)
+	ObserveSnapshot(trace.Snapshot)
 	// ObserveResources is the JSON lines of resource events just appended to a
 	// session's resource log (after the append, failed or not: they were sent).
 	ObserveResources(lines []byte)
@@ -166,7 +166,8 @@ func (c *Config) fill() {
 // Server is the daemon's control-socket server.
 type Server struct {
 	cfg     Config
-	log     *zap.Logger
+	root    *zap.Logger // New's logger, without a component: parts add theirs to it
+	log     *zap.Logger // the server's own lines (component "server")
 	ln      *net.UnixListener
 	pool    *pipeline.Pool
 	budget  *pipeline.Budget
@@ -186,13 +187,16 @@ type Server struct {
 	probes    *probeHub    // nil without Config.Probes.Enabled
 }
 
-// New creates a server; Listen (or UseListener) and Serve start it.
+// New creates a server; Listen (or UseListener) and Serve start it. log carries no
+// "component" field: the server adds one per part (server for its own lines, session,
+// probes), so no line names two.
 func New(cfg Config, log *zap.Logger) *Server {
 	cfg.fill()
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Server{cfg: cfg, log: log, conns: map[*conn]struct{}{}, started: time.Now(), idleSince: time.Now()}
+	return &Server{cfg: cfg, root: log, log: log.With(zap.String("component", "server")), conns: map[*conn]struct{}{},
+		started: time.Now(), idleSince: time.Now()}
 }
 
 // Listen creates the socket: parent directory with mode 0700 (0750 and the socket group
@@ -381,7 +385,7 @@ func (s *Server) shutdown() error {
 
 func (s *Server) newConn(uc *net.UnixConn) *conn {
 	c := &conn{srv: s, c: control.NewConn(uc)}
-	log := s.log.With(zap.String("component", "session"))
+	log := s.root.With(zap.String("component", "session"))
 	cred, err := c.c.PeerCred()
 	if err != nil {
 		// Without credentials neither the allow-lists nor per-uid limits can hold: refuse.

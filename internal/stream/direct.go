@@ -286,10 +286,10 @@ func (d *direct) pwrite(b []byte, off int64) error {
 }
 
 // failed returns the first write failure, if any, and the boundary to cut back to.
-func (d *direct) failed() (error, int64) {
+func (d *direct) failed() (int64, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.err, d.errSafe
+	return d.errSafe, d.err
 }
 
 // mark records a packet boundary at off (the end of a packet just staged).

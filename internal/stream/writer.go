@@ -515,11 +515,11 @@ func (w *Writer) checkDirect() error {
 	if w.err != nil {
 		return w.err
 	}
-	if err, _ := w.d.failed(); err == nil {
+	if _, err := w.d.failed(); err == nil {
 		return nil
 	}
 	w.d.pending.Wait()
-	err, safe := w.d.failed()
+	safe, err := w.d.failed()
 	w.cutTo(safe)
 	w.err = fmt.Errorf("write stream: %w%s", err, w.freeSpace())
 	return w.err

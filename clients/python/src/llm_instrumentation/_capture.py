@@ -188,13 +188,13 @@ class Capture:
         hooks.install(self._on_forward_start, self._on_forward_end, session.record)
         if level is not None:
             try:
-                self._start_resources(session, level)
+                self._start_resources(session, level, model)
             except BaseException:
                 self.abort()
                 raise
         return self
 
-    def _start_resources(self, session: CaptureSession, level: str) -> None:
+    def _start_resources(self, session: CaptureSession, level: str, model: "nn.Module") -> None:
         """The resource monitor, sending its events to strapd over this session. Started
         after the capture's hooks, so its forward hooks see the capture's step and forward
         counter already set and its events carry the stream packets' numbers."""
@@ -205,7 +205,7 @@ class Capture:
                            self.resources_path)
         self.resource_summary = None
         self.resource_monitor = ResourceMonitor(
-            self.model, level, sink=sink, step_fn=lambda: self._step, forward_fn=lambda: self._forward,
+            model, level, sink=sink, step_fn=lambda: self._step, forward_fn=lambda: self._forward,
             capture_bytes_fn=lambda: session.bytes_in, enabled=True).start()
 
     def _close_resources(self) -> Optional[BaseException]:

@@ -26,7 +26,7 @@ class CudaCopier:
         self.ptr = self._u8.data_ptr()
         self.size = ring.ring_size
         rc = torch.cuda.cudart().cudaHostRegister(self.ptr, self.size, 0)
-        code = int(rc.value) if hasattr(rc, "value") else int(rc)  # type: ignore[arg-type]
+        code = int(rc.value) if hasattr(rc, "value") else int(rc)
         if code != 0:
             raise RuntimeError(f"cudaHostRegister of the {self.size}-byte ring failed with cudaError {code}")
         self.registered = True

@@ -20,8 +20,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: analysis helpers show 1.3.1's unnamed root the same way).
 ROOT_NAME = "<root>"
 
-#: receives one output tensor of a hooked module: ``(record name, tensor, record meta)``.
-RecordFn = Callable[[str, "torch.Tensor", Optional[Dict[str, Any]]], None]
+#: receives one output tensor of a hooked module: ``(record name, tensor, record meta)``;
+#: what it returns (the session's record tells whether the record was written) is ignored.
+RecordFn = Callable[[str, "torch.Tensor", Optional[Dict[str, Any]]], object]
 
 
 def split_output(name: str, out: Any) -> List[Tuple[str, "torch.Tensor"]]:

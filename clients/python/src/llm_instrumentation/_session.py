@@ -620,8 +620,9 @@ def open_session(socket_path: Optional[str], autostart: bool, stall_timeout: flo
         welcome = P.handshake(conn, f"llm_instrumentation/{__version__}", os.getpid())
         fitted = fit_ring(ring_size, welcome.max_ring_size)
         if fitted != ring_size:
-            transport = dict(request.metadata.get("transport") or {}, ring_size=fitted)
-            request = dataclasses.replace(request, metadata={**request.metadata, "transport": transport})
+            meta = request.metadata or {}
+            transport = dict(meta.get("transport") or {}, ring_size=fitted)
+            request = dataclasses.replace(request, metadata={**meta, "transport": transport})
         ring = take_ring(fitted)
         session = CaptureSession(conn, ring, policy, stall_timeout)
         session.open(output_fd, request, trace_fd=trace_fd, resources_fd=resources_fd)

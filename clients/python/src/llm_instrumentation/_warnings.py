@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import types
 import warnings
-from typing import Type
+from typing import Optional, Type
 
 _SKIP = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.dirname(contextlib.__file__) + os.sep + "contextlib.py")
 
@@ -24,7 +25,7 @@ def warn_caller(message: str, category: Type[Warning] = UserWarning) -> None:
         category: its class.
     """
     level = 1
-    f = sys._getframe(1)
+    f: Optional[types.FrameType] = sys._getframe(1)
     while f is not None and f.f_code.co_filename.startswith(_SKIP):
         f = f.f_back
         level += 1

@@ -426,7 +426,7 @@ class InstrumentationConfig:
             the :class:`TransportPlan`.
         """
         cores = cores or os.cpu_count() or 1
-        codec = self.compression_algorithm
+        codec = self.compression_algorithm or DEFAULT_CODEC  # _normalize leaves a name: never None here
         level = self.compression_level or 0
         target = self.target_throughput_gbps
         block = 1 << 20

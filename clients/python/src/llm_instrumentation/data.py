@@ -80,7 +80,7 @@ def _env_int(*names: str) -> Optional[int]:
         v = os.environ.get(n)
         if v not in (None, ""):
             try:
-                return int(v)  # type: ignore[arg-type]
+                return int(v)
             except ValueError:
                 raise ValueError(f"environment variable {n}={v!r} is not an integer") from None
     return None

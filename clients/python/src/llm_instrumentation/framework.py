@@ -21,7 +21,7 @@ from ._options import SessionOptions, check_tracking
 from ._resume import tokens_path
 from ._warnings import warn_caller
 from .checkpoint import CheckpointError
-from .config import InstrumentationConfig
+from .config import DEFAULT_CODEC, InstrumentationConfig
 from .core.auto_detect import describe_model
 from .tracking import TokenTracker
 
@@ -89,7 +89,8 @@ class InstrumentationFramework(Capture):
                  stall_timeout: float = 120.0, checkpoint_interval_tokens: Optional[int] = None,
                  checkpoint_path: Optional[PathArg] = None, resume_from_checkpoint: bool = False,
                  overwrite_checkpoint: Optional[bool] = None, lock_wait: float = 30.0,
-                 trace_path: Optional[Union[PathArg, bool]] = None) -> None: ...
+                 trace_path: Optional[Union[PathArg, bool]] = None,
+                 resource_level: Optional[Union[str, bool]] = None) -> None: ...
 
     @overload
     def __init__(self, config: "nn.Module", model: InstrumentationConfig,  # (model, config), positionally
@@ -98,7 +99,8 @@ class InstrumentationFramework(Capture):
                  stall_timeout: float = 120.0, checkpoint_interval_tokens: Optional[int] = None,
                  checkpoint_path: Optional[PathArg] = None, resume_from_checkpoint: bool = False,
                  overwrite_checkpoint: Optional[bool] = None, lock_wait: float = 30.0,
-                 trace_path: Optional[Union[PathArg, bool]] = None) -> None: ...
+                 trace_path: Optional[Union[PathArg, bool]] = None,
+                 resource_level: Optional[Union[str, bool]] = None) -> None: ...
 
     def __init__(self, config: Any, model: Any = None, output_path: Optional[PathArg] = None,
                  modules: Optional[Sequence[str]] = None, socket_path: Optional[str] = None,
@@ -419,7 +421,7 @@ def default_output_path(model: "nn.Module", config: InstrumentationConfig, prese
     if include_metadata:
         name = describe_model(model)["family"]
         parts.append("".join(c if c.isalnum() or c in "-_" else "_" for c in name))
-        parts.append(preset if preset else config.compression_algorithm)
+        parts.append(preset or config.compression_algorithm or DEFAULT_CODEC)  # a normalized config names one
     if auto_timestamp:
         parts.append(datetime.datetime.now().strftime("%Y%m%d_%H%M%S"))
     stem = os.path.join(os.fspath(output_dir), "_".join(parts) or "capture")

@@ -205,7 +205,7 @@ def _op_label(e: Dict[str, Any]) -> str:
     comp = e.get("component_type")
     if op == "mul_mat":
         return {"attention": "attention projections (mul_mat)", "mlp": "MLP projections (mul_mat)"}.get(
-            comp, f"{comp} (mul_mat)")
+            comp or "", f"{comp} (mul_mat)")
     if op == "attention":
         return "attention core (scores, softmax, weighted sum)"
     return f"{op} ({comp})"
@@ -257,7 +257,7 @@ def top_costs(resources: List[Dict[str, Any]], trace: List[Dict[str, Any]], pids
                     costs[label] += v / 1e9 * share
                     src[label] = ("kernel trace (off_cpu, summed over threads"
                                   + (", prorated to the forward passes' time)" if window is not None else ")"))
-    rows = [{"label": k, "seconds": v, "source": src.get(k, ""),
+    rows: List[Dict[str, Any]] = [{"label": k, "seconds": v, "source": src.get(k, ""),
              "share": (v / wall_s if wall_s else None)} for k, v in costs.items() if v > 0]
     rows.sort(key=lambda r: -r["seconds"])
     return rows
@@ -367,8 +367,8 @@ def fig_block_io(F: Figures, trace: List[Dict[str, Any]], t0: float) -> None:
                "Requests per latency bucket per snapshot interval, for the busiest disk.")
     if inflight:
         fig, ax = plt.subplots(figsize=(8, 3.5))
-        for dev, rows in sorted(inflight.items()):
-            ax.step([r[0] for r in rows], [r[1] for r in rows], where="post", label=dev)
+        for dev, depth in sorted(inflight.items()):
+            ax.step([r[0] for r in depth], [r[1] for r in depth], where="post", label=dev)
         ax.set_xlabel("time (s)")
         ax.set_ylabel("requests in flight")
         ax.legend()
@@ -378,9 +378,9 @@ def fig_block_io(F: Figures, trace: List[Dict[str, Any]], t0: float) -> None:
         F.notes.append("No disk had requests in flight or completions: no queue-depth figure.")
     if iops:
         fig, ax = plt.subplots(figsize=(8, 3.5))
-        for dev, rows in sorted(iops.items()):
-            ax.plot([r[0] for r in rows], [r[1] for r in rows], marker=".", label=f"{dev} read")
-            ax.plot([r[0] for r in rows], [r[2] for r in rows], marker=".", label=f"{dev} write")
+        for dev, rates in sorted(iops.items()):
+            ax.plot([r[0] for r in rates], [r[1] for r in rates], marker=".", label=f"{dev} read")
+            ax.plot([r[0] for r in rates], [r[2] for r in rates], marker=".", label=f"{dev} write")
         ax.set_xlabel("time (s)")
         ax.set_ylabel("requests / s")
         ax.legend(fontsize=7)
@@ -406,10 +406,10 @@ def fig_system(F: Figures, trace: List[Dict[str, Any]], pids: List[str]) -> None
     plt = F.plt
     # Correlations: per snapshot, the worst disk's p95 against the client's off-CPU time,
     # page faults and I/O pressure.
-    rows = []
+    rows: List[Tuple[float, float, float, Optional[float]]] = []
     for s in trace:
-        p95s = [_percentile_from_buckets(d.get("buckets", []), 0.95) for d in s.get("latency_histogram", [])]
-        p95s = [p for p in p95s if p is not None]
+        p95s = [p for d in s.get("latency_histogram", [])
+                if (p := _percentile_from_buckets(d.get("buckets", []), 0.95)) is not None]
         iv = s.get("interval_s") or 0
         if not p95s or iv <= 0:
             continue
@@ -421,7 +421,7 @@ def fig_system(F: Figures, trace: List[Dict[str, Any]], pids: List[str]) -> None
         fig, axes = plt.subplots(1, 3, figsize=(11, 3.6))
         for ax, j, label in zip(axes, (1, 2, 3), ("client off-CPU (ms/s)", "client page faults / s",
                                                   "PSI io some avg10 (%)")):
-            pts = [(r[j], r[0]) for r in rows if r[j] is not None]
+            pts = [(x, r[0]) for r in rows if (x := r[j]) is not None]
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=14)
             r = _pearson([p[0] for p in pts], [p[1] for p in pts])
             ax.set_title(f"r = {r:+.2f}" if r is not None else "r = n/a", fontsize=9)
@@ -688,7 +688,8 @@ def build_report(capture: str, out_dir: Optional[str] = None, trace_path: Option
     trace = load_trace(trace_path, progress) if have_trace else []
     resources = load_resources(resources_path, progress) if have_res else []
     header = stream["metadata"] if stream else {}
-    meta = header.get("client_metadata") if isinstance(header.get("client_metadata"), dict) else header
+    client_meta = header.get("client_metadata")
+    meta: Dict[str, Any] = client_meta if isinstance(client_meta, dict) else header
     pids = _client_pids(resources, meta, trace)
 
     stamps = [e["timestamp"] / 1e6 for e in resources if isinstance(e.get("timestamp"), (int, float))]

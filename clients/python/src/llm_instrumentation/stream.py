@@ -352,7 +352,7 @@ class StreamReader:
                 self._check_entry(pk, entry)
                 yield pk
             # END sits between the last entry and the INDEX; walk there.
-            off = pk.end if self._offsets else self.first_packet
+            off = pk.end if self._offsets and pk is not None else self.first_packet
             while off < self._index_offset:
                 pk = self._parse(off)
                 assert pk is not None
@@ -576,7 +576,7 @@ def _decode_block(codec: int, data: bytes, dtype: str, raw_len: int) -> bytes:
         return zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_len)
     if 16 <= codec <= 63:
         try:
-            from . import _activation_codecs  # type: ignore[attr-defined]
+            from . import _activation_codecs
         except ImportError:
             raise UnsupportedCodecError(f"unsupported codec id {codec} (no activation codecs installed)", 0) from None
         return _activation_codecs.decode_block(codec, data, dtype, raw_len)

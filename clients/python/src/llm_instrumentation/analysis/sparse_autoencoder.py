@@ -50,6 +50,10 @@ class SparseAutoencoder(nn.Module):
         ((8, 384), True)
     """
 
+    # Buffers (register_buffer below): tensors, which nn.Module's attribute typing cannot tell.
+    mean: torch.Tensor
+    scale: torch.Tensor
+
     def __init__(self, d_in: int, d_sae: int, kind: str = "topk", k: int = 32, l1: float = 5.0) -> None:
         super().__init__()
         if kind not in ("topk", "relu"):
@@ -166,7 +170,7 @@ def _batches_forever(data: Iterable[Batch]) -> Iterator[torch.Tensor]:
             raise ValueError("the training data yielded no batches")
         epoch += 1
         if hasattr(data, "set_epoch"):
-            data.set_epoch(epoch)  # type: ignore[attr-defined]
+            data.set_epoch(epoch)
 
 
 def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
@@ -266,7 +270,7 @@ def train_sae(data: Iterable[Batch], total_tokens: int, *, d_sae: Optional[int] 
     report.seconds = time.perf_counter() - t0
     m = evaluate(sae, eval_data if eval_data is not None else data)
     report.explained_variance, report.mse, report.l0 = m["explained_variance"], m["mse"], m["l0"]
-    report.dead_fraction, report.eval_tokens = m["dead_fraction"], m["tokens"]
+    report.dead_fraction, report.eval_tokens = m["dead_fraction"], int(m["tokens"])
     return sae, report
 
 

@@ -96,6 +96,7 @@ def load_stream_packets(
         >>> rows[0]["layer_name"], rows[0]["token_index"]  # doctest: +SKIP
         ('model.layers.0.self_attn', 0)
     """
+    from .._legacy131 import LegacyPacket
     from ..errors import StreamFormatError
     from ..stream import DROP, Tensor, open_stream
     from ..tracking import TokenMap
@@ -112,7 +113,10 @@ def load_stream_packets(
             if c not in _LEGACY_CODECS:
                 raise ValueError(f"a 1.3.1 stream is lz4, zstd or none, not {compression!r}")
             for pk in r.packets():
-                pk.codec_name = c
+                # open_stream gives a legacy reader for a 1.3.1 file: its packets are
+                # LegacyPackets, whose codec a caller may name (1.3.1 stored none).
+                if isinstance(pk, LegacyPacket):
+                    pk.codec_name = c
         # Tensors come from iterating the reader (PART packets joined); DROP packets from
         # the packet walk. Both follow file order; merge them by offset.
         # A 1.3.1 packet is one tensor; it is wrapped below, inside the try, because its

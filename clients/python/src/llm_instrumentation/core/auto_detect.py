@@ -11,7 +11,7 @@ and each block's attention / MLP are its direct children with the usual names
 from __future__ import annotations
 
 import fnmatch
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Union, cast
 
 from .._anatomy import ATTENTION_NAMES, MLP_NAMES  # the model anatomy's names, shared with resources/
 from .._warnings import warn_caller
@@ -81,7 +81,8 @@ def describe_model(model: "nn.Module") -> Dict[str, Any]:
     attention: List[str] = []
     mlp: List[str] = []
     if prefix is not None:
-        blist = model.get_submodule(prefix)
+        # _find_block_list names a ModuleList (or Sequential): iterable, in order.
+        blist = cast("nn.ModuleList", model.get_submodule(prefix))
         for i, block in enumerate(blist):
             bname = f"{prefix}.{i}" if prefix else str(i)
             blocks.append(bname)
@@ -137,7 +138,7 @@ def select_modules(
     arch = describe_model(model)
     if falls_back_to_131(model, g, patterns):
         return _fallback_131(model, g)
-    chosen = set()
+    chosen: Set[str] = set()
     if g in (HookGranularity.FULL_TENSOR, HookGranularity.SAMPLED_SLICES):
         chosen.update(arch["blocks"], arch["attention"], arch["mlp"])
     elif g is HookGranularity.ATTENTION_ONLY:

@@ -1,4 +1,4 @@
-package bpf
+package trace
 
 import (
 	"fmt"
@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/strap-llm/strap/internal/units"
 )
 
 // FormatText writes a human-readable rendering of s (strapd trace --no-output).
@@ -28,7 +30,7 @@ func FormatText(w io.Writer, s Snapshot) error {
 	}
 	for _, d := range s.BlockIO {
 		fmt.Fprintf(&b, "  disk %-8s read %6.1f IOPS %9s/s  write %6.1f IOPS %9s/s  in-flight %d\n", d.DeviceName,
-			d.ReadIOPS, humanBytes(rate(d.ReadBytes, s.IntervalS)), d.WriteIOPS, humanBytes(rate(d.WriteBytes, s.IntervalS)), inflight[d.DeviceName])
+			d.ReadIOPS, units.Bytes(rate(d.ReadBytes, s.IntervalS)), d.WriteIOPS, units.Bytes(rate(d.WriteBytes, s.IntervalS)), inflight[d.DeviceName])
 	}
 	for _, h := range s.LatencyHistogram {
 		fmt.Fprintf(&b, "    %s latency µs (%d):", h.DeviceName, h.Total)
@@ -71,15 +73,15 @@ func FormatText(w io.Writer, s Snapshot) error {
 		b.WriteString("\n")
 		if sc, ok := s.Syscalls[pid]; ok && sc != (Syscalls{}) {
 			fmt.Fprintf(&b, "           mmap %d (%s)  mlock %d (%s)  munlock %d (%s)  openat %d (%d failed)  nvidia opens %d\n",
-				sc.MmapCount, humanBytes(float64(sc.MmapBytes)), sc.MlockCount, humanBytes(float64(sc.MlockBytes)),
-				sc.MunlockCount, humanBytes(float64(sc.MunlockBytes)), sc.OpenatCount, sc.OpenatFailed, sc.NvidiaOpens)
+				sc.MmapCount, units.Bytes(float64(sc.MmapBytes)), sc.MlockCount, units.Bytes(float64(sc.MlockBytes)),
+				sc.MunlockCount, units.Bytes(float64(sc.MunlockBytes)), sc.OpenatCount, sc.OpenatFailed, sc.NvidiaOpens)
 		}
 		var extra []string
 		if m, ok := s.Memory[pid]; ok {
-			extra = append(extra, fmt.Sprintf("rss %s (peak %s)", humanBytes(float64(m.RSSBytes)), humanBytes(float64(m.RSSPeakBytes))))
+			extra = append(extra, fmt.Sprintf("rss %s (peak %s)", units.Bytes(float64(m.RSSBytes)), units.Bytes(float64(m.RSSPeakBytes))))
 		}
 		if t, ok := s.TCP[pid]; ok {
-			extra = append(extra, fmt.Sprintf("tcp tx %s rx %s retrans %d", humanBytes(float64(t.TxBytes)), humanBytes(float64(t.RxBytes)), t.Retransmits))
+			extra = append(extra, fmt.Sprintf("tcp tx %s rx %s retrans %d", units.Bytes(float64(t.TxBytes)), units.Bytes(float64(t.RxBytes)), t.Retransmits))
 		}
 		if l, ok := s.RunqueueLatency[pid]; ok {
 			extra = append(extra, "runq "+latText(l))
@@ -183,16 +185,3 @@ func rate(n uint64, secs float64) float64 {
 }
 
 func dur(ns uint64) string { return time.Duration(ns).Round(time.Microsecond).String() }
-
-func humanBytes(v float64) string {
-	const unit = 1024
-	if v < unit {
-		return fmt.Sprintf("%.0fB", v)
-	}
-	div, exp := float64(unit), 0
-	for n := v / unit; n >= unit; n /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f%ciB", v/div, "KMGTPE"[exp])
-}

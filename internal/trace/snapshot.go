@@ -1,4 +1,4 @@
-package bpf
+package trace
 
 import "time"
 
@@ -71,13 +71,13 @@ type Snapshot struct {
 	Drops map[string]uint64 `json:"drops"`
 
 	// TokensKernel is the kernel activity per generated token of the session whose trace
-	// this line is written to (set by the capture server, never by Snapshot); absent when
+	// this line is written to (set by the capture server, never by the collector); absent when
 	// the session recorded no token in the interval.
 	TokensKernel []TokenKernel `json:"tokens_kernel,omitempty"`
 
 	// ModelLoad is the model-load phase of the client of the session whose trace this
 	// line is written to, when its first PUBLISH arrived in the interval (set by the
-	// capture server, never by Snapshot).
+	// capture server, never by the collector).
 	ModelLoad []ModelLoad `json:"model_load,omitempty"`
 
 	// NUMA is each process's cross-node CPU migrations; absent on a one-node machine.
@@ -85,7 +85,7 @@ type Snapshot struct {
 
 	// NUMAPages is each process's resident pages per NUMA node (keyed by decimal node
 	// number) from /proc/<pid>/numa_maps, a gauge read at most every
-	// Options.NUMAMapsInterval: a process appears only in the snapshots that read it.
+	// bpf.Options.NUMAMapsInterval: a process appears only in the snapshots that read it.
 	NUMAPages map[string]map[string]NodePages `json:"numa_pages,omitempty"`
 
 	// ThreadCPU is each process's on-CPU time by thread name; absent when no watched
@@ -127,28 +127,7 @@ type TokenKernel struct {
 	BlockWriteBytes uint64 `json:"block_write_bytes"`
 }
 
-// TokenWindow is the TokenKernel for the window between two ProcessTotals readings of
-// the same process (counters that went backwards, e.g. a removed exited thread, give 0).
-func TokenWindow(prev, cur ProcessTotals) TokenKernel {
-	oc := OffCPU{RunnableNs: dropSub(cur.OffCPU.RunnableNs, prev.OffCPU.RunnableNs), SleepNs: dropSub(cur.OffCPU.SleepNs, prev.OffCPU.SleepNs),
-		IONs: dropSub(cur.OffCPU.IONs, prev.OffCPU.IONs)}
-	oc.BlockedNs = oc.SleepNs + oc.IONs
-	return TokenKernel{OffCPUNs: oc.RunnableNs + oc.SleepNs + oc.IONs, OffCPU: oc,
-		PageFaults: dropSub(cur.PageFaults, prev.PageFaults), SyscallCount: dropSub(cur.SyscallCount, prev.SyscallCount),
-		SyscallTimed: dropSub(cur.SyscallTimed, prev.SyscallTimed), SyscallNs: dropSub(cur.SyscallNs, prev.SyscallNs),
-		BlockReadBytes: dropSub(cur.ReadBytes, prev.ReadBytes), BlockWriteBytes: dropSub(cur.WriteBytes, prev.WriteBytes)}
-}
-
-// dropSub is a-b, or 0 when a sum went backwards (a thread's entry was removed): the
-// window then undercounts rather than reporting a lifetime total.
-func dropSub(a, b uint64) uint64 {
-	if a < b {
-		return 0
-	}
-	return a - b
-}
-
-// Session names one live capture session; supplied by the caller through SetSessions.
+// Session names one live capture session; supplied to the collector through bpf.Collector.SetSessions.
 type Session struct {
 	// ID is the session id of the capture protocol.
 	ID string `json:"id"`
@@ -334,8 +313,22 @@ type ProgStats struct {
 	RecursionMisses uint64 `json:"recursion_misses"`
 }
 
-// stamp fills the time fields of s for the interval ending at end.
-func (s *Snapshot) stamp(end time.Time, interval time.Duration) {
+// NewSnapshot returns a Snapshot whose lists and maps are empty rather than nil, so every
+// line has [] / {} where there is nothing to report (TRACE_FORMAT.md: never null).
+func NewSnapshot() Snapshot {
+	return Snapshot{
+		Sessions: []Session{}, Watched: []int{}, LatencyHistogram: []DeviceHistogram{}, Inflight: []DeviceCount{},
+		BlockIO: []DeviceIO{}, OffCPUNs: map[string]uint64{}, OffCPU: map[string]OffCPU{}, PageFaults: map[string]uint64{},
+		PageFaultsDetail: map[string]PageFaults{}, Syscalls: map[string]Syscalls{}, DeviceOpens: []DeviceOpen{},
+		Sched: map[string]Sched{}, Collectors: map[string]string{}, BPFStats: []ProgStats{}, Drops: map[string]uint64{},
+		SyscallLatency: map[string]map[string]LatencyStats{}, SyncWait: map[string]map[string]LatencyStats{},
+		RunqueueLatency: map[string]LatencyStats{}, NvidiaIoctl: map[string]LatencyStats{}, TCP: map[string]TCP{},
+		Memory: map[string]Memory{},
+	}
+}
+
+// Stamp fills the time fields of s for the interval ending at end.
+func (s *Snapshot) Stamp(end time.Time, interval time.Duration) {
 	s.Timestamp = float64(end.UnixNano()) / 1e9
 	s.ISOTimestamp = end.UTC().Format("2006-01-02T15:04:05.000000Z07:00")
 	s.IntervalS = interval.Seconds()
@@ -350,4 +343,66 @@ func (s *Snapshot) StatsMissing() bool {
 		}
 	}
 	return true
+}
+
+// PSIValues is one line of /proc/pressure/<resource>: the share of wall time (percent)
+// that some (or all, for "full") non-idle tasks were stalled on the resource, averaged
+// over 10 s, 60 s and 300 s, and the cumulative stall time in microseconds.
+type PSIValues struct {
+	Avg10  float64 `json:"avg10"`
+	Avg60  float64 `json:"avg60"`
+	Avg300 float64 `json:"avg300"`
+	Total  uint64  `json:"total"`
+}
+
+// PSIResource holds the "some" and "full" lines of one resource; Full is nil where the
+// kernel prints no full line (cpu before 5.13).
+type PSIResource struct {
+	Some *PSIValues `json:"some,omitempty"`
+	Full *PSIValues `json:"full,omitempty"`
+}
+
+// PSIResources are the files read under /proc/pressure, in output order.
+var PSIResources = []string{"cpu", "io", "memory"}
+
+// ModelLoad is one model-load phase of a capture session's client: from the client's
+// first open of a model weight file (a name ending in .safetensors, .gguf, .bin, .pt or
+// .pth) to strapd's receipt of the session's first PUBLISH, the first forward pass the
+// client reports.
+type ModelLoad struct {
+	// Session is the capture session id; PID the client's tgid.
+	Session string `json:"session"`
+	PID     int    `json:"pid"`
+	// Path is the weight file as passed to openat (relative paths stay relative).
+	Path string `json:"path"`
+	// Start is the open and End the receipt of the first PUBLISH, Unix seconds; DurationS
+	// is End - Start, measured on the boot-time clock (suspend included, no wall-clock
+	// steps).
+	Start     float64 `json:"start"`
+	End       float64 `json:"end"`
+	DurationS float64 `json:"duration_s"`
+}
+
+// NUMA is a process's NUMA behaviour over the interval.
+type NUMA struct {
+	// CrossNodeMigrations counts CPU migrations of its threads whose source and
+	// destination CPUs are on different nodes (a thread leaving its memory's node).
+	CrossNodeMigrations uint64 `json:"cross_node_migrations"`
+}
+
+// NodePages is what one process has resident on one NUMA node.
+type NodePages struct {
+	// Pages counts the pages as the kernel does: a huge page is one page.
+	Pages uint64 `json:"pages"`
+	// Bytes is Pages times each mapping's page size.
+	Bytes uint64 `json:"bytes"`
+}
+
+// ThreadCPU is the CPU time of one process's threads that share a name (torch's
+// intra-op pool, a tokenizer worker, the main thread) over the interval.
+type ThreadCPU struct {
+	// Threads is how many threads had the name at the snapshot.
+	Threads int `json:"threads"`
+	// CPUNs is their on-CPU time in the interval (schedstat run time deltas).
+	CPUNs uint64 `json:"cpu_ns"`
 }

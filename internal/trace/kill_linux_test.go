@@ -1,6 +1,6 @@
 //go:build linux
 
-package bpf
+package trace
 
 import (
 	"bytes"
@@ -13,7 +13,16 @@ import (
 	"time"
 )
 
-const killWriterEnv = "STRAP_BPF_TEST_KILL_WRITER"
+const killWriterEnv = "STRAP_TRACE_TEST_KILL_WRITER"
+
+// TestMain turns the test binary into the writer TestSIGKILLWholeOrAbsent kills, when
+// started with killWriterEnv set.
+func TestMain(m *testing.M) {
+	if path := os.Getenv(killWriterEnv); path != "" {
+		killWriterChild(path) // never returns
+	}
+	os.Exit(m.Run())
+}
 
 // killWriterChild appends large snapshot lines as fast as it can until it is killed.
 func killWriterChild(path string) {
@@ -47,7 +56,7 @@ func TestSIGKILLWholeOrAbsent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	path := filepath.Join(t.TempDir(), "jsonl")
 	torn := 0
 	line, err := jsonLine(bigSnapshot())
 	if err != nil {

@@ -1,4 +1,4 @@
-package bpf
+package trace
 
 import (
 	"bytes"
@@ -34,9 +34,6 @@ type spanLine struct {
 	TID    int      `json:"tid"`
 	T      *float64 `json:"t"`
 }
-
-// ErrBadSpan is returned by ParseSpanLine for a line that is not a span event.
-var ErrBadSpan = errors.New("bpf: malformed span line")
 
 // maxSpanLine bounds one line of a spans file; a longer one is an error, not a stall.
 const maxSpanLine = 64 << 10
