@@ -49,7 +49,7 @@ func ResourceLines(m Message) ([]byte, int, error) {
 	out := make([]byte, 0, len(events)+16)
 	n := 0
 	for i := 1; events[i] != ']'; {
-		end := skipValue(events, i)
+		end := jsontext.SkipValue(events, i)
 		if _, err := resevent.ParseValid(events[i:end]); err != nil {
 			return nil, 0, fmt.Errorf("%w: RESOURCES event %d: %w", ErrBadMessage, n, err)
 		}
@@ -71,7 +71,7 @@ func ResourceLines(m Message) ([]byte, int, error) {
 func member(obj []byte, key string) ([]byte, error) {
 	var found []byte
 	for i := 1; obj[i] != '}'; {
-		kend := skipValue(obj, i)
+		kend := jsontext.SkipValue(obj, i)
 		k := obj[i:kend]
 		match := string(k[1:len(k)-1]) == key
 		if !match && bytes.IndexByte(k, '\\') >= 0 {
@@ -82,7 +82,7 @@ func member(obj []byte, key string) ([]byte, error) {
 			match = s == key
 		}
 		vstart := kend + 1 // past ':'
-		vend := skipValue(obj, vstart)
+		vend := jsontext.SkipValue(obj, vstart)
 		if match {
 			found = obj[vstart:vend]
 		}
@@ -92,46 +92,4 @@ func member(obj []byte, key string) ([]byte, error) {
 		}
 	}
 	return found, nil
-}
-
-// skipValue returns the end of the value starting at b[i], in compact valid JSON text.
-func skipValue(b []byte, i int) int {
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for {
-			switch b[i] {
-			case '"':
-				i = skipString(b, i)
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-	default: // number, true, false, null
-		for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' {
-			i++
-		}
-		return i
-	}
-}
-
-// skipString returns the end of the string token starting at b[i] (the opening quote).
-func skipString(b []byte, i int) int {
-	for i++; ; i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1
-		}
-	}
 }

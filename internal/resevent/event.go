@@ -8,6 +8,8 @@ import (
 	"math"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/strap-llm/strap/internal/jsontext"
 )
 
 // ErrNotEvent is wrapped by Parse's errors: the bytes are not one resource event.
@@ -44,25 +46,25 @@ func ParseValid(b []byte) (Event, error) {
 	}
 	var e Event
 	for i := 1; ; {
-		if i = skipSpace(b, i); i >= len(b) {
+		if i = jsontext.SkipSpace(b, i); i >= len(b) {
 			return Event{}, fmt.Errorf("%w: truncated object", ErrNotEvent)
 		}
 		if b[i] == '}' {
 			break
 		}
-		kend := skipString(b, i)
+		kend := jsontext.SkipString(b, i)
 		key := b[i:kend]
-		i = skipSpace(b, kend) + 1 // past ':'
-		i = skipSpace(b, i)
+		i = jsontext.SkipSpace(b, kend) + 1 // past ':'
+		i = jsontext.SkipSpace(b, i)
 		if i >= len(b) || len(key) < 2 {
 			return Event{}, fmt.Errorf("%w: truncated object", ErrNotEvent)
 		}
-		vend := skipValue(b, i)
+		vend := jsontext.SkipValue(b, i)
 		val := b[i:vend]
 		if p := e.slot(key); p != nil {
 			*p = val
 		}
-		if i = skipSpace(b, vend); i < len(b) && b[i] == ',' {
+		if i = jsontext.SkipSpace(b, vend); i < len(b) && b[i] == ',' {
 			i++
 		}
 	}
@@ -203,58 +205,4 @@ func keyName(tok []byte) string {
 		return ""
 	}
 	return s
-}
-
-// The walk below reads valid JSON text (Parse checked it) and needs no error paths; on
-// other bytes it stops at the end of b rather than look past it.
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// skipValue returns the end of the value starting at b[i].
-func skipValue(b []byte, i int) int {
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				i = skipString(b, i)
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-		return len(b)
-	default: // number, true, false, null
-		for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' && b[i] != '\t' && b[i] != '\n' && b[i] != '\r' {
-			i++
-		}
-		return i
-	}
-}
-
-// skipString returns the end of the string token starting at b[i] (the opening quote).
-func skipString(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1
-		}
-	}
-	return len(b)
 }
