@@ -307,3 +307,46 @@ test-long-c: $(BIN) $(VENV)/.stamp c
 
 bench-c: $(BIN) c
 	STRAPD_BIN=$(CURDIR)/$(BIN) build/c/bench_record $(BENCH_C_ARGS)
+
+# ----- llama.cpp capture (clients/c/llama, docs/LLAMA_CPP.md) ---------------------------------
+# `make llama-cpp` fetches llama.cpp as vendored by the llama-cpp-python sdist on PyPI and builds
+# its `llama` library only (CPU, shared), cached outside the checkout in LLAMA_CPP_DIR (a cold
+# build takes ≈ 10 min on 2 cores; ccache, installed when missing, makes a rebuild a minute);
+# `make strap-llama` builds libstrap_llama and the strap-llama tool in build/c-llama;
+# `make test-llamacpp` runs clients/c/llama/tests against the real strapd and llama.cpp;
+# `make test-long-llamacpp` kills strap-llama at STRAP_KILL_LLAMA_RUNS random tokens and resumes;
+# `make demo-llamacpp` and `make bench-llamacpp` (decode tokens/s, capture vs plain, 1 and 2 threads).
+.PHONY: llama-cpp strap-llama test-llamacpp test-long-llamacpp demo-llamacpp bench-llamacpp
+LLAMA_CPP_PY_VERSION ?= 0.3.36
+LLAMA_CPP_DIR ?= $(HOME)/.cache/strap-llm/llama.cpp-$(LLAMA_CPP_PY_VERSION)
+STRAP_LLAMA  := build/c-llama/llama/strap-llama
+LLAMA_ENV    := LLAMA_CPP_DIR=$(LLAMA_CPP_DIR) STRAP_LLAMA_BIN=$(CURDIR)/$(STRAP_LLAMA) STRAPD_BIN=$(CURDIR)/$(BIN) \
+                STRAP_REPO=$(CURDIR) PYTHONPATH=$(LLAMA_CPP_DIR)/src/gguf-py
+STRAP_KILL_LLAMA_RUNS ?= 10
+
+llama-cpp: c-tools
+	@command -v ccache >/dev/null || (apt-get update && apt-get install -y --no-install-recommends ccache)
+	STRAP_LLAMA_CACHE=$(LLAMA_CPP_DIR) clients/c/llama/build_llama_cpp.sh $(LLAMA_CPP_PY_VERSION) $(PYTHON)
+
+$(STRAP_LLAMA): $(C_SRC) $(LLAMA_CPP_DIR)/.stamp
+	cmake -S clients/c -B build/c-llama -DCMAKE_BUILD_TYPE=Release -DSTRAP_BUILD_TESTS=OFF \
+	  -DSTRAP_LLAMA_CPP=$(LLAMA_CPP_DIR) >/dev/null
+	cmake --build build/c-llama -j2 --target strap-llama
+
+$(LLAMA_CPP_DIR)/.stamp:
+	$(MAKE) llama-cpp
+
+strap-llama: llama-cpp $(STRAP_LLAMA)
+
+test-llamacpp: $(BIN) $(VENV)/.stamp strap-llama
+	cd clients/c/llama && clang-format --dry-run --Werror include/*.h src/*.c tools/*.c
+	$(LLAMA_ENV) $(VPY) -m pytest clients/c/llama/tests -q -m 'not long'
+
+test-long-llamacpp: $(BIN) $(VENV)/.stamp strap-llama
+	$(LLAMA_ENV) STRAP_KILL_LLAMA_RUNS=$(STRAP_KILL_LLAMA_RUNS) $(VPY) -m pytest clients/c/llama/tests -q -m long
+
+demo-llamacpp: $(BIN) $(VENV)/.stamp strap-llama
+	$(LLAMA_ENV) $(VPY) clients/c/llama/tests/demo.py --out build/demo-llamacpp
+
+bench-llamacpp: $(BIN) $(VENV)/.stamp strap-llama
+	$(LLAMA_ENV) $(VPY) clients/c/llama/tests/bench.py $(BENCH_LLAMA_ARGS)
