@@ -44,10 +44,10 @@ struct llama_batch;
 typedef struct strap_llama strap_llama;
 
 /* Called after each tensor is written (for logging and tests): the node as ggml has it, the
- * record's name and meta (JSON) and the session's return code for the write. Runs in the
+ * record's name, shape (C order) and meta (JSON) and the session's return code for the write. Runs in the
  * callback: it may read the tensor (ggml_backend_tensor_get) but must not call llama_decode. */
 typedef void (*strap_llama_record_fn)(void *user_data, struct ggml_tensor *t, const char *record_name,
-				      const char *meta_json, int rc);
+				      const int64_t *shape, int ndim, const char *meta_json, int rc);
 
 typedef struct strap_llama_params {
 	/* Node names to capture: a graph name without its layer ("l_out": every layer) or with it

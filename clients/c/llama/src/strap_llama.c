@@ -434,18 +434,20 @@ static int write_node(strap_llama *h, struct ggml_tensor *t)
 	/* rows: the outermost dimension whose extent is the ubatch's row count, else its output
 	 * row count (the last layer pruned to the rows asking for logits, trap 2) */
 	const int32_t *rows = NULL;
-	int count = 0;
+	int count = 0, row_dim = 0;
 	for (int d = 3; d >= 1 && !rows; d--)
 		if (t->ne[d] == h->ub_rows) {
 			for (int i = 0; i < h->ub_rows; i++)
 				h->row_tmp[i] = h->ub_start + i;
 			rows = h->row_tmp;
 			count = h->ub_rows;
+			row_dim = d;
 		}
 	for (int d = 3; d >= 1 && !rows; d--)
 		if (t->ne[d] == h->ub_outputs && h->ub_outputs > 0) {
 			rows = h->out_rows;
 			count = h->ub_outputs;
+			row_dim = d;
 		}
 	if (!rows)
 		return fail(h, STRAP_E_INVALID,
@@ -453,8 +455,20 @@ static int write_node(strap_llama *h, struct ggml_tensor *t)
 			    "output rows; not written",
 			    gname, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
 			    h->ub_rows, h->ub_outputs);
-
+	/* a one-row ubatch's tensors keep their row dimension (ggml_n_dims drops trailing 1s), so
+	 * a token's tensor has the same rank in the prompt's pass and in a decode pass: the row
+	 * dimension is the one above the node's own innermost ones (ne[1] for [n_embd, rows]) */
+	if (count == 1) {
+		row_dim = 1;
+		while (row_dim < 3 && (t->ne[row_dim] != 1 || t->ne[row_dim + 1] != 1))
+			row_dim++;
+		for (int d = row_dim + 1; d < 4; d++)
+			if (t->ne[d] != 1)
+				row_dim = d;
+	}
 	int n_dims = ggml_n_dims(t);
+	if (n_dims < row_dim + 1)
+		n_dims = row_dim + 1;
 	int dtype = dtype_of(t->type);
 	int64_t shape[4];
 	int ndim;
@@ -490,7 +504,7 @@ static int write_node(strap_llama *h, struct ggml_tensor *t)
 	record_name(h, gname, base, layer, name, sizeof name);
 	int e = strap_session_write_with(h->s, name, dtype, shape, ndim, nbytes, h->meta, copy_tensor, t);
 	if (h->on_record)
-		h->on_record(h->on_record_data, t, name, h->meta, e);
+		h->on_record(h->on_record_data, t, name, shape, ndim, h->meta, e);
 	if (e < 0) {
 		strap_error se;
 		strap_session_last_error(h->s, &se);

@@ -32,7 +32,7 @@
 struct opts {
 	const char *model, *prompt, *output, *tensors, *socket, *codec, *dump_dir, *also_observe;
 	int n_predict, threads, ctx, ubatch, interval, resume, overwrite, no_capture, last_logits_only;
-	int ignore_eos, raw_names, verbose;
+	int ignore_eos, raw_names, verbose, trace;
 };
 
 static void usage(void)
@@ -52,6 +52,7 @@ static void usage(void)
 		"  --ignore-eos                    generate N tokens even past an end-of-generation token\n"
 		"  --raw-names                     record under graph names (l_out-3), not module names\n"
 		"  --codec NAME, --socket PATH     stream codec, strapd socket\n"
+		"  --trace                         ask strapd for its kernel trace (CAPTURE.trace.jsonl)\n"
 		"  --no-capture                    generate only (the baseline for tokens and speed)\n"
 		"  --dump-dir DIR                  also write each captured tensor as ggml_backend_tensor_get returns "
 		"it, with a manifest (tests)\n"
@@ -127,6 +128,8 @@ static int parse(int argc, char **argv, struct opts *o)
 			o->ignore_eos = 1;
 		} else if (!strcmp(a, "--raw-names")) {
 			o->raw_names = 1;
+		} else if (!strcmp(a, "--trace")) {
+			o->trace = 1;
 		} else if (!strcmp(a, "--verbose")) {
 			o->verbose = 1;
 		} else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -230,7 +233,8 @@ static const char *dtype_name(enum ggml_type t)
 	}
 }
 
-static void dump_record(void *ud, struct ggml_tensor *t, const char *name, const char *meta, int rc)
+static void dump_record(void *ud, struct ggml_tensor *t, const char *name, const int64_t *shape, int ndim,
+			const char *meta, int rc)
 {
 	struct dump *d = ud;
 	const char *dt = dtype_name(t->type);
@@ -255,12 +259,11 @@ static void dump_record(void *ud, struct ggml_tensor *t, const char *name, const
 		d->failed = 1;
 	fclose(f);
 	free(buf);
-	int nd = ggml_n_dims(t);
 	fprintf(d->manifest, "{\"kind\":\"tensor\",\"name\":");
 	json_string(d->manifest, name, strlen(name));
 	fprintf(d->manifest, ",\"dtype\":\"%s\",\"shape\":[", dt);
-	for (int i = 0; i < nd; i++)
-		fprintf(d->manifest, i ? ",%lld" : "%lld", (long long)t->ne[nd - 1 - i]);
+	for (int i = 0; i < ndim; i++)
+		fprintf(d->manifest, i ? ",%lld" : "%lld", (long long)shape[i]);
 	fprintf(d->manifest, "],\"step\":%llu,\"forward\":%llu,\"meta\":%s,\"file\":\"%d.bin\"}\n",
 		(unsigned long long)d->step, (unsigned long long)d->step, meta, d->n);
 	d->n++;
@@ -447,6 +450,7 @@ int main(int argc, char **argv)
 		sp.metadata_json = meta;
 		sp.client_name = "strap-llama/" STRAP_VERSION_STRING;
 		sp.resume = o.resume;
+		sp.trace = o.trace;
 		sp.overwrite_checkpoint = o.overwrite;
 		if (strap_session_open(&sp, &s, &err) != STRAP_OK) {
 			fprintf(stderr, "strap-llama: %s\n", err.message);

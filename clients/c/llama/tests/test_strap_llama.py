@@ -1,0 +1,271 @@
+"""llama.cpp capture through its eval callback, end to end: the real strap-llama (linked against
+llama.cpp's libllama) writing through the real strapd; read back with Go (strapd verify /
+inspect) and Python (open_stream) and compared with what the callback itself read from ggml
+(--dump-dir: ggml_backend_tensor_get of every captured node)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PROMPT, REPO, run_llama, strap_llama_cmd, strapd_cli
+
+from llm_instrumentation import open_stream
+
+READBACK = REPO / "clients/c/tests/readback.py"
+COMPARE = REPO / "clients/c/tests/compare_streams.py"
+N_LAYER = 4  # tiny_model
+
+
+def tensors_of(path: Path):
+    with open_stream(str(path)) as r:
+        return [(t.name, t.step, t.forward, t.dtype, tuple(t.shape), t.meta, t.numpy().copy()) for t in r]
+
+
+def tokens_of(path: Path):
+    with open_stream(str(path)) as r:
+        return [(p.step, p.meta["token_id"]) for p in r.packets() if p.type_name == "TOKEN"]
+
+
+def test_capture_reads_back_bit_exact_in_go_and_python(strapd, tiny_model, tmp_path):
+    out, dump = tmp_path / "cap.strap", tmp_path / "dump"
+    n = 6
+    res = run_llama(tiny_model, "--output", str(out), "--tensors", "l_out,attn_out,ffn_out,attn_norm-2,result_norm",
+                    "--dump-dir", str(dump), socket_path=strapd.socket, n=n)
+    n_prompt = len(res["prompt_tokens"])
+    assert len(res["tokens"]) == n and res["records"] == n * (3 * N_LAYER + 2)
+
+    # Python: every tensor and token bit for bit as the callback read it from ggml
+    rb = subprocess.run([sys.executable, str(READBACK), str(out), str(dump)], capture_output=True, text=True)
+    assert rb.returncode == 0, rb.stdout + rb.stderr
+    # Go: the stream verifies and inspect lists the module names of the Python vocabulary
+    v = strapd_cli("verify", str(out))
+    assert v.returncode == 0 and v.stdout.startswith("OK"), v.stdout + v.stderr
+    ins = strapd_cli("inspect", str(out))
+    assert ins.returncode == 0, ins.stderr
+    for name in ("model.layers.0 ", "model.layers.3.self_attn", "model.layers.3.mlp",
+                 "model.layers.2.input_layernorm", "model.norm"):
+        assert name in ins.stdout, (name, ins.stdout)
+    assert f"tokens: {n}" in ins.stdout
+
+    # rows: the prompt's pass has every prompt position, each decode pass its one position
+    ts = tensors_of(out)
+    assert len(ts) == res["records"]
+    for name, step, fwd, dtype, shape, meta, arr in ts:
+        assert step == fwd and dtype == "float32" and shape[-1] == 64
+        rows = n_prompt if fwd == 0 else 1
+        assert shape == (rows, 64), (name, shape)
+        assert meta["seq"] == 0
+        assert meta["pos"] == {"from": 0 if fwd == 0 else n_prompt + fwd - 1, "n": rows}
+        assert arr.any() and (abs(arr) < 1e4).all()
+    ops = {m["ggml_name"]: m["ggml_op"] for _, _, _, _, _, m, _ in ts}
+    assert ops["l_out-0"] == "ADD" and ops["attn_out-0"] == "MUL_MAT" and ops["ffn_out-0"] == "MUL_MAT"
+    assert ops["attn_norm-2"] == "MUL" and ops["result_norm"] == "MUL"
+    # tokens: one TOKEN per decoded token, step = its index, the ids strap-llama printed
+    assert tokens_of(out) == list(enumerate(res["tokens"]))
+    # the residual stream is what it should be: l_out-N = ffn_out-N + ffn_inp-N, where
+    # ffn_inp-N = attn_out-N + l_out-(N-1); checked at float32 rounding
+    by = {(m["ggml_name"], fwd): a for _, _, fwd, _, _, m, a in ts}
+    for f in range(n):
+        for layer in range(1, N_LAYER):
+            want = by[(f"ffn_out-{layer}", f)] + (by[(f"attn_out-{layer}", f)] + by[(f"l_out-{layer - 1}", f)])
+            got = by[(f"l_out-{layer}", f)]
+            assert abs(got - want).max() <= 1e-5 * max(1.0, abs(want).max()), (layer, f)
+
+
+def test_tokens_identical_with_and_without_capture(strapd, tiny_model, tmp_path):
+    for threads in ("1", "2"):
+        plain = run_llama(tiny_model, "--no-capture", "-t", threads, n=24)
+        cap = run_llama(tiny_model, "--output", str(tmp_path / f"c{threads}.strap"), "--tensors",
+                        "l_out,attn_out,ffn_out", "-t", threads, socket_path=strapd.socket, n=24)
+        assert cap["tokens"] == plain["tokens"], threads
+        assert len(set(plain["tokens"])) > 5, "the model should not repeat one token"
+        assert tokens_of(tmp_path / f"c{threads}.strap") == list(enumerate(plain["tokens"]))
+
+
+def test_identical_bytes_run_to_run_and_across_threads(strapd, tiny_model, tmp_path):
+    a, b = tmp_path / "a.strap", tmp_path / "b.strap"
+    run_llama(tiny_model, "--output", str(a), "-t", "1", socket_path=strapd.socket)
+    run_llama(tiny_model, "--output", str(b), "-t", "2", socket_path=strapd.socket)
+    ta, tb = tensors_of(a), tensors_of(b)
+    assert len(ta) == len(tb) == 8 * N_LAYER
+    for x, y in zip(ta, tb):
+        assert x[:6] == y[:6] and x[6].tobytes() == y[6].tobytes(), x[0]
+
+
+def test_repeated_node_names_take_the_first(strapd, tiny_model, tmp_path):
+    """Qcur-0 names three nodes (the projection, its reshape, RoPE): the first is taken, the
+    others counted as skipped."""
+    out = tmp_path / "q.strap"
+    res = run_llama(tiny_model, "--output", str(out), "--tensors", "Qcur-0", "--raw-names",
+                    socket_path=strapd.socket, n=4)
+    ts = tensors_of(out)
+    assert [t[0] for t in ts] == ["Qcur-0"] * 4
+    assert all(t[5]["ggml_op"] == "MUL_MAT" for t in ts)
+    assert res["duplicates_skipped"] == 2 * 4
+
+
+def test_pruned_last_layer_is_labelled(strapd, tiny_model, tmp_path):
+    """With logits on the last prompt row only, llama.cpp computes the last layer's rows after
+    attention for that row only: the record has one row, labelled with its position."""
+    out = tmp_path / "p.strap"
+    res = run_llama(tiny_model, "--output", str(out), "--tensors", "l_out,attn_out", "--last-logits-only",
+                    socket_path=strapd.socket, n=3)
+    n_prompt = len(res["prompt_tokens"])
+    first = {t[0]: t for t in tensors_of(out) if t[2] == 0}
+    assert first[f"model.layers.{N_LAYER - 1}"][4] == (1, 64)
+    assert first[f"model.layers.{N_LAYER - 1}"][5]["pos"] == {"from": n_prompt - 1, "n": 1}
+    # attn_out of the last layer comes before the pruning: every row
+    assert first[f"model.layers.{N_LAYER - 1}.self_attn"][4] == (n_prompt, 64)
+    assert first["model.layers.0"][5]["pos"] == {"from": 0, "n": n_prompt}
+    # and the kept row equals the same row of an unpruned capture (same numbers, bit for bit:
+    # the last layer's rows are computed independently)
+    full = tmp_path / "f.strap"
+    run_llama(tiny_model, "--output", str(full), "--tensors", "l_out,attn_out", socket_path=strapd.socket, n=3)
+    full0 = {t[0]: t for t in tensors_of(full) if t[2] == 0}
+    a = first[f"model.layers.{N_LAYER - 1}"][6][0]
+    b = full0[f"model.layers.{N_LAYER - 1}"][6][-1]
+    assert abs(a - b).max() <= 1e-5 * abs(b).max()
+
+
+def test_rows_continue_across_ubatches(strapd, tiny_model, tmp_path):
+    out = tmp_path / "u.strap"
+    res = run_llama(tiny_model, "--output", str(out), "--tensors", "l_out-1", "--ubatch", "4",
+                    socket_path=strapd.socket, n=2)
+    n_prompt = len(res["prompt_tokens"])
+    assert n_prompt > 8
+    first = [t for t in tensors_of(out) if t[2] == 0]
+    want, p = [], 0
+    while p < n_prompt:
+        want.append({"from": p, "n": min(4, n_prompt - p)})
+        p += 4
+    assert [t[5]["pos"] for t in first] == want
+    assert [t[4][0] for t in first] == [w["n"] for w in want]
+    assert res["ubatches"] == len(want) + 1
+
+
+def test_chained_callback_still_observes(strapd, tiny_model, tmp_path):
+    """A callback already in the context parameters is kept: it is asked about every node and
+    called for the nodes it wants, including one strap also takes."""
+    for name in ("ffn_norm-1", "l_out-1"):
+        out = tmp_path / f"{name}.strap"
+        res = run_llama(tiny_model, "--output", str(out), "--tensors", "l_out", "--also-observe", name,
+                        socket_path=strapd.socket, n=5)
+        assert res["observed"] == 5, name
+        assert len(tensors_of(out)) == 5 * N_LAYER
+
+
+def test_bad_names_and_configs_are_refused(strapd, tiny_model, tmp_path):
+    r = run_llama(tiny_model, "--output", str(tmp_path / "x.strap"), "--tensors", f"l_out-{N_LAYER}",
+                  socket_path=strapd.socket, check=False)
+    assert r["rc"] != 0 and "past the model's 4" in r["stderr"]
+    r = run_llama(tiny_model, "--output", str(tmp_path / "y.strap"), "--tensors", "l_out,l_out-2",
+                  socket_path=strapd.socket, check=False)
+    assert r["rc"] != 0 and "given twice" in r["stderr"]
+
+
+def _kill_when(cmd, cond, timeout=120.0):
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert p.poll() is None, p.stderr.read().decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+
+
+def test_sigkill_after_a_checkpoint_then_resume_equals_uninterrupted(strapd, kill_model, tmp_path):
+    full, cut = tmp_path / "full.strap", tmp_path / "cut.strap"
+    args = ("--tensors", "l_out,attn_out", "--checkpoint-interval-tokens", "4")
+    ref = run_llama(kill_model, "--output", str(full), *args, socket_path=strapd.socket, n=20)
+    ckpt = Path(str(cut) + ".ckpt.json")
+    _kill_when(strap_llama_cmd(kill_model, "--output", str(cut), *args, socket_path=strapd.socket, n=20),
+               lambda: ckpt.exists())
+    # without --resume the checkpoint is not silently dropped
+    r = run_llama(kill_model, "--output", str(cut), *args, socket_path=strapd.socket, n=20, check=False)
+    assert r["rc"] != 0 and "checkpoint" in r["stderr"]
+    res = run_llama(kill_model, "--output", str(cut), *args, "--resume", socket_path=strapd.socket, n=20)
+    assert res["resumed_from"] > 0 and res["tokens"] == ref["tokens"]
+    eq = subprocess.run([sys.executable, str(COMPARE), str(full), str(cut)], capture_output=True, text=True)
+    assert eq.returncode == 0, eq.stdout + eq.stderr
+    assert not list(tmp_path.glob("*.llama-state.*")) and not ckpt.exists()
+
+
+def test_resume_without_llama_state_is_an_error(strapd, kill_model, tmp_path):
+    cut = tmp_path / "cut.strap"
+    args = ("--tensors", "l_out", "--checkpoint-interval-tokens", "3")
+    ckpt = Path(str(cut) + ".ckpt.json")
+    _kill_when(strap_llama_cmd(kill_model, "--output", str(cut), *args, socket_path=strapd.socket, n=20),
+               lambda: ckpt.exists())
+    for f in tmp_path.glob("cut.strap.llama-state.*"):
+        f.unlink()
+    r = run_llama(kill_model, "--output", str(cut), *args, "--resume", socket_path=strapd.socket, n=20, check=False)
+    assert r["rc"] != 0 and "llama.cpp's state" in r["stderr"], r["stderr"]
+
+
+@pytest.mark.long
+def test_random_sigkill_then_resume_equals_uninterrupted(strapd, kill_model, tmp_path):
+    """strap-llama SIGKILLed at STRAP_KILL_LLAMA_RUNS random moments of its decode (tokens
+    before and after checkpoints), each resumed (killed again sometimes) to the end: every
+    stream equals the uninterrupted one packet for packet."""
+    import random
+
+    runs = int(os.environ.get("STRAP_KILL_LLAMA_RUNS", "10"))
+    seed = int(os.environ.get("STRAP_KILL_SEED", str(random.randrange(1 << 30))))
+    print(f"STRAP_KILL_SEED={seed}")
+    rng = random.Random(seed)
+    n = 48
+    args = ("--tensors", "l_out,attn_out,ffn_out", "--checkpoint-interval-tokens", "5")
+    full = tmp_path / "full.strap"
+    t0 = time.monotonic()
+    ref = run_llama(kill_model, "--output", str(full), *args, socket_path=strapd.socket, n=n)
+    total = time.monotonic() - t0
+    load = total - ref["decode_s"] - ref["prompt_s"]
+    killed_at = []
+    for i in range(runs):
+        out = tmp_path / f"k{i}.strap"
+        first = True
+        for attempt in range(4):
+            cmd = strap_llama_cmd(kill_model, "--output", str(out), *args, *(() if first else ("--resume",)),
+                                  socket_path=strapd.socket, n=n)
+            first = False
+            if attempt == 3 or (attempt > 0 and rng.random() < 0.5):
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+                assert p.returncode == 0, p.stderr
+                res = json.loads(p.stdout)
+                break
+            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            time.sleep(max(0.0, load * 0.8) + rng.random() * (total - load * 0.8))
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            killed_at.append(len(tokens_of(out)) if out.exists() and out.stat().st_size else 0)
+        assert res["tokens"] == ref["tokens"], (seed, i)
+        eq = subprocess.run([sys.executable, str(COMPARE), str(full), str(out)], capture_output=True, text=True)
+        assert eq.returncode == 0, (seed, i, eq.stdout + eq.stderr)
+    print(f"tokens in the stream when killed: {killed_at}")
+    assert len(killed_at) >= runs
+
+
+def test_report_on_a_llama_capture(strapd, tiny_model, tmp_path):
+    """The report reads a llama.cpp capture and its kernel trace (figures from the trace; the
+    per-layer and per-token figures need resource events, which strap-llama does not send)."""
+    pytest.importorskip("matplotlib")
+    from llm_instrumentation.report import build_report
+
+    out = tmp_path / "r.strap"
+    run_llama(tiny_model, "--output", str(out), "--tensors", "l_out", "--trace", socket_path=strapd.socket, n=40)
+    trace = Path(str(out) + ".trace.jsonl")
+    assert trace.exists() and trace.stat().st_size > 0
+    r = build_report(str(out), progress=False)
+    assert r["figures"], r["notes"]
+    page = Path(r["html"]).read_text()
+    assert page.count("data:image/png;base64,") == len(r["figures"])
+    assert "40" in page  # the token count in the summary
