@@ -213,9 +213,9 @@ def test_resume_without_llama_state_is_an_error(strapd, kill_model, tmp_path):
 
 @pytest.mark.long
 def test_random_sigkill_then_resume_equals_uninterrupted(strapd, kill_model, tmp_path):
-    """strap-llama SIGKILLed at STRAP_KILL_LLAMA_RUNS random moments of its decode (tokens
-    before and after checkpoints), each resumed (killed again sometimes) to the end: every
-    stream equals the uninterrupted one packet for packet."""
+    """strap-llama SIGKILLed at random moments of its decode, until STRAP_KILL_LLAMA_RUNS kills
+    landed mid-generation (tokens before and after checkpoints), each resumed (and sometimes
+    killed again) to the end: every stream equals the uninterrupted one packet for packet."""
     import random
 
     runs = int(os.environ.get("STRAP_KILL_LLAMA_RUNS", "10"))
@@ -228,30 +228,38 @@ def test_random_sigkill_then_resume_equals_uninterrupted(strapd, kill_model, tmp
     t0 = time.monotonic()
     ref = run_llama(kill_model, "--output", str(full), *args, socket_path=strapd.socket, n=n)
     total = time.monotonic() - t0
-    load = total - ref["decode_s"] - ref["prompt_s"]
-    killed_at = []
-    for i in range(runs):
+    decode = ref["decode_s"] + ref["prompt_s"]
+    startup = max(0.0, total - decode)
+    killed_at = []  # tokens in the stream at each kill that landed mid-generation
+    i = 0
+    while len(killed_at) < runs:
+        assert i < 4 * runs, f"only {len(killed_at)} of {4 * runs} kills landed mid-generation (seed {seed})"
         out = tmp_path / f"k{i}.strap"
-        first = True
-        for attempt in range(4):
-            cmd = strap_llama_cmd(kill_model, "--output", str(out), *args, *(() if first else ("--resume",)),
+        i += 1
+        resume = False
+        while True:
+            cmd = strap_llama_cmd(kill_model, "--output", str(out), *args, *(("--resume",) if resume else ()),
                                   socket_path=strapd.socket, n=n)
-            first = False
-            if attempt == 3 or (attempt > 0 and rng.random() < 0.5):
+            if resume and rng.random() < 0.7:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
                 assert p.returncode == 0, p.stderr
                 res = json.loads(p.stdout)
                 break
-            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            time.sleep(max(0.0, load * 0.8) + rng.random() * (total - load * 0.8))
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            time.sleep(startup + rng.random() * decode)
             p.send_signal(signal.SIGKILL)
             p.wait()
-            killed_at.append(len(tokens_of(out)) if out.exists() and out.stat().st_size else 0)
+            if p.returncode != -signal.SIGKILL:  # it had finished: nothing was killed
+                res = json.loads(p.stdout.read())
+                break
+            got = len(tokens_of(out)) if out.exists() and out.stat().st_size else 0
+            if 0 < got < n:
+                killed_at.append(got)
+            resume = True
         assert res["tokens"] == ref["tokens"], (seed, i)
         eq = subprocess.run([sys.executable, str(COMPARE), str(full), str(out)], capture_output=True, text=True)
         assert eq.returncode == 0, (seed, i, eq.stdout + eq.stderr)
-    print(f"tokens in the stream when killed: {killed_at}")
-    assert len(killed_at) >= runs
+    print(f"tokens in the stream at each mid-generation kill: {killed_at}")
 
 
 def test_report_on_a_llama_capture(strapd, tiny_model, tmp_path):
