@@ -27,14 +27,17 @@ if [ ! -f "$cache/src/include/llama.h" ]; then
 fi
 launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+# OpenMP stays on (llama.cpp's default): without it, and without a threadpool attached to the
+# context, ggml creates and joins its worker threads for every graph computation, and an eval
+# callback splits each graph into one computation per observed node (docs/LLAMA_CPP.md).
 # GGML_NATIVE=OFF: the cache may be reused on another CPU of the same architecture (CI runners);
 # AVX2/FMA/F16C are still enabled through GGML_AVX2 etc. on x86-64 (the machines here have them).
 extra=()
 case "$(uname -m)" in x86_64) extra=(-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON) ;; esac
 nice -n 10 cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
 	-DGGML_NATIVE=OFF "${extra[@]}" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-	-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_CURL=OFF \
-	-DGGML_OPENMP=OFF "${launcher[@]}" >/dev/null
+	-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_CURL=OFF -DGGML_OPENMP=ON \
+	"${launcher[@]}" >/dev/null
 nice -n 10 cmake --build "$cache/build" --target llama -j"$(nproc)"
 touch "$cache/.stamp"
 echo "$cache"
