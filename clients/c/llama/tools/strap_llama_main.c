@@ -32,7 +32,7 @@
 struct opts {
 	const char *model, *prompt, *output, *tensors, *socket, *codec, *dump_dir, *also_observe;
 	int n_predict, threads, ctx, ubatch, interval, resume, overwrite, no_capture, last_logits_only;
-	int ignore_eos, raw_names, verbose, trace;
+	int ignore_eos, raw_names, verbose, trace, f32_attention;
 };
 
 static void usage(void)
@@ -52,6 +52,9 @@ static void usage(void)
 		"  --ignore-eos                    generate N tokens even past an end-of-generation token\n"
 		"  --raw-names                     record under graph names (l_out-3), not module names\n"
 		"  --codec NAME, --socket PATH     stream codec, strapd socket\n"
+		"  --f32-attention                 KV cache in f32 and no flash attention (llama.cpp's defaults, f16 "
+		"and "
+		"flash attention, round attention to f16)\n"
 		"  --trace                         ask strapd for its kernel trace (CAPTURE.trace.jsonl)\n"
 		"  --no-capture                    generate only (the baseline for tokens and speed)\n"
 		"  --dump-dir DIR                  also write each captured tensor as ggml_backend_tensor_get returns "
@@ -128,6 +131,8 @@ static int parse(int argc, char **argv, struct opts *o)
 			o->ignore_eos = 1;
 		} else if (!strcmp(a, "--raw-names")) {
 			o->raw_names = 1;
+		} else if (!strcmp(a, "--f32-attention")) {
+			o->f32_attention = 1;
 		} else if (!strcmp(a, "--trace")) {
 			o->trace = 1;
 		} else if (!strcmp(a, "--verbose")) {
@@ -410,6 +415,11 @@ int main(int argc, char **argv)
 	cp.n_threads = o.threads;
 	cp.n_threads_batch = o.threads;
 	cp.no_perf = true;
+	if (o.f32_attention) {
+		cp.type_k = GGML_TYPE_F32;
+		cp.type_v = GGML_TYPE_F32;
+		cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+	}
 	if (o.also_observe) {
 		cp.cb_eval = observe_cb;
 		cp.cb_eval_user_data = &obs;
@@ -428,8 +438,10 @@ int main(int argc, char **argv)
 		long long msize = stat(o.model, &st) == 0 ? (long long)st.st_size : -1;
 		/* what must not change between a capture and its resume */
 		snprintf(fp, sizeof fp,
-			 "strap-llama model=%s size=%lld tensors=%s raw=%d n=%d last_logits_only=%d ubatch=%d", o.model,
-			 msize, o.tensors, o.raw_names, o.n_predict, o.last_logits_only, o.ubatch);
+			 "strap-llama model=%s size=%lld tensors=%s raw=%d n=%d last_logits_only=%d ubatch=%d "
+			 "f32_attention=%d",
+			 o.model, msize, o.tensors, o.raw_names, o.n_predict, o.last_logits_only, o.ubatch,
+			 o.f32_attention);
 		size_t mn = (size_t)snprintf(meta, sizeof meta, "{\"engine\":\"llama.cpp\",\"model_class\":");
 		FILE *mf = fmemopen(meta + mn, sizeof meta - mn, "w");
 		json_string(mf, arch, strlen(arch));
