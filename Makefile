@@ -323,6 +323,10 @@ STRAP_LLAMA  := build/c-llama/llama/strap-llama
 LLAMA_ENV    := LLAMA_CPP_DIR=$(LLAMA_CPP_DIR) STRAP_LLAMA_BIN=$(CURDIR)/$(STRAP_LLAMA) STRAPD_BIN=$(CURDIR)/$(BIN) \
                 STRAP_REPO=$(CURDIR) PYTHONPATH=$(LLAMA_CPP_DIR)/src/gguf-py
 STRAP_KILL_LLAMA_RUNS ?= 10
+# The cross-engine test's tokenizer (a SentencePiece model trained in the test; the converter
+# reads it with protobuf < 5). Only in this venv's llama tests, not in PY_DEPS. The GGUF writer
+# is llama.cpp's own gguf-py (on PYTHONPATH), matching the reader under test.
+LLAMA_PY_DEPS := sentencepiece 'protobuf<5'
 
 llama-cpp: c-tools
 	@command -v ccache >/dev/null || (apt-get update && apt-get install -y --no-install-recommends ccache)
@@ -339,6 +343,7 @@ $(LLAMA_CPP_DIR)/.stamp:
 strap-llama: llama-cpp $(STRAP_LLAMA)
 
 test-llamacpp: $(BIN) $(VENV)/.stamp strap-llama
+	@$(VPY) -c "import sentencepiece, google.protobuf" 2>/dev/null || $(VPY) -m pip install --quiet $(LLAMA_PY_DEPS)
 	cd clients/c/llama && clang-format --dry-run --Werror include/*.h src/*.c tools/*.c
 	$(LLAMA_ENV) $(VPY) -m pytest clients/c/llama/tests -q -m 'not long'
 
