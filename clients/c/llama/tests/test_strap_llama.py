@@ -277,3 +277,22 @@ def test_report_on_a_llama_capture(strapd, tiny_model, tmp_path):
     page = Path(r["html"]).read_text()
     assert page.count("data:image/png;base64,") == len(r["figures"])
     assert "40" in page  # the token count in the summary
+    # every figure decodes in headless Chromium (as clients/python/tests/test_report.py checks)
+    import re
+    import shutil
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not browser:
+        if os.environ.get("CI"):
+            pytest.fail("chromium not installed (make chromium)")
+        pytest.skip("chromium not installed (make chromium)")
+    probe = Path(r["out_dir"]) / "probe.html"
+    probe.write_text(page.replace("</body>", "<script>window.addEventListener('load',()=>{const im=[...document."
+                                  "images];const ok=im.filter(i=>i.complete&&i.naturalWidth>0).length;"
+                                  "document.title='IMAGES '+ok+'/'+im.length;});</script></body>"))
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                          "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    m = re.search(r"<title>IMAGES (\d+)/(\d+)</title>", dom.stdout)
+    assert m, dom.stdout[:500] + dom.stderr[-2000:]
+    assert int(m.group(1)) == int(m.group(2)) == len(r["figures"])
