@@ -171,6 +171,15 @@ static double now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* CPU time of the whole process (every thread): the cost of decoding and capturing, apart from
+ * waiting for a CPU shared with strapd and other processes */
+static double cpu_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static void json_string(FILE *f, const char *s, size_t n)
 {
 	fputc('"', f);
@@ -537,7 +546,7 @@ int main(int argc, char **argv)
 
 	struct llama_batch batch = llama_batch_init(n_prompt, 0, 1);
 	int n_vocab = llama_vocab_n_tokens(vocab);
-	double t_prompt = 0, t0_decode = 0;
+	double t_prompt = 0, t0_decode = 0, c0_decode = 0;
 	int n_gen = (int)start, rc = 0;
 	for (int k = (int)start; k < o.n_predict; k++) {
 		batch.n_tokens = 0;
@@ -559,8 +568,10 @@ int main(int argc, char **argv)
 			batch.n_tokens = 1;
 		}
 		double t = now();
-		if (k == (int)start + 1 || (k == (int)start && k > 0))
+		if (k == (int)start + 1 || (k == (int)start && k > 0)) {
 			t0_decode = t;
+			c0_decode = cpu_now();
+		}
 		dump.step = (uint64_t)k;
 		if (h && strap_llama_begin_decode(h, &batch, 0) != STRAP_OK)
 			break;
@@ -617,6 +628,7 @@ int main(int argc, char **argv)
 			break;
 	}
 	double t_decode = t0_decode > 0 ? now() - t0_decode : 0;
+	double c_decode = t0_decode > 0 ? cpu_now() - c0_decode : 0;
 	if (h) {
 		strap_error le;
 		strap_llama_last_error(h, &le);
@@ -654,9 +666,9 @@ int main(int argc, char **argv)
 	printf("],\"tokens\":[");
 	for (int i = 0; i < n_gen; i++)
 		printf(i ? ",%d" : "%d", gen[i]);
-	printf("],\"resumed_from\":%llu,\"prompt_s\":%.6f,\"decode_s\":%.6f,\"decode_tokens\":%d,"
+	printf("],\"resumed_from\":%llu,\"prompt_s\":%.6f,\"decode_s\":%.6f,\"decode_cpu_s\":%.6f,\"decode_tokens\":%d,"
 	       "\"records\":%llu,\"bytes\":%llu,\"duplicates_skipped\":%llu,\"ubatches\":%llu,\"observed\":%ld}\n",
-	       (unsigned long long)start, t_prompt, t_decode, decoded, (unsigned long long)st.records,
+	       (unsigned long long)start, t_prompt, t_decode, c_decode, decoded, (unsigned long long)st.records,
 	       (unsigned long long)st.bytes, (unsigned long long)st.duplicates, (unsigned long long)st.ubatches,
 	       obs.seen);
 
