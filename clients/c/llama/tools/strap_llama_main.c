@@ -32,7 +32,7 @@
 struct opts {
 	const char *model, *prompt, *output, *tensors, *socket, *codec, *dump_dir, *also_observe;
 	int n_predict, threads, ctx, ubatch, interval, resume, overwrite, no_capture, last_logits_only;
-	int ignore_eos, raw_names, verbose, trace, f32_attention;
+	int ignore_eos, raw_names, verbose, trace, f32_attention, no_threadpool;
 };
 
 static void usage(void)
@@ -55,6 +55,9 @@ static void usage(void)
 		"  --f32-attention                 KV cache in f32 and no flash attention (llama.cpp's defaults, f16 "
 		"and "
 		"flash attention, round attention to f16)\n"
+		"  --no-threadpool                 let ggml make a thread team per graph computation instead of "
+		"attaching "
+		"one\n"
 		"  --trace                         ask strapd for its kernel trace (CAPTURE.trace.jsonl)\n"
 		"  --no-capture                    generate only (the baseline for tokens and speed)\n"
 		"  --dump-dir DIR                  also write each captured tensor as ggml_backend_tensor_get returns "
@@ -133,6 +136,8 @@ static int parse(int argc, char **argv, struct opts *o)
 			o->raw_names = 1;
 		} else if (!strcmp(a, "--f32-attention")) {
 			o->f32_attention = 1;
+		} else if (!strcmp(a, "--no-threadpool")) {
+			o->no_threadpool = 1;
 		} else if (!strcmp(a, "--trace")) {
 			o->trace = 1;
 		} else if (!strcmp(a, "--verbose")) {
@@ -508,6 +513,31 @@ int main(int argc, char **argv)
 		return 1;
 	}
 
+	/* a persistent thread team, as llama.cpp's own tools attach (llama-cli, llama-bench): without
+	 * one ggml sets one up per graph computation, and an eval callback splits each graph into
+	 * one computation per observed node */
+	struct ggml_threadpool *tp = NULL;
+	void (*tp_free)(struct ggml_threadpool *) = NULL;
+	if (!o.no_threadpool) {
+		ggml_backend_reg_t cpu = ggml_backend_reg_by_name("CPU");
+		/* ggml-cpu's own functions, looked up as llama.cpp's tools do; copied, as ISO C has
+		 * no cast from an object pointer to a function pointer */
+		void *fn_new = cpu ? ggml_backend_reg_get_proc_address(cpu, "ggml_threadpool_new") : NULL;
+		void *fn_free = cpu ? ggml_backend_reg_get_proc_address(cpu, "ggml_threadpool_free") : NULL;
+		struct ggml_threadpool *(*tp_new)(struct ggml_threadpool_params *) = NULL;
+		if (fn_new && fn_free) {
+			memcpy(&tp_new, &fn_new, sizeof tp_new);
+			memcpy(&tp_free, &fn_free, sizeof tp_free);
+		}
+		struct ggml_threadpool_params tpp = ggml_threadpool_params_default(o.threads);
+		tp = tp_new ? tp_new(&tpp) : NULL;
+		if (!tp) {
+			fprintf(stderr, "strap-llama: cannot create ggml's CPU threadpool\n");
+			return 1;
+		}
+		llama_attach_threadpool(ctx, tp, tp);
+	}
+
 	/* where to start: token 0, or the checkpoint's token count with llama.cpp's state then */
 	uint64_t start = 0;
 	if (s) {
@@ -674,6 +704,8 @@ int main(int argc, char **argv)
 
 	llama_batch_free(batch);
 	llama_free(ctx);
+	if (tp)
+		tp_free(tp);
 	llama_model_free(model);
 	strap_llama_free(h);
 	strap_session_free(s);
