@@ -455,16 +455,14 @@ static int write_node(strap_llama *h, struct ggml_tensor *t)
 			    "output rows; not written",
 			    gname, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
 			    h->ub_rows, h->ub_outputs);
-	/* a one-row ubatch's tensors keep their row dimension (ggml_n_dims drops trailing 1s), so
-	 * a token's tensor has the same rank in the prompt's pass and in a decode pass: the row
-	 * dimension is the one above the node's own innermost ones (ne[1] for [n_embd, rows]) */
+	/* One row: every dimension of extent 1 could be the rows'; take the innermost one above
+	 * ne[0] ([n_embd, 1] → 1, RoPE'd Q [head_dim, n_head, 1] → 2, its permuted view
+	 * [head_dim, 1, n_head] → 1), so a token's tensor keeps the rank it has in a many-row pass
+	 * (ggml_n_dims drops trailing 1s). */
 	if (count == 1) {
 		row_dim = 1;
-		while (row_dim < 3 && (t->ne[row_dim] != 1 || t->ne[row_dim + 1] != 1))
+		while (row_dim < 3 && t->ne[row_dim] != 1)
 			row_dim++;
-		for (int d = row_dim + 1; d < 4; d++)
-			if (t->ne[d] != 1)
-				row_dim = d;
 	}
 	int n_dims = ggml_n_dims(t);
 	if (n_dims < row_dim + 1)

@@ -296,3 +296,19 @@ def test_report_on_a_llama_capture(strapd, tiny_model, tmp_path):
     m = re.search(r"<title>IMAGES (\d+)/(\d+)</title>", dom.stdout)
     assert m, dom.stdout[:500] + dom.stderr[-2000:]
     assert int(m.group(1)) == int(m.group(2)) == len(r["figures"])
+
+
+def test_strided_view_is_gathered_in_c_order(strapd, tiny_model, tmp_path):
+    """A non-contiguous node (the attention's permuted view of Q) is copied row by row from its
+    strides: it equals the transpose of the contiguous node it views, bit for bit."""
+    out = tmp_path / "v.strap"
+    run_llama(tiny_model, "--output", str(out), "--tensors", "Qcur-0 (view),Qcur-0 (view) (permuted)", "--raw-names",
+              socket_path=strapd.socket, n=3)
+    ts = tensors_of(out)
+    assert [t[0] for t in ts] == ["Qcur-0 (view)", "Qcur-0 (view) (permuted)"] * 3
+    for f in range(3):
+        (_, _, _, _, s1, m1, a), (_, _, _, _, s2, m2, b) = ts[2 * f], ts[2 * f + 1]
+        assert m1["ggml_op"] == "VIEW" and m2["ggml_op"] == "PERMUTE"
+        assert s1[1:] == (4, 16) and s2 == (4, s1[0], 16), (s1, s2)  # [rows, heads, dim] → [heads, rows, dim]
+        assert m1["pos"] == m2["pos"]
+        assert b.tobytes() == a.transpose(1, 0, 2).copy().tobytes()
