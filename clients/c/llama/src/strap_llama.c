@@ -319,7 +319,7 @@ static void record_name(const strap_llama *h, const char *graph_name, const char
 				return;
 			}
 		} else {
-			m = !strcmp(base, "inp_embd")        ? "model.embed_tokens"
+			m = !strcmp(base, "embd")            ? "model.embed_tokens"
 			    : !strcmp(base, "result_norm")   ? "model.norm"
 			    : !strcmp(base, "result_output") ? "lm_head"
 							     : NULL;

@@ -37,10 +37,10 @@ def tokens_of(path: Path):
 def test_capture_reads_back_bit_exact_in_go_and_python(strapd, tiny_model, tmp_path):
     out, dump = tmp_path / "cap.strap", tmp_path / "dump"
     n = 6
-    res = run_llama(tiny_model, "--output", str(out), "--tensors", "l_out,attn_out,ffn_out,attn_norm-2,result_norm",
+    res = run_llama(tiny_model, "--output", str(out), "--tensors", "l_out,attn_out,ffn_out,attn_norm-2,result_norm,embd",
                     "--dump-dir", str(dump), socket_path=strapd.socket, n=n)
     n_prompt = len(res["prompt_tokens"])
-    assert len(res["tokens"]) == n and res["records"] == n * (3 * N_LAYER + 2)
+    assert len(res["tokens"]) == n and res["records"] == n * (3 * N_LAYER + 3)
 
     # Python: every tensor and token bit for bit as the callback read it from ggml
     rb = subprocess.run([sys.executable, str(READBACK), str(out), str(dump)], capture_output=True, text=True)
@@ -51,7 +51,7 @@ def test_capture_reads_back_bit_exact_in_go_and_python(strapd, tiny_model, tmp_p
     ins = strapd_cli("inspect", str(out))
     assert ins.returncode == 0, ins.stderr
     for name in ("model.layers.0 ", "model.layers.3.self_attn", "model.layers.3.mlp",
-                 "model.layers.2.input_layernorm", "model.norm"):
+                 "model.layers.2.input_layernorm", "model.norm", "model.embed_tokens"):
         assert name in ins.stdout, (name, ins.stdout)
     assert f"tokens: {n}" in ins.stdout
 
@@ -67,7 +67,7 @@ def test_capture_reads_back_bit_exact_in_go_and_python(strapd, tiny_model, tmp_p
         assert arr.any() and (abs(arr) < 1e4).all()
     ops = {m["ggml_name"]: m["ggml_op"] for _, _, _, _, _, m, _ in ts}
     assert ops["l_out-0"] == "ADD" and ops["attn_out-0"] == "MUL_MAT" and ops["ffn_out-0"] == "MUL_MAT"
-    assert ops["attn_norm-2"] == "MUL" and ops["result_norm"] == "MUL"
+    assert ops["attn_norm-2"] == "MUL" and ops["result_norm"] == "MUL" and ops["embd"] == "GET_ROWS"
     # tokens: one TOKEN per decoded token, step = its index, the ids strap-llama printed
     assert tokens_of(out) == list(enumerate(res["tokens"]))
     # the residual stream is what it should be: l_out-N = ffn_out-N + ffn_inp-N, where
