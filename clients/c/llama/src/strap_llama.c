@@ -353,6 +353,8 @@ static int dtype_of(enum ggml_type t)
 static int copy_tensor(void *ctx, void *dst, size_t off, size_t len)
 {
 	struct ggml_tensor *t = ctx;
+	if (len == 0)
+		return 0;
 	if (ggml_is_contiguous(t)) {
 		ggml_backend_tensor_get(t, dst, off, len);
 		return 0;
@@ -403,6 +405,8 @@ static int put(char *buf, size_t *n, const char *fmt, ...)
 /* "seq": a number when every row shares it, else a list; "pos": {"from","n"} when consecutive. */
 static int put_rows(strap_llama *h, size_t *n, const int32_t *rows, int count)
 {
+	if (count == 0) /* a ubatch none of whose rows asks for logits: the pruned layer is empty */
+		return put(h->meta, n, ",\"seq\":[],\"pos\":[]}");
 	int same = 1, consecutive = 1;
 	for (int i = 1; i < count; i++) {
 		same &= h->seq[rows[i]] == h->seq[rows[0]];
@@ -444,7 +448,7 @@ static int write_node(strap_llama *h, struct ggml_tensor *t)
 			row_dim = d;
 		}
 	for (int d = 3; d >= 1 && !rows; d--)
-		if (t->ne[d] == h->ub_outputs && h->ub_outputs > 0) {
+		if (t->ne[d] == h->ub_outputs) {
 			rows = h->out_rows;
 			count = h->ub_outputs;
 			row_dim = d;
@@ -521,10 +525,10 @@ bool strap_llama_eval_callback(struct ggml_tensor *t, bool ask, void *user_data)
 		int prev = h->prev ? h->prev(t, true, h->prev_data) : 0;
 		h->prev_wants = prev;
 		h->pending = NULL;
-		if (!h->in_decode || h->err.code != STRAP_OK)
+		if (h->err.code != STRAP_OK)
 			return prev;
 		const char *gname = ggml_get_name(t);
-		if (is_token_lookup(t))
+		if (h->in_decode && is_token_lookup(t))
 			start_ubatch(h, t);
 		char base[BASE_MAX];
 		int layer;
@@ -533,6 +537,11 @@ bool strap_llama_eval_callback(struct ggml_tensor *t, bool ask, void *user_data)
 		int r = match(h, base, layer);
 		if (r < 0)
 			return prev;
+		if (!h->in_decode) {
+			fail(h, STRAP_E_INVALID, "%s: llama_decode without strap_llama_begin_decode: not captured",
+			     gname);
+			return prev;
+		}
 		if (!h->have_ubatch) {
 			fail(h, STRAP_E_INVALID, "%s: a node before any token-embedding lookup (an embeddings batch?)",
 			     gname);

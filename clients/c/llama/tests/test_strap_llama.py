@@ -312,3 +312,17 @@ def test_strided_view_is_gathered_in_c_order(strapd, tiny_model, tmp_path):
         assert s1[1:] == (4, 16) and s2 == (4, s1[0], 16), (s1, s2)  # [rows, heads, dim] → [heads, rows, dim]
         assert m1["pos"] == m2["pos"]
         assert b.tobytes() == a.transpose(1, 0, 2).copy().tobytes()
+
+
+def test_ubatches_without_outputs_write_empty_pruned_records(strapd, tiny_model, tmp_path):
+    """A prompt in ubatches of 4 with logits on its last row only: the ubatches before the last
+    compute the pruned last layer for no row at all; each still gets its record, with 0 rows."""
+    out = tmp_path / "z.strap"
+    res = run_llama(tiny_model, "--output", str(out), "--tensors", f"l_out-{N_LAYER - 1},l_out-0", "--raw-names",
+                    "--ubatch", "4", "--last-logits-only", socket_path=strapd.socket, n=2)
+    n_prompt = len(res["prompt_tokens"])
+    last = [t for t in tensors_of(out) if t[0] == f"l_out-{N_LAYER - 1}" and t[2] == 0]
+    n_ub = (n_prompt + 3) // 4
+    assert [t[4] for t in last] == [(0, 64)] * (n_ub - 1) + [(1, 64)]
+    assert [t[5]["pos"] for t in last] == [[]] * (n_ub - 1) + [{"from": n_prompt - 1, "n": 1}]
+    assert len([t for t in tensors_of(out) if t[0] == "l_out-0" and t[2] == 0]) == n_ub
