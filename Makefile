@@ -335,7 +335,7 @@ llama-cpp: c-tools
 $(STRAP_LLAMA): $(C_SRC) $(LLAMA_CPP_DIR)/.stamp
 	cmake -S clients/c -B build/c-llama -DCMAKE_BUILD_TYPE=Release -DSTRAP_BUILD_TESTS=OFF \
 	  -DSTRAP_LLAMA_CPP=$(LLAMA_CPP_DIR) >/dev/null
-	cmake --build build/c-llama -j2 --target strap-llama
+	cmake --build build/c-llama -j2 --target strap-llama test_strap_llama_api
 
 $(LLAMA_CPP_DIR)/.stamp:
 	$(MAKE) llama-cpp
@@ -344,7 +344,7 @@ strap-llama: llama-cpp $(STRAP_LLAMA)
 
 test-llamacpp: $(BIN) $(VENV)/.stamp strap-llama chromium
 	@$(VPY) -c "import sentencepiece, google.protobuf" 2>/dev/null || $(VPY) -m pip install --quiet $(LLAMA_PY_DEPS)
-	cd clients/c/llama && clang-format --dry-run --Werror include/*.h src/*.c tools/*.c
+	cd clients/c/llama && clang-format --dry-run --Werror include/*.h src/*.c tools/*.c tests/*.c
 	$(LLAMA_ENV) $(VPY) -m pytest clients/c/llama/tests -q -m 'not long'
 
 test-long-llamacpp: $(BIN) $(VENV)/.stamp strap-llama

@@ -326,3 +326,16 @@ def test_ubatches_without_outputs_write_empty_pruned_records(strapd, tiny_model,
     assert [t[4] for t in last] == [(0, 64)] * (n_ub - 1) + [(1, 64)]
     assert [t[5]["pos"] for t in last] == [[]] * (n_ub - 1) + [{"from": n_prompt - 1, "n": 1}]
     assert len([t for t in tensors_of(out) if t[0] == "l_out-0" and t[2] == 0]) == n_ub
+
+
+def test_api_refusals_and_attach(strapd, tiny_model, tmp_path):
+    """tests/test_api.c: bad names, a batch over n_batch_max, several KV streams refused by attach,
+    a callback already set kept, a decode not announced reported, one record per layer."""
+    from conftest import STRAP_LLAMA
+
+    exe = STRAP_LLAMA.parent / "test_strap_llama_api"
+    p = subprocess.run([str(exe), str(tiny_model), strapd.socket, str(tmp_path / "api.strap")], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    v = strapd_cli("verify", str(tmp_path / "api.strap"))
+    assert v.returncode == 0, v.stdout + v.stderr
