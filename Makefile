@@ -311,7 +311,7 @@ bench-c: $(BIN) c
 # ----- llama.cpp capture (clients/c/llama, docs/LLAMA_CPP.md) ---------------------------------
 # `make llama-cpp` fetches llama.cpp as vendored by the llama-cpp-python sdist on PyPI and builds
 # its `llama` library only (CPU, shared), cached outside the checkout in LLAMA_CPP_DIR (a cold
-# build takes ≈ 10 min on 2 cores; ccache, installed when missing, makes a rebuild a minute);
+# build took 316 s on 2 cores, download included; ccache, installed when missing, helps rebuilds);
 # `make strap-llama` builds libstrap_llama and the strap-llama tool in build/c-llama;
 # `make test-llamacpp` runs clients/c/llama/tests against the real strapd and llama.cpp;
 # `make test-long-llamacpp` kills strap-llama at STRAP_KILL_LLAMA_RUNS random tokens and resumes;
