@@ -87,8 +87,10 @@ def main() -> int:
     for threads, rows in results.items():
         for name, v in rows.items():
             t = TARGETS.get(name)
-            met = "" if t is None else (f">= {t}: met" if v["ratio"] >= t else f">= {t}: NOT met")
-            ok &= t is None or v["ratio"] >= t
+            # a capture cannot be faster than plain: a ratio above 1.02 is the machine's noise
+            met = "" if t is None else ("not measured (faster than plain: noise)" if v["ratio"] > 1.02
+                                        else f">= {t}: met" if v["ratio"] >= t else f">= {t}: NOT met")
+            ok &= t is None or t <= v["ratio"] <= 1.02
             rng = f"{v['median_tok_s']:.1f} [{v['min']:.1f}-{v['max']:.1f}]"
             print(f"{threads:>7}  {name:<24} {rng:>28}  {v['ratio']:>8.3f}  {v['median_tok_per_cpu_s']:>9.1f}  "
                   f"{v['cpu_ratio']:>8.3f}  {met}")
