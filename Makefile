@@ -373,3 +373,51 @@ test-long-c: $(BIN) $(VENV)/.stamp c
 
 bench-c: $(BIN) c
 	STRAPD_BIN=$(CURDIR)/$(BIN) build/c/bench_record $(BENCH_C_ARGS)
+
+# ----- llama.cpp capture (clients/c/llama, docs/LLAMA_CPP.md) ---------------------------------
+# `make llama-cpp` fetches llama.cpp as vendored by the llama-cpp-python sdist on PyPI and builds
+# its `llama` library only (CPU, shared), cached outside the checkout in LLAMA_CPP_DIR (a cold
+# build took 316 s on 2 cores, download included; ccache, installed when missing, helps rebuilds);
+# `make strap-llama` builds libstrap_llama and the strap-llama tool in build/c-llama;
+# `make test-llamacpp` runs clients/c/llama/tests against the real strapd and llama.cpp;
+# `make test-long-llamacpp` kills strap-llama at STRAP_KILL_LLAMA_RUNS random tokens and resumes;
+# `make demo-llamacpp` and `make bench-llamacpp` (decode tokens/s, capture vs plain, 1 and 2 threads).
+.PHONY: llama-cpp strap-llama test-llamacpp test-long-llamacpp demo-llamacpp bench-llamacpp
+LLAMA_CPP_PY_VERSION ?= 0.3.36
+LLAMA_CPP_DIR ?= $(HOME)/.cache/strap-llm/llama.cpp-$(LLAMA_CPP_PY_VERSION)
+STRAP_LLAMA  := build/c-llama/llama/strap-llama
+LLAMA_ENV    := LLAMA_CPP_DIR=$(LLAMA_CPP_DIR) STRAP_LLAMA_BIN=$(CURDIR)/$(STRAP_LLAMA) STRAPD_BIN=$(CURDIR)/$(BIN) \
+                STRAP_REPO=$(CURDIR) PYTHONPATH=$(LLAMA_CPP_DIR)/src/gguf-py
+STRAP_KILL_LLAMA_RUNS ?= 10
+# The cross-engine test's tokenizer (a SentencePiece model trained in the test; the converter
+# reads it with protobuf < 5). Only in this venv's llama tests, not in PY_DEPS. The GGUF writer
+# is llama.cpp's own gguf-py (on PYTHONPATH), matching the reader under test.
+LLAMA_PY_DEPS := sentencepiece 'protobuf<5'
+
+llama-cpp: c-tools
+	@command -v ccache >/dev/null || (apt-get update && apt-get install -y --no-install-recommends ccache)
+	STRAP_LLAMA_CACHE=$(LLAMA_CPP_DIR) clients/c/llama/build_llama_cpp.sh $(LLAMA_CPP_PY_VERSION) $(PYTHON)
+
+$(STRAP_LLAMA): $(C_SRC) $(LLAMA_CPP_DIR)/.stamp
+	cmake -S clients/c -B build/c-llama -DCMAKE_BUILD_TYPE=Release -DSTRAP_BUILD_TESTS=OFF \
+	  -DSTRAP_LLAMA_CPP=$(LLAMA_CPP_DIR) >/dev/null
+	cmake --build build/c-llama -j2 --target strap-llama test_strap_llama_api
+
+$(LLAMA_CPP_DIR)/.stamp:
+	$(MAKE) llama-cpp
+
+strap-llama: llama-cpp $(STRAP_LLAMA)
+
+test-llamacpp: $(BIN) $(VENV)/.stamp strap-llama chromium
+	@$(VPY) -c "import sentencepiece, google.protobuf" 2>/dev/null || $(VPY) -m pip install --quiet $(LLAMA_PY_DEPS)
+	cd clients/c/llama && clang-format --dry-run --Werror include/*.h src/*.c tools/*.c tests/*.c
+	$(LLAMA_ENV) $(VPY) -m pytest clients/c/llama/tests -q -m 'not long'
+
+test-long-llamacpp: $(BIN) $(VENV)/.stamp strap-llama
+	$(LLAMA_ENV) STRAP_KILL_LLAMA_RUNS=$(STRAP_KILL_LLAMA_RUNS) $(VPY) -m pytest clients/c/llama/tests -q -m long
+
+demo-llamacpp: $(BIN) $(VENV)/.stamp strap-llama
+	$(LLAMA_ENV) $(VPY) clients/c/llama/tests/demo.py --out build/demo-llamacpp
+
+bench-llamacpp: $(BIN) $(VENV)/.stamp strap-llama
+	$(LLAMA_ENV) $(VPY) clients/c/llama/tests/bench.py $(BENCH_LLAMA_ARGS)

@@ -1,0 +1,715 @@
+/*
+ * strap-llama — greedy generation with llama.cpp, capturing graph nodes into a strapd stream
+ * (docs/LLAMA_CPP.md). In the spirit of llama.cpp's llama-simple; linked against the `llama`
+ * library only.
+ *
+ *   strap-llama -m model.gguf -p PROMPT -n N --output capture.strap
+ *               [--tensors l_out,attn_out,ffn_out] [--checkpoint-interval-tokens K] [--resume]
+ *
+ * One forward pass per token: the prompt's pass produces token 0, each later pass feeds the
+ * previous token. Each token is recorded (TOKEN, step = its index) right after it is chosen.
+ * At each checkpoint llama.cpp's state (KV cache) is saved beside the stream first, so a resume
+ * continues from the very cache the interrupted run had and writes the same bytes.
+ * A JSON summary goes to stdout (tokens, timings); llama.cpp's log is silent unless --verbose.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "strap_llama.h"
+
+#include <ggml-backend.h>
+#include <llama.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+struct opts {
+	const char *model, *prompt, *output, *tensors, *socket, *codec, *dump_dir, *also_observe;
+	int n_predict, threads, ctx, ubatch, interval, resume, overwrite, no_capture, last_logits_only;
+	int ignore_eos, raw_names, verbose, trace, f32_attention, no_threadpool;
+};
+
+static void usage(void)
+{
+	fprintf(stderr,
+		"usage: strap-llama -m MODEL.gguf -p PROMPT -n N --output CAPTURE.strap [options]\n"
+		"  --tensors LIST                  graph names, comma-separated (l_out,attn_out,ffn_out; l_out-3 for "
+		"one "
+		"layer); default l_out\n"
+		"  --checkpoint-interval-tokens K  checkpoint (and save llama.cpp's state) every K tokens; 0: never\n"
+		"  --resume                        continue from the checkpoint of an interrupted capture\n"
+		"  --overwrite                     start over although a checkpoint exists\n"
+		"  -t N                            threads (default 1)\n"
+		"  --ctx N, --ubatch N             context size (default prompt + N), physical batch size\n"
+		"  --last-logits-only              the prompt pass asks logits for its last row only (llama.cpp then "
+		"prunes the last layer's rows)\n"
+		"  --ignore-eos                    generate N tokens even past an end-of-generation token\n"
+		"  --raw-names                     record under graph names (l_out-3), not module names\n"
+		"  --codec NAME, --socket PATH     stream codec, strapd socket\n"
+		"  --f32-attention                 KV cache in f32 and no flash attention (llama.cpp's defaults, f16 "
+		"and "
+		"flash attention, round attention to f16)\n"
+		"  --no-threadpool                 let ggml make a thread team per graph computation instead of "
+		"attaching "
+		"one\n"
+		"  --trace                         ask strapd for its kernel trace (CAPTURE.trace.jsonl)\n"
+		"  --no-capture                    generate only (the baseline for tokens and speed)\n"
+		"  --dump-dir DIR                  also write each captured tensor as ggml_backend_tensor_get returns "
+		"it, with a manifest (tests)\n"
+		"  --also-observe NAME             a second eval callback, chained, observing node NAME (tests)\n"
+		"  --verbose                       llama.cpp's log on stderr\n");
+}
+
+static int parse(int argc, char **argv, struct opts *o)
+{
+	memset(o, 0, sizeof *o);
+	o->n_predict = 16;
+	o->threads = 1;
+	o->tensors = "l_out";
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define VAL()                                                                                                          \
+	do {                                                                                                           \
+		if (!v) {                                                                                              \
+			fprintf(stderr, "strap-llama: %s needs a value\n", a);                                         \
+			return -1;                                                                                     \
+		}                                                                                                      \
+		i++;                                                                                                   \
+	} while (0)
+		if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+			VAL();
+			o->model = v;
+		} else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+			VAL();
+			o->prompt = v;
+		} else if (!strcmp(a, "-n")) {
+			VAL();
+			o->n_predict = atoi(v);
+		} else if (!strcmp(a, "--output") || !strcmp(a, "-o")) {
+			VAL();
+			o->output = v;
+		} else if (!strcmp(a, "--tensors")) {
+			VAL();
+			o->tensors = v;
+		} else if (!strcmp(a, "--checkpoint-interval-tokens")) {
+			VAL();
+			o->interval = atoi(v);
+		} else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+			VAL();
+			o->threads = atoi(v);
+		} else if (!strcmp(a, "--ctx")) {
+			VAL();
+			o->ctx = atoi(v);
+		} else if (!strcmp(a, "--ubatch")) {
+			VAL();
+			o->ubatch = atoi(v);
+		} else if (!strcmp(a, "--socket")) {
+			VAL();
+			o->socket = v;
+		} else if (!strcmp(a, "--codec")) {
+			VAL();
+			o->codec = v;
+		} else if (!strcmp(a, "--dump-dir")) {
+			VAL();
+			o->dump_dir = v;
+		} else if (!strcmp(a, "--also-observe")) {
+			VAL();
+			o->also_observe = v;
+		} else if (!strcmp(a, "--resume")) {
+			o->resume = 1;
+		} else if (!strcmp(a, "--overwrite")) {
+			o->overwrite = 1;
+		} else if (!strcmp(a, "--no-capture")) {
+			o->no_capture = 1;
+		} else if (!strcmp(a, "--last-logits-only")) {
+			o->last_logits_only = 1;
+		} else if (!strcmp(a, "--ignore-eos")) {
+			o->ignore_eos = 1;
+		} else if (!strcmp(a, "--raw-names")) {
+			o->raw_names = 1;
+		} else if (!strcmp(a, "--f32-attention")) {
+			o->f32_attention = 1;
+		} else if (!strcmp(a, "--no-threadpool")) {
+			o->no_threadpool = 1;
+		} else if (!strcmp(a, "--trace")) {
+			o->trace = 1;
+		} else if (!strcmp(a, "--verbose")) {
+			o->verbose = 1;
+		} else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+			usage();
+			exit(0);
+		} else {
+			fprintf(stderr, "strap-llama: unknown argument %s\n", a);
+			return -1;
+		}
+#undef VAL
+	}
+	if (!o->model || !o->prompt || (!o->output && !o->no_capture)) {
+		fprintf(stderr, "strap-llama: -m, -p and --output are required (--output unless --no-capture)\n");
+		return -1;
+	}
+	if (o->n_predict < 1 || o->threads < 1 || o->interval < 0 || o->ctx < 0 || o->ubatch < 0) {
+		fprintf(stderr, "strap-llama: -n and -t must be >= 1; --ctx, --ubatch, the interval >= 0\n");
+		return -1;
+	}
+	return 0;
+}
+
+static void quiet_log(enum ggml_log_level level, const char *text, void *ud)
+{
+	(void)ud;
+	if (level == GGML_LOG_LEVEL_ERROR)
+		fputs(text, stderr);
+}
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* CPU time of the whole process (every thread): the cost of decoding and capturing, apart from
+ * waiting for a CPU shared with strapd and other processes */
+static double cpu_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void json_string(FILE *f, const char *s, size_t n)
+{
+	fputc('"', f);
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)s[i];
+		if (c == '"' || c == '\\')
+			fprintf(f, "\\%c", c);
+		else if (c < 0x20)
+			fprintf(f, "\\u%04x", c);
+		else
+			fputc(c, f);
+	}
+	fputc('"', f);
+}
+
+/* A token's text as llama.cpp renders it, made valid UTF-8 for TOKEN (a piece may end inside a
+ * multi-byte character: the incomplete tail is replaced by U+FFFD, as Python's decode does). */
+static int token_text(const struct llama_vocab *vocab, llama_token tok, char *buf, int cap)
+{
+	int n = llama_token_to_piece(vocab, tok, buf, cap - 4, 0, true);
+	if (n < 0)
+		n = 0;
+	int out = 0;
+	char tmp[256];
+	for (int i = 0; i < n;) {
+		unsigned char c = (unsigned char)buf[i];
+		int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+		int ok = len > 0 && i + len <= n;
+		for (int k = 1; ok && k < len; k++)
+			ok = ((unsigned char)buf[i + k] >> 6) == 2;
+		if (ok) {
+			memcpy(tmp + out, buf + i, (size_t)len);
+			out += len;
+			i += len;
+		} else {
+			memcpy(tmp + out, "\xef\xbf\xbd", 3);
+			out += 3;
+			i++;
+		}
+		if (out > (int)sizeof tmp - 8)
+			break;
+	}
+	memcpy(buf, tmp, (size_t)out);
+	return out;
+}
+
+/* ----- --dump-dir: the tensors as the callback sees them ----- */
+
+struct dump {
+	const char *dir;
+	FILE *manifest;
+	int n;
+	uint64_t step;
+	int failed;
+};
+
+static const char *dtype_name(enum ggml_type t)
+{
+	switch (t) {
+	case GGML_TYPE_F32: return "float32";
+	case GGML_TYPE_F16: return "float16";
+	case GGML_TYPE_BF16: return "bfloat16";
+	case GGML_TYPE_I32: return "int32";
+	default: return NULL;
+	}
+}
+
+static void dump_record(void *ud, struct ggml_tensor *t, const char *name, const int64_t *shape, int ndim,
+			const char *meta, int rc)
+{
+	struct dump *d = ud;
+	const char *dt = dtype_name(t->type);
+	if (rc < 0 || !dt || !ggml_is_contiguous(t)) {
+		d->failed = 1;
+		return;
+	}
+	size_t nb = ggml_nbytes(t);
+	void *buf = malloc(nb ? nb : 1);
+	char path[4096];
+	snprintf(path, sizeof path, "%s/%d.bin", d->dir, d->n);
+	FILE *f = fopen(path, "wb");
+	if (!buf || !f) {
+		d->failed = 1;
+		free(buf);
+		if (f)
+			fclose(f);
+		return;
+	}
+	ggml_backend_tensor_get(t, buf, 0, nb);
+	if (fwrite(buf, 1, nb, f) != nb)
+		d->failed = 1;
+	fclose(f);
+	free(buf);
+	fprintf(d->manifest, "{\"kind\":\"tensor\",\"name\":");
+	json_string(d->manifest, name, strlen(name));
+	fprintf(d->manifest, ",\"dtype\":\"%s\",\"shape\":[", dt);
+	for (int i = 0; i < ndim; i++)
+		fprintf(d->manifest, i ? ",%lld" : "%lld", (long long)shape[i]);
+	fprintf(d->manifest, "],\"step\":%llu,\"forward\":%llu,\"meta\":%s,\"file\":\"%d.bin\"}\n",
+		(unsigned long long)d->step, (unsigned long long)d->step, meta, d->n);
+	d->n++;
+}
+
+/* ----- --also-observe: a callback installed before ours, to show chaining ----- */
+
+struct observer {
+	const char *name;
+	long seen;
+};
+
+static bool observe_cb(struct ggml_tensor *t, bool ask, void *ud)
+{
+	struct observer *o = ud;
+	if (ask)
+		return !strcmp(ggml_get_name(t), o->name);
+	o->seen++;
+	return true;
+}
+
+/* ----- llama.cpp state files beside the stream ----- */
+
+static void state_path(const char *output, uint64_t tokens, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s.llama-state.%llu", output, (unsigned long long)tokens);
+}
+
+static int fsync_path(const char *path, int dir)
+{
+	int fd = open(path, dir ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+	if (fd < 0)
+		return -1;
+	int r = fsync(fd);
+	close(fd);
+	return r;
+}
+
+/* Removes every state file of `output` except the one for `keep` tokens (keep < 0: all). */
+static void remove_states(const char *output, long long keep)
+{
+	char dirbuf[4096], basebuf[4096];
+	snprintf(dirbuf, sizeof dirbuf, "%s", output);
+	snprintf(basebuf, sizeof basebuf, "%s", output);
+	const char *dir = dirname(dirbuf);
+	const char *base = basename(basebuf);
+	char prefix[4200];
+	snprintf(prefix, sizeof prefix, "%s.llama-state.", base);
+	DIR *dp = opendir(dir);
+	if (!dp)
+		return;
+	struct dirent *e;
+	while ((e = readdir(dp))) {
+		size_t pl = strlen(prefix);
+		if (strncmp(e->d_name, prefix, pl))
+			continue;
+		char *end;
+		long long n = strtoll(e->d_name + pl, &end, 10);
+		if (*end == 0 && n == keep)
+			continue;
+		char p[8400];
+		snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+		unlink(p);
+	}
+	closedir(dp);
+}
+
+static int save_state(struct llama_context *ctx, const char *output, uint64_t tokens, const llama_token *all,
+		      size_t n_all)
+{
+	char path[4200], tmp[4300];
+	state_path(output, tokens, path, sizeof path);
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	if (!llama_state_save_file(ctx, tmp, all, n_all)) {
+		fprintf(stderr, "strap-llama: llama_state_save_file(%s) failed\n", tmp);
+		return -1;
+	}
+	char dirbuf[4200];
+	snprintf(dirbuf, sizeof dirbuf, "%s", path);
+	if (fsync_path(tmp, 0) || rename(tmp, path) || fsync_path(dirname(dirbuf), 1)) {
+		fprintf(stderr, "strap-llama: saving %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+static int split_list(char *s, const char **out, int cap)
+{
+	int n = 0;
+	for (char *tok = strtok(s, ","); tok; tok = strtok(NULL, ",")) {
+		if (n == cap)
+			return -1;
+		out[n++] = tok;
+	}
+	return n;
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o;
+	if (parse(argc, argv, &o)) {
+		usage();
+		return 2;
+	}
+	if (!o.verbose)
+		llama_log_set(quiet_log, NULL);
+	llama_backend_init();
+
+	struct llama_model_params mp = llama_model_default_params();
+	struct llama_model *model = llama_model_load_from_file(o.model, mp);
+	if (!model) {
+		fprintf(stderr, "strap-llama: cannot load %s\n", o.model);
+		return 1;
+	}
+	const struct llama_vocab *vocab = llama_model_get_vocab(model);
+	int plen = (int)strlen(o.prompt);
+	int n_prompt = -llama_tokenize(vocab, o.prompt, plen, NULL, 0, true, true);
+	if (n_prompt <= 0) {
+		fprintf(stderr, "strap-llama: the prompt gives no tokens\n");
+		return 1;
+	}
+	size_t n_all_cap = (size_t)n_prompt + (size_t)o.n_predict;
+	llama_token *all = malloc(n_all_cap * sizeof *all); /* prompt, then generated tokens */
+	if (!all || llama_tokenize(vocab, o.prompt, plen, all, n_prompt, true, true) != n_prompt) {
+		fprintf(stderr, "strap-llama: tokenizing the prompt failed\n");
+		return 1;
+	}
+	llama_token *gen = all + n_prompt;
+
+	strap_session *s = NULL;
+	strap_llama *h = NULL;
+	strap_error err;
+	char tensors_buf[4096];
+	const char *names[64];
+	int n_names = 0;
+	struct dump dump = {0};
+	struct observer obs = {o.also_observe, 0};
+
+	struct llama_context_params cp = llama_context_default_params();
+	cp.n_ctx = o.ctx ? (uint32_t)o.ctx : (uint32_t)(n_prompt + o.n_predict + 1);
+	cp.n_batch = (uint32_t)(n_prompt > 1 ? n_prompt : 1);
+	cp.n_ubatch = o.ubatch ? (uint32_t)o.ubatch : cp.n_batch;
+	cp.n_seq_max = 1;
+	cp.n_threads = o.threads;
+	cp.n_threads_batch = o.threads;
+	cp.no_perf = true;
+	if (o.f32_attention) {
+		cp.type_k = GGML_TYPE_F32;
+		cp.type_v = GGML_TYPE_F32;
+		cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+	}
+	if (o.also_observe) {
+		cp.cb_eval = observe_cb;
+		cp.cb_eval_user_data = &obs;
+	}
+
+	if (!o.no_capture) {
+		snprintf(tensors_buf, sizeof tensors_buf, "%s", o.tensors);
+		n_names = split_list(tensors_buf, names, 64);
+		if (n_names < 1) {
+			fprintf(stderr, "strap-llama: --tensors: 1 to 64 names\n");
+			return 2;
+		}
+		char arch[64] = "", fp[4096], meta[8192];
+		llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch);
+		struct stat st;
+		long long msize = stat(o.model, &st) == 0 ? (long long)st.st_size : -1;
+		/* what must not change between a capture and its resume */
+		snprintf(fp, sizeof fp,
+			 "strap-llama model=%s size=%lld tensors=%s raw=%d n=%d last_logits_only=%d ubatch=%d "
+			 "f32_attention=%d",
+			 o.model, msize, o.tensors, o.raw_names, o.n_predict, o.last_logits_only, o.ubatch,
+			 o.f32_attention);
+		size_t mn = (size_t)snprintf(meta, sizeof meta, "{\"engine\":\"llama.cpp\",\"model_class\":");
+		FILE *mf = fmemopen(meta + mn, sizeof meta - mn, "w");
+		json_string(mf, arch, strlen(arch));
+		fprintf(mf, ",\"model_path\":");
+		json_string(mf, o.model, strlen(o.model));
+		fprintf(mf, ",\"n_layer\":%d,\"n_embd\":%d,\"prompt\":", llama_model_n_layer(model),
+			llama_model_n_embd(model));
+		json_string(mf, o.prompt, (size_t)plen);
+		fprintf(mf, ",\"prompt_tokens\":%d,\"threads\":%d}", n_prompt, o.threads);
+		fputc(0, mf);
+		fclose(mf);
+
+		strap_session_params sp = strap_default_session_params();
+		sp.output_path = o.output;
+		sp.socket_path = o.socket;
+		sp.codec = o.codec ? o.codec : "none";
+		sp.fingerprint = fp;
+		sp.metadata_json = meta;
+		sp.client_name = "strap-llama/" STRAP_VERSION_STRING;
+		sp.resume = o.resume;
+		sp.trace = o.trace;
+		sp.overwrite_checkpoint = o.overwrite;
+		if (strap_session_open(&sp, &s, &err) != STRAP_OK) {
+			fprintf(stderr, "strap-llama: %s\n", err.message);
+			return 1;
+		}
+		strap_llama_params lp = strap_llama_default_params();
+		lp.tensors = names;
+		lp.n_tensors = n_names;
+		lp.raw_names = o.raw_names;
+		lp.n_batch_max = n_prompt;
+		if (o.dump_dir) {
+			char mpath[4200];
+			snprintf(mpath, sizeof mpath, "%s/manifest.jsonl", o.dump_dir);
+			mkdir(o.dump_dir, 0755);
+			dump.dir = o.dump_dir;
+			dump.manifest = fopen(mpath, "w");
+			if (!dump.manifest) {
+				fprintf(stderr, "strap-llama: %s: %s\n", mpath, strerror(errno));
+				return 1;
+			}
+			lp.on_record = dump_record;
+			lp.on_record_data = &dump;
+		}
+		if (strap_llama_new(s, model, &lp, &h, &err) != STRAP_OK ||
+		    strap_llama_attach(h, &cp, &err) != STRAP_OK) {
+			fprintf(stderr, "strap-llama: %s\n", err.message);
+			return 1;
+		}
+	}
+
+	struct llama_context *ctx = llama_init_from_model(model, cp);
+	if (!ctx) {
+		fprintf(stderr, "strap-llama: llama_init_from_model failed\n");
+		return 1;
+	}
+
+	/* a persistent thread team, as llama.cpp's own tools attach (llama-cli, llama-bench): without
+	 * one ggml sets one up per graph computation, and an eval callback splits each graph into
+	 * one computation per observed node */
+	struct ggml_threadpool *tp = NULL;
+	void (*tp_free)(struct ggml_threadpool *) = NULL;
+	if (!o.no_threadpool) {
+		ggml_backend_reg_t cpu = ggml_backend_reg_by_name("CPU");
+		/* ggml-cpu's own functions, looked up as llama.cpp's tools do; copied, as ISO C has
+		 * no cast from an object pointer to a function pointer */
+		void *fn_new = cpu ? ggml_backend_reg_get_proc_address(cpu, "ggml_threadpool_new") : NULL;
+		void *fn_free = cpu ? ggml_backend_reg_get_proc_address(cpu, "ggml_threadpool_free") : NULL;
+		struct ggml_threadpool *(*tp_new)(struct ggml_threadpool_params *) = NULL;
+		if (fn_new && fn_free) {
+			memcpy(&tp_new, &fn_new, sizeof tp_new);
+			memcpy(&tp_free, &fn_free, sizeof tp_free);
+		}
+		struct ggml_threadpool_params tpp = ggml_threadpool_params_default(o.threads);
+		tp = tp_new ? tp_new(&tpp) : NULL;
+		if (!tp) {
+			fprintf(stderr, "strap-llama: cannot create ggml's CPU threadpool\n");
+			return 1;
+		}
+		llama_attach_threadpool(ctx, tp, tp);
+	}
+
+	/* where to start: token 0, or the checkpoint's token count with llama.cpp's state then */
+	uint64_t start = 0;
+	if (s) {
+		strap_resume_point rp = strap_session_resume_point(s);
+		if (rp.resumed && rp.token_count > 0) {
+			if (rp.forward_count != rp.token_count || rp.token_count > (uint64_t)o.n_predict) {
+				fprintf(stderr,
+					"strap-llama: the checkpoint has %llu tokens and %llu forward passes: not a "
+					"strap-llama capture of at most %d tokens\n",
+					(unsigned long long)rp.token_count, (unsigned long long)rp.forward_count,
+					o.n_predict);
+				return 1;
+			}
+			char path[4200];
+			state_path(o.output, rp.token_count, path, sizeof path);
+			llama_token *loaded = malloc(n_all_cap * sizeof *loaded);
+			size_t n_loaded = 0;
+			if (!loaded || !llama_state_load_file(ctx, path, loaded, n_all_cap, &n_loaded)) {
+				fprintf(stderr, "strap-llama: cannot load llama.cpp's state %s for the checkpoint\n",
+					path);
+				return 1;
+			}
+			if (n_loaded != (size_t)n_prompt + rp.token_count ||
+			    memcmp(loaded, all, (size_t)n_prompt * sizeof *all)) {
+				fprintf(stderr, "strap-llama: %s holds %zu tokens, not this prompt's %d + %llu\n", path,
+					n_loaded, n_prompt, (unsigned long long)rp.token_count);
+				return 1;
+			}
+			memcpy(all, loaded, n_loaded * sizeof *all);
+			free(loaded);
+			start = rp.token_count;
+		}
+		/* a state newer than the checkpoint (killed between the two) or left by an old run */
+		remove_states(o.output, start ? (long long)start : -1);
+	}
+
+	struct llama_batch batch = llama_batch_init(n_prompt, 0, 1);
+	int n_vocab = llama_vocab_n_tokens(vocab);
+	double t_prompt = 0, t0_decode = 0, c0_decode = 0;
+	int n_gen = (int)start, rc = 0;
+	for (int k = (int)start; k < o.n_predict; k++) {
+		batch.n_tokens = 0;
+		if (k == 0) {
+			for (int i = 0; i < n_prompt; i++) {
+				batch.token[i] = all[i];
+				batch.pos[i] = i;
+				batch.n_seq_id[i] = 1;
+				batch.seq_id[i][0] = 0;
+				batch.logits[i] = !o.last_logits_only || i == n_prompt - 1;
+			}
+			batch.n_tokens = n_prompt;
+		} else {
+			batch.token[0] = gen[k - 1];
+			batch.pos[0] = n_prompt + k - 1;
+			batch.n_seq_id[0] = 1;
+			batch.seq_id[0][0] = 0;
+			batch.logits[0] = 1;
+			batch.n_tokens = 1;
+		}
+		double t = now();
+		if (k == (int)start + 1 || (k == (int)start && k > 0)) {
+			t0_decode = t;
+			c0_decode = cpu_now();
+		}
+		dump.step = (uint64_t)k;
+		if (h && strap_llama_begin_decode(h, &batch, 0) != STRAP_OK)
+			break;
+		int d = llama_decode(ctx, batch);
+		if (h && strap_llama_end_decode(h) != STRAP_OK)
+			break;
+		if (d != 0) {
+			fprintf(stderr, "strap-llama: llama_decode returned %d\n", d);
+			rc = 1;
+			break;
+		}
+		if (k == 0)
+			t_prompt = now() - t;
+		const float *logits = llama_get_logits_ith(ctx, -1);
+		llama_token best = 0;
+		for (int v = 1; v < n_vocab; v++)
+			if (logits[v] > logits[best])
+				best = v;
+		gen[k] = best;
+		n_gen = k + 1;
+		if (s) {
+			char text[256];
+			int tl = token_text(vocab, best, text, sizeof text);
+			if (dump.manifest) {
+				fprintf(dump.manifest, "{\"kind\":\"token\",\"index\":%d,\"token_id\":%d,\"text\":", k,
+					best);
+				json_string(dump.manifest, text, (size_t)tl);
+				fprintf(dump.manifest, "}\n");
+			}
+			if (strap_session_token(s, best, text, (size_t)tl, n_prompt + k) < 0) {
+				strap_session_last_error(s, &err);
+				fprintf(stderr, "strap-llama: token: %s\n", err.message);
+				rc = 1;
+				break;
+			}
+			uint64_t done = (uint64_t)k + 1;
+			if (o.interval > 0 && done % (uint64_t)o.interval == 0 && done < (uint64_t)o.n_predict) {
+				/* llama.cpp's state first, then the checkpoint: a resume needs both, and a
+				 * state without its checkpoint is removed at the next start */
+				if (save_state(ctx, o.output, done, all, (size_t)n_prompt + done)) {
+					rc = 1;
+					break;
+				}
+				if (strap_session_checkpoint(s) < 0) {
+					strap_session_last_error(s, &err);
+					fprintf(stderr, "strap-llama: checkpoint: %s\n", err.message);
+					rc = 1;
+					break;
+				}
+				remove_states(o.output, (long long)done);
+			}
+		}
+		if (!o.ignore_eos && llama_vocab_is_eog(vocab, best))
+			break;
+	}
+	double t_decode = t0_decode > 0 ? now() - t0_decode : 0;
+	double c_decode = t0_decode > 0 ? cpu_now() - c0_decode : 0;
+	if (h) {
+		strap_error le;
+		strap_llama_last_error(h, &le);
+		if (le.code != STRAP_OK) {
+			fprintf(stderr, "strap-llama: capture: %s\n", le.message);
+			rc = 1;
+		}
+	}
+	strap_llama_stats st = {0};
+	if (h)
+		st = strap_llama_get_stats(h);
+	if (s && rc == 0) {
+		strap_closed cl;
+		if (strap_session_close(s, &cl) != STRAP_OK) {
+			strap_session_last_error(s, &err);
+			fprintf(stderr, "strap-llama: close: %s\n", err.message);
+			rc = 1;
+		} else {
+			remove_states(o.output, -1);
+		}
+	}
+	if (dump.manifest) {
+		fclose(dump.manifest);
+		if (dump.failed) {
+			fprintf(stderr, "strap-llama: --dump-dir: a record could not be dumped\n");
+			rc = 1;
+		}
+	}
+
+	/* the summary: tokens (all of them, resumed ones included) and timings */
+	int decoded = n_gen - (int)start - (start == 0 ? 1 : 0);
+	printf("{\"prompt_tokens\":[");
+	for (int i = 0; i < n_prompt; i++)
+		printf(i ? ",%d" : "%d", all[i]);
+	printf("],\"tokens\":[");
+	for (int i = 0; i < n_gen; i++)
+		printf(i ? ",%d" : "%d", gen[i]);
+	printf("],\"resumed_from\":%llu,\"prompt_s\":%.6f,\"decode_s\":%.6f,\"decode_cpu_s\":%.6f,\"decode_tokens\":%d,"
+	       "\"records\":%llu,\"bytes\":%llu,\"duplicates_skipped\":%llu,\"ubatches\":%llu,\"observed\":%ld}\n",
+	       (unsigned long long)start, t_prompt, t_decode, c_decode, decoded, (unsigned long long)st.records,
+	       (unsigned long long)st.bytes, (unsigned long long)st.duplicates, (unsigned long long)st.ubatches,
+	       obs.seen);
+
+	llama_batch_free(batch);
+	llama_free(ctx);
+	if (tp)
+		tp_free(tp);
+	llama_model_free(model);
+	strap_llama_free(h);
+	strap_session_free(s);
+	free(all);
+	llama_backend_free();
+	return rc;
+}
