@@ -13,6 +13,7 @@ from llm_instrumentation import capture_activations, open_stream
 from llm_instrumentation import checkpoint as ckpt
 from llm_instrumentation._distributed import RankInfo, detect, per_rank_enabled, rank_path
 from llm_instrumentation._options import SessionOptions
+from llm_instrumentation.stream import TOKEN
 from llm_instrumentation.framework import tokens_path
 
 R1 = RankInfo(rank=1, world_size=2, local_rank=1, local_world_size=2, host="h", source="env")
@@ -129,3 +130,30 @@ def test_single_process_metadata_has_no_rank(monkeypatch, real_strapd, tmp_path)
     capture(tmp_path, real_strapd.socket)
     with open_stream(tmp_path / "cap.strap") as r:
         assert "distributed" not in r.metadata["client_metadata"]
+
+
+def test_rank_resumes_its_own_stream(rank1, real_strapd, tmp_path):
+    """An interrupted rank's capture, run again with resume_from_checkpoint=True by the same
+    call, finds its per-rank stream and checkpoint and goes on from them."""
+    from genloop import generate
+
+    class Interrupted(Exception):
+        pass
+
+    model = tiny_gpt2()
+    kw = dict(output_path=tmp_path / "cap.strap", preset="fast_capture", socket_path=real_strapd.socket,
+              autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=2)
+    with pytest.raises(Interrupted):
+        with capture_activations(model, **kw) as fw:
+            generate(fw, model, n_tokens=4)
+            raise Interrupted
+    ranked = tmp_path / "cap.rank00001-of-00002.strap"
+    assert os.path.exists(ckpt.default_path(str(ranked))), sorted(os.listdir(tmp_path))
+    with capture_activations(model, resume_from_checkpoint=True, **kw) as fw:
+        assert fw.output_path == str(ranked) and fw.resumed_from in ("checkpoint", "stream")
+        assert fw.resume_step == 4
+        generate(fw, model, n_tokens=6)
+    assert not os.path.exists(tmp_path / "cap.strap")
+    with open_stream(ranked) as r:
+        assert r.end().meta["status"] == "complete"
+        assert sum(1 for pk in r.packets() if pk.type == TOKEN) == 6
