@@ -138,9 +138,10 @@ class Capture:
             _streamlock.mark_ended(out.key)
             raise
 
-    def _start_on(self, out: _resume.Output, model: "nn.Module", hooks: Any) -> "Capture":
+    def _start_on(self, out: _resume.Output, model: "nn.Module", hooks: Hooks) -> "Capture":
         """:meth:`start` once the stream is open and locked."""
         opts, plan = self.options, self.plan
+        assert opts.output_path is not None  # checked by start
         self.resumed_from = out.source
         tr = self.token_tracker
         if out.resume is not None:
