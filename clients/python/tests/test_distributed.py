@@ -44,6 +44,7 @@ def test_detect_from_env():
     assert detect({}) is None
     assert detect({"RANK": "0", "WORLD_SIZE": "1"}) is None  # one process: no ranks
     assert detect({"RANK": "1"}) is None  # a world size is needed
+    assert detect({"RANK": "x"}) is None  # not a launcher's pair: not read at all
     info = detect({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
     assert info is not None
     assert (info.rank, info.world_size, info.local_rank, info.local_world_size, info.source) == (3, 8, 1, 2, "env")

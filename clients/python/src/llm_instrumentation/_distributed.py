@@ -89,9 +89,9 @@ def detect(env: Optional[Mapping[str, str]] = None) -> Optional[RankInfo]:
         except (RuntimeError, ValueError):  # a group being torn down: the launcher's env decides
             rank = world = None
     if rank is None:
+        if not env.get("RANK", "").strip() or not env.get("WORLD_SIZE", "").strip():
+            return None  # not a launcher's pair (a lone RANK may mean something else)
         rank, world = _env_int(env, "RANK"), _env_int(env, "WORLD_SIZE")
-        if rank is None or world is None:
-            return None
     assert world is not None
     if world <= 1:
         return None
