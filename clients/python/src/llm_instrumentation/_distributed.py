@@ -92,7 +92,7 @@ def detect(env: Optional[Mapping[str, str]] = None) -> Optional[RankInfo]:
         if not env.get("RANK", "").strip() or not env.get("WORLD_SIZE", "").strip():
             return None  # not a launcher's pair (a lone RANK may mean something else)
         rank, world = _env_int(env, "RANK"), _env_int(env, "WORLD_SIZE")
-    assert world is not None
+    assert rank is not None and world is not None  # both non-empty, so both parsed
     if world <= 1:
         return None
     if not 0 <= rank < world:
