@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _open, _resume, _streamlock
 from . import _protocol as P
@@ -47,7 +47,7 @@ class Capture:
         self.resource_summary: Optional[Dict[str, Any]] = None
         self._session: Optional[CaptureSession] = None
         self._last_session: Optional[CaptureSession] = None
-        self._stream_key: Optional[Any] = None  # the stream file while this capture writes it (_streamlock)
+        self._stream_key: Optional[Tuple[int, int]] = None  # the stream file while this capture writes it (_streamlock)
         self._forward = 0
         self._step = 0
         self._fingerprint: Optional[str] = None
@@ -187,7 +187,8 @@ class Capture:
                         os.close(fd)
         finally:
             # strapd keeps its own descriptors, and with the stream's its flock, until the
-            # session ends: a resume or another capture waits for that.
+            # session ends: another capture of the file is refused while this one is live
+            # and waits for the lock only once this process has let go (_streamlock).
             os.close(out.fd)
         self._session = session
         self._stream_key = out.key
