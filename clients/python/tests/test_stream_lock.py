@@ -117,12 +117,12 @@ def test_lock_of_a_gone_process_is_waited_for(tmp_path):
     (strapd's, in a real capture): lock_stream waits and then takes the lock."""
     path = tmp_path / "s.strap"
     path.write_bytes(b"kept")
-    # The locker exits at once; the sleeper it started keeps the locked descriptor 1.5 s.
+    # The locker exits at once; the sleeper it started keeps the locked descriptor 3 s.
     code = textwrap.dedent(f"""
         import fcntl, os, subprocess, sys
         fd = os.open({str(path)!r}, os.O_WRONLY)
         fcntl.flock(fd, fcntl.LOCK_EX)
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"], pass_fds=(fd,))
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"], pass_fds=(fd,))
     """)
     subprocess.run([sys.executable, "-c", code], check=True)  # exited and reaped: the holder is gone
     fd = os.open(path, os.O_RDWR)
