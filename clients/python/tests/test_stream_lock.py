@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_gpt2
+from conftest import strapd_bin, tiny_gpt2
 
 from llm_instrumentation import CheckpointError, StreamInUseError, capture_activations, open_stream
 from llm_instrumentation import _streamlock
@@ -40,7 +40,7 @@ def check_whole(path: Path, forwards: int, pid: int) -> None:
         assert end is not None and end.meta["status"] == "complete"
         seen = sorted({t.forward for t in r.tensors()})
         assert seen == list(range(forwards)), seen
-    v = subprocess.run([str(HERE.parents[2] / "bin" / "strapd"), "verify", str(path)], capture_output=True, text=True)
+    v = subprocess.run([str(strapd_bin()), "verify", str(path)], capture_output=True, text=True)
     assert v.returncode == 0, v.stdout + v.stderr
 
 
@@ -73,7 +73,7 @@ def test_second_capture_in_one_process_fails_first_intact(real_strapd, tmp_path)
 CHILD = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {tests!r})
-    from conftest import tiny_gpt2
+    from conftest import strapd_bin, tiny_gpt2
     from llm_instrumentation import capture_activations
     model = tiny_gpt2()
     with capture_activations(model, output_path={out!r}, preset="fast_capture", socket_path={sock!r},

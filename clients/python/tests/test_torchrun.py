@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
+from conftest import strapd_bin
 
 from llm_instrumentation import open_stream
 
@@ -55,7 +55,7 @@ def check_rank_stream(path: Path, rank: int, expect: Path) -> int:
         for g, w in zip(got, want):
             assert torch.equal(torch.from_numpy(g.numpy()).reshape(w.shape), w), f"rank {rank}: {MODULE} differs"
         pid = r.metadata["peer"]["pid"]
-    v = subprocess.run([str(HERE.parents[2] / "bin" / "strapd"), "verify", str(path)], capture_output=True, text=True)
+    v = subprocess.run([str(strapd_bin()), "verify", str(path)], capture_output=True, text=True)
     assert v.returncode == 0, v.stdout + v.stderr
     return pid
 
