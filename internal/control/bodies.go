@@ -158,6 +158,7 @@ const (
 	CodeRingSize        = "ring_size"
 	CodeRingHeader      = "ring_header"
 	CodeBadOutput       = "bad_output"
+	CodeOutputInUse     = "output_in_use"
 	CodeBadCodec        = "bad_codec"
 	CodeLimit           = "limit"
 	CodeMemoryBudget    = "memory_budget"

@@ -32,6 +32,7 @@ type conn struct {
 	info    control.SessionStatus
 	slotted bool
 	outFile *os.File
+	outID   fileID       // outFile's claim in the server (claimOutput), released when it is closed
 	res     *resourceLog // the session's resource log, nil when OPEN passed none
 
 	rates   rateTracker     // status: MB/s over the last seconds, ratio, tokens, checkpoints
@@ -401,6 +402,9 @@ func (c *conn) finish(status string) (pipeline.Result, error) {
 		if cerr := c.outFile.Close(); cerr != nil && err == nil {
 			err = fmt.Errorf("close output: %w", cerr)
 		}
+		// Released only once the stream is finished and closed: a session opened on the
+		// file after this writes nothing into this one's.
+		c.srv.releaseOutput(c.outID, c.info.Session)
 		// Like the trace, the resource log never fails the capture: its errors are logged
 		// (and were in status while the session lived).
 		if c.res != nil {

@@ -658,3 +658,78 @@ func TestOverwriteAfterPublish(t *testing.T) {
 		t.Fatal("no run caught an overwrite made while strapd wrote the record")
 	}
 }
+
+// TestOutputInUse: an OPEN whose output is the file a live session writes — reached through
+// another descriptor of the same path or through a hard link, with no client lock taken — is
+// refused with output_in_use naming the live session, and that session's stream is
+// untouched; once it has ended, the file can be the output of a new session.
+func TestOutputInUse(t *testing.T) {
+	ts := startServer(t, Config{})
+	size := uint64(shm.HeaderSize + 128<<10)
+	c := ts.dial(t)
+	out := outFile(t)
+	st, opened, err := controltest.OpenStream(c, size, out, control.Open{Codec: "zstd", Policy: "block", BlockSize: 16 << 10,
+		Metadata: map[string]any{"output_path": out.Name()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent []shm.Tensor
+	put := func(i int) {
+		tn := tensor(fmt.Sprintf("model.layers.%d.mlp", i%4), uint64(i+1), 6000)
+		if err := st.Put(&tn); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+		sent = append(sent, tn)
+	}
+	for i := range 20 {
+		put(i)
+	}
+	link := out.Name() + ".link"
+	if err := os.Link(out.Name(), link); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, path string }{{"same path", out.Name()}, {"hard link", link}} {
+		t.Run(tc.name, func(t *testing.T) {
+			// What a careless client does: opens the path for writing, no flock, no O_TRUNC.
+			f, err := os.OpenFile(tc.path, os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			_, _, err = controltest.OpenStream(ts.dial(t), size, f, control.Open{Codec: "none", Policy: "block",
+				Metadata: map[string]any{"output_path": tc.path}})
+			var e *control.Error
+			want := fmt.Sprintf("live session %d (client pid %d", opened.Session, os.Getpid())
+			if !errors.As(err, &e) || e.Code != control.CodeOutputInUse || !strings.Contains(e.Message, want) ||
+				!strings.Contains(e.Message, tc.path) {
+				t.Fatalf("err = %v, want output_in_use naming %q and %q", err, want, tc.path)
+			}
+		})
+	}
+	for i := 20; i < 40; i++ {
+		put(i) // the live session goes on as if nothing happened
+	}
+	if _, err := st.Finish(); err != nil {
+		t.Fatal(err)
+	}
+	checkStream(t, out.Name(), sent, "complete")
+
+	// Ended: the claim is gone, and the same file is a new session's output.
+	f, err := os.OpenFile(link, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st2, _, err := controltest.OpenStream(ts.dial(t), size, f, control.Open{Codec: "none", Policy: "block"})
+	if err != nil {
+		t.Fatalf("open after the first session ended: %v", err)
+	}
+	tn := tensor("after", 99, 100)
+	if err := st2.Put(&tn); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st2.Finish(); err != nil {
+		t.Fatal(err)
+	}
+	checkStream(t, link, []shm.Tensor{tn}, "complete")
+}

@@ -74,8 +74,17 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 			c.srv.quotas.closeSession(c.cred.Uid)
 		}
 	}()
-	log := c.log.With(zap.Uint64("session", id))
 	outputLabel, _ := req.Metadata["output_path"].(string)
+	outID, err := c.srv.claimOutput(fds[1], outputHolder{session: id, pid: c.cred.Pid, path: outputLabel})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			c.srv.releaseOutput(outID, id)
+		}
+	}()
+	log := c.log.With(zap.Uint64("session", id))
 	out := os.NewFile(uintptr(fds[1]), fmt.Sprintf("session-%d-output", id))
 	ringFD := fds[0]
 	// Open closes the ring descriptor and out owns the output's: only a trace is left.
@@ -121,6 +130,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	c.rates.start(time.Now(), sess.Stats())
 	// The output file stays open for the session's life; finish closes it.
 	c.outFile = out
+	c.outID = outID
 	c.mu.Unlock()
 	c.srv.probeSessionStart(id, c.info.OutputPath, int(c.cred.Pid), trace)
 	log.Info("session opened", zap.String("codec", plan.Codec()), zap.Uint64("ring_size", req.RingSize),

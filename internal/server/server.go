@@ -178,6 +178,7 @@ type Server struct {
 	conns     map[*conn]struct{}
 	idleSince time.Time // when the last connection closed; zero while one is open
 	sessions  int
+	outputs   map[fileID]outputHolder // the output file of every live session (claimOutput)
 	nextID    uint64
 	closing   atomic.Bool
 	wg        sync.WaitGroup
@@ -196,7 +197,7 @@ func New(cfg Config, log *zap.Logger) *Server {
 		log = zap.NewNop()
 	}
 	return &Server{cfg: cfg, root: log, log: log.With(zap.String("component", "server")), conns: map[*conn]struct{}{},
-		started: time.Now(), idleSince: time.Now()}
+		outputs: map[fileID]outputHolder{}, started: time.Now(), idleSince: time.Now()}
 }
 
 // Listen creates the socket: parent directory with mode 0700 (0750 and the socket group
@@ -435,6 +436,47 @@ func (s *Server) takeSessionSlot() (uint64, bool) {
 	s.sessions++
 	s.nextID++
 	return s.nextID, true
+}
+
+// fileID names a file whatever the path or descriptor it was reached by.
+type fileID struct{ dev, ino uint64 }
+
+// outputHolder is the live session writing a file, as a refused OPEN names it.
+type outputHolder struct {
+	session uint64
+	pid     int32
+	path    string // the holder's output_path label
+}
+
+// claimOutput makes fd's file the output of session id for as long as it lives: two
+// sessions writing one file would interleave or overwrite each other's streams, and a client
+// lock alone does not prevent it (a client that takes none, a path reached through a hard
+// link). It fails with output_in_use, naming the live session, when another holds the file.
+// The claim is made before anything is written to the file.
+func (s *Server) claimOutput(fd int, h outputHolder) (fileID, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fileID{}, perr(control.CodeBadOutput, "fstat output: %v", err)
+	}
+	id := fileID{dev: st.Dev, ino: st.Ino}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, busy := s.outputs[id]; busy {
+		return fileID{}, perr(control.CodeOutputInUse,
+			"output file %q (device %d, inode %d) is already the output of live session %d (client pid %d, output_path %q): two sessions never write one file; use another output path, or wait for that session to end",
+			h.path, id.dev, id.ino, old.session, old.pid, old.path)
+	}
+	s.outputs[id] = h
+	return id, nil
+}
+
+// releaseOutput ends session's claim on its output file (claimOutput).
+func (s *Server) releaseOutput(id fileID, session uint64) {
+	s.mu.Lock()
+	if h, ok := s.outputs[id]; ok && h.session == session {
+		delete(s.outputs, id)
+	}
+	s.mu.Unlock()
 }
 
 func (s *Server) dropSessionSlot() {

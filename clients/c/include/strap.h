@@ -53,17 +53,18 @@ enum strap_status_code {
 	 * daemon was sent a DROP for it, so the stream records the loss. */
 	STRAP_DROPPED = 1,
 
-	STRAP_E_INVALID = -1,    /* a bad argument (the message says which) */
-	STRAP_E_NOMEM = -2,      /* out of memory (only at open) */
-	STRAP_E_SYSTEM = -3,     /* a system call failed (the message names it and errno) */
-	STRAP_E_CONNECT = -4,    /* no strapd answers and none could be started */
-	STRAP_E_CLOSED = -5,     /* the daemon closed the connection (EOF, EPIPE, ECONNRESET) */
-	STRAP_E_PROTOCOL = -6,   /* the daemon sent something malformed or unexpected */
-	STRAP_E_DAEMON = -7,     /* the daemon answered ERROR (strap_error.daemon_code says which) */
-	STRAP_E_TIMEOUT = -8,    /* the daemon did not answer (or release ring space) in time */
-	STRAP_E_STATE = -9,      /* the session already failed or was closed */
-	STRAP_E_TOO_LARGE = -10, /* a name, meta, message or tensor exceeds a protocol limit */
-	STRAP_E_CHECKPOINT = -11 /* a checkpoint file is missing, malformed or does not match */
+	STRAP_E_INVALID = -1,     /* a bad argument (the message says which) */
+	STRAP_E_NOMEM = -2,       /* out of memory (only at open) */
+	STRAP_E_SYSTEM = -3,      /* a system call failed (the message names it and errno) */
+	STRAP_E_CONNECT = -4,     /* no strapd answers and none could be started */
+	STRAP_E_CLOSED = -5,      /* the daemon closed the connection (EOF, EPIPE, ECONNRESET) */
+	STRAP_E_PROTOCOL = -6,    /* the daemon sent something malformed or unexpected */
+	STRAP_E_DAEMON = -7,      /* the daemon answered ERROR (strap_error.daemon_code says which) */
+	STRAP_E_TIMEOUT = -8,     /* the daemon did not answer (or release ring space) in time */
+	STRAP_E_STATE = -9,       /* the session already failed or was closed */
+	STRAP_E_TOO_LARGE = -10,  /* a name, meta, message or tensor exceeds a protocol limit */
+	STRAP_E_CHECKPOINT = -11, /* a checkpoint file is missing, malformed or does not match */
+	STRAP_E_IN_USE = -12      /* the output is being written by another live capture */
 };
 
 /* The detail of a failure. */

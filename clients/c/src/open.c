@@ -42,25 +42,6 @@ static char *dupstr(const char *a, const char *b)
 	return p;
 }
 
-static int lock_stream(strap_session *s)
-{
-	double deadline = sc_now() + LOCK_WAIT_S;
-	for (;;) {
-		if (flock(s->out_fd, LOCK_EX | LOCK_NB) == 0)
-			return STRAP_OK;
-		if (errno != EWOULDBLOCK && errno != EINTR)
-			return ss_fail(s, STRAP_E_SYSTEM, "flock %s: %s", s->output_path, strerror(errno));
-		if (sc_now() > deadline)
-			return ss_fail(
-				s, STRAP_E_CHECKPOINT,
-				"%s is in use by a live capture (its strapd session still holds the stream lock after "
-				"%ds)",
-				s->output_path, LOCK_WAIT_S);
-		struct timespec ts = {0, 50 * 1000 * 1000};
-		nanosleep(&ts, NULL);
-	}
-}
-
 static int open_side_file(strap_session *s, const char *suffix, bool append, int *fd)
 {
 	char path[4300];
@@ -162,7 +143,7 @@ static int open_session(strap_session *s, const strap_session_params *p)
 								 : dupstr(abs, ".ckpt.json");
 	if (!s->fingerprint || !s->output_path || !s->ckpt_path)
 		return ss_fail(s, STRAP_E_NOMEM, "out of memory");
-	int e = lock_stream(s);
+	int e = sl_lock(s);
 	if (e)
 		return e;
 

@@ -693,6 +693,7 @@ void strap_session_free(strap_session *s)
 {
 	if (!s)
 		return;
+	sl_unlock(s);
 	if (s->sock >= 0)
 		close(s->sock);
 	if (s->ring && s->ring != MAP_FAILED)

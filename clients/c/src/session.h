@@ -61,6 +61,12 @@ struct strap_session {
 	char *sbuf;     /* one outgoing datagram */
 	uint8_t *rbuf;  /* one incoming datagram */
 	char meta[256]; /* scratch: the fingerprint read from a checkpoint file */
+	/* the stream lock (streamlock.c): the output's file, and the link in this process's list
+	 * of sessions holding their lock, from sl_lock until sl_unlock */
+	dev_t lock_dev;
+	ino_t lock_ino;
+	bool lock_live;
+	struct strap_session *lock_next;
 };
 
 /* Internal symbols carry the library's prefix (a static libstrap.a shares one namespace with
@@ -73,7 +79,14 @@ struct strap_session {
 #define ss_expect strap__ss_expect
 #define ss_fsync_dir strap__ss_fsync_dir
 #define ss_load_checkpoint strap__ss_load_checkpoint
+#define sl_lock strap__sl_lock
+#define sl_unlock strap__sl_unlock
 
+/* Take the output's stream lock (s->out_fd, s->output_path set): STRAP_E_IN_USE at once when
+ * a live capture holds it, waiting up to LOCK_WAIT_S for one whose process is gone. */
+int sl_lock(strap_session *s);
+/* The session no longer counts as this process's live capture of its output (it is freed). */
+void sl_unlock(strap_session *s);
 /* Record a failure in s->err; anything but a bad argument ends the session. Returns code. */
 int ss_fail(strap_session *s, int code, const char *fmt, ...) STRAP_PRINTF(3, 4);
 /* STRAP_E_STATE when the session failed or was closed (the lock is held). */

@@ -502,6 +502,7 @@ const char *strap_errstr(int code)
 	case STRAP_E_STATE: return "session already failed or closed";
 	case STRAP_E_TOO_LARGE: return "exceeds a protocol limit";
 	case STRAP_E_CHECKPOINT: return "checkpoint missing, malformed or not matching";
+	case STRAP_E_IN_USE: return "output in use by a live capture";
 	default: return "unknown error code";
 	}
 }

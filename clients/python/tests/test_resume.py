@@ -27,7 +27,7 @@ from genloop import INTERVAL, N_TOKENS, generate
 
 from llm_instrumentation import CheckpointError, InstrumentationConfig, InstrumentationFramework, \
     analyze_activations_with_tokens, capture_activations, open_stream
-from llm_instrumentation import checkpoint as ckpt
+from llm_instrumentation import _streamlock, checkpoint as ckpt
 from llm_instrumentation.framework import tokens_path
 
 HERE = Path(__file__).parent
@@ -81,7 +81,7 @@ def wait_session_ended(out: Path) -> None:
     descriptor and with it the stream lock."""
     fd = os.open(out, os.O_RDONLY)
     try:
-        ckpt.lock_stream(fd, 30, str(out))
+        _streamlock.lock_stream(fd, 30, str(out))
     finally:
         os.close(fd)
 

@@ -27,6 +27,7 @@ from .errors import (
     UnsupportedCodecError,
 )
 from .checkpoint import CheckpointError
+from ._streamlock import StreamInUseError
 from .correlation import correlate
 from .framework import InstrumentationFramework, capture_activations
 from .tracking import TokenTracker
@@ -50,6 +51,7 @@ __all__ = [
     "StrapdTimeoutError",
     "StrapdWriteError",
     "StreamFormatError",
+    "StreamInUseError",
     "StreamingSerializer",
     "StreamReader",
     "Tensor",

@@ -10,9 +10,9 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
-from . import _open, _resume
+from . import _open, _resume, _streamlock
 from . import _protocol as P
 from . import checkpoint as ckpt
 from ._hooks import Hooks, choose_modules
@@ -47,6 +47,7 @@ class Capture:
         self.resource_summary: Optional[Dict[str, Any]] = None
         self._session: Optional[CaptureSession] = None
         self._last_session: Optional[CaptureSession] = None
+        self._stream_key: Optional[Tuple[int, int]] = None  # the stream file while this capture writes it (_streamlock)
         self._forward = 0
         self._step = 0
         self._fingerprint: Optional[str] = None
@@ -131,6 +132,16 @@ class Capture:
             log.warning("llm_instrumentation: %s", plan.note)
         Path(opts.output_path).parent.mkdir(parents=True, exist_ok=True)
         out = _resume.open_output(opts, self.fingerprint())
+        try:
+            return self._start_on(out, model, hooks)
+        except BaseException:
+            _streamlock.mark_ended(out.key)
+            raise
+
+    def _start_on(self, out: _resume.Output, model: "nn.Module", hooks: Hooks) -> "Capture":
+        """:meth:`start` once the stream is open and locked."""
+        opts, plan = self.options, self.plan
+        assert opts.output_path is not None  # checked by start
         self.resumed_from = out.source
         tr = self.token_tracker
         if out.resume is not None:
@@ -176,9 +187,11 @@ class Capture:
                         os.close(fd)
         finally:
             # strapd keeps its own descriptors, and with the stream's its flock, until the
-            # session ends: a resume or another capture waits for that.
+            # session ends: another capture of the file is refused while this one is live
+            # and waits for the lock only once this process has let go (_streamlock).
             os.close(out.fd)
         self._session = session
+        self._stream_key = out.key
         self._started_at = time.monotonic()
         if self.token_tracker is not None:
             if out.resume is None:
@@ -324,6 +337,7 @@ class Capture:
         finally:
             session.shutdown()
             self._last_session, self._session = session, None
+            _streamlock.mark_ended(self._stream_key)
             if not wrote_tokens:
                 write_tokens()
         ck_path = self.options.checkpoint_file
@@ -342,6 +356,7 @@ class Capture:
         if self._session is not None:
             self._session.shutdown()
             self._session = None
+            _streamlock.mark_ended(self._stream_key)
 
     @contextlib.contextmanager
     def _running(self) -> Iterator["Capture"]:

@@ -7,6 +7,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
+from . import _distributed
 from . import _protocol as P
 from . import checkpoint as ckpt
 from .config import InstrumentationConfig, TransportPlan
@@ -79,6 +80,11 @@ def open_request(model: "nn.Module", config: InstrumentationConfig, plan: Transp
         "client": {"pid": os.getpid(), "argv0": os.path.basename(sys.argv[0]) if sys.argv else "",
                    "version": __version__},
     }
+    rank = _distributed.detect()
+    if rank is not None:
+        # Which rank of which job wrote the stream (docs/DISTRIBUTED.md), also when
+        # STRAP_RANK_STREAMS=0 kept the path as given.
+        metadata["distributed"] = rank.metadata()
     lossy = P.Lossy(mode=plan.lossy["mode"], value=plan.lossy.get("value")) if plan.lossy is not None else None
     resume_body = None
     if resume is not None:

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Union
 
+from . import _distributed
 from . import checkpoint as ckpt
 from .resources.levels import ResourceLevel
 
@@ -23,6 +24,10 @@ class SessionOptions:
     """Where and how one capture runs (everything but the model and its config).
 
     Paths are stored absolute. Construction checks the combination and raises on a bad one.
+    When the process is one rank of several (:mod:`._distributed`: ``torch.distributed`` or
+    ``RANK``/``WORLD_SIZE``), ``output_path`` and an explicit ``checkpoint_path`` or
+    ``trace_path`` get the rank's marker (``cap.strap`` → ``cap.rank00001-of-00002.strap``),
+    unless ``STRAP_RANK_STREAMS=0`` keeps them as given.
 
     Attributes:
         output_path: the stream file (None until a capture names one).
@@ -67,11 +72,18 @@ class SessionOptions:
                        self.resume_from_checkpoint, self.overwrite_checkpoint)
         # Frozen: normalized values are set once, here, and never change afterwards.
         set_ = object.__setattr__
-        set_(self, "output_path", _abs(self.output_path))
-        set_(self, "checkpoint_path", _abs(self.checkpoint_path))
+        rank = _distributed.detect() if _distributed.per_rank_enabled() else None
+
+        def path(p: Optional[PathArg]) -> Optional[str]:
+            a = _abs(p)
+            # Every rank runs the same call: a path of its own keeps them apart.
+            return _distributed.rank_path(a, rank) if a is not None and rank is not None else a
+
+        set_(self, "output_path", path(self.output_path))
+        set_(self, "checkpoint_path", path(self.checkpoint_path))
         set_(self, "modules", tuple(self.modules or ()))
         if self.trace_path is not None and not isinstance(self.trace_path, bool):
-            set_(self, "trace_path", _abs(self.trace_path))
+            set_(self, "trace_path", path(self.trace_path))
         if self.resource_level is True:
             raise ValueError("resource_level=True: name a level (MINIMAL, DETAILED, VERBOSE) or pass False")
         if self.resource_level is not None and self.resource_level is not False:

@@ -8,10 +8,11 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import _protocol as P
 from . import checkpoint as ckpt
+from . import _streamlock
 from ._options import SessionOptions
 from ._warnings import warn_caller
 from .checkpoint import CheckpointError
@@ -58,6 +59,9 @@ class Output:
         floor: the checkpoint file found on a resume (None: none).
         meta_131: 1.3.1's ``metadata`` of the checkpoint gone on from (``start_time``,
             ``resume_count``; ours carry it too), or None.
+        key: the stream file's (st_dev, st_ino), marked live in this process
+            (:func:`._streamlock.mark_live`) from the moment it was locked; the capture
+            marks it ended when it stops, aborts or fails to start.
     """
 
     fd: int
@@ -66,6 +70,7 @@ class Output:
     source: Optional[str] = None
     floor: Optional[ckpt.Checkpoint] = None
     meta_131: Optional[Dict[str, Any]] = None
+    key: Optional[Tuple[int, int]] = None
 
 
 def open_output(opts: SessionOptions, fingerprint: str) -> Output:
@@ -84,7 +89,8 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
     Raises:
         CheckpointError: a leftover checkpoint with ``overwrite_checkpoint=False``, a
             stream that does not match the checkpoint or the capture, a checkpoint whose
-            stream is gone, a 1.3.1 stream to append to, or a live capture holding the lock.
+            stream is gone, or a 1.3.1 stream to append to.
+        StreamInUseError: a live capture is writing the stream (nothing was changed in it).
     """
     out = opts.output_path
     assert out is not None
@@ -93,7 +99,7 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
         leftover = ck_path or ckpt.default_path(out)
         if os.path.exists(leftover) and opts.overwrite_checkpoint is not True:
             _leftover(opts, out, leftover)
-        return Output(_fresh(out, opts, leftover if opts.overwrite_checkpoint else None))
+        return _fresh(out, opts, leftover if opts.overwrite_checkpoint else None)
     assert ck_path is not None
     c: Optional[ckpt.Checkpoint] = None
     old: Optional[ckpt.Checkpoint131] = None
@@ -111,13 +117,15 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
             # every time, including the first.
             warn_caller(f"resume_from_checkpoint=True but there is no checkpoint at {ck_path} and no stream at "
                           f"{out}: starting a new capture")
-        return _from_131(Output(_fresh(out, opts, None)), old)
+        return _from_131(_fresh(out, opts, None), old)
+    key = None
     try:
-        ckpt.lock_stream(fd, opts.lock_wait, out)
+        _streamlock.lock_stream(fd, opts.lock_wait, out)
+        key = _streamlock.mark_live(fd, out)
         if c is None and os.fstat(fd).st_size == 0:
             # A client killed before strapd wrote the header: nothing was captured, so
             # the resume is a capture from token 0 into the same file.
-            return _from_131(Output(fd, source="stream"), old)
+            return _from_131(Output(fd, source="stream", key=key), old)
         if _is_131_stream(fd, out):
             raise CheckpointError(
                 f"{out} is an llm_instrumentation 1.3.1 stream: a capture cannot append to it. Move it aside "
@@ -130,10 +138,11 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
         os.ftruncate(fd, rp.point.stream_offset)
         os.fsync(fd)
     except BaseException:
+        _streamlock.mark_ended(key)
         os.close(fd)
         raise
     meta = c.extra.get("metadata") if c is not None else None
-    return Output(fd, rp.point, rp.tokens, rp.source, c, meta if isinstance(meta, dict) else None)
+    return Output(fd, rp.point, rp.tokens, rp.source, c, meta if isinstance(meta, dict) else None, key)
 
 
 def _is_131_stream(fd: int, path: str) -> bool:
@@ -150,21 +159,24 @@ def _is_131_stream(fd: int, path: str) -> bool:
     return True
 
 
-def _fresh(out: str, opts: SessionOptions, remove: Optional[str]) -> int:
+def _fresh(out: str, opts: SessionOptions, remove: Optional[str]) -> Output:
     """Create or empty the stream for a new capture and lock it; then remove ``remove`` (a
     leftover checkpoint being overwritten) when given."""
-    # Not O_TRUNC: a live capture of the same file must keep its bytes; the lock tells,
-    # then the file is emptied.
+    # Not O_TRUNC: a live capture of the same file must keep its bytes; the lock tells
+    # (_streamlock refuses a live holder at once), and only then is the file emptied.
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    key = None
     try:
-        ckpt.lock_stream(fd, min(opts.lock_wait, 10.0), out)
+        _streamlock.lock_stream(fd, min(opts.lock_wait, 10.0), out)
+        key = _streamlock.mark_live(fd, out)
         os.ftruncate(fd, 0)
         if remove is not None and os.path.exists(remove):
             ckpt.fsync_unlink(remove)
     except BaseException:
+        _streamlock.mark_ended(key)
         os.close(fd)
         raise
-    return fd
+    return Output(fd, key=key)
 
 
 def _from_131(o: Output, old: Optional[ckpt.Checkpoint131]) -> Output:
@@ -211,7 +223,7 @@ def _leftover(opts: SessionOptions, out: str, leftover: str) -> None:
         return
     try:
         # A live capture of this stream holds the lock: its files are not moved.
-        ckpt.lock_stream(fd, min(opts.lock_wait, 10.0), out)
+        _streamlock.lock_stream(fd, min(opts.lock_wait, 10.0), out)
         stem, ext = os.path.splitext(out)
         n = 1
         while True:

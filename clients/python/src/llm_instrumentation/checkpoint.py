@@ -18,11 +18,9 @@ checkpoint. The same descriptor, locked with ``flock``, goes to strapd with ``ap
 from __future__ import annotations
 
 import datetime
-import fcntl
 import hashlib
 import json
 import os
-import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
@@ -241,23 +239,6 @@ def fingerprint(model: "nn.Module", config_dict: Dict[str, Any], transport: Dict
 def now_rfc3339() -> str:
     """The current UTC time, RFC 3339."""
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def lock_stream(fd: int, wait: float, path: str) -> None:
-    """Take the stream's exclusive ``flock``. A live capture holds it through the descriptor
-    strapd keeps, so this waits (up to ``wait`` seconds) for a session that is still ending,
-    e.g. the one of a client that was just killed."""
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise CheckpointError(
-                    f"{path} is in use by a live capture (its strapd session still holds the stream lock "
-                    f"after {wait:.0f}s)") from None
-            time.sleep(0.05)
 
 
 @dataclass
