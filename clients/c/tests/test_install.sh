@@ -45,9 +45,11 @@ cmake -S "$work/consumer" -B "$work/consumer/build" -DCMAKE_PREFIX_PATH="$prefix
 cmake --build "$work/consumer/build" >>"$work/consumer.log"
 "$work/consumer/build/consumer_shared"
 "$work/consumer/build/consumer_static"
-# the shared consumer really uses the installed libstrap.so
-ldd "$work/consumer/build/consumer_shared" | grep -q "$prefix/lib.*/libstrap.so" || {
-  echo "consumer_shared does not load $prefix's libstrap.so:"; ldd "$work/consumer/build/consumer_shared"; exit 1; }
+# the shared consumer really uses the installed libstrap.so (ldd's output read whole first:
+# `ldd | grep -q` under pipefail fails whenever grep exits before ldd has written its last line)
+deps=$(ldd "$work/consumer/build/consumer_shared")
+grep -q "$prefix/lib.*/libstrap.so" <<<"$deps" || {
+  echo "consumer_shared does not load $prefix's libstrap.so:"; echo "$deps"; exit 1; }
 # the shared library exports the API and nothing internal
 if nm -D --defined-only "$prefix"/lib*/libstrap.so | awk 'NF == 3 && $2 ~ /[TDBR]/ {print $3}' | grep -Ev '^strap_[a-z]'; then
   echo "libstrap.so exports symbols that are not the API"; exit 1
