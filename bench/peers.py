@@ -399,30 +399,6 @@ VARIANT_RUNNERS: Dict[str, Callable[..., Tuple[Optional[Dict[str, Any]], float, 
 # The driver
 
 
-def start_strapd(binary: str, d: Path) -> Tuple[subprocess.Popen, str]:
-    import socket
-
-    sock = str(d / "strapd.sock")
-    logf = open(d / "strapd.log", "wb")
-    proc = subprocess.Popen([binary, "serve", "--socket", sock], stdout=logf, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 15
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"strapd exited {proc.returncode}; see {d}/strapd.log")
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            s.connect(sock)
-            return proc, sock
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("strapd did not come up") from None
-            time.sleep(0.05)
-        finally:
-            s.close()
-
-
 def trial(variant: str, phase: str, shape: Dict[str, int], threads: int, a: argparse.Namespace, sock: str,
           tmp: Path) -> Dict[str, Any]:
     out = tmp / "trial.json"
@@ -489,7 +465,10 @@ def driver(a: argparse.Namespace) -> Dict[str, Any]:
     default_threads = torch.get_num_threads()
     regimes = {"all": default_threads, "free": max(1, default_threads - 1)}
     tmp = Path(tempfile.mkdtemp(prefix="strap-peers-", dir=a.tmpdir))
-    proc, sock = start_strapd(a.strapd, tmp)
+    sys.path.insert(0, str(ROOT / "clients" / "python" / "benchmarks"))
+    from record_cost import start_strapd  # the benchmarks' one way to start a private strapd
+
+    proc, sock = start_strapd(a.strapd, str(tmp))
     a.daemon_pid = proc.pid
     variants = [v for v in VARIANTS if v != "v131" or a.v131]
     res: Dict[str, Any] = {"command": " ".join([os.path.relpath(sys.executable, ROOT)] + sys.argv),

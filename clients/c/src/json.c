@@ -293,50 +293,60 @@ char sj_kind(sj_val v)
 	}
 }
 
+/* Decode the escape at *pp (a validated string token: \uXXXX, a surrogate pair, or a one-letter
+ * escape) into its code point and move *pp past it. */
+static unsigned unescape(const char **pp, const char *end)
+{
+	const char *p = *pp;
+	char e = p[1];
+	if (e != 'u') {
+		*pp = p + 2;
+		return (unsigned char)strchr("\"\"\\\\//b\bf\fn\nr\rt\t", e)[1];
+	}
+	unsigned u = 0;
+	hex4(p + 2, end, &u);
+	p += 6;
+	if (u >= 0xD800 && u <= 0xDBFF) {
+		unsigned lo = 0;
+		hex4(p + 2, end, &lo);
+		p += 6;
+		u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+	}
+	*pp = p;
+	return u;
+}
+
+/* cp's UTF-8 encoding into enc; returns its length. */
+static size_t utf8_encode(unsigned cp, unsigned char enc[4])
+{
+	if (cp < 0x80) {
+		enc[0] = (unsigned char)cp;
+		return 1;
+	}
+	if (cp < 0x800) {
+		enc[0] = (unsigned char)(0xC0 | cp >> 6), enc[1] = (unsigned char)(0x80 | (cp & 0x3F));
+		return 2;
+	}
+	if (cp < 0x10000) {
+		enc[0] = (unsigned char)(0xE0 | cp >> 12), enc[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+		enc[2] = (unsigned char)(0x80 | (cp & 0x3F));
+		return 3;
+	}
+	enc[0] = (unsigned char)(0xF0 | cp >> 18), enc[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
+	enc[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F)), enc[3] = (unsigned char)(0x80 | (cp & 0x3F));
+	return 4;
+}
+
 /* Compare a validated string token (with quotes) to key after unescaping. */
 static bool key_eq(const char *p, const char *end, const char *key)
 {
 	p++;
 	const unsigned char *k = (const unsigned char *)key;
 	while (p < end && *p != '"') {
-		unsigned cp;
 		if (*p == '\\') {
-			char e = p[1];
-			if (e == 'u') {
-				unsigned u = 0;
-				hex4(p + 2, end, &u);
-				p += 6;
-				if (u >= 0xD800 && u <= 0xDBFF) {
-					unsigned lo = 0;
-					hex4(p + 2, end, &lo);
-					p += 6;
-					u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
-				}
-				cp = u;
-			} else {
-				const char *m = strchr("\"\"\\\\//b\bf\fn\nr\rt\t", e);
-				cp = (unsigned char)m[1];
-				p += 2;
-			}
-			/* compare cp's UTF-8 encoding with key */
+			/* compare the escaped code point's UTF-8 encoding with key */
 			unsigned char enc[4];
-			size_t n;
-			if (cp < 0x80) {
-				enc[0] = (unsigned char)cp, n = 1;
-			} else if (cp < 0x800) {
-				enc[0] = (unsigned char)(0xC0 | cp >> 6), enc[1] = (unsigned char)(0x80 | (cp & 0x3F)),
-				n = 2;
-			} else if (cp < 0x10000) {
-				enc[0] = (unsigned char)(0xE0 | cp >> 12),
-				enc[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-				enc[2] = (unsigned char)(0x80 | (cp & 0x3F)), n = 3;
-			} else {
-				enc[0] = (unsigned char)(0xF0 | cp >> 18),
-				enc[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-				enc[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F)),
-				enc[3] = (unsigned char)(0x80 | (cp & 0x3F));
-				n = 4;
-			}
+			size_t n = utf8_encode(unescape(&p, end), enc);
 			for (size_t i = 0; i < n; i++) {
 				/* the key may end first: an escaped NUL must not match its terminator */
 				if (!*k || *k++ != enc[i])
@@ -448,36 +458,9 @@ bool sj_str(sj_val v, char *out, size_t cap, bool *full)
 			p += l;
 			continue;
 		}
-		char e = p[1];
-		if (e == 'u') {
-			unsigned u = 0;
-			hex4(p + 2, end, &u);
-			p += 6;
-			if (u >= 0xD800 && u <= 0xDBFF) {
-				unsigned lo = 0;
-				hex4(p + 2, end, &lo);
-				p += 6;
-				u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
-			}
-			char enc[4];
-			size_t l;
-			if (u < 0x80) {
-				enc[0] = (char)u, l = 1;
-			} else if (u < 0x800) {
-				enc[0] = (char)(0xC0 | u >> 6), enc[1] = (char)(0x80 | (u & 0x3F)), l = 2;
-			} else if (u < 0x10000) {
-				enc[0] = (char)(0xE0 | u >> 12), enc[1] = (char)(0x80 | ((u >> 6) & 0x3F));
-				enc[2] = (char)(0x80 | (u & 0x3F)), l = 3;
-			} else {
-				enc[0] = (char)(0xF0 | u >> 18), enc[1] = (char)(0x80 | ((u >> 12) & 0x3F));
-				enc[2] = (char)(0x80 | ((u >> 6) & 0x3F)), enc[3] = (char)(0x80 | (u & 0x3F)), l = 4;
-			}
-			put(out, cap, &n, &f, enc, l);
-			continue;
-		}
-		const char *m = strchr("\"\"\\\\//b\bf\fn\nr\rt\t", e);
-		put(out, cap, &n, &f, m + 1, 1);
-		p += 2;
+		unsigned char enc[4];
+		size_t l = utf8_encode(unescape(&p, end), enc);
+		put(out, cap, &n, &f, (const char *)enc, l);
 	}
 	out[n] = 0;
 	if (full)
