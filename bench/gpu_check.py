@@ -270,6 +270,150 @@ def test_dtype_roundtrips(dev: str, tmp: Path, small: bool) -> Dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Diagnostics: the machine's own limits, to read the overhead figures against
+
+
+def _gbps(n: int, secs: List[float]) -> float:
+    return round(n / statistics.median(secs) / 1e9, 2)
+
+
+def diagnostics(dev: str, tmp: Path, small: bool) -> Dict[str, Any]:
+    """Copy bandwidths (device→registered ring, →pinned, →pageable, device→device), whether
+    ``Event.synchronize`` frees the interpreter lock, and the scratch disk's write rate."""
+    import threading
+
+    import torch
+
+    out: Dict[str, Any] = {}
+    n = (4 << 20) if small else (64 << 20)
+    # the disk the captures go to: write n*16 bytes (1 GiB on a GPU) and fdatasync
+    buf = os.urandom(1 << 20) * 16
+    total = n * 16
+    p = tmp / "disk-probe.bin"
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        t = time.perf_counter()
+        left = total
+        while left > 0:
+            left -= os.write(fd, buf[:min(left, len(buf))])
+        os.fdatasync(fd)
+        out["disk_write_fdatasync_gb_per_s"] = round(total / (time.perf_counter() - t) / 1e9, 2)
+    finally:
+        os.close(fd)
+        p.unlink(missing_ok=True)
+    out["disk_probe_bytes"] = total
+    if dev != "cuda":
+        out["gpu"] = "skipped: no CUDA device (dry run)"
+        return out
+    from llm_instrumentation._cuda import CudaCopier
+    from llm_instrumentation._ring import Ring
+
+    src = torch.randn(n // 2, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+
+    def timed(fn: Callable[[], None], reps: int = 5) -> List[float]:
+        fn()
+        torch.cuda.synchronize()
+        secs = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            secs.append(time.perf_counter() - t)
+        return secs
+
+    pinned = torch.empty(n // 2, dtype=torch.bfloat16, pin_memory=True)
+    pageable = torch.empty(n // 2, dtype=torch.bfloat16)
+    out["d2h_pinned_gb_per_s"] = _gbps(n, timed(lambda: pinned.copy_(src, non_blocking=True)))
+    out["d2h_pageable_gb_per_s"] = _gbps(n, timed(lambda: pageable.copy_(src)))
+    out["d2d_clone_gb_per_s"] = _gbps(n, timed(lambda: src.clone()))
+    ring = Ring(4096 + 2 * n)
+    try:
+        cop = CudaCopier(ring)
+        try:
+            dst = ring.u8()[4096:4096 + n].view(torch.bfloat16)
+            out["ring_is_pinned"] = bool(dst.is_pinned())
+            out["d2h_registered_ring_gb_per_s"] = _gbps(n, timed(lambda: dst.copy_(src, non_blocking=True)))
+
+            def via_copier() -> None:
+                cop.copy(dst, src)
+                cop.pending(1, 1)
+                cop.wait()
+
+            out["copier_gb_per_s"] = _gbps(n, timed(via_copier))
+            # the model thread's time to queue one small record's copy (decode-sized: 4 KiB)
+            small_src = src[:2048]
+            small_dst = ring.u8()[4096:4096 + 4096].view(torch.bfloat16)
+            t = time.perf_counter()
+            for _ in range(200):
+                cop.copy(small_dst, small_src)
+                cop.pending(1, 1)
+            queued = (time.perf_counter() - t) / 200
+            cop.wait()
+            out["copier_queue_us_per_4kib_record"] = round(queued * 1e6, 1)
+        finally:
+            cop.close()
+    finally:
+        ring.close()
+    # Does a thread waiting in Event.synchronize() let another Python thread run?
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    count = [0]
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            count[0] += 1
+
+    def gil_share(wait: Callable[[Any], None]) -> float:
+        th = threading.Thread(target=spin)
+        th.start()
+        time.sleep(0.05)
+        for _ in range(40):  # ≈ 50 ms of matrix products queued
+            a @ a
+        ev = torch.cuda.Event()
+        ev.record()
+        c0, t0 = count[0], time.perf_counter()
+        wait(ev)
+        dt = time.perf_counter() - t0
+        c1 = count[0]
+        stop.set()
+        th.join()
+        stop.clear()
+        return round((c1 - c0) / dt, 0)
+
+    from llm_instrumentation._cuda import wait_event
+
+    out["other_thread_loops_per_s_during_synchronize"] = gil_share(lambda ev: ev.synchronize())
+    out["other_thread_loops_per_s_during_wait_event"] = gil_share(wait_event)
+    th_t = time.perf_counter()
+    c = 0
+    while time.perf_counter() - th_t < 0.05:
+        c += 1
+    out["loops_per_s_alone"] = round(c / 0.05, 0)
+    return out
+
+
+def strapd_cpu_s() -> Optional[float]:
+    """User + system CPU seconds of the running strapd processes (None: none found)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, found = 0.0, False
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        if st[st.index("(") + 1:st.rindex(")")] != "strapd":
+            continue
+        fields = st[st.rindex(")") + 2:].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+        found = True
+    return total if found else None
+
+
+# ---------------------------------------------------------------------------------------------
 # Overhead rounds
 
 
@@ -335,7 +479,9 @@ def rounds(variants: Dict[str, Callable[[], Dict[str, Any]]], budget_s: float, m
         row = {n: variants[n]() for n in names[k:] + names[:k]}
         out.append(row)
         per_round = time.monotonic() - r0
-        log("  round", len(out), " ".join(f"{n}={row[n]['s']:.3f}s" for n in names))
+        log("  round", len(out), " ".join(
+            f"{n}={row[n]['s']:.3f}s" + (f"(strapd {row[n]['strapd_cpu_s']:.3f} cpu-s)"
+                                         if row[n].get("strapd_cpu_s") is not None else "") for n in names))
     return out
 
 
@@ -375,18 +521,21 @@ def perf(dev: str, tmp: Path, m: Dict[str, int], a: argparse.Namespace, budget_s
 
         def run() -> Dict[str, Any]:
             _sync(dev)
+            c0 = strapd_cpu_s() or 0.0
             t = time.perf_counter()
             with capture_activations(model, config=cfg, output_path=str(path), track_per_token=True,
                                      resource_level=level) as fw:
                 ids = greedy(model, prompt, a.new, fw)
                 _sync(dev)
             s = time.perf_counter() - t
+            c1 = strapd_cpu_s()
             summ = fw.summary or {}
             if ids_plain and ids != ids_plain:
                 raise RuntimeError(f"greedy ids differ under {preset}/{level}: the capture changed the model")
             if summ.get("drops"):
                 raise RuntimeError(f"{preset}: capture dropped {summ['drops']} tensors")
-            row = {"s": s, "packets": int(summ.get("packets", 0)), "bytes_in": int(summ.get("bytes_in", 0))}
+            row = {"s": s, "packets": int(summ.get("packets", 0)), "bytes_in": int(summ.get("bytes_in", 0)),
+                   "strapd_cpu_s": None if c1 is None else round(c1 - c0, 4)}
             if keep:
                 row["resource_log"] = _resource_summary(Path(str(path) + ".resources.jsonl"))
             _cleanup(path)
@@ -407,17 +556,22 @@ def perf(dev: str, tmp: Path, m: Dict[str, int], a: argparse.Namespace, budget_s
 
         def run() -> Dict[str, Any]:
             _sync(dev)
+            c0 = strapd_cpu_s() or 0.0
             t = time.perf_counter()
             with capture_activations(model, config=cfg, output_path=str(path)) as fw:
                 for _ in range(a.passes):
                     model(input_ids=prefill, use_cache=False)
                 _sync(dev)
+                t_passes = time.perf_counter() - t  # the passes, before the drain at close
             s = time.perf_counter() - t  # includes the drain at close
+            c1 = strapd_cpu_s()
             summ = fw.summary or {}
             if summ.get("drops"):
                 raise RuntimeError(f"{preset}: capture dropped {summ['drops']} tensors")
             _cleanup(path)
-            return {"s": s, "packets": int(summ.get("packets", 0)), "bytes_in": int(summ.get("bytes_in", 0))}
+            return {"s": s, "passes_s": round(t_passes, 4), "packets": int(summ.get("packets", 0)),
+                    "bytes_in": int(summ.get("bytes_in", 0)),
+                    "strapd_cpu_s": None if c1 is None else round(c1 - c0, 4)}
 
         return run
 
@@ -548,6 +702,11 @@ def main() -> int:
             log(f"test {name}: {r['status']}", {k: v for k, v in r.items() if k not in ("traceback", "cases")})
             if r["status"] == "failed" and "traceback" in r:
                 log(r["traceback"])
+        try:
+            res["diagnostics"] = diagnostics(dev, scratch, dry)
+        except Exception as e:  # a diagnostic that breaks is reported, and the rounds still run
+            res["diagnostics"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        log("diagnostics:", json.dumps(res["diagnostics"]))
         left = a.budget_s - (time.monotonic() - _T0) - 30  # 30 s for writing and the daemon's exit
         try:
             res["perf"] = perf(dev, scratch, DRY_MODEL if dry else GPU_MODEL, a, max(left, 10.0))

@@ -1,14 +1,27 @@
-"""GPU tensors: DMA from device memory straight into the shared ring.
+"""GPU tensors: DMA from device memory straight into the shared ring, off the model's path.
 
-The ring mapping is registered once with ``cudaHostRegister`` so a ``non_blocking`` copy on
-a side stream goes directly into shared memory (no staging buffer). The record is published
-only after the copy's CUDA event completed (PROTOCOL.md 3). Not exercised by the CPU test
-suite: it needs a GPU.
+The ring mapping is registered once with ``cudaHostRegister`` so a ``non_blocking`` copy goes
+directly into shared memory (no host staging buffer). The model's thread never waits for a
+copy (docs/PROTOCOL.md 3, docs/GPU.md):
+
+1. on the model's stream, the tensor is first copied to a device snapshot (a device-to-device
+   copy: microseconds, at device-memory speed) — so an in-place overwrite queued behind the
+   hook cannot reach the bytes the ring receives;
+2. a side stream, ordered after that snapshot, copies it into the ring and records an event;
+   the snapshot's memory goes back to torch's allocator only once that copy is done
+   (``record_stream``);
+3. the session publishes a record only once its event has completed: :meth:`CudaCopier.copied`
+   polls without blocking (``cudaEventQuery``); :meth:`CudaCopier.wait` blocks, where the
+   protocol must (TOKEN, CHECKPOINT, CLOSE, a full ring).
+
+Exercised on a GPU by ``bench/gpu_check.py`` (``make gpu-check``), not by the CPU test suite.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Deque, Dict, Optional, Tuple
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -16,8 +29,24 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._ring import Ring
 
 
+def wait_event(ev: Any) -> None:
+    """Wait until the CUDA event ``ev`` completed, polling it (``cudaEventQuery``) with short
+    sleeps that free the interpreter lock, rather than ``cudaEventSynchronize``: that spins on
+    a core and, called from Python, holds up the model's thread whenever it needs the lock."""
+    if ev.query():
+        return
+    pause = 10e-6
+    while not ev.query():
+        time.sleep(pause)
+        pause = min(pause * 2, 200e-6)
+
+
 class CudaCopier:
-    """Copies CUDA tensors into a ring mapping registered as pinned host memory."""
+    """Copies CUDA tensors into a ring mapping registered as pinned host memory, asynchronously.
+
+    Each :meth:`copy` is followed by :meth:`pending` with the ring head after its record;
+    :meth:`copied` and :meth:`wait` say up to which head the bytes have landed.
+    """
 
     def __init__(self, ring: "Ring") -> None:
         import torch
@@ -30,25 +59,78 @@ class CudaCopier:
         if code != 0:
             raise RuntimeError(f"cudaHostRegister of the {self.size}-byte ring failed with cudaError {code}")
         self.registered = True
-        self.stream: Any = torch.cuda.Stream()
+        #: One side stream per device index (a model may span devices).
+        self._streams: Dict[int, Any] = {}
+        #: (ring head after the record, sequence number of its last record, the copy's event),
+        #: in ring order.
+        self._inflight: Deque[Tuple[int, int, Any]] = deque()
+        self._last_event: Any = None
 
     def copy(self, dst: "torch.Tensor", src: "torch.Tensor") -> None:
-        """Copy ``src`` (CUDA) into ``dst`` (a view of the ring); returns once the bytes landed."""
+        """Queue the copy of ``src`` (CUDA) into ``dst`` (a view of the ring); returns at once.
+
+        The bytes land when the event recorded here completes; the caller passes the ring
+        head after the record to :meth:`pending` before publishing anything."""
         import torch
 
-        with torch.cuda.device(src.device):
-            self.stream.wait_stream(torch.cuda.current_stream(src.device))
-            with torch.cuda.stream(self.stream):
-                dst.copy_(src, non_blocking=True)
-                ev = torch.cuda.Event()
-                ev.record(self.stream)
-            src.record_stream(self.stream)
-        ev.synchronize()
+        dev = src.device
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        side = self._streams.get(idx)
+        if side is None:
+            side = self._streams[idx] = torch.cuda.Stream(device=idx)
+        model = torch.cuda.current_stream(idx)
+        # The value at the hook's moment, on the model's stream: whatever the model queues
+        # next (an in-place op on this very tensor included) runs after this snapshot.
+        snap = src.clone(memory_format=torch.contiguous_format)
+        side.wait_stream(model)
+        with torch.cuda.stream(side):
+            dst.copy_(snap, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(side)
+        snap.record_stream(side)
+        self._last_event = ev
+
+    def pending(self, head: int, seq: int) -> None:
+        """The records up to ring ``head`` (last sequence number ``seq``) wait for the copy
+        queued last."""
+        if self._last_event is not None:
+            self._inflight.append((head, seq, self._last_event))
+            self._last_event = None
+
+    @property
+    def busy(self) -> bool:
+        """True while some copy is not known to have completed."""
+        return bool(self._inflight)
+
+    def copied(self) -> Optional[Tuple[int, int]]:
+        """(head, seq) of the furthest record whose copy and every earlier one completed, or
+        None when the oldest copy has not; never blocks."""
+        done = None
+        q = self._inflight
+        while q and q[0][2].query():
+            head, seq, _ = q.popleft()
+            done = (head, seq)
+        return done
+
+    def wait(self) -> Optional[Tuple[int, int]]:
+        """Block until every queued copy completed; (head, seq) of the last one, or None when
+        none was queued. Polls with short sleeps rather than ``cudaEventSynchronize``, so the
+        interpreter lock is free for other threads meanwhile."""
+        q = self._inflight
+        if not q:
+            return None
+        last = q[-1]
+        while q:  # each event, not only the last: copies on several devices' streams
+            wait_event(q.popleft()[2])
+        return last[0], last[1]
 
     def close(self) -> None:
-        """Unregister the ring mapping."""
+        """Wait for the copies still queued, then unregister the ring mapping."""
         if self.registered:
             import torch
 
+            for s in self._streams.values():
+                s.synchronize()
+            self._inflight.clear()
             torch.cuda.cudart().cudaHostUnregister(self.ptr)
             self.registered = False

@@ -227,20 +227,35 @@ class CaptureSession:
                 return
             self._handle(got)
 
-    def _publish(self) -> None:
-        """Send one PUBLISH covering every record written since the last one (none: no-op)."""
-        if self.ring.head != self.published_head:
+    def _publish(self, block: bool = True) -> None:
+        """Send one PUBLISH covering every record written since the last one (none: no-op).
+
+        A record copied from a CUDA tensor is published only once its copy completed
+        (:mod:`._cuda`): with ``block`` this waits for every queued copy; without it (the
+        per-pass and size-triggered publishes), it publishes the records whose copies have
+        completed so far and leaves the rest for the next publish, so the model's thread
+        never waits on the GPU here."""
+        head, seq = self.ring.head, self.last_tensor_seq
+        cuda = self._cuda
+        if cuda is not None and cuda.busy:
+            done = cuda.wait() if block else cuda.copied()
+            if done is None:
+                return
+            if cuda.busy:  # later copies still in flight: only the completed prefix
+                head, seq = done
+        if head != self.published_head:
             self.drain()  # a daemon ERROR surfaces here, once per publish, not per tensor
-            self.conn.send(P.Publish(head=self.ring.head, seq=self.last_tensor_seq))
-            self.published_head = self.ring.head
+            self.conn.send(P.Publish(head=head, seq=seq))
+            self.published_head = head
 
     def flush(self) -> None:
         """Publish every record written so far (the framework calls this after each forward
-        pass of the model)."""
+        pass of the model); records of CUDA tensors whose copies are still running go with
+        the next publish (:meth:`_publish` without ``block``)."""
         with self._lock:
             self._check()
             try:
-                self._publish()
+                self._publish(block=False)
             except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
                 self.error = e
                 raise
@@ -303,7 +318,7 @@ class CaptureSession:
             self.bytes_in += n
             if head - self.published_head >= self.publish_bytes:
                 try:
-                    self._publish()
+                    self._publish(block=False)
                 except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
                     self.error = e
                     raise
@@ -404,10 +419,12 @@ class CaptureSession:
         self.seq = seq
         ring.head = head + rec_len
         self.last_tensor_seq = seq
+        if self._cuda is not None:
+            self._cuda.pending(ring.head, seq)
         self.packets += 1
         self.bytes_in += n
         if ring.head - self.published_head >= self.publish_bytes:
-            self._publish()
+            self._publish(block=False)
         return True
 
     def _write_any(self, name: str, t: "torch.Tensor", step: int, forward: int,
@@ -478,10 +495,12 @@ class CaptureSession:
                 self._copy(dst, t)
             self.ring.head += rec_len
             self.last_tensor_seq = seq
+            if self._cuda is not None:
+                self._cuda.pending(self.ring.head, seq)
             self.packets += 1
             self.bytes_in += plen
             if self.ring.head - self.published_head >= self.publish_bytes:
-                self._publish()
+                self._publish(block=False)
         return True
 
     # ----- tokens and checkpoints (docs/CHECKPOINTS.md) ------------------------------------------

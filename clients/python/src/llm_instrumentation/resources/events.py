@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
+from .._cuda import wait_event
 from .sites import FLOPS_PER_ELEMENT, Site
 from .state import WriterState
 from .system import pressure_word
@@ -137,7 +138,7 @@ def set_timing(ev: Dict[str, Any], timing: Any) -> None:
     """A measured duration: ns on the host clock, or a CUDA event pair (waited for here)."""
     if isinstance(timing, tuple):
         start, end = timing
-        end.synchronize()
+        wait_event(end)
         ev["duration_us"] = start.elapsed_time(end) * 1000.0
         ev["duration_source"] = "cuda_event"
     else:
