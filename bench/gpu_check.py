@@ -207,12 +207,19 @@ def _captured(path: Path, name: str) -> List[Any]:
 
 
 def test_overwrite_after_publish(dev: str, tmp: Path, small: bool) -> Dict[str, Any]:
-    """Each captured record holds the value of the hook's moment, not the overwritten one."""
+    """Each captured record holds the value of the hook's moment, not the overwritten one:
+    16 MiB records (the side-stream path of ``_cuda``) and 8 KiB ones (the model-stream path)."""
+    big = _overwrite_case(dev, tmp, *((64, 8, 4) if small else (4096, 2048, 24)))
+    little = _overwrite_case(dev, tmp, *((64, 1, 4) if small else (4096, 1, 48)))
+    ok = big["status"] == little["status"] == "passed"
+    return {"status": "passed" if ok else "failed", "large": big, "small": little}
+
+
+def _overwrite_case(dev: str, tmp: Path, dim: int, rows: int, iters: int) -> Dict[str, Any]:
     import torch
 
     from llm_instrumentation import capture_activations
 
-    dim, rows, iters = (64, 8, 4) if small else (4096, 2048, 24)
     model = _Producer(dim, dev, torch.bfloat16)
     ref: List[Any] = []
     # registered before the capture's hook: runs first, clones on the model's stream
@@ -365,13 +372,12 @@ def diagnostics(dev: str, tmp: Path, small: bool) -> Dict[str, Any]:
             count[0] += 1
 
     def gil_share(wait: Callable[[Any], None]) -> float:
-        th = threading.Thread(target=spin)
-        th.start()
-        time.sleep(0.05)
-        for _ in range(40):  # ≈ 50 ms of matrix products queued
+        for _ in range(80):  # ≈ 100 ms of matrix products queued, before the other thread runs
             a @ a
         ev = torch.cuda.Event()
         ev.record()
+        th = threading.Thread(target=spin)
+        th.start()
         c0, t0 = count[0], time.perf_counter()
         wait(ev)
         dt = time.perf_counter() - t0
@@ -595,7 +601,36 @@ def perf(dev: str, tmp: Path, m: Dict[str, int], a: argparse.Namespace, budget_s
         res["resources"] = {n: kept(r, "plain", n) for n in ("minimal", "detailed")}
         res["resources"]["rounds"] = r
         res["resources"]["log"] = {n: r[-1][n].get("resource_log") for n in ("minimal", "detailed")}
+        if a.profile:
+            res["profiles"] = profile({"decode_plain": decode_plain,
+                                       "decode_fast_capture": decode_captured("fast_capture"),
+                                       "resources_minimal": decode_resources("MINIMAL", model, prompt, a, dev, path)},
+                                      Path(a.out))
     return res
+
+
+def profile(trials: Dict[str, Callable[[], Dict[str, Any]]], out: Path) -> Dict[str, str]:
+    """One more trial of each under cProfile (the model's thread); the top functions by own
+    time into ``profile-NAME.txt``. cProfile slows Python calls: read the shares, not the
+    seconds."""
+    import cProfile
+    import io
+    import pstats
+
+    files = {}
+    for name, fn in trials.items():
+        pr = cProfile.Profile()
+        pr.enable()
+        fn()
+        pr.disable()
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(40)
+        pstats.Stats(pr, stream=buf).sort_stats("cumtime").print_stats("llm_instrumentation", 30)
+        f = out / f"profile-{name}.txt"
+        f.write_text(buf.getvalue())
+        files[name] = str(f)
+        log(f"profile {name}: {f}")
+    return files
 
 
 def decode_resources(level: str, model: Any, prompt: Any, a: argparse.Namespace, dev: str,
@@ -660,6 +695,8 @@ def main() -> int:
     ap.add_argument("--passes", type=int, default=3, help="prefill passes per trial (the drain included)")
     ap.add_argument("--max-rounds", type=int, default=None)
     ap.add_argument("--min-rounds", type=int, default=None)
+    ap.add_argument("--profile", action="store_true",
+                    help="after the rounds, one trial each under cProfile: profile-*.txt in --out")
     a = ap.parse_args()
     dry = a.dry_run
     a.prompt = a.prompt or (8 if dry else 32)

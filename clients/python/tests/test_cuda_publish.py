@@ -39,6 +39,7 @@ def _copier() -> CudaCopier:
     c._streams = {}
     c._inflight = __import__("collections").deque()
     c._last_event = None
+    c._direct, c._direct_head, c._just_direct = set(), None, False
     return c
 
 

@@ -2,17 +2,21 @@
 
 The ring mapping is registered once with ``cudaHostRegister`` so a ``non_blocking`` copy goes
 directly into shared memory (no host staging buffer). The model's thread never waits for a
-copy (docs/PROTOCOL.md 3, docs/GPU.md):
+copy (docs/PROTOCOL.md 3, docs/GPU.md). Two ways, by size:
 
-1. on the model's stream, the tensor is first copied to a device snapshot (a device-to-device
-   copy: microseconds, at device-memory speed) — so an in-place overwrite queued behind the
-   hook cannot reach the bytes the ring receives;
-2. a side stream, ordered after that snapshot, copies it into the ring and records an event;
-   the snapshot's memory goes back to torch's allocator only once that copy is done
-   (``record_stream``);
-3. the session publishes a record only once its event has completed: :meth:`CudaCopier.copied`
-   polls without blocking (``cudaEventQuery``); :meth:`CudaCopier.wait` blocks, where the
-   protocol must (TOKEN, CHECKPOINT, CLOSE, a full ring).
+- **small tensors** (up to :data:`DIRECT_MAX`, e.g. every record of decoding): one
+  asynchronous copy on the model's own stream — the cheapest call for the model's thread
+  (decoding is bound by it), and whatever the model queues next (an in-place overwrite of
+  this very tensor included) runs after it; the copy's device time is microseconds;
+- **large tensors** (prefill): on the model's stream a device snapshot (device-to-device, at
+  device-memory speed), then a side stream, ordered after it, copies the snapshot into the
+  ring — the model's stream does not wait for the slower host link; the snapshot's memory
+  returns to torch's allocator once that copy is done (``record_stream``).
+
+The session publishes a record only once the event recorded after its copy has completed:
+:meth:`CudaCopier.copied` polls without blocking (``cudaEventQuery``); :meth:`CudaCopier.wait`
+blocks where the protocol must (TOKEN, CHECKPOINT, CLOSE, a full ring). Small copies share
+one event, recorded on the model's stream when the session next publishes.
 
 Exercised on a GPU by ``bench/gpu_check.py`` (``make gpu-check``), not by the CPU test suite.
 """
@@ -21,12 +25,18 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Deque, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Deque, Dict, Optional, Set, Tuple
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from ._ring import Ring
+
+
+#: Tensors of at most this many bytes are copied on the model's stream (see above): at
+#: ~45 GB/s into the registered ring (H100, docs/GPU.md) 1 MiB holds the stream ~25 µs, less
+#: than the side-stream path costs the model's thread.
+DIRECT_MAX = 1 << 20
 
 
 def wait_event(ev: Any) -> None:
@@ -65,24 +75,33 @@ class CudaCopier:
         #: in ring order.
         self._inflight: Deque[Tuple[int, int, Any]] = deque()
         self._last_event: Any = None
+        #: Devices with small copies on their model stream not yet followed by an event, and
+        #: (head, seq) after the last of them.
+        self._direct: Set[int] = set()
+        self._direct_head: Optional[Tuple[int, int]] = None
+        self._just_direct = False
 
     def copy(self, dst: "torch.Tensor", src: "torch.Tensor") -> None:
         """Queue the copy of ``src`` (CUDA) into ``dst`` (a view of the ring); returns at once.
 
-        The bytes land when the event recorded here completes; the caller passes the ring
-        head after the record to :meth:`pending` before publishing anything."""
+        The bytes land when an event recorded after the copy completes; the caller passes the
+        ring head after the record to :meth:`pending` before publishing anything."""
         import torch
 
-        dev = src.device
-        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        if src.numel() * src.element_size() <= DIRECT_MAX:
+            dst.copy_(src, non_blocking=True)  # on src's device's current stream: the model's
+            self._direct.add(src.get_device())
+            self._just_direct = True
+            return
+        self._seal()  # the small copies before this record come first in ring order
+        idx = src.get_device()
         side = self._streams.get(idx)
         if side is None:
             side = self._streams[idx] = torch.cuda.Stream(device=idx)
-        model = torch.cuda.current_stream(idx)
         # The value at the hook's moment, on the model's stream: whatever the model queues
         # next (an in-place op on this very tensor included) runs after this snapshot.
         snap = src.clone(memory_format=torch.contiguous_format)
-        side.wait_stream(model)
+        side.wait_stream(torch.cuda.current_stream(idx))
         with torch.cuda.stream(side):
             dst.copy_(snap, non_blocking=True)
             ev = torch.cuda.Event()
@@ -93,18 +112,36 @@ class CudaCopier:
     def pending(self, head: int, seq: int) -> None:
         """The records up to ring ``head`` (last sequence number ``seq``) wait for the copy
         queued last."""
-        if self._last_event is not None:
+        if self._just_direct:
+            self._direct_head = (head, seq)
+            self._just_direct = False
+        elif self._last_event is not None:
             self._inflight.append((head, seq, self._last_event))
             self._last_event = None
+
+    def _seal(self) -> None:
+        """Record the event after the small copies queued on the model's streams so far."""
+        if self._direct_head is None:
+            return
+        import torch
+
+        head, seq = self._direct_head
+        for idx in sorted(self._direct):
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(idx))
+            self._inflight.append((head, seq, ev))
+        self._direct.clear()
+        self._direct_head = None
 
     @property
     def busy(self) -> bool:
         """True while some copy is not known to have completed."""
-        return bool(self._inflight)
+        return bool(self._inflight) or self._direct_head is not None
 
     def copied(self) -> Optional[Tuple[int, int]]:
         """(head, seq) of the furthest record whose copy and every earlier one completed, or
         None when the oldest copy has not; never blocks."""
+        self._seal()
         done = None
         q = self._inflight
         while q and q[0][2].query():
@@ -116,6 +153,7 @@ class CudaCopier:
         """Block until every queued copy completed; (head, seq) of the last one, or None when
         none was queued. Polls with short sleeps rather than ``cudaEventSynchronize``, so the
         interpreter lock is free for other threads meanwhile."""
+        self._seal()
         q = self._inflight
         if not q:
             return None
@@ -129,8 +167,9 @@ class CudaCopier:
         if self.registered:
             import torch
 
+            self.wait()
             for s in self._streams.values():
                 s.synchronize()
-            self._inflight.clear()
             torch.cuda.cudart().cudaHostUnregister(self.ptr)
             self.registered = False
+        self._inflight.clear()
