@@ -581,26 +581,30 @@ def perf(dev: str, tmp: Path, m: Dict[str, int], a: argparse.Namespace, budget_s
 
         return run
 
-    share = budget_s / 3
+    sections = [x for x in ("decode", "prefill", "resources") if x in a.sections]
+    share = budget_s / max(len(sections), 1)
     with torch.no_grad():
-        log("decode rounds: plain, fast_capture, balanced")
-        d = rounds({"plain": decode_plain, "fast_capture": decode_captured("fast_capture"),
-                    "balanced": decode_captured("balanced")}, share, a.max_rounds, a.min_rounds)
-        res["decode"] = {n: kept(d, "plain", n) for n in ("fast_capture", "balanced")}
-        res["decode"]["plain_tok_s"] = a.new / statistics.median(r["plain"]["s"] for r in d)
-        res["decode"]["rounds"] = d
-        log("prefill rounds: plain, fast_capture, balanced")
-        p = rounds({"plain": prefill_plain, "fast_capture": prefill_captured("fast_capture"),
-                    "balanced": prefill_captured("balanced")}, share, a.max_rounds, a.min_rounds)
-        res["prefill"] = {n: kept(p, "plain", n) for n in ("fast_capture", "balanced")}
-        res["prefill"]["rounds"] = p
-        log("resource-event rounds: plain, MINIMAL, DETAILED (a standalone monitor, no tensor capture)")
-        r = rounds({"plain": decode_plain, "minimal": decode_resources("MINIMAL", model, prompt, a, dev, path),
-                    "detailed": decode_resources("DETAILED", model, prompt, a, dev, path)},
-                   share, a.max_rounds, a.min_rounds)
-        res["resources"] = {n: kept(r, "plain", n) for n in ("minimal", "detailed")}
-        res["resources"]["rounds"] = r
-        res["resources"]["log"] = {n: r[-1][n].get("resource_log") for n in ("minimal", "detailed")}
+        if "decode" in sections:
+            log("decode rounds: plain, fast_capture, balanced")
+            d = rounds({"plain": decode_plain, "fast_capture": decode_captured("fast_capture"),
+                        "balanced": decode_captured("balanced")}, share, a.max_rounds, a.min_rounds)
+            res["decode"] = {n: kept(d, "plain", n) for n in ("fast_capture", "balanced")}
+            res["decode"]["plain_tok_s"] = a.new / statistics.median(r["plain"]["s"] for r in d)
+            res["decode"]["rounds"] = d
+        if "prefill" in sections:
+            log("prefill rounds: plain, fast_capture, balanced")
+            p = rounds({"plain": prefill_plain, "fast_capture": prefill_captured("fast_capture"),
+                        "balanced": prefill_captured("balanced")}, share, a.max_rounds, a.min_rounds)
+            res["prefill"] = {n: kept(p, "plain", n) for n in ("fast_capture", "balanced")}
+            res["prefill"]["rounds"] = p
+        if "resources" in sections:
+            log("resource-event rounds: plain, MINIMAL, DETAILED (a standalone monitor, no tensor capture)")
+            r = rounds({"plain": decode_plain, "minimal": decode_resources("MINIMAL", model, prompt, a, dev, path),
+                        "detailed": decode_resources("DETAILED", model, prompt, a, dev, path)},
+                       share, a.max_rounds, a.min_rounds)
+            res["resources"] = {n: kept(r, "plain", n) for n in ("minimal", "detailed")}
+            res["resources"]["rounds"] = r
+            res["resources"]["log"] = {n: r[-1][n].get("resource_log") for n in ("minimal", "detailed")}
         if a.profile:
             res["profiles"] = profile({"decode_plain": decode_plain,
                                        "decode_fast_capture": decode_captured("fast_capture"),
@@ -695,6 +699,8 @@ def main() -> int:
     ap.add_argument("--passes", type=int, default=3, help="prefill passes per trial (the drain included)")
     ap.add_argument("--max-rounds", type=int, default=None)
     ap.add_argument("--min-rounds", type=int, default=None)
+    ap.add_argument("--sections", default="decode,prefill,resources",
+                    help="which overhead rounds to run (comma-separated); targets of the others are not judged")
     ap.add_argument("--profile", action="store_true",
                     help="after the rounds, one trial each under cProfile: profile-*.txt in --out")
     a = ap.parse_args()
@@ -765,12 +771,21 @@ def main() -> int:
 
 
 def judge(p: Dict[str, Any], dry: bool) -> Dict[str, Any]:
-    got = {"decode_balanced": p["decode"]["balanced"]["kept"], "decode_fast_capture": p["decode"]["fast_capture"]["kept"],
-           "prefill_fast_capture": p["prefill"]["fast_capture"]["kept"]}
+    got: Dict[str, float] = {}
+    if "decode" in p:
+        got.update(decode_balanced=p["decode"]["balanced"]["kept"],
+                   decode_fast_capture=p["decode"]["fast_capture"]["kept"])
+    if "prefill" in p:
+        got["prefill_fast_capture"] = p["prefill"]["fast_capture"]["kept"]
     out: Dict[str, Any] = {}
     for k, target in TARGETS.items():
+        if k not in got:
+            out[k] = {"target": target, "met": None, "why": "not run (--sections)"}
+            continue
         out[k] = {"kept": round(got[k], 4), "target": target,
                   "met": None if dry else got[k] >= target}  # a CPU dry run judges nothing
+    if "resources" not in p:
+        return out
     detailed = p["resources"]["log"].get("detailed") or {}
     src = detailed.get("duration_sources", {})
     out["resource_events_cuda_timed"] = {"duration_sources": src,

@@ -193,9 +193,9 @@ class CaptureSession:
         with self._lock:
             self._shut = True
         self.conn.close()
-        if self._cuda is not None:
-            self._cuda.close()
-            self._cuda = None
+        # The ring's CUDA registration stays with the ring (Ring.cuda): a kept ring is reused
+        # registered; Ring.close waits for any copy still running, then unregisters.
+        self._cuda = None
         if self.closed_summary is not None and self.error is None:
             keep_ring(self.ring)
         else:
@@ -558,9 +558,11 @@ class CaptureSession:
             return
         if src.device.type == "cuda":
             if self._cuda is None:
-                from ._cuda import CudaCopier
+                if self.ring.cuda is None:
+                    from ._cuda import CudaCopier
 
-                self._cuda = CudaCopier(self.ring)
+                    self.ring.cuda = CudaCopier(self.ring)
+                self._cuda = self.ring.cuda
             self._cuda.copy(dst, src.detach())
             return
         dst.copy_(src.detach().cpu())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
+from .._cuda import device_memory
 from .elementwise import ElementwiseMode
 from .events import tensor_meta
 from .levels import MINIMAL_ALLOCATION_BYTES, ResourceLevel
@@ -296,9 +297,7 @@ class Recorder:
         t_end, cuda_end = prev
         timing: Any = (cuda_end, cuda_event()) if cuda_end is not None else tc - t_end
         if self.cuda:
-            import torch
-
-            frac: Any = torch.cuda.memory_allocated() / self.cuda_total if self.cuda_total else None
+            frac: Any = device_memory()[0] / self.cuda_total if self.cuda_total else None
             src = "cuda_allocated_over_total"
         else:
             frac = UNREAD  # the machine's memory use: read by the writer (Lines.handoff)

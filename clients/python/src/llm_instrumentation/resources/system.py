@@ -7,6 +7,8 @@ import os
 import time
 from typing import Any, Dict, Optional
 
+from .._cuda import device_memory
+
 __all__ = ["FRACTION_MAX_AGE", "MemoryReader", "Rss", "host_memory_fraction", "now_us", "peak_rss",
            "pressure_word"]
 
@@ -55,12 +57,9 @@ class MemoryReader:
 
     def read(self) -> Dict[str, Any]:
         if self.cuda:
-            import torch
-
-            return {"device_memory_allocated_bytes": torch.cuda.memory_allocated(),
-                    "device_memory_reserved_bytes": torch.cuda.memory_reserved(),
-                    "device_memory_peak_bytes": torch.cuda.max_memory_allocated(),
-                    "memory_source": "torch.cuda.memory_stats"}
+            allocated, reserved, peak = device_memory()
+            return {"device_memory_allocated_bytes": allocated, "device_memory_reserved_bytes": reserved,
+                    "device_memory_peak_bytes": peak, "memory_source": "torch.cuda.memory_stats"}
         rss = self.rss.read()
         return {"process_rss_bytes": rss, "memory_source": "proc_self_statm"} if rss is not None else {}
 

@@ -13,6 +13,7 @@ import functools
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
+from .._cuda import timing_event
 from . import native
 from .caches import cache_from, cache_layer, kv_len, kv_len_of
 from .events import attention_flops, attention_tokens
@@ -42,13 +43,8 @@ def first_tensor(x: Any, tensor: Any) -> Any:
     return None
 
 
-def cuda_event() -> Any:
-    """A CUDA event recorded now on the current stream (timing enabled)."""
-    import torch
-
-    ev = torch.cuda.Event(enable_timing=True)
-    ev.record()
-    return ev
+#: A timing-enabled CUDA event recorded now on the current stream (``_cuda.timing_event``).
+cuda_event = timing_event
 
 
 def timing_of(t0: int, t1: int, ev0: Any) -> Any:
