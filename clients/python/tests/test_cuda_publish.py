@@ -109,3 +109,21 @@ def test_wait_event_polls_until_complete():
     ev = Event(polls=5)
     wait_event(ev)
     assert ev.done and ev.queries == 5
+
+
+def test_the_registration_lives_with_the_ring():
+    """The session leaves the ring's CUDA copier to the ring: a reused ring stays registered;
+    closing the ring closes its copier (waits for the copies, unregisters) before unmapping."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ring = R.Ring(R.HEADER_SIZE + 64 * 64)
+    cop = _copier()
+    cop._u8 = ring.u8()
+    closed = []
+    cop.close = lambda: (closed.append(True), CudaCopier.close(cop))
+    ring.cuda = cop
+    s = CaptureSession(P.Connection(a), ring)
+    s._cuda = ring.cuda
+    s.conn.close()  # the session ends; with no CLOSED from a daemon the ring is not kept
+    s.shutdown()
+    b.close()
+    assert closed == [True] and ring.cuda is None and cop._u8 is None and ring.fd == -1

@@ -13,6 +13,7 @@ import torch
 from conftest import generate_with_monitor as decode
 from conftest import tiny_llama
 
+from llm_instrumentation import _cuda
 from llm_instrumentation.resources import ResourceMonitor, native, system, templates, wrappers, writer
 from llm_instrumentation.resources.records import Rec
 
@@ -296,8 +297,8 @@ def test_program_of_a_template() -> None:
 
 def test_cuda_timing_pairs_events(monkeypatch) -> None:
     """A module started with a CUDA event ends with a second one recorded then (the writer
-    resolves the pair); without one its duration is the clock difference. torch.cuda.Event
-    is replaced: there is no GPU here."""
+    resolves the pair); without one its duration is the clock difference. The CUDA event
+    maker (``_cuda.timing_event``'s bound form) is replaced: there is no GPU here."""
     recorded: List[Any] = []
 
     class Event:
@@ -309,7 +310,12 @@ def test_cuda_timing_pairs_events(monkeypatch) -> None:
             self.recorded = True
             recorded.append(self)
 
-    monkeypatch.setattr(torch.cuda, "Event", Event)
+    def timing_event() -> Event:  # what _cuda.timing_event does through torch's C bindings
+        ev = Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    monkeypatch.setattr(_cuda, "_timing_event", timing_event)
     assert wrappers.timing_of(100, 350, None) == 250 and recorded == []
     start = wrappers.cuda_event()
     pair = wrappers.timing_of(100, 350, start)
