@@ -298,6 +298,7 @@ generate: generate-records
 
 generate-records:
 	$(PYTHON) clients/python/tools/gen_records_header.py
+	$(PYTHON) clients/python/tools/gen_c_resource_layouts.py
 
 # The binary, the systemd units (ExecStart points at $(PREFIX)/bin), the sysusers entry
 # (user strapd, group strap) and the tmpfiles entry; docs/DEPLOY.md says what comes next.
