@@ -402,7 +402,8 @@ llama-cpp: c-tools
 $(STRAP_LLAMA): $(C_SRC) $(LLAMA_CPP_DIR)/.stamp
 	cmake -S clients/c -B build/c-llama -DCMAKE_BUILD_TYPE=Release -DSTRAP_BUILD_TESTS=OFF \
 	  -DSTRAP_LLAMA_CPP=$(LLAMA_CPP_DIR) >/dev/null
-	cmake --build build/c-llama -j2 --target strap-llama test_strap_llama_api
+	cmake --build build/c-llama -j2 --target strap-llama test_strap_llama_api test_resource_macros_c \
+	  test_resource_macros_cpp
 
 $(LLAMA_CPP_DIR)/.stamp:
 	$(MAKE) llama-cpp

@@ -94,9 +94,9 @@ STRAP_API int llama_resource_end_component(const char *component);
 STRAP_API int llama_resource_begin_forward(long long step);
 STRAP_API int llama_resource_end_forward(void);
 
-/* compute_execution of `operation` (ggml's op name: "mul_mat", "rms_norm", "silu", ...) named
- * `name`. For mul_mat the inputs are ggml's order, {weight, input} (src[0], src[1]); one input
- * is taken as the input. duration_ns < 0: measured (time since the previous call). */
+/* compute_execution of `operation` (ggml's op name: "mul_mat", "rms_norm", "silu", ...; "embedding"
+ * for a token embedding lookup) named `name`. For mul_mat the inputs are ggml's order, {weight, input} (src[0],
+ * src[1]); one input is taken as the input. duration_ns < 0: measured (time since the previous call). */
 STRAP_API int llama_resource_log_compute(const char *operation, const char *name, const llama_resource_tensor *inputs,
 					 size_t n_inputs, const llama_resource_tensor *output, long long duration_ns);
 /* An MLP projection ("gate_proj", "up_proj", "down_proj"; ggml's "ffn_gate", "ffn_up",

@@ -440,7 +440,7 @@ static void iso_now(char *out, size_t cap)
 	gmtime_r(&ts.tv_sec, &tm);
 	char s[32];
 	strftime(s, sizeof s, "%Y-%m-%dT%H:%M:%S", &tm);
-	snprintf(out, cap, "%s.%06ld+00:00", s, ts.tv_nsec / 1000);
+	snprintf(out, cap, "%.20s.%06d+00:00", s, (int)(ts.tv_nsec / 1000));
 }
 
 static const char *const level_names[] = {"", "MINIMAL", "DETAILED", "VERBOSE"};
@@ -461,8 +461,8 @@ static int begin_session_locked(struct instr *in, const char *id)
 		gmtime_r(&ts.tv_sec, &tm);
 		char t[32];
 		strftime(t, sizeof t, "%Y%m%d_%H%M%S", &tm);
-		snprintf(in->session_id, sizeof in->session_id, "resource_sess_%s_%06ld_%ld", t, ts.tv_nsec / 1000,
-			 (long)getpid());
+		snprintf(in->session_id, sizeof in->session_id, "resource_sess_%.20s_%06d_%ld", t,
+			 (int)(ts.tv_nsec / 1000), (long)getpid());
 	}
 	in->session_open = 1;
 	in->seq = 0;
@@ -470,7 +470,7 @@ static int begin_session_locked(struct instr *in, const char *id)
 	in->total_flops = in->component_flows = in->parameter_bytes = 0;
 	in->total_compute_us = 0;
 	memset(in->counts, 0, sizeof in->counts);
-	char iso[48];
+	char iso[64];
 	iso_now(iso, sizeof iso);
 	size_t mark = in->buf.len;
 	int n = lri_event_session_start(&in->buf, in->session_id, wall_ns() / 1000, iso, level_names[in->level],
@@ -483,7 +483,7 @@ static int end_session_locked(struct instr *in)
 	if (!in->session_open)
 		return STRAP_OK;
 	in->session_open = 0;
-	char iso[48];
+	char iso[64];
 	iso_now(iso, sizeof iso);
 	struct lri_summary sm = {in->session_id,
 				 iso,
@@ -671,7 +671,7 @@ static int op_level(const char *op)
 		return LLAMA_RESOURCE_MINIMAL;
 	if (!strcmp(op, "rms_norm") || !strcmp(op, "norm") || !strcmp(op, "layer_norm") || !strcmp(op, "silu") ||
 	    !strcmp(op, "gelu") || !strcmp(op, "relu") || !strcmp(op, "swiglu") || !strcmp(op, "geglu") ||
-	    !strcmp(op, "reglu") || !strcmp(op, "get_rows"))
+	    !strcmp(op, "reglu") || !strcmp(op, "embedding"))
 		return LLAMA_RESOURCE_DETAILED;
 	return LLAMA_RESOURCE_VERBOSE;
 }
@@ -727,6 +727,11 @@ int llama_resource_log_compute(const char *operation, const char *name, const ll
 	} else {
 		long long d = took_ns(in, t0, duration_ns);
 		struct lri_ctx c = ctx_now(in, t0);
+		/* outside a component a norm or an embedding is its own (sites.component_of) */
+		if (!c.component && op_level(operation) == LLAMA_RESOURCE_DETAILED)
+			c.component = strstr(operation, "norm")         ? "norm"
+				      : !strcmp(operation, "embedding") ? "embedding"
+									: NULL;
 		long long flops = 0;
 		size_t mark = in->buf.len;
 		rc = took(in, mark,
@@ -764,7 +769,13 @@ int llama_resource_log_mlp(const char *mlp_operation, const llama_resource_tenso
 		in->mark_ns = t0;
 		return leave(in, t0, STRAP_OK);
 	}
-	return leave(in, t0, log_mul_mat(in, t0, mlp_operation, weight, input, output, duration_ns, op));
+	/* the projection's module in the Python client's names: model.layers.N.mlp.gate_proj */
+	char module[NAME_LEN];
+	if (in->layer >= 0)
+		snprintf(module, sizeof module, "model.layers.%d.mlp.%s", in->layer, op);
+	else
+		snprintf(module, sizeof module, "mlp.%s", op);
+	return leave(in, t0, log_mul_mat(in, t0, module, weight, input, output, duration_ns, op));
 }
 
 int llama_resource_log_allocation(const llama_resource_tensor *tensor, const char *name, const char *kind)
@@ -813,12 +824,15 @@ int llama_resource_log_handoff(const char *from, const char *to, const llama_res
 		in->fraction = read_fraction();
 		in->fraction_at = t0;
 	}
+	/* at the start of `to`, as the Python client's handoff (the MLP's start); its module is the
+	 * receiving block's ("model.layers.N.mlp") */
 	struct lri_ctx c = ctx_now(in, t0);
-	c.ts = (in->ended_ns && d ? in->ended_ns : t0) + in->clock_offset_ns;
-	c.ts /= 1000;
 	c.component = to;
 	char module[NAME_LEN * 2];
-	snprintf(module, sizeof module, "%s", to);
+	if (in->layer >= 0)
+		snprintf(module, sizeof module, "model.layers.%d.%s", in->layer, to);
+	else
+		snprintf(module, sizeof module, "%s", to);
 	size_t mark = in->buf.len;
 	int rc = took(in, mark,
 		      lri_event_handoff(&in->buf, &c, module, from, to, tensor ? tensor : &in->last_out, d,

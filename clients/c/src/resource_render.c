@@ -426,8 +426,6 @@ int lri_event_op(lri_buf *b, const struct lri_ctx *c, const char *module, const 
 		v.flops_per_element = operation[0] == 'g'   ? LRI_FPE_GELU
 				      : operation[0] == 'r' ? LRI_FPE_RELU
 							    : LRI_FPE_SILU;
-	} else if (!strcmp(operation, "get_rows")) {
-		v.operation = "embedding";
 	}
 	if (lay == LRI_L_OP_UNCOUNTED) {
 		v.flops = 0;
