@@ -412,7 +412,7 @@ strap-llama: llama-cpp $(STRAP_LLAMA)
 
 test-llamacpp: $(BIN) $(VENV)/.stamp strap-llama chromium
 	@$(VPY) -c "import sentencepiece, google.protobuf" 2>/dev/null || $(VPY) -m pip install --quiet $(LLAMA_PY_DEPS)
-	cd clients/c/llama && clang-format --dry-run --Werror include/*.h src/*.c tools/*.c tests/*.c
+	cd clients/c/llama && clang-format --dry-run --Werror include/*.h src/*.c tools/*.c tests/*.c tests/*.cpp
 	$(LLAMA_ENV) $(VPY) -m pytest clients/c/llama/tests -q -m 'not long'
 
 test-long-llamacpp: $(BIN) $(VENV)/.stamp strap-llama

@@ -5,7 +5,8 @@ Side by side in one run, rounds interleaved (plain, l_out, attn_out+ffn_out+l_ou
 around the decode loop: model load and the prompt's pass excluded) and its ratio to plain; and
 the same from the process's CPU time over the decode loop (tokens per CPU-second: the cost in
 the generating process, without the time spent waiting for a CPU shared with strapd and others).
-Targets (issue 24): every layer's l_out >= 0.97 of plain, attn_out,ffn_out,l_out >= 0.95.
+Targets (issue 24): every layer's l_out >= 0.97 of plain, attn_out,ffn_out,l_out >= 0.95, resource
+events at MINIMAL (seed 003's, without a capture, to a JSONL file) >= 0.99. --configs picks some.
 
     python bench.py [--rounds 7] [--tokens 96] [--threads 1,2] [--n-embd 512 --n-layer 8 ...]
 """
@@ -27,8 +28,15 @@ sys.path.insert(0, str(HERE))
 
 from conftest import REPO, Strapd, make_model, strap_llama_cmd  # noqa: E402
 
-CONFIGS = [("plain", None), ("l_out", "l_out"), ("attn_out,ffn_out,l_out", "attn_out,ffn_out,l_out")]
-TARGETS = {"l_out": 0.97, "attn_out,ffn_out,l_out": 0.95}
+#: name -> strap-llama's arguments (the file it writes: {out}); "plain" is the baseline.
+CONFIGS = {
+    "plain": ["--no-capture"],
+    "l_out": ["--output", "{out}", "--tensors", "l_out", "--overwrite"],
+    "attn_out,ffn_out,l_out": ["--output", "{out}", "--tensors", "attn_out,ffn_out,l_out", "--overwrite"],
+    "resources MINIMAL": ["--no-capture", "--resource-level", "MINIMAL", "--resource-log", "{out}"],
+    "resources DETAILED": ["--no-capture", "--resource-level", "DETAILED", "--resource-log", "{out}"],
+}
+TARGETS = {"l_out": 0.97, "attn_out,ffn_out,l_out": 0.95, "resources MINIMAL": 0.99}
 
 
 def main() -> int:
@@ -41,6 +49,8 @@ def main() -> int:
     ap.add_argument("--n-ff", type=int, default=1536)
     ap.add_argument("--dtype", default="f16")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--configs", default="plain,l_out,attn_out+ffn_out+l_out",
+                    help="comma-separated, '+' for ',' inside a name: " + "; ".join(CONFIGS))
     a = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-llamacpp-", dir=REPO / "build"))
@@ -49,16 +59,19 @@ def main() -> int:
     n_params = (a.n_embd * 32000 + a.n_layer * (a.n_embd * a.n_embd * 3 + 3 * a.n_embd * a.n_ff))
     d = Strapd(work)
     results = {}
+    names = [c.replace("+", ",") for c in a.configs.split(",")]
+    bad = [n for n in names if n not in CONFIGS]
+    if bad or names[0] != "plain":
+        print(f"--configs: unknown {bad} (or not starting with plain)", file=sys.stderr)
+        return 2
     try:
         for threads in [int(t) for t in a.threads.split(",")]:
-            tps = {name: [] for name, _ in CONFIGS}
-            cps = {name: [] for name, _ in CONFIGS}
+            tps = {name: [] for name in names}
+            cps = {name: [] for name in names}
             for r in range(a.rounds):
-                for name, tensors in CONFIGS:
-                    out = work / f"{name}.strap"
-                    args = ["-t", str(threads)]
-                    args += ["--no-capture"] if tensors is None else ["--output", str(out), "--tensors", tensors,
-                                                                      "--overwrite"]
+                for name in names:
+                    out = work / f"{name.replace(' ', '_')}.strap"
+                    args = ["-t", str(threads)] + [x.replace("{out}", str(out)) for x in CONFIGS[name]]
                     p = subprocess.run(strap_llama_cmd(model, *args, socket_path=d.socket, n=a.tokens),
                                        capture_output=True, text=True, timeout=600)
                     if p.returncode != 0:
