@@ -32,6 +32,16 @@ static int put_str(lri_buf *b, const char *s)
 	if (put(b, "\"", 1) < 0)
 		return -1;
 	while (*p) {
+		/* a run of characters written as they are, in one piece */
+		const unsigned char *q = p;
+		while (*q >= 0x20 && *q < 0x7f && *q != '"' && *q != '\\')
+			q++;
+		if (q > p) {
+			if (put(b, (const char *)p, (size_t)(q - p)) < 0)
+				return -1;
+			p = q;
+			continue;
+		}
 		unsigned c = *p;
 		char esc[16];
 		int n = 0;
@@ -108,28 +118,24 @@ static int put_shape(lri_buf *b, const struct lri_tensor *t)
 	return put(b, "]", 1);
 }
 
-/* "{device}_{word}_layer_{n|none}_{leaf}_{ts}_{seq}" (EventBuilder.base) */
+/* "{device}_{word}_layer_{n|none}_{leaf}_{ts}_{seq}" (EventBuilder.base), as one JSON string
+ * (the leaf escaped as Python escapes the f-string; the rest is ASCII) */
 static int put_id(lri_buf *b, const struct lri_values *v, const char *word, long long seq)
 {
-	char head[64];
-	int n = v->layer < 0 ? snprintf(head, sizeof head, "%s_%s_layer_none_", v->device, word)
-			     : snprintf(head, sizeof head, "%s_%s_layer_%d_", v->device, word, v->layer);
-	char tail[64];
-	int m = snprintf(tail, sizeof tail, "_%lld_%lld", v->ts, seq);
-	if (n < 0 || (size_t)n >= sizeof head || m < 0 || (size_t)m >= sizeof tail)
+	if (put(b, "\"", 1) < 0 || put_s(b, v->device) < 0 || put(b, "_", 1) < 0 || put_s(b, word) < 0 ||
+	    put(b, "_layer_", 7) < 0)
 		return -1;
-	/* one string: escaped as a whole, as Python escapes the f-string */
-	size_t ll = strlen(v->leaf);
-	char stack[512], *s = ll + (size_t)n + (size_t)m < sizeof stack ? stack : malloc(ll + (size_t)(n + m) + 1);
-	if (!s)
+	if ((v->layer < 0 ? put(b, "none", 4) : put_ll(b, v->layer)) < 0 || put(b, "_", 1) < 0)
 		return -1;
-	memcpy(s, head, (size_t)n);
-	memcpy(s + n, v->leaf, ll);
-	memcpy(s + (size_t)n + ll, tail, (size_t)m + 1);
-	int rc = put_str(b, s);
-	if (s != stack)
-		free(s);
-	return rc;
+	size_t mark = b->len;
+	if (put_str(b, v->leaf) < 0)
+		return -1;
+	/* put_str wrote the leaf between quotes: drop them */
+	memmove(b->p + mark, b->p + mark + 1, b->len - mark - 2);
+	b->len -= 2;
+	if (put(b, "_", 1) < 0 || put_ll(b, v->ts) < 0 || put(b, "_", 1) < 0 || put_ll(b, seq) < 0)
+		return -1;
+	return put(b, "\"", 1);
 }
 
 static int put_tensor(lri_buf *b, const struct lri_tensor *t)
