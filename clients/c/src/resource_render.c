@@ -17,6 +17,11 @@ static int put(lri_buf *b, const char *s, size_t n)
 	return buf_put((Buf *)(void *)b, s, n);
 }
 
+int lri_put(lri_buf *b, const char *s, size_t n)
+{
+	return put(b, s, n);
+}
+
 static int put_s(lri_buf *b, const char *s)
 {
 	return put(b, s, strlen(s));
@@ -101,9 +106,34 @@ static int put_ll(lri_buf *b, long long v)
 	return buf_ll((Buf *)(void *)b, v);
 }
 
+/* Doubles already written, by their bits: most of an event's doubles are the same every pass
+ * (a module's GFLOPs, an MLP's sizes in MiB), and the shortest repr costs a snprintf and a few
+ * strtod. Direct-mapped, per thread (the writer thread renders; tests render on theirs). */
+#define DBL_CACHE 1024
+static _Thread_local struct {
+	uint64_t bits;
+	unsigned char len; /* 0: empty */
+	char s[31];
+} dbl_cache[DBL_CACHE];
+
 static int put_dbl(lri_buf *b, double v)
 {
-	return buf_double((Buf *)(void *)b, v);
+	uint64_t bits;
+	memcpy(&bits, &v, sizeof bits);
+	uint64_t h = bits * 0x9E3779B97F4A7C15ULL;
+	unsigned i = (unsigned)(h >> 54) & (DBL_CACHE - 1);
+	if (dbl_cache[i].len && dbl_cache[i].bits == bits)
+		return put(b, dbl_cache[i].s, dbl_cache[i].len);
+	char s[64];
+	int n = RENDER_DOUBLE(s, sizeof s, v);
+	if (n < 0)
+		return -1;
+	if ((size_t)n < sizeof dbl_cache[i].s) {
+		dbl_cache[i].bits = bits;
+		dbl_cache[i].len = (unsigned char)n;
+		memcpy(dbl_cache[i].s, s, (size_t)n);
+	}
+	return put(b, s, (size_t)n);
 }
 
 static int put_shape(lri_buf *b, const struct lri_tensor *t)

@@ -11,6 +11,7 @@
 #include "resource_layouts.h"
 
 #define lri_render strap__lri_render
+#define lri_put strap__lri_put
 #define lri_short_dtype strap__lri_short_dtype
 #define lri_event_mul_mat strap__lri_event_mul_mat
 #define lri_event_op strap__lri_event_op
@@ -116,6 +117,9 @@ struct lri_summary {
 	int n_counts;
 };
 int lri_event_session_summary(lri_buf *b, const struct lri_summary *s);
+
+/* n bytes appended to b: 0, or -1 when memory ran out. */
+int lri_put(lri_buf *b, const char *s, size_t n);
 
 /* events.short_dtype: "float32" -> "f32", ...; other names as they are. */
 const char *lri_short_dtype(const char *dtype);
