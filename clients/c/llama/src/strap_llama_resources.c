@@ -23,7 +23,18 @@
 
 #include "llama-resource-instrumentation.h"
 
+/* What module_of found for a weight, kept by the weight's address (weights live as long as the
+ * model): sscanf and snprintf per node on the model's thread cost more than the record. */
+#define WEIGHT_CACHE 1024
+struct weight_entry {
+	const struct ggml_tensor *w;
+	char module[120];
+	int layer, component;
+	const char *mlp_op;
+};
+
 struct strap_llama_resources {
+	struct weight_entry weights[WEIGHT_CACHE];
 	int level;
 	long long seg_start; /* the end of the last piece of graph computed (ns) */
 	int layer;           /* the layer of the events going out (-1: none) */
@@ -252,10 +263,21 @@ static void record(strap_llama_resources *r, struct ggml_tensor *t, long long du
 			return;
 	}
 	if (t->op == GGML_OP_MUL_MAT) {
-		char module[160];
-		int layer, component;
-		const char *mlp_op;
-		module_of(t, module, sizeof module, &layer, &component, &mlp_op);
+		/* a GGUF weight's names are the same every pass: found once (kq/kqv: src[0] is a view of
+		 * the cache, looked up each time) */
+		const struct ggml_tensor *w0 = t->src[0];
+		int cacheable = w0 && w0->op == GGML_OP_NONE;
+		size_t h = ((uintptr_t)w0 >> 4) * 0x9E3779B97F4A7C15ULL >> 54;
+		struct weight_entry *e = &r->weights[h & (WEIGHT_CACHE - 1)];
+		if (!cacheable || e->w != w0) {
+			struct weight_entry fresh;
+			module_of(t, fresh.module, sizeof fresh.module, &fresh.layer, &fresh.component, &fresh.mlp_op);
+			fresh.w = cacheable ? w0 : NULL;
+			*e = fresh;
+		}
+		const char *module = e->module;
+		int layer = e->layer, component = e->component;
+		const char *mlp_op = e->mlp_op;
 		set_layer(r, layer);
 		set_component(r, component);
 		llama_resource_tensor w = llama_resource_describe(t->src[0], shapes[0]);
