@@ -226,6 +226,18 @@ static inline int llama_resource_log_compute_cpp(const char *op, const char *nam
 {
 	return llama_resource_log_compute_ggml(op, name, inputs.data(), inputs.size(), output);
 }
+#if __cplusplus >= 201703L
+/* Seed 003's run-time control object: g_resource_instr->set_level(llama_resource_level::VERBOSE),
+ * ->disable(), ->enable(), ->flush() (the functions above; the instrumentation itself is global). */
+struct llama_resource_instrumentation_control {
+	int set_level(llama_resource_level level) const { return llama_resource_set_level(static_cast<int>(level)); }
+	int disable() const { return llama_resource_disable(); }
+	int enable() const { return llama_resource_enable(); }
+	int flush() const { return llama_resource_flush(); }
+};
+inline const llama_resource_instrumentation_control g_resource_instr_control{};
+inline const llama_resource_instrumentation_control *const g_resource_instr = &g_resource_instr_control;
+#endif
 #define LLAMA_RESOURCE_LOG_COMPUTE_OPERATION(op, name, ...) llama_resource_log_compute_cpp((op), (name), __VA_ARGS__)
 #else
 /* C: (op, name, inputs, n_inputs, output), inputs a `const struct ggml_tensor *const *`. */

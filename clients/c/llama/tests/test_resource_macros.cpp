@@ -40,7 +40,9 @@ int main(int argc, char **argv)
 	LLAMA_RESOURCE_END_COMPONENT("mlp");
 	LLAMA_RESOURCE_END_LAYER(0);
 	llama_resource_end_forward();
-	llama_resource_set_level(llama_resource_level::VERBOSE);
+	g_resource_instr->set_level(llama_resource_level::VERBOSE); // seed 003's run-time control
+	if (llama_resource_get_level() != LLAMA_RESOURCE_VERBOSE || g_resource_instr->flush() != STRAP_OK)
+		return 1;
 	LLAMA_RESOURCE_END_SESSION();
 	int rc = llama_resource_instrumentation_free();
 	ggml_free(ctx);
