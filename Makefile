@@ -298,6 +298,7 @@ generate: generate-records
 
 generate-records:
 	$(PYTHON) clients/python/tools/gen_records_header.py
+	$(PYTHON) clients/python/tools/gen_c_resource_layouts.py
 
 # The binary, the systemd units (ExecStart points at $(PREFIX)/bin), the sysusers entry
 # (user strapd, group strap) and the tmpfiles entry; docs/DEPLOY.md says what comes next.
@@ -401,7 +402,8 @@ llama-cpp: c-tools
 $(STRAP_LLAMA): $(C_SRC) $(LLAMA_CPP_DIR)/.stamp
 	cmake -S clients/c -B build/c-llama -DCMAKE_BUILD_TYPE=Release -DSTRAP_BUILD_TESTS=OFF \
 	  -DSTRAP_LLAMA_CPP=$(LLAMA_CPP_DIR) >/dev/null
-	cmake --build build/c-llama -j2 --target strap-llama test_strap_llama_api
+	cmake --build build/c-llama -j2 --target strap-llama test_strap_llama_api test_resource_macros_c \
+	  test_resource_macros_cpp
 
 $(LLAMA_CPP_DIR)/.stamp:
 	$(MAKE) llama-cpp
@@ -410,7 +412,7 @@ strap-llama: llama-cpp $(STRAP_LLAMA)
 
 test-llamacpp: $(BIN) $(VENV)/.stamp strap-llama chromium
 	@$(VPY) -c "import sentencepiece, google.protobuf" 2>/dev/null || $(VPY) -m pip install --quiet $(LLAMA_PY_DEPS)
-	cd clients/c/llama && clang-format --dry-run --Werror include/*.h src/*.c tools/*.c tests/*.c
+	cd clients/c/llama && clang-format --dry-run --Werror include/*.h src/*.c tools/*.c tests/*.c tests/*.cpp
 	$(LLAMA_ENV) $(VPY) -m pytest clients/c/llama/tests -q -m 'not long'
 
 test-long-llamacpp: $(BIN) $(VENV)/.stamp strap-llama

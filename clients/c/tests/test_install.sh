@@ -50,12 +50,14 @@ cmake --build "$work/consumer/build" >>"$work/consumer.log"
 deps=$(ldd "$work/consumer/build/consumer_shared")
 grep -q "$prefix/lib.*/libstrap.so" <<<"$deps" || {
   echo "consumer_shared does not load $prefix's libstrap.so:"; echo "$deps"; exit 1; }
-# the shared library exports the API and nothing internal
-if nm -D --defined-only "$prefix"/lib*/libstrap.so | awk 'NF == 3 && $2 ~ /[TDBR]/ {print $3}' | grep -Ev '^strap_[a-z]'; then
+# the shared library exports the API (strap_*, and seed 003's llama_resource_* names,
+# llama-resource-instrumentation.h) and nothing internal
+if nm -D --defined-only "$prefix"/lib*/libstrap.so | awk 'NF == 3 && $2 ~ /[TDBR]/ {print $3}' |
+   grep -Ev '^(strap_[a-z]|llama_resource_[a-z])'; then
   echo "libstrap.so exports symbols that are not the API"; exit 1
 fi
 # every global symbol of the static library carries the prefix (it shares its host's namespace)
-if nm -g --defined-only "$prefix"/lib*/libstrap.a | awk 'NF == 3 {print $3}' | grep -v '^strap_'; then
+if nm -g --defined-only "$prefix"/lib*/libstrap.a | awk 'NF == 3 {print $3}' | grep -Ev '^(strap_|llama_resource_[a-z])'; then
   echo "libstrap.a defines global symbols without the strap_ prefix"; exit 1
 fi
 

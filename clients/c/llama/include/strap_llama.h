@@ -111,6 +111,34 @@ typedef struct strap_llama_stats {
 } strap_llama_stats;
 strap_llama_stats strap_llama_get_stats(const strap_llama *h);
 
+/* ----- resource events (seed 003's API, llama-resource-instrumentation.h) ---------------------
+ * A second eval callback that writes the resource events of docs/RESOURCE_EVENTS.md through the
+ * running instrumentation (llama_resource_instrumentation_init or _init_session first): per node
+ * the level records, compute_execution (mul_mat: FLOPs from the shapes, the projection's module
+ * name), mlp_operation, the attention→MLP component_handoff (DETAILED), per layer the layer and
+ * component context, and one model_forward per llama_decode. Durations: the time ggml took for
+ * the piece of graph ending at the node (docs/LLAMA_CPP.md "Resource events"). Same threading as
+ * strap_llama: one context, the thread that calls llama_decode. */
+typedef struct strap_llama_resources strap_llama_resources;
+typedef struct strap_llama_resource_stats {
+	uint64_t mul_mats, others, handoffs; /* nodes recorded */
+} strap_llama_resource_stats;
+
+int strap_llama_resources_new(const struct llama_model *model, strap_llama_resources **out, strap_error *err);
+void strap_llama_resources_free(strap_llama_resources *r);
+/* Points cparams->cb_eval at the resource callback, chaining the one already there (the
+ * capture's, when strap_llama_attach ran first: attach the capture first, so that the resource
+ * callback sees the end of every piece of graph and leaves the capture's writes out of the
+ * durations). */
+int strap_llama_resources_attach(strap_llama_resources *r, struct llama_context_params *cparams);
+bool strap_llama_resource_eval_callback(struct ggml_tensor *t, bool ask, void *user_data);
+/* Around each llama_decode (after strap_llama_begin_decode, before strap_llama_end_decode):
+ * begin reads the level and starts a forward pass (step = the token index); end closes the last
+ * layer and writes model_forward. */
+int strap_llama_resources_begin_decode(strap_llama_resources *r, long long step);
+int strap_llama_resources_end_decode(strap_llama_resources *r);
+strap_llama_resource_stats strap_llama_resources_get_stats(const strap_llama_resources *r);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,7 +3,8 @@
 1. a random Llama GGUF with llama.cpp's Llama tokenizer (make_tiny_gguf.py);
 2. strapd serving on a socket in OUT;
 3. strap-llama: greedy generation, every layer's attn_out, ffn_out and l_out captured, a TOKEN per
-   token, checkpoints every 8 tokens, strapd's kernel trace beside the stream;
+   token, checkpoints every 8 tokens, strapd's kernel trace beside the stream, seed 003's resource
+   events (DETAILED) in capture.strap.resources.jsonl;
 4. the stream read back (strapd inspect; Python open_stream: the per-token map, one tensor);
 5. the report (python -m llm_instrumentation.report), an HTML page in OUT/capture.strap.report/.
 
@@ -38,6 +39,7 @@ def main() -> int:
         cap = out / "capture.strap"
         cmd = strap_llama_cmd(model, "--output", str(cap), "--tensors", "attn_out,ffn_out,l_out",
                               "--checkpoint-interval-tokens", "8", "--trace", "--overwrite",
+                              "--resource-level", "DETAILED",
                               socket_path=d.socket, n=a.tokens, prompt="Once upon a time, in a small town,")
         print("2. strapd serving on", d.socket)
         print("3.", " ".join(cmd[:1] + [c if " " not in c else repr(c) for c in cmd[1:]]))
@@ -47,7 +49,7 @@ def main() -> int:
             return 1
         res = json.loads(p.stdout)
         print(f"   {len(res['tokens'])} tokens, {res['records']} tensors ({res['bytes']} bytes), "
-              f"decode {res['decode_tokens'] / res['decode_s']:.0f} tokens/s")
+              f"decode {res['decode_tokens'] / res['decode_s']:.0f} tokens/s, {res['resource_events']} resource events")
     finally:
         d.stop()
     ins = subprocess.run([str(STRAPD), "inspect", str(cap)], capture_output=True, text=True)
@@ -61,6 +63,10 @@ def main() -> int:
         t = next(iter(r.tensors("model.layers.3")))
         print(f"   {t.name} step {t.step}: {t.dtype} {t.shape}, rows {t.meta['pos']}, node {t.meta['ggml_name']} "
               f"({t.meta['ggml_op']}), mean |x| {abs(t.numpy()).mean():.3f}")
+    evs = [json.loads(line) for line in open(str(cap) + ".resources.jsonl")]
+    mm = next(e for e in evs if e.get("operation") == "mul_mat" and e.get("layer_id") == 3)
+    print(f"   resource event: {mm['module']} step {mm['step']}: {mm['flops']} FLOPs ({mm['flops_source']}), "
+          f"{mm['duration_us']} µs measured")
     from llm_instrumentation.report import build_report
 
     rep = build_report(str(cap), progress=False)

@@ -5,6 +5,7 @@
  *
  *   strap-llama -m model.gguf -p PROMPT -n N --output capture.strap
  *               [--tensors l_out,attn_out,ffn_out] [--checkpoint-interval-tokens K] [--resume]
+ *               [--resource-level MINIMAL|DETAILED|VERBOSE] [--resource-log PATH]
  *
  * One forward pass per token: the prompt's pass produces token 0, each later pass feeds the
  * previous token. Each token is recorded (TOKEN, step = its index) right after it is chosen.
@@ -14,6 +15,8 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "strap_llama.h"
+
+#include "llama-resource-instrumentation.h"
 
 #include <ggml-backend.h>
 #include <llama.h>
@@ -25,12 +28,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 struct opts {
 	const char *model, *prompt, *output, *tensors, *socket, *codec, *dump_dir, *also_observe;
+	const char *resource_level, *resource_log;
 	int n_predict, threads, ctx, ubatch, interval, resume, overwrite, no_capture, last_logits_only;
 	int ignore_eos, raw_names, verbose, trace, f32_attention, no_threadpool;
 };
@@ -59,6 +64,11 @@ static void usage(void)
 		"attaching "
 		"one\n"
 		"  --trace                         ask strapd for its kernel trace (CAPTURE.trace.jsonl)\n"
+		"  --resource-level LEVEL          resource events (MINIMAL, DETAILED, VERBOSE; "
+		"docs/RESOURCE_EVENTS.md): "
+		"to strapd (CAPTURE.resources.jsonl), or with --no-capture to --resource-log\n"
+		"  --resource-log PATH             the resource events' JSONL file without a capture (default "
+		"STRAP_RESOURCE_LOG_PATH)\n"
 		"  --no-capture                    generate only (the baseline for tokens and speed)\n"
 		"  --dump-dir DIR                  also write each captured tensor as ggml_backend_tensor_get returns "
 		"it, with a manifest (tests)\n"
@@ -116,6 +126,12 @@ static int parse(int argc, char **argv, struct opts *o)
 		} else if (!strcmp(a, "--codec")) {
 			VAL();
 			o->codec = v;
+		} else if (!strcmp(a, "--resource-level")) {
+			VAL();
+			o->resource_level = v;
+		} else if (!strcmp(a, "--resource-log")) {
+			VAL();
+			o->resource_log = v;
 		} else if (!strcmp(a, "--dump-dir")) {
 			VAL();
 			o->dump_dir = v;
@@ -182,6 +198,16 @@ static double cpu_now(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* CPU time of this thread: the one that calls llama_decode and, with one thread, computes the
+ * graph (ggml's threadpool runs its first worker on the caller); the resource writer and strapd
+ * are not in it */
+static double thread_cpu_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -439,6 +465,17 @@ int main(int argc, char **argv)
 		cp.cb_eval_user_data = &obs;
 	}
 
+	int resource_level = 0;
+	if (o.resource_level) {
+		static const char *const lv[] = {"MINIMAL", "DETAILED", "VERBOSE"};
+		for (int i = 0; i < 3; i++)
+			if (!strcasecmp(o.resource_level, lv[i]))
+				resource_level = i + 1;
+		if (!resource_level) {
+			fprintf(stderr, "strap-llama: --resource-level must be MINIMAL, DETAILED or VERBOSE\n");
+			return 2;
+		}
+	}
 	if (!o.no_capture) {
 		snprintf(tensors_buf, sizeof tensors_buf, "%s", o.tensors);
 		n_names = split_list(tensors_buf, names, 64);
@@ -478,6 +515,7 @@ int main(int argc, char **argv)
 		sp.resume = o.resume;
 		sp.trace = o.trace;
 		sp.overwrite_checkpoint = o.overwrite;
+		sp.resources = resource_level > 0;
 		if (strap_session_open(&sp, &s, &err) != STRAP_OK) {
 			fprintf(stderr, "strap-llama: %s\n", err.message);
 			return 1;
@@ -505,6 +543,32 @@ int main(int argc, char **argv)
 			fprintf(stderr, "strap-llama: %s\n", err.message);
 			return 1;
 		}
+	}
+
+	/* resource events: through the session (strapd writes CAPTURE.resources.jsonl), or without a
+	 * capture to --resource-log; the resource callback goes outside the capture's (see
+	 * strap_llama_resources_attach) */
+	strap_llama_resources *res = NULL;
+	if (resource_level) {
+		int rrc = s ? llama_resource_instrumentation_init_session(resource_level, s)
+			    : llama_resource_instrumentation_init(resource_level, o.resource_log);
+		if (rrc != STRAP_OK) {
+			llama_resource_last_error(&err);
+			fprintf(stderr, "strap-llama: resource events: %s\n", err.message);
+			return 1;
+		}
+		char arch[64] = "";
+		llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch);
+		llama_resource_set_model_class(arch[0] ? arch : "llama.cpp");
+		/* the MLP's activation: SiLU in the Llama family's feed-forward (build_ffn LLM_FFN_SILU) */
+		if (!strcmp(arch, "llama") || !strcmp(arch, "mistral") || !strcmp(arch, "qwen2"))
+			llama_resource_set_activation_function("silu");
+		llama_resource_begin_session(NULL);
+		if (strap_llama_resources_new(model, &res, &err) != STRAP_OK) {
+			fprintf(stderr, "strap-llama: %s\n", err.message);
+			return 1;
+		}
+		strap_llama_resources_attach(res, &cp);
 	}
 
 	struct llama_context *ctx = llama_init_from_model(model, cp);
@@ -576,7 +640,7 @@ int main(int argc, char **argv)
 
 	struct llama_batch batch = llama_batch_init(n_prompt, 0, 1);
 	int n_vocab = llama_vocab_n_tokens(vocab);
-	double t_prompt = 0, t0_decode = 0, c0_decode = 0;
+	double t_prompt = 0, t0_decode = 0, c0_decode = 0, tc0_decode = 0;
 	int n_gen = (int)start, rc = 0;
 	for (int k = (int)start; k < o.n_predict; k++) {
 		batch.n_tokens = 0;
@@ -601,11 +665,16 @@ int main(int argc, char **argv)
 		if (k == (int)start + 1 || (k == (int)start && k > 0)) {
 			t0_decode = t;
 			c0_decode = cpu_now();
+			tc0_decode = thread_cpu_now();
 		}
 		dump.step = (uint64_t)k;
 		if (h && strap_llama_begin_decode(h, &batch, 0) != STRAP_OK)
 			break;
+		if (res)
+			strap_llama_resources_begin_decode(res, k);
 		int d = llama_decode(ctx, batch);
+		if (res)
+			strap_llama_resources_end_decode(res);
 		if (h && strap_llama_end_decode(h) != STRAP_OK)
 			break;
 		if (d != 0) {
@@ -659,6 +728,7 @@ int main(int argc, char **argv)
 	}
 	double t_decode = t0_decode > 0 ? now() - t0_decode : 0;
 	double c_decode = t0_decode > 0 ? cpu_now() - c0_decode : 0;
+	double tc_decode = t0_decode > 0 ? thread_cpu_now() - tc0_decode : 0;
 	if (h) {
 		strap_error le;
 		strap_llama_last_error(h, &le);
@@ -670,6 +740,18 @@ int main(int argc, char **argv)
 	strap_llama_stats st = {0};
 	if (h)
 		st = strap_llama_get_stats(h);
+	/* the resource log ends (its summary sent) before the session closes */
+	if (res)
+		llama_resource_end_session();
+	llama_resource_stats rst = llama_resource_get_stats();
+	if (res) {
+		strap_error re;
+		llama_resource_last_error(&re);
+		if (llama_resource_instrumentation_free() != STRAP_OK || re.code != STRAP_OK) {
+			fprintf(stderr, "strap-llama: resource events: %s\n", re.message);
+			rc = 1;
+		}
+	}
 	if (s && rc == 0) {
 		strap_closed cl;
 		if (strap_session_close(s, &cl) != STRAP_OK) {
@@ -697,10 +779,11 @@ int main(int argc, char **argv)
 	for (int i = 0; i < n_gen; i++)
 		printf(i ? ",%d" : "%d", gen[i]);
 	printf("],\"resumed_from\":%llu,\"prompt_s\":%.6f,\"decode_s\":%.6f,\"decode_cpu_s\":%.6f,\"decode_tokens\":%d,"
-	       "\"records\":%llu,\"bytes\":%llu,\"duplicates_skipped\":%llu,\"ubatches\":%llu,\"observed\":%ld}\n",
+	       "\"records\":%llu,\"bytes\":%llu,\"duplicates_skipped\":%llu,\"ubatches\":%llu,\"observed\":%ld,"
+	       "\"resource_events\":%llu,\"resource_self_s\":%.6f,\"decode_thread_cpu_s\":%.6f}\n",
 	       (unsigned long long)start, t_prompt, t_decode, c_decode, decoded, (unsigned long long)st.records,
 	       (unsigned long long)st.bytes, (unsigned long long)st.duplicates, (unsigned long long)st.ubatches,
-	       obs.seen);
+	       obs.seen, (unsigned long long)rst.events, (double)rst.self_ns * 1e-9, tc_decode);
 
 	llama_batch_free(batch);
 	llama_free(ctx);
@@ -708,6 +791,7 @@ int main(int argc, char **argv)
 		tp_free(tp);
 	llama_model_free(model);
 	strap_llama_free(h);
+	strap_llama_resources_free(res);
 	strap_session_free(s);
 	free(all);
 	llama_backend_free();

@@ -26,48 +26,173 @@
 #include <math.h>
 #include <stdio.h>
 
-/* The shortest decimal that reads back as v (the digits, without sign or point, and the
- * exponent of their first: v = 0.d1d2... x 10^decpt), as David Gay's mode 0 finds it, which
- * Python's repr uses: the fewest digits that round-trip, and of those the nearest to v. */
-static inline int
-shortest_digits(double v, char *digits, int *decpt)
+/* v's 17 significant digits (correctly rounded: they always read back as v) and the
+ * exponent of the first: one snprintf, the only one in the common case. */
+static inline void
+digits17(double v, char *d17, int *e17)
 {
     char s[40];
-    for (int p = 1; p <= 17; p++) {
-        snprintf(s, sizeof s, "%.*e", p - 1, v); /* d.ddde+XX, the nearest p-digit decimal */
-        int best = strtod(s, NULL) == v;
+    snprintf(s, sizeof s, "%.16e", v);
+    char *e = strchr(s, 'e');
+    int n = 0;
+    for (char *c = s; c < e; c++)
+        if (*c >= '0' && *c <= '9')
+            d17[n++] = *c;
+    d17[n] = 0;
+    *e17 = atoi(e + 1);
+}
+
+/* The nearest p-digit decimal of v (p < 17) from its 17 digits: rounding them again gives the
+ * same digits unless the dropped ones are exactly 5000...: then the exact value decides, and
+ * snprintf is asked (glibc rounds v itself, exactly). */
+static inline void
+nearest_digits(double v, const char *d17, int e17, int p, char *out, int *exp10)
+{
+    int tie = d17[p] == '5';
+    for (int i = p + 1; tie && i < 17; i++)
+        tie = d17[i] == '0';
+    if (tie) {
+        char s[40];
+        snprintf(s, sizeof s, "%.*e", p - 1, v);
         char *e = strchr(s, 'e');
-        int exp10 = atoi(e + 1);
         int n = 0;
         for (char *c = s; c < e; c++)
             if (*c >= '0' && *c <= '9')
-                digits[n++] = *c;
-        digits[n] = 0;
-        if (!best) {
-            /* Next to a power of two the interval that reads back as v is lopsided: the
-             * nearest p-digit decimal can fall outside it while its neighbour does not. */
-            for (int step = -1; step <= 1 && !best; step += 2) {
-                char t[40];
-                long long m = atoll(digits) + step;
-                int len = snprintf(t, sizeof t, "%lld", m);
-                if (m <= 0 || len != n)
-                    continue;
-                char u[48];
-                snprintf(u, sizeof u, "%c.%se%d", t[0], t + 1, exp10);
-                if (strtod(u, NULL) == v) {
-                    memcpy(digits, t, (size_t)n + 1);
-                    best = 1;
-                }
-            }
-        }
-        if (best) {
-            while (n > 1 && digits[n - 1] == '0')
-                digits[--n] = 0;
-            *decpt = exp10 + 1;
-            return n;
+                out[n++] = *c;
+        out[n] = 0;
+        *exp10 = atoi(e + 1);
+        return;
+    }
+    memcpy(out, d17, (size_t)p);
+    out[p] = 0;
+    *exp10 = e17;
+    if (d17[p] >= '5') { /* round up, carrying */
+        int i = p - 1;
+        while (i >= 0 && out[i] == '9')
+            out[i--] = '0';
+        if (i >= 0) {
+            out[i]++;
+        } else { /* 99.9 -> 100: one more power of ten, still p digits */
+            out[0] = '1';
+            *exp10 += 1;
         }
     }
-    return -1;
+}
+
+/* Whether the n-digit decimal `digits` x 10^exp10 (d.ddd form) reads back as v. */
+static inline int
+reads_back(double v, const char *digits, int n, int exp10)
+{
+    char u[48];
+    int k = 0;
+    u[k++] = digits[0];
+    u[k++] = '.';
+    for (int i = 1; i < n; i++)
+        u[k++] = digits[i];
+    if (n == 1)
+        u[k++] = '0';
+    u[k++] = 'e';
+    if (exp10 < 0) {
+        u[k++] = '-';
+        exp10 = -exp10;
+    }
+    char x[8];
+    int m = 0;
+    do {
+        x[m++] = (char)('0' + exp10 % 10);
+        exp10 /= 10;
+    } while (exp10);
+    while (m)
+        u[k++] = x[--m];
+    u[k] = 0;
+    return strtod(u, NULL) == v;
+}
+
+/* digits (n of them) plus step (+1 or -1) in the last place, still n digits without a leading
+ * zero: 1 and t; 0 when it would not be. */
+static inline int
+neighbour(const char *digits, int n, int step, char *t)
+{
+    memcpy(t, digits, (size_t)n + 1);
+    int i = n - 1;
+    if (step > 0) {
+        while (i >= 0 && t[i] == '9')
+            t[i--] = '0';
+        if (i < 0)
+            return 0; /* 99..9 + 1 has n + 1 digits */
+        t[i]++;
+    } else {
+        while (i >= 0 && t[i] == '0')
+            t[i--] = '9';
+        if (i < 0)
+            return 0;
+        t[i]--;
+        if (t[0] == '0')
+            return 0; /* 10..0 - 1 has n - 1 digits */
+    }
+    return 1;
+}
+
+/* The nearest p-digit decimal of v that reads back as v, or its neighbour in the last digit
+ * that does (next to a power of two the interval that reads back as v is lopsided: the nearest
+ * can fall outside it while its neighbour does not): its digits and exponent, 1; else 0. */
+static inline int
+digits_at(double v, const char *d17, int e17, int p, char *digits, int *exp_out)
+{
+    if (p >= 17) {
+        memcpy(digits, d17, 18);
+        *exp_out = e17;
+        return 1;
+    }
+    int exp10;
+    nearest_digits(v, d17, e17, p, digits, &exp10);
+    *exp_out = exp10;
+    if (reads_back(v, digits, p, exp10))
+        return 1;
+    for (int step = -1; step <= 1; step += 2) {
+        char t[24];
+        if (neighbour(digits, p, step, t) && reads_back(v, t, p, exp10)) {
+            memcpy(digits, t, (size_t)p + 1);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The shortest decimal that reads back as v (the digits, without sign or point, and the
+ * exponent of their first: v = 0.d1d2... x 10^decpt), as David Gay's mode 0 finds it, which
+ * Python's repr uses: the fewest digits that round-trip, and of those the nearest to v.
+ * Reading back at p digits (with the neighbour) implies it at every p' > p (the p-digit decimal
+ * padded with zeros is a p'-digit one, so the nearest on its side reads back too): the fewest is
+ * found by bisection, testing 16 and 15 first (most measured ratios need 16 or 17 digits). */
+static inline int
+shortest_digits(double v, char *digits, int *decpt)
+{
+    char d17[24], tmp[24];
+    int e17, exp10, lo, hi;
+    digits17(v, d17, &e17);
+    if (!digits_at(v, d17, e17, 16, tmp, &exp10)) {
+        lo = 17;
+    } else if (!digits_at(v, d17, e17, 15, tmp, &exp10)) {
+        lo = 16;
+    } else {
+        lo = 1;
+        hi = 15; /* reads back at hi; find the fewest in [lo, hi] */
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (digits_at(v, d17, e17, mid, tmp, &exp10))
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+    }
+    if (!digits_at(v, d17, e17, lo, digits, &exp10))
+        return -1;
+    int n = lo;
+    while (n > 1 && digits[n - 1] == '0')
+        digits[--n] = 0;
+    *decpt = exp10 + 1;
+    return n;
 }
 
 /* repr(v) of a finite or infinite double, in plain C: fixed notation for 1e-4 <= |v| < 1e16
