@@ -28,7 +28,7 @@ FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-.PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate generate-records install uninstall clean venv wheel prometheus check-deploy chromium gpu-check gpu-check-inputs compat131-upstream peers-deps
+.PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate generate-records install uninstall clean venv wheel prometheus check-deploy chromium gpu-check gpu-check-inputs compat131-upstream peers-deps versitygw bench-upload
 
 all: build
 
@@ -85,8 +85,20 @@ vet:
 	$(GO) vet ./...
 	$(GO) vet -tags privileged ./...
 
-test-go: vet
-	$(GO) test -race -count=1 ./...
+test-go: vet versitygw
+	STRAP_VERSITYGW=$(VERSITYGW) $(GO) test -race -count=1 ./...
+
+# VersityGW (Apache-2.0), a real S3 server storing objects as files: the object-storage tests
+# (internal/upload, cmd/strapd, clients/python/tests/test_upload*.py, docs/OBJECT_STORAGE.md)
+# run against it. Built from the Go proxy into a cache outside the checkout when missing
+# (about 1 to 6 minutes on 2 cores).
+VERSITYGW_VERSION ?= 1.8.0
+VERSITYGW ?= $(HOME)/.cache/strap-llm/versitygw-$(VERSITYGW_VERSION)/versitygw
+
+versitygw: $(VERSITYGW)
+
+$(VERSITYGW):
+	GOBIN=$(dir $(VERSITYGW)) $(GO) install github.com/versity/versitygw/cmd/versitygw@v$(VERSITYGW_VERSION)
 
 # Headless Chromium opens the capture report in its test (every image must load); Debian's
 # package, installed only when missing.
@@ -136,8 +148,8 @@ $(EIORUN): $(GO_SRC)
 	$(GO) build -o $@ ./internal/faultinject/eiorun
 
 # compat131-upstream by name: COMPAT131_DIR is set further down, after this line is read.
-test-python: $(BIN) $(EIORUN) $(VENV)/.stamp chromium compat131-upstream
-	STRAPD_BIN=$(CURDIR)/$(BIN) STRAP_EIORUN_BIN=$(CURDIR)/$(EIORUN) $(VPY) -m pytest -q clients/python/tests
+test-python: $(BIN) $(EIORUN) $(VENV)/.stamp chromium compat131-upstream versitygw
+	STRAPD_BIN=$(CURDIR)/$(BIN) STRAP_EIORUN_BIN=$(CURDIR)/$(EIORUN) STRAP_VERSITYGW=$(VERSITYGW) $(VPY) -m pytest -q clients/python/tests
 
 # llm_instrumentation 1.3.1's own test suite, run against this package by
 # clients/python/tests/test_compat131_upstream.py: fetched from its PyPI sdist (checked against
