@@ -86,6 +86,15 @@ func NewManager(o Options) (*Manager, error) {
 // Client is the manager's S3 client.
 func (m *Manager) Client() *Client { return m.o.Client }
 
+// PartSize is the first parts' size: sessions make their stream durable this often.
+func (m *Manager) PartSize() int64 { return m.o.PartSize }
+
+// KeepLocal says whether local files are kept once uploaded.
+func (m *Manager) KeepLocal() bool { return m.o.KeepLocal }
+
+// StateDir is the directory of the state files.
+func (m *Manager) StateDir() string { return m.o.StateDir }
+
 // ResumePending starts every upload in the state directory whose stream had ended (its
 // bytes are final): a strapd killed while uploading completes them after a restart. Streams
 // still being written when strapd stopped wait for their capture to resume (Begin).
@@ -155,8 +164,9 @@ type Stream struct {
 	// AppendAt is the resumed prefix's size (0: a new stream). Parts wholly inside it are
 	// kept from an earlier upload of the same file; later ones are uploaded again.
 	AppendAt int64
-	// Session numbers the capture session (status).
+	// Session numbers the capture session and UID is its owner (status).
 	Session uint64
+	UID     uint32
 }
 
 // Begin starts (or, for a resumed capture of the same file, continues) the upload of a
@@ -197,7 +207,7 @@ func (m *Manager) Begin(s Stream) (*Upload, error) {
 			m.o.Log.Warn("upload state unreadable, starting the upload anew", zap.Error(err))
 		}
 		st = &State{Version: stateVersion, Bucket: s.Target.Bucket, Key: key, PartSize: m.o.PartSize,
-			Path: s.Path, Dev: dev, Ino: ino, FinalSize: -1, KeepLocal: m.o.KeepLocal}
+			Path: s.Path, Dev: dev, Ino: ino, UID: s.UID, FinalSize: -1, KeepLocal: m.o.KeepLocal}
 	}
 	if err := checkKey(key); err != nil {
 		return nil, fmt.Errorf("object key: %w", err)
@@ -226,7 +236,7 @@ func (m *Manager) start(u *Upload) {
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		u.run(m.ctx)
+		u.run()
 		m.mu.Lock()
 		delete(m.active, stateName(u.st.Dev, u.st.Ino))
 		if u.isDone() {

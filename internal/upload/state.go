@@ -64,6 +64,8 @@ type State struct {
 	Path string `json:"path"`
 	Dev  uint64 `json:"dev"`
 	Ino  uint64 `json:"ino"`
+	// UID owns the capture (status shows the upload to it and to root only).
+	UID uint32 `json:"uid"`
 	// FinalSize is the stream's size once its session ended (the file will not change
 	// again); -1 while it is being written.
 	FinalSize int64 `json:"final_size"`

@@ -31,6 +31,7 @@ type Status struct {
 	Object  string `json:"object"`
 	Path    string `json:"path"`
 	Session uint64 `json:"session,omitempty"`
+	UID     uint32 `json:"uid"`
 	State   string `json:"state"`
 	// DurableBytes is how much of the stream is durable on the local disk (what may go).
 	DurableBytes int64 `json:"durable_bytes"`
@@ -64,8 +65,12 @@ type Upload struct {
 	st      *State // owned by run
 	f       *os.File
 	session uint64
+	ctx     context.Context
+	cancel  context.CancelFunc
 	durable atomic.Int64
 	wake    chan struct{}
+	// finishSig tells a backoff wait that Finish was called.
+	finishSig chan struct{}
 	// reconcile: compare the state's parts with the server's before going on.
 	reconcile bool
 
@@ -79,8 +84,10 @@ type Upload struct {
 }
 
 func (m *Manager) newUpload(st *State, f *os.File, session uint64) *Upload {
-	u := &Upload{m: m, st: st, f: f, session: session, wake: make(chan struct{}, 1), finalReq: -1, finishedC: make(chan struct{})}
-	u.status = Status{Object: ObjectURL(st.Bucket, st.Key), Path: st.Path, Session: session, State: StateUploading,
+	u := &Upload{m: m, st: st, f: f, session: session, wake: make(chan struct{}, 1), finishSig: make(chan struct{}, 1),
+		finalReq: -1, finishedC: make(chan struct{})}
+	u.ctx, u.cancel = context.WithCancel(m.ctx)
+	u.status = Status{Object: ObjectURL(st.Bucket, st.Key), Path: st.Path, Session: session, UID: st.UID, State: StateUploading,
 		FinalSize: st.FinalSize, Parts: len(st.Parts), UploadedBytes: st.uploaded()}
 	u.wakeUp()
 	return u
@@ -138,11 +145,22 @@ func (u *Upload) Finish(sides []SideFile) error {
 	if serr == nil {
 		u.Durable(fi.Size())
 	}
+	select {
+	case u.finishSig <- struct{}{}:
+	default:
+	}
 	u.wakeUp()
 	if err != nil {
 		return fmt.Errorf("finish upload of %s: %w", u.st.Path, err)
 	}
 	return nil
+}
+
+// Abandon stops the upload where it is, keeping its state file (a session that could not
+// start after all; a resumed capture of the file continues it).
+func (u *Upload) Abandon() {
+	u.cancel()
+	<-u.finishedC
 }
 
 // Done is closed once the upload has ended (complete, or stopped with strapd).
@@ -175,7 +193,8 @@ func (u *Upload) setStatus(f func(*Status)) {
 	u.mu.Unlock()
 }
 
-func (u *Upload) run(ctx context.Context) {
+func (u *Upload) run() {
+	ctx := u.ctx
 	defer close(u.finishedC)
 	defer func() {
 		u.f.Close()
@@ -209,16 +228,34 @@ func (u *Upload) run(ctx context.Context) {
 		u.setStatus(func(s *Status) { s.Errors++; s.LastError = msg; s.State = StateRetrying })
 		log.Warn("upload attempt failed; the local file is kept and the upload retried", zap.String("error", msg),
 			zap.Duration("retry_in", backoff), zap.Bool("needs_fixing", permanent(err)))
-		select {
-		case <-ctx.Done():
+		if !u.sleep(ctx, backoff) {
 			u.setStatus(func(s *Status) { s.State = StateStopped })
 			return
-		case <-time.After(backoff):
 		}
 		if backoff *= 2; backoff > u.m.o.MaxBackoff {
 			backoff = u.m.o.MaxBackoff
 		}
 		u.wakeUp()
+	}
+}
+
+// sleep waits out a backoff; a Finish meanwhile is written into the state file at once
+// (a strapd killed during the wait then completes the upload after its restart). It
+// reports false when ctx ended.
+func (u *Upload) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case <-u.finishSig:
+			if err := u.takeFinish(); err != nil {
+				u.m.o.Log.Warn("record the stream's end in the upload state", zap.Error(err))
+			}
+		}
 	}
 }
 
