@@ -151,6 +151,7 @@ $(EIORUN): $(GO_SRC)
 
 # compat131-upstream by name: COMPAT131_DIR is set further down, after this line is read.
 test-python: $(BIN) $(EIORUN) $(VENV)/.stamp chromium compat131-upstream versitygw
+	@$(VPY) -c "import boto3" 2>/dev/null || $(VPY) -m pip install --quiet boto3
 	STRAPD_BIN=$(CURDIR)/$(BIN) STRAP_EIORUN_BIN=$(CURDIR)/$(EIORUN) STRAP_VERSITYGW=$(VERSITYGW) $(VPY) -m pytest -q clients/python/tests
 
 # llm_instrumentation 1.3.1's own test suite, run against this package by
@@ -286,6 +287,13 @@ demo: $(BIN) $(VENV)/.stamp
 BENCH_ARGS ?=
 bench: $(BIN) $(VENV)/.stamp $(PEERS_DIR)/.stamp
 	$(VPY) bench/run.py --strapd $(BIN) --go $(GO) $(BENCH_ARGS)
+	$(MAKE) --no-print-directory bench-upload
+
+# strapd's upload to a real S3 server (VersityGW) against boto3's upload_file of the same
+# file, and strapd's CPU per GB (bench/upload.py; docs/PERFORMANCE-DATA.md "Upload").
+bench-upload: $(BIN) $(VENV)/.stamp versitygw
+	@$(VPY) -c "import boto3" 2>/dev/null || $(VPY) -m pip install --quiet boto3
+	$(VPY) bench/upload.py --strapd $(BIN) --versitygw $(VERSITYGW) $(BENCH_UPLOAD_ARGS)
 
 # Every fuzz target for FUZZTIME each (seeds live in testdata/); fails when a package does
 # not build or a target finds a crasher (written to that package's testdata/fuzz/).
