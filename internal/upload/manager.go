@@ -128,8 +128,8 @@ func (m *Manager) ResumePending() error {
 		u := m.newUpload(st, f, 0)
 		u.durable.Store(st.FinalSize)
 		u.reconcile = true
-		m.start(u)
 		m.o.Log.Info("upload resumed after restart", zap.String("object", u.object()), zap.Int("parts_done", len(st.Parts)))
+		m.start(u) // from here on the state is the upload's goroutine's
 	}
 	return errors.Join(errs...)
 }

@@ -1,0 +1,92 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/upload"
+	"github.com/strap-llm/strap/internal/upload/uploadtest"
+)
+
+func TestUploadRefusals(t *testing.T) {
+	ts := startServer(t, Config{})
+	for _, tc := range []struct {
+		name, url, code string
+	}{
+		{"not an s3 url", "caps/run", control.CodeBadMessage},
+		{"bad bucket", "s3://Caps/run", control.CodeBadMessage},
+		{"no object storage configured", "s3://caps/run", control.CodeUploadRefused},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, _, err := capture(t, ts, control.Open{Codec: "none", Policy: "block", Upload: tc.url}, 1<<20, 1, 16)
+			ce, ok := errors.AsType[*control.Error](err)
+			if !ok || ce.Code != tc.code {
+				t.Fatalf("err = %v, want code %s", err, tc.code)
+			}
+		})
+	}
+}
+
+// A session's stream goes to the daemon's target (and a session's own) through the real
+// server, read back from the output descriptor the client opened write-only.
+func TestUploadThroughServer(t *testing.T) {
+	srv := uploadtest.Start(t)
+	client := srv.Client(t)
+	srv.Bucket(t, client, "caps")
+	m, err := upload.NewManager(upload.Options{Client: client, StateDir: t.TempDir(), PartSize: upload.MinPartSize,
+		Concurrency: 2, MinBackoff: 50 * time.Millisecond, KeepLocal: true, Log: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	def := upload.Target{Bucket: "caps", Prefix: "fleet"}
+	ts := startServer(t, Config{Uploads: Uploads{Manager: m, Default: &def, Allowed: []upload.Target{def}}})
+	for _, tc := range []struct{ name, url, prefix string }{
+		{"daemon target", "", "fleet"},
+		{"session target", "s3://caps/own/run", "own/run"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// 64 tensors of 32 K floats: 8 MiB, more than one 5 MiB part.
+			out, _, cl, err := capture(t, ts, control.Open{Codec: "none", Policy: "block", Upload: tc.url}, 4<<20, 64, 32<<10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := upload.ObjectURL("caps", tc.prefix+"/out.strap")
+			if cl.Upload != want {
+				t.Fatalf("CLOSED upload = %q, want %q", cl.Upload, want)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			if !m.Wait(ctx) {
+				t.Fatalf("upload not done: %+v", m.Status())
+			}
+			local, err := os.ReadFile(out.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := uploadtest.Object(t, client, "caps", tc.prefix+"/out.strap"); !bytes.Equal(got, local) {
+				t.Fatalf("object (%d bytes) differs from the stream (%d bytes)", len(got), len(local))
+			}
+			rep := ts.srv.Status()
+			var found *control.UploadStatus
+			for i := range rep.Uploads {
+				if rep.Uploads[i].Object == want {
+					found = &rep.Uploads[i]
+				}
+			}
+			if found == nil || found.State != upload.StateComplete || found.Parts < 2 || found.UploadedBytes != int64(len(local)) {
+				t.Fatalf("status upload %+v", found)
+			}
+			if rep.Daemon.Upload == nil || rep.Daemon.Upload.Target != "s3://caps/fleet" || rep.Daemon.Upload.UploadedBytes == 0 {
+				t.Fatalf("daemon upload status %+v", rep.Daemon.Upload)
+			}
+		})
+	}
+}
