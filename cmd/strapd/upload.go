@@ -269,7 +269,6 @@ func addS3ReadFlags(f *pflag.FlagSet, o *upload.ClientOptions) {
 	f.StringVar(&o.Profile, "s3-profile", "", "for an s3:// argument: shared config/credentials profile")
 }
 
-
 // sidePaths are the files the Python client writes beside a stream (docs/OBJECT_STORAGE.md):
 // the kernel trace, the resource log and the tokens file (<stem>_tokens.json for a .stream,
 // else <path>_tokens.json, as clients/python's _resume.tokens_path names it).

@@ -88,10 +88,10 @@ type Session struct {
 	tokens, checkpoints, cpuRaw              atomic.Uint64
 	lastCkpt                                 atomic.Int64 // unix nanoseconds
 	// durableAt is the stream size last reported to OnDurable (the writer goroutine's).
-	durableAt uint64
-	finishOnce                               sync.Once
-	result                                   Result
-	resultErr                                error
+	durableAt  uint64
+	finishOnce sync.Once
+	result     Result
+	resultErr  error
 }
 
 // start writes the stream header (or resumes the prefix) and starts the writer.

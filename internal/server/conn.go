@@ -32,8 +32,8 @@ type conn struct {
 	info    control.SessionStatus
 	slotted bool
 	outFile *os.File
-	outID   fileID       // outFile's claim in the server (claimOutput), released when it is closed
-	res     *resourceLog // the session's resource log, nil when OPEN passed none
+	outID   fileID         // outFile's claim in the server (claimOutput), released when it is closed
+	res     *resourceLog   // the session's resource log, nil when OPEN passed none
 	upload  *sessionUpload // the stream's upload to object storage, nil when none
 
 	rates   rateTracker     // status: MB/s over the last seconds, ratio, tokens, checkpoints

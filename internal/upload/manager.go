@@ -295,7 +295,9 @@ func (m *Manager) Close() error {
 }
 
 // statePath is where an upload's state file lives.
-func (m *Manager) statePath(st *State) string { return filepath.Join(m.o.StateDir, stateName(st.Dev, st.Ino)) }
+func (m *Manager) statePath(st *State) string {
+	return filepath.Join(m.o.StateDir, stateName(st.Dev, st.Ino))
+}
 
 // sameFile reports whether path is still the regular file dev/ino (deletion checks it).
 func sameFile(path string, dev, ino uint64) bool {

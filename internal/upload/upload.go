@@ -40,8 +40,8 @@ type Status struct {
 	// LagBytes is DurableBytes - UploadedBytes: on the local disk only.
 	LagBytes int64 `json:"lag_bytes"`
 	// FinalSize is the stream's size once its session ended (-1 before).
-	FinalSize int64 `json:"final_size"`
-	Parts     int   `json:"parts"`
+	FinalSize int64  `json:"final_size"`
+	Parts     int    `json:"parts"`
 	Errors    uint64 `json:"errors"`
 	LastError string `json:"last_error,omitempty"`
 	// Verified says what was checked once the object was complete.
