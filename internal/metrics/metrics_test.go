@@ -319,3 +319,29 @@ func TestEverySeriesDocumented(t *testing.T) {
 		}
 	}
 }
+
+// The upload series come from STATUS: totals from daemon.upload, lag and counts from the
+// uploads not yet complete; without object storage there are none.
+func TestUploadSeries(t *testing.T) {
+	f := &fakeDaemon{}
+	m := New(Options{Status: f.status, SelfPID: 1})
+	v, _ := gather(t, m)
+	if _, ok := v["strapd_upload_bytes_total"]; ok {
+		t.Fatal("upload series without object storage")
+	}
+	f.rep.Daemon.Upload = &control.UploadDaemonStatus{Target: "s3://caps/run", UploadedBytes: 5 << 20, Errors: 3}
+	f.rep.Uploads = []control.UploadStatus{
+		{Object: "s3://caps/run/a.strap", State: "uploading", LagBytes: 100},
+		{Object: "s3://caps/run/b.strap", State: "retrying", LagBytes: 50, Errors: 3},
+		{Object: "s3://caps/run/c.strap", State: "complete", LagBytes: 0},
+	}
+	v, _ = gather(t, m)
+	for k, want := range map[string]float64{
+		"strapd_upload_bytes_total": 5 << 20, "strapd_upload_errors_total": 3, "strapd_upload_lag_bytes": 150,
+		"strapd_uploads_in_progress": 2, "strapd_uploads_retrying": 1,
+	} {
+		if got, ok := v[k]; !ok || got != want {
+			t.Errorf("%s = %v (present %v), want %v", k, got, ok, want)
+		}
+	}
+}

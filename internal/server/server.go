@@ -336,7 +336,13 @@ func (s *Server) idleExpired(ctx context.Context) <-chan struct{} {
 			case <-ctx.Done():
 				return
 			case now := <-t.C:
+				busy := s.uploadsBusy()
 				s.mu.Lock()
+				if busy && !s.idleSince.IsZero() {
+					// An upload still sending keeps the daemon; one only retrying does not
+					// (the next daemon goes on from its state file).
+					s.idleSince = now
+				}
 				idle := len(s.conns) == 0 && s.sessions == 0 && !s.idleSince.IsZero() &&
 					now.Sub(s.idleSince) >= s.cfg.ExitIdle
 				s.mu.Unlock()

@@ -181,3 +181,8 @@ func (c *conn) attachSide(fd int) {
 	c.upload.sides = append(c.upload.sides, upload.SideFile{File: f, Path: p})
 	c.mu.Unlock()
 }
+
+// uploadsBusy reports whether an upload is sending now (ExitIdle waits for it).
+func (s *Server) uploadsBusy() bool {
+	return s.cfg.Uploads.Manager != nil && s.cfg.Uploads.Manager.Sending()
+}

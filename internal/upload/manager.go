@@ -266,6 +266,23 @@ func (m *Manager) Status() []Status {
 	return append(out, ended...)
 }
 
+// Sending reports whether some upload is sending or has bytes to send and is not waiting
+// out a failure.
+func (m *Manager) Sending() bool {
+	m.mu.Lock()
+	act := make([]*Upload, 0, len(m.active))
+	for _, u := range m.active {
+		act = append(act, u)
+	}
+	m.mu.Unlock()
+	for _, u := range act {
+		if st := u.Status(); st.State == StateUploading && (st.LagBytes > 0 || st.FinalSize >= 0) {
+			return true
+		}
+	}
+	return false
+}
+
 // Totals are the bytes the server acknowledged and the failed attempts, all uploads.
 func (m *Manager) Totals() (bytes, errs uint64) { return m.uploaded.Load(), m.errs.Load() }
 
