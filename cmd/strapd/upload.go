@@ -46,7 +46,7 @@ func addUploadFlags(f *pflag.FlagSet, c *uploadConfig) {
 	f.Var(&c.PartSize, "upload-part-size", "size of the first multipart parts (at least 5MiB; doubles every 1000 parts); the stream is made durable this often")
 	f.IntVar(&c.Concurrency, "upload-concurrency", 4, "parts of one upload sent at once")
 	f.BoolVar(&c.KeepLocal, "upload-keep-local", true, "keep the local files once their objects are complete and verified (false: delete them)")
-	f.StringVar(&c.StateDir, "upload-state-dir", "", "directory of the upload state files (default: $STATE_DIRECTORY/uploads under systemd, /var/lib/strapd/uploads as root, else $XDG_STATE_HOME/strapd/uploads)")
+	f.StringVar(&c.StateDir, "upload-state-dir", "", "directory of the upload state files (default: $STATE_DIRECTORY/uploads under systemd, else $XDG_STATE_HOME/strapd/uploads, else /var/lib/strapd/uploads as root, ~/.local/state/strapd/uploads otherwise)")
 }
 
 func (c *uploadConfig) validate() error {
@@ -77,11 +77,11 @@ func (c *uploadConfig) stateDir() string {
 	if d := os.Getenv("STATE_DIRECTORY"); d != "" {
 		return filepath.Join(strings.Split(d, ":")[0], "uploads")
 	}
-	if os.Geteuid() == 0 {
-		return "/var/lib/strapd/uploads"
-	}
 	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
 		return filepath.Join(d, "strapd", "uploads")
+	}
+	if os.Geteuid() == 0 {
+		return "/var/lib/strapd/uploads"
 	}
 	home, _ := os.UserHomeDir()
 	return filepath.Join(home, ".local", "state", "strapd", "uploads")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -24,7 +25,8 @@ type ClientOptions struct {
 	// Region signs requests; empty: AWS_REGION / the profile's, else "us-east-1".
 	Region string
 	// PathStyle addresses buckets as endpoint/bucket/key (on-site servers) rather than
-	// bucket.endpoint/key. Set whenever Endpoint is.
+	// bucket.endpoint/key. Set whenever an endpoint is given, here or in
+	// AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL (a daemon the client started has no flags).
 	PathStyle bool
 	// Profile picks a shared-config profile; empty: AWS_PROFILE or "default".
 	Profile string
@@ -64,7 +66,8 @@ func NewClient(ctx context.Context, o ClientOptions) (*Client, error) {
 		if o.Endpoint != "" {
 			so.BaseEndpoint = aws.String(o.Endpoint)
 		}
-		so.UsePathStyle = o.PathStyle || o.Endpoint != ""
+		so.UsePathStyle = o.PathStyle || o.Endpoint != "" || os.Getenv("AWS_ENDPOINT_URL_S3") != "" ||
+			os.Getenv("AWS_ENDPOINT_URL") != ""
 		// Parts carry our own CRC32C (checked by the server); payload SHA-256 signing
 		// would cost far more CPU than the capture (PERFORMANCE-DATA.md), so the
 		// signature covers the headers and the CRC header, not a payload hash.

@@ -76,9 +76,11 @@ func NewManager(o Options) (*Manager, error) {
 	if o.Log == nil {
 		o.Log = zap.NewNop()
 	}
-	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("upload state directory: %w", err)
+	if o.StateDir == "" {
+		return nil, errors.New("upload: no state directory")
 	}
+	// The directory is made with the first upload's state (State.save), not here: a
+	// daemon that never uploads leaves nothing behind.
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Manager{o: o, ctx: ctx, cancel: cancel, active: map[string]*Upload{}}, nil
 }

@@ -196,6 +196,9 @@ func (s *State) save(dir string) error {
 	if err != nil {
 		return err
 	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("upload state directory: %w", err)
+	}
 	final := filepath.Join(dir, stateName(s.Dev, s.Ino))
 	tmp := final + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)

@@ -318,3 +318,40 @@ def test_bad_upload_url_is_refused_before_capture(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="bucket name"):
         with capture_activations(tiny_llama(), output_path=tmp_path / "x.strap", upload="s3://Caps/run"):
             pass
+
+
+def test_autostarted_daemon_uploads_with_env_endpoint(s3: S3Server, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A daemon the client starts for itself gets no flags: the endpoint comes from
+    AWS_ENDPOINT_URL_S3 (path-style then), the state directory from XDG_STATE_HOME."""
+    b = strapd_bin()
+    if not (b.is_file() and os.access(b, os.X_OK)):
+        pytest.skip(f"strapd binary not built at {b}")
+    monkeypatch.setenv("STRAPD_BIN", str(b))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.endpoint)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    sockdir = tempfile.mkdtemp(prefix="a", dir="/tmp")
+    sock = os.path.join(sockdir, "strapd.sock")
+    out = tmp_path / "auto.strap"
+    model = tiny_llama()
+    with capture_activations(model, preset="balanced", output_path=out, socket_path=sock, autostart_daemon=True,
+                             upload=f"s3://{BUCKET}/auto") as fw:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[1, 2, 3, 4]]), use_cache=False)
+    assert fw.summary["upload"] == f"s3://{BUCKET}/auto/auto.strap"
+
+    class _D:  # status() needs only the socket
+        socket = sock
+
+        @staticmethod
+        def log_tail() -> str:
+            return Path(sockdir, "strapd.log").read_text(errors="replace")[-3000:] \
+                if Path(sockdir, "strapd.log").exists() else ""
+
+    try:
+        wait_upload(_D(), f"s3://{BUCKET}/auto/auto.strap")  # type: ignore[arg-type]
+        assert s3.get("auto/auto.strap") == out.read_bytes()
+        assert (tmp_path / "state" / "strapd" / "uploads").is_dir()
+    finally:
+        pid = status(_D())["daemon"]["pid"]  # type: ignore[arg-type]
+        os.kill(pid, signal.SIGTERM)
