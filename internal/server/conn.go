@@ -425,6 +425,9 @@ func (c *conn) finish(status string) (pipeline.Result, error) {
 		// The upload goes on after the session: it completes the object from the file,
 		// which no longer changes.
 		if c.upload != nil {
+			if res.Status != pipeline.StatusComplete {
+				c.upload.u.KeepLocal() // a resume may need it
+			}
 			if uerr := c.upload.u.Finish(c.upload.sides); uerr != nil {
 				c.log.Warn("upload", zap.Uint64("session", c.info.Session), zap.Error(uerr))
 			}

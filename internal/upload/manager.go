@@ -181,11 +181,14 @@ func (m *Manager) Begin(s Stream) (*Upload, error) {
 	dev, ino := uint64(fst.Dev), fst.Ino
 	name := stateName(dev, ino)
 	m.mu.Lock()
-	if old := m.active[name]; old != nil {
-		m.mu.Unlock()
-		return nil, fmt.Errorf("%s is already being uploaded to %s", s.Path, old.object())
-	}
+	old := m.active[name]
 	m.mu.Unlock()
+	if old != nil {
+		// The file's earlier session ended (a client killed, then resumed on this daemon)
+		// and its upload is still going: the new session rewrites the file from
+		// AppendAt, so that upload stops where it is and this one goes on from its state.
+		old.Abandon()
+	}
 	key := s.Target.Key(filepath.Base(s.Path))
 	st, err := loadState(filepath.Join(m.o.StateDir, name))
 	switch {
@@ -240,7 +243,9 @@ func (m *Manager) start(u *Upload) {
 		defer m.wg.Done()
 		u.run()
 		m.mu.Lock()
-		delete(m.active, stateName(u.st.Dev, u.st.Ino))
+		if key := stateName(u.st.Dev, u.st.Ino); m.active[key] == u { // not a successor's
+			delete(m.active, key)
+		}
 		if u.isDone() {
 			m.ended = append(m.ended, u.Status())
 			if len(m.ended) > maxEnded {

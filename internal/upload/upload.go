@@ -77,6 +77,7 @@ type Upload struct {
 	mu        sync.Mutex
 	finalReq  int64 // -1 until Finish
 	sidesReq  []SideFile
+	keepReq   bool // KeepLocal was called
 	sides     []*os.File
 	status    Status
 	done      bool
@@ -154,6 +155,15 @@ func (u *Upload) Finish(sides []SideFile) error {
 		return fmt.Errorf("finish upload of %s: %w", u.st.Path, err)
 	}
 	return nil
+}
+
+// KeepLocal keeps this stream's local files once uploaded, whatever the daemon's option:
+// a stream that did not end complete (client killed, session failed) may be resumed, and
+// a resume needs the local file. Call it before Finish.
+func (u *Upload) KeepLocal() {
+	u.mu.Lock()
+	u.keepReq = true
+	u.mu.Unlock()
 }
 
 // Abandon stops the upload where it is, keeping its state file (a session that could not
@@ -336,7 +346,7 @@ func (u *Upload) step(ctx context.Context) (bool, error) {
 // takeFinish moves Finish's request into the state (and the state file).
 func (u *Upload) takeFinish() error {
 	u.mu.Lock()
-	final, sides := u.finalReq, u.sidesReq
+	final, sides, keepLocal := u.finalReq, u.sidesReq, u.keepReq
 	u.finalReq, u.sidesReq = -1, nil
 	u.mu.Unlock()
 	if final < 0 {
@@ -344,6 +354,7 @@ func (u *Upload) takeFinish() error {
 	}
 	st := u.st
 	st.FinalSize = final
+	st.KeepLocal = st.KeepLocal || keepLocal
 	// Full parts past the final size (bytes cut back after a failed write) go again as
 	// the last part.
 	keep := 0

@@ -308,3 +308,54 @@ func TestObjectReader(t *testing.T) {
 		t.Fatalf("middle: %v", err)
 	}
 }
+
+// A session on a file whose earlier upload is still going (its server down, say) takes it
+// over: the old one stops, the new one keeps the parts inside AppendAt.
+func TestBeginTakesOverActiveUpload(t *testing.T) {
+	f := newFixture(t)
+	m := f.manager(t, true)
+	w, u := f.begin(t, m, "t.strap", 0)
+	first := randomBytes(3*upload.MinPartSize, 21)
+	w.Write(first)
+	u.Durable(2 * upload.MinPartSize)
+	for u.Status().UploadedBytes < 2*upload.MinPartSize {
+		time.Sleep(10 * time.Millisecond)
+	}
+	f.srv.Kill()
+	if err := u.Finish(nil); err != nil {
+		t.Fatal(err)
+	}
+	for u.Status().Errors == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cut := int64(upload.MinPartSize + 3)
+	path := filepath.Join(f.dir, "t.strap")
+	if err := os.Truncate(path, cut); err != nil {
+		t.Fatal(err)
+	}
+	_, u2 := f.begin(t, m, "t.strap", cut)
+	select {
+	case <-u.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the earlier upload did not stop")
+	}
+	tail := randomBytes(2*upload.MinPartSize, 22)
+	w2, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w2.Close()
+	w2.WriteAt(tail, cut)
+	want := append(append([]byte(nil), first[:cut]...), tail...)
+	f.srv.Restart()
+	u2.Durable(int64(len(want)))
+	if err := u2.Finish(nil); err != nil {
+		t.Fatal(err)
+	}
+	if st := wait(t, u2, 60*time.Second); st.State != upload.StateComplete {
+		t.Fatalf("%+v", st)
+	}
+	if got := uploadtest.Object(t, f.client, "caps", "run/a/t.strap"); !bytes.Equal(got, want) {
+		t.Fatal("object differs after a take-over")
+	}
+}

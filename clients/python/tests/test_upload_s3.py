@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -355,3 +356,65 @@ def test_autostarted_daemon_uploads_with_env_endpoint(s3: S3Server, tmp_path: Pa
     finally:
         pid = status(_D())["daemon"]["pid"]  # type: ignore[arg-type]
         os.kill(pid, signal.SIGTERM)
+
+
+KILLED_CHILD = r"""
+import os, signal, sys, torch
+sys.path.insert(0, sys.argv[3])
+from conftest import tiny_llama
+from llm_instrumentation import capture_activations
+torch.set_num_threads(1)
+m = tiny_llama()
+ids = torch.randint(0, 1000, (1, 256), generator=torch.Generator().manual_seed(2))
+with capture_activations(m, preset="fast_capture", output_path=sys.argv[2], socket_path=sys.argv[1],
+                         autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=2,
+                         upload=sys.argv[4]) as fw:
+    with torch.no_grad():
+        for i in range(12):
+            m(input_ids=ids, use_cache=False)
+            fw.token_tracker.record_token(i, f"<{i}>")
+            if i == 6:
+                os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_client_killed_then_resumed_on_same_daemon(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
+    """The killed client's session ends aborted and its upload completes; the local stream is
+    kept even with --upload-keep-local=false (a resume needs it); the resumed capture on the
+    same daemon takes the upload over and the final object is the whole, complete stream."""
+    d = daemons(s3, "--upload-keep-local=false")
+    out = tmp_path / "cli.strap"
+    obj = f"s3://{BUCKET}/c/cli.strap"
+    p = subprocess.run([sys.executable, "-c", KILLED_CHILD, d.socket, str(out), str(Path(__file__).parent),
+                        f"s3://{BUCKET}/c"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    u = wait_upload(d, obj)
+    assert not u.get("local_deleted") and out.exists()
+    model = tiny_llama()
+    ids = torch.randint(0, 1000, (1, 256), generator=torch.Generator().manual_seed(2))
+    with capture_activations(model, preset="fast_capture", output_path=out, socket_path=d.socket,
+                             autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=2,
+                             resume_from_checkpoint=True, upload=f"s3://{BUCKET}/c") as fw:
+        start = fw.token_tracker.step
+        assert 2 <= start <= 7, start
+        with torch.no_grad():
+            for i in range(start, 12):
+                model(input_ids=ids, use_cache=False)
+                fw.token_tracker.record_token(i, f"<{i}>")
+    size = fw.summary["file_bytes"]
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        ups = [x for x in status(d).get("uploads") or [] if x["object"] == obj and x["final_size"] == size]
+        if ups and ups[-1]["state"] == "complete":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"resumed upload not complete: {status(d).get('uploads')}")
+    assert ups[-1]["local_deleted"] and not out.exists()
+    r = subprocess.run([str(strapd_bin()), "inspect", "--json", "--s3-endpoint", s3.endpoint, obj],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["size"] == size and summary["tokens"] == 12 and summary["end"]["status"] == "complete"
+    v = subprocess.run([str(strapd_bin()), "verify", "--s3-endpoint", s3.endpoint, obj], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
