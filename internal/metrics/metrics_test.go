@@ -275,7 +275,7 @@ func TestLatencyObserversAndNil(t *testing.T) {
 }
 
 // TestEverySeriesDocumented: each strapd_* family the package can expose (every source
-// fed, detail on) is named in docs/HTTP_API.md, and the doc names no family that does
+// fed, detail on, object storage configured) is named in docs/HTTP_API.md, and the doc names no family that does
 // not exist.
 func TestEverySeriesDocumented(t *testing.T) {
 	doc, err := os.ReadFile("../../docs/HTTP_API.md")
@@ -286,6 +286,7 @@ func TestEverySeriesDocumented(t *testing.T) {
 	f.rep.Daemon.Probes = &control.ProbesStatus{Enabled: true,
 		Collectors: []control.ProbeCollector{{Name: "block_io", Source: "bpf"}},
 		BPFStats:   []control.ProbeProgStats{{Program: "block_rq_issue", TotalEvents: 1}}, Drops: map[string]uint64{"ringbuf": 0}}
+	f.rep.Daemon.Upload = &control.UploadDaemonStatus{Target: "s3://caps/run"}
 	m := New(Options{Status: f.status, Detail: true, Codecs: []string{"none"},
 		Pool: func() PoolStats { return PoolStats{Workers: 1, BusySeconds: []float64{0}} }})
 	f.set(sess(1, "none", 1, 1, 0, 0))
