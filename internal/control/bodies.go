@@ -101,6 +101,10 @@ var OpenRequired = []string{"ring_size", "codec", "policy"}
 type Opened struct {
 	Session   uint64 `json:"session"`
 	BlockSize uint64 `json:"block_size"`
+	// Upload is the object the stream is uploaded to (s3://bucket/key) when the session
+	// uploads, by OPEN's "upload" or the daemon's own target; the client then passes its
+	// tokens file with CLOSE (PROTOCOL.md 1.4).
+	Upload string `json:"upload,omitempty"`
 }
 
 // Publish says every record in [previous head, Head) is complete; Seq is the last tensor

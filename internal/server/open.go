@@ -163,7 +163,11 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	if up != nil {
 		log.Info("uploading", zap.String("object", up.u.Status().Object))
 	}
-	c.out.send(control.TypeOpened, control.Opened{Session: id, BlockSize: plan.BlockSize()})
+	opened := control.Opened{Session: id, BlockSize: plan.BlockSize()}
+	if up != nil {
+		opened.Upload = up.u.Status().Object
+	}
+	c.out.send(control.TypeOpened, opened)
 	return nil
 }
 

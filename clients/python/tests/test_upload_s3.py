@@ -143,14 +143,17 @@ def big_input(n: int = 512) -> torch.Tensor:
 
 
 def capture_forwards(sock: str, out: Path, n: int, upload: Optional[str], **kw: Any) -> Dict[str, Any]:
-    """n forward passes of the tiny Llama on 512 tokens, codec none: ~7 MB a pass."""
+    """n forward passes of the tiny Llama on 512 tokens, codec none: ~7 MB a pass (a token
+    recorded after each when tracking)."""
     model = tiny_llama()
     ids = big_input()
     with capture_activations(model, preset="fast_capture", output_path=out, socket_path=sock, autostart_daemon=False,
                              upload=upload, **kw) as fw:
         with torch.no_grad():
-            for _ in range(n):
+            for i in range(n):
                 model(input_ids=ids, use_cache=False)
+                if fw.token_tracker is not None:
+                    fw.token_tracker.record_token(i, f"<{i}>")
     return fw.summary
 
 
@@ -195,10 +198,13 @@ def test_capture_uploads_stream_tokens_and_resources(s3: S3Server, daemons: Any,
 def test_daemon_wide_target_and_delete_local(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
     d = daemons(s3, "--upload", f"s3://{BUCKET}/fleet", "--upload-keep-local=false")
     out = tmp_path / "big.strap"
-    summary = capture_forwards(d.socket, out, 3, None)
+    summary = capture_forwards(d.socket, out, 3, None, track_per_token=True)
     obj = f"s3://{BUCKET}/fleet/big.strap"
+    assert summary["upload"] == obj  # OPENED told the client, so its tokens file went with CLOSE
     u = wait_upload(d, obj)
     assert u["local_deleted"] and not out.exists()
+    tok = Path(tokens_path(out))
+    assert not tok.exists() and json.loads(s3.get(f"fleet/{tok.name}"))["total_tokens"] == 3
     assert u["parts"] >= 2 and u["final_size"] == summary["file_bytes"]
     data = s3.get("fleet/big.strap")
     assert len(data) == summary["file_bytes"]

@@ -328,7 +328,8 @@ class Capture:
                                           self.fingerprint())
 
         try:
-            if session.error is None and self.upload_target is not None:
+            uploading = self.upload_target is not None or (session.opened is not None and session.opened.upload)
+            if session.error is None and uploading:
                 # strapd uploads the tokens file beside the stream: written first, and
                 # passed read-only with CLOSE (PROTOCOL.md 1.3).
                 self.summary = self._close_uploading(session, write_tokens)

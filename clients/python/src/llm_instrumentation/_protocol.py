@@ -246,6 +246,7 @@ class Opened(Body):
     TYPE: ClassVar[int] = OPENED
     session: int
     block_size: int
+    upload: Optional[str] = None  # the object being uploaded (s3://bucket/key), when one is
 
 
 @dataclass(frozen=True, kw_only=True)
