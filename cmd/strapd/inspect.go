@@ -21,9 +21,9 @@ func newInspectCmd() *cobra.Command {
 		Short: "Summarize a capture stream per module: packets, dtype, shape, raw and stored bytes, ratio, lossy error bound and achieved errors",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			// An object is read by range, a block at a time: the headers of the
-			// packets, not their payloads (of tensors larger than a block).
-			r, size, done, err := openStreamSource(cmd.Context(), args[0], s3o, 1<<20)
+			// An object is read by range: each packet header with 16 KiB after it (the
+			// small packets that follow), never a large payload.
+			r, size, done, err := openStreamSource(cmd.Context(), args[0], s3o, 16<<10)
 			if err != nil {
 				return err
 			}

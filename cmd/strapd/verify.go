@@ -29,7 +29,7 @@ func newVerifyCmd() *cobra.Command {
 		Short: "Check a capture stream: every CRC, sequence numbers, END/INDEX/footer; exit 2 if damaged",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			// Verify reads every byte: an object is read in 8 MiB ranges.
+			// Verify reads every byte: an object is read in ranges of at least 8 MiB.
 			r, size, done, err := openStreamSource(cmd.Context(), args[0], s3o, 8<<20)
 			if err != nil {
 				return err

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/stream"
 	"github.com/strap-llm/strap/internal/upload"
 	"github.com/strap-llm/strap/internal/upload/uploadtest"
 )
@@ -86,6 +87,28 @@ func TestUploadThroughServer(t *testing.T) {
 			}
 			if rep.Daemon.Upload == nil || rep.Daemon.Upload.Target != "s3://caps/fleet" || rep.Daemon.Upload.UploadedBytes == 0 {
 				t.Fatalf("daemon upload status %+v", rep.Daemon.Upload)
+			}
+			// inspect by range (as `strapd inspect s3://...`): the same summary as the
+			// local file's, from the packets' headers, not their 128 KiB payloads.
+			r, err := upload.OpenObject(context.Background(), client, want, 16<<10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			remote, err := stream.Inspect(r, r.Size())
+			if err != nil {
+				t.Fatal(err)
+			}
+			local2, err := stream.InspectFile(out.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if remote.Packets != local2.Packets || remote.StoredBytes != local2.StoredBytes || len(remote.Modules) != len(local2.Modules) {
+				t.Fatalf("inspect by range %+v, local %+v", remote, local2)
+			}
+			fetched, gets := r.Fetched()
+			t.Logf("inspect by range fetched %d of %d bytes in %d GETs", fetched, r.Size(), gets)
+			if fetched > r.Size()/4 {
+				t.Fatalf("inspect fetched %d of %d bytes in %d GETs", fetched, r.Size(), gets)
 			}
 		})
 	}

@@ -10,28 +10,35 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 )
 
-// ObjectReader reads an object by byte ranges (io.ReaderAt), a block at a time: `strapd
-// inspect` reads packet headers scattered through the object, `verify` reads it in order,
-// and neither fetches more than the blocks it touches.
+// ObjectReader reads an object by byte ranges (io.ReaderAt): each read the last few spans
+// fetched do not cover fetches its own range, extended to at least readAhead bytes. `strapd
+// inspect` reads packet headers scattered through the object (a small read-ahead: a header
+// and the small packets after it, never a large payload), `verify` reads it in order (a
+// large one).
 type ObjectReader struct {
 	c           *Client
 	ctx         context.Context
 	bucket, key string
 	size        int64
-	block       int64
+	readAhead   int64
 
 	mu      sync.Mutex
-	cache   map[int64][]byte // block number → bytes
-	order   []int64          // least recently fetched first
-	fetched int64            // bytes fetched from the server
+	spans   []span // most recently fetched last
+	fetched int64  // bytes fetched from the server
 	gets    int
 }
 
-// cachedBlocks bounds the reader's memory: cachedBlocks × block bytes.
-const cachedBlocks = 4
+type span struct {
+	off  int64
+	data []byte
+}
 
-// OpenObject finds the object's size (one HEAD) and returns a reader of blocks of block bytes.
-func OpenObject(ctx context.Context, c *Client, url string, block int64) (*ObjectReader, error) {
+// cachedSpans bounds the reader's memory: a few spans of about readAhead bytes each.
+const cachedSpans = 4
+
+// OpenObject finds the object's size (one HEAD) and returns a reader fetching at least
+// readAhead bytes a request.
+func OpenObject(ctx context.Context, c *Client, url string, readAhead int64) (*ObjectReader, error) {
 	t, err := ParseURL(url)
 	if err != nil {
 		return nil, err
@@ -43,11 +50,11 @@ func OpenObject(ctx context.Context, c *Client, url string, block int64) (*Objec
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s", url, Describe(err))
 	}
-	if block <= 0 {
-		block = 1 << 20
+	if readAhead <= 0 {
+		readAhead = 64 << 10
 	}
 	return &ObjectReader{c: c, ctx: ctx, bucket: t.Bucket, key: t.Prefix, size: aws.ToInt64(out.ContentLength),
-		block: block, cache: map[int64][]byte{}}, nil
+		readAhead: readAhead}, nil
 }
 
 // Size is the object's size.
@@ -65,48 +72,61 @@ func (r *ObjectReader) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("read %s: negative offset", ObjectURL(r.bucket, r.key))
 	}
+	if off >= r.size {
+		return 0, io.EOF
+	}
+	want := p
+	if rest := r.size - off; int64(len(want)) > rest {
+		want = want[:rest]
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	n := 0
-	for n < len(p) {
-		if off >= r.size {
-			return n, io.EOF
+	for n < len(want) {
+		cur := off + int64(n)
+		if k := r.fromSpans(want[n:], cur); k > 0 {
+			n += k
+			continue
 		}
-		bn := off / r.block
-		b, err := r.blockAt(bn)
-		if err != nil {
+		if err := r.fetch(cur, max(int64(len(want)-n), r.readAhead)); err != nil {
 			return n, err
 		}
-		k := copy(p[n:], b[off-bn*r.block:])
-		n += k
-		off += int64(k)
+	}
+	if len(want) < len(p) {
+		return n, io.EOF
 	}
 	return n, nil
 }
 
-func (r *ObjectReader) blockAt(bn int64) ([]byte, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if b, ok := r.cache[bn]; ok {
-		return b, nil
+// fromSpans copies what a cached span holds at off into p.
+func (r *ObjectReader) fromSpans(p []byte, off int64) int {
+	for i := len(r.spans) - 1; i >= 0; i-- {
+		s := r.spans[i]
+		if off >= s.off && off < s.off+int64(len(s.data)) {
+			return copy(p, s.data[off-s.off:])
+		}
 	}
-	start := bn * r.block
-	end := min(start+r.block, r.size) - 1
+	return 0
+}
+
+// fetch GETs n bytes from off (clipped to the object) into a new span.
+func (r *ObjectReader) fetch(off, n int64) error {
+	end := min(off+n, r.size) - 1
 	out, err := r.c.s3.GetObject(r.ctx, &s3.GetObjectInput{Bucket: aws.String(r.bucket), Key: aws.String(r.key),
-		Range: aws.String(fmt.Sprintf("bytes=%d-%d", start, end))})
+		Range: aws.String(fmt.Sprintf("bytes=%d-%d", off, end))})
 	if err != nil {
-		return nil, fmt.Errorf("read %s bytes %d-%d: %s", ObjectURL(r.bucket, r.key), start, end, Describe(err))
+		return fmt.Errorf("read %s bytes %d-%d: %s", ObjectURL(r.bucket, r.key), off, end, Describe(err))
 	}
 	defer out.Body.Close()
-	b := make([]byte, end-start+1)
+	b := make([]byte, end-off+1)
 	if _, err := io.ReadFull(out.Body, b); err != nil {
-		return nil, fmt.Errorf("read %s bytes %d-%d: %w", ObjectURL(r.bucket, r.key), start, end, err)
+		return fmt.Errorf("read %s bytes %d-%d: %w", ObjectURL(r.bucket, r.key), off, end, err)
 	}
 	r.fetched += int64(len(b))
 	r.gets++
-	r.cache[bn] = b
-	r.order = append(r.order, bn)
-	if len(r.order) > cachedBlocks {
-		delete(r.cache, r.order[0])
-		r.order = r.order[1:]
+	r.spans = append(r.spans, span{off: off, data: b})
+	if len(r.spans) > cachedSpans {
+		r.spans = r.spans[1:]
 	}
-	return b, nil
+	return nil
 }
