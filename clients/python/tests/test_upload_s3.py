@@ -105,10 +105,10 @@ def daemons(tmp_path: Path) -> Iterator[Any]:
     started: List[Daemon] = []
     state = tmp_path / "upload-state"
 
-    def make(s3: S3Server, *extra: str) -> Daemon:
+    def make(s3: S3Server, *extra: str, probes: bool = False) -> Daemon:
         sub = tempfile.mkdtemp(prefix="d", dir="/tmp")
-        d = Daemon(b, sub, "--no-probes", "--s3-endpoint", s3.endpoint, "--upload-part-size", "5MiB",
-                   "--upload-state-dir", str(state), *extra)
+        d = Daemon(b, sub, *(() if probes else ("--no-probes",)), "--s3-endpoint", s3.endpoint,
+                   "--upload-part-size", "5MiB", "--upload-state-dir", str(state), *extra)
         started.append(d)
         return d
 
@@ -157,12 +157,13 @@ def capture_forwards(sock: str, out: Path, n: int, upload: Optional[str], **kw: 
     return fw.summary
 
 
-def test_capture_uploads_stream_tokens_and_resources(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
-    d = daemons(s3)
+def test_capture_uploads_stream_and_side_files(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
+    d = daemons(s3, probes=True)  # the kernel trace (eBPF as root, /proc otherwise)
     out = tmp_path / "cap.strap"
     model = tiny_llama()
     with capture_activations(model, preset="balanced", output_path=out, socket_path=d.socket, autostart_daemon=False,
-                             track_per_token=True, resource_level="MINIMAL", upload=f"s3://{BUCKET}/run1/host0") as fw:
+                             track_per_token=True, resource_level="MINIMAL", trace_path=True,
+                             upload=f"s3://{BUCKET}/run1/host0") as fw:
         ids = [1, 5, 9, 33]
         with torch.no_grad():
             for _ in range(6):
@@ -181,6 +182,8 @@ def test_capture_uploads_stream_tokens_and_resources(s3: S3Server, daemons: Any,
     assert s3.get(f"run1/host0/{tok.name}") == tok.read_bytes()
     res = Path(str(out) + ".resources.jsonl")
     assert s3.get(f"run1/host0/{res.name}") == res.read_bytes() and res.stat().st_size > 0
+    tr = Path(str(out) + ".trace.jsonl")
+    assert s3.get(f"run1/host0/{tr.name}") == tr.read_bytes() and tr.stat().st_size > 0
     # strapd reads the object back by range.
     v = subprocess.run([str(strapd_bin()), "verify", "--json", "--s3-endpoint", s3.endpoint, obj],
                        capture_output=True, text=True, timeout=60)

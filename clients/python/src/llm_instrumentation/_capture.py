@@ -362,13 +362,11 @@ class Capture:
 
     def _close_uploading(self, session: CaptureSession, write_tokens: Callable[[], None]) -> Dict[str, Any]:
         """CLOSE with the tokens file's descriptor, so strapd uploads it beside the stream."""
-        from ._resume import tokens_path
-
         write_tokens()
         fds: List[int] = []
         out = self.options.output_path
-        if self.token_tracker is not None and out is not None and os.path.exists(tokens_path(out)):
-            fds.append(os.open(tokens_path(out), os.O_RDONLY | os.O_CLOEXEC))
+        if self.token_tracker is not None and out is not None and os.path.exists(_resume.tokens_path(out)):
+            fds.append(os.open(_resume.tokens_path(out), os.O_RDONLY | os.O_CLOEXEC))
         try:
             return session.close(fds=fds).to_body()
         finally:
