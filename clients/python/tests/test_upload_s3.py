@@ -248,19 +248,41 @@ def test_server_killed_mid_upload_then_restarted(s3: S3Server, daemons: Any, tmp
 
 
 def test_strapd_sigkilled_mid_upload_restarted_completes(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
+    """Parts go up while capturing; the server dies, the session ends with the rest still to
+    send, strapd is SIGKILLed; after both restart, the new strapd lists the server's parts,
+    keeps the acknowledged ones and completes the object from its state file."""
     d = daemons(s3)
     out = tmp_path / "kill.strap"
     obj = f"s3://{BUCKET}/k/kill.strap"
-    s3.kill()  # the upload cannot go: the session ends with all of it still to send
-    summary = capture_forwards(d.socket, out, 2, f"s3://{BUCKET}/k")
-    wait_upload(d, obj, state="retrying", timeout=60)
+    model = tiny_llama()
+    ids = big_input()
+    with capture_activations(model, preset="fast_capture", output_path=out, socket_path=d.socket,
+                             autostart_daemon=False, upload=f"s3://{BUCKET}/k") as fw:
+        with torch.no_grad():
+            for i in range(4):
+                model(input_ids=ids, use_cache=False)
+                if i == 1:
+                    deadline = time.monotonic() + 30
+                    while time.monotonic() < deadline:
+                        ups = [u for u in status(d).get("uploads") or [] if u["object"] == obj]
+                        if ups and ups[0]["uploaded_bytes"] > 0:
+                            break
+                        time.sleep(0.05)
+                    else:
+                        pytest.fail("no part uploaded while capturing")
+                    s3.kill()
+    u = wait_upload(d, obj, state="retrying", timeout=60)
+    assert 0 < u["uploaded_bytes"] < u["final_size"] == fw.summary["file_bytes"], u
     d.proc.send_signal(signal.SIGKILL)
     d.proc.wait()
     s3.start()
     d2 = daemons(s3)  # the same state directory: it finds the unfinished upload
-    wait_upload(d2, obj)
+    u2 = wait_upload(d2, obj)
+    assert u2["parts"] >= 3 and u2["errors"] == 0
     assert s3.get("k/kill.strap") == out.read_bytes()
-    assert len(out.read_bytes()) == summary["file_bytes"]
+    resumed = [json.loads(line) for line in Path(d2.log).read_text().splitlines()
+               if "upload resumed after restart" in line]
+    assert resumed and resumed[0]["parts_done"] >= 1, resumed  # acknowledged parts kept, not sent again
 
 
 def test_strapd_sigkilled_then_resumed_capture_continues_upload(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
