@@ -62,7 +62,7 @@ func (t Target) Key(name string) string {
 	return t.Prefix + "/" + name
 }
 
-// Contains reports whether key lies under the target's prefix in its bucket.
+// Contains reports whether target o lies under t: the same bucket, and a prefix at or below t's.
 func (t Target) Contains(o Target) bool {
 	if t.Bucket != o.Bucket {
 		return false
