@@ -102,3 +102,27 @@ func TestParseURL(t *testing.T) {
 		}
 	}
 }
+
+func TestTargetContains(t *testing.T) {
+	fleet := Target{Bucket: "caps", Prefix: "fleet"}
+	for _, tc := range []struct {
+		o    Target
+		want bool
+	}{
+		{Target{Bucket: "caps", Prefix: "fleet"}, true},
+		{Target{Bucket: "caps", Prefix: "fleet/host3"}, true},
+		{Target{Bucket: "caps", Prefix: "fleetwide"}, false},
+		{Target{Bucket: "caps"}, false},
+		{Target{Bucket: "other", Prefix: "fleet"}, false},
+	} {
+		if got := fleet.Contains(tc.o); got != tc.want {
+			t.Errorf("%v contains %v = %v", fleet, tc.o, got)
+		}
+	}
+	if !(Target{Bucket: "caps"}).Contains(Target{Bucket: "caps", Prefix: "x/y"}) {
+		t.Error("a bucket's root contains every prefix in it")
+	}
+	if got := fleet.Key("/data/run/cap.strap"); got != "fleet/cap.strap" {
+		t.Errorf("key %q", got)
+	}
+}
