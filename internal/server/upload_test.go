@@ -3,14 +3,17 @@ package server
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest"
 
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/control/controltest"
 	"github.com/strap-llm/strap/internal/stream"
 	"github.com/strap-llm/strap/internal/upload"
 	"github.com/strap-llm/strap/internal/upload/uploadtest"
@@ -112,4 +115,79 @@ func TestUploadThroughServer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHelperUploadClient is the uid-65534 side of TestRootDaemonUploadsForOtherUser
+// (upload_privileged_test.go): it reports each attempt as a helperResult line.
+func TestHelperUploadClient(t *testing.T) {
+	if os.Getenv(envHelper) == "" {
+		t.Skip("helper process of TestRootDaemonUploadsForOtherUser")
+	}
+	report := func(attempt string, err error) {
+		r := helperResult{Attempt: attempt}
+		if ce, ok := errors.AsType[*control.Error](err); ok {
+			r.Code = ce.Code
+		}
+		if err != nil {
+			r.Err = err.Error()
+		}
+		b, _ := json.Marshal(r)
+		os.Stdout.WriteString(helperResultLn + string(b) + "\n")
+	}
+	sock, ownDir := os.Getenv(envSock), os.Getenv(envOwnDir)
+	dial := func() (*control.Client, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return control.Dial(ctx, sock, "nobody")
+	}
+	try := func(attempt, file, url string) {
+		out, err := os.OpenFile(filepath.Join(ownDir, file), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			report(attempt, err)
+			return
+		}
+		defer out.Close()
+		c, err := dial()
+		if err != nil {
+			report(attempt, err)
+			return
+		}
+		defer c.Disconnect()
+		st, _, err := controltest.OpenStream(c, 1<<20, out, control.Open{Codec: "none", Policy: "block", Upload: url})
+		if err == nil {
+			for i := range 3 {
+				tn := tensor("model.layers.0.mlp", uint64(i+1), 1024)
+				if err = st.Put(&tn); err != nil {
+					break
+				}
+			}
+			if err == nil {
+				_, err = st.Finish()
+			}
+		}
+		report(attempt, err)
+	}
+	try("upload elsewhere", "own0.strap", "s3://caps/elsewhere")
+	try("upload under the daemon's target", "own1.strap", "s3://caps/fleet/nobody")
+	try("upload to the daemon's target", "own2.strap", "")
+	c, err := dial()
+	if err != nil {
+		report("status", err)
+		return
+	}
+	defer c.Disconnect()
+	rep, err := c.Status()
+	r := helperResult{Attempt: "status"}
+	if err != nil {
+		r.Err = err.Error()
+	}
+	for _, u := range rep.Uploads {
+		if u.UID == 65534 {
+			r.Sessions++
+		} else {
+			r.Visible++
+		}
+	}
+	b, _ := json.Marshal(r)
+	os.Stdout.WriteString(helperResultLn + string(b) + "\n")
 }
