@@ -177,7 +177,7 @@ compat131-upstream: $(COMPAT131_DIR)/.stamp
 # tag (`//go:build ... privileged`); run without root they skip, naming what is missing.
 # This target runs just those tests: the names the tag adds to each package that has such
 # files.
-test-privileged: prometheus
+test-privileged: prometheus versitygw
 	@set -e; for dir in $$(grep -rlE --include='*_test.go' '^//go:build.*\bprivileged\b' cmd internal | xargs -n1 dirname | sort -u); do \
 	  names=$$(comm -13 <($(GO) test -list . ./$$dir | grep -E '^(Test|Example)' | sort) \
 	                    <($(GO) test -tags privileged -list . ./$$dir | grep -E '^(Test|Example)' | sort) | paste -sd'|'); \
