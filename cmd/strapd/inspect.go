@@ -29,6 +29,9 @@ func newInspectCmd() *cobra.Command {
 			}
 			defer done()
 			sum, err := stream.Inspect(r, size)
+			if rerr := readFailed(r); rerr != nil {
+				return rerr
+			}
 			if err != nil {
 				return fmt.Errorf("%s: %w", args[0], err)
 			}

@@ -262,6 +262,15 @@ func openStreamSource(ctx context.Context, arg string, opts upload.ClientOptions
 	return r, r.Size(), func() {}, nil
 }
 
+// readFailed is the error of an object read that failed on the way (not damage in the
+// object), or nil: inspect and verify then fail with it rather than report the object cut.
+func readFailed(r io.ReaderAt) error {
+	if o, ok := r.(*upload.ObjectReader); ok {
+		return o.Err()
+	}
+	return nil
+}
+
 // addS3ReadFlags are inspect's and verify's flags for s3:// arguments.
 func addS3ReadFlags(f *pflag.FlagSet, o *upload.ClientOptions) {
 	f.StringVar(&o.Endpoint, "s3-endpoint", "", "for an s3:// argument: the S3 API endpoint of a store other than AWS (path-style addressing)")

@@ -36,6 +36,9 @@ func newVerifyCmd() *cobra.Command {
 			}
 			defer done()
 			rep := stream.Verify(r, size)
+			if err := readFailed(r); err != nil {
+				return err // exit 1: the object could not be read, which says nothing of it
+			}
 			out := cmd.OutOrStdout()
 			if asJSON {
 				enc := json.NewEncoder(out)

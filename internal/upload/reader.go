@@ -26,6 +26,7 @@ type ObjectReader struct {
 	spans   []span // most recently fetched last
 	fetched int64  // bytes fetched from the server
 	gets    int
+	err     error // the first failed fetch
 }
 
 type span struct {
@@ -60,6 +61,14 @@ func OpenObject(ctx context.Context, c *Client, url string, readAhead int64) (*O
 // Size is the object's size.
 func (r *ObjectReader) Size() int64 { return r.size }
 
+// Err is the first read that failed at the server or on the way (nil when none did): a
+// reader of the stream sees it as a short read, which is not damage in the object.
+func (r *ObjectReader) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
 // Fetched is the bytes and the number of range GETs fetched so far.
 func (r *ObjectReader) Fetched() (bytes int64, gets int) {
 	r.mu.Lock()
@@ -89,6 +98,9 @@ func (r *ObjectReader) ReadAt(p []byte, off int64) (int, error) {
 			continue
 		}
 		if err := r.fetch(cur, max(int64(len(want)-n), r.readAhead)); err != nil {
+			if r.err == nil {
+				r.err = err
+			}
 			return n, err
 		}
 	}

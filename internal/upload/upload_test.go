@@ -307,6 +307,15 @@ func TestObjectReader(t *testing.T) {
 	if _, err := r.ReadAt(big, 500000); err != nil || !bytes.Equal(big, data[500000:500000+len(big)]) {
 		t.Fatalf("middle: %v", err)
 	}
+	if r.Err() != nil {
+		t.Fatal(r.Err())
+	}
+	// A read the server does not answer is an error of the reader, kept for its caller
+	// (strapd verify then fails to read rather than call the object damaged).
+	f.srv.Kill()
+	if _, err := r.ReadAt(buf, 10); err == nil || r.Err() == nil {
+		t.Fatalf("read with the server down: %v, Err %v", err, r.Err())
+	}
 }
 
 // A session on a file whose earlier upload is still going (its server down, say) takes it
