@@ -293,7 +293,7 @@ bench: $(BIN) $(VENV)/.stamp $(PEERS_DIR)/.stamp
 # file, and strapd's CPU per GB (bench/upload.py; docs/PERFORMANCE-DATA.md "Upload").
 bench-upload: $(BIN) $(VENV)/.stamp versitygw
 	@$(VPY) -c "import boto3" 2>/dev/null || $(VPY) -m pip install --quiet boto3
-	$(VPY) bench/upload.py --strapd $(BIN) --versitygw $(VERSITYGW) $(BENCH_UPLOAD_ARGS)
+	$(VPY) bench/upload.py --strapd $(BIN) --go $(GO) --versitygw $(VERSITYGW) $(BENCH_UPLOAD_ARGS)
 
 # Every fuzz target for FUZZTIME each (seeds live in testdata/); fails when a package does
 # not build or a target finds a crasher (written to that package's testdata/fuzz/).

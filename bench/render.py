@@ -719,9 +719,21 @@ def upload_tables(w: Emit, up: Json) -> None:
         rows.append((i, f"{s['mb_s']:.0f}", f"{s['cpu_s'] / gb:.2f}{split}", f"{b['mb_s']:.0f}", f"{b['cpu_s'] / gb:.2f}",
                      f"{r['ratio']:.2f}"))
     table(w, ["round", "strapd MB/s", "strapd CPU-s/GB", "boto3 MB/s", "boto3 CPU-s/GB", "strapd / boto3"], "rrrrrr", rows)
+    cap = up.get("capture")
+    if cap:
+        w(f"Then strapd's CPU for a capture of the same size (Go producer, codec none, to this disk with O_DIRECT) "
+          "without and with an upload of it to the same server, the upload waited for; one `strapd serve`, its CPU "
+          "time read from /proc before and after each, alternating which goes first.")
+        w("")
+        commands(w, [cap["serve_command"], cap["ingest_command"]])
+        table(w, ["round", "capture CPU-s/GB", "capture + upload CPU-s/GB", "upload on top"], "rrrr",
+              [(i, f"{r['plain_cpu_s_per_gb']:.2f}", f"{r['upload_cpu_s_per_gb']:.2f}", f"+{r['extra_cpu_s_per_gb']:.2f}")
+               for i, r in enumerate(cap["rounds"], 1)])
     ok_ratio = up["ratio_median"] >= 0.9
-    ok_cpu = up["strapd_cpu_s_per_gb_median"] <= 0.1
+    extra = cap["extra_cpu_s_per_gb_median"] if cap else up["strapd_cpu_s_per_gb_median"]
     table(w, ["target", "measured (median round)", ""], "lll", [
         ("upload throughput ≥ 0.9 × boto3's `upload_file`", f"{up['ratio_median']:.2f} ×", met(ok_ratio)),
-        ("strapd CPU for upload ≤ 0.1 CPU-s/GB", f"{up['strapd_cpu_s_per_gb_median']:.2f} CPU-s/GB", met(ok_cpu)),
+        ("strapd CPU for upload ≤ 0.1 CPU-s/GB on top of the capture",
+         f"+{extra:.2f} CPU-s/GB on a capture; {up['strapd_cpu_s_per_gb_median']:.2f} for `strapd upload` alone",
+         met(extra <= 0.1)),
     ])

@@ -52,6 +52,63 @@ def run_timed(cmd: List[str], env: Dict[str, str]) -> Dict[str, float]:
             "stdout": out}  # type: ignore[dict-item]
 
 
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a running process has used so far."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def capture_ab(a: argparse.Namespace, work: Path, endpoint: str, env: Dict[str, str], size: int) -> Dict[str, Any]:
+    """strapd's CPU for a capture of size bytes (Go producer, codec none) without and with
+    --upload to the same server, the upload waited for: the upload's cost on top of the
+    capture (its parts, and the writer's fdatasync every part)."""
+    ingest = work / "ingest"
+    subprocess.run([a.go, "build", "-o", str(ingest), "./bench/ingest"], cwd=ROOT, check=True)
+    sock = work / "s.sock"
+    serve = [a.strapd, "serve", "--socket", str(sock), "--no-probes", "--s3-endpoint", endpoint,
+             "--upload-state-dir", str(work / "state")]
+    d = subprocess.Popen(serve, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            if sock.exists():
+                break
+            time.sleep(0.05)
+        rounds = []
+        for r in range(a.rounds):
+            res: Dict[str, Any] = {}
+            for name in (["plain", "upload"] if r % 2 == 0 else ["upload", "plain"]):
+                out = work / f"cap-{name}-{r}.strap"  # a new object each round
+                cmd = [str(ingest), "-socket", str(sock), "-out", str(out), "-codec", "none", "-bytes", f"{size}"]
+                if name == "upload":
+                    cmd += ["-upload", "s3://bench/capture"]
+                c0, t0 = proc_cpu(d.pid), time.perf_counter()
+                subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+                if name == "upload":
+                    obj = f"s3://bench/capture/{out.name}"
+                    while not any(u["object"] == obj and u["state"] == "complete" for u in json.loads(
+                            subprocess.run([a.strapd, "status", "--json", "--socket", str(sock)], capture_output=True,
+                                           text=True, check=True).stdout).get("uploads") or []):
+                        time.sleep(0.1)
+                res[name] = {"cpu_s": proc_cpu(d.pid) - c0, "wall_s": time.perf_counter() - t0,
+                             "file_bytes": out.stat().st_size}
+                out.unlink()
+            gb = size / 1e9
+            res["plain_cpu_s_per_gb"] = res["plain"]["cpu_s"] / gb
+            res["upload_cpu_s_per_gb"] = res["upload"]["cpu_s"] / gb
+            res["extra_cpu_s_per_gb"] = res["upload_cpu_s_per_gb"] - res["plain_cpu_s_per_gb"]
+            rounds.append(res)
+            print(f"capture round {r + 1}: strapd {res['plain_cpu_s_per_gb']:.2f} CPU-s/GB without upload, "
+                  f"{res['upload_cpu_s_per_gb']:.2f} with (+{res['extra_cpu_s_per_gb']:.2f})", flush=True)
+        return {"serve_command": shlex.join(serve).replace(str(work), "$TMP").replace(endpoint, "http://127.0.0.1:$PORT"),
+                "ingest_command": f"go run ./bench/ingest -socket $TMP/s.sock -out $TMP/cap.strap -codec none -bytes {size} "
+                                  "[-upload s3://bench/capture]",
+                "bytes": size, "rounds": rounds,
+                "extra_cpu_s_per_gb_median": statistics.median(x["extra_cpu_s_per_gb"] for x in rounds)}
+    finally:
+        d.terminate()
+        d.wait()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--strapd", default=str(ROOT / "bin" / "strapd"))
@@ -59,6 +116,7 @@ def main() -> int:
     ap.add_argument("--mib", type=int, default=512, help="file size in MiB")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "upload.json"))
+    ap.add_argument("--go", default="go", help="builds bench/ingest for the capture A/B")
     a = ap.parse_args()
     import boto3  # noqa: F401  (fail early when missing: make venv installs it)
 
@@ -113,6 +171,7 @@ def main() -> int:
                   f"user {res['strapd']['user_s'] / gb:.2f}, system {res['strapd']['sys_s'] / gb:.2f}), "
                   f"boto3 {res['boto3']['mb_s']:.0f} MB/s ({res['boto3_cpu_s_per_gb']:.2f} CPU-s/GB), "
                   f"ratio {res['ratio']:.2f}", flush=True)
+        capture = capture_ab(a, work, endpoint, env, size)
         med = sorted(rounds, key=lambda x: x["ratio"])[len(rounds) // 2]
         summary = {
             "command": shlex.join([os.path.relpath(sys.executable, ROOT), *sys.argv]),
@@ -122,13 +181,15 @@ def main() -> int:
             "bytes": size, "rounds": rounds, "median_round": med,
             "ratio_median": statistics.median(r["ratio"] for r in rounds),
             "strapd_cpu_s_per_gb_median": statistics.median(r["strapd_cpu_s_per_gb"] for r in rounds),
+            "capture": capture,
             "load_avg": os.getloadavg(), "cpus": os.cpu_count(),
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(summary, indent=2) + "\n")
         print(f"median ratio strapd/boto3 {summary['ratio_median']:.2f} (target >= 0.9); strapd "
-              f"{summary['strapd_cpu_s_per_gb_median']:.3f} CPU-s/GB (target <= 0.1); load {os.getloadavg()[0]:.1f}; "
+              f"{summary['strapd_cpu_s_per_gb_median']:.3f} CPU-s/GB alone, +{capture['extra_cpu_s_per_gb_median']:.3f} "
+              f"CPU-s/GB on top of a capture (target <= 0.1); load {os.getloadavg()[0]:.1f}; "
               f"written {a.out}")
     finally:
         gw.kill()
