@@ -285,7 +285,7 @@ func (u *Upload) step(ctx context.Context) (bool, error) {
 	if st.FinalSize >= 0 {
 		avail = st.FinalSize
 	}
-	buf := make([]byte, 1<<20)
+	buf := make([]byte, crcBufSize)
 	for {
 		next := int32(len(st.Parts)) + 1
 		var batch []Part
@@ -315,7 +315,7 @@ func (u *Upload) step(ctx context.Context) (bool, error) {
 				defer wg.Done()
 				b := buf
 				if i > 0 {
-					b = make([]byte, 1<<20)
+					b = make([]byte, crcBufSize)
 				}
 				errs[i] = u.sendPart(ctx, &batch[i], b)
 			}(i)
