@@ -161,6 +161,10 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 		zap.String("policy", req.Policy), zap.String("output_path", c.info.OutputPath),
 		zap.Int64("memory_budget", sess.MemoryBudget()))
 	if up != nil {
+		if req.AppendAt > 0 {
+			// The resumed prefix was checked by Open: it is durable and may go.
+			up.u.Durable(int64(req.AppendAt))
+		}
 		log.Info("uploading", zap.String("object", up.u.Status().Object))
 	}
 	opened := control.Opened{Session: id, BlockSize: plan.BlockSize()}

@@ -70,9 +70,6 @@ func (c *conn) beginUpload(req control.Open, outFD int, sideFDs []int, id uint64
 		rf.Close()
 		return nil, perr(control.CodeUploadRefused, "upload to %s: %v", target, err)
 	}
-	if req.AppendAt > 0 {
-		u.Durable(int64(req.AppendAt))
-	}
 	su := &sessionUpload{u: u}
 	for _, fd := range sideFDs {
 		f, p, err := reopenReadOnly(fd)
