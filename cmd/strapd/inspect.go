@@ -2,10 +2,12 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 
 	"github.com/spf13/cobra"
 
 	"github.com/strap-llm/strap/internal/stream"
+	"github.com/strap-llm/strap/internal/upload"
 )
 
 // newInspectCmd builds `strapd inspect FILE [--json]`: a per-module summary of a stream
@@ -13,14 +15,25 @@ import (
 // achieved errors from each packet's "lossy" meta.
 func newInspectCmd() *cobra.Command {
 	var asJSON bool
+	var s3o upload.ClientOptions
 	cmd := &cobra.Command{
-		Use:   "inspect FILE",
+		Use:   "inspect FILE|s3://bucket/key",
 		Short: "Summarize a capture stream per module: packets, dtype, shape, raw and stored bytes, ratio, lossy error bound and achieved errors",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sum, err := stream.InspectFile(args[0])
+			// An object is read by range: each packet header with 16 KiB after it (the
+			// small packets that follow), never a large payload.
+			r, size, done, err := openStreamSource(cmd.Context(), args[0], s3o, 16<<10)
 			if err != nil {
 				return err
+			}
+			defer done()
+			sum, err := stream.Inspect(r, size)
+			if rerr := readFailed(r); rerr != nil {
+				return rerr
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
 			}
 			if asJSON {
 				enc := json.NewEncoder(cmd.OutOrStdout())
@@ -31,5 +44,6 @@ func newInspectCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the summary as JSON")
+	addS3ReadFlags(cmd.Flags(), &s3o)
 	return cmd
 }

@@ -40,6 +40,7 @@ func run() int {
 		newTraceCmd(logger),
 		newTopCmd(logger),
 		newResumeCmd(),
+		newUploadCmd(logger),
 		newVersionCmd(),
 	)
 	if err := root.Execute(); err != nil {

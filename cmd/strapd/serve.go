@@ -103,6 +103,8 @@ type serveConfig struct {
 	}
 	// HTTP serves /metrics and the JSON API (docs/HTTP_API.md); off unless --http is set.
 	HTTP httpConfig
+	// Upload sends streams to object storage while they are captured (upload.go).
+	Upload uploadConfig
 	// Debug holds hidden test options.
 	Debug struct {
 		// WriteDelay sleeps this long after every packet written (tests fill tiny rings).
@@ -159,6 +161,9 @@ func (c *serveConfig) validate() error {
 		return fmt.Errorf("--max-request-rate %g: must be 0 (unlimited) or positive", c.Clients.RequestRate)
 	}
 	if _, err := c.socketMode(); err != nil {
+		return err
+	}
+	if err := c.Upload.validate(); err != nil {
 		return err
 	}
 	return c.HTTP.validate()
@@ -284,6 +289,7 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 	f.StringVar(&cfg.HTTP.APISocket, "http-api-socket", "", "Unix socket of the JSON API, with the control socket's mode, group and allow-lists (default: api.sock beside the control socket)")
 	f.BoolVar(&cfg.HTTP.MetricsDetail, "http-metrics-detail", false, "add per-session series (session id, uid, pid) to /metrics")
 	f.IntVar(&cfg.HTTP.MaxFollowers, "http-max-followers", httpapi.DefaultMaxFollowers, "resource-log streams (follow=1) open at once; more get 429")
+	addUploadFlags(f, &cfg.Upload)
 	f.DurationVar(&cfg.Debug.WriteDelay, "debug-write-delay", 0, "sleep after every packet written (tests only)")
 	_ = f.MarkHidden("debug-write-delay")
 	return cmd
@@ -402,7 +408,17 @@ func runServe(ctx context.Context, cfg serveConfig, base *zap.Logger) error {
 		obs = newObserver(cfg.HTTP, !cfg.Probes.Off, &srv)
 		observe = obs
 	}
-	srv = server.New(cfg.serverConfig(mode, gid, notify, observe), base)
+	notify("STATUS=loading object storage configuration")
+	upm, uploads, err := cfg.Upload.manager(ctx, base)
+	if err != nil {
+		notify("STATUS=failed: " + err.Error())
+		return err
+	}
+	// Uploads still going when serve ends get the shutdown timeout to complete.
+	defer drainUploads(upm, cfg.ShutdownTimeout, log)
+	scfg := cfg.serverConfig(mode, gid, notify, observe)
+	scfg.Uploads = uploads
+	srv = server.New(scfg, base)
 	if ln != nil {
 		srv.UseListener(ln)
 	} else if err := srv.Listen(); err != nil {

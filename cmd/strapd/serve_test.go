@@ -58,6 +58,8 @@ func TestServeConfigValidate(t *testing.T) {
 		c.Limits.MaxNameLen = 100
 		c.Limits.MaxNDim = 8
 		c.ShutdownTimeout = time.Second
+		c.Upload.PartSize = 16 << 20
+		c.Upload.Concurrency = 4
 		return c
 	}
 	tests := []struct {
@@ -86,6 +88,12 @@ func TestServeConfigValidate(t *testing.T) {
 		}, "--http-api-socket"},
 		{"http followers", func(c *serveConfig) { c.HTTP = httpConfig{Addr: "127.0.0.1:1"} }, "--http-max-followers"},
 		{"detail without http", func(c *serveConfig) { c.HTTP = httpConfig{MetricsDetail: true} }, "need --http"},
+		{"upload ok", func(c *serveConfig) { c.Upload.Target = "s3://caps/run" }, ""},
+		{"upload not s3", func(c *serveConfig) { c.Upload.Target = "caps/run" }, "--upload"},
+		{"upload bucket", func(c *serveConfig) { c.Upload.Target = "s3://Caps" }, "bucket name"},
+		{"upload allow", func(c *serveConfig) { c.Upload.Allow = []string{"gs://x"} }, "--upload-allow"},
+		{"upload part size", func(c *serveConfig) { c.Upload.PartSize = 1 << 20 }, "--upload-part-size"},
+		{"upload concurrency", func(c *serveConfig) { c.Upload.Concurrency = 0 }, "--upload-concurrency"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

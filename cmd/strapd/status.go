@@ -65,6 +65,7 @@ func printStatus(w io.Writer, rep control.StatusReply) error {
 		// STATUS lists only the asking uid's sessions (root sees all): say so.
 		fmt.Fprintf(w, "%d session(s) of other users not shown\n", hidden)
 	}
+	printUploads(w, d.Upload, rep.Uploads)
 	if len(rep.Sessions) == 0 {
 		return nil
 	}
@@ -100,4 +101,34 @@ func secs(s float64) string {
 		return d.Round(100 * time.Millisecond).String()
 	}
 	return d.Round(time.Second).String()
+}
+
+// printUploads shows the object-storage configuration and each upload (OBJECT_STORAGE.md).
+func printUploads(w io.Writer, d *control.UploadDaemonStatus, ups []control.UploadStatus) {
+	if d == nil {
+		return
+	}
+	if d.Error != "" {
+		fmt.Fprintf(w, "uploads unavailable: %s\n", d.Error)
+		return
+	}
+	target := d.Target
+	if target == "" {
+		target = "(per session)"
+	}
+	fmt.Fprintf(w, "upload %s  uploaded %s  errors %d  keep local %v\n", target, units.Bytes(float64(d.UploadedBytes)), d.Errors, d.KeepLocal)
+	if len(ups) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nOBJECT\tSESSION\tSTATE\tDURABLE\tUPLOADED\tLAG\tPARTS\tERRORS\tLAST ERROR")
+	for _, u := range ups {
+		last := u.LastError
+		if last == "" {
+			last = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", u.Object, u.Session, u.State, units.Bytes(float64(u.DurableBytes)),
+			units.Bytes(float64(u.UploadedBytes)), units.Bytes(float64(u.LagBytes)), u.Parts, u.Errors, last)
+	}
+	_ = tw.Flush()
 }

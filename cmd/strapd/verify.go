@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/strap-llm/strap/internal/stream"
+	"github.com/strap-llm/strap/internal/upload"
 )
 
 // damagedError makes `strapd verify` exit 2 for a damaged or truncated stream.
@@ -22,14 +23,21 @@ func (damagedError) ExitCode() int { return 2 }
 // 1 when the file cannot be read at all.
 func newVerifyCmd() *cobra.Command {
 	var asJSON bool
+	var s3o upload.ClientOptions
 	cmd := &cobra.Command{
-		Use:   "verify FILE",
+		Use:   "verify FILE|s3://bucket/key",
 		Short: "Check a capture stream: every CRC, sequence numbers, END/INDEX/footer; exit 2 if damaged",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			rep, err := stream.VerifyFile(args[0])
+			// Verify reads every byte: an object is read in ranges of at least 8 MiB.
+			r, size, done, err := openStreamSource(cmd.Context(), args[0], s3o, 8<<20)
 			if err != nil {
 				return err
+			}
+			defer done()
+			rep := stream.Verify(r, size)
+			if err := readFailed(r); err != nil {
+				return err // exit 1: the object could not be read, which says nothing of it
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
@@ -54,5 +62,6 @@ func newVerifyCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	addS3ReadFlags(cmd.Flags(), &s3o)
 	return cmd
 }

@@ -46,6 +46,10 @@ type Open struct {
 	// Resources says the last descriptor is the resource log: a file the client opened
 	// for writing, into which the daemon appends RESOURCES events (PROTOCOL.md 1.3).
 	Resources bool `json:"resources,omitempty"`
+	// Upload is an s3://bucket/prefix the daemon uploads the stream (and its trace and
+	// resource log) into while it is written (PROTOCOL.md 1.3, OBJECT_STORAGE.md); empty:
+	// the daemon's own --upload target, if any.
+	Upload string `json:"upload,omitempty"`
 }
 
 // Resume is what a checkpointed stream prefix ends with (CHECKPOINTED of the session that
@@ -97,6 +101,10 @@ var OpenRequired = []string{"ring_size", "codec", "policy"}
 type Opened struct {
 	Session   uint64 `json:"session"`
 	BlockSize uint64 `json:"block_size"`
+	// Upload is the object the stream is uploaded to (s3://bucket/key) when the session
+	// uploads, by OPEN's "upload" or the daemon's own target; the client then passes its
+	// tokens file with CLOSE (PROTOCOL.md 1.4).
+	Upload string `json:"upload,omitempty"`
 }
 
 // Publish says every record in [previous head, Head) is complete; Seq is the last tensor
@@ -148,6 +156,9 @@ type Closed struct {
 	BytesIn   uint64 `json:"bytes_in"`
 	BytesOut  uint64 `json:"bytes_out"`
 	FileBytes uint64 `json:"file_bytes"`
+	// Upload is the object the stream is being uploaded to (s3://bucket/key), when it is;
+	// the upload goes on after CLOSED (STATUS_REPLY's "uploads" says when it is complete).
+	Upload string `json:"upload,omitempty"`
 }
 
 // Error codes sent in ERROR messages.
@@ -159,6 +170,7 @@ const (
 	CodeRingHeader      = "ring_header"
 	CodeBadOutput       = "bad_output"
 	CodeOutputInUse     = "output_in_use"
+	CodeUploadRefused   = "upload_refused"
 	CodeBadCodec        = "bad_codec"
 	CodeLimit           = "limit"
 	CodeMemoryBudget    = "memory_budget"
@@ -210,6 +222,8 @@ type DaemonStatus struct {
 	// Probes is the eBPF collectors' state (set by internal/server/probes.go); absent
 	// when the daemon runs without probes (serve --no-probes).
 	Probes *ProbesStatus `json:"probes,omitempty"`
+	// Upload is the object-storage configuration and totals (absent: none configured).
+	Upload *UploadDaemonStatus `json:"upload,omitempty"`
 }
 
 // SessionStatus is one session in STATUS_REPLY.
@@ -263,6 +277,50 @@ type SessionStatus struct {
 type StatusReply struct {
 	Daemon   DaemonStatus    `json:"daemon"`
 	Sessions []SessionStatus `json:"sessions"`
+	// Uploads are the uploads to object storage in progress, then the last finished ones.
+	Uploads []UploadStatus `json:"uploads,omitempty"`
+}
+
+// UploadStatus is one stream's upload to object storage (OBJECT_STORAGE.md).
+type UploadStatus struct {
+	// Object is s3://bucket/key; Path the local stream file.
+	Object string `json:"object"`
+	Path   string `json:"path"`
+	// Session is the capture session writing it (0 once it ended before a restart).
+	Session uint64 `json:"session,omitempty"`
+	UID     uint32 `json:"uid"`
+	// State is "uploading", "retrying", "complete" or "stopped".
+	State string `json:"state"`
+	// DurableBytes is the stream's bytes durable on the local disk, UploadedBytes those the
+	// server acknowledged (in file order), LagBytes the difference.
+	DurableBytes  int64 `json:"durable_bytes"`
+	UploadedBytes int64 `json:"uploaded_bytes"`
+	LagBytes      int64 `json:"lag_bytes"`
+	// FinalSize is the stream's size once its session ended, -1 before.
+	FinalSize int64 `json:"final_size"`
+	Parts     int   `json:"parts"`
+	// Errors counts failed attempts; LastError is the last one's message.
+	Errors    uint64 `json:"errors"`
+	LastError string `json:"last_error,omitempty"`
+	// Verified says what was checked once the object was complete.
+	Verified string `json:"verified,omitempty"`
+	// LocalDeleted: the local files were deleted once verified (serve --upload-keep-local=false).
+	LocalDeleted bool `json:"local_deleted,omitempty"`
+}
+
+// UploadDaemonStatus is the daemon's object-storage configuration and totals.
+type UploadDaemonStatus struct {
+	// Target is serve --upload (empty: only sessions that name one upload).
+	Target   string `json:"target,omitempty"`
+	Endpoint string `json:"endpoint,omitempty"`
+	StateDir string `json:"state_dir,omitempty"`
+	// KeepLocal: local files are kept once uploaded.
+	KeepLocal bool `json:"keep_local"`
+	// UploadedBytes and Errors are totals over every upload since the daemon started.
+	UploadedBytes uint64 `json:"uploaded_bytes"`
+	Errors        uint64 `json:"errors"`
+	// Error says why uploads are unavailable (the AWS configuration did not load).
+	Error string `json:"error,omitempty"`
 }
 
 // MarshalJSON keeps "sessions" a list (never null) for readers in other languages.

@@ -44,6 +44,12 @@ var (
 	descProbeRun       = prometheus.NewDesc("strapd_probe_run_seconds_total", "Time the kernel spent in each BPF program since it was loaded: the probes' own overhead.", []string{"program"}, nil)
 	descProbeDrops     = prometheus.NewDesc("strapd_probe_drops_total", "Events the probes could not record, by reason.", []string{"reason"}, nil)
 
+	descUploadBytes   = prometheus.NewDesc("strapd_upload_bytes_total", "Stream bytes the object store acknowledged, all uploads since the daemon started.", nil, nil)
+	descUploadErrors  = prometheus.NewDesc("strapd_upload_errors_total", "Failed upload attempts (each is retried with backoff; the local file is kept).", nil, nil)
+	descUploadLag     = prometheus.NewDesc("strapd_upload_lag_bytes", "Durable stream bytes not yet acknowledged by the object store, all uploads in progress.", nil, nil)
+	descUploadActive  = prometheus.NewDesc("strapd_uploads_in_progress", "Uploads not yet complete (retrying included).", nil, nil)
+	descUploadFailing = prometheus.NewDesc("strapd_uploads_retrying", "Uploads whose last attempt failed.", nil, nil)
+
 	sessLabels       = []string{"session", "uid", "pid", "codec"}
 	descSessBytesIn  = prometheus.NewDesc("strapd_session_bytes_in", "Per session (--http-metrics-detail): raw bytes received.", sessLabels, nil)
 	descSessBytesOut = prometheus.NewDesc("strapd_session_bytes_stored", "Per session (--http-metrics-detail): bytes written.", sessLabels, nil)
@@ -131,6 +137,26 @@ func (c captureCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	} else {
 		gauge(descProbesEnabled, 0)
+	}
+
+	if u := d.Upload; u != nil {
+		counter(descUploadBytes, float64(u.UploadedBytes))
+		counter(descUploadErrors, float64(u.Errors))
+		var lag int64
+		active, retrying := 0, 0
+		for _, up := range st.Uploads {
+			if up.State == "complete" {
+				continue
+			}
+			active++
+			lag += up.LagBytes
+			if up.State == "retrying" {
+				retrying++
+			}
+		}
+		gauge(descUploadLag, float64(lag))
+		gauge(descUploadActive, float64(active))
+		gauge(descUploadFailing, float64(retrying))
 	}
 
 	if m.opts.Detail {

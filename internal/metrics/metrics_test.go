@@ -275,7 +275,7 @@ func TestLatencyObserversAndNil(t *testing.T) {
 }
 
 // TestEverySeriesDocumented: each strapd_* family the package can expose (every source
-// fed, detail on) is named in docs/HTTP_API.md, and the doc names no family that does
+// fed, detail on, object storage configured) is named in docs/HTTP_API.md, and the doc names no family that does
 // not exist.
 func TestEverySeriesDocumented(t *testing.T) {
 	doc, err := os.ReadFile("../../docs/HTTP_API.md")
@@ -286,6 +286,7 @@ func TestEverySeriesDocumented(t *testing.T) {
 	f.rep.Daemon.Probes = &control.ProbesStatus{Enabled: true,
 		Collectors: []control.ProbeCollector{{Name: "block_io", Source: "bpf"}},
 		BPFStats:   []control.ProbeProgStats{{Program: "block_rq_issue", TotalEvents: 1}}, Drops: map[string]uint64{"ringbuf": 0}}
+	f.rep.Daemon.Upload = &control.UploadDaemonStatus{Target: "s3://caps/run"}
 	m := New(Options{Status: f.status, Detail: true, Codecs: []string{"none"},
 		Pool: func() PoolStats { return PoolStats{Workers: 1, BusySeconds: []float64{0}} }})
 	f.set(sess(1, "none", 1, 1, 0, 0))
@@ -316,6 +317,32 @@ func TestEverySeriesDocumented(t *testing.T) {
 	for _, name := range regexp.MustCompile("`(strapd_[a-z0-9_]+)`").FindAllStringSubmatch(string(doc), -1) {
 		if !exposed[name[1]] {
 			t.Errorf("docs/HTTP_API.md names %s, which is not exposed", name[1])
+		}
+	}
+}
+
+// The upload series come from STATUS: totals from daemon.upload, lag and counts from the
+// uploads not yet complete; without object storage there are none.
+func TestUploadSeries(t *testing.T) {
+	f := &fakeDaemon{}
+	m := New(Options{Status: f.status, SelfPID: 1})
+	v, _ := gather(t, m)
+	if _, ok := v["strapd_upload_bytes_total"]; ok {
+		t.Fatal("upload series without object storage")
+	}
+	f.rep.Daemon.Upload = &control.UploadDaemonStatus{Target: "s3://caps/run", UploadedBytes: 5 << 20, Errors: 3}
+	f.rep.Uploads = []control.UploadStatus{
+		{Object: "s3://caps/run/a.strap", State: "uploading", LagBytes: 100},
+		{Object: "s3://caps/run/b.strap", State: "retrying", LagBytes: 50, Errors: 3},
+		{Object: "s3://caps/run/c.strap", State: "complete", LagBytes: 0},
+	}
+	v, _ = gather(t, m)
+	for k, want := range map[string]float64{
+		"strapd_upload_bytes_total": 5 << 20, "strapd_upload_errors_total": 3, "strapd_upload_lag_bytes": 150,
+		"strapd_uploads_in_progress": 2, "strapd_uploads_retrying": 1,
+	} {
+		if got, ok := v[k]; !ok || got != want {
+			t.Errorf("%s = %v (present %v), want %v", k, got, ok, want)
 		}
 	}
 }

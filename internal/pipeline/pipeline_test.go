@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -47,6 +48,9 @@ type hopts struct {
 	memoryHint uint64
 	// cpu is the daemon's CPU budget (nil: unlimited).
 	cpu *CPUBudget
+	// durableEvery and onDurable are Env's (uploads).
+	durableEvery uint64
+	onDurable    func(uint64)
 }
 
 func newHarness(tb testing.TB, o hopts) *harness {
@@ -97,7 +101,8 @@ func newHarness(tb testing.TB, o hopts) *harness {
 			default:
 			}
 		},
-		OnError: func(e error) { h.errs <- e },
+		OnError:   func(e error) { h.errs <- e },
+		OnDurable: o.onDurable, DurableEvery: o.durableEvery,
 	}, fd, out)
 	if err != nil {
 		tb.Fatal(err)
@@ -572,5 +577,50 @@ func TestWriteErrorReachesClient(t *testing.T) {
 		}
 	default:
 		t.Fatalf("no error reported to the client (put: %v, finish: %v)", err, ferr)
+	}
+}
+
+// With DurableEvery the writer fdatasyncs and reports the stream's size each time that many
+// bytes were written: offsets grow by at least that much, end at packet boundaries, and
+// never pass what the file holds.
+func TestDurableEvery(t *testing.T) {
+	var mu sync.Mutex
+	var offs []uint64
+	h := newHarness(t, hopts{ringSize: shm.HeaderSize + 4<<20, durableEvery: 256 << 10, onDurable: func(o uint64) {
+		mu.Lock()
+		offs = append(offs, o)
+		mu.Unlock()
+	}})
+	for i := range 40 {
+		tn := f32Tensor("model.layers.0.mlp", uint64(i+1), 32<<10) // 128 KiB each
+		if err := h.put(&tn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := h.finish(StatusComplete)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(offs) < 15 {
+		t.Fatalf("%d durable reports for %d bytes every 256 KiB", len(offs), res.FileBytes)
+	}
+	// Packet boundaries: where each packet (END included) starts.
+	rd, f, err := stream.OpenFile(h.out.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	bounds := map[uint64]bool{}
+	for sc := rd.Scan(true); sc.Next(); {
+		bounds[uint64(sc.Packet().Offset)] = true
+	}
+	prev := uint64(0)
+	for _, o := range offs {
+		if o < prev+256<<10 || o > res.FileBytes || !bounds[o] {
+			t.Fatalf("durable offset %d after %d (file %d bytes; packet end: %v)", o, prev, res.FileBytes, bounds[o])
+		}
+		prev = o
 	}
 }

@@ -86,6 +86,14 @@ type Env struct {
 	// OnCheckpoint is called from the writer goroutine once every event up to a
 	// checkpoint's seq is written and fdatasynced; it must not block.
 	OnCheckpoint func(Durable)
+	// OnDurable, when set, is called from the writer goroutine with the stream's size each
+	// time every byte before it is written and fdatasynced: after each checkpoint, and, when
+	// DurableEvery is positive, whenever that many bytes were written since the last time
+	// (an upload sends only durable bytes, internal/upload). It must not block.
+	OnDurable func(offset uint64)
+	// DurableEvery is the bytes between the writer's own fdatasyncs for OnDurable (0: only
+	// at checkpoints).
+	DurableEvery uint64
 	// Log receives the session's log lines.
 	Log *zap.Logger
 	// WriteDelay slows the writer by this much per packet (tests fill tiny rings with it).

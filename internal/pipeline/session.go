@@ -87,9 +87,11 @@ type Session struct {
 	packets, drops, bytesIn, bytesOut, headA atomic.Uint64
 	tokens, checkpoints, cpuRaw              atomic.Uint64
 	lastCkpt                                 atomic.Int64 // unix nanoseconds
-	finishOnce                               sync.Once
-	result                                   Result
-	resultErr                                error
+	// durableAt is the stream size last reported to OnDurable (the writer goroutine's).
+	durableAt  uint64
+	finishOnce sync.Once
+	result     Result
+	resultErr  error
 }
 
 // start writes the stream header (or resumes the prefix) and starts the writer.
@@ -108,6 +110,9 @@ func start(o options) (*Session, error) {
 	}
 	if o.OnCheckpoint == nil {
 		o.OnCheckpoint = func(Durable) {}
+	}
+	if o.OnDurable == nil {
+		o.OnDurable = func(uint64) {}
 	}
 	var (
 		w   *stream.Writer

@@ -28,7 +28,7 @@ func (s *Session) writeLoop() {
 				} else if s.o.Observer != nil {
 					s.o.Observer.ObserveCheckpoint(time.Since(it.at))
 				}
-			} else if err := s.write(it); err != nil {
+			} else if err := s.writeAndSync(it); err != nil {
 				stopped = true
 				kind := KindWrite
 				if errors.Is(err, stream.ErrPayloadChanged) {
@@ -65,6 +65,24 @@ func (s *Session) checkpoint(seq uint64) error {
 	s.lastCkpt.Store(time.Now().UnixNano())
 	s.o.OnCheckpoint(Durable{Seq: seq, Offset: uint64(s.w.Offset()), Packets: s.w.Packets(),
 		Drops: s.w.Drops(), Tokens: s.w.Tokens(), LastOffset: uint64(lo), LastCRC: lc})
+	s.durableAt = uint64(s.w.Offset())
+	s.o.OnDurable(s.durableAt)
+	return nil
+}
+
+// writeAndSync writes an item and, every DurableEvery bytes, makes the stream durable so
+// that an upload can send it without waiting for the client's next checkpoint.
+func (s *Session) writeAndSync(it *item) error {
+	if err := s.write(it); err != nil {
+		return err
+	}
+	if every := s.o.DurableEvery; every > 0 && uint64(s.w.Offset())-s.durableAt >= every {
+		if err := s.w.Sync(); err != nil {
+			return err
+		}
+		s.durableAt = uint64(s.w.Offset())
+		s.o.OnDurable(s.durableAt)
+	}
 	return nil
 }
 

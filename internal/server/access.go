@@ -114,6 +114,13 @@ func statusFor(rep control.StatusReply, peer *unix.Ucred) control.StatusReply {
 		}
 	}
 	rep.Sessions = kept
+	ups := rep.Uploads[:0]
+	for _, u := range rep.Uploads {
+		if CanControl(peer, u.UID) {
+			ups = append(ups, u)
+		}
+	}
+	rep.Uploads = ups
 	if pr := rep.Daemon.Probes; pr != nil && (peer == nil || peer.Uid != 0) {
 		// The watched set names other users' client pids: keep strapd's own and those of
 		// the sessions this peer may see.

@@ -32,8 +32,9 @@ type conn struct {
 	info    control.SessionStatus
 	slotted bool
 	outFile *os.File
-	outID   fileID       // outFile's claim in the server (claimOutput), released when it is closed
-	res     *resourceLog // the session's resource log, nil when OPEN passed none
+	outID   fileID         // outFile's claim in the server (claimOutput), released when it is closed
+	res     *resourceLog   // the session's resource log, nil when OPEN passed none
+	upload  *sessionUpload // the stream's upload to object storage, nil when none
 
 	rates   rateTracker     // status: MB/s over the last seconds, ratio, tokens, checkpoints
 	counted bool            // counted in srv.quotas (removeConn undoes it)
@@ -204,6 +205,11 @@ func (c *conn) loop() {
 			c.endWith(err)
 			return
 		}
+		if m.Type == control.TypeClose && len(fds) == 1 && c.uploading() {
+			// The client's tokens file, uploaded beside the stream (PROTOCOL.md 1.3).
+			c.attachSide(fds[0])
+			fds = nil
+		}
 		if m.Type != control.TypeOpen && len(fds) > 0 {
 			closeFDs(fds)
 			c.endWith(control.Errorf(control.CodeBadMessage, "%s carried %d file descriptors, expected none", m.Type, len(fds)))
@@ -336,8 +342,12 @@ var sessionHandlers = map[control.Type]func(c *conn, m control.Message, s *pipel
 		}
 		res, ferr := c.finish(pipeline.StatusComplete)
 		if ferr == nil {
-			c.out.send(control.TypeClosed, control.Closed{Packets: res.Packets, Drops: res.Drops,
-				BytesIn: res.BytesIn, BytesOut: res.BytesOut, FileBytes: res.FileBytes})
+			cl := control.Closed{Packets: res.Packets, Drops: res.Drops,
+				BytesIn: res.BytesIn, BytesOut: res.BytesOut, FileBytes: res.FileBytes}
+			if c.upload != nil {
+				cl.Upload = c.upload.u.Status().Object
+			}
+			c.out.send(control.TypeClosed, cl)
 		}
 		return true, nil
 	},
@@ -410,6 +420,16 @@ func (c *conn) finish(status string) (pipeline.Result, error) {
 		if c.res != nil {
 			if rerr := c.res.close(); rerr != nil {
 				c.log.Warn("resource log", zap.Uint64("session", c.info.Session), zap.Error(rerr))
+			}
+		}
+		// The upload goes on after the session: it completes the object from the file,
+		// which no longer changes.
+		if c.upload != nil {
+			if res.Status != pipeline.StatusComplete {
+				c.upload.u.KeepLocal() // a resume may need it
+			}
+			if uerr := c.upload.u.Finish(c.upload.sides); uerr != nil {
+				c.log.Warn("upload", zap.Uint64("session", c.info.Session), zap.Error(uerr))
 			}
 		}
 	}

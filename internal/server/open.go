@@ -84,6 +84,28 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 			c.srv.releaseOutput(outID, id)
 		}
 	}()
+	// The trace and the resource log, when passed, go beside the stream's object.
+	var sideFDs []int
+	if len(streamFDs) == 3 {
+		sideFDs = append(sideFDs, streamFDs[2])
+	}
+	if req.Resources {
+		sideFDs = append(sideFDs, fds[len(fds)-1])
+	}
+	up, err := c.beginUpload(req, fds[1], sideFDs, id)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			up.abandon()
+		}
+	}()
+	env := pipeline.Env{}
+	if up != nil {
+		env.OnDurable = func(off uint64) { up.u.Durable(int64(off)) }
+		env.DurableEvery = uint64(c.srv.cfg.Uploads.Manager.PartSize())
+	}
 	log := c.log.With(zap.Uint64("session", id))
 	out := os.NewFile(uintptr(fds[1]), fmt.Sprintf("session-%d-output", id))
 	ringFD := fds[0]
@@ -91,6 +113,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	fds = fds[2:]
 	sess, err := plan.Open(pipeline.Env{ID: id, Version: cfg.Version, Limits: cfg.Limits, Pool: c.srv.pool,
 		Budget: c.srv.budget, CPU: c.srv.cpu, Release: c.out.release, Log: log, WriteDelay: cfg.DebugWriteDelay, Observer: cfg.Observer,
+		OnDurable: env.OnDurable, DurableEvery: env.DurableEvery,
 		OnCheckpoint: func(d pipeline.Durable) {
 			c.out.send(control.TypeCheckpointed, control.Checkpointed{Seq: d.Seq, Offset: d.Offset, Packets: d.Packets,
 				Drops: d.Drops, Tokens: d.Tokens, LastOffset: d.LastOffset, LastCRC: d.LastCRC})
@@ -123,6 +146,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	c.mu.Lock()
 	c.sess = sess
 	c.res = res
+	c.upload = up
 	c.slotted = true
 	c.info = control.SessionStatus{Session: id, PID: c.cred.Pid, UID: c.cred.Uid, ModelClass: str("model_class"),
 		OutputPath: str("output_path"), Codec: plan.Codec(), Policy: req.Policy, Started: time.Now().UTC().Format(time.RFC3339),
@@ -136,7 +160,18 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	log.Info("session opened", zap.String("codec", plan.Codec()), zap.Uint64("ring_size", req.RingSize),
 		zap.String("policy", req.Policy), zap.String("output_path", c.info.OutputPath),
 		zap.Int64("memory_budget", sess.MemoryBudget()))
-	c.out.send(control.TypeOpened, control.Opened{Session: id, BlockSize: plan.BlockSize()})
+	if up != nil {
+		if req.AppendAt > 0 {
+			// The resumed prefix was checked by Open: it is durable and may go.
+			up.u.Durable(int64(req.AppendAt))
+		}
+		log.Info("uploading", zap.String("object", up.u.Status().Object))
+	}
+	opened := control.Opened{Session: id, BlockSize: plan.BlockSize()}
+	if up != nil {
+		opened.Upload = up.u.Status().Object
+	}
+	c.out.send(control.TypeOpened, opened)
 	return nil
 }
 

@@ -80,6 +80,8 @@ type Config struct {
 	// CPUBudget bounds the CPUs compression may use, all sessions together; blocks beyond
 	// it are stored raw (pipeline.CPUBudget). nil: unlimited.
 	CPUBudget *float64
+	// Uploads configures uploads to object storage (upload.go); zero: none.
+	Uploads Uploads
 }
 
 // Observer is what the server tells metrics. Its methods must return quickly.
@@ -334,7 +336,13 @@ func (s *Server) idleExpired(ctx context.Context) <-chan struct{} {
 			case <-ctx.Done():
 				return
 			case now := <-t.C:
+				busy := s.uploadsBusy()
 				s.mu.Lock()
+				if busy && !s.idleSince.IsZero() {
+					// An upload still sending keeps the daemon; one only retrying does not
+					// (the next daemon goes on from its state file).
+					s.idleSince = now
+				}
 				idle := len(s.conns) == 0 && s.sessions == 0 && !s.idleSince.IsZero() &&
 					now.Sub(s.idleSince) >= s.cfg.ExitIdle
 				s.mu.Unlock()
@@ -501,10 +509,12 @@ func (s *Server) Status() control.StatusReply {
 	if s.budget != nil {
 		used = s.budget.Used()
 	}
+	upd, ups := s.uploadStatus()
 	return control.StatusReply{
 		Daemon: control.DaemonStatus{Version: s.cfg.Version, PID: os.Getpid(), UptimeS: time.Since(s.started).Seconds(),
 			Socket: s.cfg.Socket, MemoryLimit: s.cfg.MemoryLimit, MemoryUsed: used, Sessions: n,
-			Probes: s.probeStatus(), CPUBudget: s.cfg.CPUBudget, CPURawBlocks: s.cpu.RawBlocks()},
+			Probes: s.probeStatus(), CPUBudget: s.cfg.CPUBudget, CPURawBlocks: s.cpu.RawBlocks(), Upload: upd},
 		Sessions: sess,
+		Uploads:  ups,
 	}
 }

@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import _open, _resume, _streamlock
 from . import _protocol as P
@@ -179,7 +179,7 @@ class Capture:
                     opts.socket_path, opts.autostart_daemon, opts.stall_timeout, plan.ring_size, plan.policy,
                     out.fd, trace_fd,
                     _open.open_request(model, self.config, plan, self.hooked_modules, opts.output_path,
-                                       self.fingerprint(), out.resume),
+                                       self.fingerprint(), out.resume, upload=self.upload_target),
                     resume_seq=out.resume.last_seq if out.resume is not None else 0, resources_fd=res_fd)
             finally:
                 for fd in (trace_fd, res_fd):
@@ -328,7 +328,13 @@ class Capture:
                                           self.fingerprint())
 
         try:
-            if session.error is None:
+            uploading = self.upload_target is not None or (session.opened is not None and session.opened.upload)
+            if session.error is None and uploading:
+                # strapd uploads the tokens file beside the stream: written first, and
+                # passed read-only with CLOSE (PROTOCOL.md 1.3).
+                self.summary = self._close_uploading(session, write_tokens)
+                clean = True
+            elif session.error is None:
                 # The tokens file is written while strapd finishes and syncs the stream.
                 self.summary = session.close(meanwhile=write_tokens).to_body()
                 clean = True
@@ -347,6 +353,25 @@ class Capture:
             # The capture is complete; its resource log is not, and that must not pass unseen.
             raise RuntimeError(f"capture closed, but its resource events were not all sent: {res_err}") from res_err
         return self.summary
+
+    @property
+    def upload_target(self) -> Optional[str]:
+        """The s3:// target strapd uploads this capture into (the option's, else the
+        config's), or None (then the daemon's ``serve --upload``, if any, applies)."""
+        return self.options.upload or self.config.upload
+
+    def _close_uploading(self, session: CaptureSession, write_tokens: Callable[[], None]) -> Dict[str, Any]:
+        """CLOSE with the tokens file's descriptor, so strapd uploads it beside the stream."""
+        write_tokens()
+        fds: List[int] = []
+        out = self.options.output_path
+        if self.token_tracker is not None and out is not None and os.path.exists(_resume.tokens_path(out)):
+            fds.append(os.open(_resume.tokens_path(out), os.O_RDONLY | os.O_CLOEXEC))
+        try:
+            return session.close(fds=fds).to_body()
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def abort(self) -> None:
         """Remove the hooks and drop the connection without CLOSE (the daemon ends the stream

@@ -42,12 +42,13 @@ def fingerprint(model: "nn.Module", config: InstrumentationConfig, plan: Transpo
         ``"sha256:..."``.
     """
     # Resource events never change the stream: a resume may record them or not.
-    cfg = {k: v for k, v in config.to_dict().items() if k != "resource_level"}
+    # Nor does an upload target: the same capture may be resumed with or without one.
+    cfg = {k: v for k, v in config.to_dict().items() if k not in ("resource_level", "upload")}
     return ckpt.fingerprint(model, cfg, transport(plan), list(modules))
 
 
 def open_request(model: "nn.Module", config: InstrumentationConfig, plan: TransportPlan, modules: List[str],
-                 output_path: str, fp: str, resume: Optional[ckpt.Checkpoint]) -> P.Open:
+                 output_path: str, fp: str, resume: Optional[ckpt.Checkpoint], upload: Optional[str] = None) -> P.Open:
     """The OPEN body of a capture.
 
     ``ring_size`` and ``policy`` are the plan's here; the session sets them from the ring it
@@ -61,6 +62,7 @@ def open_request(model: "nn.Module", config: InstrumentationConfig, plan: Transp
         output_path: the stream file (a label for strapd, which never opens it).
         fp: the capture's fingerprint.
         resume: the checkpoint a resumed capture continues, or None.
+        upload: the s3:// target strapd uploads the stream into, or None.
 
     Returns:
         the OPEN body.
@@ -92,4 +94,4 @@ def open_request(model: "nn.Module", config: InstrumentationConfig, plan: Transp
     return P.Open(ring_size=plan.ring_size, codec=plan.codec, codec_level=plan.codec_level, policy=plan.policy,
                   block_size=plan.block_size, lossy=lossy,
                   append_at=resume.stream_offset if resume is not None else None, resume=resume_body,
-                  memory_hint=plan.memory_hint, metadata=metadata)
+                  memory_hint=plan.memory_hint, metadata=metadata, upload=upload)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Union
 
@@ -51,6 +52,8 @@ class SessionOptions:
         resource_level: resource events (docs/RESOURCE_EVENTS.md): None follows
             ``config.resource_level``, then ``STRAP_RESOURCE_LOG_LEVEL``; False none; else
             ``"MINIMAL"``/``"DETAILED"``/``"VERBOSE"`` (stored as the level's name).
+        upload: ``"s3://bucket/prefix"`` strapd uploads the stream into while it captures
+            (None: the config's, else the daemon's ``serve --upload``, if any).
     """
 
     output_path: Optional[str] = None
@@ -66,6 +69,7 @@ class SessionOptions:
     lock_wait: float = 30.0
     trace_path: Optional[Union[str, bool]] = None
     resource_level: Optional[Union[str, int, bool]] = None
+    upload: Optional[str] = None
 
     def __post_init__(self) -> None:
         check_tracking(self.track_per_token, self.checkpoint_interval_tokens, self.checkpoint_path,
@@ -88,6 +92,8 @@ class SessionOptions:
             raise ValueError("resource_level=True: name a level (MINIMAL, DETAILED, VERBOSE) or pass False")
         if self.resource_level is not None and self.resource_level is not False:
             set_(self, "resource_level", ResourceLevel.parse(self.resource_level).name)
+        if self.upload is not None:
+            set_(self, "upload", check_upload_url(self.upload))
 
     def with_capture(self, **changes: Any) -> "SessionOptions":
         """A copy with other per-capture options (checked again).
@@ -113,6 +119,33 @@ class SessionOptions:
 
 def _abs(p: Optional[PathArg]) -> Optional[str]:
     return os.path.abspath(os.fspath(p)) if p is not None else None
+
+
+_BUCKET = re.compile(r"[a-z0-9.-]{3,63}")
+
+
+def check_upload_url(url: Any) -> str:
+    """Check an upload target (strapd applies the same rules, internal/upload/url.go).
+
+    Args:
+        url: ``"s3://bucket"`` or ``"s3://bucket/prefix"``.
+
+    Returns:
+        the URL as given.
+
+    Raises:
+        ValueError: not an ``s3://`` URL, a bucket name S3 refuses, or an empty, ``.`` or
+            ``..`` segment in the prefix.
+    """
+    if not isinstance(url, str) or not url.startswith("s3://"):
+        raise ValueError(f"upload={url!r}: expected an s3://bucket/prefix URL")
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    if not _BUCKET.fullmatch(bucket):
+        raise ValueError(f"upload={url!r}: bucket name {bucket!r} must be 3 to 63 characters of a-z, 0-9, '-' and '.'")
+    prefix = prefix.strip("/")
+    if prefix and any(seg in ("", ".", "..") for seg in prefix.split("/")):
+        raise ValueError(f"upload={url!r}: empty, '.' or '..' segment in the key prefix")
+    return url
 
 
 def check_tracking(track_per_token: Any, checkpoint_interval_tokens: Any, checkpoint_path: Any,

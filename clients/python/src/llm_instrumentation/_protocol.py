@@ -236,6 +236,7 @@ class Open(Body):
     memory_hint: Optional[int] = None
     metadata: Optional[Dict[str, Any]] = None
     resources: Optional[bool] = None
+    upload: Optional[str] = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -245,6 +246,7 @@ class Opened(Body):
     TYPE: ClassVar[int] = OPENED
     session: int
     block_size: int
+    upload: Optional[str] = None  # the object being uploaded (s3://bucket/key), when one is
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -310,6 +312,7 @@ class Closed(Body):
     bytes_in: int
     bytes_out: int
     file_bytes: int
+    upload: Optional[str] = None  # the object being uploaded (s3://bucket/key), when one is
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,7 +32,7 @@ import struct
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional, Sequence, Set, Tuple
 
 from . import _daemon
 from . import _protocol as P
@@ -157,7 +157,8 @@ class CaptureSession:
         self.opened = self.conn.expect(P.Opened, timeout)
         return self.opened
 
-    def close(self, timeout: Optional[float] = None, meanwhile: Optional[Callable[[], None]] = None) -> P.Closed:
+    def close(self, timeout: Optional[float] = None, meanwhile: Optional[Callable[[], None]] = None,
+              fds: Sequence[int] = ()) -> P.Closed:
         """Send CLOSE and wait for CLOSED.
 
         Args:
@@ -165,6 +166,8 @@ class CaptureSession:
             meanwhile: called once CLOSE is sent, before waiting: work of the client's own
                 (its tokens file, with its fsyncs) then overlaps the daemon's last writes
                 and ``fdatasync`` instead of following them.
+            fds: descriptors sent with CLOSE: the tokens file, read-only, when the session
+                uploads (PROTOCOL.md 1.3; strapd uploads it beside the stream).
 
         Returns:
             the CLOSED body.
@@ -172,7 +175,7 @@ class CaptureSession:
         with self._lock:
             self._check()
             self._publish()
-            self.conn.send(P.Close(seq=self.seq, head=self.ring.head, drops=self.drops))
+            self.conn.send(P.Close(seq=self.seq, head=self.ring.head, drops=self.drops), fds=fds)
             # CLOSE counted every record up to here: a later one (a hook on another thread)
             # would belong to no session; refused from now on, as after shutdown.
             self._shut = True

@@ -145,6 +145,9 @@ class InstrumentationConfig:
             ``capture_activations(resource_level=...)`` and ``STRAP_RESOURCE_LOG_LEVEL``.
             Stored as the level's name. It does not change the stream, so it is not part of
             the capture's fingerprint.
+        upload: ``"s3://bucket/prefix"``: strapd uploads the stream (and its trace, resource
+            log and tokens file) there while it captures (docs/OBJECT_STORAGE.md);
+            ``capture_activations(upload=...)`` overrides it. Not part of the fingerprint.
         target_throughput_gbps: the capture rate you need, or ``None`` for no target.
             It picks the block size and may lower the codec (see :meth:`transport_plan`).
         max_memory_gb: cap on host buffering in GiB, as in 1.3.1: the shared-memory ring
@@ -176,6 +179,7 @@ class InstrumentationConfig:
     lossy: Optional[Union[str, Dict[str, Any]]] = None
     trace: bool = False
     resource_level: Optional[str] = None
+    upload: Optional[str] = None
 
     def __post_init__(self) -> None:
         # Whether the codec was left to the config (None): only then may a throughput
@@ -236,6 +240,10 @@ class InstrumentationConfig:
             raise TypeError(f"trace must be a bool, got {self.trace!r}")
         if self.resource_level is not None:
             object.__setattr__(self, "resource_level", ResourceLevel.parse(self.resource_level).name)
+        if self.upload is not None:
+            from ._options import check_upload_url
+
+            object.__setattr__(self, "upload", check_upload_url(self.upload))
         t = self.target_throughput_gbps
         if t is not None:
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0 or t == float("inf"):
@@ -472,6 +480,8 @@ class InstrumentationConfig:
         d["modules"] = list(self.modules)
         if d["resource_level"] is None:
             del d["resource_level"]  # configs without resource events read as before
+        if d["upload"] is None:
+            del d["upload"]  # likewise without an upload
         return d
 
 

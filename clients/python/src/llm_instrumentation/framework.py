@@ -286,6 +286,7 @@ def capture_activations(
     stall_timeout: float = 120.0,
     trace_path: Optional[Union[PathArg, bool]] = None,
     resource_level: Optional[Union[str, bool]] = None,
+    upload: Optional[str] = None,
 ) -> Iterator[InstrumentationFramework]:
     """Capture module outputs of ``model`` into a strapd stream file while the block runs.
 
@@ -339,6 +340,12 @@ def capture_activations(
             ``config.resource_level``, then ``STRAP_RESOURCE_LOG_LEVEL`` (off when neither
             is set); False never. ``STRAP_RESOURCE_LOG_DISABLED=1`` turns them off whatever
             is asked. ``fw.resource_monitor`` controls them while the capture runs.
+        upload: ``"s3://bucket/prefix"``: strapd uploads the stream, its trace, resource log
+            and tokens file there while it captures, in parts of bytes already durable on
+            disk (docs/OBJECT_STORAGE.md); credentials and endpoint are strapd's (AWS
+            environment, shared files, ``serve --s3-endpoint``). None follows
+            ``config.upload``, then the daemon's ``serve --upload``. The upload goes on after
+            the block ends; ``strapd status`` shows it.
 
     Yields:
         the :class:`InstrumentationFramework`; on exit the session is closed and the file
@@ -379,7 +386,7 @@ def capture_activations(
             autostart_daemon=autostart_daemon, track_per_token=track_per_token, stall_timeout=stall_timeout,
             checkpoint_interval_tokens=checkpoint_interval_tokens, checkpoint_path=checkpoint_path,  # type: ignore[arg-type]
             resume_from_checkpoint=resume_from_checkpoint, overwrite_checkpoint=overwrite_checkpoint,
-            trace_path=trace_path, resource_level=resource_level)  # type: ignore[arg-type]
+            trace_path=trace_path, resource_level=resource_level, upload=upload)  # type: ignore[arg-type]
         fw = InstrumentationFramework.from_options(model, config, opts)
         with fw._running():
             started = True

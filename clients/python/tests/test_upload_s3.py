@@ -1,0 +1,451 @@
+"""strapd uploading captures to a real S3 server (VersityGW, posix backend) while they run:
+the object equals the local stream byte for byte; the server killed and restarted, strapd
+SIGKILLed and restarted, bad credentials (docs/OBJECT_STORAGE.md "Uploading while capturing").
+
+VersityGW comes from ``make versitygw`` (``STRAP_VERSITYGW``; built here when missing);
+buckets are created and objects read with boto3, the way users' own tools would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+import torch
+
+from conftest import REPO, Daemon, strapd_bin, tiny_llama
+
+from llm_instrumentation import capture_activations
+from llm_instrumentation.framework import tokens_path
+
+boto3 = pytest.importorskip("boto3", reason="boto3 is in the Makefile's PY_DEPS (make venv)")
+
+ACCESS, SECRET = "strapaccess", "strapsecret1234"
+BUCKET = "caps"
+
+
+def versitygw_bin() -> str:
+    p = os.environ.get("STRAP_VERSITYGW") or str(Path.home() / ".cache/strap-llm/versitygw-1.8.0/versitygw")
+    if not os.path.exists(p):
+        r = subprocess.run(["make", "-C", str(REPO), "--no-print-directory", "versitygw", f"VERSITYGW={p}"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"VersityGW could not be built (make versitygw): {r.stderr[-500:]}")
+    return p
+
+
+class S3Server:
+    """A VersityGW process on a free port with a posix backend directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.dir = root / "s3"
+        self.dir.mkdir()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.log = root / "versitygw.log"
+        self.proc: Optional[subprocess.Popen] = None
+        self.start()
+
+    def start(self) -> None:
+        with open(self.log, "ab") as logf:
+            self.proc = subprocess.Popen([versitygw_bin(), "--access", ACCESS, "--secret", SECRET, "--port",
+                                          f"127.0.0.1:{self.port}", "--quiet", "posix", str(self.dir)],
+                                         stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"versitygw did not start: {self.log.read_text()[-2000:]}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def client(self, secret: str = SECRET) -> Any:
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS, aws_secret_access_key=secret,
+                            region_name="us-east-1")
+
+    def get(self, key: str) -> bytes:
+        return self.client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+
+
+@pytest.fixture
+def s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
+    srv = S3Server(tmp_path)
+    srv.client().create_bucket(Bucket=BUCKET)
+    # strapd finds its credentials the standard way: here, the environment.
+    for k, v in {"AWS_ACCESS_KEY_ID": ACCESS, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1",
+                 "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.devnull,
+                 "AWS_SHARED_CREDENTIALS_FILE": os.devnull}.items():
+        monkeypatch.setenv(k, v)
+    yield srv
+    srv.kill()
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[Any]:
+    b = strapd_bin()
+    if not (b.is_file() and os.access(b, os.X_OK)):
+        pytest.skip(f"strapd binary not built at {b}")
+    started: List[Daemon] = []
+    state = tmp_path / "upload-state"
+
+    def make(s3: S3Server, *extra: str, probes: bool = False) -> Daemon:
+        sub = tempfile.mkdtemp(prefix="d", dir="/tmp")
+        d = Daemon(b, sub, *(() if probes else ("--no-probes",)), "--s3-endpoint", s3.endpoint,
+                   "--upload-part-size", "5MiB", "--upload-state-dir", str(state), *extra)
+        started.append(d)
+        return d
+
+    yield make
+    for d in started:
+        d.stop()
+
+
+def status(d: Daemon) -> Dict[str, Any]:
+    r = subprocess.run([str(strapd_bin()), "status", "--json", "--socket", d.socket], capture_output=True, text=True,
+                       timeout=20)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def wait_upload(d: Daemon, obj: str, state: str = "complete", timeout: float = 90) -> Dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        for u in status(d).get("uploads") or []:
+            if u["object"] == obj:
+                last = u
+                if u["state"] == state:
+                    return u
+        time.sleep(0.1)
+    pytest.fail(f"upload of {obj} not {state} after {timeout}s: {last}\n{d.log_tail()}")
+
+
+def big_input(n: int = 512) -> torch.Tensor:
+    torch.manual_seed(1)
+    return torch.randint(0, 1000, (1, n))
+
+
+def capture_forwards(sock: str, out: Path, n: int, upload: Optional[str], **kw: Any) -> Dict[str, Any]:
+    """n forward passes of the tiny Llama on 512 tokens, codec none: ~7 MB a pass (a token
+    recorded after each when tracking)."""
+    model = tiny_llama()
+    ids = big_input()
+    with capture_activations(model, preset="fast_capture", output_path=out, socket_path=sock, autostart_daemon=False,
+                             upload=upload, **kw) as fw:
+        with torch.no_grad():
+            for i in range(n):
+                model(input_ids=ids, use_cache=False)
+                if fw.token_tracker is not None:
+                    fw.token_tracker.record_token(i, f"<{i}>")
+    return fw.summary
+
+
+def test_capture_uploads_stream_and_side_files(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
+    d = daemons(s3, probes=True)  # the kernel trace (eBPF as root, /proc otherwise)
+    out = tmp_path / "cap.strap"
+    model = tiny_llama()
+    with capture_activations(model, preset="balanced", output_path=out, socket_path=d.socket, autostart_daemon=False,
+                             track_per_token=True, resource_level="MINIMAL", trace_path=True,
+                             upload=f"s3://{BUCKET}/run1/host0") as fw:
+        ids = [1, 5, 9, 33]
+        with torch.no_grad():
+            for _ in range(6):
+                nxt = int(model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].argmax())
+                fw.token_tracker.record_token(nxt, f"<{nxt}>")
+                ids.append(nxt)
+    obj = f"s3://{BUCKET}/run1/host0/cap.strap"
+    assert fw.summary["upload"] == obj
+    u = wait_upload(d, obj)
+    local = out.read_bytes()
+    assert u["uploaded_bytes"] == u["final_size"] == len(local) == fw.summary["file_bytes"]
+    assert u["verified"] and u["errors"] == 0 and u["lag_bytes"] == 0
+    assert s3.get("run1/host0/cap.strap") == local
+    # Beside it: the tokens file (passed with CLOSE) and the resource log.
+    tok = Path(tokens_path(out))
+    assert s3.get(f"run1/host0/{tok.name}") == tok.read_bytes()
+    res = Path(str(out) + ".resources.jsonl")
+    assert s3.get(f"run1/host0/{res.name}") == res.read_bytes() and res.stat().st_size > 0
+    tr = Path(str(out) + ".trace.jsonl")
+    assert s3.get(f"run1/host0/{tr.name}") == tr.read_bytes() and tr.stat().st_size > 0
+    # strapd reads the object back by range.
+    v = subprocess.run([str(strapd_bin()), "verify", "--json", "--s3-endpoint", s3.endpoint, obj],
+                       capture_output=True, text=True, timeout=60)
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert json.loads(v.stdout)["ok"] is True
+    local_inspect = subprocess.run([str(strapd_bin()), "inspect", "--json", str(out)], capture_output=True, text=True)
+    s3_inspect = subprocess.run([str(strapd_bin()), "inspect", "--json", "--s3-endpoint", s3.endpoint, obj],
+                                capture_output=True, text=True, timeout=60)
+    assert s3_inspect.returncode == 0, s3_inspect.stderr
+    assert json.loads(s3_inspect.stdout)["modules"] == json.loads(local_inspect.stdout)["modules"]
+    text = subprocess.run([str(strapd_bin()), "status", "--socket", d.socket], capture_output=True, text=True).stdout
+    assert obj in text and "complete" in text
+
+
+def test_daemon_wide_target_and_delete_local(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
+    d = daemons(s3, "--upload", f"s3://{BUCKET}/fleet", "--upload-keep-local=false")
+    out = tmp_path / "big.strap"
+    summary = capture_forwards(d.socket, out, 3, None, track_per_token=True)
+    obj = f"s3://{BUCKET}/fleet/big.strap"
+    assert summary["upload"] == obj  # OPENED told the client, so its tokens file went with CLOSE
+    u = wait_upload(d, obj)
+    assert u["local_deleted"] and not out.exists()
+    tok = Path(tokens_path(out))
+    assert not tok.exists() and json.loads(s3.get(f"fleet/{tok.name}"))["total_tokens"] == 3
+    assert u["parts"] >= 2 and u["final_size"] == summary["file_bytes"]
+    data = s3.get("fleet/big.strap")
+    assert len(data) == summary["file_bytes"]
+    v = subprocess.run([str(strapd_bin()), "verify", "--s3-endpoint", s3.endpoint, obj], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_server_killed_mid_upload_then_restarted(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
+    d = daemons(s3)
+    out = tmp_path / "srv.strap"
+    obj = f"s3://{BUCKET}/k/srv.strap"
+    model = tiny_llama()
+    ids = big_input()
+    killed = False
+    with capture_activations(model, preset="fast_capture", output_path=out, socket_path=d.socket,
+                             autostart_daemon=False, upload=f"s3://{BUCKET}/k") as fw:
+        with torch.no_grad():
+            for i in range(6):
+                model(input_ids=ids, use_cache=False)
+                if not killed and i >= 1:
+                    # Parts went up while capturing: kill the server in the middle of it.
+                    deadline = time.monotonic() + 30
+                    while time.monotonic() < deadline:
+                        ups = [u for u in status(d).get("uploads") or [] if u["object"] == obj]
+                        if ups and ups[0]["uploaded_bytes"] > 0:
+                            break
+                        time.sleep(0.05)
+                    else:
+                        pytest.fail("no part uploaded while capturing")
+                    s3.kill()
+                    killed = True
+    u = wait_upload(d, obj, state="retrying", timeout=60)
+    assert u["errors"] >= 1 and u["last_error"] and u["lag_bytes"] > 0
+    assert out.stat().st_size == fw.summary["file_bytes"]  # the capture went on, locally
+    s3.start()
+    u = wait_upload(d, obj)
+    assert s3.get("k/srv.strap") == out.read_bytes()
+
+
+def test_strapd_sigkilled_mid_upload_restarted_completes(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
+    """Parts go up while capturing; the server dies, the session ends with the rest still to
+    send, strapd is SIGKILLed; after both restart, the new strapd lists the server's parts,
+    keeps the acknowledged ones and completes the object from its state file."""
+    d = daemons(s3)
+    out = tmp_path / "kill.strap"
+    obj = f"s3://{BUCKET}/k/kill.strap"
+    model = tiny_llama()
+    ids = big_input()
+    with capture_activations(model, preset="fast_capture", output_path=out, socket_path=d.socket,
+                             autostart_daemon=False, upload=f"s3://{BUCKET}/k") as fw:
+        with torch.no_grad():
+            for i in range(4):
+                model(input_ids=ids, use_cache=False)
+                if i == 1:
+                    deadline = time.monotonic() + 30
+                    while time.monotonic() < deadline:
+                        ups = [u for u in status(d).get("uploads") or [] if u["object"] == obj]
+                        if ups and ups[0]["uploaded_bytes"] > 0:
+                            break
+                        time.sleep(0.05)
+                    else:
+                        pytest.fail("no part uploaded while capturing")
+                    s3.kill()
+    u = wait_upload(d, obj, state="retrying", timeout=60)
+    assert 0 < u["uploaded_bytes"] < u["final_size"] == fw.summary["file_bytes"], u
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait()
+    s3.start()
+    d2 = daemons(s3)  # the same state directory: it finds the unfinished upload
+    u2 = wait_upload(d2, obj)
+    assert u2["parts"] >= 3 and u2["errors"] == 0
+    assert s3.get("k/kill.strap") == out.read_bytes()
+    resumed = [json.loads(line) for line in Path(d2.log).read_text().splitlines()
+               if "upload resumed after restart" in line]
+    assert resumed and resumed[0]["parts_done"] >= 1, resumed  # acknowledged parts kept, not sent again
+
+
+def test_strapd_sigkilled_then_resumed_capture_continues_upload(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
+    """A capture with checkpoints; strapd is SIGKILLed mid-capture after parts went up; the
+    resumed capture (another strapd) keeps the parts inside the checkpointed prefix and the
+    finished object equals the resumed local stream."""
+    d = daemons(s3)
+    out = tmp_path / "res.strap"
+    obj = f"s3://{BUCKET}/r/res.strap"
+    model = tiny_llama()
+    ids = big_input(256)
+    with pytest.raises(Exception):
+        with capture_activations(model, preset="fast_capture", output_path=out, socket_path=d.socket,
+                                 autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=1,
+                                 upload=f"s3://{BUCKET}/r") as fw:
+            with torch.no_grad():
+                for i in range(12):
+                    model(input_ids=ids, use_cache=False)
+                    fw.token_tracker.record_token(i, f"<{i}>")
+                    if i == 5:
+                        deadline = time.monotonic() + 30
+                        while time.monotonic() < deadline:
+                            ups = [u for u in status(d).get("uploads") or [] if u["object"] == obj]
+                            if ups and ups[0]["uploaded_bytes"] > 0:
+                                break
+                            time.sleep(0.05)
+                        d.proc.send_signal(signal.SIGKILL)
+                        d.proc.wait()
+    d2 = daemons(s3)
+    with capture_activations(model, preset="fast_capture", output_path=out, socket_path=d2.socket,
+                             autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=1,
+                             resume_from_checkpoint=True, upload=f"s3://{BUCKET}/r") as fw:
+        start = fw.token_tracker.step
+        assert start >= 1
+        with torch.no_grad():
+            for i in range(start, 12):
+                model(input_ids=ids, use_cache=False)
+                fw.token_tracker.record_token(i, f"<{i}>")
+    wait_upload(d2, obj)
+    assert s3.get("r/res.strap") == out.read_bytes()
+    v = subprocess.run([str(strapd_bin()), "verify", "--s3-endpoint", s3.endpoint, obj], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_bad_credentials_keep_local_capture(s3: S3Server, daemons: Any, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    d = daemons(s3, "--upload-keep-local=false")
+    out = tmp_path / "cred.strap"
+    summary = capture_forwards(d.socket, out, 1, f"s3://{BUCKET}/c")
+    u = wait_upload(d, f"s3://{BUCKET}/c/cred.strap", state="retrying", timeout=60)
+    assert "credentials refused" in u["last_error"], u
+    # The capture is whole on the local disk, and kept.
+    assert out.stat().st_size == summary["file_bytes"]
+    r = subprocess.run([str(strapd_bin()), "verify", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+    text = subprocess.run([str(strapd_bin()), "status", "--socket", d.socket], capture_output=True, text=True).stdout
+    assert "retrying" in text and "credentials refused" in text
+
+
+def test_bad_upload_url_is_refused_before_capture(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="s3://bucket/prefix"):
+        with capture_activations(tiny_llama(), output_path=tmp_path / "x.strap", upload="caps/run"):
+            pass
+    with pytest.raises(ValueError, match="bucket name"):
+        with capture_activations(tiny_llama(), output_path=tmp_path / "x.strap", upload="s3://Caps/run"):
+            pass
+
+
+def test_autostarted_daemon_uploads_with_env_endpoint(s3: S3Server, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A daemon the client starts for itself gets no flags: the endpoint comes from
+    AWS_ENDPOINT_URL_S3 (path-style then), the state directory from XDG_STATE_HOME."""
+    b = strapd_bin()
+    if not (b.is_file() and os.access(b, os.X_OK)):
+        pytest.skip(f"strapd binary not built at {b}")
+    monkeypatch.setenv("STRAPD_BIN", str(b))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.endpoint)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    sockdir = tempfile.mkdtemp(prefix="a", dir="/tmp")
+    sock = os.path.join(sockdir, "strapd.sock")
+    out = tmp_path / "auto.strap"
+    model = tiny_llama()
+    with capture_activations(model, preset="balanced", output_path=out, socket_path=sock, autostart_daemon=True,
+                             upload=f"s3://{BUCKET}/auto") as fw:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[1, 2, 3, 4]]), use_cache=False)
+    assert fw.summary["upload"] == f"s3://{BUCKET}/auto/auto.strap"
+
+    class _D:  # status() needs only the socket
+        socket = sock
+
+        @staticmethod
+        def log_tail() -> str:
+            return Path(sockdir, "strapd.log").read_text(errors="replace")[-3000:] \
+                if Path(sockdir, "strapd.log").exists() else ""
+
+    try:
+        wait_upload(_D(), f"s3://{BUCKET}/auto/auto.strap")  # type: ignore[arg-type]
+        assert s3.get("auto/auto.strap") == out.read_bytes()
+        assert (tmp_path / "state" / "strapd" / "uploads").is_dir()
+    finally:
+        pid = status(_D())["daemon"]["pid"]  # type: ignore[arg-type]
+        os.kill(pid, signal.SIGTERM)
+
+
+KILLED_CHILD = r"""
+import os, signal, sys, torch
+sys.path.insert(0, sys.argv[3])
+from conftest import tiny_llama
+from llm_instrumentation import capture_activations
+torch.set_num_threads(1)
+m = tiny_llama()
+ids = torch.randint(0, 1000, (1, 256), generator=torch.Generator().manual_seed(2))
+with capture_activations(m, preset="fast_capture", output_path=sys.argv[2], socket_path=sys.argv[1],
+                         autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=2,
+                         upload=sys.argv[4]) as fw:
+    with torch.no_grad():
+        for i in range(12):
+            m(input_ids=ids, use_cache=False)
+            fw.token_tracker.record_token(i, f"<{i}>")
+            if i == 6:
+                os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_client_killed_then_resumed_on_same_daemon(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
+    """The killed client's session ends aborted and its upload completes; the local stream is
+    kept even with --upload-keep-local=false (a resume needs it); the resumed capture on the
+    same daemon takes the upload over and the final object is the whole, complete stream."""
+    d = daemons(s3, "--upload-keep-local=false")
+    out = tmp_path / "cli.strap"
+    obj = f"s3://{BUCKET}/c/cli.strap"
+    p = subprocess.run([sys.executable, "-c", KILLED_CHILD, d.socket, str(out), str(Path(__file__).parent),
+                        f"s3://{BUCKET}/c"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    u = wait_upload(d, obj)
+    assert not u.get("local_deleted") and out.exists()
+    model = tiny_llama()
+    ids = torch.randint(0, 1000, (1, 256), generator=torch.Generator().manual_seed(2))
+    with capture_activations(model, preset="fast_capture", output_path=out, socket_path=d.socket,
+                             autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=2,
+                             resume_from_checkpoint=True, upload=f"s3://{BUCKET}/c") as fw:
+        start = fw.token_tracker.step
+        assert 2 <= start <= 7, start
+        with torch.no_grad():
+            for i in range(start, 12):
+                model(input_ids=ids, use_cache=False)
+                fw.token_tracker.record_token(i, f"<{i}>")
+    size = fw.summary["file_bytes"]
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        ups = [x for x in status(d).get("uploads") or [] if x["object"] == obj and x["final_size"] == size]
+        if ups and ups[-1]["state"] == "complete":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"resumed upload not complete: {status(d).get('uploads')}")
+    assert ups[-1]["local_deleted"] and not out.exists()
+    r = subprocess.run([str(strapd_bin()), "inspect", "--json", "--s3-endpoint", s3.endpoint, obj],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["size"] == size and summary["tokens"] == 12 and summary["end"]["status"] == "complete"
+    v = subprocess.run([str(strapd_bin()), "verify", "--s3-endpoint", s3.endpoint, obj], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr

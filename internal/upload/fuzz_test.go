@@ -1,0 +1,128 @@
+package upload
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// FuzzParseState: any bytes from the state directory either parse into a state that passes
+// every check and survives a round trip, or fail with ErrBadState; never a panic.
+func FuzzParseState(f *testing.F) {
+	seeds, _ := filepath.Glob("testdata/state/*.json")
+	for _, p := range seeds {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"version":1`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := ParseState(b)
+		if err != nil {
+			return
+		}
+		if err := s.check(); err != nil {
+			t.Fatalf("parsed state fails its check: %v", err)
+		}
+		again, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s2, err := ParseState(again)
+		if err != nil {
+			t.Fatalf("round trip: %v", err)
+		}
+		if s2.uploaded() != s.uploaded() || len(s2.Parts) != len(s.Parts) || s2.FinalSize != s.FinalSize {
+			t.Fatal("round trip changed the state")
+		}
+	})
+}
+
+func TestParseStateRejects(t *testing.T) {
+	good := `{"version":1,"bucket":"caps","key":"run/a/s.strap","upload_id":"u1","part_size":5242880,"path":"/tmp/s.strap","dev":1,"ino":2,"final_size":-1,"keep_local":true,"sides":[],"parts":[{"number":1,"size":5242880,"etag":"\"e\"","crc32c":"AAAAAA=="}]}`
+	if _, err := ParseState([]byte(good)); err != nil {
+		t.Fatalf("good state refused: %v", err)
+	}
+	for name, b := range map[string]string{
+		"unknown field":   `{"version":1,"bogus":1}`,
+		"version":         `{"version":2,"bucket":"caps","key":"k","part_size":5242880,"path":"/a","final_size":-1}`,
+		"small part size": `{"version":1,"bucket":"caps","key":"k","part_size":1024,"path":"/a","final_size":-1}`,
+		"relative path":   `{"version":1,"bucket":"caps","key":"k","part_size":5242880,"path":"a","final_size":-1}`,
+		"part gap":        `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":2,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
+		"part size":       `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5,"etag":"e","crc32c":"AAAAAA=="}]}`,
+		"past final":      `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":100,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
+		"bad crc":         `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAA"}]}`,
+		"no upload id":    `{"version":1,"bucket":"caps","key":"k","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
+		"bucket":          `{"version":1,"bucket":"Caps!","key":"k","part_size":5242880,"path":"/a","final_size":-1}`,
+		"trailing data":   good + `{}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := ParseState([]byte(b)); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+}
+
+func TestPartSchedule(t *testing.T) {
+	base := int64(16 << 20)
+	if partStart(base, 1) != 0 || partSize(base, 1) != base || partSize(base, 1000) != base || partSize(base, 1001) != 2*base {
+		t.Fatal("schedule")
+	}
+	// 10,000 parts from 16 MiB cover S3's 5 TiB object limit, none above 5 GiB.
+	if end := partStart(base, MaxParts+1); end < 5<<40 {
+		t.Fatalf("10,000 parts end at %d", end)
+	}
+	for n := int32(1); n <= MaxParts; n++ {
+		if s := partSize(base, n); s > MaxPartSize || s < base {
+			t.Fatalf("part %d: %d bytes", n, s)
+		}
+	}
+}
+
+func TestParseURL(t *testing.T) {
+	for in, want := range map[string]Target{
+		"s3://caps":          {Bucket: "caps"},
+		"s3://caps/":         {Bucket: "caps"},
+		"s3://caps/run/a/":   {Bucket: "caps", Prefix: "run/a"},
+		"s3://my.bucket-1/x": {Bucket: "my.bucket-1", Prefix: "x"},
+	} {
+		got, err := ParseURL(in)
+		if err != nil || got != want {
+			t.Errorf("%s: %+v %v", in, got, err)
+		}
+	}
+	for _, bad := range []string{"", "caps/x", "s3://", "s3://ab", "s3://Caps", "s3://caps/a//b", "s3://caps/../x", "http://caps/x"} {
+		if _, err := ParseURL(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestTargetContains(t *testing.T) {
+	fleet := Target{Bucket: "caps", Prefix: "fleet"}
+	for _, tc := range []struct {
+		o    Target
+		want bool
+	}{
+		{Target{Bucket: "caps", Prefix: "fleet"}, true},
+		{Target{Bucket: "caps", Prefix: "fleet/host3"}, true},
+		{Target{Bucket: "caps", Prefix: "fleetwide"}, false},
+		{Target{Bucket: "caps"}, false},
+		{Target{Bucket: "other", Prefix: "fleet"}, false},
+	} {
+		if got := fleet.Contains(tc.o); got != tc.want {
+			t.Errorf("%v contains %v = %v", fleet, tc.o, got)
+		}
+	}
+	if !(Target{Bucket: "caps"}).Contains(Target{Bucket: "caps", Prefix: "x/y"}) {
+		t.Error("a bucket's root contains every prefix in it")
+	}
+	if got := fleet.Key("/data/run/cap.strap"); got != "fleet/cap.strap" {
+		t.Errorf("key %q", got)
+	}
+}

@@ -1,0 +1,342 @@
+package upload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+)
+
+// Options configure a Manager.
+type Options struct {
+	// Client reaches the object store.
+	Client *Client
+	// StateDir holds one state file per upload not yet complete.
+	StateDir string
+	// PartSize is the first parts' size (at least MinPartSize); parts double every 1000.
+	PartSize int64
+	// Concurrency is how many parts of one upload go at once (1 when 0).
+	Concurrency int
+	// KeepLocal keeps the local files once their objects are complete and verified.
+	KeepLocal bool
+	// MinBackoff and MaxBackoff bound the wait between failed attempts (1 s and 1 min when 0).
+	MinBackoff, MaxBackoff time.Duration
+	// Log receives the uploads' log lines.
+	Log *zap.Logger
+}
+
+// Manager runs the uploads of a daemon: one goroutine per stream, and the pending ones a
+// restarted strapd finds in its state directory.
+type Manager struct {
+	o      Options
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	active map[string]*Upload // by state file name
+	ended  []Status           // the most recent finished uploads, newest last
+
+	uploaded atomic.Uint64 // bytes acknowledged by the server, all uploads
+	errs     atomic.Uint64
+}
+
+// maxEnded is how many finished uploads status keeps showing.
+const maxEnded = 32
+
+// NewManager checks the options and makes the state directory.
+func NewManager(o Options) (*Manager, error) {
+	if o.Client == nil {
+		return nil, errors.New("upload: no client")
+	}
+	if o.PartSize == 0 {
+		o.PartSize = 16 << 20
+	}
+	if o.PartSize < MinPartSize || o.PartSize > MaxPartSize {
+		return nil, fmt.Errorf("upload part size %d outside S3's %d..%d", o.PartSize, MinPartSize, MaxPartSize)
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 1
+	}
+	if o.MinBackoff <= 0 {
+		o.MinBackoff = time.Second
+	}
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = time.Minute
+	}
+	if o.Log == nil {
+		o.Log = zap.NewNop()
+	}
+	if o.StateDir == "" {
+		return nil, errors.New("upload: no state directory")
+	}
+	// The directory is made with the first upload's state (State.save), not here: a
+	// daemon that never uploads leaves nothing behind.
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Manager{o: o, ctx: ctx, cancel: cancel, active: map[string]*Upload{}}, nil
+}
+
+// Client is the manager's S3 client.
+func (m *Manager) Client() *Client { return m.o.Client }
+
+// PartSize is the first parts' size: sessions make their stream durable this often.
+func (m *Manager) PartSize() int64 { return m.o.PartSize }
+
+// KeepLocal says whether local files are kept once uploaded.
+func (m *Manager) KeepLocal() bool { return m.o.KeepLocal }
+
+// StateDir is the directory of the state files.
+func (m *Manager) StateDir() string { return m.o.StateDir }
+
+// ResumePending starts every upload in the state directory whose stream had ended (its
+// bytes are final): a strapd killed while uploading completes them after a restart. Streams
+// still being written when strapd stopped wait for their capture to resume (Begin).
+func (m *Manager) ResumePending() error {
+	names, err := filepath.Glob(filepath.Join(m.o.StateDir, "upload-*.json"))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, p := range names {
+		st, err := loadState(p)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if st.FinalSize < 0 {
+			m.o.Log.Info("upload waits for its capture to resume", zap.String("object", ObjectURL(st.Bucket, st.Key)),
+				zap.String("path", st.Path), zap.Int("parts", len(st.Parts)))
+			continue
+		}
+		f, err := openSame(st.Path, st.Dev, st.Ino)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("resume upload of %s to %s: %w (state %s kept)", st.Path, ObjectURL(st.Bucket, st.Key), err, p))
+			continue
+		}
+		if fi, err := f.Stat(); err != nil || fi.Size() != st.FinalSize {
+			f.Close()
+			errs = append(errs, fmt.Errorf("resume upload of %s: the file is no longer %d bytes (state %s kept)", st.Path, st.FinalSize, p))
+			continue
+		}
+		u := m.newUpload(st, f, 0)
+		u.durable.Store(st.FinalSize)
+		u.reconcile = true
+		m.o.Log.Info("upload resumed after restart", zap.String("object", u.object()), zap.Int("parts_done", len(st.Parts)))
+		m.start(u) // from here on the state is the upload's goroutine's
+	}
+	return errors.Join(errs...)
+}
+
+// openSame opens path read-only, without following a symlink, and only if it is still the
+// file (device, inode) an upload began with.
+func openSame(path string, dev, ino uint64) (*os.File, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	if uint64(st.Dev) != dev || st.Ino != ino || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%s is no longer the file the upload began with", path)
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// Stream is a stream file a session writes, as Begin needs it.
+type Stream struct {
+	// File reads the stream (the upload closes it when done).
+	File *os.File
+	// Path is the file's path (from /proc/self/fd), for the object's name and a restart.
+	Path string
+	// Target is where the object goes: Target.Key(base name of Path).
+	Target Target
+	// AppendAt is the resumed prefix's size (0: a new stream). Parts wholly inside it are
+	// kept from an earlier upload of the same file; later ones are uploaded again.
+	AppendAt int64
+	// Session numbers the capture session and UID is its owner (status).
+	Session uint64
+	UID     uint32
+}
+
+// Begin starts (or, for a resumed capture of the same file, continues) the upload of a
+// stream. The upload goes as far as Durable says until Finish.
+func (m *Manager) Begin(s Stream) (*Upload, error) {
+	var fst unix.Stat_t
+	if err := unix.Fstat(int(s.File.Fd()), &fst); err != nil {
+		return nil, fmt.Errorf("stat stream: %w", err)
+	}
+	dev, ino := uint64(fst.Dev), fst.Ino
+	name := stateName(dev, ino)
+	m.mu.Lock()
+	old := m.active[name]
+	m.mu.Unlock()
+	if old != nil {
+		// The file's earlier session ended (a client killed, then resumed on this daemon)
+		// and its upload is still going: the new session rewrites the file from
+		// AppendAt, so that upload stops where it is and this one goes on from its state.
+		old.Abandon()
+	}
+	key := s.Target.Key(filepath.Base(s.Path))
+	st, err := loadState(filepath.Join(m.o.StateDir, name))
+	switch {
+	case err == nil && s.AppendAt > 0 && st.Bucket == s.Target.Bucket && st.Key == key && st.UploadID != "":
+		// A resumed capture: keep the parts wholly inside the checked prefix.
+		keep := 0
+		for keep < len(st.Parts) && partStart(st.PartSize, st.Parts[keep].Number)+st.Parts[keep].Size <= s.AppendAt {
+			keep++
+		}
+		st.Parts = st.Parts[:keep]
+		st.FinalSize = -1
+		st.Path = s.Path
+		st.Sides = nil
+		m.o.Log.Info("upload continues a resumed capture", zap.String("object", ObjectURL(st.Bucket, st.Key)),
+			zap.Int("parts_kept", keep), zap.Int64("append_at", s.AppendAt))
+	default:
+		if err == nil && st.UploadID != "" {
+			// The file was started anew (or goes elsewhere now): the old upload is dead.
+			m.abortQuietly(st)
+		} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+			m.o.Log.Warn("upload state unreadable, starting the upload anew", zap.Error(err))
+		}
+		st = &State{Version: stateVersion, Bucket: s.Target.Bucket, Key: key, PartSize: m.o.PartSize,
+			Path: s.Path, Dev: dev, Ino: ino, UID: s.UID, FinalSize: -1, KeepLocal: m.o.KeepLocal}
+	}
+	if err := checkKey(key); err != nil {
+		return nil, fmt.Errorf("object key: %w", err)
+	}
+	if err := st.save(m.o.StateDir); err != nil {
+		return nil, err
+	}
+	u := m.newUpload(st, s.File, s.Session)
+	u.reconcile = len(st.Parts) > 0
+	m.start(u)
+	return u, nil
+}
+
+func (m *Manager) abortQuietly(st *State) {
+	ctx, cancel := context.WithTimeout(m.ctx, 10*time.Second)
+	defer cancel()
+	if err := m.o.Client.abort(ctx, st.Bucket, st.Key, st.UploadID); err != nil && !notFound(err) {
+		m.o.Log.Warn("abort stale multipart upload", zap.String("object", ObjectURL(st.Bucket, st.Key)), zap.Error(err))
+	}
+}
+
+func (m *Manager) start(u *Upload) {
+	m.mu.Lock()
+	m.active[stateName(u.st.Dev, u.st.Ino)] = u
+	m.mu.Unlock()
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		u.run()
+		m.mu.Lock()
+		if key := stateName(u.st.Dev, u.st.Ino); m.active[key] == u { // not a successor's
+			delete(m.active, key)
+		}
+		if u.isDone() {
+			m.ended = append(m.ended, u.Status())
+			if len(m.ended) > maxEnded {
+				m.ended = m.ended[len(m.ended)-maxEnded:]
+			}
+		}
+		m.mu.Unlock()
+	}()
+}
+
+// Status lists the uploads in progress, then the recently finished ones.
+func (m *Manager) Status() []Status {
+	m.mu.Lock()
+	act := make([]*Upload, 0, len(m.active))
+	for _, u := range m.active {
+		act = append(act, u)
+	}
+	ended := append([]Status(nil), m.ended...)
+	m.mu.Unlock()
+	out := make([]Status, 0, len(act)+len(ended))
+	for _, u := range act {
+		out = append(out, u.Status())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Object < out[j].Object })
+	return append(out, ended...)
+}
+
+// Sending reports whether some upload is sending or has bytes to send and is not waiting
+// out a failure.
+func (m *Manager) Sending() bool {
+	m.mu.Lock()
+	act := make([]*Upload, 0, len(m.active))
+	for _, u := range m.active {
+		act = append(act, u)
+	}
+	m.mu.Unlock()
+	for _, u := range act {
+		if st := u.Status(); st.State == StateUploading && (st.LagBytes > 0 || st.FinalSize >= 0) {
+			return true
+		}
+	}
+	return false
+}
+
+// Totals are the bytes the server acknowledged and the failed attempts, all uploads.
+func (m *Manager) Totals() (bytes, errs uint64) { return m.uploaded.Load(), m.errs.Load() }
+
+// Wait blocks until no upload is active or ctx ends; it reports whether none is.
+func (m *Manager) Wait(ctx context.Context) bool {
+	for {
+		m.mu.Lock()
+		n := len(m.active)
+		m.mu.Unlock()
+		if n == 0 {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Close stops every upload where it is: what was acknowledged is in the state files, and a
+// restarted strapd goes on from there.
+func (m *Manager) Close() error {
+	m.cancel()
+	m.wg.Wait()
+	return nil
+}
+
+// statePath is where an upload's state file lives.
+func (m *Manager) statePath(st *State) string {
+	return filepath.Join(m.o.StateDir, stateName(st.Dev, st.Ino))
+}
+
+// sameFile reports whether path is still the regular file dev/ino (deletion checks it).
+func sameFile(path string, dev, ino uint64) bool {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return false
+	}
+	return uint64(st.Dev) == dev && st.Ino == ino && st.Mode&unix.S_IFMT == unix.S_IFREG
+}
+
+// trimErr keeps an error line short enough for status.
+func trimErr(s string) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > 400 {
+		s = s[:400] + "…"
+	}
+	return s
+}

@@ -1,0 +1,148 @@
+package upload
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// crcB64 is S3's x-amz-checksum-crc32c form of a CRC32C: base64 of its 4 big-endian bytes.
+func crcB64(c uint32) string {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], c)
+	return base64.StdEncoding.EncodeToString(b[:])
+}
+
+// fileCRC is the CRC32C of f's bytes [off, off+n), read with pread into buf.
+func fileCRC(f *os.File, off, n int64, buf []byte) (uint32, error) {
+	var c uint32
+	for n > 0 {
+		b := buf
+		if int64(len(b)) > n {
+			b = b[:n]
+		}
+		k, err := f.ReadAt(b, off)
+		c = crc32.Update(c, castagnoli, b[:k])
+		off += int64(k)
+		n -= int64(k)
+		if err != nil && n > 0 {
+			if err == io.EOF {
+				return 0, fmt.Errorf("read %s: file ends at %d, before the part does", f.Name(), off)
+			}
+			return 0, fmt.Errorf("read %s: %w", f.Name(), err)
+		}
+	}
+	return c, nil
+}
+
+// compositeCRC is what S3 reports as a multipart object's CRC32C ("COMPOSITE" type): the
+// CRC32C of the parts' CRC32C values, then "-" and the number of parts.
+func compositeCRC(parts []Part) (string, error) {
+	var c uint32
+	for _, p := range parts {
+		b, err := base64.StdEncoding.DecodeString(p.CRC32C)
+		if err != nil {
+			return "", err
+		}
+		c = crc32.Update(c, castagnoli, b)
+	}
+	return fmt.Sprintf("%s-%d", crcB64(c), len(parts)), nil
+}
+
+func (c *Client) create(ctx context.Context, bucket, key string) (string, error) {
+	out, err := c.s3.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{
+		Bucket: aws.String(bucket), Key: aws.String(key), ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
+		ContentType: aws.String("application/octet-stream")})
+	if err != nil {
+		return "", err
+	}
+	if out.UploadId == nil || *out.UploadId == "" {
+		return "", fmt.Errorf("create multipart upload: the server returned no upload id")
+	}
+	return *out.UploadId, nil
+}
+
+func (c *Client) uploadPart(ctx context.Context, bucket, key, id string, n int32, f *os.File, off, size int64, crc string) (string, error) {
+	out, err := c.s3.UploadPart(ctx, &s3.UploadPartInput{
+		Bucket: aws.String(bucket), Key: aws.String(key), UploadId: aws.String(id), PartNumber: aws.Int32(n),
+		Body: io.NewSectionReader(f, off, size), ContentLength: aws.Int64(size), ChecksumCRC32C: aws.String(crc)})
+	if err != nil {
+		return "", err
+	}
+	if out.ChecksumCRC32C != nil && *out.ChecksumCRC32C != crc {
+		return "", fmt.Errorf("part %d: the server stored CRC32C %s, the file's bytes have %s", n, *out.ChecksumCRC32C, crc)
+	}
+	if out.ETag == nil || *out.ETag == "" {
+		return "", fmt.Errorf("part %d: the server returned no ETag", n)
+	}
+	return *out.ETag, nil
+}
+
+// listParts is every part the server holds for an upload, by number.
+func (c *Client) listParts(ctx context.Context, bucket, key, id string) (map[int32]types.Part, error) {
+	parts := map[int32]types.Part{}
+	p := s3.NewListPartsPaginator(c.s3, &s3.ListPartsInput{Bucket: aws.String(bucket), Key: aws.String(key), UploadId: aws.String(id)})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, pt := range page.Parts {
+			if pt.PartNumber != nil {
+				parts[*pt.PartNumber] = pt
+			}
+		}
+	}
+	return parts, nil
+}
+
+func (c *Client) complete(ctx context.Context, bucket, key, id string, parts []Part) error {
+	cp := make([]types.CompletedPart, len(parts))
+	for i, p := range parts {
+		cp[i] = types.CompletedPart{PartNumber: aws.Int32(p.Number), ETag: aws.String(p.ETag), ChecksumCRC32C: aws.String(p.CRC32C)}
+	}
+	_, err := c.s3.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{
+		Bucket: aws.String(bucket), Key: aws.String(key), UploadId: aws.String(id),
+		MultipartUpload: &types.CompletedMultipartUpload{Parts: cp}})
+	return err
+}
+
+func (c *Client) abort(ctx context.Context, bucket, key, id string) error {
+	_, err := c.s3.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{Bucket: aws.String(bucket), Key: aws.String(key), UploadId: aws.String(id)})
+	return err
+}
+
+// head is an object's size and, when the server keeps one, its CRC32C as S3 reports it.
+func (c *Client) head(ctx context.Context, bucket, key string) (size int64, crc string, err error) {
+	out, err := c.s3.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(bucket), Key: aws.String(key), ChecksumMode: types.ChecksumModeEnabled})
+	if err != nil {
+		return 0, "", err
+	}
+	return aws.ToInt64(out.ContentLength), aws.ToString(out.ChecksumCRC32C), nil
+}
+
+// putFile uploads a whole small file as one object, with its CRC32C checked by the server.
+func (c *Client) putFile(ctx context.Context, bucket, key string, f *os.File, size int64, crc string) error {
+	_, err := c.s3.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(key),
+		Body: io.NewSectionReader(f, 0, size), ContentLength: aws.Int64(size), ChecksumCRC32C: aws.String(crc)})
+	return err
+}
+
+// sameETag compares ETags as servers quote them or not.
+func sameETag(a, b string) bool { return strings.Trim(a, `"`) == strings.Trim(b, `"`) }
+
+// crcBufSize is the read size of the CRC pass over a part: small enough that the bytes the
+// kernel copies in are still in the CPU's cache when the CRC reads them (a 1 MiB buffer
+// made that copy a third of the daemon's upload CPU, PERFORMANCE.md).
+const crcBufSize = 64 << 10

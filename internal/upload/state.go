@@ -1,0 +1,245 @@
+package upload
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// The S3 limits a multipart upload lives in.
+const (
+	// MinPartSize is S3's smallest part but the last.
+	MinPartSize = 5 << 20
+	// MaxPartSize is S3's largest part.
+	MaxPartSize = 5 << 30
+	// MaxParts is S3's most parts in one upload.
+	MaxParts = 10000
+	// partsPerStep is how many parts keep one size before the size doubles (partStart).
+	partsPerStep = 1000
+	// maxStateSize bounds a state file: 10,000 parts at well under 200 bytes each.
+	maxStateSize = 4 << 20
+	stateVersion = 1
+)
+
+// ErrBadState is returned for a state file that does not hold a valid upload state.
+var ErrBadState = errors.New("bad upload state")
+
+// Part is one uploaded part: its number, size, the server's ETag and our CRC32C of its bytes
+// (base64 of the big-endian value, as S3's x-amz-checksum-crc32c).
+type Part struct {
+	Number int32  `json:"number"`
+	Size   int64  `json:"size"`
+	ETag   string `json:"etag"`
+	CRC32C string `json:"crc32c"`
+}
+
+// Side is a file uploaded beside the stream once it is complete (trace, resource log, tokens).
+type Side struct {
+	Path string `json:"path"`
+	Key  string `json:"key"`
+	Dev  uint64 `json:"dev"`
+	Ino  uint64 `json:"ino"`
+}
+
+// State is what survives a crash of strapd: the multipart upload of one stream file and the
+// parts the server acknowledged. It lives in the state directory as upload-DEV-INO.json (the
+// stream file's device and inode), written atomically after each part.
+type State struct {
+	Version int    `json:"version"`
+	Bucket  string `json:"bucket"`
+	Key     string `json:"key"`
+	// UploadID is the server's multipart upload id; empty until the first part goes.
+	UploadID string `json:"upload_id"`
+	// PartSize is the first parts' size; later ones double every 1000 parts (partStart).
+	PartSize int64 `json:"part_size"`
+	// Path, Dev and Ino name the local stream file; a restarted strapd reopens Path only
+	// when it is still that inode.
+	Path string `json:"path"`
+	Dev  uint64 `json:"dev"`
+	Ino  uint64 `json:"ino"`
+	// UID owns the capture (status shows the upload to it and to root only).
+	UID uint32 `json:"uid"`
+	// FinalSize is the stream's size once its session ended (the file will not change
+	// again); -1 while it is being written.
+	FinalSize int64 `json:"final_size"`
+	// KeepLocal: keep the local files once the objects are complete and verified.
+	KeepLocal bool   `json:"keep_local"`
+	Sides     []Side `json:"sides"`
+	// Parts are the full parts uploaded, numbered 1..len(Parts) in file order.
+	Parts []Part `json:"parts"`
+}
+
+// partStart is the offset of part n (1-based) for a first part size base: sizes double
+// every 1000 parts, so 10,000 parts reach S3's 5 TiB object limit from base 16 MiB while
+// small captures still upload in small steps. A part never exceeds MaxPartSize.
+func partStart(base int64, n int32) int64 {
+	var off int64
+	size := base
+	for i := int32(1); i < n; i++ {
+		off += size
+		if i%partsPerStep == 0 && size*2 <= MaxPartSize {
+			size *= 2
+		}
+	}
+	return off
+}
+
+// partSize is the full size of part n.
+func partSize(base int64, n int32) int64 { return partStart(base, n+1) - partStart(base, n) }
+
+// ParseState reads a state file's bytes and checks every field: the file is strapd's own,
+// but it comes from disk, and a wrong part list would complete a wrong object.
+func ParseState(b []byte) (*State, error) {
+	if len(b) > maxStateSize {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d", ErrBadState, len(b), maxStateSize)
+	}
+	var s State
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadState, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: data after the JSON object", ErrBadState)
+	}
+	if err := s.check(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadState, err)
+	}
+	return &s, nil
+}
+
+func (s *State) check() error {
+	if s.Version != stateVersion {
+		return fmt.Errorf("version %d, expected %d", s.Version, stateVersion)
+	}
+	if err := checkBucket(s.Bucket); err != nil {
+		return err
+	}
+	if err := checkKey(s.Key); err != nil {
+		return err
+	}
+	if len(s.UploadID) > 1024 || strings.ContainsAny(s.UploadID, "\x00\r\n") {
+		return errors.New("upload_id too long or holds control characters")
+	}
+	if s.PartSize < MinPartSize || s.PartSize > MaxPartSize {
+		return fmt.Errorf("part_size %d outside %d..%d", s.PartSize, MinPartSize, MaxPartSize)
+	}
+	if !filepath.IsAbs(s.Path) || len(s.Path) > unix.PathMax || strings.ContainsRune(s.Path, 0) {
+		return fmt.Errorf("path %q is not an absolute path", s.Path)
+	}
+	if s.FinalSize < -1 {
+		return fmt.Errorf("final_size %d", s.FinalSize)
+	}
+	if len(s.Parts) > MaxParts {
+		return fmt.Errorf("%d parts, at most %d", len(s.Parts), MaxParts)
+	}
+	if len(s.Parts) > 0 && s.UploadID == "" {
+		return errors.New("parts without an upload_id")
+	}
+	for i, p := range s.Parts {
+		if p.Number != int32(i+1) {
+			return fmt.Errorf("part %d numbered %d: parts must be 1..n in order", i+1, p.Number)
+		}
+		if want := partSize(s.PartSize, p.Number); p.Size != want {
+			return fmt.Errorf("part %d has %d bytes, expected %d", p.Number, p.Size, want)
+		}
+		if s.FinalSize >= 0 && partStart(s.PartSize, p.Number)+p.Size > s.FinalSize {
+			return fmt.Errorf("part %d ends past final_size %d", p.Number, s.FinalSize)
+		}
+		if p.ETag == "" || len(p.ETag) > 256 || strings.ContainsAny(p.ETag, "\x00\r\n") {
+			return fmt.Errorf("part %d: bad etag", p.Number)
+		}
+		if c, err := base64.StdEncoding.DecodeString(p.CRC32C); err != nil || len(c) != 4 {
+			return fmt.Errorf("part %d: crc32c %q is not 4 bytes in base64", p.Number, p.CRC32C)
+		}
+	}
+	if len(s.Sides) > 16 {
+		return fmt.Errorf("%d side files, at most 16", len(s.Sides))
+	}
+	for _, sd := range s.Sides {
+		if !filepath.IsAbs(sd.Path) || len(sd.Path) > unix.PathMax || strings.ContainsRune(sd.Path, 0) {
+			return fmt.Errorf("side file path %q is not an absolute path", sd.Path)
+		}
+		if err := checkKey(sd.Key); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkKey: S3 keys are 1..1024 bytes of UTF-8; strapd's never hold control characters.
+func checkKey(k string) error {
+	if k == "" || len(k) > 1024 {
+		return fmt.Errorf("key of %d bytes, expected 1..1024", len(k))
+	}
+	for _, c := range k {
+		if c < 0x20 || c == 0x7f || c == 0xfffd {
+			return fmt.Errorf("key %q holds a control or invalid character", k)
+		}
+	}
+	return nil
+}
+
+// stateName is the state file's name for a stream file's device and inode.
+func stateName(dev, ino uint64) string { return fmt.Sprintf("upload-%d-%d.json", dev, ino) }
+
+// save writes the state atomically: a temporary file, fsync, rename, fsync of the directory.
+func (s *State) save(dir string) error {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("upload state directory: %w", err)
+	}
+	final := filepath.Join(dir, stateName(s.Dev, s.Ino))
+	tmp := final + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("write upload state: %w", err)
+	}
+	_, werr := f.Write(b)
+	if werr == nil {
+		werr = f.Sync()
+	}
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = os.Rename(tmp, final)
+	}
+	if werr != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("write upload state: %w", werr)
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// loadState reads one state file.
+func loadState(path string) (*State, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	s, err := ParseState(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return s, nil
+}

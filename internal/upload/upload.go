@@ -1,0 +1,589 @@
+package upload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+)
+
+// Upload states, as status shows them.
+const (
+	// StateUploading: parts go as the capture makes bytes durable.
+	StateUploading = "uploading"
+	// StateRetrying: the last attempt failed; the next waits for its backoff.
+	StateRetrying = "retrying"
+	// StateComplete: the object is complete and verified (and the side files beside it).
+	StateComplete = "complete"
+	// StateStopped: strapd stopped before the upload was complete; its state file is kept.
+	StateStopped = "stopped"
+)
+
+// Status is one upload as `strapd status` and /metrics show it.
+type Status struct {
+	Object  string `json:"object"`
+	Path    string `json:"path"`
+	Session uint64 `json:"session,omitempty"`
+	UID     uint32 `json:"uid"`
+	State   string `json:"state"`
+	// DurableBytes is how much of the stream is durable on the local disk (what may go).
+	DurableBytes int64 `json:"durable_bytes"`
+	// UploadedBytes is how much the server has acknowledged, in file order.
+	UploadedBytes int64 `json:"uploaded_bytes"`
+	// LagBytes is DurableBytes - UploadedBytes: on the local disk only.
+	LagBytes int64 `json:"lag_bytes"`
+	// FinalSize is the stream's size once its session ended (-1 before).
+	FinalSize int64  `json:"final_size"`
+	Parts     int    `json:"parts"`
+	Errors    uint64 `json:"errors"`
+	LastError string `json:"last_error,omitempty"`
+	// Verified says what was checked once the object was complete.
+	Verified string `json:"verified,omitempty"`
+	// LocalDeleted: the local files were deleted after the objects were verified.
+	LocalDeleted bool `json:"local_deleted,omitempty"`
+}
+
+// SideFile is a file the session wrote beside the stream (trace, resource log), uploaded
+// whole once the stream's object is complete.
+type SideFile struct {
+	// File reads it (the upload closes it).
+	File *os.File
+	// Path is its path (its base name names the object).
+	Path string
+}
+
+// Upload is the upload of one stream file.
+type Upload struct {
+	m       *Manager
+	st      *State // owned by run
+	f       *os.File
+	session uint64
+	ctx     context.Context
+	cancel  context.CancelFunc
+	durable atomic.Int64
+	wake    chan struct{}
+	// finishSig tells a backoff wait that Finish was called.
+	finishSig chan struct{}
+	// reconcile: compare the state's parts with the server's before going on.
+	reconcile bool
+
+	mu        sync.Mutex
+	finalReq  int64 // -1 until Finish
+	sidesReq  []SideFile
+	keepReq   bool // KeepLocal was called
+	sides     []*os.File
+	status    Status
+	done      bool
+	finishedC chan struct{}
+}
+
+func (m *Manager) newUpload(st *State, f *os.File, session uint64) *Upload {
+	u := &Upload{m: m, st: st, f: f, session: session, wake: make(chan struct{}, 1), finishSig: make(chan struct{}, 1),
+		finalReq: -1, finishedC: make(chan struct{})}
+	u.ctx, u.cancel = context.WithCancel(m.ctx)
+	u.status = Status{Object: ObjectURL(st.Bucket, st.Key), Path: st.Path, Session: session, UID: st.UID, State: StateUploading,
+		FinalSize: st.FinalSize, Parts: len(st.Parts), UploadedBytes: st.uploaded()}
+	u.wakeUp()
+	return u
+}
+
+func (s *State) uploaded() int64 {
+	if len(s.Parts) == 0 {
+		return 0
+	}
+	last := s.Parts[len(s.Parts)-1]
+	return partStart(s.PartSize, last.Number) + last.Size
+}
+
+func (u *Upload) object() string { return ObjectURL(u.st.Bucket, u.st.Key) }
+
+func (u *Upload) wakeUp() {
+	select {
+	case u.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Durable says the stream's bytes [0, off) are on the local disk (fdatasynced); the upload
+// may send them. Called from the session's writer: it never blocks.
+func (u *Upload) Durable(off int64) {
+	for {
+		cur := u.durable.Load()
+		if off <= cur || u.durable.CompareAndSwap(cur, off) {
+			break
+		}
+	}
+	u.wakeUp()
+}
+
+// Finish says the stream has ended: its file is final. The upload completes the object,
+// verifies it, uploads the side files beside it and then, unless kept, deletes the local
+// files. It returns at once; Done is closed when the upload has ended.
+func (u *Upload) Finish(sides []SideFile) error {
+	var err error
+	for {
+		if err = unix.Fdatasync(int(u.f.Fd())); err != unix.EINTR {
+			break
+		}
+	}
+	fi, serr := u.f.Stat()
+	if serr != nil {
+		err = errors.Join(err, serr)
+	}
+	u.mu.Lock()
+	if serr == nil {
+		u.finalReq = fi.Size()
+	}
+	u.sidesReq = sides
+	u.mu.Unlock()
+	if serr == nil {
+		u.Durable(fi.Size())
+	}
+	select {
+	case u.finishSig <- struct{}{}:
+	default:
+	}
+	u.wakeUp()
+	if err != nil {
+		return fmt.Errorf("finish upload of %s: %w", u.st.Path, err)
+	}
+	return nil
+}
+
+// KeepLocal keeps this stream's local files once uploaded, whatever the daemon's option:
+// a stream that did not end complete (client killed, session failed) may be resumed, and
+// a resume needs the local file. Call it before Finish.
+func (u *Upload) KeepLocal() {
+	u.mu.Lock()
+	u.keepReq = true
+	u.mu.Unlock()
+}
+
+// Abandon stops the upload where it is, keeping its state file (a session that could not
+// start after all; a resumed capture of the file continues it).
+func (u *Upload) Abandon() {
+	u.cancel()
+	<-u.finishedC
+}
+
+// Done is closed once the upload has ended (complete, or stopped with strapd).
+func (u *Upload) Done() <-chan struct{} { return u.finishedC }
+
+// Status is the upload's status now.
+func (u *Upload) Status() Status {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	s := u.status
+	s.DurableBytes = u.durable.Load()
+	if s.FinalSize >= 0 {
+		s.DurableBytes = s.FinalSize
+	}
+	if s.LagBytes = s.DurableBytes - s.UploadedBytes; s.LagBytes < 0 {
+		s.LagBytes = 0
+	}
+	return s
+}
+
+func (u *Upload) isDone() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.done
+}
+
+func (u *Upload) setStatus(f func(*Status)) {
+	u.mu.Lock()
+	f(&u.status)
+	u.mu.Unlock()
+}
+
+func (u *Upload) run() {
+	ctx := u.ctx
+	defer close(u.finishedC)
+	defer func() {
+		u.f.Close()
+		for _, f := range u.sides {
+			f.Close()
+		}
+	}()
+	backoff := u.m.o.MinBackoff
+	log := u.m.o.Log.With(zap.String("object", u.object()))
+	for {
+		select {
+		case <-ctx.Done():
+			u.setStatus(func(s *Status) { s.State = StateStopped })
+			return
+		case <-u.wake:
+		}
+		done, err := u.step(ctx)
+		if err == nil {
+			backoff = u.m.o.MinBackoff
+			if done {
+				return
+			}
+			continue
+		}
+		if ctx.Err() != nil {
+			u.setStatus(func(s *Status) { s.State = StateStopped })
+			return
+		}
+		u.m.errs.Add(1)
+		msg := trimErr(Describe(err))
+		u.setStatus(func(s *Status) { s.Errors++; s.LastError = msg; s.State = StateRetrying })
+		log.Warn("upload attempt failed; the local file is kept and the upload retried", zap.String("error", msg),
+			zap.Duration("retry_in", backoff), zap.Bool("needs_fixing", permanent(err)))
+		if !u.sleep(ctx, backoff) {
+			u.setStatus(func(s *Status) { s.State = StateStopped })
+			return
+		}
+		if backoff *= 2; backoff > u.m.o.MaxBackoff {
+			backoff = u.m.o.MaxBackoff
+		}
+		u.wakeUp()
+	}
+}
+
+// sleep waits out a backoff; a Finish meanwhile is written into the state file at once
+// (a strapd killed during the wait then completes the upload after its restart). It
+// reports false when ctx ended.
+func (u *Upload) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case <-u.finishSig:
+			if err := u.takeFinish(); err != nil {
+				u.m.o.Log.Warn("record the stream's end in the upload state", zap.Error(err))
+			}
+		}
+	}
+}
+
+// step sends what may go now; done when the object is complete and everything after it too.
+func (u *Upload) step(ctx context.Context) (bool, error) {
+	st := u.st
+	if u.reconcile {
+		if err := u.reconcileParts(ctx); err != nil {
+			return false, err
+		}
+		u.reconcile = false
+	}
+	if err := u.takeFinish(); err != nil {
+		return false, err
+	}
+	avail := u.durable.Load()
+	if st.FinalSize >= 0 {
+		avail = st.FinalSize
+	}
+	buf := make([]byte, crcBufSize)
+	for {
+		next := int32(len(st.Parts)) + 1
+		var batch []Part
+		for k := int32(0); k < int32(u.m.o.Concurrency); k++ {
+			n := next + k
+			start, size := partStart(st.PartSize, n), partSize(st.PartSize, n)
+			if start+size > avail {
+				break
+			}
+			if n >= MaxParts {
+				return false, fmt.Errorf("the stream outgrew S3's %d parts (first part size %d): restart strapd with a larger --upload-part-size", MaxParts, st.PartSize)
+			}
+			batch = append(batch, Part{Number: n, Size: size})
+		}
+		if len(batch) == 0 {
+			break
+		}
+		if err := u.ensureUploadID(ctx); err != nil {
+			return false, err
+		}
+		u.setStatus(func(s *Status) { s.State = StateUploading })
+		errs := make([]error, len(batch))
+		var wg sync.WaitGroup
+		for i := range batch {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				b := buf
+				if i > 0 {
+					b = make([]byte, crcBufSize)
+				}
+				errs[i] = u.sendPart(ctx, &batch[i], b)
+			}(i)
+		}
+		wg.Wait()
+		ok := 0
+		for ok < len(batch) && errs[ok] == nil {
+			ok++
+		}
+		if ok > 0 {
+			st.Parts = append(st.Parts, batch[:ok]...)
+			if err := st.save(u.m.o.StateDir); err != nil {
+				return false, err
+			}
+			up := st.uploaded()
+			u.setStatus(func(s *Status) { s.UploadedBytes = up; s.Parts = len(st.Parts) })
+		}
+		if ok < len(batch) {
+			return false, errs[ok]
+		}
+	}
+	if st.FinalSize < 0 {
+		return false, nil
+	}
+	return true, u.completeAll(ctx, buf)
+}
+
+// takeFinish moves Finish's request into the state (and the state file).
+func (u *Upload) takeFinish() error {
+	u.mu.Lock()
+	final, sides, keepLocal := u.finalReq, u.sidesReq, u.keepReq
+	u.finalReq, u.sidesReq = -1, nil
+	u.mu.Unlock()
+	if final < 0 {
+		return nil
+	}
+	st := u.st
+	st.FinalSize = final
+	st.KeepLocal = st.KeepLocal || keepLocal
+	// Full parts past the final size (bytes cut back after a failed write) go again as
+	// the last part.
+	keep := 0
+	for keep < len(st.Parts) && partStart(st.PartSize, st.Parts[keep].Number)+st.Parts[keep].Size <= final {
+		keep++
+	}
+	st.Parts = st.Parts[:keep]
+	for _, sd := range sides {
+		var fst unix.Stat_t
+		if err := unix.Fstat(int(sd.File.Fd()), &fst); err != nil {
+			sd.File.Close()
+			continue
+		}
+		u.sides = append(u.sides, sd.File)
+		st.Sides = append(st.Sides, Side{Path: sd.Path, Key: Target{Bucket: st.Bucket, Prefix: prefixOf(st.Key)}.Key(sd.Path),
+			Dev: uint64(fst.Dev), Ino: fst.Ino})
+	}
+	u.setStatus(func(s *Status) { s.FinalSize = final })
+	return st.save(u.m.o.StateDir)
+}
+
+// prefixOf is the key's prefix (its directory in key terms).
+func prefixOf(key string) string {
+	if i := strings.LastIndexByte(key, '/'); i >= 0 {
+		return key[:i]
+	}
+	return ""
+}
+
+func (u *Upload) ensureUploadID(ctx context.Context) error {
+	if u.st.UploadID != "" {
+		return nil
+	}
+	id, err := u.m.o.Client.create(ctx, u.st.Bucket, u.st.Key)
+	if err != nil {
+		return fmt.Errorf("create multipart upload %s: %w", u.object(), err)
+	}
+	u.st.UploadID = id
+	return u.st.save(u.m.o.StateDir)
+}
+
+// sendPart reads the part's bytes for their CRC32C, then sends them with it: the server
+// refuses a part whose bytes do not match.
+func (u *Upload) sendPart(ctx context.Context, p *Part, buf []byte) error {
+	start := partStart(u.st.PartSize, p.Number)
+	c, err := fileCRC(u.f, start, p.Size, buf)
+	if err != nil {
+		return err
+	}
+	p.CRC32C = crcB64(c)
+	etag, err := u.m.o.Client.uploadPart(ctx, u.st.Bucket, u.st.Key, u.st.UploadID, p.Number, u.f, start, p.Size, p.CRC32C)
+	if err != nil {
+		return fmt.Errorf("upload part %d of %s: %w", p.Number, u.object(), err)
+	}
+	p.ETag = etag
+	u.m.uploaded.Add(uint64(p.Size))
+	return nil
+}
+
+// reconcileParts compares the recorded parts with the server's list (after a restart or a
+// resumed capture): parts from the first that differs on are sent again; an upload the
+// server no longer knows starts anew, unless its object is already complete.
+func (u *Upload) reconcileParts(ctx context.Context) error {
+	st := u.st
+	if st.UploadID == "" {
+		return nil
+	}
+	have, err := u.m.o.Client.listParts(ctx, st.Bucket, st.Key, st.UploadID)
+	if notFound(err) {
+		if st.FinalSize >= 0 {
+			// Perhaps completed just before strapd stopped: verify decides.
+			if verr := u.verify(ctx, st.Parts, nil); verr == nil {
+				return nil
+			}
+		}
+		u.m.o.Log.Warn("the server no longer knows the multipart upload; starting it anew", zap.String("object", u.object()))
+		st.UploadID, st.Parts = "", nil
+		return st.save(u.m.o.StateDir)
+	}
+	if err != nil {
+		return fmt.Errorf("list parts of %s: %w", u.object(), err)
+	}
+	keep := 0
+	for keep < len(st.Parts) {
+		p := st.Parts[keep]
+		sp, ok := have[p.Number]
+		if !ok || sp.Size == nil || *sp.Size != p.Size || sp.ETag == nil || !sameETag(*sp.ETag, p.ETag) {
+			break
+		}
+		keep++
+	}
+	if keep < len(st.Parts) {
+		u.m.o.Log.Info("parts sent again after a restart", zap.String("object", u.object()), zap.Int("from_part", keep+1))
+		st.Parts = st.Parts[:keep]
+		return st.save(u.m.o.StateDir)
+	}
+	return nil
+}
+
+// completeAll sends the last part, completes the object, verifies it, uploads the side
+// files, deletes the local files unless kept, and removes the state file.
+func (u *Upload) completeAll(ctx context.Context, buf []byte) error {
+	st := u.st
+	parts := append([]Part(nil), st.Parts...)
+	next := int32(len(parts)) + 1
+	if start := partStart(st.PartSize, next); start < st.FinalSize {
+		if err := u.ensureUploadID(ctx); err != nil {
+			return err
+		}
+		tail := Part{Number: next, Size: st.FinalSize - start}
+		if err := u.sendPart(ctx, &tail, buf); err != nil {
+			return err
+		}
+		parts = append(parts, tail)
+	}
+	if st.UploadID != "" {
+		if err := u.m.o.Client.complete(ctx, st.Bucket, st.Key, st.UploadID, parts); err != nil {
+			if !notFound(err) {
+				return fmt.Errorf("complete %s: %w", u.object(), err)
+			}
+			// Completed by an attempt whose answer was lost: verify decides.
+		}
+	}
+	verified, err := u.verifyLocked(ctx, parts)
+	if err != nil {
+		// A wrong object is never left as if it were right: the next attempt sends it anew.
+		st.UploadID, st.Parts = "", nil
+		if serr := st.save(u.m.o.StateDir); serr != nil {
+			err = errors.Join(err, serr)
+		}
+		return err
+	}
+	up := st.FinalSize
+	u.setStatus(func(s *Status) { s.UploadedBytes = up; s.Parts = len(parts); s.Verified = verified })
+	for i, sd := range st.Sides {
+		if err := u.putSide(ctx, i, sd, buf); err != nil {
+			return err
+		}
+	}
+	deleted := false
+	if !st.KeepLocal {
+		var errs []error
+		for _, p := range append([]Side{{Path: st.Path, Dev: st.Dev, Ino: st.Ino}}, st.Sides...) {
+			if sameFile(p.Path, p.Dev, p.Ino) {
+				if err := os.Remove(p.Path); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			u.m.o.Log.Warn("delete local copy after upload", zap.Error(err))
+		} else {
+			deleted = true
+		}
+	}
+	if err := os.Remove(u.m.statePath(st)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		u.m.o.Log.Warn("remove upload state", zap.Error(err))
+	}
+	u.m.o.Log.Info("upload complete", zap.String("object", u.object()), zap.Int64("bytes", st.FinalSize),
+		zap.Int("parts", len(parts)), zap.String("verified", verified), zap.Int("side_files", len(st.Sides)), zap.Bool("local_deleted", deleted))
+	u.mu.Lock()
+	u.status.State = StateComplete
+	u.status.LocalDeleted = deleted
+	u.status.LastError = ""
+	u.done = true
+	u.mu.Unlock()
+	return nil
+}
+
+func (u *Upload) verifyLocked(ctx context.Context, parts []Part) (string, error) {
+	var verified string
+	err := u.verify(ctx, parts, &verified)
+	return verified, err
+}
+
+// verify checks the object's size against the file's and, where the server reports a
+// composite CRC32C, that it is the one of the parts strapd sent (each part's CRC32C was
+// checked by the server as it arrived).
+func (u *Upload) verify(ctx context.Context, parts []Part, what *string) error {
+	st := u.st
+	size, crc, err := u.m.o.Client.head(ctx, st.Bucket, st.Key)
+	if err != nil {
+		return fmt.Errorf("verify %s: %w", u.object(), err)
+	}
+	if size != st.FinalSize {
+		return fmt.Errorf("verify %s: the object has %d bytes, the stream file %d", u.object(), size, st.FinalSize)
+	}
+	v := "size; each part's CRC32C checked by the server on upload"
+	if crc != "" && strings.Contains(crc, "-") && len(parts) > 0 {
+		want, err := compositeCRC(parts)
+		if err != nil {
+			return err
+		}
+		if crc != want {
+			return fmt.Errorf("verify %s: the object's CRC32C is %s, the parts sent make %s", u.object(), crc, want)
+		}
+		v = "size and composite CRC32C of every part"
+	}
+	if what != nil {
+		*what = v
+	}
+	return nil
+}
+
+func (u *Upload) putSide(ctx context.Context, i int, sd Side, buf []byte) error {
+	var f *os.File
+	if i < len(u.sides) {
+		f = u.sides[i]
+	} else {
+		var err error
+		if f, err = openSame(sd.Path, sd.Dev, sd.Ino); err != nil {
+			u.m.o.Log.Warn("side file gone before its upload; skipped", zap.String("path", sd.Path), zap.Error(err))
+			return nil
+		}
+		u.sides = append(u.sides, f)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Size() > MaxPartSize {
+		return fmt.Errorf("side file %s has %d bytes, more than one PUT takes (%d)", sd.Path, fi.Size(), int64(MaxPartSize))
+	}
+	c, err := fileCRC(f, 0, fi.Size(), buf)
+	if err != nil {
+		return err
+	}
+	if err := u.m.o.Client.putFile(ctx, u.st.Bucket, sd.Key, f, fi.Size(), crcB64(c)); err != nil {
+		return fmt.Errorf("upload %s to %s: %w", sd.Path, ObjectURL(u.st.Bucket, sd.Key), err)
+	}
+	return nil
+}
