@@ -16,6 +16,7 @@ whose token was not recorded get ``token_id = token_index = -1``.
 
 from __future__ import annotations
 
+import collections
 import fnmatch
 import os
 import warnings
@@ -24,6 +25,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ._source import is_url
 from .stream import DROP, TENSOR, TOKEN, Tensor, open_stream
 
 import torch
@@ -162,7 +164,9 @@ class ActivationDataset(IterableDataset):
     size of the capture.
 
     Args:
-        paths: one stream file or several.
+        paths: one stream file or several; object URLs (``s3://bucket/key``) are read by
+            byte range (docs/OBJECT_STORAGE.md): the index and the headers at construction,
+            each selected tensor's bytes when an epoch reaches it.
         modules: module names or fnmatch patterns (``"model.layers.*.mlp"``); default:
             every module with tensors, which must then share one width.
         batch_size: yield batches of this many rows (dicts of stacked tensors; use
@@ -176,6 +180,11 @@ class ActivationDataset(IterableDataset):
             tensors stored by a lossy codec.
         rank, world_size: this process's distributed rank; default :func:`resolve_rank`
             (``torch.distributed``, then ``RANK``/``WORLD_SIZE``).
+        storage_options: fsspec options for object URLs (s3fs: ``{"endpoint_url": ...}``);
+            default: the AWS environment variables and config files.
+        prefetch: tensors fetched and decoded ahead of the one being read, by threads, when
+            the streams are objects (hides each range request's latency); 0 for none. Local
+            files are read in place.
 
     Example:
         >>> ds = ActivationDataset("run.strap", modules="model.layers.2", batch_size=4096,
@@ -187,11 +196,16 @@ class ActivationDataset(IterableDataset):
     def __init__(self, paths: Union[PathLike, Sequence[PathLike]], modules: Union[str, Sequence[str], None] = None,
                  *, batch_size: Optional[int] = None, drop_last: bool = False, shuffle: bool = False,
                  shuffle_buffer: int = 65536, seed: int = 0, dtype: Optional["torch.dtype"] = None,
-                 lossy: str = "keep", rank: Optional[int] = None, world_size: Optional[int] = None) -> None:
+                 lossy: str = "keep", rank: Optional[int] = None, world_size: Optional[int] = None,
+                 storage_options: Optional[Dict[str, Any]] = None, prefetch: int = 4) -> None:
         super().__init__()
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
-        self.paths: List[str] = [os.path.abspath(os.fspath(p)) for p in paths]
+        self.paths: List[str] = [p if is_url(p) else os.path.abspath(os.fspath(p)) for p in paths]
+        self.storage_options = dict(storage_options) if storage_options else None
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be ≥ 0, got {prefetch}")
+        self.prefetch = int(prefetch)
         if not self.paths:
             raise ValueError("no stream paths given")
         if isinstance(modules, str):
@@ -237,19 +251,20 @@ class ActivationDataset(IterableDataset):
         mod_index: Dict[str, int] = {}
         for si, path in enumerate(self.paths):
             info = _StreamInfo(path)
-            r = open_stream(path)
+            r = self._open(path)
             self._readers.append(r)
             info.metadata = r.metadata
             names = r.names()
             chosen = names if patterns is None else _select(names, patterns)
+            sel = set(chosen)
             # One pass over the packets (each CRC-checked once, here): TOKEN (ids), DROP
             # (lost records, reported) and the selected modules' TENSOR packets, grouped
             # into whole tensors by the reader's rule (STREAM_FORMAT.md 7), in file order
             # as ``r.tensors(name)`` returns them.
-            sel = set(chosen)
             groups: Dict[str, List[Tensor]] = {n: [] for n in chosen}
             pending: Dict[str, List[Any]] = {}
-            for pk in r.packets():
+            # With an index only these packets are read (over object storage: their headers).
+            for pk in r.packets(select=lambda n, t: t != TENSOR or n in sel):
                 if pk.type == TENSOR:
                     if pk.name in sel:
                         self._group(pk, pending, groups, info)
@@ -298,6 +313,9 @@ class ActivationDataset(IterableDataset):
         if pk.part_offset + pk.raw_len == pk.tensor_len:
             del pending[pk.name]
             groups[pk.name].append(Tensor(parts))
+
+    def _open(self, path: str) -> Any:
+        return open_stream(path, self.storage_options if is_url(path) else None)
 
     def _unit(self, si: int, mi: int, k: int, t: Tensor) -> Unit:
         shape = tuple(t.shape)
@@ -408,7 +426,7 @@ class ActivationDataset(IterableDataset):
         if self._handles is not None and key in self._handles:
             return self._handles[key][u.ordinal]
         if key not in opened:
-            r = open_stream(self.paths[u.stream])
+            r = self._open(self.paths[u.stream])
             readers.append(r)
             opened[key] = r.tensors(name)
         ts = opened[key]
@@ -461,12 +479,37 @@ class ActivationDataset(IterableDataset):
         tables = {i: s.token_arrays() for i, s in enumerate(self.streams)}
         opened: Dict[Tuple[int, str], List[Tensor]] = {}
         readers: List[Any] = []
+        units = self.shard_units(shard, n_shards)
         try:
-            for u in self.shard_units(shard, n_shards):
+            if self.prefetch and any(is_url(p) for p in self.paths):
+                yield from self._prefetched(units, opened, readers, tables)
+                return
+            for u in units:
                 yield self._unit_rows(u, self._tensor_of(u, opened, readers), tables)
         finally:
             for r in readers:
                 r.close()
+
+    def _prefetched(self, units: List[Unit], opened: Dict[Tuple[int, str], List[Tensor]], readers: List[Any],
+                    tables: Dict[int, Tuple[np.ndarray, np.ndarray]]
+                    ) -> Iterator[Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]]:
+        """Units in order, each fetched and decoded by a thread up to ``prefetch`` units
+        ahead: a range request waits on the network, and the codecs release the GIL."""
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        tensors = [self._tensor_of(u, opened, readers) for u in units]  # headers only: cheap
+        pending: "collections.deque[Future[Any]]" = collections.deque()
+        with ThreadPoolExecutor(self.prefetch, thread_name_prefix="strap-prefetch") as pool:
+            try:
+                k = 0
+                while k < len(units) or pending:
+                    while k < len(units) and len(pending) < self.prefetch:
+                        pending.append(pool.submit(self._unit_rows, units[k], tensors[k], tables))
+                        k += 1
+                    yield pending.popleft().result()
+            finally:
+                for f in pending:
+                    f.cancel()
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         shard, n_shards = self._shard()

@@ -63,6 +63,26 @@ def crc32c(data: Any, value: int = 0) -> int:
     return value
 
 
+@dataclass(frozen=True)
+class IndexEntry:
+    """One entry of a stream's INDEX (STREAM_FORMAT.md 3) and the bytes it may span.
+
+    Attributes:
+        name, type, flags, seq, step, forward, offset: the entry's fields.
+        span: bytes from ``offset`` to the next packet in the index (or to the INDEX): the
+            packet lies within ``[offset, offset + span)`` (the last one's span also holds END).
+    """
+
+    name: str
+    type: int
+    flags: int
+    seq: int
+    step: int
+    forward: int
+    offset: int
+    span: int
+
+
 @dataclass
 class Packet:
     """One packet as stored (payload not decoded).
@@ -529,6 +549,34 @@ class StreamReader:
             return
         yield from self.packets()
 
+    def entries(self) -> List[IndexEntry]:
+        """The footer index, read without touching any packet (empty when not :attr:`indexed`)."""
+        return [IndexEntry(*e, span) for e, span in zip(self._index_entries, self._spans)]
+
+    @property
+    def index_offset(self) -> Optional[int]:
+        """Where the INDEX packet starts (None when not :attr:`indexed`)."""
+        return self._index_offset if self.indexed else None
+
+    @classmethod
+    def _packets_in(cls, data: Union[bytes, memoryview], offset: int, size: int, path: str) -> List[Packet]:
+        """Parse the whole packets held by ``data``, bytes ``[offset, offset + len(data))`` of
+        stream ``path`` (``size`` bytes): a range fetched on its own (a chunk of a
+        manifest), CRC-checked, without the stream's header or index."""
+        r = cls.__new__(cls)
+        r.path, r.size, r._remote = path, size, False
+        r._src = r.source = _SliceSource(path, data, offset, size)
+        out = []
+        off, stop = offset, offset + len(data)
+        while off < stop:
+            pk = r._parse(off)
+            assert pk is not None
+            if pk.end > stop:
+                raise StreamFormatError(f"{path}: packet at {off} runs past the range [{offset}, {stop})", off)
+            out.append(pk)
+            off = pk.end
+        return out
+
     def tensors(self, name: Optional[str] = None) -> List[Tensor]:
         """The tensors of module ``name`` (every tensor when None), in sequence order."""
         return list(self._tensors(name))
@@ -565,6 +613,22 @@ class StreamReader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class _SliceSource(ByteSource):
+    """Bytes ``[base, base + len(data))`` of a stream of ``size`` bytes, fetched elsewhere."""
+
+    def __init__(self, name: str, data: Union[bytes, memoryview], base: int, size: int) -> None:
+        self.name, self.size, self._base = name, size, base
+        self._data = memoryview(data)
+
+    def read(self, off: int, n: int, ahead: int = 0) -> Union[bytes, memoryview]:
+        lo = off - self._base
+        if lo < 0 or lo + n > len(self._data):
+            n = max(0, min(n, len(self._data) - lo))
+            if lo < 0 or n == 0:
+                raise StreamFormatError(f"{self.name}: offset {off} is outside the fetched range", off)
+        return self._data[lo:lo + n]
 
 
 MAX_BLOCK_SIZE = 64 << 20
