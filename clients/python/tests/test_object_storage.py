@@ -212,3 +212,46 @@ def test_dataset_over_objects(s3, capture, url):  # noqa: F811
                torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))
     assert rows == ds.rows
     ds.close()
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def test_torchrun_sae_from_s3_equals_single_process(s3, capture, tmp_path):  # noqa: F811
+    """``torchrun --nproc_per_node=2`` (gloo) training from two s3:// objects, each rank its
+    own shard, equals one process trained on the two ranks' batches concatenated (same
+    seed, same data order)."""
+    from s3server import _free_port
+
+    from llm_instrumentation.analysis.sparse_autoencoder import SparseAutoencoder, train_sae
+
+    path, _ = capture
+    urls = [s3.upload(path, "caps", "ddp/a.strap"), s3.upload(path, "caps", "ddp/b.strap")]
+    bs, seed = 16, 3
+    kw = dict(modules=LAYERS, batch_size=bs, drop_last=True, shuffle=True, seed=seed, dtype=torch.float32)
+    shards = [list(ActivationDataset([path, path], rank=r, world_size=2, **kw)) for r in range(2)]
+    steps = min(len(s) for s in shards)
+    assert steps >= 8
+    tokens = steps * 2 * bs
+    out = tmp_path / "sae.safetensors"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1", "--node_rank=0",
+           "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(EXAMPLES / "train_sae_ddp.py"),
+           *urls, "--module", "model.layers.[0-3]", "--batch-size", str(bs), "--tokens", str(tokens),
+           "--seed", str(seed), "--dead-tokens", str(10**9), "--out", str(out)]  # the pattern: LAYERS
+    env = dict(__import__("os").environ, **s3.env, OMP_NUM_THREADS="1")
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rep = json.loads(Path(str(out) + ".report.json").read_text())
+    assert rep["world_size"] == 2 and rep["tokens"] == tokens and rep["steps"] == steps
+
+    ref_batches = [torch.cat([shards[0][i]["activation"], shards[1][i]["activation"]]) for i in range(steps)]
+    torch.set_num_threads(1)
+    ref, ref_rep = train_sae(ref_batches, tokens, seed=seed, dead_tokens=10**9, device="cpu", distributed=False)
+    assert ref_rep.steps == steps
+    got = SparseAutoencoder.load(str(out))
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(got.state_dict()[k], v, rtol=1e-4, atol=1e-5, msg=k)
+    # and the training moved the weights (the comparison is not of two initialisations)
+    torch.manual_seed(seed)
+    init = SparseAutoencoder(ref.d_in, ref.d_sae, kind=ref.kind, k=ref.k)
+    assert not torch.allclose(init.W_enc, got.W_enc, atol=1e-4)
