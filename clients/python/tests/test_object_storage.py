@@ -255,3 +255,44 @@ def test_torchrun_sae_from_s3_equals_single_process(s3, capture, tmp_path):  # n
     torch.manual_seed(seed)
     init = SparseAutoencoder(ref.d_in, ref.d_sae, kind=ref.kind, k=ref.k)
     assert not torch.allclose(init.W_enc, got.W_enc, atol=1e-4)
+
+
+def test_dask_scan_equals_numpy(s3, capture):  # noqa: F811
+    """Dask arrays and statistics planned from the chunk manifests of two s3:// objects equal
+    numpy on the same tensors read locally; the packet dataframe of many streams equals
+    the per-stream pandas one."""
+    import pandas as pd
+
+    from llm_instrumentation.analysis.scan import module_array, module_statistics, packet_dataframe
+    from llm_instrumentation.analysis.visualization import build_packet_dataframe
+
+    path, _ = capture
+    urls = [s3.upload(path, "caps", "dask/a.strap"), s3.upload(path, "caps", "dask/b.strap")]
+    for u in urls:
+        write_manifest(u, storage_options=s3.storage_options)
+    ms = [load_manifest(u, s3.storage_options) for u in urls]
+    with open_stream(path) as r:
+        names = [n for n in r.names() if len(r.tensors(n)[0].shape) in (2, 3)]
+        ref = {n: np.concatenate([t.numpy().reshape(-1, t.shape[-1]) for t in r.tensors(n)] * 2) for n in names}
+    assert set(LAYERS) <= set(names)
+    x = module_array(ms, LAYERS[1], s3.storage_options)
+    assert x.shape == ref[LAYERS[1]].shape and x.numblocks[0] == 2 * len(BATCHES)
+    assert np.array_equal(x.compute(scheduler="threads"), ref[LAYERS[1]].astype(np.float32))
+    stats = module_statistics(urls, storage_options=s3.storage_options, scheduler="threads")
+    assert list(stats.index) == names
+    for n in names:
+        a = ref[n].astype(np.float64)
+        norms = np.linalg.norm(a, axis=1)
+        want = {"rows": a.shape[0], "width": a.shape[1], "mean": a.mean(), "std": a.std(), "mean_abs": np.abs(a).mean(),
+                "max_abs": np.abs(a).max(), "sparsity": (a == 0).mean(), "mean_norm": norms.mean(),
+                "norm_q0.5": np.quantile(norms, 0.5), "norm_q0.9": np.quantile(norms, 0.9),
+                "norm_q0.99": np.quantile(norms, 0.99)}
+        for k, v in want.items():
+            assert stats.loc[n, k] == pytest.approx(v, rel=1e-9, abs=1e-12), (n, k)
+    ddf = packet_dataframe(urls, storage_options=s3.storage_options)
+    got = ddf.compute(scheduler="threads").reset_index(drop=True)
+    one = build_packet_dataframe(str(path))
+    want = pd.concat([one.assign(stream=i) for i in range(2)], ignore_index=True)
+    assert list(got["stream_path"].unique()) == urls
+    got = got.drop(columns=["stream_path"])[list(want.columns)]
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
