@@ -35,6 +35,8 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 #: Codec ids of the lossy activation codecs (docs/COMPRESSION.md): quant, fp16.
 LOSSY_CODECS = (17, 18)
+#: Decoded bytes of the tensors an object-storage epoch fetches ahead, at most (see ``prefetch``).
+PREFETCH_BYTES = 256 << 20
 #: Keys of a row (and of a batch) besides ``activation``, all integer (``lossy`` bool).
 META_KEYS = ("stream", "module", "step", "forward", "batch", "position", "token_index", "token_id", "lossy")
 
@@ -183,8 +185,9 @@ class ActivationDataset(IterableDataset):
         storage_options: fsspec options for object URLs (s3fs: ``{"endpoint_url": ...}``);
             default: the AWS environment variables and config files.
         prefetch: tensors fetched and decoded ahead of the one being read, by threads, when
-            the streams are objects (hides each range request's latency); 0 for none. Local
-            files are read in place.
+            the streams are objects (hides each range request's latency), and never more
+            than :data:`PREFETCH_BYTES` of them at once (always at least one); 0 for none.
+            Local files are read in place.
 
     Example:
         >>> ds = ActivationDataset("run.strap", modules="model.layers.2", batch_size=4096,
@@ -197,7 +200,7 @@ class ActivationDataset(IterableDataset):
                  *, batch_size: Optional[int] = None, drop_last: bool = False, shuffle: bool = False,
                  shuffle_buffer: int = 65536, seed: int = 0, dtype: Optional["torch.dtype"] = None,
                  lossy: str = "keep", rank: Optional[int] = None, world_size: Optional[int] = None,
-                 storage_options: Optional[Dict[str, Any]] = None, prefetch: int = 4) -> None:
+                 storage_options: Optional[Dict[str, Any]] = None, prefetch: int = 8) -> None:
         super().__init__()
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
@@ -498,17 +501,22 @@ class ActivationDataset(IterableDataset):
         from concurrent.futures import Future, ThreadPoolExecutor
 
         tensors = [self._tensor_of(u, opened, readers) for u in units]  # headers only: cheap
-        pending: "collections.deque[Future[Any]]" = collections.deque()
+        pending: "collections.deque[Tuple[Future[Any], int]]" = collections.deque()
+        in_flight = 0
         with ThreadPoolExecutor(self.prefetch, thread_name_prefix="strap-prefetch") as pool:
             try:
                 k = 0
                 while k < len(units) or pending:
-                    while k < len(units) and len(pending) < self.prefetch:
-                        pending.append(pool.submit(self._unit_rows, units[k], tensors[k], tables))
+                    while k < len(units) and len(pending) < self.prefetch and \
+                            (not pending or in_flight + tensors[k].nbytes <= PREFETCH_BYTES):
+                        pending.append((pool.submit(self._unit_rows, units[k], tensors[k], tables), tensors[k].nbytes))
+                        in_flight += tensors[k].nbytes
                         k += 1
-                    yield pending.popleft().result()
+                    fut, nb = pending.popleft()
+                    in_flight -= nb
+                    yield fut.result()
             finally:
-                for f in pending:
+                for f, _ in pending:
                     f.cancel()
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:

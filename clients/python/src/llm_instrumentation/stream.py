@@ -115,6 +115,9 @@ class Packet:
     crc: int = 0
     #: CRC32C state after the header (crc field zeroed): the payload continues it.
     _hcrc: int = field(default=0, repr=False, compare=False)
+    #: Over object storage: the payload's first bytes, fetched with the header (all of it
+    #: for a small packet, CRC-checked then), so that decoding fetches only the rest.
+    _prefix: Optional[bytes] = field(default=None, repr=False, compare=False)
 
     @property
     def type_name(self) -> str:
@@ -287,18 +290,24 @@ class StreamReader:
                             block_size)
         if why:
             raise StreamFormatError(f"{self.path}: {TYPE_NAMES[ptype]} packet: {why}", off)
+        prefix = bytes(buf[header_len:min(len(buf), whole)]) if self._remote else None
         return Packet(off, ptype, dt, codec, flags, seq, step, fwd, raw_len, stored_len, part_offset,
-                      tensor_len, block_size, tuple(shape), name, meta, off + header_len, self, crc=crc, _hcrc=hcrc)
+                      tensor_len, block_size, tuple(shape), name, meta, off + header_len, self, crc=crc, _hcrc=hcrc,
+                      _prefix=prefix)
 
     def _payload(self, pk: Packet) -> Union[bytes, memoryview]:
-        data = self._src.read(pk.payload_start, pk.stored_len)
-        if self._remote:
-            # Fetched now, perhaps apart from its header: check it against the packet's CRC.
-            got = crc32c(data, pk._hcrc)
-            if got != pk.crc:
-                raise StreamFormatError(f"{self.path}: packet CRC mismatch (stored {pk.crc:#010x}, computed {got:#010x})",
-                                        pk.offset)
-        return data
+        if not self._remote:
+            return self._src.read(pk.payload_start, pk.stored_len)
+        pre = pk._prefix or b""
+        if len(pre) == pk.stored_len:
+            return pre  # came whole with its header, CRC-checked by _parse
+        # Fetched now, apart from its header: check it against the packet's CRC.
+        rest = self._src.read(pk.payload_start + len(pre), pk.stored_len - len(pre))
+        got = crc32c(rest, crc32c(pre, pk._hcrc) if pre else pk._hcrc)
+        if got != pk.crc:
+            raise StreamFormatError(f"{self.path}: packet CRC mismatch (stored {pk.crc:#010x}, computed {got:#010x})",
+                                    pk.offset)
+        return pre + bytes(rest) if pre else rest
 
     def _load_index(self) -> Optional[List[int]]:
         """Offsets of the TENSOR/DROP/TOKEN packets from the footer index, or None when the
@@ -311,13 +320,14 @@ class StreamReader:
         (idx_off,) = struct.unpack_from("<Q", foot, 0)
         if not self.first_packet <= idx_off < self.size - 16:
             raise StreamFormatError(f"{self.path}: footer index offset {idx_off} out of range", self.size - 16)
-        pk = self._parse(idx_off, span=self.size - 16 - idx_off)
+        raw = self._src.read(idx_off, self.size - 16 - idx_off)  # one request for the whole INDEX
+        pk = self._parse(idx_off, buf=raw)
         assert pk is not None
         if pk.type != INDEX or pk.codec != CODEC_NONE:
             raise StreamFormatError(f"{self.path}: footer points at a {pk.type_name} packet, not an uncompressed INDEX", idx_off)
         if pk.end != self.size - 16:
             raise StreamFormatError(f"{self.path}: bytes between the INDEX packet and the footer", pk.end)
-        data = self._src.read(pk.payload_start, pk.stored_len)
+        data = raw[pk.payload_start - idx_off:]
         try:
             (n_names,) = struct.unpack_from("<I", data, 0)
             p = 4
