@@ -77,6 +77,31 @@ def epoch(path: str, module: str, rows_per_batch: int, **kw: Any) -> Dict[str, f
             "bytes_fetched": fetched}
 
 
+def fetch_only(srv: S3Server, url: str, ranges: List[Any], rounds: int) -> Dict[str, float]:
+    """The module's byte ranges fetched through s3fs alone (``cat_ranges``, concurrent), no
+    decoding: the transport's own throughput and CPU, client and server, on this machine."""
+    from llm_instrumentation._source import filesystem
+
+    fs, path = filesystem(url, srv.storage_options)
+    tck = os.sysconf("SC_CLK_TCK")
+
+    def server_cpu() -> float:
+        f = Path(f"/proc/{srv.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / tck
+
+    n = sum(b - a for a, b in ranges)
+    walls, client, server = [], [], []
+    for _ in range(rounds):
+        c0, s0, t0 = time.process_time(), server_cpu(), time.perf_counter()
+        fs.cat_ranges([path] * len(ranges), [a for a, _ in ranges], [b for _, b in ranges])
+        walls.append(time.perf_counter() - t0)
+        client.append(time.process_time() - c0)
+        server.append(server_cpu() - s0)
+    return {"bytes": n, "mb_s": n / statistics.median(walls) / 1e6,
+            "client_cpu_s_per_gb": statistics.median(client) / (n / 1e9),
+            "server_cpu_s_per_gb": statistics.median(server) / (n / 1e9)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--strapd", default=str(HERE.parents[2] / "bin" / "strapd"))
@@ -110,6 +135,7 @@ def main() -> None:
             module_bytes = sum(p.end - p.offset for p in r.packets() if p.name == module)
             module_raw = sum(p.raw_len for p in r.packets() if p.name == module)
             codec = sorted({p.codec for p in r.packets() if p.name == module})
+            ranges = [(p.offset, p.end) for p in r.packets() if p.name == module]
         so = srv.storage_options
         runs: Dict[str, List[Dict[str, float]]] = {"local": [], "s3": [], "s3_prefetch0": []}
         epoch(str(local), module, a.rows)  # warm: page cache, imports
@@ -118,12 +144,17 @@ def main() -> None:
             runs["local"].append(epoch(str(local), module, a.rows))
             runs["s3"].append(epoch(url, module, a.rows, storage_options=so))
             runs["s3_prefetch0"].append(epoch(url, module, a.rows, storage_options=so, prefetch=0))
+        c0 = time.process_time()
+        for _ in range(a.rounds):
+            epoch(str(local), module, a.rows)
+        local_cpu = (time.process_time() - c0) / a.rounds
+        transport = fetch_only(srv, url, ranges, a.rounds)
         med = {k: {m: statistics.median(r[m] for r in v) for m in ("construct_s", "iterate_s", "epoch_s")}
                for k, v in runs.items()}
         rows = runs["local"][0]["rows"]
         res = {
             "capture_bytes": size, "module": module, "module_stored_bytes": module_bytes, "module_raw_bytes": module_raw,
-            "codec_ids": codec, "rows": rows, "width": a.hidden, "dataset_batch_rows": a.rows, "rounds": a.rounds,
+            "codec_ids": codec, "cores": os.cpu_count(), "rows": rows, "width": a.hidden, "dataset_batch_rows": a.rows, "rounds": a.rounds,
             "upload_s": upload_s, "median": med,
             # throughput ratios (s3:// over local): the epoch proper, and with construction
             "ratio_iterate": med["local"]["iterate_s"] / med["s3"]["iterate_s"],
@@ -132,6 +163,7 @@ def main() -> None:
             "local_mb_s": module_raw / med["local"]["iterate_s"] / 1e6,
             "s3_mb_s": module_raw / med["s3"]["iterate_s"] / 1e6,
             "s3_bytes_fetched_per_epoch": statistics.median(r["bytes_fetched"] for r in runs["s3"]),
+            "local_epoch_cpu_s_per_gb": local_cpu / (module_raw / 1e9), "transport": transport,
             "loadavg": os.getloadavg(), "runs": runs,
         }
         print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=1))
