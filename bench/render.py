@@ -582,9 +582,9 @@ def decode_tables(w: Emit, dec: Json) -> None:
 
 
 def objstore_tables(w: Emit, o: Json) -> None:
-    """Section 6: ActivationDataset over s3:// against the local file (object_storage_bench.py)."""
+    """Section 6b: ActivationDataset over s3:// against the local file (object_storage_bench.py)."""
     med, t = o["median"], o["transport"]
-    w(f"## 6. Reading from object storage (load {fmt_load(o['loadavg'])})")
+    w(f"## 6b. Reading from object storage (`object_storage_bench.py`; load {fmt_load(o['loadavg'])})")
     w("")
     commands(w, [o["command"]])
     w(f"One module (`{o['module']}`, {o['module_stored_bytes'] / 2**20:.1f} MiB stored, "

@@ -105,7 +105,7 @@ def fetch_only(srv: S3Server, url: str, ranges: List[Any], rounds: int) -> Dict[
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--strapd", default=str(HERE.parents[2] / "bin" / "strapd"))
-    ap.add_argument("--versitygw", default=None, help="default: $VERSITYGW or make versitygw's cache path")
+    ap.add_argument("--versitygw", default=None, help="default: $STRAP_VERSITYGW or make versitygw's cache path")
     ap.add_argument("--forwards", type=int, default=32)
     ap.add_argument("--batch", type=int, default=4, help="prompts per forward pass")
     ap.add_argument("--seq", type=int, default=256)
@@ -116,7 +116,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if a.versitygw:
-        os.environ["VERSITYGW"] = a.versitygw
+        os.environ["STRAP_VERSITYGW"] = a.versitygw
     vgw = versitygw_bin()
     if not (vgw.is_file() and os.access(vgw, os.X_OK)):
         raise SystemExit(f"versitygw not built at {vgw} (make versitygw, or --versitygw PATH)")

@@ -1,7 +1,8 @@
 """A real S3 server for the object-storage tests: VersityGW (posix backend: a bucket is a
 directory of a temp dir, an object a file), started once per test session.
 
-The binary comes from ``$VERSITYGW`` or the cache path where ``make versitygw`` builds it
+The binary comes from ``$STRAP_VERSITYGW`` (what ``make test-python`` passes), ``$VERSITYGW``
+or the cache path where ``make versitygw`` builds it
 (``~/.cache/strap-llm/versitygw-1.8.0/versitygw``); without it the tests that need it skip,
 saying so. Buckets are made and objects uploaded with boto3 (s3fs's mkdir sends a location
 constraint that some servers refuse)."""
@@ -24,7 +25,7 @@ DEFAULT_BIN = Path.home() / ".cache" / "strap-llm" / "versitygw-1.8.0" / "versit
 
 
 def versitygw_bin() -> Path:
-    return Path(os.environ.get("VERSITYGW") or DEFAULT_BIN)
+    return Path(os.environ.get("STRAP_VERSITYGW") or os.environ.get("VERSITYGW") or DEFAULT_BIN)
 
 
 def _free_port() -> int:
