@@ -204,7 +204,7 @@ class ActivationDataset(IterableDataset):
         super().__init__()
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
-        self.paths: List[str] = [p if is_url(p) else os.path.abspath(os.fspath(p)) for p in paths]
+        self.paths: List[str] = [os.fspath(p) if is_url(p) else os.path.abspath(os.fspath(p)) for p in paths]
         self.storage_options = dict(storage_options) if storage_options else None
         if prefetch < 0:
             raise ValueError(f"prefetch must be ≥ 0, got {prefetch}")

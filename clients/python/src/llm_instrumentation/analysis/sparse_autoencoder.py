@@ -244,7 +244,7 @@ def _gather_rows(x: torch.Tensor, world: int) -> torch.Tensor:
     """Every rank's ``x`` concatenated in rank order (all ranks' batches must match in shape)."""
     import torch.distributed as dist
 
-    shapes = [None] * world
+    shapes: List[Any] = [None] * world
     dist.all_gather_object(shapes, tuple(x.shape))
     if len(set(shapes)) != 1:
         raise ValueError(f"distributed training needs batches of one shape on every rank, got {shapes} "
