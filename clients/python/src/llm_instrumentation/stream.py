@@ -290,7 +290,9 @@ class StreamReader:
                             block_size)
         if why:
             raise StreamFormatError(f"{self.path}: {TYPE_NAMES[ptype]} packet: {why}", off)
-        prefix = bytes(buf[header_len:min(len(buf), whole)]) if self._remote else None
+        # (At most HEAD_GUESS bytes: a packet parsed from a read-ahead window must not keep
+        # the window's megabytes alive; decoding fetches whatever is not kept.)
+        prefix = bytes(buf[header_len:min(len(buf), whole, header_len + HEAD_GUESS)]) if self._remote else None
         return Packet(off, ptype, dt, codec, flags, seq, step, fwd, raw_len, stored_len, part_offset,
                       tensor_len, block_size, tuple(shape), name, meta, off + header_len, self, crc=crc, _hcrc=hcrc,
                       _prefix=prefix)
