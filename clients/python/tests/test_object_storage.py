@@ -296,3 +296,22 @@ def test_dask_scan_equals_numpy(s3, capture):  # noqa: F811
     assert list(got["stream_path"].unique()) == urls
     got = got.drop(columns=["stream_path"])[list(want.columns)]
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
+
+
+def test_export_from_object_equals_local(s3, capture, url, tmp_path, monkeypatch):  # noqa: F811
+    """``python -m llm_instrumentation.export`` of an s3:// object (credentials and endpoint
+    from the AWS variables) writes the same shards as from the local file."""
+    env = dict(__import__("os").environ, **s3.env)
+    for src, out in ((str(capture[0]), tmp_path / "loc"), (url, tmp_path / "rem")):
+        p = subprocess.run([sys.executable, "-m", "llm_instrumentation.export", "safetensors", src, "--modules",
+                            *LAYERS[:2], "--out", str(out), "--no-progress"], env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr
+    a, b = json.loads((tmp_path / "loc" / "index.json").read_text()), json.loads((tmp_path / "rem" / "index.json").read_text())
+    assert b["streams"][0]["path"] == url and a["rows"] == b["rows"] > 0
+    from safetensors.torch import load_file
+
+    assert [sh["file"] for sh in a["shards"]] == [sh["file"] for sh in b["shards"]]
+    for sh in a["shards"]:
+        x, y = load_file(str(tmp_path / "loc" / sh["file"])), load_file(str(tmp_path / "rem" / sh["file"]))
+        assert set(x) == set(y) and all(torch.equal(x[k], y[k]) for k in x)
