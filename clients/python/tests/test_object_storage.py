@@ -138,6 +138,10 @@ def test_errors_are_clear(s3, monkeypatch):  # noqa: F811
         open_stream("s3://caps/runs/none.strap", storage_options=s3.storage_options)
     with pytest.raises(ValueError, match="storage_options given for a local path"):
         open_stream("x.strap", storage_options={"anon": True})
+    legacy = Path(__file__).resolve().parents[3] / "testdata" / "compat131" / "lz4.stream"
+    u = s3.upload(legacy, "caps", "legacy/lz4.stream")
+    with pytest.raises(StreamFormatError, match="1.3.1 streams are read from local files only"):
+        open_stream(u, storage_options=s3.storage_options)
     # no s3fs (a process where it cannot be imported): the error names the extra to install
     code = ("import sys; sys.modules['s3fs'] = None\n"
             "from llm_instrumentation import open_stream\n"
