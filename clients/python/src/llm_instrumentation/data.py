@@ -35,7 +35,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 #: Codec ids of the lossy activation codecs (docs/COMPRESSION.md): quant, fp16.
 LOSSY_CODECS = (17, 18)
-#: Decoded bytes of the tensors an object-storage epoch fetches ahead, at most (see ``prefetch``).
+#: Stored bytes of the tensors an object-storage epoch fetches ahead, at most (see ``prefetch``).
 PREFETCH_BYTES = 256 << 20
 #: Keys of a row (and of a batch) besides ``activation``, all integer (``lossy`` bool).
 META_KEYS = ("stream", "module", "step", "forward", "batch", "position", "token_index", "token_id", "lossy")
@@ -184,10 +184,10 @@ class ActivationDataset(IterableDataset):
             (``torch.distributed``, then ``RANK``/``WORLD_SIZE``).
         storage_options: fsspec options for object URLs (s3fs: ``{"endpoint_url": ...}``);
             default: the AWS environment variables and config files.
-        prefetch: tensors fetched and decoded ahead of the one being read, by threads, when
-            the streams are objects (hides each range request's latency), and never more
-            than :data:`PREFETCH_BYTES` of them at once (always at least one); 0 for none.
-            Local files are read in place.
+        prefetch: tensors whose bytes threads fetch ahead of the one being decoded, when
+            the streams are objects (hides each range request's latency behind decoding),
+            never more than :data:`PREFETCH_BYTES` of them at once (always at least one); 0
+            for none. Local files are read in place.
 
     Example:
         >>> ds = ActivationDataset("run.strap", modules="model.layers.2", batch_size=4096,
@@ -438,9 +438,9 @@ class ActivationDataset(IterableDataset):
                                "construction (the file changed)")
         return ts[u.ordinal]
 
-    def _unit_rows(self, u: Unit, t: Tensor, token_tables: Dict[int, Tuple[np.ndarray, np.ndarray]]
-                   ) -> Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]:
-        x = _decoded(t)
+    def _unit_rows(self, u: Unit, t: Tensor, token_tables: Dict[int, Tuple[np.ndarray, np.ndarray]],
+                   stored: Optional[List[Any]] = None) -> Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]:
+        x = _decoded(t, stored)
         if self.dtype is not None:
             x = x.to(self.dtype)
         d = u.shape[-1]
@@ -496,27 +496,32 @@ class ActivationDataset(IterableDataset):
     def _prefetched(self, units: List[Unit], opened: Dict[Tuple[int, str], List[Tensor]], readers: List[Any],
                     tables: Dict[int, Tuple[np.ndarray, np.ndarray]]
                     ) -> Iterator[Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]]:
-        """Units in order, each fetched and decoded by a thread up to ``prefetch`` units
-        ahead: a range request waits on the network, and the codecs release the GIL."""
+        """Units in order, their bytes fetched by threads up to ``prefetch`` tensors (and
+        :data:`PREFETCH_BYTES`) ahead while this thread decodes: a range request waits on
+        the network, and fetching and decoding then overlap without decodes contending."""
         from concurrent.futures import Future, ThreadPoolExecutor
 
         tensors = [self._tensor_of(u, opened, readers) for u in units]  # headers only: cheap
-        pending: "collections.deque[Tuple[Future[Any], int]]" = collections.deque()
+        sizes = [sum(p.stored_len for p in t.packets) for t in tensors]
+
+        def fetch(t: Tensor) -> List[Any]:
+            return [p._reader.fetch_payload(p) for p in t.packets]
+
+        pending: "collections.deque[Future[List[Any]]]" = collections.deque()
         in_flight = 0
         with ThreadPoolExecutor(self.prefetch, thread_name_prefix="strap-prefetch") as pool:
             try:
                 k = 0
-                while k < len(units) or pending:
-                    while k < len(units) and len(pending) < self.prefetch and \
-                            (not pending or in_flight + tensors[k].nbytes <= PREFETCH_BYTES):
-                        pending.append((pool.submit(self._unit_rows, units[k], tensors[k], tables), tensors[k].nbytes))
-                        in_flight += tensors[k].nbytes
+                for i, u in enumerate(units):
+                    while k < len(units) and k - i < self.prefetch and (k == i or in_flight + sizes[k] <= PREFETCH_BYTES):
+                        pending.append(pool.submit(fetch, tensors[k]))
+                        in_flight += sizes[k]
                         k += 1
-                    fut, nb = pending.popleft()
-                    in_flight -= nb
-                    yield fut.result()
+                    stored = pending.popleft().result()
+                    in_flight -= sizes[i]
+                    yield self._unit_rows(u, tensors[i], tables, stored)
             finally:
-                for f, _ in pending:
+                for f in pending:
                     f.cancel()
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
@@ -539,13 +544,14 @@ class ActivationDataset(IterableDataset):
         return self.iter_chunks(shard, n_shards)
 
 
-def _decoded(t: Tensor) -> "torch.Tensor":
-    """The tensor's decoded bytes as a torch tensor, without a further copy.
+def _decoded(t: Tensor, stored: Optional[List[Any]] = None) -> "torch.Tensor":
+    """The tensor's decoded bytes as a torch tensor, without a further copy (``stored``: its
+    packets' payloads, fetched ahead).
 
     ``Tensor.raw()`` returns a bytes object made for this call and referenced by nothing
     else, so the tensor may own its memory (writes land in that private object); a
     one-byte object may be CPython's shared singleton, so that case is copied."""
-    raw = t.raw()
+    raw = t.raw(stored)
     dt = getattr(torch, t.dtype)
     if not raw:
         return torch.empty(t.shape, dtype=dt)

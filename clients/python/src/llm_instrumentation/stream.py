@@ -144,9 +144,10 @@ class Packet:
         CRC-checked, from object storage)."""
         return self._reader._payload(self)
 
-    def decode(self) -> bytes:
-        """The decoded payload (``raw_len`` bytes)."""
-        return self._reader._decode(self)
+    def decode(self, stored: Optional[Union[bytes, memoryview]] = None) -> bytes:
+        """The decoded payload (``raw_len`` bytes); ``stored``: the stored payload, when the
+        caller fetched it already (:meth:`StreamReader.fetch_payload`)."""
+        return self._reader._decode(self, stored)
 
 
 class StreamReader:
@@ -297,6 +298,12 @@ class StreamReader:
                       tensor_len, block_size, tuple(shape), name, meta, off + header_len, self, crc=crc, _hcrc=hcrc,
                       _prefix=prefix)
 
+    def fetch_payload(self, pk: Packet) -> Union[bytes, memoryview]:
+        """``pk``'s stored payload, CRC-checked: over object storage one range request (safe
+        from several threads, so a caller can fetch ahead while it decodes); from a file a
+        view of the mapping."""
+        return self._payload(pk)
+
     def _payload(self, pk: Packet) -> Union[bytes, memoryview]:
         if not self._remote:
             return self._src.read(pk.payload_start, pk.stored_len)
@@ -405,8 +412,8 @@ class StreamReader:
 
     # ----- decoding ----------------------------------------------------------------------------
 
-    def _decode(self, pk: Packet) -> bytes:
-        data = pk.stored()
+    def _decode(self, pk: Packet, stored: Optional[Union[bytes, memoryview]] = None) -> bytes:
+        data = pk.stored() if stored is None else stored
         if pk.codec == CODEC_NONE:
             return bytes(data)
         if pk.block_size <= 0:
