@@ -587,8 +587,9 @@ def objstore_tables(w: Emit, o: Json) -> None:
     w(f"## 6b. Reading from object storage (`object_storage_bench.py`; load {fmt_load(o['loadavg'])})")
     w("")
     commands(w, [o["command"]])
+    per = f", {o['tensors']} tensors of {o['module_raw_bytes'] / o['tensors'] / 2**20:.1f} MiB" if "tensors" in o else ""
     w(f"One module (`{o['module']}`, {o['module_stored_bytes'] / 2**20:.1f} MiB stored, "
-      f"{o['module_raw_bytes'] / 2**20:.1f} MiB raw, {o['rows']} rows × {o['width']}) of a "
+      f"{o['module_raw_bytes'] / 2**20:.1f} MiB raw, {o['rows']} rows × {o['width']}{per}) of a "
       f"{o['capture_bytes'] / 2**20:.0f} MiB capture, float32 batches of {o['dataset_batch_rows']} rows; "
       f"median of {o['rounds']} alternating rounds. The S3 server (VersityGW, posix backend) runs on the same "
       f"{o['cores']} cores as the reader.")

@@ -106,9 +106,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--strapd", default=str(HERE.parents[2] / "bin" / "strapd"))
     ap.add_argument("--versitygw", default=None, help="default: $STRAP_VERSITYGW or make versitygw's cache path")
-    ap.add_argument("--forwards", type=int, default=32)
+    ap.add_argument("--forwards", type=int, default=8)
     ap.add_argument("--batch", type=int, default=4, help="prompts per forward pass")
-    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--rows", type=int, default=4096, help="rows per dataset batch")
@@ -136,6 +136,7 @@ def main() -> None:
             module_raw = sum(p.raw_len for p in r.packets() if p.name == module)
             codec = sorted({p.codec for p in r.packets() if p.name == module})
             ranges = [(p.offset, p.end) for p in r.packets() if p.name == module]
+            n_tensors = len(r.tensors(module))
         so = srv.storage_options
         runs: Dict[str, List[Dict[str, float]]] = {"local": [], "s3": [], "s3_prefetch0": []}
         epoch(str(local), module, a.rows)  # warm: page cache, imports
@@ -154,7 +155,7 @@ def main() -> None:
         rows = runs["local"][0]["rows"]
         res = {
             "capture_bytes": size, "module": module, "module_stored_bytes": module_bytes, "module_raw_bytes": module_raw,
-            "codec_ids": codec, "cores": os.cpu_count(), "rows": rows, "width": a.hidden, "dataset_batch_rows": a.rows, "rounds": a.rounds,
+            "codec_ids": codec, "cores": os.cpu_count(), "tensors": n_tensors, "rows": rows, "width": a.hidden, "dataset_batch_rows": a.rows, "rounds": a.rounds,
             "upload_s": upload_s, "median": med,
             # throughput ratios (s3:// over local): the epoch proper, and with construction
             "ratio_iterate": med["local"]["iterate_s"] / med["s3"]["iterate_s"],
