@@ -39,15 +39,22 @@ class S3Server:
     variables a child process reads), ``client()`` (boto3)."""
 
     def __init__(self, binary: Path) -> None:
+        self.binary = binary
         self.root = tempfile.mkdtemp(prefix="vgw")
         self.port = _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log = open(os.path.join(self.root, "versitygw.log"), "wb")
-        data = os.path.join(self.root, "data")
-        os.mkdir(data)
-        self.data = data
-        self.proc = subprocess.Popen([str(binary), "--access", ACCESS, "--secret", SECRET, "--port",
-                                      f"127.0.0.1:{self.port}", "--quiet", "posix", data],
+        self.data = os.path.join(self.root, "data")
+        os.mkdir(self.data)
+        self.start()
+        self.storage_options: Dict[str, Any] = {"endpoint_url": self.endpoint, "key": ACCESS, "secret": SECRET}
+        self.env = {"AWS_ACCESS_KEY_ID": ACCESS, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_ENDPOINT_URL": self.endpoint,
+                    "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def start(self) -> None:
+        """(Re)start the server on its port and data directory; returns once it listens."""
+        self.proc = subprocess.Popen([str(self.binary), "--access", ACCESS, "--secret", SECRET, "--port",
+                                      f"127.0.0.1:{self.port}", "--quiet", "posix", self.data],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while True:
@@ -55,15 +62,17 @@ class S3Server:
                 raise RuntimeError(f"versitygw exited {self.proc.returncode}: see {self.log.name}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    break
+                    return
             except OSError:
                 if time.monotonic() > deadline:
                     self.stop()
                     raise RuntimeError("versitygw did not listen within 30 s")
                 time.sleep(0.05)
-        self.storage_options: Dict[str, Any] = {"endpoint_url": self.endpoint, "key": ACCESS, "secret": SECRET}
-        self.env = {"AWS_ACCESS_KEY_ID": ACCESS, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_ENDPOINT_URL": self.endpoint,
-                    "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def kill(self) -> None:
+        """SIGKILL the server (its objects stay in the data directory)."""
+        self.proc.kill()
+        self.proc.wait()
 
     def client(self) -> Any:
         import boto3

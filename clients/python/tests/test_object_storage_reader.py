@@ -113,3 +113,34 @@ def test_damage_found_as_on_a_file(s3, tmp_path):  # noqa: F811
         assert local == remote, (pos, local, remote)
         bad_seen += local == "error"
     assert bad_seen >= 30  # nearly every byte is under a CRC
+
+
+def test_server_killed_mid_epoch_is_an_error_then_reads_again(tmp_path):
+    """The S3 server SIGKILLed while an ActivationDataset epoch runs: the epoch fails with a
+    ConnectionError naming the object (no short epoch passed off as whole); restarted, a new
+    epoch reads every row."""
+    from s3server import S3Server, versitygw_bin
+
+    from llm_instrumentation.data import ActivationDataset
+
+    pytest.importorskip("s3fs")
+    if not versitygw_bin().is_file():
+        pytest.skip(f"versitygw not built at {versitygw_bin()} (make versitygw)")
+    ts = [("m", _tensor(torch.float32, (2, 64, 32), seed=i), None) for i in range(12)]
+    p = write_stream(tmp_path / "k.strap", ts, codec="lz4")
+    srv = S3Server(versitygw_bin())
+    try:
+        url = srv.upload(p, "killed", "k.strap")
+        so = srv.storage_options
+        ds = ActivationDataset(url, batch_size=16, rank=0, world_size=1, storage_options=so, prefetch=2)
+        it = iter(ds)
+        next(it)
+        srv.kill()
+        with pytest.raises(ConnectionError, match="s3://killed/k.strap"):
+            for _ in it:
+                pass
+        srv.start()
+        assert sum(b["activation"].shape[0] for b in ds) == ds.rows == 12 * 128
+        ds.close()
+    finally:
+        srv.stop()

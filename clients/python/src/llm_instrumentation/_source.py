@@ -156,7 +156,12 @@ class RemoteSource(ByteSource):
         end = min(off + n, self.size)
         if end <= off:
             return b""
-        data = self._filesystem().cat_file(self._path, start=off, end=end)
+        try:
+            data = self._filesystem().cat_file(self._path, start=off, end=end)
+        except OSError:
+            raise
+        except Exception as e:  # botocore's connection and protocol errors are not OSErrors
+            raise ConnectionError(f"{self.name}: reading bytes [{off}, {end}): {e}") from e
         if len(data) != end - off:
             raise StreamFormatError(f"{self.name}: asked for bytes [{off}, {end}), got {len(data)} "
                                     "(the object changed while it was read?)", off)
@@ -182,8 +187,13 @@ class RemoteSource(ByteSource):
         if len(todo) <= 1:
             return [self._fetch(o, e - o) for o, e in todo]
         fs = self._filesystem()
-        got = fs.cat_ranges([self._path] * len(todo), [o for o, _ in todo], [e for _, e in todo],
-                            on_error="raise")
+        try:
+            got = fs.cat_ranges([self._path] * len(todo), [o for o, _ in todo], [e for _, e in todo],
+                                on_error="raise")
+        except OSError:
+            raise
+        except Exception as e:  # botocore's connection and protocol errors are not OSErrors
+            raise ConnectionError(f"{self.name}: reading {len(todo)} byte ranges: {e}") from e
         out: List[Buffer] = []
         for (o, e), data in zip(todo, got):
             if isinstance(data, BaseException):
