@@ -160,8 +160,8 @@ class RemoteSource(ByteSource):
             data = self._filesystem().cat_file(self._path, start=off, end=end)
         except OSError:
             raise
-        except Exception as e:  # botocore's connection and protocol errors are not OSErrors
-            raise ConnectionError(f"{self.name}: reading bytes [{off}, {end}): {e}") from e
+        except Exception as err:  # botocore's connection and protocol errors are not OSErrors
+            raise ConnectionError(f"{self.name}: reading bytes [{off}, {end}): {err}") from err
         if len(data) != end - off:
             raise StreamFormatError(f"{self.name}: asked for bytes [{off}, {end}), got {len(data)} "
                                     "(the object changed while it was read?)", off)
@@ -192,8 +192,8 @@ class RemoteSource(ByteSource):
                                 on_error="raise")
         except OSError:
             raise
-        except Exception as e:  # botocore's connection and protocol errors are not OSErrors
-            raise ConnectionError(f"{self.name}: reading {len(todo)} byte ranges: {e}") from e
+        except Exception as err:  # botocore's connection and protocol errors are not OSErrors
+            raise ConnectionError(f"{self.name}: reading {len(todo)} byte ranges: {err}") from err
         out: List[Buffer] = []
         for (o, e), data in zip(todo, got):
             if isinstance(data, BaseException):
