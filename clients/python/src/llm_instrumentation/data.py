@@ -1,6 +1,7 @@
 """Captured activations as a PyTorch dataset: one row of ``[d_model]`` per token position.
 
-:class:`ActivationDataset` reads one or many stream files (docs/STREAM_FORMAT.md) through
+:class:`ActivationDataset` reads one or many stream files (docs/STREAM_FORMAT.md), or objects
+in S3-compatible storage (docs/OBJECT_STORAGE.md), through
 :func:`llm_instrumentation.open_stream` and yields rows with where they came from
 (stream, step, forward, position, token id). It is an ``IterableDataset`` that shards by
 whole tensors across DataLoader workers and distributed ranks, so every row comes out
