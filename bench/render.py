@@ -165,6 +165,7 @@ def render(results: Path, doc: Path) -> None:
     pab = load(results, "probes_ab", failed)
     res = load(results, "resources", failed)
     prof = load(results, "profile", failed)
+    obj = load(results, "objstore", failed)
     meta = load(results, "run", failed)
     up = load(results, "upload", failed)
     pngs = charts(results, ov, ing)
@@ -212,6 +213,8 @@ def render(results: Path, doc: Path) -> None:
         profile_tables(w, prof)
     if up:
         upload_tables(w, up)
+    if obj:
+        objstore_tables(w, obj)
     doc.write_text("\n".join(L).rstrip() + "\n")
 
 
@@ -578,6 +581,38 @@ def decode_tables(w: Emit, dec: Json) -> None:
         ("client wall per record, warm loop", f"{rc['wall_us_per_record']:.1f} µs"),
         ("record callback inside decoding, thread CPU per call (median / mean; its timer included)",
          f"{rd['record_us']:.1f} / {rd['record_us_mean']:.1f} µs"),
+    ])
+
+
+def objstore_tables(w: Emit, o: Json) -> None:
+    """Section 6b: ActivationDataset over s3:// against the local file (object_storage_bench.py)."""
+    med, t = o["median"], o["transport"]
+    w(f"## 6b. Reading from object storage (`object_storage_bench.py`; load {fmt_load(o['loadavg'])})")
+    w("")
+    commands(w, [o["command"]])
+    per = f", {o['tensors']} tensors of {o['module_raw_bytes'] / o['tensors'] / 2**20:.1f} MiB" if "tensors" in o else ""
+    w(f"One module (`{o['module']}`, {o['module_stored_bytes'] / 2**20:.1f} MiB stored, "
+      f"{o['module_raw_bytes'] / 2**20:.1f} MiB raw, {o['rows']} rows × {o['width']}{per}) of a "
+      f"{o['capture_bytes'] / 2**20:.0f} MiB capture, float32 batches of {o['dataset_batch_rows']} rows; "
+      f"median of {o['rounds']} alternating rounds. The S3 server (VersityGW, posix backend) runs on the same "
+      f"{o['cores']} cores as the reader.")
+    w("")
+    table(w, ["", "local file", "s3://, prefetch 8 (default)", "s3://, prefetch 0"], "lrrr", [
+        ("construction (header, index, selected headers)", *(f"{med[k]['construct_s'] * 1e3:.0f} ms"
+                                                             for k in ("local", "s3", "s3_prefetch0"))),
+        ("epoch (every batch)", *(f"{med[k]['iterate_s'] * 1e3:.0f} ms" for k in ("local", "s3", "s3_prefetch0"))),
+        ("raw MB/s of the epoch", f"{o['local_mb_s']:.0f}", f"{o['s3_mb_s']:.0f}",
+         f"{o['module_raw_bytes'] / med['s3_prefetch0']['iterate_s'] / 1e6:.0f}"),
+    ])
+    table(w, ["measurement", "value"], "lr", [
+        (f"target: s3:// epoch ≥ 0.8 × local", f"{o['ratio_iterate']:.2f} ({met(o['ratio_iterate'] >= 0.8)}); "
+                                              f"prefetch 0: {o['ratio_iterate_prefetch0']:.2f}"),
+        ("the same, construction included", f"{o['ratio_with_construction']:.2f}"),
+        ("bytes fetched per s3:// dataset (construction + epoch) / module's stored bytes",
+         f"{o['s3_bytes_fetched_per_epoch'] / o['module_stored_bytes']:.4f}"),
+        ("local epoch, client CPU", f"{o['local_epoch_cpu_s_per_gb']:.2f} CPU-s per raw GB"),
+        ("transport alone (s3fs `cat_ranges` of the module's ranges)",
+         f"{t['mb_s']:.0f} MB/s; client {t['client_cpu_s_per_gb']:.2f}, server {t['server_cpu_s_per_gb']:.2f} CPU-s/GB"),
     ])
 
 

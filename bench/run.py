@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 BENCH_PY = ROOT / "clients" / "python" / "benchmarks"
 STEPS = ("machine", "peers", "overhead", "decode", "ingest", "memory", "cpubudget", "compression", "probes",
-         "probes_ab", "resources", "profile")
+         "probes_ab", "resources", "profile", "objstore")
 #: Steps run only when ``--only`` names them: long, and they need the trained MiniLM package.
 EXTRA_STEPS = ("analysis",)
 #: Ingest codecs: (codec, lossy bound or ""); the Python producer runs those its client knows.
@@ -586,6 +586,23 @@ def step_profile(ctx: "Ctx") -> Dict[str, Any]:
     r["ring_copy"]["command"] = show(rc, ctx.tmp)
     r["loadavg"].append(loadavg())
     return r
+
+
+def step_objstore(ctx: "Ctx") -> Dict[str, Any]:
+    """An ActivationDataset epoch over s3:// (VersityGW on this machine) against the same over
+    the local file (clients/python/benchmarks/object_storage_bench.py; its own strapd and
+    server; needs `make versitygw`)."""
+    out = ctx.tmp / "objstore.json"
+    cmd = [PY, BENCH_PY / "object_storage_bench.py", "--strapd", ctx.strapd, "--json", out]
+    if ctx.quick:
+        cmd += ["--forwards", "4", "--seq", "64", "--rounds", "1"]
+    la0 = loadavg()
+    run(cmd, timeout=900, progress=True)
+    res = json.loads(out.read_text())
+    res.pop("runs", None)
+    res["command"] = show(cmd, ctx.tmp)
+    res["loadavg"] = [la0, loadavg()]
+    return res
 
 
 # ----- driver ------------------------------------------------------------------------------------

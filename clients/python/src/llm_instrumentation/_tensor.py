@@ -47,13 +47,16 @@ class Tensor:
             return m["ggml_type"], tuple(m["ggml_ne"])
         return None
 
-    def raw(self) -> bytes:
-        """The tensor's raw little-endian bytes in C order."""
+    def raw(self, stored: Optional[List[Any]] = None) -> bytes:
+        """The tensor's raw little-endian bytes in C order. ``stored``: its packets' stored
+        payloads, one per packet, when the caller fetched them already (object storage)."""
+        if stored is not None and len(stored) != len(self.packets):
+            raise ValueError(f"{len(stored)} stored payloads for {len(self.packets)} packets")
         if len(self.packets) == 1:
-            return self.packets[0].decode()
+            return self.packets[0].decode() if stored is None else self.packets[0].decode(stored[0])
         buf = bytearray(self.nbytes)
-        for p in self.packets:
-            buf[p.part_offset:p.part_offset + p.raw_len] = p.decode()
+        for i, p in enumerate(self.packets):
+            buf[p.part_offset:p.part_offset + p.raw_len] = p.decode() if stored is None else p.decode(stored[i])
         return bytes(buf)
 
     def numpy(self) -> np.ndarray:

@@ -1,6 +1,7 @@
 """Captured activations as a PyTorch dataset: one row of ``[d_model]`` per token position.
 
-:class:`ActivationDataset` reads one or many stream files (docs/STREAM_FORMAT.md) through
+:class:`ActivationDataset` reads one or many stream files (docs/STREAM_FORMAT.md), or objects
+in S3-compatible storage (docs/OBJECT_STORAGE.md), through
 :func:`llm_instrumentation.open_stream` and yields rows with where they came from
 (stream, step, forward, position, token id). It is an ``IterableDataset`` that shards by
 whole tensors across DataLoader workers and distributed ranks, so every row comes out
@@ -16,6 +17,7 @@ whose token was not recorded get ``token_id = token_index = -1``.
 
 from __future__ import annotations
 
+import collections
 import fnmatch
 import os
 import warnings
@@ -24,6 +26,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ._source import is_url
 from .stream import DROP, TENSOR, TOKEN, Tensor, open_stream
 
 import torch
@@ -33,6 +36,8 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 #: Codec ids of the lossy activation codecs (docs/COMPRESSION.md): quant, fp16.
 LOSSY_CODECS = (17, 18)
+#: Stored bytes of the tensors an object-storage epoch fetches ahead, at most (see ``prefetch``).
+PREFETCH_BYTES = 256 << 20
 #: Keys of a row (and of a batch) besides ``activation``, all integer (``lossy`` bool).
 META_KEYS = ("stream", "module", "step", "forward", "batch", "position", "token_index", "token_id", "lossy")
 
@@ -162,7 +167,9 @@ class ActivationDataset(IterableDataset):
     size of the capture.
 
     Args:
-        paths: one stream file or several.
+        paths: one stream file or several; object URLs (``s3://bucket/key``) are read by
+            byte range (docs/OBJECT_STORAGE.md): the index and the headers at construction,
+            each selected tensor's bytes when an epoch reaches it.
         modules: module names or fnmatch patterns (``"model.layers.*.mlp"``); default:
             every module with tensors, which must then share one width.
         batch_size: yield batches of this many rows (dicts of stacked tensors; use
@@ -176,6 +183,12 @@ class ActivationDataset(IterableDataset):
             tensors stored by a lossy codec.
         rank, world_size: this process's distributed rank; default :func:`resolve_rank`
             (``torch.distributed``, then ``RANK``/``WORLD_SIZE``).
+        storage_options: fsspec options for object URLs (s3fs: ``{"endpoint_url": ...}``);
+            default: the AWS environment variables and config files.
+        prefetch: tensors whose bytes threads fetch ahead of the one being decoded, when
+            the streams are objects (hides each range request's latency behind decoding),
+            never more than :data:`PREFETCH_BYTES` of them at once (always at least one); 0
+            for none. Local files are read in place.
 
     Example:
         >>> ds = ActivationDataset("run.strap", modules="model.layers.2", batch_size=4096,
@@ -187,11 +200,16 @@ class ActivationDataset(IterableDataset):
     def __init__(self, paths: Union[PathLike, Sequence[PathLike]], modules: Union[str, Sequence[str], None] = None,
                  *, batch_size: Optional[int] = None, drop_last: bool = False, shuffle: bool = False,
                  shuffle_buffer: int = 65536, seed: int = 0, dtype: Optional["torch.dtype"] = None,
-                 lossy: str = "keep", rank: Optional[int] = None, world_size: Optional[int] = None) -> None:
+                 lossy: str = "keep", rank: Optional[int] = None, world_size: Optional[int] = None,
+                 storage_options: Optional[Dict[str, Any]] = None, prefetch: int = 8) -> None:
         super().__init__()
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
-        self.paths: List[str] = [os.path.abspath(os.fspath(p)) for p in paths]
+        self.paths: List[str] = [os.fspath(p) if is_url(p) else os.path.abspath(os.fspath(p)) for p in paths]
+        self.storage_options = dict(storage_options) if storage_options else None
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be ≥ 0, got {prefetch}")
+        self.prefetch = int(prefetch)
         if not self.paths:
             raise ValueError("no stream paths given")
         if isinstance(modules, str):
@@ -237,19 +255,20 @@ class ActivationDataset(IterableDataset):
         mod_index: Dict[str, int] = {}
         for si, path in enumerate(self.paths):
             info = _StreamInfo(path)
-            r = open_stream(path)
+            r = self._open(path)
             self._readers.append(r)
             info.metadata = r.metadata
             names = r.names()
             chosen = names if patterns is None else _select(names, patterns)
+            sel = set(chosen)
             # One pass over the packets (each CRC-checked once, here): TOKEN (ids), DROP
             # (lost records, reported) and the selected modules' TENSOR packets, grouped
             # into whole tensors by the reader's rule (STREAM_FORMAT.md 7), in file order
             # as ``r.tensors(name)`` returns them.
-            sel = set(chosen)
             groups: Dict[str, List[Tensor]] = {n: [] for n in chosen}
             pending: Dict[str, List[Any]] = {}
-            for pk in r.packets():
+            # With an index only these packets are read (over object storage: their headers).
+            for pk in r.packets(select=lambda n, t: t != TENSOR or n in sel):
                 if pk.type == TENSOR:
                     if pk.name in sel:
                         self._group(pk, pending, groups, info)
@@ -298,6 +317,9 @@ class ActivationDataset(IterableDataset):
         if pk.part_offset + pk.raw_len == pk.tensor_len:
             del pending[pk.name]
             groups[pk.name].append(Tensor(parts))
+
+    def _open(self, path: str) -> Any:
+        return open_stream(path, self.storage_options if is_url(path) else None)
 
     def _unit(self, si: int, mi: int, k: int, t: Tensor) -> Unit:
         shape = tuple(t.shape)
@@ -408,7 +430,7 @@ class ActivationDataset(IterableDataset):
         if self._handles is not None and key in self._handles:
             return self._handles[key][u.ordinal]
         if key not in opened:
-            r = open_stream(self.paths[u.stream])
+            r = self._open(self.paths[u.stream])
             readers.append(r)
             opened[key] = r.tensors(name)
         ts = opened[key]
@@ -417,9 +439,9 @@ class ActivationDataset(IterableDataset):
                                "construction (the file changed)")
         return ts[u.ordinal]
 
-    def _unit_rows(self, u: Unit, t: Tensor, token_tables: Dict[int, Tuple[np.ndarray, np.ndarray]]
-                   ) -> Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]:
-        x = _decoded(t)
+    def _unit_rows(self, u: Unit, t: Tensor, token_tables: Dict[int, Tuple[np.ndarray, np.ndarray]],
+                   stored: Optional[List[Any]] = None) -> Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]:
+        x = _decoded(t, stored)
         if self.dtype is not None:
             x = x.to(self.dtype)
         d = u.shape[-1]
@@ -461,12 +483,47 @@ class ActivationDataset(IterableDataset):
         tables = {i: s.token_arrays() for i, s in enumerate(self.streams)}
         opened: Dict[Tuple[int, str], List[Tensor]] = {}
         readers: List[Any] = []
+        units = self.shard_units(shard, n_shards)
         try:
-            for u in self.shard_units(shard, n_shards):
+            if self.prefetch and any(is_url(p) for p in self.paths):
+                yield from self._prefetched(units, opened, readers, tables)
+                return
+            for u in units:
                 yield self._unit_rows(u, self._tensor_of(u, opened, readers), tables)
         finally:
             for r in readers:
                 r.close()
+
+    def _prefetched(self, units: List[Unit], opened: Dict[Tuple[int, str], List[Tensor]], readers: List[Any],
+                    tables: Dict[int, Tuple[np.ndarray, np.ndarray]]
+                    ) -> Iterator[Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]]:
+        """Units in order, their bytes fetched by threads up to ``prefetch`` tensors (and
+        :data:`PREFETCH_BYTES`) ahead while this thread decodes: a range request waits on
+        the network, and fetching and decoding then overlap without decodes contending."""
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        tensors = [self._tensor_of(u, opened, readers) for u in units]  # headers only: cheap
+        sizes = [sum(p.stored_len for p in t.packets) for t in tensors]
+
+        def fetch(t: Tensor) -> List[Any]:
+            return [p._reader.fetch_payload(p) for p in t.packets]
+
+        pending: "collections.deque[Future[List[Any]]]" = collections.deque()
+        in_flight = 0
+        with ThreadPoolExecutor(self.prefetch, thread_name_prefix="strap-prefetch") as pool:
+            try:
+                k = 0
+                for i, u in enumerate(units):
+                    while k < len(units) and k - i < self.prefetch and (k == i or in_flight + sizes[k] <= PREFETCH_BYTES):
+                        pending.append(pool.submit(fetch, tensors[k]))
+                        in_flight += sizes[k]
+                        k += 1
+                    stored = pending.popleft().result()
+                    in_flight -= sizes[i]
+                    yield self._unit_rows(u, tensors[i], tables, stored)
+            finally:
+                for f in pending:
+                    f.cancel()
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         shard, n_shards = self._shard()
@@ -488,13 +545,14 @@ class ActivationDataset(IterableDataset):
         return self.iter_chunks(shard, n_shards)
 
 
-def _decoded(t: Tensor) -> "torch.Tensor":
-    """The tensor's decoded bytes as a torch tensor, without a further copy.
+def _decoded(t: Tensor, stored: Optional[List[Any]] = None) -> "torch.Tensor":
+    """The tensor's decoded bytes as a torch tensor, without a further copy (``stored``: its
+    packets' payloads, fetched ahead).
 
     ``Tensor.raw()`` returns a bytes object made for this call and referenced by nothing
     else, so the tensor may own its memory (writes land in that private object); a
     one-byte object may be CPython's shared singleton, so that case is copied."""
-    raw = t.raw()
+    raw = t.raw(stored)
     dt = getattr(torch, t.dtype)
     if not raw:
         return torch.empty(t.shape, dtype=dt)

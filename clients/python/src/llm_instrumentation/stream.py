@@ -4,18 +4,24 @@ lz4 + zstandard + google-crc32c; torch only for :meth:`Tensor.tensor`.
 Every packet's CRC32C is checked when the packet is read. A closed stream is walked through
 its INDEX (random access by module); a stream without footer (daemon crash) is scanned, and
 a torn last packet ends the scan (``reader.truncated_at`` says where).
+
+The bytes come from a :mod:`~llm_instrumentation._source`: a local file (memory-mapped) or
+an object in storage (``s3://...``, byte-range reads). Over object storage a packet's header
+is read when the packet is listed and its payload when it is decoded; the CRC of a packet
+whose payload was not fetched with its header is checked when the payload is
+(docs/OBJECT_STORAGE.md).
 """
 
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from ._dtypes import DTYPES, dtype_name
+from ._source import ByteSource, open_source
 from ._tensor import Tensor
 from .errors import StreamFormatError, UnsupportedCodecError
 
@@ -35,6 +41,13 @@ CODEC_NONE, CODEC_LZ4, CODEC_ZSTD = 0, 1, 2
 FLAG_PART = 1
 INDEX_ENTRY = struct.Struct("<IHHQQQQ")
 assert INDEX_ENTRY.size == 40
+#: Bytes fetched for a packet header whose length is not known yet (remote sources): most
+#: headers (96 bytes + shape, name, meta) fit; a longer one costs a second request.
+HEAD_GUESS = 4096
+#: Read-ahead of a remote source when walking packets of unknown length in file order.
+SCAN_AHEAD = 4 << 20
+#: Index entries whose headers a remote source fetches in one concurrent batch.
+REMOTE_BATCH = 256
 
 
 def crc32c(data: Any, value: int = 0) -> int:
@@ -48,6 +61,26 @@ def crc32c(data: Any, value: int = 0) -> int:
     for i in range(0, len(mv), 8 << 20):
         value = google_crc32c.extend(value, bytes(mv[i:i + (8 << 20)]))
     return value
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One entry of a stream's INDEX (STREAM_FORMAT.md 3) and the bytes it may span.
+
+    Attributes:
+        name, type, flags, seq, step, forward, offset: the entry's fields.
+        span: bytes from ``offset`` to the next packet in the index (or to the INDEX): the
+            packet lies within ``[offset, offset + span)`` (the last one's span also holds END).
+    """
+
+    name: str
+    type: int
+    flags: int
+    seq: int
+    step: int
+    forward: int
+    offset: int
+    span: int
 
 
 @dataclass
@@ -77,8 +110,14 @@ class Packet:
     meta: Dict[str, Any]
     payload_start: int
     _reader: "StreamReader" = field(repr=False, compare=False)
-    #: the stored CRC32C field (checked against the bytes when the packet was parsed).
+    #: the stored CRC32C field (checked against the bytes when the packet was parsed, or,
+    #: when only its header was fetched, when its payload is).
     crc: int = 0
+    #: CRC32C state after the header (crc field zeroed): the payload continues it.
+    _hcrc: int = field(default=0, repr=False, compare=False)
+    #: Over object storage: the payload's first bytes, fetched with the header (all of it
+    #: for a small packet, CRC-checked then), so that decoding fetches only the rest.
+    _prefix: Optional[bytes] = field(default=None, repr=False, compare=False)
 
     @property
     def type_name(self) -> str:
@@ -100,47 +139,51 @@ class Packet:
         """File offset just after this packet."""
         return self.payload_start + self.stored_len
 
-    def stored(self) -> memoryview:
-        """The payload bytes as stored (no copy)."""
-        return self._reader._view[self.payload_start:self.end]
+    def stored(self) -> Union[bytes, memoryview]:
+        """The payload bytes as stored (a view of a local file, no copy; fetched, and
+        CRC-checked, from object storage)."""
+        return self._reader._payload(self)
 
-    def decode(self) -> bytes:
-        """The decoded payload (``raw_len`` bytes)."""
-        return self._reader._decode(self)
+    def decode(self, stored: Optional[Union[bytes, memoryview]] = None) -> bytes:
+        """The decoded payload (``raw_len`` bytes); ``stored``: the stored payload, when the
+        caller fetched it already (:meth:`StreamReader.fetch_payload`)."""
+        return self._reader._decode(self, stored)
 
 
 class StreamReader:
-    """An open stream file. Use :func:`open_stream`.
+    """An open stream. Use :func:`open_stream`.
 
     Attributes:
-        path: the file.
+        path: the file or URL.
         version: format version (2).
         metadata: the header's metadata dict.
         indexed: whether the footer index was used.
         truncated_at: offset of a torn final packet (scan mode), else None.
         incomplete_tensors: split tensors whose parts did not all arrive, counted by the
             last full iteration (they are never returned).
+        source: where the bytes come from (``source.remote``, ``source.bytes_fetched``).
     """
 
-    def __init__(self, path: Union[str, os.PathLike], *, fd: Optional[int] = None, use_index: bool = True) -> None:
-        """Open ``path`` (or map ``fd``, a descriptor the caller keeps and closes; ``path``
-        then only names it in errors). ``use_index=False`` ignores a footer: the resume
-        check walks a prefix of a file whose tail it must not trust."""
+    def __init__(self, path: Union[str, os.PathLike], *, fd: Optional[int] = None, use_index: bool = True,
+                 storage_options: Optional[Dict[str, Any]] = None, source: Optional[ByteSource] = None) -> None:
+        """Open ``path`` (a file, or a URL such as ``s3://bucket/key`` read through fsspec with
+        ``storage_options``), or map ``fd``, a descriptor the caller keeps and closes
+        (``path`` then only names it in errors), or read ``source``. ``use_index=False``
+        ignores a footer: the resume check walks a prefix of a file whose tail it must not
+        trust."""
         self.path = os.fspath(path)
-        self._f = open(self.path, "rb") if fd is None else None
-        size = os.fstat(self._f.fileno() if self._f is not None else fd).st_size  # type: ignore[arg-type]
-        self.size = size
-        if size == 0:
-            if self._f is not None:
-                self._f.close()
+        self._src = source if source is not None else open_source(path, storage_options, fd=fd)
+        self.source = self._src
+        self._remote = self._src.remote
+        self.size = self._src.size
+        if self.size == 0:
+            self._src.close()
             raise StreamFormatError(f"{self.path} is empty, not a strap stream", 0)
-        # mmap keeps its own duplicate of the descriptor, so a caller's fd stays the caller's.
-        self._mm = mmap.mmap(self._f.fileno() if self._f is not None else fd, size,  # type: ignore[arg-type]
-                             access=mmap.ACCESS_READ)
-        self._view = memoryview(self._mm)
         self.truncated_at: Optional[int] = None
         self.incomplete_tensors = 0
         self.indexed = False
+        self._index_entries: List[Tuple[str, int, int, int, int, int, int]] = []
+        self._spans: List[int] = []
         try:
             self._read_header()
             self._offsets = self._load_index() if use_index else None  # None: no footer, scan instead
@@ -152,9 +195,9 @@ class StreamReader:
     # ----- structure ---------------------------------------------------------------------------
 
     def _read_header(self) -> None:
-        v = self._view
         if self.size < FILE_HEADER.size:
             raise StreamFormatError(f"{self.path}: {self.size} bytes is too short for a stream header", 0)
+        v = self._src.read(0, FILE_HEADER.size, ahead=HEAD_GUESS if self._remote else 0)
         magic, version, flags, meta_len, crc = FILE_HEADER.unpack_from(v, 0)
         if magic != FILE_MAGIC:
             hint = " (an llm_instrumentation 1.3.1 stream? open it with open_stream)" if magic[:2] != b"ST" else ""
@@ -164,6 +207,10 @@ class StreamReader:
         end = FILE_HEADER.size + meta_len
         if end > self.size:
             raise StreamFormatError(f"{self.path}: metadata of {meta_len} bytes runs past the end of the file", 12)
+        pad_end = (end + 7) // 8 * 8
+        if pad_end > self.size:
+            raise StreamFormatError(f"{self.path}: file header padding runs past the end of the file", end)
+        v = self._src.read(0, pad_end)
         got = crc32c(bytes(v[0:16]) + bytes(v[FILE_HEADER.size:end]))
         if got != crc:
             raise StreamFormatError(f"{self.path}: file header CRC mismatch (stored {crc:#010x}, computed {got:#010x})", 16)
@@ -178,26 +225,32 @@ class StreamReader:
         (reserved,) = struct.unpack_from("<I", v, 20)
         if reserved:
             raise StreamFormatError(f"{self.path}: file header reserved field {reserved:#x}", 20)
-        pad_end = (end + 7) // 8 * 8
-        if pad_end > self.size:
-            raise StreamFormatError(f"{self.path}: file header padding runs past the end of the file", end)
         if any(bytes(v[end:pad_end])):
             raise StreamFormatError(f"{self.path}: file header padding not zero", end)
         self.version = version
         self.flags = flags
         self.metadata: Dict[str, Any] = meta
-        self.first_packet = (end + 7) // 8 * 8
+        self.first_packet = pad_end
 
-    def _parse(self, off: int, strict: bool = True) -> Optional[Packet]:
+    def _parse(self, off: int, strict: bool = True, span: Optional[int] = None, lazy: bool = False,
+               buf: Optional[Any] = None) -> Optional[Packet]:
         """Parse and CRC-check the packet at ``off``. Returns None for a torn packet at the
-        end of the file when ``strict`` is False (scan mode)."""
-        v = self._view
+        end of the file when ``strict`` is False (scan mode).
+
+        ``span``: bytes from ``off`` known to hold the whole packet (from the index), read in
+        one request. ``lazy``: read the header only; the CRC is then checked when the payload
+        is read (:meth:`_payload`), unless the packet's bytes were in hand anyway. ``buf``:
+        bytes from ``off`` already fetched."""
         if off + PACKET.size > self.size:
             if strict:
                 raise StreamFormatError(f"{self.path}: packet header runs past the end of the file", off)
             return None
+        ahead = SCAN_AHEAD if self._remote and span is None else 0
+        if buf is None:
+            want = PACKET.size if span is None else (min(span, HEAD_GUESS) if lazy else span)
+            buf = self._src.read(off, max(want, PACKET.size), ahead=ahead)
         (magic, ptype, dt, ndim, header_len, name_len, codec, flags, meta_len, crc, seq, step, fwd,
-         raw_len, stored_len, part_offset, tensor_len, block_size) = PACKET.unpack_from(v, off)
+         raw_len, stored_len, part_offset, tensor_len, block_size) = PACKET.unpack_from(buf, 0)
         if magic != PACKET_MAGIC:
             raise StreamFormatError(f"{self.path}: bad packet magic {bytes(magic)!r}", off)
         if ptype not in TYPE_NAMES:
@@ -212,18 +265,23 @@ class StreamReader:
             if strict:
                 raise StreamFormatError(f"{self.path}: packet of {header_len + stored_len} bytes runs past the end of the file", off)
             return None
-        hdr = bytearray(v[off:off + header_len])
+        whole = header_len + stored_len
+        if len(buf) < (header_len if lazy else whole):
+            buf = self._src.read(off, header_len if lazy else whole, ahead=ahead)
+        hdr = bytearray(buf[0:header_len])
         hdr[20:24] = b"\0\0\0\0"
-        got = crc32c(v[off + header_len:end], crc32c(hdr))
-        if got != crc:
-            raise StreamFormatError(f"{self.path}: packet CRC mismatch (stored {crc:#010x}, computed {got:#010x})", off)
+        hcrc = crc32c(hdr)
+        if len(buf) >= whole:
+            got = crc32c(buf[header_len:whole], hcrc)
+            if got != crc:
+                raise StreamFormatError(f"{self.path}: packet CRC mismatch (stored {crc:#010x}, computed {got:#010x})", off)
         if dt and dt not in DTYPES:
             raise StreamFormatError(f"{self.path}: unknown dtype id {dt}", off)
-        shape = struct.unpack_from(f"<{ndim}Q", v, off + PACKET.size)
-        p = off + PACKET.size + 8 * ndim
+        shape = struct.unpack_from(f"<{ndim}Q", buf, PACKET.size)
+        p = PACKET.size + 8 * ndim
         try:
-            name = bytes(v[p:p + name_len]).decode("utf-8")
-            meta_raw = bytes(v[p + name_len:p + name_len + meta_len])
+            name = bytes(buf[p:p + name_len]).decode("utf-8")
+            meta_raw = bytes(buf[p + name_len:p + name_len + meta_len])
             meta = _loads_meta(meta_raw) if meta_len else {}
         except (UnicodeDecodeError, ValueError) as e:
             raise StreamFormatError(f"{self.path}: packet name/meta not valid UTF-8 JSON: {e}", off) from None
@@ -233,24 +291,52 @@ class StreamReader:
                             block_size)
         if why:
             raise StreamFormatError(f"{self.path}: {TYPE_NAMES[ptype]} packet: {why}", off)
+        # (At most HEAD_GUESS bytes: a packet parsed from a read-ahead window must not keep
+        # the window's megabytes alive; decoding fetches whatever is not kept.)
+        prefix = bytes(buf[header_len:min(len(buf), whole, header_len + HEAD_GUESS)]) if self._remote else None
         return Packet(off, ptype, dt, codec, flags, seq, step, fwd, raw_len, stored_len, part_offset,
-                      tensor_len, block_size, tuple(shape), name, meta, off + header_len, self, crc=crc)
+                      tensor_len, block_size, tuple(shape), name, meta, off + header_len, self, crc=crc, _hcrc=hcrc,
+                      _prefix=prefix)
+
+    def fetch_payload(self, pk: Packet) -> Union[bytes, memoryview]:
+        """``pk``'s stored payload, CRC-checked: over object storage one range request (safe
+        from several threads, so a caller can fetch ahead while it decodes); from a file a
+        view of the mapping."""
+        return self._payload(pk)
+
+    def _payload(self, pk: Packet) -> Union[bytes, memoryview]:
+        if not self._remote:
+            return self._src.read(pk.payload_start, pk.stored_len)
+        pre = pk._prefix or b""
+        if len(pre) == pk.stored_len:
+            return pre  # came whole with its header, CRC-checked by _parse
+        # Fetched now, apart from its header: check it against the packet's CRC.
+        rest = self._src.read(pk.payload_start + len(pre), pk.stored_len - len(pre))
+        got = crc32c(rest, crc32c(pre, pk._hcrc) if pre else pk._hcrc)
+        if got != pk.crc:
+            raise StreamFormatError(f"{self.path}: packet CRC mismatch (stored {pk.crc:#010x}, computed {got:#010x})",
+                                    pk.offset)
+        return pre + bytes(rest) if pre else rest
 
     def _load_index(self) -> Optional[List[int]]:
         """Offsets of the TENSOR/DROP/TOKEN packets from the footer index, or None when the
         file has no footer."""
-        if self.size < self.first_packet + 16 or bytes(self._view[self.size - 8:]) != FOOTER_MAGIC:
+        if self.size < self.first_packet + 16:
             return None
-        (idx_off,) = struct.unpack_from("<Q", self._view, self.size - 16)
+        foot = self._src.read(self.size - 16, 16)
+        if bytes(foot[8:]) != FOOTER_MAGIC:
+            return None
+        (idx_off,) = struct.unpack_from("<Q", foot, 0)
         if not self.first_packet <= idx_off < self.size - 16:
             raise StreamFormatError(f"{self.path}: footer index offset {idx_off} out of range", self.size - 16)
-        pk = self._parse(idx_off)
+        raw = self._src.read(idx_off, self.size - 16 - idx_off)  # one request for the whole INDEX
+        pk = self._parse(idx_off, buf=raw)
         assert pk is not None
         if pk.type != INDEX or pk.codec != CODEC_NONE:
             raise StreamFormatError(f"{self.path}: footer points at a {pk.type_name} packet, not an uncompressed INDEX", idx_off)
         if pk.end != self.size - 16:
             raise StreamFormatError(f"{self.path}: bytes between the INDEX packet and the footer", pk.end)
-        data = self._view[pk.payload_start:pk.end]
+        data = raw[pk.payload_start - idx_off:]
         try:
             (n_names,) = struct.unpack_from("<I", data, 0)
             p = 4
@@ -265,18 +351,50 @@ class StreamReader:
             if p + n_entries * INDEX_ENTRY.size != len(data):
                 raise StreamFormatError(f"{self.path}: INDEX has {n_entries} entries but {len(data) - p} bytes of them", idx_off)
             offsets = []
-            self._index_entries = []
+            entries = []
             for i in range(n_entries):
                 ni, typ, fl, seq, step, fwd, off = INDEX_ENTRY.unpack_from(data, p + i * INDEX_ENTRY.size)
                 if ni >= n_names or not self.first_packet <= off < idx_off:
                     raise StreamFormatError(f"{self.path}: INDEX entry {i} is out of range", idx_off)
                 offsets.append(off)
-                self._index_entries.append((names[ni], typ, fl, seq, step, fwd, off))
+                entries.append((names[ni], typ, fl, seq, step, fwd, off))
         except (struct.error, UnicodeDecodeError) as e:
             raise StreamFormatError(f"{self.path}: INDEX payload is malformed: {e}", idx_off) from None
+        self._index_entries = entries
+        # Packets follow each other with nothing between: an entry's packet lies within
+        # [its offset, the next entry's); the last one's within [its offset, the INDEX).
+        # (Sorted, so that an index out of file order only costs precision, not correctness.)
+        order = sorted(set(offsets)) + [idx_off]
+        following = {o: order[k + 1] for k, o in enumerate(order[:-1])}
+        self._spans = [following[o] - o for o in offsets]
         self.indexed = True
         self._index_offset = idx_off
         return offsets
+
+    def _parse_entries(self, which: Iterable[int]) -> Iterator[Packet]:
+        """The packets of index entries ``which`` (in the order given), each checked against
+        its entry. A remote source fetches their headers in concurrent batches (only the
+        headers: payloads are read when decoded); a file is parsed in place."""
+        ents, spans = self._index_entries, self._spans
+        if not self._remote:
+            for i in which:
+                pk = self._parse(ents[i][6], span=spans[i])
+                assert pk is not None
+                self._check_entry(pk, ents[i])
+                yield pk
+            return
+        batch: List[int] = []
+        it = iter(which)
+        while True:
+            batch = [i for _, i in zip(range(REMOTE_BATCH), it)]
+            if not batch:
+                return
+            bufs = self._src.read_many([(ents[i][6], min(spans[i], HEAD_GUESS)) for i in batch])
+            for i, buf in zip(batch, bufs):
+                pk = self._parse(ents[i][6], span=spans[i], lazy=True, buf=buf)
+                assert pk is not None
+                self._check_entry(pk, ents[i])
+                yield pk
 
     def _scan(self) -> List[Packet]:
         if self._scanned is None:
@@ -294,8 +412,8 @@ class StreamReader:
 
     # ----- decoding ----------------------------------------------------------------------------
 
-    def _decode(self, pk: Packet) -> bytes:
-        data = pk.stored()
+    def _decode(self, pk: Packet, stored: Optional[Union[bytes, memoryview]] = None) -> bytes:
+        data = pk.stored() if stored is None else stored
         if pk.codec == CODEC_NONE:
             return bytes(data)
         if pk.block_size <= 0:
@@ -340,31 +458,43 @@ class StreamReader:
 
     # ----- public API --------------------------------------------------------------------------
 
-    def packets(self, include_index: bool = False) -> Iterator[Packet]:
+    def packets(self, include_index: bool = False,
+                select: Optional[Callable[[str, int], bool]] = None) -> Iterator[Packet]:
         """Every packet in file order (TENSOR parts, DROP, TOKEN, END; INDEX when asked).
 
-        Each is CRC-checked as it is read.
+        Each is CRC-checked as it is read (over object storage: a packet whose payload is
+        not fetched with its header, when its payload is read).
+
+        Args:
+            include_index: also yield the INDEX packet.
+            select: ``select(name, type)`` → whether to yield a packet; with an index, the
+                others are not even read (``select=lambda n, t: t == TOKEN`` reads only
+                TOKEN packets).
         """
         if self._offsets is not None:
-            for entry in self._index_entries:
-                pk = self._parse(entry[6])
-                assert pk is not None
-                self._check_entry(pk, entry)
-                yield pk
+            which = range(len(self._index_entries)) if select is None else \
+                [i for i, e in enumerate(self._index_entries) if select(e[0], e[1])]
+            yield from self._parse_entries(which)
             # END sits between the last entry and the INDEX; walk there.
-            off = pk.end if self._offsets and pk is not None else self.first_packet
+            off = self.first_packet
+            if self._index_entries:
+                last = len(self._index_entries) - 1
+                pk = self._parse(self._index_entries[last][6], span=self._spans[last], lazy=True)
+                assert pk is not None
+                off = pk.end
             while off < self._index_offset:
                 pk = self._parse(off)
                 assert pk is not None
-                yield pk
+                if select is None or select(pk.name, pk.type):
+                    yield pk
                 off = pk.end
             if include_index:
-                idx = self._parse(self._index_offset)
+                idx = self._parse(self._index_offset, span=self.size - 16 - self._index_offset)
                 assert idx is not None
                 yield idx
         else:
             for pk in self._scan():
-                if pk.type != INDEX or include_index:
+                if (pk.type != INDEX or include_index) and (select is None or select(pk.name, pk.type)):
                     yield pk
 
     def walk(self, stop: int, start: Optional[int] = None) -> Iterator[Packet]:
@@ -433,14 +563,38 @@ class StreamReader:
 
     def _packet_source(self, name: Optional[str]) -> Iterator[Packet]:
         if name is not None and self._offsets is not None:
-            for entry in self._index_entries:
-                if entry[0] == name and entry[1] == TENSOR:
-                    pk = self._parse(entry[6])
-                    assert pk is not None
-                    self._check_entry(pk, entry)
-                    yield pk
+            yield from self._parse_entries(
+                [i for i, e in enumerate(self._index_entries) if e[0] == name and e[1] == TENSOR])
             return
         yield from self.packets()
+
+    def entries(self) -> List[IndexEntry]:
+        """The footer index, read without touching any packet (empty when not :attr:`indexed`)."""
+        return [IndexEntry(*e, span) for e, span in zip(self._index_entries, self._spans)]
+
+    @property
+    def index_offset(self) -> Optional[int]:
+        """Where the INDEX packet starts (None when not :attr:`indexed`)."""
+        return self._index_offset if self.indexed else None
+
+    @classmethod
+    def _packets_in(cls, data: Union[bytes, memoryview], offset: int, size: int, path: str) -> List[Packet]:
+        """Parse the whole packets held by ``data``, bytes ``[offset, offset + len(data))`` of
+        stream ``path`` (``size`` bytes): a range fetched on its own (a chunk of a
+        manifest), CRC-checked, without the stream's header or index."""
+        r = cls.__new__(cls)
+        r.path, r.size, r._remote = path, size, False
+        r._src = r.source = _SliceSource(path, data, offset, size)
+        out = []
+        off, stop = offset, offset + len(data)
+        while off < stop:
+            pk = r._parse(off)
+            assert pk is not None
+            if pk.end > stop:
+                raise StreamFormatError(f"{path}: packet at {off} runs past the range [{offset}, {stop})", off)
+            out.append(pk)
+            off = pk.end
+        return out
 
     def tensors(self, name: Optional[str] = None) -> List[Tensor]:
         """The tensors of module ``name`` (every tensor when None), in sequence order."""
@@ -468,24 +622,32 @@ class StreamReader:
         return last
 
     def close(self) -> None:
-        """Release the mapping and the file."""
-        try:
-            self._view.release()
-        except (AttributeError, BufferError):
-            pass
-        if getattr(self, "_mm", None) is not None:
-            try:
-                self._mm.close()
-            except BufferError:
-                pass
-        if self._f is not None:
-            self._f.close()
+        """Release the mapping and the file (or the remote source's buffers)."""
+        src = getattr(self, "_src", None)
+        if src is not None:
+            src.close()
 
     def __enter__(self) -> "StreamReader":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class _SliceSource(ByteSource):
+    """Bytes ``[base, base + len(data))`` of a stream of ``size`` bytes, fetched elsewhere."""
+
+    def __init__(self, name: str, data: Union[bytes, memoryview], base: int, size: int) -> None:
+        self.name, self.size, self._base = name, size, base
+        self._data = memoryview(data)
+
+    def read(self, off: int, n: int, ahead: int = 0) -> Union[bytes, memoryview]:
+        lo = off - self._base
+        if lo < 0 or lo + n > len(self._data):
+            n = max(0, min(n, len(self._data) - lo))
+            if lo < 0 or n == 0:
+                raise StreamFormatError(f"{self.name}: offset {off} is outside the fetched range", off)
+        return self._data[lo:lo + n]
 
 
 MAX_BLOCK_SIZE = 64 << 20
@@ -583,11 +745,16 @@ def _decode_block(codec: int, data: bytes, dtype: str, raw_len: int) -> bytes:
     raise UnsupportedCodecError(f"unsupported codec id {codec}", 0)
 
 
-def open_stream(path: Union[str, os.PathLike]) -> StreamReader:
+def open_stream(path: Union[str, os.PathLike], storage_options: Optional[Dict[str, Any]] = None) -> StreamReader:
     """Open a strap stream file for reading (also an llm_instrumentation 1.3.1 ``.stream``).
 
     Args:
-        path: the stream file.
+        path: the stream file, or a URL of an object (``s3://bucket/key``; ``pip install
+            'strap-llm[s3]'``) read by byte range through fsspec: the header and index
+            first, then only the packets asked for (docs/OBJECT_STORAGE.md).
+        storage_options: for a URL, the fsspec filesystem's options (s3fs:
+            ``{"endpoint_url": ..., "key": ..., "secret": ...}``); by default credentials and
+            endpoint come from the AWS environment variables and config files.
 
     Returns:
         a :class:`StreamReader`: iterate it for tensors, ``.tensors(name)``, ``.packets()``,
@@ -608,10 +775,18 @@ def open_stream(path: Union[str, os.PathLike]) -> StreamReader:
     """
     from . import _legacy131
 
-    with open(path, "rb") as f:
-        head = f.read(len(FILE_MAGIC))
-    # An empty file: 1.3.1 wrote one for every capture that hooked nothing, so it reads as
-    # a 1.3.1 stream of no packets (StreamReader itself, used by resume, still refuses it).
-    if not head or _legacy131.is_legacy_header(head):
-        return _legacy131.LegacyStreamReader(path)  # type: ignore[return-value]
-    return StreamReader(path)
+    src = open_source(path, storage_options)
+    try:
+        head = bytes(src.read(0, len(FILE_MAGIC), ahead=HEAD_GUESS if src.remote else 0))
+        # An empty file: 1.3.1 wrote one for every capture that hooked nothing, so it reads as
+        # a 1.3.1 stream of no packets (StreamReader itself, used by resume, still refuses it).
+        if not head or _legacy131.is_legacy_header(head):
+            if src.remote:
+                raise StreamFormatError(f"{os.fspath(path)}: an llm_instrumentation 1.3.1 stream (or empty): "
+                                        "1.3.1 streams are read from local files only", 0)
+            src.close()
+            return _legacy131.LegacyStreamReader(path)  # type: ignore[return-value]
+        return StreamReader(path, source=src)
+    except BaseException:
+        src.close()
+        raise

@@ -179,14 +179,99 @@ def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
     return torch.device(device)
 
 
+def _distributed(flag: Optional[bool]) -> Tuple[bool, int]:
+    """(whether to train data-parallel, world size): ``flag`` None means "when a
+    ``torch.distributed`` group of more than one process is initialised"."""
+    import torch.distributed as dist
+
+    on = dist.is_available() and dist.is_initialized()
+    if flag and not on:
+        raise ValueError("distributed=True needs an initialised torch.distributed process group "
+                         "(torch.distributed.init_process_group, e.g. under torchrun)")
+    if not on or flag is False:
+        return False, 1
+    world = dist.get_world_size()
+    return world > 1 or bool(flag), world
+
+
+class _TrainStep(nn.Module):
+    """One training step's loss, as a module so that DistributedDataParallel can wrap it
+    (DDP averages gradients across ranks during ``backward``)."""
+
+    def __init__(self, sae: SparseAutoencoder, dead_tokens: int, aux_k: int, aux_coefficient: float,
+                 world: int) -> None:
+        super().__init__()
+        self.sae = sae
+        self.dead_tokens, self.aux_k, self.aux_coefficient, self.world = dead_tokens, aux_k, aux_coefficient, world
+
+    def forward(self, x: torch.Tensor, since_fired: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        sae = self.sae
+        xn = sae.normalize(x)
+        pre = sae.pre_acts(xn)
+        f = sae._activate(pre)
+        xn_hat = f @ sae.W_dec + sae.b_dec
+        err = xn - xn_hat
+        mse = err.pow(2).sum(-1).mean()
+        loss = mse
+        if sae.kind == "relu":
+            loss = loss + sae.l1 * f.sum(-1).mean()
+        fired = (f > 0).any(0)
+        rows = x.shape[0]
+        if self.world > 1:
+            # Dead latents are counted over every rank's rows, as one process would over the
+            # concatenated batch.
+            import torch.distributed as dist
+
+            fi = fired.to(torch.int32)
+            dist.all_reduce(fi, op=dist.ReduceOp.MAX)
+            fired = fi > 0
+            rows *= self.world
+        since_fired += rows
+        since_fired[fired] = 0
+        dead = since_fired >= self.dead_tokens
+        if sae.kind == "topk" and self.aux_coefficient > 0 and bool(dead.any()):
+            # AuxK: the dead latents' top activations try to model what the live ones missed.
+            ka = min(self.aux_k, int(dead.sum()))
+            dpre = torch.relu(pre).masked_fill(~dead, 0)
+            v, i = dpre.topk(ka, dim=-1)
+            aux_hat = torch.zeros_like(dpre).scatter_(-1, i, v) @ sae.W_dec
+            aux = (err.detach() - aux_hat).pow(2).sum(-1).mean() / err.detach().pow(2).sum(-1).mean().clamp_min(1e-12)
+            loss = loss + self.aux_coefficient * aux
+        return loss, mse.detach(), f.detach()
+
+
+def _gather_rows(x: torch.Tensor, world: int) -> torch.Tensor:
+    """Every rank's ``x`` concatenated in rank order (all ranks' batches must match in shape)."""
+    import torch.distributed as dist
+
+    shapes: List[Any] = [None] * world
+    dist.all_gather_object(shapes, tuple(x.shape))
+    if len(set(shapes)) != 1:
+        raise ValueError(f"distributed training needs batches of one shape on every rank, got {shapes} "
+                         "(ActivationDataset(..., batch_size=n, drop_last=True))")
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
 def train_sae(data: Iterable[Batch], total_tokens: int, *, d_sae: Optional[int] = None, expansion: int = 4,
               kind: str = "topk", k: int = 32, l1: float = 5.0, lr: float = 1e-3, device: Union[str, torch.device,
               None] = "auto", seed: int = 0, dead_tokens: int = 200_000, aux_k: Optional[int] = None,
               aux_coefficient: float = 1 / 32, eval_data: Optional[Iterable[Batch]] = None,
-              log_every: int = 50, sae: Optional[SparseAutoencoder] = None) -> Tuple[SparseAutoencoder, SAEReport]:
+              log_every: int = 50, sae: Optional[SparseAutoencoder] = None,
+              distributed: Optional[bool] = None) -> Tuple[SparseAutoencoder, SAEReport]:
     """Train an SAE on batches of rows (an :class:`~llm_instrumentation.data.ActivationDataset`
     with ``batch_size``, a DataLoader over one, or tensors ``[n, d]``) for ``total_tokens`` rows,
     cycling the data (``set_epoch`` between passes) when it is shorter.
+
+    Data-parallel training (``torch.distributed``, e.g. under ``torchrun``): each rank passes
+    its own shard (an ``ActivationDataset`` shards by rank itself) in batches of one size
+    (``drop_last=True``); the step is wrapped in ``DistributedDataParallel``, which averages
+    the gradients, so a step equals one process's step on the ranks' batches concatenated in
+    rank order: the normalisation is fitted on every rank's first batch, dead latents are
+    counted over all ranks' rows and ``total_tokens`` counts the rows of all ranks. (The
+    AuxK term is each rank's ratio, averaged: the one part that is not the concatenated
+    batch's.) docs/ANALYSIS.md 4 shows it with ``torchrun``.
 
     Args:
         data: batches; ``dict`` batches use their ``"activation"``.
@@ -201,9 +286,12 @@ def train_sae(data: Iterable[Batch], total_tokens: int, *, d_sae: Optional[int] 
         eval_data: batches for the final metrics (default: the training data, one pass).
         log_every: steps between history entries.
         sae: continue training this model instead of a new one.
+        distributed: train data-parallel across the initialised ``torch.distributed`` group
+            (default: when one of more than one process is initialised).
 
     Returns:
-        ``(sae, report)``.
+        ``(sae, report)`` (the plain model, not the DDP wrapper; the report's metrics are
+        over every rank's evaluation rows, its ``history`` of this rank's batches).
 
     Example:
         >>> ds = ActivationDataset("run.strap", "model.layers.2", batch_size=4096, shuffle=True,
@@ -212,16 +300,22 @@ def train_sae(data: Iterable[Batch], total_tokens: int, *, d_sae: Optional[int] 
         >>> rep.explained_variance, rep.l0, rep.dead_fraction                     # doctest: +SKIP
     """
     dev = resolve_device(device)
+    ddp, world = _distributed(distributed)
     it = _batches_forever(data)
     first = next(it).to(dev, torch.float32)
     d_in = first.shape[1]
     torch.manual_seed(seed)
     if sae is None:
         sae = SparseAutoencoder(d_in, d_sae or expansion * d_in, kind=kind, k=k, l1=l1).to(dev)
-        sae.fit_normalization(first)
+        sae.fit_normalization(_gather_rows(first, world) if ddp else first)
     else:
         sae = sae.to(dev)
     aux_k = aux_k or max(1, d_in // 2)
+    step: nn.Module = _TrainStep(sae, dead_tokens, aux_k, aux_coefficient, world if ddp else 1)
+    if ddp:
+        from torch.nn.parallel import DistributedDataParallel
+
+        step = DistributedDataParallel(step, device_ids=[dev.index or 0] if dev.type == "cuda" else None)
     opt = torch.optim.Adam(sae.parameters(), lr=lr)
     since_fired = torch.zeros(sae.d_sae, dtype=torch.long, device=dev)
     report = SAEReport(config=sae.config(), device=str(dev))
@@ -230,27 +324,7 @@ def train_sae(data: Iterable[Batch], total_tokens: int, *, d_sae: Optional[int] 
     while report.tokens < total_tokens:
         if x is None:
             x = next(it).to(dev, torch.float32)
-        xn = sae.normalize(x)
-        pre = sae.pre_acts(xn)
-        f = sae._activate(pre)
-        xn_hat = f @ sae.W_dec + sae.b_dec
-        err = xn - xn_hat
-        mse = err.pow(2).sum(-1).mean()
-        loss = mse
-        if sae.kind == "relu":
-            loss = loss + sae.l1 * f.sum(-1).mean()
-        fired = (f > 0).any(0)
-        since_fired += x.shape[0]
-        since_fired[fired] = 0
-        dead = since_fired >= dead_tokens
-        if sae.kind == "topk" and aux_coefficient > 0 and bool(dead.any()):
-            # AuxK: the dead latents' top activations try to model what the live ones missed.
-            ka = min(aux_k, int(dead.sum()))
-            dpre = torch.relu(pre).masked_fill(~dead, 0)
-            v, i = dpre.topk(ka, dim=-1)
-            aux_hat = torch.zeros_like(dpre).scatter_(-1, i, v) @ sae.W_dec
-            aux = (err.detach() - aux_hat).pow(2).sum(-1).mean() / err.detach().pow(2).sum(-1).mean().clamp_min(1e-12)
-            loss = loss + aux_coefficient * aux
+        loss, mse, f = step(x, since_fired)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if sae.W_dec.grad is not None:
@@ -259,16 +333,16 @@ def train_sae(data: Iterable[Batch], total_tokens: int, *, d_sae: Optional[int] 
             sae.W_dec.grad -= (sae.W_dec.grad * w).sum(-1, keepdim=True) * w
         opt.step()
         sae.normalize_decoder()
-        report.tokens += x.shape[0]
+        report.tokens += x.shape[0] * (world if ddp else 1)
         report.steps += 1
         if report.steps % log_every == 0 or report.tokens >= total_tokens:
-            report.history.append({"tokens": report.tokens, "mse": float(mse.detach()) * float(sae.scale) ** 2,
+            report.history.append({"tokens": report.tokens, "mse": float(mse) * float(sae.scale) ** 2,
                                    "l0": float((f > 0).sum(-1).float().mean())})
         x = None
     if dev.type == "cuda":
         torch.cuda.synchronize()
     report.seconds = time.perf_counter() - t0
-    m = evaluate(sae, eval_data if eval_data is not None else data)
+    m = evaluate(sae, eval_data if eval_data is not None else data, distributed=ddp)
     report.explained_variance, report.mse, report.l0 = m["explained_variance"], m["mse"], m["l0"]
     report.dead_fraction, report.eval_tokens = m["dead_fraction"], int(m["tokens"])
     return sae, report
@@ -276,9 +350,10 @@ def train_sae(data: Iterable[Batch], total_tokens: int, *, d_sae: Optional[int] 
 
 @torch.no_grad()
 def evaluate(sae: Any, data: Iterable[Batch], max_tokens: Optional[int] = None,
-             device: Union[str, torch.device, None] = None) -> Dict[str, float]:
+             device: Union[str, torch.device, None] = None, distributed: bool = False) -> Dict[str, float]:
     """Explained variance, MSE per token, L0 and dead fraction of ``sae`` over ``data``
-    (one pass, or ``max_tokens`` rows).
+    (one pass, or ``max_tokens`` rows; with ``distributed``, over every rank's ``data``:
+    the sums are all-reduced, ``max_tokens`` is per rank).
 
     ``sae`` is a :class:`SparseAutoencoder` or anything with ``encode``/``decode`` and a
     ``d_sae`` (or ``cfg.d_sae``) — a SAELens SAE works too.
@@ -307,6 +382,18 @@ def evaluate(sae: Any, data: Iterable[Batch], max_tokens: Optional[int] = None,
         n += x.shape[0]
         if max_tokens is not None and n >= max_tokens:
             break
+    if distributed:
+        import torch.distributed as dist
+
+        d_in = getattr(sae, "d_in", None) or sae.cfg.d_in
+        if s1 is None:
+            s1 = torch.zeros(d_in, dtype=torch.float64, device=dev)
+        sums = torch.cat([torch.stack([sse, s2, l0, torch.tensor(float(n), dtype=torch.float64, device=dev)]), s1])
+        dist.all_reduce(sums)
+        sse, s2, l0, n, s1 = sums[0], sums[1], sums[2], int(sums[3]), sums[4:]
+        fi = fired.to(torch.int32)
+        dist.all_reduce(fi, op=dist.ReduceOp.MAX)
+        fired = fi > 0
     if n == 0:
         raise ValueError("no rows to evaluate on")
     assert s1 is not None

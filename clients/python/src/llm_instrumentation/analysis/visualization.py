@@ -65,6 +65,7 @@ def load_stream_packets(
     stream_path: Union[str, os.PathLike],
     compression: Optional[str] = None,
     include_failed: bool = False,
+    storage_options: Optional[Dict[str, Any]] = None,
 ) -> List[PacketLike]:
     """One record per captured tensor, with summary statistics of its exact values.
 
@@ -77,6 +78,8 @@ def load_stream_packets(
             tensor whose payload does not decode, and for each tensor the capture dropped
             (``"dropped": True``). Without it a payload that does not decode raises, and
             dropped tensors are counted in a warning.
+        storage_options: fsspec options when ``stream_path`` is an object URL
+            (``s3://...``, see :func:`~llm_instrumentation.open_stream`).
 
     Returns:
         dicts in stream order with 1.3.1's keys ``packet_index``, ``layer_name`` (``"<root>"``
@@ -106,7 +109,7 @@ def load_stream_packets(
         raise ValueError(f"compression {compression!r} is not a codec name")
     records: List[PacketLike] = []
     dropped = 0
-    with open_stream(stream_path) as r:
+    with open_stream(stream_path, storage_options) as r:
         legacy = bool(getattr(r, "legacy", False))
         if legacy and compression is not None:
             c = compression.lower()
