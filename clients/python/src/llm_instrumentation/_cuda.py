@@ -61,7 +61,8 @@ def _bound_timing_event() -> Callable[[], Any]:
     def timing_event() -> Any:
         ev = event(enable_timing=True)
         sid, dev, kind = get_stream(get_device())
-        record(ev, stream(stream_id=sid, device_index=dev, device_type=kind))
+        # torch's stub of the C base omits device_type; torch.cuda.current_stream passes it too
+        record(ev, stream(stream_id=sid, device_index=dev, device_type=kind))  # type: ignore[call-arg]
         return ev
 
     return timing_event
@@ -125,8 +126,8 @@ class CudaCopier:
     def __init__(self, ring: "Ring") -> None:
         import torch
 
-        self._u8 = ring.u8()
-        self.ptr = self._u8.data_ptr()
+        self._u8: Optional["torch.Tensor"] = ring.u8()
+        self.ptr = ring.u8().data_ptr()
         self.size = ring.ring_size
         rc = torch.cuda.cudart().cudaHostRegister(self.ptr, self.size, 0)
         code = int(rc.value) if hasattr(rc, "value") else int(rc)
