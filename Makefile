@@ -320,9 +320,10 @@ generate: generate-records
 	  (apt-get update && apt-get install -y --no-install-recommends clang llvm libbpf-dev bpftool)
 	$(GO) generate ./internal/bpf/...
 
-generate-records:
+# The C layouts are made by running the Python builders: the venv's interpreter (numpy, torch).
+generate-records: $(VENV)/.stamp
 	$(PYTHON) clients/python/tools/gen_records_header.py
-	$(PYTHON) clients/python/tools/gen_c_resource_layouts.py
+	$(VPY) clients/python/tools/gen_c_resource_layouts.py
 
 # The binary, the systemd units (ExecStart points at $(PREFIX)/bin), the sysusers entry
 # (user strapd, group strap) and the tmpfiles entry; docs/DEPLOY.md says what comes next.

@@ -244,7 +244,16 @@ func TestGolden(t *testing.T) {
 	if err != nil || len(files) < 5 {
 		t.Fatalf("golden resource-event files in %s: %v, %v", goldenDir, files, err)
 	}
+	// cases/: single events (seed 003's C API cases), checked line by line, not as sessions.
+	cases, err := filepath.Glob(filepath.Join(goldenDir, "cases", "*.jsonl"))
+	if err != nil || len(cases) == 0 {
+		t.Fatalf("golden resource-event cases in %s/cases: %v, %v", goldenDir, cases, err)
+	}
+	session := map[string]bool{}
 	for _, p := range files {
+		session[p] = true
+	}
+	for _, p := range append(files, cases...) {
 		t.Run(filepath.Base(p), func(t *testing.T) {
 			f, err := os.Open(p)
 			if err != nil {
@@ -285,6 +294,12 @@ func TestGolden(t *testing.T) {
 			}
 			if err := sc.Err(); err != nil {
 				t.Fatal(err)
+			}
+			if n == 0 {
+				t.Fatal("no lines")
+			}
+			if !session[p] {
+				return
 			}
 			if counts["resource_session_start"] != 1 || counts["resource_session_summary"] != 1 || len(counts) < 4 {
 				t.Fatalf("%d lines, by event %v: not one whole monitor session", n, counts)

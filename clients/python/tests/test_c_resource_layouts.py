@@ -1,6 +1,6 @@
 """The C client's resource events come from the Python builders: clients/c/src/resource_layouts.h
 (each event's keys in order), clients/c/tests/resource_cases.h and the golden lines
-testdata/resource_events/c_api.jsonl are what clients/python/tools/gen_c_resource_layouts.py makes
+testdata/resource_events/cases/c_api.jsonl are what clients/python/tools/gen_c_resource_layouts.py makes
 of the builders now; the C test (clients/c/tests/test_resource_api.c, make test-c) renders every
 case to the golden line byte for byte."""
 
@@ -27,7 +27,7 @@ def test_check_names_a_stale_file(tmp_path: Path) -> None:
     for rel in ("clients/python/src", "clients/python/tools"):
         shutil.copytree(REPO / rel, work / rel, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     for rel in ("clients/c/src/resource_layouts.h", "clients/c/tests/resource_cases.h",
-                "testdata/resource_events/c_api.jsonl"):
+                "testdata/resource_events/cases/c_api.jsonl"):
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, work / rel)
     gen = work / "clients/python/tools/gen_c_resource_layouts.py"
@@ -43,13 +43,13 @@ def test_check_names_a_stale_file(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, str(gen), "--check"], capture_output=True, text=True)
     assert res.returncode == 1
     assert "clients/c/src/resource_layouts.h is stale" in res.stderr
-    assert "testdata/resource_events/c_api.jsonl is stale" in res.stderr
+    assert "testdata/resource_events/cases/c_api.jsonl is stale" in res.stderr
 
 
 def test_golden_covers_every_layout_and_optional_key() -> None:
     """The cases reach each event type and the keys the builders leave out (no duration, no
     memory reading, no memory fraction)."""
-    evs = [json.loads(line) for line in (REPO / "testdata/resource_events/c_api.jsonl").read_text().splitlines()]
+    evs = [json.loads(line) for line in (REPO / "testdata/resource_events/cases/c_api.jsonl").read_text().splitlines()]
     kinds = {(e["event"], e.get("operation")) for e in evs}
     assert {("compute_execution", "mul_mat"), ("mlp_operation", None), ("compute_execution", "norm"),
             ("compute_execution", "activation"), ("compute_execution", "soft_max"), ("memory_allocation", None),
