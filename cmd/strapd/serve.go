@@ -88,6 +88,8 @@ type serveConfig struct {
 	ShutdownTimeout time.Duration
 	// ExitIdle, when positive, exits cleanly after this long with no client connected.
 	ExitIdle time.Duration
+	// SchedIdle runs every thread of the daemon under SCHED_IDLE (schedIdle).
+	SchedIdle bool
 	// Probes configures the eBPF collector beside the captures (docs/TRACE_FORMAT.md).
 	Probes struct {
 		// Off runs no collector: no traces (an OPEN with a trace file is refused).
@@ -269,6 +271,7 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 	f.IntVar(&cfg.Limits.MaxNDim, "max-ndim", cfg.Limits.MaxNDim, "most tensor dimensions accepted")
 	f.Uint64Var(&cfg.Limits.MaxElements, "max-elements", cfg.Limits.MaxElements, "most elements one captured tensor may have (0: no limit)")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long SIGTERM waits for sessions to drain")
+	f.BoolVar(&cfg.SchedIdle, "sched-idle", false, "run the daemon's threads under SCHED_IDLE: the model's threads preempt its compression on a host whose cores they use (docs/DEPLOY.md, CPU priority)")
 	f.DurationVar(&cfg.ExitIdle, "exit-idle", 0, "exit cleanly after this long with no client connected (0: never; the Python client starts strapd with 15m)")
 	f.BoolVar(&cfg.Probes.Off, "no-probes", false, "run no eBPF/proc collector: no kernel trace beside captures")
 	f.BoolVar(&cfg.Probes.NoBPF, "no-bpf", false, "do not load eBPF probes; the collector uses /proc fallbacks only")
@@ -384,6 +387,11 @@ func runServe(ctx context.Context, cfg serveConfig, base *zap.Logger) error {
 	}
 	log := base.With(zap.String("component", "strapd"))
 	defer log.Sync() //nolint:errcheck // stderr sync errors are not actionable
+	if cfg.SchedIdle {
+		if err := schedIdle(); err != nil {
+			return err
+		}
+	}
 	// SIGTERM/SIGINT cancel ctx (drain, then exit); SIGHUP only reopens the log.
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

@@ -192,3 +192,52 @@ def test_autostarted_daemon_exits_when_idle(monkeypatch, sockdir):
         D.connect(path, autostart=False)
     log = Path(sockdir, "idle", "strapd.log").read_text()
     assert "no connection for the idle time" in log
+
+
+def _policies(pid: int) -> dict:
+    """Scheduling policy (field 41 of /proc/PID/task/TID/stat) of every thread of pid."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            st = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        out[int(tid)] = int(st[st.rindex(")") + 2:].split()[38])
+    return out
+
+
+def test_sched_idle_daemon_every_thread(monkeypatch, sockdir):
+    """STRAPD_SCHED_IDLE=1: the autostarted strapd runs `serve --sched-idle`; every thread of
+    it, those the Go runtime starts while it serves a capture included, is under SCHED_IDLE
+    (policy 5); without it, none is."""
+    import torch
+
+    from conftest import strapd_bin
+
+    from llm_instrumentation import capture_activations
+
+    monkeypatch.setenv("STRAPD_BIN", str(strapd_bin()))
+    for idle in (True, False):
+        if idle:
+            monkeypatch.setenv("STRAPD_SCHED_IDLE", "1")
+        else:
+            monkeypatch.delenv("STRAPD_SCHED_IDLE", raising=False)
+        path = os.path.join(sockdir, f"idle{int(idle)}", "strapd.sock")
+        monkeypatch.setenv("STRAPD_SOCKET", path)
+        conn = D.connect(path, autostart=True)
+        pid = P.handshake(conn, "t", os.getpid()).pid
+        try:
+            model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
+            out = os.path.join(sockdir, f"cap{int(idle)}.strap")
+            with torch.no_grad(), capture_activations(model, output_path=out, modules=["0"], socket_path=path):
+                for _ in range(50):
+                    model(torch.randn(256, 64))
+            pol = _policies(pid)
+            assert len(pol) >= 3
+            if idle:
+                assert set(pol.values()) == {5}, pol
+            else:
+                assert 5 not in pol.values(), pol
+        finally:
+            conn.close()
+            os.kill(pid, signal.SIGTERM)

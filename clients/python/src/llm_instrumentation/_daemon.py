@@ -133,8 +133,11 @@ def start_daemon(path: str, binary: Optional[str] = None, timeout: float = 10.0)
     sock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = sock_dir / "strapd.log"
     with open(log_path, "ab") as logf:
+        args = [binary, "serve", "--socket", path, "--exit-idle", os.environ.get("STRAPD_EXIT_IDLE", "15m")]
+        if os.environ.get("STRAPD_SCHED_IDLE", "") not in ("", "0"):
+            args.append("--sched-idle")  # the model's threads preempt its compression (DEPLOY.md)
         proc = subprocess.Popen(
-            [binary, "serve", "--socket", path, "--exit-idle", os.environ.get("STRAPD_EXIT_IDLE", "15m")],
+            args,
             stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True,
         )
