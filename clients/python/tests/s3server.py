@@ -24,8 +24,17 @@ ACCESS, SECRET = "strapkey", "strapsecret12345"
 DEFAULT_BIN = Path.home() / ".cache" / "strap-llm" / "versitygw-1.8.0" / "versitygw"
 
 
-def versitygw_bin() -> Path:
-    return Path(os.environ.get("STRAP_VERSITYGW") or os.environ.get("VERSITYGW") or DEFAULT_BIN)
+def versitygw_bin(build: bool = False) -> Path:
+    """The binary; with ``build``, ``make versitygw`` makes it where it is missing (a skip,
+    saying why, where that fails)."""
+    p = Path(os.environ.get("STRAP_VERSITYGW") or os.environ.get("VERSITYGW") or DEFAULT_BIN)
+    if build and not p.exists():
+        repo = Path(__file__).resolve().parents[3]
+        r = subprocess.run(["make", "-C", str(repo), "--no-print-directory", "versitygw", f"VERSITYGW={p}"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"VersityGW could not be built (make versitygw): {r.stderr[-500:]}")
+    return p
 
 
 def _free_port() -> int:
@@ -38,9 +47,10 @@ class S3Server:
     """One running VersityGW: ``endpoint``, ``storage_options`` (s3fs), ``env`` (the AWS
     variables a child process reads), ``client()`` (boto3)."""
 
-    def __init__(self, binary: Path) -> None:
+    def __init__(self, binary: Path, root: "os.PathLike[str] | None" = None) -> None:
         self.binary = binary
-        self.root = tempfile.mkdtemp(prefix="vgw")
+        self.own_root = root is None
+        self.root = tempfile.mkdtemp(prefix="vgw") if root is None else os.fspath(root)
         self.port = _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log = open(os.path.join(self.root, "versitygw.log"), "wb")
@@ -70,15 +80,21 @@ class S3Server:
                 time.sleep(0.05)
 
     def kill(self) -> None:
-        """SIGKILL the server (its objects stay in the data directory)."""
-        self.proc.kill()
-        self.proc.wait()
+        """SIGKILL the server (its objects stay in the data directory; :meth:`start` again)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
-    def client(self) -> Any:
+    def client(self, secret: str = SECRET) -> Any:
+        """A boto3 client (``secret``: another secret key, for refused credentials)."""
         import boto3
 
         return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS,
-                            aws_secret_access_key=SECRET, region_name="us-east-1")
+                            aws_secret_access_key=secret, region_name="us-east-1")
+
+    def get(self, bucket: str, key: str) -> bytes:
+        """An object's bytes, read with boto3."""
+        return self.client().get_object(Bucket=bucket, Key=key)["Body"].read()
 
     def bucket(self, name: str) -> str:
         """Make bucket ``name`` (if new); returns it."""
@@ -104,7 +120,8 @@ class S3Server:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
-        shutil.rmtree(self.root, ignore_errors=True)
+        if self.own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -21,72 +21,29 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 import torch
 
-from conftest import REPO, Daemon, strapd_bin, tiny_llama
+import s3server
+from conftest import Daemon, strapd_bin, tiny_llama
+from s3server import ACCESS, SECRET, versitygw_bin
 
 from llm_instrumentation import capture_activations
 from llm_instrumentation.framework import tokens_path
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is in the Makefile's PY_DEPS (make venv)")
 
-ACCESS, SECRET = "strapaccess", "strapsecret1234"
 BUCKET = "caps"
 
 
-def versitygw_bin() -> str:
-    p = os.environ.get("STRAP_VERSITYGW") or str(Path.home() / ".cache/strap-llm/versitygw-1.8.0/versitygw")
-    if not os.path.exists(p):
-        r = subprocess.run(["make", "-C", str(REPO), "--no-print-directory", "versitygw", f"VERSITYGW={p}"],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip(f"VersityGW could not be built (make versitygw): {r.stderr[-500:]}")
-    return p
+class S3Server(s3server.S3Server):
+    """The shared VersityGW harness with the bucket of these tests."""
 
-
-class S3Server:
-    """A VersityGW process on a free port with a posix backend directory."""
-
-    def __init__(self, root: Path) -> None:
-        self.dir = root / "s3"
-        self.dir.mkdir()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.log = root / "versitygw.log"
-        self.proc: Optional[subprocess.Popen] = None
-        self.start()
-
-    def start(self) -> None:
-        with open(self.log, "ab") as logf:
-            self.proc = subprocess.Popen([versitygw_bin(), "--access", ACCESS, "--secret", SECRET, "--port",
-                                          f"127.0.0.1:{self.port}", "--quiet", "posix", str(self.dir)],
-                                         stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"versitygw did not start: {self.log.read_text()[-2000:]}")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-
-    def client(self, secret: str = SECRET) -> Any:
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS, aws_secret_access_key=secret,
-                            region_name="us-east-1")
-
-    def get(self, key: str) -> bytes:
-        return self.client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    def get(self, key: str) -> bytes:  # type: ignore[override]
+        return super().get(BUCKET, key)
 
 
 @pytest.fixture
 def s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
-    srv = S3Server(tmp_path)
+    """A fresh server per test (the fault tests kill and restart it)."""
+    srv = S3Server(versitygw_bin(build=True), tmp_path)
     srv.client().create_bucket(Bucket=BUCKET)
     # strapd finds its credentials the standard way: here, the environment.
     for k, v in {"AWS_ACCESS_KEY_ID": ACCESS, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1",
@@ -94,7 +51,7 @@ def s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
                  "AWS_SHARED_CREDENTIALS_FILE": os.devnull}.items():
         monkeypatch.setenv(k, v)
     yield srv
-    srv.kill()
+    srv.stop()
 
 
 @pytest.fixture
