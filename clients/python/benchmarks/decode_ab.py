@@ -61,6 +61,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--socket", help="a running strapd (default: start --strapd)")
     ap.add_argument("--strapd", default=str(REPO / "bin" / "strapd"))
+    ap.add_argument("--sched-idle", action="store_true", help="start strapd with `serve --sched-idle`")
     ap.add_argument("--pairs", type=int, default=7)
     ap.add_argument("--new", type=int, default=64, help="generated tokens per trial")
     ap.add_argument("--prompt", type=int, default=32)
@@ -85,7 +86,7 @@ def main() -> None:
     try:
         sock = a.socket
         if sock is None:
-            proc, sock = start_strapd(a.strapd, tmp)
+            proc, sock = start_strapd(a.strapd, tmp, extra=["--sched-idle"] if a.sched_idle else [])
         model_cfg = {k: getattr(a, k) for k in DECODE_MODEL}
         model = build_model(**model_cfg)
         cfg = InstrumentationConfig.from_preset(a.preset).with_granularity(CAPTURE_SETS[a.set])
