@@ -16,7 +16,8 @@ copy (docs/PROTOCOL.md 3, docs/GPU.md). Two ways, by size:
 The session publishes a record only once the event recorded after its copy has completed:
 :meth:`CudaCopier.copied` polls without blocking (``cudaEventQuery``); :meth:`CudaCopier.wait`
 blocks where the protocol must (TOKEN, CHECKPOINT, CLOSE, a full ring). Small copies share
-one event, recorded on the model's stream when the session next publishes.
+one event per stream they were queued on (the stream current at each copy), recorded when the
+session next publishes.
 
 Exercised on a GPU by ``bench/gpu_check.py`` (``make gpu-check``), not by the CPU test suite.
 """
@@ -140,9 +141,11 @@ class CudaCopier:
         #: in ring order.
         self._inflight: Deque[Tuple[int, int, Any]] = deque()
         self._last_event: Any = None
-        #: Devices with small copies on their model stream not yet followed by an event, and
-        #: (head, seq) after the last of them.
-        self._direct: Set[int] = set()
+        #: The streams (torch's (stream id, device index, device type)) that small copies were
+        #: queued on and no event follows yet — the streams current at each copy, not at the
+        #: publish: a model may run under ``torch.cuda.stream(s)`` — and (head, seq) after the
+        #: last of them.
+        self._direct: Set[Tuple[int, int, int]] = set()
         self._direct_head: Optional[Tuple[int, int]] = None
         self._just_direct = False
 
@@ -155,7 +158,7 @@ class CudaCopier:
 
         if src.numel() * src.element_size() <= DIRECT_MAX:
             dst.copy_(src, non_blocking=True)  # on src's device's current stream: the model's
-            self._direct.add(src.get_device())
+            self._direct.add(torch._C._cuda_getCurrentStream(src.get_device()))
             self._just_direct = True
             return
         self._seal()  # the small copies before this record come first in ring order
@@ -191,9 +194,9 @@ class CudaCopier:
         import torch
 
         head, seq = self._direct_head
-        for idx in sorted(self._direct):
+        for sid, dev, kind in sorted(self._direct):
             ev = torch.cuda.Event()
-            ev.record(torch.cuda.current_stream(idx))
+            ev.record(torch.cuda.Stream(stream_id=sid, device_index=dev, device_type=kind))
             self._inflight.append((head, seq, ev))
         self._direct.clear()
         self._direct_head = None
