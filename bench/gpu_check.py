@@ -211,8 +211,57 @@ def test_overwrite_after_publish(dev: str, tmp: Path, small: bool) -> Dict[str, 
     16 MiB records (the side-stream path of ``_cuda``) and 8 KiB ones (the model-stream path)."""
     big = _overwrite_case(dev, tmp, *((64, 8, 4) if small else (4096, 2048, 24)))
     little = _overwrite_case(dev, tmp, *((64, 1, 4) if small else (4096, 1, 48)))
-    ok = big["status"] == little["status"] == "passed"
-    return {"status": "passed" if ok else "failed", "large": big, "small": little}
+    out = {"large": big, "small": little}
+    if dev == "cuda":  # a stream of the model's own: CUDA only
+        out["small_inner_stream"] = _inner_stream_case(tmp, 64 if small else 4096, 4 if small else 48)
+    ok = all(c["status"] == "passed" for c in out.values())
+    return {"status": "passed" if ok else "failed", **out}
+
+
+def _inner_stream_case(tmp: Path, dim: int, iters: int) -> Dict[str, Any]:
+    """A module run by its parent under a stream of its own, behind queued work: its small
+    record's copy goes on that stream, and the publish at the end of the pass (on the default
+    stream, idle by then) must still wait for it."""
+    import torch
+    from torch import nn
+
+    from llm_instrumentation import capture_activations
+
+    class Inner(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(dim, dim, bias=False)
+            self.s = torch.cuda.Stream()
+            self.big = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+
+        def forward(self, x: Any) -> Any:
+            self.s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.s):
+                for _ in range(20):  # ≈ a few ms queued ahead of the copy on this stream
+                    self.big @ self.big
+                y = self.proj(x)  # captured here, on self.s
+                y.mul_(-3.0)
+            # No wait of the default stream for self.s: nothing here consumes y there, so only
+            # an event on self.s (the stream the copy was queued on) says when the copy landed.
+            return y
+
+    torch.manual_seed(0)
+    model = Inner().to(device="cuda", dtype=torch.bfloat16).eval()
+    ref: List[Any] = []
+    h = model.proj.register_forward_hook(lambda m, a, out: ref.append(out.detach().clone()))
+    path = tmp / "inner.strap"
+    try:
+        with torch.no_grad(), capture_activations(model, preset="fast_capture", output_path=str(path),
+                                                  modules=["proj"]):
+            for _ in range(iters):
+                model(torch.randn(1, dim, device="cuda", dtype=torch.bfloat16))
+    finally:
+        h.remove()
+    got = _captured(path, "proj")
+    bad = [i for i, (a, b) in enumerate(zip(got, ref)) if not torch.equal(_bits(a), _bits(b))]
+    path.unlink(missing_ok=True)
+    return {"status": "passed" if len(got) == iters and not bad else "failed", "records": len(got),
+            "expected": iters, "mismatched_records": bad, "bytes_per_record": dim * 2}
 
 
 def _overwrite_case(dev: str, tmp: Path, dim: int, rows: int, iters: int) -> Dict[str, Any]:
