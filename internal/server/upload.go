@@ -150,9 +150,9 @@ func (s *Server) uploadStatus() (*control.UploadDaemonStatus, []control.UploadSt
 	ds.UploadedBytes, ds.Errors = m.Totals()
 	var ups []control.UploadStatus
 	for _, u := range m.Status() {
-		ups = append(ups, control.UploadStatus{Object: u.Object, Path: u.Path, Session: u.Session, UID: u.UID, State: u.State,
-			DurableBytes: u.DurableBytes, UploadedBytes: u.UploadedBytes, LagBytes: u.LagBytes, FinalSize: u.FinalSize,
-			Parts: u.Parts, Errors: u.Errors, LastError: u.LastError, Verified: u.Verified, LocalDeleted: u.LocalDeleted})
+		// The same fields in the same order: a conversion, so the two cannot drift apart
+		// (the wire type stays in control, the uploader's own in upload).
+		ups = append(ups, control.UploadStatus(u))
 	}
 	return ds, ups
 }

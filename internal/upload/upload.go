@@ -26,7 +26,8 @@ const (
 	StateStopped = "stopped"
 )
 
-// Status is one upload as `strapd status` and /metrics show it.
+// Status is one upload as `strapd status` and /metrics show it; control.UploadStatus, its
+// wire form, is converted from it and so has exactly these fields.
 type Status struct {
 	Object  string `json:"object"`
 	Path    string `json:"path"`
