@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import _protocol as P
 from . import checkpoint as ckpt
-from . import _streamlock
+from . import _distributed, _job_resume, _streamlock
 from ._options import SessionOptions
 from ._warnings import warn_caller
 from .checkpoint import CheckpointError
@@ -77,7 +77,9 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
     """Open and lock the stream file. Fresh: empty it, after dealing with a checkpoint left
     by an earlier capture (:func:`_leftover`). Resume: check it against the checkpoint, when
     there is one, and cut it back to the end of its last intact token (docs/CHECKPOINTS.md 4);
-    with nothing to resume, or only a 1.3.1 checkpoint, a new stream.
+    with nothing to resume, or only a 1.3.1 checkpoint, a new stream. In one rank of a
+    distributed job, the job first agrees on the point every rank reached and the stream is
+    cut back to it (:mod:`._job_resume`, docs/DISTRIBUTED.md D3).
 
     Args:
         opts: the session options (``output_path`` set).
@@ -89,7 +91,8 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
     Raises:
         CheckpointError: a leftover checkpoint with ``overwrite_checkpoint=False``, a
             stream that does not match the checkpoint or the capture, a checkpoint whose
-            stream is gone, or a 1.3.1 stream to append to.
+            stream is gone, or a 1.3.1 stream to append to; in a distributed job, also
+            another rank's such error, or no answer from the other ranks.
         StreamInUseError: a live capture is writing the stream (nothing was changed in it).
     """
     out = opts.output_path
@@ -100,7 +103,36 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
         if os.path.exists(leftover) and opts.overwrite_checkpoint is not True:
             _leftover(opts, out, leftover)
         return _fresh(out, opts, leftover if opts.overwrite_checkpoint else None)
-    assert ck_path is not None
+    assert ck_path is not None  # resume implies per-token tracking, hence a checkpoint path
+    info = _distributed.detect()
+    exchange = None
+    if info is not None:
+        exchange = _job_resume.exchange_for(info, out, _distributed.per_rank_enabled())
+    if exchange is None:
+        return _cut(*_open_resume(opts, fingerprint), None, ck_path)
+    assert info is not None
+    try:
+        o, rp = _open_resume(opts, fingerprint)
+    except Exception as e:
+        _job_resume.agree(exchange, e, info)  # raises e once every rank has heard of it
+        raise
+    try:
+        m = _job_resume.agree(exchange, rp.point.token_count if rp is not None else len(o.tokens), info)
+    except BaseException:
+        _streamlock.mark_ended(o.key)
+        os.close(o.fd)
+        raise
+    return _cut(o, rp, m, ck_path)
+
+
+def _open_resume(opts: SessionOptions, fingerprint: str) -> Tuple[Output, Optional[ckpt.ResumePoint]]:
+    """Open and lock the stream of a resume and find its resume point, changing nothing yet.
+
+    Returns:
+        the output and, for a stream to go on from, its resume point (None: a new stream).
+    """
+    out, ck_path = opts.output_path, opts.checkpoint_file
+    assert out is not None and ck_path is not None
     c: Optional[ckpt.Checkpoint] = None
     old: Optional[ckpt.Checkpoint131] = None
     if os.path.exists(ck_path):
@@ -117,7 +149,7 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
             # every time, including the first.
             warn_caller(f"resume_from_checkpoint=True but there is no checkpoint at {ck_path} and no stream at "
                           f"{out}: starting a new capture")
-        return _from_131(_fresh(out, opts, None), old)
+        return _from_131(_fresh(out, opts, None), old), None
     key = None
     try:
         _streamlock.lock_stream(fd, opts.lock_wait, out)
@@ -125,7 +157,7 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
         if c is None and os.fstat(fd).st_size == 0:
             # A client killed before strapd wrote the header: nothing was captured, so
             # the resume is a capture from token 0 into the same file.
-            return _from_131(Output(fd, source="stream", key=key), old)
+            return _from_131(Output(fd, source="stream", key=key), old), None
         if _is_131_stream(fd, out):
             raise CheckpointError(
                 f"{out} is an llm_instrumentation 1.3.1 stream: a capture cannot append to it. Move it aside "
@@ -135,14 +167,53 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
             warn_caller(f"{ck_path} is a 1.3.1 checkpoint; the stream {out} says itself where the capture "
                           f"goes on, so the checkpoint's tokens are not used")
         rp = ckpt.resume_point(fd, c, out, fingerprint)
-        os.ftruncate(fd, rp.point.stream_offset)
-        os.fsync(fd)
     except BaseException:
         _streamlock.mark_ended(key)
         os.close(fd)
         raise
     meta = c.extra.get("metadata") if c is not None else None
-    return Output(fd, rp.point, rp.tokens, rp.source, c, meta if isinstance(meta, dict) else None, key)
+    return Output(fd, None, [], rp.source, c, meta if isinstance(meta, dict) else None, key), rp
+
+
+def _cut(o: Output, rp: Optional[ckpt.ResumePoint], limit: Optional[int], ck_path: str) -> Output:
+    """Cut the stream back to its resume point (or to the job's, ``limit`` tokens, when that
+    is earlier) and make the output say so.
+
+    A cut before the checkpoint rewrites the checkpoint first, to the new point (durable: it
+    lies inside the fdatasync'd prefix), so that a crash after the cut never leaves a
+    checkpoint that describes bytes no longer there.
+    """
+    if rp is None:
+        if limit is not None and len(o.tokens) > limit:  # a 1.3.1 checkpoint's tokens
+            o.tokens, o.source = o.tokens[:limit], "job-minimum"
+        return o
+    out = rp.point.stream
+    try:
+        if limit is not None and limit < rp.point.token_count:
+            rp = ckpt.resume_point(o.fd, rp.floor, out, rp.point.fingerprint, limit)
+            if rp.point.token_count != limit:
+                raise CheckpointError(f"{out}: the stream changed while the job agreed on its resume point "
+                                      f"(token {limit} wanted, {rp.point.token_count} found)")
+            if o.floor is not None and limit < o.floor.token_count:
+                c = rp.point
+                c.extra = dict(o.floor.extra)
+                c.extra["total_tokens"] = limit
+                c.created = ckpt.now_rfc3339()
+                toks = [json.dumps({k: t[k] for k in ("token_index", "token_id", "token_text", "position")},
+                                   ensure_ascii=False) for t in rp.tokens]
+                if sum(len(t) + 1 for t in toks) + (64 << 10) > ckpt.MAX_SIZE:
+                    toks = None  # 1.3.1's list is left out past this size, as a capture does
+                ckpt.write_atomic(ck_path, c.to_json(toks))
+                o.floor = c
+            rp = ckpt.ResumePoint(rp.point, rp.tokens, "job-minimum", rp.floor)
+        os.ftruncate(o.fd, rp.point.stream_offset)
+        os.fsync(o.fd)
+    except BaseException:
+        _streamlock.mark_ended(o.key)
+        os.close(o.fd)
+        raise
+    o.resume, o.tokens, o.source = rp.point, rp.tokens, rp.source
+    return o
 
 
 def _is_131_stream(fd: int, path: str) -> bool:

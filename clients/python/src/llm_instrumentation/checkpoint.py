@@ -261,7 +261,8 @@ class ResumePoint:
     floor: Optional[Checkpoint]
 
 
-def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint: str) -> ResumePoint:
+def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint: str,
+                 limit: Optional[int] = None) -> ResumePoint:
     """Find where a resume goes on in the stream behind ``fd``.
 
     The checkpoint, when there is one, is the floor: the stream must hold exactly what it
@@ -277,6 +278,10 @@ def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint:
         ck: the checkpoint file's contents, or None when there is none.
         path: the stream's path, for messages.
         want_fingerprint: this capture's fingerprint; the stream header must carry it.
+        limit: keep at most this many tokens (the job-wide resume point of a distributed
+            job, docs/DISTRIBUTED.md D3): the prefix then ends with TOKEN packet
+            ``limit - 1`` (with 0, at the end of the file header), also when that lies
+            before the checkpoint — whose prefix is still checked in full first.
 
     Returns:
         the resume point.
@@ -301,7 +306,13 @@ def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint:
             tokens, start = [], reader.first_packet
             base = Checkpoint(stream=path, fingerprint=want_fingerprint, stream_offset=start, packets=0, drops=0,
                               last_seq=0, last_packet_offset=0, last_packet_crc=0, token_count=0, forward_count=0)
-        point, tokens = _intact_tail(reader, base, start, tokens)
+        if limit is not None and limit < base.token_count:
+            # Back before the checkpoint: walked again from the first packet (checked above).
+            tokens, start = [], reader.first_packet
+            base = Checkpoint(stream=base.stream, fingerprint=base.fingerprint, stream_offset=start, packets=0,
+                              drops=0, last_seq=0, last_packet_offset=0, last_packet_crc=0, token_count=0,
+                              forward_count=0, created=base.created, extra=base.extra)
+        point, tokens = _intact_tail(reader, base, start, tokens, limit)
     finally:
         # The caller truncates the file next: the mapping must be gone by then.
         reader.close()
@@ -326,15 +337,17 @@ def _prefix_reader(fd: int, ck: Optional[Checkpoint], path: str) -> StreamReader
         raise CheckpointError(f"{path}: {what}: {e}") from None
 
 
-def _intact_tail(reader: StreamReader, base: Checkpoint, start: int,
-                 tokens: List[Dict[str, Any]]) -> Tuple[Checkpoint, List[Dict[str, Any]]]:
+def _intact_tail(reader: StreamReader, base: Checkpoint, start: int, tokens: List[Dict[str, Any]],
+                 limit: Optional[int] = None) -> Tuple[Checkpoint, List[Dict[str, Any]]]:
     """Extend ``base`` (the prefix up to ``start``) to the end of the last TOKEN packet of
-    the intact run of packets that follows it."""
+    the intact run of packets that follows it, or of TOKEN packet ``limit - 1``."""
     best = base
     packets, drops, forwards = base.packets, base.drops, base.forward_count
     toks = list(tokens)
     try:
         for pk in reader.walk(reader.size, start):
+            if limit is not None and len(toks) >= limit:
+                break
             if pk.type not in (TENSOR, DROP, TOKEN):
                 break  # END/INDEX of the aborted session: the capture goes on before it
             if pk.type == TOKEN and pk.step != len(toks):

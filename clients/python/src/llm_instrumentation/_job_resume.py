@@ -1,0 +1,149 @@
+"""The resume point of a whole distributed job (docs/DISTRIBUTED.md D3).
+
+When a job of several ranks is restarted with ``resume_from_checkpoint=True``, each rank first
+finds the tokens its own stream can keep (docs/CHECKPOINTS.md 4); the job then agrees on the
+smallest of those counts and every rank cuts back to it, so no rank keeps tokens that another
+one has to generate again. The agreement is made once, at the start of the capture, never on
+the model's path:
+
+- an initialised ``torch.distributed`` process group of the job's size: one
+  ``all_gather_object`` of the counts;
+- without one, under ``torchrun`` (``TORCHELASTIC_RUN_ID`` and ``TORCHELASTIC_RESTART_COUNT``
+  name this start of the job) with per-rank stream names: each rank writes its count to
+  ``{its stream}.job-resume.json`` and reads every other rank's file of the same start from
+  the same directory (which must be shared by the ranks), waiting for them up to
+  ``STRAP_JOB_RESUME_WAIT`` seconds (600);
+- neither: no agreement can be made; each rank resumes from its own point, with a warning.
+
+A rank that cannot resume (its checkpoint does not match its stream, say) still takes part,
+so that no other rank waits for it: every rank then fails, naming the rank and its error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Union
+
+from . import _distributed
+from . import checkpoint as ckpt
+from ._distributed import RankInfo
+from ._warnings import warn_caller
+from .checkpoint import CheckpointError
+
+#: Seconds a rank waits for the other ranks' counts in the file exchange.
+WAIT_ENV = "STRAP_JOB_RESUME_WAIT"
+DEFAULT_WAIT_S = 600.0
+
+#: What a rank contributes: the tokens it can keep, or the error that keeps it from resuming.
+Own = Union[int, BaseException]
+#: Takes this rank's contribution, returns every rank's (ints, or error texts), in rank order.
+Exchange = Callable[[Own], List[Union[int, str]]]
+
+
+def exchange_for(info: RankInfo, output_path: str, per_rank_names: bool) -> Optional[Exchange]:
+    """How this rank learns the other ranks' counts, or None when no way exists (warned).
+
+    Args:
+        info: this rank.
+        output_path: this rank's stream (with its rank marker when ``per_rank_names``).
+        per_rank_names: whether the streams carry per-rank names (the file exchange finds the
+            other ranks' files by them).
+
+    Returns:
+        the exchange, or None.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and info.source == "torch.distributed":
+        return lambda own: _gather(dist, info, own)
+    run_id, restart = os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if per_rank_names and run_id and restart is not None and restart.strip() != "":
+        return lambda own: _files(info, output_path, f"{run_id}/{restart.strip()}", own)
+    why = ("the streams do not carry per-rank names (STRAP_RANK_STREAMS=0)" if not per_rank_names
+           else "there is neither an initialised torch.distributed process group nor torchrun's "
+                "TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT")
+    warn_caller(f"rank {info.rank} of {info.world_size} resumes {output_path} from its own point, not the point "
+                f"every rank reached: {why} (docs/DISTRIBUTED.md D3)")
+    return None
+
+
+def agree(exchange: Exchange, own: Own, info: RankInfo) -> int:
+    """The job's resume point: the fewest tokens any rank can keep.
+
+    Args:
+        exchange: from :func:`exchange_for`.
+        own: this rank's count, or its error (raised again here after the exchange).
+        info: this rank.
+
+    Returns:
+        the smallest count.
+
+    Raises:
+        the rank's own error; CheckpointError naming the other ranks that cannot resume.
+    """
+    got = exchange(own)
+    if isinstance(own, BaseException):
+        raise own
+    bad = [f"rank {r}: {v}" for r, v in enumerate(got) if isinstance(v, str)]
+    if bad:
+        raise CheckpointError(f"the job cannot resume: {'; '.join(bad)} (rank {info.rank} could keep {own} tokens "
+                              f"and is left as it was)")
+    return min(int(v) for v in got)
+
+
+def _wire(own: Own) -> Union[int, str]:
+    return own if isinstance(own, int) else f"{type(own).__name__}: {own}"
+
+
+def _gather(dist, info: RankInfo, own: Own) -> List[Union[int, str]]:
+    got: List[Union[int, str, None]] = [None] * info.world_size
+    dist.all_gather_object(got, _wire(own))
+    return [v if isinstance(v, (int, str)) else f"sent {v!r}" for v in got]
+
+
+def sibling_path(path: str, info: RankInfo, rank: int) -> str:
+    """``path`` (carrying ``info``'s rank marker) with ``rank``'s marker instead.
+
+    Example:
+        >>> sibling_path("/r/cap.rank00001-of-00002.strap", RankInfo(1, 2, None, None, "h", "env"), 0)
+        '/r/cap.rank00000-of-00002.strap'
+    """
+    mine = f".rank{info.rank:05d}-of-{info.world_size:05d}"
+    head, base = os.path.split(path)
+    i = base.rfind(mine)
+    if i < 0:
+        raise ValueError(f"{path} does not carry rank {info.rank}'s marker {mine}")
+    return os.path.join(head, base[:i] + f".rank{rank:05d}-of-{info.world_size:05d}" + base[i + len(mine):])
+
+
+def _files(info: RankInfo, output_path: str, start: str, own: Own) -> List[Union[int, str]]:
+    mine = output_path + ".job-resume.json"
+    ckpt.write_atomic(mine, json.dumps({"start": start, "rank": info.rank, "value": _wire(own)}).encode())
+    wait = float(os.environ.get(WAIT_ENV, "") or DEFAULT_WAIT_S)
+    deadline = time.monotonic() + wait
+    got: Dict[int, Union[int, str]] = {}
+    while True:
+        for r in range(info.world_size):
+            if r in got:
+                continue
+            p = sibling_path(output_path, info, r) + ".job-resume.json"
+            try:
+                with open(p, "rb") as f:
+                    d = json.loads(f.read())
+            except (FileNotFoundError, ValueError):
+                continue  # not written yet (a rename makes it whole when it appears)
+            if isinstance(d, dict) and d.get("start") == start and d.get("rank") == r:
+                v = d.get("value")
+                got[r] = v if isinstance(v, (int, str)) and not isinstance(v, bool) else f"wrote {v!r}"
+        if len(got) == info.world_size:
+            return [got[r] for r in range(info.world_size)]
+        if time.monotonic() >= deadline:
+            missing = [r for r in range(info.world_size) if r not in got]
+            raise CheckpointError(
+                f"rank {info.rank} waited {wait:g} s for the resume points of ranks {missing} of this start of the "
+                f"job ({start}) in {os.path.dirname(mine)}: the ranks must share that directory, or initialise a "
+                f"torch.distributed process group before the capture ({WAIT_ENV} sets the wait)")
+        time.sleep(0.05)
+
