@@ -57,7 +57,7 @@ var (
 	descSessDrops    = prometheus.NewDesc("strapd_session_drops", "Per session (--http-metrics-detail): records dropped.", sessLabels, nil)
 	descSessFill     = prometheus.NewDesc("strapd_session_ring_fill_ratio", "Per session (--http-metrics-detail): ring_used / ring_size.", sessLabels, nil)
 	descSessIn       = prometheus.NewDesc("strapd_session_in_mbps", "Per session (--http-metrics-detail): MB/s received over the last few seconds.", sessLabels, nil)
-	descSessInfo     = prometheus.NewDesc("strapd_session_info", "Per session (--http-metrics-detail): always 1; the session's rank, world size and job in a distributed job (empty for a single process), to join with the manifest's session ids.", []string{"session", "rank", "world_size", "job"}, nil)
+	descSessInfo     = prometheus.NewDesc("strapd_session_info", "Per session (--http-metrics-detail): always 1; the session's rank, world size and job id in a distributed job (empty for a single process), to join with the manifest's session ids. job_id, not job: Prometheus gives every scraped series its own job label.", []string{"session", "rank", "world_size", "job_id"}, nil)
 )
 
 func (c captureCollector) Collect(ch chan<- prometheus.Metric) {
