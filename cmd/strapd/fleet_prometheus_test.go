@@ -151,8 +151,8 @@ func TestPrometheusScrapesFleet(t *testing.T) {
 	bin := strapdBinary(t)
 	type host struct {
 		name, sock, addr, out string
-		session             uint64
-		stream              *controltest.Stream
+		session               uint64
+		stream                *controltest.Stream
 	}
 	hosts := []*host{{name: "node-a"}, {name: "node-b"}}
 	for i, h := range hosts {
