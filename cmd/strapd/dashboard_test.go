@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"testing"
 )
@@ -142,19 +141,4 @@ func TestDashboardVariables(t *testing.T) {
 	if detail < 4 || len(targets)-detail < 20 {
 		t.Fatalf("%d per-rank and %d other queries in the dashboard", detail, len(targets)-detail)
 	}
-}
-
-// detailSeries are the strapd series the per-rank row names.
-func detailSeries(t *testing.T) []string {
-	t.Helper()
-	var out []string
-	for _, tg := range dashboardTargets(t) {
-		if tg.Detail {
-			for _, s := range selector.FindAllStringSubmatch(tg.Expr, -1) {
-				out = append(out, s[1])
-			}
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
 }
