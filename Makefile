@@ -122,6 +122,7 @@ prometheus:
 # The shipped Prometheus config and rules as Prometheus itself reads them.
 check-deploy: prometheus
 	promtool check config deploy/prometheus/prometheus.yml
+	promtool check config deploy/prometheus/prometheus-fleet.yml
 	promtool check rules deploy/prometheus/rules/*.yml
 
 # The lint and type gate (CI runs it before make test):

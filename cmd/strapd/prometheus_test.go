@@ -117,7 +117,8 @@ func TestPrometheusScrapesCapture(t *testing.T) {
 	checkStatusShape(t, bin, sock, api)
 
 	// Every expression of the dashboard and the rules has data.
-	exprs := dashboardExprs(t, filepath.Join(deploy, "grafana/strapd.json"))
+	// With host All (".*", as Grafana sends it) and with this strapd's instance chosen.
+	exprs := append(dashboardExprs(t, ".*", ".*", false), dashboardExprs(t, grafanaValue(httpAddr), ".*", false)...)
 	ruleExprs := prom.ruleExprs(t)
 	if len(ruleExprs) < 10 {
 		t.Fatalf("Prometheus loaded only %d rule expressions: %v", len(ruleExprs), ruleExprs)
@@ -215,6 +216,14 @@ scrape_configs:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return startPrometheusConfig(t, bin, cfgPath)
+}
+
+// startPrometheusConfig runs Prometheus with the config at cfgPath (its data in a temp dir)
+// on a loopback port and waits until it is ready.
+func startPrometheusConfig(t *testing.T, bin, cfgPath string) *promServer {
+	t.Helper()
+	dir := t.TempDir()
 	addr := "127.0.0.1:" + freePort(t)
 	cmd := exec.Command(bin, "--config.file="+cfgPath, "--storage.tsdb.path="+filepath.Join(dir, "tsdb"),
 		"--web.listen-address="+addr, "--log.level=warn")
@@ -385,38 +394,22 @@ func (p *promServer) waitAlert(t *testing.T, name, state string, timeout time.Du
 	t.Errorf("alert %s not %s within %v; alerts: %s", name, state, timeout, last)
 }
 
-// dashboardExprs walks the Grafana dashboard for every target's expression.
-func dashboardExprs(t *testing.T, path string) []string {
+// dashboardExprs is every expression of the Grafana dashboard's rows but the per-rank one
+// (detail false) or of that row only (detail true), with its variables given values.
+func dashboardExprs(t *testing.T, host, rank string, detail bool) []string {
 	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dash struct {
-		Panels []struct {
-			Title   string `json:"title"`
-			Type    string `json:"type"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	if err := json.Unmarshal(b, &dash); err != nil {
-		t.Fatal(err)
-	}
 	var out []string
-	for _, p := range dash.Panels {
-		if p.Type != "row" && p.Type != "text" && len(p.Targets) == 0 {
-			t.Errorf("panel %q has no query", p.Title)
+	for _, tg := range dashboardTargets(t) {
+		if tg.Detail != detail {
+			continue
 		}
-		for _, tg := range p.Targets {
-			if strings.Contains(tg.Expr, "$") {
-				t.Errorf("panel %q: expression %q uses a Grafana variable the test cannot resolve", p.Title, tg.Expr)
-			}
-			out = append(out, tg.Expr)
+		e := resolveVars(tg.Expr, host, rank)
+		if strings.Contains(e, "$") {
+			t.Errorf("panel %q: expression %q uses a Grafana variable the test cannot resolve", tg.Panel, tg.Expr)
 		}
+		out = append(out, e)
 	}
-	if len(out) < 20 {
+	if !detail && len(out) < 20 {
 		t.Fatalf("only %d expressions in the dashboard", len(out))
 	}
 	return out

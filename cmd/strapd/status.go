@@ -70,7 +70,7 @@ func printStatus(w io.Writer, rep control.StatusReply) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nSESSION\tPID\tUID\tMODEL\tCODEC\tAGE\tIN\tOUT\tRATIO\tIN MB/s\tOUT MB/s\tRING\tDROPS\tTOKENS\tRESOURCES\tCHECKPOINT\tOUTPUT")
+	fmt.Fprintln(tw, "\nSESSION\tPID\tUID\tMODEL\tCODEC\tAGE\tIN\tOUT\tRATIO\tIN MB/s\tOUT MB/s\tRING\tDROPS\tTOKENS\tRESOURCES\tCHECKPOINT\tRANK\tOUTPUT")
 	for _, s := range rep.Sessions {
 		ck := "-"
 		if s.LastCheckpointAgeS >= 0 {
@@ -87,9 +87,14 @@ func printStatus(w io.Writer, rep control.StatusReply) error {
 		if s.Ratio > 0 {
 			ratio = fmt.Sprintf("%.2fx", s.Ratio)
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t%.0f%%\t%d\t%d\t%s\t%s\t%s\n", s.Session, s.PID, s.UID,
+		// A rank of a distributed job: rank/world_size@host (DISTRIBUTED.md); "-" for one process.
+		rank := "-"
+		if d := s.Distributed; d != nil {
+			rank = fmt.Sprintf("%d/%d@%s", d.Rank, d.WorldSize, d.Host)
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t%.0f%%\t%d\t%d\t%s\t%s\t%s\t%s\n", s.Session, s.PID, s.UID,
 			s.ModelClass, s.Codec, secs(s.AgeS), units.Bytes(float64(s.BytesIn)), units.Bytes(float64(s.BytesOut)), ratio, s.InMBps, s.OutMBps,
-			100*s.RingFill, s.Drops, s.Tokens, res, ck, s.OutputPath)
+			100*s.RingFill, s.Drops, s.Tokens, res, ck, rank, s.OutputPath)
 	}
 	return tw.Flush()
 }

@@ -2,10 +2,12 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
 
+	"github.com/strap-llm/strap/internal/captureset"
 	"github.com/strap-llm/strap/internal/stream"
 	"github.com/strap-llm/strap/internal/upload"
 )
@@ -19,16 +21,28 @@ func (e damagedError) Error() string { return e.msg }
 func (damagedError) ExitCode() int { return 2 }
 
 // newVerifyCmd builds `strapd verify FILE [--json]`: every packet's CRC, sequence numbers,
-// END, INDEX and footer (stream.Verify). Exit 0 when whole, 2 when damaged or truncated,
-// 1 when the file cannot be read at all.
+// END, INDEX and footer (stream.Verify). Of a capture-set manifest (docs/DISTRIBUTED.md
+// D4): the manifest's own checks, then every rank's stream verified and checked against
+// it. Exit 0 when whole, 2 when damaged or truncated (or an invalid manifest, or a set
+// whose streams disagree with it), 1 when the file cannot be read at all.
 func newVerifyCmd() *cobra.Command {
 	var asJSON bool
 	var s3o upload.ClientOptions
 	cmd := &cobra.Command{
-		Use:   "verify FILE|s3://bucket/key",
-		Short: "Check a capture stream: every CRC, sequence numbers, END/INDEX/footer; exit 2 if damaged",
+		Use:   "verify FILE|MANIFEST|s3://bucket/key",
+		Short: "Check a capture stream (every CRC, sequence numbers, END/INDEX/footer), or every rank's stream of a capture-set manifest against it; exit 2 if damaged",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			m, isSet, err := readManifest(cmd.Context(), args[0], s3o)
+			if _, invalid := errors.AsType[*captureset.InvalidError](err); invalid {
+				return damagedError{err.Error()}
+			}
+			if err != nil {
+				return err
+			}
+			if isSet {
+				return verifySet(cmd.Context(), cmd.OutOrStdout(), args[0], m, s3o, asJSON)
+			}
 			// Verify reads every byte: an object is read in ranges of at least 8 MiB.
 			r, size, done, err := openStreamSource(cmd.Context(), args[0], s3o, 8<<20)
 			if err != nil {

@@ -271,6 +271,24 @@ type SessionStatus struct {
 	ResourceEvents     uint64 `json:"resource_events"`
 	ResourceEventsLost uint64 `json:"resource_events_lost"`
 	ResourceLogError   string `json:"resource_log_error,omitempty"`
+	// Distributed is the session's rank in a job of several processes, from OPEN's
+	// metadata.distributed (docs/DISTRIBUTED.md); absent for a single process.
+	Distributed *SessionRank `json:"distributed,omitempty"`
+}
+
+// SessionRank is a session's place in a distributed job as its client reported it in
+// OPEN's metadata.distributed: what `strapd status` of several hosts is joined on, and
+// the rank and host labels of the per-session metrics.
+type SessionRank struct {
+	// Rank is the global rank, below WorldSize.
+	Rank      uint64 `json:"rank"`
+	WorldSize uint64 `json:"world_size"`
+	// LocalRank is the rank on its host; nil when the launcher did not say.
+	LocalRank *uint64 `json:"local_rank"`
+	// Host is the client's host name.
+	Host string `json:"host"`
+	// JobID is the launcher's job id (TORCHELASTIC_RUN_ID) when the client sent one.
+	JobID string `json:"job_id,omitempty"`
 }
 
 // StatusReply answers Status.

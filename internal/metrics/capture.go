@@ -50,12 +50,14 @@ var (
 	descUploadActive  = prometheus.NewDesc("strapd_uploads_in_progress", "Uploads not yet complete (retrying included).", nil, nil)
 	descUploadFailing = prometheus.NewDesc("strapd_uploads_retrying", "Uploads whose last attempt failed.", nil, nil)
 
-	sessLabels       = []string{"session", "uid", "pid", "codec"}
+	// rank and host come from the session's metadata.distributed; empty for a single process.
+	sessLabels       = []string{"session", "uid", "pid", "codec", "rank", "host"}
 	descSessBytesIn  = prometheus.NewDesc("strapd_session_bytes_in", "Per session (--http-metrics-detail): raw bytes received.", sessLabels, nil)
 	descSessBytesOut = prometheus.NewDesc("strapd_session_bytes_stored", "Per session (--http-metrics-detail): bytes written.", sessLabels, nil)
 	descSessDrops    = prometheus.NewDesc("strapd_session_drops", "Per session (--http-metrics-detail): records dropped.", sessLabels, nil)
 	descSessFill     = prometheus.NewDesc("strapd_session_ring_fill_ratio", "Per session (--http-metrics-detail): ring_used / ring_size.", sessLabels, nil)
 	descSessIn       = prometheus.NewDesc("strapd_session_in_mbps", "Per session (--http-metrics-detail): MB/s received over the last few seconds.", sessLabels, nil)
+	descSessInfo     = prometheus.NewDesc("strapd_session_info", "Per session (--http-metrics-detail): always 1; the session's rank, world size and job id in a distributed job (empty for a single process), to join with the manifest's session ids. job_id, not job: Prometheus gives every scraped series its own job label.", []string{"session", "rank", "world_size", "job_id"}, nil)
 )
 
 func (c captureCollector) Collect(ch chan<- prometheus.Metric) {
@@ -161,7 +163,12 @@ func (c captureCollector) Collect(ch chan<- prometheus.Metric) {
 
 	if m.opts.Detail {
 		for _, s := range st.Sessions {
-			lv := []string{label(s.Session), strconv.FormatUint(uint64(s.UID), 10), strconv.Itoa(int(s.PID)), s.Codec}
+			var rank, host, world, job string
+			if d := s.Distributed; d != nil {
+				rank, host, world, job = label(d.Rank), d.Host, label(d.WorldSize), d.JobID
+			}
+			gauge(descSessInfo, 1, label(s.Session), rank, world, job)
+			lv := []string{label(s.Session), strconv.FormatUint(uint64(s.UID), 10), strconv.Itoa(int(s.PID)), s.Codec, rank, host}
 			gauge(descSessBytesIn, float64(s.BytesIn), lv...)
 			gauge(descSessBytesOut, float64(s.BytesOut), lv...)
 			gauge(descSessDrops, float64(s.Drops), lv...)

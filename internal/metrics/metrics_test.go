@@ -125,10 +125,17 @@ func TestDetailAddsSessionSeries(t *testing.T) {
 	m := New(Options{Status: f.status, Detail: true, Pool: func() PoolStats {
 		return PoolStats{Workers: 2, Busy: 1, Queued: 3, BusySeconds: []float64{1.5, 0.25}}
 	}})
-	f.set(sess(7, "lz4", 100, 80, 0, 0.25))
+	// Session 8 is rank 3 of a job of 8 processes (OPEN's metadata.distributed).
+	ranked := sess(8, "none", 50, 50, 2, 0.125)
+	ranked.Distributed = &control.SessionRank{Rank: 3, WorldSize: 8, Host: "node07", JobID: "j1"}
+	f.set(sess(7, "lz4", 100, 80, 0, 0.25), ranked)
 	v, _ := gather(t, m)
 	for k, want := range map[string]float64{
-		"strapd_session_ring_fill_ratio{codec=lz4,pid=4242,session=7,uid=1000}": 0.25,
+		"strapd_session_ring_fill_ratio{codec=lz4,host=,pid=4242,rank=,session=7,uid=1000}":         0.25,
+		"strapd_session_ring_fill_ratio{codec=none,host=node07,pid=4242,rank=3,session=8,uid=1000}": 0.125,
+		"strapd_session_drops{codec=none,host=node07,pid=4242,rank=3,session=8,uid=1000}":           2,
+		"strapd_session_info{job_id=,rank=,session=7,world_size=}":                                  1,
+		"strapd_session_info{job_id=j1,rank=3,session=8,world_size=8}":                              1,
 		"strapd_ring_fill_max_ratio":                 0.25,
 		"strapd_workers_busy":                        1,
 		"strapd_pool_queue_depth":                    3,
@@ -137,6 +144,14 @@ func TestDetailAddsSessionSeries(t *testing.T) {
 	} {
 		if got, ok := v[k]; !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v", k, got, ok, want)
+		}
+	}
+	// Without Detail, neither the rank labels nor the session info exist.
+	plain := New(Options{Status: f.status})
+	pv, _ := gather(t, plain)
+	for k := range pv {
+		if strings.Contains(k, "rank=") || strings.Contains(k, "host=") || strings.HasPrefix(k, "strapd_session_") {
+			t.Errorf("%s without Detail", k)
 		}
 	}
 }

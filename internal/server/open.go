@@ -51,6 +51,10 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	if err != nil {
 		return err
 	}
+	rank, err := sessionRank(req.Metadata)
+	if err != nil {
+		return err
+	}
 	if bs := plan.BlockSize(); bs < 4096 || bs > cfg.MaxBlockSize {
 		return perr(control.CodeLimit, "block_size %d, expected 4096..%d", bs, cfg.MaxBlockSize)
 	}
@@ -150,7 +154,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	c.slotted = true
 	c.info = control.SessionStatus{Session: id, PID: c.cred.Pid, UID: c.cred.Uid, ModelClass: str("model_class"),
 		OutputPath: str("output_path"), Codec: plan.Codec(), Policy: req.Policy, Started: time.Now().UTC().Format(time.RFC3339),
-		RingSize: req.RingSize, Resumed: req.AppendAt, ResourceLog: res != nil}
+		RingSize: req.RingSize, Resumed: req.AppendAt, ResourceLog: res != nil, Distributed: rank}
 	c.rates.start(time.Now(), sess.Stats())
 	// The output file stays open for the session's life; finish closes it.
 	c.outFile = out

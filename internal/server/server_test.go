@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -650,4 +651,75 @@ func TestExitIdle(t *testing.T) {
 // ended sessions left for the next one (held in the budget with no session open).
 func idleStagingBytes(s *Server) int64 {
 	return int64(s.budget.IdleStaging()) * stream.StagingBufSize
+}
+
+// TestStatusRank: a session opened with metadata.distributed carries its rank, world size,
+// local rank, host and job id in STATUS (what `strapd status --json` prints and the metrics
+// label); a single process's has none; a distributed object that is not what the client
+// documents refuses the OPEN, naming what is wrong.
+func TestStatusRank(t *testing.T) {
+	ts := startServer(t, Config{})
+	c := ts.dial(t)
+	dist := map[string]any{"rank": 1, "world_size": 2, "local_rank": 1, "local_world_size": 2, "host": "node07",
+		"source": "env", "job_id": "run-7"}
+	st, o, err := controltest.OpenStream(c, shm.HeaderSize+64<<10, outFile(t), control.Open{Codec: "none", Policy: "block",
+		Metadata: map[string]any{"output_path": "/x/cap.rank00001-of-00002.strap", "distributed": dist}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	single, o2, err := controltest.OpenStream(ts.dial(t), shm.HeaderSize+64<<10, outFile(t), control.Open{Codec: "none",
+		Policy: "block", Metadata: map[string]any{"output_path": "/x/one.strap"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := ts.dial(t).Status()
+	if err != nil || len(rep.Sessions) != 2 {
+		t.Fatalf("status %+v %v", rep, err)
+	}
+	for _, s := range rep.Sessions {
+		switch s.Session {
+		case o.Session:
+			d := s.Distributed
+			if d == nil || d.Rank != 1 || d.WorldSize != 2 || d.LocalRank == nil || *d.LocalRank != 1 || d.Host != "node07" || d.JobID != "run-7" {
+				t.Errorf("ranked session's distributed: %+v", d)
+			}
+		case o2.Session:
+			if s.Distributed != nil {
+				t.Errorf("single process with distributed %+v", s.Distributed)
+			}
+			b, _ := json.Marshal(s)
+			if strings.Contains(string(b), `"distributed"`) {
+				t.Errorf("single process's status names distributed: %s", b)
+			}
+		}
+	}
+	for _, s := range []*controltest.Stream{st, single} {
+		if _, err := s.Finish(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	for _, tc := range []struct {
+		name string
+		dist any
+		want string
+	}{
+		{"rank outside the world", map[string]any{"rank": 2, "world_size": 2}, "rank 2 is not below world_size 2"},
+		{"no world size", map[string]any{"rank": 0}, "rank and world_size are required"},
+		{"negative rank", map[string]any{"rank": -1, "world_size": 2}, "non-negative integers"},
+		{"fractional rank", map[string]any{"rank": 0.5, "world_size": 2}, "non-negative integers"},
+		{"rank as text", map[string]any{"rank": "0", "world_size": 2}, "non-negative integers"},
+		{"host not text", map[string]any{"rank": 0, "world_size": 2, "host": 7}, "host and job_id strings"},
+		{"host too long", map[string]any{"rank": 0, "world_size": 2, "host": strings.Repeat("h", 256)}, "host is not UTF-8 text of at most 255 bytes"},
+		{"not an object", []int{1, 2}, "OPEN metadata.distributed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := controltest.OpenStream(ts.dial(t), shm.HeaderSize+64<<10, outFile(t), control.Open{Codec: "none",
+				Policy: "block", Metadata: map[string]any{"distributed": tc.dist}})
+			var pe *control.Error
+			if !errors.As(err, &pe) || pe.Code != control.CodeBadMessage || !strings.Contains(pe.Message, tc.want) {
+				t.Fatalf("OPEN: %v, want bad_message saying %q", err, tc.want)
+			}
+		})
+	}
 }

@@ -1,0 +1,202 @@
+package captureset
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// fileOpener opens local files (cmd/strapd's opener adds s3://).
+func fileOpener(_ context.Context, loc string, _ int64) (io.ReaderAt, int64, func(), func() error, error) {
+	f, err := os.Open(loc)
+	if err != nil {
+		return nil, 0, nil, nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, nil, nil, err
+	}
+	return f, st.Size(), func() { f.Close() }, func() error { return nil }, nil
+}
+
+func verifyManifest(t *testing.T, path string) *SetReport {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Parse(b)
+	if err != nil {
+		t.Fatalf("parse: %v", err)
+	}
+	return VerifySet(context.Background(), m, path, fileOpener)
+}
+
+// TestVerifySet: a real two-rank tensor-parallel set on disk verifies; each damage to the
+// manifest or to a stream is found and names the rank and the key.
+func TestVerifySet(t *testing.T) {
+	dir := t.TempDir()
+	good, mpath := tpJob(t, dir)
+	rep := verifyManifest(t, mpath)
+	if !rep.OK || len(rep.Ranks) != 2 {
+		t.Fatalf("good set: %+v", rep)
+	}
+	for _, rr := range rep.Ranks {
+		if !rr.OK || rr.Verify == nil || !rr.Verify.OK || rr.Stream != filepath.Join(dir, fmt.Sprintf("cap.rank%05d-of-00002.strap", rr.Rank)) {
+			t.Fatalf("rank %d: %+v", rr.Rank, rr)
+		}
+	}
+
+	// The streams themselves, damaged after the manifest was written.
+	stream1 := filepath.Join(dir, "cap.rank00001-of-00002.strap")
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T, m map[string]any, dir string)
+		want   []string // each a substring of one problem
+	}{
+		{"wrong session", func(t *testing.T, m map[string]any, _ string) { rankOf(m, 1)["session"] = 99 },
+			[]string{"rank 1: session: manifest 99, stream header 11"}},
+		{"wrong rank stream", func(t *testing.T, m map[string]any, _ string) {
+			rankOf(m, 1)["stream"] = "cap.rank00000-of-00002.strap"
+		}, []string{"rank 1: rank: manifest 1, stream header 0", "rank 1: session: manifest 11, stream header 10"}},
+		{"stream missing", func(t *testing.T, m map[string]any, _ string) { rankOf(m, 0)["stream"] = "gone.strap" },
+			[]string{"rank 0: stream: open " + filepath.Join(dir, "gone.strap")}},
+		{"packet count", func(t *testing.T, m map[string]any, _ string) { rankOf(m, 0)["packets"] = 7 },
+			[]string{"rank 0: packets: manifest 7, stream 6"}},
+		{"token range", func(t *testing.T, m map[string]any, _ string) { rankOf(m, 1)["tokens"] = []int{1, 3} },
+			[]string{"rank 1: tokens: manifest [1, 3), stream [0, 2)"}},
+		{"forwards", func(t *testing.T, m map[string]any, _ string) { rankOf(m, 1)["forwards"] = 3 },
+			[]string{"rank 1: forwards: manifest 3, stream 2"}},
+		{"status", func(t *testing.T, m map[string]any, _ string) { rankOf(m, 0)["status"] = "aborted" },
+			[]string{`rank 0: status: manifest "aborted", stream "complete"`}},
+		{"bytes", func(t *testing.T, m map[string]any, _ string) { rankOf(m, 0)["bytes"] = 1 },
+			[]string{"rank 0: bytes: manifest 1, stream "}},
+		{"host", func(t *testing.T, m map[string]any, _ string) { rankOf(m, 0)["host"] = "node08" },
+			[]string{`rank 0: host: manifest "node08", stream header "node07"`}},
+		{"strapd host", func(t *testing.T, m map[string]any, _ string) { rankOf(m, 0)["strapd_host"] = "node08" },
+			[]string{`rank 0: strapd_host: manifest "node08", stream header "node07"`}},
+		{"fingerprint", func(t *testing.T, m map[string]any, _ string) { rankOf(m, 0)["fingerprint"] = nil },
+			[]string{`rank 0: fingerprint: manifest null, stream header "fp-0"`}},
+		{"local rank", func(t *testing.T, m map[string]any, _ string) { rankOf(m, 1)["local_rank"] = nil },
+			[]string{"rank 1: local_rank: manifest null, stream header 1"}},
+		{"places swapped", func(t *testing.T, m map[string]any, _ string) {
+			rankOf(m, 0)["tp_rank"], rankOf(m, 1)["tp_rank"] = 1, 0
+		}, []string{"rank 0: tp_rank: manifest 1, stream header 0", "rank 1: tp_rank: manifest 0, stream header 1"}},
+		{"module not held", func(t *testing.T, m map[string]any, _ string) {
+			rankOf(m, 1)["modules"].(map[string]any)["model.h.0"] = map[string]any{"kind": "replicated"}
+		}, []string{"rank 1: modules.model.h.0: listed, but the stream has no record of it"}},
+		{"module not listed", func(t *testing.T, m map[string]any, _ string) {
+			delete(rankOf(m, 0)["modules"].(map[string]any), "model.h.0")
+		}, []string{"rank 0: modules.model.h.0: the stream has records of it, the manifest does not list it"}},
+		{"sharded said local", func(t *testing.T, m map[string]any, _ string) {
+			rankOf(m, 1)["modules"].(map[string]any)["model.h.0.mlp.c_fc"] = map[string]any{"kind": "local"}
+		}, []string{`rank 1: modules.model.h.0.mlp.c_fc: kind: manifest "local", stream records "sharded"`}},
+		{"replicated said local", func(t *testing.T, m map[string]any, _ string) {
+			rankOf(m, 0)["modules"].(map[string]any)["model.h.0"] = map[string]any{"kind": "local"}
+		}, []string{`rank 0: modules.model.h.0: kind: manifest "local", stream "replicated"`}},
+		{"full shape", func(t *testing.T, m map[string]any, _ string) {
+			rankOf(m, 0)["modules"].(map[string]any)["model.h.0.mlp.c_fc"].(map[string]any)["full_shape"] = []int{1, 3, 9}
+		}, []string{"rank 0: modules.model.h.0.mlp.c_fc: full_shape: manifest [1 3 9], first stream record [1 3 8]"}},
+		{"stream moved (absolute path)", func(t *testing.T, m map[string]any, dir string) {
+			moved := filepath.Join(t.TempDir(), "r1.strap")
+			if err := os.Rename(stream1, moved); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.Rename(moved, stream1) })
+			rankOf(m, 1)["stream"] = moved
+		}, nil},
+		{"stream damaged", func(t *testing.T, m map[string]any, _ string) {
+			b, err := os.ReadFile(stream1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			orig := append([]byte(nil), b...)
+			b[len(b)/2] ^= 0xff
+			if err := os.WriteFile(stream1, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.WriteFile(stream1, orig, 0o644) })
+		}, []string{"rank 1: stream: " + stream1 + " does not verify"}},
+		{"stream cut", func(t *testing.T, m map[string]any, _ string) {
+			b, err := os.ReadFile(stream1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(stream1, b[:len(b)*2/3], 0o644); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.WriteFile(stream1, b, 0o644) })
+		}, []string{"rank 1: stream: " + stream1 + " does not verify", `rank 1: status: manifest "complete", stream "open"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := clone(t, good)
+			tc.damage(t, m, dir)
+			path := filepath.Join(dir, "case.capture-set.json")
+			writeJSON(t, path, m)
+			rep := verifyManifest(t, path)
+			var all []string
+			for _, rr := range rep.Ranks {
+				for _, p := range rr.Problems {
+					all = append(all, p.String())
+				}
+			}
+			if len(tc.want) == 0 {
+				if !rep.OK {
+					t.Fatalf("want OK, got:\n%s", strings.Join(all, "\n"))
+				}
+				return
+			}
+			if rep.OK {
+				t.Fatal("verified OK")
+			}
+			for _, w := range tc.want {
+				found := false
+				for _, p := range all {
+					found = found || strings.Contains(p, w)
+				}
+				if !found {
+					t.Errorf("no problem says %q; problems:\n%s", w, strings.Join(all, "\n"))
+				}
+			}
+		})
+	}
+}
+
+// TestReadFactsSingleProcess: a capture set of one process (no distributed object in the
+// header) checks against rank 0; a stream that is still open reads as status "open".
+func TestReadFactsSingleProcess(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "one.strap")
+	writeStream(t, path, 3, "h", map[string]any{"fingerprint": "fp"}, []rec{
+		{name: "a", step: 5, forward: 7, shape: []uint64{2}}, {token: true, step: 5}, {token: true, step: 6}}, "")
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, _ := f.Stat()
+	facts, err := ReadFacts(f, st.Size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if facts.Status != StatusOpen || facts.Tokens != [2]uint64{5, 7} || facts.Forwards != 8 || facts.Packets != 3 ||
+		facts.Distributed != nil || facts.Modules["a"].Kind != KindLocal || facts.Session != 3 {
+		t.Fatalf("facts %+v", facts)
+	}
+	fp := "fp"
+	m := &Manifest{WorldSize: 1, Layout: Layout{1, 1, 1}}
+	e := &Rank{Rank: 0, Session: 3, StrapdHost: "h", Fingerprint: &fp, Status: StatusOpen, Tokens: [2]uint64{5, 7},
+		Forwards: 8, Packets: 3, Bytes: uint64(st.Size()), Modules: map[string]Module{"a": {Kind: KindLocal}}}
+	if ps := Compare(m, e, facts); len(ps) != 0 {
+		t.Fatalf("problems: %v", ps)
+	}
+	m.WorldSize = 2
+	if ps := Compare(m, e, facts); len(ps) != 1 || ps[0].Key != "rank" {
+		t.Fatalf("a single process's stream in a world of 2: %v", ps)
+	}
+}
