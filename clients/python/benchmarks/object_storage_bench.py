@@ -39,6 +39,7 @@ from record_cost import start_strapd  # noqa: E402
 from s3server import S3Server, versitygw_bin  # noqa: E402
 
 from llm_instrumentation import capture_activations, open_stream  # noqa: E402
+from llm_instrumentation._source import RemoteSource  # noqa: E402
 from llm_instrumentation.data import ActivationDataset  # noqa: E402
 
 
@@ -77,12 +78,15 @@ def epoch(path: str, module: str, rows_per_batch: int, **kw: Any) -> Dict[str, f
             "bytes_fetched": fetched}
 
 
-def fetch_only(srv: S3Server, url: str, ranges: List[Any], rounds: int) -> Dict[str, float]:
-    """The module's byte ranges fetched through s3fs alone (``cat_ranges``, concurrent), no
+def fetch_only(srv: S3Server, url: str, ranges: List[Any], rounds: int, direct: bool = True) -> Dict[str, float]:
+    """The module's byte ranges fetched alone (the byte source's ``read_many``: concurrent
+    ranged GETs through botocore, or with ``direct=False`` through s3fs's ``cat_ranges``), no
     decoding: the transport's own throughput and CPU, client and server, on this machine."""
-    from llm_instrumentation._source import filesystem
+    from llm_instrumentation._source import RemoteSource
 
-    fs, path = filesystem(url, srv.storage_options)
+    RemoteSource.direct_s3 = direct
+    src = RemoteSource(url, srv.storage_options)
+    RemoteSource.direct_s3 = True
     tck = os.sysconf("SC_CLK_TCK")
 
     def server_cpu() -> float:
@@ -93,7 +97,7 @@ def fetch_only(srv: S3Server, url: str, ranges: List[Any], rounds: int) -> Dict[
     walls, client, server = [], [], []
     for _ in range(rounds):
         c0, s0, t0 = time.process_time(), server_cpu(), time.perf_counter()
-        fs.cat_ranges([path] * len(ranges), [a for a, _ in ranges], [b for _, b in ranges])
+        src.read_many([(a, b - a) for a, b in ranges])
         walls.append(time.perf_counter() - t0)
         client.append(time.process_time() - c0)
         server.append(server_cpu() - s0)
@@ -138,18 +142,28 @@ def main() -> None:
             ranges = [(p.offset, p.end) for p in r.packets() if p.name == module]
             n_tensors = len(r.tensors(module))
         so = srv.storage_options
-        runs: Dict[str, List[Dict[str, float]]] = {"local": [], "s3": [], "s3_prefetch0": []}
+        runs: Dict[str, List[Dict[str, float]]] = {"local": [], "s3": [], "s3_prefetch0": [], "s3_fsspec": []}
+
+        def through_fsspec(**kw: Any) -> Dict[str, float]:
+            RemoteSource.direct_s3 = False  # the reader before botocore was used directly
+            try:
+                return epoch(url, module, a.rows, storage_options=so, **kw)
+            finally:
+                RemoteSource.direct_s3 = True
+
         epoch(str(local), module, a.rows)  # warm: page cache, imports
         epoch(url, module, a.rows, storage_options=so)
         for _ in range(a.rounds):
             runs["local"].append(epoch(str(local), module, a.rows))
             runs["s3"].append(epoch(url, module, a.rows, storage_options=so))
             runs["s3_prefetch0"].append(epoch(url, module, a.rows, storage_options=so, prefetch=0))
+            runs["s3_fsspec"].append(through_fsspec())
         c0 = time.process_time()
         for _ in range(a.rounds):
             epoch(str(local), module, a.rows)
         local_cpu = (time.process_time() - c0) / a.rounds
         transport = fetch_only(srv, url, ranges, a.rounds)
+        transport_fsspec = fetch_only(srv, url, ranges, a.rounds, direct=False)
         med = {k: {m: statistics.median(r[m] for r in v) for m in ("construct_s", "iterate_s", "epoch_s")}
                for k, v in runs.items()}
         rows = runs["local"][0]["rows"]
@@ -160,11 +174,13 @@ def main() -> None:
             # throughput ratios (s3:// over local): the epoch proper, and with construction
             "ratio_iterate": med["local"]["iterate_s"] / med["s3"]["iterate_s"],
             "ratio_iterate_prefetch0": med["local"]["iterate_s"] / med["s3_prefetch0"]["iterate_s"],
+            "ratio_iterate_fsspec": med["local"]["iterate_s"] / med["s3_fsspec"]["iterate_s"],
             "ratio_with_construction": med["local"]["epoch_s"] / med["s3"]["epoch_s"],
             "local_mb_s": module_raw / med["local"]["iterate_s"] / 1e6,
             "s3_mb_s": module_raw / med["s3"]["iterate_s"] / 1e6,
             "s3_bytes_fetched_per_epoch": statistics.median(r["bytes_fetched"] for r in runs["s3"]),
             "local_epoch_cpu_s_per_gb": local_cpu / (module_raw / 1e9), "transport": transport,
+            "transport_fsspec": transport_fsspec,
             "loadavg": os.getloadavg(), "runs": runs,
         }
         print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=1))

@@ -6,6 +6,7 @@ chunk manifest, ActivationDataset over objects, and the errors."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -142,13 +143,23 @@ def test_errors_are_clear(s3, monkeypatch):  # noqa: F811
     u = s3.upload(legacy, "caps", "legacy/lz4.stream")
     with pytest.raises(StreamFormatError, match="1.3.1 streams are read from local files only"):
         open_stream(u, storage_options=s3.storage_options)
-    # no s3fs (a process where it cannot be imported): the error names the extra to install
-    code = ("import sys; sys.modules['s3fs'] = None\n"
+    # neither boto3 nor s3fs (a process where they cannot be imported): the error names the
+    # extra to install
+    code = ("import sys; sys.modules['s3fs'] = None; sys.modules['boto3'] = None\n"
             "from llm_instrumentation import open_stream\n"
             "try:\n    open_stream('s3://caps/runs/multi.strap')\n"
             "except ImportError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "pip install 'strap-llm[s3]'" in out.stdout, (out.stdout, out.stderr)
+    # without credentials: a clear error naming the object, not a botocore traceback
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    code = ("from llm_instrumentation import open_stream\n"
+            f"try:\n    open_stream('s3://caps/runs/multi.strap', storage_options={{'endpoint_url': {s3.endpoint!r}}})\n"
+            "except ConnectionError as e:\n    print('ConnectionError', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=dict(env, AWS_CONFIG_FILE="/nonexistent", AWS_SHARED_CREDENTIALS_FILE="/nonexistent"))
+    assert "ConnectionError s3://caps/runs/multi.strap: Unable to locate credentials" in out.stdout, \
+        (out.stdout, out.stderr)
 
 
 def test_credentials_from_environment(s3, url, monkeypatch):  # noqa: F811
