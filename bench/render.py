@@ -610,12 +610,13 @@ def objstore_tables(w: Emit, o: Json) -> None:
       f"median of {o['rounds']} alternating rounds. The S3 server (VersityGW, posix backend) runs on the same "
       f"{o['cores']} cores as the reader.")
     w("")
-    table(w, ["", "local file", "s3://, prefetch 8 (default)", "s3://, prefetch 0"], "lrrr", [
-        ("construction (header, index, selected headers)", *(f"{med[k]['construct_s'] * 1e3:.0f} ms"
-                                                             for k in ("local", "s3", "s3_prefetch0"))),
-        ("epoch (every batch)", *(f"{med[k]['iterate_s'] * 1e3:.0f} ms" for k in ("local", "s3", "s3_prefetch0"))),
-        ("raw MB/s of the epoch", f"{o['local_mb_s']:.0f}", f"{o['s3_mb_s']:.0f}",
-         f"{o['module_raw_bytes'] / med['s3_prefetch0']['iterate_s'] / 1e6:.0f}"),
+    cols = [k for k in ("local", "s3", "s3_prefetch0", "s3_fsspec") if k in med]
+    names = {"local": "local file", "s3": "s3://, prefetch 8 (default)", "s3_prefetch0": "s3://, prefetch 0",
+             "s3_fsspec": "s3:// through s3fs (the reader before 2026-11-27 05:45 UTC)"}
+    table(w, ["", *(names[k] for k in cols)], "l" + "r" * len(cols), [
+        ("construction (header, index, selected headers)", *(f"{med[k]['construct_s'] * 1e3:.0f} ms" for k in cols)),
+        ("epoch (every batch)", *(f"{med[k]['iterate_s'] * 1e3:.0f} ms" for k in cols)),
+        ("raw MB/s of the epoch", *(f"{o['module_raw_bytes'] / med[k]['iterate_s'] / 1e6:.0f}" for k in cols)),
     ])
     table(w, ["measurement", "value"], "lr", [
         (f"target: s3:// epoch ≥ 0.8 × local", f"{o['ratio_iterate']:.2f} ({met(o['ratio_iterate'] >= 0.8)}); "
@@ -624,8 +625,12 @@ def objstore_tables(w: Emit, o: Json) -> None:
         ("bytes fetched per s3:// dataset (construction + epoch) / module's stored bytes",
          f"{o['s3_bytes_fetched_per_epoch'] / o['module_stored_bytes']:.4f}"),
         ("local epoch, client CPU", f"{o['local_epoch_cpu_s_per_gb']:.2f} CPU-s per raw GB"),
-        ("transport alone (s3fs `cat_ranges` of the module's ranges)",
+        ("transport alone (the byte source's `read_many` of the module's ranges)",
          f"{t['mb_s']:.0f} MB/s; client {t['client_cpu_s_per_gb']:.2f}, server {t['server_cpu_s_per_gb']:.2f} CPU-s/GB"),
+        *([("the same through s3fs `cat_ranges`",
+            f"{o['transport_fsspec']['mb_s']:.0f} MB/s; client {o['transport_fsspec']['client_cpu_s_per_gb']:.2f}, "
+            f"server {o['transport_fsspec']['server_cpu_s_per_gb']:.2f} CPU-s/GB; epoch ratio "
+            f"{o['ratio_iterate_fsspec']:.2f}")] if "transport_fsspec" in o else []),
     ])
 
 
