@@ -167,7 +167,9 @@ typedef enum strap_policy {
 /* Everything strap_session_open needs. Fill with strap_default_session_params() first. */
 typedef struct strap_session_params {
 	/* Where the capture goes (required). The library opens it itself (O_RDWR|O_CREAT, takes
-	 * flock(LOCK_EX), truncates it unless resuming) and passes the descriptor to strapd. */
+	 * flock(LOCK_EX), truncates it unless resuming) and passes the descriptor to strapd. In one
+	 * rank of several (RANK, WORLD_SIZE > 1) the rank's own name instead, as is an explicit
+	 * checkpoint_path (strap_session_output_path says which; STRAP_RANK_STREAMS=0 keeps both). */
 	const char *output_path;
 
 	/* Control socket: NULL resolves it (strap_resolve_socket_path). */
@@ -249,6 +251,12 @@ STRAP_API int strap_session_open(const strap_session_params *params, strap_sessi
 
 /* Where the session started (resume). Thread-safe. */
 STRAP_API strap_resume_point strap_session_resume_point(const strap_session *s);
+
+/* The stream the session writes, absolute: params.output_path, or in one rank of a
+ * distributed job (RANK and WORLD_SIZE > 1 set by the launcher, STRAP_RANK_STREAMS not 0) its
+ * per-rank name {stem}.rank{RANK:05d}-of-{WORLD_SIZE:05d}{ext} (docs/DISTRIBUTED.md). Valid until
+ * strap_session_free. Thread-safe. */
+STRAP_API const char *strap_session_output_path(const strap_session *s);
 
 /* Start a forward pass: the records written until the next call carry step = tokens
  * recorded so far and forward = this pass's number (0-based, continuing after a resume).

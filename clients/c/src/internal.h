@@ -40,6 +40,8 @@
 #define sp_enc_status strap__sp_enc_status
 #define sp_decode_reply strap__sp_decode_reply
 #define sp_pack_resources strap__sp_pack_resources
+#define sp_rank_detect strap__sp_rank_detect
+#define sp_rank_path strap__sp_rank_path
 #define sp_type_name strap__sp_type_name
 #define sr_encode_ring_header strap__sr_encode_ring_header
 #define sr_encode_record_header strap__sr_encode_record_header
@@ -93,6 +95,21 @@ static inline uint64_t sp_align64(uint64_t n)
 }
 
 const char *sp_type_name(int type);
+
+/* One rank of a distributed job (rank.c, docs/DISTRIBUTED.md): world_size 0 for a single process. */
+typedef struct sp_rank {
+	long long rank, world_size, local_rank, local_world_size; /* local_*: -1 when not said */
+	char host[256];
+	char job_id[256];    /* TORCHELASTIC_RUN_ID, or "" */
+	bool per_rank_paths; /* STRAP_RANK_STREAMS not 0/false/no/off */
+} sp_rank;
+/* This process's rank from RANK, WORLD_SIZE (both set, WORLD_SIZE > 1), LOCAL_RANK,
+ * LOCAL_WORLD_SIZE, TORCHELASTIC_RUN_ID and STRAP_RANK_STREAMS; -1 with a message in err for a
+ * value that is not an integer, a rank outside the world or a bad STRAP_RANK_STREAMS. */
+int sp_rank_detect(sp_rank *r, char *err, size_t errlen);
+/* path with this rank's marker before its extension (malloc'd; NULL: out of memory); a path
+ * that already carries the marker is returned as it is. */
+char *sp_rank_path(const char *path, const sp_rank *r);
 
 /* ----- JSON reading (json.c): validation without allocation, then member lookup ----- */
 

@@ -85,6 +85,31 @@ static int build_metadata(strap_session *s, const strap_session_params *p, const
 	sw_str(m, s->fingerprint, strlen(s->fingerprint));
 	sw_lit(m, ",\"output_path\":");
 	sw_str(m, s->output_path, strlen(s->output_path));
+	if (s->rank.world_size) { /* the same object as the Python client's (DISTRIBUTED.md) */
+		const sp_rank *r = &s->rank;
+		sw_lit(m, ",\"distributed\":{\"rank\":");
+		sw_i64(m, r->rank);
+		sw_lit(m, ",\"world_size\":");
+		sw_i64(m, r->world_size);
+		sw_lit(m, ",\"local_rank\":");
+		if (r->local_rank >= 0)
+			sw_i64(m, r->local_rank);
+		else
+			sw_lit(m, "null");
+		sw_lit(m, ",\"local_world_size\":");
+		if (r->local_world_size >= 0)
+			sw_i64(m, r->local_world_size);
+		else
+			sw_lit(m, "null");
+		sw_lit(m, ",\"host\":");
+		sw_str(m, r->host, strlen(r->host));
+		sw_lit(m, ",\"source\":\"env\"");
+		if (r->job_id[0]) {
+			sw_lit(m, ",\"job_id\":");
+			sw_str(m, r->job_id, strlen(r->job_id));
+		}
+		sw_raw(m, "}", 1);
+	}
 	if (p->metadata_json) {
 		size_t n = strlen(p->metadata_json);
 		char why[128];
@@ -131,16 +156,35 @@ static int open_session(strap_session *s, const strap_session_params *p)
 	snprintf(client, sizeof client, "%s",
 		 p->client_name && *p->client_name ? p->client_name : "libstrap/" STRAP_VERSION_STRING);
 
+	/* one rank of several: its own stream (and explicit checkpoint), as the Python client does */
+	char why[256];
+	if (sp_rank_detect(&s->rank, why, sizeof why) != 0)
+		return ss_fail(s, STRAP_E_INVALID, "%s", why);
+	bool ranked = s->rank.world_size && s->rank.per_rank_paths;
+	char *out = ranked ? sp_rank_path(p->output_path, &s->rank) : dupstr(p->output_path, NULL);
+	char *ck = !(p->checkpoint_path && *p->checkpoint_path) ? NULL
+		   : ranked                                     ? sp_rank_path(p->checkpoint_path, &s->rank)
+								: dupstr(p->checkpoint_path, NULL);
+	if (!out || (p->checkpoint_path && *p->checkpoint_path && !ck)) {
+		free(out);
+		free(ck);
+		return ss_fail(s, STRAP_E_NOMEM, "out of memory");
+	}
+
 	/* the output: opened, locked and (unless resumed) cut here; strapd only gets the fd */
-	s->out_fd = open(p->output_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-	if (s->out_fd < 0)
-		return ss_fail(s, STRAP_E_SYSTEM, "open %s: %s", p->output_path, strerror(errno));
+	s->out_fd = open(out, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
 	char abs[PATH_MAX];
-	if (!realpath(p->output_path, abs))
-		return ss_fail(s, STRAP_E_SYSTEM, "realpath %s: %s", p->output_path, strerror(errno));
+	int open_errno = errno;
+	if (s->out_fd < 0 || !realpath(out, abs)) {
+		int e = ss_fail(s, STRAP_E_SYSTEM, "%s %s: %s", s->out_fd < 0 ? "open" : "realpath", out,
+				strerror(s->out_fd < 0 ? open_errno : errno));
+		free(out);
+		free(ck);
+		return e;
+	}
+	free(out);
 	s->output_path = dupstr(abs, NULL);
-	s->ckpt_path = p->checkpoint_path && *p->checkpoint_path ? dupstr(p->checkpoint_path, NULL)
-								 : dupstr(abs, ".ckpt.json");
+	s->ckpt_path = ck ? ck : dupstr(abs, ".ckpt.json");
 	if (!s->fingerprint || !s->output_path || !s->ckpt_path)
 		return ss_fail(s, STRAP_E_NOMEM, "out of memory");
 	int e = sl_lock(s);

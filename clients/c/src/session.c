@@ -689,6 +689,11 @@ strap_resume_point strap_session_resume_point(const strap_session *s)
 	return s ? s->resume : p;
 }
 
+const char *strap_session_output_path(const strap_session *s)
+{
+	return s ? s->output_path : NULL; /* set once by open, freed by strap_session_free */
+}
+
 void strap_session_free(strap_session *s)
 {
 	if (!s)

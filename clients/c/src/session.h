@@ -55,6 +55,7 @@ struct strap_session {
 	bool failed, shut, closed;
 	strap_error err;
 	strap_resume_point resume;
+	sp_rank rank;      /* this process's rank in a distributed job (world_size 0: none) */
 	char *output_path; /* absolute */
 	char *ckpt_path;
 	char *fingerprint;
