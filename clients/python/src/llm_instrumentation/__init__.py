@@ -32,12 +32,19 @@ from .correlation import correlate
 from .framework import InstrumentationFramework, capture_activations
 from .tracking import TokenTracker
 from .stream import StreamReader, Tensor, open_stream
+from ._distributed import ParallelLayout, Shard
+from .capture_set import CaptureSet, CaptureSetError, open_capture_set
 
 __all__ = [
     "__version__",
     "analyze_activations",
     "analyze_activations_with_tokens",
     "capture_activations",
+    "CaptureSet",
+    "CaptureSetError",
+    "open_capture_set",
+    "ParallelLayout",
+    "Shard",
     "CheckpointError",
     "correlate",
     "HookConfig",
