@@ -33,7 +33,6 @@ from .framework import InstrumentationFramework, capture_activations
 from .tracking import TokenTracker
 from .stream import StreamReader, Tensor, open_stream
 from ._distributed import ParallelLayout, Shard
-from .capture_set import CaptureSet, CaptureSetError, open_capture_set
 
 __all__ = [
     "__version__",
@@ -66,3 +65,15 @@ __all__ = [
     "TokenTracker",
     "UnsupportedCodecError",
 ]
+
+_LAZY = {"CaptureSet", "CaptureSetError", "open_capture_set"}
+
+
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    # capture_set is imported on first use: ``python -m llm_instrumentation.capture_set``
+    # must find it not yet imported by the package (runpy warns otherwise).
+    if name in _LAZY:
+        from . import capture_set
+
+        return getattr(capture_set, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

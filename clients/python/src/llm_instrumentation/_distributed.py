@@ -195,9 +195,10 @@ def _from_mesh(mesh: Any, info: RankInfo) -> Layout:
 
 
 def job_id(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """The launcher's id of this job run (``TORCHELASTIC_RUN_ID``), or None."""
+    """The launcher's id of this job run (``TORCHELASTIC_RUN_ID``), or None (also for
+    ``none``, what torchrun sets when given no ``--rdzv-id``)."""
     v = (os.environ if env is None else env).get("TORCHELASTIC_RUN_ID", "").strip()
-    return v or None
+    return v if v and v != "none" else None
 
 
 # ----- replicated, sharded and local outputs (docs/DISTRIBUTED.md D2) ------------------------------

@@ -1,0 +1,165 @@
+"""Real ``torchrun`` jobs (gloo on CPU, 2 and 4 ranks) capturing a hand-written decoder split
+data-, pipeline- and tensor-parallel (parallel_models.py; child: torchrun_parallel.py),
+through the real strapd (docs/DISTRIBUTED.md D1, D2, D4, D5):
+
+- each rank records its place in the layout; rank 0 writes the capture-set manifest, which
+  lists what each rank's stream holds and passes ``capture_set.load``'s checks; the manifest
+  rebuilt from the streams alone equals it except ``created``;
+- the tensors read back through ``open_capture_set`` — sharded ones stitched from their
+  pieces — equal, bit for bit, a single-process capture of the same model and inputs;
+- replicated outputs are stored by tensor-parallel rank 0 only;
+- the capture adds no ``torch.distributed`` call on the model's path (counted).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import strapd_bin
+from test_torchrun import free_port
+
+import parallel_models as pm
+from llm_instrumentation import capture_activations, open_capture_set, open_stream
+from llm_instrumentation import capture_set
+
+HERE = Path(__file__).resolve().parent
+LONG = pytest.mark.skipif(not os.environ.get("STRAP_TEST_LONG"), reason="long: STRAP_TEST_LONG=1 (make test-long)")
+
+#: mode → (ranks, tp_size, pp_size, dp_size)
+MODES = {"dp": (2, 1, 1, 2), "pp": (2, 1, 2, 1), "tp": (2, 2, 1, 1), "tpdp": (4, 2, 1, 2), "pptp": (4, 2, 2, 1)}
+
+
+def torchrun(mode: str, sock: str, outdir: Path) -> None:
+    n = MODES[mode][0]
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "STRAP_RANK_STREAMS", "STRAP_CAPTURE_SET"):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--nnodes=1", "--node_rank=0",
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(HERE / "torchrun_parallel.py"),
+           mode, sock, str(outdir)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=str(HERE))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+
+
+def reference(sock: str, outdir: Path, tp: int, dp_size: int) -> dict:
+    """Single-process captures of the whole model (the same split arithmetic, tp_rank None),
+    one per data-parallel replica's inputs: ``{dp_rank: {(step, forward, name): tensor}}``.
+    One thread, as each rank runs: a matmul's float sums depend on the thread count."""
+    model = pm.Decoder(tp=tp, rank=None).eval()
+    out = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _reference(model, sock, outdir, dp_size, out)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def _reference(model, sock, outdir, dp_size, out) -> None:
+    for dp in range(dp_size):
+        path = outdir / f"ref.dp{dp}.strap"
+        with torch.no_grad(), capture_activations(model, output_path=path, preset="fast_capture",
+                                                  modules=pm.MODULES, socket_path=sock, autostart_daemon=False,
+                                                  track_per_token=True) as fw:
+            for x in pm.inputs(dp):
+                for tok in x[0].tolist():
+                    fw.record_token(tok, str(tok))
+                model(x)
+        with open_stream(path) as r:
+            assert "distributed" not in r.metadata["client_metadata"]
+            out[dp] = {(t.step, t.forward, t.name): t.tensor() for t in r}
+
+
+def is_sharded(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in pm.SHARDED)
+
+
+def check_job(mode: str, sock: str, outdir: Path) -> None:
+    world, tp, pp, dp = MODES[mode]
+    calls = [json.loads((outdir / f"calls.{r}.json").read_text()) for r in range(world)]
+    for r, c in enumerate(calls):
+        # the model's own collectives only: as many inside the capture as without it
+        assert c["captured"] == c["plain"] and c["captured_names"] == c["plain_names"], (r, c)
+        if tp > 1 or pp > 1:
+            assert c["plain"] > 0, "the model itself communicates: the count must see it"
+    mpath = outdir / "cap.capture-set.json"
+    assert calls[0]["capture_set_path"] == str(mpath) and all(c["capture_set_path"] is None for c in calls[1:])
+    m = capture_set.load(mpath)
+    assert (m["format"], m["version"], m["world_size"]) == ("strap-capture-set", 1, world)
+    assert m["layout"] == {"tp_size": tp, "pp_size": pp, "dp_size": dp}
+    assert m["job_id"] == str(m["ranks"][0]["session"])  # torchrun without --rdzv-id: no run id
+    places = set()
+    for r, e in enumerate(m["ranks"]):
+        assert e["stream"] == f"cap.rank{r:05d}-of-{world:05d}.strap" and calls[r]["output_path"] == str(outdir / e["stream"])
+        assert (e["status"], e["tokens"], e["forwards"]) == ("complete", [0, 10], 2)
+        places.add((e["tp_rank"], e["pp_stage"], e["dp_rank"]))
+        with open_stream(outdir / e["stream"]) as s:
+            d = s.metadata["client_metadata"]["distributed"]
+            assert (d["tp_size"], d["pp_size"], d["dp_size"]) == (tp, pp, dp)
+            assert (d["tp_rank"], d["pp_stage"], d["dp_rank"]) == (e["tp_rank"], e["pp_stage"], e["dp_rank"])
+            assert d["layout_source"] == {"dp": "default", "pp": "argument", "pptp": "argument"}.get(mode, "device_mesh")
+            names = s.names()
+            # the manifest lists exactly what the stream holds, with each name's kind
+            assert sorted(e["modules"]) == sorted(names)
+            for n in names:
+                kind = e["modules"][n]["kind"]
+                assert kind == ("local" if tp == 1 else "sharded" if is_sharded(n) else "replicated"), (r, n, kind)
+            if tp > 1 and e["tp_rank"] > 0:
+                assert names and all(is_sharded(n) for n in names), f"rank {r} stored replicated outputs: {names}"
+            if tp > 1 and e["tp_rank"] == 0:
+                assert any(not is_sharded(n) for n in names)
+            for t in s:
+                assert ("shard" in t.meta) == (tp > 1 and is_sharded(t.name))
+        v = subprocess.run([str(strapd_bin()), "verify", str(outdir / e["stream"])], capture_output=True, text=True)
+        assert v.returncode == 0, v.stdout + v.stderr
+    assert len(places) == world
+    # rebuilt from the streams alone: the same manifest but for its creation time
+    rebuilt = capture_set.build(str(outdir / "cap.rank*-of-*.strap"), outdir / "again.capture-set.json")
+    assert {**rebuilt, "created": None} == {**json.loads(mpath.read_text()), "created": None}
+    # whole tensors, bit for bit the single-process capture's
+    ref = reference(sock, outdir, tp, dp)
+    got = {d: {} for d in range(dp)}
+    with open_capture_set(mpath) as cs:
+        order = []
+        for rec in cs.records():
+            assert rec.tp_rank is None and rec.shard is None
+            key = (rec.step, rec.forward, rec.name)
+            assert key not in got[rec.dp_rank], f"{key} twice"
+            got[rec.dp_rank][key] = rec.tensor
+            order.append((rec.step, rec.forward, rec.dp_rank, rec.pp_stage, rec.name))
+        assert order == sorted(order)
+        assert cs.tokens(0) and [t["token_index"] for t in cs.tokens(0)] == list(range(10))
+        if tp > 1:
+            pieces = [rec for rec in cs.records(whole=False) if rec.shard is not None]
+            assert pieces and {rec.tp_rank for rec in pieces} == set(range(tp))
+    for d in range(dp):
+        assert sorted(got[d]) == sorted(ref[d]), f"dp {d}: names differ"
+        for key, want in ref[d].items():
+            g = got[d][key]
+            assert g.dtype == want.dtype and g.shape == want.shape and torch.equal(g, want), f"dp {d} {key} differs"
+
+
+@pytest.mark.parametrize("mode", ["dp", "pp", "tp"])
+def test_two_ranks(mode, real_strapd, tmp_path):
+    torchrun(mode, real_strapd.socket, tmp_path)
+    check_job(mode, real_strapd.socket, tmp_path)
+
+
+def test_four_ranks_tensor_and_data_parallel(real_strapd, tmp_path):
+    torchrun("tpdp", real_strapd.socket, tmp_path)
+    check_job("tpdp", real_strapd.socket, tmp_path)
+
+
+@LONG
+def test_four_ranks_tensor_and_pipeline_parallel(real_strapd, tmp_path):
+    torchrun("pptp", real_strapd.socket, tmp_path)
+    check_job("pptp", real_strapd.socket, tmp_path)
