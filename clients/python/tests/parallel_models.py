@@ -5,7 +5,9 @@ One set of full weights (``torch.manual_seed(0)``) is built identically on every
 each rank keeps its slice: column-parallel linears (``q_proj``/``k_proj``/``v_proj``,
 ``mlp.fc1``) keep rows ``[r·n/tp, (r+1)·n/tp)`` of the weight, so their outputs are the
 last-axis pieces of the whole output; attention runs on this rank's heads
-(``self_attn.heads`` outputs its heads' context, a piece too); row-parallel linears
+(``self_attn.heads`` outputs its heads' context, a piece too; ``self_attn.context`` hands
+it on as a DTensor on a rank given a DeviceMesh, so the capture must find the piece from the
+DTensor's placements); row-parallel linears
 (``o_proj``, ``mlp.fc2``) multiply their input piece by their column slice and the ranks
 sum the partial results with ``dist.all_reduce`` — the model's own collective, after which
 every tp rank holds the same tensor (the attention, MLP and block outputs: replicated).
@@ -39,7 +41,9 @@ SHARDED = ["model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.heads", 
 SHARDING = {p: {"shard": 2} for p in SHARDED}
 #: the blocks, attention and MLP outputs (whole on every tp rank after the all-reduce)
 WHOLE = ["model.layers.[0-9]", "model.layers.[0-9].self_attn", "model.layers.[0-9].mlp"]
-MODULES = WHOLE + SHARDED
+#: a DTensor output (a piece on a tp rank given a mesh), named by no ``sharding`` pattern
+DETECTED = ["model.layers.*.self_attn.context"]
+MODULES = WHOLE + SHARDED + DETECTED
 
 
 def _chunks(w: torch.Tensor, n: int, dim: int) -> List[torch.Tensor]:
@@ -111,17 +115,36 @@ class Heads(nn.Module):
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
 
+class AsDTensor(nn.Module):
+    """On a tp rank given a DeviceMesh: its input as a DTensor sharded on the last axis over
+    the mesh's ``tp`` dimension (no communication: ``run_check=False``); elsewhere the input.
+    Nothing in ``sharding=`` names it: the capture tells the piece from the DTensor."""
+
+    def __init__(self, mesh=None) -> None:
+        super().__init__()
+        self.mesh = mesh
+
+    def forward(self, x: torch.Tensor):
+        if self.mesh is None:
+            return x
+        from torch.distributed.tensor import DTensor, Shard
+
+        return DTensor.from_local(x, self.mesh["tp"], [Shard(2)], run_check=False)
+
+
 class Attention(nn.Module):
-    def __init__(self, ws: dict, tp: int, rank: Optional[int], group=None) -> None:
+    def __init__(self, ws: dict, tp: int, rank: Optional[int], group=None, mesh=None) -> None:
         super().__init__()
         self.q_proj = Column(ws["wq"], ws["bq"], tp, rank)
         self.k_proj = Column(ws["wk"], ws["bk"], tp, rank)
         self.v_proj = Column(ws["wv"], ws["bv"], tp, rank)
         self.heads = Heads(HEADS if rank is None else HEADS // tp, D // HEADS, tp if rank is None else 1)
+        self.context = AsDTensor(mesh if rank is not None else None)
         self.o_proj = Row(ws["wo"], ws["bo"], tp, rank, group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.o_proj(self.heads(self.q_proj(x), self.k_proj(x), self.v_proj(x)))
+        c = self.context(self.heads(self.q_proj(x), self.k_proj(x), self.v_proj(x)))
+        return self.o_proj(c.to_local() if hasattr(c, "to_local") else c)
 
 
 class MLP(nn.Module):
@@ -136,10 +159,10 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, ws: dict, tp: int, rank: Optional[int], group=None) -> None:
+    def __init__(self, ws: dict, tp: int, rank: Optional[int], group=None, mesh=None) -> None:
         super().__init__()
         self.input_layernorm = nn.LayerNorm(D)
-        self.self_attn = Attention(ws, tp, rank, group)
+        self.self_attn = Attention(ws, tp, rank, group, mesh)
         self.post_attention_layernorm = nn.LayerNorm(D)
         self.mlp = MLP(ws, tp, rank, group)
 
@@ -161,7 +184,7 @@ class Decoder(nn.Module):
     activations go from stage to stage by ``dist.send``/``recv`` inside ``forward``)."""
 
     def __init__(self, tp: int = 1, rank: Optional[int] = None, stage: int = 0, stages: int = 1,
-                 group=None, pp_peers: Sequence[int] = ()) -> None:
+                 group=None, pp_peers: Sequence[int] = (), mesh=None) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(0)
 
@@ -175,7 +198,7 @@ class Decoder(nn.Module):
         head = rnd(VOCAB, D)
         per = LAYERS // stages
         mine = range(stage * per, (stage + 1) * per)
-        layers = nn.ModuleDict({str(i): Layer(all_ws[i], tp, rank, group) for i in mine})
+        layers = nn.ModuleDict({str(i): Layer(all_ws[i], tp, rank, group, mesh) for i in mine})
         embed = nn.Embedding(VOCAB, D, _weight=emb.clone()) if stage == 0 else None
         self.model = Inner(layers, embed)
         self.lm_head = nn.Linear(D, VOCAB, bias=False) if stage == stages - 1 else None

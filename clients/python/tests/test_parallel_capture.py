@@ -31,7 +31,6 @@ from llm_instrumentation import capture_activations, open_capture_set, open_stre
 from llm_instrumentation import capture_set
 
 HERE = Path(__file__).resolve().parent
-LONG = pytest.mark.skipif(not os.environ.get("STRAP_TEST_LONG"), reason="long: STRAP_TEST_LONG=1 (make test-long)")
 
 #: mode → (ranks, tp_size, pp_size, dp_size)
 MODES = {"dp": (2, 1, 1, 2), "pp": (2, 1, 2, 1), "tp": (2, 2, 1, 1), "tpdp": (4, 2, 1, 2), "pptp": (4, 2, 2, 1)}
@@ -80,7 +79,7 @@ def _reference(model, sock, outdir, dp_size, out) -> None:
 
 
 def is_sharded(name: str) -> bool:
-    return any(fnmatch.fnmatchcase(name, p) for p in pm.SHARDED)
+    return any(fnmatch.fnmatchcase(name, p) for p in pm.SHARDED + pm.DETECTED)
 
 
 def check_job(mode: str, sock: str, outdir: Path) -> None:
@@ -159,7 +158,6 @@ def test_four_ranks_tensor_and_data_parallel(real_strapd, tmp_path):
     check_job("tpdp", real_strapd.socket, tmp_path)
 
 
-@LONG
 def test_four_ranks_tensor_and_pipeline_parallel(real_strapd, tmp_path):
     torchrun("pptp", real_strapd.socket, tmp_path)
     check_job("pptp", real_strapd.socket, tmp_path)

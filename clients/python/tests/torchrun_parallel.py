@@ -7,8 +7,8 @@ Modes: ``dp`` (every rank its own batch, no layout given), ``pp`` (one stage per
 ``tpdp`` (4 ranks, DeviceMesh ``("dp", "tp")`` of 2 × 2), ``pptp`` (4 ranks,
 ``{"tp_size": 2, "pp_size": 2}``).
 
-Each rank runs its forward passes twice with the public functions of ``torch.distributed``
-counted: once without a capture, once inside it; both counts go to ``DIR/calls.RANK.json``
+Each rank runs its forward passes three times: a warm-up, then with the public functions of
+``torch.distributed`` counted, once without a capture and once inside it; both counts go to ``DIR/calls.RANK.json``
 for the parent to compare (a capture adds no collective on the model's path).
 
 argv: mode socket outdir
@@ -66,13 +66,16 @@ def main() -> None:
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
         tp_rank = mesh.get_local_rank("tp")
         dp_rank = mesh.get_local_rank("dp") if mode == "tpdp" else 0
-        model = pm.Decoder(tp=mesh.size(names.index("tp")), rank=tp_rank, group=mesh.get_group("tp"))
+        model = pm.Decoder(tp=mesh.size(names.index("tp")), rank=tp_rank, group=mesh.get_group("tp"), mesh=mesh)
         layout = mesh
     elif mode == "pptp":
-        groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank makes every group
+        from torch.distributed.device_mesh import init_device_mesh
+
+        # the model's mesh (for its DTensor and tp groups); the capture is told the layout by a dict
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "tp"))
         tp_rank, stage = rank % 2, rank // 2
-        model = pm.Decoder(tp=2, rank=tp_rank, stage=stage, stages=2, group=groups[stage],
-                           pp_peers=[tp_rank, 2 + tp_rank])
+        model = pm.Decoder(tp=2, rank=tp_rank, stage=stage, stages=2, group=mesh.get_group("tp"),
+                           pp_peers=[tp_rank, 2 + tp_rank], mesh=mesh)
         dp_rank, layout = 0, {"tp_size": 2, "pp_size": 2}
     else:
         raise SystemExit(f"unknown mode {mode}")
@@ -80,6 +83,8 @@ def main() -> None:
     ins = pm.inputs(dp_rank)
     count_calls()
     with torch.no_grad():
+        for x in ins:  # warm-up: first calls (DTensor's) ask torch.distributed things once, then cache
+            model(x)
         COUNT["on"] = True
         for x in ins:
             model(x)
