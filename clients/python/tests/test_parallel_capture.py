@@ -161,3 +161,62 @@ def test_four_ranks_tensor_and_data_parallel(real_strapd, tmp_path):
 def test_four_ranks_tensor_and_pipeline_parallel(real_strapd, tmp_path):
     torchrun("pptp", real_strapd.socket, tmp_path)
     check_job("pptp", real_strapd.socket, tmp_path)
+
+
+def test_transformers_tp_plan(real_strapd, tmp_path):
+    """transformers' own tensor parallelism (``tp_plan="auto"``, gloo on CPU, 2 ranks): the
+    plan says which outputs are pieces (``colwise``: q_proj, up_proj) and which are whole
+    (``rowwise`` down_proj and the blocks around them, stored by tp rank 0 only). Stitched,
+    the pieces equal a single process's outputs of the same weights to float rounding (the
+    ranks' matmuls are split and their partial sums all-reduced: not the same arithmetic as
+    one process's, so not bit for bit)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    whole = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=4, vocab_size=100,
+                                         max_position_embeddings=64)).eval()
+    whole.save_pretrained(tmp_path / "model")
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "STRAP_RANK_STREAMS", "STRAP_CAPTURE_SET"):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1", "--node_rank=0",
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(HERE / "torchrun_hf_tp.py"),
+           str(tmp_path / "model"), real_strapd.socket, str(tmp_path)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=str(HERE))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    m = capture_set.load(tmp_path / "cap.capture-set.json")
+    assert m["layout"] == {"tp_size": 2, "pp_size": 1, "dp_size": 1}
+    sharded = {n for n, v in m["ranks"][0]["modules"].items() if v["kind"] == "sharded"}
+    assert sharded == {f"model.layers.{i}.{s}" for i in range(2) for s in ("self_attn.q_proj", "mlp.up_proj")}
+    assert set(m["ranks"][1]["modules"]) == sharded  # tp rank 1 stores no whole output
+    assert "model.layers.0.mlp.down_proj" in m["ranks"][0]["modules"]
+    with open_stream(tmp_path / m["ranks"][1]["stream"]) as r:
+        kinds = r.metadata["client_metadata"]["distributed"]["modules"]
+        assert kinds["model.layers.0.self_attn.q_proj"] == {"kind": "sharded", "axis": -1, "source": "tp_plan"}
+        assert kinds["model.layers.0.mlp.down_proj"]["kind"] == "replicated"
+    from llm_instrumentation.framework import split_output
+
+    seen = {}
+
+    def keep(name, out):
+        for rec_name, t in split_output(name, out):
+            seen.setdefault(rec_name, []).append(t)
+
+    hooks = [whole.get_submodule(n).register_forward_hook(lambda mod, i, o, n=n: keep(n, o))
+             for n, _ in whole.named_modules() if n in m["ranks"][0]["modules"]]
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for _ in range(2):
+            whole(torch.randint(0, 100, (1, 6), generator=g))
+    for h in hooks:
+        h.remove()
+    got = {}
+    with open_capture_set(tmp_path / "cap.capture-set.json") as cs:
+        for rec in cs.records():
+            got.setdefault(rec.name, []).append(rec.tensor)
+    assert set(got) == set(seen)
+    for n, ts in seen.items():
+        assert len(got[n]) == len(ts)
+        for g_, w in zip(got[n], ts):
+            assert g_.shape == w.shape and torch.allclose(g_, w, rtol=1e-4, atol=1e-5), n

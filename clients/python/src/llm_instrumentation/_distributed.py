@@ -179,13 +179,18 @@ def _from_mesh(mesh: Any, info: RankInfo) -> Layout:
     names = tuple(mesh.mesh_dim_names or ())
     if not names:
         raise ValueError("parallel_layout: the DeviceMesh has no mesh_dim_names; name its dimensions tp, pp, dp")
-    other = [n for n in names if n not in MESH_DIMS]
+    # A dimension of size 1 places nothing, whatever its name (transformers' mesh is
+    # ("pp", "fsdp", "tp") with the sizes not asked for at 1); another name of a larger
+    # size would split the ranks in a way a capture does not know how to read back.
+    other = [n for i, n in enumerate(names) if n not in MESH_DIMS and int(mesh.size(i)) > 1]
     if other:
         raise ValueError(f"parallel_layout: mesh dimensions {other} are not tp, pp or dp (a capture places a rank "
-                         f"by those three only)")
+                         f"by those three only; other dimensions may only have size 1)")
     sizes = {n: 1 for n in MESH_DIMS}
     places = {n: 0 for n in MESH_DIMS}
     for i, n in enumerate(names):
+        if n not in MESH_DIMS:
+            continue
         sizes[n] = int(mesh.size(i))
         places[n] = int(mesh.get_local_rank(mesh_dim=i))
     if sizes["tp"] * sizes["pp"] * sizes["dp"] != info.world_size:
