@@ -411,7 +411,7 @@ def _ended(path: str) -> bool:
         return False
 
 
-def end_of_capture(stream_path: str, info: _distributed.RankInfo, wait: float = WAIT_FOR_RANKS) -> Optional[str]:
+def end_of_capture(stream_path: str, info: _distributed.RankInfo, wait: Optional[float] = None) -> Optional[str]:
     """Called by every rank as its capture ends: rank 0 writes the job's manifest.
 
     With an initialised process group of the job's size, each rank's object (read from its
@@ -422,12 +422,14 @@ def end_of_capture(stream_path: str, info: _distributed.RankInfo, wait: float = 
     Args:
         stream_path: this rank's stream.
         info: this rank.
-        wait: seconds rank 0 waits for the other streams (no process group).
+        wait: seconds rank 0 waits for the other streams (no process group; None:
+            :data:`WAIT_FOR_RANKS`).
 
     Returns:
         the manifest's path on rank 0 when written, else None.
     """
     out = manifest_path(stream_path)
+    wait = WAIT_FOR_RANKS if wait is None else wait
     dist = sys.modules.get("torch.distributed")
     group = dist is not None and dist.is_available() and dist.is_initialized() \
         and dist.get_world_size() == info.world_size
