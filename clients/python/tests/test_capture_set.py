@@ -198,7 +198,8 @@ def test_tp_rank1_does_not_hook_replicated_modules(env_rank, real_strapd, tmp_pa
 # ----- D4/D5: the manifest and reading -----------------------------------------------------------
 
 
-def capture_rank(tmp_path, sock, rank: int, world: int, env_rank, tp: int = 1, forwards: int = 2):
+def capture_rank(tmp_path, sock, rank: int, world: int, env_rank, tp: int = 1, forwards: int = 2,
+                 replicated: str = "tp_rank0"):
     env_rank(rank, world)
     layout = {"tp_size": tp} if tp > 1 else None
     tp_rank = rank % tp
@@ -206,7 +207,7 @@ def capture_rank(tmp_path, sock, rank: int, world: int, env_rank, tp: int = 1, f
     with torch.no_grad(), capture_activations(model, output_path=tmp_path / "cap.strap", preset="fast_capture",
                                               modules=pm.MODULES, socket_path=sock, autostart_daemon=False,
                                               track_per_token=True, parallel_layout=layout,
-                                              sharding=pm.SHARDING) as fw:
+                                              sharding=pm.SHARDING, replicated=replicated) as fw:
         for x in pm.inputs(rank // tp, forwards):
             for tok in x[0].tolist():
                 fw.record_token(tok, str(tok))
@@ -246,16 +247,16 @@ def test_rank0_gives_up_after_waiting(env_rank, real_strapd, tmp_path, monkeypat
     assert "had not ended" in caplog.text and "cap.rank00001-of-00002.strap" in caplog.text
 
 
-@pytest.fixture
-def tp_set(env_rank, real_strapd, tmp_path, monkeypatch):
+@pytest.fixture(params=["tp_rank0"])
+def tp_set(env_rank, real_strapd, tmp_path, monkeypatch, request):
     """A tp 2 set (rank 1 first, then rank 0, which writes the manifest), both ranks in this
     one process: the row-parallel sums are left partial (no process group to all-reduce
     over), which changes values, not what is stored where."""
     import torch.distributed as dist
 
     monkeypatch.setattr(dist, "all_reduce", lambda t, group=None: None)
-    capture_rank(tmp_path, real_strapd.socket, 1, 2, env_rank, tp=2)
-    capture_rank(tmp_path, real_strapd.socket, 0, 2, env_rank, tp=2)
+    for rank in (1, 0):
+        capture_rank(tmp_path, real_strapd.socket, rank, 2, env_rank, tp=2, replicated=request.param)
     return tmp_path / "cap.capture-set.json"
 
 
@@ -341,6 +342,52 @@ def test_missing_piece_is_an_error_naming_the_record(tp_set, tmp_path, env_rank,
         with pytest.raises(CaptureSetError, match="piece missing .*record step 10, forward 1, dp_rank 0, pp_stage 0; "
                                                   "pieces from tp ranks \\[0\\] of 2"):
             list(cs.records(["model.layers.0.mlp.fc1"]))
+        from llm_instrumentation.data import ActivationDataset
+
+        with pytest.raises(CaptureSetError, match="model.layers.0.mlp.fc1 \\(dp_rank 0, pp_stage 0\\): the tp ranks "
+                                                  "hold different numbers of pieces \\{0: 2, 1: 1\\}"):
+            ActivationDataset(cs, modules="model.layers.0.mlp.fc1")
         pieces = list(cs.records(["model.layers.0.mlp.fc1"], whole=False))
         assert [(r.forward, r.tp_rank, r.shard["offset"]) for r in pieces] == [(0, 0, 0), (0, 1, pm.FFN // 2),
                                                                                (1, 0, 0)]
+
+
+@pytest.mark.parametrize("tp_set", ["tp_rank0", "every_rank"], indirect=True)
+def test_dataset_and_export_over_a_capture_set(tp_set, tmp_path, monkeypatch):
+    """ActivationDataset over a manifest: a sharded module's rows are its stitched tensors'
+    rows; a replicated one's come from tp rank 0 only (its every_rank copies never read);
+    split into 2 ranks × 2 workers, every stored packet is decoded exactly once over all four
+    shards and no row comes twice. The safetensors export takes the manifest too."""
+    from llm_instrumentation import stream as stream_mod
+    from llm_instrumentation.data import ActivationDataset
+    from llm_instrumentation.export import export_safetensors, load_safetensors_export
+
+    with open_capture_set(tp_set) as cs:
+        want = {n: cs.tensors(n) for n in ("model.layers.0.mlp.fc1", "model.layers.0")}
+        r0 = os.path.basename(cs.ranks[0].path)
+    decoded = []
+    orig = stream_mod.Packet.decode
+    monkeypatch.setattr(stream_mod.Packet, "decode",
+                        lambda self, stored=None: decoded.append((os.path.basename(self._reader.path), self.offset))
+                        or orig(self, stored))
+    for name, width in (("model.layers.0.mlp.fc1", pm.FFN), ("model.layers.0", pm.D)):
+        decoded.clear()
+        with ActivationDataset(tp_set, modules=name) as ds:
+            assert ds.capture_set is not None and ds.d_model == width and ds.rows == 2 * 5
+            assert len(ds.units) == 2 and all((u.pieces is not None) == name.endswith("fc1") for u in ds.units)
+            chunks = [c for shard in range(4) for c in ds.iter_chunks(shard, 4)]
+        assert len(decoded) == len(set(decoded)), "a packet decoded twice"
+        n_pieces = 2 if name.endswith("fc1") else 1
+        assert len(decoded) == 2 * n_pieces
+        if not name.endswith("fc1"):
+            assert {f for f, _ in decoded} == {r0}  # replicas of tp rank 1 never read
+        got = sorted(chunks, key=lambda c: int(c[1]["forward"][0]))
+        assert len(got) == 2
+        for (x, meta), w in zip(got, want[name]):
+            assert torch.equal(x, w.reshape(-1, width)) and meta["token_id"].tolist() != [-1] * 5
+    out = tmp_path / "export"
+    idx = export_safetensors(tp_set, out, modules="model.layers.0.mlp.fc1")
+    assert idx["rows"] == 10 and idx["d_model"] == pm.FFN and len(idx["streams"]) == 2
+    _, batches = load_safetensors_export(out)
+    acts = torch.cat([b["activations"] for b in batches])
+    assert torch.equal(acts, torch.cat([w.reshape(-1, pm.FFN) for w in want["model.layers.0.mlp.fc1"]]))

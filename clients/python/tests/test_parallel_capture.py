@@ -140,6 +140,21 @@ def check_job(mode: str, sock: str, outdir: Path) -> None:
         if tp > 1:
             pieces = [rec for rec in cs.records(whole=False) if rec.shard is not None]
             assert pieces and {rec.tp_rank for rec in pieces} == set(range(tp))
+    # the dataset over the manifest: the same rows, each tensor once
+    from llm_instrumentation.data import ActivationDataset
+
+    for name in ("model.layers.0.mlp.fc1", "model.layers.1"):
+        rows = {}
+        with ActivationDataset(mpath, modules=name) as ds:
+            for x, meta in ds.iter_chunks(0, 1):
+                e = m["ranks"][int(meta["stream"][0])]
+                key = (e["dp_rank"], int(meta["step"][0]), int(meta["forward"][0]))
+                assert key not in rows
+                rows[key] = x
+        want = {(d, st, fw): t for d in range(dp) for (st, fw, n), t in ref[d].items() if n == name}
+        assert sorted(rows) == sorted(want), name
+        for key, t in want.items():
+            assert torch.equal(rows[key], t.reshape(-1, t.shape[-1])), (name, key)
     for d in range(dp):
         assert sorted(got[d]) == sorted(ref[d]), f"dp {d}: names differ"
         for key, want in ref[d].items():

@@ -497,26 +497,25 @@ class Record(NamedTuple):
     shard: Optional[Dict[str, Any]] = None
 
 
-def stitch(name: str, pieces: List[Tuple[Dict[str, Any], Any]]) -> Any:
-    """The whole tensor from its pieces ``[(shard descriptor, torch.Tensor), ...]``.
+def piece_order(name: str, pieces: Sequence[Tuple[Dict[str, Any], Sequence[int]]]) -> List[int]:
+    """Check that pieces ``[(shard descriptor, stored shape), ...]`` make one whole tensor and
+    return their indices in offset order.
 
     Raises:
         CaptureSetError: pieces that disagree (axis, full shape, other axes), a gap or an
-            overlap along the axis, or a tensor not covered to its end: never a short tensor.
+            overlap along the axis, or a tensor not covered to its end.
     """
-    import torch
-
     d0 = pieces[0][0]
     axis, full = d0.get("axis"), d0.get("full_shape")
     if not _int(axis) or not isinstance(full, list) or not 0 <= axis < len(full):
         raise CaptureSetError(f"{name}: bad shard descriptor {d0}")
-    order = sorted(pieces, key=lambda p: p[0].get("offset", -1))
+    order = sorted(range(len(pieces)), key=lambda i: pieces[i][0].get("offset", -1))
     pos = 0
-    for d, t in order:
+    for i in order:
+        d, shape = pieces[i][0], list(pieces[i][1])
         if d.get("axis") != axis or d.get("full_shape") != full:
             raise CaptureSetError(f"{name}: pieces disagree: {d} and {d0}")
-        shape = list(t.shape)
-        if len(shape) != len(full) or any(shape[i] != full[i] for i in range(len(full)) if i != axis):
+        if len(shape) != len(full) or any(shape[j] != full[j] for j in range(len(full)) if j != axis):
             raise CaptureSetError(f"{name}: a piece of shape {shape} is no piece of {full} along axis {axis}")
         off = d.get("offset")
         if off != pos:
@@ -525,7 +524,20 @@ def stitch(name: str, pieces: List[Tuple[Dict[str, Any], Any]]) -> Any:
         pos += shape[axis]
     if pos != full[axis]:
         raise CaptureSetError(f"{name}: pieces cover [0, {pos}) of {full[axis]} along axis {axis}: piece missing")
-    return torch.cat([t for _, t in order], dim=axis)
+    return order
+
+
+def stitch(name: str, pieces: List[Tuple[Dict[str, Any], Any]]) -> Any:
+    """The whole tensor from its pieces ``[(shard descriptor, torch.Tensor), ...]``:
+    ``torch.cat`` along the axis in offset order, exact.
+
+    Raises:
+        CaptureSetError: as :func:`piece_order`: never a short tensor.
+    """
+    import torch
+
+    order = piece_order(name, [(d, tuple(t.shape)) for d, t in pieces])
+    return torch.cat([pieces[i][1] for i in order], dim=pieces[0][0]["axis"])
 
 
 class CaptureSet:
