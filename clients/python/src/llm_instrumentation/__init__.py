@@ -69,7 +69,7 @@ __all__ = [
 _LAZY = {"CaptureSet", "CaptureSetError", "open_capture_set"}
 
 
-def __getattr__(name: str):  # type: ignore[no-untyped-def]
+def __getattr__(name: str) -> "object":
     # capture_set is imported on first use: ``python -m llm_instrumentation.capture_set``
     # must find it not yet imported by the package (runpy warns otherwise).
     if name in _LAZY:

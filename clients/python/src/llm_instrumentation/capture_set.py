@@ -95,8 +95,8 @@ def rank_entry(reader: StreamReader, stream: str) -> Dict[str, Any]:
         CaptureSetError: the stream's header has no ``distributed`` object.
     """
     meta = reader.metadata
-    cm = meta.get("client_metadata") if isinstance(meta.get("client_metadata"), dict) else {}
-    d = cm.get("distributed")
+    cm: Dict[str, Any] = meta["client_metadata"] if isinstance(meta.get("client_metadata"), dict) else {}
+    d: Any = cm.get("distributed")
     if not isinstance(d, dict) or not isinstance(d.get("rank"), int):
         raise CaptureSetError(f"{reader.path}: its header has no client_metadata.distributed: not one rank's stream "
                               f"of a distributed job")
@@ -134,7 +134,7 @@ def rank_entry(reader: StreamReader, stream: str) -> Dict[str, Any]:
                 ends.append(pk)
     status = ends[-1].meta.get("status", "open") if ends else "open"
     tp_size = d.get("tp_size", 1)
-    dmods = d.get("modules") if isinstance(d.get("modules"), dict) else {}
+    dmods: Dict[str, Any] = d["modules"] if isinstance(d.get("modules"), dict) else {}
     modules: Dict[str, Any] = {}
     for name, pk in firsts.items():
         pm = pk.meta if isinstance(pk.meta, dict) else {}
@@ -202,7 +202,7 @@ def assemble(entries: List[Dict[str, Any]], distributed: Dict[int, Dict[str, Any
     worlds = {distributed[r].get("world_size") for r in by_rank}
     if len(worlds) != 1:
         raise CaptureSetError(f"the streams name different world sizes {sorted(map(str, worlds))}")
-    world = worlds.pop()
+    world: Any = worlds.pop()
     lows = min(by_rank)
     layout = {k: distributed[lows].get(k, 1 if k != "dp_size" else world) for k in ("tp_size", "pp_size", "dp_size")}
     for r in by_rank:
@@ -297,7 +297,7 @@ def check(m: Dict[str, Any], manifest_dir: Optional[str], open_streams: bool = T
         raise CaptureSetError(f"key 'format': {m.get('format')!r}, expected {FORMAT!r}")
     if m.get("version") != VERSION:
         raise CaptureSetError(f"key 'version': {m.get('version')!r}, this reader reads {VERSION}")
-    world = m.get("world_size")
+    world: Any = m.get("world_size")
     if not _int(world) or world < 1:
         raise CaptureSetError(f"key 'world_size': {world!r} is not a positive integer")
     lay = m.get("layout")
@@ -449,10 +449,8 @@ def end_of_capture(stream_path: str, info: _distributed.RankInfo, wait: Optional
             log.error("llm_instrumentation: no capture-set manifest written: %s", "; ".join(bad))
             return None
         mdir = os.path.dirname(out)
-        entries = []
-        for e, _ in gathered:
-            entries.append(dict(e, stream=_stream_ref(e["stream"], mdir)))
-        m = assemble(entries, {e["rank"]: d for e, d in gathered})
+        entries = [dict(g[0], stream=_stream_ref(g[0]["stream"], mdir)) for g in gathered]
+        m = assemble(entries, {g[0]["rank"]: g[1] for g in gathered})
         check(m, mdir, open_streams=False)
         return write(out, m)
     if info.rank != 0:
@@ -506,7 +504,8 @@ def piece_order(name: str, pieces: Sequence[Tuple[Dict[str, Any], Sequence[int]]
             overlap along the axis, or a tensor not covered to its end.
     """
     d0 = pieces[0][0]
-    axis, full = d0.get("axis"), d0.get("full_shape")
+    axis: Any = d0.get("axis")
+    full: Any = d0.get("full_shape")
     if not _int(axis) or not isinstance(full, list) or not 0 <= axis < len(full):
         raise CaptureSetError(f"{name}: bad shard descriptor {d0}")
     order = sorted(range(len(pieces)), key=lambda i: pieces[i][0].get("offset", -1))
@@ -517,7 +516,7 @@ def piece_order(name: str, pieces: Sequence[Tuple[Dict[str, Any], Sequence[int]]
             raise CaptureSetError(f"{name}: pieces disagree: {d} and {d0}")
         if len(shape) != len(full) or any(shape[j] != full[j] for j in range(len(full)) if j != axis):
             raise CaptureSetError(f"{name}: a piece of shape {shape} is no piece of {full} along axis {axis}")
-        off = d.get("offset")
+        off: Any = d.get("offset")
         if off != pos:
             what = "missing" if _int(off) and off > pos else "overlapping"
             raise CaptureSetError(f"{name}: piece {what} at offset {pos} along axis {axis} (next piece starts at {off})")
@@ -556,7 +555,7 @@ class CaptureSet:
         try:
             for e in manifest["ranks"]:
                 r = open_stream(stream_location(e["stream"], mdir), storage_options)
-                self.ranks.append(r)  # type: ignore[arg-type]
+                self.ranks.append(r)
         except BaseException:
             self.close()
             raise
