@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import parallel_models as pm
+from s3server import s3  # noqa: F401  (the fixture)
 from llm_instrumentation import CaptureSetError, ParallelLayout, Shard, capture_activations, open_capture_set, open_stream
 from llm_instrumentation import capture_set
 from llm_instrumentation._distributed import RankInfo, check_sharding, classify, resolve_layout, shard_meta
@@ -391,3 +392,27 @@ def test_dataset_and_export_over_a_capture_set(tp_set, tmp_path, monkeypatch):
     _, batches = load_safetensors_export(out)
     acts = torch.cat([b["activations"] for b in batches])
     assert torch.equal(acts, torch.cat([w.reshape(-1, pm.FFN) for w in want["model.layers.0.mlp.fc1"]]))
+
+
+def test_capture_set_in_object_storage(tp_set, tmp_path, s3):  # noqa: F811
+    """The ranks' streams uploaded to an S3 server (VersityGW): ``build`` from an ``s3://`` glob
+    names them by URL, and the set reads the same whole tensors by byte range as from files;
+    the dataset over that manifest too."""
+    from llm_instrumentation.data import ActivationDataset
+
+    for r in (0, 1):
+        s3.upload(tmp_path / f"cap.rank{r:05d}-of-00002.strap", "sets", f"job/cap.rank{r:05d}-of-00002.strap")
+    out = tmp_path / "remote.capture-set.json"
+    m = capture_set.build("s3://sets/job/cap.rank*-of-*.strap", out, storage_options=s3.storage_options)
+    assert [e["stream"] for e in m["ranks"]] == [f"s3://sets/job/cap.rank{r:05d}-of-00002.strap" for r in (0, 1)]
+    capture_set.write(out, m)
+    local = json.loads(tp_set.read_text())
+    for a, b in zip(m["ranks"], local["ranks"]):
+        assert {**a, "stream": None} == {**b, "stream": None}
+    with open_capture_set(tp_set) as cs_file, open_capture_set(out, storage_options=s3.storage_options) as cs_s3:
+        assert all(r.source.remote for r in cs_s3.ranks)
+        a, b = list(cs_file.records()), list(cs_s3.records())
+        assert [(r.step, r.forward, r.name) for r in a] == [(r.step, r.forward, r.name) for r in b]
+        assert all(torch.equal(x.tensor, y.tensor) for x, y in zip(a, b))
+    with ActivationDataset(out, modules="model.layers.0.mlp.fc1", storage_options=s3.storage_options) as ds:
+        assert ds.rows == 10 and sum(len(x) for x, _ in ds.iter_chunks(0, 1)) == 10
