@@ -200,7 +200,7 @@ class Capture:
                 for tok in self.token_tracker.tokens:  # a 1.3.1 checkpoint's: the stream holds every token
                     session.token(tok["token_index"], tok["token_id"], tok["token_text"], tok["position"])
             self.token_tracker._sink = self._on_token
-        hooks.install(self._on_forward_start, self._on_forward_end, session.record)
+        hooks.install(self._on_forward_start, self._on_forward_end, session.record, session.record_meta)
         if level is not None:
             try:
                 self._start_resources(session, level, model)

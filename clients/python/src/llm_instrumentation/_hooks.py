@@ -24,6 +24,8 @@ ROOT_NAME = "<root>"
 #: receives one output tensor of a hooked module: ``(record name, tensor, record meta)``;
 #: what it returns (the session's record tells whether the record was written) is ignored.
 RecordFn = Callable[[str, "torch.Tensor", Optional[Dict[str, Any]]], object]
+#: receives one output tensor of a hooked module with a meta that repeats (the same object).
+RecordMetaFn = Callable[[str, "torch.Tensor", Dict[str, Any]], object]
 
 
 def split_output(name: str, out: Any) -> List[Tuple[str, "torch.Tensor"]]:
@@ -143,7 +145,8 @@ class Hooks:
         self._kinds = dict(kinds) if tp else {}
         self._every_rank = every_rank
 
-    def install(self, forward_started: Callable[[], None], forward_ended: Callable[[], None], record: RecordFn) -> None:
+    def install(self, forward_started: Callable[[], None], forward_ended: Callable[[], None], record: RecordFn,
+                record_meta: Optional[RecordMetaFn] = None) -> None:
         """Register the hooks; they call back until :meth:`remove`.
 
         Args:
@@ -151,6 +154,9 @@ class Hooks:
             forward_ended: called once it ended, after every module hook ran.
             record: called with ``(record name, tensor, record meta or None)`` for each
                 output tensor of a hooked module.
+            record_meta: called instead of ``record`` by a tensor-parallel rank's hooks for
+                a record whose meta is the same dict object as the name's previous record's
+                (default ``record``).
         """
         model = self.model
         self._handles.append(model.register_forward_pre_hook(lambda m, a: forward_started()))
@@ -167,7 +173,8 @@ class Hooks:
                 self._handles.append(mods[name].register_forward_hook(self._module_hook(name or ROOT_NAME, record)))
                 continue
             box: List[Any] = []
-            box.append(mods[name].register_forward_hook(self._tp_hook(name or ROOT_NAME, kind, record, box)))
+            box.append(mods[name].register_forward_hook(
+                self._tp_hook(name or ROOT_NAME, kind, record, record_meta or record, box)))
             self._handles.append(box[0])
         # Registered last, so it runs after a hook on the root module itself: one PUBLISH per
         # forward pass for the records not yet published.
@@ -213,15 +220,16 @@ class Hooks:
 
         return hook
 
-    def _tp_hook(self, name: str, kind: "_distributed.ModuleKind", record: RecordFn,
+    def _tp_hook(self, name: str, kind: "_distributed.ModuleKind", record: RecordFn, record_meta: RecordMetaFn,
                  box: List[Any]) -> Callable[[Any, Any, Any], None]:
         """The hook of a tensor-parallel rank for a module whose outputs are sharded, replicated
         and stored by every rank, or not known before its first output (``detect``).
 
         The meta of a piece is computed once per record name and shape and reused (the
-        same dict object each record), so a sharded module costs a dict lookup beyond the
-        single process's hook, never a collective: the offset is this rank's by the layout
-        (or the DTensor's own, which it computes locally).
+        same dict object each record, which ``record_meta`` keeps encoded in the record's
+        layout), so a sharded module costs a dict lookup beyond the single process's hook,
+        never a collective: the offset is this rank's by the layout (or the DTensor's own,
+        which it computes locally).
         """
         import torch
 
@@ -262,7 +270,10 @@ class Hooks:
                 else:
                     pmeta = None
                 if axis is None:  # replicated, stored here because every rank stores it
-                    meta: Optional[Dict[str, Any]] = replica if pmeta is None else {**pmeta, **replica}
+                    if pmeta is None:
+                        record_meta(rec_name, t, replica)
+                        continue
+                    meta: Optional[Dict[str, Any]] = {**pmeta, **replica}
                 else:
                     key = (rec_name, tuple(t.shape), where[1] if where is not None else None)
                     meta = metas.get(key)
@@ -276,8 +287,10 @@ class Hooks:
                         else:
                             meta = _distributed.shard_meta(tuple(t.shape), axis, lay)
                         metas[key] = meta
-                    if pmeta is not None:
-                        meta = {**pmeta, **meta}
+                    if pmeta is None:
+                        record_meta(rec_name, t, meta)
+                        continue
+                    meta = {**pmeta, **meta}
                 record(rec_name, t, meta)
             return None
 
