@@ -246,6 +246,17 @@ def test_rank0_gives_up_after_waiting(env_rank, real_strapd, tmp_path, monkeypat
     fw = capture_rank(tmp_path, real_strapd.socket, 0, 2, env_rank)
     assert fw.capture_set_path is None and not (tmp_path / "cap.capture-set.json").exists()
     assert "had not ended" in caplog.text and "cap.rank00001-of-00002.strap" in caplog.text
+    # the per-rank names turned off: nothing to wait for, said at once
+    monkeypatch.setattr(capture_set, "WAIT_FOR_RANKS", 600)
+    monkeypatch.setenv("STRAP_RANK_STREAMS", "0")
+    fw = capture_rank(tmp_path / "off", real_strapd.socket, 0, 2, env_rank)
+    assert fw.capture_set_path is None and "STRAP_RANK_STREAMS=0 turned off" in caplog.text
+    # and STRAP_CAPTURE_SET=0: no manifest, nothing said
+    monkeypatch.delenv("STRAP_RANK_STREAMS")
+    monkeypatch.setenv("STRAP_CAPTURE_SET", "0")
+    caplog.clear()
+    fw = capture_rank(tmp_path / "none", real_strapd.socket, 0, 2, env_rank)
+    assert fw.capture_set_path is None and "manifest" not in caplog.text
 
 
 @pytest.fixture(params=["tp_rank0"])

@@ -455,6 +455,11 @@ def end_of_capture(stream_path: str, info: _distributed.RankInfo, wait: Optional
         return write(out, m)
     if info.rank != 0:
         return None
+    if not _distributed.per_rank_enabled():
+        log.warning("llm_instrumentation: no capture-set manifest written: without a process group rank 0 finds "
+                    "the other ranks' streams by their per-rank names, which %s=0 turned off (build it later: "
+                    "python -m llm_instrumentation.capture_set build)", _distributed.OPT_OUT_ENV)
+        return None
     names = [_distributed.rank_path(_distributed._RANKED.sub("", os.path.splitext(stream_path)[0])
                                     + os.path.splitext(stream_path)[1],
                                     _distributed.RankInfo(r, info.world_size, None, None, "", "env"))
