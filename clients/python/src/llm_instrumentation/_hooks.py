@@ -241,9 +241,24 @@ class Hooks:
         metas: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
         replica = {"replica": {"tp_rank": lay.tp_rank, "tp_size": lay.tp_size}}
 
+        tensor = torch.Tensor
+        by_shape: Dict[Any, Dict[str, Any]] = {}  # the common case's metas, by output shape
+
         def hook(module: Any, args: Any, output: Any) -> None:
-            outs = split_output(name, output)
             k = state["kind"]
+            if type(output) is tensor and not sampled:
+                # The common case, as the single process's hook has one: one plain tensor,
+                # a piece of a declared sharded output or a replica stored on this rank.
+                if k.kind == "sharded" and k.axis is not None:
+                    piece = by_shape.get(output.shape)
+                    if piece is None:
+                        piece = by_shape[output.shape] = _distributed.shard_meta(tuple(output.shape), k.axis, lay)
+                    record_meta(name, output, piece)
+                    return None
+                if k.kind == "replicated":  # hooked here only when every rank stores it
+                    record_meta(name, output, replica)
+                    return None
+            outs = split_output(name, output)
             if k.kind == "detect":
                 # Decided once, by the first output: a DTensor says what it is on each
                 # record; a plain tensor is taken to be whole on every tp rank.
