@@ -250,10 +250,10 @@ class Hooks:
                 # The common case, as the single process's hook has one: one plain tensor,
                 # a piece of a declared sharded output or a replica stored on this rank.
                 if k.kind == "sharded" and k.axis is not None:
-                    piece = by_shape.get(output.shape)
-                    if piece is None:
-                        piece = by_shape[output.shape] = _distributed.shard_meta(tuple(output.shape), k.axis, lay)
-                    record_meta(name, output, piece)
+                    desc = by_shape.get(output.shape)
+                    if desc is None:
+                        desc = by_shape[output.shape] = _distributed.shard_meta(tuple(output.shape), k.axis, lay)
+                    record_meta(name, output, desc)
                     return None
                 if k.kind == "replicated":  # hooked here only when every rank stores it
                     record_meta(name, output, replica)
