@@ -112,7 +112,8 @@ def test_capture_writes_the_rank_stream_with_its_metadata(rank1, real_strapd, tm
     with open_stream(want) as r:
         d = r.metadata["client_metadata"]["distributed"]
         assert d == {"rank": 1, "world_size": 2, "local_rank": 1, "local_world_size": 2, "host": d["host"],
-                     "source": "env"}
+                     "source": "env", "tp_rank": 0, "tp_size": 1, "pp_stage": 0, "pp_size": 1, "dp_rank": 1,
+                     "dp_size": 2, "layout_source": "default", "job_id": None}
         assert d["host"] and r.metadata["client_metadata"]["output_path"] == str(want)
         assert r.end().meta["status"] == "complete"
 

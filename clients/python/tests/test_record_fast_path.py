@@ -241,3 +241,31 @@ def test_no_record_after_close():
         s.shutdown()
         R.release_idle_ring()
         b.close()
+
+
+def test_record_meta_writes_what_write_tensor_writes(session):
+    """A tensor-parallel rank's records with a repeating meta (record_meta): the same bytes as
+    write_tensor with that meta, from a layout with the meta encoded in, kept while the meta
+    object stays the same and made again when another object comes; never in the layouts of
+    records without meta."""
+    s, peer = session
+    t = _f32_2x3()
+    meta = {"shard": {"axis": 1, "offset": 3, "full_shape": [2, 6], "tp_rank": 1, "tp_size": 2}}
+    s.seq, s.step, s.forward = 0, 5, 2
+    pos = s.ring.head
+    assert s.write_tensor("m", t, 5, 2, meta)
+    want = _record_at(s, pos)
+    for seq in (2, 3):
+        pos = s.ring.head
+        assert s.record_meta("m", t, meta)
+        got = _record_at(s, pos)
+        assert got[:8] + got[16:] == want[:8] + want[16:] and R.parse_record_header(got)["seq"] == seq
+    assert s._meta_layouts["m"][0] is meta and "m" not in s._layouts
+    other = {"replica": {"tp_rank": 1, "tp_size": 2}}
+    pos = s.ring.head
+    assert s.record_meta("m", t, other)
+    got = R.parse_record_header(_record_at(s, pos))
+    assert got["meta"] == b'{"replica":{"tp_rank":1,"tp_size":2}}' and s._meta_layouts["m"][0] is other
+    pos = s.ring.head
+    assert s.record("m", t, None)  # a record without meta: its own layout, no meta
+    assert R.parse_record_header(_record_at(s, pos))["meta"] == b""

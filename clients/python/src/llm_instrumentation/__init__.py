@@ -32,12 +32,18 @@ from .correlation import correlate
 from .framework import InstrumentationFramework, capture_activations
 from .tracking import TokenTracker
 from .stream import StreamReader, Tensor, open_stream
+from ._distributed import ParallelLayout, Shard
 
 __all__ = [
     "__version__",
     "analyze_activations",
     "analyze_activations_with_tokens",
     "capture_activations",
+    "CaptureSet",
+    "CaptureSetError",
+    "open_capture_set",
+    "ParallelLayout",
+    "Shard",
     "CheckpointError",
     "correlate",
     "HookConfig",
@@ -59,3 +65,15 @@ __all__ = [
     "TokenTracker",
     "UnsupportedCodecError",
 ]
+
+_LAZY = {"CaptureSet", "CaptureSetError", "open_capture_set"}
+
+
+def __getattr__(name: str) -> "object":
+    # capture_set is imported on first use: ``python -m llm_instrumentation.capture_set``
+    # must find it not yet imported by the package (runpy warns otherwise).
+    if name in _LAZY:
+        from . import capture_set
+
+        return getattr(capture_set, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from . import _open, _resume, _streamlock
+from . import _distributed, _open, _resume, _streamlock
 from . import _protocol as P
 from . import checkpoint as ckpt
-from ._hooks import Hooks, choose_modules
+from ._hooks import ROOT_NAME, Hooks, choose_modules
 from ._options import SessionOptions
 from ._session import CaptureSession, open_session
 from .config import InstrumentationConfig
@@ -91,6 +91,7 @@ class Capture:
         self.resume_step = 0
         self.resumed_from: Optional[str] = None
         self.checkpoint_times: List[float] = []
+        self.capture_set_path: Optional[str] = None
         self._started_at = 0.0
         self._clean = False
         # 1.3.1's checkpoint keys: resumes so far, and each token's JSON, encoded once.
@@ -179,7 +180,8 @@ class Capture:
                     opts.socket_path, opts.autostart_daemon, opts.stall_timeout, plan.ring_size, plan.policy,
                     out.fd, trace_fd,
                     _open.open_request(model, self.config, plan, self.hooked_modules, opts.output_path,
-                                       self.fingerprint(), out.resume, upload=self.upload_target),
+                                       self.fingerprint(), out.resume, upload=self.upload_target,
+                                       distributed=self._distributed(model, hooks)),
                     resume_seq=out.resume.last_seq if out.resume is not None else 0, resources_fd=res_fd)
             finally:
                 for fd in (trace_fd, res_fd):
@@ -198,7 +200,7 @@ class Capture:
                 for tok in self.token_tracker.tokens:  # a 1.3.1 checkpoint's: the stream holds every token
                     session.token(tok["token_index"], tok["token_id"], tok["token_text"], tok["position"])
             self.token_tracker._sink = self._on_token
-        hooks.install(self._on_forward_start, self._on_forward_end, session.record)
+        hooks.install(self._on_forward_start, self._on_forward_end, session.record, session.record_meta)
         if level is not None:
             try:
                 self._start_resources(session, level, model)
@@ -206,6 +208,26 @@ class Capture:
                 self.abort()
                 raise
         return self
+
+    def _distributed(self, model: "nn.Module", hooks: Hooks) -> Optional[Dict[str, Any]]:
+        """The ``distributed`` object of a rank of several (docs/DISTRIBUTED.md D1, D2), None
+        for a single process; sets the hooks up for this rank's tensor-parallel place."""
+        opts = self.options
+        info, layout = opts.rank, opts.layout
+        if info is None or layout is None:
+            hooks.set_distributed(None, {}, False)
+            return None
+        d = info.metadata()
+        d.update(layout.metadata())
+        d["job_id"] = _distributed.job_id()
+        if layout.tp_size > 1:
+            kinds = _distributed.classify(model, self.hooked_modules, layout, opts.sharding)
+            hooks.set_distributed(layout, kinds, opts.replicated == "every_rank")
+            d["replicated"] = opts.replicated
+            d["modules"] = {(n or ROOT_NAME): k.metadata() for n, k in kinds.items()}
+        else:
+            hooks.set_distributed(None, {}, False)
+        return d
 
     def _start_resources(self, session: CaptureSession, level: str, model: "nn.Module") -> None:
         """The resource monitor, sending its events to strapd over this session. Started
@@ -346,6 +368,7 @@ class Capture:
             _streamlock.mark_ended(self._stream_key)
             if not wrote_tokens:
                 write_tokens()
+            self._end_capture_set()
         ck_path = self.options.checkpoint_file
         if clean and self._clean and ck_path is not None and os.path.exists(ck_path):
             ckpt.fsync_unlink(ck_path)
@@ -353,6 +376,22 @@ class Capture:
             # The capture is complete; its resource log is not, and that must not pass unseen.
             raise RuntimeError(f"capture closed, but its resource events were not all sent: {res_err}") from res_err
         return self.summary
+
+    def _end_capture_set(self) -> None:
+        """Every rank as its capture ends: rank 0 writes the job's manifest
+        (docs/DISTRIBUTED.md D4). Never raises: the capture itself is complete."""
+        from . import capture_set
+
+        info, out = self.options.rank, self.options.output_path
+        self.capture_set_path = None
+        if info is None or out is None:
+            return
+        try:
+            if not capture_set.enabled():
+                return
+            self.capture_set_path = capture_set.end_of_capture(out, info)
+        except Exception as e:
+            log.error("llm_instrumentation: the capture-set manifest was not written: %s", e)
 
     @property
     def upload_target(self) -> Optional[str]:

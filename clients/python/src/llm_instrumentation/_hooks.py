@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from . import _distributed
 from .config import HookGranularity, InstrumentationConfig
 from .core.auto_detect import falls_back_to_131, select_modules
 
@@ -23,6 +24,8 @@ ROOT_NAME = "<root>"
 #: receives one output tensor of a hooked module: ``(record name, tensor, record meta)``;
 #: what it returns (the session's record tells whether the record was written) is ignored.
 RecordFn = Callable[[str, "torch.Tensor", Optional[Dict[str, Any]]], object]
+#: receives one output tensor of a hooked module with a meta that repeats (the same object).
+RecordMetaFn = Callable[[str, "torch.Tensor", Dict[str, Any]], object]
 
 
 def split_output(name: str, out: Any) -> List[Tuple[str, "torch.Tensor"]]:
@@ -121,8 +124,29 @@ class Hooks:
         self.sampled = config.granularity is HookGranularity.SAMPLED_SLICES
         self.spec = config.sampled_positions
         self._handles: List[Any] = []
+        #: set by :meth:`set_distributed` for a tensor-parallel rank: the layout, each
+        #: module's kind, and whether replicated outputs are stored by every tp rank.
+        self._layout: Optional[_distributed.Layout] = None
+        self._kinds: Dict[str, _distributed.ModuleKind] = {}
+        self._every_rank = False
 
-    def install(self, forward_started: Callable[[], None], forward_ended: Callable[[], None], record: RecordFn) -> None:
+    def set_distributed(self, layout: Optional[_distributed.Layout], kinds: Dict[str, _distributed.ModuleKind],
+                        every_rank: bool) -> None:
+        """Hook as a tensor-parallel rank (docs/DISTRIBUTED.md D2); with ``tp_size`` 1 (or no
+        layout) the hooks stay the single process's.
+
+        Args:
+            layout: this rank's layout.
+            kinds: each hooked module's kind (:func:`._distributed.classify`).
+            every_rank: store replicated outputs on every tp rank (with a ``replica`` meta).
+        """
+        tp = layout is not None and layout.tp_size > 1
+        self._layout = layout if tp else None
+        self._kinds = dict(kinds) if tp else {}
+        self._every_rank = every_rank
+
+    def install(self, forward_started: Callable[[], None], forward_ended: Callable[[], None], record: RecordFn,
+                record_meta: Optional[RecordMetaFn] = None) -> None:
         """Register the hooks; they call back until :meth:`remove`.
 
         Args:
@@ -130,12 +154,28 @@ class Hooks:
             forward_ended: called once it ended, after every module hook ran.
             record: called with ``(record name, tensor, record meta or None)`` for each
                 output tensor of a hooked module.
+            record_meta: called instead of ``record`` by a tensor-parallel rank's hooks for
+                a record whose meta is the same dict object as the name's previous record's
+                (default ``record``).
         """
         model = self.model
         self._handles.append(model.register_forward_pre_hook(lambda m, a: forward_started()))
         mods = dict(model.named_modules())
+        lay = self._layout
         for name in self.modules:
-            self._handles.append(mods[name].register_forward_hook(self._module_hook(name or ROOT_NAME, record)))
+            if lay is None:
+                self._handles.append(mods[name].register_forward_hook(self._module_hook(name or ROOT_NAME, record)))
+                continue
+            kind = self._kinds.get(name, _distributed.ModuleKind("detect"))
+            if kind.kind == "replicated" and lay.tp_rank > 0 and not self._every_rank:
+                continue  # tp rank 0 stores it: no hook here, no copy, no record
+            if kind.kind == "local" or (kind.kind == "replicated" and not self._every_rank):
+                self._handles.append(mods[name].register_forward_hook(self._module_hook(name or ROOT_NAME, record)))
+                continue
+            box: List[Any] = []
+            box.append(mods[name].register_forward_hook(
+                self._tp_hook(name or ROOT_NAME, kind, record, record_meta or record, box)))
+            self._handles.append(box[0])
         # Registered last, so it runs after a hook on the root module itself: one PUBLISH per
         # forward pass for the records not yet published.
         self._handles.append(model.register_forward_hook(lambda m, a, o: forward_ended()))
@@ -177,5 +217,96 @@ class Hooks:
                     meta = {"positions": pos, "dim": 1}
                 record(rec_name, t, meta)
             return None  # never replaces the output
+
+        return hook
+
+    def _tp_hook(self, name: str, kind: "_distributed.ModuleKind", record: RecordFn, record_meta: RecordMetaFn,
+                 box: List[Any]) -> Callable[[Any, Any, Any], None]:
+        """The hook of a tensor-parallel rank for a module whose outputs are sharded, replicated
+        and stored by every rank, or not known before its first output (``detect``).
+
+        The meta of a piece is computed once per record name and shape and reused (the
+        same dict object each record, which ``record_meta`` keeps encoded in the record's
+        layout), so a sharded module costs a dict lookup beyond the single process's hook,
+        never a collective: the offset is this rank's by the layout (or the DTensor's own,
+        which it computes locally).
+        """
+        import torch
+
+        lay = self._layout
+        assert lay is not None
+        sampled, spec = self.sampled, self.spec
+        every_rank = self._every_rank
+        state = {"kind": kind}
+        metas: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
+        replica = {"replica": {"tp_rank": lay.tp_rank, "tp_size": lay.tp_size}}
+
+        tensor = torch.Tensor
+        by_shape: Dict[Any, Dict[str, Any]] = {}  # the common case's metas, by output shape
+
+        def hook(module: Any, args: Any, output: Any) -> None:
+            k = state["kind"]
+            if type(output) is tensor and not sampled:
+                # The common case, as the single process's hook has one: one plain tensor,
+                # a piece of a declared sharded output or a replica stored on this rank.
+                if k.kind == "sharded" and k.axis is not None:
+                    desc = by_shape.get(output.shape)
+                    if desc is None:
+                        desc = by_shape[output.shape] = _distributed.shard_meta(tuple(output.shape), k.axis, lay)
+                    record_meta(name, output, desc)
+                    return None
+                if k.kind == "replicated":  # hooked here only when every rank stores it
+                    record_meta(name, output, replica)
+                    return None
+            outs = split_output(name, output)
+            if k.kind == "detect":
+                # Decided once, by the first output: a DTensor says what it is on each
+                # record; a plain tensor is taken to be whole on every tp rank.
+                if any(_distributed.dtensor_piece(t) is not None for _, t in outs):
+                    k = state["kind"] = _distributed.ModuleKind("dtensor", None, "dtensor")
+                else:
+                    k = state["kind"] = _distributed.ModuleKind("replicated", None, "default")
+                    if lay.tp_rank > 0 and not every_rank:
+                        box[0].remove()  # tp rank 0 stores it; this rank never copies it
+                        return None
+            for rec_name, t in outs:
+                piece = _distributed.dtensor_piece(t)
+                where: Any = None
+                if piece is not None:
+                    t, where = piece
+                    if where is None and k.kind != "sharded" and lay.tp_rank > 0 and not every_rank:
+                        continue  # a replicated DTensor: tp rank 0's record holds it
+                axis = where[0] if where is not None else (k.axis if k.kind == "sharded" else None)
+                if sampled and t.dim() >= 2:
+                    pos = sample_positions(int(t.shape[1]), spec)
+                    idx = torch.tensor(pos, dtype=torch.long, device=t.device)
+                    t = t.detach().index_select(1, idx)
+                    pmeta: Optional[Dict[str, Any]] = {"positions": pos, "dim": 1}
+                else:
+                    pmeta = None
+                if axis is None:  # replicated, stored here because every rank stores it
+                    if pmeta is None:
+                        record_meta(rec_name, t, replica)
+                        continue
+                    meta: Optional[Dict[str, Any]] = {**pmeta, **replica}
+                else:
+                    key = (rec_name, tuple(t.shape), where[1] if where is not None else None)
+                    meta = metas.get(key)
+                    if meta is None:
+                        if where is not None:
+                            full = list(where[2])
+                            for d in range(len(full)):
+                                if d != where[0]:
+                                    full[d] = int(t.shape[d])  # a sampled sequence axis keeps its pieces' length
+                            meta = _distributed.shard_meta(tuple(t.shape), axis, lay, where[1], full)
+                        else:
+                            meta = _distributed.shard_meta(tuple(t.shape), axis, lay)
+                        metas[key] = meta
+                    if pmeta is None:
+                        record_meta(rec_name, t, meta)
+                        continue
+                    meta = {**pmeta, **meta}
+                record(rec_name, t, meta)
+            return None
 
         return hook

@@ -48,7 +48,8 @@ def fingerprint(model: "nn.Module", config: InstrumentationConfig, plan: Transpo
 
 
 def open_request(model: "nn.Module", config: InstrumentationConfig, plan: TransportPlan, modules: List[str],
-                 output_path: str, fp: str, resume: Optional[ckpt.Checkpoint], upload: Optional[str] = None) -> P.Open:
+                 output_path: str, fp: str, resume: Optional[ckpt.Checkpoint], upload: Optional[str] = None,
+                 distributed: Optional[Dict[str, Any]] = None) -> P.Open:
     """The OPEN body of a capture.
 
     ``ring_size`` and ``policy`` are the plan's here; the session sets them from the ring it
@@ -63,6 +64,8 @@ def open_request(model: "nn.Module", config: InstrumentationConfig, plan: Transp
         fp: the capture's fingerprint.
         resume: the checkpoint a resumed capture continues, or None.
         upload: the s3:// target strapd uploads the stream into, or None.
+        distributed: the ``distributed`` object of a rank of several (docs/DISTRIBUTED.md),
+            or None (then detected here, without a layout).
 
     Returns:
         the OPEN body.
@@ -82,11 +85,13 @@ def open_request(model: "nn.Module", config: InstrumentationConfig, plan: Transp
         "client": {"pid": os.getpid(), "argv0": os.path.basename(sys.argv[0]) if sys.argv else "",
                    "version": __version__},
     }
-    rank = _distributed.detect()
-    if rank is not None:
+    if distributed is None:
+        rank = _distributed.detect()
+        distributed = rank.metadata() if rank is not None else None
+    if distributed is not None:
         # Which rank of which job wrote the stream (docs/DISTRIBUTED.md), also when
         # STRAP_RANK_STREAMS=0 kept the path as given.
-        metadata["distributed"] = rank.metadata()
+        metadata["distributed"] = distributed
     lossy = P.Lossy(mode=plan.lossy["mode"], value=plan.lossy.get("value")) if plan.lossy is not None else None
     resume_body = None
     if resume is not None:

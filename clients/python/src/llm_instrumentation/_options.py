@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Tuple, Union
 
 from . import _distributed
@@ -54,6 +54,14 @@ class SessionOptions:
             ``"MINIMAL"``/``"DETAILED"``/``"VERBOSE"`` (stored as the level's name).
         upload: ``"s3://bucket/prefix"`` strapd uploads the stream into while it captures
             (None: the config's, else the daemon's ``serve --upload``, if any).
+        parallel_layout: the job's parallel layout as given (docs/DISTRIBUTED.md D1): None,
+            a ``DeviceMesh``, a dict or a :class:`~._distributed.ParallelLayout`; refused in
+            a single process.
+        sharding: ``{fnmatch pattern: spec}`` (D2), stored checked as ``((pattern, kind), ...)``.
+        replicated: ``"tp_rank0"`` (replicated outputs stored by tensor-parallel rank 0 only)
+            or ``"every_rank"``.
+        rank: this process's rank (None: a single process), detected once here.
+        layout: this rank's resolved layout (None: a single process).
     """
 
     output_path: Optional[str] = None
@@ -70,13 +78,25 @@ class SessionOptions:
     trace_path: Optional[Union[str, bool]] = None
     resource_level: Optional[Union[str, int, bool]] = None
     upload: Optional[str] = None
+    parallel_layout: Any = None
+    sharding: Any = None
+    replicated: str = "tp_rank0"
+    rank: Optional[_distributed.RankInfo] = field(default=None, init=False, compare=False)
+    layout: Optional[_distributed.Layout] = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
         check_tracking(self.track_per_token, self.checkpoint_interval_tokens, self.checkpoint_path,
                        self.resume_from_checkpoint, self.overwrite_checkpoint)
         # Frozen: normalized values are set once, here, and never change afterwards.
         set_ = object.__setattr__
-        rank = _distributed.detect() if _distributed.per_rank_enabled() else None
+        info = _distributed.detect()
+        set_(self, "rank", info)
+        set_(self, "layout", _distributed.resolve_layout(self.parallel_layout, info))
+        if not (isinstance(self.sharding, tuple) and all(isinstance(k, _distributed.ModuleKind) for _, k in self.sharding)):
+            set_(self, "sharding", _distributed.check_sharding(self.sharding))  # a tuple: checked already (replace)
+        if self.replicated not in _distributed.REPLICATED_MODES:
+            raise ValueError(f"replicated={self.replicated!r}: expected one of {list(_distributed.REPLICATED_MODES)}")
+        rank = info if _distributed.per_rank_enabled() else None
 
         def path(p: Optional[PathArg]) -> Optional[str]:
             a = _abs(p)

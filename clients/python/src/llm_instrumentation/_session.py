@@ -122,6 +122,8 @@ class CaptureSession:
         self._lock = threading.Lock()
         self._cuda: Any = None
         self._layouts: Dict[str, _Layout] = {}
+        #: per name: the meta object of :meth:`record_meta`'s last record and its layout
+        self._meta_layouts: Dict[str, Tuple[Dict[str, Any], _Layout]] = {}
         self._ring_addr = ring.address()
         self._shut = False
         #: The current forward pass's numbers, set by the capture as each pass begins; the
@@ -368,8 +370,9 @@ class CaptureSession:
             self.error = e
             raise
 
-    def _layout(self, name: str, t: "torch.Tensor") -> Optional[_Layout]:
-        """Build and keep the layout of ``name``'s records for ``t``'s dtype and shape; None
+    def _layout(self, name: str, t: "torch.Tensor", meta_b: bytes = b"") -> Optional[_Layout]:
+        """Build and keep the layout of ``name``'s records for ``t``'s dtype and shape (and
+        the encoded ``meta_b``, kept apart from the layouts of records without meta); None
         when ``t`` is not a plain strided tensor or needs PART records."""
         import torch
 
@@ -380,16 +383,56 @@ class CaptureSession:
         shape = tuple(int(s) for s in t.shape)
         tensor_len = t.numel() * dtype_size(dt)
         name_b = name.encode("utf-8")
-        hdr_area = header_area(len(shape), name_b, b"")
+        hdr_area = header_area(len(shape), name_b, meta_b)
         rec_len = align64(hdr_area + tensor_len)
         if rec_len > self.max_record:
             return None
         header = encode_record_header(dtype=dt, shape=shape, seq=0, record_len=rec_len, step=0, forward=0,
-                                      payload_len=tensor_len, name=name_b)
+                                      payload_len=tensor_len, name=name_b, meta=meta_b)
         lay = _Layout(t.dtype, t.shape, cls, header, hdr_area, rec_len, tensor_len, shape,
                       tensor_len <= SMALL_COPY)
-        self._layouts[name] = lay
+        if not meta_b:
+            self._layouts[name] = lay
         return lay
+
+    def record_meta(self, name: str, t: "torch.Tensor", meta: Dict[str, Any]) -> bool:
+        """:meth:`record` for a record whose meta repeats: the same dict object, record after
+        record (a tensor-parallel rank's shard descriptor, docs/DISTRIBUTED.md). Its layout,
+        meta encoded in, is kept per name while the object stays the same, so such records
+        take the whole-record path of records without meta instead of encoding the meta
+        each time. Writes the same bytes as :meth:`write_tensor`."""
+        ent = self._meta_layouts.get(name)
+        lay = ent[1] if ent is not None and ent[0] is meta else None
+        if lay is None or lay.dtype is not t.dtype or lay.size != t.shape or lay.cls is not type(t):
+            lay = self._layout(name, t, json.dumps(meta, separators=(",", ":")).encode())
+            if lay is None:
+                return self.write_tensor(name, t, self.step, self.forward, meta)
+            self._meta_layouts[name] = (meta, lay)
+        ring = self.ring
+        rec_len = lay.record_len
+        with self._lock:
+            head = ring.head
+            off = head % ring.data_size
+            if _c_write_record is None or not lay.memmove or not t.is_cpu or not t.is_contiguous() \
+                    or self._shut or self.error is not None or off + rec_len > ring.data_size \
+                    or head + rec_len - ring.tail > ring.data_size or head + rec_len > ring.populated:
+                return self._write_locked(name, lay, t, self.step, self.forward, meta)
+            seq = self.seq + 1
+            n = lay.tensor_len
+            _c_write_record(self._ring_addr + HEADER_SIZE + off, lay.header, seq, rec_len, self.step, self.forward,
+                            lay.hdr_area, t.data_ptr(), n)
+            self.seq = seq
+            ring.head = head = head + rec_len
+            self.last_tensor_seq = seq
+            self.packets += 1
+            self.bytes_in += n
+            if head - self.published_head >= self.publish_bytes:
+                try:
+                    self._publish(block=False)
+                except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
+                    self.error = e
+                    raise
+            return True
 
     def _write_whole(self, lay: _Layout, t: "torch.Tensor", step: int, forward: int) -> bool:
         """The common case, with nothing computed per record that repeats: one whole record

@@ -18,6 +18,7 @@ whose token was not recorded get ``token_id = token_index = -1``.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import fnmatch
 import os
 import warnings
@@ -55,6 +56,10 @@ class Unit:
         dtype: the stored dtype name.
         positions: the kept sequence positions of a ``SAMPLED_SLICES`` record, else None.
         lossy: whether a lossy codec stored it (values within the capture's bound, not exact).
+        pieces: for a tensor of a capture set stored as pieces by several tensor-parallel
+            ranks (docs/DISTRIBUTED.md): ``((stream, ordinal), ...)`` in offset order, and
+            ``shape`` is the whole tensor's; None for a tensor stored whole.
+        axis: the axis the pieces are joined along (None when not in pieces).
     """
 
     stream: int
@@ -66,6 +71,8 @@ class Unit:
     dtype: str
     positions: Optional[Tuple[int, ...]]
     lossy: bool
+    pieces: Optional[Tuple[Tuple[int, int], ...]] = None
+    axis: Optional[int] = None
 
     @property
     def batch(self) -> int:
@@ -166,10 +173,18 @@ class ActivationDataset(IterableDataset):
     ``shuffle_buffer × d × itemsize`` plus one decoded tensor and one batch, whatever the
     size of the capture.
 
+    A capture set (docs/DISTRIBUTED.md: a ``*.capture-set.json`` manifest, or an open
+    :class:`~llm_instrumentation.capture_set.CaptureSet`) reads its ranks' streams as one
+    capture: a tensor stored as pieces by the tensor-parallel ranks of a (dp_rank, pp_stage)
+    group is one unit whose pieces are read and joined by the one shard that takes it; an
+    output replicated on every tp rank comes from tp rank 0 only (copies stored with
+    ``replicated="every_rank"`` are never read); a data-parallel replica's or pipeline
+    stage's tensors are units of their own. So no byte is read by two shards, nor twice.
+
     Args:
         paths: one stream file or several; object URLs (``s3://bucket/key``) are read by
             byte range (docs/OBJECT_STORAGE.md): the index and the headers at construction,
-            each selected tensor's bytes when an epoch reaches it.
+            each selected tensor's bytes when an epoch reaches it. Or a capture set.
         modules: module names or fnmatch patterns (``"model.layers.*.mlp"``); default:
             every module with tensors, which must then share one width.
         batch_size: yield batches of this many rows (dicts of stacked tensors; use
@@ -203,6 +218,9 @@ class ActivationDataset(IterableDataset):
                  lossy: str = "keep", rank: Optional[int] = None, world_size: Optional[int] = None,
                  storage_options: Optional[Dict[str, Any]] = None, prefetch: int = 8) -> None:
         super().__init__()
+        #: the capture set's manifest, when ``paths`` was one (the streams are its ranks')
+        self.capture_set: Optional[Dict[str, Any]] = None
+        paths = self._capture_set_streams(paths, storage_options)
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         self.paths: List[str] = [os.fspath(p) if is_url(p) else os.path.abspath(os.fspath(p)) for p in paths]
@@ -251,6 +269,20 @@ class ActivationDataset(IterableDataset):
 
     # ----- construction ----------------------------------------------------------------------
 
+    def _capture_set_streams(self, paths: Any, storage_options: Optional[Dict[str, Any]]) -> Any:
+        """A capture set's stream locations (and its manifest kept), else ``paths`` as given."""
+        from . import capture_set as cs
+
+        if isinstance(paths, cs.CaptureSet):
+            self.capture_set = paths.manifest
+            return [r.path for r in paths.ranks]
+        if isinstance(paths, (str, os.PathLike)) and os.fspath(paths).endswith(".json"):
+            p = os.fspath(paths)
+            self.capture_set = cs.load(p, storage_options=storage_options)
+            mdir = p.rsplit("/", 1)[0] if is_url(p) else os.path.dirname(os.path.abspath(p))
+            return [cs.stream_location(e["stream"], mdir) for e in self.capture_set["ranks"]]
+        return paths
+
     def _plan(self, patterns: Optional[List[str]]) -> None:
         mod_index: Dict[str, int] = {}
         for si, path in enumerate(self.paths):
@@ -285,12 +317,68 @@ class ActivationDataset(IterableDataset):
                 mi = mod_index.setdefault(name, len(mod_index))
                 assert self._handles is not None
                 self._handles[(si, name)] = groups[name]
-                for k, t in enumerate(groups[name]):
-                    self.units.append(self._unit(si, mi, k, t))
+                if self.capture_set is None:
+                    for k, t in enumerate(groups[name]):
+                        self.units.append(self._unit(si, mi, k, t))
             self.streams.append(info)
+        if self.capture_set is not None:
+            self._plan_set(mod_index)
         self.modules = list(mod_index)
         if patterns is not None and not self.modules:
             raise ValueError(f"no module of {self.paths} matches {patterns}")
+
+    def _plan_set(self, mod_index: Dict[str, int]) -> None:
+        """The units of a capture set, group by group (docs/DISTRIBUTED.md): pieces joined
+        into one unit (checked now: a missing or overlapping piece fails here, naming the
+        record), replicas of tp ranks > 0 left out."""
+        from . import capture_set as cs
+
+        assert self.capture_set is not None and self._handles is not None
+        groups: Dict[Tuple[int, int], List[Tuple[int, int]]] = {}
+        for si, e in enumerate(self.capture_set["ranks"]):
+            groups.setdefault((e["dp_rank"], e["pp_stage"]), []).append((e["tp_rank"], si))
+        for (dp, pp), members in sorted(groups.items()):
+            members.sort()
+            for name, mi in mod_index.items():
+                held = [(tp, si, self._handles.get((si, name), [])) for tp, si in members]
+                held = [h for h in held if h[2]]
+                if not held:
+                    continue
+                if any(isinstance(h[2][0].meta.get("shard"), dict) for h in held):
+                    self._plan_pieces(dp, pp, name, mi, held)
+                    continue
+                for tp, si, ts in held:
+                    for k, t in enumerate(ts):
+                        if tp != 0 and isinstance(t.meta.get("replica"), dict):
+                            continue  # tp rank 0's copy is the one read
+                        self.units.append(self._unit(si, mi, k, t))
+        self.units.sort(key=lambda u: (u.step, u.forward, u.stream, u.module))
+
+    def _plan_pieces(self, dp: int, pp: int, name: str, mi: int, held: List[Tuple[int, int, List[Tensor]]]) -> None:
+        from . import capture_set as cs
+
+        where = f"{name} (dp_rank {dp}, pp_stage {pp})"
+        counts = {tp: len(ts) for tp, _, ts in held}
+        if len(set(counts.values())) != 1:
+            raise cs.CaptureSetError(f"{where}: the tp ranks hold different numbers of pieces {counts}: piece missing")
+        for k in range(len(held[0][2])):
+            ts = [(si, t) for _, si, t in ((tp, si, ts[k]) for tp, si, ts in held)]
+            t0 = ts[0][1]
+            rec = f"{where}, record step {t0.step}, forward {t0.forward}"
+            if any((t.step, t.forward) != (t0.step, t0.forward) for _, t in ts):
+                raise cs.CaptureSetError(f"{rec}: the tp ranks' pieces {k} are of different forward passes")
+            if not all(isinstance(t.meta.get("shard"), dict) for _, t in ts):
+                raise cs.CaptureSetError(f"{rec}: some tp ranks stored it sharded, some whole")
+            try:
+                order = cs.piece_order(name, [(t.meta["shard"], t.shape) for _, t in ts])
+            except cs.CaptureSetError as e:
+                raise cs.CaptureSetError(f"{e} ({rec})") from None
+            d = t0.meta["shard"]
+            first = ts[order[0]]
+            u = self._unit(first[0], mi, k, first[1])
+            lossy = any(self._unit(si, mi, k, t).lossy for si, t in ts)
+            self.units.append(dataclasses.replace(u, shape=tuple(d["full_shape"]), lossy=lossy,
+                                                  pieces=tuple((ts[i][0], k) for i in order), axis=d["axis"]))
 
     @staticmethod
     def _group(pk: Any, pending: Dict[str, List[Any]], groups: Dict[str, List[Tensor]], info: _StreamInfo) -> None:
@@ -424,24 +512,35 @@ class ActivationDataset(IterableDataset):
         wid, nw = (wi.id, wi.num_workers) if wi is not None else (0, 1)
         return rank * nw + wid, world * nw
 
-    def _tensor_of(self, u: Unit, opened: Dict[Tuple[int, str], List[Tensor]], readers: List[Any]) -> Tensor:
+    def _tensor_of(self, u: Unit, opened: Dict[Tuple[int, str], List[Tensor]], readers: List[Any],
+                   stream: Optional[int] = None) -> Tensor:
+        """The stored tensor of unit ``u`` (of its piece in ``stream``, for a unit in pieces)."""
         name = self.modules[u.module]
-        key = (u.stream, name)
+        si = u.stream if stream is None else stream
+        key = (si, name)
         if self._handles is not None and key in self._handles:
             return self._handles[key][u.ordinal]
         if key not in opened:
-            r = self._open(self.paths[u.stream])
+            r = self._open(self.paths[si])
             readers.append(r)
             opened[key] = r.tensors(name)
         ts = opened[key]
         if u.ordinal >= len(ts) or (ts[u.ordinal].step, ts[u.ordinal].forward) != (u.step, u.forward):
-            raise RuntimeError(f"{self.paths[u.stream]}: {name} tensor {u.ordinal} is not the one seen at "
+            raise RuntimeError(f"{self.paths[si]}: {name} tensor {u.ordinal} is not the one seen at "
                                "construction (the file changed)")
         return ts[u.ordinal]
 
-    def _unit_rows(self, u: Unit, t: Tensor, token_tables: Dict[int, Tuple[np.ndarray, np.ndarray]],
-                   stored: Optional[List[Any]] = None) -> Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]:
-        x = _decoded(t, stored)
+    def _joined(self, u: Unit, opened: Dict[Tuple[int, str], List[Tensor]], readers: List[Any]) -> "torch.Tensor":
+        """A unit in pieces, read (each piece once, by this shard only) and joined, exact."""
+        assert u.pieces is not None and u.axis is not None
+        return torch.cat([_decoded(self._tensor_of(u, opened, readers, si)) for si, _ in u.pieces], dim=u.axis)
+
+    def _unit_rows(self, u: Unit, t: Optional[Tensor], token_tables: Dict[int, Tuple[np.ndarray, np.ndarray]],
+                   stored: Optional[List[Any]] = None, x: Optional["torch.Tensor"] = None
+                   ) -> Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]:
+        if x is None:
+            assert t is not None
+            x = _decoded(t, stored)
         if self.dtype is not None:
             x = x.to(self.dtype)
         d = u.shape[-1]
@@ -485,11 +584,14 @@ class ActivationDataset(IterableDataset):
         readers: List[Any] = []
         units = self.shard_units(shard, n_shards)
         try:
-            if self.prefetch and any(is_url(p) for p in self.paths):
+            if self.prefetch and any(is_url(p) for p in self.paths) and not any(u.pieces for u in units):
                 yield from self._prefetched(units, opened, readers, tables)
                 return
             for u in units:
-                yield self._unit_rows(u, self._tensor_of(u, opened, readers), tables)
+                if u.pieces is not None:
+                    yield self._unit_rows(u, None, tables, x=self._joined(u, opened, readers))
+                else:
+                    yield self._unit_rows(u, self._tensor_of(u, opened, readers), tables)
         finally:
             for r in readers:
                 r.close()

@@ -69,6 +69,8 @@ class InstrumentationFramework(Capture):
             without one) or ``"checkpoint-1.3.1"`` (a 1.3.1 checkpoint's tokens, in a new
             stream); None when not resumed (also when there was nothing to resume).
         checkpoint_times: seconds each checkpoint took (request to durable file).
+        capture_set_path: on rank 0 of a distributed job, the capture-set manifest written
+            when the capture ended (docs/DISTRIBUTED.md); None elsewhere.
     """
 
     output_path = _option("output_path", "absolute path of the stream file (None until a capture is set up).")
@@ -287,6 +289,9 @@ def capture_activations(
     trace_path: Optional[Union[PathArg, bool]] = None,
     resource_level: Optional[Union[str, bool]] = None,
     upload: Optional[str] = None,
+    parallel_layout: Any = None,
+    sharding: Optional[Dict[str, Any]] = None,
+    replicated: str = "tp_rank0",
 ) -> Iterator[InstrumentationFramework]:
     """Capture module outputs of ``model`` into a strapd stream file while the block runs.
 
@@ -346,6 +351,17 @@ def capture_activations(
             environment, shared files, ``serve --s3-endpoint``). None follows
             ``config.upload``, then the daemon's ``serve --upload``. The upload goes on after
             the block ends; ``strapd status`` shows it.
+        parallel_layout: for one rank of a distributed job (docs/DISTRIBUTED.md): how the
+            ranks split the model: a ``DeviceMesh`` with dimensions named among ``tp``,
+            ``pp``, ``dp``, a dict (``{"tp_size": 2}``) or a :class:`ParallelLayout`. None:
+            every rank is its own data-parallel replica. Refused in a single process.
+        sharding: with ``tp_size`` > 1, what hooked modules' outputs are:
+            ``{fnmatch pattern: "replicated" | "local" | {"shard": axis} | Shard(axis)}``,
+            first match wins; modules not matched are detected (a DTensor output,
+            transformers' ``tp_plan``, else replicated).
+        replicated: ``"tp_rank0"`` (default): outputs the same on every tensor-parallel
+            rank are stored by tp rank 0 only, other tp ranks do not hook them;
+            ``"every_rank"``: every tp rank stores them, marked with a ``replica`` meta.
 
     Yields:
         the :class:`InstrumentationFramework`; on exit the session is closed and the file
@@ -386,7 +402,8 @@ def capture_activations(
             autostart_daemon=autostart_daemon, track_per_token=track_per_token, stall_timeout=stall_timeout,
             checkpoint_interval_tokens=checkpoint_interval_tokens, checkpoint_path=checkpoint_path,  # type: ignore[arg-type]
             resume_from_checkpoint=resume_from_checkpoint, overwrite_checkpoint=overwrite_checkpoint,
-            trace_path=trace_path, resource_level=resource_level, upload=upload)  # type: ignore[arg-type]
+            trace_path=trace_path, resource_level=resource_level, upload=upload,  # type: ignore[arg-type]
+            parallel_layout=parallel_layout, sharding=sharding, replicated=replicated)
         fw = InstrumentationFramework.from_options(model, config, opts)
         with fw._running():
             started = True
