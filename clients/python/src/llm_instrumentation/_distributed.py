@@ -439,14 +439,23 @@ def detect(env: Optional[Mapping[str, str]] = None) -> Optional[RankInfo]:
                     local_world_size=_env_int(env, "LOCAL_WORLD_SIZE"), host=socket.gethostname(), source=source)
 
 
-def per_rank_enabled(env: Optional[Mapping[str, str]] = None) -> bool:
-    """Whether per-rank stream names are on (``STRAP_RANK_STREAMS`` not set to 0/false/no/off)."""
-    v = (os.environ if env is None else env).get(OPT_OUT_ENV, "").strip().lower()
+def env_switch(name: str, env: Optional[Mapping[str, str]] = None) -> bool:
+    """An on/off environment variable that is on unless set to 0/false/no/off (any case).
+
+    Raises:
+        ValueError: any other value, naming the variable.
+    """
+    v = (os.environ if env is None else env).get(name, "").strip().lower()
     if v in ("", "1", "true", "yes", "on"):
         return True
     if v in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"{OPT_OUT_ENV}={v!r}: expected 1 or 0 (true/false, yes/no, on/off)")
+    raise ValueError(f"{name}={v!r}: expected 1 or 0 (true/false, yes/no, on/off)")
+
+
+def per_rank_enabled(env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether per-rank stream names are on (``STRAP_RANK_STREAMS`` not set to 0/false/no/off)."""
+    return env_switch(OPT_OUT_ENV, env)
 
 
 def rank_path(path: str, info: RankInfo) -> str:

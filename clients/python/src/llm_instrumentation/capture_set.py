@@ -390,12 +390,7 @@ def load(path: PathLike, check_streams: bool = True, storage_options: Optional[D
 
 def enabled(env: Optional[Dict[str, str]] = None) -> bool:
     """Whether a capture ends by writing the manifest (``STRAP_CAPTURE_SET`` not 0/false/no/off)."""
-    v = (os.environ if env is None else env).get(OPT_OUT_ENV, "").strip().lower()
-    if v in ("", "1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{OPT_OUT_ENV}={v!r}: expected 1 or 0 (true/false, yes/no, on/off)")
+    return _distributed.env_switch(OPT_OUT_ENV, env)
 
 
 def _ended(path: str) -> bool:
