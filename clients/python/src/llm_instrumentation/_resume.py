@@ -199,9 +199,10 @@ def _cut(o: Output, rp: Optional[ckpt.ResumePoint], limit: Optional[int], ck_pat
                 c.extra = dict(o.floor.extra)
                 c.extra["total_tokens"] = limit
                 c.created = ckpt.now_rfc3339()
-                toks = [json.dumps({k: t[k] for k in ("token_index", "token_id", "token_text", "position")},
-                                   ensure_ascii=False) for t in rp.tokens]
-                if sum(len(t) + 1 for t in toks) + (64 << 10) > ckpt.MAX_SIZE:
+                toks: Optional[List[str]] = [
+                    json.dumps({k: t[k] for k in ("token_index", "token_id", "token_text", "position")},
+                               ensure_ascii=False) for t in rp.tokens]
+                if sum(len(t) + 1 for t in toks or ()) + (64 << 10) > ckpt.MAX_SIZE:
                     toks = None  # 1.3.1's list is left out past this size, as a capture does
                 ckpt.write_atomic(ck_path, c.to_json(toks))
                 o.floor = c

@@ -236,8 +236,6 @@ class RemoteSource(ByteSource):
         self._win: bytes = b""
         self.bytes_fetched = 0
         self.requests = 0
-        self._s3: Optional[_S3Objects] = None
-        self._fs: Any = None
         self._connect(False)
         try:
             self.size = self._s3.size() if self._s3 is not None else int(self._fs.size(self._path))
@@ -249,6 +247,9 @@ class RemoteSource(ByteSource):
             raise ConnectionError(f"{url}: {err}") from err
 
     def _connect(self, child: bool) -> None:
+        """The client (direct S3) or the filesystem (fsspec) this source reads through."""
+        self._s3: Optional[_S3Objects] = None
+        self._fs: Any = None
         proto, _, rest = self.url.partition("://")
         bucket, _, key = rest.partition("/")
         direct = self.direct_s3 and proto.lower() in ("s3", "s3a") and bucket and key \
