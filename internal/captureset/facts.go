@@ -132,7 +132,9 @@ func ReadFacts(r io.ReaderAt, size int64) (*Facts, error) {
 	}
 	if d := f.Distributed; d != nil {
 		for name, m := range f.Modules {
-			if dm, ok := d.Modules[name]; ok && m.Kind == KindLocal && dm.Kind == KindReplicated {
+			// "detect": the client decided by the first output (DISTRIBUTED.md D2); a
+			// plain output (no shard descriptor) was then taken as whole: replicated.
+			if dm, ok := d.Modules[name]; ok && m.Kind == KindLocal && (dm.Kind == KindReplicated || dm.Kind == kindDetect) {
 				m.Kind = KindReplicated
 				f.Modules[name] = m
 			}
@@ -294,7 +296,7 @@ func compareModules(e *Rank, f *Facts, d *Distributed) []Problem {
 			}
 		case got.Kind == KindReplicated && want.Kind != KindReplicated:
 			bad(n, "kind: manifest %q, stream %q", want.Kind, got.Kind)
-		case declared != "" && declared != want.Kind:
+		case declared != "" && declared != kindDetect && declared != want.Kind:
 			bad(n, "kind: manifest %q, stream header %q", want.Kind, declared)
 		}
 	}

@@ -81,7 +81,9 @@ func tpJob(t testing.TB, dir string) (map[string]any, string) {
 			"host": "node07", "source": "torch.distributed", "tp_rank": rank, "tp_size": 2, "pp_stage": 0,
 			"pp_size": 1, "dp_rank": 0, "dp_size": 1, "layout_source": "argument",
 			"modules": map[string]any{"model.h.0": map[string]any{"kind": "replicated"},
-				"model.h.0.mlp.c_fc": map[string]any{"kind": "sharded", "axis": 2}}}
+				"model.h.0.mlp.c_fc": map[string]any{"kind": "sharded", "axis": 2},
+				// decided by its first output (a plain tensor: replicated, stored by tp rank 0)
+				"model.h.1": map[string]any{"kind": "detect", "source": "default"}}}
 	}
 	shard := func(rank int) string {
 		return fmt.Sprintf(`{"shard":{"axis":2,"offset":%d,"full_shape":[1,3,8],"tp_rank":%d,"tp_size":2}}`, 4*rank, rank)
@@ -91,7 +93,8 @@ func tpJob(t testing.TB, dir string) (map[string]any, string) {
 		var recs []rec
 		for fwd := range uint64(2) {
 			if rank == 0 {
-				recs = append(recs, rec{name: "model.h.0", step: fwd, forward: fwd, shape: []uint64{1, 3, 8}})
+				recs = append(recs, rec{name: "model.h.0", step: fwd, forward: fwd, shape: []uint64{1, 3, 8}},
+					rec{name: "model.h.1", step: fwd, forward: fwd, shape: []uint64{1, 3, 8}})
 			}
 			recs = append(recs, rec{name: "model.h.0.mlp.c_fc", step: fwd, forward: fwd, shape: []uint64{1, 3, 4}, meta: shard(rank)})
 			recs = append(recs, rec{token: true, step: fwd})
@@ -107,6 +110,7 @@ func tpJob(t testing.TB, dir string) (map[string]any, string) {
 		mods := map[string]any{"model.h.0.mlp.c_fc": map[string]any{"kind": "sharded", "axis": 2, "full_shape": []int{1, 3, 8}}}
 		if rank == 0 {
 			mods["model.h.0"] = map[string]any{"kind": "replicated"}
+			mods["model.h.1"] = map[string]any{"kind": "replicated"}
 		}
 		ranks = append(ranks, map[string]any{"rank": rank, "local_rank": rank, "host": "node07",
 			"tp_rank": rank, "pp_stage": 0, "dp_rank": 0, "stream": name, "session": 10 + rank,

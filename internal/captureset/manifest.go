@@ -28,6 +28,9 @@ const (
 	KindLocal      = "local"
 	KindReplicated = "replicated"
 	KindSharded    = "sharded"
+	// kindDetect is what a stream header's distributed.modules says of a module the client
+	// decided by its first output; never a manifest kind.
+	kindDetect = "detect"
 )
 
 // StatusOpen is a rank's status when its stream has no END packet.

@@ -68,7 +68,7 @@ func TestParse(t *testing.T) {
 		{"bad status", func(m map[string]any) { rankOf(m, 0)["status"] = "done" }, `rank 0: status: "done"`, false},
 		{"tokens reversed", func(m map[string]any) { rankOf(m, 0)["tokens"] = []int{3, 1} }, "rank 0: tokens: [3, 1]: first after end", false},
 		{"tokens not a pair", func(m map[string]any) { rankOf(m, 0)["tokens"] = []int{3} }, "rank 0: tokens: not a list", false},
-		{"more tokens than packets", func(m map[string]any) { rankOf(m, 0)["tokens"] = []int{0, 100} }, "rank 0: tokens: [0, 100] holds more tokens than the 6 packets", false},
+		{"more tokens than packets", func(m map[string]any) { rankOf(m, 0)["tokens"] = []int{0, 100} }, "rank 0: tokens: [0, 100] holds more tokens than the 8 packets", false},
 		{"module kind", func(m map[string]any) {
 			rankOf(m, 0)["modules"].(map[string]any)["model.h.0"] = map[string]any{"kind": "mirrored"}
 		}, `rank 0: modules.model.h.0.kind: "mirrored"`, false},

@@ -67,7 +67,7 @@ func TestVerifySet(t *testing.T) {
 		{"stream missing", func(t *testing.T, m map[string]any, _ string) { rankOf(m, 0)["stream"] = "gone.strap" },
 			[]string{"rank 0: stream: open " + filepath.Join(dir, "gone.strap")}},
 		{"packet count", func(t *testing.T, m map[string]any, _ string) { rankOf(m, 0)["packets"] = 7 },
-			[]string{"rank 0: packets: manifest 7, stream 6"}},
+			[]string{"rank 0: packets: manifest 7, stream 8"}},
 		{"token range", func(t *testing.T, m map[string]any, _ string) { rankOf(m, 1)["tokens"] = []int{1, 3} },
 			[]string{"rank 1: tokens: manifest [1, 3), stream [0, 2)"}},
 		{"forwards", func(t *testing.T, m map[string]any, _ string) { rankOf(m, 1)["forwards"] = 3 },
@@ -99,6 +99,9 @@ func TestVerifySet(t *testing.T) {
 		{"replicated said local", func(t *testing.T, m map[string]any, _ string) {
 			rankOf(m, 0)["modules"].(map[string]any)["model.h.0"] = map[string]any{"kind": "local"}
 		}, []string{`rank 0: modules.model.h.0: kind: manifest "local", stream "replicated"`}},
+		{"a detected module (plain records) listed local", func(_ *testing.T, m map[string]any, _ string) {
+			rankOf(m, 0)["modules"].(map[string]any)["model.h.1"] = map[string]any{"kind": "local"}
+		}, []string{`rank 0: modules.model.h.1: kind: manifest "local", stream "replicated"`}},
 		{"full shape", func(t *testing.T, m map[string]any, _ string) {
 			rankOf(m, 0)["modules"].(map[string]any)["model.h.0.mlp.c_fc"].(map[string]any)["full_shape"] = []int{1, 3, 9}
 		}, []string{"rank 0: modules.model.h.0.mlp.c_fc: full_shape: manifest [1 3 9], first stream record [1 3 8]"}},

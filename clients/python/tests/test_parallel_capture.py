@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 MODES = {"dp": (2, 1, 1, 2), "pp": (2, 1, 2, 1), "tp": (2, 2, 1, 1), "tpdp": (4, 2, 1, 2), "pptp": (4, 2, 2, 1)}
 
 
-def torchrun(mode: str, sock: str, outdir: Path) -> None:
+def torchrun(mode: str, sock: str, outdir: "Path | str") -> None:
     n = MODES[mode][0]
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "STRAP_RANK_STREAMS", "STRAP_CAPTURE_SET"):
@@ -121,6 +121,9 @@ def check_job(mode: str, sock: str, outdir: Path) -> None:
         v = subprocess.run([str(strapd_bin()), "verify", str(outdir / e["stream"])], capture_output=True, text=True)
         assert v.returncode == 0, v.stdout + v.stderr
     assert len(places) == world
+    # strapd's own reading of the manifest agrees with the client's (kinds, counts, streams)
+    v = subprocess.run([str(strapd_bin()), "verify", str(mpath)], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
     # rebuilt from the streams alone: the same manifest but for its creation time
     rebuilt = capture_set.build(str(outdir / "cap.rank*-of-*.strap"), outdir / "again.capture-set.json")
     assert {**rebuilt, "created": None} == {**json.loads(mpath.read_text()), "created": None}
@@ -235,3 +238,32 @@ def test_transformers_tp_plan(real_strapd, tmp_path):
         assert len(got[n]) == len(ts)
         for g_, w in zip(got[n], ts):
             assert g_.shape == w.shape and torch.allclose(g_, w, rtol=1e-4, atol=1e-5), n
+
+
+def test_two_hosts_two_strapd(strapd_factory, tmp_path):
+    """Two "hosts": a strapd each (own socket) and an output directory each; a tensor-parallel
+    job whose rank 0 runs on the first and rank 1 on the second. Each daemon served its own
+    rank; rank 0's manifest names rank 1's stream by its absolute path in the other
+    directory; the set reads back whole, bit for bit the single-process capture's, and
+    `strapd verify` of the manifest passes."""
+    hosts = [strapd_factory(), strapd_factory()]
+    dirs = [tmp_path / "host0", tmp_path / "host1"]
+    for d in dirs:
+        d.mkdir()
+    torchrun("tp", ",".join(h.socket for h in hosts), ",".join(str(d) for d in dirs))
+    streams = [dirs[r] / f"cap.rank{r:05d}-of-00002.strap" for r in range(2)]
+    assert [s.exists() for s in streams] == [True, True] and not (dirs[0] / streams[1].name).exists()
+    for r, h in enumerate(hosts):  # each daemon opened exactly its own rank's stream
+        log = Path(h.log).read_text(errors="replace")
+        assert str(streams[r]) in log and str(streams[1 - r]) not in log, (r, log[-2000:])
+    mpath = dirs[0] / "cap.capture-set.json"
+    m = capture_set.load(mpath)
+    assert [e["stream"] for e in m["ranks"]] == [streams[0].name, str(streams[1])]
+    v = subprocess.run([str(strapd_bin()), "verify", str(mpath)], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
+    ref = reference(hosts[0].socket, tmp_path, 2, 1)
+    with open_capture_set(mpath) as cs:
+        got = {(rec.step, rec.forward, rec.name): rec.tensor for rec in cs.records()}
+    assert sorted(got) == sorted(ref[0])
+    for key, want in ref[0].items():
+        assert torch.equal(got[key], want), key

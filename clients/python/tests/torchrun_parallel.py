@@ -11,7 +11,9 @@ Each rank runs its forward passes three times: a warm-up, then with the public f
 ``torch.distributed`` counted, once without a capture and once inside it; both counts go to ``DIR/calls.RANK.json``
 for the parent to compare (a capture adds no collective on the model's path).
 
-argv: mode socket outdir
+argv: mode socket outdir — each may be a comma-separated list, one per "host": rank r then uses
+the (r mod n)-th socket and output directory (two strapd daemons, two directories, as two hosts
+would have; the parent's calls files go to the first directory).
 """
 
 import functools
@@ -49,10 +51,11 @@ def count_calls() -> None:
 
 
 def main() -> None:
-    mode, sock, outdir = sys.argv[1], sys.argv[2], sys.argv[3]
+    mode, socks, outdirs = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    sock, outdir = socks[rank % len(socks)], outdirs[rank % len(outdirs)]
     layout = None
     if mode == "dp":
         model, dp_rank = pm.Decoder(), rank
@@ -100,7 +103,7 @@ def main() -> None:
                     fw.record_token(tok, str(tok))
                 model(x)
             COUNT["on"] = False
-    with open(os.path.join(outdir, f"calls.{rank}.json"), "w") as f:
+    with open(os.path.join(outdirs[0], f"calls.{rank}.json"), "w") as f:
         json.dump({"plain": plain, "plain_names": plain_names, "captured": COUNT["n"],
                    "captured_names": COUNT["names"], "output_path": fw.output_path,
                    "capture_set_path": fw.capture_set_path}, f)
