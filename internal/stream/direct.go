@@ -51,8 +51,8 @@ type dirJob struct {
 type direct struct {
 	rc    syscall.RawConn
 	crcs  *RangeCRCs // the Writer's: CRCs taken over staged copies go into it
-	stage []byte // the buffer being filled; stage[0] is at file offset base
-	base  int64  // a multiple of dirAlign
+	stage []byte     // the buffer being filled; stage[0] is at file offset base
+	base  int64      // a multiple of dirAlign
 	// bounds are packet boundaries not yet behind every written job, ascending; bounds[0]
 	// is the newest boundary at or before the last submitted job's offset.
 	bounds []int64

@@ -75,7 +75,7 @@ type Writer struct {
 	lastOff int64  // start of the last TENSOR/DROP/TOKEN packet (0: none yet)
 	lastCRC uint32 // its CRC32C field
 	// crcs records the file's CRC32C at every grain multiple for an upload (nil: none).
-	crcs *RangeCRCs
+	crcs    *RangeCRCs
 	names   map[string]uint32
 	nameLst []string
 	index   []indexEntry

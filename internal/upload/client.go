@@ -118,6 +118,18 @@ func permanent(err error) bool {
 	return false
 }
 
+// badDigest reports a part refused because its bytes do not match the checksum sent.
+func badDigest(err error) bool {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		switch ae.ErrorCode() {
+		case "BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch", "InvalidChecksum":
+			return true
+		}
+	}
+	return false
+}
+
 // notFound reports a 404 of the object or the upload.
 func notFound(err error) bool {
 	var ae smithy.APIError

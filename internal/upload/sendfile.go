@@ -2,8 +2,8 @@ package upload
 
 import (
 	"context"
-	"errors"
 	"encoding/xml"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -33,6 +33,10 @@ import (
 
 // sendfileEnabled is read once: the environment of the daemon.
 var sendfileEnabled = os.Getenv("STRAP_UPLOAD_SENDFILE") != "0"
+
+// writerCRCsEnabled: STRAP_UPLOAD_CRC=readback reads every part back for its CRC32C even
+// where the writer recorded it (Upload.UseCRCs): the A/B switch of bench-upload.
+var writerCRCsEnabled = os.Getenv("STRAP_UPLOAD_CRC") != "readback"
 
 // presignExpiry bounds a presigned part's validity: it is used at once, once.
 const presignExpiry = 15 * time.Minute
@@ -175,6 +179,9 @@ func parseErrorResponse(status int, statusText string, body []byte) error {
 			code = "NotFound"
 		case http.StatusForbidden:
 			code = "Forbidden"
+		}
+		if code == "" {
+			code = fmt.Sprintf("HTTP%d", status)
 		}
 		return &smithy.GenericAPIError{Code: strings.ReplaceAll(code, " ", ""), Message: "HTTP " + statusText}
 	}

@@ -3,10 +3,12 @@ package upload_test
 import (
 	"bytes"
 	"context"
+	"hash/crc32"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -366,5 +368,60 @@ func TestBeginTakesOverActiveUpload(t *testing.T) {
 	}
 	if got := uploadtest.Object(t, f.client, "caps", "run/a/t.strap"); !bytes.Equal(got, want) {
 		t.Fatal("object differs after a take-over")
+	}
+}
+
+// prefixCRCs is a CRCSource over data: the CRC32C of [0, off) at multiples of grain and
+// at the end, each xored with flip (a record that disagrees with the file when non-zero).
+type prefixCRCs struct {
+	data  []byte
+	grain int64
+	flip  uint32
+	asked atomic.Int64
+}
+
+func (p *prefixCRCs) At(off int64) (uint32, bool) {
+	p.asked.Add(1)
+	if off > int64(len(p.data)) || (off%p.grain != 0 && off != int64(len(p.data))) {
+		return 0, false
+	}
+	c := crc32.Checksum(p.data[:off], crc32.MakeTable(crc32.Castagnoli))
+	if off > 0 {
+		c ^= p.flip
+	}
+	return c, true
+}
+
+// TestUploadWriterCRCs: parts named by the writer's record of CRCs upload exact; a record
+// that disagrees with the file (the server refuses the part) is dropped and the parts are
+// read back, and the object is still exact.
+func TestUploadWriterCRCs(t *testing.T) {
+	for _, flip := range []uint32{0, 1} {
+		f := newFixture(t)
+		m := f.manager(t, true)
+		w, u := f.begin(t, m, "s.strap", 0)
+		data := randomBytes(3*upload.MinPartSize+4321, uint64(flip)+7)
+		src := &prefixCRCs{data: data, grain: upload.MinPartSize, flip: flip}
+		u.UseCRCs(src)
+		if _, err := w.Write(data); err != nil {
+			t.Fatal(err)
+		}
+		u.Durable(int64(len(data)))
+		if err := u.Finish(nil); err != nil {
+			t.Fatal(err)
+		}
+		st := wait(t, u, 60*time.Second)
+		if st.State != upload.StateComplete || st.UploadedBytes != int64(len(data)) {
+			t.Fatalf("flip %d: status %+v", flip, st)
+		}
+		if got := uploadtest.Object(t, f.client, "caps", "run/a/s.strap"); !bytes.Equal(got, data) {
+			t.Fatalf("flip %d: object differs from the file", flip)
+		}
+		if src.asked.Load() == 0 {
+			t.Fatal("the record was never asked")
+		}
+		if flip == 0 && st.Errors != 0 {
+			t.Fatalf("a right record, yet errors: %+v", st)
+		}
 	}
 }
