@@ -445,6 +445,7 @@ func (u *Upload) sendPart(ctx context.Context, p *Part, buf []byte) error {
 	start := partStart(u.st.PartSize, p.Number)
 	c, fromWriter := u.writerCRC(start, p.Size)
 	if !fromWriter {
+		u.m.readBack.Add(1)
 		var err error
 		if c, err = fileCRC(u.f, start, p.Size, buf); err != nil {
 			return err
@@ -459,6 +460,7 @@ func (u *Upload) sendPart(ctx context.Context, p *Part, buf []byte) error {
 		u.mu.Lock()
 		u.crcs = nil
 		u.mu.Unlock()
+		u.m.readBack.Add(1)
 		if c, err = fileCRC(u.f, start, p.Size, buf); err != nil {
 			return err
 		}

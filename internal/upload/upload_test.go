@@ -14,6 +14,8 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/strap-llm/strap/internal/dtype"
+	"github.com/strap-llm/strap/internal/stream"
 	"github.com/strap-llm/strap/internal/upload"
 	"github.com/strap-llm/strap/internal/upload/uploadtest"
 )
@@ -423,5 +425,52 @@ func TestUploadWriterCRCs(t *testing.T) {
 		if flip == 0 && st.Errors != 0 {
 			t.Fatalf("a right record, yet errors: %+v", st)
 		}
+	}
+}
+
+// TestUploadStreamWriterCRCs: a real stream written with the writer's CRC record (as a
+// capture session does) uploads exact with no part read back for its checksum.
+func TestUploadStreamWriterCRCs(t *testing.T) {
+	f := newFixture(t)
+	m := f.manager(t, true)
+	w, u := f.begin(t, m, "s.strap", 0)
+	sw, err := stream.NewWith(w, map[string]any{"k": "v"}, stream.WriterOptions{Direct: true, CRCGrain: upload.MinPartSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.UseCRCs(sw.RangeCRCs())
+	for i := 0; sw.Offset() < 3*upload.MinPartSize+777; i++ {
+		n := 1 + (i*7919)%(3<<20)
+		p := stream.Packet{Header: stream.Header{Type: stream.TypeTensor, DType: dtype.Uint8, Shape: []uint64{uint64(n)},
+			RawLen: uint64(n), Seq: uint64(i + 1)}, Name: "t", Blocks: []stream.Block{{Data: randomBytes(n, uint64(i))}}}
+		if err := sw.WritePacket(&p); err != nil {
+			t.Fatal(err)
+		}
+		if i%3 == 0 {
+			if err := sw.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			u.Durable(sw.Offset())
+		}
+	}
+	if err := sw.Close(stream.EndInfo{Status: "complete"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Finish(nil); err != nil {
+		t.Fatal(err)
+	}
+	st := wait(t, u, 60*time.Second)
+	if st.State != upload.StateComplete || st.Errors != 0 {
+		t.Fatalf("status %+v", st)
+	}
+	file, err := os.ReadFile(filepath.Join(f.dir, "s.strap"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := uploadtest.Object(t, f.client, "caps", "run/a/s.strap"); !bytes.Equal(got, file) {
+		t.Fatalf("object (%d bytes) differs from the file (%d bytes)", len(got), len(file))
+	}
+	if n := m.ReadBackParts(); n != 0 {
+		t.Fatalf("%d parts read back for their CRC, none should be", n)
 	}
 }
