@@ -181,3 +181,31 @@ func TestRangeCRCsPayloadChanged(t *testing.T) {
 		f.Close()
 	}
 }
+
+// TestRangeCRCsForget: values before the offset given are dropped, the rest kept.
+func TestRangeCRCsForget(t *testing.T) {
+	f := tempFile(t)
+	w, err := NewWith(f, nil, WriterOptions{CRCGrain: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Packet{Header: Header{Type: TypeTensor, DType: dtype.Uint8, Shape: []uint64{1000}, RawLen: 1000, Seq: 1},
+		Name: "t", Blocks: []Block{{Data: randomBytes(1000, 1)}}}
+	if err := w.WritePacket(&p); err != nil {
+		t.Fatal(err)
+	}
+	r := w.RangeCRCs()
+	r.Forget(500)
+	if _, ok := r.At(400); ok {
+		t.Fatal("a value before 500 kept")
+	}
+	if err := w.Close(EndInfo{Status: "complete"}); err != nil {
+		t.Fatal(err)
+	}
+	file := readAll(t, f)
+	for _, off := range []int64{500, 900, int64(len(file))} {
+		if c, ok := r.At(off); !ok || c != crc32.Checksum(file[:off], castagnoli) {
+			t.Fatalf("at %d: %#x %v", off, c, ok)
+		}
+	}
+}

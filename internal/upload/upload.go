@@ -200,6 +200,18 @@ func (u *Upload) writerCRC(start, size int64) (uint32, bool) {
 	return crc32c.Suffix(b, a, size), true
 }
 
+// forgetCRCs lets the writer's record drop the values before off (acknowledged parts):
+// one per part would otherwise grow with the capture. A part sent again after that (the
+// server lost it) is read back.
+func (u *Upload) forgetCRCs(off int64) {
+	u.mu.Lock()
+	src := u.crcs
+	u.mu.Unlock()
+	if f, ok := src.(interface{ Forget(int64) }); ok {
+		f.Forget(off)
+	}
+}
+
 // KeepLocal keeps this stream's local files once uploaded, whatever the daemon's option:
 // a stream that did not end complete (client killed, session failed) may be resumed, and
 // a resume needs the local file. Call it before Finish.
@@ -375,6 +387,7 @@ func (u *Upload) step(ctx context.Context) (bool, error) {
 			}
 			up := st.uploaded()
 			u.setStatus(func(s *Status) { s.UploadedBytes = up; s.Parts = len(st.Parts) })
+			u.forgetCRCs(up)
 		}
 		if ok < len(batch) {
 			return false, errs[ok]
