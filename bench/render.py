@@ -761,9 +761,14 @@ def upload_tables(w: Emit, up: Json) -> None:
     w(f"Run {up['when']}, {up['cpus']} cores shared with other work (the machine is noisy: compare rounds, not "
       f"runs). One {up['bytes'] >> 20} MiB file of random bytes, in the page cache, uploaded to a local VersityGW "
       "(posix backend on the same disk) by `strapd upload` (the capture's upload code: 16 MiB parts, 4 at once, "
-      f"CRC32C per part, unsigned payload) and by {up['boto3']}; each in its own process, alternating which goes "
+      "CRC32C per part, unsigned payload, sent by sendfile over plain HTTP; a finished file has no writer's CRC "
+      "record, so each part is read back for its CRC32C here, unlike a capture's upload below) and by "
+      f"{up['boto3']}; each in its own process, alternating which goes "
       "first. CPU: the process's user + system time (`wait4`), startup included.")
     w("")
+    if up.get("upload_env"):
+        w("Upload path switches set for this run: " + ", ".join(f"`{k}={v}`" for k, v in up["upload_env"].items()) + ".")
+        w("")
     commands(w, [up["command"], up["strapd_command"]])
     rows = []
     for i, r in enumerate(up["rounds"], 1):

@@ -182,6 +182,10 @@ def main() -> int:
             "ratio_median": statistics.median(r["ratio"] for r in rounds),
             "strapd_cpu_s_per_gb_median": statistics.median(r["strapd_cpu_s_per_gb"] for r in rounds),
             "capture": capture,
+            # The A/B switches of the daemon's upload path (docs/OBJECT_STORAGE.md), when set:
+            # STRAP_UPLOAD_SENDFILE=0 STRAP_UPLOAD_CRC=readback is the path before sendfile
+            # and the writer's CRC record.
+            "upload_env": {k: os.environ[k] for k in ("STRAP_UPLOAD_SENDFILE", "STRAP_UPLOAD_CRC") if k in os.environ},
             "load_avg": os.getloadavg(), "cpus": os.cpu_count(),
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }

@@ -94,6 +94,10 @@ type Env struct {
 	// DurableEvery is the bytes between the writer's own fdatasyncs for OnDurable (0: only
 	// at checkpoints).
 	DurableEvery uint64
+	// CRCGrain, when positive, has the writer record the stream file's CRC32C at every
+	// multiple of it (stream.WriterOptions.CRCGrain; Session.RangeCRCs): an upload's part
+	// checksums without reading the parts back.
+	CRCGrain int64
 	// Log receives the session's log lines.
 	Log *zap.Logger
 	// WriteDelay slows the writer by this much per packet (tests fill tiny rings with it).

@@ -123,7 +123,7 @@ func start(o options) (*Session, error) {
 	// was most of the daemon's CPU on codec none (docs/STREAM_FORMAT.md 6). Its staging
 	// buffers count in the memory budget; without room for them the stream is buffered.
 	staged := o.Lease.TryHold(stream.DirectStaging)
-	wo := stream.WriterOptions{Direct: staged, Staging: o.Lease.b}
+	wo := stream.WriterOptions{Direct: staged, Staging: o.Lease.b, CRCGrain: o.CRCGrain}
 	if o.Resume != nil {
 		w, err = stream.ResumeWith(o.Output, *o.Resume, wo)
 		nextSeq = o.Resume.LastSeq + 1
@@ -176,6 +176,10 @@ func start(o options) (*Session, error) {
 
 // Failed is closed when the session hit a fatal error.
 func (s *Session) Failed() <-chan struct{} { return s.failed }
+
+// RangeCRCs is the writer's record of the stream file's CRC32C at multiples of
+// Env.CRCGrain (nil without one, and for a resumed stream).
+func (s *Session) RangeCRCs() *stream.RangeCRCs { return s.w.RangeCRCs() }
 
 // Err is the session's fatal error, or nil.
 func (s *Session) Err() error {

@@ -109,6 +109,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	if up != nil {
 		env.OnDurable = func(off uint64) { up.u.Durable(int64(off)) }
 		env.DurableEvery = uint64(c.srv.cfg.Uploads.Manager.PartSize())
+		env.CRCGrain = c.srv.cfg.Uploads.Manager.PartSize() // every part boundary is a multiple
 	}
 	log := c.log.With(zap.Uint64("session", id))
 	out := os.NewFile(uintptr(fds[1]), fmt.Sprintf("session-%d-output", id))
@@ -117,7 +118,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	fds = fds[2:]
 	sess, err := plan.Open(pipeline.Env{ID: id, Version: cfg.Version, Limits: cfg.Limits, Pool: c.srv.pool,
 		Budget: c.srv.budget, CPU: c.srv.cpu, Release: c.out.release, Log: log, WriteDelay: cfg.DebugWriteDelay, Observer: cfg.Observer,
-		OnDurable: env.OnDurable, DurableEvery: env.DurableEvery,
+		OnDurable: env.OnDurable, DurableEvery: env.DurableEvery, CRCGrain: env.CRCGrain,
 		OnCheckpoint: func(d pipeline.Durable) {
 			c.out.send(control.TypeCheckpointed, control.Checkpointed{Seq: d.Seq, Offset: d.Offset, Packets: d.Packets,
 				Drops: d.Drops, Tokens: d.Tokens, LastOffset: d.LastOffset, LastCRC: d.LastCRC})
@@ -165,6 +166,9 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 		zap.String("policy", req.Policy), zap.String("output_path", c.info.OutputPath),
 		zap.Int64("memory_budget", sess.MemoryBudget()))
 	if up != nil {
+		if r := sess.RangeCRCs(); r != nil {
+			up.u.UseCRCs(r)
+		}
 		if req.AppendAt > 0 {
 			// The resumed prefix was checked by Open: it is durable and may go.
 			up.u.Durable(int64(req.AppendAt))

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -51,8 +50,9 @@ type dirJob struct {
 // device unless every buffer is in flight, or at a sync.
 type direct struct {
 	rc    syscall.RawConn
-	stage []byte // the buffer being filled; stage[0] is at file offset base
-	base  int64  // a multiple of dirAlign
+	crcs  *RangeCRCs // the Writer's: CRCs taken over staged copies go into it
+	stage []byte     // the buffer being filled; stage[0] is at file offset base
+	base  int64      // a multiple of dirAlign
 	// bounds are packet boundaries not yet behind every written job, ascending; bounds[0]
 	// is the newest boundary at or before the last submitted job's offset.
 	bounds []int64
@@ -354,7 +354,7 @@ func (d *direct) copyIn(src []byte, crc *uint32, compare bool) bool {
 		at := len(d.stage)
 		d.stage = append(d.stage, src[:n]...)
 		if crc != nil {
-			*crc = crc32.Update(*crc, castagnoli, d.stage[at:])
+			*crc = d.crcs.update(*crc, d.stage[at:])
 		}
 		if compare {
 			same = same && bytes.Equal(src[:n], d.stage[at:])

@@ -74,6 +74,8 @@ type Writer struct {
 	tokens  uint64
 	lastOff int64  // start of the last TENSOR/DROP/TOKEN packet (0: none yet)
 	lastCRC uint32 // its CRC32C field
+	// crcs records the file's CRC32C at every grain multiple for an upload (nil: none).
+	crcs    *RangeCRCs
 	names   map[string]uint32
 	nameLst []string
 	index   []indexEntry
@@ -98,6 +100,10 @@ type WriterOptions struct {
 	// Staging lends the direct writer its staging buffers (nil: it maps its own and
 	// unmaps them when the stream ends).
 	Staging StagingSource
+	// CRCGrain, when positive, has the Writer record the CRC32C of the file's bytes up to
+	// every multiple of it (RangeCRCs), from the packets' own CRCs: an upload's parts then
+	// need no read-back for their checksums. A resumed stream records none.
+	CRCGrain int64
 }
 
 // New starts a stream on f: it truncates a non-empty regular file, writes the file
@@ -162,6 +168,8 @@ func NewWith(f *os.File, meta any, o WriterOptions) (*Writer, error) {
 		w.buf = append(w.buf, 0)
 	}
 	w.off = int64(len(w.buf))
+	w.crcs = newRangeCRCs(o.CRCGrain)
+	w.crcs.raw(0, w.buf)
 	if o.Direct {
 		w.startDirect(nil, o.Staging)
 	}
@@ -193,6 +201,7 @@ func (w *Writer) startDirect(head []byte, src StagingSource) {
 	if w.d, w.directWhy = enableDirect(w.rc, at, head, src); w.d == nil {
 		return
 	}
+	w.d.crcs = w.crcs
 	w.d.put(w.buf, nil) // the file header of a new stream
 	w.d.mark(w.off)
 	w.buf = nil
@@ -206,6 +215,10 @@ func (w *Writer) Direct() (bool, string) {
 	}
 	return w.d != nil, w.directWhy
 }
+
+// RangeCRCs is the record of the file's CRC32C at grain multiples (nil without
+// WriterOptions.CRCGrain, and for a resumed stream).
+func (w *Writer) RangeCRCs() *RangeCRCs { return w.crcs }
 
 // Offset is the number of stream bytes written so far, buffered ones included; the next
 // packet starts there.
@@ -333,8 +346,10 @@ func (w *Writer) WritePacket(p *Packet) error {
 		return fmt.Errorf("write packet seq %d: %w", p.Seq, err)
 	}
 	if err := w.writePacket(p, stored); err != nil {
+		w.crcs.abort()
 		return err
 	}
+	w.crcs.commit(int64(len(w.hdr))+int64(stored), binary.LittleEndian.Uint32(w.hdr[20:]))
 	w.account(p.Name, p.Type, p.Flags, p.Seq, p.Step, p.Forward, w.off)
 	w.lastOff, w.lastCRC = w.off, binary.LittleEndian.Uint32(w.hdr[20:])
 	w.off += int64(len(w.hdr)) + int64(stored)
@@ -374,6 +389,7 @@ func (w *Writer) writePacket(p *Packet, stored uint64) error {
 			return err
 		}
 	}
+	w.crcs.begin(w.off)
 	w.hdr = appendHeader(w.hdr[:0], p, stored)
 	w.table = w.table[:0]
 	if p.Codec != codec.None {
@@ -403,13 +419,13 @@ func (w *Writer) writePacket(p *Packet, stored uint64) error {
 		for _, b := range p.Blocks {
 			w.buf = append(w.buf, b.Data...)
 		}
-		crc := crc32.Update(0, castagnoli, w.buf[start:])
+		crc := w.crcs.update(0, w.buf[start:])
 		binary.LittleEndian.PutUint32(w.buf[start+20:], crc)
 		binary.LittleEndian.PutUint32(w.hdr[20:], crc)
 		return nil
 	}
-	head := crc32.Update(crc32.Update(0, castagnoli, w.hdr), castagnoli, w.table)
-	crc := payloadCRC(head, p.Blocks)
+	head := w.crcs.update(w.crcs.update(0, w.hdr), w.table)
+	crc := w.crcs.payloadCRC(head, p.Blocks)
 	binary.LittleEndian.PutUint32(w.hdr[20:], crc)
 	iov := append(w.iov[:0], w.buf, w.hdr, w.table)
 	for _, b := range p.Blocks {
@@ -476,8 +492,15 @@ func (w *Writer) writePacketDirect(p *Packet, stored uint64) error {
 	var saved [dirAlign]byte
 	lead := saved[:w.off&(dirAlign-1)]
 	copy(lead, d.stage[w.off-int64(len(lead))-d.base:])
-	head := crc32.Update(crc32.Update(0, castagnoli, w.hdr), castagnoli, w.table)
-	crc := payloadCRC(head, p.Blocks)
+	// The record of the file's CRCs (w.crcs) follows the bytes written: for a shared
+	// payload the pass over the copy, otherwise the one over the blocks (the same bytes).
+	head := w.crcs.update(w.crcs.update(0, w.hdr), w.table)
+	var crc uint32
+	if p.Shared {
+		crc = payloadCRC(head, p.Blocks)
+	} else {
+		crc = w.crcs.payloadCRC(head, p.Blocks)
+	}
 	binary.LittleEndian.PutUint32(w.hdr[20:], crc)
 	d.put(w.hdr, nil)
 	d.put(w.table, nil)
@@ -760,6 +783,7 @@ func (w *Writer) Close(end EndInfo) error {
 	if err := w.writePacket(&Packet{Header: Header{Type: TypeEnd}, Meta: meta}, 0); err != nil {
 		return err
 	}
+	w.crcs.commit(int64(len(w.hdr)), binary.LittleEndian.Uint32(w.hdr[20:]))
 	w.off += int64(len(w.hdr))
 
 	indexOff := w.off
@@ -768,11 +792,13 @@ func (w *Writer) Close(end EndInfo) error {
 	if err := w.writePacket(ip, uint64(len(payload))); err != nil {
 		return err
 	}
+	w.crcs.commit(int64(len(w.hdr))+int64(len(payload)), binary.LittleEndian.Uint32(w.hdr[20:]))
 	w.off += int64(len(w.hdr)) + int64(len(payload))
 
 	var foot [FooterLen]byte
 	binary.LittleEndian.PutUint64(foot[:], uint64(indexOff))
 	copy(foot[8:], FooterMagic)
+	w.crcs.raw(w.off, foot[:])
 	if w.d != nil {
 		w.d.put(foot[:], nil)
 	} else {

@@ -35,6 +35,9 @@ type ClientOptions struct {
 // Client is the S3 API client strapd uses for uploads and range reads.
 type Client struct {
 	s3 *s3.Client
+	// presign and http send parts over plain HTTP by sendfile (sendfile.go).
+	presign *s3.PresignClient
+	http    *http.Client
 }
 
 // NewClient loads credentials and region the standard way and builds the client. It makes
@@ -56,12 +59,13 @@ func NewClient(ctx context.Context, o ClientOptions) (*Client, error) {
 	if cfg.Region == "" {
 		cfg.Region = "us-east-1"
 	}
-	cfg.HTTPClient = &http.Client{Transport: &http.Transport{
+	hc := &http.Client{Transport: &http.Transport{
 		Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second,
 		ResponseHeaderTimeout: 5 * time.Minute, TLSHandshakeTimeout: 10 * time.Second,
 		// A large write buffer: parts go out of a file at disk speed.
 		WriteBufferSize: 256 << 10, ReadBufferSize: 256 << 10,
 	}}
+	cfg.HTTPClient = hc
 	c := s3.NewFromConfig(cfg, func(so *s3.Options) {
 		if o.Endpoint != "" {
 			so.BaseEndpoint = aws.String(o.Endpoint)
@@ -76,7 +80,7 @@ func NewClient(ctx context.Context, o ClientOptions) (*Client, error) {
 		so.RequestChecksumCalculation = aws.RequestChecksumCalculationWhenRequired
 		so.ResponseChecksumValidation = aws.ResponseChecksumValidationWhenRequired
 	})
-	return &Client{s3: c}, nil
+	return &Client{s3: c, presign: s3.NewPresignClient(c), http: hc}, nil
 }
 
 // S3 is the underlying SDK client (tests create buckets with it).
@@ -108,6 +112,18 @@ func permanent(err error) bool {
 	if errors.As(err, &ae) {
 		switch ae.ErrorCode() {
 		case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "NoSuchBucket", "InvalidBucketName":
+			return true
+		}
+	}
+	return false
+}
+
+// badDigest reports a part refused because its bytes do not match the checksum sent.
+func badDigest(err error) bool {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		switch ae.ErrorCode() {
+		case "BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch", "InvalidChecksum":
 			return true
 		}
 	}

@@ -2,6 +2,10 @@ package upload
 
 import (
 	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"github.com/aws/smithy-go"
 	"os"
 	"path/filepath"
 	"testing"
@@ -125,4 +129,30 @@ func TestTargetContains(t *testing.T) {
 	if got := fleet.Key("/data/run/cap.strap"); got != "fleet/cap.strap" {
 		t.Errorf("key %q", got)
 	}
+}
+
+// FuzzParseErrorResponse: any body of a failed part upload (the server's, or anything
+// between) gives an API error with a code, never a panic; an S3 error body's code and
+// message come through as they are.
+func FuzzParseErrorResponse(f *testing.F) {
+	f.Add(403, []byte(`<?xml version="1.0" encoding="UTF-8"?><Error><Code>SignatureDoesNotMatch</Code><Message>no</Message></Error>`))
+	f.Add(400, []byte(`<Error><Code>BadDigest</Code><Message>The CRC32C you specified did not match the calculated checksum.</Message></Error>`))
+	f.Add(404, []byte(``))
+	f.Add(500, []byte(`<html>bad gateway</html>`))
+	f.Add(503, []byte(`<Error><Code></Code></Error>`))
+	f.Fuzz(func(t *testing.T, status int, body []byte) {
+		err := parseErrorResponse(status, fmt.Sprintf("%d x", status), body)
+		var ae smithy.APIError
+		if !errors.As(err, &ae) {
+			t.Fatalf("not an API error: %v", err)
+		}
+		if ae.ErrorCode() == "" {
+			t.Fatalf("no code for status %d", status)
+		}
+		var e s3ErrorBody
+		if xml.Unmarshal(body, &e) == nil && e.Code != "" && (ae.ErrorCode() != e.Code || ae.ErrorMessage() != e.Message) {
+			t.Fatalf("code %q message %q, the body says %q %q", ae.ErrorCode(), ae.ErrorMessage(), e.Code, e.Message)
+		}
+		_ = Describe(err)
+	})
 }

@@ -48,6 +48,7 @@ type Manager struct {
 
 	uploaded atomic.Uint64 // bytes acknowledged by the server, all uploads
 	errs     atomic.Uint64
+	readBack atomic.Uint64 // parts whose CRC32C was read back from the disk, all uploads
 }
 
 // maxEnded is how many finished uploads status keeps showing.
@@ -289,6 +290,10 @@ func (m *Manager) Sending() bool {
 	}
 	return false
 }
+
+// ReadBackParts is how many parts had their CRC32C read back from the disk rather than
+// taken from the writer's record (UseCRCs), all uploads.
+func (m *Manager) ReadBackParts() uint64 { return m.readBack.Load() }
 
 // Totals are the bytes the server acknowledged and the failed attempts, all uploads.
 func (m *Manager) Totals() (bytes, errs uint64) { return m.uploaded.Load(), m.errs.Load() }

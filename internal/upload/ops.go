@@ -74,6 +74,11 @@ func (c *Client) create(ctx context.Context, bucket, key string) (string, error)
 }
 
 func (c *Client) uploadPart(ctx context.Context, bucket, key, id string, n int32, f *os.File, off, size int64, crc string) (string, error) {
+	if sendfileEnabled {
+		if etag, handled, err := c.uploadPartSendfile(ctx, bucket, key, id, n, f, off, size, crc); handled {
+			return etag, err
+		}
+	}
 	out, err := c.s3.UploadPart(ctx, &s3.UploadPartInput{
 		Bucket: aws.String(bucket), Key: aws.String(key), UploadId: aws.String(id), PartNumber: aws.Int32(n),
 		Body: io.NewSectionReader(f, off, size), ContentLength: aws.Int64(size), ChecksumCRC32C: aws.String(crc)})

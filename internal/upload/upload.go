@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/strap-llm/strap/internal/crc32c"
 	"golang.org/x/sys/unix"
 )
 
@@ -80,6 +82,7 @@ type Upload struct {
 	sidesReq  []SideFile
 	keepReq   bool // KeepLocal was called
 	sides     []*os.File
+	crcs      CRCSource // the writer's record of the file's CRCs (UseCRCs); nil: read back
 	status    Status
 	done      bool
 	finishedC chan struct{}
@@ -156,6 +159,57 @@ func (u *Upload) Finish(sides []SideFile) error {
 		return fmt.Errorf("finish upload of %s: %w", u.st.Path, err)
 	}
 	return nil
+}
+
+// CRCSource is the CRC32C of a stream file's bytes [0, off) where the writer knows it
+// (stream.RangeCRCs): at every part boundary and the stream's end.
+type CRCSource interface {
+	At(off int64) (uint32, bool)
+}
+
+// UseCRCs has the upload take its parts' CRC32C from the writer's record instead of
+// reading each part back from the disk (the most of the upload's CPU: PERFORMANCE.md).
+// Parts the record does not cover (a resumed prefix, a restart) are read back; so is a
+// part the server refuses as not matching, and the record is dropped then.
+// STRAP_UPLOAD_CRC=readback ignores it (an A/B switch for bench-upload).
+func (u *Upload) UseCRCs(src CRCSource) {
+	if !writerCRCsEnabled {
+		return
+	}
+	u.mu.Lock()
+	u.crcs = src
+	u.mu.Unlock()
+}
+
+// writerCRC is part [start, start+size)'s CRC32C from the writer's record, if it has both ends.
+func (u *Upload) writerCRC(start, size int64) (uint32, bool) {
+	u.mu.Lock()
+	src := u.crcs
+	u.mu.Unlock()
+	if src == nil {
+		return 0, false
+	}
+	a, ok := src.At(start)
+	if !ok {
+		return 0, false
+	}
+	b, ok := src.At(start + size)
+	if !ok {
+		return 0, false
+	}
+	return crc32c.Suffix(b, a, size), true
+}
+
+// forgetCRCs lets the writer's record drop the values before off (acknowledged parts):
+// one per part would otherwise grow with the capture. A part sent again after that (the
+// server lost it) is read back.
+func (u *Upload) forgetCRCs(off int64) {
+	u.mu.Lock()
+	src := u.crcs
+	u.mu.Unlock()
+	if f, ok := src.(interface{ Forget(int64) }); ok {
+		f.Forget(off)
+	}
 }
 
 // KeepLocal keeps this stream's local files once uploaded, whatever the daemon's option:
@@ -333,6 +387,7 @@ func (u *Upload) step(ctx context.Context) (bool, error) {
 			}
 			up := st.uploaded()
 			u.setStatus(func(s *Status) { s.UploadedBytes = up; s.Parts = len(st.Parts) })
+			u.forgetCRCs(up)
 		}
 		if ok < len(batch) {
 			return false, errs[ok]
@@ -397,16 +452,34 @@ func (u *Upload) ensureUploadID(ctx context.Context) error {
 	return u.st.save(u.m.o.StateDir)
 }
 
-// sendPart reads the part's bytes for their CRC32C, then sends them with it: the server
-// refuses a part whose bytes do not match.
+// sendPart sends the part's bytes with their CRC32C, from the writer's record or read back
+// from the file: the server refuses a part whose bytes do not match.
 func (u *Upload) sendPart(ctx context.Context, p *Part, buf []byte) error {
 	start := partStart(u.st.PartSize, p.Number)
-	c, err := fileCRC(u.f, start, p.Size, buf)
-	if err != nil {
-		return err
+	c, fromWriter := u.writerCRC(start, p.Size)
+	if !fromWriter {
+		u.m.readBack.Add(1)
+		var err error
+		if c, err = fileCRC(u.f, start, p.Size, buf); err != nil {
+			return err
+		}
 	}
 	p.CRC32C = crcB64(c)
 	etag, err := u.m.o.Client.uploadPart(ctx, u.st.Bucket, u.st.Key, u.st.UploadID, p.Number, u.f, start, p.Size, p.CRC32C)
+	if err != nil && fromWriter && badDigest(err) {
+		// The record disagrees with the disk (it never should): read back from here on.
+		u.m.o.Log.Warn("the writer's CRC of a part does not match the file; parts are read back from here on",
+			zap.String("object", u.object()), zap.Int32("part", p.Number), zap.String("error", Describe(err)))
+		u.mu.Lock()
+		u.crcs = nil
+		u.mu.Unlock()
+		u.m.readBack.Add(1)
+		if c, err = fileCRC(u.f, start, p.Size, buf); err != nil {
+			return err
+		}
+		p.CRC32C = crcB64(c)
+		etag, err = u.m.o.Client.uploadPart(ctx, u.st.Bucket, u.st.Key, u.st.UploadID, p.Number, u.f, start, p.Size, p.CRC32C)
+	}
 	if err != nil {
 		return fmt.Errorf("upload part %d of %s: %w", p.Number, u.object(), err)
 	}

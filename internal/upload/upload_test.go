@@ -3,15 +3,19 @@ package upload_test
 import (
 	"bytes"
 	"context"
+	"hash/crc32"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/strap-llm/strap/internal/dtype"
+	"github.com/strap-llm/strap/internal/stream"
 	"github.com/strap-llm/strap/internal/upload"
 	"github.com/strap-llm/strap/internal/upload/uploadtest"
 )
@@ -366,5 +370,107 @@ func TestBeginTakesOverActiveUpload(t *testing.T) {
 	}
 	if got := uploadtest.Object(t, f.client, "caps", "run/a/t.strap"); !bytes.Equal(got, want) {
 		t.Fatal("object differs after a take-over")
+	}
+}
+
+// prefixCRCs is a CRCSource over data: the CRC32C of [0, off) at multiples of grain and
+// at the end, each xored with flip (a record that disagrees with the file when non-zero).
+type prefixCRCs struct {
+	data  []byte
+	grain int64
+	flip  uint32
+	asked atomic.Int64
+}
+
+func (p *prefixCRCs) At(off int64) (uint32, bool) {
+	p.asked.Add(1)
+	if off > int64(len(p.data)) || (off%p.grain != 0 && off != int64(len(p.data))) {
+		return 0, false
+	}
+	c := crc32.Checksum(p.data[:off], crc32.MakeTable(crc32.Castagnoli))
+	if off > 0 {
+		c ^= p.flip
+	}
+	return c, true
+}
+
+// TestUploadWriterCRCs: parts named by the writer's record of CRCs upload exact; a record
+// that disagrees with the file (the server refuses the part) is dropped and the parts are
+// read back, and the object is still exact.
+func TestUploadWriterCRCs(t *testing.T) {
+	for _, flip := range []uint32{0, 1} {
+		f := newFixture(t)
+		m := f.manager(t, true)
+		w, u := f.begin(t, m, "s.strap", 0)
+		data := randomBytes(3*upload.MinPartSize+4321, uint64(flip)+7)
+		src := &prefixCRCs{data: data, grain: upload.MinPartSize, flip: flip}
+		u.UseCRCs(src)
+		if _, err := w.Write(data); err != nil {
+			t.Fatal(err)
+		}
+		u.Durable(int64(len(data)))
+		if err := u.Finish(nil); err != nil {
+			t.Fatal(err)
+		}
+		st := wait(t, u, 60*time.Second)
+		if st.State != upload.StateComplete || st.UploadedBytes != int64(len(data)) {
+			t.Fatalf("flip %d: status %+v", flip, st)
+		}
+		if got := uploadtest.Object(t, f.client, "caps", "run/a/s.strap"); !bytes.Equal(got, data) {
+			t.Fatalf("flip %d: object differs from the file", flip)
+		}
+		if src.asked.Load() == 0 {
+			t.Fatal("the record was never asked")
+		}
+		if flip == 0 && st.Errors != 0 {
+			t.Fatalf("a right record, yet errors: %+v", st)
+		}
+	}
+}
+
+// TestUploadStreamWriterCRCs: a real stream written with the writer's CRC record (as a
+// capture session does) uploads exact with no part read back for its checksum.
+func TestUploadStreamWriterCRCs(t *testing.T) {
+	f := newFixture(t)
+	m := f.manager(t, true)
+	w, u := f.begin(t, m, "s.strap", 0)
+	sw, err := stream.NewWith(w, map[string]any{"k": "v"}, stream.WriterOptions{Direct: true, CRCGrain: upload.MinPartSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.UseCRCs(sw.RangeCRCs())
+	for i := 0; sw.Offset() < 3*upload.MinPartSize+777; i++ {
+		n := 1 + (i*7919)%(3<<20)
+		p := stream.Packet{Header: stream.Header{Type: stream.TypeTensor, DType: dtype.Uint8, Shape: []uint64{uint64(n)},
+			RawLen: uint64(n), Seq: uint64(i + 1)}, Name: "t", Blocks: []stream.Block{{Data: randomBytes(n, uint64(i))}}}
+		if err := sw.WritePacket(&p); err != nil {
+			t.Fatal(err)
+		}
+		if i%3 == 0 {
+			if err := sw.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			u.Durable(sw.Offset())
+		}
+	}
+	if err := sw.Close(stream.EndInfo{Status: "complete"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Finish(nil); err != nil {
+		t.Fatal(err)
+	}
+	st := wait(t, u, 60*time.Second)
+	if st.State != upload.StateComplete || st.Errors != 0 {
+		t.Fatalf("status %+v", st)
+	}
+	file, err := os.ReadFile(filepath.Join(f.dir, "s.strap"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := uploadtest.Object(t, f.client, "caps", "run/a/s.strap"); !bytes.Equal(got, file) {
+		t.Fatalf("object (%d bytes) differs from the file (%d bytes)", len(got), len(file))
+	}
+	if n := m.ReadBackParts(); n != 0 {
+		t.Fatalf("%d parts read back for their CRC, none should be", n)
 	}
 }
