@@ -163,9 +163,7 @@ func TestUploadSurvivesServerRestart(t *testing.T) {
 	half := 2 * upload.MinPartSize
 	w.Write(data[:half])
 	u.Durable(int64(half))
-	for u.Status().UploadedBytes < upload.MinPartSize {
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitUploaded(t, u, upload.MinPartSize)
 	f.srv.Kill()
 	w.Write(data[half:])
 	u.Durable(int64(len(data)))
@@ -198,9 +196,7 @@ func TestUploadResumesAfterRestart(t *testing.T) {
 	data := randomBytes(3*upload.MinPartSize+5, 11)
 	w.Write(data)
 	u.Durable(2 * upload.MinPartSize)
-	for u.Status().UploadedBytes < 2*upload.MinPartSize {
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitUploaded(t, u, 2*upload.MinPartSize)
 	if err := u.Finish(nil); err != nil {
 		t.Fatal(err)
 	}
@@ -231,9 +227,7 @@ func TestUploadResumedCapture(t *testing.T) {
 	first := randomBytes(3*upload.MinPartSize, 13)
 	w.Write(first)
 	u.Durable(int64(len(first)))
-	for u.Status().UploadedBytes < int64(len(first)) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitUploaded(t, u, int64(len(first)))
 	m.Close() // the session died without Finish
 	w.Close()
 	cut := int64(upload.MinPartSize + 1000) // the checkpoint
@@ -331,15 +325,15 @@ func TestBeginTakesOverActiveUpload(t *testing.T) {
 	first := randomBytes(3*upload.MinPartSize, 21)
 	w.Write(first)
 	u.Durable(2 * upload.MinPartSize)
-	for u.Status().UploadedBytes < 2*upload.MinPartSize {
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitUploaded(t, u, 2*upload.MinPartSize)
 	f.srv.Kill()
 	if err := u.Finish(nil); err != nil {
 		t.Fatal(err)
 	}
-	for u.Status().Errors == 0 {
-		time.Sleep(10 * time.Millisecond)
+	for deadline := time.Now().Add(60 * time.Second); u.Status().Errors == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no upload error after 60 s: %+v", u.Status())
+		}
 	}
 	cut := int64(upload.MinPartSize + 3)
 	path := filepath.Join(f.dir, "t.strap")
@@ -472,5 +466,18 @@ func TestUploadStreamWriterCRCs(t *testing.T) {
 	}
 	if n := m.ReadBackParts(); n != 0 {
 		t.Fatalf("%d parts read back for their CRC, none should be", n)
+	}
+}
+
+// waitUploaded waits until the upload has n bytes acknowledged, failing the test after 60 s
+// with the upload's status (an upload retries without end: the test must not).
+func waitUploaded(t *testing.T, u *upload.Upload, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for u.Status().UploadedBytes < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 60 s %d of %d bytes uploaded: %+v", u.Status().UploadedBytes, n, u.Status())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
