@@ -277,6 +277,8 @@ STRAP_KILL_CLIENT_RUNS ?= 40
 test-long: $(BIN) $(VENV)/.stamp
 	STRAP_TEST_LONG=1 STRAP_KILL_DAEMON_RUNS=$(STRAP_KILL_DAEMON_RUNS) STRAP_KILL_CLIENT_RUNS=$(STRAP_KILL_CLIENT_RUNS) \
 	  STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q -rs clients/python/tests/test_random_kill.py
+	STRAP_TEST_LONG=1 STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q -rs \
+	  clients/python/tests/test_job_resume.py::test_job_resume_random_kills
 	$(MAKE) --no-print-directory test-long-c
 
 # The main job on its embedded default: a real capture of a Llama-architecture model built
