@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import uuid
 import re
 import subprocess
 import sys
@@ -40,6 +41,7 @@ def torchrun(sock: str, outdir: Path, exchange: str, kill: str) -> subprocess.Co
     # restarted ranks the store keys of the first start, and gloo would dial dead ranks).
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1", "--max-restarts=1",
            "--monitor-interval=0.1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+           f"--rdzv-id=job-{uuid.uuid4().hex[:12]}",  # a run id naming this launch (the file exchange needs one)
            str(HERE / "torchrun_resume.py"), sock, str(outdir), exchange, kill]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=str(HERE))
 
@@ -202,3 +204,16 @@ def test_cut_back_before_the_checkpoint_rewrites_it(real_strapd, tmp_path, monke
     for k in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k)  # the reference is a single process's capture
     assert_same_as_reference(real_strapd.socket, ranked, tmp_path, fw)
+
+
+def test_default_run_id_is_no_identity(tmp_path, monkeypatch):
+    """torchrun's default run id ('none') is the same for every launch: files of an earlier
+    launch could be taken for this one's, so no file exchange is made (a warning says why and
+    how to name the launch)."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    info = RankInfo(0, 2, 0, 2, "h", "env")
+    with pytest.warns(UserWarning, match="default run id 'none'.*--rdzv-id or --standalone"):
+        assert _job_resume.exchange_for(info, str(tmp_path / "cap.rank00000-of-00002.strap"), True) is None
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
+    assert _job_resume.exchange_for(info, str(tmp_path / "cap.rank00000-of-00002.strap"), True) is not None

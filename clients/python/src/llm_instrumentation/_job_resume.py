@@ -9,7 +9,8 @@ the model's path:
 - an initialised ``torch.distributed`` process group of the job's size: one
   ``all_gather_object`` of the counts;
 - without one, under ``torchrun`` (``TORCHELASTIC_RUN_ID`` and ``TORCHELASTIC_RESTART_COUNT``
-  name this start of the job) with per-rank stream names: each rank writes its count to
+  name this start of the job; the run id must name this launch: torchrun's default ``none``
+  does not) with per-rank stream names: each rank writes its count to
   ``{its stream}.job-resume.json`` and reads every other rank's file of the same start from
   the same directory (which must be shared by the ranks), waiting for them up to
   ``STRAP_JOB_RESUME_WAIT`` seconds (600);
@@ -58,12 +59,20 @@ def exchange_for(info: RankInfo, output_path: str, per_rank_names: bool) -> Opti
     dist = sys.modules.get("torch.distributed")
     if dist is not None and info.source == "torch.distributed":
         return lambda own: _gather(dist, info, own)
-    run_id, restart = os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if per_rank_names and run_id and restart is not None and restart.strip() != "":
-        return lambda own: _files(info, output_path, f"{run_id}/{restart.strip()}", own)
-    why = ("the streams do not carry per-rank names (STRAP_RANK_STREAMS=0)" if not per_rank_names
-           else "there is neither an initialised torch.distributed process group nor torchrun's "
-                "TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT")
+    run_id = (os.environ.get("TORCHELASTIC_RUN_ID") or "").strip()
+    restart = (os.environ.get("TORCHELASTIC_RESTART_COUNT") or "").strip()
+    # "none" is torchrun's default run id: every launch has it, so files of an earlier launch
+    # in the same directory could not be told from this one's.
+    if per_rank_names and run_id and run_id != "none" and restart:
+        return lambda own: _files(info, output_path, f"{run_id}/{restart}", own)
+    if not per_rank_names:
+        why = "the streams do not carry per-rank names (STRAP_RANK_STREAMS=0)"
+    elif run_id == "none" and restart:
+        why = ("there is no initialised torch.distributed process group, and torchrun's default run id "
+               "'none' does not tell this launch from an earlier one (pass --rdzv-id or --standalone)")
+    else:
+        why = ("there is neither an initialised torch.distributed process group nor torchrun's "
+               "TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT")
     warn_caller(f"rank {info.rank} of {info.world_size} resumes {output_path} from its own point, not the point "
                 f"every rank reached: {why} (docs/DISTRIBUTED.md D3)")
     return None
