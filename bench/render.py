@@ -260,6 +260,15 @@ def targets_table(w: Emit, ov: Optional[Json], ing: Optional[Json], mem: Optiona
                              f"torch on every core ({ka['torch_threads']} threads){how}",
                              f"{ka['kept']:.3f} (pairs {ka['kept_min']:.3f}–{ka['kept_max']:.3f})",
                              met(ka["kept"] >= TARGETS["decode_all_cores"])))
+        pr = dec.get("priority")
+        if pr:
+            for name, how in (("idle-workers", "strapd's default (compression workers `SCHED_IDLE`)"),
+                              ("sched-idle", "strapd `--sched-idle`"), ("normal", "strapd `--idle-workers=false`")):
+                v = pr["kept"][name]
+                rows.append((f"greedy decoding keeps ≥ {TARGETS['decode_all_cores']} of tokens/s, `{pr['preset']}`, "
+                             f"torch on every core ({pr['torch_threads']} threads), {how}, interleaved A/B",
+                             f"{v['median']:.3f} (rounds {v['min']:.3f}–{v['max']:.3f})",
+                             met(v["median"] >= TARGETS["decode_all_cores"])))
     if ov:
         for preset in ("fast_capture", "balanced"):
             c = next((c for c in ov["configs"] if c["preset"] == preset and c["set"] == "resid+attn+mlp"), None)
@@ -571,10 +580,11 @@ def peers_tables(w: Emit, pe: Json) -> None:
 def decode_tables(w: Emit, dec: Json) -> None:
     k, rc, rd = dec["kept"], dec["record"], dec["record_decoding"]
     ka, ki = dec.get("kept_all"), dec.get("kept_all_idle")  # runs before these rows have none
+    pr = dec.get("priority")
     mo = k["model"]
     w(f"## 1b. Token-by-token decoding and the cost per record (load {fmt_load(dec['loadavg'])})")
     w("")
-    commands(w, [k["command"]] + [x["command"] for x in (ka, ki) if x] + [rc["command"], rd["command"]])
+    commands(w, [k["command"]] + [x["command"] for x in (ka, ki, pr) if x] + [rc["command"], rd["command"]])
     w(f"Llama hidden {mo['hidden']} × {mo['layers']} layers, {k['prompt_tokens']}-token prompt, {k['new_tokens']} "
       f"new tokens, greedy with the KV cache, `record_token` per token; torch threads {k['torch_threads']}; "
       f"generated ids identical with and without capture in every pair.")
@@ -587,6 +597,10 @@ def decode_tables(w: Emit, dec: Json) -> None:
             f"{ka['kept']:.3f} ({ka['kept_min']:.3f}–{ka['kept_max']:.3f})")] if ka else []),
         *([(f"kept, wall, torch on every core, strapd `--sched-idle`",
             f"{ki['kept']:.3f} ({ki['kept_min']:.3f}–{ki['kept_max']:.3f})")] if ki else []),
+        *([(f"kept, torch on every core, strapd priority interleaved ({pr['rounds']} rounds): normal / "
+            f"idle workers (default) / `--sched-idle`",
+            " / ".join(f"{pr['kept'][n]['median']:.3f}" for n in ("normal", "idle-workers", "sched-idle")))]
+          if pr else []),
         ("extra time per token (loop)", f"{k['extra_ms_per_token']:.2f} ms"),
         ("CPU kept, daemon included / client alone", f"{k['cpu_kept']:.3f} / {k['client_cpu_kept']:.3f}"),
         ("daemon CPU per trial", f"{k['daemon_cpu_s']:.3f} s"),

@@ -469,18 +469,18 @@ def step_decode(ctx: "Ctx") -> Dict[str, Any]:
     kept with one torch thread (decode_ab.py), the per-record cost in a warm loop
     (record_cost.py) and inside decoding, where the caches are cold (decode_ab.py
     --record-time). Each starts its own strapd."""
-    outs = {k: ctx.tmp / f"decode-{k}.json" for k in ("kept", "kept_all", "kept_all_idle", "record", "record_decoding")}
+    outs = {k: ctx.tmp / f"decode-{k}.json" for k in ("kept", "kept_all", "priority", "record", "record_decoding")}
     model = ["--hidden", "128", "--layers", "2", "--intermediate", "352", "--vocab", "1000", "--heads", "4"]
     cmds = {
         "kept": [PY, BENCH_PY / "decode_ab.py", "--strapd", ctx.strapd, "--threads", "1", "--json", outs["kept"]]
         + (["--pairs", "1", "--new", "8"] + model if ctx.quick else ["--pairs", "7"]),
-        # torch on every core (its default threads), as users run it; then with strapd under
-        # SCHED_IDLE (issue 27: the targets judge the all-cores regime)
+        # torch on every core (its default threads), as users run it (issue 27: the targets
+        # judge the all-cores regime); then strapd's CPU priority variants side by side:
+        # normal, SCHED_IDLE compression workers (the default), the whole daemon SCHED_IDLE
         "kept_all": [PY, BENCH_PY / "decode_ab.py", "--strapd", ctx.strapd, "--threads", "0", "--json", outs["kept_all"]]
         + (["--pairs", "1", "--new", "8"] + model if ctx.quick else ["--pairs", "7"]),
-        "kept_all_idle": [PY, BENCH_PY / "decode_ab.py", "--strapd", ctx.strapd, "--threads", "0", "--sched-idle",
-                          "--json", outs["kept_all_idle"]]
-        + (["--pairs", "1", "--new", "8"] + model if ctx.quick else ["--pairs", "7"]),
+        "priority": [PY, BENCH_PY / "priority_ab.py", "--strapd", ctx.strapd, "--threads", "0", "--json", outs["priority"]]
+        + (["--rounds", "1", "--new", "4"] if ctx.quick else ["--rounds", "12"]),
         "record": [PY, BENCH_PY / "record_cost.py", "--strapd", ctx.strapd, "--json", outs["record"]]
         + (["--rounds", "1", "--forwards", "10"] if ctx.quick else ["--rounds", "9"]),
         "record_decoding": [PY, BENCH_PY / "decode_ab.py", "--strapd", ctx.strapd, "--threads", "1", "--record-time",
