@@ -88,7 +88,10 @@ type Session struct {
 	tokens, checkpoints, cpuRaw              atomic.Uint64
 	lastCkpt                                 atomic.Int64 // unix nanoseconds
 	// durableAt is the stream size last reported to OnDurable (the writer goroutine's).
-	durableAt  uint64
+	durableAt uint64
+	// indexed is how many index entries OnCheckpoint has handed out (IndexAtCheckpoint;
+	// the writer goroutine's).
+	indexed    int
 	finishOnce sync.Once
 	result     Result
 	resultErr  error
