@@ -256,6 +256,23 @@ def test_client_killed_after_freeing_resumes_exact(s3: S3Server, daemons: Any, t
     assert freed is not None and freed[1] - freed[0] == u["freed_bytes"], (freed, u)
     journal = next((tmp_path / "upload-state").glob("upload-*.index"))
 
+    # The client's check over the freed prefix: the checkpoint is trusted for it, so it
+    # needs its tokens list; a job-wide cut back into the freed bytes is refused.
+    ck_path = Path(ckpt.default_path(out))
+    ck = ckpt.load(ck_path)
+    assert ck.tokens is not None and len(ck.tokens) == ck.token_count
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        rp = ckpt.resume_point(fd, ck, str(out), ck.fingerprint)
+        assert rp.point.token_count >= ck.token_count and rp.tokens[:ck.token_count] == ref["tokens"][:ck.token_count]
+        with pytest.raises(CheckpointError, match="job-wide resume point"):
+            ckpt.resume_point(fd, ck, str(out), ck.fingerprint, limit=2)
+        no_list = ckpt.Checkpoint(**{**ck.__dict__, "tokens": None})
+        with pytest.raises(CheckpointError, match="leaves out its 'tokens' list"):
+            ckpt.resume_point(fd, no_list, str(out), ck.fingerprint)
+    finally:
+        os.close(fd)
+
     # strapd's side: without the index journal the freed packets cannot be accounted for.
     aside = tmp_path / "journal.aside"
     shutil.move(journal, aside)
@@ -292,10 +309,8 @@ def test_client_killed_after_freeing_resumes_exact(s3: S3Server, daemons: Any, t
     assert json.loads(s3.get(f"k/{Path(tokens_path(out)).name}"))["tokens"] == ref["tokens_file"]
 
 
-def test_freed_prefix_python_checks(tmp_path: Path) -> None:
-    """The client's resume check over a freed prefix, on a stream made here: it needs the
-    checkpoint's tokens list, refuses a cut back into the freed bytes, and tells a hole
-    from written zeros by SEEK_HOLE, never by content."""
+def test_freed_range_is_holes_not_zeros(tmp_path: Path) -> None:
+    """The client finds freed bytes by SEEK_HOLE, never by content: zeros written are data."""
     p = tmp_path / "z.bin"
     with open(p, "wb") as f:
         f.write(b"\0" * (64 << 10))
