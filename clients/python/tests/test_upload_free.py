@@ -331,3 +331,44 @@ def test_freed_range_is_holes_not_zeros(tmp_path: Path) -> None:
         assert os.lseek(fd, 0, os.SEEK_CUR) == 0  # the descriptor's offset is kept
     finally:
         os.close(fd)
+
+
+def test_strapd_killed_after_freeing_restarted_resumes_exact(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
+    """strapd SIGKILLed mid-capture once bytes were freed: the client gets an error; a new
+    strapd (same state directory) takes the resumed capture, rebuilds the freed packets'
+    index from the journal, keeps the freed parts on the server and completes an object
+    equal to an uninterrupted capture."""
+    d = daemons(s3, "--upload-free-local")
+    ref = reference(d.socket, tmp_path)
+    out = tmp_path / "sk.strap"
+    obj = f"s3://{BUCKET}/s/sk.strap"
+    model = tiny_llama()
+    killed = []
+
+    def on_token(step: int) -> None:
+        if killed or step < 8:
+            return
+        if any(u.get("freed_bytes", 0) > 0 for u in status(d).get("uploads") or [] if u["object"] == obj):
+            d.proc.send_signal(signal.SIGKILL)
+            d.proc.wait()
+            killed.append(step)
+
+    with pytest.raises(Exception):
+        with capture_activations(model, output_path=out, socket_path=d.socket, upload=f"s3://{BUCKET}/s",
+                                 **CAPTURE_KW) as fw:
+            generate(fw, model, prompt(), N_TOKENS, on_token)
+    assert killed, "nothing was freed before the end of the capture"
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        assert ckpt.freed_range(fd, 0, os.fstat(fd).st_size) is not None
+    finally:
+        os.close(fd)
+    d2 = daemons(s3, "--upload-free-local")
+    with capture_activations(model, output_path=out, socket_path=d2.socket, upload=f"s3://{BUCKET}/s",
+                             resume_from_checkpoint=True, **CAPTURE_KW) as fw:
+        assert fw.token_tracker.step >= 8
+        generate(fw, model, prompt(), N_TOKENS)
+    u = wait_upload(d2, obj)
+    assert u["local_deleted"] and not out.exists()
+    assert fw.tokens == ref["tokens"]
+    assert_object_equals_reference(s3, "s/sk.strap", ref, tmp_path)
