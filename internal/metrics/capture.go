@@ -151,6 +151,7 @@ func (c captureCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, up := range st.Uploads {
 			if up.State == "lost" {
 				lost++
+				continue // it will not go on: not in progress
 			}
 			if up.State == "complete" {
 				continue

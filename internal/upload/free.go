@@ -151,30 +151,40 @@ func (u *Upload) closePunch() {
 	u.punchMu.Unlock()
 }
 
-// freeBehind journals the checkpoints' index entries and frees what may be freed now.
-func (u *Upload) freeBehind() {
+// flushJournal writes the checkpoints' index entries not yet in the journal. It runs at every
+// step, whether parts go or not, so that an outage does not pile them up in memory. It
+// reports whether freeing may go on.
+func (u *Upload) flushJournal() bool {
 	if !u.m.o.FreeLocal || u.noFree || u.st.FinalSize >= 0 || u.parked {
-		return
+		return false
 	}
 	u.punchMu.Lock()
 	has := u.punch != nil
 	u.punchMu.Unlock()
 	if !has {
-		return
+		return false
 	}
-	st := u.st
 	if u.dataOff == 0 {
 		r, err := stream.NewReader(u.f, u.durable.Load())
 		if err != nil {
-			return // the header is not durable yet
+			return false // the header is not durable yet
 		}
 		u.hdrEnd = r.Header().DataOffset
 		u.dataOff = (u.hdrEnd + freeAlign - 1) &^ (freeAlign - 1)
 	}
 	if err := u.writeJournal(); err != nil {
 		u.stopFreeing(fmt.Sprintf("write the index journal: %v", err))
+		return false
+	}
+	return true
+}
+
+// freeBehind journals the checkpoints' index entries and frees what may be freed now.
+func (u *Upload) freeBehind() {
+	if !u.flushJournal() {
 		return
 	}
+	st := u.st
 	u.mu.Lock()
 	var ckpt, lastOff int64 = -1, -1
 	if len(u.ckpts) == 2 {

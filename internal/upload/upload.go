@@ -377,6 +377,7 @@ func (u *Upload) sleep(ctx context.Context, d time.Duration) bool {
 // step sends what may go now; done when the object is complete and everything after it too.
 func (u *Upload) step(ctx context.Context) (bool, error) {
 	st := u.st
+	u.flushJournal() // freeing's index journal, whatever the server does
 	if u.reconcile {
 		if err := u.reconcileParts(ctx); err != nil {
 			return false, err
