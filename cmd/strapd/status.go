@@ -127,7 +127,7 @@ func printUploads(w io.Writer, d *control.UploadDaemonStatus, ups []control.Uplo
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nOBJECT\tSESSION\tSTATE\tDURABLE\tUPLOADED\tLAG\tPARTS\tERRORS\tLAST ERROR")
+	fmt.Fprintln(tw, "\nOBJECT\tSESSION\tSTATE\tDURABLE\tUPLOADED\tLAG\tPARTS\tERRORS\tNOTE (freed locally; not freeing: why; last error)")
 	for _, u := range ups {
 		var notes []string
 		if u.FreedBytes > 0 {
