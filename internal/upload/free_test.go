@@ -37,17 +37,16 @@ func (f *fixture) freeManager(t *testing.T) *upload.Manager {
 // written to the file (and the same packets to a reference file that nothing frees), the
 // upload told of durable bytes and checkpoints as the server does it.
 type freeCapture struct {
-	t        *testing.T
-	path     string
-	u        *upload.Upload
-	sw, ref  *stream.Writer
-	refPath  string
-	seq      uint64
-	indexed  int
-	ckpts    []upload.Checkpoint
-	file     *os.File
-	refFile  *os.File
-	appendAt int64
+	t       *testing.T
+	path    string
+	u       *upload.Upload
+	sw, ref *stream.Writer
+	refPath string
+	seq     uint64
+	indexed int
+	ckpts   []upload.Checkpoint
+	file    *os.File
+	refFile *os.File
 }
 
 func startFree(t *testing.T, f *fixture, m *upload.Manager, name string) *freeCapture {

@@ -17,6 +17,7 @@ checkpoint. The same descriptor, locked with ``flock``, goes to strapd with ``ap
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import errno
 import hashlib
@@ -309,7 +310,8 @@ def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint:
             else:
                 tokens = _check_prefix(reader, ck, path, want_fingerprint)
             start = ck.stream_offset
-            base = Checkpoint(**{**asdict(ck), "extra": dict(ck.extra), "tokens": None})
+            # replace, not asdict: the tokens list (up to ~800 000 dicts) is not copied.
+            base = dataclasses.replace(ck, extra=dict(ck.extra), tokens=None)
         else:
             client_meta = reader.metadata.get("client_metadata")
             stream_fp = client_meta.get("fingerprint") if isinstance(client_meta, dict) else None
