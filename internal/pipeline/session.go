@@ -170,6 +170,9 @@ func start(o options) (*Session, error) {
 		tail:       tailTracker{release: o.Release},
 		failed:     make(chan struct{}),
 	}
+	// The index entries a resume took from the journal are in it already: the first
+	// checkpoint hands out only those after them.
+	s.indexed = w.JournaledEntries()
 	s.packets.Store(w.Packets())
 	s.drops.Store(w.Drops())
 	s.tokens.Store(w.Tokens())

@@ -199,7 +199,7 @@ func TestResumeFreedPrefix(t *testing.T) {
 		if err != nil {
 			t.Fatalf("resume at checkpoint %d: %v", at, err)
 		}
-		if w2.Packets() != uint64(30*(at+1)) || w2.Tokens() != uint64(10*(at+1)) {
+		if w2.Packets() != uint64(30*(at+1)) || w2.Tokens() != uint64(10*(at+1)) || w2.JournaledEntries() == 0 || w2.JournaledEntries() > 30*(at+1) {
 			t.Fatalf("resumed: %d packets, %d tokens", w2.Packets(), w2.Tokens())
 		}
 		writeAll(t, w2, ps[30*(at+1):])

@@ -116,6 +116,7 @@ func freedBase(f *os.File, r *Reader, e ResumeExpect, w *Writer) (int64, Prefix,
 	for _, p := range entries {
 		w.account(p.Name, p.Type, p.Flags, p.Seq, p.Step, p.Forward, p.Offset)
 	}
+	w.journaled = len(entries)
 	base := Prefix{Packets: rec.Packets, Tokens: rec.Tokens}
 	if rec.Packets > 0 {
 		base.Last = &PacketInfo{Offset: rec.LastOffset, Header: Header{Seq: rec.LastSeq}, CRC: rec.LastCRC}

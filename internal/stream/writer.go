@@ -79,6 +79,8 @@ type Writer struct {
 	names   map[string]uint32
 	nameLst []string
 	index   []indexEntry
+	// journaled is how many of the index entries a resume took from an index journal.
+	journaled int
 
 	// written is how many bytes of the stream are in the file: every writev call holds
 	// whole packets, so it is a packet boundary between calls.
@@ -871,3 +873,7 @@ func (w *Writer) LastSeq() uint64 {
 	}
 	return w.index[len(w.index)-1].seq
 }
+
+// JournaledEntries is how many index entries a resume took from its index journal (the
+// first ones; 0 when none).
+func (w *Writer) JournaledEntries() int { return w.journaled }
