@@ -50,6 +50,10 @@ type Open struct {
 	// resource log) into while it is written (PROTOCOL.md 1.3, OBJECT_STORAGE.md); empty:
 	// the daemon's own --upload target, if any.
 	Upload string `json:"upload,omitempty"`
+	// UploadFreeLocal frees this session's uploaded bytes on the local disk while it is
+	// written, as serve --upload-free-local does for every session (OBJECT_STORAGE.md);
+	// only with an upload (the session's own or the daemon's).
+	UploadFreeLocal bool `json:"upload_free_local,omitempty"`
 }
 
 // Resume is what a checkpointed stream prefix ends with (CHECKPOINTED of the session that

@@ -113,7 +113,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 		env.CRCGrain = c.srv.cfg.Uploads.Manager.PartSize() // every part boundary is a multiple
 		// Freeing the local stream behind the upload needs the checkpoints and the index
 		// entries they cover; a resume of a freed prefix takes its entries from the journal.
-		env.IndexAtCheckpoint = c.srv.cfg.Uploads.Manager.FreeLocal()
+		env.IndexAtCheckpoint = up.u.FreesLocal()
 		plan.UseJournal(up.u.Journal())
 	}
 	log := c.log.With(zap.Uint64("session", id))

@@ -51,6 +51,8 @@ func (c *conn) beginUpload(req control.Open, outFD int, sideFDs []int, id uint64
 		target = t
 	case cfg.Default != nil:
 		target = *cfg.Default
+	case req.UploadFreeLocal:
+		return nil, perr(control.CodeBadMessage, "upload_free_local without an upload: name one with \"upload\" (this strapd has no serve --upload)")
 	default:
 		return nil, nil
 	}
@@ -66,7 +68,8 @@ func (c *conn) beginUpload(req control.Open, outFD int, sideFDs []int, id uint64
 		return nil, perr(control.CodeUploadRefused, "upload needs to read the stream back: %v (make the file readable by strapd's user, or open it O_RDWR)", err)
 	}
 	var punch *os.File
-	if cfg.Manager.FreeLocal() {
+	freeLocal := cfg.Manager.FreeLocal() || req.UploadFreeLocal
+	if freeLocal {
 		// A descriptor that may punch holes: the client's own (read-only rf cannot).
 		nfd, err := unix.FcntlInt(uintptr(outFD), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
@@ -75,7 +78,8 @@ func (c *conn) beginUpload(req control.Open, outFD int, sideFDs []int, id uint64
 		}
 		punch = os.NewFile(uintptr(nfd), path)
 	}
-	u, err := cfg.Manager.Begin(upload.Stream{File: rf, Path: path, Target: target, AppendAt: int64(req.AppendAt), Session: id, UID: c.cred.Uid, Punch: punch})
+	u, err := cfg.Manager.Begin(upload.Stream{File: rf, Path: path, Target: target, AppendAt: int64(req.AppendAt), Session: id, UID: c.cred.Uid,
+		FreeLocal: freeLocal, Punch: punch})
 	if err != nil {
 		rf.Close()
 		if punch != nil {

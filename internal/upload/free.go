@@ -78,7 +78,7 @@ func (u *Upload) lost(from int64, why string) error {
 // Checkpointed records a session checkpoint for freeing. Called from the session's writer
 // goroutine (pipeline.Env.OnCheckpoint): it never blocks.
 func (u *Upload) Checkpointed(c Checkpoint) {
-	if !u.m.o.FreeLocal {
+	if !u.freeLocal {
 		return
 	}
 	u.mu.Lock()
@@ -125,6 +125,10 @@ func (m *Manager) loadJournal(st *State, off int64) (*stream.Journal, error) {
 	return j, nil
 }
 
+// FreesLocal says whether this upload frees the stream's uploaded bytes (Options.FreeLocal
+// or Stream.FreeLocal): the session then reports its checkpoints with their index entries.
+func (u *Upload) FreesLocal() bool { return u.freeLocal }
+
 // Journal is the index journal of the stream's freed prefix, for its resume
 // (stream.ResumeExpect.Journal); nil when nothing of the stream was freed.
 func (u *Upload) Journal() *stream.Journal { return u.journal }
@@ -155,7 +159,7 @@ func (u *Upload) closePunch() {
 // step, whether parts go or not, so that an outage does not pile them up in memory. It
 // reports whether freeing may go on.
 func (u *Upload) flushJournal() bool {
-	if !u.m.o.FreeLocal || u.noFree || u.st.FinalSize >= 0 || u.parked {
+	if !u.freeLocal || u.noFree || u.st.FinalSize >= 0 || u.parked {
 		return false
 	}
 	u.punchMu.Lock()

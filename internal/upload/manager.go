@@ -186,9 +186,12 @@ type Stream struct {
 	// Session numbers the capture session and UID is its owner (status).
 	Session uint64
 	UID     uint32
-	// Punch, with FreeLocal, is a writable descriptor of the stream that frees uploaded
-	// bytes (the upload closes it when the session ends); nil: nothing is freed.
-	Punch *os.File
+	// FreeLocal frees this stream's uploaded bytes while it is written (free.go), also
+	// where the manager's option does not; Punch is then a writable descriptor of the
+	// stream to free them with (the upload closes it when the session ends; nil: nothing
+	// is freed).
+	FreeLocal bool
+	Punch     *os.File
 }
 
 // Begin starts (or, for a resumed capture of the same file, continues) the upload of a
@@ -251,7 +254,7 @@ func (m *Manager) Begin(s Stream) (*Upload, error) {
 			}
 		}
 		st = &State{Version: stateVersion, Bucket: s.Target.Bucket, Key: key, PartSize: m.o.PartSize,
-			Path: s.Path, Dev: dev, Ino: ino, UID: s.UID, FinalSize: -1, KeepLocal: m.o.KeepLocal}
+			Path: s.Path, Dev: dev, Ino: ino, UID: s.UID, FinalSize: -1, KeepLocal: m.o.KeepLocal && !s.FreeLocal}
 	}
 	if err := checkKey(key); err != nil {
 		return nil, fmt.Errorf("object key: %w", err)
@@ -261,7 +264,9 @@ func (m *Manager) Begin(s Stream) (*Upload, error) {
 	}
 	u := m.newUpload(st, s.File, s.Session)
 	u.reconcile = len(st.Parts) > 0
-	if m.o.FreeLocal {
+	if u.freeLocal = m.o.FreeLocal || s.FreeLocal; u.freeLocal {
+		// A freed stream is no whole copy to keep: the object is.
+		st.KeepLocal = false
 		u.punch = s.Punch
 	} else if s.Punch != nil {
 		s.Punch.Close()

@@ -114,6 +114,7 @@ type Upload struct {
 	// The upload goroutine's: the journal loaded for a resume, where the journal file
 	// ends, the stream's header end and the first offset that may be freed (its 4 KiB
 	// multiple), whether freeing stopped, and whether the upload is parked (StateWaiting).
+	freeLocal  bool // set by Begin
 	journal    *stream.Journal
 	journalEnd int64
 	hdrEnd     int64

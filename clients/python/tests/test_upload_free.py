@@ -381,3 +381,34 @@ def test_strapd_killed_after_freeing_restarted_resumes_exact(s3: S3Server, daemo
     assert u["local_deleted"] and not out.exists()
     assert fw.tokens == ref["tokens"]
     assert_object_equals_reference(s3, "s/sk.strap", ref, tmp_path)
+
+
+def test_per_session_free_local(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
+    """``capture_activations(upload_free_local=True)`` on a daemon without the option:
+    this session's stream is freed behind its upload (and not kept), the object exact; the
+    option without any upload is refused before anything is captured."""
+    d = daemons(s3)
+    ref = reference(d.socket, tmp_path)
+    out = tmp_path / "ps.strap"
+    obj = f"s3://{BUCKET}/p/ps.strap"
+    model = tiny_llama()
+    freed = [0]
+
+    def on_token(step: int) -> None:
+        for u in status(d).get("uploads") or []:
+            if u["object"] == obj:
+                freed[0] = max(freed[0], u.get("freed_bytes", 0))
+
+    with capture_activations(model, output_path=out, socket_path=d.socket, upload=f"s3://{BUCKET}/p",
+                             upload_free_local=True, **CAPTURE_KW) as fw:
+        generate(fw, model, prompt(), N_TOKENS, on_token)
+    assert freed[0] > 2 * PART, freed
+    u = wait_upload(d, obj)
+    assert u["local_deleted"] and not out.exists()
+    assert_object_equals_reference(s3, "p/ps.strap", ref, tmp_path)
+    assert status(d)["daemon"]["upload"].get("free_local") is not True  # the daemon's own option is off
+
+    with pytest.raises(Exception, match="upload_free_local without an upload"):
+        with capture_activations(model, output_path=tmp_path / "none.strap", socket_path=d.socket,
+                                 upload_free_local=True, **CAPTURE_KW):
+            pass
