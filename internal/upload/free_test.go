@@ -364,6 +364,34 @@ func TestFreeLocalResume(t *testing.T) {
 	u2.Abandon()
 	m2.Close()
 
+	// A recorded part that differs from the server's (here its ETag, edited in the state
+	// file) would be sent again: inside the freed range it cannot be.
+	names, _ := filepath.Glob(filepath.Join(f.state, "upload-*.json"))
+	orig, err := os.ReadFile(names[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := readState(t, f.state)
+	edited.Parts[1].ETag = `"0123456789abcdef0123456789abcdef"`
+	b, _ := json.Marshal(edited)
+	if err := os.WriteFile(names[0], b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mx := f.freeManager(t)
+	ux := c.begin(t, mx, cks[1].Offset, upload.Target{Bucket: "caps", Prefix: "run/a"})
+	select {
+	case <-ux.Done():
+	case <-time.After(60 * time.Second):
+		t.Fatalf("upload not ended: %+v", ux.Status())
+	}
+	if s := ux.Status(); s.State != upload.StateLost || s.Lost != "[5242880, 10485760)" || !strings.Contains(s.LastError, "part 2 is missing on the server or differs") {
+		t.Fatalf("status %+v", s)
+	}
+	mx.Close()
+	if err := os.WriteFile(names[0], orig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
 	// The server forgets the multipart upload (an abort, a lifecycle rule): the freed
 	// parts cannot be sent again.
 	st := readState(t, f.state)
@@ -394,7 +422,7 @@ func TestFreeLocalResume(t *testing.T) {
 	if s := readState(t, f.state); s.FreedTo != 10*mib {
 		t.Fatalf("state %+v", s)
 	}
-	b, _ := json.Marshal(lost)
+	b, _ = json.Marshal(lost)
 	t.Logf("lost: %s", b)
 }
 
