@@ -115,7 +115,20 @@ func (m *Manager) loadJournal(st *State, off int64) (*stream.Journal, error) {
 	}
 	keep := j.BytesUpto(off)
 	if keep != int64(len(b)) {
-		if err := os.Truncate(p, keep); err != nil {
+		// Synced: records past the resume point describe bytes the resumed session
+		// rewrites (were they back after a crash, the next record would not follow on
+		// from them and the journal would be refused, never misread).
+		f, err := os.OpenFile(p, os.O_WRONLY, 0)
+		if err == nil {
+			err = f.Truncate(keep)
+			if err == nil {
+				err = f.Sync()
+			}
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
 			return nil, fmt.Errorf("cut the index journal back to %d: %w", off, err)
 		}
 		if j, err = stream.ParseJournal(b[:keep]); err != nil {

@@ -235,6 +235,10 @@ func (m *Manager) Begin(s Stream) (*Upload, error) {
 		for keep < len(st.Parts) && partStart(st.PartSize, st.Parts[keep].Number)+st.Parts[keep].Size <= s.AppendAt {
 			keep++
 		}
+		if keep < len(st.Parts) && partStart(st.PartSize, st.Parts[keep].Number) < st.FreedTo {
+			return nil, fmt.Errorf("the resume cuts %s back to %d bytes, inside part %d, which holds bytes freed after their upload (up to %d): that part cannot be sent again",
+				s.Path, s.AppendAt, st.Parts[keep].Number, st.FreedTo)
+		}
 		st.Parts = st.Parts[:keep]
 		st.FinalSize = -1
 		st.Path = s.Path

@@ -292,6 +292,9 @@ def test_client_killed_after_freeing_resumes_exact(s3: S3Server, daemons: Any, t
                                  **CAPTURE_KW) as fw:
             pass
 
+    # strapd verify of the local file says it was freed rather than only "damaged".
+    v = subprocess.run([str(strapd_bin()), "verify", str(out)], capture_output=True, text=True)
+    assert v.returncode == 2 and "freed on the local disk after their upload" in v.stderr, v.stdout + v.stderr
     # `strapd resume` says the prefix was freed and checks what it can.
     r = subprocess.run([str(strapd_bin()), "resume", "--json", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
