@@ -449,3 +449,29 @@ func TestParseStateFreedRange(t *testing.T) {
 		}
 	}
 }
+
+// TestFreeLocalServerForgetsUploadMidCapture: the server drops the multipart upload while
+// the capture goes on (an abort, a lifecycle rule): the next part fails, the upload compares
+// its parts with the server's, and the freed ones being gone it ends "lost", naming them.
+func TestFreeLocalServerForgetsUploadMidCapture(t *testing.T) {
+	f := newFixture(t)
+	m := f.freeManager(t)
+	c := startFree(t, f, m, "g.strap")
+	freedUpTo10MiB(t, c)
+	waitUploaded(t, c.u, 15*mib)
+	st := readState(t, f.state)
+	if _, err := f.client.S3().AbortMultipartUpload(context.Background(), &s3.AbortMultipartUploadInput{
+		Bucket: aws.String("caps"), Key: aws.String(st.Key), UploadId: aws.String(st.UploadID)}); err != nil {
+		t.Fatal(err)
+	}
+	c.writeTo(24 * mib)
+	c.checkpoint()
+	select {
+	case <-c.u.Done():
+	case <-time.After(60 * time.Second):
+		t.Fatalf("upload not ended: %+v", c.u.Status())
+	}
+	if s := c.u.Status(); s.State != upload.StateLost || !strings.HasPrefix(s.Lost, "[4096, ") || !strings.Contains(s.LastError, "no longer knows") {
+		t.Fatalf("status %+v", s)
+	}
+}

@@ -446,6 +446,12 @@ func (u *Upload) step(ctx context.Context) (bool, error) {
 			u.freeBehind()
 		}
 		if ok < len(batch) {
+			if notFound(errs[ok]) {
+				// The server forgot the upload while it went on: the next attempt
+				// compares its parts with the server's (and starts anew, or reports the
+				// freed bytes lost).
+				u.reconcile = true
+			}
 			return false, errs[ok]
 		}
 	}
@@ -635,6 +641,9 @@ func (u *Upload) completeAll(ctx context.Context, buf []byte) error {
 		}
 		tail := Part{Number: next, Size: st.FinalSize - start}
 		if err := u.sendPart(ctx, &tail, buf); err != nil {
+			if notFound(err) {
+				u.reconcile = true // as in step
+			}
 			return err
 		}
 		parts = append(parts, tail)
