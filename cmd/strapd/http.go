@@ -98,6 +98,7 @@ func newObserver(cfg httpConfig, probes bool, srv **server.Server) *observer {
 		Pool: func() metrics.PoolStats {
 			var p metrics.PoolStats
 			p.Workers, p.Busy, p.Queued, p.BusySeconds = (*srv).PoolLoad()
+			p.Idle, p.Rescued = (*srv).PoolIdle()
 			return p
 		},
 		Detail: cfg.MetricsDetail,

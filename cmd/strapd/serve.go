@@ -90,6 +90,8 @@ type serveConfig struct {
 	ExitIdle time.Duration
 	// SchedIdle runs every thread of the daemon under SCHED_IDLE (schedIdle).
 	SchedIdle bool
+	// IdleWorkers runs only the compression workers under SCHED_IDLE (pipeline.Pool).
+	IdleWorkers bool
 	// Probes configures the eBPF collector beside the captures (docs/TRACE_FORMAT.md).
 	Probes struct {
 		// Off runs no collector: no traces (an OPEN with a trace file is refused).
@@ -271,6 +273,7 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 	f.IntVar(&cfg.Limits.MaxNDim, "max-ndim", cfg.Limits.MaxNDim, "most tensor dimensions accepted")
 	f.Uint64Var(&cfg.Limits.MaxElements, "max-elements", cfg.Limits.MaxElements, "most elements one captured tensor may have (0: no limit)")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long SIGTERM waits for sessions to drain")
+	f.BoolVar(&cfg.IdleWorkers, "idle-workers", true, "run the compression workers under SCHED_IDLE, so the model's threads preempt them; a normal-priority thread takes jobs they leave waiting over 20ms (docs/DEPLOY.md, CPU priority)")
 	f.BoolVar(&cfg.SchedIdle, "sched-idle", false, "run the daemon's threads under SCHED_IDLE: the model's threads preempt its compression on a host whose cores they use (docs/DEPLOY.md, CPU priority)")
 	f.DurationVar(&cfg.ExitIdle, "exit-idle", 0, "exit cleanly after this long with no client connected (0: never; the Python client starts strapd with 15m)")
 	f.BoolVar(&cfg.Probes.Off, "no-probes", false, "run no eBPF/proc collector: no kernel trace beside captures")
@@ -499,6 +502,7 @@ func (c *serveConfig) serverConfig(mode os.FileMode, gid int, notify func(string
 		Socket:          control.DaemonSocketPath(c.Socket),
 		MemoryLimit:     int64(c.Memory.Limit),
 		Workers:         c.Pipeline.Workers,
+		IdleWorkers:     c.IdleWorkers,
 		MaxSessions:     c.Limits.MaxSessions,
 		MaxRingSize:     uint64(c.Limits.MaxRingSize),
 		MaxBlockSize:    uint64(c.Pipeline.MaxBlockSize),

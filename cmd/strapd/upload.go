@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
+	"github.com/strap-llm/strap/internal/checkpoint"
 	"github.com/strap-llm/strap/internal/server"
 	"github.com/strap-llm/strap/internal/upload"
 )
@@ -282,12 +283,13 @@ func addS3ReadFlags(f *pflag.FlagSet, o *upload.ClientOptions) {
 }
 
 // sidePaths are the files the Python client writes beside a stream (docs/OBJECT_STORAGE.md):
-// the kernel trace, the resource log and the tokens file (<stem>_tokens.json for a .stream,
-// else <path>_tokens.json, as clients/python's _resume.tokens_path names it).
+// the kernel trace, the resource log, the tokens file (<stem>_tokens.json for a .stream,
+// else <path>_tokens.json, as clients/python's _resume.tokens_path names it) and the
+// checkpoint (there only while the capture can still be resumed).
 func sidePaths(path string) []string {
 	tokens := path + "_tokens.json"
 	if stem, ok := strings.CutSuffix(path, ".stream"); ok {
 		tokens = stem + "_tokens.json"
 	}
-	return []string{path + ".trace.jsonl", path + ".resources.jsonl", tokens}
+	return []string{path + ".trace.jsonl", path + ".resources.jsonl", tokens, checkpoint.DefaultPath(path)}
 }

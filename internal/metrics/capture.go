@@ -34,6 +34,8 @@ var (
 	descWorkers        = prometheus.NewDesc("strapd_workers", "Compression workers in the pool.", nil, nil)
 	descWorkersBusy    = prometheus.NewDesc("strapd_workers_busy", "Compression workers running a job now.", nil, nil)
 	descQueue          = prometheus.NewDesc("strapd_pool_queue_depth", "Compression jobs waiting for a worker.", nil, nil)
+	descWorkersIdle    = prometheus.NewDesc("strapd_workers_sched_idle", "1 when the compression workers run under SCHED_IDLE (serve --idle-workers).", nil, nil)
+	descRescued        = prometheus.NewDesc("strapd_worker_rescued_jobs_total", "Compression jobs a normal-priority thread ran because the SCHED_IDLE workers were starved.", nil, nil)
 	descWorkerBusySecs = prometheus.NewDesc("strapd_worker_busy_seconds_total", "Wall time each compression worker spent in jobs.", []string{"worker"}, nil)
 	descBuild          = prometheus.NewDesc("strapd_build_info", "Always 1; the daemon's version as a label.", []string{"version"}, nil)
 	descProbesEnabled  = prometheus.NewDesc("strapd_probes_enabled", "1 when the kernel collector runs, 0 when it failed to start or serve --no-probes.", nil, nil)
@@ -123,6 +125,8 @@ func (c captureCollector) Collect(ch chan<- prometheus.Metric) {
 		for i, s := range p.BusySeconds {
 			counter(descWorkerBusySecs, s, strconv.Itoa(i))
 		}
+		gauge(descWorkersIdle, b2f(p.Idle))
+		counter(descRescued, float64(p.Rescued))
 	}
 
 	if pr := d.Probes; pr != nil && pr.Enabled {

@@ -24,6 +24,10 @@ type PoolStats struct {
 	Queued int
 	// BusySeconds is each worker's cumulative time spent in jobs, by worker index.
 	BusySeconds []float64
+	// Idle: the workers run under SCHED_IDLE; Rescued counts the jobs a normal-priority
+	// thread ran because they were starved.
+	Idle    bool
+	Rescued uint64
 }
 
 // Options are what Metrics reads at each scrape.

@@ -6,10 +6,21 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Pool is the worker pool shared by every session: a fixed number of goroutines running
 // compression jobs.
+//
+// With IdleWorkers the workers' threads run under SCHED_IDLE: on a host whose cores the
+// model's own threads use (torch's intra-op team, ggml's), compression then runs in the
+// gaps the model leaves instead of preempting one of its threads, which stalls the whole
+// operator (PERFORMANCE.md, "the daemon under SCHED_IDLE"). The ring is the buffer. So
+// that a host saturated by other work cannot starve a capture, a rescuer at normal
+// priority takes the queued jobs itself when the ones queued a grace period ago have not
+// all started. The queue is longer then (a job only points into the ring), so that a
+// forward pass's burst of records waits there rather than in the session's fan-out.
 type Pool struct {
 	jobs chan func()
 	wg   sync.WaitGroup
@@ -18,25 +29,80 @@ type Pool struct {
 	busy atomic.Int32
 	// busyNs is each worker's cumulative time in jobs (metrics: CPU per worker).
 	busyNs []atomic.Int64
+
+	idle    bool
+	idleErr error         // why the workers could not go idle (they run at normal priority)
+	started atomic.Uint64 // jobs begun, by workers and rescuer
+	rescued atomic.Uint64 // jobs the rescuer ran
+	kick    chan struct{} // a job was queued
+	stop    chan struct{}
+	grace   time.Duration
 }
 
-// NewPool starts workers goroutines (GOMAXPROCS when workers <= 0). With lockThreads each
-// keeps one OS thread for its life, so the thread CPU time a job takes is its own: the CPU
-// budget charges that (without a budget the runtime schedules workers freely).
+// PoolOptions configures NewPool.
+type PoolOptions struct {
+	// Workers is the number of worker goroutines (GOMAXPROCS when <= 0).
+	Workers int
+	// LockThreads keeps each worker on one OS thread for its life, so the thread CPU time a
+	// job takes is its own: the CPU budget charges that (without a budget the runtime
+	// schedules workers freely).
+	LockThreads bool
+	// IdleWorkers runs the workers' threads under SCHED_IDLE, with a rescuer at normal
+	// priority (Pool).
+	IdleWorkers bool
+	// RescueAfter is the rescuer's grace period (DefaultRescueAfter when 0).
+	RescueAfter time.Duration
+}
+
+// DefaultRescueAfter is how long queued jobs may wait for idle workers before the
+// rescuer runs them: long enough to span a decode step of a small model (the gaps between
+// steps are where idle workers run), short against a checkpoint's fdatasync.
+const DefaultRescueAfter = 20 * time.Millisecond
+
+// NewPool starts workers goroutines (GOMAXPROCS when workers <= 0); see PoolOptions.
 func NewPool(workers int, lockThreads bool) *Pool {
+	return NewPoolWith(PoolOptions{Workers: workers, LockThreads: lockThreads})
+}
+
+// NewPoolWith starts a pool as o says.
+func NewPoolWith(o PoolOptions) *Pool {
+	workers := o.Workers
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
-	p := &Pool{jobs: make(chan func(), 4*workers), n: workers, busyNs: make([]atomic.Int64, workers)}
+	depth := 4 * workers
+	if o.IdleWorkers {
+		depth = 64 * workers
+	}
+	p := &Pool{jobs: make(chan func(), depth), n: workers, busyNs: make([]atomic.Int64, workers),
+		idle: o.IdleWorkers, kick: make(chan struct{}, 1), stop: make(chan struct{}), grace: o.RescueAfter}
+	if p.grace <= 0 {
+		p.grace = DefaultRescueAfter
+	}
+	var idleErr atomic.Pointer[error]
+	var ready sync.WaitGroup
+	ready.Add(workers)
 	p.wg.Add(workers)
 	for i := range workers {
 		go func() {
 			defer p.wg.Done()
-			if lockThreads {
+			switch {
+			case p.idle:
+				// An idle worker's thread stays its own: the worker never unlocks it, so
+				// the thread dies with the worker, and the runtime starts new threads
+				// from a template thread, not from a locked one. SCHED_IDLE never
+				// spreads to the daemon's other goroutines.
+				runtime.LockOSThread()
+				if err := setThreadIdle(); err != nil {
+					idleErr.CompareAndSwap(nil, &err)
+				}
+			case o.LockThreads:
 				runtime.LockOSThread()
 				defer runtime.UnlockOSThread()
 			}
+			ready.Done()
 			for job := range p.jobs {
+				p.started.Add(1)
 				p.busy.Add(1)
 				start := time.Now()
 				job()
@@ -45,11 +111,98 @@ func NewPool(workers int, lockThreads bool) *Pool {
 			}
 		}()
 	}
+	ready.Wait()
+	if e := idleErr.Load(); e != nil {
+		p.idleErr = *e
+	}
+	if p.idle {
+		p.wg.Add(1)
+		go p.rescue(o.LockThreads)
+	}
 	return p
+}
+
+// setThreadIdle puts the calling thread under SCHED_IDLE (any user may lower its own
+// priority; a seccomp filter or an old kernel may refuse).
+func setThreadIdle() error {
+	return unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0)
+}
+
+// rescue runs at normal priority and takes queued jobs itself when the idle workers are
+// starved: the jobs queued a grace period ago have not all started.
+func (p *Pool) rescue(lockThread bool) {
+	defer p.wg.Done()
+	if lockThread {
+		// The CPU budget measures a job by its thread's CPU time.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-p.kick:
+		}
+		starved, stop := p.waitStarved(timer)
+		if stop {
+			return
+		}
+		if !starved {
+			continue
+		}
+		// Starved: run what is queued now, then wait again.
+		for more := true; more; {
+			select {
+			case job, ok := <-p.jobs:
+				if !ok {
+					return
+				}
+				p.started.Add(1)
+				p.rescued.Add(1)
+				job()
+			default:
+				more = false
+			}
+		}
+	}
+}
+
+// waitStarved waits grace periods while jobs are queued. It reports starved when the
+// jobs queued at the start of a period have not all started by its end (the queue is
+// FIFO); not starved once the queue is empty. A full queue blocks the fan-out in Submit,
+// not the client: the ring holds what comes meanwhile.
+func (p *Pool) waitStarved(timer *time.Timer) (starved, stop bool) {
+	for {
+		queued := uint64(len(p.jobs))
+		if queued == 0 {
+			return false, false
+		}
+		before := p.started.Load()
+		timer.Reset(p.grace)
+		select {
+		case <-p.stop:
+			timer.Stop()
+			return false, true
+		case <-timer.C:
+		}
+		if p.started.Load()-before < queued {
+			return true, false
+		}
+	}
 }
 
 // Workers is the number of worker goroutines.
 func (p *Pool) Workers() int { return p.n }
+
+// Idle reports whether the workers run under SCHED_IDLE, and why not when that was asked
+// for and refused.
+func (p *Pool) Idle() (bool, error) { return p.idle && p.idleErr == nil, p.idleErr }
+
+// Rescued counts the jobs the rescuer ran at normal priority because the idle workers
+// were starved.
+func (p *Pool) Rescued() uint64 { return p.rescued.Load() }
 
 // Load reports the workers running a job, the jobs queued, and each worker's cumulative
 // seconds in jobs.
@@ -65,16 +218,23 @@ func (p *Pool) Load() (busy, queued int, busySeconds []float64) {
 func (p *Pool) Submit(ctx context.Context, job func()) error {
 	select {
 	case p.jobs <- job:
-		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	if p.idle {
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
+	}
+	return nil
 }
 
 // Close stops the workers after the queued jobs ran. No Submit may follow.
 func (p *Pool) Close() {
 	p.once.Do(func() {
 		close(p.jobs)
+		close(p.stop)
 		p.wg.Wait()
 	})
 }

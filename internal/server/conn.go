@@ -425,10 +425,7 @@ func (c *conn) finish(status string) (pipeline.Result, error) {
 		// The upload goes on after the session: it completes the object from the file,
 		// which no longer changes.
 		if c.upload != nil {
-			if res.Status != pipeline.StatusComplete {
-				c.upload.u.KeepLocal() // a resume may need it
-			}
-			if uerr := c.upload.u.Finish(c.upload.sides); uerr != nil {
+			if uerr := c.upload.end(res.Status, c.log); uerr != nil {
 				c.log.Warn("upload", zap.Uint64("session", c.info.Session), zap.Error(uerr))
 			}
 		}

@@ -46,6 +46,9 @@ type Config struct {
 	MemoryLimit int64
 	// Workers sizes the compression pool (GOMAXPROCS when 0).
 	Workers int
+	// IdleWorkers runs the compression workers under SCHED_IDLE, with a normal-priority
+	// rescuer for jobs they are too starved to start (pipeline.Pool).
+	IdleWorkers bool
 	// MaxSessions is the most sessions open at once.
 	MaxSessions int
 	// MaxRingSize is the largest ring a client may open, in bytes.
@@ -104,6 +107,16 @@ func (s *Server) PoolLoad() (workers, busy, queued int, busySeconds []float64) {
 	}
 	busy, queued, busySeconds = s.pool.Load()
 	return s.pool.Workers(), busy, queued, busySeconds
+}
+
+// PoolIdle reports whether the compression workers run under SCHED_IDLE, and the jobs the
+// pool's normal-priority rescuer ran because they were starved.
+func (s *Server) PoolIdle() (idle bool, rescued uint64) {
+	if s.pool == nil {
+		return false, 0
+	}
+	idle, _ = s.pool.Idle()
+	return idle, s.pool.Rescued()
 }
 
 // DefaultConfig returns safe defaults (socket path left empty).
@@ -271,7 +284,13 @@ func (s *Server) Serve(ctx context.Context) error {
 			return err
 		}
 	}
-	s.pool = pipeline.NewPool(s.cfg.Workers, s.cfg.CPUBudget != nil)
+	s.pool = pipeline.NewPoolWith(pipeline.PoolOptions{Workers: s.cfg.Workers, LockThreads: s.cfg.CPUBudget != nil,
+		IdleWorkers: s.cfg.IdleWorkers})
+	if idle, err := s.pool.Idle(); err != nil {
+		s.log.Warn("compression workers stay at normal priority: SCHED_IDLE refused", zap.Error(err))
+	} else if idle {
+		s.log.Info("compression workers run under SCHED_IDLE", zap.Duration("rescue_after", pipeline.DefaultRescueAfter))
+	}
 	s.budget = pipeline.NewBudget(s.cfg.MemoryLimit)
 	if s.cfg.CPUBudget != nil {
 		s.cpu = pipeline.NewCPUBudget(*s.cfg.CPUBudget)

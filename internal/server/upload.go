@@ -1,14 +1,19 @@
 package server
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/strap-llm/strap/internal/checkpoint"
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/pipeline"
 	"github.com/strap-llm/strap/internal/upload"
 )
 
@@ -30,6 +35,8 @@ type Uploads struct {
 // sessionUpload is the upload of one session's stream and the side files it uploads with it.
 type sessionUpload struct {
 	u     *upload.Upload
+	path  string // the stream's
+	uid   uint32 // the session's owner
 	sides []upload.SideFile
 }
 
@@ -87,7 +94,7 @@ func (c *conn) beginUpload(req control.Open, outFD int, sideFDs []int, id uint64
 		}
 		return nil, perr(control.CodeUploadRefused, "upload to %s: %v", target, err)
 	}
-	su := &sessionUpload{u: u}
+	su := &sessionUpload{u: u, path: path, uid: c.cred.Uid}
 	for _, fd := range sideFDs {
 		f, p, err := reopenReadOnly(fd)
 		if err != nil {
@@ -97,6 +104,64 @@ func (c *conn) beginUpload(req control.Open, outFD int, sideFDs []int, id uint64
 		su.sides = append(su.sides, upload.SideFile{File: f, Path: p})
 	}
 	return su, nil
+}
+
+// end hands the ended session's files to the upload. A session that did not end complete
+// may be resumed, on this host or, from the object, on another: its checkpoint goes beside
+// the object. One that ended complete has no checkpoint (the client deletes it after
+// CLOSED), and one an earlier, aborted upload of it left beside the object is deleted.
+func (su *sessionUpload) end(status string, log *zap.Logger) error {
+	name := filepath.Base(checkpoint.DefaultPath(su.path))
+	if status == pipeline.StatusComplete {
+		su.u.RemoveBeside(name)
+	} else {
+		su.u.KeepLocal() // a resume needs it
+		switch f, err := openCheckpoint(checkpoint.DefaultPath(su.path), su.uid); {
+		case err == nil:
+			su.sides = append(su.sides, upload.SideFile{File: f, Path: f.Name()})
+		case !errors.Is(err, os.ErrNotExist):
+			log.Warn("the checkpoint beside the stream is not uploaded", zap.Error(err))
+		}
+	}
+	return su.u.Finish(su.sides)
+}
+
+// openCheckpoint opens a session's checkpoint file for its upload, as its owner could: the
+// path names no symlink, the file is regular, owned by the session's user and a valid
+// checkpoint (and so never /etc/shadow hard-linked beside a stream). strapd may run as root for clients of other users, and must not put a
+// file they could not read into their bucket.
+func openCheckpoint(path string, uid uint32) (*os.File, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("stat %s: %w", path, err)
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		err = fmt.Errorf("%s is not a regular file", path)
+	case st.Uid != uid:
+		err = fmt.Errorf("%s belongs to uid %d, not the session's %d", path, st.Uid, uid)
+	case st.Size > checkpoint.MaxSize:
+		err = fmt.Errorf("%s has %d bytes, a checkpoint at most %d", path, st.Size, checkpoint.MaxSize)
+	}
+	if err == nil {
+		var b []byte
+		if b, err = io.ReadAll(io.LimitReader(f, checkpoint.MaxSize+1)); err == nil {
+			if _, err = checkpoint.Parse(b); err == nil {
+				_, err = f.Seek(0, io.SeekStart)
+			}
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // mayUploadTo: strapd's own user may name any target; others only one under an allowed one.

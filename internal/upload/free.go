@@ -30,7 +30,8 @@ import (
 //     freed packets' entries.
 //
 // strapd learns the checkpoints from the CHECKPOINT messages it answers, not from the
-// checkpoint file: it never opens a path a client names (CHECKPOINTS.md 2).
+// checkpoint file: each reaches it at once and exact, with no file to poll or parse during
+// the capture, and a client may keep its checkpoint anywhere (checkpoint_path).
 
 // freeAlign is the granularity of freeing: file systems punch whole blocks.
 const freeAlign = 4096

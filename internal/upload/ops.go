@@ -144,6 +144,13 @@ func (c *Client) putFile(ctx context.Context, bucket, key string, f *os.File, si
 	return err
 }
 
+// deleteObject deletes one object (S3 answers a missing one as deleted; some servers with
+// NoSuchKey, which the caller treats as done).
+func (c *Client) deleteObject(ctx context.Context, bucket, key string) error {
+	_, err := c.s3.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)})
+	return err
+}
+
 // sameETag compares ETags as servers quote them or not.
 func sameETag(a, b string) bool { return strings.Trim(a, `"`) == strings.Trim(b, `"`) }
 

@@ -72,6 +72,9 @@ type State struct {
 	// KeepLocal: keep the local files once the objects are complete and verified.
 	KeepLocal bool   `json:"keep_local"`
 	Sides     []Side `json:"sides"`
+	// Stale are keys beside the object that an earlier upload of this capture left and
+	// this one deletes once the object is complete (Upload.RemoveBeside).
+	Stale []string `json:"stale,omitempty"`
 	// Parts are the full parts uploaded, numbered 1..len(Parts) in file order.
 	Parts []Part `json:"parts"`
 	// FreedFrom and FreedTo are the stream's bytes freed on the local disk after their
@@ -179,6 +182,14 @@ func (s *State) check() error {
 			return fmt.Errorf("side file path %q is not an absolute path", sd.Path)
 		}
 		if err := checkKey(sd.Key); err != nil {
+			return err
+		}
+	}
+	if len(s.Stale) > 16 {
+		return fmt.Errorf("%d stale keys, at most 16", len(s.Stale))
+	}
+	for _, k := range s.Stale {
+		if err := checkKey(k); err != nil {
 			return err
 		}
 	}

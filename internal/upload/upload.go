@@ -95,7 +95,8 @@ type Upload struct {
 	finalReq  int64 // -1 until Finish
 	parkAt    int64 // the final size of a parked upload (StateWaiting)
 	sidesReq  []SideFile
-	keepReq   bool // KeepLocal was called
+	staleReq  []string // RemoveBeside's names
+	keepReq   bool     // KeepLocal was called
 	sides     []*os.File
 	crcs      CRCSource // the writer's record of the file's CRCs (UseCRCs); nil: read back
 	status    Status
@@ -248,6 +249,17 @@ func (u *Upload) forgetCRCs(off int64) {
 	if f, ok := src.(interface{ Forget(int64) }); ok {
 		f.Forget(off)
 	}
+}
+
+// RemoveBeside names objects beside the stream's (base names, like the side files') that an
+// earlier upload of the same capture left and the finished capture no longer has: the
+// checkpoint an aborted session's upload carried, once a resumed session ends complete
+// (OBJECT_STORAGE.md). They are deleted after the object is complete and verified. Call
+// it before Finish.
+func (u *Upload) RemoveBeside(names ...string) {
+	u.mu.Lock()
+	u.staleReq = append(u.staleReq, names...)
+	u.mu.Unlock()
 }
 
 // KeepLocal keeps this stream's local files once uploaded, whatever the daemon's option:
@@ -473,12 +485,13 @@ func (u *Upload) step(ctx context.Context) (bool, error) {
 // takeFinish moves Finish's request into the state (and the state file).
 func (u *Upload) takeFinish() error {
 	u.mu.Lock()
-	final, sides, keepLocal := u.finalReq, u.sidesReq, u.keepReq
-	u.finalReq, u.sidesReq = -1, nil
-	u.mu.Unlock()
+	final, sides, stale, keepLocal := u.finalReq, u.sidesReq, u.staleReq, u.keepReq
 	if final < 0 {
+		u.mu.Unlock()
 		return nil
 	}
+	u.finalReq, u.sidesReq, u.staleReq = -1, nil, nil
+	u.mu.Unlock()
 	st := u.st
 	if keepLocal && st.FreedTo > 0 {
 		// A stream that did not end complete, freed behind its upload: completing its
@@ -496,7 +509,7 @@ func (u *Upload) takeFinish() error {
 		if e := partStart(st.PartSize, p.Number) + p.Size; e > final {
 			if err := u.lost(partStart(st.PartSize, p.Number), fmt.Sprintf("part %d ends past the stream's final size %d", p.Number, final)); err != nil {
 				u.mu.Lock()
-				u.finalReq, u.sidesReq = final, sides // the next step meets it again
+				u.finalReq, u.sidesReq, u.staleReq = final, sides, stale // the next step meets it again
 				u.mu.Unlock()
 				return err
 			}
@@ -521,6 +534,9 @@ func (u *Upload) takeFinish() error {
 		u.sides = append(u.sides, sd.File)
 		st.Sides = append(st.Sides, Side{Path: sd.Path, Key: Target{Bucket: st.Bucket, Prefix: prefixOf(st.Key)}.Key(sd.Path),
 			Dev: uint64(fst.Dev), Ino: fst.Ino})
+	}
+	for _, name := range stale {
+		st.Stale = append(st.Stale, Target{Bucket: st.Bucket, Prefix: prefixOf(st.Key)}.Key(name))
 	}
 	u.setStatus(func(s *Status) { s.FinalSize = final })
 	return st.save(u.m.o.StateDir)
@@ -673,6 +689,11 @@ func (u *Upload) completeAll(ctx context.Context, buf []byte) error {
 	for i, sd := range st.Sides {
 		if err := u.putSide(ctx, i, sd, buf); err != nil {
 			return err
+		}
+	}
+	for _, key := range st.Stale {
+		if err := u.m.o.Client.deleteObject(ctx, st.Bucket, key); err != nil && !notFound(err) {
+			return fmt.Errorf("delete %s, left by an earlier upload of this capture: %w", ObjectURL(st.Bucket, key), err)
 		}
 	}
 	deleted := false

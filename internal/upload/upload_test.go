@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/strap-llm/strap/internal/dtype"
@@ -479,5 +481,41 @@ func waitUploaded(t *testing.T, u *upload.Upload, n int64) {
 			t.Fatalf("after 60 s %d of %d bytes uploaded: %+v", u.Status().UploadedBytes, n, u.Status())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// RemoveBeside deletes objects an earlier upload of the capture left beside it (an aborted
+// session's checkpoint) once the new object is complete; one already gone is no error.
+func TestUploadRemovesStaleObjectsBeside(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	for _, key := range []string{"run/a/s.strap.ckpt.json", "run/a/other.json"} {
+		if _, err := f.client.S3().PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String("caps"), Key: aws.String(key),
+			Body: strings.NewReader("{}")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := f.manager(t, true)
+	w, u := f.begin(t, m, "s.strap", 0)
+	data := randomBytes(300<<10, 5)
+	if _, err := w.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	u.RemoveBeside("s.strap.ckpt.json", "never-there.json")
+	if err := u.Finish(nil); err != nil {
+		t.Fatal(err)
+	}
+	if st := wait(t, u, 60*time.Second); st.State != upload.StateComplete {
+		t.Fatalf("status %+v", st)
+	}
+	if got := uploadtest.Object(t, f.client, "caps", "run/a/s.strap"); !bytes.Equal(got, data) {
+		t.Fatal("object differs from the file")
+	}
+	if _, err := f.client.S3().HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String("caps"), Key: aws.String("run/a/s.strap.ckpt.json")}); err == nil {
+		t.Fatal("the stale checkpoint object is still there")
+	}
+	// Only the named object went.
+	if got := uploadtest.Object(t, f.client, "caps", "run/a/other.json"); string(got) != "{}" {
+		t.Fatalf("other object: %q", got)
 	}
 }

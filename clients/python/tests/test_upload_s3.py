@@ -378,18 +378,36 @@ def test_client_killed_then_resumed_on_same_daemon(s3: S3Server, daemons: Any, t
     assert p.returncode == -signal.SIGKILL, p.stderr
     u = wait_upload(d, obj)
     assert not u.get("local_deleted") and out.exists()
-    model = tiny_llama()
-    ids = torch.randint(0, 1000, (1, 256), generator=torch.Generator().manual_seed(2))
-    with capture_activations(model, preset="fast_capture", output_path=out, socket_path=d.socket,
-                             autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=2,
-                             resume_from_checkpoint=True, upload=f"s3://{BUCKET}/c") as fw:
-        start = fw.token_tracker.step
-        assert 2 <= start <= 7, start
-        with torch.no_grad():
-            for i in range(start, 12):
-                model(input_ids=ids, use_cache=False)
-                fw.token_tracker.record_token(i, f"<{i}>")
-    size = fw.summary["file_bytes"]
+    # The aborted stream's checkpoint went beside it: the capture can be resumed elsewhere.
+    ckpt = Path(str(out) + ".ckpt.json")
+    assert s3.get("c/cli.strap.ckpt.json") == ckpt.read_bytes()
+    assert s3.get("c/cli.strap") == out.read_bytes()
+    # "Another host": only the two objects, a new path, another strapd, another prefix.
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "moved.strap").write_bytes(s3.get("c/cli.strap"))
+    (other / "moved.strap.ckpt.json").write_bytes(s3.get("c/cli.strap.ckpt.json"))
+    d2 = daemons(s3)
+
+    def resume(path: Path, sock: str, prefix: str) -> Dict[str, Any]:
+        model = tiny_llama()
+        ids = torch.randint(0, 1000, (1, 256), generator=torch.Generator().manual_seed(2))
+        with capture_activations(model, preset="fast_capture", output_path=path, socket_path=sock,
+                                 autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=2,
+                                 resume_from_checkpoint=True, upload=prefix) as fw:
+            start = fw.token_tracker.step
+            assert 2 <= start <= 7, start
+            with torch.no_grad():
+                for i in range(start, 12):
+                    model(input_ids=ids, use_cache=False)
+                    fw.token_tracker.record_token(i, f"<{i}>")
+        return fw.summary
+
+    moved = resume(other / "moved.strap", d2.socket, f"s3://{BUCKET}/elsewhere")
+    wait_upload(d2, f"s3://{BUCKET}/elsewhere/moved.strap")
+    summary_here = resume(out, d.socket, f"s3://{BUCKET}/c")
+    size = summary_here["file_bytes"]
+    assert moved["file_bytes"] == size
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         ups = [x for x in status(d).get("uploads") or [] if x["object"] == obj and x["final_size"] == size]
@@ -406,3 +424,8 @@ def test_client_killed_then_resumed_on_same_daemon(s3: S3Server, daemons: Any, t
     assert summary["size"] == size and summary["tokens"] == 12 and summary["end"]["status"] == "complete"
     v = subprocess.run([str(strapd_bin()), "verify", "--s3-endpoint", s3.endpoint, obj], capture_output=True, text=True)
     assert v.returncode == 0, v.stdout + v.stderr
+    # Resumed from the objects on the other "host": the same bytes as resumed here.
+    assert s3.get("elsewhere/moved.strap") == s3.get("c/cli.strap")
+    # The complete capture has no checkpoint; the aborted upload's one beside it is gone.
+    listed = s3.client().list_objects_v2(Bucket=BUCKET, Prefix="c/").get("Contents", [])
+    assert "c/cli.strap.ckpt.json" not in {o["Key"] for o in listed}, listed
