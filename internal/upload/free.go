@@ -84,6 +84,7 @@ func (u *Upload) Checkpointed(c Checkpoint) {
 	}
 	u.mu.Lock()
 	u.pending = append(u.pending, c)
+	u.pendingEntries += len(c.Index)
 	u.ckpts = append(u.ckpts, c.Offset)
 	if len(u.ckpts) > 2 {
 		u.ckpts = u.ckpts[len(u.ckpts)-2:]
@@ -169,10 +170,13 @@ func (u *Upload) closePunch() {
 	u.punchMu.Unlock()
 }
 
-// flushJournal writes the checkpoints' index entries not yet in the journal. It runs at every
-// step, whether parts go or not, so that an outage does not pile them up in memory. It
-// reports whether freeing may go on.
-func (u *Upload) flushJournal() bool {
+// maxPendingEntries bounds the index entries held for the journal between two punches
+// (an outage stops the punches, not the checkpoints).
+const maxPendingEntries = 1 << 16
+
+// freeReady reports whether this upload frees its stream now, reading where the stream's
+// header ends the first time.
+func (u *Upload) freeReady() bool {
 	if !u.freeLocal || u.noFree || u.st.FinalSize >= 0 || u.parked {
 		return false
 	}
@@ -190,6 +194,16 @@ func (u *Upload) flushJournal() bool {
 		u.hdrEnd = r.Header().DataOffset
 		u.dataOff = (u.hdrEnd + freeAlign - 1) &^ (freeAlign - 1)
 	}
+	return true
+}
+
+// flushJournal writes the checkpoints' index entries not yet in the journal (fsynced). It
+// runs before each punch, and at any step once maxPendingEntries wait (flushJournalIfLarge).
+// It reports whether freeing may go on.
+func (u *Upload) flushJournal() bool {
+	if !u.freeReady() {
+		return false
+	}
 	if err := u.writeJournal(); err != nil {
 		u.stopFreeing(fmt.Sprintf("write the index journal: %v", err))
 		return false
@@ -197,9 +211,20 @@ func (u *Upload) flushJournal() bool {
 	return true
 }
 
-// freeBehind journals the checkpoints' index entries and frees what may be freed now.
+// flushJournalIfLarge writes the journal when many entries wait: the journal is fsynced
+// only before a punch otherwise (one per few parts rather than one per checkpoint).
+func (u *Upload) flushJournalIfLarge() {
+	u.mu.Lock()
+	n := u.pendingEntries
+	u.mu.Unlock()
+	if n >= maxPendingEntries {
+		u.flushJournal()
+	}
+}
+
+// freeBehind frees what may be freed now, the index journal written first.
 func (u *Upload) freeBehind() {
-	if !u.flushJournal() {
+	if !u.freeReady() {
 		return
 	}
 	st := u.st
@@ -209,7 +234,7 @@ func (u *Upload) freeBehind() {
 		ckpt, lastOff = u.ckpts[0], u.lastOffs[0]
 	}
 	u.mu.Unlock()
-	if ckpt < 0 || ckpt > u.journalEnd {
+	if ckpt < 0 {
 		return
 	}
 	// Whole acknowledged parts that end by the last-but-one checkpoint, and not its last
@@ -227,6 +252,10 @@ func (u *Upload) freeBehind() {
 	if to <= from {
 		return
 	}
+	// The journal covers every packet up to the checkpoint before a byte below it goes.
+	if !u.flushJournal() || ckpt > u.journalEnd {
+		return
+	}
 	oldFrom, oldTo := st.FreedFrom, st.FreedTo
 	if st.FreedFrom == 0 {
 		st.FreedFrom = u.dataOff
@@ -241,23 +270,28 @@ func (u *Upload) freeBehind() {
 	}
 	u.punchMu.Lock()
 	var err error
-	if u.punch == nil {
+	ended := u.punch == nil
+	if ended {
 		err = errors.New("the session ended")
 	} else {
 		err = punchHole(u.punch, from, to-from)
 	}
 	u.punchMu.Unlock()
 	if err != nil {
-		if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) || u.punch == nil {
+		unsupported := errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS)
+		if unsupported || ended {
 			// Nothing was freed: the state goes back to what is true.
 			st.FreedFrom, st.FreedTo = oldFrom, oldTo
 			if serr := st.save(u.m.o.StateDir); serr != nil {
 				u.m.o.Log.Warn("record the upload state", zap.Error(serr))
 			}
 		}
-		if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
+		switch {
+		case unsupported:
 			u.stopFreeing(fmt.Sprintf("the file system of %s cannot free parts of a file (fallocate PUNCH_HOLE: %v)", st.Path, err))
-		} else if u.punch != nil {
+		case !ended:
+			// Perhaps partly freed: the state keeps naming the range (those parts are
+			// never sent again from the file).
 			u.stopFreeing(fmt.Sprintf("free [%d, %d) of %s: %v", from, to, st.Path, err))
 		}
 		return
@@ -281,7 +315,7 @@ var punchHole = func(f *os.File, off, n int64) error {
 func (u *Upload) writeJournal() error {
 	u.mu.Lock()
 	pend := u.pending
-	u.pending = nil
+	u.pending, u.pendingEntries = nil, 0
 	u.mu.Unlock()
 	var buf []byte
 	end := u.journalEnd

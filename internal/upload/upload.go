@@ -105,9 +105,10 @@ type Upload struct {
 
 	// Freeing the local stream (free.go). Under mu: the checkpoints not yet journaled, and
 	// the last two checkpoints' offsets and last packets' offsets.
-	pending  []Checkpoint
-	ckpts    []int64
-	lastOffs []int64
+	pending        []Checkpoint
+	pendingEntries int
+	ckpts          []int64
+	lastOffs       []int64
 	// punch is a writable descriptor of the stream for fallocate (nil: none, or closed
 	// once the session ended: it shares the client's lock on the file).
 	punchMu sync.Mutex
@@ -390,7 +391,7 @@ func (u *Upload) sleep(ctx context.Context, d time.Duration) bool {
 // step sends what may go now; done when the object is complete and everything after it too.
 func (u *Upload) step(ctx context.Context) (bool, error) {
 	st := u.st
-	u.flushJournal() // freeing's index journal, whatever the server does
+	u.flushJournalIfLarge() // freeing's index journal: bounded in memory, whatever the server does
 	if u.reconcile {
 		if err := u.reconcileParts(ctx); err != nil {
 			return false, err
