@@ -83,6 +83,10 @@ func (u *Upload) Checkpointed(c Checkpoint) {
 		return
 	}
 	u.mu.Lock()
+	if u.freeStopped {
+		u.mu.Unlock()
+		return // nothing more is freed: nothing to journal
+	}
 	u.pending = append(u.pending, c)
 	u.pendingEntries += len(c.Index)
 	u.ckpts = append(u.ckpts, c.Offset)
@@ -155,6 +159,9 @@ func (u *Upload) stopFreeing(why string) {
 		return
 	}
 	u.noFree = true
+	u.mu.Lock()
+	u.freeStopped, u.pending, u.pendingEntries = true, nil, 0
+	u.mu.Unlock()
 	u.m.o.Log.Warn("local disk not freed behind the upload; the capture goes on and keeps every byte from here",
 		zap.String("object", u.object()), zap.String("reason", why))
 	u.setStatus(func(s *Status) { s.FreeError = why })

@@ -107,6 +107,7 @@ type Upload struct {
 	// the last two checkpoints' offsets and last packets' offsets.
 	pending        []Checkpoint
 	pendingEntries int
+	freeStopped    bool // stopFreeing was called
 	ckpts          []int64
 	lastOffs       []int64
 	// punch is a writable descriptor of the stream for fallocate (nil: none, or closed
