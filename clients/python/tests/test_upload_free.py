@@ -267,6 +267,7 @@ def test_client_killed_after_freeing_resumes_exact(s3: S3Server, daemons: Any, t
     assert ck.tokens is not None and len(ck.tokens) == ck.token_count
     fd = os.open(out, os.O_RDONLY)
     try:
+        assert ckpt.scan_prefix(fd, ck, str(out), ck.fingerprint) == ref["tokens"][:ck.token_count]
         rp = ckpt.resume_point(fd, ck, str(out), ck.fingerprint)
         assert rp.point.token_count >= ck.token_count and rp.tokens[:ck.token_count] == ref["tokens"][:ck.token_count]
         with pytest.raises(CheckpointError, match="job-wide resume point"):

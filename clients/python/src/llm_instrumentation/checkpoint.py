@@ -401,7 +401,9 @@ def scan_prefix(fd: int, ck: Checkpoint, path: str, want_fingerprint: Optional[s
     """Check the stream behind ``fd`` against ``ck`` and return the checkpointed tokens.
 
     The prefix is walked with the stream reader (:meth:`StreamReader.walk`), so every
-    packet in it is parsed by the same rules and CRC-checked as when the stream is read.
+    packet in it is parsed by the same rules and CRC-checked as when the stream is read. A
+    prefix whose start was freed after its upload (:func:`freed_range`) is checked as
+    :func:`resume_point` does: the header, the last packet, the checkpoint's tokens list.
 
     Args:
         fd: the stream, open for reading (not consumed: the caller keeps and closes it).
@@ -417,6 +419,9 @@ def scan_prefix(fd: int, ck: Checkpoint, path: str, want_fingerprint: Optional[s
     """
     reader = _prefix_reader(fd, ck, path)
     try:
+        freed = freed_range(fd, reader.first_packet, ck.stream_offset)
+        if freed is not None:
+            return _check_freed_prefix(reader, ck, path, want_fingerprint, freed)
         return _check_prefix(reader, ck, path, want_fingerprint)
     finally:
         # The caller truncates the file next: the mapping must be gone by then.
