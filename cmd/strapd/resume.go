@@ -125,12 +125,18 @@ func from(r checkpoint.Report) string {
 func printReport(w io.Writer, r checkpoint.Report, repaired bool) {
 	if !r.Resumable {
 		fmt.Fprintf(w, "%s: NOT resumable (%s)\n", r.Stream, from(r))
+		if r.FreedNote != "" {
+			fmt.Fprintf(w, "  %s\n", r.FreedNote)
+		}
 		for _, p := range r.Problems {
 			fmt.Fprintf(w, "  - %s\n", p)
 		}
 		return
 	}
 	fmt.Fprintf(w, "%s: resumable (%s)\n", r.Stream, from(r))
+	if r.FreedNote != "" {
+		fmt.Fprintf(w, "  %s\n", r.FreedNote)
+	}
 	fmt.Fprintf(w, "  resume from token %d at byte offset %d (%d packets, last seq %d)\n",
 		r.ResumeToken, r.ResumeOffset, r.Packets, r.LastSeq)
 	switch {

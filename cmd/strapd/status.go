@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -121,14 +122,24 @@ func printUploads(w io.Writer, d *control.UploadDaemonStatus, ups []control.Uplo
 	if target == "" {
 		target = "(per session)"
 	}
-	fmt.Fprintf(w, "upload %s  uploaded %s  errors %d  keep local %v\n", target, units.Bytes(float64(d.UploadedBytes)), d.Errors, d.KeepLocal)
+	fmt.Fprintf(w, "upload %s  uploaded %s  errors %d  keep local %v  free local %v\n", target, units.Bytes(float64(d.UploadedBytes)), d.Errors, d.KeepLocal, d.FreeLocal)
 	if len(ups) == 0 {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nOBJECT\tSESSION\tSTATE\tDURABLE\tUPLOADED\tLAG\tPARTS\tERRORS\tLAST ERROR")
+	fmt.Fprintln(tw, "\nOBJECT\tSESSION\tSTATE\tDURABLE\tUPLOADED\tLAG\tPARTS\tERRORS\tNOTE (freed locally; not freeing: why; last error)")
 	for _, u := range ups {
-		last := u.LastError
+		var notes []string
+		if u.FreedBytes > 0 {
+			notes = append(notes, "freed locally "+units.Bytes(float64(u.FreedBytes)))
+		}
+		if u.FreeError != "" {
+			notes = append(notes, "not freeing: "+u.FreeError)
+		}
+		if u.LastError != "" {
+			notes = append(notes, u.LastError)
+		}
+		last := strings.Join(notes, "; ")
 		if last == "" {
 			last = "-"
 		}

@@ -33,6 +33,8 @@ type uploadConfig struct {
 	Concurrency int
 	// KeepLocal keeps the local files once their objects are complete and verified.
 	KeepLocal bool
+	// FreeLocal frees uploaded bytes of a stream on the local disk while it is captured.
+	FreeLocal bool
 	// StateDir holds the state of uploads not yet complete (empty: the default).
 	StateDir string
 }
@@ -47,6 +49,7 @@ func addUploadFlags(f *pflag.FlagSet, c *uploadConfig) {
 	f.Var(&c.PartSize, "upload-part-size", "size of the first multipart parts (at least 5MiB; doubles every 1000 parts); the stream is made durable this often")
 	f.IntVar(&c.Concurrency, "upload-concurrency", 4, "parts of one upload sent at once")
 	f.BoolVar(&c.KeepLocal, "upload-keep-local", true, "keep the local files once their objects are complete and verified (false: delete them)")
+	f.BoolVar(&c.FreeLocal, "upload-free-local", false, "free each stream's uploaded bytes on the local disk while it is captured (holes punched behind the upload and the last-but-one checkpoint; implies --upload-keep-local=false; docs/DEPLOY.md 8 gives the bound)")
 	f.StringVar(&c.StateDir, "upload-state-dir", "", "directory of the upload state files (default: $STATE_DIRECTORY/uploads under systemd, else $XDG_STATE_HOME/strapd/uploads, else /var/lib/strapd/uploads as root, ~/.local/state/strapd/uploads otherwise)")
 }
 
@@ -124,7 +127,7 @@ func (c *uploadConfig) newManager(ctx context.Context, log *zap.Logger) (*upload
 		return nil, err
 	}
 	return upload.NewManager(upload.Options{Client: client, StateDir: c.stateDir(), PartSize: int64(c.PartSize),
-		Concurrency: c.Concurrency, KeepLocal: c.KeepLocal, Log: log.With(zap.String("component", "upload"))})
+		Concurrency: c.Concurrency, KeepLocal: c.KeepLocal, FreeLocal: c.FreeLocal, Log: log.With(zap.String("component", "upload"))})
 }
 
 // drainUploads gives the uploads still going when serve ends up to d to complete; the

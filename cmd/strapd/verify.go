@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/spf13/cobra"
 
@@ -65,6 +66,12 @@ func newVerifyCmd() *cobra.Command {
 			}
 			if rep.OK {
 				return nil
+			}
+			if f, ok := r.(*os.File); ok {
+				// A stream freed behind its upload reads zeros there: say so, not only "damaged".
+				if s, e, freed, _ := stream.FreedRange(f, 0, size); freed {
+					return damagedError{fmt.Sprintf("%s: bytes [%d, %d) were freed on the local disk after their upload (strapd serve --upload-free-local); verify the object instead", args[0], s, e)}
+				}
 			}
 			switch {
 			case rep.Truncated:

@@ -61,6 +61,11 @@ type Report struct {
 	// Fingerprint is the checkpoint's; StreamFingerprint the stream header's.
 	Fingerprint       string `json:"fingerprint"`
 	StreamFingerprint string `json:"stream_fingerprint"`
+	// Freed is [start, end) of the prefix's bytes freed after their upload (strapd serve
+	// --upload-free-local; holes, found by SEEK_HOLE); absent: none. The packets there are
+	// not walked: the checkpoint is trusted for them (FreedNote says what was checked).
+	Freed     []int64 `json:"freed,omitempty"`
+	FreedNote string  `json:"freed_note,omitempty"`
 }
 
 func (r *Report) problem(format string, args ...any) {
@@ -96,6 +101,21 @@ func Check(f io.ReaderAt, size int64, c *Checkpoint) Report {
 		rep.problem("fingerprint: checkpoint %q, stream header %q (another capture config or model)",
 			c.Fingerprint, rep.StreamFingerprint)
 	}
+	if of, ok := f.(*os.File); ok {
+		if s, e, freed, err := stream.FreedRange(of, r.Header().DataOffset, c.StreamOffset); err != nil {
+			rep.problem("look for freed bytes: %v", err)
+			return rep
+		} else if freed {
+			checkFreed(&rep, r, c, s, e)
+			if rep.Resumable = len(rep.Problems) == 0; rep.Resumable {
+				if full, err := stream.NewReader(f, size); err == nil {
+					extend(&rep, stream.IntactRun(full, c.StreamOffset, c.TokenCount))
+				}
+			}
+			describeTail(&rep, f, size, rep.ResumeOffset)
+			return rep
+		}
+	}
 	pre, errs := stream.CheckPrefix(r, stream.ResumeExpect{AppendAt: c.StreamOffset, LastSeq: c.LastSeq,
 		LastCRC: c.LastPacketCRC, Packets: c.Packets}, nil)
 	for _, err := range errs {
@@ -118,6 +138,40 @@ func Check(f io.ReaderAt, size int64, c *Checkpoint) Report {
 	return rep
 }
 
+// checkFreed checks a checkpointed prefix whose bytes [s, e) were freed after their upload:
+// the packets there cannot be walked, so the checkpoint is trusted for them, as the
+// client's resume does (checkpoint.py): what is checked is the header (read already), the
+// checkpoint's last packet (its bytes, seq and CRC, ending at the checkpointed offset) and
+// that the checkpoint lists its tokens (the freed TOKEN packets are nowhere else).
+func checkFreed(rep *Report, r *stream.Reader, c *Checkpoint, s, e int64) {
+	rep.Freed = []int64{s, e}
+	rep.FreedNote = fmt.Sprintf("bytes [%d, %d) were freed after their upload (strapd serve --upload-free-local): the packets there are "+
+		"not checked, the checkpoint is trusted for them; checked: the file header, the checkpoint's last packet and its tokens list; "+
+		"strapd resumes it from the upload's index journal in its --upload-state-dir", s, e)
+	if c.Packets == 0 || e > c.LastPacketOffset {
+		rep.problem("bytes [%d, %d) were freed, up to or past the checkpoint's last packet (at %d): the prefix cannot be checked", s, e, c.LastPacketOffset)
+		return
+	}
+	if c.ListedTokens < 0 {
+		rep.problem("bytes [%d, %d) were freed and the checkpoint leaves out its tokens list: the freed tokens are nowhere else, this capture cannot be resumed", s, e)
+	} else if uint64(c.ListedTokens) != c.TokenCount {
+		rep.problem("the checkpoint lists %d tokens, its token_count says %d", c.ListedTokens, c.TokenCount)
+	}
+	p, _, err := r.ReadPacket(c.LastPacketOffset)
+	switch {
+	case err != nil:
+		rep.problem("the checkpoint's last packet (at %d): %v", c.LastPacketOffset, err)
+	case p.Offset+p.Len != c.StreamOffset:
+		rep.problem("the checkpoint's last packet (at %d) ends at %d, not at the checkpointed offset %d", p.Offset, p.Offset+p.Len, c.StreamOffset)
+	case p.Type != stream.TypeTensor && p.Type != stream.TypeDrop && p.Type != stream.TypeToken:
+		rep.problem("%v packet at offset %d inside the checkpointed prefix", p.Type, p.Offset)
+	case p.Seq != c.LastSeq:
+		rep.problem("last packet has seq %d, checkpoint says %d", p.Seq, c.LastSeq)
+	case p.CRC != c.LastPacketCRC:
+		rep.problem("last packet has crc %#08x, checkpoint says %#08x", p.CRC, c.LastPacketCRC)
+	}
+}
+
 // checkStream finds the resume point of a stream that has no checkpoint.
 func checkStream(f io.ReaderAt, size int64) Report {
 	rep := Report{Source: SourceStream, Size: size, TornAt: -1, CutBytes: size}
@@ -125,6 +179,13 @@ func checkStream(f io.ReaderAt, size int64) Report {
 	if err != nil {
 		rep.problem("no checkpoint, and the stream header is not valid: %v", err)
 		return rep
+	}
+	if of, ok := f.(*os.File); ok {
+		if s, e, freed, _ := stream.FreedRange(of, r.Header().DataOffset, size); freed {
+			rep.Freed = []int64{s, e}
+			rep.problem("no checkpoint, and bytes [%d, %d) of the stream were freed after their upload (strapd serve --upload-free-local): nothing to resume from", s, e)
+			return rep
+		}
 	}
 	if cm, ok := r.Header().Meta["client_metadata"].(map[string]any); ok {
 		rep.StreamFingerprint, _ = cm["fingerprint"].(string)

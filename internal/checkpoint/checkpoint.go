@@ -62,6 +62,9 @@ type Checkpoint struct {
 	TokenCount uint64 `json:"token_count"`
 	// ForwardCount is the number of forward passes captured so far.
 	ForwardCount uint64 `json:"forward_count"`
+	// ListedTokens is the length of 1.3.1's `tokens` list the Python client writes beside
+	// these keys (-1: left out). A resume over a freed prefix takes the freed tokens from it.
+	ListedTokens int `json:"-"`
 }
 
 // Parse decodes and checks a checkpoint. Unknown fields are allowed (later versions may add
@@ -84,6 +87,13 @@ func Parse(b []byte) (*Checkpoint, error) {
 	var c Checkpoint
 	if err := json.Unmarshal(b, &c); err != nil {
 		return nil, fmt.Errorf("fields: %v: %w", err, ErrFormat)
+	}
+	c.ListedTokens = -1
+	if raw, ok := keys["tokens"]; ok {
+		var list []json.RawMessage
+		if json.Unmarshal(raw, &list) == nil {
+			c.ListedTokens = len(list)
+		}
 	}
 	switch {
 	case c.Format != FormatName:

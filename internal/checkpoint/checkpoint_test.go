@@ -315,3 +315,72 @@ func TestList(t *testing.T) {
 		t.Fatalf("entries %+v", es)
 	}
 }
+
+// TestCheckFreedPrefix: a checkpointed prefix whose start was freed after its upload (holes
+// punched, --upload-free-local) is reported as such, not as damaged packets: the freed
+// range, and the checks that remain (the last packet, the checkpoint's tokens list).
+func TestCheckFreedPrefix(t *testing.T) {
+	abort := func(w *stream.Writer, f *os.File) { _ = w.Abort(nil) }
+	path, ck := capture(t, 200, 150, "sha256:abc", abort)
+	to := ck.LastPacketOffset &^ 4095
+	punchFile := func(off, n int64) {
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		err = unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+		if errors.Is(err, unix.EOPNOTSUPP) {
+			t.Skipf("no hole punching here: %v", err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	punchFile(4096, to-4096)
+	writeCk := func(tokens int) {
+		b, _ := json.Marshal(ck)
+		if tokens >= 0 {
+			var list []string
+			for i := 0; i < tokens; i++ {
+				list = append(list, fmt.Sprintf(`{"token_index":%d,"token_id":%d,"token_text":"","position":%d}`, i, i, i))
+			}
+			b = append(b[:len(b)-1], []byte(`,"tokens":[`+strings.Join(list, ",")+`]}`)...)
+		}
+		if err := os.WriteFile(DefaultPath(path), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(wantOK bool, wantProblem string) Report {
+		t.Helper()
+		rep, _, err := CheckFile(path, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Resumable != wantOK || len(rep.Freed) != 2 || rep.Freed[0] != 4096 {
+			t.Fatalf("report %+v", rep)
+		}
+		if wantProblem != "" && (len(rep.Problems) == 0 || !strings.Contains(strings.Join(rep.Problems, "; "), wantProblem)) {
+			t.Fatalf("problems %q, want %q", rep.Problems, wantProblem)
+		}
+		return rep
+	}
+	writeCk(-1)
+	check(false, "leaves out its tokens list")
+	writeCk(149)
+	check(false, "lists 149 tokens")
+	writeCk(150)
+	rep := check(true, "")
+	if rep.Freed[1] != to || !strings.Contains(rep.FreedNote, "freed after their upload") || rep.ResumeToken != 200 ||
+		rep.Source != SourceStream || rep.CutEnd != "aborted" {
+		t.Fatalf("report %+v", rep)
+	}
+	// Freed into the checkpoint's last packet (whole blocks, as strapd frees): nothing left
+	// to check it against.
+	punchFile(to, 4096)
+	check(false, "past the checkpoint's last packet")
+	if err := os.Remove(DefaultPath(path)); err != nil {
+		t.Fatal(err)
+	}
+	check(false, "no checkpoint")
+}

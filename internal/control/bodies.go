@@ -50,6 +50,10 @@ type Open struct {
 	// resource log) into while it is written (PROTOCOL.md 1.3, OBJECT_STORAGE.md); empty:
 	// the daemon's own --upload target, if any.
 	Upload string `json:"upload,omitempty"`
+	// UploadFreeLocal frees this session's uploaded bytes on the local disk while it is
+	// written, as serve --upload-free-local does for every session (OBJECT_STORAGE.md);
+	// only with an upload (the session's own or the daemon's).
+	UploadFreeLocal bool `json:"upload_free_local,omitempty"`
 }
 
 // Resume is what a checkpointed stream prefix ends with (CHECKPOINTED of the session that
@@ -307,7 +311,9 @@ type UploadStatus struct {
 	// Session is the capture session writing it (0 once it ended before a restart).
 	Session uint64 `json:"session,omitempty"`
 	UID     uint32 `json:"uid"`
-	// State is "uploading", "retrying", "complete" or "stopped".
+	// State is "uploading", "retrying", "complete", "stopped", "waiting" (a capture that
+	// did not end complete, its local stream freed: the upload stays open for its resume)
+	// or "lost" (bytes the local disk no longer holds are missing on the server: Lost).
 	State string `json:"state"`
 	// DurableBytes is the stream's bytes durable on the local disk, UploadedBytes those the
 	// server acknowledged (in file order), LagBytes the difference.
@@ -324,6 +330,14 @@ type UploadStatus struct {
 	Verified string `json:"verified,omitempty"`
 	// LocalDeleted: the local files were deleted once verified (serve --upload-keep-local=false).
 	LocalDeleted bool `json:"local_deleted,omitempty"`
+	// FreedBytes are the stream's bytes freed on the local disk after their upload
+	// (serve --upload-free-local); FreeError says why freeing stopped (the file system
+	// cannot punch holes), the capture going on with nothing more freed.
+	FreedBytes int64  `json:"freed_bytes,omitempty"`
+	FreeError  string `json:"free_error,omitempty"`
+	// Lost names the byte range that is missing on the server after its local copy was
+	// freed: the object cannot be completed (state "lost").
+	Lost string `json:"lost,omitempty"`
 }
 
 // UploadDaemonStatus is the daemon's object-storage configuration and totals.
@@ -334,6 +348,8 @@ type UploadDaemonStatus struct {
 	StateDir string `json:"state_dir,omitempty"`
 	// KeepLocal: local files are kept once uploaded.
 	KeepLocal bool `json:"keep_local"`
+	// FreeLocal: uploaded bytes are freed on the local disk while a capture goes on.
+	FreeLocal bool `json:"free_local,omitempty"`
 	// UploadedBytes and Errors are totals over every upload since the daemon started.
 	UploadedBytes uint64 `json:"uploaded_bytes"`
 	Errors        uint64 `json:"errors"`

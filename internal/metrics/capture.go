@@ -51,6 +51,8 @@ var (
 	descUploadLag     = prometheus.NewDesc("strapd_upload_lag_bytes", "Durable stream bytes not yet acknowledged by the object store, all uploads in progress.", nil, nil)
 	descUploadActive  = prometheus.NewDesc("strapd_uploads_in_progress", "Uploads not yet complete (retrying included).", nil, nil)
 	descUploadFailing = prometheus.NewDesc("strapd_uploads_retrying", "Uploads whose last attempt failed.", nil, nil)
+	descUploadFreed   = prometheus.NewDesc("strapd_upload_freed_bytes", "Stream bytes freed on the local disk after their upload (serve --upload-free-local), uploads in progress.", nil, nil)
+	descUploadLost    = prometheus.NewDesc("strapd_uploads_lost", "Uploads that cannot complete: bytes freed on the local disk are missing on the server (status names the range).", nil, nil)
 
 	// rank and host come from the session's metadata.distributed; empty for a single process.
 	sessLabels       = []string{"session", "uid", "pid", "codec", "rank", "host"}
@@ -148,14 +150,19 @@ func (c captureCollector) Collect(ch chan<- prometheus.Metric) {
 	if u := d.Upload; u != nil {
 		counter(descUploadBytes, float64(u.UploadedBytes))
 		counter(descUploadErrors, float64(u.Errors))
-		var lag int64
-		active, retrying := 0, 0
+		var lag, freed int64
+		active, retrying, lost := 0, 0, 0
 		for _, up := range st.Uploads {
+			if up.State == "lost" {
+				lost++
+				continue // it will not go on: not in progress
+			}
 			if up.State == "complete" {
 				continue
 			}
 			active++
 			lag += up.LagBytes
+			freed += up.FreedBytes
 			if up.State == "retrying" {
 				retrying++
 			}
@@ -163,6 +170,8 @@ func (c captureCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descUploadLag, float64(lag))
 		gauge(descUploadActive, float64(active))
 		gauge(descUploadFailing, float64(retrying))
+		gauge(descUploadFreed, float64(freed))
+		gauge(descUploadLost, float64(lost))
 	}
 
 	if m.opts.Detail {

@@ -350,11 +350,15 @@ func TestUploadSeries(t *testing.T) {
 		{Object: "s3://caps/run/a.strap", State: "uploading", LagBytes: 100},
 		{Object: "s3://caps/run/b.strap", State: "retrying", LagBytes: 50, Errors: 3},
 		{Object: "s3://caps/run/c.strap", State: "complete", LagBytes: 0},
+		{Object: "s3://caps/run/d.strap", State: "uploading", LagBytes: 10, FreedBytes: 1 << 20},
+		{Object: "s3://caps/run/e.strap", State: "waiting", FreedBytes: 2 << 20},
+		{Object: "s3://caps/run/f.strap", State: "lost", FreedBytes: 4 << 20, Lost: "[4096, 4198400)"},
 	}
 	v, _ = gather(t, m)
 	for k, want := range map[string]float64{
-		"strapd_upload_bytes_total": 5 << 20, "strapd_upload_errors_total": 3, "strapd_upload_lag_bytes": 150,
-		"strapd_uploads_in_progress": 2, "strapd_uploads_retrying": 1,
+		"strapd_upload_bytes_total": 5 << 20, "strapd_upload_errors_total": 3, "strapd_upload_lag_bytes": 160,
+		"strapd_uploads_in_progress": 4, "strapd_uploads_retrying": 1, "strapd_upload_freed_bytes": 3 << 20,
+		"strapd_uploads_lost": 1,
 	} {
 		if got, ok := v[k]; !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v", k, got, ok, want)

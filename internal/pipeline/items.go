@@ -51,6 +51,12 @@ type Durable struct {
 	// LastOffset and LastCRC locate and identify the last packet (0 when there is none).
 	LastOffset uint64
 	LastCRC    uint32
+	// LastSeq is the last packet's sequence number (0 when there is none).
+	LastSeq uint64
+	// Index, with Env.IndexAtCheckpoint, holds the index entries of the packets written
+	// since the previous checkpoint (since the stream began, for the first): an upload
+	// that frees the local stream journals them first (stream.JournalRecord).
+	Index []stream.IndexEntry
 }
 
 type itemKind uint8

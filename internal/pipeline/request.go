@@ -86,6 +86,8 @@ type Env struct {
 	// OnCheckpoint is called from the writer goroutine once every event up to a
 	// checkpoint's seq is written and fdatasynced; it must not block.
 	OnCheckpoint func(Durable)
+	// IndexAtCheckpoint has OnCheckpoint's Durable carry the new index entries.
+	IndexAtCheckpoint bool
 	// OnDurable, when set, is called from the writer goroutine with the stream's size each
 	// time every byte before it is written and fdatasynced: after each checkpoint, and, when
 	// DurableEvery is positive, whenever that many bytes were written since the last time
@@ -215,6 +217,14 @@ func (p *Plan) Meta(id uint64, version string, now time.Time) StreamMeta {
 // maps the ring from ringFD, and writes the stream header (or checks and continues the
 // resumed prefix) to out. ringFD is always closed by Open, whatever the outcome (the
 // mapping outlives it); out stays the caller's to close.
+// UseJournal gives a resumed session the index journal of its prefix's freed packets
+// (stream.ResumeExpect.Journal); nil, or a session that does not resume: nothing.
+func (p *Plan) UseJournal(j *stream.Journal) {
+	if p.resume != nil {
+		p.resume.Journal = j
+	}
+}
+
 func (p *Plan) Open(env Env, ringFD int, out *os.File) (*Session, error) {
 	defer unix.Close(ringFD)
 	req := p.req

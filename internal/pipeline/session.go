@@ -88,7 +88,10 @@ type Session struct {
 	tokens, checkpoints, cpuRaw              atomic.Uint64
 	lastCkpt                                 atomic.Int64 // unix nanoseconds
 	// durableAt is the stream size last reported to OnDurable (the writer goroutine's).
-	durableAt  uint64
+	durableAt uint64
+	// indexed is how many index entries OnCheckpoint has handed out (IndexAtCheckpoint;
+	// the writer goroutine's).
+	indexed    int
 	finishOnce sync.Once
 	result     Result
 	resultErr  error
@@ -167,6 +170,9 @@ func start(o options) (*Session, error) {
 		tail:       tailTracker{release: o.Release},
 		failed:     make(chan struct{}),
 	}
+	// The index entries a resume took from the journal are in it already: the first
+	// checkpoint hands out only those after them.
+	s.indexed = w.JournaledEntries()
 	s.packets.Store(w.Packets())
 	s.drops.Store(w.Drops())
 	s.tokens.Store(w.Tokens())

@@ -63,8 +63,13 @@ func (s *Session) checkpoint(seq uint64) error {
 	lo, lc := s.w.LastPacket()
 	s.checkpoints.Add(1)
 	s.lastCkpt.Store(time.Now().UnixNano())
-	s.o.OnCheckpoint(Durable{Seq: seq, Offset: uint64(s.w.Offset()), Packets: s.w.Packets(),
-		Drops: s.w.Drops(), Tokens: s.w.Tokens(), LastOffset: uint64(lo), LastCRC: lc})
+	d := Durable{Seq: seq, Offset: uint64(s.w.Offset()), Packets: s.w.Packets(),
+		Drops: s.w.Drops(), Tokens: s.w.Tokens(), LastOffset: uint64(lo), LastCRC: lc, LastSeq: s.w.LastSeq()}
+	if s.o.IndexAtCheckpoint {
+		d.Index = s.w.IndexFrom(s.indexed)
+		s.indexed = s.w.IndexLen()
+	}
+	s.o.OnCheckpoint(d)
 	s.durableAt = uint64(s.w.Offset())
 	s.o.OnDurable(s.durableAt)
 	return nil

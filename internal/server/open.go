@@ -11,6 +11,7 @@ import (
 	"github.com/strap-llm/strap/internal/codec"
 	"github.com/strap-llm/strap/internal/control"
 	"github.com/strap-llm/strap/internal/pipeline"
+	"github.com/strap-llm/strap/internal/upload"
 )
 
 // open validates OPEN and its descriptors, counts the session against the quotas and
@@ -110,6 +111,10 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 		env.OnDurable = func(off uint64) { up.u.Durable(int64(off)) }
 		env.DurableEvery = uint64(c.srv.cfg.Uploads.Manager.PartSize())
 		env.CRCGrain = c.srv.cfg.Uploads.Manager.PartSize() // every part boundary is a multiple
+		// Freeing the local stream behind the upload needs the checkpoints and the index
+		// entries they cover; a resume of a freed prefix takes its entries from the journal.
+		env.IndexAtCheckpoint = up.u.FreesLocal()
+		plan.UseJournal(up.u.Journal())
 	}
 	log := c.log.With(zap.Uint64("session", id))
 	out := os.NewFile(uintptr(fds[1]), fmt.Sprintf("session-%d-output", id))
@@ -119,7 +124,12 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	sess, err := plan.Open(pipeline.Env{ID: id, Version: cfg.Version, Limits: cfg.Limits, Pool: c.srv.pool,
 		Budget: c.srv.budget, CPU: c.srv.cpu, Release: c.out.release, Log: log, WriteDelay: cfg.DebugWriteDelay, Observer: cfg.Observer,
 		OnDurable: env.OnDurable, DurableEvery: env.DurableEvery, CRCGrain: env.CRCGrain,
+		IndexAtCheckpoint: env.IndexAtCheckpoint,
 		OnCheckpoint: func(d pipeline.Durable) {
+			if env.IndexAtCheckpoint {
+				up.u.Checkpointed(upload.Checkpoint{Offset: int64(d.Offset), Packets: d.Packets, Drops: d.Drops, Tokens: d.Tokens,
+					LastSeq: d.LastSeq, LastOffset: int64(d.LastOffset), LastCRC: d.LastCRC, Index: d.Index})
+			}
 			c.out.send(control.TypeCheckpointed, control.Checkpointed{Seq: d.Seq, Offset: d.Offset, Packets: d.Packets,
 				Drops: d.Drops, Tokens: d.Tokens, LastOffset: d.LastOffset, LastCRC: d.LastCRC})
 		},

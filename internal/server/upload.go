@@ -58,6 +58,8 @@ func (c *conn) beginUpload(req control.Open, outFD int, sideFDs []int, id uint64
 		target = t
 	case cfg.Default != nil:
 		target = *cfg.Default
+	case req.UploadFreeLocal:
+		return nil, perr(control.CodeBadMessage, "upload_free_local without an upload: name one with \"upload\" (this strapd has no serve --upload)")
 	default:
 		return nil, nil
 	}
@@ -72,9 +74,24 @@ func (c *conn) beginUpload(req control.Open, outFD int, sideFDs []int, id uint64
 	if err != nil {
 		return nil, perr(control.CodeUploadRefused, "upload needs to read the stream back: %v (make the file readable by strapd's user, or open it O_RDWR)", err)
 	}
-	u, err := cfg.Manager.Begin(upload.Stream{File: rf, Path: path, Target: target, AppendAt: int64(req.AppendAt), Session: id, UID: c.cred.Uid})
+	var punch *os.File
+	freeLocal := cfg.Manager.FreeLocal() || req.UploadFreeLocal
+	if freeLocal {
+		// A descriptor that may punch holes: the client's own (read-only rf cannot).
+		nfd, err := unix.FcntlInt(uintptr(outFD), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			rf.Close()
+			return nil, perr(control.CodeUploadRefused, "upload with --upload-free-local: duplicate the output descriptor: %v", err)
+		}
+		punch = os.NewFile(uintptr(nfd), path)
+	}
+	u, err := cfg.Manager.Begin(upload.Stream{File: rf, Path: path, Target: target, AppendAt: int64(req.AppendAt), Session: id, UID: c.cred.Uid,
+		FreeLocal: freeLocal, Punch: punch})
 	if err != nil {
 		rf.Close()
+		if punch != nil {
+			punch.Close()
+		}
 		return nil, perr(control.CodeUploadRefused, "upload to %s: %v", target, err)
 	}
 	su := &sessionUpload{u: u, path: path, uid: c.cred.Uid}
@@ -211,7 +228,7 @@ func (s *Server) uploadStatus() (*control.UploadDaemonStatus, []control.UploadSt
 	if m == nil {
 		return ds, nil
 	}
-	ds.StateDir, ds.KeepLocal = m.StateDir(), m.KeepLocal()
+	ds.StateDir, ds.KeepLocal, ds.FreeLocal = m.StateDir(), m.KeepLocal(), m.FreeLocal()
 	ds.UploadedBytes, ds.Errors = m.Totals()
 	var ups []control.UploadStatus
 	for _, u := range m.Status() {

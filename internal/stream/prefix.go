@@ -18,14 +18,22 @@ type Prefix struct {
 // packet. Each difference is one error wrapping ErrResumeMismatch; none means writing may
 // continue at the prefix's end.
 func CheckPrefix(r *Reader, e ResumeExpect, visit func(*PacketInfo)) (Prefix, []error) {
+	return CheckPrefixFrom(r, r.header.DataOffset, Prefix{}, e, visit)
+}
+
+// CheckPrefixFrom is CheckPrefix for a prefix whose packets before start are known from
+// elsewhere (an index journal, for a prefix freed after its upload): base counts them and
+// names the last of them; the walk begins at start. The last packet's bytes are checked
+// only when the walk read it.
+func CheckPrefixFrom(r *Reader, start int64, base Prefix, e ResumeExpect, visit func(*PacketInfo)) (Prefix, []error) {
 	var (
-		pre  Prefix
+		pre  = base
 		errs []error
 	)
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf(format+": %w", append(args, ErrResumeMismatch)...))
 	}
-	sc := r.Scan(true)
+	sc := r.ScanFrom(start, true)
 	for sc.Next() {
 		p := sc.Packet()
 		switch p.Type {
@@ -58,7 +66,7 @@ func CheckPrefix(r *Reader, e ResumeExpect, visit func(*PacketInfo)) (Prefix, []
 		bad("last packet of the prefix has seq %d, checkpoint says %d", last.Seq, e.LastSeq)
 	case last.CRC != e.LastCRC:
 		bad("last packet (offset %d) has crc %#08x, checkpoint says %#08x", last.Offset, last.CRC, e.LastCRC)
-	default:
+	case last.Offset >= start:
 		// The header field alone could be stale: check the bytes too.
 		if _, _, err := r.ReadPacket(last.Offset); err != nil {
 			bad("last packet of the prefix: %w", err)

@@ -312,6 +312,12 @@ func (r *Reader) Scan(headersOnly bool) *Scanner {
 	return &Scanner{r: r, headersOnly: headersOnly, off: r.header.DataOffset, indexOff: -1}
 }
 
+// ScanFrom is Scan from off, a packet boundary (the walk of a prefix whose start was
+// freed begins where the bytes are still there).
+func (r *Reader) ScanFrom(off int64, headersOnly bool) *Scanner {
+	return &Scanner{r: r, headersOnly: headersOnly, off: off, indexOff: -1}
+}
+
 // Next advances to the next packet. It returns false at the end of the stream (the
 // footer, or the end of a stream cut at a packet boundary) or on error.
 func (s *Scanner) Next() bool {

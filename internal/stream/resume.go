@@ -1,9 +1,12 @@
 package stream
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/strap-llm/strap/internal/codec"
 )
@@ -18,6 +21,9 @@ type ResumeExpect struct {
 	LastCRC uint32
 	// Packets is the number of TENSOR, DROP and TOKEN packets in the prefix.
 	Packets uint64
+	// Journal is the index journal of an upload that freed the start of the prefix
+	// (--upload-free-local); nil: none. A prefix with freed bytes cannot resume without it.
+	Journal *Journal
 }
 
 // Resume continues the stream in f at e.AppendAt. f must be readable (O_RDWR): the prefix
@@ -52,7 +58,11 @@ func ResumeWith(f *os.File, e ResumeExpect, o WriterOptions) (*Writer, error) {
 	}
 	w := &Writer{f: f, rc: rc, regular: true, codecOK: map[codec.ID]bool{},
 		names: map[string]uint32{}}
-	pre, errs := CheckPrefix(r, e, func(p *PacketInfo) {
+	start, base, err := freedBase(f, r, e, w)
+	if err != nil {
+		return nil, err
+	}
+	pre, errs := CheckPrefixFrom(r, start, base, e, func(p *PacketInfo) {
 		w.account(p.Name, p.Type, p.Flags, p.Seq, p.Step, p.Forward, p.Offset)
 	})
 	if len(errs) > 0 {
@@ -77,4 +87,72 @@ func ResumeWith(f *os.File, e ResumeExpect, o WriterOptions) (*Writer, error) {
 	}
 	w.writeBehind()
 	return w, nil
+}
+
+// freedBase is where the walk of a resumed prefix starts and what comes before it. A
+// prefix with no freed bytes is walked from its first packet. One whose start was freed
+// after its upload takes the entries of the packets up to the last journal record that
+// ends inside the prefix (they go into w's index as the walk's would) and is walked from
+// there: the freed bytes must all lie before that record's end.
+func freedBase(f *os.File, r *Reader, e ResumeExpect, w *Writer) (int64, Prefix, error) {
+	data := r.Header().DataOffset
+	hs, he, freed, err := FreedRange(f, data, e.AppendAt)
+	if err != nil {
+		return 0, Prefix{}, fmt.Errorf("look for freed bytes in the stream: %w", err)
+	}
+	if !freed {
+		return data, Prefix{}, nil
+	}
+	if e.Journal == nil {
+		return 0, Prefix{}, fmt.Errorf("bytes [%d, %d) of the prefix were freed after their upload (--upload-free-local), and this resume has no index journal of them: resume with the upload to the same target and the same --upload-state-dir: %w", hs, he, ErrResumeMismatch)
+	}
+	entries, rec, ok := e.Journal.Upto(e.AppendAt)
+	if !ok || rec.End < he {
+		return 0, Prefix{}, fmt.Errorf("bytes [%d, %d) of the prefix were freed, but the index journal describes the stream only up to %d (of append_at %d): the freed packets cannot be accounted for: %w", hs, he, rec.End, e.AppendAt, ErrResumeMismatch)
+	}
+	if rec.End == e.AppendAt && rec.Packets > 0 && rec.LastOffset < he {
+		return 0, Prefix{}, fmt.Errorf("bytes [%d, %d) of the prefix were freed, its last packet (at %d) among them: a resume must keep at least the prefix of the last-but-one checkpoint: %w", hs, he, rec.LastOffset, ErrResumeMismatch)
+	}
+	for _, p := range entries {
+		w.account(p.Name, p.Type, p.Flags, p.Seq, p.Step, p.Forward, p.Offset)
+	}
+	w.journaled = len(entries)
+	base := Prefix{Packets: rec.Packets, Tokens: rec.Tokens}
+	if rec.Packets > 0 {
+		base.Last = &PacketInfo{Offset: rec.LastOffset, Header: Header{Seq: rec.LastSeq}, CRC: rec.LastCRC}
+	}
+	return rec.End, base, nil
+}
+
+// FreedRange reports the freed bytes (holes, SEEK_HOLE/SEEK_DATA) in f's [from, to): from
+// the first hole's start to the end of the last one before to. It never reads the bytes:
+// a run of zeros that is data is not a hole. A file system without SEEK_HOLE reports none.
+// It moves f's file offset.
+func FreedRange(f *os.File, from, to int64) (start, end int64, ok bool, err error) {
+	fd := int(f.Fd())
+	h, err := unix.Seek(fd, from, unix.SEEK_HOLE)
+	if errors.Is(err, unix.ENXIO) || (err == nil && h >= to) {
+		return 0, 0, false, nil
+	}
+	if err != nil {
+		return 0, 0, false, err
+	}
+	start, pos := h, h
+	for {
+		d, err := unix.Seek(fd, pos, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) || (err == nil && d >= to) {
+			return start, to, true, nil
+		}
+		if err != nil {
+			return 0, 0, false, err
+		}
+		h2, err := unix.Seek(fd, d, unix.SEEK_HOLE)
+		if err != nil {
+			return 0, 0, false, err
+		}
+		if h2 >= to {
+			return start, d, true, nil
+		}
+		pos = h2
+	}
 }

@@ -79,6 +79,8 @@ type Writer struct {
 	names   map[string]uint32
 	nameLst []string
 	index   []indexEntry
+	// journaled is how many of the index entries a resume took from an index journal.
+	journaled int
 
 	// written is how many bytes of the stream are in the file: every writev call holds
 	// whole packets, so it is a packet boundary between calls.
@@ -846,3 +848,32 @@ func (w *Writer) indexPayload() []byte {
 	}
 	return b
 }
+
+// IndexLen is how many index entries the writer holds (one per TENSOR/DROP/TOKEN packet).
+func (w *Writer) IndexLen() int { return len(w.index) }
+
+// IndexFrom is the index entries from the i-th on, names resolved (an upload's index
+// journal, stream.JournalRecord).
+func (w *Writer) IndexFrom(i int) []IndexEntry {
+	if i >= len(w.index) {
+		return nil
+	}
+	out := make([]IndexEntry, 0, len(w.index)-i)
+	for _, e := range w.index[i:] {
+		out = append(out, IndexEntry{Header: Header{Type: e.typ, Flags: uint8(e.flags), Seq: e.seq, Step: e.step, Forward: e.forward},
+			Name: w.nameLst[e.nameIdx], Offset: int64(e.offset)})
+	}
+	return out
+}
+
+// LastSeq is the sequence number of the last TENSOR/DROP/TOKEN packet (0: none yet).
+func (w *Writer) LastSeq() uint64 {
+	if len(w.index) == 0 {
+		return 0
+	}
+	return w.index[len(w.index)-1].seq
+}
+
+// JournaledEntries is how many index entries a resume took from its index journal (the
+// first ones; 0 when none).
+func (w *Writer) JournaledEntries() int { return w.journaled }

@@ -14,6 +14,8 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+
+	"github.com/strap-llm/strap/internal/stream"
 )
 
 // Options configure a Manager.
@@ -28,6 +30,9 @@ type Options struct {
 	Concurrency int
 	// KeepLocal keeps the local files once their objects are complete and verified.
 	KeepLocal bool
+	// FreeLocal frees a stream's uploaded bytes on the local disk while its capture goes on
+	// (free.go); the local files are then deleted once complete, whatever KeepLocal says.
+	FreeLocal bool
 	// MinBackoff and MaxBackoff bound the wait between failed attempts (1 s and 1 min when 0).
 	MinBackoff, MaxBackoff time.Duration
 	// Log receives the uploads' log lines.
@@ -49,6 +54,7 @@ type Manager struct {
 	uploaded atomic.Uint64 // bytes acknowledged by the server, all uploads
 	errs     atomic.Uint64
 	readBack atomic.Uint64 // parts whose CRC32C was read back from the disk, all uploads
+	freed    atomic.Uint64 // bytes freed on the local disk, all uploads
 }
 
 // maxEnded is how many finished uploads status keeps showing.
@@ -80,6 +86,10 @@ func NewManager(o Options) (*Manager, error) {
 	if o.StateDir == "" {
 		return nil, errors.New("upload: no state directory")
 	}
+	if o.FreeLocal {
+		// A freed stream is no whole copy to keep: the object is.
+		o.KeepLocal = false
+	}
 	// The directory is made with the first upload's state (State.save), not here: a
 	// daemon that never uploads leaves nothing behind.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -94,6 +104,12 @@ func (m *Manager) PartSize() int64 { return m.o.PartSize }
 
 // KeepLocal says whether local files are kept once uploaded.
 func (m *Manager) KeepLocal() bool { return m.o.KeepLocal }
+
+// FreeLocal says whether uploaded bytes are freed on the local disk during a capture.
+func (m *Manager) FreeLocal() bool { return m.o.FreeLocal }
+
+// FreedBytes are the bytes freed on the local disk since the daemon started, all uploads.
+func (m *Manager) FreedBytes() uint64 { return m.freed.Load() }
 
 // StateDir is the directory of the state files.
 func (m *Manager) StateDir() string { return m.o.StateDir }
@@ -170,6 +186,12 @@ type Stream struct {
 	// Session numbers the capture session and UID is its owner (status).
 	Session uint64
 	UID     uint32
+	// FreeLocal frees this stream's uploaded bytes while it is written (free.go), also
+	// where the manager's option does not; Punch is then a writable descriptor of the
+	// stream to free them with (the upload closes it when the session ends; nil: nothing
+	// is freed).
+	FreeLocal bool
+	Punch     *os.File
 }
 
 // Begin starts (or, for a resumed capture of the same file, continues) the upload of a
@@ -192,12 +214,30 @@ func (m *Manager) Begin(s Stream) (*Upload, error) {
 	}
 	key := s.Target.Key(filepath.Base(s.Path))
 	st, err := loadState(filepath.Join(m.o.StateDir, name))
+	var journal *stream.Journal
 	switch {
+	case err == nil && s.AppendAt > 0 && st.FreedTo > 0 && (st.Bucket != s.Target.Bucket || st.Key != key):
+		return nil, fmt.Errorf("bytes [%d, %d) of %s were freed on the local disk after their upload to %s: the resumed capture must upload to the same object (it goes on with that multipart upload)",
+			st.FreedFrom, st.FreedTo, s.Path, ObjectURL(st.Bucket, st.Key))
+	case err == nil && s.AppendAt > 0 && st.FreedTo > s.AppendAt:
+		return nil, fmt.Errorf("the resume cuts %s back to %d bytes, before the end of its bytes freed after their upload (%d): those cannot be written again", s.Path, s.AppendAt, st.FreedTo)
 	case err == nil && s.AppendAt > 0 && st.Bucket == s.Target.Bucket && st.Key == key && st.UploadID != "":
+		if st.FreedTo > 0 {
+			// The resume takes the freed packets' index entries from the journal.
+			if journal, err = m.loadJournal(st, s.AppendAt); err != nil {
+				return nil, fmt.Errorf("bytes [%d, %d) of %s were freed after their upload; their index: %w", st.FreedFrom, st.FreedTo, s.Path, err)
+			}
+		} else if rerr := os.Remove(m.journalPath(st)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			return nil, fmt.Errorf("remove the stale index journal: %w", rerr)
+		}
 		// A resumed capture: keep the parts wholly inside the checked prefix.
 		keep := 0
 		for keep < len(st.Parts) && partStart(st.PartSize, st.Parts[keep].Number)+st.Parts[keep].Size <= s.AppendAt {
 			keep++
+		}
+		if keep < len(st.Parts) && partStart(st.PartSize, st.Parts[keep].Number) < st.FreedTo {
+			return nil, fmt.Errorf("the resume cuts %s back to %d bytes, inside part %d, which holds bytes freed after their upload (up to %d): that part cannot be sent again",
+				s.Path, s.AppendAt, st.Parts[keep].Number, st.FreedTo)
 		}
 		st.Parts = st.Parts[:keep]
 		st.FinalSize = -1
@@ -212,8 +252,13 @@ func (m *Manager) Begin(s Stream) (*Upload, error) {
 		} else if err != nil && !errors.Is(err, os.ErrNotExist) {
 			m.o.Log.Warn("upload state unreadable, starting the upload anew", zap.Error(err))
 		}
+		if err == nil {
+			if rerr := os.Remove(m.journalPath(st)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+				return nil, fmt.Errorf("remove the stale index journal: %w", rerr)
+			}
+		}
 		st = &State{Version: stateVersion, Bucket: s.Target.Bucket, Key: key, PartSize: m.o.PartSize,
-			Path: s.Path, Dev: dev, Ino: ino, UID: s.UID, FinalSize: -1, KeepLocal: m.o.KeepLocal}
+			Path: s.Path, Dev: dev, Ino: ino, UID: s.UID, FinalSize: -1, KeepLocal: m.o.KeepLocal && !s.FreeLocal}
 	}
 	if err := checkKey(key); err != nil {
 		return nil, fmt.Errorf("object key: %w", err)
@@ -223,6 +268,16 @@ func (m *Manager) Begin(s Stream) (*Upload, error) {
 	}
 	u := m.newUpload(st, s.File, s.Session)
 	u.reconcile = len(st.Parts) > 0
+	if u.freeLocal = m.o.FreeLocal || s.FreeLocal; u.freeLocal {
+		// A freed stream is no whole copy to keep: the object is.
+		st.KeepLocal = false
+		u.punch = s.Punch
+	} else if s.Punch != nil {
+		s.Punch.Close()
+	}
+	if journal != nil {
+		u.journal, u.journalEnd = journal, journal.End()
+	}
 	m.start(u)
 	return u, nil
 }

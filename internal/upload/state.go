@@ -77,6 +77,11 @@ type State struct {
 	Stale []string `json:"stale,omitempty"`
 	// Parts are the full parts uploaded, numbered 1..len(Parts) in file order.
 	Parts []Part `json:"parts"`
+	// FreedFrom and FreedTo are the stream's bytes freed on the local disk after their
+	// upload (Options.FreeLocal; 0, 0: none). Recorded before the hole is punched, they
+	// lie inside the parts above: those parts can never be sent again.
+	FreedFrom int64 `json:"freed_from,omitempty"`
+	FreedTo   int64 `json:"freed_to,omitempty"`
 }
 
 // partStart is the offset of part n (1-based) for a first part size base: sizes double
@@ -162,6 +167,12 @@ func (s *State) check() error {
 		if c, err := base64.StdEncoding.DecodeString(p.CRC32C); err != nil || len(c) != 4 {
 			return fmt.Errorf("part %d: crc32c %q is not 4 bytes in base64", p.Number, p.CRC32C)
 		}
+	}
+	if s.FreedFrom < 0 || s.FreedTo < s.FreedFrom || s.FreedFrom%4096 != 0 || s.FreedTo%4096 != 0 || (s.FreedFrom == 0) != (s.FreedTo == 0) {
+		return fmt.Errorf("freed range [%d, %d): expected 4 KiB multiples, from < to, or both 0", s.FreedFrom, s.FreedTo)
+	}
+	if s.FreedTo > s.uploaded() {
+		return fmt.Errorf("freed range ends at %d, past the parts uploaded (%d bytes)", s.FreedTo, s.uploaded())
 	}
 	if len(s.Sides) > 16 {
 		return fmt.Errorf("%d side files, at most 16", len(s.Sides))

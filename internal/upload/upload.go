@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/strap-llm/strap/internal/crc32c"
+	"github.com/strap-llm/strap/internal/stream"
 	"golang.org/x/sys/unix"
 )
 
@@ -26,6 +27,13 @@ const (
 	StateComplete = "complete"
 	// StateStopped: strapd stopped before the upload was complete; its state file is kept.
 	StateStopped = "stopped"
+	// StateWaiting: the session did not end complete and the local stream was freed
+	// behind the upload (FreeLocal): the multipart upload stays open, with its state file,
+	// for the capture's resume to go on with.
+	StateWaiting = "waiting"
+	// StateLost: bytes the local disk no longer holds (freed) are missing on the server;
+	// the object cannot be completed (Status.Lost names them).
+	StateLost = "lost"
 )
 
 // Status is one upload as `strapd status` and /metrics show it; control.UploadStatus, its
@@ -51,6 +59,12 @@ type Status struct {
 	Verified string `json:"verified,omitempty"`
 	// LocalDeleted: the local files were deleted after the objects were verified.
 	LocalDeleted bool `json:"local_deleted,omitempty"`
+	// FreedBytes are the bytes freed on the local disk after their upload (FreeLocal);
+	// FreeError says why freeing stopped.
+	FreedBytes int64  `json:"freed_bytes,omitempty"`
+	FreeError  string `json:"free_error,omitempty"`
+	// Lost names the freed byte range missing on the server (StateLost).
+	Lost string `json:"lost,omitempty"`
 }
 
 // SideFile is a file the session wrote beside the stream (trace, resource log), uploaded
@@ -79,6 +93,7 @@ type Upload struct {
 
 	mu        sync.Mutex
 	finalReq  int64 // -1 until Finish
+	parkAt    int64 // the final size of a parked upload (StateWaiting)
 	sidesReq  []SideFile
 	staleReq  []string // RemoveBeside's names
 	keepReq   bool     // KeepLocal was called
@@ -87,6 +102,28 @@ type Upload struct {
 	status    Status
 	done      bool
 	finishedC chan struct{}
+
+	// Freeing the local stream (free.go). Under mu: the checkpoints not yet journaled, and
+	// the last two checkpoints' offsets and last packets' offsets.
+	pending        []Checkpoint
+	pendingEntries int
+	freeStopped    bool // stopFreeing was called
+	ckpts          []int64
+	lastOffs       []int64
+	// punch is a writable descriptor of the stream for fallocate (nil: none, or closed
+	// once the session ended: it shares the client's lock on the file).
+	punchMu sync.Mutex
+	punch   *os.File
+	// The upload goroutine's: the journal loaded for a resume, where the journal file
+	// ends, the stream's header end and the first offset that may be freed (its 4 KiB
+	// multiple), whether freeing stopped, and whether the upload is parked (StateWaiting).
+	freeLocal  bool // set by Begin
+	journal    *stream.Journal
+	journalEnd int64
+	hdrEnd     int64
+	dataOff    int64
+	noFree     bool
+	parked     bool
 }
 
 func (m *Manager) newUpload(st *State, f *os.File, session uint64) *Upload {
@@ -94,7 +131,7 @@ func (m *Manager) newUpload(st *State, f *os.File, session uint64) *Upload {
 		finalReq: -1, finishedC: make(chan struct{})}
 	u.ctx, u.cancel = context.WithCancel(m.ctx)
 	u.status = Status{Object: ObjectURL(st.Bucket, st.Key), Path: st.Path, Session: session, UID: st.UID, State: StateUploading,
-		FinalSize: st.FinalSize, Parts: len(st.Parts), UploadedBytes: st.uploaded()}
+		FinalSize: st.FinalSize, Parts: len(st.Parts), UploadedBytes: st.uploaded(), FreedBytes: st.FreedTo - st.FreedFrom}
 	u.wakeUp()
 	return u
 }
@@ -132,6 +169,9 @@ func (u *Upload) Durable(off int64) {
 // verifies it, uploads the side files beside it and then, unless kept, deletes the local
 // files. It returns at once; Done is closed when the upload has ended.
 func (u *Upload) Finish(sides []SideFile) error {
+	// Nothing is freed once the session ended, and the descriptor shares the client's
+	// lock on the file: a resume waits for it.
+	u.closePunch()
 	var err error
 	for {
 		if err = unix.Fdatasync(int(u.f.Fd())); err != unix.EINTR {
@@ -289,6 +329,19 @@ func (u *Upload) run() {
 		case <-u.wake:
 		}
 		done, err := u.step(ctx)
+		var lost *LostError
+		if errors.As(err, &lost) {
+			u.m.errs.Add(1)
+			msg := trimErr(err.Error())
+			u.mu.Lock()
+			u.status.State, u.status.Lost, u.status.LastError = StateLost, lost.Range(), msg
+			u.status.Errors++
+			u.done = true
+			u.mu.Unlock()
+			log.Error("upload cannot be completed: bytes freed on the local disk are missing on the server", zap.String("error", msg),
+				zap.Int64("lost_from", lost.From), zap.Int64("lost_to", lost.To))
+			return
+		}
 		if err == nil {
 			backoff = u.m.o.MinBackoff
 			if done {
@@ -339,6 +392,7 @@ func (u *Upload) sleep(ctx context.Context, d time.Duration) bool {
 // step sends what may go now; done when the object is complete and everything after it too.
 func (u *Upload) step(ctx context.Context) (bool, error) {
 	st := u.st
+	u.flushJournalIfLarge() // freeing's index journal: bounded in memory, whatever the server does
 	if u.reconcile {
 		if err := u.reconcileParts(ctx); err != nil {
 			return false, err
@@ -351,6 +405,9 @@ func (u *Upload) step(ctx context.Context) (bool, error) {
 	avail := u.durable.Load()
 	if st.FinalSize >= 0 {
 		avail = st.FinalSize
+	}
+	if u.parked {
+		avail = u.parkAt
 	}
 	buf := make([]byte, crcBufSize)
 	for {
@@ -400,10 +457,26 @@ func (u *Upload) step(ctx context.Context) (bool, error) {
 			up := st.uploaded()
 			u.setStatus(func(s *Status) { s.UploadedBytes = up; s.Parts = len(st.Parts) })
 			u.forgetCRCs(up)
+			u.freeBehind()
 		}
 		if ok < len(batch) {
+			if notFound(errs[ok]) {
+				// The server forgot the upload while it went on: the next attempt
+				// compares its parts with the server's (and starts anew, or reports the
+				// freed bytes lost).
+				u.reconcile = true
+			}
 			return false, errs[ok]
 		}
+	}
+	u.freeBehind() // a checkpoint may have moved the bound without a new part
+	if u.parked {
+		u.mu.Lock()
+		u.status.State, u.status.LastError, u.done = StateWaiting, "", true
+		u.mu.Unlock()
+		u.m.o.Log.Info("upload waits for the capture to resume: the session did not end complete and the local stream was freed behind the upload",
+			zap.String("object", u.object()), zap.Int("parts", len(st.Parts)), zap.Int64("freed_to", st.FreedTo))
+		return true, nil
 	}
 	if st.FinalSize < 0 {
 		return false, nil
@@ -422,6 +495,29 @@ func (u *Upload) takeFinish() error {
 	u.finalReq, u.sidesReq, u.staleReq = -1, nil, nil
 	u.mu.Unlock()
 	st := u.st
+	if keepLocal && st.FreedTo > 0 {
+		// A stream that did not end complete, freed behind its upload: completing its
+		// object would end the multipart upload its resume must go on with (the freed
+		// parts cannot be sent again). The upload sends the whole parts there are and
+		// waits, its state file kept; the side files go with the resumed session's.
+		u.parked, u.parkAt = true, final
+		for _, sd := range sides {
+			sd.File.Close()
+		}
+		return nil
+	}
+	// Full parts past the final size go again: none of them may hold a freed byte.
+	for _, p := range st.Parts {
+		if e := partStart(st.PartSize, p.Number) + p.Size; e > final {
+			if err := u.lost(partStart(st.PartSize, p.Number), fmt.Sprintf("part %d ends past the stream's final size %d", p.Number, final)); err != nil {
+				u.mu.Lock()
+				u.finalReq, u.sidesReq, u.staleReq = final, sides, stale // the next step meets it again
+				u.mu.Unlock()
+				return err
+			}
+			break
+		}
+	}
 	st.FinalSize = final
 	st.KeepLocal = st.KeepLocal || keepLocal
 	// Full parts past the final size (bytes cut back after a failed write) go again as
@@ -520,6 +616,9 @@ func (u *Upload) reconcileParts(ctx context.Context) error {
 				return nil
 			}
 		}
+		if lerr := u.lost(0, "the server no longer knows the multipart upload"); lerr != nil {
+			return lerr
+		}
 		u.m.o.Log.Warn("the server no longer knows the multipart upload; starting it anew", zap.String("object", u.object()))
 		st.UploadID, st.Parts = "", nil
 		return st.save(u.m.o.StateDir)
@@ -537,6 +636,10 @@ func (u *Upload) reconcileParts(ctx context.Context) error {
 		keep++
 	}
 	if keep < len(st.Parts) {
+		p := st.Parts[keep]
+		if lerr := u.lost(partStart(st.PartSize, p.Number), fmt.Sprintf("part %d is missing on the server or differs from the one sent", p.Number)); lerr != nil {
+			return lerr
+		}
 		u.m.o.Log.Info("parts sent again after a restart", zap.String("object", u.object()), zap.Int("from_part", keep+1))
 		st.Parts = st.Parts[:keep]
 		return st.save(u.m.o.StateDir)
@@ -556,6 +659,9 @@ func (u *Upload) completeAll(ctx context.Context, buf []byte) error {
 		}
 		tail := Part{Number: next, Size: st.FinalSize - start}
 		if err := u.sendPart(ctx, &tail, buf); err != nil {
+			if notFound(err) {
+				u.reconcile = true // as in step
+			}
 			return err
 		}
 		parts = append(parts, tail)
@@ -570,6 +676,9 @@ func (u *Upload) completeAll(ctx context.Context, buf []byte) error {
 	}
 	verified, err := u.verifyLocked(ctx, parts)
 	if err != nil {
+		if lerr := u.lost(0, "the completed object does not verify ("+Describe(err)+")"); lerr != nil {
+			return lerr
+		}
 		// A wrong object is never left as if it were right: the next attempt sends it anew.
 		st.UploadID, st.Parts = "", nil
 		if serr := st.save(u.m.o.StateDir); serr != nil {
@@ -607,6 +716,9 @@ func (u *Upload) completeAll(ctx context.Context, buf []byte) error {
 	}
 	if err := os.Remove(u.m.statePath(st)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		u.m.o.Log.Warn("remove upload state", zap.Error(err))
+	}
+	if err := os.Remove(u.m.journalPath(st)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		u.m.o.Log.Warn("remove index journal", zap.Error(err))
 	}
 	u.m.o.Log.Info("upload complete", zap.String("object", u.object()), zap.Int64("bytes", st.FinalSize),
 		zap.Int("parts", len(parts)), zap.String("verified", verified), zap.Int("side_files", len(st.Sides)), zap.Bool("local_deleted", deleted))

@@ -181,7 +181,8 @@ class Capture:
                     out.fd, trace_fd,
                     _open.open_request(model, self.config, plan, self.hooked_modules, opts.output_path,
                                        self.fingerprint(), out.resume, upload=self.upload_target,
-                                       distributed=self._distributed(model, hooks)),
+                                       distributed=self._distributed(model, hooks),
+                                       upload_free_local=opts.upload_free_local),
                     resume_seq=out.resume.last_seq if out.resume is not None else 0, resources_fd=res_fd)
             finally:
                 for fd in (trace_fd, res_fd):

@@ -49,7 +49,7 @@ def fingerprint(model: "nn.Module", config: InstrumentationConfig, plan: Transpo
 
 def open_request(model: "nn.Module", config: InstrumentationConfig, plan: TransportPlan, modules: List[str],
                  output_path: str, fp: str, resume: Optional[ckpt.Checkpoint], upload: Optional[str] = None,
-                 distributed: Optional[Dict[str, Any]] = None) -> P.Open:
+                 distributed: Optional[Dict[str, Any]] = None, upload_free_local: bool = False) -> P.Open:
     """The OPEN body of a capture.
 
     ``ring_size`` and ``policy`` are the plan's here; the session sets them from the ring it
@@ -64,6 +64,8 @@ def open_request(model: "nn.Module", config: InstrumentationConfig, plan: Transp
         fp: the capture's fingerprint.
         resume: the checkpoint a resumed capture continues, or None.
         upload: the s3:// target strapd uploads the stream into, or None.
+        upload_free_local: ask strapd to free the uploaded bytes on the local disk while
+            it captures (``serve --upload-free-local`` for this session).
         distributed: the ``distributed`` object of a rank of several (docs/DISTRIBUTED.md),
             or None (then detected here, without a layout).
 
@@ -99,4 +101,5 @@ def open_request(model: "nn.Module", config: InstrumentationConfig, plan: Transp
     return P.Open(ring_size=plan.ring_size, codec=plan.codec, codec_level=plan.codec_level, policy=plan.policy,
                   block_size=plan.block_size, lossy=lossy,
                   append_at=resume.stream_offset if resume is not None else None, resume=resume_body,
-                  memory_hint=plan.memory_hint, metadata=metadata, upload=upload)
+                  memory_hint=plan.memory_hint, metadata=metadata, upload=upload,
+                  upload_free_local=True if upload_free_local else None)

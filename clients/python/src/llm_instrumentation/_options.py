@@ -54,6 +54,8 @@ class SessionOptions:
             ``"MINIMAL"``/``"DETAILED"``/``"VERBOSE"`` (stored as the level's name).
         upload: ``"s3://bucket/prefix"`` strapd uploads the stream into while it captures
             (None: the config's, else the daemon's ``serve --upload``, if any).
+        upload_free_local: strapd frees the stream's uploaded bytes on the local disk while
+            it captures (``serve --upload-free-local`` for this session; needs an upload).
         parallel_layout: the job's parallel layout as given (docs/DISTRIBUTED.md D1): None,
             a ``DeviceMesh``, a dict or a :class:`~._distributed.ParallelLayout`; refused in
             a single process.
@@ -78,6 +80,7 @@ class SessionOptions:
     trace_path: Optional[Union[str, bool]] = None
     resource_level: Optional[Union[str, int, bool]] = None
     upload: Optional[str] = None
+    upload_free_local: bool = False
     parallel_layout: Any = None
     sharding: Any = None
     replicated: str = "tp_rank0"
@@ -114,6 +117,8 @@ class SessionOptions:
             set_(self, "resource_level", ResourceLevel.parse(self.resource_level).name)
         if self.upload is not None:
             set_(self, "upload", check_upload_url(self.upload))
+        if not isinstance(self.upload_free_local, bool):
+            raise TypeError(f"upload_free_local={self.upload_free_local!r}: expected True or False")
 
     def with_capture(self, **changes: Any) -> "SessionOptions":
         """A copy with other per-capture options (checked again).

@@ -237,6 +237,7 @@ class Open(Body):
     metadata: Optional[Dict[str, Any]] = None
     resources: Optional[bool] = None
     upload: Optional[str] = None
+    upload_free_local: Optional[bool] = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,7 +17,9 @@ checkpoint. The same descriptor, locked with ``flock``, goes to strapd with ``ap
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import errno
 import hashlib
 import json
 import os
@@ -66,6 +68,10 @@ class Checkpoint:
     format: str = FORMAT
     version: int = VERSION
     extra: Dict[str, Any] = field(default_factory=dict)
+    #: 1.3.1's ``tokens`` list as the file holds it (None: left out, or a checkpoint made
+    #: here): a resume over a freed prefix takes the freed tokens from it
+    #: (:func:`resume_point`). Never written by :meth:`to_json` from here.
+    tokens: Optional[List[Any]] = field(default=None, repr=False)
 
     def to_json(self, tokens_json: Optional[List[str]] = None) -> bytes:
         """The file's bytes.
@@ -109,7 +115,8 @@ class Checkpoint:
                  packets=d["packets"], drops=d.get("drops", 0), last_seq=d["last_seq"],
                  last_packet_offset=d["last_packet_offset"], last_packet_crc=d["last_packet_crc"],
                  token_count=d["token_count"], forward_count=d.get("forward_count", 0), created=str(d.get("created", "")),
-                 extra={k: v for k, v in d.items() if k not in cls.__dataclass_fields__ and k != "tokens"})
+                 extra={k: v for k, v in d.items() if k not in cls.__dataclass_fields__ and k != "tokens"},
+                 tokens=d["tokens"] if isinstance(d.get("tokens"), list) else None)
         if ck.stream_offset <= 0 or (ck.packets == 0) != (ck.last_seq == 0) or ck.last_seq < ck.packets \
                 or (ck.packets and not 0 < ck.last_packet_offset < ck.stream_offset) \
                 or ck.token_count > ck.packets or ck.last_packet_crc >= 1 << 32:
@@ -292,10 +299,19 @@ def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint:
     """
     reader = _prefix_reader(fd, ck, path)
     try:
+        freed = freed_range(fd, reader.first_packet, ck.stream_offset if ck is not None else reader.size)
+        if freed is not None and ck is None:
+            raise CheckpointError(
+                f"{path}: bytes [{freed[0]}, {freed[1]}) of the stream were freed after their upload "
+                f"(strapd serve --upload-free-local) and there is no checkpoint to resume from")
         if ck is not None:
-            tokens = _check_prefix(reader, ck, path, want_fingerprint)
+            if freed is not None:
+                tokens = _check_freed_prefix(reader, ck, path, want_fingerprint, freed)
+            else:
+                tokens = _check_prefix(reader, ck, path, want_fingerprint)
             start = ck.stream_offset
-            base = Checkpoint(**{**asdict(ck), "extra": dict(ck.extra)})
+            # replace, not asdict: the tokens list (up to ~800 000 dicts) is not copied.
+            base = dataclasses.replace(ck, extra=dict(ck.extra), tokens=None)
         else:
             client_meta = reader.metadata.get("client_metadata")
             stream_fp = client_meta.get("fingerprint") if isinstance(client_meta, dict) else None
@@ -307,6 +323,12 @@ def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint:
             base = Checkpoint(stream=path, fingerprint=want_fingerprint, stream_offset=start, packets=0, drops=0,
                               last_seq=0, last_packet_offset=0, last_packet_crc=0, token_count=0, forward_count=0)
         if limit is not None and limit < base.token_count:
+            if freed is not None:
+                raise CheckpointError(
+                    f"{path}: the job-wide resume point ({limit} tokens) lies before this rank's checkpoint "
+                    f"({base.token_count} tokens), and bytes [{freed[0]}, {freed[1]}) of its stream were freed "
+                    f"after their upload (strapd serve --upload-free-local): the stream cannot be cut back "
+                    f"into them; resume every rank from its own checkpoint (or restart the capture)")
             # Back before the checkpoint: walked again from the first packet (checked above).
             tokens, start = [], reader.first_packet
             base = Checkpoint(stream=base.stream, fingerprint=base.fingerprint, stream_offset=start, packets=0,
@@ -379,7 +401,9 @@ def scan_prefix(fd: int, ck: Checkpoint, path: str, want_fingerprint: Optional[s
     """Check the stream behind ``fd`` against ``ck`` and return the checkpointed tokens.
 
     The prefix is walked with the stream reader (:meth:`StreamReader.walk`), so every
-    packet in it is parsed by the same rules and CRC-checked as when the stream is read.
+    packet in it is parsed by the same rules and CRC-checked as when the stream is read. A
+    prefix whose start was freed after its upload (:func:`freed_range`) is checked as
+    :func:`resume_point` does: the header, the last packet, the checkpoint's tokens list.
 
     Args:
         fd: the stream, open for reading (not consumed: the caller keeps and closes it).
@@ -395,14 +419,53 @@ def scan_prefix(fd: int, ck: Checkpoint, path: str, want_fingerprint: Optional[s
     """
     reader = _prefix_reader(fd, ck, path)
     try:
+        freed = freed_range(fd, reader.first_packet, ck.stream_offset)
+        if freed is not None:
+            return _check_freed_prefix(reader, ck, path, want_fingerprint, freed)
         return _check_prefix(reader, ck, path, want_fingerprint)
     finally:
         # The caller truncates the file next: the mapping must be gone by then.
         reader.close()
 
 
-def _check_prefix(reader: StreamReader, ck: Checkpoint, path: str,
-                  want_fingerprint: Optional[str]) -> List[Dict[str, Any]]:
+def freed_range(fd: int, start: int, end: int) -> Optional[Tuple[int, int]]:
+    """The bytes of ``[start, end)`` of the file behind ``fd`` that were freed (holes punched
+    by strapd's ``--upload-free-local`` after their upload): from the first hole to the end
+    of the last one before ``end``, or None. Found with ``lseek(SEEK_HOLE/SEEK_DATA)``, never
+    from the bytes: a run of zeros that was written is data. A file system without
+    ``SEEK_HOLE`` reports none. The descriptor's offset is kept."""
+    seek_hole, seek_data = getattr(os, "SEEK_HOLE", None), getattr(os, "SEEK_DATA", None)
+    if seek_hole is None or seek_data is None or start >= end:
+        return None
+    saved = os.lseek(fd, 0, os.SEEK_CUR)
+    try:
+        try:
+            hole = os.lseek(fd, start, seek_hole)
+        except OSError as e:
+            if e.errno in (errno.ENXIO, errno.EINVAL, errno.EOPNOTSUPP):
+                return None
+            raise
+        if hole >= end:
+            return None
+        pos = hole
+        while True:
+            try:
+                data = os.lseek(fd, pos, seek_data)
+            except OSError as e:
+                if e.errno == errno.ENXIO:
+                    return hole, end
+                raise
+            if data >= end:
+                return hole, end
+            nxt = os.lseek(fd, data, seek_hole)
+            if nxt >= end:
+                return hole, data
+            pos = nxt
+    finally:
+        os.lseek(fd, saved, os.SEEK_SET)
+
+
+def _check_fingerprints(reader: StreamReader, ck: Checkpoint, want_fingerprint: Optional[str]) -> None:
     client_meta = reader.metadata.get("client_metadata")
     stream_fp = client_meta.get("fingerprint") if isinstance(client_meta, dict) else None
     if stream_fp != ck.fingerprint:
@@ -411,6 +474,63 @@ def _check_prefix(reader: StreamReader, ck: Checkpoint, path: str,
         raise CheckpointError(
             f"fingerprint differs: checkpoint {ck.fingerprint!r}, this capture (config + model) {want_fingerprint!r}; "
             f"resume with the same model, config, preset and modules")
+
+
+def _check_freed_prefix(reader: StreamReader, ck: Checkpoint, path: str, want_fingerprint: Optional[str],
+                        freed: Tuple[int, int]) -> List[Dict[str, Any]]:
+    """Check a checkpointed prefix whose start was freed after its upload: the packets
+    there cannot be walked, so the checkpoint is trusted for them (it was written only after
+    strapd made them durable, and strapd frees nothing past the last-but-one checkpoint's
+    last packet). What is still checked: the file header and fingerprints, the last packet
+    (its offset, seq and CRC32C against its bytes, ending exactly at ``stream_offset``), and
+    the checkpoint's own ``tokens`` list (it must be there, numbered 0..n-1, as many as the
+    checkpoint counts, the last one matching the last packet when that is its TOKEN)."""
+    _check_fingerprints(reader, ck, want_fingerprint)
+    what = f"{path}: bytes [{freed[0]}, {freed[1]}) of the stream were freed after their upload (strapd serve --upload-free-local)"
+    if ck.packets == 0 or freed[1] > ck.last_packet_offset:
+        raise CheckpointError(f"{what}, up to or past the checkpoint's last packet (at {ck.last_packet_offset}): "
+                              f"the checkpointed prefix cannot be checked; the stream cannot be resumed from this checkpoint")
+    if ck.tokens is None:
+        raise CheckpointError(f"{what}, and the checkpoint leaves out its 'tokens' list (larger than a checkpoint "
+                              f"file may be): the freed tokens are nowhere else, so this capture cannot be resumed "
+                              f"with a freed prefix")
+    last = None
+    try:
+        for pk in reader.walk(ck.stream_offset, ck.last_packet_offset):
+            last = pk
+            break
+    except StreamFormatError as e:
+        raise CheckpointError(f"{path}: no valid packet at the checkpoint's last packet offset {ck.last_packet_offset}: {e}") from None
+    if last is None or last.end != ck.stream_offset:
+        end = None if last is None else last.end
+        raise CheckpointError(f"{path}: the checkpoint's last packet (at {ck.last_packet_offset}) ends at {end}, "
+                              f"not at the checkpointed offset {ck.stream_offset}")
+    if last.type not in (TENSOR, DROP, TOKEN):
+        raise CheckpointError(f"{path}: {last.type_name} packet at offset {last.offset}, inside the checkpointed prefix")
+    if last.seq != ck.last_seq:
+        raise CheckpointError(f"{path}: last packet has seq {last.seq}, checkpoint says {ck.last_seq}")
+    if last.crc != ck.last_packet_crc:
+        raise CheckpointError(f"{path}: last packet CRC {last.crc:#010x}, checkpoint says {ck.last_packet_crc:#010x}")
+    tokens: List[Dict[str, Any]] = []
+    for i, t in enumerate(ck.tokens):
+        if not isinstance(t, dict) or t.get("token_index") != i:
+            raise CheckpointError(f"{path}: the checkpoint's tokens list is not numbered 0..n-1 (entry {i}: {t!r})")
+        tokens.append({"token_index": i, "token_id": t.get("token_id"), "token_text": str(t.get("token_text", "")),
+                       "position": t.get("position", i)})
+    if len(tokens) != ck.token_count:
+        raise CheckpointError(f"{path}: the checkpoint's tokens list holds {len(tokens)} tokens, its token_count says "
+                              f"{ck.token_count}")
+    if last.type == TOKEN:
+        mine = _token(last)
+        if last.step != len(tokens) - 1 or (tokens and mine != tokens[-1]):
+            raise CheckpointError(f"{path}: the last TOKEN packet (step {last.step}: {mine!r}) is not the checkpoint's "
+                                  f"last token ({tokens[-1] if tokens else None!r})")
+    return tokens
+
+
+def _check_prefix(reader: StreamReader, ck: Checkpoint, path: str,
+                  want_fingerprint: Optional[str]) -> List[Dict[str, Any]]:
+    _check_fingerprints(reader, ck, want_fingerprint)
     packets = 0
     last: Optional[Packet] = None
     tokens: List[Dict[str, Any]] = []

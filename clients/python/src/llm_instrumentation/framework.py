@@ -289,6 +289,7 @@ def capture_activations(
     trace_path: Optional[Union[PathArg, bool]] = None,
     resource_level: Optional[Union[str, bool]] = None,
     upload: Optional[str] = None,
+    upload_free_local: bool = False,
     parallel_layout: Any = None,
     sharding: Optional[Dict[str, Any]] = None,
     replicated: str = "tp_rank0",
@@ -351,6 +352,12 @@ def capture_activations(
             environment, shared files, ``serve --s3-endpoint``). None follows
             ``config.upload``, then the daemon's ``serve --upload``. The upload goes on after
             the block ends; ``strapd status`` shows it.
+        upload_free_local: strapd frees the stream's bytes on the local disk once they are
+            uploaded, while it captures, so a long capture needs a bounded local disk
+            (``serve --upload-free-local`` for this session; docs/OBJECT_STORAGE.md
+            "Freeing the local disk"). Needs an upload (``upload``, the config's or the
+            daemon's); the local stream is then not kept (the object is the copy), and a
+            resume needs the same upload target and strapd state directory.
         parallel_layout: for one rank of a distributed job (docs/DISTRIBUTED.md): how the
             ranks split the model: a ``DeviceMesh`` with dimensions named among ``tp``,
             ``pp``, ``dp``, a dict (``{"tp_size": 2}``) or a :class:`ParallelLayout`. None:
@@ -403,7 +410,7 @@ def capture_activations(
             checkpoint_interval_tokens=checkpoint_interval_tokens, checkpoint_path=checkpoint_path,  # type: ignore[arg-type]
             resume_from_checkpoint=resume_from_checkpoint, overwrite_checkpoint=overwrite_checkpoint,
             trace_path=trace_path, resource_level=resource_level, upload=upload,  # type: ignore[arg-type]
-            parallel_layout=parallel_layout, sharding=sharding, replicated=replicated)
+            upload_free_local=upload_free_local, parallel_layout=parallel_layout, sharding=sharding, replicated=replicated)
         fw = InstrumentationFramework.from_options(model, config, opts)
         with fw._running():
             started = True
