@@ -50,6 +50,11 @@ type Manager struct {
 	mu     sync.Mutex
 	active map[string]*Upload // by state file name
 	ended  []Status           // the most recent finished uploads, newest last
+	// pending are uploads found in the state directory at start that this strapd did not
+	// take up: streams still being written when strapd stopped (they wait for their
+	// capture's resume, Begin) and those it could not reopen. Shown by Status until a
+	// session takes one over.
+	pending map[string]Status
 
 	uploaded atomic.Uint64 // bytes acknowledged by the server, all uploads
 	errs     atomic.Uint64
@@ -132,16 +137,21 @@ func (m *Manager) ResumePending() error {
 		if st.FinalSize < 0 {
 			m.o.Log.Info("upload waits for its capture to resume", zap.String("object", ObjectURL(st.Bucket, st.Key)),
 				zap.String("path", st.Path), zap.Int("parts", len(st.Parts)))
+			m.setPending(st, StateWaiting, "strapd stopped while the capture was written: the upload goes on when the capture resumes (resume_from_checkpoint=True)")
 			continue
 		}
 		f, err := openSame(st.Path, st.Dev, st.Ino)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("resume upload of %s to %s: %w (state %s kept)", st.Path, ObjectURL(st.Bucket, st.Key), err, p))
+			err = fmt.Errorf("resume upload of %s to %s: %w (state %s kept)", st.Path, ObjectURL(st.Bucket, st.Key), err, p)
+			m.setPending(st, StateStopped, err.Error())
+			errs = append(errs, err)
 			continue
 		}
 		if fi, err := f.Stat(); err != nil || fi.Size() != st.FinalSize {
 			f.Close()
-			errs = append(errs, fmt.Errorf("resume upload of %s: the file is no longer %d bytes (state %s kept)", st.Path, st.FinalSize, p))
+			err = fmt.Errorf("resume upload of %s: the file is no longer %d bytes (state %s kept)", st.Path, st.FinalSize, p)
+			m.setPending(st, StateStopped, err.Error())
+			errs = append(errs, err)
 			continue
 		}
 		u := m.newUpload(st, f, 0)
@@ -151,6 +161,21 @@ func (m *Manager) ResumePending() error {
 		m.start(u) // from here on the state is the upload's goroutine's
 	}
 	return errors.Join(errs...)
+}
+
+// setPending shows an upload of the state directory that no goroutine runs.
+func (m *Manager) setPending(st *State, state, why string) {
+	s := Status{Object: ObjectURL(st.Bucket, st.Key), Path: st.Path, UID: st.UID, State: state,
+		UploadedBytes: st.uploaded(), FinalSize: st.FinalSize, Parts: len(st.Parts), LastError: why}
+	if st.FreedTo > st.FreedFrom {
+		s.FreedBytes = st.FreedTo - st.FreedFrom
+	}
+	m.mu.Lock()
+	if m.pending == nil {
+		m.pending = map[string]Status{}
+	}
+	m.pending[stateName(st.Dev, st.Ino)] = s
+	m.mu.Unlock()
 }
 
 // openSame opens path read-only, without following a symlink, and only if it is still the
@@ -205,6 +230,7 @@ func (m *Manager) Begin(s Stream) (*Upload, error) {
 	name := stateName(dev, ino)
 	m.mu.Lock()
 	old := m.active[name]
+	delete(m.pending, name) // taken over by this session
 	m.mu.Unlock()
 	if old != nil {
 		// The file's earlier session ended (a client killed, then resumed on this daemon)
@@ -320,8 +346,11 @@ func (m *Manager) Status() []Status {
 		act = append(act, u)
 	}
 	ended := append([]Status(nil), m.ended...)
+	out := make([]Status, 0, len(act)+len(m.pending)+len(ended))
+	for _, s := range m.pending {
+		out = append(out, s)
+	}
 	m.mu.Unlock()
-	out := make([]Status, 0, len(act)+len(ended))
 	for _, u := range act {
 		out = append(out, u.Status())
 	}

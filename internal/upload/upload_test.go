@@ -241,7 +241,15 @@ func TestUploadResumedCapture(t *testing.T) {
 	if err := m2.ResumePending(); err != nil {
 		t.Fatal(err)
 	}
+	// Until the capture resumes, status shows the upload the restart found waiting.
+	if sts := m2.Status(); len(sts) != 1 || sts[0].State != upload.StateWaiting || sts[0].Path != path ||
+		sts[0].Parts != 3 || sts[0].UploadedBytes != int64(len(first)) || !strings.Contains(sts[0].LastError, "resume") {
+		t.Fatalf("status after the restart: %+v", sts)
+	}
 	w2, u2 := f.begin(t, m2, "c.strap", cut)
+	if sts := m2.Status(); len(sts) != 1 || sts[0].State == upload.StateWaiting {
+		t.Fatalf("status once the capture resumed: %+v", sts)
+	}
 	tail := randomBytes(upload.MinPartSize+77, 14)
 	w2.WriteAt(tail, cut)
 	want := append(append([]byte(nil), first[:cut]...), tail...)
