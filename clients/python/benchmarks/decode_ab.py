@@ -189,14 +189,14 @@ def _time_record_calls(out: List[int]) -> None:
     install = _hooks.Hooks.install
     clock = time.thread_time_ns
 
-    def timed_install(self: Any, started: Any, ended: Any, record: Any) -> None:
+    def timed_install(self: Any, started: Any, ended: Any, record: Any, *rest: Any) -> None:
         def timed(name: str, t: Any, meta: Any) -> Any:
             t0 = clock()
             r = record(name, t, meta)
             out.append(clock() - t0)
             return r
 
-        install(self, started, ended, timed)
+        install(self, started, ended, timed, *rest)
 
     _hooks.Hooks.install = timed_install  # type: ignore[method-assign]
 
