@@ -269,6 +269,10 @@ def test_strapd_sigkilled_then_resumed_capture_continues_upload(s3: S3Server, da
                         d.proc.send_signal(signal.SIGKILL)
                         d.proc.wait()
     d2 = daemons(s3)
+    # Before the capture resumes, the new strapd shows the upload it found waiting for it.
+    waiting = [u for u in status(d2).get("uploads") or [] if u["object"] == obj]
+    assert len(waiting) == 1 and waiting[0]["state"] == "waiting" and waiting[0]["uploaded_bytes"] > 0, waiting
+    assert "resume" in waiting[0]["last_error"] and waiting[0]["path"] == str(out), waiting
     with capture_activations(model, preset="fast_capture", output_path=out, socket_path=d2.socket,
                              autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=1,
                              resume_from_checkpoint=True, upload=f"s3://{BUCKET}/r") as fw:
