@@ -308,15 +308,7 @@ def test_client_killed_after_freeing_resumes_exact(s3: S3Server, daemons: Any, t
         assert 8 <= start < N_TOKENS, start
         generate(fw, model, prompt(), N_TOKENS)
     size = fw.summary["file_bytes"]
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        ups = [x for x in status(d).get("uploads") or [] if x["object"] == obj and x["final_size"] == size]
-        if ups and ups[-1]["state"] == "complete":
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"resumed upload not complete: {status(d).get('uploads')}\n{d.log_tail()}")
-    assert ups[-1]["local_deleted"] and not out.exists()
+    assert wait_upload(d, obj, final_size=size)["local_deleted"] and not out.exists()
     assert fw.tokens == ref["tokens"]
     assert_object_equals_reference(s3, "k/kill.strap", ref, tmp_path)
     assert json.loads(s3.get(f"k/{Path(tokens_path(out)).name}"))["tokens"] == ref["tokens_file"]

@@ -81,15 +81,19 @@ def status(d: Daemon) -> Dict[str, Any]:
     return json.loads(r.stdout)
 
 
-def wait_upload(d: Daemon, obj: str, state: str = "complete", timeout: float = 90) -> Dict[str, Any]:
+def wait_upload(d: Daemon, obj: str, state: str = "complete", timeout: float = 90,
+                final_size: Optional[int] = None) -> Dict[str, Any]:
+    """The newest upload of obj (of a stream of final_size bytes, when given: a resumed
+    capture's, not the aborted one's before it) once it is in state."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
-        for u in status(d).get("uploads") or []:
-            if u["object"] == obj:
-                last = u
-                if u["state"] == state:
-                    return u
+        ups = [u for u in status(d).get("uploads") or []
+               if u["object"] == obj and (final_size is None or u["final_size"] == final_size)]
+        if ups:
+            last = ups[-1]
+            if last["state"] == state:
+                return last
         time.sleep(0.1)
     pytest.fail(f"upload of {obj} not {state} after {timeout}s: {last}\n{d.log_tail()}")
 
@@ -412,15 +416,7 @@ def test_client_killed_then_resumed_on_same_daemon(s3: S3Server, daemons: Any, t
     summary_here = resume(out, d.socket, f"s3://{BUCKET}/c")
     size = summary_here["file_bytes"]
     assert moved["file_bytes"] == size
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        ups = [x for x in status(d).get("uploads") or [] if x["object"] == obj and x["final_size"] == size]
-        if ups and ups[-1]["state"] == "complete":
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"resumed upload not complete: {status(d).get('uploads')}")
-    assert ups[-1]["local_deleted"] and not out.exists()
+    assert wait_upload(d, obj, final_size=size)["local_deleted"] and not out.exists()
     r = subprocess.run([str(strapd_bin()), "inspect", "--json", "--s3-endpoint", s3.endpoint, obj],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
