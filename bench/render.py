@@ -262,8 +262,8 @@ def targets_table(w: Emit, ov: Optional[Json], ing: Optional[Json], mem: Optiona
                              met(ka["kept"] >= TARGETS["decode_all_cores"])))
         pr = dec.get("priority")
         if pr:
-            for name, how in (("idle-workers", "strapd's default (compression workers `SCHED_IDLE`)"),
-                              ("sched-idle", "strapd `--sched-idle`"), ("normal", "strapd `--idle-workers=false`")):
+            for name, how in (("normal", "strapd at normal priority (the default)"),
+                              ("idle-workers", "strapd `--idle-workers`"), ("sched-idle", "strapd `--sched-idle`")):
                 v = pr["kept"][name]
                 rows.append((f"greedy decoding keeps ≥ {TARGETS['decode_all_cores']} of tokens/s, `{pr['preset']}`, "
                              f"torch on every core ({pr['torch_threads']} threads), {how}, interleaved A/B",
@@ -597,8 +597,8 @@ def decode_tables(w: Emit, dec: Json) -> None:
             f"{ka['kept']:.3f} ({ka['kept_min']:.3f}–{ka['kept_max']:.3f})")] if ka else []),
         *([(f"kept, wall, torch on every core, strapd `--sched-idle`",
             f"{ki['kept']:.3f} ({ki['kept_min']:.3f}–{ki['kept_max']:.3f})")] if ki else []),
-        *([(f"kept, torch on every core, strapd priority interleaved ({pr['rounds']} rounds): normal / "
-            f"idle workers (default) / `--sched-idle`",
+        *([(f"kept, torch on every core, strapd priority interleaved ({pr['rounds']} rounds): normal (default) / "
+            f"`--idle-workers` / `--sched-idle`",
             " / ".join(f"{pr['kept'][n]['median']:.3f}" for n in ("normal", "idle-workers", "sched-idle")))]
           if pr else []),
         ("extra time per token (loop)", f"{k['extra_ms_per_token']:.2f} ms"),

@@ -476,7 +476,7 @@ def step_decode(ctx: "Ctx") -> Dict[str, Any]:
         + (["--pairs", "1", "--new", "8"] + model if ctx.quick else ["--pairs", "7"]),
         # torch on every core (its default threads), as users run it (issue 27: the targets
         # judge the all-cores regime); then strapd's CPU priority variants side by side:
-        # normal, SCHED_IDLE compression workers (the default), the whole daemon SCHED_IDLE
+        # normal (the default), SCHED_IDLE compression workers, the whole daemon SCHED_IDLE
         "kept_all": [PY, BENCH_PY / "decode_ab.py", "--strapd", ctx.strapd, "--threads", "0", "--json", outs["kept_all"]]
         + (["--pairs", "1", "--new", "8"] + model if ctx.quick else ["--pairs", "7"]),
         "priority": [PY, BENCH_PY / "priority_ab.py", "--strapd", ctx.strapd, "--threads", "0", "--json", outs["priority"]]

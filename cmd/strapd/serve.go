@@ -273,7 +273,7 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 	f.IntVar(&cfg.Limits.MaxNDim, "max-ndim", cfg.Limits.MaxNDim, "most tensor dimensions accepted")
 	f.Uint64Var(&cfg.Limits.MaxElements, "max-elements", cfg.Limits.MaxElements, "most elements one captured tensor may have (0: no limit)")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long SIGTERM waits for sessions to drain")
-	f.BoolVar(&cfg.IdleWorkers, "idle-workers", true, "run the compression workers under SCHED_IDLE, so the model's threads preempt them; a normal-priority thread takes jobs they leave waiting over 20ms (docs/DEPLOY.md, CPU priority)")
+	f.BoolVar(&cfg.IdleWorkers, "idle-workers", false, "run the compression workers under SCHED_IDLE, so the model's threads preempt them; normal-priority rescuers take jobs they leave waiting over 20ms (docs/DEPLOY.md, CPU priority)")
 	f.BoolVar(&cfg.SchedIdle, "sched-idle", false, "run the daemon's threads under SCHED_IDLE: the model's threads preempt its compression on a host whose cores they use (docs/DEPLOY.md, CPU priority)")
 	f.DurationVar(&cfg.ExitIdle, "exit-idle", 0, "exit cleanly after this long with no client connected (0: never; the Python client starts strapd with 15m)")
 	f.BoolVar(&cfg.Probes.Off, "no-probes", false, "run no eBPF/proc collector: no kernel trace beside captures")

@@ -35,7 +35,7 @@ var (
 	descWorkersBusy    = prometheus.NewDesc("strapd_workers_busy", "Compression workers running a job now.", nil, nil)
 	descQueue          = prometheus.NewDesc("strapd_pool_queue_depth", "Compression jobs waiting for a worker.", nil, nil)
 	descWorkersIdle    = prometheus.NewDesc("strapd_workers_sched_idle", "1 when the compression workers run under SCHED_IDLE (serve --idle-workers).", nil, nil)
-	descRescued        = prometheus.NewDesc("strapd_worker_rescued_jobs_total", "Compression jobs a normal-priority thread ran because the SCHED_IDLE workers were starved.", nil, nil)
+	descRescued        = prometheus.NewDesc("strapd_worker_rescued_jobs_total", "Compression jobs the normal-priority rescuers ran because the SCHED_IDLE workers were starved.", nil, nil)
 	descWorkerBusySecs = prometheus.NewDesc("strapd_worker_busy_seconds_total", "Wall time each compression worker spent in jobs.", []string{"worker"}, nil)
 	descBuild          = prometheus.NewDesc("strapd_build_info", "Always 1; the daemon's version as a label.", []string{"version"}, nil)
 	descProbesEnabled  = prometheus.NewDesc("strapd_probes_enabled", "1 when the kernel collector runs, 0 when it failed to start or serve --no-probes.", nil, nil)

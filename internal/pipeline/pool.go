@@ -17,9 +17,10 @@ import (
 // model's own threads use (torch's intra-op team, ggml's), compression then runs in the
 // gaps the model leaves instead of preempting one of its threads, which stalls the whole
 // operator (PERFORMANCE.md, "the daemon under SCHED_IDLE"). The ring is the buffer. So
-// that a host saturated by other work cannot starve a capture, a rescuer at normal
-// priority takes the queued jobs itself when the ones queued a grace period ago have not
-// all started. The queue is longer then (a job only points into the ring), so that a
+// that a host saturated by other work cannot starve a capture, a monitor notices when the
+// jobs queued a grace period ago have not all started, and then as many rescuers at normal
+// priority as there are workers take jobs too, for RescueHold after the last time the
+// monitor found the workers starved. The queue is longer then (a job only points into the ring), so that a
 // forward pass's burst of records waits there rather than in the session's fan-out.
 type Pool struct {
 	jobs chan func()
@@ -32,9 +33,10 @@ type Pool struct {
 
 	idle    bool
 	idleErr error         // why the workers could not go idle (they run at normal priority)
-	started atomic.Uint64 // jobs begun, by workers and rescuer
-	rescued atomic.Uint64 // jobs the rescuer ran
-	kick    chan struct{} // a job was queued
+	started atomic.Uint64 // jobs begun, by workers and rescuers
+	rescued atomic.Uint64 // jobs the rescuers ran
+	kick    chan struct{} // a job was queued (to the monitor)
+	rescue  chan struct{} // the workers are starved (one token per rescuer)
 	stop    chan struct{}
 	grace   time.Duration
 }
@@ -47,17 +49,21 @@ type PoolOptions struct {
 	// job takes is its own: the CPU budget charges that (without a budget the runtime
 	// schedules workers freely).
 	LockThreads bool
-	// IdleWorkers runs the workers' threads under SCHED_IDLE, with a rescuer at normal
+	// IdleWorkers runs the workers' threads under SCHED_IDLE, with rescuers at normal
 	// priority (Pool).
 	IdleWorkers bool
-	// RescueAfter is the rescuer's grace period (DefaultRescueAfter when 0).
+	// RescueAfter is the monitor's grace period (DefaultRescueAfter when 0).
 	RescueAfter time.Duration
 }
 
 // DefaultRescueAfter is how long queued jobs may wait for idle workers before the
-// rescuer runs them: long enough to span a decode step of a small model (the gaps between
+// rescuers run them: long enough to span a decode step of a small model (the gaps between
 // steps are where idle workers run), short against a checkpoint's fdatasync.
 const DefaultRescueAfter = 20 * time.Millisecond
+
+// RescueHold is how long the rescuers stay on once woken (renewed while the workers are
+// still starved).
+const RescueHold = 500 * time.Millisecond
 
 // NewPool starts workers goroutines (GOMAXPROCS when workers <= 0); see PoolOptions.
 func NewPool(workers int, lockThreads bool) *Pool {
@@ -75,7 +81,8 @@ func NewPoolWith(o PoolOptions) *Pool {
 		depth = 64 * workers
 	}
 	p := &Pool{jobs: make(chan func(), depth), n: workers, busyNs: make([]atomic.Int64, workers),
-		idle: o.IdleWorkers, kick: make(chan struct{}, 1), stop: make(chan struct{}), grace: o.RescueAfter}
+		idle: o.IdleWorkers, kick: make(chan struct{}, 1), rescue: make(chan struct{}, workers),
+		stop: make(chan struct{}), grace: o.RescueAfter}
 	if p.grace <= 0 {
 		p.grace = DefaultRescueAfter
 	}
@@ -116,8 +123,11 @@ func NewPoolWith(o PoolOptions) *Pool {
 		p.idleErr = *e
 	}
 	if p.idle {
-		p.wg.Add(1)
-		go p.rescue(o.LockThreads)
+		p.wg.Add(1 + workers)
+		go p.monitor()
+		for range workers {
+			go p.rescuer(o.LockThreads)
+		}
 	}
 	return p
 }
@@ -128,15 +138,10 @@ func setThreadIdle() error {
 	return unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0)
 }
 
-// rescue runs at normal priority and takes queued jobs itself when the idle workers are
-// starved: the jobs queued a grace period ago have not all started.
-func (p *Pool) rescue(lockThread bool) {
+// monitor wakes the rescuers when the idle workers are starved: the jobs queued a grace
+// period ago have not all started.
+func (p *Pool) monitor() {
 	defer p.wg.Done()
-	if lockThread {
-		// The CPU budget measures a job by its thread's CPU time.
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-	}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
@@ -149,21 +154,55 @@ func (p *Pool) rescue(lockThread bool) {
 		if stop {
 			return
 		}
-		if !starved {
-			continue
+		if starved {
+			for range p.n {
+				select {
+				case p.rescue <- struct{}{}:
+				default: // that rescuer is still draining
+				}
+			}
 		}
-		// Starved: run what is queued now, then wait again.
-		for more := true; more; {
+	}
+}
+
+// rescuer runs at normal priority: woken by the monitor, it takes jobs like a worker for
+// RescueHold, a period renewed while the monitor still finds the workers starved. On a host
+// other work keeps busy the rescuers so stay on, and the pool runs at the throughput of
+// normal-priority workers, losing one grace period per hold, not one per burst of jobs.
+func (p *Pool) rescuer(lockThread bool) {
+	defer p.wg.Done()
+	if lockThread {
+		// The CPU budget measures a job by its thread's CPU time.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
+	hold := time.NewTimer(time.Hour)
+	hold.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-p.rescue:
+		}
+		hold.Reset(RescueHold)
+	active:
+		for {
 			select {
+			case <-p.stop:
+				hold.Stop()
+				return
+			case <-p.rescue: // still starved: stay on
+				hold.Reset(RescueHold)
+			case <-hold.C:
+				break active
 			case job, ok := <-p.jobs:
 				if !ok {
+					hold.Stop()
 					return
 				}
 				p.started.Add(1)
 				p.rescued.Add(1)
 				job()
-			default:
-				more = false
 			}
 		}
 	}
@@ -200,7 +239,7 @@ func (p *Pool) Workers() int { return p.n }
 // for and refused.
 func (p *Pool) Idle() (bool, error) { return p.idle && p.idleErr == nil, p.idleErr }
 
-// Rescued counts the jobs the rescuer ran at normal priority because the idle workers
+// Rescued counts the jobs the rescuers ran at normal priority because the idle workers
 // were starved.
 func (p *Pool) Rescued() uint64 { return p.rescued.Load() }
 

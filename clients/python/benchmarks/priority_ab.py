@@ -3,10 +3,10 @@
 
 Three daemons run at once, the same binary with different flags:
 
-* ``normal``: ``--idle-workers=false`` (every thread at the priority strapd started with);
-* ``idle-workers``: the default (compression workers under SCHED_IDLE, a normal-priority
-  rescuer for starved jobs);
-* ``sched-idle``: ``--sched-idle --idle-workers=false`` (every thread under SCHED_IDLE).
+* ``normal``: the default (every thread at the priority strapd started with);
+* ``idle-workers``: ``--idle-workers`` (compression workers under SCHED_IDLE, normal-priority
+  rescuers for starved jobs);
+* ``sched-idle``: ``--sched-idle`` (every thread under SCHED_IDLE).
 
 ``--mode decode`` (default) decodes greedily with per-token tracking (decode_ab.py's model);
 ``--mode prefill`` runs ``--passes`` forward passes over a ``--seq``-token prompt of a Llama
@@ -49,9 +49,9 @@ from llm_instrumentation import InstrumentationConfig, capture_activations  # no
 PREFILL_MODEL: Dict[str, int] = {"hidden": 768, "layers": 6, "intermediate": 2048, "vocab": 32000, "heads": 12}
 
 VARIANTS: Dict[str, List[str]] = {
-    "normal": ["--idle-workers=false"],
-    "idle-workers": [],
-    "sched-idle": ["--sched-idle", "--idle-workers=false"],
+    "normal": [],
+    "idle-workers": ["--idle-workers"],
+    "sched-idle": ["--sched-idle"],
 }
 
 

@@ -209,8 +209,8 @@ def _policies(pid: int) -> dict:
 def test_sched_idle_daemon_every_thread(monkeypatch, sockdir):
     """STRAPD_SCHED_IDLE=1: the autostarted strapd runs `serve --sched-idle`; every thread of
     it, those the Go runtime starts while it serves a capture included, is under SCHED_IDLE
-    (policy 5); without it, only the compression workers' threads are (`--idle-workers`, the
-    default: one per CPU Go uses), and the rest of the daemon is not."""
+    (policy 5); with STRAPD_IDLE_WORKERS=1 (`--idle-workers`) only the compression workers'
+    threads are (one per CPU Go uses), the rest of the daemon not; with neither, none is."""
     import torch
 
     from conftest import strapd_bin
@@ -218,29 +218,33 @@ def test_sched_idle_daemon_every_thread(monkeypatch, sockdir):
     from llm_instrumentation import capture_activations
 
     monkeypatch.setenv("STRAPD_BIN", str(strapd_bin()))
-    for idle in (True, False):
-        if idle:
+    for idle in ("all", "workers", "none"):
+        monkeypatch.delenv("STRAPD_SCHED_IDLE", raising=False)
+        monkeypatch.delenv("STRAPD_IDLE_WORKERS", raising=False)
+        if idle == "all":
             monkeypatch.setenv("STRAPD_SCHED_IDLE", "1")
-        else:
-            monkeypatch.delenv("STRAPD_SCHED_IDLE", raising=False)
-        path = os.path.join(sockdir, f"idle{int(idle)}", "strapd.sock")
+        elif idle == "workers":
+            monkeypatch.setenv("STRAPD_IDLE_WORKERS", "1")
+        path = os.path.join(sockdir, f"idle-{idle}", "strapd.sock")
         monkeypatch.setenv("STRAPD_SOCKET", path)
         conn = D.connect(path, autostart=True)
         pid = P.handshake(conn, "t", os.getpid()).pid
         try:
             model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
-            out = os.path.join(sockdir, f"cap{int(idle)}.strap")
+            out = os.path.join(sockdir, f"cap-{idle}.strap")
             with torch.no_grad(), capture_activations(model, output_path=out, modules=["0"], socket_path=path):
                 for _ in range(50):
                     model(torch.randn(256, 64))
             pol = _policies(pid)
             assert len(pol) >= 3
-            if idle:
+            idle_threads = sum(1 for v in pol.values() if v == 5)
+            if idle == "all":
                 assert set(pol.values()) == {5}, pol
-            else:
-                idle_threads = sum(1 for v in pol.values() if v == 5)
+            elif idle == "workers":
                 assert 1 <= idle_threads <= (os.cpu_count() or 1), pol
                 assert idle_threads < len(pol), pol
+            else:
+                assert idle_threads == 0, pol
         finally:
             conn.close()
             os.kill(pid, signal.SIGTERM)

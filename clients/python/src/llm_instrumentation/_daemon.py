@@ -136,6 +136,8 @@ def start_daemon(path: str, binary: Optional[str] = None, timeout: float = 10.0)
         args = [binary, "serve", "--socket", path, "--exit-idle", os.environ.get("STRAPD_EXIT_IDLE", "15m")]
         if os.environ.get("STRAPD_SCHED_IDLE", "") not in ("", "0"):
             args.append("--sched-idle")  # the model's threads preempt its compression (DEPLOY.md)
+        if os.environ.get("STRAPD_IDLE_WORKERS", "") not in ("", "0"):
+            args.append("--idle-workers")  # only the compression workers (DEPLOY.md, CPU priority)
         proc = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
