@@ -187,17 +187,20 @@ def test_qwen_layers_attention_and_mlp_agree_between_pytorch_and_llama_cpp(strap
                         assert "ggml_weight" not in x.meta
 
     # --raw-names: the attention output found by its weight keeps the graph-style name it stands
-    # for, "attn_out-N" (its own "node_<index>" only numbers it in one graph); a layer picked
-    # alone; the same values as the mapped capture's
+    # for, "attn_out-N" (its own "node_<index>" only numbers it in one graph). With logits on the
+    # last prompt row only, the last layer is pruned to that row after its attention output
+    # (trap 2): attn_out of the last layer keeps every row, with the mapped capture's values.
     raw = tmp_path / "raw.strap"
-    run_llama(gguf, "--output", str(raw), "--tensors", "attn_out-2,l_out", "--raw-names", "--f32-attention",
-              socket_path=strapd.socket, n=2, prompt=PROMPT)
+    last = N_LAYER - 1
+    run_llama(gguf, "--output", str(raw), "--tensors", f"attn_out-{last},l_out", "--raw-names", "--last-logits-only",
+              "--f32-attention", socket_path=strapd.socket, n=2, prompt=PROMPT)
     with open_stream(str(raw)) as r, open_stream(str(lc)) as a:
-        assert sorted(r.names()) == ["attn_out-2"] + [f"l_out-{i}" for i in range(N_LAYER)]
-        got, want = r.tensors("attn_out-2"), a.tensors("model.layers.2.self_attn")[:2]
-        assert len(got) == 2
+        assert sorted(r.names()) == [f"attn_out-{last}"] + [f"l_out-{i}" for i in range(N_LAYER)]
+        assert r.tensors(f"l_out-{last}")[0].numpy().shape == (1, N_EMBD)
+        got, want = r.tensors(f"attn_out-{last}"), a.tensors(f"model.layers.{last}.self_attn")[:2]
+        assert len(got) == 2 and got[0].numpy().shape == (len(prompt), N_EMBD)
         for x, y in zip(got, want):
-            assert x.meta["ggml_weight"] == "blk.2.attn_output.weight"
+            assert x.meta["ggml_weight"] == f"blk.{last}.attn_output.weight"
             assert x.meta["pos"] == y.meta["pos"]
             assert np.array_equal(x.numpy(), y.numpy())
 
