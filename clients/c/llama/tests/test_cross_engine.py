@@ -162,18 +162,25 @@ def test_qwen_layers_attention_and_mlp_agree_between_pytorch_and_llama_cpp(strap
     model = random_qwen(arch)
     gguf = save_and_convert(model, tokenizer_model, tmp_path)
     lc = tmp_path / "llama.strap"
-    res = run_llama(gguf, "--output", str(lc), "--tensors", "l_out,attn_out,ffn_out", "--f32-attention",
+    res = run_llama(gguf, "--output", str(lc), "--tensors",
+                    "embd,attn_norm,attn_out,ffn_norm,ffn_out,l_out,result_norm", "--f32-attention",
                     socket_path=strapd.socket, n=N_NEW, prompt=PROMPT)
     prompt = res["prompt_tokens"]
     assert len(prompt) > 3
     # no two nodes answered one name in a pass (the weight names one MUL_MAT per layer)
     assert res["duplicates_skipped"] == 0, res
 
-    kinds = {"": ("l_out", "ADD"), ".self_attn": ("attn_out", "MUL_MAT"), ".mlp": ("ffn_out", "MUL_MAT")}
-    names = [f"model.layers.{i}{m}" for i in range(N_LAYER) for m in kinds]
+    # the name table: per layer (module suffix: graph name, op), then the model's own
+    kinds = {"": ("l_out", "ADD"), ".self_attn": ("attn_out", "MUL_MAT"), ".mlp": ("ffn_out", "MUL_MAT"),
+             ".input_layernorm": ("attn_norm", "MUL"), ".post_attention_layernorm": ("ffn_norm", "MUL")}
+    whole = {"model.embed_tokens": ("embd", "GET_ROWS"), "model.norm": ("result_norm", "MUL")}
+    names = [f"model.layers.{i}{m}" for i in range(N_LAYER) for m in kinds] + list(whole)
     with open_stream(str(lc)) as a:
         assert a.metadata["client_metadata"]["model_class"] == arch
         assert sorted(a.names()) == sorted(names)
+        for name, (graph, op) in whole.items():
+            for x in a.tensors(name):
+                assert (x.meta["ggml_name"], x.meta["ggml_op"]) == (graph, op), x.meta
         for i in range(N_LAYER):
             for m, (graph, op) in kinds.items():
                 for x in a.tensors(f"model.layers.{i}{m}"):
@@ -208,5 +215,4 @@ def test_qwen_layers_attention_and_mlp_agree_between_pytorch_and_llama_cpp(strap
     gen = generate_in_pytorch(model, prompt, pt, strapd.socket, names)
     assert gen == res["tokens"]
     worst = compare(lc, pt, names, prompt)
-    print(f"{arch}: worst max|diff| / max|x| over {N_LAYER} layers x (layer, self_attn, mlp) x {N_NEW} forward "
-          f"passes: {worst:.2e}")
+    print(f"{arch}: worst max|diff| / max|x| over {len(names)} module outputs x {N_NEW} forward passes: {worst:.2e}")
