@@ -52,7 +52,9 @@ typedef void (*strap_llama_record_fn)(void *user_data, struct ggml_tensor *t, co
 typedef struct strap_llama_params {
 	/* Node names to capture: a graph name without its layer ("l_out": every layer) or with it
 	 * ("l_out-3": that layer only), or a name without a layer ("result_norm"). NULL / 0:
-	 * "l_out" (every layer's output, the residual stream). At most 64 entries. */
+	 * "l_out" (every layer's output, the residual stream). At most 64 entries. In GGUF
+	 * architectures qwen2 and qwen3, whose graphs name no attn_out node, "attn_out" ("attn_out-N")
+	 * takes the MUL_MAT by the weight blk.N.attn_output.weight (docs/LLAMA_CPP.md, "Name table"). */
 	const char *const *tensors;
 	int n_tensors;
 	/* 1: record under the graph name ("l_out-3"); 0 (default): under the module name of the

@@ -21,8 +21,10 @@
 #define META_MAX 65536
 #define NAME_MAX_LEN 256
 
-/* Which record names a graph name gets (docs/LLAMA_CPP.md, "Name table"). */
-enum name_table { TABLE_NONE, TABLE_LLAMA };
+/* Which record names a graph name gets (docs/LLAMA_CPP.md, "Name table"): Hugging Face module
+ * names for the decoders built like LlamaForCausalLM (GGUF architectures llama, qwen2, qwen3),
+ * graph names for the others. */
+enum name_table { TABLE_NONE, TABLE_DECODER };
 
 struct request {
 	char base[BASE_MAX]; /* graph name without "-N" */
@@ -33,6 +35,9 @@ struct strap_llama {
 	strap_session *s;
 	int n_layer;
 	enum name_table table;
+	/* qwen2, qwen3: no node is named attn_out-N; the attention output is the MUL_MAT by the
+	 * weight blk.N.attn_output.weight, found by that weight (attn_output_layer) */
+	int attn_out_by_weight;
 	int raw_names;
 	struct request req[MAX_REQ];
 	int n_req;
@@ -53,6 +58,8 @@ struct strap_llama {
 	ggml_backend_sched_eval_callback prev;
 	void *prev_data;
 	struct ggml_tensor *pending; /* the node we said yes to, until its ask = false */
+	int pending_by_weight;       /* it is an attention output found by its weight ... */
+	int pending_layer;           /* ... of this layer */
 	int prev_wants;
 
 	strap_llama_record_fn on_record;
@@ -159,7 +166,11 @@ int strap_llama_new(strap_session *s, const struct llama_model *model, const str
 	h->n_req = n_names;
 	char arch[64] = "";
 	llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch);
-	h->table = !strcmp(arch, "llama") ? TABLE_LLAMA : TABLE_NONE;
+	int qwen = !strcmp(arch, "qwen2") || !strcmp(arch, "qwen3");
+	h->table = !strcmp(arch, "llama") || qwen ? TABLE_DECODER : TABLE_NONE;
+	for (int i = 0; i < n_names; i++)
+		if (qwen && !strcmp(h->req[i].base, "attn_out"))
+			h->attn_out_by_weight = 1;
 
 	h->n_batch_max = p->n_batch_max;
 	size_t nb = (size_t)p->n_batch_max;
@@ -289,6 +300,27 @@ static void start_ubatch(strap_llama *h, const struct ggml_tensor *t)
 	h->stats.ubatches++;
 }
 
+/* The layer N of an attention output found by its weight: a MUL_MAT whose first operand is the
+ * model's weight "blk.N.attn_output.weight" (o_proj), or -1. In qwen2 and qwen3 (src/models/
+ * qwen2.cpp, qwen3.cpp) it is build_attn's product by wo, unnamed (ggml names it "node_K", its
+ * index in the graph), before the last layer's rows are pruned; without a bias (these models have
+ * none on o_proj) or LoRA adapter on wo it is the attention's output, HF's o_proj output. */
+static int attn_output_layer(const struct ggml_tensor *t)
+{
+	if (t->op != GGML_OP_MUL_MAT || !t->src[0])
+		return -1;
+	const char *w = t->src[0]->name;
+	if (strncmp(w, "blk.", 4) != 0)
+		return -1;
+	const char *p = w + 4;
+	int layer = 0, digits = 0;
+	for (; *p >= '0' && *p <= '9' && digits < 6; p++, digits++)
+		layer = layer * 10 + (*p - '0');
+	if (digits == 0 || strcmp(p, ".attn_output.weight") != 0)
+		return -1;
+	return layer;
+}
+
 /* The request a node answers, or -1. */
 static int match(const strap_llama *h, const char *base, int layer)
 {
@@ -302,7 +334,7 @@ static void record_name(const strap_llama *h, const char *graph_name, const char
 			size_t len)
 {
 	const char *m = NULL;
-	if (!h->raw_names && h->table == TABLE_LLAMA) {
+	if (!h->raw_names && h->table == TABLE_DECODER) {
 		if (layer >= 0) {
 			if (!strcmp(base, "l_out"))
 				m = "";
@@ -428,12 +460,21 @@ static int put_rows(strap_llama *h, size_t *n, const int32_t *rows, int count)
 	return put(h->meta, n, "]}");
 }
 
-static int write_node(strap_llama *h, struct ggml_tensor *t)
+static int write_node(strap_llama *h, struct ggml_tensor *t, int by_weight, int weight_layer)
 {
 	const char *gname = ggml_get_name(t);
 	char base[BASE_MAX];
 	int layer;
 	split_name(gname, base, &layer);
+	/* an attention output found by its weight is recorded as the attn_out-N it stands for
+	 * (model.layers.N.self_attn; "attn_out-N" with raw names: its own name, "node_K", is only
+	 * its index in this graph) */
+	char alias[BASE_MAX + 16];
+	if (by_weight) {
+		snprintf(base, sizeof base, "attn_out");
+		layer = weight_layer;
+		snprintf(alias, sizeof alias, "attn_out-%d", layer);
+	}
 
 	/* rows: the outermost dimension whose extent is the ubatch's row count, else its output
 	 * row count (the last layer pruned to the rows asking for logits, trap 2) */
@@ -477,6 +518,8 @@ static int write_node(strap_llama *h, struct ggml_tensor *t)
 	size_t nbytes;
 	size_t n = 0;
 	put(h->meta, &n, "{\"ggml_name\":\"%s\",\"ggml_op\":\"%s\"", gname, ggml_op_name(t->op));
+	if (by_weight)
+		put(h->meta, &n, ",\"ggml_weight\":\"%s\"", t->src[0]->name);
 	if (dtype) {
 		ndim = n_dims;
 		for (int i = 0; i < n_dims; i++)
@@ -503,7 +546,7 @@ static int write_node(strap_llama *h, struct ggml_tensor *t)
 		return fail(h, STRAP_E_TOO_LARGE, "%s: the meta of %d rows exceeds %d bytes", gname, count, META_MAX);
 
 	char name[NAME_MAX_LEN];
-	record_name(h, gname, base, layer, name, sizeof name);
+	record_name(h, by_weight ? alias : gname, base, layer, name, sizeof name);
 	int e = strap_session_write_with(h->s, name, dtype, shape, ndim, nbytes, h->meta, copy_tensor, t);
 	if (h->on_record)
 		h->on_record(h->on_record_data, t, name, shape, ndim, h->meta, e);
@@ -532,9 +575,12 @@ bool strap_llama_eval_callback(struct ggml_tensor *t, bool ask, void *user_data)
 			start_ubatch(h, t);
 		char base[BASE_MAX];
 		int layer;
-		if (!split_name(gname, base, &layer))
-			return prev;
-		int r = match(h, base, layer);
+		int r = split_name(gname, base, &layer) ? match(h, base, layer) : -1;
+		int by_weight = 0;
+		if (r < 0 && h->attn_out_by_weight && (layer = attn_output_layer(t)) >= 0) {
+			r = match(h, "attn_out", layer);
+			by_weight = 1;
+		}
 		if (r < 0)
 			return prev;
 		if (!h->in_decode) {
@@ -556,6 +602,8 @@ bool strap_llama_eval_callback(struct ggml_tensor *t, bool ask, void *user_data)
 		}
 		*taken = 1;
 		h->pending = t;
+		h->pending_by_weight = by_weight;
+		h->pending_layer = layer;
 		return true;
 	}
 	int ok = 1;
@@ -563,7 +611,7 @@ bool strap_llama_eval_callback(struct ggml_tensor *t, bool ask, void *user_data)
 		h->pending = NULL;
 		/* A failed write stops this split's remaining nodes (the scheduler breaks out of its
 		 * loop); end_decode reports the error. */
-		if (write_node(h, t) != STRAP_OK)
+		if (write_node(h, t, h->pending_by_weight, h->pending_layer) != STRAP_OK)
 			ok = 0;
 	}
 	if (h->prev && h->prev_wants && !h->prev(t, false, h->prev_data))
