@@ -561,7 +561,8 @@ int main(int argc, char **argv)
 		llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch);
 		llama_resource_set_model_class(arch[0] ? arch : "llama.cpp");
 		/* the MLP's activation: SiLU in the Llama family's feed-forward (build_ffn LLM_FFN_SILU) */
-		if (!strcmp(arch, "llama") || !strcmp(arch, "mistral") || !strcmp(arch, "qwen2"))
+		if (!strcmp(arch, "llama") || !strcmp(arch, "mistral") || !strcmp(arch, "qwen2") ||
+		    !strcmp(arch, "qwen3"))
 			llama_resource_set_activation_function("silu");
 		llama_resource_begin_session(NULL);
 		if (strap_llama_resources_new(model, &res, &err) != STRAP_OK) {
