@@ -4,9 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -473,5 +478,70 @@ func TestFreeLocalServerForgetsUploadMidCapture(t *testing.T) {
 	}
 	if s := c.u.Status(); s.State != upload.StateLost || !strings.HasPrefix(s.Lost, "[4096, ") || !strings.Contains(s.LastError, "no longer knows") {
 		t.Fatalf("status %+v", s)
+	}
+}
+
+// A verification whose HEAD request fails (the server refuses it for a while; here a proxy
+// answers 403) is not a wrong object: with bytes freed it must not end the upload "lost".
+// The next attempt completes again (the server answers NoSuchUpload for a completed upload)
+// and verifies again; the object equals the stream written.
+func TestFreeLocalVerifyRequestFailureIsRetried(t *testing.T) {
+	f := newFixture(t)
+	var refuseHead atomic.Bool
+	var refused atomic.Int32
+	target, err := url.Parse(f.srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodHead && refuseHead.Load() {
+			refused.Add(1)
+			w.WriteHeader(http.StatusForbidden)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	client, err := upload.NewClient(context.Background(), upload.ClientOptions{Endpoint: proxy.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := upload.NewManager(upload.Options{Client: client, StateDir: f.state, PartSize: upload.MinPartSize,
+		Concurrency: 2, KeepLocal: true, FreeLocal: true, MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+		Log: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	c := startFree(t, f, m, "v.strap")
+	freedUpTo10MiB(t, c)
+	for _, w := range []*stream.Writer{c.sw, c.ref} {
+		if err := w.Close(stream.EndInfo{Status: "complete"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refuseHead.Store(true)
+	if err := c.u.Finish(nil); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for refused.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if s := c.u.Status(); refused.Load() < 2 || s.State == upload.StateLost || s.State == upload.StateComplete {
+		t.Fatalf("with HEAD refused %d times: %+v", refused.Load(), s)
+	}
+	refuseHead.Store(false)
+	final := wait(t, c.u, 60*time.Second)
+	if final.State != upload.StateComplete || final.Lost != "" {
+		t.Fatalf("status %+v", final)
+	}
+	want, err := os.ReadFile(c.refPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := uploadOf(t, f, "run/a/v.strap"); !bytes.Equal(got, want) {
+		t.Fatalf("object (%d bytes) differs from the stream written (%d bytes)", len(got), len(want))
 	}
 }

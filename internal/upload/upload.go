@@ -90,6 +90,9 @@ type Upload struct {
 	finishSig chan struct{}
 	// reconcile: compare the state's parts with the server's before going on.
 	reconcile bool
+	// completed are the parts of the object once CompleteMultipartUpload succeeded (the
+	// upload goroutine's): a retry verifies it rather than sending parts again.
+	completed []Part
 
 	mu        sync.Mutex
 	finalReq  int64 // -1 until Finish
@@ -651,6 +654,11 @@ func (u *Upload) reconcileParts(ctx context.Context) error {
 // files, deletes the local files unless kept, and removes the state file.
 func (u *Upload) completeAll(ctx context.Context, buf []byte) error {
 	st := u.st
+	if u.completed != nil {
+		// Completed by an earlier attempt whose verification could not ask the server:
+		// sending the last part again would find no multipart upload any more.
+		return u.verifyAndFinish(ctx, u.completed, buf)
+	}
 	parts := append([]Part(nil), st.Parts...)
 	next := int32(len(parts)) + 1
 	if start := partStart(st.PartSize, next); start < st.FinalSize {
@@ -674,8 +682,23 @@ func (u *Upload) completeAll(ctx context.Context, buf []byte) error {
 			// Completed by an attempt whose answer was lost: verify decides.
 		}
 	}
+	u.completed = parts
+	return u.verifyAndFinish(ctx, parts, buf)
+}
+
+// verifyAndFinish verifies the completed object, then uploads the side files, deletes what
+// is stale beside it and, unless kept, the local files.
+func (u *Upload) verifyAndFinish(ctx context.Context, parts []Part, buf []byte) error {
+	st := u.st
 	verified, err := u.verifyLocked(ctx, parts)
 	if err != nil {
+		if !errors.Is(err, errObjectWrong) {
+			// The HEAD itself failed (the server away, a timeout): the object may well be
+			// right. The next attempt verifies again (u.completed); nothing is sent anew,
+			// nothing lost.
+			return err
+		}
+		u.completed = nil
 		if lerr := u.lost(0, "the completed object does not verify ("+Describe(err)+")"); lerr != nil {
 			return lerr
 		}
@@ -737,6 +760,10 @@ func (u *Upload) verifyLocked(ctx context.Context, parts []Part) (string, error)
 	return verified, err
 }
 
+// errObjectWrong marks a verification that found the object wrong or missing, as opposed
+// to one whose request failed.
+var errObjectWrong = errors.New("the object does not match the stream")
+
 // verify checks the object's size against the file's and, where the server reports a
 // composite CRC32C, that it is the one of the parts strapd sent (each part's CRC32C was
 // checked by the server as it arrived).
@@ -744,19 +771,22 @@ func (u *Upload) verify(ctx context.Context, parts []Part, what *string) error {
 	st := u.st
 	size, crc, err := u.m.o.Client.head(ctx, st.Bucket, st.Key)
 	if err != nil {
-		return fmt.Errorf("verify %s: %w", u.object(), err)
+		if notFound(err) {
+			return fmt.Errorf("verify %s: %w: the object is not there (%v)", u.object(), errObjectWrong, err)
+		}
+		return fmt.Errorf("verify %s: %w", u.object(), err) // the request failed: tried again
 	}
 	if size != st.FinalSize {
-		return fmt.Errorf("verify %s: the object has %d bytes, the stream file %d", u.object(), size, st.FinalSize)
+		return fmt.Errorf("verify %s: %w: the object has %d bytes, the stream file %d", u.object(), errObjectWrong, size, st.FinalSize)
 	}
 	v := "size; each part's CRC32C checked by the server on upload"
 	if crc != "" && strings.Contains(crc, "-") && len(parts) > 0 {
 		want, err := compositeCRC(parts)
 		if err != nil {
-			return err
+			return fmt.Errorf("verify %s: %w: %v", u.object(), errObjectWrong, err)
 		}
 		if crc != want {
-			return fmt.Errorf("verify %s: the object's CRC32C is %s, the parts sent make %s", u.object(), crc, want)
+			return fmt.Errorf("verify %s: %w: its CRC32C is %s, the parts sent make %s", u.object(), errObjectWrong, crc, want)
 		}
 		v = "size and composite CRC32C of every part"
 	}
