@@ -128,8 +128,8 @@ func (su *sessionUpload) end(status string, log *zap.Logger) error {
 
 // openCheckpoint opens a session's checkpoint file for its upload, as its owner could: the
 // path names no symlink, the file is regular, owned by the session's user and a valid
-// checkpoint (and so never /etc/shadow hard-linked beside a stream). strapd may run as root for clients of other users, and must not put a
-// file they could not read into their bucket.
+// checkpoint (and so never /etc/shadow hard-linked beside a stream). strapd may run as root
+// for clients of other users, and must not put a file they could not read into their bucket.
 func openCheckpoint(path string, uid uint32) (*os.File, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {

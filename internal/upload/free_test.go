@@ -545,3 +545,43 @@ func TestFreeLocalVerifyRequestFailureIsRetried(t *testing.T) {
 		t.Fatalf("object (%d bytes) differs from the stream written (%d bytes)", len(got), len(want))
 	}
 }
+
+// The punching descriptor is the client's file description, which holds the stream's lock
+// (CHECKPOINTS.md 5): an upload abandoned before its session ended (an OPEN that failed
+// after the upload began) must close it, or every later capture of the file would wait on
+// a lock nobody releases.
+func TestFreeLocalAbandonReleasesTheStreamLock(t *testing.T) {
+	f := newFixture(t)
+	m := f.freeManager(t)
+	path := filepath.Join(f.dir, "l.strap")
+	if err := os.WriteFile(path, make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	punch, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(punch.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	u, err := m.Begin(upload.Stream{File: r, Path: path, Target: upload.Target{Bucket: "caps", Prefix: "run/a"}, Punch: punch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := unix.Flock(int(other.Fd()), unix.LOCK_EX|unix.LOCK_NB); err == nil {
+		t.Fatal("the lock was free while the upload held the descriptor")
+	}
+	u.Abandon()
+	if err := unix.Flock(int(other.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatalf("the stream's lock is still held after the upload was abandoned: %v", err)
+	}
+}

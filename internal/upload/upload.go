@@ -321,6 +321,9 @@ func (u *Upload) run() {
 		for _, f := range u.sides {
 			f.Close()
 		}
+		// However the upload ends (Abandon included): the punching descriptor shares the
+		// client's lock on the stream, which a resume or a new capture waits for.
+		u.closePunch()
 	}()
 	backoff := u.m.o.MinBackoff
 	log := u.m.o.Log.With(zap.String("object", u.object()))
