@@ -158,7 +158,7 @@ func (p *Pool) monitor() {
 			for range p.n {
 				select {
 				case p.rescue <- struct{}{}:
-				default: // that rescuer is still draining
+				default: // as many tokens as rescuers are waiting already
 				}
 			}
 		}
