@@ -31,6 +31,20 @@ def short_tmpdir() -> str:
 
 
 @pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One torch intra-op thread for the test. Captures compared byte for byte with a
+    reference (or with a child process, which runs with one thread too) need the same
+    kernels; and small matmuls on a shared 2-core machine run several times faster on one
+    thread than on two spinning against other processes."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
 def sockdir() -> Iterator[str]:
     d = short_tmpdir()
     yield d

@@ -16,7 +16,7 @@ from llm_instrumentation.analysis.sparse_autoencoder import (
 )
 from llm_instrumentation.data import ActivationDataset
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread")]
 MODULE = "encoder.layer.3"
 
 
@@ -45,16 +45,6 @@ def captured(tmp_path_factory):
         daemon.stop()
         shutil.rmtree(d, ignore_errors=True)
     return train, held
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Small matmuls on a shared 2-core machine: one thread is several times faster than
-    # two spinning against other processes.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.mark.parametrize("kind", ["topk", "relu"])

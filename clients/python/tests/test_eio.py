@@ -20,7 +20,10 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, Daemon, strapd_bin
-from test_resume import assert_same_as_reference, capture, one_thread, reference  # noqa: F401
+from test_resume import assert_same_as_reference, capture, reference
+
+# test_resume's reference was captured with one torch thread: the same kernels give the same bytes.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 from llm_instrumentation import StrapdWriteError, open_stream
 

@@ -144,19 +144,7 @@ def test_file_exchange_waits_for_every_rank_then_times_out(tmp_path, monkeypatch
     assert _job_resume._files(i0, s0, "job/1", 9) == [9, 4]
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread, as test_resume's reference capture (compared with) runs: the same
-    kernels give the same bytes."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def test_cut_back_before_the_checkpoint_rewrites_it(real_strapd, tmp_path, monkeypatch, one_thread):
+def test_cut_back_before_the_checkpoint_rewrites_it(real_strapd, tmp_path, monkeypatch, one_torch_thread):
     """Rank 0 of a job holds 10 tokens (checkpoint at 8); the other rank reached 3. The
     resume cuts rank 0 back to 3 — before its checkpoint — and first rewrites the checkpoint
     to that point, so that a crash right after the cut resumes from it again; the capture

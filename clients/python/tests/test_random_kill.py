@@ -19,10 +19,12 @@ from typing import List, Tuple
 
 import pytest
 from genloop import INTERVAL, N_TOKENS
-from test_resume import assert_same_as_reference, capture, ckpt, one_thread, run_child  # noqa: F401
+from test_resume import assert_same_as_reference, capture, ckpt, run_child
 
-pytestmark = pytest.mark.skipif(not os.environ.get("STRAP_TEST_LONG"),
-                                reason="long random-kill tests: run them with make test-long")
+pytestmark = [pytest.mark.skipif(not os.environ.get("STRAP_TEST_LONG"),
+                                 reason="long random-kill tests: run them with make test-long"),
+              # test_resume's reference was captured with one torch thread: same kernels, same bytes
+              pytest.mark.usefixtures("one_torch_thread")]
 
 DAEMON_RUNS = int(os.environ.get("STRAP_KILL_DAEMON_RUNS", "20"))
 CLIENT_RUNS = int(os.environ.get("STRAP_KILL_CLIENT_RUNS", "40"))

@@ -30,19 +30,13 @@ from llm_instrumentation import CheckpointError, InstrumentationConfig, Instrume
 from llm_instrumentation import _streamlock, checkpoint as ckpt
 from llm_instrumentation.framework import tokens_path
 
+# The same kernels give the same bytes (a child process runs with one thread too).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 HERE = Path(__file__).parent
 CHILD = HERE / "resume_child.py"
 _model = None
 _reference: Dict[str, Any] = {}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # The child runs with one thread too: the same kernels give the same bytes.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def model():

@@ -29,19 +29,13 @@ from llm_instrumentation import CheckpointError, capture_activations, open_strea
 from llm_instrumentation import checkpoint as ckpt
 from llm_instrumentation.framework import tokens_path
 
+# The same kernels give the same bytes (the child processes run with one thread too).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 HERE = Path(__file__).parent
 PART = 5 << 20  # the daemons fixture's --upload-part-size
 PROMPT_LEN = 200
 N_TOKENS = 24
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # The child runs with one thread too: the same kernels give the same bytes.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def prompt() -> List[int]:
