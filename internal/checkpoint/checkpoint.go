@@ -122,13 +122,18 @@ func Load(path string) (*Checkpoint, error) {
 		return nil, fmt.Errorf("open checkpoint: %w", err)
 	}
 	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
+	return Read(f, path)
+}
+
+// Read reads and parses a checkpoint from r (at most MaxSize bytes; name labels errors).
+func Read(r io.Reader, name string) (*Checkpoint, error) {
+	b, err := io.ReadAll(io.LimitReader(r, MaxSize+1))
 	if err != nil {
-		return nil, fmt.Errorf("read checkpoint %s: %w", path, err)
+		return nil, fmt.Errorf("read checkpoint %s: %w", name, err)
 	}
 	c, err := Parse(b)
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w", path, err)
+		return nil, fmt.Errorf("checkpoint %s: %w", name, err)
 	}
 	return c, nil
 }

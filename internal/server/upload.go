@@ -150,11 +150,8 @@ func openCheckpoint(path string, uid uint32) (*os.File, error) {
 		err = fmt.Errorf("%s has %d bytes, a checkpoint at most %d", path, st.Size, checkpoint.MaxSize)
 	}
 	if err == nil {
-		var b []byte
-		if b, err = io.ReadAll(io.LimitReader(f, checkpoint.MaxSize+1)); err == nil {
-			if _, err = checkpoint.Parse(b); err == nil {
-				_, err = f.Seek(0, io.SeekStart)
-			}
+		if _, err = checkpoint.Read(f, path); err == nil {
+			_, err = f.Seek(0, io.SeekStart)
 		}
 	}
 	if err != nil {

@@ -47,6 +47,8 @@ type JournalRecord struct {
 	LastOffset             int64
 	LastCRC                uint32
 	Entries                []IndexEntry
+	// size is the record's length in the journal file (ParseJournal).
+	size int64
 }
 
 // Journal is a parsed journal.
@@ -94,43 +96,27 @@ func (j *Journal) BytesUpto(off int64) int64 {
 		if r.End > off {
 			break
 		}
-		n += recordLen(r)
+		n += r.size
 	}
 	return n
 }
 
-func recordLen(r JournalRecord) int64 {
-	return int64(journalHeaderLen + len(indexPayloadOf(r.Entries)) + 4)
-}
-
 // indexPayloadOf encodes entries as an INDEX payload with its own name table.
 func indexPayloadOf(entries []IndexEntry) []byte {
-	names := map[string]uint32{}
-	var list []string
-	for _, e := range entries {
-		if _, ok := names[e.Name]; !ok {
-			names[e.Name] = uint32(len(list))
-			list = append(list, e.Name)
+	ids := map[string]uint32{}
+	var names []string
+	index := make([]indexEntry, len(entries))
+	for i, e := range entries {
+		id, ok := ids[e.Name]
+		if !ok {
+			id = uint32(len(names))
+			ids[e.Name] = id
+			names = append(names, e.Name)
 		}
+		index[i] = indexEntry{nameIdx: id, typ: e.Type, flags: uint16(e.Flags), seq: e.Seq, step: e.Step,
+			forward: e.Forward, offset: uint64(e.Offset)}
 	}
-	le := binary.LittleEndian
-	b := make([]byte, 0, 12+IndexEntryLen*len(entries))
-	b = le.AppendUint32(b, uint32(len(list)))
-	for _, s := range list {
-		b = le.AppendUint16(b, uint16(len(s)))
-		b = append(b, s...)
-	}
-	b = le.AppendUint64(b, uint64(len(entries)))
-	for _, e := range entries {
-		b = le.AppendUint32(b, names[e.Name])
-		b = le.AppendUint16(b, uint16(e.Type))
-		b = le.AppendUint16(b, uint16(e.Flags))
-		b = le.AppendUint64(b, e.Seq)
-		b = le.AppendUint64(b, e.Step)
-		b = le.AppendUint64(b, e.Forward)
-		b = le.AppendUint64(b, uint64(e.Offset))
-	}
-	return b
+	return encodeIndexPayload(names, index)
 }
 
 // EncodeJournalRecord is r's bytes, to append to a journal.
@@ -202,7 +188,7 @@ func ParseJournal(b []byte) (*Journal, error) {
 		if err != nil {
 			return nil, bad("%v", err)
 		}
-		r.Entries = entries
+		r.Entries, r.size = entries, n
 		if err := checkRecord(r, prev, len(j.Records) == 0); err != nil {
 			return nil, bad("%v", err)
 		}

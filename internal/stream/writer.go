@@ -824,20 +824,24 @@ func (w *Writer) Abort(cause error) error {
 }
 
 // indexPayload encodes the INDEX payload (docs/STREAM_FORMAT.md 3).
-func (w *Writer) indexPayload() []byte {
-	n := 4 + 8 + IndexEntryLen*len(w.index)
-	for _, s := range w.nameLst {
+func (w *Writer) indexPayload() []byte { return encodeIndexPayload(w.nameLst, w.index) }
+
+// encodeIndexPayload is the INDEX payload of entries whose names are names[e.nameIdx]: the
+// stream's INDEX packet and the records of an index journal (journal.go).
+func encodeIndexPayload(names []string, index []indexEntry) []byte {
+	n := 4 + 8 + IndexEntryLen*len(index)
+	for _, s := range names {
 		n += 2 + len(s)
 	}
 	le := binary.LittleEndian
 	b := make([]byte, 0, n)
-	b = le.AppendUint32(b, uint32(len(w.nameLst)))
-	for _, s := range w.nameLst {
+	b = le.AppendUint32(b, uint32(len(names)))
+	for _, s := range names {
 		b = le.AppendUint16(b, uint16(len(s)))
 		b = append(b, s...)
 	}
-	b = le.AppendUint64(b, uint64(len(w.index)))
-	for _, e := range w.index {
+	b = le.AppendUint64(b, uint64(len(index)))
+	for _, e := range index {
 		b = le.AppendUint32(b, e.nameIdx)
 		b = le.AppendUint16(b, uint16(e.typ))
 		b = le.AppendUint16(b, e.flags)

@@ -165,11 +165,8 @@ func (m *Manager) ResumePending() error {
 
 // setPending shows an upload of the state directory that no goroutine runs.
 func (m *Manager) setPending(st *State, state, why string) {
-	s := Status{Object: ObjectURL(st.Bucket, st.Key), Path: st.Path, UID: st.UID, State: state,
-		UploadedBytes: st.uploaded(), FinalSize: st.FinalSize, Parts: len(st.Parts), LastError: why}
-	if st.FreedTo > st.FreedFrom {
-		s.FreedBytes = st.FreedTo - st.FreedFrom
-	}
+	s := st.status(state)
+	s.LastError = why
 	m.mu.Lock()
 	if m.pending == nil {
 		m.pending = map[string]Status{}

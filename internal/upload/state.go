@@ -84,6 +84,12 @@ type State struct {
 	FreedTo   int64 `json:"freed_to,omitempty"`
 }
 
+// status is what the state file says of its upload, as status shows it.
+func (s *State) status(state string) Status {
+	return Status{Object: ObjectURL(s.Bucket, s.Key), Path: s.Path, UID: s.UID, State: state, FinalSize: s.FinalSize,
+		Parts: len(s.Parts), UploadedBytes: s.uploaded(), FreedBytes: s.FreedTo - s.FreedFrom}
+}
+
 // partStart is the offset of part n (1-based) for a first part size base: sizes double
 // every 1000 parts, so 10,000 parts reach S3's 5 TiB object limit from base 16 MiB while
 // small captures still upload in small steps. A part never exceeds MaxPartSize.

@@ -133,8 +133,8 @@ func (m *Manager) newUpload(st *State, f *os.File, session uint64) *Upload {
 	u := &Upload{m: m, st: st, f: f, session: session, wake: make(chan struct{}, 1), finishSig: make(chan struct{}, 1),
 		finalReq: -1, finishedC: make(chan struct{})}
 	u.ctx, u.cancel = context.WithCancel(m.ctx)
-	u.status = Status{Object: ObjectURL(st.Bucket, st.Key), Path: st.Path, Session: session, UID: st.UID, State: StateUploading,
-		FinalSize: st.FinalSize, Parts: len(st.Parts), UploadedBytes: st.uploaded(), FreedBytes: st.FreedTo - st.FreedFrom}
+	u.status = st.status(StateUploading)
+	u.status.Session = session
 	u.wakeUp()
 	return u
 }

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from conftest import strapd_bin, tiny_llama
+from genloop import generate
 from test_upload_s3 import BUCKET, S3Server, daemons, s3, status, wait_upload  # noqa: F401 (fixtures)
 
 from llm_instrumentation import CheckpointError, capture_activations, open_stream
@@ -42,36 +43,19 @@ def prompt() -> List[int]:
     return torch.randint(0, 1000, (PROMPT_LEN,), generator=torch.Generator().manual_seed(3)).tolist()
 
 
-# Greedy decoding without a KV cache over a long prompt: every forward pass depends only on
-# the tokens so far (a resumed run regenerates the same packets) and writes ~3 MB (codec
-# none), so a short capture spans many 5 MiB parts.
-GEN = r"""
-def generate(fw, model, prompt, n_tokens, on_token=None):
-    import torch
-    tr = fw.token_tracker
-    ids = list(prompt) + [t["token_id"] for t in tr.tokens]
-    with torch.no_grad():
-        while tr.step < n_tokens:
-            logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits
-            nxt = int(logits[0, -1].argmax())
-            tr.record_token(nxt, f"<{nxt}>")
-            ids.append(nxt)
-            if on_token is not None:
-                on_token(tr.step)
-"""
-_ns: Dict[str, Any] = {}
-exec(GEN, _ns)
-generate = _ns["generate"]
-
+# Greedy decoding without a KV cache over a long prompt (genloop.generate): every forward
+# pass depends only on the tokens so far (a resumed run regenerates the same packets) and
+# writes ~3 MB (codec none), so a short capture spans many 5 MiB parts.
 CAPTURE_KW = dict(preset="fast_capture", autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=1)
 
 # The killed client: captures with the upload until some bytes were freed behind it and
 # at least `kill_at` tokens are recorded, then SIGKILLs itself (no CLOSE, no finally).
-KILLED_CHILD = GEN + r"""
+KILLED_CHILD = r"""
 import json, os, signal, subprocess, sys, torch
 sock, out, tests, target, strapd, kill_at = sys.argv[1:7]
 sys.path.insert(0, tests)
 from conftest import tiny_llama
+from genloop import generate
 from llm_instrumentation import capture_activations
 torch.set_num_threads(1)
 m = tiny_llama()
@@ -88,7 +72,7 @@ def on_token(step):
 
 with capture_activations(m, output_path=out, socket_path=sock, upload=target, preset="fast_capture",
                          autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=1) as fw:
-    generate(fw, m, prompt, 200, on_token)
+    generate(fw, m, 200, prompt=prompt, on_token=on_token)
 print("never freed", flush=True)
 """
 
@@ -128,7 +112,7 @@ def reference(sock: str, tmp: Path, n_tokens: int = N_TOKENS) -> Dict[str, Any]:
     out = tmp / "ref.strap"
     model = tiny_llama()
     with capture_activations(model, output_path=out, socket_path=sock, **CAPTURE_KW) as fw:
-        generate(fw, model, prompt(), n_tokens)
+        generate(fw, model, n_tokens, prompt=prompt())
     return {"bytes": out.read_bytes(), "packets": packets(out), "tokens": fw.tokens,
             "tokens_file": json.loads(Path(tokens_path(out)).read_text())["tokens"]}
 
@@ -197,7 +181,7 @@ def test_free_local_bounds_disk_and_object_is_exact(s3: S3Server, daemons: Any, 
     try:
         with capture_activations(model, output_path=out, socket_path=d.socket, upload=f"s3://{BUCKET}/f",
                                  **CAPTURE_KW) as fw:
-            generate(fw, model, prompt(), n_tokens, on_token)
+            generate(fw, model, n_tokens, prompt=prompt(), on_token=on_token)
     finally:
         stop.set()
         t.join()
@@ -300,7 +284,7 @@ def test_client_killed_after_freeing_resumes_exact(s3: S3Server, daemons: Any, t
                              resume_from_checkpoint=True, **CAPTURE_KW) as fw:
         start = fw.token_tracker.step
         assert 8 <= start < N_TOKENS, start
-        generate(fw, model, prompt(), N_TOKENS)
+        generate(fw, model, N_TOKENS, prompt=prompt())
     size = fw.summary["file_bytes"]
     assert wait_upload(d, obj, final_size=size)["local_deleted"] and not out.exists()
     assert fw.tokens == ref["tokens"]
@@ -355,7 +339,7 @@ def test_strapd_killed_after_freeing_restarted_resumes_exact(s3: S3Server, daemo
     with pytest.raises(Exception):
         with capture_activations(model, output_path=out, socket_path=d.socket, upload=f"s3://{BUCKET}/s",
                                  **CAPTURE_KW) as fw:
-            generate(fw, model, prompt(), N_TOKENS, on_token)
+            generate(fw, model, N_TOKENS, prompt=prompt(), on_token=on_token)
     assert killed, "nothing was freed before the end of the capture"
     fd = os.open(out, os.O_RDONLY)
     try:
@@ -366,7 +350,7 @@ def test_strapd_killed_after_freeing_restarted_resumes_exact(s3: S3Server, daemo
     with capture_activations(model, output_path=out, socket_path=d2.socket, upload=f"s3://{BUCKET}/s",
                              resume_from_checkpoint=True, **CAPTURE_KW) as fw:
         assert fw.token_tracker.step >= 8
-        generate(fw, model, prompt(), N_TOKENS)
+        generate(fw, model, N_TOKENS, prompt=prompt())
     u = wait_upload(d2, obj)
     assert u["local_deleted"] and not out.exists()
     assert fw.tokens == ref["tokens"]
@@ -391,7 +375,7 @@ def test_per_session_free_local(s3: S3Server, daemons: Any, tmp_path: Path) -> N
 
     with capture_activations(model, output_path=out, socket_path=d.socket, upload=f"s3://{BUCKET}/p",
                              upload_free_local=True, **CAPTURE_KW) as fw:
-        generate(fw, model, prompt(), N_TOKENS, on_token)
+        generate(fw, model, N_TOKENS, prompt=prompt(), on_token=on_token)
     assert freed[0] > 2 * PART, freed
     u = wait_upload(d, obj)
     assert u["local_deleted"] and not out.exists()
