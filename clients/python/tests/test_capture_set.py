@@ -272,6 +272,35 @@ def tp_set(env_rank, real_strapd, tmp_path, monkeypatch, request):
     return tmp_path / "cap.capture-set.json"
 
 
+def test_store_exchange_values_keys_and_missing_ranks():
+    """The ranks' facts go through the default group's store (no collective): rank 0 gets
+    every rank's value and deletes the keys; a rank not heard from within the store's timeout
+    is named. One real gloo group of one process, told it is rank 0 of 2 for the missing case."""
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    from llm_instrumentation import _distributed
+
+    assert not dist.is_initialized()
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        one = RankInfo(0, 1, 0, 1, "h", "torch.distributed")
+        assert _distributed.store_exchange("t", one, {"a": [1, 2]}, to_all=False) == [{"a": [1, 2]}]
+        assert _distributed.store_exchange("t", one, "x", to_all=True) == ["x"]
+        default = c10d._get_default_store()
+        assert not default.check(["strap-llm/t/0/0"]), "rank 0 deletes what it read (to_all=False)"
+        assert default.check(["strap-llm/t/1/0"]), "every rank reads: nobody deletes (to_all=True)"
+        default.set_timeout(datetime.timedelta(seconds=2))  # a given store keeps its own (5 min)
+        two = RankInfo(0, 2, 0, 2, "h", "torch.distributed")
+        with pytest.raises(TimeoutError, match=r"ranks \[1\] of 2 sent no t value"):
+            _distributed.store_exchange("t", two, 5, to_all=False)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_manifest_checks_name_rank_and_key(tp_set, tmp_path):
     good = json.loads(tp_set.read_text())
 

@@ -17,6 +17,7 @@ import fnmatch
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,13 +33,16 @@ from llm_instrumentation import capture_set
 
 HERE = Path(__file__).resolve().parent
 
+#: names of torch.distributed's collectives and point-to-point calls
+COLLECTIVE = re.compile(r"all_|barrier|broadcast|gather|scatter|reduce|send|recv")
+
 #: mode → (ranks, tp_size, pp_size, dp_size)
 MODES = {"dp": (2, 1, 1, 2), "pp": (2, 1, 2, 1), "tp": (2, 2, 1, 1), "tpdp": (4, 2, 1, 2), "pptp": (4, 2, 2, 1)}
 
 
 def torchrun(mode: str, sock: str, outdir: "Path | str") -> None:
     n = MODES[mode][0]
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "STRAP_RANK_STREAMS", "STRAP_CAPTURE_SET"):
         env.pop(k, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--nnodes=1", "--node_rank=0",
@@ -90,6 +94,11 @@ def check_job(mode: str, sock: str, outdir: Path) -> None:
         assert c["captured"] == c["plain"] and c["captured_names"] == c["plain_names"], (r, c)
         if tp > 1 or pp > 1:
             assert c["plain"] > 0, "the model itself communicates: the count must see it"
+        # nor at its start and end: the ranks' facts go through the process group's store
+        # (a collective there could pair with another rank's model collective, and a gloo one
+        # right before exit can abort the process, as CI saw)
+        assert c["session_names"], "the capture asks torch.distributed for its place: the count must see it"
+        assert not [n for n in c["session_names"] if COLLECTIVE.search(n)], (r, c["session_names"])
     mpath = outdir / "cap.capture-set.json"
     assert calls[0]["capture_set_path"] == str(mpath) and all(c["capture_set_path"] is None for c in calls[1:])
     m = capture_set.load(mpath)

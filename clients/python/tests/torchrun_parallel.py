@@ -9,7 +9,8 @@ Modes: ``dp`` (every rank its own batch, no layout given), ``pp`` (one stage per
 
 Each rank runs its forward passes three times: a warm-up, then with the public functions of
 ``torch.distributed`` counted, once without a capture and once inside it; both counts go to ``DIR/calls.RANK.json``
-for the parent to compare (a capture adds no collective on the model's path).
+for the parent to compare (a capture adds no collective on the model's path), with the names of
+those the capture's start and end called (no collective there either).
 
 argv: mode socket outdir — each may be a comma-separated list, one per "host": rank r then uses
 the (r mod n)-th socket and output directory (two strapd daemons, two directories, as two hosts
@@ -31,7 +32,7 @@ import parallel_models as pm  # noqa: E402
 
 from llm_instrumentation import capture_activations  # noqa: E402
 
-COUNT = {"on": False, "n": 0, "names": {}}
+COUNT = {"on": False, "n": 0, "names": {}, "session": False, "session_names": {}}
 
 
 def count_calls() -> None:
@@ -45,6 +46,8 @@ def count_calls() -> None:
                 if COUNT["on"]:
                     COUNT["n"] += 1
                     COUNT["names"][__name] = COUNT["names"].get(__name, 0) + 1
+                if COUNT["session"]:
+                    COUNT["session_names"][__name] = COUNT["session_names"].get(__name, 0) + 1
                 return __fn(*a, **kw)
 
             setattr(mod, name, functools.wraps(fn)(wrapper))
@@ -94,18 +97,25 @@ def main() -> None:
         COUNT["on"] = False
         plain, plain_names = COUNT["n"], dict(COUNT["names"])
         COUNT["n"], COUNT["names"] = 0, {}
-        with capture_activations(model, output_path=os.path.join(outdir, "cap.strap"), preset="fast_capture",
-                                 modules=pm.MODULES, socket_path=sock, autostart_daemon=False,
-                                 track_per_token=True, parallel_layout=layout, sharding=pm.SHARDING) as fw:
-            COUNT["on"] = True
-            for x in ins:
-                for tok in x[0].tolist():
-                    fw.record_token(tok, str(tok))
-                model(x)
-            COUNT["on"] = False
+        session = capture_activations(model, output_path=os.path.join(outdir, "cap.strap"), preset="fast_capture",
+                                      modules=pm.MODULES, socket_path=sock, autostart_daemon=False,
+                                      track_per_token=True, parallel_layout=layout, sharding=pm.SHARDING)
+        COUNT["session"] = True  # what the capture's start and end call (the end gathers the manifest)
+        fw = session.__enter__()
+        COUNT["session"] = False
+        COUNT["on"] = True
+        for x in ins:
+            for tok in x[0].tolist():
+                fw.record_token(tok, str(tok))
+            model(x)
+        COUNT["on"] = False
+        COUNT["session"] = True
+        session.__exit__(None, None, None)
+        COUNT["session"] = False
     with open(os.path.join(outdirs[0], f"calls.{rank}.json"), "w") as f:
         json.dump({"plain": plain, "plain_names": plain_names, "captured": COUNT["n"],
-                   "captured_names": COUNT["names"], "output_path": fw.output_path,
+                   "captured_names": COUNT["names"], "session_names": COUNT["session_names"],
+                   "output_path": fw.output_path,
                    "capture_set_path": fw.capture_set_path}, f)
     dist.destroy_process_group()
 

@@ -6,7 +6,7 @@ other ranks and starts the whole job again, and every rank resumes from the poin
 reached (docs/DISTRIBUTED.md D3).
 
 argv: socket outdir exchange kill
-  exchange  "pg": a gloo process group is initialised (the counts go by all_gather_object);
+  exchange  "pg": a gloo process group is initialised (the counts go through its store);
             "files": none (the counts go through files beside the streams)
   kill      "none", or "R:token:K" (rank R dies just after recording token K), or
             "R:write:N" (rank R dies inside its N-th tensor write)

@@ -12,6 +12,7 @@ path: the stream lock refuses a second live capture of one file).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -483,3 +484,56 @@ def rank_path(path: str, info: RankInfo) -> str:
     if m is not None and int(m.group(1)) == info.rank and int(m.group(2)) == info.world_size:
         return path
     return os.path.join(head, stem + marker + ext)
+
+
+# ----- exchanging small facts between ranks (D3, D4) -----------------------------------------------
+
+#: How many exchanges of each kind this process made: the ranks of a job make them in the same
+#: order (the same call on every rank), so the count names the exchange in the store's keys.
+_EXCHANGES: Dict[str, int] = {}
+
+
+def store_exchange(kind: str, info: RankInfo, value: Any, to_all: bool) -> Optional[List[Any]]:
+    """Every rank's ``value`` (JSON) through the key-value store of the initialised default
+    process group — never a collective on the group itself.
+
+    A collective here would pair up with whatever collective another rank is in (a rank that
+    ends its capture while another is still in the model's all-reduce), and a gloo collective
+    right before the process exits can abort it: gloo's worker thread drops its last reference to
+    the work's tensors after the caller has returned, and when that happens while the
+    interpreter is finalizing it takes the GIL of a dying interpreter (``std::terminate``,
+    SIGABRT; seen in CI). Store operations run on the calling thread and are done when they
+    return.
+
+    Args:
+        kind: what is exchanged (a key segment, e.g. ``"capture-set"``).
+        info: this rank (its world size must be the default group's).
+        value: this rank's value, JSON-serialisable.
+        to_all: every rank gets every value (and waits for them); else only rank 0 does, the
+            other ranks return at once, and rank 0 deletes the keys after reading them.
+
+    Returns:
+        the values by rank, or None on a rank that gets none.
+
+    Raises:
+        TimeoutError: a rank's value did not come within the store's timeout (the process
+            group's); the message names the ranks not heard from.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    store = c10d._get_default_store()
+    n = _EXCHANGES[kind] = _EXCHANGES.get(kind, -1) + 1
+    keys = [f"strap-llm/{kind}/{n}/{r}" for r in range(info.world_size)]
+    store.set(keys[info.rank], json.dumps(value))
+    if not to_all and info.rank != 0:
+        return None
+    try:
+        store.wait(keys)
+    except Exception as e:  # torch raises DistStoreError or RuntimeError, by version
+        missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        raise TimeoutError(f"ranks {missing} of {info.world_size} sent no {kind} value: {e}") from e
+    got = [json.loads(store.get(k)) for k in keys]
+    if not to_all:
+        for k in keys:
+            store.delete_key(k)
+    return got

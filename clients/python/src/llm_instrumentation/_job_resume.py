@@ -6,8 +6,8 @@ smallest of those counts and every rank cuts back to it, so no rank keeps tokens
 one has to generate again. The agreement is made once, at the start of the capture, never on
 the model's path:
 
-- an initialised ``torch.distributed`` process group of the job's size: one
-  ``all_gather_object`` of the counts;
+- an initialised ``torch.distributed`` process group of the job's size: the counts go
+  through the group's key-value store (``_distributed.store_exchange``; no collective);
 - without one, under ``torchrun`` (``TORCHELASTIC_RUN_ID`` and ``TORCHELASTIC_RESTART_COUNT``
   name this start of the job; the run id must name this launch: torchrun's default ``none``
   does not) with per-rank stream names: each rank writes its count to
@@ -58,7 +58,7 @@ def exchange_for(info: RankInfo, output_path: str, per_rank_names: bool) -> Opti
     """
     dist = sys.modules.get("torch.distributed")
     if dist is not None and info.source == "torch.distributed":
-        return lambda own: _gather(dist, info, own)
+        return lambda own: _gather(info, own)
     run_id = (os.environ.get("TORCHELASTIC_RUN_ID") or "").strip()
     restart = (os.environ.get("TORCHELASTIC_RESTART_COUNT") or "").strip()
     # "none" is torchrun's default run id: every launch has it, so files of an earlier launch
@@ -106,10 +106,13 @@ def _wire(own: Own) -> Union[int, str]:
     return own if isinstance(own, int) else f"{type(own).__name__}: {own}"
 
 
-def _gather(dist, info: RankInfo, own: Own) -> List[Union[int, str]]:
-    got: List[Union[int, str, None]] = [None] * info.world_size
-    dist.all_gather_object(got, _wire(own))
-    return [v if isinstance(v, (int, str)) else f"sent {v!r}" for v in got]
+def _gather(info: RankInfo, own: Own) -> List[Union[int, str]]:
+    try:
+        got = _distributed.store_exchange("job-resume", info, _wire(own), to_all=True)
+    except TimeoutError as e:
+        raise CheckpointError(f"the job cannot agree on a resume point: {e}") from e
+    assert got is not None
+    return [v if isinstance(v, (int, str)) and not isinstance(v, bool) else f"sent {v!r}" for v in got]
 
 
 def sibling_path(path: str, info: RankInfo, rank: int) -> str:

@@ -409,10 +409,12 @@ def _ended(path: str) -> bool:
 def end_of_capture(stream_path: str, info: _distributed.RankInfo, wait: Optional[float] = None) -> Optional[str]:
     """Called by every rank as its capture ends: rank 0 writes the job's manifest.
 
-    With an initialised process group of the job's size, each rank's object (read from its
-    own, finished stream) reaches rank 0 by one ``all_gather_object`` — every rank of the
-    group must end a capture for it to return. Without one, rank 0 waits up to ``wait``
-    seconds for the other ranks' streams (by their per-rank names) to end and reads them.
+    With an initialised process group of the job's size, each rank's facts (read from its
+    own, finished stream) reach rank 0 through the group's key-value store
+    (:func:`_distributed.store_exchange`, no collective): the other ranks return at once, rank
+    0 waits for every rank to end a capture, up to the store's timeout. Without one, rank 0
+    waits up to ``wait`` seconds for the other ranks' streams (by their per-rank names) to end
+    and reads them.
 
     Args:
         stream_path: this rank's stream.
@@ -434,11 +436,15 @@ def end_of_capture(stream_path: str, info: _distributed.RankInfo, wait: Optional
                 mine: Any = (rank_entry(r, stream_path), r.metadata["client_metadata"]["distributed"])
         except Exception as e:  # the others still gather: rank 0 reports this rank's failure
             mine = f"rank {info.rank}: {e}"
-        gathered: List[Any] = [None] * info.world_size
-        assert dist is not None
-        dist.all_gather_object(gathered, mine)
-        if info.rank != 0:
+        try:
+            got = _distributed.store_exchange("capture-set", info, mine, to_all=False)
+        except TimeoutError as e:
+            log.error("llm_instrumentation: no capture-set manifest written: %s (build it later: "
+                      "python -m llm_instrumentation.capture_set build)", e)
             return None
+        if got is None:  # not rank 0
+            return None
+        gathered: List[Any] = got
         bad = [g for g in gathered if isinstance(g, str)]
         if bad:
             log.error("llm_instrumentation: no capture-set manifest written: %s", "; ".join(bad))
