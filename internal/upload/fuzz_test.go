@@ -40,29 +40,51 @@ func FuzzParseState(f *testing.F) {
 		if err != nil {
 			t.Fatalf("round trip: %v", err)
 		}
-		if s2.uploaded() != s.uploaded() || len(s2.Parts) != len(s.Parts) || s2.FinalSize != s.FinalSize {
+		if s2.uploaded() != s.uploaded() || len(s2.Parts) != len(s.Parts) || s2.FinalSize != s.FinalSize ||
+			s2.Completing != s.Completing || len(s2.objectParts()) != len(s.objectParts()) {
 			t.Fatal("round trip changed the state")
 		}
 	})
 }
 
+// tail is a one-part state with the given final size and completion fields.
+func tail(final, completion string) string {
+	return `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a",` + final +
+		`,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}],` + completion + `}`
+}
+
 func TestParseStateRejects(t *testing.T) {
+	for _, ok := range []string{
+		tail(`"final_size":5242890`, `"completing":true,"tail":{"number":2,"size":10,"etag":"g","crc32c":"AAAAAA=="}`),
+		tail(`"final_size":5242880`, `"completing":true`),
+	} {
+		if _, err := ParseState([]byte(ok)); err != nil {
+			t.Fatalf("good completing state refused: %v: %s", err, ok)
+		}
+	}
 	good := `{"version":1,"bucket":"caps","key":"run/a/s.strap","upload_id":"u1","part_size":5242880,"path":"/tmp/s.strap","dev":1,"ino":2,"final_size":-1,"keep_local":true,"sides":[],"parts":[{"number":1,"size":5242880,"etag":"\"e\"","crc32c":"AAAAAA=="}]}`
 	if _, err := ParseState([]byte(good)); err != nil {
 		t.Fatalf("good state refused: %v", err)
 	}
 	for name, b := range map[string]string{
-		"unknown field":   `{"version":1,"bogus":1}`,
-		"version":         `{"version":2,"bucket":"caps","key":"k","part_size":5242880,"path":"/a","final_size":-1}`,
-		"small part size": `{"version":1,"bucket":"caps","key":"k","part_size":1024,"path":"/a","final_size":-1}`,
-		"relative path":   `{"version":1,"bucket":"caps","key":"k","part_size":5242880,"path":"a","final_size":-1}`,
-		"part gap":        `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":2,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
-		"part size":       `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5,"etag":"e","crc32c":"AAAAAA=="}]}`,
-		"past final":      `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":100,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
-		"bad crc":         `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAA"}]}`,
-		"no upload id":    `{"version":1,"bucket":"caps","key":"k","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
-		"bucket":          `{"version":1,"bucket":"Caps!","key":"k","part_size":5242880,"path":"/a","final_size":-1}`,
-		"trailing data":   good + `{}`,
+		"unknown field":        `{"version":1,"bogus":1}`,
+		"version":              `{"version":2,"bucket":"caps","key":"k","part_size":5242880,"path":"/a","final_size":-1}`,
+		"small part size":      `{"version":1,"bucket":"caps","key":"k","part_size":1024,"path":"/a","final_size":-1}`,
+		"relative path":        `{"version":1,"bucket":"caps","key":"k","part_size":5242880,"path":"a","final_size":-1}`,
+		"part gap":             `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":2,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
+		"part size":            `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5,"etag":"e","crc32c":"AAAAAA=="}]}`,
+		"past final":           `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":100,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
+		"bad crc":              `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAA"}]}`,
+		"no upload id":         `{"version":1,"bucket":"caps","key":"k","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
+		"bucket":               `{"version":1,"bucket":"Caps!","key":"k","part_size":5242880,"path":"/a","final_size":-1}`,
+		"trailing data":        good + `{}`,
+		"tail, not completing": tail(`"final_size":5242890`, `"tail":{"number":2,"size":10,"etag":"g","crc32c":"AAAAAA=="}`),
+		"completing, no final": tail(`"final_size":-1`, `"completing":true`),
+		"completing, short":    tail(`"final_size":5242890`, `"completing":true`),
+		"completing, long":     tail(`"final_size":5242880`, `"completing":true,"tail":{"number":2,"size":10,"etag":"g","crc32c":"AAAAAA=="}`),
+		"tail number":          tail(`"final_size":5242890`, `"completing":true,"tail":{"number":3,"size":10,"etag":"g","crc32c":"AAAAAA=="}`),
+		"tail etag":            tail(`"final_size":5242890`, `"completing":true,"tail":{"number":2,"size":10,"etag":"","crc32c":"AAAAAA=="}`),
+		"tail crc":             tail(`"final_size":5242890`, `"completing":true,"tail":{"number":2,"size":10,"etag":"g","crc32c":"AA"}`),
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := ParseState([]byte(b)); err == nil {

@@ -263,6 +263,7 @@ func (m *Manager) Begin(s Stream) (*Upload, error) {
 				s.Path, s.AppendAt, st.Parts[keep].Number, st.FreedTo)
 		}
 		st.Parts = st.Parts[:keep]
+		st.dropCompletion()
 		st.FinalSize = -1
 		st.Path = s.Path
 		st.Sides = nil

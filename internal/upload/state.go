@@ -82,7 +82,28 @@ type State struct {
 	// lie inside the parts above: those parts can never be sent again.
 	FreedFrom int64 `json:"freed_from,omitempty"`
 	FreedTo   int64 `json:"freed_to,omitempty"`
+	// Completing records, before CompleteMultipartUpload is sent, that the object is being
+	// completed from Parts and Tail: a strapd killed between the server completing it and
+	// strapd recording that finds the multipart upload gone after its restart, and
+	// verifies the object against these parts (size, composite CRC32C) before taking it
+	// for missing. Tail is the last part, shorter than a full one (nil when the stream
+	// ends on a part boundary); it is sent, and recorded, only once the stream has ended.
+	Completing bool  `json:"completing,omitempty"`
+	Tail       *Part `json:"tail,omitempty"`
 }
+
+// objectParts are the parts of the object as completed: Parts, then Tail.
+func (s *State) objectParts() []Part {
+	parts := append([]Part(nil), s.Parts...)
+	if s.Tail != nil {
+		parts = append(parts, *s.Tail)
+	}
+	return parts
+}
+
+// dropCompletion forgets the completion (the multipart upload is started anew, or a
+// resumed capture goes on writing).
+func (s *State) dropCompletion() { s.Completing, s.Tail = false, nil }
 
 // status is what the state file says of its upload, as status shows it.
 func (s *State) status(state string) Status {
@@ -167,11 +188,29 @@ func (s *State) check() error {
 		if s.FinalSize >= 0 && partStart(s.PartSize, p.Number)+p.Size > s.FinalSize {
 			return fmt.Errorf("part %d ends past final_size %d", p.Number, s.FinalSize)
 		}
-		if p.ETag == "" || len(p.ETag) > 256 || strings.ContainsAny(p.ETag, "\x00\r\n") {
-			return fmt.Errorf("part %d: bad etag", p.Number)
+		if err := p.checkTags(); err != nil {
+			return err
 		}
-		if c, err := base64.StdEncoding.DecodeString(p.CRC32C); err != nil || len(c) != 4 {
-			return fmt.Errorf("part %d: crc32c %q is not 4 bytes in base64", p.Number, p.CRC32C)
+	}
+	if s.Tail != nil && !s.Completing {
+		return errors.New("a tail part without completing")
+	}
+	if s.Completing {
+		if s.FinalSize < 0 || s.UploadID == "" {
+			return errors.New("completing without a final size and an upload_id")
+		}
+		end := s.uploaded()
+		if t := s.Tail; t != nil {
+			if t.Number != int32(len(s.Parts)+1) || t.Size <= 0 || t.Size > partSize(s.PartSize, t.Number) {
+				return fmt.Errorf("tail part %d of %d bytes: expected part %d of 1..%d bytes", t.Number, t.Size, len(s.Parts)+1, partSize(s.PartSize, int32(len(s.Parts)+1)))
+			}
+			if err := t.checkTags(); err != nil {
+				return err
+			}
+			end += t.Size
+		}
+		if end != s.FinalSize {
+			return fmt.Errorf("completing parts that end at %d, the stream at %d", end, s.FinalSize)
 		}
 	}
 	if s.FreedFrom < 0 || s.FreedTo < s.FreedFrom || s.FreedFrom%4096 != 0 || s.FreedTo%4096 != 0 || (s.FreedFrom == 0) != (s.FreedTo == 0) {
@@ -198,6 +237,17 @@ func (s *State) check() error {
 		if err := checkKey(k); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// checkTags checks a part's ETag and CRC32C as a state file holds them.
+func (p Part) checkTags() error {
+	if p.ETag == "" || len(p.ETag) > 256 || strings.ContainsAny(p.ETag, "\x00\r\n") {
+		return fmt.Errorf("part %d: bad etag", p.Number)
+	}
+	if c, err := base64.StdEncoding.DecodeString(p.CRC32C); err != nil || len(c) != 4 {
+		return fmt.Errorf("part %d: crc32c %q is not 4 bytes in base64", p.Number, p.CRC32C)
 	}
 	return nil
 }

@@ -533,6 +533,7 @@ func (u *Upload) takeFinish() error {
 		keep++
 	}
 	st.Parts = st.Parts[:keep]
+	st.dropCompletion()
 	for _, sd := range sides {
 		var fst unix.Stat_t
 		if err := unix.Fstat(int(sd.File.Fd()), &fst); err != nil {
@@ -616,21 +617,44 @@ func (u *Upload) reconcileParts(ctx context.Context) error {
 	}
 	have, err := u.m.o.Client.listParts(ctx, st.Bucket, st.Key, st.UploadID)
 	if notFound(err) {
+		why := "the server no longer knows the multipart upload"
 		if st.FinalSize >= 0 {
-			// Perhaps completed just before strapd stopped: verify decides.
-			if verr := u.verify(ctx, st.Parts, nil); verr == nil {
+			// Perhaps completed just before strapd stopped (st.Completing says it was
+			// about to be): the object decides, verified against the parts it was
+			// completed from. Only a missing or wrong object is sent anew (or lost).
+			parts := st.objectParts()
+			verr := u.verify(ctx, parts, nil)
+			if verr == nil {
+				u.m.o.Log.Info("the object was completed before strapd stopped, and verifies", zap.String("object", u.object()),
+					zap.Int("parts", len(parts)))
+				u.completed = parts
 				return nil
 			}
+			if !errors.Is(verr, errObjectWrong) {
+				return verr // the request failed: nothing is known, the next attempt asks again
+			}
+			why += ", and " + Describe(verr)
 		}
-		if lerr := u.lost(0, "the server no longer knows the multipart upload"); lerr != nil {
+		if lerr := u.lost(0, why); lerr != nil {
 			return lerr
 		}
-		u.m.o.Log.Warn("the server no longer knows the multipart upload; starting it anew", zap.String("object", u.object()))
+		u.m.o.Log.Warn("the server no longer knows the multipart upload; starting it anew", zap.String("object", u.object()),
+			zap.String("why", why))
 		st.UploadID, st.Parts = "", nil
+		st.dropCompletion()
 		return st.save(u.m.o.StateDir)
 	}
 	if err != nil {
 		return fmt.Errorf("list parts of %s: %w", u.object(), err)
+	}
+	if t := st.Tail; t != nil {
+		// Not completed yet: the tail part must still be the one recorded.
+		if sp, ok := have[t.Number]; !ok || sp.Size == nil || *sp.Size != t.Size || sp.ETag == nil || !sameETag(*sp.ETag, t.ETag) {
+			st.dropCompletion()
+			if err := st.save(u.m.o.StateDir); err != nil {
+				return err
+			}
+		}
 	}
 	keep := 0
 	for keep < len(st.Parts) {
@@ -648,6 +672,7 @@ func (u *Upload) reconcileParts(ctx context.Context) error {
 		}
 		u.m.o.Log.Info("parts sent again after a restart", zap.String("object", u.object()), zap.Int("from_part", keep+1))
 		st.Parts = st.Parts[:keep]
+		st.dropCompletion()
 		return st.save(u.m.o.StateDir)
 	}
 	return nil
@@ -662,21 +687,34 @@ func (u *Upload) completeAll(ctx context.Context, buf []byte) error {
 		// sending the last part again would find no multipart upload any more.
 		return u.verifyAndFinish(ctx, u.completed, buf)
 	}
-	parts := append([]Part(nil), st.Parts...)
-	next := int32(len(parts)) + 1
-	if start := partStart(st.PartSize, next); start < st.FinalSize {
-		if err := u.ensureUploadID(ctx); err != nil {
-			return err
-		}
-		tail := Part{Number: next, Size: st.FinalSize - start}
-		if err := u.sendPart(ctx, &tail, buf); err != nil {
-			if notFound(err) {
-				u.reconcile = true // as in step
+	if !st.Completing {
+		next := int32(len(st.Parts)) + 1
+		if start := partStart(st.PartSize, next); start < st.FinalSize {
+			if err := u.ensureUploadID(ctx); err != nil {
+				return err
 			}
-			return err
+			tail := Part{Number: next, Size: st.FinalSize - start}
+			if err := u.sendPart(ctx, &tail, buf); err != nil {
+				if notFound(err) {
+					u.reconcile = true // as in step
+				}
+				return err
+			}
+			st.Tail = &tail
 		}
-		parts = append(parts, tail)
+		if st.UploadID != "" {
+			// The intent, durable before the request: the server may complete the object
+			// and strapd die before it hears so; its restart then finds the object, not
+			// the multipart upload, and verifies it against these parts
+			// (reconcileParts) instead of taking it for missing.
+			st.Completing = true
+			if err := st.save(u.m.o.StateDir); err != nil {
+				st.dropCompletion()
+				return err
+			}
+		}
 	}
+	parts := st.objectParts()
 	if st.UploadID != "" {
 		if err := u.m.o.Client.complete(ctx, st.Bucket, st.Key, st.UploadID, parts); err != nil {
 			if !notFound(err) {
@@ -707,6 +745,7 @@ func (u *Upload) verifyAndFinish(ctx context.Context, parts []Part, buf []byte) 
 		}
 		// A wrong object is never left as if it were right: the next attempt sends it anew.
 		st.UploadID, st.Parts = "", nil
+		st.dropCompletion()
 		if serr := st.save(u.m.o.StateDir); serr != nil {
 			err = errors.Join(err, serr)
 		}

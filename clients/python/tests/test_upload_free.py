@@ -386,3 +386,44 @@ def test_per_session_free_local(s3: S3Server, daemons: Any, tmp_path: Path) -> N
         with capture_activations(model, output_path=tmp_path / "none.strap", socket_path=d.socket,
                                  upload_free_local=True, **CAPTURE_KW):
             pass
+
+
+def test_strapd_killed_after_server_completed_freed_restarts_complete(s3: S3Server, daemons: Any,
+                                                                       tmp_path: Path) -> None:
+    """With bytes freed locally, strapd SIGKILLed after the server completed the object and
+    before strapd heard so (a proxy withholds CompleteMultipartUpload's answer): the
+    restarted strapd verifies the object it finds against the parts recorded before
+    completing, and ends complete, never `lost`; nothing is sent again, and the object
+    equals an uninterrupted capture's stream."""
+    from s3proxy import S3Proxy
+
+    proxy = S3Proxy(s3.endpoint)
+    try:
+        d = daemons(proxy, "--upload-free-local")
+        ref = reference(d.socket, tmp_path)
+        out = tmp_path / "win.strap"
+        obj = f"s3://{BUCKET}/w/win.strap"
+        proxy.hold_complete.set()
+        model = tiny_llama()
+        with capture_activations(model, output_path=out, socket_path=d.socket, upload=f"s3://{BUCKET}/w",
+                                 **CAPTURE_KW) as fw:
+            generate(fw, model, N_TOKENS, prompt=prompt())
+        assert proxy.held.wait(60), proxy.requests
+        u = [x for x in status(d).get("uploads") or [] if x["object"] == obj]
+        assert u and u[0]["freed_bytes"] > 2 * PART, u
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+        proxy.hold_complete.clear()
+        proxy.release.set()
+        parts = proxy.count("UploadPart")
+        assert proxy.count("CreateMultipartUpload") == 1, proxy.requests
+        d2 = daemons(proxy, "--upload-free-local")
+        u2 = wait_upload(d2, obj)
+        assert u2["errors"] == 0 and u2["local_deleted"] and not out.exists(), u2
+        assert proxy.count("UploadPart") == parts and proxy.count("CreateMultipartUpload") == 1, proxy.requests
+        assert fw.tokens == ref["tokens"]
+        assert_object_equals_reference(s3, "w/win.strap", ref, tmp_path)
+        assert json.loads(s3.get(f"w/{Path(tokens_path(out)).name}"))["tokens"] == ref["tokens_file"]
+        assert not list((tmp_path / "upload-state").glob("*")), "state or journal left after completion"
+    finally:
+        proxy.stop()

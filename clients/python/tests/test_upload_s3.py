@@ -429,3 +429,39 @@ def test_client_killed_then_resumed_on_same_daemon(s3: S3Server, daemons: Any, t
     # The complete capture has no checkpoint; the aborted upload's one beside it is gone.
     listed = s3.client().list_objects_v2(Bucket=BUCKET, Prefix="c/").get("Contents", [])
     assert "c/cli.strap.ckpt.json" not in {o["Key"] for o in listed}, listed
+
+
+def test_strapd_killed_after_server_completed_restarts_complete(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
+    """strapd SIGKILLed after the server completed the object and before strapd heard so
+    (a proxy forwards CompleteMultipartUpload and withholds the answer): the restarted
+    strapd finds the multipart upload gone, verifies the object against the parts its state
+    recorded before completing, and ends complete without sending a byte of it again."""
+    from s3proxy import S3Proxy
+
+    proxy = S3Proxy(s3.endpoint)
+    try:
+        d = daemons(proxy)
+        proxy.hold_complete.set()
+        out = tmp_path / "win.strap"
+        obj = f"s3://{BUCKET}/w/win.strap"
+        summary = capture_forwards(d.socket, out, 3, f"s3://{BUCKET}/w", track_per_token=True)
+        assert proxy.held.wait(60), proxy.requests
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+        proxy.hold_complete.clear()
+        proxy.release.set()
+        local = out.read_bytes()
+        assert len(local) == summary["file_bytes"]
+        assert s3.get("w/win.strap") == local  # complete on the server, in the window
+        parts = proxy.count("UploadPart")
+        assert parts >= 3 and proxy.count("CreateMultipartUpload") == 1, proxy.requests
+        d2 = daemons(proxy)  # the same state directory
+        u = wait_upload(d2, obj)
+        assert u["errors"] == 0 and u["uploaded_bytes"] == len(local), u
+        assert proxy.count("UploadPart") == parts and proxy.count("CreateMultipartUpload") == 1, \
+            (proxy.requests, d2.log_tail())
+        assert s3.get("w/win.strap") == local
+        tok = Path(tokens_path(out))  # the side files the killed strapd had still to send
+        assert s3.get(f"w/{tok.name}") == tok.read_bytes()
+    finally:
+        proxy.stop()

@@ -1,0 +1,188 @@
+package upload_test
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/strap-llm/strap/internal/stream"
+	"github.com/strap-llm/strap/internal/upload"
+)
+
+// holdProxy stands between strapd's client and the S3 server: it forwards every request,
+// counts the ones that send bytes, and, while hold is set, forwards a
+// CompleteMultipartUpload to the server but withholds the server's answer (the window in
+// which a strapd killed has the object completed on the server and not in its state).
+type holdProxy struct {
+	URL            string
+	hold           atomic.Bool
+	held           chan struct{} // closed when an answer is withheld
+	heldOnce       sync.Once
+	parts, creates atomic.Int32 // UploadPart and CreateMultipartUpload requests forwarded
+	completes      atomic.Int32
+	// refuseHeads answers that many HEADs 403 (a verification whose request fails).
+	refuseHeads atomic.Int32
+}
+
+func newHoldProxy(t *testing.T, endpoint string) *holdProxy {
+	target, err := url.Parse(endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &holdProxy{held: make(chan struct{})}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		if r.Method == http.MethodHead && p.refuseHeads.Add(-1) >= 0 {
+			w.WriteHeader(http.StatusForbidden)
+			return
+		}
+		switch {
+		case r.Method == http.MethodPut && q.Has("partNumber"):
+			p.parts.Add(1)
+		case r.Method == http.MethodPost && q.Has("uploads"):
+			p.creates.Add(1)
+		case r.Method == http.MethodPost && q.Has("uploadId"):
+			p.completes.Add(1)
+			if p.hold.Load() {
+				rec := httptest.NewRecorder()
+				rp.ServeHTTP(rec, r) // the server completes the object
+				p.heldOnce.Do(func() { close(p.held) })
+				<-r.Context().Done() // the client gave up (strapd stopped): it never hears
+				if hj, ok := w.(http.Hijacker); ok {
+					if c, _, err := hj.Hijack(); err == nil {
+						c.Close()
+					}
+				}
+				return
+			}
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	p.URL = srv.URL
+	return p
+}
+
+func (p *holdProxy) waitHeld(t *testing.T) {
+	t.Helper()
+	select {
+	case <-p.held:
+	case <-time.After(60 * time.Second):
+		t.Fatal("no CompleteMultipartUpload within 60 s")
+	}
+}
+
+func (f *fixture) managerVia(t *testing.T, endpoint string, freeLocal bool) *upload.Manager {
+	client, err := upload.NewClient(context.Background(), upload.ClientOptions{Endpoint: endpoint})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := upload.NewManager(upload.Options{Client: client, StateDir: f.state, PartSize: upload.MinPartSize,
+		Concurrency: 2, KeepLocal: !freeLocal, FreeLocal: freeLocal, MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+		Log: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// TestCompletedBeforeRecordedSurvivesRestart: strapd stops after the server completed the
+// object but before strapd heard so. The restarted strapd finds the multipart upload gone,
+// verifies the object against the parts its state recorded before completing, and ends
+// complete: nothing is sent again, and with the local bytes freed nothing is lost.
+func TestCompletedBeforeRecordedSurvivesRestart(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		free bool
+		// refuseHeads: the restarted strapd's first verifications fail as requests (not
+		// a wrong object): it must ask again, not take the freed bytes for lost.
+		refuseHeads int32
+	}{{"kept local", false, 0}, {"freed local", true, 0}, {"freed local, HEAD refused after the restart", true, 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			proxy := newHoldProxy(t, f.srv.Endpoint)
+			m := f.managerVia(t, proxy.URL, tc.free)
+			c := startFree(t, f, m, "c.strap")
+			if tc.free {
+				freedUpTo10MiB(t, c)
+			} else {
+				c.writeTo(12*mib + 4321)
+			}
+			for _, w := range []*stream.Writer{c.sw, c.ref} {
+				if err := w.Close(stream.EndInfo{Status: "complete"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			proxy.hold.Store(true)
+			if err := c.u.Finish(nil); err != nil {
+				t.Fatal(err)
+			}
+			proxy.waitHeld(t)
+			m.Close() // strapd stops in the window
+			if st := readState(t, f.state); !st.Completing || st.Tail == nil {
+				t.Fatalf("state before the restart does not record the completion: %+v", st)
+			}
+			want, err := os.ReadFile(c.refPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := uploadOf(t, f, "run/a/c.strap"); !bytes.Equal(got, want) {
+				t.Fatal("the server did not complete the object in the window")
+			}
+			parts, creates := proxy.parts.Load(), proxy.creates.Load()
+
+			proxy.hold.Store(false)
+			proxy.refuseHeads.Store(tc.refuseHeads)
+			m2 := f.managerVia(t, proxy.URL, tc.free)
+			if err := m2.ResumePending(); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(60 * time.Second)
+			var final upload.Status
+			for {
+				sts := m2.Status()
+				if len(sts) == 1 && (sts[0].State == upload.StateComplete || sts[0].State == upload.StateLost) {
+					final = sts[0]
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("not ended after 60 s: %+v", sts)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if n := proxy.refuseHeads.Load(); n > 0 {
+				t.Fatalf("only %d of %d HEADs were refused", tc.refuseHeads-n, tc.refuseHeads)
+			}
+			if final.State != upload.StateComplete || final.Lost != "" || final.UploadedBytes != int64(len(want)) ||
+				(tc.refuseHeads > 0) != (final.Errors > 0) {
+				t.Fatalf("status after the restart: %+v", final)
+			}
+			if proxy.parts.Load() != parts || proxy.creates.Load() != creates {
+				t.Fatalf("sent again after the restart: %d parts, %d new uploads", proxy.parts.Load()-parts, proxy.creates.Load()-creates)
+			}
+			if got := uploadOf(t, f, "run/a/c.strap"); !bytes.Equal(got, want) {
+				t.Fatal("object differs from the stream written")
+			}
+			_, err = os.Stat(c.path)
+			if deleted := os.IsNotExist(err); deleted != tc.free || final.LocalDeleted != tc.free {
+				t.Fatalf("local stream deleted %v (status %v), want %v", deleted, final.LocalDeleted, tc.free)
+			}
+			if names, _ := filepath.Glob(filepath.Join(f.state, "*")); len(names) != 0 {
+				t.Fatalf("state left: %v", names)
+			}
+		})
+	}
+}
