@@ -3,6 +3,10 @@ package upload_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"hash/crc32"
+	"strings"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -14,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/strap-llm/strap/internal/stream"
@@ -33,6 +39,8 @@ type holdProxy struct {
 	completes      atomic.Int32
 	// refuseHeads answers that many HEADs 403 (a verification whose request fails).
 	refuseHeads atomic.Int32
+	// beforeHead runs once, before the next HEAD is forwarded.
+	beforeHead atomic.Pointer[func()]
 }
 
 func newHoldProxy(t *testing.T, endpoint string) *holdProxy {
@@ -47,6 +55,11 @@ func newHoldProxy(t *testing.T, endpoint string) *holdProxy {
 		if r.Method == http.MethodHead && p.refuseHeads.Add(-1) >= 0 {
 			w.WriteHeader(http.StatusForbidden)
 			return
+		}
+		if r.Method == http.MethodHead {
+			if fn := p.beforeHead.Swap(nil); fn != nil {
+				(*fn)()
+			}
 		}
 		switch {
 		case r.Method == http.MethodPut && q.Has("partNumber"):
@@ -150,19 +163,7 @@ func TestCompletedBeforeRecordedSurvivesRestart(t *testing.T) {
 			if err := m2.ResumePending(); err != nil {
 				t.Fatal(err)
 			}
-			deadline := time.Now().Add(60 * time.Second)
-			var final upload.Status
-			for {
-				sts := m2.Status()
-				if len(sts) == 1 && (sts[0].State == upload.StateComplete || sts[0].State == upload.StateLost) {
-					final = sts[0]
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("not ended after 60 s: %+v", sts)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+			final := waitEnded(t, m2)
 			if n := proxy.refuseHeads.Load(); n > 0 {
 				t.Fatalf("only %d of %d HEADs were refused", tc.refuseHeads-n, tc.refuseHeads)
 			}
@@ -184,5 +185,131 @@ func TestCompletedBeforeRecordedSurvivesRestart(t *testing.T) {
 				t.Fatalf("state left: %v", names)
 			}
 		})
+	}
+}
+
+// replaceObject overwrites the object on the server (not through the proxy) with body; with
+// sum, the PUT carries its CRC32C, which the server then reports for the object.
+func replaceObject(t *testing.T, f *fixture, key string, body []byte, sum bool) {
+	in := &s3.PutObjectInput{Bucket: aws.String("caps"), Key: aws.String(key), Body: bytes.NewReader(body),
+		ContentLength: aws.Int64(int64(len(body)))}
+	if sum {
+		var b [4]byte
+		binary.BigEndian.PutUint32(b[:], crc32.Checksum(body, crc32.MakeTable(crc32.Castagnoli)))
+		in.ChecksumCRC32C = aws.String(base64.StdEncoding.EncodeToString(b[:]))
+	}
+	if _, err := f.client.S3().PutObject(context.Background(), in); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestWrongObjectAtVerification: the object on the server is not the one strapd completed
+// (someone replaced it with other bytes of the same size, or of another size) when strapd
+// verifies it, right after completing it or after a restart in the window of
+// TestCompletedBeforeRecordedSurvivesRestart. With bytes freed locally the upload ends
+// "lost", naming the freed range, never "complete"; with the local stream whole, the
+// object is sent anew and ends complete and equal to the stream.
+func TestWrongObjectAtVerification(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		restart bool // replaced while strapd was stopped after the server completed it
+		size    int  // the replacement's size relative to the stream's
+		sum     bool // the replacement carries a CRC32C (the server reports it)
+		why     string
+	}{
+		{"after completing, same size, CRC32C", false, 0, true, "its CRC32C is"},
+		{"after completing, shorter", false, -1000, false, "the object has"},
+		{"after a restart, same size, no checksum", true, 0, false, "read back have CRC32C"},
+		{"after a restart, longer", true, 1000, true, "the object has"},
+	} {
+		for _, free := range []bool{true, false} {
+			name := tc.name + ", kept local"
+			if free {
+				name = tc.name + ", freed local"
+			}
+			t.Run(name, func(t *testing.T) {
+				f := newFixture(t)
+				proxy := newHoldProxy(t, f.srv.Endpoint)
+				m := f.managerVia(t, proxy.URL, free)
+				c := startFree(t, f, m, "w.strap")
+				if free {
+					freedUpTo10MiB(t, c)
+				} else {
+					c.writeTo(17 * mib)
+				}
+				for _, w := range []*stream.Writer{c.sw, c.ref} {
+					if err := w.Close(stream.EndInfo{Status: "complete"}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				want, err := os.ReadFile(c.refPath)
+				if err != nil {
+					t.Fatal(err)
+				}
+				other := randomBytes(len(want)+tc.size, 99)
+				replace := func() { replaceObject(t, f, "run/a/w.strap", other, tc.sum) }
+				if tc.restart {
+					proxy.hold.Store(true)
+				} else {
+					proxy.beforeHead.Store(&replace)
+				}
+				if err := c.u.Finish(nil); err != nil {
+					t.Fatal(err)
+				}
+				if tc.restart {
+					proxy.waitHeld(t)
+					m.Close()
+					replace()
+					proxy.hold.Store(false)
+					m2 := f.managerVia(t, proxy.URL, free)
+					if err := m2.ResumePending(); err != nil {
+						t.Fatal(err)
+					}
+					m = m2
+				}
+				final := waitEnded(t, m)
+				got := uploadOf(t, f, "run/a/w.strap")
+				if free {
+					if final.State != upload.StateLost || final.Lost != "[4096, 10485760)" || !strings.Contains(final.LastError, tc.why) {
+						t.Fatalf("status %+v", final)
+					}
+					if _, err := os.Stat(c.path); err != nil {
+						t.Fatalf("the local stream of a lost upload is gone: %v", err)
+					}
+					if st := readState(t, f.state); st.FreedTo != 10*mib {
+						t.Fatalf("state %+v", st)
+					}
+					if !bytes.Equal(got, other) {
+						t.Fatal("the wrong object was overwritten: nothing may be completed once bytes are lost")
+					}
+					return
+				}
+				if final.State != upload.StateComplete || final.Lost != "" {
+					t.Fatalf("status %+v", final)
+				}
+				if n := proxy.creates.Load(); n != 2 {
+					t.Fatalf("%d multipart uploads: the wrong object was not sent anew", n)
+				}
+				if !bytes.Equal(got, want) {
+					t.Fatal("object differs from the stream written")
+				}
+			})
+		}
+	}
+}
+
+// waitEnded is the manager's one upload once it is complete or lost.
+func waitEnded(t *testing.T, m *upload.Manager) upload.Status {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		sts := m.Status()
+		if len(sts) == 1 && (sts[0].State == upload.StateComplete || sts[0].State == upload.StateLost) {
+			return sts[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not ended after 60 s: %+v", sts)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

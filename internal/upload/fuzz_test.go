@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/aws/smithy-go"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"testing"
@@ -177,4 +178,22 @@ func FuzzParseErrorResponse(f *testing.F) {
 		}
 		_ = Describe(err)
 	})
+}
+
+// TestWholeCRC: the object's CRC32C combined from its parts' equals the CRC32C of its bytes.
+func TestWholeCRC(t *testing.T) {
+	data := make([]byte, 3*MinPartSize/2+17)
+	for i := range data {
+		data[i] = byte(i*7 + i>>9)
+	}
+	var parts []Part
+	for off, n := 0, int32(1); off < len(data); n++ {
+		size := min(len(data)-off, MinPartSize/2+int(n))
+		parts = append(parts, Part{Number: n, Size: int64(size), CRC32C: crcB64(crc32.Checksum(data[off:off+size], castagnoli))})
+		off += size
+	}
+	got, err := wholeCRC(parts)
+	if err != nil || got != crcB64(crc32.Checksum(data, castagnoli)) || len(parts) < 3 {
+		t.Fatalf("wholeCRC %s (%v), the bytes' %s", got, err, crcB64(crc32.Checksum(data, castagnoli)))
+	}
 }

@@ -10,6 +10,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/strap-llm/strap/internal/crc32c"
+
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
@@ -58,6 +60,52 @@ func compositeCRC(parts []Part) (string, error) {
 		c = crc32.Update(c, castagnoli, b)
 	}
 	return fmt.Sprintf("%s-%d", crcB64(c), len(parts)), nil
+}
+
+// wholeCRC is the CRC32C of the object the parts make, combined from theirs (what a server
+// reports as a "FULL_OBJECT" checksum).
+func wholeCRC(parts []Part) (string, error) {
+	var c uint32
+	for i, p := range parts {
+		b, err := base64.StdEncoding.DecodeString(p.CRC32C)
+		if err != nil || len(b) != 4 {
+			return "", fmt.Errorf("part %d: bad crc32c %q", p.Number, p.CRC32C)
+		}
+		pc := binary.BigEndian.Uint32(b)
+		if i == 0 {
+			c = pc
+		} else {
+			c = crc32c.Combine(c, pc, p.Size)
+		}
+	}
+	return crcB64(c), nil
+}
+
+// rangeCRC is the CRC32C of an object's bytes [off, off+n), read with one ranged GET.
+func (c *Client) rangeCRC(ctx context.Context, bucket, key string, off, n int64, buf []byte) (uint32, error) {
+	out, err := c.s3.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key),
+		Range: aws.String(fmt.Sprintf("bytes=%d-%d", off, off+n-1))})
+	if err != nil {
+		return 0, err
+	}
+	defer out.Body.Close()
+	var crc uint32
+	var got int64
+	for {
+		k, err := out.Body.Read(buf)
+		crc = crc32.Update(crc, castagnoli, buf[:k])
+		got += int64(k)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+	if got != n {
+		return 0, fmt.Errorf("bytes [%d, %d): the server sent %d bytes", off, off+n, got)
+	}
+	return crc, nil
 }
 
 func (c *Client) create(ctx context.Context, bucket, key string) (string, error) {

@@ -93,6 +93,8 @@ type Upload struct {
 	// completed are the parts of the object once CompleteMultipartUpload succeeded (the
 	// upload goroutine's): a retry verifies it rather than sending parts again.
 	completed []Part
+	// heard: the server answered this process's CompleteMultipartUpload of completed.
+	heard bool
 
 	mu        sync.Mutex
 	finalReq  int64 // -1 until Finish
@@ -623,7 +625,7 @@ func (u *Upload) reconcileParts(ctx context.Context) error {
 			// about to be): the object decides, verified against the parts it was
 			// completed from. Only a missing or wrong object is sent anew (or lost).
 			parts := st.objectParts()
-			verr := u.verify(ctx, parts, nil)
+			verr := u.verify(ctx, parts, false, nil)
 			if verr == nil {
 				u.m.o.Log.Info("the object was completed before strapd stopped, and verifies", zap.String("object", u.object()),
 					zap.Int("parts", len(parts)))
@@ -716,12 +718,12 @@ func (u *Upload) completeAll(ctx context.Context, buf []byte) error {
 	}
 	parts := st.objectParts()
 	if st.UploadID != "" {
-		if err := u.m.o.Client.complete(ctx, st.Bucket, st.Key, st.UploadID, parts); err != nil {
-			if !notFound(err) {
-				return fmt.Errorf("complete %s: %w", u.object(), err)
-			}
-			// Completed by an attempt whose answer was lost: verify decides.
+		err := u.m.o.Client.complete(ctx, st.Bucket, st.Key, st.UploadID, parts)
+		if err != nil && !notFound(err) {
+			return fmt.Errorf("complete %s: %w", u.object(), err)
 		}
+		// NoSuchUpload: completed by an attempt whose answer was lost; verify decides.
+		u.heard = err == nil
 	}
 	u.completed = parts
 	return u.verifyAndFinish(ctx, parts, buf)
@@ -798,7 +800,7 @@ func (u *Upload) verifyAndFinish(ctx context.Context, parts []Part, buf []byte) 
 
 func (u *Upload) verifyLocked(ctx context.Context, parts []Part) (string, error) {
 	var verified string
-	err := u.verify(ctx, parts, &verified)
+	err := u.verify(ctx, parts, u.heard, &verified)
 	return verified, err
 }
 
@@ -806,10 +808,15 @@ func (u *Upload) verifyLocked(ctx context.Context, parts []Part) (string, error)
 // to one whose request failed.
 var errObjectWrong = errors.New("the object does not match the stream")
 
-// verify checks the object's size against the file's and, where the server reports a
-// composite CRC32C, that it is the one of the parts strapd sent (each part's CRC32C was
-// checked by the server as it arrived).
-func (u *Upload) verify(ctx context.Context, parts []Part, what *string) error {
+// verify checks the object's size against the file's and its CRC32C as the server reports
+// it against the parts strapd sent (each part's CRC32C was checked by the server as it
+// arrived): the composite form ("-N", what S3 keeps for a multipart upload with CRC32C)
+// against the CRC32C of the parts' CRC32Cs, a full-object CRC32C against the parts' values
+// combined. A server that reports no checksum leaves the size; unless heard (strapd
+// heard the server answer its own CompleteMultipartUpload for these parts), the object is
+// then read back and each part's CRC32C compared: an object found after a restart may
+// have been written by someone else since.
+func (u *Upload) verify(ctx context.Context, parts []Part, heard bool, what *string) error {
 	st := u.st
 	size, crc, err := u.m.o.Client.head(ctx, st.Bucket, st.Key)
 	if err != nil {
@@ -822,7 +829,8 @@ func (u *Upload) verify(ctx context.Context, parts []Part, what *string) error {
 		return fmt.Errorf("verify %s: %w: the object has %d bytes, the stream file %d", u.object(), errObjectWrong, size, st.FinalSize)
 	}
 	v := "size; each part's CRC32C checked by the server on upload"
-	if crc != "" && strings.Contains(crc, "-") && len(parts) > 0 {
+	switch {
+	case crc != "" && strings.Contains(crc, "-") && len(parts) > 0:
 		want, err := compositeCRC(parts)
 		if err != nil {
 			return fmt.Errorf("verify %s: %w: %v", u.object(), errObjectWrong, err)
@@ -831,6 +839,33 @@ func (u *Upload) verify(ctx context.Context, parts []Part, what *string) error {
 			return fmt.Errorf("verify %s: %w: its CRC32C is %s, the parts sent make %s", u.object(), errObjectWrong, crc, want)
 		}
 		v = "size and composite CRC32C of every part"
+	case crc != "" && len(parts) > 0:
+		want, err := wholeCRC(parts)
+		if err != nil {
+			return fmt.Errorf("verify %s: %w: %v", u.object(), errObjectWrong, err)
+		}
+		if crc != want {
+			return fmt.Errorf("verify %s: %w: its CRC32C is %s, the parts sent make %s", u.object(), errObjectWrong, crc, want)
+		}
+		v = "size and CRC32C of the whole object"
+	case !heard && len(parts) > 0:
+		buf := make([]byte, crcBufSize)
+		var off int64
+		for _, p := range parts {
+			c, err := u.m.o.Client.rangeCRC(ctx, st.Bucket, st.Key, off, p.Size, buf)
+			if err != nil {
+				if notFound(err) {
+					return fmt.Errorf("verify %s: %w: the object is not there (%v)", u.object(), errObjectWrong, err)
+				}
+				return fmt.Errorf("verify %s: read part %d back: %w", u.object(), p.Number, err)
+			}
+			if crcB64(c) != p.CRC32C {
+				return fmt.Errorf("verify %s: %w: bytes [%d, %d) read back have CRC32C %s, part %d sent had %s",
+					u.object(), errObjectWrong, off, off+p.Size, crcB64(c), p.Number, p.CRC32C)
+			}
+			off += p.Size
+		}
+		v = "size and CRC32C of every part, read back (the server reports no checksum)"
 	}
 	if what != nil {
 		*what = v
