@@ -141,3 +141,21 @@ func notFound(err error) bool {
 	}
 	return false
 }
+
+// apiCode is an API error's code ("" for other errors).
+func apiCode(err error) string {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		return ae.ErrorCode()
+	}
+	return ""
+}
+
+// sourceGone reports an object that is not there, or no longer the one asked for (If-Match).
+func sourceGone(err error) bool {
+	switch apiCode(err) {
+	case "NoSuchKey", "NotFound", "PreconditionFailed":
+		return true
+	}
+	return false
+}

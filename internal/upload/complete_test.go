@@ -6,13 +6,13 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"hash/crc32"
-	"strings"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/strap-llm/strap/internal/dtype"
 	"github.com/strap-llm/strap/internal/stream"
 	"github.com/strap-llm/strap/internal/upload"
 )
@@ -36,6 +37,7 @@ type holdProxy struct {
 	held           chan struct{} // closed when an answer is withheld
 	heldOnce       sync.Once
 	parts, creates atomic.Int32 // UploadPart and CreateMultipartUpload requests forwarded
+	copies, gets   atomic.Int32 // UploadPartCopy and GET requests forwarded
 	completes      atomic.Int32
 	// refuseHeads answers that many HEADs 403 (a verification whose request fails).
 	refuseHeads atomic.Int32
@@ -62,8 +64,12 @@ func newHoldProxy(t *testing.T, endpoint string) *holdProxy {
 			}
 		}
 		switch {
+		case r.Method == http.MethodPut && q.Has("partNumber") && r.Header.Get("X-Amz-Copy-Source") != "":
+			p.copies.Add(1)
 		case r.Method == http.MethodPut && q.Has("partNumber"):
 			p.parts.Add(1)
+		case r.Method == http.MethodGet && !q.Has("uploadId"):
+			p.gets.Add(1)
 		case r.Method == http.MethodPost && q.Has("uploads"):
 			p.creates.Add(1)
 		case r.Method == http.MethodPost && q.Has("uploadId"):
@@ -311,5 +317,124 @@ func waitEnded(t *testing.T, m *upload.Manager) upload.Status {
 			t.Fatalf("not ended after 60 s: %+v", sts)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestFreeLocalAbortedCompletesAndResumes: a session that ends aborted after bytes of its
+// stream were freed: its object is completed with the whole stream (so it is in the bucket,
+// not only in an incomplete multipart upload) and the state and index journal are kept; the
+// capture's resume on this host starts a new multipart upload whose freed parts are made
+// from that object (the local file holds zeros there) and ends with an object equal to an
+// uninterrupted capture. With "while completing", the resume comes while the aborted
+// object's completion is in flight (the server completed it; strapd did not hear so).
+func TestFreeLocalAbortedCompletesAndResumes(t *testing.T) {
+	for _, whileCompleting := range []bool{false, true} {
+		name := "after completion"
+		if whileCompleting {
+			name = "while completing"
+		}
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t)
+			proxy := newHoldProxy(t, f.srv.Endpoint)
+			m := f.managerVia(t, proxy.URL, true)
+			c := startFree(t, f, m, "a.strap")
+			freedUpTo10MiB(t, c)
+			ck := c.checkpoint()
+			// The client dies: strapd ends the stream aborted after the last packet.
+			c.writeTo(ck.Offset + 300<<10)
+			if err := c.sw.Close(stream.EndInfo{Status: "aborted"}); err != nil {
+				t.Fatal(err)
+			}
+			aborted, err := os.ReadFile(c.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.u.KeepLocal()
+			if whileCompleting {
+				proxy.hold.Store(true)
+			}
+			if err := c.u.Finish(nil); err != nil {
+				t.Fatal(err)
+			}
+			st := readState(t, f.state)
+			if whileCompleting {
+				proxy.waitHeld(t)
+			} else {
+				final := wait(t, c.u, 60*time.Second)
+				if final.State != upload.StateComplete || final.LocalDeleted || final.Lost != "" {
+					t.Fatalf("aborted session's upload: %+v", final)
+				}
+				st = readState(t, f.state)
+				if st.Completed == "" || st.FreedTo < 10*mib {
+					t.Fatalf("state kept for the resume: %+v", st)
+				}
+				readJournal(t, f.state)
+			}
+			// The object is the whole aborted stream: its freed bytes are the reference's.
+			ref, err := os.ReadFile(c.refPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := append([]byte(nil), aborted...)
+			copy(want[st.FreedFrom:st.FreedTo], ref[st.FreedFrom:st.FreedTo])
+			if got := uploadOf(t, f, "run/a/a.strap"); !bytes.Equal(got, want) {
+				t.Fatalf("the aborted stream's object (%d bytes) is not the stream (%d bytes)", len(got), len(want))
+			}
+
+			// The resume: the file cut back to the last checkpoint, the capture goes on.
+			if err := c.file.Truncate(ck.Offset); err != nil {
+				t.Fatal(err)
+			}
+			proxy.hold.Store(false)
+			parts, copies := proxy.parts.Load(), proxy.copies.Load()
+			u2 := c.begin(t, m, ck.Offset, upload.Target{Bucket: "caps", Prefix: "run/a"})
+			if j := u2.Journal(); j == nil || j.End() != ck.Offset {
+				t.Fatalf("journal for the resume: %+v", j)
+			}
+			for c.ref.Offset() < 30*mib { // the capture goes on: the reference's next packets
+				c.seq++
+				data := randomBytes(256<<10, c.seq)
+				p := stream.Packet{Header: stream.Header{Type: stream.TypeTensor, DType: dtype.Uint8, Shape: []uint64{uint64(len(data))},
+					RawLen: uint64(len(data)), Seq: c.seq, Step: c.seq / 4, Forward: c.seq / 4}, Name: "layer", Blocks: []stream.Block{{Data: data}}}
+				if err := c.ref.WritePacket(&p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := c.ref.Close(stream.EndInfo{Status: "complete"}); err != nil {
+				t.Fatal(err)
+			}
+			ref, err = os.ReadFile(c.refPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.file.WriteAt(ref[ck.Offset:], ck.Offset); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.file.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			u2.Durable(int64(len(ref)))
+			u2.RemoveBeside("a.strap.ckpt.json")
+			if err := u2.Finish(nil); err != nil {
+				t.Fatal(err)
+			}
+			final := wait(t, u2, 60*time.Second)
+			if final.State != upload.StateComplete || !final.LocalDeleted {
+				t.Fatalf("resumed upload: %+v", final)
+			}
+			if got := uploadOf(t, f, "run/a/a.strap"); !bytes.Equal(got, ref) {
+				t.Fatalf("the resumed capture's object (%d bytes) differs from an uninterrupted capture's (%d bytes)", len(got), len(ref))
+			}
+			// The parts with freed bytes are made from the object (VersityGW's copy of a
+			// part cannot be checked, so read back), never from the file's zeros.
+			wantCopied := uint64((st.FreedTo + upload.MinPartSize - 1) / upload.MinPartSize * upload.MinPartSize)
+			if proxy.copies.Load() == copies || m.CopiedBytes() != wantCopied {
+				t.Fatalf("%d copies, %d bytes re-created from the object", proxy.copies.Load()-copies, m.CopiedBytes())
+			}
+			t.Logf("after the resume: %d UploadPart, %d UploadPartCopy", proxy.parts.Load()-parts, proxy.copies.Load()-copies)
+			if names, _ := filepath.Glob(filepath.Join(f.state, "*")); len(names) != 0 {
+				t.Fatalf("state or journal left: %v", names)
+			}
+		})
 	}
 }

@@ -42,7 +42,8 @@ func FuzzParseState(f *testing.F) {
 			t.Fatalf("round trip: %v", err)
 		}
 		if s2.uploaded() != s.uploaded() || len(s2.Parts) != len(s.Parts) || s2.FinalSize != s.FinalSize ||
-			s2.Completing != s.Completing || len(s2.objectParts()) != len(s.objectParts()) {
+			s2.Completing != s.Completing || len(s2.objectParts()) != len(s.objectParts()) || len(s2.Copy) != len(s.Copy) ||
+			(s2.Source == nil) != (s.Source == nil) || s2.Completed != s.Completed {
 			t.Fatal("round trip changed the state")
 		}
 	})
@@ -52,6 +53,23 @@ func FuzzParseState(f *testing.F) {
 func tail(final, completion string) string {
 	return `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a",` + final +
 		`,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}],` + completion + `}`
+}
+
+// TestParseStateSeeds: every seed in testdata/state is a valid state.
+func TestParseStateSeeds(t *testing.T) {
+	seeds, _ := filepath.Glob("testdata/state/*.json")
+	if len(seeds) < 4 {
+		t.Fatalf("seeds: %v", seeds)
+	}
+	for _, p := range seeds {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ParseState(b); err != nil {
+			t.Errorf("%s: %v", p, err)
+		}
+	}
 }
 
 func TestParseStateRejects(t *testing.T) {
@@ -68,24 +86,31 @@ func TestParseStateRejects(t *testing.T) {
 		t.Fatalf("good state refused: %v", err)
 	}
 	for name, b := range map[string]string{
-		"unknown field":        `{"version":1,"bogus":1}`,
-		"version":              `{"version":2,"bucket":"caps","key":"k","part_size":5242880,"path":"/a","final_size":-1}`,
-		"small part size":      `{"version":1,"bucket":"caps","key":"k","part_size":1024,"path":"/a","final_size":-1}`,
-		"relative path":        `{"version":1,"bucket":"caps","key":"k","part_size":5242880,"path":"a","final_size":-1}`,
-		"part gap":             `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":2,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
-		"part size":            `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5,"etag":"e","crc32c":"AAAAAA=="}]}`,
-		"past final":           `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":100,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
-		"bad crc":              `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAA"}]}`,
-		"no upload id":         `{"version":1,"bucket":"caps","key":"k","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
-		"bucket":               `{"version":1,"bucket":"Caps!","key":"k","part_size":5242880,"path":"/a","final_size":-1}`,
-		"trailing data":        good + `{}`,
-		"tail, not completing": tail(`"final_size":5242890`, `"tail":{"number":2,"size":10,"etag":"g","crc32c":"AAAAAA=="}`),
-		"completing, no final": tail(`"final_size":-1`, `"completing":true`),
-		"completing, short":    tail(`"final_size":5242890`, `"completing":true`),
-		"completing, long":     tail(`"final_size":5242880`, `"completing":true,"tail":{"number":2,"size":10,"etag":"g","crc32c":"AAAAAA=="}`),
-		"tail number":          tail(`"final_size":5242890`, `"completing":true,"tail":{"number":3,"size":10,"etag":"g","crc32c":"AAAAAA=="}`),
-		"tail etag":            tail(`"final_size":5242890`, `"completing":true,"tail":{"number":2,"size":10,"etag":"","crc32c":"AAAAAA=="}`),
-		"tail crc":             tail(`"final_size":5242890`, `"completing":true,"tail":{"number":2,"size":10,"etag":"g","crc32c":"AA"}`),
+		"unknown field":             `{"version":1,"bogus":1}`,
+		"version":                   `{"version":2,"bucket":"caps","key":"k","part_size":5242880,"path":"/a","final_size":-1}`,
+		"small part size":           `{"version":1,"bucket":"caps","key":"k","part_size":1024,"path":"/a","final_size":-1}`,
+		"relative path":             `{"version":1,"bucket":"caps","key":"k","part_size":5242880,"path":"a","final_size":-1}`,
+		"part gap":                  `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":2,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
+		"part size":                 `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5,"etag":"e","crc32c":"AAAAAA=="}]}`,
+		"past final":                `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":100,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
+		"bad crc":                   `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAA"}]}`,
+		"no upload id":              `{"version":1,"bucket":"caps","key":"k","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
+		"bucket":                    `{"version":1,"bucket":"Caps!","key":"k","part_size":5242880,"path":"/a","final_size":-1}`,
+		"trailing data":             good + `{}`,
+		"tail, not completing":      tail(`"final_size":5242890`, `"tail":{"number":2,"size":10,"etag":"g","crc32c":"AAAAAA=="}`),
+		"completing, no final":      tail(`"final_size":-1`, `"completing":true`),
+		"completing, short":         tail(`"final_size":5242890`, `"completing":true`),
+		"completing, long":          tail(`"final_size":5242880`, `"completing":true,"tail":{"number":2,"size":10,"etag":"g","crc32c":"AAAAAA=="}`),
+		"tail number":               tail(`"final_size":5242890`, `"completing":true,"tail":{"number":3,"size":10,"etag":"g","crc32c":"AAAAAA=="}`),
+		"tail etag":                 tail(`"final_size":5242890`, `"completing":true,"tail":{"number":2,"size":10,"etag":"","crc32c":"AAAAAA=="}`),
+		"tail crc":                  tail(`"final_size":5242890`, `"completing":true,"tail":{"number":2,"size":10,"etag":"g","crc32c":"AA"}`),
+		"completed, not completing": tail(`"final_size":5242880`, `"completed":"\"e\""`),
+		"copy without source":       tail(`"final_size":-1`, `"copy":[{"number":2,"size":5242880,"etag":"f","crc32c":"AAAAAA=="}]`),
+		"copy not the source's": tail(`"final_size":-1`, `"copy":[{"number":2,"size":5242880,"etag":"f","crc32c":"AQIDBA=="}],`+
+			`"source":{"upload_id":"u0","size":10485760,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="},{"number":2,"size":5242880,"etag":"f","crc32c":"AAAAAA=="}]}`),
+		"source size":             tail(`"final_size":-1`, `"source":{"upload_id":"u0","size":10485761,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="},{"number":2,"size":5242880,"etag":"f","crc32c":"AAAAAA=="}]}`),
+		"source short part":       tail(`"final_size":-1`, `"source":{"upload_id":"u0","size":5242890,"parts":[{"number":1,"size":10,"etag":"e","crc32c":"AAAAAA=="},{"number":2,"size":5242880,"etag":"f","crc32c":"AAAAAA=="}]}`),
+		"source while completing": tail(`"final_size":5242880`, `"completing":true,"source":{"upload_id":"u0","size":5242880,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`),
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := ParseState([]byte(b)); err == nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"net/url"
 	"os"
 	"strings"
 
@@ -176,13 +177,55 @@ func (c *Client) abort(ctx context.Context, bucket, key, id string) error {
 	return err
 }
 
-// head is an object's size and, when the server keeps one, its CRC32C as S3 reports it.
-func (c *Client) head(ctx context.Context, bucket, key string) (size int64, crc string, err error) {
+// head is an object's size, ETag and, when the server keeps one, its CRC32C as S3 reports it.
+func (c *Client) head(ctx context.Context, bucket, key string) (size int64, crc, etag string, err error) {
 	out, err := c.s3.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(bucket), Key: aws.String(key), ChecksumMode: types.ChecksumModeEnabled})
 	if err != nil {
-		return 0, "", err
+		return 0, "", "", err
 	}
-	return aws.ToInt64(out.ContentLength), aws.ToString(out.ChecksumCRC32C), nil
+	return aws.ToInt64(out.ContentLength), aws.ToString(out.ChecksumCRC32C), aws.ToString(out.ETag), nil
+}
+
+// copyPart makes part n of an upload from the object's own bytes [off, off+size) as they
+// are while it still has ETag ifMatch (UploadPartCopy); it returns the new part's ETag and
+// the CRC32C the server reports for it ("" when none).
+func (c *Client) copyPart(ctx context.Context, bucket, key, id string, n int32, ifMatch string, off, size int64) (etag, crc string, err error) {
+	out, err := c.s3.UploadPartCopy(ctx, &s3.UploadPartCopyInput{Bucket: aws.String(bucket), Key: aws.String(key),
+		UploadId: aws.String(id), PartNumber: aws.Int32(n), CopySource: aws.String(copySource(bucket, key)),
+		CopySourceIfMatch: aws.String(ifMatch), CopySourceRange: aws.String(fmt.Sprintf("bytes=%d-%d", off, off+size-1))})
+	if err != nil {
+		return "", "", err
+	}
+	if out.CopyPartResult == nil || aws.ToString(out.CopyPartResult.ETag) == "" {
+		return "", "", fmt.Errorf("copy part %d: the server returned no ETag", n)
+	}
+	return aws.ToString(out.CopyPartResult.ETag), aws.ToString(out.CopyPartResult.ChecksumCRC32C), nil
+}
+
+// copySource is x-amz-copy-source: bucket/key, the key URL-escaped except its slashes.
+func copySource(bucket, key string) string {
+	segs := strings.Split(key, "/")
+	for i, s := range segs {
+		segs[i] = url.PathEscape(s)
+	}
+	return bucket + "/" + strings.Join(segs, "/")
+}
+
+// uploadPartFromObject makes part n of an upload from the object's own bytes [off,
+// off+size), read through strapd (a ranged GET while the object still has ETag ifMatch,
+// its body streamed into a presigned UploadPart): the server checks them against crc, the
+// CRC32C the part had when first sent.
+func (c *Client) uploadPartFromObject(ctx context.Context, bucket, key, id string, n int32, ifMatch string, off, size int64, crc string) (string, error) {
+	out, err := c.s3.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key), IfMatch: aws.String(ifMatch),
+		Range: aws.String(fmt.Sprintf("bytes=%d-%d", off, off+size-1))})
+	if err != nil {
+		return "", err
+	}
+	defer out.Body.Close()
+	if aws.ToInt64(out.ContentLength) != size {
+		return "", fmt.Errorf("bytes [%d, %d) of the object: the server sends %d bytes", off, off+size, aws.ToInt64(out.ContentLength))
+	}
+	return c.uploadPartPresigned(ctx, bucket, key, id, n, io.LimitReader(out.Body, size), size, crc)
 }
 
 // putFile uploads a whole small file as one object, with its CRC32C checked by the server.
