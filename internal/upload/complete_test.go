@@ -43,6 +43,20 @@ type holdProxy struct {
 	refuseHeads atomic.Int32
 	// beforeHead runs once, before the next HEAD is forwarded.
 	beforeHead atomic.Pointer[func()]
+	// Object writes (CreateMultipartUpload, PutObject): the headers of each, an
+	// x-amz-server-side-encryption answer to add to their responses (a server that
+	// implements SSE; VersityGW accepts the request headers and ignores them), or an error
+	// to answer them with.
+	mu          sync.Mutex
+	writes      []http.Header
+	confirmSSE  atomic.Pointer[string]
+	refuseWrite atomic.Pointer[string]
+	aborts      atomic.Int32
+}
+
+func isObjectWrite(r *http.Request) bool {
+	q := r.URL.Query()
+	return (r.Method == http.MethodPost && q.Has("uploads")) || (r.Method == http.MethodPut && !q.Has("partNumber"))
 }
 
 func newHoldProxy(t *testing.T, endpoint string) *holdProxy {
@@ -52,8 +66,27 @@ func newHoldProxy(t *testing.T, endpoint string) *holdProxy {
 	}
 	p := &holdProxy{held: make(chan struct{})}
 	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.ModifyResponse = func(resp *http.Response) error {
+		if c := p.confirmSSE.Load(); c != nil && resp.StatusCode == http.StatusOK && isObjectWrite(resp.Request) {
+			resp.Header.Set("X-Amz-Server-Side-Encryption", *c)
+		}
+		return nil
+	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
+		if isObjectWrite(r) {
+			p.mu.Lock()
+			p.writes = append(p.writes, r.Header.Clone())
+			p.mu.Unlock()
+			if e := p.refuseWrite.Load(); e != nil {
+				w.WriteHeader(http.StatusBadRequest)
+				_, _ = w.Write([]byte(*e))
+				return
+			}
+		}
+		if r.Method == http.MethodDelete && q.Has("uploadId") {
+			p.aborts.Add(1)
+		}
 		if r.Method == http.MethodHead && p.refuseHeads.Add(-1) >= 0 {
 			w.WriteHeader(http.StatusForbidden)
 			return
@@ -436,5 +469,127 @@ func TestFreeLocalAbortedCompletesAndResumes(t *testing.T) {
 				t.Fatalf("state or journal left: %v", names)
 			}
 		})
+	}
+}
+
+// TestServerSideEncryption: with ClientOptions.SSE every object write (the stream's
+// CreateMultipartUpload, each side file's PutObject) asks for it, and the server must
+// confirm it in its answer. VersityGW 1.8.0 takes the headers and ignores them: the proxy
+// adds the confirmation a server implementing SSE sends, or answers with a refusal. Not
+// confirmed, or refused: a clear error, nothing sent into an upload that would not be
+// encrypted (the multipart upload is aborted), the local file kept, the upload retried.
+func TestServerSideEncryption(t *testing.T) {
+	for _, tc := range []struct {
+		name, sse, key string
+		confirm        string // the answer's x-amz-server-side-encryption ("": none)
+		refuse         string // an error body for object writes
+		why            string // the status's last error; "": the upload completes
+	}{
+		{name: "AES256 confirmed", sse: upload.SSEAES256, confirm: "AES256"},
+		{name: "aws:kms with a key, confirmed", sse: upload.SSEKMS, key: "alias/strap-captures", confirm: "aws:kms"},
+		{name: "not confirmed", sse: upload.SSEAES256, why: "did not confirm server-side encryption AES256: its answer names none"},
+		{name: "another algorithm confirmed", sse: upload.SSEAES256, confirm: "aws:kms", why: "its answer names aws:kms"},
+		{name: "KMS key refused", sse: upload.SSEKMS, key: "alias/none",
+			refuse: `<Error><Code>KMS.NotFoundException</Code><Message>Invalid keyId alias/none</Message></Error>`,
+			why:    "the KMS key for server-side encryption was refused (KMS.NotFoundException"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			proxy := newHoldProxy(t, f.srv.Endpoint)
+			if tc.confirm != "" {
+				proxy.confirmSSE.Store(&tc.confirm)
+			}
+			if tc.refuse != "" {
+				proxy.refuseWrite.Store(&tc.refuse)
+			}
+			client, err := upload.NewClient(context.Background(), upload.ClientOptions{Endpoint: proxy.URL, SSE: tc.sse, SSEKMSKeyID: tc.key})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := upload.NewManager(upload.Options{Client: client, StateDir: f.state, PartSize: upload.MinPartSize, Concurrency: 2,
+				KeepLocal: false, MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Log: zaptest.NewLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { m.Close() })
+			w, u := f.begin(t, m, "e.strap", 0)
+			data := randomBytes(2*upload.MinPartSize+777, 5)
+			if _, err := w.Write(data); err != nil {
+				t.Fatal(err)
+			}
+			side := filepath.Join(f.dir, "e.strap.trace.jsonl")
+			if err := os.WriteFile(side, []byte(`{"event":"x"}`+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			sf, err := os.Open(side)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := u.Finish([]upload.SideFile{{File: sf, Path: side}}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.why == "" {
+				final := wait(t, u, 60*time.Second)
+				if final.State != upload.StateComplete || !final.LocalDeleted {
+					t.Fatalf("status %+v", final)
+				}
+				if got := uploadOf(t, f, "run/a/e.strap"); !bytes.Equal(got, data) {
+					t.Fatal("object differs from the file")
+				}
+				proxy.mu.Lock()
+				writes := append([]http.Header(nil), proxy.writes...)
+				proxy.mu.Unlock()
+				if len(writes) != 2 { // the stream's multipart upload and the trace's PUT
+					t.Fatalf("%d object writes", len(writes))
+				}
+				for i, h := range writes {
+					if h.Get("X-Amz-Server-Side-Encryption") != tc.sse || h.Get("X-Amz-Server-Side-Encryption-Aws-Kms-Key-Id") != tc.key {
+						t.Fatalf("write %d asked for SSE %q key %q: %v", i, h.Get("X-Amz-Server-Side-Encryption"),
+							h.Get("X-Amz-Server-Side-Encryption-Aws-Kms-Key-Id"), h)
+					}
+				}
+				return
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for u.Status().Errors < 2 && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			st := u.Status()
+			if st.State != upload.StateRetrying || !strings.Contains(st.LastError, tc.why) || st.UploadedBytes != 0 {
+				t.Fatalf("status %+v", st)
+			}
+			if proxy.parts.Load() != 0 {
+				t.Fatalf("%d parts sent into an upload that would not be encrypted", proxy.parts.Load())
+			}
+			if tc.refuse == "" && proxy.aborts.Load() < proxy.creates.Load() {
+				t.Fatalf("%d multipart uploads created, %d aborted", proxy.creates.Load(), proxy.aborts.Load())
+			}
+			if _, err := os.Stat(filepath.Join(f.dir, "e.strap")); err != nil {
+				t.Fatalf("local file not kept: %v", err)
+			}
+			t.Logf("last error: %s", st.LastError)
+		})
+	}
+}
+
+// TestCheckSSE: the options strapd takes, and the ones it refuses before any request.
+func TestCheckSSE(t *testing.T) {
+	for _, tc := range []struct {
+		o  upload.ClientOptions
+		ok bool
+	}{
+		{upload.ClientOptions{}, true},
+		{upload.ClientOptions{SSE: "AES256"}, true},
+		{upload.ClientOptions{SSE: "aws:kms"}, true},
+		{upload.ClientOptions{SSE: "aws:kms", SSEKMSKeyID: "arn:aws:kms:us-east-1:1:key/x"}, true},
+		{upload.ClientOptions{SSE: "aws:kms:dsse"}, false},
+		{upload.ClientOptions{SSE: "aes256"}, false},
+		{upload.ClientOptions{SSE: "AES256", SSEKMSKeyID: "k"}, false},
+		{upload.ClientOptions{SSEKMSKeyID: "k"}, false},
+		{upload.ClientOptions{SSE: "aws:kms", SSEKMSKeyID: "k\n"}, false},
+	} {
+		if err := tc.o.CheckSSE(); (err == nil) != tc.ok {
+			t.Errorf("%+v: %v", tc.o, err)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -110,16 +111,42 @@ func (c *Client) rangeCRC(ctx context.Context, bucket, key string, off, n int64,
 }
 
 func (c *Client) create(ctx context.Context, bucket, key string) (string, error) {
-	out, err := c.s3.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{
+	in := &s3.CreateMultipartUploadInput{
 		Bucket: aws.String(bucket), Key: aws.String(key), ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
-		ContentType: aws.String("application/octet-stream")})
+		ContentType: aws.String("application/octet-stream")}
+	if c.sse != "" {
+		in.ServerSideEncryption = types.ServerSideEncryption(c.sse)
+		if c.kmsKey != "" {
+			in.SSEKMSKeyId = aws.String(c.kmsKey)
+		}
+	}
+	out, err := c.s3.CreateMultipartUpload(ctx, in)
 	if err != nil {
 		return "", err
 	}
 	if out.UploadId == nil || *out.UploadId == "" {
 		return "", fmt.Errorf("create multipart upload: the server returned no upload id")
 	}
+	if err := c.confirmSSE(out.ServerSideEncryption); err != nil {
+		// Nothing goes into an upload that would not be encrypted.
+		if aerr := c.abort(ctx, bucket, key, *out.UploadId); aerr != nil && !notFound(aerr) {
+			err = errors.Join(err, fmt.Errorf("abort it: %w", aerr))
+		}
+		return "", err
+	}
 	return *out.UploadId, nil
+}
+
+// confirmSSE checks the server's answer to an object write names the encryption asked for
+// (the multipart upload's parts are encrypted as the upload was created).
+func (c *Client) confirmSSE(got types.ServerSideEncryption) error {
+	if c.sse == "" || string(got) == c.sse {
+		return nil
+	}
+	if got == "" {
+		return fmt.Errorf("%w %s: its answer names none, so the object would not be stored encrypted (use a store that implements it, or serve without --s3-sse)", ErrSSENotConfirmed, c.sse)
+	}
+	return fmt.Errorf("%w %s: its answer names %s", ErrSSENotConfirmed, c.sse, got)
 }
 
 func (c *Client) uploadPart(ctx context.Context, bucket, key, id string, n int32, f *os.File, off, size int64, crc string) (string, error) {
@@ -230,9 +257,26 @@ func (c *Client) uploadPartFromObject(ctx context.Context, bucket, key, id strin
 
 // putFile uploads a whole small file as one object, with its CRC32C checked by the server.
 func (c *Client) putFile(ctx context.Context, bucket, key string, f *os.File, size int64, crc string) error {
-	_, err := c.s3.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(key),
-		Body: io.NewSectionReader(f, 0, size), ContentLength: aws.Int64(size), ChecksumCRC32C: aws.String(crc)})
-	return err
+	in := &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(key),
+		Body: io.NewSectionReader(f, 0, size), ContentLength: aws.Int64(size), ChecksumCRC32C: aws.String(crc)}
+	if c.sse != "" {
+		in.ServerSideEncryption = types.ServerSideEncryption(c.sse)
+		if c.kmsKey != "" {
+			in.SSEKMSKeyId = aws.String(c.kmsKey)
+		}
+	}
+	out, err := c.s3.PutObject(ctx, in)
+	if err != nil {
+		return err
+	}
+	if err := c.confirmSSE(out.ServerSideEncryption); err != nil {
+		// Written, perhaps unencrypted: not left in the bucket as if it were encrypted.
+		if derr := c.deleteObject(ctx, bucket, key); derr != nil && !notFound(derr) {
+			err = errors.Join(err, fmt.Errorf("delete it: %w", derr))
+		}
+		return err
+	}
+	return nil
 }
 
 // deleteObject deletes one object (S3 answers a missing one as deleted; some servers with

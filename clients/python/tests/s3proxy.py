@@ -1,8 +1,9 @@
 """An HTTP proxy in front of the test S3 server: it forwards every request as it came (the
 Host header kept, so SigV4 signatures still verify), records each request's method, path,
-query and headers, and can withhold the server's answer to a CompleteMultipartUpload after
+query and headers, can withhold the server's answer to a CompleteMultipartUpload after
 the server completed the object (the window in which a killed strapd has the object
-complete on the server and not in its own state)."""
+complete on the server and not in its own state), and can add a server-side encryption
+confirmation to the answers of object writes."""
 
 from __future__ import annotations
 
@@ -54,6 +55,9 @@ class S3Proxy:
         self.hold_complete = threading.Event()  # set: withhold CompleteMultipartUpload answers
         self.held = threading.Event()  # set once one answer is withheld
         self.release = threading.Event()  # set: the withheld connections are closed unanswered
+        # An x-amz-server-side-encryption answer added to object writes (a server that
+        # implements SSE: VersityGW takes the request headers and ignores them).
+        self.confirm_sse: Optional[str] = None
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -92,6 +96,8 @@ class S3Proxy:
                 for k, v in resp.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(k, v)
+                if proxy.confirm_sse and resp.status == 200 and req.kind in ("CreateMultipartUpload", "PutObject"):
+                    self.send_header("x-amz-server-side-encryption", proxy.confirm_sse)
                 # A HEAD's Content-Length is the object's size, not the (empty) body's.
                 length = resp.getheader("Content-Length") if self.command == "HEAD" else None
                 self.send_header("Content-Length", length or str(len(data)))

@@ -465,3 +465,42 @@ def test_strapd_killed_after_server_completed_restarts_complete(s3: S3Server, da
         assert s3.get(f"w/{tok.name}") == tok.read_bytes()
     finally:
         proxy.stop()
+
+
+def test_server_side_encryption(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
+    """``serve --s3-sse aws:kms --s3-sse-kms-key-id``: every object strapd writes (the
+    stream's multipart upload, the tokens file) asks for it, and the upload completes once
+    the server confirms it (a proxy adds the confirmation a store implementing SSE sends:
+    VersityGW takes the headers and ignores them). Against VersityGW itself, which does not
+    confirm it: a clear error, the capture kept, nothing written unencrypted."""
+    from s3proxy import S3Proxy
+
+    proxy = S3Proxy(s3.endpoint)
+    try:
+        proxy.confirm_sse = "aws:kms"
+        d = daemons(proxy, "--s3-sse", "aws:kms", "--s3-sse-kms-key-id", "alias/strap-caps")
+        out = tmp_path / "enc.strap"
+        capture_forwards(d.socket, out, 2, f"s3://{BUCKET}/enc", track_per_token=True)
+        wait_upload(d, f"s3://{BUCKET}/enc/enc.strap")
+        assert s3.get("enc/enc.strap") == out.read_bytes()
+        writes = proxy.of("CreateMultipartUpload") + proxy.of("PutObject")
+        assert {w.path for w in writes} == {f"/{BUCKET}/enc/enc.strap", f"/{BUCKET}/enc/{Path(tokens_path(out)).name}"}
+        for w in writes:
+            assert w.headers.get("x-amz-server-side-encryption") == "aws:kms", w.headers
+            assert w.headers.get("x-amz-server-side-encryption-aws-kms-key-id") == "alias/strap-caps", w.headers
+    finally:
+        proxy.stop()
+
+    d2 = daemons(s3, "--s3-sse", "AES256")
+    out2 = tmp_path / "plain.strap"
+    summary = capture_forwards(d2.socket, out2, 1, f"s3://{BUCKET}/enc")
+    u = wait_upload(d2, f"s3://{BUCKET}/enc/plain.strap", state="retrying", timeout=60)
+    assert "did not confirm server-side encryption AES256" in u["last_error"] and u["uploaded_bytes"] == 0, u
+    assert out2.stat().st_size == summary["file_bytes"]
+    listed = s3.client().list_objects_v2(Bucket=BUCKET, Prefix="enc/plain").get("Contents", [])
+    assert not listed, listed
+    assert not s3.client().list_multipart_uploads(Bucket=BUCKET).get("Uploads"), "an unencrypted upload left open"
+
+    bad = subprocess.run([str(strapd_bin()), "serve", "--s3-sse", "aws:kms:dsse"], capture_output=True, text=True,
+                         timeout=20)
+    assert bad.returncode != 0 and "SSE-C is not supported" in bad.stderr, bad.stderr
