@@ -52,6 +52,8 @@ type holdProxy struct {
 	confirmSSE  atomic.Pointer[string]
 	refuseWrite atomic.Pointer[string]
 	aborts      atomic.Int32
+	// noChecksums strips the CRC32C from HEAD answers (a server that keeps none).
+	noChecksums atomic.Bool
 }
 
 func isObjectWrite(r *http.Request) bool {
@@ -67,6 +69,10 @@ func newHoldProxy(t *testing.T, endpoint string) *holdProxy {
 	p := &holdProxy{held: make(chan struct{})}
 	rp := httputil.NewSingleHostReverseProxy(target)
 	rp.ModifyResponse = func(resp *http.Response) error {
+		if p.noChecksums.Load() && resp.Request.Method == http.MethodHead {
+			resp.Header.Del("X-Amz-Checksum-Crc32c")
+			resp.Header.Del("X-Amz-Checksum-Type")
+		}
 		if c := p.confirmSSE.Load(); c != nil && resp.StatusCode == http.StatusOK && isObjectWrite(resp.Request) {
 			resp.Header.Set("X-Amz-Server-Side-Encryption", *c)
 		}
@@ -162,7 +168,10 @@ func TestCompletedBeforeRecordedSurvivesRestart(t *testing.T) {
 		// refuseHeads: the restarted strapd's first verifications fail as requests (not
 		// a wrong object): it must ask again, not take the freed bytes for lost.
 		refuseHeads int32
-	}{{"kept local", false, 0}, {"freed local", true, 0}, {"freed local, HEAD refused after the restart", true, 3}} {
+		// noChecksums: the server reports no CRC32C, so the object is read back.
+		noChecksums bool
+	}{{"kept local", false, 0, false}, {"freed local", true, 0, false}, {"freed local, HEAD refused after the restart", true, 3, false},
+		{"freed local, server without checksums", true, 0, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			proxy := newHoldProxy(t, f.srv.Endpoint)
@@ -198,6 +207,8 @@ func TestCompletedBeforeRecordedSurvivesRestart(t *testing.T) {
 
 			proxy.hold.Store(false)
 			proxy.refuseHeads.Store(tc.refuseHeads)
+			proxy.noChecksums.Store(tc.noChecksums)
+			gets := proxy.gets.Load()
 			m2 := f.managerVia(t, proxy.URL, tc.free)
 			if err := m2.ResumePending(); err != nil {
 				t.Fatal(err)
@@ -212,6 +223,10 @@ func TestCompletedBeforeRecordedSurvivesRestart(t *testing.T) {
 			}
 			if proxy.parts.Load() != parts || proxy.creates.Load() != creates {
 				t.Fatalf("sent again after the restart: %d parts, %d new uploads", proxy.parts.Load()-parts, proxy.creates.Load()-creates)
+			}
+			if readBack := proxy.gets.Load() - gets; tc.noChecksums != strings.Contains(final.Verified, "read back") ||
+				(tc.noChecksums && readBack != int32(final.Parts)) || (!tc.noChecksums && readBack != 0) {
+				t.Fatalf("verified %q with %d ranged GETs", final.Verified, readBack)
 			}
 			if got := uploadOf(t, f, "run/a/c.strap"); !bytes.Equal(got, want) {
 				t.Fatal("object differs from the stream written")

@@ -92,8 +92,12 @@ type Upload struct {
 	// completed are the parts of the object once CompleteMultipartUpload succeeded (the
 	// upload goroutine's): a retry verifies it rather than sending parts again.
 	completed []Part
-	// heard: the server answered this process's CompleteMultipartUpload of completed.
+	// heard: the server answered this process's CompleteMultipartUpload of completed (or
+	// the object was verified as one not heard, read back where it keeps no checksum).
 	heard bool
+	// verifiedHow is what that verification checked, when it was the one of an object
+	// not heard completed (the status says it rather than the later, lighter check).
+	verifiedHow string
 
 	mu        sync.Mutex
 	finalReq  int64 // -1 until Finish
@@ -729,11 +733,14 @@ func (u *Upload) reconcileParts(ctx context.Context) error {
 			// about to be): the object decides, verified against the parts it was
 			// completed from. Only a missing or wrong object is sent anew (or lost).
 			parts := st.objectParts()
-			verr := u.verify(ctx, parts, false, nil)
+			var how string
+			verr := u.verify(ctx, parts, false, &how)
 			if verr == nil {
 				u.m.o.Log.Info("the object was completed before strapd stopped, and verifies", zap.String("object", u.object()),
 					zap.Int("parts", len(parts)))
-				u.completed = parts
+				// Verified the way an unheard completion is (read back where the server
+				// keeps no checksum): the final verification need not read it again.
+				u.completed, u.heard, u.verifiedHow = parts, true, how
 				return nil
 			}
 			if !errors.Is(verr, errObjectWrong) {
@@ -838,6 +845,9 @@ func (u *Upload) completeAll(ctx context.Context, buf []byte) error {
 func (u *Upload) verifyAndFinish(ctx context.Context, parts []Part, buf []byte) error {
 	st := u.st
 	etag, verified, err := u.checkObject(ctx, st.FinalSize, parts, u.heard)
+	if err == nil && u.verifiedHow != "" {
+		verified = u.verifiedHow
+	}
 	if err != nil {
 		if !errors.Is(err, errObjectWrong) {
 			// The HEAD itself failed (the server away, a timeout): the object may well be
@@ -845,7 +855,7 @@ func (u *Upload) verifyAndFinish(ctx context.Context, parts []Part, buf []byte) 
 			// nothing lost.
 			return err
 		}
-		u.completed = nil
+		u.completed, u.heard, u.verifiedHow = nil, false, ""
 		if lerr := u.lost(0, "the completed object does not verify ("+Describe(err)+")"); lerr != nil {
 			return lerr
 		}
