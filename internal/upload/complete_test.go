@@ -143,12 +143,16 @@ func (p *holdProxy) waitHeld(t *testing.T) {
 }
 
 func (f *fixture) managerVia(t *testing.T, endpoint string, freeLocal bool) *upload.Manager {
+	return f.managerWith(t, endpoint, !freeLocal, freeLocal)
+}
+
+func (f *fixture) managerWith(t *testing.T, endpoint string, keepLocal, freeLocal bool) *upload.Manager {
 	client, err := upload.NewClient(context.Background(), upload.ClientOptions{Endpoint: endpoint})
 	if err != nil {
 		t.Fatal(err)
 	}
 	m, err := upload.NewManager(upload.Options{Client: client, StateDir: f.state, PartSize: upload.MinPartSize,
-		Concurrency: 2, KeepLocal: !freeLocal, FreeLocal: freeLocal, MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+		Concurrency: 2, KeepLocal: keepLocal, FreeLocal: freeLocal, MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
 		Log: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -376,16 +380,22 @@ func waitEnded(t *testing.T, m *upload.Manager) upload.Status {
 // uninterrupted capture. With "while completing", the resume comes while the aborted
 // object's completion is in flight (the server completed it; strapd did not hear so).
 func TestFreeLocalAbortedCompletesAndResumes(t *testing.T) {
-	for _, whileCompleting := range []bool{false, true} {
-		name := "after completion"
-		if whileCompleting {
-			name = "while completing"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		whileCompleting bool
+		// perSession: freeing was the aborted session's own (upload_free_local) and the
+		// resumed session does not ask for it, on a daemon without the option.
+		perSession bool
+	}{{"after completion", false, false}, {"while completing", true, false}, {"per session, resumed without freeing", false, true}} {
+		whileCompleting := tc.whileCompleting
+		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			proxy := newHoldProxy(t, f.srv.Endpoint)
 			m := f.managerVia(t, proxy.URL, true)
-			c := startFree(t, f, m, "a.strap")
+			if tc.perSession {
+				m = f.managerWith(t, proxy.URL, false, false) // serve --upload-keep-local=false
+			}
+			c := startFreeWith(t, f, m, "a.strap", tc.perSession)
 			freedUpTo10MiB(t, c)
 			ck := c.checkpoint()
 			// The client dies: strapd ends the stream aborted after the last packet.
@@ -435,6 +445,7 @@ func TestFreeLocalAbortedCompletesAndResumes(t *testing.T) {
 			}
 			proxy.hold.Store(false)
 			parts, copies := proxy.parts.Load(), proxy.copies.Load()
+			c.perSession = false
 			u2 := c.begin(t, m, ck.Offset, upload.Target{Bucket: "caps", Prefix: "run/a"})
 			if j := u2.Journal(); j == nil || j.End() != ck.Offset {
 				t.Fatalf("journal for the resume: %+v", j)

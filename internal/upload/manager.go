@@ -247,7 +247,7 @@ func (m *Manager) Begin(s Stream) (*Upload, error) {
 	var journal *stream.Journal
 	switch {
 	case err == nil && s.AppendAt > 0 && st.FreedTo > 0 && (st.Bucket != s.Target.Bucket || st.Key != key):
-		return nil, fmt.Errorf("bytes [%d, %d) of %s were freed on the local disk after their upload to %s: the resumed capture must upload to the same object (it goes on with that multipart upload)",
+		return nil, fmt.Errorf("bytes [%d, %d) of %s were freed on the local disk after their upload to %s: the resumed capture must upload to the same object (the freed bytes are only there)",
 			st.FreedFrom, st.FreedTo, s.Path, ObjectURL(st.Bucket, st.Key))
 	case err == nil && s.AppendAt > 0 && st.FreedTo > s.AppendAt:
 		return nil, fmt.Errorf("the resume cuts %s back to %d bytes, before the end of its bytes freed after their upload (%d): those cannot be written again", s.Path, s.AppendAt, st.FreedTo)
@@ -287,6 +287,9 @@ func (m *Manager) Begin(s Stream) (*Upload, error) {
 		}
 		st.dropCompletion()
 		st.FinalSize = -1
+		// The earlier session's choice (kept: it did not end complete) is not this one's;
+		// a stream with freed bytes is no whole copy to keep.
+		st.KeepLocal = m.o.KeepLocal && !s.FreeLocal && st.FreedTo == 0
 		st.Path = s.Path
 		st.Sides = nil
 		m.o.Log.Info("upload continues a resumed capture", zap.String("object", ObjectURL(st.Bucket, st.Key)),
