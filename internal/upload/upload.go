@@ -131,7 +131,10 @@ type Upload struct {
 	hdrEnd     int64
 	dataOff    int64
 	noFree     bool
-	noCopy     bool
+	// noCopy: the server's copies of parts cannot be checked (copyPart; its goroutines
+	// share it); copyTried: one was tried.
+	noCopy    atomic.Bool
+	copyTried bool
 }
 
 func (m *Manager) newUpload(st *State, f *os.File, session uint64) *Upload {
@@ -627,25 +630,51 @@ func (u *Upload) copyFromSource(ctx context.Context) error {
 	defer func() {
 		if len(st.Copy) == 0 {
 			u.m.o.Log.Info("parts holding freed bytes re-created from the capture's earlier object", zap.String("object", u.object()),
-				zap.Int("parts", len(st.Parts)), zap.Bool("server_side_copy", !u.noCopy))
+				zap.Int("parts", len(st.Parts)), zap.Bool("server_side_copy", !u.noCopy.Load()))
 		}
 	}()
 	for len(st.Copy) > 0 {
-		p := st.Copy[0]
-		etag, err := u.copyPart(ctx, p)
-		if err != nil {
-			return err
+		// The first part alone (it finds out whether the server's copies can be
+		// checked), then as many at once as parts go.
+		n := 1
+		if u.copyTried {
+			n = min(len(st.Copy), u.m.o.Concurrency)
 		}
-		p.ETag = etag
-		st.Parts = append(st.Parts, p)
-		if st.Copy = st.Copy[1:]; len(st.Copy) == 0 {
+		batch := st.Copy[:n]
+		etags, errs := make([]string, n), make([]error, n)
+		var wg sync.WaitGroup
+		for i := range batch {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				etags[i], errs[i] = u.copyPart(ctx, batch[i])
+			}(i)
+		}
+		wg.Wait()
+		u.copyTried = true
+		ok := 0
+		for ok < n && errs[ok] == nil {
+			p := batch[ok]
+			p.ETag = etags[ok]
+			st.Parts = append(st.Parts, p)
+			ok++
+		}
+		if st.Copy = st.Copy[ok:]; len(st.Copy) == 0 {
 			st.Copy = nil
 		}
-		if err := st.save(u.m.o.StateDir); err != nil {
-			return err
+		if ok > 0 {
+			if err := st.save(u.m.o.StateDir); err != nil {
+				return err
+			}
+			up := st.uploaded()
+			u.setStatus(func(s *Status) { s.UploadedBytes = up; s.Parts = len(st.Parts) })
 		}
-		up := st.uploaded()
-		u.setStatus(func(s *Status) { s.UploadedBytes = up; s.Parts = len(st.Parts) })
+		if ok < n {
+			if apiCode(errs[ok]) == "NoSuchUpload" {
+				u.reconcile = true // as in step
+			}
+			return errs[ok]
+		}
 	}
 	return nil
 }
@@ -661,7 +690,7 @@ func (u *Upload) copyPart(ctx context.Context, p Part) (string, error) {
 	gone := func(err error) error {
 		return u.lost(start, fmt.Sprintf("the object of the capture's earlier session, which holds them, changed or is gone (%s)", Describe(err)))
 	}
-	if !u.noCopy {
+	if !u.noCopy.Load() {
 		etag, crc, err := c.copyPart(ctx, st.Bucket, st.Key, st.UploadID, p.Number, src.ETag, start, p.Size)
 		switch {
 		case err == nil && crc == p.CRC32C:
@@ -670,11 +699,10 @@ func (u *Upload) copyPart(ctx context.Context, p Part) (string, error) {
 		case err == nil:
 			// VersityGW 1.8.0 reports the source object's checksum for a copied part, and
 			// then refuses to complete with the part's own.
-			u.noCopy = true
+			u.noCopy.Store(true)
 			u.m.o.Log.Info("the server's copy of a part does not report the part's CRC32C; parts are read back through strapd instead",
 				zap.String("object", u.object()), zap.String("reported", crc), zap.String("expected", p.CRC32C))
 		case apiCode(err) == "NoSuchUpload":
-			u.reconcile = true
 			return "", err
 		case sourceGone(err):
 			if lerr := gone(err); lerr != nil {
@@ -682,7 +710,7 @@ func (u *Upload) copyPart(ctx context.Context, p Part) (string, error) {
 			}
 			return "", err
 		case apiCode(err) == "NotImplemented":
-			u.noCopy = true
+			u.noCopy.Store(true)
 		default:
 			return "", fmt.Errorf("copy part %d of %s from its earlier object: %w", p.Number, u.object(), err)
 		}
@@ -690,7 +718,6 @@ func (u *Upload) copyPart(ctx context.Context, p Part) (string, error) {
 	etag, err := c.uploadPartFromObject(ctx, st.Bucket, st.Key, st.UploadID, p.Number, src.ETag, start, p.Size, p.CRC32C)
 	if err != nil {
 		if apiCode(err) == "NoSuchUpload" {
-			u.reconcile = true
 			return "", err
 		}
 		if sourceGone(err) || badDigest(err) {
