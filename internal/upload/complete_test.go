@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/binary"
+	"fmt"
 	"hash/crc32"
 	"net/http"
 	"net/http/httptest"
@@ -386,7 +387,11 @@ func TestFreeLocalAbortedCompletesAndResumes(t *testing.T) {
 		// perSession: freeing was the aborted session's own (upload_free_local) and the
 		// resumed session does not ask for it, on a daemon without the option.
 		perSession bool
-	}{{"after completion", false, false}, {"while completing", true, false}, {"per session, resumed without freeing", false, true}} {
+		// spoil: the aborted object is "replaced" (other bytes) or "deleted" before the
+		// resume: the freed bytes are then lost.
+		spoil string
+	}{{"after completion", false, false, ""}, {"while completing", true, false, ""}, {"per session, resumed without freeing", false, true, ""},
+		{"object replaced before the resume", false, false, "replaced"}, {"object deleted before the resume", false, false, "deleted"}} {
 		whileCompleting := tc.whileCompleting
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
@@ -439,6 +444,28 @@ func TestFreeLocalAbortedCompletesAndResumes(t *testing.T) {
 				t.Fatalf("the aborted stream's object (%d bytes) is not the stream (%d bytes)", len(got), len(want))
 			}
 
+			switch tc.spoil {
+			case "replaced":
+				replaceObject(t, f, "run/a/a.strap", randomBytes(len(want), 7), true)
+			case "deleted":
+				if _, err := f.client.S3().DeleteObject(context.Background(), &s3.DeleteObjectInput{Bucket: aws.String("caps"),
+					Key: aws.String("run/a/a.strap")}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.spoil != "" {
+				if err := c.file.Truncate(ck.Offset); err != nil {
+					t.Fatal(err)
+				}
+				u2 := c.begin(t, m, ck.Offset, upload.Target{Bucket: "caps", Prefix: "run/a"})
+				final := wait(t, u2, 60*time.Second)
+				if final.State != upload.StateLost || final.Lost != fmt.Sprintf("[4096, %d)", st.FreedTo) ||
+					!strings.Contains(final.LastError, "changed or is gone") {
+					t.Fatalf("resume from a %s object: %+v", tc.spoil, final)
+				}
+				t.Logf("%s: %s", tc.spoil, final.LastError)
+				return
+			}
 			// The resume: the file cut back to the last checkpoint, the capture goes on.
 			if err := c.file.Truncate(ck.Offset); err != nil {
 				t.Fatal(err)
