@@ -122,6 +122,9 @@ func NewClient(ctx context.Context, o ClientOptions) (*Client, error) {
 	return &Client{s3: c, presign: s3.NewPresignClient(c), http: hc, sse: o.SSE, kmsKey: o.SSEKMSKeyID}, nil
 }
 
+// SSE is the server-side encryption asked for every object written (ClientOptions.SSE).
+func (c *Client) SSE() string { return c.sse }
+
 // S3 is the underlying SDK client (tests create buckets with it).
 func (c *Client) S3() *s3.Client { return c.s3 }
 

@@ -482,6 +482,9 @@ def test_server_side_encryption(s3: S3Server, daemons: Any, tmp_path: Path) -> N
         out = tmp_path / "enc.strap"
         capture_forwards(d.socket, out, 2, f"s3://{BUCKET}/enc", track_per_token=True)
         wait_upload(d, f"s3://{BUCKET}/enc/enc.strap")
+        assert status(d)["daemon"]["upload"]["sse"] == "aws:kms"
+        text = subprocess.run([str(strapd_bin()), "status", "--socket", d.socket], capture_output=True, text=True).stdout
+        assert "encryption aws:kms" in text, text
         assert s3.get("enc/enc.strap") == out.read_bytes()
         writes = proxy.of("CreateMultipartUpload") + proxy.of("PutObject")
         assert {w.path for w in writes} == {f"/{BUCKET}/enc/enc.strap", f"/{BUCKET}/enc/{Path(tokens_path(out)).name}"}
