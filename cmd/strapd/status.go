@@ -122,7 +122,12 @@ func printUploads(w io.Writer, d *control.UploadDaemonStatus, ups []control.Uplo
 	if target == "" {
 		target = "(per session)"
 	}
-	fmt.Fprintf(w, "upload %s  uploaded %s  errors %d  keep local %v  free local %v\n", target, units.Bytes(float64(d.UploadedBytes)), d.Errors, d.KeepLocal, d.FreeLocal)
+	sse := d.SSE
+	if sse == "" {
+		sse = "bucket default"
+	}
+	fmt.Fprintf(w, "upload %s  uploaded %s  errors %d  keep local %v  free local %v  encryption %s\n", target,
+		units.Bytes(float64(d.UploadedBytes)), d.Errors, d.KeepLocal, d.FreeLocal, sse)
 	if len(ups) == 0 {
 		return
 	}

@@ -46,6 +46,7 @@ func addUploadFlags(f *pflag.FlagSet, c *uploadConfig) {
 	f.StringVar(&c.Client.Endpoint, "s3-endpoint", "", "S3 API endpoint of a store other than AWS, e.g. http://ceph-rgw:7480 (path-style addressing); default: AWS, or AWS_ENDPOINT_URL_S3")
 	f.StringVar(&c.Client.Region, "s3-region", "", "region to sign requests for (default: AWS_REGION or the profile's, else us-east-1)")
 	f.StringVar(&c.Client.Profile, "s3-profile", "", "shared config/credentials profile (default: AWS_PROFILE or default)")
+	addSSEFlags(f, &c.Client)
 	f.Var(&c.PartSize, "upload-part-size", "size of the first multipart parts (at least 5MiB; doubles every 1000 parts); the stream is made durable this often")
 	f.IntVar(&c.Concurrency, "upload-concurrency", 4, "parts of one upload sent at once")
 	f.BoolVar(&c.KeepLocal, "upload-keep-local", true, "keep the local files once their objects are complete and verified (false: delete them)")
@@ -53,7 +54,16 @@ func addUploadFlags(f *pflag.FlagSet, c *uploadConfig) {
 	f.StringVar(&c.StateDir, "upload-state-dir", "", "directory of the upload state files (default: $STATE_DIRECTORY/uploads under systemd, else $XDG_STATE_HOME/strapd/uploads, else /var/lib/strapd/uploads as root, ~/.local/state/strapd/uploads otherwise)")
 }
 
+// addSSEFlags adds the server-side encryption options of the objects strapd writes.
+func addSSEFlags(f *pflag.FlagSet, o *upload.ClientOptions) {
+	f.StringVar(&o.SSE, "s3-sse", "", "server-side encryption of every object strapd writes: AES256 (SSE-S3) or aws:kms (SSE-KMS); the server must confirm it (default: the bucket's own; SSE-C is not supported)")
+	f.StringVar(&o.SSEKMSKeyID, "s3-sse-kms-key-id", "", "the KMS key (id, ARN or alias) for --s3-sse aws:kms (default: the account's AWS managed key)")
+}
+
 func (c *uploadConfig) validate() error {
+	if err := c.Client.CheckSSE(); err != nil {
+		return fmt.Errorf("--s3-sse: %w", err)
+	}
 	if c.Target != "" {
 		if _, err := upload.ParseURL(c.Target); err != nil {
 			return fmt.Errorf("--upload: %w", err)
@@ -231,6 +241,7 @@ func newUploadCmd(logger func() *zap.Logger) *cobra.Command {
 	f.StringVar(&c.Client.Endpoint, "s3-endpoint", "", "S3 API endpoint of a store other than AWS (path-style addressing)")
 	f.StringVar(&c.Client.Region, "s3-region", "", "region to sign requests for")
 	f.StringVar(&c.Client.Profile, "s3-profile", "", "shared config/credentials profile")
+	addSSEFlags(f, &c.Client)
 	c.PartSize = 16 << 20
 	f.Var(&c.PartSize, "upload-part-size", "size of the first multipart parts (at least 5MiB)")
 	f.IntVar(&c.Concurrency, "upload-concurrency", 4, "parts sent at once")

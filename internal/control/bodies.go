@@ -350,6 +350,9 @@ type UploadDaemonStatus struct {
 	KeepLocal bool `json:"keep_local"`
 	// FreeLocal: uploaded bytes are freed on the local disk while a capture goes on.
 	FreeLocal bool `json:"free_local,omitempty"`
+	// SSE is the server-side encryption every object is written with (serve --s3-sse;
+	// empty: the bucket's default).
+	SSE string `json:"sse,omitempty"`
 	// UploadedBytes and Errors are totals over every upload since the daemon started.
 	UploadedBytes uint64 `json:"uploaded_bytes"`
 	Errors        uint64 `json:"errors"`

@@ -225,7 +225,7 @@ func (s *Server) uploadStatus() (*control.UploadDaemonStatus, []control.UploadSt
 	if m == nil {
 		return ds, nil
 	}
-	ds.StateDir, ds.KeepLocal, ds.FreeLocal = m.StateDir(), m.KeepLocal(), m.FreeLocal()
+	ds.StateDir, ds.KeepLocal, ds.FreeLocal, ds.SSE = m.StateDir(), m.KeepLocal(), m.FreeLocal(), m.Client().SSE()
 	ds.UploadedBytes, ds.Errors = m.Totals()
 	var ups []control.UploadStatus
 	for _, u := range m.Status() {

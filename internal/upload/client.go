@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -30,7 +31,40 @@ type ClientOptions struct {
 	PathStyle bool
 	// Profile picks a shared-config profile; empty: AWS_PROFILE or "default".
 	Profile string
+	// SSE asks the store to encrypt every object strapd writes (stream, checkpoint,
+	// tokens, trace, resource log) with its own keys: "AES256" (SSE-S3) or "aws:kms"
+	// (SSE-KMS, with SSEKMSKeyID or the account's default key); empty: the bucket's
+	// default. The server must confirm it in its answer, or the upload fails (SSE-C,
+	// keys the client supplies, is not supported).
+	SSE         string
+	SSEKMSKeyID string
 }
+
+// Server-side encryption algorithms ClientOptions.SSE takes.
+const (
+	SSEAES256 = "AES256"
+	SSEKMS    = "aws:kms"
+)
+
+// CheckSSE checks the encryption options.
+func (o ClientOptions) CheckSSE() error {
+	switch o.SSE {
+	case "", SSEAES256, SSEKMS:
+	default:
+		return fmt.Errorf("server-side encryption %q: expected %s or %s (SSE-C is not supported)", o.SSE, SSEAES256, SSEKMS)
+	}
+	if o.SSEKMSKeyID != "" && o.SSE != SSEKMS {
+		return fmt.Errorf("a KMS key id needs server-side encryption %s", SSEKMS)
+	}
+	if len(o.SSEKMSKeyID) > 2048 || strings.ContainsAny(o.SSEKMSKeyID, "\x00\r\n") {
+		return errors.New("the KMS key id is too long or holds control characters")
+	}
+	return nil
+}
+
+// ErrSSENotConfirmed is an object write whose answer does not confirm the server-side
+// encryption asked for: a server that ignores the request would store it unencrypted.
+var ErrSSENotConfirmed = errors.New("the server did not confirm server-side encryption")
 
 // Client is the S3 API client strapd uses for uploads and range reads.
 type Client struct {
@@ -38,11 +72,16 @@ type Client struct {
 	// presign and http send parts over plain HTTP by sendfile (sendfile.go).
 	presign *s3.PresignClient
 	http    *http.Client
+	// sse and kmsKey: ClientOptions.SSE and SSEKMSKeyID.
+	sse, kmsKey string
 }
 
 // NewClient loads credentials and region the standard way and builds the client. It makes
 // no request: a bad endpoint or refused credentials show on the first one.
 func NewClient(ctx context.Context, o ClientOptions) (*Client, error) {
+	if err := o.CheckSSE(); err != nil {
+		return nil, err
+	}
 	var opts []func(*config.LoadOptions) error
 	if o.Profile != "" {
 		opts = append(opts, config.WithSharedConfigProfile(o.Profile))
@@ -80,8 +119,11 @@ func NewClient(ctx context.Context, o ClientOptions) (*Client, error) {
 		so.RequestChecksumCalculation = aws.RequestChecksumCalculationWhenRequired
 		so.ResponseChecksumValidation = aws.ResponseChecksumValidationWhenRequired
 	})
-	return &Client{s3: c, presign: s3.NewPresignClient(c), http: hc}, nil
+	return &Client{s3: c, presign: s3.NewPresignClient(c), http: hc, sse: o.SSE, kmsKey: o.SSEKMSKeyID}, nil
 }
+
+// SSE is the server-side encryption asked for every object written (ClientOptions.SSE).
+func (c *Client) SSE() string { return c.sse }
 
 // S3 is the underlying SDK client (tests create buckets with it).
 func (c *Client) S3() *s3.Client { return c.s3 }
@@ -99,6 +141,8 @@ func Describe(err error) string {
 			return fmt.Sprintf("credentials refused by the server (%s: %s): check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the shared credentials file", ae.ErrorCode(), ae.ErrorMessage())
 		case "NoSuchBucket":
 			return fmt.Sprintf("no such bucket (%s): create it first", ae.ErrorMessage())
+		case "KMS.NotFoundException", "KMS.DisabledException", "KMS.AccessDeniedException", "KMS.KMSInvalidStateException":
+			return fmt.Sprintf("the KMS key for server-side encryption was refused (%s: %s): check --s3-sse-kms-key-id and the key's policy", ae.ErrorCode(), ae.ErrorMessage())
 		}
 		return fmt.Sprintf("%s: %s", ae.ErrorCode(), ae.ErrorMessage())
 	}
@@ -111,11 +155,12 @@ func permanent(err error) bool {
 	var ae smithy.APIError
 	if errors.As(err, &ae) {
 		switch ae.ErrorCode() {
-		case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "NoSuchBucket", "InvalidBucketName":
+		case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "NoSuchBucket", "InvalidBucketName", "NotImplemented",
+			"KMS.NotFoundException", "KMS.DisabledException", "KMS.AccessDeniedException":
 			return true
 		}
 	}
-	return false
+	return errors.Is(err, ErrSSENotConfirmed)
 }
 
 // badDigest reports a part refused because its bytes do not match the checksum sent.
@@ -138,6 +183,24 @@ func notFound(err error) bool {
 		case "NoSuchUpload", "NoSuchKey", "NotFound":
 			return true
 		}
+	}
+	return false
+}
+
+// apiCode is an API error's code ("" for other errors).
+func apiCode(err error) string {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		return ae.ErrorCode()
+	}
+	return ""
+}
+
+// sourceGone reports an object that is not there, or no longer the one asked for (If-Match).
+func sourceGone(err error) bool {
+	switch apiCode(err) {
+	case "NoSuchKey", "NotFound", "PreconditionFailed":
+		return true
 	}
 	return false
 }

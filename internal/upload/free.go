@@ -184,7 +184,7 @@ const maxPendingEntries = 1 << 16
 // freeReady reports whether this upload frees its stream now, reading where the stream's
 // header ends the first time.
 func (u *Upload) freeReady() bool {
-	if !u.freeLocal || u.noFree || u.st.FinalSize >= 0 || u.parked {
+	if !u.freeLocal || u.noFree || u.st.FinalSize >= 0 || len(u.st.Copy) > 0 {
 		return false
 	}
 	u.punchMu.Lock()

@@ -52,10 +52,17 @@ type freeCapture struct {
 	ckpts   []upload.Checkpoint
 	file    *os.File
 	refFile *os.File
+	// perSession asks for freeing in the session's Stream (the client's
+	// upload_free_local) rather than from the manager's option.
+	perSession bool
 }
 
 func startFree(t *testing.T, f *fixture, m *upload.Manager, name string) *freeCapture {
-	c := &freeCapture{t: t, path: filepath.Join(f.dir, name), refPath: filepath.Join(f.dir, name+".ref")}
+	return startFreeWith(t, f, m, name, false)
+}
+
+func startFreeWith(t *testing.T, f *fixture, m *upload.Manager, name string, perSession bool) *freeCapture {
+	c := &freeCapture{t: t, path: filepath.Join(f.dir, name), refPath: filepath.Join(f.dir, name+".ref"), perSession: perSession}
 	var err error
 	if c.file, err = os.OpenFile(c.path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644); err != nil {
 		t.Fatal(err)
@@ -95,7 +102,7 @@ func (c *freeCapture) tryBegin(m *upload.Manager, appendAt int64, target upload.
 	if err != nil {
 		return nil, err
 	}
-	u, err := m.Begin(upload.Stream{File: r, Path: c.path, Target: target, AppendAt: appendAt, Punch: p})
+	u, err := m.Begin(upload.Stream{File: r, Path: c.path, Target: target, AppendAt: appendAt, Punch: p, FreeLocal: c.perSession})
 	if err != nil {
 		r.Close()
 		p.Close()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/aws/smithy-go"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"testing"
@@ -40,29 +41,76 @@ func FuzzParseState(f *testing.F) {
 		if err != nil {
 			t.Fatalf("round trip: %v", err)
 		}
-		if s2.uploaded() != s.uploaded() || len(s2.Parts) != len(s.Parts) || s2.FinalSize != s.FinalSize {
+		if s2.uploaded() != s.uploaded() || len(s2.Parts) != len(s.Parts) || s2.FinalSize != s.FinalSize ||
+			s2.Completing != s.Completing || len(s2.objectParts()) != len(s.objectParts()) || len(s2.Copy) != len(s.Copy) ||
+			(s2.Source == nil) != (s.Source == nil) || s2.Completed != s.Completed {
 			t.Fatal("round trip changed the state")
 		}
 	})
 }
 
+// tail is a one-part state with the given final size and completion fields.
+func tail(final, completion string) string {
+	return `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a",` + final +
+		`,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}],` + completion + `}`
+}
+
+// TestParseStateSeeds: every seed in testdata/state is a valid state.
+func TestParseStateSeeds(t *testing.T) {
+	seeds, _ := filepath.Glob("testdata/state/*.json")
+	if len(seeds) < 4 {
+		t.Fatalf("seeds: %v", seeds)
+	}
+	for _, p := range seeds {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ParseState(b); err != nil {
+			t.Errorf("%s: %v", p, err)
+		}
+	}
+}
+
 func TestParseStateRejects(t *testing.T) {
+	for _, ok := range []string{
+		tail(`"final_size":5242890`, `"completing":true,"tail":{"number":2,"size":10,"etag":"g","crc32c":"AAAAAA=="}`),
+		tail(`"final_size":5242880`, `"completing":true`),
+	} {
+		if _, err := ParseState([]byte(ok)); err != nil {
+			t.Fatalf("good completing state refused: %v: %s", err, ok)
+		}
+	}
 	good := `{"version":1,"bucket":"caps","key":"run/a/s.strap","upload_id":"u1","part_size":5242880,"path":"/tmp/s.strap","dev":1,"ino":2,"final_size":-1,"keep_local":true,"sides":[],"parts":[{"number":1,"size":5242880,"etag":"\"e\"","crc32c":"AAAAAA=="}]}`
 	if _, err := ParseState([]byte(good)); err != nil {
 		t.Fatalf("good state refused: %v", err)
 	}
 	for name, b := range map[string]string{
-		"unknown field":   `{"version":1,"bogus":1}`,
-		"version":         `{"version":2,"bucket":"caps","key":"k","part_size":5242880,"path":"/a","final_size":-1}`,
-		"small part size": `{"version":1,"bucket":"caps","key":"k","part_size":1024,"path":"/a","final_size":-1}`,
-		"relative path":   `{"version":1,"bucket":"caps","key":"k","part_size":5242880,"path":"a","final_size":-1}`,
-		"part gap":        `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":2,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
-		"part size":       `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5,"etag":"e","crc32c":"AAAAAA=="}]}`,
-		"past final":      `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":100,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
-		"bad crc":         `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAA"}]}`,
-		"no upload id":    `{"version":1,"bucket":"caps","key":"k","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
-		"bucket":          `{"version":1,"bucket":"Caps!","key":"k","part_size":5242880,"path":"/a","final_size":-1}`,
-		"trailing data":   good + `{}`,
+		"unknown field":             `{"version":1,"bogus":1}`,
+		"version":                   `{"version":2,"bucket":"caps","key":"k","part_size":5242880,"path":"/a","final_size":-1}`,
+		"small part size":           `{"version":1,"bucket":"caps","key":"k","part_size":1024,"path":"/a","final_size":-1}`,
+		"relative path":             `{"version":1,"bucket":"caps","key":"k","part_size":5242880,"path":"a","final_size":-1}`,
+		"part gap":                  `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":2,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
+		"part size":                 `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5,"etag":"e","crc32c":"AAAAAA=="}]}`,
+		"past final":                `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":100,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
+		"bad crc":                   `{"version":1,"bucket":"caps","key":"k","upload_id":"u","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAA"}]}`,
+		"no upload id":              `{"version":1,"bucket":"caps","key":"k","part_size":5242880,"path":"/a","final_size":-1,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`,
+		"bucket":                    `{"version":1,"bucket":"Caps!","key":"k","part_size":5242880,"path":"/a","final_size":-1}`,
+		"trailing data":             good + `{}`,
+		"tail, not completing":      tail(`"final_size":5242890`, `"tail":{"number":2,"size":10,"etag":"g","crc32c":"AAAAAA=="}`),
+		"completing, no final":      tail(`"final_size":-1`, `"completing":true`),
+		"completing, short":         tail(`"final_size":5242890`, `"completing":true`),
+		"completing, long":          tail(`"final_size":5242880`, `"completing":true,"tail":{"number":2,"size":10,"etag":"g","crc32c":"AAAAAA=="}`),
+		"tail number":               tail(`"final_size":5242890`, `"completing":true,"tail":{"number":3,"size":10,"etag":"g","crc32c":"AAAAAA=="}`),
+		"tail etag":                 tail(`"final_size":5242890`, `"completing":true,"tail":{"number":2,"size":10,"etag":"","crc32c":"AAAAAA=="}`),
+		"tail crc":                  tail(`"final_size":5242890`, `"completing":true,"tail":{"number":2,"size":10,"etag":"g","crc32c":"AA"}`),
+		"completed, not completing": tail(`"final_size":5242880`, `"completed":"\"e\""`),
+		"copy without source":       tail(`"final_size":-1`, `"copy":[{"number":2,"size":5242880,"etag":"f","crc32c":"AAAAAA=="}]`),
+		"copy not the source's": tail(`"final_size":-1`, `"copy":[{"number":2,"size":5242880,"etag":"f","crc32c":"AQIDBA=="}],`+
+			`"source":{"upload_id":"u0","size":10485760,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="},{"number":2,"size":5242880,"etag":"f","crc32c":"AAAAAA=="}]}`),
+		"source size":             tail(`"final_size":-1`, `"source":{"upload_id":"u0","size":10485761,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="},{"number":2,"size":5242880,"etag":"f","crc32c":"AAAAAA=="}]}`),
+		"source short part":       tail(`"final_size":-1`, `"source":{"upload_id":"u0","size":5242890,"parts":[{"number":1,"size":10,"etag":"e","crc32c":"AAAAAA=="},{"number":2,"size":5242880,"etag":"f","crc32c":"AAAAAA=="}]}`),
+		"source while completing": tail(`"final_size":5242880`, `"completing":true,"source":{"upload_id":"u0","size":5242880,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`),
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := ParseState([]byte(b)); err == nil {
@@ -155,4 +203,22 @@ func FuzzParseErrorResponse(f *testing.F) {
 		}
 		_ = Describe(err)
 	})
+}
+
+// TestWholeCRC: the object's CRC32C combined from its parts' equals the CRC32C of its bytes.
+func TestWholeCRC(t *testing.T) {
+	data := make([]byte, 3*MinPartSize/2+17)
+	for i := range data {
+		data[i] = byte(i*7 + i>>9)
+	}
+	var parts []Part
+	for off, n := 0, int32(1); off < len(data); n++ {
+		size := min(len(data)-off, MinPartSize/2+int(n))
+		parts = append(parts, Part{Number: n, Size: int64(size), CRC32C: crcB64(crc32.Checksum(data[off:off+size], castagnoli))})
+		off += size
+	}
+	got, err := wholeCRC(parts)
+	if err != nil || got != crcB64(crc32.Checksum(data, castagnoli)) || len(parts) < 3 {
+		t.Fatalf("wholeCRC %s (%v), the bytes' %s", got, err, crcB64(crc32.Checksum(data, castagnoli)))
+	}
 }

@@ -60,6 +60,7 @@ type Manager struct {
 	errs     atomic.Uint64
 	readBack atomic.Uint64 // parts whose CRC32C was read back from the disk, all uploads
 	freed    atomic.Uint64 // bytes freed on the local disk, all uploads
+	copied   atomic.Uint64 // bytes re-created from an earlier object of the stream, all uploads
 }
 
 // maxEnded is how many finished uploads status keeps showing.
@@ -132,6 +133,12 @@ func (m *Manager) ResumePending() error {
 		st, err := loadState(p)
 		if err != nil {
 			errs = append(errs, err)
+			continue
+		}
+		if st.Completed != "" {
+			// Complete; kept for a resume of the capture on this host (its bytes were freed).
+			m.o.Log.Info("upload state kept for a resume on this host: the object is complete", zap.String("object", ObjectURL(st.Bucket, st.Key)),
+				zap.String("path", st.Path))
 			continue
 		}
 		if st.FinalSize < 0 {
@@ -240,11 +247,11 @@ func (m *Manager) Begin(s Stream) (*Upload, error) {
 	var journal *stream.Journal
 	switch {
 	case err == nil && s.AppendAt > 0 && st.FreedTo > 0 && (st.Bucket != s.Target.Bucket || st.Key != key):
-		return nil, fmt.Errorf("bytes [%d, %d) of %s were freed on the local disk after their upload to %s: the resumed capture must upload to the same object (it goes on with that multipart upload)",
+		return nil, fmt.Errorf("bytes [%d, %d) of %s were freed on the local disk after their upload to %s: the resumed capture must upload to the same object (the freed bytes are only there)",
 			st.FreedFrom, st.FreedTo, s.Path, ObjectURL(st.Bucket, st.Key))
 	case err == nil && s.AppendAt > 0 && st.FreedTo > s.AppendAt:
 		return nil, fmt.Errorf("the resume cuts %s back to %d bytes, before the end of its bytes freed after their upload (%d): those cannot be written again", s.Path, s.AppendAt, st.FreedTo)
-	case err == nil && s.AppendAt > 0 && st.Bucket == s.Target.Bucket && st.Key == key && st.UploadID != "":
+	case err == nil && s.AppendAt > 0 && st.Bucket == s.Target.Bucket && st.Key == key && (st.UploadID != "" || st.Source != nil):
 		if st.FreedTo > 0 {
 			// The resume takes the freed packets' index entries from the journal.
 			if journal, err = m.loadJournal(st, s.AppendAt); err != nil {
@@ -262,8 +269,27 @@ func (m *Manager) Begin(s Stream) (*Upload, error) {
 			return nil, fmt.Errorf("the resume cuts %s back to %d bytes, inside part %d, which holds bytes freed after their upload (up to %d): that part cannot be sent again",
 				s.Path, s.AppendAt, st.Parts[keep].Number, st.FreedTo)
 		}
-		st.Parts = st.Parts[:keep]
+		if st.FreedTo > 0 && (st.Completing || st.Completed != "") {
+			// The earlier session's object was completed (or was being completed) with
+			// the whole stream: its parts holding freed bytes are re-created from it in
+			// a new multipart upload (UploadPartCopy), the rest sent from the file.
+			src := &Source{UploadID: st.UploadID, Size: st.FinalSize, Parts: st.objectParts(), ETag: st.Completed}
+			var cp []Part
+			for _, p := range st.Parts[:keep] {
+				if partStart(st.PartSize, p.Number) < st.FreedTo {
+					cp = append(cp, p)
+				}
+			}
+			st.UploadID, st.Parts, st.Copy, st.Source, st.Completed = "", nil, cp, src, ""
+			keep = len(cp)
+		} else {
+			st.Parts = st.Parts[:keep]
+		}
+		st.dropCompletion()
 		st.FinalSize = -1
+		// The earlier session's choice (kept: it did not end complete) is not this one's;
+		// a stream with freed bytes is no whole copy to keep.
+		st.KeepLocal = m.o.KeepLocal && !s.FreeLocal && st.FreedTo == 0
 		st.Path = s.Path
 		st.Sides = nil
 		m.o.Log.Info("upload continues a resumed capture", zap.String("object", ObjectURL(st.Bucket, st.Key)),
@@ -371,6 +397,10 @@ func (m *Manager) Sending() bool {
 	}
 	return false
 }
+
+// CopiedBytes are the bytes of parts re-created from an earlier object of their stream
+// (a resumed capture whose local bytes were freed), all uploads.
+func (m *Manager) CopiedBytes() uint64 { return m.copied.Load() }
 
 // ReadBackParts is how many parts had their CRC32C read back from the disk rather than
 // taken from the writer's record (UseCRCs), all uploads.

@@ -4,11 +4,15 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
+	"net/url"
 	"os"
 	"strings"
+
+	"github.com/strap-llm/strap/internal/crc32c"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -60,17 +64,89 @@ func compositeCRC(parts []Part) (string, error) {
 	return fmt.Sprintf("%s-%d", crcB64(c), len(parts)), nil
 }
 
+// wholeCRC is the CRC32C of the object the parts make, combined from theirs (what a server
+// reports as a "FULL_OBJECT" checksum).
+func wholeCRC(parts []Part) (string, error) {
+	var c uint32
+	for i, p := range parts {
+		b, err := base64.StdEncoding.DecodeString(p.CRC32C)
+		if err != nil || len(b) != 4 {
+			return "", fmt.Errorf("part %d: bad crc32c %q", p.Number, p.CRC32C)
+		}
+		pc := binary.BigEndian.Uint32(b)
+		if i == 0 {
+			c = pc
+		} else {
+			c = crc32c.Combine(c, pc, p.Size)
+		}
+	}
+	return crcB64(c), nil
+}
+
+// rangeCRC is the CRC32C of an object's bytes [off, off+n), read with one ranged GET.
+func (c *Client) rangeCRC(ctx context.Context, bucket, key string, off, n int64, buf []byte) (uint32, error) {
+	out, err := c.s3.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key),
+		Range: aws.String(fmt.Sprintf("bytes=%d-%d", off, off+n-1))})
+	if err != nil {
+		return 0, err
+	}
+	defer out.Body.Close()
+	var crc uint32
+	var got int64
+	for {
+		k, err := out.Body.Read(buf)
+		crc = crc32.Update(crc, castagnoli, buf[:k])
+		got += int64(k)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+	if got != n {
+		return 0, fmt.Errorf("bytes [%d, %d): the server sent %d bytes", off, off+n, got)
+	}
+	return crc, nil
+}
+
 func (c *Client) create(ctx context.Context, bucket, key string) (string, error) {
-	out, err := c.s3.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{
+	in := &s3.CreateMultipartUploadInput{
 		Bucket: aws.String(bucket), Key: aws.String(key), ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
-		ContentType: aws.String("application/octet-stream")})
+		ContentType: aws.String("application/octet-stream")}
+	if c.sse != "" {
+		in.ServerSideEncryption = types.ServerSideEncryption(c.sse)
+		if c.kmsKey != "" {
+			in.SSEKMSKeyId = aws.String(c.kmsKey)
+		}
+	}
+	out, err := c.s3.CreateMultipartUpload(ctx, in)
 	if err != nil {
 		return "", err
 	}
 	if out.UploadId == nil || *out.UploadId == "" {
 		return "", fmt.Errorf("create multipart upload: the server returned no upload id")
 	}
+	if err := c.confirmSSE(out.ServerSideEncryption); err != nil {
+		// Nothing goes into an upload that would not be encrypted.
+		if aerr := c.abort(ctx, bucket, key, *out.UploadId); aerr != nil && !notFound(aerr) {
+			err = errors.Join(err, fmt.Errorf("abort it: %w", aerr))
+		}
+		return "", err
+	}
 	return *out.UploadId, nil
+}
+
+// confirmSSE checks the server's answer to an object write names the encryption asked for
+// (the multipart upload's parts are encrypted as the upload was created).
+func (c *Client) confirmSSE(got types.ServerSideEncryption) error {
+	if c.sse == "" || string(got) == c.sse {
+		return nil
+	}
+	if got == "" {
+		return fmt.Errorf("%w %s: its answer names none, so the object would not be stored encrypted (use a store that implements it, or serve without --s3-sse)", ErrSSENotConfirmed, c.sse)
+	}
+	return fmt.Errorf("%w %s: its answer names %s", ErrSSENotConfirmed, c.sse, got)
 }
 
 func (c *Client) uploadPart(ctx context.Context, bucket, key, id string, n int32, f *os.File, off, size int64, crc string) (string, error) {
@@ -128,20 +204,79 @@ func (c *Client) abort(ctx context.Context, bucket, key, id string) error {
 	return err
 }
 
-// head is an object's size and, when the server keeps one, its CRC32C as S3 reports it.
-func (c *Client) head(ctx context.Context, bucket, key string) (size int64, crc string, err error) {
+// head is an object's size, ETag and, when the server keeps one, its CRC32C as S3 reports it.
+func (c *Client) head(ctx context.Context, bucket, key string) (size int64, crc, etag string, err error) {
 	out, err := c.s3.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(bucket), Key: aws.String(key), ChecksumMode: types.ChecksumModeEnabled})
 	if err != nil {
-		return 0, "", err
+		return 0, "", "", err
 	}
-	return aws.ToInt64(out.ContentLength), aws.ToString(out.ChecksumCRC32C), nil
+	return aws.ToInt64(out.ContentLength), aws.ToString(out.ChecksumCRC32C), aws.ToString(out.ETag), nil
+}
+
+// copyPart makes part n of an upload from the object's own bytes [off, off+size) as they
+// are while it still has ETag ifMatch (UploadPartCopy); it returns the new part's ETag and
+// the CRC32C the server reports for it ("" when none).
+func (c *Client) copyPart(ctx context.Context, bucket, key, id string, n int32, ifMatch string, off, size int64) (etag, crc string, err error) {
+	out, err := c.s3.UploadPartCopy(ctx, &s3.UploadPartCopyInput{Bucket: aws.String(bucket), Key: aws.String(key),
+		UploadId: aws.String(id), PartNumber: aws.Int32(n), CopySource: aws.String(copySource(bucket, key)),
+		CopySourceIfMatch: aws.String(ifMatch), CopySourceRange: aws.String(fmt.Sprintf("bytes=%d-%d", off, off+size-1))})
+	if err != nil {
+		return "", "", err
+	}
+	if out.CopyPartResult == nil || aws.ToString(out.CopyPartResult.ETag) == "" {
+		return "", "", fmt.Errorf("copy part %d: the server returned no ETag", n)
+	}
+	return aws.ToString(out.CopyPartResult.ETag), aws.ToString(out.CopyPartResult.ChecksumCRC32C), nil
+}
+
+// copySource is x-amz-copy-source: bucket/key, the key URL-escaped except its slashes.
+func copySource(bucket, key string) string {
+	segs := strings.Split(key, "/")
+	for i, s := range segs {
+		segs[i] = url.PathEscape(s)
+	}
+	return bucket + "/" + strings.Join(segs, "/")
+}
+
+// uploadPartFromObject makes part n of an upload from the object's own bytes [off,
+// off+size), read through strapd (a ranged GET while the object still has ETag ifMatch,
+// its body streamed into a presigned UploadPart): the server checks them against crc, the
+// CRC32C the part had when first sent.
+func (c *Client) uploadPartFromObject(ctx context.Context, bucket, key, id string, n int32, ifMatch string, off, size int64, crc string) (string, error) {
+	out, err := c.s3.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key), IfMatch: aws.String(ifMatch),
+		Range: aws.String(fmt.Sprintf("bytes=%d-%d", off, off+size-1))})
+	if err != nil {
+		return "", err
+	}
+	defer out.Body.Close()
+	if aws.ToInt64(out.ContentLength) != size {
+		return "", fmt.Errorf("bytes [%d, %d) of the object: the server sends %d bytes", off, off+size, aws.ToInt64(out.ContentLength))
+	}
+	return c.uploadPartPresigned(ctx, bucket, key, id, n, io.LimitReader(out.Body, size), size, crc)
 }
 
 // putFile uploads a whole small file as one object, with its CRC32C checked by the server.
 func (c *Client) putFile(ctx context.Context, bucket, key string, f *os.File, size int64, crc string) error {
-	_, err := c.s3.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(key),
-		Body: io.NewSectionReader(f, 0, size), ContentLength: aws.Int64(size), ChecksumCRC32C: aws.String(crc)})
-	return err
+	in := &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(key),
+		Body: io.NewSectionReader(f, 0, size), ContentLength: aws.Int64(size), ChecksumCRC32C: aws.String(crc)}
+	if c.sse != "" {
+		in.ServerSideEncryption = types.ServerSideEncryption(c.sse)
+		if c.kmsKey != "" {
+			in.SSEKMSKeyId = aws.String(c.kmsKey)
+		}
+	}
+	out, err := c.s3.PutObject(ctx, in)
+	if err != nil {
+		return err
+	}
+	if err := c.confirmSSE(out.ServerSideEncryption); err != nil {
+		// Written, perhaps unencrypted: not left in the bucket as if it were encrypted.
+		if derr := c.deleteObject(ctx, bucket, key); derr != nil && !notFound(derr) {
+			err = errors.Join(err, fmt.Errorf("delete it: %w", derr))
+		}
+		return err
+	}
+	return nil
 }
 
 // deleteObject deletes one object (S3 answers a missing one as deleted; some servers with

@@ -65,14 +65,33 @@ func (c *Client) uploadPartSendfile(ctx context.Context, bucket, key, id string,
 		return "", true, err
 	}
 	defer body.Close()
-	req, err := http.NewRequestWithContext(ctx, ps.Method, ps.URL, body)
-	if err != nil {
-		return "", true, err
-	}
 	// A body of known length: the transport wraps it in an io.LimitedReader only, which
 	// TCPConn.ReadFrom sends with sendfile (partBody is a syscall.Conn).
+	etag, err = c.sendPresignedPart(ctx, ps.Method, ps.URL, ps.SignedHeader, n, body, size, crc)
+	return etag, true, err
+}
+
+// uploadPartPresigned sends part n from body (size bytes) with a presigned request, over
+// HTTP or HTTPS: a body that is not a file (seekable) the SDK's own UploadPart refuses
+// without TLS.
+func (c *Client) uploadPartPresigned(ctx context.Context, bucket, key, id string, n int32, body io.Reader, size int64, crc string) (string, error) {
+	ps, err := c.presign.PresignUploadPart(ctx, &s3.UploadPartInput{
+		Bucket: aws.String(bucket), Key: aws.String(key), UploadId: aws.String(id), PartNumber: aws.Int32(n),
+		ContentLength: aws.Int64(size), ChecksumCRC32C: aws.String(crc)}, s3.WithPresignExpires(presignExpiry))
+	if err != nil {
+		return "", err
+	}
+	return c.sendPresignedPart(ctx, ps.Method, ps.URL, ps.SignedHeader, n, body, size, crc)
+}
+
+// sendPresignedPart sends a presigned UploadPart with its body and CRC32C.
+func (c *Client) sendPresignedPart(ctx context.Context, method, rawURL string, signed http.Header, n int32, body io.Reader, size int64, crc string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, method, rawURL, body)
+	if err != nil {
+		return "", err
+	}
 	req.ContentLength = size
-	for k, v := range ps.SignedHeader {
+	for k, v := range signed {
 		if !strings.EqualFold(k, "Host") && !strings.EqualFold(k, "Content-Length") {
 			req.Header[k] = v
 		}
@@ -87,20 +106,21 @@ func (c *Client) uploadPartSendfile(ctx context.Context, bucket, key, id string,
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return "", true, fmt.Errorf("send part %d: %w", n, err)
+		return "", fmt.Errorf("send part %d: %w", n, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return "", true, responseError(resp)
+		return "", responseError(resp)
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody)) // keep the connection
 	if got := resp.Header.Get("X-Amz-Checksum-Crc32c"); got != "" && got != crc {
-		return "", true, fmt.Errorf("part %d: the server stored CRC32C %s, the file's bytes have %s", n, got, crc)
+		return "", fmt.Errorf("part %d: the server stored CRC32C %s, the bytes sent have %s", n, got, crc)
 	}
-	if etag = resp.Header.Get("ETag"); etag == "" {
-		return "", true, fmt.Errorf("part %d: the server returned no ETag", n)
+	etag := resp.Header.Get("ETag")
+	if etag == "" {
+		return "", fmt.Errorf("part %d: the server returned no ETag", n)
 	}
-	return etag, true, nil
+	return etag, nil
 }
 
 // partBody is a part's bytes as a request body: a file description of its own, at the

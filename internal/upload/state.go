@@ -82,7 +82,50 @@ type State struct {
 	// lie inside the parts above: those parts can never be sent again.
 	FreedFrom int64 `json:"freed_from,omitempty"`
 	FreedTo   int64 `json:"freed_to,omitempty"`
+	// Completing records, before CompleteMultipartUpload is sent, that the object is being
+	// completed from Parts and Tail: a strapd killed between the server completing it and
+	// strapd recording that finds the multipart upload gone after its restart, and
+	// verifies the object against these parts (size, composite CRC32C) before taking it
+	// for missing. Tail is the last part, shorter than a full one (nil when the stream
+	// ends on a part boundary); it is sent, and recorded, only once the stream has ended.
+	Completing bool  `json:"completing,omitempty"`
+	Tail       *Part `json:"tail,omitempty"`
+	// Completed is the ETag of the object once completed and verified, for a state kept
+	// after completion: a session that did not end complete, whose local stream was freed
+	// behind its upload. Its resume on this host goes on from it (Source).
+	Completed string `json:"completed,omitempty"`
+	// Source is that earlier object of this stream while a resumed capture's new multipart
+	// upload re-creates its parts holding freed bytes from it (Copy): UploadPartCopy, or
+	// read back through strapd where the server's copy cannot be checked.
+	Source *Source `json:"source,omitempty"`
+	// Copy are the Source parts still to re-create, numbered on from Parts.
+	Copy []Part `json:"copy,omitempty"`
 }
+
+// Source is an object completed from an earlier session of the stream (State.Source).
+type Source struct {
+	// UploadID is its multipart upload; Parts (with the tail) and Size what it was
+	// completed from.
+	UploadID string `json:"upload_id"`
+	Size     int64  `json:"size"`
+	Parts    []Part `json:"parts"`
+	// ETag is the object's once verified; empty: its completion is to be finished
+	// first (the resume came while it was being completed).
+	ETag string `json:"etag,omitempty"`
+}
+
+// objectParts are the parts of the object as completed: Parts, then Tail.
+func (s *State) objectParts() []Part {
+	parts := append([]Part(nil), s.Parts...)
+	if s.Tail != nil {
+		parts = append(parts, *s.Tail)
+	}
+	return parts
+}
+
+// dropCompletion forgets the completion (the multipart upload is started anew, or a
+// resumed capture goes on writing).
+func (s *State) dropCompletion() { s.Completing, s.Tail = false, nil }
 
 // status is what the state file says of its upload, as status shows it.
 func (s *State) status(state string) Status {
@@ -167,18 +210,86 @@ func (s *State) check() error {
 		if s.FinalSize >= 0 && partStart(s.PartSize, p.Number)+p.Size > s.FinalSize {
 			return fmt.Errorf("part %d ends past final_size %d", p.Number, s.FinalSize)
 		}
-		if p.ETag == "" || len(p.ETag) > 256 || strings.ContainsAny(p.ETag, "\x00\r\n") {
-			return fmt.Errorf("part %d: bad etag", p.Number)
+		if err := p.checkTags(); err != nil {
+			return err
 		}
-		if c, err := base64.StdEncoding.DecodeString(p.CRC32C); err != nil || len(c) != 4 {
-			return fmt.Errorf("part %d: crc32c %q is not 4 bytes in base64", p.Number, p.CRC32C)
+	}
+	if s.Tail != nil && !s.Completing {
+		return errors.New("a tail part without completing")
+	}
+	if s.Completing {
+		if s.FinalSize < 0 || s.UploadID == "" {
+			return errors.New("completing without a final size and an upload_id")
+		}
+		end := s.uploaded()
+		if t := s.Tail; t != nil {
+			if t.Number != int32(len(s.Parts)+1) || t.Size <= 0 || t.Size > partSize(s.PartSize, t.Number) {
+				return fmt.Errorf("tail part %d of %d bytes: expected part %d of 1..%d bytes", t.Number, t.Size, len(s.Parts)+1, partSize(s.PartSize, int32(len(s.Parts)+1)))
+			}
+			if err := t.checkTags(); err != nil {
+				return err
+			}
+			end += t.Size
+		}
+		if end != s.FinalSize {
+			return fmt.Errorf("completing parts that end at %d, the stream at %d", end, s.FinalSize)
 		}
 	}
 	if s.FreedFrom < 0 || s.FreedTo < s.FreedFrom || s.FreedFrom%4096 != 0 || s.FreedTo%4096 != 0 || (s.FreedFrom == 0) != (s.FreedTo == 0) {
 		return fmt.Errorf("freed range [%d, %d): expected 4 KiB multiples, from < to, or both 0", s.FreedFrom, s.FreedTo)
 	}
-	if s.FreedTo > s.uploaded() {
-		return fmt.Errorf("freed range ends at %d, past the parts uploaded (%d bytes)", s.FreedTo, s.uploaded())
+	if s.Completed != "" && (!s.Completing || len(s.Completed) > 256 || strings.ContainsAny(s.Completed, "\x00\r\n")) {
+		return errors.New("completed without completing, or a bad etag")
+	}
+	covered := s.uploaded()
+	for i, p := range s.Copy {
+		if p.Number != int32(len(s.Parts)+i+1) || p.Size != partSize(s.PartSize, p.Number) {
+			return fmt.Errorf("copied part %d: expected part %d of %d bytes", p.Number, len(s.Parts)+i+1, partSize(s.PartSize, p.Number))
+		}
+		if err := p.checkTags(); err != nil {
+			return err
+		}
+		covered += p.Size
+	}
+	if s.FinalSize >= 0 && covered > s.FinalSize {
+		return fmt.Errorf("parts to copy end at %d, past final_size %d", covered, s.FinalSize)
+	}
+	if len(s.Copy) > 0 && s.Source == nil {
+		return errors.New("parts to copy without a source")
+	}
+	if src := s.Source; src != nil {
+		if s.Completing || s.Completed != "" {
+			return errors.New("a source while completing")
+		}
+		if src.UploadID == "" || len(src.UploadID) > 1024 || strings.ContainsAny(src.UploadID, "\x00\r\n") ||
+			len(src.ETag) > 256 || strings.ContainsAny(src.ETag, "\x00\r\n") {
+			return errors.New("source: bad upload_id or etag")
+		}
+		if len(src.Parts) == 0 || len(src.Parts) > MaxParts {
+			return fmt.Errorf("source of %d parts", len(src.Parts))
+		}
+		var end int64
+		for i, p := range src.Parts {
+			if p.Number != int32(i+1) || p.Size <= 0 || p.Size > partSize(s.PartSize, p.Number) ||
+				(i < len(src.Parts)-1 && p.Size != partSize(s.PartSize, p.Number)) {
+				return fmt.Errorf("source part %d numbered %d of %d bytes", i+1, p.Number, p.Size)
+			}
+			if err := p.checkTags(); err != nil {
+				return err
+			}
+			end += p.Size
+		}
+		if end != src.Size {
+			return fmt.Errorf("source parts end at %d, its size is %d", end, src.Size)
+		}
+		for i, p := range s.Copy {
+			if q := src.Parts[min(int(p.Number), len(src.Parts))-1]; q.Number != p.Number || q.Size != p.Size || q.CRC32C != p.CRC32C {
+				return fmt.Errorf("copied part %d is not the source's", i+1)
+			}
+		}
+	}
+	if s.FreedTo > covered {
+		return fmt.Errorf("freed range ends at %d, past the parts uploaded (%d bytes)", s.FreedTo, covered)
 	}
 	if len(s.Sides) > 16 {
 		return fmt.Errorf("%d side files, at most 16", len(s.Sides))
@@ -198,6 +309,17 @@ func (s *State) check() error {
 		if err := checkKey(k); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// checkTags checks a part's ETag and CRC32C as a state file holds them.
+func (p Part) checkTags() error {
+	if p.ETag == "" || len(p.ETag) > 256 || strings.ContainsAny(p.ETag, "\x00\r\n") {
+		return fmt.Errorf("part %d: bad etag", p.Number)
+	}
+	if c, err := base64.StdEncoding.DecodeString(p.CRC32C); err != nil || len(c) != 4 {
+		return fmt.Errorf("part %d: crc32c %q is not 4 bytes in base64", p.Number, p.CRC32C)
 	}
 	return nil
 }

@@ -27,9 +27,8 @@ const (
 	StateComplete = "complete"
 	// StateStopped: strapd stopped before the upload was complete; its state file is kept.
 	StateStopped = "stopped"
-	// StateWaiting: the session did not end complete and the local stream was freed
-	// behind the upload (FreeLocal): the multipart upload stays open, with its state file,
-	// for the capture's resume to go on with.
+	// StateWaiting: strapd stopped while the capture was written; the upload goes on
+	// when the capture resumes (a pending upload a restarted strapd found).
 	StateWaiting = "waiting"
 	// StateLost: bytes the local disk no longer holds (freed) are missing on the server;
 	// the object cannot be completed (Status.Lost names them).
@@ -93,10 +92,15 @@ type Upload struct {
 	// completed are the parts of the object once CompleteMultipartUpload succeeded (the
 	// upload goroutine's): a retry verifies it rather than sending parts again.
 	completed []Part
+	// heard: the server answered this process's CompleteMultipartUpload of completed (or
+	// the object was verified as one not heard, read back where it keeps no checksum).
+	heard bool
+	// verifiedHow is what that verification checked, when it was the one of an object
+	// not heard completed (the status says it rather than the later, lighter check).
+	verifiedHow string
 
 	mu        sync.Mutex
 	finalReq  int64 // -1 until Finish
-	parkAt    int64 // the final size of a parked upload (StateWaiting)
 	sidesReq  []SideFile
 	staleReq  []string // RemoveBeside's names
 	keepReq   bool     // KeepLocal was called
@@ -119,14 +123,18 @@ type Upload struct {
 	punch   *os.File
 	// The upload goroutine's: the journal loaded for a resume, where the journal file
 	// ends, the stream's header end and the first offset that may be freed (its 4 KiB
-	// multiple), whether freeing stopped, and whether the upload is parked (StateWaiting).
+	// multiple), whether freeing stopped, and whether the server's copies of parts can be
+	// checked (copyPart).
 	freeLocal  bool // set by Begin
 	journal    *stream.Journal
 	journalEnd int64
 	hdrEnd     int64
 	dataOff    int64
 	noFree     bool
-	parked     bool
+	// noCopy: the server's copies of parts cannot be checked (copyPart; its goroutines
+	// share it); copyTried: one was tried.
+	noCopy    atomic.Bool
+	copyTried bool
 }
 
 func (m *Manager) newUpload(st *State, f *os.File, session uint64) *Upload {
@@ -412,10 +420,14 @@ func (u *Upload) step(ctx context.Context) (bool, error) {
 	if st.FinalSize >= 0 {
 		avail = st.FinalSize
 	}
-	if u.parked {
-		avail = u.parkAt
-	}
 	buf := make([]byte, crcBufSize)
+	if len(st.Copy) > 0 {
+		// A resumed capture whose earlier object holds its freed bytes: those parts come
+		// from it before any part goes from the file.
+		if err := u.copyFromSource(ctx); err != nil {
+			return false, err
+		}
+	}
 	for {
 		next := int32(len(st.Parts)) + 1
 		var batch []Part
@@ -476,14 +488,6 @@ func (u *Upload) step(ctx context.Context) (bool, error) {
 		}
 	}
 	u.freeBehind() // a checkpoint may have moved the bound without a new part
-	if u.parked {
-		u.mu.Lock()
-		u.status.State, u.status.LastError, u.done = StateWaiting, "", true
-		u.mu.Unlock()
-		u.m.o.Log.Info("upload waits for the capture to resume: the session did not end complete and the local stream was freed behind the upload",
-			zap.String("object", u.object()), zap.Int("parts", len(st.Parts)), zap.Int64("freed_to", st.FreedTo))
-		return true, nil
-	}
 	if st.FinalSize < 0 {
 		return false, nil
 	}
@@ -501,17 +505,6 @@ func (u *Upload) takeFinish() error {
 	u.finalReq, u.sidesReq, u.staleReq = -1, nil, nil
 	u.mu.Unlock()
 	st := u.st
-	if keepLocal && st.FreedTo > 0 {
-		// A stream that did not end complete, freed behind its upload: completing its
-		// object would end the multipart upload its resume must go on with (the freed
-		// parts cannot be sent again). The upload sends the whole parts there are and
-		// waits, its state file kept; the side files go with the resumed session's.
-		u.parked, u.parkAt = true, final
-		for _, sd := range sides {
-			sd.File.Close()
-		}
-		return nil
-	}
 	// Full parts past the final size go again: none of them may hold a freed byte.
 	for _, p := range st.Parts {
 		if e := partStart(st.PartSize, p.Number) + p.Size; e > final {
@@ -533,6 +526,7 @@ func (u *Upload) takeFinish() error {
 		keep++
 	}
 	st.Parts = st.Parts[:keep]
+	st.dropCompletion()
 	for _, sd := range sides {
 		var fst unix.Stat_t
 		if err := unix.Fstat(int(sd.File.Fd()), &fst); err != nil {
@@ -606,6 +600,137 @@ func (u *Upload) sendPart(ctx context.Context, p *Part, buf []byte) error {
 	return nil
 }
 
+// copyFromSource re-creates the earlier object's parts that hold freed bytes (st.Copy) in
+// this multipart upload, after finishing that object's completion when the resume came
+// while it was being completed.
+func (u *Upload) copyFromSource(ctx context.Context) error {
+	st, src := u.st, u.st.Source
+	if src.ETag == "" {
+		err := u.m.o.Client.complete(ctx, st.Bucket, st.Key, src.UploadID, src.Parts)
+		if err != nil && !notFound(err) {
+			return fmt.Errorf("complete the object of the capture's earlier session %s: %w", u.object(), err)
+		}
+		etag, _, verr := u.checkObject(ctx, src.Size, src.Parts, err == nil)
+		if verr != nil {
+			if errors.Is(verr, errObjectWrong) {
+				if lerr := u.lost(0, "the object of the capture's earlier session, which holds them, does not verify ("+Describe(verr)+")"); lerr != nil {
+					return lerr
+				}
+			}
+			return verr
+		}
+		src.ETag = etag
+		if err := st.save(u.m.o.StateDir); err != nil {
+			return err
+		}
+	}
+	if err := u.ensureUploadID(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		if len(st.Copy) == 0 {
+			u.m.o.Log.Info("parts holding freed bytes re-created from the capture's earlier object", zap.String("object", u.object()),
+				zap.Int("parts", len(st.Parts)), zap.Bool("server_side_copy", !u.noCopy.Load()))
+		}
+	}()
+	for len(st.Copy) > 0 {
+		// The first part alone (it finds out whether the server's copies can be
+		// checked), then as many at once as parts go.
+		n := 1
+		if u.copyTried {
+			n = min(len(st.Copy), u.m.o.Concurrency)
+		}
+		batch := st.Copy[:n]
+		etags, errs := make([]string, n), make([]error, n)
+		var wg sync.WaitGroup
+		for i := range batch {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				etags[i], errs[i] = u.copyPart(ctx, batch[i])
+			}(i)
+		}
+		wg.Wait()
+		u.copyTried = true
+		ok := 0
+		for ok < n && errs[ok] == nil {
+			p := batch[ok]
+			p.ETag = etags[ok]
+			st.Parts = append(st.Parts, p)
+			ok++
+		}
+		if st.Copy = st.Copy[ok:]; len(st.Copy) == 0 {
+			st.Copy = nil
+		}
+		if ok > 0 {
+			if err := st.save(u.m.o.StateDir); err != nil {
+				return err
+			}
+			up := st.uploaded()
+			u.setStatus(func(s *Status) { s.UploadedBytes = up; s.Parts = len(st.Parts) })
+		}
+		if ok < n {
+			if apiCode(errs[ok]) == "NoSuchUpload" {
+				u.reconcile = true // as in step
+			}
+			return errs[ok]
+		}
+	}
+	return nil
+}
+
+// copyPart makes part p of this upload from the same bytes of the earlier object: by
+// UploadPartCopy where the server reports the copy's CRC32C and it is the part's, else
+// read back through strapd into an UploadPart the server checks against that CRC32C.
+// The earlier object changed or gone (its ETag), or its bytes not the part's: the freed
+// bytes are lost.
+func (u *Upload) copyPart(ctx context.Context, p Part) (string, error) {
+	st, src, c := u.st, u.st.Source, u.m.o.Client
+	start := partStart(st.PartSize, p.Number)
+	gone := func(err error) error {
+		return u.lost(start, fmt.Sprintf("the object of the capture's earlier session, which holds them, changed or is gone (%s)", Describe(err)))
+	}
+	if !u.noCopy.Load() {
+		etag, crc, err := c.copyPart(ctx, st.Bucket, st.Key, st.UploadID, p.Number, src.ETag, start, p.Size)
+		switch {
+		case err == nil && crc == p.CRC32C:
+			u.m.copied.Add(uint64(p.Size))
+			return etag, nil
+		case err == nil:
+			// VersityGW 1.8.0 reports the source object's checksum for a copied part, and
+			// then refuses to complete with the part's own.
+			u.noCopy.Store(true)
+			u.m.o.Log.Info("the server's copy of a part does not report the part's CRC32C; parts are read back through strapd instead",
+				zap.String("object", u.object()), zap.String("reported", crc), zap.String("expected", p.CRC32C))
+		case apiCode(err) == "NoSuchUpload":
+			return "", err
+		case sourceGone(err):
+			if lerr := gone(err); lerr != nil {
+				return "", lerr
+			}
+			return "", err
+		case apiCode(err) == "NotImplemented":
+			u.noCopy.Store(true)
+		default:
+			return "", fmt.Errorf("copy part %d of %s from its earlier object: %w", p.Number, u.object(), err)
+		}
+	}
+	etag, err := c.uploadPartFromObject(ctx, st.Bucket, st.Key, st.UploadID, p.Number, src.ETag, start, p.Size, p.CRC32C)
+	if err != nil {
+		if apiCode(err) == "NoSuchUpload" {
+			return "", err
+		}
+		if sourceGone(err) || badDigest(err) {
+			if lerr := gone(err); lerr != nil {
+				return "", lerr
+			}
+		}
+		return "", fmt.Errorf("part %d of %s from its earlier object: %w", p.Number, u.object(), err)
+	}
+	u.m.copied.Add(uint64(p.Size))
+	return etag, nil
+}
+
 // reconcileParts compares the recorded parts with the server's list (after a restart or a
 // resumed capture): parts from the first that differs on are sent again; an upload the
 // server no longer knows starts anew, unless its object is already complete.
@@ -615,22 +740,61 @@ func (u *Upload) reconcileParts(ctx context.Context) error {
 		return nil
 	}
 	have, err := u.m.o.Client.listParts(ctx, st.Bucket, st.Key, st.UploadID)
-	if notFound(err) {
-		if st.FinalSize >= 0 {
-			// Perhaps completed just before strapd stopped: verify decides.
-			if verr := u.verify(ctx, st.Parts, nil); verr == nil {
-				return nil
+	if notFound(err) && st.Source != nil && st.Source.ETag != "" {
+		// The new multipart upload is gone, the earlier object is not: its parts with
+		// freed bytes are copied again, the rest sent again from the file.
+		u.m.o.Log.Warn("the server no longer knows the multipart upload; starting it anew from the earlier object", zap.String("object", u.object()))
+		st.UploadID, st.Parts, st.Copy = "", nil, nil
+		for _, p := range st.Source.Parts {
+			if partStart(st.PartSize, p.Number) < st.FreedTo {
+				st.Copy = append(st.Copy, p)
 			}
 		}
-		if lerr := u.lost(0, "the server no longer knows the multipart upload"); lerr != nil {
+		st.dropCompletion()
+		return st.save(u.m.o.StateDir)
+	}
+	if notFound(err) {
+		why := "the server no longer knows the multipart upload"
+		if st.FinalSize >= 0 {
+			// Perhaps completed just before strapd stopped (st.Completing says it was
+			// about to be): the object decides, verified against the parts it was
+			// completed from. Only a missing or wrong object is sent anew (or lost).
+			parts := st.objectParts()
+			var how string
+			verr := u.verify(ctx, parts, false, &how)
+			if verr == nil {
+				u.m.o.Log.Info("the object was completed before strapd stopped, and verifies", zap.String("object", u.object()),
+					zap.Int("parts", len(parts)))
+				// Verified the way an unheard completion is (read back where the server
+				// keeps no checksum): the final verification need not read it again.
+				u.completed, u.heard, u.verifiedHow = parts, true, how
+				return nil
+			}
+			if !errors.Is(verr, errObjectWrong) {
+				return verr // the request failed: nothing is known, the next attempt asks again
+			}
+			why += ", and " + Describe(verr)
+		}
+		if lerr := u.lost(0, why); lerr != nil {
 			return lerr
 		}
-		u.m.o.Log.Warn("the server no longer knows the multipart upload; starting it anew", zap.String("object", u.object()))
+		u.m.o.Log.Warn("the server no longer knows the multipart upload; starting it anew", zap.String("object", u.object()),
+			zap.String("why", why))
 		st.UploadID, st.Parts = "", nil
+		st.dropCompletion()
 		return st.save(u.m.o.StateDir)
 	}
 	if err != nil {
 		return fmt.Errorf("list parts of %s: %w", u.object(), err)
+	}
+	if t := st.Tail; t != nil {
+		// Not completed yet: the tail part must still be the one recorded.
+		if sp, ok := have[t.Number]; !ok || sp.Size == nil || *sp.Size != t.Size || sp.ETag == nil || !sameETag(*sp.ETag, t.ETag) {
+			st.dropCompletion()
+			if err := st.save(u.m.o.StateDir); err != nil {
+				return err
+			}
+		}
 	}
 	keep := 0
 	for keep < len(st.Parts) {
@@ -648,6 +812,7 @@ func (u *Upload) reconcileParts(ctx context.Context) error {
 		}
 		u.m.o.Log.Info("parts sent again after a restart", zap.String("object", u.object()), zap.Int("from_part", keep+1))
 		st.Parts = st.Parts[:keep]
+		st.dropCompletion()
 		return st.save(u.m.o.StateDir)
 	}
 	return nil
@@ -662,28 +827,41 @@ func (u *Upload) completeAll(ctx context.Context, buf []byte) error {
 		// sending the last part again would find no multipart upload any more.
 		return u.verifyAndFinish(ctx, u.completed, buf)
 	}
-	parts := append([]Part(nil), st.Parts...)
-	next := int32(len(parts)) + 1
-	if start := partStart(st.PartSize, next); start < st.FinalSize {
-		if err := u.ensureUploadID(ctx); err != nil {
-			return err
-		}
-		tail := Part{Number: next, Size: st.FinalSize - start}
-		if err := u.sendPart(ctx, &tail, buf); err != nil {
-			if notFound(err) {
-				u.reconcile = true // as in step
+	if !st.Completing {
+		next := int32(len(st.Parts)) + 1
+		if start := partStart(st.PartSize, next); start < st.FinalSize {
+			if err := u.ensureUploadID(ctx); err != nil {
+				return err
 			}
-			return err
+			tail := Part{Number: next, Size: st.FinalSize - start}
+			if err := u.sendPart(ctx, &tail, buf); err != nil {
+				if notFound(err) {
+					u.reconcile = true // as in step
+				}
+				return err
+			}
+			st.Tail = &tail
 		}
-		parts = append(parts, tail)
+		if st.UploadID != "" {
+			// The intent, durable before the request: the server may complete the object
+			// and strapd die before it hears so; its restart then finds the object, not
+			// the multipart upload, and verifies it against these parts
+			// (reconcileParts) instead of taking it for missing.
+			st.Completing, st.Source, st.Copy = true, nil, nil // every copied part is in Parts by now
+			if err := st.save(u.m.o.StateDir); err != nil {
+				st.dropCompletion()
+				return err
+			}
+		}
 	}
+	parts := st.objectParts()
 	if st.UploadID != "" {
-		if err := u.m.o.Client.complete(ctx, st.Bucket, st.Key, st.UploadID, parts); err != nil {
-			if !notFound(err) {
-				return fmt.Errorf("complete %s: %w", u.object(), err)
-			}
-			// Completed by an attempt whose answer was lost: verify decides.
+		err := u.m.o.Client.complete(ctx, st.Bucket, st.Key, st.UploadID, parts)
+		if err != nil && !notFound(err) {
+			return fmt.Errorf("complete %s: %w", u.object(), err)
 		}
+		// NoSuchUpload: completed by an attempt whose answer was lost; verify decides.
+		u.heard = err == nil
 	}
 	u.completed = parts
 	return u.verifyAndFinish(ctx, parts, buf)
@@ -693,7 +871,10 @@ func (u *Upload) completeAll(ctx context.Context, buf []byte) error {
 // is stale beside it and, unless kept, the local files.
 func (u *Upload) verifyAndFinish(ctx context.Context, parts []Part, buf []byte) error {
 	st := u.st
-	verified, err := u.verifyLocked(ctx, parts)
+	etag, verified, err := u.checkObject(ctx, st.FinalSize, parts, u.heard)
+	if err == nil && u.verifiedHow != "" {
+		verified = u.verifiedHow
+	}
 	if err != nil {
 		if !errors.Is(err, errObjectWrong) {
 			// The HEAD itself failed (the server away, a timeout): the object may well be
@@ -701,12 +882,13 @@ func (u *Upload) verifyAndFinish(ctx context.Context, parts []Part, buf []byte) 
 			// nothing lost.
 			return err
 		}
-		u.completed = nil
+		u.completed, u.heard, u.verifiedHow = nil, false, ""
 		if lerr := u.lost(0, "the completed object does not verify ("+Describe(err)+")"); lerr != nil {
 			return lerr
 		}
 		// A wrong object is never left as if it were right: the next attempt sends it anew.
 		st.UploadID, st.Parts = "", nil
+		st.dropCompletion()
 		if serr := st.save(u.m.o.StateDir); serr != nil {
 			err = errors.Join(err, serr)
 		}
@@ -740,11 +922,24 @@ func (u *Upload) verifyAndFinish(ctx context.Context, parts []Part, buf []byte) 
 			deleted = true
 		}
 	}
-	if err := os.Remove(u.m.statePath(st)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		u.m.o.Log.Warn("remove upload state", zap.Error(err))
-	}
-	if err := os.Remove(u.m.journalPath(st)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		u.m.o.Log.Warn("remove index journal", zap.Error(err))
+	if st.KeepLocal && st.FreedTo > 0 {
+		// A session that did not end complete, its local stream freed behind the upload:
+		// the object holds the whole stream (and its checkpoint is beside it), so it can
+		// be resumed anywhere; a resume on this host goes on from this state and the index
+		// journal (Begin: the freed parts are re-created from the object).
+		st.Completed = etag
+		if err := st.save(u.m.o.StateDir); err != nil {
+			return err
+		}
+		u.m.o.Log.Info("the upload state and index journal are kept for a resume of the capture on this host",
+			zap.String("object", u.object()), zap.Int64("freed_from", st.FreedFrom), zap.Int64("freed_to", st.FreedTo))
+	} else {
+		if err := os.Remove(u.m.statePath(st)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			u.m.o.Log.Warn("remove upload state", zap.Error(err))
+		}
+		if err := os.Remove(u.m.journalPath(st)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			u.m.o.Log.Warn("remove index journal", zap.Error(err))
+		}
 	}
 	u.m.o.Log.Info("upload complete", zap.String("object", u.object()), zap.Int64("bytes", st.FinalSize),
 		zap.Int("parts", len(parts)), zap.String("verified", verified), zap.Int("side_files", len(st.Sides)), zap.Bool("local_deleted", deleted))
@@ -757,46 +952,80 @@ func (u *Upload) verifyAndFinish(ctx context.Context, parts []Part, buf []byte) 
 	return nil
 }
 
-func (u *Upload) verifyLocked(ctx context.Context, parts []Part) (string, error) {
-	var verified string
-	err := u.verify(ctx, parts, &verified)
-	return verified, err
-}
-
 // errObjectWrong marks a verification that found the object wrong or missing, as opposed
 // to one whose request failed.
 var errObjectWrong = errors.New("the object does not match the stream")
 
-// verify checks the object's size against the file's and, where the server reports a
-// composite CRC32C, that it is the one of the parts strapd sent (each part's CRC32C was
-// checked by the server as it arrived).
-func (u *Upload) verify(ctx context.Context, parts []Part, what *string) error {
-	st := u.st
-	size, crc, err := u.m.o.Client.head(ctx, st.Bucket, st.Key)
-	if err != nil {
-		if notFound(err) {
-			return fmt.Errorf("verify %s: %w: the object is not there (%v)", u.object(), errObjectWrong, err)
-		}
-		return fmt.Errorf("verify %s: %w", u.object(), err) // the request failed: tried again
-	}
-	if size != st.FinalSize {
-		return fmt.Errorf("verify %s: %w: the object has %d bytes, the stream file %d", u.object(), errObjectWrong, size, st.FinalSize)
-	}
-	v := "size; each part's CRC32C checked by the server on upload"
-	if crc != "" && strings.Contains(crc, "-") && len(parts) > 0 {
-		want, err := compositeCRC(parts)
-		if err != nil {
-			return fmt.Errorf("verify %s: %w: %v", u.object(), errObjectWrong, err)
-		}
-		if crc != want {
-			return fmt.Errorf("verify %s: %w: its CRC32C is %s, the parts sent make %s", u.object(), errObjectWrong, crc, want)
-		}
-		v = "size and composite CRC32C of every part"
-	}
-	if what != nil {
+// verify checks the object's size against the file's and its CRC32C as the server reports
+// it against the parts strapd sent (each part's CRC32C was checked by the server as it
+// arrived): the composite form ("-N", what S3 keeps for a multipart upload with CRC32C)
+// against the CRC32C of the parts' CRC32Cs, a full-object CRC32C against the parts' values
+// combined. A server that reports no checksum leaves the size; unless heard (strapd
+// heard the server answer its own CompleteMultipartUpload for these parts), the object is
+// then read back and each part's CRC32C compared: an object found after a restart may
+// have been written by someone else since.
+func (u *Upload) verify(ctx context.Context, parts []Part, heard bool, what *string) error {
+	_, v, err := u.checkObject(ctx, u.st.FinalSize, parts, heard)
+	if err == nil && what != nil {
 		*what = v
 	}
-	return nil
+	return err
+}
+
+// checkObject is verify for an object of want bytes made of parts; it returns the
+// object's ETag and what was checked.
+func (u *Upload) checkObject(ctx context.Context, want int64, parts []Part, heard bool) (etag, v string, err error) {
+	st := u.st
+	size, crc, etag, err := u.m.o.Client.head(ctx, st.Bucket, st.Key)
+	if err != nil {
+		if notFound(err) {
+			return "", "", fmt.Errorf("verify %s: %w: the object is not there (%v)", u.object(), errObjectWrong, err)
+		}
+		return "", "", fmt.Errorf("verify %s: %w", u.object(), err) // the request failed: tried again
+	}
+	if size != want {
+		return "", "", fmt.Errorf("verify %s: %w: the object has %d bytes, the stream file %d", u.object(), errObjectWrong, size, want)
+	}
+	v = "size; each part's CRC32C checked by the server on upload"
+	switch {
+	case crc != "" && strings.Contains(crc, "-") && len(parts) > 0:
+		want, err := compositeCRC(parts)
+		if err != nil {
+			return "", "", fmt.Errorf("verify %s: %w: %v", u.object(), errObjectWrong, err)
+		}
+		if crc != want {
+			return "", "", fmt.Errorf("verify %s: %w: its CRC32C is %s, the parts sent make %s", u.object(), errObjectWrong, crc, want)
+		}
+		v = "size and composite CRC32C of every part"
+	case crc != "" && len(parts) > 0:
+		want, err := wholeCRC(parts)
+		if err != nil {
+			return "", "", fmt.Errorf("verify %s: %w: %v", u.object(), errObjectWrong, err)
+		}
+		if crc != want {
+			return "", "", fmt.Errorf("verify %s: %w: its CRC32C is %s, the parts sent make %s", u.object(), errObjectWrong, crc, want)
+		}
+		v = "size and CRC32C of the whole object"
+	case !heard && len(parts) > 0:
+		buf := make([]byte, crcBufSize)
+		var off int64
+		for _, p := range parts {
+			c, err := u.m.o.Client.rangeCRC(ctx, st.Bucket, st.Key, off, p.Size, buf)
+			if err != nil {
+				if notFound(err) {
+					return "", "", fmt.Errorf("verify %s: %w: the object is not there (%v)", u.object(), errObjectWrong, err)
+				}
+				return "", "", fmt.Errorf("verify %s: read part %d back: %w", u.object(), p.Number, err)
+			}
+			if crcB64(c) != p.CRC32C {
+				return "", "", fmt.Errorf("verify %s: %w: bytes [%d, %d) read back have CRC32C %s, part %d sent had %s",
+					u.object(), errObjectWrong, off, off+p.Size, crcB64(c), p.Number, p.CRC32C)
+			}
+			off += p.Size
+		}
+		v = "size and CRC32C of every part, read back (the server reports no checksum)"
+	}
+	return etag, v, nil
 }
 
 func (u *Upload) putSide(ctx context.Context, i int, sd Side, buf []byte) error {

@@ -226,9 +226,11 @@ def test_client_killed_after_freeing_resumes_exact(s3: S3Server, daemons: Any, t
     out = tmp_path / "kill.strap"
     obj = f"s3://{BUCKET}/k/kill.strap"
     print(run_killed_child(d, out, f"s3://{BUCKET}/k", 8))
-    # The aborted session's upload is not completed: it waits, open, for the resume.
-    u = wait_upload(d, obj, state="waiting")
-    assert u["freed_bytes"] > 0 and out.exists()
+    # The aborted session's object is completed with the whole aborted stream, its
+    # checkpoint beside it (not left in an incomplete multipart upload); the local file,
+    # the upload's state and the index journal are kept for a resume on this host.
+    u = wait_upload(d, obj)
+    assert u["freed_bytes"] > 0 and out.exists() and not u.get("local_deleted"), u
     wait_lock_released(out)
     fd = os.open(out, os.O_RDONLY)
     try:
@@ -237,6 +239,30 @@ def test_client_killed_after_freeing_resumes_exact(s3: S3Server, daemons: Any, t
         os.close(fd)
     assert freed is not None and freed[1] - freed[0] == u["freed_bytes"], (freed, u)
     journal = next((tmp_path / "upload-state").glob("upload-*.index"))
+    aborted = s3.get("k/kill.strap")
+    local = out.read_bytes()
+    assert len(aborted) == len(local) == u["final_size"]
+    assert aborted[:freed[0]] == local[:freed[0]] and aborted[freed[1]:] == local[freed[1]:]
+    (tmp_path / "aborted.strap").write_bytes(aborted)  # every packet's CRC, the freed ones too
+    v = subprocess.run([str(strapd_bin()), "verify", str(tmp_path / "aborted.strap")], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert s3.get("k/kill.strap.ckpt.json") == Path(ckpt.default_path(out)).read_bytes()
+
+    # Resumed on "another host" from the two objects alone (another path, strapd and
+    # prefix, nothing freed there): an object equal to an uninterrupted capture's.
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "moved.strap").write_bytes(aborted)
+    (other / "moved.strap.ckpt.json").write_bytes(s3.get("k/kill.strap.ckpt.json"))
+    d2 = daemons(s3)
+    model = tiny_llama()
+    with capture_activations(model, output_path=other / "moved.strap", socket_path=d2.socket,
+                             upload=f"s3://{BUCKET}/elsewhere", resume_from_checkpoint=True, **CAPTURE_KW) as fw:
+        assert 8 <= fw.token_tracker.step < N_TOKENS, fw.token_tracker.step
+        generate(fw, model, N_TOKENS, prompt=prompt())
+    wait_upload(d2, f"s3://{BUCKET}/elsewhere/moved.strap")
+    assert fw.tokens == ref["tokens"]
+    assert_object_equals_reference(s3, "elsewhere/moved.strap", ref, tmp_path)
 
     # The client's check over the freed prefix: the checkpoint is trusted for it, so it
     # needs its tokens list; a job-wide cut back into the freed bytes is refused.
@@ -259,7 +285,6 @@ def test_client_killed_after_freeing_resumes_exact(s3: S3Server, daemons: Any, t
     # strapd's side: without the index journal the freed packets cannot be accounted for.
     aside = tmp_path / "journal.aside"
     shutil.move(journal, aside)
-    model = tiny_llama()
     with pytest.raises(Exception, match="index journal"):
         with capture_activations(model, output_path=out, socket_path=d.socket, upload=f"s3://{BUCKET}/k",
                                  resume_from_checkpoint=True, **CAPTURE_KW) as fw:
@@ -288,8 +313,13 @@ def test_client_killed_after_freeing_resumes_exact(s3: S3Server, daemons: Any, t
     size = fw.summary["file_bytes"]
     assert wait_upload(d, obj, final_size=size)["local_deleted"] and not out.exists()
     assert fw.tokens == ref["tokens"]
+    # The freed parts were made from the aborted object: the local file held zeros there.
+    assert "re-created from the capture's earlier object" in Path(d.log).read_text()
     assert_object_equals_reference(s3, "k/kill.strap", ref, tmp_path)
     assert json.loads(s3.get(f"k/{Path(tokens_path(out)).name}"))["tokens"] == ref["tokens_file"]
+    listed = {o["Key"] for o in s3.client().list_objects_v2(Bucket=BUCKET, Prefix="k/").get("Contents", [])}
+    assert "k/kill.strap.ckpt.json" not in listed, listed  # the complete capture has no checkpoint
+    assert not list((tmp_path / "upload-state").glob("upload-*")), "state or journal left after completion"
 
 
 def test_freed_range_is_holes_not_zeros(tmp_path: Path) -> None:
@@ -386,3 +416,44 @@ def test_per_session_free_local(s3: S3Server, daemons: Any, tmp_path: Path) -> N
         with capture_activations(model, output_path=tmp_path / "none.strap", socket_path=d.socket,
                                  upload_free_local=True, **CAPTURE_KW):
             pass
+
+
+def test_strapd_killed_after_server_completed_freed_restarts_complete(s3: S3Server, daemons: Any,
+                                                                       tmp_path: Path) -> None:
+    """With bytes freed locally, strapd SIGKILLed after the server completed the object and
+    before strapd heard so (a proxy withholds CompleteMultipartUpload's answer): the
+    restarted strapd verifies the object it finds against the parts recorded before
+    completing, and ends complete, never `lost`; nothing is sent again, and the object
+    equals an uninterrupted capture's stream."""
+    from s3proxy import S3Proxy
+
+    proxy = S3Proxy(s3.endpoint)
+    try:
+        d = daemons(proxy, "--upload-free-local")
+        ref = reference(d.socket, tmp_path)
+        out = tmp_path / "win.strap"
+        obj = f"s3://{BUCKET}/w/win.strap"
+        proxy.hold_complete.set()
+        model = tiny_llama()
+        with capture_activations(model, output_path=out, socket_path=d.socket, upload=f"s3://{BUCKET}/w",
+                                 **CAPTURE_KW) as fw:
+            generate(fw, model, N_TOKENS, prompt=prompt())
+        assert proxy.held.wait(60), proxy.requests
+        u = [x for x in status(d).get("uploads") or [] if x["object"] == obj]
+        assert u and u[0]["freed_bytes"] > 2 * PART, u
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+        proxy.hold_complete.clear()
+        proxy.release.set()
+        parts = proxy.count("UploadPart")
+        assert proxy.count("CreateMultipartUpload") == 1, proxy.requests
+        d2 = daemons(proxy, "--upload-free-local")
+        u2 = wait_upload(d2, obj)
+        assert u2["errors"] == 0 and u2["local_deleted"] and not out.exists(), u2
+        assert proxy.count("UploadPart") == parts and proxy.count("CreateMultipartUpload") == 1, proxy.requests
+        assert fw.tokens == ref["tokens"]
+        assert_object_equals_reference(s3, "w/win.strap", ref, tmp_path)
+        assert json.loads(s3.get(f"w/{Path(tokens_path(out)).name}"))["tokens"] == ref["tokens_file"]
+        assert not list((tmp_path / "upload-state").glob("*")), "state or journal left after completion"
+    finally:
+        proxy.stop()
