@@ -353,9 +353,12 @@ type UploadDaemonStatus struct {
 	// SSE is the server-side encryption every object is written with (serve --s3-sse;
 	// empty: the bucket's default).
 	SSE string `json:"sse,omitempty"`
-	// UploadedBytes and Errors are totals over every upload since the daemon started.
-	UploadedBytes uint64 `json:"uploaded_bytes"`
-	Errors        uint64 `json:"errors"`
+	// UploadedBytes and Errors are totals over every upload since the daemon started;
+	// RecreatedBytes those of parts re-created from an earlier object of their stream (a
+	// resumed capture whose local stream was freed: OBJECT_STORAGE.md).
+	UploadedBytes  uint64 `json:"uploaded_bytes"`
+	Errors         uint64 `json:"errors"`
+	RecreatedBytes uint64 `json:"recreated_bytes,omitempty"`
 	// Error says why uploads are unavailable (the AWS configuration did not load).
 	Error string `json:"error,omitempty"`
 }

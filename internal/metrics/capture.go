@@ -46,13 +46,14 @@ var (
 	descProbeRun       = prometheus.NewDesc("strapd_probe_run_seconds_total", "Time the kernel spent in each BPF program since it was loaded: the probes' own overhead.", []string{"program"}, nil)
 	descProbeDrops     = prometheus.NewDesc("strapd_probe_drops_total", "Events the probes could not record, by reason.", []string{"reason"}, nil)
 
-	descUploadBytes   = prometheus.NewDesc("strapd_upload_bytes_total", "Stream bytes the object store acknowledged, all uploads since the daemon started.", nil, nil)
-	descUploadErrors  = prometheus.NewDesc("strapd_upload_errors_total", "Failed upload attempts (each is retried with backoff; the local file is kept).", nil, nil)
-	descUploadLag     = prometheus.NewDesc("strapd_upload_lag_bytes", "Durable stream bytes not yet acknowledged by the object store, all uploads in progress.", nil, nil)
-	descUploadActive  = prometheus.NewDesc("strapd_uploads_in_progress", "Uploads not yet complete (retrying included).", nil, nil)
-	descUploadFailing = prometheus.NewDesc("strapd_uploads_retrying", "Uploads whose last attempt failed.", nil, nil)
-	descUploadFreed   = prometheus.NewDesc("strapd_upload_freed_bytes", "Stream bytes freed on the local disk after their upload (serve --upload-free-local), uploads in progress.", nil, nil)
-	descUploadLost    = prometheus.NewDesc("strapd_uploads_lost", "Uploads that cannot complete: bytes freed on the local disk are missing on the server (status names the range).", nil, nil)
+	descUploadBytes     = prometheus.NewDesc("strapd_upload_bytes_total", "Stream bytes the object store acknowledged, all uploads since the daemon started.", nil, nil)
+	descUploadErrors    = prometheus.NewDesc("strapd_upload_errors_total", "Failed upload attempts (each is retried with backoff; the local file is kept).", nil, nil)
+	descUploadLag       = prometheus.NewDesc("strapd_upload_lag_bytes", "Durable stream bytes not yet acknowledged by the object store, all uploads in progress.", nil, nil)
+	descUploadActive    = prometheus.NewDesc("strapd_uploads_in_progress", "Uploads not yet complete (retrying included).", nil, nil)
+	descUploadFailing   = prometheus.NewDesc("strapd_uploads_retrying", "Uploads whose last attempt failed.", nil, nil)
+	descUploadFreed     = prometheus.NewDesc("strapd_upload_freed_bytes", "Stream bytes freed on the local disk after their upload (serve --upload-free-local), uploads in progress.", nil, nil)
+	descUploadRecreated = prometheus.NewDesc("strapd_upload_recreated_bytes_total", "Bytes of parts re-created from an earlier object of their stream (a resumed capture whose local stream was freed), all uploads since the daemon started.", nil, nil)
+	descUploadLost      = prometheus.NewDesc("strapd_uploads_lost", "Uploads that cannot complete: bytes freed on the local disk are missing on the server (status names the range).", nil, nil)
 
 	// rank and host come from the session's metadata.distributed; empty for a single process.
 	sessLabels       = []string{"session", "uid", "pid", "codec", "rank", "host"}
@@ -150,6 +151,7 @@ func (c captureCollector) Collect(ch chan<- prometheus.Metric) {
 	if u := d.Upload; u != nil {
 		counter(descUploadBytes, float64(u.UploadedBytes))
 		counter(descUploadErrors, float64(u.Errors))
+		counter(descUploadRecreated, float64(u.RecreatedBytes))
 		var lag, freed int64
 		active, retrying, lost := 0, 0, 0
 		for _, up := range st.Uploads {

@@ -345,7 +345,7 @@ func TestUploadSeries(t *testing.T) {
 	if _, ok := v["strapd_upload_bytes_total"]; ok {
 		t.Fatal("upload series without object storage")
 	}
-	f.rep.Daemon.Upload = &control.UploadDaemonStatus{Target: "s3://caps/run", UploadedBytes: 5 << 20, Errors: 3}
+	f.rep.Daemon.Upload = &control.UploadDaemonStatus{Target: "s3://caps/run", UploadedBytes: 5 << 20, Errors: 3, RecreatedBytes: 32 << 20}
 	f.rep.Uploads = []control.UploadStatus{
 		{Object: "s3://caps/run/a.strap", State: "uploading", LagBytes: 100},
 		{Object: "s3://caps/run/b.strap", State: "retrying", LagBytes: 50, Errors: 3},
@@ -358,7 +358,7 @@ func TestUploadSeries(t *testing.T) {
 	for k, want := range map[string]float64{
 		"strapd_upload_bytes_total": 5 << 20, "strapd_upload_errors_total": 3, "strapd_upload_lag_bytes": 160,
 		"strapd_uploads_in_progress": 4, "strapd_uploads_retrying": 1, "strapd_upload_freed_bytes": 3 << 20,
-		"strapd_uploads_lost": 1,
+		"strapd_uploads_lost": 1, "strapd_upload_recreated_bytes_total": 32 << 20,
 	} {
 		if got, ok := v[k]; !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v", k, got, ok, want)

@@ -227,6 +227,7 @@ func (s *Server) uploadStatus() (*control.UploadDaemonStatus, []control.UploadSt
 	}
 	ds.StateDir, ds.KeepLocal, ds.FreeLocal, ds.SSE = m.StateDir(), m.KeepLocal(), m.FreeLocal(), m.Client().SSE()
 	ds.UploadedBytes, ds.Errors = m.Totals()
+	ds.RecreatedBytes = m.CopiedBytes()
 	var ups []control.UploadStatus
 	for _, u := range m.Status() {
 		// The same fields in the same order: a conversion, so the two cannot drift apart
