@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/strap-llm/strap/internal/checkpoint"
 	"github.com/strap-llm/strap/internal/stream"
 	"github.com/strap-llm/strap/internal/upload"
 )
@@ -17,11 +19,12 @@ type salvageReport struct {
 	upload.Salvaged
 	// Readable is the completed object read back as a stream (every packet's CRC).
 	Readable *stream.Report `json:"readable"`
-	// TornBytes are the object's bytes after its last whole packet (a packet cut at the
-	// part boundary): not readable.
-	TornBytes int64 `json:"torn_bytes"`
-	// Resumable says whether the capture can be resumed from the bucket, and why not.
-	Resumable string `json:"resumable"`
+	// UnreadableBytes are the object's bytes after its last whole packet: a packet cut at
+	// the part boundary (Readable.Truncated), or damage (Readable.FirstBadOffset).
+	UnreadableBytes int64 `json:"unreadable_bytes"`
+	// Resume is `strapd resume`'s check of the object as a stream without checkpoint (the
+	// checkpoint stayed on the dead host): whether and from which token it resumes.
+	Resume *checkpoint.Report `json:"resume"`
 }
 
 // newSalvageCmd builds `strapd salvage s3://bucket/key --host-is-gone` and
@@ -76,14 +79,27 @@ stream and what it holds is reported: packets up to the last whole one, every CR
 			if err := readFailed(r); err != nil {
 				return fmt.Errorf("the upload was completed into %s, but reading it back failed: %w", res.Object, err)
 			}
-			rep.Readable, rep.TornBytes = &v, size-v.ValidUntil
-			rep.Resumable = resumability(v)
+			rep.Readable, rep.UnreadableBytes = &v, size-v.ValidUntil
+			// What a resume of it would keep (CHECKPOINTS.md 4: without a checkpoint the
+			// stream's intact prefix decides), read the same way.
+			rc := checkpoint.Check(r, size, nil)
+			if err := readFailed(r); err != nil {
+				return fmt.Errorf("the upload was completed into %s, but reading it back failed: %w", res.Object, err)
+			}
+			rc.Stream = res.Object
+			rep.Resume = &rc
 			if asJSON {
 				enc := json.NewEncoder(out)
 				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
+				err = enc.Encode(rep)
+			} else {
+				err = writeSalvage(out, rep)
 			}
-			return writeSalvage(out, rep)
+			if err == nil && v.ValidUntil == 0 {
+				// Completed (that cannot be undone), but nothing in it reads as a stream.
+				return damagedError{fmt.Sprintf("%s: completed, but not readable as a capture stream: %s", res.Object, v.Error)}
+			}
+			return err
 		},
 	}
 	f := cmd.Flags()
@@ -97,32 +113,29 @@ stream and what it holds is reported: packets up to the last whole one, every CR
 	return cmd
 }
 
-// resumability says whether a salvaged capture can be resumed (CHECKPOINTS.md 4).
-func resumability(v stream.Report) string {
-	if v.HasEnd {
-		return "the stream holds its END: the capture ended before its host died; nothing to resume"
-	}
-	return "no: a resume needs the capture's checkpoint file, which goes to the bucket only when a session ends (it stayed on the dead host); the salvaged stream is read like any stream whose daemon died"
-}
-
 func writeSalvage(w io.Writer, r salvageReport) error {
 	v := r.Readable
 	fmt.Fprintf(w, "%s: completed upload %s from parts 1..%d: %d bytes (verified: %s)\n", r.Object, r.UploadID, r.Parts, r.Bytes, r.Verified)
 	if r.LeftParts > 0 {
-		fmt.Fprintf(w, "  left out: %d parts (%d bytes) after the first gap in the part numbers; they went with the upload\n", r.LeftParts, r.LeftBytes)
+		fmt.Fprintf(w, "  left out: %d part(s) (%d bytes) after the first gap in the part numbers or a short part; they went with the upload\n", r.LeftParts, r.LeftBytes)
 	}
 	fmt.Fprintf(w, "  readable: %d packets (%d tensors, %d drops, %d tokens) in bytes [0, %d), every CRC checked\n",
 		v.Packets, v.Tensors, v.Drops, v.Tokens, v.ValidUntil)
 	switch {
-	case r.TornBytes > 0:
-		fmt.Fprintf(w, "  not readable: the last %d bytes, a packet cut at the part boundary\n", r.TornBytes)
+	case v.Truncated:
+		fmt.Fprintf(w, "  not readable: the last %d bytes, a packet cut at the part boundary\n", r.UnreadableBytes)
 	case v.FirstBadOffset >= 0:
-		fmt.Fprintf(w, "  damaged at offset %d: %s\n", v.FirstBadOffset, v.Error)
+		fmt.Fprintf(w, "  not readable: the last %d bytes, damaged at offset %d: %s\n", r.UnreadableBytes, v.FirstBadOffset, v.Error)
 	}
-	if !v.HasFooter {
+	if !v.HasFooter && v.ValidUntil > 0 {
 		fmt.Fprintln(w, "  no INDEX or footer: readers scan it from the start (open_stream, strapd inspect); strapd verify reports it truncated (exit 2)")
 	}
-	fmt.Fprintf(w, "  resumable: %s\n", r.Resumable)
+	if rc := r.Resume; rc.Resumable {
+		fmt.Fprintf(w, "  resumable from the stream alone (no checkpoint needed): download it and resume with resume_from_checkpoint=True; the resume keeps %d tokens (bytes [0, %d)) and cuts %d bytes\n",
+			rc.ResumeToken, rc.ResumeOffset, rc.CutBytes)
+	} else {
+		fmt.Fprintf(w, "  not resumable: %s\n", strings.Join(rc.Problems, "; "))
+	}
 	return nil
 }
 

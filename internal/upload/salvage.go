@@ -223,6 +223,9 @@ func (c *Client) Salvage(ctx context.Context, bucket, key string, o SalvageOptio
 	if err != nil {
 		return res, fmt.Errorf("the upload was completed, but: %w", err)
 	}
+	if !withCRC {
+		res.Verified = "size (the parts carry no CRC32C: not an upload strapd sent)"
+	}
 	return res, nil
 }
 

@@ -34,9 +34,9 @@ func TestSalvageRun(t *testing.T) {
 		{"no part 1", []upload.Part{p(2, mp), p(3, mp)}, 0, 1},
 		{"contiguous", []upload.Part{p(1, mp), p(2, mp), p(3, mp)}, 3, 0},
 		{"gap", []upload.Part{p(1, mp), p(2, mp), p(4, mp), p(5, mp)}, 2, 3},
-		{"short tail ends it", []upload.Part{p(1, 2 * mp), p(2, mp + 1), p(3, 2 * mp)}, 2, 0},
+		{"short tail ends it", []upload.Part{p(1, 2*mp), p(2, mp+1), p(3, 2*mp)}, 2, 0},
 		{"below the minimum ends it", []upload.Part{p(1, 100), p(2, mp)}, 1, 0},
-		{"doubling sizes go on", []upload.Part{p(1, mp), p(2, 2 * mp), p(3, 2*mp - 7)}, 3, 0},
+		{"doubling sizes go on", []upload.Part{p(1, mp), p(2, 2*mp), p(3, 2*mp-7)}, 3, 0},
 		{"empty part ends it", []upload.Part{p(1, mp), p(2, 0), p(3, mp)}, 1, 0},
 	} {
 		run, missing := upload.SalvageRun(tc.parts)
