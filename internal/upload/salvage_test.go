@@ -207,3 +207,38 @@ func TestSalvagedWhileStillRunning(t *testing.T) {
 		t.Fatalf("object of %d bytes is not the whole stream (%d)", len(got), len(data))
 	}
 }
+
+// FuzzSalvageRun: whatever part list a server answers (numbers and sizes as it likes),
+// the run is parts 1..k in order, each but the last at least the minimum part size and
+// none but the last smaller than the one before it, and missing names a part absent.
+func FuzzSalvageRun(f *testing.F) {
+	f.Add([]byte{1, 5, 2, 5, 4, 5})
+	f.Add([]byte{1, 10, 2, 6, 3, 10})
+	f.Add([]byte{2, 5})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var parts []upload.Part
+		for i := 0; i+1 < len(b); i += 2 {
+			parts = append(parts, upload.Part{Number: int32(b[i]), Size: int64(b[i+1]) << 20})
+		}
+		slices.SortStableFunc(parts, func(x, y upload.Part) int { return int(x.Number - y.Number) })
+		run, missing := upload.SalvageRun(parts)
+		for i, p := range run {
+			if p.Number != int32(i+1) || p.Size <= 0 {
+				t.Fatalf("run[%d] = %+v", i, p)
+			}
+			if last := i == len(run)-1; !last && (p.Size < mp || i > 0 && p.Size < run[i-1].Size) {
+				t.Fatalf("part %d of %d bytes, not the last, after %+v", p.Number, p.Size, run[max(i-1, 0)])
+			}
+		}
+		if missing != 0 {
+			if missing != int32(len(run)+1) {
+				t.Fatalf("missing %d after a run of %d", missing, len(run))
+			}
+			for _, p := range parts {
+				if p.Number == missing {
+					t.Fatalf("part %d named missing is there", missing)
+				}
+			}
+		}
+	})
+}
