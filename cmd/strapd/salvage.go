@@ -130,6 +130,10 @@ func writeSalvage(w io.Writer, r salvageReport) error {
 	if !v.HasFooter && v.ValidUntil > 0 {
 		fmt.Fprintln(w, "  no INDEX or footer: readers scan it from the start (open_stream, strapd inspect); strapd verify reports it truncated (exit 2)")
 	}
+	if v.OK && v.End != nil && v.End.Status == "complete" {
+		fmt.Fprintln(w, "  whole: the stream ended complete (END, INDEX and footer) before its upload was completed; nothing to resume")
+		return nil
+	}
 	if rc := r.Resume; rc.Resumable {
 		fmt.Fprintf(w, "  resumable from the stream alone (no checkpoint needed): download it and resume with resume_from_checkpoint=True; the resume keeps %d tokens (bytes [0, %d)) and cuts %d bytes\n",
 			rc.ResumeToken, rc.ResumeOffset, rc.CutBytes)
