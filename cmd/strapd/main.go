@@ -41,6 +41,7 @@ func run() int {
 		newTopCmd(logger),
 		newResumeCmd(),
 		newUploadCmd(logger),
+		newSalvageCmd(),
 		newVersionCmd(),
 	)
 	if err := root.Execute(); err != nil {

@@ -975,51 +975,57 @@ func (u *Upload) verify(ctx context.Context, parts []Part, heard bool, what *str
 // checkObject is verify for an object of want bytes made of parts; it returns the
 // object's ETag and what was checked.
 func (u *Upload) checkObject(ctx context.Context, want int64, parts []Part, heard bool) (etag, v string, err error) {
-	st := u.st
-	size, crc, etag, err := u.m.o.Client.head(ctx, st.Bucket, st.Key)
+	return u.m.o.Client.checkObject(ctx, u.st.Bucket, u.st.Key, want, parts, heard)
+}
+
+// checkObject is Upload.checkObject for the object bucket/key (strapd salvage checks the
+// object it completed from an upload it did not send the same way).
+func (c *Client) checkObject(ctx context.Context, bucket, key string, want int64, parts []Part, heard bool) (etag, v string, err error) {
+	object := ObjectURL(bucket, key)
+	size, crc, etag, err := c.head(ctx, bucket, key)
 	if err != nil {
 		if notFound(err) {
-			return "", "", fmt.Errorf("verify %s: %w: the object is not there (%v)", u.object(), errObjectWrong, err)
+			return "", "", fmt.Errorf("verify %s: %w: the object is not there (%v)", object, errObjectWrong, err)
 		}
-		return "", "", fmt.Errorf("verify %s: %w", u.object(), err) // the request failed: tried again
+		return "", "", fmt.Errorf("verify %s: %w", object, err) // the request failed: tried again
 	}
 	if size != want {
-		return "", "", fmt.Errorf("verify %s: %w: the object has %d bytes, the stream file %d", u.object(), errObjectWrong, size, want)
+		return "", "", fmt.Errorf("verify %s: %w: the object has %d bytes, the stream file %d", object, errObjectWrong, size, want)
 	}
 	v = "size; each part's CRC32C checked by the server on upload"
 	switch {
 	case crc != "" && strings.Contains(crc, "-") && len(parts) > 0:
 		want, err := compositeCRC(parts)
 		if err != nil {
-			return "", "", fmt.Errorf("verify %s: %w: %v", u.object(), errObjectWrong, err)
+			return "", "", fmt.Errorf("verify %s: %w: %v", object, errObjectWrong, err)
 		}
 		if crc != want {
-			return "", "", fmt.Errorf("verify %s: %w: its CRC32C is %s, the parts sent make %s", u.object(), errObjectWrong, crc, want)
+			return "", "", fmt.Errorf("verify %s: %w: its CRC32C is %s, the parts sent make %s", object, errObjectWrong, crc, want)
 		}
 		v = "size and composite CRC32C of every part"
 	case crc != "" && len(parts) > 0:
 		want, err := wholeCRC(parts)
 		if err != nil {
-			return "", "", fmt.Errorf("verify %s: %w: %v", u.object(), errObjectWrong, err)
+			return "", "", fmt.Errorf("verify %s: %w: %v", object, errObjectWrong, err)
 		}
 		if crc != want {
-			return "", "", fmt.Errorf("verify %s: %w: its CRC32C is %s, the parts sent make %s", u.object(), errObjectWrong, crc, want)
+			return "", "", fmt.Errorf("verify %s: %w: its CRC32C is %s, the parts sent make %s", object, errObjectWrong, crc, want)
 		}
 		v = "size and CRC32C of the whole object"
 	case !heard && len(parts) > 0:
 		buf := make([]byte, crcBufSize)
 		var off int64
 		for _, p := range parts {
-			c, err := u.m.o.Client.rangeCRC(ctx, st.Bucket, st.Key, off, p.Size, buf)
+			c, err := c.rangeCRC(ctx, bucket, key, off, p.Size, buf)
 			if err != nil {
 				if notFound(err) {
-					return "", "", fmt.Errorf("verify %s: %w: the object is not there (%v)", u.object(), errObjectWrong, err)
+					return "", "", fmt.Errorf("verify %s: %w: the object is not there (%v)", object, errObjectWrong, err)
 				}
-				return "", "", fmt.Errorf("verify %s: read part %d back: %w", u.object(), p.Number, err)
+				return "", "", fmt.Errorf("verify %s: read part %d back: %w", object, p.Number, err)
 			}
 			if crcB64(c) != p.CRC32C {
 				return "", "", fmt.Errorf("verify %s: %w: bytes [%d, %d) read back have CRC32C %s, part %d sent had %s",
-					u.object(), errObjectWrong, off, off+p.Size, crcB64(c), p.Number, p.CRC32C)
+					object, errObjectWrong, off, off+p.Size, crcB64(c), p.Number, p.CRC32C)
 			}
 			off += p.Size
 		}
