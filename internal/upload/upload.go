@@ -1016,16 +1016,16 @@ func (c *Client) checkObject(ctx context.Context, bucket, key string, want int64
 		buf := make([]byte, crcBufSize)
 		var off int64
 		for _, p := range parts {
-			c, err := c.rangeCRC(ctx, bucket, key, off, p.Size, buf)
+			got, err := c.rangeCRC(ctx, bucket, key, off, p.Size, buf)
 			if err != nil {
 				if notFound(err) {
 					return "", "", fmt.Errorf("verify %s: %w: the object is not there (%v)", object, errObjectWrong, err)
 				}
 				return "", "", fmt.Errorf("verify %s: read part %d back: %w", object, p.Number, err)
 			}
-			if crcB64(c) != p.CRC32C {
+			if crcB64(got) != p.CRC32C {
 				return "", "", fmt.Errorf("verify %s: %w: bytes [%d, %d) read back have CRC32C %s, part %d sent had %s",
-					object, errObjectWrong, off, off+p.Size, crcB64(c), p.Number, p.CRC32C)
+					object, errObjectWrong, off, off+p.Size, crcB64(got), p.Number, p.CRC32C)
 			}
 			off += p.Size
 		}
