@@ -2,19 +2,11 @@ package main
 
 import (
 	"bytes"
-	"context"
-	"encoding/base64"
-	"encoding/binary"
 	"encoding/json"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
 	"github.com/strap-llm/strap/internal/dtype"
 	"github.com/strap-llm/strap/internal/stream"
@@ -22,26 +14,16 @@ import (
 	"github.com/strap-llm/strap/internal/upload/uploadtest"
 )
 
-// leaveOpenUpload sends body as the parts of an open multipart upload of key (5 MiB parts,
-// CRC32C, as strapd does; the last part shorter), the way a dead strapd leaves it.
+// leaveOpenUpload leaves body as the parts of an open multipart upload of key in bucket
+// caps (5 MiB parts, the last shorter), the way a dead strapd leaves it.
 func leaveOpenUpload(t *testing.T, c *upload.Client, key string, body []byte) {
 	t.Helper()
-	ctx := context.Background()
-	out, err := c.S3().CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String("caps"), Key: aws.String(key),
-		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c})
-	if err != nil {
-		t.Fatal(err)
+	n := int32((len(body) + upload.MinPartSize - 1) / upload.MinPartSize)
+	parts := make([]int32, n)
+	for i := range parts {
+		parts[i] = int32(i + 1)
 	}
-	for n, off := int32(1), 0; off < len(body); n, off = n+1, off+upload.MinPartSize {
-		b := body[off:min(off+upload.MinPartSize, len(body))]
-		var crc [4]byte
-		binary.BigEndian.PutUint32(crc[:], crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)))
-		if _, err := c.S3().UploadPart(ctx, &s3.UploadPartInput{Bucket: aws.String("caps"), Key: aws.String(key), UploadId: out.UploadId,
-			PartNumber: aws.Int32(n), Body: bytes.NewReader(b), ContentLength: aws.Int64(int64(len(b))),
-			ChecksumCRC32C: aws.String(base64.StdEncoding.EncodeToString(crc[:]))}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	uploadtest.OpenUpload(t, c, "caps", key, body, upload.MinPartSize, parts...)
 }
 
 // wholeStream is a complete stream of a dozen 1 MiB tensors and a token after each.

@@ -152,6 +152,12 @@ func (f *fixture) managerWith(t *testing.T, endpoint string, keepLocal, freeLoca
 	if err != nil {
 		t.Fatal(err)
 	}
+	return f.managerFor(t, client, keepLocal, freeLocal)
+}
+
+// managerFor is the tests' manager (minimum part size, two parts at once, short backoffs)
+// over client, closed when the test ends.
+func (f *fixture) managerFor(t *testing.T, client *upload.Client, keepLocal, freeLocal bool) *upload.Manager {
 	m, err := upload.NewManager(upload.Options{Client: client, StateDir: f.state, PartSize: upload.MinPartSize,
 		Concurrency: 2, KeepLocal: keepLocal, FreeLocal: freeLocal, MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
 		Log: zaptest.NewLogger(t)})
@@ -559,12 +565,7 @@ func TestServerSideEncryption(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			m, err := upload.NewManager(upload.Options{Client: client, StateDir: f.state, PartSize: upload.MinPartSize, Concurrency: 2,
-				KeepLocal: false, MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Log: zaptest.NewLogger(t)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { m.Close() })
+			m := f.managerFor(t, client, false, false)
 			w, u := f.begin(t, m, "e.strap", 0)
 			data := randomBytes(2*upload.MinPartSize+777, 5)
 			if _, err := w.Write(data); err != nil {

@@ -514,13 +514,7 @@ func TestFreeLocalVerifyRequestFailureIsRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := upload.NewManager(upload.Options{Client: client, StateDir: f.state, PartSize: upload.MinPartSize,
-		Concurrency: 2, KeepLocal: true, FreeLocal: true, MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-		Log: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
+	m := f.managerFor(t, client, true, true)
 	c := startFree(t, f, m, "v.strap")
 	freedUpTo10MiB(t, c)
 	for _, w := range []*stream.Writer{c.sw, c.ref} {

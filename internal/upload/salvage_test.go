@@ -3,10 +3,7 @@ package upload_test
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
-	"encoding/binary"
 	"errors"
-	"hash/crc32"
 	"slices"
 	"strings"
 	"testing"
@@ -14,7 +11,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
 	"github.com/strap-llm/strap/internal/upload"
 	"github.com/strap-llm/strap/internal/upload/uploadtest"
@@ -51,31 +47,11 @@ func TestSalvageRun(t *testing.T) {
 	}
 }
 
-// openUpload starts a multipart upload of key the way strapd does (CRC32C parts) and sends
-// the given parts of data (part n: bytes [(n-1)*mp, n*mp)); it returns the upload id.
+// openUpload leaves an open upload of key in bucket caps with the given parts of data
+// (uploadtest.OpenUpload, parts of mp bytes); it returns the upload id.
 func openUpload(t *testing.T, c *upload.Client, key string, data []byte, parts ...int32) string {
 	t.Helper()
-	ctx := context.Background()
-	out, err := c.S3().CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String("caps"), Key: aws.String(key),
-		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range parts {
-		b := data[int(n-1)*mp : min(int(n)*mp, len(data))]
-		if _, err := c.S3().UploadPart(ctx, &s3.UploadPartInput{Bucket: aws.String("caps"), Key: aws.String(key),
-			UploadId: out.UploadId, PartNumber: aws.Int32(n), Body: bytes.NewReader(b), ContentLength: aws.Int64(int64(len(b))),
-			ChecksumCRC32C: aws.String(crc32cB64(b))}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return aws.ToString(out.UploadId)
-}
-
-func crc32cB64(b []byte) string {
-	var s [4]byte
-	binary.BigEndian.PutUint32(s[:], crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)))
-	return base64.StdEncoding.EncodeToString(s[:])
+	return uploadtest.OpenUpload(t, c, "caps", key, data, mp, parts...)
 }
 
 // openIDs are the ids of the open uploads of key.

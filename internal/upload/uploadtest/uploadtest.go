@@ -3,8 +3,12 @@
 package uploadtest
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"net"
 	"os"
@@ -16,6 +20,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
 	"github.com/strap-llm/strap/internal/upload"
 )
@@ -169,4 +174,29 @@ func Object(t testing.TB, c *upload.Client, bucket, key string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// OpenUpload starts a multipart upload of bucket/key the way strapd does (CRC32C parts)
+// and sends the given parts of data, part n being bytes [(n-1)*partSize, n*partSize) (the
+// last one shorter where data ends) — what a strapd that died mid-capture leaves. It
+// returns the upload id.
+func OpenUpload(t testing.TB, c *upload.Client, bucket, key string, data []byte, partSize int, parts ...int32) string {
+	t.Helper()
+	ctx := context.Background()
+	out, err := c.S3().CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String(bucket), Key: aws.String(key),
+		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range parts {
+		b := data[int(n-1)*partSize : min(int(n)*partSize, len(data))]
+		var crc [4]byte
+		binary.BigEndian.PutUint32(crc[:], crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)))
+		if _, err := c.S3().UploadPart(ctx, &s3.UploadPartInput{Bucket: aws.String(bucket), Key: aws.String(key),
+			UploadId: out.UploadId, PartNumber: aws.Int32(n), Body: bytes.NewReader(b), ContentLength: aws.Int64(int64(len(b))),
+			ChecksumCRC32C: aws.String(base64.StdEncoding.EncodeToString(crc[:]))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return aws.ToString(out.UploadId)
 }
