@@ -109,6 +109,9 @@ type Opened struct {
 	// uploads, by OPEN's "upload" or the daemon's own target; the client then passes its
 	// tokens file with CLOSE (PROTOCOL.md 1.4).
 	Upload string `json:"upload,omitempty"`
+	// PublishedCursor says the daemon reads the ring's published cursor when the client
+	// dies and takes a TOKEN's "head" (PROTOCOL.md 1.4): a client may then defer PUBLISH.
+	PublishedCursor bool `json:"published_cursor,omitempty"`
 }
 
 // Publish says every record in [previous head, Head) is complete; Seq is the last tensor
@@ -144,6 +147,10 @@ type Token struct {
 	Text    string `json:"text"`
 	// Position is the token's sequence position (absent: the same as Index).
 	Position *int64 `json:"position,omitempty"`
+	// Head, when present, publishes every record up to it before the token is taken, as a
+	// PUBLISH {"head":Head,"seq":Seq-1} would (only to a daemon whose OPENED said
+	// published_cursor).
+	Head *uint64 `json:"head,omitempty"`
 }
 
 // Close ends a session after the last Publish.

@@ -42,6 +42,8 @@ var goldenMessages = []struct {
 	{"error_protocol_version.bin", TypeError, Error{Code: "protocol_version", Message: "client speaks protocol 2, strapd speaks protocol 1", Fatal: true}},
 	{"status.bin", TypeStatus, nil},
 	{"token.bin", TypeToken, Token{Seq: 5, Index: 2, TokenID: 1234, Text: " the", Position: ptr(int64(8))}},
+	{"token_head.bin", TypeToken, Token{Seq: 9, Index: 3, TokenID: 42, Text: "!", Head: ptr(uint64(8192))}},
+	{"opened_cursor.bin", TypeOpened, Opened{Session: 7, BlockSize: 1048576, PublishedCursor: true}},
 	{"checkpoint.bin", TypeCheckpoint, Checkpoint{Seq: 5}},
 	{"checkpointed.bin", TypeCheckpointed, Checkpointed{Seq: 5, Offset: 40960, Packets: 5, Drops: 0, Tokens: 2,
 		LastOffset: 40800, LastCRC: 3735928559}},

@@ -147,3 +147,64 @@ func (s *Session) CheckClose(c Close) error {
 	}
 	return nil
 }
+
+// DrainPublished takes, after the client died (EOF without CLOSE), the records it finished
+// but had not yet named in a PUBLISH or TOKEN: those in [previous head, cursor), where cursor
+// is the ring's published cursor (PROTOCOL.md 1.4, "Client death"). The client stores the
+// cursor only once every record below it is complete, so each of them is parsed and queued
+// with the checks of Publish. A record that fails them ends the drain and is not queued,
+// and the session does not fail for it: everything queued before it is written as usual.
+// A cursor of 0, at the previous head or below it is nothing to take; one that lies
+// outside the ring's window is refused as a whole. It returns the number of records taken
+// and why the drain stopped early (nil when it took the whole window).
+func (s *Session) DrainPublished() (int, error) {
+	if s.Err() != nil {
+		return 0, nil
+	}
+	in := &s.in
+	cur := s.o.Ring.Published()
+	if cur <= in.head {
+		return 0, nil
+	}
+	if cur%shm.Align != 0 {
+		return 0, errf(KindBadRecord, "published cursor %d is not a multiple of %d", cur, shm.Align)
+	}
+	tail := s.tail.current()
+	if ds := s.o.Ring.DataSize(); cur-tail > ds {
+		return 0, errf(KindBadRecord, "published cursor %d is more than data_size %d past tail %d", cur, ds, tail)
+	}
+	n := 0
+	for in.rd.Pos() < cur {
+		rec, pos, err := in.rd.Next(cur)
+		if err != nil {
+			return n, &Error{Kind: KindBadRecord, Err: err}
+		}
+		if rec.Kind != shm.KindPad && rec.Seq != in.nextSeq {
+			return n, errf(KindTornRecord, "record at position %d has seq %d, expected %d", pos, rec.Seq, in.nextSeq)
+		}
+		var meta []byte
+		if rec.Kind != shm.KindPad && len(rec.Meta) > 0 {
+			meta = append([]byte(nil), rec.Meta...)
+			var obj map[string]json.RawMessage
+			if err := json.Unmarshal(meta, &obj); err != nil {
+				return n, errf(KindBadRecord, "record seq %d: meta is not a JSON object: %v", rec.Seq, err)
+			}
+		}
+		// Taken: the head moves past it, as a PUBLISH ending here would have moved it.
+		in.head = pos + rec.Len
+		s.headA.Store(in.head)
+		sp := s.tail.add(pos + rec.Len)
+		if rec.Kind == shm.KindPad {
+			s.tail.free(sp)
+			continue
+		}
+		in.nextSeq++
+		it := &item{kind: kindTensor, seq: rec.Seq, rec: rec, span: sp, meta: meta, done: make(chan struct{})}
+		s.bytesIn.Add(uint64(len(rec.Payload)))
+		if err := s.dispatch(it); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}

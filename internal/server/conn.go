@@ -230,6 +230,7 @@ func (c *conn) endOnRecvError(err error, draining bool) {
 		c.finish(pipeline.StatusError)
 	case draining && errors.Is(err, os.ErrDeadlineExceeded):
 		if sess != nil {
+			c.takePublished(sess)
 			c.finish(pipeline.StatusAborted)
 			c.out.send(control.TypeError, control.Error{Code: control.CodeShutdown, Fatal: true,
 				Message: "strapd is shutting down: everything published was written and the stream ended with status aborted"})
@@ -237,6 +238,7 @@ func (c *conn) endOnRecvError(err error, draining bool) {
 	case errors.Is(err, io.EOF) || errors.Is(err, unix.ECONNRESET):
 		if sess != nil {
 			c.log.Warn("client left without CLOSE; ending stream as aborted")
+			c.takePublished(sess)
 			c.finish(pipeline.StatusAborted)
 		}
 	default:
@@ -268,6 +270,31 @@ func (c *conn) session() *pipeline.Session {
 	return c.sess
 }
 
+// notePublished tells the probes of the session's first publish (PUBLISH, or a TOKEN
+// carrying a head): the end of its client's model load.
+func (c *conn) notePublished() {
+	if c.published {
+		return
+	}
+	c.published = true
+	c.mu.Lock()
+	id := c.info.Session
+	c.mu.Unlock()
+	c.srv.probeFirstPublish(id)
+}
+
+// takePublished takes, once the client is gone or the daemon stops reading it, the records
+// below the ring's published cursor that no message named yet (PROTOCOL.md 1.4).
+func (c *conn) takePublished(sess *pipeline.Session) {
+	n, err := sess.DrainPublished()
+	if n > 0 {
+		c.log.Info("took records below the published cursor", zap.Int("records", n))
+	}
+	if err != nil {
+		c.log.Warn("published cursor: drain stopped; the records before it are kept", zap.Error(err))
+	}
+}
+
 // sessionHandlers serve the messages that act on an open session; each reports whether
 // the connection is done. Errors are the session's own (it already told the client).
 var sessionHandlers = map[control.Type]func(c *conn, m control.Message, s *pipeline.Session) (bool, error){
@@ -279,13 +306,7 @@ var sessionHandlers = map[control.Type]func(c *conn, m control.Message, s *pipel
 		if err := s.Publish(p.Head, p.Seq); err != nil {
 			return false, err
 		}
-		if !c.published {
-			c.published = true
-			c.mu.Lock()
-			id := c.info.Session
-			c.mu.Unlock()
-			c.srv.probeFirstPublish(id)
-		}
+		c.notePublished()
 		return false, nil
 	},
 	control.TypeDrop: func(_ *conn, m control.Message, s *pipeline.Session) (bool, error) {
@@ -300,6 +321,14 @@ var sessionHandlers = map[control.Type]func(c *conn, m control.Message, s *pipel
 		var t control.Token
 		if err := m.Unmarshal(&t, "seq", "index"); err != nil {
 			return false, err
+		}
+		if t.Head != nil {
+			// The records before the token, published with it: their last seq is the one
+			// before the token's (Token then checks the token's own).
+			if err := s.Publish(*t.Head, t.Seq-1); err != nil {
+				return false, err
+			}
+			c.notePublished()
 		}
 		if err := s.Token(pipeline.Token{Seq: t.Seq, Index: t.Index, TokenID: t.TokenID, Text: t.Text,
 			Position: t.Position}); err != nil {

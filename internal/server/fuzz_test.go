@@ -230,3 +230,63 @@ func FuzzSessionRecords(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPublishedCursor: a client dies leaving any ring bytes and any published cursor
+// (PROTOCOL.md 1.4, "Client death"). The daemon takes what it can below the cursor and
+// ends the stream aborted, with every packet before the first bad record verifying.
+func FuzzPublishedCursor(f *testing.F) {
+	ts := fuzzServer(f)
+	const ringSize = shm.HeaderSize + 8<<10
+	p, err := shm.NewProducer(ringSize, shm.ProducerOptions{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	for i := range 3 {
+		tn := tensor("model.layers.0.mlp", uint64(i+1), 200)
+		if _, err := p.Put(&tn); err != nil {
+			f.Fatal(err)
+		}
+	}
+	good, head := append([]byte(nil), p.Mem()[shm.HeaderSize:shm.HeaderSize+p.Head()]...), p.Head()
+	p.Close()
+	f.Add(good, head)
+	f.Add(good, head-64)
+	f.Add(good, head+64)
+	f.Add(good, uint64(ringSize))
+	f.Add(good, ^uint64(0))
+	f.Add([]byte{}, uint64(0))
+	f.Add([]byte("SREC"), uint64(64))
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, data []byte, cursor uint64) {
+		defer time.AfterFunc(fuzzHang, func() {
+			hung(fmt.Sprintf("input hung: %d data bytes, cursor %d", len(data), cursor))
+		}).Stop()
+		p, err := shm.NewProducer(ringSize, shm.ProducerOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		copy(p.Mem()[shm.HeaderSize:], data)
+		outPath := filepath.Join(dir, "out.strap")
+		out, err := os.OpenFile(outPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer out.Close()
+		c := fuzzDial(t, ts.sock)
+		if _, err := c.Open(p.File(), out, control.Open{RingSize: ringSize, Codec: "lz4", Policy: "block", BlockSize: 4096}); err != nil {
+			c.Disconnect()
+			t.Fatalf("open: %v", err)
+		}
+		p.SetPublished(cursor)
+		c.Disconnect()
+		fuzzIdle(t, ts)
+		s, err := pipelinetest.ReadFile(outPath)
+		if err != nil {
+			t.Fatalf("output is not a valid stream: %v", err)
+		}
+		if st := s.EndStatus(); st != "aborted" || !s.Footer {
+			t.Fatalf("END %q footer %v", st, s.Footer)
+		}
+	})
+}

@@ -138,6 +138,11 @@ static void replies(void)
 	CHECK(sp_decode_reply(d, n, &r, why, sizeof why) == STRAP_OK && r.type == SP_OPENED &&
 		      r.u.opened.session == 7 && r.u.opened.block_size == 1048576,
 	      "opened: %s", why);
+	/* a newer daemon's OPENED (published_cursor, PROTOCOL.md 1.4): this client ignores it */
+	n = load("protocol", "opened_cursor.bin", d, sizeof d);
+	CHECK(sp_decode_reply(d, n, &r, why, sizeof why) == STRAP_OK && r.type == SP_OPENED &&
+		      r.u.opened.session == 7 && r.u.opened.block_size == 1048576,
+	      "opened_cursor: %s", why);
 	n = load("protocol", "release.bin", d, sizeof d);
 	CHECK(sp_decode_reply(d, n, &r, why, sizeof why) == STRAP_OK && r.type == SP_RELEASE &&
 		      r.u.release.tail == 2048,

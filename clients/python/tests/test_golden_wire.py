@@ -31,6 +31,8 @@ MESSAGES = [
                                            message="client speaks protocol 2, strapd speaks protocol 1", fatal=True)),
     ("status.bin", P.Status()),
     ("token.bin", P.Token(seq=5, index=2, token_id=1234, text=" the", position=8)),
+    ("token_head.bin", P.Token(seq=9, index=3, token_id=42, text="!", head=8192)),
+    ("opened_cursor.bin", P.Opened(session=7, block_size=1048576, published_cursor=True)),
     ("checkpoint.bin", P.Checkpoint(seq=5)),
     ("checkpointed.bin", P.Checkpointed(seq=5, offset=40960, packets=5, drops=0, tokens=2, last_offset=40800,
                                         last_crc=3735928559)),

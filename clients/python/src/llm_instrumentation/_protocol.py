@@ -248,6 +248,9 @@ class Opened(Body):
     session: int
     block_size: int
     upload: Optional[str] = None  # the object being uploaded (s3://bucket/key), when one is
+    #: the daemon takes the ring's published cursor at client death and TOKEN's ``head``
+    #: (PROTOCOL.md 1.4): PUBLISH may be deferred
+    published_cursor: Optional[bool] = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -291,6 +294,7 @@ class Token(Body):
     token_id: int
     text: str
     position: Optional[int] = None
+    head: Optional[int] = None  # publishes every record up to it first (OPENED published_cursor)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,6 +22,8 @@ RING_MAGIC = b"SRNG"
 RING_VERSION = 1
 HEADER_SIZE = 4096
 RING_HEADER = struct.Struct("<4sIQQQ")
+#: RingHeader offset of the published cursor (docs/PROTOCOL.md 1.4, 2)
+PUBLISHED_OFFSET = 32
 
 REC_MAGIC = b"SREC"
 KIND_TENSOR = 1
@@ -268,8 +270,11 @@ class Ring:
     def reset(self) -> None:
         """Start again at position 0 for a new session (:func:`take_ring`). The pages stay
         populated; the old records stay in them until overwritten, and the daemon reads only
-        what the new session publishes."""
+        what the new session publishes. The published cursor goes back to 0 (unused): the
+        header's reserved bytes must be zero at OPEN, and the last session's cursor means
+        nothing to the next one."""
         self.head = self.tail = 0
+        self.mm[PUBLISHED_OFFSET:PUBLISHED_OFFSET + 8] = bytes(8)
 
     def close(self) -> None:
         """Unmap and close the memfd (idempotent); a CUDA registration of the mapping is

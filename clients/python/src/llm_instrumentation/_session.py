@@ -11,7 +11,11 @@ one, sent when the unpublished bytes reach ``publish_bytes``, at the end of each
 of the model (:meth:`flush`), and before anything that must follow them in sequence order or
 needs the daemon to see them (DROP, TOKEN, CHECKPOINT, CLOSE, waiting for ring space). A
 syscall per record was the largest client cost for the small tensors of token-by-token
-generation (docs/PERFORMANCE.md). Tensors whose record would exceed
+generation (docs/PERFORMANCE.md). While generating, against a strapd that offers the
+published cursor, the end of a forward pass sends nothing: it stores the cursor in the ring
+header (a release store, ``_speedups.c``) and the next TOKEN carries the head, one wake-up
+of strapd per token instead of two; the cursor lets strapd take those records if this
+process dies first (PROTOCOL.md 1.4, "Deferred PUBLISH"). Tensors whose record would exceed
 a quarter of the data region go as PART records. Pending RELEASE/ERROR messages are drained
 without blocking before each publish, and before a tensor that does not fit the space known
 to be free.
@@ -37,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional, Seq
 from . import _daemon
 from . import _protocol as P
 from ._dtypes import dtype_size, torch_dtype_id
-from ._ring import HEADER_SIZE, Ring, align64, encode_record_header, header_area, keep_ring, take_ring
+from ._ring import HEADER_SIZE, PUBLISHED_OFFSET, Ring, align64, encode_record_header, header_area, keep_ring, take_ring
 from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,6 +67,13 @@ try:
     from ._speedups import write_record as _c_write_record
 except ImportError:  # pragma: no cover - exercised by the tests with it hidden
     _c_write_record = None
+
+try:
+    # The published cursor's release store; without it every forward pass is published
+    # by message (PROTOCOL.md 1.4, "Deferred PUBLISH").
+    from ._speedups import store_published as _c_store_published
+except ImportError:  # pragma: no cover - exercised by the tests with it hidden
+    _c_store_published = None
 
 
 class _Layout(NamedTuple):
@@ -108,6 +119,11 @@ class CaptureSession:
         self.max_record = (part_size or ring.data_size // 4) // 64 * 64
         self.publish_bytes = max(64, publish_bytes or min(ring.data_size // 8, 4 << 20))
         self.published_head = ring.head
+        #: Defer the per-pass PUBLISH to the next TOKEN (PROTOCOL.md 1.4) where the daemon
+        #: offers the published cursor and the C extension can store it.
+        self.defer_publish = True
+        self._cursor = False  # set at OPENED: the cursor is stored and PUBLISH deferred
+        self._deferred = False  # a pass's records are behind the cursor, not yet named by a message
         self.seq = 0
         self.last_tensor_seq = 0
         self.packets = 0
@@ -157,6 +173,7 @@ class CaptureSession:
             + ([resources_fd] if resources_fd is not None else [])
         self.conn.send(request, fds=fds)
         self.opened = self.conn.expect(P.Opened, timeout)
+        self._cursor = bool(self.opened.published_cursor) and self.defer_publish and _c_store_published is not None
         return self.opened
 
     def close(self, timeout: Optional[float] = None, meanwhile: Optional[Callable[[], None]] = None,
@@ -240,18 +257,43 @@ class CaptureSession:
         per-pass and size-triggered publishes), it publishes the records whose copies have
         completed so far and leaves the rest for the next publish, so the model's thread
         never waits on the GPU here."""
+        got = self._head(block)
+        if got is None:
+            return
+        head, seq = got
+        if head != self.published_head:
+            self.drain()  # a daemon ERROR surfaces here, once per publish, not per tensor
+            self.conn.send(P.Publish(head=head, seq=seq))
+            self.published_head = head
+            self._deferred = False
+
+    def _head(self, block: bool) -> Optional[Tuple[int, int]]:
+        """The head and last tensor seq a publish would name now (``block``: after waiting
+        for every queued CUDA copy), or None when no copy completed yet."""
         head, seq = self.ring.head, self.last_tensor_seq
         cuda = self._cuda
         if cuda is not None and cuda.busy:
             done = cuda.wait() if block else cuda.copied()
             if done is None:
-                return
+                return None
             if cuda.busy:  # later copies still in flight: only the completed prefix
                 head, seq = done
-        if head != self.published_head:
-            self.drain()  # a daemon ERROR surfaces here, once per publish, not per tensor
-            self.conn.send(P.Publish(head=head, seq=seq))
-            self.published_head = head
+        return head, seq
+
+    def _defer(self) -> None:
+        """End a forward pass without a message: store the published cursor past its
+        completed records, so a client killed before its next TOKEN still has them
+        written (the daemon takes them at EOF), and leave naming them to that TOKEN's
+        ``head``. A second pass in a row without a TOKEN between publishes as before, so
+        at most one pass waits: the daemon's pipeline never falls more than a pass behind."""
+        if self._deferred:
+            self._publish(block=False)
+            return
+        got = self._head(block=False)
+        if got is None or got[0] == self.published_head:
+            return
+        _c_store_published(self._ring_addr + PUBLISHED_OFFSET, got[0])
+        self._deferred = True
 
     def flush(self) -> None:
         """Publish every record written so far (the framework calls this after each forward
@@ -260,7 +302,13 @@ class CaptureSession:
         with self._lock:
             self._check()
             try:
-                self._publish(block=False)
+                if self._cursor and self.tokens:
+                    # Generating: the next TOKEN names this pass's records (one wake-up of
+                    # strapd per token instead of two). Before the first token (prefill,
+                    # or a capture without tokens) each pass is published at once.
+                    self._defer()
+                else:
+                    self._publish(block=False)
             except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
                 self.error = e
                 raise
@@ -558,9 +606,21 @@ class CaptureSession:
             self._check()
             try:
                 self.drain()
-                self._publish()
+                head: Optional[int] = None
+                if self._cursor:
+                    # One message: the records before the token, then the token.
+                    got = self._head(block=True)
+                    assert got is not None  # block waits for every copy
+                    if got[0] != self.published_head:
+                        head = got[0]
+                else:
+                    self._publish()
                 seq = self._next_seq()
-                self.conn.send(P.Token(seq=seq, index=index, token_id=token_id, text=text, position=position))
+                self.conn.send(P.Token(seq=seq, index=index, token_id=token_id, text=text, position=position,
+                                       head=head))
+                if head is not None:
+                    self.published_head = head
+                self._deferred = False
                 self.tokens += 1
                 return seq
             except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:

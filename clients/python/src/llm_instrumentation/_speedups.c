@@ -9,6 +9,11 @@
  *   most of it the code those three paths touch. write_record does the same three stores in
  *   one call.
  *
+ * - store_published: the ring's published cursor (docs/PROTOCOL.md 1.4, 2), a u64 stored
+ *   with release semantics after the records below it are complete, so a daemon that reads
+ *   it (acquire) when the client died sees those records whole. Python has no release
+ *   store; without this module the client publishes with messages only.
+ *
  * Built against the limited API of CPython 3.10 (one .abi3.so for every later CPython).
  * Optional: the Python paths write the same bytes wherever this module is missing
  * (tests/test_record_fast_path.py checks both). The resource monitor's C paths are the
@@ -18,6 +23,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -30,7 +36,7 @@ u64_arg(PyObject *o, const char *what, uint64_t *out)
 {
     unsigned long long v = PyLong_AsUnsignedLongLong(o);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Format(PyExc_ValueError, "write_record: %s must be an int in [0, 2**64)", what);
+        PyErr_Format(PyExc_ValueError, "%s must be an int in [0, 2**64)", what);
         return -1;
     }
     *out = (uint64_t)v;
@@ -88,8 +94,35 @@ write_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(store_published_doc, "store_published(addr, pos)\n"
+                                  "--\n\n"
+                                  "Store the u64 pos at address addr (8-byte aligned: the ring header's published\n"
+                                  "cursor) with release semantics: every store this thread made before, and every one\n"
+                                  "that happened-before it, is visible to a reader that loads pos with acquire.");
+
+static PyObject *
+store_published(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "store_published takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    uint64_t addr, pos;
+    if (u64_arg(args[0], "addr", &addr) || u64_arg(args[1], "pos", &pos))
+        return NULL;
+    if (addr == 0 || addr % 8 != 0) {
+        PyErr_Format(PyExc_ValueError, "store_published: address %#llx is not 8-byte aligned",
+                     (unsigned long long)addr);
+        return NULL;
+    }
+    atomic_store_explicit((_Atomic uint64_t *)(uintptr_t)addr, pos, memory_order_release);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"write_record", (PyCFunction)(void (*)(void))write_record, METH_FASTCALL, write_record_doc},
+    {"store_published", (PyCFunction)(void (*)(void))store_published, METH_FASTCALL, store_published_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,132 @@
+"""Deferred PUBLISH (docs/PROTOCOL.md 1.4): while generating, a forward pass's records are
+named by the next TOKEN's ``head``, not by a PUBLISH of their own, and the ring's published
+cursor keeps them safe: a client killed between the pass and its TOKEN still has the pass
+in its stream. Real strapd, real memfd rings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from conftest import tiny_llama
+from genloop import generate
+
+from llm_instrumentation import _protocol as P
+from llm_instrumentation import _session, analyze_activations, capture_activations, open_stream
+
+N_TOKENS = 3
+
+
+def test_sigkill_after_deferred_forward_keeps_its_records(real_strapd, tmp_path):
+    out = tmp_path / "killed.strap"
+    p = subprocess.run([sys.executable, str(Path(__file__).with_name("deferred_kill_client.py")), real_strapd.socket,
+                        str(out), str(N_TOKENS)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == -9, p.stderr[-2000:]
+    f = dict(zip(*[iter(p.stdout.split())] * 2))
+    # The last pass was behind the cursor only: no message named it before the kill.
+    assert f["cursor"] == "1" and f["deferred"] == "1" and int(f["published"]) < int(f["head"]), p.stdout
+    hooks = int(f["hooks"])
+    deadline = time.monotonic() + 30
+    while P.status(real_strapd.socket)["sessions"]:  # strapd ends the dead client's stream
+        assert time.monotonic() < deadline, "strapd did not end the killed client's session"
+        time.sleep(0.05)
+    a = analyze_activations(out)
+    assert a["end_status"] == "aborted"
+    with open_stream(out) as r:
+        pk = [q for q in r.packets() if q.seq]
+    assert [q.seq for q in pk] == list(range(1, len(pk) + 1))
+    tensors = [q for q in pk if q.type_name == "TENSOR"]
+    tokens = [q for q in pk if q.type_name == "TOKEN"]
+    # the prompt's pass, one per token after it, and the killed pass: N_TOKENS + 1 passes
+    assert len(tokens) == N_TOKENS
+    assert len(tensors) == (N_TOKENS + 1) * hooks
+    last = [q for q in tensors if q.forward == N_TOKENS]
+    assert len(last) == hooks and all(q.seq > tokens[-1].seq for q in last)
+    with open_stream(out) as r:
+        for t in r:
+            assert t.tensor().shape == t.shape
+
+
+class _Spy:
+    """Counts the messages a session sends (wraps its connection's send)."""
+
+    def __init__(self, conn):
+        self.sent = []
+        self._send = conn.send
+        conn.send = self
+
+    def __call__(self, body, fds=()):
+        self.sent.append(body)
+        return self._send(body, fds=fds)
+
+
+def _generate_counting(sock: str, out: Path, defer: bool):
+    m = tiny_llama()
+    with capture_activations(m, preset="balanced", output_path=out, socket_path=sock, autostart_daemon=False,
+                             track_per_token=True) as fw:
+        s = fw._session
+        spy = _Spy(s.conn)
+        assert s._cursor
+        s._cursor = defer
+        generate(fw, m, n_tokens=5)
+    return spy.sent, fw
+
+
+def test_token_carries_head_one_message_per_token(real_strapd, tmp_path):
+    sent, fw = _generate_counting(real_strapd.socket, tmp_path / "d.strap", True)
+    publishes = [b for b in sent if isinstance(b, P.Publish)]
+    tokens = [b for b in sent if isinstance(b, P.Token)]
+    # the prompt's pass is published (no token yet), then each pass rides on its TOKEN;
+    # the capture's CLOSE finds nothing left to publish
+    assert len(tokens) == 5 and len(publishes) == 1
+    assert [t.head is not None for t in tokens] == [False, True, True, True, True]
+    sent_old, fw_old = _generate_counting(real_strapd.socket, tmp_path / "m.strap", False)
+    assert len([b for b in sent_old if isinstance(b, P.Publish)]) == 5
+    assert all(b.head is None for b in sent_old if isinstance(b, P.Token))
+    # the same stream either way
+    with open_stream(tmp_path / "d.strap") as a, open_stream(tmp_path / "m.strap") as b:
+        pa, pb = list(a.packets()), list(b.packets())
+    assert [(q.type_name, q.seq, q.name, q.forward) for q in pa] == [(q.type_name, q.seq, q.name, q.forward) for q in pb]
+    assert analyze_activations(tmp_path / "d.strap")["end_status"] == "complete"
+
+
+def test_two_passes_without_a_token_publish(real_strapd, tmp_path):
+    # a second pass in a row (no TOKEN between) publishes both: at most one pass waits
+    m = tiny_llama()
+    x = torch.randint(0, 1024, (1, 6))
+    with torch.no_grad():
+        with capture_activations(m, preset="balanced", output_path=tmp_path / "t.strap", socket_path=real_strapd.socket,
+                                 autostart_daemon=False, track_per_token=True) as fw:
+            s = fw._session
+            spy = _Spy(s.conn)
+            fw.token_tracker.record_token(5, "<5>")
+            m(input_ids=x)
+            assert s._deferred and [type(b) for b in spy.sent] == [P.Token]
+            m(input_ids=x)
+            assert [type(b) for b in spy.sent] == [P.Token, P.Publish] and not s._deferred  # both passes
+    with open_stream(tmp_path / "t.strap") as r:
+        assert len([q for q in r.packets() if q.seq]) == 1 + 2 * len(fw.hooked_modules)
+
+
+def test_old_daemon_gets_publish(monkeypatch, real_strapd, tmp_path):
+    # OPENED without published_cursor (an older strapd): the client publishes every pass
+    real_expect = _session.P.Connection.expect
+
+    def expect(self, cls, *a, **kw):
+        got = real_expect(self, cls, *a, **kw)
+        if cls is P.Opened:
+            import dataclasses
+            got = dataclasses.replace(got, published_cursor=None)
+        return got
+
+    monkeypatch.setattr(_session.P.Connection, "expect", expect)
+    m = tiny_llama()
+    with capture_activations(m, preset="balanced", output_path=tmp_path / "o.strap", socket_path=real_strapd.socket,
+                             autostart_daemon=False, track_per_token=True) as fw:
+        assert not fw._session._cursor
+        spy = _Spy(fw._session.conn)
+        generate(fw, m, n_tokens=3)
+    assert len([b for b in spy.sent if isinstance(b, P.Publish)]) == 3
