@@ -1,0 +1,93 @@
+"""strapd's wake-ups per generated token: greedy decoding under capture with per-token
+tracking, counting the daemon's context switches (every thread's voluntary and involuntary
+switches, from ``/proc/<pid>/task/*/status``) and its CPU over the decoding loop.
+
+A load-independent companion of ``decode_ab.py``: its wall-time ratios swing with whatever
+else holds the cores, while the number of times strapd is woken per token depends only on
+the protocol flow (docs/PERFORMANCE.md, "Fewer wake-ups per token"). Run it once per tree::
+
+    PYTHONPATH=<tree>/clients/python/src python <tree>/clients/python/benchmarks/wakeups.py \\
+        --strapd <tree>/bin/strapd [--trials 3] [--new 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from typing import Dict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+from _bench_model import CAPTURE_SETS, build_model  # noqa: E402
+from decode_ab import DECODE_MODEL  # noqa: E402
+from overhead_ab import greedy  # noqa: E402
+from record_cost import start_strapd  # noqa: E402
+
+from llm_instrumentation import InstrumentationConfig, capture_activations  # noqa: E402
+
+
+def switches(pid: int) -> int:
+    """Context switches of every thread of ``pid`` so far."""
+    n = 0
+    for path in glob.glob(f"/proc/{pid}/task/*/status"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                        n += int(line.split()[1])
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return n
+
+
+def cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--strapd", required=True)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--preset", default="balanced")
+    ap.add_argument("--set", default="resid+attn+mlp", choices=list(CAPTURE_SETS))
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="strap-wake-", dir="/tmp")
+    proc, sock = start_strapd(a.strapd, tmp)
+    try:
+        model = build_model(**DECODE_MODEL)
+        cfg = InstrumentationConfig.from_preset(a.preset).with_granularity(CAPTURE_SETS[a.set])
+        prompt = torch.randint(0, DECODE_MODEL["vocab"], (1, 32), generator=torch.Generator().manual_seed(1))
+        path = os.path.join(tmp, "w.strap")
+        rows = []
+        with torch.no_grad():
+            for trial in range(a.trials + 1):  # the first warms up
+                with capture_activations(model, config=cfg, output_path=path, socket_path=sock,
+                                         autostart_daemon=False, track_per_token=True) as fw:
+                    s0, c0 = switches(proc.pid), cpu(proc.pid)
+                    greedy(model, prompt, a.new, fw)
+                    s1, c1 = switches(proc.pid), cpu(proc.pid)
+                os.remove(path)
+                if trial:
+                    rows.append({"switches_per_token": (s1 - s0) / a.new, "daemon_cpu_ms_per_token": 1e3 * (c1 - c0) / a.new})
+        res: Dict[str, object] = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        res["trials"] = rows
+        print(json.dumps(res))
+    finally:
+        proc.terminate()
+        proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
