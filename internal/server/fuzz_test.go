@@ -67,6 +67,33 @@ func fuzzDial(t *testing.T, sock string) *control.Client {
 }
 
 // fuzzIdle waits until the server holds no session (the previous input is finished).
+// fuzzSession opens a session whose ring's data region starts with data (the fuzz
+// input), writing to dir/out.strap; the ring and the output file are closed when the test
+// ends, the connection by the caller.
+// fuzzRingSize is the ring of the fuzzed sessions: small, so inputs fill it.
+const fuzzRingSize = shm.HeaderSize + 8<<10
+
+func fuzzSession(t *testing.T, ts *testServer, dir string, data []byte) (*shm.Producer, *control.Client, string) {
+	p, err := shm.NewProducer(fuzzRingSize, shm.ProducerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	copy(p.Mem()[shm.HeaderSize:], data)
+	outPath := filepath.Join(dir, "out.strap")
+	out, err := os.OpenFile(outPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { out.Close() })
+	c := fuzzDial(t, ts.sock)
+	if _, err := c.Open(p.File(), out, control.Open{RingSize: fuzzRingSize, Codec: "lz4", Policy: "block", BlockSize: 4096}); err != nil {
+		c.Disconnect()
+		t.Fatalf("open: %v", err)
+	}
+	return p, c, outPath
+}
+
 func fuzzIdle(t *testing.T, ts *testServer) {
 	t.Helper()
 	for range 1000 {
@@ -150,7 +177,7 @@ func FuzzControlMessages(f *testing.F) {
 // with good CRCs, END (complete or error), index and footer.
 func FuzzSessionRecords(f *testing.F) {
 	ts := fuzzServer(f)
-	const ringSize = shm.HeaderSize + 8<<10
+	const ringSize = fuzzRingSize
 	// A valid window of two records, then the same with a lying seq.
 	good := func() ([]byte, uint64, uint64) {
 		p, err := shm.NewProducer(ringSize, shm.ProducerOptions{})
@@ -189,23 +216,8 @@ func FuzzSessionRecords(f *testing.F) {
 		defer time.AfterFunc(fuzzHang, func() {
 			hung(fmt.Sprintf("input hung: %d data bytes, head %d, seq %d", len(data), head, seq))
 		}).Stop()
-		p, err := shm.NewProducer(ringSize, shm.ProducerOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer p.Close()
-		copy(p.Mem()[shm.HeaderSize:], data)
-		outPath := filepath.Join(dir, "out.strap")
-		out, err := os.OpenFile(outPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer out.Close()
-		c := fuzzDial(t, ts.sock)
+		_, c, outPath := fuzzSession(t, ts, dir, data)
 		defer c.Disconnect()
-		if _, err := c.Open(p.File(), out, control.Open{RingSize: ringSize, Codec: "lz4", Policy: "block", BlockSize: 4096}); err != nil {
-			t.Fatalf("open: %v", err)
-		}
 		_ = c.Conn().Unix().SetDeadline(time.Now().Add(10 * time.Second))
 		if err := c.Publish(head, seq); err != nil {
 			t.Fatalf("publish: %v", err)
@@ -236,7 +248,7 @@ func FuzzSessionRecords(f *testing.F) {
 // ends the stream aborted, with every packet before the first bad record verifying.
 func FuzzPublishedCursor(f *testing.F) {
 	ts := fuzzServer(f)
-	const ringSize = shm.HeaderSize + 8<<10
+	const ringSize = fuzzRingSize
 	p, err := shm.NewProducer(ringSize, shm.ProducerOptions{})
 	if err != nil {
 		f.Fatal(err)
@@ -261,23 +273,7 @@ func FuzzPublishedCursor(f *testing.F) {
 		defer time.AfterFunc(fuzzHang, func() {
 			hung(fmt.Sprintf("input hung: %d data bytes, cursor %d", len(data), cursor))
 		}).Stop()
-		p, err := shm.NewProducer(ringSize, shm.ProducerOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer p.Close()
-		copy(p.Mem()[shm.HeaderSize:], data)
-		outPath := filepath.Join(dir, "out.strap")
-		out, err := os.OpenFile(outPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer out.Close()
-		c := fuzzDial(t, ts.sock)
-		if _, err := c.Open(p.File(), out, control.Open{RingSize: ringSize, Codec: "lz4", Policy: "block", BlockSize: 4096}); err != nil {
-			c.Disconnect()
-			t.Fatalf("open: %v", err)
-		}
+		p, c, outPath := fuzzSession(t, ts, dir, data)
 		p.SetPublished(cursor)
 		c.Disconnect()
 		fuzzIdle(t, ts)
