@@ -132,12 +132,26 @@ class Capture:
         if plan.note:
             log.warning("llm_instrumentation: %s", plan.note)
         Path(opts.output_path).parent.mkdir(parents=True, exist_ok=True)
-        out = _resume.open_output(opts, self.fingerprint())
+        try:
+            out = _resume.open_output(opts, self.fingerprint())
+        except BaseException as e:
+            self._failed_start(e)
+            raise
         try:
             return self._start_on(out, model, hooks)
-        except BaseException:
+        except BaseException as e:
             _streamlock.mark_ended(out.key)
+            self._failed_start(e)
             raise
+
+    def _failed_start(self, why: BaseException) -> None:
+        """A rank of several whose capture did not start still takes its part in the end of
+        the capture (docs/DISTRIBUTED.md D4), so that rank 0 does not wait for it."""
+        from . import capture_set
+
+        info = self.options.rank
+        if info is not None and self.options.output_path is not None and capture_set.enabled():
+            capture_set.failed_start(info, why)
 
     def _start_on(self, out: _resume.Output, model: "nn.Module", hooks: Hooks) -> "Capture":
         """:meth:`start` once the stream is open and locked."""

@@ -519,11 +519,7 @@ def store_exchange(kind: str, info: RankInfo, value: Any, to_all: bool) -> Optio
         TimeoutError: a rank's value did not come within the store's timeout (the process
             group's); the message names the ranks not heard from.
     """
-    from torch.distributed import distributed_c10d as c10d
-
-    store = c10d._get_default_store()
-    n = _EXCHANGES[kind] = _EXCHANGES.get(kind, -1) + 1
-    keys = [f"strap-llm/{kind}/{n}/{r}" for r in range(info.world_size)]
+    store, keys = _exchange_keys(kind, info)
     store.set(keys[info.rank], json.dumps(value))
     if not to_all and info.rank != 0:
         return None
@@ -537,3 +533,21 @@ def store_exchange(kind: str, info: RankInfo, value: Any, to_all: bool) -> Optio
         for k in keys:
             store.delete_key(k)
     return got
+
+
+def store_announce(kind: str, info: RankInfo, value: Any) -> None:
+    """This rank's value for a ``to_all=False`` exchange it takes part in without waiting —
+    a rank whose capture did not start, so that rank 0 hears why instead of waiting for the
+    end of a capture that will never come. On rank 0 (which would only read) the exchange's
+    number just moves on, as on every other rank."""
+    store, keys = _exchange_keys(kind, info)
+    if info.rank != 0:
+        store.set(keys[info.rank], json.dumps(value))
+
+
+def _exchange_keys(kind: str, info: RankInfo) -> Tuple[Any, List[str]]:
+    """The default group's store and the keys of this process's next exchange of ``kind``."""
+    from torch.distributed import distributed_c10d as c10d
+
+    n = _EXCHANGES[kind] = _EXCHANGES.get(kind, -1) + 1
+    return c10d._get_default_store(), [f"strap-llm/{kind}/{n}/{r}" for r in range(info.world_size)]

@@ -406,6 +406,24 @@ def _ended(path: str) -> bool:
         return False
 
 
+def _in_group(info: _distributed.RankInfo) -> bool:
+    """Whether an initialised process group of the job's size carries the ranks' facts."""
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized()
+                and dist.get_world_size() == info.world_size)
+
+
+def failed_start(info: _distributed.RankInfo, why: BaseException) -> None:
+    """Called by a rank whose capture did not start (refused, a bad option): with a process
+    group, rank 0 then gets this rank's error in place of its facts and writes no manifest
+    at once, instead of waiting for a capture end that will never come. Never raises."""
+    try:
+        if _in_group(info):
+            _distributed.store_announce("capture-set", info, f"rank {info.rank}: its capture did not start: {why}")
+    except Exception as e:  # the capture's own error is what the caller raises
+        log.error("llm_instrumentation: could not tell rank 0 that this capture did not start: %s", e)
+
+
 def end_of_capture(stream_path: str, info: _distributed.RankInfo, wait: Optional[float] = None) -> Optional[str]:
     """Called by every rank as its capture ends: rank 0 writes the job's manifest.
 
@@ -427,10 +445,7 @@ def end_of_capture(stream_path: str, info: _distributed.RankInfo, wait: Optional
     """
     out = manifest_path(stream_path)
     wait = WAIT_FOR_RANKS if wait is None else wait
-    dist = sys.modules.get("torch.distributed")
-    group = dist is not None and dist.is_available() and dist.is_initialized() \
-        and dist.get_world_size() == info.world_size
-    if group:
+    if _in_group(info):
         try:
             with open_stream(stream_path) as r:
                 mine: Any = (rank_entry(r, stream_path), r.metadata["client_metadata"]["distributed"])
