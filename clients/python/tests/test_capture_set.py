@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -297,6 +298,13 @@ def test_store_exchange_values_keys_and_missing_ranks():
         two = RankInfo(0, 2, 0, 2, "h", "torch.distributed")
         with pytest.raises(TimeoutError, match=r"ranks \[1\] of 2 sent no t value"):
             _distributed.store_exchange("t", two, 5, to_all=False)
+        assert not default.check(["strap-llm/t/2/0"]), "rank 0 deletes what it did get"
+        # a caller's bound beats the store's own timeout (a rank that died mid-capture)
+        default.set_timeout(datetime.timedelta(seconds=300))
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"ranks \[1\] of 2 sent no t value"):
+            _distributed.store_exchange("t", two, 5, to_all=False, timeout=0.5)
+        assert time.monotonic() - t0 < 30
     finally:
         dist.destroy_process_group()
 

@@ -83,3 +83,24 @@ def test_torchrun_one_path_opted_out_second_rank_refused(real_strapd, tmp_path):
     assert sorted(n for n in os.listdir(tmp_path) if n.endswith(".strap")) == ["cap.strap"]
     pid = check_rank_stream(tmp_path / "cap.strap", winner, tmp_path / f"expect.{winner}.pt")
     assert f"process {pid}" in refused[0]
+
+
+def test_rank_dying_mid_capture_does_not_hold_rank0(real_strapd, tmp_path):
+    """Rank 1 dies inside its capture (no launcher to end the job: two processes started by
+    hand, env:// rendezvous). Rank 0 waits ``WAIT_FOR_RANKS`` (here 3 s) for its facts — not
+    the process group's 30-minute store timeout —, names the rank it did not hear from, writes
+    no manifest, and ends with its own stream whole."""
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), WORLD_SIZE="2", STRAP_TEST_RANK1_DIES="3")
+    for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "STRAP_RANK_STREAMS"):
+        env.pop(k, None)
+    cmd = [sys.executable, str(HERE / "torchrun_capture.py"), real_strapd.socket, str(tmp_path)]
+    procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(HERE))
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert procs[1].returncode == 9, outs[1][1][-3000:]
+    assert procs[0].returncode == 0, outs[0][0][-3000:] + outs[0][1][-5000:]
+    assert "ranks [1] of 2 sent no capture-set value" in outs[0][1], outs[0][1][-3000:]
+    assert not (tmp_path / "cap.capture-set.json").exists()
+    check_rank_stream(tmp_path / "cap.rank00000-of-00002.strap", 0, tmp_path / "expect.0.pt")

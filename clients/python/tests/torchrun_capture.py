@@ -4,7 +4,9 @@ call on every rank, each rank on its own inputs. The ranks meet at a barrier whi
 captures are live, so the two sessions overlap. Each rank saves what its hook saw of one
 module, for the parent to compare with the stream bit for bit. With STRAP_RANK_STREAMS=0 both
 ranks name the one file: the rank refused (StreamInUseError) says so, still meets the
-barrier so the other rank finishes, and exits 3.
+barrier so the other rank finishes, and exits 3. With STRAP_TEST_RANK1_DIES=SECONDS rank 1
+dies (os._exit) inside its capture after the barrier, and rank 0 waits that many seconds for
+it at the end of its own capture (capture_set.WAIT_FOR_RANKS).
 
 argv: socket outdir
 """
@@ -18,7 +20,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import tiny_gpt2  # noqa: E402
 
-from llm_instrumentation import StreamInUseError, capture_activations  # noqa: E402
+from llm_instrumentation import StreamInUseError, capture_activations, capture_set  # noqa: E402
 
 MODULE = "transformer.h.1.mlp"
 
@@ -27,6 +29,9 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    dies = os.environ.get("STRAP_TEST_RANK1_DIES")
+    if dies:
+        capture_set.WAIT_FOR_RANKS = float(dies)
     model = tiny_gpt2()
     seen = []
     model.get_submodule(MODULE).register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
@@ -38,6 +43,8 @@ if __name__ == "__main__":
                 for _ in range(3 + rank):  # a different number of passes per rank: streams tell apart
                     model(torch.randint(0, 1000, (1, 5), generator=g))
             dist.barrier()  # both sessions live at once
+            if dies and rank == 1:
+                os._exit(9)
     except StreamInUseError as e:
         print(f"rank {rank} refused: {e}", flush=True)
         dist.barrier()

@@ -12,6 +12,7 @@ path: the stream lock refuses a second live capture of one file).
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -493,7 +494,8 @@ def rank_path(path: str, info: RankInfo) -> str:
 _EXCHANGES: Dict[str, int] = {}
 
 
-def store_exchange(kind: str, info: RankInfo, value: Any, to_all: bool) -> Optional[List[Any]]:
+def store_exchange(kind: str, info: RankInfo, value: Any, to_all: bool,
+                   timeout: Optional[float] = None) -> Optional[List[Any]]:
     """Every rank's ``value`` (JSON) through the key-value store of the initialised default
     process group — never a collective on the group itself.
 
@@ -511,22 +513,32 @@ def store_exchange(kind: str, info: RankInfo, value: Any, to_all: bool) -> Optio
         value: this rank's value, JSON-serialisable.
         to_all: every rank gets every value (and waits for them); else only rank 0 does, the
             other ranks return at once, and rank 0 deletes the keys after reading them.
+        timeout: seconds to wait for the other ranks' values (None: the store's own timeout,
+            the process group's — 30 min by default).
 
     Returns:
         the values by rank, or None on a rank that gets none.
 
     Raises:
-        TimeoutError: a rank's value did not come within the store's timeout (the process
-            group's); the message names the ranks not heard from.
+        TimeoutError: a rank's value did not come within ``timeout`` (or the store's); the
+            message names the ranks not heard from. With ``to_all=False`` rank 0 deletes the
+            values it did get (a late rank's value stays in the store, which ends with the group).
     """
     store, keys = _exchange_keys(kind, info)
     store.set(keys[info.rank], json.dumps(value))
     if not to_all and info.rank != 0:
         return None
     try:
-        store.wait(keys)
+        if timeout is None:
+            store.wait(keys)
+        else:
+            store.wait(keys, datetime.timedelta(seconds=timeout))
     except Exception as e:  # torch raises DistStoreError or RuntimeError, by version
         missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        if not to_all:
+            for k in keys:
+                if store.check([k]):
+                    store.delete_key(k)
         raise TimeoutError(f"ranks {missing} of {info.world_size} sent no {kind} value: {e}") from e
     got = [json.loads(store.get(k)) for k in keys]
     if not to_all:

@@ -36,8 +36,8 @@ FORMAT = "strap-capture-set"
 VERSION = 1
 #: A manifest larger than this is refused (it lists streams, not data).
 MAX_SIZE = 64 << 20
-#: Seconds rank 0 waits for the other ranks' streams to end when no process group carries
-#: their facts to it.
+#: Seconds rank 0 waits, once its own capture has ended, for the other ranks' captures to end
+#: (their facts through the process group's store, or their streams by name without one).
 WAIT_FOR_RANKS = 60.0
 #: ``STRAP_CAPTURE_SET=0`` (false/no/off): rank 0 writes no manifest at the end of a capture
 #: (and no rank takes part in gathering its facts).
@@ -430,15 +430,15 @@ def end_of_capture(stream_path: str, info: _distributed.RankInfo, wait: Optional
     With an initialised process group of the job's size, each rank's facts (read from its
     own, finished stream) reach rank 0 through the group's key-value store
     (:func:`_distributed.store_exchange`, no collective): the other ranks return at once, rank
-    0 waits for every rank to end a capture, up to the store's timeout. Without one, rank 0
-    waits up to ``wait`` seconds for the other ranks' streams (by their per-rank names) to end
-    and reads them.
+    0 waits up to ``wait`` seconds for every rank to end a capture (a rank that died never
+    will). Without one, rank 0 waits up to ``wait`` seconds for the other ranks' streams (by
+    their per-rank names) to end and reads them. Either way, a rank not heard from in time is
+    named in the log and no manifest is written (``capture_set build`` makes it later).
 
     Args:
         stream_path: this rank's stream.
         info: this rank.
-        wait: seconds rank 0 waits for the other streams (no process group; None:
-            :data:`WAIT_FOR_RANKS`).
+        wait: seconds rank 0 waits for the other ranks (None: :data:`WAIT_FOR_RANKS`).
 
     Returns:
         the manifest's path on rank 0 when written, else None.
@@ -452,7 +452,7 @@ def end_of_capture(stream_path: str, info: _distributed.RankInfo, wait: Optional
         except Exception as e:  # the others still gather: rank 0 reports this rank's failure
             mine = f"rank {info.rank}: {e}"
         try:
-            got = _distributed.store_exchange("capture-set", info, mine, to_all=False)
+            got = _distributed.store_exchange("capture-set", info, mine, to_all=False, timeout=wait)
         except TimeoutError as e:
             log.error("llm_instrumentation: no capture-set manifest written: %s (build it later: "
                       "python -m llm_instrumentation.capture_set build)", e)
