@@ -331,7 +331,9 @@ typedef struct strap_closed {
  * Thread-safe (serialized). */
 STRAP_API int strap_session_close(strap_session *s, strap_closed *out);
 
-/* The session's counters (records and tokens sent, drops). Thread-safe. */
+/* The session's counters (records and tokens sent, drops; publishes: PUBLISH messages — a
+ * TOKEN that names the records before it, to a daemon that takes the published cursor, is
+ * not one). Thread-safe. */
 typedef struct strap_session_stats {
 	uint64_t records, tokens, drops, drop_bytes, bytes_in, publishes, checkpoints;
 	uint64_t session_id; /* OPENED's session number */

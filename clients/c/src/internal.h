@@ -80,6 +80,9 @@ enum {
 
 enum {
 	SR_HEADER_SIZE = 4096,
+	/* RingHeader offset of the published cursor (PROTOCOL.md 2): a u64 stored with release
+	 * semantics once every record below it is complete. */
+	SR_PUBLISHED_OFFSET = 32,
 	SR_RECORD_FIXED = 80,
 	SR_KIND_TENSOR = 1,
 	SR_KIND_PAD = 2,
@@ -185,8 +188,10 @@ void sp_enc_open(sw_buf *b, const sp_open_body *o);
 void sp_enc_publish(sw_buf *b, uint64_t head, uint64_t seq);
 void sp_enc_drop(sw_buf *b, uint64_t seq, const char *name, size_t name_len, uint64_t step, uint64_t forward,
 		 uint64_t bytes, const char *reason);
+/* has_head: "head":head (the records in [previous head, head) published first; only to a
+ * daemon whose OPENED said published_cursor). */
 void sp_enc_token(sw_buf *b, uint64_t seq, uint64_t index, int64_t token_id, const char *text, size_t text_len,
-		  int has_position, int64_t position);
+		  int has_position, int64_t position, int has_head, uint64_t head);
 void sp_enc_checkpoint(sw_buf *b, uint64_t seq);
 void sp_enc_close(sw_buf *b, uint64_t seq, uint64_t head, uint64_t drops);
 void sp_enc_status(sw_buf *b);
@@ -207,6 +212,7 @@ typedef struct sp_reply {
 		} welcome;
 		struct {
 			uint64_t session, block_size;
+			int published_cursor; /* 1: the daemon takes the published cursor (PROTOCOL.md 1.4) */
 		} opened;
 		struct {
 			uint64_t tail;

@@ -299,6 +299,7 @@ static int open_session(strap_session *s, const strap_session_params *p)
 	if ((e = ss_expect(s, SP_OPENED, 30, &r)))
 		return e;
 	s->session_id = r.u.opened.session;
+	s->cursor = r.u.opened.published_cursor != 0;
 	if (resuming) {
 		s->seq = s->last_tensor_seq = last_seq;
 		s->tokens = tokens;

@@ -215,6 +215,26 @@ int ss_publish(strap_session *s)
 		return e;
 	s->published_head = s->head;
 	s->publishes++;
+	s->deferred = false;
+	return STRAP_OK;
+}
+
+/* The end of a forward pass while generating, to a daemon that takes the published cursor:
+ * store the cursor past the pass's records (a client killed before its next TOKEN still has
+ * them in its stream: strapd takes them at EOF) and leave naming them to that TOKEN's head, so
+ * strapd wakes once per token instead of twice. A second pass in a row without a TOKEN between
+ * publishes by message: at most one pass waits. */
+static int defer_publish(strap_session *s)
+{
+	if (s->deferred)
+		return ss_publish(s);
+	if (s->head == s->published_head)
+		return STRAP_OK;
+	/* Release: every byte below the cursor is written before the daemon can load it. The
+	 * ring's base is page aligned, so the u64 at offset 32 is naturally aligned. */
+	atomic_store_explicit((_Atomic uint64_t *)(void *)(s->ring + SR_PUBLISHED_OFFSET), s->head,
+			      memory_order_release);
+	s->deferred = true;
 	return STRAP_OK;
 }
 
@@ -518,7 +538,9 @@ int strap_session_flush(strap_session *s)
 	pthread_mutex_lock(&s->mu);
 	int e = ss_check(s);
 	if (!e)
-		e = ss_publish(s);
+		/* Before the first token (prefill, a capture without tokens) each pass is
+		 * published at once. */
+		e = s->cursor && s->tokens ? defer_publish(s) : ss_publish(s);
 	pthread_mutex_unlock(&s->mu);
 	return e;
 }
@@ -564,10 +586,17 @@ int strap_session_token(strap_session *s, int64_t token_id, const char *text, si
 		e = ss_fail(s, STRAP_E_INVALID, "token %llu text is not valid UTF-8", (unsigned long long)s->tokens);
 		goto out;
 	}
-	if ((e = drain(s)) || (e = ss_publish(s)))
+	if ((e = drain(s)))
 		goto out;
+	/* With the cursor, one message: the records before the token (their last one's seq is
+	 * the token's - 1), then the token. */
+	int has_head = s->cursor && s->head != s->published_head;
+	if (!s->cursor && (e = ss_publish(s)))
+		goto out;
+	if (has_head)
+		atomic_thread_fence(memory_order_release); /* as before a PUBLISH (PROTOCOL.md 3) */
 	sw_buf b = ss_out_buf(s);
-	sp_enc_token(&b, s->seq + 1, s->tokens, token_id, text, text_len, position >= 0, position);
+	sp_enc_token(&b, s->seq + 1, s->tokens, token_id, text, text_len, position >= 0, position, has_head, s->head);
 	if (b.overflow) {
 		e = ss_fail(s, STRAP_E_TOO_LARGE, "token %llu text of %zu bytes does not fit one message",
 			    (unsigned long long)s->tokens, text_len);
@@ -575,6 +604,9 @@ int strap_session_token(strap_session *s, int64_t token_id, const char *text, si
 	}
 	if ((e = ss_send_buf(s, &b, NULL, 0)))
 		goto out;
+	if (has_head)
+		s->published_head = s->head;
+	s->deferred = false;
 	s->seq++;
 	s->tokens++;
 out:

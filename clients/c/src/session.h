@@ -53,6 +53,10 @@ struct strap_session {
 	int policy;
 	double stall_timeout;
 	bool failed, shut, closed;
+	/* the daemon takes the published cursor (OPENED): once a token was recorded a pass's
+	 * records are named by the next TOKEN's head, not a PUBLISH of their own (PROTOCOL.md 1.4) */
+	bool cursor;
+	bool deferred; /* a pass's records lie below the cursor, not yet named by a message */
 	strap_error err;
 	strap_resume_point resume;
 	sp_rank rank;      /* this process's rank in a distributed job (world_size 0: none) */

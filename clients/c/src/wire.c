@@ -246,7 +246,7 @@ void sp_enc_drop(sw_buf *b, uint64_t seq, const char *name, size_t name_len, uin
 }
 
 void sp_enc_token(sw_buf *b, uint64_t seq, uint64_t index, int64_t token_id, const char *text, size_t text_len,
-		  int has_position, int64_t position)
+		  int has_position, int64_t position, int has_head, uint64_t head)
 {
 	sp_enc_begin(b, SP_TOKEN);
 	sw_raw(b, "{", 1);
@@ -261,6 +261,10 @@ void sp_enc_token(sw_buf *b, uint64_t seq, uint64_t index, int64_t token_id, con
 	if (has_position) {
 		key(b, "position", false);
 		sw_i64(b, position);
+	}
+	if (has_head) {
+		key(b, "head", false);
+		sw_u64(b, head);
 	}
 	sw_raw(b, "}", 1);
 	sp_enc_finish(b);
@@ -452,6 +456,13 @@ int sp_decode_reply(const uint8_t *d, size_t n, sp_reply *r, char *err, size_t e
 	case SP_OPENED:
 		r->u.opened.session = rd_u64(&x, "session");
 		r->u.opened.block_size = rd_u64(&x, "block_size");
+		r->u.opened.published_cursor = 0;
+		if (sj_get(v, "published_cursor", &f) && sj_kind(f) != 'z') {
+			bool on;
+			if (!sj_bool(f, &on))
+				rd_fail(&x, "published_cursor", "a boolean");
+			r->u.opened.published_cursor = on;
+		}
 		break;
 	case SP_RELEASE: r->u.release.tail = rd_u64(&x, "tail"); break;
 	case SP_CLOSED:

@@ -108,8 +108,11 @@ static void messages(void)
 	sp_enc_status(&b);
 	same("protocol", "status.bin", b.p, b.n);
 	b = fresh();
-	sp_enc_token(&b, 5, 2, 1234, " the", 4, 1, 8);
+	sp_enc_token(&b, 5, 2, 1234, " the", 4, 1, 8, 0, 0);
 	same("protocol", "token.bin", b.p, b.n);
+	b = fresh();
+	sp_enc_token(&b, 9, 3, 42, "!", 1, 0, 0, 1, 8192);
+	same("protocol", "token_head.bin", b.p, b.n);
 	b = fresh();
 	sp_enc_checkpoint(&b, 5);
 	same("protocol", "checkpoint.bin", b.p, b.n);
@@ -138,10 +141,11 @@ static void replies(void)
 	CHECK(sp_decode_reply(d, n, &r, why, sizeof why) == STRAP_OK && r.type == SP_OPENED &&
 		      r.u.opened.session == 7 && r.u.opened.block_size == 1048576,
 	      "opened: %s", why);
-	/* a newer daemon's OPENED (published_cursor, PROTOCOL.md 1.4): this client ignores it */
+	CHECK(!r.u.opened.published_cursor, "opened without published_cursor");
+	/* a daemon that takes the published cursor (PROTOCOL.md 1.4) */
 	n = load("protocol", "opened_cursor.bin", d, sizeof d);
 	CHECK(sp_decode_reply(d, n, &r, why, sizeof why) == STRAP_OK && r.type == SP_OPENED &&
-		      r.u.opened.session == 7 && r.u.opened.block_size == 1048576,
+		      r.u.opened.session == 7 && r.u.opened.block_size == 1048576 && r.u.opened.published_cursor,
 	      "opened_cursor: %s", why);
 	n = load("protocol", "release.bin", d, sizeof d);
 	CHECK(sp_decode_reply(d, n, &r, why, sizeof why) == STRAP_OK && r.type == SP_RELEASE &&

@@ -44,6 +44,7 @@ int main(void)
 		 SP_CHECKPOINTED, 1, "last_crc"},
 		{"{\"daemon\":{},\"sessions\":{}}", SP_STATUS_REPLY, 1, "sessions"},
 		{"{\"session\":1}", SP_OPENED, 1, "OPENED.block_size"},
+		{"{\"session\":1,\"block_size\":2,\"published_cursor\":1}", SP_OPENED, 1, "OPENED.published_cursor"},
 		{"{\"a\":\"\\ud800\"}", SP_OPENED, 1, "surrogate"},
 		{"{\"a\":\"\xff\"}", SP_OPENED, 1, "UTF-8"},
 	};

@@ -4,7 +4,9 @@
  * its checkpoint, right after a checkpoint) and resumed from its checkpoint file gives a stream
  * equal packet for packet to an uninterrupted capture; the C-written checkpoint file is read by
  * `strapd resume`; a leftover checkpoint is never ignored silently; another fingerprint is
- * refused. */
+ * refused. While generating, a pass's records are named by the next TOKEN (the published
+ * cursor, PROTOCOL.md 1.4): a capture killed between a pass and its TOKEN still has that pass's
+ * records in its stream. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +22,8 @@ enum { N_TOKENS = 16, INTERVAL = 4, PER_TOKEN = 3 };
 
 /* The capture: N_TOKENS tokens, each after a forward pass of PER_TOKEN records; a checkpoint
  * every INTERVAL tokens. kill_at: < 1000 SIGKILL before record kill_at; 1000 + k after token
- * k's TOKEN (before its checkpoint); 2000 + k after token k's checkpoint; -1 never. */
+ * k's TOKEN (before its checkpoint); 2000 + k after token k's checkpoint; 3000 + k after pass
+ * k's strap_session_flush, before its TOKEN (from k = 1 the pass is deferred); -1 never. */
 static int child(const char *sock, const char *out, int kill_at, int resume, const char *fingerprint)
 {
 	strap_session_params p = strap_default_session_params();
@@ -54,6 +57,8 @@ static int child(const char *sock, const char *out, int kill_at, int resume, con
 		}
 		if (strap_session_flush(s))
 			goto fail;
+		if (kill_at == 3000 + (int)k)
+			raise(SIGKILL);
 		char text[16];
 		int n = snprintf(text, sizeof text, " w%llu", (unsigned long long)k);
 		if (strap_session_token(s, (int64_t)k * 7 + 1, text, (size_t)n, -1))
@@ -67,8 +72,9 @@ static int child(const char *sock, const char *out, int kill_at, int resume, con
 	}
 	if (strap_session_close(s, NULL))
 		goto fail;
+	printf("done from token %llu, %llu PUBLISH\n", (unsigned long long)rp.token_count,
+	       (unsigned long long)strap_session_get_stats(s).publishes);
 	strap_session_free(s);
-	printf("done from token %llu\n", (unsigned long long)rp.token_count);
 	return 0;
 fail:
 	strap_session_last_error(s, &e);
@@ -107,13 +113,16 @@ int main(int argc, char **argv)
 	int rc = run_child(self, d.socket, ref, -1, 0, "fp1", log, sizeof log);
 	CHECK(rc == 0, "uninterrupted capture: %d %s", rc, log);
 	th_check_stream(ref, NULL);
+	/* strapd takes the published cursor: the first pass (before any token) is the only one
+	 * published by a PUBLISH of its own, every later pass by its token's head */
+	CHECK(strstr(log, "done from token 0, 1 PUBLISH\n") != NULL, "uninterrupted capture: %s", log);
 	snprintf(cmd, sizeof cmd, "test ! -e '%s.ckpt.json'", ref);
 	CHECK(th_run(cmd, NULL, 0) == 0, "checkpoint file left after a clean close");
 
-	/* Five fixed points; STRAP_KILL_CLIENT_RUNS=N (make test-long-c) adds N random ones, of
+	/* Seven fixed points; STRAP_KILL_CLIENT_RUNS=N (make test-long-c) adds N random ones, of
 	 * every kind, replayable with STRAP_KILL_SEED. */
-	int kills[5 + 200] = {2, 13, 1000 + 7, 2000 + 11, 40};
-	size_t n_kills = 5;
+	int kills[7 + 200] = {2, 13, 1000 + 7, 2000 + 11, 40, 3000 + 2, 3000 + 9};
+	size_t n_kills = 7;
 	const char *runs = getenv("STRAP_KILL_CLIENT_RUNS");
 	if (runs && atoi(runs) > 0) {
 		const char *seed_env = getenv("STRAP_KILL_SEED");
@@ -122,9 +131,10 @@ int main(int argc, char **argv)
 		srand(seed);
 		for (int r = 0; r < atoi(runs) && n_kills < sizeof kills / sizeof *kills; r++) {
 			int k = rand() % N_TOKENS;
-			switch (rand() % 3) {
+			switch (rand() % 4) {
 			case 0: kills[n_kills++] = k * PER_TOKEN + rand() % PER_TOKEN; break; /* mid pass */
 			case 1: kills[n_kills++] = 1000 + k; break;                           /* after TOKEN */
+			case 2: kills[n_kills++] = 3000 + k; break;                           /* pass, no TOKEN */
 			default: kills[n_kills++] = 2000 + k; break;                          /* after CHECKPOINT */
 			}
 		}
@@ -139,10 +149,19 @@ int main(int argc, char **argv)
 		struct stat st;
 		int have_ckpt = stat(ck, &st) == 0;
 		/* the first checkpoint follows token 3 (INTERVAL tokens): before it there is none */
-		int k0 = kills[i] >= 2000 ? kills[i] - 2000 : kills[i] >= 1000 ? kills[i] - 1000 : -1;
-		int after_first = kills[i] >= 2000   ? k0 >= INTERVAL - 1
+		int k0 = kills[i] >= 1000 ? kills[i] % 1000 : -1;
+		int after_first = kills[i] >= 3000   ? k0 >= INTERVAL
+				  : kills[i] >= 2000 ? k0 >= INTERVAL - 1
 				  : kills[i] >= 1000 ? k0 >= INTERVAL
 						     : kills[i] >= INTERVAL * PER_TOKEN;
+		if (kills[i] >= 3000) {
+			/* the killed stream holds every record of passes 0..k0 (pass k0's only below the
+			 * cursor when k0 > 0) and tokens 0..k0-1, as the uninterrupted one does */
+			snprintf(cmd, sizeof cmd, "'%s' '%s/compare_streams.py' --killed '%s' '%s' %d %d 2>&1",
+				 th_env("STRAP_PYTHON"), th_env("STRAP_TESTS"), ref, path, (k0 + 1) * PER_TOKEN, k0);
+			int r = th_run(cmd, out, sizeof out);
+			CHECK(r == 0, "kill %d: the killed stream lost records:\n%s", kills[i], out);
+		}
 		CHECK(have_ckpt == after_first, "kill %d: checkpoint file %s", kills[i],
 		      have_ckpt ? "exists" : "missing");
 		if (have_ckpt) {
