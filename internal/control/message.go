@@ -148,15 +148,16 @@ func Decode(b []byte) (Message, error) {
 }
 
 func checkObject(body []byte) error {
-	if !json.Valid(body) {
-		return errors.New("not valid JSON")
+	// Valid JSON (json.Valid's verdict) and valid Unicode text, in one pass: encoding/json
+	// would decode invalid UTF-8 and lone surrogate escapes as U+FFFD, so a TOKEN text or a
+	// module name would reach the stream other than the client sent it.
+	if _, err := jsontext.Validate(body); err != nil {
+		return err
 	}
-	if t := bytes.TrimLeft(body, " \t\r\n"); len(t) == 0 || t[0] != '{' {
+	if t := bytes.TrimLeft(body, " \t\r\n"); t[0] != '{' {
 		return errors.New("not a JSON object")
 	}
-	// encoding/json would decode invalid UTF-8 and lone surrogate escapes as U+FFFD, so a
-	// TOKEN text or a module name would reach the stream other than the client sent it.
-	return jsontext.Check(body)
+	return nil
 }
 
 // Unmarshal decodes the body into v and checks that every key in required is present.
