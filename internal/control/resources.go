@@ -3,6 +3,7 @@ package control
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/strap-llm/strap/internal/jsontext"
@@ -41,60 +42,83 @@ func ResourceLines(m Message) ([]byte, int, error) {
 	if c[0] != '{' {
 		return nil, 0, fmt.Errorf("%w: %s body is not a JSON object", ErrBadMessage, m.Type)
 	}
-	events, err := member(c, "events")
-	if err != nil {
-		return nil, 0, fmt.Errorf("%w: %s body: %w", ErrBadMessage, m.Type, err)
-	}
-	if events == nil || string(events) == "null" {
-		return nil, 0, fmt.Errorf("%w: %s body lacks required field %q", ErrBadMessage, m.Type, "events")
-	}
-	if events[0] != '[' {
-		return nil, 0, fmt.Errorf("%w: %s events is not a list", ErrBadMessage, m.Type)
-	}
-	out := make([]byte, 0, len(events)+16)
-	n := 0
-	for i := 1; events[i] != ']'; {
-		end := jsontext.SkipValue(events, i)
-		if _, err := resevent.ParseValid(events[i:end]); err != nil {
-			return nil, 0, fmt.Errorf("%w: RESOURCES event %d: %w", ErrBadMessage, n, err)
+	// One walk of the body's members; the "events" array is read where it lies (each event
+	// parsed once, its end found by the parse), and of a repeated "events" the last counts.
+	var (
+		out    = make([]byte, 0, len(c)) // one "events" member's lines fit
+		n      int
+		found  bool  // an "events" member
+		events error // what is wrong with the last one
+	)
+	for i := 1; c[i] != '}'; {
+		kend := jsontext.SkipString(c, i)
+		match, err := isKey(c[i:kend], "events")
+		if err != nil {
+			return nil, 0, fmt.Errorf("%w: %s body: %w", ErrBadMessage, m.Type, err)
 		}
-		out = append(append(out, events[i:end]...), '\n')
-		n++
-		i = end
-		if events[i] == ',' {
+		vstart := kend + 1 // past ':'
+		var vend int
+		if match {
+			found = true
+			out, n, vend, events = eventLines(c, vstart, out[:0])
+		} else {
+			vend = jsontext.SkipValue(c, vstart)
+		}
+		i = vend
+		if c[i] == ',' {
 			i++
 		}
 	}
-	if n == 0 {
+	switch {
+	case !found:
+		return nil, 0, fmt.Errorf("%w: %s body lacks required field %q", ErrBadMessage, m.Type, "events")
+	case events != nil:
+		return nil, 0, fmt.Errorf("%w: %s %w", ErrBadMessage, m.Type, events)
+	case n == 0:
 		return nil, 0, fmt.Errorf("%w: RESOURCES without events", ErrBadMessage)
 	}
 	return out, n, nil
 }
 
-// member returns the value of key in obj, compact and valid JSON text of an object (nil when
-// absent; the last when repeated).
-func member(obj []byte, key string) ([]byte, error) {
-	var found []byte
-	for i := 1; obj[i] != '}'; {
-		kend := jsontext.SkipValue(obj, i)
-		k := obj[i:kend]
-		match := string(k[1:len(k)-1]) == key
-		if !match && bytes.IndexByte(k, '\\') >= 0 {
-			var s string
-			if err := json.Unmarshal(k, &s); err != nil {
-				return nil, err
-			}
-			match = s == key
+// isKey says whether the string token k (compact, valid) names key, after unescaping.
+func isKey(k []byte, key string) (bool, error) {
+	if string(k[1:len(k)-1]) == key {
+		return true, nil
+	}
+	if bytes.IndexByte(k, '\\') < 0 {
+		return false, nil
+	}
+	var s string
+	if err := json.Unmarshal(k, &s); err != nil {
+		return false, err
+	}
+	return s == key, nil
+}
+
+// eventLines appends the events of the "events" value at c[i] (compact, valid text) to out
+// as JSON lines and returns them, their count and the value's end; err says what is wrong
+// with the value (null, not a list, an event that is not one), and then the end is found by
+// skipping it.
+func eventLines(c []byte, i int, out []byte) (_ []byte, n, end int, err error) {
+	switch c[i] {
+	case 'n': // null: as if absent
+		return out, 0, i + 4, fmt.Errorf("body lacks required field %q", "events")
+	case '[':
+	default:
+		return out, 0, jsontext.SkipValue(c, i), errors.New("events is not a list")
+	}
+	for j := i + 1; ; {
+		if c[j] == ']' {
+			return out, n, j + 1, nil
 		}
-		vstart := kend + 1 // past ':'
-		vend := jsontext.SkipValue(obj, vstart)
-		if match {
-			found = obj[vstart:vend]
+		_, size, err := resevent.ParseValidAt(c[j:])
+		if err != nil {
+			return out, 0, jsontext.SkipValue(c, i), fmt.Errorf("event %d: %w", n, err)
 		}
-		i = vend
-		if obj[i] == ',' {
-			i++
+		out = append(append(out, c[j:j+size]...), '\n')
+		n++
+		if j += size; c[j] == ',' {
+			j++
 		}
 	}
-	return found, nil
 }

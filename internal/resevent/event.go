@@ -41,15 +41,25 @@ func Parse(line []byte) (Event, error) {
 // Parse's second validity scan. On other bytes it never panics, but what it returns is
 // meaningless; FuzzParse holds it equal to Parse on valid input.
 func ParseValid(b []byte) (Event, error) {
+	e, _, err := ParseValidAt(b)
+	return e, err
+}
+
+// ParseValidAt is ParseValid for the object starting at b[0] of valid JSON text that may go
+// on after it (an array of events): it also returns the index just past the object, so a
+// caller walking the array need not skip each event before reading it.
+func ParseValidAt(b []byte) (Event, int, error) {
 	if len(b) == 0 || b[0] != '{' {
-		return Event{}, fmt.Errorf("%w: not a JSON object", ErrNotEvent)
+		return Event{}, 0, fmt.Errorf("%w: not a JSON object", ErrNotEvent)
 	}
 	var e Event
+	end := 0
 	for i := 1; ; {
 		if i = jsontext.SkipSpace(b, i); i >= len(b) {
-			return Event{}, fmt.Errorf("%w: truncated object", ErrNotEvent)
+			return Event{}, 0, fmt.Errorf("%w: truncated object", ErrNotEvent)
 		}
 		if b[i] == '}' {
+			end = i + 1
 			break
 		}
 		kend := jsontext.SkipString(b, i)
@@ -57,7 +67,7 @@ func ParseValid(b []byte) (Event, error) {
 		i = jsontext.SkipSpace(b, kend) + 1 // past ':'
 		i = jsontext.SkipSpace(b, i)
 		if i >= len(b) || len(key) < 2 {
-			return Event{}, fmt.Errorf("%w: truncated object", ErrNotEvent)
+			return Event{}, 0, fmt.Errorf("%w: truncated object", ErrNotEvent)
 		}
 		vend := jsontext.SkipValue(b, i)
 		val := b[i:vend]
@@ -71,9 +81,9 @@ func ParseValid(b []byte) (Event, error) {
 	// A string token longer than its quotes is a non-empty string, unless escapes hide
 	// that (then decode it: rare, and allowed to cost).
 	if len(e.name) < 3 || e.name[0] != '"' || (bytes.IndexByte(e.name, '\\') >= 0 && keyName(e.name) == "") {
-		return Event{}, fmt.Errorf(`%w: no "event" name`, ErrNotEvent)
+		return Event{}, 0, fmt.Errorf(`%w: no "event" name`, ErrNotEvent)
 	}
-	return e, nil
+	return e, end, nil
 }
 
 // Name is the "event" member: a non-empty string (Parse refuses an event without one).
