@@ -39,6 +39,10 @@ PathLike = Union[str, "os.PathLike[str]"]
 LOSSY_CODECS = (17, 18)
 #: Stored bytes of the tensors an object-storage epoch fetches ahead, at most (see ``prefetch``).
 PREFETCH_BYTES = 256 << 20
+#: Range requests of an object-storage epoch in flight at once: the tensors fetched ahead
+#: queue in order behind them, so the next one to decode arrives first rather than all of
+#: them sharing the link and arriving together (docs/OBJECT_STORAGE.md).
+PREFETCH_THREADS = 2
 #: Keys of a row (and of a batch) besides ``activation``, all integer (``lossy`` bool).
 META_KEYS = ("stream", "module", "step", "forward", "batch", "position", "token_index", "token_id", "lossy")
 
@@ -612,7 +616,7 @@ class ActivationDataset(IterableDataset):
 
         pending: "collections.deque[Future[List[Any]]]" = collections.deque()
         in_flight = 0
-        with ThreadPoolExecutor(self.prefetch, thread_name_prefix="strap-prefetch") as pool:
+        with ThreadPoolExecutor(min(self.prefetch, PREFETCH_THREADS), thread_name_prefix="strap-prefetch") as pool:
             try:
                 k = 0
                 for i, u in enumerate(units):
