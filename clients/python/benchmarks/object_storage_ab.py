@@ -1,8 +1,8 @@
 """Before/after of the object-storage epoch in one process, alternating: the code as it is
-("new") against the reader before 2026-11-27 15:00 UTC ("old": 8 range requests at once, a
-large payload fetched apart from its header's bytes and joined to them), reproduced by the
-two module constants that changed; local epochs beside them (docs/OBJECT_STORAGE.md
-"Performance of reading"). The capture is object_storage_bench.py's (made once, kept at
+("new") against the reader before 2026-11-27 15:00 UTC ("old": a large payload fetched apart
+from its header's bytes and joined to them), reproduced by the module constant that changed,
+and "new-pf2" (prefetch=2: two tensors ahead, two range requests at once); local epochs beside
+them (docs/OBJECT_STORAGE.md "Performance of reading"). The capture is object_storage_bench.py's (made once, kept at
 --capture).
 
 Usage::
@@ -21,10 +21,10 @@ sys.path.insert(0, str(HERE))
 import object_storage_bench as ob  # noqa: E402  (puts src/ and tests/ on the path)
 from s3server import S3Server, versitygw_bin  # noqa: E402
 
-import llm_instrumentation.data as dm  # noqa: E402
 import llm_instrumentation.stream as sm  # noqa: E402
 
-VARIANTS = {"old": (8, 1 << 62), "new": (2, 64)}
+#: name: (ActivationDataset's prefetch, stream.REFETCH_PREFIX_RATIO)
+VARIANTS = {"old": (8, 1 << 62), "new": (8, 64), "new-pf2": (2, 64)}
 
 
 def main() -> None:
@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--strapd", default=str(HERE.parents[2] / "bin" / "strapd"))
     ap.add_argument("--capture", default="/var/tmp/strap-objstore-ab/cap.strap")
     ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--variants", default="old,new")
+    ap.add_argument("--variants", default="old,new,new-pf2")
     a = ap.parse_args()
     cap = Path(a.capture)
     if not cap.exists():
@@ -54,8 +54,8 @@ def main() -> None:
                 if name == "local":
                     p, kw = str(cap), {}
                 else:
-                    dm.PREFETCH_THREADS, sm.REFETCH_PREFIX_RATIO = VARIANTS[name]
-                    p, kw = url, {"storage_options": so}
+                    pf, sm.REFETCH_PREFIX_RATIO = VARIANTS[name]
+                    p, kw = url, {"storage_options": so, "prefetch": pf}
                 c0, s0 = time.process_time(), server_cpu()
                 e = ob.epoch(p, "model.layers.1", 4096, **kw)
                 if i:
