@@ -180,3 +180,73 @@ func TestUploadFinishedStreamFromPacketCRCs(t *testing.T) {
 		r.Close()
 	}
 }
+
+// FuzzStreamCRCs: any file bytes (a stream, cut or damaged, or none) give an error or a
+// record that covers at most the file and answers only at part boundaries and its end,
+// without a panic; for the undamaged seed, every answer is the CRC32C of the file's prefix.
+func FuzzStreamCRCs(f *testing.F) {
+	dir := f.TempDir()
+	good := writeStreamFileF(f, filepath.Join(dir, "seed.strap"))
+	f.Add(good, uint32(4096))
+	f.Add(good[:len(good)/2], uint32(1000))
+	f.Add(good[:len(good)-16], uint32(333))
+	f.Add([]byte("not a stream at all"), uint32(7))
+	f.Fuzz(func(t *testing.T, data []byte, g uint32) {
+		grain := int64(g%(1<<20)) + 256
+		p := filepath.Join(t.TempDir(), "f")
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		fh, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fh.Close()
+		s, err := upload.NewStreamCRCs(fh, int64(len(data)), grain)
+		if err != nil {
+			return
+		}
+		if s.Covered() > int64(len(data)) {
+			t.Fatalf("covers %d of %d bytes", s.Covered(), len(data))
+		}
+		exact := bytes.Equal(data, good)
+		for off := int64(0); off <= s.Covered()+grain && off <= int64(len(data)); off += grain {
+			c, ok := s.At(off)
+			if ok && off > s.Covered() {
+				t.Fatalf("At(%d) answered past the covered %d", off, s.Covered())
+			}
+			if ok && exact && c != crc32.Checksum(data[:off], castagnoli) {
+				t.Fatalf("At(%d) = %08x, not the prefix's CRC32C", off, c)
+			}
+		}
+	})
+}
+
+// writeStreamFileF is writeStreamFile for a fuzz target's seed: a small finished stream.
+func writeStreamFileF(f *testing.F, path string) []byte {
+	w, err := os.Create(path)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer w.Close()
+	sw, err := stream.New(w, map[string]any{"k": "v"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	for i := range 6 {
+		n := 1 + i*1500
+		p := stream.Packet{Header: stream.Header{Type: stream.TypeTensor, DType: dtype.Uint8, Shape: []uint64{uint64(n)},
+			RawLen: uint64(n), Seq: uint64(i + 1)}, Name: "t", Blocks: []stream.Block{{Data: randomBytes(n, uint64(i))}}}
+		if err := sw.WritePacket(&p); err != nil {
+			f.Fatal(err)
+		}
+	}
+	if err := sw.Close(stream.EndInfo{Status: "complete"}); err != nil {
+		f.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		f.Fatal(err)
+	}
+	return b
+}
