@@ -193,15 +193,15 @@ func FuzzStreamCRCs(f *testing.F) {
 	f.Add([]byte("not a stream at all"), uint32(7))
 	f.Fuzz(func(t *testing.T, data []byte, g uint32) {
 		grain := int64(g%(1<<20)) + 256
-		p := filepath.Join(t.TempDir(), "f")
-		if err := os.WriteFile(p, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		fh, err := os.Open(p)
+		fh, err := os.CreateTemp(dir, "f")
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer os.Remove(fh.Name())
 		defer fh.Close()
+		if _, err := fh.Write(data); err != nil {
+			t.Fatal(err)
+		}
 		s, err := upload.NewStreamCRCs(fh, int64(len(data)), grain)
 		if err != nil {
 			return
