@@ -773,10 +773,15 @@ def upload_tables(w: Emit, up: Json) -> None:
     w("")
     gb = up["bytes"] / 1e9
     w(f"Run {up['when']}, {up['cpus']} cores shared with other work (the machine is noisy: compare rounds, not "
-      f"runs). One {up['bytes'] >> 20} MiB file of random bytes, in the page cache, uploaded to a local VersityGW "
+      f"runs). " + (f"One {up['bytes'] >> 20} MiB capture (bench/ingest, codec none), in the page cache, "
+      "uploaded to a local VersityGW (posix backend on the same disk) by `strapd upload` (the capture's upload "
+      "code: 16 MiB parts, 4 at once, CRC32C per part, unsigned payload, sent by sendfile over plain HTTP; the "
+      "parts' CRC32C from the packets' stored CRCs, a packet cut by a part boundary read from its start to the "
+      "boundary) and by " if up.get("file") == "capture" else
+      f"One {up['bytes'] >> 20} MiB file of random bytes, in the page cache, uploaded to a local VersityGW "
       "(posix backend on the same disk) by `strapd upload` (the capture's upload code: 16 MiB parts, 4 at once, "
       "CRC32C per part, unsigned payload, sent by sendfile over plain HTTP; a finished file has no writer's CRC "
-      "record, so each part is read back for its CRC32C here, unlike a capture's upload below) and by "
+      "record, so each part is read back for its CRC32C here, unlike a capture's upload below) and by ") +
       f"{up['boto3']}; each in its own process, alternating which goes "
       "first. CPU: the process's user + system time (`wait4`), startup included.")
     w("")

@@ -1,4 +1,4 @@
-"""`make bench-upload`: strapd's upload of a capture-sized file to a real S3 server
+"""`make bench-upload`: strapd's upload of a capture to a real S3 server
 (VersityGW, posix backend on this disk) against boto3's ``upload_file`` of the same file to
 the same server, and strapd's CPU for it per GB (docs/PERFORMANCE-DATA.md "Upload").
 
@@ -56,6 +56,27 @@ def proc_cpu(pid: int) -> float:
     """CPU seconds (user + system) a running process has used so far."""
     f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def make_capture(a: argparse.Namespace, work: Path, path: Path, size: int, env: Dict[str, str]) -> None:
+    """A real capture of about size bytes (bench/ingest: Go producer, codec none,
+    activation-like float32 tensors) at path, through a strapd serve of its own: what `strapd upload` is for (its
+    parts' CRC32C then come from the packets' stored CRCs, not from reading them back)."""
+    ingest = work / "ingest"
+    subprocess.run([a.go, "build", "-o", str(ingest), "./bench/ingest"], cwd=ROOT, check=True)
+    sock = work / "mk.sock"
+    d = subprocess.Popen([a.strapd, "serve", "--socket", str(sock), "--no-probes"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            if sock.exists():
+                break
+            time.sleep(0.05)
+        subprocess.run([str(ingest), "-socket", str(sock), "-out", str(path), "-codec", "none", "-bytes", f"{size}"],
+                       env=env, check=True, stdout=subprocess.DEVNULL)
+    finally:
+        d.terminate()
+        d.wait()
 
 
 def capture_ab(a: argparse.Namespace, work: Path, endpoint: str, env: Dict[str, str], size: int) -> Dict[str, Any]:
@@ -144,9 +165,8 @@ def main() -> int:
                   region_name="us-east-1").create_bucket(Bucket="bench")
         path = work / "capture.strap"
         size = a.mib << 20
-        with open(path, "wb") as f:  # incompressible, like compressed activations
-            for _ in range(a.mib):
-                f.write(os.urandom(1 << 20))
+        make_capture(a, work, path, size, env)
+        fsize = path.stat().st_size  # the capture's file: size raw bytes, its headers and index
         with open(path, "rb") as f:  # into the page cache for both
             while f.read(8 << 20):
                 pass
@@ -161,12 +181,12 @@ def main() -> int:
             for name, cmd in order:
                 m = run_timed(cmd, env)
                 res[name] = {"wall_s": m["wall_s"], "cpu_s": m["cpu_s"], "user_s": m["user_s"], "sys_s": m["sys_s"],
-                             "mb_s": size / m["wall_s"] / 1e6}
+                             "mb_s": fsize / m["wall_s"] / 1e6}
             res["ratio"] = res["strapd"]["mb_s"] / res["boto3"]["mb_s"]
-            res["strapd_cpu_s_per_gb"] = res["strapd"]["cpu_s"] / (size / 1e9)
-            res["boto3_cpu_s_per_gb"] = res["boto3"]["cpu_s"] / (size / 1e9)
+            res["strapd_cpu_s_per_gb"] = res["strapd"]["cpu_s"] / (fsize / 1e9)
+            res["boto3_cpu_s_per_gb"] = res["boto3"]["cpu_s"] / (fsize / 1e9)
             rounds.append(res)
-            gb = size / 1e9
+            gb = fsize / 1e9
             print(f"round {r + 1}: strapd {res['strapd']['mb_s']:.0f} MB/s ({res['strapd_cpu_s_per_gb']:.2f} CPU-s/GB: "
                   f"user {res['strapd']['user_s'] / gb:.2f}, system {res['strapd']['sys_s'] / gb:.2f}), "
                   f"boto3 {res['boto3']['mb_s']:.0f} MB/s ({res['boto3_cpu_s_per_gb']:.2f} CPU-s/GB), "
@@ -178,7 +198,7 @@ def main() -> int:
             # The temporary directory and port of this run, as the other sections write them.
             "strapd_command": shlex.join(strapd_cmd).replace(str(work), "$TMP").replace(endpoint, "http://127.0.0.1:$PORT"), "boto3": "boto3.client('s3').upload_file(path, bucket, key) "
             "with TransferConfig() defaults (8 MiB parts, 10 threads)",
-            "bytes": size, "rounds": rounds, "median_round": med,
+            "bytes": fsize, "file": "capture", "rounds": rounds, "median_round": med,
             "ratio_median": statistics.median(r["ratio"] for r in rounds),
             "strapd_cpu_s_per_gb_median": statistics.median(r["strapd_cpu_s_per_gb"] for r in rounds),
             "capture": capture,

@@ -203,6 +203,13 @@ func newUploadCmd(logger func() *zap.Logger) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// A capture's parts take their CRC32C from its packets' stored CRCs instead of
+			// being read back whole (a file that is not a stream is read back).
+			if fi, err := f.Stat(); err == nil {
+				if src, err := upload.NewStreamCRCs(f, fi.Size(), m.PartSize()); err == nil {
+					u.UseCRCs(src)
+				}
+			}
 			if err := u.Finish(sides); err != nil {
 				return err
 			}

@@ -115,6 +115,39 @@ def test_damage_found_as_on_a_file(s3, tmp_path):  # noqa: F811
     assert bad_seen >= 30  # nearly every byte is under a CRC
 
 
+def test_large_payload_fetched_whole_exact_and_checked(s3, tmp_path):  # noqa: F811
+    """A payload far larger than the bytes that came with its header is fetched whole (its
+    first bytes again) instead of joined to them: the same bytes as the file, one range
+    request, ≤ 1/64 more bytes, and a flipped bit in its first bytes (those fetched twice)
+    or far into it still found by the packet's CRC."""
+    from llm_instrumentation import StreamFormatError
+    from llm_instrumentation.stream import HEAD_GUESS, REFETCH_PREFIX_RATIO
+
+    x = _tensor(torch.float32, (256, 512), seed=11)  # 512 KiB, codec none
+    p = write_stream(tmp_path / "big.strap", [("big", x, None), ("small", _tensor(torch.float32, (3, 4)), None)])
+    with open_stream(p) as r:
+        pk = r.tensors("big")[0].packets[0]
+        start, stored = pk.payload_start, pk.stored_len
+    assert stored >= REFETCH_PREFIX_RATIO * HEAD_GUESS
+    url = s3.upload(p, "reader", "big.strap")
+    same(p, (url, s3.storage_options))
+    with open_stream(url, storage_options=s3.storage_options) as r:
+        t = r.tensors("big")[0]
+        before, reqs = r.source.bytes_fetched, r.source.requests
+        assert t.raw() == x.numpy().tobytes()
+        assert r.source.requests - reqs == 1 and r.source.bytes_fetched - before == stored
+    good = p.read_bytes()
+    for at in (start + 5, start + stored - 7):
+        data = bytearray(good)
+        data[at] ^= 0x10
+        bad = tmp_path / f"bad{at}.strap"
+        bad.write_bytes(bytes(data))
+        url = s3.upload(bad, "reader", f"big-bad-{at}.strap")
+        with open_stream(url, storage_options=s3.storage_options) as r:
+            with pytest.raises(StreamFormatError, match="CRC mismatch"):
+                r.tensors("big")[0].raw()
+
+
 def test_server_killed_mid_epoch_is_an_error_then_reads_again(tmp_path):
     """The S3 server SIGKILLed while an ActivationDataset epoch runs: the epoch fails with a
     ConnectionError naming the object (no short epoch passed off as whole); restarted, a new

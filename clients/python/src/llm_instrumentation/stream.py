@@ -44,6 +44,10 @@ assert INDEX_ENTRY.size == 40
 #: Bytes fetched for a packet header whose length is not known yet (remote sources): most
 #: headers (96 bytes + shape, name, meta) fit; a longer one costs a second request.
 HEAD_GUESS = 4096
+#: A remote payload at least this many times its prefix (the bytes that came with its header)
+#: is fetched whole, prefix again included, instead of its rest joined to the prefix: at most
+#: 1/64 more bytes, one copy of the payload less.
+REFETCH_PREFIX_RATIO = 64
 #: Read-ahead of a remote source when walking packets of unknown length in file order.
 SCAN_AHEAD = 4 << 20
 #: Index entries whose headers a remote source fetches in one concurrent batch.
@@ -310,6 +314,11 @@ class StreamReader:
         pre = pk._prefix or b""
         if len(pre) == pk.stored_len:
             return pre  # came whole with its header, CRC-checked by _parse
+        if pre and pk.stored_len >= REFETCH_PREFIX_RATIO * len(pre):
+            # A large payload: fetched whole, its first bytes again, rather than joined to
+            # the prefix that came with the header (a copy of megabytes, into memory the
+            # kernel must fault in and zero, for at most HEAD_GUESS bytes saved).
+            pre = b""
         # Fetched now, apart from its header: check it against the packet's CRC.
         rest = self._src.read(pk.payload_start + len(pre), pk.stored_len - len(pre))
         got = crc32c(rest, crc32c(pre, pk._hcrc) if pre else pk._hcrc)
