@@ -120,7 +120,7 @@ func (s *StreamCRCs) At(off int64) (uint32, bool) {
 	if a.start == off {
 		return a.crc, true
 	}
-	c, err := fileCRC(s.f, a.start, off-a.start, make([]byte, crcBufSize))
+	c, err := fileCRC(s.f, a.start, off-a.start, make([]byte, min(crcBufSize, off-a.start)))
 	if err != nil {
 		return 0, false // read back by the upload, which reports the error
 	}
