@@ -65,6 +65,35 @@ def thread_switches(pid: int) -> Dict[int, int]:
     return out
 
 
+def split_switches(pid: int) -> Dict[str, int]:
+    """Voluntary (the thread blocked: a wake-up follows) and involuntary (preempted)
+    switches of every thread of ``pid`` so far."""
+    out = {"voluntary": 0, "nonvoluntary": 0}
+    for path in glob.glob(f"/proc/{pid}/task/*/status"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    k = line.split(":")[0]
+                    if k in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                        out[k.split("_")[0]] += int(line.split()[1])
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def cpu_ns(pid: int) -> int:
+    """Nanoseconds on a CPU of every thread of ``pid`` (schedstat: finer than the clock
+    ticks of ``cpu``)."""
+    n = 0
+    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        try:
+            with open(path) as f:
+                n += int(f.read().split()[0])
+        except (FileNotFoundError, IndexError, ValueError):
+            pass
+    return n
+
+
 def cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -105,15 +134,18 @@ def main() -> None:
                                                  "-o", a.perf_record], stdout=subprocess.DEVNULL)
                         time.sleep(0.5)  # perf attaches
                     t0 = thread_switches(proc.pid)
-                    s0, c0 = switches(proc.pid), cpu(proc.pid)
+                    s0, c0, v0, n0 = switches(proc.pid), cpu(proc.pid), split_switches(proc.pid), cpu_ns(proc.pid)
                     greedy(model, prompt, a.new, fw)
-                    s1, c1 = switches(proc.pid), cpu(proc.pid)
+                    s1, c1, v1, n1 = switches(proc.pid), cpu(proc.pid), split_switches(proc.pid), cpu_ns(proc.pid)
                     if trial:
                         for tid, n in thread_switches(proc.pid).items():
                             per_thread[tid] = per_thread.get(tid, 0) + n - t0.get(tid, 0)
                 os.remove(path)
                 if trial:
-                    rows.append({"switches_per_token": (s1 - s0) / a.new, "daemon_cpu_ms_per_token": 1e3 * (c1 - c0) / a.new})
+                    rows.append({"switches_per_token": (s1 - s0) / a.new, "daemon_cpu_ms_per_token": 1e3 * (c1 - c0) / a.new,
+                                 "voluntary_per_token": (v1["voluntary"] - v0["voluntary"]) / a.new,
+                                 "nonvoluntary_per_token": (v1["nonvoluntary"] - v0["nonvoluntary"]) / a.new,
+                                 "daemon_cpu_ms_per_token_schedstat": (n1 - n0) / 1e6 / a.new})
         res: Dict[str, object] = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         res["trials"] = rows
         if a.per_thread:
