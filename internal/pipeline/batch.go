@@ -103,6 +103,10 @@ func (s *Session) flush(b *batch) error {
 			break
 		}
 	}
+	if failed != nil {
+		// Failed before the writer sees the record, so the session's error is this one.
+		s.fail(failed)
+	}
 	if s.inline {
 		s.compressBatch(bt, s.o.CPU != nil)
 		if err := s.enqueue(bt); err != nil {
@@ -119,10 +123,7 @@ func (s *Session) flush(b *batch) error {
 			return s.fail(&Error{Kind: KindInternal, Err: fmt.Errorf("submit batch: %w", err)})
 		}
 	}
-	if failed != nil {
-		return s.fail(failed)
-	}
-	return nil
+	return s.Err()
 }
 
 // prepareSmall readies a small record for compressBatch: its encoder and its buffer's

@@ -258,3 +258,38 @@ func BenchmarkDecodeWindow(b *testing.B) {
 		})
 	}
 }
+
+// TestBatchedLossyMeta: batched records of a lossy codec get their encoder from the whole
+// record (a rel bound's RMS) and carry their error report, within the bound.
+func TestBatchedLossyMeta(t *testing.T) {
+	h := newHarness(t, hopts{codec: "quant", lossy: &codec.LossyBound{Mode: "rel", Value: 1e-3}})
+	var w []shm.Tensor
+	for i := range 10 {
+		tn := f32Tensor(fmt.Sprintf("m%d", i), uint64(i+3), 512)
+		tn.Meta = []byte(`{"dim":1}`)
+		w = append(w, tn)
+	}
+	h.putWindow(w)
+	if err := h.publish(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.finish(StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	st, err := pipelinetest.ReadFile(h.out.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Packets) != len(w) {
+		t.Fatalf("%d packets, want %d", len(st.Packets), len(w))
+	}
+	for i, p := range st.Packets {
+		l, ok := p.Meta["lossy"].(map[string]any)
+		if p.Name != w[i].Name || !ok || p.Meta["dim"] != float64(1) || l["mode"] != "rel" {
+			t.Fatalf("packet %d %s meta %v", i, p.Name, p.Meta)
+		}
+		if e, _ := l["rel_l2_err"].(float64); !(e > 0 && e <= 1e-3) {
+			t.Fatalf("packet %d rel_l2_err %v", i, l["rel_l2_err"])
+		}
+	}
+}

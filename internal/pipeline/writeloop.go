@@ -24,13 +24,13 @@ func (s *Session) writeLoop() {
 			}
 			continue
 		}
-		for _, rec := range it.batch {
-			stopped = s.writeItem(rec, stopped)
-		}
 		if err := it.getErr(); err != nil && !stopped {
-			// The batch as a whole failed (its job was never run).
+			// The batch as a whole failed (its job was never run): none of it is written.
 			stopped = true
 			s.fail(&Error{Kind: KindInternal, Err: err})
+		}
+		for _, rec := range it.batch {
+			stopped = s.writeItem(rec, stopped)
 		}
 		if s.codec == nil {
 			s.tail.freeAll(it.batch)
