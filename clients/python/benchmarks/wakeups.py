@@ -8,6 +8,11 @@ the protocol flow (docs/PERFORMANCE.md, "Fewer wake-ups per token"). Run it once
 
     PYTHONPATH=<tree>/clients/python/src python <tree>/clients/python/benchmarks/wakeups.py \\
         --strapd <tree>/bin/strapd [--trials 3] [--new 64]
+
+``--per-thread`` adds each strapd thread's switches per token; ``--perf-record OUT`` runs
+``perf record -g`` on strapd over the measured trials (``--perf-event context-switches``
+for where the switches are, ``cpu-clock`` for the CPU); ``--strapd-arg=--debug-trace=F``
+writes a Go execution trace of strapd (``go tool trace -d=parsed F``).
 """
 
 from __future__ import annotations
