@@ -293,3 +293,29 @@ func TestBatchedLossyMeta(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchCPUBudget: batched records are compressed within the CPU budget like blocks
+// on the pool: with a budget of 0 CPUs every one of them is stored raw, and counted.
+func TestBatchCPUBudget(t *testing.T) {
+	cpu := NewCPUBudget(0)
+	h := newHarness(t, hopts{codec: "shuffle", cpu: cpu})
+	if !h.s.inline {
+		t.Fatal("not compressing batches inline")
+	}
+	var w []shm.Tensor
+	for i := range 20 {
+		w = append(w, f32Tensor(fmt.Sprintf("r%d", i), uint64(i+1), 256))
+	}
+	h.putWindow(w)
+	if err := h.publish(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := h.finish(StatusComplete)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.CPURawBlocks != 20 || cpu.RawBlocks() != 20 {
+		t.Fatalf("raw blocks: session %d, budget %d; want 20", res.CPURawBlocks, cpu.RawBlocks())
+	}
+	checkTensors(t, h, w)
+}
