@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"os/user"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -113,6 +114,9 @@ type serveConfig struct {
 	Debug struct {
 		// WriteDelay sleeps this long after every packet written (tests fill tiny rings).
 		WriteDelay time.Duration
+		// Trace writes a Go execution trace (runtime/trace) to this file from start to
+		// exit: which goroutine wakes which, for profiles of the daemon's wake-ups.
+		Trace string
 	}
 }
 
@@ -298,6 +302,8 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 	addUploadFlags(f, &cfg.Upload)
 	f.DurationVar(&cfg.Debug.WriteDelay, "debug-write-delay", 0, "sleep after every packet written (tests only)")
 	_ = f.MarkHidden("debug-write-delay")
+	f.StringVar(&cfg.Debug.Trace, "debug-trace", "", "write a Go execution trace (go tool trace) to this file until exit (profiling only)")
+	_ = f.MarkHidden("debug-trace")
 	return cmd
 }
 
@@ -394,6 +400,13 @@ func runServe(ctx context.Context, cfg serveConfig, base *zap.Logger) error {
 		if err := schedIdle(); err != nil {
 			return err
 		}
+	}
+	if cfg.Debug.Trace != "" {
+		stopTrace, err := startTrace(cfg.Debug.Trace)
+		if err != nil {
+			return err
+		}
+		defer stopTrace()
 	}
 	// SIGTERM/SIGINT cancel ctx (drain, then exit); SIGHUP only reopens the log.
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
@@ -522,4 +535,23 @@ func (c *serveConfig) serverConfig(mode os.FileMode, gid int, notify func(string
 			Interval: c.Probes.Interval, PerThread: c.Probes.PerThread, SampleReadWrite: c.Probes.SampleReadWrite},
 		Observer: observe,
 	}
+}
+
+// startTrace starts a Go execution trace into path (--debug-trace); the returned function
+// stops it and closes the file.
+func startTrace(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--debug-trace: %w", err)
+	}
+	if err := trace.Start(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--debug-trace: %w", err)
+	}
+	return func() {
+		trace.Stop()
+		if err := f.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "strapd: --debug-trace:", err)
+		}
+	}, nil
 }

@@ -13,8 +13,9 @@ import (
 // the bucket holds time; otherwise it is stored raw (lossless, and a copy costs a small
 // fraction of compressing it), so compression never takes more than the budget plus one
 // burst, however fast clients publish. Each compression is charged the CPU time of its
-// worker's thread (with a budget, NewPool locks each worker to one thread), so the bound is
-// on CPU, not on the wall time a loaded machine stretches a compression to.
+// worker's thread (with a budget, NewPool locks each worker to one thread; a batch of small
+// records compressed on a session's reader goroutine locks it meanwhile, batch.go), so the
+// bound is on CPU, not on the wall time a loaded machine stretches a compression to.
 type CPUBudget struct {
 	cores float64
 

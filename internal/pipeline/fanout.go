@@ -47,18 +47,11 @@ func (s *Session) dispatch(it *item) error {
 		close(it.done)
 		return s.enqueue(it)
 	}
-	dt := it.rec.DType
-	enc := s.codec
-	if tp, ok := enc.(codec.TensorPreparer); ok {
-		// One pass over the whole record (e.g. the RMS a relative bound refers to).
-		c, err := tp.ForTensor(p, dt)
-		if err != nil {
-			s.tail.free(it.span)
-			return s.fail(&Error{Kind: KindCodec, Err: fmt.Errorf("prepare seq %d (%s): %w", it.seq, it.rec.Name, err)})
-		}
-		enc = c
+	enc, se, withStats, err := s.encoderFor(it)
+	if err != nil {
+		s.tail.free(it.span)
+		return s.fail(err)
 	}
-	se, withStats := enc.(codec.StatsEncoder)
 	if withStats {
 		it.stats = make([]codec.BlockStats, n)
 	}
@@ -75,45 +68,7 @@ func (s *Session) dispatch(it *item) error {
 		}
 		it.grants[i] = g
 		job := func() {
-			buf := getBuf(bufCap(len(src)))
-			var (
-				out        []byte
-				compressed bool
-				err        error
-			)
-			var m meter
-			if s.o.CPU != nil {
-				m = startMeter()
-			}
-			switch {
-			case !s.o.CPU.take():
-				s.cpuRaw.Add(1)
-				out = buf[:0]
-				if withStats {
-					it.stats[i] = codec.BlockStats{Values: len(src) / max(1, dt.Size()), Lossless: true}
-				}
-			case withStats:
-				var st codec.BlockStats
-				out, compressed, st, err = se.EncodeStats(buf[:0], src, dt)
-				if !compressed {
-					st = codec.BlockStats{Values: len(src) / max(1, dt.Size()), Lossless: true}
-				}
-				it.stats[i] = st
-				s.o.CPU.charge(m.elapsed())
-			default:
-				out, compressed, err = enc.Encode(buf[:0], src, dt)
-				s.o.CPU.charge(m.elapsed())
-			}
-			switch {
-			case err != nil:
-				it.setErr(fmt.Errorf("block %d: %w", i, err))
-				putBuf(buf)
-			case compressed:
-				it.blocks[i] = stream.Block{Data: out}
-			default:
-				// Stored verbatim: copy, since the ring bytes are released before writing.
-				it.blocks[i] = stream.Block{Data: append(out[:0], src...), Raw: true}
-			}
+			s.compressBlock(it, i, src, enc, se, withStats)
 			s.blockDone(it)
 		}
 		if err := s.o.Pool.Submit(s.ctx, job); err != nil {
@@ -122,6 +77,67 @@ func (s *Session) dispatch(it *item) error {
 		}
 	}
 	return nil
+}
+
+// encoderFor is the encoder of it's blocks: the session's codec, or the one a
+// codec.TensorPreparer derives from the whole record (e.g. the RMS a relative bound refers
+// to); se is set when it reports block stats (lossy codecs).
+func (s *Session) encoderFor(it *item) (enc codec.Codec, se codec.StatsEncoder, withStats bool, err error) {
+	enc = s.codec
+	if tp, ok := enc.(codec.TensorPreparer); ok {
+		c, err := tp.ForTensor(it.rec.Payload, it.rec.DType)
+		if err != nil {
+			return nil, nil, false, &Error{Kind: KindCodec, Err: fmt.Errorf("prepare seq %d (%s): %w", it.seq, it.rec.Name, err)}
+		}
+		enc = c
+	}
+	se, withStats = enc.(codec.StatsEncoder)
+	return enc, se, withStats, nil
+}
+
+// compressBlock compresses block i of it (src), within the CPU budget: past it the block
+// is stored raw. The result goes to it.blocks[i] (it.stats[i] with stats), an error to it.
+func (s *Session) compressBlock(it *item, i int, src []byte, enc codec.Codec, se codec.StatsEncoder, withStats bool) {
+	dt := it.rec.DType
+	buf := getBuf(bufCap(len(src)))
+	var (
+		out        []byte
+		compressed bool
+		err        error
+	)
+	var m meter
+	if s.o.CPU != nil {
+		m = startMeter()
+	}
+	switch {
+	case !s.o.CPU.take():
+		s.cpuRaw.Add(1)
+		out = buf[:0]
+		if withStats {
+			it.stats[i] = codec.BlockStats{Values: len(src) / max(1, dt.Size()), Lossless: true}
+		}
+	case withStats:
+		var st codec.BlockStats
+		out, compressed, st, err = se.EncodeStats(buf[:0], src, dt)
+		if !compressed {
+			st = codec.BlockStats{Values: len(src) / max(1, dt.Size()), Lossless: true}
+		}
+		it.stats[i] = st
+		s.o.CPU.charge(m.elapsed())
+	default:
+		out, compressed, err = enc.Encode(buf[:0], src, dt)
+		s.o.CPU.charge(m.elapsed())
+	}
+	switch {
+	case err != nil:
+		it.setErr(fmt.Errorf("block %d: %w", i, err))
+		putBuf(buf)
+	case compressed:
+		it.blocks[i] = stream.Block{Data: out}
+	default:
+		// Stored verbatim: copy, since the ring bytes are released before writing.
+		it.blocks[i] = stream.Block{Data: append(out[:0], src...), Raw: true}
+	}
 }
 
 // abandon counts the left blocks of it that will never be submitted as done, with err, so

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"bytes"
 	"encoding/json"
 	"time"
 	"unicode/utf8"
@@ -34,42 +35,74 @@ func (s *Session) Publish(head, seq uint64) error {
 	}
 	in.head = head
 	s.headA.Store(head)
-	var last uint64
+	var (
+		last uint64
+		b    batch
+	)
 	for in.rd.Pos() < head {
-		rec, pos, err := in.rd.Next(head)
+		it, _, err := s.takeNext(head)
 		if err != nil {
-			return s.fail(&Error{Kind: KindBadRecord, Err: err})
+			s.flush(&b) // what was taken before it is good and is written
+			return s.fail(err)
 		}
-		sp := s.tail.add(pos + rec.Len)
-		if rec.Kind == shm.KindPad {
-			s.tail.free(sp)
+		if it == nil {
 			continue
 		}
-		if rec.Seq != in.nextSeq {
-			s.tail.free(sp)
-			return s.fail(errf(KindTornRecord, "record at position %d has seq %d, expected %d", pos, rec.Seq, in.nextSeq))
-		}
-		in.nextSeq++
-		last = rec.Seq
-		it := &item{kind: kindTensor, seq: rec.Seq, rec: rec, span: sp, done: make(chan struct{})}
-		// Name and meta are copied: the client may reuse the bytes once released.
-		if len(rec.Meta) > 0 {
-			it.meta = append([]byte(nil), rec.Meta...)
-			var obj map[string]json.RawMessage
-			if err := json.Unmarshal(it.meta, &obj); err != nil {
-				s.tail.free(sp)
-				return s.fail(errf(KindBadRecord, "record seq %d: meta is not a JSON object: %v", rec.Seq, err))
-			}
-		}
-		s.bytesIn.Add(uint64(len(rec.Payload)))
-		if err := s.dispatch(it); err != nil {
+		last = it.seq
+		if err := s.route(&b, it); err != nil {
 			return err
 		}
+	}
+	if err := s.flush(&b); err != nil {
+		return err
 	}
 	if last != 0 && last != seq {
 		return s.fail(errf(KindTornRecord, "publish says last seq %d, window ends with record seq %d", seq, last))
 	}
 	return nil
+}
+
+// takeNext parses the record at the reader's position in the window ending at end and
+// checks it (its sequence number, its meta): the one step of Publish and DrainPublished.
+// A record that passes is taken: its ring bytes are tracked until freed, the next
+// sequence number moves on, and it comes back as an item for route. Padding is taken and
+// comes back nil. A record that fails is not taken. next is where the record ends.
+func (s *Session) takeNext(end uint64) (it *item, next uint64, err error) {
+	in := &s.in
+	rec, pos, err := in.rd.Next(end)
+	if err != nil {
+		return nil, 0, &Error{Kind: KindBadRecord, Err: err}
+	}
+	next = pos + rec.Len
+	if rec.Kind == shm.KindPad {
+		s.tail.free(s.tail.add(next))
+		return nil, next, nil
+	}
+	if rec.Seq != in.nextSeq {
+		return nil, 0, errf(KindTornRecord, "record at position %d has seq %d, expected %d", pos, rec.Seq, in.nextSeq)
+	}
+	var meta []byte
+	if len(rec.Meta) > 0 {
+		// Copied: the client may reuse the bytes once released.
+		meta = append([]byte(nil), rec.Meta...)
+		if err := metaObject(meta); err != nil {
+			return nil, 0, errf(KindBadRecord, "record seq %d: meta is not a JSON object: %v", rec.Seq, err)
+		}
+	}
+	in.nextSeq++
+	s.bytesIn.Add(uint64(len(rec.Payload)))
+	return &item{kind: kindTensor, seq: rec.Seq, rec: rec, span: s.tail.add(next), meta: meta}, next, nil
+}
+
+// metaObject checks that meta decodes as a JSON object (or null), as json.Unmarshal into
+// a map takes it. The common case, valid JSON starting with '{', is checked by json.Valid,
+// which does not allocate; anything else is decoded, for the verdict and its words.
+func metaObject(meta []byte) error {
+	if t := bytes.TrimLeft(meta, " \t\r\n"); len(t) > 0 && t[0] == '{' && json.Valid(meta) {
+		return nil
+	}
+	var obj map[string]json.RawMessage
+	return json.Unmarshal(meta, &obj)
 }
 
 // Drop takes a DROP notice: it takes the next sequence number and becomes a DROP packet.
@@ -174,37 +207,25 @@ func (s *Session) DrainPublished() (int, error) {
 		return 0, errf(KindBadRecord, "published cursor %d is more than data_size %d past tail %d", cur, ds, tail)
 	}
 	n := 0
+	var b batch
 	for in.rd.Pos() < cur {
-		rec, pos, err := in.rd.Next(cur)
+		it, next, err := s.takeNext(cur)
 		if err != nil {
-			return n, &Error{Kind: KindBadRecord, Err: err}
-		}
-		if rec.Kind != shm.KindPad && rec.Seq != in.nextSeq {
-			return n, errf(KindTornRecord, "record at position %d has seq %d, expected %d", pos, rec.Seq, in.nextSeq)
-		}
-		var meta []byte
-		if rec.Kind != shm.KindPad && len(rec.Meta) > 0 {
-			meta = append([]byte(nil), rec.Meta...)
-			var obj map[string]json.RawMessage
-			if err := json.Unmarshal(meta, &obj); err != nil {
-				return n, errf(KindBadRecord, "record seq %d: meta is not a JSON object: %v", rec.Seq, err)
+			if ferr := s.flush(&b); ferr != nil {
+				return n, ferr
 			}
+			return n, err
 		}
 		// Taken: the head moves past it, as a PUBLISH ending here would have moved it.
-		in.head = pos + rec.Len
-		s.headA.Store(in.head)
-		sp := s.tail.add(pos + rec.Len)
-		if rec.Kind == shm.KindPad {
-			s.tail.free(sp)
+		in.head = next
+		s.headA.Store(next)
+		if it == nil {
 			continue
 		}
-		in.nextSeq++
-		it := &item{kind: kindTensor, seq: rec.Seq, rec: rec, span: sp, meta: meta, done: make(chan struct{})}
-		s.bytesIn.Add(uint64(len(rec.Payload)))
-		if err := s.dispatch(it); err != nil {
+		if err := s.route(&b, it); err != nil {
 			return n, err
 		}
 		n++
 	}
-	return n, nil
+	return n, s.flush(&b)
 }

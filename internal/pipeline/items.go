@@ -66,10 +66,13 @@ const (
 	kindDrop
 	kindToken
 	kindCheckpoint
+	// kindBatch carries consecutive small tensor records (batch.go) as one element.
+	kindBatch
 )
 
-// item is one ordered event of a session on its way to the writer: a published record
-// or a notice. Exactly one of rec, drop and tok is meaningful, as kind says.
+// item is one ordered event of a session on its way to the writer: a published record,
+// a notice, or a batch of records. Exactly one of rec, drop, tok and batch is meaningful,
+// as kind says.
 type item struct {
 	kind itemKind
 	seq  uint64
@@ -79,6 +82,9 @@ type item struct {
 	drop Drop
 	tok  Token
 	at   time.Time // when a checkpoint was asked for
+	// batch holds a kindBatch element's records, in sequence order; they have no done
+	// channel of their own (the batch's covers them).
+	batch []*item
 
 	// Filled by the fan-out (fanout.go) for compressed codecs.
 	blocks  []stream.Block
@@ -86,8 +92,12 @@ type item struct {
 	grants  []grant
 	pending atomic.Int32
 	done    chan struct{} // closed once every block is compressed (at once for the rest)
-	errMu   sync.Mutex
-	err     error
+	// A batched record's encoder, from prepareSmall until compressBatch.
+	enc       codec.Codec
+	se        codec.StatsEncoder
+	withStats bool
+	errMu     sync.Mutex
+	err       error
 }
 
 // notice is an item that needs no compression: it is ready as soon as it is queued.

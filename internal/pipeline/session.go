@@ -75,7 +75,10 @@ type Session struct {
 	ctx   context.Context
 	stop  context.CancelFunc
 
-	in         input
+	in input
+	// inline: batches of small records are compressed on the connection's goroutine
+	// (batch.go); false under IdleWorkers, where the pool's idle workers do it.
+	inline     bool
 	queue      chan *item
 	writerDone chan struct{}
 	tail       tailTracker
@@ -162,8 +165,9 @@ func start(o options) (*Session, error) {
 		c = nil
 	}
 	ctx, stop := context.WithCancel(context.Background())
+	idleWorkers, _ := o.Pool.Idle()
 	s := &Session{
-		o: o, w: w, codec: c, bs: o.BlockSize, ctx: ctx, stop: stop,
+		o: o, w: w, codec: c, bs: o.BlockSize, ctx: ctx, stop: stop, inline: !idleWorkers,
 		in:         input{rd: shm.NewReader(o.Ring.Data(), 0, o.Limits), nextSeq: nextSeq},
 		queue:      make(chan *item, 1024),
 		writerDone: make(chan struct{}),

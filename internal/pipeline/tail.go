@@ -45,6 +45,24 @@ func (t *tailTracker) current() uint64 {
 func (t *tailTracker) free(sp *span) {
 	t.mu.Lock()
 	sp.freed = true
+	t.advance()
+}
+
+// freeAll frees the spans of items (those that hold one) under one lock, so that the
+// client is told the new tail once.
+func (t *tailTracker) freeAll(items []*item) {
+	t.mu.Lock()
+	for _, it := range items {
+		if it.span != nil {
+			it.span.freed = true
+		}
+	}
+	t.advance()
+}
+
+// advance moves the tail past every contiguous freed span and reports a new tail; t.mu is
+// held on entry and released.
+func (t *tailTracker) advance() {
 	old := t.tail
 	i := 0
 	for i < len(t.spans) && t.spans[i].freed {

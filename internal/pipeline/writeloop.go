@@ -17,42 +17,63 @@ func (s *Session) writeLoop() {
 	stopped := false
 	for it := range s.queue {
 		<-it.done
-		if !stopped {
-			if err := it.getErr(); err != nil {
-				stopped = true
-				s.fail(&Error{Kind: KindCodec, Err: fmt.Errorf("compress seq %d (%s): %w", it.seq, it.rec.Name, err)})
-			} else if it.kind == kindCheckpoint {
-				if err := s.checkpoint(it.seq); err != nil {
-					stopped = true
-					s.fail(&Error{Kind: KindWrite, Err: fmt.Errorf("checkpoint seq %d: %w", it.seq, err)})
-				} else if s.o.Observer != nil {
-					s.o.Observer.ObserveCheckpoint(time.Since(it.at))
-				}
-			} else if err := s.writeAndSync(it); err != nil {
-				stopped = true
-				kind := KindWrite
-				if errors.Is(err, stream.ErrPayloadChanged) {
-					// The client broke the protocol (it wrote into published bytes): the
-					// stream stays valid up to the previous packet and says so in END.
-					kind = KindBadRecord
-					err = fmt.Errorf("%w: the client overwrote ring bytes after PUBLISH", err)
-				}
-				s.fail(&Error{Kind: kind, Err: fmt.Errorf("write seq %d: %w", it.seq, err)})
+		if it.kind != kindBatch {
+			stopped = s.writeItem(it, stopped)
+			if s.codec == nil && it.span != nil {
+				s.tail.free(it.span)
 			}
+			continue
 		}
-		for i, b := range it.blocks {
-			if b.Data != nil {
-				putBuf(b.Data)
-			}
-			if it.grants != nil && it.grants[i].n > 0 {
-				s.o.Lease.release(it.grants[i])
-			}
+		if err := it.getErr(); err != nil && !stopped {
+			// The batch as a whole failed (its job was never run): none of it is written.
+			stopped = true
+			s.fail(&Error{Kind: KindInternal, Err: err})
 		}
-		it.blocks = nil
-		if s.codec == nil && it.span != nil {
-			s.tail.free(it.span)
+		for _, rec := range it.batch {
+			stopped = s.writeItem(rec, stopped)
+		}
+		if s.codec == nil {
+			s.tail.freeAll(it.batch)
 		}
 	}
+}
+
+// writeItem writes one ready item unless the writer stopped, and returns its buffers and
+// memory grants. It reports whether the writer is stopped after it.
+func (s *Session) writeItem(it *item, stopped bool) bool {
+	if !stopped {
+		if err := it.getErr(); err != nil {
+			stopped = true
+			s.fail(&Error{Kind: KindCodec, Err: fmt.Errorf("compress seq %d (%s): %w", it.seq, it.rec.Name, err)})
+		} else if it.kind == kindCheckpoint {
+			if err := s.checkpoint(it.seq); err != nil {
+				stopped = true
+				s.fail(&Error{Kind: KindWrite, Err: fmt.Errorf("checkpoint seq %d: %w", it.seq, err)})
+			} else if s.o.Observer != nil {
+				s.o.Observer.ObserveCheckpoint(time.Since(it.at))
+			}
+		} else if err := s.writeAndSync(it); err != nil {
+			stopped = true
+			kind := KindWrite
+			if errors.Is(err, stream.ErrPayloadChanged) {
+				// The client broke the protocol (it wrote into published bytes): the
+				// stream stays valid up to the previous packet and says so in END.
+				kind = KindBadRecord
+				err = fmt.Errorf("%w: the client overwrote ring bytes after PUBLISH", err)
+			}
+			s.fail(&Error{Kind: kind, Err: fmt.Errorf("write seq %d: %w", it.seq, err)})
+		}
+	}
+	for i, b := range it.blocks {
+		if b.Data != nil {
+			putBuf(b.Data)
+		}
+		if it.grants != nil && it.grants[i].n > 0 {
+			s.o.Lease.release(it.grants[i])
+		}
+	}
+	it.blocks = nil
+	return stopped
 }
 
 // checkpoint makes everything written so far durable and reports it.
