@@ -52,6 +52,14 @@ def cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def pid_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/PID/stat``, clock ticks):
+    how the scripts here read strapd's CPU around a trial."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def threads() -> int:
     """torch intra-op threads."""
     import torch

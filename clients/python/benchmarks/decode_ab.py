@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from _bench_model import CAPTURE_SETS, build_model, cpu_seconds, threads  # noqa: E402
+from _bench_model import CAPTURE_SETS, build_model, cpu_seconds, pid_cpu_seconds, threads  # noqa: E402
 from overhead_ab import greedy  # noqa: E402
 from record_cost import REPO, start_strapd  # noqa: E402
 
@@ -96,9 +96,7 @@ def main() -> None:
         def daemon_cpu() -> float:
             if proc is None:
                 return 0.0
-            with open(f"/proc/{proc.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            return pid_cpu_seconds(proc.pid)
 
         def plain() -> Dict[str, Any]:
             c0, t0 = cpu_seconds(), time.perf_counter()

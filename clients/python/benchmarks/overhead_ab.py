@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from _bench_model import CAPTURE_SETS, DEFAULT_MODEL, build_model, cpu_seconds, threads  # noqa: E402
+from _bench_model import CAPTURE_SETS, DEFAULT_MODEL, build_model, cpu_seconds, pid_cpu_seconds, threads  # noqa: E402
 from llm_instrumentation import InstrumentationConfig, capture_activations  # noqa: E402
 from llm_instrumentation.config import PRESETS  # noqa: E402
 
@@ -91,9 +91,7 @@ def daemon_cpu() -> float:
     """strapd's user + system CPU seconds so far (0 without ``--daemon-pid``)."""
     if not DAEMON_PID:
         return 0.0
-    with open(f"/proc/{DAEMON_PID}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return pid_cpu_seconds(DAEMON_PID)
 
 
 def plain_trial(model: Any, x: torch.Tensor) -> Dict[str, float]:

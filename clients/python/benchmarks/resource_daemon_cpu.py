@@ -19,7 +19,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench_model import build_model, pid_cpu_seconds  # noqa: E402
 
 
 def main() -> None:
@@ -29,18 +32,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48)
     a = ap.parse_args()
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from llm_instrumentation import capture_activations
 
     torch.set_num_threads(1)
-    cfg = LlamaConfig(hidden_size=512, num_hidden_layers=8, intermediate_size=1408, vocab_size=32000,
-                      num_attention_heads=8, num_key_value_heads=8)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).eval()
+    model = build_model(hidden=512, layers=8, intermediate=1408, vocab=32000, heads=8)
     names = [f"model.layers.{i}{s}" for i in range(8) for s in ("", ".self_attn", ".mlp")]
     ids = torch.randint(0, 32000, (1, 32))
-    tick = os.sysconf("SC_CLK_TCK")
 
     def decode(step=None) -> None:
         with torch.no_grad():
@@ -53,11 +51,6 @@ def main() -> None:
                 out = model(tok, past_key_values=cache, use_cache=True)
                 cache = out.past_key_values
                 tok = out.logits[:, -1:].argmax(-1)
-
-    def daemon_cpu(pid: int) -> float:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / tick
 
     tmp = tempfile.mkdtemp(prefix="strap-resdaemon-")
     daemons = {}
@@ -80,7 +73,7 @@ def main() -> None:
                 p, sock = daemons[name]
                 for level in (None, "MINIMAL"):
                     out = os.path.join(tmp, "x.strap")
-                    d0, c0 = daemon_cpu(p.pid), time.process_time()
+                    d0, c0 = pid_cpu_seconds(p.pid), time.process_time()
                     with capture_activations(model, preset="balanced", output_path=out, modules=names,
                                              track_per_token=True, resource_level=level, socket_path=sock,
                                              autostart_daemon=False) as fw:
@@ -89,7 +82,7 @@ def main() -> None:
                         loop = time.perf_counter() - t0
                     c1 = time.process_time()
                     time.sleep(0.2)  # the session's end in strapd
-                    rows.setdefault(f"{name} {level or 'plain'}", []).append([loop, c1 - c0, daemon_cpu(p.pid) - d0])
+                    rows.setdefault(f"{name} {level or 'plain'}", []).append([loop, c1 - c0, pid_cpu_seconds(p.pid) - d0])
                     for f in os.listdir(tmp):
                         if f.startswith("x.strap"):
                             os.remove(os.path.join(tmp, f))
