@@ -300,7 +300,7 @@ func (c *conn) takePublished(sess *pipeline.Session) {
 var sessionHandlers = map[control.Type]func(c *conn, m control.Message, s *pipeline.Session) (bool, error){
 	control.TypePublish: func(c *conn, m control.Message, s *pipeline.Session) (bool, error) {
 		var p control.Publish
-		if err := m.Unmarshal(&p, "head", "seq"); err != nil {
+		if err := m.UnmarshalPublish(&p); err != nil {
 			return false, err
 		}
 		if err := s.Publish(p.Head, p.Seq); err != nil {
@@ -319,7 +319,7 @@ var sessionHandlers = map[control.Type]func(c *conn, m control.Message, s *pipel
 	},
 	control.TypeToken: func(c *conn, m control.Message, s *pipeline.Session) (bool, error) {
 		var t control.Token
-		if err := m.Unmarshal(&t, "seq", "index"); err != nil {
+		if err := m.UnmarshalToken(&t); err != nil {
 			return false, err
 		}
 		if t.Head != nil {
