@@ -65,12 +65,12 @@ def kill_model(tmp_path_factory) -> Path:
 
 
 class Strapd:
-    def __init__(self, d: Path) -> None:
+    def __init__(self, d: Path, *serve_args: str, name: str = "strapd") -> None:
         _need(STRAPD, "strapd")
-        self.socket = str(d / "strapd.sock")
-        self.log = d / "strapd.log"
+        self.socket = str(d / f"{name}.sock")
+        self.log = d / f"{name}.log"
         self._logf = open(self.log, "wb")
-        self.proc = subprocess.Popen([str(STRAPD), "serve", "--socket", self.socket], stdout=self._logf,
+        self.proc = subprocess.Popen([str(STRAPD), "serve", "--socket", self.socket, *serve_args], stdout=self._logf,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while True:
