@@ -44,7 +44,6 @@ func (m Message) UnmarshalPublish(p *Publish) error {
 // flatToken fills t from b and reports true when b has the plain form (above); on false,
 // t holds whatever was read and the caller decodes b the general way.
 func flatToken(b []byte, t *Token) bool {
-	var seen uint8
 	const (
 		kSeq = 1 << iota
 		kIndex
@@ -54,40 +53,32 @@ func flatToken(b []byte, t *Token) bool {
 		kHead
 	)
 	var pos int64
-	var headU uint64
-	ok := flatObject(b, func(key, val []byte) bool {
-		var bit uint8
-		var good bool
+	var head uint64
+	seen, ok := flatObject(b, func(key, val []byte) (bit uint8, ok bool) {
 		switch string(key) {
 		case "seq":
-			bit = kSeq
-			t.Seq, good = flatUint(val)
+			t.Seq, ok = flatUint(val)
+			return kSeq, ok
 		case "index":
-			bit = kIndex
-			t.Index, good = flatUint(val)
+			t.Index, ok = flatUint(val)
+			return kIndex, ok
 		case "token_id":
-			bit = kTokenID
-			t.TokenID, good = flatInt(val)
+			t.TokenID, ok = flatInt(val)
+			return kTokenID, ok
 		case "text":
-			bit = kText
 			var s []byte
-			if s, good = flatString(val); good {
+			if s, ok = flatString(val); ok {
 				t.Text = string(s)
 			}
+			return kText, ok
 		case "position":
-			bit = kPosition
-			pos, good = flatInt(val)
+			pos, ok = flatInt(val)
+			return kPosition, ok
 		case "head":
-			bit = kHead
-			headU, good = flatUint(val)
-		default:
-			return false
+			head, ok = flatUint(val)
+			return kHead, ok
 		}
-		if !good || seen&bit != 0 {
-			return false
-		}
-		seen |= bit
-		return true
+		return 0, false
 	})
 	if !ok || seen&(kSeq|kIndex) != kSeq|kIndex {
 		return false
@@ -96,94 +87,88 @@ func flatToken(b []byte, t *Token) bool {
 		t.Position = &pos
 	}
 	if seen&kHead != 0 {
-		h := headU
-		t.Head = &h
+		t.Head = &head
 	}
 	return true
 }
 
 // flatPublish is flatToken for PUBLISH {"head", "seq"}.
 func flatPublish(b []byte, p *Publish) bool {
-	var seen uint8
-	ok := flatObject(b, func(key, val []byte) bool {
-		var bit uint8
-		var good bool
+	seen, ok := flatObject(b, func(key, val []byte) (bit uint8, ok bool) {
 		switch string(key) {
 		case "head":
-			bit = 1
-			p.Head, good = flatUint(val)
+			p.Head, ok = flatUint(val)
+			return 1, ok
 		case "seq":
-			bit = 2
-			p.Seq, good = flatUint(val)
-		default:
-			return false
+			p.Seq, ok = flatUint(val)
+			return 2, ok
 		}
-		if !good || seen&bit != 0 {
-			return false
-		}
-		seen |= bit
-		return true
+		return 0, false
 	})
 	return ok && seen == 3
 }
 
 // flatObject walks b as one JSON object whose keys are strings without escapes and whose
 // values are numbers or strings without escapes (white space allowed where JSON allows
-// it), calling fn with each key (without quotes) and value (as written). It returns false
-// as soon as b is anything else or fn returns false.
-func flatObject(b []byte, fn func(key, val []byte) bool) bool {
+// it). field reads each member — its key without quotes, its value as written — and
+// returns the key's bit (one per known key) and whether it read the value. flatObject
+// returns the bits of the keys met, and false as soon as b is anything else, field fails,
+// or a key comes twice.
+func flatObject(b []byte, field func(key, val []byte) (bit uint8, ok bool)) (seen uint8, ok bool) {
 	i := jsontext.SkipSpace(b, 0)
 	if i >= len(b) || b[i] != '{' {
-		return false
+		return 0, false
 	}
 	i = jsontext.SkipSpace(b, i+1)
 	if i < len(b) && b[i] == '}' {
-		return jsontext.SkipSpace(b, i+1) == len(b)
+		return 0, jsontext.SkipSpace(b, i+1) == len(b)
 	}
 	for {
 		if i >= len(b) || b[i] != '"' {
-			return false
+			return 0, false
 		}
 		end := plainStringEnd(b, i)
 		if end < 0 {
-			return false
+			return 0, false
 		}
 		key := b[i+1 : end-1]
 		i = jsontext.SkipSpace(b, end)
 		if i >= len(b) || b[i] != ':' {
-			return false
+			return 0, false
 		}
 		i = jsontext.SkipSpace(b, i+1)
 		if i >= len(b) {
-			return false
+			return 0, false
 		}
 		start := i
 		if b[i] == '"' {
 			if i = plainStringEnd(b, i); i < 0 {
-				return false
+				return 0, false
 			}
 		} else {
 			for i < len(b) && (b[i] == '-' || b[i] >= '0' && b[i] <= '9') {
 				i++
 			}
 			if i == start {
-				return false // null, true, false, an object, an array, a fraction
+				return 0, false // null, true, false, an object, an array, a fraction
 			}
 		}
-		if !fn(key, b[start:i]) {
-			return false
+		bit, ok := field(key, b[start:i])
+		if !ok || seen&bit != 0 {
+			return 0, false
 		}
+		seen |= bit
 		i = jsontext.SkipSpace(b, i)
 		if i >= len(b) {
-			return false
+			return 0, false
 		}
 		switch b[i] {
 		case ',':
 			i = jsontext.SkipSpace(b, i+1)
 		case '}':
-			return jsontext.SkipSpace(b, i+1) == len(b)
+			return seen, jsontext.SkipSpace(b, i+1) == len(b)
 		default:
-			return false // a fraction or exponent lands here too: not plain
+			return 0, false // a fraction or exponent lands here too: not plain
 		}
 	}
 }

@@ -47,20 +47,30 @@ var flatTokenCases = []struct {
 	{`{"seq":-,"index":2}`, false},                                // not JSON
 }
 
-// sameAsGeneral checks that UnmarshalToken returns what m.Unmarshal does: the same error
-// text, or the same value.
+// sameAsGeneral checks that fast returns what m.Unmarshal(v, required...) does: the same
+// error text, or the same value.
+func sameAsGeneral[T any](t *testing.T, typ Type, body []byte, fast func(Message, *T) error, required ...string) {
+	t.Helper()
+	m := Message{Version: Version, Type: typ, Body: body}
+	var got, want T
+	errFast := fast(m, &got)
+	errSlow := m.Unmarshal(&want, required...)
+	if (errFast == nil) != (errSlow == nil) || errFast != nil && errFast.Error() != errSlow.Error() {
+		t.Fatalf("%q: fast error %v, Unmarshal %v", body, errFast, errSlow)
+	}
+	if errFast == nil && !reflect.DeepEqual(got, want) {
+		t.Fatalf("%q: fast %+v, Unmarshal %+v", body, got, want)
+	}
+}
+
 func sameTokenAsGeneral(t *testing.T, body []byte) {
 	t.Helper()
-	m := Message{Version: Version, Type: TypeToken, Body: body}
-	var fast, slow Token
-	errFast := m.UnmarshalToken(&fast)
-	errSlow := m.Unmarshal(&slow, "seq", "index")
-	if (errFast == nil) != (errSlow == nil) || errFast != nil && errFast.Error() != errSlow.Error() {
-		t.Fatalf("%q: UnmarshalToken error %v, Unmarshal %v", body, errFast, errSlow)
-	}
-	if errFast == nil && !reflect.DeepEqual(fast, slow) {
-		t.Fatalf("%q: UnmarshalToken %+v, Unmarshal %+v", body, fast, slow)
-	}
+	sameAsGeneral(t, TypeToken, body, Message.UnmarshalToken, "seq", "index")
+}
+
+func samePublishAsGeneral(t *testing.T, body []byte) {
+	t.Helper()
+	sameAsGeneral(t, TypePublish, body, Message.UnmarshalPublish, "head", "seq")
 }
 
 func TestFlatToken(t *testing.T) {
@@ -122,20 +132,6 @@ func TestFlatPublish(t *testing.T) {
 			t.Errorf("%q: fast path %v, want %v", tc.body, got, tc.plain)
 		}
 		samePublishAsGeneral(t, []byte(tc.body))
-	}
-}
-
-func samePublishAsGeneral(t *testing.T, body []byte) {
-	t.Helper()
-	m := Message{Version: Version, Type: TypePublish, Body: body}
-	var fast, slow Publish
-	errFast := m.UnmarshalPublish(&fast)
-	errSlow := m.Unmarshal(&slow, "head", "seq")
-	if (errFast == nil) != (errSlow == nil) || errFast != nil && errFast.Error() != errSlow.Error() {
-		t.Fatalf("%q: UnmarshalPublish error %v, Unmarshal %v", body, errFast, errSlow)
-	}
-	if errFast == nil && fast != slow {
-		t.Fatalf("%q: UnmarshalPublish %+v, Unmarshal %+v", body, fast, slow)
 	}
 }
 
