@@ -18,9 +18,10 @@ MiB = 1 << 20
 
 #: The targets the tables compare against (the "target" column states each one).
 TARGETS = {
-    # kept fraction of plain tokens/s of a 512-token prefill, residual + attention + MLP
+    # kept fraction of plain tokens/s of a 512-token prefill, residual + attention + MLP, torch's
+    # default threads (issue 27 raised balanced's from 0.90 to 0.95)
     "overhead_fast_capture": 0.97,
-    "overhead_balanced": 0.90,
+    "overhead_balanced": 0.95,
     "decode": 0.95,  # kept fraction of tokens/s, greedy decoding, balanced, residual + attention + MLP
     "decode_all_cores": 0.97,  # the same with torch's default threads on every core (issue 27)
     "record_us": 15.0,  # client CPU per decode-size record
@@ -274,8 +275,12 @@ def targets_table(w: Emit, ov: Optional[Json], ing: Optional[Json], mem: Optiona
             c = next((c for c in ov["configs"] if c["preset"] == preset and c["set"] == "resid+attn+mlp"), None)
             if c:
                 sm, tgt = c["summary"], TARGETS[f"overhead_{preset}"]
-                rows.append((f"prefill keeps ≥ {tgt} of plain tokens/s, residual + attention + MLP, `{preset}` ({sm['codec']})",
-                             f"{sm['ratio']:.3f} (pairs {sm['ratio_min']:.3f}–{sm['ratio_max']:.3f}; forward alone {sm['hook_only_ratio']:.3f})",
+                free = next((f["summary"] for f in (ov.get("core_free") or {}).get("configs", [])
+                             if f["preset"] == preset and f["set"] == "resid+attn+mlp"), None)
+                rows.append((f"prefill keeps ≥ {tgt} of plain tokens/s, residual + attention + MLP, `{preset}` ({sm['codec']}), "
+                             f"torch on every core ({ov['torch_threads']} threads)",
+                             f"{sm['ratio']:.3f} (pairs {sm['ratio_min']:.3f}–{sm['ratio_max']:.3f}; forward alone {sm['hook_only_ratio']:.3f})"
+                             + (f"; a core free (1 thread): {free['ratio']:.3f}" if free else ""),
                              met(sm["ratio"] >= tgt)))
     if ing:
         dd = max(d["gbps"] for d in ing["dd"])
@@ -365,6 +370,16 @@ def overhead_tables(w: Emit, ov: Json, pngs: Dict[str, str], rel: str) -> None:
                      f"{st.median(x['captured']['forward_s'] - x['plain']['s'] for x in t) * 1e3:.0f}",
                      f"{st.median(x['captured']['open_s'] for x in t) * 1e3:.0f}",
                      f"{st.median(x['captured']['close_s'] for x in t) * 1e3:.0f}"))
+    cf = ov.get("core_free")
+    if cf:
+        w(f"The same prefill with {cf['torch_threads']} torch thread, a core left free for strapd (the targets "
+          "judge the table above):")
+        w("")
+        commands(w, [cf["command"]])
+        table(w, ["preset", "capture set", "plain tok/s", "captured tok/s", "kept", "forward only"], "llrrlr",
+              [(c["preset"], c["set"], f"{c['summary']['plain_tok_s']:.0f}", f"{c['summary']['captured_tok_s']:.0f}",
+                f"{c['summary']['ratio']:.3f} ({c['summary']['ratio_min']:.2f}–{c['summary']['ratio_max']:.2f})",
+                f"{c['summary']['hook_only_ratio']:.3f}") for c in cf["configs"]])
     w("Time added by capture, medians over pairs (*hooks* = captured minus plain forward pass):")
     w("")
     table(w, ["preset", "capture set", "plain forward s", "hooks ms", "open ms", "close ms"], "llrrrr", rows)

@@ -230,6 +230,17 @@ def step_overhead(ctx: "Ctx") -> Dict[str, Any]:
         t0 = time.monotonic()
         run(cmd, timeout=900, progress=True)
         r = json.loads(out.read_text())
+        # The same prefill with one torch thread, a core left free for strapd (issue 27: both
+        # regimes in every row; the targets judge torch on every core, above), for the two
+        # presets the targets name.
+        free_out = ctx.tmp / "overhead_core_free.json"
+        free = [PY, BENCH_PY / "overhead_ab.py", "--socket", d.sock, "--tmpdir", ctx.tmp, "--json", free_out,
+                "--threads", "1", "--presets", "fast_capture,balanced", "--sets", "resid+attn+mlp", "--gen-pairs", "0"]
+        if ctx.quick:
+            free += cmd[cmd.index("--pairs"):cmd.index("--gen-pairs")]
+        run(free, timeout=600, progress=True)
+        r["core_free"] = json.loads(free_out.read_text())
+        r["core_free"]["command"] = show(free, ctx.tmp).replace(show([d.sock], ctx.tmp), "$S")
     r["command"] = "strapd serve --socket $S --memory-limit 2GiB &\n" + show(cmd, ctx.tmp).replace(show([d.sock], ctx.tmp), "$S")
     r["seconds"] = time.monotonic() - t0
     r["loadavg"] = [la0, loadavg()]
