@@ -6,7 +6,9 @@ around the decode loop: model load and the prompt's pass excluded) and its ratio
 the same from the process's CPU time over the decode loop (tokens per CPU-second: the cost in
 the generating process, without the time spent waiting for a CPU shared with strapd and others),
 and from the CPU time of the thread that calls llama_decode ("model thr": with one thread it
-computes the graph; the resource writer thread and strapd are not in it).
+computes the graph; the resource writer thread and strapd are not in it); "close s" is the
+median time of the session's close after the loop (strapd drains what the ring still holds,
+writes the index and syncs): a daemon that falls behind during decoding pays it there.
 Targets (issue 24): every layer's l_out >= 0.97 of plain, attn_out,ffn_out,l_out >= 0.95, resource
 events at MINIMAL (seed 003's, without a capture, to a JSONL file) >= 0.99. --configs picks some;
 "l_out sched-idle" and "attn_out,ffn_out,l_out sched-idle" capture through a second strapd run
@@ -81,6 +83,7 @@ def main() -> int:
             tps = {name: [] for name in names}
             cps = {name: [] for name in names}
             mts = {name: [] for name in names}
+            cls = {name: [] for name in names}
             for r in range(a.rounds):
                 for name in names:
                     out = work / f"{name.replace(' ', '_')}.strap"
@@ -95,6 +98,7 @@ def main() -> int:
                     tps[name].append(res["decode_tokens"] / res["decode_s"])
                     cps[name].append(res["decode_tokens"] / res["decode_cpu_s"])
                     mts[name].append(res["decode_tokens"] / res["decode_thread_cpu_s"])
+                    cls[name].append(res["close_s"])
                     if out.exists():
                         out.unlink()
             base = statistics.median(tps["plain"])
@@ -104,7 +108,8 @@ def main() -> int:
                                        "ratio": statistics.median(v) / base,
                                        "median_tok_per_cpu_s": statistics.median(cps[name]),
                                        "cpu_ratio": statistics.median(cps[name]) / cbase,
-                                       "model_thread_ratio": statistics.median(mts[name]) / mbase}
+                                       "model_thread_ratio": statistics.median(mts[name]) / mbase,
+                                       "median_close_s": statistics.median(cls[name])}
                                 for name, v in tps.items()}
     finally:
         d.stop()
@@ -114,7 +119,7 @@ def main() -> int:
     print(f"llama.cpp decode, {a.n_layer} layers x {a.n_embd} ({a.dtype}, ~{n_params / 1e6:.0f} M parameters), "
           f"{a.tokens} tokens, {a.rounds} rounds interleaved; load {load[0]:.1f} {load[1]:.1f}")
     print(f"{'threads':>7}  {'capture':<35} {'tok/s median [min-max]':>28}  {'vs plain':>8}  "
-          f"{'tok/CPU-s':>9}  {'vs plain':>8}  {'model thr':>9}  target (on tok/s)")
+          f"{'tok/CPU-s':>9}  {'vs plain':>8}  {'model thr':>9}  {'close s':>7}  target (on tok/s)")
     ok = True
     for threads, rows in results.items():
         for name, v in rows.items():
@@ -125,7 +130,7 @@ def main() -> int:
             ok &= t is None or t <= v["ratio"] <= 1.02
             rng = f"{v['median_tok_s']:.1f} [{v['min']:.1f}-{v['max']:.1f}]"
             print(f"{threads:>7}  {name:<35} {rng:>28}  {v['ratio']:>8.3f}  {v['median_tok_per_cpu_s']:>9.1f}  "
-                  f"{v['cpu_ratio']:>8.3f}  {v['model_thread_ratio']:>9.3f}  {met}")
+                  f"{v['cpu_ratio']:>8.3f}  {v['model_thread_ratio']:>9.3f}  {v['median_close_s']:>7.3f}  {met}")
     if a.json:
         Path(a.json).write_text(json.dumps({"results": results, "load": load, "when": time.time()}, indent=1))
     import shutil

@@ -753,9 +753,13 @@ int main(int argc, char **argv)
 			rc = 1;
 		}
 	}
+	double t_close = 0; /* the session's close: strapd drains the ring, writes the index, syncs */
 	if (s && rc == 0) {
 		strap_closed cl;
-		if (strap_session_close(s, &cl) != STRAP_OK) {
+		double t0_close = now();
+		int closed = strap_session_close(s, &cl);
+		t_close = now() - t0_close;
+		if (closed != STRAP_OK) {
 			strap_session_last_error(s, &err);
 			fprintf(stderr, "strap-llama: close: %s\n", err.message);
 			rc = 1;
@@ -781,10 +785,10 @@ int main(int argc, char **argv)
 		printf(i ? ",%d" : "%d", gen[i]);
 	printf("],\"resumed_from\":%llu,\"prompt_s\":%.6f,\"decode_s\":%.6f,\"decode_cpu_s\":%.6f,\"decode_tokens\":%d,"
 	       "\"records\":%llu,\"bytes\":%llu,\"duplicates_skipped\":%llu,\"ubatches\":%llu,\"observed\":%ld,"
-	       "\"resource_events\":%llu,\"resource_self_s\":%.6f,\"decode_thread_cpu_s\":%.6f}\n",
+	       "\"resource_events\":%llu,\"resource_self_s\":%.6f,\"decode_thread_cpu_s\":%.6f,\"close_s\":%.6f}\n",
 	       (unsigned long long)start, t_prompt, t_decode, c_decode, decoded, (unsigned long long)st.records,
 	       (unsigned long long)st.bytes, (unsigned long long)st.duplicates, (unsigned long long)st.ubatches,
-	       obs.seen, (unsigned long long)rst.events, (double)rst.self_ns * 1e-9, tc_decode);
+	       obs.seen, (unsigned long long)rst.events, (double)rst.self_ns * 1e-9, tc_decode, t_close);
 
 	llama_batch_free(batch);
 	llama_free(ctx);
