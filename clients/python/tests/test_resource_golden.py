@@ -205,7 +205,7 @@ SESSIONS: Dict[str, Tuple[Callable[[], torch.nn.Module], str, int, int, bool]] =
     "llama_detailed": (golden_llama, "DETAILED", 32, 2, False),
     "llama_verbose": (lambda: golden_llama(128), "VERBOSE", 4, 2, False),
     "gpt2_detailed": (golden_gpt2, "DETAILED", 4, 2, False),
-    "llama_detailed_gpu": (lambda: golden_llama(128), "DETAILED", 4, 1, True),
+    "llama_detailed_gpu": (lambda: golden_llama(128), "DETAILED", 4, 2, True),
 }
 
 #: How a session is written: the C wrapper and writer; the Python wrapper and templates; the
