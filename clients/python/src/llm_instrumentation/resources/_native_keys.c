@@ -52,9 +52,10 @@ numel(const long long *dims, int n)
     return e;
 }
 
-/* The key records.KEYS[LINEAR or MODULE] of a record. */
+/* The key records.KEYS[LINEAR or MODULE] of a record (timed: its duration > 0; cuda: a CUDA
+ * event pair's). */
 PyObject *
-key_timed(PyObject *r, long long t)
+key_timed(PyObject *r, int timed, int cuda)
 {
     PyObject *k[KEY_LINEAR_LEN];
     k[KEY_LINEAR_SITE] = PyTuple_GetItem(r, LINEAR_SITE);
@@ -62,7 +63,8 @@ key_timed(PyObject *r, long long t)
     k[KEY_LINEAR_IN_DTYPE] = PyTuple_GetItem(r, LINEAR_IN_DTYPE);
     k[KEY_LINEAR_OUT_SHAPE] = PyTuple_GetItem(r, LINEAR_OUT_SHAPE);
     k[KEY_LINEAR_OUT_DTYPE] = PyTuple_GetItem(r, LINEAR_OUT_DTYPE);
-    k[KEY_LINEAR_TIMED] = bool_obj(t > 0);
+    k[KEY_LINEAR_TIMED] = bool_obj(timed);
+    k[KEY_LINEAR_CUDA_TIMED] = bool_obj(cuda);
     return pack(KEY_LINEAR_LEN, k);
 }
 
@@ -122,7 +124,7 @@ key_attention(PyObject *r, int variant)
 
 /* The key records.KEYS[HANDOFF] of a record. */
 PyObject *
-key_handoff_of(PyObject *r, int variant)
+key_handoff_of(PyObject *r, int variant, int cuda)
 {
     PyObject *k[KEY_HANDOFF_LEN], *var = PyLong_FromLong(variant);
     if (var == NULL)
@@ -133,6 +135,7 @@ key_handoff_of(PyObject *r, int variant)
     k[KEY_HANDOFF_DTYPE] = PyTuple_GetItem(r, HANDOFF_DTYPE);
     k[KEY_HANDOFF_FRACTION_SOURCE] = PyTuple_GetItem(r, HANDOFF_FRACTION_SOURCE);
     k[KEY_HANDOFF_VARIANT] = var;
+    k[KEY_HANDOFF_CUDA_TIMED] = bool_obj(cuda);
     PyObject *key = pack(KEY_HANDOFF_LEN, k);
     Py_DECREF(var);
     return key;
@@ -191,6 +194,23 @@ attention_figures(State *st, PyObject *r, Values *v, AttnFigures *f)
     return 1;
 }
 
+/* A record's timing for its key: an int (ns) or the µs of a resolved CUDA event pair (a
+ * float; cuda set). -1 with a TypeError otherwise. */
+static int
+timing_of(PyObject *timing, double *d, int *cuda)
+{
+    *cuda = PyFloat_CheckExact(timing);
+    if (*cuda) {
+        *d = PyFloat_AsDouble(timing);
+        return 0;
+    }
+    long long t = PyLong_AsLongLong(timing);
+    if (t == -1 && PyErr_Occurred())
+        return -1;
+    *d = t > 0 ? 1.0 : 0.0;
+    return 0;
+}
+
 PyObject *
 template_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -205,8 +225,11 @@ template_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     Py_ssize_t size = PyTuple_Size(r);
     if ((tag == REC_LINEAR && size == LINEAR_LEN) || (tag == REC_MODULE && size == MODULE_LEN)) {
-        long long t = PyLong_AsLongLong(PyTuple_GetItem(r, LINEAR_TIMING));
-        return PyErr_Occurred() ? NULL : key_timed(r, t);
+        double d;
+        int cuda;
+        if (timing_of(PyTuple_GetItem(r, LINEAR_TIMING), &d, &cuda) < 0)
+            return NULL;
+        return key_timed(r, d > 0, cuda);
     }
     if ((tag == REC_ALLOC_OUT && size == ALLOC_OUT_LEN) || (tag == REC_ALLOC && size == ALLOC_LEN)) {
         if (nargs < 2 || !PyDict_Check(args[1])) {
@@ -235,11 +258,12 @@ template_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return key_attention(r, !f.has_flops ? 0 : (f.flops && t > 0) ? 2 : 1);
     }
     if (tag == REC_HANDOFF && size == HANDOFF_LEN) {
-        long long t = PyLong_AsLongLong(PyTuple_GetItem(r, HANDOFF_TIMING));
-        if (PyErr_Occurred())
+        double d;
+        int cuda;
+        if (timing_of(PyTuple_GetItem(r, HANDOFF_TIMING), &d, &cuda) < 0)
             return NULL;
         PyObject *frac = nargs > 1 ? args[1] : PyTuple_GetItem(r, HANDOFF_MEMORY_FRACTION);
-        return key_handoff_of(r, (t > 0) + 2 * (frac != Py_None));
+        return key_handoff_of(r, (d > 0) + 2 * (frac != Py_None), cuda);
     }
     PyErr_Format(PyExc_ValueError, "template_key: no template key for a record of kind %ld and %zd items", tag, size);
     return NULL;

@@ -62,20 +62,52 @@ lookup(State *st, PyObject *key, Py_ssize_t want, const char *kind, const char *
     return entry;
 }
 
+/* A record's timing into v: ns on the host clock (an int), or the µs a CUDA event pair
+ * measured (a float: the writer resolves the pairs, events.cuda_duration_us). 1 read; 0 for
+ * the Python path: an unresolved pair, an int beyond 64 bits, a duration that is not finite
+ * (JSON writes NaN or Infinity, the builders' way). */
+static int
+read_timing(PyObject *timing, Values *v)
+{
+    if (PyLong_CheckExact(timing)) {
+        v->timing = PyLong_AsLongLong(timing);
+        if (v->timing == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        v->cuda = 0;
+        v->d_us = (double)v->timing / 1000.0;
+        return 1;
+    }
+    if (PyFloat_CheckExact(timing)) {
+        double d = PyFloat_AsDouble(timing);
+        if (!isfinite(d))
+            return 0;
+        v->cuda = 1;
+        v->d_us = d;
+        v->timing = 0;
+        return 1;
+    }
+    return 0;
+}
+
 /* LINEAR and MODULE records. 1 written, 0 for the Python path, -1 an error. */
 static int
 render_timed(State *st, PyObject *r, int is_lin, PyObject *lines, Buf *b)
 {
-    PyObject *timing = PyTuple_GetItem(r, LINEAR_TIMING), *site = PyTuple_GetItem(r, LINEAR_SITE);
-    if (!PyLong_CheckExact(timing))
-        return 0; /* CUDA events */
-    long long t = PyLong_AsLongLong(timing), t1 = PyLong_AsLongLong(PyTuple_GetItem(r, LINEAR_END));
+    PyObject *site = PyTuple_GetItem(r, LINEAR_SITE);
+    Values v;
+    memset(&v, 0, sizeof v);
+    if (!read_timing(PyTuple_GetItem(r, LINEAR_TIMING), &v))
+        return 0;
+    long long t1 = PyLong_AsLongLong(PyTuple_GetItem(r, LINEAR_END));
     if (PyErr_Occurred()) {
         PyErr_Clear();
         return 0;
     }
-    PyObject *entry = is_lin ? lookup(st, key_timed(r, t), ENTRY_LINEAR_LEN, "LINEAR", ENTRY_LINEAR_NAMES)
-                             : lookup(st, key_timed(r, t), ENTRY_MODULE_LEN, "MODULE", ENTRY_MODULE_NAMES);
+    int timed = v.d_us > 0;
+    PyObject *entry = is_lin ? lookup(st, key_timed(r, timed, v.cuda), ENTRY_LINEAR_LEN, "LINEAR", ENTRY_LINEAR_NAMES)
+                             : lookup(st, key_timed(r, timed, v.cuda), ENTRY_MODULE_LEN, "MODULE", ENTRY_MODULE_NAMES);
     if (entry == NULL)
         return PyErr_Occurred() ? -1 : 0;
     PyObject *progs = PyTuple_GetItem(entry, is_lin ? ENTRY_LINEAR_PROGRAMS : ENTRY_MODULE_PROGRAM);
@@ -92,23 +124,21 @@ render_timed(State *st, PyObject *r, int is_lin, PyObject *lines, Buf *b)
     int counts_time = 1;
     if (!is_lin && (counts_time = PyObject_IsTrue(PyTuple_GetItem(entry, ENTRY_MODULE_COUNTS_TIME))) < 0)
         return -1;
-    if (t > st->long_ns) {
-        st->long_ns = t;
+    /* The longest module of the pass: timed on the host clock (Lines.linear, Lines.module). */
+    if (!v.cuda && v.timing > st->long_ns) {
+        st->long_ns = v.timing;
         Py_INCREF(site);
         Py_DECREF(st->long_site);
         st->long_site = site;
     }
-    Values v;
-    memset(&v, 0, sizeof v);
     v.ints[SLOT_TS] = floordiv1000(t1 + st->off);
     v.ints[SLOT_SEQ] = st->seq + 1;
     v.ints[SLOT_SEQ2] = st->seq + 2;
     v.ints[SLOT_STEP] = st->step;
     v.ints[SLOT_FWD] = st->fwd;
-    v.timing = t;
     v.tf_zero = !is_lin && flops == 0;
-    v.dbl[SLOT_TF] = t > 0 ? per_ns((double)flops, t) : 0.0;
-    v.dbl[SLOT_TB] = t > 0 ? per_ns((double)nbytes, t) : 0.0;
+    v.dbl[SLOT_TF] = timed ? per_us((double)flops, v.d_us) : 0.0;
+    v.dbl[SLOT_TB] = timed ? per_us((double)nbytes, v.d_us) : 0.0;
     Py_ssize_t nprog = is_lin ? PyTuple_Size(progs) : 1;
     for (Py_ssize_t k = 0; k < nprog; k++)
         if (emit(b, is_lin ? PyTuple_GetItem(progs, k) : progs, &v, lines) < 0)
@@ -122,7 +152,7 @@ render_timed(State *st, PyObject *r, int is_lin, PyObject *lines, Buf *b)
     }
     st->total_flops += flops;
     if (counts_time)
-        st->total_us += (double)t / 1000.0;
+        st->total_us += v.d_us;
     return 1;
 }
 
@@ -313,10 +343,12 @@ out:
 static int
 render_handoff(State *st, PyObject *state, PyObject *r, PyObject *lines, Buf *b)
 {
-    PyObject *timing = PyTuple_GetItem(r, HANDOFF_TIMING), *frac = PyTuple_GetItem(r, HANDOFF_MEMORY_FRACTION);
-    if (!PyLong_CheckExact(timing))
+    PyObject *frac = PyTuple_GetItem(r, HANDOFF_MEMORY_FRACTION);
+    Values v;
+    memset(&v, 0, sizeof v);
+    if (!read_timing(PyTuple_GetItem(r, HANDOFF_TIMING), &v))
         return 0;
-    long long t = PyLong_AsLongLong(timing), t1 = PyLong_AsLongLong(PyTuple_GetItem(r, HANDOFF_START));
+    long long t1 = PyLong_AsLongLong(PyTuple_GetItem(r, HANDOFF_START));
     if (PyErr_Occurred()) {
         PyErr_Clear();
         return 0;
@@ -330,8 +362,8 @@ render_handoff(State *st, PyObject *state, PyObject *r, PyObject *lines, Buf *b)
     int rc = 0;
     if (frac == unread || (frac != Py_None && !PyFloat_CheckExact(frac)))
         goto out;
-    int variant = (t > 0) + 2 * (frac != Py_None);
-    PyObject *entry = lookup(st, key_handoff_of(r, variant), ENTRY_HANDOFF_LEN, "HANDOFF", ENTRY_HANDOFF_NAMES);
+    int timed = v.d_us > 0, variant = timed + 2 * (frac != Py_None);
+    PyObject *entry = lookup(st, key_handoff_of(r, variant, v.cuda), ENTRY_HANDOFF_LEN, "HANDOFF", ENTRY_HANDOFF_NAMES);
     if (entry == NULL) {
         rc = PyErr_Occurred() ? -1 : 0;
         goto out;
@@ -344,14 +376,11 @@ render_handoff(State *st, PyObject *state, PyObject *r, PyObject *lines, Buf *b)
         PyErr_Clear();
         goto out;
     }
-    Values v;
-    memset(&v, 0, sizeof v);
     v.ints[SLOT_TS] = floordiv1000(t1 + st->off);
     v.ints[SLOT_SEQ] = st->seq + 1;
     v.ints[SLOT_STEP] = st->step;
     v.ints[SLOT_FWD] = st->fwd;
-    v.timing = t;
-    v.dbl[SLOT_BW] = t > 0 ? per_ns((double)nbytes, t) : 0.0;
+    v.dbl[SLOT_BW] = timed ? per_us((double)nbytes, v.d_us) : 0.0;
     v.dbl[SLOT_MF] = frac != Py_None ? PyFloat_AsDouble(frac) : 0.0;
     if (emit(b, prog, &v, lines) < 0) {
         rc = -1;
@@ -537,6 +566,8 @@ const char render_doc[] = "render(state, records, start, lines, deadline_ns) -> 
                           "The writer's fast paths (lines.py: Lines.linear, module, alloc_out, alloc,\n"
                           "handoff; attention_lines.py: attention_kv) for records[start:]: each LINEAR, MODULE,\n"
                           "ALLOC_OUT, ALLOC, ATTENTION_KV or HANDOFF record whose template is made becomes its JSON\n"
+                          "lines (a LINEAR, MODULE or HANDOFF timed on the host, in int ns, or by a CUDA event\n"
+                          "pair the writer resolved to its µs, a float),\n"
                           "lines, appended to lines, with the writer state (records.STATE) advanced as those methods\n"
                           "advance it. Stops at the first other record, or once the monotonic clock passes\n"
                           "deadline_ns, and returns the index of the first record not written.";

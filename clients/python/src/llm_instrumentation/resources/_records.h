@@ -140,14 +140,16 @@
 #define KEY_LINEAR_OUT_SHAPE 3
 #define KEY_LINEAR_OUT_DTYPE 4
 #define KEY_LINEAR_TIMED 5
-#define KEY_LINEAR_LEN 6
+#define KEY_LINEAR_CUDA_TIMED 6
+#define KEY_LINEAR_LEN 7
 #define KEY_MODULE_SITE 0
 #define KEY_MODULE_IN_SHAPE 1
 #define KEY_MODULE_IN_DTYPE 2
 #define KEY_MODULE_OUT_SHAPE 3
 #define KEY_MODULE_OUT_DTYPE 4
 #define KEY_MODULE_TIMED 5
-#define KEY_MODULE_LEN 6
+#define KEY_MODULE_CUDA_TIMED 6
+#define KEY_MODULE_LEN 7
 #define KEY_ALLOC_OUT_OUT 0
 #define KEY_ALLOC_OUT_SITE 1
 #define KEY_ALLOC_OUT_NBYTES 2
@@ -179,7 +181,8 @@
 #define KEY_HANDOFF_DTYPE 3
 #define KEY_HANDOFF_FRACTION_SOURCE 4
 #define KEY_HANDOFF_VARIANT 5
-#define KEY_HANDOFF_LEN 6
+#define KEY_HANDOFF_CUDA_TIMED 6
+#define KEY_HANDOFF_LEN 7
 
 /* Template entries: the index of each item, and the entry's length. */
 #define ENTRY_LINEAR_FORMATS 0
@@ -337,12 +340,14 @@ static const SchemaItem schema_items[] = {
     {"key", "LINEAR", 3, "out_shape"},
     {"key", "LINEAR", 4, "out_dtype"},
     {"key", "LINEAR", 5, "timed"},
+    {"key", "LINEAR", 6, "cuda_timed"},
     {"key", "MODULE", 0, "site"},
     {"key", "MODULE", 1, "in_shape"},
     {"key", "MODULE", 2, "in_dtype"},
     {"key", "MODULE", 3, "out_shape"},
     {"key", "MODULE", 4, "out_dtype"},
     {"key", "MODULE", 5, "timed"},
+    {"key", "MODULE", 6, "cuda_timed"},
     {"key", "ALLOC_OUT", 0, "'out'"},
     {"key", "ALLOC_OUT", 1, "site"},
     {"key", "ALLOC_OUT", 2, "nbytes"},
@@ -371,6 +376,7 @@ static const SchemaItem schema_items[] = {
     {"key", "HANDOFF", 3, "dtype"},
     {"key", "HANDOFF", 4, "fraction_source"},
     {"key", "HANDOFF", 5, "variant"},
+    {"key", "HANDOFF", 6, "cuda_timed"},
     {"entry", "LINEAR", 0, "formats"},
     {"entry", "LINEAR", 1, "flops"},
     {"entry", "LINEAR", 2, "nbytes"},

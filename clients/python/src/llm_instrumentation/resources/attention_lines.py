@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from .caches import kv_len_of
 from .events import MIB, Meta, attention_flops, attention_tokens, dname, itemsize, kv_figures, meta, per_us
-from .lines import Lines, Out
+from .lines import Lines, Out, cuda_us
 from .sites import Site
 from .templates import ENCODER, KV_SLOTS, TIMED_SLOTS, compile_template, positional, program, shape_info
 
@@ -44,12 +44,14 @@ class AttentionLines(Lines):
         if flops is not None:
             st.pass_flops += flops
         ctx = (site, tns // 1000, st.step, st.forward)
-        if type(timing) is not int or not self.fast:
+        cuda = type(timing) is not int
+        d = cuda_us(timing) if cuda else timing / 1000.0  # a CUDA pair's µs, as the Writer resolved it
+        if d is None or not self.fast:
             return self.build.attention(ctx, timing, xm, om, q_len, kv_len, km, vm, flops)
         # The cache's shapes, the key length and the FLOPs change every decoding step: they
         # are slots of the template, not part of its key.
         key = ("attention", site, xm, om, km is not None and km[1], vm is not None and vm[1], flops is None,
-               timing > 0)
+               d > 0, cuda)
         tpl = st.templates.get(key)
         if tpl is None:
             ev = self.template_of(self.build.attention, ctx, timing, xm, om, q_len, kv_len, km, vm, flops)[0]
@@ -64,7 +66,6 @@ class AttentionLines(Lines):
             tpl = st.templates[key] = (compile_template(ev, "seq", slots), it)
         fmt, it = tpl
         st.seq = seq = st.seq + 1
-        d = timing / 1000.0
         v: Dict[str, Any] = {"ts": ctx[1], "seq": seq, "step": ctx[2], "fwd": ctx[3], "d": d, "qt": q_len,
                              "kt": kv_len}
         if it is not None:
@@ -73,7 +74,7 @@ class AttentionLines(Lines):
         if flops is not None:
             v["fl"] = flops
             v["gf"] = flops / 1e9
-            if timing > 0:
+            if d > 0:
                 v["tf"] = per_us(flops, d)
             if flops:
                 st.total_flops += flops
