@@ -229,8 +229,8 @@ def write_session(name: str, way: str, monkeypatch: pytest.MonkeyPatch) -> bytes
         def counting(state: Any, recs: List[Any], i: int, *rest: Any) -> int:
             j = render(state, recs, i, *rest)
             rendered.append(j - i)
-            # The records it took timed by CUDA events (the writer resolved each pair to its µs).
-            cuda_rendered.extend(r[0] for r in recs[i:j] if type(r[records.TIMING]) is float)
+            # The records it took timed by CUDA events (C resolved each pair to its µs).
+            cuda_rendered.extend(r[0] for r in recs[i:j] if type(r[records.TIMING]) is tuple)
             return j
 
         monkeypatch.setattr(native, "render", counting)

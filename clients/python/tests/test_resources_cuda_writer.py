@@ -1,9 +1,10 @@
-"""The resource writer's CUDA-timed records: the writer resolves each CUDA event pair to the
-µs it measured, then writes the record through the templates (the C writer for LINEAR,
-MODULE and HANDOFF, the Python templates for ATTENTION and FORWARD), byte for byte what the
-builders write from the pair itself. There is no GPU here: the event pairs are stand-ins with
-the methods the writer calls (``query``, ``elapsed_time``); the records are those of a real
-model's decoding, recorded by the general wrappers a GPU's modules get."""
+"""The resource writer's CUDA-timed records: each CUDA event pair is resolved to the µs it
+measured (its end event waited for), and the record written through the templates as a
+host-timed one is (the C writer for LINEAR, MODULE and HANDOFF, the Python templates for
+ATTENTION and FORWARD), byte for byte what the builders write from the pair. There is no GPU
+here: the event pairs are stand-ins with the methods the writer calls (``query``,
+``elapsed_time``), each end event incomplete at its first query; the records are those of a
+real model's decoding, recorded by the general wrappers a GPU's modules get."""
 
 from __future__ import annotations
 
@@ -47,14 +48,16 @@ class Start:
 
 
 class End:
-    """The end event: not complete at its first query (the writer waits: _cuda.wait_event)."""
+    """The end event: complete at its third query. The C writer asks once each time it comes
+    to the record: it stops at the record twice before the writer waits for the event
+    (_cuda.wait_event), and then writes it."""
 
     def __init__(self) -> None:
         self.queries = 0
 
     @property
     def done(self) -> bool:
-        return self.queries > 1
+        return self.queries > 2
 
     def query(self) -> bool:
         self.queries += 1
@@ -162,11 +165,15 @@ def test_cuda_timed_records_take_the_templates_and_write_the_builders_bytes(tmp_
         kinds = {Rec(r[0]) for b in batches for r in b if r[0] in CUDA_TIMED}
         want = {Rec.LINEAR, Rec.ATTENTION, Rec.FORWARD} | ({Rec.MODULE, Rec.HANDOFF} if level == "DETAILED" else set())
         assert kinds >= want, kinds
+        in_c_kinds = {Rec.LINEAR} | ({Rec.MODULE, Rec.HANDOFF} if level == "DETAILED" else set())
         state = mon.writer.state.snapshot()
         mon.fast = False  # the builders, every pair resolved by set_timing
         lines_g, state_g = write_all(mon, batches, state, keep=False)
         assert len(resolved) == pairs
         mon.fast = True
+        waits: List[Any] = []
+        wait_event = writer.wait_event
+        monkeypatch.setattr(writer, "wait_event", lambda ev: (waits.append(ev), wait_event(ev)))
         if way == "python":
             monkeypatch.setattr(native, "render", None)
         render = native.render
@@ -180,11 +187,16 @@ def test_cuda_timed_records_take_the_templates_and_write_the_builders_bytes(tmp_
         if render is not None:
             monkeypatch.setattr(native, "render", counting)
         resolved.clear()
-        lines_1, state_1 = write_all(mon, batches, state, keep=False)  # makes the templates
-        assert len(resolved) == pairs, "each pair resolved once"
+        # Fresh pairs for each run: every end event incomplete at first.
+        lines_1, state_1 = write_all(mon, on_a_gpu(host, DURATIONS_MS, resolved), state, keep=False)  # the templates
+        # (C resolves a pair before it finds no template made: Python resolves it again.)
+        assert len(resolved) >= pairs
         calls = counting_builders(mon, monkeypatch)
         by_c.clear()
-        lines_2, state_2 = write_all(mon, batches, state, keep=True)  # every template made
+        waits.clear()
+        resolved.clear()
+        lines_2, state_2 = write_all(mon, on_a_gpu(host, DURATIONS_MS, resolved), state, keep=True)  # all made
+        assert len(resolved) == pairs, "each pair resolved once"
         monkeypatch.undo()
     finally:
         mon.close()
@@ -199,9 +211,11 @@ def test_cuda_timed_records_take_the_templates_and_write_the_builders_bytes(tmp_
     # No builder ran once the templates were made: every CUDA-timed record was templated.
     assert calls == {}, calls
     if way == "c":
-        # ... and the C writer wrote the kinds it renders, from their resolved µs.
-        in_c = {Rec(r[0]) for r in by_c if type(r[TIMING]) is float}
-        assert in_c == {Rec.LINEAR} | ({Rec.MODULE, Rec.HANDOFF} if level == "DETAILED" else set()), in_c
+        # ... and the C writer wrote every record of the kinds it renders, each after the
+        # writer waited for its end event (incomplete when C first asked).
+        want_c = sorted(Rec(r[0]) for b in batches for r in b if r[0] in in_c_kinds)
+        assert sorted(Rec(r[0]) for r in by_c if type(r[TIMING]) is tuple) == want_c
+        assert len(waits) == len(want_c) and all(isinstance(ev, End) for ev in waits)
 
 
 def test_durations_that_are_not_finite_are_the_builders(tmp_path: Path, monkeypatch) -> None:
@@ -210,15 +224,14 @@ def test_durations_that_are_not_finite_are_the_builders(tmp_path: Path, monkeypa
     mon, host = recorded(tmp_path, "DETAILED")
     try:
         mon.writer.state.cuda = True
-        resolved: List[int] = []
-        batches = on_a_gpu(host, DURATIONS_MS[:3] + NOT_FINITE_MS, resolved)
+        durations = DURATIONS_MS[:3] + NOT_FINITE_MS
         state = mon.writer.state.snapshot()
         mon.fast = False
-        lines_g, state_g = write_all(mon, batches, state, keep=False)
+        lines_g, state_g = write_all(mon, on_a_gpu(host, durations, []), state, keep=False)
         mon.fast = True
-        write_all(mon, batches, state, keep=False)
+        write_all(mon, on_a_gpu(host, durations, []), state, keep=False)
         calls = counting_builders(mon, monkeypatch)
-        lines_f, state_f = write_all(mon, batches, state, keep=True)
+        lines_f, state_f = write_all(mon, on_a_gpu(host, durations, []), state, keep=True)
         monkeypatch.undo()
     finally:
         mon.close()
@@ -258,7 +271,7 @@ def test_a_host_timed_template_is_not_a_cuda_timed_ones(tmp_path: Path) -> None:
 
 
 def test_writer_leaves_the_callers_records_as_they_were(tmp_path: Path) -> None:
-    """The pairs are resolved in the writer's own copy of a batch."""
+    """The writer changes no record it is given (the pairs stay pairs)."""
     mon, host = recorded(tmp_path, "MINIMAL")
     try:
         mon.writer.state.cuda = True
@@ -271,21 +284,25 @@ def test_writer_leaves_the_callers_records_as_they_were(tmp_path: Path) -> None:
     assert batches == before
 
 
-def test_resolving_gives_the_lock_back(tmp_path: Path, monkeypatch) -> None:
-    """Resolving a batch's pairs gives the interpreter lock back every YIELD_NS, as writing
-    does."""
+@pytest.mark.skipif(not native.available(), reason="llm_instrumentation.resources._native is not built")
+def test_an_error_of_an_event_is_raised_not_dropped(tmp_path: Path) -> None:
+    """A pair whose event fails (a CUDA error) fails the batch in C as in the builders."""
     mon, host = recorded(tmp_path, "MINIMAL")
+
+    class Broken(End):
+        def query(self) -> bool:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
     try:
         mon.writer.state.cuda = True
-        batches = on_a_gpu(host, DURATIONS_MS, [])
-        recs = list(batches[-1])
-        n = sum(1 for r in recs if r[0] in CUDA_TIMED)
-        sleeps: List[float] = []
-        monkeypatch.setattr(writer, "YIELD_NS", 0)
-        monkeypatch.setattr(writer.time, "sleep", sleeps.append)
-        writer.Writer._resolve(recs, 0, 0)
-        monkeypatch.undo()
+        for b in on_a_gpu(host, DURATIONS_MS, []):
+            mon.writer.write_batch(b)  # the templates
+        last = on_a_gpu(host, DURATIONS_MS, [])[-1]
+        i = next(i for i, r in enumerate(last) if r[0] == Rec.LINEAR)
+        last[i] = last[i][:TIMING] + ((last[i][TIMING][0], Broken()),) + last[i][TIMING + 1:]
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            native.render(mon.writer.state, last, i, [], 1 << 62)
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            mon.writer.write_batch(last)
     finally:
         mon.close()
-    assert all(type(r[TIMING]) is float for r in recs if r[0] in CUDA_TIMED)
-    assert sleeps.count(0) == n  # (the others: _cuda.wait_event polling an end event)

@@ -194,21 +194,62 @@ attention_figures(State *st, PyObject *r, Values *v, AttnFigures *f)
     return 1;
 }
 
-/* A record's timing for its key: an int (ns) or the µs of a resolved CUDA event pair (a
- * float; cuda set). -1 with a TypeError otherwise. */
+/* A record's timing into v: ns on the host clock (an int), or a CUDA event pair (start, end)
+ * whose end event has completed, resolved as events.cuda_duration_us resolves one: µs =
+ * start.elapsed_time(end) * 1000.0. 1 read; 0 for the Python path: an end event not complete
+ * yet (the writer waits for it, _cuda.wait_event, and comes back), an int beyond 64 bits, a
+ * duration that is not a finite float (JSON writes NaN or Infinity: the builders' way); -1
+ * an error (of query or elapsed_time, as the builders would raise it). */
+int
+read_timing(PyObject *timing, Values *v)
+{
+    if (PyLong_CheckExact(timing)) {
+        v->timing = PyLong_AsLongLong(timing);
+        if (v->timing == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        v->cuda = 0;
+        v->d_us = (double)v->timing / 1000.0;
+        return 1;
+    }
+    if (!PyTuple_Check(timing) || PyTuple_Size(timing) != 2)
+        return 0;
+    PyObject *start = PyTuple_GetItem(timing, 0), *end = PyTuple_GetItem(timing, 1);
+    PyObject *done = PyObject_CallMethodObjArgs(end, str_query, NULL);
+    if (done == NULL)
+        return -1;
+    int ok = PyObject_IsTrue(done);
+    Py_DECREF(done);
+    if (ok <= 0)
+        return ok;
+    PyObject *ms = PyObject_CallMethodObjArgs(start, str_elapsed_time, end, NULL);
+    if (ms == NULL)
+        return -1;
+    int is_float = PyFloat_CheckExact(ms);
+    double d = is_float ? PyFloat_AsDouble(ms) * 1000.0 : 0.0;
+    Py_DECREF(ms);
+    if (!is_float || !isfinite(d))
+        return 0;
+    v->cuda = 1;
+    v->d_us = d;
+    v->timing = 0;
+    return 1;
+}
+
+/* A record's timing for its key (read_timing); -1 with an error where C would not render it. */
 static int
 timing_of(PyObject *timing, double *d, int *cuda)
 {
-    *cuda = PyFloat_CheckExact(timing);
-    if (*cuda) {
-        *d = PyFloat_AsDouble(timing);
-        return 0;
-    }
-    long long t = PyLong_AsLongLong(timing);
-    if (t == -1 && PyErr_Occurred())
-        return -1;
-    *d = t > 0 ? 1.0 : 0.0;
-    return 0;
+    Values v;
+    memset(&v, 0, sizeof v);
+    int rc = read_timing(timing, &v);
+    if (rc == 0)
+        PyErr_SetString(PyExc_ValueError, "template_key: a timing C does not render (an event pair not complete, "
+                                          "a duration not finite)");
+    *d = v.d_us;
+    *cuda = v.cuda;
+    return rc > 0 ? 0 : -1;
 }
 
 PyObject *

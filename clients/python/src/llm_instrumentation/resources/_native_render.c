@@ -62,35 +62,6 @@ lookup(State *st, PyObject *key, Py_ssize_t want, const char *kind, const char *
     return entry;
 }
 
-/* A record's timing into v: ns on the host clock (an int), or the µs a CUDA event pair
- * measured (a float: the writer resolves the pairs, events.cuda_duration_us). 1 read; 0 for
- * the Python path: an unresolved pair, an int beyond 64 bits, a duration that is not finite
- * (JSON writes NaN or Infinity, the builders' way). */
-static int
-read_timing(PyObject *timing, Values *v)
-{
-    if (PyLong_CheckExact(timing)) {
-        v->timing = PyLong_AsLongLong(timing);
-        if (v->timing == -1 && PyErr_Occurred()) {
-            PyErr_Clear();
-            return 0;
-        }
-        v->cuda = 0;
-        v->d_us = (double)v->timing / 1000.0;
-        return 1;
-    }
-    if (PyFloat_CheckExact(timing)) {
-        double d = PyFloat_AsDouble(timing);
-        if (!isfinite(d))
-            return 0;
-        v->cuda = 1;
-        v->d_us = d;
-        v->timing = 0;
-        return 1;
-    }
-    return 0;
-}
-
 /* LINEAR and MODULE records. 1 written, 0 for the Python path, -1 an error. */
 static int
 render_timed(State *st, PyObject *r, int is_lin, PyObject *lines, Buf *b)
@@ -98,8 +69,9 @@ render_timed(State *st, PyObject *r, int is_lin, PyObject *lines, Buf *b)
     PyObject *site = PyTuple_GetItem(r, LINEAR_SITE);
     Values v;
     memset(&v, 0, sizeof v);
-    if (!read_timing(PyTuple_GetItem(r, LINEAR_TIMING), &v))
-        return 0;
+    int rt = read_timing(PyTuple_GetItem(r, LINEAR_TIMING), &v);
+    if (rt <= 0)
+        return rt;
     long long t1 = PyLong_AsLongLong(PyTuple_GetItem(r, LINEAR_END));
     if (PyErr_Occurred()) {
         PyErr_Clear();
@@ -346,8 +318,9 @@ render_handoff(State *st, PyObject *state, PyObject *r, PyObject *lines, Buf *b)
     PyObject *frac = PyTuple_GetItem(r, HANDOFF_MEMORY_FRACTION);
     Values v;
     memset(&v, 0, sizeof v);
-    if (!read_timing(PyTuple_GetItem(r, HANDOFF_TIMING), &v))
-        return 0;
+    int rt = read_timing(PyTuple_GetItem(r, HANDOFF_TIMING), &v);
+    if (rt <= 0)
+        return rt;
     long long t1 = PyLong_AsLongLong(PyTuple_GetItem(r, HANDOFF_START));
     if (PyErr_Occurred()) {
         PyErr_Clear();
@@ -567,7 +540,7 @@ const char render_doc[] = "render(state, records, start, lines, deadline_ns) -> 
                           "handoff; attention_lines.py: attention_kv) for records[start:]: each LINEAR, MODULE,\n"
                           "ALLOC_OUT, ALLOC, ATTENTION_KV or HANDOFF record whose template is made becomes its JSON\n"
                           "lines (a LINEAR, MODULE or HANDOFF timed on the host, in int ns, or by a CUDA event\n"
-                          "pair the writer resolved to its µs, a float),\n"
+                          "pair whose end event has completed: it stops at one that has not),\n"
                           "lines, appended to lines, with the writer state (records.STATE) advanced as those methods\n"
                           "advance it. Stops at the first other record, or once the monotonic clock passes\n"
                           "deadline_ns, and returns the index of the first record not written.";

@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from .caches import kv_len_of
 from .events import MIB, Meta, attention_flops, attention_tokens, dname, itemsize, kv_figures, meta, per_us
-from .lines import Lines, Out, cuda_us
+from .lines import Lines, Out, cuda_timing
 from .sites import Site
 from .templates import ENCODER, KV_SLOTS, TIMED_SLOTS, compile_template, positional, program, shape_info
 
@@ -45,7 +45,10 @@ class AttentionLines(Lines):
             st.pass_flops += flops
         ctx = (site, tns // 1000, st.step, st.forward)
         cuda = type(timing) is not int
-        d = cuda_us(timing) if cuda else timing / 1000.0  # a CUDA pair's µs, as the Writer resolved it
+        if cuda:  # a CUDA event pair: templated as well, by the µs it measured
+            timing, d = cuda_timing(timing, self.fast)
+        else:
+            d = timing / 1000.0
         if d is None or not self.fast:
             return self.build.attention(ctx, timing, xm, om, q_len, kv_len, km, vm, flops)
         # The cache's shapes, the key length and the FLOPs change every decoding step: they

@@ -19,8 +19,8 @@ from .system import pressure_word
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["MIB", "EventBuilder", "Meta", "attention_flops", "attention_tokens", "cuda_duration_us", "dname", "kv_figures", "linear_flops",
-           "meta", "numel", "per_us", "short_dtype", "tensor_meta"]
+__all__ = ["MIB", "EventBuilder", "Meta", "attention_flops", "attention_tokens", "cuda_duration_us", "dname",
+           "kv_figures", "linear_flops", "meta", "numel", "per_us", "short_dtype", "tensor_meta"]
 
 #: What an event needs of a tensor: (shape, dtype, bytes, on a GPU).
 Meta = Tuple[Any, Any, int, bool]
@@ -144,7 +144,8 @@ def cuda_duration_us(pair: Tuple[Any, Any]) -> float:
 
 def set_timing(ev: Dict[str, Any], timing: Any) -> None:
     """A measured duration: ns on the host clock (an int), a CUDA event pair (waited for here)
-    or the µs such a pair measured (a float: the writer resolves the pairs of a batch first)."""
+    or the µs such a pair measured (a float: ``lines.cuda_timing`` resolved it to make a
+    template, or found it not finite)."""
     if type(timing) is int:
         ev["duration_us"] = timing / 1000.0
         ev["duration_source"] = "perf_counter"

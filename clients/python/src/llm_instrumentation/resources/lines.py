@@ -13,14 +13,14 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import system
-from .events import EventBuilder, linear_flops, meta, per_us
+from .events import EventBuilder, cuda_duration_us, linear_flops, meta, per_us
 from .records import UNREAD
 from .sites import Site
 from .state import WriterState
 from .templates import FORWARD_SLOTS, MAX_TEMPLATES, PRESSURE_JSON, RSS_KEYS, TIMED_SLOTS, compile_template, \
     positional, program
 
-__all__ = ["Lines", "cuda_us"]
+__all__ = ["Lines", "cuda_timing"]
 
 #: A writer method's output: serialized lines (bytes), or event dicts still to serialize.
 Out = List[Any]
@@ -28,13 +28,17 @@ Out = List[Any]
 _INF = float("inf")
 
 
-def cuda_us(timing: Any) -> Optional[float]:
-    """The µs of a CUDA event pair the writer resolved (``Writer``: a float in the record's
-    timing) where a template can write it — finite: JSON writes ``NaN``/``Infinity``, a
-    template ``nan``/``inf``; else None (an unresolved pair, or not finite: the builders)."""
-    if type(timing) is float and -_INF < timing < _INF:
-        return timing
-    return None
+def cuda_timing(timing: Any, fast: bool) -> Tuple[Any, Optional[float]]:
+    """A CUDA-timed record's timing for the builders, and the µs its template writes: with
+    ``fast`` the pair is resolved here (its end event waited for: ``events.cuda_duration_us``)
+    and both are its µs, or the µs and None where they are not finite (JSON writes ``NaN`` or
+    ``Infinity``, a template would write ``nan``/``inf``: the builders write those); without,
+    the pair as it is and None (the builders resolve it, the way the tests compare against)."""
+    if not fast:
+        return timing, None
+    if type(timing) is tuple:
+        timing = cuda_duration_us(timing)
+    return timing, timing if type(timing) is float and -_INF < timing < _INF else None
 
 
 class Lines:
@@ -114,7 +118,10 @@ class Lines:
         mem = self.pass_memory(memory)
         ctx = (site, wall_ns // 1000, st.step, st.forward)
         cuda = type(timing) is not int
-        d = cuda_us(timing) if cuda else timing / 1000.0
+        if cuda:
+            timing, d = cuda_timing(timing, self.fast)
+        else:
+            d = timing / 1000.0
         if d is None or not self.fast or (sm_utilization is not None and not -_INF < sm_utilization < _INF):
             return self.build.forward(ctx, timing, input, out_shape, capture_bytes, mem, sm_utilization)
         flops = st.pass_flops
@@ -141,8 +148,8 @@ class Lines:
                out_dtype: Any) -> Out:
         st = self.state
         cuda = type(timing) is not int
-        if cuda:  # a CUDA event pair's µs (Writer resolves them): templated as well when finite
-            d = cuda_us(timing)
+        if cuda:  # a CUDA event pair: templated as well, by the µs it measured
+            timing, d = cuda_timing(timing, self.fast)
             if d is None:
                 return self.linear_events(site, end, timing, in_shape, in_dtype, out_shape, out_dtype)
         else:
@@ -200,7 +207,7 @@ class Lines:
         tns = end + st.clock_offset
         cuda = type(timing) is not int
         if cuda:
-            d = cuda_us(timing)
+            timing, d = cuda_timing(timing, self.fast)
         else:
             if timing > st.long_ns:
                 st.long_ns, st.long_site = timing, site
@@ -245,7 +252,10 @@ class Lines:
         tm = meta(shape, dtype, is_cuda)
         assert tm is not None
         cuda = type(timing) is not int
-        d = cuda_us(timing) if cuda else timing / 1000.0
+        if cuda:
+            timing, d = cuda_timing(timing, self.fast)
+        else:
+            d = timing / 1000.0
         if d is None or not self.fast:
             return self.build.handoff(ctx, timing, tm, memory_fraction, fraction_source)
         variant = (d > 0) + 2 * (memory_fraction is not None)

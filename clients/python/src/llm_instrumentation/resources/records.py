@@ -52,9 +52,9 @@ ATTENTION, KV, FORWARD, PARAMETERS, ELEMENTWISE, PREBUILT = 8, 9, 10, 11, 12, 13
 _TIMED = ("site", "end", "timing", "in_shape", "in_dtype", "out_shape", "out_dtype")
 
 #: Each kind's fields, after the tag. ``end``/``start`` are ``perf_counter_ns`` readings,
-#: ``wall_ns`` Unix time in ns; ``timing`` is ns (an int) or a CUDA event pair, always item
-#: ``TIMING`` of a record (the writer replaces a pair by its measured duration in µs, a float,
-#: before it makes the record's lines: ``events.cuda_duration_us``); ``memory`` is
+#: ``wall_ns`` Unix time in ns; ``timing`` is ns (an int) or a CUDA event pair (start, end:
+#: the writer waits for the end event and reads the µs between them), always item ``TIMING``
+#: of a record; ``memory`` is
 #: a one-item list shared by a forward pass's records (its memory reading, None until read),
 #: or the reading itself for PARAMETERS.
 FIELDS: Dict[int, Tuple[str, ...]] = {

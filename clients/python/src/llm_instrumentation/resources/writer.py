@@ -11,9 +11,9 @@ from typing import Any, Callable, List, Optional
 
 from . import native
 from .attention_lines import AttentionLines
-from .events import cuda_duration_us
-from .records import (ALLOC, ALLOC_OUT, ATTENTION, ATTENTION_KV, BEGIN, CUDA_TIMED, ELEMENTWISE, FORWARD, HANDOFF,
-                      KV, LINEAR, MODULE, PARAMETERS, PREBUILT, TIMING, Rec)
+from .._cuda import wait_event
+from .records import (ALLOC, ALLOC_OUT, ATTENTION, ATTENTION_KV, BEGIN, ELEMENTWISE, FORWARD, HANDOFF, KV, LINEAR,
+                      MODULE, PARAMETERS, PREBUILT, TIMING, Rec)
 from .sites import Site
 from .state import WriterState
 from .templates import ENCODER
@@ -80,8 +80,7 @@ class Writer:
         last = max(clock(), quiet_until - YIELD_NS)
         render = native.render if self.lines.fast else None
         handlers = self.handlers
-        # The builders resolve CUDA event pairs themselves (the tests compare both ways).
-        resolve = self.lines.fast
+        waited = -1
         i, n = 0, len(recs)
         while i < n:
             if render is not None and LINEAR <= recs[i][0] <= HANDOFF:
@@ -95,12 +94,12 @@ class Writer:
                         last = clock()
                     continue
             r = recs[i]
-            if resolve and len(r) > TIMING and type(r[TIMING]) is tuple and r[0] in CUDA_TIMED:
-                # A CUDA event pair (the C writer stopped at it): from here on each pair becomes
-                # its measured µs, and the records take the templates as host-timed ones do.
-                recs = list(recs)  # the caller's list is left as it was
-                last = self._resolve(recs, i, last)
-                resolve = False
+            if render is not None and waited != i and LINEAR <= r[0] <= HANDOFF and type(r[TIMING]) is tuple:
+                # The C writer stops at a CUDA event pair whose end event has not completed:
+                # wait for it here, the interpreter lock free, and let C write it (it also
+                # stops where no template is made yet: then the record is written below).
+                wait_event(r[TIMING][1])
+                waited = i
                 continue
             i += 1
             out = handlers[r[0]](*r[1:])
@@ -132,22 +131,6 @@ class Writer:
         if out_lines:
             self.sink.write(out_lines)
             st.events_written += len(out_lines)
-
-
-    @staticmethod
-    def _resolve(recs: List[Any], i: int, last: int) -> int:
-        """Each CUDA event pair of ``recs[i:]`` replaced, in place, by the µs it measured
-        (waiting for its end event: ``events.cuda_duration_us``); the interpreter lock given
-        back every ``YIELD_NS`` of work as the writer loop does (returns when it last was)."""
-        clock = time.perf_counter_ns
-        for k in range(i, len(recs)):
-            r = recs[k]
-            if len(r) > TIMING and type(r[TIMING]) is tuple and r[0] in CUDA_TIMED:
-                recs[k] = r[:TIMING] + (cuda_duration_us(r[TIMING]),) + r[TIMING + 1:]
-                if clock() - last > YIELD_NS:
-                    time.sleep(0)
-                    last = clock()
-        return last
 
 
 class WriterThread:
