@@ -264,7 +264,8 @@ def write_session(name: str, way: str, monkeypatch: pytest.MonkeyPatch) -> bytes
         # The C writer wrote lines of its own (the records it knows, once their templates exist).
         assert sum(rendered) > 10, f"{name}: the C writer took {sum(rendered)} records"
         # On a GPU: the CUDA-timed ones among them (the last decoding step's).
-        assert set(cuda_rendered) == ({Rec.LINEAR, Rec.MODULE, Rec.HANDOFF} if gpu else set()), cuda_rendered
+        assert set(cuda_rendered) == ({Rec.LINEAR, Rec.MODULE, Rec.HANDOFF, Rec.ATTENTION} if gpu else set()), \
+            cuda_rendered
     return b"".join(sink.lines)
 
 

@@ -1,7 +1,7 @@
 """The resource writer's CUDA-timed records: each CUDA event pair is resolved to the µs it
 measured (its end event waited for), and the record written through the templates as a
-host-timed one is (the C writer for LINEAR, MODULE and HANDOFF, the Python templates for
-ATTENTION and FORWARD), byte for byte what the builders write from the pair. There is no GPU
+host-timed one is (the C writer for LINEAR, MODULE, HANDOFF and ATTENTION, the Python
+templates for FORWARD), byte for byte what the builders write from the pair. There is no GPU
 here: the event pairs are stand-ins with the methods the writer calls (``query``,
 ``elapsed_time``), each end event incomplete at its first query; the records are those of a
 real model's decoding, recorded by the general wrappers a GPU's modules get."""
@@ -31,7 +31,7 @@ CUDA_MEM = {"device_memory_allocated_bytes": 1_000_000, "device_memory_reserved_
             "device_memory_peak_bytes": 1_500_000, "memory_source": "torch.cuda.memory_stats"}
 #: What the builders make the events of CUDA-timed records with (Lines' fast paths call them
 #: only to make a template).
-BUILDERS = ("linear", "module", "handoff", "attention", "forward")
+BUILDERS = ("linear", "module", "handoff", "attention", "forward", "kv")
 
 
 class Start:
@@ -165,7 +165,7 @@ def test_cuda_timed_records_take_the_templates_and_write_the_builders_bytes(tmp_
         kinds = {Rec(r[0]) for b in batches for r in b if r[0] in CUDA_TIMED}
         want = {Rec.LINEAR, Rec.ATTENTION, Rec.FORWARD} | ({Rec.MODULE, Rec.HANDOFF} if level == "DETAILED" else set())
         assert kinds >= want, kinds
-        in_c_kinds = {Rec.LINEAR} | ({Rec.MODULE, Rec.HANDOFF} if level == "DETAILED" else set())
+        in_c_kinds = {Rec.LINEAR, Rec.ATTENTION} | ({Rec.MODULE, Rec.HANDOFF} if level == "DETAILED" else set())
         state = mon.writer.state.snapshot()
         mon.fast = False  # the builders, every pair resolved by set_timing
         lines_g, state_g = write_all(mon, batches, state, keep=False)
@@ -216,6 +216,9 @@ def test_cuda_timed_records_take_the_templates_and_write_the_builders_bytes(tmp_
         want_c = sorted(Rec(r[0]) for b in batches for r in b if r[0] in in_c_kinds)
         assert sorted(Rec(r[0]) for r in by_c if type(r[TIMING]) is tuple) == want_c
         assert len(waits) == len(want_c) and all(isinstance(ev, End) for ev in waits)
+        # The KV-cache records of the general attention wrapper too (no timing of their own).
+        n_kv = sum(1 for b in batches for r in b if r[0] == Rec.KV)
+        assert n_kv >= 10 and sum(1 for r in by_c if r[0] == Rec.KV) == n_kv
 
 
 def test_durations_that_are_not_finite_are_the_builders(tmp_path: Path, monkeypatch) -> None:

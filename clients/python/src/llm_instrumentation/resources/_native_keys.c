@@ -194,6 +194,59 @@ attention_figures(State *st, PyObject *r, Values *v, AttnFigures *f)
     return 1;
 }
 
+/* The key records.KEYS[ATTENTION] of a record (its kv None or a 6-tuple: cache_dims). */
+PyObject *
+key_attention_of(PyObject *r, int variant, int cuda)
+{
+    PyObject *k[KEY_ATTENTION_LEN], *kv = PyTuple_GetItem(r, ATTENTION_KV), *var = PyLong_FromLong(variant);
+    if (var == NULL)
+        return NULL;
+    k[KEY_ATTENTION_ATTENTION] = key_attention_str;
+    k[KEY_ATTENTION_SITE] = PyTuple_GetItem(r, ATTENTION_SITE);
+    k[KEY_ATTENTION_IN_SHAPE] = PyTuple_GetItem(r, ATTENTION_IN_SHAPE);
+    k[KEY_ATTENTION_IN_DTYPE] = PyTuple_GetItem(r, ATTENTION_IN_DTYPE);
+    k[KEY_ATTENTION_IN_CUDA] = PyTuple_GetItem(r, ATTENTION_IN_CUDA);
+    k[KEY_ATTENTION_OUT_SHAPE] = PyTuple_GetItem(r, ATTENTION_OUT_SHAPE);
+    k[KEY_ATTENTION_OUT_DTYPE] = PyTuple_GetItem(r, ATTENTION_OUT_DTYPE);
+    k[KEY_ATTENTION_OUT_CUDA] = PyTuple_GetItem(r, ATTENTION_OUT_CUDA);
+    k[KEY_ATTENTION_KEY_DTYPE] = kv != Py_None ? PyTuple_GetItem(kv, 1) : Py_None;
+    k[KEY_ATTENTION_VALUE_DTYPE] =
+        kv != Py_None && PyTuple_GetItem(kv, 3) != Py_None ? PyTuple_GetItem(kv, 4) : Py_None;
+    k[KEY_ATTENTION_VARIANT] = var;
+    k[KEY_ATTENTION_CUDA_TIMED] = bool_obj(cuda);
+    PyObject *key = pack(KEY_ATTENTION_LEN, k);
+    Py_DECREF(var);
+    return key;
+}
+
+/* The key records.KEYS[KV] of a record (its kv a 6-tuple: cache_dims). */
+PyObject *
+key_kv_of(PyObject *r, int variant)
+{
+    PyObject *k[KEY_KV_LEN], *kv = PyTuple_GetItem(r, KV_KV), *var = PyLong_FromLong(variant);
+    if (var == NULL)
+        return NULL;
+    k[KEY_KV_KV] = key_kv_str;
+    k[KEY_KV_SITE] = PyTuple_GetItem(r, KV_SITE);
+    k[KEY_KV_KEY_DTYPE] = PyTuple_GetItem(kv, 1);
+    k[KEY_KV_KEY_CUDA] = PyTuple_GetItem(kv, 2);
+    k[KEY_KV_VARIANT] = var;
+    PyObject *key = pack(KEY_KV_LEN, k);
+    Py_DECREF(var);
+    return key;
+}
+
+/* A cache's key and value shapes (a record's kv: key shape, dtype, on a GPU, the value's) into
+ * v; 0 where C does not take it: not a 6-tuple, no values (the line says null), a shape C cannot
+ * hold. */
+int
+cache_dims(PyObject *kv, Values *v)
+{
+    if (!PyTuple_Check(kv) || PyTuple_Size(kv) != 6 || PyTuple_GetItem(kv, 3) == Py_None)
+        return 0;
+    return shape_dims(PyTuple_GetItem(kv, 0), v->ks, &v->ks_n) && shape_dims(PyTuple_GetItem(kv, 3), v->vs, &v->vs_n);
+}
+
 /* A record's timing into v: ns on the host clock (an int), or a CUDA event pair (start, end)
  * whose end event has completed, resolved as events.cuda_duration_us resolves one: µs =
  * start.elapsed_time(end) * 1000.0. 1 read; 0 for the Python path: an end event not complete
@@ -297,6 +350,32 @@ template_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
         return key_attention(r, !f.has_flops ? 0 : (f.flops && t > 0) ? 2 : 1);
+    }
+    if (tag == REC_ATTENTION && size == ATTENTION_LEN) {
+        Values v;
+        memset(&v, 0, sizeof v);
+        PyObject *kv = PyTuple_GetItem(r, ATTENTION_KV), *fl = PyTuple_GetItem(r, ATTENTION_FLOPS);
+        if (kv != Py_None && !cache_dims(kv, &v)) {
+            PyErr_SetString(PyExc_ValueError, "template_key: an attention record C does not render");
+            return NULL;
+        }
+        double d;
+        int cuda;
+        if (timing_of(PyTuple_GetItem(r, ATTENTION_TIMING), &d, &cuda) < 0)
+            return NULL;
+        int truthy = fl != Py_None ? PyObject_IsTrue(fl) : 0;
+        if (truthy < 0)
+            return NULL;
+        return key_attention_of(r, fl == Py_None ? 0 : (truthy && d > 0) ? 2 : 1, cuda);
+    }
+    if (tag == REC_KV && size == KV_LEN) {
+        Values v;
+        memset(&v, 0, sizeof v);
+        if (!cache_dims(PyTuple_GetItem(r, KV_KV), &v)) {
+            PyErr_SetString(PyExc_ValueError, "template_key: a KV record C does not render");
+            return NULL;
+        }
+        return key_kv_of(r, v.ks_n >= 2);
     }
     if (tag == REC_HANDOFF && size == HANDOFF_LEN) {
         double d;

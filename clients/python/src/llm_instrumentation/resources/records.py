@@ -44,7 +44,7 @@ class Rec(enum.IntEnum):
     PREBUILT = 13     # an event made whole on the model's thread (session start, summary)
 
 
-# LINEAR … HANDOFF are the kinds the C writer renders: one range, tested once per record.
+# LINEAR … KV are the kinds the C writer renders: one range, tested once per record.
 # Plain ints for the hot paths (an IntEnum member costs a lookup and compares slower).
 BEGIN, LINEAR, MODULE, ALLOC_OUT, ALLOC, ATTENTION_KV, HANDOFF = 1, 2, 3, 4, 5, 6, 7
 ATTENTION, KV, FORWARD, PARAMETERS, ELEMENTWISE, PREBUILT = 8, 9, 10, 11, 12, 13
@@ -94,6 +94,11 @@ KEYS: Dict[int, Tuple[str, ...]] = {
     ALLOC: ("site", "kind", "nbytes", "shape", "dtype", "is_cuda", "memory_keys"),
     ATTENTION_KV: ("site", "in_shape", "in_dtype", "out_shape", "out_dtype", "key_dtype", "value_dtype", "variant"),
     HANDOFF: ("'handoff'", "site", "shape", "dtype", "fraction_source", "variant", "cuda_timed"),
+    # key_dtype, value_dtype: the cache's (None without one, or without values).
+    ATTENTION: ("'attention'", "site", "in_shape", "in_dtype", "in_cuda", "out_shape", "out_dtype", "out_cuda",
+                "key_dtype", "value_dtype", "variant", "cuda_timed"),
+    # key_dtype, key_cuda: items of the record's kv.
+    KV: ("'kv'", "site", "key_dtype", "key_cuda", "variant"),
 }
 
 #: The items of a template entry (the value under a key). ``ALLOC_OUT`` shares ``ALLOC``'s.
@@ -104,6 +109,8 @@ ENTRIES: Dict[int, Tuple[str, ...]] = {
     ATTENTION_KV: ("attention_format", "kv_format", "key_itemsize", "value_itemsize", "attention_program",
                    "kv_program"),
     HANDOFF: ("format", "nbytes", "program"),
+    ATTENTION: ("format", "program"),
+    KV: ("format", "key_itemsize", "value_itemsize", "program"),
 }
 
 #: The writer state's attributes (``writer.WriterState``) the C writer reads and advances.

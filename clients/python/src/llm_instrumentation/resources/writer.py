@@ -83,7 +83,7 @@ class Writer:
         waited = -1
         i, n = 0, len(recs)
         while i < n:
-            if render is not None and LINEAR <= recs[i][0] <= HANDOFF:
+            if render is not None and LINEAR <= recs[i][0] <= KV:
                 # The records of the timing wrappers whose templates are known, in C; it
                 # stops at any other record (taken below) and after YIELD_NS of work.
                 j = render(st, recs, i, out_lines, last + YIELD_NS)
@@ -94,7 +94,7 @@ class Writer:
                         last = clock()
                     continue
             r = recs[i]
-            if render is not None and waited != i and LINEAR <= r[0] <= HANDOFF and type(r[TIMING]) is tuple:
+            if render is not None and waited != i and LINEAR <= r[0] <= KV and type(r[TIMING]) is tuple:
                 # The C writer stops at a CUDA event pair whose end event has not completed:
                 # wait for it here, the interpreter lock free, and let C write it (it also
                 # stops where no template is made yet: then the record is written below).
