@@ -718,13 +718,18 @@ def _resource_summary(p: Path) -> Dict[str, Any]:
         return {"missing": str(p)}
     types: Dict[str, int] = {}
     sources: Dict[str, int] = {}
+    cost: Dict[str, Any] = {}
     with open(p) as f:
         for line in f:
             ev = json.loads(line)
             types[ev.get("event", "?")] = types.get(ev.get("event", "?"), 0) + 1
             if "duration_source" in ev:
                 sources[ev["duration_source"]] = sources.get(ev["duration_source"], 0) + 1
-    return {"events": sum(types.values()), "event_types": types, "duration_sources": sources}
+            if ev.get("event") == "resource_session_summary":
+                # The monitor's own cost: the model thread's hooks and the writer thread's CPU
+                # (the writer holds the interpreter lock the model's thread needs).
+                cost = {k: ev.get(k) for k in ("monitor_hook_us", "monitor_writer_cpu_us")}
+    return {"events": sum(types.values()), "event_types": types, "duration_sources": sources, **cost}
 
 
 def _cleanup(path: Path) -> None:

@@ -205,7 +205,7 @@ SESSIONS: Dict[str, Tuple[Callable[[], torch.nn.Module], str, int, int, bool]] =
     "llama_detailed": (golden_llama, "DETAILED", 32, 2, False),
     "llama_verbose": (lambda: golden_llama(128), "VERBOSE", 4, 2, False),
     "gpt2_detailed": (golden_gpt2, "DETAILED", 4, 2, False),
-    "llama_detailed_gpu": (lambda: golden_llama(128), "DETAILED", 4, 1, True),
+    "llama_detailed_gpu": (lambda: golden_llama(128), "DETAILED", 4, 2, True),
 }
 
 #: How a session is written: the C wrapper and writer; the Python wrapper and templates; the
@@ -217,6 +217,7 @@ def write_session(name: str, way: str, monkeypatch: pytest.MonkeyPatch) -> bytes
     make, level, prompt, steps, gpu = SESSIONS[name]
     model = make()
     rendered: List[int] = []
+    cuda_rendered: List[int] = []
     if way != "c":
         monkeypatch.setattr(native, "TimedForward", None)
         monkeypatch.setattr(native, "render", None)
@@ -228,6 +229,8 @@ def write_session(name: str, way: str, monkeypatch: pytest.MonkeyPatch) -> bytes
         def counting(state: Any, recs: List[Any], i: int, *rest: Any) -> int:
             j = render(state, recs, i, *rest)
             rendered.append(j - i)
+            # The records it took timed by CUDA events (C resolved each pair to its µs).
+            cuda_rendered.extend(r[0] for r in recs[i:j] if type(r[records.TIMING]) is tuple)
             return j
 
         monkeypatch.setattr(native, "render", counting)
@@ -257,9 +260,12 @@ def write_session(name: str, way: str, monkeypatch: pytest.MonkeyPatch) -> bytes
     finally:
         mon.close()
     monkeypatch.undo()
-    if way == "c" and not gpu:
+    if way == "c":
         # The C writer wrote lines of its own (the records it knows, once their templates exist).
         assert sum(rendered) > 10, f"{name}: the C writer took {sum(rendered)} records"
+        # On a GPU: the CUDA-timed ones among them (the last decoding step's).
+        assert set(cuda_rendered) == ({Rec.LINEAR, Rec.MODULE, Rec.HANDOFF, Rec.ATTENTION} if gpu else set()), \
+            cuda_rendered
     return b"".join(sink.lines)
 
 

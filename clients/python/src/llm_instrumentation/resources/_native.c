@@ -44,6 +44,7 @@ monotonic_ns(void)
 }
 
 PyObject *str_shape, *str_dtype, *str_nbytes, *str_data_ptr, *str_attn_static, *key_out, *key_handoff;
+PyObject *str_query, *str_elapsed_time, *key_attention_str, *key_kv_str;
 PyObject *state_attr[N_STATE], *recorder_attr[N_RECORDER], *count_keys[N_COUNT], *mem_keys[N_MEMORY];
 PyObject *tag_obj[REC_PREBUILT + 1];
 PyObject *unread;
@@ -393,7 +394,12 @@ exec_module(PyObject *m)
     str_attn_static = PyUnicode_InternFromString("attn_static");
     key_out = PyUnicode_InternFromString("out");
     key_handoff = PyUnicode_InternFromString("handoff");
+    str_query = PyUnicode_InternFromString("query");
+    str_elapsed_time = PyUnicode_InternFromString("elapsed_time");
+    key_attention_str = PyUnicode_InternFromString("attention");
+    key_kv_str = PyUnicode_InternFromString("kv");
     if (!str_shape || !str_dtype || !str_nbytes || !str_data_ptr || !str_attn_static || !key_out || !key_handoff ||
+        !str_query || !str_elapsed_time || !key_attention_str || !key_kv_str ||
         intern_all(mem_keys, slot_names + SLOT_PROCESS_RSS_BYTES, N_MEMORY) ||
         intern_all(state_attr, state_names, N_STATE) || intern_all(recorder_attr, recorder_names, N_RECORDER) ||
         intern_all(count_keys, count_names, N_COUNT))

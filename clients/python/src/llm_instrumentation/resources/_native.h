@@ -22,6 +22,8 @@ HIDDEN int native_repr_double(char *out, size_t cap, double v);
 
 /* Interned names and constants (_native.c makes them when the module loads). */
 extern HIDDEN PyObject *str_shape, *str_dtype, *str_nbytes, *str_data_ptr, *str_attn_static, *key_out, *key_handoff;
+extern HIDDEN PyObject *str_query, *str_elapsed_time; /* a CUDA event's methods */
+extern HIDDEN PyObject *key_attention_str, *key_kv_str;
 extern HIDDEN PyObject *state_attr[N_STATE], *recorder_attr[N_RECORDER], *count_keys[N_COUNT], *mem_keys[N_MEMORY];
 extern HIDDEN PyObject *tag_obj[REC_PREBUILT + 1];
 extern HIDDEN PyObject *unread; /* records.UNREAD, set by register() */
@@ -52,10 +54,14 @@ HIDDEN PyObject *pack(Py_ssize_t n, PyObject **items);
 HIDDEN PyObject *bool_obj(int v);
 HIDDEN int shape_dims(PyObject *shape, long long *dims, int *n);
 HIDDEN long long numel(const long long *dims, int n);
-HIDDEN PyObject *key_timed(PyObject *r, long long t);
+HIDDEN PyObject *key_timed(PyObject *r, int timed, int cuda);
 HIDDEN PyObject *key_alloc(PyObject *r, PyObject *mem);
 HIDDEN PyObject *key_attention(PyObject *r, int variant);
-HIDDEN PyObject *key_handoff_of(PyObject *r, int variant);
+HIDDEN PyObject *key_handoff_of(PyObject *r, int variant, int cuda);
+HIDDEN int read_timing(PyObject *timing, Values *v);
+HIDDEN PyObject *key_attention_of(PyObject *r, int variant, int cuda);
+HIDDEN PyObject *key_kv_of(PyObject *r, int variant);
+HIDDEN int cache_dims(PyObject *kv, Values *v);
 HIDDEN int attention_figures(State *st, PyObject *r, Values *v, AttnFigures *f);
 HIDDEN PyObject *template_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 extern HIDDEN const char template_key_doc[];

@@ -52,9 +52,10 @@ numel(const long long *dims, int n)
     return e;
 }
 
-/* The key records.KEYS[LINEAR or MODULE] of a record. */
+/* The key records.KEYS[LINEAR or MODULE] of a record (timed: its duration > 0; cuda: a CUDA
+ * event pair's). */
 PyObject *
-key_timed(PyObject *r, long long t)
+key_timed(PyObject *r, int timed, int cuda)
 {
     PyObject *k[KEY_LINEAR_LEN];
     k[KEY_LINEAR_SITE] = PyTuple_GetItem(r, LINEAR_SITE);
@@ -62,7 +63,8 @@ key_timed(PyObject *r, long long t)
     k[KEY_LINEAR_IN_DTYPE] = PyTuple_GetItem(r, LINEAR_IN_DTYPE);
     k[KEY_LINEAR_OUT_SHAPE] = PyTuple_GetItem(r, LINEAR_OUT_SHAPE);
     k[KEY_LINEAR_OUT_DTYPE] = PyTuple_GetItem(r, LINEAR_OUT_DTYPE);
-    k[KEY_LINEAR_TIMED] = bool_obj(t > 0);
+    k[KEY_LINEAR_TIMED] = bool_obj(timed);
+    k[KEY_LINEAR_CUDA_TIMED] = bool_obj(cuda);
     return pack(KEY_LINEAR_LEN, k);
 }
 
@@ -122,7 +124,7 @@ key_attention(PyObject *r, int variant)
 
 /* The key records.KEYS[HANDOFF] of a record. */
 PyObject *
-key_handoff_of(PyObject *r, int variant)
+key_handoff_of(PyObject *r, int variant, int cuda)
 {
     PyObject *k[KEY_HANDOFF_LEN], *var = PyLong_FromLong(variant);
     if (var == NULL)
@@ -133,6 +135,7 @@ key_handoff_of(PyObject *r, int variant)
     k[KEY_HANDOFF_DTYPE] = PyTuple_GetItem(r, HANDOFF_DTYPE);
     k[KEY_HANDOFF_FRACTION_SOURCE] = PyTuple_GetItem(r, HANDOFF_FRACTION_SOURCE);
     k[KEY_HANDOFF_VARIANT] = var;
+    k[KEY_HANDOFF_CUDA_TIMED] = bool_obj(cuda);
     PyObject *key = pack(KEY_HANDOFF_LEN, k);
     Py_DECREF(var);
     return key;
@@ -191,6 +194,117 @@ attention_figures(State *st, PyObject *r, Values *v, AttnFigures *f)
     return 1;
 }
 
+/* The key records.KEYS[ATTENTION] of a record (its kv None or a 6-tuple: cache_dims). */
+PyObject *
+key_attention_of(PyObject *r, int variant, int cuda)
+{
+    PyObject *k[KEY_ATTENTION_LEN], *kv = PyTuple_GetItem(r, ATTENTION_KV), *var = PyLong_FromLong(variant);
+    if (var == NULL)
+        return NULL;
+    k[KEY_ATTENTION_ATTENTION] = key_attention_str;
+    k[KEY_ATTENTION_SITE] = PyTuple_GetItem(r, ATTENTION_SITE);
+    k[KEY_ATTENTION_IN_SHAPE] = PyTuple_GetItem(r, ATTENTION_IN_SHAPE);
+    k[KEY_ATTENTION_IN_DTYPE] = PyTuple_GetItem(r, ATTENTION_IN_DTYPE);
+    k[KEY_ATTENTION_IN_CUDA] = PyTuple_GetItem(r, ATTENTION_IN_CUDA);
+    k[KEY_ATTENTION_OUT_SHAPE] = PyTuple_GetItem(r, ATTENTION_OUT_SHAPE);
+    k[KEY_ATTENTION_OUT_DTYPE] = PyTuple_GetItem(r, ATTENTION_OUT_DTYPE);
+    k[KEY_ATTENTION_OUT_CUDA] = PyTuple_GetItem(r, ATTENTION_OUT_CUDA);
+    k[KEY_ATTENTION_KEY_DTYPE] = kv != Py_None ? PyTuple_GetItem(kv, 1) : Py_None;
+    k[KEY_ATTENTION_VALUE_DTYPE] =
+        kv != Py_None && PyTuple_GetItem(kv, 3) != Py_None ? PyTuple_GetItem(kv, 4) : Py_None;
+    k[KEY_ATTENTION_VARIANT] = var;
+    k[KEY_ATTENTION_CUDA_TIMED] = bool_obj(cuda);
+    PyObject *key = pack(KEY_ATTENTION_LEN, k);
+    Py_DECREF(var);
+    return key;
+}
+
+/* The key records.KEYS[KV] of a record (its kv a 6-tuple: cache_dims). */
+PyObject *
+key_kv_of(PyObject *r, int variant)
+{
+    PyObject *k[KEY_KV_LEN], *kv = PyTuple_GetItem(r, KV_KV), *var = PyLong_FromLong(variant);
+    if (var == NULL)
+        return NULL;
+    k[KEY_KV_KV] = key_kv_str;
+    k[KEY_KV_SITE] = PyTuple_GetItem(r, KV_SITE);
+    k[KEY_KV_KEY_DTYPE] = PyTuple_GetItem(kv, 1);
+    k[KEY_KV_KEY_CUDA] = PyTuple_GetItem(kv, 2);
+    k[KEY_KV_VARIANT] = var;
+    PyObject *key = pack(KEY_KV_LEN, k);
+    Py_DECREF(var);
+    return key;
+}
+
+/* A cache's key and value shapes (a record's kv: key shape, dtype, on a GPU, the value's) into
+ * v; 0 where C does not take it: not a 6-tuple, no values (the line says null), a shape C cannot
+ * hold. */
+int
+cache_dims(PyObject *kv, Values *v)
+{
+    if (!PyTuple_Check(kv) || PyTuple_Size(kv) != 6 || PyTuple_GetItem(kv, 3) == Py_None)
+        return 0;
+    return shape_dims(PyTuple_GetItem(kv, 0), v->ks, &v->ks_n) && shape_dims(PyTuple_GetItem(kv, 3), v->vs, &v->vs_n);
+}
+
+/* A record's timing into v: ns on the host clock (an int), or a CUDA event pair (start, end)
+ * whose end event has completed, resolved as events.cuda_duration_us resolves one: µs =
+ * start.elapsed_time(end) * 1000.0. 1 read; 0 for the Python path: an end event not complete
+ * yet (the writer waits for it, _cuda.wait_event, and comes back), an int beyond 64 bits, a
+ * duration that is not a finite float (JSON writes NaN or Infinity: the builders' way); -1
+ * an error (of query or elapsed_time, as the builders would raise it). */
+int
+read_timing(PyObject *timing, Values *v)
+{
+    if (PyLong_CheckExact(timing)) {
+        v->timing = PyLong_AsLongLong(timing);
+        if (v->timing == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        v->cuda = 0;
+        v->d_us = (double)v->timing / 1000.0;
+        return 1;
+    }
+    if (!PyTuple_Check(timing) || PyTuple_Size(timing) != 2)
+        return 0;
+    PyObject *start = PyTuple_GetItem(timing, 0), *end = PyTuple_GetItem(timing, 1);
+    PyObject *done = PyObject_CallMethodObjArgs(end, str_query, NULL);
+    if (done == NULL)
+        return -1;
+    int ok = PyObject_IsTrue(done);
+    Py_DECREF(done);
+    if (ok <= 0)
+        return ok;
+    PyObject *ms = PyObject_CallMethodObjArgs(start, str_elapsed_time, end, NULL);
+    if (ms == NULL)
+        return -1;
+    int is_float = PyFloat_CheckExact(ms);
+    double d = is_float ? PyFloat_AsDouble(ms) * 1000.0 : 0.0;
+    Py_DECREF(ms);
+    if (!is_float || !isfinite(d))
+        return 0;
+    v->cuda = 1;
+    v->d_us = d;
+    v->timing = 0;
+    return 1;
+}
+
+/* A record's timing for its key (read_timing); -1 with an error where C would not render it. */
+static int
+timing_of(PyObject *timing, double *d, int *cuda)
+{
+    Values v;
+    memset(&v, 0, sizeof v);
+    int rc = read_timing(timing, &v);
+    if (rc == 0)
+        PyErr_SetString(PyExc_ValueError, "template_key: a timing C does not render (an event pair not complete, "
+                                          "a duration not finite)");
+    *d = v.d_us;
+    *cuda = v.cuda;
+    return rc > 0 ? 0 : -1;
+}
+
 PyObject *
 template_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -205,8 +319,11 @@ template_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     Py_ssize_t size = PyTuple_Size(r);
     if ((tag == REC_LINEAR && size == LINEAR_LEN) || (tag == REC_MODULE && size == MODULE_LEN)) {
-        long long t = PyLong_AsLongLong(PyTuple_GetItem(r, LINEAR_TIMING));
-        return PyErr_Occurred() ? NULL : key_timed(r, t);
+        double d;
+        int cuda;
+        if (timing_of(PyTuple_GetItem(r, LINEAR_TIMING), &d, &cuda) < 0)
+            return NULL;
+        return key_timed(r, d > 0, cuda);
     }
     if ((tag == REC_ALLOC_OUT && size == ALLOC_OUT_LEN) || (tag == REC_ALLOC && size == ALLOC_LEN)) {
         if (nargs < 2 || !PyDict_Check(args[1])) {
@@ -234,12 +351,39 @@ template_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         return key_attention(r, !f.has_flops ? 0 : (f.flops && t > 0) ? 2 : 1);
     }
+    if (tag == REC_ATTENTION && size == ATTENTION_LEN) {
+        Values v;
+        memset(&v, 0, sizeof v);
+        PyObject *kv = PyTuple_GetItem(r, ATTENTION_KV), *fl = PyTuple_GetItem(r, ATTENTION_FLOPS);
+        if (kv != Py_None && !cache_dims(kv, &v)) {
+            PyErr_SetString(PyExc_ValueError, "template_key: an attention record C does not render");
+            return NULL;
+        }
+        double d;
+        int cuda;
+        if (timing_of(PyTuple_GetItem(r, ATTENTION_TIMING), &d, &cuda) < 0)
+            return NULL;
+        int truthy = fl != Py_None ? PyObject_IsTrue(fl) : 0;
+        if (truthy < 0)
+            return NULL;
+        return key_attention_of(r, fl == Py_None ? 0 : (truthy && d > 0) ? 2 : 1, cuda);
+    }
+    if (tag == REC_KV && size == KV_LEN) {
+        Values v;
+        memset(&v, 0, sizeof v);
+        if (!cache_dims(PyTuple_GetItem(r, KV_KV), &v)) {
+            PyErr_SetString(PyExc_ValueError, "template_key: a KV record C does not render");
+            return NULL;
+        }
+        return key_kv_of(r, v.ks_n >= 2);
+    }
     if (tag == REC_HANDOFF && size == HANDOFF_LEN) {
-        long long t = PyLong_AsLongLong(PyTuple_GetItem(r, HANDOFF_TIMING));
-        if (PyErr_Occurred())
+        double d;
+        int cuda;
+        if (timing_of(PyTuple_GetItem(r, HANDOFF_TIMING), &d, &cuda) < 0)
             return NULL;
         PyObject *frac = nargs > 1 ? args[1] : PyTuple_GetItem(r, HANDOFF_MEMORY_FRACTION);
-        return key_handoff_of(r, (t > 0) + 2 * (frac != Py_None));
+        return key_handoff_of(r, (d > 0) + 2 * (frac != Py_None), cuda);
     }
     PyErr_Format(PyExc_ValueError, "template_key: no template key for a record of kind %ld and %zd items", tag, size);
     return NULL;

@@ -66,16 +66,20 @@ lookup(State *st, PyObject *key, Py_ssize_t want, const char *kind, const char *
 static int
 render_timed(State *st, PyObject *r, int is_lin, PyObject *lines, Buf *b)
 {
-    PyObject *timing = PyTuple_GetItem(r, LINEAR_TIMING), *site = PyTuple_GetItem(r, LINEAR_SITE);
-    if (!PyLong_CheckExact(timing))
-        return 0; /* CUDA events */
-    long long t = PyLong_AsLongLong(timing), t1 = PyLong_AsLongLong(PyTuple_GetItem(r, LINEAR_END));
+    PyObject *site = PyTuple_GetItem(r, LINEAR_SITE);
+    Values v;
+    memset(&v, 0, sizeof v);
+    int rt = read_timing(PyTuple_GetItem(r, LINEAR_TIMING), &v);
+    if (rt <= 0)
+        return rt;
+    long long t1 = PyLong_AsLongLong(PyTuple_GetItem(r, LINEAR_END));
     if (PyErr_Occurred()) {
         PyErr_Clear();
         return 0;
     }
-    PyObject *entry = is_lin ? lookup(st, key_timed(r, t), ENTRY_LINEAR_LEN, "LINEAR", ENTRY_LINEAR_NAMES)
-                             : lookup(st, key_timed(r, t), ENTRY_MODULE_LEN, "MODULE", ENTRY_MODULE_NAMES);
+    int timed = v.d_us > 0;
+    PyObject *entry = is_lin ? lookup(st, key_timed(r, timed, v.cuda), ENTRY_LINEAR_LEN, "LINEAR", ENTRY_LINEAR_NAMES)
+                             : lookup(st, key_timed(r, timed, v.cuda), ENTRY_MODULE_LEN, "MODULE", ENTRY_MODULE_NAMES);
     if (entry == NULL)
         return PyErr_Occurred() ? -1 : 0;
     PyObject *progs = PyTuple_GetItem(entry, is_lin ? ENTRY_LINEAR_PROGRAMS : ENTRY_MODULE_PROGRAM);
@@ -92,23 +96,21 @@ render_timed(State *st, PyObject *r, int is_lin, PyObject *lines, Buf *b)
     int counts_time = 1;
     if (!is_lin && (counts_time = PyObject_IsTrue(PyTuple_GetItem(entry, ENTRY_MODULE_COUNTS_TIME))) < 0)
         return -1;
-    if (t > st->long_ns) {
-        st->long_ns = t;
+    /* The longest module of the pass: timed on the host clock (Lines.linear, Lines.module). */
+    if (!v.cuda && v.timing > st->long_ns) {
+        st->long_ns = v.timing;
         Py_INCREF(site);
         Py_DECREF(st->long_site);
         st->long_site = site;
     }
-    Values v;
-    memset(&v, 0, sizeof v);
     v.ints[SLOT_TS] = floordiv1000(t1 + st->off);
     v.ints[SLOT_SEQ] = st->seq + 1;
     v.ints[SLOT_SEQ2] = st->seq + 2;
     v.ints[SLOT_STEP] = st->step;
     v.ints[SLOT_FWD] = st->fwd;
-    v.timing = t;
     v.tf_zero = !is_lin && flops == 0;
-    v.dbl[SLOT_TF] = t > 0 ? per_ns((double)flops, t) : 0.0;
-    v.dbl[SLOT_TB] = t > 0 ? per_ns((double)nbytes, t) : 0.0;
+    v.dbl[SLOT_TF] = timed ? per_us((double)flops, v.d_us) : 0.0;
+    v.dbl[SLOT_TB] = timed ? per_us((double)nbytes, v.d_us) : 0.0;
     Py_ssize_t nprog = is_lin ? PyTuple_Size(progs) : 1;
     for (Py_ssize_t k = 0; k < nprog; k++)
         if (emit(b, is_lin ? PyTuple_GetItem(progs, k) : progs, &v, lines) < 0)
@@ -122,7 +124,7 @@ render_timed(State *st, PyObject *r, int is_lin, PyObject *lines, Buf *b)
     }
     st->total_flops += flops;
     if (counts_time)
-        st->total_us += (double)t / 1000.0;
+        st->total_us += v.d_us;
     return 1;
 }
 
@@ -308,15 +310,153 @@ out:
     return rc;
 }
 
+/* An ATTENTION record of the general wrapper (AttentionLines.attention_raw): a GPU's, or a
+ * cache layout the CPU wrapper does not read. */
+static int
+render_attention_general(State *st, PyObject *r, PyObject *lines, Buf *b)
+{
+    PyObject *site = PyTuple_GetItem(r, ATTENTION_SITE), *kv = PyTuple_GetItem(r, ATTENTION_KV);
+    PyObject *fl = PyTuple_GetItem(r, ATTENTION_FLOPS);
+    Values v;
+    memset(&v, 0, sizeof v);
+    if (kv != Py_None && !cache_dims(kv, &v))
+        return 0;
+    int has_flops = fl != Py_None;
+    long long flops = 0;
+    if (has_flops) {
+        if (!PyLong_CheckExact(fl))
+            return 0;
+        flops = PyLong_AsLongLong(fl);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (flops < 0 || st->total_flops > LLONG_MAX - flops || st->pass_flops > LLONG_MAX - flops)
+            return 0; /* beyond 64 bits: Python's ints take over */
+    }
+    long long t1 = PyLong_AsLongLong(PyTuple_GetItem(r, ATTENTION_END));
+    long long qt = PyLong_AsLongLong(PyTuple_GetItem(r, ATTENTION_QUERY_TOKENS));
+    long long kt = PyLong_AsLongLong(PyTuple_GetItem(r, ATTENTION_KEY_TOKENS));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    int rt = read_timing(PyTuple_GetItem(r, ATTENTION_TIMING), &v);
+    if (rt <= 0)
+        return rt;
+    int variant = !has_flops ? 0 : (flops && v.d_us > 0) ? 2 : 1;
+    PyObject *entry =
+        lookup(st, key_attention_of(r, variant, v.cuda), ENTRY_ATTENTION_LEN, "ATTENTION", ENTRY_ATTENTION_NAMES);
+    if (entry == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *prog = PyTuple_GetItem(entry, ENTRY_ATTENTION_PROGRAM);
+    if (prog == Py_None)
+        return 0;
+    if (!v.cuda && v.timing > st->long_ns) {
+        st->long_ns = v.timing;
+        Py_INCREF(site);
+        Py_DECREF(st->long_site);
+        st->long_site = site;
+    }
+    v.ints[SLOT_TS] = floordiv1000(t1 + st->off);
+    v.ints[SLOT_SEQ] = st->seq + 1;
+    v.ints[SLOT_STEP] = st->step;
+    v.ints[SLOT_FWD] = st->fwd;
+    v.ints[SLOT_QT] = qt;
+    v.ints[SLOT_KT] = kt;
+    v.ints[SLOT_FL] = flops;
+    v.dbl[SLOT_GF] = (double)flops / 1e9;
+    v.dbl[SLOT_TF] = variant == 2 ? per_us((double)flops, v.d_us) : 0.0;
+    if (emit(b, prog, &v, lines) < 0)
+        return -1;
+    st->seq += 1;
+    st->counts[COUNT_COMPUTE_EXECUTION] += 1;
+    st->pass_flops += flops;
+    st->total_flops += flops;
+    return 1;
+}
+
+/* A KV record of the general attention wrapper (AttentionLines.kv_raw). */
+static int
+render_kv(State *st, PyObject *r, PyObject *lines, Buf *b)
+{
+    PyObject *idx = PyTuple_GetItem(r, KV_LAYER_INDEX);
+    Values v;
+    memset(&v, 0, sizeof v);
+    if (!cache_dims(PyTuple_GetItem(r, KV_KV), &v))
+        return 0;
+    long long t1 = PyLong_AsLongLong(PyTuple_GetItem(r, KV_END));
+    long long before = PyLong_AsLongLong(PyTuple_GetItem(r, KV_LENGTH_BEFORE));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *entry = lookup(st, key_kv_of(r, v.ks_n >= 2), ENTRY_KV_LEN, "KV", ENTRY_KV_NAMES);
+    if (entry == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *prog = PyTuple_GetItem(entry, ENTRY_KV_PROGRAM);
+    if (prog == Py_None)
+        return 0;
+    long long isz_k = PyLong_AsLongLong(PyTuple_GetItem(entry, ENTRY_KV_KEY_ITEMSIZE));
+    long long isz_v = PyLong_AsLongLong(PyTuple_GetItem(entry, ENTRY_KV_VALUE_ITEMSIZE));
+    long long nk = numel(v.ks, v.ks_n), nv = numel(v.vs, v.vs_n);
+    if (PyErr_Occurred() || nk < 0 || nv < 0 || isz_k < 0 || isz_v < 0 || (isz_k && nk > (LLONG_MAX / 2) / isz_k) ||
+        (isz_v && nv > (LLONG_MAX / 2) / isz_v)) {
+        PyErr_Clear();
+        return 0;
+    }
+    long long nbytes = nk * isz_k + nv * isz_v, prev_bytes = 0;
+    long long length = v.ks_n >= 2 ? v.ks[v.ks_n - 2] : 0;
+    /* the cache's bytes, and their growth since this layer's last update (EventBuilder.kv_step) */
+    PyObject *prev = PyDict_GetItemWithError(st->kv_bytes, idx); /* borrowed */
+    if (prev == NULL && PyErr_Occurred())
+        return -1;
+    if (prev != NULL) {
+        prev_bytes = PyLong_AsLongLong(prev);
+        if (prev_bytes == -1 && PyErr_Occurred())
+            return -1;
+    }
+    PyObject *nb = PyLong_FromLongLong(nbytes);
+    if (nb == NULL || PyDict_SetItem(st->kv_bytes, idx, nb) < 0) {
+        Py_XDECREF(nb);
+        return -1;
+    }
+    Py_DECREF(nb);
+    double hit, bpt;
+    long long growth;
+    kv_figures(length, before, nbytes, prev != NULL, prev_bytes, &hit, &bpt, &growth);
+    v.ints[SLOT_TS] = floordiv1000(t1 + st->off);
+    v.ints[SLOT_SEQ] = st->seq + 1;
+    v.ints[SLOT_STEP] = st->step;
+    v.ints[SLOT_FWD] = st->fwd;
+    v.ints[SLOT_LEN] = length;
+    v.ints[SLOT_PREV] = before;
+    v.ints[SLOT_NEW] = length - before;
+    v.ints[SLOT_REUSED] = before;
+    v.dbl[SLOT_HIT] = hit;
+    v.ints[SLOT_CB] = nbytes;
+    v.dbl[SLOT_CMB] = (double)nbytes / 1048576.0;
+    v.dbl[SLOT_BPT] = bpt;
+    v.ints[SLOT_GROW] = growth;
+    if (emit(b, prog, &v, lines) < 0)
+        return -1;
+    st->seq += 1;
+    st->counts[COUNT_KV_CACHE_UPDATE] += 1;
+    return 1;
+}
+
 /* A HANDOFF record; the memory-use fraction when unread is the pass's reading in the state
  * (once the Python path has taken it). */
 static int
 render_handoff(State *st, PyObject *state, PyObject *r, PyObject *lines, Buf *b)
 {
-    PyObject *timing = PyTuple_GetItem(r, HANDOFF_TIMING), *frac = PyTuple_GetItem(r, HANDOFF_MEMORY_FRACTION);
-    if (!PyLong_CheckExact(timing))
-        return 0;
-    long long t = PyLong_AsLongLong(timing), t1 = PyLong_AsLongLong(PyTuple_GetItem(r, HANDOFF_START));
+    PyObject *frac = PyTuple_GetItem(r, HANDOFF_MEMORY_FRACTION);
+    Values v;
+    memset(&v, 0, sizeof v);
+    int rt = read_timing(PyTuple_GetItem(r, HANDOFF_TIMING), &v);
+    if (rt <= 0)
+        return rt;
+    long long t1 = PyLong_AsLongLong(PyTuple_GetItem(r, HANDOFF_START));
     if (PyErr_Occurred()) {
         PyErr_Clear();
         return 0;
@@ -330,8 +470,8 @@ render_handoff(State *st, PyObject *state, PyObject *r, PyObject *lines, Buf *b)
     int rc = 0;
     if (frac == unread || (frac != Py_None && !PyFloat_CheckExact(frac)))
         goto out;
-    int variant = (t > 0) + 2 * (frac != Py_None);
-    PyObject *entry = lookup(st, key_handoff_of(r, variant), ENTRY_HANDOFF_LEN, "HANDOFF", ENTRY_HANDOFF_NAMES);
+    int timed = v.d_us > 0, variant = timed + 2 * (frac != Py_None);
+    PyObject *entry = lookup(st, key_handoff_of(r, variant, v.cuda), ENTRY_HANDOFF_LEN, "HANDOFF", ENTRY_HANDOFF_NAMES);
     if (entry == NULL) {
         rc = PyErr_Occurred() ? -1 : 0;
         goto out;
@@ -344,14 +484,11 @@ render_handoff(State *st, PyObject *state, PyObject *r, PyObject *lines, Buf *b)
         PyErr_Clear();
         goto out;
     }
-    Values v;
-    memset(&v, 0, sizeof v);
     v.ints[SLOT_TS] = floordiv1000(t1 + st->off);
     v.ints[SLOT_SEQ] = st->seq + 1;
     v.ints[SLOT_STEP] = st->step;
     v.ints[SLOT_FWD] = st->fwd;
-    v.timing = t;
-    v.dbl[SLOT_BW] = t > 0 ? per_ns((double)nbytes, t) : 0.0;
+    v.dbl[SLOT_BW] = timed ? per_us((double)nbytes, v.d_us) : 0.0;
     v.dbl[SLOT_MF] = frac != Py_None ? PyFloat_AsDouble(frac) : 0.0;
     if (emit(b, prog, &v, lines) < 0) {
         rc = -1;
@@ -482,7 +619,11 @@ render(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             rc = render_attention(&st, r, lines, &b);
         } else if (tag == REC_HANDOFF && size == HANDOFF_LEN) {
             rc = render_handoff(&st, state, r, lines, &b);
-        } else if (tag >= REC_LINEAR && tag <= REC_HANDOFF) {
+        } else if (tag == REC_ATTENTION && size == ATTENTION_LEN) {
+            rc = render_attention_general(&st, r, lines, &b);
+        } else if (tag == REC_KV && size == KV_LEN) {
+            rc = render_kv(&st, r, lines, &b);
+        } else if (tag >= REC_LINEAR && tag <= REC_KV) {
             PyErr_Format(PyExc_TypeError,
                          "render: a record of kind %ld has %zd items, not what records.FIELDS "
                          "declares (the wrappers and records.py differ)",
@@ -535,8 +676,10 @@ done:
 const char render_doc[] = "render(state, records, start, lines, deadline_ns) -> int\n"
                           "--\n\n"
                           "The writer's fast paths (lines.py: Lines.linear, module, alloc_out, alloc,\n"
-                          "handoff; attention_lines.py: attention_kv) for records[start:]: each LINEAR, MODULE,\n"
-                          "ALLOC_OUT, ALLOC, ATTENTION_KV or HANDOFF record whose template is made becomes its JSON\n"
-                          "lines, appended to lines, with the writer state (records.STATE) advanced as those methods\n"
+                          "handoff; attention_lines.py: attention_kv, attention_raw, kv_raw) for records[start:]:\n"
+                          "each LINEAR, MODULE, ALLOC_OUT, ALLOC, ATTENTION_KV, HANDOFF, ATTENTION or KV record whose\n"
+                          "template is made becomes its JSON lines (a timed record's duration in int ns on the host\n"
+                          "clock, or a CUDA event pair whose end event has completed: it stops at one that has\n"
+                          "not), appended to lines, with the writer state (records.STATE) advanced as those methods\n"
                           "advance it. Stops at the first other record, or once the monotonic clock passes\n"
                           "deadline_ns, and returns the index of the first record not written.";

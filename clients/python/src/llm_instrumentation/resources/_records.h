@@ -140,14 +140,16 @@
 #define KEY_LINEAR_OUT_SHAPE 3
 #define KEY_LINEAR_OUT_DTYPE 4
 #define KEY_LINEAR_TIMED 5
-#define KEY_LINEAR_LEN 6
+#define KEY_LINEAR_CUDA_TIMED 6
+#define KEY_LINEAR_LEN 7
 #define KEY_MODULE_SITE 0
 #define KEY_MODULE_IN_SHAPE 1
 #define KEY_MODULE_IN_DTYPE 2
 #define KEY_MODULE_OUT_SHAPE 3
 #define KEY_MODULE_OUT_DTYPE 4
 #define KEY_MODULE_TIMED 5
-#define KEY_MODULE_LEN 6
+#define KEY_MODULE_CUDA_TIMED 6
+#define KEY_MODULE_LEN 7
 #define KEY_ALLOC_OUT_OUT 0
 #define KEY_ALLOC_OUT_SITE 1
 #define KEY_ALLOC_OUT_NBYTES 2
@@ -179,7 +181,27 @@
 #define KEY_HANDOFF_DTYPE 3
 #define KEY_HANDOFF_FRACTION_SOURCE 4
 #define KEY_HANDOFF_VARIANT 5
-#define KEY_HANDOFF_LEN 6
+#define KEY_HANDOFF_CUDA_TIMED 6
+#define KEY_HANDOFF_LEN 7
+#define KEY_ATTENTION_ATTENTION 0
+#define KEY_ATTENTION_SITE 1
+#define KEY_ATTENTION_IN_SHAPE 2
+#define KEY_ATTENTION_IN_DTYPE 3
+#define KEY_ATTENTION_IN_CUDA 4
+#define KEY_ATTENTION_OUT_SHAPE 5
+#define KEY_ATTENTION_OUT_DTYPE 6
+#define KEY_ATTENTION_OUT_CUDA 7
+#define KEY_ATTENTION_KEY_DTYPE 8
+#define KEY_ATTENTION_VALUE_DTYPE 9
+#define KEY_ATTENTION_VARIANT 10
+#define KEY_ATTENTION_CUDA_TIMED 11
+#define KEY_ATTENTION_LEN 12
+#define KEY_KV_KV 0
+#define KEY_KV_SITE 1
+#define KEY_KV_KEY_DTYPE 2
+#define KEY_KV_KEY_CUDA 3
+#define KEY_KV_VARIANT 4
+#define KEY_KV_LEN 5
 
 /* Template entries: the index of each item, and the entry's length. */
 #define ENTRY_LINEAR_FORMATS 0
@@ -213,6 +235,16 @@
 #define ENTRY_HANDOFF_PROGRAM 2
 #define ENTRY_HANDOFF_LEN 3
 #define ENTRY_HANDOFF_NAMES "format, nbytes, program"
+#define ENTRY_ATTENTION_FORMAT 0
+#define ENTRY_ATTENTION_PROGRAM 1
+#define ENTRY_ATTENTION_LEN 2
+#define ENTRY_ATTENTION_NAMES "format, program"
+#define ENTRY_KV_FORMAT 0
+#define ENTRY_KV_KEY_ITEMSIZE 1
+#define ENTRY_KV_VALUE_ITEMSIZE 2
+#define ENTRY_KV_PROGRAM 3
+#define ENTRY_KV_LEN 4
+#define ENTRY_KV_NAMES "format, key_itemsize, value_itemsize, program"
 
 enum { STATE_SEQ, STATE_CLOCK_OFFSET, STATE_STEP, STATE_FORWARD, STATE_PASS_FLOPS, STATE_LONG_NS, STATE_LONG_SITE, STATE_TOTAL_FLOPS, STATE_TOTAL_COMPUTE_US, STATE_COMPONENT_FLOWS, STATE_MEMORY_FRACTION, STATE_TEMPLATES, STATE_COUNTS, STATE_KV_BYTES, N_STATE };
 static const char *const state_names[N_STATE] = {
@@ -337,12 +369,14 @@ static const SchemaItem schema_items[] = {
     {"key", "LINEAR", 3, "out_shape"},
     {"key", "LINEAR", 4, "out_dtype"},
     {"key", "LINEAR", 5, "timed"},
+    {"key", "LINEAR", 6, "cuda_timed"},
     {"key", "MODULE", 0, "site"},
     {"key", "MODULE", 1, "in_shape"},
     {"key", "MODULE", 2, "in_dtype"},
     {"key", "MODULE", 3, "out_shape"},
     {"key", "MODULE", 4, "out_dtype"},
     {"key", "MODULE", 5, "timed"},
+    {"key", "MODULE", 6, "cuda_timed"},
     {"key", "ALLOC_OUT", 0, "'out'"},
     {"key", "ALLOC_OUT", 1, "site"},
     {"key", "ALLOC_OUT", 2, "nbytes"},
@@ -371,6 +405,24 @@ static const SchemaItem schema_items[] = {
     {"key", "HANDOFF", 3, "dtype"},
     {"key", "HANDOFF", 4, "fraction_source"},
     {"key", "HANDOFF", 5, "variant"},
+    {"key", "HANDOFF", 6, "cuda_timed"},
+    {"key", "ATTENTION", 0, "'attention'"},
+    {"key", "ATTENTION", 1, "site"},
+    {"key", "ATTENTION", 2, "in_shape"},
+    {"key", "ATTENTION", 3, "in_dtype"},
+    {"key", "ATTENTION", 4, "in_cuda"},
+    {"key", "ATTENTION", 5, "out_shape"},
+    {"key", "ATTENTION", 6, "out_dtype"},
+    {"key", "ATTENTION", 7, "out_cuda"},
+    {"key", "ATTENTION", 8, "key_dtype"},
+    {"key", "ATTENTION", 9, "value_dtype"},
+    {"key", "ATTENTION", 10, "variant"},
+    {"key", "ATTENTION", 11, "cuda_timed"},
+    {"key", "KV", 0, "'kv'"},
+    {"key", "KV", 1, "site"},
+    {"key", "KV", 2, "key_dtype"},
+    {"key", "KV", 3, "key_cuda"},
+    {"key", "KV", 4, "variant"},
     {"entry", "LINEAR", 0, "formats"},
     {"entry", "LINEAR", 1, "flops"},
     {"entry", "LINEAR", 2, "nbytes"},
@@ -392,6 +444,12 @@ static const SchemaItem schema_items[] = {
     {"entry", "HANDOFF", 0, "format"},
     {"entry", "HANDOFF", 1, "nbytes"},
     {"entry", "HANDOFF", 2, "program"},
+    {"entry", "ATTENTION", 0, "format"},
+    {"entry", "ATTENTION", 1, "program"},
+    {"entry", "KV", 0, "format"},
+    {"entry", "KV", 1, "key_itemsize"},
+    {"entry", "KV", 2, "value_itemsize"},
+    {"entry", "KV", 3, "program"},
     {"state", "", 0, "seq"},
     {"state", "", 1, "clock_offset"},
     {"state", "", 2, "step"},

@@ -361,8 +361,10 @@ typedef struct {
     double dbl[N_SLOT];
     int has[N_SLOT]; /* the memory values present in the reading */
     unsigned long long addr;
-    long long timing; /* SLOT_D, ns */
-    int tf_zero;      /* the module path writes 0 (an int) as the throughput of no FLOPs */
+    long long timing; /* SLOT_D, ns on the host clock, unless cuda */
+    int cuda;         /* SLOT_D is d_us: the µs a CUDA event pair measured (a double, as repr writes it) */
+    double d_us;
+    int tf_zero; /* the module path writes 0 (an int) as the throughput of no FLOPs */
     long long ks[MAX_DIMS], vs[MAX_DIMS];
     int ks_n, vs_n; /* the key and value shapes' ranks */
 } Values;
@@ -408,7 +410,7 @@ run_program(Buf *b, const char *text, size_t text_len, const unsigned char *ops,
             rc = buf_ll(b, v->ints[code]);
             break;
         case SLOT_D:
-            rc = buf_us(b, v->timing);
+            rc = v->cuda ? buf_double(b, v->d_us) : buf_us(b, v->timing);
             break;
         case SLOT_TF:
             rc = v->tf_zero ? buf_put(b, "0", 1) : buf_double(b, v->dbl[code]);
@@ -477,12 +479,18 @@ kv_figures(long long length, long long before, long long nbytes, int has_prev, l
     *growth = nbytes - grew_from;
 }
 
+/* A rate in G/s of amount over d µs (events.per_us). */
+static inline double
+per_us(double amount, double d)
+{
+    return amount / (d * 1e3);
+}
+
 /* A rate in G/s of amount over t ns (events.per_us of amount and t / 1000.0 µs). */
 static inline double
 per_ns(double amount, long long t)
 {
-    double d = (double)t / 1000.0;
-    return amount / (d * 1e3);
+    return per_us(amount, (double)t / 1000.0);
 }
 
 #endif

@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from .caches import kv_len_of
 from .events import MIB, Meta, attention_flops, attention_tokens, dname, itemsize, kv_figures, meta, per_us
-from .lines import Lines, Out
+from .lines import Lines, Out, cuda_timing
 from .sites import Site
 from .templates import ENCODER, KV_SLOTS, TIMED_SLOTS, compile_template, positional, program, shape_info
 
@@ -29,9 +29,56 @@ class AttentionLines(Lines):
         if kv is not None:
             km = meta(kv[0], kv[1], kv[2])
             vm = meta(kv[3], kv[4], kv[5])
-        return self.attention(site, end + st.clock_offset, timing, meta(in_shape, in_dtype, in_cuda), meta(out_shape,
-                              out_dtype, out_cuda), query_tokens, key_tokens,
-                              km, vm, flops)
+        xm, om = meta(in_shape, in_dtype, in_cuda), meta(out_shape, out_dtype, out_cuda)
+        tns = end + st.clock_offset
+        if not self.fast:
+            return self.attention(site, tns, timing, xm, om, query_tokens, key_tokens, km, vm, flops)
+        if flops is not None:
+            st.pass_flops += flops
+        ctx = (site, tns // 1000, st.step, st.forward)
+        cuda = type(timing) is not int
+        if cuda:  # a CUDA event pair: templated as well, by the µs it measured
+            timing, d = cuda_timing(timing, True)
+        else:
+            d = timing / 1000.0
+        if d is None:
+            return self.build.attention(ctx, timing, xm, om, query_tokens, key_tokens, km, vm, flops)
+        # The cache's shapes, the key length and the FLOPs change every decoding step: they
+        # are slots of the template, not part of its key.
+        variant = 0 if flops is None else 2 if flops and d > 0 else 1
+        key = ("attention", site, in_shape, in_dtype, in_cuda, out_shape, out_dtype, out_cuda,
+               kv[1] if kv is not None else None, kv[4] if kv is not None and kv[3] is not None else None, variant,
+               cuda)  # records.KEYS[ATTENTION]
+        tpl = st.templates.get(key)
+        if tpl is None:
+            ev = self.template_of(self.build.attention, ctx, timing, xm, om, query_tokens, key_tokens, km, vm,
+                                  flops)[0]
+            slots = dict(TIMED_SLOTS, query_tokens="qt", key_tokens="kt")
+            if km is not None:
+                slots["input_tensors"] = "it"
+            if flops is not None:
+                slots.update(flops="fl", compute_intensity_gflops="gf")
+            fmt = compile_template(ev, "seq", slots)
+            if km is not None:
+                fmt = fmt.replace("%(it)s", _cache_inputs(ev, km[1], vm[1] if vm is not None else None))
+            # records.ENTRIES[ATTENTION]
+            tpl = st.templates[key] = (fmt, program(fmt))
+        fmt = tpl[0]
+        st.seq = seq = st.seq + 1
+        v: Dict[str, Any] = {"ts": ctx[1], "seq": seq, "step": ctx[2], "fwd": ctx[3], "d": d, "qt": query_tokens,
+                             "kt": key_tokens}
+        if km is not None:
+            v["ks"] = shape_info(km[0])[0]
+            v["vs"] = shape_info(vm[0])[0] if vm is not None else "null"
+        if flops is not None:
+            v["fl"] = flops
+            v["gf"] = flops / 1e9
+            if variant == 2:
+                v["tf"] = per_us(flops, d)
+            if flops:
+                st.total_flops += flops
+        self._count("compute_execution")
+        return [(fmt % v).encode()]
 
     def kv_raw(self, site: Site, end: int, layer_index: int, kv: Any, length_before: int) -> Out:
         km = meta(kv[0], kv[1], kv[2])
@@ -40,55 +87,25 @@ class AttentionLines(Lines):
 
     def attention(self, site: Site, tns: int, timing: Any, xm: Optional[Meta], om: Optional[Meta], q_len: int,
                   kv_len: int, km: Optional[Meta], vm: Optional[Meta], flops: Optional[int]) -> Out:
+        """An attention event as the builders make it (the writer's way without its fast paths)."""
         st = self.state
         if flops is not None:
             st.pass_flops += flops
         ctx = (site, tns // 1000, st.step, st.forward)
-        if type(timing) is not int or not self.fast:
-            return self.build.attention(ctx, timing, xm, om, q_len, kv_len, km, vm, flops)
-        # The cache's shapes, the key length and the FLOPs change every decoding step: they
-        # are slots of the template, not part of its key.
-        key = ("attention", site, xm, om, km is not None and km[1], vm is not None and vm[1], flops is None,
-               timing > 0)
-        tpl = st.templates.get(key)
-        if tpl is None:
-            ev = self.template_of(self.build.attention, ctx, timing, xm, om, q_len, kv_len, km, vm, flops)[0]
-            slots = dict(TIMED_SLOTS, query_tokens="qt", key_tokens="kt")
-            if km is not None:
-                slots["input_tensors"] = "it"
-                it = _cache_inputs(ev, km[1], vm[1] if vm is not None else None)
-            else:
-                it = None
-            if flops is not None:
-                slots.update(flops="fl", compute_intensity_gflops="gf")
-            tpl = st.templates[key] = (compile_template(ev, "seq", slots), it)
-        fmt, it = tpl
-        st.seq = seq = st.seq + 1
-        d = timing / 1000.0
-        v: Dict[str, Any] = {"ts": ctx[1], "seq": seq, "step": ctx[2], "fwd": ctx[3], "d": d, "qt": q_len,
-                             "kt": kv_len}
-        if it is not None:
-            assert km is not None
-            v["it"] = it % {"ks": shape_info(km[0])[0], "vs": shape_info(vm[0])[0] if vm is not None else "null"}
-        if flops is not None:
-            v["fl"] = flops
-            v["gf"] = flops / 1e9
-            if timing > 0:
-                v["tf"] = per_us(flops, d)
-            if flops:
-                st.total_flops += flops
-        self._count("compute_execution")
-        return [(fmt % v).encode()]
+        return self.build.attention(ctx, timing, xm, om, q_len, kv_len, km, vm, flops)
 
     def kv(self, site: Site, tns: int, idx: int, km: Meta, vm: Optional[Meta], before: int) -> Out:
         st = self.state
         ctx = (site, tns // 1000, st.step, st.forward)
         if not self.fast:
             return self.build.kv(ctx, idx, km, vm, before)
-        key = ("kv", site, km[1], km[3], len(km[0]) >= 2, vm is None)
-        fmt = st.templates.get(key)
-        if fmt is None:
-            fmt = st.templates[key] = compile_template(self._kv_model(ctx, idx, km, vm, before), "seq", KV_SLOTS)
+        key = ("kv", site, km[1], km[3], (len(km[0]) >= 2) + 2 * (vm is None))  # records.KEYS[KV]
+        tpl = st.templates.get(key)
+        if tpl is None:
+            fmt = compile_template(self._kv_model(ctx, idx, km, vm, before), "seq", KV_SLOTS)
+            # records.ENTRIES[KV]
+            tpl = st.templates[key] = (fmt, itemsize(km[1]), itemsize(vm[1]) if vm is not None else 0, program(fmt))
+        fmt = tpl[0]
         shape, length, nbytes, hit, bpt, growth = self.build.kv_step(idx, km, vm, before)
         st.seq = seq = st.seq + 1
         v = {"ts": ctx[1], "seq": seq, "step": ctx[2], "fwd": ctx[3], "len": length, "prev": before,

@@ -19,8 +19,8 @@ from .system import pressure_word
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["MIB", "EventBuilder", "Meta", "attention_flops", "attention_tokens", "dname", "kv_figures", "linear_flops",
-           "meta", "numel", "per_us", "short_dtype", "tensor_meta"]
+__all__ = ["MIB", "EventBuilder", "Meta", "attention_flops", "attention_tokens", "cuda_duration_us", "dname",
+           "kv_figures", "linear_flops", "meta", "numel", "per_us", "short_dtype", "tensor_meta"]
 
 #: What an event needs of a tensor: (shape, dtype, bytes, on a GPU).
 Meta = Tuple[Any, Any, int, bool]
@@ -134,16 +134,24 @@ def derive(ev: Dict[str, Any]) -> None:
         ev["transfer_bandwidth_gbps"] = per_us(n, d)
 
 
+def cuda_duration_us(pair: Tuple[Any, Any]) -> float:
+    """A CUDA event pair's measured duration in µs, once its end event has completed (waited
+    for here): what an event of a CUDA-timed record says, whichever path writes it."""
+    start, end = pair
+    wait_event(end)
+    return start.elapsed_time(end) * 1000.0
+
+
 def set_timing(ev: Dict[str, Any], timing: Any) -> None:
-    """A measured duration: ns on the host clock, or a CUDA event pair (waited for here)."""
-    if isinstance(timing, tuple):
-        start, end = timing
-        wait_event(end)
-        ev["duration_us"] = start.elapsed_time(end) * 1000.0
-        ev["duration_source"] = "cuda_event"
-    else:
+    """A measured duration: ns on the host clock (an int), a CUDA event pair (waited for here)
+    or the µs such a pair measured (a float: ``lines.cuda_timing`` resolved it to make a
+    template, or found it not finite)."""
+    if type(timing) is int:
         ev["duration_us"] = timing / 1000.0
         ev["duration_source"] = "perf_counter"
+    else:
+        ev["duration_us"] = timing if type(timing) is float else cuda_duration_us(timing)
+        ev["duration_source"] = "cuda_event"
     derive(ev)
 
 

@@ -13,17 +13,32 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import system
-from .events import EventBuilder, linear_flops, meta, per_us
+from .events import EventBuilder, cuda_duration_us, linear_flops, meta, per_us
 from .records import UNREAD
 from .sites import Site
 from .state import WriterState
 from .templates import FORWARD_SLOTS, MAX_TEMPLATES, PRESSURE_JSON, RSS_KEYS, TIMED_SLOTS, compile_template, \
     positional, program
 
-__all__ = ["Lines"]
+__all__ = ["Lines", "cuda_timing"]
 
 #: A writer method's output: serialized lines (bytes), or event dicts still to serialize.
 Out = List[Any]
+
+_INF = float("inf")
+
+
+def cuda_timing(timing: Any, fast: bool) -> Tuple[Any, Optional[float]]:
+    """A CUDA-timed record's timing for the builders, and the µs its template writes: with
+    ``fast`` the pair is resolved here (its end event waited for: ``events.cuda_duration_us``)
+    and both are its µs, or the µs and None where they are not finite (JSON writes ``NaN`` or
+    ``Infinity``, a template would write ``nan``/``inf``: the builders write those); without,
+    the pair as it is and None (the builders resolve it, the way the tests compare against)."""
+    if not fast:
+        return timing, None
+    if type(timing) is tuple:
+        timing = cuda_duration_us(timing)
+    return timing, timing if type(timing) is float and -_INF < timing < _INF else None
 
 
 class Lines:
@@ -102,36 +117,49 @@ class Lines:
         st = self.state
         mem = self.pass_memory(memory)
         ctx = (site, wall_ns // 1000, st.step, st.forward)
-        if type(timing) is not int or sm_utilization is not None or not self.fast or "device_memory_peak_bytes" in mem:
+        cuda = type(timing) is not int
+        if cuda:
+            timing, d = cuda_timing(timing, self.fast)
+        else:
+            d = timing / 1000.0
+        if d is None or not self.fast or (sm_utilization is not None and not -_INF < sm_utilization < _INF):
             return self.build.forward(ctx, timing, input, out_shape, capture_bytes, mem, sm_utilization)
         flops = st.pass_flops
-        tf = bool(flops) and timing > 0
-        key = ("forward", site, input, out_shape, capture_bytes is None, tuple(mem), tf)
+        tf = bool(flops) and d > 0
+        key = ("forward", site, input, out_shape, capture_bytes is None, tuple(mem), tf, cuda, sm_utilization is None)
         fmt = st.templates.get(key)
         if fmt is None:
             ev = self.template_of(self.build.forward, ctx, timing, input, out_shape, capture_bytes, mem,
                                   sm_utilization)[0]
             fmt = st.templates[key] = compile_template(ev, "seq", FORWARD_SLOTS)
         st.seq = seq = st.seq + 1
-        d = timing / 1000.0
         v = dict(mem)
-        v.update(ts=ctx[1], seq=seq, step=ctx[2], fwd=ctx[3], fl=flops, gf=flops / 1e9, cap=capture_bytes, d=d)
+        v.update(ts=ctx[1], seq=seq, step=ctx[2], fwd=ctx[3], fl=flops, gf=flops / 1e9, cap=capture_bytes, d=d,
+                 sm=sm_utilization)
         if tf:
             v["tf"] = per_us(flops, d)
+        peak = mem.get("device_memory_peak_bytes")
+        if peak is not None:  # as EventBuilder.forward keeps it for the summary
+            st.peak_device = max(st.peak_device, peak)
         self._count("compute_execution")
         return [(fmt % v).encode()]
 
     def linear(self, site: Site, end: int, timing: Any, in_shape: Any, in_dtype: Any, out_shape: Any,
                out_dtype: Any) -> Out:
         st = self.state
-        if type(timing) is not int:  # a CUDA event pair: resolved and built the general way
-            return self.linear_events(site, end, timing, in_shape, in_dtype, out_shape, out_dtype)
-        if timing > st.long_ns:
-            st.long_ns, st.long_site = timing, site
+        cuda = type(timing) is not int
+        if cuda:  # a CUDA event pair: templated as well, by the µs it measured
+            timing, d = cuda_timing(timing, self.fast)
+            if d is None:
+                return self.linear_events(site, end, timing, in_shape, in_dtype, out_shape, out_dtype)
+        else:
+            if timing > st.long_ns:
+                st.long_ns, st.long_site = timing, site
+            d = timing / 1000.0
         if not self.fast:
             return self.linear_events(site, end, timing, in_shape, in_dtype, out_shape, out_dtype)
         # No output shape: a Linear's own forward, whose output shape follows from the input's.
-        key = (site, in_shape, in_dtype, out_shape, out_dtype, timing > 0)  # records.KEYS[LINEAR]
+        key = (site, in_shape, in_dtype, out_shape, out_dtype, d > 0, cuda)  # records.KEYS[LINEAR]
         tpl = st.templates.get(key)
         if tpl is None:
             evs = self.template_of(self.linear_events, site, end, timing, in_shape, in_dtype, out_shape, out_dtype)
@@ -145,10 +173,9 @@ class Lines:
         fmts, flops, nbytes, _ = tpl
         seq = st.seq + 1
         st.seq = seq + len(fmts) - 1
-        d = timing / 1000.0
         v = {"ts": (end + st.clock_offset) // 1000, "seq": seq, "seq2": seq + 1, "step": st.step,
              "fwd": st.forward, "d": d}
-        if timing > 0:
+        if d > 0:
             v["tf"] = per_us(flops, d)
             v["tb"] = per_us(nbytes, d)
         st.pass_flops += flops
@@ -178,14 +205,19 @@ class Lines:
         st = self.state
         cls = type(site.mod).__name__
         tns = end + st.clock_offset
-        if type(timing) is int and timing > st.long_ns:
-            st.long_ns, st.long_site = timing, site
+        cuda = type(timing) is not int
+        if cuda:
+            timing, d = cuda_timing(timing, self.fast)
+        else:
+            if timing > st.long_ns:
+                st.long_ns, st.long_site = timing, site
+            d = timing / 1000.0
         ctx = (site, tns // 1000, st.step, st.forward)
         om = meta(out_shape, out_dtype)
         assert om is not None
-        if type(timing) is not int or not self.fast:
+        if d is None or not self.fast:
             return self.build.module(ctx, timing, meta(in_shape, in_dtype), om, cls)
-        key = (site, in_shape, in_dtype, out_shape, out_dtype, timing > 0)  # records.KEYS[MODULE]
+        key = (site, in_shape, in_dtype, out_shape, out_dtype, d > 0, cuda)  # records.KEYS[MODULE]
         tpl = st.templates.get(key)
         if tpl is None:
             ev = self.template_of(self.build.module, ctx, timing, meta(in_shape, in_dtype), om, cls)[0]
@@ -195,9 +227,8 @@ class Lines:
                                        program(fmt))
         fmt, flops, nbytes, counts_time, _ = tpl
         st.seq = seq = st.seq + 1
-        d = timing / 1000.0
         v = {"ts": ctx[1], "seq": seq, "step": ctx[2], "fwd": ctx[3], "d": d}
-        if timing > 0:
+        if d > 0:
             v["tf"] = per_us(flops, d) if flops else 0
             v["tb"] = per_us(nbytes, d)
         self._count("compute_execution")
@@ -220,15 +251,20 @@ class Lines:
         ctx = (site, (start + st.clock_offset) // 1000, st.step, st.forward)
         tm = meta(shape, dtype, is_cuda)
         assert tm is not None
-        if type(timing) is not int or not self.fast:
+        cuda = type(timing) is not int
+        if cuda:
+            timing, d = cuda_timing(timing, self.fast)
+        else:
+            d = timing / 1000.0
+        if d is None or not self.fast:
             return self.build.handoff(ctx, timing, tm, memory_fraction, fraction_source)
-        variant = (timing > 0) + 2 * (memory_fraction is not None)
-        key = ("handoff", site, shape, dtype, fraction_source, variant)  # records.KEYS[HANDOFF]
+        variant = (d > 0) + 2 * (memory_fraction is not None)
+        key = ("handoff", site, shape, dtype, fraction_source, variant, cuda)  # records.KEYS[HANDOFF]
         tpl = st.templates.get(key)
         if tpl is None:
             ev = self.template_of(self.build.handoff, ctx, timing, tm, memory_fraction, fraction_source)[0]
             slots = dict(TIMED_SLOTS, transfer_bandwidth_gbps="bw")
-            names = ["ts", "seq", "ts", "step", "fwd", "d"] + (["bw"] if timing > 0 else [])
+            names = ["ts", "seq", "ts", "step", "fwd", "d"] + (["bw"] if d > 0 else [])
             if memory_fraction is not None:
                 slots.update(memory_pressure="mp", memory_used_fraction="mf")
                 names += ["mp", "mf"]
@@ -237,7 +273,6 @@ class Lines:
             tpl = st.templates[key] = (positional(fmt, names), ev["data_size_bytes"], program(fmt))
         fmt, nbytes, _ = tpl
         st.seq = seq = st.seq + 1
-        d = timing / 1000.0
         ts = ctx[1]
         if variant == 3:
             line = fmt % (ts, seq, ts, ctx[2], ctx[3], d, per_us(nbytes, d),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from typing import Any, Callable, Dict, List, Tuple
 
-__all__ = ["Rec", "FIELDS", "KEYS", "ENTRIES", "STATE", "RECORDER", "COUNTS", "SLOTS", "MEMORY_SLOTS", "UNREAD",
+__all__ = ["Rec", "FIELDS", "TIMING", "CUDA_TIMED", "KEYS", "ENTRIES", "STATE", "RECORDER", "COUNTS", "SLOTS", "MEMORY_SLOTS", "UNREAD",
            "pos", "schema_items", "check_record", "c_header"]
 
 
@@ -44,7 +44,7 @@ class Rec(enum.IntEnum):
     PREBUILT = 13     # an event made whole on the model's thread (session start, summary)
 
 
-# LINEAR … HANDOFF are the kinds the C writer renders: one range, tested once per record.
+# LINEAR … KV are the kinds the C writer renders: one range, tested once per record.
 # Plain ints for the hot paths (an IntEnum member costs a lookup and compares slower).
 BEGIN, LINEAR, MODULE, ALLOC_OUT, ALLOC, ATTENTION_KV, HANDOFF = 1, 2, 3, 4, 5, 6, 7
 ATTENTION, KV, FORWARD, PARAMETERS, ELEMENTWISE, PREBUILT = 8, 9, 10, 11, 12, 13
@@ -52,7 +52,9 @@ ATTENTION, KV, FORWARD, PARAMETERS, ELEMENTWISE, PREBUILT = 8, 9, 10, 11, 12, 13
 _TIMED = ("site", "end", "timing", "in_shape", "in_dtype", "out_shape", "out_dtype")
 
 #: Each kind's fields, after the tag. ``end``/``start`` are ``perf_counter_ns`` readings,
-#: ``wall_ns`` Unix time in ns; ``timing`` is ns (an int) or a CUDA event pair; ``memory`` is
+#: ``wall_ns`` Unix time in ns; ``timing`` is ns (an int) or a CUDA event pair (start, end:
+#: the writer waits for the end event and reads the µs between them), always item ``TIMING``
+#: of a record; ``memory`` is
 #: a one-item list shared by a forward pass's records (its memory reading, None until read),
 #: or the reading itself for PARAMETERS.
 FIELDS: Dict[int, Tuple[str, ...]] = {
@@ -73,17 +75,30 @@ FIELDS: Dict[int, Tuple[str, ...]] = {
     PREBUILT: ("event",),
 }
 
+#: The index of ``timing`` in every record that has one.
+TIMING = 3
+assert all(f.index("timing") + 1 == TIMING for f in FIELDS.values() if "timing" in f)
+#: The kinds whose timing may be a CUDA event pair: the general wrappers' (ATTENTION_KV's
+#: wrapper runs on the CPU only). No other kind's item ``TIMING`` is a tuple.
+CUDA_TIMED = frozenset((LINEAR, MODULE, HANDOFF, ATTENTION, FORWARD))
+
 #: The keys of the writer's templates of the records the C writer renders: a record field,
-#: ``timed`` (timing > 0), ``variant`` (which optional slots the line has), ``memory_fields``
+#: ``timed`` (timing > 0), ``cuda_timed`` (the duration is a CUDA event pair's: the line says
+#: ``cuda_event``), ``variant`` (which optional slots the line has), ``memory_fields``
 #: (how many items the memory reading has), ``memory_keys`` (their names), or a literal
 #: string in quotes that keeps kinds apart.
 KEYS: Dict[int, Tuple[str, ...]] = {
-    LINEAR: ("site", "in_shape", "in_dtype", "out_shape", "out_dtype", "timed"),
-    MODULE: ("site", "in_shape", "in_dtype", "out_shape", "out_dtype", "timed"),
+    LINEAR: ("site", "in_shape", "in_dtype", "out_shape", "out_dtype", "timed", "cuda_timed"),
+    MODULE: ("site", "in_shape", "in_dtype", "out_shape", "out_dtype", "timed", "cuda_timed"),
     ALLOC_OUT: ("'out'", "site", "nbytes", "in_shape", "out_shape", "out_dtype", "memory_fields"),
     ALLOC: ("site", "kind", "nbytes", "shape", "dtype", "is_cuda", "memory_keys"),
     ATTENTION_KV: ("site", "in_shape", "in_dtype", "out_shape", "out_dtype", "key_dtype", "value_dtype", "variant"),
-    HANDOFF: ("'handoff'", "site", "shape", "dtype", "fraction_source", "variant"),
+    HANDOFF: ("'handoff'", "site", "shape", "dtype", "fraction_source", "variant", "cuda_timed"),
+    # key_dtype, value_dtype: the cache's (None without one, or without values).
+    ATTENTION: ("'attention'", "site", "in_shape", "in_dtype", "in_cuda", "out_shape", "out_dtype", "out_cuda",
+                "key_dtype", "value_dtype", "variant", "cuda_timed"),
+    # key_dtype, key_cuda: items of the record's kv.
+    KV: ("'kv'", "site", "key_dtype", "key_cuda", "variant"),
 }
 
 #: The items of a template entry (the value under a key). ``ALLOC_OUT`` shares ``ALLOC``'s.
@@ -94,6 +109,8 @@ ENTRIES: Dict[int, Tuple[str, ...]] = {
     ATTENTION_KV: ("attention_format", "kv_format", "key_itemsize", "value_itemsize", "attention_program",
                    "kv_program"),
     HANDOFF: ("format", "nbytes", "program"),
+    ATTENTION: ("format", "program"),
+    KV: ("format", "key_itemsize", "value_itemsize", "program"),
 }
 
 #: The writer state's attributes (``writer.WriterState``) the C writer reads and advances.

@@ -37,9 +37,10 @@ TIMED_SLOTS = {"timestamp": "ts", "step": "step", "forward": "fwd", "duration_us
 KV_SLOTS = dict(TIMED_SLOTS, cache_length_tokens="len", previous_length_tokens="prev", new_tokens="new",
                 reused_tokens="reused", cache_hit_ratio="hit", cache_bytes="cb", cache_mb="cmb",
                 bytes_per_token="bpt", growth_bytes="grow", key_shape="ks", value_shape="vs")
-#: The changing fields of a model_forward event: also its FLOPs (the pass's sum) and the
-#: bytes a capture wrote.
-FORWARD_SLOTS = dict(TIMED_SLOTS, flops="fl", compute_intensity_gflops="gf", capture_bytes="cap")
+#: The changing fields of a model_forward event: also its FLOPs (the pass's sum), the
+#: bytes a capture wrote and a GPU's SM utilization (NVML).
+FORWARD_SLOTS = dict(TIMED_SLOTS, flops="fl", compute_intensity_gflops="gf", capture_bytes="cap",
+                     sm_utilization_percent="sm")
 #: A host memory reading's fields (``MemoryReader.read`` on the CPU).
 RSS_KEYS = ("process_rss_bytes", "memory_source")
 #: ``memory_pressure`` words as JSON.

@@ -11,8 +11,9 @@ from typing import Any, Callable, List, Optional
 
 from . import native
 from .attention_lines import AttentionLines
+from .._cuda import wait_event
 from .records import (ALLOC, ALLOC_OUT, ATTENTION, ATTENTION_KV, BEGIN, ELEMENTWISE, FORWARD, HANDOFF, KV, LINEAR,
-                      MODULE, PARAMETERS, PREBUILT, Rec)
+                      MODULE, PARAMETERS, PREBUILT, TIMING, Rec)
 from .sites import Site
 from .state import WriterState
 from .templates import ENCODER
@@ -79,9 +80,10 @@ class Writer:
         last = max(clock(), quiet_until - YIELD_NS)
         render = native.render if self.lines.fast else None
         handlers = self.handlers
+        waited = -1
         i, n = 0, len(recs)
         while i < n:
-            if render is not None and LINEAR <= recs[i][0] <= HANDOFF:
+            if render is not None and LINEAR <= recs[i][0] <= KV:
                 # The records of the timing wrappers whose templates are known, in C; it
                 # stops at any other record (taken below) and after YIELD_NS of work.
                 j = render(st, recs, i, out_lines, last + YIELD_NS)
@@ -92,6 +94,13 @@ class Writer:
                         last = clock()
                     continue
             r = recs[i]
+            if render is not None and waited != i and LINEAR <= r[0] <= KV and type(r[TIMING]) is tuple:
+                # The C writer stops at a CUDA event pair whose end event has not completed:
+                # wait for it here, the interpreter lock free, and let C write it (it also
+                # stops where no template is made yet: then the record is written below).
+                wait_event(r[TIMING][1])
+                waited = i
+                continue
             i += 1
             out = handlers[r[0]](*r[1:])
             if out and type(out[0]) is bytes:  # a fast path: serialized and counted already
