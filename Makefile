@@ -78,7 +78,8 @@ wheel: $(WHEEL_AMD64) $(WHEEL_ARM64)
 # installs without it (the client's Python path writes the same bytes). The same for the
 # resource monitor's extension (resources/_native.c).
 $(VENV)/.stamp: clients/python/pyproject.toml clients/python/setup.py clients/python/src/llm_instrumentation/_speedups.c \
-		clients/python/src/llm_instrumentation/resources/_native.c clients/python/src/llm_instrumentation/resources/_records.h \
+		$(wildcard clients/python/src/llm_instrumentation/resources/_native*.[ch]) \
+		clients/python/src/llm_instrumentation/resources/_records.h \
 		clients/python/src/llm_instrumentation/resources/_render_core.h
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet $(PY_DEPS)

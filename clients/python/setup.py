@@ -8,6 +8,8 @@ and later). ``optional=True``: where no C compiler is found, or a build fails, t
 installs without it and the client takes its Python paths, which write the same bytes.
 """
 
+from pathlib import Path
+
 from setuptools import Extension, setup
 
 LIMITED = dict(py_limited_api=True, define_macros=[("Py_LIMITED_API", "0x030A0000")], extra_compile_args=["-O2"],
@@ -15,7 +17,7 @@ LIMITED = dict(py_limited_api=True, define_macros=[("Py_LIMITED_API", "0x030A000
 
 #: The resource extension's C files, and the headers they include (_records.h is generated
 #: from records.py: make generate).
-NATIVE_SOURCES = ["_native.c", "_native_keys.c", "_native_render.c"]
+NATIVE_SOURCES = sorted(p.name for p in (Path(__file__).parent / "src/llm_instrumentation/resources").glob("_native*.c"))
 NATIVE_HEADERS = ["_native.h", "_render_core.h", "_records.h"]
 
 setup(

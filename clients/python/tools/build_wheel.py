@@ -63,8 +63,7 @@ SRC = HERE / "src" / "llm_instrumentation"
 #: The C extensions (setup.py builds the same from source): path in the wheel, C sources.
 EXTENSIONS = {
     "llm_instrumentation/_speedups.abi3.so": [SRC / "_speedups.c"],
-    "llm_instrumentation/resources/_native.abi3.so": [SRC / "resources" / f for f in
-                                                      ("_native.c", "_native_keys.c", "_native_render.c")],
+    "llm_instrumentation/resources/_native.abi3.so": sorted((SRC / "resources").glob("_native*.c")),
 }
 
 

@@ -1,7 +1,8 @@
 /*
  * What the resource extension's C files share (_native.c: the module, register and the
  * timing wrapper; _native_keys.c: template keys and an attention record's figures;
- * _native_render.c: the writer's rendering of records). Private to the extension.
+ * _native_render.c: the writer's rendering of records; _native_attention.c: the attention
+ * wrappers' records). Private to the extension.
  */
 #ifndef STRAP_NATIVE_H
 #define STRAP_NATIVE_H
@@ -69,5 +70,14 @@ extern HIDDEN const char template_key_doc[];
 /* _native_render.c */
 HIDDEN PyObject *render(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 extern HIDDEN const char render_doc[];
+HIDDEN int emit_program(Buf *b, PyObject *prog, const Values *v, PyObject *lines);
+HIDDEN PyObject *lookup_entry(State *st, PyObject *key, Py_ssize_t want, const char *kind, const char *names);
+
+/* _native_attention.c */
+HIDDEN int prepare_alloc(State *st, PyObject *r, PyObject **prog, Values *v);
+HIDDEN int emit_alloc(State *st, PyObject *prog, Values *v, PyObject *lines, Buf *b);
+HIDDEN int render_attention(State *st, PyObject *r, PyObject *lines, Buf *b);
+HIDDEN int render_attention_general(State *st, PyObject *r, PyObject *lines, Buf *b);
+HIDDEN int render_kv(State *st, PyObject *r, PyObject *lines, Buf *b);
 
 #endif
