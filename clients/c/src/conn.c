@@ -150,6 +150,13 @@ static int mkdirs(char *dir)
 /* Start `strapd serve --socket path --exit-idle ...` detached (its own session, log beside
  * the socket) by a double fork, so it is never left as this process's zombie; returns its pid
  * (>0) or a STRAP_E_* code with err set. Between fork and exec only async-signal-safe calls. */
+/* An environment switch as the Python client reads one: set, and neither empty nor "0". */
+static bool env_on(const char *name)
+{
+	const char *v = getenv(name);
+	return v && *v && strcmp(v, "0") != 0;
+}
+
 static pid_t spawn_daemon(const char *bin, const char *sock, char *log, size_t logcap, strap_error *err)
 {
 	char dir[4200];
@@ -166,9 +173,15 @@ static pid_t spawn_daemon(const char *bin, const char *sock, char *log, size_t l
 	}
 	snprintf(log, logcap, "%s/strapd.log", dir);
 	const char *idle = getenv("STRAPD_EXIT_IDLE");
-	char *const argv[] = {(char *)bin,  "serve",       "--socket",
-			      (char *)sock, "--exit-idle", (char *)(idle && *idle ? idle : "15m"),
-			      NULL};
+	char *argv[9] = {(char *)bin,  "serve",       "--socket",
+			 (char *)sock, "--exit-idle", (char *)(idle && *idle ? idle : "15m")};
+	int argc = 6;
+	/* as the Python client: the model's threads preempt the daemon (DEPLOY.md, CPU priority) */
+	if (env_on("STRAPD_SCHED_IDLE"))
+		argv[argc++] = "--sched-idle";
+	if (env_on("STRAPD_IDLE_WORKERS"))
+		argv[argc++] = "--idle-workers";
+	argv[argc] = NULL;
 	int logfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 	if (logfd < 0) {
 		se_set(err, STRAP_E_CONNECT, "cannot open the daemon log %s: %s", log, strerror(errno));

@@ -1,7 +1,7 @@
 /* Socket resolution (PROTOCOL.md 1) and autostart (the Python client's rules): no daemon on a
  * fresh socket path, autostart on, STRAPD_BIN set -> strapd is started detached, with its log
- * beside the socket, and the capture goes through; autostart off -> a clear error; a binary that
- * cannot run -> a clear error. */
+ * beside the socket, with STRAPD_EXIT_IDLE and STRAPD_SCHED_IDLE passed on, and the capture goes
+ * through; autostart off -> a clear error; a binary that cannot run -> a clear error. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <signal.h>
@@ -71,6 +71,8 @@ int main(void)
 	CHECK(leak >= 0, "open marker");
 	p.strapd_bin = NULL; /* $STRAPD_BIN, as set by the test environment */
 	setenv("STRAPD_EXIT_IDLE", "30s", 1);
+	setenv("STRAPD_SCHED_IDLE", "1", 1);   /* passed on as --sched-idle, as by the Python client */
+	setenv("STRAPD_IDLE_WORKERS", "0", 1); /* "0" is off */
 	rc = strap_session_open(&p, &s, &e);
 	CHECK(rc == STRAP_OK, "autostart: %d %s", rc, e.message);
 	if (rc == STRAP_OK) {
@@ -94,6 +96,11 @@ int main(void)
 		snprintf(cmd0, sizeof cmd0, "ls -l %s 2>&1 | grep -c host-only-marker", fds);
 		th_run(cmd0, found, sizeof found);
 		CHECK(atoi(found) == 0, "the daemon holds the host's descriptor: %s", found);
+		snprintf(cmd0, sizeof cmd0, "tr '\\0' ' ' < /proc/%d/cmdline", dpid);
+		th_run(cmd0, found, sizeof found);
+		CHECK(strstr(found, " serve --socket ") && strstr(found, " --exit-idle 30s --sched-idle") &&
+			      !strstr(found, "--idle-workers"),
+		      "the daemon's command line: %s", found);
 		if (dpid > 1)
 			kill(dpid, SIGTERM);
 	}

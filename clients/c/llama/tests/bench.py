@@ -1,6 +1,7 @@
 """make bench-llamacpp: llama.cpp greedy decode tokens/s, plain vs capturing through strapd.
 
-Side by side in one run, rounds interleaved (plain, l_out, attn_out+ffn_out+l_out, ...), for 1 and
+Side by side in one run, rounds interleaved (plain, l_out, attn_out+ffn_out+l_out, ...; the order
+rotates every round), for 1 and
 2 threads: each configuration's median decode tokens/s over the rounds (strap-llama's own clock
 around the decode loop: model load and the prompt's pass excluded) and its ratio to plain; and
 the same from the process's CPU time over the decode loop (tokens per CPU-second: the cost in
@@ -85,7 +86,10 @@ def main() -> int:
             mts = {name: [] for name in names}
             cls = {name: [] for name in names}
             for r in range(a.rounds):
-                for name in names:
+                # the order rotates every round, so no configuration always runs first or
+                # right after the same neighbour
+                k = r % len(names)
+                for name in names[k:] + names[:k]:
                     out = work / f"{name.replace(' ', '_')}.strap"
                     args = ["-t", str(threads)] + [x.replace("{out}", str(out)) for x in CONFIGS[name]]
                     sock = idle.socket if idle is not None and name.endswith(IDLE) else d.socket
