@@ -171,6 +171,29 @@ def generate_with_monitor(model, mon, prompt_len: int, new_tokens: int) -> None:
             ids = r.logits[:, -1:].argmax(-1)
 
 
+def write_batches(mon, batches, state: dict, keep: bool = False):
+    """Run the resource writer of ``mon`` over copies of recorded ``batches`` from writer
+    ``state`` (with the templates made so far if ``keep``): its lines and end state."""
+    st = mon.writer.state
+    st.restore(state, st.templates if keep else None)
+    lines: list = []
+    sink = mon.writer.sink
+    mon.writer.sink = type("Lines", (), {"write": staticmethod(lines.extend)})()
+    try:
+        for b in batches:
+            mon.writer.write_batch(list(b))
+    finally:
+        mon.writer.sink = sink
+    return lines, st.snapshot()
+
+
+def writer_state_same(state: dict) -> dict:
+    """What two runs of the resource writer must agree on (not when they read the clock, nor
+    the templates, nor its CPU time); a NaN as its repr (NaN != NaN)."""
+    return {k: repr(v) if isinstance(v, float) and v != v else v for k, v in state.items()
+            if k not in ("memory_fraction_at", "templates", "writer_cpu_ns")}
+
+
 def tiny_gpt2():
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel

@@ -12,6 +12,8 @@ import pytest
 import torch
 from conftest import generate_with_monitor as decode
 from conftest import tiny_llama
+from conftest import write_batches as write_all
+from conftest import writer_state_same as same
 
 from llm_instrumentation import _cuda
 from llm_instrumentation.resources import ResourceMonitor, native, system, templates, wrappers, writer
@@ -55,30 +57,8 @@ def counted(value: float) -> Tuple[Callable[[], float], List[int]]:
     return fraction, calls
 
 
-def same(state: Dict[str, Any]) -> Dict[str, Any]:
-    """What two runs of the writer must agree on (not when they read the clock, nor the
-    templates, nor its CPU time)."""
-    return {k: v for k, v in state.items() if k not in ("memory_fraction_at", "templates", "writer_cpu_ns")}
-
-
 def snapshot(mon: ResourceMonitor) -> Dict[str, Any]:
     return mon.writer.state.snapshot()
-
-
-def write_all(mon: ResourceMonitor, batches: List[List[Any]], state: Dict[str, Any], keep: bool = False) -> Any:
-    """Run the writer over copies of the batches from ``state`` (with the templates made so
-    far if ``keep``); its lines and end state."""
-    st = mon.writer.state
-    st.restore(state, st.templates if keep else None)
-    lines: List[bytes] = []
-    sink = mon.writer.sink
-    mon.writer.sink = type("Lines", (), {"write": staticmethod(lines.extend)})()
-    try:
-        for b in batches:
-            mon.writer.write_batch(list(b))
-    finally:
-        mon.writer.sink = sink
-    return lines, snapshot(mon)
 
 
 @needs_c

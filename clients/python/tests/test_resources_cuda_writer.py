@@ -17,6 +17,8 @@ import pytest
 import torch
 from conftest import generate_with_monitor as decode
 from conftest import tiny_llama
+from conftest import write_batches
+from conftest import writer_state_same as same
 
 from llm_instrumentation.resources import ResourceMonitor, native, writer
 from llm_instrumentation.resources.records import CUDA_TIMED, TIMING, Rec
@@ -114,25 +116,9 @@ def on_a_gpu(batches: List[List[Any]], durations: List[float], calls: List[int])
 
 
 def write_all(mon: ResourceMonitor, batches: List[List[Any]], state: Dict[str, Any], keep: bool) -> Any:
-    """The writer over the batches from ``state`` (with the templates made so far if
-    ``keep``): its lines and end state."""
-    st = mon.writer.state
-    st.restore(state, st.templates if keep else None)
-    lines: List[bytes] = []
-    sink = mon.writer.sink
-    mon.writer.sink = type("Lines", (), {"write": staticmethod(lines.extend)})()
-    try:
-        for b in batches:
-            mon.writer.write_batch(b)
-    finally:
-        mon.writer.sink = sink
-    return lines, same(st.snapshot())
-
-
-def same(state: Dict[str, Any]) -> Dict[str, Any]:
-    """What two runs of the writer must agree on; a NaN as its repr (NaN != NaN)."""
-    return {k: repr(v) if isinstance(v, float) and v != v else v for k, v in state.items()
-            if k not in ("memory_fraction_at", "templates", "writer_cpu_ns")}
+    """The writer's lines and end state (what two runs must agree on) over the batches."""
+    lines, end = write_batches(mon, batches, state, keep)
+    return lines, same(end)
 
 
 def counting_builders(mon: ResourceMonitor, monkeypatch: pytest.MonkeyPatch) -> Dict[str, int]:

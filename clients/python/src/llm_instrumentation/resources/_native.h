@@ -42,6 +42,30 @@ typedef struct {
     PyObject *tpl, *kv_bytes; /* owned: the state's dicts */
 } State;
 
+/* The slots every event of a record fills from the state: its µs timestamp (t1, ns on the
+ * monotonic clock, moved to the wall clock), seq (the next one), step and forward pass. */
+static inline void
+event_slots(Values *v, const State *st, long long t1)
+{
+    v->ints[SLOT_TS] = floordiv1000(t1 + st->off);
+    v->ints[SLOT_SEQ] = st->seq + 1;
+    v->ints[SLOT_STEP] = st->step;
+    v->ints[SLOT_FWD] = st->fwd;
+}
+
+/* The pass's longest module so far (its ns on the host clock; a CUDA-timed one does not count,
+ * as in Lines.linear): site (borrowed) when t beats it. */
+static inline void
+note_longest(State *st, long long t, PyObject *site)
+{
+    if (t > st->long_ns) {
+        st->long_ns = t;
+        Py_INCREF(site);
+        Py_DECREF(st->long_site);
+        st->long_site = site;
+    }
+}
+
 /* The site's (seq_first, heads, head_dim, cache layer) and the figures of an ATTENTION_KV
  * record; 0 when C cannot take it. */
 typedef struct {

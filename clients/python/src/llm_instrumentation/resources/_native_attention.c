@@ -112,16 +112,8 @@ render_attention(State *st, PyObject *r, PyObject *lines, Buf *b)
             goto out;
         rc = 0;
     }
-    if (t > st->long_ns) {
-        st->long_ns = t;
-        Py_INCREF(site);
-        Py_DECREF(st->long_site);
-        st->long_site = site;
-    }
-    v.ints[SLOT_TS] = floordiv1000(t1 + st->off);
-    v.ints[SLOT_SEQ] = st->seq + 1;
-    v.ints[SLOT_STEP] = st->step;
-    v.ints[SLOT_FWD] = st->fwd;
+    note_longest(st, t, site);
+    event_slots(&v, st, t1);
     v.ints[SLOT_QT] = f.q_len;
     v.ints[SLOT_KT] = f.kv_len;
     v.ints[SLOT_FL] = f.flops;
@@ -230,16 +222,9 @@ render_attention_general(State *st, PyObject *r, PyObject *lines, Buf *b)
     PyObject *prog = PyTuple_GetItem(entry, ENTRY_ATTENTION_PROGRAM);
     if (prog == Py_None)
         return 0;
-    if (!v.cuda && v.timing > st->long_ns) {
-        st->long_ns = v.timing;
-        Py_INCREF(site);
-        Py_DECREF(st->long_site);
-        st->long_site = site;
-    }
-    v.ints[SLOT_TS] = floordiv1000(t1 + st->off);
-    v.ints[SLOT_SEQ] = st->seq + 1;
-    v.ints[SLOT_STEP] = st->step;
-    v.ints[SLOT_FWD] = st->fwd;
+    if (!v.cuda)
+        note_longest(st, v.timing, site);
+    event_slots(&v, st, t1);
     v.ints[SLOT_QT] = qt;
     v.ints[SLOT_KT] = kt;
     v.ints[SLOT_FL] = flops;
@@ -303,10 +288,7 @@ render_kv(State *st, PyObject *r, PyObject *lines, Buf *b)
     double hit, bpt;
     long long growth;
     kv_figures(length, before, nbytes, prev != NULL, prev_bytes, &hit, &bpt, &growth);
-    v.ints[SLOT_TS] = floordiv1000(t1 + st->off);
-    v.ints[SLOT_SEQ] = st->seq + 1;
-    v.ints[SLOT_STEP] = st->step;
-    v.ints[SLOT_FWD] = st->fwd;
+    event_slots(&v, st, t1);
     v.ints[SLOT_LEN] = length;
     v.ints[SLOT_PREV] = before;
     v.ints[SLOT_NEW] = length - before;

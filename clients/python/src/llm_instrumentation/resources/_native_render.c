@@ -98,17 +98,10 @@ render_timed(State *st, PyObject *r, int is_lin, PyObject *lines, Buf *b)
     if (!is_lin && (counts_time = PyObject_IsTrue(PyTuple_GetItem(entry, ENTRY_MODULE_COUNTS_TIME))) < 0)
         return -1;
     /* The longest module of the pass: timed on the host clock (Lines.linear, Lines.module). */
-    if (!v.cuda && v.timing > st->long_ns) {
-        st->long_ns = v.timing;
-        Py_INCREF(site);
-        Py_DECREF(st->long_site);
-        st->long_site = site;
-    }
-    v.ints[SLOT_TS] = floordiv1000(t1 + st->off);
-    v.ints[SLOT_SEQ] = st->seq + 1;
+    if (!v.cuda)
+        note_longest(st, v.timing, site);
+    event_slots(&v, st, t1);
     v.ints[SLOT_SEQ2] = st->seq + 2;
-    v.ints[SLOT_STEP] = st->step;
-    v.ints[SLOT_FWD] = st->fwd;
     v.tf_zero = !is_lin && flops == 0;
     v.dbl[SLOT_TF] = timed ? per_us((double)flops, v.d_us) : 0.0;
     v.dbl[SLOT_TB] = timed ? per_us((double)nbytes, v.d_us) : 0.0;
@@ -169,10 +162,7 @@ render_handoff(State *st, PyObject *state, PyObject *r, PyObject *lines, Buf *b)
         PyErr_Clear();
         goto out;
     }
-    v.ints[SLOT_TS] = floordiv1000(t1 + st->off);
-    v.ints[SLOT_SEQ] = st->seq + 1;
-    v.ints[SLOT_STEP] = st->step;
-    v.ints[SLOT_FWD] = st->fwd;
+    event_slots(&v, st, t1);
     v.dbl[SLOT_BW] = timed ? per_us((double)nbytes, v.d_us) : 0.0;
     v.dbl[SLOT_MF] = frac != Py_None ? PyFloat_AsDouble(frac) : 0.0;
     if (emit_program(b, prog, &v, lines) < 0) {
