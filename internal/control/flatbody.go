@@ -16,9 +16,9 @@ import (
 // encoding/json's (FuzzFlatToken and FuzzFlatPublish hold the two to each other).
 //
 // Why: strapd's CPU per generated token is what a model with torch (or ggml) on every core
-// loses, and with the daemon on the model's cores its code runs with cold caches: a perf
-// profile of strapd under a llama.cpp capture put ≈ 10 % of its CPU in decoding the TOKEN
-// body through reflection, a map for the required keys and 32 allocations
+// loses. A perf profile of strapd under a llama.cpp capture put ≈ 10 % of its samples in
+// decoding the TOKEN body through reflection, a map for the required keys and 32 allocations;
+// after this, 1 %, though strapd's CPU per token fell by less than the runs' spread
 // (docs/PERFORMANCE.md, "TOKEN bodies without reflection").
 
 // UnmarshalToken decodes a TOKEN body into t (seq and index required), as
