@@ -245,8 +245,17 @@ def test_random_sigkill_then_resume_equals_uninterrupted(strapd, kill_model, tmp
                 assert p.returncode == 0, p.stderr
                 res = json.loads(p.stdout)
                 break
+            size0 = out.stat().st_size if out.exists() else 0
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            time.sleep(startup + rng.random() * decode)
+            # Start the random delay when the session has begun writing (the stream appeared or
+            # grew), not after a start-up time guessed from the reference run: loading the model
+            # and opening the session vary by more than a 48-token decode lasts.
+            began = time.monotonic() + 10 * (startup + decode) + 5
+            while p.poll() is None and time.monotonic() < began:
+                if out.exists() and out.stat().st_size > size0:
+                    break
+                time.sleep(0.002)
+            time.sleep(rng.random() * decode)
             p.send_signal(signal.SIGKILL)
             p.wait()
             if p.returncode != -signal.SIGKILL:  # it had finished: nothing was killed
