@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from .caches import kv_len_of
 from .events import MIB, Meta, attention_flops, attention_tokens, dname, itemsize, kv_figures, meta, per_us
-from .lines import Lines, Out, cuda_timing
+from .lines import Lines, Out, timing_us
 from .sites import Site
 from .templates import ENCODER, KV_SLOTS, TIMED_SLOTS, compile_template, positional, program, shape_info
 
@@ -36,11 +36,8 @@ class AttentionLines(Lines):
         if flops is not None:
             st.pass_flops += flops
         ctx = (site, tns // 1000, st.step, st.forward)
-        cuda = type(timing) is not int
-        if cuda:  # a CUDA event pair: templated as well, by the µs it measured
-            timing, d = cuda_timing(timing, True)
-        else:
-            d = timing / 1000.0
+        cuda = type(timing) is not int  # a CUDA event pair: templated as well, by the µs it measured
+        timing, d = timing_us(timing, True)
         if d is None:
             return self.build.attention(ctx, timing, xm, om, query_tokens, key_tokens, km, vm, flops)
         # The cache's shapes, the key length and the FLOPs change every decoding step: they

@@ -144,7 +144,7 @@ def cuda_duration_us(pair: Tuple[Any, Any]) -> float:
 
 def set_timing(ev: Dict[str, Any], timing: Any) -> None:
     """A measured duration: ns on the host clock (an int), a CUDA event pair (waited for here)
-    or the µs such a pair measured (a float: ``lines.cuda_timing`` resolved it to make a
+    or the µs such a pair measured (a float: ``lines.timing_us`` resolved it to make a
     template, or found it not finite)."""
     if type(timing) is int:
         ev["duration_us"] = timing / 1000.0

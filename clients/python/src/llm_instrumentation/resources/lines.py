@@ -20,7 +20,7 @@ from .state import WriterState
 from .templates import FORWARD_SLOTS, MAX_TEMPLATES, PRESSURE_JSON, RSS_KEYS, TIMED_SLOTS, compile_template, \
     positional, program
 
-__all__ = ["Lines", "cuda_timing"]
+__all__ = ["Lines", "timing_us"]
 
 #: A writer method's output: serialized lines (bytes), or event dicts still to serialize.
 Out = List[Any]
@@ -28,12 +28,15 @@ Out = List[Any]
 _INF = float("inf")
 
 
-def cuda_timing(timing: Any, fast: bool) -> Tuple[Any, Optional[float]]:
-    """A CUDA-timed record's timing for the builders, and the µs its template writes: with
-    ``fast`` the pair is resolved here (its end event waited for: ``events.cuda_duration_us``)
-    and both are its µs, or the µs and None where they are not finite (JSON writes ``NaN`` or
-    ``Infinity``, a template would write ``nan``/``inf``: the builders write those); without,
-    the pair as it is and None (the builders resolve it, the way the tests compare against)."""
+def timing_us(timing: Any, fast: bool) -> Tuple[Any, Optional[float]]:
+    """A record's timing for the builders, and the µs its template writes. Host clock (int
+    ns): as it is, and its µs. A CUDA event pair: with ``fast`` resolved here (its end event
+    waited for: ``events.cuda_duration_us``) and both are its µs, or the µs and None where they
+    are not finite (JSON writes ``NaN`` or ``Infinity``, a template would write ``nan``/``inf``:
+    the builders write those); without, the pair as it is and None (the builders resolve it,
+    the way the tests compare against)."""
+    if type(timing) is int:
+        return timing, timing / 1000.0
     if not fast:
         return timing, None
     if type(timing) is tuple:
@@ -118,10 +121,7 @@ class Lines:
         mem = self.pass_memory(memory)
         ctx = (site, wall_ns // 1000, st.step, st.forward)
         cuda = type(timing) is not int
-        if cuda:
-            timing, d = cuda_timing(timing, self.fast)
-        else:
-            d = timing / 1000.0
+        timing, d = timing_us(timing, self.fast)
         if d is None or not self.fast or (sm_utilization is not None and not -_INF < sm_utilization < _INF):
             return self.build.forward(ctx, timing, input, out_shape, capture_bytes, mem, sm_utilization)
         flops = st.pass_flops
@@ -147,15 +147,12 @@ class Lines:
     def linear(self, site: Site, end: int, timing: Any, in_shape: Any, in_dtype: Any, out_shape: Any,
                out_dtype: Any) -> Out:
         st = self.state
-        cuda = type(timing) is not int
-        if cuda:  # a CUDA event pair: templated as well, by the µs it measured
-            timing, d = cuda_timing(timing, self.fast)
-            if d is None:
-                return self.linear_events(site, end, timing, in_shape, in_dtype, out_shape, out_dtype)
-        else:
-            if timing > st.long_ns:
-                st.long_ns, st.long_site = timing, site
-            d = timing / 1000.0
+        cuda = type(timing) is not int  # a CUDA event pair: templated as well, by the µs it measured
+        timing, d = timing_us(timing, self.fast)
+        if d is None:
+            return self.linear_events(site, end, timing, in_shape, in_dtype, out_shape, out_dtype)
+        if not cuda and timing > st.long_ns:
+            st.long_ns, st.long_site = timing, site
         if not self.fast:
             return self.linear_events(site, end, timing, in_shape, in_dtype, out_shape, out_dtype)
         # No output shape: a Linear's own forward, whose output shape follows from the input's.
@@ -206,12 +203,9 @@ class Lines:
         cls = type(site.mod).__name__
         tns = end + st.clock_offset
         cuda = type(timing) is not int
-        if cuda:
-            timing, d = cuda_timing(timing, self.fast)
-        else:
-            if timing > st.long_ns:
-                st.long_ns, st.long_site = timing, site
-            d = timing / 1000.0
+        timing, d = timing_us(timing, self.fast)
+        if not cuda and timing > st.long_ns:
+            st.long_ns, st.long_site = timing, site
         ctx = (site, tns // 1000, st.step, st.forward)
         om = meta(out_shape, out_dtype)
         assert om is not None
@@ -252,10 +246,7 @@ class Lines:
         tm = meta(shape, dtype, is_cuda)
         assert tm is not None
         cuda = type(timing) is not int
-        if cuda:
-            timing, d = cuda_timing(timing, self.fast)
-        else:
-            d = timing / 1000.0
+        timing, d = timing_us(timing, self.fast)
         if d is None or not self.fast:
             return self.build.handoff(ctx, timing, tm, memory_fraction, fraction_source)
         variant = (d > 0) + 2 * (memory_fraction is not None)
