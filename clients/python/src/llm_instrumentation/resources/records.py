@@ -22,8 +22,8 @@ from __future__ import annotations
 import enum
 from typing import Any, Callable, Dict, List, Tuple
 
-__all__ = ["Rec", "FIELDS", "TIMING", "CUDA_TIMED", "KEYS", "ENTRIES", "STATE", "RECORDER", "COUNTS", "SLOTS", "MEMORY_SLOTS", "UNREAD",
-           "pos", "schema_items", "check_record", "c_header"]
+__all__ = ["Rec", "FIELDS", "TIMING", "CUDA_TIMED", "KEYS", "ENTRIES", "STATE", "RECORDER", "COUNTS", "SLOTS",
+           "MEMORY_SLOTS", "UNREAD", "pos", "schema_items", "check_record", "c_header"]
 
 
 class Rec(enum.IntEnum):
