@@ -209,12 +209,39 @@ def _captured(path: Path, name: str) -> List[Any]:
 def test_overwrite_after_publish(dev: str, tmp: Path, small: bool) -> Dict[str, Any]:
     """Each captured record holds the value of the hook's moment, not the overwritten one:
     16 MiB records (the side-stream path of ``_cuda``) and 8 KiB ones (the model-stream path)."""
+    from llm_instrumentation import _session
+
     big = _overwrite_case(dev, tmp, *((64, 8, 4) if small else (4096, 2048, 24)))
-    little = _overwrite_case(dev, tmp, *((64, 1, 4) if small else (4096, 1, 48)))
-    out = {"large": big, "small": little}
+    # Small records: the C extension's cudaMemcpyAsync (counted), then torch's copy_ alone.
+    queue = _session._c_write_record_cuda
+    raw = [0]
+
+    def counted(*args: Any) -> None:
+        raw[0] += 1
+        queue(*args)
+
+    if queue is not None:
+        _session._c_write_record_cuda = counted
+    try:
+        little = _overwrite_case(dev, tmp, *((64, 1, 4) if small else (4096, 1, 48)))
+    finally:
+        _session._c_write_record_cuda = queue
+    little["raw_copies"] = raw[0]
+    os.environ["STRAP_CUDA_RAW_COPY"] = "0"
+    try:
+        little_copy = _overwrite_case(dev, tmp, *((64, 1, 4) if small else (4096, 1, 48)))
+    finally:
+        os.environ.pop("STRAP_CUDA_RAW_COPY", None)
+    out = {"large": big, "small": little, "small_copy_": little_copy}
     if dev == "cuda":  # a stream of the model's own: CUDA only
         out["small_inner_stream"] = _inner_stream_case(tmp, 64 if small else 4096, 4 if small else 48)
     ok = all(c["status"] == "passed" for c in out.values())
+    if dev == "cuda" and raw[0] == 0:
+        # the raw path was not taken: say why in the JSON (it is not a failure: copy_ is used)
+        from llm_instrumentation import _cuda
+
+        out["raw_copy_unavailable"] = {"cudart_paths": sorted(_cuda.cudart_paths()),
+                                       "extension": queue is not None}
     return {"status": "passed" if ok else "failed", **out}
 
 
@@ -571,17 +598,26 @@ def perf(dev: str, tmp: Path, m: Dict[str, int], a: argparse.Namespace, budget_s
         ids_plain[:] = ids
         return {"s": time.perf_counter() - t}
 
-    def decode_captured(preset: str, level: Optional[str] = None, keep: bool = False) -> Callable[[], Dict[str, Any]]:
+    def decode_captured(preset: str, level: Optional[str] = None, keep: bool = False,
+                        raw_copy: bool = True) -> Callable[[], Dict[str, Any]]:
         cfg = InstrumentationConfig.from_preset(preset).with_granularity("full_tensor")
 
         def run() -> Dict[str, Any]:
             _sync(dev)
             c0 = strapd_cpu_s() or 0.0
+            # read when the session's copier is made: the C extension's cudaMemcpyAsync per
+            # small record (the default), or torch's copy_ for every one
+            os.environ["STRAP_CUDA_RAW_COPY"] = "1" if raw_copy else "0"
             t = time.perf_counter()
-            with capture_activations(model, config=cfg, output_path=str(path), track_per_token=True,
-                                     resource_level=level) as fw:
-                ids = greedy(model, prompt, a.new, fw)
-                _sync(dev)
+            try:
+                with capture_activations(model, config=cfg, output_path=str(path), track_per_token=True,
+                                         resource_level=level) as fw:
+                    t_in = time.perf_counter()
+                    ids = greedy(model, prompt, a.new, fw)
+                    _sync(dev)
+                    t_out = time.perf_counter()
+            finally:
+                os.environ.pop("STRAP_CUDA_RAW_COPY", None)
             s = time.perf_counter() - t
             c1 = strapd_cpu_s()
             summ = fw.summary or {}
@@ -590,7 +626,8 @@ def perf(dev: str, tmp: Path, m: Dict[str, int], a: argparse.Namespace, budget_s
             if summ.get("drops"):
                 raise RuntimeError(f"{preset}: capture dropped {summ['drops']} tensors")
             row = {"s": s, "packets": int(summ.get("packets", 0)), "bytes_in": int(summ.get("bytes_in", 0)),
-                   "strapd_cpu_s": None if c1 is None else round(c1 - c0, 4)}
+                   "strapd_cpu_s": None if c1 is None else round(c1 - c0, 4),
+                   "open_s": round(t_in - t, 4), "close_s": round(t + s - t_out, 4)}
             if keep:
                 row["resource_log"] = _resource_summary(Path(str(path) + ".resources.jsonl"))
             _cleanup(path)
@@ -634,10 +671,13 @@ def perf(dev: str, tmp: Path, m: Dict[str, int], a: argparse.Namespace, budget_s
     share = budget_s / max(len(sections), 1)
     with torch.no_grad():
         if "decode" in sections:
-            log("decode rounds: plain, fast_capture, balanced")
+            names = ("fast_capture", "balanced", "fast_capture_copy_")
+            log("decode rounds: plain, " + ", ".join(names))
             d = rounds({"plain": decode_plain, "fast_capture": decode_captured("fast_capture"),
-                        "balanced": decode_captured("balanced")}, share, a.max_rounds, a.min_rounds)
-            res["decode"] = {n: kept(d, "plain", n) for n in ("fast_capture", "balanced")}
+                        "balanced": decode_captured("balanced"),
+                        "fast_capture_copy_": decode_captured("fast_capture", raw_copy=False)},
+                       share, a.max_rounds, a.min_rounds)
+            res["decode"] = {n: kept(d, "plain", n) for n in names}
             res["decode"]["plain_tok_s"] = a.new / statistics.median(r["plain"]["s"] for r in d)
             res["decode"]["rounds"] = d
         if "prefill" in sections:

@@ -19,11 +19,17 @@ blocks where the protocol must (TOKEN, CHECKPOINT, CLOSE, a full ring). Small co
 one event per stream they were queued on (the stream current at each copy), recorded when the
 session next publishes.
 
+Small contiguous records of a layout seen before take the session's fast path: the C extension
+writes the header and queues the payload as one ``cudaMemcpyAsync`` on the model's current
+stream (:func:`raw_memcpy`), the same copy ``copy_`` would queue without its dispatch;
+``STRAP_CUDA_RAW_COPY=0`` keeps every copy on ``copy_``.
+
 Exercised on a GPU by ``bench/gpu_check.py`` (``make gpu-check``), not by the CPU test suite.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Set, Tuple
@@ -70,6 +76,57 @@ def _bound_timing_event() -> Callable[[], Any]:
 
 
 _timing_event: Optional[Callable[[], Any]] = None
+
+#: None until :func:`raw_memcpy` looked; then whether the C extension's write_record_cuda has
+#: a cudaMemcpyAsync bound.
+_raw_bound: Optional[bool] = None
+
+
+def cudart_paths(maps: str = "/proc/self/maps") -> Set[str]:
+    """The CUDA runtime libraries (``libcudart.so*``) mapped into this process."""
+    paths = set()
+    try:
+        with open(maps) as f:
+            for line in f:
+                i = line.find("/")
+                if i >= 0 and "/libcudart.so" in line:
+                    paths.add(line[i:].rstrip("\n"))
+    except OSError:
+        pass
+    return paths
+
+
+def bind_raw_memcpy(path: str) -> bool:
+    """Bind the C extension's ``write_record_cuda`` to ``cudaMemcpyAsync`` of the runtime at
+    ``path`` (already loaded: opening it again returns the same library). False where the
+    extension or the symbol is missing."""
+    import ctypes
+
+    try:
+        from ._speedups import bind_cuda_memcpy
+    except ImportError:
+        return False
+    try:
+        fn = ctypes.CDLL(path).cudaMemcpyAsync
+    except (OSError, AttributeError):
+        return False
+    addr = ctypes.cast(fn, ctypes.c_void_p).value
+    if not addr:
+        return False
+    bind_cuda_memcpy(addr)
+    return True
+
+
+def raw_memcpy() -> bool:
+    """Whether records may be queued by ``write_record_cuda``: exactly one CUDA runtime is
+    loaded (torch's, so the copies go on the streams torch made with it) and its
+    ``cudaMemcpyAsync`` is bound. Looked at once per process; False where torch links the
+    runtime statically (no libcudart mapped) or several are loaded."""
+    global _raw_bound
+    if _raw_bound is None:
+        paths = cudart_paths()
+        _raw_bound = len(paths) == 1 and bind_raw_memcpy(paths.pop())
+    return _raw_bound
 
 
 def timing_event() -> Any:
@@ -148,6 +205,10 @@ class CudaCopier:
         self._direct: Set[Tuple[int, int, int]] = set()
         self._direct_head: Optional[Tuple[int, int]] = None
         self._just_direct = False
+        #: Small records may be queued by the C extension (:meth:`raw_stream`).
+        self.raw = os.environ.get("STRAP_CUDA_RAW_COPY", "1") != "0" and raw_memcpy()
+        #: torch's stream triple -> the raw ``cudaStream_t`` (as an int).
+        self._raw_streams: Dict[Tuple[int, int, int], int] = {}
 
     def copy(self, dst: "torch.Tensor", src: "torch.Tensor") -> None:
         """Queue the copy of ``src`` (CUDA) into ``dst`` (a view of the ring); returns at once.
@@ -176,6 +237,28 @@ class CudaCopier:
             ev.record(side)
         snap.record_stream(side)
         self._last_event = ev
+
+    def raw_stream(self, src: "torch.Tensor") -> Optional[Tuple[Tuple[int, int, int], int]]:
+        """For a small contiguous record of ``src`` queued by ``write_record_cuda``: the current
+        stream of its device (torch's triple, for :meth:`queued_raw`) and its raw handle; None
+        where it must go through :meth:`copy` (not on the current device, too large)."""
+        import torch
+
+        dev = src.get_device()
+        if dev != torch._C._cuda_getDevice():
+            return None
+        key = torch._C._cuda_getCurrentStream(dev)
+        raw = self._raw_streams.get(key)
+        if raw is None:
+            raw = self._raw_streams[key] = torch.cuda.Stream(stream_id=key[0], device_index=key[1],
+                                                             device_type=key[2]).cuda_stream
+        return key, raw
+
+    def queued_raw(self, key: Tuple[int, int, int], head: int, seq: int) -> None:
+        """A small record was queued on stream ``key`` by ``write_record_cuda``: as :meth:`copy`
+        then :meth:`pending` for it."""
+        self._direct.add(key)
+        self._direct_head = (head, seq)
 
     def pending(self, head: int, seq: int) -> None:
         """The records up to ring ``head`` (last sequence number ``seq``) wait for the copy

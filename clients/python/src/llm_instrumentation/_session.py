@@ -69,6 +69,12 @@ except ImportError:  # pragma: no cover - exercised by the tests with it hidden
     _c_write_record = None
 
 try:
+    # The same for a CUDA tensor's payload: one queued cudaMemcpyAsync (_speedups.c, _cuda.py).
+    from ._speedups import write_record_cuda as _c_write_record_cuda
+except ImportError:  # pragma: no cover - an extension built before it
+    _c_write_record_cuda = None
+
+try:
     # The published cursor's release store; without it every forward pass is published
     # by message (PROTOCOL.md 1.4, "Deferred PUBLISH").
     from ._speedups import store_published as _c_store_published
@@ -349,8 +355,18 @@ class CaptureSession:
         """
         lay = self._layouts.get(name) if meta is None else None
         if lay is None or _c_write_record is None or lay.dtype is not t.dtype or lay.size != t.shape \
-                or lay.cls is not type(t) or not lay.memmove or not t.is_cpu or not t.is_contiguous():
+                or lay.cls is not type(t) or not lay.memmove or not t.is_contiguous():
             return self.write_tensor(name, t, self.step, self.forward, meta)
+        raw = None
+        if not t.is_cpu:
+            # A small CUDA record: header and one queued cudaMemcpyAsync in one C call, when
+            # the copier found the runtime (_cuda.py); else write_tensor's copy_.
+            cuda = self._cuda
+            if cuda is None or not cuda.raw or not t.is_cuda or _c_write_record_cuda is None:
+                return self.write_tensor(name, t, self.step, self.forward, meta)
+            raw = cuda.raw_stream(t)
+            if raw is None:
+                return self.write_tensor(name, t, self.step, self.forward, meta)
         ring = self.ring
         rec_len = lay.record_len
         with self._lock:
@@ -362,8 +378,13 @@ class CaptureSession:
             file_off = HEADER_SIZE + off
             seq = self.seq + 1
             n = lay.tensor_len
-            _c_write_record(self._ring_addr + file_off, lay.header, seq, rec_len, self.step, self.forward,
-                            lay.hdr_area, t.data_ptr(), n)
+            if raw is None:
+                _c_write_record(self._ring_addr + file_off, lay.header, seq, rec_len, self.step, self.forward,
+                                lay.hdr_area, t.data_ptr(), n)
+            else:
+                _c_write_record_cuda(self._ring_addr + file_off, lay.header, seq, rec_len, self.step,
+                                     self.forward, lay.hdr_area, t.data_ptr(), n, raw[1])
+                self._cuda.queued_raw(raw[0], head + rec_len, seq)
             self.seq = seq
             ring.head = head = head + rec_len
             self.last_tensor_seq = seq

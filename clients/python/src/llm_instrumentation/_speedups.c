@@ -9,6 +9,13 @@
  *   most of it the code those three paths touch. write_record does the same three stores in
  *   one call.
  *
+ * - write_record_cuda: the same record with its payload queued as one cudaMemcpyAsync from
+ *   device memory into the ring (registered as pinned memory) on the model's stream: what
+ *   torch's copy_(non_blocking=True) queues, without the dispatch, the three ring views and
+ *   the Python around them (docs/GPU.md, "How the client copies from the GPU"). The CUDA
+ *   runtime is not linked: bind_cuda_memcpy takes the address of cudaMemcpyAsync in the
+ *   libcudart the process already loaded (torch's), found by _cuda.py.
+ *
  * - store_published: the ring's published cursor (docs/PROTOCOL.md 1.4, 2), a u64 stored
  *   with release semantics after the records below it are complete, so a daemon that reads
  *   it (acquire) when the client died sees those records whole. Python has no release
@@ -94,6 +101,86 @@ write_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* cudaMemcpyAsync(dst, src, count, kind, stream) -> cudaError_t, from the CUDA runtime's
+ * header; kind 2 is cudaMemcpyDeviceToHost. */
+typedef int (*cuda_memcpy_async_fn)(void *, const void *, size_t, int, void *);
+#define CUDA_MEMCPY_DEVICE_TO_HOST 2
+static cuda_memcpy_async_fn cuda_memcpy_async;
+
+PyDoc_STRVAR(bind_cuda_memcpy_doc,
+             "bind_cuda_memcpy(addr)\n"
+             "--\n\n"
+             "Use the function at address addr as cudaMemcpyAsync in write_record_cuda (0 unbinds).\n"
+             "The caller vouches that addr is that function of a CUDA runtime loaded in this process.");
+
+static PyObject *
+bind_cuda_memcpy(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    uint64_t addr;
+    if (u64_arg(arg, "addr", &addr))
+        return NULL;
+    cuda_memcpy_async = (cuda_memcpy_async_fn)(uintptr_t)addr;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(write_record_cuda_doc,
+             "write_record_cuda(dst, header, seq, record_len, step, forward, payload_off, src, n, stream)\n"
+             "--\n\n"
+             "write_record with the payload queued, not copied: n bytes from device address src to\n"
+             "dst + payload_off by the bound cudaMemcpyAsync (device to host) on the raw CUDA stream\n"
+             "stream. The bytes land when the stream reaches the copy; the caller publishes the\n"
+             "record only after an event recorded behind it completed. RuntimeError when no\n"
+             "cudaMemcpyAsync is bound or it returns an error (the header is written, the record not\n"
+             "taken: the caller does not advance its head).");
+
+static PyObject *
+write_record_cuda(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 10) {
+        PyErr_Format(PyExc_TypeError, "write_record_cuda takes 10 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    cuda_memcpy_async_fn fn = cuda_memcpy_async;
+    if (fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "write_record_cuda: no cudaMemcpyAsync bound");
+        return NULL;
+    }
+    uint64_t stream;
+    if (u64_arg(args[9], "stream", &stream))
+        return NULL;
+    uint64_t src, n, payload_off, dst, rec_len;
+    if (u64_arg(args[0], "dst", &dst) || u64_arg(args[3], "record_len", &rec_len) ||
+        u64_arg(args[6], "payload_off", &payload_off) || u64_arg(args[7], "src", &src) || u64_arg(args[8], "n", &n))
+        return NULL;
+    if ((n > 0 && src == 0) || payload_off > rec_len || n > rec_len - payload_off) {
+        PyErr_Format(PyExc_ValueError, "write_record_cuda: payload of %llu at %llu, record of %llu",
+                     (unsigned long long)n, (unsigned long long)payload_off, (unsigned long long)rec_len);
+        return NULL;
+    }
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero == NULL)
+        return NULL;
+    /* The header, checked and written as write_record does, with no payload of its own. */
+    PyObject *hdr_args[9] = {args[0], args[1], args[2], args[3], args[4], args[5], args[6], zero, zero};
+    PyObject *r = write_record(self, hdr_args, 9);
+    Py_DECREF(zero);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    if (n > 0) {
+        int rc = fn((void *)(uintptr_t)(dst + payload_off), (const void *)(uintptr_t)src, (size_t)n,
+                    CUDA_MEMCPY_DEVICE_TO_HOST, (void *)(uintptr_t)stream);
+        if (rc != 0) {
+            PyErr_Format(PyExc_RuntimeError, "cudaMemcpyAsync of a %llu-byte record failed with cudaError %d",
+                         (unsigned long long)n, rc);
+            return NULL;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(store_published_doc, "store_published(addr, pos)\n"
                                   "--\n\n"
                                   "Store the u64 pos at address addr (8-byte aligned: the ring header's published\n"
@@ -122,6 +209,8 @@ store_published(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef methods[] = {
     {"write_record", (PyCFunction)(void (*)(void))write_record, METH_FASTCALL, write_record_doc},
+    {"bind_cuda_memcpy", (PyCFunction)bind_cuda_memcpy, METH_O, bind_cuda_memcpy_doc},
+    {"write_record_cuda", (PyCFunction)(void (*)(void))write_record_cuda, METH_FASTCALL, write_record_cuda_doc},
     {"store_published", (PyCFunction)(void (*)(void))store_published, METH_FASTCALL, store_published_doc},
     {NULL, NULL, 0, NULL},
 };
