@@ -38,6 +38,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import gc
 import glob
 import json
 import os
@@ -148,9 +149,29 @@ def worker(a: argparse.Namespace) -> Dict[str, Any]:
     with torch.no_grad():
         kept_tensors, t, extra = run(model, a, p, inputs, tmp, names, warm=True)   # warm-up
         _clean(tmp)
+        # A full collection now, not inside the timed run: after importing torch and
+        # transformers and building the model a fresh process holds ~430 k objects, and
+        # the collector's next full pass (0.28 s here) fell inside whichever variant's
+        # timed run allocated past its threshold first — 48-token decodes of ~1.3 s read
+        # as 0.78 kept for ours in one make bench (docs/PERFORMANCE.md, "Peers").
+        gc.collect()
+        passes: List[List[float]] = [[], [], []]  # collections inside the timed run, per generation
+        started = [0.0]
+
+        def gc_seen(phase: str, info: Dict[str, Any]) -> None:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                passes[info["generation"]].append(time.perf_counter() - started[0])
+
+        gc.callbacks.append(gc_seen)
         c0, d0 = cpu_self(), cpu_of(a.daemon_pid)
-        kept_tensors, t, extra = run(model, a, p, inputs, tmp, names, warm=False)
+        try:
+            kept_tensors, t, extra = run(model, a, p, inputs, tmp, names, warm=False)
+        finally:
+            gc.callbacks.remove(gc_seen)
         res["cpu_s"], res["daemon_cpu_s"] = cpu_self() - c0, cpu_of(a.daemon_pid) - d0
+        res["gc"] = {"collections": [len(x) for x in passes], "seconds": round(sum(map(sum, passes)), 4)}
     res["s"] = t
     res["tok_s"] = tokens / t
     res.update(extra)
@@ -470,7 +491,7 @@ def driver(a: argparse.Namespace) -> Dict[str, Any]:
 
     proc, sock = start_strapd(a.strapd, str(tmp))
     a.daemon_pid = proc.pid
-    variants = [v for v in VARIANTS if v != "v131" or a.v131]
+    variants = [v for v in VARIANTS if (v == "plain" or v in a.variants) and (v != "v131" or a.v131)]
     res: Dict[str, Any] = {"command": " ".join([os.path.relpath(sys.executable, ROOT)] + sys.argv),
                            "load_start": os.getloadavg(), "cpu_count": os.cpu_count(), "variants": variants,
                            "phases": {}, "shapes": {k: shapes[k] for k in a.phases}}
@@ -517,6 +538,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--phases", default="decode,prefill")
     ap.add_argument("--regimes", default="all,free")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="which of them to run (comma-separated; plain is always run: the others' kept is against it)")
     ap.add_argument("--tmpdir", default="/var/tmp", help="where streams and torch.save files go (one disk)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
@@ -527,6 +550,10 @@ def main() -> None:
         return
     a.phases = [p for p in a.phases.split(",") if p]
     a.regimes = [r for r in a.regimes.split(",") if r]
+    a.variants = [v for v in a.variants.split(",") if v]
+    unknown = sorted(set(a.variants) - set(VARIANTS))
+    if unknown:
+        raise SystemExit(f"peers: unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     if a.v131 and not (Path(a.v131) / "llm_instrumentation").is_dir():
         raise SystemExit(f"peers: no unpacked 1.3.1 wheel at {a.v131} (make peers-deps), or pass --v131 ''")
     res = driver(a)

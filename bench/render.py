@@ -558,6 +558,9 @@ PEER_LABELS = {
 def peers_tables(w: Emit, pe: Json) -> None:
     w(f"## 0. Beside the peers (load {fmt_load([pe['load_start'], pe['load_end']])})")
     w("")
+    if pe.get("rerun"):  # re-run on its own after the make bench run the other sections are from
+        w(f"Re-run on its own: {pe['rerun']}.")
+        w("")
     commands(w, [pe["command"]])
     for phase, regs in pe["phases"].items():
         sh = pe["shapes"][phase]

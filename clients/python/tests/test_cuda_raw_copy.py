@@ -53,25 +53,23 @@ def cudart(tmp_path_factory):
     _speedups.bind_cuda_memcpy(0)
 
 
-def _golden() -> tuple[bytes, bytes, dict]:
-    """The golden f32 2x3 record: its bytes, its payload and its header's fields."""
+def _golden() -> tuple[bytes, dict, int, ctypes.Array, ctypes.Array]:
+    """The golden f32 2x3 record (its bytes, header fields and header area's length), a
+    destination buffer its size and a source buffer holding its 24-byte payload."""
     want = (TESTDATA / "ring" / "record_f32_2x3.bin").read_bytes()
-    h = R.parse_record_header(want)
-    payload = want[len(want) - 24:]
-    return want, payload, h
+    hdr_area = len(want) - 24
+    src = ctypes.create_string_buffer(want[hdr_area:], 24)
+    return want, R.parse_record_header(want), hdr_area, ctypes.create_string_buffer(len(want)), src
 
 
 def test_write_record_cuda_writes_the_golden_record(cudart):
     so, lib = cudart
-    want, payload, h = _golden()
-    hdr_area = len(want) - 24
-    dst = ctypes.create_string_buffer(len(want))
-    src = ctypes.create_string_buffer(payload, len(payload))
+    want, h, hdr_area, dst, src = _golden()
     header = bytearray(want[:hdr_area])
     header[8:40] = bytes(32)  # seq, record_len, step, forward: written by the call
     calls = ctypes.c_size_t.in_dll(lib, "calls").value
     _speedups.write_record_cuda(ctypes.addressof(dst), bytes(header), h["seq"], h["record_len"], h["step"],
-                                h["forward"], hdr_area, ctypes.addressof(src), len(payload), 0x5eed)
+                                h["forward"], hdr_area, ctypes.addressof(src), 24, 0x5eed)
     assert dst.raw == want
     assert ctypes.c_size_t.in_dll(lib, "calls").value == calls + 1
     assert ctypes.c_int.in_dll(lib, "last_kind").value == 2  # cudaMemcpyDeviceToHost
@@ -80,10 +78,7 @@ def test_write_record_cuda_writes_the_golden_record(cudart):
 
 def test_write_record_cuda_errors(cudart):
     so, lib = cudart
-    want, payload, h = _golden()
-    hdr_area = len(want) - 24
-    dst = ctypes.create_string_buffer(len(want))
-    src = ctypes.create_string_buffer(payload, len(payload))
+    want, h, hdr_area, dst, src = _golden()
     args = [ctypes.addressof(dst), want[:hdr_area], 1, h["record_len"], 0, 0, hdr_area, ctypes.addressof(src), 24]
     with pytest.raises(RuntimeError, match="cudaError 700"):
         _speedups.write_record_cuda(*args, 0xbad)
