@@ -224,14 +224,20 @@ def test_overwrite_after_publish(dev: str, tmp: Path, small: bool) -> Dict[str, 
         _session._c_write_record_cuda = counted
     try:
         little = _overwrite_case(dev, tmp, *((64, 1, 4) if small else (4096, 1, 48)))
+        little["raw_copies"] = raw[0]
+        # the same ring (kept from the capture before, its copier with it): the switch is
+        # read per session, so none of these may take the C path
+        os.environ["STRAP_CUDA_RAW_COPY"] = "0"
+        try:
+            little_copy = _overwrite_case(dev, tmp, *((64, 1, 4) if small else (4096, 1, 48)))
+        finally:
+            os.environ.pop("STRAP_CUDA_RAW_COPY", None)
     finally:
         _session._c_write_record_cuda = queue
-    little["raw_copies"] = raw[0]
-    os.environ["STRAP_CUDA_RAW_COPY"] = "0"
-    try:
-        little_copy = _overwrite_case(dev, tmp, *((64, 1, 4) if small else (4096, 1, 48)))
-    finally:
-        os.environ.pop("STRAP_CUDA_RAW_COPY", None)
+    little_copy["raw_copies"] = raw[0] - little["raw_copies"]
+    if little_copy["raw_copies"]:
+        little_copy["status"] = "failed"
+        little_copy["error"] = "STRAP_CUDA_RAW_COPY=0 did not keep the records on copy_"
     out = {"large": big, "small": little, "small_copy_": little_copy}
     if dev == "cuda":  # a stream of the model's own: CUDA only
         out["small_inner_stream"] = _inner_stream_case(tmp, 64 if small else 4096, 4 if small else 48)

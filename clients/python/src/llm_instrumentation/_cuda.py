@@ -29,7 +29,6 @@ Exercised on a GPU by ``bench/gpu_check.py`` (``make gpu-check``), not by the CP
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Set, Tuple
@@ -205,8 +204,9 @@ class CudaCopier:
         self._direct: Set[Tuple[int, int, int]] = set()
         self._direct_head: Optional[Tuple[int, int]] = None
         self._just_direct = False
-        #: Small records may be queued by the C extension (:meth:`raw_stream`).
-        self.raw = os.environ.get("STRAP_CUDA_RAW_COPY", "1") != "0" and raw_memcpy()
+        #: Small records may be queued by the C extension (:meth:`raw_stream`); each session
+        #: also reads ``STRAP_CUDA_RAW_COPY`` (this copier outlives it with a kept ring).
+        self.raw = raw_memcpy()
         #: torch's stream triple -> the raw ``cudaStream_t`` (as an int).
         self._raw_streams: Dict[Tuple[int, int, int], int] = {}
 

@@ -143,6 +143,8 @@ class CaptureSession:
         self.error: Optional[BaseException] = None
         self._lock = threading.Lock()
         self._cuda: Any = None
+        #: Small CUDA records of a known layout go through write_record_cuda (:meth:`record`).
+        self._cuda_raw = False
         self._layouts: Dict[str, _Layout] = {}
         #: per name: the meta object of :meth:`record_meta`'s last record and its layout
         self._meta_layouts: Dict[str, Tuple[Dict[str, Any], _Layout]] = {}
@@ -224,6 +226,7 @@ class CaptureSession:
         # The ring's CUDA registration stays with the ring (Ring.cuda): a kept ring is reused
         # registered; Ring.close waits for any copy still running, then unregisters.
         self._cuda = None
+        self._cuda_raw = False
         if self.closed_summary is not None and self.error is None:
             keep_ring(self.ring)
         else:
@@ -361,10 +364,9 @@ class CaptureSession:
         if not t.is_cpu:
             # A small CUDA record: header and one queued cudaMemcpyAsync in one C call, when
             # the copier found the runtime (_cuda.py); else write_tensor's copy_.
-            cuda = self._cuda
-            if cuda is None or not cuda.raw or not t.is_cuda or _c_write_record_cuda is None:
+            if not self._cuda_raw or not t.is_cuda or _c_write_record_cuda is None:
                 return self.write_tensor(name, t, self.step, self.forward, meta)
-            raw = cuda.raw_stream(t)
+            raw = self._cuda.raw_stream(t)
             if raw is None:
                 return self.write_tensor(name, t, self.step, self.forward, meta)
         ring = self.ring
@@ -690,6 +692,8 @@ class CaptureSession:
 
                     self.ring.cuda = CudaCopier(self.ring)
                 self._cuda = self.ring.cuda
+                # per session, not per copier: a kept ring's copier serves the next captures
+                self._cuda_raw = self._cuda.raw and os.environ.get("STRAP_CUDA_RAW_COPY", "1") != "0"
             self._cuda.copy(dst, src.detach())
             return
         dst.copy_(src.detach().cpu())
