@@ -241,7 +241,8 @@ class CudaCopier:
     def raw_stream(self, src: "torch.Tensor") -> Optional[Tuple[Tuple[int, int, int], int]]:
         """For a small contiguous record of ``src`` queued by ``write_record_cuda``: the current
         stream of its device (torch's triple, for :meth:`queued_raw`) and its raw handle; None
-        where it must go through :meth:`copy` (not on the current device, too large)."""
+        where it must go through :meth:`copy` (not on the current device). The session sends
+        only records of at most 64 KiB here (its layouts' ``memmove``), below :data:`DIRECT_MAX`."""
         import torch
 
         dev = src.get_device()

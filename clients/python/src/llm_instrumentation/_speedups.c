@@ -65,6 +65,50 @@ PyDoc_STRVAR(write_record_doc,
              "from address src to dst + payload_off. The caller owns both addresses: dst a writable\n"
              "ring mapping with record_len bytes free, src a live contiguous tensor's data pointer.");
 
+/* The nine arguments write_record and write_record_cuda share, parsed and checked. */
+typedef struct {
+    const char *hdr;
+    Py_ssize_t hdr_len;
+    uint64_t dst, seq, rec_len, step, forward, payload_off, src, n;
+} Record;
+
+static int
+parse_record(const char *fn, PyObject *const *args, Record *r)
+{
+    char *hdr;
+    if (PyBytes_AsStringAndSize(args[1], &hdr, &r->hdr_len) < 0)
+        return -1;
+    r->hdr = hdr;
+    if (u64_arg(args[0], "dst", &r->dst) || u64_arg(args[2], "seq", &r->seq) ||
+        u64_arg(args[3], "record_len", &r->rec_len) || u64_arg(args[4], "step", &r->step) ||
+        u64_arg(args[5], "forward", &r->forward) || u64_arg(args[6], "payload_off", &r->payload_off) ||
+        u64_arg(args[7], "src", &r->src) || u64_arg(args[8], "n", &r->n))
+        return -1;
+    /* What the addresses cannot be checked for, the sizes can: a header that would not
+     * hold the four fields, or a header or payload reaching past the record. */
+    if (r->dst == 0 || (r->n > 0 && r->src == 0) || r->hdr_len < SEQ_OFF + 32 ||
+        (uint64_t)r->hdr_len > r->payload_off || r->payload_off > r->rec_len || r->n > r->rec_len - r->payload_off) {
+        PyErr_Format(PyExc_ValueError, "%s: header of %zd bytes, payload of %llu at %llu, record of %llu", fn,
+                     r->hdr_len, (unsigned long long)r->n, (unsigned long long)r->payload_off,
+                     (unsigned long long)r->rec_len);
+        return -1;
+    }
+    return 0;
+}
+
+/* The header area, then seq, record_len, step and forward; returns the record's address. */
+static unsigned char *
+put_header(const Record *r)
+{
+    unsigned char *d = (unsigned char *)(uintptr_t)r->dst;
+    memcpy(d, r->hdr, (size_t)r->hdr_len);
+    put_le64(d + SEQ_OFF, r->seq);
+    put_le64(d + SEQ_OFF + 8, r->rec_len);
+    put_le64(d + SEQ_OFF + 16, r->step);
+    put_le64(d + SEQ_OFF + 24, r->forward);
+    return d;
+}
+
 static PyObject *
 write_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -73,31 +117,12 @@ write_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Format(PyExc_TypeError, "write_record takes 9 arguments (%zd given)", nargs);
         return NULL;
     }
-    char *hdr;
-    Py_ssize_t hdr_len;
-    if (PyBytes_AsStringAndSize(args[1], &hdr, &hdr_len) < 0)
+    Record r;
+    if (parse_record("write_record", args, &r) < 0)
         return NULL;
-    uint64_t dst, seq, rec_len, step, forward, payload_off, src, n;
-    if (u64_arg(args[0], "dst", &dst) || u64_arg(args[2], "seq", &seq) || u64_arg(args[3], "record_len", &rec_len) ||
-        u64_arg(args[4], "step", &step) || u64_arg(args[5], "forward", &forward) ||
-        u64_arg(args[6], "payload_off", &payload_off) || u64_arg(args[7], "src", &src) || u64_arg(args[8], "n", &n))
-        return NULL;
-    /* What the addresses cannot be checked for, the sizes can: a header that would not
-     * hold the four fields, or a header or payload reaching past the record. */
-    if (dst == 0 || (n > 0 && src == 0) || hdr_len < SEQ_OFF + 32 || (uint64_t)hdr_len > payload_off ||
-        payload_off > rec_len || n > rec_len - payload_off) {
-        PyErr_Format(PyExc_ValueError, "write_record: header of %zd bytes, payload of %llu at %llu, record of %llu",
-                     hdr_len, (unsigned long long)n, (unsigned long long)payload_off, (unsigned long long)rec_len);
-        return NULL;
-    }
-    unsigned char *d = (unsigned char *)(uintptr_t)dst;
-    memcpy(d, hdr, (size_t)hdr_len);
-    put_le64(d + SEQ_OFF, seq);
-    put_le64(d + SEQ_OFF + 8, rec_len);
-    put_le64(d + SEQ_OFF + 16, step);
-    put_le64(d + SEQ_OFF + 24, forward);
-    if (n > 0)
-        memcpy(d + payload_off, (const void *)(uintptr_t)src, (size_t)n);
+    unsigned char *d = put_header(&r);
+    if (r.n > 0)
+        memcpy(d + r.payload_off, (const void *)(uintptr_t)r.src, (size_t)r.n);
     Py_RETURN_NONE;
 }
 
@@ -131,8 +156,8 @@ PyDoc_STRVAR(write_record_cuda_doc,
              "dst + payload_off by the bound cudaMemcpyAsync (device to host) on the raw CUDA stream\n"
              "stream. The bytes land when the stream reaches the copy; the caller publishes the\n"
              "record only after an event recorded behind it completed. RuntimeError when no\n"
-             "cudaMemcpyAsync is bound or it returns an error (the header is written, the record not\n"
-             "taken: the caller does not advance its head).");
+             "cudaMemcpyAsync is bound or it returns an error (then nothing is written: the header\n"
+             "follows the queued copy; the caller does not advance its head).");
 
 static PyObject *
 write_record_cuda(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -148,36 +173,19 @@ write_record_cuda(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     uint64_t stream;
-    if (u64_arg(args[9], "stream", &stream))
+    Record r;
+    if (u64_arg(args[9], "stream", &stream) || parse_record("write_record_cuda", args, &r) < 0)
         return NULL;
-    uint64_t src, n, payload_off, dst, rec_len;
-    if (u64_arg(args[0], "dst", &dst) || u64_arg(args[3], "record_len", &rec_len) ||
-        u64_arg(args[6], "payload_off", &payload_off) || u64_arg(args[7], "src", &src) || u64_arg(args[8], "n", &n))
-        return NULL;
-    if ((n > 0 && src == 0) || payload_off > rec_len || n > rec_len - payload_off) {
-        PyErr_Format(PyExc_ValueError, "write_record_cuda: payload of %llu at %llu, record of %llu",
-                     (unsigned long long)n, (unsigned long long)payload_off, (unsigned long long)rec_len);
-        return NULL;
-    }
-    PyObject *zero = PyLong_FromLong(0);
-    if (zero == NULL)
-        return NULL;
-    /* The header, checked and written as write_record does, with no payload of its own. */
-    PyObject *hdr_args[9] = {args[0], args[1], args[2], args[3], args[4], args[5], args[6], zero, zero};
-    PyObject *r = write_record(self, hdr_args, 9);
-    Py_DECREF(zero);
-    if (r == NULL)
-        return NULL;
-    Py_DECREF(r);
-    if (n > 0) {
-        int rc = fn((void *)(uintptr_t)(dst + payload_off), (const void *)(uintptr_t)src, (size_t)n,
+    if (r.n > 0) {
+        int rc = fn((void *)(uintptr_t)(r.dst + r.payload_off), (const void *)(uintptr_t)r.src, (size_t)r.n,
                     CUDA_MEMCPY_DEVICE_TO_HOST, (void *)(uintptr_t)stream);
         if (rc != 0) {
             PyErr_Format(PyExc_RuntimeError, "cudaMemcpyAsync of a %llu-byte record failed with cudaError %d",
-                         (unsigned long long)n, rc);
+                         (unsigned long long)r.n, rc);
             return NULL;
         }
     }
+    put_header(&r);
     Py_RETURN_NONE;
 }
 
