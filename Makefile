@@ -141,6 +141,12 @@ check-deploy: prometheus
 CLANG_FORMAT      ?= clang-format
 .PHONY: lint
 lint: $(VENV)/.stamp check-deploy
+	@# No compiled program or library is tracked: ELF executables and shared objects (e_type 2, 3)
+	@# fail; the committed eBPF objects are relocatable ELF (e_type 1) and pass.
+	@bad=$$(git ls-files -z | xargs -0 -r sh -c 'for f; do [ -f "$$f" ] || continue; \
+	  [ "$$(head -c4 "$$f" | od -An -tx1 | tr -d " \n")" = 7f454c46 ] || continue; \
+	  [ "$$(od -An -tu1 -j16 -N1 "$$f" | tr -d " \n")" = 1 ] || echo "$$f"; done' sh); \
+	if [ -n "$$bad" ]; then echo "make lint: compiled binaries are tracked (build them, do not commit them): $$bad"; exit 1; fi
 	$(GO) mod verify
 	$(GO) tool staticcheck -tags privileged ./...
 	cd clients/python && $(abspath $(VPY)) -m mypy
