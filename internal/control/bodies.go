@@ -201,7 +201,12 @@ type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 	Fatal   bool   `json:"fatal"`
-	cause   error
+	// FitsRingSize, on memory_budget only, is the largest ring_size (a multiple of 4096)
+	// that the refused OPEN, with its codec and block size unchanged, would have fitted in
+	// the budget left at that moment; 0: none. A client that chose its ring itself may
+	// retry with it (PROTOCOL.md 1.3).
+	FitsRingSize *uint64 `json:"fits_ring_size,omitempty"`
+	cause        error
 }
 
 // Errorf makes a fatal Error with code; the message is formatted as by fmt.Errorf and any

@@ -177,14 +177,37 @@ type Lease struct {
 	inFlight, peak int64
 }
 
-// Open reserves ringSize + reserve bytes for a new session, or fails with ErrBudget.
+// BudgetError is a refused Open: what the session needed and what was free at that
+// moment, so the caller can say which smaller ring would have fitted. It matches ErrBudget
+// under errors.Is.
+type BudgetError struct {
+	// Ring and Reserve are the bytes the session asked for: its ring and its compression
+	// reserve.
+	Ring, Reserve int64
+	// Used and Limit are the budget's bytes in use (idle staging buffers already given
+	// back) and its limit.
+	Used, Limit int64
+}
+
+// Free is the bytes that were left in the budget when the session was refused.
+func (e *BudgetError) Free() int64 { return max(0, e.Limit-e.Used) }
+
+func (e *BudgetError) Error() string {
+	return fmt.Sprintf("%v: session needs %d bytes (ring %d + compression buffers %d), %d of %d in use",
+		ErrBudget, e.Ring+e.Reserve, e.Ring, e.Reserve, e.Used, e.Limit)
+}
+
+// Unwrap makes errors.Is(err, ErrBudget) hold.
+func (e *BudgetError) Unwrap() error { return ErrBudget }
+
+// Open reserves ringSize + reserve bytes for a new session, or fails with a *BudgetError
+// (errors.Is ErrBudget).
 func (b *Budget) Open(ringSize, reserve int64) (*Lease, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := ringSize + reserve
 	if !b.fits(n) {
-		return nil, fmt.Errorf("%w: session needs %d bytes (ring %d + compression buffers %d), %d of %d in use",
-			ErrBudget, n, ringSize, reserve, b.used, b.limit)
+		return nil, &BudgetError{Ring: ringSize, Reserve: reserve, Used: b.used, Limit: b.limit}
 	}
 	b.used += n
 	b.rings += ringSize

@@ -198,6 +198,29 @@ type LossyMeta struct {
 	Value float64 `json:"value,omitempty"`
 }
 
+// FitRing is the largest ring size, a multiple of 4096, that a session of this plan (its
+// codec and block size) could lease from free bytes of budget: the ring plus its
+// compression reserve (Reserve) within free. 0 when not even a one-page data region fits.
+func (p *Plan) FitRing(free int64) uint64 {
+	const page = 4096
+	need := func(ring int64) int64 { return ring + Reserve(p.codec, p.bs, uint64(ring-shm.HeaderSize)) }
+	// In pages; lo = 1 is the header alone, no ring. Reserve grows with the ring, so the
+	// need does too and the largest fit is found by bisection.
+	lo, hi := int64(1), free/page
+	for lo < hi {
+		mid := (lo + hi + 1) / 2
+		if need(mid*page) <= free {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	if lo == 1 {
+		return 0
+	}
+	return uint64(lo * page)
+}
+
 // Meta is the stream header metadata for a session with id opened now by daemon version.
 func (p *Plan) Meta(id uint64, version string, now time.Time) StreamMeta {
 	host, _ := os.Hostname()
