@@ -40,6 +40,8 @@ var goldenMessages = []struct {
 	{"close.bin", TypeClose, Close{Seq: 4, Head: 4096, Drops: 1}},
 	{"closed.bin", TypeClosed, Closed{Packets: 3, Drops: 1, BytesIn: 12288, BytesOut: 12288, FileBytes: 13000}},
 	{"error_protocol_version.bin", TypeError, Error{Code: "protocol_version", Message: "client speaks protocol 2, strapd speaks protocol 1", Fatal: true}},
+	{"error_memory_budget.bin", TypeError, Error{Code: "memory_budget", Message: "memory budget exceeded: session needs 541323200 bytes (ring 268435456 + compression buffers 272887744), 4026531840 of 4294967296 in use; a ring of at most 132116480 bytes fits now (--memory-limit)",
+		Fatal: true, FitsRingSize: ptr(uint64(132116480))}},
 	{"status.bin", TypeStatus, nil},
 	{"token.bin", TypeToken, Token{Seq: 5, Index: 2, TokenID: 1234, Text: " the", Position: ptr(int64(8))}},
 	{"token_head.bin", TypeToken, Token{Seq: 9, Index: 3, TokenID: 42, Text: "!", Head: ptr(uint64(8192))}},
