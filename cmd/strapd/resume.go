@@ -27,6 +27,9 @@ type resumeConfig struct {
 	Checkpoint string
 	// Repair cuts the stream back to its checkpoint.
 	Repair bool
+	// Force lets Repair cut a complete capture (its END "complete", INDEX and footer, and
+	// what follows its last intact token): never done without it.
+	Force bool
 	// JSON prints reports as JSON.
 	JSON bool
 	// List is a directory whose checkpoints are listed instead of checking one stream.
@@ -37,8 +40,10 @@ func (c *resumeConfig) validate(args []string) error {
 	switch {
 	case c.List != "" && len(args) > 0:
 		return errors.New("give either --list DIR or a STREAM, not both")
-	case c.List != "" && (c.Repair || c.Checkpoint != ""):
-		return errors.New("--list takes no --repair or --checkpoint")
+	case c.List != "" && (c.Repair || c.Checkpoint != "" || c.Force):
+		return errors.New("--list takes no --repair, --force or --checkpoint")
+	case c.Force && !c.Repair:
+		return errors.New("--force goes with --repair (it lets --repair cut a complete capture)")
 	case c.List == "" && len(args) != 1:
 		return errors.New("name one STREAM (or --list DIR)")
 	}
@@ -78,7 +83,7 @@ func newResumeCmd() *cobra.Command {
 				err error
 			)
 			if cfg.Repair {
-				rep, err = checkpoint.Repair(stream, cfg.Checkpoint)
+				rep, err = checkpoint.Repair(stream, cfg.Checkpoint, cfg.Force)
 			} else {
 				rep, _, err = checkpoint.CheckFile(stream, cfg.Checkpoint)
 			}
@@ -92,6 +97,10 @@ func newResumeCmd() *cobra.Command {
 				}
 			}
 			switch {
+			case rep.Complete && err == nil && cfg.Repair:
+				// --force: cut as asked, and said so above.
+			case rep.Complete:
+				return notResumableError{fmt.Sprintf("%s is a complete capture: nothing to resume, nothing was cut", stream)}
 			case errors.Is(err, checkpoint.ErrMismatch) || (err == nil && !rep.Resumable):
 				return notResumableError{fmt.Sprintf("%s cannot resume (%s)", stream, from(rep))}
 			case err != nil:
@@ -102,7 +111,8 @@ func newResumeCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Checkpoint, "checkpoint", "", "checkpoint file (default STREAM"+checkpoint.Suffix+")")
-	f.BoolVar(&cfg.Repair, "repair", false, "cut the stream back to where a resume goes on (refused while a capture holds it)")
+	f.BoolVar(&cfg.Repair, "repair", false, "cut the stream back to where a resume goes on (refused while a capture holds it, and for a complete capture)")
+	f.BoolVar(&cfg.Force, "force", false, "with --repair: cut a complete capture too (drops its END and INDEX and every packet after its last intact token; the report says how many bytes)")
 	f.BoolVar(&cfg.JSON, "json", false, "print the report as JSON")
 	f.StringVar(&cfg.List, "list", "", "list the checkpoints in this directory and whether each can resume")
 	return cmd
@@ -123,7 +133,18 @@ func from(r checkpoint.Report) string {
 }
 
 func printReport(w io.Writer, r checkpoint.Report, repaired bool) {
-	if !r.Resumable {
+	if r.Complete && !repaired {
+		fmt.Fprintf(w, "%s: complete capture, nothing to resume (%s)\n", r.Stream, from(r))
+		ends := "END (complete)"
+		if r.CutIndex {
+			ends += ", INDEX and footer"
+		}
+		fmt.Fprintf(w, "  the stream ends with %s; it is left as it is\n", ends)
+		fmt.Fprintf(w, "  a resume would cut %d bytes back to token %d (offset %d): %d packets (%d tokens)\n",
+			r.CutBytes, r.ResumeToken, r.ResumeOffset, r.CutPackets, r.CutTokens)
+		return
+	}
+	if !r.Resumable && !r.Complete {
 		fmt.Fprintf(w, "%s: NOT resumable (%s)\n", r.Stream, from(r))
 		if r.FreedNote != "" {
 			fmt.Fprintf(w, "  %s\n", r.FreedNote)
@@ -133,7 +154,11 @@ func printReport(w io.Writer, r checkpoint.Report, repaired bool) {
 		}
 		return
 	}
-	fmt.Fprintf(w, "%s: resumable (%s)\n", r.Stream, from(r))
+	if r.Complete {
+		fmt.Fprintf(w, "%s: complete capture, cut back by --force (%s)\n", r.Stream, from(r))
+	} else {
+		fmt.Fprintf(w, "%s: resumable (%s)\n", r.Stream, from(r))
+	}
 	if r.FreedNote != "" {
 		fmt.Fprintf(w, "  %s\n", r.FreedNote)
 	}

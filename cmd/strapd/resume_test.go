@@ -28,6 +28,8 @@ func TestResumeConfigValidate(t *testing.T) {
 		{"nothing", resumeConfig{}, nil, "name one STREAM"},
 		{"both", resumeConfig{List: "d"}, []string{"s"}, "not both"},
 		{"list repair", resumeConfig{List: "d", Repair: true}, nil, "--list takes"},
+		{"repair force", resumeConfig{Repair: true, Force: true}, []string{"s"}, ""},
+		{"force alone", resumeConfig{Force: true}, []string{"s"}, "--force goes with --repair"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.validate(tc.args)
@@ -171,4 +173,86 @@ func endOffset(t *testing.T, path string) int64 {
 	}
 	t.Fatalf("%s has no END: %v", path, sc.Err())
 	return 0
+}
+
+// completeCapture writes a finished capture (END "complete", INDEX, footer) of 4 forward
+// passes, with a TOKEN packet after each when tokens, without one otherwise (a capture
+// without per-token tracking: issue 41 cut such a 313 MB stream to its header).
+func completeCapture(t *testing.T, dir string, tokens bool) string {
+	t.Helper()
+	path := filepath.Join(dir, fmt.Sprintf("done-%v.strap", tokens))
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	w, err := stream.New(f, map[string]any{"client_metadata": map[string]any{"fingerprint": "fp"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := uint64(0)
+	for k := range 4 {
+		seq++
+		raw := bytes.Repeat([]byte{byte(k)}, 64)
+		p := stream.Packet{Header: stream.Header{Type: stream.TypeTensor, DType: dtype.Uint8, Shape: []uint64{64}, Seq: seq, Forward: uint64(k), RawLen: 64}, Name: "m", Blocks: []stream.Block{{Data: raw}}}
+		if tokens {
+			p.Step = uint64(k)
+		}
+		if err := w.WritePacket(&p); err != nil {
+			t.Fatal(err)
+		}
+		if tokens {
+			seq++
+			tok := stream.Packet{Header: stream.Header{Type: stream.TypeToken, Seq: seq, Step: uint64(k)}, Name: "token", Meta: []byte(fmt.Sprintf(`{"token_id":%d}`, k))}
+			if err := w.WritePacket(&tok); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := w.Close(stream.EndInfo{Status: "complete"}); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestResumeCommandComplete: `strapd resume` on a finished capture plans no cut (it says the
+// capture is complete, exit 2), --repair leaves every byte, and only --repair --force cuts,
+// saying how many bytes it dropped.
+func TestResumeCommandComplete(t *testing.T) {
+	for _, tokens := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tokens=%v", tokens), func(t *testing.T) {
+			dir := t.TempDir()
+			path := completeCapture(t, dir, tokens)
+			before, _ := os.ReadFile(path)
+			resumeAt := endOffset(t, path)
+			if !tokens {
+				r, f, err := stream.OpenFile(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resumeAt = r.Header().DataOffset
+				f.Close()
+			}
+			cut := int64(len(before)) - resumeAt
+			out, code, _ := runResume(t, path)
+			if code != 2 || !strings.Contains(out, "complete capture, nothing to resume") ||
+				!strings.Contains(out, fmt.Sprintf("a resume would cut %d bytes", cut)) || strings.Contains(out, "resumable (") {
+				t.Fatalf("plan: exit %d\n%s", code, out)
+			}
+			out, _, _ = runResume(t, path, "--json")
+			var rep checkpoint.Report
+			if json.Unmarshal([]byte(out), &rep) != nil || rep.Resumable || !rep.Complete || rep.CutBytes != cut {
+				t.Fatalf("plan --json:\n%s", out)
+			}
+			out, code, _ = runResume(t, path, "--repair")
+			if after, _ := os.ReadFile(path); code != 2 || !bytes.Equal(after, before) || !strings.Contains(out, "left as it is") {
+				t.Fatalf("--repair of a complete capture: exit %d, %d bytes (were %d)\n%s", code, len(after), len(before), out)
+			}
+			out, code, err := runResume(t, path, "--repair", "--force")
+			if err != nil || code != 0 || fileLen(t, path) != resumeAt || !strings.Contains(out, fmt.Sprintf("cut %d bytes", cut)) ||
+				!strings.Contains(out, "END (complete)") {
+				t.Fatalf("--repair --force: %v exit %d, %d bytes\n%s", err, code, fileLen(t, path), out)
+			}
+		})
+	}
 }

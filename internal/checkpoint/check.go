@@ -66,6 +66,10 @@ type Report struct {
 	// not walked: the checkpoint is trusted for them (FreedNote says what was checked).
 	Freed     []int64 `json:"freed,omitempty"`
 	FreedNote string  `json:"freed_note,omitempty"`
+	// Complete: the capture finished (an END with status "complete" follows the resume
+	// point), so there is nothing to resume: Resumable is false and a resume, or Repair
+	// without force, cuts nothing. CutBytes still says what a forced cut would drop.
+	Complete bool `json:"complete"`
 }
 
 func (r *Report) problem(format string, args ...any) {
@@ -75,8 +79,26 @@ func (r *Report) problem(format string, args ...any) {
 // Check compares the stream in f (size bytes) with c and finds where a resume goes on. c
 // is the floor: the stream must hold exactly what it describes. Past it (from the first
 // packet when c is nil) the intact run of packets is kept up to its last TOKEN packet
-// (stream.IntactRun). It never changes the file; what it finds is in the Report.
+// (stream.IntactRun). A stream whose capture finished (END "complete" after that point)
+// is reported Complete and not resumable: resuming it would cut a finished capture. It
+// never changes the file; what it finds is in the Report.
 func Check(f io.ReaderAt, size int64, c *Checkpoint) Report {
+	rep := check(f, size, c)
+	if rep.Resumable && rep.CutEnd == "complete" {
+		rep.Resumable, rep.Complete = false, true
+		what := fmt.Sprintf("%d packets (%d tokens)", rep.CutPackets, rep.CutTokens)
+		if rep.CutIndex {
+			what += ", END and INDEX"
+		} else {
+			what += " and END"
+		}
+		rep.problem("the capture is complete (its stream ends with END, status complete): nothing to resume; "+
+			"a resume at token %d (offset %d) would cut %d bytes: %s", rep.ResumeToken, rep.ResumeOffset, rep.CutBytes, what)
+	}
+	return rep
+}
+
+func check(f io.ReaderAt, size int64, c *Checkpoint) Report {
 	if c == nil {
 		return checkStream(f, size)
 	}
@@ -286,10 +308,10 @@ func loadOptional(path, ckptPath string) (*Checkpoint, string, error) {
 }
 
 // Repair cuts the stream at path back to where a resume goes on (Check): after checking
-// it (a stream that does not match its checkpoint is left alone: ErrMismatch) it takes the
-// stream's lock, so a live capture is never cut (ErrInUse), truncates it and syncs. A
-// resume then appends there.
-func Repair(path, ckptPath string) (Report, error) {
+// it (a stream that does not match its checkpoint is left alone: ErrMismatch; a complete
+// capture too, unless force: stream.ErrComplete) it takes the stream's lock, so a live
+// capture is never cut (ErrInUse), truncates it and syncs. A resume then appends there.
+func Repair(path, ckptPath string, force bool) (Report, error) {
 	c, ckptPath, err := loadOptional(path, ckptPath)
 	if err != nil {
 		return Report{Stream: path, Checkpoint: ckptPath}, err
@@ -311,7 +333,10 @@ func Repair(path, ckptPath string) (Report, error) {
 	}
 	rep := Check(f, st.Size(), c)
 	rep.Stream, rep.Checkpoint = path, ckptPath
-	if !rep.Resumable {
+	switch {
+	case rep.Complete && !force:
+		return rep, fmt.Errorf("%s: %s: %w", path, rep.Problems[0], stream.ErrComplete)
+	case !rep.Resumable && !rep.Complete:
 		return rep, fmt.Errorf("%s: %s: %w", path, rep.Problems[0], ErrMismatch)
 	}
 	if rep.CutBytes == 0 {

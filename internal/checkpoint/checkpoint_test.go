@@ -183,7 +183,7 @@ func TestCheckAndRepair(t *testing.T) {
 					t.Fatalf("verify: truncated %v at %d, check says torn at %d", v.Truncated, v.FirstBadOffset, rep.TornAt)
 				}
 			}
-			if _, err := Repair(path, ""); err != nil {
+			if _, err := Repair(path, "", false); err != nil {
 				t.Fatal(err)
 			}
 			st, _ := os.Stat(path)
@@ -222,7 +222,7 @@ func TestCheckWithoutCheckpoint(t *testing.T) {
 				rep.Packets != 3*tc.token || rep.StreamFingerprint != "fp" {
 				t.Fatalf("report %+v", rep)
 			}
-			if _, err := Repair(path, ""); err != nil {
+			if _, err := Repair(path, "", false); err != nil {
 				t.Fatal(err)
 			}
 			if st, _ := os.Stat(path); st.Size() != rep.ResumeOffset {
@@ -274,7 +274,7 @@ func TestCheckMismatch(t *testing.T) {
 			if rep.Resumable || len(rep.Problems) == 0 || !strings.Contains(strings.Join(rep.Problems, "; "), tc.want) {
 				t.Fatalf("report %+v, want a problem about %q", rep, tc.want)
 			}
-			if _, err := Repair(path, ""); !errors.Is(err, ErrMismatch) {
+			if _, err := Repair(path, "", false); !errors.Is(err, ErrMismatch) {
 				t.Fatalf("Repair = %v, want ErrMismatch", err)
 			}
 			if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
@@ -294,7 +294,7 @@ func TestRepairRefusesLiveCapture(t *testing.T) {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Repair(path, ""); !errors.Is(err, ErrInUse) {
+	if _, err := Repair(path, "", false); !errors.Is(err, ErrInUse) {
 		t.Fatalf("Repair of a locked stream = %v, want ErrInUse", err)
 	}
 }
@@ -383,4 +383,98 @@ func TestCheckFreedPrefix(t *testing.T) {
 		t.Fatal(err)
 	}
 	check(false, "no checkpoint")
+}
+
+// TestCompleteNotCut: a finished capture (END "complete", INDEX, footer) is never cut by
+// Repair: with per-token TOKEN packets or none, with its checkpoint still beside it or
+// without one. Only force cuts, and the report says how many bytes that drops.
+func TestCompleteNotCut(t *testing.T) {
+	complete := func(w *stream.Writer, f *os.File) { _ = w.Close(stream.EndInfo{Status: "complete"}) }
+	for _, tc := range []struct {
+		name      string
+		steps     int
+		ckAt      int
+		keepCkpt  bool
+		noTokens  bool
+		wantToken uint64
+	}{
+		{"tokens, no checkpoint", 5, 0, false, false, 5},
+		{"tokens, stale checkpoint kept", 5, 3, true, false, 5},
+		{"no per-token tracking", 5, 0, false, true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path, _ := capture(t, tc.steps, tc.ckAt, "fp", complete)
+			if tc.noTokens {
+				path = withoutTokens(t, path)
+			}
+			if !tc.keepCkpt {
+				_ = os.Remove(DefaultPath(path))
+			}
+			before, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep, _, err := CheckFile(path, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantCut := int64(len(before)) - rep.ResumeOffset
+			if rep.Resumable || !rep.Complete || rep.CutEnd != "complete" || !rep.CutIndex || rep.ResumeToken != tc.wantToken ||
+				rep.CutBytes != wantCut || wantCut <= 0 || len(rep.Problems) != 1 ||
+				!strings.Contains(rep.Problems[0], fmt.Sprintf("would cut %d bytes", wantCut)) {
+				t.Fatalf("report %+v", rep)
+			}
+			if _, err := Repair(path, "", false); !errors.Is(err, stream.ErrComplete) {
+				t.Fatalf("Repair of a complete stream: %v, want stream.ErrComplete", err)
+			}
+			if after, _ := os.ReadFile(path); !bytes.Equal(after, before) {
+				t.Fatalf("Repair without force changed the complete stream: %d bytes, was %d", len(after), len(before))
+			}
+			forced, err := Repair(path, "", true)
+			if err != nil || forced.CutBytes != wantCut {
+				t.Fatalf("forced Repair: %+v %v", forced, err)
+			}
+			if st, _ := os.Stat(path); st.Size() != rep.ResumeOffset {
+				t.Fatalf("forced Repair left %d bytes, resume point at %d", st.Size(), rep.ResumeOffset)
+			}
+		})
+	}
+}
+
+// withoutTokens rewrites the stream at path with its TENSOR packets only (a capture without
+// per-token tracking), ended complete; it returns the new stream's path.
+func withoutTokens(t *testing.T, path string) string {
+	t.Helper()
+	r, f, err := stream.OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := filepath.Join(filepath.Dir(path), "notokens.strap")
+	g, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	w, err := stream.New(g, map[string]any{"client_metadata": map[string]any{"fingerprint": "fp"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := uint64(0)
+	sc := r.ScanFrom(r.Header().DataOffset, false)
+	for sc.Next() {
+		p := sc.Packet()
+		if p.Type != stream.TypeTensor {
+			continue
+		}
+		seq++
+		raw := bytes.Repeat([]byte{byte(seq)}, 100)
+		if err := w.WritePacket(&stream.Packet{Header: stream.Header{Type: stream.TypeTensor, DType: dtype.Uint8, Shape: []uint64{100}, Seq: seq, Forward: seq / 2, RawLen: 100}, Name: p.Name, Blocks: []stream.Block{{Data: raw}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(stream.EndInfo{Status: "complete"}); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

@@ -87,6 +87,9 @@ var (
 	// ErrResumeMismatch: the stream prefix a resume names does not end as its checkpoint
 	// says (docs/CHECKPOINTS.md).
 	ErrResumeMismatch = errors.New("stream prefix does not match the checkpoint")
+	// ErrComplete: a resume would cut a stream whose capture finished (an END with status
+	// "complete" follows the resume point): nothing is cut.
+	ErrComplete = errors.New("the capture is complete: nothing to resume")
 	// ErrPayloadChanged: a Shared payload changed while it was being written, so the bytes
 	// in the file may not be the ones its CRC covers. The packet is cut off the file again
 	// (regular files) and the stream goes on being writable, so the session can end with

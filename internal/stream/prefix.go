@@ -1,6 +1,9 @@
 package stream
 
-import "fmt"
+import (
+	"encoding/json"
+	"fmt"
+)
 
 // Prefix is what a walk of a stream prefix found.
 type Prefix struct {
@@ -124,4 +127,45 @@ func IntactRun(r *Reader, off int64, tokens uint64) Intact {
 		}
 	}
 	return run
+}
+
+// Ended is the END packet found after a resume point: see EndAfter.
+type Ended struct {
+	// Offset is where the END packet starts; Status is its meta's status.
+	Offset int64
+	Status string
+	// Packets counts the TENSOR, DROP and TOKEN packets between the walk's start and it.
+	Packets uint64
+}
+
+// EndAfter walks the packet headers from off, a packet boundary, to the END packet and
+// returns it; ok is false when the walk reaches the end of r, a torn or unreadable packet
+// or an INDEX first. r must be given the whole file's size. A resume at off of a stream
+// whose END says "complete" would cut a finished capture: the resume paths refuse that
+// unless told to (ErrComplete).
+func EndAfter(r *Reader, off int64) (end Ended, ok bool) {
+	for off < r.Size() {
+		p, err := r.ReadHeader(off)
+		if err != nil {
+			return end, false
+		}
+		switch p.Type {
+		case TypeEnd:
+			var em EndMeta
+			_ = json.Unmarshal(p.Meta, &em) // a bad meta has no status: not "complete"
+			end.Offset, end.Status = p.Offset, em.Status
+			return end, true
+		case TypeIndex:
+			return end, false
+		}
+		end.Packets++
+		off += p.Len
+	}
+	return end, false
+}
+
+// CompleteAfter reports the END with status "complete" that follows off (see EndAfter).
+func CompleteAfter(r *Reader, off int64) (Ended, bool) {
+	e, ok := EndAfter(r, off)
+	return e, ok && e.Status == "complete"
 }

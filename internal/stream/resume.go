@@ -71,6 +71,17 @@ func ResumeWith(f *os.File, e ResumeExpect, o WriterOptions) (*Writer, error) {
 	if pre.Last != nil {
 		w.lastOff, w.lastCRC = pre.Last.Offset, pre.Last.CRC
 	}
+	if st.Size() > e.AppendAt {
+		// A client asked to cut a finished capture (a complete stream resumed from a stale
+		// checkpoint, or a client that does not check): the cut would lose it, refused.
+		if full, err := NewReader(f, st.Size()); err == nil {
+			if end, done := CompleteAfter(full, e.AppendAt); done {
+				return nil, fmt.Errorf("the stream ends with END (complete) at offset %d: resuming at append_at %d would cut %d bytes "+
+					"(%d packets, the END and INDEX) of a finished capture; nothing was cut: capture to a new file instead: %w",
+					end.Offset, e.AppendAt, st.Size()-e.AppendAt, end.Packets, ErrComplete)
+			}
+		}
+	}
 	if err := f.Truncate(e.AppendAt); err != nil {
 		return nil, fmt.Errorf("truncate stream file to %d: %w", e.AppendAt, err)
 	}

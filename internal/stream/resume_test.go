@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/strap-llm/strap/internal/dtype"
@@ -146,7 +147,9 @@ func TestResumeMismatch(t *testing.T) {
 	_, crc := w.LastPacket()
 	good := ResumeExpect{AppendAt: off, LastSeq: 6, LastCRC: crc, Packets: 6}
 	writeAll(t, w, ps[6:])
-	if err := w.Close(EndInfo{Status: "complete"}); err != nil {
+	// A client that died: its session ended "aborted" (a complete stream is never cut:
+	// TestResumeCompleteRefused).
+	if err := w.Abort(nil); err != nil {
 		t.Fatal(err)
 	}
 	size := int64(len(readAll(t, f)))
@@ -242,6 +245,68 @@ func BenchmarkCheckpoint(b *testing.B) {
 				}
 				if off, crc := w.LastPacket(); off <= 0 || crc == 0 {
 					b.Fatalf("last packet %d %#x", off, crc)
+				}
+			}
+		})
+	}
+}
+
+// TestResumeCompleteRefused: a resume whose append_at lies before the END of a finished
+// capture (status "complete") is refused and leaves every byte; the same stream ended
+// "aborted" or "error" is cut and resumed.
+func TestResumeCompleteRefused(t *testing.T) {
+	ps := resumePackets(9)
+	for _, tc := range []struct {
+		status  string
+		refused bool
+	}{
+		{"complete", true},
+		{"aborted", false},
+		{"error", false},
+	} {
+		t.Run(tc.status, func(t *testing.T) {
+			f := tempFile(t)
+			w, err := New(f, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			writeAll(t, w, ps[:6])
+			if err := w.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			off := w.Offset()
+			_, crc := w.LastPacket()
+			writeAll(t, w, ps[6:])
+			end := EndInfo{Status: tc.status}
+			if tc.status == "error" {
+				end.Error = "boom"
+			}
+			if err := w.Close(end); err != nil {
+				t.Fatal(err)
+			}
+			want := readAll(t, f)
+			g, err := os.OpenFile(f.Name(), os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			_, err = Resume(g, ResumeExpect{AppendAt: off, LastSeq: 6, LastCRC: crc, Packets: 6})
+			got := readAll(t, g)
+			if !tc.refused {
+				if err != nil || int64(len(got)) != off {
+					t.Fatalf("resume of an %s stream: err %v, %d bytes left (want %d)", tc.status, err, len(got), off)
+				}
+				return
+			}
+			if !errors.Is(err, ErrComplete) {
+				t.Fatalf("resume of a complete stream: %v, want ErrComplete", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("a refused resume changed the stream: %d bytes, was %d", len(got), len(want))
+			}
+			for _, s := range []string{"END (complete)", fmt.Sprintf("cut %d bytes", int64(len(want))-off)} {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error %q does not say %q", err, s)
 				}
 			}
 		})
