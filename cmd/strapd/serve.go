@@ -446,6 +446,16 @@ func runServe(ctx context.Context, cfg serveConfig, base *zap.Logger) error {
 	if ln != nil {
 		srv.UseListener(ln)
 	} else if err := srv.Listen(); err != nil {
+		if live, ok := errors.AsType[*server.AlreadyRunningError](err); ok {
+			// Lost the start to another daemon (clients autostarting at once, PROTOCOL.md
+			// 1): not a failure, the clients connect to the winner.
+			fields := []zap.Field{zap.String("socket", live.Socket)}
+			if live.PID > 0 {
+				fields = append(fields, zap.Int("pid", live.PID))
+			}
+			log.Info("another strapd serves on this socket; exiting", fields...)
+			return nil
+		}
 		notify("STATUS=failed: " + err.Error())
 		return err
 	}

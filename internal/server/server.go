@@ -23,7 +23,8 @@ import (
 
 // Errors returned by this package.
 var (
-	// ErrAlreadyRunning: another daemon answers on the socket path.
+	// ErrAlreadyRunning: another daemon answers on the socket path (Listen returns it
+	// as an *AlreadyRunningError).
 	ErrAlreadyRunning = errors.New("another strapd is serving on this socket")
 	// ErrNotSocket: the socket path exists and is not a socket, so it is not removed.
 	ErrNotSocket = errors.New("socket path exists and is not a socket")
@@ -242,14 +243,14 @@ func (s *Server) Listen() error {
 			}
 		}
 	}
+	defer lockSocketDir(dir, s.log)()
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return fmt.Errorf("listen %s: %w", path, ErrNotSocket)
 		}
-		c, err := net.DialTimeout("unixpacket", path, time.Second)
-		if err == nil {
-			c.Close()
-			return fmt.Errorf("listen %s: %w", path, ErrAlreadyRunning)
+		live, err := answering(path)
+		if live != nil {
+			return live
 		}
 		s.log.Info("removing stale socket", zap.String("socket", path), zap.Error(err))
 		if err := os.Remove(path); err != nil {
@@ -261,6 +262,16 @@ func (s *Server) Listen() error {
 	old := unix.Umask(0o177)
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
 	unix.Umask(old)
+	if errors.Is(err, unix.EADDRINUSE) {
+		// Another daemon bound the path since the check above (two started at once); it
+		// listens a moment after its bind.
+		for range 50 {
+			if live, _ := answering(path); live != nil {
+				return live
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
@@ -271,6 +282,70 @@ func (s *Server) Listen() error {
 	}
 	s.ln = ln
 	return nil
+}
+
+// AlreadyRunningError is Listen's error when another daemon answers on the socket; it
+// unwraps to ErrAlreadyRunning. Two daemons started at once by autostarting clients end
+// here, and the loser is expected to leave quietly (PROTOCOL.md 1).
+type AlreadyRunningError struct {
+	// Socket is the path the other daemon serves.
+	Socket string
+	// PID is the other daemon's process id (SO_PEERCRED), 0 when the kernel did not say
+	// (another PID namespace).
+	PID int
+}
+
+func (e *AlreadyRunningError) Error() string {
+	if e.PID > 0 {
+		return fmt.Sprintf("listen %s: %v (pid %d)", e.Socket, ErrAlreadyRunning, e.PID)
+	}
+	return fmt.Sprintf("listen %s: %v", e.Socket, ErrAlreadyRunning)
+}
+
+func (e *AlreadyRunningError) Unwrap() error { return ErrAlreadyRunning }
+
+// answering dials path and returns the daemon found there, or nil and the dial's error
+// when nobody accepts.
+func answering(path string) (*AlreadyRunningError, error) {
+	c, err := net.DialTimeout("unixpacket", path, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	found := &AlreadyRunningError{Socket: path}
+	if rc, err := c.(*net.UnixConn).SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+				found.PID = int(cred.Pid)
+			}
+		})
+	}
+	return found, nil
+}
+
+// lockSocketDir makes daemons started at once take turns from the stale-socket check to
+// the listen: otherwise one could take the other's socket, bound but not yet listening,
+// for stale and remove it, leaving that daemon serving an unreachable socket. The lock is
+// a flock on the directory itself, not the clients' strapd.sock.lock, which an
+// autostarting client holds until this daemon accepts (PROTOCOL.md 1). Held only for
+// milliseconds; after 5 s without it Listen goes on unlocked, with a warning.
+func lockSocketDir(dir string, log *zap.Logger) (unlock func()) {
+	d, err := os.Open(dir)
+	if err != nil {
+		log.Warn("socket directory not locked while binding", zap.String("dir", dir), zap.Error(err))
+		return func() {}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		err = unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil || !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
+		log.Warn("socket directory not locked while binding", zap.String("dir", dir), zap.Error(err))
+	}
+	return func() { d.Close() }
 }
 
 // Socket is the socket path.

@@ -544,6 +544,57 @@ func TestListen(t *testing.T) {
 		if !errors.Is(err, ErrAlreadyRunning) {
 			t.Fatalf("err = %v", err)
 		}
+		live, ok := errors.AsType[*AlreadyRunningError](err)
+		if !ok || live.Socket != ts.sock || live.PID != os.Getpid() {
+			t.Fatalf("err = %#v, want the socket and this process's pid", err)
+		}
+	})
+	t.Run("daemons started at once: one listens, the others find it", func(t *testing.T) {
+		for round := range 20 {
+			dir, err := os.MkdirTemp("", "strapd-test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			sock := filepath.Join(dir, "sub", "s.sock")
+			if round%2 == 1 { // a stale socket left by a dead daemon, taken over by one of them
+				os.Mkdir(filepath.Dir(sock), 0o700)
+				ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: sock, Net: "unixpacket"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ln.SetUnlinkOnClose(false)
+				ln.Close()
+			}
+			const n = 8
+			servers := make([]*Server, n)
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				servers[i] = New(Config{Socket: sock}, nil)
+				wg.Go(func() { errs[i] = servers[i].Listen() })
+			}
+			wg.Wait()
+			var listening []*Server
+			for i, err := range errs {
+				if err == nil {
+					listening = append(listening, servers[i])
+					continue
+				}
+				if live, ok := errors.AsType[*AlreadyRunningError](err); !ok || live.PID != os.Getpid() {
+					t.Errorf("round %d: server %d: %v, want AlreadyRunningError naming this process", round, i, err)
+				}
+			}
+			if len(listening) != 1 {
+				t.Fatalf("round %d: %d servers listening, want 1", round, len(listening))
+			}
+			c, err := net.Dial("unixpacket", sock)
+			if err != nil {
+				t.Fatalf("round %d: the listening server does not answer: %v", round, err)
+			}
+			c.Close()
+			listening[0].ln.Close()
+			os.RemoveAll(dir)
+		}
 	})
 	t.Run("removes a stale socket", func(t *testing.T) {
 		dir, _ := os.MkdirTemp("", "strapd-test")
