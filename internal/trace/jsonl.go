@@ -48,7 +48,7 @@ func NewWriter(w io.Writer, opts WriterOptions) *Writer {
 // OpenFile opens (creating if needed) a trace file for appending, first truncating a torn
 // last line left by a crash. The returned Writer owns the file and closes it.
 func OpenFile(path string, opts WriterOptions) (*Writer, int64, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, 0, fmt.Errorf("open trace: %w", err)
 	}
