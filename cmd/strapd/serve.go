@@ -60,7 +60,8 @@ type serveConfig struct {
 	LogFile string
 	// Memory bounds what the daemon may hold.
 	Memory struct {
-		// Limit counts ring mappings plus compression buffers in flight.
+		// Limit counts ring mappings plus compression buffers in flight; its default is
+		// server.DefaultMemoryLimit (a quarter of the host's memory).
 		Limit byteSize
 	}
 	// Pipeline sizes the compression pool.
@@ -231,7 +232,7 @@ func toUint32(s []uint) []uint32 {
 
 func newServeCmd(logger func() *zap.Logger) *cobra.Command {
 	var cfg serveConfig
-	cfg.Memory.Limit = 4 << 30
+	cfg.Memory.Limit = byteSize(server.DefaultMemoryLimit())
 	cfg.Pipeline.MaxBlockSize = 16 << 20
 	cfg.Limits.MaxSessions = 64
 	cfg.Limits.MaxRingSize = 1 << 30
@@ -267,7 +268,7 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Socket, "socket", "", "control socket path (default: $STRAPD_SOCKET, /run/strapd/strapd.sock as root, else $XDG_RUNTIME_DIR/strapd/strapd.sock or /tmp/strapd-$UID/strapd.sock)")
-	f.Var(&cfg.Memory.Limit, "memory-limit", "memory for ring mappings plus compression buffers in flight (e.g. 512MiB, 4GiB)")
+	f.Var(&cfg.Memory.Limit, "memory-limit", "memory for ring mappings plus compression buffers in flight, e.g. 512MiB, 4GiB (default: a quarter of MemTotal, or of the cgroup's memory.max when lower; docs/DEPLOY.md)")
 	f.IntVar(&cfg.Pipeline.Workers, "workers", 0, "compression workers shared by all sessions (0: one per CPU)")
 	f.Var(&cfg.Pipeline.MaxBlockSize, "max-block-size", "largest compression block a client may ask for")
 	f.Float64Var(&cfg.Pipeline.CPUBudget, "cpu-budget", -1, "CPUs compression may use, all sessions together, e.g. 0.5; blocks beyond it are stored raw (negative: unlimited)")

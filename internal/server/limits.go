@@ -2,6 +2,10 @@ package server
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -146,4 +150,93 @@ func (r *requestLimiter) allow() error {
 		return nil
 	}
 	return perr(control.CodeLimit, "more than %g control messages per second on one connection (--max-request-rate)", r.rate)
+}
+
+// Default memory budget (serve --memory-limit unset): a quarter of the memory the daemon may
+// use. The budget counts the rings (the clients' own memfd pages, mapped here) and the
+// compression buffers in flight; three quarters stay for the models, their data and the
+// page cache the streams are written through. docs/DEPLOY.md gives the numbers.
+const (
+	// MemoryShareDivisor: the default budget is the usable memory divided by this.
+	MemoryShareDivisor = 4
+	// FallbackMemoryLimit is the default budget where the host's memory cannot be read.
+	FallbackMemoryLimit = 4 << 30
+	// MinDefaultMemoryLimit keeps the default budget of a very small host (or cgroup)
+	// able to open one session of the smallest default ring.
+	MinDefaultMemoryLimit = 64 << 20
+)
+
+// DefaultMemoryLimit is the daemon's memory budget when --memory-limit is not given: a
+// quarter of MemTotal (/proc/meminfo) or of the daemon's cgroup memory.max (v2, the
+// lowest along its path) when that is lower, rounded down to a MiB and at least
+// MinDefaultMemoryLimit; FallbackMemoryLimit when neither can be read.
+func DefaultMemoryLimit() int64 {
+	return memoryLimitFor(readMemTotal("/proc/meminfo"), readCgroupMemoryMax("/proc/self/cgroup", "/sys/fs/cgroup"))
+}
+
+// memoryLimitFor is DefaultMemoryLimit's rule for memTotal and cgroupMax bytes (0: unknown).
+func memoryLimitFor(memTotal, cgroupMax int64) int64 {
+	usable := memTotal
+	if cgroupMax > 0 && (usable <= 0 || cgroupMax < usable) {
+		usable = cgroupMax
+	}
+	if usable <= 0 {
+		return FallbackMemoryLimit
+	}
+	return max(usable/MemoryShareDivisor>>20<<20, MinDefaultMemoryLimit)
+}
+
+// readMemTotal is MemTotal from a /proc/meminfo file in bytes, 0 when it cannot be read.
+func readMemTotal(path string) int64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, "MemTotal:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) != 2 || f[1] != "kB" {
+			return 0
+		}
+		kb, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil || kb <= 0 || kb > 1<<53 {
+			return 0
+		}
+		return kb << 10
+	}
+	return 0
+}
+
+// readCgroupMemoryMax is the lowest memory.max (cgroup v2) on the path from the process's
+// cgroup (named in the selfCgroup file) up to the root under mount; 0 when there is none
+// ("max" everywhere, cgroup v1, or nothing readable).
+func readCgroupMemoryMax(selfCgroup, mount string) int64 {
+	b, err := os.ReadFile(selfCgroup)
+	if err != nil {
+		return 0
+	}
+	var dir string
+	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+		if p, ok := strings.CutPrefix(line, "0::"); ok {
+			dir = p
+		}
+	}
+	if dir == "" {
+		return 0
+	}
+	var lowest int64
+	for d := filepath.Clean("/" + dir); ; d = filepath.Dir(d) {
+		if v, err := os.ReadFile(filepath.Join(mount, d, "memory.max")); err == nil {
+			n, err := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
+			if err == nil && n > 0 && (lowest == 0 || n < lowest) {
+				lowest = n
+			}
+		}
+		if d == "/" {
+			return lowest
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -145,6 +146,9 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	}, ringFD, out)
 	if err != nil {
 		out.Close()
+		if be, ok := errors.AsType[*pipeline.BudgetError](err); ok {
+			return budgetRefusal(be, plan.FitRing(be.Free()))
+		}
 		return err
 	}
 	var res *resourceLog
@@ -191,6 +195,19 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	}
 	c.out.send(control.TypeOpened, opened)
 	return nil
+}
+
+// budgetRefusal is the memory_budget ERROR of an OPEN refused for want of budget: it says
+// how large a ring would have fitted (fits_ring_size: smaller than the refused ring, so
+// within --max-ring-size too), so that a client that chose its ring size itself can retry
+// with a smaller one.
+func budgetRefusal(be *pipeline.BudgetError, fits uint64) *control.Error {
+	room := "no ring fits now"
+	if fits > 0 {
+		room = fmt.Sprintf("a ring of at most %d bytes fits now", fits)
+	}
+	return &control.Error{Code: control.CodeMemoryBudget, Fatal: true, FitsRingSize: &fits,
+		Message: fmt.Sprintf("%v; %s (%s)", be, room, wireCodes[pipeline.KindMemoryBudget].flag)}
 }
 
 // sessionRequest is OPEN in the pipeline's terms, with the peer as the kernel reported it.

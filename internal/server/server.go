@@ -43,7 +43,8 @@ const goHeapSlack = 40 << 20
 type Config struct {
 	// Socket is the resolved control socket path.
 	Socket string
-	// MemoryLimit bounds ring mappings plus compression buffers in flight, in bytes.
+	// MemoryLimit bounds ring mappings plus compression buffers in flight, in bytes
+	// (0: DefaultMemoryLimit, a quarter of the host's memory).
 	MemoryLimit int64
 	// Workers sizes the compression pool (GOMAXPROCS when 0).
 	Workers int
@@ -123,7 +124,7 @@ func (s *Server) PoolIdle() (idle bool, rescued uint64) {
 // DefaultConfig returns safe defaults (socket path left empty).
 func DefaultConfig() Config {
 	return Config{
-		MemoryLimit:      4 << 30,
+		MemoryLimit:      DefaultMemoryLimit(),
 		MaxSessions:      64,
 		MaxRingSize:      1 << 30,
 		MaxBlockSize:     16 << 20,
