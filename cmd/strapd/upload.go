@@ -47,12 +47,44 @@ func addUploadFlags(f *pflag.FlagSet, c *uploadConfig) {
 	f.StringVar(&c.Client.Region, "s3-region", "", "region to sign requests for (default: AWS_REGION or the profile's, else us-east-1)")
 	f.StringVar(&c.Client.Profile, "s3-profile", "", "shared config/credentials profile (default: AWS_PROFILE or default)")
 	addSSEFlags(f, &c.Client)
+	addDeadlineFlags(f, &c.Client)
 	f.Var(&c.PartSize, "upload-part-size", "size of the first multipart parts (at least 5MiB; doubles every 1000 parts); the stream is made durable this often")
 	f.IntVar(&c.Concurrency, "upload-concurrency", 4, "parts of one upload sent at once")
 	f.BoolVar(&c.KeepLocal, "upload-keep-local", true, "keep the local files once their objects are complete and verified (false: delete them)")
 	f.BoolVar(&c.FreeLocal, "upload-free-local", false, "free each stream's uploaded bytes on the local disk while it is captured (holes punched behind the upload and the last-but-one checkpoint; implies --upload-keep-local=false; docs/DEPLOY.md 8 gives the bound)")
 	f.StringVar(&c.StateDir, "upload-state-dir", "", "directory of the upload state files (default: $STATE_DIRECTORY/uploads under systemd, else $XDG_STATE_HOME/strapd/uploads, else /var/lib/strapd/uploads as root, ~/.local/state/strapd/uploads otherwise)")
 }
+
+// addDeadlineFlags adds the deadline of every S3 call: a server that hangs is then a failed,
+// retried attempt (and status shows the upload stalled after --upload-timeout).
+func addDeadlineFlags(f *pflag.FlagSet, o *upload.ClientOptions) {
+	f.DurationVar(&o.Timeout, "upload-timeout", upload.DefaultTimeout, "deadline of an S3 call moving no bytes, added to every call's (an upload with no answer from the server for this long shows as stalled)")
+	var rate byteSize = upload.DefaultMinRate
+	o.MinRate = int64(rate)
+	f.Var(&minRate{&o.MinRate}, "upload-min-rate", "slowest transfer taken for a live one, per second: a part of N bytes must be sent within --upload-timeout + N / this")
+}
+
+// minRate binds --upload-min-rate (a byte size per second) to an int64.
+type minRate struct{ v *int64 }
+
+func (r *minRate) String() string {
+	if r.v == nil {
+		return ""
+	}
+	b := byteSize(*r.v)
+	return b.String()
+}
+
+func (r *minRate) Set(s string) error {
+	var b byteSize
+	if err := b.Set(s); err != nil {
+		return err
+	}
+	*r.v = int64(b)
+	return nil
+}
+
+func (r *minRate) Type() string { return "bytes" }
 
 // addSSEFlags adds the server-side encryption options of the objects strapd writes.
 func addSSEFlags(f *pflag.FlagSet, o *upload.ClientOptions) {
@@ -79,6 +111,9 @@ func (c *uploadConfig) validate() error {
 	}
 	if c.Concurrency < 1 || c.Concurrency > 64 {
 		return fmt.Errorf("--upload-concurrency %d: must be 1..64", c.Concurrency)
+	}
+	if c.Client.Timeout <= 0 || c.Client.MinRate <= 0 {
+		return fmt.Errorf("--upload-timeout %s and --upload-min-rate %d: must be positive", c.Client.Timeout, c.Client.MinRate)
 	}
 	return nil
 }
@@ -172,6 +207,12 @@ func newUploadCmd(logger func() *zap.Logger) *cobra.Command {
 				return err
 			}
 			log := logger()
+			if c.StateDir == "" && daemonStateOf(args[0], &c) {
+				// strapd serve left an unfinished upload of this file: this one goes on from
+				// its state, and removes it (and aborts what it orphaned) once complete.
+				c.StateDir = c.stateDir()
+				fmt.Fprintf(cmd.ErrOrStderr(), "strapd upload: continuing the upload strapd serve left in %s\n", c.StateDir)
+			}
 			if c.StateDir == "" {
 				c.StateDir, err = os.MkdirTemp("", "strapd-upload-")
 				if err != nil {
@@ -199,7 +240,7 @@ func newUploadCmd(logger func() *zap.Logger) *cobra.Command {
 				}
 			}
 			start := time.Now()
-			u, err := m.Begin(upload.Stream{File: f, Path: path, Target: target, UID: uint32(os.Getuid())})
+			u, err := m.Begin(upload.Stream{File: f, Path: path, Target: target, UID: uint32(os.Getuid()), Final: true})
 			if err != nil {
 				return err
 			}
@@ -249,6 +290,7 @@ func newUploadCmd(logger func() *zap.Logger) *cobra.Command {
 	f.StringVar(&c.Client.Region, "s3-region", "", "region to sign requests for")
 	f.StringVar(&c.Client.Profile, "s3-profile", "", "shared config/credentials profile")
 	addSSEFlags(f, &c.Client)
+	addDeadlineFlags(f, &c.Client)
 	c.PartSize = 16 << 20
 	f.Var(&c.PartSize, "upload-part-size", "size of the first multipart parts (at least 5MiB)")
 	f.IntVar(&c.Concurrency, "upload-concurrency", 4, "parts sent at once")
@@ -256,6 +298,17 @@ func newUploadCmd(logger func() *zap.Logger) *cobra.Command {
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	c.KeepLocal = true
 	return cmd
+}
+
+// daemonStateOf reports whether serve's default state directory (--upload-state-dir
+// unset) holds an upload state of the file at path.
+func daemonStateOf(path string, c *uploadConfig) bool {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return false
+	}
+	_, err = os.Stat(filepath.Join(c.stateDir(), upload.StateName(fi)))
+	return err == nil
 }
 
 // openStreamSource opens a stream for inspect/verify: a local path, or an s3:// object

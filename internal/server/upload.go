@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"go.uber.org/zap"
@@ -23,7 +25,8 @@ type Uploads struct {
 	Manager *upload.Manager
 	Err     error
 	// Default is serve --upload: where every session's stream goes unless OPEN names
-	// another target; nil: only sessions that name one upload.
+	// another target, under a component of the session's user (userSegment: users sharing
+	// the daemon never share a key); nil: only sessions that name one upload.
 	Default *upload.Target
 	// Endpoint is the S3 endpoint in use (status only).
 	Endpoint string
@@ -57,7 +60,7 @@ func (c *conn) beginUpload(req control.Open, outFD int, sideFDs []int, id uint64
 		}
 		target = t
 	case cfg.Default != nil:
-		target = *cfg.Default
+		target = cfg.Default.Sub(userSegment(c.cred.Uid))
 	case req.UploadFreeLocal:
 		return nil, perr(control.CodeBadMessage, "upload_free_local without an upload: name one with \"upload\" (this strapd has no serve --upload)")
 	default:
@@ -104,6 +107,28 @@ func (c *conn) beginUpload(req control.Open, outFD int, sideFDs []int, id uint64
 		su.sides = append(su.sides, upload.SideFile{File: f, Path: p})
 	}
 	return su, nil
+}
+
+// userSegment is the key component of a user under the daemon's target: the user's name
+// when the password database has one that is a plain key segment, else "uid-N".
+func userSegment(uid uint32) string {
+	if u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10)); err == nil && plainSegment(u.Username) {
+		return u.Username
+	}
+	return "uid-" + strconv.FormatUint(uint64(uid), 10)
+}
+
+// plainSegment: 1..64 of [A-Za-z0-9._-], not "." or ".." (and so never "uid-" of another).
+func plainSegment(s string) bool {
+	if s == "" || len(s) > 64 || s == "." || s == ".." || strings.HasPrefix(s, "uid-") {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // end hands the ended session's files to the upload. A session that did not end complete

@@ -99,7 +99,7 @@ func TestRootDaemonUploadsForOtherUser(t *testing.T) {
 	if !m.Wait(ctx) {
 		t.Fatalf("nobody's uploads not done: %+v", m.Status())
 	}
-	for key, file := range map[string]string{"fleet/nobody/own1.strap": "own1.strap", "fleet/own2.strap": "own2.strap"} {
+	for key, file := range map[string]string{"fleet/nobody/own1.strap": "own1.strap", "fleet/nobody/own2.strap": "own2.strap"} {
 		local, err := os.ReadFile(filepath.Join(ownDir, file))
 		if err != nil {
 			t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,7 +54,7 @@ func TestUploadThroughServer(t *testing.T) {
 	def := upload.Target{Bucket: "caps", Prefix: "fleet"}
 	ts := startServer(t, Config{Uploads: Uploads{Manager: m, Default: &def, Allowed: []upload.Target{def}}})
 	for _, tc := range []struct{ name, url, prefix string }{
-		{"daemon target", "", "fleet"},
+		{"daemon target", "", "fleet/" + userSegment(uint32(os.Getuid()))}, // a component per user
 		{"session target", "s3://caps/own/run", "own/run"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -190,4 +191,25 @@ func TestHelperUploadClient(t *testing.T) {
 	}
 	b, _ := json.Marshal(r)
 	os.Stdout.WriteString(helperResultLn + string(b) + "\n")
+}
+
+// The daemon's target gets a component per user: the name from the password database, or
+// uid-N for a uid without one (or with a name that is no plain key segment).
+func TestUserSegment(t *testing.T) {
+	for _, tc := range []struct {
+		uid  uint32
+		want string
+	}{
+		{0, "root"},
+		{3999999, "uid-3999999"},
+	} {
+		if got := userSegment(tc.uid); got != tc.want {
+			t.Errorf("userSegment(%d) = %q, want %q", tc.uid, got, tc.want)
+		}
+	}
+	for _, name := range []string{"", ".", "..", "uid-7", "a/b", "é", strings.Repeat("a", 65)} {
+		if plainSegment(name) {
+			t.Errorf("plainSegment(%q) = true", name)
+		}
+	}
 }

@@ -38,7 +38,19 @@ type ClientOptions struct {
 	// keys the client supplies, is not supported).
 	SSE         string
 	SSEKMSKeyID string
+	// Timeout and MinRate bound every S3 call: a call moving n bytes (a part, a side file,
+	// a part read back) must end within Timeout + n/MinRate, else it fails as unanswered
+	// and is retried like any failed attempt (a server that hangs instead of refusing).
+	// 0: DefaultTimeout and DefaultMinRate.
+	Timeout time.Duration
+	MinRate int64
 }
+
+// The defaults of ClientOptions.Timeout and MinRate: a 16 MiB part gets 46 s.
+const (
+	DefaultTimeout = 30 * time.Second
+	DefaultMinRate = 1 << 20
+)
 
 // Server-side encryption algorithms ClientOptions.SSE takes.
 const (
@@ -74,6 +86,9 @@ type Client struct {
 	http    *http.Client
 	// sse and kmsKey: ClientOptions.SSE and SSEKMSKeyID.
 	sse, kmsKey string
+	// floor and rate: ClientOptions.Timeout and MinRate (callTimeout).
+	floor time.Duration
+	rate  int64
 }
 
 // NewClient loads credentials and region the standard way and builds the client. It makes
@@ -81,6 +96,15 @@ type Client struct {
 func NewClient(ctx context.Context, o ClientOptions) (*Client, error) {
 	if err := o.CheckSSE(); err != nil {
 		return nil, err
+	}
+	if o.Timeout < 0 || o.MinRate < 0 {
+		return nil, fmt.Errorf("S3 call timeout %s and minimum rate %d: expected positive values", o.Timeout, o.MinRate)
+	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.MinRate == 0 {
+		o.MinRate = DefaultMinRate
 	}
 	var opts []func(*config.LoadOptions) error
 	if o.Profile != "" {
@@ -123,7 +147,8 @@ func NewClient(ctx context.Context, o ClientOptions) (*Client, error) {
 		so.RequestChecksumCalculation = aws.RequestChecksumCalculationWhenRequired
 		so.ResponseChecksumValidation = aws.ResponseChecksumValidationWhenRequired
 	})
-	return &Client{s3: c, presign: s3.NewPresignClient(c), http: hc, sse: o.SSE, kmsKey: o.SSEKMSKeyID}, nil
+	return &Client{s3: c, presign: s3.NewPresignClient(c), http: hc, sse: o.SSE, kmsKey: o.SSEKMSKeyID,
+		floor: o.Timeout, rate: o.MinRate}, nil
 }
 
 // SSE is the server-side encryption asked for every object written (ClientOptions.SSE).

@@ -270,7 +270,7 @@ func (u *Upload) freeBehind() {
 	st.FreedTo = to
 	// Recorded before the hole is punched: a crash between leaves a state that names a
 	// range perhaps not yet freed, never a freed range it does not name.
-	if err := st.save(u.m.o.StateDir); err != nil {
+	if err := u.save(); err != nil {
 		st.FreedFrom, st.FreedTo = oldFrom, oldTo
 		u.stopFreeing(fmt.Sprintf("record the freed range in the upload state: %v", err))
 		return
@@ -289,7 +289,7 @@ func (u *Upload) freeBehind() {
 		if unsupported || ended {
 			// Nothing was freed: the state goes back to what is true.
 			st.FreedFrom, st.FreedTo = oldFrom, oldTo
-			if serr := st.save(u.m.o.StateDir); serr != nil {
+			if serr := u.save(); serr != nil {
 				u.m.o.Log.Warn("record the upload state", zap.Error(serr))
 			}
 		}

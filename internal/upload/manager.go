@@ -141,10 +141,11 @@ func (m *Manager) ResumePending() error {
 				zap.String("path", st.Path))
 			continue
 		}
-		if st.FinalSize < 0 {
+		if st.FinalSize < 0 && !m.streamEnded(st, p) {
 			m.o.Log.Info("upload waits for its capture to resume", zap.String("object", ObjectURL(st.Bucket, st.Key)),
 				zap.String("path", st.Path), zap.Int("parts", len(st.Parts)))
-			m.setPending(st, StateWaiting, "strapd stopped while the capture was written: the upload goes on when the capture resumes (resume_from_checkpoint=True)")
+			m.setPending(st, StateWaiting, fmt.Sprintf("strapd stopped while the capture was written (the stream has no end yet): the upload goes on when the capture resumes on this strapd; to upload the file as it is: strapd upload %s %s",
+				st.Path, Target{Bucket: st.Bucket, Prefix: prefixOf(st.Key)}))
 			continue
 		}
 		f, err := openSame(st.Path, st.Dev, st.Ino)
@@ -168,6 +169,45 @@ func (m *Manager) ResumePending() error {
 		m.start(u) // from here on the state is the upload's goroutine's
 	}
 	return errors.Join(errs...)
+}
+
+// streamEnded reports whether the stream of a state that does not record its end has one
+// all the same (its footer: the session ended, and strapd stopped before it recorded that,
+// as a strapd before this one could): the end is recorded and the upload completes. Its
+// session's status is not known, so its local files are kept.
+func (m *Manager) streamEnded(st *State, path string) bool {
+	f, err := openSame(st.Path, st.Dev, st.Ino)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return false
+	}
+	r, err := stream.NewReader(f, fi.Size())
+	if err != nil {
+		return false
+	}
+	if _, err := r.Footer(); err != nil {
+		return false
+	}
+	if st.FreedTo > fi.Size() {
+		return false
+	}
+	st.FinalSize, st.KeepLocal = fi.Size(), true
+	k := 0
+	for k < len(st.Parts) && partStart(st.PartSize, st.Parts[k].Number)+st.Parts[k].Size <= st.FinalSize {
+		k++
+	}
+	st.Parts = st.Parts[:k]
+	if err := st.save(m.o.StateDir); err != nil {
+		m.o.Log.Warn("record the end of a finished stream in its upload state", zap.String("state", path), zap.Error(err))
+		return false
+	}
+	m.o.Log.Info("the stream's end was not recorded for its upload, but the stream has ended: the upload completes",
+		zap.String("object", ObjectURL(st.Bucket, st.Key)), zap.String("path", st.Path))
+	return true
 }
 
 // setPending shows an upload of the state directory that no goroutine runs.
@@ -221,6 +261,10 @@ type Stream struct {
 	// is freed).
 	FreeLocal bool
 	Punch     *os.File
+	// Final: the file is finished and will not change (strapd upload). An upload of it
+	// left unfinished in the state directory (by strapd serve, or an interrupted strapd
+	// upload) to the same object goes on from its state rather than anew.
+	Final bool
 }
 
 // Begin starts (or, for a resumed capture of the same file, continues) the upload of a
@@ -246,6 +290,13 @@ func (m *Manager) Begin(s Stream) (*Upload, error) {
 	st, err := loadState(filepath.Join(m.o.StateDir, name))
 	var journal *stream.Journal
 	switch {
+	case err == nil && s.Final && st.FinalSize >= 0 && st.FinalSize == fst.Size && st.Completed == "" && st.Bucket == s.Target.Bucket && st.Key == key:
+		// Its state goes on: the parts acknowledged are kept (compared with the server's
+		// list), the state file is removed and orphans aborted once the object is complete.
+		// The side files are named again by this caller (opened, and read by index).
+		st.Sides = nil
+		m.o.Log.Info("upload continues from the state left by an earlier upload of the file", zap.String("object", ObjectURL(st.Bucket, st.Key)),
+			zap.Int("parts", len(st.Parts)))
 	case err == nil && s.AppendAt > 0 && st.FreedTo > 0 && (st.Bucket != s.Target.Bucket || st.Key != key):
 		return nil, fmt.Errorf("bytes [%d, %d) of %s were freed on the local disk after their upload to %s: the resumed capture must upload to the same object (the freed bytes are only there)",
 			st.FreedFrom, st.FreedTo, s.Path, ObjectURL(st.Bucket, st.Key))
@@ -312,11 +363,27 @@ func (m *Manager) Begin(s Stream) (*Upload, error) {
 	if err := checkKey(key); err != nil {
 		return nil, fmt.Errorf("object key: %w", err)
 	}
-	if err := st.save(m.o.StateDir); err != nil {
+	u := m.newUpload(st, s.File, s.Session)
+	if st.UploadID == "" && st.Source == nil {
+		if err := u.precheck(fst.Size, s.AppendAt > 0 || s.Final); err != nil {
+			u.cancel()
+			// The file's earlier upload, if any, was aborted above: its state is dead too.
+			if rerr := os.Remove(m.statePath(st)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+				m.o.Log.Warn("remove upload state", zap.Error(rerr))
+			}
+			return nil, err
+		}
+	}
+	b, err := st.write(m.o.StateDir)
+	if err != nil {
+		u.cancel()
 		return nil, err
 	}
-	u := m.newUpload(st, s.File, s.Session)
+	u.saved = b
 	u.reconcile = len(st.Parts) > 0
+	if s.Final && st.FinalSize >= 0 {
+		u.durable.Store(st.FinalSize)
+	}
 	if u.freeLocal = m.o.FreeLocal || s.FreeLocal; u.freeLocal {
 		// A freed stream is no whole copy to keep: the object is.
 		st.KeepLocal = false
@@ -329,6 +396,35 @@ func (m *Manager) Begin(s Stream) (*Upload, error) {
 	}
 	m.start(u)
 	return u, nil
+}
+
+// beginProbeTimeout bounds Begin's check of the key: an OPEN waits for it.
+const beginProbeTimeout = 3 * time.Second
+
+// precheck asks, as the upload begins, what its key holds: another capture's object
+// refuses the upload at once (ErrKeyTaken; a new capture's header is not written yet, so
+// any object is another capture's, while a resumed or finished file is named by its own).
+// A check that fails (refused credentials, a missing bucket, no answer in time) is the
+// upload's first error, shown in status at once; the upload itself checks again before
+// it writes anything.
+func (u *Upload) precheck(size int64, named bool) error {
+	st := u.st
+	if named {
+		if id, err := captureID(u.f, size); err == nil {
+			st.Capture = id
+		}
+	}
+	o, err := u.m.o.Client.probe(u.ctx, st.Bucket, st.Key, min(u.m.o.Client.callTimeout(0), beginProbeTimeout))
+	switch {
+	case err != nil:
+		u.m.errs.Add(1)
+		msg := trimErr(Describe(err))
+		u.setStatus(func(s *Status) { s.Errors++; s.LastError = msg; s.State = StateRetrying })
+		u.m.o.Log.Warn("upload: the object key cannot be checked yet; the upload retries", zap.String("object", u.object()), zap.String("error", msg))
+	case o != nil && (st.Capture == "" || o.Capture != st.Capture):
+		return taken(st.Bucket, st.Key, o)
+	}
+	return nil
 }
 
 func (m *Manager) abortQuietly(st *State) {
@@ -370,7 +466,12 @@ func (m *Manager) Status() []Status {
 	}
 	ended := append([]Status(nil), m.ended...)
 	out := make([]Status, 0, len(act)+len(m.pending)+len(ended))
-	for _, s := range m.pending {
+	for name, s := range m.pending {
+		if _, err := os.Stat(filepath.Join(m.o.StateDir, name)); errors.Is(err, os.ErrNotExist) {
+			// Finished by another process (strapd upload of the file, with this state).
+			delete(m.pending, name)
+			continue
+		}
 		out = append(out, s)
 	}
 	m.mu.Unlock()

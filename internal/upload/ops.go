@@ -84,7 +84,9 @@ func wholeCRC(parts []Part) (string, error) {
 }
 
 // rangeCRC is the CRC32C of an object's bytes [off, off+n), read with one ranged GET.
-func (c *Client) rangeCRC(ctx context.Context, bucket, key string, off, n int64, buf []byte) (uint32, error) {
+func (c *Client) rangeCRC(ctx context.Context, bucket, key string, off, n int64, buf []byte) (_ uint32, err error) {
+	ctx, end := c.call(ctx, "read back "+ObjectURL(bucket, key), n)
+	defer end(&err)
 	out, err := c.s3.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key),
 		Range: aws.String(fmt.Sprintf("bytes=%d-%d", off, off+n-1))})
 	if err != nil {
@@ -110,10 +112,15 @@ func (c *Client) rangeCRC(ctx context.Context, bucket, key string, off, n int64,
 	return crc, nil
 }
 
-func (c *Client) create(ctx context.Context, bucket, key string) (string, error) {
+func (c *Client) create(ctx context.Context, bucket, key, capture string) (_ string, err error) {
+	ctx, end := c.call(ctx, "CreateMultipartUpload", 0)
+	defer end(&err)
 	in := &s3.CreateMultipartUploadInput{
 		Bucket: aws.String(bucket), Key: aws.String(key), ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
 		ContentType: aws.String("application/octet-stream")}
+	if capture != "" {
+		in.Metadata = map[string]string{captureMeta: capture}
+	}
 	if c.sse != "" {
 		in.ServerSideEncryption = types.ServerSideEncryption(c.sse)
 		if c.kmsKey != "" {
@@ -149,7 +156,9 @@ func (c *Client) confirmSSE(got types.ServerSideEncryption) error {
 	return fmt.Errorf("%w %s: its answer names %s", ErrSSENotConfirmed, c.sse, got)
 }
 
-func (c *Client) uploadPart(ctx context.Context, bucket, key, id string, n int32, f *os.File, off, size int64, crc string) (string, error) {
+func (c *Client) uploadPart(ctx context.Context, bucket, key, id string, n int32, f *os.File, off, size int64, crc string) (_ string, err error) {
+	ctx, end := c.call(ctx, fmt.Sprintf("UploadPart %d", n), size)
+	defer end(&err)
 	if sendfileEnabled {
 		if etag, handled, err := c.uploadPartSendfile(ctx, bucket, key, id, n, f, off, size, crc); handled {
 			return etag, err
@@ -171,7 +180,9 @@ func (c *Client) uploadPart(ctx context.Context, bucket, key, id string, n int32
 }
 
 // listParts is every part the server holds for an upload, by number.
-func (c *Client) listParts(ctx context.Context, bucket, key, id string) (map[int32]types.Part, error) {
+func (c *Client) listParts(ctx context.Context, bucket, key, id string) (_ map[int32]types.Part, err error) {
+	ctx, end := c.call(ctx, "ListParts", 0)
+	defer end(&err)
 	parts := map[int32]types.Part{}
 	p := s3.NewListPartsPaginator(c.s3, &s3.ListPartsInput{Bucket: aws.String(bucket), Key: aws.String(key), UploadId: aws.String(id)})
 	for p.HasMorePages() {
@@ -188,24 +199,33 @@ func (c *Client) listParts(ctx context.Context, bucket, key, id string) (map[int
 	return parts, nil
 }
 
-func (c *Client) complete(ctx context.Context, bucket, key, id string, parts []Part) error {
+func (c *Client) complete(ctx context.Context, bucket, key, id string, parts []Part, cond Condition) (err error) {
+	// Servers assemble the object before they answer (AWS: "could take several minutes").
+	ctx, end := c.callWithin(ctx, "CompleteMultipartUpload", 10*c.floor, 0)
+	defer end(&err)
 	cp := make([]types.CompletedPart, len(parts))
 	for i, p := range parts {
 		cp[i] = types.CompletedPart{PartNumber: aws.Int32(p.Number), ETag: aws.String(p.ETag), ChecksumCRC32C: aws.String(p.CRC32C)}
 	}
-	_, err := c.s3.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{
+	in := &s3.CompleteMultipartUploadInput{
 		Bucket: aws.String(bucket), Key: aws.String(key), UploadId: aws.String(id),
-		MultipartUpload: &types.CompletedMultipartUpload{Parts: cp}})
+		MultipartUpload: &types.CompletedMultipartUpload{Parts: cp}}
+	cond.apply(&in.IfNoneMatch, &in.IfMatch)
+	_, err = c.s3.CompleteMultipartUpload(ctx, in)
 	return err
 }
 
-func (c *Client) abort(ctx context.Context, bucket, key, id string) error {
-	_, err := c.s3.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{Bucket: aws.String(bucket), Key: aws.String(key), UploadId: aws.String(id)})
+func (c *Client) abort(ctx context.Context, bucket, key, id string) (err error) {
+	ctx, end := c.call(ctx, "AbortMultipartUpload", 0)
+	defer end(&err)
+	_, err = c.s3.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{Bucket: aws.String(bucket), Key: aws.String(key), UploadId: aws.String(id)})
 	return err
 }
 
 // head is an object's size, ETag and, when the server keeps one, its CRC32C as S3 reports it.
 func (c *Client) head(ctx context.Context, bucket, key string) (size int64, crc, etag string, err error) {
+	ctx, end := c.call(ctx, "HeadObject", 0)
+	defer end(&err)
 	out, err := c.s3.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(bucket), Key: aws.String(key), ChecksumMode: types.ChecksumModeEnabled})
 	if err != nil {
 		return 0, "", "", err
@@ -217,6 +237,8 @@ func (c *Client) head(ctx context.Context, bucket, key string) (size int64, crc,
 // are while it still has ETag ifMatch (UploadPartCopy); it returns the new part's ETag and
 // the CRC32C the server reports for it ("" when none).
 func (c *Client) copyPart(ctx context.Context, bucket, key, id string, n int32, ifMatch string, off, size int64) (etag, crc string, err error) {
+	ctx, end := c.call(ctx, fmt.Sprintf("UploadPartCopy %d", n), size)
+	defer end(&err)
 	out, err := c.s3.UploadPartCopy(ctx, &s3.UploadPartCopyInput{Bucket: aws.String(bucket), Key: aws.String(key),
 		UploadId: aws.String(id), PartNumber: aws.Int32(n), CopySource: aws.String(copySource(bucket, key)),
 		CopySourceIfMatch: aws.String(ifMatch), CopySourceRange: aws.String(fmt.Sprintf("bytes=%d-%d", off, off+size-1))})
@@ -242,7 +264,10 @@ func copySource(bucket, key string) string {
 // off+size), read through strapd (a ranged GET while the object still has ETag ifMatch,
 // its body streamed into a presigned UploadPart): the server checks them against crc, the
 // CRC32C the part had when first sent.
-func (c *Client) uploadPartFromObject(ctx context.Context, bucket, key, id string, n int32, ifMatch string, off, size int64, crc string) (string, error) {
+func (c *Client) uploadPartFromObject(ctx context.Context, bucket, key, id string, n int32, ifMatch string, off, size int64, crc string) (_ string, err error) {
+	// Read and sent again: twice the bytes.
+	ctx, end := c.call(ctx, fmt.Sprintf("part %d from the earlier object", n), 2*size)
+	defer end(&err)
 	out, err := c.s3.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key), IfMatch: aws.String(ifMatch),
 		Range: aws.String(fmt.Sprintf("bytes=%d-%d", off, off+size-1))})
 	if err != nil {
@@ -256,7 +281,9 @@ func (c *Client) uploadPartFromObject(ctx context.Context, bucket, key, id strin
 }
 
 // putFile uploads a whole small file as one object, with its CRC32C checked by the server.
-func (c *Client) putFile(ctx context.Context, bucket, key string, f *os.File, size int64, crc string) error {
+func (c *Client) putFile(ctx context.Context, bucket, key string, f *os.File, size int64, crc string) (err error) {
+	ctx, end := c.call(ctx, "PutObject "+ObjectURL(bucket, key), size)
+	defer end(&err)
 	in := &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(key),
 		Body: io.NewSectionReader(f, 0, size), ContentLength: aws.Int64(size), ChecksumCRC32C: aws.String(crc)}
 	if c.sse != "" {
@@ -281,8 +308,10 @@ func (c *Client) putFile(ctx context.Context, bucket, key string, f *os.File, si
 
 // deleteObject deletes one object (S3 answers a missing one as deleted; some servers with
 // NoSuchKey, which the caller treats as done).
-func (c *Client) deleteObject(ctx context.Context, bucket, key string) error {
-	_, err := c.s3.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)})
+func (c *Client) deleteObject(ctx context.Context, bucket, key string) (err error) {
+	ctx, end := c.call(ctx, "DeleteObject", 0)
+	defer end(&err)
+	_, err = c.s3.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)})
 	return err
 }
 

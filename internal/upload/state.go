@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -100,6 +101,15 @@ type State struct {
 	Source *Source `json:"source,omitempty"`
 	// Copy are the Source parts still to re-create, numbered on from Parts.
 	Copy []Part `json:"copy,omitempty"`
+	// Capture is the capture's identity (captureID: a hash of the stream's header, the same
+	// for every session of one capture), also the object's x-amz-meta-strap-capture: an
+	// object at the key is overwritten only when it holds the same capture.
+	Capture string `json:"capture,omitempty"`
+	// Sweep: a CreateMultipartUpload was sent whose answer was never recorded (a server
+	// that did not answer in time, strapd killed): the server may hold a multipart upload
+	// of the key that nobody will complete; the upload aborts the key's others once its
+	// object is complete.
+	Sweep bool `json:"sweep,omitempty"`
 }
 
 // Source is an object completed from an earlier session of the stream (State.Source).
@@ -302,6 +312,9 @@ func (s *State) check() error {
 			return err
 		}
 	}
+	if len(s.Capture) > 64 || strings.Trim(s.Capture, "0123456789abcdef") != "" {
+		return fmt.Errorf("capture %q: expected at most 64 lowercase hex digits", s.Capture)
+	}
 	if len(s.Stale) > 16 {
 		return fmt.Errorf("%d stale keys, at most 16", len(s.Stale))
 	}
@@ -337,19 +350,39 @@ func checkKey(k string) error {
 	return nil
 }
 
+// StateName is the name of the state file of an upload of the file fi describes.
+func StateName(fi os.FileInfo) string {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return ""
+	}
+	return stateName(uint64(st.Dev), st.Ino)
+}
+
 // stateName is the state file's name for a stream file's device and inode.
 func stateName(dev, ino uint64) string { return fmt.Sprintf("upload-%d-%d.json", dev, ino) }
 
 // save writes the state atomically: a temporary file, fsync, rename, fsync of the directory.
 func (s *State) save(dir string) error {
+	_, err := s.write(dir)
+	return err
+}
+
+// write is save, returning the bytes written.
+func (s *State) write(dir string) ([]byte, error) {
 	b, err := json.Marshal(s)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	return b, writeState(dir, stateName(s.Dev, s.Ino), b)
+}
+
+// writeState writes a state file's bytes atomically under name.
+func writeState(dir, name string, b []byte) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("upload state directory: %w", err)
 	}
-	final := filepath.Join(dir, stateName(s.Dev, s.Ino))
+	final := filepath.Join(dir, name)
 	tmp := final + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {

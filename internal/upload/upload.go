@@ -2,6 +2,7 @@ package upload
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -33,6 +34,13 @@ const (
 	// StateLost: bytes the local disk no longer holds (freed) are missing on the server;
 	// the object cannot be completed (Status.Lost names them).
 	StateLost = "lost"
+	// StateStalled: the server has not answered the upload's requests for longer than
+	// the calls' floor (ClientOptions.Timeout): a server that hangs; the calls time out
+	// and are retried (LastError names the last).
+	StateStalled = "stalled"
+	// StateRefused: the object key holds another capture's object, which strapd does not
+	// overwrite (ErrKeyTaken); nothing was written, the local files are kept.
+	StateRefused = "refused"
 )
 
 // Status is one upload as `strapd status` and /metrics show it; control.UploadStatus, its
@@ -135,12 +143,26 @@ type Upload struct {
 	// share it); copyTried: one was tried.
 	noCopy    atomic.Bool
 	copyTried bool
+
+	// track says since when the upload waits for an answer from the server (stalled).
+	track *tracker
+	// saveMu orders the state file's writes: the goroutine's (save) and Finish's, which
+	// records the stream's end at once from saved, the last bytes written.
+	saveMu sync.Mutex
+	saved  []byte
+	// finSides are the side files' records, made by Finish with sidesReq.
+	finSides []Side
+	// overwrite: this upload completed the object at its key, which then did not verify
+	// (replaced, damaged): it is sent anew over whatever the key holds, without the check
+	// that keeps other captures' objects (claim).
+	overwrite bool
 }
 
 func (m *Manager) newUpload(st *State, f *os.File, session uint64) *Upload {
 	u := &Upload{m: m, st: st, f: f, session: session, wake: make(chan struct{}, 1), finishSig: make(chan struct{}, 1),
-		finalReq: -1, finishedC: make(chan struct{})}
-	u.ctx, u.cancel = context.WithCancel(m.ctx)
+		finalReq: -1, finishedC: make(chan struct{}), track: &tracker{}}
+	u.saved, _ = json.Marshal(st)
+	u.ctx, u.cancel = context.WithCancel(withTracker(m.ctx, u.track))
 	u.status = st.status(StateUploading)
 	u.status.Session = session
 	u.wakeUp()
@@ -193,12 +215,34 @@ func (u *Upload) Finish(sides []SideFile) error {
 	if serr != nil {
 		err = errors.Join(err, serr)
 	}
+	var recs []Side
+	var files []SideFile
+	for _, sd := range sides {
+		var fst unix.Stat_t
+		if err := unix.Fstat(int(sd.File.Fd()), &fst); err != nil {
+			sd.File.Close()
+			continue
+		}
+		files = append(files, sd)
+		recs = append(recs, Side{Path: sd.Path, Key: Target{Bucket: u.st.Bucket, Prefix: prefixOf(u.st.Key)}.Key(sd.Path),
+			Dev: uint64(fst.Dev), Ino: fst.Ino})
+	}
+	// The end of the stream goes into the state file now, whatever the upload is doing (a
+	// part blocked on a server that hangs): a strapd killed from here on completes the
+	// upload after its restart.
+	u.saveMu.Lock()
 	u.mu.Lock()
 	if serr == nil {
 		u.finalReq = fi.Size()
 	}
-	u.sidesReq = sides
+	u.sidesReq, u.finSides = files, recs
 	u.mu.Unlock()
+	if serr == nil {
+		if werr := u.recordFinish(); werr != nil {
+			err = errors.Join(err, werr)
+		}
+	}
+	u.saveMu.Unlock()
 	if serr == nil {
 		u.Durable(fi.Size())
 	}
@@ -211,6 +255,82 @@ func (u *Upload) Finish(sides []SideFile) error {
 		return fmt.Errorf("finish upload of %s: %w", u.st.Path, err)
 	}
 	return nil
+}
+
+// recordFinish writes the last state written with Finish's request applied (u.saveMu held).
+func (u *Upload) recordFinish() error {
+	st, err := ParseState(u.saved)
+	if err != nil || st.FinalSize >= 0 {
+		return err // ended already (a state found at a restart, strapd upload)
+	}
+	if !u.applyFinish(st) {
+		return nil // the goroutine reports why (takeFinish)
+	}
+	b, err := st.write(u.m.o.StateDir)
+	if err == nil {
+		u.saved = b
+	}
+	return err
+}
+
+// applyFinish applies Finish's request to st, as takeFinish does; false when it cannot
+// (a part past the end holds freed bytes: the upload goroutine reports them lost).
+func (u *Upload) applyFinish(st *State) bool {
+	u.mu.Lock()
+	final, recs, stale, keep := u.finalReq, u.finSides, u.staleReq, u.keepReq
+	u.mu.Unlock()
+	if final < 0 {
+		return false
+	}
+	for _, p := range st.Parts {
+		if partStart(st.PartSize, p.Number)+p.Size > final && partStart(st.PartSize, p.Number) < st.FreedTo {
+			return false
+		}
+	}
+	st.FinalSize = final
+	st.KeepLocal = st.KeepLocal || keep
+	// Full parts past the final size (bytes cut back after a failed write) go again as
+	// the last part.
+	k := 0
+	for k < len(st.Parts) && partStart(st.PartSize, st.Parts[k].Number)+st.Parts[k].Size <= final {
+		k++
+	}
+	st.Parts = st.Parts[:k]
+	st.dropCompletion()
+	st.addSides(recs)
+	for _, name := range stale {
+		st.Stale = append(st.Stale, Target{Bucket: st.Bucket, Prefix: prefixOf(st.Key)}.Key(name))
+	}
+	return true
+}
+
+// save writes the upload's state file (the goroutine's state); while Finish's request is
+// not taken yet, with it applied, so that no write loses the stream's end.
+func (u *Upload) save() error {
+	u.saveMu.Lock()
+	defer u.saveMu.Unlock()
+	w := u.st
+	u.mu.Lock()
+	pending := u.finalReq >= 0
+	u.mu.Unlock()
+	if pending && u.st.FinalSize < 0 {
+		b, err := json.Marshal(u.st)
+		if err != nil {
+			return err
+		}
+		var c State
+		if err := json.Unmarshal(b, &c); err != nil {
+			return err
+		}
+		if u.applyFinish(&c) {
+			w = &c
+		}
+	}
+	b, err := w.write(u.m.o.StateDir)
+	if err == nil {
+		u.saved = b
+	}
+	return err
 }
 
 // CRCSource is the CRC32C of a stream file's bytes [0, off) where the writer knows it
@@ -306,6 +426,16 @@ func (u *Upload) Status() Status {
 	if s.LagBytes = s.DurableBytes - s.UploadedBytes; s.LagBytes < 0 {
 		s.LagBytes = 0
 	}
+	if s.State == StateUploading || s.State == StateRetrying {
+		if d := u.track.waitingFor(); d > u.m.o.Client.StallAfter() {
+			s.State = StateStalled
+			why := fmt.Sprintf("stalled: no answer from the server for %ds", int(d.Seconds()))
+			if s.LastError != "" {
+				why += "; last error: " + s.LastError
+			}
+			s.LastError = why
+		}
+	}
 	return s
 }
 
@@ -343,6 +473,10 @@ func (u *Upload) run() {
 		case <-u.wake:
 		}
 		done, err := u.step(ctx)
+		if errors.Is(err, ErrKeyTaken) {
+			u.refuse(err, log)
+			return
+		}
 		var lost *LostError
 		if errors.As(err, &lost) {
 			u.m.errs.Add(1)
@@ -381,6 +515,32 @@ func (u *Upload) run() {
 		}
 		u.wakeUp()
 	}
+}
+
+// refuse ends an upload whose key holds another capture's object: its multipart upload
+// (if it made one) is aborted, its state file and journal removed; the local files stay.
+func (u *Upload) refuse(err error, log *zap.Logger) {
+	st := u.st
+	u.m.errs.Add(1)
+	msg := trimErr(err.Error())
+	if st.UploadID != "" {
+		ctx, cancel := context.WithTimeout(u.ctx, u.m.o.Client.callTimeout(0))
+		if aerr := u.m.o.Client.abort(ctx, st.Bucket, st.Key, st.UploadID); aerr != nil && !notFound(aerr) {
+			log.Warn("abort the refused upload's multipart upload", zap.Error(aerr))
+		}
+		cancel()
+	}
+	for _, p := range []string{u.m.statePath(st), u.m.journalPath(st)} {
+		if rerr := os.Remove(p); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			log.Warn("remove the refused upload's state", zap.Error(rerr))
+		}
+	}
+	u.mu.Lock()
+	u.status.State, u.status.LastError = StateRefused, msg
+	u.status.Errors++
+	u.done = true
+	u.mu.Unlock()
+	log.Error("upload refused: the key holds another capture's object; the local files are kept", zap.String("error", msg))
 }
 
 // sleep waits out a backoff; a Finish meanwhile is written into the state file at once
@@ -469,7 +629,7 @@ func (u *Upload) step(ctx context.Context) (bool, error) {
 		}
 		if ok > 0 {
 			st.Parts = append(st.Parts, batch[:ok]...)
-			if err := st.save(u.m.o.StateDir); err != nil {
+			if err := u.save(); err != nil {
 				return false, err
 			}
 			up := st.uploaded()
@@ -497,12 +657,12 @@ func (u *Upload) step(ctx context.Context) (bool, error) {
 // takeFinish moves Finish's request into the state (and the state file).
 func (u *Upload) takeFinish() error {
 	u.mu.Lock()
-	final, sides, stale, keepLocal := u.finalReq, u.sidesReq, u.staleReq, u.keepReq
+	final, sides, recs, stale, keepLocal := u.finalReq, u.sidesReq, u.finSides, u.staleReq, u.keepReq
 	if final < 0 {
 		u.mu.Unlock()
 		return nil
 	}
-	u.finalReq, u.sidesReq, u.staleReq = -1, nil, nil
+	u.finalReq, u.sidesReq, u.finSides, u.staleReq = -1, nil, nil, nil
 	u.mu.Unlock()
 	st := u.st
 	// Full parts past the final size go again: none of them may hold a freed byte.
@@ -510,7 +670,7 @@ func (u *Upload) takeFinish() error {
 		if e := partStart(st.PartSize, p.Number) + p.Size; e > final {
 			if err := u.lost(partStart(st.PartSize, p.Number), fmt.Sprintf("part %d ends past the stream's final size %d", p.Number, final)); err != nil {
 				u.mu.Lock()
-				u.finalReq, u.sidesReq, u.staleReq = final, sides, stale // the next step meets it again
+				u.finalReq, u.sidesReq, u.finSides, u.staleReq = final, sides, recs, stale // the next step meets it again
 				u.mu.Unlock()
 				return err
 			}
@@ -528,20 +688,30 @@ func (u *Upload) takeFinish() error {
 	st.Parts = st.Parts[:keep]
 	st.dropCompletion()
 	for _, sd := range sides {
-		var fst unix.Stat_t
-		if err := unix.Fstat(int(sd.File.Fd()), &fst); err != nil {
-			sd.File.Close()
-			continue
-		}
 		u.sides = append(u.sides, sd.File)
-		st.Sides = append(st.Sides, Side{Path: sd.Path, Key: Target{Bucket: st.Bucket, Prefix: prefixOf(st.Key)}.Key(sd.Path),
-			Dev: uint64(fst.Dev), Ino: fst.Ino})
 	}
+	st.addSides(recs)
 	for _, name := range stale {
 		st.Stale = append(st.Stale, Target{Bucket: st.Bucket, Prefix: prefixOf(st.Key)}.Key(name))
 	}
 	u.setStatus(func(s *Status) { s.FinalSize = final })
-	return st.save(u.m.o.StateDir)
+	return u.save()
+}
+
+// addSides records side files, each replacing one recorded under the same key (strapd
+// upload continuing a capture's upload names the files beside the stream again).
+func (s *State) addSides(recs []Side) {
+	for _, r := range recs {
+		i := 0
+		for i < len(s.Sides) && s.Sides[i].Key != r.Key {
+			i++
+		}
+		if i < len(s.Sides) {
+			s.Sides[i] = r
+		} else {
+			s.Sides = append(s.Sides, r)
+		}
+	}
 }
 
 // prefixOf is the key's prefix (its directory in key terms).
@@ -553,15 +723,42 @@ func prefixOf(key string) string {
 }
 
 func (u *Upload) ensureUploadID(ctx context.Context) error {
-	if u.st.UploadID != "" {
+	st := u.st
+	if st.UploadID != "" {
 		return nil
 	}
-	id, err := u.m.o.Client.create(ctx, u.st.Bucket, u.st.Key)
+	avail := u.durable.Load()
+	if st.FinalSize >= 0 {
+		avail = st.FinalSize
+	}
+	if err := u.knowCapture(avail); err != nil {
+		return fmt.Errorf("name the capture of %s: %w", st.Path, err)
+	}
+	// Nothing is sent to a key that holds another capture's object. A resumed, freed
+	// capture's key holds its earlier object, named by its ETag (Source): one replaced
+	// since makes the freed bytes lost (copyPart), not the key taken.
+	if !u.overwrite && st.Source == nil {
+		if _, err := u.claim(ctx); err != nil {
+			return err
+		}
+	}
+	// Recorded before it is sent: a request the server carries out without strapd
+	// hearing the answer leaves a multipart upload nobody completes (sweep).
+	prev := st.Sweep
+	st.Sweep = true
+	if err := u.save(); err != nil {
+		st.Sweep = prev
+		return err
+	}
+	id, err := u.m.o.Client.create(ctx, st.Bucket, st.Key, st.Capture)
 	if err != nil {
+		if answered(err) {
+			st.Sweep = prev
+		}
 		return fmt.Errorf("create multipart upload %s: %w", u.object(), err)
 	}
-	u.st.UploadID = id
-	return u.st.save(u.m.o.StateDir)
+	st.UploadID, st.Sweep = id, prev
+	return u.save()
 }
 
 // sendPart sends the part's bytes with their CRC32C, from the writer's record or read back
@@ -606,7 +803,7 @@ func (u *Upload) sendPart(ctx context.Context, p *Part, buf []byte) error {
 func (u *Upload) copyFromSource(ctx context.Context) error {
 	st, src := u.st, u.st.Source
 	if src.ETag == "" {
-		err := u.m.o.Client.complete(ctx, st.Bucket, st.Key, src.UploadID, src.Parts)
+		err := u.m.o.Client.complete(ctx, st.Bucket, st.Key, src.UploadID, src.Parts, Condition{})
 		if err != nil && !notFound(err) {
 			return fmt.Errorf("complete the object of the capture's earlier session %s: %w", u.object(), err)
 		}
@@ -620,7 +817,7 @@ func (u *Upload) copyFromSource(ctx context.Context) error {
 			return verr
 		}
 		src.ETag = etag
-		if err := st.save(u.m.o.StateDir); err != nil {
+		if err := u.save(); err != nil {
 			return err
 		}
 	}
@@ -663,7 +860,7 @@ func (u *Upload) copyFromSource(ctx context.Context) error {
 			st.Copy = nil
 		}
 		if ok > 0 {
-			if err := st.save(u.m.o.StateDir); err != nil {
+			if err := u.save(); err != nil {
 				return err
 			}
 			up := st.uploaded()
@@ -751,7 +948,7 @@ func (u *Upload) reconcileParts(ctx context.Context) error {
 			}
 		}
 		st.dropCompletion()
-		return st.save(u.m.o.StateDir)
+		return u.save()
 	}
 	if notFound(err) {
 		why := "the server no longer knows the multipart upload"
@@ -774,6 +971,7 @@ func (u *Upload) reconcileParts(ctx context.Context) error {
 				return verr // the request failed: nothing is known, the next attempt asks again
 			}
 			why += ", and " + Describe(verr)
+			u.overwrite = st.Completing // completed by this upload before strapd stopped
 		}
 		if lerr := u.lost(0, why); lerr != nil {
 			return lerr
@@ -782,7 +980,7 @@ func (u *Upload) reconcileParts(ctx context.Context) error {
 			zap.String("why", why))
 		st.UploadID, st.Parts = "", nil
 		st.dropCompletion()
-		return st.save(u.m.o.StateDir)
+		return u.save()
 	}
 	if err != nil {
 		return fmt.Errorf("list parts of %s: %w", u.object(), err)
@@ -791,7 +989,7 @@ func (u *Upload) reconcileParts(ctx context.Context) error {
 		// Not completed yet: the tail part must still be the one recorded.
 		if sp, ok := have[t.Number]; !ok || sp.Size == nil || *sp.Size != t.Size || sp.ETag == nil || !sameETag(*sp.ETag, t.ETag) {
 			st.dropCompletion()
-			if err := st.save(u.m.o.StateDir); err != nil {
+			if err := u.save(); err != nil {
 				return err
 			}
 		}
@@ -813,7 +1011,7 @@ func (u *Upload) reconcileParts(ctx context.Context) error {
 		u.m.o.Log.Info("parts sent again after a restart", zap.String("object", u.object()), zap.Int("from_part", keep+1))
 		st.Parts = st.Parts[:keep]
 		st.dropCompletion()
-		return st.save(u.m.o.StateDir)
+		return u.save()
 	}
 	return nil
 }
@@ -848,7 +1046,7 @@ func (u *Upload) completeAll(ctx context.Context, buf []byte) error {
 			// the multipart upload, and verifies it against these parts
 			// (reconcileParts) instead of taking it for missing.
 			st.Completing, st.Source, st.Copy = true, nil, nil // every copied part is in Parts by now
-			if err := st.save(u.m.o.StateDir); err != nil {
+			if err := u.save(); err != nil {
 				st.dropCompletion()
 				return err
 			}
@@ -856,7 +1054,17 @@ func (u *Upload) completeAll(ctx context.Context, buf []byte) error {
 	}
 	parts := st.objectParts()
 	if st.UploadID != "" {
-		err := u.m.o.Client.complete(ctx, st.Bucket, st.Key, st.UploadID, parts)
+		// The key checked again, and the object completed on the condition that it is
+		// still what the check found (where the server takes conditions): another
+		// capture's object written meanwhile is never replaced.
+		var cond Condition
+		var err error
+		if !u.overwrite {
+			if cond, err = u.claim(ctx); err != nil {
+				return err
+			}
+		}
+		err = u.m.o.Client.complete(ctx, st.Bucket, st.Key, st.UploadID, parts, cond)
 		if err != nil && !notFound(err) {
 			return fmt.Errorf("complete %s: %w", u.object(), err)
 		}
@@ -883,19 +1091,25 @@ func (u *Upload) verifyAndFinish(ctx context.Context, parts []Part, buf []byte) 
 			return err
 		}
 		u.completed, u.heard, u.verifiedHow = nil, false, ""
+		u.overwrite = true
 		if lerr := u.lost(0, "the completed object does not verify ("+Describe(err)+")"); lerr != nil {
 			return lerr
 		}
 		// A wrong object is never left as if it were right: the next attempt sends it anew.
 		st.UploadID, st.Parts = "", nil
 		st.dropCompletion()
-		if serr := st.save(u.m.o.StateDir); serr != nil {
+		if serr := u.save(); serr != nil {
 			err = errors.Join(err, serr)
 		}
 		return err
 	}
 	up := st.FinalSize
 	u.setStatus(func(s *Status) { s.UploadedBytes = up; s.Parts = len(parts); s.Verified = verified })
+	if st.Sweep {
+		if err := u.sweep(ctx); err != nil {
+			return err
+		}
+	}
 	for i, sd := range st.Sides {
 		if err := u.putSide(ctx, i, sd, buf); err != nil {
 			return err
@@ -928,7 +1142,7 @@ func (u *Upload) verifyAndFinish(ctx context.Context, parts []Part, buf []byte) 
 		// be resumed anywhere; a resume on this host goes on from this state and the index
 		// journal (Begin: the freed parts are re-created from the object).
 		st.Completed = etag
-		if err := st.save(u.m.o.StateDir); err != nil {
+		if err := u.save(); err != nil {
 			return err
 		}
 		u.m.o.Log.Info("the upload state and index journal are kept for a resume of the capture on this host",

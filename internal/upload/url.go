@@ -62,6 +62,14 @@ func (t Target) Key(name string) string {
 	return t.Prefix + "/" + name
 }
 
+// Sub is the target one key segment below t (seg: no slash, not empty).
+func (t Target) Sub(seg string) Target {
+	if t.Prefix == "" {
+		return Target{Bucket: t.Bucket, Prefix: seg}
+	}
+	return Target{Bucket: t.Bucket, Prefix: t.Prefix + "/" + seg}
+}
+
 // Contains reports whether target o lies under t: the same bucket, and a prefix at or below t's.
 func (t Target) Contains(o Target) bool {
 	if t.Bucket != o.Bucket {

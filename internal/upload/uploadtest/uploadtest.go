@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -123,8 +124,26 @@ func (s *Server) Restart() {
 	s.t.Fatalf("versitygw did not listen on %s: %s", s.Addr, b)
 }
 
+// Freeze stops the server (SIGSTOP) without closing its socket: connections are accepted
+// by the kernel and never answered, as a network black hole or a hung server does.
+func (s *Server) Freeze() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			s.t.Fatal(err)
+		}
+	}
+}
+
+// Thaw lets a frozen server go on (SIGCONT).
+func (s *Server) Thaw() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGCONT)
+	}
+}
+
 // Kill stops the server with SIGKILL (a crash, not a shutdown).
 func (s *Server) Kill() {
+	s.Thaw() // a stopped process dies too, but its wait would not be reaped otherwise
 	if s.cmd != nil && s.cmd.Process != nil {
 		_ = s.cmd.Process.Kill()
 		_ = s.cmd.Wait()
