@@ -112,9 +112,32 @@ def _point(path, ck, want=FP):
         os.close(fd)
 
 
+def _unfinished(tmp_path):
+    """The golden stream without its END, INDEX and footer: a capture whose strapd was
+    killed (the golden one is complete, and a complete capture is never resumed)."""
+    p = _stream(tmp_path)
+    with open_stream(p) as r:
+        end = r.end()
+    assert end is not None and end.meta["status"] == "complete"
+    os.truncate(p, end.offset)
+    return p
+
+
+def test_resume_point_refuses_a_complete_stream(tmp_path):
+    # Issue 41: the resume point would be TOKEN 0's end; the END (complete), the INDEX and
+    # the packets of step 1 would be cut. Refused, nothing changed, with or without a checkpoint.
+    p = _stream(tmp_path)
+    before = p.read_bytes()
+    for ck in (None, _checkpoint(p, 2)):
+        with pytest.raises(ckpt.CaptureCompleteError, match=r"would cut (\d+) bytes .*back to token 1") as ei:
+            _point(p, ck)
+        assert ei.value.cut_bytes == len(before) - 978
+    assert p.read_bytes() == before
+
+
 def test_resume_point_without_checkpoint_is_the_last_intact_token(tmp_path):
     # TOKEN 0 ends at 978; the packets of step 1 after it have no TOKEN: they are cut.
-    p = _stream(tmp_path)
+    p = _unfinished(tmp_path)
     rp = _point(p, None)
     assert rp.source == "stream" and rp.floor is None
     assert (rp.point.stream_offset, rp.point.packets, rp.point.last_seq, rp.point.token_count) == (978, 5, 5, 1)
@@ -125,7 +148,7 @@ def test_resume_point_without_checkpoint_is_the_last_intact_token(tmp_path):
 
 
 def test_resume_point_goes_past_an_older_checkpoint(tmp_path):
-    p = _stream(tmp_path)
+    p = _unfinished(tmp_path)
     rp = _point(p, _checkpoint(p, 2))
     assert rp.source == "stream" and rp.point.stream_offset == 978 and rp.point.token_count == 1
     assert rp.floor is not None and rp.floor.stream_offset == 578

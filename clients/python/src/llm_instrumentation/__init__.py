@@ -26,7 +26,7 @@ from .errors import (
     StreamFormatError,
     UnsupportedCodecError,
 )
-from .checkpoint import CheckpointError
+from .checkpoint import CaptureCompleteError, CheckpointError
 from ._streamlock import StreamInUseError
 from .correlation import correlate
 from .framework import InstrumentationFramework, capture_activations
@@ -44,6 +44,7 @@ __all__ = [
     "open_capture_set",
     "ParallelLayout",
     "Shard",
+    "CaptureCompleteError",
     "CheckpointError",
     "correlate",
     "HookConfig",

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from .errors import StrapError
 from .errors import StreamFormatError
-from .stream import DROP, TENSOR, TOKEN, Packet, StreamReader
+from .stream import DROP, END, INDEX, TENSOR, TOKEN, Packet, StreamReader
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch.nn as nn
@@ -48,6 +48,22 @@ _REQUIRED = ("format", "version", "fingerprint", "stream_offset", "packets", "la
 
 class CheckpointError(StrapError, ValueError):
     """A checkpoint is missing, unreadable, or does not match the stream or the capture."""
+
+
+class CaptureCompleteError(CheckpointError):
+    """``resume_from_checkpoint=True`` on a capture that finished: its stream ends with END
+    (status ``complete``), so there is nothing to resume and a resume would cut it. Nothing
+    was changed.
+
+    Attributes:
+        path: the stream.
+        cut_bytes: the bytes a resume would have cut.
+    """
+
+    def __init__(self, message: str, path: str = "", cut_bytes: int = 0) -> None:
+        super().__init__(message)
+        self.path = path
+        self.cut_bytes = cut_bytes
 
 
 @dataclass
@@ -191,7 +207,7 @@ def write_atomic(path: Union[str, os.PathLike], data: bytes) -> None:
     p = os.path.abspath(os.fspath(path))
     d = os.path.dirname(p)
     tmp = f"{p}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         view = memoryview(data)
         while view:
@@ -335,11 +351,53 @@ def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint:
                               drops=0, last_seq=0, last_packet_offset=0, last_packet_crc=0, token_count=0,
                               forward_count=0, created=base.created, extra=base.extra)
         point, tokens = _intact_tail(reader, base, start, tokens, limit)
+        _refuse_complete(reader, point, path)
     finally:
         # The caller truncates the file next: the mapping must be gone by then.
         reader.close()
     source = "checkpoint" if ck is not None and point.stream_offset == ck.stream_offset else "stream"
     return ResumePoint(point, tokens, source, ck)
+
+
+def complete_end(reader: StreamReader, start: int) -> Optional[Tuple[Packet, int, int]]:
+    """The END packet with status ``complete`` that follows ``start`` (a packet boundary), if
+    the stream has one: walked header by header (no payload is read), stopping at a torn or
+    damaged packet, an INDEX or an END of another status.
+
+    Returns:
+        (the END packet, the TENSOR/DROP/TOKEN packets between ``start`` and it, the TOKEN
+        packets among them), or None.
+    """
+    off, packets, tokens = start, 0, 0
+    try:
+        while off < reader.size:
+            pk = reader._parse(off, lazy=True)
+            assert pk is not None  # strict parsing raises instead
+            if pk.type == END:
+                return (pk, packets, tokens) if pk.meta.get("status") == "complete" else None
+            if pk.type == INDEX:
+                return None
+            packets += 1
+            tokens += pk.type == TOKEN
+            off = pk.end
+    except StreamFormatError:
+        return None
+    return None
+
+
+def _refuse_complete(reader: StreamReader, point: Checkpoint, path: str) -> None:
+    """Raise :class:`CaptureCompleteError` when cutting the stream at ``point`` would cut a
+    finished capture (an END with status ``complete`` follows it): nothing is changed."""
+    found = complete_end(reader, point.stream_offset)
+    if found is None:
+        return
+    end, packets, tokens = found
+    cut = reader.size - point.stream_offset
+    raise CaptureCompleteError(
+        f"{path} is a complete capture (its stream ends with END, status complete, at offset {end.offset}): "
+        f"there is nothing to resume, and resuming would cut {cut} bytes of it ({packets} packets, {tokens} tokens, "
+        f"the END and INDEX) back to token {point.token_count}. Nothing was changed. To capture again, give a new "
+        f"output_path; `strapd resume {path}` describes the stream", path=path, cut_bytes=cut)
 
 
 def _prefix_reader(fd: int, ck: Optional[Checkpoint], path: str) -> StreamReader:
