@@ -120,8 +120,10 @@ class FakeStrapd:
     """
 
     def __init__(self, path: str, write_delay: float = 0.0, die_after_packets: Optional[int] = None,
-                 error_after_packets: Optional[int] = None) -> None:
+                 error_after_packets: Optional[int] = None, release_backwards_after: Optional[int] = None) -> None:
         self.path = path
+        #: After this many RELEASEs, one more that moves the tail back to 0 (a hostile daemon).
+        self.release_backwards_after = release_backwards_after
         self.write_delay = write_delay
         self.die_after_packets = die_after_packets
         self.error_after_packets = error_after_packets
@@ -268,6 +270,9 @@ class FakeStrapd:
                 assert tail == head
                 assert body["seq"] == expect - 1, (body, expect)
                 self._send(c, P.RELEASE, {"tail": tail})
+                sess["releases"] = sess.get("releases", 0) + 1
+                if sess["releases"] == self.release_backwards_after:
+                    self._send(c, P.RELEASE, {"tail": 0})
             elif mt == P.DROP:
                 assert body["seq"] == expect, f"DROP expected seq {expect}, found {body['seq']}"
                 expect += 1

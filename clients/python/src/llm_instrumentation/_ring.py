@@ -201,11 +201,19 @@ class Ring:
         return self.used + needed <= self.data_size
 
     def release(self, tail: int) -> None:
-        """Apply a RELEASE: tails only grow and never pass the head."""
+        """Apply a RELEASE: tails only grow and never pass the head (PROTOCOL.md 3).
+
+        Raises:
+            ValueError: ``tail`` is past the head, or behind the tail already released (the
+                daemon would be reading bytes it gave back: a protocol error, not ignored).
+        """
         if tail > self.head:
-            raise ValueError(f"release tail {tail} is past head {self.head}")
-        if tail > self.tail:
-            self.tail = tail
+            raise ValueError(f"strapd released the ring up to {tail}, past the head {self.head} the client "
+                             f"published (a RELEASE may not pass the head, PROTOCOL.md 3)")
+        if tail < self.tail:
+            raise ValueError(f"strapd moved the ring's tail backwards, from {self.tail} to {tail} (tails only "
+                             f"grow, PROTOCOL.md 3)")
+        self.tail = tail
 
     def populate(self, end: int) -> None:
         """Populate the ring's pages up to data position ``end`` (and a chunk beyond) before
