@@ -79,7 +79,7 @@ static int write_checkpoint(strap_session *s, const sp_reply *c)
 		return ss_fail(s, STRAP_E_TOO_LARGE, "checkpoint file exceeds %d bytes", SP_MAX_MESSAGE);
 	char tmp[4300];
 	snprintf(tmp, sizeof tmp, "%s.tmp.%d", s->ckpt_path, (int)getpid());
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return ss_fail(s, STRAP_E_SYSTEM, "checkpoint %s: open: %s", tmp, strerror(errno));
 	size_t done = 0;
@@ -124,7 +124,7 @@ int strap_session_checkpoint(strap_session *s)
 	if ((e = ss_send_buf(s, &b, NULL, 0)))
 		goto out;
 	sp_reply r;
-	if ((e = ss_expect(s, SP_CHECKPOINTED, s->stall_timeout > 60 ? s->stall_timeout : 60, &r)))
+	if ((e = ss_expect(s, SP_CHECKPOINTED, s->stall_timeout, &r)))
 		goto out;
 	if (r.u.checkpointed.seq != s->seq) {
 		e = ss_fail(s, STRAP_E_PROTOCOL, "CHECKPOINTED for seq %llu, asked for %llu",
@@ -187,5 +187,76 @@ int ss_load_checkpoint(strap_session *s, uint64_t *offset, uint64_t *packets, ui
 	    (*packets && (last_off == 0 || last_off >= *offset)) || drops > *packets || *tokens > *packets ||
 	    *last_crc > UINT32_MAX)
 		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s: inconsistent numbers", s->ckpt_path);
+	return STRAP_OK;
+}
+
+/* ----- a complete stream is never resumed (docs/CHECKPOINTS.md 4) ----- */
+
+static uint64_t le(const uint8_t *p, int n)
+{
+	uint64_t v = 0;
+	for (int i = n - 1; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+
+static bool pread_all(int fd, void *buf, size_t n, uint64_t off)
+{
+	size_t done = 0;
+	while (done < n) {
+		ssize_t r = pread(fd, (char *)buf + done, n - done, (off_t)(off + done));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return false;
+		done += (size_t)r;
+	}
+	return true;
+}
+
+int ss_refuse_complete(strap_session *s, uint64_t from)
+{
+	struct stat st;
+	if (fstat(s->out_fd, &st) != 0)
+		return ss_fail(s, STRAP_E_SYSTEM, "stat %s: %s", s->output_path, strerror(errno));
+	uint64_t size = (uint64_t)st.st_size, off = from;
+	uint8_t h[96];
+	if (off == 0) { /* the first packet follows the file header (STREAM_FORMAT.md 2) */
+		if (size < 24 || !pread_all(s->out_fd, h, 24, 0) || memcmp(h, "STRAPSTM", 8) != 0)
+			return STRAP_OK; /* no strap stream: nothing of a capture to keep */
+		off = (24 + le(h + 12, 4) + 7) / 8 * 8;
+	}
+	/* Packet headers only (no payload is read), up to the END: a torn or unknown packet
+	 * ends the walk, as does an INDEX before any END. */
+	uint64_t packets = 0;
+	while (off + sizeof h <= size && pread_all(s->out_fd, h, sizeof h, off) && memcmp(h, "SPKT", 4) == 0) {
+		uint64_t type = le(h + 4, 2), ndim = h[7], hlen = le(h + 8, 4), name_len = le(h + 12, 2),
+			 meta_len = le(h + 16, 4), stored = le(h + 56, 8);
+		if (hlen != 96 + 8 * ndim + name_len + meta_len || stored > size || off + hlen + stored > size)
+			return STRAP_OK;
+		if (type == 4)
+			return STRAP_OK;
+		if (type == 5) {
+			if (meta_len >= SP_MAX_MESSAGE ||
+			    !pread_all(s->out_fd, s->sbuf, meta_len, off + hlen - meta_len))
+				return STRAP_OK;
+			char why[64], status[32];
+			sj_val v;
+			if (!sj_validate(s->sbuf, meta_len, why, sizeof why) ||
+			    !sj_get((sj_val){s->sbuf, meta_len}, "status", &v) ||
+			    !sj_str(v, status, sizeof status, NULL) || strcmp(status, "complete") != 0)
+				return STRAP_OK;
+			return ss_fail(
+				s, STRAP_E_CHECKPOINT,
+				"%s is a complete capture (its stream ends with END, status complete, at offset %llu): "
+				"there is nothing to resume, and resuming would cut %llu bytes of it (%llu packets, "
+				"the "
+				"END and INDEX); nothing was changed: capture again to a new output_path",
+				s->output_path, (unsigned long long)off, (unsigned long long)(size - from),
+				(unsigned long long)packets);
+		}
+		packets++;
+		off += hlen + stored;
+	}
 	return STRAP_OK;
 }

@@ -46,7 +46,7 @@ static int open_side_file(strap_session *s, const char *suffix, bool append, int
 {
 	char path[4300];
 	snprintf(path, sizeof path, "%s%s", s->output_path, suffix);
-	*fd = open(path, (append ? O_RDWR | O_APPEND : O_WRONLY | O_TRUNC) | O_CREAT | O_CLOEXEC, 0644);
+	*fd = open(path, (append ? O_RDWR | O_APPEND : O_WRONLY | O_TRUNC) | O_CREAT | O_CLOEXEC, 0600);
 	if (*fd < 0)
 		return ss_fail(s, STRAP_E_SYSTEM, "open %s: %s", path, strerror(errno));
 	return STRAP_OK;
@@ -172,7 +172,7 @@ static int open_session(strap_session *s, const strap_session_params *p)
 	}
 
 	/* the output: opened, locked and (unless resumed) cut here; strapd only gets the fd */
-	s->out_fd = open(out, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	s->out_fd = open(out, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	char abs[PATH_MAX];
 	int open_errno = errno;
 	if (s->out_fd < 0 || !realpath(out, abs)) {
@@ -208,8 +208,13 @@ static int open_session(strap_session *s, const strap_session_params *p)
 			return ss_fail(s, STRAP_E_CHECKPOINT,
 				       "stream %s holds %lld bytes, less than the checkpoint's %llu", s->output_path,
 				       (long long)st.st_size, (unsigned long long)off);
+		if ((e = ss_refuse_complete(s, off)))
+			return e;
 		resuming = true;
 	} else {
+		/* without a checkpoint a resume starts from token 0, but never over a finished capture */
+		if (p->resume && (e = ss_refuse_complete(s, 0)))
+			return e;
 		if (have_ckpt && unlink(s->ckpt_path) != 0)
 			return ss_fail(s, STRAP_E_SYSTEM, "remove checkpoint %s: %s", s->ckpt_path, strerror(errno));
 		if (ftruncate(s->out_fd, 0) != 0)
@@ -234,7 +239,7 @@ static int open_session(strap_session *s, const strap_session_params *p)
 	if ((e = ss_send_buf(s, &b, NULL, 0)))
 		return e;
 	sp_reply r;
-	if ((e = ss_expect(s, SP_WELCOME, 10, &r)))
+	if ((e = ss_expect(s, SP_WELCOME, s->stall_timeout, &r)))
 		return e;
 	if (r.u.welcome.protocol != SP_VERSION)
 		return ss_fail(s, STRAP_E_PROTOCOL, "daemon speaks protocol %lld, client speaks %d",
@@ -296,7 +301,7 @@ static int open_session(strap_session *s, const strap_session_params *p)
 		fds[nfds++] = s->res_fd;
 	if ((e = ss_send_buf(s, &b, fds, nfds)))
 		return e;
-	if ((e = ss_expect(s, SP_OPENED, 30, &r)))
+	if ((e = ss_expect(s, SP_OPENED, s->stall_timeout, &r)))
 		return e;
 	s->session_id = r.u.opened.session;
 	s->cursor = r.u.opened.published_cursor != 0;

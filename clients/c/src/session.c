@@ -133,13 +133,22 @@ static int handle(strap_session *s, const sp_reply *r)
 {
 	if (r->type == SP_RELEASE) {
 		if (r->u.release.tail > s->head)
-			return ss_fail(s, STRAP_E_PROTOCOL, "release tail %llu is past head %llu",
-				       (unsigned long long)r->u.release.tail, (unsigned long long)s->head);
+			return ss_fail(
+				s, STRAP_E_PROTOCOL,
+				"strapd released the ring up to %llu, past the head %llu the client published (a "
+				"RELEASE may not pass the head, PROTOCOL.md 3)",
+				(unsigned long long)r->u.release.tail, (unsigned long long)s->head);
+		/* Accepting it would leave the tail where the daemon says it has not read yet: the
+		 * writer then waits for space that never comes and times out, far from the cause. */
+		if (r->u.release.tail < s->tail)
+			return ss_fail(s, STRAP_E_PROTOCOL,
+				       "strapd moved the ring's tail backwards, from %llu to %llu (tails only grow, "
+				       "PROTOCOL.md 3)",
+				       (unsigned long long)s->tail, (unsigned long long)r->u.release.tail);
 		/* The daemon finished reading these bytes before it sent RELEASE (PROTOCOL.md 3);
 		 * our later writes into them must not be hoisted above this receive. */
 		atomic_thread_fence(memory_order_acquire);
-		if (r->u.release.tail > s->tail)
-			s->tail = r->u.release.tail;
+		s->tail = r->u.release.tail;
 		return STRAP_OK;
 	}
 	if (r->type == SP_ERROR) {
@@ -170,7 +179,8 @@ int ss_expect(strap_session *s, int want, double timeout, sp_reply *r)
 	for (;;) {
 		double left = deadline - sc_now();
 		if (left <= 0)
-			return ss_fail(s, STRAP_E_TIMEOUT, "strapd did not answer with %s within %.0fs",
+			return ss_fail(s, STRAP_E_TIMEOUT,
+				       "strapd did not answer with %s within %gs (params.stall_timeout_s)",
 				       sp_type_name(want), timeout);
 		int got = recv_reply(s, (int)(left * 1000) + 1, r);
 		if (got < 0)
@@ -663,7 +673,7 @@ int strap_session_close(strap_session *s, strap_closed *out)
 	/* CLOSE counted every record up to here: nothing more may go into the ring. */
 	s->shut = true;
 	sp_reply r;
-	if ((e = ss_expect(s, SP_CLOSED, s->stall_timeout > 60 ? s->stall_timeout : 60, &r)))
+	if ((e = ss_expect(s, SP_CLOSED, s->stall_timeout, &r)))
 		goto out;
 	s->closed = true;
 	if (out) {

@@ -84,6 +84,7 @@ struct strap_session {
 #define ss_expect strap__ss_expect
 #define ss_fsync_dir strap__ss_fsync_dir
 #define ss_load_checkpoint strap__ss_load_checkpoint
+#define ss_refuse_complete strap__ss_refuse_complete
 #define sl_lock strap__sl_lock
 #define sl_unlock strap__sl_unlock
 
@@ -109,5 +110,9 @@ int ss_fsync_dir(const char *path);
 /* Read and check the checkpoint file (the rules of internal/checkpoint Parse). */
 int ss_load_checkpoint(strap_session *s, uint64_t *offset, uint64_t *packets, uint64_t *last_seq, uint64_t *last_crc,
 		       uint64_t *tokens, uint64_t *forwards);
+/* STRAP_E_CHECKPOINT, changing nothing, when the output's packets from offset from (a packet
+ * boundary; 0: the first packet) lead to an END with status "complete": a resume there would
+ * cut a finished capture. */
+int ss_refuse_complete(strap_session *s, uint64_t from);
 
 #endif

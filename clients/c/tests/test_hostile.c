@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -30,6 +31,11 @@ enum behaviour {
 	B_NO_RELEASE,
 	B_WRITE_ERROR,
 	B_ERROR_AND_CLOSE,
+	B_NO_WELCOME,
+	B_SLOW_WELCOME,
+	B_NO_OPENED,
+	B_NO_CLOSED,
+	B_RELEASE_BACKWARDS,
 	B_GOOD,
 };
 
@@ -101,6 +107,10 @@ static void *fake_daemon(void *arg)
 				 "2\",\"fatal\":true}");
 			break;
 		case B_CLOSE: break;
+		case B_NO_WELCOME: /* silent until the client gives up and hangs up */
+			while (recv_msg(c, body, sizeof body) != 0)
+				;
+			break;
 		case B_EMPTY: send(c, "", 0, MSG_NOSIGNAL); break;
 		case B_HUGE: {
 			static char big[70000];
@@ -115,8 +125,15 @@ static void *fake_daemon(void *arg)
 				 "size\":1000}");
 			break;
 		default:
+			if (b == B_SLOW_WELCOME)
+				usleep(10500000); /* longer than the wait libstrap once fixed at 10 s */
 			send_msg(c, SP_WELCOME, 1, welcome);
 			recv_msg(c, body, sizeof body); /* OPEN */
+			if (b == B_NO_OPENED) {
+				while (recv_msg(c, body, sizeof body) != 0)
+					;
+				break;
+			}
 			if (b == B_BAD_OPENED) {
 				send_msg(c, SP_OPENED, 1, "{\"session\":\"x\",\"block_size\":1}");
 				break;
@@ -133,8 +150,10 @@ static void *fake_daemon(void *arg)
 					 "5\",\"fatal\":true}");
 				break;
 			}
+			int publishes = 0;
 			while ((t = recv_msg(c, body, sizeof body)) != 0) {
 				if (t == SP_PUBLISH) {
+					publishes++;
 					sp_reply r;
 					char why[100], head[40];
 					const char *h = strstr(body, "\"head\":");
@@ -144,6 +163,8 @@ static void *fake_daemon(void *arg)
 					char rel[100];
 					if (b == B_RELEASE_PAST_HEAD)
 						snprintf(rel, sizeof rel, "{\"tail\":%s999}", head);
+					else if (b == B_RELEASE_BACKWARDS && publishes == 2)
+						snprintf(rel, sizeof rel, "{\"tail\":0}");
 					else
 						snprintf(rel, sizeof rel, "{\"tail\":%s}", head);
 					if (b == B_WRITE_ERROR)
@@ -154,7 +175,7 @@ static void *fake_daemon(void *arg)
 							 "system)\",\"fatal\":true}");
 					else if (b != B_NO_RELEASE)
 						send_msg(c, SP_RELEASE, 1, rel);
-				} else if (t == SP_CLOSE) {
+				} else if (t == SP_CLOSE && b != B_NO_CLOSED) {
 					send_msg(c, SP_CLOSED, 1,
 						 "{\"packets\":1,\"drops\":0,\"bytes_in\":4,\"bytes_out\":4,\"file_"
 						 "bytes\":400}");
@@ -188,6 +209,64 @@ static void open_fails(int b, const char *out, int want, const char *msg)
 	CHECK(rc == want && s == NULL && strstr(e.message, msg) && e.code == want,
 	      "behaviour %d: open rc %d (%s), message \"%s\", want %d with \"%s\"", b, rc, strap_errstr(rc), e.message,
 	      want, msg);
+}
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A daemon that does not answer: the open (or close) fails with STRAP_E_TIMEOUT after the
+ * session's stall_timeout_s, not after a wait of libstrap's own (once 10, 30 and 60 s). */
+static void waits_follow_stall_timeout(const char *out)
+{
+	struct {
+		int b;
+		const char *want;
+	} cases[] = {{B_NO_WELCOME, "WELCOME within 1.5s"}, {B_NO_OPENED, "OPENED within 1.5s"}};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		behaviour = cases[i].b;
+		strap_session_params p = params(out);
+		p.stall_timeout_s = 1.5;
+		strap_session *s = NULL;
+		strap_error e;
+		double t0 = now();
+		int rc = strap_session_open(&p, &s, &e);
+		double took = now() - t0;
+		CHECK(rc == STRAP_E_TIMEOUT && s == NULL && strstr(e.message, cases[i].want) &&
+			      strstr(e.message, "stall_timeout_s"),
+		      "behaviour %d: rc %d (%s) \"%s\", want a timeout naming \"%s\"", cases[i].b, rc, strap_errstr(rc),
+		      e.message, cases[i].want);
+		CHECK(took >= 1.4 && took < 5, "behaviour %d: gave up after %.1fs, stall_timeout_s is 1.5", cases[i].b,
+		      took);
+	}
+	behaviour = B_NO_CLOSED;
+	strap_session_params p = params(out);
+	p.stall_timeout_s = 1.5;
+	strap_session *s = NULL;
+	strap_error e;
+	CHECK(strap_session_open(&p, &s, &e) == STRAP_OK, "open: %s", e.message);
+	if (s) {
+		double t0 = now();
+		CHECK_RC(s, strap_session_close(s, NULL), STRAP_E_TIMEOUT);
+		double took = now() - t0;
+		CHECK(took >= 1.4 && took < 5, "close gave up after %.1fs, stall_timeout_s is 1.5", took);
+		strap_session_free(s);
+	}
+	/* and a longer stall_timeout_s is waited out in full: WELCOME after 10.5 s */
+	behaviour = B_SLOW_WELCOME;
+	p = params(out);
+	p.stall_timeout_s = 20;
+	s = NULL;
+	int rc = strap_session_open(&p, &s, &e);
+	CHECK(rc == STRAP_OK, "WELCOME after 10.5 s with stall_timeout_s 20: rc %d (%s): %s", rc, strap_errstr(rc),
+	      e.message);
+	if (s) {
+		CHECK_RC(s, strap_session_close(s, NULL), STRAP_OK);
+		strap_session_free(s);
+	}
 }
 
 static strap_session *open_ok(int b, const char *out)
@@ -246,11 +325,30 @@ int main(void)
 		CHECK_RC(s, strap_session_write(s, "m", STRAP_DTYPE_F32, shape, 1, data, sizeof data, NULL), STRAP_OK);
 		usleep(50000);
 		CHECK_RC(s, strap_session_token(s, 1, "a", 1, -1), STRAP_E_PROTOCOL);
-		last_error_has(s, "is past head", NULL);
+		last_error_has(s, "past the head", NULL);
 		CHECK_RC(s, strap_session_write(s, "m", STRAP_DTYPE_F32, shape, 1, data, sizeof data, NULL),
 			 STRAP_E_STATE);
 		strap_session_free(s);
 	}
+
+	/* a RELEASE that moves the tail backwards ends the session at once with a protocol error */
+	s = open_ok(B_RELEASE_BACKWARDS, out);
+	if (s) {
+		int rc = STRAP_OK;
+		for (int i = 0; i < 4 && rc == STRAP_OK; i++) {
+			rc = strap_session_write(s, "m", STRAP_DTYPE_F32, shape, 1, data, sizeof data, NULL);
+			usleep(50000);
+		}
+		if (rc == STRAP_OK)
+			rc = strap_session_flush(s);
+		CHECK(rc == STRAP_E_PROTOCOL, "backwards release: rc %d (%s)", rc, strap_errstr(rc));
+		last_error_has(s, "moved the ring's tail backwards", NULL);
+		CHECK_RC(s, strap_session_write(s, "m", STRAP_DTYPE_F32, shape, 1, data, sizeof data, NULL),
+			 STRAP_E_STATE);
+		strap_session_free(s);
+	}
+
+	waits_follow_stall_timeout(out);
 
 	/* a daemon that never releases: the writer waits stall_timeout_s, then says so */
 	s = open_ok(B_NO_RELEASE, out);
