@@ -215,13 +215,16 @@ typedef struct strap_session_params {
 	const char *fingerprint;
 	/* Resume from the checkpoint file: the stream is cut back to it by strapd and the
 	 * session continues after its last sequence number (strap_session_resume_point says
-	 * from which token). Without a checkpoint file the capture starts from token 0. */
+	 * from which token). Without a checkpoint file the capture starts from token 0. A
+	 * capture that finished (its stream ends with END "complete") is never resumed: the
+	 * open fails with STRAP_E_CHECKPOINT and the stream is left as it is. */
 	int resume;
 	/* Start over although a checkpoint file exists (it is deleted). Without this, and
 	 * without resume, an existing checkpoint file is an error (STRAP_E_CHECKPOINT). */
 	int overwrite_checkpoint;
 
-	/* Seconds to wait for ring space or an answer before STRAP_E_TIMEOUT. Default 120. */
+	/* Seconds to wait for ring space, or for strapd's answer (WELCOME, OPENED, CHECKPOINTED,
+	 * CLOSED), before STRAP_E_TIMEOUT. Default 120. */
 	double stall_timeout_s;
 	/* Largest record; larger tensors go as PART records. 0: a quarter of the data region; at
 	 * most half of it. */

@@ -79,7 +79,7 @@ static int write_checkpoint(strap_session *s, const sp_reply *c)
 		return ss_fail(s, STRAP_E_TOO_LARGE, "checkpoint file exceeds %d bytes", SP_MAX_MESSAGE);
 	char tmp[4300];
 	snprintf(tmp, sizeof tmp, "%s.tmp.%d", s->ckpt_path, (int)getpid());
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
 	if (fd < 0)
 		return ss_fail(s, STRAP_E_SYSTEM, "checkpoint %s: open: %s", tmp, strerror(errno));
 	size_t done = 0;

@@ -46,7 +46,7 @@ static int open_side_file(strap_session *s, const char *suffix, bool append, int
 {
 	char path[4300];
 	snprintf(path, sizeof path, "%s%s", s->output_path, suffix);
-	*fd = open(path, (append ? O_RDWR | O_APPEND : O_WRONLY | O_TRUNC) | O_CREAT | O_CLOEXEC, 0600);
+	*fd = open(path, (append ? O_RDWR | O_APPEND : O_WRONLY | O_TRUNC) | O_CREAT | O_CLOEXEC, 0640);
 	if (*fd < 0)
 		return ss_fail(s, STRAP_E_SYSTEM, "open %s: %s", path, strerror(errno));
 	return STRAP_OK;
@@ -172,7 +172,7 @@ static int open_session(strap_session *s, const strap_session_params *p)
 	}
 
 	/* the output: opened, locked and (unless resumed) cut here; strapd only gets the fd */
-	s->out_fd = open(out, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	s->out_fd = open(out, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
 	char abs[PATH_MAX];
 	int open_errno = errno;
 	if (s->out_fd < 0 || !realpath(out, abs)) {

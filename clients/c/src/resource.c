@@ -158,7 +158,7 @@ static int init_locked(int level, const char *path, strap_session *s)
 		return STRAP_E_NOMEM;
 	in->fd = -1;
 	if (!s) {
-		in->fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+		in->fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
 		if (in->fd < 0) {
 			err.code = STRAP_E_SYSTEM;
 			snprintf(err.message, sizeof err.message, "%s: %s", path, strerror(errno));

@@ -2,8 +2,8 @@
  * stream ends with END "complete" — is refused with STRAP_E_CHECKPOINT and keeps every byte,
  * with no checkpoint left (a resume would otherwise start from token 0 and empty the file) and
  * with a stale one beside it (strapd would otherwise cut it back to the checkpoint); and the
- * files the library creates (stream, checkpoint, resource log) are 0600 under a umask of 0 and
- * keep a setgid directory's group. */
+ * files the library creates (stream, checkpoint, resource log) are never readable by other
+ * users: 0640 under a umask of 0, in a setgid directory with the directory's group. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +31,8 @@ static void check_mode(const char *path, gid_t gid, int check_gid)
 {
 	struct stat st;
 	CHECK(stat(path, &st) == 0, "stat %s", path);
-	CHECK((st.st_mode & 07777) == 0600, "%s created %#o, want 0600", path, (unsigned)(st.st_mode & 07777));
+	CHECK((st.st_mode & 07777) == 0640, "%s created %#o under umask 0, want 0640", path,
+	      (unsigned)(st.st_mode & 07777));
 	CHECK(!check_gid || st.st_gid == gid, "%s has group %u, want the setgid directory's %u", path,
 	      (unsigned)st.st_gid, (unsigned)gid);
 }

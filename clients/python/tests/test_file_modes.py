@@ -1,6 +1,7 @@
 """Issue 41: the files of a capture (stream, checkpoint, tokens file, trace, resource events)
-are created 0600 — another user on the host cannot read a capture — even under a umask of 0,
-and in a setgid directory they keep the directory's group (nothing chowns them away)."""
+are never readable by other users on the host: the client creates them 0640 before its umask
+(0640 under a umask of 0, 0600 under 077), and in a setgid directory they keep the
+directory's group (nothing chowns them away), the one group that may read them."""
 
 from __future__ import annotations
 
@@ -20,20 +21,20 @@ from llm_instrumentation.framework import tokens_path
 GID = 4242
 
 
-@pytest.fixture
-def umask0():
-    old = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(old)
-
-
 def _mode(p: Path) -> int:
     return stat.S_IMODE(os.stat(p).st_mode)
 
 
-def test_capture_files_are_0600_and_keep_a_setgid_group(real_strapd, tmp_path, umask0):
+@pytest.mark.parametrize("umask,want", [(0, 0o640), (0o077, 0o600)], ids=["umask-0", "umask-077"])
+def test_capture_files_are_private_and_keep_a_setgid_group(real_strapd, tmp_path, umask, want):
+    old = os.umask(umask)
+    try:
+        _check(real_strapd.socket, tmp_path, want, umask)
+    finally:
+        os.umask(old)
+
+
+def _check(sock: str, tmp_path: Path, want: int, umask: int) -> None:
     d = tmp_path / "shared"
     d.mkdir()
     root = os.geteuid() == 0
@@ -43,7 +44,7 @@ def test_capture_files_are_0600_and_keep_a_setgid_group(real_strapd, tmp_path, u
     out = d / "cap.strap"
     model = tiny_llama()
     seen = {}
-    with capture_activations(model, preset="balanced", output_path=out, socket_path=real_strapd.socket,
+    with capture_activations(model, preset="balanced", output_path=out, socket_path=sock,
                              autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=2,
                              trace_path=True, resource_level="MINIMAL") as fw:
         generate(fw, model, n_tokens=3)
@@ -55,6 +56,6 @@ def test_capture_files_are_0600_and_keep_a_setgid_group(real_strapd, tmp_path, u
         assert p.exists(), p
         seen[p] = (_mode(p), os.stat(p).st_gid)
     for p, (mode, gid) in seen.items():
-        assert mode == 0o600, f"{p.name} created {mode:#o}, want 0600"
+        assert mode == want, f"{p.name} created {mode:#o} under umask {umask:#o}, want {want:#o}"
         if root:
             assert gid == GID, f"{p.name} has group {gid}, want the setgid directory's {GID}"

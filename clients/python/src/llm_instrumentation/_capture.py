@@ -189,7 +189,7 @@ class Capture:
                 if self.resources_path is not None:
                     # A resume appends to the events of the capture it continues.
                     flags = os.O_WRONLY | (os.O_APPEND if out.resume is not None else os.O_TRUNC)
-                    res_fd = os.open(self.resources_path, flags | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                    res_fd = os.open(self.resources_path, flags | os.O_CREAT | os.O_CLOEXEC, 0o640)
                 session = open_session(
                     opts.socket_path, opts.autostart_daemon, opts.stall_timeout, plan.ring_size, plan.policy,
                     out.fd, trace_fd,

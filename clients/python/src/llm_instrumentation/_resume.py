@@ -15,7 +15,7 @@ from . import checkpoint as ckpt
 from . import _distributed, _job_resume, _streamlock
 from ._options import SessionOptions
 from ._warnings import warn_caller
-from .checkpoint import CheckpointError
+from .checkpoint import CAPTURE_FILE_MODE, CheckpointError
 
 
 def tokens_path(output_path: Union[str, "os.PathLike[str]"]) -> str:
@@ -236,7 +236,7 @@ def _fresh(out: str, opts: SessionOptions, remove: Optional[str]) -> Output:
     leftover checkpoint being overwritten) when given."""
     # Not O_TRUNC: a live capture of the same file must keep its bytes; the lock tells
     # (_streamlock refuses a live holder at once), and only then is the file emptied.
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, CAPTURE_FILE_MODE)
     key = None
     try:
         _streamlock.lock_stream(fd, min(opts.lock_wait, 10.0), out)
@@ -366,7 +366,7 @@ def open_trace(path: str, resuming: bool) -> int:
     """
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     flags = os.O_RDWR | os.O_APPEND if resuming else os.O_WRONLY | os.O_TRUNC
-    return os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    return os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, CAPTURE_FILE_MODE)
 
 
 def checkpoint_from(reply: P.Checkpointed, stream: str, fingerprint: str, token_count: int,

@@ -39,6 +39,11 @@ SUFFIX = ".ckpt.json"
 #: Largest checkpoint file read or written: 1.3.1's ``tokens`` list takes about 80 bytes a
 #: token, so this holds some 800 000 tokens; past that the list is left out (with a warning).
 MAX_SIZE = 64 << 20
+#: The mode the client creates a capture's files with (stream, checkpoint, tokens file, trace,
+#: resource events), before the umask: never readable by other users; the file's group (a
+#: setgid directory's, which is kept) may read it unless the umask takes that away
+#: (docs/DEPLOY.md, "File modes").
+CAPTURE_FILE_MODE = 0o640
 #: 1.3.1's keys, written beside ours (``tokens`` is not kept when a checkpoint is parsed:
 #: a resume takes the tokens from the stream).
 KEYS_131 = ("total_tokens", "tokens", "last_checkpoint_time", "metadata")
@@ -207,7 +212,7 @@ def write_atomic(path: Union[str, os.PathLike], data: bytes) -> None:
     p = os.path.abspath(os.fspath(path))
     d = os.path.dirname(p)
     tmp = f"{p}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, CAPTURE_FILE_MODE)
     try:
         view = memoryview(data)
         while view:

@@ -17,7 +17,7 @@ class JsonlSink:
         if parent:
             os.makedirs(parent, exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | (0 if append else os.O_TRUNC)
-        self._fd = os.open(self.path, flags, 0o600)
+        self._fd = os.open(self.path, flags, 0o640)
 
     def write(self, lines: Sequence[bytes]) -> None:
         """Write whole lines (each ends in ``\\n``) with one ``write(2)``."""
