@@ -204,3 +204,49 @@ func TestCheckpointMustCoverEverything(t *testing.T) {
 		t.Fatalf("CHECKPOINT of an old seq = %v, want torn_record", err)
 	}
 }
+
+// TestResumeRefusesCompleteStream: an OPEN whose append_at lies before the END of a capture
+// that finished (a stale checkpoint beside a complete stream, or a client that does not
+// check) is refused bad_output, and the stream keeps every byte (issue 41: such a resume
+// cut a finished capture).
+func TestResumeRefusesCompleteStream(t *testing.T) {
+	ts := startServer(t, Config{})
+	req := control.Open{Codec: "lz4", Policy: "block"}
+	path := filepath.Join(t.TempDir(), "done.strap")
+	out, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := ts.dial(t)
+	st, _, err := controltest.OpenStream(c, shm.HeaderSize+256<<10, out, req)
+	out.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stepEvents(t, st, 0)
+	ck, err := c.Checkpoint(st.P.LastSeq())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stepEvents(t, st, 1)
+	if _, err := st.Finish(); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(path)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r := req
+	r.AppendAt, r.Resume = ck.Offset, &control.Resume{LastSeq: ck.Seq, LastCRC: ck.LastCRC, Packets: ck.Packets}
+	_, _, err = controltest.OpenStream(ts.dial(t), shm.HeaderSize+256<<10, f, r)
+	var ce *control.Error
+	if !errors.As(err, &ce) || ce.Code != control.CodeBadOutput || !strings.Contains(ce.Message, "END (complete)") ||
+		!strings.Contains(ce.Message, fmt.Sprintf("would cut %d bytes", int64(len(before))-int64(ck.Offset))) {
+		t.Fatalf("OPEN resuming a complete stream = %v, want bad_output naming the END and the bytes", err)
+	}
+	if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
+		t.Fatalf("a refused resume changed the complete stream: %d bytes, were %d", len(after), len(before))
+	}
+}
