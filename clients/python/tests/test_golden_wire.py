@@ -29,6 +29,11 @@ MESSAGES = [
     ("closed.bin", P.Closed(packets=3, drops=1, bytes_in=12288, bytes_out=12288, file_bytes=13000)),
     ("error_protocol_version.bin", P.Error(code="protocol_version",
                                            message="client speaks protocol 2, strapd speaks protocol 1", fatal=True)),
+    ("error_memory_budget.bin", P.Error(
+        code="memory_budget",
+        message="memory budget exceeded: session needs 541323200 bytes (ring 268435456 + compression buffers "
+                "272887744), 4026531840 of 4294967296 in use; a ring of at most 132116480 bytes fits now "
+                "(--memory-limit)", fatal=True, fits_ring_size=132116480)),
     ("status.bin", P.Status()),
     ("token.bin", P.Token(seq=5, index=2, token_id=1234, text=" the", position=8)),
     ("token_head.bin", P.Token(seq=9, index=3, token_id=42, text="!", head=8192)),
@@ -94,6 +99,13 @@ def test_typed_decode_rejects(cls, body, why):
 def test_unknown_fields_are_ignored():
     # A newer daemon may add fields (PROTOCOL.md 4: readers ignore unknown ones).
     assert P.Opened.from_body({"session": 1, "block_size": 2, "later": True}) == P.Opened(session=1, block_size=2)
+
+
+def test_memory_budget_error_carries_room():
+    # The room the daemon reports reaches the exception, where open_session reads it.
+    _, body = P.decode(_need(PROTO / "error_memory_budget.bin"))
+    err = body.exception()
+    assert err.code == "memory_budget" and err.fits_ring_size == 132116480
 
 
 def test_malformed_error_still_raises():

@@ -5,6 +5,7 @@ is its public face."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -12,13 +13,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from . import _distributed, _open, _resume, _streamlock
+from . import _distributed, _open, _resume, _ringsize, _streamlock
 from . import _protocol as P
 from . import checkpoint as ckpt
 from ._hooks import ROOT_NAME, Hooks, choose_modules
 from ._options import SessionOptions
 from ._session import CaptureSession, open_session
-from .config import InstrumentationConfig
+from .config import AUTO_RING_MIN_BYTES, InstrumentationConfig
 from .tracking import TokenTracker
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,6 +71,20 @@ class Capture:
         self._hooks = Hooks(model, self.hooked_modules, self.config)
         self.model = model
         self._fingerprint = None
+        self._size_ring(model)
+
+    def _size_ring(self, model: Optional["nn.Module"]) -> None:
+        """Give a config without ``max_memory_gb`` its default ring: sized from the hooked
+        modules' bytes per forward (:mod:`._ringsize`); none for a capture without a model
+        (it writes no tensors). The block size, in the fingerprint, stays the config's."""
+        if self.config.max_memory_gb is not None:
+            return
+        if model is None:
+            ring, how = AUTO_RING_MIN_BYTES, "no model: no tensors"
+        else:
+            ring, how = _ringsize.auto_ring_size(model, self.hooked_modules)
+        log.info("llm_instrumentation: default ring %d bytes (%s)", ring, how)
+        self.plan = dataclasses.replace(self.config.transport_plan(), ring_size=ring, memory_hint=ring)
 
     def _attach_nothing(self) -> None:
         """Capture without a model (1.3.1 allowed ``capture_activations`` before
@@ -79,6 +94,7 @@ class Capture:
         self.hooked_modules = []
         self._hooks = Hooks(self.model, [], self.config)
         self._fingerprint = None
+        self._size_ring(None)
 
     def _detach_nothing(self) -> None:
         self.model, self._hooks, self.hooked_modules, self._fingerprint = None, None, [], None
@@ -197,7 +213,8 @@ class Capture:
                                        self.fingerprint(), out.resume, upload=self.upload_target,
                                        distributed=self._distributed(model, hooks),
                                        upload_free_local=opts.upload_free_local),
-                    resume_seq=out.resume.last_seq if out.resume is not None else 0, resources_fd=res_fd)
+                    resume_seq=out.resume.last_seq if out.resume is not None else 0, resources_fd=res_fd,
+                    ring_explicit=self.config.max_memory_gb is not None)
             finally:
                 for fd in (trace_fd, res_fd):
                     if fd is not None:

@@ -354,16 +354,20 @@ class Error(Body):
     code: str = "unknown"
     message: str = ""
     fatal: bool = True
+    #: ``memory_budget`` only: the largest ring the refused OPEN would have fitted in the
+    #: budget left (0: none); absent from daemons before it.
+    fits_ring_size: Optional[int] = None
 
     def exception(self) -> StrapdProtocolError:
         """The exception raised to the user for this ERROR.
 
         Returns:
-            a :class:`StrapdProtocolError` carrying ``code`` and ``fatal``
-            (:class:`StrapdWriteError` for ``write_error``).
+            a :class:`StrapdProtocolError` carrying ``code``, ``fatal`` and
+            ``fits_ring_size`` (:class:`StrapdWriteError` for ``write_error``).
         """
         cls = StrapdWriteError if self.code == "write_error" else StrapdProtocolError
-        return cls(f"strapd error {self.code}: {self.message}", code=self.code, fatal=self.fatal)
+        return cls(f"strapd error {self.code}: {self.message}", code=self.code, fatal=self.fatal,
+                   fits_ring_size=self.fits_ring_size)
 
 
 @dataclass(frozen=True, kw_only=True)

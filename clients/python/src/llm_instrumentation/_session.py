@@ -743,9 +743,14 @@ def fit_ring(ring_size: int, max_ring_size: Optional[int]) -> int:
 
 def open_session(socket_path: Optional[str], autostart: bool, stall_timeout: float, ring_size: int, policy: str,
                  output_fd: int, trace_fd: Optional[int], request: P.Open, resume_seq: int = 0,
-                 resources_fd: Optional[int] = None) -> CaptureSession:
+                 resources_fd: Optional[int] = None, ring_explicit: bool = True) -> CaptureSession:
     """Connect to strapd (starting it when ``autostart``), shake hands, create the ring and
     open a session. On any failure the connection and ring are released again.
+
+    A default ring (``ring_explicit`` False) that the daemon's memory budget has no room
+    for is made as small as the room left (the ``memory_budget`` ERROR's
+    ``fits_ring_size``), with a warning naming ``strapd serve --memory-limit``; a ring the
+    user asked for is refused with an error naming it and the budget.
 
     Args:
         socket_path: the control socket (None: default resolution).
@@ -759,10 +764,59 @@ def open_session(socket_path: Optional[str], autostart: bool, stall_timeout: flo
         resume_seq: the last sequence number of a resumed stream (0: fresh); the session
             continues after it.
         resources_fd: the resource log, or None (the caller keeps and closes it).
+        ring_explicit: the user chose ``ring_size`` (``max_memory_gb``); False for the
+            default ring, which may shrink to the daemon's budget.
 
     Returns:
         the open session.
     """
+    asked = ring_size
+    for attempt in range(_BUDGET_RETRIES + 1):
+        try:
+            return _open_once(socket_path, autostart, stall_timeout, ring_size, policy, output_fd, trace_fd,
+                              request, resume_seq, resources_fd)
+        except StrapdProtocolError as e:
+            if e.code != "memory_budget" or e.fits_ring_size is None:
+                raise
+            fits = e.fits_ring_size
+            if ring_explicit:
+                raise StrapdProtocolError(
+                    f"{e}. This capture asked for a {asked}-byte ring (max_memory_gb): ask for a smaller "
+                    f"one, leave max_memory_gb unset to take a ring that fits, or raise the daemon's "
+                    f"budget (strapd serve --memory-limit)", code=e.code, fatal=e.fatal,
+                    fits_ring_size=fits) from e
+            from .config import MIN_RING_BYTES
+
+            if fits < MIN_RING_BYTES or attempt == _BUDGET_RETRIES:
+                raise StrapdProtocolError(
+                    f"{e}. Not even the smallest ring ({MIN_RING_BYTES} bytes) fits: raise the daemon's "
+                    f"budget (strapd serve --memory-limit) or end other captures" if fits < MIN_RING_BYTES else
+                    f"{e}. The budget's room shrank {_BUDGET_RETRIES} times while this capture tried to "
+                    f"take it: raise the daemon's budget (strapd serve --memory-limit)",
+                    code=e.code, fatal=e.fatal, fits_ring_size=fits) from e
+            from ._warnings import warn_caller
+
+            warn_caller(f"strapd's memory budget has room for a {fits}-byte ring, not this capture's default "
+                        f"{ring_size} bytes: capturing with the smaller ring (the model may wait for strapd "
+                        f"more often). Raise the budget with `strapd serve --memory-limit`, or set "
+                        f"max_memory_gb to ask for a ring size (then a short budget is an error)")
+            meta = request.metadata or {}
+            transport = dict(meta.get("transport") or {}, ring_size=fits, ring_shrunk_by_budget_from=ring_size)
+            request = dataclasses.replace(request, metadata={**meta, "transport": transport},
+                                          memory_hint=fits if request.memory_hint else request.memory_hint)
+            ring_size = fits
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+#: Times a default ring is made smaller for the daemon's budget before giving up (the room
+#: a refusal reports can be taken by another session before the retry).
+_BUDGET_RETRIES = 3
+
+
+def _open_once(socket_path: Optional[str], autostart: bool, stall_timeout: float, ring_size: int, policy: str,
+               output_fd: int, trace_fd: Optional[int], request: P.Open, resume_seq: int,
+               resources_fd: Optional[int]) -> CaptureSession:
+    """One try of :func:`open_session`: a connection, a ring, OPEN."""
     from ._version import __version__
 
     conn: Optional[P.Connection] = None

@@ -5,10 +5,13 @@ Every field has an effect (the original 1.3.1 ignored several):
 * ``granularity`` picks which modules get hooks (see :class:`HookGranularity`).
 * ``compression_algorithm`` / ``compression_level`` are sent to strapd as the session codec.
 * ``max_memory_gb`` caps host buffering, as in 1.3.1: it sizes the shared-memory ring (the
-  client's whole memory cost; None = 0.25 GiB) and is sent to strapd as the session's memory
-  hint (``OPEN.memory_hint``). A ring larger than the daemon admits (its WELCOME says:
+  client's whole memory cost) and is sent to strapd as the session's memory hint
+  (``OPEN.memory_hint``). A ring larger than the daemon admits (its WELCOME says:
   ``strapd serve --max-ring-size``, 1 GiB by default) is shrunk to fit when the capture
-  starts, with one warning.
+  starts, with one warning; one the daemon's memory budget (``strapd serve
+  --memory-limit``) has no room for is refused. None: a ring sized from the hooked modules'
+  bytes per forward pass (4 MiB to 0.25 GiB, docs/DEPLOY.md), made smaller, with a
+  warning, when the daemon's budget has less room.
 * ``target_throughput_gbps`` picks the compression block size and whether the requested codec
   can keep up on this machine; see :meth:`InstrumentationConfig.transport_plan`.
 * ``backpressure`` is the ring-full policy: ``"block"`` (lossless, the model waits) or
@@ -60,8 +63,16 @@ MIN_RING_BYTES = 4096 + 64 * 1024
 #: strapd's default ``--max-ring-size``. A capture fits its ring to the daemon's limit,
 #: which WELCOME tells; this one is assumed of a daemon that does not say.
 MAX_RING_BYTES = 1 << 30
-#: Ring size when ``max_memory_gb`` is None.
+#: The largest default ring (``max_memory_gb`` None): a capture's default ring is sized from
+#: what it writes (:mod:`._ringsize`, docs/DEPLOY.md) between :data:`AUTO_RING_MIN_BYTES`
+#: and this; :attr:`InstrumentationConfig.ring_size` before a model is known.
 DEFAULT_RING_BYTES = 256 << 20
+#: The smallest default ring.
+AUTO_RING_MIN_BYTES = 4 << 20
+#: A default ring holds this many forward passes ...
+AUTO_RING_FORWARDS = 4
+#: ... of this many tokens each (or the model's context length when shorter).
+AUTO_RING_TOKENS = 1024
 
 
 class HookGranularity(str, enum.Enum):
@@ -151,7 +162,9 @@ class InstrumentationConfig:
         target_throughput_gbps: the capture rate you need, or ``None`` for no target.
             It picks the block size and may lower the codec (see :meth:`transport_plan`).
         max_memory_gb: cap on host buffering in GiB, as in 1.3.1: the shared-memory ring
-            size (also the daemon's per-session memory hint). None = 0.25 GiB. A ring larger
+            size (also the daemon's per-session memory hint). None = sized from the hooked
+            modules' bytes per forward pass, 4 MiB to 0.25 GiB (and smaller, with a warning,
+            when the daemon's ``--memory-limit`` has less room). A ring larger
             than the daemon admits (``strapd serve --max-ring-size``, 1 GiB by default) is
             shrunk to its limit when the capture starts, with a warning.
         backpressure: ``"block"`` (lossless) or ``"drop"``.
@@ -405,8 +418,9 @@ class InstrumentationConfig:
 
     @property
     def ring_size(self) -> int:
-        """Ring bytes: ``max_memory_gb`` GiB (None: 0.25 GiB) rounded down to a multiple of
-        4096. A capture shrinks it to what the daemon admits."""
+        """Ring bytes: ``max_memory_gb`` GiB rounded down to a multiple of 4096 (None: 0.25
+        GiB here, the largest default ring; a capture sizes its default ring from the model,
+        :mod:`._ringsize`). A capture shrinks it to what the daemon admits."""
         if self.max_memory_gb is None:
             return DEFAULT_RING_BYTES
         return int(self.max_memory_gb * (1 << 30)) // 4096 * 4096

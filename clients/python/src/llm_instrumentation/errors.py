@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 class StrapError(Exception):
     """Base class of every error raised by llm_instrumentation."""
@@ -18,12 +20,16 @@ class StrapdProtocolError(StrapError):
         code: the ERROR body's ``code`` (e.g. ``"bad_record"``), or ``"client"`` for a
             violation detected by the client.
         fatal: whether the daemon ended the session.
+        fits_ring_size: for ``memory_budget``, the largest ring (bytes) the daemon's budget
+            had room for when it refused the session (0: none); None otherwise.
     """
 
-    def __init__(self, message: str, code: str = "client", fatal: bool = True) -> None:
+    def __init__(self, message: str, code: str = "client", fatal: bool = True,
+                 fits_ring_size: Optional[int] = None) -> None:
         super().__init__(message)
         self.code = code
         self.fatal = fatal
+        self.fits_ring_size = fits_ring_size
 
 
 class StrapdWriteError(StrapdProtocolError):
