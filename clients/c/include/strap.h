@@ -182,7 +182,9 @@ typedef struct strap_session_params {
 	double start_timeout_s;
 
 	/* Ring bytes, header included: 4096 + a positive multiple of 64 (clamped down to the
-	 * daemon's max_ring_size). Default 64 MiB. */
+	 * daemon's max_ring_size). 0 (default): 64 MiB, made smaller when the daemon's memory
+	 * budget (strapd serve --memory-limit) has less room; a size set here is refused with
+	 * STRAP_E_DAEMON "memory_budget" instead (docs/DEPLOY.md, rings and the budget). */
 	uint64_t ring_size;
 	/* Stream codec ("none", "lz4", "zstd", "shuffle", ...). Default "none". */
 	const char *codec;

@@ -224,6 +224,9 @@ typedef struct sp_reply {
 			char code[64];
 			char message[1024];
 			int fatal;
+			/* memory_budget: the largest ring the budget had room for (0: none) */
+			int has_fits_ring_size;
+			uint64_t fits_ring_size;
 		} error;
 		struct {
 			uint64_t seq, offset, packets, drops, tokens, last_offset, last_crc;

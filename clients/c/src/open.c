@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +22,7 @@ strap_session_params strap_default_session_params(void)
 	memset(&p, 0, sizeof p);
 	p.autostart = 1;
 	p.start_timeout_s = 10.0;
-	p.ring_size = 64ull << 20;
+	p.ring_size = 0; /* DEFAULT_RING, smaller when the daemon's budget is short */
 	p.codec = "none";
 	p.codec_level = -1;
 	p.policy = STRAP_POLICY_BLOCK;
@@ -85,6 +86,10 @@ static int build_metadata(strap_session *s, const strap_session_params *p, const
 	sw_str(m, s->fingerprint, strlen(s->fingerprint));
 	sw_lit(m, ",\"output_path\":");
 	sw_str(m, s->output_path, strlen(s->output_path));
+	if (s->budget_shrunk_from) { /* the stream says its ring is smaller than the default, and why */
+		sw_lit(m, ",\"ring_shrunk_by_budget_from\":");
+		sw_u64(m, s->budget_shrunk_from);
+	}
 	if (s->rank.world_size) { /* the same object as the Python client's (DISTRIBUTED.md) */
 		const sp_rank *r = &s->rank;
 		sw_lit(m, ",\"distributed\":{\"rank\":");
@@ -137,11 +142,16 @@ static int build_metadata(strap_session *s, const strap_session_params *p, const
 	return STRAP_OK;
 }
 
+static int connect_and_open(strap_session *s, const strap_session_params *p, const char *client, uint64_t size,
+			    const strap_resume_point *resume, uint64_t packets, uint64_t last_crc);
+static int budget_fail(strap_session *s, const char *refused, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
 static int open_session(strap_session *s, const strap_session_params *p)
 {
 	if (!p->output_path || !*p->output_path)
 		return ss_fail(s, STRAP_E_INVALID, "params.output_path is required");
-	if (p->ring_size <= SR_HEADER_SIZE || (p->ring_size - SR_HEADER_SIZE) % 64)
+	if (p->ring_size && (p->ring_size <= SR_HEADER_SIZE || (p->ring_size - SR_HEADER_SIZE) % 64))
 		return ss_fail(s, STRAP_E_INVALID, "ring_size %llu must be 4096 + a positive multiple of 64",
 			       (unsigned long long)p->ring_size);
 	if (p->policy != STRAP_POLICY_BLOCK && p->policy != STRAP_POLICY_DROP)
@@ -225,7 +235,75 @@ static int open_session(strap_session *s, const strap_session_params *p)
 	if (p->resources && (e = open_side_file(s, ".resources.jsonl", resuming, &s->res_fd)))
 		return e;
 
+	strap_resume_point rp = {0};
+	if (resuming)
+		rp = (strap_resume_point){1, tokens, forwards, last_seq, off};
+	uint64_t size = p->ring_size ? p->ring_size : DEFAULT_RING;
+	for (int attempt = 0;; attempt++) {
+		s->has_fits_ring_size = false;
+		e = connect_and_open(s, p, client, size, resuming ? &rp : NULL, packets, last_crc);
+		if (e != STRAP_E_DAEMON || strcmp(s->err.daemon_code, "memory_budget") != 0 || !s->has_fits_ring_size)
+			return e;
+		/* The daemon's budget had no room for the ring: a default one is made as small as the
+		 * room left (fits_ring_size); one the caller chose is its error to fix. */
+		char refused[sizeof s->err.message];
+		memcpy(refused, s->err.message, sizeof refused);
+		uint64_t fits = s->fits_ring_size / 4096 * 4096;
+		if (p->ring_size)
+			return budget_fail(
+				s, refused,
+				"this session asked for a %llu-byte ring (params.ring_size): ask for "
+				"less, leave it 0 for a ring that fits, or raise the daemon's budget (strapd serve "
+				"--memory-limit)",
+				(unsigned long long)p->ring_size);
+		if (fits < MIN_RING)
+			return budget_fail(s, refused,
+					   "not even the smallest ring (%d bytes) fits: raise the daemon's "
+					   "budget (strapd serve --memory-limit) or end other sessions",
+					   MIN_RING);
+		if (attempt == BUDGET_RETRIES)
+			return budget_fail(s, refused,
+					   "the budget's room shrank %d times while this session tried to "
+					   "take it: raise the daemon's budget (strapd serve --memory-limit)",
+					   BUDGET_RETRIES);
+		/* a fresh connection and ring for the retry; the output and its lock stay */
+		s->budget_shrunk_from = s->ring_size;
+		if (s->sock >= 0)
+			close(s->sock);
+		s->sock = -1;
+		if (s->ring)
+			munmap(s->ring, s->ring_size);
+		s->ring = NULL;
+		if (s->ring_fd >= 0)
+			close(s->ring_fd);
+		s->ring_fd = -1;
+		s->failed = false;
+		memset(&s->err, 0, sizeof s->err);
+		size = fits;
+	}
+}
+
+/* The error of an OPEN refused for the daemon's memory budget that this session cannot retry:
+ * the daemon's words, then what to do about them. */
+static int budget_fail(strap_session *s, const char *refused, const char *fmt, ...)
+{
+	char advice[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(advice, sizeof advice, fmt, ap);
+	va_end(ap);
+	ss_fail(s, STRAP_E_DAEMON, "%s; %s", refused, advice);
+	snprintf(s->err.daemon_code, sizeof s->err.daemon_code, "memory_budget");
+	return STRAP_E_DAEMON;
+}
+
+/* Connect, shake hands, make a ring of size bytes (clamped to the daemon's max_ring_size) and
+ * OPEN the session on it; resume, when not NULL, continues a checkpointed stream. */
+static int connect_and_open(strap_session *s, const strap_session_params *p, const char *client, uint64_t size,
+			    const strap_resume_point *resume, uint64_t packets, uint64_t last_crc)
+{
 	/* connect and shake hands */
+	int e;
 	char path[4200];
 	strap_error cerr = {0};
 	s->sock = sc_connect(p->socket_path, p->autostart, p->strapd_bin, p->start_timeout_s, path, sizeof path, &cerr);
@@ -245,7 +323,6 @@ static int open_session(strap_session *s, const strap_session_params *p)
 		return ss_fail(s, STRAP_E_PROTOCOL, "daemon speaks protocol %lld, client speaks %d",
 			       (long long)r.u.welcome.protocol, SP_VERSION);
 	uint64_t limit = r.u.welcome.max_ring_size ? r.u.welcome.max_ring_size : DEFAULT_MAX_RING;
-	uint64_t size = p->ring_size;
 	if (size > limit) {
 		size = limit / 4096 * 4096;
 		if (size < MIN_RING)
@@ -283,10 +360,10 @@ static int open_session(strap_session *s, const strap_session_params *p)
 			  .metadata = meta.p,
 			  .metadata_len = meta.n,
 			  .resources = p->resources};
-	if (resuming) {
+	if (resume) {
 		o.has_resume = 1;
-		o.append_at = off;
-		o.resume_last_seq = last_seq;
+		o.append_at = resume->stream_offset;
+		o.resume_last_seq = resume->last_seq;
 		o.resume_last_crc = last_crc;
 		o.resume_packets = packets;
 	}
@@ -305,11 +382,11 @@ static int open_session(strap_session *s, const strap_session_params *p)
 		return e;
 	s->session_id = r.u.opened.session;
 	s->cursor = r.u.opened.published_cursor != 0;
-	if (resuming) {
-		s->seq = s->last_tensor_seq = last_seq;
-		s->tokens = tokens;
-		s->next_forward = forwards;
-		s->resume = (strap_resume_point){1, tokens, forwards, last_seq, off};
+	if (resume) {
+		s->seq = s->last_tensor_seq = resume->last_seq;
+		s->tokens = resume->token_count;
+		s->next_forward = resume->forward_count;
+		s->resume = *resume;
 	}
 	return STRAP_OK;
 }

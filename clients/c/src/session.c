@@ -75,6 +75,8 @@ static bool salvage(strap_session *s)
 		if (r.type == SP_ERROR) {
 			ss_fail(s, STRAP_E_DAEMON, "strapd error %s: %s", r.u.error.code, r.u.error.message);
 			snprintf(s->err.daemon_code, sizeof s->err.daemon_code, "%s", r.u.error.code);
+			s->has_fits_ring_size = r.u.error.has_fits_ring_size;
+			s->fits_ring_size = r.u.error.fits_ring_size;
 			found = true;
 		}
 	}
@@ -125,6 +127,8 @@ static int daemon_error(strap_session *s, const sp_reply *r)
 {
 	ss_fail(s, STRAP_E_DAEMON, "strapd error %s: %s", r->u.error.code, r->u.error.message);
 	snprintf(s->err.daemon_code, sizeof s->err.daemon_code, "%s", r->u.error.code);
+	s->has_fits_ring_size = r->u.error.has_fits_ring_size;
+	s->fits_ring_size = r->u.error.fits_ring_size;
 	return STRAP_E_DAEMON;
 }
 

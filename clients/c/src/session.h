@@ -35,6 +35,8 @@ enum {
 	POPULATE_CHUNK = 4 << 20,
 	DEFAULT_MAX_RING = 1 << 30,
 	MIN_RING = 4096 + 64 * 1024,
+	DEFAULT_RING = 64 << 20, /* params.ring_size 0 */
+	BUDGET_RETRIES = 3,      /* times a default ring is made smaller for the daemon's budget */
 	LOCK_WAIT_S = 30,
 };
 
@@ -58,6 +60,10 @@ struct strap_session {
 	bool cursor;
 	bool deferred; /* a pass's records lie below the cursor, not yet named by a message */
 	strap_error err;
+	/* the last memory_budget ERROR's fits_ring_size (open.c retries a default ring with it) */
+	bool has_fits_ring_size;
+	uint64_t fits_ring_size;
+	uint64_t budget_shrunk_from; /* the default ring the budget had no room for (0: none) */
 	strap_resume_point resume;
 	sp_rank rank;      /* this process's rank in a distributed job (world_size 0: none) */
 	char *output_path; /* absolute */

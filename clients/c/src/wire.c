@@ -433,6 +433,10 @@ int sp_decode_reply(const uint8_t *d, size_t n, sp_reply *r, char *err, size_t e
 			sj_str(f, r->u.error.message, sizeof r->u.error.message, NULL);
 		if (sj_get(v, "fatal", &f) && sj_bool(f, &b))
 			r->u.error.fatal = b;
+		r->u.error.has_fits_ring_size =
+			sj_get(v, "fits_ring_size", &f) && sj_u64(f, &r->u.error.fits_ring_size);
+		if (!r->u.error.has_fits_ring_size)
+			r->u.error.fits_ring_size = 0;
 		return STRAP_OK;
 	}
 	if (r->version != SP_VERSION) {
@@ -458,7 +462,7 @@ int sp_decode_reply(const uint8_t *d, size_t n, sp_reply *r, char *err, size_t e
 		r->u.opened.block_size = rd_u64(&x, "block_size");
 		r->u.opened.published_cursor = 0;
 		if (sj_get(v, "published_cursor", &f) && sj_kind(f) != 'z') {
-			bool on;
+			bool on = false;
 			if (!sj_bool(f, &on))
 				rd_fail(&x, "published_cursor", "a boolean");
 			r->u.opened.published_cursor = on;

@@ -167,9 +167,16 @@ static void replies(void)
 		      strcmp(r.u.error.code, "protocol_version") == 0 && r.u.error.fatal == 1 &&
 		      strcmp(r.u.error.message, "client speaks protocol 2, strapd speaks protocol 1") == 0,
 	      "error: %s", why);
+	CHECK(!r.u.error.has_fits_ring_size, "an ERROR without fits_ring_size decoded one");
 	/* the version-mismatch ERROR must be readable whatever its header version says */
 	d[4] = 2;
 	CHECK(sp_decode_reply(d, n, &r, why, sizeof why) == STRAP_OK && r.type == SP_ERROR, "v2 error: %s", why);
+	/* memory_budget: the room left, which open.c retries a default ring with */
+	n = load("protocol", "error_memory_budget.bin", d, sizeof d);
+	CHECK(sp_decode_reply(d, n, &r, why, sizeof why) == STRAP_OK && r.type == SP_ERROR &&
+		      strcmp(r.u.error.code, "memory_budget") == 0 && r.u.error.has_fits_ring_size &&
+		      r.u.error.fits_ring_size == 132116480u && strstr(r.u.error.message, "(--memory-limit)"),
+	      "memory_budget error: %s", why);
 }
 
 static void ring(void)
