@@ -268,7 +268,7 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Socket, "socket", "", "control socket path (default: $STRAPD_SOCKET, /run/strapd/strapd.sock as root, else $XDG_RUNTIME_DIR/strapd/strapd.sock or /tmp/strapd-$UID/strapd.sock)")
-	f.Var(&cfg.Memory.Limit, "memory-limit", "memory for ring mappings plus compression buffers in flight, e.g. 512MiB, 4GiB (default: a quarter of MemTotal, or of the cgroup's memory.max when lower; docs/DEPLOY.md)")
+	f.Var(&cfg.Memory.Limit, "memory-limit", "memory for ring mappings plus compression buffers in flight, e.g. 512MiB, 4GiB; unset, a quarter of MemTotal or of the cgroup's memory.max when lower (docs/DEPLOY.md)")
 	f.IntVar(&cfg.Pipeline.Workers, "workers", 0, "compression workers shared by all sessions (0: one per CPU)")
 	f.Var(&cfg.Pipeline.MaxBlockSize, "max-block-size", "largest compression block a client may ask for")
 	f.Float64Var(&cfg.Pipeline.CPUBudget, "cpu-budget", -1, "CPUs compression may use, all sessions together, e.g. 0.5; blocks beyond it are stored raw (negative: unlimited)")
