@@ -1,5 +1,6 @@
 /* Finding strapd and talking to it: the socket resolution of PROTOCOL.md 1, the detached
- * `strapd serve` started when nobody answers (the Python client's _daemon.py rules), and the
+ * `strapd serve` started when nobody answers, by one process at a time (the flock on
+ * strapd.sock.lock beside the socket, shared with the Python client's _daemon.py), and the
  * SOCK_SEQPACKET connection with SCM_RIGHTS descriptors. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -262,24 +264,44 @@ static pid_t spawn_daemon(const char *bin, const char *sock, char *log, size_t l
 	return (pid_t)v[0];
 }
 
-int sc_connect(const char *explicit_path, int autostart, const char *bin_given, double timeout, char *path,
-	       size_t pathcap, strap_error *err)
+/* Open the autostart lock (PROTOCOL.md 1): read-write so its holder can write its pid,
+ * read-only when the file is another user's in a shared socket directory (flock needs no
+ * more). Returns the descriptor or STRAP_E_CONNECT with err set. */
+static int open_lock(const char *lock, const char *sock, strap_error *err)
 {
-	if (strap_resolve_socket_path(explicit_path, path, pathcap) != STRAP_OK) {
-		se_set(err, STRAP_E_INVALID, "socket path too long");
-		return STRAP_E_INVALID;
-	}
-	int fd = try_connect(path);
-	if (fd >= 0)
-		return fd;
-	if (fd != -ENOENT && fd != -ECONNREFUSED) {
-		se_set(err, STRAP_E_CONNECT, "cannot connect to strapd on %s: %s", path, strerror(-fd));
+	int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0 && errno == EACCES)
+		fd = open(lock, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		se_set(err, STRAP_E_CONNECT,
+		       "cannot open the autostart lock %s: %s (set STRAPD_SOCKET to a path in a directory you can "
+		       "write, or start `strapd serve --socket %s` yourself)",
+		       lock, strerror(errno), sock);
 		return STRAP_E_CONNECT;
 	}
-	if (!autostart) {
-		se_set(err, STRAP_E_CONNECT, "no strapd answers on %s: %s", path, strerror(-fd));
-		return STRAP_E_CONNECT;
+	return fd;
+}
+
+/* " (pid N)" of the lock's holder, as it wrote it, or "" */
+static void lock_holder(int fd, char *out, size_t cap)
+{
+	char b[24];
+	ssize_t n = pread(fd, b, sizeof b - 1, 0);
+	int pid = 0;
+	out[0] = 0;
+	if (n > 0) {
+		b[n] = 0;
+		pid = atoi(b);
 	}
+	if (pid > 0)
+		snprintf(out, cap, " (pid %d)", pid);
+}
+
+/* With the lock held and still nobody answering: start the daemon and wait until it accepts.
+ * A daemon that exits at start-up may have found another one serving (it exits 0 then): one
+ * more connect tells. */
+static int start_and_wait(const char *path, const char *bin_given, double timeout, strap_error *err)
+{
 	char bin[4200];
 	if (!find_binary(bin_given, bin, sizeof bin)) {
 		se_set(err, STRAP_E_CONNECT,
@@ -292,28 +314,120 @@ int sc_connect(const char *explicit_path, int autostart, const char *bin_given, 
 	pid_t pid = spawn_daemon(bin, path, log, sizeof log, err);
 	if (pid < 0)
 		return pid;
-	double deadline = sc_now() + (timeout > 0 ? timeout : 10.0);
+	double deadline = sc_now() + timeout;
 	for (;;) {
-		fd = try_connect(path);
+		bool exited = kill(pid, 0) != 0 && errno == ESRCH;
+		int fd = try_connect(path);
 		if (fd >= 0)
 			return fd;
 		char tail[600];
-		if (kill(pid, 0) != 0 && errno == ESRCH) {
+		if (exited) {
 			log_tail(log, tail, sizeof tail);
-			se_set(err, STRAP_E_CONNECT, "strapd (pid %d) exited at start-up; log %s:\n%s", (int)pid, log,
-			       tail);
+			se_set(err, STRAP_E_CONNECT,
+			       "strapd (pid %d) exited at start-up; log %s:\n%s\n(fix what the log says; run `%s serve "
+			       "--socket %s` to see it happen; or point STRAPD_BIN at a working strapd)",
+			       (int)pid, log, tail, bin, path);
 			return STRAP_E_CONNECT;
 		}
 		if (sc_now() > deadline) {
 			log_tail(log, tail, sizeof tail);
 			se_set(err, STRAP_E_CONNECT,
-			       "strapd (pid %d) did not accept connections on %s within %.0fs; log %s:\n%s", (int)pid,
-			       path, timeout, log, tail);
+			       "strapd (pid %d) did not accept connections on %s within %.0fs; log %s:\n%s\n(check "
+			       "`strapd status --socket %s`; start `strapd serve --socket %s` yourself; or set "
+			       "STRAPD_SOCKET to another path)",
+			       (int)pid, path, timeout, log, tail, path, path);
 			return STRAP_E_CONNECT;
 		}
 		struct timespec ts = {0, 50 * 1000 * 1000};
 		nanosleep(&ts, NULL);
 	}
+}
+
+int sc_connect(const char *explicit_path, int autostart, const char *bin_given, double timeout, char *path,
+	       size_t pathcap, strap_error *err)
+{
+	if (strap_resolve_socket_path(explicit_path, path, pathcap) != STRAP_OK) {
+		se_set(err, STRAP_E_INVALID, "socket path too long");
+		return STRAP_E_INVALID;
+	}
+	int fd = try_connect(path);
+	if (fd >= 0)
+		return fd;
+	if (fd != -ENOENT && fd != -ECONNREFUSED) {
+		se_set(err, STRAP_E_CONNECT,
+		       "cannot connect to strapd on %s: %s (check that STRAPD_SOCKET or params.socket_path names "
+		       "strapd's socket; `strapd status --socket %s`)",
+		       path, strerror(-fd), path);
+		return STRAP_E_CONNECT;
+	}
+	if (!autostart) {
+		se_set(err, STRAP_E_CONNECT,
+		       "no strapd answers on %s: %s (start `strapd serve --socket %s` first, or set params.autostart)",
+		       path, strerror(-fd), path);
+		return STRAP_E_CONNECT;
+	}
+	/* Of the processes finding no daemon at once, the one holding the lock starts it and keeps
+	 * the lock until it accepts; the others connect as soon as it does (PROTOCOL.md 1). */
+	char dir[4200], lock[4210];
+	snprintf(dir, sizeof dir, "%s", path);
+	char *slash = strrchr(dir, '/');
+	if (slash && slash != dir) {
+		*slash = 0;
+		if (mkdirs(dir) != 0) {
+			se_set(err, STRAP_E_CONNECT,
+			       "cannot create the socket directory %s: %s (set STRAPD_SOCKET to a path in a directory "
+			       "you can write)",
+			       dir, strerror(errno));
+			return STRAP_E_CONNECT;
+		}
+	}
+	snprintf(lock, sizeof lock, "%s.lock", path);
+	int lk = open_lock(lock, path, err);
+	if (lk < 0)
+		return lk;
+	double start = timeout > 0 ? timeout : 10.0;
+	double deadline = sc_now() + 3 * start;
+	for (;;) {
+		if (flock(lk, LOCK_EX | LOCK_NB) == 0)
+			break;
+		if (errno != EWOULDBLOCK && errno != EINTR) {
+			se_set(err, STRAP_E_CONNECT,
+			       "flock %s: %s (start `strapd serve --socket %s` yourself, or set STRAPD_SOCKET "
+			       "to a path on a local file system)",
+			       lock, strerror(errno), path);
+			close(lk);
+			return STRAP_E_CONNECT;
+		}
+		if ((fd = try_connect(path)) >= 0) { /* the holder's daemon answers */
+			close(lk);
+			return fd;
+		}
+		if (sc_now() > deadline) {
+			char holder[32];
+			lock_holder(lk, holder, sizeof holder);
+			se_set(err, STRAP_E_CONNECT,
+			       "no strapd answers on %s after waiting %.0fs for the autostart lock %s, held by another "
+			       "process starting strapd%s; if that process is stuck, end it (the lock goes with it), "
+			       "or start `strapd serve --socket %s` yourself",
+			       path, 3 * start, lock, holder, path);
+			close(lk);
+			return STRAP_E_CONNECT;
+		}
+		struct timespec ts = {0, 20 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+	}
+	/* a daemon started while this process waited for the lock */
+	fd = try_connect(path);
+	if (fd < 0) {
+		char me[24];
+		int n = snprintf(me, sizeof me, "%d\n", (int)getpid());
+		/* may fail (read-only): the pid only names the holder in others' errors */
+		bool wrote = ftruncate(lk, 0) == 0 && pwrite(lk, me, (size_t)n, 0) == n;
+		(void)wrote;
+		fd = start_and_wait(path, bin_given, start, err);
+	}
+	close(lk); /* releases the flock */
+	return fd;
 }
 
 int sc_send(int fd, const void *data, size_t n, const int *fds, int nfds)
