@@ -286,6 +286,8 @@ test-long: $(BIN) $(VENV)/.stamp
 	  STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q -rs clients/python/tests/test_random_kill.py
 	STRAP_TEST_LONG=1 STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q -rs \
 	  clients/python/tests/test_job_resume.py::test_job_resume_random_kills
+	STRAP_TEST_LONG=1 STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q -rs -s \
+	  clients/python/tests/test_autostart_race.py::test_torchrun_autostart
 	$(MAKE) --no-print-directory test-long-c
 
 # The main job on its embedded default: a real capture of a Llama-architecture model built
