@@ -429,7 +429,7 @@ func (u *Upload) Status() Status {
 	if s.State == StateUploading || s.State == StateRetrying {
 		if d := u.track.waitingFor(); d > u.m.o.Client.StallAfter() {
 			s.State = StateStalled
-			why := fmt.Sprintf("stalled: no answer from the server for %ds", int(d.Seconds()))
+			why := fmt.Sprintf("no answer from the server for %ds", int(d.Seconds()))
 			if s.LastError != "" {
 				why += "; last error: " + s.LastError
 			}

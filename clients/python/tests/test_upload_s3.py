@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
+import warnings
 import signal
 import socket
 import subprocess
@@ -26,6 +29,7 @@ from conftest import Daemon, strapd_bin, tiny_llama
 from s3server import ACCESS, SECRET, versitygw_bin
 
 from llm_instrumentation import capture_activations
+from llm_instrumentation._capture import UploadWarning
 from llm_instrumentation.framework import tokens_path
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is in the Makefile's PY_DEPS (make venv)")
@@ -163,14 +167,15 @@ def test_daemon_wide_target_and_delete_local(s3: S3Server, daemons: Any, tmp_pat
     d = daemons(s3, "--upload", f"s3://{BUCKET}/fleet", "--upload-keep-local=false")
     out = tmp_path / "big.strap"
     summary = capture_forwards(d.socket, out, 3, None, track_per_token=True)
-    obj = f"s3://{BUCKET}/fleet/big.strap"
+    me = pwd.getpwuid(os.getuid()).pw_name  # the daemon's target gets a component per user
+    obj = f"s3://{BUCKET}/fleet/{me}/big.strap"
     assert summary["upload"] == obj  # OPENED told the client, so its tokens file went with CLOSE
     u = wait_upload(d, obj)
     assert u["local_deleted"] and not out.exists()
     tok = Path(tokens_path(out))
-    assert not tok.exists() and json.loads(s3.get(f"fleet/{tok.name}"))["total_tokens"] == 3
+    assert not tok.exists() and json.loads(s3.get(f"fleet/{me}/{tok.name}"))["total_tokens"] == 3
     assert u["parts"] >= 2 and u["final_size"] == summary["file_bytes"]
-    data = s3.get("fleet/big.strap")
+    data = s3.get(f"fleet/{me}/big.strap")
     assert len(data) == summary["file_bytes"]
     v = subprocess.run([str(strapd_bin()), "verify", "--s3-endpoint", s3.endpoint, obj], capture_output=True, text=True)
     assert v.returncode == 0, v.stdout + v.stderr
@@ -507,3 +512,185 @@ def test_server_side_encryption(s3: S3Server, daemons: Any, tmp_path: Path) -> N
     bad = subprocess.run([str(strapd_bin()), "serve", "--s3-sse", "aws:kms:dsse"], capture_output=True, text=True,
                          timeout=20)
     assert bad.returncode != 0 and "SSE-C is not supported" in bad.stderr, bad.stderr
+
+
+def state_files(tmp_path: Path) -> List[Path]:
+    """The upload state files of the daemons fixture's state directory."""
+    d = tmp_path / "upload-state"
+    return sorted(d.glob("upload-*")) if d.is_dir() else []
+
+
+def test_frozen_server_strapd_killed_after_close_completes_after_restart(s3: S3Server, daemons: Any,
+                                                                         tmp_path: Path) -> None:
+    """Issue 41: the server hangs (SIGSTOP) mid-upload, the capture ends normally, strapd is
+    SIGKILLed a few seconds after CLOSED. The session's end is in the state file; while the
+    server was frozen status said stalled, with errors, and the client warned. After SIGCONT
+    and a new strapd the object equals the local stream with no user action, and no
+    multipart upload, state file or unfinished entry is left."""
+    d = daemons(s3, "--upload-timeout", "2s")
+    out = tmp_path / "frz.strap"
+    obj = f"s3://{BUCKET}/f/frz.strap"
+    model = tiny_llama()
+    ids = big_input()
+    frozen = False
+    try:
+        with pytest.warns(UploadWarning, match=r"upload to s3://caps/f/frz\.strap is (stalled|retrying)"):
+            with capture_activations(model, preset="fast_capture", output_path=out, socket_path=d.socket,
+                                     autostart_daemon=False, upload=f"s3://{BUCKET}/f") as fw:
+                with torch.no_grad():
+                    for i in range(4):
+                        model(input_ids=ids, use_cache=False)
+                        if i == 1:
+                            deadline = time.monotonic() + 30
+                            while time.monotonic() < deadline:
+                                ups = [u for u in status(d).get("uploads") or [] if u["object"] == obj]
+                                if ups and ups[0]["uploaded_bytes"] > 0:
+                                    break
+                                time.sleep(0.05)
+                            else:
+                                pytest.fail("no part uploaded while capturing")
+                            s3.proc.send_signal(signal.SIGSTOP)
+                            frozen = True
+                    time.sleep(3)  # the parts sent since find no answer: stalled (--upload-timeout 2s)
+        assert fw.summary["upload_state"] in ("stalled", "retrying") and fw.summary["upload_error"]
+        size = out.stat().st_size
+        assert size == fw.summary["file_bytes"]
+        # strapd status shows the hung upload as stalled, its failed attempts counted.
+        deadline = time.monotonic() + 30
+        while True:
+            u = wait_upload(d, obj, state="stalled", timeout=30)
+            if u["errors"] >= 1 or time.monotonic() > deadline:  # once a part's deadline (7 s) passed
+                break
+            time.sleep(0.2)
+        assert u["errors"] >= 1 and u["last_error"].startswith("no answer from the server for"), u
+        assert "no answer from the server within" in u["last_error"], u  # the timed-out call, named
+        text = subprocess.run([str(strapd_bin()), "status", "--socket", d.socket], capture_output=True, text=True,
+                              timeout=20).stdout
+        assert "stalled" in text and "no answer from the server" in text, text
+        time.sleep(2)
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+        states = [json.loads(p.read_text()) for p in state_files(tmp_path) if p.suffix == ".json"]
+        assert [st["final_size"] for st in states] == [size], states  # the end was recorded at once
+    finally:
+        if frozen:
+            s3.proc.send_signal(signal.SIGCONT)
+    d2 = daemons(s3, "--upload-timeout", "2s")  # the same state directory; nobody does anything
+    u = wait_upload(d2, obj, timeout=120)
+    assert u["final_size"] == size
+    assert s3.get("f/frz.strap") == out.read_bytes()
+    assert not s3.client().list_multipart_uploads(Bucket=BUCKET).get("Uploads"), "orphaned multipart upload"
+    assert [x for x in status(d2).get("uploads") or [] if x["state"] != "complete"] == []
+    assert state_files(tmp_path) == []
+
+
+def test_client_warns_when_upload_fails(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
+    """An upload the server refuses (no such bucket): the capture is complete, and the client
+    says, as it closes, that its upload is failing and why."""
+    d = daemons(s3)
+    out = tmp_path / "nb.strap"
+    with pytest.warns(UploadWarning, match=r"s3://nosuchbucket/x/nb\.strap is retrying: no such bucket"):
+        summary = capture_forwards(d.socket, out, 1, "s3://nosuchbucket/x")
+    assert summary["upload_state"] == "retrying" and "no such bucket" in summary["upload_error"]
+    assert out.stat().st_size == summary["file_bytes"]
+    # A healthy upload closes without a warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UploadWarning)
+        ok = capture_forwards(d.socket, tmp_path / "ok.strap", 1, f"s3://{BUCKET}/ok")
+    assert ok.get("upload_state") in ("uploading", "complete") and "upload_error" not in ok
+
+
+def test_second_capture_to_same_key_refused_resume_overwrites(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
+    """An explicit per-session key that holds another capture's object refuses the upload at
+    OPEN; the object stays."""
+    d = daemons(s3)
+    target = f"s3://{BUCKET}/same"
+    a = tmp_path / "a" / "cap.strap"
+    a.parent.mkdir()
+    capture_forwards(d.socket, a, 1, target)
+    wait_upload(d, f"{target}/cap.strap")
+    first = s3.get("same/cap.strap")
+    b = tmp_path / "b" / "cap.strap"
+    b.parent.mkdir()
+    with pytest.raises(Exception, match="another capture's object"):
+        capture_forwards(d.socket, b, 1, target)
+    assert s3.get("same/cap.strap") == first
+    assert not s3.client().list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+
+
+def _capture_as(user: str, sock: str) -> str:
+    """A capture of a small model by a client of another uid: a forked child of this process
+    that drops to the user (the interpreter and torch already loaded: the user need not
+    reach this venv), capturing to ~/cap.strap. Returns the object its CLOSED named."""
+    pw = pwd.getpwnam(user)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+            os.environ["HOME"] = pw.pw_dir
+            torch.set_num_threads(1)
+            model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+            torch.manual_seed(pw.pw_uid)
+            with capture_activations(model, output_path=os.path.join(pw.pw_dir, "cap.strap"), socket_path=sock,
+                                     autostart_daemon=False) as fw:
+                with torch.no_grad():
+                    for _ in range(3):
+                        model(torch.randn(8, 64))
+            os.write(w, str(fw.summary.get("upload")).encode())
+            code = 0
+        except BaseException as e:  # reported through the pipe
+            os.write(w, f"ERROR {e!r}".encode())
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode()
+    _, st = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(st) == 0, out
+    return out
+
+
+def test_two_users_one_daemon_prefix_keep_two_objects(s3: S3Server, tmp_path: Path) -> None:
+    """strapd as a shared service (root, one --upload prefix): two real users capture to their
+    own ~/cap.strap; each gets its own object under the prefix, both intact."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates two users with useradd and runs a client as each")
+    if shutil.which("useradd") is None:
+        pytest.skip("needs useradd to create the test's users")
+    b = strapd_bin()
+    if not (b.is_file() and os.access(b, os.X_OK)):
+        pytest.skip(f"strapd binary not built at {b}")
+    tag = f"{os.getpid() % 100000}"
+    users = [f"strapa{tag}", f"strapb{tag}"]
+    homes = tempfile.mkdtemp(prefix="homes", dir="/tmp")
+    os.chmod(homes, 0o755)
+    sockdir = tempfile.mkdtemp(prefix="d", dir="/tmp")
+    os.chmod(sockdir, 0o755)
+    made: List[str] = []
+    d: Optional[Daemon] = None
+    try:
+        for u in users:
+            subprocess.run(["useradd", "-m", "-d", os.path.join(homes, u), "-U", "-s", "/bin/sh", u], check=True,
+                           capture_output=True)
+            made.append(u)
+        d = Daemon(b, sockdir, "--no-probes", "--socket-mode", "0666", "--socket-group", "", "--s3-endpoint",
+                   s3.endpoint, "--upload", f"s3://{BUCKET}/mu", "--upload-part-size", "5MiB",
+                   "--upload-state-dir", str(tmp_path / "state"))
+        objs = [_capture_as(u, d.socket) for u in users]
+        assert objs == [f"s3://{BUCKET}/mu/{u}/cap.strap" for u in users]
+        for u in users:
+            wait_upload(d, f"s3://{BUCKET}/mu/{u}/cap.strap")
+            assert s3.get(f"mu/{u}/cap.strap") == Path(homes, u, "cap.strap").read_bytes()
+        assert s3.get(f"mu/{users[0]}/cap.strap") != s3.get(f"mu/{users[1]}/cap.strap")
+    finally:
+        if d is not None:
+            d.stop()
+        for u in made:
+            subprocess.run(["userdel", "-r", u], capture_output=True)
+        shutil.rmtree(homes, ignore_errors=True)
+        shutil.rmtree(sockdir, ignore_errors=True)

@@ -28,6 +28,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("llm_instrumentation")
 
+#: upload states (``strapd status``) in which the object is not being written as it should.
+UPLOAD_FAILING = ("retrying", "stalled", "refused", "lost")
+
+
+class UploadWarning(UserWarning):
+    """A capture closed while strapd's upload of it fails (the reason in the message)."""
+
 
 class Capture:
     """The state and life cycle of captures of one model (see the framework for attributes)."""
@@ -401,6 +408,8 @@ class Capture:
             if not wrote_tokens:
                 write_tokens()
             self._end_capture_set()
+        if clean and self.summary.get("upload"):
+            self._check_upload(session)
         ck_path = self.options.checkpoint_file
         if clean and self._clean and ck_path is not None and os.path.exists(ck_path):
             ckpt.fsync_unlink(ck_path)
@@ -430,6 +439,36 @@ class Capture:
         """The s3:// target strapd uploads this capture into (the option's, else the
         config's), or None (then the daemon's ``serve --upload``, if any, applies)."""
         return self.options.upload or self.config.upload
+
+    def _check_upload(self, session: CaptureSession) -> None:
+        """Ask strapd how the closed capture's upload goes (a STATUS after CLOSED): one that
+        is failing (credentials or bucket refused, the key holding another capture's object,
+        a server that does not answer) is a warning with strapd's reason, and the summary's
+        ``upload_state`` and ``upload_error``. The capture itself is complete either way."""
+        from . import _daemon
+        from ._warnings import warn_caller
+
+        obj = self.summary["upload"]
+        sid = session.opened.session if session.opened is not None else None
+        try:
+            rep = P.status(_daemon.resolve_socket_path(self.options.socket_path), timeout=5.0)
+        except Exception as e:  # the capture is complete; its upload's health is extra
+            log.debug("llm_instrumentation: no upload status after CLOSED: %s", e)
+            return
+        ups = [u for u in rep.get("uploads") or [] if u.get("object") == obj and u.get("session") in (sid, None, 0)]
+        mine = [u for u in ups if u.get("session") == sid] or ups
+        if not mine:
+            return
+        u = mine[-1]
+        state, err = u.get("state"), u.get("last_error") or ""
+        self.summary["upload_state"] = state
+        if err:
+            self.summary["upload_error"] = err
+        if state in UPLOAD_FAILING:
+            msg = (f"the capture is complete on the local disk (kept), but its upload to {obj} is {state}: {err or 'no reason given'}"
+                   + ("" if state in ("refused", "lost") else " (strapd retries it; `strapd status` follows it)"))
+            log.warning("llm_instrumentation: %s", msg)
+            warn_caller(msg, UploadWarning)
 
     def _close_uploading(self, session: CaptureSession, write_tokens: Callable[[], None]) -> Dict[str, Any]:
         """CLOSE with the tokens file's descriptor, so strapd uploads it beside the stream."""

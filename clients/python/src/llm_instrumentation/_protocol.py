@@ -380,11 +380,13 @@ class Status(Body):
 @dataclass(frozen=True, kw_only=True)
 class StatusReply(Body):
     """STATUS_REPLY (PROTOCOL.md 4). Its figures grow with the daemon; the client passes
-    them through to the caller, so only the two top-level fields are typed here."""
+    them through to the caller, so only the top-level fields are typed here (``uploads``:
+    the uploads to object storage the caller may see, absent without any)."""
 
     TYPE: ClassVar[int] = STATUS_REPLY
     daemon: Dict[str, Any]
     sessions: List[Dict[str, Any]] = field(default_factory=list)
+    uploads: Optional[List[Dict[str, Any]]] = None
 
 
 @dataclass(frozen=True, kw_only=True)
