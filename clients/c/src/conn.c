@@ -269,7 +269,7 @@ static pid_t spawn_daemon(const char *bin, const char *sock, char *log, size_t l
  * more). Returns the descriptor or STRAP_E_CONNECT with err set. */
 static int open_lock(const char *lock, const char *sock, strap_error *err)
 {
-	int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
 	if (fd < 0 && errno == EACCES)
 		fd = open(lock, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {

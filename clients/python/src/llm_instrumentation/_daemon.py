@@ -134,7 +134,7 @@ def _open_lock(path: str, socket_path: str) -> int:
     # file belongs to another user of a shared socket directory.
     for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):
         try:
-            return os.open(path, flags | os.O_CLOEXEC, 0o600)
+            return os.open(path, flags | os.O_CLOEXEC, 0o644)
         except PermissionError:
             continue
         except OSError as e:
