@@ -275,3 +275,103 @@ func TestKeyOfAnotherCaptureRefused(t *testing.T) {
 		t.Errorf("state files left: %v", left)
 	}
 }
+
+// TestEndedStreamWithoutRecordedEnd: a state file that does not record the stream's end
+// (a strapd before the end was recorded at once) of a stream that has ended (its footer):
+// the restarted strapd completes the upload instead of waiting for a resume that will
+// never come.
+func TestEndedStreamWithoutRecordedEnd(t *testing.T) {
+	f := newFixture(t)
+	path := filepath.Join(f.dir, "ended.strap")
+	data := writeStreamFile(t, path, 2*upload.MinPartSize+777)
+	r, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := f.manager(t, true)
+	u, err := m.Begin(upload.Stream{File: r, Path: path, Target: upload.Target{Bucket: "caps", Prefix: "run/a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Durable(upload.MinPartSize)
+	for deadline := time.Now().Add(30 * time.Second); u.Status().Parts == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no part: %+v", u.Status())
+		}
+	}
+	m.Close() // stopped before the end was recorded
+	if st := readState(t, f.state); st.FinalSize != -1 {
+		t.Fatalf("final_size %d, want -1 for this test", st.FinalSize)
+	}
+	m2 := f.manager(t, true)
+	if err := m2.ResumePending(); err != nil {
+		t.Fatal(err)
+	}
+	if end := waitEnded(t, m2); end.State != upload.StateComplete {
+		t.Fatalf("after the restart: %+v", end)
+	}
+	if got := uploadtest.Object(t, f.client, "caps", "run/a/ended.strap"); !bytes.Equal(got, data) {
+		t.Fatal("object differs from the stream")
+	}
+	if left := stateFiles(t, f.state); len(left) != 0 {
+		t.Errorf("state files left: %v", left)
+	}
+}
+
+// TestWaitingUploadFinishedByHand: strapd stopped mid-capture; the restarted one shows the
+// upload waiting, suggesting nothing that cuts the stream; `strapd upload` of the file (the
+// same state directory) uploads it as it is, aborts the multipart upload left behind, and
+// the waiting entry goes with the state file.
+func TestWaitingUploadFinishedByHand(t *testing.T) {
+	f := newFixture(t)
+	m := f.manager(t, true)
+	w, u := f.begin(t, m, "mid.strap", 0)
+	data := randomBytes(upload.MinPartSize+5000, 71)
+	if _, err := w.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	u.Durable(int64(len(data)))
+	for deadline := time.Now().Add(30 * time.Second); u.Status().Parts == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no part: %+v", u.Status())
+		}
+	}
+	m.Close()
+	m2 := f.manager(t, true)
+	if err := m2.ResumePending(); err != nil {
+		t.Fatal(err)
+	}
+	sts := m2.Status()
+	if len(sts) != 1 || sts[0].State != upload.StateWaiting || !strings.Contains(sts[0].LastError, "strapd upload "+filepath.Join(f.dir, "mid.strap")) ||
+		strings.Contains(sts[0].LastError, "resume_from_checkpoint") {
+		t.Fatalf("waiting entry: %+v", sts)
+	}
+	path := filepath.Join(f.dir, "mid.strap")
+	r, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m3 := f.manager(t, true)
+	byHand, err := m3.Begin(upload.Stream{File: r, Path: path, Target: upload.Target{Bucket: "caps", Prefix: "run/a"}, Final: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := byHand.Finish(nil); err != nil {
+		t.Fatal(err)
+	}
+	if s := wait(t, byHand, 60*time.Second); s.State != upload.StateComplete {
+		t.Fatalf("by hand: %+v", s)
+	}
+	if got := uploadtest.Object(t, f.client, "caps", "run/a/mid.strap"); !bytes.Equal(got, data) {
+		t.Fatal("object differs from the file")
+	}
+	if sts := m2.Status(); len(sts) != 0 {
+		t.Errorf("the daemon still shows %+v", sts)
+	}
+	if open := openUploads(t, f.client); len(open) != 0 {
+		t.Errorf("multipart uploads left open: %v", open)
+	}
+	if left := stateFiles(t, f.state); len(left) != 0 {
+		t.Errorf("state files left: %v", left)
+	}
+}
