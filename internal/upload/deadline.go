@@ -115,10 +115,3 @@ func (t *tracker) waitingFor() time.Duration {
 	}
 	return time.Since(t.since)
 }
-
-// idle reports whether no call is in flight or left unanswered.
-func (t *tracker) idle() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return !t.waiting
-}

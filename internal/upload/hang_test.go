@@ -375,3 +375,62 @@ func TestWaitingUploadFinishedByHand(t *testing.T) {
 		t.Errorf("state files left: %v", left)
 	}
 }
+
+// TestConditionalCompleteKeepsObjectWrittenMeanwhile: another object lands on the key after
+// strapd checked it and before its CompleteMultipartUpload arrives (a proxy writes it just
+// then): the completion's If-None-Match: * makes the server refuse (VersityGW 1.8.0 checks
+// it), and the upload ends refused, the other object intact and no multipart upload left.
+func TestConditionalCompleteKeepsObjectWrittenMeanwhile(t *testing.T) {
+	f := newFixture(t)
+	target, err := url.Parse(f.srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := randomBytes(1000, 81)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	var completes, refused atomic.Int32
+	px := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Query().Has("uploadId") && completes.Add(1) == 1 {
+			if _, err := f.client.S3().PutObject(r.Context(), &s3.PutObjectInput{Bucket: aws.String("caps"),
+				Key: aws.String("run/a/cond.strap"), Body: bytes.NewReader(other)}); err != nil {
+				t.Errorf("put the other object: %v", err)
+			}
+			rec := httptest.NewRecorder()
+			rp.ServeHTTP(rec, r)
+			if rec.Code == http.StatusPreconditionFailed {
+				refused.Add(1)
+			}
+			for k, v := range rec.Header() {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(rec.Code)
+			_, _ = w.Write(rec.Body.Bytes())
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(px.Close)
+	m := f.managerFor(t, quickClient(t, px.URL), true, false)
+	w, u := f.begin(t, m, "cond.strap", 0)
+	if _, err := w.Write(randomBytes(upload.MinPartSize+10, 82)); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Finish(nil); err != nil {
+		t.Fatal(err)
+	}
+	if s := wait(t, u, 60*time.Second); s.State != upload.StateRefused {
+		t.Fatalf("status %+v, want refused", s)
+	}
+	if refused.Load() != 1 {
+		t.Fatalf("the server did not refuse the conditional completion (%d completions)", completes.Load())
+	}
+	if got := uploadtest.Object(t, f.client, "caps", "run/a/cond.strap"); !bytes.Equal(got, other) {
+		t.Fatal("the object written meanwhile was replaced")
+	}
+	if open := openUploads(t, f.client); len(open) != 0 {
+		t.Errorf("multipart uploads left open: %v", open)
+	}
+	if left := stateFiles(t, f.state); len(left) != 0 {
+		t.Errorf("state files left: %v", left)
+	}
+}

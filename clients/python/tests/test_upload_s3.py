@@ -600,7 +600,7 @@ def test_client_warns_when_upload_fails(s3: S3Server, daemons: Any, tmp_path: Pa
     assert ok.get("upload_state") in ("uploading", "complete") and "upload_error" not in ok
 
 
-def test_second_capture_to_same_key_refused_resume_overwrites(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
+def test_second_capture_to_same_key_refused(s3: S3Server, daemons: Any, tmp_path: Path) -> None:
     """An explicit per-session key that holds another capture's object refuses the upload at
     OPEN; the object stays."""
     d = daemons(s3)
