@@ -294,7 +294,7 @@ func newUploadCmd(logger func() *zap.Logger) *cobra.Command {
 	c.PartSize = 16 << 20
 	f.Var(&c.PartSize, "upload-part-size", "size of the first multipart parts (at least 5MiB)")
 	f.IntVar(&c.Concurrency, "upload-concurrency", 4, "parts sent at once")
-	f.StringVar(&c.StateDir, "upload-state-dir", "", "keep the upload's state here, so that running the same command again after a crash continues it (default: a temporary directory)")
+	f.StringVar(&c.StateDir, "upload-state-dir", "", "keep the upload's state here, so that running the same command again after a crash continues it (default: serve's default state directory when it holds an unfinished upload of FILE, which this one then continues and clears; else a temporary directory)")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	c.KeepLocal = true
 	return cmd

@@ -694,3 +694,47 @@ def test_two_users_one_daemon_prefix_keep_two_objects(s3: S3Server, tmp_path: Pa
             subprocess.run(["userdel", "-r", u], capture_output=True)
         shutil.rmtree(homes, ignore_errors=True)
         shutil.rmtree(sockdir, ignore_errors=True)
+
+
+def test_strapd_upload_by_hand_finishes_the_daemons_upload(s3: S3Server, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finished capture whose upload strapd serve left unfinished (the server down, strapd
+    SIGKILLed): `strapd upload FILE TARGET` by hand, with serve's default state directory,
+    continues that upload; afterwards no state file, multipart upload or daemon entry is left."""
+    b = strapd_bin()
+    if not (b.is_file() and os.access(b, os.X_OK)):
+        pytest.skip(f"strapd binary not built at {b}")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))  # serve's and upload's default state directory
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    state = tmp_path / "xdg" / "strapd" / "uploads"
+    sockdir = tempfile.mkdtemp(prefix="d", dir="/tmp")
+    d = Daemon(b, sockdir, "--no-probes", "--s3-endpoint", s3.endpoint, "--upload-part-size", "5MiB")
+    out = tmp_path / "hand.strap"
+    obj = f"s3://{BUCKET}/h/hand.strap"
+    try:
+        model = tiny_llama()
+        ids = big_input()
+        with pytest.warns(UploadWarning):
+            with capture_activations(model, preset="fast_capture", output_path=out, socket_path=d.socket,
+                                     autostart_daemon=False, upload=f"s3://{BUCKET}/h"):
+                with torch.no_grad():
+                    for i in range(3):
+                        model(input_ids=ids, use_cache=False)
+                        if i == 0:
+                            s3.kill()
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+        assert [json.loads(p.read_text())["final_size"] for p in state.glob("upload-*.json")] == [out.stat().st_size]
+        s3.start()
+        r = subprocess.run([str(b), "upload", "--s3-endpoint", s3.endpoint, "--upload-part-size", "5MiB", str(out),
+                            f"s3://{BUCKET}/h"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "continuing the upload strapd serve left" in r.stderr, r.stderr
+        assert s3.get("h/hand.strap") == out.read_bytes()
+        assert list(state.glob("upload-*")) == []
+        assert not s3.client().list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+        d = Daemon(b, sockdir, "--no-probes", "--s3-endpoint", s3.endpoint)
+        assert [u for u in status(d).get("uploads") or [] if u["object"] == obj] == []
+    finally:
+        d.stop()
+        shutil.rmtree(sockdir, ignore_errors=True)
