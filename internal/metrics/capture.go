@@ -50,7 +50,7 @@ var (
 	descUploadErrors    = prometheus.NewDesc("strapd_upload_errors_total", "Failed upload attempts (each is retried with backoff; the local file is kept).", nil, nil)
 	descUploadLag       = prometheus.NewDesc("strapd_upload_lag_bytes", "Durable stream bytes not yet acknowledged by the object store, all uploads in progress.", nil, nil)
 	descUploadActive    = prometheus.NewDesc("strapd_uploads_in_progress", "Uploads not yet complete (retrying included).", nil, nil)
-	descUploadFailing   = prometheus.NewDesc("strapd_uploads_retrying", "Uploads whose last attempt failed.", nil, nil)
+	descUploadFailing   = prometheus.NewDesc("strapd_uploads_retrying", "Uploads whose last attempt failed, or that the server has not answered for --upload-timeout (stalled).", nil, nil)
 	descUploadFreed     = prometheus.NewDesc("strapd_upload_freed_bytes", "Stream bytes freed on the local disk after their upload (serve --upload-free-local), uploads in progress.", nil, nil)
 	descUploadRecreated = prometheus.NewDesc("strapd_upload_recreated_bytes_total", "Bytes of parts re-created from an earlier object of their stream (a resumed capture whose local stream was freed), all uploads since the daemon started.", nil, nil)
 	descUploadLost      = prometheus.NewDesc("strapd_uploads_lost", "Uploads that cannot complete: bytes freed on the local disk are missing on the server (status names the range).", nil, nil)
@@ -159,13 +159,13 @@ func (c captureCollector) Collect(ch chan<- prometheus.Metric) {
 				lost++
 				continue // it will not go on: not in progress
 			}
-			if up.State == "complete" {
-				continue
+			if up.State == "complete" || up.State == "refused" {
+				continue // refused: its key holds another capture's object; it will not go on
 			}
 			active++
 			lag += up.LagBytes
 			freed += up.FreedBytes
-			if up.State == "retrying" {
+			if up.State == "retrying" || up.State == "stalled" {
 				retrying++
 			}
 		}

@@ -353,11 +353,14 @@ func TestUploadSeries(t *testing.T) {
 		{Object: "s3://caps/run/d.strap", State: "uploading", LagBytes: 10, FreedBytes: 1 << 20},
 		{Object: "s3://caps/run/e.strap", State: "waiting", FreedBytes: 2 << 20},
 		{Object: "s3://caps/run/f.strap", State: "lost", FreedBytes: 4 << 20, Lost: "[4096, 4198400)"},
+		// A hung server: failing like a retry; a key of another capture's: not in progress.
+		{Object: "s3://caps/run/g.strap", State: "stalled", LagBytes: 7, Errors: 1},
+		{Object: "s3://caps/run/h.strap", State: "refused", LagBytes: 1000, Errors: 1},
 	}
 	v, _ = gather(t, m)
 	for k, want := range map[string]float64{
-		"strapd_upload_bytes_total": 5 << 20, "strapd_upload_errors_total": 3, "strapd_upload_lag_bytes": 160,
-		"strapd_uploads_in_progress": 4, "strapd_uploads_retrying": 1, "strapd_upload_freed_bytes": 3 << 20,
+		"strapd_upload_bytes_total": 5 << 20, "strapd_upload_errors_total": 3, "strapd_upload_lag_bytes": 167,
+		"strapd_uploads_in_progress": 5, "strapd_uploads_retrying": 2, "strapd_upload_freed_bytes": 3 << 20,
 		"strapd_uploads_lost": 1, "strapd_upload_recreated_bytes_total": 32 << 20,
 	} {
 		if got, ok := v[k]; !ok || got != want {
