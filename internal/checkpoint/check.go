@@ -67,8 +67,9 @@ type Report struct {
 	Freed     []int64 `json:"freed,omitempty"`
 	FreedNote string  `json:"freed_note,omitempty"`
 	// Complete: the capture finished (an END with status "complete" follows the resume
-	// point), so there is nothing to resume: Resumable is false and a resume, or Repair
-	// without force, cuts nothing. CutBytes still says what a forced cut would drop.
+	// point, and there is no checkpoint), so there is nothing to resume: Resumable is false
+	// and a resume, or Repair without force, cuts nothing. CutBytes still says what a
+	// forced cut would drop.
 	Complete bool `json:"complete"`
 }
 
@@ -79,12 +80,15 @@ func (r *Report) problem(format string, args ...any) {
 // Check compares the stream in f (size bytes) with c and finds where a resume goes on. c
 // is the floor: the stream must hold exactly what it describes. Past it (from the first
 // packet when c is nil) the intact run of packets is kept up to its last TOKEN packet
-// (stream.IntactRun). A stream whose capture finished (END "complete" after that point)
-// is reported Complete and not resumable: resuming it would cut a finished capture. It
-// never changes the file; what it finds is in the Report.
+// (stream.IntactRun). A stream whose capture finished — END "complete" after that point and
+// no checkpoint (a clean finish deletes it) — is reported Complete and not resumable:
+// resuming it would cut a finished capture. With its checkpoint beside it, an END
+// "complete" is a capture stopped by an error in the capturing code (the Python client
+// closes the session cleanly and keeps the checkpoint, docs/CHECKPOINTS.md 4), resumable
+// as any other. It never changes the file; what it finds is in the Report.
 func Check(f io.ReaderAt, size int64, c *Checkpoint) Report {
 	rep := check(f, size, c)
-	if rep.Resumable && rep.CutEnd == "complete" {
+	if c == nil && rep.Resumable && rep.CutEnd == "complete" {
 		rep.Resumable, rep.Complete = false, true
 		what := fmt.Sprintf("%d packets (%d tokens)", rep.CutPackets, rep.CutTokens)
 		if rep.CutIndex {

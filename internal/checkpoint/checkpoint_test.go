@@ -385,9 +385,10 @@ func TestCheckFreedPrefix(t *testing.T) {
 	check(false, "no checkpoint")
 }
 
-// TestCompleteNotCut: a finished capture (END "complete", INDEX, footer) is never cut by
-// Repair: with per-token TOKEN packets or none, with its checkpoint still beside it or
-// without one. Only force cuts, and the report says how many bytes that drops.
+// TestCompleteNotCut: a finished capture (END "complete", INDEX, footer, no checkpoint) is
+// never cut by Repair, with per-token TOKEN packets or none. Only force cuts, and the report
+// says how many bytes that drops. With its checkpoint beside it, the same stream is a
+// capture stopped by an error in the capturing code: resumable, cut back to its last token.
 func TestCompleteNotCut(t *testing.T) {
 	complete := func(w *stream.Writer, f *os.File) { _ = w.Close(stream.EndInfo{Status: "complete"}) }
 	for _, tc := range []struct {
@@ -399,7 +400,7 @@ func TestCompleteNotCut(t *testing.T) {
 		wantToken uint64
 	}{
 		{"tokens, no checkpoint", 5, 0, false, false, 5},
-		{"tokens, stale checkpoint kept", 5, 3, true, false, 5},
+		{"tokens, checkpoint kept (stopped by an error)", 5, 3, true, false, 5},
 		{"no per-token tracking", 5, 0, false, true, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -417,6 +418,12 @@ func TestCompleteNotCut(t *testing.T) {
 			rep, _, err := CheckFile(path, "")
 			if err != nil {
 				t.Fatal(err)
+			}
+			if tc.keepCkpt {
+				if !rep.Resumable || rep.Complete || rep.CutEnd != "complete" || rep.ResumeToken != tc.wantToken {
+					t.Fatalf("report with the checkpoint kept %+v", rep)
+				}
+				return
 			}
 			wantCut := int64(len(before)) - rep.ResumeOffset
 			if rep.Resumable || !rep.Complete || rep.CutEnd != "complete" || !rep.CutIndex || rep.ResumeToken != tc.wantToken ||

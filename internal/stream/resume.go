@@ -72,12 +72,13 @@ func ResumeWith(f *os.File, e ResumeExpect, o WriterOptions) (*Writer, error) {
 		w.lastOff, w.lastCRC = pre.Last.Offset, pre.Last.CRC
 	}
 	if st.Size() > e.AppendAt {
-		// A client asked to cut a finished capture (a complete stream resumed from a stale
-		// checkpoint, or a client that does not check): the cut would lose it, refused.
+		// A client asked strapd to cut a finished capture (one that does not check, or a
+		// stale checkpoint): refused. The clients cut a stream they resume themselves.
 		if full, err := NewReader(f, st.Size()); err == nil {
 			if end, done := CompleteAfter(full, e.AppendAt); done {
 				return nil, fmt.Errorf("the stream ends with END (complete) at offset %d: resuming at append_at %d would cut %d bytes "+
-					"(%d packets, the END and INDEX) of a finished capture; nothing was cut: capture to a new file instead: %w",
+					"(%d packets, the END and INDEX) of a finished capture; nothing was cut (a client that means to resume it, "+
+					"having found its checkpoint, cuts it back itself first: docs/CHECKPOINTS.md 4): %w",
 					end.Offset, e.AppendAt, st.Size()-e.AppendAt, end.Packets, ErrComplete)
 			}
 		}
