@@ -9,6 +9,7 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -43,7 +44,7 @@ func FuzzParseState(f *testing.F) {
 		}
 		if s2.uploaded() != s.uploaded() || len(s2.Parts) != len(s.Parts) || s2.FinalSize != s.FinalSize ||
 			s2.Completing != s.Completing || len(s2.objectParts()) != len(s.objectParts()) || len(s2.Copy) != len(s.Copy) ||
-			(s2.Source == nil) != (s.Source == nil) || s2.Completed != s.Completed {
+			(s2.Source == nil) != (s.Source == nil) || s2.Completed != s.Completed || s2.Capture != s.Capture || s2.Sweep != s.Sweep {
 			t.Fatal("round trip changed the state")
 		}
 	})
@@ -110,6 +111,8 @@ func TestParseStateRejects(t *testing.T) {
 			`"source":{"upload_id":"u0","size":10485760,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="},{"number":2,"size":5242880,"etag":"f","crc32c":"AAAAAA=="}]}`),
 		"source size":             tail(`"final_size":-1`, `"source":{"upload_id":"u0","size":10485761,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="},{"number":2,"size":5242880,"etag":"f","crc32c":"AAAAAA=="}]}`),
 		"source short part":       tail(`"final_size":-1`, `"source":{"upload_id":"u0","size":5242890,"parts":[{"number":1,"size":10,"etag":"e","crc32c":"AAAAAA=="},{"number":2,"size":5242880,"etag":"f","crc32c":"AAAAAA=="}]}`),
+		"capture not hex":         tail(`"final_size":-1`, `"capture":"3F0C"`),
+		"capture too long":        tail(`"final_size":-1`, `"capture":"`+strings.Repeat("a", 65)+`"`),
 		"source while completing": tail(`"final_size":5242880`, `"completing":true,"source":{"upload_id":"u0","size":5242880,"parts":[{"number":1,"size":5242880,"etag":"e","crc32c":"AAAAAA=="}]}`),
 	} {
 		t.Run(name, func(t *testing.T) {
