@@ -1,9 +1,13 @@
 """Issue 41: resume_from_checkpoint=True on a capture that finished (its stream ends with
-END, status complete) is refused with CaptureCompleteError and keeps every byte; it never
-cuts the stream back to its last token (or, without per-token tracking, to its header)."""
+END, status complete, and its checkpoint was deleted at the clean finish) is refused with
+CaptureCompleteError and keeps every byte; it never cuts the stream back to its last token
+(or, without per-token tracking, to its header). A capture stopped by an error in the
+capturing code also ends complete but keeps its checkpoint, and resumes:
+test_job_resume.py, test_resume.py::test_leftover_checkpoint_is_never_loaded_silently."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -64,20 +68,51 @@ def test_resume_of_a_complete_capture_keeps_every_byte(real_strapd, tmp_path, pe
     assert "overwrite" not in msg and "resume_from_checkpoint=True" not in msg
 
 
-def test_resume_of_a_complete_capture_with_a_stale_checkpoint(real_strapd, tmp_path):
-    """A checkpoint left beside a finished stream (written before the END, not deleted) does
-    not make the resume cut the stream back to it either."""
-    out = tmp_path / "done.strap"
-    with capture_activations(model(), preset="balanced", output_path=out, socket_path=real_strapd.socket,
-                             autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=INTERVAL,
-                             checkpoint_path=str(tmp_path / "keep.ckpt.json")) as fw:
-        generate(fw, model(), n_tokens=6)
-        ck = (tmp_path / "keep.ckpt.json").read_bytes()
-    Path(ckpt.default_path(out)).write_bytes(ck)
-    before = out.read_bytes()
-    with pytest.raises(CaptureCompleteError):
-        with capture_activations(model(), preset="balanced", output_path=out, socket_path=real_strapd.socket,
-                                 autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=INTERVAL,
-                                 resume_from_checkpoint=True) as fw:
-            generate(fw, model(), n_tokens=6)
-    assert out.read_bytes() == before
+def _job_env(monkeypatch, start: str, other_tokens: int, tmp_path: Path) -> None:
+    """Rank 0 of a job of 2 restarted for the ``start``-th time; rank 1 (only a file here)
+    says it can keep ``other_tokens`` tokens (the file exchange, docs/DISTRIBUTED.md D3)."""
+    monkeypatch.setenv("STRAP_CAPTURE_SET", "0")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", start)
+    other = tmp_path / "cap.rank00001-of-00002.strap.job-resume.json"
+    other.write_text(json.dumps({"start": f"job/{start}", "rank": 1, "value": other_tokens}))
+
+
+def test_complete_rank_of_a_job(real_strapd, tmp_path, monkeypatch, one_torch_thread):
+    """One rank of a job finished while another died: the job resumes every rank from the
+    point the other reached, so the finished rank is cut back too — with a warning saying how
+    many bytes — and ends equal to an uninterrupted capture. When every rank finished there is
+    nothing to resume: CaptureCompleteError, every byte kept."""
+    out = tmp_path / "cap.strap"
+    ranked = tmp_path / "cap.rank00000-of-00002.strap"
+    kw = dict(preset="balanced", output_path=out, socket_path=real_strapd.socket, autostart_daemon=False,
+              track_per_token=True, checkpoint_interval_tokens=INTERVAL)
+    _job_env(monkeypatch, "0", 0, tmp_path)
+    with capture_activations(model(), **kw) as fw:
+        generate(fw, model(), n_tokens=8)
+    reference = ranked.read_bytes()
+    assert not os.path.exists(ckpt.default_path(str(ranked)))
+
+    _job_env(monkeypatch, "1", 8, tmp_path)  # every rank finished
+    with pytest.raises(CaptureCompleteError, match="complete capture"):
+        with capture_activations(model(), resume_from_checkpoint=True, **kw) as fw:
+            generate(fw, model(), n_tokens=8)
+    assert ranked.read_bytes() == reference
+
+    _job_env(monkeypatch, "2", 3, tmp_path)  # rank 1 died at token 3
+    with pytest.warns(UserWarning, match=r"complete capture of 8 tokens, but another rank of the job reached only 3"
+                                         r".*so \d+ bytes of it .* are cut and generated again"):
+        with capture_activations(model(), resume_from_checkpoint=True, **kw) as fw:
+            assert fw.resume_step == 3
+            generate(fw, model(), n_tokens=8)
+    ref = tmp_path / "ref.strap"
+    ref.write_bytes(reference)
+    assert _packets(ranked) == _packets(ref)
+
+
+def _packets(path: Path) -> list:
+    with open_stream(path) as r:
+        return [(p.type, p.name, p.seq, p.step, p.forward, bytes(p.stored()), json.dumps(p.meta, sort_keys=True))
+                for p in r.packets()]

@@ -125,14 +125,15 @@ def _unfinished(tmp_path):
 
 def test_resume_point_refuses_a_complete_stream(tmp_path):
     # Issue 41: the resume point would be TOKEN 0's end; the END (complete), the INDEX and
-    # the packets of step 1 would be cut. Refused, nothing changed, with or without a checkpoint.
+    # the packets of step 1 would be cut. Without a checkpoint (a clean finish deletes it):
+    # refused, nothing changed. With one, a capture stopped by an error: it resumes there.
     p = _stream(tmp_path)
     before = p.read_bytes()
-    for ck in (None, _checkpoint(p, 2)):
-        with pytest.raises(ckpt.CaptureCompleteError, match=r"would cut (\d+) bytes .*back to token 1") as ei:
-            _point(p, ck)
-        assert ei.value.cut_bytes == len(before) - 978
+    with pytest.raises(ckpt.CaptureCompleteError, match=r"would cut (\d+) bytes .*back to token 1") as ei:
+        _point(p, None)
+    assert ei.value.cut_bytes == len(before) - 978
     assert p.read_bytes() == before
+    assert _point(p, _checkpoint(p, 2)).point.stream_offset == 978
 
 
 def test_resume_point_without_checkpoint_is_the_last_intact_token(tmp_path):

@@ -112,12 +112,14 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
         return _cut(*_open_resume(opts, fingerprint), None, ck_path)
     assert info is not None
     try:
-        o, rp = _open_resume(opts, fingerprint)
+        o, rp = _open_resume(opts, fingerprint, in_job=True)
     except Exception as e:
         _job_resume.agree(exchange, e, info)  # raises e once every rank has heard of it
         raise
     try:
         m = _job_resume.agree(exchange, rp.point.token_count if rp is not None else len(o.tokens), info)
+        if rp is not None and rp.complete is not None:
+            _complete_rank(rp, m, info)
     except BaseException:
         _streamlock.mark_ended(o.key)
         os.close(o.fd)
@@ -125,8 +127,24 @@ def open_output(opts: SessionOptions, fingerprint: str) -> Output:
     return _cut(o, rp, m, ck_path)
 
 
-def _open_resume(opts: SessionOptions, fingerprint: str) -> Tuple[Output, Optional[ckpt.ResumePoint]]:
+def _complete_rank(rp: ckpt.ResumePoint, m: int, info: "_distributed.RankInfo") -> None:
+    """A rank whose capture finished, in a job that resumes: when another rank holds fewer
+    tokens (it did not finish), the job goes on from there on every rank, so this one is cut
+    back too (a warning says how much); when none does, there is nothing to resume:
+    :class:`CaptureCompleteError`, nothing changed (docs/DISTRIBUTED.md D3)."""
+    assert rp.complete is not None
+    if m >= rp.point.token_count:
+        raise rp.complete
+    rp.complete = CheckpointError(
+        f"rank {info.rank}: {rp.point.stream} is a complete capture of {rp.point.token_count} tokens, but another "
+        f"rank of the job reached only {m}: the job resumes from token {m} on every rank")
+
+
+def _open_resume(opts: SessionOptions, fingerprint: str,
+                 in_job: bool = False) -> Tuple[Output, Optional[ckpt.ResumePoint]]:
     """Open and lock the stream of a resume and find its resume point, changing nothing yet.
+    A finished capture raises :class:`~.checkpoint.CaptureCompleteError`, unless ``in_job``
+    (one rank of a job): then the point says so, and the job decides (:func:`_complete_rank`).
 
     Returns:
         the output and, for a stream to go on from, its resume point (None: a new stream).
@@ -166,7 +184,7 @@ def _open_resume(opts: SessionOptions, fingerprint: str) -> Tuple[Output, Option
         if old is not None:
             warn_caller(f"{ck_path} is a 1.3.1 checkpoint; the stream {out} says itself where the capture "
                           f"goes on, so the checkpoint's tokens are not used")
-        rp = ckpt.resume_point(fd, c, out, fingerprint)
+        rp = ckpt.resume_point(fd, c, out, fingerprint, refuse_complete=not in_job)
     except BaseException:
         _streamlock.mark_ended(key)
         os.close(fd)
@@ -188,9 +206,11 @@ def _cut(o: Output, rp: Optional[ckpt.ResumePoint], limit: Optional[int], ck_pat
             o.tokens, o.source = o.tokens[:limit], "job-minimum"
         return o
     out = rp.point.stream
+    finished = rp.complete  # a finished rank the job cuts back (_complete_rank)
     try:
         if limit is not None and limit < rp.point.token_count:
-            rp = ckpt.resume_point(o.fd, rp.floor, out, rp.point.fingerprint, limit)
+            # refuse_complete: a finished rank's cut was decided by the job (_complete_rank).
+            rp = ckpt.resume_point(o.fd, rp.floor, out, rp.point.fingerprint, limit, refuse_complete=False)
             if rp.point.token_count != limit:
                 raise CheckpointError(f"{out}: the stream changed while the job agreed on its resume point "
                                       f"(token {limit} wanted, {rp.point.token_count} found)")
@@ -207,6 +227,9 @@ def _cut(o: Output, rp: Optional[ckpt.ResumePoint], limit: Optional[int], ck_pat
                 ckpt.write_atomic(ck_path, c.to_json(toks))
                 o.floor = c
             rp = ckpt.ResumePoint(rp.point, rp.tokens, "job-minimum", rp.floor)
+        if finished is not None:
+            warn_caller(f"{finished}, so {os.fstat(o.fd).st_size - rp.point.stream_offset} bytes of it (its END and "
+                        f"INDEX included) are cut and generated again")
         os.ftruncate(o.fd, rp.point.stream_offset)
         os.fsync(o.fd)
     except BaseException:

@@ -57,8 +57,8 @@ class CheckpointError(StrapError, ValueError):
 
 class CaptureCompleteError(CheckpointError):
     """``resume_from_checkpoint=True`` on a capture that finished: its stream ends with END
-    (status ``complete``), so there is nothing to resume and a resume would cut it. Nothing
-    was changed.
+    (status ``complete``) and its checkpoint is gone (deleted after the clean finish), so
+    there is nothing to resume and a resume would cut it. Nothing was changed.
 
     Attributes:
         path: the stream.
@@ -281,16 +281,19 @@ class ResumePoint:
         source: ``"checkpoint"`` (the prefix ends at the checkpoint) or ``"stream"`` (it
             goes on past the checkpoint, or there is none, up to the last intact token).
         floor: the checkpoint file, or None when there is none.
+        complete: for a finished capture found with ``refuse_complete=False`` (one rank of a
+            job), the :class:`CaptureCompleteError` a resume of it alone raises; else None.
     """
 
     point: Checkpoint
     tokens: List[Dict[str, Any]]
     source: str
     floor: Optional[Checkpoint]
+    complete: Optional[CheckpointError] = None
 
 
 def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint: str,
-                 limit: Optional[int] = None) -> ResumePoint:
+                 limit: Optional[int] = None, refuse_complete: bool = True) -> ResumePoint:
     """Find where a resume goes on in the stream behind ``fd``.
 
     The checkpoint, when there is one, is the floor: the stream must hold exactly what it
@@ -310,6 +313,9 @@ def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint:
             job, docs/DISTRIBUTED.md D3): the prefix then ends with TOKEN packet
             ``limit - 1`` (with 0, at the end of the file header), also when that lies
             before the checkpoint — whose prefix is still checked in full first.
+        refuse_complete: raise :class:`CaptureCompleteError` for a finished capture (END
+            ``complete`` after the point, no checkpoint); False: return the point with
+            ``complete`` set (a rank of a job, whose resume point the job decides).
 
     Returns:
         the resume point.
@@ -356,12 +362,17 @@ def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint:
                               drops=0, last_seq=0, last_packet_offset=0, last_packet_crc=0, token_count=0,
                               forward_count=0, created=base.created, extra=base.extra)
         point, tokens = _intact_tail(reader, base, start, tokens, limit)
-        _refuse_complete(reader, point, path)
+        # Without its checkpoint (deleted after a clean finish) an END "complete" is a
+        # finished capture. With it, the capture was stopped by an error in the capturing
+        # code: the session was closed cleanly and the checkpoint kept to resume from.
+        complete = _complete_error(reader, point, path) if ck is None else None
+        if complete is not None and refuse_complete:
+            raise complete
     finally:
         # The caller truncates the file next: the mapping must be gone by then.
         reader.close()
     source = "checkpoint" if ck is not None and point.stream_offset == ck.stream_offset else "stream"
-    return ResumePoint(point, tokens, source, ck)
+    return ResumePoint(point, tokens, source, ck, complete)
 
 
 def complete_end(reader: StreamReader, start: int) -> Optional[Tuple[Packet, int, int]]:
@@ -390,15 +401,15 @@ def complete_end(reader: StreamReader, start: int) -> Optional[Tuple[Packet, int
     return None
 
 
-def _refuse_complete(reader: StreamReader, point: Checkpoint, path: str) -> None:
-    """Raise :class:`CaptureCompleteError` when cutting the stream at ``point`` would cut a
-    finished capture (an END with status ``complete`` follows it): nothing is changed."""
+def _complete_error(reader: StreamReader, point: Checkpoint, path: str) -> Optional[CaptureCompleteError]:
+    """The :class:`CaptureCompleteError` for a resume at ``point`` that would cut a finished
+    capture (an END with status ``complete`` follows it), or None."""
     found = complete_end(reader, point.stream_offset)
     if found is None:
-        return
+        return None
     end, packets, tokens = found
     cut = reader.size - point.stream_offset
-    raise CaptureCompleteError(
+    return CaptureCompleteError(
         f"{path} is a complete capture (its stream ends with END, status complete, at offset {end.offset}): "
         f"there is nothing to resume, and resuming would cut {cut} bytes of it ({packets} packets, {tokens} tokens, "
         f"the END and INDEX) back to token {point.token_count}. Nothing was changed. To capture again, give a new "
