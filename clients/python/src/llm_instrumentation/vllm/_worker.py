@@ -1,0 +1,438 @@
+"""The capture inside one vLLM worker: forward hooks on the model the worker runs, the
+batch split by request, and one strapd session writing the worker's stream (docs/VLLM.md).
+
+vLLM runs every scheduled request in one flat batch per step: row ``i`` of a module's
+output is one token of one request. Per step this writes one ``vllm.rows`` record (int64
+``[rows, 2]``: position and input token id of each captured row, meta naming the requests
+in row order and how many rows each holds), then one record per captured module holding
+the same rows, then, once the step's tokens are sampled, one ``vllm.sampled`` record
+(int64 ``[k, 2]``: position and token id, meta naming each row's request) followed by one
+TOKEN per generated token in the same order. Every record of a step carries the step's
+forward counter, which is how a reader pairs them (docs/VLLM.md 3).
+
+The engine must not stop because of the capture: an error here (strapd gone, a batch
+layout this code does not know) is logged once, the capture of this worker ends, and vLLM
+goes on serving.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import functools
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+from . import _names
+from ._settings import Settings, wants
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+# A child of vLLM's logger: its handler prints these lines with the engine's own.
+log = logging.getLogger("vllm.llm_instrumentation")
+
+#: Record names of the step index and of the sampled tokens (docs/VLLM.md 3).
+ROWS = "vllm.rows"
+SAMPLED = "vllm.sampled"
+#: The layout of those records; a reader refuses a stream of another.
+INDEX_FORMAT = 1
+
+
+class WorkerCapture:
+    """The capture of one worker's model runner.
+
+    Args:
+        runner: vLLM's model runner (``GPUModelRunner`` or a subclass), its model loaded.
+        settings: the plugin's settings.
+    """
+
+    def __init__(self, runner: Any, settings: Settings) -> None:
+        self.runner = runner
+        self.settings = settings
+        self.session: Any = None
+        self.path: Optional[str] = None
+        self.modules: List[Tuple[str, str]] = []
+        self.failed = False
+        self.forward = 0
+        self._handles: List[Any] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sched: Any = None
+        #: this step's captured rows: None, or (rows selector, request ids, counts)
+        self._rows: Any = None
+        #: per captured request seen: whether it is captured (absent: not seen yet)
+        self._want: Dict[str, bool] = {}
+        #: per captured request: the last position computed in the current step
+        self._last_pos: Dict[str, int] = {}
+        #: captured requests whose first rows were written (their prompt is in the stream)
+        self._seen: set = set()
+
+    # ----- set-up ------------------------------------------------------------------------------
+
+    def start(self) -> "WorkerCapture":
+        """Check the engine runs hooks, choose the modules, open the session, install hooks.
+
+        Raises:
+            RuntimeError: the engine compiles the model or captures CUDA graphs (forward
+                hooks would not fire inside them: run with ``enforce_eager=True``).
+            ValueError: a module pattern that selects nothing capturable.
+        """
+        runner = self.runner
+        vc = runner.vllm_config
+        _check_eager(vc)
+        model = runner.get_model()
+        self.modules = _names.select(model, self.settings.modules)
+        rank = _ranks()
+        if rank["tp_rank"] != 0:
+            # Every supported module's output is replicated across tensor-parallel ranks
+            # (after their all-reduce): rank 0 stores it once (docs/DISTRIBUTED.md).
+            log.info("llm_instrumentation.vllm: tensor-parallel rank %d stores nothing (rank 0 holds the "
+                     "replicated outputs)", rank["tp_rank"])
+            return self
+        self._open(model, vc, rank)
+        self._handles.append(model.register_forward_pre_hook(self._on_forward_pre, with_kwargs=True))
+        named = dict(model.named_modules())
+        for name, kind in self.modules:
+            self._handles.append(named[name].register_forward_hook(functools.partial(self._on_output, name, kind)))
+        self._handles.append(model.register_forward_hook(self._on_forward_end))
+        atexit.register(self.close)
+        log.info("llm_instrumentation.vllm: capturing %d modules of %s into %s", len(self.modules),
+                 type(model).__name__, self.path)
+        return self
+
+    def _open(self, model: Any, vc: Any, rank: Dict[str, int]) -> None:
+        import dataclasses
+
+        from .. import _open
+        from .._session import open_session
+        from ..config import InstrumentationConfig
+
+        cfg = InstrumentationConfig.from_preset(self.settings.preset) if self.settings.preset \
+            else InstrumentationConfig()
+        plan = cfg.transport_plan()
+        if cfg.max_memory_gb is None:
+            plan = dataclasses.replace(plan, ring_size=_ring_size(vc, len(self.modules)))
+            plan = dataclasses.replace(plan, memory_hint=plan.ring_size)
+        os.makedirs(self.settings.output_dir, exist_ok=True)
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+        self.path = os.path.join(self.settings.output_dir,
+                                 f"vllm-{stamp}-{os.getpid()}-rank{rank['rank']}.strap")
+        names = [n for n, _ in self.modules]
+        fp = _open.fingerprint(model, cfg, plan, names)
+        req = _open.open_request(model, cfg, plan, names, self.path, fp, None)
+        req = dataclasses.replace(req, metadata={**(req.metadata or {}), "vllm": self._metadata(vc, rank)})
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
+        try:
+            self.session = open_session(None, True, 120.0, plan.ring_size, plan.policy, fd, None, req,
+                                        ring_explicit=cfg.max_memory_gb is not None)
+        finally:
+            os.close(fd)  # strapd holds its own descriptor
+
+    def _metadata(self, vc: Any, rank: Dict[str, int]) -> Dict[str, Any]:
+        """The stream header's ``vllm`` object (docs/VLLM.md 3)."""
+        import vllm
+        from vllm import envs
+
+        mc = vc.model_config
+        return {
+            "index_format": INDEX_FORMAT,
+            "vllm_version": getattr(vllm, "__version__", "?"),
+            "model": str(mc.model),
+            "dtype": str(mc.dtype).replace("torch.", ""),
+            "modules": {n: k for n, k in self.modules},
+            "requests": self.settings.requests,
+            # The worker sees the engine's internal request ids: the id given to vLLM plus
+            # "-" and 8 random hex digits, unless this is set (docs/VLLM.md 4).
+            "request_id_randomized": not bool(getattr(envs, "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", False)),
+            **rank,
+        }
+
+    # ----- per step ----------------------------------------------------------------------------
+
+    def begin_step(self, scheduler_output: Any) -> None:
+        """Before ``execute_model``: the step's schedule (what the hooks split rows by)."""
+        self._sched = scheduler_output
+        for r in getattr(scheduler_output, "finished_req_ids", None) or ():
+            self._want.pop(r, None)
+            self._seen.discard(r)
+
+    def end_step(self) -> None:
+        """After ``execute_model``: hooks that fire outside a step (warm-up, profiling,
+        dummy runs) capture nothing."""
+        self._sched = None
+
+    def _on_forward_pre(self, module: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        self._rows = None
+        if self.failed or self._sched is None:
+            return
+        try:
+            self._plan(args, kwargs)
+        except Exception as e:
+            self._fail(e)
+
+    def _plan(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        import torch
+
+        runner, sched = self.runner, self._sched
+        req_ids = list(runner.input_batch.req_ids)
+        counts = [int(sched.num_scheduled_tokens.get(r, 0)) for r in req_ids]
+        starts = [0]
+        for c in counts:
+            starts.append(starts[-1] + c)
+        qsl = _query_start_loc(len(req_ids))
+        if qsl is not None and qsl != starts:
+            raise RuntimeError(f"the forward context's query_start_loc {qsl} disagrees with the schedule's rows "
+                               f"{starts} for requests {req_ids}: this vLLM lays the batch out differently")
+        positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if positions is None or positions.dim() != 1:
+            raise RuntimeError("the model was called without 1-D positions (M-RoPE and other position "
+                               "layouts are not supported)")
+        n = starts[-1]
+        if positions.shape[0] < n:
+            raise RuntimeError(f"{positions.shape[0]} position rows for {n} scheduled tokens")
+        self._last_pos = {}
+        segs: List[Tuple[str, int, int]] = []
+        for r, s, c in zip(req_ids, starts, counts):
+            if c and self._wants(r):
+                segs.append((r, s, c))
+        if not segs:
+            return
+        if sum(c for _, _, c in segs) == segs[-1][1] + segs[-1][2] - segs[0][1]:
+            sel: Any = slice(segs[0][1], segs[-1][1] + segs[-1][2])  # contiguous: a view
+        else:
+            sel = torch.cat([torch.arange(s, s + c) for _, s, c in segs]).to(positions.device)
+        pos = positions[sel]
+        ids = input_ids[sel] if input_ids is not None else torch.full_like(pos, -1)
+        rows = torch.stack([pos.to(torch.int64), ids.to(torch.int64)], dim=1).cpu()
+        pos_list = rows[:, 0].tolist()
+        meta: Dict[str, Any] = {"requests": [r for r, _, _ in segs], "counts": [c for _, _, c in segs]}
+        new: Dict[str, Any] = {}
+        k = 0
+        for r, _, c in segs:
+            if r not in self._seen:
+                # A request's first rows: its prompt, and the first position computed (past
+                # the prompt tokens served from the prefix cache, which have no forward).
+                self._seen.add(r)
+                st = runner.requests.get(r)
+                new[r] = {"prompt": list(getattr(st, "prompt_token_ids", None) or []), "computed": int(pos_list[k])}
+            self._last_pos[r] = pos_list[k + c - 1]
+            k += c
+        if new:
+            meta["new"] = new
+        pre = getattr(sched, "preempted_req_ids", None)
+        if pre:
+            meta["preempted"] = sorted(r for r in pre if self._want.get(r))
+        s = self.session
+        s.step, s.forward = s.tokens, self.forward
+        s.write_tensor(ROWS, rows, s.step, s.forward, meta)
+        self._rows = sel
+
+    def _wants(self, r: str) -> bool:
+        w = self._want.get(r)
+        if w is None:
+            st = self.runner.requests.get(r)
+            sp = getattr(st, "sampling_params", None) if st is not None else None
+            try:
+                w = wants(getattr(sp, "extra_args", None), self.settings.requests)
+            except ValueError as e:
+                log.warning("llm_instrumentation.vllm: request %s not captured: %s", r, e)
+                w = False
+            self._want[r] = w
+        return w
+
+    def _on_output(self, name: str, kind: str, module: Any, args: Any, out: Any) -> None:
+        rows = self._rows
+        if rows is None or self.failed:
+            return
+        try:
+            t = _names.convert(out, kind, rows)
+            if t.is_cuda and kind != _names.SUM:
+                # vLLM's fused norms overwrite their inputs in place later in the pass; the
+                # ring copy of a CUDA tensor runs on a side stream (unchecked on a GPU yet).
+                t = t.clone()
+            self.session.record(name, t, None)
+        except Exception as e:
+            self._fail(e)
+
+    def _on_forward_end(self, module: Any, args: Any, out: Any) -> None:
+        if self._rows is None or self.failed:
+            return
+        try:
+            self.session.flush()
+        except Exception as e:
+            self._fail(e)
+        self.forward += 1
+
+    def sampled(self, output: Any) -> None:
+        """After sampling: a ``vllm.sampled`` record and one TOKEN per generated token of
+        each captured request of the step (``ModelRunnerOutput``; anything else, e.g. an
+        async output not resolved yet, is left alone)."""
+        if self.failed or self.session is None:
+            return
+        req_ids = getattr(output, "req_ids", None)
+        toks = getattr(output, "sampled_token_ids", None)
+        if not req_ids or toks is None or not self._last_pos:
+            return
+        try:
+            import torch
+
+            rows: List[Tuple[int, int]] = []
+            who: List[str] = []
+            for i, r in enumerate(req_ids):
+                last = self._last_pos.get(r)
+                if last is None or i >= len(toks):
+                    continue
+                got = toks[i]
+                got = got.tolist() if hasattr(got, "tolist") else list(got)
+                for j, t in enumerate(got):
+                    rows.append((last + 1 + j, int(t)))
+                    who.append(r)
+            self._last_pos = {}
+            if not rows:
+                return
+            s = self.session
+            s.write_tensor(SAMPLED, torch.tensor(rows, dtype=torch.int64), s.tokens, self.forward - 1,
+                           {"requests": who})
+            for (p, t) in rows:
+                s.token(s.tokens, t, "", p)
+        except Exception as e:
+            self._fail(e)
+
+    # ----- end ---------------------------------------------------------------------------------
+
+    def _fail(self, e: BaseException) -> None:
+        if self.failed:
+            return
+        self.failed = True
+        log.error("llm_instrumentation.vllm: capture of this worker stopped (vLLM goes on): %s: %s",
+                  type(e).__name__, e, exc_info=e)
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        s, self.session = self.session, None
+        if s is not None:
+            try:
+                s.shutdown()  # without CLOSE: strapd ends the stream as aborted
+            except Exception:  # pragma: no cover - already failing
+                pass
+
+    def close(self) -> Optional[Dict[str, Any]]:
+        """End the capture: remove the hooks, CLOSE the session (strapd finishes the stream).
+        Idempotent; called when the model runner shuts down and at exit.
+
+        Returns:
+            the CLOSED summary, or None when nothing was open.
+        """
+        with self._lock:
+            if self._closed:
+                return None
+            self._closed = True
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        s, self.session = self.session, None
+        if s is None:
+            return None
+        try:
+            summary = s.close().to_body()
+            log.info("llm_instrumentation.vllm: %s closed: %s", self.path, summary)
+            return summary
+        except Exception as e:
+            log.error("llm_instrumentation.vllm: closing %s failed: %s", self.path, e)
+            return None
+        finally:
+            s.shutdown()
+
+    def checkpoint(self) -> Optional[Dict[str, Any]]:
+        """Make every record and token sent so far durable in the stream (strapd writes
+        and fdatasyncs them), so a reader sees them while the engine runs.
+
+        Returns:
+            ``{"path", "offset", "packets", "tokens"}``, or None when this worker stores nothing.
+        """
+        s = self.session
+        if s is None or self.failed:
+            return None
+        c = s.checkpoint()
+        return {"path": self.path, "offset": c.offset, "packets": c.packets, "tokens": c.tokens}
+
+
+def _check_eager(vc: Any) -> None:
+    """Forward hooks do not fire inside a compiled graph or a captured CUDA graph."""
+    mc, cc = vc.model_config, vc.compilation_config
+    mode = getattr(cc, "mode", None)
+    cg = getattr(cc, "cudagraph_mode", None)
+    compiled = mode is not None and getattr(mode, "name", str(mode)) != "NONE"
+    graphs = cg is not None and getattr(cg, "name", str(cg)) != "NONE"
+    if (compiled or graphs) and not getattr(mc, "enforce_eager", False):
+        raise RuntimeError(
+            f"STRAP_VLLM_OUTPUT is set, but this engine runs the model compiled (mode {mode}, CUDA graphs "
+            f"{cg}): forward hooks would not fire inside it. Start vLLM with enforce_eager=True "
+            f"(--enforce-eager), or unset STRAP_VLLM_OUTPUT (docs/VLLM.md 5)")
+
+
+def _ranks() -> Dict[str, int]:
+    """This worker's place: global rank, tensor- and pipeline-parallel rank and size."""
+    from vllm.distributed import parallel_state as ps
+
+    def get(fn: str, default: int) -> int:
+        try:
+            return int(getattr(ps, fn)())
+        except Exception:
+            return default
+
+    rank = 0
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank()
+    except Exception:
+        pass
+    pp_rank = pp_size = None
+    try:
+        g = ps.get_pp_group()
+        pp_rank, pp_size = g.rank_in_group, g.world_size
+    except Exception:
+        pass
+    return {"rank": rank, "tp_rank": get("get_tensor_model_parallel_rank", 0),
+            "tp_size": get("get_tensor_model_parallel_world_size", 1),
+            "pp_rank": pp_rank or 0, "pp_size": pp_size or 1}
+
+
+def _query_start_loc(num_reqs: int) -> Optional[List[int]]:
+    """``query_start_loc[:num_reqs + 1]`` of the current forward context's attention
+    metadata (any layer's: they share it), or None where there is none to check against."""
+    try:
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        if not is_forward_context_available():
+            return None
+        md = get_forward_context().attn_metadata
+    except Exception:
+        return None
+    if isinstance(md, list):  # micro-batches: not split here
+        return None
+    if isinstance(md, dict):
+        md = next(iter(md.values()), None)
+    q = getattr(md, "query_start_loc", None)
+    if q is None:
+        return None
+    return [int(v) for v in q[:num_reqs + 1].tolist()]
+
+
+def _ring_size(vc: Any, n_modules: int) -> int:
+    """A ring for two steps of the largest batch the scheduler makes (every captured module's
+    rows plus the index), between the client's floor and strapd's default limit."""
+    from ..config import AUTO_RING_MIN_BYTES, MAX_RING_BYTES
+
+    tokens = int(getattr(vc.scheduler_config, "max_num_batched_tokens", 2048) or 2048)
+    hidden = int(vc.model_config.get_hidden_size())
+    item = int(getattr(vc.model_config.dtype, "itemsize", 4))
+    per_step = tokens * (hidden * item * n_modules + 16) + 64 * (n_modules + 2)
+    want = 2 * per_step + (1 << 20)
+    return max(AUTO_RING_MIN_BYTES, min(MAX_RING_BYTES, (want + 4095) // 4096 * 4096))

@@ -1,0 +1,69 @@
+"""Run vLLM (CPU, eager, float32) on token-id prompts, greedy, and print what it generated
+as JSON: the child process of tests/vllm/test_vllm_capture.py and of `make demo-vllm`.
+
+The plugin is whatever the environment says (STRAP_VLLM_OUTPUT set or not): this script
+does nothing of its own to capture, exactly as a user's script would not.
+
+Usage: run_vllm.py MODEL_DIR OUT_JSON --prompts 5,11,17 --max-tokens 8
+       [--max-num-batched-tokens N] [--opt-in 0,2] [--seed S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("out")
+    ap.add_argument("--prompts", default="5,11,17", help="prompt lengths, one request each")
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None)
+    ap.add_argument("--opt-in", default=None, help="indices of the requests that set extra_args strap=True")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--kv-cache-mib", type=int, default=256)
+    a = ap.parse_args()
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    lengths = [int(x) for x in a.prompts.split(",")]
+    opt_in = {int(x) for x in a.opt_in.split(",")} if a.opt_in else None
+    rng = random.Random(a.seed)
+    with open(f"{a.model}/config.json") as f:
+        vocab = json.load(f)["vocab_size"]
+    prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+
+    kw = {}
+    if a.max_num_batched_tokens is not None:
+        kw.update(max_num_batched_tokens=a.max_num_batched_tokens, enable_chunked_prefill=True,
+                  max_num_seqs=min(a.max_num_batched_tokens, len(prompts)))
+    t0 = time.monotonic()
+    llm = LLM(model=a.model, skip_tokenizer_init=True, enforce_eager=True, dtype="float32", max_model_len=256,
+              kv_cache_memory_bytes=a.kv_cache_mib << 20, seed=0, **kw)
+    started = time.monotonic() - t0
+    params = []
+    for i in range(len(prompts)):
+        extra = None
+        if opt_in is not None:
+            extra = {"strap": i in opt_in}
+        params.append(SamplingParams(temperature=0.0, max_tokens=a.max_tokens, ignore_eos=True, detokenize=False,
+                                     extra_args=extra))
+    t1 = time.monotonic()
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
+    took = time.monotonic() - t1
+    res = {"startup_s": started, "generate_s": took, "requests": [
+        {"request_id": o.request_id, "prompt": list(o.prompt_token_ids), "generated": list(o.outputs[0].token_ids)}
+        for o in outs]}
+    with open(a.out, "w") as f:
+        json.dump(res, f)
+    # Nothing to close by hand: the plugin closes each worker's stream when vLLM shuts its
+    # model runner down, or at the worker's exit.
+
+
+if __name__ == "__main__":
+    main()

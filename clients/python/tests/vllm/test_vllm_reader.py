@@ -1,0 +1,135 @@
+"""The vLLM capture reader on streams written through the real strapd with the layout the
+plugin writes (docs/VLLM.md 3), for the cases a CPU engine run does not easily produce:
+a position computed twice (preemption with recompute: the last is kept), prompt positions
+served from the prefix cache (no rows: reported missing), two engine runs reusing a request
+id in one directory, and rows that disagree with the tokens. No vLLM needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+H = 4  # hidden size of the fake layer
+
+
+def write_stream(path: Path, socket: str, steps: List[Dict[str, Any]], randomized: bool = True) -> None:
+    """Write a stream as the plugin does: per step ``vllm.rows`` (+ ``new`` prompts), one
+    ``model.layers.0`` record of the same rows (value = 1000·position + request number, so a
+    reader's row mix-up shows), then ``vllm.sampled`` and TOKENs."""
+    import torch
+
+    from llm_instrumentation import _open
+    from llm_instrumentation._session import open_session
+    from llm_instrumentation.config import InstrumentationConfig
+    from llm_instrumentation.vllm._worker import INDEX_FORMAT, ROWS, SAMPLED
+
+    cfg = InstrumentationConfig.fast_capture()
+    plan = cfg.transport_plan()
+    model = torch.nn.Linear(1, 1)
+    req = _open.open_request(model, cfg, plan, ["model.layers.0"], str(path), "sha256:x", None)
+    req = dataclasses.replace(req, metadata={**req.metadata, "vllm": {
+        "index_format": INDEX_FORMAT, "modules": {"model.layers.0": "sum"}, "request_id_randomized": randomized}})
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o640)
+    try:
+        s = open_session(socket, False, 30.0, plan.ring_size, plan.policy, fd, None, req)
+    finally:
+        os.close(fd)
+    try:
+        for fwd, st in enumerate(steps):
+            rows: List[Tuple[str, int, int]] = st["rows"]  # (request, position, token id)
+            reqs: List[str] = []
+            counts: List[int] = []
+            for rid, _, _ in rows:
+                if reqs and reqs[-1] == rid:
+                    counts[-1] += 1
+                else:
+                    reqs.append(rid)
+                    counts.append(1)
+            meta: Dict[str, Any] = {"requests": reqs, "counts": counts}
+            if st.get("new"):
+                meta["new"] = st["new"]
+            s.write_tensor(ROWS, torch.tensor([[p, t] for _, p, t in rows], dtype=torch.int64), s.tokens, fwd, meta)
+            x = torch.tensor([[1000.0 * p + int(rid.split("-")[0]) + st.get("bias", 0)] * H for rid, p, _ in rows])
+            s.write_tensor("model.layers.0", x, s.tokens, fwd)
+            sampled = st.get("sampled", [])
+            if sampled:
+                s.write_tensor(SAMPLED, torch.tensor([[p, t] for _, p, t in sampled], dtype=torch.int64), s.tokens,
+                               fwd, {"requests": [r for r, _, _ in sampled]})
+                for _, p, t in sampled:
+                    s.token(s.tokens, t, "", p)
+            s.flush()
+        s.close()
+    finally:
+        s.shutdown()
+
+
+def value(rid: str, p: int, bias: float = 0) -> float:
+    return 1000.0 * p + int(rid.split("-")[0]) + bias
+
+
+def test_recompute_prefix_gap_and_order(real_strapd: Any, tmp_path: Path) -> None:
+    from llm_instrumentation.vllm import list_requests, load_request
+
+    a, b = "7-0123abcd", "8-89abcdef"
+    steps = [
+        # a: prompt 10,11,12 (3 tokens); b: prompt of 4, the first 2 from the prefix cache
+        {"rows": [(a, 0, 10), (a, 1, 11), (a, 2, 12), (b, 2, 22), (b, 3, 23)],
+         "new": {a: {"prompt": [10, 11, 12], "computed": 0}, b: {"prompt": [20, 21, 22, 23], "computed": 2}},
+         "sampled": [(a, 3, 13), (b, 4, 24)]},
+        {"rows": [(a, 3, 13), (b, 4, 24)], "sampled": [(a, 4, 14), (b, 5, 25)]},
+        # a preempted and recomputed from scratch (positions 0..4 again; bias shows which is kept)
+        {"rows": [(b, 5, 25)], "sampled": [(b, 6, 26)]},
+        {"rows": [(a, 0, 10), (a, 1, 11), (a, 2, 12), (a, 3, 13), (a, 4, 14)], "bias": 0.5,
+         "sampled": [(a, 5, 15)]},
+    ]
+    write_stream(tmp_path / "one.strap", real_strapd.socket, steps)
+    assert list_requests(tmp_path) == ["7", "8"]
+
+    ra = load_request(tmp_path, "7")
+    assert ra.engine_request_id == a and ra.request_id == "7"
+    assert ra.token_ids.tolist() == [10, 11, 12, 13, 14, 15] and ra.prompt_len == 3
+    assert ra.positions.tolist() == [0, 1, 2, 3, 4]
+    assert ra.recomputed == [0, 1, 2, 3] and ra.missing == []  # 4 was first computed after the preemption
+    assert ra["model.layers.0"][:, 0].tolist() == [value(a, p, 0.5) for p in range(5)]
+    assert ra["model.layers.0"].shape == (5, H)
+
+    rb = load_request(tmp_path, b)  # the engine's id works too
+    assert rb.request_id == "8"
+    assert rb.token_ids.tolist() == [20, 21, 22, 23, 24, 25, 26]
+    assert rb.positions.tolist() == [2, 3, 4, 5]
+    assert rb.missing == [0, 1]  # served from the prefix cache: no forward here
+    assert rb["model.layers.0"][:, 0].tolist() == [value(b, p) for p in (2, 3, 4, 5)]
+
+
+def test_ambiguous_and_unknown_ids(real_strapd: Any, tmp_path: Path) -> None:
+    from llm_instrumentation.vllm import list_requests, load_request
+
+    for n, rid in enumerate(("0-00000001", "0-00000002")):
+        write_stream(tmp_path / f"run{n}.strap", real_strapd.socket, [
+            {"rows": [(rid, 0, 5), (rid, 1, 6)], "new": {rid: {"prompt": [5, 6], "computed": 0}},
+             "sampled": [(rid, 2, 7)]}])
+    assert list_requests(tmp_path) == ["0"]
+    with pytest.raises(ValueError, match="0-00000001.*0-00000002"):
+        load_request(tmp_path, "0")
+    assert load_request(tmp_path, "0-00000002").token_ids.tolist() == [5, 6, 7]
+    with pytest.raises(KeyError):
+        load_request(tmp_path, "1")
+
+
+def test_rows_disagreeing_with_tokens_are_an_error(real_strapd: Any, tmp_path: Path) -> None:
+    from llm_instrumentation.vllm import load_request
+
+    rid = "3-0000000f"
+    write_stream(tmp_path / "bad.strap", real_strapd.socket, [
+        {"rows": [(rid, 0, 5), (rid, 1, 6)], "new": {rid: {"prompt": [5, 6], "computed": 0}},
+         "sampled": [(rid, 2, 7)]},
+        {"rows": [(rid, 2, 8)], "sampled": [(rid, 3, 9)]}])  # computed with 8, but 7 was sampled there
+    with pytest.raises(ValueError, match="position 2 was computed with token 8"):
+        load_request(tmp_path, "3")
