@@ -112,8 +112,8 @@ func (c *uploadConfig) validate() error {
 	if c.Concurrency < 1 || c.Concurrency > 64 {
 		return fmt.Errorf("--upload-concurrency %d: must be 1..64", c.Concurrency)
 	}
-	if c.Client.Timeout <= 0 || c.Client.MinRate <= 0 {
-		return fmt.Errorf("--upload-timeout %s and --upload-min-rate %d: must be positive", c.Client.Timeout, c.Client.MinRate)
+	if c.Client.Timeout < 0 || c.Client.MinRate < 0 {
+		return fmt.Errorf("--upload-timeout %s and --upload-min-rate %d: must not be negative (0: the default)", c.Client.Timeout, c.Client.MinRate)
 	}
 	return nil
 }
