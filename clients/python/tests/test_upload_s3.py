@@ -28,8 +28,7 @@ import s3server
 from conftest import Daemon, strapd_bin, tiny_llama
 from s3server import ACCESS, SECRET, versitygw_bin
 
-from llm_instrumentation import capture_activations
-from llm_instrumentation._capture import UploadWarning
+from llm_instrumentation import UploadWarning, capture_activations
 from llm_instrumentation.framework import tokens_path
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is in the Makefile's PY_DEPS (make venv)")

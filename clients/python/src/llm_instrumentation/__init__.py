@@ -30,6 +30,7 @@ from .checkpoint import CaptureCompleteError, CheckpointError
 from ._streamlock import StreamInUseError
 from .correlation import correlate
 from .framework import InstrumentationFramework, capture_activations
+from ._capture import UploadWarning
 from .tracking import TokenTracker
 from .stream import StreamReader, Tensor, open_stream
 from ._distributed import ParallelLayout, Shard
@@ -65,6 +66,7 @@ __all__ = [
     "TensorCompressionManager",
     "TokenTracker",
     "UnsupportedCodecError",
+    "UploadWarning",
 ]
 
 _LAZY = {"CaptureSet", "CaptureSetError", "open_capture_set"}
