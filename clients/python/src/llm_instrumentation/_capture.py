@@ -408,7 +408,7 @@ class Capture:
             if not wrote_tokens:
                 write_tokens()
             self._end_capture_set()
-        if clean and self.summary.get("upload"):
+        if clean and self.summary and self.summary.get("upload"):
             self._check_upload(session)
         ck_path = self.options.checkpoint_file
         if clean and self._clean and ck_path is not None and os.path.exists(ck_path):
@@ -448,7 +448,10 @@ class Capture:
         from . import _daemon
         from ._warnings import warn_caller
 
-        obj = self.summary["upload"]
+        summary = self.summary
+        if summary is None:
+            return
+        obj = summary["upload"]
         sid = session.opened.session if session.opened is not None else None
         try:
             rep = P.status(_daemon.resolve_socket_path(self.options.socket_path), timeout=5.0)
@@ -461,9 +464,9 @@ class Capture:
             return
         u = mine[-1]
         state, err = u.get("state"), u.get("last_error") or ""
-        self.summary["upload_state"] = state
+        summary["upload_state"] = state
         if err:
-            self.summary["upload_error"] = err
+            summary["upload_error"] = err
         if state in UPLOAD_FAILING:
             msg = (f"the capture is complete on the local disk (kept), but its upload to {obj} is {state}: {err or 'no reason given'}"
                    + ("" if state in ("refused", "lost") else " (strapd retries it; `strapd status` follows it)"))
