@@ -151,6 +151,11 @@ func (u *Upload) knowCapture(avail int64) error {
 		return nil
 	}
 	id, err := captureID(u.f, avail)
+	if errors.Is(err, errNoHeader) && u.st.FinalSize > 0 {
+		// Final, and its header never whole (a damaged length): named by its first bytes,
+		// rather than waiting for bytes that will not come.
+		id, err = hashPrefix(u.f, min(avail, 64<<10))
+	}
 	if err != nil {
 		return err
 	}

@@ -434,3 +434,26 @@ func TestConditionalCompleteKeepsObjectWrittenMeanwhile(t *testing.T) {
 		t.Errorf("state files left: %v", left)
 	}
 }
+
+// TestDamagedHeaderLengthStillUploads: a finished file that opens like a stream but whose
+// header claims more metadata than the file holds is named by its first bytes (its
+// capture id), not waited on: it uploads.
+func TestDamagedHeaderLengthStillUploads(t *testing.T) {
+	f := newFixture(t)
+	m := f.manager(t, true)
+	w, u := f.begin(t, m, "damaged.strap", 0)
+	data := randomBytes(upload.MinPartSize/2, 91)
+	copy(data, "STRAPSTM\x02\x00\x00\x00\xff\xff\xff\x7f")
+	if _, err := w.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Finish(nil); err != nil {
+		t.Fatal(err)
+	}
+	if s := wait(t, u, 30*time.Second); s.State != upload.StateComplete {
+		t.Fatalf("status %+v", s)
+	}
+	if got := uploadtest.Object(t, f.client, "caps", "run/a/damaged.strap"); !bytes.Equal(got, data) {
+		t.Fatal("object differs from the file")
+	}
+}
