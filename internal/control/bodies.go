@@ -323,9 +323,12 @@ type UploadStatus struct {
 	// Session is the capture session writing it (0 once it ended before a restart).
 	Session uint64 `json:"session,omitempty"`
 	UID     uint32 `json:"uid"`
-	// State is "uploading", "retrying", "complete", "stopped", "waiting" (a capture that
-	// did not end complete, its local stream freed: the upload stays open for its resume)
-	// or "lost" (bytes the local disk no longer holds are missing on the server: Lost).
+	// State is "uploading", "retrying", "stalled" (no answer from the server for the
+	// upload time-out: a hung server, retried), "refused" (the key holds another
+	// capture's object, which strapd does not overwrite; the local files are kept),
+	// "complete", "stopped", "waiting" (a capture that did not end complete, its local
+	// stream freed: the upload stays open for its resume) or "lost" (bytes the local disk no
+	// longer holds are missing on the server: Lost).
 	State string `json:"state"`
 	// DurableBytes is the stream's bytes durable on the local disk, UploadedBytes those the
 	// server acknowledged (in file order), LagBytes the difference.
