@@ -460,6 +460,7 @@ func runServe(ctx context.Context, cfg serveConfig, base *zap.Logger) error {
 		notify("STATUS=failed: " + err.Error())
 		return err
 	}
+	resumePending(upm, log)
 	if obs != nil {
 		if ln != nil { // socket-activated: the API socket still needs its group
 			if gid, err = cfg.socketGID(log, &mode); err != nil {

@@ -163,8 +163,19 @@ func TestBinaryEndToEnd(t *testing.T) {
 
 	// A second daemon on the same socket (two clients autostarting at once) leaves
 	// quietly: status 0 and one log line naming the live daemon's pid. --socket-group ""
-	// only because as root, with no "strap" group, the default group warns first.
-	second := exec.Command(bin, "serve", "--socket", sock, "--socket-group", "")
+	// only because as root, with no "strap" group, the default group warns first. Its
+	// upload state directory holds an unfinished upload: the loser must leave it to the
+	// live daemon (it took it up, and said so, before it knew it had lost).
+	states := t.TempDir()
+	pending, err := os.ReadFile(filepath.Join("..", "..", "internal", "upload", "testdata", "state", "two-parts.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	statePath := filepath.Join(states, "upload-0123456789abcdef.json")
+	if err := os.WriteFile(statePath, pending, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	second := exec.Command(bin, "serve", "--socket", sock, "--socket-group", "", "--upload-state-dir", states)
 	out, err := second.CombinedOutput()
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	if err != nil || len(lines) != 1 {
@@ -180,6 +191,9 @@ func TestBinaryEndToEnd(t *testing.T) {
 	if line.Level != "info" || !strings.Contains(line.Msg, "another strapd serves on this socket") ||
 		line.Socket != sock || line.PID != srv.Process.Pid {
 		t.Fatalf("second daemon's line %+v, want info naming %s and pid %d", line, sock, srv.Process.Pid)
+	}
+	if after, err := os.ReadFile(statePath); err != nil || !bytes.Equal(after, pending) {
+		t.Fatalf("the losing daemon touched the live one's upload state: %v", err)
 	}
 
 	outPath := filepath.Join(t.TempDir(), "capture.strap")

@@ -136,7 +136,8 @@ func (c *uploadConfig) stateDir() string {
 	return filepath.Join(home, ".local", "state", "strapd", "uploads")
 }
 
-// manager builds the upload manager and the server's view of it. A configuration that
+// manager builds the upload manager and the server's view of it (resumePending then takes
+// up earlier runs' uploads). A configuration that
 // does not load leaves uploads unavailable with the reason (sessions asking for one are
 // refused with it); serve itself fails only when --upload was asked for.
 func (c *uploadConfig) manager(ctx context.Context, log *zap.Logger) (*upload.Manager, server.Uploads, error) {
@@ -160,10 +161,19 @@ func (c *uploadConfig) manager(ctx context.Context, log *zap.Logger) (*upload.Ma
 		return nil, su, nil
 	}
 	su.Manager = m
+	return m, su, nil
+}
+
+// resumePending takes up the unfinished uploads of earlier runs. serve calls it only once
+// it owns the socket: a daemon that lost the start to a live one must not upload what the
+// live one is uploading.
+func resumePending(m *upload.Manager, log *zap.Logger) {
+	if m == nil {
+		return
+	}
 	if err := m.ResumePending(); err != nil {
 		log.Warn("some unfinished uploads cannot be resumed", zap.Error(err))
 	}
-	return m, su, nil
 }
 
 func (c *uploadConfig) newManager(ctx context.Context, log *zap.Logger) (*upload.Manager, error) {
