@@ -182,14 +182,16 @@ func (c *Config) fill() {
 
 // Server is the daemon's control-socket server.
 type Server struct {
-	cfg     Config
-	root    *zap.Logger // New's logger, without a component: parts add theirs to it
-	log     *zap.Logger // the server's own lines (component "server")
-	ln      *net.UnixListener
-	pool    *pipeline.Pool
-	budget  *pipeline.Budget
-	cpu     *pipeline.CPUBudget // nil: unlimited
-	started time.Time
+	cfg  Config
+	root *zap.Logger // New's logger, without a component: parts add theirs to it
+	log  *zap.Logger // the server's own lines (component "server")
+	ln   *net.UnixListener
+	// sockFile is the socket file Listen bound (nil for a listener from UseListener).
+	sockFile os.FileInfo
+	pool     *pipeline.Pool
+	budget   *pipeline.Budget
+	cpu      *pipeline.CPUBudget // nil: unlimited
+	started  time.Time
 
 	mu        sync.Mutex
 	conns     map[*conn]struct{}
@@ -276,13 +278,34 @@ func (s *Server) Listen() error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	ln.SetUnlinkOnClose(true)
+	// The socket file is removed by unlinkSocket, only while it is still this one: a daemon
+	// exiting idle must not remove the socket of one that took the path since.
+	ln.SetUnlinkOnClose(false)
 	if err := s.applySocketPerms(path); err != nil {
 		ln.Close()
+		os.Remove(path)
 		return fmt.Errorf("listen: %w", err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		s.sockFile = fi
 	}
 	s.ln = ln
 	return nil
+}
+
+// unlinkSocket removes the socket file Listen bound, under the socket directory's lock and
+// only when the path still names that file: a daemon started since (autostarted the
+// moment this one stopped accepting) may have taken the path over as stale and bound its
+// own.
+func (s *Server) unlinkSocket() {
+	if s.sockFile == nil {
+		return
+	}
+	path := s.cfg.Socket
+	defer lockSocketDir(filepath.Dir(path), s.log)()
+	if fi, err := os.Lstat(path); err == nil && os.SameFile(fi, s.sockFile) {
+		os.Remove(path)
+	}
 }
 
 // AlreadyRunningError is Listen's error when another daemon answers on the socket; it
@@ -457,6 +480,7 @@ func (s *Server) idleExpired(ctx context.Context) <-chan struct{} {
 func (s *Server) shutdown() error {
 	s.closing.Store(true)
 	s.ln.Close()
+	s.unlinkSocket()
 	s.mu.Lock()
 	n := len(s.conns)
 	sessions := s.sessions

@@ -612,6 +612,36 @@ func TestListen(t *testing.T) {
 		}
 		s.ln.Close()
 	})
+	t.Run("a stopping daemon removes its own socket", func(t *testing.T) {
+		ts := startServer(t, Config{})
+		if err := ts.stop(t); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Lstat(ts.sock); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("socket left behind: %v", err)
+		}
+	})
+	t.Run("a stopping daemon leaves its successor's socket", func(t *testing.T) {
+		// A daemon exiting idle while a client autostarts another: the new one took the
+		// path over (removed and bound it) before the old one closed.
+		ts := startServer(t, Config{})
+		if err := os.Remove(ts.sock); err != nil {
+			t.Fatal(err)
+		}
+		next := New(Config{Socket: ts.sock}, nil)
+		if err := next.Listen(); err != nil {
+			t.Fatal(err)
+		}
+		defer next.ln.Close()
+		if err := ts.stop(t); err != nil {
+			t.Fatal(err)
+		}
+		c, err := net.Dial("unixpacket", ts.sock)
+		if err != nil {
+			t.Fatalf("the successor's socket is gone after the old daemon stopped: %v", err)
+		}
+		c.Close()
+	})
 	t.Run("refuses a non-socket path", func(t *testing.T) {
 		dir := t.TempDir()
 		p := filepath.Join(dir, "file")
