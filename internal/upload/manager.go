@@ -195,12 +195,7 @@ func (m *Manager) streamEnded(st *State, path string) bool {
 	if st.FreedTo > fi.Size() {
 		return false
 	}
-	st.FinalSize, st.KeepLocal = fi.Size(), true
-	k := 0
-	for k < len(st.Parts) && partStart(st.PartSize, st.Parts[k].Number)+st.Parts[k].Size <= st.FinalSize {
-		k++
-	}
-	st.Parts = st.Parts[:k]
+	st.endAt(fi.Size(), true, nil, nil)
 	if err := st.save(m.o.StateDir); err != nil {
 		m.o.Log.Warn("record the end of a finished stream in its upload state", zap.String("state", path), zap.Error(err))
 		return false

@@ -287,20 +287,7 @@ func (u *Upload) applyFinish(st *State) bool {
 			return false
 		}
 	}
-	st.FinalSize = final
-	st.KeepLocal = st.KeepLocal || keep
-	// Full parts past the final size (bytes cut back after a failed write) go again as
-	// the last part.
-	k := 0
-	for k < len(st.Parts) && partStart(st.PartSize, st.Parts[k].Number)+st.Parts[k].Size <= final {
-		k++
-	}
-	st.Parts = st.Parts[:k]
-	st.dropCompletion()
-	st.addSides(recs)
-	for _, name := range stale {
-		st.Stale = append(st.Stale, Target{Bucket: st.Bucket, Prefix: prefixOf(st.Key)}.Key(name))
-	}
+	st.endAt(final, keep, recs, stale)
 	return true
 }
 
@@ -677,22 +664,9 @@ func (u *Upload) takeFinish() error {
 			break
 		}
 	}
-	st.FinalSize = final
-	st.KeepLocal = st.KeepLocal || keepLocal
-	// Full parts past the final size (bytes cut back after a failed write) go again as
-	// the last part.
-	keep := 0
-	for keep < len(st.Parts) && partStart(st.PartSize, st.Parts[keep].Number)+st.Parts[keep].Size <= final {
-		keep++
-	}
-	st.Parts = st.Parts[:keep]
-	st.dropCompletion()
+	st.endAt(final, keepLocal, recs, stale)
 	for _, sd := range sides {
 		u.sides = append(u.sides, sd.File)
-	}
-	st.addSides(recs)
-	for _, name := range stale {
-		st.Stale = append(st.Stale, Target{Bucket: st.Bucket, Prefix: prefixOf(st.Key)}.Key(name))
 	}
 	u.setStatus(func(s *Status) { s.FinalSize = final })
 	return u.save()
@@ -700,6 +674,25 @@ func (u *Upload) takeFinish() error {
 
 // addSides records side files, each replacing one recorded under the same key (strapd
 // upload continuing a capture's upload names the files beside the stream again).
+// endAt records the stream's end: its final size, whether its local files stay, its side
+// files and the keys of stale objects to delete. Full parts past the end (bytes cut back
+// after a failed write) go again as the last part, and a completion begun before is
+// begun anew.
+func (s *State) endAt(final int64, keepLocal bool, sides []Side, stale []string) {
+	s.FinalSize = final
+	s.KeepLocal = s.KeepLocal || keepLocal
+	k := 0
+	for k < len(s.Parts) && partStart(s.PartSize, s.Parts[k].Number)+s.Parts[k].Size <= final {
+		k++
+	}
+	s.Parts = s.Parts[:k]
+	s.dropCompletion()
+	s.addSides(sides)
+	for _, name := range stale {
+		s.Stale = append(s.Stale, Target{Bucket: s.Bucket, Prefix: prefixOf(s.Key)}.Key(name))
+	}
+}
+
 func (s *State) addSides(recs []Side) {
 	for _, r := range recs {
 		i := 0
