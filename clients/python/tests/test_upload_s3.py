@@ -83,6 +83,16 @@ def status(d: Daemon) -> Dict[str, Any]:
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
+def wait_first_part(d: Daemon, obj: str, timeout: float = 30) -> None:
+    """Wait until a part of obj's upload is on the server (the capture still writing)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ups = [u for u in status(d).get("uploads") or [] if u["object"] == obj]
+        if ups and ups[0]["uploaded_bytes"] > 0:
+            return
+        time.sleep(0.05)
+    pytest.fail("no part uploaded while capturing")
+
 
 def wait_upload(d: Daemon, obj: str, state: str = "complete", timeout: float = 90,
                 final_size: Optional[int] = None) -> Dict[str, Any]:
@@ -194,14 +204,7 @@ def test_server_killed_mid_upload_then_restarted(s3: S3Server, daemons: Any, tmp
                 model(input_ids=ids, use_cache=False)
                 if not killed and i >= 1:
                     # Parts went up while capturing: kill the server in the middle of it.
-                    deadline = time.monotonic() + 30
-                    while time.monotonic() < deadline:
-                        ups = [u for u in status(d).get("uploads") or [] if u["object"] == obj]
-                        if ups and ups[0]["uploaded_bytes"] > 0:
-                            break
-                        time.sleep(0.05)
-                    else:
-                        pytest.fail("no part uploaded while capturing")
+                    wait_first_part(d, obj)
                     s3.kill()
                     killed = True
     u = wait_upload(d, obj, state="retrying", timeout=60)
@@ -227,14 +230,7 @@ def test_strapd_sigkilled_mid_upload_restarted_completes(s3: S3Server, daemons: 
             for i in range(4):
                 model(input_ids=ids, use_cache=False)
                 if i == 1:
-                    deadline = time.monotonic() + 30
-                    while time.monotonic() < deadline:
-                        ups = [u for u in status(d).get("uploads") or [] if u["object"] == obj]
-                        if ups and ups[0]["uploaded_bytes"] > 0:
-                            break
-                        time.sleep(0.05)
-                    else:
-                        pytest.fail("no part uploaded while capturing")
+                    wait_first_part(d, obj)
                     s3.kill()
     u = wait_upload(d, obj, state="retrying", timeout=60)
     assert 0 < u["uploaded_bytes"] < u["final_size"] == fw.summary["file_bytes"], u
@@ -540,14 +536,7 @@ def test_frozen_server_strapd_killed_after_close_completes_after_restart(s3: S3S
                     for i in range(4):
                         model(input_ids=ids, use_cache=False)
                         if i == 1:
-                            deadline = time.monotonic() + 30
-                            while time.monotonic() < deadline:
-                                ups = [u for u in status(d).get("uploads") or [] if u["object"] == obj]
-                                if ups and ups[0]["uploaded_bytes"] > 0:
-                                    break
-                                time.sleep(0.05)
-                            else:
-                                pytest.fail("no part uploaded while capturing")
+                            wait_first_part(d, obj)
                             s3.proc.send_signal(signal.SIGSTOP)
                             frozen = True
                     time.sleep(3)  # the parts sent since find no answer: stalled (--upload-timeout 2s)
