@@ -5,7 +5,8 @@ The plugin is whatever the environment says (STRAP_VLLM_OUTPUT set or not): this
 does nothing of its own to capture, exactly as a user's script would not.
 
 Usage: run_vllm.py MODEL_DIR OUT_JSON --prompts 5,11,17 --max-tokens 8
-       [--max-num-batched-tokens N] [--opt-in 0,2] [--seed S]
+       [--max-num-batched-tokens N] [--opt-in 0,2] [--seed S] [--kv-cache-kib K]
+       [--block-size B] [--max-model-len L] [--no-prefix-caching]
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--opt-in", default=None, help="indices of the requests that set extra_args strap=True")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--kv-cache-mib", type=int, default=256)
+    ap.add_argument("--kv-cache-kib", type=int, default=256 << 10)
+    ap.add_argument("--block-size", type=int, default=None)
+    ap.add_argument("--max-model-len", type=int, default=256)
+    ap.add_argument("--no-prefix-caching", action="store_true")
     a = ap.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -43,8 +47,12 @@ def main() -> None:
         kw.update(max_num_batched_tokens=a.max_num_batched_tokens, enable_chunked_prefill=True,
                   max_num_seqs=min(a.max_num_batched_tokens, len(prompts)))
     t0 = time.monotonic()
-    llm = LLM(model=a.model, skip_tokenizer_init=True, enforce_eager=True, dtype="float32", max_model_len=256,
-              kv_cache_memory_bytes=a.kv_cache_mib << 20, seed=0, **kw)
+    if a.block_size is not None:
+        kw.update(block_size=a.block_size)
+    if a.no_prefix_caching:
+        kw.update(enable_prefix_caching=False)
+    llm = LLM(model=a.model, skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
+              max_model_len=a.max_model_len, kv_cache_memory_bytes=a.kv_cache_kib << 10, seed=0, **kw)
     started = time.monotonic() - t0
     params = []
     for i in range(len(prompts)):

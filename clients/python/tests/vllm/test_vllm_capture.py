@@ -52,6 +52,19 @@ def hf_model(model_dir: Path) -> Any:
 
 
 @pytest.fixture(scope="module")
+def qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(1)
+    cfg = Qwen2Config(hidden_size=128, intermediate_size=256, num_hidden_layers=LAYERS, num_attention_heads=2,
+                      num_key_value_heads=1, vocab_size=512, max_position_embeddings=256)
+    d = tmp_path_factory.mktemp("qwen2")
+    Qwen2ForCausalLM(cfg).eval().save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
 def daemon() -> Any:
     b = strapd_bin()
     if not (b.is_file() and os.access(b, os.X_OK)):
@@ -74,7 +87,9 @@ def run_vllm(model_dir: Path, out_dir: Optional[Path], daemon: Any, *args: str, 
     env.update(env_extra or {})
     res = Path(short_tmpdir()) / "out.json"
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, str(HERE / "run_vllm.py"), str(model_dir), str(res), "--prompts", PROMPTS,
+    if "--prompts" not in args:
+        args = ("--prompts", PROMPTS) + args
+    p = subprocess.run([sys.executable, str(HERE / "run_vllm.py"), str(model_dir), str(res),
                         "--max-tokens", str(MAX_TOKENS), *args], env=env, capture_output=True, text=True,
                        timeout=900)
     if p.returncode != 0:
@@ -91,16 +106,18 @@ def plain(model_dir: Path, daemon: Any) -> Dict[str, Any]:
     return run_vllm(model_dir, None, daemon)
 
 
-def hf_layers(model: Any, ids: List[int]) -> Dict[str, Any]:
-    """transformers' ``model.layers.N`` outputs for one sequence: ``{name: [positions, hidden]}``."""
+def hf_modules(model: Any, ids: List[int], names: List[str]) -> Dict[str, Any]:
+    """transformers' outputs of the modules ``names`` for one sequence: ``{name: [positions, ...]}``
+    (the first element of a tuple output, e.g. attention's ``(output, weights)``)."""
     import torch
 
     got: Dict[str, Any] = {}
+    mods = dict(model.named_modules())
     hs = []
-    for i, layer in enumerate(model.model.layers):
-        def hook(mod: Any, inp: Any, out: Any, name: str = f"model.layers.{i}") -> None:
+    for name in names:
+        def hook(mod: Any, inp: Any, out: Any, name: str = name) -> None:
             got[name] = (out[0] if isinstance(out, tuple) else out)[0].detach().clone()
-        hs.append(layer.register_forward_hook(hook))
+        hs.append(mods[name].register_forward_hook(hook))
     try:
         with torch.no_grad():
             model(torch.tensor([ids]))
@@ -110,7 +127,8 @@ def hf_layers(model: Any, ids: List[int]) -> Dict[str, Any]:
     return got
 
 
-def check_request(cap_dir: Path, hf_model: Any, req: Dict[str, Any]) -> None:
+def check_request(cap_dir: Path, hf_model: Any, req: Dict[str, Any], recomputed_ok: bool = False,
+                  modules: Optional[List[str]] = None) -> Any:
     """Every captured ``model.layers.N`` row of the request equals transformers' output at
     its position; the positions are the prompt and every generated token but the last."""
     from llm_instrumentation.vllm import load_request
@@ -120,23 +138,32 @@ def check_request(cap_dir: Path, hf_model: Any, req: Dict[str, Any]) -> None:
     assert r.token_ids.tolist() == ids
     assert r.prompt_len == len(req["prompt"])
     assert r.positions.tolist() == list(range(len(ids) - 1)), r.positions.tolist()
-    assert r.missing == [] and r.recomputed == []
-    assert sorted(r) == [f"model.layers.{i}" for i in range(LAYERS)]
-    ref = hf_layers(hf_model, ids)
+    assert r.missing == []
+    assert recomputed_ok or r.recomputed == []
+    modules = modules or [f"model.layers.{i}" for i in range(LAYERS)]
+    assert sorted(r) == sorted(modules)
+    ref = hf_modules(hf_model, ids, modules)
     for name, x in r.items():
         want = ref[name][: len(ids) - 1]
         assert x.shape == want.shape, (name, x.shape, want.shape)
         err = (x - want).abs().max().item()
         scale = want.abs().max().item()
         assert err <= RTOL * scale, f"{req['request_id']} {name}: max error {err:.3g} for max|x| {scale:.3g}"
+    return r
 
 
 def verify_streams(cap_dir: Path) -> List[Path]:
+    """strapd verifies every stream, and each was closed (END ``complete``, not ``aborted``)."""
+    from llm_instrumentation.stream import open_stream
+
     paths = sorted(cap_dir.glob("*.strap"))
     assert paths, f"no stream in {cap_dir}"
     for p in paths:
         v = subprocess.run([str(strapd_bin()), "verify", str(p)], capture_output=True, text=True)
         assert v.returncode == 0, f"strapd verify {p}: {v.stdout}{v.stderr}"
+        with open_stream(p) as r:
+            end = r.end()
+            assert end is not None and end.meta["status"] == "complete", (p, end and end.meta)
     return paths
 
 
@@ -197,13 +224,59 @@ def test_chunked_prefill_and_opt_in(model_dir: Path, hf_model: Any, daemon: Any,
     assert steps >= 3, steps
 
 
+#: Every module name the plugin maps (docs/VLLM.md 2), for the multiprocess test.
+ALL_MODULES = ("model.layers.*,model.layers.*.self_attn,model.layers.*.mlp,model.layers.*.input_layernorm,"
+               "model.layers.*.post_attention_layernorm,model.layers.*.self_attn.o_proj,model.layers.*.mlp.down_proj,"
+               "model.norm,model.embed_tokens")
+
+
 def test_multiprocess_engine(model_dir: Path, hf_model: Any, daemon: Any, plain: Dict[str, Any],
                              tmp_path: Path) -> None:
     """vLLM's default engine (the engine core and its worker in a child process): the plugin
-    loads there from the entry point and the capture is the same."""
+    loads there from the entry point; every module of the mapping table (decoder layers,
+    attention, MLP, norms, o_proj, down_proj, final norm, embeddings) equals transformers'."""
     cap = tmp_path / "caps"
-    got = run_vllm(model_dir, cap, daemon, multiprocess=True)
+    got = run_vllm(model_dir, cap, daemon, multiprocess=True, env_extra={"STRAP_VLLM_MODULES": ALL_MODULES})
     assert [r["generated"] for r in got["requests"]] == [r["generated"] for r in plain["requests"]]
     verify_streams(cap)
+    names = ["model.embed_tokens", "model.norm"] + [
+        f"model.layers.{i}{s}" for i in range(LAYERS)
+        for s in ("", ".self_attn", ".mlp", ".input_layernorm", ".post_attention_layernorm", ".self_attn.o_proj",
+                  ".mlp.down_proj")]
     for req in got["requests"]:
-        check_request(cap, hf_model, req)
+        check_request(cap, hf_model, req, modules=names)
+
+
+def test_forced_preemption(model_dir: Path, hf_model: Any, daemon: Any, tmp_path: Path) -> None:
+    """A KV cache of two usable 32-token blocks (the CPU backend's smallest block; vLLM keeps
+    a third as its null block) for prompts of 20, 28 and 12 tokens growing by 8: the 28-token
+    request needs a second block while the cache is full, so vLLM preempts it and, prefix
+    caching off, recomputes it from position 0 when it resumes (with prefix caching its full
+    first block would come back from the cache: no recompute). The positions computed twice
+    are kept once and every row still equals transformers; the generated ids are
+    transformers' greedy choices."""
+    import torch
+
+    cap = tmp_path / "caps"
+    got = run_vllm(model_dir, cap, daemon, "--prompts", "20,28,12", "--kv-cache-kib", "192", "--block-size", "32",
+                   "--max-model-len", "64", "--no-prefix-caching")
+    verify_streams(cap)
+    caps = [check_request(cap, hf_model, req, recomputed_ok=True) for req in got["requests"]]
+    assert any(c.recomputed for c in caps), "no request was preempted: the test did not test preemption"
+    for req in got["requests"]:
+        ids = req["prompt"] + req["generated"]
+        with torch.no_grad():
+            greedy = hf_model(torch.tensor([ids])).logits[0].argmax(-1)
+        assert greedy[len(req["prompt"]) - 1:-1].tolist() == req["generated"]
+
+
+def test_qwen2(qwen2_dir: Path, daemon: Any, tmp_path: Path) -> None:
+    """A Qwen2 (attention with biases) the same way as the Llama, in-process."""
+    from transformers import Qwen2ForCausalLM
+
+    cap = tmp_path / "caps"
+    got = run_vllm(qwen2_dir, cap, daemon)
+    verify_streams(cap)
+    hf = Qwen2ForCausalLM.from_pretrained(qwen2_dir, attn_implementation="eager").eval()
+    for req in got["requests"]:
+        check_request(cap, hf, req)

@@ -133,3 +133,18 @@ def test_rows_disagreeing_with_tokens_are_an_error(real_strapd: Any, tmp_path: P
         {"rows": [(rid, 2, 8)], "sampled": [(rid, 3, 9)]}])  # computed with 8, but 7 was sampled there
     with pytest.raises(ValueError, match="position 2 was computed with token 8"):
         load_request(tmp_path, "3")
+
+
+def test_tokens_from_rows_without_sampled_records(real_strapd: Any, tmp_path: Path) -> None:
+    """Steps whose sampled tokens were not recorded (async scheduling): the generated
+    tokens come from the next rows' input ids, and the last row counts."""
+    from llm_instrumentation.vllm import load_request
+
+    rid = "4-000000aa"
+    write_stream(tmp_path / "nosampled.strap", real_strapd.socket, [
+        {"rows": [(rid, 0, 5), (rid, 1, 6)], "new": {rid: {"prompt": [5, 6], "computed": 0}}},
+        {"rows": [(rid, 2, 7)]}, {"rows": [(rid, 3, 8)]}])
+    r = load_request(tmp_path, "4")
+    assert r.token_ids.tolist() == [5, 6, 7, 8]
+    assert r.positions.tolist() == [0, 1, 2, 3]
+    assert r["model.layers.0"][:, 0].tolist() == [value(rid, p) for p in range(4)]

@@ -212,6 +212,13 @@ def load_request(directory: PathArg, request_id: str, modules: Optional[Sequence
             raise ValueError(f"request {internal!r}: generated token at position {p}, expected {len(tokens)}")
         tokens.append(generated[p])
     last = len(tokens) - 2  # the last token never had a forward pass
+    if len(tokens) in input_ids:
+        # Rows past the sampled tokens: a stream without vllm.sampled records for them (a
+        # runner whose sampled tokens this plugin does not see, e.g. async scheduling,
+        # docs/VLLM.md 5). The rows' input ids are the tokens; the last of them had a forward.
+        while len(tokens) in input_ids:
+            tokens.append(input_ids[len(tokens)])
+        last = len(tokens) - 1
     for p, tok in input_ids.items():
         if p <= last + 1 and p < len(tokens) and tokens[p] != tok:
             raise ValueError(f"request {internal!r}: position {p} was computed with token {tok}, "
