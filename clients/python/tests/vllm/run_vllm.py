@@ -6,7 +6,7 @@ does nothing of its own to capture, exactly as a user's script would not.
 
 Usage: run_vllm.py MODEL_DIR OUT_JSON --prompts 5,11,17 --max-tokens 8
        [--max-num-batched-tokens N] [--opt-in 0,2] [--seed S] [--kv-cache-kib K]
-       [--block-size B] [--max-model-len L] [--no-prefix-caching]
+       [--block-size B] [--max-model-len L] [--no-prefix-caching] [--warmup] [--tp N]
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--max-model-len", type=int, default=256)
     ap.add_argument("--no-prefix-caching", action="store_true")
+    ap.add_argument("--warmup", action="store_true", help="generate once (other prompts) before the timed run")
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
     a = ap.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -51,6 +53,8 @@ def main() -> None:
         kw.update(block_size=a.block_size)
     if a.no_prefix_caching:
         kw.update(enable_prefix_caching=False)
+    if a.tp > 1:
+        kw.update(tensor_parallel_size=a.tp)
     llm = LLM(model=a.model, skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
               max_model_len=a.max_model_len, kv_cache_memory_bytes=a.kv_cache_kib << 10, seed=0, **kw)
     started = time.monotonic() - t0
@@ -61,6 +65,9 @@ def main() -> None:
             extra = {"strap": i in opt_in}
         params.append(SamplingParams(temperature=0.0, max_tokens=a.max_tokens, ignore_eos=True, detokenize=False,
                                      extra_args=extra))
+    if a.warmup:
+        warm = [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+        llm.generate([TokensPrompt(prompt_token_ids=p) for p in warm], params)
     t1 = time.monotonic()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
     took = time.monotonic() - t1
