@@ -280,3 +280,23 @@ def test_qwen2(qwen2_dir: Path, daemon: Any, tmp_path: Path) -> None:
     hf = Qwen2ForCausalLM.from_pretrained(qwen2_dir, attn_implementation="eager").eval()
     for req in got["requests"]:
         check_request(cap, hf, req)
+
+
+def test_tensor_parallel_2(model_dir: Path, hf_model: Any, daemon: Any, tmp_path: Path) -> None:
+    """tensor_parallel_size=2 on the CPU (two workers, gloo; vLLM's CPU backend needs the cores
+    bound by hand on a one-NUMA-node machine): the outputs are replicated, so tp rank 0 alone
+    writes a stream (tp_size 2 in its header) and every request is exact; rank 1 writes none."""
+    from llm_instrumentation.stream import open_stream
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("tensor_parallel_size=2 on vLLM's CPU backend needs two cores to bind its workers to")
+    cap = tmp_path / "caps"
+    got = run_vllm(model_dir, cap, daemon, "--tp", "2", multiprocess=True,
+                   env_extra={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    paths = verify_streams(cap)
+    assert len(paths) == 1, paths
+    with open_stream(paths[0]) as r:
+        meta = r.metadata["client_metadata"]["vllm"]
+    assert (meta["tp_rank"], meta["tp_size"]) == (0, 2), meta
+    for req in got["requests"]:
+        check_request(cap, hf_model, req)
