@@ -7,6 +7,7 @@ does nothing of its own to capture, exactly as a user's script would not.
 Usage: run_vllm.py MODEL_DIR OUT_JSON --prompts 5,11,17 --max-tokens 8
        [--max-num-batched-tokens N] [--opt-in 0,2] [--seed S] [--kv-cache-kib K]
        [--block-size B] [--max-model-len L] [--no-prefix-caching] [--warmup] [--tp N]
+       [--prefix-reuse N]
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def main() -> None:
     ap.add_argument("--no-prefix-caching", action="store_true")
     ap.add_argument("--warmup", action="store_true", help="generate once (other prompts) before the timed run")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
+    ap.add_argument("--prefix-reuse", type=int, default=0,
+                    help="then one more request: the last prompt's first N tokens and 5 new ones")
     a = ap.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -71,6 +74,9 @@ def main() -> None:
     t1 = time.monotonic()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
     took = time.monotonic() - t1
+    if a.prefix_reuse:
+        again = prompts[-1][:a.prefix_reuse] + [rng.randrange(3, vocab) for _ in range(5)]
+        outs = list(outs) + list(llm.generate([TokensPrompt(prompt_token_ids=again)], params[-1]))
     res = {"startup_s": started, "generate_s": took, "requests": [
         {"request_id": o.request_id, "prompt": list(o.prompt_token_ids), "generated": list(o.outputs[0].token_ids)}
         for o in outs]}

@@ -128,23 +128,24 @@ def hf_modules(model: Any, ids: List[int], names: List[str]) -> Dict[str, Any]:
 
 
 def check_request(cap_dir: Path, hf_model: Any, req: Dict[str, Any], recomputed_ok: bool = False,
-                  modules: Optional[List[str]] = None) -> Any:
+                  modules: Optional[List[str]] = None, first: int = 0) -> Any:
     """Every captured ``model.layers.N`` row of the request equals transformers' output at
-    its position; the positions are the prompt and every generated token but the last."""
+    its position; the positions are the prompt and every generated token but the last, from
+    ``first`` on (the ones before it served from the prefix cache: ``missing``)."""
     from llm_instrumentation.vllm import load_request
 
     r = load_request(cap_dir, req["request_id"])
     ids = req["prompt"] + req["generated"]
     assert r.token_ids.tolist() == ids
     assert r.prompt_len == len(req["prompt"])
-    assert r.positions.tolist() == list(range(len(ids) - 1)), r.positions.tolist()
-    assert r.missing == []
+    assert r.positions.tolist() == list(range(first, len(ids) - 1)), r.positions.tolist()
+    assert r.missing == list(range(first))
     assert recomputed_ok or r.recomputed == []
     modules = modules or [f"model.layers.{i}" for i in range(LAYERS)]
     assert sorted(r) == sorted(modules)
     ref = hf_modules(hf_model, ids, modules)
     for name, x in r.items():
-        want = ref[name][: len(ids) - 1]
+        want = ref[name][first: len(ids) - 1]
         assert x.shape == want.shape, (name, x.shape, want.shape)
         err = (x - want).abs().max().item()
         scale = want.abs().max().item()
@@ -300,3 +301,18 @@ def test_tensor_parallel_2(model_dir: Path, hf_model: Any, daemon: Any, tmp_path
     assert (meta["tp_rank"], meta["tp_size"]) == (0, 2), meta
     for req in got["requests"]:
         check_request(cap, hf_model, req)
+
+
+def test_prefix_cache_gap(model_dir: Path, hf_model: Any, daemon: Any, tmp_path: Path) -> None:
+    """vLLM's prefix cache (on by default), 32-token blocks: after a 40-token request, one
+    whose prompt starts with the same 36 tokens gets its first block (positions 0-31) from the
+    cache, with no forward pass. The capture records where computation started: load_request
+    lists 0-31 as missing and every computed position is exact."""
+    cap = tmp_path / "caps"
+    got = run_vllm(model_dir, cap, daemon, "--prompts", "5,11,40", "--block-size", "32", "--prefix-reuse", "36")
+    verify_streams(cap)
+    reqs = got["requests"]
+    assert len(reqs) == 4 and reqs[3]["prompt"][:36] == reqs[2]["prompt"][:36]
+    for req in reqs[:3]:
+        check_request(cap, hf_model, req)
+    check_request(cap, hf_model, reqs[3], first=32)
