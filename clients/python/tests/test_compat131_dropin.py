@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from llm_instrumentation import *  # noqa: E402,F401,F403  (as a 1.3.1 script does)
 from llm_instrumentation import open_stream  # noqa: E402
+from llm_instrumentation.checkpoint import CaptureCompleteError  # noqa: E402
 from llm_instrumentation.core.auto_detect import create_optimized_config  # noqa: E402
 from llm_instrumentation.core.hooks import OptimizedHookManager  # noqa: E402
 from llm_instrumentation.stream import TENSOR, TOKEN  # noqa: E402
@@ -283,8 +284,20 @@ def test_09_checkpoints_carry_131_keys_and_131_checkpoints_resume(in_tmp):
             assert doc["metadata"]["start_time"] == 1.0
     kinds = [(t, s) for t, _, s in _packets("o.stream")]
     assert kinds[:2] == [(TOKEN, 0), (TOKEN, 1)] and (TENSOR, 2) in kinds and kinds[-1] == (TOKEN, 2)
-    # A 1.3.1 checkpoint beside a strap stream: the stream says where to go on.
+    # A 1.3.1 checkpoint beside a finished strap stream (END complete): nothing to go on
+    # from, and a resume must not cut a finished capture: refused, every byte kept.
     Path("r.stream.ckpt.json").write_text(json.dumps(old))
+    finished = Path("r.stream").read_bytes()
+    with pytest.raises(CaptureCompleteError), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with fw.capture_activations("r.stream", track_per_token=True, resume_from_checkpoint=True):
+            pass
+    assert Path("r.stream").read_bytes() == finished
+    # Beside a strap stream cut short (its END and what follows lost, as in a crash): the
+    # stream says where to go on.
+    with open_stream("r.stream") as r:
+        end = next(p.offset for p in r.packets() if p.type_name == "END")
+    Path("r.stream").write_bytes(finished[:end])
     with pytest.warns(UserWarning, match="1.3.1 checkpoint"):
         with fw.capture_activations("r.stream", track_per_token=True, resume_from_checkpoint=True) as tracker:
             assert len(tracker.tokens) == 6
