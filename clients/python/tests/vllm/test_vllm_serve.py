@@ -21,7 +21,10 @@ from typing import Any, Dict
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed in this venv: `make test-vllm` runs these in .venv-vllm")
+# vllm.sampling_params, not vllm: this folder (tests/vllm) is itself importable as a namespace
+# package "vllm" from the tests' sys.path, so a bare "vllm" is found in every venv.
+pytest.importorskip("vllm.sampling_params",
+                    reason="vLLM is not installed in this venv: `make test-vllm` runs these in .venv-vllm")
 
 from conftest import Daemon, short_tmpdir, strapd_bin  # noqa: E402
 # The same random Llama and its transformers twin (module-scoped fixtures), and the checks.
