@@ -7,7 +7,7 @@ does nothing of its own to capture, exactly as a user's script would not.
 Usage: run_vllm.py MODEL_DIR OUT_JSON --prompts 5,11,17 --max-tokens 8
        [--max-num-batched-tokens N] [--opt-in 0,2] [--seed S] [--kv-cache-kib K]
        [--block-size B] [--max-model-len L] [--no-prefix-caching] [--warmup] [--tp N]
-       [--prefix-reuse N]
+       [--prefix-reuse N] [--checkpoint]
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ def main() -> None:
     ap.add_argument("--no-prefix-caching", action="store_true")
     ap.add_argument("--warmup", action="store_true", help="generate once (other prompts) before the timed run")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="then llm_instrumentation.vllm.checkpoint(llm) and read every request back "
+                         "while the engine still runs")
     ap.add_argument("--prefix-reuse", type=int, default=0,
                     help="then one more request: the last prompt's first N tokens and 5 new ones")
     a = ap.parse_args()
@@ -80,6 +83,14 @@ def main() -> None:
     res = {"startup_s": started, "generate_s": took, "requests": [
         {"request_id": o.request_id, "prompt": list(o.prompt_token_ids), "generated": list(o.outputs[0].token_ids)}
         for o in outs]}
+    if a.checkpoint:
+        import os
+
+        from llm_instrumentation.vllm import checkpoint, list_requests, load_request
+
+        res["checkpoint"] = checkpoint(llm)
+        d = os.environ["STRAP_VLLM_OUTPUT"]
+        res["loaded_before_exit"] = {rid: load_request(d, rid).token_ids.tolist() for rid in list_requests(d)}
     with open(a.out, "w") as f:
         json.dump(res, f)
     # Nothing to close by hand: the plugin closes each worker's stream when vLLM shuts its

@@ -181,13 +181,18 @@ def token_packets(path: Path) -> List[Any]:
 def test_three_concurrent_requests(model_dir: Path, hf_model: Any, daemon: Any, plain: Dict[str, Any],
                                    tmp_path: Path) -> None:
     """In-process engine: ids as without the plugin; every request, every position, every
-    layer equals transformers; the stream verifies; one TOKEN per generated token."""
+    layer equals transformers; the stream verifies; one TOKEN per generated token; after
+    ``checkpoint(llm)`` the requests read back while the engine runs."""
     from llm_instrumentation.vllm import list_requests
 
     cap = tmp_path / "caps"
-    got = run_vllm(model_dir, cap, daemon)
+    got = run_vllm(model_dir, cap, daemon, "--checkpoint")
     assert [r["generated"] for r in got["requests"]] == [r["generated"] for r in plain["requests"]]
     assert [len(r["prompt"]) for r in got["requests"]] == [5, 11, 17]
+    # llm_instrumentation.vllm.checkpoint(llm), then every request read back in the same
+    # process while the engine (and its capture) still ran.
+    assert [c["tokens"] for c in got["checkpoint"]] == [sum(len(r["generated"]) for r in got["requests"])]
+    assert got["loaded_before_exit"] == {r["request_id"]: r["prompt"] + r["generated"] for r in got["requests"]}
     paths = verify_streams(cap)
     assert len(paths) == 1
     assert list_requests(cap) == [r["request_id"] for r in got["requests"]]
@@ -240,8 +245,12 @@ def test_multiprocess_engine(model_dir: Path, hf_model: Any, daemon: Any, plain:
     loads there from the entry point; every module of the mapping table (decoder layers,
     attention, MLP, norms, o_proj, down_proj, final norm, embeddings) equals transformers'."""
     cap = tmp_path / "caps"
-    got = run_vllm(model_dir, cap, daemon, multiprocess=True, env_extra={"STRAP_VLLM_MODULES": ALL_MODULES})
+    got = run_vllm(model_dir, cap, daemon, "--checkpoint", multiprocess=True,
+                   env_extra={"STRAP_VLLM_MODULES": ALL_MODULES})
     assert [r["generated"] for r in got["requests"]] == [r["generated"] for r in plain["requests"]]
+    # checkpoint(llm) reached the worker process through collective_rpc
+    assert len(got["checkpoint"]) == 1 and got["checkpoint"][0]["tokens"] == 24, got["checkpoint"]
+    assert sorted(got["loaded_before_exit"]) == ["0", "1", "2"]
     verify_streams(cap)
     names = ["model.embed_tokens", "model.norm"] + [
         f"model.layers.{i}{s}" for i in range(LAYERS)

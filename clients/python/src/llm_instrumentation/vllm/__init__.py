@@ -43,18 +43,16 @@ def checkpoint(llm: Any) -> List[Optional[dict]]:
     :func:`load_request` sees finished requests while the engine goes on.
 
     Args:
-        llm: a ``vllm.LLM`` (its ``collective_rpc`` runs this in every worker).
+        llm: a ``vllm.LLM`` (its ``collective_rpc`` runs this in every worker, by the method
+            name the plugin adds to vLLM's workers).
 
     Returns:
         per worker ``{"path", "offset", "packets", "tokens"}`` (None: a worker that stores
         nothing, e.g. a tensor-parallel rank other than 0).
+
+    The workers have the method only where the plugin is active (``STRAP_VLLM_OUTPUT`` set
+    when vLLM started); vLLM's own error says so otherwise.
     """
-    return llm.collective_rpc(_checkpoint_here)
+    from ._plugin import RPC_CHECKPOINT
 
-
-def _checkpoint_here(worker: Any = None) -> Optional[dict]:
-    from ._plugin import captures
-
-    done = [c.checkpoint() for c in captures()]
-    done = [d for d in done if d is not None]
-    return done[0] if done else None
+    return llm.collective_rpc(RPC_CHECKPOINT)

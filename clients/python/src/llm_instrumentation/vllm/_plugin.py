@@ -9,7 +9,10 @@ of vLLM's model runner class, once per process:
 - ``execute_model``: the step's ``SchedulerOutput`` is handed to the capture (the hooks
   split the flat batch by it) and taken back afterwards;
 - ``sample_tokens``: the sampled tokens become a ``vllm.sampled`` record and TOKENs;
-- ``shutdown``: the session is closed (the stream gets its END and INDEX).
+- ``shutdown``: the session is closed (the stream gets its END and INDEX);
+
+and adds a worker method, ``llm_instrumentation_checkpoint``, for
+:func:`llm_instrumentation.vllm.checkpoint` to call through ``collective_rpc``.
 
 Wrapping the runner class, rather than asking for a worker extension, works for every way
 of starting the engine (``LLM(...)``, ``vllm serve``, in-process or multi-process) without
@@ -29,6 +32,8 @@ from ._settings import Settings
 log = logging.getLogger("vllm.llm_instrumentation")
 
 _PATCHED = False
+#: the worker method :func:`llm_instrumentation.vllm.checkpoint` calls through collective_rpc
+RPC_CHECKPOINT = "llm_instrumentation_checkpoint"
 #: the captures made in this process (one per model runner), for :func:`captures`
 _CAPTURES: List[Any] = []
 
@@ -60,6 +65,11 @@ def register() -> None:
         setattr(GPUModelRunner, "sample_tokens", _wrap_sample(GPUModelRunner.sample_tokens))
     if hasattr(GPUModelRunner, "shutdown"):
         setattr(GPUModelRunner, "shutdown", _wrap_shutdown(GPUModelRunner.shutdown))
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    # A worker method for collective_rpc by name (a callable would need vLLM's insecure
+    # pickle serialization between processes): llm_instrumentation.vllm.checkpoint(llm).
+    setattr(WorkerBase, RPC_CHECKPOINT, _rpc_checkpoint)
     _PATCHED = True
     log.info("llm_instrumentation.vllm: capture enabled into %s (modules %s, requests %s)",
              settings.output_dir, ",".join(settings.modules), settings.requests)
@@ -124,6 +134,12 @@ def _wrap_shutdown(orig: Callable[..., Any]) -> Callable[..., Any]:
         return orig(self, *args, **kwargs)
 
     return shutdown
+
+
+def _rpc_checkpoint(worker: Any) -> Optional[dict]:
+    """In a worker: checkpoint its capture (None where it stores nothing)."""
+    cap = _capture_of(getattr(worker, "model_runner", None))
+    return cap.checkpoint() if cap is not None else None
 
 
 def captures() -> List[Any]:
