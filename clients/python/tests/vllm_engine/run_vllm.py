@@ -1,5 +1,5 @@
 """Run vLLM (CPU, eager, float32) on token-id prompts, greedy, and print what it generated
-as JSON: the child process of tests/vllm/test_vllm_capture.py and of `make demo-vllm`.
+as JSON: the child process of tests/vllm_engine/test_vllm_capture.py and of `make demo-vllm`.
 
 The plugin is whatever the environment says (STRAP_VLLM_OUTPUT set or not): this script
 does nothing of its own to capture, exactly as a user's script would not.

@@ -21,8 +21,8 @@ from typing import Any, Dict
 
 import pytest
 
-# vllm.sampling_params, not vllm: this folder (tests/vllm) is itself importable as a namespace
-# package "vllm" from the tests' sys.path, so a bare "vllm" is found in every venv.
+# vllm.sampling_params, not vllm: a namespace package "vllm" on the tests' sys.path (a folder
+# named so) would pass for vLLM in every venv.
 pytest.importorskip("vllm.sampling_params",
                     reason="vLLM is not installed in this venv: `make test-vllm` runs these in .venv-vllm")
 
