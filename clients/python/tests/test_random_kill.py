@@ -21,6 +21,8 @@ import pytest
 from genloop import INTERVAL, N_TOKENS
 from test_resume import assert_same_as_reference, capture, ckpt, run_child
 
+from llm_instrumentation.checkpoint import CaptureCompleteError
+
 pytestmark = [pytest.mark.skipif(not os.environ.get("STRAP_TEST_LONG"),
                                  reason="long random-kill tests: run them with make test-long"),
               # test_resume's reference was captured with one torch thread: same kernels, same bytes
@@ -106,5 +108,14 @@ def test_daemon_random_sigkill_then_resume(strapd_factory, tmp_path, kill):
     if p.returncode == 1:
         assert "StrapdConnectionError" in err, err
     d2 = strapd_factory()
-    fw = capture(d2.socket, out, resume=True)
+    try:
+        fw = capture(d2.socket, out, resume=True)
+    except CaptureCompleteError:
+        # strapd died after it wrote END complete (at "closing", or after the last token):
+        # the capture is finished and a resume refuses to cut it (issue 41). The stream must
+        # already be the uninterrupted capture, bit for bit.
+        size = os.path.getsize(out)
+        assert_same_as_reference(d2.socket, out, tmp_path, None)
+        assert os.path.getsize(out) == size
+        return
     assert_same_as_reference(d2.socket, out, tmp_path, fw)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -85,14 +85,18 @@ def run_child(sock: str, out: Path, kill: str, delay: float = 0.0) -> subprocess
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(HERE))
 
 
-def assert_same_as_reference(sock: str, out: Path, tmp: Path, fw: InstrumentationFramework) -> None:
+def assert_same_as_reference(sock: str, out: Path, tmp: Path, fw: Optional[InstrumentationFramework]) -> None:
+    """The stream at ``out`` equals an uninterrupted capture; so do the resumed capture's
+    tokens and forward count when ``fw`` is given (None: the capture was already finished,
+    and its resume was refused)."""
     ref = reference(sock, tmp)
     got = packets(out)
     assert len(got) == len(ref["packets"]), (len(got), len(ref["packets"]))
     for i, (a, b) in enumerate(zip(got, ref["packets"])):
         assert a == b, f"packet {i} differs: {a[:9]} vs {b[:9]}"
-    assert fw.tokens == ref["tokens"]
-    assert fw.forward_count == ref["forwards"]
+    if fw is not None:
+        assert fw.tokens == ref["tokens"]
+        assert fw.forward_count == ref["forwards"]
     tf = json.loads(Path(tokens_path(out)).read_text())
     assert tf["tokens"] == ref["tokens_file"]["tokens"] and tf["total_tokens"] == N_TOKENS
     assert not os.path.exists(ckpt.default_path(out)), "checkpoint left after a clean finish"
