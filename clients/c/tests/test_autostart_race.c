@@ -76,7 +76,11 @@ static int log_lines(const char *needle)
 static void stale_socket(const char *path)
 {
 	struct sockaddr_un a = {.sun_family = AF_UNIX};
-	snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+	size_t n = strlen(path);
+	CHECK(n < sizeof a.sun_path, "socket path %s too long", path);
+	if (n >= sizeof a.sun_path)
+		return;
+	memcpy(a.sun_path, path, n + 1);
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
 	CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0, "stale socket %s", path);
 	close(fd);
