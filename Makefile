@@ -280,8 +280,9 @@ test-arm64:
 # checkpoint included); every resume must equal an uninterrupted capture. STRAP_KILL_SEED
 # replays a run. About 10 minutes on 2 cores with the defaults. Then the autostart race
 # (clients/python/tests/test_autostart_race.py, docs/DEPLOY.md 1): 20 launches each of
-# `torchrun --standalone` with 2 and with 8 ranks, no daemon before each (about 12 and 20
-# minutes on 2 busy cores; `make test` runs one of each).
+# `torchrun --standalone` with 2 and with 8 ranks, no daemon before each (one launch 11.5 and
+# 33 s on 2 quiet cores: about 4 and 11 minutes; 12 and 20 on busy ones; `make test` runs one
+# of each).
 STRAP_KILL_DAEMON_RUNS ?= 20
 STRAP_KILL_CLIENT_RUNS ?= 40
 test-long: $(BIN) $(VENV)/.stamp
