@@ -191,13 +191,15 @@ func (c *serveConfig) socketMode() (os.FileMode, error) {
 }
 
 // socketGID resolves --socket-group. The default group missing (or not ours to give when
-// not root) leaves the socket to its owner alone, with a warning; an explicit one is an error.
-func (c *serveConfig) socketGID(log *zap.Logger, mode *os.FileMode) (int, error) {
+// not root) leaves the socket to its owner alone, with a warning that warn logs (serve logs
+// it once the socket is its own: a daemon that lost the start says only that); an explicit
+// one is an error.
+func (c *serveConfig) socketGID(log *zap.Logger, mode *os.FileMode) (gid int, warn func(), err error) {
+	warn = func() {}
 	if c.Access.SocketGroup == "" {
-		return 0, nil
+		return 0, warn, nil
 	}
-	gid := -1
-	var err error
+	gid = -1
 	if n, perr := strconv.Atoi(c.Access.SocketGroup); perr == nil && n >= 0 {
 		gid = n
 	} else if g, lerr := user.LookupGroup(c.Access.SocketGroup); lerr == nil {
@@ -212,14 +214,16 @@ func (c *serveConfig) socketGID(log *zap.Logger, mode *os.FileMode) (int, error)
 	}
 	if err != nil {
 		if c.Access.SocketGroupSet {
-			return 0, fmt.Errorf("--socket-group %q: %w", c.Access.SocketGroup, err)
+			return 0, warn, fmt.Errorf("--socket-group %q: %w", c.Access.SocketGroup, err)
 		}
-		log.Warn("socket group unavailable; only the daemon's own uid (and root) can connect",
-			zap.String("group", c.Access.SocketGroup), zap.Error(err))
+		group, cause := c.Access.SocketGroup, err
 		*mode &= 0o700
-		return 0, nil
+		return 0, func() {
+			log.Warn("socket group unavailable; only the daemon's own uid (and root) can connect",
+				zap.String("group", group), zap.Error(cause))
+		}, nil
 	}
-	return gid, nil
+	return gid, warn, nil
 }
 
 func toUint32(s []uint) []uint32 {
@@ -421,8 +425,9 @@ func runServe(ctx context.Context, cfg serveConfig, base *zap.Logger) error {
 		return err
 	}
 	gid := 0
+	warnGroup := func() {}
 	if ln == nil {
-		if gid, err = cfg.socketGID(log, &mode); err != nil {
+		if gid, warnGroup, err = cfg.socketGID(log, &mode); err != nil {
 			return err
 		}
 	}
@@ -460,12 +465,14 @@ func runServe(ctx context.Context, cfg serveConfig, base *zap.Logger) error {
 		notify("STATUS=failed: " + err.Error())
 		return err
 	}
+	warnGroup()
 	resumePending(upm, log)
 	if obs != nil {
 		if ln != nil { // socket-activated: the API socket still needs its group
-			if gid, err = cfg.socketGID(log, &mode); err != nil {
+			if gid, warnGroup, err = cfg.socketGID(log, &mode); err != nil {
 				return err
 			}
+			warnGroup()
 		}
 		// HTTP outlives the signal: /metrics and the API answer while sessions drain.
 		hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))

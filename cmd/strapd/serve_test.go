@@ -162,8 +162,8 @@ func TestBinaryEndToEnd(t *testing.T) {
 	defer c.Disconnect()
 
 	// A second daemon on the same socket (two clients autostarting at once) leaves
-	// quietly: status 0 and one log line naming the live daemon's pid. --socket-group ""
-	// only because as root, with no "strap" group, the default group warns first. Its
+	// quietly: status 0 and one log line naming the live daemon's pid; the default socket
+	// group's warning (no "strap" group here) is not for a daemon that lost. Its
 	// upload state directory holds an unfinished upload: the loser must leave it to the
 	// live daemon (it took it up, and said so, before it knew it had lost).
 	states := t.TempDir()
@@ -175,7 +175,7 @@ func TestBinaryEndToEnd(t *testing.T) {
 	if err := os.WriteFile(statePath, pending, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	second := exec.Command(bin, "serve", "--socket", sock, "--socket-group", "", "--upload-state-dir", states)
+	second := exec.Command(bin, "serve", "--socket", sock, "--upload-state-dir", states)
 	out, err := second.CombinedOutput()
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	if err != nil || len(lines) != 1 {
