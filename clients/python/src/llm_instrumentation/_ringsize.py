@@ -35,11 +35,16 @@ def _config_int(model: "nn.Module", keys: Sequence[str]) -> Optional[int]:
     return None
 
 
+def config_width(model: "nn.Module") -> Optional[int]:
+    """The hidden size its config states (transformers' names across architectures), or None."""
+    return _config_int(model, _WIDTH_KEYS)
+
+
 def _model_width(model: "nn.Module") -> Optional[int]:
     """The model's hidden size: its config's, else the first embedding's width."""
     import torch.nn as nn
 
-    w = _config_int(model, _WIDTH_KEYS)
+    w = config_width(model)
     if w is not None:
         return w
     for m in model.modules():
@@ -65,7 +70,8 @@ def _module_width(model: "nn.Module", module: "nn.Module", name: str, hidden: in
     return hidden
 
 
-def _element_size(model: "nn.Module") -> int:
+def element_size(model: "nn.Module") -> int:
+    """Bytes per value of the model's first floating-point parameter (4 without one)."""
     for p in model.parameters():
         if p.is_floating_point():
             return int(p.element_size())
@@ -92,7 +98,7 @@ def auto_ring_size(model: "nn.Module", modules: Sequence[str]) -> Tuple[int, str
         return DEFAULT_RING_BYTES, "the model's width is unknown: the largest default ring"
     mods = dict(model.named_modules())
     per_token = sum(_module_width(model, mods[n], n, hidden) for n in modules if n in mods)
-    elem = _element_size(model)
+    elem = element_size(model)
     context = _config_int(model, _CONTEXT_KEYS)
     tokens = min(context, AUTO_RING_TOKENS) if context is not None else AUTO_RING_TOKENS
     want = per_token * elem * tokens * AUTO_RING_FORWARDS

@@ -14,6 +14,7 @@ import fnmatch
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Union, cast
 
 from .._anatomy import ATTENTION_NAMES, MLP_NAMES  # the model anatomy's names, shared with resources/
+from .._ringsize import config_width, element_size
 from .._warnings import warn_caller
 from ..config import HookGranularity, InstrumentationConfig
 
@@ -27,15 +28,6 @@ def _family(model: "nn.Module") -> str:
     if isinstance(mt, str) and mt:
         return mt
     return type(model).__name__.lower()
-
-
-def _hidden_size(model: "nn.Module") -> Optional[int]:
-    cfg = getattr(model, "config", None)
-    for attr in ("hidden_size", "n_embd", "d_model", "dim"):
-        v = getattr(cfg, attr, None)
-        if isinstance(v, int):
-            return v
-    return None
 
 
 def _find_block_list(model: "nn.Module") -> Optional[str]:
@@ -102,7 +94,7 @@ def describe_model(model: "nn.Module") -> Dict[str, Any]:
         "family": _family(model),
         "model_class": type(model).__name__,
         "num_layers": len(blocks),
-        "hidden_size": _hidden_size(model),
+        "hidden_size": config_width(model),
         "layer_prefix": prefix,
         "blocks": blocks,
         "attention": attention,
@@ -211,11 +203,7 @@ def config_for_model(
     if max_memory_gb is None:
         arch = describe_model(model)
         hidden = arch["hidden_size"] or 4096
-        try:
-            elem = next(model.parameters()).element_size()
-        except StopIteration:
-            elem = 4
-        need = 8 * 2048 * hidden * elem
+        need = 8 * 2048 * hidden * element_size(model)
         need = min(max(need, 64 << 20), 1 << 30)
         max_memory_gb = need / (1 << 30)
     return InstrumentationConfig(
