@@ -15,6 +15,51 @@ import (
 	"github.com/strap-llm/strap/internal/upload"
 )
 
+// openFDs names the descriptors carried with OPEN (docs/PROTOCOL.md 1.3), in their order on
+// the wire: the ring and the output always, then the optional trace, then the resource log
+// (always the last descriptor) when the body says "resources": true. An absent one is -1.
+type openFDs struct {
+	ring        int // the sealed memfd ring (1.3 item 1)
+	output      int // the stream file (item 2)
+	trace       int // the trace file (item 3), -1 when none
+	resourceLog int // the resource log (item 4), -1 when none
+}
+
+// namedOpenFDs maps OPEN's descriptors to their roles, or says why their number does not
+// fit the body.
+func namedOpenFDs(fds []int, resources bool) (openFDs, error) {
+	o := openFDs{trace: -1, resourceLog: -1}
+	if len(fds) < 2 || len(fds) > 4 {
+		return o, perr(control.CodeBadMessage, "OPEN carries %d file descriptors, expected 2 to 4 (ring memfd, output file, optional trace file, resource log when \"resources\": true)", len(fds))
+	}
+	o.ring, o.output = fds[0], fds[1]
+	rest := fds[2:]
+	if resources {
+		if len(rest) == 0 {
+			return o, perr(control.CodeBadMessage, "OPEN with \"resources\": true carries %d file descriptors, expected 3 or 4 (ring memfd, output file, optional trace file, resource log)", len(fds))
+		}
+		o.resourceLog, rest = rest[len(rest)-1], rest[:len(rest)-1]
+	} else if len(rest) == 2 {
+		return o, perr(control.CodeBadMessage, "OPEN carries 4 file descriptors without \"resources\": true, expected 2 or 3 (ring memfd, output file, optional trace file)")
+	}
+	if len(rest) == 1 {
+		o.trace = rest[0]
+	}
+	return o, nil
+}
+
+// sides are the trace and the resource log that were passed, in that order: the files that
+// go beside the stream's object when it is uploaded.
+func (o openFDs) sides() []int {
+	var out []int
+	for _, fd := range []int{o.trace, o.resourceLog} {
+		if fd >= 0 {
+			out = append(out, fd)
+		}
+	}
+	return out
+}
+
 // open validates OPEN and its descriptors, counts the session against the quotas and
 // starts it. The descriptors are always closed (the ring stays mapped; the output is kept
 // open as an *os.File until finish).
@@ -24,26 +69,18 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 			closeFDs(fds)
 		}
 	}()
-	if len(fds) < 2 || len(fds) > 4 {
-		return perr(control.CodeBadMessage, "OPEN carries %d file descriptors, expected 2 to 4 (ring memfd, output file, optional trace file, resource log when \"resources\": true)", len(fds))
-	}
 	var req control.Open
 	if err := m.Unmarshal(&req, control.OpenRequired...); err != nil {
 		return control.Errorf(control.CodeBadMessage, "%w", err)
 	}
-	// The resource log, when asked for, is the last descriptor; what comes before it is
-	// the ring, the output and the optional trace.
-	streamFDs := fds
-	if req.Resources {
-		if len(fds) < 3 {
-			return perr(control.CodeBadMessage, "OPEN with \"resources\": true carries %d file descriptors, expected 3 or 4 (ring memfd, output file, optional trace file, resource log)", len(fds))
-		}
-		streamFDs = fds[:len(fds)-1]
-		if err := checkResourceLog(fds[len(fds)-1]); err != nil {
+	fd, err := namedOpenFDs(fds, req.Resources)
+	if err != nil {
+		return err
+	}
+	if fd.resourceLog >= 0 {
+		if err := checkResourceLog(fd.resourceLog); err != nil {
 			return err
 		}
-	} else if len(fds) == 4 {
-		return perr(control.CodeBadMessage, "OPEN carries 4 file descriptors without \"resources\": true, expected 2 or 3 (ring memfd, output file, optional trace file)")
 	}
 	cfg := &c.srv.cfg
 	if req.RingSize > cfg.MaxRingSize {
@@ -60,10 +97,10 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	if bs := plan.BlockSize(); bs < 4096 || bs > cfg.MaxBlockSize {
 		return perr(control.CodeLimit, "block_size %d, expected 4096..%d", bs, cfg.MaxBlockSize)
 	}
-	if err := checkOutput(fds[1], req.AppendAt != 0); err != nil {
+	if err := checkOutput(fd.output, req.AppendAt != 0); err != nil {
 		return err
 	}
-	if err := c.srv.checkTrace(streamFDs); err != nil {
+	if err := c.srv.checkTrace(fd.trace); err != nil {
 		return err
 	}
 	if err := c.srv.quotas.openSession(cfg.Clients, c.cred.Uid); err != nil {
@@ -81,7 +118,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 		}
 	}()
 	outputLabel, _ := req.Metadata["output_path"].(string)
-	outID, err := c.srv.claimOutput(fds[1], outputHolder{session: id, pid: c.cred.Pid, path: outputLabel})
+	outID, err := c.srv.claimOutput(fd.output, outputHolder{session: id, pid: c.cred.Pid, path: outputLabel})
 	if err != nil {
 		return err
 	}
@@ -91,14 +128,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 		}
 	}()
 	// The trace and the resource log, when passed, go beside the stream's object.
-	var sideFDs []int
-	if len(streamFDs) == 3 {
-		sideFDs = append(sideFDs, streamFDs[2])
-	}
-	if req.Resources {
-		sideFDs = append(sideFDs, fds[len(fds)-1])
-	}
-	up, err := c.beginUpload(req, fds[1], sideFDs, id)
+	up, err := c.beginUpload(req, fd.output, fd.sides(), id)
 	if err != nil {
 		return err
 	}
@@ -118,10 +148,10 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 		plan.UseJournal(up.u.Journal())
 	}
 	log := c.log.With(zap.Uint64("session", id))
-	out := os.NewFile(uintptr(fds[1]), fmt.Sprintf("session-%d-output", id))
-	ringFD := fds[0]
-	// Open closes the ring descriptor and out owns the output's: only a trace is left.
-	fds = fds[2:]
+	out := os.NewFile(uintptr(fd.output), fmt.Sprintf("session-%d-output", id))
+	// Open closes the ring descriptor and out owns the output's: on a failure from here on
+	// only the trace and the resource log are left to close.
+	fds = fd.sides()
 	sess, err := plan.Open(pipeline.Env{ID: id, Version: cfg.Version, Limits: cfg.Limits, Pool: c.srv.pool,
 		Budget: c.srv.budget, CPU: c.srv.cpu, Release: c.out.release, Log: log, WriteDelay: cfg.DebugWriteDelay, Observer: cfg.Observer,
 		OnDurable: env.OnDurable, DurableEvery: env.DurableEvery, CRCGrain: env.CRCGrain,
@@ -143,7 +173,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 			c.out.send(control.TypeError, e)
 			c.wake()
 		},
-	}, ringFD, out)
+	}, fd.ring, out)
 	if err != nil {
 		out.Close()
 		if be, ok := errors.AsType[*pipeline.BudgetError](err); ok {
@@ -152,13 +182,12 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 		return err
 	}
 	var res *resourceLog
-	if req.Resources {
-		res = newResourceLog(fds[len(fds)-1], id, log)
-		fds = fds[:len(fds)-1]
+	if fd.resourceLog >= 0 {
+		res = newResourceLog(fd.resourceLog, id, log)
 	}
 	var trace *os.File
-	if len(fds) == 1 {
-		trace = os.NewFile(uintptr(fds[0]), fmt.Sprintf("session-%d-trace", id))
+	if fd.trace >= 0 {
+		trace = os.NewFile(uintptr(fd.trace), fmt.Sprintf("session-%d-trace", id))
 	}
 	fds = nil
 	str := func(k string) string { s, _ := req.Metadata[k].(string); return s }

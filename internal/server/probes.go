@@ -199,10 +199,10 @@ func (ps *probeSession) write(snap trace.Snapshot, log *zap.Logger) {
 	ps.lines++
 }
 
-// checkTrace validates OPEN's optional third descriptor, the trace file: a regular file
-// open for writing (O_APPEND allowed: lines are whole writes). nil when there is none.
-func (s *Server) checkTrace(fds []int) error {
-	if len(fds) < 3 {
+// checkTrace validates OPEN's optional trace descriptor (openFDs.trace): a regular file
+// open for writing (O_APPEND allowed: lines are whole writes). nil when there is none (-1).
+func (s *Server) checkTrace(fd int) error {
+	if fd < 0 {
 		return nil
 	}
 	if s.probes == nil {
@@ -211,7 +211,7 @@ func (s *Server) checkTrace(fds []int) error {
 	if s.probes.coll == nil {
 		return perr(control.CodeBadOutput, "trace descriptor given but the probes did not start: %v", s.probes.startErr)
 	}
-	_, err := checkWritableFile(fds[2], "trace", "open it O_WRONLY|O_CREAT|O_TRUNC, or O_RDWR|O_APPEND to resume")
+	_, err := checkWritableFile(fd, "trace", "open it O_WRONLY|O_CREAT|O_TRUNC, or O_RDWR|O_APPEND to resume")
 	return err
 }
 
