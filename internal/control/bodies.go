@@ -315,7 +315,8 @@ type StatusReply struct {
 	Uploads []UploadStatus `json:"uploads,omitempty"`
 }
 
-// UploadStatus is one stream's upload to object storage (OBJECT_STORAGE.md).
+// UploadStatus is one stream's upload to object storage (OBJECT_STORAGE.md). The uploader
+// fills it itself (upload.Status is this type), so what STATUS_REPLY sends is its value.
 type UploadStatus struct {
 	// Object is s3://bucket/key; Path the local stream file.
 	Object string `json:"object"`

@@ -253,13 +253,8 @@ func (s *Server) uploadStatus() (*control.UploadDaemonStatus, []control.UploadSt
 	ds.StateDir, ds.KeepLocal, ds.FreeLocal, ds.SSE = m.StateDir(), m.KeepLocal(), m.FreeLocal(), m.Client().SSE()
 	ds.UploadedBytes, ds.Errors = m.Totals()
 	ds.RecreatedBytes = m.CopiedBytes()
-	var ups []control.UploadStatus
-	for _, u := range m.Status() {
-		// The same fields in the same order: a conversion, so the two cannot drift apart
-		// (the wire type stays in control, the uploader's own in upload).
-		ups = append(ups, control.UploadStatus(u))
-	}
-	return ds, ups
+	// upload.Status is control.UploadStatus: the uploader's values are sent as they are.
+	return ds, m.Status()
 }
 
 // uploading reports whether the connection's session uploads its stream.

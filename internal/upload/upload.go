@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/strap-llm/strap/internal/control"
 	"github.com/strap-llm/strap/internal/crc32c"
 	"github.com/strap-llm/strap/internal/stream"
 	"golang.org/x/sys/unix"
@@ -43,36 +44,10 @@ const (
 	StateRefused = "refused"
 )
 
-// Status is one upload as `strapd status` and /metrics show it; control.UploadStatus, its
-// wire form, is converted from it and so has exactly these fields.
-type Status struct {
-	Object  string `json:"object"`
-	Path    string `json:"path"`
-	Session uint64 `json:"session,omitempty"`
-	UID     uint32 `json:"uid"`
-	State   string `json:"state"`
-	// DurableBytes is how much of the stream is durable on the local disk (what may go).
-	DurableBytes int64 `json:"durable_bytes"`
-	// UploadedBytes is how much the server has acknowledged, in file order.
-	UploadedBytes int64 `json:"uploaded_bytes"`
-	// LagBytes is DurableBytes - UploadedBytes: on the local disk only.
-	LagBytes int64 `json:"lag_bytes"`
-	// FinalSize is the stream's size once its session ended (-1 before).
-	FinalSize int64  `json:"final_size"`
-	Parts     int    `json:"parts"`
-	Errors    uint64 `json:"errors"`
-	LastError string `json:"last_error,omitempty"`
-	// Verified says what was checked once the object was complete.
-	Verified string `json:"verified,omitempty"`
-	// LocalDeleted: the local files were deleted after the objects were verified.
-	LocalDeleted bool `json:"local_deleted,omitempty"`
-	// FreedBytes are the bytes freed on the local disk after their upload (FreeLocal);
-	// FreeError says why freeing stopped.
-	FreedBytes int64  `json:"freed_bytes,omitempty"`
-	FreeError  string `json:"free_error,omitempty"`
-	// Lost names the freed byte range missing on the server (StateLost).
-	Lost string `json:"lost,omitempty"`
-}
+// Status is one upload as `strapd status` and /metrics show it: the wire type
+// control.UploadStatus itself (STATUS_REPLY's "uploads"), so the uploader fills the very
+// value the daemon sends and the two cannot drift apart.
+type Status = control.UploadStatus
 
 // SideFile is a file the session wrote beside the stream (trace, resource log), uploaded
 // whole once the stream's object is complete.

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/strap-llm/strap/internal/control"
 	"github.com/strap-llm/strap/internal/dtype"
 	"github.com/strap-llm/strap/internal/stream"
 	"github.com/strap-llm/strap/internal/upload"
@@ -525,5 +527,13 @@ func TestUploadRemovesStaleObjectsBeside(t *testing.T) {
 	// Only the named object went.
 	if got := uploadtest.Object(t, f.client, "caps", "run/a/other.json"); string(got) != "{}" {
 		t.Fatalf("other object: %q", got)
+	}
+}
+
+// TestStatusIsTheWireType: the uploader's status is control.UploadStatus itself (issue 39),
+// so STATUS_REPLY carries the uploader's values without a conversion that could drift.
+func TestStatusIsTheWireType(t *testing.T) {
+	if a, b := reflect.TypeFor[upload.Status](), reflect.TypeFor[control.UploadStatus](); a != b {
+		t.Fatalf("upload.Status is %v, not %v", a, b)
 	}
 }
