@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"github.com/klauspost/compress/huff0"
@@ -25,6 +26,8 @@ const (
 	Quant ID = 17
 	// FP16 is the range-checked downcast of float32/float64 to float16.
 	FP16 ID = 18
+	// FP8 is e4m3fn with one float32 scale per row (the tensor's last dimension).
+	FP8 ID = 19
 )
 
 // Errors returned by the activation codecs.
@@ -49,6 +52,56 @@ type BlockStats struct {
 	// Lossless is true when the block was stored without loss (range check, bound that
 	// could not be met, non-float dtype).
 	Lossless bool
+	// Rows are the sums of each row part of the block, in order (fp8 only; nil otherwise).
+	Rows []RowSums
+	// FirstContinues: Rows[0] is the rest of a row whose start is in the previous block.
+	FirstContinues bool
+}
+
+// RowSums are one row's sums over its finite originals x and decoded values y, from which
+// its relative L2 error and cosine follow; two parts of a row add up.
+type RowSums struct {
+	SumSq, SumSqErr, Dot, SumSqDec float64 // Σx², Σ(x−y)², Σxy, Σy²
+}
+
+func (r *RowSums) add(o RowSums) {
+	r.SumSq += o.SumSq
+	r.SumSqErr += o.SumSqErr
+	r.Dot += o.Dot
+	r.SumSqDec += o.SumSqDec
+}
+
+// relL2 is ‖y−x‖/‖x‖ (0 for an all-zero row decoded exactly).
+func (r RowSums) relL2() float64 {
+	if r.SumSq == 0 {
+		if r.SumSqErr == 0 {
+			return 0
+		}
+		return math.Inf(1)
+	}
+	return math.Sqrt(r.SumSqErr / r.SumSq)
+}
+
+// cos is the cosine of x and y (1 when both are zero, 0 when one is).
+func (r RowSums) cos() float64 {
+	if r.SumSq == 0 && r.SumSqDec == 0 {
+		return 1
+	}
+	if r.SumSq == 0 || r.SumSqDec == 0 {
+		return 0
+	}
+	return r.Dot / math.Sqrt(r.SumSq*r.SumSqDec)
+}
+
+// RowPreparer is implemented by codecs that code a tensor by rows of its last dimension
+// (fp8: one scale per row). The pipeline calls ForRows, instead of ForTensor, once per
+// record with the tensor's last dimension rowLen and, for a PART record, skip = the
+// elements of the row its payload starts in that precede the payload (part offset in
+// elements mod rowLen; 0 for a whole tensor). It encodes the record's blocks — sub-slices
+// tensor[off:off+n] as it cuts them — with the returned codec, which finds each block's
+// place in the rows from the slice (a row may span blocks; each part gets its own scale).
+type RowPreparer interface {
+	ForRows(tensor []byte, dt dtype.DType, rowLen, skip int) (Codec, error)
 }
 
 // StatsEncoder is implemented by lossy codecs. The pipeline calls EncodeStats instead of
@@ -77,7 +130,7 @@ type LossyCodec interface {
 // ErrorReport is the per-packet error summary the pipeline writes under the key "lossy"
 // of a TENSOR packet's meta JSON.
 type ErrorReport struct {
-	// Mode is the bound's mode: "abs", "rel" or "fp16".
+	// Mode is the bound's mode: "abs", "rel", "fp16" or "fp8".
 	Mode string `json:"mode"`
 	// Bound is the bound asked for (0 for "fp16" without a stated bound).
 	Bound float64 `json:"bound"`
@@ -89,6 +142,60 @@ type ErrorReport struct {
 	Blocks int `json:"blocks"`
 	// LosslessBlocks counts blocks stored without loss (flagged fallbacks).
 	LosslessBlocks int `json:"lossless_blocks"`
+	// Rows is the per-row error of the codecs that code by rows (fp8); nil otherwise.
+	Rows *RowReport `json:"rows,omitempty"`
+}
+
+// RowReport is the distribution of the per-row errors of a packet: relative L2 error
+// ‖x̂−x‖/‖x‖ and cosine of x̂ and x per row (a token's vector), over the rows of its lossy
+// blocks (rows of blocks stored losslessly are exact and not counted). Percentiles are
+// nearest-rank: p50 is the ⌈0.5·n⌉-th smallest value.
+type RowReport struct {
+	// N is the number of rows measured.
+	N int `json:"n"`
+	// RelL2Max, RelL2P50, RelL2P99: the largest, median and 99th-percentile row rel-L2.
+	RelL2Max float64 `json:"rel_l2_max"`
+	RelL2P50 float64 `json:"rel_l2_p50"`
+	RelL2P99 float64 `json:"rel_l2_p99"`
+	// CosMin, CosP50, CosP01: the smallest, median and 1st-percentile row cosine.
+	CosMin float64 `json:"cos_min"`
+	CosP50 float64 `json:"cos_p50"`
+	CosP01 float64 `json:"cos_p01"`
+}
+
+// rank is the nearest-rank p-quantile of sorted v (non-empty).
+func rank(v []float64, p float64) float64 {
+	i := int(math.Ceil(p*float64(len(v)))) - 1
+	return v[min(max(i, 0), len(v)-1)]
+}
+
+// rowReport merges the row parts of blocks (a part that continues the previous block's
+// last row is added to it) and summarizes them; nil without rows.
+func rowReport(blocks []BlockStats) *RowReport {
+	var rows []RowSums
+	prevRows := false // the previous block ended with a row part
+	for _, b := range blocks {
+		for i, r := range b.Rows {
+			if i == 0 && b.FirstContinues && prevRows {
+				rows[len(rows)-1].add(r)
+				continue
+			}
+			rows = append(rows, r)
+		}
+		prevRows = len(b.Rows) > 0
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	rel := make([]float64, len(rows))
+	cos := make([]float64, len(rows))
+	for i, r := range rows {
+		rel[i], cos[i] = r.relL2(), r.cos()
+	}
+	slices.Sort(rel)
+	slices.Sort(cos)
+	return &RowReport{N: len(rows), RelL2Max: rel[len(rel)-1], RelL2P50: rank(rel, 0.5), RelL2P99: rank(rel, 0.99),
+		CosMin: cos[0], CosP50: rank(cos, 0.5), CosP01: rank(cos, 0.01)}
 }
 
 // Report folds the stats of a packet's blocks into its ErrorReport.
@@ -106,6 +213,7 @@ func Report(b LossyBound, blocks []BlockStats) ErrorReport {
 	if ss > 0 {
 		r.RelL2Err = math.Sqrt(sse / ss)
 	}
+	r.Rows = rowReport(blocks)
 	return r
 }
 
@@ -116,6 +224,8 @@ func (r ErrorReport) Exceeds() bool {
 		return r.MaxAbsErr > r.Bound
 	case "rel", "fp16":
 		return r.Bound > 0 && r.RelL2Err > r.Bound
+	case "fp8":
+		return r.Bound > 0 && (r.RelL2Err > r.Bound || r.Rows != nil && r.Rows.RelL2Max > r.Bound)
 	}
 	return false
 }

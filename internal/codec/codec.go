@@ -69,9 +69,11 @@ type Options struct {
 
 // LossyBound is the error a lossy codec may introduce, as the user stated it.
 type LossyBound struct {
-	// Mode is "abs" (max absolute error) or "rel" (relative to the tensor's RMS) or "fp16".
+	// Mode is "abs" (max absolute error) or "rel" (relative to the tensor's RMS) or "fp16"
+	// or "fp8".
 	Mode string
-	// Value is the bound (ignored for "fp16", whose bound is its rounding).
+	// Value is the bound: for "fp16" an optional relative L2 cap on top of its rounding,
+	// for "fp8" an optional cap on every row's relative L2 error (0: none).
 	Value float64
 }
 

@@ -84,7 +84,16 @@ func (s *Session) dispatch(it *item) error {
 // to); se is set when it reports block stats (lossy codecs).
 func (s *Session) encoderFor(it *item) (enc codec.Codec, se codec.StatsEncoder, withStats bool, err error) {
 	enc = s.codec
-	if tp, ok := enc.(codec.TensorPreparer); ok {
+	rp, byRows := enc.(codec.RowPreparer)
+	if sh := it.rec.Shape; byRows && len(sh) > 0 && sh[len(sh)-1] > 0 && sh[len(sh)-1] <= 1<<40 {
+		// fp8's scale per row: the last dimension; a PART starts skip values into a row.
+		w, row := uint64(max(1, it.rec.DType.Size())), sh[len(sh)-1]
+		c, err := rp.ForRows(it.rec.Payload, it.rec.DType, int(row), int(it.rec.PartOffset/w%row))
+		if err != nil {
+			return nil, nil, false, &Error{Kind: KindCodec, Err: fmt.Errorf("prepare seq %d (%s): %w", it.seq, it.rec.Name, err)}
+		}
+		enc = c
+	} else if tp, ok := enc.(codec.TensorPreparer); ok {
 		c, err := tp.ForTensor(it.rec.Payload, it.rec.DType)
 		if err != nil {
 			return nil, nil, false, &Error{Kind: KindCodec, Err: fmt.Errorf("prepare seq %d (%s): %w", it.seq, it.rec.Name, err)}
