@@ -492,6 +492,9 @@ type goldenCase struct {
 	Kind    string  `json:"kind"`
 	N       int     `json:"n"`
 	RawLen  int     `json:"raw_len"`
+	// RowLen and Skip (fp8): the tensor's last dimension and where the block starts in a row.
+	RowLen int `json:"row_len,omitempty"`
+	Skip   int `json:"skip,omitempty"`
 }
 
 func goldenCases() []goldenCase {
@@ -522,6 +525,18 @@ func goldenCases() []goldenCase {
 	add("fp16", 0, "", 0, dtype.Float64, "tiny", 1000)
 	add("fp16", 0, "", 0, dtype.Float32, "outlier", 1000) // out of range: lossless
 	add("fp16", 0, "", 0, dtype.BFloat16, "normal", 500)  // not downcast: lossless
+	rows := func(rowLen, skip int) { cs[len(cs)-1].RowLen, cs[len(cs)-1].Skip = rowLen, skip }
+	for _, dt := range []dtype.DType{dtype.Float32, dtype.Float16, dtype.BFloat16} {
+		add("fp8", 0, "", 0, dt, "heavy", 1000)
+		rows(96, 40) // first part 56 values, then 9 rows, then a part of 8
+		cs[len(cs)-1].Name += "_rows96"
+	}
+	add("fp8", 0, "", 0, dtype.Float32, "tiny", 512)
+	rows(64, 0)
+	add("fp8", 0, "", 0, dtype.Float32, "zero", 100)
+	rows(10, 0)
+	add("fp8", 0, "", 0, dtype.Float32, "special", 64) // NaN/inf: lossless
+	rows(16, 0)
 	return cs
 }
 
@@ -542,7 +557,9 @@ func TestActivationGolden(t *testing.T) {
 			gc.CodecID = int(c.ID())
 			dt, _ := dtype.Parse(gc.Dtype)
 			src := toBytes(gen(gc.Kind, gc.N, 99), dt)
-			if tp, ok := c.(TensorPreparer); ok {
+			if rp, ok := c.(RowPreparer); ok && gc.RowLen > 0 {
+				c, _ = rp.ForRows(src, dt, gc.RowLen, gc.Skip)
+			} else if tp, ok := c.(TensorPreparer); ok {
 				c, _ = tp.ForTensor(src, dt)
 			}
 			out, ok, err := c.Encode(nil, src, dt)

@@ -38,7 +38,7 @@ type ModuleStats struct {
 // LossyStats folds the "lossy" meta that strapd writes on every packet of a lossy codec
 // (docs/COMPRESSION.md 6): the bound asked for and the errors achieved.
 type LossyStats struct {
-	// Mode and Bound are what the user asked for ("abs", "rel" or "fp16").
+	// Mode and Bound are what the user asked for ("abs", "rel", "fp16" or "fp8").
 	Mode  string  `json:"mode"`
 	Bound float64 `json:"bound"`
 	// MaxAbsErr is the largest absolute error of any packet.
@@ -53,6 +53,32 @@ type LossyStats struct {
 	Exceeded uint64 `json:"exceeded"`
 	// Unreadable counts packets whose "lossy" meta could not be parsed.
 	Unreadable uint64 `json:"unreadable,omitempty"`
+	// Rows folds the per-row errors of codecs that code by rows (fp8); nil otherwise.
+	Rows *RowStats `json:"rows,omitempty"`
+}
+
+// RowStats folds the packets' per-row error reports (docs/COMPRESSION.md 6, "rows"): N
+// sums the rows, RelL2Max and CosMin are exact over all of them; the percentiles are the
+// worst packet's (largest p50/p99 of rel-L2, smallest p50/p1 of cosine), since packet
+// percentiles do not combine exactly.
+type RowStats struct {
+	N        uint64  `json:"n"`
+	RelL2Max float64 `json:"rel_l2_max"`
+	RelL2P50 float64 `json:"rel_l2_p50"`
+	RelL2P99 float64 `json:"rel_l2_p99"`
+	CosMin   float64 `json:"cos_min"`
+	CosP50   float64 `json:"cos_p50"`
+	CosP01   float64 `json:"cos_p01"`
+}
+
+func (s *RowStats) add(r *RowStats) {
+	if s.N == 0 {
+		*s = *r
+		return
+	}
+	s.N += r.N
+	s.RelL2Max, s.RelL2P50, s.RelL2P99 = max(s.RelL2Max, r.RelL2Max), max(s.RelL2P50, r.RelL2P50), max(s.RelL2P99, r.RelL2P99)
+	s.CosMin, s.CosP50, s.CosP01 = min(s.CosMin, r.CosMin), min(s.CosP50, r.CosP50), min(s.CosP01, r.CosP01)
 }
 
 // addGGML notes the ggml type of a packet that holds raw ggml blocks: a uint8 tensor whose
@@ -71,11 +97,12 @@ func addGGML(m *ModuleStats, p *PacketInfo) {
 
 // lossyReport is one packet's "lossy" meta.
 type lossyReport struct {
-	Mode           string  `json:"mode"`
-	Bound          float64 `json:"bound"`
-	MaxAbsErr      float64 `json:"max_abs_err"`
-	RelL2Err       float64 `json:"rel_l2_err"`
-	LosslessBlocks uint64  `json:"lossless_blocks"`
+	Mode           string    `json:"mode"`
+	Bound          float64   `json:"bound"`
+	MaxAbsErr      float64   `json:"max_abs_err"`
+	RelL2Err       float64   `json:"rel_l2_err"`
+	LosslessBlocks uint64    `json:"lossless_blocks"`
+	Rows           *RowStats `json:"rows"`
 }
 
 // exceeds reports whether the achieved error is over the bound: abs compares the max
@@ -86,6 +113,8 @@ func (r lossyReport) exceeds() bool {
 		return r.MaxAbsErr > r.Bound
 	case r.Mode == "rel", r.Mode == "fp16" && r.Bound > 0:
 		return r.RelL2Err > r.Bound
+	case r.Mode == "fp8" && r.Bound > 0:
+		return r.RelL2Err > r.Bound || r.Rows != nil && r.Rows.RelL2Max > r.Bound
 	}
 	return false
 }
@@ -119,6 +148,12 @@ func addLossy(ls **LossyStats, meta []byte) {
 	s.MaxAbsErr = max(s.MaxAbsErr, r.MaxAbsErr)
 	s.RelL2Err = max(s.RelL2Err, r.RelL2Err)
 	s.LosslessBlocks += r.LosslessBlocks
+	if r.Rows != nil && r.Rows.N > 0 {
+		if s.Rows == nil {
+			s.Rows = &RowStats{}
+		}
+		s.Rows.add(r.Rows)
+	}
 	if r.exceeds() {
 		s.Exceeded++
 	}
@@ -289,6 +324,24 @@ func (sum *Summary) WriteText(w io.Writer) error {
 		}
 		if sum.Lossy.Exceeded > 0 {
 			fmt.Fprintf(w, "WARNING: %d packets exceed their error bound\n", sum.Lossy.Exceeded)
+		}
+		if sum.Lossy.Rows != nil {
+			fmt.Fprintln(w, "\nper-row error (p50/p99/p1: the worst packet's)")
+			rt := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
+			fmt.Fprintln(rt, "module\trows\trel L2 max\trel L2 p50\trel L2 p99\tcos min\tcos p50\tcos p1\t")
+			row := func(name string, r *RowStats) {
+				fmt.Fprintf(rt, "%s\t%d\t%.4g\t%.4g\t%.4g\t%.6f\t%.6f\t%.6f\t\n", name, r.N, r.RelL2Max, r.RelL2P50,
+					r.RelL2P99, r.CosMin, r.CosP50, r.CosP01)
+			}
+			for _, m := range sum.Modules {
+				if m.Lossy != nil && m.Lossy.Rows != nil {
+					row(m.Name, m.Lossy.Rows)
+				}
+			}
+			row("total", sum.Lossy.Rows)
+			if err := rt.Flush(); err != nil {
+				return err
+			}
 		}
 	}
 	fmt.Fprintf(w, "\ndrops: %d packets, %d bytes lost; tokens: %d\n", sum.Drops, sum.DroppedBytes, sum.Tokens)

@@ -22,7 +22,7 @@ def _load(case: dict) -> tuple[bytes, bytes]:
 
 
 def test_manifest_covers_every_codec() -> None:
-    assert {c["codec_id"] for c in CASES} == {16, 17, 18}
+    assert {c["codec_id"] for c in CASES} == {16, 17, 18, 19}
     assert {c["dtype"] for c in CASES} >= {"float32", "float16", "bfloat16", "float64"}
 
 

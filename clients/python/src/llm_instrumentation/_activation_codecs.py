@@ -14,11 +14,12 @@ import threading
 import numpy as np
 import zstandard
 
-__all__ = ["CodecError", "SHUFFLE", "QUANT", "FP16", "decode_block"]
+__all__ = ["CodecError", "SHUFFLE", "QUANT", "FP16", "FP8", "E4M3", "decode_block"]
 
 SHUFFLE = 16
 QUANT = 17
 FP16 = 18
+FP8 = 19
 
 _WIDTH = {
     "float32": 4,
@@ -48,6 +49,23 @@ _MODE_LOSSY = 0
 _MODE_LOSSLESS = 1
 
 _local = threading.local()
+
+
+def _e4m3_table() -> np.ndarray:
+    """The float32 value of every e4m3fn code (0x7F/0xFF NaN), as internal/codec.E4M3."""
+    c = np.arange(256)
+    e, m = (c >> 3) & 15, (c & 7).astype(np.float64)
+    v = np.where(e == 0, m * 2.0**-9, (1 + m / 8) * np.exp2(e - 7.0))
+    v = np.where(c & 0x80, -v, v)
+    v[(c & 0x7F) == 0x7F] = np.nan
+    return v.astype(np.float32)
+
+
+#: Value of each e4m3fn code (fp8 codec 19), float32.
+E4M3 = _e4m3_table()
+_FP8_DTYPES = {"float32", "float16", "bfloat16"}
+# Rows are decoded this many values at a time, so the float32 temporaries stay in cache.
+_FP8_CHUNK = 1 << 15
 
 
 class CodecError(ValueError):
@@ -175,11 +193,65 @@ def _decode_fp16(src: memoryview, dtype: str, raw_len: int) -> bytes:
     return half.astype("<f4" if dtype == "float32" else "<f8").tobytes()
 
 
+def _fp8_cast(f: np.ndarray, out: np.ndarray, dtype: str) -> None:
+    """Round float32 values f into out (the packet's dtype) as the Go decoder does."""
+    if dtype == "float32":
+        out[...] = f
+    elif dtype == "float16":
+        out[...] = f.astype(np.float16).view(np.uint16)
+    else:  # bfloat16: round to nearest even on the bit pattern
+        u = f.view(np.uint32)
+        r = (u >> 16) & 1
+        r += np.uint32(0x7FFF)
+        u += r
+        u >>= 16
+        out[...] = u
+
+
+def _decode_fp8(src: memoryview, dtype: str, raw_len: int) -> bytes:
+    if dtype not in _FP8_DTYPES or raw_len % _WIDTH[dtype] or raw_len == 0:
+        raise CodecError(f"fp8 block of {dtype}, {raw_len} bytes")
+    n = raw_len // _WIDTH[dtype]
+    if len(src) < 9:
+        raise CodecError("short fp8 header")
+    row_len, first = struct.unpack_from("<II", src, 1)
+    if not (1 <= first <= row_len and first <= n):
+        raise CodecError(f"row length {row_len}, first part {first} of {n} values")
+    groups = 1 + (n - first + row_len - 1) // row_len
+    if len(src) != 9 + 4 * groups + n:
+        raise CodecError(f"{len(src)} bytes for {groups} rows of {n} values")
+    scales = np.frombuffer(src, dtype="<f4", count=groups, offset=9)
+    codes = np.frombuffer(src, dtype=np.uint8, count=n, offset=9 + 4 * groups)
+    if not (np.all(scales >= 0) and np.all(np.isfinite(scales))) or np.signbit(scales).any():
+        raise CodecError("scale negative or not finite")
+    if ((codes & 0x7F) == 0x7F).any():
+        raise CodecError("NaN code in an fp8 block")
+    out = np.empty(n, dtype=np.float32 if dtype == "float32" else np.uint16)
+    # The first part (the rest of a row begun in the previous block), whole rows, a last part.
+    head = first
+    out_head = out[:head]
+    _fp8_cast(E4M3[codes[:head]] * scales[0], out_head, dtype)
+    full = (n - head) // row_len
+    body, body_out = codes[head : head + full * row_len], out[head : head + full * row_len]
+    if full:
+        per = max(1, _FP8_CHUNK // row_len)
+        b2, o2 = body.reshape(full, row_len), body_out.reshape(full, row_len)
+        for r in range(0, full, per):
+            k = min(per, full - r)
+            f = E4M3.take(b2[r : r + k])
+            f *= scales[1 + r : 1 + r + k, None]
+            _fp8_cast(f, o2[r : r + k], dtype)
+    tail = n - head - full * row_len
+    if tail:
+        _fp8_cast(E4M3[codes[n - tail :]] * scales[-1], out[n - tail :], dtype)
+    return out.astype(out.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
 def decode_block(codec_id: int, data: bytes, dtype: str, raw_len: int) -> bytes:
     """Decode one stored block of an activation codec.
 
     Args:
-        codec_id: the packet's codec number (16 shuffle, 17 quant, 18 fp16).
+        codec_id: the packet's codec number (16 shuffle, 17 quant, 18 fp16, 19 fp8).
         data: the stored block (one entry of the packet's block table).
         dtype: the packet's dtype name (docs/STREAM_FORMAT.md section 4), e.g. "float32".
         raw_len: the block's decoded size in bytes.
@@ -200,7 +272,7 @@ def decode_block(codec_id: int, data: bytes, dtype: str, raw_len: int) -> bytes:
     src = memoryview(data).cast("B")
     if codec_id == SHUFFLE:
         return _decode_shuffled(src, dtype, raw_len)
-    if codec_id not in (QUANT, FP16):
+    if codec_id not in (QUANT, FP16, FP8):
         raise CodecError(f"unknown activation codec {codec_id}")
     if len(src) < 1:
         raise CodecError("empty block")
@@ -211,4 +283,6 @@ def decode_block(codec_id: int, data: bytes, dtype: str, raw_len: int) -> bytes:
         raise CodecError(f"mode {mode}")
     if codec_id == QUANT:
         return _decode_quant(src, dtype, raw_len)
+    if codec_id == FP8:
+        return _decode_fp8(src, dtype, raw_len)
     return _decode_fp16(src[1:], dtype, raw_len)

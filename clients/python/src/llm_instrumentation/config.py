@@ -17,7 +17,7 @@ Every field has an effect (the original 1.3.1 ignored several):
 * ``backpressure`` is the ring-full policy: ``"block"`` (lossless, the model waits) or
   ``"drop"`` (the tensor is dropped whole, counted, and recorded as a DROP packet).
 * ``sampled_positions`` is the position stride (or explicit positions) of ``SAMPLED_SLICES``.
-* ``lossy`` is the error bound of a lossy codec (``quant``, ``fp16``), sent as ``OPEN.lossy``;
+* ``lossy`` is the error bound of a lossy codec (``quant``, ``fp16``, ``fp8``), sent as ``OPEN.lossy``;
   strapd verifies it per packet and records the achieved error (docs/COMPRESSION.md 6–7).
 * ``trace`` asks strapd to write its kernel trace (docs/TRACE_FORMAT.md) beside the capture.
 """
@@ -34,26 +34,30 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 from .resources.levels import ResourceLevel
 
 #: Codecs strapd accepts (docs/COMPRESSION.md 1): generic lossless ``none``/``lz4``/``zstd``,
-#: the dtype-aware lossless ``shuffle``, and the opt-in lossy ``quant`` and ``fp16``.
-SUPPORTED_CODECS: Tuple[str, ...] = ("none", "lz4", "zstd", "shuffle", "quant", "fp16")
-#: Codecs that change values; they need a ``lossy`` bound (``fp16`` implies its own).
-LOSSY_CODECS: Tuple[str, ...] = ("quant", "fp16")
+#: the dtype-aware lossless ``shuffle``, and the opt-in lossy ``quant``, ``fp16`` and ``fp8``
+#: (e4m3 with one scale per row: docs/COMPRESSION.md 6).
+SUPPORTED_CODECS: Tuple[str, ...] = ("none", "lz4", "zstd", "shuffle", "quant", "fp16", "fp8")
+#: Codecs that change values; they need a ``lossy`` bound (``fp16`` and ``fp8`` imply their own).
+LOSSY_CODECS: Tuple[str, ...] = ("quant", "fp16", "fp8")
 #: Valid ``compression_level`` range per codec, as strapd's codecs define them
 #: (internal/codec): lz4 0 = fast compressor, 1–9 = HC with search depth 2^(8+level);
-#: zstd 0/1 = fastest, 2 = default, 3 = better, 4 = best compression; shuffle/quant/fp16 0–4.
+#: zstd 0/1 = fastest, 2 = default, 3 = better, 4 = best compression; shuffle/quant/fp16 0–4;
+#: fp8 0 only (its codes are stored as they are).
 CODEC_LEVELS: Dict[str, Tuple[int, int]] = {"none": (0, 0), "lz4": (0, 9), "zstd": (0, 4),
-                                            "shuffle": (0, 4), "quant": (0, 4), "fp16": (0, 4)}
+                                            "shuffle": (0, 4), "quant": (0, 4), "fp16": (0, 4),
+                                            "fp8": (0, 0)}
 #: Bound modes per lossy codec: ``abs`` (max absolute error) and ``rel`` (relative L2 error,
 #: i.e. RMS error over the tensor's RMS) for quant; ``fp16`` (its rounding, optionally capped
-#: by a relative L2 value) for fp16.
-LOSSY_MODES: Dict[str, Tuple[str, ...]] = {"quant": ("abs", "rel"), "fp16": ("fp16",)}
+#: by a relative L2 value) for fp16; ``fp8`` (e4m3 rounding, optionally with a cap on every
+#: row's relative L2 error: blocks with a row over it are kept exact) for fp8.
+LOSSY_MODES: Dict[str, Tuple[str, ...]] = {"quant": ("abs", "rel"), "fp16": ("fp16",), "fp8": ("fp8",)}
 #: Ring-full policies.
 BACKPRESSURE_POLICIES: Tuple[str, ...] = ("block", "drop")
 
 #: Single-core encode throughput measured on the reference machine (DESIGN-NOTES.md,
 #: 16 MiB of activation-like fp32), in GB/s. Used only by :meth:`transport_plan`.
 CODEC_GBPS_PER_CORE: Dict[str, float] = {"none": float("inf"), "lz4": 0.13, "zstd": 0.08,
-                                          "shuffle": 0.6, "quant": 0.5, "fp16": 0.5}
+                                          "shuffle": 0.6, "quant": 0.5, "fp16": 0.5, "fp8": 0.5}
 
 #: The codec of a config that names none.
 DEFAULT_CODEC = "shuffle"
@@ -135,17 +139,19 @@ class InstrumentationConfig:
     Args:
         granularity: which modules to hook (:class:`HookGranularity` or its string value).
         compression_algorithm: ``"none"``, ``"lz4"``, ``"zstd"``, ``"shuffle"`` (lossless,
-            dtype-aware: the default), or the lossy ``"quant"`` / ``"fp16"``. ``None`` (the
+            dtype-aware: the default), or the lossy ``"quant"`` / ``"fp16"`` / ``"fp8"``. ``None`` (the
             default) is ``"shuffle"``, and only then may a throughput target lower the codec
             (see :meth:`transport_plan`): a codec you name is the one you get.
         compression_level: codec level (see :data:`CODEC_LEVELS`); ``None`` = 0. lz4 0–9
             (0 fast, 1–9 HC), zstd 0–4 (0/1 fastest, 2 default, 3 better, 4 best),
-            shuffle/quant/fp16 0–4.
+            shuffle/quant/fp16 0–4, fp8 0.
         lossy: the error bound of a lossy codec, required by ``quant`` and refused by the
             lossless codecs: ``"rel:1e-3"`` (relative L2 error ≤ 1e-3 per tensor),
             ``"abs:1e-2"`` (every value within 1e-2), ``"fp16"`` (fp16 rounding; the
             default for codec ``fp16``), ``"fp16:1e-3"`` (and blocks over rel-L2 1e-3 kept
-            exact), or a dict ``{"mode": "rel", "value": 1e-3}``. Stored normalized as
+            exact), ``"fp8"`` (e4m3 with a scale per row; the default for codec ``fp8``),
+            ``"fp8:0.04"`` (and blocks holding a row over rel-L2 0.04 kept exact), or a dict
+            ``{"mode": "rel", "value": 1e-3}``. Stored normalized as
             ``"mode:value"``.
         trace: ask strapd to write its kernel trace (JSONL snapshots naming this session)
             to ``{output_path}.trace.jsonl``; ``capture_activations(trace_path=...)`` picks
@@ -501,10 +507,11 @@ class InstrumentationConfig:
 
 def _normalize_lossy(codec: str, lossy: Any) -> Optional[str]:
     """Validate ``lossy`` against ``codec`` and return it as ``"mode:value"`` (None when
-    the codec is lossless). ``fp16`` without a bound gets ``"fp16:0.0"`` (its rounding)."""
+    the codec is lossless). ``fp16`` / ``fp8`` without a bound get ``"fp16:0.0"`` /
+    ``"fp8:0.0"`` (their rounding)."""
     if lossy is None:
-        if codec == "fp16":
-            return "fp16:0.0"
+        if codec in ("fp16", "fp8"):
+            return f"{codec}:0.0"
         if codec in LOSSY_CODECS:
             raise ValueError(
                 f"codec {codec!r} is lossy and needs a bound: lossy='rel:1e-3' (relative L2 error) "

@@ -70,6 +70,10 @@ def analyze_activations(stream_path: Union[str, os.PathLike]) -> Dict[str, Any]:
         ``max_abs_err`` (max over packets), ``rel_l2_err`` (the worst packet's), ``packets``,
         ``lossless_blocks`` (blocks stored exactly: flagged fallbacks) and ``exceeded``
         (packets whose achieved error is over the bound; always 0 unless strapd has a bug).
+        Codecs that code by rows (``fp8``) add ``"rows"``: ``n`` (rows measured),
+        ``rel_l2_max`` and ``cos_min`` (exact over every row: per-row relative L2 error and
+        cosine of decoded vs original), ``rel_l2_p50``/``rel_l2_p99`` and
+        ``cos_p50``/``cos_p01`` (the worst packet's percentiles).
 
     Example:
         >>> analyze_activations("run.strap")["compression_ratio"]   # doctest: +SKIP
@@ -150,6 +154,9 @@ def lossy_exceeds(rep: Dict[str, Any]) -> bool:
         return float(rep.get("max_abs_err", 0.0)) > bound
     if mode == "rel" or (mode == "fp16" and bound > 0):
         return float(rep.get("rel_l2_err", 0.0)) > bound
+    if mode == "fp8" and bound > 0:
+        rows = rep.get("rows") if isinstance(rep.get("rows"), dict) else {}
+        return float(rep.get("rel_l2_err", 0.0)) > bound or float(rows.get("rel_l2_max", 0.0)) > bound
     return False
 
 
@@ -163,6 +170,18 @@ def fold_lossy(acc: Optional[Dict[str, Any]], rep: Dict[str, Any]) -> Dict[str, 
     acc["packets"] += 1
     acc["lossless_blocks"] += int(rep.get("lossless_blocks", 0))
     acc["exceeded"] += int(lossy_exceeds(rep))
+    rows = rep.get("rows")
+    if isinstance(rows, dict) and int(rows.get("n", 0)) > 0:
+        a = acc.get("rows")
+        if a is None:
+            acc["rows"] = {k: (int(v) if k == "n" else float(v)) for k, v in rows.items()
+                           if k in ("n", "rel_l2_max", "rel_l2_p50", "rel_l2_p99", "cos_min", "cos_p50", "cos_p01")}
+        else:
+            a["n"] += int(rows["n"])
+            for k in ("rel_l2_max", "rel_l2_p50", "rel_l2_p99"):
+                a[k] = max(a[k], float(rows.get(k, 0.0)))
+            for k in ("cos_min", "cos_p50", "cos_p01"):
+                a[k] = min(a[k], float(rows.get(k, 1.0)))
     return acc
 
 
