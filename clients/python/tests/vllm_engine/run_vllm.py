@@ -7,7 +7,7 @@ does nothing of its own to capture, exactly as a user's script would not.
 Usage: run_vllm.py MODEL_DIR OUT_JSON --prompts 5,11,17 --max-tokens 8
        [--max-num-batched-tokens N] [--opt-in 0,2] [--seed S] [--kv-cache-kib K]
        [--block-size B] [--max-model-len L] [--no-prefix-caching] [--warmup] [--tp N]
-       [--prefix-reuse N] [--checkpoint]
+       [--prefix-reuse N] [--checkpoint] [--abort K:A]
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ def main() -> None:
                          "while the engine still runs")
     ap.add_argument("--prefix-reuse", type=int, default=0,
                     help="then one more request: the last prompt's first N tokens and 5 new ones")
+    ap.add_argument("--abort", default=None, metavar="K:A",
+                    help="run the requests through llm.llm_engine step by step and abort request K once it "
+                         "has A generated tokens (LLMEngine.abort_request)")
     a = ap.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -75,14 +78,30 @@ def main() -> None:
         warm = [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
         llm.generate([TokensPrompt(prompt_token_ids=p) for p in warm], params)
     t1 = time.monotonic()
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
+    aborted = []
+    if a.abort:
+        k, after = (int(x) for x in a.abort.split(":"))
+        eng = llm.llm_engine
+        for i, p in enumerate(prompts):
+            eng.add_request(str(i), TokensPrompt(prompt_token_ids=p), params[i])
+        last = {}
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                last[o.request_id] = o  # cumulative outputs: the last one holds every token
+            got = last.get(str(k))
+            if not aborted and got is not None and len(got.outputs[0].token_ids) >= after:
+                eng.abort_request([str(k)])
+                aborted.append(str(k))
+        outs = [last[str(i)] for i in range(len(prompts))]
+    else:
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
     took = time.monotonic() - t1
     if a.prefix_reuse:
         again = prompts[-1][:a.prefix_reuse] + [rng.randrange(3, vocab) for _ in range(5)]
         outs = list(outs) + list(llm.generate([TokensPrompt(prompt_token_ids=again)], params[-1]))
     res = {"startup_s": started, "generate_s": took, "requests": [
         {"request_id": o.request_id, "prompt": list(o.prompt_token_ids), "generated": list(o.outputs[0].token_ids)}
-        for o in outs]}
+        for o in outs], "aborted": aborted}
     if a.checkpoint:
         import os
 

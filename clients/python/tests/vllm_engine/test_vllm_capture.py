@@ -328,3 +328,37 @@ def test_prefix_cache_gap(model_dir: Path, hf_model: Any, daemon: Any, tmp_path:
     for req in reqs[:3]:
         check_request(cap, hf_model, req)
     check_request(cap, hf_model, reqs[3], first=32)
+
+
+@pytest.mark.parametrize("multiprocess", [False, True], ids=["in-process", "multiprocess"])
+def test_aborted_request(model_dir: Path, hf_model: Any, daemon: Any, tmp_path: Path, multiprocess: bool) -> None:
+    """LLMEngine.abort_request of a running request (request 1, once it has 3 of its 40
+    tokens): its capture ends there and says so (``finished == "aborted"``, from the stream's
+    ``vllm.finished`` record), every position it computed is exact; the others finish
+    ``length_capped``. In-process the last requests' marks are written when the worker
+    closes; in the multi-process engine the engine core's next step carries them. There the
+    engine core runs ahead of the front end, so the aborted request may have computed a few
+    more tokens than the front end saw before the abort reached it: the stream holds those
+    too (they were computed), starting with what the front end got."""
+    from llm_instrumentation.vllm import load_request
+
+    cap = tmp_path / "caps"
+    n = 40
+    got = run_vllm(model_dir, cap, daemon, "--abort", "1:3", "--max-tokens", str(n), multiprocess=multiprocess)
+    assert got["aborted"] == ["1"]
+    verify_streams(cap)
+    lens = {r["request_id"]: len(r["generated"]) for r in got["requests"]}
+    assert lens == {"0": n, "1": 3, "2": n} if not multiprocess else (lens["0"], lens["2"]) == (n, n), lens
+    for req in got["requests"]:
+        if req["request_id"] == "1":
+            stored = load_request(cap, "1").token_ids.tolist()
+            seen = req["prompt"] + req["generated"]
+            assert stored[:len(seen)] == seen
+            assert len(stored) < len(req["prompt"]) + n, "request 1 ran to its end: the abort did not cut it"
+            if not multiprocess:
+                assert stored == seen
+            req = dict(req, generated=stored[len(req["prompt"]):])
+        r = check_request(cap, hf_model, req)
+        want = "aborted" if req["request_id"] == "1" else "length_capped"
+        assert r.finished == want, (req["request_id"], r.finished)
+        assert r.aborted == (want == "aborted")

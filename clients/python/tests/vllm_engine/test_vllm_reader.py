@@ -2,7 +2,7 @@
 plugin writes (docs/VLLM.md 3), for the cases a CPU engine run does not easily produce:
 a position computed twice (preemption with recompute: the last is kept), prompt positions
 served from the prefix cache (no rows: reported missing), two engine runs reusing a request
-id in one directory, and rows that disagree with the tokens. No vLLM needed.
+id in one directory, rows that disagree with the tokens, and finish marks. No vLLM needed.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def write_stream(path: Path, socket: str, steps: List[Dict[str, Any]], randomize
     from llm_instrumentation import _open
     from llm_instrumentation._session import open_session
     from llm_instrumentation.config import InstrumentationConfig
-    from llm_instrumentation.vllm._worker import INDEX_FORMAT, ROWS, SAMPLED
+    from llm_instrumentation.vllm._worker import FINISHED, INDEX_FORMAT, ROWS, SAMPLED
 
     cfg = InstrumentationConfig.fast_capture()
     plan = cfg.transport_plan()
@@ -43,7 +43,13 @@ def write_stream(path: Path, socket: str, steps: List[Dict[str, Any]], randomize
         os.close(fd)
     try:
         for fwd, st in enumerate(steps):
-            rows: List[Tuple[str, int, int]] = st["rows"]  # (request, position, token id)
+            done: Dict[str, Tuple[str, int]] = st.get("finished", {})  # request: (reason, tokens)
+            if done:
+                s.write_tensor(FINISHED, torch.tensor([n for _, n in done.values()], dtype=torch.int64), s.tokens,
+                               fwd, {"requests": list(done), "reasons": [why for why, _ in done.values()]})
+            rows: List[Tuple[str, int, int]] = st.get("rows", [])  # (request, position, token id)
+            if not rows:
+                continue
             reqs: List[str] = []
             counts: List[int] = []
             for rid, _, _ in rows:
@@ -148,3 +154,36 @@ def test_tokens_from_rows_without_sampled_records(real_strapd: Any, tmp_path: Pa
     assert r.token_ids.tolist() == [5, 6, 7, 8]
     assert r.positions.tolist() == [0, 1, 2, 3]
     assert r["model.layers.0"][:, 0].tolist() == [value(rid, p) for p in range(4)]
+
+
+def test_finish_marks(real_strapd: Any, tmp_path: Path) -> None:
+    """``vllm.finished`` records (docs/VLLM.md 3): the reason reaches ``finished``/``aborted``;
+    a request with no mark (still running, or the engine killed) has ``finished`` None; a mark
+    counting other tokens than the stream holds is an error."""
+    from llm_instrumentation.vllm import load_request
+
+    a, b, c = "0-0000000a", "1-0000000b", "2-0000000c"
+    write_stream(tmp_path / "fin.strap", real_strapd.socket, [
+        {"rows": [(a, 0, 5), (a, 1, 6), (b, 0, 7), (c, 0, 9)],
+         "new": {a: {"prompt": [5, 6], "computed": 0}, b: {"prompt": [7], "computed": 0},
+                 "2-0000000c": {"prompt": [9], "computed": 0}},
+         "sampled": [(a, 2, 8), (b, 1, 3), (c, 1, 4)]},
+        {"rows": [(a, 2, 8), (b, 1, 3)], "sampled": [(a, 3, 1), (b, 2, 2)]},
+        # a aborted after 2 generated tokens, b finished by length; c's mark counts a token
+        # the stream does not have
+        {"finished": {a: ("aborted", 4), b: ("length_capped", 3), c: ("stopped", 3)}},
+    ])
+    ra = load_request(tmp_path, "0")
+    assert ra.finished == "aborted" and ra.aborted
+    assert ra.token_ids.tolist() == [5, 6, 8, 1] and ra.positions.tolist() == [0, 1, 2]
+    rb = load_request(tmp_path, "1")
+    assert rb.finished == "length_capped" and not rb.aborted
+    with pytest.raises(ValueError, match="finished with 3 tokens, the stream holds 2"):
+        load_request(tmp_path, "2")
+
+    d = tmp_path / "unmarked"
+    d.mkdir()
+    write_stream(d / "run.strap", real_strapd.socket, [
+        {"rows": [(a, 0, 5)], "new": {a: {"prompt": [5], "computed": 0}}, "sampled": [(a, 1, 6)]}])
+    r = load_request(d, "0")
+    assert r.finished is None and not r.aborted

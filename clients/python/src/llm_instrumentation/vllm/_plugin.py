@@ -14,6 +14,13 @@ of vLLM's model runner class, once per process:
 and adds a worker method, ``llm_instrumentation_checkpoint``, for
 :func:`llm_instrumentation.vllm.checkpoint` to call through ``collective_rpc``.
 
+In the engine core's process it also wraps two methods of vLLM's ``Scheduler``, because the
+worker is told only *that* a request finished (``SchedulerOutput.finished_req_ids``), not
+why: ``_free_request`` notes each finished request's status (aborted, stopped, length
+capped, ...), and ``schedule`` attaches the notes of the requests its output lists as
+finished to that output (an attribute, which the multi-process executors' pickling carries
+to the workers). The worker writes them into its stream as ``vllm.finished`` records.
+
 Wrapping the runner class, rather than asking for a worker extension, works for every way
 of starting the engine (``LLM(...)``, ``vllm serve``, in-process or multi-process) without
 touching the engine's arguments; the same processes also run the engine front end, where
@@ -24,7 +31,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ._settings import Settings
 
@@ -36,6 +43,12 @@ _PATCHED = False
 RPC_CHECKPOINT = "llm_instrumentation_checkpoint"
 #: the captures made in this process (one per model runner), for :func:`captures`
 _CAPTURES: List[Any] = []
+#: the attribute of a SchedulerOutput holding ``{request id: finish reason}``
+FINISH_REASONS = "strap_finish_reasons"
+#: request id -> finish reason, noted by this process's scheduler and not yet attached to a
+#: SchedulerOutput (the last requests of an in-process engine are never scheduled after
+#: they finish: the worker's close reads them here)
+FINISHED: Dict[str, str] = {}
 
 
 def register() -> None:
@@ -65,6 +78,13 @@ def register() -> None:
         setattr(GPUModelRunner, "sample_tokens", _wrap_sample(GPUModelRunner.sample_tokens))
     if hasattr(GPUModelRunner, "shutdown"):
         setattr(GPUModelRunner, "shutdown", _wrap_shutdown(GPUModelRunner.shutdown))
+    try:
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        setattr(Scheduler, "_free_request", _wrap_free(Scheduler._free_request))
+        setattr(Scheduler, "schedule", _wrap_schedule(Scheduler.schedule))
+    except (ImportError, AttributeError) as e:  # another scheduler layout: no reasons, said so
+        log.warning("llm_instrumentation.vllm: finished requests will not say why (%s)", e)
     from vllm.v1.worker.worker_base import WorkerBase
 
     # A worker method for collective_rpc by name (a callable would need vLLM's insecure
@@ -134,6 +154,41 @@ def _wrap_shutdown(orig: Callable[..., Any]) -> Callable[..., Any]:
         return orig(self, *args, **kwargs)
 
     return shutdown
+
+
+def finish_reason(status: Any) -> str:
+    """vLLM's finished ``RequestStatus`` as the stream names it: ``FINISHED_ABORTED`` ->
+    ``"aborted"``, ``FINISHED_STOPPED`` -> ``"stopped"``, ``FINISHED_LENGTH_CAPPED`` ->
+    ``"length_capped"``, and so on."""
+    name = getattr(status, "name", str(status))
+    return name[len("FINISHED_"):].lower() if name.startswith("FINISHED_") else name.lower()
+
+
+def _wrap_free(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def _free_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            FINISHED[request.request_id] = finish_reason(request.status)
+        except Exception as e:  # never stop the scheduler: the record then says "unknown"
+            log.warning("llm_instrumentation.vllm: finish reason not noted: %s", e)
+        return orig(self, request, *args, **kwargs)
+
+    return _free_request
+
+
+def _wrap_schedule(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, *args, **kwargs)
+        ids = getattr(out, "finished_req_ids", None)
+        if ids:
+            try:
+                setattr(out, FINISH_REASONS, {r: FINISHED.pop(r) for r in ids if r in FINISHED})
+            except Exception as e:
+                log.warning("llm_instrumentation.vllm: finish reasons not attached: %s", e)
+        return out
+
+    return schedule
 
 
 def _rpc_checkpoint(worker: Any) -> Optional[dict]:

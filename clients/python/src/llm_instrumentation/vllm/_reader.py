@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence,
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-from ._worker import INDEX_FORMAT, ROWS, SAMPLED
+from ._worker import FINISHED, INDEX_FORMAT, ROWS, SAMPLED
 
 PathArg = Union[str, "os.PathLike[str]"]
 
@@ -40,6 +40,11 @@ class RequestCapture(Dict[str, "torch.Tensor"]):
         recomputed: positions computed more than once (preemption with recompute); the
             last computation is kept.
         streams: the stream files read.
+        finished: why the engine finished the request, from the stream's ``vllm.finished``
+            record: ``"length_capped"``, ``"stopped"`` (a stop or EOS token), ``"aborted"``
+            (the client aborted or disconnected; also a stop *string*, which vLLM's front end
+            turns into an abort), ``"error"``, ... (docs/VLLM.md 3); None when the stream has
+            no such record (the engine was killed, or still runs, before telling the worker).
     """
 
     request_id: str
@@ -50,6 +55,12 @@ class RequestCapture(Dict[str, "torch.Tensor"]):
     missing: List[int]
     recomputed: List[int]
     streams: List[str]
+    finished: Optional[str]
+
+    @property
+    def aborted(self) -> bool:
+        """Whether vLLM finished the request by an abort (``finished == "aborted"``)."""
+        return self.finished == "aborted"
 
 
 def _streams(directory: PathArg) -> List[str]:
@@ -164,6 +175,8 @@ def load_request(directory: PathArg, request_id: str, modules: Optional[Sequence
     input_ids: Dict[int, int] = {}
     per_module: Dict[str, Dict[int, "torch.Tensor"]] = {}
     recomputed: Set[int] = set()
+    finished: Optional[str] = None
+    finished_tokens = -1
     for path in paths:
         r = _open(path)
         if r is None:
@@ -198,6 +211,12 @@ def load_request(directory: PathArg, request_id: str, modules: Optional[Sequence
                     for k, rid in enumerate(who):
                         if rid == internal:
                             generated[int(data[k, 0])] = int(data[k, 1])
+                elif t.name == FINISHED:
+                    who = t.meta.get("requests", [])
+                    if internal in who:
+                        k = who.index(internal)
+                        finished = str(t.meta["reasons"][k])
+                        finished_tokens = int(t.tensor()[k])
                 elif cur_rows is not None and t.forward == cur_fwd and (want is None or t.name in want):
                     start, count, pos = cur_rows
                     x = t.tensor()[start:start + count]
@@ -239,4 +258,10 @@ def load_request(directory: PathArg, request_id: str, modules: Optional[Sequence
     out.missing = [p for p in range(top) if p not in have]
     out.recomputed = sorted(p for p in recomputed if p <= last)
     out.streams = list(paths)
+    out.finished = finished
+    # The worker counted the request's tokens when it learnt of the finish; with vllm.sampled
+    # records (not under async scheduling) the stream must hold exactly those.
+    if generated and finished_tokens >= 0 and finished_tokens != len(tokens):
+        raise ValueError(f"request {internal!r}: finished with {finished_tokens} tokens, the stream holds "
+                         f"{len(tokens)}")
     return out

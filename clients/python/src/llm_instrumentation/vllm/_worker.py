@@ -34,9 +34,13 @@ if TYPE_CHECKING:  # pragma: no cover
 # A child of vLLM's logger: its handler prints these lines with the engine's own.
 log = logging.getLogger("vllm.llm_instrumentation")
 
-#: Record names of the step index and of the sampled tokens (docs/VLLM.md 3).
+#: Record names of the step index, of the sampled tokens and of the finished requests
+#: (docs/VLLM.md 3).
 ROWS = "vllm.rows"
 SAMPLED = "vllm.sampled"
+FINISHED = "vllm.finished"
+#: The reason of a finish the scheduler did not tell (docs/VLLM.md 3).
+UNKNOWN = "unknown"
 #: The layout of those records; a reader refuses a stream of another.
 INDEX_FORMAT = 1
 
@@ -60,6 +64,7 @@ class WorkerCapture:
         self._handles: List[Any] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._paused = False
         self._sched: Any = None
         #: this step's captured rows: None, or (rows selector, request ids, counts)
         self._rows: Any = None
@@ -93,15 +98,45 @@ class WorkerCapture:
                      "replicated outputs)", rank["tp_rank"])
             return self
         self._open(model, vc, rank)
+        self._install()
+        atexit.register(self.close)
+        log.info("llm_instrumentation.vllm: capturing %d modules of %s into %s", len(self.modules),
+                 type(model).__name__, self.path)
+        return self
+
+    def _install(self) -> None:
+        model = self.runner.get_model()
         self._handles.append(model.register_forward_pre_hook(self._on_forward_pre, with_kwargs=True))
         named = dict(model.named_modules())
         for name, kind in self.modules:
             self._handles.append(named[name].register_forward_hook(functools.partial(self._on_output, name, kind)))
         self._handles.append(model.register_forward_hook(self._on_forward_end))
-        atexit.register(self.close)
-        log.info("llm_instrumentation.vllm: capturing %d modules of %s into %s", len(self.modules),
-                 type(model).__name__, self.path)
-        return self
+
+    @property
+    def paused(self) -> bool:
+        """Whether :meth:`pause` took the hooks off."""
+        return self._paused
+
+    def pause(self) -> None:
+        """Take the hooks off, the session kept open: the model runs as without the plugin
+        (the per-step wrappers left are a few attribute reads). Steps run while paused have
+        no rows in the stream; a request running across a pause lists the positions it
+        missed in ``missing``. Used by bench/vllm_ab.py to time plain and captured batches
+        in one engine."""
+        if self.session is None or self.failed or self._paused:
+            return
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._rows = None
+        self._paused = True
+
+    def resume(self) -> None:
+        """Put the hooks back after :meth:`pause`."""
+        if self.session is None or self.failed or not self._paused:
+            return
+        self._paused = False
+        self._install()
 
     def _open(self, model: Any, vc: Any, rank: Dict[str, int]) -> None:
         import dataclasses
@@ -155,9 +190,37 @@ class WorkerCapture:
     def begin_step(self, scheduler_output: Any) -> None:
         """Before ``execute_model``: the step's schedule (what the hooks split rows by)."""
         self._sched = scheduler_output
-        for r in getattr(scheduler_output, "finished_req_ids", None) or ():
-            self._want.pop(r, None)
-            self._seen.discard(r)
+        fin = getattr(scheduler_output, "finished_req_ids", None)
+        if fin:
+            from ._plugin import FINISH_REASONS, FINISHED as noted
+
+            reasons = getattr(scheduler_output, FINISH_REASONS, None) or {}
+            done = {r: reasons.get(r) or noted.pop(r, UNKNOWN) for r in fin if r in self._seen}
+            for r in fin:
+                self._want.pop(r, None)
+                self._seen.discard(r)
+            if done:
+                self._finished(done)
+
+    def _finished(self, done: Dict[str, str]) -> None:
+        """A ``vllm.finished`` record: the requests whose capture ends, and why."""
+        if self.failed or self.session is None:
+            return
+        try:
+            import torch
+
+            counts = []
+            for r in done:
+                st = self.runner.requests.get(r)
+                n = -1
+                if st is not None:
+                    n = len(getattr(st, "prompt_token_ids", None) or ()) + len(getattr(st, "output_token_ids", ()))
+                counts.append(n)
+            s = self.session
+            s.write_tensor(FINISHED, torch.tensor(counts, dtype=torch.int64), s.tokens, self.forward,
+                           {"requests": list(done), "reasons": list(done.values())})
+        except Exception as e:
+            self._fail(e)
 
     def end_step(self) -> None:
         """After ``execute_model``: hooks that fire outside a step (warm-up, profiling,
@@ -334,6 +397,14 @@ class WorkerCapture:
         for h in self._handles:
             h.remove()
         self._handles = []
+        if self.session is not None and self._seen:
+            # Requests that finished in the engine's last steps: an in-process engine is not
+            # scheduled again to tell this worker, but its scheduler noted them here.
+            from ._plugin import FINISHED as noted
+
+            done = {r: noted.pop(r) for r in list(self._seen) if r in noted}
+            if done:
+                self._finished(done)
         s, self.session = self.session, None
         if s is None:
             return None
