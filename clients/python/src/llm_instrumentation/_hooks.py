@@ -6,11 +6,13 @@ passes and writes the tensors into the session.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+import fnmatch
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from . import _distributed
+from ._anatomy import describe_model
+from ._warnings import warn_caller
 from .config import HookGranularity, InstrumentationConfig
-from .core.auto_detect import falls_back_to_131, select_modules
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -26,6 +28,79 @@ ROOT_NAME = "<root>"
 RecordFn = Callable[[str, "torch.Tensor", Optional[Dict[str, Any]]], object]
 #: receives one output tensor of a hooked module with a meta that repeats (the same object).
 RecordMetaFn = Callable[[str, "torch.Tensor", Dict[str, Any]], object]
+
+
+def select_modules(
+    model: "nn.Module",
+    granularity: HookGranularity,
+    patterns: Sequence[str] = (),
+) -> List[str]:
+    """Return the names of the modules to hook, in ``named_modules()`` order.
+
+    Args:
+        model: the model.
+        granularity: the :class:`HookGranularity`.
+        patterns: extra fnmatch patterns on module names, added for every granularity.
+
+    Returns:
+        module names (no duplicates); ``""`` is the root module. Raises ValueError when a
+        pattern matches nothing.
+
+    A model whose decoder blocks the detector does not find (no list of blocks, e.g. an
+    ``nn.Sequential``), given no patterns, gets what 1.3.1 hooked on every model, with one
+    warning naming the choice (:func:`falls_back_to_131`): for ``FULL_TENSOR`` /
+    ``SAMPLED_SLICES`` the root and its direct children; for ``ATTENTION_ONLY`` /
+    ``MLP_ONLY`` the direct children whose names contain ``attn`` / ``mlp`` — possibly none,
+    as in 1.3.1, which then captured nothing.
+    """
+    g = HookGranularity(granularity)
+    names = [n for n, _ in model.named_modules() if n]
+    arch = describe_model(model)
+    if falls_back_to_131(model, g, patterns):
+        return _fallback_131(model, g)
+    chosen: Set[str] = set()
+    if g in (HookGranularity.FULL_TENSOR, HookGranularity.SAMPLED_SLICES):
+        chosen.update(arch["blocks"], arch["attention"], arch["mlp"])
+    elif g is HookGranularity.ATTENTION_ONLY:
+        chosen.update(arch["attention"])
+    elif g is HookGranularity.MLP_ONLY:
+        chosen.update(arch["mlp"])
+    elif g is HookGranularity.RESIDUAL_ONLY:
+        chosen.update(arch["blocks"])
+    elif g is HookGranularity.ALL_MODULES:
+        chosen.update(names)
+    for pat in patterns:
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pat)]
+        if not hits:
+            raise ValueError(f"module pattern {pat!r} matches no module of {type(model).__name__}")
+        chosen.update(hits)
+    return [n for n in names if n in chosen]
+
+
+#: What 1.3.1 hooked, by granularity, among the root and its direct children (its only
+#: candidates): every one, or those whose name contains the word.
+_FALLBACK_131 = {HookGranularity.FULL_TENSOR: None, HookGranularity.SAMPLED_SLICES: None,
+                 HookGranularity.ATTENTION_ONLY: "attn", HookGranularity.MLP_ONLY: "mlp"}
+
+
+def falls_back_to_131(model: "nn.Module", granularity: HookGranularity, patterns: Sequence[str] = ()) -> bool:
+    """Whether :func:`select_modules` gives ``model`` 1.3.1's choice: no decoder blocks
+    found, no patterns, and a granularity 1.3.1 had (``RESIDUAL_ONLY`` and ``ALL_MODULES``
+    are ours)."""
+    return not patterns and HookGranularity(granularity) in _FALLBACK_131 and describe_model(model)["layer_prefix"] is None
+
+
+def _fallback_131(model: "nn.Module", g: HookGranularity) -> List[str]:
+    """1.3.1's choice for a model without recognised blocks, with one warning naming it."""
+    word = _FALLBACK_131[g]
+    children = [n for n, _ in model.named_children()]
+    chosen = [""] + children if word is None else [n for n in children if word in n]
+    what = ", ".join(n or "<root>" for n in chosen) if chosen else \
+        f"nothing (no direct child's name contains {word!r}; 1.3.1 captured nothing here either)"
+    warn_caller(
+        f"{type(model).__name__}: no decoder blocks found (no list of attention/MLP blocks); hooking what 1.3.1 "
+        f"hooked for {g.name}: {what}. Pass module patterns (modules=[...]) to choose others")
+    return chosen
 
 
 def split_output(name: str, out: Any) -> List[Tuple[str, "torch.Tensor"]]:

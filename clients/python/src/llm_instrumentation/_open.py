@@ -11,7 +11,7 @@ from . import _distributed
 from . import _protocol as P
 from . import checkpoint as ckpt
 from .config import InstrumentationConfig, TransportPlan
-from .core.auto_detect import describe_model
+from ._anatomy import describe_model
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch.nn as nn

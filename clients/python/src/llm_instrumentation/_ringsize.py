@@ -15,29 +15,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Sequence, Tuple
 
-from .config import AUTO_RING_FORWARDS, AUTO_RING_MIN_BYTES, AUTO_RING_TOKENS, DEFAULT_RING_BYTES
+from ._anatomy import config_int, config_width, describe_model
+from .config import (AUTO_RING_FORWARDS, AUTO_RING_MIN_BYTES, AUTO_RING_TOKENS, DEFAULT_RING_BYTES, HookGranularity,
+                     InstrumentationConfig)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch.nn as nn
 
-#: Config attributes that give a model's width and its context length, in the order tried
-#: (transformers' names across architectures).
-_WIDTH_KEYS = ("hidden_size", "n_embd", "d_model", "dim", "embed_dim")
+#: Config attributes that give a model's context length, in the order tried (transformers'
+#: names across architectures; the width's are ``_anatomy.WIDTH_KEYS``).
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length")
-
-
-def _config_int(model: "nn.Module", keys: Sequence[str]) -> Optional[int]:
-    cfg = getattr(model, "config", None)
-    for k in keys:
-        v = getattr(cfg, k, None)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return None
-
-
-def config_width(model: "nn.Module") -> Optional[int]:
-    """The hidden size its config states (transformers' names across architectures), or None."""
-    return _config_int(model, _WIDTH_KEYS)
 
 
 def _model_width(model: "nn.Module") -> Optional[int]:
@@ -60,7 +47,7 @@ def _module_width(model: "nn.Module", module: "nn.Module", name: str, hidden: in
     import torch.nn as nn
 
     if not name:
-        return _config_int(model, ("vocab_size",)) or hidden
+        return config_int(model, ("vocab_size",)) or hidden
     for attr in ("out_features", "nf"):
         v = getattr(module, attr, None)
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
@@ -99,7 +86,7 @@ def auto_ring_size(model: "nn.Module", modules: Sequence[str]) -> Tuple[int, str
     mods = dict(model.named_modules())
     per_token = sum(_module_width(model, mods[n], n, hidden) for n in modules if n in mods)
     elem = element_size(model)
-    context = _config_int(model, _CONTEXT_KEYS)
+    context = config_int(model, _CONTEXT_KEYS)
     tokens = min(context, AUTO_RING_TOKENS) if context is not None else AUTO_RING_TOKENS
     want = per_token * elem * tokens * AUTO_RING_FORWARDS
     ring = min(max(want, AUTO_RING_MIN_BYTES), DEFAULT_RING_BYTES)
@@ -109,3 +96,42 @@ def auto_ring_size(model: "nn.Module", modules: Sequence[str]) -> Tuple[int, str
     how = (f"{len(modules)} modules, {per_token} values per token x {elem} B x {tokens} tokens x "
            f"{AUTO_RING_FORWARDS} forwards = {want} bytes{bound}")
     return ring, how
+
+
+def config_for_model(
+    model: "nn.Module",
+    target_throughput_gbps: Optional[float] = None,
+    max_memory_gb: Optional[float] = None,
+    granularity: HookGranularity = HookGranularity.FULL_TENSOR,
+) -> InstrumentationConfig:
+    """Build a config sized for ``model``.
+
+    The ring is sized to hold at least 8 block outputs of a 2048-token sequence at the
+    model's hidden size in its parameter dtype (min 64 MiB, max 1 GiB) unless
+    ``max_memory_gb`` is given; the codec is lz4 (a named codec: a throughput target lz4
+    cannot sustain is noted by :meth:`InstrumentationConfig.transport_plan`, not acted on).
+
+    Args:
+        model: the model to capture.
+        target_throughput_gbps: optional capture-rate target.
+        max_memory_gb: ring size override.
+        granularity: hook granularity.
+
+    Returns:
+        an :class:`InstrumentationConfig`.
+
+    Example:
+        >>> cfg = config_for_model(model, target_throughput_gbps=1.0)  # doctest: +SKIP
+    """
+    if max_memory_gb is None:
+        arch = describe_model(model)
+        hidden = arch["hidden_size"] or 4096
+        need = 8 * 2048 * hidden * element_size(model)
+        need = min(max(need, 64 << 20), 1 << 30)
+        max_memory_gb = need / (1 << 30)
+    return InstrumentationConfig(
+        granularity=granularity,
+        compression_algorithm="lz4",
+        target_throughput_gbps=target_throughput_gbps,
+        max_memory_gb=max_memory_gb,
+    )

@@ -60,7 +60,7 @@ def decoder_components(model: nn.Module) -> Tuple[List[Component], Optional[str]
     Raises:
         ValueError: the structure is not recognised (pass components explicitly).
     """
-    from ..core.auto_detect import describe_model
+    from .._anatomy import describe_model
 
     arch = describe_model(model)
     if not arch["blocks"] or len(arch["attention"]) != len(arch["blocks"]) or len(arch["mlp"]) != len(arch["blocks"]):

@@ -1,8 +1,9 @@
 """1.3.1's ``llm_instrumentation.core`` package: ``capture_activations`` here, and the
 ``core.config`` / ``core.framework`` / ``core.hooks`` / ``core.auto_detect`` modules.
 
-``capture_activations`` is resolved on first access: the framework itself imports
-``core.auto_detect``, so importing it here eagerly would be circular.
+``capture_activations`` is resolved on first access, so that importing ``core.config`` does
+not import the capture framework. The package is the compatibility layer: nothing else in
+``llm_instrumentation`` imports it (docs/ARCHITECTURE.md, "The Python client").
 """
 
 from typing import Any

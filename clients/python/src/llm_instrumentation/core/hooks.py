@@ -97,7 +97,7 @@ class OptimizedHookManager(HookManager):
         Raises:
             ValueError: a ``target_layers`` name the model does not have, or nothing selected.
         """
-        from .auto_detect import falls_back_to_131, select_modules
+        from .._hooks import falls_back_to_131, select_modules
 
         mods = dict(model.named_modules())
         if config.target_layers:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from .._anatomy import ATTENTION_NAMES, LAYER_RE, MLP_NAMES, MLP_OPS, activation_name
+from .._anatomy import ATTENTION_NAMES, LAYER_RE, MLP_NAMES, MLP_OPS, activation_name, describe_model
 from .levels import ResourceLevel
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,8 +58,6 @@ class Site:
 def layer_prefix(model: "nn.Module") -> Optional[str]:
     """The name of the model's list of decoder blocks (``model.layers``), None if it has none."""
     try:
-        from ..core.auto_detect import describe_model
-
         prefix = describe_model(model).get("layer_prefix")
         return prefix if isinstance(prefix, str) else None
     except Exception:  # any model without a recognisable block list
