@@ -112,6 +112,7 @@ def run_preset(a: argparse.Namespace, preset: str, model: Any, prompt: torch.Ten
     os.environ["STRAPD_SOCKET"] = sock
     os.environ["STRAPD_EXIT_IDLE"] = "10m"
     pid = 0
+    perf = None
     cfg = InstrumentationConfig.from_preset(preset).with_granularity(CAPTURE_SETS["resid+attn+mlp"])
     trials: List[Dict[str, Any]] = []
     try:
@@ -122,6 +123,10 @@ def run_preset(a: argparse.Namespace, preset: str, model: Any, prompt: torch.Ten
             with torch.no_grad():
                 greedy(model, prompt, a.new)
             plain_cpu = time.process_time() - p0
+            if pid and a.perf and perf is None:
+                perf = subprocess.Popen(["perf", "record", "-q", "-g", "-e", a.perf_event, "-p", str(pid),
+                                         "-o", f"{a.perf}.{preset}"], stdout=subprocess.DEVNULL)
+                time.sleep(0.5)  # perf attaches
             if pid:
                 d0 = daemon_counters(pid)
             c0, w0 = time.process_time(), time.perf_counter()
@@ -159,6 +164,9 @@ def run_preset(a: argparse.Namespace, preset: str, model: Any, prompt: torch.Ten
                 "client_cpu_s": cap_cpu, "plain_cpu_s": plain_cpu, "capture_wall_s": cap_wall,
             })
     finally:
+        if perf is not None:
+            perf.send_signal(signal.SIGINT)
+            perf.wait()
         if pid:
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -187,6 +195,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--tmpdir", default="/var/tmp", help="where the streams go (a disk, as a user's would)")
     ap.add_argument("--json", help="write every trial here")
+    ap.add_argument("--perf", metavar="OUT", help="`perf record -g` strapd over the measured trials into OUT.<preset>")
+    ap.add_argument("--perf-event", default="cpu-clock", help="perf's event (context-switches: where the switches are)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -23,6 +24,7 @@ const maxFDs = 4
 // Recv may be used by different goroutines; neither is safe for concurrent use by two.
 type Conn struct {
 	uc    *net.UnixConn
+	rc    syscall.RawConn // uc's, for the raw receive (recvmsg_linux.go)
 	rbuf  []byte
 	oob   []byte
 	creds *unix.Ucred
@@ -90,7 +92,7 @@ func (c *Conn) SendRaw(b []byte, fds ...int) error {
 // maxWant descriptors is refused: all of them are closed and ErrTooManyFDs returned. On a
 // decode error the descriptors are closed too. io.EOF means the peer closed.
 func (c *Conn) Recv(maxWant int) (Message, []int, error) {
-	n, oobn, flags, _, err := c.uc.ReadMsgUnix(c.rbuf, c.oob)
+	n, oobn, flags, err := c.recvmsg()
 	if err != nil {
 		return Message{}, nil, err
 	}

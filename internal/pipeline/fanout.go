@@ -168,10 +168,15 @@ func (s *Session) blockDone(it *item) {
 
 // enqueue hands it to the writer, in sequence order.
 func (s *Session) enqueue(it *item) error {
+	if s.writeNow(it) {
+		return nil
+	}
+	s.queued.Add(1)
 	select {
 	case s.queue <- it:
 		return nil
 	case <-s.ctx.Done():
+		s.queued.Add(-1)
 		return s.fail(&Error{Kind: KindInternal, Err: s.ctx.Err()})
 	}
 }

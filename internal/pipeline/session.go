@@ -81,6 +81,11 @@ type Session struct {
 	inline     bool
 	queue      chan *item
 	writerDone chan struct{}
+	// queued counts items sent to the writer and not yet written (writeNow).
+	queued atomic.Int64
+	// stopped: a codec or write failure stopped the writing. Held by whoever writes:
+	// the writer, or the connection's goroutine while the writer is idle (writeNow).
+	stopped bool
 	tail       tailTracker
 
 	failOnce sync.Once

@@ -12,29 +12,58 @@ import (
 // jobs and returning buffers) without writing.
 func (s *Session) writeLoop() {
 	defer close(s.writerDone)
-	// Items queued before a reader-side failure are good and still written; after a codec
-	// or write failure nothing more is written (the stream would have a gap).
-	stopped := false
 	for it := range s.queue {
 		<-it.done
-		if it.kind != kindBatch {
-			stopped = s.writeItem(it, stopped)
-			if s.codec == nil && it.span != nil {
-				s.tail.free(it.span)
-			}
-			continue
+		s.writeOne(it)
+		s.queued.Add(-1)
+	}
+}
+
+// writeNow writes a ready item on the caller's goroutine (the connection's) when the
+// writer has nothing queued, and reports whether it did. A decoding step's batch and its
+// TOKEN are ready when taken, and the writer is idle between steps: writing them here
+// spares a goroutine hand-off, and usually an OS thread's wake-up, per step (PERFORMANCE.md,
+// "One wake-up per token"). Checkpoints keep to the writer: their fdatasync would hold up
+// the connection's reading.
+//
+// Only the connection's goroutine queues items, so when queued is 0 the writer has
+// finished every item (its decrement follows its writes: they are visible here) and will
+// take no other until this goroutine queues one: the stream is this goroutine's meanwhile.
+func (s *Session) writeNow(it *item) bool {
+	if it.kind == kindCheckpoint || s.queued.Load() != 0 {
+		return false
+	}
+	select {
+	case <-it.done:
+	default:
+		return false // still compressing
+	}
+	s.writeOne(it)
+	return true
+}
+
+// writeOne writes one ready item (a batch record by record) unless the writer stopped,
+// and frees the ring bytes that waited for the write. Items queued before a reader-side
+// failure are good and still written; after a codec or write failure nothing more is
+// written (the stream would have a gap).
+func (s *Session) writeOne(it *item) {
+	if it.kind != kindBatch {
+		s.stopped = s.writeItem(it, s.stopped)
+		if s.codec == nil && it.span != nil {
+			s.tail.free(it.span)
 		}
-		if err := it.getErr(); err != nil && !stopped {
-			// The batch as a whole failed (its job was never run): none of it is written.
-			stopped = true
-			s.fail(&Error{Kind: KindInternal, Err: err})
-		}
-		for _, rec := range it.batch {
-			stopped = s.writeItem(rec, stopped)
-		}
-		if s.codec == nil {
-			s.tail.freeAll(it.batch)
-		}
+		return
+	}
+	if err := it.getErr(); err != nil && !s.stopped {
+		// The batch as a whole failed (its job was never run): none of it is written.
+		s.stopped = true
+		s.fail(&Error{Kind: KindInternal, Err: err})
+	}
+	for _, rec := range it.batch {
+		s.stopped = s.writeItem(rec, s.stopped)
+	}
+	if s.codec == nil {
+		s.tail.freeAll(it.batch)
 	}
 }
 

@@ -1,8 +1,14 @@
 package server
 
 import (
+	"errors"
+	"strconv"
 	"sync"
+	"syscall"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/strap-llm/strap/internal/control"
 )
@@ -15,6 +21,11 @@ const maxQueued = 256
 
 // outbox sends messages to one client from its own goroutine, so the daemon never blocks
 // on a client that does not read. RELEASE tails are coalesced: only the newest is sent.
+//
+// A RELEASE is sent at once by whoever frees the ring bytes when nothing else is queued
+// or being sent: one non-blocking send(2), made as a raw syscall, instead of waking the
+// sender goroutine (a goroutine hand-off, often an OS thread woken, per decoding step:
+// PERFORMANCE.md, "One wake-up per token"). A full socket leaves it to the goroutine.
 type outbox struct {
 	mu       sync.Mutex
 	cond     *sync.Cond
@@ -28,11 +39,17 @@ type outbox struct {
 	wake     chan struct{}
 	done     chan struct{}
 	onDead   func(error)
+	// rc is the socket's raw access for the inline RELEASE (nil: always the goroutine).
+	rc   syscall.RawConn
+	rbuf []byte // the inline RELEASE's encoding, reused
 }
 
 func newOutbox(c *control.Conn, onDead func(error)) *outbox {
 	o := &outbox{wake: make(chan struct{}, 1), done: make(chan struct{}), onDead: onDead}
 	o.cond = sync.NewCond(&o.mu)
+	if rc, err := c.Unix().SyscallConn(); err == nil {
+		o.rc = rc
+	}
 	go o.run(c)
 	return o
 }
@@ -69,14 +86,67 @@ func (o *outbox) send(t control.Type, body any) {
 	o.signal()
 }
 
-// release records a new tail; it never blocks.
+// release records a new tail; it never blocks. With nothing else queued or being sent it
+// sends the RELEASE itself (see outbox).
 func (o *outbox) release(tail uint64) {
 	o.mu.Lock()
 	if tail > o.tail {
 		o.tail = tail
 	}
+	if o.tail > o.tailSent && o.rc != nil && len(o.q) == 0 && !o.sending && !o.dead && !o.stopped && !o.muted {
+		o.rbuf = appendRelease(o.rbuf[:0], o.tail)
+		err := trySend(o.rc, o.rbuf)
+		switch {
+		case err == nil:
+			o.tailSent = o.tail
+			o.mu.Unlock()
+			return
+		case errors.Is(err, unix.EAGAIN):
+			// The client is not reading: the goroutine waits for room.
+		default:
+			o.dead = true
+			o.cond.Broadcast()
+			o.mu.Unlock()
+			o.onDead(err)
+			o.signal() // the goroutine sees dead and ends
+			return
+		}
+	}
 	o.mu.Unlock()
 	o.signal()
+}
+
+// appendRelease appends a framed RELEASE {"tail":tail}, byte for byte what
+// control.Encode makes of control.Release (TestAppendRelease), without reflection.
+func appendRelease(b []byte, tail uint64) []byte {
+	body := strconv.AppendUint([]byte(`{"tail":`), tail, 10)
+	body = append(body, '}')
+	framed, err := control.EncodeRaw(control.Version, control.TypeRelease, body)
+	if err != nil {
+		panic(err) // a few dozen bytes: cannot exceed MaxMessage
+	}
+	return append(b, framed...)
+}
+
+// trySend sends one datagram without blocking and without entering the Go scheduler's
+// syscall state (a raw send(2) with MSG_DONTWAIT): unix.EAGAIN when the socket is full.
+func trySend(rc syscall.RawConn, b []byte) error {
+	var errno syscall.Errno
+	if err := rc.Control(func(fd uintptr) {
+		for {
+			_, _, errno = unix.RawSyscall6(unix.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)),
+				uintptr(unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL), 0, 0)
+			if errno != unix.EINTR {
+				return
+			}
+		}
+	}); err != nil {
+		return err
+	}
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 func (o *outbox) run(c *control.Conn) {
