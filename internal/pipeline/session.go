@@ -86,7 +86,7 @@ type Session struct {
 	// stopped: a codec or write failure stopped the writing. Held by whoever writes:
 	// the writer, or the connection's goroutine while the writer is idle (writeNow).
 	stopped bool
-	tail       tailTracker
+	tail    tailTracker
 
 	failOnce sync.Once
 	failed   chan struct{}
