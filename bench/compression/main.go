@@ -1,9 +1,14 @@
 // Command compression benchmarks every codec on activation corpora and prints the table of
 // docs/COMPRESSION.md: ratio versus raw bytes, max-abs and relative-L2 error, and compress /
-// decompress MB/s on one core, for each codec × corpus × dtype (float32, bfloat16, float16).
+// decompress MB/s on one core, for each codec × corpus × dtype (float32, bfloat16, float16),
+// then the per-row fidelity of the lossy codecs (rows: the tensors' last dimension).
 //
 //	.venv/bin/python bench/compression/gen_corpus.py --out /tmp/strap-corpus
 //	go run ./bench/compression -corpus /tmp/strap-corpus
+//
+// -clock cpu times each encode/decode by the thread's CPU clock instead of the wall clock
+// (a shared machine's load then slows nothing but the wall); -decoded DIR writes what a
+// codec decoded (as float32) for bench/compression/fidelity.py.
 package main
 
 import (
@@ -19,10 +24,12 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/klauspost/compress/fse"
+	"golang.org/x/sys/unix"
 
 	"github.com/strap-llm/strap/internal/codec"
 	"github.com/strap-llm/strap/internal/dtype"
@@ -49,12 +56,17 @@ func variants() []variant {
 		{"quant rel 1e-3", "quant", codec.Options{Lossy: rel(1e-3)}},
 		{"quant rel 1e-3 zstd3", "quant", codec.Options{Level: 3, Lossy: rel(1e-3)}},
 		{"quant abs 1e-3", "quant", codec.Options{Lossy: &codec.LossyBound{Mode: "abs", Value: 1e-3}}},
+		{"fp8", "fp8", codec.Options{}},
 	}
 }
 
 type tensor struct {
-	name string
-	f32  []float32
+	name  string
+	f32   []float32
+	shape []int
+	// rowLen is the last dimension (a token's vector): fp8's scale per row, the rows of
+	// the per-row fidelity table.
+	rowLen int
 }
 
 type row struct {
@@ -63,6 +75,23 @@ type row struct {
 	maxAbs, sse, ss     float64
 	encDur, decDur      time.Duration
 	lossless, blocks    int
+	// rowRel, rowCos: each row's relative L2 error and cosine (lossy codecs).
+	rowRel, rowCos []float64
+}
+
+// clockCPU selects the thread CPU clock for timings (-clock cpu).
+var clockCPU bool
+
+// now is the wall clock, or the calling thread's CPU time under -clock cpu (main locks its
+// goroutine to its thread, so that is the work timed, not other processes' load).
+func now() time.Duration {
+	if clockCPU {
+		var ts unix.Timespec
+		if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err == nil {
+			return time.Duration(ts.Nano())
+		}
+	}
+	return time.Duration(time.Now().UnixNano())
 }
 
 func run() int {
@@ -72,9 +101,21 @@ func run() int {
 	normalMB := flag.Int("normal-mb", 16, "MiB of float32 N(0,1)")
 	only := flag.String("codecs", "", "comma-separated labels to run (default all)")
 	reps := flag.Int("reps", 3, "timing repetitions per tensor; the fastest counts (the machine is shared)")
-	dump := flag.String("dump", "", "write the stored blocks of the first corpus×float32 here (for py_decode.py)")
+	dump := flag.String("dump", "", "write the stored blocks of the first corpus×float32 (and ×bfloat16) here (for py_decode.py)")
+	clock := flag.String("clock", "wall", "timing clock: wall, or cpu (the thread's CPU time)")
+	decoded := flag.String("decoded", "", "write each tensor of the first corpus as decoded (float32) here, per codec and dtype (for fidelity.py)")
 	flag.Parse()
 	runtime.GOMAXPROCS(1) // per-core figures
+	runtime.LockOSThread()
+	switch *clock {
+	case "wall":
+	case "cpu":
+		clockCPU = true
+	default:
+		fmt.Fprintf(os.Stderr, "-clock %q: want wall or cpu\n", *clock)
+		return 2
+	}
+	var fidelity []row
 
 	corpora := map[string][]tensor{"normal": normal(*normalMB<<20, 0), "normal-25%0": normal(*normalMB<<20, 4)}
 	order := []string{}
@@ -90,7 +131,7 @@ func run() int {
 		}
 	}
 	order = append(order, "normal", "normal-25%0")
-	fmt.Printf("block %d KiB, GOMAXPROCS 1, %s/%s\n\n", *blockSize>>10, runtime.GOOS, runtime.GOARCH)
+	fmt.Printf("block %d KiB, GOMAXPROCS 1, %s/%s, %s clock\n\n", *blockSize>>10, runtime.GOOS, runtime.GOARCH, *clock)
 	fmt.Printf("| codec | corpus | dtype | ratio | max-abs err | rel-L2 err | compress MB/s | decompress MB/s | lossless blocks |\n")
 	fmt.Printf("|---|---|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, v := range variants() {
@@ -99,11 +140,14 @@ func run() int {
 		}
 		for _, cname := range order {
 			for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16, dtype.Float16} {
-				var dumpDir string
-				if *dump != "" && cname == order[0] && dt == dtype.Float32 {
+				var dumpDir, decDir string
+				if *dump != "" && cname == order[0] && dt != dtype.Float16 {
 					dumpDir = *dump
 				}
-				r, err := bench(v, cname, corpora[cname], dt, *blockSize, *reps, dumpDir)
+				if *decoded != "" && cname == order[0] {
+					decDir = filepath.Join(*decoded, sanitize(v.label), dt.String())
+				}
+				r, err := bench(v, cname, corpora[cname], dt, *blockSize, *reps, dumpDir, decDir)
 				if errors.Is(err, codec.ErrUnknownCodec) {
 					continue
 				}
@@ -121,10 +165,31 @@ func run() int {
 				}
 				fmt.Printf("| %s | %s | %s | %.3f | %.3g | %.3g | %.0f | %s | %d/%d |\n", v.label, cname, dt,
 					float64(r.raw)/float64(r.stored), r.maxAbs, rel, mbps(r.raw, r.encDur), dec, r.lossless, r.blocks)
+				if len(r.rowRel) > 0 && r.sse > 0 {
+					fidelity = append(fidelity, r)
+				}
 			}
 		}
 	}
+	if len(fidelity) > 0 {
+		fmt.Printf("\nPer-row fidelity (a row = a tensor's last dimension; percentiles nearest-rank over all rows)\n\n")
+		fmt.Printf("| codec | corpus | dtype | rows | rel-L2 p50 | rel-L2 p99 | rel-L2 max | cos min | cos p1 | cos p50 |\n")
+		fmt.Printf("|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, r := range fidelity {
+			slices.Sort(r.rowRel)
+			slices.Sort(r.rowCos)
+			fmt.Printf("| %s | %s | %s | %d | %.4f | %.4f | %.4f | %.6f | %.6f | %.6f |\n", r.variant, r.corpus, r.dt,
+				len(r.rowRel), rank(r.rowRel, 0.5), rank(r.rowRel, 0.99), r.rowRel[len(r.rowRel)-1],
+				r.rowCos[0], rank(r.rowCos, 0.01), rank(r.rowCos, 0.5))
+		}
+	}
 	return 0
+}
+
+// rank is the nearest-rank p-quantile of sorted v.
+func rank(v []float64, p float64) float64 {
+	i := int(math.Ceil(p*float64(len(v)))) - 1
+	return v[min(max(i, 0), len(v)-1)]
 }
 
 func mbps(n int, d time.Duration) float64 { return float64(n) / 1e6 / d.Seconds() }
@@ -142,7 +207,7 @@ func normal(bytes, zeroEvery int) []tensor {
 				v[i] = 0
 			}
 		}
-		ts = append(ts, tensor{name: "normal", f32: v})
+		ts = append(ts, tensor{name: "normal", f32: v, shape: []int{len(v) / 1024, 1024}, rowLen: 1024})
 	}
 	return ts
 }
@@ -154,6 +219,7 @@ func load(dir string, budget int) ([]tensor, error) {
 	}
 	var m []struct {
 		File, Name string
+		Shape      []int
 	}
 	if err := json.Unmarshal(j, &m); err != nil {
 		return nil, fmt.Errorf("manifest: %w", err)
@@ -171,7 +237,11 @@ func load(dir string, budget int) ([]tensor, error) {
 		for i := range v {
 			v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 		}
-		ts = append(ts, tensor{name: e.Name, f32: v})
+		rowLen := len(v)
+		if len(e.Shape) > 0 && e.Shape[len(e.Shape)-1] > 0 {
+			rowLen = e.Shape[len(e.Shape)-1]
+		}
+		ts = append(ts, tensor{name: e.Name, f32: v, shape: e.Shape, rowLen: rowLen})
 	}
 	return ts, nil
 }
@@ -203,7 +273,7 @@ func encodeAs(v []float32, dt dtype.DType) []byte {
 	panic("dtype")
 }
 
-func bench(v variant, cname string, ts []tensor, dt dtype.DType, bs, reps int, dumpDir string) (row, error) {
+func bench(v variant, cname string, ts []tensor, dt dtype.DType, bs, reps int, dumpDir, decDir string) (row, error) {
 	r := row{variant: v.label, corpus: cname, dt: dt.String()}
 	var c codec.Codec
 	if v.name != "" {
@@ -216,7 +286,12 @@ func bench(v variant, cname string, ts []tensor, dt dtype.DType, bs, reps int, d
 		stored []byte
 		raw    []byte
 	}
-	var dumpEntries []map[string]any
+	var dumpEntries, decEntries []map[string]any
+	if dumpDir != "" && dt != dtype.Float32 {
+		dumpDir = filepath.Join(dumpDir, sanitize(v.label)+"_"+dt.String())
+	} else if dumpDir != "" {
+		dumpDir = filepath.Join(dumpDir, sanitize(v.label))
+	}
 	for ti, t := range ts {
 		src := encodeAs(t.f32, dt)
 		var blocks []blk
@@ -225,8 +300,13 @@ func bench(v variant, cname string, ts []tensor, dt dtype.DType, bs, reps int, d
 		for range reps {
 			blocks, lossless = blocks[:0], 0
 			tc := c
-			start := time.Now()
-			if tp, ok := c.(codec.TensorPreparer); ok {
+			start := now()
+			if rp, ok := c.(codec.RowPreparer); ok {
+				var err error
+				if tc, err = rp.ForRows(src, dt, t.rowLen, 0); err != nil {
+					return r, err
+				}
+			} else if tp, ok := c.(codec.TensorPreparer); ok {
 				var err error
 				if tc, err = tp.ForTensor(src, dt); err != nil {
 					return r, err
@@ -259,7 +339,7 @@ func bench(v variant, cname string, ts []tensor, dt dtype.DType, bs, reps int, d
 				}
 				blocks = append(blocks, blk{out, b})
 			}
-			best = min(best, time.Since(start))
+			best = min(best, now()-start)
 		}
 		r.encDur += best
 		r.lossless += lossless
@@ -268,7 +348,7 @@ func bench(v variant, cname string, ts []tensor, dt dtype.DType, bs, reps int, d
 		best = time.Duration(math.MaxInt64)
 		for range reps {
 			dec = dec[:0]
-			start := time.Now()
+			start := now()
 			for _, b := range blocks {
 				switch {
 				case b.stored == nil:
@@ -285,7 +365,7 @@ func bench(v variant, cname string, ts []tensor, dt dtype.DType, bs, reps int, d
 					}
 				}
 			}
-			best = min(best, time.Since(start))
+			best = min(best, now()-start)
 		}
 		r.decDur += best
 		for _, b := range blocks {
@@ -296,13 +376,23 @@ func bench(v variant, cname string, ts []tensor, dt dtype.DType, bs, reps int, d
 				r.stored += len(b.stored)
 			}
 		}
-		errStats(&r, src, dec, dt)
+		errStats(&r, src, dec, dt, t.rowLen)
+		if decDir != "" {
+			if err := os.MkdirAll(decDir, 0o755); err != nil {
+				return r, err
+			}
+			f := fmt.Sprintf("%d.f32", ti)
+			if err := os.WriteFile(filepath.Join(decDir, f), asF32(dec, dt), 0o644); err != nil {
+				return r, err
+			}
+			decEntries = append(decEntries, map[string]any{"file": f, "name": t.name, "shape": t.shape})
+		}
 		if dumpDir != "" && c != nil {
 			for bi, b := range blocks {
 				if b.stored == nil || len(dumpEntries) >= 24 {
 					continue
 				}
-				d := filepath.Join(dumpDir, sanitize(v.label))
+				d := dumpDir
 				if err := os.MkdirAll(d, 0o755); err != nil {
 					return r, err
 				}
@@ -318,11 +408,30 @@ func bench(v variant, cname string, ts []tensor, dt dtype.DType, bs, reps int, d
 	}
 	if dumpEntries != nil {
 		j, _ := json.MarshalIndent(dumpEntries, "", " ")
-		if err := os.WriteFile(filepath.Join(dumpDir, sanitize(v.label), "manifest.json"), j, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dumpDir, "manifest.json"), j, 0o644); err != nil {
+			return r, err
+		}
+	}
+	if decEntries != nil {
+		j, _ := json.MarshalIndent(decEntries, "", " ")
+		if err := os.WriteFile(filepath.Join(decDir, "manifest.json"), j, 0o644); err != nil {
 			return r, err
 		}
 	}
 	return r, nil
+}
+
+// asF32 widens decoded elements of dt to little-endian float32.
+func asF32(b []byte, dt dtype.DType) []byte {
+	if dt == dtype.Float32 {
+		return b
+	}
+	n := len(b) / dt.Size()
+	out := make([]byte, 4*n)
+	for i := range n {
+		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(float32(load1(b, dt, i))))
+	}
+	return out
 }
 
 func sanitize(s string) string {
@@ -334,17 +443,37 @@ func sanitize(s string) string {
 	}, s)
 }
 
-func errStats(r *row, src, dec []byte, dt dtype.DType) {
+// errStats adds the error of dec against src to r, overall and per row of rowLen values.
+func errStats(r *row, src, dec []byte, dt dtype.DType, rowLen int) {
 	w := dt.Size()
-	for i := range len(src) / w {
-		x, y := load1(src, dt, i), load1(dec, dt, i)
-		if math.IsInf(x, 0) || math.IsNaN(x) {
-			continue
+	n := len(src) / w
+	for lo := 0; lo < n; lo += rowLen {
+		var ss, sse, dot, ssy float64
+		for i := lo; i < min(n, lo+rowLen); i++ {
+			x, y := load1(src, dt, i), load1(dec, dt, i)
+			if math.IsInf(x, 0) || math.IsNaN(x) {
+				continue
+			}
+			e := math.Abs(x - y)
+			r.maxAbs = max(r.maxAbs, e)
+			sse += e * e
+			ss += x * x
+			dot += x * y
+			ssy += y * y
 		}
-		e := math.Abs(x - y)
-		r.maxAbs = max(r.maxAbs, e)
-		r.sse += e * e
-		r.ss += x * x
+		r.sse += sse
+		r.ss += ss
+		switch {
+		case ss > 0 && ssy > 0:
+			r.rowRel = append(r.rowRel, math.Sqrt(sse/ss))
+			r.rowCos = append(r.rowCos, dot/math.Sqrt(ss*ssy))
+		case ss == 0 && ssy == 0:
+			r.rowRel = append(r.rowRel, 0)
+			r.rowCos = append(r.rowCos, 1)
+		default:
+			r.rowRel = append(r.rowRel, math.Sqrt(sse/max(ss, math.SmallestNonzeroFloat64)))
+			r.rowCos = append(r.rowCos, 0)
+		}
 	}
 }
 
