@@ -193,22 +193,38 @@ def _decode_fp16(src: memoryview, dtype: str, raw_len: int) -> bytes:
     return half.astype("<f4" if dtype == "float32" else "<f8").tobytes()
 
 
-def _fp8_cast(f: np.ndarray, out: np.ndarray, dtype: str) -> None:
-    """Round float32 values f into out (the packet's dtype) as the Go decoder does."""
+def _fp8_rows(codes: np.ndarray, scales: np.ndarray, out: np.ndarray, dtype: str, tmp: np.ndarray) -> None:
+    """Decode rows: codes and out are [rows, d] (or [d] with one scale), scales [rows]; the
+    value is float32(E4M3[code] × scale) rounded to dtype (bfloat16: nearest even on the
+    bit pattern, as the Go decoder)."""
     if dtype == "float32":
-        out[...] = f
-    elif dtype == "float16":
+        np.take(E4M3, codes, out=out)
+        np.multiply(out, scales if out.ndim == 1 else scales[:, None], out=out)
+        return
+    f = tmp[: codes.size].reshape(codes.shape)
+    np.take(E4M3, codes, out=f)
+    np.multiply(f, scales if f.ndim == 1 else scales[:, None], out=f)
+    if dtype == "float16":
         out[...] = f.astype(np.float16).view(np.uint16)
-    else:  # bfloat16: round to nearest even on the bit pattern
-        u = f.view(np.uint32)
-        r = (u >> 16) & 1
-        r += np.uint32(0x7FFF)
-        u += r
-        u >>= 16
-        out[...] = u
+        return
+    u = f.view(np.uint32)
+    r = np.right_shift(u, 16, out=_fp8_tmp2(u))
+    np.bitwise_and(r, 1, out=r)
+    r += np.uint32(0x7FFF)
+    u += r
+    np.right_shift(u, 16, out=u)
+    out[...] = u
 
 
-def _decode_fp8(src: memoryview, dtype: str, raw_len: int) -> bytes:
+def _fp8_tmp2(u: np.ndarray) -> np.ndarray:
+    """A per-thread uint32 scratch array shaped like u."""
+    buf = getattr(_local, "fp8_tmp2", None)
+    if buf is None or buf.size < u.size:
+        buf = _local.fp8_tmp2 = np.empty(max(u.size, _FP8_CHUNK), dtype=np.uint32)
+    return buf[: u.size].reshape(u.shape)
+
+
+def _decode_fp8(src: memoryview, dtype: str, raw_len: int) -> bytearray:
     if dtype not in _FP8_DTYPES or raw_len % _WIDTH[dtype] or raw_len == 0:
         raise CodecError(f"fp8 block of {dtype}, {raw_len} bytes")
     n = raw_len // _WIDTH[dtype]
@@ -224,27 +240,28 @@ def _decode_fp8(src: memoryview, dtype: str, raw_len: int) -> bytes:
     codes = np.frombuffer(src, dtype=np.uint8, count=n, offset=9 + 4 * groups)
     if not (np.all(scales >= 0) and np.all(np.isfinite(scales))) or np.signbit(scales).any():
         raise CodecError("scale negative or not finite")
-    if ((codes & 0x7F) == 0x7F).any():
+    if np.bitwise_and(codes, 0x7F).max() == 0x7F:
         raise CodecError("NaN code in an fp8 block")
-    out = np.empty(n, dtype=np.float32 if dtype == "float32" else np.uint16)
-    # The first part (the rest of a row begun in the previous block), whole rows, a last part.
-    head = first
-    out_head = out[:head]
-    _fp8_cast(E4M3[codes[:head]] * scales[0], out_head, dtype)
-    full = (n - head) // row_len
-    body, body_out = codes[head : head + full * row_len], out[head : head + full * row_len]
+    buf = bytearray(raw_len)  # the result, written in place: no copy to return it
+    out = np.frombuffer(buf, dtype="<f4" if dtype == "float32" else "<u2")
+    tmp = getattr(_local, "fp8_tmp", None)
+    if tmp is None or tmp.size < max(_FP8_CHUNK, row_len):
+        tmp = _local.fp8_tmp = np.empty(max(_FP8_CHUNK, row_len), dtype=np.float32)
+    # The first part (the rest of a row begun in the previous block, or a whole row), whole
+    # rows in chunks that stay in cache, then a last part.
+    _fp8_rows(codes[:first], scales[0], out[:first], dtype, tmp)
+    full = (n - first) // row_len
     if full:
         per = max(1, _FP8_CHUNK // row_len)
-        b2, o2 = body.reshape(full, row_len), body_out.reshape(full, row_len)
+        b2 = codes[first : first + full * row_len].reshape(full, row_len)
+        o2 = out[first : first + full * row_len].reshape(full, row_len)
         for r in range(0, full, per):
             k = min(per, full - r)
-            f = E4M3.take(b2[r : r + k])
-            f *= scales[1 + r : 1 + r + k, None]
-            _fp8_cast(f, o2[r : r + k], dtype)
-    tail = n - head - full * row_len
+            _fp8_rows(b2[r : r + k], scales[1 + r : 1 + r + k], o2[r : r + k], dtype, tmp)
+    tail = n - first - full * row_len
     if tail:
-        _fp8_cast(E4M3[codes[n - tail :]] * scales[-1], out[n - tail :], dtype)
-    return out.astype(out.dtype.newbyteorder("<"), copy=False).tobytes()
+        _fp8_rows(codes[n - tail :], scales[-1], out[n - tail :], dtype, tmp)
+    return buf
 
 
 def decode_block(codec_id: int, data: bytes, dtype: str, raw_len: int) -> bytes:
@@ -257,7 +274,8 @@ def decode_block(codec_id: int, data: bytes, dtype: str, raw_len: int) -> bytes:
         raw_len: the block's decoded size in bytes.
 
     Returns:
-        The raw little-endian element bytes, bit-identical to the Go decoder's output.
+        The raw little-endian element bytes (a ``bytearray`` for fp8, written in place),
+        bit-identical to the Go decoder's output.
 
     Raises:
         CodecError: the block is corrupt, or the codec id or dtype is unknown.
