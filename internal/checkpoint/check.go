@@ -1,9 +1,11 @@
 package checkpoint
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"io/fs"
 	"os"
@@ -168,20 +170,28 @@ func check(f io.ReaderAt, size int64, c *Checkpoint) Report {
 // the packets there cannot be walked, so the checkpoint is trusted for them, as the
 // client's resume does (checkpoint.py): what is checked is the header (read already), the
 // checkpoint's last packet (its bytes, seq and CRC, ending at the checkpointed offset) and
-// that the checkpoint lists its tokens (the freed TOKEN packets are nowhere else).
+// that the freed tokens have their other copy: the token log the checkpoint vouches for, or
+// 1.3.1's tokens list in it (the freed TOKEN packets are nowhere else).
 func checkFreed(rep *Report, r *stream.Reader, c *Checkpoint, s, e int64) {
 	rep.Freed = []int64{s, e}
 	rep.FreedNote = fmt.Sprintf("bytes [%d, %d) were freed after their upload (strapd serve --upload-free-local): the packets there are "+
-		"not checked, the checkpoint is trusted for them; checked: the file header, the checkpoint's last packet and its tokens list; "+
+		"not checked, the checkpoint is trusted for them; checked: the file header, the checkpoint's last packet and its token log (or 1.3.1's tokens list); "+
 		"strapd resumes it from the upload's index journal in its --upload-state-dir", s, e)
 	if c.Packets == 0 || e > c.LastPacketOffset {
 		rep.problem("bytes [%d, %d) were freed, up to or past the checkpoint's last packet (at %d): the prefix cannot be checked", s, e, c.LastPacketOffset)
 		return
 	}
-	if c.ListedTokens < 0 {
-		rep.problem("bytes [%d, %d) were freed and the checkpoint leaves out its tokens list: the freed tokens are nowhere else, this capture cannot be resumed", s, e)
-	} else if uint64(c.ListedTokens) != c.TokenCount {
-		rep.problem("the checkpoint lists %d tokens, its token_count says %d", c.ListedTokens, c.TokenCount)
+	switch {
+	case c.ListedTokens >= 0:
+		if uint64(c.ListedTokens) != c.TokenCount {
+			rep.problem("the checkpoint lists %d tokens, its token_count says %d", c.ListedTokens, c.TokenCount)
+		}
+	case c.TokenLog != nil:
+		if err := checkTokenLog(c); err != nil {
+			rep.problem("%v", err)
+		}
+	default:
+		rep.problem("bytes [%d, %d) were freed and the checkpoint has neither a token log nor 1.3.1's tokens list: the freed tokens are nowhere else, this capture cannot be resumed", s, e)
 	}
 	p, _, err := r.ReadPacket(c.LastPacketOffset)
 	switch {
@@ -353,4 +363,46 @@ func Repair(path, ckptPath string, force bool) (Report, error) {
 		return rep, fmt.Errorf("sync stream: %w", err)
 	}
 	return rep, nil
+}
+
+// checkTokenLog checks the token log beside c's file: its first c.TokenLog.Bytes bytes are
+// there, have the CRC32C the checkpoint names, and hold c.TokenLog.Tokens lines.
+func checkTokenLog(c *Checkpoint) error {
+	if c.Path == "" {
+		return fmt.Errorf("the checkpoint's token log: the checkpoint was not read from a file, so its log cannot be found")
+	}
+	p := TokenLogPath(c.Path)
+	f, err := os.Open(p)
+	if err != nil {
+		return fmt.Errorf("the checkpoint's token log: %w", err)
+	}
+	defer f.Close()
+	h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
+	lines := &lineCounter{}
+	n, err := io.Copy(io.MultiWriter(h, lines), io.LimitReader(f, c.TokenLog.Bytes))
+	switch {
+	case err != nil:
+		return fmt.Errorf("the checkpoint's token log %s: %w", p, err)
+	case n < c.TokenLog.Bytes:
+		return fmt.Errorf("the token log %s is %d bytes, the checkpoint vouches for %d", p, n, c.TokenLog.Bytes)
+	case h.Sum32() != c.TokenLog.CRC32C:
+		return fmt.Errorf("the token log %s: its first %d bytes have CRC32C %#08x, the checkpoint says %#08x", p, n, h.Sum32(), c.TokenLog.CRC32C)
+	case lines.n != c.TokenLog.Tokens || (n > 0 && !lines.lastNL):
+		return fmt.Errorf("the token log %s holds %d lines in its first %d bytes, the checkpoint says %d tokens", p, lines.n, n, c.TokenLog.Tokens)
+	}
+	return nil
+}
+
+// lineCounter counts newlines written to it and whether the last byte was one.
+type lineCounter struct {
+	n      uint64
+	lastNL bool
+}
+
+func (l *lineCounter) Write(b []byte) (int, error) {
+	l.n += uint64(bytes.Count(b, []byte{'\n'}))
+	if len(b) > 0 {
+		l.lastNL = b[len(b)-1] == '\n'
+	}
+	return len(b), nil
 }

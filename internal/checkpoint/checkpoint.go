@@ -18,9 +18,9 @@ const (
 	Version = 1
 	// Suffix is appended to a stream's path to name its default checkpoint.
 	Suffix = ".ckpt.json"
-	// MaxSize bounds a checkpoint file. The client also writes 1.3.1's token list into it
-	// (about 80 bytes a token; docs/CHECKPOINTS.md 3), which this does not read but must
-	// admit; past this size the client leaves that list out.
+	// MaxSize bounds a checkpoint file. A capture started through 1.3.1's API form also
+	// writes 1.3.1's token list into it (about 80 bytes a token; docs/CHECKPOINTS.md 3), which
+	// this does not read but must admit; past this size the client leaves that list out.
 	MaxSize = 64 << 20
 )
 
@@ -62,10 +62,31 @@ type Checkpoint struct {
 	TokenCount uint64 `json:"token_count"`
 	// ForwardCount is the number of forward passes captured so far.
 	ForwardCount uint64 `json:"forward_count"`
+	// TokenLog, when set, is how much of the token log beside the checkpoint (TokenLogPath)
+	// it vouches for; a capture that uploads keeps one. A resume over a freed prefix takes
+	// the freed tokens from it (or from 1.3.1's list).
+	TokenLog *TokenLog `json:"token_log,omitempty"`
 	// ListedTokens is the length of 1.3.1's `tokens` list the Python client writes beside
-	// these keys (-1: left out). A resume over a freed prefix takes the freed tokens from it.
+	// these keys for a capture started through 1.3.1's API form (-1: none).
 	ListedTokens int `json:"-"`
+	// Path is the file the checkpoint was loaded from ("" when parsed from bytes): the
+	// token log lies beside it.
+	Path string `json:"-"`
 }
+
+// TokenLog is a checkpoint's "token_log" key: the log's first Bytes bytes hold Tokens lines,
+// one JSON token each, numbered 0..Tokens-1, and their CRC32C (Castagnoli) is CRC32C.
+type TokenLog struct {
+	Tokens uint64 `json:"tokens"`
+	Bytes  int64  `json:"bytes"`
+	CRC32C uint32 `json:"crc32c"`
+}
+
+// TokenLogSuffix is appended to a checkpoint's path to name its token log.
+const TokenLogSuffix = ".tokens.jsonl"
+
+// TokenLogPath is the token log of the checkpoint at ckpt.
+func TokenLogPath(ckpt string) string { return ckpt + TokenLogSuffix }
 
 // Parse decodes and checks a checkpoint. Unknown fields are allowed (later versions may add
 // some); a missing required field, a wrong format or version, or inconsistent numbers are
@@ -87,6 +108,17 @@ func Parse(b []byte) (*Checkpoint, error) {
 	var c Checkpoint
 	if err := json.Unmarshal(b, &c); err != nil {
 		return nil, fmt.Errorf("fields: %v: %w", err, ErrFormat)
+	}
+	if raw, ok := keys["token_log"]; ok && !bytes.Equal(raw, []byte("null")) {
+		var tl map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &tl); err != nil {
+			return nil, fmt.Errorf("token_log is not an object: %w", ErrFormat)
+		}
+		for _, k := range []string{"tokens", "bytes", "crc32c"} {
+			if v, ok := tl[k]; !ok || bytes.Equal(v, []byte("null")) {
+				return nil, fmt.Errorf("token_log: missing field %q: %w", k, ErrFormat)
+			}
+		}
 	}
 	c.ListedTokens = -1
 	if raw, ok := keys["tokens"]; ok {
@@ -111,6 +143,10 @@ func Parse(b []byte) (*Checkpoint, error) {
 			c.LastPacketOffset, c.StreamOffset, ErrFormat)
 	case c.Drops > c.Packets || c.TokenCount > c.Packets:
 		return nil, fmt.Errorf("drops %d / token_count %d exceed %d packets: %w", c.Drops, c.TokenCount, c.Packets, ErrFormat)
+	case c.TokenLog != nil && (c.TokenLog.Tokens != c.TokenCount || c.TokenLog.Bytes < 0 ||
+		uint64(c.TokenLog.Bytes) < c.TokenLog.Tokens || (c.TokenLog.Tokens == 0) != (c.TokenLog.Bytes == 0)):
+		return nil, fmt.Errorf("token_log of %d tokens in %d bytes does not fit token_count %d: %w",
+			c.TokenLog.Tokens, c.TokenLog.Bytes, c.TokenCount, ErrFormat)
 	}
 	return &c, nil
 }
@@ -122,7 +158,11 @@ func Load(path string) (*Checkpoint, error) {
 		return nil, fmt.Errorf("open checkpoint: %w", err)
 	}
 	defer f.Close()
-	return Read(f, path)
+	c, err := Read(f, path)
+	if err == nil {
+		c.Path = path
+	}
+	return c, err
 }
 
 // Read reads and parses a checkpoint from r (at most MaxSize bytes; name labels errors).

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -74,6 +75,13 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Add(valid)
 	f.Add([]byte(`{"format":"strap-checkpoint","version":1}`))
+	// every golden file (testdata/checkpoint: each client's, 1.3.1's, the invalid ones)
+	golden, _ := filepath.Glob("../../testdata/checkpoint/*.ckpt.json")
+	for _, g := range golden {
+		if b, err := os.ReadFile(g); err == nil {
+			f.Add(b)
+		}
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := Parse(b)
 		if err != nil {
@@ -82,8 +90,11 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
-		if c.StreamOffset <= 0 || c.LastSeq < c.Packets {
+		if c.StreamOffset <= 0 || c.LastSeq < c.Packets || c.Drops > c.Packets || c.TokenCount > c.Packets {
 			t.Fatalf("accepted inconsistent checkpoint %+v", c)
+		}
+		if l := c.TokenLog; l != nil && (l.Tokens != c.TokenCount || l.Bytes < 0 || uint64(l.Bytes) < l.Tokens) {
+			t.Fatalf("accepted a token log that does not fit: %+v", l)
 		}
 	})
 }
@@ -366,7 +377,7 @@ func TestCheckFreedPrefix(t *testing.T) {
 		return rep
 	}
 	writeCk(-1)
-	check(false, "leaves out its tokens list")
+	check(false, "neither a token log nor 1.3.1's tokens list")
 	writeCk(149)
 	check(false, "lists 149 tokens")
 	writeCk(150)
@@ -375,6 +386,29 @@ func TestCheckFreedPrefix(t *testing.T) {
 		rep.Source != SourceStream || rep.CutEnd != "aborted" {
 		t.Fatalf("report %+v", rep)
 	}
+	// The token log instead of the list (what a capture that uploads writes): the first
+	// bytes it vouches for, with their CRC32C; lines past them (tokens after it) are not read.
+	var lines []byte
+	for i := 0; i < 150; i++ {
+		lines = append(lines, fmt.Sprintf(`{"token_index": %d, "token_id": %d, "token_text": "", "position": %d}`+"\n", i, i, i)...)
+	}
+	logged := *ck
+	logged.TokenLog = &TokenLog{Tokens: 150, Bytes: int64(len(lines)), CRC32C: crc32.Checksum(lines, crc32.MakeTable(crc32.Castagnoli))}
+	b, _ := json.Marshal(&logged)
+	if err := os.WriteFile(DefaultPath(path), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check(false, "token log: open")
+	if err := os.WriteFile(TokenLogPath(DefaultPath(path)), append(lines, `{"token_index": 150}`+"\n"...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check(true, "")
+	lines[10] ^= 1
+	if err := os.WriteFile(TokenLogPath(DefaultPath(path)), lines, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check(false, "CRC32C")
+	writeCk(150)
 	// Freed into the checkpoint's last packet (whole blocks, as strapd frees): nothing left
 	// to check it against.
 	punchFile(to, 4096)

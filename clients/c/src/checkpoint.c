@@ -139,54 +139,125 @@ out:
 	return e;
 }
 
-/* Read and check the checkpoint file (the rules of internal/checkpoint Parse). */
+static int why_fail(char *why, size_t whylen, const char *fmt, const char *arg)
+{
+	if (why && whylen)
+		snprintf(why, whylen, fmt, arg);
+	return STRAP_E_CHECKPOINT;
+}
+
+/* The rules of internal/checkpoint Parse and checkpoint.py's Checkpoint.parse; the golden
+ * files in testdata/checkpoint hold all three to the same facts (tests/test_checkpoint_golden.c). */
+int sc_parse_checkpoint(const char *buf, size_t n, sc_checkpoint *c, char *why, size_t whylen)
+{
+	memset(c, 0, sizeof *c);
+	c->listed_tokens = -1;
+	char err[128];
+	if (n > SC_MAX_SIZE)
+		return why_fail(why, whylen, "%s", "larger than a checkpoint may be (64 MiB)");
+	if (!sj_validate(buf, n, err, sizeof err))
+		return why_fail(why, whylen, "not JSON: %s", err);
+	sj_val doc = {buf, n}, v;
+	while (doc.n && (*doc.p == ' ' || *doc.p == '\t' || *doc.p == '\n' || *doc.p == '\r'))
+		doc.p++, doc.n--;
+	if (sj_kind(doc) != '{')
+		return why_fail(why, whylen, "%s", "not a JSON object");
+	static const char *const required[] = {"format",     "version",  "fingerprint",        "stream_offset",
+					       "packets",    "last_seq", "last_packet_offset", "last_packet_crc",
+					       "token_count"};
+	for (size_t i = 0; i < sizeof required / sizeof required[0]; i++)
+		if (!sj_get(doc, required[i], &v) || sj_kind(v) == 'z')
+			return why_fail(why, whylen, "missing field \"%s\"", required[i]);
+	char str[64];
+	bool full;
+	sj_get(doc, "format", &v);
+	if (!sj_str(v, str, sizeof str, &full) || !full || strcmp(str, "strap-checkpoint") != 0)
+		return why_fail(why, whylen, "%s", "format is not \"strap-checkpoint\"");
+	uint64_t ver;
+	sj_get(doc, "version", &v);
+	if (!sj_u64(v, &ver) || ver != 1)
+		return why_fail(why, whylen, "%s", "version is not 1");
+	sj_get(doc, "fingerprint", &v);
+	if (!sj_str(v, c->fingerprint, sizeof c->fingerprint, &full) || !full)
+		return why_fail(why, whylen, "%s", "fingerprint is not a string (of at most 1023 bytes)");
+	if (sj_get(doc, "created", &v) && sj_kind(v) != 'z' && sj_kind(v) != '"')
+		return why_fail(why, whylen, "%s", "created is not a string");
+	if (sj_get(doc, "stream", &v) && sj_kind(v) != 'z' && (!sj_str(v, c->stream, sizeof c->stream, &full) || !full))
+		return why_fail(why, whylen, "%s", "stream is not a string (of at most 4095 bytes)");
+	struct {
+		const char *k;
+		uint64_t *dst;
+		uint64_t max;
+		bool required;
+	} f[] = {{"stream_offset", &c->stream_offset, INT64_MAX, true},
+		 {"packets", &c->packets, UINT64_MAX, true},
+		 {"drops", &c->drops, UINT64_MAX, false},
+		 {"last_seq", &c->last_seq, UINT64_MAX, true},
+		 {"last_packet_offset", &c->last_packet_offset, INT64_MAX, true},
+		 {"last_packet_crc", &c->last_packet_crc, UINT32_MAX, true},
+		 {"token_count", &c->token_count, UINT64_MAX, true},
+		 {"forward_count", &c->forward_count, UINT64_MAX, false}};
+	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+		if (!sj_get(doc, f[i].k, &v) || (!f[i].required && sj_kind(v) == 'z'))
+			continue;
+		if (!sj_u64(v, f[i].dst) || *f[i].dst > f[i].max)
+			return why_fail(why, whylen, "%s is not an unsigned integer in range", f[i].k);
+	}
+	if (c->stream_offset == 0 || (c->packets == 0) != (c->last_seq == 0) || c->last_seq < c->packets ||
+	    (c->packets && (c->last_packet_offset == 0 || c->last_packet_offset >= c->stream_offset)) ||
+	    c->drops > c->packets || c->token_count > c->packets)
+		return why_fail(why, whylen, "%s", "inconsistent numbers");
+	if (sj_get(doc, "token_log", &v) && sj_kind(v) != 'z') {
+		sj_val t;
+		uint64_t *dst[] = {&c->log_tokens, &c->log_bytes, &c->log_crc32c};
+		static const char *const keys[] = {"tokens", "bytes", "crc32c"};
+		if (sj_kind(v) != '{')
+			return why_fail(why, whylen, "%s", "token_log is not an object");
+		for (int i = 0; i < 3; i++)
+			if (!sj_get(v, keys[i], &t) || !sj_u64(t, dst[i]))
+				return why_fail(why, whylen, "token_log.%s is not an unsigned integer", keys[i]);
+		if (c->log_tokens != c->token_count || c->log_bytes > INT64_MAX || c->log_bytes < c->log_tokens ||
+		    (c->log_tokens == 0) != (c->log_bytes == 0) || c->log_crc32c > UINT32_MAX)
+			return why_fail(why, whylen, "%s", "token_log does not fit token_count");
+		c->has_token_log = true;
+	}
+	if (sj_get(doc, "tokens", &v) && sj_kind(v) == '[') {
+		const char *it = v.p;
+		sj_val e;
+		c->listed_tokens = 0;
+		while (sj_array_next(v, &it, &e))
+			c->listed_tokens++;
+	}
+	return STRAP_OK;
+}
+
+/* Read and check the checkpoint file (sc_parse_checkpoint) and that it is this capture's. */
 int ss_load_checkpoint(strap_session *s, uint64_t *offset, uint64_t *packets, uint64_t *last_seq, uint64_t *last_crc,
 		       uint64_t *tokens, uint64_t *forwards)
 {
 	int fd = open(s->ckpt_path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s: %s", s->ckpt_path, strerror(errno));
+	/* libstrap writes no 1.3.1 token list, so its own checkpoints fit the message buffer */
 	char *buf = s->sbuf;
 	ssize_t n = read(fd, buf, SP_MAX_MESSAGE);
 	close(fd);
+	if (n < 0 || n >= SP_MAX_MESSAGE)
+		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s is not a file of at most %d bytes", s->ckpt_path,
+			       SP_MAX_MESSAGE - 1);
+	sc_checkpoint c;
 	char why[128];
-	if (n < 0 || n >= SP_MAX_MESSAGE || !sj_validate(buf, (size_t)n, why, sizeof why))
-		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s is not a JSON object of at most %d bytes",
-			       s->ckpt_path, SP_MAX_MESSAGE - 1);
-	sj_val doc = {buf, (size_t)n}, v;
-	while (doc.n && *doc.p != '{')
-		doc.p++, doc.n--;
-	char str[256];
-	bool full;
-	if (!sj_get(doc, "format", &v) || !sj_str(v, str, sizeof str, NULL) || strcmp(str, "strap-checkpoint") != 0)
-		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s: format is not \"strap-checkpoint\"",
-			       s->ckpt_path);
-	uint64_t ver = 0, drops = 0, last_off = 0;
-	if (!sj_get(doc, "version", &v) || !sj_u64(v, &ver) || ver != 1)
-		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s: version is not 1", s->ckpt_path);
-	struct {
-		const char *k;
-		uint64_t *dst;
-	} f[] = {{"stream_offset", offset},         {"packets", packets},          {"last_seq", last_seq},
-		 {"last_packet_offset", &last_off}, {"last_packet_crc", last_crc}, {"token_count", tokens}};
-	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-		if (!sj_get(doc, f[i].k, &v) || !sj_u64(v, f[i].dst))
-			return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s: %s missing or not an unsigned integer",
-				       s->ckpt_path, f[i].k);
-	}
-	*forwards = 0;
-	if (sj_get(doc, "forward_count", &v))
-		sj_u64(v, forwards);
-	if (sj_get(doc, "drops", &v))
-		sj_u64(v, &drops);
-	if (!sj_get(doc, "fingerprint", &v) || !sj_str(v, s->meta, sizeof s->meta, &full) || !full ||
-	    strcmp(s->meta, s->fingerprint) != 0)
+	if (sc_parse_checkpoint(buf, (size_t)n, &c, why, sizeof why))
+		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s: %s", s->ckpt_path, why);
+	if (strcmp(c.fingerprint, s->fingerprint) != 0)
 		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s: fingerprint is not this capture's (\"%s\")",
 			       s->ckpt_path, s->fingerprint);
-	if (*offset == 0 || (*packets == 0) != (*last_seq == 0) || *last_seq < *packets ||
-	    (*packets && (last_off == 0 || last_off >= *offset)) || drops > *packets || *tokens > *packets ||
-	    *last_crc > UINT32_MAX)
-		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s: inconsistent numbers", s->ckpt_path);
+	*offset = c.stream_offset;
+	*packets = c.packets;
+	*last_seq = c.last_seq;
+	*last_crc = c.last_packet_crc;
+	*tokens = c.token_count;
+	*forwards = c.forward_count;
 	return STRAP_OK;
 }
 

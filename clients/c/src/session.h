@@ -90,6 +90,7 @@ struct strap_session {
 #define ss_expect strap__ss_expect
 #define ss_fsync_dir strap__ss_fsync_dir
 #define ss_load_checkpoint strap__ss_load_checkpoint
+#define sc_parse_checkpoint strap__sc_parse_checkpoint
 #define ss_refuse_complete strap__ss_refuse_complete
 #define sl_lock strap__sl_lock
 #define sl_unlock strap__sl_unlock
@@ -113,7 +114,22 @@ int ss_send_buf(strap_session *s, const sw_buf *b, const int *fds, int nfds);
 int ss_expect(strap_session *s, int want, double timeout, sp_reply *r);
 /* fsync the directory holding path. */
 int ss_fsync_dir(const char *path);
-/* Read and check the checkpoint file (the rules of internal/checkpoint Parse). */
+/* A checkpoint file's facts (docs/CHECKPOINTS.md 3). */
+enum { SC_MAX_SIZE = 64 << 20 }; /* the largest checkpoint file, as internal/checkpoint MaxSize */
+typedef struct sc_checkpoint {
+	char stream[4096];
+	char fingerprint[1024];
+	uint64_t stream_offset, packets, drops, last_seq, last_packet_offset, last_packet_crc, token_count,
+		forward_count;
+	int64_t listed_tokens; /* entries of 1.3.1's "tokens" list; -1: no list */
+	bool has_token_log;    /* "token_log": how much of the token log the checkpoint vouches for */
+	uint64_t log_tokens, log_bytes, log_crc32c;
+} sc_checkpoint;
+/* Parse and check a checkpoint file's n bytes by the rules of internal/checkpoint Parse and
+ * checkpoint.py (golden files: testdata/checkpoint). STRAP_E_CHECKPOINT with a reason in why
+ * (may be NULL) when it is not a valid version-1 checkpoint. */
+int sc_parse_checkpoint(const char *buf, size_t n, sc_checkpoint *c, char *why, size_t whylen);
+/* Read and check the checkpoint file (sc_parse_checkpoint) and its fingerprint. */
 int ss_load_checkpoint(strap_session *s, uint64_t *offset, uint64_t *packets, uint64_t *last_seq, uint64_t *last_crc,
 		       uint64_t *tokens, uint64_t *forwards);
 /* STRAP_E_CHECKPOINT, changing nothing, when the output's packets from offset from (a packet

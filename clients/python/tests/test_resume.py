@@ -378,9 +378,10 @@ def test_framework_method_yields_tracker_and_tokens_file(real_strapd, tmp_path):
             pass
 
 
-def test_checkpoint_file_grows_only_by_131_tokens(real_strapd, tmp_path):
-    """Without 1.3.1's token list the checkpoint's size is the same at 2 and at 40 tokens; the
-    list (1.3.1's keys) is what grows. Each checkpoint is a whole valid file (atomic replace)."""
+def test_checkpoint_file_does_not_grow_with_the_capture(real_strapd, tmp_path):
+    """capture_activations(model, ...) writes no 1.3.1 token list: the whole checkpoint file is
+    the same size at 2 and at 40 tokens (a few more digits at most), and no token log beside it
+    (the capture does not upload). Each checkpoint is a whole valid file (atomic replace)."""
     out = tmp_path / "grow.strap"
     sizes = {}
     with capture_activations(model(), preset="balanced", output_path=out, socket_path=real_strapd.socket,
@@ -391,13 +392,37 @@ def test_checkpoint_file_grows_only_by_131_tokens(real_strapd, tmp_path):
             if tr.step in (2, 40):
                 raw = Path(ckpt.default_path(out)).read_bytes()
                 doc = json.loads(raw)
-                assert doc["total_tokens"] == tr.step and [t["token_id"] for t in doc["tokens"]] == list(range(tr.step))
-                without = json.dumps({k: v for k, v in doc.items() if k not in ckpt.KEYS_131}, indent=1, sort_keys=True)
-                sizes[tr.step] = len(without)
+                assert doc["total_tokens"] == tr.step and "tokens" not in doc and "token_log" not in doc
+                sizes[tr.step] = len(raw)
                 c = ckpt.load(ckpt.default_path(out))
                 assert c.token_count == tr.step and c.packets == tr.step and c.last_seq == tr.step
+                assert not os.path.exists(ckpt.token_log_path(ckpt.default_path(out)))
         assert len(fw.checkpoint_times) == 20
-    assert abs(sizes[40] - sizes[2]) <= 8, sizes  # a few more digits at most
+    assert abs(sizes[40] - sizes[2]) <= 8, sizes
+
+
+def test_131_form_checkpoints_carry_the_131_list(real_strapd, tmp_path):
+    """1.3.1's API form (InstrumentationFramework(config).capture_activations(path, ...)) writes
+    1.3.1's tokens list into every checkpoint, as 1.3.1 did: the one reader of that list is code
+    written for 1.3.1. Without it the file is the same as the other form's."""
+    out = tmp_path / "old.strap"
+    fw = InstrumentationFramework(InstrumentationConfig(compression_algorithm="none"), socket_path=real_strapd.socket,
+                                  autostart_daemon=False)
+    fw.instrument_model(model())
+    with fw.capture_activations(out, track_per_token=True, checkpoint_interval_tokens=2) as tr:
+        for k in range(6):
+            tr.record_token(k, f"t{k}")
+        doc = json.loads(Path(ckpt.default_path(out)).read_text())
+        assert doc["total_tokens"] == 6 and [t["token_id"] for t in doc["tokens"]] == list(range(6))
+        assert [t["token_index"] for t in doc["tokens"]] == list(range(6)) and doc["tokens"][5]["token_text"] == "t5"
+        assert ckpt.load(ckpt.default_path(out)).tokens == doc["tokens"]
+    # a new capture through the same framework's other entry point: no list
+    with capture_activations(model(), preset="balanced", output_path=tmp_path / "new.strap",
+                             socket_path=real_strapd.socket, autostart_daemon=False, track_per_token=True,
+                             checkpoint_interval_tokens=2) as fw2:
+        fw2.token_tracker.record_token(1, "a")
+        fw2.token_tracker.record_token(2, "b")
+        assert "tokens" not in json.loads(Path(ckpt.default_path(tmp_path / "new.strap")).read_text())
 
 
 def test_checkpoint_parse_shares_the_go_vector():

@@ -265,10 +265,13 @@ def test_client_killed_after_freeing_resumes_exact(s3: S3Server, daemons: Any, t
     assert_object_equals_reference(s3, "elsewhere/moved.strap", ref, tmp_path)
 
     # The client's check over the freed prefix: the checkpoint is trusted for it, so it
-    # needs its tokens list; a job-wide cut back into the freed bytes is refused.
+    # needs the freed tokens' other copy: the token log beside the checkpoint (this form of
+    # the API writes no 1.3.1 list; docs/CHECKPOINTS.md 3), or 1.3.1's list where a checkpoint
+    # has it; a job-wide cut back into the freed bytes is refused.
     ck_path = Path(ckpt.default_path(out))
     ck = ckpt.load(ck_path)
-    assert ck.tokens is not None and len(ck.tokens) == ck.token_count
+    assert ck.tokens is None and ck.token_log is not None and ck.token_log.tokens == ck.token_count
+    log_path = Path(ckpt.token_log_path(ck_path))
     fd = os.open(out, os.O_RDONLY)
     try:
         assert ckpt.scan_prefix(fd, ck, str(out), ck.fingerprint) == ref["tokens"][:ck.token_count]
@@ -276,9 +279,23 @@ def test_client_killed_after_freeing_resumes_exact(s3: S3Server, daemons: Any, t
         assert rp.point.token_count >= ck.token_count and rp.tokens[:ck.token_count] == ref["tokens"][:ck.token_count]
         with pytest.raises(CheckpointError, match="job-wide resume point"):
             ckpt.resume_point(fd, ck, str(out), ck.fingerprint, limit=2)
-        no_list = ckpt.Checkpoint(**{**ck.__dict__, "tokens": None})
-        with pytest.raises(CheckpointError, match="leaves out its 'tokens' list"):
-            ckpt.resume_point(fd, no_list, str(out), ck.fingerprint)
+        listed = ckpt.Checkpoint(**{**ck.__dict__, "token_log": None, "tokens": ref["tokens"][:ck.token_count]})
+        assert ckpt.scan_prefix(fd, listed, str(out), ck.fingerprint) == ref["tokens"][:ck.token_count]
+        neither = ckpt.Checkpoint(**{**ck.__dict__, "token_log": None, "tokens": None})
+        with pytest.raises(CheckpointError, match="neither a token log nor 1.3.1's 'tokens' list"):
+            ckpt.resume_point(fd, neither, str(out), ck.fingerprint)
+        good = log_path.read_bytes()
+        try:
+            log_path.write_bytes(good[:5] + bytes([good[5] ^ 1]) + good[6:])
+            with pytest.raises(CheckpointError, match="CRC32C"):
+                ckpt.resume_point(fd, ck, str(out), ck.fingerprint)
+            log_path.write_bytes(good[:ck.token_log.bytes - 1])
+            with pytest.raises(CheckpointError, match="vouches for"):
+                ckpt.resume_point(fd, ck, str(out), ck.fingerprint)
+        finally:
+            log_path.write_bytes(good)
+        rep = subprocess.run([str(strapd_bin()), "resume", "--json", str(out)], capture_output=True, text=True)
+        assert rep.returncode == 0 and json.loads(rep.stdout)["freed"], rep.stdout + rep.stderr
     finally:
         os.close(fd)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -121,6 +120,11 @@ class Capture:
         self._resume_count = 0
         self._tokens_json: List[str] = []
         self._tokens_131_left_out = False
+        # 1.3.1's `tokens` list in the checkpoints: only for a capture started through 1.3.1's
+        # API form (InstrumentationFramework.capture_activations sets it), the one reader of
+        # that list (docs/CHECKPOINTS.md 3). The token log: kept by a capture that uploads.
+        self.checkpoint_tokens_131 = False
+        self._token_log: Optional[ckpt.TokenLogWriter] = None
 
     def fingerprint(self) -> str:
         """The capture's fingerprint (config, transport, hooked modules, model structure):
@@ -335,25 +339,39 @@ class Capture:
         t0 = time.perf_counter()
         c = _resume.checkpoint_from(session.checkpoint(), self.options.output_path or "", self.fingerprint(),
                                     tr.step, self.forward_count)
+        uploading = self.upload_target is not None or (session.opened is not None and bool(session.opened.upload))
+        if uploading:
+            # A prefix freed after its upload holds TOKEN packets a resume cannot read back:
+            # their one other copy is the token log, durable before this checkpoint is.
+            if self._token_log is None:
+                self._token_log = ckpt.TokenLogWriter(ckpt.token_log_path(ck_path))
+            c.token_log = self._token_log.sync(self._encoded(tr))
         ckpt.write_atomic(ck_path, c.to_json(self._keys_131(c, tr)))
         self.checkpoint_times.append(time.perf_counter() - t0)
         self.last_checkpoint = c
         return c
 
+    def _encoded(self, tr: TokenTracker) -> List[str]:
+        """Every recorded token's JSON (:func:`~.checkpoint.encode_token`), each encoded once."""
+        enc = self._tokens_json
+        if len(enc) > len(tr.tokens):
+            del enc[:]
+        enc.extend(ckpt.encode_token(t) for t in tr.tokens[len(enc):])
+        return enc
+
     def _keys_131(self, c: ckpt.Checkpoint, tr: TokenTracker) -> Optional[List[str]]:
         """Add 1.3.1's checkpoint keys to ``c`` (``total_tokens``, ``last_checkpoint_time``,
         ``metadata``: ``start_time``, ``resume_count``, ``updated_at``) and return its
-        ``tokens`` list as encoded JSON, or None when that list would make the file larger
-        than a checkpoint may be (then left out, with one warning)."""
+        ``tokens`` list as encoded JSON: None unless the capture was started through 1.3.1's
+        API form (:attr:`checkpoint_tokens_131`), or when that list would make the file
+        larger than a checkpoint may be (then left out, with one warning)."""
         now = time.time()
         c.extra.update({"total_tokens": len(tr.tokens), "last_checkpoint_time": now,
                         "metadata": {"start_time": tr.start_time, "resume_count": self._resume_count,
                                      "updated_at": now}})
-        enc = self._tokens_json
-        if len(enc) > len(tr.tokens):
-            del enc[:]
-        enc.extend(json.dumps({k: t[k] for k in ("token_index", "token_id", "token_text", "position")},
-                              ensure_ascii=False) for t in tr.tokens[len(enc):])
+        if not self.checkpoint_tokens_131:
+            return None
+        enc = self._encoded(tr)
         if sum(len(e) + 1 for e in enc) + (64 << 10) > ckpt.MAX_SIZE:
             if not self._tokens_131_left_out:
                 self._tokens_131_left_out = True
@@ -411,8 +429,12 @@ class Capture:
         if clean and self.summary and self.summary.get("upload"):
             self._check_upload(session)
         ck_path = self.options.checkpoint_file
+        if self._token_log is not None:
+            self._token_log.close()
         if clean and self._clean and ck_path is not None and os.path.exists(ck_path):
             ckpt.fsync_unlink(ck_path)
+        if clean and self._clean and ck_path is not None and os.path.exists(ckpt.token_log_path(ck_path)):
+            ckpt.fsync_unlink(ckpt.token_log_path(ck_path))
         if clean and res_err is not None:
             # The capture is complete; its resource log is not, and that must not pass unseen.
             raise RuntimeError(f"capture closed, but its resource events were not all sent: {res_err}") from res_err
@@ -491,6 +513,8 @@ class Capture:
         as ``aborted``). The checkpoint is kept."""
         self._remove_hooks()
         self._close_resources()
+        if self._token_log is not None:
+            self._token_log.close()
         if self._session is not None:
             self._session.shutdown()
             self._session = None

@@ -219,11 +219,16 @@ def _cut(o: Output, rp: Optional[ckpt.ResumePoint], limit: Optional[int], ck_pat
                 c.extra = dict(o.floor.extra)
                 c.extra["total_tokens"] = limit
                 c.created = ckpt.now_rfc3339()
-                toks: Optional[List[str]] = [
-                    json.dumps({k: t[k] for k in ("token_index", "token_id", "token_text", "position")},
-                               ensure_ascii=False) for t in rp.tokens]
+                enc = [ckpt.encode_token(t) for t in rp.tokens]
+                if o.floor.token_log is not None:
+                    # The log's first `limit` lines, written in the same encoding: the
+                    # log itself stays as it is (the next checkpoint rewrites it).
+                    c.token_log = ckpt.token_log_extent(enc)
+                # 1.3.1's list only where the checkpoint had it (1.3.1's API form), and
+                # left out past the size a checkpoint may have, as a capture does.
+                toks: Optional[List[str]] = enc if o.floor.tokens is not None else None
                 if sum(len(t) + 1 for t in toks or ()) + (64 << 10) > ckpt.MAX_SIZE:
-                    toks = None  # 1.3.1's list is left out past this size, as a capture does
+                    toks = None
                 ckpt.write_atomic(ck_path, c.to_json(toks))
                 o.floor = c
             rp = ckpt.ResumePoint(rp.point, rp.tokens, "job-minimum", rp.floor)
@@ -265,8 +270,10 @@ def _fresh(out: str, opts: SessionOptions, remove: Optional[str]) -> Output:
         _streamlock.lock_stream(fd, min(opts.lock_wait, 10.0), out)
         key = _streamlock.mark_live(fd, out)
         os.ftruncate(fd, 0)
-        if remove is not None and os.path.exists(remove):
-            ckpt.fsync_unlink(remove)
+        if remove is not None:
+            for p in (remove, ckpt.token_log_path(remove)):
+                if os.path.exists(p):
+                    ckpt.fsync_unlink(p)
     except BaseException:
         _streamlock.mark_ended(key)
         os.close(fd)
@@ -340,6 +347,9 @@ def _leftover(opts: SessionOptions, out: str, leftover: str) -> None:
     except CheckpointError:
         os.rename(leftover, ckpt.default_path(aside))  # not readable: kept as it is
     moved.append(ckpt.default_path(aside))
+    if os.path.exists(ckpt.token_log_path(leftover)):
+        os.rename(ckpt.token_log_path(leftover), ckpt.token_log_path(ckpt.default_path(aside)))
+        moved.append(ckpt.token_log_path(ckpt.default_path(aside)))
     for old, new in [(out + sfx, aside + sfx) for sfx in _SIDECARS] + [(tokens_path(out), tokens_path(aside))]:
         if os.path.exists(old):
             os.rename(old, new)

@@ -3,10 +3,13 @@
 A checkpoint is written by the client only after strapd has answered CHECKPOINTED: every
 packet up to the checkpoint is then on disk (fdatasync). The file is replaced atomically
 (temp file, fsync, rename, fsync of the directory). A resume needs no per-token data from
-it — the tokens are TOKEN packets in the stream — but beside its own keys it also carries
-1.3.1's (``total_tokens``, ``tokens``, ``last_checkpoint_time``, ``metadata``), so code that
-read 1.3.1's checkpoints reads these; the ``tokens`` list is the part that grows with the
-capture (docs/CHECKPOINTS.md 3). A 1.3.1 checkpoint file (:func:`load_131`) is read too.
+it — the tokens are TOKEN packets in the stream — and its size does not depend on the
+capture's length. Beside its own keys it carries 1.3.1's (``total_tokens``,
+``last_checkpoint_time``, ``metadata``), and 1.3.1's ``tokens`` list only for a capture started
+through 1.3.1's API form (the one part that grows with the capture, docs/CHECKPOINTS.md 3). A
+capture that uploads keeps its tokens in a side file appended at each checkpoint, the token
+log (:func:`token_log_path`): a resume over a prefix freed after its upload takes the freed
+tokens from it. A 1.3.1 checkpoint file (:func:`load_131`) is read too.
 
 Resume reads the stream through a descriptor opened ``O_RDWR`` (never truncating on open),
 checks its first ``stream_offset`` bytes against the checkpoint (fingerprint, packet count,
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from .errors import StrapError
 from .errors import StreamFormatError
-from .stream import DROP, END, INDEX, TENSOR, TOKEN, Packet, StreamReader
+from .stream import DROP, END, INDEX, TENSOR, TOKEN, Packet, StreamReader, crc32c
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch.nn as nn
@@ -44,9 +47,13 @@ MAX_SIZE = 64 << 20
 #: setgid directory's, which is kept) may read it unless the umask takes that away
 #: (docs/DEPLOY.md, "File modes").
 CAPTURE_FILE_MODE = 0o640
-#: 1.3.1's keys, written beside ours (``tokens`` is not kept when a checkpoint is parsed:
-#: a resume takes the tokens from the stream).
+#: 1.3.1's keys, written beside ours (``tokens`` only by 1.3.1's API form; it is kept apart
+#: from ``extra`` when a checkpoint is parsed).
 KEYS_131 = ("total_tokens", "tokens", "last_checkpoint_time", "metadata")
+#: The token log's name: the checkpoint's path plus this (docs/CHECKPOINTS.md 3).
+TOKEN_LOG_SUFFIX = ".tokens.jsonl"
+#: The fields of a token as the ``tokens`` list and the token log write it, in this order.
+TOKEN_KEYS = ("token_index", "token_id", "token_text", "position")
 _REQUIRED = ("format", "version", "fingerprint", "stream_offset", "packets", "last_seq", "last_packet_offset",
              "last_packet_crc", "token_count")
 
@@ -72,6 +79,17 @@ class CaptureCompleteError(CheckpointError):
 
 
 @dataclass
+class TokenLog:
+    """The ``token_log`` key: how much of the token log (:func:`token_log_path`) the
+    checkpoint vouches for — its first ``bytes`` bytes, ``tokens`` lines (one per token,
+    numbered 0..n-1, as many as ``token_count``), whose CRC32C is ``crc32c``."""
+
+    tokens: int
+    bytes: int
+    crc32c: int
+
+
+@dataclass
 class Checkpoint:
     """One checkpoint file (field meanings: docs/CHECKPOINTS.md)."""
 
@@ -89,23 +107,32 @@ class Checkpoint:
     format: str = FORMAT
     version: int = VERSION
     extra: Dict[str, Any] = field(default_factory=dict)
-    #: 1.3.1's ``tokens`` list as the file holds it (None: left out, or a checkpoint made
-    #: here): a resume over a freed prefix takes the freed tokens from it
-    #: (:func:`resume_point`). Never written by :meth:`to_json` from here.
+    #: The token log's extent, for a capture that keeps one (it uploads); None: none.
+    token_log: Optional[TokenLog] = None
+    #: 1.3.1's ``tokens`` list as the file holds it (None: left out). A resume over a freed
+    #: prefix takes the freed tokens from it when there is no token log. Never written by
+    #: :meth:`to_json` from here.
     tokens: Optional[List[Any]] = field(default=None, repr=False)
+    #: The file this checkpoint was read from (:func:`load`; None: parsed from bytes); its
+    #: token log lies beside it. Not written.
+    path: Optional[str] = field(default=None, repr=False, compare=False)
 
     def to_json(self, tokens_json: Optional[List[str]] = None) -> bytes:
         """The file's bytes.
 
         Args:
-            tokens_json: 1.3.1's ``tokens`` list, each token already encoded as JSON (a
-                capture keeps them encoded, so a checkpoint joins strings instead of
-                encoding every token again); written as the last key. None: no ``tokens``.
+            tokens_json: 1.3.1's ``tokens`` list, each token already encoded as JSON
+                (:func:`encode_token`; a capture keeps them encoded, so a checkpoint joins
+                strings instead of encoding every token again); written as the last key.
+                None: no ``tokens``.
         """
         d = asdict(self)
         extra = d.pop("extra")
         d.update(extra)
         d.pop("tokens", None)
+        d.pop("path", None)
+        if d.get("token_log") is None:
+            d.pop("token_log", None)
         text = json.dumps(d, indent=1, sort_keys=True)
         if tokens_json is not None:
             text = text[:-2] + ',\n "tokens": [' + ",".join(tokens_json) + "]\n}"
@@ -113,7 +140,8 @@ class Checkpoint:
 
     @classmethod
     def parse(cls, data: bytes, path: str = "checkpoint") -> "Checkpoint":
-        """Parse and check a checkpoint (the same rules as Go ``checkpoint.Parse``)."""
+        """Parse and check a checkpoint (the same rules as Go ``checkpoint.Parse`` and
+        libstrap's ``sc_parse_checkpoint``; golden files: testdata/checkpoint)."""
         if len(data) > MAX_SIZE:
             raise CheckpointError(f"{path}: {len(data)} bytes is too large for a checkpoint")
         try:
@@ -125,24 +153,139 @@ class Checkpoint:
         for k in _REQUIRED:
             if d.get(k) is None:
                 raise CheckpointError(f"{path}: missing field {k!r}")
-        if d["format"] != FORMAT or d["version"] != VERSION:
+        if d["format"] != FORMAT or not _uint(d["version"]) or d["version"] != VERSION:
             raise CheckpointError(f"{path}: format {d['format']!r} version {d['version']!r}, expected {FORMAT!r} {VERSION}")
         ints = ("stream_offset", "packets", "last_seq", "last_packet_offset", "last_packet_crc", "token_count")
         for k in ints + ("drops", "forward_count"):
-            v = d.get(k, 0)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise CheckpointError(f"{path}: {k} is {v!r}, expected a non-negative integer")
-        ck = cls(stream=str(d.get("stream", "")), fingerprint=str(d["fingerprint"]), stream_offset=d["stream_offset"],
-                 packets=d["packets"], drops=d.get("drops", 0), last_seq=d["last_seq"],
+            v = d.get(k)
+            if v is None and k in ("drops", "forward_count"):
+                d[k] = v = 0
+            # the ranges of Go's fields: offsets int64, the CRC uint32, counts uint64
+            top = 1 << (63 if k.endswith("offset") else 32 if k == "last_packet_crc" else 64)
+            if not _uint(v) or v >= top:
+                raise CheckpointError(f"{path}: {k} is {v!r}, expected a non-negative integer below {top}")
+        for k in ("fingerprint", "stream", "created"):
+            if d.get(k) is not None and not isinstance(d[k], str):
+                raise CheckpointError(f"{path}: {k} is {d[k]!r}, expected a string")
+        ck = cls(stream=d.get("stream") or "", fingerprint=d["fingerprint"], stream_offset=d["stream_offset"],
+                 packets=d["packets"], drops=d["drops"], last_seq=d["last_seq"],
                  last_packet_offset=d["last_packet_offset"], last_packet_crc=d["last_packet_crc"],
-                 token_count=d["token_count"], forward_count=d.get("forward_count", 0), created=str(d.get("created", "")),
-                 extra={k: v for k, v in d.items() if k not in cls.__dataclass_fields__ and k != "tokens"},
+                 token_count=d["token_count"], forward_count=d["forward_count"], created=d.get("created") or "",
+                 extra={k: v for k, v in d.items() if k not in cls.__dataclass_fields__},
+                 token_log=_parse_token_log(d.get("token_log"), d["token_count"], path),
                  tokens=d["tokens"] if isinstance(d.get("tokens"), list) else None)
         if ck.stream_offset <= 0 or (ck.packets == 0) != (ck.last_seq == 0) or ck.last_seq < ck.packets \
                 or (ck.packets and not 0 < ck.last_packet_offset < ck.stream_offset) \
-                or ck.token_count > ck.packets or ck.last_packet_crc >= 1 << 32:
+                or ck.drops > ck.packets or ck.token_count > ck.packets or ck.last_packet_crc >= 1 << 32:
             raise CheckpointError(f"{path}: inconsistent numbers: {ck}")
         return ck
+
+
+def _uint(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int) and v >= 0
+
+
+def _parse_token_log(v: Any, token_count: int, path: str) -> Optional[TokenLog]:
+    if v is None:
+        return None
+    if not isinstance(v, dict) or not all(_uint(v.get(k)) for k in ("tokens", "bytes", "crc32c")):
+        raise CheckpointError(f"{path}: token_log is {v!r}, expected {{tokens, bytes, crc32c}} non-negative integers")
+    log = TokenLog(tokens=v["tokens"], bytes=v["bytes"], crc32c=v["crc32c"])
+    if log.tokens != token_count or log.bytes < log.tokens or (log.tokens == 0) != (log.bytes == 0) \
+            or log.bytes >= 1 << 63 or log.crc32c >= 1 << 32:
+        raise CheckpointError(f"{path}: token_log {v!r} does not fit token_count {token_count}")
+    return log
+
+
+def token_log_path(checkpoint_path: Union[str, os.PathLike]) -> str:
+    """The token log beside a checkpoint: ``{checkpoint_path}.tokens.jsonl``."""
+    return os.fspath(checkpoint_path) + TOKEN_LOG_SUFFIX
+
+
+def encode_token(t: Dict[str, Any]) -> str:
+    """One token as the ``tokens`` list and the token log hold it (keys :data:`TOKEN_KEYS`)."""
+    return json.dumps({k: t[k] for k in TOKEN_KEYS}, ensure_ascii=False)
+
+
+def token_log_extent(tokens_json: List[str]) -> TokenLog:
+    """The :class:`TokenLog` of a log holding exactly these encoded tokens, one a line."""
+    data = "".join(e + "\n" for e in tokens_json).encode()
+    return TokenLog(tokens=len(tokens_json), bytes=len(data), crc32c=crc32c(data))
+
+
+class TokenLogWriter:
+    """Keeps a capture's token log (:func:`token_log_path`) in step with its checkpoints:
+    :meth:`sync` appends the tokens recorded since the last call and makes them durable
+    (fdatasync) before the checkpoint that vouches for them is written, so a checkpoint costs
+    the tokens since the one before, not the capture's length. The first call of a capture
+    writes the whole log to a temp file renamed over the old one (a resumed capture's tokens,
+    written again in the same encoding), so a crash at any point leaves the log the
+    checkpoint on disk describes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: Optional[int] = None
+        self._log = TokenLog(0, 0, 0)
+
+    def sync(self, encoded: List[str]) -> TokenLog:
+        """Bring the log up to ``encoded`` (every token of the capture, encoded by
+        :func:`encode_token`; only those past the last call are written).
+
+        Returns:
+            the log's extent for the checkpoint about to be written.
+        """
+        if self._fd is None or len(encoded) < self._log.tokens:
+            self.close()
+            data = "".join(e + "\n" for e in encoded).encode()
+            write_atomic(self.path, data)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            self._log = TokenLog(len(encoded), len(data), crc32c(data))
+            return dataclasses.replace(self._log)
+        if len(encoded) > self._log.tokens:
+            data = "".join(e + "\n" for e in encoded[self._log.tokens:]).encode()
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+            os.fdatasync(self._fd)
+            self._log = TokenLog(len(encoded), self._log.bytes + len(data), crc32c(data, self._log.crc32c))
+        return dataclasses.replace(self._log)
+
+    def close(self) -> None:
+        """Close the log (it stays on disk)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_token_log(ck: Checkpoint, stream_path: str) -> List[Dict[str, Any]]:
+    """The tokens the checkpoint's token log vouches for (its first ``token_log.bytes``
+    bytes, CRC32C-checked), as the tracker holds them.
+
+    Raises:
+        CheckpointError: no log, or one that does not hold what the checkpoint says.
+    """
+    if ck.token_log is None or ck.path is None:
+        raise CheckpointError(f"{stream_path}: the checkpoint has no token log")
+    p, log = token_log_path(ck.path), ck.token_log
+    try:
+        with open(p, "rb") as f:
+            data = f.read(log.bytes)
+    except OSError as e:
+        raise CheckpointError(f"{stream_path}: the checkpoint's token log {p}: {e}") from None
+    if len(data) < log.bytes:
+        raise CheckpointError(f"{stream_path}: the token log {p} is {len(data)} bytes, the checkpoint vouches for "
+                              f"{log.bytes}")
+    if crc32c(data) != log.crc32c:
+        raise CheckpointError(f"{stream_path}: the token log {p}'s first {log.bytes} bytes have CRC32C "
+                              f"{crc32c(data):#010x}, the checkpoint says {log.crc32c:#010x}")
+    lines = data.split(b"\n")
+    if lines[-1] != b"" or len(lines) - 1 != log.tokens:
+        raise CheckpointError(f"{stream_path}: the token log {p} holds {len(lines) - 1} lines in its first "
+                              f"{log.bytes} bytes, the checkpoint says {log.tokens} tokens")
+    try:
+        return [json.loads(line) for line in lines[:-1]]
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{stream_path}: the token log {p}: a line is not JSON: {e}") from None
 
 
 @dataclass
@@ -202,7 +345,9 @@ def load(path: Union[str, os.PathLike]) -> Checkpoint:
         raise CheckpointError(f"no checkpoint at {p}") from None
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {p}: {e}") from None
-    return Checkpoint.parse(data, p)
+    ck = Checkpoint.parse(data, p)
+    ck.path = os.path.abspath(p)
+    return ck
 
 
 def write_atomic(path: Union[str, os.PathLike], data: bytes) -> None:
@@ -557,17 +702,20 @@ def _check_freed_prefix(reader: StreamReader, ck: Checkpoint, path: str, want_fi
     strapd made them durable, and strapd frees nothing past the last-but-one checkpoint's
     last packet). What is still checked: the file header and fingerprints, the last packet
     (its offset, seq and CRC32C against its bytes, ending exactly at ``stream_offset``), and
-    the checkpoint's own ``tokens`` list (it must be there, numbered 0..n-1, as many as the
-    checkpoint counts, the last one matching the last packet when that is its TOKEN)."""
+    the freed tokens' one other copy: 1.3.1's ``tokens`` list when the checkpoint carries
+    it, else its token log (:func:`read_token_log`: as many bytes as it vouches for, their
+    CRC32C); either must be numbered 0..n-1, as many as the checkpoint counts, the last one
+    matching the last packet when that is its TOKEN."""
     _check_fingerprints(reader, ck, want_fingerprint)
     what = f"{path}: bytes [{freed[0]}, {freed[1]}) of the stream were freed after their upload (strapd serve --upload-free-local)"
     if ck.packets == 0 or freed[1] > ck.last_packet_offset:
         raise CheckpointError(f"{what}, up to or past the checkpoint's last packet (at {ck.last_packet_offset}): "
                               f"the checkpointed prefix cannot be checked; the stream cannot be resumed from this checkpoint")
-    if ck.tokens is None:
-        raise CheckpointError(f"{what}, and the checkpoint leaves out its 'tokens' list (larger than a checkpoint "
-                              f"file may be): the freed tokens are nowhere else, so this capture cannot be resumed "
-                              f"with a freed prefix")
+    if ck.tokens is None and ck.token_log is None:
+        raise CheckpointError(f"{what}, and the checkpoint has neither a token log nor 1.3.1's 'tokens' list: the "
+                              f"freed tokens are nowhere else, so this capture cannot be resumed with a freed prefix")
+    listed = ck.tokens if ck.tokens is not None else read_token_log(ck, path)
+    where = "the checkpoint's tokens list" if ck.tokens is not None else "the checkpoint's token log"
     last = None
     try:
         for pk in reader.walk(ck.stream_offset, ck.last_packet_offset):
@@ -586,14 +734,13 @@ def _check_freed_prefix(reader: StreamReader, ck: Checkpoint, path: str, want_fi
     if last.crc != ck.last_packet_crc:
         raise CheckpointError(f"{path}: last packet CRC {last.crc:#010x}, checkpoint says {ck.last_packet_crc:#010x}")
     tokens: List[Dict[str, Any]] = []
-    for i, t in enumerate(ck.tokens):
+    for i, t in enumerate(listed):
         if not isinstance(t, dict) or t.get("token_index") != i:
-            raise CheckpointError(f"{path}: the checkpoint's tokens list is not numbered 0..n-1 (entry {i}: {t!r})")
+            raise CheckpointError(f"{path}: {where} is not numbered 0..n-1 (entry {i}: {t!r})")
         tokens.append({"token_index": i, "token_id": t.get("token_id"), "token_text": str(t.get("token_text", "")),
                        "position": t.get("position", i)})
     if len(tokens) != ck.token_count:
-        raise CheckpointError(f"{path}: the checkpoint's tokens list holds {len(tokens)} tokens, its token_count says "
-                              f"{ck.token_count}")
+        raise CheckpointError(f"{path}: {where} holds {len(tokens)} tokens, its token_count says {ck.token_count}")
     if last.type == TOKEN:
         mine = _token(last)
         if last.step != len(tokens) - 1 or (tokens and mine != tokens[-1]):

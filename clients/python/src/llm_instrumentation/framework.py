@@ -201,6 +201,9 @@ class InstrumentationFramework(Capture):
             self._attach_nothing()
         try:
             self._use(opts)
+            # 1.3.1's form: its checkpoints carry 1.3.1's `tokens` list, as 1.3.1's did
+            # (docs/CHECKPOINTS.md 3); capture_activations(model, ...) leaves it out.
+            self.checkpoint_tokens_131 = True
             with self._running():
                 yield self.token_tracker
         finally:
