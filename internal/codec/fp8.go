@@ -8,7 +8,7 @@ import (
 	"github.com/strap-llm/strap/internal/dtype"
 )
 
-// fp8 (codec 19, docs/COMPRESSION.md section 6): every row of the tensor (one token's
+// fp8 (codec 19, docs/COMPRESSION.md section 5): every row of the tensor (one token's
 // vector: the last dimension) gets one float32 scale, max|x|/448, and its values are
 // rounded to nearest even into OCP e4m3fn (1 sign, 4 exponent bits with bias 7, 3 mantissa
 // bits; no infinities; 0x7F/0xFF are NaN and never written; largest finite ±448), saturating.
@@ -22,7 +22,7 @@ const e4m3Max = 448
 // |x| < 2⁻¹²⁶·448, float32 subnormals) is stored losslessly rather than lose its precision.
 const minNormalScale = 0x1p-126
 
-// fp8Header is mode, row_len and first (docs/COMPRESSION.md 6).
+// fp8Header is mode, row_len and first (docs/COMPRESSION.md 5).
 const fp8Header = 1 + 4 + 4
 
 // E4M3 holds the value of every e4m3fn code as float32 (NaN for 0x7F and 0xFF). Both

@@ -1,4 +1,4 @@
-"""The fp8 codec (docs/COMPRESSION.md 6) through the real strapd: every value read back
+"""The fp8 codec (docs/COMPRESSION.md 5) through the real strapd: every value read back
 equals an independent e4m3 reference (torch's float8_e4m3fn, one scale max|x|/448 per row
 part), each packet's per-row error report equals the one recomputed here, and
 analyze_activations / strapd inspect / strapd verify agree."""

@@ -35,7 +35,7 @@ from .resources.levels import ResourceLevel
 
 #: Codecs strapd accepts (docs/COMPRESSION.md 1): generic lossless ``none``/``lz4``/``zstd``,
 #: the dtype-aware lossless ``shuffle``, and the opt-in lossy ``quant``, ``fp16`` and ``fp8``
-#: (e4m3 with one scale per row: docs/COMPRESSION.md 6).
+#: (e4m3 with one scale per row: docs/COMPRESSION.md 5).
 SUPPORTED_CODECS: Tuple[str, ...] = ("none", "lz4", "zstd", "shuffle", "quant", "fp16", "fp8")
 #: Codecs that change values; they need a ``lossy`` bound (``fp16`` and ``fp8`` imply their own).
 LOSSY_CODECS: Tuple[str, ...] = ("quant", "fp16", "fp8")

