@@ -406,346 +406,435 @@ static int split_list(char *s, const char **out, int cap)
 	return n;
 }
 
-int main(int argc, char **argv)
-{
+/* ----- main's steps ----- */
+
+/* What main's steps share: the options, llama.cpp's objects, the capture's, and what the run
+ * measured for the summary. A step returns 0, or the exit status (1: an error, said on stderr;
+ * 2: a usage error); the process then exits without freeing, as a tool may. */
+struct run {
 	struct opts o;
-	if (parse(argc, argv, &o)) {
-		usage();
+	int resource_level; /* 0: no resource events, else MINIMAL (1) .. VERBOSE (3) */
+	struct llama_model *model;
+	const struct llama_vocab *vocab;
+	int n_prompt;
+	size_t n_all_cap;
+	llama_token *all; /* the prompt's tokens, then the generated ones */
+	llama_token *gen; /* all + n_prompt */
+	struct llama_context_params cp;
+	struct llama_context *ctx;
+	struct ggml_threadpool *tp;
+	void (*tp_free)(struct ggml_threadpool *);
+	strap_session *s; /* NULL under --no-capture */
+	strap_llama *h;
+	strap_llama_resources *res;
+	strap_error err;
+	char tensors_buf[4096];
+	const char *names[64]; /* --tensors, split in tensors_buf */
+	struct dump dump;
+	struct observer obs;
+	uint64_t start; /* the first token generated here: 0, or the checkpoint's token count */
+	int n_gen;      /* tokens known at the end, resumed ones included */
+	double t_prompt, t0_decode, c0_decode, tc0_decode, t_decode, c_decode, tc_decode, t_close;
+	strap_llama_stats st;
+	llama_resource_stats rst;
+};
+
+static int resource_level_of(struct run *r)
+{
+	if (!r->o.resource_level)
+		return 0;
+	static const char *const lv[] = {"MINIMAL", "DETAILED", "VERBOSE"};
+	for (int i = 0; i < 3; i++)
+		if (!strcasecmp(r->o.resource_level, lv[i]))
+			r->resource_level = i + 1;
+	if (!r->resource_level) {
+		fprintf(stderr, "strap-llama: --resource-level must be MINIMAL, DETAILED or VERBOSE\n");
 		return 2;
 	}
-	if (!o.verbose)
-		llama_log_set(quiet_log, NULL);
-	llama_backend_init();
+	return 0;
+}
 
+/* The model, and the prompt's tokens at the head of r->all (room for n_predict more). */
+static int load_model_and_prompt(struct run *r)
+{
 	struct llama_model_params mp = llama_model_default_params();
-	struct llama_model *model = llama_model_load_from_file(o.model, mp);
-	if (!model) {
-		fprintf(stderr, "strap-llama: cannot load %s\n", o.model);
+	r->model = llama_model_load_from_file(r->o.model, mp);
+	if (!r->model) {
+		fprintf(stderr, "strap-llama: cannot load %s\n", r->o.model);
 		return 1;
 	}
-	const struct llama_vocab *vocab = llama_model_get_vocab(model);
-	int plen = (int)strlen(o.prompt);
-	int n_prompt = -llama_tokenize(vocab, o.prompt, plen, NULL, 0, true, true);
-	if (n_prompt <= 0) {
+	r->vocab = llama_model_get_vocab(r->model);
+	int plen = (int)strlen(r->o.prompt);
+	r->n_prompt = -llama_tokenize(r->vocab, r->o.prompt, plen, NULL, 0, true, true);
+	if (r->n_prompt <= 0) {
 		fprintf(stderr, "strap-llama: the prompt gives no tokens\n");
 		return 1;
 	}
-	size_t n_all_cap = (size_t)n_prompt + (size_t)o.n_predict;
-	llama_token *all = malloc(n_all_cap * sizeof *all); /* prompt, then generated tokens */
-	if (!all || llama_tokenize(vocab, o.prompt, plen, all, n_prompt, true, true) != n_prompt) {
+	r->n_all_cap = (size_t)r->n_prompt + (size_t)r->o.n_predict;
+	r->all = malloc(r->n_all_cap * sizeof *r->all);
+	if (!r->all || llama_tokenize(r->vocab, r->o.prompt, plen, r->all, r->n_prompt, true, true) != r->n_prompt) {
 		fprintf(stderr, "strap-llama: tokenizing the prompt failed\n");
 		return 1;
 	}
-	llama_token *gen = all + n_prompt;
+	r->gen = r->all + r->n_prompt;
+	return 0;
+}
 
-	strap_session *s = NULL;
-	strap_llama *h = NULL;
-	strap_error err;
-	char tensors_buf[4096];
-	const char *names[64];
-	int n_names = 0;
-	struct dump dump = {0};
-	struct observer obs = {o.also_observe, 0};
-
-	struct llama_context_params cp = llama_context_default_params();
-	cp.n_ctx = o.ctx ? (uint32_t)o.ctx : (uint32_t)(n_prompt + o.n_predict + 1);
-	cp.n_batch = (uint32_t)(n_prompt > 1 ? n_prompt : 1);
-	cp.n_ubatch = o.ubatch ? (uint32_t)o.ubatch : cp.n_batch;
-	cp.n_seq_max = 1;
-	cp.n_threads = o.threads;
-	cp.n_threads_batch = o.threads;
-	cp.no_perf = true;
-	if (o.f32_attention) {
-		cp.type_k = GGML_TYPE_F32;
-		cp.type_v = GGML_TYPE_F32;
-		cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+/* llama.cpp's context parameters: one sequence, the prompt in one batch, --also-observe's
+ * callback installed first (the capture's and the resource events' chain after it). */
+static void context_params(struct run *r)
+{
+	struct llama_context_params *cp = &r->cp;
+	*cp = llama_context_default_params();
+	cp->n_ctx = r->o.ctx ? (uint32_t)r->o.ctx : (uint32_t)(r->n_prompt + r->o.n_predict + 1);
+	cp->n_batch = (uint32_t)(r->n_prompt > 1 ? r->n_prompt : 1);
+	cp->n_ubatch = r->o.ubatch ? (uint32_t)r->o.ubatch : cp->n_batch;
+	cp->n_seq_max = 1;
+	cp->n_threads = r->o.threads;
+	cp->n_threads_batch = r->o.threads;
+	cp->no_perf = true;
+	if (r->o.f32_attention) {
+		cp->type_k = GGML_TYPE_F32;
+		cp->type_v = GGML_TYPE_F32;
+		cp->flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
 	}
-	if (o.also_observe) {
-		cp.cb_eval = observe_cb;
-		cp.cb_eval_user_data = &obs;
+	r->obs = (struct observer){r->o.also_observe, 0};
+	if (r->o.also_observe) {
+		cp->cb_eval = observe_cb;
+		cp->cb_eval_user_data = &r->obs;
 	}
+}
 
-	int resource_level = 0;
-	if (o.resource_level) {
-		static const char *const lv[] = {"MINIMAL", "DETAILED", "VERBOSE"};
-		for (int i = 0; i < 3; i++)
-			if (!strcasecmp(o.resource_level, lv[i]))
-				resource_level = i + 1;
-		if (!resource_level) {
-			fprintf(stderr, "strap-llama: --resource-level must be MINIMAL, DETAILED or VERBOSE\n");
-			return 2;
-		}
+/* The stream header's metadata: the model, the prompt and the run's shape, as JSON. */
+static void capture_metadata(const struct run *r, char *meta, size_t cap)
+{
+	char arch[64] = "";
+	llama_model_meta_val_str(r->model, "general.architecture", arch, sizeof arch);
+	size_t mn = (size_t)snprintf(meta, cap, "{\"engine\":\"llama.cpp\",\"model_class\":");
+	FILE *mf = fmemopen(meta + mn, cap - mn, "w");
+	json_string(mf, arch, strlen(arch));
+	fprintf(mf, ",\"model_path\":");
+	json_string(mf, r->o.model, strlen(r->o.model));
+	fprintf(mf, ",\"n_layer\":%d,\"n_embd\":%d,\"prompt\":", llama_model_n_layer(r->model),
+		llama_model_n_embd(r->model));
+	json_string(mf, r->o.prompt, strlen(r->o.prompt));
+	fprintf(mf, ",\"prompt_tokens\":%d,\"threads\":%d}", r->n_prompt, r->o.threads);
+	fputc(0, mf);
+	fclose(mf);
+}
+
+/* --dump-dir: every record the callback writes, also as a file, listed in manifest.jsonl. */
+static int open_dump(struct run *r, strap_llama_params *lp)
+{
+	char mpath[4200];
+	snprintf(mpath, sizeof mpath, "%s/manifest.jsonl", r->o.dump_dir);
+	mkdir(r->o.dump_dir, 0755);
+	r->dump.dir = r->o.dump_dir;
+	r->dump.manifest = fopen(mpath, "w");
+	if (!r->dump.manifest) {
+		fprintf(stderr, "strap-llama: %s: %s\n", mpath, strerror(errno));
+		return 1;
 	}
-	if (!o.no_capture) {
-		snprintf(tensors_buf, sizeof tensors_buf, "%s", o.tensors);
-		n_names = split_list(tensors_buf, names, 64);
-		if (n_names < 1) {
-			fprintf(stderr, "strap-llama: --tensors: 1 to 64 names\n");
-			return 2;
-		}
-		char arch[64] = "", fp[4096], meta[8192];
-		llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch);
-		struct stat st;
-		long long msize = stat(o.model, &st) == 0 ? (long long)st.st_size : -1;
-		/* what must not change between a capture and its resume */
-		snprintf(fp, sizeof fp,
-			 "strap-llama model=%s size=%lld tensors=%s raw=%d n=%d last_logits_only=%d ubatch=%d "
-			 "f32_attention=%d",
-			 o.model, msize, o.tensors, o.raw_names, o.n_predict, o.last_logits_only, o.ubatch,
-			 o.f32_attention);
-		size_t mn = (size_t)snprintf(meta, sizeof meta, "{\"engine\":\"llama.cpp\",\"model_class\":");
-		FILE *mf = fmemopen(meta + mn, sizeof meta - mn, "w");
-		json_string(mf, arch, strlen(arch));
-		fprintf(mf, ",\"model_path\":");
-		json_string(mf, o.model, strlen(o.model));
-		fprintf(mf, ",\"n_layer\":%d,\"n_embd\":%d,\"prompt\":", llama_model_n_layer(model),
-			llama_model_n_embd(model));
-		json_string(mf, o.prompt, (size_t)plen);
-		fprintf(mf, ",\"prompt_tokens\":%d,\"threads\":%d}", n_prompt, o.threads);
-		fputc(0, mf);
-		fclose(mf);
+	lp->on_record = dump_record;
+	lp->on_record_data = &r->dump;
+	return 0;
+}
 
-		strap_session_params sp = strap_default_session_params();
-		sp.output_path = o.output;
-		sp.socket_path = o.socket;
-		sp.codec = o.codec ? o.codec : "none";
-		sp.fingerprint = fp;
-		sp.metadata_json = meta;
-		sp.client_name = "strap-llama/" STRAP_VERSION_STRING;
-		sp.resume = o.resume;
-		sp.trace = o.trace;
-		sp.overwrite_checkpoint = o.overwrite;
-		sp.resources = resource_level > 0;
-		if (strap_session_open(&sp, &s, &err) != STRAP_OK) {
-			fprintf(stderr, "strap-llama: %s\n", err.message);
-			return 1;
-		}
-		strap_llama_params lp = strap_llama_default_params();
-		lp.tensors = names;
-		lp.n_tensors = n_names;
-		lp.raw_names = o.raw_names;
-		lp.n_batch_max = n_prompt;
-		if (o.dump_dir) {
-			char mpath[4200];
-			snprintf(mpath, sizeof mpath, "%s/manifest.jsonl", o.dump_dir);
-			mkdir(o.dump_dir, 0755);
-			dump.dir = o.dump_dir;
-			dump.manifest = fopen(mpath, "w");
-			if (!dump.manifest) {
-				fprintf(stderr, "strap-llama: %s: %s\n", mpath, strerror(errno));
-				return 1;
-			}
-			lp.on_record = dump_record;
-			lp.on_record_data = &dump;
-		}
-		if (strap_llama_new(s, model, &lp, &h, &err) != STRAP_OK ||
-		    strap_llama_attach(h, &cp, &err) != STRAP_OK) {
-			fprintf(stderr, "strap-llama: %s\n", err.message);
-			return 1;
-		}
+/* The capture: the libstrap session (resumed with --resume) and the eval callback on it. */
+static int open_capture(struct run *r)
+{
+	const struct opts *o = &r->o;
+	snprintf(r->tensors_buf, sizeof r->tensors_buf, "%s", o->tensors);
+	int n_names = split_list(r->tensors_buf, r->names, 64);
+	if (n_names < 1) {
+		fprintf(stderr, "strap-llama: --tensors: 1 to 64 names\n");
+		return 2;
 	}
+	char fp[4096], meta[8192];
+	struct stat st;
+	long long msize = stat(o->model, &st) == 0 ? (long long)st.st_size : -1;
+	/* what must not change between a capture and its resume */
+	snprintf(fp, sizeof fp,
+		 "strap-llama model=%s size=%lld tensors=%s raw=%d n=%d last_logits_only=%d ubatch=%d "
+		 "f32_attention=%d",
+		 o->model, msize, o->tensors, o->raw_names, o->n_predict, o->last_logits_only, o->ubatch,
+		 o->f32_attention);
+	capture_metadata(r, meta, sizeof meta);
 
-	/* resource events: through the session (strapd writes CAPTURE.resources.jsonl), or without a
-	 * capture to --resource-log; the resource callback goes outside the capture's (see
-	 * strap_llama_resources_attach) */
-	strap_llama_resources *res = NULL;
-	if (resource_level) {
-		int rrc = s ? llama_resource_instrumentation_init_session(resource_level, s)
-			    : llama_resource_instrumentation_init(resource_level, o.resource_log);
-		if (rrc != STRAP_OK) {
-			llama_resource_last_error(&err);
-			fprintf(stderr, "strap-llama: resource events: %s\n", err.message);
-			return 1;
-		}
-		char arch[64] = "";
-		llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch);
-		llama_resource_set_model_class(arch[0] ? arch : "llama.cpp");
-		/* the MLP's activation: SiLU in the Llama family's feed-forward (build_ffn LLM_FFN_SILU) */
-		if (!strcmp(arch, "llama") || !strcmp(arch, "mistral") || !strcmp(arch, "qwen2") ||
-		    !strcmp(arch, "qwen3"))
-			llama_resource_set_activation_function("silu");
-		llama_resource_begin_session(NULL);
-		if (strap_llama_resources_new(model, &res, &err) != STRAP_OK) {
-			fprintf(stderr, "strap-llama: %s\n", err.message);
-			return 1;
-		}
-		strap_llama_resources_attach(res, &cp);
+	strap_session_params sp = strap_default_session_params();
+	sp.output_path = o->output;
+	sp.socket_path = o->socket;
+	sp.codec = o->codec ? o->codec : "none";
+	sp.fingerprint = fp;
+	sp.metadata_json = meta;
+	sp.client_name = "strap-llama/" STRAP_VERSION_STRING;
+	sp.resume = o->resume;
+	sp.trace = o->trace;
+	sp.overwrite_checkpoint = o->overwrite;
+	sp.resources = r->resource_level > 0;
+	if (strap_session_open(&sp, &r->s, &r->err) != STRAP_OK) {
+		fprintf(stderr, "strap-llama: %s\n", r->err.message);
+		return 1;
 	}
+	strap_llama_params lp = strap_llama_default_params();
+	lp.tensors = r->names;
+	lp.n_tensors = n_names;
+	lp.raw_names = o->raw_names;
+	lp.n_batch_max = r->n_prompt;
+	if (o->dump_dir && open_dump(r, &lp))
+		return 1;
+	if (strap_llama_new(r->s, r->model, &lp, &r->h, &r->err) != STRAP_OK ||
+	    strap_llama_attach(r->h, &r->cp, &r->err) != STRAP_OK) {
+		fprintf(stderr, "strap-llama: %s\n", r->err.message);
+		return 1;
+	}
+	return 0;
+}
 
-	struct llama_context *ctx = llama_init_from_model(model, cp);
-	if (!ctx) {
+/* Resource events: through the session (strapd writes CAPTURE.resources.jsonl), or without a
+ * capture to --resource-log; the resource callback goes outside the capture's (see
+ * strap_llama_resources_attach). */
+static int start_resources(struct run *r)
+{
+	int rrc = r->s ? llama_resource_instrumentation_init_session(r->resource_level, r->s)
+		       : llama_resource_instrumentation_init(r->resource_level, r->o.resource_log);
+	if (rrc != STRAP_OK) {
+		llama_resource_last_error(&r->err);
+		fprintf(stderr, "strap-llama: resource events: %s\n", r->err.message);
+		return 1;
+	}
+	char arch[64] = "";
+	llama_model_meta_val_str(r->model, "general.architecture", arch, sizeof arch);
+	llama_resource_set_model_class(arch[0] ? arch : "llama.cpp");
+	/* the MLP's activation: SiLU in the Llama family's feed-forward (build_ffn LLM_FFN_SILU) */
+	if (!strcmp(arch, "llama") || !strcmp(arch, "mistral") || !strcmp(arch, "qwen2") || !strcmp(arch, "qwen3"))
+		llama_resource_set_activation_function("silu");
+	llama_resource_begin_session(NULL);
+	if (strap_llama_resources_new(r->model, &r->res, &r->err) != STRAP_OK) {
+		fprintf(stderr, "strap-llama: %s\n", r->err.message);
+		return 1;
+	}
+	strap_llama_resources_attach(r->res, &r->cp);
+	return 0;
+}
+
+/* A persistent thread team, as llama.cpp's own tools attach (llama-cli, llama-bench): without
+ * one ggml sets one up per graph computation, and an eval callback splits each graph into one
+ * computation per observed node. */
+static int attach_threadpool(struct run *r)
+{
+	ggml_backend_reg_t cpu = ggml_backend_reg_by_name("CPU");
+	/* ggml-cpu's own functions, looked up as llama.cpp's tools do; copied, as ISO C has no cast
+	 * from an object pointer to a function pointer */
+	void *fn_new = cpu ? ggml_backend_reg_get_proc_address(cpu, "ggml_threadpool_new") : NULL;
+	void *fn_free = cpu ? ggml_backend_reg_get_proc_address(cpu, "ggml_threadpool_free") : NULL;
+	struct ggml_threadpool *(*tp_new)(struct ggml_threadpool_params *) = NULL;
+	if (fn_new && fn_free) {
+		memcpy(&tp_new, &fn_new, sizeof tp_new);
+		memcpy(&r->tp_free, &fn_free, sizeof r->tp_free);
+	}
+	struct ggml_threadpool_params tpp = ggml_threadpool_params_default(r->o.threads);
+	r->tp = tp_new ? tp_new(&tpp) : NULL;
+	if (!r->tp) {
+		fprintf(stderr, "strap-llama: cannot create ggml's CPU threadpool\n");
+		return 1;
+	}
+	llama_attach_threadpool(r->ctx, r->tp, r->tp);
+	return 0;
+}
+
+static int make_context(struct run *r)
+{
+	r->ctx = llama_init_from_model(r->model, r->cp);
+	if (!r->ctx) {
 		fprintf(stderr, "strap-llama: llama_init_from_model failed\n");
 		return 1;
 	}
+	return r->o.no_threadpool ? 0 : attach_threadpool(r);
+}
 
-	/* a persistent thread team, as llama.cpp's own tools attach (llama-cli, llama-bench): without
-	 * one ggml sets one up per graph computation, and an eval callback splits each graph into
-	 * one computation per observed node */
-	struct ggml_threadpool *tp = NULL;
-	void (*tp_free)(struct ggml_threadpool *) = NULL;
-	if (!o.no_threadpool) {
-		ggml_backend_reg_t cpu = ggml_backend_reg_by_name("CPU");
-		/* ggml-cpu's own functions, looked up as llama.cpp's tools do; copied, as ISO C has
-		 * no cast from an object pointer to a function pointer */
-		void *fn_new = cpu ? ggml_backend_reg_get_proc_address(cpu, "ggml_threadpool_new") : NULL;
-		void *fn_free = cpu ? ggml_backend_reg_get_proc_address(cpu, "ggml_threadpool_free") : NULL;
-		struct ggml_threadpool *(*tp_new)(struct ggml_threadpool_params *) = NULL;
-		if (fn_new && fn_free) {
-			memcpy(&tp_new, &fn_new, sizeof tp_new);
-			memcpy(&tp_free, &fn_free, sizeof tp_free);
-		}
-		struct ggml_threadpool_params tpp = ggml_threadpool_params_default(o.threads);
-		tp = tp_new ? tp_new(&tpp) : NULL;
-		if (!tp) {
-			fprintf(stderr, "strap-llama: cannot create ggml's CPU threadpool\n");
+/* Where to start: token 0, or the checkpoint's token count with llama.cpp's state then (the
+ * state file saved beside the stream at that checkpoint). */
+static int resume_from_checkpoint(struct run *r)
+{
+	r->start = 0;
+	if (!r->s)
+		return 0;
+	strap_resume_point rp = strap_session_resume_point(r->s);
+	if (rp.resumed && rp.token_count > 0) {
+		if (rp.forward_count != rp.token_count || rp.token_count > (uint64_t)r->o.n_predict) {
+			fprintf(stderr,
+				"strap-llama: the checkpoint has %llu tokens and %llu forward passes: not a "
+				"strap-llama capture of at most %d tokens\n",
+				(unsigned long long)rp.token_count, (unsigned long long)rp.forward_count,
+				r->o.n_predict);
 			return 1;
 		}
-		llama_attach_threadpool(ctx, tp, tp);
-	}
-
-	/* where to start: token 0, or the checkpoint's token count with llama.cpp's state then */
-	uint64_t start = 0;
-	if (s) {
-		strap_resume_point rp = strap_session_resume_point(s);
-		if (rp.resumed && rp.token_count > 0) {
-			if (rp.forward_count != rp.token_count || rp.token_count > (uint64_t)o.n_predict) {
-				fprintf(stderr,
-					"strap-llama: the checkpoint has %llu tokens and %llu forward passes: not a "
-					"strap-llama capture of at most %d tokens\n",
-					(unsigned long long)rp.token_count, (unsigned long long)rp.forward_count,
-					o.n_predict);
-				return 1;
-			}
-			char path[4200];
-			state_path(o.output, rp.token_count, path, sizeof path);
-			llama_token *loaded = malloc(n_all_cap * sizeof *loaded);
-			size_t n_loaded = 0;
-			if (!loaded || !llama_state_load_file(ctx, path, loaded, n_all_cap, &n_loaded)) {
-				fprintf(stderr, "strap-llama: cannot load llama.cpp's state %s for the checkpoint\n",
-					path);
-				return 1;
-			}
-			if (n_loaded != (size_t)n_prompt + rp.token_count ||
-			    memcmp(loaded, all, (size_t)n_prompt * sizeof *all)) {
-				fprintf(stderr, "strap-llama: %s holds %zu tokens, not this prompt's %d + %llu\n", path,
-					n_loaded, n_prompt, (unsigned long long)rp.token_count);
-				return 1;
-			}
-			memcpy(all, loaded, n_loaded * sizeof *all);
-			free(loaded);
-			start = rp.token_count;
+		char path[4200];
+		state_path(r->o.output, rp.token_count, path, sizeof path);
+		llama_token *loaded = malloc(r->n_all_cap * sizeof *loaded);
+		size_t n_loaded = 0;
+		if (!loaded || !llama_state_load_file(r->ctx, path, loaded, r->n_all_cap, &n_loaded)) {
+			fprintf(stderr, "strap-llama: cannot load llama.cpp's state %s for the checkpoint\n", path);
+			return 1;
 		}
-		/* a state newer than the checkpoint (killed between the two) or left by an old run */
-		remove_states(o.output, start ? (long long)start : -1);
-	}
-
-	struct llama_batch batch = llama_batch_init(n_prompt, 0, 1);
-	int n_vocab = llama_vocab_n_tokens(vocab);
-	double t_prompt = 0, t0_decode = 0, c0_decode = 0, tc0_decode = 0;
-	int n_gen = (int)start, rc = 0;
-	for (int k = (int)start; k < o.n_predict; k++) {
-		batch.n_tokens = 0;
-		if (k == 0) {
-			for (int i = 0; i < n_prompt; i++) {
-				batch.token[i] = all[i];
-				batch.pos[i] = i;
-				batch.n_seq_id[i] = 1;
-				batch.seq_id[i][0] = 0;
-				batch.logits[i] = !o.last_logits_only || i == n_prompt - 1;
-			}
-			batch.n_tokens = n_prompt;
-		} else {
-			batch.token[0] = gen[k - 1];
-			batch.pos[0] = n_prompt + k - 1;
-			batch.n_seq_id[0] = 1;
-			batch.seq_id[0][0] = 0;
-			batch.logits[0] = 1;
-			batch.n_tokens = 1;
+		if (n_loaded != (size_t)r->n_prompt + rp.token_count ||
+		    memcmp(loaded, r->all, (size_t)r->n_prompt * sizeof *r->all)) {
+			fprintf(stderr, "strap-llama: %s holds %zu tokens, not this prompt's %d + %llu\n", path,
+				n_loaded, r->n_prompt, (unsigned long long)rp.token_count);
+			return 1;
 		}
+		memcpy(r->all, loaded, n_loaded * sizeof *r->all);
+		free(loaded);
+		r->start = rp.token_count;
+	}
+	/* a state newer than the checkpoint (killed between the two) or left by an old run */
+	remove_states(r->o.output, r->start ? (long long)r->start : -1);
+	return 0;
+}
+
+/* Token k's batch: the whole prompt for k = 0, else the previous token. */
+static void fill_batch(const struct run *r, struct llama_batch *batch, int k)
+{
+	batch->n_tokens = 0;
+	if (k == 0) {
+		for (int i = 0; i < r->n_prompt; i++) {
+			batch->token[i] = r->all[i];
+			batch->pos[i] = i;
+			batch->n_seq_id[i] = 1;
+			batch->seq_id[i][0] = 0;
+			batch->logits[i] = !r->o.last_logits_only || i == r->n_prompt - 1;
+		}
+		batch->n_tokens = r->n_prompt;
+	} else {
+		batch->token[0] = r->gen[k - 1];
+		batch->pos[0] = r->n_prompt + k - 1;
+		batch->n_seq_id[0] = 1;
+		batch->seq_id[0][0] = 0;
+		batch->logits[0] = 1;
+		batch->n_tokens = 1;
+	}
+}
+
+/* One forward pass inside the capture's and the resource events' brackets. 0: done; -1: the
+ * capture failed (its error is reported once generation ends); 1: llama_decode failed. */
+static int decode_step(struct run *r, struct llama_batch batch, int k)
+{
+	r->dump.step = (uint64_t)k;
+	if (r->h && strap_llama_begin_decode(r->h, &batch, 0) != STRAP_OK)
+		return -1;
+	if (r->res)
+		strap_llama_resources_begin_decode(r->res, k);
+	int d = llama_decode(r->ctx, batch);
+	if (r->res)
+		strap_llama_resources_end_decode(r->res);
+	if (r->h && strap_llama_end_decode(r->h) != STRAP_OK)
+		return -1;
+	if (d != 0) {
+		fprintf(stderr, "strap-llama: llama_decode returned %d\n", d);
+		return 1;
+	}
+	return 0;
+}
+
+static llama_token greedy(struct llama_context *ctx, int n_vocab)
+{
+	const float *logits = llama_get_logits_ith(ctx, -1);
+	llama_token best = 0;
+	for (int v = 1; v < n_vocab; v++)
+		if (logits[v] > logits[best])
+			best = v;
+	return best;
+}
+
+/* Token k, chosen: TOKEN (and the --dump-dir manifest's line), then every --checkpoint-interval
+ * tokens llama.cpp's state and a checkpoint. */
+static int record_token(struct run *r, int k, llama_token best)
+{
+	char text[256];
+	int tl = token_text(r->vocab, best, text, sizeof text);
+	if (r->dump.manifest) {
+		fprintf(r->dump.manifest, "{\"kind\":\"token\",\"index\":%d,\"token_id\":%d,\"text\":", k, best);
+		json_string(r->dump.manifest, text, (size_t)tl);
+		fprintf(r->dump.manifest, "}\n");
+	}
+	if (strap_session_token(r->s, best, text, (size_t)tl, r->n_prompt + k) < 0) {
+		strap_session_last_error(r->s, &r->err);
+		fprintf(stderr, "strap-llama: token: %s\n", r->err.message);
+		return 1;
+	}
+	uint64_t done = (uint64_t)k + 1;
+	if (r->o.interval <= 0 || done % (uint64_t)r->o.interval != 0 || done >= (uint64_t)r->o.n_predict)
+		return 0;
+	/* llama.cpp's state first, then the checkpoint: a resume needs both, and a state without its
+	 * checkpoint is removed at the next start */
+	if (save_state(r->ctx, r->o.output, done, r->all, (size_t)r->n_prompt + done))
+		return 1;
+	if (strap_session_checkpoint(r->s) < 0) {
+		strap_session_last_error(r->s, &r->err);
+		fprintf(stderr, "strap-llama: checkpoint: %s\n", r->err.message);
+		return 1;
+	}
+	remove_states(r->o.output, (long long)done);
+	return 0;
+}
+
+/* Greedy generation from r->start to --n-predict tokens (or end of generation), one forward pass
+ * per token, timed: the prompt's pass alone, decoding from the first pass after it. */
+static int generate(struct run *r)
+{
+	struct llama_batch batch = llama_batch_init(r->n_prompt, 0, 1);
+	int n_vocab = llama_vocab_n_tokens(r->vocab);
+	int start = (int)r->start, rc = 0;
+	r->n_gen = start;
+	for (int k = start; k < r->o.n_predict; k++) {
+		fill_batch(r, &batch, k);
 		double t = now();
-		if (k == (int)start + 1 || (k == (int)start && k > 0)) {
-			t0_decode = t;
-			c0_decode = cpu_now();
-			tc0_decode = thread_cpu_now();
+		if (k == start + 1 || (k == start && k > 0)) {
+			r->t0_decode = t;
+			r->c0_decode = cpu_now();
+			r->tc0_decode = thread_cpu_now();
 		}
-		dump.step = (uint64_t)k;
-		if (h && strap_llama_begin_decode(h, &batch, 0) != STRAP_OK)
-			break;
-		if (res)
-			strap_llama_resources_begin_decode(res, k);
-		int d = llama_decode(ctx, batch);
-		if (res)
-			strap_llama_resources_end_decode(res);
-		if (h && strap_llama_end_decode(h) != STRAP_OK)
-			break;
-		if (d != 0) {
-			fprintf(stderr, "strap-llama: llama_decode returned %d\n", d);
-			rc = 1;
+		int d = decode_step(r, batch, k);
+		if (d) {
+			rc = d > 0 ? d : 0;
 			break;
 		}
 		if (k == 0)
-			t_prompt = now() - t;
-		const float *logits = llama_get_logits_ith(ctx, -1);
-		llama_token best = 0;
-		for (int v = 1; v < n_vocab; v++)
-			if (logits[v] > logits[best])
-				best = v;
-		gen[k] = best;
-		n_gen = k + 1;
-		if (s) {
-			char text[256];
-			int tl = token_text(vocab, best, text, sizeof text);
-			if (dump.manifest) {
-				fprintf(dump.manifest, "{\"kind\":\"token\",\"index\":%d,\"token_id\":%d,\"text\":", k,
-					best);
-				json_string(dump.manifest, text, (size_t)tl);
-				fprintf(dump.manifest, "}\n");
-			}
-			if (strap_session_token(s, best, text, (size_t)tl, n_prompt + k) < 0) {
-				strap_session_last_error(s, &err);
-				fprintf(stderr, "strap-llama: token: %s\n", err.message);
-				rc = 1;
-				break;
-			}
-			uint64_t done = (uint64_t)k + 1;
-			if (o.interval > 0 && done % (uint64_t)o.interval == 0 && done < (uint64_t)o.n_predict) {
-				/* llama.cpp's state first, then the checkpoint: a resume needs both, and a
-				 * state without its checkpoint is removed at the next start */
-				if (save_state(ctx, o.output, done, all, (size_t)n_prompt + done)) {
-					rc = 1;
-					break;
-				}
-				if (strap_session_checkpoint(s) < 0) {
-					strap_session_last_error(s, &err);
-					fprintf(stderr, "strap-llama: checkpoint: %s\n", err.message);
-					rc = 1;
-					break;
-				}
-				remove_states(o.output, (long long)done);
-			}
-		}
-		if (!o.ignore_eos && llama_vocab_is_eog(vocab, best))
+			r->t_prompt = now() - t;
+		llama_token best = greedy(r->ctx, n_vocab);
+		r->gen[k] = best;
+		r->n_gen = k + 1;
+		if (r->s && (rc = record_token(r, k, best)))
+			break;
+		if (!r->o.ignore_eos && llama_vocab_is_eog(r->vocab, best))
 			break;
 	}
-	double t_decode = t0_decode > 0 ? now() - t0_decode : 0;
-	double c_decode = t0_decode > 0 ? cpu_now() - c0_decode : 0;
-	double tc_decode = t0_decode > 0 ? thread_cpu_now() - tc0_decode : 0;
-	if (h) {
+	r->t_decode = r->t0_decode > 0 ? now() - r->t0_decode : 0;
+	r->c_decode = r->t0_decode > 0 ? cpu_now() - r->c0_decode : 0;
+	r->tc_decode = r->t0_decode > 0 ? thread_cpu_now() - r->tc0_decode : 0;
+	llama_batch_free(batch);
+	return rc;
+}
+
+/* The end of a run, whatever generation returned (rc): the capture's error, the stats, the
+ * resource log's end (its summary sent before the session closes), the session's close
+ * (strapd drains the ring, writes the index, syncs; timed) and the dump's manifest. */
+static int finish(struct run *r, int rc)
+{
+	if (r->h) {
 		strap_error le;
-		strap_llama_last_error(h, &le);
+		strap_llama_last_error(r->h, &le);
 		if (le.code != STRAP_OK) {
 			fprintf(stderr, "strap-llama: capture: %s\n", le.message);
 			rc = 1;
 		}
+		r->st = strap_llama_get_stats(r->h);
 	}
-	strap_llama_stats st = {0};
-	if (h)
-		st = strap_llama_get_stats(h);
-	/* the resource log ends (its summary sent) before the session closes */
-	if (res)
+	if (r->res)
 		llama_resource_end_session();
-	llama_resource_stats rst = llama_resource_get_stats();
-	if (res) {
+	r->rst = llama_resource_get_stats();
+	if (r->res) {
 		strap_error re;
 		llama_resource_last_error(&re);
 		if (llama_resource_instrumentation_free() != STRAP_OK || re.code != STRAP_OK) {
@@ -753,52 +842,83 @@ int main(int argc, char **argv)
 			rc = 1;
 		}
 	}
-	double t_close = 0; /* the session's close: strapd drains the ring, writes the index, syncs */
-	if (s && rc == 0) {
+	if (r->s && rc == 0) {
 		strap_closed cl;
 		double t0_close = now();
-		int closed = strap_session_close(s, &cl);
-		t_close = now() - t0_close;
+		int closed = strap_session_close(r->s, &cl);
+		r->t_close = now() - t0_close;
 		if (closed != STRAP_OK) {
-			strap_session_last_error(s, &err);
-			fprintf(stderr, "strap-llama: close: %s\n", err.message);
+			strap_session_last_error(r->s, &r->err);
+			fprintf(stderr, "strap-llama: close: %s\n", r->err.message);
 			rc = 1;
 		} else {
-			remove_states(o.output, -1);
+			remove_states(r->o.output, -1);
 		}
 	}
-	if (dump.manifest) {
-		fclose(dump.manifest);
-		if (dump.failed) {
+	if (r->dump.manifest) {
+		fclose(r->dump.manifest);
+		if (r->dump.failed) {
 			fprintf(stderr, "strap-llama: --dump-dir: a record could not be dumped\n");
 			rc = 1;
 		}
 	}
+	return rc;
+}
 
-	/* the summary: tokens (all of them, resumed ones included) and timings */
-	int decoded = n_gen - (int)start - (start == 0 ? 1 : 0);
+/* The summary on stdout: the tokens (all of them, resumed ones included) and the timings. */
+static void print_summary(const struct run *r)
+{
+	int decoded = r->n_gen - (int)r->start - (r->start == 0 ? 1 : 0);
 	printf("{\"prompt_tokens\":[");
-	for (int i = 0; i < n_prompt; i++)
-		printf(i ? ",%d" : "%d", all[i]);
+	for (int i = 0; i < r->n_prompt; i++)
+		printf(i ? ",%d" : "%d", r->all[i]);
 	printf("],\"tokens\":[");
-	for (int i = 0; i < n_gen; i++)
-		printf(i ? ",%d" : "%d", gen[i]);
+	for (int i = 0; i < r->n_gen; i++)
+		printf(i ? ",%d" : "%d", r->gen[i]);
 	printf("],\"resumed_from\":%llu,\"prompt_s\":%.6f,\"decode_s\":%.6f,\"decode_cpu_s\":%.6f,\"decode_tokens\":%d,"
 	       "\"records\":%llu,\"bytes\":%llu,\"duplicates_skipped\":%llu,\"ubatches\":%llu,\"observed\":%ld,"
 	       "\"resource_events\":%llu,\"resource_self_s\":%.6f,\"decode_thread_cpu_s\":%.6f,\"close_s\":%.6f}\n",
-	       (unsigned long long)start, t_prompt, t_decode, c_decode, decoded, (unsigned long long)st.records,
-	       (unsigned long long)st.bytes, (unsigned long long)st.duplicates, (unsigned long long)st.ubatches,
-	       obs.seen, (unsigned long long)rst.events, (double)rst.self_ns * 1e-9, tc_decode, t_close);
+	       (unsigned long long)r->start, r->t_prompt, r->t_decode, r->c_decode, decoded,
+	       (unsigned long long)r->st.records, (unsigned long long)r->st.bytes, (unsigned long long)r->st.duplicates,
+	       (unsigned long long)r->st.ubatches, r->obs.seen, (unsigned long long)r->rst.events,
+	       (double)r->rst.self_ns * 1e-9, r->tc_decode, r->t_close);
+}
 
-	llama_batch_free(batch);
-	llama_free(ctx);
-	if (tp)
-		tp_free(tp);
-	llama_model_free(model);
-	strap_llama_free(h);
-	strap_llama_resources_free(res);
-	strap_session_free(s);
-	free(all);
+static void release(struct run *r)
+{
+	llama_free(r->ctx);
+	if (r->tp)
+		r->tp_free(r->tp);
+	llama_model_free(r->model);
+	strap_llama_free(r->h);
+	strap_llama_resources_free(r->res);
+	strap_session_free(r->s);
+	free(r->all);
 	llama_backend_free();
+}
+
+int main(int argc, char **argv)
+{
+	static struct run r; /* static: zeroed, and off the stack */
+	int rc;
+	if (parse(argc, argv, &r.o)) {
+		usage();
+		return 2;
+	}
+	if (!r.o.verbose)
+		llama_log_set(quiet_log, NULL);
+	llama_backend_init();
+	if ((rc = load_model_and_prompt(&r)) || (rc = resource_level_of(&r)))
+		return rc;
+	context_params(&r);
+	if (!r.o.no_capture && (rc = open_capture(&r)))
+		return rc;
+	if (r.resource_level && (rc = start_resources(&r)))
+		return rc;
+	if ((rc = make_context(&r)) || (rc = resume_from_checkpoint(&r)))
+		return rc;
+	rc = finish(&r, generate(&r));
+	print_summary(&r);
+	release(&r);
 	return rc;
 }
