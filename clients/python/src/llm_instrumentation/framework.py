@@ -22,7 +22,7 @@ from ._resume import tokens_path
 from ._warnings import warn_caller
 from .checkpoint import CheckpointError
 from .config import DEFAULT_CODEC, InstrumentationConfig
-from .core.auto_detect import describe_model
+from ._anatomy import describe_model
 from .tracking import TokenTracker
 
 __all__ = ["InstrumentationFramework", "TokenTracker", "capture_activations", "split_output", "sample_positions",
