@@ -15,6 +15,7 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Union, overload
 
+from ._anatomy import describe_model
 from ._capture import Capture
 from ._hooks import sample_positions, split_output
 from ._options import SessionOptions, check_tracking
@@ -22,7 +23,6 @@ from ._resume import tokens_path
 from ._warnings import warn_caller
 from .checkpoint import CheckpointError
 from .config import DEFAULT_CODEC, InstrumentationConfig
-from ._anatomy import describe_model
 from .tracking import TokenTracker
 
 __all__ = ["InstrumentationFramework", "TokenTracker", "capture_activations", "split_output", "sample_positions",
