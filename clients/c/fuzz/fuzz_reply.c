@@ -1,10 +1,12 @@
 /* libFuzzer target: the decoder of every datagram the daemon sends (sp_decode_reply), the one
- * parser in libstrap of bytes from another process, and the JSON lookups it drives. Seeds:
- * every file of testdata/protocol and clients/c/fuzz/corpus. */
+ * parser in libstrap of bytes from another process, and the JSON lookups it drives; the same
+ * bytes go to the checkpoint file parser (sc_parse_checkpoint). Seeds: every file of
+ * testdata/protocol, testdata/checkpoint and clients/c/fuzz/corpus. */
 #include <stdint.h>
 #include <string.h>
 
 #include "internal.h"
+#include "session.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -25,17 +27,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	} else if (strlen(why) >= sizeof why) {
 		__builtin_trap();
 	}
-	/* the same bytes as a checkpoint file body */
-	if (sj_validate((const char *)data, size, why, sizeof why)) {
-		sj_val doc = {(const char *)data, size}, v;
-		char s[32];
-		uint64_t u;
-		while (doc.n && *doc.p != '{' && *doc.p != '[')
-			doc.p++, doc.n--;
-		if (sj_get(doc, "fingerprint", &v))
-			sj_str(v, s, sizeof s, NULL);
-		if (sj_get(doc, "stream_offset", &v))
-			sj_u64(v, &u);
+	/* the same bytes as a checkpoint file (sc_parse_checkpoint): what it accepts keeps the
+	 * format's rules (docs/CHECKPOINTS.md 3) */
+	sc_checkpoint c;
+	if (sc_parse_checkpoint((const char *)data, size, &c, why, sizeof why) == STRAP_OK) {
+		if (c.stream_offset == 0 || c.last_seq < c.packets || c.drops > c.packets ||
+		    c.token_count > c.packets || (c.has_token_log && c.log_tokens != c.token_count) ||
+		    c.last_packet_crc > UINT32_MAX)
+			__builtin_trap();
+	} else if (strlen(why) >= sizeof why) {
+		__builtin_trap();
 	}
 	return 0;
 }

@@ -1,11 +1,10 @@
 """Checkpoint cost as a capture grows: time per checkpoint at ~10 tokens vs ~10,000 tokens.
 
 A checkpoint is CHECKPOINT → strapd writes and fdatasyncs what is new → CHECKPOINTED →
-atomic replace of the JSON file (docs/CHECKPOINTS.md). Our own keys do not depend on how many
-tokens came before; the file also carries 1.3.1's keys, whose ``tokens`` list (~80 bytes a
-token, kept encoded by the client so only joined and written) does, so the file and its
-write grow by that much per token. The original 1.3.1 encoded and rewrote every token at each
-checkpoint too; this measures what that list costs here.
+atomic replace of the JSON file (docs/CHECKPOINTS.md). No key of a checkpoint made through
+``capture_activations(model, ...)``, the form used here, depends on how many tokens came
+before (1.3.1's ``tokens`` list is written only by 1.3.1's API form), so the cost should be flat
+across the run; ``checkpoint_scaling.py`` compares the forms at 100 to 100,000 tokens.
 
 Runs a real strapd (bin/strapd, or $STRAPD_BIN) on a temp socket and a small MLP whose two
 Linear layers are hooked (a fixed amount of new data per token, so the fsync work per
@@ -83,7 +82,7 @@ def main() -> int:
             # median ms per checkpoint in each tenth of the run: flat means cost independent of N
             "ms_median_by_decile": [round(1e3 * statistics.median(times[i * n // 10:(i + 1) * n // 10]), 2)
                                     for i in range(10)] if n >= 10 else [],
-            "checkpoint_file_bytes_last": ck_bytes,  # grows with 1.3.1's token list; docs/CHECKPOINTS.md 3
+            "checkpoint_file_bytes_last": ck_bytes,  # flat: no 1.3.1 token list in this form (docs/CHECKPOINTS.md 2)
             "wall_s": round(total, 2),
         }
         if args.json:

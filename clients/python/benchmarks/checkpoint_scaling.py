@@ -10,7 +10,11 @@ CPU time (``time.process_time``, less sensitive to other jobs on the machine). T
 
 - ``new``: ``capture_activations(model, ...)`` — the checkpoint's own keys only;
 - ``131``: 1.3.1's ``InstrumentationFramework(config).capture_activations(path, ...)`` — its
-  checkpoints carry 1.3.1's ``tokens`` list too (the one part that grows with the capture).
+  checkpoints carry 1.3.1's ``tokens`` list too (the one part that grows with the capture);
+- ``log``: ``new`` as a capture that uploads makes them: the token log beside the checkpoint
+  is appended (the tokens since the last checkpoint) and fdatasynced first. The capture is
+  taken for an uploading one only while the checkpoints are timed (no object store needed:
+  the log is the client's own file).
 
     .venv/bin/python clients/python/benchmarks/checkpoint_scaling.py [--sizes 100,1000,10000,100000] [--reps 20]
 """
@@ -37,7 +41,8 @@ from llm_instrumentation import InstrumentationConfig, InstrumentationFramework,
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _measure(fw: Any, sizes: List[int], reps: int) -> List[Dict[str, Any]]:
+def _measure(fw: Any, sizes: List[int], reps: int, step: int = 0) -> List[Dict[str, Any]]:
+    """``step``: tokens recorded before each timed checkpoint (the log's append per checkpoint)."""
     rows = []
     tr = fw.token_tracker
     for n in sizes:
@@ -45,6 +50,8 @@ def _measure(fw: Any, sizes: List[int], reps: int) -> List[Dict[str, Any]]:
             tr.record_token(tr.step % 1000, "tok")
         walls, cpus = [], []
         for _ in range(reps):
+            for _ in range(step):
+                tr.record_token(tr.step % 1000, "tok")
             c0, w0 = time.process_time(), time.perf_counter()
             fw.checkpoint()
             walls.append(time.perf_counter() - w0)
@@ -59,7 +66,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="100,1000,10000,100000")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--forms", default="new,131")
+    ap.add_argument("--forms", default="new,131,log")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -80,10 +87,23 @@ def main() -> int:
         big = 1 << 40  # no automatic checkpoint: every one is made and timed here
         for form in args.forms.split(","):
             out = os.path.join(tmp, f"{form}.strap")
-            if form == "new":
+            if form in ("new", "log"):
                 with capture_activations(model, config=cfg, output_path=out, socket_path=sock, autostart_daemon=False,
                                          track_per_token=True, checkpoint_interval_tokens=big) as fw:
-                    res[form] = _measure(fw, sizes, args.reps)
+                    if form == "log":
+                        cls = type(fw)
+                        saved = cls.__dict__["upload_target"] if "upload_target" in cls.__dict__ else None
+                        cls.upload_target = property(lambda self: "s3://bench/only-the-token-log")  # type: ignore
+                        try:
+                            res[form] = _measure(fw, sizes, args.reps, step=10)
+                            res[form + "_file_bytes"] = os.path.getsize(fw._token_log.path)
+                        finally:
+                            if saved is None:
+                                del cls.upload_target
+                            else:
+                                cls.upload_target = saved
+                    else:
+                        res[form] = _measure(fw, sizes, args.reps)
             elif form == "131":
                 fw = InstrumentationFramework(cfg, socket_path=sock, autostart_daemon=False)
                 with warnings.catch_warnings():

@@ -157,7 +157,7 @@ class Checkpoint:
             raise CheckpointError(f"{path}: format {d['format']!r} version {d['version']!r}, expected {FORMAT!r} {VERSION}")
         ints = ("stream_offset", "packets", "last_seq", "last_packet_offset", "last_packet_crc", "token_count")
         for k in ints + ("drops", "forward_count"):
-            v = d.get(k)
+            v: Any = d.get(k)
             if v is None and k in ("drops", "forward_count"):
                 d[k] = v = 0
             # the ranges of Go's fields: offsets int64, the CRC uint32, counts uint64
