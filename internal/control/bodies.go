@@ -112,6 +112,9 @@ type Opened struct {
 	// PublishedCursor says the daemon reads the ring's published cursor when the client
 	// dies and takes a TOKEN's "head" (PROTOCOL.md 1.4): a client may then defer PUBLISH.
 	PublishedCursor bool `json:"published_cursor,omitempty"`
+	// RingTokens says the daemon takes TOKEN records in the ring (PROTOCOL.md 1.4, 2): a
+	// client may then write its tokens there and publish several with one message.
+	RingTokens bool `json:"ring_tokens,omitempty"`
 }
 
 // Publish says every record in [previous head, Head) is complete; Seq is the last tensor

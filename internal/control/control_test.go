@@ -46,6 +46,7 @@ var goldenMessages = []struct {
 	{"token.bin", TypeToken, Token{Seq: 5, Index: 2, TokenID: 1234, Text: " the", Position: ptr(int64(8))}},
 	{"token_head.bin", TypeToken, Token{Seq: 9, Index: 3, TokenID: 42, Text: "!", Head: ptr(uint64(8192))}},
 	{"opened_cursor.bin", TypeOpened, Opened{Session: 7, BlockSize: 1048576, PublishedCursor: true}},
+	{"opened_ring_tokens.bin", TypeOpened, Opened{Session: 7, BlockSize: 1048576, PublishedCursor: true, RingTokens: true}},
 	{"checkpoint.bin", TypeCheckpoint, Checkpoint{Seq: 5}},
 	{"checkpointed.bin", TypeCheckpointed, Checkpointed{Seq: 5, Offset: 40960, Packets: 5, Drops: 0, Tokens: 2,
 		LastOffset: 40800, LastCRC: 3735928559}},

@@ -38,9 +38,10 @@ type batch struct {
 	grant int64 // compression buffers its items will hold
 }
 
-// small reports whether it joins a batch.
+// small reports whether it joins a batch: a small tensor record, or a TOKEN record (a
+// notice, ready at once: compressBatch skips it and the writer writes its packet in place).
 func (s *Session) small(it *item) bool {
-	return len(it.rec.Payload) <= min(s.bs, smallRecord)
+	return it.kind == kindToken || len(it.rec.Payload) <= min(s.bs, smallRecord)
 }
 
 // route sends a taken record on its way: small ones into b, others (after b, to keep the

@@ -1,7 +1,10 @@
 package pipeline
 
 import (
+	"encoding/binary"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -318,4 +321,115 @@ func TestBatchCPUBudget(t *testing.T) {
 		t.Fatalf("raw blocks: session %d, budget %d; want 20", res.CPURawBlocks, cpu.RawBlocks())
 	}
 	checkTensors(t, h, w)
+}
+
+// TestRingTokens: TOKEN records in the ring (PROTOCOL.md 2) become TOKEN packets in
+// sequence order with the records around them, several tokens' windows under one Publish
+// whose seq is the last record's, for every codec, on both batch paths, and through the
+// drain of a dead client's published cursor; a token's text that is not UTF-8 is refused.
+func TestRingTokens(t *testing.T) {
+	for _, idle := range []bool{false, true} {
+		for _, name := range []string{"none", "shuffle"} {
+			for _, drain := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/idle=%v/drain=%v", name, idle, drain), func(t *testing.T) {
+					pool := NewPoolWith(PoolOptions{Workers: 2, IdleWorkers: idle})
+					t.Cleanup(pool.Close)
+					h := newHarness(t, hopts{codec: name, ringSize: shm.HeaderSize + 1<<20, pool: pool})
+					var want []shm.Tensor
+					var order []string // "T" tensor, "K" token, in sequence order
+					for step := range uint64(5) {
+						var w []shm.Tensor
+						for i := range 24 {
+							w = append(w, f32Tensor(fmt.Sprintf("model.layers.%d", i), step*100+uint64(i), 512))
+						}
+						if step == 2 {
+							w = append(w, f32Tensor("big", 77, 70<<10/4)) // the per-block path between them
+						}
+						h.putWindow(w)
+						want = append(want, w...)
+						for range w {
+							order = append(order, "T")
+						}
+						seq, err := h.p.PutToken(step, int64(1000+step), int64(32+step), fmt.Sprintf("tok%d é", step))
+						if err != nil {
+							t.Fatal(err)
+						}
+						h.lastSeq = seq
+						order = append(order, "K")
+					}
+					if drain {
+						// A dead client's cursor: every window below it is taken.
+						binary.LittleEndian.PutUint64(h.p.Mem()[32:], h.p.Head())
+						n, err := h.s.DrainPublished()
+						if err != nil || n != len(order) {
+							t.Fatalf("drained %d records (%v), want %d", n, err, len(order))
+						}
+						if _, err := h.s.Finish(StatusAborted); err != nil {
+							t.Fatal(err)
+						}
+					} else {
+						if err := h.publish(); err != nil { // one message for five tokens
+							t.Fatal(err)
+						}
+						if _, err := h.finish(StatusComplete); err != nil {
+							t.Fatal(err)
+						}
+					}
+					st := checkTensors(t, h, want)
+					k := 0
+					for i, p := range st.Packets {
+						got := "T"
+						if p.Type == stream.TypeToken {
+							got = "K"
+							var m stream.TokenMeta
+							if b, err := json.Marshal(p.Meta); err != nil || json.Unmarshal(b, &m) != nil {
+								t.Fatalf("token meta %v", p.Meta)
+							}
+							if p.Step != uint64(k) || m.TokenID != int64(1000+k) || m.Position != int64(32+k) || m.Text != fmt.Sprintf("tok%d é", k) {
+								t.Fatalf("token %d: step %d meta %+v", k, p.Step, m)
+							}
+							k++
+						}
+						if got != order[i] {
+							t.Fatalf("packet %d is %s, want %s", i, got, order[i])
+						}
+					}
+					if k != 5 || h.s.Stats().Tokens != 5 {
+						t.Fatalf("%d token packets, %d counted, want 5", k, h.s.Stats().Tokens)
+					}
+					if h.s.Stats().Tail != h.p.Head() {
+						t.Fatalf("tail %d after finish, head %d: ring bytes not freed", h.s.Stats().Tail, h.p.Head())
+					}
+				})
+			}
+		}
+	}
+	t.Run("bad text", func(t *testing.T) {
+		h := newHarness(t, hopts{})
+		seq, err := h.p.PutToken(0, 1, 0, "ok")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.lastSeq = seq
+		off := (h.p.Head() - shm.TokenRecordLen(2)) % h.p.DataSize()
+		h.p.Mem()[shm.HeaderSize+off+128] = 0xff
+		if err := h.publish(); err == nil || !strings.Contains(err.Error(), "not valid UTF-8") {
+			t.Fatalf("err = %v", err)
+		}
+		h.s.Finish(StatusError)
+	})
+	t.Run("publish seq names the token", func(t *testing.T) {
+		h := newHarness(t, hopts{})
+		tn := f32Tensor("a", 1, 4)
+		h.putWindow([]shm.Tensor{tn})
+		tensorSeq := h.lastSeq
+		if _, err := h.p.PutToken(0, 1, 0, "x"); err != nil {
+			t.Fatal(err)
+		}
+		// The tensor's seq is not the window's last: a torn record.
+		if err := h.s.Publish(h.p.Head(), tensorSeq); err == nil || !strings.Contains(err.Error(), "publish says last seq") {
+			t.Fatalf("err = %v", err)
+		}
+		h.s.Finish(StatusError)
+	})
 }

@@ -19,7 +19,8 @@ type input struct {
 }
 
 // Publish takes the window [previous head, head): it parses every record in it and queues
-// them. seq is the last tensor record's sequence number in the window. It returns the
+// them. seq is the last record's sequence number in the window (a tensor's, or a TOKEN
+// record's). It returns the
 // session's fatal error when the window is bad or the session already failed.
 func (s *Session) Publish(head, seq uint64) error {
 	if e := s.Err(); e != nil {
@@ -80,6 +81,20 @@ func (s *Session) takeNext(end uint64) (it *item, next uint64, err error) {
 	}
 	if rec.Seq != in.nextSeq {
 		return nil, 0, errf(KindTornRecord, "record at position %d has seq %d, expected %d", pos, rec.Seq, in.nextSeq)
+	}
+	if rec.Kind == shm.KindToken {
+		// The text is copied out, so the record's ring bytes are free at once; the TOKEN
+		// packet is written in sequence order with the records around it (route).
+		pos := rec.Position()
+		t := Token{Seq: rec.Seq, Index: rec.Step, TokenID: rec.TokenID(), Text: string(rec.Payload), Position: &pos}
+		s.tail.free(s.tail.add(next))
+		in.nextSeq++
+		if s.o.Observer != nil {
+			s.o.Observer.ObserveToken(s.o.ID, time.Now())
+		}
+		it := notice(kindToken, t.Seq)
+		it.tok = t
+		return it, next, nil
 	}
 	var meta []byte
 	if len(rec.Meta) > 0 {

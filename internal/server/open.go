@@ -218,7 +218,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 		}
 		log.Info("uploading", zap.String("object", up.u.Status().Object))
 	}
-	opened := control.Opened{Session: id, BlockSize: plan.BlockSize(), PublishedCursor: true}
+	opened := control.Opened{Session: id, BlockSize: plan.BlockSize(), PublishedCursor: true, RingTokens: true}
 	if up != nil {
 		opened.Upload = up.u.Status().Object
 	}

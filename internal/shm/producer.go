@@ -173,6 +173,28 @@ func (p *Producer) Put(t *Tensor) (seq uint64, err error) {
 	return seq, nil
 }
 
+// PutToken places a TOKEN record (PROTOCOL.md 2) as Put places a tensor, taking the next
+// sequence number.
+func (p *Producer) PutToken(index uint64, tokenID, position int64, text string) (seq uint64, err error) {
+	n := TokenRecordLen(len(text))
+	if n > p.dataSize {
+		return 0, fmt.Errorf("%w: token record of %d bytes, data region %d", ErrTooLarge, n, p.dataSize)
+	}
+	pad, total := p.need(n)
+	if total > p.Free() {
+		return 0, ErrRingFull
+	}
+	if pad > 0 {
+		PutPad(p.data[p.head%p.dataSize:], pad)
+		p.head += pad
+	}
+	seq = p.TakeSeq()
+	off := p.head % p.dataSize
+	copy(p.data[off:off+n], AppendToken(nil, seq, index, tokenID, position, text))
+	p.head += n
+	return seq, nil
+}
+
 // Close unmaps the ring and closes the memfd.
 func (p *Producer) Close() error {
 	var errs []error

@@ -31,7 +31,14 @@ const (
 const (
 	KindTensor uint16 = 1
 	KindPad    uint16 = 2
+	// KindToken is a generated token written into the ring (PROTOCOL.md 2, "TOKEN
+	// records"), where the daemon offers ring_tokens: it becomes a TOKEN packet as the
+	// TOKEN message does, without a message of its own.
+	KindToken uint16 = 3
 )
+
+// MaxTokenText is the longest token text a TOKEN record may carry.
+const MaxTokenText = 65536
 
 // FlagPart marks a record that carries one part of a larger tensor.
 const FlagPart uint16 = 1
@@ -119,7 +126,8 @@ func ParseHeader(b []byte, ringSize uint64) (dataSize uint64, err error) {
 }
 
 // Record is one parsed ring record. Shape, Name, Meta and Payload alias the bytes it was
-// parsed from.
+// parsed from. A TOKEN record (Kind KindToken) uses Step for the token's index, Payload
+// for its text and the accessors TokenID and Position; its other fields are zero.
 type Record struct {
 	Kind       uint16
 	DType      dtype.DType
@@ -135,6 +143,12 @@ type Record struct {
 	Meta       []byte
 	Payload    []byte
 }
+
+// TokenID is a TOKEN record's token id (the part_offset field, two's complement).
+func (r *Record) TokenID() int64 { return int64(r.PartOffset) }
+
+// Position is a TOKEN record's sequence position (the forward field, two's complement).
+func (r *Record) Position() int64 { return int64(r.Forward) }
 
 // Limits tighten the per-record maxima of the protocol; zero fields take the protocol's.
 type Limits struct {
@@ -192,8 +206,10 @@ func ParseRecord(b []byte, lim Limits) (Record, error) {
 	case KindPad:
 		return r, nil
 	case KindTensor:
+	case KindToken:
+		return parseToken(b, r)
 	default:
-		return r, badf("kind %d, expected %d (tensor) or %d (pad)", r.Kind, KindTensor, KindPad)
+		return r, badf("kind %d, expected %d (tensor), %d (pad) or %d (token)", r.Kind, KindTensor, KindPad, KindToken)
 	}
 	if len(b) < RecordFixedSize {
 		return r, badf("%d bytes, a tensor record header needs %d", len(b), RecordFixedSize)
@@ -282,6 +298,65 @@ func ParseRecord(b []byte, lim Limits) (Record, error) {
 	}
 	r.Payload = b[payloadOff : payloadOff+payloadLen]
 	return r, nil
+}
+
+// parseToken checks and parses a TOKEN record (PROTOCOL.md 2): the fields a tensor record
+// uses for its dtype, shape, name, meta, flags and tensor_len are zero, and the payload is
+// the token's text, valid UTF-8 of at most MaxTokenText bytes.
+func parseToken(b []byte, r Record) (Record, error) {
+	if len(b) < RecordFixedSize || r.Len < 2*Align {
+		return r, badf("token record of %d bytes (record_len %d), needs at least %d", len(b), r.Len, 2*Align)
+	}
+	le := binary.LittleEndian
+	r.Seq = le.Uint64(b[8:])
+	r.Step = le.Uint64(b[24:])
+	r.Forward = le.Uint64(b[32:])
+	payloadOff := le.Uint64(b[40:])
+	payloadLen := le.Uint64(b[48:])
+	r.PartOffset = le.Uint64(b[64:])
+	if b[6] != 0 || b[7] != 0 || le.Uint16(b[56:]) != 0 || le.Uint16(b[58:]) != 0 || le.Uint32(b[60:]) != 0 || le.Uint64(b[72:]) != 0 {
+		return r, badf("token seq %d: dtype %d, ndim %d, name_len %d, flags %#x, meta_len %d, tensor_len %d; expected all 0",
+			r.Seq, b[6], b[7], le.Uint16(b[56:]), le.Uint16(b[58:]), le.Uint32(b[60:]), le.Uint64(b[72:]))
+	}
+	if payloadOff%Align != 0 || payloadOff < RecordFixedSize {
+		return r, badf("token seq %d: payload_off %d, expected a multiple of %d and at least %d", r.Seq, payloadOff, Align, RecordFixedSize)
+	}
+	if payloadOff > r.Len || payloadLen > r.Len-payloadOff {
+		return r, badf("token seq %d: payload_off %d + payload_len %d exceeds record_len %d", r.Seq, payloadOff, payloadLen, r.Len)
+	}
+	if payloadLen > MaxTokenText {
+		return r, badf("token seq %d: text of %d bytes, at most %d", r.Seq, payloadLen, MaxTokenText)
+	}
+	r.Payload = b[payloadOff : payloadOff+payloadLen]
+	if !utf8.Valid(r.Payload) {
+		return r, badf("token seq %d: text %q is not valid UTF-8", r.Seq, r.Payload)
+	}
+	return r, nil
+}
+
+// TokenRecordLen is the ring size of a TOKEN record whose text is n bytes.
+func TokenRecordLen(n int) uint64 { return 2*Align + AlignUp(uint64(n)) }
+
+// AppendToken appends the reference encoding of a TOKEN record (PROTOCOL.md 2): index in
+// step, position in forward, token id in part_offset, the text as payload at offset 128,
+// everything else zero.
+func AppendToken(dst []byte, seq, index uint64, tokenID, position int64, text string) []byte {
+	n := TokenRecordLen(len(text))
+	start := len(dst)
+	dst = append(dst, make([]byte, n)...)
+	b := dst[start:]
+	le := binary.LittleEndian
+	copy(b[0:4], recordMagic[:])
+	le.PutUint16(b[4:], KindToken)
+	le.PutUint64(b[8:], seq)
+	le.PutUint64(b[16:], n)
+	le.PutUint64(b[24:], index)
+	le.PutUint64(b[32:], uint64(position))
+	le.PutUint64(b[40:], 2*Align)
+	le.PutUint64(b[48:], uint64(len(text)))
+	le.PutUint64(b[64:], uint64(tokenID))
+	copy(b[2*Align:], text)
+	return dst
 }
 
 // Tensor describes one record to encode. Shape is the whole tensor's; Payload is this

@@ -90,6 +90,9 @@ func TestGolden(t *testing.T) {
 		PutPad(b, 128)
 		check(t, "pad_128.bin", b)
 	})
+	t.Run("token_seq9.bin", func(t *testing.T) {
+		check(t, "token_seq9.bin", AppendToken(nil, 9, 4, -7, 36, "h\u00e9llo"))
+	})
 }
 
 func validRecord(t *testing.T) []byte {
@@ -107,7 +110,7 @@ func TestParseRecordErrors(t *testing.T) {
 	}{
 		{"short", func(b []byte) []byte { return b[:32] }, "at least 64"},
 		{"magic", func(b []byte) []byte { copy(b, "XREC"); return b }, `magic "XREC"`},
-		{"kind", func(b []byte) []byte { le.PutUint16(b[4:], 3); return b }, "kind 3"},
+		{"kind", func(b []byte) []byte { le.PutUint16(b[4:], 4); return b }, "kind 4"},
 		{"len not aligned", func(b []byte) []byte { le.PutUint64(b[16:], 100); return b }, "record_len 100"},
 		{"len past window", func(b []byte) []byte { le.PutUint64(b[16:], 1024); return b }, "runs past"},
 		{"dtype", func(b []byte) []byte { b[6] = 99; return b }, "unknown dtype 99"},
@@ -364,6 +367,8 @@ func FuzzParseRecord(f *testing.F) {
 	} {
 		f.Add(AppendRecord(nil, &tn, 1))
 	}
+	f.Add(AppendToken(nil, 7, 3, 42, 35, "hello"))
+	f.Add(AppendToken(nil, 7, 3, -1, -1, "\xff"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := ParseRecord(b, Limits{})
 		if err != nil {
@@ -378,6 +383,16 @@ func FuzzParseRecord(f *testing.F) {
 		if !utf8.ValidString(r.Name) || !utf8.Valid(r.Meta) {
 			t.Fatalf("accepted a name %q or meta %q that is not UTF-8", r.Name, r.Meta)
 		}
+		if r.Kind == KindToken {
+			if !utf8.Valid(r.Payload) || len(r.Payload) > MaxTokenText || r.Name != "" || r.Meta != nil {
+				t.Fatalf("accepted a token with text %q, name %q, meta %q", r.Payload, r.Name, r.Meta)
+			}
+			r2, err := ParseRecord(AppendToken(nil, r.Seq, r.Step, r.TokenID(), r.Position(), string(r.Payload)), Limits{})
+			if err != nil || r2.Seq != r.Seq || r2.Step != r.Step || r2.TokenID() != r.TokenID() ||
+				r2.Position() != r.Position() || !bytes.Equal(r2.Payload, r.Payload) {
+				t.Fatalf("re-encoded token differs: %+v, %v", r2, err)
+			}
+		}
 		if r.Kind == KindTensor {
 			// Re-encoding what was parsed must parse to the same fields.
 			tn := Tensor{Name: r.Name, DType: r.DType, Shape: r.Shape, Step: r.Step, Forward: r.Forward, Meta: r.Meta,
@@ -391,4 +406,39 @@ func FuzzParseRecord(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestTokenRecord(t *testing.T) {
+	b := AppendToken(nil, 9, 4, -7, 36, "héllo")
+	if uint64(len(b)) != TokenRecordLen(6) || len(b) != 192 {
+		t.Fatalf("len %d", len(b))
+	}
+	r, err := ParseRecord(b, Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Kind != KindToken || r.Seq != 9 || r.Step != 4 || r.TokenID() != -7 || r.Position() != 36 || string(r.Payload) != "héllo" || r.Len != 192 {
+		t.Fatalf("%+v", r)
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(b []byte)
+		want string
+	}{
+		{"dtype set", func(b []byte) { b[6] = 1 }, "expected all 0"},
+		{"name_len set", func(b []byte) { b[56] = 1 }, "expected all 0"},
+		{"tensor_len set", func(b []byte) { b[72] = 1 }, "expected all 0"},
+		{"payload past record", func(b []byte) { b[48] = 100 }, "exceeds record_len"},
+		{"payload_off unaligned", func(b []byte) { b[40] = 100 }, "payload_off"},
+		{"text not UTF-8", func(b []byte) { b[128] = 0xff }, "not valid UTF-8"},
+		{"too short", func(b []byte) { b[16] = 64 }, "needs at least 128"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := append([]byte(nil), b...)
+			tc.edit(c)
+			if _, err := ParseRecord(c, Limits{}); err == nil || !errors.Is(err, ErrBadRecord) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+		})
+	}
 }

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import tiny_llama
 from genloop import generate
@@ -20,14 +21,20 @@ from llm_instrumentation import _session, analyze_activations, capture_activatio
 N_TOKENS = 3
 
 
-def test_sigkill_after_deferred_forward_keeps_its_records(real_strapd, tmp_path):
+@pytest.mark.parametrize("mode", ["message", "ring"])
+def test_sigkill_after_deferred_forward_keeps_its_records(real_strapd, tmp_path, mode):
     out = tmp_path / "killed.strap"
     p = subprocess.run([sys.executable, str(Path(__file__).with_name("deferred_kill_client.py")), real_strapd.socket,
-                        str(out), str(N_TOKENS)], capture_output=True, text=True, timeout=120)
+                        str(out), str(N_TOKENS), mode], capture_output=True, text=True, timeout=120)
     assert p.returncode == -9, p.stderr[-2000:]
     f = dict(zip(*[iter(p.stdout.split())] * 2))
     # The last pass was behind the cursor only: no message named it before the kill.
-    assert f["cursor"] == "1" and f["deferred"] == "1" and int(f["published"]) < int(f["head"]), p.stdout
+    assert f["cursor"] == "1" and int(f["published"]) < int(f["head"]), p.stdout
+    if mode == "message":
+        assert f["deferred"] == "1", p.stdout
+    else:
+        # every token and pass after the prompt's is below the cursor, none named by a message
+        assert f["unsent_tokens"] == str(N_TOKENS) and f["cursor_at"] == f["head"], p.stdout
     hooks = int(f["hooks"])
     deadline = time.monotonic() + 30
     while P.status(real_strapd.socket)["sessions"]:  # strapd ends the dead client's stream
@@ -69,8 +76,9 @@ def _generate_counting(sock: str, out: Path, defer: bool):
                              track_per_token=True) as fw:
         s = fw._session
         spy = _Spy(s.conn)
-        assert s._cursor
+        assert s._cursor and s._ring_tokens
         s._cursor = defer
+        s._ring_tokens = False  # the TOKEN message flow; ring tokens: test_ring_tokens_*
         generate(fw, m, n_tokens=5)
     return spy.sent, fw
 
@@ -101,6 +109,7 @@ def test_two_passes_without_a_token_publish(real_strapd, tmp_path):
         with capture_activations(m, preset="balanced", output_path=tmp_path / "t.strap", socket_path=real_strapd.socket,
                                  autostart_daemon=False, track_per_token=True) as fw:
             s = fw._session
+            s._ring_tokens = False
             spy = _Spy(s.conn)
             fw.token_tracker.record_token(5, "<5>")
             m(input_ids=x)
@@ -130,6 +139,62 @@ def test_old_daemon_gets_publish(monkeypatch, real_strapd, tmp_path):
         spy = _Spy(fw._session.conn)
         generate(fw, m, n_tokens=3)
     assert len([b for b in spy.sent if isinstance(b, P.Publish)]) == 3
+
+
+def test_ring_tokens_one_message_per_16_tokens(real_strapd, tmp_path):
+    # Tokens in the ring (PROTOCOL.md 1.4, "TOKEN records"): one PUBLISH names 16 tokens'
+    # passes; the stream is the one the TOKEN message flow writes, packet for packet.
+    m = tiny_llama()
+    with capture_activations(m, preset="balanced", output_path=tmp_path / "r.strap", socket_path=real_strapd.socket,
+                             autostart_daemon=False, track_per_token=True) as fw:
+        s = fw._session
+        assert s._ring_tokens and s.ring_tokens_every == 16
+        s.ring_tokens_seconds = 1e9  # by count only, whatever the machine's speed
+        spy = _Spy(s.conn)
+        generate(fw, m, n_tokens=40)
+        sent = list(spy.sent)
+    assert not [b for b in sent if isinstance(b, P.Token)]
+    # the prompt's pass, then after the 16th and the 32nd token; CLOSE's publish names the rest
+    assert len([b for b in sent if isinstance(b, P.Publish)]) == 4, [type(b).__name__ for b in sent]
+    a = analyze_activations(tmp_path / "r.strap")
+    assert a["end_status"] == "complete"
+    with capture_activations(m, preset="balanced", output_path=tmp_path / "m.strap", socket_path=real_strapd.socket,
+                             autostart_daemon=False, track_per_token=True) as fw2:
+        fw2._session._ring_tokens = False
+        generate(fw2, m, n_tokens=40)
+    with open_stream(tmp_path / "r.strap") as a, open_stream(tmp_path / "m.strap") as b:
+        pa, pb = list(a.packets()), list(b.packets())
+    key = [(q.type_name, q.seq, q.name, q.step, q.forward) for q in pa]
+    assert key == [(q.type_name, q.seq, q.name, q.step, q.forward) for q in pb]
+    assert [q.meta for q in pa if q.type_name == "TOKEN"] == [q.meta for q in pb if q.type_name == "TOKEN"]
+    assert len([q for q in pa if q.type_name == "TOKEN"]) == 40
+
+
+def test_ring_tokens_doorbell_by_time(real_strapd, tmp_path):
+    m = tiny_llama()
+    with capture_activations(m, preset="balanced", output_path=tmp_path / "t.strap", socket_path=real_strapd.socket,
+                             autostart_daemon=False, track_per_token=True) as fw:
+        s = fw._session
+        s.ring_tokens_seconds = 0.0  # every token's check finds the time passed
+        spy = _Spy(s.conn)
+        generate(fw, m, n_tokens=4)
+        assert not [b for b in spy.sent if isinstance(b, P.Token)]
+        assert len([b for b in spy.sent if isinstance(b, P.Publish)]) >= 4
+    assert len([q for q in open_stream(tmp_path / "t.strap").packets() if q.type_name == "TOKEN"]) == 4
+
+
+def test_ring_token_record_bytes():
+    # The reference encoding strapd's shm.AppendToken writes (internal/shm TestTokenRecord).
+    from llm_instrumentation._ring import encode_token_record, parse_record_header, token_record_len
+
+    b = encode_token_record(seq=9, index=4, token_id=-7, position=36, text="héllo".encode())
+    assert len(b) == token_record_len(6) == 192
+    h = parse_record_header(b)
+    assert (h["kind"], h["seq"], h["record_len"], h["step"], h["payload_off"], h["payload_len"]) == (3, 9, 192, 4, 128, 6)
+    assert h["part_offset"] == (1 << 64) - 7 and h["forward"] == 36
+    assert b[128:134] == "héllo".encode() and b[134:] == bytes(58) and b[80:128] == bytes(48)
+    with pytest.raises(ValueError):
+        encode_token_record(seq=1, index=0, token_id=0, position=0, text=bytes(65537))
 
 
 def test_store_published_writes_the_cursor_and_checks_its_address():

@@ -38,6 +38,7 @@ MESSAGES = [
     ("token.bin", P.Token(seq=5, index=2, token_id=1234, text=" the", position=8)),
     ("token_head.bin", P.Token(seq=9, index=3, token_id=42, text="!", head=8192)),
     ("opened_cursor.bin", P.Opened(session=7, block_size=1048576, published_cursor=True)),
+    ("opened_ring_tokens.bin", P.Opened(session=7, block_size=1048576, published_cursor=True, ring_tokens=True)),
     ("checkpoint.bin", P.Checkpoint(seq=5)),
     ("checkpointed.bin", P.Checkpointed(seq=5, offset=40960, packets=5, drops=0, tokens=2, last_offset=40800,
                                         last_crc=3735928559)),
@@ -152,6 +153,12 @@ def test_pad_golden():
     want = _need(RING / "pad_128.bin")
     got = R.encode_pad_header(128)
     assert got + bytes(128 - len(got)) == want
+
+
+def test_token_record_golden():
+    # PROTOCOL.md 2, TOKEN records (kind 3): the bytes strapd's shm.AppendToken writes
+    got = R.encode_token_record(seq=9, index=4, token_id=-7, position=36, text="héllo".encode())
+    assert got == _need(RING / "token_seq9.bin")
 
 
 def _record(hdr: bytes, payload: bytes, record_len: int) -> bytes:

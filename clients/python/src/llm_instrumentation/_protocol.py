@@ -251,6 +251,9 @@ class Opened(Body):
     #: the daemon takes the ring's published cursor at client death and TOKEN's ``head``
     #: (PROTOCOL.md 1.4): PUBLISH may be deferred
     published_cursor: Optional[bool] = None
+    #: the daemon takes TOKEN records in the ring (PROTOCOL.md 1.4, 2): tokens may go there,
+    #: several published by one message
+    ring_tokens: Optional[bool] = None
 
 
 @dataclass(frozen=True, kw_only=True)

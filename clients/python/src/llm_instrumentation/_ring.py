@@ -28,6 +28,8 @@ PUBLISHED_OFFSET = 32
 REC_MAGIC = b"SREC"
 KIND_TENSOR = 1
 KIND_PAD = 2
+#: a generated token written into the ring (PROTOCOL.md 2, "TOKEN records"; OPENED ring_tokens)
+KIND_TOKEN = 3
 FLAG_PART = 1
 #: magic, kind, dtype, ndim, seq, record_len, step, forward, payload_off, payload_len,
 #: name_len, flags, meta_len, part_offset, tensor_len
@@ -36,6 +38,8 @@ assert RECORD.size == 80
 MAX_NAME = 4096
 MAX_META = 65536
 MAX_NDIM = 8
+#: the longest token text a TOKEN record carries
+MAX_TOKEN_TEXT = 65536
 
 #: Linux 5.14+: fault pages in writable without touching them (not in every Python's mmap).
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
@@ -120,6 +124,27 @@ def encode_record_header(
     )
     body = fixed + struct.pack(f"<{ndim}Q", *shape) + name + meta
     return body + bytes(payload_off - len(body))
+
+
+def token_record_len(text_len: int) -> int:
+    """Ring bytes of a TOKEN record whose text is ``text_len`` bytes: 128 + the text, 64-aligned."""
+    return 128 + align64(text_len)
+
+
+def encode_token_record(*, seq: int, index: int, token_id: int, position: int, text: bytes) -> bytes:
+    """Encode a whole TOKEN record (PROTOCOL.md 2): the token's index in ``step``, its
+    position in ``forward`` and its id in ``part_offset`` (both two's complement), the
+    UTF-8 text as payload at offset 128; the other fields zero.
+
+    Raises:
+        ValueError: the text is longer than :data:`MAX_TOKEN_TEXT`.
+    """
+    if len(text) > MAX_TOKEN_TEXT:
+        raise ValueError(f"token text of {len(text)} bytes exceeds {MAX_TOKEN_TEXT}")
+    n = token_record_len(len(text))
+    fixed = RECORD.pack(REC_MAGIC, KIND_TOKEN, 0, 0, seq, n, index, position & 0xFFFFFFFFFFFFFFFF, 128,
+                        len(text), 0, 0, 0, token_id & 0xFFFFFFFFFFFFFFFF, 0)
+    return fixed + bytes(128 - RECORD.size) + text + bytes(n - 128 - len(text))
 
 
 def encode_pad_header(record_len: int) -> bytes:

@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional, Seq
 from . import _daemon
 from . import _protocol as P
 from ._dtypes import dtype_size, torch_dtype_id
-from ._ring import HEADER_SIZE, PUBLISHED_OFFSET, Ring, align64, encode_record_header, header_area, keep_ring, take_ring
+from ._ring import (HEADER_SIZE, MAX_TOKEN_TEXT, PUBLISHED_OFFSET, Ring, align64, encode_record_header,
+                    encode_token_record, header_area, keep_ring, take_ring, token_record_len)
 from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,6 +99,14 @@ class _Layout(NamedTuple):
     memmove: bool
 
 
+#: Ring tokens (PROTOCOL.md 1.4): a PUBLISH after this many tokens at most ...
+RING_TOKENS_EVERY = 16
+#: ... or this many seconds after the last message, whichever comes first: strapd is woken
+#: about once per 16 tokens while decoding instead of once per token, and a live reader of
+#: the stream (status, follow) lags it by at most that.
+RING_TOKENS_SECONDS = 0.25
+
+
 class CaptureSession:
     """Client side of one strapd session.
 
@@ -128,8 +137,20 @@ class CaptureSession:
         #: Defer the per-pass PUBLISH to the next TOKEN (PROTOCOL.md 1.4) where the daemon
         #: offers the published cursor and the C extension can store it.
         self.defer_publish = True
+        #: With ring tokens, a PUBLISH is sent once this many tokens are unnamed by a
+        #: message, or :attr:`ring_tokens_seconds` after the last message (checked at each
+        #: token and pass), whichever comes first; ``<= 1`` keeps one TOKEN message per token.
+        self.ring_tokens_every = RING_TOKENS_EVERY
+        self.ring_tokens_seconds = RING_TOKENS_SECONDS
         self._cursor = False  # set at OPENED: the cursor is stored and PUBLISH deferred
         self._deferred = False  # a pass's records are behind the cursor, not yet named by a message
+        #: Tokens go into the ring as TOKEN records and one PUBLISH names several tokens'
+        #: passes (PROTOCOL.md 1.4, "TOKEN records"): set at OPENED where the daemon offers
+        #: ring_tokens, the cursor is stored, and no trace file wants a TOKEN per token.
+        self._ring_tokens = False
+        self._cursor_at = 0  # the published cursor last stored
+        self._unsent_tokens = 0  # ring tokens no message has named yet
+        self._last_message = 0.0  # time.monotonic() of the last PUBLISH or TOKEN sent
         self.seq = 0
         self.last_tensor_seq = 0
         self.packets = 0
@@ -182,6 +203,10 @@ class CaptureSession:
         self.conn.send(request, fds=fds)
         self.opened = self.conn.expect(P.Opened, timeout)
         self._cursor = bool(self.opened.published_cursor) and self.defer_publish and _c_store_published is not None
+        # A session with a trace file gets each token's kernel counters when its TOKEN
+        # message arrives (PROTOCOL.md 1.4 TOKEN): it keeps one message per token.
+        self._ring_tokens = self._cursor and bool(self.opened.ring_tokens) and trace_fd is None \
+            and self.ring_tokens_every > 1
         return self.opened
 
     def close(self, timeout: Optional[float] = None, meanwhile: Optional[Callable[[], None]] = None,
@@ -275,6 +300,8 @@ class CaptureSession:
             self.conn.send(P.Publish(head=head, seq=seq))
             self.published_head = head
             self._deferred = False
+            self._unsent_tokens = 0
+            self._last_message = time.monotonic()
 
     def _head(self, block: bool) -> Optional[Tuple[int, int]]:
         """The head and last tensor seq a publish would name now (``block``: after waiting
@@ -304,6 +331,24 @@ class CaptureSession:
         _c_store_published(self._ring_addr + PUBLISHED_OFFSET, got[0])
         self._deferred = True
 
+    def _store_cursor(self) -> None:
+        """Store the published cursor past every completed record (ring tokens): a client
+        killed now still has them written (the daemon takes them at EOF)."""
+        got = self._head(block=False)
+        if got is not None and got[0] > self._cursor_at:
+            _c_store_published(self._ring_addr + PUBLISHED_OFFSET, got[0])
+            self._cursor_at = got[0]
+
+    def _doorbell(self) -> None:
+        """Ring tokens: name the records and tokens written so far by one PUBLISH once
+        :attr:`ring_tokens_every` tokens wait or :attr:`ring_tokens_seconds` passed since
+        the last message; until then they are below the stored cursor only."""
+        if self._unsent_tokens >= self.ring_tokens_every or \
+                time.monotonic() - self._last_message >= self.ring_tokens_seconds:
+            self._publish(block=False)
+        else:
+            self._store_cursor()
+
     def flush(self) -> None:
         """Publish every record written so far (the framework calls this after each forward
         pass of the model); records of CUDA tensors whose copies are still running go with
@@ -311,7 +356,11 @@ class CaptureSession:
         with self._lock:
             self._check()
             try:
-                if self._cursor and self.tokens:
+                if self._ring_tokens and self.tokens:
+                    # Generating with ring tokens: the pass's records wait, below the
+                    # cursor, for the message that names several tokens' passes.
+                    self._doorbell()
+                elif self._cursor and self.tokens:
                     # Generating: the next TOKEN names this pass's records (one wake-up of
                     # strapd per token instead of two). Before the first token (prefill,
                     # or a capture without tokens) each pass is published at once.
@@ -628,6 +677,8 @@ class CaptureSession:
         with self._lock:
             self._check()
             try:
+                if self._ring_tokens and self._token_to_ring(index, token_id, text, position):
+                    return self.seq
                 self.drain()
                 head: Optional[int] = None
                 if self._cursor:
@@ -644,11 +695,44 @@ class CaptureSession:
                 if head is not None:
                     self.published_head = head
                 self._deferred = False
+                self._unsent_tokens = 0
+                self._last_message = time.monotonic()
                 self.tokens += 1
                 return seq
             except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
                 self.error = e
                 raise
+
+    def _token_to_ring(self, index: int, token_id: int, text: str, position: int) -> bool:
+        """Write a TOKEN record at the head (PROTOCOL.md 2) and ring the doorbell when due;
+        False, writing nothing, when the record does not fit now or its text is too long
+        (the caller sends a TOKEN message instead: a token never waits for ring space)."""
+        text_b = text.encode("utf-8")
+        if len(text_b) > MAX_TOKEN_TEXT:
+            return False
+        ring = self.ring
+        rec_len = token_record_len(len(text_b))
+        pad, needed = ring.placement(rec_len)
+        if not ring.fits(needed):
+            self.drain()  # RELEASEs received since the last publish free space
+            pad, needed = ring.placement(rec_len)
+            if not ring.fits(needed):
+                return False
+        if pad:
+            ring.write_pad(pad)
+        ring.populate(ring.head + rec_len)
+        seq = self._next_seq()
+        ring.write_header(encode_token_record(seq=seq, index=index, token_id=token_id, position=position,
+                                              text=text_b))
+        ring.head += rec_len
+        # The last record of the window: a PUBLISH ending here names its seq.
+        # (No CUDA copy: while earlier copies run, a publish names only their completed
+        # prefix, and this record once they all completed.)
+        self.last_tensor_seq = seq
+        self.tokens += 1
+        self._unsent_tokens += 1
+        self._doorbell()
+        return True
 
     def checkpoint(self, timeout: Optional[float] = None) -> P.Checkpointed:
         """Ask the daemon to make every event sent so far durable.
