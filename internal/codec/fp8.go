@@ -217,8 +217,8 @@ func fp8Group(st *BlockStats, g int, src, codes, scale []byte, dt dtype.DType) b
 	var amax float64
 	switch dt {
 	case dtype.Float32:
-		var m uint32
-		for i := 0; i+4 <= len(src); i += 4 {
+		done, m := fp8AbsMax32(src) // AVX2 for the leading multiple of 8 values
+		for i := 4 * done; i+4 <= len(src); i += 4 {
 			m = max(m, binary.LittleEndian.Uint32(src[i:])&0x7fffffff)
 		}
 		if m >= 0x7f800000 {
@@ -226,8 +226,8 @@ func fp8Group(st *BlockStats, g int, src, codes, scale []byte, dt dtype.DType) b
 		}
 		amax = float64(math.Float32frombits(m))
 	case dtype.BFloat16:
-		var m uint16
-		for i := 0; i+2 <= len(src); i += 2 {
+		done, m := fp8AbsMax16(src)
+		for i := 2 * done; i+2 <= len(src); i += 2 {
 			m = max(m, binary.LittleEndian.Uint16(src[i:])&0x7fff)
 		}
 		if m >= 0x7f80 {
@@ -235,8 +235,8 @@ func fp8Group(st *BlockStats, g int, src, codes, scale []byte, dt dtype.DType) b
 		}
 		amax = float64(dtype.BFloat16ToFloat32(m))
 	case dtype.Float16:
-		var m uint16
-		for i := 0; i+2 <= len(src); i += 2 {
+		done, m := fp8AbsMax16(src)
+		for i := 2 * done; i+2 <= len(src); i += 2 {
 			m = max(m, binary.LittleEndian.Uint16(src[i:])&0x7fff)
 		}
 		if m >= 0x7c00 {
@@ -273,9 +273,10 @@ func fp8CodeF32(src, codes []byte, s float32, inv float64) (r RowSums, mx float6
 	n := len(src) / 4
 	codes = codes[:n]
 	src = src[:4*n]
-	var ss0, sse0, ssd0, ss1, sse1, ssd1 float64
-	var mb0, mb1 uint64 // bits of the largest |error|: an integer max, far cheaper than float max
-	i := 0
+	// AVX2 codes the leading multiple of 4 values (fp8_amd64.s), the loops below the rest.
+	i, ss0, sse0, ssd0, mb0 := fp8Vec(src, codes, s, inv, false)
+	var ss1, sse1, ssd1 float64
+	var mb1 uint64 // bits of the largest |error|: an integer max, far cheaper than float max
 	for ; i+2 <= n; i += 2 {
 		x0 := float64(math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:])))
 		x1 := float64(math.Float32frombits(binary.LittleEndian.Uint32(src[4*i+4:])))
@@ -307,27 +308,35 @@ func rowSums(ss, sse, ssd float64) RowSums {
 }
 
 // fp8Code16 is fp8CodeF32 for bfloat16 and float16: the decoded value is rounded to the
-// element type (round to nearest even) before the error is measured. The decoded value of
-// each code is tabled per row part (256 roundings, or the codes seen in a short part).
+// element type (round to nearest even) before the error is measured.
 func fp8Code16(src, codes []byte, s float32, inv float64, bf bool) (r RowSums, mx float64) {
 	n := len(src) / 2
 	codes = codes[:n]
 	src = src[:2*n]
-	var tab [256]float64
-	for c := range 256 {
-		if c&0x7F == 0x7F {
-			continue
-		}
-		if bf {
-			tab[c] = float64(dtype.BFloat16ToFloat32(dtype.Float32ToBFloat16(E4M3[c] * s)))
-		} else {
-			tab[c] = float64(f16Table[dtype.Float32ToFloat16(E4M3[c]*s)])
-		}
-	}
 	var ss0, sse0, ssd0, ss1, sse1, ssd1 float64
 	var mb0, mb1 uint64
 	var sh uint32 = 16 // bfloat16 widens by a shift; float16 through f16Table
 	i := 0
+	if bf { // AVX2 codes the leading multiple of 4 bfloat16 values (fp8_amd64.s)
+		i, ss0, sse0, ssd0, mb0 = fp8Vec(src, codes, s, inv, true)
+	}
+	// float16: the decoded value of each code, tabled (256 roundings a row part); bfloat16
+	// rounds each value left over from the vector loop (at most 3, or all without AVX2).
+	var tab [256]float64
+	for c := range 256 {
+		if bf || i == n {
+			break
+		}
+		if c&0x7F != 0x7F {
+			tab[c] = float64(f16Table[dtype.Float32ToFloat16(E4M3[c]*s)])
+		}
+	}
+	dec := func(c uint8) float64 {
+		if bf {
+			return float64(dtype.BFloat16ToFloat32(dtype.Float32ToBFloat16(E4M3[c] * s)))
+		}
+		return tab[c]
+	}
 	for ; i+2 <= n; i += 2 {
 		h0, h1 := binary.LittleEndian.Uint16(src[2*i:]), binary.LittleEndian.Uint16(src[2*i+2:])
 		var x0, x1 float64
@@ -338,7 +347,7 @@ func fp8Code16(src, codes []byte, s float32, inv float64, bf bool) (r RowSums, m
 		}
 		c0, c1 := e4m3Fast(x0*inv), e4m3Fast(x1*inv)
 		codes[i], codes[i+1] = c0, c1
-		y0, y1 := tab[c0], tab[c1]
+		y0, y1 := dec(c0), dec(c1)
 		e0, e1 := x0-y0, x1-y1
 		ss0, ss1 = ss0+x0*x0, ss1+x1*x1
 		sse0, sse1 = sse0+e0*e0, sse1+e1*e1
@@ -353,7 +362,7 @@ func fp8Code16(src, codes []byte, s float32, inv float64, bf bool) (r RowSums, m
 		}
 		c := e4m3Fast(x * inv)
 		codes[i] = c
-		y := tab[c]
+		y := dec(c)
 		e := x - y
 		ss0, sse0, ssd0 = ss0+x*x, sse0+e*e, ssd0+y*y
 		mb0 = max(mb0, math.Float64bits(e)&^(1<<63))

@@ -1,0 +1,70 @@
+//go:build !purego
+
+package codec
+
+import "math"
+
+//go:noescape
+func fp8F32AVX2(src, codes *byte, n int, inv float64, s float32, acc *[16]float64)
+
+//go:noescape
+func fp8BF16AVX2(src, codes *byte, n int, inv float64, s float32, acc *[16]float64)
+
+// fp8Vec codes the leading multiple of 4 values of src (float32, or bfloat16 when bf) with
+// AVX2, as the scalar loops would, and returns how many it did and their sums.
+func fp8Vec(src, codes []byte, s float32, inv float64, bf bool) (done int, ss, sse, ssd float64, mb uint64) {
+	n := len(codes) &^ 3
+	if !hasAVX2 || n == 0 {
+		return 0, 0, 0, 0, 0
+	}
+	var acc [16]float64
+	if bf {
+		_ = src[2*n-1]
+		fp8BF16AVX2(&src[0], &codes[0], n, inv, s, &acc)
+	} else {
+		_ = src[4*n-1]
+		fp8F32AVX2(&src[0], &codes[0], n, inv, s, &acc)
+	}
+	ss = acc[0] + acc[1] + acc[2] + acc[3]
+	sse = acc[4] + acc[5] + acc[6] + acc[7]
+	ssd = acc[8] + acc[9] + acc[10] + acc[11]
+	for _, m := range acc[12:16] {
+		mb = max(mb, math.Float64bits(m))
+	}
+	return n, ss, sse, ssd, mb
+}
+
+//go:noescape
+func fp8Max32AVX2(src *byte, n int, out *[8]uint32)
+
+//go:noescape
+func fp8Max16AVX2(src *byte, n int, out *[16]uint16)
+
+// fp8AbsMax32 is the largest bit pattern of |x| over the leading multiple of 8 of the
+// 4-byte values of src, and how many it covered.
+func fp8AbsMax32(src []byte) (done int, m uint32) {
+	n := len(src) / 4 &^ 7
+	if !hasAVX2 || n == 0 {
+		return 0, 0
+	}
+	var out [8]uint32
+	fp8Max32AVX2(&src[0], n, &out)
+	for _, v := range out {
+		m = max(m, v)
+	}
+	return n, m
+}
+
+// fp8AbsMax16 is fp8AbsMax32 for 2-byte values, 16 at a time.
+func fp8AbsMax16(src []byte) (done int, m uint16) {
+	n := len(src) / 2 &^ 15
+	if !hasAVX2 || n == 0 {
+		return 0, 0
+	}
+	var out [16]uint16
+	fp8Max16AVX2(&src[0], n, &out)
+	for _, v := range out {
+		m = max(m, v)
+	}
+	return n, m
+}

@@ -1,0 +1,13 @@
+//go:build !amd64 || purego
+
+package codec
+
+// The vector fp8 loops exist for amd64 only; elsewhere the scalar loops do it all.
+
+func fp8Vec(_, _ []byte, _ float32, _ float64, _ bool) (done int, ss, sse, ssd float64, mb uint64) {
+	return 0, 0, 0, 0, 0
+}
+
+func fp8AbsMax32(_ []byte) (int, uint32) { return 0, 0 }
+
+func fp8AbsMax16(_ []byte) (int, uint16) { return 0, 0 }
