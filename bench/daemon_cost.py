@@ -79,6 +79,20 @@ def daemon_counters(pid: int) -> Dict[str, int]:
     return out
 
 
+def thread_switches(pid: int) -> Dict[int, int]:
+    """Context switches of each thread of ``pid``, by thread id."""
+    out: Dict[int, int] = {}
+    for path in glob.glob(f"/proc/{pid}/task/*/status"):
+        try:
+            with open(path) as f:
+                out[int(path.split("/")[4])] = sum(
+                    int(line.split()[1]) for line in f
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")))
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return out
+
+
 def peer_pid(sock_path: str) -> int:
     """The pid of the process listening on ``sock_path`` (SO_PEERCRED)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -129,16 +143,19 @@ def run_preset(a: argparse.Namespace, preset: str, model: Any, prompt: torch.Ten
                 time.sleep(0.5)  # perf attaches
             if pid:
                 d0 = daemon_counters(pid)
+                t0 = thread_switches(pid)
             c0, w0 = time.process_time(), time.perf_counter()
             with torch.no_grad():
                 with capture_activations(model, config=cfg, output_path=path, track_per_token=True) as fw:
                     if not pid:
                         pid = peer_pid(sock)
                         d0 = daemon_counters(pid)
+                        t0 = thread_switches(pid)
                         c0, w0 = time.process_time(), time.perf_counter()
                     greedy(model, prompt, a.new, fw)
             cap_cpu, cap_wall = time.process_time() - c0, time.perf_counter() - w0
             d1 = daemon_counters(pid)
+            t1 = thread_switches(pid)
             # 24 records per forward pass: the prompt's pass and one per generated token
             records = (a.new + 1) * 24
             packets = fw.stats["packets"]  # the client's count of tensor records written
@@ -162,6 +179,11 @@ def run_preset(a: argparse.Namespace, preset: str, model: Any, prompt: torch.Ten
                 "strapd_threads": d1["threads"],
                 "client_us_per_record": 1e6 * (cap_cpu - plain_cpu) / records,
                 "client_cpu_s": cap_cpu, "plain_cpu_s": plain_cpu, "capture_wall_s": cap_wall,
+                # each strapd thread's switches per token, busiest first (tid order = creation
+                # order: the Go runtime's sysmon is the second thread)
+                "per_thread_switches_per_token": {str(t): round((n - t0.get(t, 0)) / a.new, 2) for t, n in
+                                                  sorted(t1.items(), key=lambda kv: t0.get(kv[0], 0) - kv[1])
+                                                  if n - t0.get(t, 0)},
             })
     finally:
         if perf is not None:

@@ -272,6 +272,14 @@ func (l *Lease) acquire(ctx context.Context, n int64) (grant, error) {
 	if n > l.reserve {
 		return grant{}, fmt.Errorf("buffer of %d bytes exceeds the session's reserve of %d", n, l.reserve)
 	}
+	// Most grants need no wait (a decoding step's small records: one per record): only a
+	// wait registers with ctx, which costs two allocations.
+	b.mu.Lock()
+	if g, ok := l.grantNow(n); ok {
+		b.mu.Unlock()
+		return g, nil
+	}
+	b.mu.Unlock()
 	stop := context.AfterFunc(ctx, func() {
 		b.mu.Lock()
 		b.cond.Broadcast()
@@ -281,23 +289,32 @@ func (l *Lease) acquire(ctx context.Context, n int64) (grant, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for {
-		// Over the client's hint, wait for this session's own buffers to be written.
-		underHint := l.inFlightCap <= 0 || l.inFlight+n <= l.inFlightCap
-		switch {
-		case underHint && b.fits(n):
-			b.used += n
-			l.took(n)
-			return grant{n: n}, nil
-		case underHint && l.reserveUsed+n <= l.reserve:
-			l.reserveUsed += n
-			l.took(n)
-			return grant{n: n, slot: true}, nil
+		if g, ok := l.grantNow(n); ok {
+			return g, nil
 		}
 		if err := ctx.Err(); err != nil {
 			return grant{}, err
 		}
 		b.cond.Wait()
 	}
+}
+
+// grantNow takes n bytes when they may be taken now; b.mu is held.
+func (l *Lease) grantNow(n int64) (grant, bool) {
+	b := l.b
+	// Over the client's hint, wait for this session's own buffers to be written.
+	underHint := l.inFlightCap <= 0 || l.inFlight+n <= l.inFlightCap
+	switch {
+	case underHint && b.fits(n):
+		b.used += n
+		l.took(n)
+		return grant{n: n}, true
+	case underHint && l.reserveUsed+n <= l.reserve:
+		l.reserveUsed += n
+		l.took(n)
+		return grant{n: n, slot: true}, true
+	}
+	return grant{}, false
 }
 
 // took counts a new grant of n bytes; b.mu is held.

@@ -71,7 +71,13 @@ func (t *tailTracker) advance() {
 	}
 	if i > 0 {
 		clear(t.spans[:i])
-		t.spans = t.spans[i:]
+		if i == len(t.spans) {
+			// All freed (a decoding step's window, usually): keep the array, or every
+			// record's append would soon grow a new one.
+			t.spans = t.spans[:0]
+		} else {
+			t.spans = t.spans[i:]
+		}
 	}
 	tail := t.tail
 	t.mu.Unlock()

@@ -12,11 +12,13 @@ type Reader struct {
 	size   uint64
 	pos    uint64
 	limits Limits
+	cache  interned
 }
 
 // NewReader reads records of data (a data region) starting at position start.
 func NewReader(data []byte, start uint64, lim Limits) *Reader {
-	return &Reader{data: data, size: uint64(len(data)), pos: start, limits: lim}
+	return &Reader{data: data, size: uint64(len(data)), pos: start, limits: lim,
+		cache: interned{names: map[string]string{}, shapes: map[string][]uint64{}}}
 }
 
 // Pos is the position of the next record.
@@ -37,7 +39,7 @@ func (r *Reader) Next(head uint64) (Record, uint64, error) {
 	if w := head - pos; w < avail {
 		avail = w
 	}
-	rec, err := ParseRecord(r.data[off:off+avail], r.limits)
+	rec, err := parseRecord(r.data[off:off+avail], r.limits, &r.cache)
 	if err != nil {
 		return rec, pos, fmt.Errorf("at position %d: %w", pos, err)
 	}

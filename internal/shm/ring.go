@@ -184,7 +184,62 @@ func badf(format string, args ...any) error {
 // occupy: from its position to the nearer of the published head and the end of the data
 // region, so a record_len beyond len(b) is an error. The sequence number is not checked
 // here (the caller knows the expected one); every other check of PROTOCOL.md section 2 is.
-func ParseRecord(b []byte, lim Limits) (Record, error) {
+func ParseRecord(b []byte, lim Limits) (Record, error) { return parseRecord(b, lim, nil) }
+
+// interned keeps the names and shapes of the records a Reader has parsed, so that a record
+// seen before (every decoding step repeats the same modules) takes no allocation for them.
+// Strings are immutable and a Record's Shape is never written to, so sharing is safe.
+type interned struct {
+	names  map[string]string
+	shapes map[string][]uint64
+}
+
+// maxInterned bounds an interned cache: a client with ever new names costs a little
+// memory, not an unbounded amount.
+const maxInterned = 4096
+
+func (c *interned) name(b []byte) string {
+	if c == nil {
+		return string(b)
+	}
+	if s, ok := c.names[string(b)]; ok { // no allocation for the lookup
+		return s
+	}
+	s := string(b)
+	if len(c.names) < maxInterned {
+		c.names[s] = s
+	}
+	return s
+}
+
+// shape returns the shape of ndim dimensions at b, the one kept for name when equal.
+func (c *interned) shape(name string, b []byte, ndim int) []uint64 {
+	le := binary.LittleEndian
+	if c != nil {
+		if sh, ok := c.shapes[name]; ok && len(sh) == ndim {
+			same := true
+			for i := range ndim {
+				if le.Uint64(b[RecordFixedSize+8*i:]) != sh[i] {
+					same = false
+					break
+				}
+			}
+			if same {
+				return sh
+			}
+		}
+	}
+	sh := make([]uint64, ndim)
+	for i := range ndim {
+		sh[i] = le.Uint64(b[RecordFixedSize+8*i:])
+	}
+	if c != nil && (len(c.shapes) < maxInterned || c.shapes[name] != nil) {
+		c.shapes[name] = sh
+	}
+	return sh
+}
+
+func parseRecord(b []byte, lim Limits, cache *interned) (Record, error) {
 	var r Record
 	lim = lim.norm()
 	if len(b) < Align {
@@ -249,12 +304,10 @@ func ParseRecord(b []byte, lim Limits) (Record, error) {
 	if payloadOff > r.Len || payloadLen > r.Len-payloadOff {
 		return r, badf("seq %d: payload_off %d + payload_len %d exceeds record_len %d", r.Seq, payloadOff, payloadLen, r.Len)
 	}
-	r.Shape = make([]uint64, ndim)
 	elems := uint64(1)
 	overflow := false
 	for i := range ndim {
 		d := le.Uint64(b[RecordFixedSize+8*i:])
-		r.Shape[i] = d
 		if d != 0 && elems > ^uint64(0)/d {
 			overflow = true
 		}
@@ -262,10 +315,10 @@ func ParseRecord(b []byte, lim Limits) (Record, error) {
 	}
 	size := uint64(r.DType.Size())
 	if overflow || (elems != 0 && elems > ^uint64(0)/size) || elems*size != r.TensorLen {
-		return r, badf("seq %d: shape %v of %s is not tensor_len %d bytes", r.Seq, r.Shape, r.DType, r.TensorLen)
+		return r, badf("seq %d: shape %v of %s is not tensor_len %d bytes", r.Seq, (*interned)(nil).shape("", b, ndim), r.DType, r.TensorLen)
 	}
 	if lim.MaxElements > 0 && elems > lim.MaxElements {
-		return r, badf("seq %d: shape %v has %d elements, at most %d", r.Seq, r.Shape, elems, lim.MaxElements)
+		return r, badf("seq %d: shape %v has %d elements, at most %d", r.Seq, (*interned)(nil).shape("", b, ndim), elems, lim.MaxElements)
 	}
 	if r.Flags&FlagPart != 0 {
 		if r.PartOffset > r.TensorLen || payloadLen > r.TensorLen-r.PartOffset {
@@ -288,7 +341,8 @@ func ParseRecord(b []byte, lim Limits) (Record, error) {
 	if !utf8.Valid(name) {
 		return r, badf("seq %d: name %q is not valid UTF-8", r.Seq, name)
 	}
-	r.Name = string(name)
+	r.Name = cache.name(name)
+	r.Shape = cache.shape(r.Name, b, ndim)
 	off += nameLen
 	if metaLen > 0 {
 		r.Meta = b[off : off+metaLen]

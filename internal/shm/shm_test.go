@@ -5,11 +5,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/strap-llm/strap/internal/dtype"
 	"golang.org/x/sys/unix"
@@ -440,5 +442,49 @@ func TestTokenRecord(t *testing.T) {
 				t.Fatalf("err = %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestReaderInterns: records of a name seen before share its string and, when equal, its
+// shape; a changed shape is read as it is.
+func TestReaderInterns(t *testing.T) {
+	var data []byte
+	mk := func(shape ...uint64) {
+		n := uint64(1)
+		for _, d := range shape {
+			n *= d
+		}
+		tn := Tensor{Name: "model.layers.0", DType: dtype.Uint8, Shape: shape, Payload: make([]byte, n)}
+		data = AppendRecord(data, &tn, uint64(len(data)/64+1))
+	}
+	mk(2, 3)
+	mk(2, 3)
+	mk(3, 2)
+	mk(3, 2)
+	rd := NewReader(data, 0, Limits{})
+	var recs []Record
+	for rd.Pos() < uint64(len(data)) {
+		r, _, err := rd.Next(uint64(len(data)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, r)
+	}
+	if fmt.Sprint(recs[0].Shape, recs[1].Shape, recs[2].Shape, recs[3].Shape) != "[2 3] [2 3] [3 2] [3 2]" {
+		t.Fatalf("shapes %v %v %v %v", recs[0].Shape, recs[1].Shape, recs[2].Shape, recs[3].Shape)
+	}
+	if &recs[0].Shape[0] != &recs[1].Shape[0] || &recs[2].Shape[0] != &recs[3].Shape[0] ||
+		unsafe.StringData(recs[0].Name) != unsafe.StringData(recs[3].Name) {
+		t.Fatal("a repeated name or shape was allocated again")
+	}
+	if allocs := testing.AllocsPerRun(100, func() {
+		rd := NewReader(data, 0, Limits{})
+		for range 4 {
+			if _, _, err := rd.Next(uint64(len(data))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}); allocs > 8 { // the reader and its maps, the name once, two shapes
+		t.Fatalf("%v allocations for 4 records", allocs)
 	}
 }
