@@ -236,10 +236,6 @@ func (p *Plan) Meta(id uint64, version string, now time.Time) StreamMeta {
 	return m
 }
 
-// Open starts the session: it leases the ring and its compression reserve from the budget,
-// maps the ring from ringFD, and writes the stream header (or checks and continues the
-// resumed prefix) to out. ringFD is always closed by Open, whatever the outcome (the
-// mapping outlives it); out stays the caller's to close.
 // UseJournal gives a resumed session the index journal of its prefix's freed packets
 // (stream.ResumeExpect.Journal); nil, or a session that does not resume: nothing.
 func (p *Plan) UseJournal(j *stream.Journal) {
@@ -248,6 +244,10 @@ func (p *Plan) UseJournal(j *stream.Journal) {
 	}
 }
 
+// Open starts the session: it leases the ring and its compression reserve from the budget,
+// maps the ring from ringFD, and writes the stream header (or checks and continues the
+// resumed prefix) to out. ringFD is always closed by Open, whatever the outcome (the
+// mapping outlives it); out stays the caller's to close.
 func (p *Plan) Open(env Env, ringFD int, out *os.File) (*Session, error) {
 	defer unix.Close(ringFD)
 	req := p.req
