@@ -379,9 +379,10 @@ def test_framework_method_yields_tracker_and_tokens_file(real_strapd, tmp_path):
 
 
 def test_checkpoint_file_does_not_grow_with_the_capture(real_strapd, tmp_path):
-    """capture_activations(model, ...) writes no 1.3.1 token list: the whole checkpoint file is
-    the same size at 2 and at 40 tokens (a few more digits at most), and no token log beside it
-    (the capture does not upload). Each checkpoint is a whole valid file (atomic replace)."""
+    """capture_activations(model, ...) writes no 1.3.1 token list: the checkpoint file is under
+    1 KiB and, but for the digits of its timestamps, the same size at 2 and at 40 tokens (a few
+    more digits at most), and no token log beside it (the capture does not upload). Each
+    checkpoint is a whole valid file (atomic replace)."""
     out = tmp_path / "grow.strap"
     sizes = {}
     with capture_activations(model(), preset="balanced", output_path=out, socket_path=real_strapd.socket,
@@ -393,7 +394,10 @@ def test_checkpoint_file_does_not_grow_with_the_capture(real_strapd, tmp_path):
                 raw = Path(ckpt.default_path(out)).read_bytes()
                 doc = json.loads(raw)
                 assert doc["total_tokens"] == tr.step and "tokens" not in doc and "token_log" not in doc
-                sizes[tr.step] = len(raw)
+                assert len(raw) < 1024
+                # the floats of 1.3.1's times vary in their digits: left out of the comparison
+                sizes[tr.step] = len(json.dumps({k: v for k, v in doc.items()
+                                                 if k not in ("last_checkpoint_time", "metadata")}))
                 c = ckpt.load(ckpt.default_path(out))
                 assert c.token_count == tr.step and c.packets == tr.step and c.last_seq == tr.step
                 assert not os.path.exists(ckpt.token_log_path(ckpt.default_path(out)))
