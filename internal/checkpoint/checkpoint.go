@@ -99,6 +99,10 @@ func Parse(b []byte) (*Checkpoint, error) {
 	if err := json.Unmarshal(b, &keys); err != nil {
 		return nil, fmt.Errorf("not a JSON object: %v: %w", err, ErrFormat)
 	}
+	if off := unpairedSurrogate(b); off >= 0 {
+		// encoding/json would replace it with U+FFFD; libstrap and the Python client refuse it
+		return nil, fmt.Errorf("an unpaired surrogate escape at byte %d: %w", off, ErrFormat)
+	}
 	for _, k := range []string{"format", "version", "fingerprint", "stream_offset", "packets", "last_seq",
 		"last_packet_offset", "last_packet_crc", "token_count"} {
 		if v, ok := keys[k]; !ok || bytes.Equal(v, []byte("null")) {
@@ -188,4 +192,48 @@ func StreamFor(ckpt string) string {
 		return s
 	}
 	return ""
+}
+
+// unpairedSurrogate is the offset of the first \uXXXX escape of a UTF-16 surrogate that is
+// not a high one followed by a low one, or -1. b is valid JSON (escapes occur only in strings).
+func unpairedSurrogate(b []byte) int {
+	hex4 := func(i int) (rune, bool) {
+		if i+6 > len(b) || b[i] != '\\' || b[i+1] != 'u' {
+			return 0, false
+		}
+		var r rune
+		for _, c := range b[i+2 : i+6] {
+			switch {
+			case c >= '0' && c <= '9':
+				r = r<<4 | rune(c-'0')
+			case c >= 'a' && c <= 'f':
+				r = r<<4 | rune(c-'a'+10)
+			case c >= 'A' && c <= 'F':
+				r = r<<4 | rune(c-'A'+10)
+			default:
+				return 0, false
+			}
+		}
+		return r, true
+	}
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' {
+			continue
+		}
+		r, ok := hex4(i)
+		switch {
+		case !ok:
+			i++ // a one-letter escape: skip its letter (an escaped backslash included)
+		case r >= 0xD800 && r <= 0xDBFF:
+			if lo, ok := hex4(i + 6); !ok || lo < 0xDC00 || lo > 0xDFFF {
+				return i
+			}
+			i += 11
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return i
+		default:
+			i += 5
+		}
+	}
+	return -1
 }

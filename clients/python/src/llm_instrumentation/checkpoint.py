@@ -145,8 +145,12 @@ class Checkpoint:
         if len(data) > MAX_SIZE:
             raise CheckpointError(f"{path}: {len(data)} bytes is too large for a checkpoint")
         try:
-            d = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            # Strict JSON, as Go and libstrap read it: no NaN/Infinity; "-0" is not an
+            # unsigned integer; no unpaired surrogate escape (_check_text).
+            d = json.loads(data.decode("utf-8"), parse_constant=_no_constant,
+                           parse_int=lambda s: -0.0 if s == "-0" else int(s))
+            _check_text(d)
+        except (UnicodeDecodeError, UnicodeEncodeError, ValueError) as e:
             raise CheckpointError(f"{path}: not JSON: {e}") from None
         if not isinstance(d, dict):
             raise CheckpointError(f"{path}: not a JSON object")
@@ -179,6 +183,23 @@ class Checkpoint:
                 or ck.drops > ck.packets or ck.token_count > ck.packets or ck.last_packet_crc >= 1 << 32:
             raise CheckpointError(f"{path}: inconsistent numbers: {ck}")
         return ck
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_text(v: Any) -> None:
+    """Raise UnicodeEncodeError for a string (or key) holding an unpaired surrogate."""
+    if isinstance(v, str):
+        v.encode("utf-8")
+    elif isinstance(v, list):
+        for e in v:
+            _check_text(e)
+    elif isinstance(v, dict):
+        for k, e in v.items():
+            k.encode("utf-8")
+            _check_text(e)
 
 
 def _uint(v: Any) -> bool:
