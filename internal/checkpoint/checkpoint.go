@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"unicode/utf8"
 )
 
 // Format identifiers of a checkpoint file.
@@ -98,6 +99,10 @@ func Parse(b []byte) (*Checkpoint, error) {
 	var keys map[string]json.RawMessage
 	if err := json.Unmarshal(b, &keys); err != nil {
 		return nil, fmt.Errorf("not a JSON object: %v: %w", err, ErrFormat)
+	}
+	if !utf8.Valid(b) {
+		// encoding/json would replace it with U+FFFD; libstrap and the Python client refuse it
+		return nil, fmt.Errorf("not valid UTF-8: %w", ErrFormat)
 	}
 	if off := unpairedSurrogate(b); off >= 0 {
 		// encoding/json would replace it with U+FFFD; libstrap and the Python client refuse it
