@@ -141,6 +141,10 @@ def main() -> None:
                             "train_cpu_s": time.process_time() - t0},
                     "retention_heldout": feature_retention(sae, x[te], y[te]),
                     "retention_train": feature_retention(sae, x[tr], y[tr]),
+                    # References: the same rows merely rounded to bfloat16 / float16.
+                    "retention_bf16_rounding": feature_retention(sae, x[te], x[te].bfloat16().float()),
+                    "retention_fp16_rounding": feature_retention(sae, x[te], x[te].half().float()),
+                    "row_errors_bf16_rounding": row_errors(x, x.bfloat16().float()),
                     "probe": probe_accuracy(x[sel], y[sel], lab[sel]),
                 }
                 results["layers"][name] = res  # type: ignore[index]
@@ -152,16 +156,19 @@ def main() -> None:
         a.json.write_text(json.dumps(results, indent=1))
     print(f"codec {a.codec} {a.lossy or ''}: {results['rows']} token rows of {len(sents)} sentences, "
           f"stored {results['ratio_vs_shuffle']:.3f}x smaller than shuffle, {results['ratio_vs_raw']:.3f}x vs raw fp32\n")
-    print("| layer output | rows | rel-L2 p50 / p99 / max | cos min / p1 | SAE EV | L0 | retention mean / p1 / min "
-          "(held-out) | top-1 kept | probe acc lossless / lossy / lossy-trained | agreement |")
-    print("|---|---:|---|---|---:|---:|---|---:|---|---:|")
+    print("| layer output | rows | rel-L2 p50 / p99 / max | cos min / p1 | SAE EV | retention mean / p1 / min "
+          "(held-out) | weighted mean / p1 | top-1 kept | bf16 / fp16 rounding: retention mean "
+          "| probe acc lossless / lossy / lossy-trained | agreement |")
+    print("|---|---:|---|---|---:|---|---|---:|---|---|---:|")
     for name, r in results["layers"].items():  # type: ignore[union-attr]
         e, s, k, p = r["row_errors"], r["sae"], r["retention_heldout"], r["probe"]
+        b16, f16 = r["retention_bf16_rounding"], r["retention_fp16_rounding"]
         print(f"| {name} | {r['rows']} | {e['rel_l2']['p50']:.4f} / {e['rel_l2']['p99']:.4f} / {e['rel_l2']['max']:.4f} "
-              f"| {e['cos']['min']:.6f} / {e['cos']['p1']:.6f} | {s['explained_variance']:.3f} | {s['l0']:.1f} "
+              f"| {e['cos']['min']:.6f} / {e['cos']['p1']:.6f} | {s['explained_variance']:.3f} "
               f"| {k['retention']['mean']:.4f} / {k['retention']['p1']:.3f} / {k['retention']['min']:.3f} "
-              f"| {k['top1_kept']:.4f} | {p['lossless']:.4f} / {p['lossy']:.4f} / {p['lossy_trained']:.4f} "
-              f"| {p['agreement']:.4f} |")
+              f"| {k['weighted']['mean']:.4f} / {k['weighted']['p1']:.3f} | {k['top1_kept']:.4f} "
+              f"| {b16['retention']['mean']:.4f} / {f16['retention']['mean']:.4f} "
+              f"| {p['lossless']:.4f} / {p['lossy']:.4f} / {p['lossy_trained']:.4f} | {p['agreement']:.4f} |")
 
 
 if __name__ == "__main__":

@@ -148,15 +148,17 @@ def analyze_activations(stream_path: Union[str, os.PathLike]) -> Dict[str, Any]:
 
 def lossy_exceeds(rep: Dict[str, Any]) -> bool:
     """Whether one packet's ``"lossy"`` report is over its bound: ``abs`` compares
-    ``max_abs_err``, ``rel`` and ``fp16`` with a value compare ``rel_l2_err``."""
+    ``max_abs_err``, ``rel`` and ``fp16`` with a value compare ``rel_l2_err``, ``fp8`` with a
+    value also its worst row (``rows.rel_l2_max``)."""
     mode, bound = rep.get("mode"), float(rep.get("bound") or 0.0)
     if mode == "abs":
         return float(rep.get("max_abs_err", 0.0)) > bound
     if mode == "rel" or (mode == "fp16" and bound > 0):
         return float(rep.get("rel_l2_err", 0.0)) > bound
     if mode == "fp8" and bound > 0:
-        rows = rep.get("rows") if isinstance(rep.get("rows"), dict) else {}
-        return float(rep.get("rel_l2_err", 0.0)) > bound or float(rows.get("rel_l2_max", 0.0)) > bound
+        rows = rep.get("rows")
+        row_max = float(rows.get("rel_l2_max", 0.0)) if isinstance(rows, dict) else 0.0
+        return float(rep.get("rel_l2_err", 0.0)) > bound or row_max > bound
     return False
 
 

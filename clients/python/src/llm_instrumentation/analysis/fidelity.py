@@ -68,9 +68,10 @@ def feature_retention(sae: SparseAutoencoder, x: torch.Tensor, y: torch.Tensor,
         batch_size: rows encoded at a time.
 
     Returns:
-        ``{"rows": n, "retention": {min, max, mean, p1, p5, p50}, "active_mean": mean active
-        features per lossless row, "top1_kept": share of rows whose strongest feature is
-        still active}``; rows with no active feature are left out.
+        ``{"rows": n, "retention": {min, max, mean, p1, p5, p50}, "weighted": the same for
+        the share of the row's feature activation (Σ f(x) over the kept features / Σ f(x)),
+        "active_mean": mean active features per lossless row, "top1_kept": share of rows
+        whose strongest feature is still active}``; rows with no active feature are left out.
 
     Example:
         >>> sae = SparseAutoencoder(8, 32, k=4)
@@ -80,21 +81,24 @@ def feature_retention(sae: SparseAutoencoder, x: torch.Tensor, y: torch.Tensor,
     if x.shape != y.shape or x.dim() != 2:
         raise ValueError(f"want two [rows, d] tensors of one shape, got {tuple(x.shape)} and {tuple(y.shape)}")
     sae = sae.eval()
-    kept, active, top1 = [], [], []
+    kept, weighted, active, top1 = [], [], [], []
     for i in range(0, x.shape[0], batch_size):
         fx, fy = sae.encode(x[i : i + batch_size].float()), sae.encode(y[i : i + batch_size].float())
         ax, ay = fx > 0, fy > 0
         n = ax.sum(1)
         ok = n > 0
         kept.append(((ax & ay).sum(1)[ok].double() / n[ok].double()))
+        fxd = fx.double()
+        weighted.append((fxd * (ax & ay)).sum(1)[ok] / fxd.sum(1)[ok])
         active.append(n[ok].double())
         best = fx.argmax(1, keepdim=True)
         top1.append(ay.gather(1, best).squeeze(1)[ok].double())
     k, a, t = torch.cat(kept).numpy(), torch.cat(active).numpy(), torch.cat(top1).numpy()
     if k.size == 0:
         raise ValueError("no row has an active feature")
-    return {"rows": int(k.size), "retention": _dist(k, (1, 5, 50)), "active_mean": float(a.mean()),
-            "top1_kept": float(t.mean())}
+    w = torch.cat(weighted).numpy()
+    return {"rows": int(k.size), "retention": _dist(k, (1, 5, 50)), "weighted": _dist(w, (1, 5, 50)),
+            "active_mean": float(a.mean()), "top1_kept": float(t.mean())}
 
 
 def _fit_probe(x: torch.Tensor, labels: torch.Tensor, classes: int, steps: int, seed: int) -> torch.nn.Linear:
@@ -112,8 +116,8 @@ def _fit_probe(x: torch.Tensor, labels: torch.Tensor, classes: int, steps: int, 
         opt.step()
     # Fold the standardisation into the layer, so it applies to raw rows.
     with torch.no_grad():
-        lin.weight /= std
-        lin.bias -= lin.weight @ mean
+        lin.weight.div_(std)
+        lin.bias.sub_(lin.weight @ mean)
     return lin
 
 
