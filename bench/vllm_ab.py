@@ -94,7 +94,7 @@ class Worker:
         self.llm = LLM(model=model, skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
                        max_model_len=256, kv_cache_memory_bytes=1 << 30, seed=0, enable_prefix_caching=False,
                        **kw)
-        self.cap = None
+        self.cap: Any = None
         if kind == "plugin":
             from llm_instrumentation.vllm._plugin import captures
 
@@ -133,7 +133,7 @@ class Worker:
         res: Dict[str, Any] = {"mode": mode, "n": n}
         handles: List[Any] = []
         buf: List[Any] = []
-        cap = self.cap
+        cap: Any = self.cap
         if mode == "strap":
             before = cap.checkpoint()
             pk0, tok0 = cap.session.packets, cap.session.tokens
@@ -450,7 +450,8 @@ def summarize(rows: List[Dict[str, Any]], modes: List[str], batches: List[int]) 
                 pk = statistics.median(r["packets"] for r in mine)
                 d.update(strapd_cpu_s=sc, strapd_cpu_gross_s=statistics.median(r["strapd_cpu_s"] for r in mine),
                          packets=pk, strapd_us_per_packet=sc / pk * 1e6,
-                         strapd_us_per_position=sc / rows_n * 1e6, drops=max(r["drops"] for r in mine))
+                         strapd_us_per_position=sc / rows_n * 1e6, strapd_us_per_token=sc / (n * MAX_TOKENS) * 1e6,
+                         drops=max(r["drops"] for r in mine))
             res[m] = d
             line = (f"  {m:8s} kept {d['kept_median']:.3f} [{d['kept_min']:.3f}, {d['kept_max']:.3f}]  "
                     f"cpu-time kept {d['kept_cpu_median']:.3f}  own-cost kept {d['kept_own_cost']:.3f}  "
@@ -459,7 +460,8 @@ def summarize(rows: List[Dict[str, Any]], modes: List[str], batches: List[int]) 
                 line += f"  {d['bytes'] / 2**20:.1f} MiB"
             if m == "strap":
                 line += (f"  strapd {d['strapd_cpu_s']:.2f} cpu-s over idle = {d['strapd_us_per_packet']:.0f} us/packet "
-                         f"({d['packets']:.0f} packets), {d['strapd_us_per_position']:.0f} us/position")
+                         f"({d['packets']:.0f} packets), {d['strapd_us_per_position']:.0f} us/position, "
+                         f"{d['strapd_us_per_token']:.0f} us/generated token; {d['drops']} drops")
             print(line)
         plain = [by[(i, "plain")]["generate_s"] for i in rounds if (i, "plain") in by]
         if plain:
