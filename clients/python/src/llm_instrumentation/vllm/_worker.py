@@ -119,10 +119,11 @@ class WorkerCapture:
 
     def pause(self) -> None:
         """Take the hooks off, the session kept open: the model runs as without the plugin
-        (the per-step wrappers left are a few attribute reads). Steps run while paused have
-        no rows in the stream; a request running across a pause lists the positions it
-        missed in ``missing``. Used by bench/vllm_ab.py to time plain and captured batches
-        in one engine."""
+        (the per-step wrappers left are a few attribute reads). Steps run while paused leave
+        nothing in the stream, their sampled tokens included, so a request running across a
+        pause does not read back (``load_request`` finds a gap in its tokens): pause between
+        batches. Finished requests are still marked. Used by bench/vllm_ab.py to time plain
+        and captured batches in one engine."""
         if self.session is None or self.failed or self._paused:
             return
         for h in self._handles:
