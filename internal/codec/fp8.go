@@ -157,7 +157,10 @@ func (c *fp8Codec) locate(src []byte, w, n int) (rowLen, first int, cont bool) {
 		return rowLen, min(rowLen, n), false
 	}
 	into := (c.skip + (off/w)%rowLen) % rowLen
-	return rowLen, min(rowLen-into, n), into != 0
+	first = min(rowLen-into, n)
+	// A row longer than the block is stored as row_len n, which cuts the block the same
+	// way (a first part, then the rest) and fits the header's u32.
+	return min(rowLen, n), first, into != 0
 }
 
 func (c *fp8Codec) Encode(dst, src []byte, dt dtype.DType) ([]byte, bool, error) {

@@ -491,3 +491,41 @@ func TestFP8VectorMatchesScalar(t *testing.T) {
 		}
 	}
 }
+
+// TestFP8LongRows: rows longer than a block (a 1-D tensor, or a huge last dimension) are
+// cut where blocks are; a PART that starts inside a row (skip) has a short first part.
+func TestFP8LongRows(t *testing.T) {
+	c := mustNew(t, "fp8", Options{})
+	src := toBytes(gen("heavy", 3000, 4), dtype.Float32)
+	for _, tc := range []struct{ rowLen, skip, bs, wantRows int }{
+		{1 << 40, 0, 4000, 1}, // one row over 3 blocks: its parts are summed back together
+		{3000, 0, 4000, 1},
+		{1000, 400, 4000, 4}, // parts of 600, 1000, 1000, 400 values
+	} {
+		rc, err := c.(RowPreparer).ForRows(src, dtype.Float32, tc.rowLen, tc.skip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stats []BlockStats
+		for off := 0; off < len(src); off += tc.bs {
+			b := src[off:min(off+tc.bs, len(src))]
+			out, ok, st, err := rc.(StatsEncoder).EncodeStats(nil, b, dtype.Float32)
+			if err != nil || !ok {
+				t.Fatalf("%+v: ok %v err %v", tc, ok, err)
+			}
+			if got, err := c.Decode(nil, out, dtype.Float32, len(b)); err != nil || len(got) != len(b) {
+				t.Fatalf("%+v: decode %v", tc, err)
+			}
+			if rl := binary.LittleEndian.Uint32(out[1:]); int(rl) > len(b)/4 && tc.rowLen > len(b)/4 {
+				t.Fatalf("%+v: row_len %d stored for a block of %d values", tc, rl, len(b)/4)
+			}
+			stats = append(stats, st)
+		}
+		if first := stats[0].Rows; tc.skip > 0 && len(first) > 0 && !stats[0].FirstContinues {
+			t.Fatalf("%+v: first part not marked as a continued row", tc)
+		}
+		if rep := Report(LossyBound{Mode: "fp8"}, stats); rep.Rows.N != tc.wantRows {
+			t.Fatalf("%+v: %d rows, want %d", tc, rep.Rows.N, tc.wantRows)
+		}
+	}
+}
