@@ -96,28 +96,28 @@ DATA fp8hi16<>+8(SB)/8, $0xffff0000ffff0000
 GLOBL fp8hi16<>(SB), RODATA|NOPTR, $16
 
 // CODE4 codes the four float64 values in Y0 (x) into 4 bytes at (DI) and leaves the
-// decoded float32 values in X4. Uses Y1–Y5; Y15 = inv.
+// decoded float32 values in X4. Uses Y1–Y5; Y15 = inv, Y6 = |·| mask, Y7 = 2⁵², Y12 = 512,
+// Y13 = 2⁻⁶ (loaded by FP8CONSTS).
 #define CODE4 \
 	VMULPD     Y15, Y0, Y1 \
-	VANDPD     fp8abs<>(SB), Y1, Y2 \
+	VANDPD     Y6, Y1, Y2 \
 	VPSRLQ     $49, Y2, Y3 \
 	VPAND      fp8one<>(SB), Y3, Y3 \
 	VPADDQ     fp8half<>(SB), Y2, Y4 \
 	VPADDQ     Y3, Y4, Y4 \
 	VPAND      fp8keep<>(SB), Y4, Y4 \
-	VMULPD     fp8k512<>(SB), Y2, Y3 \
-	VADDPD     fp8two52<>(SB), Y3, Y3 \
-	VSUBPD     fp8two52<>(SB), Y3, Y3 \
+	VMULPD     Y12, Y2, Y3 \
+	VADDPD     Y7, Y3, Y3 \
+	VSUBPD     Y7, Y3, Y3 \
 	VMULPD     fp8inv512<>(SB), Y3, Y3 \
-	VMOVDQU    fp8minnorm<>(SB), Y5 \
-	VPCMPGTQ   Y2, Y5, Y5 \
+	VPCMPGTQ   Y2, Y13, Y5 \
 	VBLENDVPD  Y5, Y3, Y4, Y4 \
 	VMINPD     fp8max<>(SB), Y4, Y4 \
 	VPSUBQ     fp8rebias<>(SB), Y4, Y3 \
 	VPSRLQ     $49, Y3, Y3 \
-	VMULPD     fp8k512<>(SB), Y4, Y2 \
-	VADDPD     fp8two52<>(SB), Y2, Y2 \
-	VPSUBQ     fp8two52<>(SB), Y2, Y2 \
+	VMULPD     Y12, Y4, Y2 \
+	VADDPD     Y7, Y2, Y2 \
+	VPSUBQ     Y7, Y2, Y2 \
 	VBLENDVPD  Y5, Y2, Y3, Y3 \
 	VANDPD     fp8sign<>(SB), Y1, Y1 \
 	VPSRLQ     $56, Y1, Y2 \
@@ -131,6 +131,13 @@ GLOBL fp8hi16<>(SB), RODATA|NOPTR, $16
 	VCVTPD2PSY Y4, X4 \
 	VMULPS     X14, X4, X4
 
+// FP8CONSTS loads the constants CODE4 keeps in registers.
+#define FP8CONSTS \
+	VMOVDQU fp8abs<>(SB), Y6 \
+	VMOVDQU fp8two52<>(SB), Y7 \
+	VMOVDQU fp8k512<>(SB), Y12 \
+	VMOVDQU fp8minnorm<>(SB), Y13
+
 // STATS4 adds x (Y0) and the decoded values (X4, float32) to the sums: Y8 Σx², Y9 Σe²,
 // Y10 Σy², Y11 max |e|.
 #define STATS4 \
@@ -142,7 +149,7 @@ GLOBL fp8hi16<>(SB), RODATA|NOPTR, $16
 	VADDPD    Y3, Y9, Y9 \
 	VMULPD    Y4, Y4, Y3 \
 	VADDPD    Y3, Y10, Y10 \
-	VANDPD    fp8abs<>(SB), Y2, Y2 \
+	VANDPD    Y6, Y2, Y2 \
 	VMAXPD    Y2, Y11, Y11
 
 // func fp8F32AVX2(src, codes *byte, n int, inv float64, s float32, acc *[16]float64)
@@ -158,6 +165,7 @@ TEXT ·fp8F32AVX2(SB), NOSPLIT, $0-48
 	VXORPD       Y9, Y9, Y9
 	VXORPD       Y10, Y10, Y10
 	VXORPD       Y11, Y11, Y11
+	FP8CONSTS
 
 f32loop:
 	VCVTPS2PD (SI), Y0
@@ -188,6 +196,7 @@ TEXT ·fp8BF16AVX2(SB), NOSPLIT, $0-48
 	VXORPD       Y9, Y9, Y9
 	VXORPD       Y10, Y10, Y10
 	VXORPD       Y11, Y11, Y11
+	FP8CONSTS
 
 bf16loop:
 	VPMOVZXWD (SI), X0
