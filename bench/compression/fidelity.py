@@ -8,8 +8,9 @@ and compares, per encoder layer output (token rows, padding left out):
 * SAE feature retention: the project's TopK SAE (``analysis.sparse_autoencoder.train_sae``)
   trained on the lossless rows of the layer; the share of each row's active features kept
   when the lossy row is encoded (``feature_retention``), on held-out and training rows;
-* a linear probe for the token's identity (rows whose token is one of the 32 commonest):
-  trained on lossless rows, scored on lossless and lossy held-out rows (``probe_accuracy``).
+* linear probes for the token's identity and for the next token's (rows whose token, or
+  next token, is one of the 32 commonest): trained on lossless rows, scored on lossless and
+  lossy held-out rows (``probe_accuracy``).
 
     make bin/strapd
     HF_HUB_OFFLINE=1 PYTHONPATH=clients/python/src .venv/bin/python bench/compression/fidelity.py \\
@@ -103,6 +104,14 @@ def main() -> None:
                for i in range(0, len(sents), a.batch)]
     masks = [b["attention_mask"] for b in batches]
     ids = torch.cat([b["input_ids"][b["attention_mask"].bool()] for b in batches])
+    # The token after each row's (-1 at a sentence's end): a probe target that is not simply
+    # written in the row, unlike the row's own token.
+    nxt = []
+    for b in batches:
+        n = torch.full_like(b["input_ids"], -1)
+        n[:, :-1] = torch.where(b["attention_mask"][:, 1:].bool(), b["input_ids"][:, 1:], -1)
+        nxt.append(n[b["attention_mask"].bool()])
+    next_ids = torch.cat(nxt)
 
     results: Dict[str, object] = {"model": "all-MiniLM-L6-v2", "codec": a.codec, "lossy": a.lossy,
                                   "sentences": len(sents), "rows": int(ids.numel()), "layers": {}}
@@ -122,6 +131,8 @@ def main() -> None:
             cls[common] = torch.arange(32)
             lab = cls[ids]
             sel = lab >= 0
+            nlab = torch.where(next_ids >= 0, cls[next_ids.clamp_min(0)], -1)
+            nsel = nlab >= 0
             for layer in a.layers:
                 name = f"encoder.layer.{layer}.output"
                 x, y = rows(ref, name, masks), rows(lossy, name, masks)
@@ -146,6 +157,7 @@ def main() -> None:
                     "retention_fp16_rounding": feature_retention(sae, x[te], x[te].half().float()),
                     "row_errors_bf16_rounding": row_errors(x, x.bfloat16().float()),
                     "probe": probe_accuracy(x[sel], y[sel], lab[sel]),
+                    "probe_next": probe_accuracy(x[nsel], y[nsel], nlab[nsel]),
                 }
                 results["layers"][name] = res  # type: ignore[index]
                 print(json.dumps({name: res}, indent=1), file=sys.stderr)
@@ -158,17 +170,19 @@ def main() -> None:
           f"stored {results['ratio_vs_shuffle']:.3f}x smaller than shuffle, {results['ratio_vs_raw']:.3f}x vs raw fp32\n")
     print("| layer output | rows | rel-L2 p50 / p99 / max | cos min / p1 | SAE EV | retention mean / p1 / min "
           "(held-out) | weighted mean / p1 | top-1 kept | bf16 / fp16 rounding: retention mean "
-          "| probe acc lossless / lossy / lossy-trained | agreement |")
-    print("|---|---:|---|---|---:|---|---|---:|---|---|---:|")
+          "| probe acc lossless / lossy / lossy-trained (token; next token) | agreement |")
+    print("|---|---:|---|---|---:|---|---|---:|---|---|---|")
     for name, r in results["layers"].items():  # type: ignore[union-attr]
-        e, s, k, p = r["row_errors"], r["sae"], r["retention_heldout"], r["probe"]
+        e, s, k, p, q = r["row_errors"], r["sae"], r["retention_heldout"], r["probe"], r["probe_next"]
         b16, f16 = r["retention_bf16_rounding"], r["retention_fp16_rounding"]
         print(f"| {name} | {r['rows']} | {e['rel_l2']['p50']:.4f} / {e['rel_l2']['p99']:.4f} / {e['rel_l2']['max']:.4f} "
               f"| {e['cos']['min']:.6f} / {e['cos']['p1']:.6f} | {s['explained_variance']:.3f} "
               f"| {k['retention']['mean']:.4f} / {k['retention']['p1']:.3f} / {k['retention']['min']:.3f} "
               f"| {k['weighted']['mean']:.4f} / {k['weighted']['p1']:.3f} | {k['top1_kept']:.4f} "
               f"| {b16['retention']['mean']:.4f} / {f16['retention']['mean']:.4f} "
-              f"| {p['lossless']:.4f} / {p['lossy']:.4f} / {p['lossy_trained']:.4f} | {p['agreement']:.4f} |")
+              f"| {p['lossless']:.4f} / {p['lossy']:.4f} / {p['lossy_trained']:.4f}; "
+              f"{q['lossless']:.4f} / {q['lossy']:.4f} / {q['lossy_trained']:.4f} "
+              f"| {p['agreement']:.4f}; {q['agreement']:.4f} |")
 
 
 if __name__ == "__main__":
