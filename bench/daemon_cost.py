@@ -44,7 +44,9 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "clients" / "python" / "src"))
+#: --client SRC: the Python client to measure (a tree's clients/python/src; default this one's)
+_CLIENT = sys.argv[sys.argv.index("--client") + 1] if "--client" in sys.argv[:-1] else str(ROOT / "clients" / "python" / "src")
+sys.path.insert(0, _CLIENT)
 sys.path.insert(0, str(ROOT / "clients" / "python" / "benchmarks"))
 
 import torch  # noqa: E402
@@ -208,6 +210,51 @@ def run_preset(a: argparse.Namespace, preset: str, model: Any, prompt: torch.Ten
     return {"preset": preset, "median": med, "trials": trials}
 
 
+def token_cost(a: argparse.Namespace, model: Any, n: int = 2000) -> Dict[str, float]:
+    """The client's CPU per ``record_token`` call (thread time, warm loop, no forward pass
+    between), tokens in the ring (the default where strapd offers it) and one TOKEN message
+    each, alternating, three rounds: the median per way."""
+    tmp = Path(tempfile.mkdtemp(prefix="strap-tcost-", dir=a.tmpdir))
+    sock = str(tmp / "run" / "strapd.sock")
+    env_keep = {k: os.environ.get(k) for k in ("STRAPD_BIN", "STRAPD_SOCKET", "STRAPD_EXIT_IDLE")}
+    os.environ.update(STRAPD_BIN=str(Path(a.strapd).resolve()), STRAPD_SOCKET=sock, STRAPD_EXIT_IDLE="10m")
+    cfg = InstrumentationConfig.from_preset("fast_capture").with_granularity(CAPTURE_SETS["resid+attn+mlp"])
+    got: Dict[str, List[float]] = {"ring": [], "message": []}
+    pid = 0
+    try:
+        for rnd in range(4):  # the first warms up
+            for way in ("ring", "message"):
+                with capture_activations(model, config=cfg, output_path=str(tmp / "t.strap"), track_per_token=True) as fw:
+                    pid = pid or peer_pid(sock)
+                    s = fw._session
+                    if way == "message" or not getattr(s, "_ring_tokens", False):
+                        if way == "ring":
+                            got.pop("ring", None)  # this client or strapd has no ring tokens
+                            continue
+                        if hasattr(s, "_ring_tokens"):
+                            s._ring_tokens = False
+                    t0 = time.thread_time_ns()
+                    for i in range(n):
+                        fw.record_token(i, str(i))
+                    dt = time.thread_time_ns() - t0
+                if rnd and way in got:
+                    got[way].append(dt / 1e3 / n)
+                os.remove(tmp / "t.strap")
+    finally:
+        if pid:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for k, v in env_keep.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {f"{way}_us_per_token": statistics.median(v) for way, v in got.items() if v}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--strapd", default=str(ROOT / "bin" / "strapd"))
@@ -216,6 +263,9 @@ def main() -> None:
     ap.add_argument("--presets", default="balanced,fast_capture")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--tmpdir", default="/var/tmp", help="where the streams go (a disk, as a user's would)")
+    ap.add_argument("--client", default=_CLIENT, help="the Python client's source tree (an older tree's, for a before/after)")
+    ap.add_argument("--token-cost", action="store_true",
+                    help="also the client's CPU per record_token, ring tokens against TOKEN messages")
     ap.add_argument("--json", help="write every trial here")
     ap.add_argument("--perf", metavar="OUT", help="`perf record -g` strapd over the measured trials into OUT.<preset>")
     ap.add_argument("--perf-event", default="cpu-clock", help="perf's event (context-switches: where the switches are)")
@@ -224,7 +274,8 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     model = build_model(**MODEL)
     prompt = torch.randint(0, MODEL["vocab"], (1, 32), generator=torch.Generator().manual_seed(1))
-    res: Dict[str, Any] = {"strapd": a.strapd, "cpu": _cpu_model(), "torch_threads": torch.get_num_threads(),
+    import llm_instrumentation
+    res: Dict[str, Any] = {"strapd": a.strapd, "client": os.path.dirname(llm_instrumentation.__file__), "cpu": _cpu_model(), "torch_threads": torch.get_num_threads(),
                            "load_before": os.getloadavg(), "results": []}
     for preset in a.presets.split(","):
         r = run_preset(a, preset, model, prompt)
@@ -235,6 +286,10 @@ def main() -> None:
               f"{m['strapd_cpu_us_per_record']:.2f} us/record, {m['strapd_cpu_us_per_token']:.1f} us/token | "
               f"switches/token {m['strapd_switches_per_token']:.2f} (vol {m['strapd_voluntary_per_token']:.2f}) | "
               f"client {m['client_us_per_record']:.1f} us/record | median of {a.trials}", flush=True)
+    if a.token_cost:
+        res["token_cost"] = token_cost(a, model)
+        print("client CPU per record_token (warm loop): " +
+              ", ".join(f"{k} {v:.1f} us" for k, v in res["token_cost"].items()), flush=True)
     res["load_after"] = os.getloadavg()
     print(f"cpu: {res['cpu']}, torch threads {res['torch_threads']}, load {res['load_before'][0]:.2f} -> "
           f"{res['load_after'][0]:.2f}")

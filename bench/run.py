@@ -480,7 +480,8 @@ def step_decode(ctx: "Ctx") -> Dict[str, Any]:
     kept with one torch thread (decode_ab.py), the per-record cost in a warm loop
     (record_cost.py) and inside decoding, where the caches are cold (decode_ab.py
     --record-time). Each starts its own strapd."""
-    outs = {k: ctx.tmp / f"decode-{k}.json" for k in ("kept", "kept_all", "priority", "record", "record_decoding")}
+    outs = {k: ctx.tmp / f"decode-{k}.json"
+            for k in ("kept", "kept_all", "priority", "record", "record_decoding", "daemon_cost")}
     model = ["--hidden", "128", "--layers", "2", "--intermediate", "352", "--vocab", "1000", "--heads", "4"]
     cmds = {
         "kept": [PY, BENCH_PY / "decode_ab.py", "--strapd", ctx.strapd, "--threads", "1", "--json", outs["kept"]]
@@ -497,6 +498,11 @@ def step_decode(ctx: "Ctx") -> Dict[str, Any]:
         "record_decoding": [PY, BENCH_PY / "decode_ab.py", "--strapd", ctx.strapd, "--threads", "1", "--record-time",
                             "--json", outs["record_decoding"]]
         + (["--pairs", "1", "--new", "8"] + model if ctx.quick else ["--pairs", "2"]),
+        # strapd's CPU per record and context switches per token over whole decode captures,
+        # the client autostarting it with defaults (issue 38; PERFORMANCE.md "One wake-up per
+        # token, then one per sixteen")
+        "daemon_cost": [PY, ROOT / "bench" / "daemon_cost.py", "--strapd", ctx.strapd, "--json", outs["daemon_cost"]]
+        + (["--trials", "1", "--new", "8"] if ctx.quick else ["--trials", "3", "--new", "128"]),
     }
     la0 = loadavg()
     r: Dict[str, Any] = {}
