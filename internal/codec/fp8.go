@@ -277,7 +277,7 @@ func fp8CodeF32(src, codes []byte, s float32, inv float64) (r RowSums, mx float6
 	codes = codes[:n]
 	src = src[:4*n]
 	// AVX2 codes the leading multiple of 4 values (fp8_amd64.s), the loops below the rest.
-	i, ss0, sse0, ssd0, mb0 := fp8Vec(src, codes, s, inv, false)
+	i, ss0, sse0, ssd0, mb0 := fp8Vec(src, codes, s, inv, dtype.Float32)
 	var ss1, sse1, ssd1 float64
 	var mb1 uint64 // bits of the largest |error|: an integer max, far cheaper than float max
 	for ; i+2 <= n; i += 2 {
@@ -320,8 +320,11 @@ func fp8Code16(src, codes []byte, s float32, inv float64, bf bool) (r RowSums, m
 	var mb0, mb1 uint64
 	var sh uint32 = 16 // bfloat16 widens by a shift; float16 through f16Table
 	i := 0
-	if bf { // AVX2 codes the leading multiple of 4 bfloat16 values (fp8_amd64.s)
-		i, ss0, sse0, ssd0, mb0 = fp8Vec(src, codes, s, inv, true)
+	// AVX2 (with F16C for float16) codes the leading multiple of 4 values (fp8_amd64.s).
+	if bf {
+		i, ss0, sse0, ssd0, mb0 = fp8Vec(src, codes, s, inv, dtype.BFloat16)
+	} else {
+		i, ss0, sse0, ssd0, mb0 = fp8Vec(src, codes, s, inv, dtype.Float16)
 	}
 	// float16: the decoded value of each code, tabled (256 roundings a row part); bfloat16
 	// rounds each value left over from the vector loop (at most 3, or all without AVX2).

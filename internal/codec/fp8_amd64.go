@@ -2,7 +2,16 @@
 
 package codec
 
-import "math"
+import (
+	"math"
+
+	"golang.org/x/sys/cpu"
+
+	"github.com/strap-llm/strap/internal/dtype"
+)
+
+// hasF16C selects the float16 vector loop (F16C converts float16 ↔ float32).
+var hasF16C = cpu.X86.HasF16C
 
 //go:noescape
 func fp8F32AVX2(src, codes *byte, n int, inv float64, s float32, acc *[16]float64)
@@ -10,18 +19,26 @@ func fp8F32AVX2(src, codes *byte, n int, inv float64, s float32, acc *[16]float6
 //go:noescape
 func fp8BF16AVX2(src, codes *byte, n int, inv float64, s float32, acc *[16]float64)
 
-// fp8Vec codes the leading multiple of 4 values of src (float32, or bfloat16 when bf) with
-// AVX2, as the scalar loops would, and returns how many it did and their sums.
-func fp8Vec(src, codes []byte, s float32, inv float64, bf bool) (done int, ss, sse, ssd float64, mb uint64) {
+//go:noescape
+func fp8F16AVX2(src, codes *byte, n int, inv float64, s float32, acc *[16]float64)
+
+// fp8Vec codes the leading multiple of 4 values of src (of type dt: float32, bfloat16, or
+// float16 with F16C) with AVX2, as the scalar loops would, and returns how many it did and
+// their sums.
+func fp8Vec(src, codes []byte, s float32, inv float64, dt dtype.DType) (done int, ss, sse, ssd float64, mb uint64) {
 	n := len(codes) &^ 3
-	if !hasAVX2 || n == 0 {
+	if !hasAVX2 || n == 0 || dt == dtype.Float16 && !hasF16C {
 		return 0, 0, 0, 0, 0
 	}
 	var acc [16]float64
-	if bf {
+	switch dt {
+	case dtype.BFloat16:
 		_ = src[2*n-1]
 		fp8BF16AVX2(&src[0], &codes[0], n, inv, s, &acc)
-	} else {
+	case dtype.Float16:
+		_ = src[2*n-1]
+		fp8F16AVX2(&src[0], &codes[0], n, inv, s, &acc)
+	default:
 		_ = src[4*n-1]
 		fp8F32AVX2(&src[0], &codes[0], n, inv, s, &acc)
 	}

@@ -272,3 +272,37 @@ max16loop:
 	VMOVDQU Y1, (R8)
 	VZEROUPPER
 	RET
+
+// func fp8F16AVX2(src, codes *byte, n int, inv float64, s float32, acc *[16]float64)
+// As fp8F32AVX2 for float16 values (F16C); the decoded value is rounded to float16.
+TEXT ·fp8F16AVX2(SB), NOSPLIT, $0-48
+	MOVQ         src+0(FP), SI
+	MOVQ         codes+8(FP), DI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSD inv+24(FP), Y15
+	VBROADCASTSS s+32(FP), X14
+	MOVQ         acc+40(FP), R8
+	VXORPD       Y8, Y8, Y8
+	VXORPD       Y9, Y9, Y9
+	VXORPD       Y10, Y10, Y10
+	VXORPD       Y11, Y11, Y11
+	FP8CONSTS
+
+f16loop:
+	VCVTPH2PS (SI), X0
+	VCVTPS2PD X0, Y0
+	CODE4
+	VCVTPS2PH $0, X4, X5
+	VCVTPH2PS X5, X4
+	STATS4
+	ADDQ      $8, SI
+	ADDQ      $4, DI
+	SUBQ      $4, CX
+	JNZ       f16loop
+
+	VMOVUPD Y8, 0(R8)
+	VMOVUPD Y9, 32(R8)
+	VMOVUPD Y10, 64(R8)
+	VMOVUPD Y11, 96(R8)
+	VZEROUPPER
+	RET

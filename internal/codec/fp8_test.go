@@ -449,7 +449,7 @@ func TestFP8VectorMatchesScalar(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(7, 8))
 	vals := refE4M3()
-	for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16} {
+	for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16, dtype.Float16} {
 		for n := 1; n < 300; n += 1 + n/4 {
 			x := make([]float64, n)
 			for i := range x {
