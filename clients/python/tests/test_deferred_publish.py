@@ -183,6 +183,25 @@ def test_ring_tokens_doorbell_by_time(real_strapd, tmp_path):
     assert len([q for q in open_stream(tmp_path / "t.strap").packets() if q.type_name == "TOKEN"]) == 4
 
 
+def test_ring_tokens_long_texts(real_strapd, tmp_path):
+    # Texts up to a TOKEN record's 65536 bytes go in the ring (a TOKEN message holds less:
+    # its body counts against the 65536-byte message limit), UTF-8 of several bytes a char too.
+    m = tiny_llama()
+    texts = ["a", "x" * 60000, "é" * 32768, "b"]
+    with capture_activations(m, preset="fast_capture", output_path=tmp_path / "l.strap", socket_path=real_strapd.socket,
+                             autostart_daemon=False, track_per_token=True) as fw:
+        s = fw._session
+        assert s._ring_tokens
+        s.ring_tokens_seconds = 1e9
+        spy = _Spy(s.conn)
+        for i, t in enumerate(texts):
+            fw.record_token(i, t)
+        assert spy.sent == []
+    with open_stream(tmp_path / "l.strap") as r:
+        toks = [q for q in r.packets() if q.type_name == "TOKEN"]
+    assert [q.meta["text"] for q in toks] == texts and [q.seq for q in toks] == [1, 2, 3, 4]
+
+
 def test_ring_token_record_bytes():
     # The reference encoding strapd's shm.AppendToken writes (internal/shm TestTokenRecord).
     from llm_instrumentation._ring import encode_token_record, parse_record_header, token_record_len

@@ -705,9 +705,13 @@ class CaptureSession:
 
     def _token_to_ring(self, index: int, token_id: int, text: str, position: int) -> bool:
         """Write a TOKEN record at the head (PROTOCOL.md 2) and ring the doorbell when due;
-        False, writing nothing, when the record does not fit now or its text is too long
-        (the caller sends a TOKEN message instead: a token never waits for ring space)."""
-        text_b = text.encode("utf-8")
+        False, writing nothing, when the record does not fit now or its text is too long or
+        not encodable as UTF-8 (the caller sends a TOKEN message instead: a token never
+        waits for ring space)."""
+        try:
+            text_b = text.encode("utf-8")
+        except UnicodeEncodeError:
+            return False  # a lone surrogate: the message path answers it as it always did
         if len(text_b) > MAX_TOKEN_TEXT:
             return False
         ring = self.ring
