@@ -247,14 +247,24 @@ def test_status_json_during_live_capture(real_strapd, tmp_path):
             assert r.returncode == 0, r.stderr
             return json.loads(r.stdout)
 
+        def status_at(tokens: int) -> Dict[str, Any]:
+            # The client publishes ring tokens in batches (every 16 tokens or 0.25 s,
+            # docs/PROTOCOL.md), so strapd's count may trail the child's by up to 0.25 s.
+            deadline = time.monotonic() + 5
+            while True:
+                s = status()
+                if s["sessions"] and s["sessions"][0]["tokens"] >= tokens or time.monotonic() > deadline:
+                    return s
+                time.sleep(0.05)
+
         for line in p.stdout:
             if line.strip() == "token 5":
                 break
-        s1 = status()
+        s1 = status_at(5)
         for line in p.stdout:
             if line.strip() == "token 9":
                 break
-        s2 = status()
+        s2 = status_at(9)
         d = s2["daemon"]
         assert d["pid"] == real_strapd.proc.pid and d["uptime_s"] > 0 and d["socket"] == real_strapd.socket
         assert d["memory_used"] > 0 and d["sessions"] == 1
