@@ -6,7 +6,7 @@ does nothing of its own to capture, exactly as a user's script would not.
 
 Usage: run_vllm.py MODEL_DIR OUT_JSON --prompts 5,11,17 --max-tokens 8
        [--max-num-batched-tokens N] [--opt-in 0,2] [--seed S] [--kv-cache-kib K]
-       [--block-size B] [--max-model-len L] [--no-prefix-caching] [--warmup] [--tp N]
+       [--block-size B] [--max-model-len L] [--no-prefix-caching] [--warmup] [--tp N] [--pp N]
        [--prefix-reuse N] [--checkpoint] [--abort K:A]
 """
 
@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--no-prefix-caching", action="store_true")
     ap.add_argument("--warmup", action="store_true", help="generate once (other prompts) before the timed run")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size")
     ap.add_argument("--checkpoint", action="store_true",
                     help="then llm_instrumentation.vllm.checkpoint(llm) and read every request back "
                          "while the engine still runs")
@@ -64,6 +65,8 @@ def main() -> None:
         kw.update(enable_prefix_caching=False)
     if a.tp > 1:
         kw.update(tensor_parallel_size=a.tp)
+    if a.pp > 1:
+        kw.update(pipeline_parallel_size=a.pp)
     llm = LLM(model=a.model, skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
               max_model_len=a.max_model_len, kv_cache_memory_bytes=a.kv_cache_kib << 10, seed=0, **kw)
     started = time.monotonic() - t0
