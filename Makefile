@@ -308,7 +308,7 @@ BENCH_ARGS ?=
 bench: $(BIN) $(VENV)/.stamp $(PEERS_DIR)/.stamp
 	$(VPY) bench/run.py --strapd $(BIN) --go $(GO) $(BENCH_ARGS)
 	$(MAKE) --no-print-directory bench-upload
-	$(MAKE) --no-print-directory bench-vllm $(if $(findstring --quick,$(BENCH_ARGS)),BENCH_VLLM_ARGS="--rounds 1 --batches 16 --modes plain,strap,hooks")
+	$(MAKE) --no-print-directory bench-vllm $(if $(findstring --quick,$(BENCH_ARGS)),BENCH_VLLM_ARGS="$(BENCH_VLLM_QUICK)")
 
 # strapd's upload to a real S3 server (VersityGW) against boto3's upload_file of the same
 # file, and strapd's CPU per GB (bench/upload.py; docs/PERFORMANCE-DATA.md "Upload").
@@ -479,7 +479,7 @@ bench-llamacpp: $(BIN) $(VENV)/.stamp strap-llama
 # `make demo-vllm` captures three concurrent requests and prints what was stored.
 # `make bench-vllm` (part of `make bench`): plain vLLM against the plugin capturing every layer
 # to disk, hooks into a list + torch.save, and vLLM's extract_hidden_states, one long-lived
-# engine per mode taking turns (bench/vllm_ab.py, docs/VLLM.md 9; ≈ 10 min on 2 cores).
+# engine per mode taking turns (bench/vllm_ab.py, docs/VLLM.md 9; ≈ 30 min on 2 cores at load 5-17).
 .PHONY: vllm-venv test-vllm demo-vllm bench-vllm
 VLLM_VENV        ?= .venv-vllm
 VLLM_PY          := $(VLLM_VENV)/bin/python
@@ -512,5 +512,7 @@ demo-vllm: $(BIN) $(VLLM_VENV)/.stamp
 	$(VLLM_PY) clients/python/tests/vllm_engine/demo.py --out build/demo-vllm --strapd $(BIN)
 
 BENCH_VLLM_ARGS ?=
+# what `make bench BENCH_ARGS=--quick` runs instead (one round of 16 requests)
+BENCH_VLLM_QUICK := --rounds 1 --batches 16 --modes plain,strap,hooks
 bench-vllm: $(BIN) $(VLLM_VENV)/.stamp
 	$(VLLM_PY) bench/vllm_ab.py --strapd $(BIN) --out build/bench-vllm $(BENCH_VLLM_ARGS)
