@@ -27,6 +27,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from . import _activation_codecs
 from ._source import is_url
 from .stream import DROP, TENSOR, TOKEN, Tensor, open_stream
 
@@ -35,8 +36,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-#: Codec ids of the lossy activation codecs (docs/COMPRESSION.md): quant, fp16.
-LOSSY_CODECS = (17, 18)
+#: Codec ids of the lossy activation codecs (docs/COMPRESSION.md): quant, fp16, fp8.
+LOSSY_CODECS = (_activation_codecs.QUANT, _activation_codecs.FP16, _activation_codecs.FP8)
 #: Stored bytes of the tensors an object-storage epoch fetches ahead, at most (see ``prefetch``).
 PREFETCH_BYTES = 256 << 20
 #: Keys of a row (and of a batch) besides ``activation``, all integer (``lossy`` bool).
