@@ -1,8 +1,10 @@
 """`vllm serve` with the plugin (docs/VLLM.md 6): the OpenAI server, multi-process engine, real
 strapd, STRAP_VLLM_REQUESTS=opt-in. Only the request that opts in through ``vllm_xargs`` is
-captured, exactly; then the server is SIGKILLed in the middle of a long opted-in request: the
-stream still verifies (strapd ends it as aborted), the finished request loads exactly and the
-killed one loads as the prefix that was computed.
+captured, exactly; a streamed request whose client disconnects after 5 tokens is aborted by the
+server and marked so; then the server is SIGKILLed in the middle of a long opted-in request: the
+stream still verifies (strapd ends it as aborted), the finished request loads exactly (marked
+length_capped), the disconnected one as aborted, and the killed one as the prefix that was
+computed (no mark: the engine never finished it).
 """
 
 from __future__ import annotations
@@ -96,6 +98,11 @@ def test_serve_opt_in_then_sigkill(model_dir: Path, hf_model: Any, tmp_path: Pat
         assert set(got) == {"in", "out"}
         gen_in = got["in"]["choices"][0]["token_ids"]
         assert len(gen_in) == 8
+        # A streamed opted-in request whose client goes away after 5 tokens: the server aborts
+        # it in the engine (finished "aborted" in the stream, written at a later step).
+        gone_body = {"model": str(model_dir), "prompt": [7, 8, 9, 10], "max_tokens": 200, "temperature": 0,
+                     "ignore_eos": True, "stream": True, "vllm_xargs": {"strap": True}}
+        _stream_then_close(port, gone_body, "gone", 5)
         # A long opted-in request, streamed, and SIGKILL of the whole server once 20 tokens
         # came back (their forward passes' records are published: strapd writes them).
         long_body = {"model": str(model_dir), "prompt": [3, 4, 5], "max_tokens": 200, "temperature": 0,
@@ -124,10 +131,19 @@ def test_serve_opt_in_then_sigkill(model_dir: Path, hf_model: Any, tmp_path: Pat
         end = r.end()
         assert end is not None and end.meta["status"] == "aborted", end and end.meta
     ids = list_requests(cap)
-    assert ids[:1] == ["cmpl-in-0"] and "cmpl-out-0" not in ids and ids == ["cmpl-in-0", "cmpl-long-0"], ids
-    check_request(cap, hf_model, {"request_id": "cmpl-in-0", "prompt": prompts["in"], "generated": gen_in})
+    assert ids == ["cmpl-in-0", "cmpl-gone-0", "cmpl-long-0"], ids
+    fin = check_request(cap, hf_model, {"request_id": "cmpl-in-0", "prompt": prompts["in"], "generated": gen_in})
+    assert fin.finished == "length_capped", fin.finished
+    # The disconnected request: aborted, and what it computed is exact.
+    g = load_request(cap, "cmpl-gone-0")
+    assert g.finished == "aborted" and g.aborted, g.finished
+    ng = len(g.positions)
+    assert 5 <= ng < 4 + 200 - 1 and g.positions.tolist() == list(range(ng)), g.positions.tolist()
+    check_request(cap, hf_model, {"request_id": "cmpl-gone-0", "prompt": [7, 8, 9, 10],
+                                  "generated": g.token_ids.tolist()[4:]})
     # The killed request: a prefix, each computed position exact.
     r = load_request(cap, "cmpl-long-0")
+    assert r.finished is None and not r.aborted
     n = len(r.positions)
     assert n >= 20 and r.positions.tolist() == list(range(n)) and r.missing == []
     ids_long = r.token_ids.tolist()
@@ -135,6 +151,24 @@ def test_serve_opt_in_then_sigkill(model_dir: Path, hf_model: Any, tmp_path: Pat
     for name, x in r.items():
         want = ref[name]
         assert (x - want).abs().max().item() <= 1e-4 * want.abs().max().item(), name
+
+
+def _stream_then_close(port: int, body: Dict[str, Any], request_id: str, n: int) -> None:
+    """POST a streamed completion, read ``n`` data lines, then close the connection (the
+    client goes away mid-stream)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", "X-Request-Id": request_id})
+    r = urllib.request.urlopen(req, timeout=300)
+    seen = 0
+    try:
+        for line in r:
+            if line.startswith(b"data: {"):
+                seen += 1
+                if seen >= n:
+                    break
+    finally:
+        r.close()
+    assert seen >= n, f"the {request_id} request streamed {seen} tokens, not {n}"
 
 
 def _stream(port: int, body: Dict[str, Any], request_id: str, chunks: threading.Semaphore) -> None:
