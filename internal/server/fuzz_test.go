@@ -196,11 +196,35 @@ func FuzzSessionRecords(f *testing.F) {
 	b, head, seq := good()
 	f.Add(b, head, seq)
 	f.Add(b, head, seq+1)
+	// Records and TOKEN records (ring tokens, PROTOCOL.md 2) in one window.
+	{
+		p, err := shm.NewProducer(ringSize, shm.ProducerOptions{})
+		if err != nil {
+			f.Fatal(err)
+		}
+		tn := tensor("model.layers.0.mlp", 1, 200)
+		if _, err := p.Put(&tn); err != nil {
+			f.Fatal(err)
+		}
+		if _, err := p.PutToken(0, 42, 7, "tok"); err != nil {
+			f.Fatal(err)
+		}
+		if _, err := p.Put(&tn); err != nil {
+			f.Fatal(err)
+		}
+		if _, err := p.PutToken(1, -1, 8, "\u00e9"); err != nil {
+			f.Fatal(err)
+		}
+		f.Add(append([]byte(nil), p.Mem()[shm.HeaderSize:shm.HeaderSize+p.Head()]...), p.Head(), p.LastSeq())
+		p.Close()
+	}
 	f.Add(b, head-64, seq)
 	f.Add([]byte{}, uint64(0), uint64(0))
 	f.Add([]byte("SREC"), uint64(64), uint64(1))
 	// The ring's golden records (testdata/ring), each published alone with its own seq.
 	records, _ := filepath.Glob("../../testdata/ring/record_*.bin")
+	tokens, _ := filepath.Glob("../../testdata/ring/token_*.bin")
+	records = append(records, tokens...)
 	for _, p := range records {
 		b, err := os.ReadFile(p)
 		if err != nil {
