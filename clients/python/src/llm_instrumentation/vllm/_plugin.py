@@ -34,6 +34,7 @@ import logging
 from typing import Any, Callable, Dict, List, Optional
 
 from ._settings import Settings
+from ._worker import FINISH_REASONS, FINISHES_NOTED
 
 # A child of vLLM's logger: its handler prints these lines with the engine's own.
 log = logging.getLogger("vllm.llm_instrumentation")
@@ -43,12 +44,6 @@ _PATCHED = False
 RPC_CHECKPOINT = "llm_instrumentation_checkpoint"
 #: the captures made in this process (one per model runner), for :func:`captures`
 _CAPTURES: List[Any] = []
-#: the attribute of a SchedulerOutput holding ``{request id: finish reason}``
-FINISH_REASONS = "strap_finish_reasons"
-#: request id -> finish reason, noted by this process's scheduler and not yet attached to a
-#: SchedulerOutput (the last requests of an in-process engine are never scheduled after
-#: they finish: the worker's close reads them here)
-FINISHED: Dict[str, str] = {}
 
 
 def register() -> None:
@@ -168,7 +163,7 @@ def _wrap_free(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def _free_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            FINISHED[request.request_id] = finish_reason(request.status)
+            FINISHES_NOTED[request.request_id] = finish_reason(request.status)
         except Exception as e:  # never stop the scheduler: the record then says "unknown"
             log.warning("llm_instrumentation.vllm: finish reason not noted: %s", e)
         return orig(self, request, *args, **kwargs)
@@ -183,7 +178,7 @@ def _wrap_schedule(orig: Callable[..., Any]) -> Callable[..., Any]:
         ids = getattr(out, "finished_req_ids", None)
         if ids:
             try:
-                setattr(out, FINISH_REASONS, {r: FINISHED.pop(r) for r in ids if r in FINISHED})
+                setattr(out, FINISH_REASONS, {r: FINISHES_NOTED.pop(r) for r in ids if r in FINISHES_NOTED})
             except Exception as e:
                 log.warning("llm_instrumentation.vllm: finish reasons not attached: %s", e)
         return out

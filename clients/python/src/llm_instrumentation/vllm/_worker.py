@@ -39,6 +39,13 @@ log = logging.getLogger("vllm.llm_instrumentation")
 ROWS = "vllm.rows"
 SAMPLED = "vllm.sampled"
 FINISHED = "vllm.finished"
+#: the attribute of a SchedulerOutput holding ``{request id: finish reason}``
+FINISH_REASONS = "strap_finish_reasons"
+#: request id -> finish reason, noted by this process's scheduler (the plugin's wrapper of
+#: ``Scheduler._free_request``) and not yet attached to a SchedulerOutput (the last requests
+#: of an in-process engine are never scheduled after they finish: the worker's close reads
+#: them here)
+FINISHES_NOTED: Dict[str, str] = {}
 #: The reason of a finish the scheduler did not tell (docs/VLLM.md 3).
 UNKNOWN = "unknown"
 #: The layout of those records; a reader refuses a stream of another.
@@ -193,10 +200,8 @@ class WorkerCapture:
         self._sched = scheduler_output
         fin = getattr(scheduler_output, "finished_req_ids", None)
         if fin:
-            from ._plugin import FINISH_REASONS, FINISHED as noted
-
             reasons = getattr(scheduler_output, FINISH_REASONS, None) or {}
-            done = {r: reasons.get(r) or noted.pop(r, UNKNOWN) for r in fin if r in self._seen}
+            done = {r: reasons.get(r) or FINISHES_NOTED.pop(r, UNKNOWN) for r in fin if r in self._seen}
             for r in fin:
                 self._want.pop(r, None)
                 self._seen.discard(r)
@@ -401,9 +406,7 @@ class WorkerCapture:
         if self.session is not None and self._seen:
             # Requests that finished in the engine's last steps: an in-process engine is not
             # scheduled again to tell this worker, but its scheduler noted them here.
-            from ._plugin import FINISHED as noted
-
-            done = {r: noted.pop(r) for r in list(self._seen) if r in noted}
+            done = {r: FINISHES_NOTED.pop(r) for r in list(self._seen) if r in FINISHES_NOTED}
             if done:
                 self._finished(done)
         s, self.session = self.session, None
