@@ -300,9 +300,10 @@ demo: $(BIN) $(VENV)/.stamp
 	STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) clients/python/examples/demo.py
 
 # Measures capture overhead, daemon ingest, memory, compression, probe cost and profiles on
-# this machine (< 15 min on 2 cores) and writes bench/results/*.json, the tables in
-# docs/PERFORMANCE-DATA.md and the PNG charts (matplotlib comes with PY_DEPS); the reading
-# in docs/PERFORMANCE.md is written by hand.
+# this machine (bench/run.py < 15 min on 2 cores, then the upload bench, then bench-vllm's
+# vLLM A/B: ≈ 30 min more, and a cold .venv-vllm ≈ 15 min) and writes bench/results/*.json,
+# the tables in docs/PERFORMANCE-DATA.md and the PNG charts (matplotlib comes with PY_DEPS);
+# the reading in docs/PERFORMANCE.md is written by hand.
 # BENCH_ARGS=--quick is a seconds-long smoke test whose results go to a temp dir.
 BENCH_ARGS ?=
 bench: $(BIN) $(VENV)/.stamp $(PEERS_DIR)/.stamp
