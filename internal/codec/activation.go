@@ -11,7 +11,6 @@ import (
 	"math"
 	"slices"
 	"sync"
-	"sync/atomic"
 
 	"github.com/klauspost/compress/huff0"
 	"github.com/klauspost/compress/zstd"
@@ -120,15 +119,6 @@ type StatsEncoder interface {
 // the bound but compresses less well where blocks differ in scale.
 type TensorPreparer interface {
 	ForTensor(tensor []byte, dt dtype.DType) (Codec, error)
-}
-
-// KeyedEncoder is implemented by codecs that keep encoder state from one block to the
-// next (shuffle's Huffman tables, see tableState): ForKey returns the codec to encode the
-// blocks of one key with, so that state is kept per key. The pipeline passes the record's
-// name, so the records of one module share it. The stored format does not depend on the
-// key; a codec used without ForKey shares one state among all its blocks.
-type KeyedEncoder interface {
-	ForKey(key string) Codec
 }
 
 // LossyCodec is implemented by the lossy codecs: Bound is the bound they were built with,
@@ -295,7 +285,7 @@ func zstdDecoder() (*zstd.Decoder, error) {
 
 // appendPlane appends the plane frame of p. Level 0: literal-only frame (huff0); 1–4:
 // klauspost zstd at SpeedFastest, SpeedDefault, SpeedBetterCompression, SpeedBestCompression.
-func appendPlane(dst, p []byte, level int, st *tableState) ([]byte, error) {
+func appendPlane(dst, p []byte, level int) ([]byte, error) {
 	if level >= 1 {
 		e, err := zstdEncoder(zstd.EncoderLevel(level))
 		if err != nil {
@@ -314,7 +304,7 @@ func appendPlane(dst, p []byte, level int, st *tableState) ([]byte, error) {
 		n := min(len(p), literalsChunk)
 		chunk := p[:n]
 		p = p[n:]
-		dst = appendLiteralsBlock(dst, chunk, len(p) == 0, s, st)
+		dst = appendLiteralsBlock(dst, chunk, len(p) == 0, s)
 	}
 	return dst, nil
 }
@@ -329,27 +319,22 @@ func blockHeader(dst []byte, last bool, typ, size int) []byte {
 
 // appendLiteralsBlock writes one zstd block holding chunk as Huffman literals and no
 // sequences, or as a raw or RLE block when entropy coding does not pay (as zstd does).
-func appendLiteralsBlock(dst, chunk []byte, last bool, s *huff0.Scratch, st *tableState) []byte {
+func appendLiteralsBlock(dst, chunk []byte, last bool, s *huff0.Scratch) []byte {
 	var (
 		out    []byte
 		err    error
-		single = len(chunk) < 1024
+		single bool
 	)
 	switch {
 	case len(chunk) >= sampleMin && looksUniform(chunk):
 		err = huff0.ErrIncompressible
-	case len(chunk) > 16 && len(chunk) < smallMax:
-		h, bits := smallHistogram(chunk)
-		switch {
-		case smallUniform(&h, bits, len(chunk)):
-			err = huff0.ErrIncompressible
-		case st != nil:
-			out, err = st.compress(chunk, &h, bits)
-		default:
-			out, err = huffCompress(chunk, s)
-		}
+	case len(chunk) > 16 && len(chunk) < smallMax && smallLooksUniform(chunk):
+		err = huff0.ErrIncompressible
+	case len(chunk) >= 1024:
+		out, _, err = huff0.Compress4X(chunk, s)
 	case len(chunk) > 16:
-		out, err = huffCompress(chunk, s)
+		single = true
+		out, _, err = huff0.Compress1X(chunk, s)
 	default:
 		err = huff0.ErrIncompressible
 	}
@@ -434,118 +419,21 @@ func looksUniform(chunk []byte) bool {
 // From smallMax up huff0 refuses noise itself after its count, before any table (a value
 // seen fewer than len/128 times at most), and this estimate would only add its own count.
 func smallLooksUniform(chunk []byte) bool {
-	h, bits := smallHistogram(chunk)
-	return smallUniform(&h, bits, len(chunk))
-}
-
-// smallHistogram counts the bytes of chunk (under smallMax) and returns the counts and
-// len(chunk) times its byte entropy, in bits.
-func smallHistogram(chunk []byte) (h [256]uint32, bits float64) {
+	var h [256]uint32
 	for _, b := range chunk {
 		h[b]++
 	}
 	n := float64(len(chunk))
 	var sum float64 // Σ c·log2(c)
-	for _, v := range h {
-		sum += cLog2C[v]
-	}
-	return h, n*math.Log2(n) - sum
-}
-
-// smallUniform is smallLooksUniform's judgement on a chunk of n bytes with counts h and
-// n·entropy bits.
-func smallUniform(h *[256]uint32, bits float64, n int) bool {
 	k := 0
 	for _, v := range h {
 		if v > 0 {
 			k++
+			sum += cLog2C[v]
 		}
 	}
-	return bits/8+float64(k)/8 >= 0.99*float64(n)
-}
-
-// huffCompress Huffman-codes chunk with huff0 (4 streams from 1 KiB, as zstd does).
-func huffCompress(chunk []byte, s *huff0.Scratch) ([]byte, error) {
-	var (
-		out []byte
-		err error
-	)
-	if len(chunk) >= 1024 {
-		out, _, err = huff0.Compress4X(chunk, s)
-	} else {
-		out, _, err = huff0.Compress1X(chunk, s)
-	}
-	return out, err
-}
-
-// tableState is the Huffman table a plane index last had built for it, kept so the next
-// small plane of that index (the same plane of the next decode record) can be coded with
-// it instead of sorting and building a table again. The format is unchanged: the frame
-// still carries the table's description (desc, written when the table was built), so
-// every frame decodes on its own.
-type tableState struct {
-	s    huff0.Scratch
-	desc []byte // the table's description as written in front of the Huffman streams
-	out  []byte // desc followed by the streams coded with the kept table
-	uses int    // chunks coded with a kept table (tests read it)
-}
-
-// reuseSlack and reuseRoom bound what a kept table may cost over a fresh one: it is used
-// when its coded size is at most reuseSlack times the chunk's entropy (a floor for any
-// fresh table's streams) plus 2 bytes plus 1/reuseRoom of the chunk; otherwise a table is
-// built. The room is for near-uniform planes (the top mantissa bits), whose entropy over
-// a few hundred bytes understates what a fresh table codes them to: without it they built
-// a table at every record (BenchmarkShuffleRecordModules, fp32 9.9 µs a record, with it
-// 9.4, the same ratio to 3 digits).
-const (
-	reuseSlack = 1.02
-	reuseRoom  = 64
-)
-
-// compress Huffman-codes chunk (counts h, n·entropy bits), table description included,
-// with the kept table when it can code every symbol present at a cost within reuseSlack,
-// else with a new table, which is then kept.
-func (t *tableState) compress(chunk []byte, h *[256]uint32, bits float64) ([]byte, error) {
-	if len(t.desc) > 0 {
-		if est := t.s.EstimateSize(h); est >= 0 && float64(est) <= reuseSlack*bits/8+2+float64(len(chunk)/reuseRoom) {
-			t.s.Reuse = huff0.ReusePolicyMust
-			data, err := huffCompress(chunk, &t.s)
-			if err == nil {
-				t.uses++
-				t.out = append(append(t.out[:0], t.desc...), data...)
-				return t.out, nil
-			}
-		}
-	}
-	t.desc = t.desc[:0]
-	t.s.Reuse = huff0.ReusePolicyNone
-	out, err := huffCompress(chunk, &t.s)
-	if err == nil {
-		t.desc = append(t.desc, t.s.OutTable...)
-	}
-	return out, err
-}
-
-// planeTables holds one kept table per plane index. An encoder takes a slot's state for
-// one plane (Swap) and puts it back (Store); an encoder finding the slot empty (another
-// goroutine holds it) starts a state of its own, so no state is ever shared.
-type planeTables [8]atomic.Pointer[tableState]
-
-// take returns the state of plane j, or nil when j has no slot.
-func (p *planeTables) take(j int) *tableState {
-	if p == nil || j >= len(p) {
-		return nil
-	}
-	if st := p[j].Swap(nil); st != nil {
-		return st
-	}
-	return new(tableState)
-}
-
-func (p *planeTables) put(j int, st *tableState) {
-	if st != nil {
-		p[j].Store(st)
-	}
+	bits := n*math.Log2(n) - sum // n · entropy
+	return bits/8+float64(k)/8 >= 0.99*n
 }
 
 // smallMax bounds the chunks smallLooksUniform judges (see there).
@@ -615,23 +503,13 @@ func grow(b []byte, n int) []byte {
 }
 
 // appendPlanes writes the plane table (count × u32 frame length) and the frames of planes.
-// tabs, when not nil, keeps each plane index's Huffman table from one call to the next
-// for planes of 17 bytes to smallMax at level 0.
-func appendPlanes(dst []byte, planes [][]byte, level int, tabs *planeTables) ([]byte, error) {
+func appendPlanes(dst []byte, planes [][]byte, level int) ([]byte, error) {
 	tab := len(dst)
 	dst = append(dst, make([]byte, 4*len(planes))...)
 	for j, p := range planes {
 		start := len(dst)
-		var st *tableState
-		if level == 0 && len(p) > 16 && len(p) < smallMax {
-			st = tabs.take(j)
-		}
 		var err error
-		dst, err = appendPlane(dst, p, level, st)
-		if st != nil {
-			tabs.put(j, st)
-		}
-		if err != nil {
+		if dst, err = appendPlane(dst, p, level); err != nil {
 			return nil, err
 		}
 		binary.LittleEndian.PutUint32(dst[tab+4*j:], uint32(len(dst)-start))

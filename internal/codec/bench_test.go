@@ -1,7 +1,6 @@
 package codec
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math"
 	"syscall"
@@ -208,62 +207,4 @@ func bf16FromF32(src []byte) []byte {
 		out[2*i], out[2*i+1] = byte(h), byte(h>>8)
 	}
 	return out
-}
-
-// BenchmarkShuffleRecordModules encodes what a decode step sends: 24 modules' 1×512
-// records in turn, each module of its own scale (×0.01 to ×100) and each token new values,
-// so a plane's kept table (tableState) meets a different distribution at every record.
-// cpu-ns/op is the process's CPU per record (the wall clock measures the neighbours' load).
-func BenchmarkShuffleRecordModules(b *testing.B) {
-	c, err := New("shuffle", Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16} {
-		const modules, tokens = 24, 8
-		var recs [][]byte
-		var raw int
-		for t := range tokens {
-			for m := range modules {
-				src := normalF32(512, 0, uint64(1000*t+m))
-				scale := float32(math.Pow(10, -2+4*float64(m)/modules))
-				for i := 0; i < len(src); i += 4 {
-					v := math.Float32frombits(binary.LittleEndian.Uint32(src[i:])) * scale
-					binary.LittleEndian.PutUint32(src[i:], math.Float32bits(v))
-				}
-				if dt == dtype.BFloat16 {
-					src = bf16FromF32(src)
-				}
-				recs = append(recs, src)
-				raw += len(src)
-			}
-		}
-		keyed := make([]Codec, modules) // what the pipeline does: one key per module
-		for m := range keyed {
-			keyed[m] = c
-			if k, ok := c.(KeyedEncoder); ok {
-				keyed[m] = k.ForKey(fmt.Sprintf("model.layers.%d.mlp", m))
-			}
-		}
-		b.Run(dt.String(), func(b *testing.B) {
-			dst := make([]byte, 0, 2*len(recs[0])+64)
-			stored, i := 0, 0
-			start := processCPU()
-			for b.Loop() {
-				src := recs[i%len(recs)]
-				out, _, err := keyed[i%modules].Encode(dst[:0], src, dt)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if i < len(recs) {
-					stored += len(out)
-				}
-				i++
-			}
-			b.ReportMetric(float64(processCPU()-start)/float64(b.N), "cpu-ns/op")
-			if i >= len(recs) {
-				b.ReportMetric(float64(raw)/float64(stored), "ratio")
-			}
-		})
-	}
 }

@@ -309,7 +309,7 @@ func appendQuant(dst, src []byte, dt dtype.DType, q float64, t *quantTry, level 
 	for j := range b {
 		planes[j] = buf[j*n : (j+1)*n]
 	}
-	out, err := appendPlanes(dst, planes, level, nil)
+	out, err := appendPlanes(dst, planes, level)
 	if err != nil {
 		return nil
 	}
@@ -325,7 +325,7 @@ func encodeLossless(dst, src []byte, dt dtype.DType, level int) ([]byte, bool, B
 			_, st.SumSq = sumSquares(src[:len(src)/w*w], dt)
 		}
 	}
-	out, err := appendShuffled(append(dst, modeLossless), src, dt, level, nil)
+	out, err := appendShuffled(append(dst, modeLossless), src, dt, level)
 	if err != nil {
 		return nil, false, st, err
 	}
@@ -505,7 +505,7 @@ func (c *fp16Codec) EncodeStats(dst, src []byte, dt dtype.DType) ([]byte, bool, 
 	if c.relL2 > 0 && st.SumSqErr > c.relL2*c.relL2*st.SumSq {
 		return encodeLossless(dst, src, dt, c.level)
 	}
-	out, err := appendShuffled(append(dst, modeLossy), half, dtype.Float16, c.level, nil)
+	out, err := appendShuffled(append(dst, modeLossy), half, dtype.Float16, c.level)
 	if err != nil {
 		return nil, false, st, fmt.Errorf("fp16: %w", err)
 	}

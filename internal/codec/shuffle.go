@@ -25,20 +25,7 @@ func init() {
 	})
 }
 
-// shuffleCodec: group selects the kept Huffman tables (shuffleTables): 0 without a key,
-// else 1 + the key's hash modulo tableGroups−1.
-type shuffleCodec struct{ level, group int }
-
-// ForKey returns the codec with the kept tables of key's group: keys sharing a group
-// (a hash collision) only lower how often a kept table fits, never what is stored.
-func (c shuffleCodec) ForKey(key string) Codec {
-	h := uint32(2166136261) // FNV-1a
-	for i := 0; i < len(key); i++ {
-		h = (h ^ uint32(key[i])) * 16777619
-	}
-	c.group = 1 + int(h%(tableGroups-1))
-	return c
-}
+type shuffleCodec struct{ level int }
 
 func (shuffleCodec) ID() ID           { return Shuffle }
 func (shuffleCodec) Name() string     { return "shuffle" }
@@ -46,7 +33,7 @@ func (c shuffleCodec) Level() int     { return c.level }
 func (c shuffleCodec) String() string { return fmt.Sprintf("shuffle(level %d)", c.level) }
 
 func (c shuffleCodec) Encode(dst, src []byte, dt dtype.DType) ([]byte, bool, error) {
-	out, err := appendShuffled(dst, src, dt, c.level, &shuffleTables[c.group])
+	out, err := appendShuffled(dst, src, dt, c.level)
 	if err != nil {
 		return nil, false, fmt.Errorf("shuffle: %w", err)
 	}
@@ -69,16 +56,6 @@ func (c shuffleCodec) Decode(dst, src []byte, dt dtype.DType, rawLen int) ([]byt
 type shuffleScratch struct{ planes, bitmap, compact []byte }
 
 var shufflePool = sync.Pool{New: func() any { return new(shuffleScratch) }}
-
-// tableGroups is the number of kept-table groups: one for codecs without a key, the rest
-// shared by hash among keys (modules). It bounds their memory whatever the names.
-const tableGroups = 128
-
-// shuffleTables keeps, per group and element width, each plane's last Huffman table
-// between blocks (see tableState): the records of one module have planes of like
-// distributions from token to token, and a kept table spares sorting and building one
-// per small plane.
-var shuffleTables [tableGroups][9]planeTables
 
 // sized returns b resized to n bytes, reallocated only when its capacity is short.
 func sized(b []byte, n int) []byte {
@@ -130,18 +107,13 @@ func countZeros(src []byte, w, stride int) int {
 }
 
 // zeroMapLikely reports whether a zero map may pay: a sample of every 8th element decides
-// whether compacting the block, which also counts its zeros, is worth its pass. Under 1024
-// elements (decode records) every element is counted, which costs a fraction of
-// compacting, and the answer is exact: compacting would find the same count.
+// whether compacting the block, which also counts its zeros, is worth its pass.
 func zeroMapLikely(body []byte, w, n int) bool {
 	if w < 2 || n == 0 {
 		return false
 	}
 	need := max(1, n/zeroMapShare)
-	if n < 1024 {
-		return countZeros(body, w, 1) >= need
-	}
-	return 8*countZeros(body, w, 8) >= need/2
+	return n < 1024 || 8*countZeros(body, w, 8) >= need/2
 }
 
 // compactNonZero sets bit i of bitmap for every all-zero element i of body (width w),
@@ -197,8 +169,7 @@ func allZero(b []byte) bool {
 }
 
 // appendShuffled appends the shuffle payload of src (elements of dt) to dst.
-// tabs keeps each plane's Huffman table between calls (nil: none kept).
-func appendShuffled(dst, src []byte, dt dtype.DType, level int, tabs *[9]planeTables) ([]byte, error) {
+func appendShuffled(dst, src []byte, dt dtype.DType, level int) ([]byte, error) {
 	w := dt.Size()
 	if w == 0 {
 		return nil, fmt.Errorf("dtype %d: %w", uint8(dt), ErrCorrupt)
@@ -218,7 +189,7 @@ func appendShuffled(dst, src []byte, dt dtype.DType, level int, tabs *[9]planeTa
 			m = k
 			dst = binary.LittleEndian.AppendUint32(dst, uint32(m))
 			var err error
-			if dst, err = appendPlanes(dst, [][]byte{sc.bitmap}, level, nil); err != nil {
+			if dst, err = appendPlanes(dst, [][]byte{sc.bitmap}, level); err != nil {
 				return nil, err
 			}
 			body = sc.compact[:m*w]
@@ -236,11 +207,7 @@ func appendShuffled(dst, src []byte, dt dtype.DType, level int, tabs *[9]planeTa
 	for j := range w {
 		planes = append(planes, buf[j*m:(j+1)*m])
 	}
-	var pt *planeTables
-	if tabs != nil && w < len(tabs) {
-		pt = &tabs[w]
-	}
-	dst, err := appendPlanes(dst, planes, level, pt)
+	dst, err := appendPlanes(dst, planes, level)
 	if err != nil {
 		return nil, err
 	}

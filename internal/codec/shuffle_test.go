@@ -2,16 +2,12 @@ package codec
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
-	"math"
 	"math/bits"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/klauspost/compress/huff0"
-
-	"github.com/strap-llm/strap/internal/dtype"
 )
 
 // refPlanes is the byte-at-a-time transpose the fast ones must match.
@@ -212,116 +208,4 @@ func TestSmallLooksUniform(t *testing.T) {
 			}
 		}
 	}
-}
-
-// keptRecords makes count records of n float32 values whose distribution drifts from
-// record to record (scale and mean), with, now and then, values at exponents no earlier
-// record had (symbols a kept table lacks) and a run of all-equal values.
-func keptRecords(count, n int, seed uint64) [][]byte {
-	r := rand.New(rand.NewPCG(seed, 38))
-	var recs [][]byte
-	for k := range count {
-		scale := math.Pow(10, -3+6*float64(k)/float64(count))
-		b := make([]byte, 4*n)
-		for i := range n {
-			v := float32(r.NormFloat64()*scale + 0.1*float64(k%7))
-			switch {
-			case k%13 == 5 && i%17 == 0:
-				v = float32(math.Ldexp(1, r.IntN(250)-125)) // exponents never seen before
-			case k%29 == 11:
-				v = 1.5 // one value: an RLE plane
-			}
-			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
-		}
-		recs = append(recs, b)
-	}
-	return recs
-}
-
-// TestShuffleKeptTables encodes many consecutive records of one key, as the pipeline does
-// for one module, and checks that every record decodes exactly (each frame on its own,
-// through the klauspost zstd decoder), that kept tables were in fact used, and that a
-// record costs at most 1 % more than with a table built for it alone.
-func TestShuffleKeptTables(t *testing.T) {
-	c, err := New("shuffle", Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyed := c.(KeyedEncoder).ForKey("test.kept.tables")
-	g := keyed.(shuffleCodec).group
-	for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16, dtype.Float16} {
-		for _, n := range []int{17, 100, 512, 1000, 4095} {
-			uses := func() (u int) {
-				for j := range shuffleTables[g][dt.Size()] {
-					if st := shuffleTables[g][dt.Size()][j].Load(); st != nil {
-						u += st.uses
-					}
-				}
-				return u
-			}
-			before := uses()
-			var kept, fresh int
-			for k, rec := range keptRecords(120, n, uint64(n)) {
-				if dt != dtype.Float32 {
-					rec = halfFromF32(rec, dt)
-				}
-				out, ok, err := keyed.Encode(nil, rec, dt)
-				if err != nil {
-					t.Fatalf("%s n=%d record %d: %v", dt, n, k, err)
-				}
-				ref, refOK, err := appendShuffledFresh(rec, dt)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !ok {
-					out = rec
-				}
-				if !refOK {
-					ref = rec
-				}
-				kept += len(out)
-				fresh += len(ref)
-				if !ok {
-					continue
-				}
-				got, err := c.Decode(nil, out, dt, len(rec))
-				if err != nil {
-					t.Fatalf("%s n=%d record %d: decode: %v", dt, n, k, err)
-				}
-				if !bytes.Equal(got, rec) {
-					t.Fatalf("%s n=%d record %d: round trip differs", dt, n, k)
-				}
-			}
-			if float64(kept) > 1.01*float64(fresh) {
-				t.Errorf("%s n=%d: %d bytes with kept tables, %d with fresh ones", dt, n, kept, fresh)
-			}
-			t.Logf("%s n=%d: %d planes coded with a kept table, %d bytes (%d with fresh tables)",
-				dt, n, uses()-before, kept, fresh)
-			if n >= 100 && dt != dtype.Float16 && uses() == before {
-				t.Errorf("%s n=%d: no plane was coded with a kept table", dt, n)
-			}
-		}
-	}
-}
-
-// appendShuffledFresh encodes rec as the shuffle codec without kept tables does.
-func appendShuffledFresh(rec []byte, dt dtype.DType) ([]byte, bool, error) {
-	out, err := appendShuffled(nil, rec, dt, 0, nil)
-	if err != nil {
-		return nil, false, err
-	}
-	return out, len(out) < len(rec), nil
-}
-
-// halfFromF32 narrows float32 values to bfloat16 or float16.
-func halfFromF32(src []byte, dt dtype.DType) []byte {
-	if dt == dtype.BFloat16 {
-		return bf16FromF32(src)
-	}
-	out := make([]byte, len(src)/2)
-	for i := range len(src) / 4 {
-		h := dtype.Float32ToFloat16(math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:])))
-		binary.LittleEndian.PutUint16(out[2*i:], h)
-	}
-	return out
 }

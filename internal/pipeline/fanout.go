@@ -100,9 +100,6 @@ func (s *Session) encoderFor(it *item) (enc codec.Codec, se codec.StatsEncoder, 
 		}
 		enc = c
 	}
-	if k, ok := enc.(codec.KeyedEncoder); ok {
-		enc = k.ForKey(it.rec.Name) // state kept per module (shuffle's Huffman tables)
-	}
 	se, withStats = enc.(codec.StatsEncoder)
 	return enc, se, withStats, nil
 }
