@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 #: --client SRC: the Python client to measure (a tree's clients/python/src; default this one's)
@@ -57,6 +57,20 @@ from llm_instrumentation import InstrumentationConfig, capture_activations  # no
 
 #: The decode benchmark's model (decode_ab.py's DECODE_MODEL).
 MODEL: Dict[str, int] = {"hidden": 512, "layers": 8, "intermediate": 1408, "vocab": 32000, "heads": 8}
+
+
+
+#: The environment each capture sets for the client and puts back after.
+STRAPD_ENV = ("STRAPD_BIN", "STRAPD_SOCKET", "STRAPD_EXIT_IDLE")
+
+
+def restore_env(keep: Dict[str, Optional[str]]) -> None:
+    """Puts back the variables saved in ``keep`` (None: it was unset)."""
+    for k, v in keep.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def daemon_counters(pid: int) -> Dict[str, int]:
@@ -123,7 +137,7 @@ def greedy(model: Any, prompt: torch.Tensor, n: int, fw: Any = None) -> int:
 def run_preset(a: argparse.Namespace, preset: str, model: Any, prompt: torch.Tensor) -> Dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="strap-dcost-", dir=a.tmpdir))
     sock = str(tmp / "run" / "strapd.sock")
-    env_keep = {k: os.environ.get(k) for k in ("STRAPD_BIN", "STRAPD_SOCKET", "STRAPD_EXIT_IDLE")}
+    env_keep = {k: os.environ.get(k) for k in STRAPD_ENV}
     os.environ["STRAPD_BIN"] = str(Path(a.strapd).resolve())
     os.environ["STRAPD_SOCKET"] = sock
     os.environ["STRAPD_EXIT_IDLE"] = "10m"
@@ -199,11 +213,7 @@ def run_preset(a: argparse.Namespace, preset: str, model: Any, prompt: torch.Ten
                     time.sleep(0.05)
             except ProcessLookupError:
                 pass
-        for k, v in env_keep.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        restore_env(env_keep)
         shutil.rmtree(tmp, ignore_errors=True)
     keys = [k for k in trials[0] if isinstance(trials[0][k], float)]
     med = {k: statistics.median(t[k] for t in trials) for k in keys}
@@ -216,7 +226,7 @@ def token_cost(a: argparse.Namespace, model: Any, n: int = 2000) -> Dict[str, fl
     each, alternating, three rounds: the median per way."""
     tmp = Path(tempfile.mkdtemp(prefix="strap-tcost-", dir=a.tmpdir))
     sock = str(tmp / "run" / "strapd.sock")
-    env_keep = {k: os.environ.get(k) for k in ("STRAPD_BIN", "STRAPD_SOCKET", "STRAPD_EXIT_IDLE")}
+    env_keep = {k: os.environ.get(k) for k in STRAPD_ENV}
     os.environ.update(STRAPD_BIN=str(Path(a.strapd).resolve()), STRAPD_SOCKET=sock, STRAPD_EXIT_IDLE="10m")
     cfg = InstrumentationConfig.from_preset("fast_capture").with_granularity(CAPTURE_SETS["resid+attn+mlp"])
     got: Dict[str, List[float]] = {"ring": [], "message": []}
@@ -246,11 +256,7 @@ def token_cost(a: argparse.Namespace, model: Any, n: int = 2000) -> Dict[str, fl
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        for k, v in env_keep.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        restore_env(env_keep)
         shutil.rmtree(tmp, ignore_errors=True)
     return {f"{way}_us_per_token": statistics.median(v) for way, v in got.items() if v}
 

@@ -229,19 +229,13 @@ func fp8Group(st *BlockStats, g int, src, codes, scale []byte, dt dtype.DType) b
 		}
 		amax = float64(math.Float32frombits(m))
 	case dtype.BFloat16:
-		done, m := fp8AbsMax16(src)
-		for i := 2 * done; i+2 <= len(src); i += 2 {
-			m = max(m, binary.LittleEndian.Uint16(src[i:])&0x7fff)
-		}
+		m := fp8AbsMaxBits16(src)
 		if m >= 0x7f80 {
 			return false
 		}
 		amax = float64(dtype.BFloat16ToFloat32(m))
 	case dtype.Float16:
-		done, m := fp8AbsMax16(src)
-		for i := 2 * done; i+2 <= len(src); i += 2 {
-			m = max(m, binary.LittleEndian.Uint16(src[i:])&0x7fff)
-		}
+		m := fp8AbsMaxBits16(src)
 		if m >= 0x7c00 {
 			return false
 		}
@@ -267,6 +261,16 @@ func fp8Group(st *BlockStats, g int, src, codes, scale []byte, dt dtype.DType) b
 	st.Rows[g] = r
 	st.MaxAbs = max(st.MaxAbs, mx)
 	return true
+}
+
+// fp8AbsMaxBits16 is the largest of src's 2-byte values with the sign bit cleared (for
+// bfloat16 and float16 alike, the bits order as the magnitudes do).
+func fp8AbsMaxBits16(src []byte) uint16 {
+	done, m := fp8AbsMax16(src) // AVX2 for the leading multiple of 16 values
+	for i := 2 * done; i+2 <= len(src); i += 2 {
+		m = max(m, binary.LittleEndian.Uint16(src[i:])&0x7fff)
+	}
+	return m
 }
 
 // fp8CodeF32 codes float32 values: code = e4m3(x · (1/s)) in float64, decoded value

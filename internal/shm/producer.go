@@ -155,12 +155,23 @@ func (p *Producer) Fits(t *Tensor) bool {
 // never will be (use Split first).
 func (p *Producer) Put(t *Tensor) (seq uint64, err error) {
 	n := t.RecordLen()
+	dst, seq, err := p.place(n, "record")
+	if err != nil {
+		return 0, err
+	}
+	PutRecord(dst, t, seq)
+	return seq, nil
+}
+
+// place reserves n contiguous bytes at the head (PAD first when they would wrap) and takes
+// the next sequence number; what names the record in ErrTooLarge's message.
+func (p *Producer) place(n uint64, what string) (dst []byte, seq uint64, err error) {
 	if n > p.dataSize {
-		return 0, fmt.Errorf("%w: record of %d bytes, data region %d", ErrTooLarge, n, p.dataSize)
+		return nil, 0, fmt.Errorf("%w: %s of %d bytes, data region %d", ErrTooLarge, what, n, p.dataSize)
 	}
 	pad, total := p.need(n)
 	if total > p.Free() {
-		return 0, ErrRingFull
+		return nil, 0, ErrRingFull
 	}
 	if pad > 0 {
 		PutPad(p.data[p.head%p.dataSize:], pad)
@@ -168,30 +179,18 @@ func (p *Producer) Put(t *Tensor) (seq uint64, err error) {
 	}
 	seq = p.TakeSeq()
 	off := p.head % p.dataSize
-	PutRecord(p.data[off:off+n], t, seq)
 	p.head += n
-	return seq, nil
+	return p.data[off : off+n], seq, nil
 }
 
 // PutToken places a TOKEN record (PROTOCOL.md 2) as Put places a tensor, taking the next
 // sequence number.
 func (p *Producer) PutToken(index uint64, tokenID, position int64, text string) (seq uint64, err error) {
-	n := TokenRecordLen(len(text))
-	if n > p.dataSize {
-		return 0, fmt.Errorf("%w: token record of %d bytes, data region %d", ErrTooLarge, n, p.dataSize)
+	dst, seq, err := p.place(TokenRecordLen(len(text)), "token record")
+	if err != nil {
+		return 0, err
 	}
-	pad, total := p.need(n)
-	if total > p.Free() {
-		return 0, ErrRingFull
-	}
-	if pad > 0 {
-		PutPad(p.data[p.head%p.dataSize:], pad)
-		p.head += pad
-	}
-	seq = p.TakeSeq()
-	off := p.head % p.dataSize
-	copy(p.data[off:off+n], AppendToken(nil, seq, index, tokenID, position, text))
-	p.head += n
+	AppendToken(dst[:0], seq, index, tokenID, position, text) // cap(dst[:0]) is the record: written in place
 	return seq, nil
 }
 
