@@ -17,7 +17,7 @@ import pytest
 
 from conftest import PROMPT, REPO, run_llama, strap_llama_cmd, strapd_cli
 
-from llm_instrumentation import open_stream
+from llm_instrumentation import _streamlock, open_stream
 
 READBACK = REPO / "clients/c/tests/readback.py"
 COMPARE = REPO / "clients/c/tests/compare_streams.py"
@@ -37,6 +37,19 @@ def complete(path: Path) -> bool:
     except Exception:  # a stream cut short inside a packet
         return False
     return end is not None and end.meta.get("status") == "complete"
+
+
+def wait_session_ended(path: Path) -> None:
+    """Wait until strapd has ended a killed client's session: it then closes the stream's
+    descriptor, and with it the stream lock (docs/CHECKPOINTS.md 5). No file: nothing to wait for."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        _streamlock.lock_stream(fd, 30, str(path))
+    finally:
+        os.close(fd)
 
 
 def tokens_of(path: Path):
@@ -271,6 +284,10 @@ def test_random_sigkill_then_resume_equals_uninterrupted(strapd, kill_model, tmp
             if p.returncode != -signal.SIGKILL:  # it had finished: nothing was killed
                 res = json.loads(p.stdout.read())
                 break
+            # strapd may still be ending the killed client's session (a resume's cut to its
+            # append_at, the last records): read the stream once it has let go of the stream
+            # lock, as a resume does.
+            wait_session_ended(out)
             got = len(tokens_of(out)) if out.exists() and out.stat().st_size else 0
             if 0 < got < n:
                 killed_at.append(got)
