@@ -92,13 +92,26 @@ class FileSource(ByteSource):
     def __init__(self, path: str, fd: Optional[int] = None) -> None:
         self.name = path
         self._f = open(path, "rb") if fd is None else None
-        self.size = os.fstat(self._f.fileno() if self._f is not None else fd).st_size  # type: ignore[arg-type]
+        use = self._f.fileno() if self._f is not None else fd
         self._mm: Optional[mmap.mmap] = None
         self.view: memoryview = memoryview(b"")
-        if self.size:
-            # mmap keeps its own duplicate of the descriptor, so a caller's fd stays the caller's.
-            self._mm = mmap.mmap(self._f.fileno() if self._f is not None else fd,  # type: ignore[arg-type]
-                                 self.size, access=mmap.ACCESS_READ)
+        for _ in range(3):
+            self.size = os.fstat(use).st_size  # type: ignore[arg-type]
+            if not self.size:
+                break
+            try:
+                # mmap keeps its own duplicate of the descriptor, so a caller's fd stays the caller's.
+                self._mm = mmap.mmap(use, self.size, access=mmap.ACCESS_READ)  # type: ignore[arg-type]
+                break
+            except ValueError:
+                # The file shrank between fstat and mmap (a resume cutting a stream back to its
+                # checkpoint, under the stream lock): map what is there now.
+                continue
+        else:
+            if self._f is not None:
+                self._f.close()
+            raise OSError(f"{path}: the file keeps shrinking while it is opened (a capture resuming into it?)")
+        if self._mm is not None:
             self.view = memoryview(self._mm)
 
     def read(self, off: int, n: int, ahead: int = 0) -> Buffer:
