@@ -186,7 +186,9 @@ typedef struct strap_session_params {
 	 * budget (strapd serve --memory-limit) has less room; a size set here is refused with
 	 * STRAP_E_DAEMON "memory_budget" instead (docs/DEPLOY.md, rings and the budget). */
 	uint64_t ring_size;
-	/* Stream codec ("none", "lz4", "zstd", "shuffle", ...). Default "none". */
+	/* Stream codec: "none" (default), "lz4", "zstd", "shuffle", "quant", "fp16" or "fp8"
+	 * (testdata/codec-table/codecs.json; strap_session_open refuses another name, a level
+	 * outside the codec's range or a lossy mode it does not take with STRAP_E_INVALID). */
 	const char *codec;
 	/* Codec level; -1 (default) leaves it to the daemon. */
 	int codec_level;

@@ -48,6 +48,8 @@
 #define sr_encode_pad strap__sr_encode_pad
 #define sr_ggml_dtype strap__sr_ggml_dtype
 #define se_set strap__se_set
+#define sp_codecs strap__sp_codecs
+#define sp_codec_check strap__sp_codec_check
 
 #if defined(__GNUC__)
 #define STRAP_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -98,6 +100,20 @@ static inline uint64_t sp_align64(uint64_t n)
 }
 
 const char *sp_type_name(int type);
+
+/* ----- the codec table (codecs.c; testdata/codec-table/codecs.json) ----- */
+enum { SP_CODEC_MAX_MODES = 2 };
+typedef struct sp_codec {
+	const char *name;
+	int id;
+	int level_min, level_max;                        /* codec_level range, inclusive */
+	const char *lossy_modes[SP_CODEC_MAX_MODES + 1]; /* NULL-terminated; none: lossless */
+} sp_codec;
+/* The table, ordered by number; *n entries. */
+const sp_codec *sp_codecs(size_t *n);
+/* 0 when name is a codec, level negative (the daemon's default) or in its range, and lossy_mode NULL or one of its
+ * modes; else -1 with the reason in err. */
+int sp_codec_check(const char *name, int level, const char *lossy_mode, char *err, size_t errlen);
 
 /* One rank of a distributed job (rank.c, docs/DISTRIBUTED.md): world_size 0 for a single process. */
 typedef struct sp_rank {

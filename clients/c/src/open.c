@@ -159,6 +159,9 @@ static int open_session(strap_session *s, const strap_session_params *p)
 			       (int)p->policy);
 	if (!p->codec || !*p->codec)
 		return ss_fail(s, STRAP_E_INVALID, "params.codec is empty");
+	char why_codec[160];
+	if (sp_codec_check(p->codec, p->codec_level, p->lossy_mode, why_codec, sizeof why_codec) != 0)
+		return ss_fail(s, STRAP_E_INVALID, "params: %s", why_codec);
 	s->policy = p->policy;
 	s->stall_timeout = p->stall_timeout_s > 0 ? p->stall_timeout_s : 120.0;
 	s->fingerprint = dupstr(p->fingerprint ? p->fingerprint : "", NULL);
