@@ -297,9 +297,14 @@ def test_qwen2(qwen2_dir: Path, daemon: Any, tmp_path: Path) -> None:
 
 def test_tensor_parallel_2(model_dir: Path, hf_model: Any, daemon: Any, tmp_path: Path) -> None:
     """tensor_parallel_size=2 on the CPU (two workers, gloo; vLLM's CPU backend needs the cores
-    bound by hand on a one-NUMA-node machine): the outputs are replicated, so tp rank 0 alone
-    writes a stream (tp_size 2 in its header) and every request is exact; rank 1 writes none."""
+    bound by hand on a one-NUMA-node machine): the outputs are replicated, so tp rank 0 stores
+    them and tp rank 1 writes a stream with no record; the two make a capture set whose
+    manifest rank 0 writes as the engine shuts down (docs/VLLM.md 5): it passes
+    ``capture_set.load`` and ``strapd verify``, names each rank's role, and every request read
+    through it is exact."""
+    from llm_instrumentation import capture_set
     from llm_instrumentation.stream import open_stream
+    from llm_instrumentation.vllm import list_requests
 
     if (os.cpu_count() or 1) < 2:
         pytest.skip("tensor_parallel_size=2 on vLLM's CPU backend needs two cores to bind its workers to")
@@ -307,12 +312,29 @@ def test_tensor_parallel_2(model_dir: Path, hf_model: Any, daemon: Any, tmp_path
     got = run_vllm(model_dir, cap, daemon, "--tp", "2", multiprocess=True,
                    env_extra={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
     paths = verify_streams(cap)
-    assert len(paths) == 1, paths
-    with open_stream(paths[0]) as r:
-        meta = r.metadata["client_metadata"]["vllm"]
-    assert (meta["tp_rank"], meta["tp_size"]) == (0, 2), meta
+    assert len(paths) == 2 and all(".rank0000" in p.name and p.name.endswith("-of-00002.strap") for p in paths), paths
+    for r, p in enumerate(paths):
+        with open_stream(p) as s:
+            meta = s.metadata["client_metadata"]
+        assert (meta["vllm"]["tp_rank"], meta["vllm"]["tp_size"]) == (r, 2), meta["vllm"]
+        d = meta["distributed"]
+        assert (d["rank"], d["world_size"], d["tp_rank"], d["tp_size"], d["pp_size"], d["layout_source"]) == \
+            (r, 2, r, 2, 1, "vllm"), d
+        assert d["modules"]["model.layers.0"]["kind"] == "replicated"
+    manifests = sorted(cap.glob("*.capture-set.json"))
+    assert [m.name for m in manifests] == [capture_set.manifest_path(paths[0].name)], (manifests, got["log"][-3000:])
+    m = capture_set.load(manifests[0])
+    assert m["layout"] == {"tp_size": 2, "pp_size": 1, "dp_size": 1} and m["world_size"] == 2
+    r0, r1 = m["ranks"]
+    assert r1["modules"] == {} and r1["packets"] == 0 and r1["status"] == "complete"
+    assert {n: e["kind"] for n, e in r0["modules"].items() if n.startswith("model.")} == \
+        {f"model.layers.{i}": "replicated" for i in range(LAYERS)}
+    assert r0["tokens"] == [0, len(got["requests"]) * MAX_TOKENS]
+    v = subprocess.run([str(strapd_bin()), "verify", str(manifests[0])], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert sorted(list_requests(manifests[0])) == sorted(r["request_id"] for r in got["requests"])
     for req in got["requests"]:
-        check_request(cap, hf_model, req)
+        check_request(manifests[0], hf_model, req)
 
 
 def test_prefix_cache_gap(model_dir: Path, hf_model: Any, daemon: Any, tmp_path: Path) -> None:

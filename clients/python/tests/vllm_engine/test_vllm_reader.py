@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -19,10 +19,14 @@ pytestmark = pytest.mark.integration
 H = 4  # hidden size of the fake layer
 
 
-def write_stream(path: Path, socket: str, steps: List[Dict[str, Any]], randomized: bool = True) -> None:
+def write_stream(path: Path, socket: str, steps: List[Dict[str, Any]], randomized: bool = True,
+                 layers: Tuple[int, ...] = (0,), distributed: Optional[Dict[str, Any]] = None,
+                 stores: bool = True, samples: bool = True) -> None:
     """Write a stream as the plugin does: per step ``vllm.rows`` (+ ``new`` prompts), one
-    ``model.layers.0`` record of the same rows (value = 1000·position + request number, so a
-    reader's row mix-up shows), then ``vllm.sampled`` and TOKENs."""
+    ``model.layers.L`` record of the same rows per layer of ``layers`` (value = 1000·position +
+    request number + 100000·L, so a reader's row or layer mix-up shows), then ``vllm.sampled``
+    and TOKENs (``samples``: only a pipeline's last stage samples). ``distributed``: the
+    header's object of a worker of several; ``stores`` False: a tp rank > 0, no record."""
     import torch
 
     from llm_instrumentation import _open
@@ -33,16 +37,17 @@ def write_stream(path: Path, socket: str, steps: List[Dict[str, Any]], randomize
     cfg = InstrumentationConfig.fast_capture()
     plan = cfg.transport_plan()
     model = torch.nn.Linear(1, 1)
-    req = _open.open_request(model, cfg, plan, ["model.layers.0"], str(path), "sha256:x", None)
+    names = [f"model.layers.{n}" for n in layers]
+    req = _open.open_request(model, cfg, plan, names, str(path), "sha256:x", None, distributed=distributed)
     req = dataclasses.replace(req, metadata={**req.metadata, "vllm": {
-        "index_format": INDEX_FORMAT, "modules": {"model.layers.0": "sum"}, "request_id_randomized": randomized}})
+        "index_format": INDEX_FORMAT, "modules": {n: "sum" for n in names}, "request_id_randomized": randomized}})
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o640)
     try:
         s = open_session(socket, False, 30.0, plan.ring_size, plan.policy, fd, None, req)
     finally:
         os.close(fd)
     try:
-        for fwd, st in enumerate(steps):
+        for fwd, st in enumerate(steps if stores else []):
             done: Dict[str, Tuple[str, int]] = st.get("finished", {})  # request: (reason, tokens)
             if done:
                 s.write_tensor(FINISHED, torch.tensor([n for _, n in done.values()], dtype=torch.int64), s.tokens,
@@ -62,9 +67,10 @@ def write_stream(path: Path, socket: str, steps: List[Dict[str, Any]], randomize
             if st.get("new"):
                 meta["new"] = st["new"]
             s.write_tensor(ROWS, torch.tensor([[p, t] for _, p, t in rows], dtype=torch.int64), s.tokens, fwd, meta)
-            x = torch.tensor([[1000.0 * p + int(rid.split("-")[0]) + st.get("bias", 0)] * H for rid, p, _ in rows])
-            s.write_tensor("model.layers.0", x, s.tokens, fwd)
-            sampled = st.get("sampled", [])
+            for n in layers:
+                x = torch.tensor([[value(rid, p, st.get("bias", 0), n)] * H for rid, p, _ in rows])
+                s.write_tensor(f"model.layers.{n}", x, s.tokens, fwd)
+            sampled = st.get("sampled", []) if samples else []
             if sampled:
                 s.write_tensor(SAMPLED, torch.tensor([[p, t] for _, p, t in sampled], dtype=torch.int64), s.tokens,
                                fwd, {"requests": [r for r, _, _ in sampled]})
@@ -76,8 +82,8 @@ def write_stream(path: Path, socket: str, steps: List[Dict[str, Any]], randomize
         s.shutdown()
 
 
-def value(rid: str, p: int, bias: float = 0) -> float:
-    return 1000.0 * p + int(rid.split("-")[0]) + bias
+def value(rid: str, p: int, bias: float = 0, layer: int = 0) -> float:
+    return 1000.0 * p + int(rid.split("-")[0]) + bias + 100000.0 * layer
 
 
 def test_recompute_prefix_gap_and_order(real_strapd: Any, tmp_path: Path) -> None:
@@ -187,3 +193,102 @@ def test_finish_marks(real_strapd: Any, tmp_path: Path) -> None:
         {"rows": [(a, 0, 5)], "new": {a: {"prompt": [5], "computed": 0}}, "sampled": [(a, 1, 6)]}])
     r = load_request(d, "0")
     assert r.finished is None and not r.aborted
+
+
+def _worker_rank(rank: int, tp: int, pp: int) -> Dict[str, Any]:
+    """A worker's place as the plugin's ``_ranks`` gives it (vLLM orders tp fastest, then pp)."""
+    return {"rank": rank, "world_size": tp * pp, "local_rank": rank, "tp_rank": rank % tp, "tp_size": tp,
+            "pp_rank": rank // tp, "pp_size": pp, "dp_rank": 0, "dp_size": 1, "dp_engine": None}
+
+
+def test_pipeline_and_tensor_parallel_capture_set(real_strapd: Any, tmp_path: Path) -> None:
+    """tp 2 × pp 2, as the plugin writes it (docs/VLLM.md 5; vLLM's CPU build cannot run
+    PP=2 here): each stage's tp rank 0 stores its layers with the step index, the last stage
+    also the sampled tokens; tp ranks 1 write a stream with no record. The stream names and
+    the headers' ``distributed`` objects are made by the plugin's own code. The manifest
+    built from the streams lists every rank with its role, passes ``capture_set.load`` and
+    ``strapd verify``, and ``load_request`` through it puts each request's layers of both
+    stages together (a preemption recomputed in both stages counts once); a rank's stream
+    missing fails the set's check."""
+    import subprocess
+    import types
+
+    from conftest import strapd_bin
+
+    from llm_instrumentation import capture_set
+    from llm_instrumentation.vllm import list_requests, load_request
+    from llm_instrumentation.vllm._worker import ROWS, SAMPLED, WorkerCapture, stream_name
+
+    a, b = "7-0123abcd", "8-89abcdef"
+    steps = [
+        {"rows": [(a, 0, 10), (a, 1, 11), (a, 2, 12), (b, 2, 22), (b, 3, 23)],
+         "new": {a: {"prompt": [10, 11, 12], "computed": 0}, b: {"prompt": [20, 21, 22, 23], "computed": 2}},
+         "sampled": [(a, 3, 13), (b, 4, 24)]},
+        {"rows": [(a, 3, 13), (b, 4, 24)], "sampled": [(a, 4, 14), (b, 5, 25)]},
+        {"rows": [(b, 5, 25)], "sampled": [(b, 6, 26)]},
+        {"rows": [(a, 0, 10), (a, 1, 11), (a, 2, 12), (a, 3, 13), (a, 4, 14)], "bias": 0.5,
+         "sampled": [(a, 5, 15)]},
+        {"finished": {a: ("length_capped", 6), b: ("stopped", 7)}},
+    ]
+    vc = types.SimpleNamespace(instance_id="1765000000123456789")
+    paths = []
+    for r in range(4):
+        place = _worker_rank(r, 2, 2)
+        w = WorkerCapture(None, None)  # type: ignore[arg-type]
+        w.modules = [(f"model.layers.{place['pp_rank']}", "sum")]
+        path = tmp_path / stream_name(vc, place)
+        write_stream(path, real_strapd.socket, steps, layers=(place["pp_rank"],),
+                     distributed=w._distributed(vc, place), stores=place["tp_rank"] == 0,
+                     samples=place["pp_rank"] == 1)
+        paths.append(path)
+    assert [p.name for p in paths] == [f"vllm-20251206T054640-1765000000123456789.rank0000{r}-of-00004.strap"
+                                       for r in range(4)]
+    out = capture_set.manifest_path(str(paths[0]))
+    assert out == str(tmp_path / "vllm-20251206T054640-1765000000123456789.capture-set.json")
+    capture_set.write(out, capture_set.build(str(tmp_path / "*.strap"), out))
+
+    m = capture_set.load(out)
+    assert m["layout"] == {"tp_size": 2, "pp_size": 2, "dp_size": 1}
+    assert m["job_id"] == "vllm-20251206T054640-1765000000123456789"
+    roles = [(e["tp_rank"], e["pp_stage"], sorted(e["modules"]), e["packets"]) for e in m["ranks"]]
+    assert roles[1] == (1, 0, [], 0) and roles[3] == (1, 1, [], 0), roles  # replicas: nothing stored
+    assert roles[0][:3] == (0, 0, ["model.layers.0", "vllm.finished", "vllm.rows"])
+    assert roles[2][:3] == (0, 1, ["model.layers.1", "vllm.finished", "vllm.rows", "vllm.sampled"])
+    assert {e["modules"]["model.layers.0"]["kind"] for e in m["ranks"][:1]} == {"replicated"}
+    assert m["ranks"][2]["tokens"] == [0, 6] and m["ranks"][0]["tokens"] == [0, 0]
+    v = subprocess.run([str(strapd_bin()), "verify", out], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
+
+    assert list_requests(out) == ["7", "8"]
+    ra = load_request(out, "7")
+    assert sorted(ra) == ["model.layers.0", "model.layers.1"]
+    assert ra.token_ids.tolist() == [10, 11, 12, 13, 14, 15] and ra.positions.tolist() == [0, 1, 2, 3, 4]
+    assert ra.recomputed == [0, 1, 2, 3] and ra.missing == [] and ra.finished == "length_capped"
+    for n in (0, 1):
+        assert ra[f"model.layers.{n}"][:, 0].tolist() == [value(a, p, 0.5, n) for p in range(5)]
+    rb = load_request(out, b)
+    assert rb.positions.tolist() == [2, 3, 4, 5] and rb.missing == [0, 1] and rb.finished == "stopped"
+    assert rb["model.layers.1"][:, 0].tolist() == [value(b, p, 0, 1) for p in (2, 3, 4, 5)]
+    assert {ROWS, SAMPLED} <= set(m["ranks"][2]["modules"])
+
+    os.rename(paths[1], str(paths[1]) + ".moved")
+    with pytest.raises(capture_set.CaptureSetError, match="rank 1: key 'stream'"):
+        load_request(out, "7")
+
+
+def test_stream_names() -> None:
+    """One worker: the name as before (its pid); several: ``<engine stem>.rank<R>-of-<W>.strap``,
+    the stem from vLLM's instance id (shared by the engine's workers), ``-dp<R>`` for a
+    data-parallel engine whose workers are a world of their own."""
+    import types
+
+    from llm_instrumentation.vllm._worker import engine_stem, stream_name
+
+    vc = types.SimpleNamespace(instance_id="1765000000123456789")
+    one = dict(_worker_rank(0, 1, 1))
+    assert stream_name(vc, one).endswith(f"-{os.getpid()}-rank0.strap")
+    assert stream_name(vc, _worker_rank(1, 2, 1)) == "vllm-20251206T054640-1765000000123456789.rank00001-of-00002.strap"
+    dp = dict(_worker_rank(0, 2, 1), dp_engine=3)
+    assert engine_stem(vc, dp) == "vllm-20251206T054640-1765000000123456789-dp3"
+    odd = types.SimpleNamespace(instance_id="a/b c")
+    assert engine_stem(odd, _worker_rank(0, 2, 1)).endswith("-abc")

@@ -63,10 +63,26 @@ class RequestCapture(Dict[str, "torch.Tensor"]):
         return self.finished == "aborted"
 
 
-def _streams(directory: PathArg) -> List[str]:
-    paths = sorted(glob.glob(os.path.join(os.fspath(directory), "*.strap")))
+def streams(source: PathArg) -> List[str]:
+    """The streams of a vLLM capture: a directory's ``*.strap`` files, or the ranks' streams
+    of a capture set's manifest (``*.capture-set.json``, checked as
+    :func:`llm_instrumentation.capture_set.load` checks it: every stream there, of its rank
+    and session).
+
+    Raises:
+        FileNotFoundError: no stream.
+        CaptureSetError: a manifest that fails its checks.
+    """
+    src = os.fspath(source)
+    if os.path.isfile(src) and src.endswith(".json"):
+        from .. import capture_set
+
+        m = capture_set.load(src)
+        mdir = os.path.dirname(os.path.abspath(src))
+        return [capture_set.stream_location(e["stream"], mdir) for e in m["ranks"]]
+    paths = sorted(glob.glob(os.path.join(src, "*.strap")))
     if not paths:
-        raise FileNotFoundError(f"no .strap streams in {os.fspath(directory)}")
+        raise FileNotFoundError(f"no .strap streams in {src}")
     return paths
 
 
@@ -99,7 +115,7 @@ def _index_metas(r: Any) -> Iterator[Tuple[str, Dict[str, Any]]]:
 def _scan_ids(directory: PathArg) -> Dict[str, Dict[str, List[str]]]:
     """external id → internal id → streams holding rows of it."""
     found: Dict[str, Dict[str, List[str]]] = {}
-    for path in _streams(directory):
+    for path in streams(directory):
         r = _open(path)
         if r is None:
             continue
@@ -120,7 +136,8 @@ def list_requests(directory: PathArg) -> List[str]:
     the order their first rows were written.
 
     Args:
-        directory: ``STRAP_VLLM_OUTPUT`` of the engine(s).
+        directory: ``STRAP_VLLM_OUTPUT`` of the engine(s), or the capture-set manifest of
+            one engine's workers (``<stem>.capture-set.json``: only its streams are read).
 
     Returns:
         request ids.
@@ -136,7 +153,8 @@ def load_request(directory: PathArg, request_id: str, modules: Optional[Sequence
     """One request's captured modules, rows in position order, and its token ids.
 
     Args:
-        directory: ``STRAP_VLLM_OUTPUT`` of the engine(s).
+        directory: ``STRAP_VLLM_OUTPUT`` of the engine(s), or a capture-set manifest
+            (:func:`list_requests`).
         request_id: the id ``RequestOutput.request_id`` carries (or the engine's internal id).
         modules: module names to load (default: every captured one).
 
@@ -181,6 +199,9 @@ def load_request(directory: PathArg, request_id: str, modules: Optional[Sequence
         r = _open(path)
         if r is None:
             continue
+        # Positions this stream computed: one computed twice in one stream was recomputed
+        # (preemption); the same positions in two streams are two pipeline stages' layers.
+        here: Set[int] = set()
         with r:
             cur_fwd: Optional[int] = None
             cur_rows: Optional[Tuple[int, int, List[int]]] = None  # (start, count, positions)
@@ -196,8 +217,9 @@ def load_request(directory: PathArg, request_id: str, modules: Optional[Sequence
                     block = t.tensor()[start:start + count]
                     pos = block[:, 0].tolist()
                     for p, tok in zip(pos, block[:, 1].tolist()):
-                        if p in input_ids:
+                        if p in here:
                             recomputed.add(p)
+                        here.add(p)
                         input_ids[p] = tok
                     new = (t.meta.get("new") or {}).get(internal)
                     if new is not None and prompt is None:

@@ -67,6 +67,13 @@ class WorkerCapture:
         self.path: Optional[str] = None
         self.modules: List[Tuple[str, str]] = []
         self.failed = False
+        #: whether this worker stores records (tp rank 0 of its pipeline stage); the others
+        #: write a stream without records (docs/VLLM.md 5)
+        self.stores = True
+        #: this worker's place (:func:`_ranks`), set by :meth:`start`
+        self.rank: Dict[str, Any] = {}
+        #: the capture set's manifest, once this worker (rank 0 of several) wrote it
+        self.capture_set_path: Optional[str] = None
         self.forward = 0
         self._handles: List[Any] = []
         self._lock = threading.Lock()
@@ -97,16 +104,20 @@ class WorkerCapture:
         _check_eager(vc)
         model = runner.get_model()
         self.modules = _names.select(model, self.settings.modules)
-        rank = _ranks()
-        if rank["tp_rank"] != 0:
-            # Every supported module's output is replicated across tensor-parallel ranks
-            # (after their all-reduce): rank 0 stores it once (docs/DISTRIBUTED.md).
-            log.info("llm_instrumentation.vllm: tensor-parallel rank %d stores nothing (rank 0 holds the "
-                     "replicated outputs)", rank["tp_rank"])
-            return self
+        rank = _ranks(vc)
+        self.rank = rank
+        # Every supported module's output is replicated across tensor-parallel ranks (after
+        # their all-reduce): tp rank 0 of each pipeline stage stores it once. The other tp
+        # ranks still write a stream, holding no record, so that the engine's workers make
+        # a capture set with one stream per rank (docs/DISTRIBUTED.md D4, docs/VLLM.md 5).
+        self.stores = rank["tp_rank"] == 0
         self._open(model, vc, rank)
-        self._install()
         atexit.register(self.close)
+        if not self.stores:
+            log.info("llm_instrumentation.vllm: tensor-parallel rank %d stores no record (tp rank 0 holds the "
+                     "replicated outputs); its stream %s makes the capture set whole", rank["tp_rank"], self.path)
+            return self
+        self._install()
         log.info("llm_instrumentation.vllm: capturing %d modules of %s into %s", len(self.modules),
                  type(model).__name__, self.path)
         return self
@@ -131,7 +142,7 @@ class WorkerCapture:
         pause does not read back (``load_request`` finds a gap in its tokens): pause between
         batches. Finished requests are still marked. Used by bench/vllm_ab.py to time plain
         and captured batches in one engine."""
-        if self.session is None or self.failed or self._paused:
+        if self.session is None or self.failed or self._paused or not self.stores:
             return
         for h in self._handles:
             h.remove()
@@ -141,7 +152,7 @@ class WorkerCapture:
 
     def resume(self) -> None:
         """Put the hooks back after :meth:`pause`."""
-        if self.session is None or self.failed or not self._paused:
+        if self.session is None or self.failed or not self._paused or not self.stores:
             return
         self._paused = False
         self._install()
@@ -153,19 +164,20 @@ class WorkerCapture:
         from .._session import open_session
         from ..config import InstrumentationConfig
 
+        from ..config import AUTO_RING_MIN_BYTES
+
         cfg = InstrumentationConfig.from_preset(self.settings.preset) if self.settings.preset \
             else InstrumentationConfig()
         plan = cfg.transport_plan()
         if cfg.max_memory_gb is None:
-            plan = dataclasses.replace(plan, ring_size=_ring_size(vc, len(self.modules)))
-            plan = dataclasses.replace(plan, memory_hint=plan.ring_size)
+            ring = _ring_size(vc, len(self.modules)) if self.stores else AUTO_RING_MIN_BYTES
+            plan = dataclasses.replace(plan, ring_size=ring, memory_hint=ring)
         os.makedirs(self.settings.output_dir, exist_ok=True)
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
-        self.path = os.path.join(self.settings.output_dir,
-                                 f"vllm-{stamp}-{os.getpid()}-rank{rank['rank']}.strap")
+        self.path = os.path.join(self.settings.output_dir, stream_name(vc, rank))
         names = [n for n, _ in self.modules]
         fp = _open.fingerprint(model, cfg, plan, names)
-        req = _open.open_request(model, cfg, plan, names, self.path, fp, None)
+        dist = self._distributed(vc, rank)
+        req = _open.open_request(model, cfg, plan, names, self.path, fp, None, distributed=dist)
         req = dataclasses.replace(req, metadata={**(req.metadata or {}), "vllm": self._metadata(vc, rank)})
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
         try:
@@ -173,6 +185,29 @@ class WorkerCapture:
                                         ring_explicit=cfg.max_memory_gb is not None)
         finally:
             os.close(fd)  # strapd holds its own descriptor
+
+    def _distributed(self, vc: Any, rank: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """The stream header's ``distributed`` object of a worker of several (the capture
+        set's facts, docs/DISTRIBUTED.md D1, D2; vLLM's own place for each key), None for an
+        engine of one worker."""
+        if rank["world_size"] <= 1:
+            return None
+        import socket
+
+        d: Dict[str, Any] = {
+            "rank": rank["rank"], "world_size": rank["world_size"], "local_rank": rank["local_rank"],
+            "local_world_size": None, "host": socket.gethostname(), "source": "torch.distributed",
+            "tp_rank": rank["tp_rank"], "tp_size": rank["tp_size"], "pp_stage": rank["pp_rank"],
+            "pp_size": rank["pp_size"], "dp_rank": rank["dp_rank"], "dp_size": rank["dp_size"],
+            "layout_source": "vllm", "job_id": engine_stem(vc, rank),
+        }
+        if rank["tp_size"] > 1:
+            # What the tp ranks' outputs are (D2): every capturable module's output, and the
+            # batch index records, are the same on every tp rank; tp rank 0 stores them.
+            d["replicated"] = "tp_rank0"
+            d["modules"] = {n: {"kind": "replicated", "source": "vllm"}
+                            for n in [ROWS, SAMPLED, FINISHED] + [n for n, _ in self.modules]}
+        return d
 
     def _metadata(self, vc: Any, rank: Dict[str, int]) -> Dict[str, Any]:
         """The stream header's ``vllm`` object (docs/VLLM.md 3)."""
@@ -190,13 +225,15 @@ class WorkerCapture:
             # The worker sees the engine's internal request ids: the id given to vLLM plus
             # "-" and 8 random hex digits, unless this is set (docs/VLLM.md 4).
             "request_id_randomized": not bool(getattr(envs, "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", False)),
-            **rank,
+            **{k: rank[k] for k in ("rank", "tp_rank", "tp_size", "pp_rank", "pp_size")},
         }
 
     # ----- per step ----------------------------------------------------------------------------
 
     def begin_step(self, scheduler_output: Any) -> None:
         """Before ``execute_model``: the step's schedule (what the hooks split rows by)."""
+        if not self.stores:
+            return
         self._sched = scheduler_output
         fin = getattr(scheduler_output, "finished_req_ids", None)
         if fin:
@@ -340,7 +377,7 @@ class WorkerCapture:
         """After sampling: a ``vllm.sampled`` record and one TOKEN per generated token of
         each captured request of the step (``ModelRunnerOutput``; anything else, e.g. an
         async output not resolved yet, is left alone)."""
-        if self.failed or self.session is None:
+        if self.failed or self.session is None or not self.stores:
             return
         req_ids = getattr(output, "req_ids", None)
         toks = getattr(output, "sampled_token_ids", None)
@@ -411,16 +448,56 @@ class WorkerCapture:
                 self._finished(done)
         s, self.session = self.session, None
         if s is None:
+            self._end_of_set(RuntimeError("its capture stopped") if self.failed else None)
             return None
+        summary: Optional[Dict[str, Any]] = None
+        err: Optional[BaseException] = None
         try:
             summary = s.close().to_body()
             log.info("llm_instrumentation.vllm: %s closed: %s", self.path, summary)
-            return summary
         except Exception as e:
             log.error("llm_instrumentation.vllm: closing %s failed: %s", self.path, e)
-            return None
+            err = e
         finally:
             s.shutdown()
+        self._end_of_set(err)
+        return summary
+
+    def _end_of_set(self, failed: Optional[BaseException]) -> None:
+        """Once this worker's stream has ended: the capture set's manifest (docs/DISTRIBUTED.md
+        D4), for an engine of several workers. Each worker hands rank 0 the facts of its
+        finished stream through the process group's key-value store (no collective); rank 0
+        writes ``{stem}.capture-set.json`` beside the streams. A worker whose capture
+        stopped tells rank 0, which then writes none. Never raises: the engine is shutting
+        down, and the streams are whole either way (``capture_set build`` makes the manifest
+        from them later)."""
+        r = self.rank
+        if not r or r.get("world_size", 1) <= 1 or self.path is None:
+            return
+        try:
+            from .. import _distributed, capture_set
+
+            if not capture_set.enabled():
+                return
+            if r["world_size"] != r["tp_size"] * r["pp_size"] * r["dp_size"]:
+                if r["rank"] == 0:
+                    log.warning("llm_instrumentation.vllm: no capture-set manifest: %d workers are not tp %d × pp %d "
+                                "× dp %d (another kind of parallelism)", r["world_size"], r["tp_size"],
+                                r["pp_size"], r["dp_size"])
+                return
+            import socket
+
+            info = _distributed.RankInfo(r["rank"], r["world_size"], r["local_rank"], None, socket.gethostname(),
+                                         "torch.distributed")
+            if failed is not None:
+                capture_set.failed_start(info, failed)
+                return
+            self.capture_set_path = capture_set.end_of_capture(self.path, info, wait=_set_wait())
+            if self.capture_set_path is not None:
+                log.info("llm_instrumentation.vllm: capture set %s written", self.capture_set_path)
+        except Exception as e:
+            log.error("llm_instrumentation.vllm: no capture-set manifest: %s: %s (build it later: python -m "
+                      "llm_instrumentation.capture_set build)", type(e).__name__, e)
 
     def checkpoint(self) -> Optional[Dict[str, Any]]:
         """Make every record and token sent so far durable in the stream (strapd writes
@@ -430,7 +507,7 @@ class WorkerCapture:
             ``{"path", "offset", "packets", "tokens"}``, or None when this worker stores nothing.
         """
         s = self.session
-        if s is None or self.failed:
+        if s is None or self.failed or not self.stores:
             return None
         c = s.checkpoint()
         return {"path": self.path, "offset": c.offset, "packets": c.packets, "tokens": c.tokens}
@@ -450,8 +527,48 @@ def _check_eager(vc: Any) -> None:
             f"(--enforce-eager), or unset STRAP_VLLM_OUTPUT (docs/VLLM.md 5)")
 
 
-def _ranks() -> Dict[str, int]:
-    """This worker's place: global rank, tensor- and pipeline-parallel rank and size."""
+def engine_stem(vc: Any, rank: Dict[str, Any]) -> str:
+    """The name every worker of one engine shares: ``vllm-<UTC time>-<instance id>``, from
+    vLLM's ``VllmConfig.instance_id`` (made once in the engine and handed to each worker),
+    plus ``-dp<R>`` for a data-parallel engine whose workers form a world of their own."""
+    iid = str(getattr(vc, "instance_id", "") or "")
+    if iid.isdigit():  # vLLM 0.32: time.time_ns() of the config
+        t = datetime.datetime.fromtimestamp(int(iid) / 1e9, datetime.timezone.utc)
+    else:
+        t = datetime.datetime.now(datetime.timezone.utc)
+        iid = iid or str(os.getpid())
+    stem = f"vllm-{t.strftime('%Y%m%dT%H%M%S')}-{''.join(c for c in iid if c.isalnum() or c in '-_')}"
+    if rank.get("dp_engine") is not None:
+        stem += f"-dp{rank['dp_engine']}"
+    return stem
+
+
+def stream_name(vc: Any, rank: Dict[str, Any]) -> str:
+    """A worker's stream file name: ``vllm-<UTC time>-<pid>-rank0.strap`` for an engine of one
+    worker; ``<engine stem>.rank<R>-of-<W>.strap`` (the per-rank names of docs/DISTRIBUTED.md,
+    so that the capture set's manifest is ``<engine stem>.capture-set.json``) for several."""
+    if rank["world_size"] <= 1:
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+        return f"vllm-{stamp}-{os.getpid()}-rank{rank['rank']}.strap"
+    return f"{engine_stem(vc, rank)}.rank{rank['rank']:05d}-of-{rank['world_size']:05d}.strap"
+
+
+def _set_wait() -> float:
+    """How long rank 0 waits for the other workers' facts: within the grace vLLM gives a
+    worker to exit before it sends SIGTERM (``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``, 5 s)."""
+    try:
+        from vllm import envs
+
+        grace = float(envs.VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS)
+    except Exception:
+        grace = 5.0
+    return max(1.0, grace - 1.0)
+
+
+def _ranks(vc: Any = None) -> Dict[str, Any]:
+    """This worker's place: global rank and world size (of torch.distributed, which vLLM
+    initialises in every worker), local rank, tensor-, pipeline- and data-parallel rank and
+    size. vLLM orders ranks tp fastest, then pp, then dp."""
     from vllm.distributed import parallel_state as ps
 
     def get(fn: str, default: int) -> int:
@@ -460,12 +577,12 @@ def _ranks() -> Dict[str, int]:
         except Exception:
             return default
 
-    rank = 0
+    rank, world = 0, 1
     try:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank()
+            rank, world = dist.get_rank(), dist.get_world_size()
     except Exception:
         pass
     pp_rank = pp_size = None
@@ -474,9 +591,30 @@ def _ranks() -> Dict[str, int]:
         pp_rank, pp_size = g.rank_in_group, g.world_size
     except Exception:
         pass
-    return {"rank": rank, "tp_rank": get("get_tensor_model_parallel_rank", 0),
-            "tp_size": get("get_tensor_model_parallel_world_size", 1),
-            "pp_rank": pp_rank or 0, "pp_size": pp_size or 1}
+    local_rank: Optional[int] = None
+    try:
+        local_rank = int(ps.get_world_group().local_rank)
+    except Exception:
+        pass
+    tp_rank = get("get_tensor_model_parallel_rank", 0)
+    tp_size = get("get_tensor_model_parallel_world_size", 1)
+    pp_rank, pp_size = pp_rank or 0, pp_size or 1
+    # Data parallelism: vLLM's world spans the data-parallel engines when their workers
+    # share one (then the rank says the replica); else each engine's workers are a world of
+    # their own, and its replica number goes into the stem instead (dp_engine).
+    pc = getattr(vc, "parallel_config", None)
+    dp_cfg = int(getattr(pc, "data_parallel_size", 1) or 1)
+    dp_cfg_rank = int(getattr(pc, "data_parallel_rank", 0) or 0)
+    group = tp_size * pp_size
+    dp_engine: Optional[int] = None
+    if dp_cfg > 1 and world == group * dp_cfg:
+        dp_rank, dp_size = rank // group, dp_cfg
+    else:
+        dp_rank, dp_size = 0, max(1, world // group)
+        if dp_cfg > 1:
+            dp_engine = dp_cfg_rank
+    return {"rank": rank, "world_size": world, "local_rank": local_rank, "tp_rank": tp_rank, "tp_size": tp_size,
+            "pp_rank": pp_rank, "pp_size": pp_size, "dp_rank": dp_rank, "dp_size": dp_size, "dp_engine": dp_engine}
 
 
 def _query_start_loc(num_reqs: int) -> Optional[List[int]]:
