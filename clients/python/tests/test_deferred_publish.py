@@ -202,6 +202,27 @@ def test_ring_tokens_long_texts(real_strapd, tmp_path):
     assert [q.meta["text"] for q in toks] == texts and [q.seq for q in toks] == [1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("ring_tokens", [True, False])
+def test_token_text_too_long_is_refused_and_the_capture_goes_on(real_strapd, tmp_path, ring_tokens):
+    # Over a TOKEN record's 65536 bytes (or a message's limit without ring tokens): that token
+    # is refused with a clear error, its sequence number is not spent, and the stream stays
+    # whole (a gap would end the session with torn_record at CLOSE).
+    m = tiny_llama()
+    out = tmp_path / "long.strap"
+    with capture_activations(m, preset="fast_capture", output_path=out, socket_path=real_strapd.socket,
+                             autostart_daemon=False, track_per_token=True) as fw:
+        fw._session._ring_tokens = ring_tokens
+        fw.record_token(0, "a")
+        with pytest.raises(ValueError, match="not recorded.*capture goes on"):
+            fw.record_token(1, "x" * 70000)
+        fw.record_token(1, "b")
+    a = analyze_activations(out)
+    assert a["end_status"] == "complete", a
+    with open_stream(out) as r:
+        toks = [q for q in r.packets() if q.type_name == "TOKEN"]
+    assert [q.meta["text"] for q in toks] == ["a", "b"] and [q.seq for q in toks] == [1, 2]
+
+
 def test_ring_token_record_bytes():
     # The reference encoding strapd's shm.AppendToken writes (internal/shm TestTokenRecord).
     from llm_instrumentation._ring import encode_token_record, parse_record_header, token_record_len

@@ -690,8 +690,15 @@ class CaptureSession:
                 else:
                     self._publish()
                 seq = self._next_seq()
-                self.conn.send(P.Token(seq=seq, index=index, token_id=token_id, text=text, position=position,
-                                       head=head))
+                try:
+                    self.conn.send(P.Token(seq=seq, index=index, token_id=token_id, text=text, position=position,
+                                           head=head))
+                except ValueError as e:
+                    # Nothing was sent (a text too long for one message): give the sequence
+                    # number back, or strapd would find a gap in the stream and end the session.
+                    self.seq -= 1
+                    raise ValueError(f"token {index}: {e}; the token is not recorded (its text is "
+                                     f"{len(text.encode('utf-8', 'surrogatepass'))} bytes), the capture goes on") from None
                 if head is not None:
                     self.published_head = head
                 self._deferred = False
