@@ -56,7 +56,7 @@ WHEEL_AMD64  := dist/strap_llm-$(VERSION)-py3-none-manylinux_2_17_x86_64.whl
 WHEEL_ARM64  := dist/strap_llm-$(VERSION)-py3-none-manylinux_2_17_aarch64.whl
 PY_SRC       := clients/python/pyproject.toml clients/python/README.md clients/python/tools/build_wheel.py \
                 $(shell find clients/python/src -name '*.py' -o -name py.typed -o -name '*.pyi' -o -name '*.c' \
-                  -o -name '*.h' 2>/dev/null)
+                  -o -name '*.h' 2>/dev/null) $(wildcard clients/c/common/*.[ch])
 
 build/linux_%/strapd: $(GO_SRC)
 	@mkdir -p $(@D)
@@ -79,8 +79,7 @@ wheel: $(WHEEL_AMD64) $(WHEEL_ARM64)
 # resource monitor's extension (resources/_native.c).
 $(VENV)/.stamp: clients/python/pyproject.toml clients/python/setup.py clients/python/src/llm_instrumentation/_speedups.c \
 		$(wildcard clients/python/src/llm_instrumentation/resources/_native*.[ch]) \
-		clients/python/src/llm_instrumentation/resources/_records.h \
-		clients/python/src/llm_instrumentation/resources/_render_core.h
+		$(wildcard clients/c/common/*.[ch])
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet $(PY_DEPS)
 	$(VPY) -m pip install --quiet --no-deps -e clients/python
@@ -206,9 +205,11 @@ test: test-go test-python test-c
 
 # What `make test` cannot show from a checkout (CI runs it after `make test`): the x86_64
 # wheel installed into a fresh venv, with Go off PATH and no checkout on sys.path, autostarts
-# its bundled daemon for a real capture; and the arm64 build's tests under qemu-user.
+# its bundled daemon for a real capture; the sdist carries every C file and builds a wheel with
+# both extensions away from the checkout (test_sdist.py); and the arm64 build's tests under qemu-user.
 test-dist: $(WHEEL_AMD64) $(WHEEL_ARM64) test-arm64
-	STRAP_WHEEL=$(CURDIR)/$(WHEEL_AMD64) $(VPY) -m pytest -q -m slow clients/python/tests/test_wheel.py
+	STRAP_WHEEL=$(CURDIR)/$(WHEEL_AMD64) $(VPY) -m pytest -q -m slow clients/python/tests/test_wheel.py \
+	  clients/python/tests/test_sdist.py
 
 # The peers `make bench` compares us with (bench/peers.py): nnsight and TransformerLens in the
 # venv (they leave its torch and transformers as they are), and the llm-instrumentation 1.3.1
@@ -392,7 +393,7 @@ build/c/.stamp: $(C_SRC)
 c: c-tools build/c/.stamp
 
 test-c: $(BIN) $(VENV)/.stamp c-tools
-	cd clients/c && clang-format --dry-run --Werror include/*.h src/*.[ch] tests/*.[ch] fuzz/*.c bench/*.c
+	cd clients/c && clang-format --dry-run --Werror include/*.h src/*.[ch] common/*.h tests/*.[ch] fuzz/*.c bench/*.c
 	cmake -S clients/c -B build/c-asan -DCMAKE_BUILD_TYPE=Debug -DSTRAP_SANITIZE=ON -DCMAKE_C_COMPILER=gcc >/dev/null
 	cmake --build build/c-asan -j2
 	cd build/c-asan && ctest --output-on-failure

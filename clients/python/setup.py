@@ -1,30 +1,64 @@
 """The optional C extensions of the client (everything else is in pyproject.toml).
 
 ``llm_instrumentation._speedups`` (``_speedups.c``) writes a record into the ring in one
-call; ``llm_instrumentation.resources._native`` (``resources/_native*.c``, with the generated
-``resources/_records.h``) times modules and writes resource events for the resource
-monitor. Both are built against CPython's limited API (one ``.abi3.so`` for CPython 3.10
-and later). ``optional=True``: where no C compiler is found, or a build fails, the package
-installs without it and the client takes its Python paths, which write the same bytes.
+call; ``llm_instrumentation.resources._native`` (``resources/_native*.c``) times modules and
+writes resource events for the resource monitor. Both are built against CPython's limited API
+(one ``.abi3.so`` for CPython 3.10 and later). ``optional=True``: where no C compiler is found,
+or a build fails, the package installs without it and the client takes its Python paths, which
+write the same bytes.
+
+Both compile C they share with libstrap, the C client: ``clients/c/common`` in a checkout (the
+resource events' template filling ``_render_core.h`` and its schema ``_records.h``, generated
+from ``resources/records.py``). An sdist carries a copy of that folder at ``common/`` (the
+``sdist`` command below puts it there), so a wheel builds from the sdist alone.
 """
 
+import shutil
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.sdist import sdist as _sdist
+
+HERE = Path(__file__).resolve().parent
+#: The shared C: the sdist's copy when there is one, else libstrap's folder in the checkout.
+COMMON = next((d for d in (HERE / "common", HERE.parent / "c" / "common") if d.is_dir()), None)
+if COMMON is None:
+    raise SystemExit(f"{HERE}: no shared C (common/ of an sdist, or ../c/common of a checkout)")
+COMMON_FILES = sorted(p.name for p in COMMON.iterdir() if p.suffix in (".h", ".c"))
 
 LIMITED = dict(py_limited_api=True, define_macros=[("Py_LIMITED_API", "0x030A0000")], extra_compile_args=["-O2"],
-               optional=True)
+               optional=True, include_dirs=[str(COMMON)])
 
-#: The resource extension's C files, and the headers they include (_records.h is generated
-#: from records.py: make generate).
-NATIVE_SOURCES = sorted(p.name for p in (Path(__file__).parent / "src/llm_instrumentation/resources").glob("_native*.c"))
-NATIVE_HEADERS = ["_native.h", "_render_core.h", "_records.h"]
+#: The resource extension's C files, and the headers they include.
+NATIVE_SOURCES = sorted(p.name for p in (HERE / "src/llm_instrumentation/resources").glob("_native*.c"))
+NATIVE_HEADERS = ["src/llm_instrumentation/resources/_native.h"]
+
+
+def _common_depends() -> list:
+    """The shared C as build dependencies: relative (so the sdist lists them) when they are
+    inside this project, else absolute (the sdist command copies them)."""
+    return [str(COMMON / f) if COMMON.parent != HERE else f"common/{f}" for f in COMMON_FILES]
+
+
+class sdist(_sdist):
+    """setuptools' sdist, plus the shared C from ``../c/common`` as ``common/``: files outside
+    the project cannot be listed, and without them the sdist would build no extension."""
+
+    def make_release_tree(self, base_dir: str, files: list) -> None:
+        super().make_release_tree(base_dir, files)
+        dst = Path(base_dir) / "common"
+        dst.mkdir(exist_ok=True)
+        for f in COMMON_FILES:
+            shutil.copy2(COMMON / f, dst / f)
+
 
 setup(
+    cmdclass={"sdist": sdist},
     ext_modules=[
-        Extension("llm_instrumentation._speedups", ["src/llm_instrumentation/_speedups.c"], **LIMITED),
+        Extension("llm_instrumentation._speedups", ["src/llm_instrumentation/_speedups.c"],
+                  depends=_common_depends(), **LIMITED),
         Extension("llm_instrumentation.resources._native",
                   [f"src/llm_instrumentation/resources/{f}" for f in NATIVE_SOURCES],
-                  depends=[f"src/llm_instrumentation/resources/{f}" for f in NATIVE_HEADERS], **LIMITED),
+                  depends=NATIVE_HEADERS + _common_depends(), **LIMITED),
     ],
 )

@@ -1,4 +1,4 @@
-"""resources/_render_core.h is plain C: it compiles without Python's headers (the C client
+"""clients/c/common/_render_core.h is plain C: it compiles without Python's headers (the C client
 can reuse it), and its own double formatting writes what Python's repr writes."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-CORE = REPO / "clients/python/src/llm_instrumentation/resources"
+CORE = REPO / "clients/c/common"
 HARNESS = Path(__file__).parent / "c" / "repr_double.c"
 
 

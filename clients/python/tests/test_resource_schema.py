@@ -17,7 +17,7 @@ from conftest import generate_with_monitor as decode
 from llm_instrumentation.resources import ResourceMonitor, native, records
 from llm_instrumentation.resources.records import Rec
 
-HEADER = REPO / "clients/python/src/llm_instrumentation/resources/_records.h"
+HEADER = REPO / "clients/c/common/_records.h"
 GENERATOR = REPO / "clients/python/tools/gen_records_header.py"
 
 needs_c = pytest.mark.skipif(not native.available(), reason="llm_instrumentation.resources._native is not built")
@@ -45,7 +45,8 @@ def test_generator_check_names_a_stale_header(tmp_path: Path) -> None:
     swapped = rec.replace('LINEAR: ("site", "in_shape", "in_dtype",', 'LINEAR: ("site", "in_dtype", "in_shape",', 1)
     assert swapped != rec
     (work / "src/llm_instrumentation/resources/records.py").write_text(swapped)
-    (work / "src/llm_instrumentation/resources/_records.h").write_text(HEADER.read_text())
+    (tmp_path / "c/common").mkdir(parents=True)
+    (tmp_path / "c/common/_records.h").write_text(HEADER.read_text())
     res = subprocess.run([sys.executable, str(work / "tools/gen_records_header.py"), "--check"], capture_output=True,
                          text=True)
     assert res.returncode == 1 and "_records.h is stale" in res.stderr, res.stderr

@@ -60,6 +60,8 @@ def project_version() -> str:
 
 
 SRC = HERE / "src" / "llm_instrumentation"
+#: The C the extensions share with libstrap (setup.py: clients/c/common).
+COMMON = HERE.parent / "c" / "common"
 #: The C extensions (setup.py builds the same from source): path in the wheel, C sources.
 EXTENSIONS = {
     "llm_instrumentation/_speedups.abi3.so": [SRC / "_speedups.c"],
@@ -76,7 +78,8 @@ def compile_extension(arch: str, sources: List[Path], dest: Path) -> None:
         raise SystemExit(f"no C compiler {cc!r} for {arch} (Debian: apt-get install gcc-{arch.replace('_', '-')}"
                          f"-linux-gnu; or set CC_{arch})")
     include = sysconfig.get_paths()["include"]
-    cmd = [cc, "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-I", include, *map(str, sources), "-o", str(dest)]
+    cmd = [cc, "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-I", include, "-I", str(COMMON), *map(str, sources), "-o",
+           str(dest)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         sys.stderr.write(res.stdout + res.stderr)

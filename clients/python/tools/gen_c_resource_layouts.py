@@ -7,7 +7,7 @@ docs/RESOURCE_EVENTS.md. It does not describe them a second time: the Python bui
 each event's keys in order, and the values that are the same whatever the inputs
 (``flops_source``, ``size_source``, ...) — becomes ``clients/c/src/resource_layouts.h``. The C
 side fills the keys in that order with its own values and formats them with
-``resources/_render_core.h`` (the Python writer's C filling: Python's repr of a double, µs from
+``clients/c/common/_render_core.h`` (the Python writer's C filling: Python's repr of a double, µs from
 integer ns). A key the builders add, drop or move makes the header stale (``--check`` exits 1
 naming it; ``tests/test_c_resource_layouts.py``); a key with no C value fails the C build
 (``-Wswitch``: the field enum is generated, the switch over it is not).

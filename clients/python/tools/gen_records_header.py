@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Write src/llm_instrumentation/resources/_records.h from records.py (``make generate``).
+"""Write clients/c/common/_records.h from records.py (``make generate``): the header libstrap
+and the resource extension (``resources/_native*.c``) both compile.
 
 records.py is loaded by its path: it imports only the standard library, so the header can be
 made without torch or the package's other modules. ``--check`` writes nothing and exits 1
@@ -16,7 +17,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent.parent
 RECORDS = HERE / "src" / "llm_instrumentation" / "resources" / "records.py"
-HEADER = RECORDS.with_name("_records.h")
+HEADER = HERE.parent / "c" / "common" / "_records.h"
 
 
 def load_records() -> Any:
