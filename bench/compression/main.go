@@ -57,6 +57,9 @@ func variants() []variant {
 		{"quant rel 1e-3 zstd3", "quant", codec.Options{Level: 3, Lossy: rel(1e-3)}},
 		{"quant abs 1e-3", "quant", codec.Options{Lossy: &codec.LossyBound{Mode: "abs", Value: 1e-3}}},
 		{"fp8", "fp8", codec.Options{}},
+		{"transform", "transform", codec.Options{}},
+		{"transform 0.05", "transform", codec.Options{Lossy: &codec.LossyBound{Mode: "transform", Value: 0.05}}},
+		{"transform 0.02", "transform", codec.Options{Lossy: &codec.LossyBound{Mode: "transform", Value: 0.02}}},
 	}
 }
 

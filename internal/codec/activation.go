@@ -224,7 +224,7 @@ func (r ErrorReport) Exceeds() bool {
 		return r.MaxAbsErr > r.Bound
 	case "rel", "fp16":
 		return r.Bound > 0 && r.RelL2Err > r.Bound
-	case "fp8":
+	case "fp8", "transform":
 		return r.Bound > 0 && (r.RelL2Err > r.Bound || r.Rows != nil && r.Rows.RelL2Max > r.Bound)
 	}
 	return false

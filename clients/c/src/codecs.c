@@ -18,6 +18,7 @@ static const sp_codec codecs[] = {
 	{"quant", 17, 0, 4, {"abs", "rel"}},
 	{"fp16", 18, 0, 4, {"fp16"}},
 	{"fp8", 19, 0, 0, {"fp8"}},
+	{"transform", 20, 0, 0, {"transform"}},
 };
 /* clang-format on */
 
