@@ -20,7 +20,7 @@ CODECS = {c["name"]: c for c in TABLE["codecs"]}
 
 #: The readers' number for each codec name.
 READER_IDS = {"none": S.CODEC_NONE, "lz4": S.CODEC_LZ4, "zstd": S.CODEC_ZSTD, "shuffle": ac.SHUFFLE,
-              "quant": ac.QUANT, "fp16": ac.FP16, "fp8": ac.FP8}
+              "quant": ac.QUANT, "fp16": ac.FP16, "fp8": ac.FP8, "transform": ac.TRANSFORM}
 
 
 def test_names():

@@ -1,8 +1,9 @@
 """Decoders for the activation codecs (ids 16–63) of the stream format.
 
 The stored formats are specified in ``docs/COMPRESSION.md``; the Go encoder/decoder lives in
-``internal/codec`` (``shuffle.go``, ``lossy.go``, ``activation.go``). Both decoders are held
-to the golden vectors in ``testdata/codec/activation``. Every entropy-coded plane is a
+``internal/codec`` (``shuffle.go``, ``lossy.go``, ``activation.go``, ``fp8.go``, ``transform.go``).
+Both decoders are held to the golden vectors in ``testdata/codec/activation`` (``transform``: in
+``testdata/codec/transform``). Every entropy-coded plane is a
 standard zstd frame, so this module needs only numpy and zstandard.
 """
 
@@ -14,12 +15,13 @@ import threading
 import numpy as np
 import zstandard
 
-__all__ = ["CodecError", "SHUFFLE", "QUANT", "FP16", "FP8", "E4M3", "decode_block"]
+__all__ = ["CodecError", "SHUFFLE", "QUANT", "FP16", "FP8", "TRANSFORM", "E4M3", "decode_block"]
 
 SHUFFLE = 16
 QUANT = 17
 FP16 = 18
 FP8 = 19
+TRANSFORM = 20
 
 _WIDTH = {
     "float32": 4,
@@ -268,11 +270,124 @@ def _decode_fp8(src: memoryview, dtype: str, raw_len: int) -> bytes:
     return out.tobytes()
 
 
+# transform (codec 20, docs/COMPRESSION.md 5.2): header mode, row_len, first, k, shift, width.
+_TRANSFORM_HEADER = struct.Struct("<BIIHBB")
+_PART_DIRECT, _PART_BASIS, _PART_ZERO = 0, 1, 2
+_MAX_BASIS = 1024
+
+
+def _zigzag_decode(z: np.ndarray) -> np.ndarray:
+    """Zigzag integers (uint32 below 2**24) to their signed values, as float64 (exact)."""
+    z = z.astype(np.int64)
+    return ((z >> 1) ^ -(z & 1)).astype(np.float64)
+
+
+def _round_dtype(f: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values to the packet's dtype, round to nearest even (as the Go decoder)."""
+    if dtype == "float32":
+        return f
+    if dtype == "float16":
+        return f.astype(np.float16)
+    u = f.view(np.uint32).astype(np.uint32)
+    u += np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))
+    return (u >> np.uint32(16)).astype(np.uint16)
+
+
+def _decode_transform(src: memoryview, dtype: str, raw_len: int) -> bytes:
+    """A mode-0 transform block: a basis of k integer vectors (value B·2**-shift), the rows'
+    mean, one step and kind per row part, coefficients and direct values as plane frames.
+    A basis row decodes to float32(mean + (step·2**-shift)·(K @ B)): every product and sum of
+    K @ B is an integer below 2**48, so float64 BLAS computes it exactly, in any order."""
+    w = _WIDTH.get(dtype, 0)
+    if dtype not in _FP8_DTYPES or raw_len % w or raw_len == 0:
+        raise CodecError(f"transform block of {dtype}, {raw_len} bytes")
+    n = raw_len // w
+    if len(src) < _TRANSFORM_HEADER.size:
+        raise CodecError("short transform header")
+    _, row_len, first, k, shift, width = _TRANSFORM_HEADER.unpack_from(src, 0)
+    if not (1 <= first <= row_len and first <= n):
+        raise CodecError(f"row length {row_len}, first part {first} of {n} values")
+    if k > _MAX_BASIS or k * row_len > n or shift > 15 or (k == 0 and shift != 0) or width > 3:
+        raise CodecError(f"basis of {k} vectors, shift {shift}, width {width}")
+    groups = 1 + (n - first + row_len - 1) // row_len
+    p = src[_TRANSFORM_HEADER.size :]
+    mean_len = 4 * row_len if k else 0
+    if len(p) < mean_len + 5 * groups:
+        raise CodecError(f"{len(p)} bytes for the mean and {groups} row parts")
+    mean = np.frombuffer(p[:mean_len], dtype="<f4").astype(np.float64)
+    if not np.all(np.isfinite(mean)):
+        raise CodecError("non-finite mean")
+    kinds = np.frombuffer(p[mean_len : mean_len + groups], dtype=np.uint8)
+    steps32 = np.frombuffer(p[mean_len + groups : mean_len + 5 * groups], dtype="<f4")
+    p = p[mean_len + 5 * groups :]
+    lo = np.empty(groups, dtype=np.int64)
+    lo[0] = 0
+    lo[1:] = first + row_len * np.arange(groups - 1, dtype=np.int64)
+    hi = np.minimum(n, lo + row_len)
+    hi[0] = first
+    lens = hi - lo
+    if np.any(kinds > _PART_ZERO):
+        raise CodecError(f"row part kind {int(kinds.max())}")
+    basis_p, direct_p, zero_p = kinds == _PART_BASIS, kinds == _PART_DIRECT, kinds == _PART_ZERO
+    coded = basis_p | direct_p
+    with np.errstate(invalid="ignore"):
+        if np.any(coded & ~(np.isfinite(steps32) & (steps32 > 0))):
+            raise CodecError("row part step not finite and > 0")
+    if np.any(steps32.view(np.uint32)[zero_p] != 0):
+        raise CodecError("zero row part with a step")
+    if np.any(basis_p) and (k == 0 or np.any(lens[basis_p] != row_len)):
+        raise CodecError("basis row part without a basis or not a whole row")
+    nb = int(basis_p.sum())
+    m = nb * k + int(lens[direct_p].sum())
+    basis = None
+    if k:
+        pl, p = _read_planes(p, 2, k * row_len)
+        z = pl[0].astype(np.uint32) | (pl[1].astype(np.uint32) << np.uint32(8))
+        if np.any(z == 0xFFFF):
+            raise CodecError("basis value out of range")
+        basis = _zigzag_decode(z).reshape(k, row_len)
+    if (m > 0) != (width > 0):
+        raise CodecError(f"{m} integers of width {width}")
+    ints = np.zeros(0, dtype=np.float64)
+    if m:
+        pl, p = _read_planes(p, width, m)
+        z = pl[0].astype(np.uint32)
+        for j in range(1, width):
+            z |= pl[j].astype(np.uint32) << np.uint32(8 * j)
+        ints = _zigzag_decode(z)
+    if len(p):
+        raise CodecError(f"{len(p)} trailing bytes")
+    f = np.zeros(n, dtype=np.float32)
+    steps = steps32.astype(np.float64)
+    if nb:
+        assert basis is not None
+        coefs = ints[: nb * k].reshape(k, nb).T  # component-major in the block
+        acc = coefs @ basis  # exact: integers below 2**48
+        qs = np.ldexp(steps[basis_p], -shift)
+        rows = (mean + qs[:, None] * acc).astype(np.float32)
+        starts = lo[basis_p]
+        if np.all(np.diff(starts) == row_len):
+            s0 = int(starts[0])
+            f[s0 : s0 + nb * row_len] = rows.reshape(-1)
+        else:
+            for r, s in enumerate(starts):
+                f[s : s + row_len] = rows[r]
+    if np.any(direct_p):
+        vals = ints[nb * k :]
+        idx = np.flatnonzero(direct_p)
+        off = 0
+        for g in idx:
+            a, b = int(lo[g]), int(hi[g])
+            f[a:b] = (steps[g] * vals[off : off + b - a]).astype(np.float32)
+            off += b - a
+    return _round_dtype(f, dtype).tobytes()
+
+
 def decode_block(codec_id: int, data: bytes, dtype: str, raw_len: int) -> bytes:
     """Decode one stored block of an activation codec.
 
     Args:
-        codec_id: the packet's codec number (16 shuffle, 17 quant, 18 fp16, 19 fp8).
+        codec_id: the packet's codec number (16 shuffle, 17 quant, 18 fp16, 19 fp8, 20 transform).
         data: the stored block (one entry of the packet's block table).
         dtype: the packet's dtype name (docs/STREAM_FORMAT.md section 4), e.g. "float32".
         raw_len: the block's decoded size in bytes.
@@ -293,7 +408,7 @@ def decode_block(codec_id: int, data: bytes, dtype: str, raw_len: int) -> bytes:
     src = memoryview(data).cast("B")
     if codec_id == SHUFFLE:
         return _decode_shuffled(src, dtype, raw_len)
-    if codec_id not in (QUANT, FP16, FP8):
+    if codec_id not in (QUANT, FP16, FP8, TRANSFORM):
         raise CodecError(f"unknown activation codec {codec_id}")
     if len(src) < 1:
         raise CodecError("empty block")
@@ -306,4 +421,6 @@ def decode_block(codec_id: int, data: bytes, dtype: str, raw_len: int) -> bytes:
         return _decode_quant(src, dtype, raw_len)
     if codec_id == FP8:
         return _decode_fp8(src, dtype, raw_len)
+    if codec_id == TRANSFORM:
+        return _decode_transform(src, dtype, raw_len)
     return _decode_fp16(src[1:], dtype, raw_len)

@@ -35,29 +35,35 @@ from .resources.levels import ResourceLevel
 
 #: Codecs strapd accepts (docs/COMPRESSION.md 1): generic lossless ``none``/``lz4``/``zstd``,
 #: the dtype-aware lossless ``shuffle``, and the opt-in lossy ``quant``, ``fp16`` and ``fp8``
-#: (e4m3 with one scale per row: docs/COMPRESSION.md 5).
-SUPPORTED_CODECS: Tuple[str, ...] = ("none", "lz4", "zstd", "shuffle", "quant", "fp16", "fp8")
+#: (e4m3 with one scale per row: docs/COMPRESSION.md 5) and ``transform`` (a per-block PCA basis,
+#: every row within a rel-L2 / cosine bound: docs/COMPRESSION.md 5.2).
+SUPPORTED_CODECS: Tuple[str, ...] = ("none", "lz4", "zstd", "shuffle", "quant", "fp16", "fp8", "transform")
 #: Codecs that change values; they need a ``lossy`` bound (``fp16`` and ``fp8`` imply their own).
-LOSSY_CODECS: Tuple[str, ...] = ("quant", "fp16", "fp8")
+LOSSY_CODECS: Tuple[str, ...] = ("quant", "fp16", "fp8", "transform")
 #: Valid ``compression_level`` range per codec, as strapd's codecs define them
 #: (internal/codec): lz4 0 = fast compressor, 1–9 = HC with search depth 2^(8+level);
 #: zstd 0/1 = fastest, 2 = default, 3 = better, 4 = best compression; shuffle/quant/fp16 0–4;
 #: fp8 0 only (its codes are stored as they are).
 CODEC_LEVELS: Dict[str, Tuple[int, int]] = {"none": (0, 0), "lz4": (0, 9), "zstd": (0, 4),
                                             "shuffle": (0, 4), "quant": (0, 4), "fp16": (0, 4),
-                                            "fp8": (0, 0)}
+                                            "fp8": (0, 0), "transform": (0, 0)}
 #: Bound modes per lossy codec: ``abs`` (max absolute error) and ``rel`` (relative L2 error,
 #: i.e. RMS error over the tensor's RMS) for quant; ``fp16`` (its rounding, optionally capped
 #: by a relative L2 value) for fp16; ``fp8`` (e4m3 rounding, optionally with a cap on every
 #: row's relative L2 error: blocks with a row over it are kept exact) for fp8.
-LOSSY_MODES: Dict[str, Tuple[str, ...]] = {"quant": ("abs", "rel"), "fp16": ("fp16",), "fp8": ("fp8",)}
+LOSSY_MODES: Dict[str, Tuple[str, ...]] = {"quant": ("abs", "rel"), "fp16": ("fp16",), "fp8": ("fp8",),
+                                           "transform": ("transform",)}
+#: The per-row rel-L2 bound of codec ``transform`` when none is given: √(1 − 0.995²), which
+#: guarantees a per-row cosine ≥ 0.995 (internal/codec.DefaultTransformBound).
+TRANSFORM_DEFAULT_BOUND: float = (1 - 0.995**2) ** 0.5
 #: Ring-full policies.
 BACKPRESSURE_POLICIES: Tuple[str, ...] = ("block", "drop")
 
 #: Single-core encode throughput measured on the reference machine (DESIGN-NOTES.md,
 #: 16 MiB of activation-like fp32), in GB/s. Used only by :meth:`transport_plan`.
 CODEC_GBPS_PER_CORE: Dict[str, float] = {"none": float("inf"), "lz4": 0.13, "zstd": 0.08,
-                                          "shuffle": 0.6, "quant": 0.5, "fp16": 0.5, "fp8": 0.8}
+                                          "shuffle": 0.6, "quant": 0.5, "fp16": 0.5, "fp8": 0.8,
+                                          "transform": 0.005}
 
 #: The codec of a config that names none.
 DEFAULT_CODEC = "shuffle"
@@ -150,7 +156,10 @@ class InstrumentationConfig:
             ``"abs:1e-2"`` (every value within 1e-2), ``"fp16"`` (fp16 rounding; the
             default for codec ``fp16``), ``"fp16:1e-3"`` (and blocks over rel-L2 1e-3 kept
             exact), ``"fp8"`` (e4m3 with a scale per row; the default for codec ``fp8``),
-            ``"fp8:0.04"`` (and blocks holding a row over rel-L2 0.04 kept exact), or a dict
+            ``"fp8:0.04"`` (and blocks holding a row over rel-L2 0.04 kept exact),
+            ``"transform"`` (every row's rel-L2 ≤ √(1 − 0.995²), i.e. cosine ≥ 0.995; the default
+            for codec ``transform``), ``"transform:0.02"`` (every row's rel-L2 ≤ 0.02),
+            ``"transform:cos:0.999"`` (every row's cosine ≥ 0.999, sent as rel-L2 √(1 − 0.999²)), or a dict
             ``{"mode": "rel", "value": 1e-3}``. Stored normalized as
             ``"mode:value"``.
         trace: ask strapd to write its kernel trace (JSONL snapshots naming this session)
@@ -512,6 +521,8 @@ def _normalize_lossy(codec: str, lossy: Any) -> Optional[str]:
     if lossy is None:
         if codec in ("fp16", "fp8"):
             return f"{codec}:0.0"
+        if codec == "transform":
+            return f"transform:{TRANSFORM_DEFAULT_BOUND!r}"
         if codec in LOSSY_CODECS:
             raise ValueError(
                 f"codec {codec!r} is lossy and needs a bound: lossy='rel:1e-3' (relative L2 error) "
@@ -531,10 +542,19 @@ def _normalize_lossy(codec: str, lossy: Any) -> Optional[str]:
         mode, sep, v = lossy.strip().partition(":")
         if sep and not v:
             raise ValueError(f"lossy {lossy!r}: missing value after ':'")
+        cos = mode == "transform" and v.startswith("cos:")
+        if cos:
+            v = v[4:]
+        elif mode == "transform" and not sep:
+            v, sep = repr(TRANSFORM_DEFAULT_BOUND), ":"
         try:
             value = float(v) if sep else 0.0
         except ValueError:
             raise ValueError(f"lossy {lossy!r}: value {v!r} is not a number") from None
+        if cos:
+            if not 0 < value < 1:
+                raise ValueError(f"lossy {lossy!r}: a cosine bound must be in (0, 1)")
+            value = (1 - value * value) ** 0.5
     else:
         raise TypeError(f"lossy must be a str like 'rel:1e-3' or a dict, got {lossy!r}")
     if not isinstance(mode, str) or mode not in LOSSY_MODES[codec]:
@@ -546,6 +566,8 @@ def _normalize_lossy(codec: str, lossy: Any) -> Optional[str]:
         raise ValueError(f"lossy value {value!r} must be a finite number >= 0")
     if mode in ("abs", "rel") and not value > 0:
         raise ValueError(f"lossy {mode} bound must be > 0, got {value!r}")
+    if mode == "transform" and not 0 < value < 1:
+        raise ValueError(f"lossy transform bound (per-row rel-L2) must be in (0, 1), got {value!r}")
     return f"{mode}:{value!r}"
 
 
