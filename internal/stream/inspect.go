@@ -38,7 +38,7 @@ type ModuleStats struct {
 // LossyStats folds the "lossy" meta that strapd writes on every packet of a lossy codec
 // (docs/COMPRESSION.md 6): the bound asked for and the errors achieved.
 type LossyStats struct {
-	// Mode and Bound are what the user asked for ("abs", "rel", "fp16" or "fp8").
+	// Mode and Bound are what the user asked for ("abs", "rel", "fp16", "fp8" or "transform").
 	Mode  string  `json:"mode"`
 	Bound float64 `json:"bound"`
 	// MaxAbsErr is the largest absolute error of any packet.
@@ -113,7 +113,7 @@ func (r lossyReport) exceeds() bool {
 		return r.MaxAbsErr > r.Bound
 	case r.Mode == "rel", r.Mode == "fp16" && r.Bound > 0:
 		return r.RelL2Err > r.Bound
-	case r.Mode == "fp8" && r.Bound > 0:
+	case (r.Mode == "fp8" || r.Mode == "transform") && r.Bound > 0:
 		return r.RelL2Err > r.Bound || r.Rows != nil && r.Rows.RelL2Max > r.Bound
 	}
 	return false

@@ -106,3 +106,12 @@ def test_config_bounds() -> None:
     for bad in ("transform:0", "transform:1.5", "transform:cos:1", "transform:cos:x", "rel:1e-3", "fp8"):
         with pytest.raises(ValueError):
             C.InstrumentationConfig(compression_algorithm="transform", lossy=bad)
+
+
+def test_lossy_exceeds_transform_rows() -> None:
+    from llm_instrumentation.analysis import lossy_exceeds
+
+    rep = {"mode": "transform", "bound": 0.1, "rel_l2_err": 0.09, "rows": {"rel_l2_max": 0.0999}}
+    assert not lossy_exceeds(rep)
+    rep["rows"] = {"rel_l2_max": 0.12}  # one row over the per-row bound, the packet under it
+    assert lossy_exceeds(rep)

@@ -70,7 +70,7 @@ def analyze_activations(stream_path: Union[str, os.PathLike]) -> Dict[str, Any]:
         ``max_abs_err`` (max over packets), ``rel_l2_err`` (the worst packet's), ``packets``,
         ``lossless_blocks`` (blocks stored exactly: flagged fallbacks) and ``exceeded``
         (packets whose achieved error is over the bound; always 0 unless strapd has a bug).
-        Codecs that code by rows (``fp8``) add ``"rows"``: ``n`` (rows measured),
+        Codecs that code by rows (``fp8``, ``transform``) add ``"rows"``: ``n`` (rows measured),
         ``rel_l2_max`` and ``cos_min`` (exact over every row: per-row relative L2 error and
         cosine of decoded vs original), ``rel_l2_p50``/``rel_l2_p99`` and
         ``cos_p50``/``cos_p01`` (the worst packet's percentiles).
@@ -149,13 +149,13 @@ def analyze_activations(stream_path: Union[str, os.PathLike]) -> Dict[str, Any]:
 def lossy_exceeds(rep: Dict[str, Any]) -> bool:
     """Whether one packet's ``"lossy"`` report is over its bound: ``abs`` compares
     ``max_abs_err``, ``rel`` and ``fp16`` with a value compare ``rel_l2_err``, ``fp8`` with a
-    value also its worst row (``rows.rel_l2_max``)."""
+    value and ``transform`` (a per-row bound) also its worst row (``rows.rel_l2_max``)."""
     mode, bound = rep.get("mode"), float(rep.get("bound") or 0.0)
     if mode == "abs":
         return float(rep.get("max_abs_err", 0.0)) > bound
     if mode == "rel" or (mode == "fp16" and bound > 0):
         return float(rep.get("rel_l2_err", 0.0)) > bound
-    if mode == "fp8" and bound > 0:
+    if mode in ("fp8", "transform") and bound > 0:
         rows = rep.get("rows")
         row_max = float(rows.get("rel_l2_max", 0.0)) if isinstance(rows, dict) else 0.0
         return float(rep.get("rel_l2_err", 0.0)) > bound or row_max > bound

@@ -383,4 +383,4 @@ def patching_graph(model: nn.Module, clean: Union[str, os.PathLike], corrupt: Un
 
 def _is_lossy(path: Union[str, os.PathLike]) -> bool:
     with open_stream(path) as r:
-        return r.metadata.get("codec") in ("quant", "fp16", "fp8")
+        return r.metadata.get("codec") in ("quant", "fp16", "fp8", "transform")

@@ -105,7 +105,7 @@ def load_stream_packets(
     from ..tracking import TokenMap
 
     if compression is not None and (not isinstance(compression, str) or compression.lower() not in
-                                    _LEGACY_CODECS + ("shuffle", "quant", "fp16", "fp8")):
+                                    _LEGACY_CODECS + ("shuffle", "quant", "fp16", "fp8", "transform")):
         raise ValueError(f"compression {compression!r} is not a codec name")
     records: List[PacketLike] = []
     dropped = 0
