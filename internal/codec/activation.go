@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"slices"
 	"sync"
 
@@ -410,11 +411,18 @@ func looksUniform(chunk []byte) bool {
 // too small but counting every byte is cheap: one-token decode records make 512-byte
 // planes, and huff0 sorting and building a table for a mantissa plane it then refuses was
 // most of the daemon's CPU per token. It estimates what Huffman coding would send — the
-// chunk at its byte entropy (a floor for any prefix code) plus its table, taken as an
-// eighth of a byte per distinct value (huff0's compressed weights measured 37 bytes for 200
-// values: the estimate stays under them, so a doubtful chunk is still coded) — and judges
-// the chunk uniform when that is not under 99 % of it. TestSmallLooksUniform checks the
-// judgement against huff0 itself.
+// chunk at its byte entropy (a floor for any prefix code) plus its table — and judges the
+// chunk uniform when that is not under 99 % of it.
+//
+// The table is huff0's list of code-length weights for the symbols 0..max (FSE-coded, or
+// 4 bits each): estimated as that list at its own entropy, each symbol's weight taken to be
+// the bit length of its count (a symbol's code length is about log2(n/count), so symbols
+// whose counts share a bit length share a weight), plus 3 bytes of headers. For a
+// near-flat plane of 200 values that is ≈ 60 bytes, which is what huff0 writes; counting a
+// byte per 8 values instead (the estimate before issue 38) left huff0 to build and then
+// refuse the table of most low mantissa planes of real decode records. TestSmallLooksUniform
+// and TestSmallLooksUniformCorpus check the judgement against huff0 itself: a chunk
+// judged uniform is one huff0 cannot shrink by 1 %.
 //
 // From smallMax up huff0 refuses noise itself after its count, before any table (a value
 // seen fewer than len/128 times at most), and this estimate would only add its own count.
@@ -423,26 +431,47 @@ func smallLooksUniform(chunk []byte) bool {
 	for _, b := range chunk {
 		h[b]++
 	}
-	n := float64(len(chunk))
-	var sum float64 // Σ c·log2(c)
-	k := 0
-	for _, v := range h {
-		if v > 0 {
-			k++
+	n := len(chunk)
+	// Sums in fixed point (cLog2C: 16 fraction bits), in integers: exact, and the same
+	// on every machine, so the judgement is a function of the chunk alone.
+	var sum, sum2 int64 // Σ c·log2(c) over the counts, two chains
+	var class [2][14]uint16
+	top, k := 0, 0 // the largest symbol present, and how many are
+	for s := 0; s < 256; s += 2 {
+		if v := h[s]; v > 0 {
 			sum += cLog2C[v]
+			class[0][bits.Len32(v)]++
+			top = s
+			k++
+		}
+		if v := h[s+1]; v > 0 {
+			sum2 += cLog2C[v]
+			class[1][bits.Len32(v)]++
+			top = s + 1
+			k++
 		}
 	}
-	bits := n*math.Log2(n) - sum // n · entropy
-	return bits/8+float64(k)/8 >= 0.99*n
+	m := top + 1 // weights are listed up to the largest symbol only
+	wsum := cLog2C[m-k]
+	for c := 1; c < len(class[0]); c++ {
+		wsum += cLog2C[class[0][c]+class[1][c]]
+	}
+	data := cLog2C[n] - sum - sum2 // n · entropy, in bits
+	table := cLog2C[m] - wsum      // the weights at their entropy, in bits
+	// Judged uniform when data/8 + table/8 + 3 bytes of headers ≥ 0.99 n.
+	return 100*(data+table+24<<fracBits) >= 99*8*int64(n)<<fracBits
 }
 
 // smallMax bounds the chunks smallLooksUniform judges (see there).
 const smallMax = 4096
 
-// cLog2C[c] is c·log2(c), for the counts of a chunk under smallMax.
-var cLog2C = func() (t [smallMax]float64) {
+// fracBits is the fraction of cLog2C's fixed point.
+const fracBits = 16
+
+// cLog2C[c] is c·log2(c) in fixed point (fracBits), for the counts of a chunk under smallMax.
+var cLog2C = func() (t [smallMax]int64) {
 	for c := 2; c < smallMax; c++ {
-		t[c] = float64(c) * math.Log2(float64(c))
+		t[c] = int64(math.Round(float64(c) * math.Log2(float64(c)) * (1 << fracBits)))
 	}
 	return t
 }()

@@ -3,6 +3,7 @@ package codec
 import (
 	"fmt"
 	"math"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -186,11 +187,15 @@ func BenchmarkShuffleDecodeRecord(b *testing.B) {
 				b.SetBytes(int64(len(src)))
 				dst := make([]byte, 0, 2*len(src)+64)
 				var out []byte
+				cpu := processCPU()
 				for b.Loop() {
 					out, _, err = c.Encode(dst[:0], src, dt)
 					if err != nil {
 						b.Fatal(err)
 					}
+				}
+				if d := processCPU() - cpu; d > 0 {
+					b.ReportMetric(d.Seconds()*1e6/float64(b.N), "cpu-µs/record")
 				}
 				b.ReportMetric(float64(len(src))/float64(len(out)), "ratio")
 			})
@@ -207,4 +212,67 @@ func bf16FromF32(src []byte) []byte {
 		out[2*i], out[2*i+1] = byte(h), byte(h>>8)
 	}
 	return out
+}
+
+// decodeRecords are the 24 records of one generated token (tenth step of greedy decoding,
+// batch 1) of daemon_cost.py's random Llama (hidden 512 × 8 layers, seed 0): each layer's
+// attention, MLP and block output, 1×1×512 fp32, in hook order. Unlike normalF32 their low
+// mantissa planes are not quite flat (≈ 205 of 256 values in 512 bytes), which is what made
+// huff0 build and refuse a table per record in strapd (issue 38).
+func decodeRecords(tb testing.TB, dt dtype.DType) [][]byte {
+	raw, err := os.ReadFile("testdata/records/llama512_decode_fp32.bin")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	const rec = 512 * 4
+	if len(raw) != 24*rec {
+		tb.Fatalf("decode records: %d bytes, want %d", len(raw), 24*rec)
+	}
+	out := make([][]byte, 24)
+	for i := range out {
+		out[i] = raw[i*rec : (i+1)*rec]
+		if dt == dtype.BFloat16 {
+			out[i] = bf16FromF32(out[i])
+		}
+	}
+	return out
+}
+
+// BenchmarkShuffleRealDecodeToken encodes one token's 24 real decode records (see
+// decodeRecords) per iteration, as strapd does per generated token with `balanced`; ns/op
+// divided by 24 is the codec's cost per record.
+func BenchmarkShuffleRealDecodeToken(b *testing.B) {
+	c, err := New("shuffle", Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16} {
+		recs := decodeRecords(b, dt)
+		b.Run(dt.String(), func(b *testing.B) {
+			raw, stored := 0, 0
+			for _, r := range recs {
+				raw += len(r)
+			}
+			b.SetBytes(int64(raw))
+			dst := make([]byte, 0, 2*len(recs[0])+64)
+			cpu := processCPU()
+			for b.Loop() {
+				stored = 0
+				for _, r := range recs {
+					out, ok, err := c.Encode(dst[:0], r, dt)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if !ok {
+						out = r
+					}
+					stored += len(out)
+				}
+			}
+			if d := processCPU() - cpu; d > 0 {
+				b.ReportMetric(d.Seconds()*1e6/float64(b.N*len(recs)), "cpu-µs/record")
+			}
+			b.ReportMetric(float64(raw)/float64(stored), "ratio")
+		})
+	}
 }

@@ -102,18 +102,30 @@ func countZeros(src []byte, w, stride int) int {
 				z++
 			}
 		}
+	default:
+		for i := 0; i+w <= len(src); i += step {
+			if allZero(src[i : i+w]) {
+				z++
+			}
+		}
 	}
 	return z
 }
 
-// zeroMapLikely reports whether a zero map may pay: a sample of every 8th element decides
-// whether compacting the block, which also counts its zeros, is worth its pass.
+// zeroMapLikely reports whether a zero map may pay: under 1024 elements an exact count of
+// the zeros decides (it costs a fraction of compacting, and most small decode records have
+// no zeros, so compacting them to find out was a pass per record for nothing); from 1024 a
+// sample of every 8th element decides whether compacting the block, which also counts its
+// zeros, is worth its pass. Either way the decision is a function of the block alone.
 func zeroMapLikely(body []byte, w, n int) bool {
 	if w < 2 || n == 0 {
 		return false
 	}
 	need := max(1, n/zeroMapShare)
-	return n < 1024 || 8*countZeros(body, w, 8) >= need/2
+	if n < 1024 {
+		return countZeros(body, w, 1) >= need
+	}
+	return 8*countZeros(body, w, 8) >= need/2
 }
 
 // compactNonZero sets bit i of bitmap for every all-zero element i of body (width w),
