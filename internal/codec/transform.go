@@ -59,6 +59,12 @@ const (
 	stepMargin = 0.97
 )
 
+// A directly coded part's first step aims at the bound itself (the rounding error of many
+// values lands close to its expectation q²/12); a miss retries at a step this much smaller.
+// Measured on MiniLM (bf16, rel-L2 0.1): margin 0.97 and retries at 0.7q stored 4.83×,
+// these 5.08×.
+var directMargin, directRetry = 1.0, 0.95
+
 func init() {
 	Register("transform", Transform, newTransform)
 }
@@ -216,8 +222,8 @@ func codeDirect(p *tPart, x []float64, dt dtype.DType, bound float64) bool {
 		p.kind, p.step, p.sums, p.maxAbs = partZero, 0, RowSums{}, 0
 		return true
 	}
-	q := stepMargin * bound * math.Sqrt(12*ss/float64(len(x)))
-	for try := 0; try < 6; try, q = try+1, q*0.7 {
+	q := directMargin * bound * math.Sqrt(12*ss/float64(len(x)))
+	for try := 0; try < 16; try, q = try+1, q*directRetry {
 		s := float32(q)
 		if !(s >= 0x1p-126) || math.IsInf(float64(s), 0) {
 			return false
@@ -373,7 +379,7 @@ func (tb *tBasis) code(x []float64, parts []tPart, full []int, dt dtype.DType, b
 			continue
 		}
 		q := math.Sqrt(12 * (b2 - rho2) / float64(k))
-		for try := 0; try < 3; try, q = try+1, q*0.7 {
+		for try := 0; try < 6; try, q = try+1, q*0.9 {
 			s := float32(q)
 			if !(s >= 0x1p-126) || math.IsInf(float64(s), 0) {
 				break
