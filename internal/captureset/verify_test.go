@@ -2,6 +2,7 @@ package captureset
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -201,5 +202,94 @@ func TestReadFactsSingleProcess(t *testing.T) {
 	m.WorldSize = 2
 	if ps := Compare(m, e, facts); len(ps) != 1 || ps[0].Key != "rank" {
 		t.Fatalf("a single process's stream in a world of 2: %v", ps)
+	}
+}
+
+// TestVerifySetRankStoringNothing: a tensor-parallel rank whose outputs are all replicated
+// (stored by tp rank 0; a vLLM engine's tp ranks > 0) still has a stream, with its header and
+// no record: its entry lists no module, 0 packets, tokens [0, 0), 0 forwards, and the set
+// verifies (docs/DISTRIBUTED.md D4). The same entry listing a module, or counting a packet,
+// or its stream gone, fails naming rank 1.
+func TestVerifySetRankStoringNothing(t *testing.T) {
+	dir := t.TempDir()
+	dist := func(rank int) map[string]any {
+		return map[string]any{"rank": rank, "world_size": 2, "local_rank": rank, "local_world_size": nil,
+			"host": "node07", "source": "torch.distributed", "tp_rank": rank, "tp_size": 2, "pp_stage": 0,
+			"pp_size": 1, "dp_rank": 0, "dp_size": 1, "layout_source": "vllm", "job_id": "vllm-x",
+			"replicated": "tp_rank0", "modules": map[string]any{
+				"vllm.rows":      map[string]any{"kind": "replicated", "source": "vllm"},
+				"model.layers.0": map[string]any{"kind": "replicated", "source": "vllm"}}}
+	}
+	var ranks []any
+	for rank := range 2 {
+		var recs []rec
+		if rank == 0 {
+			recs = []rec{{name: "vllm.rows", shape: []uint64{3, 2}}, {name: "model.layers.0", shape: []uint64{3, 8}},
+				{token: true, step: 0}}
+		}
+		name := fmt.Sprintf("vllm-x.rank%05d-of-00002.strap", rank)
+		path := filepath.Join(dir, name)
+		writeStream(t, path, uint64(20+rank), "node07", map[string]any{"fingerprint": "fp", "distributed": dist(rank)}, recs, "complete")
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mods, tokens, fwds := map[string]any{}, []int{0, 0}, 0
+		if rank == 0 {
+			mods = map[string]any{"vllm.rows": map[string]any{"kind": "replicated"},
+				"model.layers.0": map[string]any{"kind": "replicated"}}
+			tokens, fwds = []int{0, 1}, 1
+		}
+		ranks = append(ranks, map[string]any{"rank": rank, "local_rank": rank, "host": "node07",
+			"tp_rank": rank, "pp_stage": 0, "dp_rank": 0, "stream": name, "session": 20 + rank,
+			"strapd_host": "node07", "fingerprint": "fp", "status": "complete", "tokens": tokens,
+			"forwards": fwds, "packets": len(recs), "bytes": st.Size(), "modules": mods})
+	}
+	good := map[string]any{"format": Format, "version": 1, "created": "2026-12-06T20:00:00Z", "job_id": "vllm-x",
+		"world_size": 2, "layout": map[string]any{"tp_size": 2, "pp_size": 1, "dp_size": 1}, "ranks": ranks}
+	for _, tc := range []struct {
+		name   string
+		damage func(m map[string]any)
+		want   string
+	}{
+		{"verifies", func(map[string]any) {}, ""},
+		{"lists a module", func(m map[string]any) {
+			rankOf(m, 1)["modules"] = map[string]any{"model.layers.0": map[string]any{"kind": "replicated"}}
+		}, "rank 1: modules.model.layers.0: listed, but the stream has no record of it"},
+		{"counts a packet", func(m map[string]any) { rankOf(m, 1)["packets"] = 1 }, "rank 1: packets: manifest 1, stream 0"},
+		{"stream gone", func(m map[string]any) { rankOf(m, 1)["stream"] = "gone.strap" }, "rank 1: stream: open "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := clone(t, good)
+			tc.damage(m)
+			path := filepath.Join(dir, "vllm-x.capture-set.json")
+			writeJSON(t, path, m)
+			rep := verifyManifest(t, path)
+			var all []string
+			for _, rr := range rep.Ranks {
+				for _, p := range rr.Problems {
+					all = append(all, p.String())
+				}
+			}
+			if tc.want == "" {
+				if !rep.OK || len(rep.Ranks) != 2 {
+					t.Fatalf("want OK, got:\n%s", strings.Join(all, "\n"))
+				}
+				return
+			}
+			if rep.OK || !strings.Contains(strings.Join(all, "\n"), tc.want) {
+				t.Fatalf("want a problem %q, got OK=%v:\n%s", tc.want, rep.OK, strings.Join(all, "\n"))
+			}
+		})
+	}
+	// A rank storing nothing is still a rank: leaving it out of the manifest is refused.
+	m := clone(t, good)
+	m["ranks"] = m["ranks"].([]any)[:1]
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Parse(b); err == nil || !strings.Contains(err.Error(), "ranks: 1 entries for world_size 2") {
+		t.Fatalf("a manifest without rank 1: %v", err)
 	}
 }

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import fnmatch
+import glob
 import os
 import warnings
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ import numpy as np
 
 from . import _activation_codecs
 from ._source import is_url
+from .vllm import _dataset as _vllm
 from .stream import DROP, TENSOR, TOKEN, Tensor, open_stream
 
 import torch
@@ -61,6 +63,11 @@ class Unit:
             ranks (docs/DISTRIBUTED.md): ``((stream, ordinal), ...)`` in offset order, and
             ``shape`` is the whole tensor's; None for a tensor stored whole.
         axis: the axis the pieces are joined along (None when not in pieces).
+        request: for a vLLM capture (docs/VLLM.md 4): the request, an index into
+            :attr:`ActivationDataset.vllm_requests`; the unit is that request's rows of one
+            module, ``shape [positions, d]``, ``positions`` theirs, in order; None otherwise.
+        runs: a vLLM unit's rows: ``((stream, ordinal, first row, rows), ...)`` in position
+            order, slices of the module's step tensors.
     """
 
     stream: int
@@ -74,6 +81,8 @@ class Unit:
     lossy: bool
     pieces: Optional[Tuple[Tuple[int, int], ...]] = None
     axis: Optional[int] = None
+    request: Optional[int] = None
+    runs: Optional[Tuple[Tuple[int, int, int, int], ...]] = None
 
     @property
     def batch(self) -> int:
@@ -182,10 +191,19 @@ class ActivationDataset(IterableDataset):
     ``replicated="every_rank"`` are never read); a data-parallel replica's or pipeline
     stage's tensors are units of their own. So no byte is read by two shards, nor twice.
 
+    A vLLM capture (docs/VLLM.md 4: the plugin's directory, its streams, or the capture set
+    of an engine's workers) is read by request: a unit is one request's rows of one module in
+    position order (a position computed twice keeps its last computation), and each row
+    says its request (``batch``: an index into :attr:`vllm_requests`), its ``position``
+    (also ``token_index``) and the ``token_id`` there. A step's tensor holds rows of several
+    requests: an iteration decodes it once while its cache (256 MiB) still holds it, so
+    across shards a step tensor may be decoded by each shard that takes one of its requests.
+
     Args:
         paths: one stream file or several; object URLs (``s3://bucket/key``) are read by
             byte range (docs/OBJECT_STORAGE.md): the index and the headers at construction,
-            each selected tensor's bytes when an epoch reaches it. Or a capture set.
+            each selected tensor's bytes when an epoch reaches it. Or a capture set. Or a
+            local directory: its ``*.strap`` streams.
         modules: module names or fnmatch patterns (``"model.layers.*.mlp"``); default:
             every module with tensors, which must then share one width.
         batch_size: yield batches of this many rows (dicts of stacked tensors; use
@@ -221,6 +239,8 @@ class ActivationDataset(IterableDataset):
         super().__init__()
         #: the capture set's manifest, when ``paths`` was one (the streams are its ranks')
         self.capture_set: Optional[Dict[str, Any]] = None
+        #: a vLLM capture's requests (``batch`` of a row indexes them), else None
+        self.vllm_requests: Optional[List[Any]] = None
         paths = self._capture_set_streams(paths, storage_options)
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
@@ -282,14 +302,27 @@ class ActivationDataset(IterableDataset):
             self.capture_set = cs.load(p, storage_options=storage_options)
             mdir = p.rsplit("/", 1)[0] if is_url(p) else os.path.dirname(os.path.abspath(p))
             return [cs.stream_location(e["stream"], mdir) for e in self.capture_set["ranks"]]
+        if isinstance(paths, (str, os.PathLike)) and os.path.isdir(paths):
+            found = sorted(glob.glob(os.path.join(os.fspath(paths), "*.strap")))
+            if not found:
+                raise FileNotFoundError(f"no .strap streams in {os.fspath(paths)}")
+            return found
         return paths
 
     def _plan(self, patterns: Optional[List[str]]) -> None:
+        for path in self.paths:
+            self._readers.append(self._open(path))
+        vllm = [_vllm.is_vllm(r.metadata) for r in self._readers]
+        if any(vllm):
+            if not all(vllm):
+                raise ValueError(f"{[p for p, v in zip(self.paths, vllm) if not v]} are not vLLM captures, "
+                                 f"{[p for p, v in zip(self.paths, vllm) if v]} are: read them apart")
+            _vllm.plan(self, patterns, self._readers, Unit, _StreamInfo)
+            return
         mod_index: Dict[str, int] = {}
         for si, path in enumerate(self.paths):
             info = _StreamInfo(path)
-            r = self._open(path)
-            self._readers.append(r)
+            r = self._readers[si]
             info.metadata = r.metadata
             names = r.names()
             chosen = names if patterns is None else _select(names, patterns)
@@ -584,12 +617,16 @@ class ActivationDataset(IterableDataset):
         opened: Dict[Tuple[int, str], List[Tensor]] = {}
         readers: List[Any] = []
         units = self.shard_units(shard, n_shards)
+        cache: "collections.OrderedDict[Tuple[int, str, int], Any]" = collections.OrderedDict()
         try:
-            if self.prefetch and any(is_url(p) for p in self.paths) and not any(u.pieces for u in units):
+            if (self.prefetch and any(is_url(p) for p in self.paths) and not any(u.pieces for u in units)
+                    and self.vllm_requests is None):
                 yield from self._prefetched(units, opened, readers, tables)
                 return
             for u in units:
-                if u.pieces is not None:
+                if u.request is not None:
+                    yield _vllm.rows_of(self, u, opened, readers, cache, _decoded)
+                elif u.pieces is not None:
                     yield self._unit_rows(u, None, tables, x=self._joined(u, opened, readers))
                 else:
                     yield self._unit_rows(u, self._tensor_of(u, opened, readers), tables)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .data import ActivationDataset, PathLike
+from .vllm import _dataset as _vllm
 
 #: Format name and version written into ``index.json``.
 SAFETENSORS_FORMAT = "strap-activations"
@@ -153,6 +154,9 @@ def export_safetensors(paths: Union[PathLike, Sequence[PathLike]], out_dir: Path
                         **{c: str(dt).removeprefix("torch.") for c, dt in COLUMNS.items()}},
             "shards": shards, "streams": _streams_info(ds),
         }
+        if ds.vllm_requests is not None:
+            # A vLLM capture's rows are by request (docs/VLLM.md 4): column `batch` indexes these.
+            index["requests"] = [r.request_id for r in ds.vllm_requests]
     _write_json(os.path.join(out_dir, "index.json"), index)
     return index
 
@@ -178,8 +182,19 @@ def load_safetensors_export(out_dir: PathLike) -> Tuple[Dict[str, Any], Iterator
 
 def _sequences(ds: ActivationDataset, ctx: int) -> Iterator[Tuple[np.ndarray, np.ndarray, int]]:
     """``(acts [n, ctx, d], token_ids [n, ctx], dropped rows)`` per captured tensor: each
-    batch row of a tensor cut into whole sequences of ``ctx`` positions."""
+    batch row of a tensor cut into whole sequences of ``ctx`` positions. A vLLM request's
+    rows (docs/VLLM.md 4) are cut in runs of consecutive positions: a sequence never spans a
+    gap (prefix-cache hits) nor two requests."""
     for (x, m), u in zip(ds.iter_chunks(0, 1), ds.shard_units(0, 1)):
+        if u.request is not None:
+            runs = _vllm.sequence_runs(u, ctx)
+            ids = m["token_id"].to(torch.int32)
+            if runs:
+                yield (torch.stack([x[a:a + n] for a, n in runs]).numpy(),
+                       torch.stack([ids[a:a + n] for a, n in runs]).numpy(), len(x) - len(runs) * ctx)
+            else:
+                yield np.zeros((0, ctx, x.shape[-1]), dtype=x.numpy().dtype), np.zeros((0, ctx), np.int32), len(x)
+            continue
         b, t = u.batch, u.seq
         n = t // ctx
         xs = x.reshape(b, t, -1)[:, :n * ctx].reshape(b * n, ctx, -1)
@@ -195,7 +210,9 @@ def export_saelens(paths: Union[PathLike, Sequence[PathLike]], out_dir: PathLike
     Each captured tensor's batch rows are cut into sequences of ``context_size`` positions
     (default: the sequence length of the first tensor); positions left over at the end of a
     row are not exported, and their count is returned (and written to
-    ``strap_export.json``). Token ids of unrecorded tokens are -1.
+    ``strap_export.json``). Token ids of unrecorded tokens are -1. A vLLM capture is cut
+    request by request, in runs of consecutive positions (default ``context_size``: the
+    first request's positions); its requests' ids are in ``strap_export.json``.
 
     Args:
         paths: stream file(s).
@@ -232,7 +249,8 @@ def export_saelens(paths: Union[PathLike, Sequence[PathLike]], out_dir: PathLike
         ctx = context_size or units[0].seq
         if ctx < 1:
             raise ValueError(f"context_size must be ≥ 1, got {ctx}")
-        n_seq = sum(u.batch * (u.seq // ctx) for u in units)
+        n_seq = sum(len(_vllm.sequence_runs(u, ctx)) if u.request is not None else u.batch * (u.seq // ctx)
+                    for u in units)
         if n_seq == 0:
             raise ValueError(f"no captured tensor of {module} has {ctx} positions (lengths "
                              f"{sorted({u.seq for u in units})})")
@@ -264,6 +282,8 @@ def export_saelens(paths: Union[PathLike, Sequence[PathLike]], out_dir: PathLike
         result = {"format": "saelens-cached-activations", "hook_name": hook, "module": module,
                   "context_size": ctx, "d_in": ds.d_model, "dtype": dtype, "sequences": n_seq,
                   "rows": n_seq * ctx, **stats, "streams": _streams_info(ds)}
+        if ds.vllm_requests is not None:
+            result["requests"] = [r.request_id for r in ds.vllm_requests]
     _write_json(os.path.join(out_dir, "strap_export.json"), result)
     return result
 

@@ -171,6 +171,52 @@ def verify_streams(cap_dir: Path) -> List[Path]:
     return paths
 
 
+def check_dataset(source: Path, reqs: List[Dict[str, Any]], tmp: Path) -> None:
+    """``ActivationDataset`` over a vLLM capture (docs/VLLM.md 4): one unit per request and
+    module, each equal to ``load_request``'s tensor (checked against transformers by
+    ``check_request``), rows labelled with the request, the position and the token there;
+    ``export_safetensors`` holds the same rows; ``export_saelens`` (run in the main venv:
+    vLLM's has no ``datasets``) cuts each request into sequences of its own tokens."""
+    import torch
+
+    from llm_instrumentation.data import ActivationDataset
+    from llm_instrumentation.export import export_safetensors, load_safetensors_export
+    from llm_instrumentation.vllm import load_request
+
+    with ActivationDataset(source) as ds:
+        assert sorted(r.request_id for r in ds.vllm_requests) == sorted(r["request_id"] for r in reqs)
+        assert ds.modules == [f"model.layers.{i}" for i in range(LAYERS)]
+        want = {r.request_id: load_request(source, r.request_id) for r in ds.vllm_requests}
+        n = 0
+        for (x, m), u in zip(ds.iter_chunks(0, 1), ds.shard_units(0, 1)):
+            w = want[ds.vllm_requests[u.request].request_id]
+            assert torch.equal(x, w[ds.modules[u.module]])
+            assert m["position"].tolist() == w.positions.tolist()
+            assert m["token_id"].tolist() == w.token_ids[w.positions].tolist()
+            n += 1
+        assert n == LAYERS * len(reqs)
+    idx = export_safetensors(source, tmp / "st", modules="model.layers.1")
+    _, shards = load_safetensors_export(tmp / "st")
+    sh = list(shards)
+    order = [idx["requests"][b] for b in torch.cat([s["batch"] for s in sh]).unique_consecutive().tolist()]
+    assert torch.equal(torch.cat([s["activations"] for s in sh]),
+                       torch.cat([want[r]["model.layers.1"] for r in order]))
+    main_py = HERE.parents[3] / ".venv" / "bin" / "python"
+    if not main_py.is_file():
+        return
+    code = ("import sys, json, datasets; from llm_instrumentation.export import export_saelens; "
+            "r = export_saelens(sys.argv[1], sys.argv[2], 'model.layers.1', context_size=4); "
+            "print(json.dumps({'res': {k: r[k] for k in ('sequences', 'dropped_rows', 'requests')}, "
+            "'ids': [[int(t) for t in row] for row in datasets.load_from_disk(sys.argv[2])['token_ids']]}))")
+    p = subprocess.run([str(main_py), "-c", code, str(source), str(tmp / "sae")], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-4000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    seqs = [w.token_ids[w.positions].tolist()[i:i + 4] for w in (want[r] for r in out["res"]["requests"])
+            for i in range(0, len(w.positions) - 3, 4)]
+    assert out["ids"] == seqs and out["res"]["sequences"] == len(seqs)
+
+
 def token_packets(path: Path) -> List[Any]:
     from llm_instrumentation.stream import TOKEN, open_stream
 
@@ -267,7 +313,8 @@ def test_forced_preemption(model_dir: Path, hf_model: Any, daemon: Any, tmp_path
     caching off, recomputes it from position 0 when it resumes (with prefix caching its full
     first block would come back from the cache: no recompute). The positions computed twice
     are kept once and every row still equals transformers; the generated ids are
-    transformers' greedy choices."""
+    transformers' greedy choices. ``ActivationDataset`` and the exports over it read each
+    request once per position too (``check_dataset``)."""
     import torch
 
     cap = tmp_path / "caps"
@@ -276,6 +323,7 @@ def test_forced_preemption(model_dir: Path, hf_model: Any, daemon: Any, tmp_path
     verify_streams(cap)
     caps = [check_request(cap, hf_model, req, recomputed_ok=True) for req in got["requests"]]
     assert any(c.recomputed for c in caps), "no request was preempted: the test did not test preemption"
+    check_dataset(cap, got["requests"], tmp_path)
     for req in got["requests"]:
         ids = req["prompt"] + req["generated"]
         with torch.no_grad():
@@ -335,6 +383,7 @@ def test_tensor_parallel_2(model_dir: Path, hf_model: Any, daemon: Any, tmp_path
     assert sorted(list_requests(manifests[0])) == sorted(r["request_id"] for r in got["requests"])
     for req in got["requests"]:
         check_request(manifests[0], hf_model, req)
+    check_dataset(manifests[0], got["requests"], tmp_path)
 
 
 def test_prefix_cache_gap(model_dir: Path, hf_model: Any, daemon: Any, tmp_path: Path) -> None:

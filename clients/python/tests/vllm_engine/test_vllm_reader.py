@@ -292,3 +292,130 @@ def test_stream_names() -> None:
     assert engine_stem(vc, dp) == "vllm-20251206T054640-1765000000123456789-dp3"
     odd = types.SimpleNamespace(instance_id="a/b c")
     assert engine_stem(odd, _worker_rank(0, 2, 1)).endswith("-abc")
+
+
+def test_dataset_and_exports_by_request(real_strapd: Any, tmp_path: Path) -> None:
+    """``ActivationDataset`` over a vLLM capture directory (and over a capture set of
+    workers) reads by request: a unit per request and module, rows in position order, a
+    recomputed position once (the last computation), every row labelled with its request,
+    position and token; equal to ``load_request``'s tensors. ``export_safetensors`` holds the
+    same rows with the requests' ids; ``export_saelens`` cuts each request's consecutive
+    positions into sequences, never across a prefix-cache gap or two requests."""
+    import torch
+
+    from llm_instrumentation.data import ActivationDataset
+    from llm_instrumentation.export import export_saelens, export_safetensors, load_safetensors_export
+    from llm_instrumentation.vllm import list_requests, load_request
+
+    a, b = "7-0123abcd", "8-89abcdef"
+    steps = [
+        {"rows": [(a, 0, 10), (a, 1, 11), (a, 2, 12), (b, 2, 22), (b, 3, 23)],
+         "new": {a: {"prompt": [10, 11, 12], "computed": 0}, b: {"prompt": [20, 21, 22, 23], "computed": 2}},
+         "sampled": [(a, 3, 13), (b, 4, 24)]},
+        {"rows": [(a, 3, 13), (b, 4, 24)], "sampled": [(a, 4, 14), (b, 5, 25)]},
+        {"rows": [(b, 5, 25)], "sampled": [(b, 6, 26)]},
+        {"rows": [(a, 0, 10), (a, 1, 11), (a, 2, 12), (a, 3, 13), (a, 4, 14)], "bias": 0.5,
+         "sampled": [(a, 5, 15)]},
+    ]
+    cap = tmp_path / "caps"
+    cap.mkdir()
+    write_stream(cap / "one.strap", real_strapd.socket, steps, layers=(0, 1))
+    with ActivationDataset(cap) as ds:
+        assert ds.modules == ["model.layers.0", "model.layers.1"]
+        assert [r.request_id for r in ds.vllm_requests] == list_requests(cap) == ["7", "8"]
+        assert ds.rows == 2 * (5 + 4) and ds.d_model == H
+        chunks = list(ds.iter_chunks(0, 1))
+        assert len(chunks) == 4  # (module, request) units
+        for (x, m), u in zip(chunks, ds.shard_units(0, 1)):
+            req = ds.vllm_requests[u.request]
+            want = load_request(cap, req.request_id)
+            name = ds.modules[u.module]
+            assert torch.equal(x, want[name])
+            assert m["position"].tolist() == want.positions.tolist() == m["token_index"].tolist()
+            assert m["token_id"].tolist() == want.token_ids[want.positions].tolist()
+            assert set(m["batch"].tolist()) == {u.request}
+        # the recomputed positions 0-3 of request 7 come from the last step that computed them
+        x, m = chunks[0]
+        assert m["forward"].tolist() == [3, 3, 3, 3, 3] and x[:, 0].tolist() == [value(a, p, 0.5) for p in range(5)]
+        rows = list(ActivationDataset(cap, modules="model.layers.1"))
+        assert [(r["batch"], r["position"], r["token_id"]) for r in rows] == \
+            [(0, p, t) for p, t in enumerate([10, 11, 12, 13, 14])] + [(1, p, 20 + p) for p in range(2, 6)]
+        # two shards split the requests, each row once
+        got = sorted((int(bi), int(p)) for s in range(2) for _, mm in ds.iter_chunks(s, 2)
+                     for bi, p in zip(mm["batch"], mm["position"]))
+        assert got == sorted((int(bi), int(p)) for _, mm in chunks for bi, p in zip(mm["batch"], mm["position"]))
+
+    idx = export_safetensors(cap, tmp_path / "st", modules="model.layers.0")
+    assert idx["requests"] == ["7", "8"] and idx["rows"] == 9
+    _, shards = load_safetensors_export(tmp_path / "st")
+    sh = list(shards)
+    acts = torch.cat([s["activations"] for s in sh])
+    assert acts[:, 0].tolist() == [value(a, p, 0.5) for p in range(5)] + [value(b, p) for p in range(2, 6)]
+    assert torch.cat([s["position"] for s in sh]).tolist() == [0, 1, 2, 3, 4, 2, 3, 4, 5]
+    assert torch.cat([s["batch"] for s in sh]).tolist() == [0] * 5 + [1] * 4
+
+    pytest.importorskip("datasets")
+    res = export_saelens(cap, tmp_path / "sae", "model.layers.0", context_size=2)
+    # request 7: positions 0-4 -> 2 sequences, 1 row left; request 8: 2-5 -> 2 sequences
+    assert res["sequences"] == 4 and res["dropped_rows"] == 1 and res["requests"] == ["7", "8"]
+    import datasets
+
+    hf = datasets.load_from_disk(str(tmp_path / "sae"))
+    assert [[int(t) for t in row] for row in hf["token_ids"]] == [[10, 11], [12, 13], [22, 23], [24, 25]]
+    assert [float(row[0][0]) for row in hf["model.layers.0"]] == \
+        [value(a, 0, 0.5), value(a, 2, 0.5), value(b, 2), value(b, 4)]
+
+
+def test_dataset_over_a_capture_set_and_mixed_sources(real_strapd: Any, tmp_path: Path) -> None:
+    """The capture set of tp 2 workers (tp rank 1's stream holds no record) reads as the
+    directory does; a vLLM stream beside a stream of another capture is refused."""
+    import types
+
+    import torch
+
+    from llm_instrumentation import capture_set
+    from llm_instrumentation.data import ActivationDataset
+    from llm_instrumentation.vllm import load_request
+    from llm_instrumentation.vllm._worker import WorkerCapture, stream_name
+
+    a = "0-0000000a"
+    steps = [{"rows": [(a, 0, 5), (a, 1, 6)], "new": {a: {"prompt": [5, 6], "computed": 0}}, "sampled": [(a, 2, 7)]},
+             {"rows": [(a, 2, 7)], "sampled": [(a, 3, 8)]}]
+    vc = types.SimpleNamespace(instance_id="1765000000123456789")
+    for r in range(2):
+        place = _worker_rank(r, 2, 1)
+        w = WorkerCapture(None, None)  # type: ignore[arg-type]
+        w.modules = [("model.layers.0", "sum")]
+        write_stream(tmp_path / stream_name(vc, place), real_strapd.socket, steps,
+                     distributed=w._distributed(vc, place), stores=r == 0)
+    out = capture_set.manifest_path(str(tmp_path / stream_name(vc, _worker_rank(0, 2, 1))))
+    capture_set.write(out, capture_set.build(str(tmp_path / "*.strap"), out))
+    with ActivationDataset(out) as ds:
+        assert ds.capture_set is not None and [r.request_id for r in ds.vllm_requests] == ["0"]
+        (x, m), = list(ds.iter_chunks(0, 1))
+        assert torch.equal(x, load_request(out, "0")["model.layers.0"]) and m["position"].tolist() == [0, 1, 2]
+
+    other = tmp_path / "other"
+    other.mkdir()
+    import shutil
+
+    shutil.copy(tmp_path / stream_name(vc, _worker_rank(0, 2, 1)), other / "v.strap")
+    from llm_instrumentation import _open
+    from llm_instrumentation._session import open_session
+    from llm_instrumentation.config import InstrumentationConfig
+
+    cfg = InstrumentationConfig.fast_capture()
+    plan = cfg.transport_plan()
+    req = _open.open_request(torch.nn.Linear(1, 1), cfg, plan, ["m"], str(other / "plain.strap"), "sha256:y", None)
+    fd = os.open(other / "plain.strap", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o640)
+    try:
+        s = open_session(real_strapd.socket, False, 30.0, plan.ring_size, plan.policy, fd, None, req)
+    finally:
+        os.close(fd)
+    try:
+        s.write_tensor("m", torch.zeros(2, H), 0, 0)
+        s.close()
+    finally:
+        s.shutdown()
+    with pytest.raises(ValueError, match="are not vLLM captures"):
+        ActivationDataset(other)
