@@ -74,9 +74,10 @@ $(WHEEL_ARM64): build/linux_arm64/strapd $(PY_SRC) $(VENV)/.stamp
 wheel: $(WHEEL_AMD64) $(WHEEL_ARM64)
 
 # The venv is rebuilt only when the client's packaging changes. The editable install compiles
-# the client's C extension (setup.py) into clients/python/src; without a C compiler it
-# installs without it (the client's Python path writes the same bytes). The same for the
-# resource monitor's extension (resources/_native.c).
+# the client's C extensions (setup.py) into clients/python/src: _speedups (the ring, with
+# libstrap's clients/c/common/strap_ring.h) needs a C compiler; the resource monitor's
+# (resources/_native.c) is left out where it cannot be built (its Python path writes the same
+# bytes).
 $(VENV)/.stamp: clients/python/pyproject.toml clients/python/setup.py clients/python/src/llm_instrumentation/_speedups.c \
 		$(wildcard clients/python/src/llm_instrumentation/resources/_native*.[ch]) \
 		$(wildcard clients/c/common/*.[ch])

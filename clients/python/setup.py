@@ -1,16 +1,18 @@
 """The optional C extensions of the client (everything else is in pyproject.toml).
 
-``llm_instrumentation._speedups`` (``_speedups.c``) writes a record into the ring in one
-call; ``llm_instrumentation.resources._native`` (``resources/_native*.c``) times modules and
-writes resource events for the resource monitor. Both are built against CPython's limited API
-(one ``.abi3.so`` for CPython 3.10 and later). ``optional=True``: where no C compiler is found,
-or a build fails, the package installs without it and the client takes its Python paths, which
-write the same bytes.
+``llm_instrumentation._speedups`` (``_speedups.c``) is the ring's layout and writes a record
+into the ring in one call; ``llm_instrumentation.resources._native`` (``resources/_native*.c``)
+times modules and writes resource events for the resource monitor. Both are built against
+CPython's limited API (one ``.abi3.so`` for CPython 3.10 and later). ``_speedups`` is required
+(the client has no other ring encoder: a source install needs a C compiler); ``_native`` is
+``optional=True``: where it cannot be built the package installs without it and the resource
+monitor takes its Python paths, which write the same bytes.
 
 Both compile C they share with libstrap, the C client: ``clients/c/common`` in a checkout (the
-resource events' template filling ``_render_core.h`` and its schema ``_records.h``, generated
-from ``resources/records.py``). An sdist carries a copy of that folder at ``common/`` (the
-``sdist`` command below puts it there), so a wheel builds from the sdist alone.
+ring layout ``strap_ring.h``, the resource events' template filling ``_render_core.h`` and its
+schema ``_records.h``, generated from ``resources/records.py``). An sdist carries a copy of that
+folder at ``common/`` (the ``sdist`` command below puts it there), so a wheel builds from the
+sdist alone.
 """
 
 import shutil
@@ -27,7 +29,7 @@ if COMMON is None:
 COMMON_FILES = sorted(p.name for p in COMMON.iterdir() if p.suffix in (".h", ".c"))
 
 LIMITED = dict(py_limited_api=True, define_macros=[("Py_LIMITED_API", "0x030A0000")], extra_compile_args=["-O2"],
-               optional=True, include_dirs=[str(COMMON)])
+               include_dirs=[str(COMMON)])
 
 #: The resource extension's C files, and the headers they include.
 NATIVE_SOURCES = sorted(p.name for p in (HERE / "src/llm_instrumentation/resources").glob("_native*.c"))
@@ -59,6 +61,6 @@ setup(
                   depends=_common_depends(), **LIMITED),
         Extension("llm_instrumentation.resources._native",
                   [f"src/llm_instrumentation/resources/{f}" for f in NATIVE_SOURCES],
-                  depends=NATIVE_HEADERS + _common_depends(), **LIMITED),
+                  depends=NATIVE_HEADERS + _common_depends(), optional=True, **LIMITED),
     ],
 )

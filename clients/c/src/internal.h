@@ -10,6 +10,8 @@
 #include <stdint.h>
 
 #include "strap.h"
+/* The ring layout (PROTOCOL.md 2): header-only, shared with the Python client's extension. */
+#include "strap_ring.h"
 
 /* Every internal symbol carries the library's prefix: a static libstrap.a shares one
  * namespace with its host program. */
@@ -43,9 +45,6 @@
 #define sp_rank_detect strap__sp_rank_detect
 #define sp_rank_path strap__sp_rank_path
 #define sp_type_name strap__sp_type_name
-#define sr_encode_ring_header strap__sr_encode_ring_header
-#define sr_encode_record_header strap__sr_encode_record_header
-#define sr_encode_pad strap__sr_encode_pad
 #define sr_ggml_dtype strap__sr_ggml_dtype
 #define se_set strap__se_set
 #define sp_codecs strap__sp_codecs
@@ -80,23 +79,9 @@ enum {
 	SP_RESOURCES = 16,
 };
 
-enum {
-	SR_HEADER_SIZE = 4096,
-	/* RingHeader offset of the published cursor (PROTOCOL.md 2): a u64 stored with release
-	 * semantics once every record below it is complete. */
-	SR_PUBLISHED_OFFSET = 32,
-	SR_RECORD_FIXED = 80,
-	SR_KIND_TENSOR = 1,
-	SR_KIND_PAD = 2,
-	SR_FLAG_PART = 1,
-	SR_MAX_NAME = 4096,
-	SR_MAX_META = 65536,
-	SR_MAX_NDIM = 8,
-};
-
 static inline uint64_t sp_align64(uint64_t n)
 {
-	return (n + 63) & ~(uint64_t)63;
+	return sr_align64(n);
 }
 
 const char *sp_type_name(int type);
@@ -259,22 +244,8 @@ typedef struct sp_reply {
  * caller; any other type must carry version 1. Never allocates. */
 int sp_decode_reply(const uint8_t *d, size_t n, sp_reply *r, char *err, size_t errlen);
 
-/* ----- ring records (ring.c) ----- */
+/* ----- ring records: common/strap_ring.h; the dtype tables (record.c) ----- */
 
-/* Write the 4096-byte RingHeader. */
-void sr_encode_ring_header(uint8_t *dst, uint64_t ring_size);
-/* Bytes from a record's start to its payload. */
-static inline uint64_t sr_header_area(int ndim, size_t name_len, size_t meta_len)
-{
-	return sp_align64(SR_RECORD_FIXED + 8 * (uint64_t)ndim + name_len + meta_len);
-}
-/* Write a TENSOR record's header area (zero padded to payload_off) at dst. */
-void sr_encode_record_header(uint8_t *dst, int dtype, const uint64_t *shape, int ndim, uint64_t seq,
-			     uint64_t record_len, uint64_t step, uint64_t forward, uint64_t payload_len,
-			     const char *name, size_t name_len, const char *meta, size_t meta_len, uint64_t part_offset,
-			     uint64_t tensor_len, int part);
-/* Write a PAD record header; only min(80, record_len) bytes are written. */
-void sr_encode_pad(uint8_t *dst, uint64_t record_len);
 /* The strap dtype of a ggml type: > 0 for the float/integer types, 0 for the quantized ones
  * (stored as raw blocks), -1 for a type this library does not know. */
 int sr_ggml_dtype(int ggml_type);

@@ -1,75 +1,8 @@
-/* Ring layout of docs/PROTOCOL.md 2 (RingHeader, TENSOR and PAD record headers) and the dtype
- * tables: strap's wire dtypes and ggml's tensor types (STREAM_FORMAT.md 4 and 4.1). */
-#include <string.h>
+/* The dtype tables: strap's wire dtypes and ggml's tensor types (STREAM_FORMAT.md 4 and 4.1).
+ * The ring layout they are written with is common/strap_ring.h (header-only, shared with the
+ * Python client's extension). */
 
 #include "internal.h"
-
-static void le16(uint8_t *p, uint64_t v)
-{
-	p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8);
-}
-static void le32(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-static void le64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-void sr_encode_ring_header(uint8_t *dst, uint64_t ring_size)
-{
-	memset(dst, 0, SR_HEADER_SIZE);
-	memcpy(dst, "SRNG", 4);
-	le32(dst + 4, 1);
-	le64(dst + 8, ring_size);
-	le64(dst + 16, SR_HEADER_SIZE);
-	le64(dst + 24, ring_size - SR_HEADER_SIZE);
-}
-
-void sr_encode_record_header(uint8_t *dst, int dtype, const uint64_t *shape, int ndim, uint64_t seq,
-			     uint64_t record_len, uint64_t step, uint64_t forward, uint64_t payload_len,
-			     const char *name, size_t name_len, const char *meta, size_t meta_len, uint64_t part_offset,
-			     uint64_t tensor_len, int part)
-{
-	uint64_t off = sr_header_area(ndim, name_len, meta_len);
-	memcpy(dst, "SREC", 4);
-	le16(dst + 4, SR_KIND_TENSOR);
-	dst[6] = (uint8_t)dtype;
-	dst[7] = (uint8_t)ndim;
-	le64(dst + 8, seq);
-	le64(dst + 16, record_len);
-	le64(dst + 24, step);
-	le64(dst + 32, forward);
-	le64(dst + 40, off);
-	le64(dst + 48, payload_len);
-	le16(dst + 56, name_len);
-	le16(dst + 58, part ? SR_FLAG_PART : 0);
-	le32(dst + 60, meta_len);
-	le64(dst + 64, part_offset);
-	le64(dst + 72, tensor_len);
-	uint8_t *p = dst + SR_RECORD_FIXED;
-	for (int i = 0; i < ndim; i++, p += 8)
-		le64(p, shape[i]);
-	memcpy(p, name, name_len);
-	p += name_len;
-	if (meta_len)
-		memcpy(p, meta, meta_len);
-	p += meta_len;
-	memset(p, 0, (size_t)(dst + off - p));
-}
-
-void sr_encode_pad(uint8_t *dst, uint64_t record_len)
-{
-	uint8_t h[SR_RECORD_FIXED] = {'S', 'R', 'E', 'C'};
-	le16(h + 4, SR_KIND_PAD);
-	le64(h + 16, record_len);
-	/* A PAD may be one 64-byte slot at the very end of the region: its header's zero tail
-	 * would run past the mapping. The daemon reads only magic, kind and record_len. */
-	memcpy(dst, h, record_len < sizeof h ? (size_t)record_len : sizeof h);
-}
 
 size_t strap_dtype_size(int dtype)
 {

@@ -189,6 +189,10 @@ static void ring(void)
 	sr_encode_pad(rec, 128);
 	same("ring", "pad_128.bin", rec, 128);
 
+	memset(rec, 0xAA, 256); /* every byte of the record must be written */
+	sr_encode_token_record(rec, 9, 4, -7, 36, "h\xc3\xa9llo", 6);
+	same("ring", "token_seq9.bin", rec, (size_t)sr_token_record_len(6));
+
 	struct {
 		const char *file, *name, *meta;
 		int dtype, ndim;

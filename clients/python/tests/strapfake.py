@@ -19,8 +19,12 @@ import lz4.block
 import zstandard
 
 from llm_instrumentation import _protocol as P
-from llm_instrumentation._ring import HEADER_SIZE, KIND_PAD, KIND_TENSOR, RING_HEADER, parse_record_header
+from llm_instrumentation._ring import HEADER_SIZE, KIND_PAD, KIND_TENSOR, parse_record_header
 from llm_instrumentation.stream import FILE_HEADER, INDEX_ENTRY, PACKET
+
+#: The RingHeader as this fake daemon reads it (PROTOCOL.md 2): magic, version, ring_size,
+#: data_offset, data_size. The client's encoder is libstrap's (_speedups); this is a reader's own.
+RING_HEADER = struct.Struct("<4sIQQQ")
 
 CODEC_IDS = {"none": 0, "lz4": 1, "zstd": 2}
 DT_SIZES = {1: 4, 2: 2, 3: 2, 4: 8, 5: 1, 6: 1, 7: 2, 8: 4, 9: 8, 10: 1, 11: 1, 12: 1}

@@ -4,6 +4,11 @@ records into and strapd reads after each PUBLISH.
 Layout: a 4096-byte ``RingHeader`` then ``data_size`` bytes of records. Positions only grow;
 position ``p`` lives at file offset ``4096 + p % data_size``. Records start and end on
 64-byte boundaries and never wrap (a PAD record fills the end of the region instead).
+
+The layout itself — the constants, and the encoders of the ring header and of TENSOR, PAD and
+TOKEN records — is libstrap's (``clients/c/common/strap_ring.h``), compiled into the
+``_speedups`` extension; this module names it for the session and keeps the mapping, the
+space accounting and the idle ring of a process.
 """
 
 from __future__ import annotations
@@ -11,35 +16,36 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
-import struct
 import threading
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
+
+try:
+    from . import _speedups as _c
+except ImportError as e:  # pragma: no cover - a source install without a C compiler
+    raise ImportError(
+        "llm_instrumentation._speedups is missing: the ring is written by this C extension. The wheels carry it "
+        "compiled; an install from source needs a C compiler (gcc or clang) and Python's headers "
+        f"(clients/python/README.md): {e}") from e
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-RING_MAGIC = b"SRNG"
-RING_VERSION = 1
-HEADER_SIZE = 4096
-RING_HEADER = struct.Struct("<4sIQQQ")
+HEADER_SIZE: int = _c.HEADER_SIZE
+RING_VERSION: int = _c.RING_VERSION
 #: RingHeader offset of the published cursor (docs/PROTOCOL.md 1.4, 2)
-PUBLISHED_OFFSET = 32
-
-REC_MAGIC = b"SREC"
-KIND_TENSOR = 1
-KIND_PAD = 2
+PUBLISHED_OFFSET: int = _c.PUBLISHED_OFFSET
+#: a record's fixed header (shape, name and meta follow)
+RECORD_FIXED: int = _c.RECORD_FIXED
+KIND_TENSOR: int = _c.KIND_TENSOR
+KIND_PAD: int = _c.KIND_PAD
 #: a generated token written into the ring (PROTOCOL.md 2, "TOKEN records"; OPENED ring_tokens)
-KIND_TOKEN = 3
-FLAG_PART = 1
-#: magic, kind, dtype, ndim, seq, record_len, step, forward, payload_off, payload_len,
-#: name_len, flags, meta_len, part_offset, tensor_len
-RECORD = struct.Struct("<4sHBBQQQQQQHHIQQ")
-assert RECORD.size == 80
-MAX_NAME = 4096
-MAX_META = 65536
-MAX_NDIM = 8
+KIND_TOKEN: int = _c.KIND_TOKEN
+FLAG_PART: int = _c.FLAG_PART
+MAX_NAME: int = _c.MAX_NAME
+MAX_META: int = _c.MAX_META
+MAX_NDIM: int = _c.MAX_NDIM
 #: the longest token text a TOKEN record carries
-MAX_TOKEN_TEXT = 65536
+MAX_TOKEN_TEXT: int = _c.MAX_TOKEN_TEXT
 
 #: Linux 5.14+: fault pages in writable without touching them (not in every Python's mmap).
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
@@ -53,24 +59,23 @@ F_SEAL_SHRINK = getattr(fcntl, "F_SEAL_SHRINK", 0x0002)
 F_SEAL_GROW = getattr(fcntl, "F_SEAL_GROW", 0x0004)
 F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
 
+#: Return the 4096-byte RingHeader for a ring of ``ring_size`` bytes (ValueError unless
+#: 4096 + a positive multiple of 64).
+encode_ring_header = _c.encode_ring_header
+#: Encode a PAD record's 80-byte header (only magic, kind and record_len are set).
+encode_pad_header = _c.encode_pad_header
+#: Ring bytes of a TOKEN record whose text is ``text_len`` bytes: 128 + the text, 64-aligned.
+token_record_len = _c.token_record_len
+
 
 def align64(n: int) -> int:
     """Round ``n`` up to a multiple of 64."""
     return (n + 63) & ~63
 
 
-def encode_ring_header(ring_size: int) -> bytes:
-    """Return the 4096-byte RingHeader for a ring of ``ring_size`` bytes."""
-    data_size = ring_size - HEADER_SIZE
-    if data_size <= 0 or data_size % 64:
-        raise ValueError(f"ring_size {ring_size}: data region {data_size} must be > 0 and a multiple of 64")
-    hdr = RING_HEADER.pack(RING_MAGIC, RING_VERSION, ring_size, HEADER_SIZE, data_size)
-    return hdr + bytes(HEADER_SIZE - len(hdr))
-
-
 def header_area(ndim: int, name: bytes, meta: bytes) -> int:
     """Bytes from a record's start to its payload (``payload_off``): 64-aligned."""
-    return align64(RECORD.size + 8 * ndim + len(name) + len(meta))
+    return _c.header_area(ndim, len(name), len(meta))
 
 
 def encode_record_header(
@@ -107,28 +112,12 @@ def encode_record_header(
 
     Returns:
         ``payload_off`` bytes.
+
+    Raises:
+        ValueError: more than 8 dimensions, a name of 0 or over 4096 bytes, meta over 64 KiB.
     """
-    ndim = len(shape)
-    if ndim > MAX_NDIM:
-        raise ValueError(f"tensor has {ndim} dimensions; the ring carries at most {MAX_NDIM}")
-    if not 1 <= len(name) <= MAX_NAME:
-        raise ValueError(f"module name of {len(name)} bytes (allowed 1..{MAX_NAME})")
-    if len(meta) > MAX_META:
-        raise ValueError(f"record meta of {len(meta)} bytes exceeds {MAX_META}")
-    payload_off = header_area(ndim, name, meta)
-    if tensor_len is None:
-        tensor_len = payload_len
-    fixed = RECORD.pack(
-        REC_MAGIC, KIND_TENSOR, dtype, ndim, seq, record_len, step, forward, payload_off,
-        payload_len, len(name), FLAG_PART if part else 0, len(meta), part_offset, tensor_len,
-    )
-    body = fixed + struct.pack(f"<{ndim}Q", *shape) + name + meta
-    return body + bytes(payload_off - len(body))
-
-
-def token_record_len(text_len: int) -> int:
-    """Ring bytes of a TOKEN record whose text is ``text_len`` bytes: 128 + the text, 64-aligned."""
-    return 128 + align64(text_len)
+    return _c.encode_record_header(dtype, shape, seq, record_len, step, forward, payload_len, name, meta,
+                                   part_offset, payload_len if tensor_len is None else tensor_len, part)
 
 
 def encode_token_record(*, seq: int, index: int, token_id: int, position: int, text: bytes) -> bytes:
@@ -139,33 +128,12 @@ def encode_token_record(*, seq: int, index: int, token_id: int, position: int, t
     Raises:
         ValueError: the text is longer than :data:`MAX_TOKEN_TEXT`.
     """
-    if len(text) > MAX_TOKEN_TEXT:
-        raise ValueError(f"token text of {len(text)} bytes exceeds {MAX_TOKEN_TEXT}")
-    n = token_record_len(len(text))
-    fixed = RECORD.pack(REC_MAGIC, KIND_TOKEN, 0, 0, seq, n, index, position & 0xFFFFFFFFFFFFFFFF, 128,
-                        len(text), 0, 0, 0, token_id & 0xFFFFFFFFFFFFFFFF, 0)
-    return fixed + bytes(128 - RECORD.size) + text + bytes(n - 128 - len(text))
-
-
-def encode_pad_header(record_len: int) -> bytes:
-    """Encode a PAD record's 80-byte header (only magic, kind and record_len are set)."""
-    return RECORD.pack(REC_MAGIC, KIND_PAD, 0, 0, 0, record_len, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    return _c.encode_token_record(seq, index, token_id, position, text)
 
 
 def parse_record_header(buf: Any, off: int = 0) -> dict:
     """Decode a record header (tests and debugging). Returns a dict of its fields."""
-    (magic, kind, dtype, ndim, seq, record_len, step, forward, payload_off, payload_len,
-     name_len, flags, meta_len, part_offset, tensor_len) = RECORD.unpack_from(buf, off)
-    p = off + RECORD.size
-    shape = struct.unpack_from(f"<{ndim}Q", buf, p) if kind == KIND_TENSOR else ()
-    p += 8 * len(shape)
-    name = bytes(buf[p:p + name_len]).decode() if kind == KIND_TENSOR else ""
-    p += name_len
-    meta = bytes(buf[p:p + meta_len]) if kind == KIND_TENSOR else b""
-    return dict(magic=magic, kind=kind, dtype=dtype, ndim=ndim, seq=seq, record_len=record_len,
-                step=step, forward=forward, payload_off=payload_off, payload_len=payload_len,
-                name_len=name_len, flags=flags, meta_len=meta_len, part_offset=part_offset,
-                tensor_len=tensor_len, shape=tuple(shape), name=name, meta=meta)
+    return _c.parse_record_header(buf, off)
 
 
 class Ring:

@@ -28,11 +28,9 @@ dropped whole.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import os
-import struct
 import threading
 import time
 import warnings
@@ -43,44 +41,29 @@ from . import _protocol as P
 from ._dtypes import dtype_size, torch_dtype_id
 from ._ring import (HEADER_SIZE, MAX_TOKEN_TEXT, PUBLISHED_OFFSET, Ring, align64, encode_record_header,
                     encode_token_record, header_area, keep_ring, take_ring, token_record_len)
+from ._ring import _c as _speedups  # imported by _ring, which says what is missing without it
 from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 
-#: seq, record_len, step and forward of a TENSOR record header, at byte 8 (docs/PROTOCOL.md):
-#: seq, step and forward are the only fields in which two whole records of one module, dtype
-#: and shape differ; record_len, between them, is rewritten unchanged so that one pack does.
-_SEQ_STEP_FORWARD = struct.Struct("<QQQQ")
-_SEQ_OFF = 8
-
 #: Tensors up to this size are copied with one ``memmove`` from their data pointer. Below it
 #: torch's ``copy_`` dispatch and the three ring views it needs cost more than the bytes; above
 #: it ``copy_`` is faster, using torch's intra-op threads (docs/PERFORMANCE.md section 5).
 SMALL_COPY = 64 << 10
 
-_memmove = ctypes.memmove
-
-try:
-    # One C call for header, changing fields and payload (_speedups.c says why); without it
-    # the hooks' records take write_tensor's Python path, which writes the same bytes.
-    from ._speedups import write_record as _c_write_record
-except ImportError:  # pragma: no cover - exercised by the tests with it hidden
-    _c_write_record = None
-
-try:
-    # The same for a CUDA tensor's payload: one queued cudaMemcpyAsync (_speedups.c, _cuda.py).
-    from ._speedups import write_record_cuda as _c_write_record_cuda
-except ImportError:  # pragma: no cover - an extension built before it
-    _c_write_record_cuda = None
-
-try:
-    # The published cursor's release store; without it every forward pass is published
-    # by message (PROTOCOL.md 1.4, "Deferred PUBLISH").
-    from ._speedups import store_published as _c_store_published
-except ImportError:  # pragma: no cover - exercised by the tests with it hidden
-    _c_store_published = None
+#: One C call places a record (_speedups.c says why): the cached header area, then seq,
+#: record_len, step and forward, then, given a source address, the payload (libstrap's
+#: strap_ring.h; the session never writes a header field itself). _put_record is what every
+#: path uses; _c_write_record is the same function for the hooks' fast path in record(), which
+#: tests set to None to send records through write_tensor instead.
+_put_record = _speedups.write_record
+_c_write_record: Optional[Callable[..., None]] = _speedups.write_record
+#: The same for a small CUDA tensor's payload: one queued cudaMemcpyAsync (_speedups.c, _cuda.py).
+_c_write_record_cuda: Callable[..., None] = _speedups.write_record_cuda
+#: The published cursor's release store (PROTOCOL.md 1.4, "Deferred PUBLISH").
+_c_store_published: Callable[[int, int], None] = _speedups.store_published
 
 
 class _Layout(NamedTuple):
@@ -202,7 +185,7 @@ class CaptureSession:
             + ([resources_fd] if resources_fd is not None else [])
         self.conn.send(request, fds=fds)
         self.opened = self.conn.expect(P.Opened, timeout)
-        self._cursor = bool(self.opened.published_cursor) and self.defer_publish and _c_store_published is not None
+        self._cursor = bool(self.opened.published_cursor) and self.defer_publish
         # A session with a trace file gets each token's kernel counters when its TOKEN
         # message arrives (PROTOCOL.md 1.4 TOKEN): it keeps one message per token.
         self._ring_tokens = self._cursor and bool(self.opened.ring_tokens) and trace_fd is None \
@@ -413,7 +396,7 @@ class CaptureSession:
         if not t.is_cpu:
             # A small CUDA record: header and one queued cudaMemcpyAsync in one C call, when
             # the copier found the runtime (_cuda.py); else write_tensor's copy_.
-            if not self._cuda_raw or not t.is_cuda or _c_write_record_cuda is None:
+            if not self._cuda_raw or not t.is_cuda:
                 return self.write_tensor(name, t, self.step, self.forward, meta)
             raw = self._cuda.raw_stream(t)
             if raw is None:
@@ -569,18 +552,16 @@ class CaptureSession:
         if head + rec_len > ring.populated:
             ring.populate(head + rec_len)
         file_off = HEADER_SIZE + off
-        mm = ring.mm
-        hdr = lay.header
-        mm[file_off:file_off + len(hdr)] = hdr
         seq = self.seq + 1
-        _SEQ_STEP_FORWARD.pack_into(mm, file_off + _SEQ_OFF, seq, rec_len, step, forward)
         n = lay.tensor_len
-        if n:
-            start = file_off + lay.hdr_area
-            if lay.memmove and t.is_cpu and t.is_contiguous():
-                # The bytes of a contiguous CPU tensor are n bytes at data_ptr(): one memcpy.
-                _memmove(self._ring_addr + start, t.data_ptr(), n)
-            else:
+        if n and lay.memmove and t.is_cpu and t.is_contiguous():
+            # The bytes of a contiguous CPU tensor are n bytes at data_ptr(): copied in the same call.
+            _put_record(self._ring_addr + file_off, lay.header, seq, rec_len, step, forward, lay.hdr_area,
+                        t.data_ptr(), n)
+        else:
+            _put_record(self._ring_addr + file_off, lay.header, seq, rec_len, step, forward, lay.hdr_area, 0, 0)
+            if n:
+                start = file_off + lay.hdr_area
                 self._copy(ring.u8()[start:start + n].view(t.dtype).view(lay.shape), t)
         self.seq = seq
         ring.head = head + rec_len

@@ -21,10 +21,15 @@
  *   it (acquire) when the client died sees those records whole. Python has no release
  *   store; without this module the client publishes with messages only.
  *
+ * - the ring layout itself (docs/PROTOCOL.md 2): its constants and the encoders of the ring
+ *   header and of TENSOR, PAD and TOKEN records, which _ring.py and _session.py use. They are
+ *   libstrap's own (clients/c/common/strap_ring.h, header-only, compiled in here as libstrap
+ *   compiles it), so the client side writes the record header in one place.
+ *
  * Built against the limited API of CPython 3.10 (one .abi3.so for every later CPython).
- * Optional: the Python paths write the same bytes wherever this module is missing
- * (tests/test_record_fast_path.py checks both). The resource monitor's C paths are the
- * other extension, resources/_native.c.
+ * Required: the client's ring code is this module (a source install needs a C compiler; the
+ * wheels carry it compiled). The resource monitor's C paths are the other extension,
+ * resources/_native.c.
  */
 #define Py_LIMITED_API 0x030A0000
 #define PY_SSIZE_T_CLEAN
@@ -34,9 +39,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* The offset of seq in a TENSOR record header; record_len, step and forward follow it as
- * little-endian u64 (docs/PROTOCOL.md 2). */
-#define SEQ_OFF 8
+#include "strap_ring.h"
 
 static int
 u64_arg(PyObject *o, const char *what, uint64_t *out)
@@ -50,18 +53,11 @@ u64_arg(PyObject *o, const char *what, uint64_t *out)
     return 0;
 }
 
-static void
-put_le64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
 PyDoc_STRVAR(write_record_doc,
              "write_record(dst, header, seq, record_len, step, forward, payload_off, src, n)\n"
              "--\n\n"
              "Write one TENSOR record at address dst: the encoded header area (bytes), then seq,\n"
-             "record_len, step and forward as little-endian u64 at byte 8, then n payload bytes copied\n"
+             "record_len, step and forward (strap_ring.h's sr_put_record_fields), then n payload bytes copied\n"
              "from address src to dst + payload_off. The caller owns both addresses: dst a writable\n"
              "ring mapping with record_len bytes free, src a live contiguous tensor's data pointer.");
 
@@ -86,7 +82,7 @@ parse_record(const char *fn, PyObject *const *args, Record *r)
         return -1;
     /* What the addresses cannot be checked for, the sizes can: a header that would not
      * hold the four fields, or a header or payload reaching past the record. */
-    if (r->dst == 0 || (r->n > 0 && r->src == 0) || r->hdr_len < SEQ_OFF + 32 ||
+    if (r->dst == 0 || (r->n > 0 && r->src == 0) || r->hdr_len < SR_RECORD_FIXED ||
         (uint64_t)r->hdr_len > r->payload_off || r->payload_off > r->rec_len || r->n > r->rec_len - r->payload_off) {
         PyErr_Format(PyExc_ValueError, "%s: header of %zd bytes, payload of %llu at %llu, record of %llu", fn,
                      r->hdr_len, (unsigned long long)r->n, (unsigned long long)r->payload_off,
@@ -102,10 +98,7 @@ put_header(const Record *r)
 {
     unsigned char *d = (unsigned char *)(uintptr_t)r->dst;
     memcpy(d, r->hdr, (size_t)r->hdr_len);
-    put_le64(d + SEQ_OFF, r->seq);
-    put_le64(d + SEQ_OFF + 8, r->rec_len);
-    put_le64(d + SEQ_OFF + 16, r->step);
-    put_le64(d + SEQ_OFF + 24, r->forward);
+    sr_put_record_fields(d, r->seq, r->rec_len, r->step, r->forward);
     return d;
 }
 
@@ -215,22 +208,342 @@ store_published(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* ----- the ring layout (strap_ring.h) for _ring.py and _session.py -------------------------- */
+
+/* An int masked to 64 bits (two's complement for a negative one), as the wire stores a token's
+ * id and position. */
+static int
+u64_masked(PyObject *o, const char *what, uint64_t *out)
+{
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int", what);
+        return -1;
+    }
+    PyObject *mask = PyLong_FromUnsignedLongLong(UINT64_MAX);
+    PyObject *m = mask ? PyNumber_And(o, mask) : NULL;
+    Py_XDECREF(mask);
+    if (m == NULL)
+        return -1;
+    *out = (uint64_t)PyLong_AsUnsignedLongLong(m);
+    Py_DECREF(m);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *
+check_nargs(const char *fn, Py_ssize_t nargs, Py_ssize_t want)
+{
+    if (nargs != want)
+        return PyErr_Format(PyExc_TypeError, "%s takes %zd arguments (%zd given)", fn, want, nargs);
+    return Py_None;
+}
+
+PyDoc_STRVAR(encode_ring_header_doc,
+             "encode_ring_header(ring_size)\n"
+             "--\n\n"
+             "The 4096-byte RingHeader (bytes) of a ring of ring_size bytes: 4096 + a positive\n"
+             "multiple of 64, else ValueError.");
+
+static PyObject *
+encode_ring_header(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    uint64_t size;
+    if (u64_arg(arg, "ring_size", &size))
+        return NULL;
+    if (size <= SR_HEADER_SIZE || (size - SR_HEADER_SIZE) % 64)
+        return PyErr_Format(PyExc_ValueError, "ring_size %llu: data region %lld must be > 0 and a multiple of 64",
+                            (unsigned long long)size, (long long)size - SR_HEADER_SIZE);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, SR_HEADER_SIZE);
+    if (out != NULL)
+        sr_encode_ring_header((uint8_t *)PyBytes_AsString(out), size);
+    return out;
+}
+
+PyDoc_STRVAR(encode_record_header_doc,
+             "encode_record_header(dtype, shape, seq, record_len, step, forward, payload_len, name, meta,\n"
+             "                     part_offset, tensor_len, part)\n"
+             "--\n\n"
+             "A TENSOR record's header area (bytes, payload_off long): the fixed part, shape (a sequence\n"
+             "of ints), name and meta (bytes), zero padded. ValueError for more than 8 dimensions, a\n"
+             "name of 0 or over 4096 bytes, meta over 65536 bytes.");
+
+static PyObject *
+encode_record_header(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (check_nargs("encode_record_header", nargs, 12) == NULL)
+        return NULL;
+    Py_ssize_t ndim = PySequence_Size(args[1]);
+    if (ndim < 0)
+        return NULL;
+    uint64_t shape[SR_MAX_NDIM];
+    if (ndim > SR_MAX_NDIM)
+        return PyErr_Format(PyExc_ValueError, "tensor has %zd dimensions; the ring carries at most %d", ndim,
+                            SR_MAX_NDIM);
+    for (Py_ssize_t i = 0; i < ndim; i++) {
+        PyObject *d = PySequence_GetItem(args[1], i);
+        int bad = d == NULL || u64_arg(d, "shape", &shape[i]);
+        Py_XDECREF(d);
+        if (bad)
+            return NULL;
+    }
+    long dtype = PyLong_AsLong(args[0]);
+    if (dtype == -1 && PyErr_Occurred())
+        return NULL;
+    if (dtype < 0 || dtype > 255)
+        return PyErr_Format(PyExc_ValueError, "dtype %ld is not a wire dtype id (0..255)", dtype);
+    uint64_t seq, rec_len, step, forward, payload_len, part_offset, tensor_len;
+    if (u64_arg(args[2], "seq", &seq) || u64_arg(args[3], "record_len", &rec_len) || u64_arg(args[4], "step", &step) ||
+        u64_arg(args[5], "forward", &forward) || u64_arg(args[6], "payload_len", &payload_len) ||
+        u64_arg(args[9], "part_offset", &part_offset) || u64_arg(args[10], "tensor_len", &tensor_len))
+        return NULL;
+    char *name, *meta;
+    Py_ssize_t name_len, meta_len;
+    if (PyBytes_AsStringAndSize(args[7], &name, &name_len) < 0 ||
+        PyBytes_AsStringAndSize(args[8], &meta, &meta_len) < 0)
+        return NULL;
+    if (name_len < 1 || name_len > SR_MAX_NAME)
+        return PyErr_Format(PyExc_ValueError, "module name of %zd bytes (allowed 1..%d)", name_len, SR_MAX_NAME);
+    if (meta_len > SR_MAX_META)
+        return PyErr_Format(PyExc_ValueError, "record meta of %zd bytes exceeds %d", meta_len, SR_MAX_META);
+    int part = PyObject_IsTrue(args[11]);
+    if (part < 0)
+        return NULL;
+    uint64_t area = sr_header_area((int)ndim, (size_t)name_len, (size_t)meta_len);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)area);
+    if (out != NULL)
+        sr_encode_record_header((uint8_t *)PyBytes_AsString(out), (int)dtype, shape, (int)ndim, seq, rec_len, step,
+                                forward, payload_len, name, (size_t)name_len, meta, (size_t)meta_len, part_offset,
+                                tensor_len, part);
+    return out;
+}
+
+PyDoc_STRVAR(header_area_doc, "header_area(ndim, name_len, meta_len)\n"
+                              "--\n\n"
+                              "Bytes from a record's start to its payload (payload_off): 64-aligned.");
+
+static PyObject *
+header_area(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (check_nargs("header_area", nargs, 3) == NULL)
+        return NULL;
+    uint64_t ndim, name_len, meta_len;
+    if (u64_arg(args[0], "ndim", &ndim) || u64_arg(args[1], "name_len", &name_len) ||
+        u64_arg(args[2], "meta_len", &meta_len))
+        return NULL;
+    if (ndim > SR_MAX_NDIM || name_len > SR_MAX_NAME || meta_len > SR_MAX_META)
+        return PyErr_Format(PyExc_ValueError, "header_area(%llu, %llu, %llu): past the ring's limits",
+                            (unsigned long long)ndim, (unsigned long long)name_len, (unsigned long long)meta_len);
+    return PyLong_FromUnsignedLongLong(sr_header_area((int)ndim, (size_t)name_len, (size_t)meta_len));
+}
+
+PyDoc_STRVAR(encode_pad_header_doc, "encode_pad_header(record_len)\n"
+                                    "--\n\n"
+                                    "A PAD record's 80-byte header (only magic, kind and record_len are set).");
+
+static PyObject *
+encode_pad_header(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    uint64_t len;
+    if (u64_arg(arg, "record_len", &len))
+        return NULL;
+    uint8_t h[SR_RECORD_FIXED];
+    memset(h, 0, sizeof h); /* sr_encode_pad writes min(80, record_len) bytes: the rest is zero */
+    sr_encode_pad(h, len);
+    return PyBytes_FromStringAndSize((const char *)h, sizeof h);
+}
+
+PyDoc_STRVAR(token_record_len_doc, "token_record_len(text_len)\n"
+                                   "--\n\n"
+                                   "Ring bytes of a TOKEN record whose text is text_len bytes.");
+
+static PyObject *
+token_record_len(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    uint64_t n;
+    if (u64_arg(arg, "text_len", &n))
+        return NULL;
+    if (n > UINT32_MAX)
+        return PyErr_Format(PyExc_ValueError, "token text of %llu bytes", (unsigned long long)n);
+    return PyLong_FromUnsignedLongLong(sr_token_record_len((size_t)n));
+}
+
+PyDoc_STRVAR(encode_token_record_doc,
+             "encode_token_record(seq, index, token_id, position, text)\n"
+             "--\n\n"
+             "A whole TOKEN record (bytes): index in step, position in forward and token_id in\n"
+             "part_offset (both two's complement), the UTF-8 text (bytes) as payload at offset 128.\n"
+             "ValueError for a text over 65536 bytes.");
+
+static PyObject *
+encode_token_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (check_nargs("encode_token_record", nargs, 5) == NULL)
+        return NULL;
+    uint64_t seq, index, token_id, position;
+    char *text;
+    Py_ssize_t text_len;
+    if (u64_arg(args[0], "seq", &seq) || u64_arg(args[1], "index", &index) ||
+        u64_masked(args[2], "token_id", &token_id) || u64_masked(args[3], "position", &position) ||
+        PyBytes_AsStringAndSize(args[4], &text, &text_len) < 0)
+        return NULL;
+    if (text_len > SR_MAX_TOKEN_TEXT)
+        return PyErr_Format(PyExc_ValueError, "token text of %zd bytes exceeds %d", text_len, SR_MAX_TOKEN_TEXT);
+    uint64_t n = sr_token_record_len((size_t)text_len);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
+    if (out != NULL)
+        sr_encode_token_record((uint8_t *)PyBytes_AsString(out), seq, index, (int64_t)token_id, (int64_t)position, text,
+                               (size_t)text_len);
+    return out;
+}
+
+/* Bytes [off, off + n) of a bytes-like object that slices to bytes (bytes, bytearray, mmap,
+ * memoryview); NULL with an exception, or when fewer than n bytes are there. */
+static PyObject *
+slice_bytes(PyObject *buf, Py_ssize_t off, Py_ssize_t n, const char **p)
+{
+    PyObject *sl = PySequence_GetSlice(buf, off, off + n);
+    if (sl == NULL)
+        return NULL;
+    PyObject *b = PyBytes_FromObject(sl);
+    Py_DECREF(sl);
+    if (b == NULL)
+        return NULL;
+    if (PyBytes_Size(b) != n) {
+        PyErr_Format(PyExc_ValueError, "record header at %zd: %zd bytes there, %zd needed", off, PyBytes_Size(b), n);
+        Py_DECREF(b);
+        return NULL;
+    }
+    *p = PyBytes_AsString(b);
+    return b;
+}
+
+static uint64_t
+le(const char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = v << 8 | (unsigned char)p[i];
+    return v;
+}
+
+PyDoc_STRVAR(parse_record_header_doc,
+             "parse_record_header(buf, off)\n"
+             "--\n\n"
+             "Decode the record header at offset off of buf (bytes, bytearray, mmap, memoryview), for tests\n"
+             "and debugging: a dict of its fields, with shape, name and meta for a TENSOR record.");
+
+static PyObject *
+parse_record_header(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (check_nargs("parse_record_header", nargs, 2) == NULL)
+        return NULL;
+    Py_ssize_t off = PyLong_AsSsize_t(args[1]);
+    if (off == -1 && PyErr_Occurred())
+        return NULL;
+    const char *h;
+    PyObject *fixed = slice_bytes(args[0], off, SR_RECORD_FIXED, &h);
+    if (fixed == NULL)
+        return NULL;
+    unsigned kind = (unsigned)le(h + 4, 2), ndim = (unsigned char)h[7];
+    uint64_t name_len = le(h + 56, 2), meta_len = le(h + 60, 4);
+    PyObject *shape = NULL, *name = NULL, *meta = NULL, *var = NULL, *out = NULL;
+    if (kind == SR_KIND_TENSOR) {
+        const char *v;
+        var = slice_bytes(args[0], off + SR_RECORD_FIXED, (Py_ssize_t)(8 * ndim + name_len + meta_len), &v);
+        if (var == NULL)
+            goto done;
+        shape = PyTuple_New(ndim);
+        for (unsigned i = 0; shape != NULL && i < ndim; i++) {
+            PyObject *d = PyLong_FromUnsignedLongLong(le(v + 8 * i, 8));
+            if (d == NULL || PyTuple_SetItem(shape, i, d) < 0)
+                Py_CLEAR(shape);
+        }
+        name = PyUnicode_DecodeUTF8(v + 8 * ndim, (Py_ssize_t)name_len, "strict");
+        meta = PyBytes_FromStringAndSize(v + 8 * ndim + name_len, (Py_ssize_t)meta_len);
+    } else {
+        shape = PyTuple_New(0);
+        name = PyUnicode_FromString("");
+        meta = PyBytes_FromStringAndSize("", 0);
+    }
+    if (shape == NULL || name == NULL || meta == NULL)
+        goto done;
+    out = Py_BuildValue("{s:y#,s:I,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:O,s:O}", "magic", h,
+                        (Py_ssize_t)4, "kind", kind, "dtype", (unsigned)(unsigned char)h[6], "ndim", ndim, "seq",
+                        (unsigned long long)le(h + 8, 8), "record_len", (unsigned long long)le(h + 16, 8), "step",
+                        (unsigned long long)le(h + 24, 8), "forward", (unsigned long long)le(h + 32, 8), "payload_off",
+                        (unsigned long long)le(h + 40, 8), "payload_len", (unsigned long long)le(h + 48, 8), "name_len",
+                        (unsigned long long)name_len, "flags", (unsigned long long)le(h + 58, 2), "meta_len",
+                        (unsigned long long)meta_len, "part_offset", (unsigned long long)le(h + 64, 8), "tensor_len",
+                        (unsigned long long)le(h + 72, 8), "shape", shape, "name", name, "meta", meta);
+done:
+    Py_XDECREF(shape);
+    Py_XDECREF(name);
+    Py_XDECREF(meta);
+    Py_XDECREF(var);
+    Py_DECREF(fixed);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"write_record", (PyCFunction)(void (*)(void))write_record, METH_FASTCALL, write_record_doc},
     {"bind_cuda_memcpy", (PyCFunction)bind_cuda_memcpy, METH_O, bind_cuda_memcpy_doc},
     {"write_record_cuda", (PyCFunction)(void (*)(void))write_record_cuda, METH_FASTCALL, write_record_cuda_doc},
     {"store_published", (PyCFunction)(void (*)(void))store_published, METH_FASTCALL, store_published_doc},
+    {"encode_ring_header", encode_ring_header, METH_O, encode_ring_header_doc},
+    {"encode_record_header", (PyCFunction)(void (*)(void))encode_record_header, METH_FASTCALL,
+     encode_record_header_doc},
+    {"header_area", (PyCFunction)(void (*)(void))header_area, METH_FASTCALL, header_area_doc},
+    {"encode_pad_header", encode_pad_header, METH_O, encode_pad_header_doc},
+    {"token_record_len", token_record_len, METH_O, token_record_len_doc},
+    {"encode_token_record", (PyCFunction)(void (*)(void))encode_token_record, METH_FASTCALL, encode_token_record_doc},
+    {"parse_record_header", (PyCFunction)(void (*)(void))parse_record_header, METH_FASTCALL, parse_record_header_doc},
     {NULL, NULL, 0, NULL},
 };
 
+/* strap_ring.h's constants, under the names _ring.py gives them. */
+static int
+module_exec(PyObject *m)
+{
+    static const struct {
+        const char *name;
+        long value;
+    } consts[] = {
+        {"HEADER_SIZE", SR_HEADER_SIZE},
+        {"RING_VERSION", SR_RING_VERSION},
+        {"PUBLISHED_OFFSET", SR_PUBLISHED_OFFSET},
+        {"RECORD_FIXED", SR_RECORD_FIXED},
+        {"SEQ_OFFSET", SR_SEQ_OFFSET},
+        {"TOKEN_PAYLOAD_OFFSET", SR_TOKEN_PAYLOAD_OFFSET},
+        {"KIND_TENSOR", SR_KIND_TENSOR},
+        {"KIND_PAD", SR_KIND_PAD},
+        {"KIND_TOKEN", SR_KIND_TOKEN},
+        {"FLAG_PART", SR_FLAG_PART},
+        {"MAX_NAME", SR_MAX_NAME},
+        {"MAX_META", SR_MAX_META},
+        {"MAX_NDIM", SR_MAX_NDIM},
+        {"MAX_TOKEN_TEXT", SR_MAX_TOKEN_TEXT},
+    };
+    for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
+        if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) < 0)
+            return -1;
+    return 0;
+}
+
 static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, (void *)module_exec},
     {0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     "llm_instrumentation._speedups",
-    "The capture's ring write in C (optional; the Python path writes the same bytes).",
+    "The capture's ring layout and record writes in C (libstrap's strap_ring.h).",
     0,
     methods,
     module_slots,
