@@ -419,3 +419,24 @@ def test_dataset_over_a_capture_set_and_mixed_sources(real_strapd: Any, tmp_path
         s.shutdown()
     with pytest.raises(ValueError, match="are not vLLM captures"):
         ActivationDataset(other)
+
+
+def test_module_selection_on_a_pipeline_stage() -> None:
+    """On a pipeline stage, layers of other stages are vLLM ``PPMissingLayer``s: a pattern
+    selects this stage's layers; one whose every match lives on another stage (``model.norm``
+    on the first) selects nothing here instead of refusing the engine; one that matches no
+    module at all is still refused."""
+    import torch
+
+    from llm_instrumentation.vllm import _names
+
+    def cls(name: str) -> type:
+        return type(name, (torch.nn.Module,), {})
+
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    model.model.layers = torch.nn.ModuleList([cls("LlamaDecoderLayer")(), cls("PPMissingLayer")()])
+    model.model.norm = cls("PPMissingLayer")()
+    assert _names.select(model, ["model.layers.*", "model.norm"]) == [("model.layers.0", _names.SUM)]
+    with pytest.raises(ValueError, match="'model.nrom' matches no capturable module"):
+        _names.select(model, ["model.layers.*", "model.nrom"])

@@ -71,13 +71,17 @@ def select(model: "nn.Module", patterns: Sequence[str]) -> List[Tuple[str, str]]
     Raises:
         ValueError: a pattern that matches no module, or only modules whose vLLM output has
             no transformers equal (the message names them); an unknown decoder layer class.
+            A pattern whose matches all live on other pipeline stages selects nothing here.
     """
     named: Dict[str, Any] = dict(model.named_modules())
     chosen: Dict[str, str] = {}
     for p in patterns:
         hits = [n for n in named if n and _matches(n, p)]
         # PPMissingLayer: a layer that lives on another pipeline stage.
-        hits = [n for n in hits if type(named[n]).__name__ != "PPMissingLayer"]
+        here = [n for n in hits if type(named[n]).__name__ != "PPMissingLayer"]
+        if hits and not here:
+            continue  # every match lives on other stages (model.norm on the first): theirs to store
+        hits = here
         ok, refused = [], []
         for n in hits:
             try:
