@@ -50,8 +50,10 @@ const (
 	// maxInt is the largest |integer| stored (zigzag below 2²⁴: at most 3 bytes).
 	maxInt = 1<<23 - 1
 	// pcaSample is the most rows the basis is computed from; pcaWidth the most vectors.
-	pcaSample = 256
-	pcaWidth  = 96
+	pcaSample   = 256
+	pcaWidth    = 96
+	probeSample = 64
+	probeWidth  = 16
 	// minBasisRows: fewer whole rows in a block are coded directly (a basis would cost more
 	// than it saves).
 	minBasisRows = 16
@@ -164,7 +166,13 @@ func (c *transformCodec) EncodeStats(dst, src []byte, dt dtype.DType) ([]byte, b
 	d := rowLen
 	var basis *tBasis
 	if len(full) >= minBasisRows && d >= 8 && d <= 1<<16 {
-		basis = newBasis(x, parts, full, d, c.relL2)
+		// A small basis first (probeSample rows, probeWidth vectors): a block where even
+		// that does not pay skips the full one, the encoder's main cost.
+		if probe := newBasis(x, parts, full, d, c.relL2, probeSample, probeWidth); probe != nil {
+			if k, _, _ := probe.pickK(x, parts, full, c.relL2); k > 0 {
+				basis = newBasis(x, parts, full, d, c.relL2, pcaSample, pcaWidth)
+			}
+		}
 	}
 	if basis != nil {
 		basis.code(x, parts, full, dt, c.relL2)
@@ -264,7 +272,7 @@ type tBasis struct {
 // newBasis computes the mean and the principal directions of the block's whole rows, rounds
 // them to the stored integers, and projects every whole row on them (nil when the rows have
 // no spread).
-func newBasis(x []float64, parts []tPart, full []int, d int, bound float64) *tBasis {
+func newBasis(x []float64, parts []tPart, full []int, d int, bound float64, sample, width int) *tBasis {
 	nb := len(full)
 	mean64 := make([]float64, d)
 	for _, g := range full {
@@ -277,17 +285,17 @@ func newBasis(x []float64, parts []tPart, full []int, d int, bound float64) *tBa
 	for i := range mean64 {
 		tb.mean[i] = float32(mean64[i] / float64(nb))
 	}
-	m := min(nb, pcaSample)
-	sample := make([]float64, m*d)
+	m := min(nb, sample)
+	rows := make([]float64, m*d)
 	for s := range m {
 		g := full[s*nb/m]
 		row := x[parts[g].lo:parts[g].hi]
 		for i, v := range row {
-			sample[s*d+i] = v - float64(tb.mean[i])
+			rows[s*d+i] = v - float64(tb.mean[i])
 		}
 	}
-	l := min(pcaWidth, m, d, maxBasis)
-	vecs := principal(sample, m, d, l)
+	l := min(width, m, d, maxBasis)
+	vecs := principal(rows, m, d, l)
 	if len(vecs) == 0 {
 		return nil
 	}
@@ -320,13 +328,13 @@ func newBasis(x []float64, parts []tPart, full []int, d int, bound float64) *tBa
 	return tb
 }
 
-// code picks k (the estimated smallest block) and codes every whole row it can on the first
-// k vectors; the others stay for codeDirect. k = 0 when no row is worth it.
-func (tb *tBasis) code(x []float64, parts []tPart, full []int, dt dtype.DType, bound float64) {
+// pickK is the k (a multiple of 8 up to l, or 0) with the smallest estimated block, and the
+// whole rows' Σx² and Σ(x−μ)².
+func (tb *tBasis) pickK(x []float64, parts []tPart, full []int, bound float64) (k int, ss, cs []float64) {
 	d, l := tb.d, tb.l
 	nb := len(full)
-	ss := make([]float64, nb) // Σx²
-	cs := make([]float64, nb) // Σ(x−μ)²
+	ss = make([]float64, nb) // Σx²
+	cs = make([]float64, nb) // Σ(x−μ)²
 	for r, g := range full {
 		row := x[parts[g].lo:parts[g].hi]
 		for i, v := range row {
@@ -358,11 +366,18 @@ func (tb *tBasis) code(x []float64, parts []tPart, full []int, dt dtype.DType, b
 			bestK, best = k, bits
 		}
 	}
-	tb.k = bestK
-	if tb.k == 0 {
+	return bestK, ss, cs
+}
+
+// code picks k (pickK) and codes every whole row it can on the first k vectors; the others
+// stay for codeDirect. k = 0 when no row is worth it.
+func (tb *tBasis) code(x []float64, parts []tPart, full []int, dt dtype.DType, bound float64) {
+	d, l := tb.d, tb.l
+	k, ss, cs := tb.pickK(x, parts, full, bound)
+	tb.k = k
+	if k == 0 {
 		return
 	}
-	k := tb.k
 	acc := make([]float64, d)
 	ints := make([]int32, k)
 	used := 0
