@@ -365,21 +365,11 @@ def _decode_transform(src: memoryview, dtype: str, raw_len: int) -> bytes:
         acc = coefs @ basis  # exact: integers below 2**48
         qs = np.ldexp(steps[basis_p], -shift)
         rows = (mean + qs[:, None] * acc).astype(np.float32)
-        starts = lo[basis_p]
-        if np.all(np.diff(starts) == row_len):
-            s0 = int(starts[0])
-            f[s0 : s0 + nb * row_len] = rows.reshape(-1)
-        else:
-            for r, s in enumerate(starts):
-                f[s : s + row_len] = rows[r]
+        f[np.repeat(basis_p, lens)] = rows.reshape(-1)
     if np.any(direct_p):
-        vals = ints[nb * k :]
-        idx = np.flatnonzero(direct_p)
-        off = 0
-        for g in idx:
-            a, b = int(lo[g]), int(hi[g])
-            f[a:b] = (steps[g] * vals[off : off + b - a]).astype(np.float32)
-            off += b - a
+        # Every directly coded value times its part's step, in part order.
+        q = np.repeat(steps[direct_p], lens[direct_p])
+        f[np.repeat(direct_p, lens)] = (q * ints[nb * k :]).astype(np.float32)
     return _round_dtype(f, dtype).tobytes()
 
 
