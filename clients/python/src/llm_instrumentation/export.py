@@ -155,8 +155,10 @@ def export_safetensors(paths: Union[PathLike, Sequence[PathLike]], out_dir: Path
             "shards": shards, "streams": _streams_info(ds),
         }
         if ds.vllm_requests is not None:
-            # A vLLM capture's rows are by request (docs/VLLM.md 4): column `batch` indexes these.
+            # A vLLM capture's rows are by request (docs/VLLM.md 4): column `batch` indexes these
+            # (the engine's own ids tell apart two engine runs that reused an id).
             index["requests"] = [r.request_id for r in ds.vllm_requests]
+            index["engine_request_ids"] = [r.engine_request_id for r in ds.vllm_requests]
     _write_json(os.path.join(out_dir, "index.json"), index)
     return index
 
@@ -284,6 +286,7 @@ def export_saelens(paths: Union[PathLike, Sequence[PathLike]], out_dir: PathLike
                   "rows": n_seq * ctx, **stats, "streams": _streams_info(ds)}
         if ds.vllm_requests is not None:
             result["requests"] = [r.request_id for r in ds.vllm_requests]
+            result["engine_request_ids"] = [r.engine_request_id for r in ds.vllm_requests]
     _write_json(os.path.join(out_dir, "strap_export.json"), result)
     return result
 

@@ -346,7 +346,7 @@ def test_dataset_and_exports_by_request(real_strapd: Any, tmp_path: Path) -> Non
         assert got == sorted((int(bi), int(p)) for _, mm in chunks for bi, p in zip(mm["batch"], mm["position"]))
 
     idx = export_safetensors(cap, tmp_path / "st", modules="model.layers.0")
-    assert idx["requests"] == ["7", "8"] and idx["rows"] == 9
+    assert idx["requests"] == ["7", "8"] and idx["engine_request_ids"] == [a, b] and idx["rows"] == 9
     _, shards = load_safetensors_export(tmp_path / "st")
     sh = list(shards)
     acts = torch.cat([s["activations"] for s in sh])
