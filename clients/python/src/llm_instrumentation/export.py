@@ -316,16 +316,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         g.add_argument("--progress", dest="progress", action="store_true", default=None)
         g.add_argument("--no-progress", dest="progress", action="store_false")
     a = ap.parse_args(argv)
+    # One argument may be a capture-set manifest or a directory (a vLLM capture), not only a stream.
+    streams = a.streams[0] if len(a.streams) == 1 else a.streams
     try:
         if a.fmt == "safetensors":
             dt = getattr(torch, a.dtype) if a.dtype else None
             if a.dtype and not isinstance(dt, torch.dtype):
                 ap.error(f"unknown dtype {a.dtype}")
-            idx = export_safetensors(a.streams, a.out, a.modules, a.max_shard_bytes, dt, a.progress)
+            idx = export_safetensors(streams, a.out, a.modules, a.max_shard_bytes, dt, a.progress)
             print(f"{idx['rows']} rows × {idx['d_model']} ({idx['dtype']}) of {len(idx['modules'])} module(s) → "
                   f"{len(idx['shards'])} shard(s) in {a.out}")
         else:
-            r = export_saelens(a.streams, a.out, a.module, a.context_size, a.hook_name, a.dtype, a.max_shard_size,
+            r = export_saelens(streams, a.out, a.module, a.context_size, a.hook_name, a.dtype, a.max_shard_size,
                                a.progress)
             print(f"{r['sequences']} sequences × {r['context_size']} × {r['d_in']} ({r['dtype']}) as "
                   f"{r['hook_name']!r} → {a.out}" + (f"; {r['dropped_rows']} rows left over (not a whole "

@@ -354,6 +354,12 @@ def test_dataset_and_exports_by_request(real_strapd: Any, tmp_path: Path) -> Non
     assert torch.cat([s["position"] for s in sh]).tolist() == [0, 1, 2, 3, 4, 2, 3, 4, 5]
     assert torch.cat([s["batch"] for s in sh]).tolist() == [0] * 5 + [1] * 4
 
+    from llm_instrumentation.export import main as export_main
+
+    assert export_main(["safetensors", str(cap), "--out", str(tmp_path / "cli"), "--modules", "model.layers.1",
+                        "--no-progress"]) == 0  # a directory on the command line
+    assert load_safetensors_export(tmp_path / "cli")[0]["requests"] == ["7", "8"]
+
     pytest.importorskip("datasets")
     res = export_saelens(cap, tmp_path / "sae", "model.layers.0", context_size=2)
     # request 7: positions 0-4 -> 2 sequences, 1 row left; request 8: 2-5 -> 2 sequences
