@@ -21,12 +21,13 @@ H = 4  # hidden size of the fake layer
 
 def write_stream(path: Path, socket: str, steps: List[Dict[str, Any]], randomized: bool = True,
                  layers: Tuple[int, ...] = (0,), distributed: Optional[Dict[str, Any]] = None,
-                 stores: bool = True, samples: bool = True) -> None:
+                 stores: bool = True, samples: bool = True, ids: bool = True) -> None:
     """Write a stream as the plugin does: per step ``vllm.rows`` (+ ``new`` prompts), one
     ``model.layers.L`` record of the same rows per layer of ``layers`` (value = 1000·position +
     request number + 100000·L, so a reader's row or layer mix-up shows), then ``vllm.sampled``
     and TOKENs (``samples``: only a pipeline's last stage samples). ``distributed``: the
-    header's object of a worker of several; ``stores`` False: a tp rank > 0, no record."""
+    header's object of a worker of several; ``stores`` False: a tp rank > 0, no record;
+    ``ids`` False: the rows' token ids -1 (a model called without token ids)."""
     import torch
 
     from llm_instrumentation import _open
@@ -66,7 +67,8 @@ def write_stream(path: Path, socket: str, steps: List[Dict[str, Any]], randomize
             meta: Dict[str, Any] = {"requests": reqs, "counts": counts}
             if st.get("new"):
                 meta["new"] = st["new"]
-            s.write_tensor(ROWS, torch.tensor([[p, t] for _, p, t in rows], dtype=torch.int64), s.tokens, fwd, meta)
+            s.write_tensor(ROWS, torch.tensor([[p, t if ids else -1] for _, p, t in rows], dtype=torch.int64), s.tokens,
+                           fwd, meta)
             for n in layers:
                 x = torch.tensor([[value(rid, p, st.get("bias", 0), n)] * H for rid, p, _ in rows])
                 s.write_tensor(f"model.layers.{n}", x, s.tokens, fwd)
@@ -446,3 +448,27 @@ def test_module_selection_on_a_pipeline_stage() -> None:
     assert _names.select(model, ["model.layers.*", "model.norm"]) == [("model.layers.0", _names.SUM)]
     with pytest.raises(ValueError, match="'model.nrom' matches no capturable module"):
         _names.select(model, ["model.layers.*", "model.nrom"])
+
+
+def test_rows_without_token_ids(real_strapd: Any, tmp_path: Path) -> None:
+    """A stream whose rows carry token id -1 (its model was given no token ids: vLLM passes
+    them to every pipeline stage of a text model, not to a model fed embeddings) beside one
+    with the ids: the known ids are kept, -1 never counts as a disagreement."""
+    from llm_instrumentation.data import ActivationDataset
+    from llm_instrumentation.vllm import load_request
+
+    rid = "5-000000bb"
+    steps = [{"rows": [(rid, 0, 5), (rid, 1, 6)], "new": {rid: {"prompt": [5, 6], "computed": 0}},
+              "sampled": [(rid, 2, 7)]}, {"rows": [(rid, 2, 7)], "sampled": [(rid, 3, 8)]}]
+    write_stream(tmp_path / "stage0.strap", real_strapd.socket, steps, layers=(0,), samples=False)
+    write_stream(tmp_path / "stage1.strap", real_strapd.socket, steps, layers=(1,), ids=False)
+    r = load_request(tmp_path, "5")
+    assert r.token_ids.tolist() == [5, 6, 7, 8] and r.positions.tolist() == [0, 1, 2] and r.recomputed == []
+    assert sorted(r) == ["model.layers.0", "model.layers.1"]
+    with ActivationDataset(tmp_path, modules="model.layers.1") as ds:
+        (_, m), = list(ds.iter_chunks(0, 1))
+        assert m["token_id"].tolist() == [5, 6, 7]
+    alone = tmp_path / "alone"  # no stream with the ids: the prompt and sampled tokens still say them
+    alone.mkdir()
+    write_stream(alone / "x.strap", real_strapd.socket, steps, ids=False)
+    assert load_request(alone, "5").token_ids.tolist() == [5, 6, 7, 8]

@@ -138,7 +138,8 @@ def plan(ds: "ActivationDataset", patterns: Optional[List[str]], readers: List[A
                     reqs.append(VLLMRequest(ext, rid, {}))
                 for pos, tok in data[k:k + c]:
                     rows.append((ri, int(pos), int(tok)))
-                    reqs[ri].token_ids[int(pos)] = int(tok)
+                    if tok >= 0 or int(pos) not in reqs[ri].token_ids:  # -1: no token ids given
+                        reqs[ri].token_ids[int(pos)] = int(tok)
                 k += c
             steps[t.forward] = rows
         for name in chosen:

@@ -220,7 +220,8 @@ def load_request(directory: PathArg, request_id: str, modules: Optional[Sequence
                         if p in here:
                             recomputed.add(p)
                         here.add(p)
-                        input_ids[p] = tok
+                        if tok >= 0 or p not in input_ids:  # -1: the model was given no token ids
+                            input_ids[p] = tok
                     new = (t.meta.get("new") or {}).get(internal)
                     if new is not None and prompt is None:
                         prompt = list(new["prompt"])
@@ -261,7 +262,7 @@ def load_request(directory: PathArg, request_id: str, modules: Optional[Sequence
             tokens.append(input_ids[len(tokens)])
         last = len(tokens) - 1
     for p, tok in input_ids.items():
-        if p <= last + 1 and p < len(tokens) and tokens[p] != tok:
+        if tok >= 0 and p <= last + 1 and p < len(tokens) and tokens[p] != tok:
             raise ValueError(f"request {internal!r}: position {p} was computed with token {tok}, "
                              f"the request's token there is {tokens[p]}")
     # A position is kept where every module has it (a record dropped under backpressure

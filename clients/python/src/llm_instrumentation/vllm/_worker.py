@@ -162,9 +162,7 @@ class WorkerCapture:
 
         from .. import _open
         from .._session import open_session
-        from ..config import InstrumentationConfig
-
-        from ..config import AUTO_RING_MIN_BYTES
+        from ..config import AUTO_RING_MIN_BYTES, InstrumentationConfig
 
         cfg = InstrumentationConfig.from_preset(self.settings.preset) if self.settings.preset \
             else InstrumentationConfig()
