@@ -166,11 +166,16 @@ func (c *transformCodec) EncodeStats(dst, src []byte, dt dtype.DType) ([]byte, b
 	d := rowLen
 	var basis *tBasis
 	if len(full) >= minBasisRows && d >= 8 && d <= 1<<16 {
-		// A small basis first (probeSample rows, probeWidth vectors): a block where even
-		// that does not pay skips the full one, the encoder's main cost.
+		// A small basis first (probeSample rows, probeWidth vectors), the encoder's main
+		// cost being the basis: a block where it does not pay is coded directly, one where
+		// fewer vectors than it has pay is coded on it, and only one that wants them all
+		// gets the full basis (pcaSample rows, pcaWidth vectors).
 		if probe := newBasis(x, parts, full, d, c.relL2, probeSample, probeWidth); probe != nil {
-			if k, _, _ := probe.pickK(x, parts, full, c.relL2); k > 0 {
+			switch k, _, _ := probe.pickK(x, parts, full, c.relL2); {
+			case k == probe.l && probe.l < min(pcaWidth, len(full), d):
 				basis = newBasis(x, parts, full, d, c.relL2, pcaSample, pcaWidth)
+			case k > 0:
+				basis = probe
 			}
 		}
 	}
