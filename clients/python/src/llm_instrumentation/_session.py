@@ -384,9 +384,8 @@ class CaptureSession:
         lookup it saves counts. The common case — a whole record of a module output seen
         before with the same dtype and shape, in space known to be free before the end of
         the region — is written here by one call of the C extension (``_speedups.c``);
-        anything else, or everything where the extension is missing, goes through
-        :meth:`write_tensor`, which writes the same bytes (docs/PERFORMANCE.md, "Client cost
-        per record inside decoding").
+        anything else goes through :meth:`write_tensor`, which writes the same bytes
+        (docs/PERFORMANCE.md, "Client cost per record inside decoding").
         """
         lay = self._layouts.get(name) if meta is None else None
         if lay is None or _c_write_record is None or lay.dtype is not t.dtype or lay.size != t.shape \
