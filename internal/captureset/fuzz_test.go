@@ -10,7 +10,8 @@ import (
 )
 
 // seeds are the manifests in testdata/: a tensor-parallel pair, a pipeline × data layout
-// over two hosts with every kind of stream location, and a single process.
+// over two hosts with every kind of stream location, a single process, and a vLLM engine's
+// two workers (tp rank 1 stores nothing: no module, no packet).
 func seeds(t testing.TB) map[string][]byte {
 	t.Helper()
 	paths, err := filepath.Glob(filepath.Join("testdata", "*.json"))
