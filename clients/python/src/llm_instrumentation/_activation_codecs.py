@@ -276,10 +276,16 @@ _PART_DIRECT, _PART_BASIS, _PART_ZERO = 0, 1, 2
 _MAX_BASIS = 1024
 
 
+_ZIGZAG8 = np.array([(z >> 1) ^ -(z & 1) for z in range(256)], dtype=np.float64)
+
+
 def _zigzag_decode(z: np.ndarray) -> np.ndarray:
-    """Zigzag integers (uint32 below 2**24) to their signed values, as float64 (exact)."""
-    z = z.astype(np.int64)
-    return ((z >> 1) ^ -(z & 1)).astype(np.float64)
+    """Zigzag integers (below 2**24; uint8 through a table) to their signed values, as float64
+    (exact)."""
+    if z.dtype == np.uint8:
+        return np.take(_ZIGZAG8, z)
+    zi = z.view(np.int32)
+    return np.bitwise_xor(zi >> 1, -(zi & 1)).astype(np.float64)
 
 
 def _round_dtype(f: np.ndarray, dtype: str) -> np.ndarray:
@@ -351,14 +357,21 @@ def _decode_transform(src: memoryview, dtype: str, raw_len: int) -> bytes:
     ints = np.zeros(0, dtype=np.float64)
     if m:
         pl, p = _read_planes(p, width, m)
-        z = pl[0].astype(np.uint32)
-        for j in range(1, width):
-            z |= pl[j].astype(np.uint32) << np.uint32(8 * j)
-        ints = _zigzag_decode(z)
+        if width == 1:
+            ints = _zigzag_decode(pl[0])
+        else:
+            z = pl[0].astype(np.uint32)
+            for j in range(1, width):
+                z |= pl[j].astype(np.uint32) << np.uint32(8 * j)
+            ints = _zigzag_decode(z)
     if len(p):
         raise CodecError(f"{len(p)} trailing bytes")
-    f = np.zeros(n, dtype=np.float32)
     steps = steps32.astype(np.float64)
+    if direct_p.all():  # the common block: every part coded directly
+        q = np.repeat(steps, lens)
+        np.multiply(q, ints, out=q)
+        return _round_dtype(q.astype(np.float32), dtype).tobytes()
+    f = np.zeros(n, dtype=np.float32)
     if nb:
         assert basis is not None
         coefs = ints[: nb * k].reshape(k, nb).T  # component-major in the block
