@@ -108,11 +108,17 @@ func FuzzParse(f *testing.F) {
 
 // FuzzReadFacts treats arbitrary bytes as a rank's stream: the facts walk never panics, and
 // what it reports is consistent (a token range inside the packets counted, the file's size).
-// Seeds: the two streams of a real tensor-parallel set (tpJob).
+// Seeds: the two streams of a real tensor-parallel set (tpJob), and the golden sets' streams,
+// which the Python client wrote through strapd (testdata/capture-set).
 func FuzzReadFacts(f *testing.F) {
 	dir := f.TempDir()
 	tpJob(f, dir)
 	paths, _ := filepath.Glob(filepath.Join(dir, "*.strap"))
+	golden, _ := filepath.Glob(filepath.Join(goldenDir, "*", "*.strap"))
+	if len(golden) == 0 {
+		f.Fatal("no golden streams in " + goldenDir)
+	}
+	paths = append(paths, golden...)
 	for _, p := range paths {
 		b, err := os.ReadFile(p)
 		if err != nil {
