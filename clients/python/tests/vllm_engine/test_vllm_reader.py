@@ -347,6 +347,27 @@ def test_dataset_and_exports_by_request(real_strapd: Any, tmp_path: Path) -> Non
                      for bi, p in zip(mm["batch"], mm["position"]))
         assert got == sorted((int(bi), int(p)) for _, mm in chunks for bi, p in zip(mm["batch"], mm["position"]))
 
+    # Two requests whose rows share both steps: one shard decodes each step tensor once (the
+    # iteration's cache), not once per request.
+    import llm_instrumentation.data as data_mod
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    write_stream(shared / "s.strap", real_strapd.socket, [
+        {"rows": [(a, 0, 10), (a, 1, 11), (b, 0, 20)], "new": {a: {"prompt": [10, 11], "computed": 0},
+                                                              b: {"prompt": [20], "computed": 0}},
+         "sampled": [(a, 2, 12), (b, 1, 21)]},
+        {"rows": [(a, 2, 12), (b, 1, 21)], "sampled": [(a, 3, 13), (b, 2, 22)]}])
+    decoded: List[Any] = []
+    real = data_mod._decoded
+    data_mod._decoded = lambda t, stored=None: decoded.append(t.forward) or real(t, stored)
+    try:
+        with ActivationDataset(shared) as ds:
+            got2 = [(int(m["batch"][0]), m["position"].tolist()) for _, m in ds.iter_chunks(0, 1)]
+    finally:
+        data_mod._decoded = real
+    assert got2 == [(0, [0, 1, 2]), (1, [0, 1])] and sorted(decoded) == [0, 1], decoded
+
     idx = export_safetensors(cap, tmp_path / "st", modules="model.layers.0")
     assert idx["requests"] == ["7", "8"] and idx["engine_request_ids"] == [a, b] and idx["rows"] == 9
     _, shards = load_safetensors_export(tmp_path / "st")
