@@ -617,7 +617,7 @@ class ActivationDataset(IterableDataset):
         opened: Dict[Tuple[int, str], List[Tensor]] = {}
         readers: List[Any] = []
         units = self.shard_units(shard, n_shards)
-        cache: "collections.OrderedDict[Tuple[int, str, int], Any]" = collections.OrderedDict()
+        cache = _vllm.StepCache()
         try:
             if (self.prefetch and any(is_url(p) for p in self.paths) and not any(u.pieces for u in units)
                     and self.vllm_requests is None):

@@ -37,6 +37,15 @@ INDEX_RECORDS = (ROWS, SAMPLED, FINISHED)
 CACHE_BYTES = 256 << 20
 
 
+class StepCache(collections.OrderedDict):
+    """Decoded step tensors of one iteration, ``(stream, record name, ordinal) → tensor``,
+    least recently used first, with their bytes counted (:data:`CACHE_BYTES` at most)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nbytes = 0
+
+
 @dataclasses.dataclass
 class VLLMRequest:
     """A request of a vLLM capture dataset.
@@ -189,7 +198,7 @@ def plan(ds: "ActivationDataset", patterns: Optional[List[str]], readers: List[A
 
 
 def rows_of(ds: "ActivationDataset", u: "Unit", opened: Dict[Tuple[int, str], List[Any]], readers: List[Any],
-            cache: "collections.OrderedDict[Tuple[int, str, int], Any]", decode: Any
+            cache: StepCache, decode: Any
             ) -> Tuple["torch.Tensor", Dict[str, "torch.Tensor"]]:
     """One request's rows of one module, ``(activations [n, d], meta {key: [n]})``.
 
@@ -214,10 +223,10 @@ def rows_of(ds: "ActivationDataset", u: "Unit", opened: Dict[Tuple[int, str], Li
         if x is None:
             x = decode(t)
             cache[key] = x
-            size = sum(v.numel() * v.element_size() for v in cache.values())
-            while size > CACHE_BYTES and len(cache) > 1:
+            cache.nbytes += x.numel() * x.element_size()
+            while cache.nbytes > CACHE_BYTES and len(cache) > 1:
                 _, old = cache.popitem(last=False)
-                size -= old.numel() * old.element_size()
+                cache.nbytes -= old.numel() * old.element_size()
         else:
             cache.move_to_end(key)
         parts.append(x.reshape(t.shape)[first:first + n])
