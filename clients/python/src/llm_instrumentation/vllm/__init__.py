@@ -18,7 +18,12 @@ does nothing. Settings (environment, read in each process):
 The model must run eagerly (``enforce_eager=True``): forward hooks do not fire inside
 compiled graphs or CUDA graphs, and the plugin refuses to start rather than capture nothing.
 
-Reading: :func:`list_requests` and :func:`load_request`.
+An engine of several workers (tensor or pipeline parallel) writes one stream per worker and,
+from rank 0 at shutdown, their capture set's manifest (docs/DISTRIBUTED.md D4).
+
+Reading: :func:`list_requests` and :func:`load_request` (a directory, or an engine's
+capture-set manifest); :class:`~llm_instrumentation.data.ActivationDataset` and the exports
+read a vLLM capture by request (docs/VLLM.md 4).
 
 Example:
     >>> # STRAP_VLLM_OUTPUT=/data/caps python serve.py, then:
