@@ -15,6 +15,8 @@ and compares, per encoder layer output (token rows, padding left out):
     make bin/strapd
     HF_HUB_OFFLINE=1 PYTHONPATH=clients/python/src .venv/bin/python bench/compression/fidelity.py \\
         --codec fp8 --layers 1 3 5
+    # several bounds of one codec against one SAE per layer:
+    ... fidelity.py --codec transform --lossy transform transform:0.05 transform:0.02
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ def rows(path: Path, name: str, masks: List[torch.Tensor]) -> torch.Tensor:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--codec", default="fp8")
-    ap.add_argument("--lossy", default=None, help="the codec's bound (config lossy=), e.g. rel:1e-3")
+    ap.add_argument("--lossy", default=[None], nargs="+",
+                    help="the codec's bound (config lossy=), e.g. rel:1e-3; several: one capture each, same SAEs")
     ap.add_argument("--sentences", type=int, default=640)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--layers", type=int, nargs="+", default=[1, 3, 5])
@@ -113,18 +116,25 @@ def main() -> None:
         nxt.append(n[b["attention_mask"].bool()])
     next_ids = torch.cat(nxt)
 
-    results: Dict[str, object] = {"model": "all-MiniLM-L6-v2", "codec": a.codec, "lossy": a.lossy,
-                                  "sentences": len(sents), "rows": int(ids.numel()), "layers": {}}
+    all_results: List[Dict[str, object]] = [
+        {"model": "all-MiniLM-L6-v2", "codec": a.codec, "lossy": lossy, "sentences": len(sents),
+         "rows": int(ids.numel()), "layers": {}} for lossy in a.lossy]
     with tempfile.TemporaryDirectory() as tmp:
         proc, sock = start_strapd(tmp)
         try:
-            ref, lossy = Path(tmp) / "ref.strap", Path(tmp) / "lossy.strap"
+            ref = Path(tmp) / "ref.strap"
             capture(model, batches, ref, sock, InstrumentationConfig().with_compression("shuffle"))
-            capture(model, batches, lossy, sock, InstrumentationConfig().with_compression(a.codec, lossy=a.lossy))
-            an_ref, an_lossy = analyze_activations(ref), analyze_activations(lossy)
-            results["ratio_vs_shuffle"] = an_ref["total_stored_bytes"] / an_lossy["total_stored_bytes"]
-            results["ratio_vs_raw"] = an_lossy["compression_ratio"]
-            results["stream_rows"] = (an_lossy["lossy"] or {}).get("rows")
+            an_ref = analyze_activations(ref)
+            lossy_paths = []
+            for i, results in enumerate(all_results):
+                lossy = Path(tmp) / f"lossy{i}.strap"
+                lossy_paths.append(lossy)
+                capture(model, batches, lossy, sock,
+                        InstrumentationConfig().with_compression(a.codec, lossy=results["lossy"]))
+                an_lossy = analyze_activations(lossy)
+                results["ratio_vs_shuffle"] = an_ref["total_stored_bytes"] / an_lossy["total_stored_bytes"]
+                results["ratio_vs_raw"] = an_lossy["compression_ratio"]
+                results["stream_rows"] = (an_lossy["lossy"] or {}).get("rows")
             # The probe's classes: the 32 commonest tokens.
             common = torch.bincount(ids).argsort(descending=True)[:32]
             cls = torch.full((int(ids.max()) + 1,), -1, dtype=torch.long)
@@ -135,7 +145,7 @@ def main() -> None:
             nsel = nlab >= 0
             for layer in a.layers:
                 name = f"encoder.layer.{layer}.output"
-                x, y = rows(ref, name, masks), rows(lossy, name, masks)
+                x = rows(ref, name, masks)
                 g = torch.Generator().manual_seed(layer)
                 perm = torch.randperm(x.shape[0], generator=g)
                 cut = int(0.8 * x.shape[0])
@@ -144,46 +154,51 @@ def main() -> None:
                 t0 = time.process_time()
                 sae, rep = train_sae(data, a.sae_tokens, expansion=a.expansion, k=a.k, device="cpu", seed=layer,
                                      log_every=10**9)
-                res = {
-                    "rows": int(x.shape[0]),
-                    "row_errors": row_errors(x, y),
-                    "sae": {"d_sae": sae.d_sae, "k": sae.k, "explained_variance": rep.explained_variance,
-                            "l0": rep.l0, "dead_fraction": rep.dead_fraction,
-                            "train_cpu_s": time.process_time() - t0},
-                    "retention_heldout": feature_retention(sae, x[te], y[te]),
-                    "retention_train": feature_retention(sae, x[tr], y[tr]),
-                    # References: the same rows merely rounded to bfloat16 / float16.
-                    "retention_bf16_rounding": feature_retention(sae, x[te], x[te].bfloat16().float()),
-                    "retention_fp16_rounding": feature_retention(sae, x[te], x[te].half().float()),
-                    "row_errors_bf16_rounding": row_errors(x, x.bfloat16().float()),
-                    "probe": probe_accuracy(x[sel], y[sel], lab[sel]),
-                    "probe_next": probe_accuracy(x[nsel], y[nsel], nlab[nsel]),
-                }
-                results["layers"][name] = res  # type: ignore[index]
-                print(json.dumps({name: res}, indent=1), file=sys.stderr)
+                train_s = time.process_time() - t0
+                for results, lossy in zip(all_results, lossy_paths):
+                    y = rows(lossy, name, masks)
+                    res = {
+                        "rows": int(x.shape[0]),
+                        "row_errors": row_errors(x, y),
+                        "sae": {"d_sae": sae.d_sae, "k": sae.k, "explained_variance": rep.explained_variance,
+                                "l0": rep.l0, "dead_fraction": rep.dead_fraction, "train_cpu_s": train_s},
+                        "retention_heldout": feature_retention(sae, x[te], y[te]),
+                        "retention_train": feature_retention(sae, x[tr], y[tr]),
+                        # References: the same rows merely rounded to bfloat16 / float16.
+                        "retention_bf16_rounding": feature_retention(sae, x[te], x[te].bfloat16().float()),
+                        "retention_fp16_rounding": feature_retention(sae, x[te], x[te].half().float()),
+                        "row_errors_bf16_rounding": row_errors(x, x.bfloat16().float()),
+                        "probe": probe_accuracy(x[sel], y[sel], lab[sel]),
+                        "probe_next": probe_accuracy(x[nsel], y[nsel], nlab[nsel]),
+                    }
+                    results["layers"][name] = res  # type: ignore[index]
+                    print(json.dumps({f"{name} {results['lossy']}": res}, indent=1), file=sys.stderr)
         finally:
             proc.terminate()
             proc.wait(10)
     if a.json:
-        a.json.write_text(json.dumps(results, indent=1))
-    print(f"codec {a.codec} {a.lossy or ''}: {results['rows']} token rows of {len(sents)} sentences, "
-          f"stored {results['ratio_vs_shuffle']:.3f}x smaller than shuffle, {results['ratio_vs_raw']:.3f}x vs raw fp32\n")
-    print("| layer output | rows | rel-L2 p50 / p99 / max | cos min / p1 | SAE EV | retention mean / p1 / min "
-          "(held-out) | weighted mean / p1 | top-1 kept | bf16 / fp16 rounding: retention mean "
-          "| probe acc lossless / lossy / lossy-trained (token; next token) | agreement |")
-    print("|---|---:|---|---|---:|---|---|---:|---|---|---|")
-    for name, r in results["layers"].items():  # type: ignore[union-attr]
-        e, s, k, p, q = r["row_errors"], r["sae"], r["retention_heldout"], r["probe"], r["probe_next"]
-        b16, f16 = r["retention_bf16_rounding"], r["retention_fp16_rounding"]
-        print(f"| {name} | {r['rows']} | {e['rel_l2']['p50']:.4f} / {e['rel_l2']['p99']:.4f} / {e['rel_l2']['max']:.4f} "
-              f"| {e['cos']['min']:.6f} / {e['cos']['p1']:.6f} | {s['explained_variance']:.3f} "
-              f"| {k['retention']['mean']:.4f} / {k['retention']['p1']:.3f} / {k['retention']['min']:.3f} "
-              f"| {k['weighted']['mean']:.4f} / {k['weighted']['p1']:.3f} | {k['top1_kept']:.4f} "
-              f"| {b16['retention']['mean']:.4f} / {f16['retention']['mean']:.4f} "
-              f"| {p['lossless']:.4f} / {p['lossy']:.4f} / {p['lossy_trained']:.4f}; "
-              f"{q['lossless']:.4f} / {q['lossy']:.4f} / {q['lossy_trained']:.4f} "
-              f"| {p['agreement']:.4f}; {q['agreement']:.4f} |")
-
+        a.json.write_text(json.dumps(all_results if len(all_results) > 1 else all_results[0], indent=1))
+    for results in all_results:
+        print(f"codec {a.codec} {results['lossy'] or ''}: {results['rows']} token rows of {len(sents)} sentences, "
+              f"stored {results['ratio_vs_shuffle']:.3f}x smaller than shuffle, "
+              f"{results['ratio_vs_raw']:.3f}x vs raw fp32\n")
+        print("| layer output | rows | rel-L2 p50 / p99 / max | cos min / p1 | SAE EV | retention mean / p1 / min "
+              "(held-out) | weighted mean / p1 | top-1 kept | bf16 / fp16 rounding: retention mean "
+              "| probe acc lossless / lossy / lossy-trained (token; next token) | agreement |")
+        print("|---|---:|---|---|---:|---|---|---:|---|---|---|")
+        for name, r in results["layers"].items():  # type: ignore[union-attr]
+            e, s, k, p, q = r["row_errors"], r["sae"], r["retention_heldout"], r["probe"], r["probe_next"]
+            b16, f16 = r["retention_bf16_rounding"], r["retention_fp16_rounding"]
+            print(f"| {name} | {r['rows']} | {e['rel_l2']['p50']:.4f} / {e['rel_l2']['p99']:.4f} "
+                  f"/ {e['rel_l2']['max']:.4f} | {e['cos']['min']:.6f} / {e['cos']['p1']:.6f} "
+                  f"| {s['explained_variance']:.3f} "
+                  f"| {k['retention']['mean']:.4f} / {k['retention']['p1']:.3f} / {k['retention']['min']:.3f} "
+                  f"| {k['weighted']['mean']:.4f} / {k['weighted']['p1']:.3f} | {k['top1_kept']:.4f} "
+                  f"| {b16['retention']['mean']:.4f} / {f16['retention']['mean']:.4f} "
+                  f"| {p['lossless']:.4f} / {p['lossy']:.4f} / {p['lossy_trained']:.4f}; "
+                  f"{q['lossless']:.4f} / {q['lossy']:.4f} / {q['lossy_trained']:.4f} "
+                  f"| {p['agreement']:.4f}; {q['agreement']:.4f} |")
+        print()
 
 if __name__ == "__main__":
     main()
