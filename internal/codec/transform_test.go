@@ -576,3 +576,33 @@ func BenchmarkTransform(b *testing.B) {
 		})
 	}
 }
+
+// TestTransformNoHistory: a block's bytes do not depend on what the codec coded before (a
+// resumed capture must equal the uninterrupted one byte for byte), nor on the other blocks
+// of its record being coded at the same time.
+func TestTransformNoHistory(t *testing.T) {
+	a := toBytes(lowRank(300, 64, 5, 0.05, 31), dtype.Float32)
+	b := toBytes(lowRank(300, 64, 9, 0.02, 32), dtype.Float32)
+	c := mustNew(t, "transform", Options{Lossy: &LossyBound{Mode: "transform", Value: 0.05}})
+	fresh, _ := fp8Encode(t, c, b, dtype.Float32, 64, 8192)
+	fp8Encode(t, c, a, dtype.Float32, 64, 8192)
+	after, _ := fp8Encode(t, c, b, dtype.Float32, 64, 8192)
+	rc, _ := c.(RowPreparer).ForRows(b, dtype.Float32, 64, 0)
+	concurrent := make([][]byte, len(fresh))
+	done := make(chan int)
+	for i := range fresh {
+		go func() {
+			out, _, _ := rc.Encode(nil, b[i*8192:min(len(b), (i+1)*8192)], dtype.Float32)
+			concurrent[i] = out
+			done <- i
+		}()
+	}
+	for range fresh {
+		<-done
+	}
+	for i := range fresh {
+		if !bytes.Equal(fresh[i], after[i]) || !bytes.Equal(fresh[i], concurrent[i]) {
+			t.Fatalf("block %d: bytes depend on what was coded before or beside it", i)
+		}
+	}
+}
