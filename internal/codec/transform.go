@@ -780,7 +780,9 @@ func decodeTransform(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error
 	if first < 1 || first > rowLen || first > n {
 		return nil, fmt.Errorf("row length %d, first part %d of %d values: %w", rowLen, first, n, ErrCorrupt)
 	}
-	if k > maxBasis || k*rowLen > n || shift > 15 || (k == 0 && shift != 0) || width > 3 {
+	// k ≤ row_len and k·row_len ≤ n bound what the basis and the integers (at most n of
+	// them) make a reader allocate by the block's raw length.
+	if k > maxBasis || k > rowLen || k*rowLen > n || shift > 15 || (k == 0 && shift != 0) || width > 3 {
 		return nil, fmt.Errorf("basis of %d vectors, shift %d, width %d: %w", k, shift, width, ErrCorrupt)
 	}
 	groups := 1 + (n-first+rowLen-1)/rowLen

@@ -347,6 +347,11 @@ func TestTransformDecodeCorrupt(t *testing.T) {
 			}
 		})
 	}
+	// k over row_len (k·row_len ≤ n still): refused before anything is allocated.
+	over := []byte{0, 4, 0, 0, 0, 4, 0, 0, 0, 8, 0, 1, 1}
+	if _, err := c.Decode(nil, over, dtype.Float32, 4*64); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("k over row_len: %v", err)
+	}
 	if _, err := c.Decode(nil, good, dtype.Int32, len(src)); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("int32 dtype: %v", err)
 	}

@@ -89,6 +89,8 @@ def test_corrupt_blocks_raise() -> None:
         with pytest.raises(CodecError):
             decode_block(TRANSFORM, b, "float32", n_raw)
             pytest.fail(name)
+    with pytest.raises(CodecError, match="basis of 8 vectors"):  # k over row_len, k·row_len ≤ n
+        decode_block(TRANSFORM, hdr.pack(0, 4, 4, 8, 1, 1), "float32", 4 * 64)
     with pytest.raises(CodecError):
         decode_block(TRANSFORM, good, "int32", n_raw)
     with pytest.raises(CodecError):

@@ -313,7 +313,7 @@ def _decode_transform(src: memoryview, dtype: str, raw_len: int) -> bytes:
     _, row_len, first, k, shift, width = _TRANSFORM_HEADER.unpack_from(src, 0)
     if not (1 <= first <= row_len and first <= n):
         raise CodecError(f"row length {row_len}, first part {first} of {n} values")
-    if k > _MAX_BASIS or k * row_len > n or shift > 15 or (k == 0 and shift != 0) or width > 3:
+    if k > _MAX_BASIS or k > row_len or k * row_len > n or shift > 15 or (k == 0 and shift != 0) or width > 3:
         raise CodecError(f"basis of {k} vectors, shift {shift}, width {width}")
     groups = 1 + (n - first + row_len - 1) // row_len
     p = src[_TRANSFORM_HEADER.size :]
