@@ -63,7 +63,7 @@ BACKPRESSURE_POLICIES: Tuple[str, ...] = ("block", "drop")
 #: 16 MiB of activation-like fp32), in GB/s. Used only by :meth:`transport_plan`.
 CODEC_GBPS_PER_CORE: Dict[str, float] = {"none": float("inf"), "lz4": 0.13, "zstd": 0.08,
                                           "shuffle": 0.6, "quant": 0.5, "fp16": 0.5, "fp8": 0.8,
-                                          "transform": 0.005}
+                                          "transform": 0.03}
 
 #: The codec of a config that names none.
 DEFAULT_CODEC = "shuffle"
