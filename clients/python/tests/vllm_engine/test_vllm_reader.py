@@ -343,9 +343,21 @@ def test_dataset_and_exports_by_request(real_strapd: Any, tmp_path: Path) -> Non
         assert [(r["batch"], r["position"], r["token_id"]) for r in rows] == \
             [(0, p, t) for p, t in enumerate([10, 11, 12, 13, 14])] + [(1, p, 20 + p) for p in range(2, 6)]
         # two shards split the requests, each row once
+        every = sorted((int(bi), int(p)) for _, mm in chunks for bi, p in zip(mm["batch"], mm["position"]))
         got = sorted((int(bi), int(p)) for s in range(2) for _, mm in ds.iter_chunks(s, 2)
                      for bi, p in zip(mm["batch"], mm["position"]))
-        assert got == sorted((int(bi), int(p)) for _, mm in chunks for bi, p in zip(mm["batch"], mm["position"]))
+        assert got == every
+    # DataLoader workers (forked: the handles of construction), and a copy sent to another
+    # process (pickled: no handle, the streams reopened), yield the same rows
+    import pickle
+
+    ds2 = ActivationDataset(cap, modules="model.layers.*", batch_size=3)
+    want = sorted((int(bi), int(p), float(x[0])) for x, mm in chunks for bi, p, x in zip(mm["batch"], mm["position"], x))
+    for src in (torch.utils.data.DataLoader(ds2, batch_size=None, num_workers=2), pickle.loads(pickle.dumps(ds2))):
+        got = sorted((int(bi), int(p), float(x[0])) for b in src
+                     for bi, p, x in zip(b["batch"], b["position"], b["activation"]))
+        assert got == want and len(got) == 18
+    ds2.close()
 
     # Two requests whose rows share both steps: one shard decodes each step tensor once (the
     # iteration's cache), not once per request.
