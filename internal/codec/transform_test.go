@@ -611,3 +611,33 @@ func TestTransformNoHistory(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkTransformMiniLM: the committed sample of real activations (TestRealActivations:
+// 288 attention-output rows of 384, then GELU rows of 1536) as bfloat16 records, at the
+// default bound (cosine 0.995).
+func BenchmarkTransformMiniLM(b *testing.B) {
+	raw := read(b, "testdata/activation/minilm_sample.f32")
+	v := make([]float64, len(raw)/4)
+	for i := range v {
+		v[i] = float64(math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:])))
+	}
+	recs := []struct {
+		src    []byte
+		rowLen int
+	}{{toBytes(v[:110592], dtype.BFloat16), 384}, {toBytes(v[110592:110592+85*1536], dtype.BFloat16), 1536}}
+	c := mustNew(b, "transform", Options{})
+	var n int64
+	for _, r := range recs {
+		n += int64(len(r.src))
+	}
+	b.ReportAllocs()
+	b.SetBytes(n)
+	for b.Loop() {
+		for _, r := range recs {
+			rc, _ := c.(RowPreparer).ForRows(r.src, dtype.BFloat16, r.rowLen, 0)
+			if _, ok, err := rc.Encode(nil, r.src, dtype.BFloat16); err != nil || !ok {
+				b.Fatal(ok, err)
+			}
+		}
+	}
+}
