@@ -64,3 +64,43 @@ def test_transform_needs_to_be_named() -> None:
     assert InstrumentationConfig().compression_algorithm != "transform"
     with pytest.raises(ValueError):
         InstrumentationConfig(compression_algorithm="shuffle", lossy="transform")
+
+
+def test_transform_resume_equals_uninterrupted(real_strapd, tmp_path, one_torch_thread) -> None:
+    """A capture with ``transform`` SIGKILLed inside a forward pass and resumed equals the
+    uninterrupted one packet for packet, stored bytes included: the codec's output is a
+    function of the block alone (COMPRESSION.md 5.2)."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import tiny_llama
+    from genloop import INTERVAL, generate
+    from test_resume import packets, wait_session_ended
+    from transform_resume_child import CONFIG
+
+    from llm_instrumentation import capture_activations
+
+    def capture(out: Path, resume: bool) -> None:
+        m = tiny_llama()
+        with capture_activations(m, config=CONFIG, output_path=out, socket_path=real_strapd.socket,
+                                 autostart_daemon=False, track_per_token=True, checkpoint_interval_tokens=INTERVAL,
+                                 resume_from_checkpoint=resume) as fw:
+            generate(fw, m)
+
+    ref = tmp_path / "ref.strap"
+    capture(ref, False)
+    want = packets(ref)
+    assert any(p[7] == 20 for p in want), "no packet stored with codec 20"
+    out = tmp_path / "run.strap"
+    child = Path(__file__).with_name("transform_resume_child.py")
+    p = subprocess.run([sys.executable, str(child), real_strapd.socket, str(out), str(12 * INTERVAL + 7)],
+                       capture_output=True, text=True, timeout=300, cwd=str(child.parent))
+    assert p.returncode == -signal.SIGKILL, p.stderr[-3000:]
+    wait_session_ended(out)
+    capture(out, True)
+    got = packets(out)
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a == b, f"packet {i} differs: {a[:9]} vs {b[:9]}"
