@@ -8,10 +8,10 @@ import (
 	"github.com/strap-llm/strap/internal/dtype"
 )
 
-// transform (codec 20, docs/COMPRESSION.md section 5.2): each block carries its own
+// transform (codec 20, docs/COMPRESSION.md section 5.2): each block may carry its own
 // orthonormal basis — the leading principal directions of its rows (a row = one token's
-// vector, the tensor's last dimension), found from up to 256 of them — and codes every
-// whole row as its mean-removed coefficients on the first k basis vectors, quantized with a
+// vector, the tensor's last dimension), found from up to 256 of them, kept only where it
+// pays — and codes whole rows as their mean-removed coefficients on its first k vectors, quantized with a
 // step of the row's own so that the row's relative L2 error stays under the user's bound.
 // Rows the basis cannot carry within the bound (and the parts of rows cut by the block's
 // edges) are coded directly, value by value, at a step of their own; the integers are
