@@ -200,7 +200,7 @@ static int open_session(strap_session *s, const strap_session_params *p)
 	s->ckpt_path = ck ? ck : dupstr(abs, ".ckpt.json");
 	if (!s->fingerprint || !s->output_path || !s->ckpt_path)
 		return ss_fail(s, STRAP_E_NOMEM, "out of memory");
-	int e = sl_lock(s);
+	int e = sl_lock(s, p->resume ? LOCK_WAIT_S : LOCK_WAIT_NEW_S);
 	if (e)
 		return e;
 

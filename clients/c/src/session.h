@@ -37,7 +37,8 @@ enum {
 	MIN_RING = 4096 + 64 * 1024,
 	DEFAULT_RING = 64 << 20, /* params.ring_size 0 */
 	BUDGET_RETRIES = 3,      /* times a default ring is made smaller for the daemon's budget */
-	LOCK_WAIT_S = 30,
+	LOCK_WAIT_S = 30,        /* a resume waits this long for a gone holder's lock (CHECKPOINTS.md 5) */
+	LOCK_WAIT_NEW_S = 10,    /* a new capture, this long */
 };
 
 struct strap_session {
@@ -72,12 +73,11 @@ struct strap_session {
 	char *sbuf;     /* one outgoing datagram */
 	uint8_t *rbuf;  /* one incoming datagram */
 	char meta[256]; /* scratch: the fingerprint read from a checkpoint file */
-	/* the stream lock (streamlock.c): the output's file, and the link in this process's list
-	 * of sessions holding their lock, from sl_lock until sl_unlock */
+	/* the stream lock (streamlock.c): the output's file, marked as this process's live
+	 * capture of it from sl_lock until sl_unlock */
 	dev_t lock_dev;
 	ino_t lock_ino;
 	bool lock_live;
-	struct strap_session *lock_next;
 };
 
 /* Internal symbols carry the library's prefix (a static libstrap.a shares one namespace with
@@ -96,8 +96,8 @@ struct strap_session {
 #define sl_unlock strap__sl_unlock
 
 /* Take the output's stream lock (s->out_fd, s->output_path set): STRAP_E_IN_USE at once when
- * a live capture holds it, waiting up to LOCK_WAIT_S for one whose process is gone. */
-int sl_lock(strap_session *s);
+ * a live capture holds it, waiting up to wait_s seconds for one whose process is gone. */
+int sl_lock(strap_session *s, double wait_s);
 /* The session no longer counts as this process's live capture of its output (it is freed). */
 void sl_unlock(strap_session *s);
 /* Record a failure in s->err; anything but a bad argument ends the session. Returns code. */

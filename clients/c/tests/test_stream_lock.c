@@ -76,7 +76,7 @@ int main(void)
 		if (fwd == 1) {
 			long long before = file_size(out);
 			char self[64];
-			snprintf(self, sizeof self, "process %d (this process)", (int)getpid());
+			snprintf(self, sizeof self, "this process (pid %d)", (int)getpid());
 			want_in_use(&d, out, self);
 			/* another process: its pid is not ours, the holder it names is us */
 			snprintf(self, sizeof self, "process %d", (int)getpid());
@@ -98,7 +98,7 @@ int main(void)
 	CHECK_RC(s, strap_session_close(s, &c), STRAP_OK);
 	/* closed but not freed: the session still holds its output */
 	char self[64];
-	snprintf(self, sizeof self, "process %d (this process)", (int)getpid());
+	snprintf(self, sizeof self, "this process (pid %d)", (int)getpid());
 	want_in_use(&d, out, self);
 	strap_session_free(s);
 	th_expect_close(&x);

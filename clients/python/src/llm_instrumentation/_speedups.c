@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "strap_ring.h"
+#include "strap_streamlock.h"
 
 static int
 u64_arg(PyObject *o, const char *what, uint64_t *out)
@@ -490,6 +491,163 @@ done:
     return out;
 }
 
+/* ----- the stream lock (docs/CHECKPOINTS.md 5): libstrap's strap_streamlock.h ----- */
+
+/* An optional path argument (None: NULL) as a file-system-encoded bytes object in *held. */
+static int
+opt_path(PyObject *o, PyObject **held, const char **out)
+{
+    *held = NULL;
+    *out = NULL;
+    if (o == NULL || o == Py_None)
+        return 0;
+    if (!PyUnicode_FSConverter(o, held))
+        return -1;
+    *out = PyBytes_AsString(*held);
+    return *out == NULL ? -1 : 0;
+}
+
+/* Between two polls of a wait without the GIL: take it back, run the signal handlers (a
+ * KeyboardInterrupt stops the wait), let it go again. */
+typedef struct {
+    PyThreadState *ts;
+} lock_wait;
+
+static int
+lock_interrupted(void *p)
+{
+    lock_wait *w = p;
+    PyEval_RestoreThread(w->ts);
+    int failed = PyErr_CheckSignals() < 0;
+    w->ts = PyEval_SaveThread();
+    return failed;
+}
+
+PyDoc_STRVAR(stream_lock_doc,
+             "stream_lock(fd, st_dev, st_ino, wait, path, mark=None, locks_file=None)\n"
+             "--\n\n"
+             "Take the stream's exclusive flock on fd, whose os.fstat gives st_dev and st_ino\n"
+             "(strap_streamlock.h's stl_lock; the GIL is released while it waits for a gone holder, up to\n"
+             "wait seconds). mark: a path to mark the capture live with once locked. locks_file: read\n"
+             "instead of /proc/locks. Returns (verdict, pid, errno, message): verdict LOCK_LOCKED,\n"
+             "LOCK_LIVE_HERE, LOCK_LIVE, LOCK_UNKNOWN, LOCK_TIMEOUT or LOCK_ERROR; pid 0 when no holder\n"
+             "was found.");
+
+static PyObject *
+stream_lock(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int fd;
+    unsigned long long dev, ino;
+    double wait;
+    PyObject *path, *mark_o = Py_None, *locks_o = Py_None, *mark_b = NULL, *locks_b = NULL, *out = NULL;
+    const char *mark, *locks;
+    if (!PyArg_ParseTuple(args, "iKKdO&|OO:stream_lock", &fd, &dev, &ino, &wait, PyUnicode_FSConverter, &path, &mark_o,
+                          &locks_o))
+        return NULL;
+    stl_result *r = NULL;
+    const char *p = PyBytes_AsString(path);
+    if (p == NULL || opt_path(mark_o, &mark_b, &mark) < 0 || opt_path(locks_o, &locks_b, &locks) < 0)
+        goto done;
+    if (!(wait >= 0)) {
+        PyErr_SetString(PyExc_ValueError, "stream_lock: wait must be a number of seconds >= 0");
+        goto done;
+    }
+    r = PyMem_Malloc(sizeof *r);
+    if (r == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    lock_wait w = {PyEval_SaveThread()};
+    int v = stl_lock(fd, (dev_t)dev, (ino_t)ino, p, wait, locks, mark, lock_interrupted, &w, r);
+    PyEval_RestoreThread(w.ts);
+    if (v != STL_INTERRUPTED) /* else the signal handler's exception is set */
+        out = Py_BuildValue("(iiiN)", v, (int)r->pid, r->err, PyUnicode_DecodeFSDefault(r->msg));
+done:
+    PyMem_Free(r);
+    Py_DECREF(path);
+    Py_XDECREF(mark_b);
+    Py_XDECREF(locks_b);
+    return out;
+}
+
+PyDoc_STRVAR(stream_lock_holder_doc, "stream_lock_holder(st_dev, st_ino, locks_file=None)\n"
+                                     "--\n\n"
+                                     "The pid that holds the flock on the file, read from /proc/locks (or locks_file)\n"
+                                     "as stl_holder does; 0 when none is found.");
+
+static PyObject *
+stream_lock_holder(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long dev, ino;
+    PyObject *locks_o = Py_None, *locks_b;
+    const char *locks;
+    if (!PyArg_ParseTuple(args, "KK|O:stream_lock_holder", &dev, &ino, &locks_o) ||
+        opt_path(locks_o, &locks_b, &locks) < 0)
+        return NULL;
+    PyThreadState *ts = PyEval_SaveThread();
+    pid_t pid = stl_holder((dev_t)dev, (ino_t)ino, locks);
+    PyEval_RestoreThread(ts);
+    Py_XDECREF(locks_b);
+    return PyLong_FromLong((long)pid);
+}
+
+PyDoc_STRVAR(stream_alive_doc, "stream_alive(pid)\n"
+                               "--\n\n"
+                               "Whether pid is a running process (a zombie is not), as stl_alive decides.");
+
+static PyObject *
+stream_alive(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    long pid = PyLong_AsLong(arg);
+    if (pid == -1 && PyErr_Occurred())
+        return NULL;
+    if (pid <= 0 || pid > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "stream_alive: pid %ld is not a process id", pid);
+        return NULL;
+    }
+    return PyBool_FromLong(stl_alive((pid_t)pid));
+}
+
+PyDoc_STRVAR(stream_mark_live_doc, "stream_mark_live(st_dev, st_ino, path)\n"
+                                   "--\n\n"
+                                   "Mark this process's capture of the file as live, writing path (stl_mark_live).");
+
+static PyObject *
+stream_mark_live(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long dev, ino;
+    PyObject *path;
+    if (!PyArg_ParseTuple(args, "KKO&:stream_mark_live", &dev, &ino, PyUnicode_FSConverter, &path))
+        return NULL;
+    const char *p = PyBytes_AsString(path);
+    int rc = p == NULL ? -2 : stl_mark_live((dev_t)dev, (ino_t)ino, p);
+    Py_DECREF(path);
+    if (rc == -1)
+        PyErr_NoMemory();
+    if (rc)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(stream_mark_ended_doc, "stream_mark_ended(st_dev, st_ino)\n"
+                                    "--\n\n"
+                                    "This process's capture of the file has stopped or aborted (stl_mark_ended).");
+
+static PyObject *
+stream_mark_ended(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long dev, ino;
+    if (!PyArg_ParseTuple(args, "KK:stream_mark_ended", &dev, &ino))
+        return NULL;
+    stl_mark_ended((dev_t)dev, (ino_t)ino);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"write_record", (PyCFunction)(void (*)(void))write_record, METH_FASTCALL, write_record_doc},
     {"bind_cuda_memcpy", (PyCFunction)bind_cuda_memcpy, METH_O, bind_cuda_memcpy_doc},
@@ -503,10 +661,15 @@ static PyMethodDef methods[] = {
     {"token_record_len", token_record_len, METH_O, token_record_len_doc},
     {"encode_token_record", (PyCFunction)(void (*)(void))encode_token_record, METH_FASTCALL, encode_token_record_doc},
     {"parse_record_header", (PyCFunction)(void (*)(void))parse_record_header, METH_FASTCALL, parse_record_header_doc},
+    {"stream_lock", stream_lock, METH_VARARGS, stream_lock_doc},
+    {"stream_lock_holder", stream_lock_holder, METH_VARARGS, stream_lock_holder_doc},
+    {"stream_alive", stream_alive, METH_O, stream_alive_doc},
+    {"stream_mark_live", stream_mark_live, METH_VARARGS, stream_mark_live_doc},
+    {"stream_mark_ended", stream_mark_ended, METH_VARARGS, stream_mark_ended_doc},
     {NULL, NULL, 0, NULL},
 };
 
-/* strap_ring.h's constants, under the names _ring.py gives them. */
+/* strap_ring.h's constants, under the names _ring.py gives them; strap_streamlock.h's verdicts. */
 static int
 module_exec(PyObject *m)
 {
@@ -528,6 +691,12 @@ module_exec(PyObject *m)
         {"MAX_META", SR_MAX_META},
         {"MAX_NDIM", SR_MAX_NDIM},
         {"MAX_TOKEN_TEXT", SR_MAX_TOKEN_TEXT},
+        {"LOCK_LOCKED", STL_LOCKED},
+        {"LOCK_LIVE_HERE", STL_LIVE_HERE},
+        {"LOCK_LIVE", STL_LIVE},
+        {"LOCK_UNKNOWN", STL_UNKNOWN},
+        {"LOCK_TIMEOUT", STL_TIMEOUT},
+        {"LOCK_ERROR", STL_ERROR},
     };
     for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) < 0)
