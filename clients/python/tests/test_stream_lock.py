@@ -193,3 +193,83 @@ def test_zombie_is_not_alive():
     p.wait()
     assert not _streamlock._alive(p.pid)
     assert _streamlock._alive(os.getpid())
+
+
+def _gone_holder(path: Path, hold_s: float) -> None:
+    """A lock whose taker has exited, kept ``hold_s`` seconds by its child's copy of the descriptor."""
+    code = textwrap.dedent(f"""
+        import fcntl, os, subprocess, sys
+        fd = os.open({str(path)!r}, os.O_WRONLY)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep({hold_s})"], pass_fds=(fd,))
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_wait_lets_go_of_the_gil_and_a_signal_stops_it(tmp_path):
+    """The wait runs in libstrap's C (strap_streamlock.h) without the GIL: another thread keeps
+    running meanwhile, and a signal handler's exception ends the wait at once."""
+    import signal
+    import threading
+
+    path = tmp_path / "s.strap"
+    path.write_bytes(b"kept")
+    _gone_holder(path, 8)
+    fd = os.open(path, os.O_RDWR)
+    ticks, stop = [0], threading.Event()
+
+    def tick() -> None:
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    class Stop(Exception):
+        pass
+
+    def on_alarm(signum, frame):
+        raise Stop()
+
+    t = threading.Thread(target=tick)
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        with pytest.raises(StreamInUseError, match="still holds the stream lock after 1s"):
+            t.start()
+            _streamlock.lock_stream(fd, 1.0, str(path))
+        stop.set()
+        t.join()
+        assert ticks[0] > 20, f"the other thread ran {ticks[0]} times during a 1 s wait: the GIL was held"
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        t0 = time.monotonic()
+        with pytest.raises(Stop):
+            _streamlock.lock_stream(fd, 30, str(path))
+        assert time.monotonic() - t0 < 3, "the signal did not stop the wait"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        stop.set()
+        os.close(fd)
+    assert path.read_bytes() == b"kept"
+
+
+def test_own_live_capture_refused_then_waited_for_once_ended(tmp_path):
+    """This process's capture marked live: refused at once, naming it; marked ended (its
+    strapd session still ending): waited for, here until the deadline."""
+    path = tmp_path / "s.strap"
+    path.write_bytes(b"kept")
+    fd, fd2 = os.open(path, os.O_RDWR), os.open(path, os.O_RDWR)
+    try:
+        _streamlock.lock_stream(fd, 0, str(path))
+        key = _streamlock.mark_live(fd, str(path))
+        with pytest.raises(StreamInUseError, match=r"this process \(pid \d+\) that has not stopped, writing") as ei:
+            _streamlock.lock_stream(fd2, 30, str(path))
+        assert ei.value.pid == os.getpid() and ei.value.path == str(path)
+        _streamlock.mark_ended(key)
+        t0 = time.monotonic()
+        with pytest.raises(StreamInUseError, match="has ended"):
+            _streamlock.lock_stream(fd2, 0.3, str(path))
+        assert time.monotonic() - t0 >= 0.25
+        with pytest.raises(OSError):
+            _streamlock.lock_stream(10**6, 0, str(path))  # not a descriptor: fstat fails
+    finally:
+        os.close(fd)
+        os.close(fd2)
