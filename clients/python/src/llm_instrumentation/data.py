@@ -39,7 +39,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 PathLike = Union[str, "os.PathLike[str]"]
 
 #: Codec ids of the lossy activation codecs (docs/COMPRESSION.md): quant, fp16, fp8.
-LOSSY_CODECS = (_activation_codecs.QUANT, _activation_codecs.FP16, _activation_codecs.FP8)
+LOSSY_CODECS = (_activation_codecs.QUANT, _activation_codecs.FP16, _activation_codecs.FP8,
+                _activation_codecs.TRANSFORM)
 #: Stored bytes of the tensors an object-storage epoch fetches ahead, at most (see ``prefetch``).
 PREFETCH_BYTES = 256 << 20
 #: Keys of a row (and of a batch) besides ``activation``, all integer (``lossy`` bool).
