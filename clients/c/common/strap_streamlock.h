@@ -22,6 +22,12 @@
 #ifndef STRAP_STREAMLOCK_H
 #define STRAP_STREAMLOCK_H
 
+/* flock, kill, O_CLOEXEC, clock_gettime: the includer defines _GNU_SOURCE (Python.h does)
+ * before its first system header. */
+#if !defined(_GNU_SOURCE) && !defined(_DEFAULT_SOURCE)
+#error "strap_streamlock.h needs _GNU_SOURCE (or _DEFAULT_SOURCE) defined before any system header"
+#endif
+
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
