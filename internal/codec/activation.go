@@ -339,9 +339,12 @@ func appendLiteralsBlock(dst, chunk []byte, last bool, s *huff0.Scratch) []byte 
 	default:
 		err = huff0.ErrIncompressible
 	}
-	var lh []byte
+	var (
+		lha [5]byte
+		lh  []byte
+	)
 	if err == nil {
-		lh = literalsHeader(len(out), len(chunk), single)
+		lh = literalsHeader(lha[:0], len(out), len(chunk), single)
 		if len(lh)+len(out)+1 >= len(chunk) {
 			err = huff0.ErrIncompressible
 		}
@@ -476,8 +479,9 @@ var cLog2C = func() (t [smallMax]int64) {
 	return t
 }()
 
-// literalsHeader is the zstd Literals_Section_Header of a Compressed_Literals_Block.
-func literalsHeader(compLen, regen int, single bool) []byte {
+// literalsHeader appends the zstd Literals_Section_Header of a Compressed_Literals_Block
+// to dst (3 to 5 bytes: a caller's array keeps it off the heap, once per coded plane).
+func literalsHeader(dst []byte, compLen, regen int, single bool) []byte {
 	const typ = 2
 	switch {
 	case regen < 1<<10 && compLen < 1<<10:
@@ -486,13 +490,13 @@ func literalsHeader(compLen, regen int, single bool) []byte {
 			sf = 0
 		}
 		h := typ | sf<<2 | uint64(regen)<<4 | uint64(compLen)<<14
-		return []byte{byte(h), byte(h >> 8), byte(h >> 16)}
+		return append(dst, byte(h), byte(h>>8), byte(h>>16))
 	case regen < 1<<14 && compLen < 1<<14:
 		h := typ | 2<<2 | uint64(regen)<<4 | uint64(compLen)<<18
-		return []byte{byte(h), byte(h >> 8), byte(h >> 16), byte(h >> 24)}
+		return append(dst, byte(h), byte(h>>8), byte(h>>16), byte(h>>24))
 	default:
 		h := typ | 3<<2 | uint64(regen)<<4 | uint64(compLen)<<22
-		return []byte{byte(h), byte(h >> 8), byte(h >> 16), byte(h >> 24), byte(h >> 32)}
+		return append(dst, byte(h), byte(h>>8), byte(h>>16), byte(h>>24), byte(h>>32))
 	}
 }
 

@@ -270,7 +270,7 @@ func TestSmallLooksUniformCorpus(t *testing.T) {
 			continue
 		}
 		coded++
-		if err != nil || len(literalsHeader(len(out), len(c), len(c) < 1024))+len(out)+1 >= len(c) {
+		if err != nil || len(literalsHeader(nil, len(out), len(c), len(c) < 1024))+len(out)+1 >= len(c) {
 			refused++
 		}
 	}
