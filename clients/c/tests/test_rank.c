@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "strap_rank.h"
 
 /* Open, write one tensor, close; returns the session's output path (malloc'd) or NULL. */
 static char *capture(th_daemon *d, const char *out, const char *ckpt)
@@ -70,8 +71,45 @@ static void want_refused(th_daemon *d, const char *needle)
 		strap_session_free(s);
 }
 
+/* The naming rule itself (common/strap_rank.h), the cases clients/python/tests/test_distributed.py
+ * gives Python's rank_path (which binds the same). */
+static void naming(void)
+{
+	static const char *cases[][2] = {
+		{"/r/cap.strap", "/r/cap.rank00001-of-00002.strap"},
+		{"/r/gen.stream", "/r/gen.rank00001-of-00002.stream"},
+		{"/r/cap", "/r/cap.rank00001-of-00002"},
+		{"/r/.strap", "/r/.strap.rank00001-of-00002"},
+		{"/r/..strap", "/r/..strap.rank00001-of-00002"},
+		{"/r/a.", "/r/a.rank00001-of-00002."},
+		{"/r.d/cap", "/r.d/cap.rank00001-of-00002"},
+		{"cap.strap", "cap.rank00001-of-00002.strap"},
+		{"/r/a.b.strap", "/r/a.b.rank00001-of-00002.strap"},
+		{"/r/cap.rank00001-of-00002.strap", "/r/cap.rank00001-of-00002.strap"},
+		{"/r/cap.rank000001-of-000002.strap", "/r/cap.rank000001-of-000002.strap"},
+		{"/r/cap.rank0001-of-00002.strap", "/r/cap.rank0001-of-00002.rank00001-of-00002.strap"},
+		{"/r/cap.rank00000-of-00002.strap", "/r/cap.rank00000-of-00002.rank00001-of-00002.strap"},
+		{"/r/cap.rank99999999999999999999999-of-00002.strap",
+		 "/r/cap.rank99999999999999999999999-of-00002.rank00001-of-00002.strap"},
+		{"/r/run.ckpt.json", "/r/run.ckpt.rank00001-of-00002.json"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		char out[200];
+		size_t n = srk_rank_path(cases[i][0], 1, 2, out, sizeof out);
+		CHECK(n == strlen(cases[i][1]) && strcmp(out, cases[i][1]) == 0, "%s: %s, want %s", cases[i][0], out,
+		      cases[i][1]);
+		char small[8];
+		CHECK(srk_rank_path(cases[i][0], 1, 2, small, sizeof small) == n && strlen(small) == sizeof small - 1,
+		      "%s: cut short wrongly", cases[i][0]);
+	}
+	char out[64];
+	srk_rank_path("/r/cap.strap", 11999, 12000, out, sizeof out);
+	CHECK(strcmp(out, "/r/cap.rank11999-of-12000.strap") == 0, "%s", out);
+}
+
 int main(void)
 {
+	naming();
 	th_daemon d;
 	if (th_start_daemon(&d, NULL) != 0)
 		return 1;
@@ -143,6 +181,19 @@ int main(void)
 	want_path(&d, "alone.strap", "alone.strap");
 	snprintf(cmd, sizeof cmd, "%s inspect --json %s/alone.strap", bin, d.dir);
 	CHECK(th_run(cmd, got, sizeof got) == 0 && !strstr(got, "\"distributed\""), "a single process has a rank");
+	/* a lone RANK (no WORLD_SIZE) may mean something else: not parsed, a single process (as in
+	 * Python's detect) */
+	setenv("RANK", "two", 1);
+	want_path(&d, "lone.strap", "lone.strap");
+	/* white space around the values is stripped, as Python's str.strip() does */
+	setenv("RANK", " 1\n", 1);
+	setenv("WORLD_SIZE", "2\r\n", 1);
+	setenv("STRAP_RANK_STREAMS", " Off\n", 1);
+	want_path(&d, "spaced.strap", "spaced.strap");
+	unsetenv("STRAP_RANK_STREAMS");
+	want_path(&d, "spaced2.strap", "spaced2.rank00001-of-00002.strap");
+	unsetenv("RANK");
+	unsetenv("WORLD_SIZE");
 
 	th_stop_daemon(&d);
 	return th_done("test_rank");

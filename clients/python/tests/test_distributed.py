@@ -28,6 +28,15 @@ R1 = RankInfo(rank=1, world_size=2, local_rank=1, local_world_size=2, host="h", 
     ("/r/cap.rank00001-of-00002.strap", "/r/cap.rank00001-of-00002.strap"),  # given back: kept
     ("/r/cap.rank00000-of-00002.strap", "/r/cap.rank00000-of-00002.rank00001-of-00002.strap"),
     ("/r/run.ckpt.json", "/r/run.ckpt.rank00001-of-00002.json"),
+    # libstrap's rule (clients/c/common/strap_rank.h; clients/c/tests/test_rank.c checks the same)
+    ("/r/..strap", "/r/..strap.rank00001-of-00002"),
+    ("/r/a.", "/r/a.rank00001-of-00002."),
+    ("/r.d/cap", "/r.d/cap.rank00001-of-00002"),
+    ("cap.strap", "cap.rank00001-of-00002.strap"),
+    ("/r/cap.rank000001-of-000002.strap", "/r/cap.rank000001-of-000002.strap"),
+    ("/r/cap.rank0001-of-00002.strap", "/r/cap.rank0001-of-00002.rank00001-of-00002.strap"),
+    ("/r/cap.rank\u0660\u0660\u0660\u0660\u0661-of-00002.strap",  # not ASCII digits: no marker
+     "/r/cap.rank\u0660\u0660\u0660\u0660\u0661-of-00002.rank00001-of-00002.strap"),
 ])
 def test_rank_path(given, want):
     assert rank_path(given, R1) == want

@@ -22,10 +22,13 @@ import fnmatch
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from . import _speedups as _c
+
 #: The environment variable that turns per-rank stream names off (``0``, ``false``, ``no``, ``off``).
 OPT_OUT_ENV = "STRAP_RANK_STREAMS"
 
-_RANKED = re.compile(r"\.rank(\d{5,})-of-(\d{5,})$")
+#: A rank's marker at the end of a stem (what :func:`rank_path` adds, ASCII digits only).
+_RANKED = re.compile(r"\.rank([0-9]{5,})-of-([0-9]{5,})$")
 
 
 @dataclass(frozen=True)
@@ -462,8 +465,9 @@ def per_rank_enabled(env: Optional[Mapping[str, str]] = None) -> bool:
 
 def rank_path(path: str, info: RankInfo) -> str:
     """``path`` with this rank's marker before its extension:
-    ``cap.strap`` → ``cap.rank00001-of-00002.strap``. A path that already carries this
-    rank's marker (a path a capture of this rank returned, given again) is kept.
+    ``cap.strap`` → ``cap.rank00001-of-00002.strap`` (the extension as :func:`os.path.splitext`
+    finds it; a name of leading dots only has none). A path that already carries this rank's
+    marker (ASCII digits; a path a capture of this rank returned, given again) is kept.
 
     Args:
         path: a stream (or checkpoint, or trace) path.
@@ -476,15 +480,9 @@ def rank_path(path: str, info: RankInfo) -> str:
         >>> rank_path("/runs/cap.strap", RankInfo(1, 2, 1, 2, "h", "env"))
         '/runs/cap.rank00001-of-00002.strap'
     """
-    head, base = os.path.split(path)
-    stem, ext = os.path.splitext(base)
-    if stem == "":  # ".strap": a name that is all extension
-        stem, ext = base, ""
-    marker = f".rank{info.rank:05d}-of-{info.world_size:05d}"
-    m = _RANKED.search(stem)
-    if m is not None and int(m.group(1)) == info.rank and int(m.group(2)) == info.world_size:
-        return path
-    return os.path.join(head, stem + marker + ext)
+    # The rule is libstrap's (clients/c/common/strap_rank.h), compiled into _speedups: the
+    # C client names a rank's stream the same way.
+    return str(_c.rank_path(path, info.rank, info.world_size))
 
 
 # ----- exchanging small facts between ranks (D3, D4) -----------------------------------------------

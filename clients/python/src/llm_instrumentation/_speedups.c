@@ -39,6 +39,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "strap_rank.h"
 #include "strap_ring.h"
 #include "strap_streamlock.h"
 
@@ -648,6 +649,39 @@ stream_mark_ended(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ----- the per-rank stream name (docs/DISTRIBUTED.md): libstrap's strap_rank.h ----- */
+
+PyDoc_STRVAR(rank_path_doc, "rank_path(path, rank, world_size)\n"
+                            "--\n\n"
+                            "path with the rank's marker .rankRRRRR-of-WWWWW before its extension (strap_rank.h's\n"
+                            "srk_rank_path); a path that already carries this rank's marker is returned as it is.");
+
+static PyObject *
+rank_path(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *path, *out = NULL;
+    long long rank, world;
+    if (!PyArg_ParseTuple(args, "O&LL:rank_path", PyUnicode_FSConverter, &path, &rank, &world))
+        return NULL;
+    const char *p = PyBytes_AsString(path);
+    if (p != NULL && (rank < 0 || world <= rank))
+        PyErr_Format(PyExc_ValueError, "rank_path: rank %lld is outside a world of %lld", rank, world);
+    else if (p != NULL) {
+        size_t n = srk_rank_path(p, rank, world, NULL, 0);
+        char *buf = PyMem_Malloc(n + 1);
+        if (buf == NULL)
+            PyErr_NoMemory();
+        else {
+            srk_rank_path(p, rank, world, buf, n + 1);
+            out = PyUnicode_DecodeFSDefaultAndSize(buf, (Py_ssize_t)n);
+            PyMem_Free(buf);
+        }
+    }
+    Py_DECREF(path);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"write_record", (PyCFunction)(void (*)(void))write_record, METH_FASTCALL, write_record_doc},
     {"bind_cuda_memcpy", (PyCFunction)bind_cuda_memcpy, METH_O, bind_cuda_memcpy_doc},
@@ -666,6 +700,7 @@ static PyMethodDef methods[] = {
     {"stream_alive", stream_alive, METH_O, stream_alive_doc},
     {"stream_mark_live", stream_mark_live, METH_VARARGS, stream_mark_live_doc},
     {"stream_mark_ended", stream_mark_ended, METH_VARARGS, stream_mark_ended_doc},
+    {"rank_path", rank_path, METH_VARARGS, rank_path_doc},
     {NULL, NULL, 0, NULL},
 };
 
