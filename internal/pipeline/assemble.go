@@ -51,7 +51,8 @@ func (s *Session) packet(it *item) (stream.Packet, error) {
 	}
 	if s.codec == nil {
 		p.Codec = codec.None
-		p.Blocks = []stream.Block{{Data: r.Payload}}
+		it.block1[0] = stream.Block{Data: r.Payload}
+		p.Blocks = it.block1[:]
 		p.Shared = true // straight from the ring, which the client can write
 	} else {
 		p.Codec = s.codec.ID()

@@ -141,8 +141,8 @@ func (s *Session) prepareSmall(it *item) error {
 	if err != nil {
 		return &Error{Kind: KindInternal, Err: fmt.Errorf("wait for memory budget: %w", err)}
 	}
-	it.blocks = make([]stream.Block, 1)
-	it.grants = []grant{g}
+	it.block1[0], it.grant1[0] = stream.Block{}, g
+	it.blocks, it.grants = it.block1[:], it.grant1[:]
 	if withStats {
 		it.stats = make([]codec.BlockStats, 1)
 	}

@@ -182,16 +182,28 @@ func (s *Session) enqueue(it *item) error {
 }
 
 // bufPool recycles compression buffers across sessions: they are large and short-lived.
-var bufPool sync.Pool
+// It holds them as *[]byte (a pool of plain slices would allocate a header per Put); the
+// pointers themselves come back through hdrPool, so a buffer's round trip allocates
+// nothing (one per record of a decode token before issue 38).
+var bufPool, hdrPool sync.Pool
 
 func getBuf(n int) []byte {
-	if v, ok := bufPool.Get().(*[]byte); ok && cap(*v) >= n {
-		return (*v)[:0]
+	if v, ok := bufPool.Get().(*[]byte); ok {
+		b := *v
+		*v = nil
+		hdrPool.Put(v)
+		if cap(b) >= n {
+			return b[:0]
+		}
 	}
 	return make([]byte, 0, n)
 }
 
 func putBuf(b []byte) {
-	b = b[:0]
-	bufPool.Put(&b)
+	v, ok := hdrPool.Get().(*[]byte)
+	if !ok {
+		v = new([]byte)
+	}
+	*v = b[:0]
+	bufPool.Put(v)
 }

@@ -87,9 +87,13 @@ type item struct {
 	batch []*item
 
 	// Filled by the fan-out (fanout.go) for compressed codecs.
-	blocks  []stream.Block
-	stats   []codec.BlockStats // lossy codecs: the error of each block
-	grants  []grant
+	blocks []stream.Block
+	stats  []codec.BlockStats // lossy codecs: the error of each block
+	grants []grant
+	// A record of one block (every small record, and a codec none record's packet) keeps
+	// its block and grant here, so they cost no allocation of their own.
+	block1  [1]stream.Block
+	grant1  [1]grant
 	pending atomic.Int32
 	done    chan struct{} // closed once every block is compressed (at once for the rest)
 	// A batched record's encoder, from prepareSmall until compressBatch.
