@@ -9,8 +9,9 @@ CPython's limited API (one ``.abi3.so`` for CPython 3.10 and later). ``_speedups
 monitor takes its Python paths, which write the same bytes.
 
 Both compile C they share with libstrap, the C client: ``clients/c/common`` in a checkout (the
-ring layout ``strap_ring.h``, the resource events' template filling ``_render_core.h`` and its
-schema ``_records.h``, generated from ``resources/records.py``). An sdist carries a copy of that
+ring layout ``strap_ring.h``, the stream lock ``strap_streamlock.h``, the per-rank stream name
+``strap_rank.h``, the resource events' template filling ``_render_core.h`` and its schema
+``_records.h``, generated from ``resources/records.py``). An sdist carries a copy of that
 folder at ``common/`` (the ``sdist`` command below puts it there), so a wheel builds from the
 sdist alone.
 """

@@ -26,6 +26,11 @@
  *   libstrap's own (clients/c/common/strap_ring.h, header-only, compiled in here as libstrap
  *   compiles it), so the client side writes the record header in one place.
  *
+ * - the stream lock (docs/CHECKPOINTS.md 5) and the per-rank stream name (docs/DISTRIBUTED.md):
+ *   libstrap's own too (clients/c/common/strap_streamlock.h, strap_rank.h), bound here for
+ *   _streamlock.py and _distributed.py. stream_lock lets the GIL go while it waits for a gone
+ *   holder's lock, taking it back every 50 ms to run the signal handlers.
+ *
  * Built against the limited API of CPython 3.10 (one .abi3.so for every later CPython).
  * Required: the client's ring code is this module (a source install needs a C compiler; the
  * wheels carry it compiled). The resource monitor's C paths are the other extension,
