@@ -555,10 +555,12 @@ stream_lock(PyObject *self, PyObject *args)
     const char *p = PyBytes_AsString(path);
     if (p == NULL || opt_path(mark_o, &mark_b, &mark) < 0 || opt_path(locks_o, &locks_b, &locks) < 0)
         goto done;
-    if (!(wait >= 0)) {
-        PyErr_SetString(PyExc_ValueError, "stream_lock: wait must be a number of seconds >= 0");
+    if (wait != wait) {
+        PyErr_SetString(PyExc_ValueError, "stream_lock: wait is NaN, not a number of seconds");
         goto done;
     }
+    if (wait < 0)
+        wait = 0; /* as a deadline already past: a gone holder's lock is not waited for */
     r = PyMem_Malloc(sizeof *r);
     if (r == NULL) {
         PyErr_NoMemory();
