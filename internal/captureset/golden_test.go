@@ -16,33 +16,15 @@ import (
 // tests (tests/test_capture_set_golden.py) read the same files.
 const goldenDir = "../../testdata/capture-set"
 
-// goldenRank is one stream's facts in expect.json: the manifest's rank entry without "stream".
-type goldenRank struct {
-	Rank        int               `json:"rank"`
-	LocalRank   *int              `json:"local_rank"`
-	Host        string            `json:"host"`
-	TPRank      int               `json:"tp_rank"`
-	PPStage     int               `json:"pp_stage"`
-	DPRank      int               `json:"dp_rank"`
-	Session     uint64            `json:"session"`
-	StrapdHost  string            `json:"strapd_host"`
-	Fingerprint *string           `json:"fingerprint"`
-	Status      string            `json:"status"`
-	Tokens      [2]uint64         `json:"tokens"`
-	Forwards    uint64            `json:"forwards"`
-	Packets     uint64            `json:"packets"`
-	Bytes       uint64            `json:"bytes"`
-	Modules     map[string]Module `json:"modules"`
-}
-
+// goldenExpect is expect.json; its ranks are manifest rank entries without "stream" (a Rank with Stream empty).
 type goldenExpect struct {
 	Version int `json:"version"`
 	Sets    map[string]struct {
-		Manifest  string                `json:"manifest"`
-		WorldSize int                   `json:"world_size"`
-		Layout    Layout                `json:"layout"`
-		JobID     string                `json:"job_id"`
-		Ranks     map[string]goldenRank `json:"ranks"`
+		Manifest  string          `json:"manifest"`
+		WorldSize int             `json:"world_size"`
+		Layout    Layout          `json:"layout"`
+		JobID     string          `json:"job_id"`
+		Ranks     map[string]Rank `json:"ranks"`
 	} `json:"sets"`
 	Bad map[string]struct {
 		Rank *int   `json:"rank"`
@@ -135,7 +117,7 @@ func TestGoldenFacts(t *testing.T) {
 				if d.Host != nil {
 					host = *d.Host
 				}
-				got := goldenRank{Rank: *u64(d.Rank), LocalRank: u64(d.LocalRank), Host: host,
+				got := Rank{Rank: *u64(d.Rank), LocalRank: u64(d.LocalRank), Host: host,
 					TPRank: *u64(d.TPRank), PPStage: *u64(d.PPStage), DPRank: *u64(d.DPRank),
 					Session: facts.Session, StrapdHost: facts.StrapdHost, Fingerprint: facts.Fingerprint,
 					Status: facts.Status, Tokens: facts.Tokens, Forwards: facts.Forwards, Packets: facts.Packets,
