@@ -67,6 +67,10 @@ const (
 // these 5.08×.
 var directMargin, directRetry = 1.0, 0.95
 
+// transformMode is the layout the encoder writes: modeGrouped (2), or modeLossy (0, the
+// layout before issue 40's second pass; kept for the tests that compare the two).
+var transformMode = modeGrouped
+
 func init() {
 	Register("transform", Transform, newTransform)
 }
@@ -185,30 +189,59 @@ func (c *transformCodec) EncodeStats(dst, src []byte, dt dtype.DType) ([]byte, b
 			basis = nil
 		}
 	}
+	out, st, lossy, err := finishTransform(dst, x, dt, parts, basis, c.relL2, rowLen, first, cont)
+	if err != nil {
+		return nil, false, st, fmt.Errorf("transform: %w", err)
+	}
+	if lossy && basis != nil && transformMode == modeGrouped {
+		// Whether the basis pays is measured, not estimated: the block coded without it
+		// (pickK's estimate assumes one entropy table for all values, which the channel
+		// groups beat; on MiniLM a basis kept by the estimate cost 3 % of the ratio).
+		plain := make([]tPart, len(parts))
+		for g, p := range parts {
+			plain[g] = tPart{lo: p.lo, hi: p.hi}
+		}
+		alt, st2, lossy2, err := finishTransform(nil, x, dt, plain, nil, c.relL2, rowLen, first, cont)
+		if err != nil {
+			return nil, false, st, fmt.Errorf("transform: %w", err)
+		}
+		if lossy2 && len(alt) < len(out)-len(dst) {
+			out, st = append(out[:len(dst)], alt...), st2
+		}
+	}
+	if !lossy || len(out)-len(dst) >= len(src) {
+		return encodeLossless(dst, src, dt, 0)
+	}
+	return out, true, st, nil
+}
+
+// finishTransform codes the parts the basis did not take directly and writes the block;
+// lossy false: a part cannot be carried (the block is then stored losslessly).
+func finishTransform(dst []byte, x []float64, dt dtype.DType, parts []tPart, basis *tBasis, bound float64, rowLen, first int, cont bool) ([]byte, BlockStats, bool, error) {
+	st := BlockStats{Values: len(x), Rows: make([]RowSums, len(parts)), FirstContinues: cont}
 	for g := range parts {
 		p := &parts[g]
 		if p.kind == partBasis {
 			continue
 		}
-		if !codeDirect(p, x[p.lo:p.hi], dt, c.relL2) {
-			return encodeLossless(dst, src, dt, 0)
+		if !codeDirect(p, x[p.lo:p.hi], dt, bound) {
+			return nil, st, false, nil
 		}
 	}
-	st := BlockStats{Values: n, Rows: make([]RowSums, groups), FirstContinues: cont}
 	for g, p := range parts {
 		st.Rows[g] = p.sums
 		st.SumSq += p.sums.SumSq
 		st.SumSqErr += p.sums.SumSqErr
 		st.MaxAbs = max(st.MaxAbs, p.maxAbs)
 	}
-	out, err := appendTransform(dst, parts, basis, rowLen, first)
-	if err != nil {
-		return nil, false, st, fmt.Errorf("transform: %w", err)
+	var out []byte
+	var err error
+	if transformMode == modeGrouped {
+		out, err = appendTransformGrouped(dst, parts, basis, rowLen, first)
+	} else {
+		out, err = appendTransform(dst, parts, basis, rowLen, first)
 	}
-	if len(out)-len(dst) >= len(src) {
-		return encodeLossless(dst, src, dt, 0)
-	}
-	return out, true, st, nil
+	return out, st, true, err
 }
 
 // roundTo rounds a decoded float32 to dt, as both decoders do.
@@ -762,15 +795,24 @@ func (c *transformCodec) Decode(dst, src []byte, dt dtype.DType, rawLen int) ([]
 }
 
 func decodeTransform(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error) {
-	if out, done, err := decodeLosslessMode(dst, src, dt, rawLen); done {
-		return out, err
+	grouped := len(src) > 0 && src[0] == modeGrouped
+	if !grouped {
+		if out, done, err := decodeLosslessMode(dst, src, dt, rawLen); done {
+			return out, err
+		}
+	} else if rawLen < 0 || rawLen > MaxBlockSize {
+		return nil, fmt.Errorf("block of %d bytes: %w", rawLen, ErrCorrupt)
 	}
 	w := dt.Size()
 	if !fp8Able(dt) || rawLen%w != 0 || rawLen == 0 {
 		return nil, fmt.Errorf("transform block of %s, %d bytes: %w", dt, rawLen, ErrCorrupt)
 	}
 	n := rawLen / w
-	if len(src) < transformHeader {
+	hl := transformHeader
+	if grouped {
+		hl++
+	}
+	if len(src) < hl {
 		return nil, fmt.Errorf("short header: %w", ErrCorrupt)
 	}
 	rowLen := int(binary.LittleEndian.Uint32(src[1:]))
@@ -786,25 +828,65 @@ func decodeTransform(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error
 		return nil, fmt.Errorf("basis of %d vectors, shift %d, width %d: %w", k, shift, width, ErrCorrupt)
 	}
 	groups := 1 + (n-first+rowLen-1)/rowLen
-	p := src[transformHeader:]
+	p := src[hl:]
 	meanLen := 0
 	if k > 0 {
 		meanLen = 4 * rowLen
 	}
-	if len(p) < meanLen+5*groups {
-		return nil, fmt.Errorf("%d bytes for the mean and %d row parts: %w", len(p), groups, ErrCorrupt)
+	var grp []uint8 // mode 2: the channel group of each value of a row
+	var kinds, stepsB []byte
+	if grouped {
+		ng := int(src[13])
+		if ng < 1 || ng > maxGroups || (ng > 1 && rowLen < ng) {
+			return nil, fmt.Errorf("%d channel groups for rows of %d: %w", ng, rowLen, ErrCorrupt)
+		}
+		mapLen := 0
+		if ng > 1 {
+			mapLen = (rowLen + 1) / 2
+		}
+		if len(p) < meanLen+mapLen {
+			return nil, fmt.Errorf("%d bytes for the mean and the channel groups: %w", len(p), ErrCorrupt)
+		}
+		grp = make([]uint8, rowLen)
+		for i := range grp {
+			if ng > 1 {
+				grp[i] = p[meanLen+i/2] >> (4 * (i & 1)) & 15
+				if int(grp[i]) >= ng {
+					return nil, fmt.Errorf("channel %d in group %d of %d: %w", i, grp[i], ng, ErrCorrupt)
+				}
+			}
+		}
+		if ng > 1 && rowLen%2 == 1 && p[meanLen+mapLen-1]>>4 != 0 {
+			return nil, fmt.Errorf("channel group padding: %w", ErrCorrupt)
+		}
+		pl, rest, err := readPlanes(p[meanLen+mapLen:], 5, groups)
+		if err != nil {
+			return nil, fmt.Errorf("row parts: %w", err)
+		}
+		kinds = pl[:groups]
+		stepsB = make([]byte, 4*groups)
+		for g := range groups {
+			for j := range 4 {
+				stepsB[4*g+j] = pl[(1+j)*groups+g]
+			}
+		}
+		p = rest
+	} else {
+		if len(p) < meanLen+5*groups {
+			return nil, fmt.Errorf("%d bytes for the mean and %d row parts: %w", len(p), groups, ErrCorrupt)
+		}
+		kinds = p[meanLen : meanLen+groups]
+		stepsB = p[meanLen+groups : meanLen+5*groups]
+		p = p[meanLen+5*groups:]
 	}
 	mean := make([]float64, rowLen*min(k, 1))
 	for i := range mean {
-		f := math.Float32frombits(binary.LittleEndian.Uint32(p[4*i:]))
+		f := math.Float32frombits(binary.LittleEndian.Uint32(src[hl+4*i:]))
 		if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
 			return nil, fmt.Errorf("mean %d: %g: %w", i, f, ErrCorrupt)
 		}
 		mean[i] = float64(f)
 	}
-	kinds := p[meanLen : meanLen+groups]
-	stepsB := p[meanLen+groups : meanLen+5*groups]
-	p = p[meanLen+5*groups:]
 	// Part bounds and the number of integers they hold.
 	var nb, m int
 	steps := make([]float64, groups)
@@ -852,19 +934,27 @@ func decodeTransform(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error
 	if (m > 0) != (width > 0) {
 		return nil, fmt.Errorf("%d integers of width %d: %w", m, width, ErrCorrupt)
 	}
-	ints := make([]float64, m)
-	if m > 0 {
-		pl, rest, err := readPlanes(p, width, m)
-		if err != nil {
-			return nil, fmt.Errorf("integers: %w", err)
+	var ints []float64
+	if grouped {
+		var err error
+		if ints, p, err = readGroupedInts(p, kinds, grp, int(src[13]), nb*k, m, width, first, rowLen, n); err != nil {
+			return nil, err
 		}
-		p = rest
-		for i := range m {
-			var z uint32
-			for j := range width {
-				z |= uint32(pl[j*m+i]) << (8 * j)
+	} else {
+		ints = make([]float64, m)
+		if m > 0 {
+			pl, rest, err := readPlanes(p, width, m)
+			if err != nil {
+				return nil, fmt.Errorf("integers: %w", err)
 			}
-			ints[i] = float64(int32(z>>1) ^ -int32(z&1))
+			p = rest
+			for i := range m {
+				var z uint32
+				for j := range width {
+					z |= uint32(pl[j*m+i]) << (8 * j)
+				}
+				ints[i] = float64(int32(z>>1) ^ -int32(z&1))
+			}
 		}
 	}
 	if len(p) != 0 {

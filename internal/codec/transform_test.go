@@ -15,7 +15,18 @@ import (
 	"github.com/strap-llm/strap/internal/dtype"
 )
 
-var updateTransform = flag.Bool("update-transform", false, "rewrite testdata/codec/transform golden vectors")
+var (
+	updateTransform        = flag.Bool("update-transform", false, "rewrite testdata/codec/transform's mode-0 golden vectors (manifest.json)")
+	updateTransformGrouped = flag.Bool("update-transform-grouped", false, "rewrite testdata/codec/transform's mode-2 golden vectors (manifest_grouped.json)")
+)
+
+// withTransformMode makes the encoder write layout mode (modeLossy or modeGrouped) until the
+// test ends.
+func withTransformMode(t testing.TB, mode int) {
+	old := transformMode
+	transformMode = mode
+	t.Cleanup(func() { transformMode = old })
+}
 
 const transformGoldenDir = "../../testdata/codec/transform"
 
@@ -67,10 +78,10 @@ func rowErrors(t *testing.T, src, got []byte, dt dtype.DType, rowLen int) (rel, 
 	return rel, cos
 }
 
-// transformHead reads k and the part kinds of a stored mode-0 block.
+// transformHead reads k and the part kinds of a stored mode-0 or mode-2 block.
 func transformHead(t *testing.T, b []byte, n int) (k int, kinds []byte) {
 	t.Helper()
-	if b[0] != modeLossy {
+	if b[0] != modeLossy && b[0] != modeGrouped {
 		return 0, nil
 	}
 	rowLen := int(binary.LittleEndian.Uint32(b[1:]))
@@ -80,6 +91,17 @@ func transformHead(t *testing.T, b []byte, n int) (k int, kinds []byte) {
 	off := transformHeader
 	if k > 0 {
 		off += 4 * rowLen
+	}
+	if b[0] == modeGrouped {
+		off++
+		if b[transformHeader] > 1 {
+			off += (rowLen + 1) / 2
+		}
+		pl, _, err := readPlanes(b[off:], 5, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k, pl[:g]
 	}
 	return k, b[off : off+g]
 }
@@ -95,7 +117,7 @@ func TestTransformRoundTrip(t *testing.T) {
 	}{
 		{"lowrank-384-cos0.995", lowRank(600, 384, 12, 0.05, 1), 384, 1 << 18, DefaultTransformBound, true},
 		{"lowrank-384-0.02", lowRank(600, 384, 12, 0.005, 2), 384, 1 << 18, 0.02, true},
-		{"lowrank-96-rows-cut-by-blocks", lowRank(900, 96, 6, 0.05, 3), 96, 10000, 0.05, true},
+		{"lowrank-96-rows-cut-by-blocks", lowRank(900, 96, 6, 0.05, 3), 96, 40000, 0.05, true},
 		{"normal-1024", gen("normal", 64*1024, 4), 1024, 1 << 17, 0.1, false},
 		{"heavy-64", gen("heavy", 300*64, 5), 64, 1 << 16, 0.05, false},
 		{"relu-256", gen("relu", 200*256, 6), 256, 1 << 16, 0.03, false},
@@ -305,6 +327,7 @@ func TestTransformOptions(t *testing.T) {
 }
 
 func TestTransformDecodeCorrupt(t *testing.T) {
+	withTransformMode(t, modeLossy) // the offsets below are mode 0's
 	c := mustNew(t, "transform", Options{Lossy: &LossyBound{Mode: "transform", Value: 0.05}})
 	v := lowRank(64, 64, 4, 0.05, 13)
 	src := toBytes(v, dtype.Float32)
@@ -392,9 +415,48 @@ func transformGoldenCases() []struct {
 // TestTransformGolden holds the Go decoder to testdata/codec/transform (the Python decoder
 // is held to the same files by clients/python/tests/test_transform_codec.py).
 func TestTransformGolden(t *testing.T) {
-	manifest := filepath.Join(transformGoldenDir, "manifest.json")
-	cases := transformGoldenCases()
-	if *updateTransform {
+	// Mode 0 (the layout written before issue 40's channel groups): still decoded bit for
+	// bit, and the mode-0 encoder still writes the same bytes.
+	goldenTransform(t, "manifest.json", transformGoldenCases(), modeLossy, *updateTransform)
+}
+
+// TestTransformGroupedGolden: mode 2, the layout the encoder writes.
+func TestTransformGroupedGolden(t *testing.T) {
+	goldenTransform(t, "manifest_grouped.json", transformGroupedGoldenCases(), modeGrouped, *updateTransformGrouped)
+}
+
+func transformGroupedGoldenCases() []struct {
+	transformGolden
+	vals []float64
+} {
+	type c = struct {
+		transformGolden
+		vals []float64
+	}
+	// Rows of a low-rank block with every third row pushed off its subspace: basis rows and
+	// enough directly coded ones (34) for channel groups.
+	mixed := lowRank(400, 40, 4, 0.005, 31)
+	noise := gen("heavy", len(mixed), 32)
+	for r := 0; r < 400; r += 3 {
+		for i := range 40 {
+			mixed[r*40+i] += 0.05 * noise[r*40+i]
+		}
+	}
+	return []c{
+		{transformGolden{Name: "g_heavy_bfloat16_64x45_skip7", Dtype: "bfloat16", Bound: DefaultTransformBound, RowLen: 45, Skip: 7}, gen("heavy", 64*45, 33)[7:]},
+		{transformGolden{Name: "g_mixed_float16_400x40", Dtype: "float16", Bound: 0.05, RowLen: 40}, mixed},
+		{transformGolden{Name: "g_lowrank_float32_96x48", Dtype: "float32", Bound: 0.05, RowLen: 48}, lowRank(96, 48, 5, 0.05, 34)},
+		{transformGolden{Name: "g_zero_rows_float32", Dtype: "float32", Bound: 0.1, RowLen: 16}, append(make([]float64, 32), gen("normal", 64, 35)...)},
+	}
+}
+
+func goldenTransform(t *testing.T, manifestName string, cases []struct {
+	transformGolden
+	vals []float64
+}, mode int, update bool) {
+	withTransformMode(t, mode)
+	manifest := filepath.Join(transformGoldenDir, manifestName)
+	if update {
 		if err := os.MkdirAll(transformGoldenDir, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -431,9 +493,9 @@ func TestTransformGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(got) != len(cases) {
-		t.Fatalf("manifest has %d cases, code %d: run with -update-transform", len(got), len(cases))
+		t.Fatalf("%s has %d cases, code %d: run with -update-transform(-grouped)", manifestName, len(got), len(cases))
 	}
-	sawBasis := false
+	sawBasis, sawGroups := false, false
 	for _, g := range got {
 		t.Run(g.Name, func(t *testing.T) {
 			dt, err := dtype.Parse(g.Dtype)
@@ -443,6 +505,9 @@ func TestTransformGolden(t *testing.T) {
 			stored := read(t, filepath.Join(transformGoldenDir, g.Name+".stored"))
 			raw := read(t, filepath.Join(transformGoldenDir, g.Name+".raw"))
 			src := read(t, filepath.Join(transformGoldenDir, g.Name+".src"))
+			if stored[0] != modeLossless && int(stored[0]) != mode {
+				t.Fatalf("mode %d in %s", stored[0], manifestName)
+			}
 			c, err := ByID(Transform)
 			if err != nil {
 				t.Fatal(err)
@@ -464,10 +529,16 @@ func TestTransformGolden(t *testing.T) {
 			if g.K > 0 {
 				sawBasis = true
 			}
+			if stored[0] == modeGrouped && stored[transformHeader] > 1 {
+				sawGroups = true
+			}
 		})
 	}
 	if !sawBasis {
 		t.Fatal("no golden vector carries a basis")
+	}
+	if mode == modeGrouped && !sawGroups {
+		t.Fatal("no golden vector has channel groups")
 	}
 }
 

@@ -274,6 +274,9 @@ def _decode_fp8(src: memoryview, dtype: str, raw_len: int) -> bytes:
 _TRANSFORM_HEADER = struct.Struct("<BIIHBB")
 _PART_DIRECT, _PART_BASIS, _PART_ZERO = 0, 1, 2
 _MAX_BASIS = 1024
+# Mode 2: mode 0's integers with a Huffman table per channel group (header byte G after width).
+_MODE_GROUPED = 2
+_MAX_GROUPS = 16
 
 
 _ZIGZAG8 = np.array([(z >> 1) ^ -(z & 1) for z in range(256)], dtype=np.float64)
@@ -299,6 +302,49 @@ def _round_dtype(f: np.ndarray, dtype: str) -> np.ndarray:
     return (u >> np.uint32(16)).astype(np.uint16)
 
 
+def _read_ints(p: memoryview, width: int, m: int) -> tuple[np.ndarray, memoryview]:
+    """One plane table of `width` planes of m zigzag integers; the integers as float64."""
+    pl, p = _read_planes(p, width, m)
+    if width == 1:
+        return _zigzag_decode(pl[0]), p
+    z = pl[0].astype(np.uint32)
+    for j in range(1, width):
+        z |= pl[j].astype(np.uint32) << np.uint32(8 * j)
+    return _zigzag_decode(z), p
+
+
+def _grouped_ints(
+    p: memoryview, width: int, nc: int, m: int, grp: np.ndarray, ng: int,
+    direct_p: np.ndarray, lens: np.ndarray, row_len: int,
+) -> tuple[np.ndarray, memoryview]:
+    """Mode 2's integer runs (coefficients; per channel group, its channels' values over the
+    whole directly coded rows, channel by channel; the edge parts' values) back in mode 0's
+    order: coefficients, then every direct part's values in part order."""
+    dlens = lens[direct_p]
+    whole = dlens == row_len
+    nw = int(whole.sum())
+    ne = int(dlens[~whole].sum())
+    ints = np.empty(m, dtype=np.float64)
+    if nc:
+        ints[:nc], p = _read_ints(p, width, nc)
+    doff = nc + np.concatenate(([0], np.cumsum(dlens)[:-1])).astype(np.int64)
+    if nw:
+        rows = np.empty((nw, row_len), dtype=np.float64)
+        for g in range(ng):
+            ch = np.flatnonzero(grp == g)
+            if len(ch):
+                v, p = _read_ints(p, width, len(ch) * nw)
+                rows[:, ch] = v.reshape(len(ch), nw).T
+        ints[(doff[whole][:, None] + np.arange(row_len)).reshape(-1)] = rows.reshape(-1)
+    if ne:
+        v, p = _read_ints(p, width, ne)
+        e = 0
+        for off, ln in zip(doff[~whole], dlens[~whole]):
+            ints[off : off + ln] = v[e : e + ln]
+            e += ln
+    return ints, p
+
+
 def _decode_transform(src: memoryview, dtype: str, raw_len: int) -> bytes:
     """A mode-0 transform block: a basis of k integer vectors (value B·2**-shift), the rows'
     mean, one step and kind per row part, coefficients and direct values as plane frames.
@@ -310,22 +356,50 @@ def _decode_transform(src: memoryview, dtype: str, raw_len: int) -> bytes:
     n = raw_len // w
     if len(src) < _TRANSFORM_HEADER.size:
         raise CodecError("short transform header")
-    _, row_len, first, k, shift, width = _TRANSFORM_HEADER.unpack_from(src, 0)
+    mode, row_len, first, k, shift, width = _TRANSFORM_HEADER.unpack_from(src, 0)
+    grouped = mode == _MODE_GROUPED
     if not (1 <= first <= row_len and first <= n):
         raise CodecError(f"row length {row_len}, first part {first} of {n} values")
     if k > _MAX_BASIS or k > row_len or k * row_len > n or shift > 15 or (k == 0 and shift != 0) or width > 3:
         raise CodecError(f"basis of {k} vectors, shift {shift}, width {width}")
     groups = 1 + (n - first + row_len - 1) // row_len
-    p = src[_TRANSFORM_HEADER.size :]
+    hl = _TRANSFORM_HEADER.size + (1 if grouped else 0)
+    if len(src) < hl:
+        raise CodecError("short transform header")
+    p = src[hl:]
     mean_len = 4 * row_len if k else 0
-    if len(p) < mean_len + 5 * groups:
-        raise CodecError(f"{len(p)} bytes for the mean and {groups} row parts")
-    mean = np.frombuffer(p[:mean_len], dtype="<f4").astype(np.float64)
+    grp = None
+    ng = 1
+    if grouped:
+        ng = src[_TRANSFORM_HEADER.size]
+        if not (1 <= ng <= _MAX_GROUPS) or (ng > 1 and row_len < ng):
+            raise CodecError(f"{ng} channel groups for rows of {row_len}")
+        map_len = (row_len + 1) // 2 if ng > 1 else 0
+        if len(p) < mean_len + map_len:
+            raise CodecError(f"{len(p)} bytes for the mean and the channel groups")
+        grp = np.zeros(row_len, dtype=np.uint8)
+        if ng > 1:
+            nib = np.frombuffer(p[mean_len : mean_len + map_len], dtype=np.uint8)
+            both = np.empty(2 * map_len, dtype=np.uint8)
+            both[0::2], both[1::2] = nib & 15, nib >> 4
+            if row_len % 2 and both[-1]:
+                raise CodecError("channel group padding")
+            grp = both[:row_len]
+            if np.any(grp >= ng):
+                raise CodecError("channel group out of range")
+        mean = np.frombuffer(p[:mean_len], dtype="<f4").astype(np.float64)
+        ks, p = _read_planes(p[mean_len + map_len :], 5, groups)
+        kinds = ks[0]
+        steps32 = np.ascontiguousarray(ks[1:].T).view("<f4").reshape(groups)
+    else:
+        if len(p) < mean_len + 5 * groups:
+            raise CodecError(f"{len(p)} bytes for the mean and {groups} row parts")
+        mean = np.frombuffer(p[:mean_len], dtype="<f4").astype(np.float64)
+        kinds = np.frombuffer(p[mean_len : mean_len + groups], dtype=np.uint8)
+        steps32 = np.frombuffer(p[mean_len + groups : mean_len + 5 * groups], dtype="<f4")
+        p = p[mean_len + 5 * groups :]
     if not np.all(np.isfinite(mean)):
         raise CodecError("non-finite mean")
-    kinds = np.frombuffer(p[mean_len : mean_len + groups], dtype=np.uint8)
-    steps32 = np.frombuffer(p[mean_len + groups : mean_len + 5 * groups], dtype="<f4")
-    p = p[mean_len + 5 * groups :]
     lo = np.empty(groups, dtype=np.int64)
     lo[0] = 0
     lo[1:] = first + row_len * np.arange(groups - 1, dtype=np.int64)
@@ -355,15 +429,11 @@ def _decode_transform(src: memoryview, dtype: str, raw_len: int) -> bytes:
     if (m > 0) != (width > 0):
         raise CodecError(f"{m} integers of width {width}")
     ints = np.zeros(0, dtype=np.float64)
-    if m:
-        pl, p = _read_planes(p, width, m)
-        if width == 1:
-            ints = _zigzag_decode(pl[0])
-        else:
-            z = pl[0].astype(np.uint32)
-            for j in range(1, width):
-                z |= pl[j].astype(np.uint32) << np.uint32(8 * j)
-            ints = _zigzag_decode(z)
+    if m and grouped:
+        assert grp is not None
+        ints, p = _grouped_ints(p, width, nb * k, m, grp, ng, direct_p, lens, row_len)
+    elif m:
+        ints, p = _read_ints(p, width, m)
     if len(p):
         raise CodecError(f"{len(p)} trailing bytes")
     steps = steps32.astype(np.float64)
@@ -418,6 +488,8 @@ def decode_block(codec_id: int, data: bytes, dtype: str, raw_len: int) -> bytes:
     mode = src[0]
     if mode == _MODE_LOSSLESS:
         return _decode_shuffled(src[1:], dtype, raw_len)
+    if codec_id == TRANSFORM and mode == _MODE_GROUPED:
+        return _decode_transform(src, dtype, raw_len)
     if mode != _MODE_LOSSY:
         raise CodecError(f"mode {mode}")
     if codec_id == QUANT:

@@ -1,0 +1,280 @@
+package codec
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"sort"
+)
+
+// Mode 2 of transform (COMPRESSION.md 5.2): the same integers as mode 0, entropy-coded with
+// a Huffman table per group of channels. In mode 0 every directly coded value of a block
+// shares one table, so a channel that stays near zero pays for the spread of the outlier
+// channels beside it; here the whole directly coded rows are stored channel by channel,
+// channels of like spread in one group, each group its own plane frames. The per-row kinds
+// and steps move into plane frames too (their exponent bytes repeat from row to row). The
+// decoded values are those of mode 0 bit for bit: only where the integers are stored changes.
+
+const (
+	// modeGrouped is the mode byte of a transform block with channel-grouped integers.
+	modeGrouped = 2
+	// maxGroups is the most channel groups (a group number fits a nibble).
+	maxGroups = 16
+	// minGroupRows: blocks with fewer whole directly coded rows use one group (G tables of a
+	// few hundred values each would cost more than they save).
+	minGroupRows = 32
+)
+
+// transformGroups is how many channel groups the encoder makes where it may.
+var transformGroups = 8
+
+// chooseGroups assigns each channel of a row to a group by the mean magnitude of its
+// integers over the whole directly coded rows, in equal shares (ties by channel index): a
+// function of the integers alone, so of the block.
+func chooseGroups(parts []tPart, rowLen int) (int, []uint8) {
+	grp := make([]uint8, rowLen)
+	nw := 0
+	for _, p := range parts {
+		if p.kind == partDirect && p.hi-p.lo == rowLen {
+			nw++
+		}
+	}
+	ng := min(transformGroups, maxGroups)
+	if nw < minGroupRows || rowLen < 4*ng || ng < 2 {
+		return 1, grp
+	}
+	sum := make([]int64, rowLen)
+	for _, p := range parts {
+		if p.kind == partDirect && p.hi-p.lo == rowLen {
+			for i, v := range p.ints {
+				if v < 0 {
+					v = -v
+				}
+				sum[i] += int64(v)
+			}
+		}
+	}
+	order := make([]int, rowLen)
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return sum[order[a]] < sum[order[b]] })
+	for r, i := range order {
+		grp[i] = uint8(r * ng / rowLen)
+	}
+	return ng, grp
+}
+
+// groupLayout is where mode 2 stores the integers of the whole directly coded rows: pos[i]
+// is channel i's first integer in the grouped run (then one per whole row), seg the run's
+// length per group.
+func groupLayout(grp []uint8, ng, nw int) (pos, seg []int) {
+	cnt := make([]int, ng)
+	for _, g := range grp {
+		cnt[g]++
+	}
+	start := make([]int, ng)
+	for g := 1; g < ng; g++ {
+		start[g] = start[g-1] + cnt[g-1]*nw
+	}
+	pos = make([]int, len(grp))
+	for i, g := range grp {
+		pos[i] = start[g]
+		start[g] += nw
+	}
+	seg = make([]int, ng)
+	for g := range ng {
+		seg[g] = cnt[g] * nw
+	}
+	return pos, seg
+}
+
+// appendTransformGrouped writes a mode-2 block (COMPRESSION.md 5.2).
+func appendTransformGrouped(dst []byte, parts []tPart, tb *tBasis, rowLen, first int) ([]byte, error) {
+	k, shift := 0, 0
+	if tb != nil {
+		k, shift = tb.k, tb.shift
+	}
+	ng, grp := chooseGroups(parts, rowLen)
+	var nb, nw, ne int
+	for _, p := range parts {
+		switch {
+		case p.kind == partBasis:
+			nb++
+		case p.kind == partDirect && p.hi-p.lo == rowLen:
+			nw++
+		case p.kind == partDirect:
+			ne += p.hi - p.lo
+		}
+	}
+	pos, seg := groupLayout(grp, ng, nw)
+	nc := nb * k
+	m := nc + nw*rowLen + ne
+	zz := make([]uint32, m)
+	if k > 0 {
+		i := 0
+		for j := range k {
+			for _, p := range parts {
+				if p.kind == partBasis {
+					zz[i] = zigzag(p.ints[j])
+					i++
+				}
+			}
+		}
+	}
+	w, e := 0, nc+nw*rowLen
+	for _, p := range parts {
+		if p.kind != partDirect {
+			continue
+		}
+		if p.hi-p.lo == rowLen {
+			for i, v := range p.ints {
+				zz[nc+pos[i]+w] = zigzag(v)
+			}
+			w++
+			continue
+		}
+		for _, v := range p.ints {
+			zz[e] = zigzag(v)
+			e++
+		}
+	}
+	var maxZZ uint32
+	for _, z := range zz {
+		maxZZ = max(maxZZ, z)
+	}
+	width := 0
+	if m > 0 {
+		width = 1
+		for maxZZ>>(8*width) != 0 {
+			width++
+		}
+	}
+	dst = append(dst, modeGrouped)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(rowLen))
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(first))
+	dst = binary.LittleEndian.AppendUint16(dst, uint16(k))
+	dst = append(dst, byte(shift), byte(width), byte(ng))
+	if k > 0 {
+		for _, f := range tb.mean {
+			dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(f))
+		}
+	}
+	if ng > 1 {
+		nib := make([]byte, (rowLen+1)/2)
+		for i, g := range grp {
+			nib[i/2] |= g << (4 * (i & 1))
+		}
+		dst = append(dst, nib...)
+	}
+	np := len(parts)
+	ks := make([]byte, 5*np)
+	for g, p := range parts {
+		ks[g] = p.kind
+		b := math.Float32bits(p.step)
+		for j := range 4 {
+			ks[(1+j)*np+g] = byte(b >> (8 * j))
+		}
+	}
+	var err error
+	if dst, err = appendPlanes(dst, [][]byte{ks[:np], ks[np : 2*np], ks[2*np : 3*np], ks[3*np : 4*np], ks[4*np:]}, 0); err != nil {
+		return nil, err
+	}
+	if k > 0 {
+		n := k * rowLen
+		pl := make([]byte, 2*n)
+		for i, b := range tb.b[:n] {
+			z := zigzag(b)
+			pl[i], pl[n+i] = byte(z), byte(z>>8)
+		}
+		if dst, err = appendPlanes(dst, [][]byte{pl[:n], pl[n:]}, 0); err != nil {
+			return nil, err
+		}
+	}
+	// The runs: coefficients, each group's channels, the parts cut by the block's edges;
+	// each non-empty run its own plane table of `width` planes.
+	runs := append(append([]int{nc}, seg...), ne)
+	off := 0
+	for _, r := range runs {
+		if r == 0 {
+			continue
+		}
+		planes := make([][]byte, width)
+		for j := range width {
+			planes[j] = make([]byte, r)
+			for i, z := range zz[off : off+r] {
+				planes[j][i] = byte(z >> (8 * j))
+			}
+		}
+		if dst, err = appendPlanes(dst, planes, 0); err != nil {
+			return nil, err
+		}
+		off += r
+	}
+	return dst, nil
+}
+
+// readGroupedInts reads mode 2's integer runs and returns the integers in mode 0's order
+// (coefficients, then the direct parts' values in part order) and the bytes after them.
+func readGroupedInts(p []byte, kinds []byte, grp []uint8, ng, nc, m, width, first, rowLen, n int) ([]float64, []byte, error) {
+	// dst[i] is where the i-th stored integer goes in mode 0's order.
+	var whole, edge []int // offsets in mode 0's order of the whole and the edge direct parts
+	o := nc
+	for g, kd := range kinds {
+		if kd != partDirect {
+			continue
+		}
+		lo, hi := partBounds(g, first, rowLen, n)
+		if hi-lo == rowLen {
+			whole = append(whole, o)
+		} else {
+			for i := range hi - lo {
+				edge = append(edge, o+i)
+			}
+		}
+		o += hi - lo
+	}
+	if o != m {
+		return nil, nil, fmt.Errorf("%d integers in parts, want %d: %w", o, m, ErrCorrupt)
+	}
+	ints := make([]float64, m)
+	run := func(r int, at func(i int) int) error {
+		if r == 0 {
+			return nil
+		}
+		pl, rest, err := readPlanes(p, width, r)
+		if err != nil {
+			return fmt.Errorf("integers: %w", err)
+		}
+		p = rest
+		for i := range r {
+			var z uint32
+			for j := range width {
+				z |= uint32(pl[j*r+i]) << (8 * j)
+			}
+			ints[at(i)] = float64(int32(z>>1) ^ -int32(z&1))
+		}
+		return nil
+	}
+	if err := run(nc, func(i int) int { return i }); err != nil {
+		return nil, nil, err
+	}
+	nw := len(whole)
+	ch := make([]int, 0, rowLen)
+	for g := range ng {
+		ch = ch[:0]
+		for i, gi := range grp {
+			if int(gi) == g {
+				ch = append(ch, i)
+			}
+		}
+		// Channel by channel, each over the whole rows in part order.
+		if err := run(len(ch)*nw, func(i int) int { return whole[i%nw] + ch[i/nw] }); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := run(len(edge), func(i int) int { return edge[i] }); err != nil {
+		return nil, nil, err
+	}
+	return ints, p, nil
+}
