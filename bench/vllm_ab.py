@@ -25,8 +25,14 @@ the spread. Besides wall time each batch records the worker's CPU seconds (all i
 getrusage) and strapd's (``/proc/<pid>/stat`` utime + stime), which load does not inflate
 the way it inflates wall time, and the bytes each mode wrote.
 
+``--profile`` runs every ``strap`` batch under cProfile in the engine process and prints where
+the plugin's time goes (the parts of docs/VLLM.md 9: the layer outputs' conversion and ring
+copy, the step index, the sampled tokens, the end of each pass), cumulative CPU seconds of the
+engine's thread per batch; cProfile inflates them, so the batch's own-time figures of such a run are not the benchmark's.
+
 Usage: .venv-vllm/bin/python bench/vllm_ab.py --strapd bin/strapd [--rounds 5]
        [--batches 16,32] [--modes plain,strap,hooks,vanilla,extract] [--preset fast_capture]
+       [--profile]
 """
 
 from __future__ import annotations
@@ -71,13 +77,44 @@ def _cpu_self() -> float:
     return r.ru_utime + r.ru_stime
 
 
+#: ``--profile``: the plugin's parts, as (label, file suffix, function names); a function's
+#: cumulative time is counted once per part (the first name of a part found on the stack).
+PARTS = [
+    ("layer outputs (hooks)", "vllm/_worker.py", ("_on_output",)),
+    ("  conversion (_names.convert)", "vllm/_names.py", ("convert",)),
+    ("  fused sum into the ring (_fused.record_sum)", "vllm/_fused.py", ("record_sum",)),
+    ("  ring copy (session.record)", "_session.py", ("record",)),
+    ("step index (_plan)", "vllm/_worker.py", ("_plan",)),
+    ("end of pass (flush)", "vllm/_worker.py", ("_on_forward_end",)),
+    ("sampled tokens (sampled)", "vllm/_worker.py", ("sampled",)),
+    ("  TOKENs (session.token)", "_session.py", ("token",)),
+    ("  TOKENs (_worker._tokens)", "vllm/_worker.py", ("_tokens",)),
+    ("step start (begin_step)", "vllm/_worker.py", ("begin_step",)),
+]
+
+
+def profile_parts(prof: Any) -> Dict[str, Any]:
+    """Cumulative seconds and calls of each of :data:`PARTS` in a finished cProfile run."""
+    import pstats
+
+    st = pstats.Stats(prof)
+    out: Dict[str, Any] = {}
+    for label, suffix, names in PARTS:
+        for (fname, _line, func), (_cc, nc, _tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+            if func in names and fname.endswith(suffix):
+                got = out.setdefault(label, [0.0, 0])
+                got[0] += ct
+                got[1] += nc
+    return out
+
+
 class Worker:
     """One engine, run batch by batch on the parent's request."""
 
-    def __init__(self, kind: str, model: str, out: Path) -> None:
+    def __init__(self, kind: str, model: str, out: Path, profile: bool = False) -> None:
         from vllm import LLM
 
-        self.kind, self.out = kind, out
+        self.kind, self.out, self.profile = kind, out, profile
         kw: Dict[str, Any] = {}
         if kind == "extract":
             self.extract_dir = out / "extract"
@@ -104,20 +141,23 @@ class Worker:
             self.cap = caps[0]
             self.cap.pause()
             # The time the engine's thread spends in the plugin's code (hooks, step wrappers,
-            # the sampled tokens): its direct cost, which the machine's load moves little.
+            # the sampled tokens): its direct cost, which the machine's load moves little;
+            # its CPU time (the thread's) even less: a thread waiting for a core is not counted.
             for name in ("_on_forward_pre", "_on_output", "_on_forward_end", "sampled", "begin_step"):
                 setattr(self.cap, name, self._timed(getattr(self.cap, name)))
         self.in_plugin = 0.0
+        self.in_plugin_cpu = 0.0
         with open(Path(model) / "config.json") as f:
             self.vocab = json.load(f)["vocab_size"]
 
     def _timed(self, fn: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.in_plugin += time.perf_counter() - t
+                self.in_plugin_cpu += time.thread_time() - c
 
         return timed
 
@@ -142,19 +182,32 @@ class Worker:
             model = self._model()
 
             def keep(_m: Any, _a: Any, out: Any) -> None:
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.thread_time()
                 h, r = out
                 buf.append(h + r if r is not None else h.clone())
                 self.in_plugin += time.perf_counter() - t
+                self.in_plugin_cpu += time.thread_time() - c
 
             for i in range(LAYERS):
                 handles.append(model.get_submodule(f"model.layers.{i}").register_forward_hook(keep))
         elif mode == "plain" and cap is not None and not cap.paused:
             raise SystemExit("plain run with the capture on")
         self.in_plugin = 0.0
+        self.in_plugin_cpu = 0.0
+        prof: Any = None
+        if self.profile and mode == "strap":
+            import cProfile
+
+            # the engine thread's CPU time, not wall time: a shared machine's load would
+            # otherwise be counted into every part
+            prof = cProfile.Profile(time.thread_time)
+            prof.enable()
         c0, t0 = _cpu_self(), time.monotonic()
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         t1 = time.monotonic()
+        if prof is not None:
+            prof.disable()
+            res["profile"] = profile_parts(prof)
         if mode == "strap":
             cap.pause()
             after = cap.checkpoint()
@@ -191,7 +244,9 @@ class Worker:
         # in_plugin_s: the engine thread's time in the capture's code during generate (strap:
         # the plugin's hooks and step wrappers; hooks: the list hooks; plain: the paused
         # plugin's wrappers); save_s: after generate, until the bytes are on disk
-        res.update(generate_s=t1 - t0, total_s=t2 - t0, cpu_s=c2 - c0, in_plugin_s=self.in_plugin, save_s=t2 - t1)
+        # in_plugin_cpu_s: the same, the thread's CPU time
+        res.update(generate_s=t1 - t0, total_s=t2 - t0, cpu_s=c2 - c0, in_plugin_s=self.in_plugin,
+                   in_plugin_cpu_s=self.in_plugin_cpu, save_s=t2 - t1)
         if mode == "hooks":
             (self.out / f"hooks-{os.getpid()}.pt").unlink()
         if mode == "extract":
@@ -200,8 +255,8 @@ class Worker:
         return res
 
 
-def worker_main(kind: str, model: str, out: str) -> None:
-    w = Worker(kind, model, Path(out))
+def worker_main(kind: str, model: str, out: str, profile: bool) -> None:
+    w = Worker(kind, model, Path(out), profile)
     print(RESULT + json.dumps({"ready": kind}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
@@ -242,10 +297,11 @@ def proc_cpu(pid: int) -> float:
 
 
 class Child:
-    def __init__(self, kind: str, model: Path, out: Path, env: Dict[str, str], log: Path) -> None:
+    def __init__(self, kind: str, model: Path, out: Path, env: Dict[str, str], log: Path, profile: bool) -> None:
         self.kind = kind
         self.log = open(log, "w")
-        self.p = subprocess.Popen([sys.executable, __file__, "--worker", kind, "--model", str(model), "--out", str(out)],
+        self.p = subprocess.Popen([sys.executable, __file__, "--worker", kind, "--model", str(model), "--out", str(out)]
+                                  + (["--profile"] if profile else []),
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env, text=True)
         self.ready = self._read()
 
@@ -287,12 +343,14 @@ def main() -> None:
     ap.add_argument("--batches", default="16,32")
     ap.add_argument("--modes", default="plain,strap,hooks,vanilla,extract")
     ap.add_argument("--preset", default="fast_capture", help="STRAP_VLLM_PRESET of the strap mode")
+    ap.add_argument("--profile", action="store_true",
+                    help="run the strap batches under cProfile and print the plugin's parts (cumulative s)")
     ap.add_argument("--json", default=None, help="write every batch's figures here (default OUT/results.json)")
     ap.add_argument("--summarize", default=None, metavar="RUNS_JSONL",
                     help="only print the summary of the batches in a runs.jsonl an earlier run wrote")
     a = ap.parse_args()
     if a.worker:
-        worker_main(a.worker, a.model, a.out)
+        worker_main(a.worker, a.model, a.out, a.profile)
         return
     if a.summarize:
         done = [json.loads(ln) for ln in open(a.summarize) if ln.strip()]
@@ -332,7 +390,7 @@ def main() -> None:
             if kind == "plugin":
                 env.update(STRAP_VLLM_OUTPUT=str(out / "caps"), STRAP_VLLM_PRESET=a.preset)
             t = time.monotonic()
-            c = Child(kind, out / "model", out, env, out / f"{kind}.log")
+            c = Child(kind, out / "model", out, env, out / f"{kind}.log", a.profile)
             if "error" in c.ready:
                 print(f"{kind} engine did not start: {c.ready['error']}", flush=True)
                 c.stop()
@@ -356,13 +414,17 @@ def main() -> None:
                     r = children[owner(m)].ask(mode=wire(m), n=n, seed=n)
                     if "error" in r:
                         raise SystemExit(f"{m} x{n} round {rnd}: {r['error']}")
-                    r.update(mode=m, round=rnd, strapd_cpu_s=proc_cpu(daemon.pid) - s0)
+                    r.update(mode=m, round=rnd, strapd_cpu_s=proc_cpu(daemon.pid) - s0, load=os.getloadavg()[0])
                     rows.append(r)
                     (out / "runs.jsonl").open("a").write(json.dumps(r) + "\n")  # kept if a later step fails
                     print(f"  x{n} round {rnd} {m:8s} generate {r['generate_s']:6.2f} s  total {r['total_s']:6.2f} s  "
-                          f"in capture {r['in_plugin_s'] + r['save_s']:5.2f} s  "
+                          f"in capture {r['in_plugin_s'] + r['save_s']:5.2f} s "
+                          f"(thread cpu {r['in_plugin_cpu_s']:5.3f} s)  "
                           f"cpu {r['cpu_s']:6.2f} s  strapd cpu {r['strapd_cpu_s']:5.2f} s"
-                          + (f"  {r['bytes'] / 2**20:7.1f} MiB" if r.get("bytes") else ""), flush=True)
+                          + (f"  {r['bytes'] / 2**20:7.1f} MiB" if r.get("bytes") else "")
+                          + f"  load {os.getloadavg()[0]:.2f}", flush=True)
+                    for label, (ct, nc) in r.get("profile", {}).items():
+                        print(f"      {label:48s} {ct:6.3f} s  {nc:6d} calls", flush=True)
     finally:
         for c in children.values():
             c.stop()
@@ -428,6 +490,9 @@ def summarize(rows: List[Dict[str, Any]], modes: List[str], batches: List[int]) 
                 "total_s_median": statistics.median(r["total_s"] for r in mine),
                 "bytes": statistics.median(r.get("bytes", 0) for r in mine)}
             d["in_engine_share"] = statistics.median((r["in_plugin_s"] + r["save_s"]) / r["total_s"] for r in mine)
+            # the engine thread's own time per batch in the capture's code, wall and CPU
+            d["in_plugin_s_median"] = statistics.median(r["in_plugin_s"] for r in mine)
+            d["in_plugin_cpu_s_median"] = statistics.median(r.get("in_plugin_cpu_s", float("nan")) for r in mine)
             # The same batch's time less the capture's own: the engine thread's time in the
             # capture's code and after generate, plus strapd's CPU above idle as if all of it
             # were taken from the engine (2 cores, both busy with the model): a load-robust
@@ -455,7 +520,8 @@ def summarize(rows: List[Dict[str, Any]], modes: List[str], batches: List[int]) 
             res[m] = d
             line = (f"  {m:8s} kept {d['kept_median']:.3f} [{d['kept_min']:.3f}, {d['kept_max']:.3f}]  "
                     f"cpu-time kept {d['kept_cpu_median']:.3f}  own-cost kept {d['kept_own_cost']:.3f}  "
-                    f"median {d['total_s_median']:.2f} s")
+                    f"median {d['total_s_median']:.2f} s  own time {d['in_plugin_s_median']:.3f} s "
+                    f"(thread cpu {d['in_plugin_cpu_s_median']:.3f} s)")
             if d["bytes"]:
                 line += f"  {d['bytes'] / 2**20:.1f} MiB"
             if m == "strap":

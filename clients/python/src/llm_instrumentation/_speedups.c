@@ -9,6 +9,10 @@
  *   most of it the code those three paths touch. write_record does the same three stores in
  *   one call.
  *
+ * - write_record_sum: the same record whose payload is the sum of two arrays, computed into
+ *   the ring in one pass: the vLLM plugin's decoder-layer output (hidden_states + residual),
+ *   without torch allocating the sum and the copy reading it again (docs/VLLM.md 9).
+ *
  * - write_record_cuda: the same record with its payload queued as one cudaMemcpyAsync from
  *   device memory into the ring (registered as pinned memory) on the model's stream: what
  *   torch's copy_(non_blocking=True) queues, without the dispatch, the three ring views and
@@ -40,6 +44,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
@@ -123,6 +128,226 @@ write_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     unsigned char *d = put_header(&r);
     if (r.n > 0)
         memcpy(d + r.payload_off, (const void *)(uintptr_t)r.src, (size_t)r.n);
+    Py_RETURN_NONE;
+}
+
+/* write_record_sum's element types (SUM_*), and the conversions torch's CPU add makes for
+ * them: bfloat16 and float16 are added in float32 and rounded back to nearest even, as
+ * ATen's reduced-precision add does (c10's round_to_nearest_even, and the IEEE half
+ * conversion of c10/util/Half.h, the FP16 library's, done by hand so that no compiler
+ * _Float16 support is needed). Compiled without -ffast-math: the rounding tricks below
+ * depend on IEEE float arithmetic done as written. */
+enum { SUM_F32 = 0, SUM_BF16 = 1, SUM_F16 = 2 };
+
+static inline uint32_t
+f32_bits(float f)
+{
+    uint32_t w;
+    memcpy(&w, &f, sizeof w);
+    return w;
+}
+
+static inline float
+f32_from(uint32_t w)
+{
+    float f;
+    memcpy(&f, &w, sizeof f);
+    return f;
+}
+
+static inline uint16_t
+bf16_from_f32(float f)
+{
+    if (f != f)
+        return 0x7FC0; /* c10::BFloat16's NaN */
+    uint32_t w = f32_bits(f);
+    return (uint16_t)((w + 0x7FFFu + ((w >> 16) & 1u)) >> 16);
+}
+
+static inline float
+f32_from_f16(uint16_t h)
+{
+    const uint32_t w = (uint32_t)h << 16;
+    const uint32_t sign = w & 0x80000000u;
+    const uint32_t two_w = w + w;
+    const float normalized = f32_from((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+    const float denormalized = f32_from((two_w >> 17) | (126u << 23)) - 0.5f;
+    return f32_from(sign | (two_w < (1u << 27) ? f32_bits(denormalized) : f32_bits(normalized)));
+}
+
+static inline uint16_t
+f16_from_f32(float f)
+{
+    float base = (fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
+    const uint32_t w = f32_bits(f);
+    const uint32_t shl1_w = w + w;
+    const uint32_t sign = w & 0x80000000u;
+    uint32_t bias = shl1_w & 0xFF000000u;
+    if (bias < 0x71000000u)
+        bias = 0x71000000u;
+    base = f32_from((bias >> 1) + 0x07800000u) + base;
+    const uint32_t bits = f32_bits(base);
+    const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
+    const uint32_t mantissa_bits = bits & 0x00000FFFu;
+    return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : exp_bits + mantissa_bits));
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define SUM_F16C 1
+#include <immintrin.h>
+/* float16 by the F16C conversions torch's vectorized CPU add uses (the by-hand ones above
+ * are 4-5x slower), 8 elements at a time; returns how many it summed. */
+__attribute__((target("avx,f16c"))) static uint64_t
+sum_f16_f16c(uint16_t *restrict d, const uint16_t *restrict x, const uint16_t *restrict y, uint64_t count)
+{
+    uint64_t i = 0;
+    for (; i + 8 <= count; i += 8) {
+        __m256 s = _mm256_add_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))),
+                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i))));
+        _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(s, _MM_FROUND_TO_NEAREST_INT));
+    }
+    return i;
+}
+
+/* float32 and bfloat16, 8 elements at a time (gcc -O2 leaves the plain loops scalar). A
+ * bfloat16 NaN sum becomes 0xFFFF here, as in torch's AVX2 conversion (cvtfp32_bf16), and
+ * 0x7FC0 in the scalar loop, as in torch's scalar one. */
+__attribute__((target("avx2"))) static uint64_t
+sum_f32_avx2(float *restrict d, const float *restrict x, const float *restrict y, uint64_t count)
+{
+    uint64_t i = 0;
+    for (; i + 8 <= count; i += 8)
+        _mm256_storeu_ps(d + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    return i;
+}
+
+__attribute__((target("avx2"))) static uint64_t
+sum_bf16_avx2(uint16_t *restrict d, const uint16_t *restrict x, const uint16_t *restrict y, uint64_t count)
+{
+    const __m256i ones = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7FFF), nan = _mm256_set1_epi32(0xFFFF);
+    uint64_t i = 0;
+    for (; i + 8 <= count; i += 8) {
+        __m256 a = _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i))), 16));
+        __m256 b = _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(y + i))), 16));
+        __m256 s = _mm256_add_ps(a, b);
+        __m256i w = _mm256_castps_si256(s);
+        __m256i r = _mm256_add_epi32(_mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(w, 16), ones), bias), w);
+        r = _mm256_srli_epi32(r, 16);
+        r = _mm256_blendv_epi8(nan, r, _mm256_castps_si256(_mm256_cmp_ps(s, s, _CMP_ORD_Q)));
+        /* 8 u32 lanes (each < 0x10000) to 8 u16: pack within 128-bit halves, then order them */
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+        _mm_storeu_si128((__m128i *)(d + i), _mm256_castsi256_si128(p));
+    }
+    return i;
+}
+#define SUM_AVX2 1
+#else
+#define SUM_F16C 0
+#define SUM_AVX2 0
+#endif
+
+static void
+sum_into(void *dst, const void *a, const void *b, uint64_t count, int type)
+{
+    uint64_t i;
+    if (type == SUM_F32) {
+        float *restrict d = dst;
+        const float *restrict x = a, *restrict y = b;
+        i = 0;
+#if SUM_AVX2
+        if (__builtin_cpu_supports("avx2"))
+            i = sum_f32_avx2(d, x, y, count);
+#endif
+        for (; i < count; i++)
+            d[i] = x[i] + y[i];
+    } else if (type == SUM_BF16) {
+        uint16_t *restrict d = dst;
+        const uint16_t *restrict x = a, *restrict y = b;
+        i = 0;
+#if SUM_AVX2
+        if (__builtin_cpu_supports("avx2"))
+            i = sum_bf16_avx2(d, x, y, count);
+#endif
+        for (; i < count; i++)
+            d[i] = bf16_from_f32(f32_from((uint32_t)x[i] << 16) + f32_from((uint32_t)y[i] << 16));
+    } else {
+        uint16_t *restrict d = dst;
+        const uint16_t *restrict x = a, *restrict y = b;
+        i = 0;
+#if SUM_F16C
+        if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx"))
+            i = sum_f16_f16c(d, x, y, count);
+#endif
+        for (; i < count; i++)
+            d[i] = f16_from_f32(f32_from_f16(x[i]) + f32_from_f16(y[i]));
+    }
+}
+
+/* Payloads from this size on are summed without the GIL: another Python thread of the
+ * engine (its output processing) runs meanwhile. */
+#define SUM_NOGIL_BYTES (256u << 10)
+
+PyDoc_STRVAR(write_record_sum_doc,
+             "write_record_sum(dst, header, seq, record_len, step, forward, payload_off, a, b, count, type)\n"
+             "--\n\n"
+             "write_record whose payload is the elementwise sum of two arrays, written straight into the\n"
+             "ring: count elements at addresses a and b (contiguous, CPU) of type 0 float32, 1 bfloat16\n"
+             "or 2 float16, their sum at dst + payload_off, in one pass and without an intermediate\n"
+             "array. The bytes are torch's a + b on the CPU (reduced types added in float32, rounded to\n"
+             "nearest even), NaN payloads aside: a NaN sum is a NaN. The vLLM plugin's decoder-layer\n"
+             "output, hidden_states + residual (llm_instrumentation/vllm/_fused.py).");
+
+static PyObject *
+write_record_sum(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 11) {
+        PyErr_Format(PyExc_TypeError, "write_record_sum takes 11 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    uint64_t b, count;
+    long type = PyLong_AsLong(args[10]);
+    if (type == -1 && PyErr_Occurred())
+        return NULL;
+    if (type != SUM_F32 && type != SUM_BF16 && type != SUM_F16) {
+        PyErr_Format(PyExc_ValueError, "write_record_sum: type %ld is not 0 (float32), 1 (bfloat16) or 2 (float16)",
+                     type);
+        return NULL;
+    }
+    if (u64_arg(args[8], "b", &b) || u64_arg(args[9], "count", &count))
+        return NULL;
+    const uint64_t item = type == SUM_F32 ? 4 : 2;
+    if (count > UINT64_MAX / item) {
+        PyErr_SetString(PyExc_ValueError, "write_record_sum: count too large");
+        return NULL;
+    }
+    /* parse_record checks the payload of count * item bytes against the record, src is a. */
+    PyObject *argv[9];
+    for (int i = 0; i < 8; i++)
+        argv[i] = args[i];
+    PyObject *n = PyLong_FromUnsignedLongLong((unsigned long long)(count * item));
+    if (n == NULL)
+        return NULL;
+    argv[8] = n;
+    Record r;
+    int rc = parse_record("write_record_sum", argv, &r);
+    Py_DECREF(n);
+    if (rc < 0)
+        return NULL;
+    if (r.n > 0 && b == 0) {
+        PyErr_SetString(PyExc_ValueError, "write_record_sum: b is 0");
+        return NULL;
+    }
+    unsigned char *d = put_header(&r);
+    if (r.n >= SUM_NOGIL_BYTES) {
+        PyThreadState *ts = PyEval_SaveThread();
+        sum_into(d + r.payload_off, (const void *)(uintptr_t)r.src, (const void *)(uintptr_t)b, count, (int)type);
+        PyEval_RestoreThread(ts);
+    } else if (r.n > 0) {
+        sum_into(d + r.payload_off, (const void *)(uintptr_t)r.src, (const void *)(uintptr_t)b, count, (int)type);
+    }
     Py_RETURN_NONE;
 }
 
@@ -691,6 +916,7 @@ rank_path(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"write_record", (PyCFunction)(void (*)(void))write_record, METH_FASTCALL, write_record_doc},
+    {"write_record_sum", (PyCFunction)(void (*)(void))write_record_sum, METH_FASTCALL, write_record_sum_doc},
     {"bind_cuda_memcpy", (PyCFunction)bind_cuda_memcpy, METH_O, bind_cuda_memcpy_doc},
     {"write_record_cuda", (PyCFunction)(void (*)(void))write_record_cuda, METH_FASTCALL, write_record_cuda_doc},
     {"store_published", (PyCFunction)(void (*)(void))store_published, METH_FASTCALL, store_published_doc},
