@@ -236,7 +236,7 @@ func finishTransform(dst []byte, x []float64, dt dtype.DType, parts []tPart, bas
 	}
 	var out []byte
 	var err error
-	if transformMode == modeGrouped {
+	if transformMode == modeGrouped && len(parts) >= minGroupedParts {
 		out, err = appendTransformGrouped(dst, parts, basis, rowLen, first)
 	} else {
 		out, err = appendTransform(dst, parts, basis, rowLen, first)

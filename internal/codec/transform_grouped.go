@@ -23,6 +23,10 @@ const (
 	// minGroupRows: blocks with fewer whole directly coded rows use one group (G tables of a
 	// few hundred values each would cost more than they save).
 	minGroupRows = 32
+	// minGroupedParts: blocks of fewer row parts are written in mode 0 (the five plane
+	// frames of mode 2's kinds and steps cost more than the 5 bytes a part they replace;
+	// one-token decode records are one part).
+	minGroupedParts = 32
 )
 
 // transformGroups is how many channel groups the encoder makes where it may.

@@ -383,6 +383,104 @@ func TestTransformDecodeCorrupt(t *testing.T) {
 	}
 }
 
+// TestTransformGroupedDecodeCorrupt: mode 2's own fields (group count, group map, the row
+// parts' plane table, the integer runs) are checked before use.
+func TestTransformGroupedDecodeCorrupt(t *testing.T) {
+	c := mustNew(t, "transform", Options{Lossy: &LossyBound{Mode: "transform", Value: 0.1}})
+	const d = 45 // odd: the map's last byte has a padding nibble
+	v := gen("heavy", 64*d, 41)
+	src := toBytes(v, dtype.Float32)
+	rc, _ := c.(RowPreparer).ForRows(src, dtype.Float32, d, 0)
+	good, ok, err := rc.Encode(nil, src, dtype.Float32)
+	if err != nil || !ok || good[0] != modeGrouped || good[transformHeader] != 8 {
+		t.Fatalf("encode: ok=%v err=%v head %v", ok, err, good[:transformHeader+1])
+	}
+	if k, _ := transformHead(t, good, len(v)); k != 0 {
+		t.Fatalf("k %d on heavy-tailed noise", k)
+	}
+	mut := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
+	mapOff := transformHeader + 1
+	tests := map[string][]byte{
+		"short":          good[:transformHeader],
+		"groups 0":       mut(func(b []byte) []byte { b[transformHeader] = 0; return b }),
+		"groups 17":      mut(func(b []byte) []byte { b[transformHeader] = 17; return b }),
+		"groups 1":       mut(func(b []byte) []byte { b[transformHeader] = 1; return b }),
+		"group 8 of 8":   mut(func(b []byte) []byte { b[mapOff] = 0x80; return b }),
+		"padding nibble": mut(func(b []byte) []byte { b[mapOff+d/2] |= 0x10; return b }),
+		"truncated":      good[:len(good)-3],
+		"trailing":       append(append([]byte(nil), good...), 0),
+		"width 0":        mut(func(b []byte) []byte { b[12] = 0; return b }),
+		"first 0":        mut(func(b []byte) []byte { binary.LittleEndian.PutUint32(b[5:], 0); return b }),
+	}
+	for name, b := range tests {
+		t.Run(name, func(t *testing.T) {
+			if _, err := c.Decode(nil, b, dtype.Float32, len(src)); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("err %v, want ErrCorrupt", err)
+			}
+		})
+	}
+	// Mode 2 is transform's alone: fp8 and quant refuse it.
+	for _, name := range []string{"fp8", "quant"} {
+		o := Options{Lossy: &LossyBound{Mode: "rel", Value: 0.01}}
+		if name == "fp8" {
+			o = Options{}
+		}
+		cc := mustNew(t, name, o)
+		if _, err := cc.Decode(nil, good, dtype.Float32, len(src)); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("%s decoded a mode-2 block: %v", name, err)
+		}
+	}
+}
+
+// TestTransformGroupedSameValues: mode 2 stores mode 0's integers elsewhere, so where both
+// encoders keep the same basis (or none) the decoded bytes are identical, and mode 2 is
+// smaller on rows whose channels differ in spread.
+func TestTransformGroupedSameValues(t *testing.T) {
+	tests := []struct {
+		name   string
+		vals   []float64
+		rowLen int
+		dt     dtype.DType
+	}{
+		{"heavy-384-bf16", gen("heavy", 300*384, 42), 384, dtype.BFloat16},
+		{"relu-256-f32", gen("relu", 200*256, 43), 256, dtype.Float32},
+		{"lowrank-64-f16-skip", lowRank(500, 64, 6, 0.05, 44)[9:], 64, dtype.Float16},
+		{"few-rows", gen("normal", 10*48, 45), 48, dtype.Float32}, // mode 0 here (see finishTransform)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			src := toBytes(tt.vals, tt.dt)
+			enc := func(mode int) ([]byte, []byte) {
+				withTransformMode(t, mode)
+				c := mustNew(t, "transform", Options{})
+				blocks, _ := fp8Encode(t, c, src, tt.dt, tt.rowLen, 1<<20)
+				if len(blocks) != 1 || blocks[0] == nil {
+					t.Fatalf("%d blocks", len(blocks))
+				}
+				return blocks[0], decodeTensor(t, c, blocks, src, tt.dt, 1<<20)
+			}
+			b0, d0 := enc(modeLossy)
+			b2, d2 := enc(modeGrouped)
+			k0, _ := transformHead(t, b0, len(tt.vals))
+			k2, _ := transformHead(t, b2, len(tt.vals))
+			want2 := modeGrouped
+			if len(tt.vals)/tt.rowLen < minGroupedParts {
+				want2 = modeLossy
+			}
+			if b0[0] != modeLossy || int(b2[0]) != want2 {
+				t.Fatalf("modes %d, %d", b0[0], b2[0])
+			}
+			if k0 == k2 && !bytes.Equal(d0, d2) {
+				t.Fatal("mode 2 decodes to other values than mode 0 with the same basis")
+			}
+			t.Logf("mode 0 %d bytes (k %d), mode 2 %d bytes (k %d, %d groups)", len(b0), k0, len(b2), k2, b2[transformHeader])
+			if len(b2) > len(b0) {
+				t.Errorf("mode 2 larger: %d > %d", len(b2), len(b0))
+			}
+		})
+	}
+}
+
 // transformGolden is one golden vector of testdata/codec/transform (manifest.json).
 type transformGolden struct {
 	Name   string  `json:"name"`
@@ -446,7 +544,7 @@ func transformGroupedGoldenCases() []struct {
 		{transformGolden{Name: "g_heavy_bfloat16_64x45_skip7", Dtype: "bfloat16", Bound: DefaultTransformBound, RowLen: 45, Skip: 7}, gen("heavy", 64*45, 33)[7:]},
 		{transformGolden{Name: "g_mixed_float16_400x40", Dtype: "float16", Bound: 0.05, RowLen: 40}, mixed},
 		{transformGolden{Name: "g_lowrank_float32_96x48", Dtype: "float32", Bound: 0.05, RowLen: 48}, lowRank(96, 48, 5, 0.05, 34)},
-		{transformGolden{Name: "g_zero_rows_float32", Dtype: "float32", Bound: 0.1, RowLen: 16}, append(make([]float64, 32), gen("normal", 64, 35)...)},
+		{transformGolden{Name: "g_zero_rows_float32_48x16", Dtype: "float32", Bound: 0.1, RowLen: 16}, append(make([]float64, 16*16), gen("normal", 32*16, 35)...)},
 	}
 }
 
@@ -546,7 +644,11 @@ func goldenTransform(t *testing.T, manifestName string, cases []struct {
 // or fail with an error; never a panic, a hang or an allocation beyond the block. Seeds are
 // the golden vectors.
 func FuzzTransformDecode(f *testing.F) {
-	if j, err := os.ReadFile(filepath.Join(transformGoldenDir, "manifest.json")); err == nil {
+	for _, m := range []string{"manifest.json", "manifest_grouped.json"} { // modes 0 and 2
+		j, err := os.ReadFile(filepath.Join(transformGoldenDir, m))
+		if err != nil {
+			continue
+		}
 		var gs []transformGolden
 		if json.Unmarshal(j, &gs) == nil {
 			for _, g := range gs {
@@ -577,6 +679,8 @@ func FuzzTransformDecode(f *testing.F) {
 func FuzzTransformRoundTrip(f *testing.F) {
 	f.Add(toBytes(lowRank(40, 24, 3, 0.05, 1), dtype.Float32), uint8(24), uint16(2000), uint8(10), false)
 	f.Add(toBytes(gen("heavy", 256, 1), dtype.Float32), uint8(17), uint16(100), uint8(3), true)
+	// 40 whole rows of 32 in one block: mode 2 with channel groups.
+	f.Add(toBytes(gen("heavy", 40*32, 2), dtype.Float32), uint8(32), uint16(40*32*2), uint8(19), true)
 	f.Fuzz(func(t *testing.T, data []byte, rowLen uint8, bs uint16, b uint8, bf bool) {
 		dt := dtype.Float32
 		if bf {
