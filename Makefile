@@ -281,18 +281,22 @@ test-arm64:
 # included) and the client at STRAP_KILL_CLIENT_RUNS random points (before the first
 # checkpoint included); every resume must equal an uninterrupted capture. STRAP_KILL_SEED
 # replays a run. About 10 minutes on 2 cores with the defaults. Then the autostart race
-# (clients/python/tests/test_autostart_race.py, docs/DEPLOY.md 1): 20 launches each of
-# `torchrun --standalone` with 2 and with 8 ranks, no daemon before each (one launch 11.5 and
-# 33 s on 2 quiet cores: about 4 and 11 minutes; 12 and 20 on busy ones; `make test` runs one
-# of each).
+# (clients/python/tests/test_autostart_race.py, docs/DEPLOY.md 1): TORCHRUN_LAUNCHES_2 and
+# TORCHRUN_LAUNCHES_8 launches of `torchrun --standalone` with 2 and with 8 ranks, no daemon
+# before each (one launch 11.5 and 33 s on 2 quiet cores: about 4 and 11 minutes with the
+# defaults; 12 and 20 on busy ones; `make test` runs one of each). .ci/run passes smaller
+# counts to stay inside CI's 90 minutes (it says which).
 STRAP_KILL_DAEMON_RUNS ?= 20
 STRAP_KILL_CLIENT_RUNS ?= 40
+TORCHRUN_LAUNCHES_2 ?= 20
+TORCHRUN_LAUNCHES_8 ?= 20
 test-long: $(BIN) $(VENV)/.stamp
 	STRAP_TEST_LONG=1 STRAP_KILL_DAEMON_RUNS=$(STRAP_KILL_DAEMON_RUNS) STRAP_KILL_CLIENT_RUNS=$(STRAP_KILL_CLIENT_RUNS) \
 	  STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q -rs clients/python/tests/test_random_kill.py
 	STRAP_TEST_LONG=1 STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q -rs \
 	  clients/python/tests/test_job_resume.py::test_job_resume_random_kills
-	STRAP_TEST_LONG=1 STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q -rs -s \
+	STRAP_TEST_LONG=1 STRAP_TORCHRUN_LAUNCHES_2=$(TORCHRUN_LAUNCHES_2) STRAP_TORCHRUN_LAUNCHES_8=$(TORCHRUN_LAUNCHES_8) \
+	  STRAPD_BIN=$(CURDIR)/$(BIN) $(VPY) -m pytest -q -rs -s \
 	  clients/python/tests/test_autostart_race.py::test_torchrun_autostart
 	$(MAKE) --no-print-directory test-long-c
 

@@ -148,8 +148,9 @@ def test_torchrun_autostart(strapd, tmp_path, ranks):
     """``torchrun --standalone --nproc_per_node=N``, no daemon before the launch, every rank
     ``capture_activations(model, preset="balanced", output_path=...)``: the launch completes
     and every rank's stream verifies (before the lock, about 1 launch of 4 with 2 ranks lost
-    a rank to the autostart race). STRAP_TEST_LONG=1: 20 launches."""
-    launches = 20 if LONG else 1
+    a rank to the autostart race). STRAP_TEST_LONG=1: STRAP_TORCHRUN_LAUNCHES_<ranks> launches
+    (default 20; `make test-long` passes TORCHRUN_LAUNCHES_2 and TORCHRUN_LAUNCHES_8)."""
+    launches = int(os.environ.get(f"STRAP_TORCHRUN_LAUNCHES_{ranks}", "20")) if LONG else 1
     times = []
     for i in range(launches):
         out = tmp_path / f"launch{i}"
