@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"os/user"
+	"runtime/pprof"
 	"runtime/trace"
 	"slices"
 	"strconv"
@@ -118,6 +119,9 @@ type serveConfig struct {
 		// Trace writes a Go execution trace (runtime/trace) to this file from start to
 		// exit: which goroutine wakes which, for profiles of the daemon's wake-ups.
 		Trace string
+		// CPUProfile writes a pprof CPU profile (runtime/pprof) to this file from start to
+		// exit: where the daemon's CPU per record goes (PERFORMANCE.md, issue 38).
+		CPUProfile string
 	}
 }
 
@@ -309,6 +313,8 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 	_ = f.MarkHidden("debug-write-delay")
 	f.StringVar(&cfg.Debug.Trace, "debug-trace", "", "write a Go execution trace (go tool trace) to this file until exit (profiling only)")
 	_ = f.MarkHidden("debug-trace")
+	f.StringVar(&cfg.Debug.CPUProfile, "debug-cpuprofile", "", "write a pprof CPU profile (go tool pprof) to this file until exit (profiling only)")
+	_ = f.MarkHidden("debug-cpuprofile")
 	return cmd
 }
 
@@ -412,6 +418,13 @@ func runServe(ctx context.Context, cfg serveConfig, base *zap.Logger) error {
 			return err
 		}
 		defer stopTrace()
+	}
+	if cfg.Debug.CPUProfile != "" {
+		stopProfile, err := startCPUProfile(cfg.Debug.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer stopProfile()
 	}
 	// SIGTERM/SIGINT cancel ctx (drain, then exit); SIGHUP only reopens the log.
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
@@ -571,6 +584,26 @@ func startTrace(path string) (func(), error) {
 		trace.Stop()
 		if err := f.Close(); err != nil {
 			fmt.Fprintln(os.Stderr, "strapd: --debug-trace:", err)
+		}
+	}, nil
+}
+
+// startCPUProfile starts a pprof CPU profile into path (--debug-cpuprofile); the returned
+// function stops it and closes the file. SIGTERM drains and returns through it, so a
+// daemon stopped the usual way leaves a complete profile.
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--debug-cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--debug-cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "strapd: --debug-cpuprofile:", err)
 		}
 	}, nil
 }

@@ -40,6 +40,15 @@ const DefaultTraceInterval = 5 * time.Second
 // finalSnapshotWait bounds how long a finishing session waits for its last snapshot.
 const finalSnapshotWait = 5 * time.Second
 
+// idleSnapshotEvery: while nothing reads snapshots (no metrics observer, no traced
+// session), the ticker takes one every idleSnapshotEvery intervals instead of every
+// interval. A snapshot reads every watched thread's /proc files and walks the probes'
+// maps: at 5 s intervals it was 10-35 % of strapd's CPU over untraced decode captures
+// (PERFORMANCE.md, issue 38), all of it thrown away. The rare one keeps the maps swept
+// and the collector's deltas short; a traced session that starts after idle ticks asks
+// for a baseline first, so its first line covers at most one interval, as before.
+const idleSnapshotEvery = 12
+
 // probeHub owns the server's one Collector, the one ticker that calls Snapshot, and the
 // trace writers of the live sessions that asked for one.
 type probeHub struct {
@@ -51,6 +60,9 @@ type probeHub struct {
 	observe  func(trace.Snapshot) // metrics; nil: none
 
 	final chan chan struct{} // a finishing session asks the ticker for one more snapshot
+	// baseline: a traced session started; after idle ticks the ticker takes a snapshot
+	// that no one gets, so the session's first line starts near its start.
+	baseline chan struct{}
 	stop  chan struct{}
 	done  chan struct{}
 
@@ -89,7 +101,7 @@ func (s *Server) startProbes() {
 		return
 	}
 	h := &probeHub{log: s.root.With(zap.String("component", "probes")), interval: p.Interval, self: os.Getpid(),
-		final: make(chan chan struct{}), stop: make(chan struct{}), done: make(chan struct{}),
+		final: make(chan chan struct{}), baseline: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		live: map[uint64]*probeSession{}, refs: map[int]int{}}
 	if h.interval <= 0 {
 		h.interval = DefaultTraceInterval
@@ -129,20 +141,34 @@ func (s *Server) stopProbes() error {
 	return h.coll.Close()
 }
 
-// tick is the only caller of Snapshot: every interval, and once more for each finishing
-// session that has a trace, so even a session shorter than the interval gets its lines.
+// tick is the only caller of Snapshot: every interval while something reads snapshots
+// (every idleSnapshotEvery intervals while nothing does), once more for each finishing
+// session that has a trace, so even a session shorter than the interval gets its lines,
+// and as a baseline when a traced session starts after idle ticks.
 func (h *probeHub) tick() {
 	defer close(h.done)
 	t := time.NewTicker(h.interval)
 	defer t.Stop()
+	skipped := 0 // idle ticks since the last snapshot
 	for {
 		var reply chan struct{}
+		base := false
 		select {
 		case <-h.stop:
 			return
 		case <-t.C:
+			if !h.wanted() && skipped+1 < idleSnapshotEvery {
+				skipped++
+				continue
+			}
 		case reply = <-h.final:
+		case <-h.baseline:
+			if skipped == 0 {
+				continue // the last snapshot is at most an interval old
+			}
+			base = true
 		}
+		skipped = 0
 		snap := h.coll.Snapshot()
 		if h.observe != nil {
 			h.observe(snap)
@@ -151,7 +177,7 @@ func (h *probeHub) tick() {
 		h.snapshots++
 		var targets []*probeSession
 		for _, ps := range h.live {
-			if ps.trace != nil {
+			if ps.trace != nil && !base {
 				targets = append(targets, ps)
 			}
 		}
@@ -163,6 +189,22 @@ func (h *probeHub) tick() {
 			close(reply)
 		}
 	}
+}
+
+// wanted reports whether a snapshot now has a reader: the metrics observer, or a live
+// session with a trace.
+func (h *probeHub) wanted() bool {
+	if h.observe != nil {
+		return true
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, ps := range h.live {
+		if ps.trace != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // sessions is the Collector's SetSessions callback: the live sessions plus those that
@@ -247,6 +289,12 @@ func (s *Server) probeSessionStart(id uint64, output string, pid int, traceFile 
 	if first && pid != h.self && pid > 0 {
 		if err := h.coll.Watch(pid); err != nil {
 			h.log.Warn("cannot watch session client", zap.Uint64("session", id), zap.Int("pid", pid), zap.Error(err))
+		}
+	}
+	if traceFile != nil {
+		select {
+		case h.baseline <- struct{}{}:
+		default: // one is pending already
 		}
 	}
 	if traceFile != nil && pid > 0 {

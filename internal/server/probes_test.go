@@ -128,3 +128,44 @@ func TestSessionTraceRefusals(t *testing.T) {
 		})
 	}
 }
+
+// TestIdleSnapshots: with no traced session and no metrics observer the ticker takes a
+// snapshot only every idleSnapshotEvery intervals; a traced session brings back one per
+// interval (issue 38: the thrown-away snapshots were a tenth or more of strapd's CPU).
+func TestIdleSnapshots(t *testing.T) {
+	const interval = 10 * time.Millisecond
+	ts := startServer(t, probeConfig(interval))
+	sc := ts.dial(t)
+	snapshots := func() uint64 {
+		t.Helper()
+		rep, err := sc.Status()
+		if err != nil || rep.Daemon.Probes == nil {
+			t.Fatalf("status: %v, probes %+v", err, rep.Daemon.Probes)
+		}
+		return rep.Daemon.Probes.Snapshots
+	}
+	c := ts.dial(t)
+	st, _, err := openWith(t, c, control.Open{}, outFile(t)) // untraced
+	if err != nil {
+		t.Fatal(err)
+	}
+	n0 := snapshots()
+	time.Sleep(idleSnapshotEvery * interval * 2)
+	// At most two idle snapshots fit (and one more from a tick already past its check).
+	if d := snapshots() - n0; d > 3 {
+		t.Fatalf("%d snapshots in %d intervals with no reader, want at most 3", d, idleSnapshotEvery*2)
+	}
+	if _, err := st.Finish(); err != nil {
+		t.Fatal(err)
+	}
+	tc := ts.dial(t)
+	tst, _, err := openWith(t, tc, control.Open{}, outFile(t), traceFile(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n1 := snapshots()
+	waitFor(t, func() bool { return snapshots()-n1 >= idleSnapshotEvery })
+	if _, err := tst.Finish(); err != nil {
+		t.Fatal(err)
+	}
+}
