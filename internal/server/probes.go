@@ -63,8 +63,8 @@ type probeHub struct {
 	// baseline: a traced session started; after idle ticks the ticker takes a snapshot
 	// that no one gets, so the session's first line starts near its start.
 	baseline chan struct{}
-	stop  chan struct{}
-	done  chan struct{}
+	stop     chan struct{}
+	done     chan struct{}
 
 	mu        sync.Mutex
 	live      map[uint64]*probeSession
