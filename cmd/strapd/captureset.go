@@ -95,7 +95,7 @@ func writeSetText(w io.Writer, s setSummary) error {
 	fmt.Fprintf(w, "job %s  world size %d  layout tp %d × pp %d × dp %d  created %s\n\n", m.JobID, m.WorldSize,
 		l.TPSize, l.PPSize, l.DPSize, m.Created)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RANK\tHOST\tLOCAL\tTP\tPP\tDP\tSESSION\tSTRAPD\tSTATUS\tTOKENS\tFORWARDS\tPACKETS\tBYTES\tMODULES\tSTREAM")
+	fmt.Fprintln(tw, "RANK\tHOST\tLOCAL\tTP\tPP\tDP\tROLE\tSESSION\tSTRAPD\tSTATUS\tTOKENS\tFORWARDS\tPACKETS\tBYTES\tMODULES\tSTREAM")
 	var packets, size uint64
 	status := map[string]int{}
 	for i, r := range m.Ranks {
@@ -103,8 +103,12 @@ func writeSetText(w io.Writer, s setSummary) error {
 		if r.LocalRank != nil {
 			local = fmt.Sprint(*r.LocalRank)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t[%d, %d)\t%d\t%d\t%s\t%s\t%s\n", r.Rank, r.Host, local,
-			r.TPRank, r.PPStage, r.DPRank, r.Session, r.StrapdHost, r.Status, r.Tokens[0], r.Tokens[1], r.Forwards,
+		role := r.Role
+		if role == "" {
+			role = "-" // a manifest written before the key
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%d\t%s\t%d\t%s\t%s\t[%d, %d)\t%d\t%d\t%s\t%s\t%s\n", r.Rank, r.Host, local,
+			r.TPRank, r.PPStage, r.DPRank, role, r.Session, r.StrapdHost, r.Status, r.Tokens[0], r.Tokens[1], r.Forwards,
 			r.Packets, units.Bytes(float64(r.Bytes)), moduleKinds(r.Modules), s.Streams[i])
 		packets += r.Packets
 		size += r.Bytes

@@ -23,6 +23,8 @@ type Distributed struct {
 	PPSize    *uint64 `json:"pp_size"`
 	DPRank    *uint64 `json:"dp_rank"`
 	DPSize    *uint64 `json:"dp_size"`
+	// Replicated says which rank stores replicated outputs ("tp_rank0"), when the client said.
+	Replicated *string `json:"replicated"`
 	// Modules is the client's decision per module (D2), when it recorded one.
 	Modules map[string]struct {
 		Kind string `json:"kind"`
@@ -40,11 +42,13 @@ type Facts struct {
 	Fingerprint *string `json:"fingerprint"`
 	// Distributed is client_metadata.distributed, nil for a single process.
 	Distributed *Distributed `json:"distributed"`
-	Status      string       `json:"status"`
-	Tokens      [2]uint64    `json:"tokens"`
-	Forwards    uint64       `json:"forwards"`
-	Packets     uint64       `json:"packets"`
-	Bytes       uint64       `json:"bytes"`
+	// Role is RoleOf(Distributed).
+	Role     string    `json:"role"`
+	Status   string    `json:"status"`
+	Tokens   [2]uint64 `json:"tokens"`
+	Forwards uint64    `json:"forwards"`
+	Packets  uint64    `json:"packets"`
+	Bytes    uint64    `json:"bytes"`
 	// Modules are the TENSOR packets' names with the kind their records show: sharded
 	// when they carry a shard descriptor (axis and full_shape of the first), replicated
 	// when a "replica" meta or the header's distributed.modules says so, else local.
@@ -75,6 +79,23 @@ type recordMeta struct {
 	Replica json.RawMessage `json:"replica"`
 }
 
+// RoleOf is a rank's role from its stream header's distributed object (D4): RoleReplica
+// for a tp rank > 0 under replicated "tp_rank0" whose modules name at least one module and
+// every one replicated; else RolePrimary. The Python client's capture_set.rank_role applies
+// the same rule.
+func RoleOf(d *Distributed) string {
+	if d == nil || d.TPRank == nil || *d.TPRank == 0 || d.Replicated == nil || *d.Replicated != "tp_rank0" ||
+		len(d.Modules) == 0 {
+		return RolePrimary
+	}
+	for _, m := range d.Modules {
+		if m.Kind != KindReplicated {
+			return RolePrimary
+		}
+	}
+	return RoleReplica
+}
+
 // ReadFacts walks the stream in r (packet headers only) for what the manifest says of it.
 // The error is for a stream whose header cannot be read at all; a walk stopped by damage
 // later is in Facts.Error with the counts up to it.
@@ -91,7 +112,8 @@ func ReadFacts(r io.ReaderAt, size int64) (*Facts, error) {
 		return nil, fmt.Errorf("stream header metadata has no session")
 	}
 	f := &Facts{Session: *h.Session, StrapdHost: h.Host, Fingerprint: h.Client.Fingerprint,
-		Distributed: h.Client.Distributed, Status: StatusOpen, Bytes: uint64(size), Modules: map[string]Module{}}
+		Distributed: h.Client.Distributed, Role: RoleOf(h.Client.Distributed), Status: StatusOpen,
+		Bytes: uint64(size), Modules: map[string]Module{}}
 	firstTok, endTok := uint64(0), uint64(0)
 	anyTok, ended := false, false
 	s := rd.Scan(true)
@@ -229,6 +251,13 @@ func Compare(m *Manifest, e *Rank, f *Facts) []Problem {
 		if d.Host != nil && *d.Host != e.Host {
 			bad("host", "manifest %q, stream header %q", e.Host, *d.Host)
 		}
+	}
+	// A manifest written before the role key has none: nothing to compare.
+	if e.Role != "" && e.Role != f.Role {
+		bad("role", "manifest %q, stream header %q", e.Role, f.Role)
+	}
+	if f.Role == RoleReplica && len(f.Modules) > 0 {
+		bad("role", "the stream header makes it a replica, but the stream holds records of %d modules", len(f.Modules))
 	}
 	if f.Status != e.Status {
 		bad("status", "manifest %q, stream %q", e.Status, f.Status)

@@ -118,7 +118,7 @@ func TestGoldenFacts(t *testing.T) {
 					host = *d.Host
 				}
 				got := Rank{Rank: *u64(d.Rank), LocalRank: u64(d.LocalRank), Host: host,
-					TPRank: *u64(d.TPRank), PPStage: *u64(d.PPStage), DPRank: *u64(d.DPRank),
+					TPRank: *u64(d.TPRank), PPStage: *u64(d.PPStage), DPRank: *u64(d.DPRank), Role: facts.Role,
 					Session: facts.Session, StrapdHost: facts.StrapdHost, Fingerprint: facts.Fingerprint,
 					Status: facts.Status, Tokens: facts.Tokens, Forwards: facts.Forwards, Packets: facts.Packets,
 					Bytes: facts.Bytes, Modules: facts.Modules}

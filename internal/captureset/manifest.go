@@ -36,6 +36,14 @@ const (
 // StatusOpen is a rank's status when its stream has no END packet.
 const StatusOpen = "open"
 
+// A rank's role (docs/DISTRIBUTED.md D4): RoleReplica stores nothing by design (every module
+// it captures is replicated and tp rank 0 of its group stores it: a vLLM engine's tp ranks
+// > 0); every other rank is RolePrimary. RoleOf says which from a stream header.
+const (
+	RolePrimary = "primary"
+	RoleReplica = "replica"
+)
+
 // Errors of this package.
 var (
 	// ErrNotManifest: the bytes are not a JSON object whose "format" is Format.
@@ -103,6 +111,8 @@ type Rank struct {
 	TPRank    int    `json:"tp_rank"`
 	PPStage   int    `json:"pp_stage"`
 	DPRank    int    `json:"dp_rank"`
+	// Role is RolePrimary or RoleReplica; empty in a manifest written before the key.
+	Role string `json:"role,omitempty"`
 	// Stream is the stream as written: relative to the manifest's directory, absolute, or
 	// an s3:// URL (Locate resolves it).
 	Stream     string `json:"stream"`
@@ -329,6 +339,13 @@ func parseRank(f fields, rank int) Rank {
 	e.TPRank = f.smallInt("tp_rank")
 	e.PPStage = f.smallInt("pp_stage")
 	e.DPRank = f.smallInt("dp_rank")
+	if f.has("role") {
+		switch e.Role = f.str("role"); e.Role {
+		case RolePrimary, RoleReplica:
+		default:
+			f.bad("role", "%q, expected primary or replica", e.Role)
+		}
+	}
 	if e.Stream = f.str("stream"); f.has("stream") {
 		if err := checkLocation(e.Stream); err != nil {
 			f.bad("stream", "%v", err)
@@ -375,6 +392,9 @@ func parseRank(f fields, rank int) Rank {
 		f.bad("tokens", "[%d, %d] holds more tokens than the %d packets", e.Tokens[0], e.Tokens[1], e.Packets)
 	}
 	e.Modules = parseModules(f)
+	if e.Role == RoleReplica && len(e.Modules) > 0 {
+		f.bad("role", "replica, but modules names %d (a replica stores no record)", len(e.Modules))
+	}
 	return e
 }
 

@@ -240,8 +240,12 @@ func TestVerifySetRankStoringNothing(t *testing.T) {
 				"model.layers.0": map[string]any{"kind": "replicated"}}
 			tokens, fwds = []int{0, 1}, 1
 		}
+		role := RolePrimary
+		if rank > 0 {
+			role = RoleReplica
+		}
 		ranks = append(ranks, map[string]any{"rank": rank, "local_rank": rank, "host": "node07",
-			"tp_rank": rank, "pp_stage": 0, "dp_rank": 0, "stream": name, "session": 20 + rank,
+			"tp_rank": rank, "pp_stage": 0, "dp_rank": 0, "role": role, "stream": name, "session": 20 + rank,
 			"strapd_host": "node07", "fingerprint": "fp", "status": "complete", "tokens": tokens,
 			"forwards": fwds, "packets": len(recs), "bytes": st.Size(), "modules": mods})
 	}
@@ -253,7 +257,16 @@ func TestVerifySetRankStoringNothing(t *testing.T) {
 		want   string
 	}{
 		{"verifies", func(map[string]any) {}, ""},
+		// a manifest written before the role key: the header alone says what rank 1 is
+		{"verifies without roles", func(m map[string]any) { delete(rankOf(m, 0), "role"); delete(rankOf(m, 1), "role") }, ""},
+		{"a replica called primary", func(m map[string]any) { rankOf(m, 1)["role"] = RolePrimary },
+			`rank 1: role: manifest "primary", stream header "replica"`},
+		{"tp rank 0 called a replica", func(m map[string]any) {
+			rankOf(m, 0)["role"] = RoleReplica
+			rankOf(m, 0)["modules"] = map[string]any{}
+		}, `rank 0: role: manifest "replica", stream header "primary"`},
 		{"lists a module", func(m map[string]any) {
+			delete(rankOf(m, 1), "role") // with it, Parse refuses a replica listing modules (TestParse)
 			rankOf(m, 1)["modules"] = map[string]any{"model.layers.0": map[string]any{"kind": "replicated"}}
 		}, "rank 1: modules.model.layers.0: listed, but the stream has no record of it"},
 		{"counts a packet", func(m map[string]any) { rankOf(m, 1)["packets"] = 1 }, "rank 1: packets: manifest 1, stream 0"},
@@ -291,5 +304,39 @@ func TestVerifySetRankStoringNothing(t *testing.T) {
 	}
 	if _, err := Parse(b); err == nil || !strings.Contains(err.Error(), "ranks: 1 entries for world_size 2") {
 		t.Fatalf("a manifest without rank 1: %v", err)
+	}
+}
+
+// TestRoleOf: the header rule of a rank's role (D4), the one capture_set.rank_role applies.
+func TestRoleOf(t *testing.T) {
+	u := func(v uint64) *uint64 { return &v }
+	s := func(v string) *string { return &v }
+	type mods = map[string]struct {
+		Kind string `json:"kind"`
+		Axis *int   `json:"axis"`
+	}
+	rep := mods{"a": {Kind: KindReplicated}, "b": {Kind: KindReplicated}}
+	for _, tc := range []struct {
+		name string
+		d    *Distributed
+		want string
+	}{
+		{"one process", nil, RolePrimary},
+		{"tp rank 1, all replicated", &Distributed{TPRank: u(1), Replicated: s("tp_rank0"), Modules: rep}, RoleReplica},
+		{"tp rank 0", &Distributed{TPRank: u(0), Replicated: s("tp_rank0"), Modules: rep}, RolePrimary},
+		{"no tp rank", &Distributed{Replicated: s("tp_rank0"), Modules: rep}, RolePrimary},
+		{"every rank stores", &Distributed{TPRank: u(1), Replicated: s("all"), Modules: rep}, RolePrimary},
+		{"no replicated key", &Distributed{TPRank: u(1), Modules: rep}, RolePrimary},
+		{"no modules", &Distributed{TPRank: u(1), Replicated: s("tp_rank0")}, RolePrimary},
+		{"a sharded module", &Distributed{TPRank: u(1), Replicated: s("tp_rank0"),
+			Modules: mods{"a": {Kind: KindReplicated}, "b": {Kind: KindSharded}}}, RolePrimary},
+		{"a module decided later", &Distributed{TPRank: u(1), Replicated: s("tp_rank0"),
+			Modules: mods{"a": {Kind: KindReplicated}, "b": {Kind: kindDetect}}}, RolePrimary},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := RoleOf(tc.d); got != tc.want {
+				t.Fatalf("RoleOf = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -81,6 +81,30 @@ def _module_of(record_name: str, modules: Dict[str, Any]) -> Optional[Dict[str, 
         n = n.rsplit(".", 1)[0]
 
 
+#: A rank's ``role`` (D4): ``replica`` stores nothing by design (every module it captures is
+#: replicated and tp rank 0 of its group stores it: a vLLM engine's tp ranks > 0); every other
+#: rank is ``primary``.
+ROLE_PRIMARY = "primary"
+ROLE_REPLICA = "replica"
+ROLES = (ROLE_PRIMARY, ROLE_REPLICA)
+
+
+def rank_role(d: Any) -> str:
+    """A rank's ``role`` from its stream header's ``distributed`` object (D4): ``replica``
+    when it is a tp rank > 0 under ``replicated: "tp_rank0"`` whose ``modules`` name at least
+    one module and every one ``replicated``; else ``primary``. strapd's ``internal/captureset``
+    (``RoleOf``) applies the same rule."""
+    if not isinstance(d, dict):
+        return ROLE_PRIMARY
+    tp, mods = d.get("tp_rank"), d.get("modules")
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp <= 0 or d.get("replicated") != "tp_rank0" \
+            or not isinstance(mods, dict) or not mods:
+        return ROLE_PRIMARY
+    if all(isinstance(m, dict) and m.get("kind") == "replicated" for m in mods.values()):
+        return ROLE_REPLICA
+    return ROLE_PRIMARY
+
+
 def rank_entry(reader: StreamReader, stream: str) -> Dict[str, Any]:
     """One rank's object of the manifest, from its stream alone (D4's second table).
 
@@ -148,7 +172,7 @@ def rank_entry(reader: StreamReader, stream: str) -> Dict[str, Any]:
     return {
         "rank": d["rank"], "local_rank": d.get("local_rank"), "host": d.get("host"),
         "tp_rank": d.get("tp_rank", 0), "pp_stage": d.get("pp_stage", 0), "dp_rank": d.get("dp_rank", d["rank"]),
-        "stream": stream, "session": meta.get("session"), "strapd_host": meta.get("host"),
+        "role": rank_role(d), "stream": stream, "session": meta.get("session"), "strapd_host": meta.get("host"),
         "fingerprint": cm.get("fingerprint"), "status": status,
         "tokens": [tok_first if tok_first is not None else 0, tok_end if tok_first is not None else 0],
         "forwards": forwards, "packets": counts, "bytes": reader.size, "modules": modules,
@@ -327,6 +351,12 @@ def check(m: Dict[str, Any], manifest_dir: Optional[str], open_streams: bool = T
             raise CaptureSetError(f"rank {i}: key 'stream' is not a path or URL")
         if not isinstance(e.get("modules"), dict):
             raise CaptureSetError(f"rank {i}: key 'modules' is not an object")
+        # role: absent in manifests written before it (D4)
+        if "role" in e and e["role"] not in ROLES:
+            raise CaptureSetError(f"rank {i}: key 'role' is {e['role']!r}, expected one of {list(ROLES)}")
+        if e.get("role") == ROLE_REPLICA and e["modules"]:
+            raise CaptureSetError(f"rank {i}: key 'role': a replica stores no record, but 'modules' names "
+                                  f"{len(e['modules'])}")
     if not open_streams:
         return
     for e in ranks:
@@ -341,6 +371,9 @@ def check(m: Dict[str, Any], manifest_dir: Optional[str], open_streams: bool = T
                                       f"the stream {s} says {meta.get('session')!r}")
             if d.get("rank") != e["rank"]:
                 raise CaptureSetError(f"rank {e['rank']}: key 'rank': the stream {s} is rank {d.get('rank')!r}'s")
+            if "role" in e and rank_role(d) != e["role"]:
+                raise CaptureSetError(f"rank {e['rank']}: key 'role': the manifest says {e['role']!r}, the stream "
+                                      f"header of {s} makes it {rank_role(d)!r}")
 
 
 def stream_location(ref: str, manifest_dir: Optional[str]) -> str:
@@ -719,6 +752,7 @@ def _inspect(m: Dict[str, Any]) -> str:
         for v in e["modules"].values():
             kinds[v["kind"]] = kinds.get(v["kind"], 0) + 1
         lines.append(f"  rank {e['rank']:>4} host {e['host']} tp {e['tp_rank']} pp {e['pp_stage']} dp {e['dp_rank']} "
+                     f"{e.get('role', '?'):<7} "
                      f"{e['status']:<9} tokens [{e['tokens'][0]}, {e['tokens'][1]}) forwards {e['forwards']} "
                      f"packets {e['packets']} bytes {e['bytes']} modules "
                      f"{', '.join(f'{n} {k}' for k, n in sorted(kinds.items())) or 'none'}  {e['stream']}")

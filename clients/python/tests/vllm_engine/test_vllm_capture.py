@@ -375,6 +375,7 @@ def test_tensor_parallel_2(model_dir: Path, hf_model: Any, daemon: Any, tmp_path
     assert m["layout"] == {"tp_size": 2, "pp_size": 1, "dp_size": 1} and m["world_size"] == 2
     r0, r1 = m["ranks"]
     assert r1["modules"] == {} and r1["packets"] == 0 and r1["status"] == "complete"
+    assert (r0["role"], r1["role"]) == ("primary", "replica")  # D4's explicit role
     assert {n: e["kind"] for n, e in r0["modules"].items() if n.startswith("model.")} == \
         {f"model.layers.{i}": "replicated" for i in range(LAYERS)}
     assert r0["tokens"] == [0, len(got["requests"]) * MAX_TOKENS]

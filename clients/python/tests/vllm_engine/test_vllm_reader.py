@@ -254,6 +254,8 @@ def test_pipeline_and_tensor_parallel_capture_set(real_strapd: Any, tmp_path: Pa
     assert m["job_id"] == "vllm-20251206T054640-1765000000123456789"
     roles = [(e["tp_rank"], e["pp_stage"], sorted(e["modules"]), e["packets"]) for e in m["ranks"]]
     assert roles[1] == (1, 0, [], 0) and roles[3] == (1, 1, [], 0), roles  # replicas: nothing stored
+    # ... and the manifest says so explicitly (D4's role), as strapd reads it from the headers
+    assert [e["role"] for e in m["ranks"]] == ["primary", "replica", "primary", "replica"]
     assert roles[0][:3] == (0, 0, ["model.layers.0", "vllm.finished", "vllm.rows"])
     assert roles[2][:3] == (0, 1, ["model.layers.1", "vllm.finished", "vllm.rows", "vllm.sampled"])
     assert {e["modules"]["model.layers.0"]["kind"] for e in m["ranks"][:1]} == {"replicated"}
@@ -272,6 +274,31 @@ def test_pipeline_and_tensor_parallel_capture_set(real_strapd: Any, tmp_path: Pa
     assert rb.positions.tolist() == [2, 3, 4, 5] and rb.missing == [0, 1] and rb.finished == "stopped"
     assert rb["model.layers.1"][:, 0].tolist() == [value(b, p, 0, 1) for p in (2, 3, 4, 5)]
     assert {ROWS, SAMPLED} <= set(m["ranks"][2]["modules"])
+
+    # A role that disagrees with the stream header, or a replica listing records, is refused
+    # by both readers, naming the rank and the key; a manifest from before the key loads.
+    import json
+
+    good = json.loads(Path(out).read_text())
+    for r, role, mods, err in ((1, "primary", None, "rank 1: key 'role'"), (0, "replica", {}, "rank 0: key 'role'"),
+                               (3, "replica", {"vllm.rows": {"kind": "replicated"}}, "rank 3: key 'role': a replica"),
+                               (2, "leader", None, "rank 2: key 'role' is 'leader'")):
+        bad = json.loads(json.dumps(good))
+        bad["ranks"][r]["role"] = role
+        if mods is not None:
+            bad["ranks"][r]["modules"] = mods
+        bp = tmp_path / "bad.capture-set.json"
+        bp.write_text(json.dumps(bad))
+        with pytest.raises(capture_set.CaptureSetError, match=err):
+            capture_set.load(bp)
+        v = subprocess.run([str(strapd_bin()), "verify", str(bp)], capture_output=True, text=True)
+        assert v.returncode == 2 and f"rank {r}: role:" in v.stdout + v.stderr, v.stdout + v.stderr
+    for e in good["ranks"]:
+        del e["role"]
+    bp.write_text(json.dumps(good))
+    assert [e.get("role") for e in capture_set.load(bp)["ranks"]] == [None] * 4
+    assert subprocess.run([str(strapd_bin()), "verify", str(bp)], capture_output=True).returncode == 0
+    bp.unlink()
 
     os.rename(paths[1], str(paths[1]) + ".moved")
     with pytest.raises(capture_set.CaptureSetError, match="rank 1: key 'stream'"):
