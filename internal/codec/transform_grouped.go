@@ -242,7 +242,10 @@ func readGroupedInts(p []byte, kinds []byte, grp []uint8, ng, nc, m, width, firs
 		return nil, nil, fmt.Errorf("%d integers in parts, want %d: %w", o, m, ErrCorrupt)
 	}
 	ints := make([]float64, m)
-	run := func(r int, at func(i int) int) error {
+	// run decodes the next run of r integers into tmp.
+	var tmp []float64
+	run := func(r int) error {
+		tmp = tmp[:0]
 		if r == 0 {
 			return nil
 		}
@@ -251,18 +254,29 @@ func readGroupedInts(p []byte, kinds []byte, grp []uint8, ng, nc, m, width, firs
 			return fmt.Errorf("integers: %w", err)
 		}
 		p = rest
+		if cap(tmp) < r {
+			tmp = make([]float64, r)
+		}
+		tmp = tmp[:r]
+		if width == 1 {
+			for i, z := range pl[:r] {
+				tmp[i] = float64(int32(z>>1) ^ -int32(z&1))
+			}
+			return nil
+		}
 		for i := range r {
 			var z uint32
 			for j := range width {
 				z |= uint32(pl[j*r+i]) << (8 * j)
 			}
-			ints[at(i)] = float64(int32(z>>1) ^ -int32(z&1))
+			tmp[i] = float64(int32(z>>1) ^ -int32(z&1))
 		}
 		return nil
 	}
-	if err := run(nc, func(i int) int { return i }); err != nil {
+	if err := run(nc); err != nil {
 		return nil, nil, err
 	}
+	copy(ints, tmp)
 	nw := len(whole)
 	ch := make([]int, 0, rowLen)
 	for g := range ng {
@@ -273,12 +287,21 @@ func readGroupedInts(p []byte, kinds []byte, grp []uint8, ng, nc, m, width, firs
 			}
 		}
 		// Channel by channel, each over the whole rows in part order.
-		if err := run(len(ch)*nw, func(i int) int { return whole[i%nw] + ch[i/nw] }); err != nil {
+		if err := run(len(ch) * nw); err != nil {
 			return nil, nil, err
 		}
+		for ci, c := range ch {
+			col := tmp[ci*nw : (ci+1)*nw]
+			for w, o := range whole {
+				ints[o+c] = col[w]
+			}
+		}
 	}
-	if err := run(len(edge), func(i int) int { return edge[i] }); err != nil {
+	if err := run(len(edge)); err != nil {
 		return nil, nil, err
+	}
+	for i, o := range edge {
+		ints[o] = tmp[i]
 	}
 	return ints, p, nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -814,5 +815,47 @@ func BenchmarkTransformMiniLM(b *testing.B) {
 				b.Fatal(ok, err)
 			}
 		}
+	}
+}
+
+// BenchmarkTransformDecodeMiniLM: Go decode of the MiniLM sample's two bf16 records (288
+// rows of 384, 85 of 1536) in each layout; MB/s of decoded bytes.
+func BenchmarkTransformDecodeMiniLM(b *testing.B) {
+	raw := read(b, "testdata/activation/minilm_sample.f32")
+	v := make([]float64, len(raw)/4)
+	for i := range v {
+		v[i] = float64(math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:])))
+	}
+	recs := []struct {
+		src    []byte
+		rowLen int
+	}{{toBytes(v[:110592], dtype.BFloat16), 384}, {toBytes(v[110592:110592+85*1536], dtype.BFloat16), 1536}}
+	for _, mode := range []int{modeLossy, modeGrouped} {
+		b.Run(fmt.Sprintf("mode%d", mode), func(b *testing.B) {
+			withTransformMode(b, mode)
+			c := mustNew(b, "transform", Options{})
+			var n int64
+			stored := make([][]byte, len(recs))
+			for i, r := range recs {
+				rc, _ := c.(RowPreparer).ForRows(r.src, dtype.BFloat16, r.rowLen, 0)
+				out, ok, err := rc.Encode(nil, r.src, dtype.BFloat16)
+				if err != nil || !ok || int(out[0]) != mode {
+					b.Fatal(ok, err)
+				}
+				stored[i] = out
+				n += int64(len(r.src))
+			}
+			b.ReportAllocs()
+			b.SetBytes(n)
+			var dst []byte
+			for b.Loop() {
+				for i, r := range recs {
+					var err error
+					if dst, err = c.Decode(dst[:0], stored[i], dtype.BFloat16, len(r.src)); err != nil || len(dst) != len(r.src) {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
 	}
 }
