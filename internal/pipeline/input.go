@@ -106,7 +106,9 @@ func (s *Session) takeNext(end uint64) (it *item, next uint64, err error) {
 	}
 	in.nextSeq++
 	s.bytesIn.Add(uint64(len(rec.Payload)))
-	return &item{kind: kindTensor, seq: rec.Seq, rec: rec, span: s.tail.add(next), meta: meta}, next, nil
+	it = &item{kind: kindTensor, seq: rec.Seq, rec: rec, meta: meta}
+	it.span = s.tail.addTo(&it.spanv, next)
+	return it, next, nil
 }
 
 // metaObject checks that meta decodes as a JSON object (or null), as json.Unmarshal into

@@ -79,6 +79,8 @@ type item struct {
 	rec  shm.Record
 	meta []byte
 	span *span // ring bytes it holds; nil for notices
+	// spanv is a tensor record's span, so that it costs no allocation of its own.
+	spanv span
 	drop Drop
 	tok  Token
 	at   time.Time // when a checkpoint was asked for

@@ -25,8 +25,12 @@ type span struct {
 }
 
 // add records the next record's range, ending at end; records arrive in ring order.
-func (t *tailTracker) add(end uint64) *span {
-	sp := &span{end: end}
+func (t *tailTracker) add(end uint64) *span { return t.addTo(&span{}, end) }
+
+// addTo is add with the caller's span (an item's own, which saves an allocation per
+// record).
+func (t *tailTracker) addTo(sp *span, end uint64) *span {
+	*sp = span{end: end}
 	t.mu.Lock()
 	t.spans = append(t.spans, sp)
 	t.mu.Unlock()
