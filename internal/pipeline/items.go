@@ -81,9 +81,9 @@ type item struct {
 	span *span // ring bytes it holds; nil for notices
 	// spanv is a tensor record's span, so that it costs no allocation of its own.
 	spanv span
-	drop Drop
-	tok  Token
-	at   time.Time // when a checkpoint was asked for
+	drop  Drop
+	tok   Token
+	at    time.Time // when a checkpoint was asked for
 	// batch holds a kindBatch element's records, in sequence order; they have no done
 	// channel of their own (the batch's covers them).
 	batch []*item
