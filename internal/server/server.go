@@ -196,6 +196,9 @@ type Server struct {
 	mu        sync.Mutex
 	conns     map[*conn]struct{}
 	idleSince time.Time // when the last connection closed; zero while one is open
+	// idleKick wakes idleExpired's goroutine, parked while connections are open, when the
+	// last one closes (buffered, never blocks the sender).
+	idleKick  chan struct{}
 	sessions  int
 	outputs   map[fileID]outputHolder // the output file of every live session (claimOutput)
 	nextID    uint64
@@ -216,7 +219,7 @@ func New(cfg Config, log *zap.Logger) *Server {
 		log = zap.NewNop()
 	}
 	return &Server{cfg: cfg, root: log, log: log.With(zap.String("component", "server")), conns: map[*conn]struct{}{},
-		outputs: map[fileID]outputHolder{}, started: time.Now(), idleSince: time.Now()}
+		outputs: map[fileID]outputHolder{}, started: time.Now(), idleSince: time.Now(), idleKick: make(chan struct{}, 1)}
 }
 
 // Listen creates the socket: parent directory with mode 0700 (0750 and the socket group
@@ -447,13 +450,27 @@ func (s *Server) idleExpired(ctx context.Context) <-chan struct{} {
 	}
 	ch := make(chan struct{})
 	go func() {
-		t := time.NewTicker(min(s.cfg.ExitIdle/4, time.Second))
+		period := min(s.cfg.ExitIdle/4, time.Second)
+		t := time.NewTicker(period)
 		defer t.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
+			case <-s.idleKick: // the ticker runs already
 			case now := <-t.C:
+				if s.connected() {
+					// Nothing to check until the last connection closes: no wake-up per
+					// second beside a capture (issue 38's wake-ups per token).
+					t.Stop()
+					select {
+					case <-ctx.Done():
+						return
+					case <-s.idleKick:
+					}
+					t.Reset(period)
+					continue
+				}
 				busy := s.uploadsBusy()
 				s.mu.Lock()
 				if busy && !s.idleSince.IsZero() {
@@ -472,6 +489,13 @@ func (s *Server) idleExpired(ctx context.Context) <-chan struct{} {
 		}
 	}()
 	return ch
+}
+
+// connected reports whether a control connection is open.
+func (s *Server) connected() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns) > 0
 }
 
 // shutdown stops accepting, wakes every connection so it drains its session (every
@@ -546,6 +570,10 @@ func (s *Server) removeConn(c *conn) {
 	delete(s.conns, c)
 	if len(s.conns) == 0 {
 		s.idleSince = time.Now()
+		select {
+		case s.idleKick <- struct{}{}:
+		default: // one is pending
+		}
 	}
 	s.mu.Unlock()
 	if c.counted {
