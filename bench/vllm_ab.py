@@ -7,6 +7,9 @@ caching off (so every batch computes every position), eager. Modes:
 - ``plain``: vLLM with the strap plugin paused (hooks off; the session stays open);
 - ``strap``: the plugin capturing every decoder layer's output (the residual stream) of every
   request to disk through strapd, then ``checkpoint`` (strapd wrote and fdatasynced it);
+- ``unfused``: ``strap`` with the plugin's fused writes off (``vllm/_fused.py``: the layer sum
+  computed by torch and then copied into the ring, one ``session.token`` per token), i.e. the
+  plugin before issue 42's cut, in the same engine: a before/after under the same load;
 - ``hooks``: forward hooks on the same layers appending ``hidden + residual`` (the residual
   stream, as strap stores it) to a Python list, then one ``torch.save`` of the list and an
   fsync (what vllm-lens does, plus the write to disk);
@@ -31,7 +34,7 @@ copy, the step index, the sampled tokens, the end of each pass), cumulative CPU 
 engine's thread per batch; cProfile inflates them, so the batch's own-time figures of such a run are not the benchmark's.
 
 Usage: .venv-vllm/bin/python bench/vllm_ab.py --strapd bin/strapd [--rounds 5]
-       [--batches 16,32] [--modes plain,strap,hooks,vanilla,extract] [--preset fast_capture]
+       [--batches 16,32] [--modes plain,strap,unfused,hooks,vanilla,extract] [--preset fast_capture]
        [--profile]
 """
 
@@ -174,10 +177,13 @@ class Worker:
         handles: List[Any] = []
         buf: List[Any] = []
         cap: Any = self.cap
-        if mode == "strap":
+        if mode in ("strap", "unfused"):
             before = cap.checkpoint()
             pk0, tok0 = cap.session.packets, cap.session.tokens
             cap.resume()
+            if mode == "unfused":
+                fused = cap._record_sum, cap._record_tokens
+                cap._record_sum, cap._record_tokens = (lambda *a: False), (lambda *a: 0)
         elif mode == "hooks":
             model = self._model()
 
@@ -195,7 +201,7 @@ class Worker:
         self.in_plugin = 0.0
         self.in_plugin_cpu = 0.0
         prof: Any = None
-        if self.profile and mode == "strap":
+        if self.profile and mode in ("strap", "unfused"):
             import cProfile
 
             # the engine thread's CPU time, not wall time: a shared machine's load would
@@ -208,8 +214,10 @@ class Worker:
         if prof is not None:
             prof.disable()
             res["profile"] = profile_parts(prof)
-        if mode == "strap":
+        if mode in ("strap", "unfused"):
             cap.pause()
+            if mode == "unfused":
+                cap._record_sum, cap._record_tokens = fused
             after = cap.checkpoint()
             res.update(bytes=after["offset"] - before["offset"], packets=cap.session.packets - pk0,
                        tokens=cap.session.tokens - tok0, drops=cap.session.drops)
@@ -341,7 +349,8 @@ def main() -> None:
     ap.add_argument("--out", default="build/bench-vllm")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batches", default="16,32")
-    ap.add_argument("--modes", default="plain,strap,hooks,vanilla,extract")
+    ap.add_argument("--modes", default="plain,strap,hooks,vanilla,extract",
+                    help="of plain, strap, unfused, hooks, vanilla, extract")
     ap.add_argument("--preset", default="fast_capture", help="STRAP_VLLM_PRESET of the strap mode")
     ap.add_argument("--profile", action="store_true",
                     help="run the strap batches under cProfile and print the plugin's parts (cumulative s)")
@@ -507,7 +516,7 @@ def summarize(rows: List[Dict[str, Any]], modes: List[str], batches: List[int]) 
                 own = r["in_plugin_s"] + r["save_s"] + max(0.0, r["strapd_cpu_s"] - idle)
                 bound.append((r["total_s"] - own) / r["total_s"])
             d["kept_own_cost"] = statistics.median(bound)
-            if m == "strap":
+            if m in ("strap", "unfused"):
                 # strapd's CPU less what it spends idle (its rate over the round's plain batch)
                 net = [by[(i, m)]["strapd_cpu_s"] - by[(i, "plain")]["strapd_cpu_s"] / by[(i, "plain")]["total_s"]
                        * by[(i, m)]["total_s"] for i in rounds if (i, m) in by]
@@ -524,7 +533,7 @@ def summarize(rows: List[Dict[str, Any]], modes: List[str], batches: List[int]) 
                     f"(thread cpu {d['in_plugin_cpu_s_median']:.3f} s)")
             if d["bytes"]:
                 line += f"  {d['bytes'] / 2**20:.1f} MiB"
-            if m == "strap":
+            if m in ("strap", "unfused"):
                 line += (f"  strapd {d['strapd_cpu_s']:.2f} cpu-s over idle = {d['strapd_us_per_packet']:.0f} us/packet "
                          f"({d['packets']:.0f} packets), {d['strapd_us_per_position']:.0f} us/position, "
                          f"{d['strapd_us_per_token']:.0f} us/generated token; {d['drops']} drops")
