@@ -302,14 +302,20 @@ def _round_dtype(f: np.ndarray, dtype: str) -> np.ndarray:
     return (u >> np.uint32(16)).astype(np.uint16)
 
 
-def _read_ints(p: memoryview, width: int, m: int) -> tuple[np.ndarray, memoryview]:
-    """One plane table of `width` planes of m zigzag integers; the integers as float64."""
+def _read_z(p: memoryview, width: int, m: int) -> tuple[np.ndarray, memoryview]:
+    """One plane table of `width` planes of m zigzag integers: uint8 (width 1) or uint32."""
     pl, p = _read_planes(p, width, m)
     if width == 1:
-        return _zigzag_decode(pl[0]), p
+        return pl[0], p
     z = pl[0].astype(np.uint32)
     for j in range(1, width):
         z |= pl[j].astype(np.uint32) << np.uint32(8 * j)
+    return z, p
+
+
+def _read_ints(p: memoryview, width: int, m: int) -> tuple[np.ndarray, memoryview]:
+    """One plane table of `width` planes of m zigzag integers; the integers as float64."""
+    z, p = _read_z(p, width, m)
     return _zigzag_decode(z), p
 
 
@@ -319,30 +325,31 @@ def _grouped_ints(
 ) -> tuple[np.ndarray, memoryview]:
     """Mode 2's integer runs (coefficients; per channel group, its channels' values over the
     whole directly coded rows, channel by channel; the edge parts' values) back in mode 0's
-    order: coefficients, then every direct part's values in part order."""
+    order: coefficients, then every direct part's values in part order. The zigzag codes are
+    moved (one byte each where width is 1) and decoded once, in place."""
     dlens = lens[direct_p]
     whole = dlens == row_len
     nw = int(whole.sum())
-    ne = int(dlens[~whole].sum())
-    ints = np.empty(m, dtype=np.float64)
+    z = np.empty(m, dtype=np.uint8 if width == 1 else np.uint32)
     if nc:
-        ints[:nc], p = _read_ints(p, width, nc)
-    doff = nc + np.concatenate(([0], np.cumsum(dlens)[:-1])).astype(np.int64)
+        z[:nc], p = _read_z(p, width, nc)
+    # Only the first and the last part can be shorter than a row, so in part order the whole
+    # direct rows are one run of nw·row_len values, after the first part's if it is short.
+    head = int(dlens[0]) if len(dlens) and not whole[0] else 0
     if nw:
-        rows = np.empty((nw, row_len), dtype=np.float64)
+        cols = np.empty((row_len, nw), dtype=z.dtype)  # channel by channel
         for g in range(ng):
             ch = np.flatnonzero(grp == g)
             if len(ch):
-                v, p = _read_ints(p, width, len(ch) * nw)
-                rows[:, ch] = v.reshape(len(ch), nw).T
-        ints[(doff[whole][:, None] + np.arange(row_len)).reshape(-1)] = rows.reshape(-1)
+                v, p = _read_z(p, width, len(ch) * nw)
+                cols[ch] = v.reshape(len(ch), nw)
+        z[nc + head : nc + head + nw * row_len].reshape(nw, row_len)[...] = cols.T
+    ne = m - nc - nw * row_len
     if ne:
-        v, p = _read_ints(p, width, ne)
-        e = 0
-        for off, ln in zip(doff[~whole], dlens[~whole]):
-            ints[off : off + ln] = v[e : e + ln]
-            e += ln
-    return ints, p
+        v, p = _read_z(p, width, ne)
+        z[nc : nc + head] = v[:head]
+        z[nc + head + nw * row_len :] = v[head:]
+    return _zigzag_decode(z), p
 
 
 def _decode_transform(src: memoryview, dtype: str, raw_len: int) -> bytes:
