@@ -5,7 +5,8 @@ job again); every rank's stream must then equal an uninterrupted job's packet fo
 every rank must resume from the same token, and a rank that had more tokens gives them up.
 Both ways the ranks agree are run: a gloo process group, and files beside the streams.
 
-``make test`` runs two kill points; ``make test-long`` (STRAP_TEST_LONG) runs twelve more."""
+``make test`` runs two kill points; ``make test-long`` (STRAP_TEST_LONG) runs STRAP_JOB_KILL_RUNS
+(default twelve) more."""
 
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def test_job_resumes_every_rank_from_the_common_point(real_strapd, tmp_path, exc
 def long_kills() -> List[Tuple[str, str]]:
     rng = random.Random(int(os.environ.get("STRAP_KILL_SEED", "25")))
     out = []
-    for i in range(12):
+    for i in range(int(os.environ.get("STRAP_JOB_KILL_RUNS", "12"))):  # every 4 cover both exchanges x both kinds
         r = rng.randrange(2)
         if i % 2:
             out.append(("pg" if i % 4 == 1 else "files", f"{r}:token:{rng.randrange(1, N_TOKENS)}"))
@@ -106,7 +107,7 @@ def long_kills() -> List[Tuple[str, str]]:
     return out
 
 
-@pytest.mark.skipif(not os.environ.get("STRAP_TEST_LONG"), reason="twelve more kill points: make test-long")
+@pytest.mark.skipif(not os.environ.get("STRAP_TEST_LONG"), reason="STRAP_JOB_KILL_RUNS (12) more kill points: make test-long")
 @pytest.mark.parametrize("exchange,kill", [pytest.param(e, k, id=f"{e}-{k.replace(':', '-')}") for e, k in long_kills()])
 def test_job_resume_random_kills(real_strapd, tmp_path, exchange, kill):
     run_and_check(real_strapd.socket, tmp_path, exchange, kill)
