@@ -278,22 +278,44 @@ func readGroupedInts(p []byte, kinds []byte, grp []uint8, ng, nc, m, width, firs
 	}
 	copy(ints, tmp)
 	nw := len(whole)
-	ch := make([]int, 0, rowLen)
-	for g := range ng {
-		ch = ch[:0]
-		for i, gi := range grp {
-			if int(gi) == g {
-				ch = append(ch, i)
+	if nw > 0 {
+		// The groups' runs back to back: channel i's values over the whole rows start at
+		// pos[i]. Then one pass row by row: sequential writes, and the reads of the next
+		// rows share a cache line per channel (64 rows a line where the codes are bytes).
+		pos, seg := groupLayout(grp, ng, nw)
+		if width == 1 { // the common case: the codes moved as bytes, decoded in place
+			gb := make([]byte, 0, nw*rowLen)
+			for _, r := range seg {
+				if r == 0 {
+					continue
+				}
+				pl, rest, err := readPlanes(p, 1, r)
+				if err != nil {
+					return nil, nil, fmt.Errorf("integers: %w", err)
+				}
+				p = rest
+				gb = append(gb, pl...)
 			}
-		}
-		// Channel by channel, each over the whole rows in part order.
-		if err := run(len(ch) * nw); err != nil {
-			return nil, nil, err
-		}
-		for ci, c := range ch {
-			col := tmp[ci*nw : (ci+1)*nw]
 			for w, o := range whole {
-				ints[o+c] = col[w]
+				row := ints[o : o+rowLen]
+				for c := range row {
+					z := gb[pos[c]+w]
+					row[c] = float64(int32(z>>1) ^ -int32(z&1))
+				}
+			}
+		} else {
+			grouped := make([]float64, 0, nw*rowLen)
+			for _, r := range seg {
+				if err := run(r); err != nil {
+					return nil, nil, err
+				}
+				grouped = append(grouped, tmp...)
+			}
+			for w, o := range whole {
+				row := ints[o : o+rowLen]
+				for c := range row {
+					row[c] = grouped[pos[c]+w]
+				}
 			}
 		}
 	}
