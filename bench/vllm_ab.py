@@ -91,7 +91,7 @@ PARTS = [
     ("end of pass (flush)", "vllm/_worker.py", ("_on_forward_end",)),
     ("sampled tokens (sampled)", "vllm/_worker.py", ("sampled",)),
     ("  TOKENs (session.token)", "_session.py", ("token",)),
-    ("  TOKENs (_worker._tokens)", "vllm/_worker.py", ("_tokens",)),
+    ("  TOKENs into the ring (_fused.record_tokens)", "vllm/_fused.py", ("record_tokens",)),
     ("step start (begin_step)", "vllm/_worker.py", ("begin_step",)),
 ]
 
