@@ -19,7 +19,7 @@ Usage::
 
     make bin/strapd
     .venv/bin/python bench/daemon_cost.py --strapd bin/strapd [--trials 3] [--new 128] \\
-        [--presets balanced,fast_capture] [--threads 1] [--json OUT]
+        [--presets balanced,fast_capture] [--threads 1] [--idle S] [--json OUT]
 
 Prints one line per preset and, with ``--json``, every trial. Each preset gets its own
 freshly started strapd (killed at the end), so its counters belong to that preset alone.
@@ -261,6 +261,36 @@ def token_cost(a: argparse.Namespace, model: Any, n: int = 2000) -> Dict[str, fl
     return {f"{way}_us_per_token": statistics.median(v) for way, v in got.items() if v}
 
 
+def idle_cost(a: argparse.Namespace, model: Any, seconds: float) -> Dict[str, float]:
+    """strapd's CPU and context switches per second beside an open capture that records
+    nothing (``--idle S``): what strapd spends per unit of wall time whatever the records
+    (tickers, probe snapshots, the runtime's sysmon). A slow decode pays it per token."""
+    tmp = Path(tempfile.mkdtemp(prefix="strap-icost-", dir=a.tmpdir))
+    sock = str(tmp / "run" / "strapd.sock")
+    env_keep = {k: os.environ.get(k) for k in STRAPD_ENV}
+    os.environ.update(STRAPD_BIN=str(Path(a.strapd).resolve()), STRAPD_SOCKET=sock, STRAPD_EXIT_IDLE="10m")
+    cfg = InstrumentationConfig.from_preset("fast_capture").with_granularity(CAPTURE_SETS["resid+attn+mlp"])
+    pid = 0
+    try:
+        with capture_activations(model, config=cfg, output_path=str(tmp / "t.strap"), track_per_token=True):
+            pid = peer_pid(sock)
+            time.sleep(1.0)  # past OPEN's own work
+            d0, w0 = daemon_counters(pid), time.perf_counter()
+            time.sleep(seconds)
+            d1, w1 = daemon_counters(pid), time.perf_counter()
+    finally:
+        if pid:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        restore_env(env_keep)
+        shutil.rmtree(tmp, ignore_errors=True)
+    wall = w1 - w0
+    sw = (d1["voluntary"] - d0["voluntary"]) + (d1["nonvoluntary"] - d0["nonvoluntary"])
+    return {"idle_s": wall, "cpu_ms_per_s": (d1["cpu_ns"] - d0["cpu_ns"]) / 1e6 / wall, "switches_per_s": sw / wall}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--strapd", default=str(ROOT / "bin" / "strapd"))
@@ -272,6 +302,8 @@ def main() -> None:
     ap.add_argument("--client", default=_CLIENT, help="the Python client's source tree (an older tree's, for a before/after)")
     ap.add_argument("--token-cost", action="store_true",
                     help="also the client's CPU per record_token, ring tokens against TOKEN messages")
+    ap.add_argument("--idle", type=float, metavar="S",
+                    help="also strapd's CPU and switches per second beside a capture open S seconds with no records")
     ap.add_argument("--json", help="write every trial here")
     ap.add_argument("--perf", metavar="OUT", help="`perf record -g` strapd over the measured trials into OUT.<preset>")
     ap.add_argument("--perf-event", default="cpu-clock", help="perf's event (context-switches: where the switches are)")
@@ -283,7 +315,7 @@ def main() -> None:
     import llm_instrumentation
     res: Dict[str, Any] = {"strapd": a.strapd, "client": os.path.dirname(llm_instrumentation.__file__), "cpu": _cpu_model(), "torch_threads": torch.get_num_threads(),
                            "load_before": os.getloadavg(), "results": []}
-    for preset in a.presets.split(","):
+    for preset in filter(None, a.presets.split(",")):  # --presets "": only --idle / --token-cost
         r = run_preset(a, preset, model, prompt)
         res["results"].append(r)
         m = r["median"]
@@ -296,6 +328,11 @@ def main() -> None:
         res["token_cost"] = token_cost(a, model)
         print("client CPU per record_token (warm loop): " +
               ", ".join(f"{k} {v:.1f} us" for k, v in res["token_cost"].items()), flush=True)
+    if a.idle:
+        res["idle_cost"] = idle_cost(a, model, a.idle)
+        ic = res["idle_cost"]
+        print(f"idle capture {ic['idle_s']:.1f} s: strapd CPU {ic['cpu_ms_per_s']:.2f} ms/s, "
+              f"{ic['switches_per_s']:.1f} switches/s", flush=True)
     res["load_after"] = os.getloadavg()
     print(f"cpu: {res['cpu']}, torch threads {res['torch_threads']}, load {res['load_before'][0]:.2f} -> "
           f"{res['load_after'][0]:.2f}")
