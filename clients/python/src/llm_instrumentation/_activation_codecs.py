@@ -353,8 +353,9 @@ def _grouped_ints(
 
 
 def _decode_transform(src: memoryview, dtype: str, raw_len: int) -> bytes:
-    """A mode-0 transform block: a basis of k integer vectors (value B·2**-shift), the rows'
-    mean, one step and kind per row part, coefficients and direct values as plane frames.
+    """A mode-0 or mode-2 transform block: a basis of k integer vectors (value B·2**-shift),
+    the rows' mean, one step and kind per row part, coefficients and direct values as plane
+    frames (mode 2: kinds and steps in plane frames, the direct rows' values by channel group).
     A basis row decodes to float32(mean + (step·2**-shift)·(K @ B)): every product and sum of
     K @ B is an integer below 2**48, so float64 BLAS computes it exactly, in any order."""
     w = _WIDTH.get(dtype, 0)
