@@ -730,17 +730,7 @@ func appendTransform(dst []byte, parts []tPart, tb *tBasis, rowLen, first int) (
 			}
 		}
 	}
-	var maxZZ uint32
-	for _, z := range zz {
-		maxZZ = max(maxZZ, z)
-	}
-	width := 0
-	if m > 0 {
-		width = 1
-		for maxZZ>>(8*width) != 0 {
-			width++
-		}
-	}
+	width := codeWidth(zz, m)
 	dst = append(dst, modeLossy)
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(rowLen))
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(first))
@@ -759,13 +749,7 @@ func appendTransform(dst []byte, parts []tPart, tb *tBasis, rowLen, first int) (
 	}
 	var err error
 	if k > 0 {
-		n := k * rowLen
-		pl := make([]byte, 2*n)
-		for i, b := range tb.b[:n] {
-			z := zigzag(b)
-			pl[i], pl[n+i] = byte(z), byte(z>>8)
-		}
-		if dst, err = appendPlanes(dst, [][]byte{pl[:n], pl[n:]}, 0); err != nil {
+		if dst, err = appendBasis(dst, tb.b[:k*rowLen]); err != nil {
 			return nil, err
 		}
 	}
@@ -1015,4 +999,33 @@ func partBounds(g, first, rowLen, n int) (lo, hi int) {
 	}
 	lo = first + (g-1)*rowLen
 	return lo, min(n, lo+rowLen)
+}
+
+// codeWidth is the byte width of the zigzag codes zz (1 to 4; 0 when the block has no value
+// to code, m = 0): the number of planes the codes take. Modes 0 and 2 write it alike.
+func codeWidth(zz []uint32, m int) int {
+	if m == 0 {
+		return 0
+	}
+	var maxZZ uint32
+	for _, z := range zz {
+		maxZZ = max(maxZZ, z)
+	}
+	width := 1
+	for maxZZ>>(8*width) != 0 {
+		width++
+	}
+	return width
+}
+
+// appendBasis appends the basis entries (int16, zigzag) as two plane frames, low bytes then
+// high bytes (|b| ≤ 32767). Modes 0 and 2 store it alike.
+func appendBasis(dst []byte, b []int32) ([]byte, error) {
+	n := len(b)
+	pl := make([]byte, 2*n)
+	for i, v := range b {
+		z := zigzag(v)
+		pl[i], pl[n+i] = byte(z), byte(z>>8)
+	}
+	return appendPlanes(dst, [][]byte{pl[:n], pl[n:]}, 0)
 }

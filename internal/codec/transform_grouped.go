@@ -143,17 +143,7 @@ func appendTransformGrouped(dst []byte, parts []tPart, tb *tBasis, rowLen, first
 			e++
 		}
 	}
-	var maxZZ uint32
-	for _, z := range zz {
-		maxZZ = max(maxZZ, z)
-	}
-	width := 0
-	if m > 0 {
-		width = 1
-		for maxZZ>>(8*width) != 0 {
-			width++
-		}
-	}
+	width := codeWidth(zz, m)
 	dst = append(dst, modeGrouped)
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(rowLen))
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(first))
@@ -185,13 +175,7 @@ func appendTransformGrouped(dst []byte, parts []tPart, tb *tBasis, rowLen, first
 		return nil, err
 	}
 	if k > 0 {
-		n := k * rowLen
-		pl := make([]byte, 2*n)
-		for i, b := range tb.b[:n] {
-			z := zigzag(b)
-			pl[i], pl[n+i] = byte(z), byte(z>>8)
-		}
-		if dst, err = appendPlanes(dst, [][]byte{pl[:n], pl[n:]}, 0); err != nil {
+		if dst, err = appendBasis(dst, tb.b[:k*rowLen]); err != nil {
 			return nil, err
 		}
 	}
