@@ -788,19 +788,28 @@ func TestTransformNoHistory(t *testing.T) {
 	}
 }
 
-// BenchmarkTransformMiniLM: the committed sample of real activations (TestRealActivations:
-// 288 attention-output rows of 384, then GELU rows of 1536) as bfloat16 records, at the
-// default bound (cosine 0.995).
-func BenchmarkTransformMiniLM(b *testing.B) {
+// miniLMRecord is one record of the MiniLM sample: its bytes and row length.
+type miniLMRecord struct {
+	src    []byte
+	rowLen int
+}
+
+// miniLMRecords: the committed sample of real activations as two bfloat16 records, 288
+// attention-output rows of 384 and 85 GELU rows of 1536.
+func miniLMRecords(b *testing.B) []miniLMRecord {
 	raw := read(b, "testdata/activation/minilm_sample.f32")
 	v := make([]float64, len(raw)/4)
 	for i := range v {
 		v[i] = float64(math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:])))
 	}
-	recs := []struct {
-		src    []byte
-		rowLen int
-	}{{toBytes(v[:110592], dtype.BFloat16), 384}, {toBytes(v[110592:110592+85*1536], dtype.BFloat16), 1536}}
+	return []miniLMRecord{{toBytes(v[:110592], dtype.BFloat16), 384}, {toBytes(v[110592:110592+85*1536], dtype.BFloat16), 1536}}
+}
+
+// BenchmarkTransformMiniLM: the committed sample of real activations (TestRealActivations:
+// 288 attention-output rows of 384, then GELU rows of 1536) as bfloat16 records, at the
+// default bound (cosine 0.995).
+func BenchmarkTransformMiniLM(b *testing.B) {
+	recs := miniLMRecords(b)
 	c := mustNew(b, "transform", Options{})
 	var n int64
 	for _, r := range recs {
@@ -821,15 +830,7 @@ func BenchmarkTransformMiniLM(b *testing.B) {
 // BenchmarkTransformDecodeMiniLM: Go decode of the MiniLM sample's two bf16 records (288
 // rows of 384, 85 of 1536) in each layout; MB/s of decoded bytes.
 func BenchmarkTransformDecodeMiniLM(b *testing.B) {
-	raw := read(b, "testdata/activation/minilm_sample.f32")
-	v := make([]float64, len(raw)/4)
-	for i := range v {
-		v[i] = float64(math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:])))
-	}
-	recs := []struct {
-		src    []byte
-		rowLen int
-	}{{toBytes(v[:110592], dtype.BFloat16), 384}, {toBytes(v[110592:110592+85*1536], dtype.BFloat16), 1536}}
+	recs := miniLMRecords(b)
 	for _, mode := range []int{modeLossy, modeGrouped} {
 		b.Run(fmt.Sprintf("mode%d", mode), func(b *testing.B) {
 			withTransformMode(b, mode)
