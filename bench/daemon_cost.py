@@ -64,6 +64,18 @@ MODEL: Dict[str, int] = {"hidden": 512, "layers": 8, "intermediate": 1408, "voca
 STRAPD_ENV = ("STRAPD_BIN", "STRAPD_SOCKET", "STRAPD_EXIT_IDLE")
 
 
+def end_capture(pid: int, env_keep: Dict[str, Optional[str]], tmp: Path) -> None:
+    """After a capture: stops its autostarted strapd (``pid``, 0 if it never started), puts the
+    environment back and removes the capture's directory."""
+    if pid:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    restore_env(env_keep)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def restore_env(keep: Dict[str, Optional[str]]) -> None:
     """Puts back the variables saved in ``keep`` (None: it was unset)."""
     for k, v in keep.items():
@@ -251,13 +263,7 @@ def token_cost(a: argparse.Namespace, model: Any, n: int = 2000) -> Dict[str, fl
                     got[way].append(dt / 1e3 / n)
                 os.remove(tmp / "t.strap")
     finally:
-        if pid:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        restore_env(env_keep)
-        shutil.rmtree(tmp, ignore_errors=True)
+        end_capture(pid, env_keep, tmp)
     return {f"{way}_us_per_token": statistics.median(v) for way, v in got.items() if v}
 
 
@@ -279,13 +285,7 @@ def idle_cost(a: argparse.Namespace, model: Any, seconds: float) -> Dict[str, fl
             time.sleep(seconds)
             d1, w1 = daemon_counters(pid), time.perf_counter()
     finally:
-        if pid:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        restore_env(env_keep)
-        shutil.rmtree(tmp, ignore_errors=True)
+        end_capture(pid, env_keep, tmp)
     wall = w1 - w0
     sw = (d1["voluntary"] - d0["voluntary"]) + (d1["nonvoluntary"] - d0["nonvoluntary"])
     return {"idle_s": wall, "cpu_ms_per_s": (d1["cpu_ns"] - d0["cpu_ns"]) / 1e6 / wall, "switches_per_s": sw / wall}
