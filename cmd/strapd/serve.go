@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"os/user"
@@ -572,38 +573,31 @@ func (c *serveConfig) serverConfig(mode os.FileMode, gid int, notify func(string
 // startTrace starts a Go execution trace into path (--debug-trace); the returned function
 // stops it and closes the file.
 func startTrace(path string) (func(), error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("--debug-trace: %w", err)
-	}
-	if err := trace.Start(f); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("--debug-trace: %w", err)
-	}
-	return func() {
-		trace.Stop()
-		if err := f.Close(); err != nil {
-			fmt.Fprintln(os.Stderr, "strapd: --debug-trace:", err)
-		}
-	}, nil
+	return startDebugFile("--debug-trace", path, trace.Start, trace.Stop)
 }
 
 // startCPUProfile starts a pprof CPU profile into path (--debug-cpuprofile); the returned
 // function stops it and closes the file. SIGTERM drains and returns through it, so a
 // daemon stopped the usual way leaves a complete profile.
 func startCPUProfile(path string) (func(), error) {
+	return startDebugFile("--debug-cpuprofile", path, pprof.StartCPUProfile, pprof.StopCPUProfile)
+}
+
+// startDebugFile creates path and starts writing a runtime recording into it (start); the
+// returned function stops the recording (stop) and closes the file. Errors name flag.
+func startDebugFile(flag, path string, start func(io.Writer) error, stop func()) (func(), error) {
 	f, err := os.Create(path)
 	if err != nil {
-		return nil, fmt.Errorf("--debug-cpuprofile: %w", err)
+		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
-	if err := pprof.StartCPUProfile(f); err != nil {
+	if err := start(f); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("--debug-cpuprofile: %w", err)
+		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
 	return func() {
-		pprof.StopCPUProfile()
+		stop()
 		if err := f.Close(); err != nil {
-			fmt.Fprintln(os.Stderr, "strapd: --debug-cpuprofile:", err)
+			fmt.Fprintf(os.Stderr, "strapd: %s: %v\n", flag, err)
 		}
 	}, nil
 }
