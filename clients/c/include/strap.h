@@ -64,7 +64,8 @@ enum strap_status_code {
 	STRAP_E_STATE = -9,       /* the session already failed or was closed */
 	STRAP_E_TOO_LARGE = -10,  /* a name, meta, message or tensor exceeds a protocol limit */
 	STRAP_E_CHECKPOINT = -11, /* a checkpoint file is missing, malformed or does not match */
-	STRAP_E_IN_USE = -12      /* the output is being written by another live capture */
+	STRAP_E_IN_USE = -12,     /* the output is being written by another live capture */
+	STRAP_E_BUSY = -13        /* reservations not yet committed or aborted stand in the way */
 };
 
 /* The detail of a failure. */
@@ -236,6 +237,9 @@ typedef struct strap_session_params {
 	/* Unpublished bytes that trigger a PUBLISH before strap_session_flush. 0: an eighth of
 	 * the data region, at most 4 MiB. */
 	uint64_t publish_bytes;
+	/* Reservations (strap_session_reserve) outstanding at once, at most; the table is
+	 * allocated at open. 0: 64. */
+	uint32_t max_reservations;
 } strap_session_params;
 
 /* The defaults above. Thread-safe. */
@@ -310,6 +314,60 @@ STRAP_API int strap_session_write_ggml(strap_session *s, const char *name, int g
 STRAP_API int strap_session_write_ggml_with(strap_session *s, const char *name, int ggml_type, const int64_t *ne,
 					    int n_dims, size_t nbytes, strap_copy_fn fn, void *ctx);
 
+/* ----- reserve / commit: asynchronous copies (the CUDA path) ----------------------------
+ *
+ * strap_session_reserve places one TENSOR record's header in the ring and hands back where its
+ * payload goes; the caller fills it later, from any thread and without the session's lock (a
+ * device-to-host cudaMemcpyAsync into the ring mapping, registered once with cudaHostRegister:
+ * strap_session_ring), then calls strap_session_commit once the bytes have landed (its CUDA
+ * event completed) or strap_session_abort when they never will. docs/C_CLIENT.md, "Reserve and
+ * commit", says it at length:
+ *   - The record takes its sequence number, step and forward at reserve, in ring order with
+ *     every other record; reservations may be committed in any order, and strapd is told
+ *     (PUBLISH, the published cursor) only of the records below the oldest reservation not yet
+ *     committed.
+ *   - An aborted reservation becomes a PAD and, once every record before it is published, a
+ *     DROP with reason "aborted" takes its sequence number: the stream records the loss.
+ *   - Backpressure: a reservation (or write) that needs ring space only the outstanding
+ *     reservations hold returns STRAP_E_BUSY at once instead of waiting (policy drop: instead
+ *     of a DROP, which could not be sent in sequence order); as do strap_session_token,
+ *     _checkpoint and _close while a reservation is outstanding. STRAP_E_BUSY ends nothing:
+ *     commit or abort, then call again. strap_session_flush publishes the committed prefix.
+ */
+
+/* One reserved record. Filled by strap_session_reserve; passed back to commit or abort. */
+typedef struct strap_reservation {
+	void *data;           /* where the payload goes: nbytes bytes inside the ring mapping */
+	size_t nbytes;        /* the tensor's bytes */
+	uint64_t ring_offset; /* data's offset from the mapping's start (strap_session_ring) */
+	uint64_t seq;         /* the record's sequence number */
+	uint32_t slot;        /* the library's own */
+} strap_reservation;
+
+/* Reserve one record for a tensor (arguments as strap_session_write, without the payload).
+ * The record must be whole: header + nbytes rounded up to 64 at most the part size
+ * (params.part_size), else STRAP_E_TOO_LARGE. Waits for ring space under policy block as write
+ * does; STRAP_E_BUSY (nothing taken) when only committing outstanding reservations would make
+ * room, or params.max_reservations are outstanding; STRAP_DROPPED under policy drop (a DROP
+ * was sent; *out is zeroed). On STRAP_OK, out->data is valid until commit or abort. No
+ * allocation. Thread-safe (serialized). */
+STRAP_API int strap_session_reserve(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim,
+				    size_t nbytes, const char *meta_json, strap_reservation *out);
+
+/* The payload of a reservation is complete: the record may be published. A reservation not
+ * outstanding (committed or aborted already, or of another session) is STRAP_E_INVALID and
+ * changes nothing. Thread-safe (serialized). */
+STRAP_API int strap_session_commit(strap_session *s, const strap_reservation *r);
+
+/* The payload will never be complete (the copy failed): the record is turned into a PAD and
+ * a DROP "aborted" takes its sequence number; nothing may be written into r->data after it.
+ * Thread-safe (serialized). */
+STRAP_API int strap_session_abort(strap_session *s, const strap_reservation *r);
+
+/* The ring mapping (for cudaHostRegister): its address and size in bytes, valid until
+ * strap_session_free. Thread-safe. */
+STRAP_API int strap_session_ring(const strap_session *s, void **addr, size_t *size);
+
 /* Publish every record written so far (call once per forward pass). Thread-safe. */
 STRAP_API int strap_session_flush(strap_session *s);
 
@@ -335,7 +393,8 @@ typedef struct strap_closed {
 
 /* Send CLOSE and wait for CLOSED: the stream then has its END, index and footer and is
  * synced. The checkpoint file is deleted. `out` may be NULL. After it only _free is useful.
- * Thread-safe (serialized). */
+ * With a reservation outstanding nothing is sent: STRAP_E_BUSY, the session goes on (commit or
+ * abort it, then close). Thread-safe (serialized). */
 STRAP_API int strap_session_close(strap_session *s, strap_closed *out);
 
 /* The session's counters (records and tokens sent, drops; publishes: PUBLISH messages — a
@@ -345,6 +404,8 @@ typedef struct strap_session_stats {
 	uint64_t records, tokens, drops, drop_bytes, bytes_in, publishes, checkpoints;
 	uint64_t session_id; /* OPENED's session number */
 	uint64_t ring_size;  /* the ring in use (params.ring_size clamped to the daemon's max_ring_size) */
+	uint64_t reserved;   /* reservations outstanding (neither committed nor aborted) */
+	uint64_t aborts;     /* reservations aborted (each a DROP "aborted", counted in drops once sent) */
 } strap_session_stats;
 STRAP_API strap_session_stats strap_session_get_stats(strap_session *s);
 

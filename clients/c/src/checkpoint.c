@@ -117,7 +117,7 @@ int strap_session_checkpoint(strap_session *s)
 		return STRAP_E_INVALID;
 	pthread_mutex_lock(&s->mu);
 	int e = ss_check(s);
-	if (e || (e = ss_publish(s)))
+	if (e || (e = ss_publish_all(s, "CHECKPOINT")))
 		goto out;
 	sw_buf b = ss_out_buf(s);
 	sp_enc_checkpoint(&b, s->seq);

@@ -412,7 +412,14 @@ int strap_session_open(const strap_session_params *params, strap_session **out, 
 	s->sock = s->ring_fd = s->out_fd = s->trace_fd = s->res_fd = -1;
 	s->sbuf = malloc(SP_MAX_MESSAGE + 1);
 	s->rbuf = malloc(SP_MAX_MESSAGE + 1);
-	int e = !s->sbuf || !s->rbuf ? ss_fail(s, STRAP_E_NOMEM, "out of memory") : open_session(s, params);
+	/* the reservation table: the per-record path allocates nothing */
+	s->resv_cap = params->max_reservations ? params->max_reservations : DEFAULT_RESERVATIONS;
+	s->resv = params->max_reservations <= (1u << 20) ? calloc(s->resv_cap, sizeof *s->resv) : NULL;
+	s->resv_names = s->resv ? malloc((size_t)s->resv_cap * SR_MAX_NAME) : NULL; /* touched only by aborts */
+	int e = params->max_reservations > (1u << 20)    ? ss_fail(s, STRAP_E_INVALID, "max_reservations %u exceeds %u",
+								   params->max_reservations, 1u << 20)
+		: !s->sbuf || !s->rbuf || !s->resv_names ? ss_fail(s, STRAP_E_NOMEM, "out of memory")
+							 : open_session(s, params);
 	if (e) {
 		if (err) {
 			*err = s->err;

@@ -29,7 +29,7 @@ int ss_fail(strap_session *s, int code, const char *fmt, ...)
 	vsnprintf(s->err.message, sizeof s->err.message, fmt, ap);
 	va_end(ap);
 	/* Anything from the connection or the daemon ends the session; a bad argument does not. */
-	if (code != STRAP_E_INVALID && code != STRAP_E_TOO_LARGE) {
+	if (code != STRAP_E_INVALID && code != STRAP_E_TOO_LARGE && code != STRAP_E_BUSY) {
 		s->failed = true;
 		s->err.fatal = 1;
 	} else {
@@ -211,10 +211,37 @@ sw_buf ss_out_buf(strap_session *s)
 	return b;
 }
 
-/* One PUBLISH for every record written since the last one. */
-int ss_publish(strap_session *s)
+/* ----- reservations: the publish frontier ----- */
+
+static ss_resv *resv_front(strap_session *s)
 {
-	if (s->head == s->published_head)
+	return s->resv_n ? &s->resv[s->resv_first] : NULL;
+}
+
+static void resv_pop(strap_session *s)
+{
+	s->resv_first = (s->resv_first + 1) % s->resv_cap;
+	s->resv_n--;
+}
+
+/* How far the ring holds only complete records: the head, or the start of the oldest
+ * reservation not committed; *seq the last sequence number below it (a window of PADs only
+ * is not checked against it). Committed reservations at the front leave the table. */
+static uint64_t frontier(strap_session *s, uint64_t *seq)
+{
+	while (s->resv_n && resv_front(s)->state == RESV_COMMITTED)
+		resv_pop(s);
+	if (!s->resv_n) {
+		*seq = s->last_tensor_seq;
+		return s->head;
+	}
+	*seq = resv_front(s)->seq - 1;
+	return resv_front(s)->start;
+}
+
+static int publish_to(strap_session *s, uint64_t head, uint64_t seq)
+{
+	if (head == s->published_head)
 		return STRAP_OK;
 	int e = drain(s); /* a daemon ERROR surfaces here, once per publish */
 	if (e)
@@ -223,14 +250,59 @@ int ss_publish(strap_session *s)
 	 * (PROTOCOL.md 3); sendmsg is a full barrier in practice, this states it in C11. */
 	atomic_thread_fence(memory_order_release);
 	sw_buf b = ss_out_buf(s);
-	sp_enc_publish(&b, s->head, s->last_tensor_seq);
+	sp_enc_publish(&b, head, seq);
 	e = ss_send_buf(s, &b, NULL, 0);
 	if (e)
 		return e;
-	s->published_head = s->head;
+	s->published_head = head;
 	s->publishes++;
 	s->deferred = false;
 	return STRAP_OK;
+}
+
+/* An aborted reservation the frontier reached: everything before it is published, then a DROP
+ * "aborted" takes its sequence number (the stream records the loss, in order). */
+static int settle_aborted(strap_session *s, const ss_resv *r)
+{
+	int e = publish_to(s, r->start, r->seq - 1);
+	if (e)
+		return e;
+	sw_buf b = ss_out_buf(s);
+	sp_enc_drop(&b, r->seq, s->resv_names + (size_t)(r - s->resv) * SR_MAX_NAME, r->name_len, r->step, r->forward,
+		    r->nbytes, "aborted");
+	if ((e = ss_send_buf(s, &b, NULL, 0)))
+		return e;
+	s->drops++;
+	s->drop_bytes += r->nbytes;
+	return STRAP_OK;
+}
+
+/* One PUBLISH for every record written since the last one, up to the frontier. */
+int ss_publish(strap_session *s)
+{
+	uint64_t seq, to = frontier(s, &seq);
+	while (s->resv_n && resv_front(s)->state == RESV_ABORTED) {
+		int e = settle_aborted(s, resv_front(s));
+		if (e)
+			return e;
+		resv_pop(s);
+		to = frontier(s, &seq);
+	}
+	return publish_to(s, to, seq);
+}
+
+int ss_publish_all(strap_session *s, const char *what)
+{
+	int e = ss_publish(s);
+	if (e || !s->resv_n)
+		return e;
+	uint32_t open = 0;
+	for (uint32_t i = 0; i < s->resv_n; i++)
+		open += s->resv[(s->resv_first + i) % s->resv_cap].state == RESV_OPEN;
+	return ss_fail(s, STRAP_E_BUSY,
+		       "%s must follow every record, and %u reservation%s not committed or aborted (the oldest: seq "
+		       "%llu): commit or abort first",
+		       what, open, open == 1 ? " is" : "s are", (unsigned long long)resv_front(s)->seq);
 }
 
 /* The end of a forward pass while generating, to a daemon that takes the published cursor:
@@ -240,14 +312,16 @@ int ss_publish(strap_session *s)
  * publishes by message: at most one pass waits. */
 static int defer_publish(strap_session *s)
 {
-	if (s->deferred)
+	uint64_t seq, to = frontier(s, &seq);
+	/* an aborted reservation's DROP goes by message, in order */
+	if (s->deferred || (s->resv_n && resv_front(s)->state == RESV_ABORTED))
 		return ss_publish(s);
-	if (s->head == s->published_head)
+	if (to == s->published_head)
 		return STRAP_OK;
-	/* Release: every byte below the cursor is written before the daemon can load it. The
-	 * ring's base is page aligned, so the u64 at offset 32 is naturally aligned. */
-	atomic_store_explicit((_Atomic uint64_t *)(void *)(s->ring + SR_PUBLISHED_OFFSET), s->head,
-			      memory_order_release);
+	/* Release: every byte below the cursor is written before the daemon can load it (a
+	 * reservation's too: its commit came first, under the lock). The ring's base is page
+	 * aligned, so the u64 at offset 32 is naturally aligned. */
+	atomic_store_explicit((_Atomic uint64_t *)(void *)(s->ring + SR_PUBLISHED_OFFSET), to, memory_order_release);
 	s->deferred = true;
 	return STRAP_OK;
 }
@@ -268,6 +342,14 @@ static int wait_for(strap_session *s, uint64_t needed)
 	int e = ss_publish(s); /* the daemon releases only what it has seen */
 	if (e)
 		return e;
+	/* strapd can release at most what was published: beyond that only a commit makes room,
+	 * and the caller may be the one to make it (the copies it waits for are its own) */
+	if (s->resv_n && s->head - s->published_head + needed > s->data_size)
+		return ss_fail(s, STRAP_E_BUSY,
+			       "the ring is full: %llu bytes needed, and %llu bytes wait behind %u reservation%s not "
+			       "committed (the oldest: seq %llu): commit or abort first",
+			       (unsigned long long)needed, (unsigned long long)(s->head - s->published_head), s->resv_n,
+			       s->resv_n == 1 ? "" : "s", (unsigned long long)resv_front(s)->seq);
 	double deadline = sc_now() + s->stall_timeout;
 	while (!fits(s, needed)) {
 		double left = deadline - sc_now();
@@ -304,7 +386,9 @@ static void populate(strap_session *s, uint64_t end)
 
 static int send_drop(strap_session *s, const char *name, size_t name_len, uint64_t bytes)
 {
-	int e = ss_publish(s); /* the records before it come first in sequence order */
+	/* the records before it come first in sequence order: an outstanding reservation
+	 * among them keeps the DROP from being sent now */
+	int e = ss_publish_all(s, "a DROP for a tensor that does not fit");
 	if (e)
 		return e;
 	sw_buf b = ss_out_buf(s);
@@ -351,8 +435,18 @@ static int write_locked(strap_session *s, const char *name, size_t name_len, int
 		uint64_t rec_len = sp_align64(hdr + plen);
 		uint64_t pad = pad_for(s, rec_len);
 		if (!fits(s, pad + rec_len)) {
-			if ((e = wait_for(s, pad + rec_len)))
+			if ((e = wait_for(s, pad + rec_len))) {
+				if (e == STRAP_E_BUSY && off) { /* a cut tensor in the stream otherwise */
+					ss_fail(s, STRAP_E_BUSY,
+						"%s: ring space for the PART record at byte %llu is held by "
+						"uncommitted "
+						"reservations; the session ends",
+						name, (unsigned long long)off);
+					s->failed = true;
+					s->err.fatal = 1;
+				}
 				return e;
+			}
 			pad = pad_for(s, rec_len);
 		}
 		if (pad) {
@@ -405,53 +499,235 @@ static int check_record(strap_session *s, const char *name, size_t *name_len, si
 	return STRAP_OK;
 }
 
+/* A tensor's description checked (the lock is held): name and meta lengths, the shape as u64. */
+static int check_tensor(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim, size_t nbytes,
+			const char *meta_json, size_t *name_len, size_t *meta_len, uint64_t *shp)
+{
+	int e = ss_check(s);
+	if (e)
+		return e;
+	*meta_len = meta_json ? strlen(meta_json) : 0;
+	if ((e = check_record(s, name, name_len, *meta_len)))
+		return e;
+	size_t esize = strap_dtype_size(dtype);
+	if (!esize)
+		return ss_fail(s, STRAP_E_INVALID, "%s: unknown dtype %d", name, dtype);
+	if (ndim < 0 || ndim > SR_MAX_NDIM || (ndim && !shape))
+		return ss_fail(s, STRAP_E_INVALID, "%s: ndim %d (allowed 0..%d)", name, ndim, SR_MAX_NDIM);
+	uint64_t count = 1;
+	for (int i = 0; i < ndim; i++) {
+		if (shape[i] < 0 || (shape[i] && count > UINT64_MAX / (uint64_t)shape[i]))
+			return ss_fail(s, STRAP_E_INVALID, "%s: bad shape dimension %d", name, i);
+		shp[i] = (uint64_t)shape[i];
+		count *= shp[i];
+	}
+	if (count > UINT64_MAX / esize || count * esize != nbytes)
+		return ss_fail(s, STRAP_E_INVALID, "%s: %zu bytes given, shape and dtype make %llu", name, nbytes,
+			       (unsigned long long)(count * esize));
+	if (*meta_len) {
+		char why[128];
+		/* an object, or the daemon ends the session with bad_record */
+		if (!sj_validate(meta_json, *meta_len, why, sizeof why) || meta_json[0] != '{')
+			return ss_fail(s, STRAP_E_INVALID, "%s: meta is not a JSON object", name);
+	}
+	return STRAP_OK;
+}
+
 static int write_common(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim, const src *from,
 			size_t nbytes, const char *meta_json)
 {
 	if (!s)
 		return STRAP_E_INVALID;
 	pthread_mutex_lock(&s->mu);
+	size_t name_len = 0, meta_len = 0;
+	uint64_t shp[SR_MAX_NDIM];
+	int e = check_tensor(s, name, dtype, shape, ndim, nbytes, meta_json, &name_len, &meta_len, shp);
+	if (!e && nbytes && !from->data && !from->fn)
+		e = ss_fail(s, STRAP_E_INVALID, "%s: %zu bytes and no data", name, nbytes);
+	if (!e)
+		e = write_locked(s, name, name_len, dtype, shp, ndim, from, nbytes, meta_json, meta_len);
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+/* ----- reserve / commit / abort ----- */
+
+static int reserve_locked(strap_session *s, const char *name, size_t name_len, int dtype, const uint64_t *shape,
+			  int ndim, uint64_t nbytes, const char *meta, size_t meta_len, strap_reservation *out)
+{
+	uint64_t hdr = sr_header_area(ndim, name_len, meta_len);
+	uint64_t rec_len = sp_align64(hdr + nbytes);
+	if (rec_len > s->max_record)
+		return ss_fail(s, STRAP_E_TOO_LARGE,
+			       "%s: a reservation is one record, and %llu bytes with its header exceed the part size "
+			       "%llu (params.part_size, at most half the data region)",
+			       name, (unsigned long long)rec_len, (unsigned long long)s->max_record);
+	if (s->resv_n == s->resv_cap)
+		return ss_fail(s, STRAP_E_BUSY,
+			       "%s: %u reservations are outstanding (params.max_reservations): commit or abort one "
+			       "first",
+			       name, s->resv_cap);
+	uint64_t pad = pad_for(s, rec_len);
+	int e;
+	if (!fits(s, pad + rec_len) && (e = drain(s)))
+		return e;
+	if (!fits(s, pad + rec_len)) {
+		if (s->policy == STRAP_POLICY_DROP)
+			return send_drop(s, name, name_len, nbytes);
+		if ((e = wait_for(s, pad + rec_len)))
+			return e;
+		pad = pad_for(s, rec_len);
+	}
+	if (pad) {
+		populate(s, s->head + pad);
+		sr_encode_pad(s->ring + SR_HEADER_SIZE + s->head % s->data_size, pad);
+		s->head += pad;
+	}
+	populate(s, s->head + rec_len);
+	uint64_t at = SR_HEADER_SIZE + s->head % s->data_size, seq = s->seq + 1;
+	sr_encode_record_header(s->ring + at, dtype, shape, ndim, seq, rec_len, s->step, s->forward, nbytes, name,
+				name_len, meta, meta_len, 0, nbytes, 0);
+	uint32_t slot = (s->resv_first + s->resv_n) % s->resv_cap;
+	s->resv[slot] = (ss_resv){.start = s->head, .len = rec_len, .seq = seq, .nbytes = nbytes, .state = RESV_OPEN};
+	s->resv_n++;
+	out->data = s->ring + at + hdr;
+	out->nbytes = (size_t)nbytes;
+	out->ring_offset = at + hdr;
+	out->seq = seq;
+	out->slot = slot;
+	s->seq = seq;
+	s->last_tensor_seq = seq;
+	s->head += rec_len;
+	return STRAP_OK;
+}
+
+int strap_session_reserve(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim, size_t nbytes,
+			  const char *meta_json, strap_reservation *out)
+{
+	if (!s || !out)
+		return STRAP_E_INVALID;
+	memset(out, 0, sizeof *out);
+	pthread_mutex_lock(&s->mu);
+	size_t name_len = 0, meta_len = 0;
+	uint64_t shp[SR_MAX_NDIM];
+	int e = check_tensor(s, name, dtype, shape, ndim, nbytes, meta_json, &name_len, &meta_len, shp);
+	if (!e)
+		e = reserve_locked(s, name, name_len, dtype, shp, ndim, nbytes, meta_json, meta_len, out);
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+/* The table entry of an outstanding reservation, or NULL (STRAP_E_INVALID recorded). */
+static ss_resv *resv_find(strap_session *s, const strap_reservation *r, const char *what)
+{
+	if (r && r->slot < s->resv_cap && (r->slot + s->resv_cap - s->resv_first) % s->resv_cap < s->resv_n) {
+		ss_resv *v = &s->resv[r->slot];
+		if (v->seq == r->seq && v->state == RESV_OPEN)
+			return v;
+	}
+	ss_fail(s, STRAP_E_INVALID,
+		"%s: seq %llu is not an outstanding reservation of this session (committed or aborted already?)", what,
+		r ? (unsigned long long)r->seq : 0ULL);
+	return NULL;
+}
+
+int strap_session_commit(strap_session *s, const strap_reservation *r)
+{
+	if (!s)
+		return STRAP_E_INVALID;
+	pthread_mutex_lock(&s->mu);
 	int e = ss_check(s);
-	if (e)
-		goto out;
-	size_t name_len = 0, meta_len = meta_json ? strlen(meta_json) : 0;
-	if ((e = check_record(s, name, &name_len, meta_len)))
-		goto out;
-	size_t esize = strap_dtype_size(dtype);
-	if (!esize) {
-		e = ss_fail(s, STRAP_E_INVALID, "%s: unknown dtype %d", name, dtype);
-		goto out;
+	ss_resv *v = e ? NULL : resv_find(s, r, "commit");
+	if (!e && !v)
+		e = STRAP_E_INVALID;
+	if (v) {
+		v->state = RESV_COMMITTED;
+		s->records++;
+		s->bytes_in += v->nbytes;
+		uint64_t seq;
+		if (frontier(s, &seq) - s->published_head >= s->publish_bytes)
+			e = ss_publish(s);
 	}
-	if (ndim < 0 || ndim > SR_MAX_NDIM || (ndim && !shape)) {
-		e = ss_fail(s, STRAP_E_INVALID, "%s: ndim %d (allowed 0..%d)", name, ndim, SR_MAX_NDIM);
-		goto out;
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+/* Whether only outstanding reservations (and aborted ones, which hold no bytes) follow entry i
+ * in the ring: aborting them first, newest first, makes i the newest record. */
+static bool only_reservations_after(const strap_session *s, uint32_t i)
+{
+	const ss_resv *v = &s->resv[(s->resv_first + i) % s->resv_cap];
+	uint64_t end = v->start + v->len;
+	for (uint32_t k = i + 1; k < s->resv_n; k++) {
+		v = &s->resv[(s->resv_first + k) % s->resv_cap];
+		uint64_t off = end % s->data_size; /* a PAD may lie before a record, to the region's end */
+		if (v->state == RESV_COMMITTED ||
+		    (v->start != end && (v->state == RESV_ABORTED || !off || v->start != end + s->data_size - off)))
+			return false;
+		end = v->start + v->len;
 	}
-	uint64_t shp[SR_MAX_NDIM], count = 1;
-	for (int i = 0; i < ndim; i++) {
-		if (shape[i] < 0 || (shape[i] && count > UINT64_MAX / (uint64_t)shape[i])) {
-			e = ss_fail(s, STRAP_E_INVALID, "%s: bad shape dimension %d", name, i);
+	return end == s->head;
+}
+
+int strap_session_abort(strap_session *s, const strap_reservation *r)
+{
+	if (!s)
+		return STRAP_E_INVALID;
+	pthread_mutex_lock(&s->mu);
+	int e = ss_check(s);
+	ss_resv *v = e ? NULL : resv_find(s, r, "abort");
+	if (!e && !v)
+		e = STRAP_E_INVALID;
+	if (!v)
+		goto out;
+	uint32_t i = (r->slot + s->resv_cap - s->resv_first) % s->resv_cap;
+	if (v->start + v->len != s->head) {
+		/* A record cannot be taken out of the middle of the ring: it would have to become a PAD,
+		 * and a PAD only ever ends the region (PROTOCOL.md 2). */
+		if (only_reservations_after(s, i)) {
+			e = ss_fail(
+				s, STRAP_E_BUSY,
+				"abort seq %llu: newer reservations follow it in the ring: abort them first (newest "
+				"first)",
+				(unsigned long long)v->seq);
 			goto out;
 		}
-		shp[i] = (uint64_t)shape[i];
-		count *= shp[i];
-	}
-	if (count > UINT64_MAX / esize || count * esize != nbytes || (nbytes && !from->data && !from->fn)) {
-		e = ss_fail(s, STRAP_E_INVALID, "%s: %zu bytes given, shape and dtype make %llu", name, nbytes,
-			    (unsigned long long)(count * esize));
+		uint64_t seq = v->seq;
+		e = ss_publish(s); /* what is complete before it stays in the stream */
+		if (!e)
+			e = ss_fail(
+				s, STRAP_E_STATE,
+				"abort seq %llu: records written after it follow it in the ring, and a record cannot "
+				"be taken out of the middle of the ring; the session ends (the stream keeps the "
+				"records before the oldest outstanding reservation)",
+				(unsigned long long)seq);
 		goto out;
 	}
-	if (meta_len) {
-		char why[128];
-		/* an object, or the daemon ends the session with bad_record */
-		if (!sj_validate(meta_json, meta_len, why, sizeof why) || meta_json[0] != '{') {
-			e = ss_fail(s, STRAP_E_INVALID, "%s: meta is not a JSON object", name);
-			goto out;
-		}
-	}
-	e = write_locked(s, name, name_len, dtype, shp, ndim, from, nbytes, meta_json, meta_len);
+	/* The newest record: its bytes go back to the ring and its sequence number, kept, goes to
+	 * a DROP "aborted" once every record before it is published (ss_publish). */
+	uint8_t *rec = s->ring + SR_HEADER_SIZE + v->start % s->data_size;
+	v->name_len = (uint32_t)rec[56] | (uint32_t)rec[57] << 8;
+	memcpy(s->resv_names + (size_t)r->slot * SR_MAX_NAME, rec + SR_RECORD_FIXED + 8 * (size_t)rec[7], v->name_len);
+	v->step = sr_get_le64(rec + 24);
+	v->forward = sr_get_le64(rec + 32);
+	s->head = v->start;
+	v->len = 0;
+	v->state = RESV_ABORTED;
+	for (uint32_t k = i + 1; k < s->resv_n; k++) /* aborted after it: they held no bytes */
+		s->resv[(s->resv_first + k) % s->resv_cap].start = v->start;
+	s->aborts++;
 out:
 	pthread_mutex_unlock(&s->mu);
 	return e;
+}
+
+int strap_session_ring(const strap_session *s, void **addr, size_t *size)
+{
+	if (!s || !addr || !size)
+		return STRAP_E_INVALID;
+	*addr = s->ring; /* set once by open, unmapped by strap_session_free */
+	*size = (size_t)s->ring_size;
+	return STRAP_OK;
 }
 
 int strap_session_write(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim, const void *data,
@@ -602,6 +878,10 @@ int strap_session_token(strap_session *s, int64_t token_id, const char *text, si
 	}
 	if ((e = drain(s)))
 		goto out;
+	uint64_t fseq;
+	frontier(s, &fseq); /* committed reservations leave the table */
+	if (s->resv_n && (e = ss_publish_all(s, "TOKEN")))
+		goto out;
 	/* With the cursor, one message: the records before the token (their last one's seq is
 	 * the token's - 1), then the token. */
 	int has_head = s->cursor && s->head != s->published_head;
@@ -668,7 +948,7 @@ int strap_session_close(strap_session *s, strap_closed *out)
 		return STRAP_E_INVALID;
 	pthread_mutex_lock(&s->mu);
 	int e = ss_check(s);
-	if (e || (e = ss_publish(s)))
+	if (e || (e = ss_publish_all(s, "CLOSE")))
 		goto out;
 	sw_buf b = ss_out_buf(s);
 	sp_enc_close(&b, s->seq, s->head, s->drops);
@@ -711,6 +991,9 @@ strap_session_stats strap_session_get_stats(strap_session *s)
 	st.checkpoints = s->checkpoints;
 	st.session_id = s->session_id;
 	st.ring_size = s->ring_size;
+	for (uint32_t i = 0; i < s->resv_n; i++)
+		st.reserved += s->resv[(s->resv_first + i) % s->resv_cap].state == RESV_OPEN;
+	st.aborts = s->aborts;
 	pthread_mutex_unlock(&s->mu);
 	return st;
 }
@@ -759,6 +1042,8 @@ void strap_session_free(strap_session *s)
 	free(s->fingerprint);
 	free(s->sbuf);
 	free(s->rbuf);
+	free(s->resv);
+	free(s->resv_names);
 	pthread_mutex_destroy(&s->mu);
 	free(s);
 }

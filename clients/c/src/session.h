@@ -39,7 +39,19 @@ enum {
 	BUDGET_RETRIES = 3,      /* times a default ring is made smaller for the daemon's budget */
 	LOCK_WAIT_S = 30,        /* a resume waits this long for a gone holder's lock (CHECKPOINTS.md 5) */
 	LOCK_WAIT_NEW_S = 10,    /* a new capture, this long */
+	DEFAULT_RESERVATIONS = 64,
 };
+
+/* One reservation (strap_session_reserve) not yet published, in ring order: its record's ring
+ * position and sequence number. Committed ones stay until the publish frontier passes them. An
+ * aborted one gave its ring bytes back (len 0) and waits, its name kept in resv_names, for the
+ * frontier: then its sequence number goes to a DROP "aborted". */
+enum { RESV_OPEN = 0, RESV_COMMITTED = 1, RESV_ABORTED = 2 };
+typedef struct ss_resv {
+	uint64_t start, len, seq, nbytes, step, forward;
+	uint32_t name_len;
+	int state;
+} ss_resv;
 
 struct strap_session {
 	pthread_mutex_t mu;
@@ -60,6 +72,12 @@ struct strap_session {
 	 * records are named by the next TOKEN's head, not a PUBLISH of their own (PROTOCOL.md 1.4) */
 	bool cursor;
 	bool deferred; /* a pass's records lie below the cursor, not yet named by a message */
+	/* reservations in ring order: a circular table of resv_cap entries from resv_first; no
+	 * record at or past the first one not committed is published */
+	ss_resv *resv;
+	char *resv_names; /* SR_MAX_NAME bytes per entry: an aborted reservation's name */
+	uint32_t resv_cap, resv_first, resv_n;
+	uint64_t aborts;
 	strap_error err;
 	/* the last memory_budget ERROR's fits_ring_size (open.c retries a default ring with it) */
 	bool has_fits_ring_size;
@@ -85,6 +103,7 @@ struct strap_session {
 #define ss_fail strap__ss_fail
 #define ss_check strap__ss_check
 #define ss_publish strap__ss_publish
+#define ss_publish_all strap__ss_publish_all
 #define ss_out_buf strap__ss_out_buf
 #define ss_send_buf strap__ss_send_buf
 #define ss_expect strap__ss_expect
@@ -104,8 +123,12 @@ void sl_unlock(strap_session *s);
 int ss_fail(strap_session *s, int code, const char *fmt, ...) STRAP_PRINTF(3, 4);
 /* STRAP_E_STATE when the session failed or was closed (the lock is held). */
 int ss_check(strap_session *s);
-/* One PUBLISH for every record written since the last one. */
+/* One PUBLISH for every record written since the last one, up to the first reservation not
+ * committed (an aborted one before it becomes a PAD and a DROP "aborted" first). */
 int ss_publish(strap_session *s);
+/* ss_publish, then STRAP_E_BUSY (not fatal) when a reservation is still outstanding: what
+ * follows (`what`: TOKEN, CHECKPOINT, CLOSE) must come after every record in sequence order. */
+int ss_publish_all(strap_session *s, const char *what);
 /* The session's outgoing datagram buffer, empty. */
 sw_buf ss_out_buf(strap_session *s);
 /* Send one datagram with descriptors; a dead connection reports the daemon's last ERROR. */

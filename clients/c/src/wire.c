@@ -518,6 +518,7 @@ const char *strap_errstr(int code)
 	case STRAP_E_TOO_LARGE: return "exceeds a protocol limit";
 	case STRAP_E_CHECKPOINT: return "checkpoint missing, malformed or not matching";
 	case STRAP_E_IN_USE: return "output in use by a live capture";
+	case STRAP_E_BUSY: return "reservations outstanding (commit or abort them first)";
 	default: return "unknown error code";
 	}
 }

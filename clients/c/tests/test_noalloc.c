@@ -1,7 +1,7 @@
 /* The per-record path allocates nothing (STYLE.md 16): libstrap's calls to malloc, calloc and
  * realloc are routed through counters here (the test links with -Wl,--wrap=...), and between
- * open and close — writes of every kind, PART records, waits for ring space, flushes, tokens —
- * the count stays at zero. Open and close may allocate. */
+ * open and close — writes of every kind, PART records, reservations committed and aborted, waits
+ * for ring space, flushes, tokens — the count stays at zero. Open and close may allocate. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +76,19 @@ int main(void)
 				 strap_session_write_with(s, "big", STRAP_DTYPE_U8, (int64_t[]){sizeof big}, 1,
 							  sizeof big, NULL, copy, big),
 				 STRAP_OK);
+		/* the asynchronous-copy path: two reservations, committed out of order, one aborted */
+		strap_reservation r[3];
+		for (int i = 0; i < 3; i++)
+			CHECK_RC(s,
+				 strap_session_reserve(s, "async", STRAP_DTYPE_F32, (int64_t[]){512}, 1, sizeof h, NULL,
+						       &r[i]),
+				 STRAP_OK);
+		CHECK_RC(s, strap_session_abort(s, &r[2]), STRAP_OK);
+		memcpy(r[1].data, h, sizeof h);
+		CHECK_RC(s, strap_session_commit(s, &r[1]), STRAP_OK);
+		CHECK_RC(s, strap_session_flush(s), STRAP_OK);
+		memcpy(r[0].data, h, sizeof h);
+		CHECK_RC(s, strap_session_commit(s, &r[0]), STRAP_OK);
 		CHECK_RC(s, strap_session_flush(s), STRAP_OK);
 		CHECK_RC(s, strap_session_token(s, f, " x", 2, -1), STRAP_OK);
 	}
