@@ -7,8 +7,8 @@ caching off (so every batch computes every position), eager. Modes:
 - ``plain``: vLLM with the strap plugin paused (hooks off; the session stays open);
 - ``strap``: the plugin capturing every decoder layer's output (the residual stream) of every
   request to disk through strapd, then ``checkpoint`` (strapd wrote and fdatasynced it);
-- ``unfused``: ``strap`` with the plugin's fused writes off (``vllm/_fused.py``: the layer sum
-  computed by torch and then copied into the ring, one ``session.token`` per token), i.e. the
+- ``unfused``: ``strap`` with the plugin's fused writes off (``CaptureSession.record_sum`` and
+  ``tokens_to_ring``: the layer sum computed by torch and then copied into the ring, one ``session.token`` per token), i.e. the
   plugin before issue 42's cut, in the same engine: a before/after under the same load;
 - ``hooks``: forward hooks on the same layers appending ``hidden + residual`` (the residual
   stream, as strap stores it) to a Python list, then one ``torch.save`` of the list and an
@@ -80,18 +80,24 @@ def _cpu_self() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _rusage_counts() -> Dict[str, int]:
+    """The engine process's preemptions, waits and page faults so far (all its threads)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return {"preempted": r.ru_nivcsw, "waited": r.ru_nvcsw, "minflt": r.ru_minflt}
+
+
 #: ``--profile``: the plugin's parts, as (label, file suffix, function names); a function's
 #: cumulative time is counted once per part (the first name of a part found on the stack).
 PARTS = [
     ("layer outputs (hooks)", "vllm/_worker.py", ("_on_output",)),
     ("  conversion (_names.convert)", "vllm/_names.py", ("convert",)),
-    ("  fused sum into the ring (_fused.record_sum)", "vllm/_fused.py", ("record_sum",)),
+    ("  fused sum into the ring (session.record_sum)", "_session.py", ("record_sum",)),
     ("  ring copy (session.record)", "_session.py", ("record",)),
     ("step index (_plan)", "vllm/_worker.py", ("_plan",)),
     ("end of pass (flush)", "vllm/_worker.py", ("_on_forward_end",)),
     ("sampled tokens (sampled)", "vllm/_worker.py", ("sampled",)),
     ("  TOKENs (session.token)", "_session.py", ("token",)),
-    ("  TOKENs into the ring (_fused.record_tokens)", "vllm/_fused.py", ("record_tokens",)),
+    ("  TOKENs into the ring (session.tokens_to_ring)", "_session.py", ("tokens_to_ring",)),
     ("step start (begin_step)", "vllm/_worker.py", ("begin_step",)),
 ]
 
@@ -208,6 +214,7 @@ class Worker:
             # otherwise be counted into every part
             prof = cProfile.Profile(time.thread_time)
             prof.enable()
+        n0 = _rusage_counts()
         c0, t0 = _cpu_self(), time.monotonic()
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         t1 = time.monotonic()
@@ -246,6 +253,7 @@ class Worker:
                 total += os.path.getsize(p)
             res.update(bytes=total)
         t2, c2 = time.monotonic(), _cpu_self()
+        res.update({k: v - n0[k] for k, v in _rusage_counts().items()})
         got = sum(len(o.outputs[0].token_ids) for o in outs)
         if got != n * MAX_TOKENS:
             raise SystemExit(f"{mode}: generated {got} tokens, expected {n * MAX_TOKENS}")
@@ -296,6 +304,31 @@ def start_strapd(binary: str, sock: str) -> subprocess.Popen:
                 p.kill()
                 raise SystemExit(f"strapd did not start on {sock}")
             time.sleep(0.05)
+
+
+def machine_cpu() -> Dict[str, float]:
+    """Core-seconds the whole machine spent so far, by kind (/proc/stat's first line)."""
+    with open("/proc/stat") as f:
+        v = [int(x) / TICK for x in f.readline().split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = v
+    return {"busy": user + nice + system + irq + softirq, "system": system + irq + softirq, "idle": idle,
+            "iowait": iowait, "steal": steal}
+
+
+#: modes that are ``strap`` with strapd's threads under another scheduling policy for the
+#: batch (set by the parent before it, SCHED_OTHER again after): SCHED_BATCH (a woken strapd
+#: does not preempt the engine's running threads) and SCHED_IDLE (strapd runs only on a core
+#: nothing else wants).
+SCHED_MODES = {"strap-batch": os.SCHED_BATCH, "strap-idle": os.SCHED_IDLE}
+
+
+def set_policy(pid: int, policy: int) -> None:
+    """Every thread of ``pid`` under ``policy`` (threads started later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setscheduler(int(tid), policy, os.sched_param(0))
+        except ProcessLookupError:
+            pass  # the thread exited meanwhile
 
 
 def proc_cpu(pid: int) -> float:
@@ -350,7 +383,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batches", default="16,32")
     ap.add_argument("--modes", default="plain,strap,hooks,vanilla,extract",
-                    help="of plain, strap, unfused, hooks, vanilla, extract")
+                    help="of plain, strap, strap-batch, strap-idle, unfused, hooks, vanilla, extract")
     ap.add_argument("--preset", default="fast_capture", help="STRAP_VLLM_PRESET of the strap mode")
     ap.add_argument("--profile", action="store_true",
                     help="run the strap batches under cProfile and print the plugin's parts (cumulative s)")
@@ -390,7 +423,7 @@ def main() -> None:
     cpu = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
     print(f"CPU: {cpu}, {os.cpu_count()} cores; modes {modes}; batches {batches}; {a.rounds} rounds", flush=True)
     try:
-        wanted = {"plugin": any(m in modes for m in ("plain", "strap", "hooks")), "vanilla": "vanilla" in modes,
+        wanted = {"plugin": any(owner(m) == "plugin" for m in modes), "vanilla": "vanilla" in modes,
                   "extract": "extract" in modes}
         for kind, on in wanted.items():
             if not on:
@@ -419,11 +452,22 @@ def main() -> None:
             for rnd in range(a.rounds):
                 order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]
                 for m in order:
-                    s0 = proc_cpu(daemon.pid)
-                    r = children[owner(m)].ask(mode=wire(m), n=n, seed=n)
+                    if m in SCHED_MODES:
+                        set_policy(daemon.pid, SCHED_MODES[m])
+                    s0, m0 = proc_cpu(daemon.pid), machine_cpu()
+                    try:
+                        r = children[owner(m)].ask(mode=wire(m), n=n, seed=n)
+                    finally:
+                        if m in SCHED_MODES:
+                            set_policy(daemon.pid, os.SCHED_OTHER)
                     if "error" in r:
                         raise SystemExit(f"{m} x{n} round {rnd}: {r['error']}")
-                    r.update(mode=m, round=rnd, strapd_cpu_s=proc_cpu(daemon.pid) - s0, load=os.getloadavg()[0])
+                    m1 = machine_cpu()
+                    r.update(mode=m, round=rnd, strapd_cpu_s=proc_cpu(daemon.pid) - s0, load=os.getloadavg()[0],
+                             **{f"machine_{k}_s": m1[k] - m0[k] for k in m0})
+                    # every other process's and the kernel's threads' CPU in this batch (the
+                    # kernel's writeback, the parent, anything else running)
+                    r["others_cpu_s"] = r["machine_busy_s"] - r["cpu_s"] - r["strapd_cpu_s"]
                     rows.append(r)
                     (out / "runs.jsonl").open("a").write(json.dumps(r) + "\n")  # kept if a later step fails
                     print(f"  x{n} round {rnd} {m:8s} generate {r['generate_s']:6.2f} s  total {r['total_s']:6.2f} s  "
@@ -431,6 +475,8 @@ def main() -> None:
                           f"(thread cpu {r['in_plugin_cpu_s']:5.3f} s)  "
                           f"cpu {r['cpu_s']:6.2f} s  strapd cpu {r['strapd_cpu_s']:5.2f} s"
                           + (f"  {r['bytes'] / 2**20:7.1f} MiB" if r.get("bytes") else "")
+                          + f"  others {r['others_cpu_s']:5.2f} s steal {r['machine_steal_s']:4.2f} s"
+                          f"  preempted {r['preempted']} waited {r['waited']} minflt {r['minflt']}"
                           + f"  load {os.getloadavg()[0]:.2f}", flush=True)
                     for label, (ct, nc) in r.get("profile", {}).items():
                         print(f"      {label:48s} {ct:6.3f} s  {nc:6d} calls", flush=True)
@@ -470,7 +516,7 @@ def owner(mode: str) -> str:
 
 
 def wire(mode: str) -> str:
-    return "plain" if mode == "vanilla" else mode
+    return "plain" if mode == "vanilla" else "strap" if mode in SCHED_MODES else mode
 
 
 def summarize(rows: List[Dict[str, Any]], modes: List[str], batches: List[int]) -> Dict[str, Any]:
@@ -516,7 +562,7 @@ def summarize(rows: List[Dict[str, Any]], modes: List[str], batches: List[int]) 
                 own = r["in_plugin_s"] + r["save_s"] + max(0.0, r["strapd_cpu_s"] - idle)
                 bound.append((r["total_s"] - own) / r["total_s"])
             d["kept_own_cost"] = statistics.median(bound)
-            if m in ("strap", "unfused"):
+            if m in ("strap", "unfused") or m in SCHED_MODES:
                 # strapd's CPU less what it spends idle (its rate over the round's plain batch)
                 net = [by[(i, m)]["strapd_cpu_s"] - by[(i, "plain")]["strapd_cpu_s"] / by[(i, "plain")]["total_s"]
                        * by[(i, m)]["total_s"] for i in rounds if (i, m) in by]
@@ -533,11 +579,21 @@ def summarize(rows: List[Dict[str, Any]], modes: List[str], batches: List[int]) 
                     f"(thread cpu {d['in_plugin_cpu_s_median']:.3f} s)")
             if d["bytes"]:
                 line += f"  {d['bytes'] / 2**20:.1f} MiB"
-            if m in ("strap", "unfused"):
+            if m in ("strap", "unfused") or m in SCHED_MODES:
                 line += (f"  strapd {d['strapd_cpu_s']:.2f} cpu-s over idle = {d['strapd_us_per_packet']:.0f} us/packet "
                          f"({d['packets']:.0f} packets), {d['strapd_us_per_position']:.0f} us/position, "
                          f"{d['strapd_us_per_token']:.0f} us/generated token; {d['drops']} drops")
             print(line)
+        # what else the machine did per batch, by mode (medians): other processes' and the
+        # kernel's CPU, the hypervisor's steal, the engine's preemptions and page faults
+        extra = ("others_cpu_s", "machine_steal_s", "preempted", "minflt")
+        for m in modes:
+            mine = [by[(i, m)] for i in rounds if (i, m) in by and "others_cpu_s" in by[(i, m)]]
+            if mine:
+                med = {k: statistics.median(r[k] for r in mine) for k in extra}
+                res.setdefault(m, {}).update({f"{k}_median": v for k, v in med.items()})
+                print(f"  {m:8s} per batch: others' cpu {med['others_cpu_s']:.2f} s, steal {med['machine_steal_s']:.2f} s, "
+                      f"engine preempted {med['preempted']:.0f}x, minor faults {med['minflt']:.0f}")
         plain = [by[(i, "plain")]["generate_s"] for i in rounds if (i, "plain") in by]
         if plain:
             res["plain_s_median"] = statistics.median(plain)

@@ -90,6 +90,19 @@ RING_TOKENS_EVERY = 16
 RING_TOKENS_SECONDS = 0.25
 
 
+#: torch dtype -> ``_speedups.write_record_sum``'s element type; filled on first use (torch
+#: is imported then, not at import time).
+_SUM_TYPES: Dict[Any, int] = {}
+
+
+def _sum_type(dtype: Any) -> Optional[int]:
+    if not _SUM_TYPES:
+        import torch
+
+        _SUM_TYPES.update({torch.float32: 0, torch.bfloat16: 1, torch.float16: 2})
+    return _SUM_TYPES.get(dtype)
+
+
 class CaptureSession:
     """Client side of one strapd session.
 
@@ -690,19 +703,11 @@ class CaptureSession:
                 self.error = e
                 raise
 
-    def _token_to_ring(self, index: int, token_id: int, text: str, position: int) -> bool:
-        """Write a TOKEN record at the head (PROTOCOL.md 2) and ring the doorbell when due;
-        False, writing nothing, when the record does not fit now or its text is too long or
-        not encodable as UTF-8 (the caller sends a TOKEN message instead: a token never
-        waits for ring space)."""
-        try:
-            text_b = text.encode("utf-8")
-        except UnicodeEncodeError:
-            return False  # a lone surrogate: the message path answers it as it always did
-        if len(text_b) > MAX_TOKEN_TEXT:
-            return False
+    def _claim(self, rec_len: int) -> bool:
+        """Under the lock: room for a record of ``rec_len`` bytes at the head — a PAD first
+        where the region ends too soon, RELEASEs drained when the space is not known free,
+        the pages populated; False, writing nothing, when there is no room now."""
         ring = self.ring
-        rec_len = token_record_len(len(text_b))
         pad, needed = ring.placement(rec_len)
         if not ring.fits(needed):
             self.drain()  # RELEASEs received since the last publish free space
@@ -711,8 +716,18 @@ class CaptureSession:
                 return False
         if pad:
             ring.write_pad(pad)
-        ring.populate(ring.head + rec_len)
+        if ring.head + rec_len > ring.populated:
+            ring.populate(ring.head + rec_len)
+        return True
+
+    def _put_token(self, index: int, token_id: int, position: int, text_b: bytes) -> bool:
+        """Under the lock: one TOKEN record at the head (PROTOCOL.md 2), no doorbell; False,
+        writing nothing, when it does not fit now."""
+        rec_len = token_record_len(len(text_b))
+        if not self._claim(rec_len):
+            return False
         seq = self._next_seq()
+        ring = self.ring
         ring.write_header(encode_token_record(seq=seq, index=index, token_id=token_id, position=position,
                                               text=text_b))
         ring.head += rec_len
@@ -722,8 +737,135 @@ class CaptureSession:
         self.last_tensor_seq = seq
         self.tokens += 1
         self._unsent_tokens += 1
+        return True
+
+    def _token_to_ring(self, index: int, token_id: int, text: str, position: int) -> bool:
+        """Write a TOKEN record at the head (PROTOCOL.md 2) and ring the doorbell when due;
+        False, writing nothing, when the record does not fit now or its text is too long or
+        not encodable as UTF-8 (the caller sends a TOKEN message instead: a token never
+        waits for ring space)."""
+        try:
+            text_b = text.encode("utf-8")
+        except UnicodeEncodeError:
+            return False  # a lone surrogate: the message path answers it as it always did
+        if len(text_b) > MAX_TOKEN_TEXT or not self._put_token(index, token_id, position, text_b):
+            return False
         self._doorbell()
         return True
+
+    def tokens_to_ring(self, toks: Sequence[Tuple[int, int]]) -> int:
+        """Write TOKEN records for ``toks`` (position, token id), in order, with indices from
+        :attr:`tokens` on and no text, into the ring under one lock, and ring the doorbell
+        once after them (a batching engine's step: docs/VLLM.md 9).
+
+        Args:
+            toks: the step's sampled tokens.
+
+        Returns:
+            how many of ``toks`` (a prefix) were written: 0 against a strapd without ring
+            tokens or on a closed or failed session, fewer than all when the ring has no room
+            for the next one; the caller sends the rest with :meth:`token` (which never waits
+            for ring space either). The records and sequence numbers are those :meth:`token`
+            would have written one by one.
+
+        Raises:
+            StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError: from draining or
+                the doorbell's PUBLISH (the session keeps the error).
+
+        Example:
+            >>> n = s.tokens_to_ring([(5, 17), (9, 4)])
+            >>> for p, t in [(5, 17), (9, 4)][n:]:
+            ...     s.token(s.tokens, t, "", p)
+        """
+        if not self._ring_tokens or not toks:
+            return 0
+        done = 0
+        with self._lock:
+            if self._shut or self.error is not None:
+                return 0
+            try:
+                for pos, tid in toks:
+                    if not self._put_token(self.tokens, tid, pos, b""):
+                        break
+                    done += 1
+                if done:
+                    self._doorbell()
+            except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
+                self.error = e
+                raise
+        return done
+
+    def record_sum(self, name: str, h: "torch.Tensor", r: "torch.Tensor", rows: Any) -> bool:
+        """Write ``h[rows] + r[rows]`` as one record of ``name`` at the current step and
+        forward pass, summed straight into the ring slot by one C pass
+        (``_speedups.write_record_sum``): no intermediate tensor, the same bytes as torch's
+        sum (float32, bfloat16, float16 on the CPU). A vLLM decoder layer returns
+        ``(hidden_states, residual)`` and transformers' layer output is their sum
+        (docs/VLLM.md 9).
+
+        Args:
+            name: the record name (``model.layers.N``).
+            h: the layer's ``hidden_states``, ``[tokens, hidden]``.
+            r: its ``residual``, the same shape and dtype.
+            rows: the captured rows, a ``slice`` of the batch.
+
+        Returns:
+            True when the record was written; False when nothing was written and the caller
+            must record the sum itself with :meth:`record`: rows given as an index tensor,
+            tensors that are not contiguous 2-D CPU tensors of one supported dtype, PART
+            records, no ring space free now, a closed or failed session.
+
+        Raises:
+            StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError: from draining
+                strapd's messages or the publish that follows a record crossing
+                ``publish_bytes``, as from :meth:`record` (the session keeps the error).
+
+        Example:
+            >>> if not s.record_sum("model.layers.0", h, r, slice(0, 5)):
+            ...     s.record("model.layers.0", h[0:5] + r[0:5], None)
+        """
+        if type(rows) is not slice or _c_write_record is None:
+            return False
+        typ = _sum_type(h.dtype)
+        if typ is None or r.dtype is not h.dtype or h.dim() != 2 or r.shape != h.shape or not h.is_cpu \
+                or not r.is_cpu or not h.is_contiguous() or not r.is_contiguous():
+            return False
+        start, stop, step = rows.indices(h.shape[0])
+        if step != 1 or stop <= start:
+            return False
+        lay = self._layouts.get(name)
+        width = h.shape[1]
+        if lay is None or lay.dtype is not h.dtype or lay.shape != (stop - start, width) or lay.cls is not type(h):
+            lay = self._layout(name, h[start:stop])
+            if lay is None:
+                return False  # PART records
+        rec_len = lay.record_len
+        ring = self.ring
+        with self._lock:
+            if self._shut or self.error is not None:
+                return False
+            try:
+                if not self._claim(rec_len):
+                    return False  # the caller's record waits (or drops) as the policy says
+                head = ring.head
+                seq = self.seq + 1
+                off = start * width * h.element_size()
+                _speedups.write_record_sum(self._ring_addr + HEADER_SIZE + head % ring.data_size, lay.header, seq,
+                                           rec_len, self.step, self.forward, lay.hdr_area, h.data_ptr() + off,
+                                           r.data_ptr() + off, (stop - start) * width, typ)
+                self.seq = seq
+                ring.head = head = head + rec_len
+                self.last_tensor_seq = seq
+                if self._cuda is not None:
+                    self._cuda.pending(head, seq)
+                self.packets += 1
+                self.bytes_in += lay.tensor_len
+                if head - self.published_head >= self.publish_bytes:
+                    self._publish(block=False)
+                return True
+            except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
+                self.error = e
+                raise
 
     def checkpoint(self, timeout: Optional[float] = None) -> P.Checkpointed:
         """Ask the daemon to make every event sent so far durable.

@@ -1,5 +1,5 @@
-"""The plugin's fused ring writes (vllm/_fused.py, _speedups.write_record_sum): a decoder
-layer's ``hidden + residual`` summed straight into the ring must be, bit for bit, the tensor
+"""The plugin's fused ring writes (``CaptureSession.record_sum`` and ``tokens_to_ring`` in
+_session.py, ``_speedups.write_record_sum``): a decoder layer's ``hidden + residual`` summed straight into the ring must be, bit for bit, the tensor
 torch's ``hidden + residual`` gives, for float32, bfloat16 and float16; and a stream written
 through strapd with the fused sum and the batched TOKENs must hold the same records and
 tokens as one written the way the plugin did before (torch's sum, ``session.record``, one
@@ -128,8 +128,7 @@ def test_fused_stream_equals_the_unfused_one(real_strapd: Any, tmp_path: Path) -
     session's stream has the unfused one's packets, tensors and tokens, and every layer
     record is ``h[rows] + r[rows]`` bit for bit."""
     from llm_instrumentation.stream import TOKEN, open_stream
-    from llm_instrumentation.vllm._fused import record_sum, record_tokens
-
+    
     g = torch.Generator().manual_seed(0)
     width, layers = 320, 3
     names = [f"model.layers.{i}" for i in range(layers)]
@@ -151,13 +150,13 @@ def test_fused_stream_equals_the_unfused_one(real_strapd: Any, tmp_path: Path) -
             for fwd, (rows, outs, toks) in enumerate(steps):
                 s.step, s.forward = s.tokens, fwd
                 for name, (h, r) in zip(names, outs):
-                    if mode == "fused" and record_sum(s, name, h, r, rows):
+                    if mode == "fused" and s.record_sum(name, h, r, rows):
                         fused["sum"] += 1
                         continue
                     fused["not"] += mode == "fused"
                     s.record(name, h[rows] + r[rows], None)
                 s.flush()
-                done = record_tokens(s, toks) if mode == "fused" else 0
+                done = s.tokens_to_ring(toks) if mode == "fused" else 0
                 fused["tokens"] += done
                 for p, t in toks[done:]:
                     s.token(s.tokens, t, "", p)

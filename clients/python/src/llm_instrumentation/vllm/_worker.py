@@ -76,7 +76,8 @@ class WorkerCapture:
         self.capture_set_path: Optional[str] = None
         self.forward = 0
         self._handles: List[Any] = []
-        #: _fused.record_sum and record_tokens, set by _install
+        #: CaptureSession.record_sum and tokens_to_ring (the fused writes, docs/VLLM.md 9), set
+        #: by _install; called with the session first, so a benchmark can switch them off
         self._record_sum: Any = None
         self._record_tokens: Any = None
         self._lock = threading.Lock()
@@ -128,10 +129,10 @@ class WorkerCapture:
     def _install(self) -> None:
         # imported here, not at the top: the plugin module loads in every vLLM process,
         # capturing or not, and this pulls in the session's modules
-        from ._fused import record_sum, record_tokens
+        from .._session import CaptureSession
 
-        self._record_sum = record_sum
-        self._record_tokens = record_tokens
+        self._record_sum = CaptureSession.record_sum
+        self._record_tokens = CaptureSession.tokens_to_ring
         model = self.runner.get_model()
         self._handles.append(model.register_forward_pre_hook(self._on_forward_pre, with_kwargs=True))
         named = dict(model.named_modules())
@@ -364,7 +365,7 @@ class WorkerCapture:
         try:
             if kind == _names.SUM and out[1] is not None and self._record_sum(self.session, name, out[0], out[1],
                                                                              rows):
-                return  # summed straight into the ring (_fused.py)
+                return  # summed straight into the ring slot
             t = _names.convert(out, kind, rows)
             if t.is_cuda and kind != _names.SUM:
                 # vLLM's fused norms overwrite their inputs in place later in the pass; the
@@ -413,7 +414,7 @@ class WorkerCapture:
             s = self.session
             s.write_tensor(SAMPLED, torch.tensor(rows, dtype=torch.int64), s.tokens, self.forward - 1,
                            {"requests": who})
-            # the step's TOKENs as ring records under one lock (_fused.py); any left (no
+            # the step's TOKENs as ring records under one lock; any left (no
             # ring tokens, or no room) as TOKEN messages
             for (p, t) in rows[self._record_tokens(s, rows):]:
                 s.token(s.tokens, t, "", p)
