@@ -240,6 +240,20 @@ typedef struct strap_session_params {
 	/* Reservations (strap_session_reserve) outstanding at once, at most; the table is
 	 * allocated at open. 0: 64. */
 	uint32_t max_reservations;
+
+	/* Object storage (docs/OBJECT_STORAGE.md; PROTOCOL.md 1.3 "upload"): strapd uploads the
+	 * stream while it writes it, as "<upload>/<base name of the output>", with the trace and
+	 * the resource log beside it. "s3://bucket" or "s3://bucket/prefix", checked at open as the
+	 * Python client and strapd check it (STRAP_E_INVALID: not s3://, a bucket name S3 refuses, an
+	 * empty, "." or ".." prefix segment). NULL or "" (default): none, and strapd's own
+	 * `serve --upload` target applies if it has one; strap_session_upload names the object
+	 * either way. A target strapd refuses (not allowed, no object storage) fails the open with
+	 * STRAP_E_DAEMON "upload_refused". */
+	const char *upload;
+	/* Let strapd free the stream's uploaded bytes on the local disk while the capture runs
+	 * (`serve --upload-free-local` for this session). Needs an upload, the session's or
+	 * strapd's own, else the open fails with STRAP_E_DAEMON "bad_message". Default 0. */
+	int upload_free_local;
 } strap_session_params;
 
 /* The defaults above. Thread-safe. */
@@ -262,6 +276,11 @@ STRAP_API int strap_session_open(const strap_session_params *params, strap_sessi
 
 /* Where the session started (resume). Thread-safe. */
 STRAP_API strap_resume_point strap_session_resume_point(const strap_session *s);
+
+/* The object strapd uploads the stream into ("s3://bucket/key"; OPENED's "upload"): the
+ * session's params.upload or strapd's own target; NULL when the stream is not uploaded. Valid
+ * until strap_session_free. Thread-safe. */
+STRAP_API const char *strap_session_upload(const strap_session *s);
 
 /* The stream the session writes, absolute: params.output_path, or in one rank of a
  * distributed job (RANK and WORLD_SIZE > 1 set by the launcher, STRAP_RANK_STREAMS not 0) its

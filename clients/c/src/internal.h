@@ -180,6 +180,8 @@ typedef struct sp_open_body {
 	const char *metadata; /* raw JSON object or NULL */
 	size_t metadata_len;
 	int resources;
+	const char *upload;    /* NULL = absent */
+	int upload_free_local; /* 0 = absent */
 } sp_open_body;
 
 /* Each writes one whole datagram (12-byte header + body) into b; b->overflow when it does
@@ -214,6 +216,7 @@ typedef struct sp_reply {
 		struct {
 			uint64_t session, block_size;
 			int published_cursor; /* 1: the daemon takes the published cursor (PROTOCOL.md 1.4) */
+			char upload[2048];    /* the object strapd uploads the stream into; "" = none */
 		} opened;
 		struct {
 			uint64_t tail;

@@ -147,6 +147,46 @@ static int connect_and_open(strap_session *s, const strap_session_params *p, con
 static int budget_fail(strap_session *s, const char *refused, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
+/* An upload target by the rules of strapd (internal/upload/url.go) and the Python client
+ * (check_upload_url): s3://bucket[/prefix], a bucket of 3..63 of [a-z0-9.-], no empty, "." or
+ * ".." segment in the prefix (leading and trailing slashes aside). */
+static bool upload_url_ok(const char *url, char *why, size_t len)
+{
+	if (strncmp(url, "s3://", 5) != 0) {
+		snprintf(why, len, "params.upload \"%s\": expected an s3://bucket/prefix URL", url);
+		return false;
+	}
+	const char *b = url + 5, *slash = strchr(b, '/');
+	size_t bl = slash ? (size_t)(slash - b) : strlen(b);
+	bool ok = bl >= 3 && bl <= 63;
+	for (size_t i = 0; ok && i < bl; i++)
+		ok = (b[i] >= 'a' && b[i] <= 'z') || (b[i] >= '0' && b[i] <= '9') || b[i] == '.' || b[i] == '-';
+	if (!ok) {
+		snprintf(why, len,
+			 "params.upload \"%s\": bucket name \"%.*s\" must be 3 to 63 characters of a-z, 0-9, '-' and "
+			 "'.'",
+			 url, (int)(bl > 100 ? 100 : bl), b);
+		return false;
+	}
+	if (!slash)
+		return true;
+	const char *p = slash, *end = p + strlen(p);
+	while (p < end && *p == '/')
+		p++;
+	while (end > p && end[-1] == '/')
+		end--;
+	while (p < end) {
+		const char *q = memchr(p, '/', (size_t)(end - p));
+		size_t n = q ? (size_t)(q - p) : (size_t)(end - p);
+		if (n == 0 || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.')) {
+			snprintf(why, len, "params.upload \"%s\": empty, '.' or '..' segment in the key prefix", url);
+			return false;
+		}
+		p += n + (q != NULL);
+	}
+	return true;
+}
+
 static int open_session(strap_session *s, const strap_session_params *p)
 {
 	if (!p->output_path || !*p->output_path)
@@ -162,6 +202,11 @@ static int open_session(strap_session *s, const strap_session_params *p)
 	char why_codec[160];
 	if (sp_codec_check(p->codec, p->codec_level, p->lossy_mode, why_codec, sizeof why_codec) != 0)
 		return ss_fail(s, STRAP_E_INVALID, "params: %s", why_codec);
+	const char *upload = p->upload && *p->upload ? p->upload : NULL;
+	char why_upload[5000];
+	if (upload && (!sp_utf8_valid(upload, strlen(upload)) || !upload_url_ok(upload, why_upload, sizeof why_upload)))
+		return ss_fail(s, STRAP_E_INVALID, "%s",
+			       sp_utf8_valid(upload, strlen(upload)) ? why_upload : "params.upload is not UTF-8");
 	s->policy = p->policy;
 	s->stall_timeout = p->stall_timeout_s > 0 ? p->stall_timeout_s : 120.0;
 	s->fingerprint = dupstr(p->fingerprint ? p->fingerprint : "", NULL);
@@ -362,7 +407,9 @@ static int connect_and_open(strap_session *s, const strap_session_params *p, con
 			  .memory_hint = p->memory_hint,
 			  .metadata = meta.p,
 			  .metadata_len = meta.n,
-			  .resources = p->resources};
+			  .resources = p->resources,
+			  .upload = p->upload && *p->upload ? p->upload : NULL,
+			  .upload_free_local = p->upload_free_local};
 	if (resume) {
 		o.has_resume = 1;
 		o.append_at = resume->stream_offset;
@@ -385,6 +432,10 @@ static int connect_and_open(strap_session *s, const strap_session_params *p, con
 		return e;
 	s->session_id = r.u.opened.session;
 	s->cursor = r.u.opened.published_cursor != 0;
+	free(s->upload); /* a retried open (memory budget) answers again */
+	s->upload = r.u.opened.upload[0] ? dupstr(r.u.opened.upload, NULL) : NULL;
+	if (r.u.opened.upload[0] && !s->upload)
+		return ss_fail(s, STRAP_E_NOMEM, "out of memory");
 	if (resume) {
 		s->seq = s->last_tensor_seq = resume->last_seq;
 		s->tokens = resume->token_count;

@@ -1018,6 +1018,11 @@ strap_resume_point strap_session_resume_point(const strap_session *s)
 	return s ? s->resume : p;
 }
 
+const char *strap_session_upload(const strap_session *s)
+{
+	return s ? s->upload : NULL; /* set once by open */
+}
+
 const char *strap_session_output_path(const strap_session *s)
 {
 	return s ? s->output_path : NULL; /* set once by open, freed by strap_session_free */
@@ -1040,6 +1045,7 @@ void strap_session_free(strap_session *s)
 	free(s->output_path);
 	free(s->ckpt_path);
 	free(s->fingerprint);
+	free(s->upload);
 	free(s->sbuf);
 	free(s->rbuf);
 	free(s->resv);

@@ -88,6 +88,7 @@ struct strap_session {
 	char *output_path; /* absolute */
 	char *ckpt_path;
 	char *fingerprint;
+	char *upload;   /* OPENED's object, NULL when the stream is not uploaded */
 	char *sbuf;     /* one outgoing datagram */
 	uint8_t *rbuf;  /* one incoming datagram */
 	char meta[256]; /* scratch: the fingerprint read from a checkpoint file */

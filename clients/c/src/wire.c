@@ -208,6 +208,14 @@ void sp_enc_open(sw_buf *b, const sp_open_body *o)
 		key(b, "resources", false);
 		sw_lit(b, "true");
 	}
+	if (o->upload) {
+		key(b, "upload", false);
+		sw_str(b, o->upload, strlen(o->upload));
+	}
+	if (o->upload_free_local) {
+		key(b, "upload_free_local", false);
+		sw_lit(b, "true");
+	}
 	sw_raw(b, "}", 1);
 	sp_enc_finish(b);
 }
@@ -466,6 +474,12 @@ int sp_decode_reply(const uint8_t *d, size_t n, sp_reply *r, char *err, size_t e
 			if (!sj_bool(f, &on))
 				rd_fail(&x, "published_cursor", "a boolean");
 			r->u.opened.published_cursor = on;
+		}
+		r->u.opened.upload[0] = 0;
+		if (sj_get(v, "upload", &f) && sj_kind(f) != 'z') {
+			bool whole = false;
+			if (!sj_str(f, r->u.opened.upload, sizeof r->u.opened.upload, &whole) || !whole)
+				rd_fail(&x, "upload", "a string of at most 2047 bytes");
 		}
 		break;
 	case SP_RELEASE: r->u.release.tail = rd_u64(&x, "tail"); break;
