@@ -57,6 +57,9 @@ type BlockStats struct {
 	Rows []RowSums
 	// FirstContinues: Rows[0] is the rest of a row whose start is in the previous block.
 	FirstContinues bool
+	// SharedMisses counts the whole rows a transform block could not code on its module's
+	// shared basis within the bound (coded directly instead): the signal to refit the basis.
+	SharedMisses int
 }
 
 // RowSums are one row's sums over its finite originals x and decoded values y, from which

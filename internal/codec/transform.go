@@ -97,6 +97,8 @@ type transformCodec struct {
 	relL2 float64
 	// rows locates blocks in the record (rowLen 0: unprepared, the block is one row).
 	rows fp8Codec
+	// shared is the module's basis (WithBasis), nil when blocks carry their own.
+	shared *SharedBasis
 }
 
 // Bound implements LossyCodec.
@@ -139,6 +141,14 @@ type tPart struct {
 }
 
 func (c *transformCodec) EncodeStats(dst, src []byte, dt dtype.DType) ([]byte, bool, BlockStats, error) {
+	if c.shared != nil {
+		return c.encodeShared(dst, src, dt)
+	}
+	return c.encodePlain(dst, src, dt)
+}
+
+// encodePlain codes a block with nothing shared: modes 0 and 2.
+func (c *transformCodec) encodePlain(dst, src []byte, dt dtype.DType) ([]byte, bool, BlockStats, error) {
 	w := dt.Size()
 	if !fp8Able(dt) || len(src)%w != 0 || len(src) == 0 {
 		return encodeLossless(dst, src, dt, 0)
@@ -771,6 +781,9 @@ func appendTransform(dst []byte, parts []tPart, tb *tBasis, rowLen, first int) (
 }
 
 func (c *transformCodec) Decode(dst, src []byte, dt dtype.DType, rawLen int) ([]byte, error) {
+	if len(src) > 0 && (src[0] == modeShared || src[0] == modeBasis) {
+		return DecodeShared(dst, src, dt, rawLen, c.shared)
+	}
 	out, err := decodeTransform(dst, src, dt, rawLen)
 	if err != nil {
 		return nil, fmt.Errorf("transform: %w", err)

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import struct
 import threading
+import zlib
 
 import numpy as np
 import zstandard
 
-__all__ = ["CodecError", "SHUFFLE", "QUANT", "FP16", "FP8", "TRANSFORM", "E4M3", "decode_block"]
+__all__ = [
+    "CodecError", "SHUFFLE", "QUANT", "FP16", "FP8", "TRANSFORM", "E4M3", "SharedBasis", "decode_block",
+]
 
 SHUFFLE = 16
 QUANT = 17
@@ -464,7 +467,154 @@ def _decode_transform(src: memoryview, dtype: str, raw_len: int) -> bytes:
     return _round_dtype(f, dtype).tobytes()
 
 
-def decode_block(codec_id: int, data: bytes, dtype: str, raw_len: int) -> bytes:
+# Modes 3 and 4 (docs/COMPRESSION.md 5.3): a module's shared basis packet, and blocks coded on it.
+_MODE_BASIS, _MODE_SHARED = 3, 4
+_BASIS_HEADER = struct.Struct("<BIHB")  # mode, d, k, shift
+_SHARED_HEADER = struct.Struct("<BIIHBI")  # mode, row_len, first, k, groups, crc32 of the basis packet
+_MAX_SHARED_BASIS = 2048
+_MAX_SHARED_ENTRIES = 1 << 22
+_SHARED_BAND = 16
+
+
+class SharedBasis:
+    """A module's transform basis (mode-3 packet): k integer vectors of d (value B·2**-shift)
+    and the rows' mean; the mode-4 blocks coded on it name it by the packet's crc32.
+
+    Args:
+        packet: the basis packet's bytes, as strapd stored them.
+
+    Raises:
+        CodecError: the packet is corrupt.
+
+    Example:
+        >>> sb = SharedBasis(packet)
+        >>> raw = decode_block(TRANSFORM, stored, "bfloat16", raw_len, basis=sb)
+    """
+
+    def __init__(self, packet: bytes) -> None:
+        src = memoryview(packet).cast("B")
+        if len(src) < _BASIS_HEADER.size or src[0] != _MODE_BASIS:
+            raise CodecError("basis packet header")
+        _, d, k, shift = _BASIS_HEADER.unpack_from(src, 0)
+        if d < 1 or k < 1 or k > d or k > _MAX_SHARED_BASIS or k * d > _MAX_SHARED_ENTRIES or shift > 15:
+            raise CodecError(f"basis of {k} vectors of {d}, shift {shift}")
+        hl = _BASIS_HEADER.size
+        if len(src) < hl + 4 * d:
+            raise CodecError("basis mean")
+        mean = np.frombuffer(src[hl : hl + 4 * d], dtype="<f4").astype(np.float64)
+        if not np.all(np.isfinite(mean)):
+            raise CodecError("non-finite basis mean")
+        pl, rest = _read_planes(src[hl + 4 * d :], 2, k * d)
+        if len(rest):
+            raise CodecError(f"{len(rest)} bytes after the basis")
+        z = pl[0].astype(np.uint32) | (pl[1].astype(np.uint32) << np.uint32(8))
+        if np.any(z == 0xFFFF):
+            raise CodecError("basis value out of range")
+        #: Row length, number of vectors, scale exponent.
+        self.d, self.k, self.shift = d, k, shift
+        self.mean = mean
+        self.basis = _zigzag_decode(z).reshape(k, d)
+        #: crc32 of the packet (what a mode-4 block names).
+        self.crc = zlib.crc32(packet) & 0xFFFFFFFF
+
+
+def _read_run(p: memoryview, r: int) -> tuple[np.ndarray, memoryview]:
+    """One run of mode 4: u8 width (0: all zeros), then a plane table; r integers as float64."""
+    if len(p) < 1:
+        raise CodecError("run width")
+    width = p[0]
+    if width > 3 or (r == 0 and width):
+        raise CodecError(f"run of {r} integers of width {width}")
+    if width == 0:
+        return np.zeros(r, dtype=np.float64), p[1:]
+    return _read_ints(p[1:], width, r)
+
+
+def _decode_shared(src: memoryview, dtype: str, raw_len: int, sb: SharedBasis | None) -> bytes:
+    """A mode-4 transform block: rows coded on the module's shared basis sb (coefficients in
+    bands of 16 components), the others as mode 2's directly coded rows. A basis row decodes to
+    float32(mean + (step·2**-shift)·(K @ B)), exact as in mode 0."""
+    w = _WIDTH.get(dtype, 0)
+    if dtype not in _FP8_DTYPES or raw_len % w or raw_len == 0:
+        raise CodecError(f"transform block of {dtype}, {raw_len} bytes")
+    n = raw_len // w
+    if len(src) < _SHARED_HEADER.size:
+        raise CodecError("short transform header")
+    _, row_len, first, k, ng, crc = _SHARED_HEADER.unpack_from(src, 0)
+    if sb is None or sb.crc != crc:
+        have = "none" if sb is None else f"{sb.crc:08x}"
+        raise CodecError(f"block coded on basis packet crc32 {crc:08x}, given {have}")
+    if row_len != sb.d or k > sb.k or not (1 <= first <= row_len and first <= n):
+        raise CodecError(f"rows of {row_len} (basis {sb.d}), k {k} of {sb.k}, first part {first} of {n} values")
+    if not (1 <= ng <= _MAX_GROUPS) or (ng > 1 and row_len < ng):
+        raise CodecError(f"{ng} channel groups for rows of {row_len}")
+    groups = 1 + (n - first + row_len - 1) // row_len
+    p = src[_SHARED_HEADER.size :]
+    grp = np.zeros(row_len, dtype=np.uint8)
+    if ng > 1:
+        map_len = (row_len + 1) // 2
+        if len(p) < map_len:
+            raise CodecError("channel groups")
+        nib = np.frombuffer(p[:map_len], dtype=np.uint8)
+        both = np.empty(2 * map_len, dtype=np.uint8)
+        both[0::2], both[1::2] = nib & 15, nib >> 4
+        if row_len % 2 and both[-1]:
+            raise CodecError("channel group padding")
+        grp = both[:row_len]
+        if np.any(grp >= ng):
+            raise CodecError("channel group out of range")
+        p = p[map_len:]
+    ks, p = _read_planes(p, 5, groups)
+    kinds = ks[0]
+    steps32 = np.ascontiguousarray(ks[1:].T).view("<f4").reshape(groups)
+    lo = np.empty(groups, dtype=np.int64)
+    lo[0] = 0
+    lo[1:] = first + row_len * np.arange(groups - 1, dtype=np.int64)
+    hi = np.minimum(n, lo + row_len)
+    hi[0] = first
+    lens = hi - lo
+    if np.any(kinds > _PART_ZERO):
+        raise CodecError(f"row part kind {int(kinds.max())}")
+    basis_p, direct_p, zero_p = kinds == _PART_BASIS, kinds == _PART_DIRECT, kinds == _PART_ZERO
+    with np.errstate(invalid="ignore"):
+        if np.any((basis_p | direct_p) & ~(np.isfinite(steps32) & (steps32 > 0))):
+            raise CodecError("row part step not finite and > 0")
+    if np.any(steps32.view(np.uint32)[zero_p] != 0):
+        raise CodecError("zero row part with a step")
+    if np.any(lens[basis_p] != row_len):
+        raise CodecError("basis row part not a whole row")
+    whole = direct_p & (lens == row_len)
+    edge_p = direct_p & ~whole
+    nb, nw = int(basis_p.sum()), int(whole.sum())
+    coefs = np.empty(nb * k, dtype=np.float64)  # component-major
+    for b0 in range(0, k, _SHARED_BAND):
+        a, b = b0 * nb, min(k, b0 + _SHARED_BAND) * nb
+        coefs[a:b], p = _read_run(p, b - a)
+    cols = np.empty((row_len, nw), dtype=np.float64)  # channel by channel
+    for g in range(ng):
+        ch = np.flatnonzero(grp == g)
+        v, p = _read_run(p, len(ch) * nw)
+        if len(ch):
+            cols[ch] = v.reshape(len(ch), nw)
+    edge, p = _read_run(p, int(lens[edge_p].sum()))
+    if len(p):
+        raise CodecError(f"{len(p)} trailing bytes")
+    steps = steps32.astype(np.float64)
+    f = np.zeros(n, dtype=np.float32)
+    if nb:
+        acc = coefs.reshape(k, nb).T @ sb.basis[:k]  # exact: integers below 2**49
+        qs = np.ldexp(steps[basis_p], -sb.shift)
+        f[np.repeat(basis_p, lens)] = (sb.mean + qs[:, None] * acc).astype(np.float32).reshape(-1)
+    if nw:
+        f[np.repeat(whole, lens)] = (cols.T * steps[whole][:, None]).astype(np.float32).reshape(-1)
+    if len(edge):
+        f[np.repeat(edge_p, lens)] = (np.repeat(steps[edge_p], lens[edge_p]) * edge).astype(np.float32)
+    return _round_dtype(f, dtype).tobytes()
+
+
+def decode_block(
+    codec_id: int, data: bytes, dtype: str, raw_len: int, basis: SharedBasis | None = None,
+) -> bytes:
     """Decode one stored block of an activation codec.
 
     Args:
@@ -472,6 +622,8 @@ def decode_block(codec_id: int, data: bytes, dtype: str, raw_len: int) -> bytes:
         data: the stored block (one entry of the packet's block table).
         dtype: the packet's dtype name (docs/STREAM_FORMAT.md section 4), e.g. "float32".
         raw_len: the block's decoded size in bytes.
+        basis: for a transform block coded on its module's shared basis (mode 4), that basis
+            (``SharedBasis`` of the module's basis packet); other blocks ignore it.
 
     Returns:
         The raw little-endian element bytes, bit-identical to the Go decoder's output.
@@ -498,6 +650,10 @@ def decode_block(codec_id: int, data: bytes, dtype: str, raw_len: int) -> bytes:
         return _decode_shuffled(src[1:], dtype, raw_len)
     if codec_id == TRANSFORM and mode == _MODE_GROUPED:
         return _decode_transform(src, dtype, raw_len)
+    if codec_id == TRANSFORM and mode == _MODE_SHARED:
+        return _decode_shared(src, dtype, raw_len, basis)
+    if codec_id == TRANSFORM and mode == _MODE_BASIS:
+        raise CodecError("a transform basis packet is not a data block (read it with SharedBasis)")
     if mode != _MODE_LOSSY:
         raise CodecError(f"mode {mode}")
     if codec_id == QUANT:
