@@ -331,6 +331,27 @@ def set_policy(pid: int, policy: int) -> None:
             pass  # the thread exited meanwhile
 
 
+PF_KTHREAD = 0x00200000  # /proc/PID/stat's flags: a kernel thread
+
+
+def kernel_threads_cpu() -> float:
+    """CPU seconds the kernel's own threads (writeback's kworkers, ksoftirqd, ...) used so
+    far, summed over the live ones: what the kernel does on behalf of everyone, apart from
+    the interrupts and system calls /proc/stat counts to the processes themselves."""
+    total = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[6]) & PF_KTHREAD:  # field 9, flags
+            total += int(fields[11]) + int(fields[12])
+    return total / TICK
+
+
 def proc_cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -454,7 +475,7 @@ def main() -> None:
                 for m in order:
                     if m in SCHED_MODES:
                         set_policy(daemon.pid, SCHED_MODES[m])
-                    s0, m0 = proc_cpu(daemon.pid), machine_cpu()
+                    s0, m0, k0 = proc_cpu(daemon.pid), machine_cpu(), kernel_threads_cpu()
                     try:
                         r = children[owner(m)].ask(mode=wire(m), n=n, seed=n)
                     finally:
@@ -462,12 +483,13 @@ def main() -> None:
                             set_policy(daemon.pid, os.SCHED_OTHER)
                     if "error" in r:
                         raise SystemExit(f"{m} x{n} round {rnd}: {r['error']}")
-                    m1 = machine_cpu()
+                    m1, k1 = machine_cpu(), kernel_threads_cpu()
                     r.update(mode=m, round=rnd, strapd_cpu_s=proc_cpu(daemon.pid) - s0, load=os.getloadavg()[0],
                              **{f"machine_{k}_s": m1[k] - m0[k] for k in m0})
                     # every other process's and the kernel's threads' CPU in this batch (the
                     # kernel's writeback, the parent, anything else running)
                     r["others_cpu_s"] = r["machine_busy_s"] - r["cpu_s"] - r["strapd_cpu_s"]
+                    r["kthreads_cpu_s"] = k1 - k0
                     rows.append(r)
                     (out / "runs.jsonl").open("a").write(json.dumps(r) + "\n")  # kept if a later step fails
                     print(f"  x{n} round {rnd} {m:8s} generate {r['generate_s']:6.2f} s  total {r['total_s']:6.2f} s  "
@@ -475,7 +497,7 @@ def main() -> None:
                           f"(thread cpu {r['in_plugin_cpu_s']:5.3f} s)  "
                           f"cpu {r['cpu_s']:6.2f} s  strapd cpu {r['strapd_cpu_s']:5.2f} s"
                           + (f"  {r['bytes'] / 2**20:7.1f} MiB" if r.get("bytes") else "")
-                          + f"  others {r['others_cpu_s']:5.2f} s steal {r['machine_steal_s']:4.2f} s"
+                          + f"  others {r['others_cpu_s']:5.2f} s (kernel threads {r['kthreads_cpu_s']:4.2f} s) steal {r['machine_steal_s']:4.2f} s"
                           f"  preempted {r['preempted']} waited {r['waited']} minflt {r['minflt']}"
                           + f"  load {os.getloadavg()[0]:.2f}", flush=True)
                     for label, (ct, nc) in r.get("profile", {}).items():
@@ -586,13 +608,14 @@ def summarize(rows: List[Dict[str, Any]], modes: List[str], batches: List[int]) 
             print(line)
         # what else the machine did per batch, by mode (medians): other processes' and the
         # kernel's CPU, the hypervisor's steal, the engine's preemptions and page faults
-        extra = ("others_cpu_s", "machine_steal_s", "preempted", "minflt")
+        extra = ("others_cpu_s", "kthreads_cpu_s", "machine_steal_s", "preempted", "minflt")
         for m in modes:
-            mine = [by[(i, m)] for i in rounds if (i, m) in by and "others_cpu_s" in by[(i, m)]]
+            mine = [by[(i, m)] for i in rounds if (i, m) in by and "kthreads_cpu_s" in by[(i, m)]]
             if mine:
                 med = {k: statistics.median(r[k] for r in mine) for k in extra}
                 res.setdefault(m, {}).update({f"{k}_median": v for k, v in med.items()})
-                print(f"  {m:8s} per batch: others' cpu {med['others_cpu_s']:.2f} s, steal {med['machine_steal_s']:.2f} s, "
+                print(f"  {m:8s} per batch: others' cpu {med['others_cpu_s']:.2f} s (kernel threads "
+                      f"{med['kthreads_cpu_s']:.2f} s), steal {med['machine_steal_s']:.2f} s, "
                       f"engine preempted {med['preempted']:.0f}x, minor faults {med['minflt']:.0f}")
         plain = [by[(i, "plain")]["generate_s"] for i in rounds if (i, "plain") in by]
         if plain:

@@ -197,6 +197,54 @@ def test_finish_marks(real_strapd: Any, tmp_path: Path) -> None:
     assert r.finished is None and not r.aborted
 
 
+def _same(x: Any, y: Any) -> None:
+    """Two RequestCaptures hold the same tensors and facts."""
+    import torch
+
+    assert sorted(x) == sorted(y)
+    for n in x:
+        assert torch.equal(x[n], y[n]), n
+    for k in ("request_id", "engine_request_id", "prompt_len", "missing", "recomputed", "streams", "finished"):
+        assert getattr(x, k) == getattr(y, k), k
+    assert torch.equal(x.token_ids, y.token_ids) and torch.equal(x.positions, y.positions)
+
+
+def test_iter_requests_reads_once_what_load_request_reads(real_strapd: Any, tmp_path: Path) -> None:
+    """``iter_requests`` gives every request exactly as ``load_request`` does (a recompute, a
+    prefix-cache gap, finish marks, a request never finished), yields a request that
+    finishes mid-stream before the stream's later requests, and takes ``modules``."""
+    from llm_instrumentation.vllm import iter_requests, list_requests, load_request
+
+    a, b, c = "7-0123abcd", "8-89abcdef", "9-00000009"
+    steps = [
+        {"rows": [(b, 2, 22), (b, 3, 23), (a, 0, 10), (a, 1, 11)],
+         "new": {a: {"prompt": [10, 11], "computed": 0}, b: {"prompt": [20, 21, 22, 23], "computed": 2}},
+         "sampled": [(b, 4, 24), (a, 2, 12)]},
+        {"rows": [(b, 4, 24), (a, 2, 12)], "sampled": [(b, 5, 25), (a, 3, 13)]},
+        {"finished": {a: ("length_capped", 4)}},
+        {"rows": [(b, 5, 25), (c, 0, 30)], "new": {c: {"prompt": [30], "computed": 0}},
+         "sampled": [(b, 6, 26), (c, 1, 31)]},
+        # b preempted and recomputed (bias shows the later computation is kept)
+        {"rows": [(b, 2, 22), (b, 3, 23), (b, 4, 24), (b, 5, 25), (b, 6, 26)], "bias": 0.5,
+         "sampled": [(b, 7, 27)]},
+        {"finished": {c: ("aborted", 2)}},
+    ]
+    write_stream(tmp_path / "one.strap", real_strapd.socket, steps, layers=(0, 1))
+    assert list_requests(tmp_path) == ["8", "7", "9"]
+    got = list(iter_requests(tmp_path))
+    # a finished first (at the third step), c next; b, never finished, at the stream's end
+    assert [r.request_id for r in got] == ["7", "9", "8"]
+    for r in got:
+        _same(r, load_request(tmp_path, r.request_id))
+    assert got[2].recomputed == [2, 3, 4, 5] and got[2].missing == [0, 1] and got[2].finished is None
+    assert got[2]["model.layers.1"][:, 0].tolist() == [value(b, p, 0.5, 1) for p in range(2, 7)]
+    assert got[1].aborted and got[0].finished == "length_capped"
+    only = list(iter_requests(tmp_path, modules=["model.layers.1"]))
+    assert [sorted(r) for r in only] == [["model.layers.1"]] * 3
+    for r in only:
+        _same(r, load_request(tmp_path, r.request_id, modules=["model.layers.1"]))
+
+
 def _worker_rank(rank: int, tp: int, pp: int) -> Dict[str, Any]:
     """A worker's place as the plugin's ``_ranks`` gives it (vLLM orders tp fastest, then pp)."""
     return {"rank": rank, "world_size": tp * pp, "local_rank": rank, "tp_rank": rank % tp, "tp_size": tp,
@@ -274,6 +322,13 @@ def test_pipeline_and_tensor_parallel_capture_set(real_strapd: Any, tmp_path: Pa
     assert rb.positions.tolist() == [2, 3, 4, 5] and rb.missing == [0, 1] and rb.finished == "stopped"
     assert rb["model.layers.1"][:, 0].tolist() == [value(b, p, 0, 1) for p in (2, 3, 4, 5)]
     assert {ROWS, SAMPLED} <= set(m["ranks"][2]["modules"])
+    # iter_requests over the set: each stage's stream read once, the same requests
+    from llm_instrumentation.vllm import iter_requests
+
+    both = list(iter_requests(out))
+    assert [r.request_id for r in both] == ["7", "8"]
+    _same(both[0], ra)
+    _same(both[1], rb)
 
     # A role that disagrees with the stream header, or a replica listing records, is refused
     # by both readers, naming the rank and the key; a manifest from before the key loads.

@@ -21,8 +21,8 @@ compiled graphs or CUDA graphs, and the plugin refuses to start rather than capt
 An engine of several workers (tensor or pipeline parallel) writes one stream per worker and,
 from rank 0 at shutdown, their capture set's manifest (docs/DISTRIBUTED.md D4).
 
-Reading: :func:`list_requests` and :func:`load_request` (a directory, or an engine's
-capture-set manifest); :class:`~llm_instrumentation.data.ActivationDataset` and the exports
+Reading: :func:`list_requests`, :func:`load_request` and :func:`iter_requests` (every
+request, each stream read once) of a directory, or of an engine's capture-set manifest; :class:`~llm_instrumentation.data.ActivationDataset` and the exports
 read a vLLM capture by request (docs/VLLM.md 4).
 
 Example:
@@ -37,10 +37,10 @@ from __future__ import annotations
 from typing import Any, List, Optional
 
 from ._plugin import register
-from ._reader import RequestCapture, list_requests, load_request
+from ._reader import RequestCapture, iter_requests, list_requests, load_request
 from ._settings import Settings
 
-__all__ = ["register", "list_requests", "load_request", "RequestCapture", "Settings", "checkpoint"]
+__all__ = ["register", "list_requests", "load_request", "iter_requests", "RequestCapture", "Settings", "checkpoint"]
 
 
 def checkpoint(llm: Any) -> List[Optional[dict]]:

@@ -149,8 +149,176 @@ def list_requests(directory: PathArg) -> List[str]:
     return list(_scan_ids(directory))
 
 
+class _Assembly:
+    """One request's rows as the streams are read (:func:`load_request`, :func:`iter_requests`)."""
+
+    def __init__(self, internal: str, external: str, paths: List[str]) -> None:
+        self.internal, self.external, self.paths = internal, external, paths
+        self.prompt: Optional[List[int]] = None
+        self.generated: Dict[int, int] = {}
+        self.input_ids: Dict[int, int] = {}
+        self.per_module: Dict[str, Dict[int, "torch.Tensor"]] = {}
+        self.recomputed: Set[int] = set()
+        self.finished: Optional[str] = None
+        self.finished_tokens = -1
+        # Positions the stream being read computed: one computed twice in one stream was
+        # recomputed (preemption); the same positions in two streams are two pipeline
+        # stages' layers.
+        self.here: Set[int] = set()
+        self.rows: Optional[Tuple[int, int, List[int]]] = None  # this step's (start, count, positions)
+
+    def step_rows(self, t: Any, i: int) -> None:
+        """The ``vllm.rows`` record ``t`` of a step, this request at index ``i`` of its requests."""
+        counts = t.meta["counts"]
+        start, count = sum(counts[:i]), counts[i]
+        block = t.tensor()[start:start + count]
+        pos = block[:, 0].tolist()
+        for p, tok in zip(pos, block[:, 1].tolist()):
+            if p in self.here:
+                self.recomputed.add(p)
+            self.here.add(p)
+            if tok >= 0 or p not in self.input_ids:  # -1: the model was given no token ids
+                self.input_ids[p] = tok
+        new = (t.meta.get("new") or {}).get(self.internal)
+        if new is not None and self.prompt is None:
+            self.prompt = list(new["prompt"])
+        self.rows = (start, count, pos)
+
+    def module(self, name: str, x: "torch.Tensor") -> None:
+        """A captured module's record of the step whose rows :meth:`step_rows` took."""
+        assert self.rows is not None
+        start, count, pos = self.rows
+        rows = x[start:start + count]
+        d = self.per_module.setdefault(name, {})
+        for k, p in enumerate(pos):
+            d[p] = rows[k]
+
+    def build(self) -> RequestCapture:
+        import torch
+
+        internal = self.internal
+        if self.prompt is None:
+            raise ValueError(f"request {internal!r}: its first rows (with the prompt) are not in the streams")
+        tokens = list(self.prompt)
+        for p in sorted(self.generated):
+            if p != len(tokens):
+                raise ValueError(f"request {internal!r}: generated token at position {p}, expected {len(tokens)}")
+            tokens.append(self.generated[p])
+        last = len(tokens) - 2  # the last token never had a forward pass
+        input_ids = self.input_ids
+        if len(tokens) in input_ids:
+            # Rows past the sampled tokens: a stream without vllm.sampled records for them (a
+            # runner whose sampled tokens this plugin does not see, e.g. async scheduling,
+            # docs/VLLM.md 5). The rows' input ids are the tokens; the last of them had a forward.
+            while len(tokens) in input_ids:
+                tokens.append(input_ids[len(tokens)])
+            last = len(tokens) - 1
+        for p, tok in input_ids.items():
+            if tok >= 0 and p <= last + 1 and p < len(tokens) and tokens[p] != tok:
+                raise ValueError(f"request {internal!r}: position {p} was computed with token {tok}, "
+                                 f"the request's token there is {tokens[p]}")
+        # A position is kept where every module has it (a record dropped under backpressure
+        # "drop" leaves it out of that step's modules: then it counts as missing).
+        per_module = self.per_module
+        kept = sorted(p for p in input_ids if p <= last and all(p in d for d in per_module.values()))
+        out = RequestCapture()
+        for name, d in per_module.items():
+            out[name] = torch.stack([d[p] for p in kept]) if kept else torch.empty(0)
+        out.request_id = self.external
+        out.engine_request_id = internal
+        out.token_ids = torch.tensor(tokens, dtype=torch.int64)
+        out.prompt_len = len(self.prompt)
+        out.positions = torch.tensor(kept, dtype=torch.int64)
+        top = kept[-1] if kept else -1
+        have = set(kept)
+        out.missing = [p for p in range(top) if p not in have]
+        out.recomputed = sorted(p for p in self.recomputed if p <= last)
+        out.streams = list(self.paths)
+        out.finished = self.finished
+        # The worker counted the request's tokens when it learnt of the finish; with
+        # vllm.sampled records (not under async scheduling) the stream must hold exactly those.
+        if self.generated and self.finished_tokens >= 0 and self.finished_tokens != len(tokens):
+            raise ValueError(f"request {internal!r}: finished with {self.finished_tokens} tokens, the stream "
+                             f"holds {len(tokens)}")
+        return out
+
+
+def _read(path: str, wanted: Dict[str, _Assembly], want: Optional[Set[str]],
+          pop_finished: bool = False) -> Iterator[_Assembly]:
+    """One pass over one stream, feeding every request of ``wanted`` (internal id →
+    assembly); with ``pop_finished``, a request leaves ``wanted`` and is yielded at its
+    ``vllm.finished`` record (nothing of it follows in the stream), mid-pass."""
+    r = _open(path)
+    if r is None:
+        return
+    for a in wanted.values():
+        a.here = set()
+    with r:
+        cur_fwd: Optional[int] = None
+        active: List[_Assembly] = []  # the requests with rows in the current step
+        for t in r:
+            if t.name == ROWS:
+                cur_fwd = t.forward
+                for a in active:
+                    a.rows = None
+                active = []
+                for i, rid in enumerate(t.meta.get("requests", [])):
+                    hit = wanted.get(rid)
+                    if hit is not None:
+                        hit.step_rows(t, i)
+                        active.append(hit)
+            elif t.name == SAMPLED:
+                who = t.meta.get("requests", [])
+                if not any(rid in wanted for rid in who):
+                    continue
+                data = t.tensor()
+                for k, rid in enumerate(who):
+                    hit = wanted.get(rid)
+                    if hit is not None:
+                        hit.generated[int(data[k, 0])] = int(data[k, 1])
+            elif t.name == FINISHED:
+                who = t.meta.get("requests", [])
+                if not any(rid in wanted for rid in who):
+                    continue
+                data = t.tensor()
+                for k, rid in enumerate(who):
+                    hit = wanted.get(rid)
+                    if hit is None:
+                        continue
+                    hit.finished = str(t.meta["reasons"][k])
+                    hit.finished_tokens = int(data[k])
+                    if pop_finished:
+                        hit.rows = None
+                        if hit in active:
+                            active.remove(hit)
+                        yield wanted.pop(rid)
+            elif active and t.forward == cur_fwd and (want is None or t.name in want):
+                x = t.tensor()
+                for a in active:
+                    a.module(t.name, x)
+
+
+def _resolve(ids: Dict[str, Dict[str, List[str]]], request_id: str,
+             directory: PathArg) -> Tuple[str, str, List[str]]:
+    """(internal id, external id, streams) of ``request_id`` (either kind of id)."""
+    if request_id in ids:
+        cands = ids[request_id]
+        if len(cands) > 1:
+            raise ValueError(f"request id {request_id!r} names {len(cands)} engine requests in "
+                             f"{os.fspath(directory)}: {sorted(cands)}; pass one of them")
+        internal, paths = next(iter(cands.items()))
+        return internal, request_id, paths
+    for ext, cands in ids.items():
+        if request_id in cands:
+            return request_id, ext, cands[request_id]
+    raise KeyError(f"no request {request_id!r} in {os.fspath(directory)}")
+
+
 def load_request(directory: PathArg, request_id: str, modules: Optional[Sequence[str]] = None) -> RequestCapture:
     """One request's captured modules, rows in position order, and its token ids.
+
+    Reads every stream holding rows of the request once; to read many requests, iterate
+    :func:`iter_requests`, which reads each stream once for all of them.
 
     Args:
         directory: ``STRAP_VLLM_OUTPUT`` of the engine(s), or a capture-set manifest
@@ -167,124 +335,51 @@ def load_request(directory: PathArg, request_id: str, modules: Optional[Sequence
         ValueError: the id names requests of more than one engine run (pass the internal id
             from the message), or the stream's rows disagree with its tokens.
     """
-    import torch
-
-    ids = _scan_ids(directory)
-    internal: Optional[str] = None
-    external = request_id
-    paths: List[str] = []
-    if request_id in ids:
-        cands = ids[request_id]
-        if len(cands) > 1:
-            raise ValueError(f"request id {request_id!r} names {len(cands)} engine requests in "
-                             f"{os.fspath(directory)}: {sorted(cands)}; pass one of them")
-        internal, paths = next(iter(cands.items()))
-    else:
-        for ext, cands in ids.items():
-            if request_id in cands:
-                internal, paths, external = request_id, cands[request_id], ext
-                break
-    if internal is None:
-        raise KeyError(f"no request {request_id!r} in {os.fspath(directory)}")
-    want: Optional[Set[str]] = set(modules) if modules is not None else None
-
-    prompt: Optional[List[int]] = None
-    generated: Dict[int, int] = {}
-    input_ids: Dict[int, int] = {}
-    per_module: Dict[str, Dict[int, "torch.Tensor"]] = {}
-    recomputed: Set[int] = set()
-    finished: Optional[str] = None
-    finished_tokens = -1
+    internal, external, paths = _resolve(_scan_ids(directory), request_id, directory)
+    a = _Assembly(internal, external, paths)
+    want = set(modules) if modules is not None else None
     for path in paths:
-        r = _open(path)
-        if r is None:
-            continue
-        # Positions this stream computed: one computed twice in one stream was recomputed
-        # (preemption); the same positions in two streams are two pipeline stages' layers.
-        here: Set[int] = set()
-        with r:
-            cur_fwd: Optional[int] = None
-            cur_rows: Optional[Tuple[int, int, List[int]]] = None  # (start, count, positions)
-            for t in r:
-                if t.name == ROWS:
-                    cur_fwd, cur_rows = t.forward, None
-                    reqs = t.meta.get("requests", [])
-                    if internal not in reqs:
-                        continue
-                    i = reqs.index(internal)
-                    counts = t.meta["counts"]
-                    start, count = sum(counts[:i]), counts[i]
-                    block = t.tensor()[start:start + count]
-                    pos = block[:, 0].tolist()
-                    for p, tok in zip(pos, block[:, 1].tolist()):
-                        if p in here:
-                            recomputed.add(p)
-                        here.add(p)
-                        if tok >= 0 or p not in input_ids:  # -1: the model was given no token ids
-                            input_ids[p] = tok
-                    new = (t.meta.get("new") or {}).get(internal)
-                    if new is not None and prompt is None:
-                        prompt = list(new["prompt"])
-                    cur_rows = (start, count, pos)
-                elif t.name == SAMPLED:
-                    who = t.meta.get("requests", [])
-                    if internal not in who:
-                        continue
-                    data = t.tensor()
-                    for k, rid in enumerate(who):
-                        if rid == internal:
-                            generated[int(data[k, 0])] = int(data[k, 1])
-                elif t.name == FINISHED:
-                    who = t.meta.get("requests", [])
-                    if internal in who:
-                        k = who.index(internal)
-                        finished = str(t.meta["reasons"][k])
-                        finished_tokens = int(t.tensor()[k])
-                elif cur_rows is not None and t.forward == cur_fwd and (want is None or t.name in want):
-                    start, count, pos = cur_rows
-                    x = t.tensor()[start:start + count]
-                    d = per_module.setdefault(t.name, {})
-                    for k, p in enumerate(pos):
-                        d[p] = x[k]
-    if prompt is None:
-        raise ValueError(f"request {internal!r}: its first rows (with the prompt) are not in the streams")
-    tokens = list(prompt)
-    for p in sorted(generated):
-        if p != len(tokens):
-            raise ValueError(f"request {internal!r}: generated token at position {p}, expected {len(tokens)}")
-        tokens.append(generated[p])
-    last = len(tokens) - 2  # the last token never had a forward pass
-    if len(tokens) in input_ids:
-        # Rows past the sampled tokens: a stream without vllm.sampled records for them (a
-        # runner whose sampled tokens this plugin does not see, e.g. async scheduling,
-        # docs/VLLM.md 5). The rows' input ids are the tokens; the last of them had a forward.
-        while len(tokens) in input_ids:
-            tokens.append(input_ids[len(tokens)])
-        last = len(tokens) - 1
-    for p, tok in input_ids.items():
-        if tok >= 0 and p <= last + 1 and p < len(tokens) and tokens[p] != tok:
-            raise ValueError(f"request {internal!r}: position {p} was computed with token {tok}, "
-                             f"the request's token there is {tokens[p]}")
-    # A position is kept where every module has it (a record dropped under backpressure
-    # "drop" leaves it out of that step's modules: then it counts as missing).
-    kept = sorted(p for p in input_ids if p <= last and all(p in d for d in per_module.values()))
-    out = RequestCapture()
-    for name, d in per_module.items():
-        out[name] = torch.stack([d[p] for p in kept]) if kept else torch.empty(0)
-    out.request_id = external
-    out.engine_request_id = internal
-    out.token_ids = torch.tensor(tokens, dtype=torch.int64)
-    out.prompt_len = len(prompt)
-    out.positions = torch.tensor(kept, dtype=torch.int64)
-    top = kept[-1] if kept else -1
-    have = set(kept)
-    out.missing = [p for p in range(top) if p not in have]
-    out.recomputed = sorted(p for p in recomputed if p <= last)
-    out.streams = list(paths)
-    out.finished = finished
-    # The worker counted the request's tokens when it learnt of the finish; with vllm.sampled
-    # records (not under async scheduling) the stream must hold exactly those.
-    if generated and finished_tokens >= 0 and finished_tokens != len(tokens):
-        raise ValueError(f"request {internal!r}: finished with {finished_tokens} tokens, the stream holds "
-                         f"{len(tokens)}")
-    return out
+        for _ in _read(path, {internal: a}, want):
+            pass
+    return a.build()
+
+
+def iter_requests(directory: PathArg, modules: Optional[Sequence[str]] = None) -> Iterator[RequestCapture]:
+    """Every captured request of a directory, as :func:`load_request` gives each, reading
+    each stream once (``load_request`` per request reads the streams once per request).
+
+    Requests whose rows are in one stream (an engine of one worker, or tensor parallelism,
+    where rank 0 stores) are yielded as their ``vllm.finished`` record is read, the rest at
+    the end of their stream, so memory holds the requests in flight. Requests spread over
+    several streams (pipeline stages, each storing its layers) are yielded once all their
+    streams are read: memory then holds all of them; pass ``modules`` to bound it.
+
+    Args:
+        directory: ``STRAP_VLLM_OUTPUT`` of the engine(s), or a capture-set manifest.
+        modules: module names to load (default: every captured one).
+
+    Yields:
+        a :class:`RequestCapture` per request, ``request_id`` as ``RequestOutput`` carries it.
+
+    Raises:
+        ValueError: as :func:`load_request`, for the request concerned.
+
+    Example:
+        >>> for req in iter_requests("/data/caps", modules=["model.layers.4"]):
+        ...     save(req.request_id, req["model.layers.4"])  # doctest: +SKIP
+    """
+    want = set(modules) if modules is not None else None
+    groups: Dict[Tuple[str, ...], Dict[str, _Assembly]] = {}
+    for external, cands in _scan_ids(directory).items():
+        for internal, paths in cands.items():
+            groups.setdefault(tuple(paths), {})[internal] = _Assembly(internal, external, list(paths))
+    for group, wanted in groups.items():
+        if len(group) == 1:
+            for a in _read(group[0], wanted, want, pop_finished=True):
+                yield a.build()
+        else:
+            for path in group:
+                for _ in _read(path, wanted, want):
+                    pass
+        for a in wanted.values():  # not finished in the stream (still running, or killed)
+            yield a.build()
