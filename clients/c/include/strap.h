@@ -218,11 +218,16 @@ typedef struct strap_session_params {
 	/* Identifies the capture config and model; stored in the stream header's metadata and
 	 * in each checkpoint, and compared on resume. NULL = "". */
 	const char *fingerprint;
-	/* Resume from the checkpoint file: the stream is cut back to it by strapd and the
-	 * session continues after its last sequence number (strap_session_resume_point says
-	 * from which token). Without a checkpoint file the capture starts from token 0. A
-	 * capture that finished (its stream ends with END "complete") is never resumed: the
-	 * open fails with STRAP_E_CHECKPOINT and the stream is left as it is. */
+	/* Resume (docs/CHECKPOINTS.md 4, as the Python client does): the checkpoint file, when
+	 * there is one, is the floor (its prefix must end as it says); past it — from the first
+	 * packet without one — the stream's intact run of packets (each whole, its CRC32C right,
+	 * TOKENs numbered on) is kept up to its last TOKEN packet. strapd cuts the stream there and
+	 * the session continues after its last sequence number; strap_session_resume_point says
+	 * from which token and forward pass. An empty stream, or one with no token intact, starts
+	 * over from token 0; a stream of another fingerprint, or not a strap stream, is refused
+	 * (STRAP_E_CHECKPOINT, nothing changed). A capture that finished (END "complete") is never
+	 * resumed: STRAP_E_CHECKPOINT, the stream left as it is (with resume_max_tokens >= 0 the
+	 * job decides: strap_resume_probe reports it). */
 	int resume;
 	/* Start over although a checkpoint file exists (it is deleted). Without this, and
 	 * without resume, an existing checkpoint file is an error (STRAP_E_CHECKPOINT). */
@@ -254,6 +259,12 @@ typedef struct strap_session_params {
 	 * (`serve --upload-free-local` for this session). Needs an upload, the session's or
 	 * strapd's own, else the open fails with STRAP_E_DAEMON "bad_message". Default 0. */
 	int upload_free_local;
+
+	/* The job-wide resume point (docs/DISTRIBUTED.md D3): with resume, keep at most this many
+	 * tokens — the fewest any rank of the job can keep (strap_resume_probe on every rank, then
+	 * the minimum through the job's own channel: MPI_Allreduce, a store...). A point before the
+	 * checkpoint rewrites the checkpoint to it first. -1 (default): this process's own point. */
+	int64_t resume_max_tokens;
 } strap_session_params;
 
 /* The defaults above. Thread-safe. */
@@ -266,6 +277,8 @@ typedef struct strap_resume_point {
 	uint64_t forward_count; /* forward passes already captured: the next one's number */
 	uint64_t last_seq;      /* the last sequence number in the kept prefix */
 	uint64_t stream_offset; /* bytes of stream kept */
+	int from_stream;        /* 1: the point lies past the checkpoint (or there is none) */
+	int complete;           /* strap_resume_probe: the stream is a finished capture's */
 } strap_resume_point;
 
 /* Connect (starting strapd when allowed), shake hands, create the ring, open the output
@@ -273,6 +286,16 @@ typedef struct strap_resume_point {
  * session; on failure *out is NULL and `err` (may be NULL) says why.
  * Thread-safe (each call makes its own session). */
 STRAP_API int strap_session_open(const strap_session_params *params, strap_session **out, strap_error *err);
+
+/* Where params.resume would go on (params.output_path, .checkpoint_path, .fingerprint,
+ * .resume_max_tokens; one rank's own paths in a distributed job), changing nothing: no
+ * connection, no cut; the stream lock is taken while it reads (a capture still ending is waited
+ * for, a live one is STRAP_E_IN_USE). *out all zero: a new capture (no stream, an empty one, no token
+ * intact). out->complete: the stream is a finished capture's (strap_session_open refuses it
+ * unless resume_max_tokens >= 0). A job calls it on every rank, takes the smallest token_count
+ * and opens every rank with resume_max_tokens set to it; when every rank is complete there is
+ * nothing to resume. Errors as strap_session_open's resume. Thread-safe. */
+STRAP_API int strap_resume_probe(const strap_session_params *params, strap_resume_point *out, strap_error *err);
 
 /* Where the session started (resume). Thread-safe. */
 STRAP_API strap_resume_point strap_session_resume_point(const strap_session *s);

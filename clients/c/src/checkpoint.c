@@ -47,6 +47,24 @@ int ss_fsync_dir(const char *path)
 	return r;
 }
 
+static int write_checkpoint(strap_session *s, const sp_reply *c);
+
+int ss_write_checkpoint(strap_session *s, uint64_t offset, uint64_t packets, uint64_t drops, uint64_t last_seq,
+			uint64_t last_offset, uint64_t last_crc, uint64_t tokens)
+{
+	sp_reply r;
+	memset(&r, 0, sizeof r);
+	r.type = SP_CHECKPOINTED;
+	r.u.checkpointed.offset = offset;
+	r.u.checkpointed.packets = packets;
+	r.u.checkpointed.drops = drops;
+	r.u.checkpointed.seq = last_seq;
+	r.u.checkpointed.last_offset = last_offset;
+	r.u.checkpointed.last_crc = last_crc;
+	r.u.checkpointed.tokens = tokens;
+	return write_checkpoint(s, &r);
+}
+
 static int write_checkpoint(strap_session *s, const sp_reply *c)
 {
 	char created[64];
@@ -232,8 +250,7 @@ int sc_parse_checkpoint(const char *buf, size_t n, sc_checkpoint *c, char *why, 
 }
 
 /* Read and check the checkpoint file (sc_parse_checkpoint) and that it is this capture's. */
-int ss_load_checkpoint(strap_session *s, uint64_t *offset, uint64_t *packets, uint64_t *last_seq, uint64_t *last_crc,
-		       uint64_t *tokens, uint64_t *forwards)
+int ss_load_checkpoint(strap_session *s, sc_checkpoint *out)
 {
 	int fd = open(s->ckpt_path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -252,12 +269,7 @@ int ss_load_checkpoint(strap_session *s, uint64_t *offset, uint64_t *packets, ui
 	if (strcmp(c.fingerprint, s->fingerprint) != 0)
 		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s: fingerprint is not this capture's (\"%s\")",
 			       s->ckpt_path, s->fingerprint);
-	*offset = c.stream_offset;
-	*packets = c.packets;
-	*last_seq = c.last_seq;
-	*last_crc = c.last_packet_crc;
-	*tokens = c.token_count;
-	*forwards = c.forward_count;
+	*out = c;
 	return STRAP_OK;
 }
 
@@ -285,8 +297,10 @@ static bool pread_all(int fd, void *buf, size_t n, uint64_t off)
 	return true;
 }
 
-int ss_refuse_complete(strap_session *s, uint64_t from)
+int ss_refuse_complete(strap_session *s, uint64_t from, bool *complete)
 {
+	if (complete)
+		*complete = false;
 	struct stat st;
 	if (fstat(s->out_fd, &st) != 0)
 		return ss_fail(s, STRAP_E_SYSTEM, "stat %s: %s", s->output_path, strerror(errno));
@@ -317,6 +331,10 @@ int ss_refuse_complete(strap_session *s, uint64_t from)
 			    !sj_get((sj_val){s->sbuf, meta_len}, "status", &v) ||
 			    !sj_str(v, status, sizeof status, NULL) || strcmp(status, "complete") != 0)
 				return STRAP_OK;
+			if (complete) {
+				*complete = true;
+				return STRAP_OK;
+			}
 			return ss_fail(
 				s, STRAP_E_CHECKPOINT,
 				"%s is a complete capture (its stream ends with END, status complete, at offset %llu): "

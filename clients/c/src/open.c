@@ -27,6 +27,7 @@ strap_session_params strap_default_session_params(void)
 	p.codec_level = -1;
 	p.policy = STRAP_POLICY_BLOCK;
 	p.stall_timeout_s = 120.0;
+	p.resume_max_tokens = -1;
 	return p;
 }
 
@@ -187,6 +188,78 @@ static bool upload_url_ok(const char *url, char *why, size_t len)
 	return true;
 }
 
+/* The stream (and checkpoint) paths, one rank's own in a distributed job as the Python client
+ * names them, and the output opened with flags: s->out_fd, s->output_path, s->ckpt_path. */
+static int resolve_output(strap_session *s, const strap_session_params *p, int flags)
+{
+	char why[256];
+	if (sp_rank_detect(&s->rank, why, sizeof why) != 0)
+		return ss_fail(s, STRAP_E_INVALID, "%s", why);
+	bool ranked = s->rank.world_size && s->rank.per_rank_paths;
+	char *out = ranked ? sp_rank_path(p->output_path, &s->rank) : dupstr(p->output_path, NULL);
+	char *ck = !(p->checkpoint_path && *p->checkpoint_path) ? NULL
+		   : ranked                                     ? sp_rank_path(p->checkpoint_path, &s->rank)
+								: dupstr(p->checkpoint_path, NULL);
+	if (!out || (p->checkpoint_path && *p->checkpoint_path && !ck)) {
+		free(out);
+		free(ck);
+		return ss_fail(s, STRAP_E_NOMEM, "out of memory");
+	}
+	s->out_fd = open(out, flags | O_CLOEXEC, 0640);
+	char abs[PATH_MAX];
+	int open_errno = errno;
+	bool missing = s->out_fd < 0 && open_errno == ENOENT && !(flags & O_CREAT);
+	if (missing) { /* a probe of a capture never started: the path as it would be */
+		char dir[PATH_MAX];
+		snprintf(dir, sizeof dir, "%s", out);
+		char *slash = strrchr(dir, '/');
+		const char *base = slash ? slash + 1 : dir;
+		if (slash)
+			*slash = 0;
+		if (!realpath(slash ? (*dir ? dir : "/") : ".", abs) || strlen(abs) + strlen(base) + 2 > sizeof abs)
+			snprintf(abs, sizeof abs, "%s", out);
+		else
+			snprintf(abs + strlen(abs), sizeof abs - strlen(abs), "%s%s", strcmp(abs, "/") ? "/" : "",
+				 base);
+	} else if (s->out_fd < 0 || !realpath(out, abs)) {
+		int e = ss_fail(s, STRAP_E_SYSTEM, "%s %s: %s", s->out_fd < 0 ? "open" : "realpath", out,
+				strerror(s->out_fd < 0 ? open_errno : errno));
+		free(out);
+		free(ck);
+		return e;
+	}
+	free(out);
+	s->output_path = dupstr(abs, NULL);
+	s->ckpt_path = ck ? ck : dupstr(abs, ".ckpt.json");
+	if (!s->fingerprint || !s->output_path || !s->ckpt_path)
+		return ss_fail(s, STRAP_E_NOMEM, "out of memory");
+	return STRAP_OK;
+}
+
+/* Where params.resume goes on (docs/CHECKPOINTS.md 4), changing nothing: the checkpoint (when
+ * there is one, kept in s->resume_ck), then the stream's intact prefix; params.resume_max_tokens
+ * the job's limit. *keep false: a new capture. A capture that finished is refused (without a
+ * limit), or, with complete not NULL, reported there. */
+static int find_resume_point(strap_session *s, const strap_session_params *p, bool have_ckpt, rs_point *pt, bool *keep,
+			     bool *complete)
+{
+	int e;
+	if (have_ckpt && (e = ss_load_checkpoint(s, &s->resume_ck)))
+		return e;
+	/* A finished capture is never resumed: with a checkpoint beside it (libstrap deletes its own
+	 * at every clean close) from the checkpoint on, else from the point found. A job (a limit)
+	 * resumes every rank from the job's point: the caller decides with strap_resume_probe. */
+	bool job = p->resume_max_tokens >= 0;
+	bool *done = complete ? complete : job ? &(bool){false} : NULL;
+	if (have_ckpt && (e = ss_refuse_complete(s, s->resume_ck.stream_offset, done)))
+		return e;
+	if ((e = ss_resume_point(s, have_ckpt ? &s->resume_ck : NULL, p->resume_max_tokens, pt, keep)))
+		return e;
+	if (!have_ckpt && (e = ss_refuse_complete(s, *keep ? pt->offset : 0, done)))
+		return e;
+	return STRAP_OK;
+}
+
 static int open_session(strap_session *s, const strap_session_params *p)
 {
 	if (!p->output_path || !*p->output_path)
@@ -214,43 +287,12 @@ static int open_session(strap_session *s, const strap_session_params *p)
 	snprintf(client, sizeof client, "%s",
 		 p->client_name && *p->client_name ? p->client_name : "libstrap/" STRAP_VERSION_STRING);
 
-	/* one rank of several: its own stream (and explicit checkpoint), as the Python client does */
-	char why[256];
-	if (sp_rank_detect(&s->rank, why, sizeof why) != 0)
-		return ss_fail(s, STRAP_E_INVALID, "%s", why);
-	bool ranked = s->rank.world_size && s->rank.per_rank_paths;
-	char *out = ranked ? sp_rank_path(p->output_path, &s->rank) : dupstr(p->output_path, NULL);
-	char *ck = !(p->checkpoint_path && *p->checkpoint_path) ? NULL
-		   : ranked                                     ? sp_rank_path(p->checkpoint_path, &s->rank)
-								: dupstr(p->checkpoint_path, NULL);
-	if (!out || (p->checkpoint_path && *p->checkpoint_path && !ck)) {
-		free(out);
-		free(ck);
-		return ss_fail(s, STRAP_E_NOMEM, "out of memory");
-	}
-
-	/* the output: opened, locked and (unless resumed) cut here; strapd only gets the fd */
-	s->out_fd = open(out, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
-	char abs[PATH_MAX];
-	int open_errno = errno;
-	if (s->out_fd < 0 || !realpath(out, abs)) {
-		int e = ss_fail(s, STRAP_E_SYSTEM, "%s %s: %s", s->out_fd < 0 ? "open" : "realpath", out,
-				strerror(s->out_fd < 0 ? open_errno : errno));
-		free(out);
-		free(ck);
-		return e;
-	}
-	free(out);
-	s->output_path = dupstr(abs, NULL);
-	s->ckpt_path = ck ? ck : dupstr(abs, ".ckpt.json");
-	if (!s->fingerprint || !s->output_path || !s->ckpt_path)
-		return ss_fail(s, STRAP_E_NOMEM, "out of memory");
-	int e = sl_lock(s, p->resume ? LOCK_WAIT_S : LOCK_WAIT_NEW_S);
-	if (e)
+	int e = resolve_output(s, p, O_RDWR | O_CREAT);
+	if (e || (e = sl_lock(s, p->resume ? LOCK_WAIT_S : LOCK_WAIT_NEW_S)))
 		return e;
 
 	bool have_ckpt = access(s->ckpt_path, F_OK) == 0;
-	uint64_t off = 0, packets = 0, last_seq = 0, last_crc = 0, tokens = 0, forwards = 0;
+	rs_point pt = {0};
 	bool resuming = false;
 	if (have_ckpt && !p->resume && !p->overwrite_checkpoint)
 		return ss_fail(
@@ -258,21 +300,20 @@ static int open_session(strap_session *s, const strap_session_params *p)
 			"a checkpoint of an earlier capture exists at %s: resume it (params.resume) or start over "
 			"(params.overwrite_checkpoint)",
 			s->ckpt_path);
-	if (have_ckpt && p->resume) {
-		if ((e = ss_load_checkpoint(s, &off, &packets, &last_seq, &last_crc, &tokens, &forwards)))
+	if (p->resume) {
+		if ((e = find_resume_point(s, p, have_ckpt, &pt, &resuming, NULL)))
 			return e;
-		struct stat st;
-		if (fstat(s->out_fd, &st) != 0 || (uint64_t)st.st_size < off)
-			return ss_fail(s, STRAP_E_CHECKPOINT,
-				       "stream %s holds %lld bytes, less than the checkpoint's %llu", s->output_path,
-				       (long long)st.st_size, (unsigned long long)off);
-		if ((e = ss_refuse_complete(s, off)))
-			return e;
-		resuming = true;
-	} else {
-		/* without a checkpoint a resume starts from token 0, but never over a finished capture */
-		if (p->resume && (e = ss_refuse_complete(s, 0)))
-			return e;
+		/* a cut before the checkpoint (a job's common point) rewrites the checkpoint first: a
+		 * process killed after the cut must not find one that describes bytes no longer there */
+		sc_checkpoint *ck = &s->resume_ck;
+		if (resuming && have_ckpt && pt.offset < ck->stream_offset) {
+			s->next_forward = pt.forwards;
+			if ((e = ss_write_checkpoint(s, pt.offset, pt.packets, pt.drops, pt.last_seq, pt.last_offset,
+						     pt.last_crc, pt.tokens)))
+				return e;
+		}
+	}
+	if (!resuming) {
 		if (have_ckpt && unlink(s->ckpt_path) != 0)
 			return ss_fail(s, STRAP_E_SYSTEM, "remove checkpoint %s: %s", s->ckpt_path, strerror(errno));
 		if (ftruncate(s->out_fd, 0) != 0)
@@ -285,7 +326,13 @@ static int open_session(strap_session *s, const strap_session_params *p)
 
 	strap_resume_point rp = {0};
 	if (resuming)
-		rp = (strap_resume_point){1, tokens, forwards, last_seq, off};
+		rp = (strap_resume_point){.resumed = 1,
+					  .token_count = pt.tokens,
+					  .forward_count = pt.forwards,
+					  .last_seq = pt.last_seq,
+					  .stream_offset = pt.offset,
+					  .from_stream = pt.from_stream};
+	uint64_t packets = pt.packets, last_crc = pt.last_crc;
 	uint64_t size = p->ring_size ? p->ring_size : DEFAULT_RING;
 	for (int attempt = 0;; attempt++) {
 		s->has_fits_ring_size = false;
@@ -481,6 +528,57 @@ int strap_session_open(const strap_session_params *params, strap_session **out, 
 	}
 	*out = s;
 	return STRAP_OK;
+}
+
+/* ----- resume probe ----- */
+
+int strap_resume_probe(const strap_session_params *params, strap_resume_point *out, strap_error *err)
+{
+	if (err)
+		memset(err, 0, sizeof *err);
+	if (!params || !out || !params->output_path || !*params->output_path) {
+		se_set(err, STRAP_E_INVALID, "params, params.output_path and out are required");
+		return STRAP_E_INVALID;
+	}
+	memset(out, 0, sizeof *out);
+	strap_session *s = calloc(1, sizeof *s);
+	if (!s) {
+		se_set(err, STRAP_E_NOMEM, "out of memory");
+		return STRAP_E_NOMEM;
+	}
+	pthread_mutex_init(&s->mu, NULL);
+	s->sock = s->ring_fd = s->out_fd = s->trace_fd = s->res_fd = -1;
+	s->sbuf = malloc(SP_MAX_MESSAGE + 1);
+	s->fingerprint = dupstr(params->fingerprint ? params->fingerprint : "", NULL);
+	int e = !s->sbuf || !s->fingerprint ? ss_fail(s, STRAP_E_NOMEM, "out of memory")
+					    : resolve_output(s, params, O_RDONLY);
+	bool have_ckpt = !e && access(s->ckpt_path, F_OK) == 0;
+	if (!e && s->out_fd < 0 && have_ckpt)
+		e = ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s exists, but its stream %s does not", s->ckpt_path,
+			    s->output_path);
+	/* a capture still ending (its process gone, strapd writing its END) is waited for, as the
+	 * open waits; a live one is STRAP_E_IN_USE */
+	if (!e && s->out_fd >= 0)
+		e = sl_lock(s, LOCK_WAIT_S);
+	if (!e && s->out_fd >= 0) {
+		rs_point pt;
+		bool keep = false, complete = false;
+		e = find_resume_point(s, params, have_ckpt, &pt, &keep, &complete);
+		if (!e && keep)
+			*out = (strap_resume_point){.resumed = 1,
+						    .token_count = pt.tokens,
+						    .forward_count = pt.forwards,
+						    .last_seq = pt.last_seq,
+						    .stream_offset = pt.offset,
+						    .from_stream = pt.from_stream};
+		out->complete = complete;
+	}
+	if (e && err) {
+		*err = s->err;
+		err->fatal = 1;
+	}
+	strap_session_free(s);
+	return e;
 }
 
 /* ----- status ----- */
