@@ -33,6 +33,7 @@ const (
 
 // batch collects consecutive small records of one window.
 type batch struct {
+	bt    *item // the element it becomes (newBatch), from its first record on
 	items []*item
 	bytes int   // payload bytes
 	grant int64 // compression buffers its items will hold
@@ -64,6 +65,10 @@ func (s *Session) route(b *batch, it *item) error {
 			return err
 		}
 	}
+	if b.bt == nil {
+		b.bt = newBatch()
+		b.items = b.bt.batch[:0]
+	}
 	b.items = append(b.items, it)
 	b.bytes += len(it.rec.Payload)
 	b.grant += g
@@ -85,7 +90,8 @@ func (s *Session) flush(b *batch) error {
 	if len(b.items) == 0 {
 		return nil
 	}
-	bt := &item{kind: kindBatch, batch: b.items, done: make(chan struct{})}
+	bt := b.bt
+	bt.kind, bt.batch, bt.done = kindBatch, b.items, make(chan struct{})
 	*b = batch{}
 	if s.codec == nil {
 		// Written straight from the ring; the writer frees the spans afterwards.

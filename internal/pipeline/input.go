@@ -92,8 +92,8 @@ func (s *Session) takeNext(end uint64) (it *item, next uint64, err error) {
 		if s.o.Observer != nil {
 			s.o.Observer.ObserveToken(s.o.ID, time.Now())
 		}
-		it := notice(kindToken, t.Seq)
-		it.tok = t
+		it := newMember()
+		*it = item{kind: kindToken, seq: t.Seq, tok: t, done: closedDone}
 		return it, next, nil
 	}
 	var meta []byte
@@ -106,7 +106,8 @@ func (s *Session) takeNext(end uint64) (it *item, next uint64, err error) {
 	}
 	in.nextSeq++
 	s.bytesIn.Add(uint64(len(rec.Payload)))
-	it = &item{kind: kindTensor, seq: rec.Seq, rec: rec, meta: meta}
+	it = newMember()
+	*it = item{kind: kindTensor, seq: rec.Seq, rec: rec, meta: meta}
 	it.span = s.tail.addTo(&it.spanv, next)
 	return it, next, nil
 }

@@ -106,11 +106,71 @@ type item struct {
 	err       error
 }
 
+// closedDone is the done channel of every notice: closed once, shared (nothing closes a
+// notice's channel again; route gives only tensor records a channel of their own).
+var closedDone = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
 // notice is an item that needs no compression: it is ready as soon as it is queued.
 func notice(kind itemKind, seq uint64) *item {
-	it := &item{kind: kind, seq: seq, done: make(chan struct{})}
-	close(it.done)
+	it := &item{kind: kind, seq: seq, done: closedDone}
 	return it
+}
+
+// Items of batched records are recycled. A decoding step's 24 records of 2 KiB cost an
+// item each (≈ 1 KiB, two thirds of strapd's allocation per record), which ran the garbage
+// collector about once per 128-token capture, and its mark workers and stop-the-world
+// woke every thread (issue 38). memberPool holds a batch's records' items (and ring TOKEN
+// records'), batchPool the batch elements, each with its record slice kept for the next.
+var memberPool, batchPool sync.Pool
+
+// newMember returns a zeroed item for a taken record.
+func newMember() *item {
+	if it, ok := memberPool.Get().(*item); ok {
+		return it
+	}
+	return new(item)
+}
+
+// newBatch returns a zeroed batch element whose batch slice is empty, with the capacity of
+// a recycled one.
+func newBatch() *item {
+	if bt, ok := batchPool.Get().(*item); ok {
+		return bt
+	}
+	return new(item)
+}
+
+// recycleBatch gives a written batch element and its records' items back, unless a record's
+// ring span may still be in the tail tracker (its tail is not yet past the batch's last
+// span: the tracker holds pointers into the items until then), in which case the collector
+// takes them as before. Only the writer calls it, after writeOne has written the batch:
+// nothing else refers to the items then (their compression finished before done closed,
+// and the batch slice is the only list that holds them).
+func (s *Session) recycleBatch(bt *item) {
+	var end uint64
+	for _, it := range bt.batch {
+		if it.span != nil {
+			end = max(end, it.spanv.end)
+		}
+	}
+	// pos is stored after the spans up to it were dropped: it can lag, never lead.
+	if s.tail.pos.Load() < end {
+		return
+	}
+	for _, it := range bt.batch {
+		if it.done == closedDone || it.done == nil {
+			*it = item{}
+			memberPool.Put(it)
+		}
+	}
+	keep := bt.batch[:0]
+	clear(bt.batch[:cap(bt.batch)])
+	*bt = item{batch: keep}
+	batchPool.Put(bt)
 }
 
 func (it *item) setErr(err error) {

@@ -65,6 +65,7 @@ func (s *Session) writeOne(it *item) {
 	if s.codec == nil {
 		s.tail.freeAll(it.batch)
 	}
+	s.recycleBatch(it)
 }
 
 // writeItem writes one ready item unless the writer stopped, and returns its buffers and
