@@ -42,6 +42,9 @@ type conn struct {
 	// published is set at the session's first PUBLISH (the end of its client's model
 	// load, for the probes); only the connection's reader touches it.
 	published bool
+	// holdMax is how many freed ring bytes may wait for the end of a message before a
+	// RELEASE goes out (outbox.hold): an eighth of the session's ring, set at OPEN.
+	holdMax uint64
 }
 
 // wake interrupts the connection's blocking read (shutdown, or a session failure).
@@ -406,7 +409,9 @@ func (c *conn) handle(m control.Message, fds []int) bool {
 		c.fatal(control.Errorf(control.CodeBadMessage, "%s before OPEN", m.Type))
 		return true
 	default:
+		c.out.hold(c.holdMax)
 		done, err := h(c, m, sess)
+		c.out.unhold()
 		if err != nil {
 			if errors.Is(err, control.ErrBadMessage) {
 				sess.Fail(endCause{control.Errorf(control.CodeBadMessage, "%w", err)})

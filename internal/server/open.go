@@ -191,6 +191,7 @@ func (c *conn) open(m control.Message, fds []int) (err error) {
 	}
 	fds = nil
 	str := func(k string) string { s, _ := req.Metadata[k].(string); return s }
+	c.holdMax = req.RingSize / 8
 	c.mu.Lock()
 	c.sess = sess
 	c.res = res

@@ -36,6 +36,13 @@ type outbox struct {
 	muted    bool // the queue overflowed: replies are dropped, a fatal ERROR is not
 	sending  bool // a message is being written
 	stopped  bool
+	// held defers RELEASE while the connection handles a message (hold, unhold): the tails
+	// its batches free go out as one RELEASE when it is done, unless holdMax bytes or more
+	// wait. Each RELEASE the client reads wakes strapd once more (the socket's writable
+	// edge in the Go poller): a decoding PUBLISH freed its window in two or three batches,
+	// so three RELEASEs and three such wake-ups (issue 38).
+	held    bool
+	holdMax uint64
 	wake     chan struct{}
 	done     chan struct{}
 	onDead   func(error)
@@ -93,6 +100,10 @@ func (o *outbox) release(tail uint64) {
 	if tail > o.tail {
 		o.tail = tail
 	}
+	if o.held && o.tail-o.tailSent < o.holdMax {
+		o.mu.Unlock() // unhold sends it
+		return
+	}
 	if o.tail > o.tailSent && o.rc != nil && len(o.q) == 0 && !o.sending && !o.dead && !o.stopped && !o.muted {
 		o.rbuf = appendRelease(o.rbuf[:0], o.tail)
 		err := trySend(o.rc, o.rbuf)
@@ -114,6 +125,25 @@ func (o *outbox) release(tail uint64) {
 	}
 	o.mu.Unlock()
 	o.signal()
+}
+
+// hold defers RELEASE until unhold while fewer than max bytes wait (0: no deferral).
+// Only the connection's goroutine calls hold and unhold, around one message.
+func (o *outbox) hold(max uint64) {
+	o.mu.Lock()
+	o.held, o.holdMax = max > 0, max
+	o.mu.Unlock()
+}
+
+// unhold ends hold and sends the newest tail, if one waits, as release would.
+func (o *outbox) unhold() {
+	o.mu.Lock()
+	held := o.held
+	o.held = false
+	o.mu.Unlock()
+	if held {
+		o.release(0)
+	}
 }
 
 // appendRelease appends a framed RELEASE {"tail":tail}, byte for byte what
@@ -205,6 +235,12 @@ func (o *outbox) flush(timeout time.Duration) {
 	})
 	defer t.Stop()
 	o.mu.Lock()
+	if o.held { // a handler that ends the connection: what it held goes now
+		o.held = false
+		o.mu.Unlock()
+		o.release(0)
+		o.mu.Lock()
+	}
 	for !o.dead && (o.sending || len(o.q) > 0 || o.tail > o.tailSent) {
 		o.cond.Wait()
 	}

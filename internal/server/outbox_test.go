@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"os"
 	"testing"
@@ -10,6 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/strap-llm/strap/internal/control"
+	"github.com/strap-llm/strap/internal/control/controltest"
+	"github.com/strap-llm/strap/internal/shm"
 )
 
 func seqpacketPair(t *testing.T) (daemon, client *control.Conn) {
@@ -126,5 +129,77 @@ func TestOutboxInlineReleaseFullSocket(t *testing.T) {
 			t.Fatalf("got %s %d after %d", typ, tail, got)
 		}
 		got = tail
+	}
+}
+
+// While held, released tails wait for unhold and leave as one RELEASE, the newest; past
+// holdMax bytes they go at once, as without hold.
+func TestOutboxHoldCoalesces(t *testing.T) {
+	d, c := seqpacketPair(t)
+	o := newOutbox(d, func(error) {})
+	defer o.stop()
+	o.hold(1 << 20)
+	for tail := uint64(64); tail <= 640; tail += 64 {
+		o.release(tail)
+	}
+	_ = c.Unix().SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if m, _, err := c.Recv(0); err == nil {
+		t.Fatalf("got %s while held", m.Type)
+	}
+	o.unhold()
+	if typ, tail := recvType(t, c); typ != control.TypeRelease || tail != 640 {
+		t.Fatalf("got %s %d, want RELEASE 640", typ, tail)
+	}
+	o.hold(1 << 20)
+	o.release(640 + 1<<20) // a whole holdMax waits: sent now
+	if typ, tail := recvType(t, c); typ != control.TypeRelease || tail != 640+1<<20 {
+		t.Fatalf("got %s %d, want RELEASE %d", typ, tail, 640+1<<20)
+	}
+	o.unhold() // nothing newer: nothing more
+	_ = c.Unix().SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if m, _, err := c.Recv(0); err == nil {
+		t.Fatalf("got %s after unhold with nothing waiting", m.Type)
+	}
+}
+
+// One PUBLISH of a decoding-sized window that the session writes in several batches gets
+// one RELEASE (issue 38: one per batch before, and each woke strapd again when the client
+// read it).
+func TestOneReleasePerPublish(t *testing.T) {
+	ts := startServer(t, Config{})
+	c := ts.dial(t)
+	st, _, err := controltest.OpenStream(c, shm.HeaderSize+32<<20, outFile(t), control.Open{Codec: "none", Policy: "block"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seq uint64
+	for i := range 600 { // 2 KiB each: five batches of batchBytes
+		tn := tensor(fmt.Sprintf("model.layers.%d.mlp", i%8), uint64(i+1), 512)
+		if seq, err = st.P.Put(&tn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	head := st.P.Head()
+	if err := c.Publish(head, seq); err != nil {
+		t.Fatal(err)
+	}
+	releases := 0
+	var tail uint64
+	for tail < head {
+		var typ control.Type
+		typ, tail = recvType(t, c.Conn())
+		if typ != control.TypeRelease {
+			t.Fatalf("got %s, want RELEASE", typ)
+		}
+		releases++
+	}
+	if releases != 1 {
+		t.Fatalf("%d RELEASE messages for one PUBLISH, want 1", releases)
+	}
+	if err := st.P.Release(tail); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Finish(); err != nil {
+		t.Fatal(err)
 	}
 }
