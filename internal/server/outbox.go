@@ -43,9 +43,9 @@ type outbox struct {
 	// so three RELEASEs and three such wake-ups (issue 38).
 	held    bool
 	holdMax uint64
-	wake     chan struct{}
-	done     chan struct{}
-	onDead   func(error)
+	wake    chan struct{}
+	done    chan struct{}
+	onDead  func(error)
 	// rc is the socket's raw access for the inline RELEASE (nil: always the goroutine).
 	rc   syscall.RawConn
 	rbuf []byte // the inline RELEASE's encoding, reused
