@@ -100,11 +100,19 @@ func (b *Budget) fits(n int64) bool {
 
 // Get lends an O_DIRECT stream a staging buffer: an idle one (whose bytes its stream's
 // lease already holds, so they leave the idle count) or a new one.
+//
+// Idle buffers go out in the order they came back, which is the order the ended stream
+// took them: the next stream stages into the one its predecessor filled first, whose
+// pages the kernel has already zeroed. A decode capture fills most of its first buffer
+// and takes a second only at its end, for the few bytes carried over when the last full
+// blocks are written; handed out last-in first, that barely touched buffer became the
+// next capture's main one, and the kernel zeroed ≈ 7 MiB of huge pages inside that
+// capture's writes (≈ 10 ms of strapd's CPU, issue 38).
 func (b *Budget) Get() stream.StagingBuf {
 	b.mu.Lock()
-	if n := len(b.idle); n > 0 {
-		buf := b.idle[n-1]
-		b.idle = b.idle[:n-1]
+	if len(b.idle) > 0 {
+		buf := b.idle[0]
+		b.idle = append(b.idle[:0], b.idle[1:]...)
 		b.used -= stream.StagingBufSize
 		b.mu.Unlock()
 		return buf

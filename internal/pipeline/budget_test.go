@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -143,4 +144,33 @@ func TestDirectStagingKept(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// TestStagingFirstTakenFirstLent: a stream gets back first the staging buffer its
+// predecessor took first (the one it filled), not the one it took last for the bytes it
+// carried over at its end.
+func TestStagingFirstTakenFirstLent(t *testing.T) {
+	b := NewBudget(1 << 30)
+	first, second := stream.NewStagingBuf(), stream.NewStagingBuf()
+	if !first.Mapped() || !second.Mapped() {
+		t.Skip("staging buffers are heap memory here: they are not kept")
+	}
+	b.Put(first) // a stream gives back its buffers in the order it took them
+	b.Put(second)
+	for i, want := range []stream.StagingBuf{first, second} {
+		got := b.Get()
+		if !sameBuf(got, want) {
+			t.Fatalf("Get %d lent the buffer returned %s", i, map[bool]string{true: "first", false: "second"}[sameBuf(got, first)])
+		}
+		stream.FreeStagingBuf(got)
+	}
+	if b.Used() != 0 {
+		t.Fatalf("%d bytes used with no buffer idle", b.Used())
+	}
+}
+
+// sameBuf reports whether two staging buffers are one mapping: StagingBuf keeps its
+// memory unexported, and its first word is that slice's data pointer.
+func sameBuf(a, b stream.StagingBuf) bool {
+	return *(*uintptr)(unsafe.Pointer(&a)) == *(*uintptr)(unsafe.Pointer(&b))
 }
