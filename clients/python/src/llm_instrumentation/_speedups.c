@@ -35,6 +35,10 @@
  *   _streamlock.py and _distributed.py. stream_lock lets the GIL go while it waits for a gone
  *   holder's lock, taking it back every 50 ms to run the signal handlers.
  *
+ * - the connection to strapd with its autostart (docs/PROTOCOL.md 1): libstrap's
+ *   clients/c/common/strap_connect.h, bound here for _daemon.py; connect_daemon lets the GIL go
+ *   while it waits for the autostart lock or a starting daemon, as stream_lock does.
+ *
  * Built against the limited API of CPython 3.10 (one .abi3.so for every later CPython).
  * Required: the client's ring code is this module (a source install needs a C compiler; the
  * wheels carry it compiled). The resource monitor's C paths are the other extension,
@@ -49,6 +53,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "strap_connect.h"
 #include "strap_rank.h"
 #include "strap_ring.h"
 #include "strap_streamlock.h"
@@ -914,6 +919,55 @@ rank_path(PyObject *self, PyObject *args)
     return out;
 }
 
+PyDoc_STRVAR(connect_daemon_doc,
+             "connect_daemon(path, autostart, binary, timeout, lock_timeout, autostart_hint, socket_hint,\n"
+             "               binary_hint)\n"
+             "--\n\n"
+             "Connect to strapd on path (resolved), starting it when nobody answers and autostart is set\n"
+             "(strap_connect.h's sk_connect: the autostart lock, the detached daemon, its exit status at\n"
+             "start-up). The GIL is released while it waits; a signal's exception stops the wait. binary:\n"
+             "the strapd to start, or None ($STRAPD_BIN, then PATH). lock_timeout < 0: 3 x timeout. The\n"
+             "hints finish the messages. Returns (fd, started_pid, log, message): fd -1 and message on\n"
+             "failure; started_pid the daemon this call started (0: none), log its log file.");
+
+static PyObject *
+connect_daemon(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *path, *bin_o, *bin_b = NULL, *out = NULL;
+    int autostart;
+    double timeout, lock_timeout;
+    const char *bin, *ahint, *shint, *bhint;
+    if (!PyArg_ParseTuple(args, "O&pOddsss:connect_daemon", PyUnicode_FSConverter, &path, &autostart, &bin_o, &timeout,
+                          &lock_timeout, &ahint, &shint, &bhint))
+        return NULL;
+    sk_result *r = NULL;
+    const char *p = PyBytes_AsString(path);
+    if (p == NULL || opt_path(bin_o, &bin_b, &bin) < 0)
+        goto done;
+    if (timeout != timeout || lock_timeout != lock_timeout) {
+        PyErr_SetString(PyExc_ValueError, "connect_daemon: a timeout is NaN, not a number of seconds");
+        goto done;
+    }
+    r = PyMem_Malloc(sizeof *r);
+    if (r == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    lock_wait w = {PyEval_SaveThread()};
+    sk_options o = {bin, timeout, lock_timeout, ahint, shint, bhint, lock_interrupted, &w};
+    int fd = sk_connect(p, autostart, &o, r);
+    PyEval_RestoreThread(w.ts);
+    if (fd != SK_INTERRUPTED) /* else the signal handler's exception is set */
+        out = Py_BuildValue("(iiNN)", fd, r->started_pid, PyUnicode_DecodeFSDefault(r->log),
+                            PyUnicode_DecodeFSDefault(r->msg));
+done:
+    PyMem_Free(r);
+    Py_DECREF(path);
+    Py_XDECREF(bin_b);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"write_record", (PyCFunction)(void (*)(void))write_record, METH_FASTCALL, write_record_doc},
     {"write_record_sum", (PyCFunction)(void (*)(void))write_record_sum, METH_FASTCALL, write_record_sum_doc},
@@ -934,6 +988,7 @@ static PyMethodDef methods[] = {
     {"stream_mark_live", stream_mark_live, METH_VARARGS, stream_mark_live_doc},
     {"stream_mark_ended", stream_mark_ended, METH_VARARGS, stream_mark_ended_doc},
     {"rank_path", rank_path, METH_VARARGS, rank_path_doc},
+    {"connect_daemon", connect_daemon, METH_VARARGS, connect_daemon_doc},
     {NULL, NULL, 0, NULL},
 };
 
