@@ -263,7 +263,12 @@ typedef struct strap_session_params {
 	/* The job-wide resume point (docs/DISTRIBUTED.md D3): with resume, keep at most this many
 	 * tokens — the fewest any rank of the job can keep (strap_resume_probe on every rank, then
 	 * the minimum through the job's own channel: MPI_Allreduce, a store...). A point before the
-	 * checkpoint rewrites the checkpoint to it first. -1 (default): this process's own point. */
+	 * checkpoint rewrites the checkpoint to it first. -1 (default): this process's own point —
+	 * or, in one rank of a job under torchrun (TORCHELASTIC_RUN_ID naming the launch, not
+	 * "none", TORCHELASTIC_RESTART_COUNT, per-rank stream names), the job's, agreed as the Python
+	 * client agrees it without torch.distributed: each rank writes "{stream}.job-resume.json"
+	 * and waits (up to $STRAP_JOB_RESUME_WAIT seconds, 600) for every other rank's in the same
+	 * directory, C and Python ranks alike (strap_resume_point.job_agreed says so). */
 	int64_t resume_max_tokens;
 } strap_session_params;
 
@@ -279,6 +284,7 @@ typedef struct strap_resume_point {
 	uint64_t stream_offset; /* bytes of stream kept */
 	int from_stream;        /* 1: the point lies past the checkpoint (or there is none) */
 	int complete;           /* strap_resume_probe: the stream is a finished capture's */
+	int job_agreed;         /* 1: the point is the job's, agreed with the other ranks (torchrun) */
 } strap_resume_point;
 
 /* Connect (starting strapd when allowed), shake hands, create the ring, open the output

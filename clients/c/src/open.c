@@ -240,8 +240,7 @@ static int resolve_output(strap_session *s, const strap_session_params *p, int f
  * there is one, kept in s->resume_ck), then the stream's intact prefix; params.resume_max_tokens
  * the job's limit. *keep false: a new capture. A capture that finished is refused (without a
  * limit), or, with complete not NULL, reported there. */
-static int find_resume_point(strap_session *s, const strap_session_params *p, bool have_ckpt, rs_point *pt, bool *keep,
-			     bool *complete)
+static int find_resume_point(strap_session *s, bool have_ckpt, int64_t limit, rs_point *pt, bool *keep, bool *complete)
 {
 	int e;
 	if (have_ckpt && (e = ss_load_checkpoint(s, &s->resume_ck)))
@@ -249,11 +248,11 @@ static int find_resume_point(strap_session *s, const strap_session_params *p, bo
 	/* A finished capture is never resumed: with a checkpoint beside it (libstrap deletes its own
 	 * at every clean close) from the checkpoint on, else from the point found. A job (a limit)
 	 * resumes every rank from the job's point: the caller decides with strap_resume_probe. */
-	bool job = p->resume_max_tokens >= 0;
+	bool job = limit >= 0;
 	bool *done = complete ? complete : job ? &(bool){false} : NULL;
 	if (have_ckpt && (e = ss_refuse_complete(s, s->resume_ck.stream_offset, done)))
 		return e;
-	if ((e = ss_resume_point(s, have_ckpt ? &s->resume_ck : NULL, p->resume_max_tokens, pt, keep)))
+	if ((e = ss_resume_point(s, have_ckpt ? &s->resume_ck : NULL, limit, pt, keep)))
 		return e;
 	if (!have_ckpt && (e = ss_refuse_complete(s, *keep ? pt->offset : 0, done)))
 		return e;
@@ -300,9 +299,34 @@ static int open_session(strap_session *s, const strap_session_params *p)
 			"a checkpoint of an earlier capture exists at %s: resume it (params.resume) or start over "
 			"(params.overwrite_checkpoint)",
 			s->ckpt_path);
-	if (p->resume) {
-		if ((e = find_resume_point(s, p, have_ckpt, &pt, &resuming, NULL)))
+	char start[600];
+	int job_agreed = 0;
+	if (p->resume && p->resume_max_tokens < 0 && ss_job_start(s, start, sizeof start)) {
+		/* one rank of a job under torchrun: the job's common point, agreed with the other ranks
+		 * (a finished rank is cut back when another one holds fewer tokens) */
+		bool complete = false;
+		e = find_resume_point(s, have_ckpt, -1, &pt, &resuming, &complete);
+		uint64_t own = resuming ? pt.tokens : 0, min = 0;
+		if ((e = ss_job_agree(s, start, e, own, &min)))
 			return e;
+		if (complete && min >= own && (e = ss_refuse_complete(s, resuming ? pt.offset : 0, NULL)))
+			return e;
+		if (min < own) {
+			if ((e = find_resume_point(s, have_ckpt, (int64_t)min, &pt, &resuming, &complete)))
+				return e;
+			if (pt.tokens != min && (resuming || min))
+				return ss_fail(
+					s, STRAP_E_CHECKPOINT,
+					"%s: the stream changed while the job agreed on its resume point (token %llu "
+					"wanted, %llu found)",
+					s->output_path, (unsigned long long)min, (unsigned long long)pt.tokens);
+		}
+		job_agreed = 1;
+	} else if (p->resume) {
+		if ((e = find_resume_point(s, have_ckpt, p->resume_max_tokens, &pt, &resuming, NULL)))
+			return e;
+	}
+	if (p->resume) {
 		/* a cut before the checkpoint (a job's common point) rewrites the checkpoint first: a
 		 * process killed after the cut must not find one that describes bytes no longer there */
 		sc_checkpoint *ck = &s->resume_ck;
@@ -332,6 +356,7 @@ static int open_session(strap_session *s, const strap_session_params *p)
 					  .last_seq = pt.last_seq,
 					  .stream_offset = pt.offset,
 					  .from_stream = pt.from_stream};
+	rp.job_agreed = s->resume.job_agreed = job_agreed;
 	uint64_t packets = pt.packets, last_crc = pt.last_crc;
 	uint64_t size = p->ring_size ? p->ring_size : DEFAULT_RING;
 	for (int attempt = 0;; attempt++) {
@@ -563,7 +588,7 @@ int strap_resume_probe(const strap_session_params *params, strap_resume_point *o
 	if (!e && s->out_fd >= 0) {
 		rs_point pt;
 		bool keep = false, complete = false;
-		e = find_resume_point(s, params, have_ckpt, &pt, &keep, &complete);
+		e = find_resume_point(s, have_ckpt, params->resume_max_tokens, &pt, &keep, &complete);
 		if (!e && keep)
 			*out = (strap_resume_point){.resumed = 1,
 						    .token_count = pt.tokens,

@@ -228,3 +228,135 @@ int ss_resume_point(strap_session *s, const sc_checkpoint *ck, int64_t limit, rs
 	pt->from_stream = !ck || pt->offset != ck->stream_offset;
 	return STRAP_OK;
 }
+
+/* ----- the job's common point (docs/DISTRIBUTED.md D3), by files beside the streams ----- */
+
+/* As _job_resume.py: under torchrun (TORCHELASTIC_RUN_ID naming this launch, not its default
+ * "none", and TORCHELASTIC_RESTART_COUNT) with per-rank stream names, this start of the job. */
+bool ss_job_start(const strap_session *s, char *start, size_t len)
+{
+	const char *run = getenv("TORCHELASTIC_RUN_ID"), *restart = getenv("TORCHELASTIC_RESTART_COUNT");
+	if (s->rank.world_size < 2 || !s->rank.per_rank_paths || !run || !restart)
+		return false;
+	while (*run == ' ' || *run == '\t' || *run == '\n')
+		run++;
+	while (*restart == ' ' || *restart == '\t' || *restart == '\n')
+		restart++;
+	if (!*run || !*restart || strncmp(run, "none", 4) == 0)
+		return false;
+	snprintf(start, len, "%s/%s", run, restart);
+	for (char *e = start + strlen(start); e > start && (e[-1] == ' ' || e[-1] == '\n' || e[-1] == '\t');)
+		*--e = 0;
+	return true;
+}
+
+/* rank's exchange file: this rank's stream path with rank's marker instead of its own. */
+static bool sibling_file(const strap_session *s, long long rank, char *out, size_t len)
+{
+	char mine[64], theirs[64];
+	snprintf(mine, sizeof mine, ".rank%05lld-of-%05lld", s->rank.rank, s->rank.world_size);
+	snprintf(theirs, sizeof theirs, ".rank%05lld-of-%05lld", rank, s->rank.world_size);
+	const char *base = strrchr(s->output_path, '/');
+	base = base ? base + 1 : s->output_path;
+	const char *at = NULL;
+	for (const char *p = strstr(base, mine); p; p = strstr(p + 1, mine))
+		at = p;
+	if (!at)
+		return false;
+	int n = snprintf(out, len, "%.*s%s%s.job-resume.json", (int)(at - s->output_path), s->output_path, theirs,
+			 at + strlen(mine));
+	return n > 0 && (size_t)n < len;
+}
+
+int ss_job_agree(strap_session *s, const char *start, int own_rc, uint64_t own, uint64_t *min)
+{
+	/* this rank's contribution: its count, or its error (so that no other rank waits for it) */
+	char path[4400], tmp[4500];
+	snprintf(path, sizeof path, "%s.job-resume.json", s->output_path);
+	snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+	sw_buf b = {s->sbuf, 0, SP_MAX_MESSAGE, false};
+	sw_lit(&b, "{\"start\": ");
+	sw_str(&b, start, strlen(start));
+	sw_lit(&b, ", \"rank\": ");
+	sw_i64(&b, s->rank.rank);
+	sw_lit(&b, ", \"value\": ");
+	if (own_rc) {
+		char v[1200];
+		snprintf(v, sizeof v, "%s: %s", strap_errstr(own_rc), s->err.message);
+		sw_str(&b, v, strlen(v));
+	} else {
+		sw_u64(&b, own);
+	}
+	sw_lit(&b, "}");
+	FILE *f = b.overflow ? NULL : fopen(tmp, "we");
+	bool wrote = f && fwrite(b.p, 1, b.n, f) == b.n;
+	if (f && (fflush(f) != 0 || fsync(fileno(f)) != 0))
+		wrote = false;
+	if (f && fclose(f) != 0)
+		wrote = false;
+	if (!wrote || rename(tmp, path) != 0) {
+		unlink(tmp);
+		return own_rc ? own_rc : ss_fail(s, STRAP_E_SYSTEM, "job resume point %s: %s", path, strerror(errno));
+	}
+	const char *w = getenv("STRAP_JOB_RESUME_WAIT");
+	double wait = w && *w ? strtod(w, NULL) : 600.0;
+	double deadline = sc_now() + wait;
+	long long n = s->rank.world_size;
+	uint64_t best = UINT64_MAX;
+	char bad[900] = "";
+	size_t nbad = 0;
+	for (long long r = 0; r < n;) {
+		char p[4400];
+		bool got = false;
+		if (!sibling_file(s, r, p, sizeof p))
+			return ss_fail(s, STRAP_E_INVALID, "%s does not carry this rank's marker", s->output_path);
+		FILE *g = fopen(p, "re");
+		size_t len = g ? fread(s->sbuf, 1, SP_MAX_MESSAGE, g) : 0;
+		if (g)
+			fclose(g);
+		sj_val v = {s->sbuf, len}, fs, fr, fv;
+		char st[600];
+		int64_t rank = -1;
+		if (len && len < SP_MAX_MESSAGE && sj_validate(s->sbuf, len, NULL, 0) && sj_kind(v) == '{' &&
+		    sj_get(v, "start", &fs) && sj_str(fs, st, sizeof st, NULL) && strcmp(st, start) == 0 &&
+		    sj_get(v, "rank", &fr) && sj_i64(fr, &rank) && rank == r && sj_get(v, "value", &fv)) {
+			uint64_t c;
+			char text[600];
+			got = true;
+			if (sj_kind(fv) == 'n' && sj_u64(fv, &c)) {
+				best = c < best ? c : best;
+			} else {
+				if (!sj_str(fv, text, sizeof text, NULL))
+					snprintf(text, sizeof text,
+						 "wrote a value that is neither a count nor an error");
+				if (r != s->rank.rank) {
+					size_t at = strlen(bad);
+					snprintf(bad + at, sizeof bad - at, "%srank %lld: %s", nbad++ ? "; " : "", r,
+						 text);
+				}
+			}
+		}
+		if (got) {
+			r++;
+			continue;
+		}
+		if (sc_now() >= deadline)
+			return own_rc ? own_rc
+				      : ss_fail(s, STRAP_E_CHECKPOINT,
+						"rank %lld waited %gs for the resume point of rank %lld of this start "
+						"of the "
+						"job (%s) in %s: the ranks must share that directory "
+						"(STRAP_JOB_RESUME_WAIT sets the wait)",
+						s->rank.rank, wait, r, start, p);
+		struct timespec ts = {0, 50 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+	}
+	if (own_rc)
+		return own_rc; /* every rank has heard of it */
+	if (nbad)
+		return ss_fail(s, STRAP_E_CHECKPOINT,
+			       "the job cannot resume: %s (rank %lld could keep %llu tokens and is left as it was)",
+			       bad, s->rank.rank, (unsigned long long)own);
+	*min = best;
+	return STRAP_OK;
+}

@@ -127,6 +127,8 @@ struct strap_session {
 #define ss_refuse_complete strap__ss_refuse_complete
 #define ss_write_checkpoint strap__ss_write_checkpoint
 #define ss_resume_point strap__ss_resume_point
+#define ss_job_start strap__ss_job_start
+#define ss_job_agree strap__ss_job_agree
 #define sl_lock strap__sl_lock
 #define sl_unlock strap__sl_unlock
 
@@ -179,5 +181,15 @@ typedef struct rs_point {
  * capture. STRAP_E_CHECKPOINT: the checkpoint's prefix does not end as it says, the header is
  * not a strap stream's or names another fingerprint, freed bytes stand in the way. */
 int ss_resume_point(strap_session *s, const sc_checkpoint *ck, int64_t limit, rs_point *pt, bool *keep);
+/* One rank of a job under torchrun (TORCHELASTIC_RUN_ID other than "none",
+ * TORCHELASTIC_RESTART_COUNT, per-rank stream names): this start of the job into start. */
+bool ss_job_start(const strap_session *s, char *start, size_t len);
+/* The job's common resume point, agreed by files beside the streams as the Python client does
+ * (_job_resume.py; the ranks share the directory): this rank writes its count (or, own_rc set,
+ * its error) to "{stream}.job-resume.json" and waits up to $STRAP_JOB_RESUME_WAIT (600) seconds
+ * for every rank's of the same start; *min the fewest tokens. Returns own_rc when set (every
+ * other rank has heard of it), STRAP_E_CHECKPOINT naming the ranks that cannot resume, or the
+ * wait's end. */
+int ss_job_agree(strap_session *s, const char *start, int own_rc, uint64_t own, uint64_t *min);
 
 #endif

@@ -6,6 +6,9 @@
  * before the checkpoint, rewriting it first, and 0 starts over; strap_resume_probe finds each
  * point without changing a byte and reports a finished capture; another fingerprint, or a file
  * that is not a strap stream, is refused and left as it is; an empty file starts from token 0.
+ * Two ranks of a job under torchrun agree on the fewer tokens (files beside the streams, as the
+ * Python client does): both resume from there; a rank that cannot resume fails the other one
+ * too, naming it, and changes nothing; a rank alone waits STRAP_JOB_RESUME_WAIT, then fails.
  * Every resumed stream equals the uninterrupted capture packet for packet. */
 #include <signal.h>
 #include <stdio.h>
@@ -73,8 +76,8 @@ static int child(const char *sock, const char *out, int kill_at, int resume, con
 	}
 	if (strap_session_close(s, NULL))
 		goto fail;
-	printf("done from token %llu forward %llu from_stream %d\n", (unsigned long long)rp.token_count,
-	       (unsigned long long)rp.forward_count, rp.from_stream);
+	printf("done from token %llu forward %llu from_stream %d job %d\n", (unsigned long long)rp.token_count,
+	       (unsigned long long)rp.forward_count, rp.from_stream, rp.job_agreed);
 	strap_session_free(s);
 	return 0;
 fail:
@@ -102,13 +105,10 @@ static int run(const char *out, int kill_at, int resume, const char *fp, int int
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1000;
 }
 
-static void killed(const char *out, int kill_at, int interval)
+/* strapd ends a killed client's stream (END aborted) once it sees the client gone. */
+static void wait_ended(const char *out)
 {
-	char log[4096];
-	int rc = run(out, kill_at, 0, "fp1", interval, -1, log, sizeof log);
-	CHECK(rc == 128 + SIGKILL || rc == -SIGKILL, "kill %d: child ended %d: %s", kill_at, rc, log);
-	/* strapd ends the stream (END aborted) once it sees the client gone */
-	char cmd[2000];
+	char cmd[2000], log[4096];
 	snprintf(cmd, sizeof cmd,
 		 "'%s' -c 'import sys, time\n"
 		 "from llm_instrumentation import open_stream\n"
@@ -117,8 +117,16 @@ static void killed(const char *out, int kill_at, int interval)
 		 "        if r.end() is not None: print(\"ended\"); break\n"
 		 "    time.sleep(0.05)' '%s' 2>&1",
 		 th_env("STRAP_PYTHON"), out);
-	rc = th_run(cmd, log, sizeof log);
-	CHECK(rc == 0 && strstr(log, "ended"), "kill %d: the stream did not end: %s", kill_at, log);
+	int rc = th_run(cmd, log, sizeof log);
+	CHECK(rc == 0 && strstr(log, "ended"), "%s did not end: %s", out, log);
+}
+
+static void killed(const char *out, int kill_at, int interval)
+{
+	char log[4096];
+	int rc = run(out, kill_at, 0, "fp1", interval, -1, log, sizeof log);
+	CHECK(rc == 128 + SIGKILL || rc == -SIGKILL, "kill %d: child ended %d: %s", kill_at, rc, log);
+	wait_ended(out);
 }
 
 static strap_resume_point probe(const char *out, const char *fp, int64_t limit, int want_rc)
@@ -257,6 +265,72 @@ int main(int argc, char **argv)
 	snprintf(out, sizeof out, "%s/never.strap", d.dir);
 	rp = probe(out, "fp1", -1, STRAP_OK); /* nothing there at all */
 	CHECK(!rp.resumed, "never: resumed %d", rp.resumed);
+
+	/* two ranks of a job: rank 0 holds 10 tokens (its checkpoint 8), rank 1 holds 6 */
+	char big[8192], jcmd[8192];
+	snprintf(out, sizeof out, "%s/job2.strap", d.dir);
+	for (int r = 0; r < 2; r++) {
+		snprintf(cmd, sizeof cmd, "RANK=%d WORLD_SIZE=2 '%s' child '%s' '%s' %d 0 fp1 4 -1 2>&1", r, self,
+			 d.socket, out, r ? 1000 + 5 : 1000 + 9);
+		rc = th_run(cmd, log, sizeof log);
+		CHECK(rc == 128 + SIGKILL || rc == -SIGKILL, "rank %d: %d %s", r, rc, log);
+	}
+	char r0[700], r1[700];
+	snprintf(r0, sizeof r0, "%s/job2.rank00000-of-00002.strap", d.dir);
+	snprintf(r1, sizeof r1, "%s/job2.rank00001-of-00002.strap", d.dir);
+	wait_ended(r0);
+	wait_ended(r1);
+	const char *env = "TORCHELASTIC_RUN_ID=job39 TORCHELASTIC_RESTART_COUNT=1 WORLD_SIZE=2";
+	snprintf(
+		jcmd, sizeof jcmd,
+		"cd '%s' && (RANK=0 %s '%s' child '%s' '%s' -1 1 fp1 4 -1 > r0.log 2>&1 &) ; RANK=1 %s '%s' child '%s' "
+		"'%s' -1 1 fp1 4 -1 > r1.log 2>&1; for i in $(seq 600); do grep -Eq 'done|open:|capture:' r0.log && "
+		"break; sleep 0.1; done; cat r0.log; echo ---; cat r1.log",
+		d.dir, env, self, d.socket, out, env, self, d.socket, out);
+	th_run(jcmd, big, sizeof big);
+	CHECK(strstr(big, "done from token 6 forward 6 from_stream 1 job 1\n---\ndone from token 6 forward 6 "
+			  "from_stream 1 job 1"),
+	      "job: %s", big);
+	for (int r = 0; r < 2; r++) {
+		snprintf(cmd, sizeof cmd, "'%s' '%s/compare_streams.py' '%s' '%s' 2>&1", th_env("STRAP_PYTHON"),
+			 th_env("STRAP_TESTS"), ref, r ? r1 : r0);
+		rc = th_run(cmd, txt, sizeof txt);
+		CHECK(rc == 0, "job rank %d differs from the uninterrupted capture:\n%s", r, txt);
+	}
+
+	/* a rank that cannot resume: the other one fails too, naming it, and changes nothing */
+	snprintf(out, sizeof out, "%s/job3.strap", d.dir);
+	snprintf(cmd, sizeof cmd, "RANK=0 WORLD_SIZE=2 '%s' child '%s' '%s' %d 0 fp1 4 -1 2>&1", self, d.socket, out,
+		 1000 + 9);
+	th_run(cmd, log, sizeof log);
+	snprintf(r0, sizeof r0, "%s/job3.rank00000-of-00002.strap", d.dir);
+	snprintf(r1, sizeof r1, "%s/job3.rank00001-of-00002.strap", d.dir);
+	wait_ended(r0);
+	f = fopen(r1, "w");
+	fputs("my notes, not a capture\n", f);
+	fclose(f);
+	struct stat st0;
+	stat(r0, &st0);
+	snprintf(
+		jcmd, sizeof jcmd,
+		"cd '%s' && (RANK=1 %s '%s' child '%s' '%s' -1 1 fp1 4 -1 > r1.log 2>&1 &) ; RANK=0 %s '%s' child '%s' "
+		"'%s' -1 1 fp1 4 -1 2>&1; for i in $(seq 600); do grep -q 'open:' r1.log && break; sleep 0.1; done; "
+		"echo ---; cat r1.log",
+		d.dir, env, self, d.socket, out, env, self, d.socket, out);
+	th_run(jcmd, big, sizeof big);
+	CHECK(strstr(big, "the job cannot resume: rank 1: ") && strstr(big, "not a strap stream") &&
+		      strstr(big, "rank 0 could keep 10 tokens"),
+	      "job, rank 1 broken: %s", big);
+	CHECK(stat(r0, &st) == 0 && st.st_size == st0.st_size, "job: rank 0's stream was changed");
+
+	/* a rank alone: waits STRAP_JOB_RESUME_WAIT, then fails naming the missing rank */
+	snprintf(cmd, sizeof cmd,
+		 "RANK=0 STRAP_JOB_RESUME_WAIT=1 TORCHELASTIC_RUN_ID=job39 TORCHELASTIC_RESTART_COUNT=2 WORLD_SIZE=2 "
+		 "'%s' child '%s' '%s' -1 1 fp1 4 -1 2>&1",
+		 self, d.socket, out);
+	rc = th_run(cmd, big, sizeof big);
+	CHECK(rc == 3 && strstr(big, "for the resume point of rank 1") && strstr(big, "job39/2"), "job, alone: %d %s",
+	      rc, big);
 	th_stop_daemon(&d);
 	return th_done("resume_stream");
 }
