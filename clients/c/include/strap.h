@@ -300,7 +300,9 @@ STRAP_API int strap_session_open(const strap_session_params *params, strap_sessi
  * intact). out->complete: the stream is a finished capture's (strap_session_open refuses it
  * unless resume_max_tokens >= 0). A job calls it on every rank, takes the smallest token_count
  * and opens every rank with resume_max_tokens set to it; when every rank is complete there is
- * nothing to resume. Errors as strap_session_open's resume. Thread-safe. */
+ * nothing to resume. Under torchrun the probe gives this rank's own point; the open then agrees
+ * with the other ranks itself (params.resume_max_tokens). Errors as strap_session_open's resume.
+ * Thread-safe. */
 STRAP_API int strap_resume_probe(const strap_session_params *params, strap_resume_point *out, strap_error *err);
 
 /* Where the session started (resume). Thread-safe. */
