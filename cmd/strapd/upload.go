@@ -365,7 +365,7 @@ func addS3ReadFlags(f *pflag.FlagSet, o *upload.ClientOptions) {
 
 // sidePaths are the files the Python client writes beside a stream (docs/OBJECT_STORAGE.md):
 // the kernel trace, the resource log, the tokens file (<stem>_tokens.json for a .stream,
-// else <path>_tokens.json, as clients/python's _resume.tokens_path names it) and the
+// else <path>_tokens.json, as clients/python's _capture_files.tokens_path names it) and the
 // checkpoint (there only while the capture can still be resumed).
 func sidePaths(path string) []string {
 	tokens := path + "_tokens.json"

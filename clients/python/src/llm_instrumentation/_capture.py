@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from . import _distributed, _open, _resume, _ringsize, _streamlock
+from . import _capture_files, _distributed, _open, _ringsize, _streamlock
 from . import _protocol as P
 from . import checkpoint as ckpt
 from ._hooks import ROOT_NAME, Hooks, choose_modules
@@ -160,7 +160,7 @@ class Capture:
             log.warning("llm_instrumentation: %s", plan.note)
         Path(opts.output_path).parent.mkdir(parents=True, exist_ok=True)
         try:
-            out = _resume.open_output(opts, self.fingerprint())
+            out = _capture_files.open_output(opts, self.fingerprint())
         except BaseException as e:
             self._failed_start(e)
             raise
@@ -180,7 +180,7 @@ class Capture:
         if info is not None and self.options.output_path is not None and capture_set.enabled():
             capture_set.failed_start(info, why)
 
-    def _start_on(self, out: _resume.Output, model: "nn.Module", hooks: Hooks) -> "Capture":
+    def _start_on(self, out: _capture_files.Output, model: "nn.Module", hooks: Hooks) -> "Capture":
         """:meth:`start` once the stream is open and locked."""
         opts, plan = self.options, self.plan
         assert opts.output_path is not None  # checked by start
@@ -207,12 +207,12 @@ class Capture:
             if isinstance(meta.get("start_time"), (int, float)) and not isinstance(meta.get("start_time"), bool):
                 tr.start_time = float(meta["start_time"])  # 1.3.1 kept the first run's
         try:
-            self.trace_path = _resume.resolve_trace(opts, self.config.trace)
+            self.trace_path = _capture_files.resolve_trace(opts, self.config.trace)
             level = _resource_level(opts.resource_level, self.config.resource_level)
             self.resources_path = opts.output_path + ".resources.jsonl" if level is not None else None
             trace_fd = res_fd = None
             try:
-                trace_fd = _resume.open_trace(self.trace_path, out.resume is not None) if self.trace_path else None
+                trace_fd = _capture_files.open_trace(self.trace_path, out.resume is not None) if self.trace_path else None
                 if self.resources_path is not None:
                     # A resume appends to the events of the capture it continues.
                     flags = os.O_WRONLY | (os.O_APPEND if out.resume is not None else os.O_TRUNC)
@@ -337,7 +337,7 @@ class Capture:
         if session is None or ck_path is None or tr is None:
             raise RuntimeError("checkpoint() needs a live capture with track_per_token=True and a checkpoint path")
         t0 = time.perf_counter()
-        c = _resume.checkpoint_from(session.checkpoint(), self.options.output_path or "", self.fingerprint(),
+        c = _capture_files.checkpoint_from(session.checkpoint(), self.options.output_path or "", self.fingerprint(),
                                     tr.step, self.forward_count)
         uploading = self.upload_target is not None or (session.opened is not None and bool(session.opened.upload))
         if uploading:
@@ -383,7 +383,7 @@ class Capture:
 
     def stop(self) -> Dict[str, Any]:
         """Remove the hooks, close the session (the daemon finishes the file). With tracking,
-        the tokens file (:func:`~._resume.tokens_path`) is written; after a clean close the checkpoint is
+        the tokens file (:func:`~._capture_files.tokens_path`) is written; after a clean close the checkpoint is
         deleted (it is kept when the session had failed).
 
         Returns:
@@ -403,7 +403,7 @@ class Capture:
             tr, out = self.token_tracker, self.options.output_path
             if tr is not None and out is not None:
                 took = time.monotonic() - self._started_at if self._started_at else 0.0
-                _resume.write_tokens_file(out, tr.tokens, took, self.resume_step, self.forward_count,
+                _capture_files.write_tokens_file(out, tr.tokens, took, self.resume_step, self.forward_count,
                                           self.fingerprint())
 
         try:
@@ -500,8 +500,8 @@ class Capture:
         write_tokens()
         fds: List[int] = []
         out = self.options.output_path
-        if self.token_tracker is not None and out is not None and os.path.exists(_resume.tokens_path(out)):
-            fds.append(os.open(_resume.tokens_path(out), os.O_RDONLY | os.O_CLOEXEC))
+        if self.token_tracker is not None and out is not None and os.path.exists(_capture_files.tokens_path(out)):
+            fds.append(os.open(_capture_files.tokens_path(out), os.O_RDONLY | os.O_CLOEXEC))
         try:
             return session.close(fds=fds).to_body()
         finally:

@@ -2,7 +2,7 @@
 
 This module is the public surface; the work is done in the parts: options (``_options``),
 module selection and hooks (``_hooks``), the capture's life cycle (``_capture``), the
-stream, trace, checkpoint and tokens files (``_resume``), the OPEN request (``_open``) and
+stream, trace, checkpoint and tokens files (``_capture_files``), the OPEN request (``_open``) and
 the strapd session (``_session``).
 """
 
@@ -19,7 +19,7 @@ from ._anatomy import describe_model
 from ._capture import Capture
 from ._hooks import sample_positions, split_output
 from ._options import SessionOptions, check_tracking
-from ._resume import tokens_path
+from ._capture_files import tokens_path
 from ._warnings import warn_caller
 from .checkpoint import CheckpointError
 from .config import DEFAULT_CODEC, InstrumentationConfig

@@ -8,7 +8,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
-from .._resume import tokens_path
+from .._capture_files import tokens_path
 from ..stream import DROP, END, TENSOR, TOKEN, open_stream
 from ..tracking import TokenMap
 from .visualization import (
