@@ -8,8 +8,12 @@ caching off (so every batch computes every position), eager. Modes:
 - ``strap``: the plugin capturing every decoder layer's output (the residual stream) of every
   request to disk through strapd, then ``checkpoint`` (strapd wrote and fdatasynced it);
 - ``unfused``: ``strap`` with the plugin's fused writes off (``CaptureSession.record_sum`` and
-  ``tokens_to_ring``: the layer sum computed by torch and then copied into the ring, one ``session.token`` per token), i.e. the
-  plugin before issue 42's cut, in the same engine: a before/after under the same load;
+  ``tokens_to_ring``: the layer sum computed by torch and then copied into the ring, one
+  ``session.token`` per token), i.e. the plugin before issue 42's cut, in the same engine: a
+  before/after under the same load;
+- ``strap-batch``, ``strap-idle``: ``strap`` with every thread of strapd put under
+  ``SCHED_BATCH`` (no wake-up preemption) or ``SCHED_IDLE`` by this script for the batch, and
+  back to ``SCHED_OTHER`` after it;
 - ``hooks``: forward hooks on the same layers appending ``hidden + residual`` (the residual
   stream, as strap stores it) to a Python list, then one ``torch.save`` of the list and an
   fsync (what vllm-lens does, plus the write to disk);
@@ -26,7 +30,10 @@ others under the same load of this shared machine. A round's ratio ``kept = plai
 mode time`` compares batches run seconds apart; the figure is the median over rounds with
 the spread. Besides wall time each batch records the worker's CPU seconds (all its threads,
 getrusage) and strapd's (``/proc/<pid>/stat`` utime + stime), which load does not inflate
-the way it inflates wall time, and the bytes each mode wrote.
+the way it inflates wall time, and the bytes each mode wrote; and what else the machine did
+meanwhile: the other processes' and the kernel's CPU (``/proc/stat`` less the engine and
+strapd), the kernel threads' (``PF_KTHREAD``) alone, the hypervisor's steal, and the engine's
+preemptions and minor page faults (getrusage).
 
 ``--profile`` runs every ``strap`` batch under cProfile in the engine process and prints where
 the plugin's time goes (the parts of docs/VLLM.md 9: the layer outputs' conversion and ring
@@ -34,7 +41,8 @@ copy, the step index, the sampled tokens, the end of each pass), cumulative CPU 
 engine's thread per batch; cProfile inflates them, so the batch's own-time figures of such a run are not the benchmark's.
 
 Usage: .venv-vllm/bin/python bench/vllm_ab.py --strapd bin/strapd [--rounds 5]
-       [--batches 16,32] [--modes plain,strap,unfused,hooks,vanilla,extract] [--preset fast_capture]
+       [--batches 16,32] [--modes plain,strap,strap-batch,strap-idle,unfused,hooks,vanilla,extract]
+       [--preset fast_capture]
        [--profile]
 """
 
