@@ -41,25 +41,36 @@ type variant struct {
 	label string
 	name  string // registry name; "" for a bench-only variant
 	opts  codec.Options
+	// shared: a basis per module (transform mode 4), fitted from the module's first record,
+	// its packet counted in the stored bytes, refitted from a record when the basis missed
+	// more than refitShare of its whole rows.
+	shared bool
 }
+
+// refitShare is the share of a record's whole rows coded directly (the module's basis did not
+// carry them within the bound) over which the bench refits the basis from that record.
+const refitShare = 0.25
 
 func variants() []variant {
 	rel := func(v float64) *codec.LossyBound { return &codec.LossyBound{Mode: "rel", Value: v} }
 	return []variant{
-		{"lz4", "lz4", codec.Options{}},
-		{"zstd-fastest", "zstd", codec.Options{Level: 1}},
-		{"shuffle (huff0)", "shuffle", codec.Options{}},
-		{"shuffle+zstd1", "shuffle", codec.Options{Level: 1}},
-		{"shuffle+zstd3", "shuffle", codec.Options{Level: 3}},
-		{"shuffle+fse*", "", codec.Options{}},
-		{"fp16", "fp16", codec.Options{}},
-		{"quant rel 1e-3", "quant", codec.Options{Lossy: rel(1e-3)}},
-		{"quant rel 1e-3 zstd3", "quant", codec.Options{Level: 3, Lossy: rel(1e-3)}},
-		{"quant abs 1e-3", "quant", codec.Options{Lossy: &codec.LossyBound{Mode: "abs", Value: 1e-3}}},
-		{"fp8", "fp8", codec.Options{}},
-		{"transform", "transform", codec.Options{}},
-		{"transform 0.05", "transform", codec.Options{Lossy: &codec.LossyBound{Mode: "transform", Value: 0.05}}},
-		{"transform 0.02", "transform", codec.Options{Lossy: &codec.LossyBound{Mode: "transform", Value: 0.02}}},
+		{"lz4", "lz4", codec.Options{}, false},
+		{"zstd-fastest", "zstd", codec.Options{Level: 1}, false},
+		{"shuffle (huff0)", "shuffle", codec.Options{}, false},
+		{"shuffle+zstd1", "shuffle", codec.Options{Level: 1}, false},
+		{"shuffle+zstd3", "shuffle", codec.Options{Level: 3}, false},
+		{"shuffle+fse*", "", codec.Options{}, false},
+		{"fp16", "fp16", codec.Options{}, false},
+		{"quant rel 1e-3", "quant", codec.Options{Lossy: rel(1e-3)}, false},
+		{"quant rel 1e-3 zstd3", "quant", codec.Options{Level: 3, Lossy: rel(1e-3)}, false},
+		{"quant abs 1e-3", "quant", codec.Options{Lossy: &codec.LossyBound{Mode: "abs", Value: 1e-3}}, false},
+		{"fp8", "fp8", codec.Options{}, false},
+		{"transform", "transform", codec.Options{}, false},
+		{"transform 0.05", "transform", codec.Options{Lossy: &codec.LossyBound{Mode: "transform", Value: 0.05}}, false},
+		{"transform 0.02", "transform", codec.Options{Lossy: &codec.LossyBound{Mode: "transform", Value: 0.02}}, false},
+		{label: "transform shared", name: "transform", opts: codec.Options{}, shared: true},
+		{label: "transform shared 0.05", name: "transform", opts: codec.Options{Lossy: &codec.LossyBound{Mode: "transform", Value: 0.05}}, shared: true},
+		{label: "transform shared 0.02", name: "transform", opts: codec.Options{Lossy: &codec.LossyBound{Mode: "transform", Value: 0.02}}, shared: true},
 	}
 }
 
@@ -80,6 +91,11 @@ type row struct {
 	lossless, blocks    int
 	// rowRel, rowCos: each row's relative L2 error and cosine (lossy codecs).
 	rowRel, rowCos []float64
+	// basisBytes: the shared bases' packets (counted in stored); fits: how many were fitted.
+	basisBytes, fits int
+	// oosRaw, oosStored: the records coded on a basis fitted from an earlier record of their
+	// module (out of sample), basis packets not counted.
+	oosRaw, oosStored int
 }
 
 // clockCPU selects the thread CPU clock for timings (-clock cpu).
@@ -107,6 +123,8 @@ func run() int {
 	dump := flag.String("dump", "", "write the stored blocks of the first corpus×float32 (and ×bfloat16) here (for py_decode.py)")
 	clock := flag.String("clock", "wall", "timing clock: wall, or cpu (the thread's CPU time)")
 	decoded := flag.String("decoded", "", "write each tensor of the first corpus as decoded (float32) here, per codec and dtype (for fidelity.py)")
+	onlyCorpora := flag.String("corpora", "", "comma-separated corpora to run (minilm, llama, normal, normal-25%0; default all)")
+	onlyDtypes := flag.String("dtypes", "", "comma-separated dtypes to run (float32, bfloat16, float16; default all)")
 	flag.Parse()
 	runtime.GOMAXPROCS(1) // per-core figures
 	runtime.LockOSThread()
@@ -118,7 +136,7 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "-clock %q: want wall or cpu\n", *clock)
 		return 2
 	}
-	var fidelity []row
+	var fidelity, shared []row
 
 	corpora := map[string][]tensor{"normal": normal(*normalMB<<20, 0), "normal-25%0": normal(*normalMB<<20, 4)}
 	order := []string{}
@@ -134,6 +152,9 @@ func run() int {
 		}
 	}
 	order = append(order, "normal", "normal-25%0")
+	if *onlyCorpora != "" {
+		order = slices.DeleteFunc(order, func(c string) bool { return !strings.Contains(","+*onlyCorpora+",", ","+c+",") })
+	}
 	fmt.Printf("block %d KiB, GOMAXPROCS 1, %s/%s, %s clock\n\n", *blockSize>>10, runtime.GOOS, runtime.GOARCH, *clock)
 	fmt.Printf("| codec | corpus | dtype | ratio | max-abs err | rel-L2 err | compress MB/s | decompress MB/s | lossless blocks |\n")
 	fmt.Printf("|---|---|---|---:|---:|---:|---:|---:|---:|\n")
@@ -143,6 +164,9 @@ func run() int {
 		}
 		for _, cname := range order {
 			for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16, dtype.Float16} {
+				if *onlyDtypes != "" && !strings.Contains(","+*onlyDtypes+",", ","+dt.String()+",") {
+					continue
+				}
 				var dumpDir, decDir string
 				if *dump != "" && cname == order[0] && dt != dtype.Float16 {
 					dumpDir = *dump
@@ -168,10 +192,25 @@ func run() int {
 				}
 				fmt.Printf("| %s | %s | %s | %.3f | %.3g | %.3g | %.0f | %s | %d/%d |\n", v.label, cname, dt,
 					float64(r.raw)/float64(r.stored), r.maxAbs, rel, mbps(r.raw, r.encDur), dec, r.lossless, r.blocks)
+				if r.fits > 0 {
+					shared = append(shared, r)
+				}
 				if len(r.rowRel) > 0 && r.sse > 0 {
 					fidelity = append(fidelity, r)
 				}
 			}
+		}
+	}
+	if len(shared) > 0 {
+		fmt.Printf("\nShared bases (transform mode 4): basis packets counted in the ratio above; the ratio without them is the limit of a capture with many records per module\n\n")
+		fmt.Printf("| codec | corpus | dtype | bases fitted | basis bytes | share of stored | ratio without basis packets | records after their module's fit record: MiB, ratio |\n|---|---|---|---:|---:|---:|---:|---|\n")
+		for _, r := range shared {
+			oos := "–"
+			if r.oosStored > 0 {
+				oos = fmt.Sprintf("%.1f MiB, %.3f", float64(r.oosRaw)/(1<<20), float64(r.oosRaw)/float64(r.oosStored))
+			}
+			fmt.Printf("| %s | %s | %s | %d | %d | %.1f %% | %.3f | %s |\n", r.variant, r.corpus, r.dt, r.fits, r.basisBytes,
+				100*float64(r.basisBytes)/float64(r.stored), float64(r.raw)/float64(r.stored-r.basisBytes), oos)
 		}
 	}
 	if len(fidelity) > 0 {
@@ -295,13 +334,28 @@ func bench(v variant, cname string, ts []tensor, dt dtype.DType, bs, reps int, d
 	} else if dumpDir != "" {
 		dumpDir = filepath.Join(dumpDir, sanitize(v.label))
 	}
+	bases := map[string]*codec.SharedBasis{} // shared variants: the module's basis
 	for ti, t := range ts {
 		src := encodeAs(t.f32, dt)
 		var blocks []blk
-		var lossless int
+		var lossless, misses, whole int
+		var fit time.Duration
+		oos := bases[t.name] != nil
+		if v.shared && bases[t.name] == nil {
+			start := now()
+			sb, err := codec.FitSharedBasis(src, dt, t.rowLen, c.(codec.LossyCodec).Bound().Value)
+			fit = now() - start
+			if err == nil {
+				bases[t.name] = sb
+				r.basisBytes += len(sb.Packet())
+				r.stored += len(sb.Packet())
+				r.fits++
+			}
+		}
+		dc, sb := c, bases[t.name]
 		best := time.Duration(math.MaxInt64)
 		for range reps {
-			blocks, lossless = blocks[:0], 0
+			blocks, lossless, misses = blocks[:0], 0, 0
 			tc := c
 			start := now()
 			if rp, ok := c.(codec.RowPreparer); ok {
@@ -315,6 +369,10 @@ func bench(v variant, cname string, ts []tensor, dt dtype.DType, bs, reps int, d
 					return r, err
 				}
 			}
+			if sb != nil {
+				tc = tc.(codec.BasisUser).WithBasis(sb)
+			}
+			dc = tc
 			for off := 0; off < len(src); off += bs {
 				b := src[off:min(off+bs, len(src))]
 				var (
@@ -340,11 +398,16 @@ func bench(v variant, cname string, ts []tensor, dt dtype.DType, bs, reps int, d
 				if st.Lossless {
 					lossless++
 				}
+				misses += st.SharedMisses
 				blocks = append(blocks, blk{out, b})
 			}
 			best = min(best, now()-start)
 		}
-		r.encDur += best
+		r.encDur += best + fit
+		whole = len(t.f32) / max(1, t.rowLen)
+		if v.shared && float64(misses) > refitShare*float64(whole) {
+			delete(bases, t.name) // refitted from the module's next record
+		}
 		r.lossless += lossless
 		r.blocks += len(blocks)
 		var dec []byte
@@ -363,7 +426,7 @@ func bench(v variant, cname string, ts []tensor, dt dtype.DType, bs, reps int, d
 					}
 				default:
 					var err error
-					if dec, err = c.Decode(dec, b.stored, dt, len(b.raw)); err != nil {
+					if dec, err = dc.Decode(dec, b.stored, dt, len(b.raw)); err != nil {
 						return r, fmt.Errorf("decode: %w", err)
 					}
 				}
@@ -372,11 +435,15 @@ func bench(v variant, cname string, ts []tensor, dt dtype.DType, bs, reps int, d
 		}
 		r.decDur += best
 		for _, b := range blocks {
-			r.raw += len(b.raw)
+			n := len(b.stored)
 			if b.stored == nil {
-				r.stored += len(b.raw)
-			} else {
-				r.stored += len(b.stored)
+				n = len(b.raw)
+			}
+			r.raw += len(b.raw)
+			r.stored += n
+			if oos {
+				r.oosRaw += len(b.raw)
+				r.oosStored += n
 			}
 		}
 		errStats(&r, src, dec, dt, t.rowLen)
@@ -404,8 +471,16 @@ func bench(v variant, cname string, ts []tensor, dt dtype.DType, bs, reps int, d
 					return r, err
 				}
 				sum := sha256.Sum256(dec[bi*bs : bi*bs+len(b.raw)])
-				dumpEntries = append(dumpEntries, map[string]any{"file": f, "codec_id": int(c.ID()),
-					"dtype": dt.String(), "raw_len": len(b.raw), "go_sha256": hex.EncodeToString(sum[:])})
+				e := map[string]any{"file": f, "codec_id": int(c.ID()),
+					"dtype": dt.String(), "raw_len": len(b.raw), "go_sha256": hex.EncodeToString(sum[:])}
+				if sb != nil && b.stored[0] == 4 { // mode 4: the reader needs the module's basis packet
+					bf := fmt.Sprintf("basis_%08x.bin", sb.CRC())
+					if err := os.WriteFile(filepath.Join(d, bf), sb.Packet(), 0o644); err != nil {
+						return r, err
+					}
+					e["basis"] = bf
+				}
+				dumpEntries = append(dumpEntries, e)
 			}
 		}
 	}

@@ -36,7 +36,10 @@ const (
 	// sharedHeader is mode, row_len, first, k, groups, crc32.
 	sharedHeader = 1 + 4 + 4 + 2 + 1 + 4
 	// sharedFitRows is the most rows a basis is fitted from.
-	sharedFitRows = 1024
+	sharedFitRows = 4096
+	// sharedMargin: the coefficients' rounding error may take this share of a row's squared
+	// budget (the rest is for the basis' own rounding and the dtype's; every row is verified).
+	sharedMargin = 0.99
 )
 
 // ErrNeedBasis: a transform block was coded on a module's shared basis (mode 4) and the
@@ -104,7 +107,7 @@ func FitSharedBasis(src []byte, dt dtype.DType, rowLen int, bound float64) (*Sha
 			rows[s*d+i] = loadFloat(src, dt, r*d+i) - float64(tb.mean[i])
 		}
 	}
-	vecs := principal(rows, m, d, min(m, d))
+	vecs := principal(rows, m, d, min(m, d, 512))
 	// Complete to a rotation: the unit vectors, orthonormalized against what is there.
 	full := make([]float64, len(vecs), len(vecs)+d*d)
 	copy(full, vecs)
@@ -308,8 +311,8 @@ func (sb *SharedBasis) codeRows(x []float64, parts []tPart, full []int, dt dtype
 			coef[j] = dot(cen, tb.v[j*d:(j+1)*d])
 			kept += coef[j] * coef[j]
 		}
-		target := stepMargin*stepMargin*bound*bound*ss - max(0, cs-kept)
-		if ss == 0 || !(target > 0.15*stepMargin*stepMargin*bound*bound*ss) {
+		target := sharedMargin*bound*bound*ss - max(0, cs-kept)
+		if ss == 0 || !(target > 0.15*sharedMargin*bound*bound*ss) {
 			continue
 		}
 		// rounding error of the coefficients at step s
@@ -334,7 +337,7 @@ func (sb *SharedBasis) codeRows(x []float64, parts []tPart, full []int, dt dtype
 			}
 			q *= 1.05
 		}
-		for try := 0; try < 8; try, q = try+1, q*0.95 {
+		for try := 0; try < 12; try, q = try+1, q*0.97 {
 			s := float32(q)
 			if !(s >= 0x1p-126) || math.IsInf(float64(s), 0) {
 				break
