@@ -534,14 +534,31 @@ class StreamReader:
         at a torn end are skipped)."""
         return self._tensors(None)
 
-    def _tensors(self, name: Optional[str]) -> Iterator[Tensor]:
+    def tensors_where(self, keep: Callable[[str, int], bool]) -> Iterator[Tensor]:
+        """The tensors whose packets ``keep(name, forward)`` selects, in sequence order
+        (PART packets reassembled, as by iteration).
+
+        With an index the other packets are not even read; without one (a stream cut before
+        its end) every packet is read and CRC-checked, and only the selected ones become
+        tensors.
+
+        Args:
+            keep: ``keep(name, forward)`` → whether the tensor's packets are wanted.
+
+        Example:
+            >>> step7 = list(reader.tensors_where(lambda name, fwd: fwd == 7))  # doctest: +SKIP
+        """
+        return self._tensors(None, keep)
+
+    def _tensors(self, name: Optional[str], keep: Optional[Callable[[str, int], bool]] = None) -> Iterator[Tensor]:
         # Same rules as the Go reader: the parts of one tensor follow each other in order
         # among that module's packets; a gap (a dropped part, a cut stream) makes the tensor
         # incomplete: counted in ``incomplete_tensors``, never returned.
         pending: Dict[str, List[Packet]] = {}
         incomplete = 0
-        for pk in self._packet_source(name):
-            if pk.type != TENSOR or (name is not None and pk.name != name):
+        for pk in self._packet_source(name, keep):
+            if pk.type != TENSOR or (name is not None and pk.name != name) or \
+                    (keep is not None and not keep(pk.name, pk.forward)):
                 continue
             if not pk.is_part:
                 yield Tensor([pk])
@@ -570,10 +587,12 @@ class StreamReader:
         if (pk.name, pk.type, pk.flags, pk.seq, pk.step, pk.forward) != (name, typ, fl, seq, step, fwd):
             raise StreamFormatError(f"{self.path}: INDEX entry disagrees with the packet it points at", off)
 
-    def _packet_source(self, name: Optional[str]) -> Iterator[Packet]:
-        if name is not None and self._offsets is not None:
+    def _packet_source(self, name: Optional[str],
+                       keep: Optional[Callable[[str, int], bool]] = None) -> Iterator[Packet]:
+        if self._offsets is not None and (name is not None or keep is not None):
             yield from self._parse_entries(
-                [i for i, e in enumerate(self._index_entries) if e[0] == name and e[1] == TENSOR])
+                [i for i, e in enumerate(self._index_entries)
+                 if e[1] == TENSOR and (name is None or e[0] == name) and (keep is None or keep(e[0], e[5]))])
             return
         yield from self.packets()
 

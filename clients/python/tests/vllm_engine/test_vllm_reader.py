@@ -197,14 +197,16 @@ def test_finish_marks(real_strapd: Any, tmp_path: Path) -> None:
     assert r.finished is None and not r.aborted
 
 
-def _same(x: Any, y: Any) -> None:
-    """Two RequestCaptures hold the same tensors and facts."""
+def _same(x: Any, y: Any, same_streams: bool = True) -> None:
+    """Two RequestCaptures hold the same tensors and facts (and were read from the same
+    stream files, unless ``same_streams`` is off: copies of them)."""
     import torch
 
     assert sorted(x) == sorted(y)
     for n in x:
         assert torch.equal(x[n], y[n]), n
-    for k in ("request_id", "engine_request_id", "prompt_len", "missing", "recomputed", "streams", "finished"):
+    for k in ("request_id", "engine_request_id", "prompt_len", "missing", "recomputed", "finished") + \
+            (("streams",) if same_streams else ()):
         assert getattr(x, k) == getattr(y, k), k
     assert torch.equal(x.token_ids, y.token_ids) and torch.equal(x.positions, y.positions)
 
@@ -243,6 +245,63 @@ def test_iter_requests_reads_once_what_load_request_reads(real_strapd: Any, tmp_
     assert [sorted(r) for r in only] == [["model.layers.1"]] * 3
     for r in only:
         _same(r, load_request(tmp_path, r.request_id, modules=["model.layers.1"]))
+
+
+def test_load_request_reads_only_its_steps(real_strapd: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """With the stream's index, ``load_request`` parses the index records and then only the
+    packets of the steps holding the request's rows (and the finish marks); the same stream
+    cut before its index (read whole) gives the same capture."""
+    import shutil
+
+    from llm_instrumentation import stream
+    from llm_instrumentation.vllm import load_request
+
+    reqs = [f"{i}-0000000{i}" for i in range(6)]
+    steps: List[Dict[str, Any]] = []
+    for i, rid in enumerate(reqs):  # one request after another, 3 steps each, then its mark
+        steps.append({"rows": [(rid, p, 100 + p) for p in range(4)],
+                      "new": {rid: {"prompt": [100, 101, 102, 103], "computed": 0}}, "sampled": [(rid, 4, 104)]})
+        steps.append({"rows": [(rid, 4, 104)], "sampled": [(rid, 5, 105)]})
+        steps.append({"rows": [(rid, 5, 105)], "sampled": [(rid, 6, 106)]})
+        steps.append({"finished": {rid: ("length_capped", 7)}})
+    full = tmp_path / "full"
+    full.mkdir()
+    write_stream(full / "s.strap", real_strapd.socket, steps, layers=(0, 1, 2))
+
+    parsed: List[int] = []
+    real_parse = stream.StreamReader._parse
+
+    def counting(self: Any, off: int, *a: Any, **kw: Any) -> Any:
+        parsed.append(off)
+        return real_parse(self, off, *a, **kw)
+
+    monkeypatch.setattr(stream.StreamReader, "_parse", counting)
+    with stream.open_stream(full / "s.strap") as r:
+        assert r.indexed
+        total = sum(1 for _ in r.packets())
+    parsed.clear()
+    got = load_request(full, "3")
+    # the index records of all 6 requests (6 x 3 rows + 6 x 3 sampled), then request 3's 3
+    # steps (rows, 3 layers, sampled) and the 6 marks (a few more: the walks to END)
+    indexed = len(parsed)
+    assert indexed <= 6 * 3 * 2 + 3 * 5 + 6 + 6, (indexed, total)
+    assert got.positions.tolist() == [0, 1, 2, 3, 4, 5] and got.finished == "length_capped"
+    assert got["model.layers.2"][:, 0].tolist() == [value(reqs[3], p, 0, 2) for p in range(6)]
+
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    shutil.copy(full / "s.strap", cut / "s.strap")
+    with stream.open_stream(cut / "s.strap") as r:
+        at = r.index_offset
+    assert at is not None
+    os.truncate(cut / "s.strap", at)
+    with stream.open_stream(cut / "s.strap") as r:
+        assert not r.indexed
+    parsed.clear()
+    _same(load_request(cut, "3"), got, same_streams=False)
+    assert len(parsed) > 2 * indexed, (len(parsed), indexed)  # read whole: every packet, twice
+    for rid in ("0", "5"):
+        _same(load_request(cut, rid), load_request(full, rid), same_streams=False)
 
 
 def _worker_rank(rank: int, tp: int, pp: int) -> Dict[str, Any]:

@@ -104,31 +104,43 @@ def _external(internal: str, randomized: bool) -> str:
     return _SUFFIX.sub("", internal) if randomized else internal
 
 
-def _index_metas(r: Any) -> Iterator[Tuple[str, Dict[str, Any]]]:
+def _index_metas(r: Any) -> Iterator[Tuple[str, Dict[str, Any], int]]:
     from ..stream import TENSOR
 
     for pk in r.packets(select=lambda n, t: t == TENSOR and n in (ROWS, SAMPLED)):
         if pk.part_offset == 0:
-            yield pk.name, pk.meta
+            yield pk.name, pk.meta, pk.forward
 
 
-def _scan_ids(directory: PathArg) -> Dict[str, Dict[str, List[str]]]:
-    """external id → internal id → streams holding rows of it."""
+#: (internal id, stream) → the forward passes whose rows hold the request there
+Forwards = Dict[Tuple[str, str], Set[int]]
+
+
+def _scan(directory: PathArg) -> Tuple[Dict[str, Dict[str, List[str]]], Forwards]:
+    """external id → internal id → streams holding rows of it; and the forward passes of
+    each request's rows in each stream (reading only the index records' metadata)."""
     found: Dict[str, Dict[str, List[str]]] = {}
+    forwards: Forwards = {}
     for path in streams(directory):
         r = _open(path)
         if r is None:
             continue
         with r:
             randomized = bool(r.metadata["client_metadata"]["vllm"].get("request_id_randomized", True))
-            for name, meta in _index_metas(r):
+            for name, meta, fwd in _index_metas(r):
                 if name != ROWS:
                     continue
                 for rid in meta.get("requests", ()):
                     paths = found.setdefault(_external(rid, randomized), {}).setdefault(rid, [])
                     if path not in paths:
                         paths.append(path)
-    return found
+                    forwards.setdefault((rid, path), set()).add(fwd)
+    return found, forwards
+
+
+def _scan_ids(directory: PathArg) -> Dict[str, Dict[str, List[str]]]:
+    """external id → internal id → streams holding rows of it."""
+    return _scan(directory)[0]
 
 
 def list_requests(directory: PathArg) -> List[str]:
@@ -244,10 +256,12 @@ class _Assembly:
 
 
 def _read(path: str, wanted: Dict[str, _Assembly], want: Optional[Set[str]],
-          pop_finished: bool = False) -> Iterator[_Assembly]:
+          pop_finished: bool = False, forwards: Optional[Set[int]] = None) -> Iterator[_Assembly]:
     """One pass over one stream, feeding every request of ``wanted`` (internal id →
     assembly); with ``pop_finished``, a request leaves ``wanted`` and is yielded at its
-    ``vllm.finished`` record (nothing of it follows in the stream), mid-pass."""
+    ``vllm.finished`` record (nothing of it follows in the stream), mid-pass. ``forwards``:
+    read only the steps of these forward passes (and every ``vllm.finished`` record), which
+    an indexed stream does without reading the rest."""
     r = _open(path)
     if r is None:
         return
@@ -256,7 +270,9 @@ def _read(path: str, wanted: Dict[str, _Assembly], want: Optional[Set[str]],
     with r:
         cur_fwd: Optional[int] = None
         active: List[_Assembly] = []  # the requests with rows in the current step
-        for t in r:
+        tensors = iter(r) if forwards is None else \
+            r.tensors_where(lambda name, fwd: fwd in forwards or name == FINISHED)
+        for t in tensors:
             if t.name == ROWS:
                 cur_fwd = t.forward
                 for a in active:
@@ -317,7 +333,9 @@ def _resolve(ids: Dict[str, Dict[str, List[str]]], request_id: str,
 def load_request(directory: PathArg, request_id: str, modules: Optional[Sequence[str]] = None) -> RequestCapture:
     """One request's captured modules, rows in position order, and its token ids.
 
-    Reads every stream holding rows of the request once; to read many requests, iterate
+    Reads the index records of every stream, then only the steps that hold the request's
+    rows (an indexed stream, i.e. one whose capture ended, skips the rest without reading
+    it; a stream cut short is read whole); to read many requests, iterate
     :func:`iter_requests`, which reads each stream once for all of them.
 
     Args:
@@ -335,11 +353,12 @@ def load_request(directory: PathArg, request_id: str, modules: Optional[Sequence
         ValueError: the id names requests of more than one engine run (pass the internal id
             from the message), or the stream's rows disagree with its tokens.
     """
-    internal, external, paths = _resolve(_scan_ids(directory), request_id, directory)
+    ids, forwards = _scan(directory)
+    internal, external, paths = _resolve(ids, request_id, directory)
     a = _Assembly(internal, external, paths)
     want = set(modules) if modules is not None else None
     for path in paths:
-        for _ in _read(path, {internal: a}, want):
+        for _ in _read(path, {internal: a}, want, forwards=forwards.get((internal, path), set())):
             pass
     return a.build()
 
