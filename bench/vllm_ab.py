@@ -61,7 +61,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 LAYERS = 8
 HIDDEN = 1024
@@ -86,6 +86,30 @@ def prompts_for(n: int, seed: int, vocab: int) -> List[List[int]]:
 def _cpu_self() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+class GCTime:
+    """Python's cyclic garbage collections in this process, timed (gc.callbacks): a batch's
+    collections of generation 2 walk every tracked object of the engine's process."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.s = [0.0, 0.0, 0.0]
+        self.n = [0, 0, 0]
+        self._t = 0.0
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase: str, info: Dict[str, Any]) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            g = info["generation"]
+            self.s[g] += time.perf_counter() - self._t
+            self.n[g] += 1
+
+    def snapshot(self) -> Tuple[List[float], List[int]]:
+        return list(self.s), list(self.n)
 
 
 def _rusage_counts() -> Dict[str, int]:
@@ -164,6 +188,7 @@ class Worker:
                 setattr(self.cap, name, self._timed(getattr(self.cap, name)))
         self.in_plugin = 0.0
         self.in_plugin_cpu = 0.0
+        self.gc = GCTime()
         with open(Path(model) / "config.json") as f:
             self.vocab = json.load(f)["vocab_size"]
 
@@ -223,6 +248,7 @@ class Worker:
             prof = cProfile.Profile(time.thread_time)
             prof.enable()
         n0 = _rusage_counts()
+        g0 = self.gc.snapshot()
         c0, t0 = _cpu_self(), time.monotonic()
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         t1 = time.monotonic()
@@ -262,6 +288,9 @@ class Worker:
             res.update(bytes=total)
         t2, c2 = time.monotonic(), _cpu_self()
         res.update({k: v - n0[k] for k, v in _rusage_counts().items()})
+        g1 = self.gc.snapshot()
+        # the cyclic collector's time in this batch, and its generation-2 (full) collections
+        res.update(gc_s=sum(g1[0]) - sum(g0[0]), gc_full=g1[1][2] - g0[1][2], gc_full_s=g1[0][2] - g0[0][2])
         got = sum(len(o.outputs[0].token_ids) for o in outs)
         if got != n * MAX_TOKENS:
             raise SystemExit(f"{mode}: generated {got} tokens, expected {n * MAX_TOKENS}")
@@ -507,6 +536,7 @@ def main() -> None:
                           + (f"  {r['bytes'] / 2**20:7.1f} MiB" if r.get("bytes") else "")
                           + f"  others {r['others_cpu_s']:5.2f} s (kernel threads {r['kthreads_cpu_s']:4.2f} s) steal {r['machine_steal_s']:4.2f} s"
                           f"  preempted {r['preempted']} waited {r['waited']} minflt {r['minflt']}"
+                          f"  gc {r.get('gc_s', 0):.3f} s ({r.get('gc_full', 0)} full, {r.get('gc_full_s', 0):.3f} s)"
                           + f"  load {os.getloadavg()[0]:.2f}", flush=True)
                     for label, (ct, nc) in r.get("profile", {}).items():
                         print(f"      {label:48s} {ct:6.3f} s  {nc:6d} calls", flush=True)
@@ -616,14 +646,15 @@ def summarize(rows: List[Dict[str, Any]], modes: List[str], batches: List[int]) 
             print(line)
         # what else the machine did per batch, by mode (medians): other processes' and the
         # kernel's CPU, the hypervisor's steal, the engine's preemptions and page faults
-        extra = ("others_cpu_s", "kthreads_cpu_s", "machine_steal_s", "preempted", "minflt")
+        extra = ("others_cpu_s", "kthreads_cpu_s", "machine_steal_s", "preempted", "minflt", "gc_s", "gc_full")
         for m in modes:
-            mine = [by[(i, m)] for i in rounds if (i, m) in by and "kthreads_cpu_s" in by[(i, m)]]
+            mine = [by[(i, m)] for i in rounds if (i, m) in by and "gc_s" in by[(i, m)]]
             if mine:
                 med = {k: statistics.median(r[k] for r in mine) for k in extra}
                 res.setdefault(m, {}).update({f"{k}_median": v for k, v in med.items()})
                 print(f"  {m:8s} per batch: others' cpu {med['others_cpu_s']:.2f} s (kernel threads "
-                      f"{med['kthreads_cpu_s']:.2f} s), steal {med['machine_steal_s']:.2f} s, "
+                      f"{med['kthreads_cpu_s']:.2f} s), Python's collector {med['gc_s']:.3f} s "
+                      f"({med['gc_full']:.0f} full), steal {med['machine_steal_s']:.2f} s, "
                       f"engine preempted {med['preempted']:.0f}x, minor faults {med['minflt']:.0f}")
         plain = [by[(i, "plain")]["generate_s"] for i in rounds if (i, "plain") in by]
         if plain:
