@@ -331,6 +331,51 @@ def test_forced_preemption(model_dir: Path, hf_model: Any, daemon: Any, tmp_path
         assert greedy[len(req["prompt"]) - 1:-1].tolist() == req["generated"]
 
 
+def test_rotating_segments(model_dir: Path, hf_model: Any, daemon: Any, plain: Dict[str, Any],
+                           tmp_path: Path) -> None:
+    """STRAP_VLLM_ROTATE: the worker ends its stream and begins the next segment between steps
+    once the records passed the size; every segment is a whole stream (verifies, ends
+    ``complete``, has its index), requests running across a boundary read back whole and equal
+    transformers, each has its finish mark, and ``iter_requests`` gives what ``load_request`` does."""
+    from llm_instrumentation.stream import open_stream
+    from llm_instrumentation.vllm import iter_requests, list_requests, load_request
+
+    cap = tmp_path / "caps"
+    # chunked prefill (6 tokens a step) and 12 KiB of records a segment: many short segments
+    got = run_vllm(model_dir, cap, daemon, "--max-num-batched-tokens", "6",
+                   env_extra={"STRAP_VLLM_ROTATE": "12KiB"})
+    assert [r["generated"] for r in got["requests"]] == [r["generated"] for r in plain["requests"]]
+    paths = verify_streams(cap)
+    assert len(paths) >= 3, [p.name for p in paths]
+    stem = paths[0].name.rsplit(".seg", 1)[0]
+    assert [p.name for p in paths] == [f"{stem}.seg{i:05d}.strap" for i in range(len(paths))]
+    spans = []
+    for i, p in enumerate(paths):
+        with open_stream(p) as r:
+            assert r.indexed and r.metadata["client_metadata"]["vllm"]["segment"] == i
+    ids = [r["request_id"] for r in got["requests"]]
+    assert list_requests(cap) == ids
+    for req in got["requests"]:
+        r = check_request(cap, hf_model, req)
+        assert r.finished == "length_capped", (req["request_id"], r.finished)
+        spans.append(len(r.streams))
+    assert max(spans) >= 2, f"no request ran across a segment boundary: {spans}"
+    seen = {x.request_id: x for x in iter_requests(cap)}
+    assert sorted(seen) == sorted(ids)
+    for rid, x in seen.items():
+        y = load_request(cap, rid)
+        assert sorted(x) == sorted(y) and all(torch_equal(x[n], y[n]) for n in x)
+        assert x.positions.tolist() == y.positions.tolist() and x.streams == y.streams
+        assert x.finished == y.finished and x.token_ids.tolist() == y.token_ids.tolist()
+    check_dataset(cap, got["requests"], tmp_path)  # the datasets and exports over the segments
+
+
+def torch_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
 def test_qwen2(qwen2_dir: Path, daemon: Any, tmp_path: Path) -> None:
     """A Qwen2 (attention with biases) the same way as the Llama, in-process."""
     from transformers import Qwen2ForCausalLM

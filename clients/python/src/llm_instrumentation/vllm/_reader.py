@@ -389,7 +389,8 @@ def iter_requests(directory: PathArg, modules: Optional[Sequence[str]] = None) -
     """
     want = set(modules) if modules is not None else None
     groups: Dict[Tuple[str, ...], Dict[str, _Assembly]] = {}
-    for external, cands in _scan_ids(directory).items():
+    ids, forwards = _scan(directory)
+    for external, cands in ids.items():
         for internal, paths in cands.items():
             groups.setdefault(tuple(paths), {})[internal] = _Assembly(internal, external, list(paths))
     for group, wanted in groups.items():
@@ -397,8 +398,13 @@ def iter_requests(directory: PathArg, modules: Optional[Sequence[str]] = None) -
             for a in _read(group[0], wanted, want, pop_finished=True):
                 yield a.build()
         else:
+            # Several streams (pipeline stages, or the segments a request ran across): of each,
+            # only the steps holding these requests' rows (an indexed stream skips the rest).
             for path in group:
-                for _ in _read(path, wanted, want):
+                fw: Set[int] = set()
+                for rid in wanted:
+                    fw |= forwards.get((rid, path), set())
+                for _ in _read(path, wanted, want, forwards=fw):
                     pass
         for a in wanted.values():  # not finished in the stream (still running, or killed)
             yield a.build()

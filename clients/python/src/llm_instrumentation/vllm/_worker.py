@@ -92,6 +92,10 @@ class WorkerCapture:
         self._last_pos: Dict[str, int] = {}
         #: captured requests whose first rows were written (their prompt is in the stream)
         self._seen: set = set()
+        #: with ``STRAP_VLLM_ROTATE``: the stream's segment number; the stream name segments
+        #: are numbered from
+        self.segment = 0
+        self._base_name: Optional[str] = None
 
     # ----- set-up ------------------------------------------------------------------------------
 
@@ -110,6 +114,10 @@ class WorkerCapture:
         self.modules = _names.select(model, self.settings.modules)
         rank = _ranks(vc)
         self.rank = rank
+        if self.settings.rotate_bytes is not None and rank["world_size"] > 1:
+            raise ValueError(f"STRAP_VLLM_ROTATE works with an engine of one worker: this one has "
+                             f"{rank['world_size']} (tp {rank['tp_size']} x pp {rank['pp_size']}), whose capture set "
+                             "names one stream per rank (docs/VLLM.md 3)")
         # Every supported module's output is replicated across tensor-parallel ranks (after
         # their all-reduce): tp rank 0 of each pipeline stage stores it once. The other tp
         # ranks still write a stream, holding no record, so that the engine's workers make
@@ -181,7 +189,12 @@ class WorkerCapture:
             ring = _ring_size(vc, len(self.modules)) if self.stores else AUTO_RING_MIN_BYTES
             plan = dataclasses.replace(plan, ring_size=ring, memory_hint=ring)
         os.makedirs(self.settings.output_dir, exist_ok=True)
-        self.path = os.path.join(self.settings.output_dir, stream_name(vc, rank))
+        if self._base_name is None:
+            self._base_name = stream_name(vc, rank)
+        name = self._base_name
+        if self.settings.rotate_bytes is not None:
+            name = segment_name(name, self.segment)
+        self.path = os.path.join(self.settings.output_dir, name)
         names = [n for n, _ in self.modules]
         fp = _open.fingerprint(model, cfg, plan, names)
         dist = self._distributed(vc, rank)
@@ -234,6 +247,7 @@ class WorkerCapture:
             # "-" and 8 random hex digits, unless this is set (docs/VLLM.md 4).
             "request_id_randomized": not bool(getattr(envs, "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", False)),
             **{k: rank[k] for k in ("rank", "tp_rank", "tp_size", "pp_rank", "pp_size")},
+            **({"segment": self.segment} if self.settings.rotate_bytes is not None else {}),
         }
 
     # ----- per step ----------------------------------------------------------------------------
@@ -252,6 +266,25 @@ class WorkerCapture:
                 self._seen.discard(r)
             if done:
                 self._finished(done)
+        # After the finish marks, which belong with the requests' last rows in this segment.
+        rot = self.settings.rotate_bytes
+        if rot is not None and self.session is not None and not self.failed and self.session.bytes_in >= rot:
+            self._rotate()
+
+    def _rotate(self) -> None:
+        """End this segment's stream (CLOSE: strapd writes its index; it is whole, readable and
+        movable from now on) and begin the next one, between two steps. Requests running
+        across the boundary have rows in both; the reader puts them together."""
+        s, self.session = self.session, None
+        try:
+            summary = s.close().to_body()
+            log.info("llm_instrumentation.vllm: segment %s closed: %s", self.path, summary)
+            self.segment += 1
+            self._open(self.runner.get_model(), self.runner.vllm_config, self.rank)
+        except Exception as e:
+            self._fail(e)
+        finally:
+            s.shutdown()
 
     def _finished(self, done: Dict[str, str]) -> None:
         """A ``vllm.finished`` record: the requests whose capture ends, and why."""
@@ -564,6 +597,13 @@ def stream_name(vc: Any, rank: Dict[str, Any]) -> str:
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
         return f"vllm-{stamp}-{os.getpid()}-rank{rank['rank']}.strap"
     return f"{engine_stem(vc, rank)}.rank{rank['rank']:05d}-of-{rank['world_size']:05d}.strap"
+
+
+def segment_name(name: str, segment: int) -> str:
+    """The stream name of segment ``segment`` of a rotating worker (``STRAP_VLLM_ROTATE``):
+    ``vllm-<time>-<pid>-rank0.seg00003.strap`` for ``vllm-<time>-<pid>-rank0.strap``."""
+    stem, ext = os.path.splitext(name)
+    return f"{stem}.seg{segment:05d}{ext}"
 
 
 def _set_wait() -> float:
