@@ -27,7 +27,9 @@ import (
 // broke exactly that); a reader may also start at any packet. A basis kept across records
 // would need the pipeline to pass the module, to order basis refreshes across blocks coded
 // concurrently, and every reader (Go and Python) to carry state from packet to packet. The
-// price is the basis' bytes in every block (section 5.2 measures it).
+// price is the basis' bytes in every block (section 5.2 measures it). Modes 3 and 4
+// (transform_shared.go, section 5.3) are that shared basis on the codec's side: a block's bytes
+// are then a function of the block and one basis packet it names by crc32.
 
 // Transform is the per-block PCA transform codec (docs/COMPRESSION.md 5.2).
 const Transform ID = 20
