@@ -113,6 +113,13 @@ def main() -> None:
         res["checkpoint"] = checkpoint(llm)
         d = os.environ["STRAP_VLLM_OUTPUT"]
         res["loaded_before_exit"] = {rid: load_request(d, rid).token_ids.tolist() for rid in list_requests(d)}
+    import os as _os
+
+    if _os.environ.get("STRAP_VLLM_OUTPUT"):
+        from llm_instrumentation.vllm._plugin import captures
+
+        # an in-process engine's workers: their segment rotations, (close ms, open ms) each
+        res["rotations"] = [list(t) for c in captures() for t in c.rotations]
     with open(a.out, "w") as f:
         json.dump(res, f)
     # Nothing to close by hand: the plugin closes each worker's stream when vLLM shuts its

@@ -368,6 +368,10 @@ def test_rotating_segments(model_dir: Path, hf_model: Any, daemon: Any, plain: D
         assert x.positions.tolist() == y.positions.tolist() and x.streams == y.streams
         assert x.finished == y.finished and x.token_ids.tolist() == y.token_ids.tolist()
     check_dataset(cap, got["requests"], tmp_path)  # the datasets and exports over the segments
+    took = got["rotations"]
+    assert len(took) == len(paths) - 1, took
+    print(f"\n{len(took)} rotations: close {min(t for t, _ in took):.1f}-{max(t for t, _ in took):.1f} ms, "
+          f"open {min(t for _, t in took):.1f}-{max(t for _, t in took):.1f} ms (the engine waits between two steps)")
 
 
 def torch_equal(a: Any, b: Any) -> bool:

@@ -23,6 +23,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from . import _names
@@ -96,6 +97,8 @@ class WorkerCapture:
         #: are numbered from
         self.segment = 0
         self._base_name: Optional[str] = None
+        #: each rotation's (close, open) milliseconds: the engine waits for both between steps
+        self.rotations: List[Tuple[float, float]] = []
 
     # ----- set-up ------------------------------------------------------------------------------
 
@@ -277,10 +280,15 @@ class WorkerCapture:
         across the boundary have rows in both; the reader puts them together."""
         s, self.session = self.session, None
         try:
+            t0 = time.perf_counter()
             summary = s.close().to_body()
-            log.info("llm_instrumentation.vllm: segment %s closed: %s", self.path, summary)
+            closed, t1 = self.path, time.perf_counter()
             self.segment += 1
             self._open(self.runner.get_model(), self.runner.vllm_config, self.rank)
+            # the engine waits for both (it is between two steps): said, so a size can be chosen
+            self.rotations.append(((t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3))
+            log.info("llm_instrumentation.vllm: segment %s closed in %.1f ms (%s), %s opened in %.1f ms", closed,
+                     (t1 - t0) * 1e3, summary, self.path, (time.perf_counter() - t1) * 1e3)
         except Exception as e:
             self._fail(e)
         finally:
