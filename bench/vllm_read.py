@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=3, help="requests to time load_request on")
     ap.add_argument("--module", action="append", default=None, help="load only these modules")
     a = ap.parse_args()
+    import torch  # noqa: F401  (imported before any timing: the readers' first tensor would import it)
+
     from llm_instrumentation.vllm import iter_requests, list_requests, load_request
 
     c = cpu()
