@@ -103,15 +103,15 @@ func TestTransformSharedRoundTrip(t *testing.T) {
 			if _, err := DecodeShared(nil, out, tc.dt, len(next), ob); !errors.Is(err, ErrNeedBasis) {
 				t.Fatalf("other basis: %v", err)
 			}
-			if _, err := ByIDDecode(out, tc.dt, len(next)); !errors.Is(err, ErrNeedBasis) {
+			if _, err := registryDecode(out, tc.dt, len(next)); !errors.Is(err, ErrNeedBasis) {
 				t.Fatalf("registry codec: %v", err)
 			}
 		})
 	}
 }
 
-// ByIDDecode decodes with the registry's transform codec (no basis).
-func ByIDDecode(src []byte, dt dtype.DType, n int) ([]byte, error) {
+// registryDecode decodes with the registry's transform codec (no basis).
+func registryDecode(src []byte, dt dtype.DType, n int) ([]byte, error) {
 	c, err := ByID(Transform)
 	if err != nil {
 		return nil, err
