@@ -215,3 +215,30 @@ def test_corrupt_shared_raise() -> None:
         with pytest.raises(CodecError):
             decode_block(TRANSFORM, bad, case["dtype"], n_raw, basis=sb)
             pytest.fail(name)
+
+
+def test_shared_mutations_raise_codec_error_or_decode() -> None:
+    """Random byte flips of the mode-4 goldens and their basis packets: CodecError or a block of
+    the right length, never another exception (the Go side has FuzzTransformSharedDecode)."""
+    rng = np.random.default_rng(40)
+    for case in SHARED:
+        pkt = (GOLDEN / f"{case['basis']}.basis").read_bytes()
+        good, n_raw = _load(case, "stored"), case["raw_len"]
+        sb = SharedBasis(pkt)
+        for _ in range(150):
+            b = bytearray(good)
+            for off in rng.integers(0, len(b), size=int(rng.integers(1, 4))):
+                b[off] = int(rng.integers(0, 256))
+            try:
+                out = decode_block(TRANSFORM, bytes(b), case["dtype"], n_raw, basis=sb)
+            except CodecError:
+                continue
+            assert len(out) == n_raw
+        for _ in range(50):
+            b = bytearray(pkt)
+            off = int(rng.integers(0, min(len(b), 64)))
+            b[off] = int(rng.integers(0, 256))
+            try:
+                SharedBasis(bytes(b))
+            except CodecError:
+                pass

@@ -501,7 +501,8 @@ class SharedBasis:
         hl = _BASIS_HEADER.size
         if len(src) < hl + 4 * d:
             raise CodecError("basis mean")
-        mean = np.frombuffer(src[hl : hl + 4 * d], dtype="<f4").astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            mean = np.frombuffer(src[hl : hl + 4 * d], dtype="<f4").astype(np.float64)
         if not np.all(np.isfinite(mean)):
             raise CodecError("non-finite basis mean")
         pl, rest = _read_planes(src[hl + 4 * d :], 2, k * d)
