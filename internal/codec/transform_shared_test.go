@@ -374,3 +374,41 @@ func FuzzTransformSharedDecode(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkTransformShared: one record of 300 rows of 384 (MiniLM's layer-output shape),
+// bf16, coded on a basis fitted from another record of the same directions.
+func BenchmarkTransformShared(b *testing.B) {
+	fit, next := sharedRecords(300, 384, dtype.BFloat16, 21)
+	sb, err := FitSharedBasis(fit, dtype.BFloat16, 384, DefaultTransformBound)
+	if err != nil {
+		b.Fatal(err)
+	}
+	stored, _ := encodeShared(b, sb, next, dtype.BFloat16, 384, 0, DefaultTransformBound)
+	b.Run("encode", func(b *testing.B) {
+		c := mustNew(b, "transform", Options{})
+		rc, _ := c.(RowPreparer).ForRows(next, dtype.BFloat16, 384, 0)
+		sc := rc.(BasisUser).WithBasis(sb)
+		b.ReportAllocs()
+		b.SetBytes(int64(len(next)))
+		var dst []byte
+		for b.Loop() {
+			out, ok, err := sc.Encode(dst[:0], next, dtype.BFloat16)
+			if err != nil || !ok || len(out) != len(stored) {
+				b.Fatalf("encode: %d bytes, ok %v, err %v", len(out), ok, err)
+			}
+			dst = out
+		}
+	})
+	b.Run("decode", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(next)))
+		var dst []byte
+		for b.Loop() {
+			out, err := DecodeShared(dst[:0], stored, dtype.BFloat16, len(next), sb)
+			if err != nil || len(out) != len(next) {
+				b.Fatalf("decode: %d bytes, err %v", len(out), err)
+			}
+			dst = out
+		}
+	})
+}
