@@ -275,7 +275,7 @@ int ss_load_checkpoint(strap_session *s, sc_checkpoint *out)
 
 /* ----- a complete stream is never resumed (docs/CHECKPOINTS.md 4) ----- */
 
-static uint64_t le(const uint8_t *p, int n)
+uint64_t ss_le(const uint8_t *p, int n)
 {
 	uint64_t v = 0;
 	for (int i = n - 1; i >= 0; i--)
@@ -283,7 +283,7 @@ static uint64_t le(const uint8_t *p, int n)
 	return v;
 }
 
-static bool pread_all(int fd, void *buf, size_t n, uint64_t off)
+bool ss_pread_all(int fd, void *buf, size_t n, uint64_t off)
 {
 	size_t done = 0;
 	while (done < n) {
@@ -305,25 +305,26 @@ int ss_refuse_complete(strap_session *s, uint64_t from, bool *complete)
 	if (fstat(s->out_fd, &st) != 0)
 		return ss_fail(s, STRAP_E_SYSTEM, "stat %s: %s", s->output_path, strerror(errno));
 	uint64_t size = (uint64_t)st.st_size, off = from;
-	uint8_t h[96];
+	uint8_t h[SS_PKT_FIXED];
 	if (off == 0) { /* the first packet follows the file header (STREAM_FORMAT.md 2) */
-		if (size < 24 || !pread_all(s->out_fd, h, 24, 0) || memcmp(h, "STRAPSTM", 8) != 0)
+		if (size < 24 || !ss_pread_all(s->out_fd, h, 24, 0) || memcmp(h, "STRAPSTM", 8) != 0)
 			return STRAP_OK; /* no strap stream: nothing of a capture to keep */
-		off = (24 + le(h + 12, 4) + 7) / 8 * 8;
+		off = (24 + ss_le(h + 12, 4) + 7) / 8 * 8;
 	}
 	/* Packet headers only (no payload is read), up to the END: a torn or unknown packet
 	 * ends the walk, as does an INDEX before any END. */
 	uint64_t packets = 0;
-	while (off + sizeof h <= size && pread_all(s->out_fd, h, sizeof h, off) && memcmp(h, "SPKT", 4) == 0) {
-		uint64_t type = le(h + 4, 2), ndim = h[7], hlen = le(h + 8, 4), name_len = le(h + 12, 2),
-			 meta_len = le(h + 16, 4), stored = le(h + 56, 8);
-		if (hlen != 96 + 8 * ndim + name_len + meta_len || stored > size || off + hlen + stored > size)
+	while (off + sizeof h <= size && ss_pread_all(s->out_fd, h, sizeof h, off) && memcmp(h, "SPKT", 4) == 0) {
+		uint64_t type = ss_le(h + 4, 2), ndim = h[7], hlen = ss_le(h + 8, 4), name_len = ss_le(h + 12, 2),
+			 meta_len = ss_le(h + 16, 4), stored = ss_le(h + 56, 8);
+		if (hlen != SS_PKT_FIXED + 8 * ndim + name_len + meta_len || stored > size ||
+		    off + hlen + stored > size)
 			return STRAP_OK;
 		if (type == 4)
 			return STRAP_OK;
 		if (type == 5) {
 			if (meta_len >= SP_MAX_MESSAGE ||
-			    !pread_all(s->out_fd, s->sbuf, meta_len, off + hlen - meta_len))
+			    !ss_pread_all(s->out_fd, s->sbuf, meta_len, off + hlen - meta_len))
 				return STRAP_OK;
 			char why[64], status[32];
 			sj_val v;

@@ -40,54 +40,32 @@ static uint32_t crc32c(uint32_t crc, const void *p, size_t n)
 	return ~crc;
 }
 
-static uint64_t le(const uint8_t *p, int n)
-{
-	uint64_t v = 0;
-	for (int i = n - 1; i >= 0; i--)
-		v = v << 8 | p[i];
-	return v;
-}
-
-static bool pread_all(int fd, void *buf, size_t n, uint64_t off)
-{
-	size_t done = 0;
-	while (done < n) {
-		ssize_t r = pread(fd, (char *)buf + done, n - done, (off_t)(off + done));
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			return false;
-		done += (size_t)r;
-	}
-	return true;
-}
-
-enum { PKT_FIXED = 96, PKT_TENSOR = 1, PKT_DROP = 2, PKT_TOKEN = 3 };
+enum { PKT_TENSOR = 1, PKT_DROP = 2, PKT_TOKEN = 3 };
 
 /* One packet at off, whole and its CRC right: its fixed header in h, its length in *len. The
  * rest of the packet is read through s->sbuf (free while no message is being built). */
 static bool read_packet(strap_session *s, uint64_t size, uint64_t off, uint8_t *h, uint64_t *len)
 {
-	if (off + PKT_FIXED > size || !pread_all(s->out_fd, h, PKT_FIXED, off) || memcmp(h, "SPKT", 4) != 0)
+	if (off + SS_PKT_FIXED > size || !ss_pread_all(s->out_fd, h, SS_PKT_FIXED, off) || memcmp(h, "SPKT", 4) != 0)
 		return false;
-	uint64_t ndim = h[7], hlen = le(h + 8, 4), name_len = le(h + 12, 2), meta_len = le(h + 16, 4),
-		 stored = le(h + 56, 8);
-	if (ndim > 8 || hlen != PKT_FIXED + 8 * ndim + name_len + meta_len || stored > size || off + hlen > size ||
+	uint64_t ndim = h[7], hlen = ss_le(h + 8, 4), name_len = ss_le(h + 12, 2), meta_len = ss_le(h + 16, 4),
+		 stored = ss_le(h + 56, 8);
+	if (ndim > 8 || hlen != SS_PKT_FIXED + 8 * ndim + name_len + meta_len || stored > size || off + hlen > size ||
 	    off + hlen + stored > size || (h[15] & ~1u) != 0)
 		return false;
-	uint8_t fixed[PKT_FIXED];
-	memcpy(fixed, h, PKT_FIXED);
+	uint8_t fixed[SS_PKT_FIXED];
+	memcpy(fixed, h, SS_PKT_FIXED);
 	memset(fixed + 20, 0, 4); /* the CRC covers its own field as zero */
-	uint32_t crc = crc32c(0, fixed, PKT_FIXED);
-	for (uint64_t at = off + PKT_FIXED, end = off + hlen + stored; at < end;) {
+	uint32_t crc = crc32c(0, fixed, SS_PKT_FIXED);
+	for (uint64_t at = off + SS_PKT_FIXED, end = off + hlen + stored; at < end;) {
 		size_t n = end - at < SP_MAX_MESSAGE ? (size_t)(end - at) : SP_MAX_MESSAGE;
-		if (!pread_all(s->out_fd, s->sbuf, n, at))
+		if (!ss_pread_all(s->out_fd, s->sbuf, n, at))
 			return false;
 		crc = crc32c(crc, s->sbuf, n);
 		at += n;
 	}
 	*len = hlen + stored;
-	return crc == (uint32_t)le(h + 20, 4);
+	return crc == (uint32_t)ss_le(h + 20, 4);
 }
 
 /* The file header (STREAM_FORMAT.md 2): whole, its CRC right, its client metadata's fingerprint
@@ -95,14 +73,14 @@ static bool read_packet(strap_session *s, uint64_t size, uint64_t off, uint8_t *
 static int check_header(strap_session *s, uint64_t size, uint64_t *first)
 {
 	uint8_t h[24];
-	if (size < 24 || !pread_all(s->out_fd, h, 24, 0) || memcmp(h, "STRAPSTM", 8) != 0)
+	if (size < 24 || !ss_pread_all(s->out_fd, h, 24, 0) || memcmp(h, "STRAPSTM", 8) != 0)
 		return ss_fail(
 			s, STRAP_E_CHECKPOINT,
 			"%s is not a strap stream (no valid file header): there is nothing to resume, and it was "
 			"left as it is",
 			s->output_path);
-	uint64_t meta_len = le(h + 12, 4);
-	if (24 + meta_len > size || le(h + 20, 4) != 0)
+	uint64_t meta_len = ss_le(h + 12, 4);
+	if (24 + meta_len > size || ss_le(h + 20, 4) != 0)
 		return ss_fail(s, STRAP_E_CHECKPOINT, "%s: its file header is cut or damaged", s->output_path);
 	char *meta = malloc(meta_len + 1); /* open only: the header may hold a large metadata object */
 	if (!meta)
@@ -110,8 +88,8 @@ static int check_header(strap_session *s, uint64_t size, uint64_t *first)
 	int e = STRAP_OK;
 	uint8_t zero[16];
 	memcpy(zero, h, 16);
-	if (!pread_all(s->out_fd, meta, meta_len, 24) ||
-	    crc32c(crc32c(0, zero, 16), meta, meta_len) != (uint32_t)le(h + 16, 4)) {
+	if (!ss_pread_all(s->out_fd, meta, meta_len, 24) ||
+	    crc32c(crc32c(0, zero, 16), meta, meta_len) != (uint32_t)ss_le(h + 16, 4)) {
 		e = ss_fail(s, STRAP_E_CHECKPOINT, "%s: its file header fails its CRC32C check", s->output_path);
 		goto out;
 	}
@@ -155,7 +133,7 @@ int ss_resume_point(strap_session *s, const sc_checkpoint *ck, int64_t limit, rs
 	int e = check_header(s, size, &first);
 	if (e)
 		return e;
-	uint8_t h[PKT_FIXED];
+	uint8_t h[SS_PKT_FIXED];
 	uint64_t len;
 	if (ck) {
 		if (size < ck->stream_offset)
@@ -165,7 +143,8 @@ int ss_resume_point(strap_session *s, const sc_checkpoint *ck, int64_t limit, rs
 		/* the checkpoint's last packet, whole and as it says, ends its prefix (strapd walks the
 		 * whole prefix again at OPEN) */
 		bool ok = ck->packets ? read_packet(s, size, ck->last_packet_offset, h, &len) &&
-						le(h + 24, 8) == ck->last_seq && le(h + 20, 4) == ck->last_packet_crc &&
+						ss_le(h + 24, 8) == ck->last_seq &&
+						ss_le(h + 20, 4) == ck->last_packet_crc &&
 						ck->last_packet_offset + len == ck->stream_offset
 				      : ck->stream_offset == first;
 		if (!ok)
@@ -204,20 +183,20 @@ int ss_resume_point(strap_session *s, const sc_checkpoint *ck, int64_t limit, rs
 	for (uint64_t off = pt->offset; !(limit >= 0 && at.tokens >= (uint64_t)limit);) {
 		if (!read_packet(s, size, off, h, &len))
 			break; /* torn, damaged or the end of the file */
-		uint64_t type = le(h + 4, 2), seq = le(h + 24, 8), step = le(h + 32, 8);
+		uint64_t type = ss_le(h + 4, 2), seq = ss_le(h + 24, 8), step = ss_le(h + 32, 8);
 		if ((type != PKT_TENSOR && type != PKT_DROP && type != PKT_TOKEN) || seq == 0 ||
 		    (type == PKT_TOKEN && step != at.tokens))
 			break; /* the END/INDEX of the aborted session, or a token out of order */
 		at.packets++;
 		at.drops += type == PKT_DROP;
 		at.last_seq = seq;
-		at.last_crc = le(h + 20, 4);
+		at.last_crc = ss_le(h + 20, 4);
 		at.last_offset = off;
 		off += len;
 		at.offset = off;
 		if (type != PKT_TOKEN) {
 			/* TOKEN packets carry no forward: the next pass is the one after the last with a packet */
-			uint64_t f = le(h + 40, 8) + 1;
+			uint64_t f = ss_le(h + 40, 8) + 1;
 			at.forwards = f > at.forwards ? f : at.forwards;
 			continue;
 		}

@@ -125,6 +125,8 @@ struct strap_session {
 #define ss_load_checkpoint strap__ss_load_checkpoint
 #define sc_parse_checkpoint strap__sc_parse_checkpoint
 #define ss_refuse_complete strap__ss_refuse_complete
+#define ss_le strap__ss_le
+#define ss_pread_all strap__ss_pread_all
 #define ss_write_checkpoint strap__ss_write_checkpoint
 #define ss_resume_point strap__ss_resume_point
 #define ss_job_start strap__ss_job_start
@@ -165,6 +167,12 @@ int ss_load_checkpoint(strap_session *s, sc_checkpoint *c);
  * boundary; 0: the first packet) lead to an END with status "complete": a resume there would
  * cut a finished capture. With complete not NULL, *complete says so instead (STRAP_OK). */
 int ss_refuse_complete(strap_session *s, uint64_t from, bool *complete);
+/* Reading a stream file back (checkpoint.c; resume.c walks packets with them too): the
+ * little-endian integer of n bytes at p; all n bytes at off, EINTR retried (false on EOF or an
+ * error). SS_PKT_FIXED: a packet's fixed header (STREAM_FORMAT.md 3). */
+#define SS_PKT_FIXED 96
+uint64_t ss_le(const uint8_t *p, int n);
+bool ss_pread_all(int fd, void *buf, size_t n, uint64_t off);
 /* Write the checkpoint file for a stream prefix (temp file, fsync, rename, directory fsync);
  * forward_count is s->next_forward. */
 int ss_write_checkpoint(strap_session *s, uint64_t offset, uint64_t packets, uint64_t drops, uint64_t last_seq,
