@@ -255,6 +255,20 @@ class _Assembly:
         return out
 
 
+def _rows_of(t: Any, wanted: Dict[str, _Assembly]) -> Iterator[Tuple[int, _Assembly, Any]]:
+    """(row, assembly, the record's tensor) for each row of a ``vllm.sampled`` or
+    ``vllm.finished`` record ``t`` that belongs to a wanted request; the tensor is decoded only
+    when one does."""
+    who = t.meta.get("requests", [])
+    if not any(rid in wanted for rid in who):
+        return
+    data = t.tensor()
+    for k, rid in enumerate(who):
+        hit = wanted.get(rid)
+        if hit is not None:
+            yield k, hit, data
+
+
 def _read(path: str, wanted: Dict[str, _Assembly], want: Optional[Set[str]],
           pop_finished: bool = False, forwards: Optional[Set[int]] = None) -> Iterator[_Assembly]:
     """One pass over one stream, feeding every request of ``wanted`` (internal id →
@@ -284,23 +298,11 @@ def _read(path: str, wanted: Dict[str, _Assembly], want: Optional[Set[str]],
                         hit.step_rows(t, i)
                         active.append(hit)
             elif t.name == SAMPLED:
-                who = t.meta.get("requests", [])
-                if not any(rid in wanted for rid in who):
-                    continue
-                data = t.tensor()
-                for k, rid in enumerate(who):
-                    hit = wanted.get(rid)
-                    if hit is not None:
-                        hit.generated[int(data[k, 0])] = int(data[k, 1])
+                for k, hit, data in _rows_of(t, wanted):
+                    hit.generated[int(data[k, 0])] = int(data[k, 1])
             elif t.name == FINISHED:
-                who = t.meta.get("requests", [])
-                if not any(rid in wanted for rid in who):
-                    continue
-                data = t.tensor()
-                for k, rid in enumerate(who):
-                    hit = wanted.get(rid)
-                    if hit is None:
-                        continue
+                for k, hit, data in list(_rows_of(t, wanted)):
+                    rid = hit.internal
                     hit.finished = str(t.meta["reasons"][k])
                     hit.finished_tokens = int(data[k])
                     if pop_finished:
