@@ -517,6 +517,24 @@ static int connect_and_open(strap_session *s, const strap_session_params *p, con
 	return STRAP_OK;
 }
 
+/* A session with nothing open yet (every descriptor -1): its message buffer, and with
+ * replies its receive buffer too (a NULL buffer is the caller's out-of-memory to report);
+ * NULL with err set when even the session cannot be allocated. */
+static strap_session *bare_session(bool replies, strap_error *err)
+{
+	strap_session *s = calloc(1, sizeof *s);
+	if (!s) {
+		se_set(err, STRAP_E_NOMEM, "out of memory");
+		return NULL;
+	}
+	pthread_mutex_init(&s->mu, NULL);
+	s->sock = s->ring_fd = s->out_fd = s->trace_fd = s->res_fd = -1;
+	s->sbuf = malloc(SP_MAX_MESSAGE + 1);
+	if (replies)
+		s->rbuf = malloc(SP_MAX_MESSAGE + 1);
+	return s;
+}
+
 int strap_session_open(const strap_session_params *params, strap_session **out, strap_error *err)
 {
 	if (err)
@@ -526,15 +544,9 @@ int strap_session_open(const strap_session_params *params, strap_session **out, 
 		return STRAP_E_INVALID;
 	}
 	*out = NULL;
-	strap_session *s = calloc(1, sizeof *s);
-	if (!s) {
-		se_set(err, STRAP_E_NOMEM, "out of memory");
+	strap_session *s = bare_session(true, err);
+	if (!s)
 		return STRAP_E_NOMEM;
-	}
-	pthread_mutex_init(&s->mu, NULL);
-	s->sock = s->ring_fd = s->out_fd = s->trace_fd = s->res_fd = -1;
-	s->sbuf = malloc(SP_MAX_MESSAGE + 1);
-	s->rbuf = malloc(SP_MAX_MESSAGE + 1);
 	/* the reservation table: the per-record path allocates nothing */
 	s->resv_cap = params->max_reservations ? params->max_reservations : DEFAULT_RESERVATIONS;
 	s->resv = params->max_reservations <= (1u << 20) ? calloc(s->resv_cap, sizeof *s->resv) : NULL;
@@ -566,14 +578,9 @@ int strap_resume_probe(const strap_session_params *params, strap_resume_point *o
 		return STRAP_E_INVALID;
 	}
 	memset(out, 0, sizeof *out);
-	strap_session *s = calloc(1, sizeof *s);
-	if (!s) {
-		se_set(err, STRAP_E_NOMEM, "out of memory");
+	strap_session *s = bare_session(false, err);
+	if (!s)
 		return STRAP_E_NOMEM;
-	}
-	pthread_mutex_init(&s->mu, NULL);
-	s->sock = s->ring_fd = s->out_fd = s->trace_fd = s->res_fd = -1;
-	s->sbuf = malloc(SP_MAX_MESSAGE + 1);
 	s->fingerprint = dupstr(params->fingerprint ? params->fingerprint : "", NULL);
 	int e = !s->sbuf || !s->fingerprint ? ss_fail(s, STRAP_E_NOMEM, "out of memory")
 					    : resolve_output(s, params, O_RDONLY);
@@ -612,15 +619,9 @@ int strap_status(const char *socket_path, char *buf, size_t len, size_t *needed,
 {
 	if (err)
 		memset(err, 0, sizeof *err);
-	strap_session *s = calloc(1, sizeof *s);
-	if (!s) {
-		se_set(err, STRAP_E_NOMEM, "out of memory");
+	strap_session *s = bare_session(true, err);
+	if (!s)
 		return STRAP_E_NOMEM;
-	}
-	pthread_mutex_init(&s->mu, NULL);
-	s->sock = s->ring_fd = s->out_fd = s->trace_fd = s->res_fd = -1;
-	s->sbuf = malloc(SP_MAX_MESSAGE + 1);
-	s->rbuf = malloc(SP_MAX_MESSAGE + 1);
 	int e;
 	char path[4200];
 	sp_reply r;
