@@ -384,6 +384,18 @@ static void populate(strap_session *s, uint64_t end)
 	s->populated = stop < s->data_size ? stop : UINT64_MAX;
 }
 
+/* The head made ready for a record of rec_len: the PAD of pad bytes that ends the region
+ * first (pad 0: none), the pages populated. The space was made free by the caller. */
+static void place_at_head(strap_session *s, uint64_t pad, uint64_t rec_len)
+{
+	if (pad) {
+		populate(s, s->head + pad);
+		sr_encode_pad(s->ring + SR_HEADER_SIZE + s->head % s->data_size, pad);
+		s->head += pad;
+	}
+	populate(s, s->head + rec_len);
+}
+
 static int send_drop(strap_session *s, const char *name, size_t name_len, uint64_t bytes)
 {
 	/* the records before it come first in sequence order: an outstanding reservation
@@ -449,12 +461,7 @@ static int write_locked(strap_session *s, const char *name, size_t name_len, int
 			}
 			pad = pad_for(s, rec_len);
 		}
-		if (pad) {
-			populate(s, s->head + pad);
-			sr_encode_pad(s->ring + SR_HEADER_SIZE + s->head % s->data_size, pad);
-			s->head += pad;
-		}
-		populate(s, s->head + rec_len);
+		place_at_head(s, pad, rec_len);
 		uint8_t *dst = s->ring + SR_HEADER_SIZE + s->head % s->data_size;
 		uint64_t seq = s->seq + 1;
 		sr_encode_record_header(dst, dtype, shape, ndim, seq, rec_len, s->step, s->forward, plen, name,
@@ -578,12 +585,7 @@ static int reserve_locked(strap_session *s, const char *name, size_t name_len, i
 			return e;
 		pad = pad_for(s, rec_len);
 	}
-	if (pad) {
-		populate(s, s->head + pad);
-		sr_encode_pad(s->ring + SR_HEADER_SIZE + s->head % s->data_size, pad);
-		s->head += pad;
-	}
-	populate(s, s->head + rec_len);
+	place_at_head(s, pad, rec_len);
 	uint64_t at = SR_HEADER_SIZE + s->head % s->data_size, seq = s->seq + 1;
 	sr_encode_record_header(s->ring + at, dtype, shape, ndim, seq, rec_len, s->step, s->forward, nbytes, name,
 				name_len, meta, meta_len, 0, nbytes, 0);
