@@ -154,24 +154,8 @@ func appendTransformGrouped(dst []byte, parts []tPart, tb *tBasis, rowLen, first
 			dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(f))
 		}
 	}
-	if ng > 1 {
-		nib := make([]byte, (rowLen+1)/2)
-		for i, g := range grp {
-			nib[i/2] |= g << (4 * (i & 1))
-		}
-		dst = append(dst, nib...)
-	}
-	np := len(parts)
-	ks := make([]byte, 5*np)
-	for g, p := range parts {
-		ks[g] = p.kind
-		b := math.Float32bits(p.step)
-		for j := range 4 {
-			ks[(1+j)*np+g] = byte(b >> (8 * j))
-		}
-	}
-	var err error
-	if dst, err = appendPlanes(dst, [][]byte{ks[:np], ks[np : 2*np], ks[2*np : 3*np], ks[3*np : 4*np], ks[4*np:]}, 0); err != nil {
+	dst, err := appendGroupsAndParts(dst, grp, ng, rowLen, parts)
+	if err != nil {
 		return nil, err
 	}
 	if k > 0 {
@@ -310,4 +294,27 @@ func readGroupedInts(p []byte, kinds []byte, grp []uint8, ng, nc, m, width, firs
 		ints[o] = tmp[i]
 	}
 	return ints, p, nil
+}
+
+// appendGroupsAndParts appends what modes 2 and 4 store alike before their bands: each
+// channel's group as a nibble (only with more than one group), then every row part's kind
+// and its float32 step as five entropy-coded planes.
+func appendGroupsAndParts(dst []byte, grp []uint8, ng, rowLen int, parts []tPart) ([]byte, error) {
+	if ng > 1 {
+		nib := make([]byte, (rowLen+1)/2)
+		for i, g := range grp {
+			nib[i/2] |= g << (4 * (i & 1))
+		}
+		dst = append(dst, nib...)
+	}
+	np := len(parts)
+	ks := make([]byte, 5*np)
+	for g, p := range parts {
+		ks[g] = p.kind
+		b := math.Float32bits(p.step)
+		for j := range 4 {
+			ks[(1+j)*np+g] = byte(b >> (8 * j))
+		}
+	}
+	return appendPlanes(dst, [][]byte{ks[:np], ks[np : 2*np], ks[2*np : 3*np], ks[3*np : 4*np], ks[4*np:]}, 0)
 }

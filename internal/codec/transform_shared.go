@@ -402,24 +402,8 @@ func appendTransformShared(dst []byte, parts []tPart, sb *SharedBasis, rowLen, f
 	dst = binary.LittleEndian.AppendUint16(dst, uint16(k))
 	dst = append(dst, byte(ng))
 	dst = binary.LittleEndian.AppendUint32(dst, sb.crc)
-	if ng > 1 {
-		nib := make([]byte, (rowLen+1)/2)
-		for i, g := range grp {
-			nib[i/2] |= g << (4 * (i & 1))
-		}
-		dst = append(dst, nib...)
-	}
-	np := len(parts)
-	ks := make([]byte, 5*np)
-	for g, p := range parts {
-		ks[g] = p.kind
-		b := math.Float32bits(p.step)
-		for j := range 4 {
-			ks[(1+j)*np+g] = byte(b >> (8 * j))
-		}
-	}
-	var err error
-	if dst, err = appendPlanes(dst, [][]byte{ks[:np], ks[np : 2*np], ks[2*np : 3*np], ks[3*np : 4*np], ks[4*np:]}, 0); err != nil {
+	dst, err := appendGroupsAndParts(dst, grp, ng, rowLen, parts)
+	if err != nil {
 		return nil, err
 	}
 	// The bands: component j of every basis part in part order, j by j.
