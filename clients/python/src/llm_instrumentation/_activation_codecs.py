@@ -355,6 +355,29 @@ def _grouped_ints(
     return _zigzag_decode(z), p
 
 
+def _row_parts(
+    kinds: np.ndarray, steps32: np.ndarray, groups: int, first: int, row_len: int, n: int
+) -> tuple[np.ndarray, ...]:
+    """A transform block's row parts (docs/COMPRESSION.md 5.2): each part's bounds and length
+    (first the ``first`` values that finish a row, then whole rows, the last possibly short),
+    its kind as three masks (basis, direct, zero); kinds and steps checked."""
+    lo = np.empty(groups, dtype=np.int64)
+    lo[0] = 0
+    lo[1:] = first + row_len * np.arange(groups - 1, dtype=np.int64)
+    hi = np.minimum(n, lo + row_len)
+    hi[0] = first
+    lens = hi - lo
+    if np.any(kinds > _PART_ZERO):
+        raise CodecError(f"row part kind {int(kinds.max())}")
+    basis_p, direct_p, zero_p = kinds == _PART_BASIS, kinds == _PART_DIRECT, kinds == _PART_ZERO
+    with np.errstate(invalid="ignore"):
+        if np.any((basis_p | direct_p) & ~(np.isfinite(steps32) & (steps32 > 0))):
+            raise CodecError("row part step not finite and > 0")
+    if np.any(steps32.view(np.uint32)[zero_p] != 0):
+        raise CodecError("zero row part with a step")
+    return lo, hi, lens, basis_p, direct_p, zero_p
+
+
 def _decode_transform(src: memoryview, dtype: str, raw_len: int) -> bytes:
     """A mode-0 or mode-2 transform block: a basis of k integer vectors (value B·2**-shift),
     the rows' mean, one step and kind per row part, coefficients and direct values as plane
@@ -411,21 +434,7 @@ def _decode_transform(src: memoryview, dtype: str, raw_len: int) -> bytes:
         p = p[mean_len + 5 * groups :]
     if not np.all(np.isfinite(mean)):
         raise CodecError("non-finite mean")
-    lo = np.empty(groups, dtype=np.int64)
-    lo[0] = 0
-    lo[1:] = first + row_len * np.arange(groups - 1, dtype=np.int64)
-    hi = np.minimum(n, lo + row_len)
-    hi[0] = first
-    lens = hi - lo
-    if np.any(kinds > _PART_ZERO):
-        raise CodecError(f"row part kind {int(kinds.max())}")
-    basis_p, direct_p, zero_p = kinds == _PART_BASIS, kinds == _PART_DIRECT, kinds == _PART_ZERO
-    coded = basis_p | direct_p
-    with np.errstate(invalid="ignore"):
-        if np.any(coded & ~(np.isfinite(steps32) & (steps32 > 0))):
-            raise CodecError("row part step not finite and > 0")
-    if np.any(steps32.view(np.uint32)[zero_p] != 0):
-        raise CodecError("zero row part with a step")
+    lo, hi, lens, basis_p, direct_p, zero_p = _row_parts(kinds, steps32, groups, first, row_len, n)
     if np.any(basis_p) and (k == 0 or np.any(lens[basis_p] != row_len)):
         raise CodecError("basis row part without a basis or not a whole row")
     nb = int(basis_p.sum())
@@ -568,20 +577,7 @@ def _decode_shared(src: memoryview, dtype: str, raw_len: int, sb: SharedBasis | 
     ks, p = _read_planes(p, 5, groups)
     kinds = ks[0]
     steps32 = np.ascontiguousarray(ks[1:].T).view("<f4").reshape(groups)
-    lo = np.empty(groups, dtype=np.int64)
-    lo[0] = 0
-    lo[1:] = first + row_len * np.arange(groups - 1, dtype=np.int64)
-    hi = np.minimum(n, lo + row_len)
-    hi[0] = first
-    lens = hi - lo
-    if np.any(kinds > _PART_ZERO):
-        raise CodecError(f"row part kind {int(kinds.max())}")
-    basis_p, direct_p, zero_p = kinds == _PART_BASIS, kinds == _PART_DIRECT, kinds == _PART_ZERO
-    with np.errstate(invalid="ignore"):
-        if np.any((basis_p | direct_p) & ~(np.isfinite(steps32) & (steps32 > 0))):
-            raise CodecError("row part step not finite and > 0")
-    if np.any(steps32.view(np.uint32)[zero_p] != 0):
-        raise CodecError("zero row part with a step")
+    lo, hi, lens, basis_p, direct_p, zero_p = _row_parts(kinds, steps32, groups, first, row_len, n)
     if np.any(lens[basis_p] != row_len):
         raise CodecError("basis row part not a whole row")
     whole = direct_p & (lens == row_len)
