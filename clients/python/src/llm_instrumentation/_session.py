@@ -40,7 +40,7 @@ from . import _daemon
 from . import _protocol as P
 from ._dtypes import dtype_size, torch_dtype_id
 from ._ring import (HEADER_SIZE, MAX_TOKEN_TEXT, PUBLISHED_OFFSET, Ring, align64, encode_record_header,
-                    encode_token_record, header_area, keep_ring, take_ring, token_record_len)
+                    header_area, keep_ring, take_ring, token_record_len)
 from ._ring import _c as _speedups  # imported by _ring, which says what is missing without it
 from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError
 
@@ -728,8 +728,9 @@ class CaptureSession:
             return False
         seq = self._next_seq()
         ring = self.ring
-        ring.write_header(encode_token_record(seq=seq, index=index, token_id=token_id, position=position,
-                                              text=text_b))
+        # _ring.encode_token_record's C encoder called directly: a batching engine writes a
+        # step's tokens through here, and the keyword wrapper costs a call per token
+        ring.write_header(_speedups.encode_token_record(seq, index, token_id, position, text_b))
         ring.head += rec_len
         # The last record of the window: a PUBLISH ending here names its seq.
         # (No CUDA copy: while earlier copies run, a publish names only their completed
