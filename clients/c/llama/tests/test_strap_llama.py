@@ -234,6 +234,45 @@ def test_resume_without_llama_state_is_an_error(strapd, kill_model, tmp_path):
     assert r["rc"] != 0 and "llama.cpp's state" in r["stderr"], r["stderr"]
 
 
+def test_resume_between_checkpoints_goes_on_from_a_saved_state(strapd, kill_model, tmp_path):
+    """Killed with tokens intact past its checkpoint and no llama.cpp state at their count (the
+    stream's intact prefix ends between two checkpoints): the resume goes on from the newest
+    state at or before it, and the stream equals the uninterrupted one (CI, stop 45: libstrap
+    kept 8 tokens past a checkpoint of 5 and strap-llama looked for a state of 8)."""
+    n, every = 24, 6
+    args = ("--tensors", "l_out", "--checkpoint-interval-tokens", str(every))
+    full = tmp_path / "full.strap"
+    ref = run_llama(kill_model, "--output", str(full), *args, socket_path=strapd.socket, n=n)
+    per_token = (ref["decode_s"] + ref["prompt_s"]) / n
+    ckpt_of = lambda out: Path(str(out) + ".ckpt.json")  # noqa: E731
+    for attempt in range(12):
+        out = tmp_path / f"cut{attempt}.strap"
+        # from the first checkpoint, 1.5 to 4.5 tokens on
+        p = subprocess.Popen(strap_llama_cmd(kill_model, "--output", str(out), *args, socket_path=strapd.socket, n=n),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while not ckpt_of(out).exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        time.sleep(per_token * (1.5 + 3 * (attempt % 4) / 4))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        if p.returncode != -signal.SIGKILL:
+            continue
+        wait_session_ended(out)
+        got = len(tokens_of(out))
+        states = sorted(int(f.name.rsplit(".", 1)[1]) for f in tmp_path.glob(out.name + ".llama-state.*")
+                        if f.name.rsplit(".", 1)[1].isdigit())
+        if got % every == 0 or got in states or not states or got == n:
+            continue  # not the case under test: kill again
+        res = run_llama(kill_model, "--output", str(out), *args, "--resume", socket_path=strapd.socket, n=n)
+        assert res["resumed_from"] == max(s for s in states if s <= got), (got, states, res["resumed_from"])
+        assert res["tokens"] == ref["tokens"]
+        eq = subprocess.run([sys.executable, str(COMPARE), str(full), str(out)], capture_output=True, text=True)
+        assert eq.returncode == 0, eq.stdout + eq.stderr
+        return
+    pytest.fail("no kill in 12 landed between two checkpoints with tokens past the first")
+
+
 @pytest.mark.long
 def test_random_sigkill_then_resume_equals_uninterrupted(strapd, kill_model, tmp_path):
     """strap-llama SIGKILLed at random moments of its decode, until STRAP_KILL_LLAMA_RUNS kills

@@ -21,10 +21,12 @@
 #include <ggml-backend.h>
 #include <llama.h>
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -347,8 +349,9 @@ static int fsync_path(const char *path, int dir)
 	return r;
 }
 
-/* Removes every state file of `output` except the one for `keep` tokens (keep < 0: all). */
-static void remove_states(const char *output, long long keep)
+/* Calls fn(path, tokens, ud) for each state file of `output` ("<output>.llama-state.<tokens>";
+ * tokens LLONG_MIN for other names under that prefix). */
+static void each_state(const char *output, void (*fn)(const char *, long long, void *), void *ud)
 {
 	char dirbuf[4096], basebuf[4096];
 	snprintf(dirbuf, sizeof dirbuf, "%s", output);
@@ -357,23 +360,55 @@ static void remove_states(const char *output, long long keep)
 	const char *base = basename(basebuf);
 	char prefix[4200];
 	snprintf(prefix, sizeof prefix, "%s.llama-state.", base);
+	size_t pl = strlen(prefix);
 	DIR *dp = opendir(dir);
 	if (!dp)
 		return;
 	struct dirent *e;
 	while ((e = readdir(dp))) {
-		size_t pl = strlen(prefix);
 		if (strncmp(e->d_name, prefix, pl))
 			continue;
 		char *end;
 		long long n = strtoll(e->d_name + pl, &end, 10);
-		if (*end == 0 && n == keep)
-			continue;
+		if (*end || !isdigit((unsigned char)e->d_name[pl]))
+			n = LLONG_MIN; /* not a state's name: a temporary file of a killed save */
 		char p[8400];
 		snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-		unlink(p);
+		fn(p, n, ud);
 	}
 	closedir(dp);
+}
+
+static void remove_unless(const char *path, long long tokens, void *keep)
+{
+	if (tokens != *(long long *)keep)
+		unlink(path);
+}
+
+/* Removes every state file of `output` except the one for `keep` tokens (keep < 0: all). */
+static void remove_states(const char *output, long long keep)
+{
+	each_state(output, remove_unless, &keep);
+}
+
+struct newest_state {
+	long long limit, found;
+};
+
+static void keep_newest(const char *path, long long tokens, void *ud)
+{
+	(void)path;
+	struct newest_state *n = ud;
+	if (tokens <= n->limit && tokens > n->found)
+		n->found = tokens;
+}
+
+/* The most tokens, at most `limit`, that a state file of `output` holds; 0 when none does. */
+static long long newest_state(const char *output, long long limit)
+{
+	struct newest_state n = {limit, 0};
+	each_state(output, keep_newest, &n);
+	return n.found;
 }
 
 static int save_state(struct llama_context *ctx, const char *output, uint64_t tokens, const llama_token *all,
@@ -572,6 +607,22 @@ static int open_capture(struct run *r)
 	sp.trace = o->trace;
 	sp.overwrite_checkpoint = o->overwrite;
 	sp.resources = r->resource_level > 0;
+	if (sp.resume) {
+		/* libstrap would keep the stream's intact prefix, up to its last token; generation can
+		 * go on only from a token count llama.cpp's state was saved at (each checkpoint's, or
+		 * the next one's when the run was killed between its state and its checkpoint). A
+		 * finished capture, or a stream the probe refuses, is left to the open to refuse.
+		 * With a checkpoint and no state at all, the open keeps the stream's prefix and the
+		 * missing state is an error (resume_from_checkpoint), never a silent start over. */
+		strap_resume_point rp;
+		char ckpt[4200];
+		snprintf(ckpt, sizeof ckpt, "%s.ckpt.json", o->output);
+		if (strap_resume_probe(&sp, &rp, &r->err) == STRAP_OK && !rp.complete) {
+			long long have = newest_state(o->output, (long long)rp.token_count);
+			if (have > 0 || access(ckpt, F_OK) != 0)
+				sp.resume_max_tokens = have;
+		}
+	}
 	if (strap_session_open(&sp, &r->s, &r->err) != STRAP_OK) {
 		fprintf(stderr, "strap-llama: %s\n", r->err.message);
 		return 1;
