@@ -290,6 +290,12 @@ func zstdDecoder() (*zstd.Decoder, error) {
 // appendPlane appends the plane frame of p. Level 0: literal-only frame (huff0); 1–4:
 // klauspost zstd at SpeedFastest, SpeedDefault, SpeedBetterCompression, SpeedBestCompression.
 func appendPlane(dst, p []byte, level int) ([]byte, error) {
+	return appendPlaneCounted(dst, p, level, nil)
+}
+
+// appendPlaneCounted is appendPlane given, when cc is not nil, the counts of p (a plane
+// of 17 bytes to smallMax-1, counted by a caller that needed them first).
+func appendPlaneCounted(dst, p []byte, level int, cc *chunkCounts) ([]byte, error) {
 	if level >= 1 {
 		e, err := zstdEncoder(zstd.EncoderLevel(level))
 		if err != nil {
@@ -308,7 +314,7 @@ func appendPlane(dst, p []byte, level int) ([]byte, error) {
 		n := min(len(p), literalsChunk)
 		chunk := p[:n]
 		p = p[n:]
-		dst = appendLiteralsBlock(dst, chunk, len(p) == 0, s)
+		dst = appendLiteralsBlock(dst, chunk, len(p) == 0, s, cc)
 	}
 	return dst, nil
 }
@@ -323,7 +329,7 @@ func blockHeader(dst []byte, last bool, typ, size int) []byte {
 
 // appendLiteralsBlock writes one zstd block holding chunk as Huffman literals and no
 // sequences, or as a raw or RLE block when entropy coding does not pay (as zstd does).
-func appendLiteralsBlock(dst, chunk []byte, last bool, s *huff0.Scratch) []byte {
+func appendLiteralsBlock(dst, chunk []byte, last bool, s *huff0.Scratch, cc *chunkCounts) []byte {
 	var (
 		out    []byte
 		err    error
@@ -332,8 +338,20 @@ func appendLiteralsBlock(dst, chunk []byte, last bool, s *huff0.Scratch) []byte 
 	switch {
 	case len(chunk) >= sampleMin && looksUniform(chunk):
 		err = huff0.ErrIncompressible
-	case len(chunk) > 16 && len(chunk) < smallMax && smallLooksUniform(chunk):
-		err = huff0.ErrIncompressible
+	case len(chunk) > 16 && len(chunk) < smallMax:
+		// One count serves the judgement and the table (huff0 would count again).
+		sh := smallHuffPool.Get().(*smallHuff)
+		defer smallHuffPool.Put(sh)
+		if cc == nil {
+			cc = &sh.counts
+			cc.count(chunk)
+		}
+		if cc.looksUniform(len(chunk)) {
+			err = huff0.ErrIncompressible
+			break
+		}
+		single = len(chunk) < 1024
+		out, err = sh.smallHuffman(chunk, &cc.h)
 	case len(chunk) >= 1024:
 		out, _, err = huff0.Compress4X(chunk, s)
 	case len(chunk) > 16:
@@ -433,40 +451,87 @@ func looksUniform(chunk []byte) bool {
 // From smallMax up huff0 refuses noise itself after its count, before any table (a value
 // seen fewer than len/128 times at most), and this estimate would only add its own count.
 func smallLooksUniform(chunk []byte) bool {
-	var h [256]uint32
+	var cc chunkCounts
+	cc.count(chunk)
+	return cc.looksUniform(len(chunk))
+}
+
+// chunkCounts is what smallLooksUniform needs of a chunk under smallMax, kept up to date
+// byte by byte as the chunk is counted: a pass over the 256 counts afterwards (a branch per
+// symbol, mispredicted on every near-flat plane, and a counter in memory per bit length)
+// cost twice the count itself.
+type chunkCounts struct {
+	h   [256]uint32 // each byte value's count
+	sum int64       // Σ c·log2(c) over the counts, in fixed point (cLog2C)
+	// How many symbols have a count of each bit length (length 0: absent; at most 12 under
+	// smallMax), 9 bits a length, lengths 0–6 in lo and 7–13 in hi.
+	lo, hi uint64
+}
+
+// count sets cc to the counts of chunk (under smallMax bytes).
+func (cc *chunkCounts) count(chunk []byte) {
+	h := &cc.h
+	*h = [256]uint32{}
+	var sum int64
+	lo, hi := uint64(256), uint64(0) // every symbol absent
 	for _, b := range chunk {
-		h[b]++
+		v := h[b]
+		h[b] = v + 1
+		st := &countStep[v&(smallMax-1)]
+		sum += st.log
+		lo += st.lo
+		hi += st.hi
 	}
-	n := len(chunk)
-	// Sums in fixed point (cLog2C: 16 fraction bits), in integers: exact, and the same
-	// on every machine, so the judgement is a function of the chunk alone.
-	var sum, sum2 int64 // Σ c·log2(c) over the counts, two chains
-	var class [2][14]uint16
-	top, k := 0, 0 // the largest symbol present, and how many are
-	for s := 0; s < 256; s += 2 {
-		if v := h[s]; v > 0 {
-			sum += cLog2C[v]
-			class[0][bits.Len32(v)]++
-			top = s
-			k++
+	cc.sum, cc.lo, cc.hi = sum, lo, hi
+}
+
+// looksUniform is smallLooksUniform's judgement of the n counted bytes.
+func (cc *chunkCounts) looksUniform(n int) bool {
+	top := 255 // the largest symbol present: weights are listed up to it only
+	for cc.h[top] == 0 {
+		top--
+	}
+	const lane = 1<<9 - 1
+	k := 256 - int(cc.lo&lane) // symbols present
+	m := top + 1
+	wsum := cLog2C[m-k] // the absent symbols under top share weight 0
+	for c := 1; c < 14; c++ {
+		var cnt uint64
+		if c < 7 {
+			cnt = cc.lo >> (9 * c) & lane
+		} else {
+			cnt = cc.hi >> (9 * (c - 7)) & lane
 		}
-		if v := h[s+1]; v > 0 {
-			sum2 += cLog2C[v]
-			class[1][bits.Len32(v)]++
-			top = s + 1
-			k++
-		}
+		wsum += cLog2C[cnt]
 	}
-	m := top + 1 // weights are listed up to the largest symbol only
-	wsum := cLog2C[m-k]
-	for c := 1; c < len(class[0]); c++ {
-		wsum += cLog2C[class[0][c]+class[1][c]]
-	}
-	data := cLog2C[n] - sum - sum2 // n · entropy, in bits
-	table := cLog2C[m] - wsum      // the weights at their entropy, in bits
-	// Judged uniform when data/8 + table/8 + 3 bytes of headers ≥ 0.99 n.
+	data := cLog2C[n] - cc.sum // n · entropy, in bits
+	table := cLog2C[m] - wsum  // the weights at their entropy, in bits
+	// Judged uniform when data/8 + table/8 + 3 bytes of headers ≥ 0.99 n. In integers:
+	// exact, and the same on every machine, so the judgement is a function of the chunk alone.
 	return 100*(data+table+24<<fracBits) >= 99*8*int64(n)<<fracBits
 }
+
+// countStep[c] is what a symbol's count going from c to c+1 adds to chunkCounts' sums
+// (the lanes' differences wrap, and every lane ends in 0..256).
+var countStep = func() (t [smallMax]struct {
+	log    int64
+	lo, hi uint64
+}) {
+	lane := func(c int) (lo, hi uint64) {
+		if b := bits.Len(uint(c)); b < 7 {
+			return 1 << (9 * b), 0
+		} else {
+			return 0, 1 << (9 * (b - 7))
+		}
+	}
+	for c := 0; c+1 < smallMax; c++ {
+		lo0, hi0 := lane(c)
+		lo1, hi1 := lane(c + 1)
+		t[c].log = cLog2C[c+1] - cLog2C[c]
+		t[c].lo, t[c].hi = lo1-lo0, hi1-hi0
+	}
+	return t
+}()
 
 // smallMax bounds the chunks smallLooksUniform judges (see there).
 const smallMax = 4096
@@ -540,12 +605,22 @@ func grow(b []byte, n int) []byte {
 
 // appendPlanes writes the plane table (count × u32 frame length) and the frames of planes.
 func appendPlanes(dst []byte, planes [][]byte, level int) ([]byte, error) {
+	return appendPlanesCounted(dst, planes, level, nil)
+}
+
+// appendPlanesCounted is appendPlanes given, when last is not nil, the counts of the last
+// plane (see appendPlaneCounted).
+func appendPlanesCounted(dst []byte, planes [][]byte, level int, last *chunkCounts) ([]byte, error) {
 	tab := len(dst)
 	dst = append(dst, make([]byte, 4*len(planes))...)
 	for j, p := range planes {
 		start := len(dst)
+		var cc *chunkCounts
+		if j == len(planes)-1 {
+			cc = last
+		}
 		var err error
-		if dst, err = appendPlane(dst, p, level); err != nil {
+		if dst, err = appendPlaneCounted(dst, p, level, cc); err != nil {
 			return nil, err
 		}
 		binary.LittleEndian.PutUint32(dst[tab+4*j:], uint32(len(dst)-start))

@@ -53,7 +53,10 @@ func (c shuffleCodec) Decode(dst, src []byte, dt dtype.DType, rawLen int) ([]byt
 
 // shuffleScratch is the per-call working memory of the encoder, pooled so a block costs
 // no allocation: the plane buffer, and the zero map's bitmap and compacted elements.
-type shuffleScratch struct{ planes, bitmap, compact []byte }
+type shuffleScratch struct {
+	planes, bitmap, compact []byte
+	top                     chunkCounts // the last plane's counts, when counted first
+}
 
 var shufflePool = sync.Pool{New: func() any { return new(shuffleScratch) }}
 
@@ -193,7 +196,23 @@ func appendShuffled(dst, src []byte, dt dtype.DType, level int) ([]byte, error) 
 	var flags byte
 	fi := len(dst)
 	dst = append(dst, 0)
-	if zeroMapLikely(body, w, n) {
+	var top *chunkCounts
+	if level == 0 && w >= 2 && n > 16 && n < smallMax {
+		// Small blocks (one-token decode records) are shuffled and their last plane counted
+		// first: an all-zero element puts a 0 in every plane, so fewer 0s in it than a zero
+		// map needs rule the map out without counting zeros (for floats that plane is the
+		// exponent's, where only zeros and subnormals have a 0), and its frame needs that
+		// count anyway. Otherwise the zero map is decided as for any block; either way it
+		// is written exactly when the block has n/zeroMapShare zeros.
+		sc.planes = sized(sc.planes, n*w)
+		shuffle(sc.planes, body, w, rotates(dt))
+		top = &sc.top
+		top.count(sc.planes[(w-1)*n:])
+		if int(top.h[0]) >= max(1, n/zeroMapShare) {
+			top = nil
+		}
+	}
+	if top == nil && zeroMapLikely(body, w, n) {
 		sc.bitmap = sized(sc.bitmap, (n+7)/8)
 		sc.compact = sized(sc.compact, n*w)
 		if k := compactNonZero(sc.bitmap, sc.compact, body, w); n-k >= max(1, n/zeroMapShare) {
@@ -208,9 +227,11 @@ func appendShuffled(dst, src []byte, dt dtype.DType, level int) ([]byte, error) 
 		}
 	}
 	dst[fi] = flags
-	sc.planes = sized(sc.planes, m*w)
+	if top == nil {
+		sc.planes = sized(sc.planes, m*w)
+		shuffle(sc.planes, body, w, rotates(dt))
+	}
 	buf := sc.planes
-	shuffle(buf, body, w, rotates(dt))
 	var pa [8][]byte
 	planes := pa[:0]
 	if w > len(pa) {
@@ -219,7 +240,7 @@ func appendShuffled(dst, src []byte, dt dtype.DType, level int) ([]byte, error) 
 	for j := range w {
 		planes = append(planes, buf[j*m:(j+1)*m])
 	}
-	dst, err := appendPlanes(dst, planes, level)
+	dst, err := appendPlanesCounted(dst, planes, level, top)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,194 @@
+package codec
+
+import (
+	"bytes"
+	"errors"
+	"math/bits"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/klauspost/compress/huff0"
+
+	"github.com/strap-llm/strap/internal/dtype"
+)
+
+// smallCorpus is chunks of 17 bytes to smallMax-1 of the kinds the shuffle codec meets:
+// float planes (with and without zeros), k equally likely values, geometric values with
+// long tails (codes longer than huff0's limit, so setMaxHeight runs), one repeated byte,
+// all-distinct bytes, and the planes of real one-token decode records.
+func smallCorpus(t *testing.T) [][]byte {
+	r := rand.New(rand.NewPCG(38, 2))
+	var corpus [][]byte
+	for _, n := range []int{17, 24, 64, 100, 128, 255, 256, 512, 1000, 1023, 1024, 1500, 2048, smallMax - 1} {
+		for rep := range 6 {
+			planes := make([]byte, 4*n)
+			shuffle(planes, normalF32(n, 0.1*float64(rep%3), uint64(1000*n+rep)), 4, true)
+			for j := range 4 {
+				corpus = append(corpus, planes[j*n:(j+1)*n])
+			}
+			for _, k := range []int{2, 3, 16, 64, 200, 256} {
+				u, g := make([]byte, n), make([]byte, n)
+				for i := range n {
+					u[i] = byte(r.IntN(k))
+					g[i] = byte(min(255, int(r.ExpFloat64()*float64(k)/4)))
+				}
+				corpus = append(corpus, u, g)
+			}
+			// Counts halving from symbol to symbol: the unlimited tree is as deep as
+			// there are symbols.
+			f := make([]byte, 0, n)
+			for s := 0; len(f) < n; s++ {
+				for range max(1, n>>(s+1)) {
+					f = append(f, byte(s*7+rep))
+				}
+			}
+			corpus = append(corpus, f[:n], bytes.Repeat([]byte{byte(rep)}, n))
+			d := make([]byte, n)
+			for i := range d {
+				d[i] = byte(i * (2*rep + 1))
+			}
+			corpus = append(corpus, d)
+		}
+	}
+	for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16} {
+		for _, rec := range decodeRecords(t, dt) {
+			w := dt.Size()
+			planes := make([]byte, len(rec))
+			shuffle(planes, rec, w, true)
+			for j := range w {
+				corpus = append(corpus, planes[j*len(rec)/w:(j+1)*len(rec)/w])
+			}
+		}
+	}
+	return corpus
+}
+
+// TestSmallHuffmanMatchesHuff0: the small-chunk Huffman coder writes the bytes huff0 writes
+// (table, jump table, streams) and refuses what huff0 refuses, so stored blocks are the
+// same as before it (goldens, resume and every reader unaffected) and only the CPU differs.
+func TestSmallHuffmanMatchesHuff0(t *testing.T) {
+	var sh smallHuff
+	limited, coded := 0, 0
+	for i, c := range smallCorpus(t) {
+		compress := huff0.Compress1X
+		if len(c) >= 1024 {
+			compress = huff0.Compress4X
+		}
+		want, _, wantErr := compress(c, &huff0.Scratch{})
+		var cc chunkCounts
+		cc.count(c)
+		h := &cc.h
+		got, err := sh.smallHuffman(c, h)
+		switch {
+		case wantErr != nil:
+			if !errors.Is(err, wantErr) {
+				t.Errorf("chunk %d (%d bytes): error %v, huff0 %v", i, len(c), err, wantErr)
+			}
+		case err != nil:
+			t.Errorf("chunk %d (%d bytes): error %v, huff0 wrote %d bytes", i, len(c), err, len(want))
+		case !bytes.Equal(got, want):
+			t.Errorf("chunk %d (%d bytes): %d bytes differ from huff0's %d", i, len(c), len(got), len(want))
+		default:
+			coded++
+			if deepest(c) > int(optimalTableLog(len(c), topSymbol(h)+1)) {
+				limited++
+			}
+		}
+	}
+	if coded == 0 || limited == 0 {
+		t.Errorf("%d chunks coded, %d of them with lengths limited: the corpus misses a case", coded, limited)
+	}
+	t.Logf("%d chunks coded as huff0 does, %d with lengths limited", coded, limited)
+}
+
+func topSymbol(h *[256]uint32) int {
+	top := 255
+	for h[top] == 0 {
+		top--
+	}
+	return top
+}
+
+// deepest is the longest code of an unlimited Huffman tree over c's byte counts.
+func deepest(c []byte) int {
+	var sh smallHuff
+	sh.counts.count(c)
+	h := &sh.counts.h
+	k := 0
+	leaves := sh.nodes[1:]
+	for s, v := range h {
+		if v == 0 {
+			continue
+		}
+		pos := k
+		for pos > 0 && v > leaves[pos-1].count {
+			leaves[pos] = leaves[pos-1]
+			pos--
+		}
+		leaves[pos] = huffNode{count: v, symbol: byte(s)}
+		k++
+	}
+	if k < 2 {
+		return 0
+	}
+	sh.buildTree(k)
+	return int(leaves[k-1].nbBits)
+}
+
+// countsLookUniformBefore is countsLookUniform as issue 38's second pass wrote it (a
+// branch and a counter in memory per symbol): the judgement must not change, only its cost.
+func countsLookUniformBefore(chunk []byte) bool {
+	var h [256]uint32
+	for _, b := range chunk {
+		h[b]++
+	}
+	n := len(chunk)
+	var sum int64
+	var class [14]uint16
+	top, k := 0, 0
+	for s, v := range h {
+		if v > 0 {
+			sum += cLog2C[v]
+			class[bits.Len32(v)]++
+			top = s
+			k++
+		}
+	}
+	m := top + 1
+	wsum := cLog2C[m-k]
+	for c := 1; c < len(class); c++ {
+		wsum += cLog2C[class[c]]
+	}
+	data := cLog2C[n] - sum
+	table := cLog2C[m] - wsum
+	return 100*(data+table+24<<fracBits) >= 99*8*int64(n)<<fracBits
+}
+
+func TestCountsLookUniformUnchanged(t *testing.T) {
+	for i, c := range smallCorpus(t) {
+		if got, want := smallLooksUniform(c), countsLookUniformBefore(c); got != want {
+			t.Errorf("chunk %d (%d bytes): uniform %v, before %v", i, len(c), got, want)
+		}
+	}
+}
+
+// TestShuffleDecodeRecordAllocs: encoding a decode record allocates nothing (the Huffman
+// working memory is pooled).
+func TestShuffleDecodeRecordAllocs(t *testing.T) {
+	c, err := New("shuffle", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := decodeRecords(t, dtype.Float32)
+	dst := make([]byte, 0, 4096)
+	c.Encode(dst[:0], recs[0], dtype.Float32) // warm the pools
+	if a := testing.AllocsPerRun(100, func() {
+		for _, r := range recs {
+			if _, _, err := c.Encode(dst[:0], r, dtype.Float32); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}); a > 0 {
+		t.Errorf("%.1f allocations per 24 records, want 0", a)
+	}
+}
