@@ -177,7 +177,7 @@ func BenchmarkShuffleDecodeRecord(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, hidden := range []int{512, 4096} {
+	for _, hidden := range []int{512, 1024, 4096} {
 		for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16} {
 			src := normalF32(hidden, 0, uint64(hidden))
 			if dt == dtype.BFloat16 {

@@ -46,6 +46,7 @@ type smallHuff struct {
 	nodes   [2*256 + 2]huffNode
 	codes   [256]huffCode
 	present [256]byte // the symbols present, in symbol order
+	radix   [256]huffNode
 	weights [256]byte
 	fse     fse.Scratch
 	out     []byte
@@ -72,21 +73,12 @@ func (s *smallHuff) smallHuffman(chunk []byte, h *[256]uint32) ([]byte, error) {
 			k++
 		}
 	}
-	leaves := s.nodes[1:]
-	// Sorted by count, descending, ties in symbol order: huffSort's order (a stable sort).
-	for i, sym := range present[:k] {
-		c := h[sym]
-		maxCount = max(maxCount, c)
-		pos := i
-		for pos > 0 && c > leaves[pos-1].count {
-			leaves[pos] = leaves[pos-1]
-			pos--
-		}
-		leaves[pos] = huffNode{count: c, symbol: sym}
-	}
 	if k > 0 {
 		top = int(present[k-1])
 	}
+	s.sortLeaves(h, k)
+	leaves := s.nodes[1:]
+	maxCount = leaves[0].count
 	switch {
 	case int(maxCount) == n:
 		return nil, huff0.ErrUseRLE
@@ -146,6 +138,55 @@ func (s *smallHuff) smallHuffman(chunk []byte, h *[256]uint32) ([]byte, error) {
 		return nil, huff0.ErrIncompressible
 	}
 	return out, nil
+}
+
+// sortLeaves puts the k present symbols (s.present) in the leaves sorted by count,
+// descending, ties in symbol order: huffSort's order, by any stable sort. A few symbols
+// (an exponent plane's) are insertion-sorted; many (a plane of mantissa bits that was not
+// judged uniform: fp16's, or a chunk of small integers) by a stable radix sort on the count
+// (under smallMax, two passes of 6 bits), where insertion (huff0's, within buckets of
+// counts of one bit length) is quadratic on near-flat counts.
+func (s *smallHuff) sortLeaves(h *[256]uint32, k int) {
+	leaves := s.nodes[1:]
+	if k <= 32 {
+		for i, sym := range s.present[:k] {
+			c := h[sym]
+			pos := i
+			for pos > 0 && c > leaves[pos-1].count {
+				leaves[pos] = leaves[pos-1]
+				pos--
+			}
+			leaves[pos] = huffNode{count: c, symbol: sym}
+		}
+		return
+	}
+	// Keys ascend as counts descend; the passes keep the symbol order of equal keys.
+	tmp := &s.radix
+	for i, sym := range s.present[:k] {
+		tmp[i] = huffNode{count: h[sym], symbol: sym}
+	}
+	key := func(c uint32, shift uint) uint32 { return (smallMax - 1 - c) >> shift & 63 }
+	for pass, shift := range [2]uint{0, 6} {
+		from, to := tmp[:k], leaves[:k]
+		if pass == 1 {
+			from, to = leaves[:k], tmp[:k]
+		}
+		var start [64]int
+		for _, l := range from {
+			start[key(l.count, shift)]++
+		}
+		sum := 0
+		for i, c := range start {
+			start[i] = sum
+			sum += c
+		}
+		for _, l := range from {
+			b := key(l.count, shift)
+			to[start[b]] = l
+			start[b]++
+		}
+	}
+	copy(leaves[:k], tmp[:k])
 }
 
 // optimalTableLog is huff0's longest allowed code for n bytes whose largest symbol is

@@ -192,3 +192,38 @@ func TestShuffleDecodeRecordAllocs(t *testing.T) {
 		t.Errorf("%.1f allocations per 24 records, want 0", a)
 	}
 }
+
+// FuzzSmallHuffmanMatchesHuff0 is TestSmallHuffmanMatchesHuff0 over any chunk: the same
+// bytes as huff0 or the same refusal, and the frame decodes (klauspost's zstd decoder) to
+// the chunk.
+func FuzzSmallHuffmanMatchesHuff0(f *testing.F) {
+	f.Add(bytes.Repeat([]byte{1, 2, 3, 1, 1, 2, 1, 1, 9}, 7))
+	f.Add(normalF32(300, 0, 1))
+	f.Fuzz(func(t *testing.T, c []byte) {
+		if len(c) <= 16 || len(c) >= smallMax {
+			return
+		}
+		compress := huff0.Compress1X
+		if len(c) >= 1024 {
+			compress = huff0.Compress4X
+		}
+		want, _, wantErr := compress(c, &huff0.Scratch{})
+		var sh smallHuff
+		sh.counts.count(c)
+		got, err := sh.smallHuffman(c, &sh.counts.h)
+		if (err == nil) != (wantErr == nil) || (err != nil && !errors.Is(err, wantErr)) {
+			t.Fatalf("error %v, huff0 %v", err, wantErr)
+		}
+		if err == nil && !bytes.Equal(got, want) {
+			t.Fatalf("%d bytes differ from huff0's %d", len(got), len(want))
+		}
+		frame, err := appendPlane(nil, c, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := make([]byte, len(c))
+		if err := decodePlane(out, frame); err != nil || !bytes.Equal(out, c) {
+			t.Fatalf("plane frame does not decode to the chunk: %v", err)
+		}
+	})
+}
