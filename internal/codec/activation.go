@@ -456,10 +456,10 @@ func smallLooksUniform(chunk []byte) bool {
 	return cc.looksUniform(len(chunk))
 }
 
-// chunkCounts is what smallLooksUniform needs of a chunk under smallMax, kept up to date
-// byte by byte as the chunk is counted: a pass over the 256 counts afterwards (a branch per
-// symbol, mispredicted on every near-flat plane, and a counter in memory per bit length)
-// cost twice the count itself.
+// chunkCounts is what smallLooksUniform needs of a chunk under smallMax: its counts and
+// their sums, taken in one pass over the 256 counts through a table (a branch per symbol,
+// mispredicted on every near-flat plane, and a counter in memory per bit length cost as
+// much as the count itself).
 type chunkCounts struct {
 	h   [256]uint32 // each byte value's count
 	sum int64       // Σ c·log2(c) over the counts, in fixed point (cLog2C)
@@ -472,17 +472,22 @@ type chunkCounts struct {
 func (cc *chunkCounts) count(chunk []byte) {
 	h := &cc.h
 	*h = [256]uint32{}
-	var sum int64
-	lo, hi := uint64(256), uint64(0) // every symbol absent
 	for _, b := range chunk {
-		v := h[b]
-		h[b] = v + 1
-		st := &countStep[v&(smallMax-1)]
-		sum += st.log
-		lo += st.lo
-		hi += st.hi
+		h[b]++
 	}
-	cc.sum, cc.lo, cc.hi = sum, lo, hi
+	// Two chains each, so consecutive symbols' sums do not wait on each other.
+	var sum, sum2 int64
+	var lo, hi, lo2, hi2 uint64
+	for s := 0; s < 256; s += 2 {
+		a, b := &countSums[h[s]&(smallMax-1)], &countSums[h[s+1]&(smallMax-1)]
+		sum += a.log
+		lo += a.lo
+		hi += a.hi
+		sum2 += b.log
+		lo2 += b.lo
+		hi2 += b.hi
+	}
+	cc.sum, cc.lo, cc.hi = sum+sum2, lo+lo2, hi+hi2
 }
 
 // looksUniform is smallLooksUniform's judgement of the n counted bytes.
@@ -511,24 +516,18 @@ func (cc *chunkCounts) looksUniform(n int) bool {
 	return 100*(data+table+24<<fracBits) >= 99*8*int64(n)<<fracBits
 }
 
-// countStep[c] is what a symbol's count going from c to c+1 adds to chunkCounts' sums
-// (the lanes' differences wrap, and every lane ends in 0..256).
-var countStep = func() (t [smallMax]struct {
+// countSums[c] is what a symbol of count c adds to chunkCounts' sums.
+var countSums = func() (t [smallMax]struct {
 	log    int64
 	lo, hi uint64
 }) {
-	lane := func(c int) (lo, hi uint64) {
+	for c := range smallMax {
+		t[c].log = cLog2C[c]
 		if b := bits.Len(uint(c)); b < 7 {
-			return 1 << (9 * b), 0
+			t[c].lo = 1 << (9 * b)
 		} else {
-			return 0, 1 << (9 * (b - 7))
+			t[c].hi = 1 << (9 * (b - 7))
 		}
-	}
-	for c := 0; c+1 < smallMax; c++ {
-		lo0, hi0 := lane(c)
-		lo1, hi1 := lane(c + 1)
-		t[c].log = cLog2C[c+1] - cLog2C[c]
-		t[c].lo, t[c].hi = lo1-lo0, hi1-hi0
 	}
 	return t
 }()
