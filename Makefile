@@ -74,11 +74,11 @@ $(WHEEL_ARM64): build/linux_arm64/strapd $(PY_SRC) $(VENV)/.stamp
 wheel: $(WHEEL_AMD64) $(WHEEL_ARM64)
 
 # The venv is rebuilt only when the client's packaging changes. The editable install compiles
-# the client's C extensions (setup.py) into clients/python/src: _speedups (the ring, with
-# libstrap's clients/c/common/strap_ring.h) needs a C compiler; the resource monitor's
+# the client's C extensions (setup.py) into clients/python/src: _speedups (the ring and the
+# control messages, with libstrap's clients/c/common) needs a C compiler; the resource monitor's
 # (resources/_native.c) is left out where it cannot be built (its Python path writes the same
 # bytes).
-$(VENV)/.stamp: clients/python/pyproject.toml clients/python/setup.py clients/python/src/llm_instrumentation/_speedups.c \
+$(VENV)/.stamp: clients/python/pyproject.toml clients/python/setup.py clients/python/src/llm_instrumentation/_speedups*.c \
 		$(wildcard clients/python/src/llm_instrumentation/resources/_native*.[ch]) \
 		$(wildcard clients/c/common/*.[ch])
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
@@ -399,7 +399,7 @@ build/c/.stamp: $(C_SRC)
 c: c-tools build/c/.stamp
 
 test-c: $(BIN) $(VENV)/.stamp c-tools
-	cd clients/c && clang-format --dry-run --Werror include/*.h src/*.[ch] common/*.h tests/*.[ch] fuzz/*.c bench/*.c
+	cd clients/c && clang-format --dry-run --Werror include/*.h src/*.[ch] common/*.[ch] tests/*.[ch] fuzz/*.c bench/*.c
 	cmake -S clients/c -B build/c-asan -DCMAKE_BUILD_TYPE=Debug -DSTRAP_SANITIZE=ON -DCMAKE_C_COMPILER=gcc >/dev/null
 	cmake --build build/c-asan -j2
 	cd build/c-asan && ctest --output-on-failure

@@ -1,19 +1,21 @@
 """The optional C extensions of the client (everything else is in pyproject.toml).
 
-``llm_instrumentation._speedups`` (``_speedups.c``) is the ring's layout and writes a record
-into the ring in one call; ``llm_instrumentation.resources._native`` (``resources/_native*.c``)
-times modules and writes resource events for the resource monitor. Both are built against
-CPython's limited API (one ``.abi3.so`` for CPython 3.10 and later). ``_speedups`` is required
-(the client has no other ring encoder: a source install needs a C compiler); ``_native`` is
+``llm_instrumentation._speedups`` (``_speedups.c``, ``_speedups_wire.c``) is the ring's layout,
+writes a record into the ring in one call, and encodes and decodes the control messages;
+``llm_instrumentation.resources._native`` (``resources/_native*.c``) times modules and writes
+resource events for the resource monitor. Both are built against CPython's limited API (one
+``.abi3.so`` for CPython 3.10 and later). ``_speedups`` is required (the client has no other
+ring or message encoder: a source install needs a C compiler); ``_native`` is
 ``optional=True``: where it cannot be built the package installs without it and the resource
 monitor takes its Python paths, which write the same bytes.
 
 Both compile C they share with libstrap, the C client: ``clients/c/common`` in a checkout (the
-ring layout ``strap_ring.h``, the stream lock ``strap_streamlock.h``, the per-rank stream name
-``strap_rank.h``, the resource events' template filling ``_render_core.h`` and its schema
-``_records.h``, generated from ``resources/records.py``). An sdist carries a copy of that
-folder at ``common/`` (the ``sdist`` command below puts it there), so a wheel builds from the
-sdist alone.
+ring layout ``strap_ring.h``, the control messages' encoders and reply decoder ``strap_wire.c``
+with their JSON ``strap_json.c`` (``_protocol.py`` has no encoder or parser of its own), the
+stream lock ``strap_streamlock.h``, the per-rank stream name ``strap_rank.h``, the resource
+events' template filling ``_render_core.h`` and its schema ``_records.h``, generated from
+``resources/records.py``). An sdist carries a copy of that folder at ``common/`` (the ``sdist``
+command below puts it there), so a wheel builds from the sdist alone.
 """
 
 import shutil
@@ -29,8 +31,10 @@ if COMMON is None:
     raise SystemExit(f"{HERE}: no shared C (common/ of an sdist, or ../c/common of a checkout)")
 COMMON_FILES = sorted(p.name for p in COMMON.iterdir() if p.suffix in (".h", ".c"))
 
-LIMITED = dict(py_limited_api=True, define_macros=[("Py_LIMITED_API", "0x030A0000")], extra_compile_args=["-O2"],
-               include_dirs=[str(COMMON)])
+#: -fvisibility=hidden: libstrap's internal symbols (strap_wire.c's strap__*) stay inside the
+#: extension; only PyInit_* is exported.
+LIMITED = dict(py_limited_api=True, define_macros=[("Py_LIMITED_API", "0x030A0000")],
+               extra_compile_args=["-O2", "-fvisibility=hidden"], include_dirs=[str(COMMON)])
 
 #: The resource extension's C files, and the headers they include.
 NATIVE_SOURCES = sorted(p.name for p in (HERE / "src/llm_instrumentation/resources").glob("_native*.c"))
@@ -41,6 +45,11 @@ def _common_depends() -> list:
     """The shared C as build dependencies: relative (so the sdist lists them) when they are
     inside this project, else absolute (the sdist command copies them)."""
     return [str(COMMON / f) if COMMON.parent != HERE else f"common/{f}" for f in COMMON_FILES]
+
+
+def _common_sources(*names: str) -> list:
+    """Shared C files compiled into an extension, named as :func:`_common_depends` names them."""
+    return [str(COMMON / f) if COMMON.parent != HERE else f"common/{f}" for f in names]
 
 
 class sdist(_sdist):
@@ -58,7 +67,9 @@ class sdist(_sdist):
 setup(
     cmdclass={"sdist": sdist},
     ext_modules=[
-        Extension("llm_instrumentation._speedups", ["src/llm_instrumentation/_speedups.c"],
+        Extension("llm_instrumentation._speedups",
+                  ["src/llm_instrumentation/_speedups.c", "src/llm_instrumentation/_speedups_wire.c",
+                   *_common_sources("strap_json.c", "strap_wire.c")],
                   depends=_common_depends(), **LIMITED),
         Extension("llm_instrumentation.resources._native",
                   [f"src/llm_instrumentation/resources/{f}" for f in NATIVE_SOURCES],

@@ -1,5 +1,6 @@
 /* libFuzzer target: the decoder of every datagram the daemon sends (sp_decode_reply), the one
- * parser in libstrap of bytes from another process, and the JSON lookups it drives; the same
+ * parser of bytes from another process in libstrap and in the Python client (whose _speedups
+ * extension compiles common/strap_wire.c), and the JSON lookups it drives; the same
  * bytes go to the checkpoint file parser (sc_parse_checkpoint) and to the stream lock's reader
  * of /proc/locks (stl_holder_in, common/strap_streamlock.h). Seeds: every file of
  * testdata/protocol, testdata/checkpoint and clients/c/fuzz/corpus. */

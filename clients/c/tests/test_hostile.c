@@ -311,7 +311,7 @@ int main(void)
 	open_fails(B_CLOSE, out, STRAP_E_CLOSED, "closed by the daemon (EOF)");
 	open_fails(B_EMPTY, out, STRAP_E_CLOSED, "closed by the daemon (EOF)");
 	open_fails(B_HUGE, out, STRAP_E_PROTOCOL, "exceeds 65536");
-	open_fails(B_BAD_OPENED, out, STRAP_E_PROTOCOL, "OPENED.session is missing or not an unsigned integer");
+	open_fails(B_BAD_OPENED, out, STRAP_E_PROTOCOL, "OPENED.session is \"x\", expected an integer >= 0");
 	open_fails(B_WRONG_REPLY, out, STRAP_E_PROTOCOL, "expected OPENED, got CLOSED");
 	open_fails(B_TINY_RING, out, STRAP_E_DAEMON, "admits rings of at most 1000 bytes");
 

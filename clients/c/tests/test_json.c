@@ -98,9 +98,12 @@ int main(void)
 	sw_str(&b, "a\"\\\n\r\t\b\f\x01\x1f\xc3\xa9</>", 15);
 	out[b.n] = 0;
 	CHECK(strcmp(out, "\"a\\\"\\\\\\n\\r\\t\\b\\f\\u0001\\u001f\xc3\xa9</>\"") == 0, "escapes: %s", out);
-	double f[] = {0.001, 12.5, 1e-05, 5.0, 0.1, 1e300, -2.5};
-	const char *fw[] = {"0.001", "12.5", "1e-05", "5.0", "0.1", "1e+300", "-2.5"};
-	for (int i = 0; i < 7; i++) {
+	/* as Python's repr writes them (json.dumps): fixed notation from 1e-4 up to 1e16 */
+	double f[] = {0.001, 12.5, 1e-05, 5.0, 0.1, 1e300, -2.5, 100.0, 1e15, 1e16, 0.0001, 123456.789, -0.0, 1.5e-07};
+	const char *fw[] = {
+		"0.001", "12.5",   "1e-05",      "5.0",  "0.1",    "1e+300", "-2.5", "100.0", "1000000000000000.0",
+		"1e+16", "0.0001", "123456.789", "-0.0", "1.5e-07"};
+	for (int i = 0; i < (int)(sizeof f / sizeof *f); i++) {
 		b.n = 0;
 		sw_f64(&b, f[i]);
 		out[b.n] = 0;

@@ -26,12 +26,12 @@ int main(void)
 		int type, version;
 		const char *want;
 	} bad[] = {
-		{"{}", SP_RELEASE, 1, "RELEASE.tail is missing"},
-		{"{\"tail\":\"1\"}", SP_RELEASE, 1, "not an unsigned integer"},
-		{"{\"tail\":-1}", SP_RELEASE, 1, "not an unsigned integer"},
-		{"{\"tail\":1.5}", SP_RELEASE, 1, "not an unsigned integer"},
-		{"{\"tail\":true}", SP_RELEASE, 1, "not an unsigned integer"},
-		{"{\"tail\":18446744073709551616}", SP_RELEASE, 1, "not an unsigned integer"},
+		{"{}", SP_RELEASE, 1, "RELEASE without field 'tail'"},
+		{"{\"tail\":\"1\"}", SP_RELEASE, 1, "RELEASE.tail is \"1\", expected an integer >= 0"},
+		{"{\"tail\":-1}", SP_RELEASE, 1, "expected an integer >= 0"},
+		{"{\"tail\":1.5}", SP_RELEASE, 1, "expected an integer >= 0"},
+		{"{\"tail\":true}", SP_RELEASE, 1, "expected an integer >= 0"},
+		{"{\"tail\":18446744073709551616}", SP_RELEASE, 1, "expected an integer >= 0"},
 		{"[]", SP_RELEASE, 1, "not a JSON object"},
 		{"{\"tail\":1", SP_RELEASE, 1, "not JSON"},
 		{"{\"tail\":1}", SP_RELEASE, 2, "daemon speaks protocol 2"},
@@ -43,7 +43,11 @@ int main(void)
 		{"{\"seq\":1,\"offset\":2,\"packets\":3,\"drops\":0,\"tokens\":0,\"last_offset\":1,\"last_crc\":null}",
 		 SP_CHECKPOINTED, 1, "last_crc"},
 		{"{\"daemon\":{},\"sessions\":{}}", SP_STATUS_REPLY, 1, "sessions"},
-		{"{\"session\":1}", SP_OPENED, 1, "OPENED.block_size"},
+		{"{\"daemon\":{},\"sessions\":[1]}", SP_STATUS_REPLY, 1,
+		 "STATUS_REPLY.sessions is 1, expected a list of objects"},
+		{"{\"daemon\":{},\"uploads\":{}}", SP_STATUS_REPLY, 1, "STATUS_REPLY.uploads is {}, expected a list"},
+		{"{\"session\":1,\"block_size\":2,\"ring_tokens\":\"yes\"}", SP_OPENED, 1, "OPENED.ring_tokens"},
+		{"{\"session\":1}", SP_OPENED, 1, "OPENED without field 'block_size'"},
 		{"{\"session\":1,\"block_size\":2,\"published_cursor\":1}", SP_OPENED, 1, "OPENED.published_cursor"},
 		{"{\"a\":\"\\ud800\"}", SP_OPENED, 1, "surrogate"},
 		{"{\"a\":\"\xff\"}", SP_OPENED, 1, "UTF-8"},
@@ -73,5 +77,21 @@ int main(void)
 			      STRAP_OK &&
 		      strcmp(r.u.error.code, "limit") == 0 && r.u.error.fatal == 0,
 	      "error of another version");
+	/* OPENED's and WELCOME's optional fields: absent and null are the same, a value says has_* */
+	CHECK(decode("{\"session\":1,\"block_size\":2,\"published_cursor\":false,\"ring_tokens\":true,\"upload\":null}",
+		     SP_OPENED, 1, why, sizeof why, &r) == STRAP_OK &&
+		      r.u.opened.has_published_cursor && !r.u.opened.published_cursor && r.u.opened.has_ring_tokens &&
+		      r.u.opened.ring_tokens && r.u.opened.upload[0] == 0,
+	      "opened options: %s", why);
+	CHECK(decode("{\"protocol\":1,\"daemon\":\"d\\u00e9\",\"pid\":1,\"max_message\":1,\"max_ring_size\":null}",
+		     SP_WELCOME, 1, why, sizeof why, &r) == STRAP_OK &&
+		      !r.u.welcome.has_max_ring_size && strcmp(r.u.welcome.daemon, "d\xc3\xa9") == 0 &&
+		      r.u.welcome.daemon_json.n == 9,
+	      "welcome options: %s", why);
+	CHECK(decode("{\"packets\":1,\"drops\":0,\"bytes_in\":1,\"bytes_out\":1,\"file_bytes\":1,\"upload\":\"s3://b/"
+		     "k\"}",
+		     SP_CLOSED, 1, why, sizeof why, &r) == STRAP_OK &&
+		      strcmp(r.u.closed.upload, "s3://b/k") == 0,
+	      "closed upload: %s", why);
 	return th_done("reply");
 }

@@ -64,7 +64,8 @@ SRC = HERE / "src" / "llm_instrumentation"
 COMMON = HERE.parent / "c" / "common"
 #: The C extensions (setup.py builds the same from source): path in the wheel, C sources.
 EXTENSIONS = {
-    "llm_instrumentation/_speedups.abi3.so": [SRC / "_speedups.c"],
+    "llm_instrumentation/_speedups.abi3.so": [SRC / "_speedups.c", SRC / "_speedups_wire.c",
+                                               COMMON / "strap_json.c", COMMON / "strap_wire.c"],
     "llm_instrumentation/resources/_native.abi3.so": sorted((SRC / "resources").glob("_native*.c")),
 }
 
@@ -78,8 +79,9 @@ def compile_extension(arch: str, sources: List[Path], dest: Path) -> None:
         raise SystemExit(f"no C compiler {cc!r} for {arch} (Debian: apt-get install gcc-{arch.replace('_', '-')}"
                          f"-linux-gnu; or set CC_{arch})")
     include = sysconfig.get_paths()["include"]
-    cmd = [cc, "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-I", include, "-I", str(COMMON), *map(str, sources), "-o",
-           str(dest)]
+    # -fvisibility=hidden: libstrap's strap__* symbols stay inside the extension (PyInit_* only)
+    cmd = [cc, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-Wall", "-Werror", "-I", include, "-I", str(COMMON),
+           *map(str, sources), "-o", str(dest)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         sys.stderr.write(res.stdout + res.stderr)

@@ -1,13 +1,14 @@
 """Control-socket messages of docs/PROTOCOL.md section 1, and the client end of the socket.
 
 A message is one SOCK_SEQPACKET datagram: ``"STRP" u16 version u16 type u32 body_len`` then a
-JSON object. Every body is a frozen dataclass below that mirrors its Go struct in
-internal/control/bodies.go: field names are the Go json tags, field order is the Go struct's
-order (so golden byte vectors written by Go are reproduced byte for byte), and a field that
-is None is left out of the JSON (Go's ``omitempty`` / pointer fields). Bodies are encoded
-compactly (``separators=(",", ":")``). Received bodies are checked against their dataclass
-(missing or mistyped fields raise :class:`StrapdProtocolError`); unknown fields are ignored,
-as PROTOCOL.md asks of readers, so a newer daemon can add fields.
+JSON object. The bytes are libstrap's: every body the client sends is encoded, and every reply
+the daemon sends is decoded, by ``clients/c/common/strap_wire.c``, compiled into the
+``_speedups`` extension (``_speedups_wire.c``) as libstrap compiles it, and fuzzed there
+(``clients/c/fuzz``). This module keeps the typed bodies (frozen dataclasses named and ordered
+as internal/control/bodies.go, a field that is None left out), the socket with its
+descriptors, the handshake and the exceptions. A reply's unknown fields are ignored, as
+PROTOCOL.md 1.1 asks of readers, so a newer daemon can add fields; a malformed reply raises
+:class:`StrapdProtocolError`.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ import json
 import select
 import socket
 import struct
-import sys
 import time
-import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
 
+from . import _speedups
 from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError, StrapdWriteError
+
+#: libstrap's control messages, compiled into the extension (_speedups_wire.c); no stub: Any.
+_c: Any = _speedups
 
 MAGIC = b"STRP"
 VERSION = 1
@@ -68,6 +71,8 @@ class Body:
     """
 
     TYPE: ClassVar[int] = 0
+    #: fields holding a nested body, by name (read back by :meth:`from_body`)
+    NESTED: ClassVar[Dict[str, Type["Body"]]] = {}
 
     def to_body(self) -> Dict[str, Any]:
         """The JSON object, fields in declaration order, None fields left out.
@@ -76,16 +81,30 @@ class Body:
             a dict ready for ``json.dumps``.
         """
         out: Dict[str, Any] = {}
-        for name in _names(type(self)):
-            v = getattr(self, name)
-            if v is None:
-                continue
-            out[name] = v.to_body() if isinstance(v, Body) else v
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                out[f.name] = v.to_body() if isinstance(v, Body) else v
         return out
+
+    def wire(self) -> bytes:
+        """The datagram: libstrap's encoder for a body the client sends; one only the daemon
+        sends (which tests and fakes write) from :meth:`to_body`.
+
+        Returns:
+            the datagram bytes.
+
+        Raises:
+            ValueError: the message exceeds ``MAX_MESSAGE`` bytes.
+        """
+        enc = _WIRE.get(type(self))
+        return enc(self) if enc is not None else encode_message(self.TYPE, self.to_body())
 
     @classmethod
     def from_body(cls: Type[B], body: Dict[str, Any]) -> B:
-        """Build a body from a decoded JSON object, checking every field's type.
+        """Build a body from a decoded JSON object. A reply is checked by libstrap's decoder
+        (field types included); a body the client sends, which only tests and fakes read back,
+        is checked for its required fields.
 
         Args:
             body: the decoded JSON object.
@@ -94,86 +113,21 @@ class Body:
             the dataclass.
 
         Raises:
-            StrapdProtocolError: a required field is missing or a field has the wrong type.
+            StrapdProtocolError: a required field is missing or has the wrong type.
         """
         what = NAMES.get(cls.TYPE, cls.__name__)
         if not isinstance(body, dict):
             raise StrapdProtocolError(f"{what} body is not a JSON object: {body!r}")
+        if cls.TYPE in REPLIES:
+            return decode_reply(encode_message(cls.TYPE, body))[1]  # type: ignore[return-value]
         kw: Dict[str, Any] = {}
-        for name, required, hint in _fields(cls):
-            if name not in body:
-                if required:
-                    raise StrapdProtocolError(f"{what} without field {name!r}: {body}")
-                continue
-            kw[name] = _convert(body[name], hint, f"{what}.{name}")
+        for f in dataclasses.fields(cls):
+            if f.name in body:
+                v, nested = body[f.name], cls.NESTED.get(f.name)
+                kw[f.name] = nested.from_body(v) if nested is not None and v is not None else v
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise StrapdProtocolError(f"{what} without field {f.name!r}: {body}")
         return cls(**kw)
-
-
-_HINTS: Dict[type, Dict[str, Any]] = {}
-_NAMES: Dict[type, Tuple[str, ...]] = {}
-_FIELDS: Dict[type, Tuple[Tuple[str, bool, Any], ...]] = {}
-
-
-def _names(cls: type) -> Tuple[str, ...]:
-    # PUBLISH goes once per forward pass: keep dataclasses.fields() out of that path.
-    names = _NAMES.get(cls)
-    if names is None:
-        names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
-    return names
-
-
-def _fields(cls: type) -> Tuple[Tuple[str, bool, Any], ...]:
-    # RELEASE arrives several times per forward pass: resolve (name, required, type) once.
-    specs = _FIELDS.get(cls)
-    if specs is None:
-        hints = _hints(cls)
-        specs = _FIELDS[cls] = tuple(
-            (f.name, f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, hints[f.name])
-            for f in dataclasses.fields(cls))
-    return specs
-
-
-def _hints(cls: type) -> Dict[str, Any]:
-    # Annotations are strings (postponed evaluation); resolve them once per class.
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls, vars(sys.modules[__name__]))
-    return _HINTS[cls]
-
-
-def _convert(v: Any, tp: Any, where: str) -> Any:
-    """Check ``v`` against the annotation ``tp`` (and build nested bodies)."""
-    if tp is int:  # the common case (RELEASE's tail), before the slower typing introspection
-        return v if isinstance(v, int) and not isinstance(v, bool) else _bad(v, "an integer", where)
-    origin = typing.get_origin(tp)
-    if origin is Union:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if v is None:
-            return None
-        return _convert(v, args[0], where)
-    if isinstance(tp, type) and issubclass(tp, Body):
-        return tp.from_body(v) if isinstance(v, dict) else _bad(v, "an object", where)
-    if tp is Any:
-        return v
-    if tp is bool:
-        return v if isinstance(v, bool) else _bad(v, "a boolean", where)
-    if tp is int:
-        return v if isinstance(v, int) and not isinstance(v, bool) else _bad(v, "an integer", where)
-    if tp is float:
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else _bad(v, "a number", where)
-    if tp is str:
-        return v if isinstance(v, str) else _bad(v, "a string", where)
-    if origin is dict:
-        return v if isinstance(v, dict) else _bad(v, "an object", where)
-    if origin is list:
-        if not isinstance(v, list):
-            _bad(v, "a list", where)
-        (item,) = typing.get_args(tp)
-        return [_convert(x, item, f"{where}[{i}]") for i, x in enumerate(v)]
-    raise TypeError(f"{where}: no conversion for {tp!r}")  # a dataclass this module cannot read
-
-
-def _bad(v: Any, want: str, where: str) -> Any:
-    raise StrapdProtocolError(f"{where} is {v!r}, expected {want}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,6 +192,8 @@ class Open(Body):
     resources: Optional[bool] = None
     upload: Optional[str] = None
     upload_free_local: Optional[bool] = None
+
+    NESTED: ClassVar[Dict[str, Type[Body]]] = {"lossy": Lossy, "resume": Resume}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -349,8 +305,9 @@ class Checkpointed(Body):
 class Error(Body):
     """ERROR: a failure reported by the daemon.
 
-    The defaults apply to a malformed ERROR only: it must still reach the user as an error,
-    and a missing ``fatal`` is taken as fatal, the safe reading.
+    The defaults apply to a malformed ERROR only (libstrap's decoder gives a malformed field
+    its default): it must still reach the user as an error, and a missing ``fatal`` is taken
+    as fatal, the safe reading.
     """
 
     TYPE: ClassVar[int] = ERROR
@@ -397,7 +354,8 @@ class Resources(Body):
     """RESOURCES: resource events for the session's resource log (docs/RESOURCE_EVENTS.md).
 
     The monitor's writer thread sends these with :meth:`Connection.send_raw`, the events
-    already serialized; this class documents the body and lists its field.
+    already serialized; this class documents the body and lists its field (its :meth:`wire`
+    packs them with libstrap's ``sp_pack_resources``, and fails when they do not fit one message).
     """
 
     TYPE: ClassVar[int] = RESOURCES
@@ -411,6 +369,42 @@ BODIES: Dict[int, Type[Body]] = {c.TYPE: c for c in (
 
 #: the messages a client sends (the rest only come from the daemon).
 CLIENT_SENDS: Tuple[Type[Body], ...] = (Hello, Open, Publish, Drop, Token, Checkpoint, Close, Status, Resources)
+
+
+
+def _open_wire(o: Open) -> bytes:
+    # block_size and memory_hint 0, resources and upload_free_local False are left out as
+    # None is (libstrap's sp_open_body; the client never sends them).
+    meta = None if o.metadata is None else json.dumps(o.metadata, separators=(",", ":"), ensure_ascii=False).encode()
+    lossy, r = o.lossy, o.resume
+    return _c.encode_open(o.ring_size, o.codec, o.codec_level, o.policy, o.block_size, lossy and lossy.mode,
+                          lossy and lossy.value, o.append_at, r and (r.last_seq, r.last_crc, r.packets), o.memory_hint,
+                          meta, bool(o.resources), o.upload, bool(o.upload_free_local))
+
+
+def _hello_wire(h: Hello) -> bytes:
+    if h.protocol != VERSION:
+        raise ValueError(f"HELLO of protocol {h.protocol}: libstrap writes {VERSION} (encode_message writes others)")
+    return _c.encode_hello(h.client, h.pid)
+
+
+#: libstrap's encoder of each body the client sends (clients/c/common/strap_wire.c).
+_WIRE: Dict[type, Callable[[Any], bytes]] = {
+    Hello: _hello_wire,
+    Open: _open_wire,
+    Publish: lambda b: _c.encode_publish(b.head, b.seq),
+    Drop: lambda b: _c.encode_drop(b.seq, b.name, b.step, b.forward, b.bytes, b.reason),
+    Token: lambda b: _c.encode_token(b.seq, b.index, b.token_id, b.text, b.position, b.head),
+    Checkpoint: lambda b: _c.encode_checkpoint(b.seq),
+    Close: lambda b: _c.encode_close(b.seq, b.head, b.drops),
+    Status: lambda b: _c.encode_status(),
+    Resources: lambda b: _c.encode_resources([json.dumps(e, separators=(",", ":"), ensure_ascii=False).encode()
+                                              for e in b.events]),
+}
+
+#: the messages the daemon sends, which libstrap's decoder reads.
+REPLIES: Dict[int, Type[Body]] = {c.TYPE: c for c in (Welcome, Opened, Release, Closed, Error, StatusReply,
+                                                      Checkpointed)}
 
 
 def client_fields() -> Dict[str, List[str]]:
@@ -427,8 +421,9 @@ def client_fields() -> Dict[str, List[str]]:
 
 
 def encode_message(msg_type: int, body: Optional[Dict[str, Any]] = None, version: int = VERSION) -> bytes:
-    """Encode one message from a raw JSON object (tests use it for deliberately odd
-    messages; the client sends typed bodies with :func:`encode`).
+    """Encode one message from a raw JSON object with ``json.dumps``: for tests and fakes (odd
+    messages, the daemon's side). The client sends typed bodies, encoded by libstrap
+    (:func:`encode`).
 
     Args:
         msg_type: the type number (``HELLO`` ... ``CHECKPOINTED``).
@@ -452,7 +447,7 @@ def encode_message(msg_type: int, body: Optional[Dict[str, Any]] = None, version
 
 
 def encode(body: Body) -> bytes:
-    """Encode one typed message.
+    """Encode one typed message (libstrap's encoder for every body the client sends).
 
     Args:
         body: a message body (its class gives the type number).
@@ -460,17 +455,54 @@ def encode(body: Body) -> bytes:
     Returns:
         the datagram bytes.
 
+    Raises:
+        ValueError: the message exceeds ``MAX_MESSAGE`` bytes.
+
     Example:
         >>> encode(Publish(head=4096, seq=3))
         b'STRP\\x01\\x00\\x05\\x00\\x15\\x00\\x00\\x00{"head":4096,"seq":3}'
     """
     if not body.TYPE:
         raise TypeError(f"{type(body).__name__} is part of a body, not a message")
-    return encode_message(body.TYPE, body.to_body())
+    return body.wire()
+
+
+def _protocol_error(e: ValueError) -> StrapdProtocolError:
+    # The extension's decoders raise ValueError(reason, code).
+    return StrapdProtocolError(e.args[0], code=e.args[1] or "client")
+
+
+def decode_reply(data: bytes) -> Tuple[int, Body]:
+    """Decode one datagram from the daemon with libstrap's ``sp_decode_reply``.
+
+    An ERROR is read leniently whatever its version (a version-mismatch ERROR must reach the
+    user); any other reply must carry version 1.
+
+    Args:
+        data: one datagram.
+
+    Returns:
+        the header version and the body's dataclass.
+
+    Raises:
+        StrapdProtocolError: bad framing, a body that is not one valid JSON object, another
+            version (code ``protocol_version``), a type the daemon does not send, or a field
+            missing or of the wrong type.
+    """
+    try:
+        version, mtype, kw = _c.decode_reply(bytes(data))
+    except ValueError as e:
+        raise _protocol_error(e) from None
+    if kw is None:  # STATUS_REPLY, checked by the decoder: its figures pass through as they are
+        body = decode_message(data)[2]
+        return version, StatusReply(daemon=body["daemon"], sessions=body.get("sessions") or [],
+                                    uploads=body.get("uploads"))
+    return version, REPLIES[mtype](**kw)
 
 
 def decode_message(data: bytes) -> Tuple[int, int, Dict[str, Any]]:
-    """Decode one datagram into ``(version, type, body)``.
+    """Decode one datagram into ``(version, type, body)``: libstrap checks the framing and
+    that the body is one valid JSON object (``sp_decode_frame``), ``json`` reads it.
 
     Any version is accepted here (the layout never changes) so that a version-mismatch
     ERROR can be read; callers check the version.
@@ -484,24 +516,18 @@ def decode_message(data: bytes) -> Tuple[int, int, Dict[str, Any]]:
     Raises:
         StrapdProtocolError: short datagram, bad magic, wrong length, body not a JSON object.
     """
-    if len(data) < HEADER.size:
-        raise StrapdProtocolError(f"message of {len(data)} bytes is shorter than the 12-byte header")
-    magic, version, mtype, blen = HEADER.unpack_from(data)
-    if magic != MAGIC:
-        raise StrapdProtocolError(f"bad message magic {magic!r}")
-    if len(data) != HEADER.size + blen:
-        raise StrapdProtocolError(f"message length {len(data)} != 12 + body_len {blen}")
+    data = bytes(data)
     try:
-        body = json.loads(bytes(data[HEADER.size:]).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StrapdProtocolError(f"message body is not JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise StrapdProtocolError("message body is not a JSON object")
-    return version, mtype, body
+        version, mtype, start, end = _c.decode_frame(data)
+    except ValueError as e:
+        raise _protocol_error(e) from None
+    return version, mtype, json.loads(data[start:end])
 
 
 def decode(data: bytes) -> Tuple[int, Body]:
-    """Decode one datagram into ``(version, typed body)``.
+    """Decode one datagram of any type into ``(version, typed body)``: a reply with
+    :func:`decode_reply`, a body the client sends (which only tests' peers receive) from its
+    JSON object. The version is returned, not checked, but for a reply.
 
     Args:
         data: one datagram.
@@ -513,6 +539,8 @@ def decode(data: bytes) -> Tuple[int, Body]:
         StrapdProtocolError: a framing error (see :func:`decode_message`), an unknown type,
             or a body that does not match its dataclass.
     """
+    if int.from_bytes(data[6:8], "little") in REPLIES:
+        return decode_reply(data)
     version, mtype, body = decode_message(data)
     cls = BODIES.get(mtype)
     if cls is None:
@@ -521,7 +549,9 @@ def decode(data: bytes) -> Tuple[int, Body]:
 
 
 def error_from_body(body: Dict[str, Any]) -> StrapdProtocolError:
-    """Turn an ERROR body into the exception raised to the user.
+    """Turn an ERROR body into the exception raised to the user, read as libstrap reads one:
+    malformed fields get the :class:`Error` defaults (an error report is never lost to a type
+    check).
 
     Args:
         body: the decoded ERROR object.
@@ -529,23 +559,7 @@ def error_from_body(body: Dict[str, Any]) -> StrapdProtocolError:
     Returns:
         the exception.
     """
-    return lenient_error(body).exception()
-
-
-def lenient_error(body: Dict[str, Any]) -> Error:
-    """Read an ERROR body; malformed fields get the :class:`Error` defaults, because an
-    error report must never be lost to a type check.
-
-    Args:
-        body: the decoded ERROR object.
-
-    Returns:
-        the typed body.
-    """
-    try:
-        return Error.from_body(body)
-    except StrapdProtocolError:
-        return Error(code=str(body.get("code", "unknown")), message=str(body.get("message", "")))
+    return Error.from_body(body).exception()
 
 
 # ----- the connection --------------------------------------------------------------------------
@@ -611,11 +625,11 @@ class Connection:
             if not data:
                 break
             try:
-                _, mtype, body = decode_message(data)
+                _, msg = decode_reply(data)
             except StrapdProtocolError:
-                break
-            if mtype == ERROR:
-                found = error_from_body(body)
+                continue
+            if isinstance(msg, Error):
+                found = msg.exception()
         return found
 
     def send(self, msg: Body, fds: Sequence[int] = ()) -> None:
@@ -628,7 +642,7 @@ class Connection:
         Raises:
             StrapdConnectionError: the daemon closed the connection (or its last ERROR).
         """
-        data = encode(msg)
+        data = msg.wire()
         try:
             if fds:
                 socket.send_fds(self.sock, [data], list(fds), socket.MSG_NOSIGNAL)
@@ -689,16 +703,10 @@ class Connection:
             raise self._dead("failed", e) from None
         if not data:
             raise self._dead("closed by the daemon (EOF)")
-        version, mtype, body = decode_message(data)
-        if mtype == ERROR:
-            # Read leniently whatever the version: a version-mismatch ERROR must reach the user.
-            return lenient_error(body)
-        if version != VERSION:
+        version, msg = decode(data)
+        if version != VERSION:  # a reply of another version is refused by decode_reply already
             raise StrapdProtocolError(f"daemon speaks protocol {version}, client speaks {VERSION}", code="protocol_version")
-        cls = BODIES.get(mtype)
-        if cls is None:
-            raise StrapdProtocolError(f"unknown message type {mtype}")
-        return cls.from_body(body)
+        return msg
 
     def expect(self, want: Type[B], timeout: float, skip: Sequence[Type[Body]] = ()) -> B:
         """Wait for a message of class ``want``; ERROR raises; classes in ``skip`` are ignored.

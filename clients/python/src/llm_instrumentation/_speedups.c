@@ -39,6 +39,10 @@
  *   clients/c/common/strap_connect.h, bound here for _daemon.py; connect_daemon lets the GIL go
  *   while it waits for the autostart lock or a starting daemon, as stream_lock does.
  *
+ * - the control messages (docs/PROTOCOL.md 1): libstrap's encoders of every body a client sends
+ *   and its decoder of every reply (clients/c/common/strap_wire.c, strap_json.c), bound in
+ *   _speedups_wire.c for _protocol.py.
+ *
  * Built against the limited API of CPython 3.10 (one .abi3.so for every later CPython).
  * Required: the client's ring code is this module (a source install needs a C compiler; the
  * wheels carry it compiled). The resource monitor's C paths are the other extension,
@@ -992,10 +996,15 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* The control messages' encoders and decoders (_speedups_wire.c). */
+extern PyMethodDef speedups_wire_methods[];
+
 /* strap_ring.h's constants, under the names _ring.py gives them; strap_streamlock.h's verdicts. */
 static int
 module_exec(PyObject *m)
 {
+    if (PyModule_AddFunctions(m, speedups_wire_methods) < 0)
+        return -1;
     static const struct {
         const char *name;
         long value;
