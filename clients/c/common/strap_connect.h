@@ -129,28 +129,26 @@ sk_try_connect(const char *path)
     return fd;
 }
 
-/* The console script pip writes for `strapd` runs the Python client's finder; finding it must
- * not count as finding the daemon. */
+/* An executable file the daemon can be: executable by us, not a directory, and not the console
+ * script pip writes for `strapd`, which runs the Python client's finder (finding it must not
+ * count as finding the daemon). No stat(): with the 64-bit file offsets Python.h asks for it
+ * binds stat64@GLIBC_2.33, newer than the wheels' floor; opening and reading the head tells a
+ * directory (EISDIR) apart as well. */
 static bool
-sk_is_shim(const char *path)
+sk_executable(const char *path)
 {
     char head[1024];
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (access(path, X_OK) != 0)
+        return false;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (fd < 0)
         return false;
     ssize_t n = read(fd, head, sizeof head - 1);
     close(fd);
-    if (n < 2)
-        return false;
+    if (n < 0)
+        return errno != EISDIR;
     head[n] = 0;
-    return head[0] == '#' && head[1] == '!' && strstr(head, "llm_instrumentation._strapd_cli");
-}
-
-static bool
-sk_executable(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0 && !sk_is_shim(path);
+    return !(n >= 2 && head[0] == '#' && head[1] == '!' && strstr(head, "llm_instrumentation._strapd_cli"));
 }
 
 /* binary, else $STRAPD_BIN, else `strapd` on PATH (the shim skipped). out holds the candidate
@@ -277,7 +275,8 @@ sk_middle(const char *bin, char *const argv[], int logfd, int report, int go)
          * host process stays out of the daemon */
         if (ex[1] != 3)
             dup2(ex[1], 3);
-        fcntl(3, F_SETFD, FD_CLOEXEC);
+        /* the system call itself: fcntl() binds fcntl64@GLIBC_2.28 under 64-bit offsets */
+        syscall(SYS_fcntl, 3, F_SETFD, FD_CLOEXEC);
 #ifdef SYS_close_range
         if (syscall(SYS_close_range, 4u, ~0u, 0u) != 0)
 #endif
@@ -378,7 +377,7 @@ sk_spawn(const char *bin, const char *sock, char *log, size_t logcap, sk_spawned
         snprintf(msg, msgcap, "could not start %s (fork of the daemon failed)", bin);
         return -1;
     }
-    fcntl(rep[0], F_SETFL, O_NONBLOCK);
+    syscall(SYS_fcntl, rep[0], F_SETFL, O_NONBLOCK);
     sp->pid = (pid_t)v[1];
     sp->middle = m;
     sp->report = rep[0];

@@ -88,11 +88,20 @@ def compile_extension(arch: str, sources: List[Path], dest: Path) -> None:
         raise SystemExit(f"compiling {dest.name} for {arch} failed: {' '.join(cmd)}")
     if elf_machine(dest) != ELF_MACHINE[arch]:
         raise SystemExit(f"{cc} built {dest} for another architecture than {arch}")
-    # The manylinux_2_17 tag promises nothing newer than glibc 2.17: the version names the
-    # extension's symbols need are strings in its .gnu.version_r section.
-    need = {tuple(int(x) for x in v.split(b".")) for v in re.findall(rb"GLIBC_(2\.[0-9]+(?:\.[0-9]+)?)", dest.read_bytes())}
-    if any(v > (2, 17) for v in need):
-        raise SystemExit(f"{dest} needs glibc {max(need)}, newer than manylinux_2_17 allows")
+    need = glibc_needed(dest)
+    if need > GLIBC_FLOOR:
+        raise SystemExit(f"{dest} needs glibc {need}, newer than manylinux_2_17 allows")
+
+
+#: The manylinux_2_17 tag promises nothing newer than glibc 2.17.
+GLIBC_FLOOR = (2, 17)
+
+
+def glibc_needed(path: Path) -> tuple:
+    """The newest glibc symbol version a shared object needs ((0,) for none): the version names
+    are strings in its .gnu.version_r section."""
+    found = re.findall(rb"GLIBC_(2\.[0-9]+(?:\.[0-9]+)?)", Path(path).read_bytes())
+    return max((tuple(int(x) for x in v.split(b".")) for v in found), default=(0,))
 
 
 def check_wheel(whl: Path, plat: str) -> None:
