@@ -18,7 +18,7 @@ from test_imports import PKG, _modules, import_graph
 DOC = REPO / "docs" / "ARCHITECTURE.md"
 #: What of clients/c is named file by file; the other folders there (tests, fuzz, bench,
 #: cmake) are named as folders.
-C_FILE_DIRS = ("src", "include", "llama/src", "llama/include", "llama/tools")
+C_FILE_DIRS = ("src", "include", "common", "llama/src", "llama/include", "llama/tools")
 C_FOLDERS = ("tests", "fuzz", "bench", "cmake", "llama/tests")
 PY_SUFFIXES = (".py", ".c", ".h", ".pyi")
 
@@ -95,7 +95,7 @@ def test_every_python_file_is_named() -> None:
 
 def test_every_c_part_is_named() -> None:
     parts = c_parts()
-    assert "clients/c/src/wire.c" in parts and "clients/c/llama/tools/strap_llama_main.c" in parts
+    assert "clients/c/common/strap_wire.c" in parts and "clients/c/llama/tools/strap_llama_main.c" in parts
     missing = [p for p in parts if p not in named()]
     assert not missing, f"docs/ARCHITECTURE.md does not name these parts of clients/c: {missing}"
 
