@@ -18,6 +18,7 @@ events' template filling ``_render_core.h`` and its schema ``_records.h``, gener
 command below puts it there), so a wheel builds from the sdist alone.
 """
 
+import os
 import shutil
 from pathlib import Path
 
@@ -48,8 +49,9 @@ def _common_depends() -> list:
 
 
 def _common_sources(*names: str) -> list:
-    """Shared C files compiled into an extension, named as :func:`_common_depends` names them."""
-    return [str(COMMON / f) if COMMON.parent != HERE else f"common/{f}" for f in names]
+    """Shared C files compiled into an extension, relative to this directory (setuptools
+    refuses absolute source paths: ``../c/common/...`` in a checkout, ``common/...`` in an sdist)."""
+    return [os.path.relpath(COMMON / f, HERE) for f in names]
 
 
 class sdist(_sdist):
