@@ -440,11 +440,24 @@ typedef struct rd {
     bool ok;
 } rd;
 
+/* How much of v a message quotes: all of it up to max bytes, else a prefix of max - 3 that ends
+ * on a whole UTF-8 character (followed by "..."). */
+static int
+quoted(sj_val v, size_t max)
+{
+    if (v.n <= max)
+        return (int)v.n;
+    size_t n = max - 3;
+    while (n > 0 && ((unsigned char)v.p[n] & 0xC0) == 0x80)
+        n--;
+    return (int)n;
+}
+
 static void
 rd_bad(rd *r, const char *field, sj_val v, const char *want)
 {
     if (r->ok && r->err)
-        snprintf(r->err, r->errlen, "%s.%s is %.*s%s, expected %s", r->what, field, (int)(v.n > 64 ? 61 : v.n), v.p,
+        snprintf(r->err, r->errlen, "%s.%s is %.*s%s, expected %s", r->what, field, quoted(v, 64), v.p,
                  v.n > 64 ? "..." : "", want);
     r->ok = false;
 }
@@ -456,8 +469,8 @@ rd_field(rd *r, const char *field, bool required, sj_val *v)
 {
     if (!sj_get(r->body, field, v)) {
         if (required && r->ok && r->err)
-            snprintf(r->err, r->errlen, "%s without field '%s': %.*s%s", r->what, field,
-                     (int)(r->body.n > 200 ? 197 : r->body.n), r->body.p, r->body.n > 200 ? "..." : "");
+            snprintf(r->err, r->errlen, "%s without field '%s': %.*s%s", r->what, field, quoted(r->body, 200),
+                     r->body.p, r->body.n > 200 ? "..." : "");
         if (required)
             r->ok = false;
         return 0;

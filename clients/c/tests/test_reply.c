@@ -58,6 +58,14 @@ int main(void)
 		CHECK(rc == STRAP_E_PROTOCOL && strstr(why, bad[i].want),
 		      "case %zu (%s): rc %d, reason \"%s\", want \"%s\"", i, bad[i].body, rc, why, bad[i].want);
 	}
+	/* a reason quotes a cut of the reply that keeps whole UTF-8 characters */
+	CHECK(decode("{\"tail\":\"a\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"
+		     "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"
+		     "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"
+		     "\"}",
+		     SP_RELEASE, 1, why, sizeof why, &r) == STRAP_E_PROTOCOL &&
+		      sp_utf8_valid(why, strlen(why)) && strstr(why, "..., expected"),
+	      "cut reason: %s", why);
 	/* framing */
 	uint8_t d[32] = "STRP\x01\x00\x06\x00\x05\x00\x00\x00{}";
 	CHECK(sp_decode_reply(d, 6, &r, why, sizeof why) == STRAP_E_PROTOCOL && strstr(why, "shorter"), "%s", why);

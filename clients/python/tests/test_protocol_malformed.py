@@ -65,6 +65,15 @@ def test_malformed_reply_is_a_protocol_error(data, why):
         P.decode_reply(data)
 
 
+@pytest.mark.parametrize("body", [{"tail": "a" + "\u00e9" * 100}, {"x": "b" + "\u20ac" * 300}])
+def test_reasons_quoting_the_reply_stay_text(body):
+    # The reason quotes a cut of the daemon's bytes: the cut keeps whole UTF-8 characters.
+    with pytest.raises(StrapdProtocolError, match="RELEASE") as ei:
+        P.decode_reply(P.encode_message(P.RELEASE, body))
+    assert ei.value.code == "client" and "\ufffd" not in str(ei.value) and str(ei.value).endswith(
+        ("expected an integer >= 0", "..."))
+
+
 def test_reply_of_another_version_names_it():
     with pytest.raises(StrapdProtocolError, match="daemon speaks protocol 2, client speaks 1") as ei:
         P.decode_reply(_msg(P.RELEASE, b'{"tail":1}', version=2))

@@ -314,11 +314,12 @@ done:
 
 /* ----- reading ----- */
 
-/* ValueError(reason, code): _protocol.py raises StrapdProtocolError(reason, code=code). */
+/* ValueError(reason, code): _protocol.py raises StrapdProtocolError(reason, code=code). The
+ * reason quotes the daemon's bytes (cut to fit err): never a decode error of its own. */
 static PyObject *
 protocol_error(const char *why, const char *code)
 {
-    PyObject *e = Py_BuildValue("(sz)", why, code);
+    PyObject *e = Py_BuildValue("(Nz)", PyUnicode_DecodeUTF8(why, (Py_ssize_t)strlen(why), "replace"), code);
     if (e != NULL) {
         PyErr_SetObject(PyExc_ValueError, e);
         Py_DECREF(e);
