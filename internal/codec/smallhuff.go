@@ -1,17 +1,22 @@
 package codec
 
-// Huffman literals for the small chunks of one-token decode records (17 bytes to smallMax),
-// built from the histogram smallLooksUniform already counted. huff0 counted the chunk again
-// and sorted and cleared tables sized for every symbol up to the largest: ≈ 5 µs of a 512-byte
-// exponent plane's ≈ 6 in a warm benchmark (issue 38). The steps below are huff0's own
-// (klauspost/compress v1.20.4, huff0/compress.go: huffSort, buildCTable, setMaxHeight,
-// cTable.write, compress1xDo, compress4X; BSD-3-Clause, Copyright (c) 2019 Klaus Post),
-// restated over the symbols present only, so that the code lengths, the table header and the
-// streams are the bytes huff0 writes: TestSmallHuffmanMatchesHuff0 and its fuzz target hold
-// them to it (and would catch a klauspost/compress upgrade that changes huff0's choices).
+// Huffman literals for the plane chunks of level 0, built from a histogram the caller took.
+// Small chunks (17 bytes to smallMax: one-token decode records) use the count that
+// smallLooksUniform judged them by; huff0 counted the chunk again and sorted and cleared
+// tables sized for every symbol up to the largest: ≈ 5 µs of a 512-byte exponent plane's ≈ 6
+// in a warm benchmark (issue 38). Larger chunks (smallMax to a 128 KiB zstd block: the planes
+// of prefill blocks) are counted by countLarge, faster than huff0's single-histogram count on
+// exponent planes, and huff0 itself is no longer called at level 0. The steps below are
+// huff0's own (klauspost/compress v1.20.4, huff0/compress.go: huffSort, buildCTable,
+// setMaxHeight, cTable.write, compress1xDo, compress4X; BSD-3-Clause, Copyright (c) 2019
+// Klaus Post), restated over the symbols present only, so that the code lengths, the table
+// header and the streams are the bytes huff0 writes: TestSmallHuffmanMatchesHuff0,
+// TestLargeHuffmanMatchesHuff0 and the fuzz target hold them to it (and would catch a
+// klauspost/compress upgrade that changes huff0's choices).
 
 import (
 	"encoding/binary"
+	"math"
 	"math/bits"
 	"slices"
 	"sync"
@@ -43,6 +48,7 @@ type huffCode struct {
 // smallHuff is the working memory of smallHuffman, pooled with the plane encoder's.
 type smallHuff struct {
 	counts chunkCounts
+	lanes  [4][256]uint32 // countLarge's four histograms
 	// nodes[0] is the barrier huff0 reads at index -1; the tree starts at nodes[1].
 	nodes   [2*256 + 2]huffNode
 	codes   [256]huffCode
@@ -66,26 +72,28 @@ func (s *smallHuff) smallHuffman(chunk []byte, h *[256]uint32) ([]byte, error) {
 		top      int // the largest symbol present
 		k        int // symbols present
 	)
-	// The symbols present, in symbol order, without a branch on the counts.
+	// The symbols present, in symbol order, and the largest count, without a branch on
+	// the counts.
 	present := &s.present
 	for sym, c := range h {
 		present[k] = byte(sym)
 		if c != 0 {
 			k++
 		}
+		maxCount = max(maxCount, c)
 	}
 	if k > 0 {
 		top = int(present[k-1])
 	}
-	s.sortLeaves(h, k)
-	leaves := s.nodes[1:]
-	maxCount = leaves[0].count
+	// huff0's refusals come before its sort, so noise costs no sort here either.
 	switch {
 	case int(maxCount) == n:
 		return nil, huff0.ErrUseRLE
 	case maxCount == 1 || int(maxCount) < n>>7:
 		return nil, huff0.ErrIncompressible
 	}
+	s.sortLeaves(h, k, n)
+	leaves := s.nodes[1:]
 	symbolLen := top + 1
 	maxNbBits := optimalTableLog(n, symbolLen)
 	s.buildTree(k)
@@ -129,6 +137,10 @@ func (s *smallHuff) smallHuffman(chunk []byte, h *[256]uint32) ([]byte, error) {
 			part := chunk[min(n, i*seg):min(n, (i+1)*seg)]
 			start := len(out)
 			out = s.stream(out, part)
+			if len(out)-start > math.MaxUint16 {
+				// huff0's limit: the jump table holds 16-bit stream sizes.
+				return nil, huff0.ErrIncompressible
+			}
 			if i < 3 {
 				binary.LittleEndian.PutUint16(out[jt+2*i:], uint16(len(out)-start))
 			}
@@ -141,13 +153,14 @@ func (s *smallHuff) smallHuffman(chunk []byte, h *[256]uint32) ([]byte, error) {
 	return out, nil
 }
 
-// sortLeaves puts the k present symbols (s.present) in the leaves sorted by count,
-// descending, ties in symbol order: huffSort's order, by any stable sort. A few symbols
-// (an exponent plane's) are insertion-sorted; many (a plane of mantissa bits that was not
-// judged uniform: fp16's, or a chunk of small integers) by a stable radix sort on the count
-// (under smallMax, two passes of 6 bits), where insertion (huff0's, within buckets of
-// counts of one bit length) is quadratic on near-flat counts.
-func (s *smallHuff) sortLeaves(h *[256]uint32, k int) {
+// sortLeaves puts the k present symbols (s.present) of a chunk of n bytes in the leaves
+// sorted by count, descending, ties in symbol order: huffSort's order, by any stable sort.
+// A few symbols (an exponent plane's) are insertion-sorted; many (a plane of mantissa bits
+// that was not judged uniform: fp16's, or a chunk of small integers) by a stable radix sort
+// on the count (under smallMax, two passes of 6 bits; up to a zstd block of 128 KiB, three),
+// where insertion (huff0's, within buckets of counts of one bit length) is quadratic on
+// near-flat counts.
+func (s *smallHuff) sortLeaves(h *[256]uint32, k, n int) {
 	leaves := s.nodes[1:]
 	if k <= 32 {
 		for i, sym := range s.present[:k] {
@@ -166,10 +179,16 @@ func (s *smallHuff) sortLeaves(h *[256]uint32, k int) {
 	for i, sym := range s.present[:k] {
 		tmp[i] = huffNode{count: h[sym], symbol: sym}
 	}
-	key := func(c uint32, shift uint) uint32 { return (smallMax - 1 - c) >> shift & 63 }
-	for pass, shift := range [2]uint{0, 6} {
+	passes := 2
+	if n >= smallMax {
+		passes = 3
+	}
+	top := uint32(1)<<(6*passes) - 1 // over every count of n bytes
+	key := func(c uint32, shift uint) uint32 { return (top - c) >> shift & 63 }
+	for pass := range passes {
+		shift := uint(6 * pass)
 		from, to := tmp[:k], leaves[:k]
-		if pass == 1 {
+		if pass&1 == 1 {
 			from, to = leaves[:k], tmp[:k]
 		}
 		var start [64]int
@@ -187,7 +206,9 @@ func (s *smallHuff) sortLeaves(h *[256]uint32, k int) {
 			start[b]++
 		}
 	}
-	copy(leaves[:k], tmp[:k])
+	if passes&1 == 0 {
+		copy(leaves[:k], tmp[:k])
+	}
 }
 
 // optimalTableLog is huff0's longest allowed code for n bytes whose largest symbol is
@@ -409,4 +430,33 @@ func (s *smallHuff) stream(dst, src []byte) []byte {
 	nb++
 	binary.LittleEndian.PutUint64(buf[pos:], c)
 	return dst[:pos+int(nb+7)>>3]
+}
+
+// countLarge sets s.counts.h to the byte counts of chunk, a plane chunk of smallMax bytes or
+// more (up to a zstd block). Four histograms take the bytes in turn: a plane of few values
+// (an exponent plane) increments the same counter byte after byte, and with one histogram
+// each increment waits for the previous one's store (huff0's countSimple: 31–41 % of the
+// encoder's CPU on prefill blocks of real activations; countLarge takes about half its time).
+func (s *smallHuff) countLarge(chunk []byte) {
+	t := &s.lanes
+	*t = [4][256]uint32{}
+	for len(chunk) >= 8 {
+		v := binary.LittleEndian.Uint64(chunk)
+		t[0][byte(v)]++
+		t[1][byte(v>>8)]++
+		t[2][byte(v>>16)]++
+		t[3][byte(v>>24)]++
+		t[0][byte(v>>32)]++
+		t[1][byte(v>>40)]++
+		t[2][byte(v>>48)]++
+		t[3][byte(v>>56)]++
+		chunk = chunk[8:]
+	}
+	for _, b := range chunk {
+		t[0][b]++
+	}
+	h := &s.counts.h
+	for i := range h {
+		h[i] = t[0][i] + t[1][i] + t[2][i] + t[3][i]
+	}
 }

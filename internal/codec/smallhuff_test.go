@@ -17,9 +17,20 @@ import (
 // long tails (codes longer than huff0's limit, so setMaxHeight runs), one repeated byte,
 // all-distinct bytes, and the planes of real one-token decode records.
 func smallCorpus(t *testing.T) [][]byte {
+	return huffCorpus(t, []int{17, 24, 64, 100, 128, 255, 256, 512, 1000, 1023, 1024, 1500, 2048, smallMax - 1})
+}
+
+// largeCorpus is smallCorpus's kinds of chunk from smallMax to a zstd block (128 KiB), the
+// planes of prefill blocks.
+func largeCorpus(t *testing.T) [][]byte {
+	return huffCorpus(t, []int{smallMax, smallMax + 1, sampleMin - 1, sampleMin, 16 << 10, 40000, 64 << 10, literalsChunk - 3, literalsChunk})
+}
+
+// huffCorpus is the chunks of smallCorpus at the sizes given.
+func huffCorpus(t *testing.T, sizes []int) [][]byte {
 	r := rand.New(rand.NewPCG(38, 2))
 	var corpus [][]byte
-	for _, n := range []int{17, 24, 64, 100, 128, 255, 256, 512, 1000, 1023, 1024, 1500, 2048, smallMax - 1} {
+	for _, n := range sizes {
 		for rep := range 6 {
 			planes := make([]byte, 4*n)
 			shuffle(planes, normalF32(n, 0.1*float64(rep%3), uint64(1000*n+rep)), 4, true)
@@ -67,17 +78,43 @@ func smallCorpus(t *testing.T) [][]byte {
 // (table, jump table, streams) and refuses what huff0 refuses, so stored blocks are the
 // same as before it (goldens, resume and every reader unaffected) and only the CPU differs.
 func TestSmallHuffmanMatchesHuff0(t *testing.T) {
+	testHuffmanMatchesHuff0(t, smallCorpus(t))
+}
+
+// TestLargeHuffmanMatchesHuff0 is TestSmallHuffmanMatchesHuff0 for the chunks of prefill
+// blocks (smallMax to 128 KiB), counted by countLarge as the plane encoder does.
+func TestLargeHuffmanMatchesHuff0(t *testing.T) {
+	corpus := largeCorpus(t)
+	// Prefill planes of real activations: the decode records end to end, repeated.
+	for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16} {
+		var real []byte
+		for _, r := range decodeRecords(t, dt) {
+			real = append(real, r...)
+		}
+		for _, size := range []int{16 << 10, 256 << 10} {
+			src := bytes.Repeat(real, size/len(real)+1)[:size]
+			w := dt.Size()
+			planes := make([]byte, size)
+			shuffle(planes, src, w, true)
+			for j := range w {
+				p := planes[j*size/w : (j+1)*size/w]
+				corpus = append(corpus, p[:min(len(p), literalsChunk)])
+			}
+		}
+	}
+	testHuffmanMatchesHuff0(t, corpus)
+}
+
+func testHuffmanMatchesHuff0(t *testing.T, corpus [][]byte) {
 	var sh smallHuff
 	limited, coded := 0, 0
-	for i, c := range smallCorpus(t) {
+	for i, c := range corpus {
 		compress := huff0.Compress1X
 		if len(c) >= 1024 {
 			compress = huff0.Compress4X
 		}
 		want, _, wantErr := compress(c, &huff0.Scratch{})
-		var cc chunkCounts
-		cc.count(c)
-		h := &cc.h
+		h := countFor(&sh, c)
 		got, err := sh.smallHuffman(c, h)
 		switch {
 		case wantErr != nil:
@@ -99,6 +136,16 @@ func TestSmallHuffmanMatchesHuff0(t *testing.T) {
 		t.Errorf("%d chunks coded, %d of them with lengths limited: the corpus misses a case", coded, limited)
 	}
 	t.Logf("%d chunks coded as huff0 does, %d with lengths limited", coded, limited)
+}
+
+// countFor counts c as the plane encoder does: chunkCounts under smallMax, countLarge from it.
+func countFor(sh *smallHuff, c []byte) *[256]uint32 {
+	if len(c) < smallMax {
+		sh.counts.count(c)
+	} else {
+		sh.countLarge(c)
+	}
+	return &sh.counts.h
 }
 
 func topSymbol(h *[256]uint32) int {
@@ -197,10 +244,25 @@ func TestShuffleDecodeRecordAllocs(t *testing.T) {
 // bytes as huff0 or the same refusal, and the frame decodes (klauspost's zstd decoder) to
 // the chunk.
 func FuzzSmallHuffmanMatchesHuff0(f *testing.F) {
-	f.Add(bytes.Repeat([]byte{1, 2, 3, 1, 1, 2, 1, 1, 9}, 7))
-	f.Add(normalF32(300, 0, 1))
-	f.Fuzz(func(t *testing.T, c []byte) {
-		if len(c) <= 16 || len(c) >= smallMax {
+	f.Add(bytes.Repeat([]byte{1, 2, 3, 1, 1, 2, 1, 1, 9}, 7), uint16(0))
+	f.Add(normalF32(300, 0, 1), uint16(1))
+	f.Add(bytes.Repeat([]byte{7, 7, 7, 1, 200, 7, 3}, 700), uint16(7))
+	f.Add(normalF32(1200, 0, 2), uint16(20))
+	f.Fuzz(func(t *testing.T, c []byte, rep uint16) {
+		// rep > 1 repeats the chunk (each copy with its bytes moved by the copy's index, so
+		// the counts are not simply scaled) up to a zstd block, for the planes of prefill
+		// blocks that countLarge counts.
+		if rep > 1 && len(c) > 0 {
+			r := int(rep) % 128
+			big := make([]byte, 0, min(literalsChunk, len(c)*r))
+			for i := 0; i < r && len(big) < literalsChunk; i++ {
+				for _, b := range c[:min(len(c), literalsChunk-len(big))] {
+					big = append(big, b+byte(i&3))
+				}
+			}
+			c = big
+		}
+		if len(c) <= 16 || len(c) > literalsChunk {
 			return
 		}
 		compress := huff0.Compress1X
@@ -209,8 +271,7 @@ func FuzzSmallHuffmanMatchesHuff0(f *testing.F) {
 		}
 		want, _, wantErr := compress(c, &huff0.Scratch{})
 		var sh smallHuff
-		sh.counts.count(c)
-		got, err := sh.smallHuffman(c, &sh.counts.h)
+		got, err := sh.smallHuffman(c, countFor(&sh, c))
 		if (err == nil) != (wantErr == nil) || (err != nil && !errors.Is(err, wantErr)) {
 			t.Fatalf("error %v, huff0 %v", err, wantErr)
 		}
@@ -226,4 +287,32 @@ func FuzzSmallHuffmanMatchesHuff0(f *testing.F) {
 			t.Fatalf("plane frame does not decode to the chunk: %v", err)
 		}
 	})
+}
+
+// TestShufflePrefillAllocs: prefill blocks (a 16 KiB row to a 1 MiB block, fp32 and bf16)
+// encode with no allocation once the pools are warm; the large-plane coder's scratch is
+// pooled with the small one's.
+func TestShufflePrefillAllocs(t *testing.T) {
+	c, err := New("shuffle", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16} {
+		var real []byte
+		for _, r := range decodeRecords(t, dt) {
+			real = append(real, r...)
+		}
+		for _, size := range []int{16 << 10, 256 << 10, 1 << 20} {
+			src := bytes.Repeat(real, size/len(real)+1)[:size]
+			dst := make([]byte, 0, size+size/8)
+			c.Encode(dst[:0], src, dt) // warm the pools
+			if a := testing.AllocsPerRun(5, func() {
+				if _, _, err := c.Encode(dst[:0], src, dt); err != nil {
+					t.Fatal(err)
+				}
+			}); a > 0 {
+				t.Errorf("%s %d KiB: %.1f allocations per block, want 0", dt, size>>10, a)
+			}
+		}
+	}
 }
