@@ -78,7 +78,7 @@ wheel: $(WHEEL_AMD64) $(WHEEL_ARM64)
 # control messages, with libstrap's clients/c/common) needs a C compiler; the resource monitor's
 # (resources/_native.c) is left out where it cannot be built (its Python path writes the same
 # bytes).
-$(VENV)/.stamp: clients/python/pyproject.toml clients/python/setup.py clients/python/src/llm_instrumentation/_speedups*.c \
+$(VENV)/.stamp: clients/python/pyproject.toml clients/python/setup.py clients/python/src/llm_instrumentation/_speedups*.[ch] \
 		$(wildcard clients/python/src/llm_instrumentation/resources/_native*.[ch]) \
 		$(wildcard clients/c/common/*.[ch])
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)

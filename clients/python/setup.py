@@ -72,7 +72,7 @@ setup(
         Extension("llm_instrumentation._speedups",
                   ["src/llm_instrumentation/_speedups.c", "src/llm_instrumentation/_speedups_wire.c",
                    *_common_sources("strap_json.c", "strap_wire.c")],
-                  depends=_common_depends(), **LIMITED),
+                  depends=["src/llm_instrumentation/_speedups.h"] + _common_depends(), **LIMITED),
         Extension("llm_instrumentation.resources._native",
                   [f"src/llm_instrumentation/resources/{f}" for f in NATIVE_SOURCES],
                   depends=NATIVE_HEADERS + _common_depends(), optional=True, **LIMITED),

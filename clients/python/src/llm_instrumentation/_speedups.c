@@ -62,17 +62,7 @@
 #include "strap_ring.h"
 #include "strap_streamlock.h"
 
-static int
-u64_arg(PyObject *o, const char *what, uint64_t *out)
-{
-    unsigned long long v = PyLong_AsUnsignedLongLong(o);
-    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Format(PyExc_ValueError, "%s must be an int in [0, 2**64)", what);
-        return -1;
-    }
-    *out = (uint64_t)v;
-    return 0;
-}
+#include "_speedups.h"
 
 PyDoc_STRVAR(write_record_doc,
              "write_record(dst, header, seq, record_len, step, forward, payload_off, src, n)\n"
@@ -470,14 +460,6 @@ u64_masked(PyObject *o, const char *what, uint64_t *out)
     return PyErr_Occurred() ? -1 : 0;
 }
 
-static PyObject *
-check_nargs(const char *fn, Py_ssize_t nargs, Py_ssize_t want)
-{
-    if (nargs != want)
-        return PyErr_Format(PyExc_TypeError, "%s takes %zd arguments (%zd given)", fn, want, nargs);
-    return Py_None;
-}
-
 PyDoc_STRVAR(encode_ring_header_doc,
              "encode_ring_header(ring_size)\n"
              "--\n\n"
@@ -512,7 +494,7 @@ static PyObject *
 encode_record_header(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (check_nargs("encode_record_header", nargs, 12) == NULL)
+    if (nargs_check("encode_record_header", nargs, 12) < 0)
         return NULL;
     Py_ssize_t ndim = PySequence_Size(args[1]);
     if (ndim < 0)
@@ -567,7 +549,7 @@ static PyObject *
 header_area(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (check_nargs("header_area", nargs, 3) == NULL)
+    if (nargs_check("header_area", nargs, 3) < 0)
         return NULL;
     uint64_t ndim, name_len, meta_len;
     if (u64_arg(args[0], "ndim", &ndim) || u64_arg(args[1], "name_len", &name_len) ||
@@ -623,7 +605,7 @@ static PyObject *
 encode_token_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (check_nargs("encode_token_record", nargs, 5) == NULL)
+    if (nargs_check("encode_token_record", nargs, 5) < 0)
         return NULL;
     uint64_t seq, index, token_id, position;
     char *text;
@@ -682,7 +664,7 @@ static PyObject *
 parse_record_header(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (check_nargs("parse_record_header", nargs, 2) == NULL)
+    if (nargs_check("parse_record_header", nargs, 2) < 0)
         return NULL;
     Py_ssize_t off = PyLong_AsSsize_t(args[1]);
     if (off == -1 && PyErr_Occurred())

@@ -17,6 +17,8 @@
 
 #include "strap_wire.h"
 
+#include "_speedups.h"
+
 /* The datagram in b as bytes, or ValueError when it did not fit one message. */
 static PyObject *
 finish(const sw_buf *b, int type)
@@ -24,26 +26,6 @@ finish(const sw_buf *b, int type)
     if (b->overflow)
         return PyErr_Format(PyExc_ValueError, "%s message exceeds %d bytes", sp_type_name(type), SP_MAX_MESSAGE);
     return PyBytes_FromStringAndSize(b->p, (Py_ssize_t)b->n);
-}
-
-static int
-u64_arg(PyObject *o, uint64_t *out)
-{
-    unsigned long long v = PyLong_AsUnsignedLongLong(o);
-    if (v == (unsigned long long)-1 && PyErr_Occurred())
-        return -1;
-    *out = v;
-    return 0;
-}
-
-static int
-i64_arg(PyObject *o, int64_t *out)
-{
-    long long v = PyLong_AsLongLong(o);
-    if (v == -1 && PyErr_Occurred())
-        return -1;
-    *out = v;
-    return 0;
 }
 
 /* A str as UTF-8 without NUL (the C encoders take C strings); *n its length (may be NULL). */
@@ -63,15 +45,6 @@ str_arg(PyObject *o, const char *what, Py_ssize_t *n)
     return s;
 }
 
-static int
-nargs_ok(const char *name, Py_ssize_t nargs, Py_ssize_t want)
-{
-    if (nargs == want)
-        return 1;
-    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments (%zd given)", name, want, nargs);
-    return 0;
-}
-
 PyDoc_STRVAR(encode_publish_doc, "encode_publish(head, seq) -> bytes: the PUBLISH datagram.");
 
 static PyObject *
@@ -79,7 +52,8 @@ encode_publish(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
     uint64_t head, seq;
-    if (!nargs_ok("encode_publish", nargs, 2) || u64_arg(args[0], &head) < 0 || u64_arg(args[1], &seq) < 0)
+    if (nargs_check("encode_publish", nargs, 2) < 0 || u64_arg(args[0], "head", &head) < 0 ||
+        u64_arg(args[1], "seq", &seq) < 0)
         return NULL;
     char buf[128];
     sw_buf b = {buf, 0, sizeof buf, false};
@@ -98,9 +72,11 @@ encode_token(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int64_t token_id, position = 0;
     Py_ssize_t text_len;
     const char *text;
-    if (!nargs_ok("encode_token", nargs, 6) || u64_arg(args[0], &seq) < 0 || u64_arg(args[1], &index) < 0 ||
-        i64_arg(args[2], &token_id) < 0 || (text = str_arg(args[3], "text", &text_len)) == NULL ||
-        (args[4] != Py_None && i64_arg(args[4], &position) < 0) || (args[5] != Py_None && u64_arg(args[5], &head) < 0))
+    if (nargs_check("encode_token", nargs, 6) < 0 || u64_arg(args[0], "seq", &seq) < 0 ||
+        u64_arg(args[1], "index", &index) < 0 || i64_arg(args[2], "token_id", &token_id) < 0 ||
+        (text = str_arg(args[3], "text", &text_len)) == NULL ||
+        (args[4] != Py_None && i64_arg(args[4], "position", &position) < 0) ||
+        (args[5] != Py_None && u64_arg(args[5], "head", &head) < 0))
         return NULL;
     char *buf = PyMem_Malloc(SP_MAX_MESSAGE);
     if (buf == NULL)
@@ -122,9 +98,9 @@ encode_drop(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     uint64_t seq, step, forward, nbytes;
     Py_ssize_t name_len;
     const char *name, *reason;
-    if (!nargs_ok("encode_drop", nargs, 6) || u64_arg(args[0], &seq) < 0 ||
-        (name = str_arg(args[1], "name", &name_len)) == NULL || u64_arg(args[2], &step) < 0 ||
-        u64_arg(args[3], &forward) < 0 || u64_arg(args[4], &nbytes) < 0 ||
+    if (nargs_check("encode_drop", nargs, 6) < 0 || u64_arg(args[0], "seq", &seq) < 0 ||
+        (name = str_arg(args[1], "name", &name_len)) == NULL || u64_arg(args[2], "step", &step) < 0 ||
+        u64_arg(args[3], "forward", &forward) < 0 || u64_arg(args[4], "bytes", &nbytes) < 0 ||
         (reason = str_arg(args[5], "reason", NULL)) == NULL)
         return NULL;
     char *buf = PyMem_Malloc(SP_MAX_MESSAGE);
@@ -144,8 +120,8 @@ encode_close(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
     uint64_t seq, head, drops;
-    if (!nargs_ok("encode_close", nargs, 3) || u64_arg(args[0], &seq) < 0 || u64_arg(args[1], &head) < 0 ||
-        u64_arg(args[2], &drops) < 0)
+    if (nargs_check("encode_close", nargs, 3) < 0 || u64_arg(args[0], "seq", &seq) < 0 ||
+        u64_arg(args[1], "head", &head) < 0 || u64_arg(args[2], "drops", &drops) < 0)
         return NULL;
     char buf[128];
     sw_buf b = {buf, 0, sizeof buf, false};
@@ -160,7 +136,7 @@ encode_checkpoint(PyObject *self, PyObject *arg)
 {
     (void)self;
     uint64_t seq;
-    if (u64_arg(arg, &seq) < 0)
+    if (u64_arg(arg, "seq", &seq) < 0)
         return NULL;
     char buf[64];
     sw_buf b = {buf, 0, sizeof buf, false};
@@ -188,8 +164,8 @@ encode_hello(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     (void)self;
     const char *client;
     int64_t pid;
-    if (!nargs_ok("encode_hello", nargs, 2) || (client = str_arg(args[0], "client", NULL)) == NULL ||
-        i64_arg(args[1], &pid) < 0)
+    if (nargs_check("encode_hello", nargs, 2) < 0 || (client = str_arg(args[0], "client", NULL)) == NULL ||
+        i64_arg(args[1], "pid", &pid) < 0)
         return NULL;
     char *buf = PyMem_Malloc(SP_MAX_MESSAGE);
     if (buf == NULL)
@@ -212,19 +188,19 @@ static PyObject *
 encode_open(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (!nargs_ok("encode_open", nargs, 14))
+    if (nargs_check("encode_open", nargs, 14) < 0)
         return NULL;
     sp_open_body o;
     memset(&o, 0, sizeof o);
-    if (u64_arg(args[0], &o.ring_size) < 0 || (o.codec = str_arg(args[1], "codec", NULL)) == NULL ||
+    if (u64_arg(args[0], "ring_size", &o.ring_size) < 0 || (o.codec = str_arg(args[1], "codec", NULL)) == NULL ||
         (o.policy = str_arg(args[3], "policy", NULL)) == NULL)
         return NULL;
     if (args[2] != Py_None) {
         o.has_codec_level = 1;
-        if (i64_arg(args[2], &o.codec_level) < 0)
+        if (i64_arg(args[2], "codec_level", &o.codec_level) < 0)
             return NULL;
     }
-    if (args[4] != Py_None && u64_arg(args[4], &o.block_size) < 0)
+    if (args[4] != Py_None && u64_arg(args[4], "block_size", &o.block_size) < 0)
         return NULL;
     if (args[5] != Py_None) {
         if ((o.lossy_mode = str_arg(args[5], "lossy mode", NULL)) == NULL)
@@ -242,11 +218,11 @@ encode_open(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (args[7] != Py_None) {
         o.has_resume = 1;
-        if (u64_arg(args[7], &o.append_at) < 0 ||
+        if (u64_arg(args[7], "append_at", &o.append_at) < 0 ||
             !PyArg_ParseTuple(args[8], "KKK:resume", &o.resume_last_seq, &o.resume_last_crc, &o.resume_packets))
             return NULL;
     }
-    if (args[9] != Py_None && u64_arg(args[9], &o.memory_hint) < 0)
+    if (args[9] != Py_None && u64_arg(args[9], "memory_hint", &o.memory_hint) < 0)
         return NULL;
     if (args[10] != Py_None) {
         char *meta;

@@ -1,0 +1,46 @@
+/*
+ * What the translation units of the _speedups module (_speedups.c, _speedups_wire.c) share:
+ * the checks of their fast-call arguments. Internal; static, so each unit has its own copy.
+ */
+#ifndef STRAP_SPEEDUPS_H
+#define STRAP_SPEEDUPS_H
+
+#include <stdint.h>
+
+/* An int in [0, 2**64), else ValueError naming `what` (-1). */
+static inline int
+u64_arg(PyObject *o, const char *what, uint64_t *out)
+{
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_ValueError, "%s must be an int in [0, 2**64)", what);
+        return -1;
+    }
+    *out = (uint64_t)v;
+    return 0;
+}
+
+/* An int in [-2**63, 2**63), else ValueError naming `what` (-1). */
+static inline int
+i64_arg(PyObject *o, const char *what, int64_t *out)
+{
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_ValueError, "%s must be an int in [-2**63, 2**63)", what);
+        return -1;
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* 0 when a fast-call function `fn` got `want` arguments, else TypeError (-1). */
+static inline int
+nargs_check(const char *fn, Py_ssize_t nargs, Py_ssize_t want)
+{
+    if (nargs == want)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments (%zd given)", fn, want, nargs);
+    return -1;
+}
+
+#endif
