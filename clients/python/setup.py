@@ -37,6 +37,11 @@ COMMON_FILES = sorted(p.name for p in COMMON.iterdir() if p.suffix in (".h", ".c
 LIMITED = dict(py_limited_api=True, define_macros=[("Py_LIMITED_API", "0x030A0000")],
                extra_compile_args=["-O2", "-fvisibility=hidden"], include_dirs=[str(COMMON)])
 
+#: _speedups' own C files (_speedups.c and its _speedups_*.c units); every .c of the shared C
+#: is compiled into it too.
+SPEEDUPS_SOURCES = sorted(f"src/llm_instrumentation/{p.name}"
+                          for p in (HERE / "src/llm_instrumentation").glob("_speedups*.c"))
+
 #: The resource extension's C files, and the headers they include.
 NATIVE_SOURCES = sorted(p.name for p in (HERE / "src/llm_instrumentation/resources").glob("_native*.c"))
 NATIVE_HEADERS = ["src/llm_instrumentation/resources/_native.h"]
@@ -70,8 +75,7 @@ setup(
     cmdclass={"sdist": sdist},
     ext_modules=[
         Extension("llm_instrumentation._speedups",
-                  ["src/llm_instrumentation/_speedups.c", "src/llm_instrumentation/_speedups_wire.c",
-                   *_common_sources("strap_json.c", "strap_wire.c")],
+                  [*SPEEDUPS_SOURCES, *_common_sources(*(f for f in COMMON_FILES if f.endswith(".c")))],
                   depends=["src/llm_instrumentation/_speedups.h"] + _common_depends(), **LIMITED),
         Extension("llm_instrumentation.resources._native",
                   [f"src/llm_instrumentation/resources/{f}" for f in NATIVE_SOURCES],

@@ -64,8 +64,7 @@ SRC = HERE / "src" / "llm_instrumentation"
 COMMON = HERE.parent / "c" / "common"
 #: The C extensions (setup.py builds the same from source): path in the wheel, C sources.
 EXTENSIONS = {
-    "llm_instrumentation/_speedups.abi3.so": [SRC / "_speedups.c", SRC / "_speedups_wire.c",
-                                               COMMON / "strap_json.c", COMMON / "strap_wire.c"],
+    "llm_instrumentation/_speedups.abi3.so": sorted(SRC.glob("_speedups*.c")) + sorted(COMMON.glob("*.c")),
     "llm_instrumentation/resources/_native.abi3.so": sorted((SRC / "resources").glob("_native*.c")),
 }
 
