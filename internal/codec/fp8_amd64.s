@@ -131,6 +131,14 @@ GLOBL fp8hi16<>(SB), RODATA|NOPTR, $16
 	VCVTPD2PSY Y4, X4 \
 	VMULPS     X14, X4, X4
 
+// FP8LOADACC starts the sums from acc[0:16] (zeros, or where the 8-wide loop left them:
+// the sums stay one float64 chain per lane, element i in lane i mod 4, in element order).
+#define FP8LOADACC \
+	VMOVUPD 0(R8), Y8 \
+	VMOVUPD 32(R8), Y9 \
+	VMOVUPD 64(R8), Y10 \
+	VMOVUPD 96(R8), Y11
+
 // FP8CONSTS loads the constants CODE4 keeps in registers.
 #define FP8CONSTS \
 	VMOVDQU fp8abs<>(SB), Y6 \
@@ -152,7 +160,7 @@ GLOBL fp8hi16<>(SB), RODATA|NOPTR, $16
 	VANDPD    Y6, Y2, Y2 \
 	VMAXPD    Y2, Y11, Y11
 
-// func fp8F32AVX2(src, codes *byte, n int, inv float64, s float32, acc *[16]float64)
+// func fp8F32AVX2(src, codes *byte, n int, inv float64, s float32, acc *[24]float64)
 // n: a multiple of 4, > 0.
 TEXT ·fp8F32AVX2(SB), NOSPLIT, $0-48
 	MOVQ         src+0(FP), SI
@@ -161,10 +169,7 @@ TEXT ·fp8F32AVX2(SB), NOSPLIT, $0-48
 	VBROADCASTSD inv+24(FP), Y15
 	VBROADCASTSS s+32(FP), X14
 	MOVQ         acc+40(FP), R8
-	VXORPD       Y8, Y8, Y8
-	VXORPD       Y9, Y9, Y9
-	VXORPD       Y10, Y10, Y10
-	VXORPD       Y11, Y11, Y11
+	FP8LOADACC
 	FP8CONSTS
 
 f32loop:
@@ -183,7 +188,7 @@ f32loop:
 	VZEROUPPER
 	RET
 
-// func fp8BF16AVX2(src, codes *byte, n int, inv float64, s float32, acc *[16]float64)
+// func fp8BF16AVX2(src, codes *byte, n int, inv float64, s float32, acc *[24]float64)
 // As fp8F32AVX2 for bfloat16 values; the decoded value is rounded to bfloat16.
 TEXT ·fp8BF16AVX2(SB), NOSPLIT, $0-48
 	MOVQ         src+0(FP), SI
@@ -192,10 +197,7 @@ TEXT ·fp8BF16AVX2(SB), NOSPLIT, $0-48
 	VBROADCASTSD inv+24(FP), Y15
 	VBROADCASTSS s+32(FP), X14
 	MOVQ         acc+40(FP), R8
-	VXORPD       Y8, Y8, Y8
-	VXORPD       Y9, Y9, Y9
-	VXORPD       Y10, Y10, Y10
-	VXORPD       Y11, Y11, Y11
+	FP8LOADACC
 	FP8CONSTS
 
 bf16loop:
@@ -273,7 +275,7 @@ max16loop:
 	VZEROUPPER
 	RET
 
-// func fp8F16AVX2(src, codes *byte, n int, inv float64, s float32, acc *[16]float64)
+// func fp8F16AVX2(src, codes *byte, n int, inv float64, s float32, acc *[24]float64)
 // As fp8F32AVX2 for float16 values (F16C); the decoded value is rounded to float16.
 TEXT ·fp8F16AVX2(SB), NOSPLIT, $0-48
 	MOVQ         src+0(FP), SI
@@ -282,10 +284,7 @@ TEXT ·fp8F16AVX2(SB), NOSPLIT, $0-48
 	VBROADCASTSD inv+24(FP), Y15
 	VBROADCASTSS s+32(FP), X14
 	MOVQ         acc+40(FP), R8
-	VXORPD       Y8, Y8, Y8
-	VXORPD       Y9, Y9, Y9
-	VXORPD       Y10, Y10, Y10
-	VXORPD       Y11, Y11, Y11
+	FP8LOADACC
 	FP8CONSTS
 
 f16loop:
@@ -306,3 +305,324 @@ f16loop:
 	VMOVUPD Y11, 96(R8)
 	VZEROUPPER
 	RET
+
+// 1 in each dword.
+DATA fp8x1<>+0(SB)/8, $0x0000000100000001
+DATA fp8x1<>+8(SB)/8, $0x0000000100000001
+DATA fp8x1<>+16(SB)/8, $0x0000000100000001
+DATA fp8x1<>+24(SB)/8, $0x0000000100000001
+GLOBL fp8x1<>(SB), RODATA|NOPTR, $32
+
+// with the kept bit's parity, round half to even at bit 20.
+DATA fp8x7ffff<>+0(SB)/8, $0x0007ffff0007ffff
+DATA fp8x7ffff<>+8(SB)/8, $0x0007ffff0007ffff
+DATA fp8x7ffff<>+16(SB)/8, $0x0007ffff0007ffff
+DATA fp8x7ffff<>+24(SB)/8, $0x0007ffff0007ffff
+GLOBL fp8x7ffff<>(SB), RODATA|NOPTR, $32
+
+// sign, exponent and 3 mantissa bits of a float32.
+DATA fp8xkeep<>+0(SB)/8, $0xfff00000fff00000
+DATA fp8xkeep<>+8(SB)/8, $0xfff00000fff00000
+DATA fp8xkeep<>+16(SB)/8, $0xfff00000fff00000
+DATA fp8xkeep<>+24(SB)/8, $0xfff00000fff00000
+GLOBL fp8xkeep<>(SB), RODATA|NOPTR, $32
+
+// 448.0, the largest e4m3fn value.
+DATA fp8x448<>+0(SB)/8, $0x43e0000043e00000
+DATA fp8x448<>+8(SB)/8, $0x43e0000043e00000
+DATA fp8x448<>+16(SB)/8, $0x43e0000043e00000
+DATA fp8x448<>+24(SB)/8, $0x43e0000043e00000
+GLOBL fp8x448<>(SB), RODATA|NOPTR, $32
+
+// the near-tie window, see X8TIE.
+DATA fp8x4<>+0(SB)/8, $0x0000000400000004
+DATA fp8x4<>+8(SB)/8, $0x0000000400000004
+DATA fp8x4<>+16(SB)/8, $0x0000000400000004
+DATA fp8x4<>+24(SB)/8, $0x0000000400000004
+GLOBL fp8x4<>(SB), RODATA|NOPTR, $32
+
+DATA fp8xtiemask<>+0(SB)/8, $0x000ffff8000ffff8
+DATA fp8xtiemask<>+8(SB)/8, $0x000ffff8000ffff8
+DATA fp8xtiemask<>+16(SB)/8, $0x000ffff8000ffff8
+DATA fp8xtiemask<>+24(SB)/8, $0x000ffff8000ffff8
+GLOBL fp8xtiemask<>(SB), RODATA|NOPTR, $32
+
+DATA fp8xmid<>+0(SB)/8, $0x0008000000080000
+DATA fp8xmid<>+8(SB)/8, $0x0008000000080000
+DATA fp8xmid<>+16(SB)/8, $0x0008000000080000
+DATA fp8xmid<>+24(SB)/8, $0x0008000000080000
+GLOBL fp8xmid<>(SB), RODATA|NOPTR, $32
+
+// 2^14: its float32 ulp is 2^-9, the e4m3 step below 2^-5.
+DATA fp8x2p14<>+0(SB)/8, $0x4680000046800000
+DATA fp8x2p14<>+8(SB)/8, $0x4680000046800000
+DATA fp8x2p14<>+16(SB)/8, $0x4680000046800000
+DATA fp8x2p14<>+24(SB)/8, $0x4680000046800000
+GLOBL fp8x2p14<>(SB), RODATA|NOPTR, $32
+
+// 2^-10 - 2^-26.
+DATA fp8xtiesub<>+0(SB)/8, $0x3a7fff003a7fff00
+DATA fp8xtiesub<>+8(SB)/8, $0x3a7fff003a7fff00
+DATA fp8xtiesub<>+16(SB)/8, $0x3a7fff003a7fff00
+DATA fp8xtiesub<>+24(SB)/8, $0x3a7fff003a7fff00
+GLOBL fp8xtiesub<>(SB), RODATA|NOPTR, $32
+
+// the bits of 2^-6 (the smallest normal e4m3 value), less one.
+DATA fp8xminm1<>+0(SB)/8, $0x3c7fffff3c7fffff
+DATA fp8xminm1<>+8(SB)/8, $0x3c7fffff3c7fffff
+DATA fp8xminm1<>+16(SB)/8, $0x3c7fffff3c7fffff
+DATA fp8xminm1<>+24(SB)/8, $0x3c7fffff3c7fffff
+GLOBL fp8xminm1<>(SB), RODATA|NOPTR, $32
+
+// (127 - 7) << 3: exponent bias 127 -> 7, in code units.
+DATA fp8x960<>+0(SB)/8, $0x000003c0000003c0
+DATA fp8x960<>+8(SB)/8, $0x000003c0000003c0
+DATA fp8x960<>+16(SB)/8, $0x000003c0000003c0
+DATA fp8x960<>+24(SB)/8, $0x000003c0000003c0
+GLOBL fp8x960<>(SB), RODATA|NOPTR, $32
+
+DATA fp8xsign<>+0(SB)/8, $0x8000000080000000
+DATA fp8xsign<>+8(SB)/8, $0x8000000080000000
+DATA fp8xsign<>+16(SB)/8, $0x8000000080000000
+DATA fp8xsign<>+24(SB)/8, $0x8000000080000000
+GLOBL fp8xsign<>(SB), RODATA|NOPTR, $32
+
+// bfloat16 rounding, as fp8bfr.
+DATA fp8x7fff<>+0(SB)/8, $0x00007fff00007fff
+DATA fp8x7fff<>+8(SB)/8, $0x00007fff00007fff
+DATA fp8x7fff<>+16(SB)/8, $0x00007fff00007fff
+DATA fp8x7fff<>+24(SB)/8, $0x00007fff00007fff
+GLOBL fp8x7fff<>(SB), RODATA|NOPTR, $32
+
+DATA fp8xhi16<>+0(SB)/8, $0xffff0000ffff0000
+DATA fp8xhi16<>+8(SB)/8, $0xffff0000ffff0000
+DATA fp8xhi16<>+16(SB)/8, $0xffff0000ffff0000
+DATA fp8xhi16<>+24(SB)/8, $0xffff0000ffff0000
+GLOBL fp8xhi16<>(SB), RODATA|NOPTR, $32
+
+// The 8-wide loops (fp8F32x8AVX2, fp8BF16x8AVX2, fp8F16x8AVX2) code 8 values a turn in
+// float32 lanes and store the same bytes and the same float64 sums as the 4-wide loops
+// above (TestFP8WideMatchesNarrow). Why that holds:
+//
+// Codes. The 4-wide loops round R = x·inv (float64) to e4m3; here r = x·inv32 with
+// inv32 = float32(inv), both products rounded to float32, so |r − R| ≤ 2^-23·1.00002·|R|:
+// at most 2.00002 float32 ulps of r's binade, or 2^-29 below 2^-6. Rounding to nearest is
+// monotone, so r and R round to the same e4m3 value unless an e4m3 midpoint lies within
+// that distance of r. The midpoints are at 20 dropped bits 0x80000 of a normal r, and
+// at odd multiples of 2^-10 below 2^-6; X8TIE flags a lane whose dropped bits are within
+// −4…+3 of 0x80000 (normal) or whose distance to the grid is ≥ 2^-10 − 2^-26 (below
+// 2^-6), and a turn with a flagged lane is coded by CODE4 in float64 (X8SLOW). No other
+// midpoint is near: 2^-6 and 448 are grid points, and everything from 448 up saturates.
+//
+// Sums. e = x − y is exact in float32 (x and y are within a factor of 2 or y is 0: the
+// Sterbenz lemma; for 16-bit inputs both have ≤ 11-bit significands a few binades
+// apart), so float64(e) is the 4-wide loops' x − y; x², e², y² are exact in float64, so
+// an FMA into the sum rounds exactly as their multiply-then-add. Element 8k+j is added
+// to lane j mod 4, lanes 0–3 before 4–7: the 4-wide loops' order. max |e| is kept in
+// float32 (widening keeps the order).
+
+// X8CONSTS loads the constants the 8-wide loops keep in registers: Y6 = |·| mask,
+// Y7 = 2^14, Y15 = inv32 (float32(inv): round to nearest).
+#define X8CONSTS \
+	VMOVDQU      fp8abs32<>(SB), Y6 \
+	VMOVDQU      fp8x2p14<>(SB), Y7 \
+	VCVTSD2SS    inv+24(FP), X15, X15 \
+	VBROADCASTSS X15, Y15
+
+// X8TIE: from x (Y0, 8 float32) both codings of r = x·inv32: normal (Y4: the rounded
+// value's bits, saturated at 448) and below 2^-6 (Y5: r rounded to a multiple of 2^-9,
+// by adding 2^14; Y13: its code, m of m·2^-9); Y1 = r, Y2 = the lanes where |r| ≥ 2^-6,
+// Y3 = the lanes too near an e4m3 midpoint to trust r. Uses Y12.
+#define X8TIE \
+	VMULPS    Y15, Y0, Y1 \
+	VANDPS    Y6, Y1, Y2 \
+	VPSRLD    $20, Y2, Y3 \
+	VPAND     fp8x1<>(SB), Y3, Y3 \
+	VPADDD    fp8x7ffff<>(SB), Y2, Y4 \
+	VPADDD    Y3, Y4, Y4 \
+	VPAND     fp8xkeep<>(SB), Y4, Y4 \
+	VPMINUD   fp8x448<>(SB), Y4, Y4 \
+	VPADDD    fp8x4<>(SB), Y2, Y3 \
+	VPAND     fp8xtiemask<>(SB), Y3, Y3 \
+	VPCMPEQD  fp8xmid<>(SB), Y3, Y3 \
+	VADDPS    Y7, Y2, Y5 \
+	VPSUBD    Y7, Y5, Y13 \
+	VSUBPS    Y7, Y5, Y5 \
+	VSUBPS    Y5, Y2, Y12 \
+	VANDPS    Y6, Y12, Y12 \
+	VCMPPS    $0x1D, fp8xtiesub<>(SB), Y12, Y12 \
+	VPCMPGTD  fp8xminm1<>(SB), Y2, Y2 \
+	VBLENDVPS Y2, Y3, Y12, Y3
+
+// X8FIN picks each lane's coding, stores the 8 codes at (DI) and leaves the decoded
+// values float32(±q)·s in Y4. Uses Y1, Y5, Y13.
+#define X8FIN \
+	VBLENDVPS    Y2, Y4, Y5, Y5 \
+	VPSRLD       $20, Y4, Y4 \
+	VPSUBD       fp8x960<>(SB), Y4, Y4 \
+	VBLENDVPS    Y2, Y4, Y13, Y13 \
+	VANDPS       fp8xsign<>(SB), Y1, Y1 \
+	VORPS        Y1, Y5, Y5 \
+	VPSRLD       $24, Y1, Y1 \
+	VPOR         Y1, Y13, Y13 \
+	VEXTRACTI128 $1, Y13, X1 \
+	VPACKUSDW    X1, X13, X13 \
+	VPACKUSWB    X13, X13, X13 \
+	VMOVQ        X13, (DI) \
+	VMULPS       Y14, Y5, Y4
+
+// X8SLOW codes the turn's 8 values (Y0) with CODE4 in float64, four at a time, as the
+// 4-wide loops do, then restores Y0 and the 8-wide constants; Y4 = the decoded values.
+// acc[16:24] holds x and y meanwhile.
+#define X8SLOW \
+	VMOVUPS      Y0, 128(R8) \
+	FP8CONSTS \
+	VBROADCASTSD inv+24(FP), Y15 \
+	VCVTPS2PD    X0, Y0 \
+	CODE4 \
+	VMOVUPS      X4, 160(R8) \
+	VCVTPS2PD    144(R8), Y0 \
+	ADDQ         $4, DI \
+	CODE4 \
+	SUBQ         $4, DI \
+	VMOVUPS      X4, 176(R8) \
+	VMOVUPS      160(R8), Y4 \
+	VMOVUPS      128(R8), Y0 \
+	X8CONSTS
+
+// X8STATS adds x (Y0) and the decoded values (Y4) to the sums: Y8 Σx², Y9 Σe², Y10 Σy²
+// (float64, lanes 0–3 then 4–7), Y11 max |e| (float32).
+#define X8STATS \
+	VSUBPS       Y4, Y0, Y5 \
+	VANDPS       Y6, Y5, Y1 \
+	VMAXPS       Y1, Y11, Y11 \
+	VCVTPS2PD    X0, Y1 \
+	VFMADD231PD  Y1, Y1, Y8 \
+	VEXTRACTF128 $1, Y0, X0 \
+	VCVTPS2PD    X0, Y0 \
+	VFMADD231PD  Y0, Y0, Y8 \
+	VCVTPS2PD    X5, Y1 \
+	VFMADD231PD  Y1, Y1, Y9 \
+	VEXTRACTF128 $1, Y5, X5 \
+	VCVTPS2PD    X5, Y5 \
+	VFMADD231PD  Y5, Y5, Y9 \
+	VCVTPS2PD    X4, Y1 \
+	VFMADD231PD  Y1, Y1, Y10 \
+	VEXTRACTF128 $1, Y4, X4 \
+	VCVTPS2PD    X4, Y4 \
+	VFMADD231PD  Y4, Y4, Y10
+
+// X8START loads the arguments and the sums; X8STORE writes the sums back (the max widened
+// to float64, as the 4-wide loops keep it).
+#define X8START \
+	MOVQ         src+0(FP), SI \
+	MOVQ         codes+8(FP), DI \
+	MOVQ         n+16(FP), CX \
+	VBROADCASTSS s+32(FP), Y14 \
+	MOVQ         acc+40(FP), R8 \
+	VMOVUPD      0(R8), Y8 \
+	VMOVUPD      32(R8), Y9 \
+	VMOVUPD      64(R8), Y10 \
+	VXORPS       Y11, Y11, Y11 \
+	X8CONSTS
+
+#define X8STORE \
+	VMOVUPD      Y8, 0(R8) \
+	VMOVUPD      Y9, 32(R8) \
+	VMOVUPD      Y10, 64(R8) \
+	VCVTPS2PD    X11, Y1 \
+	VEXTRACTF128 $1, Y11, X2 \
+	VCVTPS2PD    X2, Y2 \
+	VMAXPD       Y2, Y1, Y1 \
+	VMOVUPD      Y1, 96(R8) \
+	VZEROUPPER
+
+// func fp8F32x8AVX2(src, codes *byte, n int, inv float64, s float32, acc *[24]float64)
+// n: a multiple of 8, > 0; acc[0:12] the sums to continue (zeros), acc[16:24] scratch.
+// Needs AVX2 and FMA.
+TEXT ·fp8F32x8AVX2(SB), NOSPLIT, $0-48
+	X8START
+
+f32x8loop:
+	VMOVUPS   (SI), Y0
+	X8TIE
+	VMOVMSKPS Y3, AX
+	TESTL     AX, AX
+	JNZ       f32x8slow
+	X8FIN
+
+f32x8join:
+	X8STATS
+	ADDQ $32, SI
+	ADDQ $8, DI
+	SUBQ $8, CX
+	JNZ  f32x8loop
+
+	X8STORE
+	RET
+
+f32x8slow:
+	X8SLOW
+	JMP f32x8join
+
+// func fp8BF16x8AVX2(src, codes *byte, n int, inv float64, s float32, acc *[24]float64)
+// As fp8F32x8AVX2 for bfloat16 values; the decoded value is rounded to bfloat16.
+TEXT ·fp8BF16x8AVX2(SB), NOSPLIT, $0-48
+	X8START
+
+bf16x8loop:
+	VPMOVZXWD (SI), Y0
+	VPSLLD    $16, Y0, Y0
+	X8TIE
+	VMOVMSKPS Y3, AX
+	TESTL     AX, AX
+	JNZ       bf16x8slow
+	X8FIN
+
+bf16x8join:
+	VPSRLD $16, Y4, Y5
+	VPAND  fp8x1<>(SB), Y5, Y5
+	VPADDD fp8x7fff<>(SB), Y4, Y4
+	VPADDD Y5, Y4, Y4
+	VPAND  fp8xhi16<>(SB), Y4, Y4
+	X8STATS
+	ADDQ   $16, SI
+	ADDQ   $8, DI
+	SUBQ   $8, CX
+	JNZ    bf16x8loop
+
+	X8STORE
+	RET
+
+bf16x8slow:
+	X8SLOW
+	JMP bf16x8join
+
+// func fp8F16x8AVX2(src, codes *byte, n int, inv float64, s float32, acc *[24]float64)
+// As fp8F32x8AVX2 for float16 values (F16C); the decoded value is rounded to float16.
+TEXT ·fp8F16x8AVX2(SB), NOSPLIT, $0-48
+	X8START
+
+f16x8loop:
+	VCVTPH2PS (SI), Y0
+	X8TIE
+	VMOVMSKPS Y3, AX
+	TESTL     AX, AX
+	JNZ       f16x8slow
+	X8FIN
+
+f16x8join:
+	VCVTPS2PH $0, Y4, X5
+	VCVTPH2PS X5, Y4
+	X8STATS
+	ADDQ      $16, SI
+	ADDQ      $8, DI
+	SUBQ      $8, CX
+	JNZ       f16x8loop
+
+	X8STORE
+	RET
+
+f16x8slow:
+	X8SLOW
+	JMP f16x8join

@@ -409,7 +409,7 @@ func FuzzFP8RoundTrip(f *testing.F) {
 }
 
 func BenchmarkFP8(b *testing.B) {
-	for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16} {
+	for _, dt := range []dtype.DType{dtype.Float32, dtype.BFloat16, dtype.Float16} {
 		src := toBytes(gen("heavy", (1<<20)/dt.Size(), 5), dt) // 1 MiB
 		c, _ := mustNew(b, "fp8", Options{}).(RowPreparer).ForRows(src, dt, 384, 0)
 		stored, _, err := c.Encode(nil, src, dt)
