@@ -4,7 +4,8 @@ The stored formats are specified in ``docs/COMPRESSION.md``; the Go encoder/deco
 ``internal/codec`` (``shuffle.go``, ``lossy.go``, ``activation.go``, ``fp8.go``, ``transform.go``).
 Both decoders are held to the golden vectors in ``testdata/codec/activation`` (``transform``: in
 ``testdata/codec/transform``). Every entropy-coded plane is a
-standard zstd frame, so this module needs only numpy and zstandard.
+standard zstd frame, so this module needs only numpy, zstandard and, for fp8's loop, the
+package's ``_speedups`` extension.
 """
 
 from __future__ import annotations
@@ -12,9 +13,14 @@ from __future__ import annotations
 import struct
 import threading
 import zlib
+from typing import Any
 
 import numpy as np
 import zstandard
+
+# The fp8 decoder's loop (_speedups_fp8.c): the package needs the extension anyway (the ring,
+# the protocol, checkpoints), so there is no numpy copy of it here.
+from . import _speedups
 
 __all__ = [
     "CodecError", "SHUFFLE", "QUANT", "FP16", "FP8", "TRANSFORM", "E4M3", "SharedBasis", "decode_block",
@@ -69,8 +75,9 @@ def _e4m3_table() -> np.ndarray:
 #: Value of each e4m3fn code (fp8 codec 19), float32.
 E4M3 = _e4m3_table()
 _FP8_DTYPES = {"float32", "float16", "bfloat16"}
-# Rows are decoded this many values at a time, so the float32 temporaries stay in cache.
-_FP8_CHUNK = 1 << 15
+# dtype codes of _speedups.fp8_decode (the extension has no stub: Any).
+_FP8_KIND = {"float32": 0, "float16": 1, "bfloat16": 2}
+_c: Any = _speedups
 
 
 class CodecError(ValueError):
@@ -198,37 +205,6 @@ def _decode_fp16(src: memoryview, dtype: str, raw_len: int) -> bytes:
     return half.astype("<f4" if dtype == "float32" else "<f8").tobytes()
 
 
-def _fp8_rows(codes: np.ndarray, scales: np.ndarray, out: np.ndarray, dtype: str, tmp: np.ndarray) -> None:
-    """Decode rows: codes and out are [rows, d] (or [d] with one scale), scales [rows]; the
-    value is float32(E4M3[code] × scale) rounded to dtype (bfloat16: nearest even on the
-    bit pattern, as the Go decoder)."""
-    if dtype == "float32":
-        np.take(E4M3, codes, out=out)
-        np.multiply(out, scales if out.ndim == 1 else scales[:, None], out=out)
-        return
-    f = tmp[: codes.size].reshape(codes.shape)
-    np.take(E4M3, codes, out=f)
-    np.multiply(f, scales if f.ndim == 1 else scales[:, None], out=f)
-    if dtype == "float16":
-        out[...] = f.astype(np.float16).view(np.uint16)
-        return
-    u = f.view(np.uint32)
-    r = np.right_shift(u, 16, out=_fp8_tmp2(u))
-    np.bitwise_and(r, 1, out=r)
-    r += np.uint32(0x7FFF)
-    u += r
-    np.right_shift(u, 16, out=u)
-    out[...] = u
-
-
-def _fp8_tmp2(u: np.ndarray) -> np.ndarray:
-    """A per-thread uint32 scratch array shaped like u."""
-    buf = getattr(_local, "fp8_tmp2", None)
-    if buf is None or buf.size < u.size:
-        buf = _local.fp8_tmp2 = np.empty(max(u.size, _FP8_CHUNK), dtype=np.uint32)
-    return buf[: u.size].reshape(u.shape)
-
-
 def _decode_fp8(src: memoryview, dtype: str, raw_len: int) -> bytes:
     if dtype not in _FP8_DTYPES or raw_len % _WIDTH[dtype] or raw_len == 0:
         raise CodecError(f"fp8 block of {dtype}, {raw_len} bytes")
@@ -241,36 +217,14 @@ def _decode_fp8(src: memoryview, dtype: str, raw_len: int) -> bytes:
     groups = 1 + (n - first + row_len - 1) // row_len
     if len(src) != 9 + 4 * groups + n:
         raise CodecError(f"{len(src)} bytes for {groups} rows of {n} values")
-    scales = np.frombuffer(src, dtype="<f4", count=groups, offset=9)
-    codes = np.frombuffer(src, dtype=np.uint8, count=n, offset=9 + 4 * groups)
-    if not (np.all(scales >= 0) and np.all(np.isfinite(scales))) or np.signbit(scales).any():
-        raise CodecError("scale negative or not finite")
-    if np.bitwise_and(codes, 0x7F).max() == 0x7F:
-        raise CodecError("NaN code in an fp8 block")
-    # Decoded into a per-thread buffer that is reused: a fresh one costs a page fault per
-    # 4 KiB, as much again as decoding; the result is one copy of it.
-    scratch = getattr(_local, "fp8_out", None)
-    if scratch is None or scratch.size < raw_len:
-        scratch = _local.fp8_out = np.empty(max(raw_len, 1 << 20), dtype=np.uint8)
-    out = scratch[:raw_len].view("<f4" if dtype == "float32" else "<u2")
-    tmp = getattr(_local, "fp8_tmp", None)
-    if tmp is None or tmp.size < max(_FP8_CHUNK, row_len):
-        tmp = _local.fp8_tmp = np.empty(max(_FP8_CHUNK, row_len), dtype=np.float32)
-    # The first part (the rest of a row begun in the previous block, or a whole row), whole
-    # rows in chunks that stay in cache, then a last part.
-    _fp8_rows(codes[:first], scales[0], out[:first], dtype, tmp)
-    full = (n - first) // row_len
-    if full:
-        per = max(1, _FP8_CHUNK // row_len)
-        b2 = codes[first : first + full * row_len].reshape(full, row_len)
-        o2 = out[first : first + full * row_len].reshape(full, row_len)
-        for r in range(0, full, per):
-            k = min(per, full - r)
-            _fp8_rows(b2[r : r + k], scales[1 + r : 1 + r + k], o2[r : r + k], dtype, tmp)
-    tail = n - first - full * row_len
-    if tail:
-        _fp8_rows(codes[n - tail :], scales[-1], out[n - tail :], dtype, tmp)
-    return out.tobytes()
+    # One C pass (_speedups_fp8.c) checks the scales and codes and writes the result: numpy's
+    # gather and rounding passes gave 1.3 GB/s of float32 and 0.5 GB/s of bfloat16 output.
+    addr = np.frombuffer(src, dtype=np.uint8).__array_interface__["data"][0]
+    try:
+        out: bytes = _c.fp8_decode(addr, len(src), _FP8_KIND[dtype], n, row_len, first)
+    except ValueError as e:
+        raise CodecError(str(e)) from None
+    return out
 
 
 # transform (codec 20, docs/COMPRESSION.md 5.2): header mode, row_len, first, k, shift, width.

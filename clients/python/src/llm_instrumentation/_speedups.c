@@ -980,12 +980,15 @@ static PyMethodDef methods[] = {
 
 /* The control messages' encoders and decoders (_speedups_wire.c). */
 extern PyMethodDef speedups_wire_methods[];
+extern PyMethodDef speedups_fp8_methods[];
 
 /* strap_ring.h's constants, under the names _ring.py gives them; strap_streamlock.h's verdicts. */
 static int
 module_exec(PyObject *m)
 {
     if (PyModule_AddFunctions(m, speedups_wire_methods) < 0)
+        return -1;
+    if (PyModule_AddFunctions(m, speedups_fp8_methods) < 0)
         return -1;
     static const struct {
         const char *name;
