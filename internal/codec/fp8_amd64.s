@@ -334,7 +334,7 @@ DATA fp8x448<>+16(SB)/8, $0x43e0000043e00000
 DATA fp8x448<>+24(SB)/8, $0x43e0000043e00000
 GLOBL fp8x448<>(SB), RODATA|NOPTR, $32
 
-// the near-tie window, see X8TIE.
+// the near-tie window, see X8NORM.
 DATA fp8x4<>+0(SB)/8, $0x0000000400000004
 DATA fp8x4<>+8(SB)/8, $0x0000000400000004
 DATA fp8x4<>+16(SB)/8, $0x0000000400000004
@@ -409,10 +409,10 @@ GLOBL fp8xhi16<>(SB), RODATA|NOPTR, $32
 // at most 2.00002 float32 ulps of r's binade, or 2^-29 below 2^-6. Rounding to nearest is
 // monotone, so r and R round to the same e4m3 value unless an e4m3 midpoint lies within
 // that distance of r. The midpoints are at 20 dropped bits 0x80000 of a normal r, and
-// at odd multiples of 2^-10 below 2^-6; X8TIE flags a lane whose dropped bits are within
-// −4…+3 of 0x80000 (normal) or whose distance to the grid is ≥ 2^-10 − 2^-26 (below
-// 2^-6), and a turn with a flagged lane is coded by CODE4 in float64 (X8SLOW). No other
-// midpoint is near: 2^-6 and 448 are grid points, and everything from 448 up saturates.
+// at odd multiples of 2^-10 below 2^-6; X8NORM flags a normal lane whose dropped bits are
+// within −4…+3 of 0x80000, X8MIXED a lane under 2^-6 whose distance to the 2^-9 grid is
+// ≥ 2^-10 − 2^-26, and a turn with a flagged lane is coded by CODE4 in float64 (X8SLOW).
+// No other midpoint is near: 2^-6 and 448 are grid points, everything from 448 up saturates.
 //
 // Sums. e = x − y is exact in float32 (x and y are within a factor of 2 or y is 0: the
 // Sterbenz lemma; for 16-bit inputs both have ≤ 11-bit significands a few binades
@@ -429,11 +429,11 @@ GLOBL fp8xhi16<>(SB), RODATA|NOPTR, $32
 	VCVTSD2SS    inv+24(FP), X15, X15 \
 	VBROADCASTSS X15, Y15
 
-// X8TIE: from x (Y0, 8 float32) both codings of r = x·inv32: normal (Y4: the rounded
-// value's bits, saturated at 448) and below 2^-6 (Y5: r rounded to a multiple of 2^-9,
-// by adding 2^14; Y13: its code, m of m·2^-9); Y1 = r, Y2 = the lanes where |r| ≥ 2^-6,
-// Y3 = the lanes too near an e4m3 midpoint to trust r. Uses Y12.
-#define X8TIE \
+// X8NORM: from x (Y0, 8 float32), r = x·inv32 (Y1), |r| (Y2), its normal coding (Y4: the
+// rounded value's bits, saturated at 448), the lanes too near a midpoint for it (Y3) and the
+// lanes where |r| ≥ 2^-6 (Y13); AX = the lanes fit for X8FAST (normal and not near), 0xFF
+// when all are.
+#define X8NORM \
 	VMULPS    Y15, Y0, Y1 \
 	VANDPS    Y6, Y1, Y2 \
 	VPSRLD    $20, Y2, Y3 \
@@ -445,31 +445,44 @@ GLOBL fp8xhi16<>(SB), RODATA|NOPTR, $32
 	VPADDD    fp8x4<>(SB), Y2, Y3 \
 	VPAND     fp8xtiemask<>(SB), Y3, Y3 \
 	VPCMPEQD  fp8xmid<>(SB), Y3, Y3 \
-	VADDPS    Y7, Y2, Y5 \
-	VPSUBD    Y7, Y5, Y13 \
-	VSUBPS    Y7, Y5, Y5 \
-	VSUBPS    Y5, Y2, Y12 \
-	VANDPS    Y6, Y12, Y12 \
-	VCMPPS    $0x1D, fp8xtiesub<>(SB), Y12, Y12 \
-	VPCMPGTD  fp8xminm1<>(SB), Y2, Y2 \
-	VBLENDVPS Y2, Y3, Y12, Y3
+	VPCMPGTD  fp8xminm1<>(SB), Y2, Y13 \
+	VPANDN    Y13, Y3, Y5 \
+	VMOVMSKPS Y5, AX
 
-// X8FIN picks each lane's coding, stores the 8 codes at (DI) and leaves the decoded
-// values float32(±q)·s in Y4. Uses Y1, Y5, Y13.
-#define X8FIN \
-	VBLENDVPS    Y2, Y4, Y5, Y5 \
-	VPSRLD       $20, Y4, Y4 \
-	VPSUBD       fp8x960<>(SB), Y4, Y4 \
-	VBLENDVPS    Y2, Y4, Y13, Y13 \
+// X8FAST: every lane normal and clear of midpoints: the codes in Y5, q in Y4.
+#define X8FAST \
+	VPSRLD $20, Y4, Y5 \
+	VPSUBD fp8x960<>(SB), Y5, Y5
+
+// X8MIXED: some lane under 2^-6 or near a midpoint. The lanes under 2^-6 are coded by
+// rounding r to a multiple of 2^-9 (adding 2^14, whose float32 ulp that is); AX = the lanes
+// too near a midpoint (X8SLOW then), else the codes in Y5 and q in Y4. Uses Y2, Y12.
+#define X8MIXED \
+	VADDPS    Y7, Y2, Y5 \
+	VSUBPS    Y7, Y5, Y12 \
+	VSUBPS    Y12, Y2, Y2 \
+	VANDPS    Y6, Y2, Y2 \
+	VCMPPS    $0x1D, fp8xtiesub<>(SB), Y2, Y2 \
+	VBLENDVPS Y13, Y3, Y2, Y3 \
+	VMOVMSKPS Y3, AX \
+	VPSRLD    $20, Y4, Y2 \
+	VPSUBD    fp8x960<>(SB), Y2, Y2 \
+	VPSUBD    Y7, Y5, Y5 \
+	VBLENDVPS Y13, Y2, Y5, Y5 \
+	VBLENDVPS Y13, Y4, Y12, Y4
+
+// X8PACK signs the codes (Y5) and values (Y4) as r (Y1) is signed, stores the 8 codes at
+// (DI) and leaves the decoded values float32(±q)·s in Y4.
+#define X8PACK \
 	VANDPS       fp8xsign<>(SB), Y1, Y1 \
-	VORPS        Y1, Y5, Y5 \
+	VORPS        Y1, Y4, Y4 \
 	VPSRLD       $24, Y1, Y1 \
-	VPOR         Y1, Y13, Y13 \
-	VEXTRACTI128 $1, Y13, X1 \
-	VPACKUSDW    X1, X13, X13 \
-	VPACKUSWB    X13, X13, X13 \
-	VMOVQ        X13, (DI) \
-	VMULPS       Y14, Y5, Y4
+	VPOR         Y1, Y5, Y5 \
+	VEXTRACTI128 $1, Y5, X1 \
+	VPACKUSDW    X1, X5, X5 \
+	VPACKUSWB    X5, X5, X5 \
+	VMOVQ        X5, (DI) \
+	VMULPS       Y14, Y4, Y4
 
 // X8SLOW codes the turn's 8 values (Y0) with CODE4 in float64, four at a time, as the
 // 4-wide loops do, then restores Y0 and the 8-wide constants; Y4 = the decoded values.
@@ -545,11 +558,11 @@ TEXT ·fp8F32x8AVX2(SB), NOSPLIT, $0-48
 
 f32x8loop:
 	VMOVUPS   (SI), Y0
-	X8TIE
-	VMOVMSKPS Y3, AX
-	TESTL     AX, AX
-	JNZ       f32x8slow
-	X8FIN
+	X8NORM
+	CMPL AX, $0xFF
+	JNE  f32x8mixed
+	X8FAST
+	X8PACK
 
 f32x8join:
 	X8STATS
@@ -560,6 +573,13 @@ f32x8join:
 
 	X8STORE
 	RET
+
+f32x8mixed:
+	X8MIXED
+	TESTL AX, AX
+	JNZ   f32x8slow
+	X8PACK
+	JMP   f32x8join
 
 f32x8slow:
 	X8SLOW
@@ -573,11 +593,11 @@ TEXT ·fp8BF16x8AVX2(SB), NOSPLIT, $0-48
 bf16x8loop:
 	VPMOVZXWD (SI), Y0
 	VPSLLD    $16, Y0, Y0
-	X8TIE
-	VMOVMSKPS Y3, AX
-	TESTL     AX, AX
-	JNZ       bf16x8slow
-	X8FIN
+	X8NORM
+	CMPL AX, $0xFF
+	JNE  bf16x8mixed
+	X8FAST
+	X8PACK
 
 bf16x8join:
 	VPSRLD $16, Y4, Y5
@@ -594,6 +614,13 @@ bf16x8join:
 	X8STORE
 	RET
 
+bf16x8mixed:
+	X8MIXED
+	TESTL AX, AX
+	JNZ   bf16x8slow
+	X8PACK
+	JMP   bf16x8join
+
 bf16x8slow:
 	X8SLOW
 	JMP bf16x8join
@@ -605,11 +632,11 @@ TEXT ·fp8F16x8AVX2(SB), NOSPLIT, $0-48
 
 f16x8loop:
 	VCVTPH2PS (SI), Y0
-	X8TIE
-	VMOVMSKPS Y3, AX
-	TESTL     AX, AX
-	JNZ       f16x8slow
-	X8FIN
+	X8NORM
+	CMPL AX, $0xFF
+	JNE  f16x8mixed
+	X8FAST
+	X8PACK
 
 f16x8join:
 	VCVTPS2PH $0, Y4, X5
@@ -622,6 +649,13 @@ f16x8join:
 
 	X8STORE
 	RET
+
+f16x8mixed:
+	X8MIXED
+	TESTL AX, AX
+	JNZ   f16x8slow
+	X8PACK
+	JMP   f16x8join
 
 f16x8slow:
 	X8SLOW

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"sort"
 	"testing"
 
@@ -420,12 +421,17 @@ func BenchmarkFP8(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(src)))
 			dst := make([]byte, 0, len(src))
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			cpu := threadCPU()
 			for b.Loop() {
 				out, ok, err := c.Encode(dst[:0], src, dt)
 				if err != nil || !ok || len(out) != len(stored) {
 					b.Fatalf("encode: %d bytes ok=%v err=%v", len(out), ok, err)
 				}
 			}
+			// docs/COMPRESSION.md 10.1 states the target per CPU-second of one core.
+			b.ReportMetric(float64(b.N)*float64(len(src))/(threadCPU()-cpu).Seconds()/1e9, "GB/cpu-s")
 		})
 		b.Run(dt.String()+"/decode", func(b *testing.B) {
 			b.ReportAllocs()
