@@ -516,3 +516,26 @@ sj_array_next(sj_val arr, const char **it, sj_val *elem)
     *it = p;
     return true;
 }
+
+bool
+sj_object_next(sj_val obj, const char **it, sj_val *key, sj_val *val)
+{
+    const char *end = obj.p + obj.n;
+    const char *p = *it;
+    if (p == obj.p) /* first call: step over '{' */
+        p = skip_ws(p + 1, end);
+    if (p >= end || *p != '"')
+        return false;
+    key->p = p;
+    p = skip(p, end);
+    key->n = (size_t)(p - key->p);
+    p = skip_ws(skip_ws(p, end) + 1, end); /* ':' */
+    val->p = p;
+    p = skip(p, end);
+    val->n = (size_t)(p - val->p);
+    p = skip_ws(p, end);
+    if (p < end && *p == ',')
+        p = skip_ws(p + 1, end);
+    *it = p;
+    return true;
+}

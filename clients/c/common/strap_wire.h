@@ -20,6 +20,7 @@
 #define sj_bool strap__sj_bool
 #define sj_str strap__sj_str
 #define sj_array_next strap__sj_array_next
+#define sj_object_next strap__sj_object_next
 #define sw_raw strap__sw_raw
 #define sw_lit strap__sw_lit
 #define sw_u64 strap__sw_u64
@@ -105,6 +106,9 @@ bool sj_bool(sj_val v, bool *out);
 bool sj_str(sj_val v, char *out, size_t cap, bool *full);
 /* Iterate an array: *it starts at v.p; returns false at the end. */
 bool sj_array_next(sj_val arr, const char **it, sj_val *elem);
+/* Iterate an object's members: *it starts at v.p; key is the member's name as a JSON string
+ * (sj_str unescapes it), val its value; returns false at the end. */
+bool sj_object_next(sj_val obj, const char **it, sj_val *key, sj_val *val);
 /* Every byte sequence is valid UTF-8 (no surrogates, no overlongs). */
 bool sp_utf8_valid(const char *s, size_t n);
 

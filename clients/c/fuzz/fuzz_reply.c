@@ -1,8 +1,9 @@
 /* libFuzzer target: the decoder of every datagram the daemon sends (sp_decode_reply), the one
  * parser of bytes from another process in libstrap and in the Python client (whose _speedups
  * extension compiles common/strap_wire.c), and the JSON lookups it drives; the same
- * bytes go to the checkpoint file parser (sc_parse_checkpoint) and to the stream lock's reader
- * of /proc/locks (stl_holder_in, common/strap_streamlock.h). Seeds: every file of
+ * bytes go to the stream lock's reader of /proc/locks (stl_holder_in,
+ * common/strap_streamlock.h). The checkpoint file's parser has its own target
+ * (fuzz_checkpoint.c). Seeds: every file of
  * testdata/protocol, testdata/checkpoint and clients/c/fuzz/corpus. */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -28,17 +29,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 					(void)sj_kind(e);
 			}
 		}
-	} else if (strlen(why) >= sizeof why) {
-		__builtin_trap();
-	}
-	/* the same bytes as a checkpoint file (sc_parse_checkpoint): what it accepts keeps the
-	 * format's rules (docs/CHECKPOINTS.md 3) */
-	sc_checkpoint c;
-	if (sc_parse_checkpoint((const char *)data, size, &c, why, sizeof why) == STRAP_OK) {
-		if (c.stream_offset == 0 || c.last_seq < c.packets || c.drops > c.packets ||
-		    c.token_count > c.packets || (c.has_token_log && c.log_tokens != c.token_count) ||
-		    c.last_packet_crc > UINT32_MAX)
-			__builtin_trap();
 	} else if (strlen(why) >= sizeof why) {
 		__builtin_trap();
 	}

@@ -37,6 +37,6 @@ int main(int argc, char **argv)
 		}
 		closedir(d);
 	}
-	printf("fuzz_reply: %d seed inputs ran\n", files);
+	printf("%s: %d seed inputs ran\n", argv[0], files);
 	return files ? 0 : 1;
 }

@@ -16,17 +16,7 @@
 
 #include "session.h"
 
-/* ----- checkpoint files (docs/CHECKPOINTS.md 3) ----- */
-
-static void rfc3339(char *out, size_t cap)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	struct tm tm;
-	gmtime_r(&ts.tv_sec, &tm);
-	size_t n = strftime(out, cap, "%Y-%m-%dT%H:%M:%S", &tm);
-	snprintf(out + n, cap - n, ".%06ldZ", ts.tv_nsec / 1000);
-}
+/* ----- checkpoint files (docs/CHECKPOINTS.md 3; the bytes: common/strap_checkpoint.c) ----- */
 
 int ss_fsync_dir(const char *path)
 {
@@ -67,34 +57,26 @@ int ss_write_checkpoint(strap_session *s, uint64_t offset, uint64_t packets, uin
 
 static int write_checkpoint(strap_session *s, const sp_reply *c)
 {
-	char created[64];
-	rfc3339(created, sizeof created);
+	sck_checkpoint ck = {
+		.stream_offset = c->u.checkpointed.offset,
+		.packets = c->u.checkpointed.packets,
+		.drops = c->u.checkpointed.drops,
+		.last_seq = c->u.checkpointed.seq,
+		.last_packet_offset = c->u.checkpointed.last_offset,
+		.last_packet_crc = c->u.checkpointed.last_crc,
+		.token_count = c->u.checkpointed.tokens,
+		.forward_count = s->next_forward,
+	};
+	if (strlen(s->output_path) >= sizeof ck.stream || strlen(s->fingerprint) >= sizeof ck.fingerprint)
+		return ss_fail(s, STRAP_E_TOO_LARGE, "checkpoint: the output path or the fingerprint is too long");
+	strcpy(ck.stream, s->output_path);
+	strcpy(ck.fingerprint, s->fingerprint);
+	char created[64], why[256];
+	sck_rfc3339(created, sizeof created);
 	sw_buf b = ss_out_buf(s); /* the send buffer is free between messages */
-	sw_lit(&b, "{\"format\":\"strap-checkpoint\",\"version\":1,\"stream\":");
-	sw_str(&b, s->output_path, strlen(s->output_path));
-	sw_lit(&b, ",\"created\":\"");
-	sw_lit(&b, created);
-	sw_lit(&b, "\",\"fingerprint\":");
-	sw_str(&b, s->fingerprint, strlen(s->fingerprint));
-	sw_lit(&b, ",\"stream_offset\":");
-	sw_u64(&b, c->u.checkpointed.offset);
-	sw_lit(&b, ",\"packets\":");
-	sw_u64(&b, c->u.checkpointed.packets);
-	sw_lit(&b, ",\"drops\":");
-	sw_u64(&b, c->u.checkpointed.drops);
-	sw_lit(&b, ",\"last_seq\":");
-	sw_u64(&b, c->u.checkpointed.seq);
-	sw_lit(&b, ",\"last_packet_offset\":");
-	sw_u64(&b, c->u.checkpointed.last_offset);
-	sw_lit(&b, ",\"last_packet_crc\":");
-	sw_u64(&b, c->u.checkpointed.last_crc);
-	sw_lit(&b, ",\"token_count\":");
-	sw_u64(&b, c->u.checkpointed.tokens);
-	sw_lit(&b, ",\"forward_count\":");
-	sw_u64(&b, s->next_forward);
-	sw_lit(&b, "}\n");
-	if (b.overflow)
-		return ss_fail(s, STRAP_E_TOO_LARGE, "checkpoint file exceeds %d bytes", SP_MAX_MESSAGE);
+	if (sck_encode(&b, &ck, created, NULL, 0, NULL, 0, why, sizeof why))
+		return ss_fail(s, b.overflow ? STRAP_E_TOO_LARGE : STRAP_E_PROTOCOL, "checkpoint %s: %s", s->ckpt_path,
+			       why);
 	char tmp[4300];
 	snprintf(tmp, sizeof tmp, "%s.tmp.%d", s->ckpt_path, (int)getpid());
 	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
@@ -157,100 +139,8 @@ out:
 	return e;
 }
 
-static int why_fail(char *why, size_t whylen, const char *fmt, const char *arg)
-{
-	if (why && whylen)
-		snprintf(why, whylen, fmt, arg);
-	return STRAP_E_CHECKPOINT;
-}
-
-/* The rules of internal/checkpoint Parse and checkpoint.py's Checkpoint.parse; the golden
- * files in testdata/checkpoint hold all three to the same facts (tests/test_checkpoint_golden.c). */
-int sc_parse_checkpoint(const char *buf, size_t n, sc_checkpoint *c, char *why, size_t whylen)
-{
-	memset(c, 0, sizeof *c);
-	c->listed_tokens = -1;
-	char err[128];
-	if (n > SC_MAX_SIZE)
-		return why_fail(why, whylen, "%s", "larger than a checkpoint may be (64 MiB)");
-	if (!sj_validate(buf, n, err, sizeof err))
-		return why_fail(why, whylen, "not JSON: %s", err);
-	sj_val doc = {buf, n}, v;
-	while (doc.n && (*doc.p == ' ' || *doc.p == '\t' || *doc.p == '\n' || *doc.p == '\r'))
-		doc.p++, doc.n--;
-	if (sj_kind(doc) != '{')
-		return why_fail(why, whylen, "%s", "not a JSON object");
-	static const char *const required[] = {"format",     "version",  "fingerprint",        "stream_offset",
-					       "packets",    "last_seq", "last_packet_offset", "last_packet_crc",
-					       "token_count"};
-	for (size_t i = 0; i < sizeof required / sizeof required[0]; i++)
-		if (!sj_get(doc, required[i], &v) || sj_kind(v) == 'z')
-			return why_fail(why, whylen, "missing field \"%s\"", required[i]);
-	char str[64];
-	bool full;
-	sj_get(doc, "format", &v);
-	if (!sj_str(v, str, sizeof str, &full) || !full || strcmp(str, "strap-checkpoint") != 0)
-		return why_fail(why, whylen, "%s", "format is not \"strap-checkpoint\"");
-	uint64_t ver;
-	sj_get(doc, "version", &v);
-	if (!sj_u64(v, &ver) || ver != 1)
-		return why_fail(why, whylen, "%s", "version is not 1");
-	sj_get(doc, "fingerprint", &v);
-	if (!sj_str(v, c->fingerprint, sizeof c->fingerprint, &full) || !full)
-		return why_fail(why, whylen, "%s", "fingerprint is not a string (of at most 1023 bytes)");
-	if (sj_get(doc, "created", &v) && sj_kind(v) != 'z' && sj_kind(v) != '"')
-		return why_fail(why, whylen, "%s", "created is not a string");
-	if (sj_get(doc, "stream", &v) && sj_kind(v) != 'z' && (!sj_str(v, c->stream, sizeof c->stream, &full) || !full))
-		return why_fail(why, whylen, "%s", "stream is not a string (of at most 4095 bytes)");
-	struct {
-		const char *k;
-		uint64_t *dst;
-		uint64_t max;
-		bool required;
-	} f[] = {{"stream_offset", &c->stream_offset, INT64_MAX, true},
-		 {"packets", &c->packets, UINT64_MAX, true},
-		 {"drops", &c->drops, UINT64_MAX, false},
-		 {"last_seq", &c->last_seq, UINT64_MAX, true},
-		 {"last_packet_offset", &c->last_packet_offset, INT64_MAX, true},
-		 {"last_packet_crc", &c->last_packet_crc, UINT32_MAX, true},
-		 {"token_count", &c->token_count, UINT64_MAX, true},
-		 {"forward_count", &c->forward_count, UINT64_MAX, false}};
-	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-		if (!sj_get(doc, f[i].k, &v) || (!f[i].required && sj_kind(v) == 'z'))
-			continue;
-		if (!sj_u64(v, f[i].dst) || *f[i].dst > f[i].max)
-			return why_fail(why, whylen, "%s is not an unsigned integer in range", f[i].k);
-	}
-	if (c->stream_offset == 0 || (c->packets == 0) != (c->last_seq == 0) || c->last_seq < c->packets ||
-	    (c->packets && (c->last_packet_offset == 0 || c->last_packet_offset >= c->stream_offset)) ||
-	    c->drops > c->packets || c->token_count > c->packets)
-		return why_fail(why, whylen, "%s", "inconsistent numbers");
-	if (sj_get(doc, "token_log", &v) && sj_kind(v) != 'z') {
-		sj_val t;
-		uint64_t *dst[] = {&c->log_tokens, &c->log_bytes, &c->log_crc32c};
-		static const char *const keys[] = {"tokens", "bytes", "crc32c"};
-		if (sj_kind(v) != '{')
-			return why_fail(why, whylen, "%s", "token_log is not an object");
-		for (int i = 0; i < 3; i++)
-			if (!sj_get(v, keys[i], &t) || !sj_u64(t, dst[i]))
-				return why_fail(why, whylen, "token_log.%s is not an unsigned integer", keys[i]);
-		if (c->log_tokens != c->token_count || c->log_bytes > INT64_MAX || c->log_bytes < c->log_tokens ||
-		    (c->log_tokens == 0) != (c->log_bytes == 0) || c->log_crc32c > UINT32_MAX)
-			return why_fail(why, whylen, "%s", "token_log does not fit token_count");
-		c->has_token_log = true;
-	}
-	if (sj_get(doc, "tokens", &v) && sj_kind(v) == '[') {
-		const char *it = v.p;
-		sj_val e;
-		c->listed_tokens = 0;
-		while (sj_array_next(v, &it, &e))
-			c->listed_tokens++;
-	}
-	return STRAP_OK;
-}
-
-/* Read and check the checkpoint file (sc_parse_checkpoint) and that it is this capture's. */
-int ss_load_checkpoint(strap_session *s, sc_checkpoint *out)
+/* Read and check the checkpoint file (sck_parse) and that it is this capture's. */
+int ss_load_checkpoint(strap_session *s, sck_checkpoint *out)
 {
 	int fd = open(s->ckpt_path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -262,10 +152,11 @@ int ss_load_checkpoint(strap_session *s, sc_checkpoint *out)
 	if (n < 0 || n >= SP_MAX_MESSAGE)
 		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s is not a file of at most %d bytes", s->ckpt_path,
 			       SP_MAX_MESSAGE - 1);
-	sc_checkpoint c;
-	char why[128];
-	if (sc_parse_checkpoint(buf, (size_t)n, &c, why, sizeof why))
+	sck_checkpoint c;
+	char why[256];
+	if (sck_parse(buf, (size_t)n, &c, why, sizeof why))
 		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s: %s", s->ckpt_path, why);
+	c.created = c.tokens = (sj_val){NULL, 0}; /* spans into the buffer, reused next */
 	if (strcmp(c.fingerprint, s->fingerprint) != 0)
 		return ss_fail(s, STRAP_E_CHECKPOINT, "checkpoint %s: fingerprint is not this capture's (\"%s\")",
 			       s->ckpt_path, s->fingerprint);

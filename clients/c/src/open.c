@@ -329,7 +329,7 @@ static int open_session(strap_session *s, const strap_session_params *p)
 	if (p->resume) {
 		/* a cut before the checkpoint (a job's common point) rewrites the checkpoint first: a
 		 * process killed after the cut must not find one that describes bytes no longer there */
-		sc_checkpoint *ck = &s->resume_ck;
+		sck_checkpoint *ck = &s->resume_ck;
 		if (resuming && have_ckpt && pt.offset < ck->stream_offset) {
 			s->next_forward = pt.forwards;
 			if ((e = ss_write_checkpoint(s, pt.offset, pt.packets, pt.drops, pt.last_seq, pt.last_offset,

@@ -118,7 +118,7 @@ static bool freed_from(int fd, uint64_t from, uint64_t to)
 	return from < to && d >= 0 && (uint64_t)d > from;
 }
 
-int ss_resume_point(strap_session *s, const sc_checkpoint *ck, int64_t limit, rs_point *pt, bool *keep)
+int ss_resume_point(strap_session *s, const sck_checkpoint *ck, int64_t limit, rs_point *pt, bool *keep)
 {
 	struct stat st;
 	if (fstat(s->out_fd, &st) != 0)

@@ -20,6 +20,7 @@
 
 #include "conn.h"
 #include "internal.h"
+#include "strap_checkpoint.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -53,18 +54,6 @@ typedef struct ss_resv {
 	int state;
 } ss_resv;
 
-/* A checkpoint file's facts (docs/CHECKPOINTS.md 3). */
-enum { SC_MAX_SIZE = 64 << 20 }; /* the largest checkpoint file, as internal/checkpoint MaxSize */
-typedef struct sc_checkpoint {
-	char stream[4096];
-	char fingerprint[1024];
-	uint64_t stream_offset, packets, drops, last_seq, last_packet_offset, last_packet_crc, token_count,
-		forward_count;
-	int64_t listed_tokens; /* entries of 1.3.1's "tokens" list; -1: no list */
-	bool has_token_log;    /* "token_log": how much of the token log the checkpoint vouches for */
-	uint64_t log_tokens, log_bytes, log_crc32c;
-} sc_checkpoint;
-
 struct strap_session {
 	pthread_mutex_t mu;
 	int sock;
@@ -96,9 +85,9 @@ struct strap_session {
 	uint64_t fits_ring_size;
 	uint64_t budget_shrunk_from; /* the default ring the budget had no room for (0: none) */
 	strap_resume_point resume;
-	sc_checkpoint resume_ck; /* open: the checkpoint file resumed from */
-	sp_rank rank;            /* this process's rank in a distributed job (world_size 0: none) */
-	char *output_path;       /* absolute */
+	sck_checkpoint resume_ck; /* open: the checkpoint file resumed from */
+	sp_rank rank;             /* this process's rank in a distributed job (world_size 0: none) */
+	char *output_path;        /* absolute */
 	char *ckpt_path;
 	char *fingerprint;
 	char *upload;   /* OPENED's object, NULL when the stream is not uploaded */
@@ -123,7 +112,6 @@ struct strap_session {
 #define ss_expect strap__ss_expect
 #define ss_fsync_dir strap__ss_fsync_dir
 #define ss_load_checkpoint strap__ss_load_checkpoint
-#define sc_parse_checkpoint strap__sc_parse_checkpoint
 #define ss_refuse_complete strap__ss_refuse_complete
 #define ss_le strap__ss_le
 #define ss_pread_all strap__ss_pread_all
@@ -157,12 +145,8 @@ int ss_send_buf(strap_session *s, const sw_buf *b, const int *fds, int nfds);
 int ss_expect(strap_session *s, int want, double timeout, sp_reply *r);
 /* fsync the directory holding path. */
 int ss_fsync_dir(const char *path);
-/* Parse and check a checkpoint file's n bytes by the rules of internal/checkpoint Parse and
- * checkpoint.py (golden files: testdata/checkpoint). STRAP_E_CHECKPOINT with a reason in why
- * (may be NULL) when it is not a valid version-1 checkpoint. */
-int sc_parse_checkpoint(const char *buf, size_t n, sc_checkpoint *c, char *why, size_t whylen);
-/* Read and check the checkpoint file (sc_parse_checkpoint) and its fingerprint. */
-int ss_load_checkpoint(strap_session *s, sc_checkpoint *c);
+/* Read and check the checkpoint file (sck_parse) and its fingerprint. */
+int ss_load_checkpoint(strap_session *s, sck_checkpoint *c);
 /* STRAP_E_CHECKPOINT, changing nothing, when the output's packets from offset from (a packet
  * boundary; 0: the first packet) lead to an END with status "complete": a resume there would
  * cut a finished capture. With complete not NULL, *complete says so instead (STRAP_OK). */
@@ -188,7 +172,7 @@ typedef struct rs_point {
  * the checkpoint too). *keep false: nothing to keep (an empty file; no token intact): a new
  * capture. STRAP_E_CHECKPOINT: the checkpoint's prefix does not end as it says, the header is
  * not a strap stream's or names another fingerprint, freed bytes stand in the way. */
-int ss_resume_point(strap_session *s, const sc_checkpoint *ck, int64_t limit, rs_point *pt, bool *keep);
+int ss_resume_point(strap_session *s, const sck_checkpoint *ck, int64_t limit, rs_point *pt, bool *keep);
 /* One rank of a job under torchrun (TORCHELASTIC_RUN_ID other than "none",
  * TORCHELASTIC_RESTART_COUNT, per-rank stream names): this start of the job into start. */
 bool ss_job_start(const strap_session *s, char *start, size_t len);

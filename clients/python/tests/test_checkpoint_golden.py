@@ -99,3 +99,24 @@ def test_token_log_writer_appends_and_rewrites(tmp_path):
     assert w2.sync(toks[:3]) == ckpt.token_log_extent(toks[:3])  # a resumed capture: whole, 3 tokens
     assert p.read_bytes() == "".join(t + "\n" for t in toks[:3]).encode()
     w2.close()
+
+
+@pytest.mark.parametrize("name", ["libstrap.ckpt.json", "client-131form.ckpt.json"])
+def test_written_again_byte_for_byte(name):
+    """Both clients write checkpoints with one encoder (clients/c/common/strap_checkpoint.c):
+    libstrap's file from a real capture and the encoder's with every key it writes come out
+    again byte for byte from what was parsed of them."""
+    data = (GOLDEN / name).read_bytes()
+    c = ckpt.Checkpoint.parse(data)
+    assert c.to_json([ckpt.encode_token(t) for t in c.tokens] if c.tokens is not None else None) == data
+
+
+def test_writer_refuses_what_no_reader_takes(tmp_path):
+    c = ckpt.load(GOLDEN / "libstrap.ckpt.json")
+    c.last_packet_offset = c.stream_offset
+    with pytest.raises(CheckpointError, match="last_packet_offset"):
+        c.to_json()
+    c = ckpt.load(GOLDEN / "libstrap.ckpt.json")
+    c.extra["last_checkpoint_time"] = float("nan")
+    with pytest.raises(CheckpointError, match="last_checkpoint_time"):
+        c.to_json()

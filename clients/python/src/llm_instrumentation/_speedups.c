@@ -980,6 +980,7 @@ static PyMethodDef methods[] = {
 
 /* The control messages' encoders and decoders (_speedups_wire.c). */
 extern PyMethodDef speedups_wire_methods[];
+extern PyMethodDef speedups_checkpoint_methods[]; /* the checkpoint file (_speedups_checkpoint.c) */
 extern PyMethodDef speedups_fp8_methods[];
 
 /* strap_ring.h's constants, under the names _ring.py gives them; strap_streamlock.h's verdicts. */
@@ -987,6 +988,8 @@ static int
 module_exec(PyObject *m)
 {
     if (PyModule_AddFunctions(m, speedups_wire_methods) < 0)
+        return -1;
+    if (PyModule_AddFunctions(m, speedups_checkpoint_methods) < 0)
         return -1;
     if (PyModule_AddFunctions(m, speedups_fp8_methods) < 0)
         return -1;

@@ -29,6 +29,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
+from . import _speedups
 from .errors import StrapError
 from .errors import StreamFormatError
 from .stream import DROP, END, INDEX, TENSOR, TOKEN, Packet, StreamReader, crc32c
@@ -54,8 +55,9 @@ KEYS_131 = ("total_tokens", "tokens", "last_checkpoint_time", "metadata")
 TOKEN_LOG_SUFFIX = ".tokens.jsonl"
 #: The fields of a token as the ``tokens`` list and the token log write it, in this order.
 TOKEN_KEYS = ("token_index", "token_id", "token_text", "position")
-_REQUIRED = ("format", "version", "fingerprint", "stream_offset", "packets", "last_seq", "last_packet_offset",
-             "last_packet_crc", "token_count")
+#: The checkpoint file's encoder and parser, libstrap's (clients/c/common/strap_checkpoint.c,
+#: bound in _speedups_checkpoint.c); no stub: Any.
+_c: Any = _speedups
 
 
 class CheckpointError(StrapError, ValueError):
@@ -118,104 +120,45 @@ class Checkpoint:
     path: Optional[str] = field(default=None, repr=False, compare=False)
 
     def to_json(self, tokens_json: Optional[List[str]] = None) -> bytes:
-        """The file's bytes.
+        """The file's bytes, written by libstrap's encoder (one form for both clients: compact
+        JSON, the format's keys in Go's order, then :attr:`extra`'s, then ``tokens``).
 
         Args:
             tokens_json: 1.3.1's ``tokens`` list, each token already encoded as JSON
                 (:func:`encode_token`; a capture keeps them encoded, so a checkpoint joins
                 strings instead of encoding every token again); written as the last key.
                 None: no ``tokens``.
+
+        Raises:
+            CheckpointError: numbers no reader would take back, or an :attr:`extra` value
+                that is not JSON (NaN, infinity).
         """
-        d = asdict(self)
-        extra = d.pop("extra")
-        d.update(extra)
-        d.pop("tokens", None)
-        d.pop("path", None)
-        if d.get("token_log") is None:
-            d.pop("token_log", None)
-        text = json.dumps(d, indent=1, sort_keys=True)
-        if tokens_json is not None:
-            text = text[:-2] + ',\n "tokens": [' + ",".join(tokens_json) + "]\n}"
-        return (text + "\n").encode()
+        log = self.token_log
+        try:
+            return _c.checkpoint_encode(
+                self.stream, self.fingerprint, self.created, self.stream_offset, self.packets, self.drops,
+                self.last_seq, self.last_packet_offset, self.last_packet_crc, self.token_count, self.forward_count,
+                None if log is None else (log.tokens, log.bytes, log.crc32c),
+                [(k, json.dumps(v, ensure_ascii=False, separators=(",", ":"))) for k, v in self.extra.items()],
+                tokens_json)
+        except (ValueError, TypeError) as e:
+            raise CheckpointError(f"checkpoint of {self.stream} not written: {e}") from None
 
     @classmethod
     def parse(cls, data: bytes, path: str = "checkpoint") -> "Checkpoint":
-        """Parse and check a checkpoint (the same rules as Go ``checkpoint.Parse`` and
-        libstrap's ``sc_parse_checkpoint``; golden files: testdata/checkpoint)."""
-        if len(data) > MAX_SIZE:
-            raise CheckpointError(f"{path}: {len(data)} bytes is too large for a checkpoint")
+        """Parse and check a checkpoint with libstrap's parser (the same rules as Go
+        ``checkpoint.Parse``; golden files: testdata/checkpoint)."""
         try:
-            # Strict JSON, as Go and libstrap read it: no NaN/Infinity; "-0" is not an
-            # unsigned integer; no unpaired surrogate escape (_check_text).
-            d = json.loads(data.decode("utf-8"), parse_constant=_no_constant,
-                           parse_int=lambda s: -0.0 if s == "-0" else int(s))
-            _check_text(d)
-        except (UnicodeDecodeError, UnicodeEncodeError, ValueError) as e:
-            raise CheckpointError(f"{path}: not JSON: {e}") from None
-        if not isinstance(d, dict):
-            raise CheckpointError(f"{path}: not a JSON object")
-        for k in _REQUIRED:
-            if d.get(k) is None:
-                raise CheckpointError(f"{path}: missing field {k!r}")
-        if d["format"] != FORMAT or not _uint(d["version"]) or d["version"] != VERSION:
-            raise CheckpointError(f"{path}: format {d['format']!r} version {d['version']!r}, expected {FORMAT!r} {VERSION}")
-        ints = ("stream_offset", "packets", "last_seq", "last_packet_offset", "last_packet_crc", "token_count")
-        for k in ints + ("drops", "forward_count"):
-            v: Any = d.get(k)
-            if v is None and k in ("drops", "forward_count"):
-                d[k] = v = 0
-            # the ranges of Go's fields: offsets int64, the CRC uint32, counts uint64
-            top = 1 << (63 if k.endswith("offset") else 32 if k == "last_packet_crc" else 64)
-            if not _uint(v) or v >= top:
-                raise CheckpointError(f"{path}: {k} is {v!r}, expected a non-negative integer below {top}")
-        for k in ("fingerprint", "stream", "created"):
-            if d.get(k) is not None and not isinstance(d[k], str):
-                raise CheckpointError(f"{path}: {k} is {d[k]!r}, expected a string")
-        ck = cls(stream=d.get("stream") or "", fingerprint=d["fingerprint"], stream_offset=d["stream_offset"],
-                 packets=d["packets"], drops=d["drops"], last_seq=d["last_seq"],
-                 last_packet_offset=d["last_packet_offset"], last_packet_crc=d["last_packet_crc"],
-                 token_count=d["token_count"], forward_count=d["forward_count"], created=d.get("created") or "",
-                 extra={k: v for k, v in d.items() if k not in cls.__dataclass_fields__},
-                 token_log=_parse_token_log(d.get("token_log"), d["token_count"], path),
-                 tokens=d["tokens"] if isinstance(d.get("tokens"), list) else None)
-        if ck.stream_offset <= 0 or (ck.packets == 0) != (ck.last_seq == 0) or ck.last_seq < ck.packets \
-                or (ck.packets and not 0 < ck.last_packet_offset < ck.stream_offset) \
-                or ck.drops > ck.packets or ck.token_count > ck.packets or ck.last_packet_crc >= 1 << 32:
-            raise CheckpointError(f"{path}: inconsistent numbers: {ck}")
-        return ck
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _check_text(v: Any) -> None:
-    """Raise UnicodeEncodeError for a string (or key) holding an unpaired surrogate."""
-    if isinstance(v, str):
-        v.encode("utf-8")
-    elif isinstance(v, list):
-        for e in v:
-            _check_text(e)
-    elif isinstance(v, dict):
-        for k, e in v.items():
-            k.encode("utf-8")
-            _check_text(e)
-
-
-def _uint(v: Any) -> bool:
-    return not isinstance(v, bool) and isinstance(v, int) and v >= 0
-
-
-def _parse_token_log(v: Any, token_count: int, path: str) -> Optional[TokenLog]:
-    if v is None:
-        return None
-    if not isinstance(v, dict) or not all(_uint(v.get(k)) for k in ("tokens", "bytes", "crc32c")):
-        raise CheckpointError(f"{path}: token_log is {v!r}, expected {{tokens, bytes, crc32c}} non-negative integers")
-    log = TokenLog(tokens=v["tokens"], bytes=v["bytes"], crc32c=v["crc32c"])
-    if log.tokens != token_count or log.bytes < log.tokens or (log.tokens == 0) != (log.bytes == 0) \
-            or log.bytes >= 1 << 63 or log.crc32c >= 1 << 32:
-        raise CheckpointError(f"{path}: token_log {v!r} does not fit token_count {token_count}")
-    return log
+            (stream, fp, created, offset, packets, drops, last_seq, last_off, last_crc, token_count, forward_count,
+             log, others, tokens) = _c.checkpoint_parse(bytes(data))
+        except ValueError as e:
+            raise CheckpointError(f"{path}: {e}") from None
+        return cls(stream=stream, fingerprint=fp, stream_offset=offset, packets=packets, drops=drops,
+                   last_seq=last_seq, last_packet_offset=last_off, last_packet_crc=last_crc, token_count=token_count,
+                   forward_count=forward_count, created=created,
+                   extra={k: json.loads(v) for k, v in others},
+                   token_log=None if log is None else TokenLog(*log),
+                   tokens=None if tokens is None else json.loads(tokens))
 
 
 def token_log_path(checkpoint_path: Union[str, os.PathLike]) -> str:

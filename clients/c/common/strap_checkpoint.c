@@ -1,0 +1,242 @@
+/* The checkpoint file of docs/CHECKPOINTS.md 3: its encoder and its parser (strap_checkpoint.h).
+ * libstrap and the Python client's _speedups extension both compile this file. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "strap_checkpoint.h"
+
+/* The format's members, in the order the encoder writes them (Go's checkpoint.Checkpoint). */
+static const char *const format_keys[] = {
+    "format",          "version",     "stream",        "created",   "fingerprint",
+    "stream_offset",   "packets",     "drops",         "last_seq",  "last_packet_offset",
+    "last_packet_crc", "token_count", "forward_count", "token_log", "tokens"};
+
+bool
+sck_format_key(const char *key, size_t n)
+{
+    for (size_t i = 0; i < sizeof format_keys / sizeof format_keys[0]; i++)
+        if (strlen(format_keys[i]) == n && memcmp(format_keys[i], key, n) == 0)
+            return true;
+    return false;
+}
+
+static int fail(char *why, size_t whylen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int
+fail(char *why, size_t whylen, const char *fmt, ...)
+{
+    if (why && whylen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, whylen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* A value's JSON text for a message: at most 60 bytes of it (then "..."). */
+#define SHOWN(v) (int)((v).n > 60 ? 60 : (v).n), (v).p, (v).n > 60 ? "..." : ""
+
+int
+sck_check(const sck_checkpoint *c, char *why, size_t whylen)
+{
+    if (c->stream_offset == 0 || c->stream_offset > INT64_MAX)
+        return fail(why, whylen, "inconsistent numbers: stream_offset %" PRIu64 " (a stream holds at least its header)",
+                    c->stream_offset);
+    if ((c->packets == 0) != (c->last_seq == 0))
+        return fail(why, whylen, "inconsistent numbers: %" PRIu64 " packets with last_seq %" PRIu64, c->packets,
+                    c->last_seq);
+    if (c->last_seq < c->packets)
+        return fail(why, whylen, "inconsistent numbers: last_seq %" PRIu64 " below the packet count %" PRIu64,
+                    c->last_seq, c->packets);
+    if (c->packets && (c->last_packet_offset == 0 || c->last_packet_offset >= c->stream_offset))
+        return fail(why, whylen,
+                    "inconsistent numbers: last_packet_offset %" PRIu64 " outside the stream prefix of %" PRIu64
+                    " bytes",
+                    c->last_packet_offset, c->stream_offset);
+    if (c->drops > c->packets || c->token_count > c->packets)
+        return fail(why, whylen,
+                    "inconsistent numbers: drops %" PRIu64 " / token_count %" PRIu64 " exceed %" PRIu64 " packets",
+                    c->drops, c->token_count, c->packets);
+    if (c->last_packet_crc > UINT32_MAX || c->last_packet_offset > INT64_MAX)
+        return fail(why, whylen,
+                    "inconsistent numbers: last_packet_crc %" PRIu64 " / last_packet_offset %" PRIu64 " out of range",
+                    c->last_packet_crc, c->last_packet_offset);
+    if (c->has_token_log &&
+        (c->log_tokens != c->token_count || c->log_bytes > INT64_MAX || c->log_bytes < c->log_tokens ||
+         (c->log_tokens == 0) != (c->log_bytes == 0) || c->log_crc32c > UINT32_MAX))
+        return fail(why, whylen,
+                    "token_log {tokens %" PRIu64 ", bytes %" PRIu64 ", crc32c %" PRIu64
+                    "} does not fit token_count %" PRIu64,
+                    c->log_tokens, c->log_bytes, c->log_crc32c, c->token_count);
+    return 0;
+}
+
+/* The rules of internal/checkpoint Parse; the golden files in testdata/checkpoint hold the
+ * readers to the same facts. */
+int
+sck_parse(const char *buf, size_t n, sck_checkpoint *c, char *why, size_t whylen)
+{
+    memset(c, 0, sizeof *c);
+    c->listed_tokens = -1;
+    char err[128];
+    if (n > SCK_MAX_SIZE)
+        return fail(why, whylen, "%zu bytes, larger than a checkpoint may be (64 MiB)", n);
+    if (!sj_validate(buf, n, err, sizeof err))
+        return fail(why, whylen, "not JSON: %s", err);
+    sj_val doc = {buf, n}, v;
+    while (doc.n && (*doc.p == ' ' || *doc.p == '\t' || *doc.p == '\n' || *doc.p == '\r'))
+        doc.p++, doc.n--;
+    if (sj_kind(doc) != '{')
+        return fail(why, whylen, "not a JSON object");
+    static const char *const required[] = {"format",     "version",  "fingerprint",        "stream_offset",
+                                           "packets",    "last_seq", "last_packet_offset", "last_packet_crc",
+                                           "token_count"};
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++)
+        if (!sj_get(doc, required[i], &v) || sj_kind(v) == 'z')
+            return fail(why, whylen, "missing field '%s'", required[i]);
+    char str[32];
+    bool full;
+    sj_get(doc, "format", &v);
+    if (!sj_str(v, str, sizeof str, &full) || !full || strcmp(str, "strap-checkpoint") != 0)
+        return fail(why, whylen, "format is %.*s%s, expected \"strap-checkpoint\"", SHOWN(v));
+    uint64_t ver;
+    sj_get(doc, "version", &v);
+    if (!sj_u64(v, &ver) || ver != 1)
+        return fail(why, whylen, "version is %.*s%s, this reader reads 1", SHOWN(v));
+    struct {
+        const char *k;
+        uint64_t *dst;
+        uint64_t max;
+        const char *below;
+    } f[] = {{"stream_offset", &c->stream_offset, INT64_MAX, "2**63"},
+             {"packets", &c->packets, UINT64_MAX, "2**64"},
+             {"drops", &c->drops, UINT64_MAX, "2**64"},
+             {"last_seq", &c->last_seq, UINT64_MAX, "2**64"},
+             {"last_packet_offset", &c->last_packet_offset, INT64_MAX, "2**63"},
+             {"last_packet_crc", &c->last_packet_crc, UINT32_MAX, "2**32"},
+             {"token_count", &c->token_count, UINT64_MAX, "2**64"},
+             {"forward_count", &c->forward_count, UINT64_MAX, "2**64"}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (!sj_get(doc, f[i].k, &v) || sj_kind(v) == 'z')
+            continue; /* drops and forward_count may be left out (0); the rest are required */
+        if (!sj_u64(v, f[i].dst) || *f[i].dst > f[i].max)
+            return fail(why, whylen, "%s is %.*s%s, expected a non-negative integer below %s", f[i].k, SHOWN(v),
+                        f[i].below);
+    }
+    sj_get(doc, "fingerprint", &v);
+    if (!sj_str(v, c->fingerprint, sizeof c->fingerprint, &full) || !full)
+        return fail(why, whylen, "fingerprint is %.*s%s, expected a string (of at most 1023 bytes)", SHOWN(v));
+    if (sj_get(doc, "stream", &v) && sj_kind(v) != 'z' && (!sj_str(v, c->stream, sizeof c->stream, &full) || !full))
+        return fail(why, whylen, "stream is %.*s%s, expected a string (of at most 4095 bytes)", SHOWN(v));
+    if (sj_get(doc, "created", &v) && sj_kind(v) != 'z') {
+        if (sj_kind(v) != '"')
+            return fail(why, whylen, "created is %.*s%s, expected a string", SHOWN(v));
+        c->created = v;
+    }
+    if (sj_get(doc, "token_log", &v) && sj_kind(v) != 'z') {
+        sj_val t;
+        uint64_t *dst[] = {&c->log_tokens, &c->log_bytes, &c->log_crc32c};
+        static const char *const keys[] = {"tokens", "bytes", "crc32c"};
+        if (sj_kind(v) != '{')
+            return fail(why, whylen, "token_log is %.*s%s, expected {tokens, bytes, crc32c}", SHOWN(v));
+        for (int i = 0; i < 3; i++)
+            if (!sj_get(v, keys[i], &t) || !sj_u64(t, dst[i]))
+                return fail(why, whylen, "token_log is %.*s%s: its %s is not a non-negative integer", SHOWN(v),
+                            keys[i]);
+        c->has_token_log = true;
+    }
+    if (sck_check(c, why, whylen))
+        return -1;
+    if (sj_get(doc, "tokens", &v) && sj_kind(v) == '[') {
+        const char *it = v.p;
+        sj_val e;
+        c->tokens = v;
+        c->listed_tokens = 0;
+        while (sj_array_next(v, &it, &e))
+            c->listed_tokens++;
+    }
+    return 0;
+}
+
+static void
+u64_member(sw_buf *b, const char *name, uint64_t v)
+{
+    sw_lit(b, name);
+    sw_u64(b, v);
+}
+
+int
+sck_encode(sw_buf *b, const sck_checkpoint *c, const char *created, const sck_member *extra, size_t nextra,
+           const sck_member *tokens, size_t ntokens, char *why, size_t whylen)
+{
+    if (sck_check(c, why, whylen))
+        return -1;
+    if (strlen(c->stream) >= sizeof c->stream || strlen(c->fingerprint) >= sizeof c->fingerprint)
+        return fail(why, whylen, "stream or fingerprint too long");
+    for (size_t i = 0; i < nextra; i++) {
+        if (!sp_utf8_valid(extra[i].key, extra[i].key_len) || sck_format_key(extra[i].key, extra[i].key_len))
+            return fail(why, whylen, "extra member \"%.*s\": a name of the format's own, or not UTF-8",
+                        (int)(extra[i].key_len > 60 ? 60 : extra[i].key_len), extra[i].key);
+        char err[96];
+        if (!sj_validate(extra[i].json, extra[i].json_len, err, sizeof err))
+            return fail(why, whylen, "extra member \"%.*s\" is not one JSON value: %s",
+                        (int)(extra[i].key_len > 60 ? 60 : extra[i].key_len), extra[i].key, err);
+    }
+    sw_lit(b, "{\"format\":\"strap-checkpoint\",\"version\":1,\"stream\":");
+    sw_str(b, c->stream, strlen(c->stream));
+    sw_lit(b, ",\"created\":");
+    sw_str(b, created, strlen(created));
+    sw_lit(b, ",\"fingerprint\":");
+    sw_str(b, c->fingerprint, strlen(c->fingerprint));
+    u64_member(b, ",\"stream_offset\":", c->stream_offset);
+    u64_member(b, ",\"packets\":", c->packets);
+    u64_member(b, ",\"drops\":", c->drops);
+    u64_member(b, ",\"last_seq\":", c->last_seq);
+    u64_member(b, ",\"last_packet_offset\":", c->last_packet_offset);
+    u64_member(b, ",\"last_packet_crc\":", c->last_packet_crc);
+    u64_member(b, ",\"token_count\":", c->token_count);
+    u64_member(b, ",\"forward_count\":", c->forward_count);
+    if (c->has_token_log) {
+        u64_member(b, ",\"token_log\":{\"tokens\":", c->log_tokens);
+        u64_member(b, ",\"bytes\":", c->log_bytes);
+        u64_member(b, ",\"crc32c\":", c->log_crc32c);
+        sw_lit(b, "}");
+    }
+    for (size_t i = 0; i < nextra; i++) {
+        sw_lit(b, ",");
+        sw_str(b, extra[i].key, extra[i].key_len);
+        sw_lit(b, ":");
+        sw_raw(b, extra[i].json, extra[i].json_len);
+    }
+    if (tokens) {
+        sw_lit(b, ",\"tokens\":[");
+        for (size_t i = 0; i < ntokens; i++) {
+            if (i)
+                sw_lit(b, ",");
+            sw_raw(b, tokens[i].json, tokens[i].json_len);
+        }
+        sw_lit(b, "]");
+    }
+    sw_lit(b, "}\n");
+    if (b->overflow)
+        return fail(why, whylen, "the checkpoint exceeds its buffer of %zu bytes", b->cap);
+    return 0;
+}
+
+void
+sck_rfc3339(char *out, size_t cap)
+{
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    size_t n = strftime(out, cap, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(out + n, cap - n, ".%06ldZ", ts.tv_nsec / 1000);
+}
