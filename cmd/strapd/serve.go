@@ -96,6 +96,9 @@ type serveConfig struct {
 	SchedIdle bool
 	// IdleWorkers runs only the compression workers under SCHED_IDLE (pipeline.Pool).
 	IdleWorkers bool
+	// NarrowProcs runs the Go runtime on one P while at most one session is open and the
+	// compression pool is idle (pipeline.PoolOptions.NarrowProcs).
+	NarrowProcs bool
 	// Probes configures the eBPF collector beside the captures (docs/TRACE_FORMAT.md).
 	Probes struct {
 		// Off runs no collector: no traces (an OPEN with a trace file is refused).
@@ -287,6 +290,7 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 	f.IntVar(&cfg.Limits.MaxNDim, "max-ndim", cfg.Limits.MaxNDim, "most tensor dimensions accepted")
 	f.Uint64Var(&cfg.Limits.MaxElements, "max-elements", cfg.Limits.MaxElements, "most elements one captured tensor may have (0: no limit)")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long SIGTERM waits for sessions to drain")
+	f.BoolVar(&cfg.NarrowProcs, "narrow-procs", true, "run the Go runtime on one P (GOMAXPROCS 1) while at most one session is open and no block waits for the compression pool: fewer thread wake-ups per decoding step; every P otherwise (off when GOMAXPROCS is set in the environment; docs/PERFORMANCE.md)")
 	f.BoolVar(&cfg.IdleWorkers, "idle-workers", false, "run the compression workers under SCHED_IDLE, so the model's threads preempt them; normal-priority rescuers take jobs they leave waiting over 20ms (docs/DEPLOY.md, CPU priority)")
 	f.BoolVar(&cfg.SchedIdle, "sched-idle", false, "run the daemon's threads under SCHED_IDLE: the model's threads preempt its compression on a host whose cores they use (docs/DEPLOY.md, CPU priority)")
 	f.DurationVar(&cfg.ExitIdle, "exit-idle", 0, "exit cleanly after this long with no client connected (0: never; the Python client starts strapd with 15m)")
@@ -549,6 +553,7 @@ func (c *serveConfig) serverConfig(mode os.FileMode, gid int, notify func(string
 		MemoryLimit:     int64(c.Memory.Limit),
 		Workers:         c.Pipeline.Workers,
 		IdleWorkers:     c.IdleWorkers,
+		NarrowProcs:     c.NarrowProcs,
 		MaxSessions:     c.Limits.MaxSessions,
 		MaxRingSize:     uint64(c.Limits.MaxRingSize),
 		MaxBlockSize:    uint64(c.Pipeline.MaxBlockSize),

@@ -39,6 +39,8 @@ type Pool struct {
 	rescue  chan struct{} // the workers are starved (one token per rescuer)
 	stop    chan struct{}
 	grace   time.Duration
+	// procs narrows the runtime to one P while the pool is idle (PoolOptions.NarrowProcs).
+	procs *procs
 }
 
 // PoolOptions configures NewPool.
@@ -54,6 +56,11 @@ type PoolOptions struct {
 	IdleWorkers bool
 	// RescueAfter is the monitor's grace period (DefaultRescueAfter when 0).
 	RescueAfter time.Duration
+	// NarrowProcs runs the Go runtime on one P (GOMAXPROCS 1) while at most one session
+	// is open and the pool has had no job for a second, and on every P otherwise
+	// (procs.go). Ignored with IdleWorkers: an idle worker's thread holding the only P
+	// could stall the connections behind the model's threads.
+	NarrowProcs bool
 }
 
 // DefaultRescueAfter is how long queued jobs may wait for idle workers before the
@@ -121,6 +128,9 @@ func NewPoolWith(o PoolOptions) *Pool {
 	ready.Wait()
 	if e := idleErr.Load(); e != nil {
 		p.idleErr = *e
+	}
+	if o.NarrowProcs && !o.IdleWorkers {
+		p.procs = newProcs(p)
 	}
 	if p.idle {
 		p.wg.Add(1 + workers)
@@ -255,6 +265,7 @@ func (p *Pool) Load() (busy, queued int, busySeconds []float64) {
 
 // Submit queues job, waiting for queue space until ctx is done.
 func (p *Pool) Submit(ctx context.Context, job func()) error {
+	p.procs.jobSubmitted() // every P before the job can wait for one
 	select {
 	case p.jobs <- job:
 	case <-ctx.Done():
@@ -272,6 +283,7 @@ func (p *Pool) Submit(ctx context.Context, job func()) error {
 // Close stops the workers after the queued jobs ran. No Submit may follow.
 func (p *Pool) Close() {
 	p.once.Do(func() {
+		p.procs.stop()
 		close(p.jobs)
 		close(p.stop)
 		p.wg.Wait()

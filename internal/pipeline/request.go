@@ -268,8 +268,13 @@ func (p *Plan) Open(env Env, ringFD int, out *os.File) (*Session, error) {
 		}
 		return nil, &Error{Kind: k, Err: err}
 	}
-	return start(options{Env: env, Ring: ring, Output: out, Codec: p.codec, BlockSize: p.bs,
+	s, err := start(options{Env: env, Ring: ring, Output: out, Codec: p.codec, BlockSize: p.bs,
 		Metadata: p.Meta(env.ID, env.Version, time.Now()), Lease: lease, Resume: p.resume})
+	if err != nil {
+		return nil, err
+	}
+	env.Pool.procs.sessionOpened()
+	return s, nil
 }
 
 // MemoryBudget is the cap on the session's in-flight compression buffers (0: none beyond

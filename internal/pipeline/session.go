@@ -260,6 +260,7 @@ func (s *Session) finish(status string) (Result, error) {
 		errs = append(errs, err)
 	}
 	s.o.Lease.Close()
+	s.o.Pool.procs.sessionClosed()
 	st := s.Stats()
 	res := Result{Stats: st, FileBytes: uint64(s.w.Offset()), Status: end.Status}
 	err := errors.Join(errs...)

@@ -51,6 +51,10 @@ type Config struct {
 	// IdleWorkers runs the compression workers under SCHED_IDLE, with a normal-priority
 	// rescuer for jobs they are too starved to start (pipeline.Pool).
 	IdleWorkers bool
+	// NarrowProcs runs the Go runtime on one P while at most one session is open and the
+	// pool is idle (pipeline.PoolOptions.NarrowProcs); off when GOMAXPROCS is set in the
+	// environment, which is then the user's choice.
+	NarrowProcs bool
 	// MaxSessions is the most sessions open at once.
 	MaxSessions int
 	// MaxRingSize is the largest ring a client may open, in bytes.
@@ -387,7 +391,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		}
 	}
 	s.pool = pipeline.NewPoolWith(pipeline.PoolOptions{Workers: s.cfg.Workers, LockThreads: s.cfg.CPUBudget != nil,
-		IdleWorkers: s.cfg.IdleWorkers})
+		IdleWorkers: s.cfg.IdleWorkers, NarrowProcs: s.cfg.NarrowProcs && os.Getenv("GOMAXPROCS") == ""})
 	if idle, err := s.pool.Idle(); err != nil {
 		s.log.Warn("compression workers stay at normal priority: SCHED_IDLE refused", zap.Error(err))
 	} else if idle {
