@@ -20,7 +20,8 @@
 
 #include "_speedups.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* STRAP_FP8_PORTABLE builds the portable loop alone, as on other CPUs (a compile check). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(STRAP_FP8_PORTABLE)
 #define FP8_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
