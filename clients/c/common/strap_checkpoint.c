@@ -26,6 +26,43 @@ sck_format_key(const char *key, size_t n)
     return false;
 }
 
+enum { NKEYS = sizeof format_keys / sizeof format_keys[0] };
+
+/* The format's members of a validated object in one walk (a large "tokens" list is stepped
+ * over once, not once a lookup): found[i] is format_keys[i]'s value (the last of a repeated
+ * key, as sj_get), n 0 when absent. */
+static void
+format_members(sj_val doc, sj_val found[NKEYS])
+{
+    memset(found, 0, sizeof(sj_val) * NKEYS);
+    const char *it = doc.p;
+    sj_val k, v;
+    char key[24];
+    bool full;
+    while (sj_object_next(doc, &it, &k, &v)) {
+        /* a "\u0000" would end the unescaped name early: no format key holds one */
+        if (!sj_str(k, key, sizeof key, &full) || !full || memmem(k.p, k.n, "\\u0000", 6))
+            continue;
+        for (size_t i = 0; i < NKEYS; i++)
+            if (strcmp(key, format_keys[i]) == 0) {
+                found[i] = v;
+                break;
+            }
+    }
+}
+
+/* The value of format key `key` among found (false when absent). */
+static bool
+get(const sj_val found[NKEYS], const char *key, sj_val *out)
+{
+    for (size_t i = 0; i < NKEYS; i++)
+        if (strcmp(key, format_keys[i]) == 0) {
+            *out = found[i];
+            return found[i].n != 0;
+        }
+    return false;
+}
+
 static int fail(char *why, size_t whylen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 static int
@@ -95,19 +132,21 @@ sck_parse(const char *buf, size_t n, sck_checkpoint *c, char *why, size_t whylen
         doc.p++, doc.n--;
     if (sj_kind(doc) != '{')
         return fail(why, whylen, "not a JSON object");
+    sj_val found[NKEYS];
+    format_members(doc, found);
     static const char *const required[] = {"format",     "version",  "fingerprint",        "stream_offset",
                                            "packets",    "last_seq", "last_packet_offset", "last_packet_crc",
                                            "token_count"};
     for (size_t i = 0; i < sizeof required / sizeof required[0]; i++)
-        if (!sj_get(doc, required[i], &v) || sj_kind(v) == 'z')
+        if (!get(found, required[i], &v) || sj_kind(v) == 'z')
             return fail(why, whylen, "missing field '%s'", required[i]);
     char str[32];
     bool full;
-    sj_get(doc, "format", &v);
+    get(found, "format", &v);
     if (!sj_str(v, str, sizeof str, &full) || !full || strcmp(str, "strap-checkpoint") != 0)
         return fail(why, whylen, "format is %.*s%s, expected \"strap-checkpoint\"", SHOWN(v));
     uint64_t ver;
-    sj_get(doc, "version", &v);
+    get(found, "version", &v);
     if (!sj_u64(v, &ver) || ver != 1)
         return fail(why, whylen, "version is %.*s%s, this reader reads 1", SHOWN(v));
     struct {
@@ -124,23 +163,23 @@ sck_parse(const char *buf, size_t n, sck_checkpoint *c, char *why, size_t whylen
              {"token_count", &c->token_count, UINT64_MAX, "2**64"},
              {"forward_count", &c->forward_count, UINT64_MAX, "2**64"}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-        if (!sj_get(doc, f[i].k, &v) || sj_kind(v) == 'z')
+        if (!get(found, f[i].k, &v) || sj_kind(v) == 'z')
             continue; /* drops and forward_count may be left out (0); the rest are required */
         if (!sj_u64(v, f[i].dst) || *f[i].dst > f[i].max)
             return fail(why, whylen, "%s is %.*s%s, expected a non-negative integer below %s", f[i].k, SHOWN(v),
                         f[i].below);
     }
-    sj_get(doc, "fingerprint", &v);
+    get(found, "fingerprint", &v);
     if (!sj_str(v, c->fingerprint, sizeof c->fingerprint, &full) || !full)
         return fail(why, whylen, "fingerprint is %.*s%s, expected a string (of at most 1023 bytes)", SHOWN(v));
-    if (sj_get(doc, "stream", &v) && sj_kind(v) != 'z' && (!sj_str(v, c->stream, sizeof c->stream, &full) || !full))
+    if (get(found, "stream", &v) && sj_kind(v) != 'z' && (!sj_str(v, c->stream, sizeof c->stream, &full) || !full))
         return fail(why, whylen, "stream is %.*s%s, expected a string (of at most 4095 bytes)", SHOWN(v));
-    if (sj_get(doc, "created", &v) && sj_kind(v) != 'z') {
+    if (get(found, "created", &v) && sj_kind(v) != 'z') {
         if (sj_kind(v) != '"')
             return fail(why, whylen, "created is %.*s%s, expected a string", SHOWN(v));
         c->created = v;
     }
-    if (sj_get(doc, "token_log", &v) && sj_kind(v) != 'z') {
+    if (get(found, "token_log", &v) && sj_kind(v) != 'z') {
         sj_val t;
         uint64_t *dst[] = {&c->log_tokens, &c->log_bytes, &c->log_crc32c};
         static const char *const keys[] = {"tokens", "bytes", "crc32c"};
@@ -154,7 +193,7 @@ sck_parse(const char *buf, size_t n, sck_checkpoint *c, char *why, size_t whylen
     }
     if (sck_check(c, why, whylen))
         return -1;
-    if (sj_get(doc, "tokens", &v) && sj_kind(v) == '[') {
+    if (get(found, "tokens", &v) && sj_kind(v) == '[') {
         const char *it = v.p;
         sj_val e;
         c->tokens = v;
