@@ -120,3 +120,20 @@ def test_writer_refuses_what_no_reader_takes(tmp_path):
     c.extra["last_checkpoint_time"] = float("nan")
     with pytest.raises(CheckpointError, match="last_checkpoint_time"):
         c.to_json()
+
+
+@pytest.mark.parametrize("name, says", [
+    ("bad-crc-range.ckpt.json", "last_packet_crc is 4294967296, expected a non-negative integer below 2**32"),
+    ("bad-drops.ckpt.json", "inconsistent numbers: drops 7 / token_count 3 exceed 6 packets"),
+    ("bad-fingerprint-type.ckpt.json", "fingerprint is 7, expected a string"),
+    ("bad-missing-token-count.ckpt.json", "missing field 'token_count'"),
+    ("bad-minus-zero.ckpt.json", "drops is -0, expected a non-negative integer"),
+    ("bad-surrogate.ckpt.json", "not JSON: unpaired high surrogate escape at byte 62"),
+    ("bad-token-log-fields.ckpt.json", "its crc32c is not a non-negative integer"),
+    ("bad-version.ckpt.json", "version is 2"),
+])
+def test_refusals_name_the_file_field_and_value(name, says):
+    """The C parser's reasons, with the file's path in front (CheckpointError)."""
+    with pytest.raises(CheckpointError) as e:
+        ckpt.load(GOLDEN / name)
+    assert str(e.value).startswith(f"{GOLDEN / name}: ") and says in str(e.value)
