@@ -63,6 +63,34 @@ func TestNarrowProcs(t *testing.T) {
 		p.procs.sessionClosed()
 	})
 
+	t.Run("sessions count through Open and Finish", func(t *testing.T) {
+		a := newHarness(t, hopts{pool: p, codec: "zstd"})
+		if got := runtime.GOMAXPROCS(0); got != 1 {
+			t.Fatalf("one open session: GOMAXPROCS %d, want 1", got)
+		}
+		b := newHarness(t, hopts{pool: p, codec: "zstd"})
+		if got := runtime.GOMAXPROCS(0); got != 2 {
+			t.Fatalf("two open sessions: GOMAXPROCS %d, want 2", got)
+		}
+		if _, err := b.finish(StatusComplete); err != nil {
+			t.Fatal(err)
+		}
+		waitProcs(t, 1, "one session left")
+		// A prefill-size record goes to the pool: every P before its blocks are queued.
+		big := f32Tensor("big", 1, 1, 128, 1024)
+		if err := a.put(&big); err != nil {
+			t.Fatal(err)
+		}
+		if got := runtime.GOMAXPROCS(0); got != 2 {
+			t.Fatalf("after a pool job: GOMAXPROCS %d, want 2", got)
+		}
+		res, err := a.finish(StatusComplete)
+		if err != nil || res.BytesIn != 128*1024*4 {
+			t.Fatalf("finish: %+v, %v; want the record's 512 KiB in", res, err)
+		}
+		waitProcs(t, 1, "sessions finished, pool idle")
+	})
+
 	p.Close()
 	if got := runtime.GOMAXPROCS(0); got != 2 {
 		t.Fatalf("closed pool: GOMAXPROCS %d, want the runtime's 2 back", got)
