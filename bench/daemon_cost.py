@@ -19,7 +19,8 @@ Usage::
 
     make bin/strapd
     .venv/bin/python bench/daemon_cost.py --strapd bin/strapd [--trials 3] [--new 128] \\
-        [--presets balanced,fast_capture] [--threads 1] [--idle S] [--json OUT]
+        [--presets balanced,fast_capture] [--threads 1] [--idle S] [--json OUT] \\
+        [--strapd-arg=--narrow-procs=false]
 
 Prints one line per preset and, with ``--json``, every trial. Each preset gets its own
 freshly started strapd (killed at the end), so its counters belong to that preset alone.
@@ -31,6 +32,7 @@ import argparse
 import glob
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -121,6 +123,20 @@ def thread_switches(pid: int) -> Dict[int, int]:
     return out
 
 
+def strapd_bin(a: argparse.Namespace, tmp: Path) -> str:
+    """The strapd the client autostarts: ``--strapd``, or with ``--strapd-arg`` flags a
+    two-line script in ``tmp`` that execs it with them added (the client starts ``STRAPD_BIN
+    serve ...``), so one binary can be measured with and without a flag."""
+    real = str(Path(a.strapd).resolve())
+    if not a.strapd_arg:
+        return real
+    wrapper = tmp / "strapd-with-args"
+    args = " ".join(shlex.quote(x) for x in a.strapd_arg)
+    wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(real)} "$@" {args}\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
 def peer_pid(sock_path: str) -> int:
     """The pid of the process listening on ``sock_path`` (SO_PEERCRED)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -150,7 +166,7 @@ def run_preset(a: argparse.Namespace, preset: str, model: Any, prompt: torch.Ten
     tmp = Path(tempfile.mkdtemp(prefix="strap-dcost-", dir=a.tmpdir))
     sock = str(tmp / "run" / "strapd.sock")
     env_keep = {k: os.environ.get(k) for k in STRAPD_ENV}
-    os.environ["STRAPD_BIN"] = str(Path(a.strapd).resolve())
+    os.environ["STRAPD_BIN"] = strapd_bin(a, tmp)
     os.environ["STRAPD_SOCKET"] = sock
     os.environ["STRAPD_EXIT_IDLE"] = "10m"
     pid = 0
@@ -239,7 +255,7 @@ def token_cost(a: argparse.Namespace, model: Any, n: int = 2000) -> Dict[str, fl
     tmp = Path(tempfile.mkdtemp(prefix="strap-tcost-", dir=a.tmpdir))
     sock = str(tmp / "run" / "strapd.sock")
     env_keep = {k: os.environ.get(k) for k in STRAPD_ENV}
-    os.environ.update(STRAPD_BIN=str(Path(a.strapd).resolve()), STRAPD_SOCKET=sock, STRAPD_EXIT_IDLE="10m")
+    os.environ.update(STRAPD_BIN=strapd_bin(a, tmp), STRAPD_SOCKET=sock, STRAPD_EXIT_IDLE="10m")
     cfg = InstrumentationConfig.from_preset("fast_capture").with_granularity(CAPTURE_SETS["resid+attn+mlp"])
     got: Dict[str, List[float]] = {"ring": [], "message": []}
     pid = 0
@@ -274,7 +290,7 @@ def idle_cost(a: argparse.Namespace, model: Any, seconds: float) -> Dict[str, fl
     tmp = Path(tempfile.mkdtemp(prefix="strap-icost-", dir=a.tmpdir))
     sock = str(tmp / "run" / "strapd.sock")
     env_keep = {k: os.environ.get(k) for k in STRAPD_ENV}
-    os.environ.update(STRAPD_BIN=str(Path(a.strapd).resolve()), STRAPD_SOCKET=sock, STRAPD_EXIT_IDLE="10m")
+    os.environ.update(STRAPD_BIN=strapd_bin(a, tmp), STRAPD_SOCKET=sock, STRAPD_EXIT_IDLE="10m")
     cfg = InstrumentationConfig.from_preset("fast_capture").with_granularity(CAPTURE_SETS["resid+attn+mlp"])
     pid = 0
     try:
@@ -299,6 +315,8 @@ def main() -> None:
     ap.add_argument("--presets", default="balanced,fast_capture")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--tmpdir", default="/var/tmp", help="where the streams go (a disk, as a user's would)")
+    ap.add_argument("--strapd-arg", action="append", default=[],
+                    help="an extra flag for strapd serve (repeatable), e.g. --strapd-arg=--narrow-procs=false")
     ap.add_argument("--client", default=_CLIENT, help="the Python client's source tree (an older tree's, for a before/after)")
     ap.add_argument("--token-cost", action="store_true",
                     help="also the client's CPU per record_token, ring tokens against TOKEN messages")
