@@ -379,7 +379,7 @@ clean:
 # against clients/c/.clang-format, builds them twice more, with gcc and with clang (-Werror,
 # ASan/UBSan), and runs every test program against
 # the real strapd (and the Python reader) in each, the fuzz target's seeds included;
-# `make fuzz-c` runs the libFuzzer target (clang) for FUZZTIME (a duration "10s" or a count
+# `make fuzz-c` runs the libFuzzer targets (clang: the reply decoder, the checkpoint parser) for FUZZTIME (a duration "10s" or a count
 # "2000x"); `make bench-c` measures the cost per record.
 .PHONY: c test-c test-long-c fuzz-c bench-c c-tools
 C_SRC        := $(shell find clients/c -type f 2>/dev/null)
@@ -409,13 +409,16 @@ test-c: $(BIN) $(VENV)/.stamp c-tools
 
 fuzz-c: c-tools
 	cmake -S clients/c -B build/c-fuzz -DCMAKE_BUILD_TYPE=Debug -DSTRAP_FUZZ=ON -DCMAKE_C_COMPILER=clang >/dev/null
-	cmake --build build/c-fuzz -j2 --target fuzz_reply
-	@rm -rf build/c-fuzz/corpus && mkdir -p build/c-fuzz/corpus && \
-	  cp testdata/protocol/*.bin clients/c/fuzz/corpus/* build/c-fuzz/corpus/
+	cmake --build build/c-fuzz -j2 --target fuzz_reply fuzz_checkpoint
+	@rm -rf build/c-fuzz/corpus build/c-fuzz/corpus-checkpoint && mkdir -p build/c-fuzz/corpus build/c-fuzz/corpus-checkpoint && \
+	  cp testdata/protocol/*.bin clients/c/fuzz/corpus/* build/c-fuzz/corpus/ && \
+	  cp testdata/checkpoint/*.json build/c-fuzz/corpus-checkpoint/
 	@case "$(FUZZTIME)" in *x) lim="-runs=$(FUZZTIME:x=)";; *s) lim="-max_total_time=$(FUZZTIME:s=)";; \
 	  *) lim="-max_total_time=10";; esac; \
 	  echo "== clients/c fuzz_reply ($(FUZZTIME))"; \
-	  cd build/c-fuzz && ./fuzz_reply $$lim -max_len=70000 corpus
+	  (cd build/c-fuzz && ./fuzz_reply $$lim -max_len=70000 corpus) && \
+	  echo "== clients/c fuzz_checkpoint ($(FUZZTIME))" && \
+	  cd build/c-fuzz && ./fuzz_checkpoint $$lim -max_len=70000 corpus-checkpoint
 
 # The C client's tokens/checkpoint/resume test with STRAP_KILL_C_RUNS random kill points more
 # (mid forward pass, after a TOKEN, after a CHECKPOINT); STRAP_KILL_SEED replays a run.
