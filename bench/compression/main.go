@@ -120,7 +120,7 @@ func run() int {
 	normalMB := flag.Int("normal-mb", 16, "MiB of float32 N(0,1)")
 	only := flag.String("codecs", "", "comma-separated labels to run (default all)")
 	reps := flag.Int("reps", 3, "timing repetitions per tensor; the fastest counts (the machine is shared)")
-	dump := flag.String("dump", "", "write the stored blocks of the first corpus×float32 (and ×bfloat16) here (for py_decode.py)")
+	dump := flag.String("dump", "", "write the stored blocks of the first corpus, every dtype, here (for py_decode.py)")
 	clock := flag.String("clock", "wall", "timing clock: wall, or cpu (the thread's CPU time)")
 	decoded := flag.String("decoded", "", "write each tensor of the first corpus as decoded (float32) here, per codec and dtype (for fidelity.py)")
 	onlyCorpora := flag.String("corpora", "", "comma-separated corpora to run (minilm, llama, normal, normal-25%0; default all)")
@@ -168,7 +168,7 @@ func run() int {
 					continue
 				}
 				var dumpDir, decDir string
-				if *dump != "" && cname == order[0] && dt != dtype.Float16 {
+				if *dump != "" && cname == order[0] {
 					dumpDir = *dump
 				}
 				if *decoded != "" && cname == order[0] {
