@@ -42,6 +42,9 @@ func (s *Session) packet(it *item) (stream.Packet, error) {
 	if r.Flags&shm.FlagPart != 0 {
 		p.Flags = stream.FlagPart
 	}
+	if it.coded != nil {
+		p.RawLen = r.TensorLen // the blocks decode to the tensor, not to the ring payload
+	}
 	if it.stats != nil {
 		meta, err := s.lossyMeta(it)
 		if err != nil {

@@ -42,6 +42,9 @@ type batch struct {
 // small reports whether it joins a batch: a small tensor record, or a TOKEN record (a
 // notice, ready at once: compressBatch skips it and the writer writes its packet in place).
 func (s *Session) small(it *item) bool {
+	if it.coded != nil { // one block at most: the raw tensor's size decides
+		return it.rec.TensorLen <= uint64(min(s.bs, smallRecord))
+	}
 	return it.kind == kindToken || len(it.rec.Payload) <= min(s.bs, smallRecord)
 }
 
@@ -136,7 +139,7 @@ func (s *Session) flush(b *batch) error {
 // prepareSmall readies a small record for compressBatch: its encoder and its buffer's
 // memory grant (waited for, like dispatch's).
 func (s *Session) prepareSmall(it *item) error {
-	if len(it.rec.Payload) == 0 {
+	if len(it.rec.Payload) == 0 || it.coded != nil && it.coded.Blocks() == 0 {
 		return nil
 	}
 	enc, se, withStats, err := s.encoderFor(it)

@@ -40,6 +40,9 @@ func (s *Session) dispatch(it *item) error {
 	}
 	p := it.rec.Payload
 	n := (len(p) + s.bs - 1) / s.bs
+	if it.coded != nil {
+		n = it.coded.Blocks()
+	}
 	it.blocks = make([]stream.Block, n)
 	it.grants = make([]grant, n)
 	if n == 0 {
@@ -60,8 +63,15 @@ func (s *Session) dispatch(it *item) error {
 		return err
 	}
 	for i := range n {
-		src := p[i*s.bs : min(len(p), (i+1)*s.bs)]
-		g, err := s.o.Lease.acquire(s.ctx, int64(bufCap(len(src))))
+		var src []byte
+		need := 0
+		if it.coded == nil {
+			src = p[i*s.bs : min(len(p), (i+1)*s.bs)]
+			need = bufCap(len(src))
+		} else {
+			need = it.coded.BlockLen(i)
+		}
+		g, err := s.o.Lease.acquire(s.ctx, int64(need))
 		if err != nil {
 			s.abandon(it, n-i, err)
 			return s.fail(&Error{Kind: KindInternal, Err: fmt.Errorf("wait for memory budget: %w", err)})
@@ -83,6 +93,9 @@ func (s *Session) dispatch(it *item) error {
 // codec.TensorPreparer derives from the whole record (e.g. the RMS a relative bound refers
 // to); se is set when it reports block stats (lossy codecs).
 func (s *Session) encoderFor(it *item) (enc codec.Codec, se codec.StatsEncoder, withStats bool, err error) {
+	if it.coded != nil { // coded by the client: compressBlock copies its blocks
+		return nil, nil, true, nil
+	}
 	enc = s.codec
 	rp, byRows := enc.(codec.RowPreparer)
 	if sh := it.rec.Shape; byRows && len(sh) > 0 && sh[len(sh)-1] > 0 && sh[len(sh)-1] <= 1<<40 {
@@ -108,6 +121,18 @@ func (s *Session) encoderFor(it *item) (enc codec.Codec, se codec.StatsEncoder, 
 // is stored raw. The result goes to it.blocks[i] (it.stats[i] with stats), an error to it.
 func (s *Session) compressBlock(it *item, i int, src []byte, enc codec.Codec, se codec.StatsEncoder, withStats bool) {
 	dt := it.rec.DType
+	if it.coded != nil {
+		// Coded by the client: the block is copied out of the ring, never stored raw (the
+		// raw values are not there), so the CPU budget is not asked.
+		out, st, err := it.coded.Block(getBuf(it.coded.BlockLen(i)), i)
+		if err != nil {
+			it.setErr(fmt.Errorf("block %d: %w", i, err))
+			putBuf(out)
+			return
+		}
+		it.blocks[i], it.stats[i] = stream.Block{Data: out}, st
+		return
+	}
 	buf := getBuf(bufCap(len(src)))
 	var (
 		out        []byte

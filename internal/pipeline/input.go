@@ -6,6 +6,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/strap-llm/strap/internal/codec"
 	"github.com/strap-llm/strap/internal/shm"
 )
 
@@ -104,12 +105,67 @@ func (s *Session) takeNext(end uint64) (it *item, next uint64, err error) {
 			return nil, 0, errf(KindBadRecord, "record seq %d: meta is not a JSON object: %v", rec.Seq, err)
 		}
 	}
+	var coded *codec.FP8Coded
+	if rec.Flags&shm.FlagFP8 != 0 {
+		if rec.FP8.Status != 0 {
+			// The client found values e4m3 cannot carry (strapd's own encoder would have
+			// stored the block losslessly) and sent no codes: the record becomes a DROP
+			// notice that says why, not a packet that differs from the encoder's.
+			in.nextSeq++
+			s.tail.free(s.tail.add(next))
+			it := notice(kindDrop, rec.Seq)
+			it.drop = Drop{Seq: rec.Seq, Name: rec.Name, Step: rec.Step, Forward: rec.Forward, Bytes: rec.TensorLen,
+				Reason: fp8DropReason(rec.FP8.Status)}
+			return it, next, nil
+		}
+		if coded, err = s.fp8Coded(&rec); err != nil {
+			return nil, 0, err
+		}
+	}
 	in.nextSeq++
 	s.bytesIn.Add(uint64(len(rec.Payload)))
 	it = newMember()
-	*it = item{kind: kindTensor, seq: rec.Seq, rec: rec, meta: meta}
+	*it = item{kind: kindTensor, seq: rec.Seq, rec: rec, meta: meta, coded: coded}
 	it.span = s.tail.addTo(&it.spanv, next)
 	return it, next, nil
+}
+
+// fp8Coded checks an FP8 record against the session (codec fp8, the client's blocks are
+// the session's) and readies the building of its blocks.
+func (s *Session) fp8Coded(rec *shm.Record) (*codec.FP8Coded, error) {
+	lc, ok := s.codec.(codec.LossyCodec)
+	if s.codec == nil || s.codec.ID() != codec.FP8 || !ok {
+		name := "none"
+		if s.codec != nil {
+			name = s.codec.Name()
+		}
+		return nil, errf(KindBadRecord, "record seq %d (%s): an FP8 record in a session whose codec is %s, not fp8", rec.Seq, rec.Name, name)
+	}
+	w := uint64(rec.DType.Size())
+	if uint64(s.bs)%w != 0 || rec.FP8.BlockValues != uint64(s.bs)/w {
+		return nil, errf(KindBadRecord, "record seq %d (%s): FP8 record cut into blocks of %d values, the session's blocks of %d bytes hold %d values of %s",
+			rec.Seq, rec.Name, rec.FP8.BlockValues, s.bs, uint64(s.bs)/w, rec.DType)
+	}
+	n := rec.TensorLen / w
+	c, err := codec.NewFP8Coded(rec.DType, int(n), int(shm.FP8RowLen(rec.Shape, n)), int(rec.FP8.BlockValues),
+		lc.Bound().Value, rec.FP8.Scales, rec.FP8.Sums, rec.FP8.Codes)
+	if err != nil {
+		return nil, errf(KindBadRecord, "record seq %d (%s): %v", rec.Seq, rec.Name, err)
+	}
+	return c, nil
+}
+
+// fp8DropReason is the DROP reason of an FP8 record whose client found values it could not
+// code (PROTOCOL.md 2, "FP8 records").
+func fp8DropReason(status uint32) string {
+	switch {
+	case status&shm.FP8NonFinite != 0:
+		return "fp8_nonfinite"
+	case status&shm.FP8TinyScale != 0:
+		return "fp8_tiny_scale"
+	default:
+		return "fp8_over_bound"
+	}
 }
 
 // metaObject checks that meta decodes as a JSON object (or null), as json.Unmarshal into

@@ -98,6 +98,9 @@ type item struct {
 	grant1  [1]grant
 	pending atomic.Int32
 	done    chan struct{} // closed once every block is compressed (at once for the rest)
+	// coded builds the blocks of an FP8 record (the client coded the tensor); nil for
+	// every other record.
+	coded *codec.FP8Coded
 	// A batched record's encoder, from prepareSmall until compressBatch.
 	enc       codec.Codec
 	se        codec.StatsEncoder

@@ -43,6 +43,72 @@ const MaxTokenText = 65536
 // FlagPart marks a record that carries one part of a larger tensor.
 const FlagPart uint16 = 1
 
+// FlagFP8 marks a TENSOR record whose payload is the tensor already coded as fp8 by the
+// client (PROTOCOL.md 2, "FP8 records"): e4m3 codes, one scale per row part and each
+// part's error sums, laid out as FP8 describes. dtype, shape and tensor_len are the
+// original tensor's; such a record is never a PART.
+const FlagFP8 uint16 = 2
+
+// FP8 status bits (the payload's status word): the client found a part it cannot code as
+// strapd's fp8 encoder would (which stores such a block losslessly) and sent no codes;
+// strapd writes a DROP notice for the record instead.
+const (
+	// FP8NonFinite: a value is NaN or ±inf.
+	FP8NonFinite uint32 = 1
+	// FP8TinyScale: a part's max|x|/448 is not a normal float32 (float32 subnormal rows).
+	FP8TinyScale uint32 = 2
+	// FP8OverBound: a part's relative L2 error is over the session's fp8 bound.
+	FP8OverBound uint32 = 4
+)
+
+// fp8PayloadHeader is block_values, parts, status and a reserved word.
+const fp8PayloadHeader = 16
+
+// FP8 is the parsed payload of a FlagFP8 record; its slices alias the record's bytes.
+type FP8 struct {
+	// BlockValues is the values per compression block the client cut row parts at.
+	BlockValues uint64
+	// Parts is the number of row parts (FP8Parts of the tensor).
+	Parts uint64
+	// Status is 0, or FP8* bits saying why the record carries no codes.
+	Status uint32
+	// Scales holds Parts float32 scales; Sums Parts × 4 float64 (Σx², Σ(x−y)², Σy²,
+	// max|x−y| of each part); Codes one e4m3fn code per value.
+	Scales, Sums, Codes []byte
+}
+
+// FP8Parts is the number of row parts a tensor of n values in rows of rowLen is cut into
+// when its blocks hold blockValues values each: every row begun in a block is one part of
+// that block (the fp8 codec's row parts, COMPRESSION.md 5.1).
+func FP8Parts(n, rowLen, blockValues uint64) uint64 {
+	if n == 0 || rowLen == 0 || blockValues == 0 {
+		return 0
+	}
+	var p uint64
+	for off := uint64(0); off < n; off += blockValues {
+		nb := min(blockValues, n-off)
+		into := off % rowLen
+		first := min(rowLen-into, nb)
+		row := min(rowLen, nb)
+		p += 1 + (nb-first+row-1)/row
+	}
+	return p
+}
+
+// FP8PayloadLen is the payload length of a FlagFP8 record of n values in parts row parts.
+func FP8PayloadLen(n, parts uint64) uint64 {
+	return (fp8PayloadHeader+4*parts+7)&^7 + 32*parts + n
+}
+
+// FP8RowLen is the row length fp8 codes a tensor of shape by (its last dimension; the
+// whole tensor for a 0-d tensor or an implausible last dimension), as the pipeline does.
+func FP8RowLen(shape []uint64, n uint64) uint64 {
+	if k := len(shape); k > 0 && shape[k-1] > 0 && shape[k-1] <= 1<<40 {
+		return shape[k-1]
+	}
+	return n
+}
+
 var (
 	ringMagic   = [4]byte{'S', 'R', 'N', 'G'}
 	recordMagic = [4]byte{'S', 'R', 'E', 'C'}
@@ -142,6 +208,8 @@ type Record struct {
 	Name       string
 	Meta       []byte
 	Payload    []byte
+	// FP8 is the parsed payload of a FlagFP8 record (zero otherwise).
+	FP8 FP8
 }
 
 // TokenID is a TOKEN record's token id (the part_offset field, two's complement).
@@ -294,8 +362,11 @@ func parseRecord(b []byte, lim Limits, cache *interned) (Record, error) {
 	if metaLen > lim.MaxMetaLen {
 		return r, badf("seq %d: meta_len %d, at most %d", r.Seq, metaLen, lim.MaxMetaLen)
 	}
-	if r.Flags&^FlagPart != 0 {
-		return r, badf("seq %d: flags %#x, only bit 0 (PART) is defined", r.Seq, r.Flags)
+	if r.Flags&^(FlagPart|FlagFP8) != 0 {
+		return r, badf("seq %d: flags %#x, only bits 0 (PART) and 1 (FP8) are defined", r.Seq, r.Flags)
+	}
+	if r.Flags&FlagFP8 != 0 && (r.Flags&FlagPart != 0 || !fp8DType(r.DType)) {
+		return r, badf("seq %d: FP8 record with flags %#x of %s: expected no PART, float32, float16 or bfloat16", r.Seq, r.Flags, r.DType)
 	}
 	hdrEnd := uint64(RecordFixedSize + 8*ndim + nameLen + metaLen)
 	if payloadOff%Align != 0 || payloadOff < hdrEnd {
@@ -320,7 +391,18 @@ func parseRecord(b []byte, lim Limits, cache *interned) (Record, error) {
 	if lim.MaxElements > 0 && elems > lim.MaxElements {
 		return r, badf("seq %d: shape %v has %d elements, at most %d", r.Seq, (*interned)(nil).shape("", b, ndim), elems, lim.MaxElements)
 	}
-	if r.Flags&FlagPart != 0 {
+	if r.Flags&FlagFP8 != 0 {
+		if r.PartOffset != 0 {
+			return r, badf("seq %d: part_offset %d in an FP8 record, expected 0", r.Seq, r.PartOffset)
+		}
+		row := elems // the whole tensor is one row without a plausible last dimension
+		if last := le.Uint64(b[RecordFixedSize+8*max(ndim-1, 0):]); ndim > 0 && last > 0 && last <= 1<<40 {
+			row = last
+		}
+		if err := parseFP8(&r, b[payloadOff:payloadOff+payloadLen], elems, row); err != nil {
+			return r, err
+		}
+	} else if r.Flags&FlagPart != 0 {
 		if r.PartOffset > r.TensorLen || payloadLen > r.TensorLen-r.PartOffset {
 			return r, badf("seq %d: part_offset %d + payload_len %d exceeds tensor_len %d", r.Seq, r.PartOffset, payloadLen, r.TensorLen)
 		}
@@ -352,6 +434,41 @@ func parseRecord(b []byte, lim Limits, cache *interned) (Record, error) {
 	}
 	r.Payload = b[payloadOff : payloadOff+payloadLen]
 	return r, nil
+}
+
+func fp8DType(d dtype.DType) bool {
+	return d == dtype.Float32 || d == dtype.Float16 || d == dtype.BFloat16
+}
+
+// parseFP8 checks the layout of an FP8 record's payload p for a tensor of n values in
+// rows of rowLen and parses it into r.FP8. The values (scales, codes, sums) are checked where the
+// blocks are built (codec.FP8Coded), off the reader's path.
+func parseFP8(r *Record, p []byte, n, rowLen uint64) error {
+	if len(p) < fp8PayloadHeader {
+		return badf("seq %d: FP8 payload of %d bytes, its header needs %d", r.Seq, len(p), fp8PayloadHeader)
+	}
+	le := binary.LittleEndian
+	f := FP8{BlockValues: uint64(le.Uint32(p[0:])), Parts: uint64(le.Uint32(p[4:])), Status: le.Uint32(p[8:])}
+	if f.BlockValues == 0 || le.Uint32(p[12:]) != 0 || f.Status&^(FP8NonFinite|FP8TinyScale|FP8OverBound) != 0 {
+		return badf("seq %d: FP8 payload header block_values %d, status %#x, reserved %#x: expected block_values > 0, known status bits, reserved 0",
+			r.Seq, f.BlockValues, f.Status, le.Uint32(p[12:]))
+	}
+	if n > uint64(len(p)) { // before counting parts: a block per value of a huge shape
+		return badf("seq %d: FP8 payload of %d bytes cannot hold %d codes", r.Seq, len(p), n)
+	}
+	if want := FP8Parts(n, rowLen, f.BlockValues); f.Parts != want {
+		return badf("seq %d: FP8 payload says %d row parts, %d values in rows of %d cut every %d values make %d",
+			r.Seq, f.Parts, n, rowLen, f.BlockValues, want)
+	}
+	if want := FP8PayloadLen(n, f.Parts); uint64(len(p)) != want {
+		return badf("seq %d: FP8 payload_len %d, expected %d for %d values in %d parts", r.Seq, len(p), want, n, f.Parts)
+	}
+	sums := (fp8PayloadHeader + 4*f.Parts + 7) &^ 7
+	f.Scales = p[fp8PayloadHeader : fp8PayloadHeader+4*f.Parts]
+	f.Sums = p[sums : sums+32*f.Parts]
+	f.Codes = p[sums+32*f.Parts:]
+	r.FP8 = f
+	return nil
 }
 
 // parseToken checks and parses a TOKEN record (PROTOCOL.md 2): the fields a tensor record

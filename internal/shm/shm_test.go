@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/strap-llm/strap/internal/codec"
 	"github.com/strap-llm/strap/internal/dtype"
 	"golang.org/x/sys/unix"
 )
@@ -46,7 +48,42 @@ func goldenRecords() map[string]struct {
 		"record_part.bin": {Tensor{Name: "lm_head", DType: dtype.Uint8, Shape: []uint64{4, 16}, Step: 9, Forward: 3, Flags: FlagPart,
 			PartOffset: 32, TensorLen: 64, Payload: part}, 12},
 		"record_scalar_i64.bin": {Tensor{Name: "x", DType: dtype.Int64, Shape: []uint64{}, Payload: []byte{42, 0, 0, 0, 0, 0, 0, 0}}, 3},
+		"record_fp8_bf16_2x4.bin": {Tensor{Name: "model.layers.1.mlp", DType: dtype.BFloat16, Shape: []uint64{2, 4}, Step: 2, Forward: 1,
+			Flags: FlagFP8, TensorLen: 16, Payload: fp8GoldenPayload()}, 4},
 	}
+}
+
+// fp8GoldenBF16 is the tensor of record_fp8_bf16_2x4.bin: bfloat16 [[1, -2.5, 3.3, 7],
+// [0, -0, 0, 0]] (3.3 is bfloat16 0x4053, 3.296875).
+var fp8GoldenBF16 = []byte{0x80, 0x3f, 0x20, 0xc0, 0x53, 0x40, 0xe0, 0x40, 0, 0, 0, 0x80, 0, 0, 0, 0}
+
+// fp8GoldenPayload is the FP8 payload of fp8GoldenBF16 in blocks of 1 MiB (524288 bfloat16
+// values): the scales, codes and sums of fp8's own encoder (row 1, all zeros, has none).
+func fp8GoldenPayload() []byte {
+	c, err := codec.New("fp8", codec.Options{})
+	if err != nil {
+		panic(err)
+	}
+	rc, err := c.(codec.RowPreparer).ForRows(fp8GoldenBF16, dtype.BFloat16, 4, 0)
+	if err != nil {
+		panic(err)
+	}
+	out, ok, st, err := rc.(codec.StatsEncoder).EncodeStats(nil, fp8GoldenBF16, dtype.BFloat16)
+	if err != nil || !ok || len(st.Rows) != 2 {
+		panic(fmt.Sprintf("fp8 golden: %v %v %d", ok, err, len(st.Rows)))
+	}
+	le := binary.LittleEndian
+	p := le.AppendUint32(nil, 524288)
+	p = le.AppendUint32(p, 2)
+	p = append(p, make([]byte, 8)...) // status 0, reserved
+	p = append(p, out[9:17]...)       // two scales, then already 8-aligned
+	for i, r := range st.Rows {
+		mx := [2]float64{st.MaxAbs, 0}[i]
+		for _, v := range []float64{r.SumSq, r.SumSqErr, r.SumSqDec, mx} {
+			p = le.AppendUint64(p, math.Float64bits(v))
+		}
+	}
+	return append(p, out[17:]...)
 }
 
 func TestGolden(t *testing.T) {
@@ -118,7 +155,7 @@ func TestParseRecordErrors(t *testing.T) {
 		{"dtype", func(b []byte) []byte { b[6] = 99; return b }, "unknown dtype 99"},
 		{"ndim", func(b []byte) []byte { b[7] = 9; return b }, "ndim 9"},
 		{"name empty", func(b []byte) []byte { le.PutUint16(b[56:], 0); return b }, "name_len 0"},
-		{"flags", func(b []byte) []byte { le.PutUint16(b[58:], 2); return b }, "flags 0x2"},
+		{"flags", func(b []byte) []byte { le.PutUint16(b[58:], 4); return b }, "flags 0x4"},
 		{"meta too long", func(b []byte) []byte { le.PutUint32(b[60:], 70000); return b }, "meta_len 70000"},
 		{"payload_off misaligned", func(b []byte) []byte { le.PutUint64(b[40:], 65); return b }, "payload_off 65"},
 		{"payload_off inside header", func(b []byte) []byte { le.PutUint32(b[60:], 40); return b }, "payload_off 128"},
@@ -395,6 +432,21 @@ func FuzzParseRecord(f *testing.F) {
 				t.Fatalf("re-encoded token differs: %+v, %v", r2, err)
 			}
 		}
+		if r.Kind == KindTensor && r.Flags&FlagFP8 != 0 {
+			// An FP8 record the parser takes has the layout the block builder needs; its
+			// values may still be refused, by an error, never a panic.
+			n := r.TensorLen / uint64(r.DType.Size())
+			c, err := codec.NewFP8Coded(r.DType, int(n), int(FP8RowLen(r.Shape, n)), int(r.FP8.BlockValues), 0,
+				r.FP8.Scales, r.FP8.Sums, r.FP8.Codes)
+			if err != nil {
+				t.Fatalf("parsed FP8 record refused by the block builder: %v", err)
+			}
+			for i := range c.Blocks() {
+				if out, _, err := c.Block(nil, i); err == nil && len(out) != c.BlockLen(i) {
+					t.Fatalf("block %d of %d bytes, BlockLen %d", i, len(out), c.BlockLen(i))
+				}
+			}
+		}
 		if r.Kind == KindTensor {
 			// Re-encoding what was parsed must parse to the same fields.
 			tn := Tensor{Name: r.Name, DType: r.DType, Shape: r.Shape, Step: r.Step, Forward: r.Forward, Meta: r.Meta,
@@ -486,5 +538,64 @@ func TestReaderInterns(t *testing.T) {
 		}
 	}); allocs > 8 { // the reader and its maps, the name once, two shapes
 		t.Fatalf("%v allocations for 4 records", allocs)
+	}
+}
+
+// TestFP8Record: the golden FP8 record parses into its payload's parts, its blocks are the
+// ones fp8's encoder writes for the tensor, and each layout error is refused by name.
+func TestFP8Record(t *testing.T) {
+	g := goldenRecords()["record_fp8_bf16_2x4.bin"]
+	b := AppendRecord(nil, &g.t, g.seq)
+	r, err := ParseRecord(b, Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := r.FP8
+	if f.BlockValues != 524288 || f.Parts != 2 || f.Status != 0 || len(f.Scales) != 8 || len(f.Sums) != 64 || len(f.Codes) != 8 {
+		t.Fatalf("parsed %+v", f)
+	}
+	c, err := codec.NewFP8Coded(r.DType, 8, 4, int(f.BlockValues), 0, f.Scales, f.Sums, f.Codes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := c.Block(nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc, _ := codec.New("fp8", codec.Options{})
+	rc, _ := enc.(codec.RowPreparer).ForRows(fp8GoldenBF16, dtype.BFloat16, 4, 0)
+	want, _, _ := rc.Encode(nil, fp8GoldenBF16, dtype.BFloat16)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("block %x, encoder's %x", got, want)
+	}
+	if FP8Parts(8, 4, 3) != 4 || FP8Parts(8, 4, 524288) != 2 || FP8Parts(10, 10, 4) != 3 || FP8Parts(0, 4, 4) != 0 {
+		t.Fatal("FP8Parts")
+	}
+
+	le := binary.LittleEndian
+	off := le.Uint64(b[40:])
+	for _, tc := range []struct {
+		name    string
+		mutate  func(b []byte) []byte
+		wantSub string
+	}{
+		{"part", func(b []byte) []byte { le.PutUint16(b[58:], FlagFP8|FlagPart); return b }, "expected no PART"},
+		{"int dtype", func(b []byte) []byte { b[6] = byte(dtype.Int16); return b }, "FP8 record"},
+		{"block values 0", func(b []byte) []byte { le.PutUint32(b[off:], 0); return b }, "block_values 0"},
+		{"parts", func(b []byte) []byte { le.PutUint32(b[off+4:], 3); return b }, "says 3 row parts"},
+		{"cut elsewhere", func(b []byte) []byte { le.PutUint32(b[off:], 3); return b }, "make 4"},
+		{"status bit", func(b []byte) []byte { le.PutUint32(b[off+8:], 8); return b }, "status 0x8"},
+		{"reserved", func(b []byte) []byte { b[off+12] = 1; return b }, "reserved 0x1"},
+		{"payload short", func(b []byte) []byte { le.PutUint64(b[48:], le.Uint64(b[48:])-1); return b }, "FP8 payload_len"},
+		{"header short", func(b []byte) []byte { le.PutUint64(b[48:], 8); return b }, "header needs 16"},
+		{"tensor_len", func(b []byte) []byte { le.PutUint64(b[72:], 18); return b }, "tensor_len 18"},
+		{"huge shape", func(b []byte) []byte { le.PutUint64(b[80:], 1<<40); le.PutUint64(b[72:], 1<<43); return b }, "cannot hold"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseRecord(tc.mutate(bytes.Clone(b)), Limits{})
+			if !errors.Is(err, ErrBadRecord) || !strings.Contains(err.Error(), tc.wantSub) {
+				t.Fatalf("err = %v, want %q", err, tc.wantSub)
+			}
+		})
 	}
 }
