@@ -37,6 +37,15 @@ enum {
     SR_KIND_PAD = 2,
     SR_KIND_TOKEN = 3,
     SR_FLAG_PART = 1,
+    /* A TENSOR record whose payload is the tensor already coded as fp8 (PROTOCOL.md 2, "FP8
+     * records"; strapd's internal/shm FlagFP8). libstrap writes none; the Python client does. */
+    SR_FLAG_FP8 = 2,
+    /* An FP8 payload's header: u32 block_values, u32 parts, u32 status, u32 reserved. */
+    SR_FP8_HEADER = 16,
+    /* FP8 status bits: why a record carries no codes (strapd writes a DROP for it). */
+    SR_FP8_NONFINITE = 1,
+    SR_FP8_TINY_SCALE = 2,
+    SR_FP8_OVER_BOUND = 4,
     SR_MAX_NAME = 4096,
     SR_MAX_META = 65536,
     SR_MAX_NDIM = 8,
@@ -91,6 +100,31 @@ static inline uint64_t
 sr_token_record_len(size_t text_len)
 {
     return SR_TOKEN_PAYLOAD_OFFSET + sr_align64(text_len);
+}
+
+/* Row parts of an FP8 record's tensor: n values in rows of row_len, cut into blocks of
+ * block_values values; every row begun in a block is one part of it (COMPRESSION.md 5.1). */
+static inline uint64_t
+sr_fp8_parts(uint64_t n, uint64_t row_len, uint64_t block_values)
+{
+    uint64_t p = 0;
+    if (!n || !row_len || !block_values)
+        return 0;
+    for (uint64_t off = 0; off < n; off += block_values) {
+        uint64_t nb = n - off < block_values ? n - off : block_values;
+        uint64_t into = off % row_len, first = row_len - into < nb ? row_len - into : nb;
+        uint64_t row = row_len < nb ? row_len : nb;
+        p += 1 + (nb - first + row - 1) / row;
+    }
+    return p;
+}
+
+/* payload_len of an FP8 record of n values in parts row parts: the header, the f32 scales
+ * padded to 8, four f64 sums a part, the n codes. */
+static inline uint64_t
+sr_fp8_payload_len(uint64_t n, uint64_t parts)
+{
+    return ((SR_FP8_HEADER + 4 * parts + 7) & ~(uint64_t)7) + 32 * parts + n;
 }
 
 /* The 4096-byte RingHeader of a ring of ring_size bytes (4096 + a positive multiple of 64). */

@@ -238,6 +238,26 @@ static void ring(void)
 		memset(rec + hdr + cases[c].plen, 0, len - hdr - cases[c].plen);
 		same("ring", cases[c].file, rec, len);
 	}
+
+	/* The FP8 record: its header as the encoder writes it with flag FP8, its payload's layout
+	 * (the values are strapd's encoder's; Python's client reproduces them). */
+	uint8_t want[512];
+	size_t got = load("ring", "record_fp8_bf16_2x4.bin", want, sizeof want);
+	const uint64_t shape[2] = {2, 4};
+	const char *name = "model.layers.1.mlp";
+	uint64_t parts = sr_fp8_parts(8, 4, 524288), plen = sr_fp8_payload_len(8, parts);
+	uint64_t hdr = sr_header_area(2, strlen(name), 0), len = sp_align64(hdr + plen);
+	CHECK(parts == 2 && plen == 96 && got == len, "fp8: %llu parts, payload_len %llu, record %zu of %llu bytes",
+	      (unsigned long long)parts, (unsigned long long)plen, got, (unsigned long long)len);
+	CHECK(sr_fp8_parts(8, 4, 3) == 4 && sr_fp8_parts(10, 10, 4) == 3 && sr_fp8_parts(0, 4, 4) == 0, "sr_fp8_parts");
+	memset(rec, 0xAA, sizeof rec);
+	sr_encode_record_header(rec, 3, shape, 2, 4, len, 2, 1, plen, name, strlen(name), "", 0, 0, 16, 0);
+	sr_put_le16(rec + 58, SR_FLAG_FP8);
+	CHECK(sr_get_le64(want + hdr) == (524288 | parts << 32) && sr_get_le64(want + hdr + 8) == 0,
+	      "fp8 payload header");
+	memcpy(rec + hdr, want + hdr, plen);
+	memset(rec + hdr + plen, 0, len - hdr - plen);
+	same("ring", "record_fp8_bf16_2x4.bin", rec, len);
 }
 
 int main(void)

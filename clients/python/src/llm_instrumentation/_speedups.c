@@ -1007,6 +1007,8 @@ module_exec(PyObject *m)
         {"KIND_PAD", SR_KIND_PAD},
         {"KIND_TOKEN", SR_KIND_TOKEN},
         {"FLAG_PART", SR_FLAG_PART},
+        {"FLAG_FP8", SR_FLAG_FP8},
+        {"FP8_HEADER", SR_FP8_HEADER},
         {"MAX_NAME", SR_MAX_NAME},
         {"MAX_META", SR_MAX_META},
         {"MAX_NDIM", SR_MAX_NDIM},
