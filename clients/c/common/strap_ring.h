@@ -182,6 +182,14 @@ sr_encode_record_header(uint8_t *dst, int dtype, const uint64_t *shape, int ndim
     memset(p, 0, (size_t)(dst + off - p));
 }
 
+/* Set a TENSOR record's flags (SR_FLAG_PART, SR_FLAG_FP8) after sr_encode_record_header, which
+ * writes PART or none. */
+static inline void
+sr_set_record_flags(uint8_t *rec, unsigned flags)
+{
+    sr_put_le16(rec + 58, flags);
+}
+
 /* A PAD record's header: magic, kind and record_len, the rest zero. Only min(80, record_len)
  * bytes are written: a PAD may be one 64-byte slot at the very end of the region, where the
  * header's zero tail would run past the mapping (strapd reads only those three fields). */

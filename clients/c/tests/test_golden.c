@@ -252,7 +252,7 @@ static void ring(void)
 	CHECK(sr_fp8_parts(8, 4, 3) == 4 && sr_fp8_parts(10, 10, 4) == 3 && sr_fp8_parts(0, 4, 4) == 0, "sr_fp8_parts");
 	memset(rec, 0xAA, sizeof rec);
 	sr_encode_record_header(rec, 3, shape, 2, 4, len, 2, 1, plen, name, strlen(name), "", 0, 0, 16, 0);
-	sr_put_le16(rec + 58, SR_FLAG_FP8);
+	sr_set_record_flags(rec, SR_FLAG_FP8);
 	CHECK(sr_get_le64(want + hdr) == (524288 | parts << 32) && sr_get_le64(want + hdr + 8) == 0,
 	      "fp8 payload header");
 	memcpy(rec + hdr, want + hdr, plen);

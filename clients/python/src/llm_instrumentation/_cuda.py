@@ -210,11 +210,13 @@ class CudaCopier:
         #: torch's stream triple -> the raw ``cudaStream_t`` (as an int).
         self._raw_streams: Dict[Tuple[int, int, int], int] = {}
 
-    def copy(self, dst: "torch.Tensor", src: "torch.Tensor") -> None:
+    def copy(self, dst: "torch.Tensor", src: "torch.Tensor", private: bool = False) -> None:
         """Queue the copy of ``src`` (CUDA) into ``dst`` (a view of the ring); returns at once.
 
         The bytes land when an event recorded after the copy completes; the caller passes the
-        ring head after the record to :meth:`pending` before publishing anything."""
+        ring head after the record to :meth:`pending` before publishing anything. ``private``:
+        ``src`` belongs to the caller alone (an fp8 payload coded on the model's stream), so a
+        large copy takes no snapshot of it."""
         import torch
 
         if src.numel() * src.element_size() <= DIRECT_MAX:
@@ -229,7 +231,7 @@ class CudaCopier:
             side = self._streams[idx] = torch.cuda.Stream(device=idx)
         # The value at the hook's moment, on the model's stream: whatever the model queues
         # next (an in-place op on this very tensor included) runs after this snapshot.
-        snap = src.clone(memory_format=torch.contiguous_format)
+        snap = src if private else src.clone(memory_format=torch.contiguous_format)
         side.wait_stream(torch.cuda.current_stream(idx))
         with torch.cuda.stream(side):
             dst.copy_(snap, non_blocking=True)

@@ -41,6 +41,8 @@ KIND_PAD: int = _c.KIND_PAD
 #: a generated token written into the ring (PROTOCOL.md 2, "TOKEN records"; OPENED ring_tokens)
 KIND_TOKEN: int = _c.KIND_TOKEN
 FLAG_PART: int = _c.FLAG_PART
+#: the payload is the tensor already coded as fp8 (PROTOCOL.md 2, "FP8 records")
+FLAG_FP8: int = _c.FLAG_FP8
 MAX_NAME: int = _c.MAX_NAME
 MAX_META: int = _c.MAX_META
 MAX_NDIM: int = _c.MAX_NDIM
@@ -92,6 +94,7 @@ def encode_record_header(
     part_offset: int = 0,
     tensor_len: Optional[int] = None,
     part: bool = False,
+    fp8: bool = False,
 ) -> bytes:
     """Encode a TENSOR record's header area (fixed part, shape, name, meta), zero-padded to
     ``payload_off``.
@@ -109,6 +112,8 @@ def encode_record_header(
         part_offset: offset of this payload within the tensor (PART only).
         tensor_len: whole tensor bytes (default ``payload_len``).
         part: set the PART flag.
+        fp8: set the FP8 flag: the payload is the tensor coded as fp8 (PROTOCOL.md 2, "FP8
+            records"); ``tensor_len`` is then the tensor's raw bytes.
 
     Returns:
         ``payload_off`` bytes.
@@ -117,7 +122,8 @@ def encode_record_header(
         ValueError: more than 8 dimensions, a name of 0 or over 4096 bytes, meta over 64 KiB.
     """
     return _c.encode_record_header(dtype, shape, seq, record_len, step, forward, payload_len, name, meta,
-                                   part_offset, payload_len if tensor_len is None else tensor_len, part)
+                                   part_offset, payload_len if tensor_len is None else tensor_len,
+                                   FLAG_FP8 if fp8 else int(part))
 
 
 def encode_token_record(*, seq: int, index: int, token_id: int, position: int, text: bytes) -> bytes:

@@ -48,6 +48,12 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 
+#: Which tensors the client codes as fp8 itself when the session's codec is ``fp8``
+#: (``STRAP_FP8_CLIENT``; docs/COMPRESSION.md 10.1, "Coded on the device"): ``cuda`` (the
+#: default: CUDA tensors, coded on their GPU before the device-to-host copy), ``all`` (CPU
+#: tensors too), ``off`` (strapd codes everything).
+FP8_CLIENT_MODES = ("cuda", "all", "off")
+
 #: Tensors up to this size are copied with one ``memmove`` from their data pointer. Below it
 #: torch's ``copy_`` dispatch and the three ring views it needs cost more than the bytes; above
 #: it ``copy_`` is faster, using torch's intra-op threads (docs/PERFORMANCE.md section 5).
@@ -171,6 +177,16 @@ class CaptureSession:
         #: hooks' :meth:`record` writes them into every record of the pass.
         self.step = 0
         self.forward = 0
+        #: (block_size, bound) of a session whose codec is fp8 and whose client codes
+        #: tensors itself (:attr:`fp8_client`); set at OPENED.
+        self._fp8: Optional[Tuple[int, float]] = None
+        mode = os.environ.get("STRAP_FP8_CLIENT", "cuda")
+        if mode not in FP8_CLIENT_MODES:
+            raise ValueError(f"STRAP_FP8_CLIENT={mode!r}: expected one of {', '.join(FP8_CLIENT_MODES)}")
+        #: which tensors are coded as fp8 here rather than by strapd (FP8_CLIENT_MODES)
+        self.fp8_client = mode
+        #: records written coded as fp8 by this client
+        self.fp8_records = 0
 
     # ----- open / close ------------------------------------------------------------------------
 
@@ -198,6 +214,9 @@ class CaptureSession:
             + ([resources_fd] if resources_fd is not None else [])
         self.conn.send(request, fds=fds)
         self.opened = self.conn.expect(P.Opened, timeout)
+        if request.codec == "fp8" and self.fp8_client != "off":
+            lossy = request.lossy
+            self._fp8 = (int(self.opened.block_size), float(lossy.value or 0.0) if lossy is not None else 0.0)
         self._cursor = bool(self.opened.published_cursor) and self.defer_publish
         # A session with a trace file gets each token's kernel counters when its TOKEN
         # message arrives (PROTOCOL.md 1.4 TOKEN): it keeps one message per token.
@@ -400,6 +419,8 @@ class CaptureSession:
         anything else goes through :meth:`write_tensor`, which writes the same bytes
         (docs/PERFORMANCE.md, "Client cost per record inside decoding").
         """
+        if self._fp8 is not None and self._fp8_wanted(t):
+            return self.write_tensor(name, t, self.step, self.forward, meta)
         lay = self._layouts.get(name) if meta is None else None
         if lay is None or _c_write_record is None or lay.dtype is not t.dtype or lay.size != t.shape \
                 or lay.cls is not type(t) or not lay.memmove or not t.is_contiguous():
@@ -464,6 +485,17 @@ class CaptureSession:
             StrapdProtocolError: the daemon reported a fatal error.
             TypeError: the dtype cannot be captured.
         """
+        if self._fp8 is not None and self._fp8_wanted(t):
+            with self._lock:
+                if self._shut:
+                    return False
+                self._check()
+                try:
+                    if self._write_fp8(name, t, step, forward, meta):
+                        return True
+                except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
+                    self.error = e
+                    raise
         lay = None
         if meta is None:
             lay = self._layouts.get(name)
@@ -586,6 +618,40 @@ class CaptureSession:
             self._publish(block=False)
         return True
 
+    def _fp8_wanted(self, t: "torch.Tensor") -> bool:
+        """Whether ``t`` is coded as fp8 here (the session's codec is fp8)."""
+        if t.dtype not in _fp8_dtypes():
+            return False
+        if t.is_cuda:
+            return True
+        return self.fp8_client == "all" and t.is_cpu
+
+    def _write_fp8(self, name: str, t: "torch.Tensor", step: int, forward: int,
+                   meta: Optional[Dict[str, Any]]) -> bool:
+        """Write ``t`` as an FP8 record: coded on its device (``_fp8_device.encode``, in the
+        current stream's order), then copied into the ring like any payload. False (nothing
+        written) where strapd must code it: a record too large for one ring record, or a CPU
+        tensor that e4m3 cannot carry as strapd's encoder would (the status word says so;
+        a CUDA tensor's is not read here: strapd writes a DROP naming it)."""
+        from . import _fp8_device as F
+
+        block_size, bound = self._fp8  # type: ignore[misc]
+        w = t.element_size()
+        if block_size % w:
+            return False
+        payload = F.encode(t, block_size // w, bound)
+        if t.is_cpu and F.status(payload):
+            return False
+        dt = torch_dtype_id(t.dtype)
+        shape = tuple(int(s) for s in t.shape)
+        name_b = name.encode("utf-8")
+        meta_b = json.dumps(meta, separators=(",", ":")).encode() if meta else b""
+        hdr_area = header_area(len(shape), name_b, meta_b)
+        if align64(hdr_area + payload.numel()) > self.max_record:
+            return False
+        self.fp8_records += 1
+        return self._write(name, name_b, meta_b, hdr_area, t, dt, shape, t.numel() * w, step, forward, coded=payload)
+
     def _write_any(self, name: str, t: "torch.Tensor", step: int, forward: int,
                    meta: Optional[Dict[str, Any]]) -> bool:
         dt = torch_dtype_id(t.dtype)
@@ -597,9 +663,15 @@ class CaptureSession:
         return self._write(name, name_b, meta_b, hdr_area, t, dt, shape, tensor_len, step, forward)
 
     def _write(self, name: str, name_b: bytes, meta_b: bytes, hdr_area: int, t: "torch.Tensor",
-               dt: int, shape: Tuple[int, ...], tensor_len: int, step: int, forward: int) -> bool:
-        whole_len = align64(hdr_area + tensor_len)
-        if whole_len <= self.max_record:
+               dt: int, shape: Tuple[int, ...], tensor_len: int, step: int, forward: int,
+               coded: Optional["torch.Tensor"] = None) -> bool:
+        """Place ``t`` (or, for an FP8 record, its ``coded`` payload: one record, checked by
+        the caller to fit) as one record or PART records."""
+        plen_all = tensor_len if coded is None else coded.numel()
+        whole_len = align64(hdr_area + plen_all)
+        if coded is not None:
+            parts = [(0, plen_all)]
+        elif whole_len <= self.max_record:
             parts = [(0, tensor_len)]
         else:
             cap = (self.max_record - hdr_area) // 64 * 64
@@ -641,11 +713,13 @@ class CaptureSession:
             hdr = encode_record_header(
                 dtype=dt, shape=shape, seq=seq, record_len=rec_len, step=step, forward=forward,
                 payload_len=plen, name=name_b, meta=meta_b, part_offset=part_offset,
-                tensor_len=tensor_len, part=is_part,
+                tensor_len=tensor_len, part=is_part, fp8=coded is not None,
             )
             file_off = self.ring.write_header(hdr)
             start = file_off + hdr_area
-            if is_part:
+            if coded is not None:
+                self._copy(self.ring.u8()[start:start + plen], coded, private=True)
+            elif is_part:
                 if src_flat is None:
                     src_flat = _flat_bytes(t)
                 self._copy(self.ring.u8()[start:start + plen], src_flat[part_offset:part_offset + plen])
@@ -899,7 +973,9 @@ class CaptureSession:
                 self.error = e
                 raise
 
-    def _copy(self, dst: "torch.Tensor", src: "torch.Tensor") -> None:
+    def _copy(self, dst: "torch.Tensor", src: "torch.Tensor", private: bool = False) -> None:
+        """Copy ``src`` into the ring view ``dst``; CUDA tensors asynchronously (``private``:
+        ``src`` is this session's own, which nothing else writes: no snapshot of it)."""
         if src.device.type == "cpu":
             dst.copy_(src.detach())
             return
@@ -912,7 +988,7 @@ class CaptureSession:
                 self._cuda = self.ring.cuda
                 # per session, not per copier: a kept ring's copier serves the next captures
                 self._cuda_raw = self._cuda.raw and os.environ.get("STRAP_CUDA_RAW_COPY", "1") != "0"
-            self._cuda.copy(dst, src.detach())
+            self._cuda.copy(dst, src.detach(), private=private)
             return
         dst.copy_(src.detach().cpu())
 
@@ -1058,6 +1134,19 @@ def _open_once(socket_path: Optional[str], autostart: bool, stall_timeout: float
         raise
     session.seq = session.last_tensor_seq = resume_seq
     return session
+
+
+_FP8_DTYPES: Tuple[Any, ...] = ()
+
+
+def _fp8_dtypes() -> Tuple[Any, ...]:
+    """The dtypes fp8 codes (float32, float16, bfloat16); torch imported at first use."""
+    global _FP8_DTYPES
+    if not _FP8_DTYPES:
+        import torch
+
+        _FP8_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+    return _FP8_DTYPES
 
 
 def _flat_bytes(t: "torch.Tensor") -> "torch.Tensor":

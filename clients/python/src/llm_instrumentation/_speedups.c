@@ -529,15 +529,20 @@ encode_record_header(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return PyErr_Format(PyExc_ValueError, "module name of %zd bytes (allowed 1..%d)", name_len, SR_MAX_NAME);
     if (meta_len > SR_MAX_META)
         return PyErr_Format(PyExc_ValueError, "record meta of %zd bytes exceeds %d", meta_len, SR_MAX_META);
-    int part = PyObject_IsTrue(args[11]);
-    if (part < 0)
+    /* flags: True/1 is PART (what callers before FP8 records pass), 2 FP8 */
+    long flags = PyLong_AsLong(args[11]);
+    if (flags == -1 && PyErr_Occurred())
         return NULL;
+    if (flags & ~(long)(SR_FLAG_PART | SR_FLAG_FP8) || flags == (SR_FLAG_PART | SR_FLAG_FP8))
+        return PyErr_Format(PyExc_ValueError, "record flags %ld: PART (1) or FP8 (2)", flags);
     uint64_t area = sr_header_area((int)ndim, (size_t)name_len, (size_t)meta_len);
     PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)area);
     if (out != NULL)
         sr_encode_record_header((uint8_t *)PyBytes_AsString(out), (int)dtype, shape, (int)ndim, seq, rec_len, step,
                                 forward, payload_len, name, (size_t)name_len, meta, (size_t)meta_len, part_offset,
-                                tensor_len, part);
+                                tensor_len, (flags & SR_FLAG_PART) != 0);
+    if (out != NULL && flags & SR_FLAG_FP8)
+        sr_set_record_flags((uint8_t *)PyBytes_AsString(out), SR_FLAG_FP8);
     return out;
 }
 
@@ -982,6 +987,7 @@ static PyMethodDef methods[] = {
 extern PyMethodDef speedups_wire_methods[];
 extern PyMethodDef speedups_checkpoint_methods[]; /* the checkpoint file (_speedups_checkpoint.c) */
 extern PyMethodDef speedups_fp8_methods[];
+extern PyMethodDef speedups_resume_methods[]; /* the resume point (_speedups_resume.c) */
 
 /* strap_ring.h's constants, under the names _ring.py gives them; strap_streamlock.h's verdicts. */
 static int
@@ -992,6 +998,8 @@ module_exec(PyObject *m)
     if (PyModule_AddFunctions(m, speedups_checkpoint_methods) < 0)
         return -1;
     if (PyModule_AddFunctions(m, speedups_fp8_methods) < 0)
+        return -1;
+    if (PyModule_AddFunctions(m, speedups_resume_methods) < 0)
         return -1;
     static const struct {
         const char *name;

@@ -1,0 +1,228 @@
+"""fp8 coded by the client (``_fp8_device``, FP8 ring records: docs/PROTOCOL.md 2,
+docs/COMPRESSION.md 10.1 "Coded on the device") against strapd's own fp8 encoder.
+
+The same tensors go through the real strapd twice: once raw (strapd codes them), once coded
+here by the torch function a CUDA tensor is coded with on its GPU, run on the CPU
+(``STRAP_FP8_CLIENT=all``). Every packet must be the same: header fields and stored bytes
+(block table, fp8 headers, scales, codes) byte for byte, the ``lossy`` report's mode, bound,
+blocks, lossless blocks and largest error exactly; its float64 sums are added in another
+order, so rel-L2 and cosine are compared to 1e-12 (and how many are exactly equal is
+printed). Tensors e4m3 cannot carry (NaN, ±inf, float32-subnormal rows, a part over the
+bound) go raw from the client, so strapd stores them losslessly as before."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+import torch
+
+from llm_instrumentation import _fp8_device as F
+from llm_instrumentation import _protocol as P
+from llm_instrumentation import _ring as R
+from llm_instrumentation._session import open_session
+from llm_instrumentation.stream import open_stream
+
+REPO = Path(__file__).resolve().parents[3]
+GOLDEN = REPO / "testdata" / "ring" / "record_fp8_bf16_2x4.bin"
+
+
+def test_golden_record_is_the_client_encoding() -> None:
+    """The golden FP8 record (whose payload strapd's encoder computed) is what the client
+    writes for its tensor: header through the ring encoder, payload through encode()."""
+    g = GOLDEN.read_bytes()
+    x = torch.tensor([[1, -2.5, 3.3, 7], [0, -0.0, 0, 0]], dtype=torch.bfloat16)
+    payload = F.encode(x, 524288).numpy().tobytes()
+    name = b"model.layers.1.mlp"
+    hdr = R.encode_record_header(dtype=3, shape=(2, 4), seq=4, record_len=len(g), step=2, forward=1,
+                                 payload_len=len(payload), name=name, tensor_len=16, fp8=True)
+    rec = hdr + payload
+    rec += bytes(len(g) - len(rec))
+    assert rec == g
+    assert F.payload_len(8, F.parts(8, 4, 524288)) == len(payload) == 96
+
+
+def _midpoints() -> torch.Tensor:
+    """Rows of scale exactly 1 (max 448) holding every e4m3 midpoint, normal and subnormal,
+    and values just beside them: the ties a rounding must send to the even code."""
+    vals = torch.arange(0, 0x7E, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).double()
+    mids = ((vals[1:] + vals[:-1]) / 2)
+    row = torch.cat([mids, -mids, mids * (1 + 2 ** -20), mids * (1 - 2 ** -20), torch.tensor([448.0, 460.0, -465.0])])
+    row = row[:252]
+    return torch.stack([row, row.flip(0)]).float()
+
+
+def _cases(dtype: torch.dtype) -> List[Tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(40)
+    heavy = torch.randn(37, 384, generator=g) * torch.exp(torch.randn(37, 1, generator=g) * 2)
+    heavy[3] = 0
+    heavy[5, :7] = -0.0
+    heavy[5, 7:] = 0.0
+    heavy[9, 11] = 1e4  # a massive activation
+    tiny = torch.randn(4, 64, generator=g)
+    tiny[1] *= 1e-39  # float32 subnormals: bfloat16/float32 rows too small for a normal scale
+    sub16 = torch.randn(6, 32, generator=g)
+    sub16[2, :5] = 3e-8  # float16 subnormal values beside normal ones
+    sub16[3] = torch.tensor([1e-42, -1e-40] * 16)
+    nan = torch.randn(3, 16, generator=g)
+    nan[1, 2] = float("nan")
+    inf = torch.randn(3, 16, generator=g)
+    inf[2, 0] = float("inf")
+    cases = [
+        ("heavy", heavy),
+        ("midpoints", _midpoints()),
+        ("subnormal16", sub16),
+        ("tiny_row", tiny),
+        ("nan", nan),
+        ("inf", inf),
+        ("long_rows", torch.randn(2, 3000, generator=g)),  # rows longer than a block
+        ("vector", torch.randn(1000, generator=g)),
+        ("scalar", torch.tensor(-3.7)),
+        ("zeros", torch.zeros(4, 8)),
+        ("empty", torch.zeros(0, 8)),
+        ("three_d", torch.randn(2, 5, 96, generator=g)),
+    ]
+    if dtype == torch.float16:  # keep float16 finite where the case is not about inf
+        cases = [(n, t.clamp(-6e4, 6e4) if n != "inf" else t) for n, t in cases]
+    return [(n, t.to(dtype)) for n, t in cases]
+
+
+def _capture(sock: str, path: Path, tensors: List[Tuple[str, torch.Tensor]], mode: str, block_size: int,
+             lossy: P.Lossy, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setenv("STRAP_FP8_CLIENT", mode)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        req = P.Open(ring_size=R.HEADER_SIZE + (1 << 20), codec="fp8", policy="block", block_size=block_size,
+                     lossy=lossy)
+        s = open_session(sock, False, 30.0, R.HEADER_SIZE + (1 << 20), "block", fd, None, req)
+        try:
+            for i, (name, t) in enumerate(tensors):
+                assert s.write_tensor(name, t, i, 0)
+            coded = s.fp8_records
+            s.flush()
+            s.close(timeout=30)
+        finally:
+            s.shutdown()
+    finally:
+        os.close(fd)
+    return coded
+
+
+def _packets(path: Path) -> Dict[str, object]:
+    with open_stream(path) as r:
+        return {p.name: (p, bytes(p.stored())) for p in r.packets() if p.type_name in ("TENSOR", "DROP")}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("bound", [None, 0.03, 0.02])
+def test_client_fp8_packets_equal_strapd(real_strapd, tmp_path, monkeypatch, dtype, bound) -> None:
+    tensors = _cases(dtype)
+    lossy = P.Lossy(mode="fp8", value=bound)
+    block = 4096  # rows of 384 float32 (1536 bytes) or bfloat16 are cut by blocks
+    a, b = tmp_path / "strapd.strap", tmp_path / "client.strap"
+    assert _capture(real_strapd.socket, a, tensors, "off", block, lossy, monkeypatch) == 0
+    coded = _capture(real_strapd.socket, b, tensors, "all", block, lossy, monkeypatch)
+    pa, pb = _packets(a), _packets(b)
+    assert pa.keys() == pb.keys() == {n for n, _ in tensors}
+    # Every tensor strapd coded without a lossless block the client must have coded itself.
+    clean = [n for n, _ in tensors if "lossy" in pa[n][0].meta and pa[n][0].meta["lossy"]["lossless_blocks"] == 0]
+    assert coded >= len(clean) >= (5 if bound is None else 2), (coded, clean)
+    exact = total = 0
+    for name, _ in tensors:
+        (ka, sa), (kb, sb) = pa[name], pb[name]
+        for f in ("type", "dtype_id", "codec", "flags", "seq", "step", "raw_len", "tensor_len", "block_size", "shape"):
+            assert getattr(ka, f) == getattr(kb, f), (name, f)
+        assert sa == sb, f"{name}: stored bytes differ"
+        ma, mb = ka.meta.get("lossy"), kb.meta.get("lossy")
+        assert (ma is None) == (mb is None), name
+        if ma is None:
+            continue
+        for k in ("mode", "bound", "blocks", "lossless_blocks", "max_abs_err"):
+            assert ma[k] == mb[k], (name, k, ma[k], mb[k])
+        pairs = [(ma["rel_l2_err"], mb["rel_l2_err"])]
+        if "rows" in ma:
+            assert ma["rows"]["n"] == mb["rows"]["n"]
+            pairs += [(ma["rows"][k], mb["rows"][k]) for k in ma["rows"] if k != "n"]
+        for x, y in pairs:
+            assert y == pytest.approx(x, rel=1e-12, abs=1e-300), (name, ma, mb)
+            exact += x == y
+            total += 1
+    print(f"{dtype}: {exact}/{total} rel-L2/cosine figures bit-equal, the rest within 1e-12")
+
+
+def test_nonfinite_cuda_record_becomes_a_drop(real_strapd, tmp_path, monkeypatch) -> None:
+    """A payload whose status says NaN (what a CUDA tensor's would, unread by the client)
+    becomes a DROP packet naming the reason; the records around it are written."""
+    monkeypatch.setenv("STRAP_FP8_CLIENT", "all")
+    real = F.status
+    monkeypatch.setattr(F, "status", lambda p: 0)  # as on CUDA: the status is not read
+    path = tmp_path / "drop.strap"
+    t = torch.randn(4, 16)
+    bad = t.clone()
+    bad[1, 3] = float("nan")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        req = P.Open(ring_size=R.HEADER_SIZE + (1 << 20), codec="fp8", policy="block")
+        s = open_session(real_strapd.socket, False, 30.0, R.HEADER_SIZE + (1 << 20), "block", fd, None, req)
+        for i, x in enumerate([t, bad, t]):
+            s.write_tensor(f"m{i}", x, i, 0)
+        s.close(timeout=30)
+        s.shutdown()
+    finally:
+        os.close(fd)
+    assert real(F.encode(bad, 1 << 18)) == F.NONFINITE
+    with open_stream(path) as r:
+        kinds = [(p.name, p.type_name, p.meta.get("reason")) for p in r.packets() if p.type_name != "END"
+                 and p.type_name != "INDEX"]
+        assert kinds == [("m0", "TENSOR", None), ("m1", "DROP", "fp8_nonfinite"), ("m2", "TENSOR", None)]
+        got = r.tensors("m2")[0].tensor()
+    assert torch.allclose(got, t, rtol=0.07, atol=0)
+
+
+def test_bad_fp8_record_fails_the_session_clearly(real_strapd, tmp_path, monkeypatch) -> None:
+    """A payload with a NaN code is refused with a message naming the record and the value;
+    the record before it is in the stream."""
+    monkeypatch.setenv("STRAP_FP8_CLIENT", "all")
+    real = F.encode
+
+    def corrupt(t, bv, bound=0.0):
+        p = real(t, bv, bound)
+        if t.shape[-1] == 8:
+            p[-1] = 0x7F
+        return p
+
+    monkeypatch.setattr(F, "encode", corrupt)
+    path = tmp_path / "bad.strap"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    err = None
+    try:
+        req = P.Open(ring_size=R.HEADER_SIZE + (1 << 20), codec="fp8", policy="block")
+        s = open_session(real_strapd.socket, False, 30.0, R.HEADER_SIZE + (1 << 20), "block", fd, None, req)
+        try:
+            s.write_tensor("good", torch.randn(2, 16), 0, 0)
+            s.write_tensor("bad", torch.randn(2, 8), 1, 0)
+            s.close(timeout=30)
+        except Exception as e:  # noqa: BLE001 - the daemon's error, whichever call sees it
+            err = e
+        finally:
+            s.shutdown()
+    finally:
+        os.close(fd)
+    assert err is not None and "code 0x7f" in str(err) and "bad" in str(err), err
+    with open_stream(path) as r:
+        assert [p.name for p in r.packets() if p.type_name == "TENSOR"] == ["good"]
+
+
+def test_strapd_inspect_and_verify_read_client_coded(real_strapd, tmp_path, monkeypatch) -> None:
+    """strapd verify and inspect read a client-coded stream unchanged (ordinary fp8 packets)."""
+    path = tmp_path / "v.strap"
+    _capture(real_strapd.socket, path, [("m", torch.randn(16, 64, dtype=torch.bfloat16))], "all", 1 << 20,
+             P.Lossy(mode="fp8"), monkeypatch)
+    b = os.environ.get("STRAPD_BIN", str(REPO / "bin" / "strapd"))
+    v = subprocess.run([b, "verify", str(path)], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
+    i = subprocess.run([b, "inspect", str(path)], capture_output=True, text=True)
+    assert i.returncode == 0 and "fp8" in i.stdout, i.stdout + i.stderr
