@@ -15,6 +15,11 @@ inside the open session) is reported next to it.
 Then a greedy generation loop (KV cache, one token per forward, ``record_token`` per token)
 plain versus captured under one preset, same interleaving; the generated ids must match.
 
+Besides the presets, ``--presets`` takes ``fp8_strapd`` and ``fp8_client``: ``fast_capture``
+with codec ``fp8``, coded by strapd (``STRAP_FP8_CLIENT=off``) or by the client's torch
+function on the CPU tensors (``STRAP_FP8_CLIENT=all``, the code a CUDA tensor is coded with on
+its GPU; docs/COMPRESSION.md 10.1, "Coded on the device").
+
 Usage::
 
     python clients/python/benchmarks/overhead_ab.py --socket /tmp/s/strapd.sock \\
@@ -41,6 +46,9 @@ from _bench_model import CAPTURE_SETS, DEFAULT_MODEL, build_model, cpu_seconds, 
 from llm_instrumentation import InstrumentationConfig, capture_activations  # noqa: E402
 from llm_instrumentation.config import PRESETS  # noqa: E402
 
+#: fp8 variants of fast_capture (not presets): the STRAP_FP8_CLIENT each trial runs under.
+FP8_VARIANTS = {"fp8_strapd": "off", "fp8_client": "all"}
+
 #: Presets whose granularity is fixed by the preset itself (one capture set each).
 OWN_SET = {"attention_analysis": "attention_only", "mlp_analysis": "mlp_only"}
 
@@ -51,6 +59,8 @@ def same_as(presets: List[str]) -> Dict[str, str]:
     seen: Dict[Any, str] = {}
     alias = {}
     for p in presets:
+        if p in FP8_VARIANTS:
+            continue
         c = InstrumentationConfig.from_preset(p)
         key = json.dumps(c.to_dict(), sort_keys=True, default=str)
         if key in seen:
@@ -70,6 +80,11 @@ def configurations(presets: List[str], sets: List[str]) -> List[Tuple[str, str, 
             continue
         if p in OWN_SET:
             out.append((p, OWN_SET[p], InstrumentationConfig.from_preset(p)))
+            continue
+        if p in FP8_VARIANTS:
+            for s in sets:
+                out.append((p, s, InstrumentationConfig.from_preset("fast_capture").with_compression("fp8")
+                            .with_granularity(CAPTURE_SETS[s])))
             continue
         for s in sets:
             # A fresh config per set: with_granularity changes the config it is called on
@@ -100,7 +115,9 @@ def plain_trial(model: Any, x: torch.Tensor) -> Dict[str, float]:
     return {"s": time.perf_counter() - t0, "cpu_s": cpu_seconds() - c0}
 
 
-def captured_trial(model: Any, x: torch.Tensor, cfg: InstrumentationConfig, sock: str, path: str) -> Dict[str, Any]:
+def captured_trial(model: Any, x: torch.Tensor, cfg: InstrumentationConfig, sock: str, path: str,
+                   fp8_client: str = "cuda") -> Dict[str, Any]:
+    os.environ["STRAP_FP8_CLIENT"] = fp8_client  # read as the session is made
     d0, c0, t0 = daemon_cpu(), cpu_seconds(), time.perf_counter()
     with capture_activations(model, config=cfg, output_path=path, socket_path=sock,
                              autostart_daemon=False) as fw:
@@ -196,7 +213,7 @@ def main() -> None:
         ap.add_argument(f"--{k}", type=int, default=v)
     a = ap.parse_args()
     presets = [p for p in a.presets.split(",") if p]
-    unknown = [p for p in presets if p not in PRESETS]
+    unknown = [p for p in presets if p not in PRESETS and p not in FP8_VARIANTS]
     if unknown:
         ap.error(f"unknown presets {unknown} (known: {sorted(PRESETS)})")
     sets = [s for s in a.sets.split(",") if s]
@@ -225,11 +242,12 @@ def main() -> None:
         rows: Dict[int, List[Dict[str, Any]]] = {i: [] for i in range(len(confs))}
         for pair in range(a.pairs):
             for i, (p, s, cfg) in enumerate(confs):
+                fp8 = FP8_VARIANTS.get(p, "cuda")
                 if pair % 2 == 0:
                     pl = plain_trial(model, x)
-                    cp = captured_trial(model, x, cfg, a.socket, path)
+                    cp = captured_trial(model, x, cfg, a.socket, path, fp8)
                 else:
-                    cp = captured_trial(model, x, cfg, a.socket, path)
+                    cp = captured_trial(model, x, cfg, a.socket, path, fp8)
                     pl = plain_trial(model, x)
                 rows[i].append({"pair": pair, "plain": pl, "captured": cp})
                 log(f"pair {pair} {p}/{s}: plain {pl['s']:.3f}s captured {cp['s']:.3f}s "
