@@ -409,16 +409,20 @@ test-c: $(BIN) $(VENV)/.stamp c-tools
 
 fuzz-c: c-tools
 	cmake -S clients/c -B build/c-fuzz -DCMAKE_BUILD_TYPE=Debug -DSTRAP_FUZZ=ON -DCMAKE_C_COMPILER=clang >/dev/null
-	cmake --build build/c-fuzz -j2 --target fuzz_reply fuzz_checkpoint
-	@rm -rf build/c-fuzz/corpus build/c-fuzz/corpus-checkpoint && mkdir -p build/c-fuzz/corpus build/c-fuzz/corpus-checkpoint && \
+	cmake --build build/c-fuzz -j2 --target fuzz_reply fuzz_checkpoint fuzz_resume
+	@rm -rf build/c-fuzz/corpus build/c-fuzz/corpus-checkpoint build/c-fuzz/corpus-resume && \
+	  mkdir -p build/c-fuzz/corpus build/c-fuzz/corpus-checkpoint build/c-fuzz/corpus-resume && \
 	  cp testdata/protocol/*.bin clients/c/fuzz/corpus/* build/c-fuzz/corpus/ && \
-	  cp testdata/checkpoint/*.json build/c-fuzz/corpus-checkpoint/
+	  cp testdata/checkpoint/*.json build/c-fuzz/corpus-checkpoint/ && \
+	  cp testdata/stream/*.strap build/c-fuzz/corpus-resume/
 	@case "$(FUZZTIME)" in *x) lim="-runs=$(FUZZTIME:x=)";; *s) lim="-max_total_time=$(FUZZTIME:s=)";; \
 	  *) lim="-max_total_time=10";; esac; \
 	  echo "== clients/c fuzz_reply ($(FUZZTIME))"; \
 	  (cd build/c-fuzz && ./fuzz_reply $$lim -max_len=70000 corpus) && \
 	  echo "== clients/c fuzz_checkpoint ($(FUZZTIME))" && \
-	  cd build/c-fuzz && ./fuzz_checkpoint $$lim -max_len=70000 corpus-checkpoint
+	  (cd build/c-fuzz && ./fuzz_checkpoint $$lim -max_len=70000 corpus-checkpoint) && \
+	  echo "== clients/c fuzz_resume ($(FUZZTIME))" && \
+	  cd build/c-fuzz && ./fuzz_resume $$lim -max_len=70000 corpus-resume
 
 # The C client's tokens/checkpoint/resume test with STRAP_KILL_C_RUNS random kill points more
 # (mid forward pass, after a TOKEN, after a CHECKPOINT); STRAP_KILL_SEED replays a run.

@@ -472,6 +472,12 @@ put(char *out, size_t cap, size_t *n, bool *full, const char *s, size_t len)
 bool
 sj_str(sj_val v, char *out, size_t cap, bool *full)
 {
+    return sj_strn(v, out, cap, full, NULL);
+}
+
+bool
+sj_strn(sj_val v, char *out, size_t cap, bool *full, size_t *len)
+{
     bool f = true;
     if (sj_kind(v) != '"' || cap == 0)
         return false;
@@ -494,6 +500,8 @@ sj_str(sj_val v, char *out, size_t cap, bool *full)
     out[n] = 0;
     if (full)
         *full = f;
+    if (len)
+        *len = n;
     return true;
 }
 

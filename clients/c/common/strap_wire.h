@@ -19,6 +19,7 @@
 #define sj_i64 strap__sj_i64
 #define sj_bool strap__sj_bool
 #define sj_str strap__sj_str
+#define sj_strn strap__sj_strn
 #define sj_array_next strap__sj_array_next
 #define sj_object_next strap__sj_object_next
 #define sw_raw strap__sw_raw
@@ -104,6 +105,8 @@ bool sj_bool(sj_val v, bool *out);
  * is not a string. *full (may be NULL) is set false when it was truncated. The unescaped text
  * is never longer than v.n bytes. */
 bool sj_str(sj_val v, char *out, size_t cap, bool *full);
+/* sj_str, and the unescaped length in *len (may be NULL): a string may hold \u0000. */
+bool sj_strn(sj_val v, char *out, size_t cap, bool *full, size_t *len);
 /* Iterate an array: *it starts at v.p; returns false at the end. */
 bool sj_array_next(sj_val arr, const char **it, sj_val *elem);
 /* Iterate an object's members: *it starts at v.p; key is the member's name as a JSON string

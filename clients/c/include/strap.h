@@ -218,16 +218,19 @@ typedef struct strap_session_params {
 	/* Identifies the capture config and model; stored in the stream header's metadata and
 	 * in each checkpoint, and compared on resume. NULL = "". */
 	const char *fingerprint;
-	/* Resume (docs/CHECKPOINTS.md 4, as the Python client does): the checkpoint file, when
-	 * there is one, is the floor (its prefix must end as it says); past it — from the first
-	 * packet without one — the stream's intact run of packets (each whole, its CRC32C right,
-	 * TOKENs numbered on) is kept up to its last TOKEN packet. strapd cuts the stream there and
-	 * the session continues after its last sequence number; strap_session_resume_point says
+	/* Resume (docs/CHECKPOINTS.md 4, the Python client's scan: common/strap_resume.c): the
+	 * checkpoint file, when there is one, is the floor (every packet of its prefix read and
+	 * CRC-checked, the counts and its last packet as it says); past it — from the first packet
+	 * without one — the stream's intact run of packets (each whole, its CRC32C right, TOKENs
+	 * numbered on) is kept up to its last TOKEN packet. The open cuts the stream there and the
+	 * session continues after its last sequence number; strap_session_resume_point says
 	 * from which token and forward pass. An empty stream, or one with no token intact, starts
 	 * over from token 0; a stream of another fingerprint, or not a strap stream, is refused
 	 * (STRAP_E_CHECKPOINT, nothing changed). A capture that finished (END "complete") is never
 	 * resumed: STRAP_E_CHECKPOINT, the stream left as it is (with resume_max_tokens >= 0 the
-	 * job decides: strap_resume_probe reports it). */
+	 * job decides: strap_resume_probe reports it); one with its checkpoint still beside it was
+	 * stopped by an error, or ended between its END and the checkpoint's removal, and resumes
+	 * (docs/CHECKPOINTS.md 4). params.resume_token receives the kept tokens. */
 	int resume;
 	/* Start over although a checkpoint file exists (it is deleted). Without this, and
 	 * without resume, an existing checkpoint file is an error (STRAP_E_CHECKPOINT). */
@@ -270,6 +273,18 @@ typedef struct strap_session_params {
 	 * and waits (up to $STRAP_JOB_RESUME_WAIT seconds, 600) for every other rank's in the same
 	 * directory, C and Python ranks alike (strap_resume_point.job_agreed says so). */
 	int64_t resume_max_tokens;
+	/* The tokens of the kept prefix, for the caller's per-token state (a generation loop goes on
+	 * from them): called by a resuming strap_session_open and by strap_resume_probe with each one,
+	 * index 0 first and in order, as its TOKEN packet holds it (strap_session_token's arguments;
+	 * token_id and position INT64_MIN when the stream holds no integer there, position the index
+	 * when it holds none; text UTF-8, text_len bytes, not NUL-terminated) — or, for a prefix freed
+	 * after its upload, as the checkpoint's token log holds it. A token of index 0 after others
+	 * starts the list over (a job's point found again, before the open returns). Non-zero stops
+	 * the open: STRAP_E_CHECKPOINT, nothing changed. On any failure the tokens given are void.
+	 * NULL (default): not called. */
+	int (*resume_token)(void *user, uint64_t index, int64_t token_id, const char *text, size_t text_len,
+			    int64_t position);
+	void *resume_token_user;
 } strap_session_params;
 
 /* The defaults above. Thread-safe. */

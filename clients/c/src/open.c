@@ -238,24 +238,19 @@ static int resolve_output(strap_session *s, const strap_session_params *p, int f
 
 /* Where params.resume goes on (docs/CHECKPOINTS.md 4), changing nothing: the checkpoint (when
  * there is one, kept in s->resume_ck), then the stream's intact prefix; params.resume_max_tokens
- * the job's limit. *keep false: a new capture. A capture that finished is refused (without a
- * limit), or, with complete not NULL, reported there. */
+ * the job's limit. *keep false: a new capture. A capture that finished (an END "complete" and no
+ * checkpoint) is refused without a limit, or, with complete not NULL, reported there (a job
+ * resumes every rank from the job's point: the caller decides with strap_resume_probe). */
 static int find_resume_point(strap_session *s, bool have_ckpt, int64_t limit, rs_point *pt, bool *keep, bool *complete)
 {
 	int e;
 	if (have_ckpt && (e = ss_load_checkpoint(s, &s->resume_ck)))
 		return e;
-	/* A finished capture is never resumed: with a checkpoint beside it (libstrap deletes its own
-	 * at every clean close) from the checkpoint on, else from the point found. A job (a limit)
-	 * resumes every rank from the job's point: the caller decides with strap_resume_probe. */
-	bool job = limit >= 0;
-	bool *done = complete ? complete : job ? &(bool){false} : NULL;
-	if (have_ckpt && (e = ss_refuse_complete(s, s->resume_ck.stream_offset, done)))
+	bool done = false;
+	if ((e = ss_resume_point(s, have_ckpt ? &s->resume_ck : NULL, limit, !complete && limit < 0, pt, keep, &done)))
 		return e;
-	if ((e = ss_resume_point(s, have_ckpt ? &s->resume_ck : NULL, limit, pt, keep)))
-		return e;
-	if (!have_ckpt && (e = ss_refuse_complete(s, *keep ? pt->offset : 0, done)))
-		return e;
+	if (complete)
+		*complete = done;
 	return STRAP_OK;
 }
 
@@ -282,6 +277,8 @@ static int open_session(strap_session *s, const strap_session_params *p)
 	s->policy = p->policy;
 	s->stall_timeout = p->stall_timeout_s > 0 ? p->stall_timeout_s : 120.0;
 	s->fingerprint = dupstr(p->fingerprint ? p->fingerprint : "", NULL);
+	s->resume_token = p->resume_token;
+	s->resume_token_user = p->resume_token_user;
 	char client[200];
 	snprintf(client, sizeof client, "%s",
 		 p->client_name && *p->client_name ? p->client_name : "libstrap/" STRAP_VERSION_STRING);
@@ -309,8 +306,8 @@ static int open_session(strap_session *s, const strap_session_params *p)
 		uint64_t own = resuming ? pt.tokens : 0, min = 0;
 		if ((e = ss_job_agree(s, start, e, own, &min)))
 			return e;
-		if (complete && min >= own && (e = ss_refuse_complete(s, resuming ? pt.offset : 0, NULL)))
-			return e;
+		if (complete && min >= own)
+			return ss_fail(s, STRAP_E_CHECKPOINT, "%s", s->complete_why);
 		if (min < own) {
 			if ((e = find_resume_point(s, have_ckpt, (int64_t)min, &pt, &resuming, &complete)))
 				return e;
@@ -336,6 +333,12 @@ static int open_session(strap_session *s, const strap_session_params *p)
 						     pt.last_crc, pt.tokens)))
 				return e;
 		}
+		/* The client cuts the stream back to its point itself, as the Python client does:
+		 * strapd refuses an append_at before an END "complete" (a finished capture it must not
+		 * cut), which a capture stopped with its checkpoint kept has (docs/CHECKPOINTS.md 4). */
+		if (resuming && (ftruncate(s->out_fd, (off_t)pt.offset) != 0 || fsync(s->out_fd) != 0))
+			return ss_fail(s, STRAP_E_SYSTEM, "cut %s back to %llu bytes: %s", s->output_path,
+				       (unsigned long long)pt.offset, strerror(errno));
 	}
 	if (!resuming) {
 		if (have_ckpt && unlink(s->ckpt_path) != 0)
@@ -582,6 +585,8 @@ int strap_resume_probe(const strap_session_params *params, strap_resume_point *o
 	if (!s)
 		return STRAP_E_NOMEM;
 	s->fingerprint = dupstr(params->fingerprint ? params->fingerprint : "", NULL);
+	s->resume_token = params->resume_token;
+	s->resume_token_user = params->resume_token_user;
 	int e = !s->sbuf || !s->fingerprint ? ss_fail(s, STRAP_E_NOMEM, "out of memory")
 					    : resolve_output(s, params, O_RDONLY);
 	bool have_ckpt = !e && access(s->ckpt_path, F_OK) == 0;

@@ -86,8 +86,13 @@ struct strap_session {
 	uint64_t budget_shrunk_from; /* the default ring the budget had no room for (0: none) */
 	strap_resume_point resume;
 	sck_checkpoint resume_ck; /* open: the checkpoint file resumed from */
-	sp_rank rank;             /* this process's rank in a distributed job (world_size 0: none) */
-	char *output_path;        /* absolute */
+	/* params.resume_token: each token of the kept prefix, while the resume point is found */
+	int (*resume_token)(void *user, uint64_t index, int64_t token_id, const char *text, size_t text_len,
+			    int64_t position);
+	void *resume_token_user;
+	char complete_why[1024]; /* ss_resume_point: why a finished capture is not resumed */
+	sp_rank rank;            /* this process's rank in a distributed job (world_size 0: none) */
+	char *output_path;       /* absolute */
 	char *ckpt_path;
 	char *fingerprint;
 	char *upload;   /* OPENED's object, NULL when the stream is not uploaded */
@@ -112,9 +117,6 @@ struct strap_session {
 #define ss_expect strap__ss_expect
 #define ss_fsync_dir strap__ss_fsync_dir
 #define ss_load_checkpoint strap__ss_load_checkpoint
-#define ss_refuse_complete strap__ss_refuse_complete
-#define ss_le strap__ss_le
-#define ss_pread_all strap__ss_pread_all
 #define ss_write_checkpoint strap__ss_write_checkpoint
 #define ss_resume_point strap__ss_resume_point
 #define ss_job_start strap__ss_job_start
@@ -147,16 +149,6 @@ int ss_expect(strap_session *s, int want, double timeout, sp_reply *r);
 int ss_fsync_dir(const char *path);
 /* Read and check the checkpoint file (sck_parse) and its fingerprint. */
 int ss_load_checkpoint(strap_session *s, sck_checkpoint *c);
-/* STRAP_E_CHECKPOINT, changing nothing, when the output's packets from offset from (a packet
- * boundary; 0: the first packet) lead to an END with status "complete": a resume there would
- * cut a finished capture. With complete not NULL, *complete says so instead (STRAP_OK). */
-int ss_refuse_complete(strap_session *s, uint64_t from, bool *complete);
-/* Reading a stream file back (checkpoint.c; resume.c walks packets with them too): the
- * little-endian integer of n bytes at p; all n bytes at off, EINTR retried (false on EOF or an
- * error). SS_PKT_FIXED: a packet's fixed header (STREAM_FORMAT.md 3). */
-#define SS_PKT_FIXED 96
-uint64_t ss_le(const uint8_t *p, int n);
-bool ss_pread_all(int fd, void *buf, size_t n, uint64_t off);
 /* Write the checkpoint file for a stream prefix (temp file, fsync, rename, directory fsync);
  * forward_count is s->next_forward. */
 int ss_write_checkpoint(strap_session *s, uint64_t offset, uint64_t packets, uint64_t drops, uint64_t last_seq,
@@ -167,12 +159,16 @@ typedef struct rs_point {
 	uint64_t offset, packets, drops, last_seq, last_crc, last_offset, tokens, forwards;
 	bool from_stream; /* past the checkpoint (or without one): found by walking the stream */
 } rs_point;
-/* The resume point of s->out_fd (docs/CHECKPOINTS.md 4): ck (NULL: none) is the floor, then the
- * intact run of packets up to its last TOKEN; limit >= 0 keeps at most that many tokens (before
- * the checkpoint too). *keep false: nothing to keep (an empty file; no token intact): a new
- * capture. STRAP_E_CHECKPOINT: the checkpoint's prefix does not end as it says, the header is
- * not a strap stream's or names another fingerprint, freed bytes stand in the way. */
-int ss_resume_point(strap_session *s, const sck_checkpoint *ck, int64_t limit, rs_point *pt, bool *keep);
+/* The resume point of s->out_fd (docs/CHECKPOINTS.md 4, common/strap_resume.c): ck (NULL: none)
+ * is the floor, every packet of its prefix checked, then the intact run of packets up to its last
+ * TOKEN; limit >= 0 keeps at most that many tokens (before the checkpoint too). Each kept token goes
+ * to s->resume_token. *keep false: nothing to keep (an empty file; no checkpoint and no token
+ * intact): a new capture. *complete (may be NULL): no checkpoint and an END "complete" follows the
+ * point, a finished capture (s->complete_why says so); refused (STRAP_E_CHECKPOINT, nothing changed)
+ * when refuse_complete. STRAP_E_CHECKPOINT: the checkpoint's prefix is not what it says, the header
+ * is not a strap stream's or names another fingerprint, freed bytes stand in the way. */
+int ss_resume_point(strap_session *s, const sck_checkpoint *ck, int64_t limit, bool refuse_complete, rs_point *pt,
+		    bool *keep, bool *complete);
 /* One rank of a job under torchrun (TORCHELASTIC_RUN_ID other than "none",
  * TORCHELASTIC_RESTART_COUNT, per-rank stream names): this start of the job into start. */
 bool ss_job_start(const strap_session *s, char *start, size_t len);

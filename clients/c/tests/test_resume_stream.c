@@ -2,13 +2,12 @@
 /* Resume from the stream's intact prefix (docs/CHECKPOINTS.md 4) through a real strapd: a capture
  * process SIGKILLed after token 9 with its last checkpoint at token 7 resumes from token 10 (past
  * the checkpoint); one that never checkpointed resumes from the tokens its stream holds; a packet
- * damaged on disk ends the intact run before it; the job-wide limit (resume_max_tokens) cuts back
- * before the checkpoint, rewriting it first, and 0 starts over; strap_resume_probe finds each
- * point without changing a byte and reports a finished capture; another fingerprint, or a file
- * that is not a strap stream, is refused and left as it is; an empty file starts from token 0.
- * Two ranks of a job under torchrun agree on the fewer tokens (files beside the streams, as the
- * Python client does): both resume from there; a rank that cannot resume fails the other one
- * too, naming it, and changes nothing; a rank alone waits STRAP_JOB_RESUME_WAIT, then fails.
+ * damaged on disk ends the intact run before it, and one inside the checkpointed prefix is refused; the job-wide limit
+ * (resume_max_tokens) cuts back before the checkpoint, rewriting it first, and 0 starts over; strap_resume_probe finds
+ * each point without changing a byte and reports a finished capture; another fingerprint, or a file that is not a strap
+ * stream, is refused and left as it is; an empty file starts from token 0. Two ranks of a job under torchrun agree on
+ * the fewer tokens (files beside the streams, as the Python client does): both resume from there; a rank that cannot
+ * resume fails the other one too, naming it, and changes nothing; a rank alone waits STRAP_JOB_RESUME_WAIT, then fails.
  * Every resumed stream equals the uninterrupted capture packet for packet. */
 #include <signal.h>
 #include <stdio.h>
@@ -219,6 +218,32 @@ int main(int argc, char **argv)
 	CHECK(rp.token_count == 5, "damaged: %llu tokens kept", (unsigned long long)rp.token_count);
 	resumed_equal(ref, out, 0, -1, "done from token 5 forward 5 from_stream 1");
 
+	/* a packet damaged inside the checkpointed prefix (pass 2; the checkpoint is at token 8): every
+	 * packet of the prefix is CRC-checked, not only the checkpoint's last one, so the resume is
+	 * refused and the stream left as it is */
+	snprintf(out, sizeof out, "%s/damaged_prefix.strap", d.dir);
+	killed(out, 1000 + 9, 4);
+	snprintf(
+		cmd, sizeof cmd,
+		"'%s' -c 'import sys\n"
+		"from llm_instrumentation import open_stream\n"
+		"with open_stream(sys.argv[1]) as r:\n"
+		"    off = next(p.payload_start for p in r.packets() if p.type_name == \"TENSOR\" and p.forward == 2)\n"
+		"with open(sys.argv[1], \"r+b\") as f:\n"
+		"    f.seek(off + 100); b = f.read(1); f.seek(off + 100); f.write(bytes([b[0] ^ 1]))\n"
+		"print(\"flipped\", off + 100)' '%s' 2>&1",
+		th_env("STRAP_PYTHON"), out);
+	rc = th_run(cmd, txt, sizeof txt);
+	CHECK(rc == 0 && strstr(txt, "flipped"), "flip in the prefix: %s", txt);
+	probe(out, "fp1", -1, STRAP_E_CHECKPOINT);
+	struct stat before;
+	CHECK(stat(out, &before) == 0, "stat %s", out);
+	rc = run(out, -1, 1, "fp1", 4, -1, log, sizeof log);
+	CHECK(rc == 3 && strstr(log, "packet CRC mismatch") && strstr(log, "before the checkpointed offset"),
+	      "damaged prefix: %d %s", rc, log);
+	struct stat after;
+	CHECK(stat(out, &after) == 0 && after.st_size == before.st_size, "damaged prefix: the stream was cut");
+
 	/* the job's limit before the checkpoint (at token 11): rewritten to it before the cut */
 	snprintf(out, sizeof out, "%s/job.strap", d.dir);
 	killed(out, 1000 + 13, 4);
@@ -253,7 +278,7 @@ int main(int argc, char **argv)
 	fclose(f);
 	probe(out, "fp1", -1, STRAP_E_CHECKPOINT);
 	rc = run(out, -1, 1, "fp1", 4, -1, log, sizeof log);
-	CHECK(rc == 3 && strstr(log, "not a strap stream"), "notes: %d %s", rc, log);
+	CHECK(rc == 3 && strstr(log, "stream header is not valid"), "notes: %d %s", rc, log);
 	struct stat st;
 	CHECK(stat(out, &st) == 0 && st.st_size == 24, "notes: the file was changed");
 	snprintf(out, sizeof out, "%s/empty.strap", d.dir);
@@ -318,7 +343,7 @@ int main(int argc, char **argv)
 		"echo ---; cat r1.log",
 		d.dir, env, self, d.socket, out, env, self, d.socket, out);
 	th_run(jcmd, big, sizeof big);
-	CHECK(strstr(big, "the job cannot resume: rank 1: ") && strstr(big, "not a strap stream") &&
+	CHECK(strstr(big, "the job cannot resume: rank 1: ") && strstr(big, "stream header is not valid") &&
 		      strstr(big, "rank 0 could keep 10 tokens"),
 	      "job, rank 1 broken: %s", big);
 	CHECK(stat(r0, &st) == 0 && st.st_size == st0.st_size, "job: rank 0's stream was changed");

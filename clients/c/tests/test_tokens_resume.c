@@ -4,9 +4,9 @@
  * its checkpoint, right after a checkpoint) and resumed from its checkpoint file gives a stream
  * equal packet for packet to an uninterrupted capture; the C-written checkpoint file is read by
  * `strapd resume`; a leftover checkpoint is never ignored silently; another fingerprint is
- * refused. While generating, a pass's records are named by the next TOKEN (the published
- * cursor, PROTOCOL.md 1.4): a capture killed between a pass and its TOKEN still has that pass's
- * records in its stream. */
+ * refused; params.resume_token gives back every kept token as it was written. While generating, a pass's records are
+ * named by the next TOKEN (the published cursor, PROTOCOL.md 1.4): a capture killed between a pass and its TOKEN still
+ * has that pass's records in its stream. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +24,24 @@ enum { N_TOKENS = 16, INTERVAL = 4, PER_TOKEN = 3 };
  * every INTERVAL tokens. kill_at: < 1000 SIGKILL before record kill_at; 1000 + k after token
  * k's TOKEN (before its checkpoint); 2000 + k after token k's checkpoint; 3000 + k after pass
  * k's strap_session_flush, before its TOKEN (from k = 1 the pass is deferred); -1 never. */
+/* params.resume_token: the tokens given back must be the ones written below, in order. */
+typedef struct got_tokens {
+	uint64_t n, bad;
+} got_tokens;
+
+static int keep_token(void *user, uint64_t index, int64_t token_id, const char *text, size_t text_len, int64_t position)
+{
+	got_tokens *g = user;
+	char want[16];
+	int n = snprintf(want, sizeof want, " w%llu", (unsigned long long)index);
+	if (index == 0)
+		g->n = g->bad = 0;
+	g->bad += index != g->n || token_id != (int64_t)index * 7 + 1 || text_len != (size_t)n ||
+		  memcmp(text, want, text_len) != 0 || position != (int64_t)index;
+	g->n++;
+	return 0;
+}
+
 static int child(const char *sock, const char *out, int kill_at, int resume, const char *fingerprint)
 {
 	strap_session_params p = strap_default_session_params();
@@ -33,6 +51,9 @@ static int child(const char *sock, const char *out, int kill_at, int resume, con
 	p.ring_size = 4096 + (256 << 10);
 	p.resume = resume;
 	p.fingerprint = fingerprint;
+	got_tokens got = {0, 0};
+	p.resume_token = keep_token;
+	p.resume_token_user = &got;
 	strap_session *s;
 	strap_error e;
 	int rc = strap_session_open(&p, &s, &e);
@@ -41,6 +62,11 @@ static int child(const char *sock, const char *out, int kill_at, int resume, con
 		return rc == STRAP_E_CHECKPOINT ? 3 : 1;
 	}
 	strap_resume_point rp = strap_session_resume_point(s);
+	if (got.n != rp.token_count || got.bad) {
+		printf("resume_token: %llu tokens given back (%llu not as written), the resume point has %llu\n",
+		       (unsigned long long)got.n, (unsigned long long)got.bad, (unsigned long long)rp.token_count);
+		return 1;
+	}
 	static float buf[2048];
 	int64_t shape[2] = {4, 512};
 	for (uint64_t k = rp.token_count; k < N_TOKENS; k++) {
