@@ -106,6 +106,7 @@ def daemon_counters(pid: int) -> Dict[str, int]:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     out["ticks"] = int(fields[11]) + int(fields[12])
+    out["minflt"] = int(fields[7])
     return out
 
 
@@ -182,7 +183,8 @@ def run_preset(a: argparse.Namespace, preset: str, model: Any, prompt: torch.Ten
                 greedy(model, prompt, a.new)
             plain_cpu = time.process_time() - p0
             if pid and a.perf and perf is None:
-                perf = subprocess.Popen(["perf", "record", "-q", "-g", "-e", a.perf_event, "-p", str(pid),
+                freq = ["-F", str(a.perf_freq)] if a.perf_freq else []
+                perf = subprocess.Popen(["perf", "record", "-q", "-g", "-e", a.perf_event, *freq, "-p", str(pid),
                                          "-o", f"{a.perf}.{preset}"], stdout=subprocess.DEVNULL)
                 time.sleep(0.5)  # perf attaches
             if pid:
@@ -218,6 +220,8 @@ def run_preset(a: argparse.Namespace, preset: str, model: Any, prompt: torch.Ten
                 "strapd_cpu_us_per_record": cpu_ns / 1e3 / records,
                 "strapd_cpu_us_per_token": cpu_ns / 1e3 / a.new,
                 "strapd_switches_per_token": sw / a.new,
+                # page faults: the ring's pages in strapd's mapping, staging buffers, heap
+                "strapd_minflt_per_token": (d1["minflt"] - d0["minflt"]) / a.new,
                 "strapd_voluntary_per_token": (d1["voluntary"] - d0["voluntary"]) / a.new,
                 "strapd_nonvoluntary_per_token": (d1["nonvoluntary"] - d0["nonvoluntary"]) / a.new,
                 "strapd_threads": d1["threads"],
@@ -325,6 +329,9 @@ def main() -> None:
     ap.add_argument("--json", help="write every trial here")
     ap.add_argument("--perf", metavar="OUT", help="`perf record -g` strapd over the measured trials into OUT.<preset>")
     ap.add_argument("--perf-event", default="cpu-clock", help="perf's event (context-switches: where the switches are)")
+    ap.add_argument("--perf-freq", type=int, default=0,
+                    help="perf's sampling frequency in Hz (0: perf's default, 4000; a 128-token capture of "
+                         "fast_capture is then ≈ 80 samples)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -341,7 +348,7 @@ def main() -> None:
               f"{m['strapd_cpu_s']:.4f} s ({m['strapd_cpu_s_ticks']:.2f} by ticks) = "
               f"{m['strapd_cpu_us_per_record']:.2f} us/record, {m['strapd_cpu_us_per_token']:.1f} us/token | "
               f"switches/token {m['strapd_switches_per_token']:.2f} (vol {m['strapd_voluntary_per_token']:.2f}) | "
-              f"client {m['client_us_per_record']:.1f} us/record | median of {a.trials}", flush=True)
+              f"faults/token {m['strapd_minflt_per_token']:.2f} | client {m['client_us_per_record']:.1f} us/record | median of {a.trials}", flush=True)
     if a.token_cost:
         res["token_cost"] = token_cost(a, model)
         print("client CPU per record_token (warm loop): " +
