@@ -170,3 +170,17 @@ def test_resume_point_stops_at_a_damaged_packet(tmp_path):
     ck5 = _checkpoint(_stream(good), 5)
     with pytest.raises(ckpt.CheckpointError, match="CRC mismatch"):
         _point(p, ck5)
+
+
+def test_resume_point_of_an_empty_file_is_token_0(tmp_path):
+    # One rule for both clients (libstrap's scan, common/strap_resume.c): an empty file and no
+    # checkpoint (a client killed before strapd wrote the header) is a capture from token 0;
+    # with a checkpoint, the data it vouches for is gone.
+    p = tmp_path / "empty.strap"
+    p.write_bytes(b"")
+    rp = _point(p, None)
+    assert rp.point.stream_offset == 0 and rp.point.token_count == 0 and rp.tokens == [] and rp.floor is None
+    good = tmp_path / "good"
+    good.mkdir()
+    with pytest.raises(ckpt.CheckpointError, match="shorter than the checkpointed offset"):
+        _point(p, _checkpoint(_stream(good), 5))

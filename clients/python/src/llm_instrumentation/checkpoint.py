@@ -12,17 +12,17 @@ log (:func:`token_log_path`): a resume over a prefix freed after its upload take
 tokens from it. A 1.3.1 checkpoint file (:func:`load_131`) is read too.
 
 Resume reads the stream through a descriptor opened ``O_RDWR`` (never truncating on open),
-checks its first ``stream_offset`` bytes against the checkpoint (fingerprint, packet count,
-last sequence number, offset and CRC32C of the last packet, recomputed from the bytes),
-collects the TOKEN packets to restore the tracker, and only then cuts the file back to the
-checkpoint. The same descriptor, locked with ``flock``, goes to strapd with ``append_at``.
+checks its first ``stream_offset`` bytes against the checkpoint (every packet's framing and
+CRC32C, the counts, the last packet's offset, seq and CRC), collects the TOKEN packets to
+restore the tracker, and only then cuts the file back to the resume point. The scan is
+libstrap's (clients/c/common/strap_resume.c, :func:`resume_point`), one for both clients. The
+same descriptor, locked with ``flock``, goes to strapd with ``append_at``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import errno
 import hashlib
 import json
 import os
@@ -31,8 +31,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from . import _speedups
 from .errors import StrapError
-from .errors import StreamFormatError
-from .stream import DROP, END, INDEX, TENSOR, TOKEN, Packet, StreamReader, crc32c
+from .stream import crc32c
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch.nn as nn
@@ -403,7 +402,9 @@ class ResumePoint:
 
 def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint: str,
                  limit: Optional[int] = None, refuse_complete: bool = True) -> ResumePoint:
-    """Find where a resume goes on in the stream behind ``fd``.
+    """Find where a resume goes on in the stream behind ``fd``, with libstrap's scan
+    (clients/c/common/strap_resume.c, bound in _speedups_resume.c; the file is read with the
+    GIL let go).
 
     The checkpoint, when there is one, is the floor: the stream must hold exactly what it
     describes (:func:`scan_prefix`), since that much was fdatasync'd. Past it (or from the
@@ -411,7 +412,9 @@ def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint:
     CRC32C check and is a TENSOR, DROP or TOKEN packet with TOKENs numbered in order; the
     prefix kept ends with the last TOKEN packet of that walk, so every packet of each kept
     token's forward pass is intact. A packet after it (a forward pass cut short, an END of
-    the aborted session, a torn or damaged packet) is generated again.
+    the aborted session, a torn or damaged packet) is generated again. An empty file without
+    a checkpoint (a client killed before strapd wrote the header) is a capture from token 0:
+    the point is offset 0.
 
     Args:
         fd: the stream, open for reading (the caller keeps and closes it).
@@ -433,160 +436,53 @@ def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint:
         CheckpointError: the checkpointed prefix does not match, or (without a checkpoint)
             the stream header is not valid or names another capture.
     """
-    reader = _prefix_reader(fd, ck, path)
+    (off, packets, drops, last_seq, last_off, last_crc, tokens_n, forwards), tokens, source, _, _, done = \
+        _scan(fd, ck, path, want_fingerprint, limit, False)
+    if ck is not None and off == ck.stream_offset and tokens_n == ck.token_count:
+        # replace, not asdict: the tokens list (up to ~800 000 dicts) is not copied.
+        point = dataclasses.replace(ck, extra=dict(ck.extra), tokens=None)
+    else:
+        point = Checkpoint(stream=ck.stream if ck is not None else path,
+                           fingerprint=ck.fingerprint if ck is not None else want_fingerprint, stream_offset=off,
+                           packets=packets, drops=drops, last_seq=last_seq, last_packet_offset=last_off,
+                           last_packet_crc=last_crc, token_count=tokens_n, forward_count=forwards,
+                           created=ck.created if ck is not None else "")
+    # Without its checkpoint (deleted after a clean finish) an END "complete" is a finished
+    # capture. With it, the capture was stopped by an error in the capturing code: the session
+    # was closed cleanly and the checkpoint kept to resume from (docs/CHECKPOINTS.md 4).
+    complete = None if done is None else CaptureCompleteError(done[0], path=path, cut_bytes=done[1])
+    if complete is not None and refuse_complete:
+        raise complete
+    return ResumePoint(point, tokens, "checkpoint" if source == 1 else "stream", ck, complete)
+
+
+def _scan(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint: Optional[str], limit: Optional[int],
+          prefix_only: bool) -> Tuple[Any, ...]:
+    """libstrap's scan (_speedups.resume_scan) of the stream behind ``fd`` against ``ck``."""
+    log = None if ck is None else ck.token_log
+    c = None if ck is None else (
+        ck.stream, ck.fingerprint, ck.stream_offset, ck.packets, ck.drops, ck.last_seq, ck.last_packet_offset,
+        ck.last_packet_crc, ck.token_count, ck.forward_count, None if log is None else (log.tokens, log.bytes, log.crc32c))
+    # 1.3.1's list is one copy of a freed prefix's tokens: encoded for the scan only then.
+    listed = None
+    if ck is not None and ck.tokens is not None and _c.freed_range(fd, 0, ck.stream_offset) is not None:
+        listed = json.dumps(ck.tokens, ensure_ascii=False)
     try:
-        freed = freed_range(fd, reader.first_packet, ck.stream_offset if ck is not None else reader.size)
-        if freed is not None and ck is None:
-            raise CheckpointError(
-                f"{path}: bytes [{freed[0]}, {freed[1]}) of the stream were freed after their upload "
-                f"(strapd serve --upload-free-local) and there is no checkpoint to resume from")
-        if ck is not None:
-            if freed is not None:
-                tokens = _check_freed_prefix(reader, ck, path, want_fingerprint, freed)
-            else:
-                tokens = _check_prefix(reader, ck, path, want_fingerprint)
-            start = ck.stream_offset
-            # replace, not asdict: the tokens list (up to ~800 000 dicts) is not copied.
-            base = dataclasses.replace(ck, extra=dict(ck.extra), tokens=None)
-        else:
-            client_meta = reader.metadata.get("client_metadata")
-            stream_fp = client_meta.get("fingerprint") if isinstance(client_meta, dict) else None
-            if stream_fp != want_fingerprint:
-                raise CheckpointError(
-                    f"fingerprint differs: stream header {stream_fp!r}, this capture (config + model) "
-                    f"{want_fingerprint!r}; resume with the same model, config, preset and modules")
-            tokens, start = [], reader.first_packet
-            base = Checkpoint(stream=path, fingerprint=want_fingerprint, stream_offset=start, packets=0, drops=0,
-                              last_seq=0, last_packet_offset=0, last_packet_crc=0, token_count=0, forward_count=0)
-        if limit is not None and limit < base.token_count:
-            if freed is not None:
-                raise CheckpointError(
-                    f"{path}: the job-wide resume point ({limit} tokens) lies before this rank's checkpoint "
-                    f"({base.token_count} tokens), and bytes [{freed[0]}, {freed[1]}) of its stream were freed "
-                    f"after their upload (strapd serve --upload-free-local): the stream cannot be cut back "
-                    f"into them; resume every rank from its own checkpoint (or restart the capture)")
-            # Back before the checkpoint: walked again from the first packet (checked above).
-            tokens, start = [], reader.first_packet
-            base = Checkpoint(stream=base.stream, fingerprint=base.fingerprint, stream_offset=start, packets=0,
-                              drops=0, last_seq=0, last_packet_offset=0, last_packet_crc=0, token_count=0,
-                              forward_count=0, created=base.created, extra=base.extra)
-        point, tokens = _intact_tail(reader, base, start, tokens, limit)
-        # Without its checkpoint (deleted after a clean finish) an END "complete" is a
-        # finished capture. With it, the capture was stopped by an error in the capturing
-        # code: the session was closed cleanly and the checkpoint kept to resume from.
-        complete = _complete_error(reader, point, path) if ck is None else None
-        if complete is not None and refuse_complete:
-            raise complete
-    finally:
-        # The caller truncates the file next: the mapping must be gone by then.
-        reader.close()
-    source = "checkpoint" if ck is not None and point.stream_offset == ck.stream_offset else "stream"
-    return ResumePoint(point, tokens, source, ck, complete)
-
-
-def complete_end(reader: StreamReader, start: int) -> Optional[Tuple[Packet, int, int]]:
-    """The END packet with status ``complete`` that follows ``start`` (a packet boundary), if
-    the stream has one: walked header by header (no payload is read), stopping at a torn or
-    damaged packet, an INDEX or an END of another status.
-
-    Returns:
-        (the END packet, the TENSOR/DROP/TOKEN packets between ``start`` and it, the TOKEN
-        packets among them), or None.
-    """
-    off, packets, tokens = start, 0, 0
-    try:
-        while off < reader.size:
-            pk = reader._parse(off, lazy=True)
-            assert pk is not None  # strict parsing raises instead
-            if pk.type == END:
-                return (pk, packets, tokens) if pk.meta.get("status") == "complete" else None
-            if pk.type == INDEX:
-                return None
-            packets += 1
-            tokens += pk.type == TOKEN
-            off = pk.end
-    except StreamFormatError:
-        return None
-    return None
-
-
-def _complete_error(reader: StreamReader, point: Checkpoint, path: str) -> Optional[CaptureCompleteError]:
-    """The :class:`CaptureCompleteError` for a resume at ``point`` that would cut a finished
-    capture (an END with status ``complete`` follows it), or None."""
-    found = complete_end(reader, point.stream_offset)
-    if found is None:
-        return None
-    end, packets, tokens = found
-    cut = reader.size - point.stream_offset
-    return CaptureCompleteError(
-        f"{path} is a complete capture (its stream ends with END, status complete, at offset {end.offset}): "
-        f"there is nothing to resume, and resuming would cut {cut} bytes of it ({packets} packets, {tokens} tokens, "
-        f"the END and INDEX) back to token {point.token_count}. Nothing was changed. To capture again, give a new "
-        f"output_path; `strapd resume {path}` describes the stream", path=path, cut_bytes=cut)
-
-
-def _prefix_reader(fd: int, ck: Optional[Checkpoint], path: str) -> StreamReader:
-    """A reader of the stream behind ``fd`` for a resume check: the file must still hold
-    everything ``ck`` (when given) reported durable, and its header must parse."""
-    if ck is not None:
-        size = os.fstat(fd).st_size
-        if size < ck.stream_offset:
-            raise CheckpointError(
-                f"{path} is {size} bytes, shorter than the checkpointed offset {ck.stream_offset}: "
-                f"data reported durable is gone; the stream cannot be resumed")
-    try:
-        return StreamReader(path, fd=fd, use_index=False)
-    except StreamFormatError as e:
-        what = "stream header is not valid" if ck is not None else \
-            "there is no checkpoint and the stream header is not valid either (nothing to resume from)"
-        raise CheckpointError(f"{path}: {what}: {e}") from None
-
-
-def _intact_tail(reader: StreamReader, base: Checkpoint, start: int, tokens: List[Dict[str, Any]],
-                 limit: Optional[int] = None) -> Tuple[Checkpoint, List[Dict[str, Any]]]:
-    """Extend ``base`` (the prefix up to ``start``) to the end of the last TOKEN packet of
-    the intact run of packets that follows it, or of TOKEN packet ``limit - 1``."""
-    best = base
-    packets, drops, forwards = base.packets, base.drops, base.forward_count
-    toks = list(tokens)
-    try:
-        for pk in reader.walk(reader.size, start):
-            if limit is not None and len(toks) >= limit:
-                break
-            if pk.type not in (TENSOR, DROP, TOKEN):
-                break  # END/INDEX of the aborted session: the capture goes on before it
-            if pk.type == TOKEN and pk.step != len(toks):
-                break
-            packets += 1
-            if pk.type == DROP:
-                drops += 1
-            if pk.type != TOKEN:
-                # The forward counter is not stored with TOKEN packets: the next forward
-                # pass is the one after the last that left a packet.
-                forwards = max(forwards, pk.forward + 1)
-                continue
-            toks.append(_token(pk))
-            best = Checkpoint(stream=base.stream, fingerprint=base.fingerprint, stream_offset=pk.end,
-                              packets=packets, drops=drops, last_seq=pk.seq, last_packet_offset=pk.offset,
-                              last_packet_crc=pk.crc, token_count=len(toks), forward_count=forwards,
-                              created=base.created)
-    except StreamFormatError:
-        pass  # a torn or damaged packet ends the intact run
-    return best, toks[:best.token_count]
-
-
-def _token(pk: Packet) -> Dict[str, Any]:
-    return {"token_index": pk.step, "token_id": pk.meta.get("token_id"), "token_text": pk.meta.get("text", ""),
-            "position": pk.meta.get("position", pk.step)}
+        return tuple(_c.resume_scan(fd, path, c, None if ck is None else ck.path, listed, want_fingerprint, limit,
+                                    prefix_only))
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def scan_prefix(fd: int, ck: Checkpoint, path: str, want_fingerprint: Optional[str]) -> List[Dict[str, Any]]:
     """Check the stream behind ``fd`` against ``ck`` and return the checkpointed tokens.
 
-    The prefix is walked with the stream reader (:meth:`StreamReader.walk`), so every
-    packet in it is parsed by the same rules and CRC-checked as when the stream is read. A
-    prefix whose start was freed after its upload (:func:`freed_range`) is checked as
-    :func:`resume_point` does: the header, the last packet, the checkpoint's tokens list.
+    Every packet of the prefix is read whole: its framing, header fields and metadata by the
+    stream reader's rules, its CRC32C against its bytes; then the packet and TOKEN counts, the
+    TOKENs numbered 0..n-1, the last packet's offset, seq and CRC. A prefix whose start was
+    freed after its upload (:func:`freed_range`) is checked by its header, its last packet and
+    the freed tokens' other copy: 1.3.1's ``tokens`` list when the checkpoint carries it, else
+    its token log (docs/CHECKPOINTS.md 4).
 
     Args:
         fd: the stream, open for reading (not consumed: the caller keeps and closes it).
@@ -600,15 +496,7 @@ def scan_prefix(fd: int, ck: Checkpoint, path: str, want_fingerprint: Optional[s
     Raises:
         CheckpointError: naming the first thing that differs.
     """
-    reader = _prefix_reader(fd, ck, path)
-    try:
-        freed = freed_range(fd, reader.first_packet, ck.stream_offset)
-        if freed is not None:
-            return _check_freed_prefix(reader, ck, path, want_fingerprint, freed)
-        return _check_prefix(reader, ck, path, want_fingerprint)
-    finally:
-        # The caller truncates the file next: the mapping must be gone by then.
-        reader.close()
+    return list(_scan(fd, ck, path, want_fingerprint, None, True)[1])
 
 
 def freed_range(fd: int, start: int, end: int) -> Optional[Tuple[int, int]]:
@@ -617,137 +505,5 @@ def freed_range(fd: int, start: int, end: int) -> Optional[Tuple[int, int]]:
     of the last one before ``end``, or None. Found with ``lseek(SEEK_HOLE/SEEK_DATA)``, never
     from the bytes: a run of zeros that was written is data. A file system without
     ``SEEK_HOLE`` reports none. The descriptor's offset is kept."""
-    seek_hole, seek_data = getattr(os, "SEEK_HOLE", None), getattr(os, "SEEK_DATA", None)
-    if seek_hole is None or seek_data is None or start >= end:
-        return None
-    saved = os.lseek(fd, 0, os.SEEK_CUR)
-    try:
-        try:
-            hole = os.lseek(fd, start, seek_hole)
-        except OSError as e:
-            if e.errno in (errno.ENXIO, errno.EINVAL, errno.EOPNOTSUPP):
-                return None
-            raise
-        if hole >= end:
-            return None
-        pos = hole
-        while True:
-            try:
-                data = os.lseek(fd, pos, seek_data)
-            except OSError as e:
-                if e.errno == errno.ENXIO:
-                    return hole, end
-                raise
-            if data >= end:
-                return hole, end
-            nxt = os.lseek(fd, data, seek_hole)
-            if nxt >= end:
-                return hole, data
-            pos = nxt
-    finally:
-        os.lseek(fd, saved, os.SEEK_SET)
-
-
-def _check_fingerprints(reader: StreamReader, ck: Checkpoint, want_fingerprint: Optional[str]) -> None:
-    client_meta = reader.metadata.get("client_metadata")
-    stream_fp = client_meta.get("fingerprint") if isinstance(client_meta, dict) else None
-    if stream_fp != ck.fingerprint:
-        raise CheckpointError(f"fingerprint differs: checkpoint {ck.fingerprint!r}, stream header {stream_fp!r}")
-    if want_fingerprint is not None and want_fingerprint != ck.fingerprint:
-        raise CheckpointError(
-            f"fingerprint differs: checkpoint {ck.fingerprint!r}, this capture (config + model) {want_fingerprint!r}; "
-            f"resume with the same model, config, preset and modules")
-
-
-def _check_freed_prefix(reader: StreamReader, ck: Checkpoint, path: str, want_fingerprint: Optional[str],
-                        freed: Tuple[int, int]) -> List[Dict[str, Any]]:
-    """Check a checkpointed prefix whose start was freed after its upload: the packets
-    there cannot be walked, so the checkpoint is trusted for them (it was written only after
-    strapd made them durable, and strapd frees nothing past the last-but-one checkpoint's
-    last packet). What is still checked: the file header and fingerprints, the last packet
-    (its offset, seq and CRC32C against its bytes, ending exactly at ``stream_offset``), and
-    the freed tokens' one other copy: 1.3.1's ``tokens`` list when the checkpoint carries
-    it, else its token log (:func:`read_token_log`: as many bytes as it vouches for, their
-    CRC32C); either must be numbered 0..n-1, as many as the checkpoint counts, the last one
-    matching the last packet when that is its TOKEN."""
-    _check_fingerprints(reader, ck, want_fingerprint)
-    what = f"{path}: bytes [{freed[0]}, {freed[1]}) of the stream were freed after their upload (strapd serve --upload-free-local)"
-    if ck.packets == 0 or freed[1] > ck.last_packet_offset:
-        raise CheckpointError(f"{what}, up to or past the checkpoint's last packet (at {ck.last_packet_offset}): "
-                              f"the checkpointed prefix cannot be checked; the stream cannot be resumed from this checkpoint")
-    if ck.tokens is None and ck.token_log is None:
-        raise CheckpointError(f"{what}, and the checkpoint has neither a token log nor 1.3.1's 'tokens' list: the "
-                              f"freed tokens are nowhere else, so this capture cannot be resumed with a freed prefix")
-    listed = ck.tokens if ck.tokens is not None else read_token_log(ck, path)
-    where = "the checkpoint's tokens list" if ck.tokens is not None else "the checkpoint's token log"
-    last = None
-    try:
-        for pk in reader.walk(ck.stream_offset, ck.last_packet_offset):
-            last = pk
-            break
-    except StreamFormatError as e:
-        raise CheckpointError(f"{path}: no valid packet at the checkpoint's last packet offset {ck.last_packet_offset}: {e}") from None
-    if last is None or last.end != ck.stream_offset:
-        end = None if last is None else last.end
-        raise CheckpointError(f"{path}: the checkpoint's last packet (at {ck.last_packet_offset}) ends at {end}, "
-                              f"not at the checkpointed offset {ck.stream_offset}")
-    if last.type not in (TENSOR, DROP, TOKEN):
-        raise CheckpointError(f"{path}: {last.type_name} packet at offset {last.offset}, inside the checkpointed prefix")
-    if last.seq != ck.last_seq:
-        raise CheckpointError(f"{path}: last packet has seq {last.seq}, checkpoint says {ck.last_seq}")
-    if last.crc != ck.last_packet_crc:
-        raise CheckpointError(f"{path}: last packet CRC {last.crc:#010x}, checkpoint says {ck.last_packet_crc:#010x}")
-    tokens: List[Dict[str, Any]] = []
-    for i, t in enumerate(listed):
-        if not isinstance(t, dict) or t.get("token_index") != i:
-            raise CheckpointError(f"{path}: {where} is not numbered 0..n-1 (entry {i}: {t!r})")
-        tokens.append({"token_index": i, "token_id": t.get("token_id"), "token_text": str(t.get("token_text", "")),
-                       "position": t.get("position", i)})
-    if len(tokens) != ck.token_count:
-        raise CheckpointError(f"{path}: {where} holds {len(tokens)} tokens, its token_count says {ck.token_count}")
-    if last.type == TOKEN:
-        mine = _token(last)
-        if last.step != len(tokens) - 1 or (tokens and mine != tokens[-1]):
-            raise CheckpointError(f"{path}: the last TOKEN packet (step {last.step}: {mine!r}) is not the checkpoint's "
-                                  f"last token ({tokens[-1] if tokens else None!r})")
-    return tokens
-
-
-def _check_prefix(reader: StreamReader, ck: Checkpoint, path: str,
-                  want_fingerprint: Optional[str]) -> List[Dict[str, Any]]:
-    _check_fingerprints(reader, ck, want_fingerprint)
-    packets = 0
-    last: Optional[Packet] = None
-    tokens: List[Dict[str, Any]] = []
-    try:
-        for pk in reader.walk(ck.stream_offset):
-            if pk.type not in (TENSOR, DROP, TOKEN):
-                raise CheckpointError(f"{path}: {pk.type_name} packet at offset {pk.offset}, inside the "
-                                      f"checkpointed prefix")
-            if pk.type == TOKEN:
-                tokens.append(_token(pk))
-            packets += 1
-            last = pk
-    except StreamFormatError as e:
-        raise CheckpointError(f"{path}: no valid packet at offset {e.offset} (before the checkpointed offset "
-                              f"{ck.stream_offset}): {e}") from None
-    end = last.end if last is not None else reader.first_packet
-    if end != ck.stream_offset:
-        raise CheckpointError(f"{path}: checkpointed offset {ck.stream_offset} is not the end of a packet "
-                              f"(a packet ends at {end})")
-    if packets != ck.packets:
-        raise CheckpointError(f"{path}: {packets} packets before the offset, checkpoint says {ck.packets}")
-    if len(tokens) != ck.token_count:
-        raise CheckpointError(f"{path}: {len(tokens)} tokens before the offset, checkpoint says {ck.token_count}")
-    if [t["token_index"] for t in tokens] != list(range(len(tokens))):
-        raise CheckpointError(f"{path}: TOKEN packets are not numbered 0..{len(tokens) - 1}")
-    if last is not None:
-        # The walk already checked the last packet's bytes against its stored CRC; what is
-        # left is whether it is the packet the checkpoint names.
-        if last.offset != ck.last_packet_offset:
-            raise CheckpointError(f"{path}: last packet starts at {last.offset}, checkpoint says {ck.last_packet_offset}")
-        if last.seq != ck.last_seq:
-            raise CheckpointError(f"{path}: last packet has seq {last.seq}, checkpoint says {ck.last_seq}")
-        if last.crc != ck.last_packet_crc:
-            raise CheckpointError(f"{path}: last packet CRC {last.crc:#010x}, checkpoint says {ck.last_packet_crc:#010x}")
-    return tokens
+    r = _c.freed_range(fd, start, end)
+    return None if r is None else (r[0], r[1])
