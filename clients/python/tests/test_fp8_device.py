@@ -55,6 +55,33 @@ def _midpoints() -> torch.Tensor:
     return torch.stack([row, row.flip(0)]).float()
 
 
+def _near_midpoints() -> torch.Tensor:
+    """Rows whose scale is not a power of two (max 44.8: scale 0.1) and whose values are the
+    float32 nearest to e4m3 midpoints times it: x/scale in float64 then lies a float32 ulp or
+    less beside the midpoint, where rounding through float32 to nearest would round twice."""
+    vals = torch.arange(0, 0x7E, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).double()
+    mids = (vals[1:] + vals[:-1]) / 2
+    s = float(torch.tensor(44.8 / 448, dtype=torch.float32))
+    row = torch.cat([torch.tensor([44.8]), mids * s, -mids * s]).float()
+    return torch.stack([row, row.roll(7)])
+
+
+def test_round_to_odd_is_strapds_rounding() -> None:
+    """The float32 round-to-odd path gives the codes of strapd's rounding on the float64 bits
+    (``_round_e4m3``, fp8.go's ``e4m3``), also a float64 ulp beside every midpoint, where a
+    plain float64 → float32 → e4m3 conversion rounds twice."""
+    vals = torch.arange(0, 0x7E, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).double()
+    mids = (vals[1:] + vals[:-1]) / 2
+    g = torch.Generator().manual_seed(3)
+    r = torch.cat([mids, mids * (1 + 2.0 ** -40), mids * (1 - 2.0 ** -40), torch.nextafter(mids, mids * 2),
+                   torch.nextafter(mids, torch.zeros_like(mids)), vals, torch.randn(20000, generator=g, dtype=torch.float64) * 40,
+                   torch.tensor([448.0, 460.0, 464.0, 1e6, 2.0 ** -10, 2.0 ** -11, 3 * 2.0 ** -11, 0.0, 1e-300])])
+    r = torch.cat([r, -r])
+    assert torch.equal(F._round_e4m3_odd(r), F._round_e4m3(r))
+    naive = r.float().clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    assert not torch.equal(naive, F._round_e4m3(r)), "the test values never round twice"
+
+
 def _cases(dtype: torch.dtype) -> List[Tuple[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(40)
     heavy = torch.randn(37, 384, generator=g) * torch.exp(torch.randn(37, 1, generator=g) * 2)
@@ -74,6 +101,7 @@ def _cases(dtype: torch.dtype) -> List[Tuple[str, torch.Tensor]]:
     cases = [
         ("heavy", heavy),
         ("midpoints", _midpoints()),
+        ("near_midpoints", _near_midpoints()),
         ("subnormal16", sub16),
         ("tiny_row", tiny),
         ("nan", nan),
@@ -226,3 +254,28 @@ def test_strapd_inspect_and_verify_read_client_coded(real_strapd, tmp_path, monk
     assert v.returncode == 0, v.stdout + v.stderr
     i = subprocess.run([b, "inspect", str(path)], capture_output=True, text=True)
     assert i.returncode == 0 and "fp8" in i.stdout, i.stdout + i.stderr
+
+
+def test_dropped_fp8_record_is_dropped_once() -> None:
+    """Under policy drop, an FP8 record with no room is one DROP notice: not written again raw."""
+    import socket
+
+    from llm_instrumentation._session import CaptureSession
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s = CaptureSession(P.Connection(a), R.Ring(R.HEADER_SIZE + 64 * 64), policy="drop", publish_bytes=1 << 20)
+    peer = P.Connection(b)
+    try:
+        s.fp8_client = "all"
+        s._fp8 = (1 << 20, 0.0)
+        wrote = [s.write_tensor(f"m{i}", torch.randn(4, 16), i, 0) for i in range(12)]
+        assert s.fp8_records == sum(wrote) >= 1 and not all(wrote)
+        drops = []
+        while (m := peer.recv(0.05)) is not None:
+            if isinstance(m, P.Drop):
+                drops.append(m.name)
+        assert drops == [f"m{i}" for i, w in enumerate(wrote) if not w] and s.drops == len(drops)
+        assert s.packets == sum(wrote)
+    finally:
+        s.shutdown()
+        b.close()

@@ -93,6 +93,22 @@ def _e4m3(device: "torch.device") -> "torch.Tensor":
     return t
 
 
+def _round_e4m3_odd(r: "torch.Tensor") -> "torch.Tensor":
+    """float64 ``r`` (finite) to e4m3fn codes as uint8, the same codes as
+    :func:`_round_e4m3` in fewer passes: ``r`` is rounded to float32 *to odd* (round to
+    nearest, then, where inexact and even, one step toward ``r``), which keeps every bit
+    the second rounding needs (24 bits ≥ e4m3's 4 + 2), then clamped to ±448 and converted
+    by torch's float32 → e4m3fn rounding (to nearest even). Rounding to nearest first would
+    round twice: a float64 just off an e4m3 midpoint could land on it."""
+    import torch
+
+    r32 = r.float()
+    b = r32.view(torch.int32)
+    step = torch.where(r.abs() > r32.abs().double(), 1, -1).to(torch.int32)
+    b = torch.where((r32.double() != r) & ((b & 1) == 0), b + step, b)
+    return b.view(torch.float32).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
 def _round_e4m3(r: "torch.Tensor") -> "torch.Tensor":
     """float64 ``r`` (finite) to e4m3fn codes as uint8: strapd's ``e4m3`` on the bits."""
     import torch
@@ -148,30 +164,31 @@ def encode(t: "torch.Tensor", block_values: int, bound: float = 0.0) -> "torch.T
     scale = (amax.double() / 448.0).float()
     tiny = ((amax > 0) & (scale < MIN_NORMAL_SCALE)).any()
     inv = torch.where(scale > 0, 1.0 / scale.double(), torch.zeros((), dtype=torch.float64, device=dev))
-    if lens is None:
-        inv_e = inv[:, None].expand(np_, n // np_).reshape(-1)
-        scale_e = scale[:, None].expand(np_, n // np_).reshape(-1)
+    if lens is None:  # rows: broadcast the per-row values, nothing per element
+        inv_e, scale_e = inv[:, None], scale[:, None]
+        x64 = x.double().view(np_, -1)
     else:
         inv_e = torch.repeat_interleave(inv, lens, output_size=n)
         scale_e = torch.repeat_interleave(scale, lens, output_size=n)
-    x64 = x.double()
+        x64 = x.double()
     r = x64 * inv_e
-    # NaN/inf rows are flagged by the status: their codes are never used.
-    codes = _round_e4m3(torch.nan_to_num(r, nan=0.0, posinf=0.0, neginf=0.0))
-    y = _e4m3(dev)[codes.long()] * scale_e
+    # NaN/inf parts are flagged by the status: their codes are never used.
+    if not bool_finite_known(finite):
+        r = torch.nan_to_num(r, nan=0.0, posinf=0.0, neginf=0.0)
+    codes = _round_e4m3_odd(r)
+    y = codes.view(torch.float8_e4m3fn).float() * scale_e
     if t.dtype != torch.float32:
         y = y.to(t.dtype)
     y64 = y.double()
     e = x64 - y64
-    terms = torch.stack([x64 * x64, e * e, y64 * y64, e.abs()])
     if lens is None:
-        terms = terms.view(4, np_, -1)
-        sums = torch.stack([terms[0].sum(dim=1), terms[1].sum(dim=1), terms[2].sum(dim=1), terms[3].amax(dim=1)], dim=1)
+        sums = torch.stack([(x64 * x64).sum(dim=1), (e * e).sum(dim=1), (y64 * y64).sum(dim=1),
+                            e.abs_().amax(dim=1)], dim=1)
     else:
-        sums = torch.stack([torch.segment_reduce(terms[0], "sum", lengths=lens),
-                            torch.segment_reduce(terms[1], "sum", lengths=lens),
-                            torch.segment_reduce(terms[2], "sum", lengths=lens),
-                            torch.segment_reduce(terms[3], "max", lengths=lens)], dim=1)
+        sums = torch.stack([torch.segment_reduce(x64 * x64, "sum", lengths=lens),
+                            torch.segment_reduce(e * e, "sum", lengths=lens),
+                            torch.segment_reduce(y64 * y64, "sum", lengths=lens),
+                            torch.segment_reduce(e.abs_(), "max", lengths=lens)], dim=1)
     status = torch.where(finite, 0, NONFINITE) | torch.where(tiny, TINY_SCALE, 0)
     if bound > 0:
         status = status | torch.where((sums[:, 1] > bound * bound * sums[:, 0]).any(), OVER_BOUND, 0)
@@ -181,8 +198,14 @@ def encode(t: "torch.Tensor", block_values: int, bound: float = 0.0) -> "torch.T
     out[FP8_HEADER:FP8_HEADER + 4 * np_].view(torch.float32).copy_(scale)
     out[FP8_HEADER + 4 * np_:so].zero_()
     out[so:so + 32 * np_].view(torch.float64).view(np_, 4).copy_(sums)
-    out[so + 32 * np_:].copy_(codes)
+    out[so + 32 * np_:].copy_(codes.reshape(-1))
     return out
+
+
+def bool_finite_known(finite: "torch.Tensor") -> bool:
+    """Whether ``finite`` (a 0-d bool tensor) is known True without waiting for a device: on
+    the CPU it is read; on a GPU it is not (the NaN/inf guard then always runs)."""
+    return finite.device.type == "cpu" and bool(finite)
 
 
 def status(payload: "torch.Tensor") -> int:

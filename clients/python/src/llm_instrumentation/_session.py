@@ -491,8 +491,9 @@ class CaptureSession:
                     return False
                 self._check()
                 try:
-                    if self._write_fp8(name, t, step, forward, meta):
-                        return True
+                    done = self._write_fp8(name, t, step, forward, meta)
+                    if done is not None:
+                        return done
                 except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
                     self.error = e
                     raise
@@ -627,30 +628,33 @@ class CaptureSession:
         return self.fp8_client == "all" and t.is_cpu
 
     def _write_fp8(self, name: str, t: "torch.Tensor", step: int, forward: int,
-                   meta: Optional[Dict[str, Any]]) -> bool:
+                   meta: Optional[Dict[str, Any]]) -> Optional[bool]:
         """Write ``t`` as an FP8 record: coded on its device (``_fp8_device.encode``, in the
-        current stream's order), then copied into the ring like any payload. False (nothing
-        written) where strapd must code it: a record too large for one ring record, or a CPU
-        tensor that e4m3 cannot carry as strapd's encoder would (the status word says so;
-        a CUDA tensor's is not read here: strapd writes a DROP naming it)."""
+        current stream's order), then copied into the ring like any payload; True when
+        written, False when dropped (policy ``drop``). None (nothing written) where strapd
+        must code it: a record too large for one ring record, or a CPU tensor that e4m3
+        cannot carry as strapd's encoder would (the status word says so; a CUDA tensor's is
+        not read here: strapd writes a DROP naming it)."""
         from . import _fp8_device as F
 
         block_size, bound = self._fp8  # type: ignore[misc]
         w = t.element_size()
         if block_size % w:
-            return False
+            return None
         payload = F.encode(t, block_size // w, bound)
         if t.is_cpu and F.status(payload):
-            return False
+            return None
         dt = torch_dtype_id(t.dtype)
         shape = tuple(int(s) for s in t.shape)
         name_b = name.encode("utf-8")
         meta_b = json.dumps(meta, separators=(",", ":")).encode() if meta else b""
         hdr_area = header_area(len(shape), name_b, meta_b)
         if align64(hdr_area + payload.numel()) > self.max_record:
-            return False
-        self.fp8_records += 1
-        return self._write(name, name_b, meta_b, hdr_area, t, dt, shape, t.numel() * w, step, forward, coded=payload)
+            return None
+        written = self._write(name, name_b, meta_b, hdr_area, t, dt, shape, t.numel() * w, step, forward,
+                              coded=payload)
+        self.fp8_records += written
+        return written
 
     def _write_any(self, name: str, t: "torch.Tensor", step: int, forward: int,
                    meta: Optional[Dict[str, Any]]) -> bool:
