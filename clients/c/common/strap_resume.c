@@ -23,7 +23,16 @@
 
 #include "strap_resume.h"
 
-enum { PKT_FIXED = 96, FILE_FIXED = 24, T_TENSOR = 1, T_DROP = 2, T_TOKEN = 3, T_INDEX = 4, T_END = 5 };
+enum {
+    READ_AHEAD = 256 << 10,
+    PKT_FIXED = 96,
+    FILE_FIXED = 24,
+    T_TENSOR = 1,
+    T_DROP = 2,
+    T_TOKEN = 3,
+    T_INDEX = 4,
+    T_END = 5
+};
 #define MAX_BLOCK_SIZE (64u << 20)
 
 /* Element sizes by dtype id (docs/STREAM_FORMAT.md 3; _dtypes.py DTYPES); 0: unknown. */
@@ -40,14 +49,16 @@ typedef struct scan {
     char *why;
     size_t whylen;
     uint8_t *buf; /* SRS_BUF bytes */
+    uint8_t *win; /* READ_AHEAD bytes of the file from woff (wlen of them read) */
+    uint64_t woff, wlen;
     uint64_t size, first;
     bool hw;
     uint32_t table[256];
     sj_val meta; /* the file header's metadata, in buf until the walk reuses it */
 } scan;
 
-/* One packet as parsed: its fixed header's fields, and its name and metadata in s->buf (until
- * the next packet is read). */
+/* One packet as parsed: its fixed header's fields, and its name and metadata in the window or
+ * s->buf (until the next packet is read). */
 typedef struct pkt {
     uint64_t off, end, seq, step, forward, raw_len, stored_len, part_offset, tensor_len;
     uint32_t type, dtype, ndim, header_len, name_len, codec, flags, meta_len, crc, block_size;
@@ -354,6 +365,25 @@ check_fields(const pkt *k, char *out, size_t cap)
     return true;
 }
 
+/* n bytes at off (n <= READ_AHEAD, within the file) through the window: packets that follow one
+ * another are read READ_AHEAD bytes at a time. NULL: a read failed (errno kept; 0 at EOF). */
+static const uint8_t *
+window(scan *s, uint64_t off, size_t n)
+{
+    if (off >= s->woff && off - s->woff + n <= s->wlen)
+        return s->win + (off - s->woff);
+    size_t len = s->size - off < READ_AHEAD ? (size_t)(s->size - off) : READ_AHEAD;
+    s->wlen = 0;
+    if (len < n || !pread_all(s->p->fd, s->win, len, off)) {
+        if (len < n)
+            errno = 0;
+        return NULL;
+    }
+    s->woff = off;
+    s->wlen = len;
+    return s->win;
+}
+
 /* The packet at off as StreamReader._parse reads it strictly: SRS_OK, or SRS_REFUSED with the
  * reader's reason (after "{path}: ") in why. lazy: its header only, the payload's CRC unchecked
  * (complete_end's walk). */
@@ -361,10 +391,10 @@ static int
 read_packet(scan *s, uint64_t off, pkt *k, bool lazy)
 {
     const char *path = s->p->path;
-    uint8_t *h = s->buf;
     if (off > s->size || s->size - off < PKT_FIXED)
         return fail(s, SRS_REFUSED, "%s: packet header runs past the end of the file", path);
-    if (!pread_all(s->p->fd, h, PKT_FIXED, off))
+    const uint8_t *h = window(s, off, PKT_FIXED);
+    if (!h)
         return io_fail(s, "a packet header", off);
     if (memcmp(h, "SPKT", 4) != 0) {
         char r[64];
@@ -403,7 +433,15 @@ read_packet(scan *s, uint64_t off, pkt *k, bool lazy)
         return fail(s, SRS_REFUSED, "%s: packet header of %u bytes is more than a client reads (%d)", path,
                     k->header_len, SRS_BUF);
     k->end = off + k->header_len + k->stored_len;
-    if (!pread_all(s->p->fd, h + PKT_FIXED, k->header_len - PKT_FIXED, off + PKT_FIXED))
+    /* a small packet whole from the window, a larger one's header (into buf past the window's size) */
+    uint64_t whole = k->end - off, have = whole <= READ_AHEAD ? whole : k->header_len;
+    if (have <= READ_AHEAD)
+        h = window(s, off, (size_t)have);
+    else if (pread_all(s->p->fd, s->buf, k->header_len, off))
+        h = s->buf;
+    else
+        h = NULL;
+    if (!h)
         return io_fail(s, "a packet header", off);
     for (uint32_t i = 0; i < k->ndim; i++)
         k->shape[i] = le(h + PKT_FIXED + 8 * i, 8);
@@ -411,13 +449,15 @@ read_packet(scan *s, uint64_t off, pkt *k, bool lazy)
         /* the CRC covers the header with its own field as zero, then the payload */
         static const uint8_t zero[4];
         uint32_t crc = crc32c(s, crc32c(s, crc32c(s, 0, h, 20), zero, 4), h + 24, k->header_len - 24);
-        /* the header is kept at the start of buf: the payload goes through the rest */
-        size_t room = SRS_BUF - k->header_len;
-        for (uint64_t at = off + k->header_len; at < k->end;) {
+        crc = crc32c(s, crc, h + k->header_len, (size_t)(have - k->header_len));
+        /* the rest through buf (after the header when the header is there) */
+        uint8_t *chunk = h == s->buf ? s->buf + k->header_len : s->buf;
+        size_t room = h == s->buf ? SRS_BUF - k->header_len : SRS_BUF;
+        for (uint64_t at = off + have; at < k->end;) {
             size_t n = k->end - at < room ? (size_t)(k->end - at) : room;
-            if (!pread_all(s->p->fd, h + k->header_len, n, at))
+            if (!pread_all(s->p->fd, chunk, n, at))
                 return io_fail(s, "a packet's payload", at);
-            crc = crc32c(s, crc, h + k->header_len, n);
+            crc = crc32c(s, crc, chunk, n);
             at += n;
         }
         if (crc != k->crc)
@@ -1123,13 +1163,14 @@ srs_resume_point(const srs_params *p, srs_result *r, char *why, size_t whylen)
     int e;
     if (p->prefix_only && !p->ck)
         e = fail(s, SRS_REFUSED, "%s: a prefix check needs a checkpoint", p->path);
-    else if (!(s->buf = malloc(SRS_BUF)))
+    else if (!(s->buf = malloc(SRS_BUF)) || !(s->win = malloc(READ_AHEAD)))
         e = fail(s, SRS_NOMEM, "out of memory");
     else {
         crc_init(s);
         e = resume_point(s, r);
     }
     free(s->buf);
+    free(s->win);
     free(s);
     return e;
 }
