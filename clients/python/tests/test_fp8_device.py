@@ -12,8 +12,10 @@ bound) go raw from the client, so strapd stores them losslessly as before."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -24,6 +26,7 @@ from llm_instrumentation import _fp8_device as F
 from llm_instrumentation import _protocol as P
 from llm_instrumentation import _ring as R
 from llm_instrumentation._session import open_session
+from llm_instrumentation.errors import StreamFormatError
 from llm_instrumentation.stream import open_stream
 
 REPO = Path(__file__).resolve().parents[3]
@@ -240,8 +243,21 @@ def test_bad_fp8_record_fails_the_session_clearly(real_strapd, tmp_path, monkeyp
     finally:
         os.close(fd)
     assert err is not None and "code 0x7f" in str(err) and "bad" in str(err), err
-    with open_stream(path) as r:
-        assert [p.name for p in r.packets() if p.type_name == "TENSOR"] == ["good"]
+    # strapd reports the error, then ends the file (END with status error, index, footer):
+    # wait for the footer rather than read a file it is still ending.
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with open_stream(path) as r:
+                names = [p.name for p in r.packets() if p.type_name == "TENSOR"]
+                end = r.end()
+            if end is not None:
+                break
+        except StreamFormatError:
+            pass
+        assert time.monotonic() < deadline, "strapd never ended the stream"
+        time.sleep(0.05)
+    assert names == ["good"] and "code 0x7f" in json.dumps(end.meta), end.meta
 
 
 def test_strapd_inspect_and_verify_read_client_coded(real_strapd, tmp_path, monkeypatch) -> None:
