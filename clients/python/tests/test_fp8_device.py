@@ -295,3 +295,22 @@ def test_dropped_fp8_record_is_dropped_once() -> None:
     finally:
         s.shutdown()
         b.close()
+
+
+def test_which_tensors_are_coded_here() -> None:
+    """CUDA tensors of 64 KiB and more are coded on their device by default, smaller ones
+    (a decoding step's records) go raw; CPU tensors only under STRAP_FP8_CLIENT=all."""
+    import types
+
+    from llm_instrumentation._session import FP8_DEVICE_MIN, CaptureSession
+
+    def fake(nbytes: int, cuda: bool, dtype=torch.bfloat16):  # a CUDA tensor stand-in: no GPU here
+        return types.SimpleNamespace(dtype=dtype, is_cuda=cuda, is_cpu=not cuda, numel=lambda: nbytes // 2,
+                                     element_size=lambda: 2)
+
+    s = CaptureSession.__new__(CaptureSession)
+    s.fp8_client = "cuda"
+    assert s._fp8_wanted(fake(FP8_DEVICE_MIN, True)) and not s._fp8_wanted(fake(FP8_DEVICE_MIN - 2, True))
+    assert not s._fp8_wanted(fake(1 << 20, False)) and not s._fp8_wanted(fake(1 << 20, True, torch.int16))
+    s.fp8_client = "all"
+    assert s._fp8_wanted(fake(64, False))

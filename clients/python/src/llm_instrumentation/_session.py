@@ -53,6 +53,10 @@ if TYPE_CHECKING:  # pragma: no cover
 #: default: CUDA tensors, coded on their GPU before the device-to-host copy), ``all`` (CPU
 #: tensors too), ``off`` (strapd codes everything).
 FP8_CLIENT_MODES = ("cuda", "all", "off")
+#: CUDA tensors below this size go raw, for strapd to code: coding one is some twenty kernel
+#: launches on the model's stream, more than a decoding step's small records are worth (their
+#: bytes are few); the packets are the same either way.
+FP8_DEVICE_MIN = 64 << 10
 
 #: Tensors up to this size are copied with one ``memmove`` from their data pointer. Below it
 #: torch's ``copy_`` dispatch and the three ring views it needs cost more than the bytes; above
@@ -624,7 +628,7 @@ class CaptureSession:
         if t.dtype not in _fp8_dtypes():
             return False
         if t.is_cuda:
-            return True
+            return t.numel() * t.element_size() >= FP8_DEVICE_MIN
         return self.fp8_client == "all" and t.is_cpu
 
     def _write_fp8(self, name: str, t: "torch.Tensor", step: int, forward: int,
