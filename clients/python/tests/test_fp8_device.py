@@ -115,6 +115,8 @@ def _cases(dtype: torch.dtype) -> List[Tuple[str, torch.Tensor]]:
         ("zeros", torch.zeros(4, 8)),
         ("empty", torch.zeros(0, 8)),
         ("three_d", torch.randn(2, 5, 96, generator=g)),
+        # coded, over the 256 KiB records of the test's 1 MiB ring: goes raw, as PARTs
+        ("big", torch.randn(300, 1024, generator=g)),
     ]
     if dtype == torch.float16:  # keep float16 finite where the case is not about inf
         cases = [(n, t.clamp(-6e4, 6e4) if n != "inf" else t) for n, t in cases]
@@ -142,9 +144,10 @@ def _capture(sock: str, path: Path, tensors: List[Tuple[str, torch.Tensor]], mod
     return coded
 
 
-def _packets(path: Path) -> Dict[str, object]:
+def _packets(path: Path) -> Dict[Tuple[str, int], object]:
     with open_stream(path) as r:
-        return {p.name: (p, bytes(p.stored())) for p in r.packets() if p.type_name in ("TENSOR", "DROP")}
+        return {(p.name, p.part_offset): (p, bytes(p.stored())) for p in r.packets()
+                if p.type_name in ("TENSOR", "DROP")}
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -157,12 +160,14 @@ def test_client_fp8_packets_equal_strapd(real_strapd, tmp_path, monkeypatch, dty
     assert _capture(real_strapd.socket, a, tensors, "off", block, lossy, monkeypatch) == 0
     coded = _capture(real_strapd.socket, b, tensors, "all", block, lossy, monkeypatch)
     pa, pb = _packets(a), _packets(b)
-    assert pa.keys() == pb.keys() == {n for n, _ in tensors}
+    assert pa.keys() == pb.keys() and {n for n, _ in pa} == {n for n, _ in tensors}
+    assert sum(n == "big" for n, _ in pa) > 1, "big is not written as PARTs"
     # Every tensor strapd coded without a lossless block the client must have coded itself.
-    clean = [n for n, _ in tensors if "lossy" in pa[n][0].meta and pa[n][0].meta["lossy"]["lossless_blocks"] == 0]
+    clean = [n for n, _ in tensors if n != "big" and "lossy" in pa[n, 0][0].meta
+             and pa[n, 0][0].meta["lossy"]["lossless_blocks"] == 0]
     assert coded >= len(clean) >= (5 if bound is None else 2), (coded, clean)
     exact = total = 0
-    for name, _ in tensors:
+    for name in pa:
         (ka, sa), (kb, sb) = pa[name], pb[name]
         for f in ("type", "dtype_id", "codec", "flags", "seq", "step", "raw_len", "tensor_len", "block_size", "shape"):
             assert getattr(ka, f) == getattr(kb, f), (name, f)

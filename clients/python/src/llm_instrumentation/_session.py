@@ -645,16 +645,18 @@ class CaptureSession:
         w = t.element_size()
         if block_size % w:
             return None
+        shape = tuple(int(s) for s in t.shape)
+        n = t.numel()
+        name_b = name.encode("utf-8")
+        meta_b = json.dumps(meta, separators=(",", ":")).encode() if meta else b""
+        hdr_area = header_area(len(shape), name_b, meta_b)
+        plen = F.payload_len(n, F.parts(n, F.row_len(shape, n), block_size // w))
+        if align64(hdr_area + plen) > self.max_record:
+            return None  # before coding: a record over the ring's record size goes as PARTs
         payload = F.encode(t, block_size // w, bound)
         if t.is_cpu and F.status(payload):
             return None
         dt = torch_dtype_id(t.dtype)
-        shape = tuple(int(s) for s in t.shape)
-        name_b = name.encode("utf-8")
-        meta_b = json.dumps(meta, separators=(",", ":")).encode() if meta else b""
-        hdr_area = header_area(len(shape), name_b, meta_b)
-        if align64(hdr_area + payload.numel()) > self.max_record:
-            return None
         written = self._write(name, name_b, meta_b, hdr_area, t, dt, shape, t.numel() * w, step, forward,
                               coded=payload)
         self.fp8_records += written
