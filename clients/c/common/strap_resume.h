@@ -3,9 +3,9 @@
  * libstrap's src/resume.c finds its sessions' resume points with it; the Python client's
  * _speedups extension binds it in _speedups_resume.c for checkpoint.resume_point and
  * checkpoint.scan_prefix. It reads the file (pread, lseek) and the checkpoint's token log; it
- * cuts nothing (the caller cuts, or strapd at OPEN's append_at). It allocates one buffer of
- * SRS_BUF bytes a scan, never more however large the file or whatever its bytes say. Nothing
- * here includes libstrap's or Python's headers. */
+ * cuts nothing (the caller cuts it). A scan allocates a few buffers of fixed size (SRS_BUF each,
+ * a 256 KiB read window; at most 3.3 MiB), never more however large the file or whatever its
+ * bytes say. Nothing here includes libstrap's or Python's headers. */
 #ifndef STRAP_RESUME_H
 #define STRAP_RESUME_H
 
@@ -19,7 +19,7 @@
 #define srs_resume_point strap__srs_resume_point
 #define srs_freed_range strap__srs_freed_range
 
-/* The scan's one buffer: payloads are CRC-checked through it in pieces; a packet header, the
+/* The scan's buffers' size: large payloads are CRC-checked through one in pieces; a packet header, the
  * file header's metadata or one line of the token log longer than this is refused (strapd writes
  * none: its control messages, which they come from, are at most 64 KiB). */
 #define SRS_BUF (1 << 20)
