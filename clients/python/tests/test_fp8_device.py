@@ -315,7 +315,13 @@ def test_which_tensors_are_coded_here() -> None:
 
     s = CaptureSession.__new__(CaptureSession)
     s.fp8_client = "cuda"
+    s._fp8 = (1 << 18, 0.0)
     assert s._fp8_wanted(fake(FP8_DEVICE_MIN, True)) and not s._fp8_wanted(fake(FP8_DEVICE_MIN - 2, True))
+    # under a bound, CUDA tensors go raw: strapd stores a part over it losslessly, where the
+    # device's unread status would turn the record into a DROP
+    s._fp8 = (1 << 18, 0.03)
+    assert not s._fp8_wanted(fake(1 << 20, True))
+    s._fp8 = (1 << 18, 0.0)
     assert not s._fp8_wanted(fake(1 << 20, False)) and not s._fp8_wanted(fake(1 << 20, True, torch.int16))
     s.fp8_client = "all"
     assert s._fp8_wanted(fake(64, False))

@@ -628,7 +628,10 @@ class CaptureSession:
         if t.dtype not in _fp8_dtypes():
             return False
         if t.is_cuda:
-            return t.numel() * t.element_size() >= FP8_DEVICE_MIN
+            # Under an error bound a part over it is stored losslessly by strapd, but coded
+            # here its status is not read (that would stall the stream) and the record would
+            # become a DROP: bounded sessions leave CUDA tensors to strapd.
+            return self._fp8[1] == 0.0 and t.numel() * t.element_size() >= FP8_DEVICE_MIN  # type: ignore[index]
         return self.fp8_client == "all" and t.is_cpu
 
     def _write_fp8(self, name: str, t: "torch.Tensor", step: int, forward: int,
