@@ -89,27 +89,25 @@ class ByteSource:
 class FileSource(ByteSource):
     """A local file, memory-mapped: reads are views of the mapping (no copy)."""
 
-    def __init__(self, path: str, fd: Optional[int] = None) -> None:
+    def __init__(self, path: str) -> None:
         self.name = path
-        self._f = open(path, "rb") if fd is None else None
-        use = self._f.fileno() if self._f is not None else fd
+        self._f = open(path, "rb")
+        use = self._f.fileno()
         self._mm: Optional[mmap.mmap] = None
         self.view: memoryview = memoryview(b"")
         for _ in range(3):
-            self.size = os.fstat(use).st_size  # type: ignore[arg-type]
+            self.size = os.fstat(use).st_size
             if not self.size:
                 break
             try:
-                # mmap keeps its own duplicate of the descriptor, so a caller's fd stays the caller's.
-                self._mm = mmap.mmap(use, self.size, access=mmap.ACCESS_READ)  # type: ignore[arg-type]
+                self._mm = mmap.mmap(use, self.size, access=mmap.ACCESS_READ)
                 break
             except ValueError:
                 # The file shrank between fstat and mmap (a resume cutting a stream back to its
                 # checkpoint, under the stream lock): map what is there now.
                 continue
         else:
-            if self._f is not None:
-                self._f.close()
+            self._f.close()
             raise OSError(f"{path}: the file keeps shrinking while it is opened (a capture resuming into it?)")
         if self._mm is not None:
             self.view = memoryview(self._mm)
@@ -127,8 +125,7 @@ class FileSource(ByteSource):
                 self._mm.close()
             except BufferError:
                 pass  # a packet view still exported: the mapping goes with its last view
-        if self._f is not None:
-            self._f.close()
+        self._f.close()
 
 
 #: s3fs ``storage_options`` keys the direct S3 reader understands; any other key (or another
@@ -354,11 +351,10 @@ class RemoteSource(ByteSource):
         self._win = b""
 
 
-def open_source(path: Union[str, "os.PathLike[str]"], storage_options: Optional[Dict[str, Any]] = None,
-                fd: Optional[int] = None) -> ByteSource:
+def open_source(path: Union[str, "os.PathLike[str]"], storage_options: Optional[Dict[str, Any]] = None) -> ByteSource:
     """A :class:`RemoteSource` for a URL, else a :class:`FileSource`."""
-    if fd is None and is_url(path):
+    if is_url(path):
         return RemoteSource(str(path), storage_options)
     if storage_options:
         raise ValueError(f"storage_options given for a local path {os.fspath(path)!r}")
-    return FileSource(os.fspath(path), fd)
+    return FileSource(os.fspath(path))

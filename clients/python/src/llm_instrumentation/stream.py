@@ -168,15 +168,12 @@ class StreamReader:
         source: where the bytes come from (``source.remote``, ``source.bytes_fetched``).
     """
 
-    def __init__(self, path: Union[str, os.PathLike], *, fd: Optional[int] = None, use_index: bool = True,
-                 storage_options: Optional[Dict[str, Any]] = None, source: Optional[ByteSource] = None) -> None:
+    def __init__(self, path: Union[str, os.PathLike], *, storage_options: Optional[Dict[str, Any]] = None,
+                 source: Optional[ByteSource] = None) -> None:
         """Open ``path`` (a file, or a URL such as ``s3://bucket/key`` read through fsspec with
-        ``storage_options``), or map ``fd``, a descriptor the caller keeps and closes
-        (``path`` then only names it in errors), or read ``source``. ``use_index=False``
-        ignores a footer: the resume check walks a prefix of a file whose tail it must not
-        trust."""
+        ``storage_options``), or read ``source`` (``path`` then only names it in errors)."""
         self.path = os.fspath(path)
-        self._src = source if source is not None else open_source(path, storage_options, fd=fd)
+        self._src = source if source is not None else open_source(path, storage_options)
         self.source = self._src
         self._remote = self._src.remote
         self.size = self._src.size
@@ -190,7 +187,7 @@ class StreamReader:
         self._spans: List[int] = []
         try:
             self._read_header()
-            self._offsets = self._load_index() if use_index else None  # None: no footer, scan instead
+            self._offsets = self._load_index()  # None: no footer, scan instead
         except BaseException:
             self.close()
             raise
@@ -505,29 +502,6 @@ class StreamReader:
             for pk in self._scan():
                 if (pk.type != INDEX or include_index) and (select is None or select(pk.name, pk.type)):
                     yield pk
-
-    def walk(self, stop: int, start: Optional[int] = None) -> Iterator[Packet]:
-        """Every packet that starts before offset ``stop``, in file order, without the index.
-
-        Each is parsed strictly (a packet cut by the end of the file is an error, not the
-        end of the walk) and CRC-checked. The last one yielded may end after ``stop``.
-
-        Args:
-            stop: the offset to walk up to.
-            start: where the walk begins, a packet boundary (default: the first packet).
-
-        Yields:
-            the packets.
-
-        Raises:
-            StreamFormatError: a packet before ``stop`` is malformed, damaged or cut short.
-        """
-        off = self.first_packet if start is None else start
-        while off < stop:
-            pk = self._parse(off)
-            assert pk is not None  # strict parsing raises instead
-            yield pk
-            off = pk.end
 
     def __iter__(self) -> Iterator[Tensor]:
         """Iterate tensors in sequence order (PART packets reassembled; incomplete tensors
