@@ -1174,3 +1174,32 @@ srs_resume_point(const srs_params *p, srs_result *r, char *why, size_t whylen)
     free(s);
     return e;
 }
+
+int
+srs_token_log(const srs_params *p, char *why, size_t whylen)
+{
+    if (why && whylen)
+        why[0] = 0;
+    scan *s = calloc(1, sizeof *s);
+    if (!s) {
+        if (why && whylen)
+            snprintf(why, whylen, "out of memory");
+        return SRS_NOMEM;
+    }
+    *s = (scan){.p = p, .why = why, .whylen = whylen};
+    listing l = {.s = s, .where = "the checkpoint's token log", .give = true};
+    int e;
+    if (!p->ck)
+        e = fail(s, SRS_REFUSED, "%s: the checkpoint has no token log", p->path);
+    else if (!(s->buf = malloc(SRS_BUF)) || !(l.tb = malloc(SRS_BUF)) || !(l.lastb = malloc(SRS_BUF)))
+        e = fail(s, SRS_NOMEM, "out of memory");
+    else {
+        crc_init(s);
+        e = read_token_log(&l);
+    }
+    free(l.tb);
+    free(l.lastb);
+    free(s->buf);
+    free(s);
+    return e;
+}

@@ -18,6 +18,7 @@
 
 #define srs_resume_point strap__srs_resume_point
 #define srs_freed_range strap__srs_freed_range
+#define srs_token_log strap__srs_token_log
 
 /* The scan's buffers' size: large payloads are CRC-checked through one in pieces; a packet header, the
  * file header's metadata or one line of the token log longer than this is refused (strapd writes
@@ -113,6 +114,14 @@ typedef struct srs_result {
  * Returns SRS_OK with *r filled, or a code with the reason in why (Python's messages; the
  * stream's path in front). */
 int srs_resume_point(const srs_params *p, srs_result *r, char *why, size_t whylen);
+
+/* The tokens p->ck's token log ("<p->ck_path>.tokens.jsonl") vouches for, given to p->on_token
+ * one by one, index 0 first: its first log_bytes bytes, CRC32C-checked before any token is given,
+ * holding exactly log_tokens lines of JSON numbered 0..n-1 (the checks a freed prefix's resume
+ * makes; bytes past log_bytes are not read). Only p->path (for messages), p->ck, p->ck_path,
+ * p->on_token and p->user are used. Returns SRS_OK, SRS_REFUSED (no log, or one that does not
+ * hold what the checkpoint says; why names it), SRS_IO, SRS_NOMEM or SRS_STOPPED. */
+int srs_token_log(const srs_params *p, char *why, size_t whylen);
 
 /* The bytes of [start, end) of the file behind fd freed by strapd's --upload-free-local (holes):
  * from the first hole to the end of the last one before end. Found with lseek(SEEK_HOLE/SEEK_DATA),

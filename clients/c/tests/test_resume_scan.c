@@ -368,6 +368,27 @@ static void freed_cases(void)
 	e = run(path, &c, ckp, NULL, -1, true, &r, &k, why, sizeof why);
 	CHECK(e == SRS_OK && k.n == 4 && k.listed && k.id[1] == 501 && strcmp(k.text[3], "t3") == 0,
 	      "freed, token log: rc %d, %d tokens: %s", e, k.n, why);
+	/* the log alone (srs_token_log, Python's checkpoint.read_token_log): the same tokens; bytes
+	 * past log_bytes are not read; a damaged log is refused before any token is given */
+	toks only = {0};
+	srs_params lp = {.fd = -1, .path = path, .ck = &c, .ck_path = ckp, .on_token = keep, .user = &only};
+	e = srs_token_log(&lp, why, sizeof why);
+	CHECK(e == SRS_OK && only.n == 4 && only.listed && only.id[2] == 502 && strcmp(only.text[0], "t0") == 0,
+	      "token log alone: rc %d, %d tokens: %s", e, only.n, why);
+	sck_checkpoint fewer = c;
+	fewer.log_tokens = 3, fewer.log_bytes = (size_t)(strstr(lines, "{\"token_index\": 3") - lines);
+	fewer.log_crc32c = crc32c(0, lines, fewer.log_bytes);
+	only = (toks){0}, lp.ck = &fewer;
+	e = srs_token_log(&lp, why, sizeof why);
+	CHECK(e == SRS_OK && only.n == 3, "token log, a prefix of it: rc %d, %d tokens: %s", e, only.n, why);
+	fewer.log_crc32c ^= 1;
+	only = (toks){0};
+	e = srs_token_log(&lp, why, sizeof why);
+	CHECK(e == SRS_REFUSED && only.n == 0 && strstr(why, "CRC32C"), "token log crc alone: rc %d %d: %s", e, only.n,
+	      why);
+	lp.ck = NULL;
+	e = srs_token_log(&lp, why, sizeof why);
+	CHECK(e == SRS_REFUSED && strstr(why, "has no token log"), "no checkpoint: rc %d: %s", e, why);
 	sck_checkpoint bad = c;
 	bad.log_crc32c ^= 1;
 	refused("token log crc", path, &bad, ckp, NULL, -1, "CRC32C");

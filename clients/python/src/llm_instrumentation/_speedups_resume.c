@@ -272,6 +272,49 @@ out:
     return res;
 }
 
+PyDoc_STRVAR(token_log_doc,
+             "token_log(path, checkpoint, checkpoint_path) -> list of token dicts\n\nThe tokens the checkpoint's token "
+             "log vouches for (clients/c/common/strap_resume.c srs_token_log); checkpoint as resume_scan takes it. "
+             "ValueError names what the log does not hold; OSError a failed read.");
+
+static PyObject *
+token_log(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cko;
+    const char *path, *ck_path;
+    if (!PyArg_ParseTuple(args, "sOs", &path, &cko, &ck_path))
+        return NULL;
+    sck_checkpoint *ck = PyMem_Calloc(1, sizeof *ck);
+    if (ck == NULL)
+        return PyErr_NoMemory();
+    collect c = {NULL, NULL, NULL, 0};
+    PyObject *res = NULL;
+    if (checkpoint_of(cko, ck) < 0 || (c.list = PyList_New(0)) == NULL)
+        goto out;
+    srs_params p = {
+        .fd = -1, .path = path, .ck = ck->has_token_log ? ck : NULL, .ck_path = ck_path, .on_token = give, .user = &c};
+    char why[2048];
+    c.released = PyEval_SaveThread();
+    int e = srs_token_log(&p, why, sizeof why);
+    PyEval_RestoreThread(c.released);
+    if (e == SRS_STOPPED && c.failed)
+        goto out;
+    if (e == SRS_NOMEM)
+        PyErr_NoMemory();
+    else if (e == SRS_IO)
+        PyErr_SetString(PyExc_OSError, why);
+    else if (e != SRS_OK)
+        PyErr_SetString(PyExc_ValueError, why);
+    else
+        res = Py_NewRef(c.list);
+out:
+    Py_XDECREF(c.list);
+    Py_XDECREF(c.loads);
+    PyMem_Free(ck);
+    return res;
+}
+
 PyDoc_STRVAR(freed_range_doc,
              "freed_range(fd, start, end) -> (from, to) or None\n\nThe bytes of [start, end) freed by strapd's "
              "--upload-free-local (holes; clients/c/common/strap_resume.c srs_freed_range).");
@@ -296,5 +339,6 @@ freed_range(PyObject *self, PyObject *args)
 PyMethodDef speedups_resume_methods[] = {
     {"resume_scan", (PyCFunction)(void (*)(void))resume_scan, METH_FASTCALL, resume_scan_doc},
     {"freed_range", freed_range, METH_VARARGS, freed_range_doc},
+    {"token_log", token_log, METH_VARARGS, token_log_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -222,33 +222,18 @@ class TokenLogWriter:
 
 def read_token_log(ck: Checkpoint, stream_path: str) -> List[Dict[str, Any]]:
     """The tokens the checkpoint's token log vouches for (its first ``token_log.bytes``
-    bytes, CRC32C-checked), as the tracker holds them.
+    bytes, CRC32C-checked, ``token_log.tokens`` lines numbered 0..n-1), as the tracker holds
+    them — read by the resume scan's own reader (clients/c/common/strap_resume.c).
 
     Raises:
         CheckpointError: no log, or one that does not hold what the checkpoint says.
     """
     if ck.token_log is None or ck.path is None:
         raise CheckpointError(f"{stream_path}: the checkpoint has no token log")
-    p, log = token_log_path(ck.path), ck.token_log
     try:
-        with open(p, "rb") as f:
-            data = f.read(log.bytes)
-    except OSError as e:
-        raise CheckpointError(f"{stream_path}: the checkpoint's token log {p}: {e}") from None
-    if len(data) < log.bytes:
-        raise CheckpointError(f"{stream_path}: the token log {p} is {len(data)} bytes, the checkpoint vouches for "
-                              f"{log.bytes}")
-    if crc32c(data) != log.crc32c:
-        raise CheckpointError(f"{stream_path}: the token log {p}'s first {log.bytes} bytes have CRC32C "
-                              f"{crc32c(data):#010x}, the checkpoint says {log.crc32c:#010x}")
-    lines = data.split(b"\n")
-    if lines[-1] != b"" or len(lines) - 1 != log.tokens:
-        raise CheckpointError(f"{stream_path}: the token log {p} holds {len(lines) - 1} lines in its first "
-                              f"{log.bytes} bytes, the checkpoint says {log.tokens} tokens")
-    try:
-        return [json.loads(line) for line in lines[:-1]]
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{stream_path}: the token log {p}: a line is not JSON: {e}") from None
+        return list(_c.token_log(stream_path, _ck_tuple(ck), os.fspath(ck.path)))
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 @dataclass
@@ -456,13 +441,18 @@ def resume_point(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint:
     return ResumePoint(point, tokens, "checkpoint" if source == 1 else "stream", ck, complete)
 
 
+def _ck_tuple(ck: Checkpoint) -> Tuple[Any, ...]:
+    """The checkpoint as the C scan takes it."""
+    log = ck.token_log
+    return (ck.stream, ck.fingerprint, ck.stream_offset, ck.packets, ck.drops, ck.last_seq, ck.last_packet_offset,
+            ck.last_packet_crc, ck.token_count, ck.forward_count,
+            None if log is None else (log.tokens, log.bytes, log.crc32c))
+
+
 def _scan(fd: int, ck: Optional[Checkpoint], path: str, want_fingerprint: Optional[str], limit: Optional[int],
           prefix_only: bool) -> Tuple[Any, ...]:
     """libstrap's scan (_speedups.resume_scan) of the stream behind ``fd`` against ``ck``."""
-    log = None if ck is None else ck.token_log
-    c = None if ck is None else (
-        ck.stream, ck.fingerprint, ck.stream_offset, ck.packets, ck.drops, ck.last_seq, ck.last_packet_offset,
-        ck.last_packet_crc, ck.token_count, ck.forward_count, None if log is None else (log.tokens, log.bytes, log.crc32c))
+    c = None if ck is None else _ck_tuple(ck)
     # 1.3.1's list is one copy of a freed prefix's tokens: encoded for the scan only then.
     listed = None
     if ck is not None and ck.tokens is not None and _c.freed_range(fd, 0, ck.stream_offset) is not None:
