@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"os/user"
+	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
 	"slices"
@@ -126,6 +127,9 @@ type serveConfig struct {
 		// CPUProfile writes a pprof CPU profile (runtime/pprof) to this file from start to
 		// exit: where the daemon's CPU per record goes (PERFORMANCE.md, issue 38).
 		CPUProfile string
+		// MemProfile samples every allocation from start and writes the allocation profile
+		// (runtime/pprof "allocs") to this file at exit: what runs the collector per record.
+		MemProfile string
 	}
 }
 
@@ -320,6 +324,8 @@ the socket strapd.socket passes and reports its state with sd_notify.`,
 	_ = f.MarkHidden("debug-trace")
 	f.StringVar(&cfg.Debug.CPUProfile, "debug-cpuprofile", "", "write a pprof CPU profile (go tool pprof) to this file until exit (profiling only)")
 	_ = f.MarkHidden("debug-cpuprofile")
+	f.StringVar(&cfg.Debug.MemProfile, "debug-memprofile", "", "sample every allocation and write the allocation profile (go tool pprof) to this file at exit (profiling only)")
+	_ = f.MarkHidden("debug-memprofile")
 	return cmd
 }
 
@@ -430,6 +436,13 @@ func runServe(ctx context.Context, cfg serveConfig, base *zap.Logger) error {
 			return err
 		}
 		defer stopProfile()
+	}
+	if cfg.Debug.MemProfile != "" {
+		stopMem, err := startMemProfile(cfg.Debug.MemProfile)
+		if err != nil {
+			return err
+		}
+		defer stopMem()
 	}
 	// SIGTERM/SIGINT cancel ctx (drain, then exit); SIGHUP only reopens the log.
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
@@ -586,6 +599,23 @@ func startTrace(path string) (func(), error) {
 // daemon stopped the usual way leaves a complete profile.
 func startCPUProfile(path string) (func(), error) {
 	return startDebugFile("--debug-cpuprofile", path, pprof.StartCPUProfile, pprof.StopCPUProfile)
+}
+
+// startMemProfile samples every allocation from now on (--debug-memprofile); the returned
+// function writes the allocation profile into path and closes it.
+func startMemProfile(path string) (func(), error) {
+	var out io.Writer
+	stop, err := startDebugFile("--debug-memprofile", path, func(w io.Writer) error {
+		out = w
+		runtime.MemProfileRate = 1
+		return nil
+	}, func() {
+		runtime.GC() // the profile counts allocations up to the last collection
+		if err := pprof.Lookup("allocs").WriteTo(out, 0); err != nil {
+			fmt.Fprintf(os.Stderr, "strapd: --debug-memprofile: %v\n", err)
+		}
+	})
+	return stop, err
 }
 
 // startDebugFile creates path and starts writing a runtime recording into it (start); the
