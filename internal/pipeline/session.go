@@ -268,6 +268,7 @@ func (s *Session) finish(status string) (Result, error) {
 		err = s.Err()
 	}
 	direct, _ := s.w.Direct()
+	s.w.Release()
 	s.o.Log.Info("session finished", zap.String("status", end.Status), zap.Bool("direct_io", direct), zap.Uint64("packets", st.Packets),
 		zap.Uint64("drops", st.Drops), zap.Uint64("bytes_in", st.BytesIn), zap.Uint64("bytes_out", st.BytesOut),
 		zap.Uint64("file_bytes", res.FileBytes))

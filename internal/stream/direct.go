@@ -315,7 +315,9 @@ func (d *direct) submit(n int) {
 	for i+1 < len(d.bounds) && d.bounds[i+1] <= d.base {
 		i++
 	}
-	d.bounds = d.bounds[i:]
+	// Moved down rather than resliced: a slice that keeps losing its front grows a new
+	// array every few hundred packets (an allocation per ≈ 30 bytes of packets written).
+	d.bounds = d.bounds[:copy(d.bounds, d.bounds[i:])]
 	job := dirJob{buf: d.stage[:n], off: d.base, safe: d.bounds[0]}
 	nb := d.getBuf()
 	nb = append(nb, d.stage[n:]...)

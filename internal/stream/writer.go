@@ -8,6 +8,8 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
+	"slices"
+	"sync"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -79,6 +81,7 @@ type Writer struct {
 	names   map[string]uint32
 	nameLst []string
 	index   []indexEntry
+	payload []byte // the INDEX payload, encoded at Close
 	// journaled is how many of the index entries a resume took from an index journal.
 	journaled int
 
@@ -146,6 +149,9 @@ func NewWith(f *os.File, meta any, o WriterOptions) (*Writer, error) {
 		regular: st.Mode().IsRegular(),
 		codecOK: map[codec.ID]bool{},
 		names:   map[string]uint32{},
+	}
+	if a, ok := spareArrays.Get().(*writerArrays); ok {
+		w.index, w.payload = a.index[:0], a.payload[:0]
 	}
 	if w.regular {
 		if _, err := f.Seek(0, io.SeekStart); err != nil {
@@ -824,17 +830,46 @@ func (w *Writer) Abort(cause error) error {
 }
 
 // indexPayload encodes the INDEX payload (docs/STREAM_FORMAT.md 3).
-func (w *Writer) indexPayload() []byte { return encodeIndexPayload(w.nameLst, w.index) }
+func (w *Writer) indexPayload() []byte {
+	w.payload = appendIndexPayload(w.payload[:0], w.nameLst, w.index)
+	return w.payload
+}
+
+// writerArrays are the arrays a Writer grows with its stream (an index entry per packet,
+// the INDEX payload at Close), handed from a released Writer to the next one. Grown afresh
+// for every session they were half of what strapd allocated per decode capture, and the
+// garbage collector's runs with them (issue 38).
+type writerArrays struct {
+	index   []indexEntry
+	payload []byte
+}
+
+var spareArrays sync.Pool
+
+// Release gives the Writer's index arrays to a later Writer. Call it once the stream is
+// closed (or abandoned) and nothing will call the Writer again.
+func (w *Writer) Release() {
+	if w.index == nil && w.payload == nil {
+		return
+	}
+	spareArrays.Put(&writerArrays{index: w.index[:0], payload: w.payload[:0]})
+	w.index, w.payload = nil, nil
+}
 
 // encodeIndexPayload is the INDEX payload of entries whose names are names[e.nameIdx]: the
 // stream's INDEX packet and the records of an index journal (journal.go).
 func encodeIndexPayload(names []string, index []indexEntry) []byte {
+	return appendIndexPayload(nil, names, index)
+}
+
+// appendIndexPayload appends encodeIndexPayload's bytes to b.
+func appendIndexPayload(b []byte, names []string, index []indexEntry) []byte {
 	n := 4 + 8 + IndexEntryLen*len(index)
 	for _, s := range names {
 		n += 2 + len(s)
 	}
 	le := binary.LittleEndian
-	b := make([]byte, 0, n)
+	b = slices.Grow(b, n)
 	b = le.AppendUint32(b, uint32(len(names)))
 	for _, s := range names {
 		b = le.AppendUint16(b, uint16(len(s)))

@@ -596,3 +596,57 @@ func TestSharedPayloadChangedWhileWritten(t *testing.T) {
 		})
 	}
 }
+
+// TestReleasedArraysReused: a Writer that takes a released Writer's index arrays (longer,
+// and full of another stream's entries) writes the same bytes as one that starts empty.
+func TestReleasedArraysReused(t *testing.T) {
+	write := func(names []string, n int) (*Writer, []byte) {
+		t.Helper()
+		f := tempFile(t)
+		w, err := New(f, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			raw := normalF32(64, 0.25, uint64(i))
+			p := Packet{Header: Header{Type: TypeTensor, DType: dtype.Float32, Shape: []uint64{64}, Codec: codec.None,
+				Seq: uint64(i + 1), Step: uint64(i), RawLen: uint64(len(raw))}, Name: names[i%len(names)], Blocks: []Block{{Data: raw}}}
+			if err := w.WritePacket(&p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := w.Close(EndInfo{Status: "complete"}); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(f.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w, b
+	}
+	small := []string{"a", "b"}
+	w, want := write(small, 3)
+	w.Release()
+	reused := 0
+	for range 10 {
+		w, _ := write([]string{"model.layers.0.mlp", "model.layers.0.self_attn", "x"}, 500)
+		w.Release()
+		f := tempFile(t)
+		w2, err := New(f, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cap(w2.index) >= 500 && cap(w2.payload) > 0 {
+			reused++
+		}
+		w2.Release()
+		w3, got := write(small, 3)
+		w3.Release()
+		if !bytes.Equal(got, want) {
+			t.Fatal("a writer on recycled arrays wrote other bytes")
+		}
+	}
+	if reused == 0 {
+		t.Fatal("no writer took a released writer's arrays")
+	}
+}
