@@ -308,12 +308,17 @@ func (c *Collector) Watch(pid int) error {
 	// numa_maps costs tens of ms for a torch process (a page-table walk over ~1000
 	// mappings): the first reading waits one interval, so short sessions pay none.
 	c.numaRead[pid] = time.Now()
-	// Baselines, so the first interval counts from now.
+	// Baselines, so the first interval counts from now. The context switches are counted
+	// from /proc only when sched is not on bpf (Snapshot reads prevCtx only then): the
+	// sum over every thread's status file of a torch client cost ≈ 0.25 ms of CPU at
+	// each session's OPEN (issue 38).
 	if f, err := readProcFaults(c.procFS, pid); err == nil {
 		c.prevProc[pid] = f
 	}
-	if v, i, err := ctxSwitches(c.procFS, pid); err == nil {
-		c.prevCtx[pid] = [2]uint64{v, i}
+	if c.status[trace.CollectorSched].Source != trace.SourceBPF {
+		if v, i, err := ctxSwitches(c.procFS, pid); err == nil {
+			c.prevCtx[pid] = [2]uint64{v, i}
+		}
 	}
 	return nil
 }

@@ -162,3 +162,33 @@ func TestSnapshotEmptyCollections(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchContextSwitchBaseline: Watch reads a process's context switches from /proc (a
+// sum over its threads' status files) only where Snapshot counts them from there, i.e.
+// when sched is not on bpf.
+func TestWatchContextSwitchBaseline(t *testing.T) {
+	c, err := Start(Options{NoBPF: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pid := os.Getpid()
+	for _, tc := range []struct {
+		source string
+		want   bool
+	}{{trace.SourceProc, true}, {trace.SourceBPF, false}} {
+		t.Run(tc.source, func(t *testing.T) {
+			c.status[trace.CollectorSched].Source = tc.source
+			if err := c.Watch(pid); err != nil {
+				t.Fatal(err)
+			}
+			defer c.Unwatch(pid)
+			if _, got := c.prevCtx[pid]; got != tc.want {
+				t.Fatalf("sched on %s: baseline read %v, want %v", tc.source, got, tc.want)
+			}
+			if _, got := c.prevProc[pid]; !got {
+				t.Fatal("no page-fault baseline")
+			}
+		})
+	}
+}
