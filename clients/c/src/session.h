@@ -21,19 +21,9 @@
 #include "conn.h"
 #include "internal.h"
 #include "strap_checkpoint.h"
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-#ifndef F_SEAL_SEAL
-#define F_SEAL_SEAL 0x0001
-#define F_SEAL_SHRINK 0x0002
-#define F_SEAL_GROW 0x0004
-#define F_ADD_SEALS 1033
-#endif
+#include "strap_ringbuf.h"
 
 enum {
-	POPULATE_CHUNK = 4 << 20,
 	DEFAULT_MAX_RING = 1 << 30,
 	MIN_RING = 4096 + 64 * 1024,
 	DEFAULT_RING = 64 << 20, /* params.ring_size 0 */
@@ -57,10 +47,9 @@ typedef struct ss_resv {
 struct strap_session {
 	pthread_mutex_t mu;
 	int sock;
-	int ring_fd, out_fd, trace_fd, res_fd;
-	uint8_t *ring;
-	uint64_t ring_size, data_size;
-	uint64_t head, tail, published_head, populated;
+	int out_fd, trace_fd, res_fd;
+	srb_ring rb; /* the ring, its head and the tail strapd released (common/strap_ringbuf.h) */
+	uint64_t published_head;
 	uint64_t seq, last_tensor_seq;
 	uint64_t step, forward, next_forward, tokens;
 	uint64_t max_record, publish_bytes;

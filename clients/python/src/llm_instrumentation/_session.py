@@ -347,7 +347,7 @@ class CaptureSession:
         got = self._head(block=False)
         if got is None or got[0] == self.published_head:
             return
-        _c_store_published(self._ring_addr + PUBLISHED_OFFSET, got[0])
+        self.ring.store_published(got[0])
         self._deferred = True
 
     def _store_cursor(self) -> None:
@@ -355,7 +355,7 @@ class CaptureSession:
         killed now still has them written (the daemon takes them at EOF)."""
         got = self._head(block=False)
         if got is not None and got[0] > self._cursor_at:
-            _c_store_published(self._ring_addr + PUBLISHED_OFFSET, got[0])
+            self.ring.store_published(got[0])
             self._cursor_at = got[0]
 
     def _doorbell(self) -> None:
@@ -441,27 +441,23 @@ class CaptureSession:
         ring = self.ring
         rec_len = lay.record_len
         with self._lock:
-            head = ring.head
-            off = head % ring.data_size
-            if self._shut or self.error is not None or off + rec_len > ring.data_size \
-                    or head + rec_len - ring.tail > ring.data_size or head + rec_len > ring.populated:
-                return self._write_locked(name, lay, t, self.step, self.forward, meta)
-            file_off = HEADER_SIZE + off
             seq = self.seq + 1
             n = lay.tensor_len
-            if raw is None:
-                _c_write_record(self._ring_addr + file_off, lay.header, seq, rec_len, self.step, self.forward,
-                                lay.hdr_area, t.data_ptr(), n)
-            else:
-                _c_write_record_cuda(self._ring_addr + file_off, lay.header, seq, rec_len, self.step,
-                                     self.forward, lay.hdr_area, t.data_ptr(), n, raw[1])
-                self._cuda.queued_raw(raw[0], head + rec_len, seq)
+            # One C call: the check that the record needs nothing first (a PAD, space, pages),
+            # the header, the payload (or its queued copy) and the head moved on.
+            if self._shut or self.error is not None or not (
+                    ring.put(lay.header, seq, rec_len, self.step, self.forward, lay.hdr_area, t.data_ptr(), n)
+                    if raw is None else
+                    ring.put_cuda(lay.header, seq, rec_len, self.step, self.forward, lay.hdr_area, t.data_ptr(), n,
+                                  raw[1])):
+                return self._write_locked(name, lay, t, self.step, self.forward, meta)
+            if raw is not None:
+                self._cuda.queued_raw(raw[0], ring.head, seq)
             self.seq = seq
-            ring.head = head = head + rec_len
             self.last_tensor_seq = seq
             self.packets += 1
             self.bytes_in += n
-            if head - self.published_head >= self.publish_bytes:
+            if ring.head - self.published_head >= self.publish_bytes:
                 try:
                     self._publish(block=False)
                 except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
@@ -561,24 +557,19 @@ class CaptureSession:
                 return self.write_tensor(name, t, self.step, self.forward, meta)
             self._meta_layouts[name] = (meta, lay)
         ring = self.ring
-        rec_len = lay.record_len
         with self._lock:
-            head = ring.head
-            off = head % ring.data_size
-            if _c_write_record is None or not lay.memmove or not t.is_cpu or not t.is_contiguous() \
-                    or self._shut or self.error is not None or off + rec_len > ring.data_size \
-                    or head + rec_len - ring.tail > ring.data_size or head + rec_len > ring.populated:
-                return self._write_locked(name, lay, t, self.step, self.forward, meta)
             seq = self.seq + 1
             n = lay.tensor_len
-            _c_write_record(self._ring_addr + HEADER_SIZE + off, lay.header, seq, rec_len, self.step, self.forward,
-                            lay.hdr_area, t.data_ptr(), n)
+            if _c_write_record is None or not lay.memmove or not t.is_cpu or not t.is_contiguous() \
+                    or self._shut or self.error is not None \
+                    or not ring.put(lay.header, seq, lay.record_len, self.step, self.forward, lay.hdr_area,
+                                    t.data_ptr(), n):
+                return self._write_locked(name, lay, t, self.step, self.forward, meta)
             self.seq = seq
-            ring.head = head = head + rec_len
             self.last_tensor_seq = seq
             self.packets += 1
             self.bytes_in += n
-            if head - self.published_head >= self.publish_bytes:
+            if ring.head - self.published_head >= self.publish_bytes:
                 try:
                     self._publish(block=False)
                 except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
@@ -801,10 +792,7 @@ class CaptureSession:
             pad, needed = ring.placement(rec_len)
             if not ring.fits(needed):
                 return False
-        if pad:
-            ring.write_pad(pad)
-        if ring.head + rec_len > ring.populated:
-            ring.populate(ring.head + rec_len)
+        ring.place(pad, rec_len)
         return True
 
     def _put_token(self, index: int, token_id: int, position: int, text_b: bytes) -> bool:

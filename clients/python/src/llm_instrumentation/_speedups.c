@@ -352,9 +352,15 @@ write_record_sum(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* cudaMemcpyAsync(dst, src, count, kind, stream) -> cudaError_t, from the CUDA runtime's
  * header; kind 2 is cudaMemcpyDeviceToHost. */
-typedef int (*cuda_memcpy_async_fn)(void *, const void *, size_t, int, void *);
-#define CUDA_MEMCPY_DEVICE_TO_HOST 2
+typedef speedups_cuda_memcpy_fn cuda_memcpy_async_fn;
+#define CUDA_MEMCPY_DEVICE_TO_HOST SPEEDUPS_CUDA_D2H
 static cuda_memcpy_async_fn cuda_memcpy_async;
+
+speedups_cuda_memcpy_fn
+speedups_cuda_memcpy(void)
+{
+    return cuda_memcpy_async;
+}
 
 PyDoc_STRVAR(bind_cuda_memcpy_doc,
              "bind_cuda_memcpy(addr)\n"
@@ -1000,6 +1006,8 @@ module_exec(PyObject *m)
     if (PyModule_AddFunctions(m, speedups_fp8_methods) < 0)
         return -1;
     if (PyModule_AddFunctions(m, speedups_resume_methods) < 0)
+        return -1;
+    if (speedups_ring_add(m) < 0)
         return -1;
     static const struct {
         const char *name;

@@ -43,4 +43,13 @@ nargs_check(const char *fn, Py_ssize_t nargs, Py_ssize_t want)
     return -1;
 }
 
+/* The cudaMemcpyAsync bound by bind_cuda_memcpy (_speedups.c), NULL when none: the small CUDA
+ * records' copies (write_record_cuda; Ring.put_cuda in _speedups_ring.c). */
+typedef int (*speedups_cuda_memcpy_fn)(void *, const void *, size_t, int, void *);
+#define SPEEDUPS_CUDA_D2H 2
+speedups_cuda_memcpy_fn speedups_cuda_memcpy(void);
+
+/* Add the Ring type (_speedups_ring.c) to the module. */
+int speedups_ring_add(PyObject *m);
+
 #endif
