@@ -152,3 +152,17 @@ srb_store_published(srb_ring *r, uint64_t pos)
     /* The ring's base is page aligned, so the u64 at offset 32 is naturally aligned. */
     atomic_store_explicit((_Atomic uint64_t *)(void *)(r->base + SR_PUBLISHED_OFFSET), pos, memory_order_release);
 }
+
+bool
+srb_put_token(srb_ring *r, uint64_t seq, uint64_t index, int64_t token_id, int64_t position, const char *text,
+              size_t text_len)
+{
+    uint64_t rec_len = sr_token_record_len(text_len);
+    uint64_t pad = srb_pad_for(r, rec_len);
+    if (!srb_fits(r, pad + rec_len))
+        return false;
+    srb_place(r, pad, rec_len);
+    sr_encode_token_record(srb_at(r, r->head), seq, index, token_id, position, text, text_len);
+    r->head += rec_len;
+    return true;
+}

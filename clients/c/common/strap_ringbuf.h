@@ -29,6 +29,7 @@
 #define srb_place strap__srb_place
 #define srb_release strap__srb_release
 #define srb_store_published strap__srb_store_published
+#define srb_put_token strap__srb_put_token
 
 enum {
     /* On the ring's first lap its pages are populated this far ahead of the head at a time:
@@ -74,6 +75,14 @@ int srb_release(srb_ring *r, uint64_t tail, char *err, size_t errlen);
 /* Store the published cursor (PROTOCOL.md 1.4, "Deferred PUBLISH") with release semantics:
  * every record below pos is complete before a daemon that loads it (acquire) can see it. */
 void srb_store_published(srb_ring *r, uint64_t pos);
+
+/* Write a TOKEN record (PROTOCOL.md 2, "TOKEN records") of sequence number seq at the head, a
+ * PAD first where the region ends too soon, and move the head past it: the token's index, its
+ * id and position, its UTF-8 text (at most SR_MAX_TOKEN_TEXT bytes, checked by the caller).
+ * False, writing nothing, when it does not fit the space known to be free now (a token never
+ * waits for ring space: the caller drains RELEASEs and tries again, or sends a TOKEN message). */
+bool srb_put_token(srb_ring *r, uint64_t seq, uint64_t index, int64_t token_id, int64_t position, const char *text,
+                   size_t text_len);
 
 /* Bytes written but not yet released. */
 static inline uint64_t

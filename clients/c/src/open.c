@@ -488,6 +488,10 @@ static int connect_and_open(strap_session *s, const strap_session_params *p, con
 		return e;
 	s->session_id = r.u.opened.session;
 	s->cursor = r.u.opened.published_cursor != 0;
+	s->rt_every = p->ring_tokens_every ? p->ring_tokens_every : RING_TOKENS_EVERY;
+	s->rt_seconds = p->ring_tokens_seconds > 0 ? p->ring_tokens_seconds : RING_TOKENS_SECONDS;
+	s->ring_tokens = s->cursor && r.u.opened.ring_tokens && s->trace_fd < 0 && s->rt_every > 1;
+	s->last_message = sc_now();
 	free(s->upload); /* a retried open (memory budget) answers again */
 	s->upload = r.u.opened.upload[0] ? dupstr(r.u.opened.upload, NULL) : NULL;
 	if (r.u.opened.upload[0] && !s->upload)

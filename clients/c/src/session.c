@@ -243,6 +243,8 @@ static int publish_to(strap_session *s, uint64_t head, uint64_t seq)
 	s->published_head = head;
 	s->publishes++;
 	s->deferred = false;
+	s->unsent_tokens = 0;
+	s->last_message = sc_now();
 	return STRAP_OK;
 }
 
@@ -308,6 +310,22 @@ static int defer_publish(strap_session *s)
 	 * reservation's too: its commit came first, under the lock). */
 	srb_store_published(&s->rb, to);
 	s->deferred = true;
+	return STRAP_OK;
+}
+
+/* Ring tokens: name the records and tokens written so far by one PUBLISH once rt_every tokens
+ * wait or rt_seconds passed since the last message; until then they lie below the published
+ * cursor only, stored past every complete record (a client killed now still has them written:
+ * strapd takes them at EOF). */
+static int doorbell(strap_session *s)
+{
+	if (s->unsent_tokens >= s->rt_every || sc_now() - s->last_message >= s->rt_seconds)
+		return ss_publish(s);
+	uint64_t seq, to = frontier(s, &seq);
+	if (to > s->cursor_at) {
+		srb_store_published(&s->rb, to);
+		s->cursor_at = to;
+	}
 	return STRAP_OK;
 }
 
@@ -794,10 +812,15 @@ int strap_session_flush(strap_session *s)
 		return STRAP_E_INVALID;
 	pthread_mutex_lock(&s->mu);
 	int e = ss_check(s);
-	if (!e)
-		/* Before the first token (prefill, a capture without tokens) each pass is
-		 * published at once. */
-		e = s->cursor && s->tokens ? defer_publish(s) : ss_publish(s);
+	/* Before the first token (prefill, a capture without tokens) each pass is published at
+	 * once; while generating, its records wait below the cursor for the next TOKEN message, or
+	 * with ring tokens for the PUBLISH that names several tokens' passes. */
+	if (!e && s->ring_tokens && s->tokens)
+		e = doorbell(s);
+	else if (!e && s->cursor && s->tokens)
+		e = defer_publish(s);
+	else if (!e)
+		e = ss_publish(s);
 	pthread_mutex_unlock(&s->mu);
 	return e;
 }
@@ -843,6 +866,24 @@ int strap_session_token(strap_session *s, int64_t token_id, const char *text, si
 		e = ss_fail(s, STRAP_E_INVALID, "token %llu text is not valid UTF-8", (unsigned long long)s->tokens);
 		goto out;
 	}
+	if (s->ring_tokens && position >= 0 && text_len <= SR_MAX_TOKEN_TEXT && !s->resv_n) {
+		/* a TOKEN record at the head; where it does not fit, RELEASEs received since the
+		 * last publish may free the space, else a message goes instead */
+		uint64_t seq = s->seq + 1;
+		bool put = srb_put_token(&s->rb, seq, s->tokens, token_id, position, text, text_len);
+		if (!put && !(e = drain(s)))
+			put = srb_put_token(&s->rb, seq, s->tokens, token_id, position, text, text_len);
+		if (e)
+			goto out;
+		if (put) {
+			s->seq = s->last_tensor_seq = seq;
+			s->tokens++;
+			s->token_records++;
+			s->unsent_tokens++;
+			e = doorbell(s);
+			goto out;
+		}
+	}
 	if ((e = drain(s)))
 		goto out;
 	uint64_t fseq;
@@ -869,6 +910,8 @@ int strap_session_token(strap_session *s, int64_t token_id, const char *text, si
 	if (has_head)
 		s->published_head = s->rb.head;
 	s->deferred = false;
+	s->unsent_tokens = 0;
+	s->last_message = sc_now();
 	s->seq++;
 	s->tokens++;
 out:
@@ -962,6 +1005,7 @@ strap_session_stats strap_session_get_stats(strap_session *s)
 	for (uint32_t i = 0; i < s->resv_n; i++)
 		st.reserved += s->resv[(s->resv_first + i) % s->resv_cap].state == RESV_OPEN;
 	st.aborts = s->aborts;
+	st.token_records = s->token_records;
 	pthread_mutex_unlock(&s->mu);
 	return st;
 }

@@ -31,7 +31,9 @@ enum {
 	LOCK_WAIT_S = 30,        /* a resume waits this long for a gone holder's lock (CHECKPOINTS.md 5) */
 	LOCK_WAIT_NEW_S = 10,    /* a new capture, this long */
 	DEFAULT_RESERVATIONS = 64,
+	RING_TOKENS_EVERY = 16, /* params.ring_tokens_every 0 */
 };
+#define RING_TOKENS_SECONDS 0.25 /* params.ring_tokens_seconds 0 */
 
 /* One reservation (strap_session_reserve) not yet published, in ring order: its record's ring
  * position and sequence number. Committed ones stay until the publish frontier passes them. An
@@ -62,6 +64,15 @@ struct strap_session {
 	 * records are named by the next TOKEN's head, not a PUBLISH of their own (PROTOCOL.md 1.4) */
 	bool cursor;
 	bool deferred; /* a pass's records lie below the cursor, not yet named by a message */
+	/* ring tokens (OPENED ring_tokens, the cursor, no trace file, params.ring_tokens_every > 1):
+	 * tokens go into the ring as TOKEN records, one PUBLISH per rt_every of them or rt_seconds */
+	bool ring_tokens;
+	uint32_t rt_every;
+	double rt_seconds;
+	uint64_t unsent_tokens; /* TOKEN records no message has named yet */
+	uint64_t token_records; /* TOKEN records written */
+	uint64_t cursor_at;     /* the published cursor last stored */
+	double last_message;    /* sc_now() of the last PUBLISH or TOKEN message sent */
 	/* reservations in ring order: a circular table of resv_cap entries from resv_first; no
 	 * record at or past the first one not committed is published */
 	ss_resv *resv;

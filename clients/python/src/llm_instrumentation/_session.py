@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional, Seq
 from . import _daemon
 from . import _protocol as P
 from ._dtypes import dtype_size, torch_dtype_id
-from ._ring import (HEADER_SIZE, MAX_TOKEN_TEXT, PUBLISHED_OFFSET, Ring, align64, encode_record_header,
-                    header_area, keep_ring, take_ring, token_record_len)
+from ._ring import (HEADER_SIZE, MAX_TOKEN_TEXT, Ring, align64, encode_record_header,
+                    header_area, keep_ring, take_ring)
 from ._ring import _c as _speedups  # imported by _ring, which says what is missing without it
 from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError
 
@@ -65,15 +65,13 @@ SMALL_COPY = 64 << 10
 
 #: One C call places a record (_speedups.c says why): the cached header area, then seq,
 #: record_len, step and forward, then, given a source address, the payload (libstrap's
-#: strap_ring.h; the session never writes a header field itself). _put_record is what every
-#: path uses; _c_write_record is the same function for the hooks' fast path in record(), which
-#: tests set to None to send records through write_tensor instead.
+#: strap_ring.h; the session never writes a header field itself). The hooks' fast path in
+#: record() is the ring's own call, Ring.put (put_cuda for a small CUDA tensor: the payload
+#: one queued cudaMemcpyAsync, _cuda.py), which checks the space and moves the head too;
+#: _put_record is write_record at an address, for records whose space was made ready first.
+#: Tests set _c_write_record to None to send records through write_tensor instead.
 _put_record = _speedups.write_record
 _c_write_record: Optional[Callable[..., None]] = _speedups.write_record
-#: The same for a small CUDA tensor's payload: one queued cudaMemcpyAsync (_speedups.c, _cuda.py).
-_c_write_record_cuda: Callable[..., None] = _speedups.write_record_cuda
-#: The published cursor's release store (PROTOCOL.md 1.4, "Deferred PUBLISH").
-_c_store_published: Callable[[int, int], None] = _speedups.store_published
 
 
 class _Layout(NamedTuple):
@@ -796,17 +794,17 @@ class CaptureSession:
         return True
 
     def _put_token(self, index: int, token_id: int, position: int, text_b: bytes) -> bool:
-        """Under the lock: one TOKEN record at the head (PROTOCOL.md 2), no doorbell; False,
-        writing nothing, when it does not fit now."""
-        rec_len = token_record_len(len(text_b))
-        if not self._claim(rec_len):
-            return False
-        seq = self._next_seq()
+        """Under the lock: one TOKEN record at the head (PROTOCOL.md 2; libstrap's
+        ``srb_put_token``: a PAD first where the region ends too soon), no doorbell; False,
+        writing nothing, when it does not fit now, RELEASEs received since the last publish
+        drained."""
+        seq = self.seq + 1
         ring = self.ring
-        # _ring.encode_token_record's C encoder called directly: a batching engine writes a
-        # step's tokens through here, and the keyword wrapper costs a call per token
-        ring.write_header(_speedups.encode_token_record(seq, index, token_id, position, text_b))
-        ring.head += rec_len
+        if not ring.put_token(seq, index, token_id, position, text_b):
+            self.drain()
+            if not ring.put_token(seq, index, token_id, position, text_b):
+                return False
+        self.seq = seq
         # The last record of the window: a PUBLISH ending here names its seq.
         # (No CUDA copy: while earlier copies run, a publish names only their completed
         # prefix, and this record once they all completed.)

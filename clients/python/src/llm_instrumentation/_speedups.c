@@ -447,25 +447,6 @@ store_published(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* ----- the ring layout (strap_ring.h) for _ring.py and _session.py -------------------------- */
 
-/* An int masked to 64 bits (two's complement for a negative one), as the wire stores a token's
- * id and position. */
-static int
-u64_masked(PyObject *o, const char *what, uint64_t *out)
-{
-    if (!PyLong_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int", what);
-        return -1;
-    }
-    PyObject *mask = PyLong_FromUnsignedLongLong(UINT64_MAX);
-    PyObject *m = mask ? PyNumber_And(o, mask) : NULL;
-    Py_XDECREF(mask);
-    if (m == NULL)
-        return -1;
-    *out = (uint64_t)PyLong_AsUnsignedLongLong(m);
-    Py_DECREF(m);
-    return PyErr_Occurred() ? -1 : 0;
-}
-
 PyDoc_STRVAR(encode_ring_header_doc,
              "encode_ring_header(ring_size)\n"
              "--\n\n"

@@ -178,6 +178,35 @@ ring_put_cuda(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_TRUE;
 }
 
+PyDoc_STRVAR(put_token_doc,
+             "put_token(seq, index, token_id, position, text)\n"
+             "--\n\n"
+             "Write a TOKEN record (PROTOCOL.md 2, \"TOKEN records\") of sequence number seq at the head, a\n"
+             "PAD first where the region ends too soon, and move the head past it: the token's index,\n"
+             "its id and position (ints, stored as two's complement u64), its UTF-8 text (bytes, at most\n"
+             "MAX_TOKEN_TEXT). True when written; False, writing nothing, when it does not fit the space\n"
+             "known to be free now (strap_ringbuf.h's srb_put_token) or the ring is closed.");
+
+static PyObject *
+ring_put_token(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
+{
+    RingObject *self = (RingObject *)o;
+    uint64_t seq, index, token_id, position;
+    char *text;
+    Py_ssize_t n;
+    if (nargs_check("put_token", nargs, 5) || u64_arg(args[0], "seq", &seq) || u64_arg(args[1], "index", &index) ||
+        u64_masked(args[2], "token_id", &token_id) || u64_masked(args[3], "position", &position) ||
+        PyBytes_AsStringAndSize(args[4], &text, &n) < 0)
+        return NULL;
+    if ((uint64_t)n > SR_MAX_TOKEN_TEXT) {
+        PyErr_Format(PyExc_ValueError, "put_token: a text of %zd bytes exceeds %d", n, SR_MAX_TOKEN_TEXT);
+        return NULL;
+    }
+    if (self->closed)
+        Py_RETURN_FALSE;
+    return PyBool_FromLong(srb_put_token(&self->r, seq, index, (int64_t)token_id, (int64_t)position, text, (size_t)n));
+}
+
 /* ----- space --------------------------------------------------------------------------------- */
 
 PyDoc_STRVAR(placement_doc, "placement(record_len)\n"
@@ -364,6 +393,7 @@ ring_close(PyObject *o, PyObject *unused)
 static PyMethodDef ring_methods[] = {
     {"put", (PyCFunction)(void (*)(void))ring_put, METH_FASTCALL, put_doc},
     {"put_cuda", (PyCFunction)(void (*)(void))ring_put_cuda, METH_FASTCALL, put_cuda_doc},
+    {"put_token", (PyCFunction)(void (*)(void))ring_put_token, METH_FASTCALL, put_token_doc},
     {"placement", ring_placement, METH_O, placement_doc},
     {"fits", ring_fits, METH_O, fits_doc},
     {"release", ring_release, METH_O, release_doc},
