@@ -56,31 +56,27 @@ int ss_check(strap_session *s)
 
 int ss_send_buf(strap_session *s, const sw_buf *b, const int *fds, int nfds);
 
-/* The daemon's last ERROR when it closed with one queued (it usually does): a peer closing
- * with our messages unread makes the next recv fail once with ECONNRESET, and what it sent
- * before closing is still queued behind that (PROTOCOL.md 1.4). */
+/* A datagram left on a connection the daemon closed: its ERROR is the session's failure. */
+static void salvaged(const uint8_t *msg, size_t n, void *arg)
+{
+	strap_session *s = arg;
+	sp_reply r;
+	char why[200];
+	if (sp_decode_reply(msg, n, &r, why, sizeof why) != STRAP_OK || r.type != SP_ERROR)
+		return;
+	ss_fail(s, STRAP_E_DAEMON, "strapd error %s: %s", r.u.error.code, r.u.error.message);
+	snprintf(s->err.daemon_code, sizeof s->err.daemon_code, "%s", r.u.error.code);
+	s->has_fits_ring_size = r.u.error.has_fits_ring_size;
+	s->fits_ring_size = r.u.error.fits_ring_size;
+	s->salvaged = true;
+}
+
+/* The daemon's last ERROR when it closed with one queued (it usually does; common/strap_channel.h). */
 static bool salvage(strap_session *s)
 {
-	bool found = false;
-	for (int i = 0; i < 256; i++) {
-		ssize_t n = sc_recv(s->sock, s->rbuf, SP_MAX_MESSAGE + 1, 0);
-		if (n == -ECONNRESET)
-			continue;
-		if (n <= 0 || n > SP_MAX_MESSAGE)
-			break;
-		sp_reply r;
-		char why[200];
-		if (sp_decode_reply(s->rbuf, (size_t)n, &r, why, sizeof why) != STRAP_OK)
-			break;
-		if (r.type == SP_ERROR) {
-			ss_fail(s, STRAP_E_DAEMON, "strapd error %s: %s", r.u.error.code, r.u.error.message);
-			snprintf(s->err.daemon_code, sizeof s->err.daemon_code, "%s", r.u.error.code);
-			s->has_fits_ring_size = r.u.error.has_fits_ring_size;
-			s->fits_ring_size = r.u.error.fits_ring_size;
-			found = true;
-		}
-	}
-	return found;
+	s->salvaged = false;
+	sch_salvage(s->sock, s->rbuf, SP_MAX_MESSAGE + 1, salvaged, s);
+	return s->salvaged;
 }
 
 static int dead(strap_session *s, const char *what, int e)
@@ -94,7 +90,7 @@ int ss_send_buf(strap_session *s, const sw_buf *b, const int *fds, int nfds)
 {
 	if (b->overflow)
 		return ss_fail(s, STRAP_E_TOO_LARGE, "message exceeds %d bytes", SP_MAX_MESSAGE);
-	int r = sc_send(s->sock, b->p, b->n, fds, nfds);
+	int r = sch_send(s->sock, b->p, b->n, fds, nfds);
 	if (r == 0)
 		return STRAP_OK;
 	if (r == -EPIPE || r == -ECONNRESET)
@@ -105,7 +101,7 @@ int ss_send_buf(strap_session *s, const sw_buf *b, const int *fds, int nfds)
 /* Receive one message: 1 when *r holds one, 0 when none came within timeout_ms, < 0 error. */
 static int recv_reply(strap_session *s, int timeout_ms, sp_reply *r)
 {
-	ssize_t n = sc_recv(s->sock, s->rbuf, SP_MAX_MESSAGE + 1, timeout_ms);
+	ssize_t n = sch_recv(s->sock, s->rbuf, SP_MAX_MESSAGE + 1, timeout_ms);
 	if (n == -EAGAIN)
 		return 0;
 	if (n == -ECONNRESET)

@@ -20,6 +20,7 @@
 
 #include "conn.h"
 #include "internal.h"
+#include "strap_channel.h"
 #include "strap_checkpoint.h"
 #include "strap_ringbuf.h"
 
@@ -80,6 +81,7 @@ struct strap_session {
 	uint32_t resv_cap, resv_first, resv_n;
 	uint64_t aborts;
 	strap_error err;
+	bool salvaged; /* salvage() found the daemon's last ERROR */
 	/* the last memory_budget ERROR's fits_ring_size (open.c retries a default ring with it) */
 	bool has_fits_ring_size;
 	uint64_t fits_ring_size;

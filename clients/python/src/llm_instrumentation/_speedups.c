@@ -974,7 +974,8 @@ static PyMethodDef methods[] = {
 extern PyMethodDef speedups_wire_methods[];
 extern PyMethodDef speedups_checkpoint_methods[]; /* the checkpoint file (_speedups_checkpoint.c) */
 extern PyMethodDef speedups_fp8_methods[];
-extern PyMethodDef speedups_resume_methods[]; /* the resume point (_speedups_resume.c) */
+extern PyMethodDef speedups_resume_methods[];  /* the resume point (_speedups_resume.c) */
+extern PyMethodDef speedups_channel_methods[]; /* the control connection's datagrams (_speedups_channel.c) */
 
 /* strap_ring.h's constants, under the names _ring.py gives them; strap_streamlock.h's verdicts. */
 static int
@@ -987,6 +988,8 @@ module_exec(PyObject *m)
     if (PyModule_AddFunctions(m, speedups_fp8_methods) < 0)
         return -1;
     if (PyModule_AddFunctions(m, speedups_resume_methods) < 0)
+        return -1;
+    if (PyModule_AddFunctions(m, speedups_channel_methods) < 0)
         return -1;
     if (speedups_ring_add(m) < 0)
         return -1;
