@@ -156,10 +156,12 @@ class Ring(_c.Ring):
         self.cuda: Any = None
 
     def _bytes(self) -> Any:
-        """A ctypes array over the whole mapping that keeps this ring (and so the mapping)
-        alive while any view of it lives: the C type unmaps only when it goes."""
+        """A ctypes array over the whole mapping that keeps the mapping (:attr:`mapping`, the
+        C object that unmaps it when it goes) alive while any view of it lives. It holds the
+        mapping, not the ring: the ring caches a view (:meth:`u8`), and a ring held by its
+        own view would be a cycle the collector cannot see through torch's storage."""
         arr = (ctypes.c_uint8 * self.ring_size).from_address(self.base)
-        arr._ring = self
+        arr._mapping = self.mapping
         return arr
 
     @property
@@ -195,7 +197,7 @@ class Ring(_c.Ring):
         cuda, self.cuda = self.cuda, None
         if cuda is not None:
             cuda.close()
-        self._u8 = None  # the view holds the ring: without this, the two would keep each other
+        self._u8 = None  # the mapping goes with the last view (and the ring)
         super().close()
 
 

@@ -6,8 +6,10 @@
  * a whole record with nothing to do first, is one call (put, put_cuda): the check, the header
  * and the payload, and the head moved on.
  *
- * The mapping stays until the object goes (close closes the memfd only): views of it that
- * _ring.py hands to torch keep the object alive, so no view outlives the mapping.
+ * The mapping belongs to a small object of its own (Ring.mapping, unmapped when it goes): views
+ * of the mapping that _ring.py hands to torch hold that object, not the ring, so no view
+ * outlives the mapping and a ring that caches a view (its torch tensor) makes no reference
+ * cycle the collector cannot see through. close closes the memfd only.
  */
 #define Py_LIMITED_API 0x030A0000
 #define PY_SSIZE_T_CLEAN
@@ -16,6 +18,7 @@
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "strap_ring.h"
 #include "strap_ringbuf.h"
@@ -26,7 +29,60 @@ typedef struct {
     PyObject_HEAD
     srb_ring r;
     int closed;
+    PyObject *mapping; /* the MappingObject that unmaps r.base */
 } RingObject;
+
+/* The ring's mapping, unmapped when the last reference goes. */
+typedef struct {
+    PyObject_HEAD
+    void *base;
+    size_t size;
+} MappingObject;
+
+static PyObject *mapping_type;
+
+static void
+mapping_dealloc(PyObject *o)
+{
+    MappingObject *self = (MappingObject *)o;
+    PyTypeObject *tp = Py_TYPE(o);
+    if (self->base)
+        munmap(self->base, self->size);
+    freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    f(o);
+    Py_DECREF(tp);
+}
+
+static PyObject *
+mapping_get_address(PyObject *o, void *c)
+{
+    (void)c;
+    return PyLong_FromVoidPtr(((MappingObject *)o)->base);
+}
+
+static PyObject *
+mapping_get_size(PyObject *o, void *c)
+{
+    (void)c;
+    return PyLong_FromSize_t(((MappingObject *)o)->size);
+}
+
+static PyGetSetDef mapping_getset[] = {
+    {"address", mapping_get_address, NULL, "the mapping's address", NULL},
+    {"size", mapping_get_size, NULL, "its bytes", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot mapping_slots[] = {
+    {Py_tp_dealloc, mapping_dealloc},
+    {Py_tp_getset, mapping_getset},
+    {Py_tp_doc, "A ring's mapping (Ring.mapping): unmapped when the last reference to it goes."},
+    {0, NULL},
+};
+
+static PyType_Spec mapping_spec = {
+    "llm_instrumentation._speedups.RingMapping", sizeof(MappingObject), 0, Py_TPFLAGS_DEFAULT, mapping_slots,
+};
 
 static PyObject *
 ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -49,6 +105,14 @@ ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         Py_DECREF(self);
         return NULL;
     }
+    MappingObject *m = (MappingObject *)PyType_GenericAlloc((PyTypeObject *)mapping_type, 0);
+    if (m == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    m->base = self->r.base;
+    m->size = (size_t)self->r.ring_size;
+    self->mapping = (PyObject *)m;
     return (PyObject *)self;
 }
 
@@ -57,7 +121,10 @@ ring_dealloc(PyObject *o)
 {
     RingObject *self = (RingObject *)o;
     PyTypeObject *tp = Py_TYPE(o);
+    if (self->mapping != NULL)
+        self->r.base = NULL; /* the mapping object unmaps it, once no view is left */
     srb_destroy(&self->r);
+    Py_XDECREF(self->mapping);
     freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
     f(o);
     Py_DECREF(tp);
@@ -500,7 +567,17 @@ ring_get_closed(PyObject *o, void *c)
     return PyBool_FromLong(((RingObject *)o)->closed);
 }
 
+static PyObject *
+ring_get_mapping(PyObject *o, void *c)
+{
+    (void)c;
+    PyObject *m = ((RingObject *)o)->mapping;
+    Py_INCREF(m);
+    return m;
+}
+
 static PyGetSetDef ring_getset[] = {
+    {"mapping", ring_get_mapping, NULL, "the mapping's owner: a view of the mapping holds it", NULL},
     {"head", ring_get_head, ring_set_head, "next write position (bytes written since the start, never wraps)", NULL},
     {"tail", ring_get_tail, NULL, "newest position released by strapd", NULL},
     {"populated", ring_get_populated, NULL, "data bytes from the start populated (2**64-1: all)", NULL},
@@ -532,6 +609,9 @@ static PyType_Spec ring_spec = {
 int
 speedups_ring_add(PyObject *m)
 {
+    mapping_type = PyType_FromSpec(&mapping_spec);
+    if (mapping_type == NULL)
+        return -1;
     PyObject *t = PyType_FromSpec(&ring_spec);
     if (t == NULL)
         return -1;
