@@ -10,8 +10,9 @@ ring or message encoder: a source install needs a C compiler); ``_native`` is
 monitor takes its Python paths, which write the same bytes.
 
 Both compile C they share with libstrap, the C client: ``clients/c/common`` in a checkout (the
-ring layout ``strap_ring.h``, the control messages' encoders and reply decoder ``strap_wire.c``
-with their JSON ``strap_json.c`` (``_protocol.py`` has no encoder or parser of its own), the
+ring layout ``strap_ring.h`` and the ring itself ``strap_ringbuf.c``, the control messages'
+encoders and reply decoder ``strap_wire.c`` with their JSON ``strap_json.c`` and their datagrams
+``strap_channel.c`` (``_protocol.py`` has no encoder or parser of its own), the
 stream lock ``strap_streamlock.h``, the per-rank stream name ``strap_rank.h``, the resource
 events' template filling ``_render_core.h`` and its schema ``_records.h``, generated from
 ``resources/records.py``). An sdist carries a copy of that folder at ``common/`` (the ``sdist``

@@ -248,6 +248,17 @@ typedef struct strap_session_params {
 	/* Reservations (strap_session_reserve) outstanding at once, at most; the table is
 	 * allocated at open. 0: 64. */
 	uint32_t max_reservations;
+	/* Ring tokens (PROTOCOL.md 1.4, "TOKEN records"): where strapd offers them and the
+	 * published cursor, and the session has no trace file (a trace's per-token counters are
+	 * read as each TOKEN message arrives), a token with a position (>= 0) goes into the ring as
+	 * a TOKEN record, the published cursor is stored past it, and one PUBLISH names the records
+	 * and tokens once this many tokens wait, or ring_tokens_seconds after the last message:
+	 * strapd wakes once per several tokens instead of once per token. 0: 16; 1: one TOKEN
+	 * message per token. A token whose record does not fit the ring now goes as a message
+	 * (a token never waits for ring space). */
+	uint32_t ring_tokens_every;
+	/* 0: 0.25 s. */
+	double ring_tokens_seconds;
 
 	/* Object storage (docs/OBJECT_STORAGE.md; PROTOCOL.md 1.3 "upload"): strapd uploads the
 	 * stream while it writes it, as "<upload>/<base name of the output>", with the trace and
@@ -467,10 +478,11 @@ STRAP_API int strap_session_close(strap_session *s, strap_closed *out);
  * not one). Thread-safe. */
 typedef struct strap_session_stats {
 	uint64_t records, tokens, drops, drop_bytes, bytes_in, publishes, checkpoints;
-	uint64_t session_id; /* OPENED's session number */
-	uint64_t ring_size;  /* the ring in use (params.ring_size clamped to the daemon's max_ring_size) */
-	uint64_t reserved;   /* reservations outstanding (neither committed nor aborted) */
-	uint64_t aborts;     /* reservations aborted (each a DROP "aborted", counted in drops once sent) */
+	uint64_t session_id;    /* OPENED's session number */
+	uint64_t ring_size;     /* the ring in use (params.ring_size clamped to the daemon's max_ring_size) */
+	uint64_t reserved;      /* reservations outstanding (neither committed nor aborted) */
+	uint64_t aborts;        /* reservations aborted (each a DROP "aborted", counted in drops once sent) */
+	uint64_t token_records; /* tokens written into the ring as TOKEN records (params.ring_tokens_every) */
 } strap_session_stats;
 STRAP_API strap_session_stats strap_session_get_stats(strap_session *s);
 

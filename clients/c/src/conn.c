@@ -1,7 +1,7 @@
 /* Finding strapd and talking to it: the socket resolution of PROTOCOL.md 1; the connect, with
  * the detached `strapd serve` started when nobody answers, by one process at a time, is
- * common/strap_connect.h (the Python client's _daemon.py connects with it too); and the
- * SOCK_SEQPACKET datagrams with SCM_RIGHTS descriptors. */
+ * common/strap_connect.h (the Python client's _daemon.py connects with it too). The datagrams
+ * are common/strap_channel.h's. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -79,52 +79,4 @@ int sc_connect(const char *explicit_path, int autostart, const char *bin_given, 
 		return STRAP_E_CONNECT;
 	}
 	return fd;
-}
-
-int sc_send(int fd, const void *data, size_t n, const int *fds, int nfds)
-{
-	struct iovec iov = {(void *)data, n};
-	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-	union {
-		char buf[CMSG_SPACE(sizeof(int) * 4)];
-		struct cmsghdr align;
-	} u;
-	if (nfds > 0) {
-		memset(&u, 0, sizeof u);
-		m.msg_control = u.buf;
-		m.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-		struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-		memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-	}
-	for (;;) {
-		ssize_t r = sendmsg(fd, &m, MSG_NOSIGNAL);
-		if (r >= 0)
-			return 0;
-		if (errno != EINTR)
-			return -errno;
-	}
-}
-
-ssize_t sc_recv(int fd, uint8_t *buf, size_t cap, int timeout_ms)
-{
-	if (timeout_ms != 0) {
-		struct pollfd p = {fd, POLLIN, 0};
-		int r;
-		while ((r = poll(&p, 1, timeout_ms)) < 0 && errno == EINTR)
-			;
-		if (r == 0)
-			return -EAGAIN;
-	}
-	for (;;) {
-		/* MSG_TRUNC: the real datagram length, so an oversized one is caught */
-		ssize_t r = recv(fd, buf, cap, MSG_DONTWAIT | MSG_TRUNC);
-		if (r >= 0)
-			return r;
-		if (errno == EINTR)
-			continue;
-		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
-	}
 }

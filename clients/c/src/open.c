@@ -56,23 +56,9 @@ static int open_side_file(strap_session *s, const char *suffix, bool append, int
 
 static int make_ring(strap_session *s, uint64_t size)
 {
-	s->ring_size = size;
-	s->data_size = size - SR_HEADER_SIZE;
-	s->ring_fd = memfd_create("strap-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (s->ring_fd < 0)
-		return ss_fail(s, STRAP_E_SYSTEM, "memfd_create: %s", strerror(errno));
-	if (ftruncate(s->ring_fd, (off_t)size) != 0)
-		return ss_fail(s, STRAP_E_SYSTEM, "ftruncate ring to %llu: %s", (unsigned long long)size,
-			       strerror(errno));
-	s->ring = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, s->ring_fd, 0);
-	if (s->ring == MAP_FAILED) {
-		s->ring = NULL;
-		return ss_fail(s, STRAP_E_SYSTEM, "mmap ring: %s", strerror(errno));
-	}
-	sr_encode_ring_header(s->ring, size);
-	/* without the shrink seal strapd would refuse the ring: a truncate could SIGBUS it */
-	if (fcntl(s->ring_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
-		return ss_fail(s, STRAP_E_SYSTEM, "seal ring: %s", strerror(errno));
+	char why[256];
+	if (srb_create(&s->rb, size, why, sizeof why) != 0)
+		return ss_fail(s, STRAP_E_SYSTEM, "%s", why);
 	return STRAP_OK;
 }
 
@@ -390,16 +376,11 @@ static int open_session(strap_session *s, const strap_session_params *p)
 					   "take it: raise the daemon's budget (strapd serve --memory-limit)",
 					   BUDGET_RETRIES);
 		/* a fresh connection and ring for the retry; the output and its lock stay */
-		s->budget_shrunk_from = s->ring_size;
+		s->budget_shrunk_from = s->rb.ring_size;
 		if (s->sock >= 0)
 			close(s->sock);
 		s->sock = -1;
-		if (s->ring)
-			munmap(s->ring, s->ring_size);
-		s->ring = NULL;
-		if (s->ring_fd >= 0)
-			close(s->ring_fd);
-		s->ring_fd = -1;
+		srb_destroy(&s->rb);
 		s->failed = false;
 		memset(&s->err, 0, sizeof s->err);
 		size = fits;
@@ -456,12 +437,12 @@ static int connect_and_open(strap_session *s, const strap_session_params *p, con
 	}
 	if ((e = make_ring(s, size)))
 		return e;
-	s->max_record = (p->part_size ? p->part_size : s->data_size / 4) / 64 * 64;
+	s->max_record = (p->part_size ? p->part_size : s->rb.data_size / 4) / 64 * 64;
 	/* A record over half the region could need a PAD so long that PAD + record never fit,
 	 * even in an empty ring (a PAD is needed only past offset data_size - record). */
-	if (s->max_record > s->data_size / 2)
-		s->max_record = s->data_size / 2 / 64 * 64;
-	uint64_t pb = s->data_size / 8 < (4u << 20) ? s->data_size / 8 : (4u << 20);
+	if (s->max_record > s->rb.data_size / 2)
+		s->max_record = s->rb.data_size / 2 / 64 * 64;
+	uint64_t pb = s->rb.data_size / 8 < (4u << 20) ? s->rb.data_size / 8 : (4u << 20);
 	s->publish_bytes = p->publish_bytes ? p->publish_bytes : pb;
 	if (s->publish_bytes < 64)
 		s->publish_bytes = 64;
@@ -495,7 +476,7 @@ static int connect_and_open(strap_session *s, const strap_session_params *p, con
 	b = ss_out_buf(s);
 	sp_enc_open(&b, &o);
 	int fds[4], nfds = 0;
-	fds[nfds++] = s->ring_fd;
+	fds[nfds++] = s->rb.fd;
 	fds[nfds++] = s->out_fd;
 	if (s->trace_fd >= 0)
 		fds[nfds++] = s->trace_fd;
@@ -507,6 +488,10 @@ static int connect_and_open(strap_session *s, const strap_session_params *p, con
 		return e;
 	s->session_id = r.u.opened.session;
 	s->cursor = r.u.opened.published_cursor != 0;
+	s->rt_every = p->ring_tokens_every ? p->ring_tokens_every : RING_TOKENS_EVERY;
+	s->rt_seconds = p->ring_tokens_seconds > 0 ? p->ring_tokens_seconds : RING_TOKENS_SECONDS;
+	s->ring_tokens = s->cursor && r.u.opened.ring_tokens && s->trace_fd < 0 && s->rt_every > 1;
+	s->last_message = sc_now();
 	free(s->upload); /* a retried open (memory budget) answers again */
 	s->upload = r.u.opened.upload[0] ? dupstr(r.u.opened.upload, NULL) : NULL;
 	if (r.u.opened.upload[0] && !s->upload)
@@ -531,7 +516,7 @@ static strap_session *bare_session(bool replies, strap_error *err)
 		return NULL;
 	}
 	pthread_mutex_init(&s->mu, NULL);
-	s->sock = s->ring_fd = s->out_fd = s->trace_fd = s->res_fd = -1;
+	s->sock = s->rb.fd = s->out_fd = s->trace_fd = s->res_fd = -1;
 	s->sbuf = malloc(SP_MAX_MESSAGE + 1);
 	if (replies)
 		s->rbuf = malloc(SP_MAX_MESSAGE + 1);

@@ -56,31 +56,27 @@ int ss_check(strap_session *s)
 
 int ss_send_buf(strap_session *s, const sw_buf *b, const int *fds, int nfds);
 
-/* The daemon's last ERROR when it closed with one queued (it usually does): a peer closing
- * with our messages unread makes the next recv fail once with ECONNRESET, and what it sent
- * before closing is still queued behind that (PROTOCOL.md 1.4). */
+/* A datagram left on a connection the daemon closed: its ERROR is the session's failure. */
+static void salvaged(const uint8_t *msg, size_t n, void *arg)
+{
+	strap_session *s = arg;
+	sp_reply r;
+	char why[200];
+	if (sp_decode_reply(msg, n, &r, why, sizeof why) != STRAP_OK || r.type != SP_ERROR)
+		return;
+	ss_fail(s, STRAP_E_DAEMON, "strapd error %s: %s", r.u.error.code, r.u.error.message);
+	snprintf(s->err.daemon_code, sizeof s->err.daemon_code, "%s", r.u.error.code);
+	s->has_fits_ring_size = r.u.error.has_fits_ring_size;
+	s->fits_ring_size = r.u.error.fits_ring_size;
+	s->salvaged = true;
+}
+
+/* The daemon's last ERROR when it closed with one queued (it usually does; common/strap_channel.h). */
 static bool salvage(strap_session *s)
 {
-	bool found = false;
-	for (int i = 0; i < 256; i++) {
-		ssize_t n = sc_recv(s->sock, s->rbuf, SP_MAX_MESSAGE + 1, 0);
-		if (n == -ECONNRESET)
-			continue;
-		if (n <= 0 || n > SP_MAX_MESSAGE)
-			break;
-		sp_reply r;
-		char why[200];
-		if (sp_decode_reply(s->rbuf, (size_t)n, &r, why, sizeof why) != STRAP_OK)
-			break;
-		if (r.type == SP_ERROR) {
-			ss_fail(s, STRAP_E_DAEMON, "strapd error %s: %s", r.u.error.code, r.u.error.message);
-			snprintf(s->err.daemon_code, sizeof s->err.daemon_code, "%s", r.u.error.code);
-			s->has_fits_ring_size = r.u.error.has_fits_ring_size;
-			s->fits_ring_size = r.u.error.fits_ring_size;
-			found = true;
-		}
-	}
-	return found;
+	s->salvaged = false;
+	sch_salvage(s->sock, s->rbuf, SP_MAX_MESSAGE + 1, salvaged, s);
+	return s->salvaged;
 }
 
 static int dead(strap_session *s, const char *what, int e)
@@ -94,7 +90,7 @@ int ss_send_buf(strap_session *s, const sw_buf *b, const int *fds, int nfds)
 {
 	if (b->overflow)
 		return ss_fail(s, STRAP_E_TOO_LARGE, "message exceeds %d bytes", SP_MAX_MESSAGE);
-	int r = sc_send(s->sock, b->p, b->n, fds, nfds);
+	int r = sch_send(s->sock, b->p, b->n, fds, nfds);
 	if (r == 0)
 		return STRAP_OK;
 	if (r == -EPIPE || r == -ECONNRESET)
@@ -105,7 +101,7 @@ int ss_send_buf(strap_session *s, const sw_buf *b, const int *fds, int nfds)
 /* Receive one message: 1 when *r holds one, 0 when none came within timeout_ms, < 0 error. */
 static int recv_reply(strap_session *s, int timeout_ms, sp_reply *r)
 {
-	ssize_t n = sc_recv(s->sock, s->rbuf, SP_MAX_MESSAGE + 1, timeout_ms);
+	ssize_t n = sch_recv(s->sock, s->rbuf, SP_MAX_MESSAGE + 1, timeout_ms);
 	if (n == -EAGAIN)
 		return 0;
 	if (n == -ECONNRESET)
@@ -136,23 +132,9 @@ static int daemon_error(strap_session *s, const sp_reply *r)
 static int handle(strap_session *s, const sp_reply *r)
 {
 	if (r->type == SP_RELEASE) {
-		if (r->u.release.tail > s->head)
-			return ss_fail(
-				s, STRAP_E_PROTOCOL,
-				"strapd released the ring up to %llu, past the head %llu the client published (a "
-				"RELEASE may not pass the head, PROTOCOL.md 3)",
-				(unsigned long long)r->u.release.tail, (unsigned long long)s->head);
-		/* Accepting it would leave the tail where the daemon says it has not read yet: the
-		 * writer then waits for space that never comes and times out, far from the cause. */
-		if (r->u.release.tail < s->tail)
-			return ss_fail(s, STRAP_E_PROTOCOL,
-				       "strapd moved the ring's tail backwards, from %llu to %llu (tails only grow, "
-				       "PROTOCOL.md 3)",
-				       (unsigned long long)s->tail, (unsigned long long)r->u.release.tail);
-		/* The daemon finished reading these bytes before it sent RELEASE (PROTOCOL.md 3);
-		 * our later writes into them must not be hoisted above this receive. */
-		atomic_thread_fence(memory_order_acquire);
-		s->tail = r->u.release.tail;
+		char why[256];
+		if (srb_release(&s->rb, r->u.release.tail, why, sizeof why) != 0)
+			return ss_fail(s, STRAP_E_PROTOCOL, "%s", why);
 		return STRAP_OK;
 	}
 	if (r->type == SP_ERROR) {
@@ -233,7 +215,7 @@ static uint64_t frontier(strap_session *s, uint64_t *seq)
 		resv_pop(s);
 	if (!s->resv_n) {
 		*seq = s->last_tensor_seq;
-		return s->head;
+		return s->rb.head;
 	}
 	*seq = resv_front(s)->seq - 1;
 	return resv_front(s)->start;
@@ -257,6 +239,8 @@ static int publish_to(strap_session *s, uint64_t head, uint64_t seq)
 	s->published_head = head;
 	s->publishes++;
 	s->deferred = false;
+	s->unsent_tokens = 0;
+	s->last_message = sc_now();
 	return STRAP_OK;
 }
 
@@ -319,22 +303,36 @@ static int defer_publish(strap_session *s)
 	if (to == s->published_head)
 		return STRAP_OK;
 	/* Release: every byte below the cursor is written before the daemon can load it (a
-	 * reservation's too: its commit came first, under the lock). The ring's base is page
-	 * aligned, so the u64 at offset 32 is naturally aligned. */
-	atomic_store_explicit((_Atomic uint64_t *)(void *)(s->ring + SR_PUBLISHED_OFFSET), to, memory_order_release);
+	 * reservation's too: its commit came first, under the lock). */
+	srb_store_published(&s->rb, to);
 	s->deferred = true;
+	return STRAP_OK;
+}
+
+/* Ring tokens: name the records and tokens written so far by one PUBLISH once rt_every tokens
+ * wait or rt_seconds passed since the last message; until then they lie below the published
+ * cursor only, stored past every complete record (a client killed now still has them written:
+ * strapd takes them at EOF). */
+static int doorbell(strap_session *s)
+{
+	if (s->unsent_tokens >= s->rt_every || sc_now() - s->last_message >= s->rt_seconds)
+		return ss_publish(s);
+	uint64_t seq, to = frontier(s, &seq);
+	if (to > s->cursor_at) {
+		srb_store_published(&s->rb, to);
+		s->cursor_at = to;
+	}
 	return STRAP_OK;
 }
 
 static bool fits(const strap_session *s, uint64_t needed)
 {
-	return s->head - s->tail + needed <= s->data_size;
+	return srb_fits(&s->rb, needed);
 }
 
 static uint64_t pad_for(const strap_session *s, uint64_t rec_len)
 {
-	uint64_t off = s->head % s->data_size;
-	return off + rec_len > s->data_size ? s->data_size - off : 0;
+	return srb_pad_for(&s->rb, rec_len);
 }
 
 static int wait_for(strap_session *s, uint64_t needed)
@@ -344,12 +342,12 @@ static int wait_for(strap_session *s, uint64_t needed)
 		return e;
 	/* strapd can release at most what was published: beyond that only a commit makes room,
 	 * and the caller may be the one to make it (the copies it waits for are its own) */
-	if (s->resv_n && s->head - s->published_head + needed > s->data_size)
+	if (s->resv_n && s->rb.head - s->published_head + needed > s->rb.data_size)
 		return ss_fail(s, STRAP_E_BUSY,
 			       "the ring is full: %llu bytes needed, and %llu bytes wait behind %u reservation%s not "
 			       "committed (the oldest: seq %llu): commit or abort first",
-			       (unsigned long long)needed, (unsigned long long)(s->head - s->published_head), s->resv_n,
-			       s->resv_n == 1 ? "" : "s", (unsigned long long)resv_front(s)->seq);
+			       (unsigned long long)needed, (unsigned long long)(s->rb.head - s->published_head),
+			       s->resv_n, s->resv_n == 1 ? "" : "s", (unsigned long long)resv_front(s)->seq);
 	double deadline = sc_now() + s->stall_timeout;
 	while (!fits(s, needed)) {
 		double left = deadline - sc_now();
@@ -357,7 +355,8 @@ static int wait_for(strap_session *s, uint64_t needed)
 			return ss_fail(s, STRAP_E_TIMEOUT,
 				       "strapd released no ring space for %.0fs (need %llu bytes, %llu of %llu in use)",
 				       s->stall_timeout, (unsigned long long)needed,
-				       (unsigned long long)(s->head - s->tail), (unsigned long long)s->data_size);
+				       (unsigned long long)(s->rb.head - s->rb.tail),
+				       (unsigned long long)s->rb.data_size);
 		sp_reply r;
 		int got = recv_reply(s, left > 1 ? 1000 : (int)(left * 1000) + 1, &r);
 		if (got < 0)
@@ -368,32 +367,11 @@ static int wait_for(strap_session *s, uint64_t needed)
 	return STRAP_OK;
 }
 
-/* Populate the ring's pages before the first lap writes there: one madvise per 4 MiB costs
- * less than a page fault per page inside the copies. Only a speed-up. */
-static void populate(strap_session *s, uint64_t end)
-{
-	if (end <= s->populated)
-		return;
-	uint64_t start = s->populated;
-	uint64_t stop = end > start + POPULATE_CHUNK ? end : start + POPULATE_CHUNK;
-	if (stop > s->data_size)
-		stop = s->data_size;
-	uint64_t first = (SR_HEADER_SIZE + start) & ~(uint64_t)4095;
-	if (madvise(s->ring + first, SR_HEADER_SIZE + stop - first, MADV_POPULATE_WRITE) != 0)
-		stop = s->data_size; /* not supported here: the writes fault pages in themselves */
-	s->populated = stop < s->data_size ? stop : UINT64_MAX;
-}
-
 /* The head made ready for a record of rec_len: the PAD of pad bytes that ends the region
  * first (pad 0: none), the pages populated. The space was made free by the caller. */
 static void place_at_head(strap_session *s, uint64_t pad, uint64_t rec_len)
 {
-	if (pad) {
-		populate(s, s->head + pad);
-		sr_encode_pad(s->ring + SR_HEADER_SIZE + s->head % s->data_size, pad);
-		s->head += pad;
-	}
-	populate(s, s->head + rec_len);
+	srb_place(&s->rb, pad, rec_len);
 }
 
 static int send_drop(strap_session *s, const char *name, size_t name_len, uint64_t bytes)
@@ -462,7 +440,7 @@ static int write_locked(strap_session *s, const char *name, size_t name_len, int
 			pad = pad_for(s, rec_len);
 		}
 		place_at_head(s, pad, rec_len);
-		uint8_t *dst = s->ring + SR_HEADER_SIZE + s->head % s->data_size;
+		uint8_t *dst = s->rb.base + SR_HEADER_SIZE + s->rb.head % s->rb.data_size;
 		uint64_t seq = s->seq + 1;
 		sr_encode_record_header(dst, dtype, shape, ndim, seq, rec_len, s->step, s->forward, plen, name,
 					name_len, meta, meta_len, part ? off : 0, part ? nbytes : plen, part);
@@ -485,10 +463,10 @@ static int write_locked(strap_session *s, const char *name, size_t name_len, int
 		}
 		s->seq = seq;
 		s->last_tensor_seq = seq;
-		s->head += rec_len;
+		s->rb.head += rec_len;
 		s->records++;
 		s->bytes_in += plen;
-		if (s->head - s->published_head >= s->publish_bytes && (e = ss_publish(s)))
+		if (s->rb.head - s->published_head >= s->publish_bytes && (e = ss_publish(s)))
 			return e;
 	}
 	return STRAP_OK;
@@ -586,20 +564,21 @@ static int reserve_locked(strap_session *s, const char *name, size_t name_len, i
 		pad = pad_for(s, rec_len);
 	}
 	place_at_head(s, pad, rec_len);
-	uint64_t at = SR_HEADER_SIZE + s->head % s->data_size, seq = s->seq + 1;
-	sr_encode_record_header(s->ring + at, dtype, shape, ndim, seq, rec_len, s->step, s->forward, nbytes, name,
+	uint64_t at = SR_HEADER_SIZE + s->rb.head % s->rb.data_size, seq = s->seq + 1;
+	sr_encode_record_header(s->rb.base + at, dtype, shape, ndim, seq, rec_len, s->step, s->forward, nbytes, name,
 				name_len, meta, meta_len, 0, nbytes, 0);
 	uint32_t slot = (s->resv_first + s->resv_n) % s->resv_cap;
-	s->resv[slot] = (ss_resv){.start = s->head, .len = rec_len, .seq = seq, .nbytes = nbytes, .state = RESV_OPEN};
+	s->resv[slot] =
+		(ss_resv){.start = s->rb.head, .len = rec_len, .seq = seq, .nbytes = nbytes, .state = RESV_OPEN};
 	s->resv_n++;
-	out->data = s->ring + at + hdr;
+	out->data = s->rb.base + at + hdr;
 	out->nbytes = (size_t)nbytes;
 	out->ring_offset = at + hdr;
 	out->seq = seq;
 	out->slot = slot;
 	s->seq = seq;
 	s->last_tensor_seq = seq;
-	s->head += rec_len;
+	s->rb.head += rec_len;
 	return STRAP_OK;
 }
 
@@ -662,13 +641,13 @@ static bool only_reservations_after(const strap_session *s, uint32_t i)
 	uint64_t end = v->start + v->len;
 	for (uint32_t k = i + 1; k < s->resv_n; k++) {
 		v = &s->resv[(s->resv_first + k) % s->resv_cap];
-		uint64_t off = end % s->data_size; /* a PAD may lie before a record, to the region's end */
+		uint64_t off = end % s->rb.data_size; /* a PAD may lie before a record, to the region's end */
 		if (v->state == RESV_COMMITTED ||
-		    (v->start != end && (v->state == RESV_ABORTED || !off || v->start != end + s->data_size - off)))
+		    (v->start != end && (v->state == RESV_ABORTED || !off || v->start != end + s->rb.data_size - off)))
 			return false;
 		end = v->start + v->len;
 	}
-	return end == s->head;
+	return end == s->rb.head;
 }
 
 int strap_session_abort(strap_session *s, const strap_reservation *r)
@@ -683,7 +662,7 @@ int strap_session_abort(strap_session *s, const strap_reservation *r)
 	if (!v)
 		goto out;
 	uint32_t i = (r->slot + s->resv_cap - s->resv_first) % s->resv_cap;
-	if (v->start + v->len != s->head) {
+	if (v->start + v->len != s->rb.head) {
 		/* A record cannot be taken out of the middle of the ring: it would have to become a PAD,
 		 * and a PAD only ever ends the region (PROTOCOL.md 2). */
 		if (only_reservations_after(s, i)) {
@@ -707,12 +686,12 @@ int strap_session_abort(strap_session *s, const strap_reservation *r)
 	}
 	/* The newest record: its bytes go back to the ring and its sequence number, kept, goes to
 	 * a DROP "aborted" once every record before it is published (ss_publish). */
-	uint8_t *rec = s->ring + SR_HEADER_SIZE + v->start % s->data_size;
+	uint8_t *rec = s->rb.base + SR_HEADER_SIZE + v->start % s->rb.data_size;
 	v->name_len = (uint32_t)rec[56] | (uint32_t)rec[57] << 8;
 	memcpy(s->resv_names + (size_t)r->slot * SR_MAX_NAME, rec + SR_RECORD_FIXED + 8 * (size_t)rec[7], v->name_len);
 	v->step = sr_get_le64(rec + 24);
 	v->forward = sr_get_le64(rec + 32);
-	s->head = v->start;
+	s->rb.head = v->start;
 	v->len = 0;
 	v->state = RESV_ABORTED;
 	for (uint32_t k = i + 1; k < s->resv_n; k++) /* aborted after it: they held no bytes */
@@ -727,8 +706,8 @@ int strap_session_ring(const strap_session *s, void **addr, size_t *size)
 {
 	if (!s || !addr || !size)
 		return STRAP_E_INVALID;
-	*addr = s->ring; /* set once by open, unmapped by strap_session_free */
-	*size = (size_t)s->ring_size;
+	*addr = s->rb.base; /* set once by open, unmapped by strap_session_free */
+	*size = (size_t)s->rb.ring_size;
 	return STRAP_OK;
 }
 
@@ -829,10 +808,15 @@ int strap_session_flush(strap_session *s)
 		return STRAP_E_INVALID;
 	pthread_mutex_lock(&s->mu);
 	int e = ss_check(s);
-	if (!e)
-		/* Before the first token (prefill, a capture without tokens) each pass is
-		 * published at once. */
-		e = s->cursor && s->tokens ? defer_publish(s) : ss_publish(s);
+	/* Before the first token (prefill, a capture without tokens) each pass is published at
+	 * once; while generating, its records wait below the cursor for the next TOKEN message, or
+	 * with ring tokens for the PUBLISH that names several tokens' passes. */
+	if (!e && s->ring_tokens && s->tokens)
+		e = doorbell(s);
+	else if (!e && s->cursor && s->tokens)
+		e = defer_publish(s);
+	else if (!e)
+		e = ss_publish(s);
 	pthread_mutex_unlock(&s->mu);
 	return e;
 }
@@ -878,6 +862,24 @@ int strap_session_token(strap_session *s, int64_t token_id, const char *text, si
 		e = ss_fail(s, STRAP_E_INVALID, "token %llu text is not valid UTF-8", (unsigned long long)s->tokens);
 		goto out;
 	}
+	if (s->ring_tokens && position >= 0 && text_len <= SR_MAX_TOKEN_TEXT && !s->resv_n) {
+		/* a TOKEN record at the head; where it does not fit, RELEASEs received since the
+		 * last publish may free the space, else a message goes instead */
+		uint64_t seq = s->seq + 1;
+		bool put = srb_put_token(&s->rb, seq, s->tokens, token_id, position, text, text_len);
+		if (!put && !(e = drain(s)))
+			put = srb_put_token(&s->rb, seq, s->tokens, token_id, position, text, text_len);
+		if (e)
+			goto out;
+		if (put) {
+			s->seq = s->last_tensor_seq = seq;
+			s->tokens++;
+			s->token_records++;
+			s->unsent_tokens++;
+			e = doorbell(s);
+			goto out;
+		}
+	}
 	if ((e = drain(s)))
 		goto out;
 	uint64_t fseq;
@@ -886,13 +888,14 @@ int strap_session_token(strap_session *s, int64_t token_id, const char *text, si
 		goto out;
 	/* With the cursor, one message: the records before the token (their last one's seq is
 	 * the token's - 1), then the token. */
-	int has_head = s->cursor && s->head != s->published_head;
+	int has_head = s->cursor && s->rb.head != s->published_head;
 	if (!s->cursor && (e = ss_publish(s)))
 		goto out;
 	if (has_head)
 		atomic_thread_fence(memory_order_release); /* as before a PUBLISH (PROTOCOL.md 3) */
 	sw_buf b = ss_out_buf(s);
-	sp_enc_token(&b, s->seq + 1, s->tokens, token_id, text, text_len, position >= 0, position, has_head, s->head);
+	sp_enc_token(&b, s->seq + 1, s->tokens, token_id, text, text_len, position >= 0, position, has_head,
+		     s->rb.head);
 	if (b.overflow) {
 		e = ss_fail(s, STRAP_E_TOO_LARGE, "token %llu text of %zu bytes does not fit one message",
 			    (unsigned long long)s->tokens, text_len);
@@ -901,8 +904,10 @@ int strap_session_token(strap_session *s, int64_t token_id, const char *text, si
 	if ((e = ss_send_buf(s, &b, NULL, 0)))
 		goto out;
 	if (has_head)
-		s->published_head = s->head;
+		s->published_head = s->rb.head;
 	s->deferred = false;
+	s->unsent_tokens = 0;
+	s->last_message = sc_now();
 	s->seq++;
 	s->tokens++;
 out:
@@ -953,7 +958,7 @@ int strap_session_close(strap_session *s, strap_closed *out)
 	if (e || (e = ss_publish_all(s, "CLOSE")))
 		goto out;
 	sw_buf b = ss_out_buf(s);
-	sp_enc_close(&b, s->seq, s->head, s->drops);
+	sp_enc_close(&b, s->seq, s->rb.head, s->drops);
 	if ((e = ss_send_buf(s, &b, NULL, 0)))
 		goto out;
 	/* CLOSE counted every record up to here: nothing more may go into the ring. */
@@ -992,10 +997,11 @@ strap_session_stats strap_session_get_stats(strap_session *s)
 	st.publishes = s->publishes;
 	st.checkpoints = s->checkpoints;
 	st.session_id = s->session_id;
-	st.ring_size = s->ring_size;
+	st.ring_size = s->rb.ring_size;
 	for (uint32_t i = 0; i < s->resv_n; i++)
 		st.reserved += s->resv[(s->resv_first + i) % s->resv_cap].state == RESV_OPEN;
 	st.aborts = s->aborts;
+	st.token_records = s->token_records;
 	pthread_mutex_unlock(&s->mu);
 	return st;
 }
@@ -1037,9 +1043,8 @@ void strap_session_free(strap_session *s)
 	sl_unlock(s);
 	if (s->sock >= 0)
 		close(s->sock);
-	if (s->ring && s->ring != MAP_FAILED)
-		munmap(s->ring, s->ring_size);
-	int fds[] = {s->ring_fd, s->out_fd, s->trace_fd, s->res_fd};
+	srb_destroy(&s->rb);
+	int fds[] = {s->out_fd, s->trace_fd, s->res_fd};
 	for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++) {
 		if (fds[i] >= 0)
 			close(fds[i]);

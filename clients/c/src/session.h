@@ -20,20 +20,11 @@
 
 #include "conn.h"
 #include "internal.h"
+#include "strap_channel.h"
 #include "strap_checkpoint.h"
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-#ifndef F_SEAL_SEAL
-#define F_SEAL_SEAL 0x0001
-#define F_SEAL_SHRINK 0x0002
-#define F_SEAL_GROW 0x0004
-#define F_ADD_SEALS 1033
-#endif
+#include "strap_ringbuf.h"
 
 enum {
-	POPULATE_CHUNK = 4 << 20,
 	DEFAULT_MAX_RING = 1 << 30,
 	MIN_RING = 4096 + 64 * 1024,
 	DEFAULT_RING = 64 << 20, /* params.ring_size 0 */
@@ -41,7 +32,9 @@ enum {
 	LOCK_WAIT_S = 30,        /* a resume waits this long for a gone holder's lock (CHECKPOINTS.md 5) */
 	LOCK_WAIT_NEW_S = 10,    /* a new capture, this long */
 	DEFAULT_RESERVATIONS = 64,
+	RING_TOKENS_EVERY = 16, /* params.ring_tokens_every 0 */
 };
+#define RING_TOKENS_SECONDS 0.25 /* params.ring_tokens_seconds 0 */
 
 /* One reservation (strap_session_reserve) not yet published, in ring order: its record's ring
  * position and sequence number. Committed ones stay until the publish frontier passes them. An
@@ -57,10 +50,9 @@ typedef struct ss_resv {
 struct strap_session {
 	pthread_mutex_t mu;
 	int sock;
-	int ring_fd, out_fd, trace_fd, res_fd;
-	uint8_t *ring;
-	uint64_t ring_size, data_size;
-	uint64_t head, tail, published_head, populated;
+	int out_fd, trace_fd, res_fd;
+	srb_ring rb; /* the ring, its head and the tail strapd released (common/strap_ringbuf.h) */
+	uint64_t published_head;
 	uint64_t seq, last_tensor_seq;
 	uint64_t step, forward, next_forward, tokens;
 	uint64_t max_record, publish_bytes;
@@ -73,6 +65,15 @@ struct strap_session {
 	 * records are named by the next TOKEN's head, not a PUBLISH of their own (PROTOCOL.md 1.4) */
 	bool cursor;
 	bool deferred; /* a pass's records lie below the cursor, not yet named by a message */
+	/* ring tokens (OPENED ring_tokens, the cursor, no trace file, params.ring_tokens_every > 1):
+	 * tokens go into the ring as TOKEN records, one PUBLISH per rt_every of them or rt_seconds */
+	bool ring_tokens;
+	uint32_t rt_every;
+	double rt_seconds;
+	uint64_t unsent_tokens; /* TOKEN records no message has named yet */
+	uint64_t token_records; /* TOKEN records written */
+	uint64_t cursor_at;     /* the published cursor last stored */
+	double last_message;    /* sc_now() of the last PUBLISH or TOKEN message sent */
 	/* reservations in ring order: a circular table of resv_cap entries from resv_first; no
 	 * record at or past the first one not committed is published */
 	ss_resv *resv;
@@ -80,6 +81,7 @@ struct strap_session {
 	uint32_t resv_cap, resv_first, resv_n;
 	uint64_t aborts;
 	strap_error err;
+	bool salvaged; /* salvage() found the daemon's last ERROR */
 	/* the last memory_budget ERROR's fits_ring_size (open.c retries a default ring with it) */
 	bool has_fits_ring_size;
 	uint64_t fits_ring_size;

@@ -6,7 +6,9 @@
  * `strapd resume`; a leftover checkpoint is never ignored silently; another fingerprint is
  * refused; params.resume_token gives back every kept token as it was written. While generating, a pass's records are
  * named by the next TOKEN (the published cursor, PROTOCOL.md 1.4): a capture killed between a pass and its TOKEN still
- * has that pass's records in its stream. */
+ * has that pass's records in its stream. All of it twice: with TOKEN messages (tokens without a position), and with
+ * TOKEN records in the ring (PROTOCOL.md 1.4, "TOKEN records": tokens with a position, one PUBLISH per 16 of them),
+ * whose killed captures keep every token below the published cursor. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,7 +89,9 @@ static int child(const char *sock, const char *out, int kill_at, int resume, con
 			raise(SIGKILL);
 		char text[16];
 		int n = snprintf(text, sizeof text, " w%llu", (unsigned long long)k);
-		if (strap_session_token(s, (int64_t)k * 7 + 1, text, (size_t)n, -1))
+		/* a position makes the token a TOKEN record (STRAP_TEST_RING_TOKENS set by main) */
+		int64_t pos = getenv("STRAP_TEST_RING_TOKENS") ? (int64_t)k : -1;
+		if (strap_session_token(s, (int64_t)k * 7 + 1, text, (size_t)n, pos))
 			goto fail;
 		if (kill_at == 1000 + (int)k)
 			raise(SIGKILL);
@@ -98,8 +102,9 @@ static int child(const char *sock, const char *out, int kill_at, int resume, con
 	}
 	if (strap_session_close(s, NULL))
 		goto fail;
-	printf("done from token %llu, %llu PUBLISH\n", (unsigned long long)rp.token_count,
-	       (unsigned long long)strap_session_get_stats(s).publishes);
+	strap_session_stats st = strap_session_get_stats(s);
+	printf("done from token %llu, %llu PUBLISH, %llu TOKEN records\n", (unsigned long long)rp.token_count,
+	       (unsigned long long)st.publishes, (unsigned long long)st.token_records);
 	strap_session_free(s);
 	return 0;
 fail:
@@ -124,24 +129,28 @@ static int run_child(const char *self, const char *sock, const char *out, int ki
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1000;
 }
 
-int main(int argc, char **argv)
+/* The uninterrupted capture and every kill point, resumed; ring: tokens with a position (TOKEN records). */
+static void run_matrix(const char *self, th_daemon *d, int ring)
 {
-	if (argc == 7 && strcmp(argv[1], "child") == 0)
-		return child(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), argv[6]);
-	char self[1024];
-	ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
-	self[sl > 0 ? sl : 0] = 0;
-	th_daemon d;
-	if (th_start_daemon(&d, NULL) != 0)
-		return 1;
+	if (ring)
+		setenv("STRAP_TEST_RING_TOKENS", "1", 1);
+	else
+		unsetenv("STRAP_TEST_RING_TOKENS");
 	char ref[600], log[8192], cmd[3000], out[1 << 14];
-	snprintf(ref, sizeof ref, "%s/ref.strap", d.dir);
-	int rc = run_child(self, d.socket, ref, -1, 0, "fp1", log, sizeof log);
+	snprintf(ref, sizeof ref, "%s/ref%s.strap", d->dir, ring ? "-ring" : "");
+	int rc = run_child(self, d->socket, ref, -1, 0, "fp1", log, sizeof log);
 	CHECK(rc == 0, "uninterrupted capture: %d %s", rc, log);
 	th_check_stream(ref, NULL);
 	/* strapd takes the published cursor: the first pass (before any token) is the only one
-	 * published by a PUBLISH of its own, every later pass by its token's head */
-	CHECK(strstr(log, "done from token 0, 1 PUBLISH\n") != NULL, "uninterrupted capture: %s", log);
+	 * published by a PUBLISH of its own, every later pass by its token's head; with ring tokens
+	 * every token is a record, named by the PUBLISH of every 16 tokens or 0.25 s, and the
+	 * checkpoints' */
+	if (!ring)
+		CHECK(strstr(log, "done from token 0, 1 PUBLISH, 0 TOKEN records\n") != NULL,
+		      "uninterrupted capture: %s", log);
+	else
+		CHECK(strstr(log, "done from token 0, ") && strstr(log, " PUBLISH, 16 TOKEN records\n"),
+		      "uninterrupted capture with ring tokens: %s", log);
 	snprintf(cmd, sizeof cmd, "test ! -e '%s.ckpt.json'", ref);
 	CHECK(th_run(cmd, NULL, 0) == 0, "checkpoint file left after a clean close");
 
@@ -167,9 +176,10 @@ int main(int argc, char **argv)
 	}
 	for (size_t i = 0; i < n_kills; i++) {
 		char path[600];
-		snprintf(path, sizeof path, "%s/kill%zu-%d.strap", d.dir, i, kills[i]);
-		rc = run_child(self, d.socket, path, kills[i], 0, "fp1", log, sizeof log);
-		CHECK(rc == 128 + SIGKILL || rc == -SIGKILL, "kill %d: child ended %d: %s", kills[i], rc, log);
+		snprintf(path, sizeof path, "%s/kill%zu-%d%s.strap", d->dir, i, kills[i], ring ? "-ring" : "");
+		rc = run_child(self, d->socket, path, kills[i], 0, "fp1", log, sizeof log);
+		CHECK(rc == 128 + SIGKILL || rc == -SIGKILL, "kill %d%s: child ended %d: %s", kills[i],
+		      ring ? " (ring tokens)" : "", rc, log);
 		char ck[700];
 		snprintf(ck, sizeof ck, "%s.ckpt.json", path);
 		struct stat st;
@@ -186,36 +196,52 @@ int main(int argc, char **argv)
 			snprintf(cmd, sizeof cmd, "'%s' '%s/compare_streams.py' --killed '%s' '%s' %d %d 2>&1",
 				 th_env("STRAP_PYTHON"), th_env("STRAP_TESTS"), ref, path, (k0 + 1) * PER_TOKEN, k0);
 			int r = th_run(cmd, out, sizeof out);
-			CHECK(r == 0, "kill %d: the killed stream lost records:\n%s", kills[i], out);
+			CHECK(r == 0, "kill %d%s: the killed stream lost records:\n%s", kills[i],
+			      ring ? " (ring tokens)" : "", out);
 		}
-		CHECK(have_ckpt == after_first, "kill %d: checkpoint file %s", kills[i],
+		CHECK(have_ckpt == after_first, "kill %d%s: checkpoint file %s", kills[i], ring ? " (ring tokens)" : "",
 		      have_ckpt ? "exists" : "missing");
 		if (have_ckpt) {
 			/* Go reads the C-written checkpoint and finds the stream resumable */
 			snprintf(cmd, sizeof cmd, "'%s' resume --json '%s' 2>&1", th_env("STRAPD_BIN"), path);
 			int r = th_run(cmd, out, sizeof out);
-			CHECK(r == 0 && strstr(out, "\"resumable\": true"), "kill %d: strapd resume exited %d:\n%s",
-			      kills[i], r, out);
+			CHECK(r == 0 && strstr(out, "\"resumable\": true"), "kill %d%s: strapd resume exited %d:\n%s",
+			      kills[i], ring ? " (ring tokens)" : "", r, out);
 			/* a capture that ignores the checkpoint is refused, naming it */
-			r = run_child(self, d.socket, path, -1, 0, "fp1", log, sizeof log);
+			r = run_child(self, d->socket, path, -1, 0, "fp1", log, sizeof log);
 			CHECK(r == 3 && strstr(log, "checkpoint of an earlier capture exists"),
-			      "kill %d: fresh over ckpt: %d %s", kills[i], r, log);
-			r = run_child(self, d.socket, path, -1, 1, "fp2", log, sizeof log);
-			CHECK(r == 3 && strstr(log, "fingerprint"), "kill %d: other fingerprint: %d %s", kills[i], r,
-			      log);
+			      "kill %d%s: fresh over ckpt: %d %s", kills[i], ring ? " (ring tokens)" : "", r, log);
+			r = run_child(self, d->socket, path, -1, 1, "fp2", log, sizeof log);
+			CHECK(r == 3 && strstr(log, "fingerprint"), "kill %d%s: other fingerprint: %d %s", kills[i],
+			      ring ? " (ring tokens)" : "", r, log);
 		}
-		rc = run_child(self, d.socket, path, -1, 1, "fp1", log, sizeof log);
-		CHECK(rc == 0, "kill %d: resume: %d %s", kills[i], rc, log);
+		rc = run_child(self, d->socket, path, -1, 1, "fp1", log, sizeof log);
+		CHECK(rc == 0, "kill %d%s: resume: %d %s", kills[i], ring ? " (ring tokens)" : "", rc, log);
 		if (have_ckpt)
-			CHECK(strstr(log, "done from token 0") == NULL, "kill %d: resumed from token 0: %s", kills[i],
-			      log);
+			CHECK(strstr(log, "done from token 0") == NULL, "kill %d%s: resumed from token 0: %s", kills[i],
+			      ring ? " (ring tokens)" : "", log);
 		th_check_stream(path, NULL);
 		snprintf(cmd, sizeof cmd, "'%s' '%s/compare_streams.py' '%s' '%s' 2>&1", th_env("STRAP_PYTHON"),
 			 th_env("STRAP_TESTS"), ref, path);
 		int r = th_run(cmd, out, sizeof out);
-		CHECK(r == 0, "kill %d: resumed stream differs from the uninterrupted one:\n%s", kills[i], out);
-		printf("kill %d: %s", kills[i], log);
+		CHECK(r == 0, "kill %d%s: resumed stream differs from the uninterrupted one:\n%s", kills[i],
+		      ring ? " (ring tokens)" : "", out);
+		printf("kill %d%s: %s", kills[i], ring ? " (ring tokens)" : "", log);
 	}
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 7 && strcmp(argv[1], "child") == 0)
+		return child(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), argv[6]);
+	char self[1024];
+	ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+	self[sl > 0 ? sl : 0] = 0;
+	th_daemon d;
+	if (th_start_daemon(&d, NULL) != 0)
+		return 1;
+	run_matrix(self, &d, 0);
+	run_matrix(self, &d, 1);
 	th_stop_daemon(&d);
 	return th_done("tokens_resume");
 }

@@ -35,11 +35,14 @@ def test_backwards_release_is_a_protocol_error(sockdir, tmp_path):
 
 @pytest.mark.parametrize("tail,want", [(5000, "past the head 4096"), (1024, "backwards, from 2048 to 1024")])
 def test_ring_release_refuses(tail, want):
-    r = Ring.__new__(Ring)
-    r.head, r.tail = 4096, 2048
+    r = Ring(4096 + 8192)
+    r.head = 4096
+    r.release(2048)
+    assert r.tail == 2048
     with pytest.raises(ValueError, match=want):
         r.release(tail)
     assert r.tail == 2048
     r.release(2048)  # the same tail again moves nothing: allowed
     r.release(4096)
     assert r.tail == 4096
+    r.close()

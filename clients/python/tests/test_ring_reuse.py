@@ -63,7 +63,8 @@ def test_other_size_or_other_process_gets_a_new_ring():
 
 def test_same_size_is_reused_from_position_zero():
     a = R.take_ring(SMALL)
-    a.head = a.tail = 1024
+    a.head = 1024
+    a.release(1024)
     R.keep_ring(a)
     b = R.take_ring(SMALL)
     assert b is a and (b.head, b.tail) == (0, 0)

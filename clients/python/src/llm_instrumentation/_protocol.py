@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import select
 import socket
 import struct
 import time
@@ -25,7 +24,8 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tupl
 from . import _speedups
 from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError, StrapdWriteError
 
-#: libstrap's control messages, compiled into the extension (_speedups_wire.c); no stub: Any.
+#: libstrap's control messages and their datagrams, compiled into the extension (_speedups_wire.c,
+#: _speedups_channel.c); no stub: Any.
 _c: Any = _speedups
 
 MAGIC = b"STRP"
@@ -568,7 +568,10 @@ def error_from_body(body: Dict[str, Any]) -> StrapdProtocolError:
 class Connection:
     """One client connection to strapd (blocking sends; receives with explicit timeouts).
 
-    Every socket failure (EOF, EPIPE, ECONNRESET) becomes :class:`StrapdConnectionError`.
+    The datagrams go through libstrap's channel (``clients/c/common/strap_channel.h``, bound in
+    ``_speedups_channel.c``): sent with their descriptors, received with a timeout, the
+    daemon's last ERROR salvaged from a connection it closed. Every socket failure (EOF, EPIPE,
+    ECONNRESET) becomes :class:`StrapdConnectionError`, or that ERROR.
     """
 
     def __init__(self, sock: socket.socket, path: str = "") -> None:
@@ -611,26 +614,14 @@ class Connection:
         return StrapdConnectionError(f"strapd connection {self.path or ''} {what}{detail}")
 
     def _salvage_error(self) -> Optional[StrapdProtocolError]:
-        # A peer that closes with our messages unread makes the next recv fail with
-        # ECONNRESET once (the socket error is cleared by reading it); messages it sent
-        # before closing are still queued behind that.
-        found = None
-        for _ in range(256):
-            try:
-                data = self.sock.recv(MAX_MESSAGE + 1, socket.MSG_DONTWAIT)
-            except ConnectionResetError:
-                continue
-            except OSError:
-                break
-            if not data:
-                break
-            try:
-                _, msg = decode_reply(data)
-            except StrapdProtocolError:
-                continue
-            if isinstance(msg, Error):
-                found = msg.exception()
-        return found
+        # libstrap's salvage (clients/c/common/strap_channel.h): a peer that closes with our
+        # messages unread makes the next recv fail with ECONNRESET once; messages it sent
+        # before closing are still queued behind that. Its last ERROR, decoded.
+        data = _c.channel_salvage(self.sock.fileno())
+        if data is None:
+            return None
+        _, msg = decode_reply(data)
+        return msg.exception() if isinstance(msg, Error) else None
 
     def send(self, msg: Body, fds: Sequence[int] = ()) -> None:
         """Send one message.
@@ -644,10 +635,7 @@ class Connection:
         """
         data = msg.wire()
         try:
-            if fds:
-                socket.send_fds(self.sock, [data], list(fds), socket.MSG_NOSIGNAL)
-            else:
-                self.sock.sendmsg([data], [], socket.MSG_NOSIGNAL)
+            _c.channel_send(self.sock.fileno(), data, fds)
         except (BrokenPipeError, ConnectionResetError) as e:
             raise self._dead("closed by the daemon", e) from None
         except OSError as e:
@@ -670,7 +658,7 @@ class Connection:
             raise ValueError(f"{NAMES.get(msg_type, msg_type)} message of {HEADER.size + len(body)} bytes exceeds "
                              f"{MAX_MESSAGE}")
         try:
-            self.sock.sendmsg([HEADER.pack(MAGIC, VERSION, msg_type, len(body)), body], [], socket.MSG_NOSIGNAL)
+            _c.channel_send(self.sock.fileno(), HEADER.pack(MAGIC, VERSION, msg_type, len(body)) + body)
         except (BrokenPipeError, ConnectionResetError) as e:
             raise self._dead("closed by the daemon", e) from None
         except OSError as e:
@@ -689,18 +677,15 @@ class Connection:
             StrapdConnectionError: EOF or a socket error.
             StrapdProtocolError: a malformed message or a version other than 1.
         """
-        if timeout is not None and timeout > 0:  # a poll needs no select: MSG_DONTWAIT below
-            r, _, _ = select.select([self.sock], [], [], timeout)
-            if not r:
-                return None
         try:
-            data = self.sock.recv(MAX_MESSAGE + 1, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return None
+            # libstrap's receive (clients/c/common/strap_channel.h), the GIL let go while it waits
+            data = _c.channel_recv(self.sock.fileno(), timeout)
         except ConnectionResetError as e:
             raise self._dead("reset by the daemon", e) from None
         except OSError as e:
             raise self._dead("failed", e) from None
+        if data is None:
+            return None
         if not data:
             raise self._dead("closed by the daemon (EOF)")
         version, msg = decode(data)

@@ -6,15 +6,16 @@ position ``p`` lives at file offset ``4096 + p % data_size``. Records start and 
 64-byte boundaries and never wrap (a PAD record fills the end of the region instead).
 
 The layout itself — the constants, and the encoders of the ring header and of TENSOR, PAD and
-TOKEN records — is libstrap's (``clients/c/common/strap_ring.h``), compiled into the
-``_speedups`` extension; this module names it for the session and keeps the mapping, the
-space accounting and the idle ring of a process.
+TOKEN records — is libstrap's (``clients/c/common/strap_ring.h``), and so is the ring: the
+sealed memfd, its mapping, head and tail, the PADs, the populated pages and a RELEASE's checks
+(``strap_ringbuf.h``), all compiled into the ``_speedups`` extension. This module names them
+for the session and keeps what is the Python client's own: the torch view of the mapping, its
+CUDA registration, and the idle ring of a process.
 """
 
 from __future__ import annotations
 
-import fcntl
-import mmap
+import ctypes
 import os
 import threading
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
@@ -48,18 +49,6 @@ MAX_META: int = _c.MAX_META
 MAX_NDIM: int = _c.MAX_NDIM
 #: the longest token text a TOKEN record carries
 MAX_TOKEN_TEXT: int = _c.MAX_TOKEN_TEXT
-
-#: Linux 5.14+: fault pages in writable without touching them (not in every Python's mmap).
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
-#: On the ring's first lap its pages are populated this far ahead of the head at a time: one
-#: madvise for 1024 pages costs less than 1024 page faults taken one by one inside the copies.
-POPULATE_CHUNK = 4 << 20
-_ALL = 1 << 62
-
-F_SEAL_SEAL = getattr(fcntl, "F_SEAL_SEAL", 0x0001)
-F_SEAL_SHRINK = getattr(fcntl, "F_SEAL_SHRINK", 0x0002)
-F_SEAL_GROW = getattr(fcntl, "F_SEAL_GROW", 0x0004)
-F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
 
 #: Return the 4096-byte RingHeader for a ring of ``ring_size`` bytes (ValueError unless
 #: 4096 + a positive multiple of 64).
@@ -142,118 +131,43 @@ def parse_record_header(buf: Any, off: int = 0) -> dict:
     return _c.parse_record_header(buf, off)
 
 
-class Ring:
-    """A sealed memfd ring mapped read-write by the client.
+class Ring(_c.Ring):
+    """A sealed memfd ring mapped read-write by the client: libstrap's ring
+    (``clients/c/common/strap_ringbuf.h``, the ``_speedups.Ring`` type), plus what only the
+    Python client needs of it: a torch view of the mapping, the CUDA registration, and the
+    process that made it.
 
-    Attributes:
+    Attributes (the C type's):
         fd: the memfd (sent to strapd in OPEN).
         ring_size: total bytes.
         data_size: bytes of the record region.
         head: next write position (bytes written since the start, never wraps).
-        tail: newest position released by strapd.
+        tail: newest position released by strapd (:meth:`release`).
+        populated: data bytes from the start already populated.
     """
 
     def __init__(self, ring_size: int, name: str = "strap-ring") -> None:
-        if ring_size <= HEADER_SIZE or (ring_size - HEADER_SIZE) % 64:
-            raise ValueError(f"ring_size {ring_size} must be 4096 + a positive multiple of 64")
-        self.ring_size = ring_size
-        self.data_size = ring_size - HEADER_SIZE
-        self.head = 0
-        self.tail = 0
-        self._u8: Optional["torch.Tensor"] = None
-        self._addr = 0
         #: the process that made the ring: a forked child shares its pages and must not reuse it
         self.pid = os.getpid()
-        #: data-region bytes from the start already populated (first lap only; then past any head)
-        self.populated = 0
+        self._u8: Optional["torch.Tensor"] = None
         #: The :class:`~._cuda.CudaCopier` that registered this mapping with CUDA, or None: the
         #: registration (≈ 140 ms for a 1 GiB ring on an H100 host) lives as long as the
         #: mapping, across the captures that reuse the ring; :meth:`close` undoes it.
         self.cuda: Any = None
-        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            os.ftruncate(self.fd, ring_size)
-            self.mm = mmap.mmap(self.fd, ring_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            self.mm[:HEADER_SIZE] = encode_ring_header(ring_size)
-            fcntl.fcntl(self.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
-        except BaseException:
-            os.close(self.fd)
-            raise
 
-    # ----- space -----------------------------------------------------------------------------
+    def _bytes(self) -> Any:
+        """A ctypes array over the whole mapping that keeps the mapping (:attr:`mapping`, the
+        C object that unmaps it when it goes) alive while any view of it lives. It holds the
+        mapping, not the ring: the ring caches a view (:meth:`u8`), and a ring held by its
+        own view would be a cycle the collector cannot see through torch's storage."""
+        arr = (ctypes.c_uint8 * self.ring_size).from_address(self.base)
+        arr._mapping = self.mapping
+        return arr
 
     @property
-    def used(self) -> int:
-        """Bytes written but not yet released."""
-        return self.head - self.tail
-
-    def placement(self, record_len: int) -> Tuple[int, int]:
-        """Return ``(pad_len, needed)`` for a record written at the current head: the PAD
-        needed first (0 if the record fits before the end of the region) and the total bytes
-        of free space it takes."""
-        off = self.head % self.data_size
-        pad = self.data_size - off if off + record_len > self.data_size else 0
-        return pad, pad + record_len
-
-    def fits(self, needed: int) -> bool:
-        """Whether ``needed`` bytes can be written now without overwriting unreleased data."""
-        return self.used + needed <= self.data_size
-
-    def release(self, tail: int) -> None:
-        """Apply a RELEASE: tails only grow and never pass the head (PROTOCOL.md 3).
-
-        Raises:
-            ValueError: ``tail`` is past the head, or behind the tail already released (the
-                daemon would be reading bytes it gave back: a protocol error, not ignored).
-        """
-        if tail > self.head:
-            raise ValueError(f"strapd released the ring up to {tail}, past the head {self.head} the client "
-                             f"published (a RELEASE may not pass the head, PROTOCOL.md 3)")
-        if tail < self.tail:
-            raise ValueError(f"strapd moved the ring's tail backwards, from {self.tail} to {tail} (tails only "
-                             f"grow, PROTOCOL.md 3)")
-        self.tail = tail
-
-    def populate(self, end: int) -> None:
-        """Populate the ring's pages up to data position ``end`` (and a chunk beyond) before
-        the first lap writes there. Only a speed-up: where the kernel cannot, the writes
-        fault the pages in themselves."""
-        if end <= self.populated:
-            return
-        start = self.populated
-        stop = min(self.data_size, max(end, start + POPULATE_CHUNK))
-        first = (HEADER_SIZE + start) & ~(mmap.PAGESIZE - 1)
-        try:
-            self.mm.madvise(MADV_POPULATE_WRITE, first, HEADER_SIZE + stop - first)
-        except OSError:
-            stop = self.data_size  # no MADV_POPULATE_WRITE here: never try again
-        # Once the whole region is populated, no position (head never wraps) asks again.
-        self.populated = stop if stop < self.data_size else _ALL
-
-    # ----- writing ---------------------------------------------------------------------------
-
-    def _file_off(self, pos: int) -> int:
-        return HEADER_SIZE + pos % self.data_size
-
-    def write_pad(self, pad_len: int) -> None:
-        """Write a PAD record of ``pad_len`` bytes at the head and advance it."""
-        off = self._file_off(self.head)
-        # A PAD may be a single 64-byte slot at the very end of the region: its header's zero
-        # tail (bytes 64-79) would then run past the mapping. The daemon reads only magic,
-        # kind and record_len of a PAD.
-        hdr = encode_pad_header(pad_len)[:pad_len]
-        self.mm[off:off + len(hdr)] = hdr
-        self.head += pad_len
-
-    def write_header(self, hdr: bytes) -> int:
-        """Write a record's header area at the head; return the record's file offset."""
-        off = self._file_off(self.head)
-        self.mm[off:off + len(hdr)] = hdr
-        return off
-
-    def write_raw(self, file_off: int, data: bytes) -> None:
-        """Copy ``data`` into the mapping at ``file_off`` (tests, tiny payloads)."""
-        self.mm[file_off:file_off + len(data)] = data
+    def mm(self) -> memoryview:
+        """A writable memoryview of the whole mapping (tests and debugging)."""
+        return memoryview(self._bytes())
 
     def u8(self) -> "torch.Tensor":
         """A ``torch.uint8`` view of the whole mapping (created once, no copy)."""
@@ -262,44 +176,29 @@ class Ring:
 
             import torch
 
+            if self.closed:
+                raise ValueError("the ring is closed")
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # mmap buffers are writable; torch warns anyway
-                self._u8 = torch.frombuffer(self.mm, dtype=torch.uint8)
+                warnings.simplefilter("ignore")  # the buffer is writable; torch warns anyway
+                self._u8 = torch.frombuffer(self._bytes(), dtype=torch.uint8)
         return self._u8
 
     def address(self) -> int:
-        """The mapping's address, for copying with ``memmove``; valid while the ring is open
-        (the :meth:`u8` view it comes from keeps the mapping exported until :meth:`close`)."""
-        if self._addr == 0:
-            self._addr = self.u8().data_ptr()
-        return self._addr
+        """The mapping's address, for copying with ``memmove``; valid while the ring lives."""
+        return int(self.base)
 
-    def reset(self) -> None:
-        """Start again at position 0 for a new session (:func:`take_ring`). The pages stay
-        populated; the old records stay in them until overwritten, and the daemon reads only
-        what the new session publishes. The published cursor goes back to 0 (unused): the
-        header's reserved bytes must be zero at OPEN, and the last session's cursor means
-        nothing to the next one."""
-        self.head = self.tail = 0
-        self.mm[PUBLISHED_OFFSET:PUBLISHED_OFFSET + 8] = bytes(8)
+    def write_pad(self, pad_len: int) -> None:
+        """Write a PAD record of ``pad_len`` bytes at the head and advance it."""
+        self.place(pad_len, 0)
 
     def close(self) -> None:
-        """Unmap and close the memfd (idempotent); a CUDA registration of the mapping is
-        undone first, once the copies into it are done."""
+        """Close the memfd (idempotent); a CUDA registration of the mapping is undone first,
+        once the copies into it are done. The mapping goes with the last view of it."""
         cuda, self.cuda = self.cuda, None
         if cuda is not None:
             cuda.close()
-        self._addr = 0
-        self._u8 = None
-        if getattr(self, "mm", None) is not None:
-            try:
-                self.mm.close()
-            except BufferError:
-                pass  # a view still exists somewhere; the mapping goes with the last reference
-            self.mm = None  # type: ignore[assignment]
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self._u8 = None  # the mapping goes with the last view (and the ring)
+        super().close()
 
 
 # ----- one idle ring per process -----------------------------------------------------------------

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional, Seq
 from . import _daemon
 from . import _protocol as P
 from ._dtypes import dtype_size, torch_dtype_id
-from ._ring import (HEADER_SIZE, MAX_TOKEN_TEXT, PUBLISHED_OFFSET, Ring, align64, encode_record_header,
-                    header_area, keep_ring, take_ring, token_record_len)
+from ._ring import (HEADER_SIZE, MAX_TOKEN_TEXT, Ring, align64, encode_record_header,
+                    header_area, keep_ring, take_ring)
 from ._ring import _c as _speedups  # imported by _ring, which says what is missing without it
 from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError
 
@@ -65,15 +65,13 @@ SMALL_COPY = 64 << 10
 
 #: One C call places a record (_speedups.c says why): the cached header area, then seq,
 #: record_len, step and forward, then, given a source address, the payload (libstrap's
-#: strap_ring.h; the session never writes a header field itself). _put_record is what every
-#: path uses; _c_write_record is the same function for the hooks' fast path in record(), which
-#: tests set to None to send records through write_tensor instead.
+#: strap_ring.h; the session never writes a header field itself). The hooks' fast path in
+#: record() is the ring's own call, Ring.put (put_cuda for a small CUDA tensor: the payload
+#: one queued cudaMemcpyAsync, _cuda.py), which checks the space and moves the head too;
+#: _put_record is write_record at an address, for records whose space was made ready first.
+#: Tests set _c_write_record to None to send records through write_tensor instead.
 _put_record = _speedups.write_record
 _c_write_record: Optional[Callable[..., None]] = _speedups.write_record
-#: The same for a small CUDA tensor's payload: one queued cudaMemcpyAsync (_speedups.c, _cuda.py).
-_c_write_record_cuda: Callable[..., None] = _speedups.write_record_cuda
-#: The published cursor's release store (PROTOCOL.md 1.4, "Deferred PUBLISH").
-_c_store_published: Callable[[int, int], None] = _speedups.store_published
 
 
 class _Layout(NamedTuple):
@@ -347,7 +345,7 @@ class CaptureSession:
         got = self._head(block=False)
         if got is None or got[0] == self.published_head:
             return
-        _c_store_published(self._ring_addr + PUBLISHED_OFFSET, got[0])
+        self.ring.store_published(got[0])
         self._deferred = True
 
     def _store_cursor(self) -> None:
@@ -355,7 +353,7 @@ class CaptureSession:
         killed now still has them written (the daemon takes them at EOF)."""
         got = self._head(block=False)
         if got is not None and got[0] > self._cursor_at:
-            _c_store_published(self._ring_addr + PUBLISHED_OFFSET, got[0])
+            self.ring.store_published(got[0])
             self._cursor_at = got[0]
 
     def _doorbell(self) -> None:
@@ -441,27 +439,23 @@ class CaptureSession:
         ring = self.ring
         rec_len = lay.record_len
         with self._lock:
-            head = ring.head
-            off = head % ring.data_size
-            if self._shut or self.error is not None or off + rec_len > ring.data_size \
-                    or head + rec_len - ring.tail > ring.data_size or head + rec_len > ring.populated:
-                return self._write_locked(name, lay, t, self.step, self.forward, meta)
-            file_off = HEADER_SIZE + off
             seq = self.seq + 1
             n = lay.tensor_len
-            if raw is None:
-                _c_write_record(self._ring_addr + file_off, lay.header, seq, rec_len, self.step, self.forward,
-                                lay.hdr_area, t.data_ptr(), n)
-            else:
-                _c_write_record_cuda(self._ring_addr + file_off, lay.header, seq, rec_len, self.step,
-                                     self.forward, lay.hdr_area, t.data_ptr(), n, raw[1])
-                self._cuda.queued_raw(raw[0], head + rec_len, seq)
+            # One C call: the check that the record needs nothing first (a PAD, space, pages),
+            # the header, the payload (or its queued copy) and the head moved on.
+            if self._shut or self.error is not None or not (
+                    ring.put(lay.header, seq, rec_len, self.step, self.forward, lay.hdr_area, t.data_ptr(), n)
+                    if raw is None else
+                    ring.put_cuda(lay.header, seq, rec_len, self.step, self.forward, lay.hdr_area, t.data_ptr(), n,
+                                  raw[1])):
+                return self._write_locked(name, lay, t, self.step, self.forward, meta)
+            if raw is not None:
+                self._cuda.queued_raw(raw[0], ring.head, seq)
             self.seq = seq
-            ring.head = head = head + rec_len
             self.last_tensor_seq = seq
             self.packets += 1
             self.bytes_in += n
-            if head - self.published_head >= self.publish_bytes:
+            if ring.head - self.published_head >= self.publish_bytes:
                 try:
                     self._publish(block=False)
                 except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
@@ -561,24 +555,19 @@ class CaptureSession:
                 return self.write_tensor(name, t, self.step, self.forward, meta)
             self._meta_layouts[name] = (meta, lay)
         ring = self.ring
-        rec_len = lay.record_len
         with self._lock:
-            head = ring.head
-            off = head % ring.data_size
-            if _c_write_record is None or not lay.memmove or not t.is_cpu or not t.is_contiguous() \
-                    or self._shut or self.error is not None or off + rec_len > ring.data_size \
-                    or head + rec_len - ring.tail > ring.data_size or head + rec_len > ring.populated:
-                return self._write_locked(name, lay, t, self.step, self.forward, meta)
             seq = self.seq + 1
             n = lay.tensor_len
-            _c_write_record(self._ring_addr + HEADER_SIZE + off, lay.header, seq, rec_len, self.step, self.forward,
-                            lay.hdr_area, t.data_ptr(), n)
+            if _c_write_record is None or not lay.memmove or not t.is_cpu or not t.is_contiguous() \
+                    or self._shut or self.error is not None \
+                    or not ring.put(lay.header, seq, lay.record_len, self.step, self.forward, lay.hdr_area,
+                                    t.data_ptr(), n):
+                return self._write_locked(name, lay, t, self.step, self.forward, meta)
             self.seq = seq
-            ring.head = head = head + rec_len
             self.last_tensor_seq = seq
             self.packets += 1
             self.bytes_in += n
-            if head - self.published_head >= self.publish_bytes:
+            if ring.head - self.published_head >= self.publish_bytes:
                 try:
                     self._publish(block=False)
                 except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
@@ -801,24 +790,21 @@ class CaptureSession:
             pad, needed = ring.placement(rec_len)
             if not ring.fits(needed):
                 return False
-        if pad:
-            ring.write_pad(pad)
-        if ring.head + rec_len > ring.populated:
-            ring.populate(ring.head + rec_len)
+        ring.place(pad, rec_len)
         return True
 
     def _put_token(self, index: int, token_id: int, position: int, text_b: bytes) -> bool:
-        """Under the lock: one TOKEN record at the head (PROTOCOL.md 2), no doorbell; False,
-        writing nothing, when it does not fit now."""
-        rec_len = token_record_len(len(text_b))
-        if not self._claim(rec_len):
-            return False
-        seq = self._next_seq()
+        """Under the lock: one TOKEN record at the head (PROTOCOL.md 2; libstrap's
+        ``srb_put_token``: a PAD first where the region ends too soon), no doorbell; False,
+        writing nothing, when it does not fit now, RELEASEs received since the last publish
+        drained."""
+        seq = self.seq + 1
         ring = self.ring
-        # _ring.encode_token_record's C encoder called directly: a batching engine writes a
-        # step's tokens through here, and the keyword wrapper costs a call per token
-        ring.write_header(_speedups.encode_token_record(seq, index, token_id, position, text_b))
-        ring.head += rec_len
+        if not ring.put_token(seq, index, token_id, position, text_b):
+            self.drain()
+            if not ring.put_token(seq, index, token_id, position, text_b):
+                return False
+        self.seq = seq
         # The last record of the window: a PUBLISH ending here names its seq.
         # (No CUDA copy: while earlier copies run, a publish names only their completed
         # prefix, and this record once they all completed.)

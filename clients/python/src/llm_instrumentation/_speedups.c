@@ -352,9 +352,15 @@ write_record_sum(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* cudaMemcpyAsync(dst, src, count, kind, stream) -> cudaError_t, from the CUDA runtime's
  * header; kind 2 is cudaMemcpyDeviceToHost. */
-typedef int (*cuda_memcpy_async_fn)(void *, const void *, size_t, int, void *);
-#define CUDA_MEMCPY_DEVICE_TO_HOST 2
+typedef speedups_cuda_memcpy_fn cuda_memcpy_async_fn;
+#define CUDA_MEMCPY_DEVICE_TO_HOST SPEEDUPS_CUDA_D2H
 static cuda_memcpy_async_fn cuda_memcpy_async;
+
+speedups_cuda_memcpy_fn
+speedups_cuda_memcpy(void)
+{
+    return cuda_memcpy_async;
+}
 
 PyDoc_STRVAR(bind_cuda_memcpy_doc,
              "bind_cuda_memcpy(addr)\n"
@@ -440,25 +446,6 @@ store_published(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* ----- the ring layout (strap_ring.h) for _ring.py and _session.py -------------------------- */
-
-/* An int masked to 64 bits (two's complement for a negative one), as the wire stores a token's
- * id and position. */
-static int
-u64_masked(PyObject *o, const char *what, uint64_t *out)
-{
-    if (!PyLong_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int", what);
-        return -1;
-    }
-    PyObject *mask = PyLong_FromUnsignedLongLong(UINT64_MAX);
-    PyObject *m = mask ? PyNumber_And(o, mask) : NULL;
-    Py_XDECREF(mask);
-    if (m == NULL)
-        return -1;
-    *out = (uint64_t)PyLong_AsUnsignedLongLong(m);
-    Py_DECREF(m);
-    return PyErr_Occurred() ? -1 : 0;
-}
 
 PyDoc_STRVAR(encode_ring_header_doc,
              "encode_ring_header(ring_size)\n"
@@ -987,7 +974,8 @@ static PyMethodDef methods[] = {
 extern PyMethodDef speedups_wire_methods[];
 extern PyMethodDef speedups_checkpoint_methods[]; /* the checkpoint file (_speedups_checkpoint.c) */
 extern PyMethodDef speedups_fp8_methods[];
-extern PyMethodDef speedups_resume_methods[]; /* the resume point (_speedups_resume.c) */
+extern PyMethodDef speedups_resume_methods[];  /* the resume point (_speedups_resume.c) */
+extern PyMethodDef speedups_channel_methods[]; /* the control connection's datagrams (_speedups_channel.c) */
 
 /* strap_ring.h's constants, under the names _ring.py gives them; strap_streamlock.h's verdicts. */
 static int
@@ -1000,6 +988,10 @@ module_exec(PyObject *m)
     if (PyModule_AddFunctions(m, speedups_fp8_methods) < 0)
         return -1;
     if (PyModule_AddFunctions(m, speedups_resume_methods) < 0)
+        return -1;
+    if (PyModule_AddFunctions(m, speedups_channel_methods) < 0)
+        return -1;
+    if (speedups_ring_add(m) < 0)
         return -1;
     static const struct {
         const char *name;
