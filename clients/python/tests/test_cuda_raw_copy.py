@@ -1,4 +1,4 @@
-"""The C extension's CUDA record path (``write_record_cuda``, ``_cuda.raw_memcpy``) on the CPU.
+"""The C extension's CUDA record path (``Ring.put_cuda``, ``_cuda.raw_memcpy``) on the CPU.
 
 A GPU cannot exist here, so the CUDA runtime is a stand-in: a shared library built by the
 test that exports ``cudaMemcpyAsync`` as a ``memcpy`` remembering its kind and stream, and
@@ -53,52 +53,65 @@ def cudart(tmp_path_factory):
     _speedups.bind_cuda_memcpy(0)
 
 
-def _golden() -> tuple[bytes, dict, int, ctypes.Array, ctypes.Array]:
-    """The golden f32 2x3 record (its bytes, header fields and header area's length), a
-    destination buffer its size and a source buffer holding its 24-byte payload."""
+def _golden() -> tuple[bytes, dict, int, ctypes.Array]:
+    """The golden f32 2x3 record (its bytes, header fields and header area's length) and a
+    source buffer holding its 24-byte payload."""
     want = (TESTDATA / "ring" / "record_f32_2x3.bin").read_bytes()
     hdr_area = len(want) - 24
-    src = ctypes.create_string_buffer(want[hdr_area:], 24)
-    return want, R.parse_record_header(want), hdr_area, ctypes.create_string_buffer(len(want)), src
+    return want, R.parse_record_header(want), hdr_area, ctypes.create_string_buffer(want[hdr_area:], 24)
 
 
-def test_write_record_cuda_writes_the_golden_record(cudart):
+def _ring() -> R.Ring:
+    ring = R.Ring(R.HEADER_SIZE + 64 * 64)
+    ring.populate(ring.data_size)
+    return ring
+
+
+def test_put_cuda_writes_the_golden_record(cudart):
     so, lib = cudart
-    want, h, hdr_area, dst, src = _golden()
+    want, h, hdr_area, src = _golden()
     header = bytearray(want[:hdr_area])
     header[8:40] = bytes(32)  # seq, record_len, step, forward: written by the call
+    ring = _ring()
     calls = ctypes.c_size_t.in_dll(lib, "calls").value
-    _speedups.write_record_cuda(ctypes.addressof(dst), bytes(header), h["seq"], h["record_len"], h["step"],
-                                h["forward"], hdr_area, ctypes.addressof(src), 24, 0x5eed)
-    assert dst.raw == want
+    assert ring.put_cuda(bytes(header), h["seq"], h["record_len"], h["step"], h["forward"], hdr_area,
+                         ctypes.addressof(src), 24, 0x5eed)
+    assert bytes(ring.mm[R.HEADER_SIZE:R.HEADER_SIZE + len(want)]) == want
+    assert ring.head == h["record_len"]
     assert ctypes.c_size_t.in_dll(lib, "calls").value == calls + 1
     assert ctypes.c_int.in_dll(lib, "last_kind").value == 2  # cudaMemcpyDeviceToHost
     assert ctypes.c_void_p.in_dll(lib, "last_stream").value == 0x5eed
+    ring.close()
 
 
-def test_write_record_cuda_errors(cudart):
+def test_put_cuda_errors(cudart):
     so, lib = cudart
-    want, h, hdr_area, dst, src = _golden()
-    args = [ctypes.addressof(dst), want[:hdr_area], 1, h["record_len"], 0, 0, hdr_area, ctypes.addressof(src), 24]
+    want, h, hdr_area, src = _golden()
+    ring = _ring()
+    args = [want[:hdr_area], 1, h["record_len"], 0, 0, hdr_area, ctypes.addressof(src), 24]
     with pytest.raises(RuntimeError, match="cudaError 700"):
-        _speedups.write_record_cuda(*args, 0xbad)
+        ring.put_cuda(*args, 0xbad)
+    assert ring.head == 0  # nothing written, the head stays
     calls = ctypes.c_size_t.in_dll(lib, "calls").value
-    # a payload reaching past the record, a payload from address 0: refused before any call
-    for bad in ({8: 25}, {7: 0}, {6: h["record_len"] + 1}):
+    # a payload reaching past the record, a payload from address 0, past the record: refused before any call
+    for bad in ({7: 25}, {6: 0}, {5: h["record_len"] + 1}):
         a = list(args)
         for i, v in bad.items():
             a[i] = v
         with pytest.raises(ValueError):
-            _speedups.write_record_cuda(*a, 1)
+            ring.put_cuda(*a, 1)
     with pytest.raises(TypeError):
-        _speedups.write_record_cuda(*args)
-    assert ctypes.c_size_t.in_dll(lib, "calls").value == calls
+        ring.put_cuda(*args)
+    # a record the ring has no space for now: False, no call, the head stays
+    assert not ring.put_cuda(want[:hdr_area], 1, ring.data_size + 64, 0, 0, hdr_area, ctypes.addressof(src), 24, 1)
+    assert ctypes.c_size_t.in_dll(lib, "calls").value == calls and ring.head == 0
     _speedups.bind_cuda_memcpy(0)
     try:
         with pytest.raises(RuntimeError, match="no cudaMemcpyAsync bound"):
-            _speedups.write_record_cuda(*args, 1)
+            ring.put_cuda(*args, 1)
     finally:
         assert _cuda.bind_raw_memcpy(str(so))
+        ring.close()
 
 
 def test_cudart_paths(tmp_path):

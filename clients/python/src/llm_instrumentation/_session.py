@@ -168,7 +168,7 @@ class CaptureSession:
         self.error: Optional[BaseException] = None
         self._lock = threading.Lock()
         self._cuda: Any = None
-        #: Small CUDA records of a known layout go through write_record_cuda (:meth:`record`).
+        #: Small CUDA records of a known layout go through Ring.put_cuda (:meth:`record`).
         self._cuda_raw = False
         self._layouts: Dict[str, _Layout] = {}
         #: per name: the meta object of :meth:`record_meta`'s last record and its layout

@@ -13,12 +13,12 @@
  *   the ring in one pass: the vLLM plugin's decoder-layer output (hidden_states + residual),
  *   without torch allocating the sum and the copy reading it again (docs/VLLM.md 9).
  *
- * - write_record_cuda: the same record with its payload queued as one cudaMemcpyAsync from
- *   device memory into the ring (registered as pinned memory) on the model's stream: what
- *   torch's copy_(non_blocking=True) queues, without the dispatch, the three ring views and
- *   the Python around them (docs/GPU.md, "How the client copies from the GPU"). The CUDA
- *   runtime is not linked: bind_cuda_memcpy takes the address of cudaMemcpyAsync in the
- *   libcudart the process already loaded (torch's), found by _cuda.py.
+ * - bind_cuda_memcpy: the cudaMemcpyAsync the ring's put_cuda (_speedups_ring.c) queues a
+ *   small CUDA record's payload with, device memory into the ring (registered as pinned
+ *   memory) on the model's stream: what torch's copy_(non_blocking=True) queues, without the
+ *   dispatch, the three ring views and the Python around them (docs/GPU.md, "How the client
+ *   copies from the GPU"). The CUDA runtime is not linked: bind_cuda_memcpy takes the address
+ *   of cudaMemcpyAsync in the libcudart the process already loaded (torch's), found by _cuda.py.
  *
  * - store_published: the ring's published cursor (docs/PROTOCOL.md 1.4, 2), a u64 stored
  *   with release semantics after the records below it are complete, so a daemon that reads
@@ -72,7 +72,7 @@ PyDoc_STRVAR(write_record_doc,
              "from address src to dst + payload_off. The caller owns both addresses: dst a writable\n"
              "ring mapping with record_len bytes free, src a live contiguous tensor's data pointer.");
 
-/* The nine arguments write_record and write_record_cuda share, parsed and checked. */
+/* The nine arguments of write_record (and write_record_sum's first ones), parsed and checked. */
 typedef struct {
     const char *hdr;
     Py_ssize_t hdr_len;
@@ -353,7 +353,6 @@ write_record_sum(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 /* cudaMemcpyAsync(dst, src, count, kind, stream) -> cudaError_t, from the CUDA runtime's
  * header; kind 2 is cudaMemcpyDeviceToHost. */
 typedef speedups_cuda_memcpy_fn cuda_memcpy_async_fn;
-#define CUDA_MEMCPY_DEVICE_TO_HOST SPEEDUPS_CUDA_D2H
 static cuda_memcpy_async_fn cuda_memcpy_async;
 
 speedups_cuda_memcpy_fn
@@ -365,7 +364,7 @@ speedups_cuda_memcpy(void)
 PyDoc_STRVAR(bind_cuda_memcpy_doc,
              "bind_cuda_memcpy(addr)\n"
              "--\n\n"
-             "Use the function at address addr as cudaMemcpyAsync in write_record_cuda (0 unbinds).\n"
+             "Use the function at address addr as cudaMemcpyAsync in Ring.put_cuda (0 unbinds).\n"
              "The caller vouches that addr is that function of a CUDA runtime loaded in this process.");
 
 static PyObject *
@@ -376,46 +375,6 @@ bind_cuda_memcpy(PyObject *self, PyObject *arg)
     if (u64_arg(arg, "addr", &addr))
         return NULL;
     cuda_memcpy_async = (cuda_memcpy_async_fn)(uintptr_t)addr;
-    Py_RETURN_NONE;
-}
-
-PyDoc_STRVAR(write_record_cuda_doc,
-             "write_record_cuda(dst, header, seq, record_len, step, forward, payload_off, src, n, stream)\n"
-             "--\n\n"
-             "write_record with the payload queued, not copied: n bytes from device address src to\n"
-             "dst + payload_off by the bound cudaMemcpyAsync (device to host) on the raw CUDA stream\n"
-             "stream. The bytes land when the stream reaches the copy; the caller publishes the\n"
-             "record only after an event recorded behind it completed. RuntimeError when no\n"
-             "cudaMemcpyAsync is bound or it returns an error (then nothing is written: the header\n"
-             "follows the queued copy; the caller does not advance its head).");
-
-static PyObject *
-write_record_cuda(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)self;
-    if (nargs != 10) {
-        PyErr_Format(PyExc_TypeError, "write_record_cuda takes 10 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    cuda_memcpy_async_fn fn = cuda_memcpy_async;
-    if (fn == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "write_record_cuda: no cudaMemcpyAsync bound");
-        return NULL;
-    }
-    uint64_t stream;
-    Record r;
-    if (u64_arg(args[9], "stream", &stream) || parse_record("write_record_cuda", args, &r) < 0)
-        return NULL;
-    if (r.n > 0) {
-        int rc = fn((void *)(uintptr_t)(r.dst + r.payload_off), (const void *)(uintptr_t)r.src, (size_t)r.n,
-                    CUDA_MEMCPY_DEVICE_TO_HOST, (void *)(uintptr_t)stream);
-        if (rc != 0) {
-            PyErr_Format(PyExc_RuntimeError, "cudaMemcpyAsync of a %llu-byte record failed with cudaError %d",
-                         (unsigned long long)r.n, rc);
-            return NULL;
-        }
-    }
-    put_header(&r);
     Py_RETURN_NONE;
 }
 
@@ -950,7 +909,6 @@ static PyMethodDef methods[] = {
     {"write_record", (PyCFunction)(void (*)(void))write_record, METH_FASTCALL, write_record_doc},
     {"write_record_sum", (PyCFunction)(void (*)(void))write_record_sum, METH_FASTCALL, write_record_sum_doc},
     {"bind_cuda_memcpy", (PyCFunction)bind_cuda_memcpy, METH_O, bind_cuda_memcpy_doc},
-    {"write_record_cuda", (PyCFunction)(void (*)(void))write_record_cuda, METH_FASTCALL, write_record_cuda_doc},
     {"store_published", (PyCFunction)(void (*)(void))store_published, METH_FASTCALL, store_published_doc},
     {"encode_ring_header", encode_ring_header, METH_O, encode_ring_header_doc},
     {"encode_record_header", (PyCFunction)(void (*)(void))encode_record_header, METH_FASTCALL,
