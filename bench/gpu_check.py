@@ -211,19 +211,20 @@ def _captured(path: Path, name: str) -> List[Any]:
 def test_overwrite_after_publish(dev: str, tmp: Path, small: bool) -> Dict[str, Any]:
     """Each captured record holds the value of the hook's moment, not the overwritten one:
     16 MiB records (the side-stream path of ``_cuda``) and 8 KiB ones (the model-stream path)."""
-    from llm_instrumentation import _session
+    from llm_instrumentation import _ring
 
     big = _overwrite_case(dev, tmp, *((64, 8, 4) if small else (4096, 2048, 24)))
-    # Small records: the C extension's cudaMemcpyAsync (counted), then torch's copy_ alone.
-    queue = _session._c_write_record_cuda
+    # Small records: the C extension's cudaMemcpyAsync (the ring's put_cuda, counted when it
+    # queued one), then torch's copy_ alone.
+    queue = _ring.Ring.put_cuda
     raw = [0]
 
-    def counted(*args: Any) -> None:
-        raw[0] += 1
-        queue(*args)
+    def counted(self: Any, *args: Any) -> bool:
+        queued = queue(self, *args)
+        raw[0] += bool(queued)
+        return queued
 
-    if queue is not None:
-        _session._c_write_record_cuda = counted
+    _ring.Ring.put_cuda = counted  # type: ignore[method-assign]
     try:
         little = _overwrite_case(dev, tmp, *((64, 1, 4) if small else (4096, 1, 48)))
         little["raw_copies"] = raw[0]
@@ -235,7 +236,7 @@ def test_overwrite_after_publish(dev: str, tmp: Path, small: bool) -> Dict[str, 
         finally:
             os.environ.pop("STRAP_CUDA_RAW_COPY", None)
     finally:
-        _session._c_write_record_cuda = queue
+        del _ring.Ring.put_cuda  # the C type's own again
     little_copy["raw_copies"] = raw[0] - little["raw_copies"]
     if little_copy["raw_copies"]:
         little_copy["status"] = "failed"
