@@ -1147,19 +1147,27 @@ resume_point(scan *s, srs_result *r)
     return SRS_OK;
 }
 
+/* A scan of p, its message into why (cleared); NULL, why saying so, when out of memory. */
+static scan *
+scan_new(const srs_params *p, char *why, size_t whylen)
+{
+    if (why && whylen)
+        why[0] = 0;
+    scan *s = calloc(1, sizeof *s);
+    if (s)
+        *s = (scan){.p = p, .why = why, .whylen = whylen};
+    else if (why && whylen)
+        snprintf(why, whylen, "out of memory");
+    return s;
+}
+
 int
 srs_resume_point(const srs_params *p, srs_result *r, char *why, size_t whylen)
 {
     memset(r, 0, sizeof *r);
-    if (why && whylen)
-        why[0] = 0;
-    scan *s = calloc(1, sizeof *s);
-    if (!s) {
-        if (why && whylen)
-            snprintf(why, whylen, "out of memory");
+    scan *s = scan_new(p, why, whylen);
+    if (!s)
         return SRS_NOMEM;
-    }
-    *s = (scan){.p = p, .why = why, .whylen = whylen};
     int e;
     if (p->prefix_only && !p->ck)
         e = fail(s, SRS_REFUSED, "%s: a prefix check needs a checkpoint", p->path);
@@ -1178,15 +1186,9 @@ srs_resume_point(const srs_params *p, srs_result *r, char *why, size_t whylen)
 int
 srs_token_log(const srs_params *p, char *why, size_t whylen)
 {
-    if (why && whylen)
-        why[0] = 0;
-    scan *s = calloc(1, sizeof *s);
-    if (!s) {
-        if (why && whylen)
-            snprintf(why, whylen, "out of memory");
+    scan *s = scan_new(p, why, whylen);
+    if (!s)
         return SRS_NOMEM;
-    }
-    *s = (scan){.p = p, .why = why, .whylen = whylen};
     listing l = {.s = s, .where = "the checkpoint's token log", .give = true};
     int e;
     if (!p->ck)
