@@ -32,8 +32,11 @@
 extern "C" {
 #endif
 
-/* The shared library exports only what is declared with STRAP_API. */
-#if defined(__GNUC__)
+/* The shared library exports only what is declared with STRAP_API. STRAP_NO_EXPORT: nothing
+ * (libstrap compiled into another library, as the Python client's extension does). */
+#if defined(STRAP_NO_EXPORT)
+#define STRAP_API
+#elif defined(__GNUC__)
 #define STRAP_API __attribute__((visibility("default")))
 #else
 #define STRAP_API

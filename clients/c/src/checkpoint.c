@@ -111,30 +111,54 @@ static int write_checkpoint(strap_session *s, const sp_reply *c)
 	return STRAP_OK;
 }
 
+/* CHECKPOINT for every event so far and its CHECKPOINTED (the lock is held). */
+static int exchange(strap_session *s, double timeout, sp_reply *r)
+{
+	int e = ss_check(s);
+	if (e || (e = ss_publish_all(s, "CHECKPOINT")))
+		return e;
+	sw_buf b = ss_out_buf(s);
+	sp_enc_checkpoint(&b, s->seq);
+	if ((e = ss_send_buf(s, &b, NULL, 0)))
+		return e;
+	if ((e = ss_expect(s, SP_CHECKPOINTED, timeout, r)))
+		return e;
+	if (r->u.checkpointed.seq != s->seq)
+		return ss_fail(s, STRAP_E_PROTOCOL, "CHECKPOINTED for seq %llu, asked for %llu",
+			       (unsigned long long)r->u.checkpointed.seq, (unsigned long long)s->seq);
+	s->checkpoints++;
+	return STRAP_OK;
+}
+
 int strap_session_checkpoint(strap_session *s)
 {
 	if (!s)
 		return STRAP_E_INVALID;
 	pthread_mutex_lock(&s->mu);
-	int e = ss_check(s);
-	if (e || (e = ss_publish_all(s, "CHECKPOINT")))
-		goto out;
-	sw_buf b = ss_out_buf(s);
-	sp_enc_checkpoint(&b, s->seq);
-	if ((e = ss_send_buf(s, &b, NULL, 0)))
-		goto out;
 	sp_reply r;
-	if ((e = ss_expect(s, SP_CHECKPOINTED, s->stall_timeout, &r)))
-		goto out;
-	if (r.u.checkpointed.seq != s->seq) {
-		e = ss_fail(s, STRAP_E_PROTOCOL, "CHECKPOINTED for seq %llu, asked for %llu",
-			    (unsigned long long)r.u.checkpointed.seq, (unsigned long long)s->seq);
-		goto out;
+	int e = exchange(s, s->stall_timeout, &r);
+	if (!e && (e = write_checkpoint(s, &r)))
+		s->checkpoints--; /* counted once its file is written */
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+int strap__session_checkpoint_exchange(strap_session *s, double timeout, uint64_t out[7])
+{
+	if (!s || !out)
+		return STRAP_E_INVALID;
+	pthread_mutex_lock(&s->mu);
+	sp_reply r;
+	int e = exchange(s, timeout > 0 ? timeout : (s->stall_timeout > 60 ? s->stall_timeout : 60), &r);
+	if (!e) {
+		out[0] = r.u.checkpointed.seq;
+		out[1] = r.u.checkpointed.offset;
+		out[2] = r.u.checkpointed.packets;
+		out[3] = r.u.checkpointed.drops;
+		out[4] = r.u.checkpointed.tokens;
+		out[5] = r.u.checkpointed.last_offset;
+		out[6] = r.u.checkpointed.last_crc;
 	}
-	if ((e = write_checkpoint(s, &r)))
-		goto out;
-	s->checkpoints++;
-out:
 	pthread_mutex_unlock(&s->mu);
 	return e;
 }

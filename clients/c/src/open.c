@@ -57,7 +57,7 @@ static int open_side_file(strap_session *s, const char *suffix, bool append, int
 static int make_ring(strap_session *s, uint64_t size)
 {
 	char why[256];
-	if (srb_create(&s->rb, size, why, sizeof why) != 0)
+	if (srb_create(s->rb, size, why, sizeof why) != 0)
 		return ss_fail(s, STRAP_E_SYSTEM, "%s", why);
 	return STRAP_OK;
 }
@@ -376,11 +376,11 @@ static int open_session(strap_session *s, const strap_session_params *p)
 					   "take it: raise the daemon's budget (strapd serve --memory-limit)",
 					   BUDGET_RETRIES);
 		/* a fresh connection and ring for the retry; the output and its lock stay */
-		s->budget_shrunk_from = s->rb.ring_size;
+		s->budget_shrunk_from = s->rb->ring_size;
 		if (s->sock >= 0)
 			close(s->sock);
 		s->sock = -1;
-		srb_destroy(&s->rb);
+		srb_destroy(s->rb);
 		s->failed = false;
 		memset(&s->err, 0, sizeof s->err);
 		size = fits;
@@ -437,12 +437,12 @@ static int connect_and_open(strap_session *s, const strap_session_params *p, con
 	}
 	if ((e = make_ring(s, size)))
 		return e;
-	s->max_record = (p->part_size ? p->part_size : s->rb.data_size / 4) / 64 * 64;
+	s->max_record = (p->part_size ? p->part_size : s->rb->data_size / 4) / 64 * 64;
 	/* A record over half the region could need a PAD so long that PAD + record never fit,
 	 * even in an empty ring (a PAD is needed only past offset data_size - record). */
-	if (s->max_record > s->rb.data_size / 2)
-		s->max_record = s->rb.data_size / 2 / 64 * 64;
-	uint64_t pb = s->rb.data_size / 8 < (4u << 20) ? s->rb.data_size / 8 : (4u << 20);
+	if (s->max_record > s->rb->data_size / 2)
+		s->max_record = s->rb->data_size / 2 / 64 * 64;
+	uint64_t pb = s->rb->data_size / 8 < (4u << 20) ? s->rb->data_size / 8 : (4u << 20);
 	s->publish_bytes = p->publish_bytes ? p->publish_bytes : pb;
 	if (s->publish_bytes < 64)
 		s->publish_bytes = 64;
@@ -476,7 +476,7 @@ static int connect_and_open(strap_session *s, const strap_session_params *p, con
 	b = ss_out_buf(s);
 	sp_enc_open(&b, &o);
 	int fds[4], nfds = 0;
-	fds[nfds++] = s->rb.fd;
+	fds[nfds++] = s->rb->fd;
 	fds[nfds++] = s->out_fd;
 	if (s->trace_fd >= 0)
 		fds[nfds++] = s->trace_fd;
@@ -516,7 +516,8 @@ static strap_session *bare_session(bool replies, strap_error *err)
 		return NULL;
 	}
 	pthread_mutex_init(&s->mu, NULL);
-	s->sock = s->rb.fd = s->out_fd = s->trace_fd = s->res_fd = -1;
+	s->rb = &s->rb_own;
+	s->sock = s->rb->fd = s->out_fd = s->trace_fd = s->res_fd = -1;
 	s->sbuf = malloc(SP_MAX_MESSAGE + 1);
 	if (replies)
 		s->rbuf = malloc(SP_MAX_MESSAGE + 1);
@@ -551,6 +552,54 @@ int strap_session_open(const strap_session_params *params, strap_session **out, 
 		strap_session_free(s);
 		return e;
 	}
+	*out = s;
+	return STRAP_OK;
+}
+
+/* ----- attached sessions (attach.h) ----- */
+
+int strap__session_attach(const strap__attach *a, strap_session **out, strap_error *err)
+{
+	if (err)
+		memset(err, 0, sizeof *err);
+	if (!out || !a || a->sock < 0 || !a->ring || !a->ring->base || a->max_record < 64 ||
+	    a->max_record > a->ring->data_size / 2 || a->max_record % 64 ||
+	    (a->policy != STRAP_POLICY_BLOCK && a->policy != STRAP_POLICY_DROP)) {
+		se_set(err, STRAP_E_INVALID,
+		       "attach: a connection, an open ring, a record size of 64.."
+		       "data_size/2 in 64-byte steps and a policy are required");
+		return STRAP_E_INVALID;
+	}
+	*out = NULL;
+	strap_session *s = bare_session(true, err);
+	if (!s)
+		return STRAP_E_NOMEM;
+	s->borrowed = true;
+	s->sock = a->sock;
+	s->rb = a->ring;
+	s->resv_cap = 1; /* the caller completes its own copies (frontier), reserving nothing */
+	s->resv = calloc(s->resv_cap, sizeof *s->resv);
+	if (!s->sbuf || !s->rbuf || !s->resv) {
+		se_set(err, STRAP_E_NOMEM, "out of memory");
+		strap_session_free(s);
+		return STRAP_E_NOMEM;
+	}
+	s->policy = a->policy;
+	s->stall_timeout = a->stall_timeout_s > 0 ? a->stall_timeout_s : 120.0;
+	s->max_record = a->max_record;
+	s->publish_bytes = a->publish_bytes < 64 ? 64 : a->publish_bytes;
+	s->seq = s->last_tensor_seq = a->seq;
+	s->session_id = a->session_id;
+	s->published_head = a->ring->head;
+	s->cursor = a->cursor;
+	s->rt_every = a->ring_tokens_every;
+	s->rt_seconds = a->ring_tokens_seconds;
+	s->ring_tokens = a->cursor && a->ring_tokens && a->ring_tokens_every > 1;
+	s->last_message = sc_now();
+	s->frontier_fn = a->frontier;
+	s->frontier_user = a->frontier_user;
+	s->interrupted = a->interrupted;
+	s->interrupt_user = a->interrupt_user;
 	*out = s;
 	return STRAP_OK;
 }

@@ -119,6 +119,20 @@ static int recv_reply(strap_session *s, int timeout_ms, sp_reply *r)
 	return 1;
 }
 
+/* recv_reply waiting up to left seconds; for an attached session whose caller may be
+ * interrupted (a signal in Python), in waits of at most 50 ms, asking it before each. */
+static int recv_wait(strap_session *s, double left, sp_reply *r)
+{
+	int ms = (int)(left * 1000) + 1;
+	if (s->interrupted) {
+		if (s->interrupted(s->interrupt_user))
+			return ss_fail(s, STRAP_E_SYSTEM, "interrupted while waiting for strapd");
+		if (ms > 50)
+			ms = 50;
+	}
+	return recv_reply(s, ms, r);
+}
+
 static int daemon_error(strap_session *s, const sp_reply *r)
 {
 	ss_fail(s, STRAP_E_DAEMON, "strapd error %s: %s", r->u.error.code, r->u.error.message);
@@ -133,7 +147,7 @@ static int handle(strap_session *s, const sp_reply *r)
 {
 	if (r->type == SP_RELEASE) {
 		char why[256];
-		if (srb_release(&s->rb, r->u.release.tail, why, sizeof why) != 0)
+		if (srb_release(s->rb, r->u.release.tail, why, sizeof why) != 0)
 			return ss_fail(s, STRAP_E_PROTOCOL, "%s", why);
 		return STRAP_OK;
 	}
@@ -168,7 +182,7 @@ int ss_expect(strap_session *s, int want, double timeout, sp_reply *r)
 			return ss_fail(s, STRAP_E_TIMEOUT,
 				       "strapd did not answer with %s within %gs (params.stall_timeout_s)",
 				       sp_type_name(want), timeout);
-		int got = recv_reply(s, (int)(left * 1000) + 1, r);
+		int got = recv_wait(s, left, r);
 		if (got < 0)
 			return got;
 		if (got == 0)
@@ -207,18 +221,33 @@ static void resv_pop(strap_session *s)
 }
 
 /* How far the ring holds only complete records: the head, or the start of the oldest
- * reservation not committed; *seq the last sequence number below it (a window of PADs only
- * is not checked against it). Committed reservations at the front leave the table. */
-static uint64_t frontier(strap_session *s, uint64_t *seq)
+ * reservation not committed, or, for an attached session, the end of the caller's completed
+ * copies (block: all of them waited for); *seq the last sequence number below it (a window of
+ * PADs only is not checked against it). Committed reservations at the front leave the table. */
+static int frontier(strap_session *s, bool block, uint64_t *to, uint64_t *seq)
 {
 	while (s->resv_n && resv_front(s)->state == RESV_COMMITTED)
 		resv_pop(s);
 	if (!s->resv_n) {
 		*seq = s->last_tensor_seq;
-		return s->rb.head;
+		*to = s->rb->head;
+	} else {
+		*seq = resv_front(s)->seq - 1;
+		*to = resv_front(s)->start;
 	}
-	*seq = resv_front(s)->seq - 1;
-	return resv_front(s)->start;
+	if (!s->frontier_fn)
+		return STRAP_OK;
+	uint64_t h = 0, q = 0;
+	int r = s->frontier_fn(s->frontier_user, block, &h, &q);
+	if (r < 0)
+		return ss_fail(s, STRAP_E_SYSTEM, "the caller's copies into the ring failed");
+	if (r == 2) {
+		*to = s->published_head; /* none complete: nothing new to name */
+	} else if (r == 1 && h < *to) {
+		*to = h;
+		*seq = q;
+	}
+	return STRAP_OK;
 }
 
 static int publish_to(strap_session *s, uint64_t head, uint64_t seq)
@@ -262,22 +291,27 @@ static int settle_aborted(strap_session *s, const ss_resv *r)
 }
 
 /* One PUBLISH for every record written since the last one, up to the frontier. */
-int ss_publish(strap_session *s)
+static int publish(strap_session *s, bool block)
 {
-	uint64_t seq, to = frontier(s, &seq);
-	while (s->resv_n && resv_front(s)->state == RESV_ABORTED) {
-		int e = settle_aborted(s, resv_front(s));
-		if (e)
+	uint64_t seq, to;
+	int e = frontier(s, block, &to, &seq);
+	while (!e && s->resv_n && resv_front(s)->state == RESV_ABORTED) {
+		if ((e = settle_aborted(s, resv_front(s))))
 			return e;
 		resv_pop(s);
-		to = frontier(s, &seq);
+		e = frontier(s, block, &to, &seq);
 	}
-	return publish_to(s, to, seq);
+	return e ? e : publish_to(s, to, seq);
+}
+
+int ss_publish(strap_session *s)
+{
+	return publish(s, false);
 }
 
 int ss_publish_all(strap_session *s, const char *what)
 {
-	int e = ss_publish(s);
+	int e = publish(s, true);
 	if (e || !s->resv_n)
 		return e;
 	uint32_t open = 0;
@@ -296,7 +330,10 @@ int ss_publish_all(strap_session *s, const char *what)
  * publishes by message: at most one pass waits. */
 static int defer_publish(strap_session *s)
 {
-	uint64_t seq, to = frontier(s, &seq);
+	uint64_t seq, to;
+	int e = frontier(s, false, &to, &seq);
+	if (e)
+		return e;
 	/* an aborted reservation's DROP goes by message, in order */
 	if (s->deferred || (s->resv_n && resv_front(s)->state == RESV_ABORTED))
 		return ss_publish(s);
@@ -304,7 +341,7 @@ static int defer_publish(strap_session *s)
 		return STRAP_OK;
 	/* Release: every byte below the cursor is written before the daemon can load it (a
 	 * reservation's too: its commit came first, under the lock). */
-	srb_store_published(&s->rb, to);
+	srb_store_published(s->rb, to);
 	s->deferred = true;
 	return STRAP_OK;
 }
@@ -317,9 +354,12 @@ static int doorbell(strap_session *s)
 {
 	if (s->unsent_tokens >= s->rt_every || sc_now() - s->last_message >= s->rt_seconds)
 		return ss_publish(s);
-	uint64_t seq, to = frontier(s, &seq);
+	uint64_t seq, to;
+	int e = frontier(s, false, &to, &seq);
+	if (e)
+		return e;
 	if (to > s->cursor_at) {
-		srb_store_published(&s->rb, to);
+		srb_store_published(s->rb, to);
 		s->cursor_at = to;
 	}
 	return STRAP_OK;
@@ -327,26 +367,26 @@ static int doorbell(strap_session *s)
 
 static bool fits(const strap_session *s, uint64_t needed)
 {
-	return srb_fits(&s->rb, needed);
+	return srb_fits(s->rb, needed);
 }
 
 static uint64_t pad_for(const strap_session *s, uint64_t rec_len)
 {
-	return srb_pad_for(&s->rb, rec_len);
+	return srb_pad_for(s->rb, rec_len);
 }
 
 static int wait_for(strap_session *s, uint64_t needed)
 {
-	int e = ss_publish(s); /* the daemon releases only what it has seen */
+	int e = publish(s, true); /* the daemon releases only what it has seen */
 	if (e)
 		return e;
 	/* strapd can release at most what was published: beyond that only a commit makes room,
 	 * and the caller may be the one to make it (the copies it waits for are its own) */
-	if (s->resv_n && s->rb.head - s->published_head + needed > s->rb.data_size)
+	if (s->resv_n && s->rb->head - s->published_head + needed > s->rb->data_size)
 		return ss_fail(s, STRAP_E_BUSY,
 			       "the ring is full: %llu bytes needed, and %llu bytes wait behind %u reservation%s not "
 			       "committed (the oldest: seq %llu): commit or abort first",
-			       (unsigned long long)needed, (unsigned long long)(s->rb.head - s->published_head),
+			       (unsigned long long)needed, (unsigned long long)(s->rb->head - s->published_head),
 			       s->resv_n, s->resv_n == 1 ? "" : "s", (unsigned long long)resv_front(s)->seq);
 	double deadline = sc_now() + s->stall_timeout;
 	while (!fits(s, needed)) {
@@ -355,10 +395,10 @@ static int wait_for(strap_session *s, uint64_t needed)
 			return ss_fail(s, STRAP_E_TIMEOUT,
 				       "strapd released no ring space for %.0fs (need %llu bytes, %llu of %llu in use)",
 				       s->stall_timeout, (unsigned long long)needed,
-				       (unsigned long long)(s->rb.head - s->rb.tail),
-				       (unsigned long long)s->rb.data_size);
+				       (unsigned long long)(s->rb->head - s->rb->tail),
+				       (unsigned long long)s->rb->data_size);
 		sp_reply r;
-		int got = recv_reply(s, left > 1 ? 1000 : (int)(left * 1000) + 1, &r);
+		int got = recv_wait(s, left > 1 ? 1 : left, &r);
 		if (got < 0)
 			return got;
 		if (got && (e = handle(s, &r)))
@@ -371,7 +411,7 @@ static int wait_for(strap_session *s, uint64_t needed)
  * first (pad 0: none), the pages populated. The space was made free by the caller. */
 static void place_at_head(strap_session *s, uint64_t pad, uint64_t rec_len)
 {
-	srb_place(&s->rb, pad, rec_len);
+	srb_place(s->rb, pad, rec_len);
 }
 
 static int send_drop(strap_session *s, const char *name, size_t name_len, uint64_t bytes)
@@ -440,7 +480,7 @@ static int write_locked(strap_session *s, const char *name, size_t name_len, int
 			pad = pad_for(s, rec_len);
 		}
 		place_at_head(s, pad, rec_len);
-		uint8_t *dst = s->rb.base + SR_HEADER_SIZE + s->rb.head % s->rb.data_size;
+		uint8_t *dst = s->rb->base + SR_HEADER_SIZE + s->rb->head % s->rb->data_size;
 		uint64_t seq = s->seq + 1;
 		sr_encode_record_header(dst, dtype, shape, ndim, seq, rec_len, s->step, s->forward, plen, name,
 					name_len, meta, meta_len, part ? off : 0, part ? nbytes : plen, part);
@@ -463,10 +503,10 @@ static int write_locked(strap_session *s, const char *name, size_t name_len, int
 		}
 		s->seq = seq;
 		s->last_tensor_seq = seq;
-		s->rb.head += rec_len;
+		s->rb->head += rec_len;
 		s->records++;
 		s->bytes_in += plen;
-		if (s->rb.head - s->published_head >= s->publish_bytes && (e = ss_publish(s)))
+		if (s->rb->head - s->published_head >= s->publish_bytes && (e = ss_publish(s)))
 			return e;
 	}
 	return STRAP_OK;
@@ -564,21 +604,21 @@ static int reserve_locked(strap_session *s, const char *name, size_t name_len, i
 		pad = pad_for(s, rec_len);
 	}
 	place_at_head(s, pad, rec_len);
-	uint64_t at = SR_HEADER_SIZE + s->rb.head % s->rb.data_size, seq = s->seq + 1;
-	sr_encode_record_header(s->rb.base + at, dtype, shape, ndim, seq, rec_len, s->step, s->forward, nbytes, name,
+	uint64_t at = SR_HEADER_SIZE + s->rb->head % s->rb->data_size, seq = s->seq + 1;
+	sr_encode_record_header(s->rb->base + at, dtype, shape, ndim, seq, rec_len, s->step, s->forward, nbytes, name,
 				name_len, meta, meta_len, 0, nbytes, 0);
 	uint32_t slot = (s->resv_first + s->resv_n) % s->resv_cap;
 	s->resv[slot] =
-		(ss_resv){.start = s->rb.head, .len = rec_len, .seq = seq, .nbytes = nbytes, .state = RESV_OPEN};
+		(ss_resv){.start = s->rb->head, .len = rec_len, .seq = seq, .nbytes = nbytes, .state = RESV_OPEN};
 	s->resv_n++;
-	out->data = s->rb.base + at + hdr;
+	out->data = s->rb->base + at + hdr;
 	out->nbytes = (size_t)nbytes;
 	out->ring_offset = at + hdr;
 	out->seq = seq;
 	out->slot = slot;
 	s->seq = seq;
 	s->last_tensor_seq = seq;
-	s->rb.head += rec_len;
+	s->rb->head += rec_len;
 	return STRAP_OK;
 }
 
@@ -625,8 +665,9 @@ int strap_session_commit(strap_session *s, const strap_reservation *r)
 		v->state = RESV_COMMITTED;
 		s->records++;
 		s->bytes_in += v->nbytes;
-		uint64_t seq;
-		if (frontier(s, &seq) - s->published_head >= s->publish_bytes)
+		uint64_t seq, to;
+		e = frontier(s, false, &to, &seq);
+		if (!e && to - s->published_head >= s->publish_bytes)
 			e = ss_publish(s);
 	}
 	pthread_mutex_unlock(&s->mu);
@@ -641,13 +682,13 @@ static bool only_reservations_after(const strap_session *s, uint32_t i)
 	uint64_t end = v->start + v->len;
 	for (uint32_t k = i + 1; k < s->resv_n; k++) {
 		v = &s->resv[(s->resv_first + k) % s->resv_cap];
-		uint64_t off = end % s->rb.data_size; /* a PAD may lie before a record, to the region's end */
+		uint64_t off = end % s->rb->data_size; /* a PAD may lie before a record, to the region's end */
 		if (v->state == RESV_COMMITTED ||
-		    (v->start != end && (v->state == RESV_ABORTED || !off || v->start != end + s->rb.data_size - off)))
+		    (v->start != end && (v->state == RESV_ABORTED || !off || v->start != end + s->rb->data_size - off)))
 			return false;
 		end = v->start + v->len;
 	}
-	return end == s->rb.head;
+	return end == s->rb->head;
 }
 
 int strap_session_abort(strap_session *s, const strap_reservation *r)
@@ -662,7 +703,7 @@ int strap_session_abort(strap_session *s, const strap_reservation *r)
 	if (!v)
 		goto out;
 	uint32_t i = (r->slot + s->resv_cap - s->resv_first) % s->resv_cap;
-	if (v->start + v->len != s->rb.head) {
+	if (v->start + v->len != s->rb->head) {
 		/* A record cannot be taken out of the middle of the ring: it would have to become a PAD,
 		 * and a PAD only ever ends the region (PROTOCOL.md 2). */
 		if (only_reservations_after(s, i)) {
@@ -686,12 +727,12 @@ int strap_session_abort(strap_session *s, const strap_reservation *r)
 	}
 	/* The newest record: its bytes go back to the ring and its sequence number, kept, goes to
 	 * a DROP "aborted" once every record before it is published (ss_publish). */
-	uint8_t *rec = s->rb.base + SR_HEADER_SIZE + v->start % s->rb.data_size;
+	uint8_t *rec = s->rb->base + SR_HEADER_SIZE + v->start % s->rb->data_size;
 	v->name_len = (uint32_t)rec[56] | (uint32_t)rec[57] << 8;
 	memcpy(s->resv_names + (size_t)r->slot * SR_MAX_NAME, rec + SR_RECORD_FIXED + 8 * (size_t)rec[7], v->name_len);
 	v->step = sr_get_le64(rec + 24);
 	v->forward = sr_get_le64(rec + 32);
-	s->rb.head = v->start;
+	s->rb->head = v->start;
 	v->len = 0;
 	v->state = RESV_ABORTED;
 	for (uint32_t k = i + 1; k < s->resv_n; k++) /* aborted after it: they held no bytes */
@@ -706,8 +747,8 @@ int strap_session_ring(const strap_session *s, void **addr, size_t *size)
 {
 	if (!s || !addr || !size)
 		return STRAP_E_INVALID;
-	*addr = s->rb.base; /* set once by open, unmapped by strap_session_free */
-	*size = (size_t)s->rb.ring_size;
+	*addr = s->rb->base; /* set once by open, unmapped by strap_session_free */
+	*size = (size_t)s->rb->ring_size;
 	return STRAP_OK;
 }
 
@@ -845,72 +886,79 @@ int strap_session_set_step(strap_session *s, uint64_t step, uint64_t forward)
 	return STRAP_OK;
 }
 
-int strap_session_token(strap_session *s, int64_t token_id, const char *text, size_t text_len, int64_t position)
+/* One token (the lock is held): a TOKEN record at the head where the session keeps ring tokens
+ * and it fits, else a TOKEN message naming the records before it. */
+static int token_locked(strap_session *s, uint64_t index, int64_t token_id, const char *text, size_t text_len,
+			int64_t position, uint64_t *seq_out)
 {
-	if (!s)
-		return STRAP_E_INVALID;
-	pthread_mutex_lock(&s->mu);
 	int e = ss_check(s);
 	if (e)
-		goto out;
-	if (text_len && !text) {
-		e = ss_fail(s, STRAP_E_INVALID, "token text is NULL with length %zu", text_len);
-		goto out;
-	}
-	if (!sp_utf8_valid(text, text_len)) {
-		/* strapd refuses it (bad_message) and the session would end */
-		e = ss_fail(s, STRAP_E_INVALID, "token %llu text is not valid UTF-8", (unsigned long long)s->tokens);
-		goto out;
-	}
+		return e;
+	if (text_len && !text)
+		return ss_fail(s, STRAP_E_INVALID, "token text is NULL with length %zu", text_len);
+	if (!sp_utf8_valid(text, text_len)) /* strapd refuses it (bad_message) and the session would end */
+		return ss_fail(s, STRAP_E_INVALID, "token %llu text is not valid UTF-8", (unsigned long long)index);
 	if (s->ring_tokens && position >= 0 && text_len <= SR_MAX_TOKEN_TEXT && !s->resv_n) {
 		/* a TOKEN record at the head; where it does not fit, RELEASEs received since the
 		 * last publish may free the space, else a message goes instead */
 		uint64_t seq = s->seq + 1;
-		bool put = srb_put_token(&s->rb, seq, s->tokens, token_id, position, text, text_len);
+		bool put = srb_put_token(s->rb, seq, index, token_id, position, text, text_len);
 		if (!put && !(e = drain(s)))
-			put = srb_put_token(&s->rb, seq, s->tokens, token_id, position, text, text_len);
+			put = srb_put_token(s->rb, seq, index, token_id, position, text, text_len);
 		if (e)
-			goto out;
+			return e;
 		if (put) {
+			/* the last record of the window: a PUBLISH ending here names its seq */
 			s->seq = s->last_tensor_seq = seq;
 			s->tokens++;
 			s->token_records++;
 			s->unsent_tokens++;
-			e = doorbell(s);
-			goto out;
+			*seq_out = seq;
+			return doorbell(s);
 		}
 	}
 	if ((e = drain(s)))
-		goto out;
-	uint64_t fseq;
-	frontier(s, &fseq); /* committed reservations leave the table */
+		return e;
+	uint64_t fseq, to;
+	if ((e = frontier(s, true, &to, &fseq))) /* committed reservations leave the table */
+		return e;
 	if (s->resv_n && (e = ss_publish_all(s, "TOKEN")))
-		goto out;
+		return e;
 	/* With the cursor, one message: the records before the token (their last one's seq is
 	 * the token's - 1), then the token. */
-	int has_head = s->cursor && s->rb.head != s->published_head;
-	if (!s->cursor && (e = ss_publish(s)))
-		goto out;
+	int has_head = s->cursor && to != s->published_head;
+	if (!s->cursor && (e = publish(s, true)))
+		return e;
 	if (has_head)
 		atomic_thread_fence(memory_order_release); /* as before a PUBLISH (PROTOCOL.md 3) */
 	sw_buf b = ss_out_buf(s);
-	sp_enc_token(&b, s->seq + 1, s->tokens, token_id, text, text_len, position >= 0, position, has_head,
-		     s->rb.head);
-	if (b.overflow) {
-		e = ss_fail(s, STRAP_E_TOO_LARGE, "token %llu text of %zu bytes does not fit one message",
-			    (unsigned long long)s->tokens, text_len);
-		goto out;
-	}
+	sp_enc_token(&b, s->seq + 1, index, token_id, text, text_len, position >= 0, position, has_head, to);
+	if (b.overflow)
+		return ss_fail(s, STRAP_E_TOO_LARGE, "token %llu text of %zu bytes does not fit one message",
+			       (unsigned long long)index, text_len);
 	if ((e = ss_send_buf(s, &b, NULL, 0)))
-		goto out;
-	if (has_head)
-		s->published_head = s->rb.head;
+		return e;
+	if (has_head) {
+		s->published_head = to;
+		s->token_heads++;
+	}
+	s->token_messages++;
 	s->deferred = false;
 	s->unsent_tokens = 0;
 	s->last_message = sc_now();
 	s->seq++;
 	s->tokens++;
-out:
+	*seq_out = s->seq;
+	return STRAP_OK;
+}
+
+int strap_session_token(strap_session *s, int64_t token_id, const char *text, size_t text_len, int64_t position)
+{
+	if (!s)
+		return STRAP_E_INVALID;
+	pthread_mutex_lock(&s->mu);
+	uint64_t seq;
+	int e = token_locked(s, s->tokens, token_id, text, text_len, position, &seq);
 	pthread_mutex_unlock(&s->mu);
 	return e;
 }
@@ -949,23 +997,30 @@ out:
 	return e;
 }
 
-int strap_session_close(strap_session *s, strap_closed *out)
+/* CLOSE (the lock is held), with descriptors: the session takes no more records. */
+static int close_send(strap_session *s, const int *fds, int nfds)
 {
-	if (!s)
-		return STRAP_E_INVALID;
-	pthread_mutex_lock(&s->mu);
 	int e = ss_check(s);
 	if (e || (e = ss_publish_all(s, "CLOSE")))
-		goto out;
+		return e;
 	sw_buf b = ss_out_buf(s);
-	sp_enc_close(&b, s->seq, s->rb.head, s->drops);
-	if ((e = ss_send_buf(s, &b, NULL, 0)))
-		goto out;
+	sp_enc_close(&b, s->seq, s->rb->head, s->drops);
+	if ((e = ss_send_buf(s, &b, fds, nfds)))
+		return e;
 	/* CLOSE counted every record up to here: nothing more may go into the ring. */
 	s->shut = true;
+	return STRAP_OK;
+}
+
+/* CLOSED (the lock is held) after close_send. */
+static int close_wait(strap_session *s, double timeout, strap_closed *out, char *upload, size_t upload_cap)
+{
+	if (s->failed)
+		return STRAP_E_STATE;
 	sp_reply r;
-	if ((e = ss_expect(s, SP_CLOSED, s->stall_timeout, &r)))
-		goto out;
+	int e = ss_expect(s, SP_CLOSED, timeout, &r);
+	if (e)
+		return e;
 	s->closed = true;
 	if (out) {
 		out->packets = r.u.closed.packets;
@@ -974,10 +1029,22 @@ int strap_session_close(strap_session *s, strap_closed *out)
 		out->bytes_out = r.u.closed.bytes_out;
 		out->file_bytes = r.u.closed.file_bytes;
 	}
+	if (upload && upload_cap)
+		snprintf(upload, upload_cap, "%s", r.u.closed.upload);
+	return STRAP_OK;
+}
+
+int strap_session_close(strap_session *s, strap_closed *out)
+{
+	if (!s)
+		return STRAP_E_INVALID;
+	pthread_mutex_lock(&s->mu);
+	int e = close_send(s, NULL, 0);
+	if (!e)
+		e = close_wait(s, s->stall_timeout, out, NULL, 0);
 	/* a clean finish: the checkpoint would only describe a prefix of a complete stream */
-	if (unlink(s->ckpt_path) == 0)
+	if (!e && unlink(s->ckpt_path) == 0)
 		ss_fsync_dir(s->ckpt_path);
-out:
 	pthread_mutex_unlock(&s->mu);
 	return e;
 }
@@ -997,7 +1064,7 @@ strap_session_stats strap_session_get_stats(strap_session *s)
 	st.publishes = s->publishes;
 	st.checkpoints = s->checkpoints;
 	st.session_id = s->session_id;
-	st.ring_size = s->rb.ring_size;
+	st.ring_size = s->rb->ring_size;
 	for (uint32_t i = 0; i < s->resv_n; i++)
 		st.reserved += s->resv[(s->resv_first + i) % s->resv_cap].state == RESV_OPEN;
 	st.aborts = s->aborts;
@@ -1041,9 +1108,10 @@ void strap_session_free(strap_session *s)
 	if (!s)
 		return;
 	sl_unlock(s);
-	if (s->sock >= 0)
+	if (s->sock >= 0 && !s->borrowed)
 		close(s->sock);
-	srb_destroy(&s->rb);
+	if (!s->borrowed)
+		srb_destroy(s->rb);
 	int fds[] = {s->out_fd, s->trace_fd, s->res_fd};
 	for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++) {
 		if (fds[i] >= 0)
@@ -1059,4 +1127,194 @@ void strap_session_free(strap_session *s)
 	free(s->resv_names);
 	pthread_mutex_destroy(&s->mu);
 	free(s);
+}
+
+/* ----- attached sessions (attach.h): the Python client's ----- */
+
+int strap__session_claim(strap_session *s, uint64_t rec_len, int mode, const char *name, size_t name_len,
+			 uint64_t nbytes, uint64_t step, uint64_t forward, uint64_t *seq)
+{
+	pthread_mutex_lock(&s->mu);
+	int e = ss_check(s);
+	if (e)
+		goto out;
+	uint64_t pad = pad_for(s, rec_len);
+	if (!fits(s, pad + rec_len)) {
+		if ((e = drain(s))) /* RELEASEs received since the last publish free space */
+			goto out;
+		pad = pad_for(s, rec_len);
+	}
+	if (!fits(s, pad + rec_len)) {
+		if (mode == STRAP__CLAIM_NOW) {
+			e = STRAP__NO_ROOM;
+			goto out;
+		}
+		if (mode == STRAP__CLAIM_POLICY && s->policy == STRAP_POLICY_DROP) {
+			s->step = step;
+			s->forward = forward;
+			e = send_drop(s, name, name_len, nbytes);
+			goto out;
+		}
+		if ((e = wait_for(s, pad + rec_len)))
+			goto out;
+		pad = pad_for(s, rec_len);
+	}
+	place_at_head(s, pad, rec_len);
+	*seq = s->seq + 1;
+out:
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+int strap__session_advance(strap_session *s, uint64_t rec_len, uint64_t payload_len, bool publish_due)
+{
+	pthread_mutex_lock(&s->mu);
+	s->seq++;
+	s->last_tensor_seq = s->seq;
+	s->rb->head += rec_len;
+	s->records++;
+	s->bytes_in += payload_len;
+	int e = STRAP_OK;
+	if (publish_due && s->rb->head - s->published_head >= s->publish_bytes)
+		e = ss_publish(s);
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+bool strap__session_ready(strap_session *s, uint64_t rec_len)
+{
+	return !s->shut && !s->failed && srb_ready(s->rb, rec_len);
+}
+
+uint64_t strap__session_next_seq(const strap_session *s)
+{
+	return s->seq + 1;
+}
+
+int strap__session_publish(strap_session *s, bool block, bool due_only)
+{
+	pthread_mutex_lock(&s->mu);
+	int e = ss_check(s);
+	if (!e && (!due_only || s->rb->head - s->published_head >= s->publish_bytes))
+		e = publish(s, block);
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+int strap__session_drain(strap_session *s)
+{
+	pthread_mutex_lock(&s->mu);
+	int e = s->failed ? STRAP_E_STATE : drain(s);
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+int strap__session_token_at(strap_session *s, uint64_t index, int64_t token_id, const char *text, size_t text_len,
+			    int64_t position, uint64_t *seq)
+{
+	pthread_mutex_lock(&s->mu);
+	int e = token_locked(s, index, token_id, text, text_len, position, seq);
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+int strap__session_tokens_to_ring(strap_session *s, const int64_t *positions, const int64_t *ids, size_t n,
+				  size_t *done)
+{
+	*done = 0;
+	pthread_mutex_lock(&s->mu);
+	int e = STRAP_OK;
+	if (!s->ring_tokens || s->shut || s->failed || s->resv_n)
+		goto out;
+	for (size_t i = 0; i < n; i++) {
+		uint64_t seq = s->seq + 1;
+		bool put = srb_put_token(s->rb, seq, s->tokens, ids[i], positions[i], NULL, 0);
+		if (!put && !(e = drain(s)))
+			put = srb_put_token(s->rb, seq, s->tokens, ids[i], positions[i], NULL, 0);
+		if (e || !put)
+			break;
+		s->seq = s->last_tensor_seq = seq;
+		s->tokens++;
+		s->token_records++;
+		s->unsent_tokens++;
+		(*done)++;
+	}
+	if (!e && *done)
+		e = doorbell(s);
+out:
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+int strap__session_close_send(strap_session *s, const int *fds, int nfds)
+{
+	pthread_mutex_lock(&s->mu);
+	int e = close_send(s, fds, nfds);
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+int strap__session_close_wait(strap_session *s, double timeout, strap_closed *out, char *upload, size_t upload_cap)
+{
+	pthread_mutex_lock(&s->mu);
+	int e = close_wait(s, timeout > 0 ? timeout : (s->stall_timeout > 60 ? s->stall_timeout : 60), out, upload,
+			   upload_cap);
+	pthread_mutex_unlock(&s->mu);
+	return e;
+}
+
+void strap__session_shut(strap_session *s)
+{
+	pthread_mutex_lock(&s->mu);
+	s->shut = true;
+	pthread_mutex_unlock(&s->mu);
+}
+
+void strap__session_state(strap_session *s, strap__state *out)
+{
+	pthread_mutex_lock(&s->mu);
+	*out = (strap__state){
+		.seq = s->seq,
+		.last_tensor_seq = s->last_tensor_seq,
+		.tokens = s->tokens,
+		.records = s->records,
+		.bytes_in = s->bytes_in,
+		.drops = s->drops,
+		.drop_bytes = s->drop_bytes,
+		.published_head = s->published_head,
+		.unsent_tokens = s->unsent_tokens,
+		.cursor_at = s->cursor_at,
+		.token_records = s->token_records,
+		.publishes = s->publishes,
+		.token_messages = s->token_messages,
+		.token_heads = s->token_heads,
+		.cursor = s->cursor,
+		.ring_tokens = s->ring_tokens,
+		.deferred = s->deferred,
+		.shut = s->shut,
+		.failed = s->failed,
+	};
+	pthread_mutex_unlock(&s->mu);
+}
+
+void strap__session_set_mode(strap_session *s, int cursor, int ring_tokens, int64_t seq)
+{
+	pthread_mutex_lock(&s->mu);
+	if (cursor >= 0)
+		s->cursor = cursor != 0;
+	if (ring_tokens >= 0)
+		s->ring_tokens = ring_tokens != 0 && s->cursor;
+	if (seq >= 0)
+		s->seq = s->last_tensor_seq = (uint64_t)seq;
+	pthread_mutex_unlock(&s->mu);
+}
+
+void strap__session_set_ring_tokens(strap_session *s, uint32_t every, double seconds)
+{
+	pthread_mutex_lock(&s->mu);
+	s->rt_every = every;
+	s->rt_seconds = seconds;
+	if (every <= 1)
+		s->ring_tokens = false;
+	pthread_mutex_unlock(&s->mu);
 }

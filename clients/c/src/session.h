@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "attach.h"
 #include "conn.h"
 #include "internal.h"
 #include "strap_channel.h"
@@ -51,7 +52,20 @@ struct strap_session {
 	pthread_mutex_t mu;
 	int sock;
 	int out_fd, trace_fd, res_fd;
-	srb_ring rb; /* the ring, its head and the tail strapd released (common/strap_ringbuf.h) */
+	/* the ring, its head and the tail strapd released (common/strap_ringbuf.h): rb_own, or an
+	 * attached session's caller's (strap__session_attach) */
+	srb_ring *rb;
+	srb_ring rb_own;
+	/* attached (strap__session_attach): the socket and the ring are the caller's, not closed or
+	 * unmapped by strap_session_free */
+	bool borrowed;
+	/* attached: the caller's completion of records this library did not copy (the Python
+	 * client's CUDA copies); NULL: every record below the head is complete */
+	strap__frontier_fn frontier_fn;
+	void *frontier_user;
+	/* attached: asked between waits of at most 50 ms; nonzero ends the wait (the session fails) */
+	int (*interrupted)(void *user);
+	void *interrupt_user;
 	uint64_t published_head;
 	uint64_t seq, last_tensor_seq;
 	uint64_t step, forward, next_forward, tokens;
@@ -70,10 +84,11 @@ struct strap_session {
 	bool ring_tokens;
 	uint32_t rt_every;
 	double rt_seconds;
-	uint64_t unsent_tokens; /* TOKEN records no message has named yet */
-	uint64_t token_records; /* TOKEN records written */
-	uint64_t cursor_at;     /* the published cursor last stored */
-	double last_message;    /* sc_now() of the last PUBLISH or TOKEN message sent */
+	uint64_t unsent_tokens;               /* TOKEN records no message has named yet */
+	uint64_t token_records;               /* TOKEN records written */
+	uint64_t token_messages, token_heads; /* TOKEN messages sent, those naming a head */
+	uint64_t cursor_at;                   /* the published cursor last stored */
+	double last_message;                  /* sc_now() of the last PUBLISH or TOKEN message sent */
 	/* reservations in ring order: a circular table of resv_cap entries from resv_first; no
 	 * record at or past the first one not committed is published */
 	ss_resv *resv;

@@ -10,9 +10,23 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "session.h"
 #include "strap_streamlock.h"
+
+/* fstat by its system call where the kernel's struct stat is libc's (x86_64, aarch64): the libc
+ * symbol is fstat@GLIBC_2.33, newer than the Python wheels' glibc floor (2.17), and libstrap is
+ * compiled into the Python client's extension. */
+static int file_stat(int fd, struct stat *st)
+{
+#if defined(__x86_64__) || defined(__aarch64__)
+	return (int)syscall(SYS_fstat, fd, st);
+#else
+	return fstat(fd, st);
+#endif
+}
 
 int sl_lock(strap_session *s, double wait_s)
 {
@@ -20,7 +34,7 @@ int sl_lock(strap_session *s, double wait_s)
 	if (!r)
 		return ss_fail(s, STRAP_E_NOMEM, "out of memory");
 	struct stat st;
-	if (fstat(s->out_fd, &st) != 0) {
+	if (file_stat(s->out_fd, &st) != 0) {
 		free(r);
 		return ss_fail(s, STRAP_E_SYSTEM, "fstat %s: %s", s->output_path, strerror(errno));
 	}

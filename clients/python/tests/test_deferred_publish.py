@@ -58,16 +58,14 @@ def test_sigkill_after_deferred_forward_keeps_its_records(real_strapd, tmp_path,
 
 
 class _Spy:
-    """Counts the messages a session sends (wraps its connection's send)."""
+    """Counts the messages a session sends from now on (libstrap's counters of its session)."""
 
-    def __init__(self, conn):
-        self.sent = []
-        self._send = conn.send
-        conn.send = self
+    def __init__(self, session):
+        self.s = session
+        self.base = session.message_counts()
 
-    def __call__(self, body, fds=()):
-        self.sent.append(body)
-        return self._send(body, fds=fds)
+    def __getitem__(self, key):
+        return self.s.message_counts()[key] - self.base[key]
 
 
 def _generate_counting(sock: str, out: Path, defer: bool):
@@ -75,25 +73,24 @@ def _generate_counting(sock: str, out: Path, defer: bool):
     with capture_activations(m, preset="balanced", output_path=out, socket_path=sock, autostart_daemon=False,
                              track_per_token=True) as fw:
         s = fw._session
-        spy = _Spy(s.conn)
+        spy = _Spy(s)
         assert s._cursor and s._ring_tokens
         s._cursor = defer
         s._ring_tokens = False  # the TOKEN message flow; ring tokens: test_ring_tokens_*
         generate(fw, m, n_tokens=5)
-    return spy.sent, fw
+        sent = {k: spy[k] for k in ("publish", "token", "token_head", "token_records")}
+    sent["publish_close"] = spy["publish"]  # CLOSE's publish, if any
+    return sent, fw
 
 
 def test_token_carries_head_one_message_per_token(real_strapd, tmp_path):
     sent, fw = _generate_counting(real_strapd.socket, tmp_path / "d.strap", True)
-    publishes = [b for b in sent if isinstance(b, P.Publish)]
-    tokens = [b for b in sent if isinstance(b, P.Token)]
-    # the prompt's pass is published (no token yet), then each pass rides on its TOKEN;
-    # the capture's CLOSE finds nothing left to publish
-    assert len(tokens) == 5 and len(publishes) == 1
-    assert [t.head is not None for t in tokens] == [False, True, True, True, True]
+    # the prompt's pass is published (no token yet), then each pass after the first token
+    # rides on the next TOKEN; the capture's CLOSE finds nothing left to publish
+    assert sent["token"] == 5 and sent["publish"] == 1 and sent["publish_close"] == 1, sent
+    assert sent["token_head"] == 4 and sent["token_records"] == 0, sent
     sent_old, fw_old = _generate_counting(real_strapd.socket, tmp_path / "m.strap", False)
-    assert len([b for b in sent_old if isinstance(b, P.Publish)]) == 5
-    assert all(b.head is None for b in sent_old if isinstance(b, P.Token))
+    assert sent_old["publish"] == 5 and sent_old["token"] == 5 and sent_old["token_head"] == 0, sent_old
     # the same stream either way
     with open_stream(tmp_path / "d.strap") as a, open_stream(tmp_path / "m.strap") as b:
         pa, pb = list(a.packets()), list(b.packets())
@@ -110,12 +107,12 @@ def test_two_passes_without_a_token_publish(real_strapd, tmp_path):
                                  autostart_daemon=False, track_per_token=True) as fw:
             s = fw._session
             s._ring_tokens = False
-            spy = _Spy(s.conn)
+            spy = _Spy(s)
             fw.token_tracker.record_token(5, "<5>")
             m(input_ids=x)
-            assert s._deferred and [type(b) for b in spy.sent] == [P.Token]
+            assert s._deferred and (spy["token"], spy["publish"]) == (1, 0)
             m(input_ids=x)
-            assert [type(b) for b in spy.sent] == [P.Token, P.Publish] and not s._deferred  # both passes
+            assert (spy["token"], spy["publish"]) == (1, 1) and not s._deferred  # both passes
     with open_stream(tmp_path / "t.strap") as r:
         assert len([q for q in r.packets() if q.seq]) == 1 + 2 * len(fw.hooked_modules)
 
@@ -136,9 +133,9 @@ def test_old_daemon_gets_publish(monkeypatch, real_strapd, tmp_path):
     with capture_activations(m, preset="balanced", output_path=tmp_path / "o.strap", socket_path=real_strapd.socket,
                              autostart_daemon=False, track_per_token=True) as fw:
         assert not fw._session._cursor
-        spy = _Spy(fw._session.conn)
+        spy = _Spy(fw._session)
         generate(fw, m, n_tokens=3)
-    assert len([b for b in spy.sent if isinstance(b, P.Publish)]) == 3
+        assert spy["publish"] == 3 and spy["token_head"] == 0
 
 
 def test_ring_tokens_one_message_per_16_tokens(real_strapd, tmp_path):
@@ -150,12 +147,12 @@ def test_ring_tokens_one_message_per_16_tokens(real_strapd, tmp_path):
         s = fw._session
         assert s._ring_tokens and s.ring_tokens_every == 16
         s.ring_tokens_seconds = 1e9  # by count only, whatever the machine's speed
-        spy = _Spy(s.conn)
+        spy = _Spy(s)
         generate(fw, m, n_tokens=40)
-        sent = list(spy.sent)
-    assert not [b for b in sent if isinstance(b, P.Token)]
-    # the prompt's pass, then after the 16th and the 32nd token; CLOSE's publish names the rest
-    assert len([b for b in sent if isinstance(b, P.Publish)]) == 4, [type(b).__name__ for b in sent]
+        assert spy["token"] == 0 and spy["token_records"] == 40
+        # the prompt's pass, after the 16th token, then as the passes grow (no KV cache) by
+        # publish_bytes: never one per token
+        assert spy["publish"] == 4, spy.s.message_counts()
     a = analyze_activations(tmp_path / "r.strap")
     assert a["end_status"] == "complete"
     with capture_activations(m, preset="balanced", output_path=tmp_path / "m.strap", socket_path=real_strapd.socket,
@@ -176,10 +173,10 @@ def test_ring_tokens_doorbell_by_time(real_strapd, tmp_path):
                              autostart_daemon=False, track_per_token=True) as fw:
         s = fw._session
         s.ring_tokens_seconds = 0.0  # every token's check finds the time passed
-        spy = _Spy(s.conn)
+        spy = _Spy(s)
         generate(fw, m, n_tokens=4)
-        assert not [b for b in spy.sent if isinstance(b, P.Token)]
-        assert len([b for b in spy.sent if isinstance(b, P.Publish)]) >= 4
+        assert spy["token"] == 0
+        assert spy["publish"] >= 4
     assert len([q for q in open_stream(tmp_path / "t.strap").packets() if q.type_name == "TOKEN"]) == 4
 
 
@@ -193,10 +190,10 @@ def test_ring_tokens_long_texts(real_strapd, tmp_path):
         s = fw._session
         assert s._ring_tokens
         s.ring_tokens_seconds = 1e9
-        spy = _Spy(s.conn)
+        spy = _Spy(s)
         for i, t in enumerate(texts):
             fw.record_token(i, t)
-        assert spy.sent == []
+        assert (spy["token"], spy["publish"], spy["token_records"]) == (0, 0, 4)
     with open_stream(tmp_path / "l.strap") as r:
         toks = [q for q in r.packets() if q.type_name == "TOKEN"]
     assert [q.meta["text"] for q in toks] == texts and [q.seq for q in toks] == [1, 2, 3, 4]

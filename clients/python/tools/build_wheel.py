@@ -60,11 +60,15 @@ def project_version() -> str:
 
 
 SRC = HERE / "src" / "llm_instrumentation"
-#: The C the extensions share with libstrap (setup.py: clients/c/common).
-COMMON = HERE.parent / "c" / "common"
+#: libstrap: the C the extensions share with it (setup.py: clients/c/common), and its sources
+#: and header, compiled into _speedups but the resource-event writer for C engines (setup.py).
+LIBSTRAP = HERE.parent / "c"
+COMMON = LIBSTRAP / "common"
+LIBSTRAP_SOURCES = sorted(p for p in (LIBSTRAP / "src").glob("*.c") if not p.name.startswith("resource"))
 #: The C extensions (setup.py builds the same from source): path in the wheel, C sources.
 EXTENSIONS = {
-    "llm_instrumentation/_speedups.abi3.so": sorted(SRC.glob("_speedups*.c")) + sorted(COMMON.glob("*.c")),
+    "llm_instrumentation/_speedups.abi3.so": sorted(SRC.glob("_speedups*.c")) + sorted(COMMON.glob("*.c"))
+    + LIBSTRAP_SOURCES,
     "llm_instrumentation/resources/_native.abi3.so": sorted((SRC / "resources").glob("_native*.c")),
 }
 
@@ -78,8 +82,10 @@ def compile_extension(arch: str, sources: List[Path], dest: Path) -> None:
         raise SystemExit(f"no C compiler {cc!r} for {arch} (Debian: apt-get install gcc-{arch.replace('_', '-')}"
                          f"-linux-gnu; or set CC_{arch})")
     include = sysconfig.get_paths()["include"]
-    # -fvisibility=hidden: libstrap's strap__* symbols stay inside the extension (PyInit_* only)
-    cmd = [cc, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-Wall", "-Werror", "-I", include, "-I", str(COMMON),
+    # -fvisibility=hidden and STRAP_NO_EXPORT: libstrap's symbols stay inside the extension
+    # (PyInit_* only)
+    cmd = [cc, "-O2", "-shared", "-fPIC", "-pthread", "-fvisibility=hidden", "-DSTRAP_NO_EXPORT", "-Wall", "-Werror",
+           "-I", include, "-I", str(COMMON), "-I", str(LIBSTRAP / "src"), "-I", str(LIBSTRAP / "include"),
            *map(str, sources), "-o", str(dest)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:

@@ -42,7 +42,7 @@ from ._dtypes import dtype_size, torch_dtype_id
 from ._ring import (HEADER_SIZE, MAX_TOKEN_TEXT, Ring, align64, encode_record_header,
                     header_area, keep_ring, take_ring)
 from ._ring import _c as _speedups  # imported by _ring, which says what is missing without it
-from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError
+from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError, StrapdWriteError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -90,6 +90,10 @@ class _Layout(NamedTuple):
     memmove: bool
 
 
+#: libstrap's claim modes (``Session.claim``, clients/c/src/attach.h): room now or nothing; a
+#: tensor's first record (no room drops it under policy drop, else waits); a later PART (waits).
+CLAIM_NOW, CLAIM_POLICY, CLAIM_WAIT = 0, 1, 2
+
 #: Ring tokens (PROTOCOL.md 1.4): a PUBLISH after this many tokens at most ...
 RING_TOKENS_EVERY = 16
 #: ... or this many seconds after the last message, whichever comes first: strapd is woken
@@ -114,6 +118,11 @@ def _sum_type(dtype: Any) -> Optional[int]:
 class CaptureSession:
     """Client side of one strapd session.
 
+    From OPENED on the session is libstrap's (``clients/c/src/session.c``, bound as
+    ``_speedups.Session``): sequence numbers, PUBLISH batching and the published cursor,
+    RELEASE and backpressure, DROP, TOKEN messages and records, CHECKPOINT and CLOSE. What is
+    left here is the tensors: their layouts, their copies into the ring, PART and FP8 records.
+
     Args:
         conn: a connected :class:`~._protocol.Connection` after the handshake.
         ring: the ring to send.
@@ -137,38 +146,22 @@ class CaptureSession:
         self.stall_timeout = stall_timeout
         self.max_record = (part_size or ring.data_size // 4) // 64 * 64
         self.publish_bytes = max(64, publish_bytes or min(ring.data_size // 8, 4 << 20))
-        self.published_head = ring.head
         #: Defer the per-pass PUBLISH to the next TOKEN (PROTOCOL.md 1.4) where the daemon
-        #: offers the published cursor and the C extension can store it.
+        #: offers the published cursor.
         self.defer_publish = True
-        #: With ring tokens, a PUBLISH is sent once this many tokens are unnamed by a
-        #: message, or :attr:`ring_tokens_seconds` after the last message (checked at each
-        #: token and pass), whichever comes first; ``<= 1`` keeps one TOKEN message per token.
-        self.ring_tokens_every = RING_TOKENS_EVERY
-        self.ring_tokens_seconds = RING_TOKENS_SECONDS
-        self._cursor = False  # set at OPENED: the cursor is stored and PUBLISH deferred
-        self._deferred = False  # a pass's records are behind the cursor, not yet named by a message
-        #: Tokens go into the ring as TOKEN records and one PUBLISH names several tokens'
-        #: passes (PROTOCOL.md 1.4, "TOKEN records"): set at OPENED where the daemon offers
-        #: ring_tokens, the cursor is stored, and no trace file wants a TOKEN per token.
-        self._ring_tokens = False
-        self._cursor_at = 0  # the published cursor last stored
-        self._unsent_tokens = 0  # ring tokens no message has named yet
-        self._last_message = 0.0  # time.monotonic() of the last PUBLISH or TOKEN sent
-        self.seq = 0
-        self.last_tensor_seq = 0
-        self.packets = 0
-        self.tokens = 0
-        self.bytes_in = 0
-        self.drops = 0
-        self.drop_bytes = 0
+        self._rt = (RING_TOKENS_EVERY, RING_TOKENS_SECONDS)
+        #: libstrap's session (None after :meth:`shutdown`); made again at OPENED with its flow
+        self._s: Any = self._attach(0, 0, False, False)
+        #: its state when it ended (:meth:`shutdown`): the counters stay readable
+        self._final: Optional[Tuple[Any, ...]] = None
         self.drops_by_module: Dict[str, Dict[str, int]] = {}
         self.opened: Optional[P.Opened] = None
         self.closed_summary: Optional[P.Closed] = None
         self.error: Optional[BaseException] = None
         self._lock = threading.Lock()
-        self._cuda: Any = None
-        #: Small CUDA records of a known layout go through Ring.put_cuda (:meth:`record`).
+        #: the ring's CUDA copier once this session copied from a CUDA tensor (:attr:`_cuda`)
+        self._copier: Any = None
+        #: Small CUDA records of a known layout go through Session.put_cuda (:meth:`record`).
         self._cuda_raw = False
         self._layouts: Dict[str, _Layout] = {}
         #: per name: the meta object of :meth:`record_meta`'s last record and its layout
@@ -190,12 +183,107 @@ class CaptureSession:
         #: records written coded as fp8 by this client
         self.fp8_records = 0
 
+    # ----- libstrap's state ----------------------------------------------------------------------
+
+    def _attach(self, seq: int, session_id: int, cursor: bool, ring_tokens: bool) -> Any:
+        """libstrap's session over this connection and ring (``_speedups.Session``)."""
+        return _speedups.Session(self.conn.sock.fileno(), self.ring, self.policy, float(self.stall_timeout),
+                                 self.max_record, self.publish_bytes, seq, session_id, cursor, ring_tokens, *self._rt)
+
+    def _state(self) -> Tuple[Any, ...]:
+        """``_speedups.Session.state()``, or the state it ended with."""
+        return self._final if self._s is None else self._s.state()  # type: ignore[return-value]
+
+    def _set_mode(self, cursor: int = -1, ring_tokens: int = -1, seq: int = -1) -> None:
+        if self._s is not None:
+            self._s.set_mode(cursor, ring_tokens, seq)
+
+    #: the last sequence number taken (set: before any record, the tests' golden records)
+    seq = property(lambda self: self._state()[0], lambda self, v: self._set_mode(seq=int(v)))
+    last_tensor_seq = property(lambda self: self._state()[1], doc="the last record's sequence number")
+    tokens = property(lambda self: self._state()[2], doc="tokens recorded by this session")
+    packets = property(lambda self: self._state()[3], doc="records written into the ring")
+    bytes_in = property(lambda self: self._state()[4], doc="payload bytes written into the ring")
+    drops = property(lambda self: self._state()[5], doc="tensors dropped (policy drop)")
+    drop_bytes = property(lambda self: self._state()[6], doc="bytes of the dropped tensors")
+    published_head = property(lambda self: self._state()[7], doc="the head the last message named")
+    _unsent_tokens = property(lambda self: self._state()[8])
+    _cursor_at = property(lambda self: self._state()[9])
+    #: the flow chosen at OPENED (set: the tests' comparisons of one flow with another)
+    _cursor = property(lambda self: self._state()[12], lambda self, v: self._set_mode(cursor=int(bool(v))))
+    _ring_tokens = property(lambda self: self._state()[13], lambda self, v: self._set_mode(ring_tokens=int(bool(v))))
+    _deferred = property(lambda self: self._state()[14])
+
+    def message_counts(self) -> Dict[str, int]:
+        """Messages this session sent so far: ``publish`` (PUBLISH), ``token`` (TOKEN
+        messages), ``token_head`` (TOKEN messages that named the records before them), and
+        ``token_records`` (tokens written into the ring instead)."""
+        st = self._state()
+        return {"publish": st[11], "token": st[17], "token_head": st[18], "token_records": st[10]}
+
+    @property
+    def ring_tokens_every(self) -> int:
+        """With ring tokens, a PUBLISH once this many tokens are unnamed by a message, or
+        :attr:`ring_tokens_seconds` after the last message, whichever comes first; ``<= 1``
+        keeps one TOKEN message per token (PROTOCOL.md 1.4)."""
+        return self._rt[0]
+
+    @ring_tokens_every.setter
+    def ring_tokens_every(self, v: int) -> None:
+        self._rt = (int(v), self._rt[1])
+        if self._s is not None:
+            self._s.set_ring_tokens(*self._rt)
+
+    @property
+    def ring_tokens_seconds(self) -> float:
+        """See :attr:`ring_tokens_every`."""
+        return self._rt[1]
+
+    @ring_tokens_seconds.setter
+    def ring_tokens_seconds(self, v: float) -> None:
+        self._rt = (self._rt[0], float(v))
+        if self._s is not None:
+            self._s.set_ring_tokens(*self._rt)
+
+    @property
+    def _cuda(self) -> Any:
+        """The ring's CUDA copier (:mod:`._cuda`) once this session copied from a CUDA tensor;
+        set, libstrap's session asks it which records are complete before naming them."""
+        return self._copier
+
+    @_cuda.setter
+    def _cuda(self, copier: Any) -> None:
+        self._copier = copier
+        if self._s is not None:
+            self._s.set_frontier(None if copier is None else _frontier(copier))
+
+    def _failed(self, e: Any) -> BaseException:
+        """The client's exception for libstrap's ``SessionError`` (code, message, daemon code,
+        fatal); a failure that ends the session is kept in :attr:`error`."""
+        code, message, daemon_code, fatal = e.args
+        if code in (_speedups.E_INVALID, _speedups.E_TOO_LARGE):
+            return ValueError(message)
+        exc: BaseException
+        if code == _speedups.E_DAEMON:
+            cls = StrapdWriteError if daemon_code == "write_error" else StrapdProtocolError
+            exc = cls(message, code=daemon_code, fatal=bool(fatal))
+        elif code == _speedups.E_PROTOCOL:
+            exc = StrapdProtocolError(message)
+        elif code == _speedups.E_TIMEOUT:
+            exc = StrapdTimeoutError(message)
+        elif code == _speedups.E_STATE:
+            exc = StrapdConnectionError(f"session already failed: {message}")
+        else:
+            exc = StrapdConnectionError(message)
+        self.error = exc
+        return exc
+
     # ----- open / close ------------------------------------------------------------------------
 
     def open(self, output_fd: int, request: P.Open, timeout: float = 30.0,
-             trace_fd: Optional[int] = None, resources_fd: Optional[int] = None) -> P.Opened:
+             trace_fd: Optional[int] = None, resources_fd: Optional[int] = None, seq: int = 0) -> P.Opened:
         """Send OPEN with [ring memfd, output fd(, trace fd)(, resource log fd)] and return
-        the OPENED body.
+        the OPENED body; the session is libstrap's from then on.
 
         Args:
             output_fd: the stream file, open for writing (and reading when resuming).
@@ -206,6 +294,8 @@ class CaptureSession:
                 for this session (docs/PROTOCOL.md 1.3, docs/TRACE_FORMAT.md), or None.
             resources_fd: a file open for writing into which strapd appends the session's
                 RESOURCES events (docs/RESOURCE_EVENTS.md), or None.
+            seq: the last sequence number of a resumed stream (0: a new one); the session
+                continues after it.
 
         Returns:
             the OPENED body.
@@ -215,16 +305,17 @@ class CaptureSession:
         fds = [self.ring.fd, output_fd] + ([trace_fd] if trace_fd is not None else []) \
             + ([resources_fd] if resources_fd is not None else [])
         self.conn.send(request, fds=fds)
-        self.opened = self.conn.expect(P.Opened, timeout)
+        self.opened = opened = self.conn.expect(P.Opened, timeout)
         if request.codec == "fp8" and self.fp8_client != "off":
             lossy = request.lossy
-            self._fp8 = (int(self.opened.block_size), float(lossy.value or 0.0) if lossy is not None else 0.0)
-        self._cursor = bool(self.opened.published_cursor) and self.defer_publish
+            self._fp8 = (int(opened.block_size), float(lossy.value or 0.0) if lossy is not None else 0.0)
+        cursor = bool(opened.published_cursor) and self.defer_publish
         # A session with a trace file gets each token's kernel counters when its TOKEN
         # message arrives (PROTOCOL.md 1.4 TOKEN): it keeps one message per token.
-        self._ring_tokens = self._cursor and bool(self.opened.ring_tokens) and trace_fd is None \
-            and self.ring_tokens_every > 1
-        return self.opened
+        ring_tokens = cursor and bool(opened.ring_tokens) and trace_fd is None
+        self._s = self._attach(seq, int(opened.session or 0), cursor, ring_tokens)
+        self._cuda = self._copier  # libstrap's session asks it which records are complete
+        return opened
 
     def close(self, timeout: Optional[float] = None, meanwhile: Optional[Callable[[], None]] = None,
               fds: Sequence[int] = ()) -> P.Closed:
@@ -242,16 +333,19 @@ class CaptureSession:
             the CLOSED body.
         """
         with self._lock:
-            self._check()
-            self._publish()
-            self.conn.send(P.Close(seq=self.seq, head=self.ring.head, drops=self.drops), fds=fds)
-            # CLOSE counted every record up to here: a later one (a hook on another thread)
-            # would belong to no session; refused from now on, as after shutdown.
-            self._shut = True
-            if meanwhile is not None:
-                meanwhile()
-            self.closed_summary = self.conn.expect(P.Closed, timeout or max(self.stall_timeout, 60.0),
-                                                   skip=(P.Release,))
+            s = self._session()
+            try:
+                # CLOSE counts every record up to it: a later one (a hook on another thread)
+                # would belong to no session; refused from now on, as after shutdown.
+                s.close_send(list(fds))
+                self._shut = True
+                if meanwhile is not None:
+                    meanwhile()
+                c = s.close_wait(float(timeout or 0))
+            except _speedups.SessionError as e:
+                raise self._failed(e) from None
+            self.closed_summary = P.Closed(packets=c[0], drops=c[1], bytes_in=c[2], bytes_out=c[3], file_bytes=c[4],
+                                           upload=c[5] or None)
             return self.closed_summary
 
     def shutdown(self) -> None:
@@ -264,6 +358,10 @@ class CaptureSession:
         into an unmapped ring, or into the ring kept for the next capture."""
         with self._lock:
             self._shut = True
+            if self._s is not None:
+                self._s.shut()
+                self._final = self._s.state()
+                self._s = None  # libstrap's session goes before the connection it used
         self.conn.close()
         # The ring's CUDA registration stays with the ring (Ring.cuda): a kept ring is reused
         # registered; Ring.close waits for any copy still running, then unregisters.
@@ -280,134 +378,39 @@ class CaptureSession:
         if self.error is not None:
             raise StrapdConnectionError(f"session already failed: {self.error}") from self.error
 
-    def _handle(self, msg: P.Body) -> None:
-        if isinstance(msg, P.Release):
-            try:
-                self.ring.release(msg.tail)
-            except ValueError as e:
-                raise StrapdProtocolError(str(e)) from None
-        elif isinstance(msg, P.Error):
-            if msg.fatal:
-                raise msg.exception()
-        else:
-            raise StrapdProtocolError(f"unexpected {P.NAMES[msg.TYPE]} during a session")
+    def _session(self) -> Any:
+        """libstrap's session, after :meth:`_check` (the lock is held)."""
+        self._check()
+        if self._s is None:
+            raise StrapdConnectionError("the session was shut down")
+        return self._s
 
     def drain(self) -> None:
-        """Handle every pending message without blocking."""
-        while True:
-            got = self.conn.recv(0)
-            if got is None:
-                return
-            self._handle(got)
+        """Handle every pending message (RELEASE, ERROR) without blocking."""
+        try:
+            self._session().drain()
+        except _speedups.SessionError as e:
+            raise self._failed(e) from None
 
     def _publish(self, block: bool = True) -> None:
-        """Send one PUBLISH covering every record written since the last one (none: no-op).
-
-        A record copied from a CUDA tensor is published only once its copy completed
-        (:mod:`._cuda`): with ``block`` this waits for every queued copy; without it (the
-        per-pass and size-triggered publishes), it publishes the records whose copies have
-        completed so far and leaves the rest for the next publish, so the model's thread
-        never waits on the GPU here."""
-        got = self._head(block)
-        if got is None:
-            return
-        head, seq = got
-        if head != self.published_head:
-            self.drain()  # a daemon ERROR surfaces here, once per publish, not per tensor
-            self.conn.send(P.Publish(head=head, seq=seq))
-            self.published_head = head
-            self._deferred = False
-            self._unsent_tokens = 0
-            self._last_message = time.monotonic()
-
-    def _head(self, block: bool) -> Optional[Tuple[int, int]]:
-        """The head and last tensor seq a publish would name now (``block``: after waiting
-        for every queued CUDA copy), or None when no copy completed yet."""
-        head, seq = self.ring.head, self.last_tensor_seq
-        cuda = self._cuda
-        if cuda is not None and cuda.busy:
-            done = cuda.wait() if block else cuda.copied()
-            if done is None:
-                return None
-            if cuda.busy:  # later copies still in flight: only the completed prefix
-                head, seq = done
-        return head, seq
-
-    def _defer(self) -> None:
-        """End a forward pass without a message: store the published cursor past its
-        completed records, so a client killed before its next TOKEN still has them
-        written (the daemon takes them at EOF), and leave naming them to that TOKEN's
-        ``head``. A second pass in a row without a TOKEN between publishes as before, so
-        at most one pass waits: the daemon's pipeline never falls more than a pass behind."""
-        if self._deferred:
-            self._publish(block=False)
-            return
-        got = self._head(block=False)
-        if got is None or got[0] == self.published_head:
-            return
-        self.ring.store_published(got[0])
-        self._deferred = True
-
-    def _store_cursor(self) -> None:
-        """Store the published cursor past every completed record (ring tokens): a client
-        killed now still has them written (the daemon takes them at EOF)."""
-        got = self._head(block=False)
-        if got is not None and got[0] > self._cursor_at:
-            self.ring.store_published(got[0])
-            self._cursor_at = got[0]
-
-    def _doorbell(self) -> None:
-        """Ring tokens: name the records and tokens written so far by one PUBLISH once
-        :attr:`ring_tokens_every` tokens wait or :attr:`ring_tokens_seconds` passed since
-        the last message; until then they are below the stored cursor only."""
-        if self._unsent_tokens >= self.ring_tokens_every or \
-                time.monotonic() - self._last_message >= self.ring_tokens_seconds:
-            self._publish(block=False)
-        else:
-            self._store_cursor()
+        """One PUBLISH covering every record written since the last one (none: no-op). A
+        record copied from a CUDA tensor is published once its copy completed (:mod:`._cuda`):
+        ``block`` waits for every queued copy; without it only the completed prefix goes."""
+        try:
+            self._session().publish(block)
+        except _speedups.SessionError as e:
+            raise self._failed(e) from None
 
     def flush(self) -> None:
-        """Publish every record written so far (the framework calls this after each forward
-        pass of the model); records of CUDA tensors whose copies are still running go with
-        the next publish (:meth:`_publish` without ``block``)."""
+        """The end of a forward pass of the model: publish every record written so far — or,
+        while generating, leave them below the published cursor for the next TOKEN (or, with
+        ring tokens, the PUBLISH that names several tokens' passes); records of CUDA tensors
+        whose copies are still running go with the next publish."""
         with self._lock:
-            self._check()
             try:
-                if self._ring_tokens and self.tokens:
-                    # Generating with ring tokens: the pass's records wait, below the
-                    # cursor, for the message that names several tokens' passes.
-                    self._doorbell()
-                elif self._cursor and self.tokens:
-                    # Generating: the next TOKEN names this pass's records (one wake-up of
-                    # strapd per token instead of two). Before the first token (prefill,
-                    # or a capture without tokens) each pass is published at once.
-                    self._defer()
-                else:
-                    self._publish(block=False)
-            except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
-                self.error = e
-                raise
-
-    def _wait_for(self, needed: int) -> None:
-        """Block (polling the socket) until ``needed`` bytes are free."""
-        self._publish()  # the daemon releases only what it has seen
-        deadline = time.monotonic() + self.stall_timeout
-        while not self.ring.fits(needed):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise StrapdTimeoutError(
-                    f"strapd released no ring space for {self.stall_timeout:.0f}s "
-                    f"(need {needed} bytes, {self.ring.used} of {self.ring.data_size} in use)"
-                )
-            got = self.conn.recv(min(left, 1.0))
-            if got is not None:
-                self._handle(got)
-
-    def _next_seq(self) -> int:
-        self.seq += 1
-        return self.seq
-
-    # ----- writing -----------------------------------------------------------------------------
+                self._session().flush()
+            except _speedups.SessionError as e:
+                raise self._failed(e) from None
 
     def record(self, name: str, t: "torch.Tensor", meta: Optional[Dict[str, Any]]) -> bool:
         """The capture hooks' callback: :meth:`write_tensor` with the current forward pass's
@@ -436,31 +439,28 @@ class CaptureSession:
             raw = self._cuda.raw_stream(t)
             if raw is None:
                 return self.write_tensor(name, t, self.step, self.forward, meta)
-        ring = self.ring
         rec_len = lay.record_len
         with self._lock:
-            seq = self.seq + 1
-            n = lay.tensor_len
-            # One C call: the check that the record needs nothing first (a PAD, space, pages),
-            # the header, the payload (or its queued copy) and the head moved on.
-            if self._shut or self.error is not None or not (
-                    ring.put(lay.header, seq, rec_len, self.step, self.forward, lay.hdr_area, t.data_ptr(), n)
-                    if raw is None else
-                    ring.put_cuda(lay.header, seq, rec_len, self.step, self.forward, lay.hdr_area, t.data_ptr(), n,
-                                  raw[1])):
+            s = self._s
+            if self._shut or self.error is not None or s is None:
                 return self._write_locked(name, lay, t, self.step, self.forward, meta)
-            if raw is not None:
-                self._cuda.queued_raw(raw[0], ring.head, seq)
-            self.seq = seq
-            self.last_tensor_seq = seq
-            self.packets += 1
-            self.bytes_in += n
-            if ring.head - self.published_head >= self.publish_bytes:
-                try:
-                    self._publish(block=False)
-                except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
-                    self.error = e
-                    raise
+            try:
+                # One C call: the check that the record needs nothing first (a PAD, space,
+                # pages), the header, the payload (or its queued copy), the head moved on and,
+                # for a CPU tensor, a PUBLISH once publish_bytes wait.
+                if raw is None:
+                    seq = s.put(lay.header, rec_len, self.step, self.forward, lay.hdr_area, t.data_ptr(),
+                                lay.tensor_len)
+                else:
+                    seq = s.put_cuda(lay.header, rec_len, self.step, self.forward, lay.hdr_area, t.data_ptr(),
+                                     lay.tensor_len, raw[1])
+                if not seq:
+                    return self._write_locked(name, lay, t, self.step, self.forward, meta)
+                if raw is not None:
+                    self._cuda.queued_raw(raw[0], self.ring.head, seq)
+                    s.publish(False, True)
+            except _speedups.SessionError as e:
+                raise self._failed(e) from None
             return True
 
     def write_tensor(self, name: str, t: "torch.Tensor", step: int, forward: int,
@@ -487,14 +487,13 @@ class CaptureSession:
             with self._lock:
                 if self._shut:
                     return False
-                self._check()
+                self._session()
                 try:
                     done = self._write_fp8(name, t, step, forward, meta)
                     if done is not None:
                         return done
-                except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
-                    self.error = e
-                    raise
+                except _speedups.SessionError as e:
+                    raise self._failed(e) from None
         lay = None
         if meta is None:
             lay = self._layouts.get(name)
@@ -507,14 +506,13 @@ class CaptureSession:
                       meta: Optional[Dict[str, Any]]) -> bool:
         if self._shut:
             return False
-        self._check()
+        self._session()
         try:
             if lay is not None and self._write_whole(lay, t, step, forward):
                 return True
             return self._write_any(name, t, step, forward, meta)
-        except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
-            self.error = e
-            raise
+        except _speedups.SessionError as e:
+            raise self._failed(e) from None
 
     def _layout(self, name: str, t: "torch.Tensor", meta_b: bytes = b"") -> Optional[_Layout]:
         """Build and keep the layout of ``name``'s records for ``t``'s dtype and shape (and
@@ -554,43 +552,30 @@ class CaptureSession:
             if lay is None:
                 return self.write_tensor(name, t, self.step, self.forward, meta)
             self._meta_layouts[name] = (meta, lay)
-        ring = self.ring
         with self._lock:
-            seq = self.seq + 1
-            n = lay.tensor_len
+            s = self._s
             if _c_write_record is None or not lay.memmove or not t.is_cpu or not t.is_contiguous() \
-                    or self._shut or self.error is not None \
-                    or not ring.put(lay.header, seq, lay.record_len, self.step, self.forward, lay.hdr_area,
-                                    t.data_ptr(), n):
+                    or self._shut or self.error is not None or s is None:
                 return self._write_locked(name, lay, t, self.step, self.forward, meta)
-            self.seq = seq
-            self.last_tensor_seq = seq
-            self.packets += 1
-            self.bytes_in += n
-            if ring.head - self.published_head >= self.publish_bytes:
-                try:
-                    self._publish(block=False)
-                except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
-                    self.error = e
-                    raise
+            try:
+                if not s.put(lay.header, lay.record_len, self.step, self.forward, lay.hdr_area, t.data_ptr(),
+                             lay.tensor_len):
+                    return self._write_locked(name, lay, t, self.step, self.forward, meta)
+            except _speedups.SessionError as e:
+                raise self._failed(e) from None
             return True
 
     def _write_whole(self, lay: _Layout, t: "torch.Tensor", step: int, forward: int) -> bool:
         """The common case, with nothing computed per record that repeats: one whole record
-        that fits before the end of the region in space known to be free. False (nothing
-        written) when it needs a PAD first, or space (waiting, draining or dropping): then
-        :meth:`_write_any` does it."""
-        ring = self.ring
-        head = ring.head
-        size = ring.data_size
-        off = head % size
+        in space free now (a PAD placed first where the region ends too soon). False (nothing
+        written) when there is no room now: then :meth:`_write_any` waits or drops."""
+        s = self._s
         rec_len = lay.record_len
-        if off + rec_len > size or head + rec_len - ring.tail > size:
+        seq = s.claim(rec_len, CLAIM_NOW, "", 0, step, forward)
+        if not seq:
             return False
-        if head + rec_len > ring.populated:
-            ring.populate(head + rec_len)
-        file_off = HEADER_SIZE + off
-        seq = self.seq + 1
+        ring = self.ring
+        file_off = HEADER_SIZE + ring.head % ring.data_size
         n = lay.tensor_len
         if n and lay.memmove and t.is_cpu and t.is_contiguous():
             # The bytes of a contiguous CPU tensor are n bytes at data_ptr(): copied in the same call.
@@ -601,16 +586,15 @@ class CaptureSession:
             if n:
                 start = file_off + lay.hdr_area
                 self._copy(ring.u8()[start:start + n].view(t.dtype).view(lay.shape), t)
-        self.seq = seq
-        ring.head = head + rec_len
-        self.last_tensor_seq = seq
-        if self._cuda is not None:
-            self._cuda.pending(ring.head, seq)
-        self.packets += 1
-        self.bytes_in += n
-        if ring.head - self.published_head >= self.publish_bytes:
-            self._publish(block=False)
+        self._advance(rec_len, n, seq)
         return True
+
+    def _advance(self, rec_len: int, payload_len: int, seq: int) -> None:
+        """The record claimed at the head is written (its CUDA copy queued, and counted by the
+        copier before any publish can name it): the head moves on, a PUBLISH once due."""
+        if self._copier is not None:
+            self._copier.pending(self.ring.head + rec_len, seq)
+        self._s.advance(rec_len, payload_len, True)
 
     def _fp8_wanted(self, t: "torch.Tensor") -> bool:
         """Whether ``t`` is coded as fp8 here (the session's codec is fp8)."""
@@ -685,33 +669,20 @@ class CaptureSession:
             parts = [(o, min(cap, tensor_len - o)) for o in range(0, tensor_len, cap)]
         is_part = len(parts) > 1
 
-        first_len = align64(hdr_area + parts[0][1])
-        pad, needed = self.ring.placement(first_len)
-        if not self.ring.fits(needed):
-            self.drain()  # RELEASEs received since the last publish free space
-        if not self.ring.fits(needed) and self.policy == "drop":
-            self._publish()  # the records before it come first in sequence order
-            seq = self._next_seq()
-            self.conn.send(P.Drop(seq=seq, name=name, step=step, forward=forward, bytes=tensor_len,
-                                  reason="ring_full"))
-            self.drops += 1
-            self.drop_bytes += tensor_len
+        s = self._s
+        # The first record decides: no room under policy drop drops the whole tensor (one DROP
+        # of its tensor_len, sent by libstrap after the records before it); later PARTs wait.
+        seq = s.claim(align64(hdr_area + parts[0][1]), CLAIM_POLICY, name, tensor_len, step, forward)
+        if not seq:
             d = self.drops_by_module.setdefault(name, {"count": 0, "bytes": 0})
             d["count"] += 1
             d["bytes"] += tensor_len
             return False
-
         src_flat = None
-        for part_offset, plen in parts:
+        for i, (part_offset, plen) in enumerate(parts):
             rec_len = align64(hdr_area + plen)
-            pad, needed = self.ring.placement(rec_len)
-            if not self.ring.fits(needed):
-                self._wait_for(needed)
-                pad, needed = self.ring.placement(rec_len)
-            if pad:
-                self.ring.write_pad(pad)
-            self.ring.populate(self.ring.head + rec_len)
-            seq = self._next_seq()
+            if i:
+                seq = s.claim(rec_len, CLAIM_WAIT, name, tensor_len, step, forward)
             hdr = encode_record_header(
                 dtype=dt, shape=shape, seq=seq, record_len=rec_len, step=step, forward=forward,
                 payload_len=plen, name=name_b, meta=meta_b, part_offset=part_offset,
@@ -728,104 +699,34 @@ class CaptureSession:
             elif tensor_len:
                 dst = self.ring.u8()[start:start + plen].view(t.dtype).view(shape)
                 self._copy(dst, t)
-            self.ring.head += rec_len
-            self.last_tensor_seq = seq
-            if self._cuda is not None:
-                self._cuda.pending(self.ring.head, seq)
-            self.packets += 1
-            self.bytes_in += plen
-            if self.ring.head - self.published_head >= self.publish_bytes:
-                self._publish(block=False)
+            self._advance(rec_len, plen, seq)
         return True
 
     # ----- tokens and checkpoints (docs/CHECKPOINTS.md) ------------------------------------------
 
-    def token(self, index: int, token_id: int, text: str, position: int) -> int:
-        """Send TOKEN for one recorded token (it takes the next sequence number and becomes
-        a TOKEN packet with ``step = index``); return its sequence number."""
+    def token(self, index: int, token_id: int, text: str, position: Optional[int]) -> int:
+        """Record one token (it takes the next sequence number and becomes a TOKEN packet with
+        ``step = index``): a TOKEN record in the ring where strapd takes ring tokens and it
+        fits now, else a TOKEN message naming the records before it (a token never waits
+        for ring space); return its sequence number.
+
+        Raises:
+            ValueError: a text too long for one message, or not encodable as UTF-8: nothing is
+                sent, the capture goes on.
+        """
         with self._lock:
-            self._check()
+            s = self._session()
             try:
-                if self._ring_tokens and self._token_to_ring(index, token_id, text, position):
-                    return self.seq
-                self.drain()
-                head: Optional[int] = None
-                if self._cursor:
-                    # One message: the records before the token, then the token.
-                    got = self._head(block=True)
-                    assert got is not None  # block waits for every copy
-                    if got[0] != self.published_head:
-                        head = got[0]
-                else:
-                    self._publish()
-                seq = self._next_seq()
-                try:
-                    self.conn.send(P.Token(seq=seq, index=index, token_id=token_id, text=text, position=position,
-                                           head=head))
-                except ValueError as e:
-                    # Nothing was sent (a text too long for one message): give the sequence
-                    # number back, or strapd would find a gap in the stream and end the session.
-                    self.seq -= 1
-                    raise ValueError(f"token {index}: {e}; the token is not recorded (its text is "
-                                     f"{len(text.encode('utf-8', 'surrogatepass'))} bytes), the capture goes on") from None
-                if head is not None:
-                    self.published_head = head
-                self._deferred = False
-                self._unsent_tokens = 0
-                self._last_message = time.monotonic()
-                self.tokens += 1
-                return seq
-            except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
-                self.error = e
-                raise
-
-    def _claim(self, rec_len: int) -> bool:
-        """Under the lock: room for a record of ``rec_len`` bytes at the head — a PAD first
-        where the region ends too soon, RELEASEs drained when the space is not known free,
-        the pages populated; False, writing nothing, when there is no room now."""
-        ring = self.ring
-        pad, needed = ring.placement(rec_len)
-        if not ring.fits(needed):
-            self.drain()  # RELEASEs received since the last publish free space
-            pad, needed = ring.placement(rec_len)
-            if not ring.fits(needed):
-                return False
-        ring.place(pad, rec_len)
-        return True
-
-    def _put_token(self, index: int, token_id: int, position: int, text_b: bytes) -> bool:
-        """Under the lock: one TOKEN record at the head (PROTOCOL.md 2; libstrap's
-        ``srb_put_token``: a PAD first where the region ends too soon), no doorbell; False,
-        writing nothing, when it does not fit now, RELEASEs received since the last publish
-        drained."""
-        seq = self.seq + 1
-        ring = self.ring
-        if not ring.put_token(seq, index, token_id, position, text_b):
-            self.drain()
-            if not ring.put_token(seq, index, token_id, position, text_b):
-                return False
-        self.seq = seq
-        # The last record of the window: a PUBLISH ending here names its seq.
-        # (No CUDA copy: while earlier copies run, a publish names only their completed
-        # prefix, and this record once they all completed.)
-        self.last_tensor_seq = seq
-        self.tokens += 1
-        self._unsent_tokens += 1
-        return True
-
-    def _token_to_ring(self, index: int, token_id: int, text: str, position: int) -> bool:
-        """Write a TOKEN record at the head (PROTOCOL.md 2) and ring the doorbell when due;
-        False, writing nothing, when the record does not fit now or its text is too long or
-        not encodable as UTF-8 (the caller sends a TOKEN message instead: a token never
-        waits for ring space)."""
-        try:
-            text_b = text.encode("utf-8")
-        except UnicodeEncodeError:
-            return False  # a lone surrogate: the message path answers it as it always did
-        if len(text_b) > MAX_TOKEN_TEXT or not self._put_token(index, token_id, position, text_b):
-            return False
-        self._doorbell()
-        return True
+                return s.token(index, token_id, text, position)
+            except _speedups.SessionError as e:
+                err = self._failed(e)
+                if not isinstance(err, ValueError):
+                    raise err from None
+                why = str(err)
+            except ValueError as e:  # a lone surrogate
+                why = str(e)
+            raise ValueError(f"token {index}: {why}; the token is not recorded (its text is "
+                             f"{len(text.encode('utf-8', 'surrogatepass'))} bytes), the capture goes on") from None
 
     def tokens_to_ring(self, toks: Sequence[Tuple[int, int]]) -> int:
         """Write TOKEN records for ``toks`` (position, token id), in order, with indices from
@@ -851,23 +752,16 @@ class CaptureSession:
             >>> for p, t in [(5, 17), (9, 4)][n:]:
             ...     s.token(s.tokens, t, "", p)
         """
-        if not self._ring_tokens or not toks:
+        if not toks:
             return 0
-        done = 0
         with self._lock:
-            if self._shut or self.error is not None:
+            s = self._s
+            if self._shut or self.error is not None or s is None:
                 return 0
             try:
-                for pos, tid in toks:
-                    if not self._put_token(self.tokens, tid, pos, b""):
-                        break
-                    done += 1
-                if done:
-                    self._doorbell()
-            except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
-                self.error = e
-                raise
-        return done
+                return s.tokens_to_ring(toks)
+            except _speedups.SessionError as e:
+                raise self._failed(e) from None
 
     def record_sum(self, name: str, h: "torch.Tensor", r: "torch.Tensor", rows: Any) -> bool:
         """Write ``h[rows] + r[rows]`` as one record of ``name`` at the current step and
@@ -916,30 +810,21 @@ class CaptureSession:
         rec_len = lay.record_len
         ring = self.ring
         with self._lock:
-            if self._shut or self.error is not None:
+            s = self._s
+            if self._shut or self.error is not None or s is None:
                 return False
             try:
-                if not self._claim(rec_len):
+                seq = s.claim(rec_len, CLAIM_NOW, name, lay.tensor_len, self.step, self.forward)
+                if not seq:
                     return False  # the caller's record waits (or drops) as the policy says
-                head = ring.head
-                seq = self.seq + 1
                 off = start * width * h.element_size()
-                _speedups.write_record_sum(self._ring_addr + HEADER_SIZE + head % ring.data_size, lay.header, seq,
+                _speedups.write_record_sum(self._ring_addr + HEADER_SIZE + ring.head % ring.data_size, lay.header, seq,
                                            rec_len, self.step, self.forward, lay.hdr_area, h.data_ptr() + off,
                                            r.data_ptr() + off, (stop - start) * width, typ)
-                self.seq = seq
-                ring.head = head = head + rec_len
-                self.last_tensor_seq = seq
-                if self._cuda is not None:
-                    self._cuda.pending(head, seq)
-                self.packets += 1
-                self.bytes_in += lay.tensor_len
-                if head - self.published_head >= self.publish_bytes:
-                    self._publish(block=False)
+                self._advance(rec_len, lay.tensor_len, seq)
                 return True
-            except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
-                self.error = e
-                raise
+            except _speedups.SessionError as e:
+                raise self._failed(e) from None
 
     def checkpoint(self, timeout: Optional[float] = None) -> P.Checkpointed:
         """Ask the daemon to make every event sent so far durable.
@@ -951,26 +836,12 @@ class CaptureSession:
             the CHECKPOINTED body, once strapd has written and fdatasynced every event.
         """
         with self._lock:
-            self._check()
             try:
-                self._publish()
-                self.conn.send(P.Checkpoint(seq=self.seq))
-                deadline = time.monotonic() + (timeout or max(self.stall_timeout, 60.0))
-                while True:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise StrapdTimeoutError(f"strapd did not answer CHECKPOINT (seq {self.seq}) in time")
-                    got = self.conn.recv(left)
-                    if got is None:
-                        continue
-                    if isinstance(got, P.Checkpointed):
-                        if got.seq != self.seq:
-                            raise StrapdProtocolError(f"CHECKPOINTED for seq {got.seq}, asked for {self.seq}")
-                        return got
-                    self._handle(got)
-            except (StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError) as e:
-                self.error = e
-                raise
+                c = self._session().checkpoint(float(timeout or 0))
+            except _speedups.SessionError as e:
+                raise self._failed(e) from None
+            return P.Checkpointed(seq=c[0], offset=c[1], packets=c[2], drops=c[3], tokens=c[4], last_offset=c[5],
+                                  last_crc=c[6])
 
     def _copy(self, dst: "torch.Tensor", src: "torch.Tensor", private: bool = False) -> None:
         """Copy ``src`` into the ring view ``dst``; CUDA tensors asynchronously (``private``:
@@ -1124,15 +995,31 @@ def _open_once(socket_path: Optional[str], autostart: bool, stall_timeout: float
             request = dataclasses.replace(request, metadata={**meta, "transport": transport})
         ring = take_ring(fitted)
         session = CaptureSession(conn, ring, policy, stall_timeout)
-        session.open(output_fd, request, trace_fd=trace_fd, resources_fd=resources_fd)
+        session.open(output_fd, request, trace_fd=trace_fd, resources_fd=resources_fd, seq=resume_seq)
     except BaseException:
         if conn is not None:
             conn.close()
         if ring is not None:
             ring.close()
         raise
-    session.seq = session.last_tensor_seq = resume_seq
     return session
+
+
+def _frontier(cuda: Any) -> Callable[[bool], Any]:
+    """libstrap's view of the CUDA copies (``Session.set_frontier``): None when every record
+    is complete, False when none of the pending copies is, else the (head, seq) of the
+    completed prefix (``block``: after waiting for every copy). Over the copier alone: the
+    session holds it, and a reference back to the session would be a cycle."""
+
+    def frontier(block: bool) -> Any:
+        if not cuda.busy:
+            return None
+        done = cuda.wait() if block else cuda.copied()
+        if done is None:
+            return False
+        return done if cuda.busy else None  # later copies still in flight: the completed prefix
+
+    return frontier
 
 
 _FP8_DTYPES: Tuple[Any, ...] = ()

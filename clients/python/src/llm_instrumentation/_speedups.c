@@ -949,7 +949,7 @@ module_exec(PyObject *m)
         return -1;
     if (PyModule_AddFunctions(m, speedups_channel_methods) < 0)
         return -1;
-    if (speedups_ring_add(m) < 0)
+    if (speedups_ring_add(m) < 0 || speedups_session_add(m) < 0)
         return -1;
     static const struct {
         const char *name;

@@ -71,5 +71,11 @@ speedups_cuda_memcpy_fn speedups_cuda_memcpy(void);
 
 /* Add the Ring type (_speedups_ring.c) to the module. */
 int speedups_ring_add(PyObject *m);
+/* The libstrap ring of a Ring object (_speedups_ring.c); NULL with TypeError (not a Ring) or
+ * ValueError (closed). The Ring object keeps it. */
+struct srb_ring;
+struct srb_ring *speedups_ring_srb(PyObject *o);
+/* Add the Session type (_speedups_session.c) to the module. */
+int speedups_session_add(PyObject *m);
 
 #endif

@@ -40,6 +40,7 @@ typedef struct {
 } MappingObject;
 
 static PyObject *mapping_type;
+static PyObject *ring_type; /* Ring, for speedups_ring_srb's check */
 
 static void
 mapping_dealloc(PyObject *o)
@@ -615,9 +616,26 @@ speedups_ring_add(PyObject *m)
     PyObject *t = PyType_FromSpec(&ring_spec);
     if (t == NULL)
         return -1;
+    Py_INCREF(t);
+    ring_type = t;
     if (PyModule_AddObject(m, "Ring", t) < 0) {
         Py_DECREF(t);
         return -1;
     }
     return 0;
+}
+
+srb_ring *
+speedups_ring_srb(PyObject *o)
+{
+    if (ring_type == NULL || !PyObject_TypeCheck(o, (PyTypeObject *)ring_type)) {
+        PyErr_SetString(PyExc_TypeError, "a _speedups.Ring is required");
+        return NULL;
+    }
+    RingObject *r = (RingObject *)o;
+    if (r->closed || r->r.base == NULL) {
+        PyErr_SetString(PyExc_ValueError, "the ring is closed");
+        return NULL;
+    }
+    return &r->r;
 }

@@ -1,0 +1,662 @@
+/*
+ * A capture session once OPENED, as a type of the _speedups module, Session: libstrap's session
+ * (clients/c/src/session.c, compiled into this extension), attached to the connection and the
+ * ring the Python client opened (clients/c/src/attach.h). Sequence numbers, PUBLISH batching and
+ * the published cursor, RELEASE and backpressure, DROP, TOKEN messages and records, CHECKPOINT
+ * and CLOSE are libstrap's; _session.py keeps the tensors (layouts, copies, PART splitting, FP8).
+ *
+ * Failures raise SessionError(code, message, daemon_code, fatal), code a STRAP_E_* value, which
+ * _session.py turns into the client's exceptions. A Python exception raised by the frontier
+ * callable or by a signal handler while the session waits for strapd is raised as it is (the
+ * session then has failed). Waits for strapd let the GIL go.
+ */
+#define Py_LIMITED_API 0x030A0000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#include "attach.h"
+#include "strap_ring.h"
+
+#include "_speedups.h"
+
+typedef struct {
+    PyObject_HEAD
+    strap_session *s;
+    srb_ring *rb;
+    PyObject *ring;     /* the Ring object: keeps rb */
+    PyObject *frontier; /* callable(block) -> None | False | (head, seq), or NULL */
+} SessionObject;
+
+static PyObject *session_error; /* SessionError */
+
+/* SessionError for the session's last failure (or the Python exception a callback raised). */
+static PyObject *
+fail(SessionObject *self, int code)
+{
+    if (PyErr_Occurred())
+        return NULL;
+    strap_error err;
+    strap_session_last_error(self->s, &err);
+    PyObject *v = Py_BuildValue("(issi)", code, err.message, err.daemon_code, err.fatal);
+    if (v != NULL) {
+        PyErr_SetObject(session_error, v);
+        Py_DECREF(v);
+    }
+    return NULL;
+}
+
+/* ----- the callbacks libstrap makes (the GIL may have been let go) ----- */
+
+static int
+frontier_cb(void *user, int block, uint64_t *head, uint64_t *seq)
+{
+    SessionObject *self = user;
+    if (self->frontier == NULL) /* no copies of the caller's (set and cleared under the GIL, with
+                                   the caller's session lock held) */
+        return 0;
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = 0;
+    if (self->frontier != NULL && !PyErr_Occurred()) {
+        PyObject *r = PyObject_CallFunctionObjArgs(self->frontier, block ? Py_True : Py_False, NULL);
+        if (r == NULL) {
+            rc = -1;
+        } else if (r == Py_None) {
+            rc = 0;
+        } else if (r == Py_False) {
+            rc = 2;
+        } else {
+            unsigned long long h, q;
+            if (PyArg_ParseTuple(r, "KK", &h, &q)) {
+                *head = h;
+                *seq = q;
+                rc = 1;
+            } else {
+                rc = -1;
+            }
+        }
+        Py_XDECREF(r);
+    } else if (PyErr_Occurred()) {
+        rc = -1;
+    }
+    PyGILState_Release(g);
+    return rc;
+}
+
+static int
+interrupted_cb(void *user)
+{
+    (void)user;
+    PyGILState_STATE g = PyGILState_Ensure();
+    int r = PyErr_CheckSignals() != 0;
+    PyGILState_Release(g);
+    return r;
+}
+
+/* ----- construction ----- */
+
+static PyObject *
+session_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {
+        "sock", "ring",       "policy", "stall_timeout", "max_record",        "publish_bytes",
+        "seq",  "session_id", "cursor", "ring_tokens",   "ring_tokens_every", "ring_tokens_seconds",
+        NULL};
+    int sock, cursor, ring_tokens;
+    PyObject *ring;
+    const char *policy;
+    double stall, rt_seconds;
+    unsigned long long max_record, publish_bytes, seq, session_id;
+    unsigned int rt_every;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOsdKKKKppId", kwlist, &sock, &ring, &policy, &stall, &max_record,
+                                     &publish_bytes, &seq, &session_id, &cursor, &ring_tokens, &rt_every, &rt_seconds))
+        return NULL;
+    int pol = strcmp(policy, "block") == 0 ? STRAP_POLICY_BLOCK : strcmp(policy, "drop") == 0 ? STRAP_POLICY_DROP : -1;
+    if (pol < 0) {
+        PyErr_Format(PyExc_ValueError, "policy %s is not 'block' or 'drop'", policy);
+        return NULL;
+    }
+    srb_ring *rb = speedups_ring_srb(ring);
+    if (rb == NULL)
+        return NULL;
+    SessionObject *self = (SessionObject *)PyType_GenericAlloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->rb = rb;
+    Py_INCREF(ring);
+    self->ring = ring;
+    strap__attach a = {
+        .sock = sock,
+        .ring = rb,
+        .policy = pol,
+        .stall_timeout_s = stall,
+        .max_record = max_record,
+        .publish_bytes = publish_bytes,
+        .seq = seq,
+        .session_id = session_id,
+        .cursor = cursor != 0,
+        .ring_tokens = ring_tokens != 0,
+        .ring_tokens_every = rt_every,
+        .ring_tokens_seconds = rt_seconds,
+        .frontier = frontier_cb,
+        .frontier_user = self,
+        .interrupted = interrupted_cb,
+        .interrupt_user = self,
+    };
+    strap_error err;
+    int e = strap__session_attach(&a, &self->s, &err);
+    if (e) {
+        PyErr_SetString(e == STRAP_E_NOMEM ? PyExc_MemoryError : PyExc_ValueError, err.message);
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static void
+session_dealloc(PyObject *o)
+{
+    SessionObject *self = (SessionObject *)o;
+    PyTypeObject *tp = Py_TYPE(o);
+    strap_session_free(self->s);
+    Py_XDECREF(self->frontier);
+    Py_XDECREF(self->ring);
+    freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    f(o);
+    Py_DECREF(tp);
+}
+
+/* ----- records ----- */
+
+/* put's arguments: header, record_len, step, forward, payload_off, src, n. */
+typedef struct {
+    const char *hdr;
+    Py_ssize_t hdr_len;
+    uint64_t rec_len, step, forward, payload_off, src, n;
+} PutArgs;
+
+static int
+parse_put(const char *fn, PyObject *const *args, PutArgs *a)
+{
+    char *hdr;
+    if (PyBytes_AsStringAndSize(args[0], &hdr, &a->hdr_len) < 0)
+        return -1;
+    a->hdr = hdr;
+    if (u64_arg(args[1], "record_len", &a->rec_len) || u64_arg(args[2], "step", &a->step) ||
+        u64_arg(args[3], "forward", &a->forward) || u64_arg(args[4], "payload_off", &a->payload_off) ||
+        u64_arg(args[5], "src", &a->src) || u64_arg(args[6], "n", &a->n))
+        return -1;
+    if ((a->n > 0 && a->src == 0) || a->hdr_len < SR_RECORD_FIXED || (uint64_t)a->hdr_len > a->payload_off ||
+        a->payload_off > a->rec_len || a->n > a->rec_len - a->payload_off || a->rec_len % 64) {
+        PyErr_Format(PyExc_ValueError, "%s: header of %zd bytes, payload of %llu at %llu, record of %llu", fn,
+                     a->hdr_len, (unsigned long long)a->n, (unsigned long long)a->payload_off,
+                     (unsigned long long)a->rec_len);
+        return -1;
+    }
+    return 0;
+}
+
+/* The header at the head with its per-record fields (seq: the next one). */
+static uint8_t *
+put_header(SessionObject *self, const PutArgs *a)
+{
+    uint8_t *d = srb_at(self->rb, self->rb->head);
+    memcpy(d, a->hdr, (size_t)a->hdr_len);
+    sr_put_record_fields(d, strap__session_next_seq(self->s), a->rec_len, a->step, a->forward);
+    return d;
+}
+
+PyDoc_STRVAR(put_doc, "put(header, record_len, step, forward, payload_off, src, n) -> int\n"
+                      "--\n\n"
+                      "One whole TENSOR record at the head with the next sequence number, when it needs\n"
+                      "nothing first (a PAD, space, pages) and the session takes records: the encoded header\n"
+                      "area, n payload bytes copied from address src (a live contiguous CPU tensor's data),\n"
+                      "the head moved on and, once the unpublished bytes reach publish_bytes, a PUBLISH: its\n"
+                      "sequence number. 0, writing nothing, otherwise.");
+
+static PyObject *
+session_put(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
+{
+    SessionObject *self = (SessionObject *)o;
+    PutArgs a;
+    if (nargs_check("put", nargs, 7) || parse_put("put", args, &a) < 0)
+        return NULL;
+    if (!strap__session_ready(self->s, a.rec_len))
+        return PyLong_FromLong(0);
+    uint64_t seq = strap__session_next_seq(self->s);
+    uint8_t *d = put_header(self, &a);
+    if (a.n > 0)
+        memcpy(d + a.payload_off, (const void *)(uintptr_t)a.src, (size_t)a.n);
+    int e = strap__session_advance(self->s, a.rec_len, a.n, true);
+    if (e)
+        return fail(self, e);
+    return PyLong_FromUnsignedLongLong(seq);
+}
+
+PyDoc_STRVAR(put_cuda_doc, "put_cuda(header, record_len, step, forward, payload_off, src, n, stream) -> int\n"
+                           "--\n\n"
+                           "put with the payload queued, not copied: n bytes from device address src by the bound\n"
+                           "cudaMemcpyAsync on the raw CUDA stream. Nothing is published: the caller records the\n"
+                           "copy's completion, then calls publish(False, True). RuntimeError when no\n"
+                           "cudaMemcpyAsync is bound or it fails (nothing written, the head stays).");
+
+static PyObject *
+session_put_cuda(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
+{
+    SessionObject *self = (SessionObject *)o;
+    PutArgs a;
+    uint64_t stream;
+    if (nargs_check("put_cuda", nargs, 8) || parse_put("put_cuda", args, &a) < 0 || u64_arg(args[7], "stream", &stream))
+        return NULL;
+    speedups_cuda_memcpy_fn fn = speedups_cuda_memcpy();
+    if (fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "put_cuda: no cudaMemcpyAsync bound");
+        return NULL;
+    }
+    if (!strap__session_ready(self->s, a.rec_len))
+        return PyLong_FromLong(0);
+    uint64_t seq = strap__session_next_seq(self->s);
+    if (a.n > 0) {
+        uint8_t *d = srb_at(self->rb, self->rb->head);
+        int rc = fn(d + a.payload_off, (const void *)(uintptr_t)a.src, (size_t)a.n, SPEEDUPS_CUDA_D2H,
+                    (void *)(uintptr_t)stream);
+        if (rc != 0) {
+            PyErr_Format(PyExc_RuntimeError, "cudaMemcpyAsync of a %llu-byte record failed with cudaError %d",
+                         (unsigned long long)a.n, rc);
+            return NULL;
+        }
+    }
+    put_header(self, &a); /* the header follows the queued copy */
+    int e = strap__session_advance(self->s, a.rec_len, a.n, false);
+    if (e)
+        return fail(self, e);
+    return PyLong_FromUnsignedLongLong(seq);
+}
+
+PyDoc_STRVAR(claim_doc, "claim(record_len, mode, name, tensor_len, step, forward) -> int\n"
+                        "--\n\n"
+                        "Room at the head for one record (a PAD first where the region ends too soon, pages\n"
+                        "populated): its sequence number. mode 0: now or not at all (0: no room); 1: a tensor's\n"
+                        "first record (0: dropped under policy drop, a DROP of tensor_len bytes sent); 2: a\n"
+                        "later PART record (waits). Write the record, then advance().");
+
+static PyObject *
+session_claim(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
+{
+    SessionObject *self = (SessionObject *)o;
+    uint64_t rec_len, mode, nbytes, step, forward, seq = 0;
+    Py_ssize_t name_len;
+    if (nargs_check("claim", nargs, 6) || u64_arg(args[0], "record_len", &rec_len) || u64_arg(args[1], "mode", &mode))
+        return NULL;
+    const char *name = PyUnicode_AsUTF8AndSize(args[2], &name_len);
+    if (name == NULL || u64_arg(args[3], "tensor_len", &nbytes) || u64_arg(args[4], "step", &step) ||
+        u64_arg(args[5], "forward", &forward))
+        return NULL;
+    int e;
+    if (mode == STRAP__CLAIM_NOW) {
+        e = strap__session_claim(self->s, rec_len, (int)mode, name, (size_t)name_len, nbytes, step, forward, &seq);
+    } else {
+        Py_BEGIN_ALLOW_THREADS;
+        e = strap__session_claim(self->s, rec_len, (int)mode, name, (size_t)name_len, nbytes, step, forward, &seq);
+        Py_END_ALLOW_THREADS;
+    }
+    if (e == STRAP_DROPPED || e == STRAP__NO_ROOM)
+        return PyLong_FromLong(0);
+    if (e)
+        return fail(self, e);
+    return PyLong_FromUnsignedLongLong(seq);
+}
+
+PyDoc_STRVAR(advance_doc, "advance(record_len, payload_len, publish)\n"
+                          "--\n\n"
+                          "The claimed record is written (its copy queued): its sequence number taken, the head\n"
+                          "moved on, its payload counted; with publish, a PUBLISH once publish_bytes are waiting.");
+
+static PyObject *
+session_advance(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
+{
+    SessionObject *self = (SessionObject *)o;
+    uint64_t rec_len, plen;
+    if (nargs_check("advance", nargs, 3) || u64_arg(args[0], "record_len", &rec_len) ||
+        u64_arg(args[1], "payload_len", &plen))
+        return NULL;
+    int publish = PyObject_IsTrue(args[2]);
+    if (publish < 0)
+        return NULL;
+    int e = strap__session_advance(self->s, rec_len, plen, publish != 0);
+    if (e)
+        return fail(self, e);
+    Py_RETURN_NONE;
+}
+
+/* ----- messages ----- */
+
+PyDoc_STRVAR(publish_doc, "publish(block, due_only=False)\n"
+                          "--\n\n"
+                          "One PUBLISH naming every complete record (block: the caller's copies waited for\n"
+                          "first); with due_only, only once publish_bytes are waiting.");
+
+static PyObject *
+session_publish(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
+{
+    SessionObject *self = (SessionObject *)o;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "publish(block, due_only=False)");
+        return NULL;
+    }
+    int block = PyObject_IsTrue(args[0]), due = nargs > 1 ? PyObject_IsTrue(args[1]) : 0;
+    if (block < 0 || due < 0)
+        return NULL;
+    int e = strap__session_publish(self->s, block != 0, due != 0);
+    if (e)
+        return fail(self, e);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+session_flush(PyObject *o, PyObject *unused)
+{
+    (void)unused;
+    SessionObject *self = (SessionObject *)o;
+    int e = strap_session_flush(self->s);
+    if (e)
+        return fail(self, e);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+session_drain(PyObject *o, PyObject *unused)
+{
+    (void)unused;
+    SessionObject *self = (SessionObject *)o;
+    int e = strap__session_drain(self->s);
+    if (e)
+        return fail(self, e);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(token_doc, "token(index, token_id, text, position) -> int\n"
+                        "--\n\n"
+                        "One token, its sequence number returned: a TOKEN record at the head with ring tokens\n"
+                        "where it fits, else a TOKEN message naming the records before it (position None: none\n"
+                        "given). A text that does not fit one message: SessionError STRAP_E_TOO_LARGE, nothing\n"
+                        "sent, the session goes on.");
+
+static PyObject *
+session_token(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
+{
+    SessionObject *self = (SessionObject *)o;
+    uint64_t index;
+    int64_t token_id, position = -1;
+    Py_ssize_t text_len;
+    if (nargs_check("token", nargs, 4) || u64_arg(args[0], "index", &index) || i64_arg(args[1], "token_id", &token_id))
+        return NULL;
+    const char *text = PyUnicode_AsUTF8AndSize(args[2], &text_len);
+    if (text == NULL || (args[3] != Py_None && i64_arg(args[3], "position", &position)))
+        return NULL;
+    uint64_t seq = 0;
+    int e = strap__session_token_at(self->s, index, token_id, text, (size_t)text_len, position, &seq);
+    if (e)
+        return fail(self, e);
+    return PyLong_FromUnsignedLongLong(seq);
+}
+
+PyDoc_STRVAR(tokens_to_ring_doc,
+             "tokens_to_ring(tokens) -> int\n"
+             "--\n\n"
+             "TOKEN records for (position, token id) pairs, indices from the session's token count\n"
+             "on, no text, one doorbell after them: how many (a prefix) were written.");
+
+static PyObject *
+session_tokens_to_ring(PyObject *o, PyObject *seqobj)
+{
+    SessionObject *self = (SessionObject *)o;
+    PyObject *fast = PySequence_List(seqobj);
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PyList_Size(fast);
+    int64_t *v = PyMem_Malloc(sizeof(int64_t) * 2 * (size_t)(n ? n : 1));
+    if (v == NULL) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long p, t;
+        if (!PyArg_ParseTuple(PyList_GetItem(fast, i), "LL", &p, &t)) {
+            PyMem_Free(v);
+            Py_DECREF(fast);
+            return NULL;
+        }
+        v[i] = p;
+        v[n + i] = t;
+    }
+    Py_DECREF(fast);
+    size_t done = 0;
+    int e = strap__session_tokens_to_ring(self->s, v, v + n, (size_t)n, &done);
+    PyMem_Free(v);
+    if (e)
+        return fail(self, e);
+    return PyLong_FromSize_t(done);
+}
+
+PyDoc_STRVAR(checkpoint_doc, "checkpoint(timeout) -> (seq, offset, packets, drops, tokens, last_offset, last_crc)\n"
+                             "--\n\n"
+                             "CHECKPOINT for every event so far and its CHECKPOINTED (timeout <= 0: the stall\n"
+                             "timeout, at least 60 s).");
+
+static PyObject *
+session_checkpoint(PyObject *o, PyObject *arg)
+{
+    SessionObject *self = (SessionObject *)o;
+    double timeout = PyFloat_AsDouble(arg);
+    if (timeout == -1.0 && PyErr_Occurred())
+        return NULL;
+    uint64_t v[7];
+    int e;
+    Py_BEGIN_ALLOW_THREADS;
+    e = strap__session_checkpoint_exchange(self->s, timeout, v);
+    Py_END_ALLOW_THREADS;
+    if (e)
+        return fail(self, e);
+    return Py_BuildValue("(KKKKKKK)", (unsigned long long)v[0], (unsigned long long)v[1], (unsigned long long)v[2],
+                         (unsigned long long)v[3], (unsigned long long)v[4], (unsigned long long)v[5],
+                         (unsigned long long)v[6]);
+}
+
+static PyObject *
+session_close_send(PyObject *o, PyObject *fdseq)
+{
+    SessionObject *self = (SessionObject *)o;
+    int fds[4];
+    PyObject *fast = PySequence_List(fdseq);
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PyList_Size(fast);
+    if (n > 4) {
+        Py_DECREF(fast);
+        PyErr_SetString(PyExc_ValueError, "close_send: at most 4 descriptors");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        fds[i] = (int)PyLong_AsLong(PyList_GetItem(fast, i));
+        if (fds[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return NULL;
+        }
+    }
+    Py_DECREF(fast);
+    int e;
+    Py_BEGIN_ALLOW_THREADS;
+    e = strap__session_close_send(self->s, fds, (int)n);
+    Py_END_ALLOW_THREADS;
+    if (e)
+        return fail(self, e);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+session_close_wait(PyObject *o, PyObject *arg)
+{
+    SessionObject *self = (SessionObject *)o;
+    double timeout = PyFloat_AsDouble(arg);
+    if (timeout == -1.0 && PyErr_Occurred())
+        return NULL;
+    strap_closed c;
+    char upload[2048];
+    int e;
+    Py_BEGIN_ALLOW_THREADS;
+    e = strap__session_close_wait(self->s, timeout, &c, upload, sizeof upload);
+    Py_END_ALLOW_THREADS;
+    if (e)
+        return fail(self, e);
+    return Py_BuildValue("(KKKKKs)", (unsigned long long)c.packets, (unsigned long long)c.drops,
+                         (unsigned long long)c.bytes_in, (unsigned long long)c.bytes_out,
+                         (unsigned long long)c.file_bytes, upload);
+}
+
+static PyObject *
+session_shut(PyObject *o, PyObject *unused)
+{
+    (void)unused;
+    strap__session_shut(((SessionObject *)o)->s);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(state_doc, "state() -> (seq, last_tensor_seq, tokens, records, bytes_in, drops, drop_bytes,\n"
+                        "published_head, unsent_tokens, cursor_at, token_records, publishes, cursor, ring_tokens,\n"
+                        "deferred, shut, failed, token_messages, token_heads)");
+
+static PyObject *
+session_state(PyObject *o, PyObject *unused)
+{
+    (void)unused;
+    strap__state st;
+    strap__session_state(((SessionObject *)o)->s, &st);
+    return Py_BuildValue("(KKKKKKKKKKKKNNNNNKK)", (unsigned long long)st.seq, (unsigned long long)st.last_tensor_seq,
+                         (unsigned long long)st.tokens, (unsigned long long)st.records, (unsigned long long)st.bytes_in,
+                         (unsigned long long)st.drops, (unsigned long long)st.drop_bytes,
+                         (unsigned long long)st.published_head, (unsigned long long)st.unsent_tokens,
+                         (unsigned long long)st.cursor_at, (unsigned long long)st.token_records,
+                         (unsigned long long)st.publishes, PyBool_FromLong(st.cursor), PyBool_FromLong(st.ring_tokens),
+                         PyBool_FromLong(st.deferred), PyBool_FromLong(st.shut), PyBool_FromLong(st.failed),
+                         (unsigned long long)st.token_messages, (unsigned long long)st.token_heads);
+}
+
+static PyObject *
+session_set_ring_tokens(PyObject *o, PyObject *args)
+{
+    unsigned int every;
+    double seconds;
+    if (!PyArg_ParseTuple(args, "Id", &every, &seconds))
+        return NULL;
+    strap__session_set_ring_tokens(((SessionObject *)o)->s, every, seconds);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+session_set_mode(PyObject *o, PyObject *args)
+{
+    int cursor, ring_tokens;
+    long long seq;
+    if (!PyArg_ParseTuple(args, "iiL", &cursor, &ring_tokens, &seq))
+        return NULL;
+    strap__session_set_mode(((SessionObject *)o)->s, cursor, ring_tokens, seq);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+session_set_frontier(PyObject *o, PyObject *fn)
+{
+    SessionObject *self = (SessionObject *)o;
+    if (fn != Py_None && !PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "set_frontier takes a callable or None");
+        return NULL;
+    }
+    PyObject *old = self->frontier;
+    if (fn == Py_None) {
+        self->frontier = NULL;
+    } else {
+        Py_INCREF(fn);
+        self->frontier = fn;
+    }
+    Py_XDECREF(old);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef session_methods[] = {
+    {"put", (PyCFunction)(void (*)(void))session_put, METH_FASTCALL, put_doc},
+    {"put_cuda", (PyCFunction)(void (*)(void))session_put_cuda, METH_FASTCALL, put_cuda_doc},
+    {"claim", (PyCFunction)(void (*)(void))session_claim, METH_FASTCALL, claim_doc},
+    {"advance", (PyCFunction)(void (*)(void))session_advance, METH_FASTCALL, advance_doc},
+    {"publish", (PyCFunction)(void (*)(void))session_publish, METH_FASTCALL, publish_doc},
+    {"flush", session_flush, METH_NOARGS,
+     "The end of a forward pass: PUBLISH, or the records left below the published cursor for the next TOKEN "
+     "(generating), or with ring tokens the doorbell."},
+    {"drain", session_drain, METH_NOARGS, "Handle every pending message (RELEASE, ERROR) without waiting."},
+    {"token", (PyCFunction)(void (*)(void))session_token, METH_FASTCALL, token_doc},
+    {"tokens_to_ring", session_tokens_to_ring, METH_O, tokens_to_ring_doc},
+    {"checkpoint", session_checkpoint, METH_O, checkpoint_doc},
+    {"close_send", session_close_send, METH_O,
+     "close_send(fds): CLOSE with descriptors; the session takes no more records."},
+    {"close_wait", session_close_wait, METH_O,
+     "close_wait(timeout) -> (packets, drops, bytes_in, bytes_out, file_bytes, upload): CLOSED."},
+    {"shut", session_shut, METH_NOARGS, "Refuse records from now on."},
+    {"state", session_state, METH_NOARGS, state_doc},
+    {"set_ring_tokens", session_set_ring_tokens, METH_VARARGS,
+     "set_ring_tokens(every, seconds): ring tokens' doorbell (every <= 1: a TOKEN message per token)."},
+    {"set_mode", session_set_mode, METH_VARARGS,
+     "set_mode(cursor, ring_tokens, seq): the message flow (1 or 0, -1 kept) and the last sequence number "
+     "taken (-1 kept)."},
+    {"set_frontier", session_set_frontier, METH_O,
+     "set_frontier(fn): fn(block) -> None (every record complete), False (none of the pending copies "
+     "is), or (head, seq) of the complete prefix; None removes it."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot session_slots[] = {
+    {Py_tp_new, session_new},
+    {Py_tp_dealloc, session_dealloc},
+    {Py_tp_methods, session_methods},
+    {Py_tp_doc, "Session(sock, ring, policy, stall_timeout, max_record, publish_bytes, seq, session_id, cursor, "
+                "ring_tokens, ring_tokens_every, ring_tokens_seconds): libstrap's session after OPENED, over the "
+                "connection's descriptor (not closed here) and the Ring sent with OPEN."},
+    {0, NULL},
+};
+
+static PyType_Spec session_spec = {
+    "llm_instrumentation._speedups.Session", sizeof(SessionObject), 0, Py_TPFLAGS_DEFAULT, session_slots,
+};
+
+int
+speedups_session_add(PyObject *m)
+{
+    session_error = PyErr_NewException("llm_instrumentation._speedups.SessionError", NULL, NULL);
+    if (session_error == NULL)
+        return -1;
+    Py_INCREF(session_error);
+    if (PyModule_AddObject(m, "SessionError", session_error) < 0) {
+        Py_DECREF(session_error);
+        return -1;
+    }
+    PyObject *t = PyType_FromSpec(&session_spec);
+    if (t == NULL)
+        return -1;
+    if (PyModule_AddObject(m, "Session", t) < 0) {
+        Py_DECREF(t);
+        return -1;
+    }
+    static const struct {
+        const char *name;
+        long value;
+    } codes[] = {
+        {"E_INVALID", STRAP_E_INVALID},   {"E_SYSTEM", STRAP_E_SYSTEM},       {"E_CLOSED", STRAP_E_CLOSED},
+        {"E_PROTOCOL", STRAP_E_PROTOCOL}, {"E_DAEMON", STRAP_E_DAEMON},       {"E_TIMEOUT", STRAP_E_TIMEOUT},
+        {"E_STATE", STRAP_E_STATE},       {"E_TOO_LARGE", STRAP_E_TOO_LARGE}, {"E_BUSY", STRAP_E_BUSY},
+    };
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+        if (PyModule_AddIntConstant(m, codes[i].name, codes[i].value) < 0)
+            return -1;
+    return 0;
+}
