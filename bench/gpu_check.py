@@ -211,20 +211,19 @@ def _captured(path: Path, name: str) -> List[Any]:
 def test_overwrite_after_publish(dev: str, tmp: Path, small: bool) -> Dict[str, Any]:
     """Each captured record holds the value of the hook's moment, not the overwritten one:
     16 MiB records (the side-stream path of ``_cuda``) and 8 KiB ones (the model-stream path)."""
-    from llm_instrumentation import _ring
+    from llm_instrumentation import _cuda
 
     big = _overwrite_case(dev, tmp, *((64, 8, 4) if small else (4096, 2048, 24)))
-    # Small records: the C extension's cudaMemcpyAsync (the ring's put_cuda, counted when it
-    # queued one), then torch's copy_ alone.
-    queue = _ring.Ring.put_cuda
+    # Small records: the C extension's cudaMemcpyAsync (the session's put_cuda; the copier
+    # counts each it queued), then torch's copy_ alone.
+    queue = _cuda.CudaCopier.queued_raw
     raw = [0]
 
-    def counted(self: Any, *args: Any) -> bool:
-        queued = queue(self, *args)
-        raw[0] += bool(queued)
-        return queued
+    def counted(self: Any, *args: Any) -> None:
+        raw[0] += 1
+        queue(self, *args)
 
-    _ring.Ring.put_cuda = counted  # type: ignore[method-assign]
+    _cuda.CudaCopier.queued_raw = counted  # type: ignore[method-assign]
     try:
         little = _overwrite_case(dev, tmp, *((64, 1, 4) if small else (4096, 1, 48)))
         little["raw_copies"] = raw[0]
@@ -236,7 +235,7 @@ def test_overwrite_after_publish(dev: str, tmp: Path, small: bool) -> Dict[str, 
         finally:
             os.environ.pop("STRAP_CUDA_RAW_COPY", None)
     finally:
-        del _ring.Ring.put_cuda  # the C type's own again
+        _cuda.CudaCopier.queued_raw = queue  # type: ignore[method-assign]
     little_copy["raw_copies"] = raw[0] - little["raw_copies"]
     if little_copy["raw_copies"]:
         little_copy["status"] = "failed"
@@ -247,8 +246,6 @@ def test_overwrite_after_publish(dev: str, tmp: Path, small: bool) -> Dict[str, 
     ok = all(c["status"] == "passed" for c in out.values())
     if dev == "cuda" and raw[0] == 0:
         # the raw path was not taken: say why in the JSON (it is not a failure: copy_ is used)
-        from llm_instrumentation import _cuda
-
         out["raw_copy_unavailable"] = {"cudart_paths": sorted(_cuda.cudart_paths()),
                                        "extension": queue is not None}
     return {"status": "passed" if ok else "failed", **out}

@@ -1,4 +1,4 @@
-"""The C extension's CUDA record path (``Ring.put_cuda``, ``_cuda.raw_memcpy``) on the CPU.
+"""The C extension's CUDA record path (``Session.put_cuda``, ``_cuda.raw_memcpy``) on the CPU.
 
 A GPU cannot exist here, so the CUDA runtime is a stand-in: a shared library built by the
 test that exports ``cudaMemcpyAsync`` as a ``memcpy`` remembering its kind and stream, and
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -61,10 +62,21 @@ def _golden() -> tuple[bytes, dict, int, ctypes.Array]:
     return want, R.parse_record_header(want), hdr_area, ctypes.create_string_buffer(want[hdr_area:], 24)
 
 
-def _ring() -> R.Ring:
-    ring = R.Ring(R.HEADER_SIZE + 64 * 64)
-    ring.populate(ring.data_size)
-    return ring
+class _Session:
+    """libstrap's session (``_speedups.Session``) over a ring and one end of a socket pair."""
+
+    def __init__(self, seq: int = 0) -> None:
+        self.ring = R.Ring(R.HEADER_SIZE + 64 * 64)
+        self.ring.populate(self.ring.data_size)
+        self.a, self.b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.s = _speedups.Session(self.a.fileno(), self.ring, "block", 5.0, 1024, 1 << 20, seq, 0, False, False,
+                                   16, 0.25)
+
+    def close(self) -> None:
+        self.s = None
+        self.a.close()
+        self.b.close()
+        self.ring.close()
 
 
 def test_put_cuda_writes_the_golden_record(cudart):
@@ -72,46 +84,49 @@ def test_put_cuda_writes_the_golden_record(cudart):
     want, h, hdr_area, src = _golden()
     header = bytearray(want[:hdr_area])
     header[8:40] = bytes(32)  # seq, record_len, step, forward: written by the call
-    ring = _ring()
+    x = _Session(seq=h["seq"] - 1)
+    ring = x.ring
     calls = ctypes.c_size_t.in_dll(lib, "calls").value
-    assert ring.put_cuda(bytes(header), h["seq"], h["record_len"], h["step"], h["forward"], hdr_area,
-                         ctypes.addressof(src), 24, 0x5eed)
+    assert x.s.put_cuda(bytes(header), h["record_len"], h["step"], h["forward"], hdr_area,
+                        ctypes.addressof(src), 24, 0x5eed) == h["seq"]
     assert bytes(ring.mm[R.HEADER_SIZE:R.HEADER_SIZE + len(want)]) == want
     assert ring.head == h["record_len"]
+    assert x.s.state()[7] == 0  # published_head: put_cuda publishes nothing (the copy is not complete)
     assert ctypes.c_size_t.in_dll(lib, "calls").value == calls + 1
     assert ctypes.c_int.in_dll(lib, "last_kind").value == 2  # cudaMemcpyDeviceToHost
     assert ctypes.c_void_p.in_dll(lib, "last_stream").value == 0x5eed
-    ring.close()
+    x.close()
 
 
 def test_put_cuda_errors(cudart):
     so, lib = cudart
     want, h, hdr_area, src = _golden()
-    ring = _ring()
-    args = [want[:hdr_area], 1, h["record_len"], 0, 0, hdr_area, ctypes.addressof(src), 24]
+    x = _Session()
+    ring = x.ring
+    args = [want[:hdr_area], h["record_len"], 0, 0, hdr_area, ctypes.addressof(src), 24]
     with pytest.raises(RuntimeError, match="cudaError 700"):
-        ring.put_cuda(*args, 0xbad)
-    assert ring.head == 0  # nothing written, the head stays
+        x.s.put_cuda(*args, 0xbad)
+    assert ring.head == 0 and x.s.state()[0] == 0  # nothing written, the head and seq stay
     calls = ctypes.c_size_t.in_dll(lib, "calls").value
     # a payload reaching past the record, a payload from address 0, past the record: refused before any call
-    for bad in ({7: 25}, {6: 0}, {5: h["record_len"] + 1}):
+    for bad in ({6: 25}, {5: 0}, {4: h["record_len"] + 1}):
         a = list(args)
         for i, v in bad.items():
             a[i] = v
         with pytest.raises(ValueError):
-            ring.put_cuda(*a, 1)
+            x.s.put_cuda(*a, 1)
     with pytest.raises(TypeError):
-        ring.put_cuda(*args)
-    # a record the ring has no space for now: False, no call, the head stays
-    assert not ring.put_cuda(want[:hdr_area], 1, ring.data_size + 64, 0, 0, hdr_area, ctypes.addressof(src), 24, 1)
+        x.s.put_cuda(*args)
+    # a record the ring has no space for now: 0, no call, the head stays
+    assert not x.s.put_cuda(want[:hdr_area], ring.data_size + 64, 0, 0, hdr_area, ctypes.addressof(src), 24, 1)
     assert ctypes.c_size_t.in_dll(lib, "calls").value == calls and ring.head == 0
     _speedups.bind_cuda_memcpy(0)
     try:
         with pytest.raises(RuntimeError, match="no cudaMemcpyAsync bound"):
-            ring.put_cuda(*args, 1)
+            x.s.put_cuda(*args, 1)
     finally:
         assert _cuda.bind_raw_memcpy(str(so))
-        ring.close()
+        x.close()
 
 
 def test_cudart_paths(tmp_path):

@@ -187,10 +187,6 @@ class Ring(_c.Ring):
         """The mapping's address, for copying with ``memmove``; valid while the ring lives."""
         return int(self.base)
 
-    def write_pad(self, pad_len: int) -> None:
-        """Write a PAD record of ``pad_len`` bytes at the head and advance it."""
-        self.place(pad_len, 0)
-
     def close(self) -> None:
         """Close the memfd (idempotent); a CUDA registration of the mapping is undone first,
         once the copies into it are done. The mapping goes with the last view of it."""

@@ -1,29 +1,24 @@
 """One capture session: a :class:`~._ring.Ring` plus the control connection that publishes
 records into it (docs/PROTOCOL.md 1.3–1.4).
 
-Per tensor: reserve space (PAD first if the record would cross the end of the region), write
-the header, copy the payload from the live tensor straight into the mapping with one
-``copy_`` (one ``memmove`` for a small contiguous CPU tensor). What repeats between records of
-one module output (its encoded header, sizes) is kept while its dtype and shape stay, so a
-small record costs a few microseconds of Python (docs/PERFORMANCE.md). Records are published
-in batches: one ``sendmsg(PUBLISH{head, seq})`` covers every record written since the last
-one, sent when the unpublished bytes reach ``publish_bytes``, at the end of each forward pass
-of the model (:meth:`flush`), and before anything that must follow them in sequence order or
-needs the daemon to see them (DROP, TOKEN, CHECKPOINT, CLOSE, waiting for ring space). A
-syscall per record was the largest client cost for the small tensors of token-by-token
-generation (docs/PERFORMANCE.md). While generating, against a strapd that offers the
-published cursor, the end of a forward pass sends nothing: it stores the cursor in the ring
-header (a release store, ``_speedups.c``) and the next TOKEN carries the head, one wake-up
-of strapd per token instead of two; the cursor lets strapd take those records if this
-process dies first (PROTOCOL.md 1.4, "Deferred PUBLISH"). Tensors whose record would exceed
-a quarter of the data region go as PART records. Pending RELEASE/ERROR messages are drained
-without blocking before each publish, and before a tensor that does not fit the space known
-to be free.
+From OPENED on the session is libstrap's (``clients/c/src/session.c``, compiled into
+``_speedups`` and bound by ``_speedups_session.c``): it hands out sequence numbers, makes room
+at the head (a PAD first where a record would cross the end of the region; RELEASEs drained;
+waiting for space, or under policy ``drop`` dropping a whole tensor before its first record
+with one DROP of its ``tensor_len``, never a part of it), publishes in batches (one
+``PUBLISH{head, seq}`` once the unpublished bytes reach ``publish_bytes``, at the end of each
+forward pass, and before anything that must follow the records in sequence order), defers a
+generating pass's PUBLISH to the next TOKEN through the published cursor, writes tokens into
+the ring as TOKEN records where strapd takes them, and sends CHECKPOINT and CLOSE. Records of
+CUDA tensors are named by no message before their copies completed: the session asks this
+module's copier (:mod:`._cuda`) for the completed prefix.
 
-Policy ``drop`` decides per tensor, before its first record: if there is no room, the whole
-tensor is dropped (one DROP message with its ``tensor_len``), never a part of it; once its
-first part is in the ring the remaining parts wait for space. A tensor is kept whole or
-dropped whole.
+What is here is the tensors: per module output, the encoded header and sizes kept while its
+dtype and shape stay (a small record is one C call, ``Session.put``: the header, a
+``memmove`` of the payload, the head moved on); other records claimed at the head, written
+here (one ``copy_`` from the live tensor into the mapping, asynchronous for a CUDA tensor),
+then advanced; tensors whose record would exceed a quarter of the data region as PART
+records; FP8 records coded on the device.
 """
 
 from __future__ import annotations
@@ -32,14 +27,13 @@ import dataclasses
 import json
 import os
 import threading
-import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional, Sequence, Set, Tuple
 
 from . import _daemon
 from . import _protocol as P
 from ._dtypes import dtype_size, torch_dtype_id
-from ._ring import (HEADER_SIZE, MAX_TOKEN_TEXT, Ring, align64, encode_record_header,
+from ._ring import (HEADER_SIZE, Ring, align64, encode_record_header,
                     header_area, keep_ring, take_ring)
 from ._ring import _c as _speedups  # imported by _ring, which says what is missing without it
 from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError, StrapdWriteError
@@ -66,9 +60,9 @@ SMALL_COPY = 64 << 10
 #: One C call places a record (_speedups.c says why): the cached header area, then seq,
 #: record_len, step and forward, then, given a source address, the payload (libstrap's
 #: strap_ring.h; the session never writes a header field itself). The hooks' fast path in
-#: record() is the ring's own call, Ring.put (put_cuda for a small CUDA tensor: the payload
-#: one queued cudaMemcpyAsync, _cuda.py), which checks the space and moves the head too;
-#: _put_record is write_record at an address, for records whose space was made ready first.
+#: record() is libstrap's session's own call, Session.put (put_cuda for a small CUDA tensor:
+#: the payload one queued cudaMemcpyAsync, _cuda.py), which checks the space and moves the head
+#: too; _put_record is write_record at an address, for records claimed first.
 #: Tests set _c_write_record to None to send records through write_tensor instead.
 _put_record = _speedups.write_record
 _c_write_record: Optional[Callable[..., None]] = _speedups.write_record

@@ -2,9 +2,9 @@
  * The ring as a type of the _speedups module, Ring: libstrap's ring (clients/c/common/strap_ringbuf.h:
  * the sealed memfd and its mapping, head and tail, the PAD that ends the region, the pages
  * populated ahead of the first lap, a RELEASE's checks, the published cursor's release store),
- * which _ring.py subclasses and _session.py writes records into. The common case of a record,
- * a whole record with nothing to do first, is one call (put, put_cuda): the check, the header
- * and the payload, and the head moved on.
+ * which _ring.py subclasses and _session.py writes records into. What moves the head once a
+ * session is open is libstrap's session (_speedups_session.c: its put and put_cuda are the
+ * hooks' common record in one call).
  *
  * The mapping belongs to a small object of its own (Ring.mapping, unmapped when it goes): views
  * of the mapping that _ring.py hands to torch hold that object, not the ring, so no view
@@ -140,171 +140,7 @@ ring_open(RingObject *self)
     return -1;
 }
 
-/* ----- the record fast path ------------------------------------------------------------------ */
-
-/* put's and put_cuda's first eight arguments: header, seq, record_len, step, forward,
- * payload_off, src, n. */
-typedef struct {
-    const char *hdr;
-    Py_ssize_t hdr_len;
-    uint64_t seq, rec_len, step, forward, payload_off, src, n;
-} PutArgs;
-
-static int
-parse_put(const char *fn, PyObject *const *args, PutArgs *a)
-{
-    char *hdr;
-    if (PyBytes_AsStringAndSize(args[0], &hdr, &a->hdr_len) < 0)
-        return -1;
-    a->hdr = hdr;
-    if (u64_arg(args[1], "seq", &a->seq) || u64_arg(args[2], "record_len", &a->rec_len) ||
-        u64_arg(args[3], "step", &a->step) || u64_arg(args[4], "forward", &a->forward) ||
-        u64_arg(args[5], "payload_off", &a->payload_off) || u64_arg(args[6], "src", &a->src) ||
-        u64_arg(args[7], "n", &a->n))
-        return -1;
-    if ((a->n > 0 && a->src == 0) || a->hdr_len < SR_RECORD_FIXED || (uint64_t)a->hdr_len > a->payload_off ||
-        a->payload_off > a->rec_len || a->n > a->rec_len - a->payload_off || a->rec_len % 64) {
-        PyErr_Format(PyExc_ValueError, "%s: header of %zd bytes, payload of %llu at %llu, record of %llu", fn,
-                     a->hdr_len, (unsigned long long)a->n, (unsigned long long)a->payload_off,
-                     (unsigned long long)a->rec_len);
-        return -1;
-    }
-    return 0;
-}
-
-static uint8_t *
-put_header(RingObject *self, const PutArgs *a)
-{
-    uint8_t *d = srb_at(&self->r, self->r.head);
-    memcpy(d, a->hdr, (size_t)a->hdr_len);
-    sr_put_record_fields(d, a->seq, a->rec_len, a->step, a->forward);
-    return d;
-}
-
-PyDoc_STRVAR(put_doc, "put(header, seq, record_len, step, forward, payload_off, src, n)\n"
-                      "--\n\n"
-                      "Write one whole TENSOR record at the head and move the head past it, when it needs\n"
-                      "nothing first: it fits before the end of the region, in space known to be free, in\n"
-                      "pages populated (strap_ringbuf.h's srb_ready). The encoded header area (bytes), then\n"
-                      "seq, record_len, step and forward, then n payload bytes copied from address src (a\n"
-                      "live contiguous CPU tensor's data pointer) to payload_off. True when written; False,\n"
-                      "writing nothing, when the record needs a PAD, space or pages first, or the ring is\n"
-                      "closed.");
-
-static PyObject *
-ring_put(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
-{
-    RingObject *self = (RingObject *)o;
-    PutArgs a;
-    if (nargs_check("put", nargs, 8) || parse_put("put", args, &a) < 0)
-        return NULL;
-    if (self->closed || !srb_ready(&self->r, a.rec_len))
-        Py_RETURN_FALSE;
-    uint8_t *d = put_header(self, &a);
-    if (a.n > 0)
-        memcpy(d + a.payload_off, (const void *)(uintptr_t)a.src, (size_t)a.n);
-    self->r.head += a.rec_len;
-    Py_RETURN_TRUE;
-}
-
-PyDoc_STRVAR(put_cuda_doc, "put_cuda(header, seq, record_len, step, forward, payload_off, src, n, stream)\n"
-                           "--\n\n"
-                           "put with the payload queued, not copied: n bytes from device address src by the bound\n"
-                           "cudaMemcpyAsync (bind_cuda_memcpy; device to host) on the raw CUDA stream stream. The\n"
-                           "bytes land when the stream reaches the copy; the caller publishes the record only after\n"
-                           "an event recorded behind it completed. False as put's; RuntimeError when no\n"
-                           "cudaMemcpyAsync is bound or it returns an error (then nothing is written and the head\n"
-                           "stays).");
-
-static PyObject *
-ring_put_cuda(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
-{
-    RingObject *self = (RingObject *)o;
-    PutArgs a;
-    uint64_t stream;
-    if (nargs_check("put_cuda", nargs, 9) || parse_put("put_cuda", args, &a) < 0 || u64_arg(args[8], "stream", &stream))
-        return NULL;
-    speedups_cuda_memcpy_fn fn = speedups_cuda_memcpy();
-    if (fn == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "put_cuda: no cudaMemcpyAsync bound");
-        return NULL;
-    }
-    if (self->closed || !srb_ready(&self->r, a.rec_len))
-        Py_RETURN_FALSE;
-    if (a.n > 0) {
-        uint8_t *d = srb_at(&self->r, self->r.head);
-        int rc = fn(d + a.payload_off, (const void *)(uintptr_t)a.src, (size_t)a.n, SPEEDUPS_CUDA_D2H,
-                    (void *)(uintptr_t)stream);
-        if (rc != 0) {
-            PyErr_Format(PyExc_RuntimeError, "cudaMemcpyAsync of a %llu-byte record failed with cudaError %d",
-                         (unsigned long long)a.n, rc);
-            return NULL;
-        }
-    }
-    put_header(self, &a); /* the header follows the queued copy */
-    self->r.head += a.rec_len;
-    Py_RETURN_TRUE;
-}
-
-PyDoc_STRVAR(put_token_doc,
-             "put_token(seq, index, token_id, position, text)\n"
-             "--\n\n"
-             "Write a TOKEN record (PROTOCOL.md 2, \"TOKEN records\") of sequence number seq at the head, a\n"
-             "PAD first where the region ends too soon, and move the head past it: the token's index,\n"
-             "its id and position (ints, stored as two's complement u64), its UTF-8 text (bytes, at most\n"
-             "MAX_TOKEN_TEXT). True when written; False, writing nothing, when it does not fit the space\n"
-             "known to be free now (strap_ringbuf.h's srb_put_token) or the ring is closed.");
-
-static PyObject *
-ring_put_token(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
-{
-    RingObject *self = (RingObject *)o;
-    uint64_t seq, index, token_id, position;
-    char *text;
-    Py_ssize_t n;
-    if (nargs_check("put_token", nargs, 5) || u64_arg(args[0], "seq", &seq) || u64_arg(args[1], "index", &index) ||
-        u64_masked(args[2], "token_id", &token_id) || u64_masked(args[3], "position", &position) ||
-        PyBytes_AsStringAndSize(args[4], &text, &n) < 0)
-        return NULL;
-    if ((uint64_t)n > SR_MAX_TOKEN_TEXT) {
-        PyErr_Format(PyExc_ValueError, "put_token: a text of %zd bytes exceeds %d", n, SR_MAX_TOKEN_TEXT);
-        return NULL;
-    }
-    if (self->closed)
-        Py_RETURN_FALSE;
-    return PyBool_FromLong(srb_put_token(&self->r, seq, index, (int64_t)token_id, (int64_t)position, text, (size_t)n));
-}
-
 /* ----- space --------------------------------------------------------------------------------- */
-
-PyDoc_STRVAR(placement_doc, "placement(record_len)\n"
-                            "--\n\n"
-                            "(pad_len, needed) for a record written at the head: the PAD needed first (0 when the\n"
-                            "record fits before the end of the region) and the bytes of free space it takes.");
-
-static PyObject *
-ring_placement(PyObject *o, PyObject *arg)
-{
-    RingObject *self = (RingObject *)o;
-    uint64_t rec_len;
-    if (u64_arg(arg, "record_len", &rec_len))
-        return NULL;
-    uint64_t pad = srb_pad_for(&self->r, rec_len);
-    return Py_BuildValue("(KK)", (unsigned long long)pad, (unsigned long long)(pad + rec_len));
-}
-
-PyDoc_STRVAR(fits_doc, "fits(needed)\n"
-                       "--\n\n"
-                       "Whether needed bytes can be written now without overwriting unreleased data.");
-
-static PyObject *
-ring_fits(PyObject *o, PyObject *arg)
-{
-    uint64_t needed;
-    if (u64_arg(arg, "needed", &needed))
-        return NULL;
-    return PyBool_FromLong(srb_fits(&((RingObject *)o)->r, needed));
-}
 
 PyDoc_STRVAR(release_doc, "release(tail)\n"
                           "--\n\n"
@@ -342,31 +178,6 @@ ring_populate(PyObject *o, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(place_doc, "place(pad_len, record_len)\n"
-                        "--\n\n"
-                        "Make the head ready for a record of record_len bytes: a PAD of pad_len bytes (from\n"
-                        "placement: the rest of the region; 0: none) written and the head moved past it, the\n"
-                        "pages populated. ValueError unless the space is free (fits).");
-
-static PyObject *
-ring_place(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
-{
-    RingObject *self = (RingObject *)o;
-    uint64_t pad, rec_len;
-    if (nargs_check("place", nargs, 2) || u64_arg(args[0], "pad_len", &pad) ||
-        u64_arg(args[1], "record_len", &rec_len) || ring_open(self))
-        return NULL;
-    /* a PAD fills the rest of the region, nothing else */
-    uint64_t rest = self->r.data_size - self->r.head % self->r.data_size;
-    if ((pad != 0 && pad != rest) || (pad == 0 && rec_len > rest) || !srb_fits(&self->r, pad + rec_len)) {
-        PyErr_Format(PyExc_ValueError, "place: a %llu-byte PAD and a %llu-byte record do not fit at head %llu",
-                     (unsigned long long)pad, (unsigned long long)rec_len, (unsigned long long)self->r.head);
-        return NULL;
-    }
-    srb_place(&self->r, pad, rec_len);
-    Py_RETURN_NONE;
-}
-
 PyDoc_STRVAR(write_header_doc, "write_header(header)\n"
                                "--\n\n"
                                "Write a record's header area (bytes) at the head; return the record's file offset.\n"
@@ -387,44 +198,6 @@ ring_write_header(PyObject *o, PyObject *arg)
     }
     memcpy(srb_at(&self->r, self->r.head), hdr, (size_t)n);
     return PyLong_FromUnsignedLongLong(SR_HEADER_SIZE + off);
-}
-
-PyDoc_STRVAR(write_raw_doc, "write_raw(file_off, data)\n"
-                            "--\n\n"
-                            "Copy bytes into the mapping at file offset file_off (tests, tiny payloads).");
-
-static PyObject *
-ring_write_raw(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
-{
-    RingObject *self = (RingObject *)o;
-    uint64_t off;
-    char *data;
-    Py_ssize_t n;
-    if (nargs_check("write_raw", nargs, 2) || u64_arg(args[0], "file_off", &off) || ring_open(self) ||
-        PyBytes_AsStringAndSize(args[1], &data, &n) < 0)
-        return NULL;
-    if (off > self->r.ring_size || (uint64_t)n > self->r.ring_size - off) {
-        PyErr_Format(PyExc_ValueError, "write_raw: %zd bytes at %llu are past the ring", n, (unsigned long long)off);
-        return NULL;
-    }
-    memcpy(self->r.base + off, data, (size_t)n);
-    Py_RETURN_NONE;
-}
-
-PyDoc_STRVAR(store_published_doc, "store_published(pos)\n"
-                                  "--\n\n"
-                                  "Store the published cursor (PROTOCOL.md 1.4, \"Deferred PUBLISH\") with release\n"
-                                  "semantics: every record below pos complete before a daemon that loads it sees it.");
-
-static PyObject *
-ring_store_published(PyObject *o, PyObject *arg)
-{
-    RingObject *self = (RingObject *)o;
-    uint64_t pos;
-    if (u64_arg(arg, "pos", &pos) || ring_open(self))
-        return NULL;
-    srb_store_published(&self->r, pos);
-    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(reset_doc, "reset()\n"
@@ -459,17 +232,9 @@ ring_close(PyObject *o, PyObject *unused)
 }
 
 static PyMethodDef ring_methods[] = {
-    {"put", (PyCFunction)(void (*)(void))ring_put, METH_FASTCALL, put_doc},
-    {"put_cuda", (PyCFunction)(void (*)(void))ring_put_cuda, METH_FASTCALL, put_cuda_doc},
-    {"put_token", (PyCFunction)(void (*)(void))ring_put_token, METH_FASTCALL, put_token_doc},
-    {"placement", ring_placement, METH_O, placement_doc},
-    {"fits", ring_fits, METH_O, fits_doc},
     {"release", ring_release, METH_O, release_doc},
     {"populate", ring_populate, METH_O, populate_doc},
-    {"place", (PyCFunction)(void (*)(void))ring_place, METH_FASTCALL, place_doc},
     {"write_header", ring_write_header, METH_O, write_header_doc},
-    {"write_raw", (PyCFunction)(void (*)(void))ring_write_raw, METH_FASTCALL, write_raw_doc},
-    {"store_published", ring_store_published, METH_O, store_published_doc},
     {"reset", ring_reset, METH_NOARGS, reset_doc},
     {"close", ring_close, METH_NOARGS, close_doc},
     {NULL, NULL, 0, NULL},
