@@ -1,13 +1,18 @@
-/* The checkpoint file of docs/CHECKPOINTS.md 3: its encoder and its parser (strap_checkpoint.h).
- * libstrap and the Python client's _speedups extension both compile this file. */
+/* The checkpoint file of docs/CHECKPOINTS.md 3: its encoder and its parser, and the durable
+ * writes of the checkpoint and the token log (strap_checkpoint.h). libstrap and the Python
+ * client's _speedups extension both compile this file. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "strap_checkpoint.h"
 
@@ -278,4 +283,121 @@ sck_rfc3339(char *out, size_t cap)
     gmtime_r(&ts.tv_sec, &tm);
     size_t n = strftime(out, cap, "%Y-%m-%dT%H:%M:%S", &tm);
     snprintf(out + n, cap - n, ".%06ldZ", ts.tv_nsec / 1000);
+}
+
+/* ----- durable files ----- */
+
+static int sys_fail(char *why, size_t whylen, int err, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* -err, with why set to the step (fmt) and the system's reason. */
+static int
+sys_fail(char *why, size_t whylen, int err, const char *fmt, ...)
+{
+    if (why && whylen) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(why, whylen, fmt, ap);
+        va_end(ap);
+        if (n >= 0 && (size_t)n < whylen)
+            snprintf(why + n, whylen - (size_t)n, ": %s", strerror(err));
+    }
+    return -err;
+}
+
+/* Write all n bytes (EINTR retried): 0 or -errno. */
+static int
+write_all(int fd, const void *data, size_t n)
+{
+    const char *p = data;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -errno;
+        if (w == 0)
+            return -EIO;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int
+sck_fsync_dir(const char *path, char *why, size_t whylen)
+{
+    char dir[SCK_PATH_MAX];
+    size_t len = strlen(path);
+    if (len >= sizeof dir)
+        return sys_fail(why, whylen, ENAMETOOLONG, "fsync of the directory of %.200s...", path);
+    memcpy(dir, path, len + 1);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir)
+        slash[1] = 0;
+    else if (slash)
+        *slash = 0;
+    else
+        strcpy(dir, ".");
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return sys_fail(why, whylen, errno, "open of the directory %s", dir);
+    int err = fsync(fd) != 0 ? errno : 0;
+    close(fd);
+    return err ? sys_fail(why, whylen, err, "fsync of the directory %s", dir) : 0;
+}
+
+int
+sck_write_atomic(const char *path, const void *data, size_t n, int mode, char *why, size_t whylen)
+{
+    char tmp[SCK_PATH_MAX + 32];
+    if (strlen(path) >= SCK_PATH_MAX)
+        return sys_fail(why, whylen, ENAMETOOLONG, "open %.200s...", path);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, (mode_t)mode);
+    if (fd < 0)
+        return sys_fail(why, whylen, errno, "open %s", tmp);
+    const char *step = "write";
+    int r = write_all(fd, data, n);
+    if (r == 0 && fsync(fd) != 0) {
+        r = -errno;
+        step = "fsync";
+    }
+    if (close(fd) != 0 && r == 0 && errno != EINTR) {
+        r = -errno;
+        step = "close";
+    }
+    if (r == 0 && rename(tmp, path) != 0) {
+        r = -errno;
+        unlink(tmp);
+        return sys_fail(why, whylen, -r, "rename %s to %s", tmp, path);
+    }
+    if (r) {
+        unlink(tmp);
+        return sys_fail(why, whylen, -r, "%s %s", step, tmp);
+    }
+    return sck_fsync_dir(path, why, whylen);
+}
+
+int
+sck_unlink_durable(const char *path, char *why, size_t whylen)
+{
+    if (unlink(path) != 0)
+        return sys_fail(why, whylen, errno, "unlink %s", path);
+    return sck_fsync_dir(path, why, whylen);
+}
+
+int
+sck_append_sync(int fd, const char *name, const void *data, size_t n, char *why, size_t whylen)
+{
+    char fdname[32];
+    if (name == NULL) {
+        snprintf(fdname, sizeof fdname, "descriptor %d", fd);
+        name = fdname;
+    }
+    int r = write_all(fd, data, n);
+    if (r)
+        return sys_fail(why, whylen, -r, "write to %s", name);
+    if (fdatasync(fd) != 0)
+        return sys_fail(why, whylen, errno, "fdatasync of %s", name);
+    return 0;
 }

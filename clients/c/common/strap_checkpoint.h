@@ -2,8 +2,10 @@
  * parser with the format's rules (the same as internal/checkpoint Parse; the golden files of
  * testdata/checkpoint hold Go, libstrap and the Python client to them). libstrap's
  * src/checkpoint.c writes and reads its checkpoints with them; the Python client's _speedups
- * extension compiles this file and binds it in _speedups_checkpoint.c for checkpoint.py. What
- * surrounds the bytes (the atomic replace, reading the file, the token log) stays with each
+ * extension compiles this file and binds it in _speedups_checkpoint.c for checkpoint.py. The
+ * durable writes are here too, one for both clients: the atomic replace of a file (temp file,
+ * fsync, rename, directory fsync), the durable unlink, and the token log's append + fdatasync.
+ * Reading the file and the token log's bookkeeping (its extent, its CRC32C) stay with each
  * client. Nothing here allocates; nothing includes libstrap's or Python's headers. */
 #ifndef STRAP_CHECKPOINT_H
 #define STRAP_CHECKPOINT_H
@@ -19,6 +21,10 @@
 #define sck_check strap__sck_check
 #define sck_format_key strap__sck_format_key
 #define sck_rfc3339 strap__sck_rfc3339
+#define sck_write_atomic strap__sck_write_atomic
+#define sck_fsync_dir strap__sck_fsync_dir
+#define sck_unlink_durable strap__sck_unlink_durable
+#define sck_append_sync strap__sck_append_sync
 
 /* The largest checkpoint file read or written, as internal/checkpoint MaxSize: 1.3.1's
  * "tokens" list (about 80 bytes a token) is what makes a checkpoint large. */
@@ -78,5 +84,33 @@ int sck_encode(sw_buf *b, const sck_checkpoint *c, const char *created, const sc
 /* The current UTC time, RFC 3339 with microseconds ("2026-12-06T16:25:26.117819Z"), into out
  * (at least 32 bytes). */
 void sck_rfc3339(char *out, size_t cap);
+
+/* ----- durable files (docs/CHECKPOINTS.md 3) -----
+ * Each returns 0, or -errno with why (truncated to whylen; why may be NULL) naming the step,
+ * the path it acted on and the system's reason, e.g. "rename /d/x.tmp.42 to /d/x: No space
+ * left on device". Paths are at most SCK_PATH_MAX - 1 bytes (-ENAMETOOLONG past that). They
+ * call no allocator and hold no lock: the Python binding lets the GIL go around them. */
+#define SCK_PATH_MAX 4096
+
+/* Replace path with data's n bytes atomically and durably: a temp file beside it
+ * ("PATH.tmp.PID", created with mode before the umask, O_CLOEXEC), every byte written
+ * (EINTR retried), fsync, close, rename over path, fsync of the directory. On a failure before
+ * the rename the temp file is removed and path is untouched; after it (the directory's fsync)
+ * path holds the new bytes, which a crash may still undo. A crash at any point leaves either
+ * the old file or the new one, never a mix. */
+int sck_write_atomic(const char *path, const void *data, size_t n, int mode, char *why, size_t whylen);
+
+/* fsync the directory that holds path (the part before its last '/'; "." when none), which
+ * makes a rename, a creation or an unlink of path durable. */
+int sck_fsync_dir(const char *path, char *why, size_t whylen);
+
+/* Remove path and make the removal durable (sck_fsync_dir). -ENOENT when there is none. */
+int sck_unlink_durable(const char *path, char *why, size_t whylen);
+
+/* Append data's n bytes to fd (opened O_APPEND; EINTR retried until every byte is written),
+ * then fdatasync: the token log's step at each checkpoint. name (may be NULL) is the file's
+ * path, for why. On a failure part of the bytes may have been written: the caller must not
+ * append after them (the Python client rewrites the whole log with sck_write_atomic). */
+int sck_append_sync(int fd, const char *name, const void *data, size_t n, char *why, size_t whylen);
 
 #endif

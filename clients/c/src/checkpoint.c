@@ -1,6 +1,7 @@
 /* CHECKPOINT and the checkpoint file of docs/CHECKPOINTS.md 2-3: the request, the file written
- * once strapd has made every event durable (temp file, fsync, rename, directory fsync), and
- * its reading and checks on resume. */
+ * once strapd has made every event durable (temp file, fsync, rename, directory fsync:
+ * common/strap_checkpoint.c's sck_write_atomic, the Python client's too), and its reading and
+ * checks on resume. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -18,23 +19,15 @@
 
 /* ----- checkpoint files (docs/CHECKPOINTS.md 3; the bytes: common/strap_checkpoint.c) ----- */
 
+/* The directory of path fsync'd (common/strap_checkpoint.c): 0, or -1 with errno. */
 int ss_fsync_dir(const char *path)
 {
-	char dir[4200];
-	snprintf(dir, sizeof dir, "%s", path);
-	char *slash = strrchr(dir, '/');
-	if (slash == dir)
-		slash[1] = 0;
-	else if (slash)
-		*slash = 0;
-	else
-		strcpy(dir, ".");
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0)
+	int r = sck_fsync_dir(path, NULL, 0);
+	if (r) {
+		errno = -r;
 		return -1;
-	int r = fsync(fd);
-	close(fd);
-	return r;
+	}
+	return 0;
 }
 
 static int write_checkpoint(strap_session *s, const sp_reply *c);
@@ -71,43 +64,15 @@ static int write_checkpoint(strap_session *s, const sp_reply *c)
 		return ss_fail(s, STRAP_E_TOO_LARGE, "checkpoint: the output path or the fingerprint is too long");
 	strcpy(ck.stream, s->output_path);
 	strcpy(ck.fingerprint, s->fingerprint);
-	char created[64], why[256];
+	char created[64], why[1024];
 	sck_rfc3339(created, sizeof created);
 	sw_buf b = ss_out_buf(s); /* the send buffer is free between messages */
 	if (sck_encode(&b, &ck, created, NULL, 0, NULL, 0, why, sizeof why))
 		return ss_fail(s, b.overflow ? STRAP_E_TOO_LARGE : STRAP_E_PROTOCOL, "checkpoint %s: %s", s->ckpt_path,
 			       why);
-	char tmp[4300];
-	snprintf(tmp, sizeof tmp, "%s.tmp.%d", s->ckpt_path, (int)getpid());
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-	if (fd < 0)
-		return ss_fail(s, STRAP_E_SYSTEM, "checkpoint %s: open: %s", tmp, strerror(errno));
-	size_t done = 0;
-	while (done < b.n) {
-		ssize_t w = write(fd, b.p + done, b.n - done);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0) {
-			int er = errno;
-			close(fd);
-			unlink(tmp);
-			return ss_fail(s, STRAP_E_SYSTEM, "checkpoint %s: write: %s", tmp, strerror(er));
-		}
-		done += (size_t)w;
-	}
-	if (fsync(fd) != 0 || close(fd) != 0) {
-		int er = errno;
-		unlink(tmp);
-		return ss_fail(s, STRAP_E_SYSTEM, "checkpoint %s: fsync: %s", tmp, strerror(er));
-	}
-	if (rename(tmp, s->ckpt_path) != 0) {
-		int er = errno;
-		unlink(tmp);
-		return ss_fail(s, STRAP_E_SYSTEM, "checkpoint %s: rename: %s", s->ckpt_path, strerror(er));
-	}
-	if (ss_fsync_dir(s->ckpt_path) != 0)
-		return ss_fail(s, STRAP_E_SYSTEM, "checkpoint %s: fsync of its directory: %s", s->ckpt_path,
-			       strerror(errno));
+	/* temp file, fsync, rename, directory fsync: the Python client's own (sck_write_atomic) */
+	if (sck_write_atomic(s->ckpt_path, b.p, b.n, 0640, why, sizeof why) != 0)
+		return ss_fail(s, STRAP_E_SYSTEM, "checkpoint %s: %s", s->ckpt_path, why);
 	return STRAP_OK;
 }
 

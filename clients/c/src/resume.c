@@ -118,9 +118,8 @@ static bool sibling_file(const strap_session *s, long long rank, char *out, size
 int ss_job_agree(strap_session *s, const char *start, int own_rc, uint64_t own, uint64_t *min)
 {
 	/* this rank's contribution: its count, or its error (so that no other rank waits for it) */
-	char path[4400], tmp[4500];
+	char path[4400], why[1024] = "the message buffer is too small";
 	snprintf(path, sizeof path, "%s.job-resume.json", s->output_path);
-	snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
 	sw_buf b = {s->sbuf, 0, SP_MAX_MESSAGE, false};
 	sw_lit(&b, "{\"start\": ");
 	sw_str(&b, start, strlen(start));
@@ -135,16 +134,9 @@ int ss_job_agree(strap_session *s, const char *start, int own_rc, uint64_t own, 
 		sw_u64(&b, own);
 	}
 	sw_lit(&b, "}");
-	FILE *f = b.overflow ? NULL : fopen(tmp, "we");
-	bool wrote = f && fwrite(b.p, 1, b.n, f) == b.n;
-	if (f && (fflush(f) != 0 || fsync(fileno(f)) != 0))
-		wrote = false;
-	if (f && fclose(f) != 0)
-		wrote = false;
-	if (!wrote || rename(tmp, path) != 0) {
-		unlink(tmp);
-		return own_rc ? own_rc : ss_fail(s, STRAP_E_SYSTEM, "job resume point %s: %s", path, strerror(errno));
-	}
+	/* replaced atomically and durably, as the Python client's _job_resume.py does (sck_write_atomic) */
+	if (b.overflow || sck_write_atomic(path, b.p, b.n, 0640, why, sizeof why) != 0)
+		return own_rc ? own_rc : ss_fail(s, STRAP_E_SYSTEM, "job resume point %s: %s", path, why);
 	const char *w = getenv("STRAP_JOB_RESUME_WAIT");
 	double wait = w && *w ? strtod(w, NULL) : 600.0;
 	double deadline = sc_now() + wait;

@@ -6,6 +6,11 @@
  *
  * checkpoint_parse raises ValueError(reason) for a file the format refuses; checkpoint_encode
  * raises ValueError for facts no reader would take back (or a member that is not JSON).
+ *
+ * The durable writes are libstrap's too (the same file's sck_write_atomic, sck_unlink_durable,
+ * sck_append_sync), the GIL let go around the I/O: write_atomic, unlink_durable and
+ * append_sync raise OSError(errno, message naming the step and the path), the subclass its
+ * errno picks (FileNotFoundError, PermissionError...), as os's functions do.
  */
 #define Py_LIMITED_API 0x030A0000
 #define PY_SSIZE_T_CLEAN
@@ -283,8 +288,123 @@ out:
     return res;
 }
 
+/* OSError(-r, why): the subclass of the errno (FileNotFoundError...) as OSError's constructor
+ * picks it. NULL. */
+static PyObject *
+os_error(int r, const char *why)
+{
+    PyObject *e = PyObject_CallFunction(PyExc_OSError, "is", -r, why);
+    if (e != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(e), e);
+        Py_DECREF(e);
+    }
+    return NULL;
+}
+
+/* A bytes argument (borrowed: bytes do not change while the GIL is let go). -1 with TypeError. */
+static int
+bytes_arg(PyObject *o, const char *what, char **p, Py_ssize_t *n)
+{
+    if (!PyBytes_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be bytes", what);
+        return -1;
+    }
+    return PyBytes_AsStringAndSize(o, p, n);
+}
+
+PyDoc_STRVAR(write_atomic_doc,
+             "write_atomic(path, data: bytes, mode: int) -> None\n\nReplace path with data atomically and "
+             "durably (strap_checkpoint.c's sck_write_atomic): a temp file PATH.tmp.PID beside it created with "
+             "mode, every byte written, fsync, rename over path, fsync of the directory. On a failure before the "
+             "rename the temp file is removed and path untouched. OSError naming the step and the path.");
+
+static PyObject *
+write_atomic(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs_check("write_atomic", nargs, 3) < 0)
+        return NULL;
+    PyObject *path = NULL;
+    char *data;
+    Py_ssize_t n;
+    if (!PyUnicode_FSConverter(args[0], &path))
+        return NULL;
+    long mode = PyLong_AsLong(args[2]);
+    if (bytes_arg(args[1], "data", &data, &n) < 0 || (mode == -1 && PyErr_Occurred())) {
+        Py_DECREF(path);
+        return NULL;
+    }
+    const char *p = PyBytes_AsString(path);
+    char why[1024];
+    PyThreadState *ts = PyEval_SaveThread();
+    int r = sck_write_atomic(p, data, (size_t)n, (int)mode, why, sizeof why);
+    PyEval_RestoreThread(ts);
+    Py_DECREF(path);
+    if (r != 0)
+        return os_error(r, why);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(unlink_durable_doc,
+             "unlink_durable(path) -> None\n\nRemove path and fsync its directory (strap_checkpoint.c's "
+             "sck_unlink_durable). OSError naming the step and the path (FileNotFoundError when there is none).");
+
+static PyObject *
+unlink_durable(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    PyObject *path = NULL;
+    if (!PyUnicode_FSConverter(arg, &path))
+        return NULL;
+    const char *p = PyBytes_AsString(path);
+    char why[1024];
+    PyThreadState *ts = PyEval_SaveThread();
+    int r = sck_unlink_durable(p, why, sizeof why);
+    PyEval_RestoreThread(ts);
+    Py_DECREF(path);
+    if (r != 0)
+        return os_error(r, why);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(append_sync_doc,
+             "append_sync(fd: int, data: bytes, name: str) -> None\n\nAppend data to fd (opened O_APPEND; "
+             "every byte written, EINTR retried), then fdatasync (strap_checkpoint.c's sck_append_sync): the "
+             "token log's step at each checkpoint. OSError naming the step and name; part of data may then be "
+             "in the file.");
+
+static PyObject *
+append_sync(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs_check("append_sync", nargs, 3) < 0)
+        return NULL;
+    int fd = PyObject_AsFileDescriptor(args[0]);
+    if (fd < 0)
+        return NULL;
+    char *data;
+    Py_ssize_t n;
+    if (bytes_arg(args[1], "data", &data, &n) < 0)
+        return NULL;
+    PyObject *name = NULL;
+    if (!PyUnicode_FSConverter(args[2], &name))
+        return NULL;
+    const char *p = PyBytes_AsString(name);
+    char why[1024];
+    PyThreadState *ts = PyEval_SaveThread();
+    int r = sck_append_sync(fd, p, data, (size_t)n, why, sizeof why);
+    PyEval_RestoreThread(ts);
+    Py_DECREF(name);
+    if (r != 0)
+        return os_error(r, why);
+    Py_RETURN_NONE;
+}
+
 PyMethodDef speedups_checkpoint_methods[] = {
     {"checkpoint_parse", checkpoint_parse, METH_O, checkpoint_parse_doc},
     {"checkpoint_encode", (PyCFunction)(void (*)(void))checkpoint_encode, METH_FASTCALL, checkpoint_encode_doc},
+    {"write_atomic", (PyCFunction)(void (*)(void))write_atomic, METH_FASTCALL, write_atomic_doc},
+    {"unlink_durable", unlink_durable, METH_O, unlink_durable_doc},
+    {"append_sync", (PyCFunction)(void (*)(void))append_sync, METH_FASTCALL, append_sync_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -2,9 +2,10 @@
 
 A checkpoint is written by the client only after strapd has answered CHECKPOINTED: every
 packet up to the checkpoint is then on disk (fdatasync). The file is replaced atomically
-(temp file, fsync, rename, fsync of the directory). A resume needs no per-token data from
-it — the tokens are TOKEN packets in the stream — and its size does not depend on the
-capture's length. Beside its own keys it carries 1.3.1's (``total_tokens``,
+(temp file, fsync, rename, fsync of the directory) by libstrap's C, which appends the token
+log too (clients/c/common/strap_checkpoint.c, :func:`write_atomic`). A resume needs no
+per-token data from it — the tokens are TOKEN packets in the stream — and its size does not
+depend on the capture's length. Beside its own keys it carries 1.3.1's (``total_tokens``,
 ``last_checkpoint_time``, ``metadata``), and 1.3.1's ``tokens`` list only for a capture started
 through 1.3.1's API form (the one part that grows with the capture, docs/CHECKPOINTS.md 3). A
 capture that uploads keeps its tokens in a side file appended at each checkpoint, the token
@@ -182,8 +183,10 @@ class TokenLogWriter:
     (fdatasync) before the checkpoint that vouches for them is written, so a checkpoint costs
     the tokens since the one before, not the capture's length. The first call of a capture
     writes the whole log to a temp file renamed over the old one (a resumed capture's tokens,
-    written again in the same encoding), so a crash at any point leaves the log the
-    checkpoint on disk describes."""
+    written again in the same encoding; :func:`write_atomic`), as does the call after a failed
+    append, so a crash at any point leaves the log the checkpoint on disk describes. The
+    append and its fdatasync are libstrap's (clients/c/common/strap_checkpoint.c,
+    ``sck_append_sync``; the GIL let go)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -206,10 +209,12 @@ class TokenLogWriter:
             return dataclasses.replace(self._log)
         if len(encoded) > self._log.tokens:
             data = "".join(e + "\n" for e in encoded[self._log.tokens:]).encode()
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view):]
-            os.fdatasync(self._fd)
+            try:
+                _c.append_sync(self._fd, data, self.path)  # libstrap's sck_append_sync: write all, fdatasync
+            except OSError:
+                # Part of data may be in the log now: the next call writes the whole log again.
+                self.close()
+                raise
             self._log = TokenLog(len(encoded), self._log.bytes + len(data), crc32c(data, self._log.crc32c))
         return dataclasses.replace(self._log)
 
@@ -300,40 +305,23 @@ def load(path: Union[str, os.PathLike]) -> Checkpoint:
 
 def write_atomic(path: Union[str, os.PathLike], data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically and durably: temp file in the same
-    directory, write, fsync, rename over ``path``, fsync the directory. A crash at any point
-    leaves either the old file or the new one, never a mix."""
-    p = os.path.abspath(os.fspath(path))
-    d = os.path.dirname(p)
-    tmp = f"{p}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, CAPTURE_FILE_MODE)
-    try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.replace(tmp, p)
-    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    directory (created with :data:`CAPTURE_FILE_MODE`), write, fsync, rename over ``path``,
+    fsync the directory. A crash at any point leaves either the old file or the new one,
+    never a mix. libstrap's (clients/c/common/strap_checkpoint.c, ``sck_write_atomic``; the
+    GIL let go while it writes).
+
+    Raises:
+        OSError: naming the step and the path (the subclass its errno picks). The temp file
+            is removed and ``path`` untouched, unless only the directory's fsync failed (the
+            new file is in place then).
+    """
+    _c.write_atomic(os.path.abspath(os.fspath(path)), bytes(data), CAPTURE_FILE_MODE)
 
 
 def fsync_unlink(path: Union[str, os.PathLike]) -> None:
-    """Remove ``path`` and make the removal durable (fsync of the directory)."""
-    p = os.path.abspath(os.fspath(path))
-    os.unlink(p)
-    dfd = os.open(os.path.dirname(p), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    """Remove ``path`` and make the removal durable (fsync of the directory), with libstrap's
+    ``sck_unlink_durable``. OSError naming the path (FileNotFoundError when there is none)."""
+    _c.unlink_durable(os.path.abspath(os.fspath(path)))
 
 
 def fingerprint(model: "nn.Module", config_dict: Dict[str, Any], transport: Dict[str, Any],
