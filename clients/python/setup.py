@@ -1,22 +1,24 @@
-"""The optional C extensions of the client (everything else is in pyproject.toml).
+"""The C extensions of the client (everything else is in pyproject.toml).
 
-``llm_instrumentation._speedups`` (``_speedups.c``, ``_speedups_wire.c``) is the ring's layout,
-writes a record into the ring in one call, and encodes and decodes the control messages;
-``llm_instrumentation.resources._native`` (``resources/_native*.c``) times modules and writes
-resource events for the resource monitor. Both are built against CPython's limited API (one
-``.abi3.so`` for CPython 3.10 and later). ``_speedups`` is required (the client has no other
-ring or message encoder: a source install needs a C compiler); ``_native`` is
-``optional=True``: where it cannot be built the package installs without it and the resource
-monitor takes its Python paths, which write the same bytes.
+``llm_instrumentation._speedups`` (``_speedups*.c``) is libstrap, the C client, compiled in
+with its Python bindings: the ring's layout and the ring itself, the control messages'
+encoders and reply decoder with their JSON and their datagrams, the session after OPENED
+(sequence numbers, PUBLISH batching and the published cursor, RELEASE and backpressure, DROP,
+TOKEN, CHECKPOINT, CLOSE: ``clients/c/src/session.c``, bound by ``_speedups_session.c``), the
+checkpoint file, the resume point, the stream lock, the per-rank stream name and the connect
+with its autostart; ``llm_instrumentation.resources._native`` (``resources/_native*.c``) times
+modules and writes resource events for the resource monitor. Both are built against CPython's
+limited API (one ``.abi3.so`` for CPython 3.10 and later). ``_speedups`` is required (the
+client has no other ring, session or message encoder: a source install needs a C compiler);
+``_native`` is ``optional=True``: where it cannot be built the package installs without it and
+the resource monitor takes its Python paths, which write the same bytes.
 
-Both compile C they share with libstrap, the C client: ``clients/c/common`` in a checkout (the
-ring layout ``strap_ring.h`` and the ring itself ``strap_ringbuf.c``, the control messages'
-encoders and reply decoder ``strap_wire.c`` with their JSON ``strap_json.c`` and their datagrams
-``strap_channel.c`` (``_protocol.py`` has no encoder or parser of its own), the
-stream lock ``strap_streamlock.h``, the per-rank stream name ``strap_rank.h``, the resource
-events' template filling ``_render_core.h`` and its schema ``_records.h``, generated from
-``resources/records.py``). An sdist carries a copy of that folder at ``common/`` (the ``sdist``
-command below puts it there), so a wheel builds from the sdist alone.
+libstrap is ``clients/c`` in a checkout: its shared C (``common/``: also the resource events'
+template filling ``_render_core.h`` and its schema ``_records.h``, generated from
+``resources/records.py``), its sources (``src/``, all but the resource-event writer for C
+engines) and its header (``include/strap.h``). An sdist carries a copy of those at
+``libstrap/`` (the ``sdist`` command below puts it there), so a wheel builds from the sdist
+alone.
 """
 
 import os

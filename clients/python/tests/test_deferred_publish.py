@@ -234,34 +234,14 @@ def test_ring_token_record_bytes():
         encode_token_record(seq=1, index=0, token_id=0, position=0, text=bytes(65537))
 
 
-def test_store_published_writes_the_cursor_and_checks_its_address():
-    import ctypes
-
-    import pytest
-
-    from llm_instrumentation._speedups import store_published
-
-    buf = (ctypes.c_uint64 * 2)()
-    addr = ctypes.addressof(buf)
-    store_published(addr + 8, 123456789 << 6)
-    assert list(buf) == [0, 123456789 << 6]
-    with pytest.raises(ValueError, match="8-byte aligned"):
-        store_published(addr + 4, 64)
-    with pytest.raises(ValueError, match="8-byte aligned"):
-        store_published(0, 64)
-    with pytest.raises(ValueError, match="pos must be an int"):
-        store_published(addr, -1)
-
-
 def test_reset_ring_clears_the_cursor():
     # A kept ring's next session must OPEN with the header's reserved bytes zero (strapd
     # refuses a non-zero one): the last session's cursor goes with reset.
     from llm_instrumentation._ring import HEADER_SIZE, PUBLISHED_OFFSET, Ring, encode_ring_header
-    from llm_instrumentation._speedups import store_published
 
     ring = Ring(HEADER_SIZE + (64 << 10))
     try:
-        store_published(ring.address() + PUBLISHED_OFFSET, 4096)
+        ring.mm.cast("B")[PUBLISHED_OFFSET:PUBLISHED_OFFSET + 8] = (4096).to_bytes(8, "little")  # a cursor
         assert bytes(ring.mm[PUBLISHED_OFFSET:PUBLISHED_OFFSET + 8]) != bytes(8)
         ring.reset()
         assert bytes(ring.mm[:HEADER_SIZE]) == encode_ring_header(ring.ring_size)

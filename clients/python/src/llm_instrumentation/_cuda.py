@@ -76,7 +76,7 @@ def _bound_timing_event() -> Callable[[], Any]:
 
 _timing_event: Optional[Callable[[], Any]] = None
 
-#: None until :func:`raw_memcpy` looked; then whether the C extension's Ring.put_cuda has
+#: None until :func:`raw_memcpy` looked; then whether the C extension's Session.put_cuda has
 #: a cudaMemcpyAsync bound.
 _raw_bound: Optional[bool] = None
 
@@ -96,7 +96,7 @@ def cudart_paths(maps: str = "/proc/self/maps") -> Set[str]:
 
 
 def bind_raw_memcpy(path: str) -> bool:
-    """Bind the C extension's ``Ring.put_cuda`` to ``cudaMemcpyAsync`` of the runtime at
+    """Bind the C extension's ``Session.put_cuda`` to ``cudaMemcpyAsync`` of the runtime at
     ``path`` (already loaded: opening it again returns the same library). False where the
     extension or the symbol is missing."""
     import ctypes
@@ -117,7 +117,7 @@ def bind_raw_memcpy(path: str) -> bool:
 
 
 def raw_memcpy() -> bool:
-    """Whether records may be queued by ``Ring.put_cuda``: exactly one CUDA runtime is
+    """Whether records may be queued by ``Session.put_cuda``: exactly one CUDA runtime is
     loaded (torch's, so the copies go on the streams torch made with it) and its
     ``cudaMemcpyAsync`` is bound. Looked at once per process; False where torch links the
     runtime statically (no libcudart mapped) or several are loaded."""
@@ -241,7 +241,7 @@ class CudaCopier:
         self._last_event = ev
 
     def raw_stream(self, src: "torch.Tensor") -> Optional[Tuple[Tuple[int, int, int], int]]:
-        """For a small contiguous record of ``src`` queued by ``Ring.put_cuda``: the current
+        """For a small contiguous record of ``src`` queued by ``Session.put_cuda``: the current
         stream of its device (torch's triple, for :meth:`queued_raw`) and its raw handle; None
         where it must go through :meth:`copy` (not on the current device). The session sends
         only records of at most 64 KiB here (its layouts' ``memmove``), below :data:`DIRECT_MAX`."""
@@ -258,7 +258,7 @@ class CudaCopier:
         return key, raw
 
     def queued_raw(self, key: Tuple[int, int, int], head: int, seq: int) -> None:
-        """A small record was queued on stream ``key`` by ``Ring.put_cuda``: as :meth:`copy`
+        """A small record was queued on stream ``key`` by ``Session.put_cuda``: as :meth:`copy`
         then :meth:`pending` for it."""
         self._direct.add(key)
         self._direct_head = (head, seq)

@@ -13,17 +13,12 @@
  *   the ring in one pass: the vLLM plugin's decoder-layer output (hidden_states + residual),
  *   without torch allocating the sum and the copy reading it again (docs/VLLM.md 9).
  *
- * - bind_cuda_memcpy: the cudaMemcpyAsync the ring's put_cuda (_speedups_ring.c) queues a
+ * - bind_cuda_memcpy: the cudaMemcpyAsync the session's put_cuda (_speedups_session.c) queues a
  *   small CUDA record's payload with, device memory into the ring (registered as pinned
  *   memory) on the model's stream: what torch's copy_(non_blocking=True) queues, without the
  *   dispatch, the three ring views and the Python around them (docs/GPU.md, "How the client
  *   copies from the GPU"). The CUDA runtime is not linked: bind_cuda_memcpy takes the address
  *   of cudaMemcpyAsync in the libcudart the process already loaded (torch's), found by _cuda.py.
- *
- * - store_published: the ring's published cursor (docs/PROTOCOL.md 1.4, 2), a u64 stored
- *   with release semantics after the records below it are complete, so a daemon that reads
- *   it (acquire) when the client died sees those records whole. Python has no release
- *   store; without this module the client publishes with messages only.
  *
  * - the ring layout itself (docs/PROTOCOL.md 2): its constants and the encoders of the ring
  *   header and of TENSOR, PAD and TOKEN records, which _ring.py and _session.py use. They are
@@ -364,7 +359,7 @@ speedups_cuda_memcpy(void)
 PyDoc_STRVAR(bind_cuda_memcpy_doc,
              "bind_cuda_memcpy(addr)\n"
              "--\n\n"
-             "Use the function at address addr as cudaMemcpyAsync in Ring.put_cuda (0 unbinds).\n"
+             "Use the function at address addr as cudaMemcpyAsync in Session.put_cuda (0 unbinds).\n"
              "The caller vouches that addr is that function of a CUDA runtime loaded in this process.");
 
 static PyObject *
@@ -375,32 +370,6 @@ bind_cuda_memcpy(PyObject *self, PyObject *arg)
     if (u64_arg(arg, "addr", &addr))
         return NULL;
     cuda_memcpy_async = (cuda_memcpy_async_fn)(uintptr_t)addr;
-    Py_RETURN_NONE;
-}
-
-PyDoc_STRVAR(store_published_doc, "store_published(addr, pos)\n"
-                                  "--\n\n"
-                                  "Store the u64 pos at address addr (8-byte aligned: the ring header's published\n"
-                                  "cursor) with release semantics: every store this thread made before, and every one\n"
-                                  "that happened-before it, is visible to a reader that loads pos with acquire.");
-
-static PyObject *
-store_published(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)self;
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "store_published takes 2 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    uint64_t addr, pos;
-    if (u64_arg(args[0], "addr", &addr) || u64_arg(args[1], "pos", &pos))
-        return NULL;
-    if (addr == 0 || addr % 8 != 0) {
-        PyErr_Format(PyExc_ValueError, "store_published: address %#llx is not 8-byte aligned",
-                     (unsigned long long)addr);
-        return NULL;
-    }
-    atomic_store_explicit((_Atomic uint64_t *)(uintptr_t)addr, pos, memory_order_release);
     Py_RETURN_NONE;
 }
 
@@ -909,7 +878,6 @@ static PyMethodDef methods[] = {
     {"write_record", (PyCFunction)(void (*)(void))write_record, METH_FASTCALL, write_record_doc},
     {"write_record_sum", (PyCFunction)(void (*)(void))write_record_sum, METH_FASTCALL, write_record_sum_doc},
     {"bind_cuda_memcpy", (PyCFunction)bind_cuda_memcpy, METH_O, bind_cuda_memcpy_doc},
-    {"store_published", (PyCFunction)(void (*)(void))store_published, METH_FASTCALL, store_published_doc},
     {"encode_ring_header", encode_ring_header, METH_O, encode_ring_header_doc},
     {"encode_record_header", (PyCFunction)(void (*)(void))encode_record_header, METH_FASTCALL,
      encode_record_header_doc},
