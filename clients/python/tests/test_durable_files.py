@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -104,7 +105,26 @@ def test_token_log_failed_append_rewrites_whole(tmp_path):
 
 
 def test_no_durable_write_of_its_own():
-    """checkpoint.py leaves the temp file, fsync, rename and fdatasync to libstrap's C."""
-    src = inspect.getsource(ckpt)
-    for call in ("os.fsync", "os.fdatasync", "os.replace", "os.rename", "os.write(", ".tmp."):
-        assert call not in src, call
+    """checkpoint.py and capture_set.py leave the temp file, fsync, rename and fdatasync to
+    libstrap's C (a manifest written by one os.write could be cut short without an error)."""
+    from llm_instrumentation import capture_set
+
+    for mod in (ckpt, capture_set):
+        src = inspect.getsource(mod)
+        for call in ("os.fsync", "os.fdatasync", "os.replace", "os.rename", "os.write(", ".tmp."):
+            assert call not in src, (mod.__name__, call)
+
+
+def test_capture_set_manifest_mode_and_old_file_kept(tmp_path):
+    from llm_instrumentation import capture_set
+
+    p = tmp_path / "job.capture.json"
+    old = os.umask(0)
+    try:
+        capture_set.write(p, {"a": 1})
+    finally:
+        os.umask(old)
+    assert json.loads(p.read_text()) == {"a": 1} and (p.stat().st_mode & 0o777) == 0o644
+    with pytest.raises(OSError, match="missing"):
+        capture_set.write(tmp_path / "missing" / "x.json", {"a": 2})
+    assert json.loads(p.read_text()) == {"a": 1}

@@ -273,28 +273,23 @@ def build(streams: Union[PathLike, Sequence[PathLike]], manifest: Optional[PathL
 
 
 def write(path: PathLike, manifest: Dict[str, Any]) -> str:
-    """Write ``manifest`` to ``path`` durably: a temp file beside it, fsync, rename.
+    """Write ``manifest`` to ``path`` durably: a temp file beside it, written whole, fsync,
+    rename, the directory's fsync (:func:`.checkpoint.write_atomic`, libstrap's).
 
     Returns:
         the path written.
+
+    Raises:
+        CaptureSetError: a manifest over :data:`MAX_SIZE`.
+        OSError: naming the step and the path; the old manifest is left as it was.
     """
     p = os.path.abspath(os.fspath(path))
     data = (json.dumps(manifest, indent=1, ensure_ascii=False) + "\n").encode()
     if len(data) > MAX_SIZE:
         raise CaptureSetError(f"{p}: a manifest of {len(data)} bytes is over the {MAX_SIZE >> 20} MiB limit")
-    tmp = f"{p}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, p)
-    dfd = os.open(os.path.dirname(p) or ".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    from . import checkpoint
+
+    checkpoint.write_atomic(p, data, mode=0o644)
     return p
 
 

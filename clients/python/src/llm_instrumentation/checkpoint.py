@@ -303,9 +303,9 @@ def load(path: Union[str, os.PathLike]) -> Checkpoint:
     return ck
 
 
-def write_atomic(path: Union[str, os.PathLike], data: bytes) -> None:
+def write_atomic(path: Union[str, os.PathLike], data: bytes, mode: int = CAPTURE_FILE_MODE) -> None:
     """Replace ``path`` with ``data`` atomically and durably: temp file in the same
-    directory (created with :data:`CAPTURE_FILE_MODE`), write, fsync, rename over ``path``,
+    directory (created with ``mode``, default :data:`CAPTURE_FILE_MODE`), write, fsync, rename over ``path``,
     fsync the directory. A crash at any point leaves either the old file or the new one,
     never a mix. libstrap's (clients/c/common/strap_checkpoint.c, ``sck_write_atomic``; the
     GIL let go while it writes).
@@ -315,7 +315,7 @@ def write_atomic(path: Union[str, os.PathLike], data: bytes) -> None:
             is removed and ``path`` untouched, unless only the directory's fsync failed (the
             new file is in place then).
     """
-    _c.write_atomic(os.path.abspath(os.fspath(path)), bytes(data), CAPTURE_FILE_MODE)
+    _c.write_atomic(os.path.abspath(os.fspath(path)), bytes(data), mode)
 
 
 def fsync_unlink(path: Union[str, os.PathLike]) -> None:
