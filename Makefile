@@ -75,12 +75,13 @@ wheel: $(WHEEL_AMD64) $(WHEEL_ARM64)
 
 # The venv is rebuilt only when the client's packaging changes. The editable install compiles
 # the client's C extensions (setup.py) into clients/python/src: _speedups (the ring and the
-# control messages, with libstrap's clients/c/common) needs a C compiler; the resource monitor's
+# control messages and the session after OPENED: libstrap's clients/c/common and clients/c/src
+# compiled in) needs a C compiler; the resource monitor's
 # (resources/_native.c) is left out where it cannot be built (its Python path writes the same
 # bytes).
 $(VENV)/.stamp: clients/python/pyproject.toml clients/python/setup.py clients/python/src/llm_instrumentation/_speedups*.[ch] \
 		$(wildcard clients/python/src/llm_instrumentation/resources/_native*.[ch]) \
-		$(wildcard clients/c/common/*.[ch])
+		$(wildcard clients/c/common/*.[ch]) $(wildcard clients/c/src/*.[ch]) clients/c/include/strap.h
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet $(PY_DEPS)
 	$(VPY) -m pip install --quiet --no-deps -e clients/python

@@ -58,6 +58,11 @@ int strap__session_attach(const strap__attach *a, strap_session **out, strap_err
  * (mode NOW): no room now, nothing done. The caller writes the record and calls _advance. */
 int strap__session_claim(strap_session *s, uint64_t rec_len, int mode, const char *name, size_t name_len,
 			 uint64_t nbytes, uint64_t step, uint64_t forward, uint64_t *seq);
+/* strap_session_write_with (data NULL) or strap_session_write at the caller's step and forward
+ * pass: one record, or PART records; STRAP_DROPPED under policy drop. */
+int strap__session_write(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim,
+			 const void *data, strap_copy_fn fn, void *ctx, size_t nbytes, const char *meta_json,
+			 uint64_t step, uint64_t forward);
 /* The record claimed (or written by strap__session_put) is complete in the ring up to its
  * copy: its seq taken, the head moved rec_len on, payload bytes counted; with publish, a PUBLISH
  * once the unpublished bytes reach publish_bytes. */

@@ -558,12 +558,17 @@ static int check_tensor(strap_session *s, const char *name, int dtype, const int
 	return STRAP_OK;
 }
 
+/* pass: the record's step and forward pass (an attached session's caller's), NULL: the session's */
 static int write_common(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim, const src *from,
-			size_t nbytes, const char *meta_json)
+			size_t nbytes, const char *meta_json, const uint64_t *pass)
 {
 	if (!s)
 		return STRAP_E_INVALID;
 	pthread_mutex_lock(&s->mu);
+	if (pass) {
+		s->step = pass[0];
+		s->forward = pass[1];
+	}
 	size_t name_len = 0, meta_len = 0;
 	uint64_t shp[SR_MAX_NDIM];
 	int e = check_tensor(s, name, dtype, shape, ndim, nbytes, meta_json, &name_len, &meta_len, shp);
@@ -756,7 +761,7 @@ int strap_session_write(strap_session *s, const char *name, int dtype, const int
 			size_t nbytes, const char *meta_json)
 {
 	src from = {data, NULL, NULL};
-	return write_common(s, name, dtype, shape, ndim, &from, nbytes, meta_json);
+	return write_common(s, name, dtype, shape, ndim, &from, nbytes, meta_json, NULL);
 }
 
 int strap_session_write_with(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim,
@@ -765,7 +770,7 @@ int strap_session_write_with(strap_session *s, const char *name, int dtype, cons
 	if (!fn)
 		return strap_session_write(s, name, dtype, shape, ndim, NULL, nbytes, meta_json);
 	src from = {NULL, fn, ctx};
-	return write_common(s, name, dtype, shape, ndim, &from, nbytes, meta_json);
+	return write_common(s, name, dtype, shape, ndim, &from, nbytes, meta_json, NULL);
 }
 
 /* A ggml tensor as strap writes it (STREAM_FORMAT.md 4.1): dtype, C-order shape and, for a
@@ -826,7 +831,7 @@ int strap_session_write_ggml(strap_session *s, const char *name, int ggml_type, 
 	if (e)
 		return e;
 	src from = {data, NULL, NULL};
-	return write_common(s, name, dt, shape, n_dims, &from, nbytes, meta[0] ? meta : NULL);
+	return write_common(s, name, dt, shape, n_dims, &from, nbytes, meta[0] ? meta : NULL, NULL);
 }
 
 int strap_session_write_ggml_with(strap_session *s, const char *name, int ggml_type, const int64_t *ne, int n_dims,
@@ -840,7 +845,7 @@ int strap_session_write_ggml_with(strap_session *s, const char *name, int ggml_t
 	if (e)
 		return e;
 	src from = {NULL, fn, ctx};
-	return write_common(s, name, dt, shape, n_dims, &from, nbytes, meta[0] ? meta : NULL);
+	return write_common(s, name, dt, shape, n_dims, &from, nbytes, meta[0] ? meta : NULL, NULL);
 }
 
 int strap_session_flush(strap_session *s)
@@ -1164,6 +1169,15 @@ int strap__session_claim(strap_session *s, uint64_t rec_len, int mode, const cha
 out:
 	pthread_mutex_unlock(&s->mu);
 	return e;
+}
+
+int strap__session_write(strap_session *s, const char *name, int dtype, const int64_t *shape, int ndim,
+			 const void *data, strap_copy_fn fn, void *ctx, size_t nbytes, const char *meta_json,
+			 uint64_t step, uint64_t forward)
+{
+	src from = {data, fn, ctx};
+	uint64_t pass[2] = {step, forward};
+	return write_common(s, name, dtype, shape, ndim, &from, nbytes, meta_json, pass);
 }
 
 int strap__session_advance(strap_session *s, uint64_t rec_len, uint64_t payload_len, bool publish_due)

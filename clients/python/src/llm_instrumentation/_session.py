@@ -28,7 +28,7 @@ import json
 import os
 import threading
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from . import _daemon
 from . import _protocol as P
@@ -57,14 +57,11 @@ FP8_DEVICE_MIN = 64 << 10
 #: it ``copy_`` is faster, using torch's intra-op threads (docs/PERFORMANCE.md section 5).
 SMALL_COPY = 64 << 10
 
-#: One C call places a record (_speedups.c says why): the cached header area, then seq,
-#: record_len, step and forward, then, given a source address, the payload (libstrap's
-#: strap_ring.h; the session never writes a header field itself). The hooks' fast path in
-#: record() is libstrap's session's own call, Session.put (put_cuda for a small CUDA tensor:
-#: the payload one queued cudaMemcpyAsync, _cuda.py), which checks the space and moves the head
-#: too; _put_record is write_record at an address, for records claimed first.
-#: Tests set _c_write_record to None to send records through write_tensor instead.
-_put_record = _speedups.write_record
+#: The hooks' fast path in record() is libstrap's session's own call, Session.put (put_cuda for
+#: a small CUDA tensor: the payload one queued cudaMemcpyAsync, _cuda.py): the cached header
+#: area, seq, record_len, step and forward, the payload, the space checked and the head moved
+#: (libstrap's strap_ring.h; the session never writes a header field itself). Tests set
+#: _c_write_record to None to send records through write_tensor instead.
 _c_write_record: Optional[Callable[..., None]] = _speedups.write_record
 
 
@@ -381,19 +378,21 @@ class CaptureSession:
 
     def drain(self) -> None:
         """Handle every pending message (RELEASE, ERROR) without blocking."""
-        try:
-            self._session().drain()
-        except _speedups.SessionError as e:
-            raise self._failed(e) from None
+        with self._lock:
+            try:
+                self._session().drain()
+            except _speedups.SessionError as e:
+                raise self._failed(e) from None
 
     def _publish(self, block: bool = True) -> None:
         """One PUBLISH covering every record written since the last one (none: no-op). A
         record copied from a CUDA tensor is published once its copy completed (:mod:`._cuda`):
         ``block`` waits for every queued copy; without it only the completed prefix goes."""
-        try:
-            self._session().publish(block)
-        except _speedups.SessionError as e:
-            raise self._failed(e) from None
+        with self._lock:
+            try:
+                self._session().publish(block)
+            except _speedups.SessionError as e:
+                raise self._failed(e) from None
 
     def flush(self) -> None:
         """The end of a forward pass of the model: publish every record written so far — or,
@@ -502,8 +501,6 @@ class CaptureSession:
             return False
         self._session()
         try:
-            if lay is not None and self._write_whole(lay, t, step, forward):
-                return True
             return self._write_any(name, t, step, forward, meta)
         except _speedups.SessionError as e:
             raise self._failed(e) from None
@@ -559,30 +556,6 @@ class CaptureSession:
                 raise self._failed(e) from None
             return True
 
-    def _write_whole(self, lay: _Layout, t: "torch.Tensor", step: int, forward: int) -> bool:
-        """The common case, with nothing computed per record that repeats: one whole record
-        in space free now (a PAD placed first where the region ends too soon). False (nothing
-        written) when there is no room now: then :meth:`_write_any` waits or drops."""
-        s = self._s
-        rec_len = lay.record_len
-        seq = s.claim(rec_len, CLAIM_NOW, "", 0, step, forward)
-        if not seq:
-            return False
-        ring = self.ring
-        file_off = HEADER_SIZE + ring.head % ring.data_size
-        n = lay.tensor_len
-        if n and lay.memmove and t.is_cpu and t.is_contiguous():
-            # The bytes of a contiguous CPU tensor are n bytes at data_ptr(): copied in the same call.
-            _put_record(self._ring_addr + file_off, lay.header, seq, rec_len, step, forward, lay.hdr_area,
-                        t.data_ptr(), n)
-        else:
-            _put_record(self._ring_addr + file_off, lay.header, seq, rec_len, step, forward, lay.hdr_area, 0, 0)
-            if n:
-                start = file_off + lay.hdr_area
-                self._copy(ring.u8()[start:start + n].view(t.dtype).view(lay.shape), t)
-        self._advance(rec_len, n, seq)
-        return True
-
     def _advance(self, rec_len: int, payload_len: int, seq: int) -> None:
         """The record claimed at the head is written (its CUDA copy queued, and counted by the
         copier before any publish can name it): the head moves on, a PUBLISH once due."""
@@ -626,74 +599,77 @@ class CaptureSession:
         payload = F.encode(t, block_size // w, bound)
         if t.is_cpu and F.status(payload):
             return None
-        dt = torch_dtype_id(t.dtype)
-        written = self._write(name, name_b, meta_b, hdr_area, t, dt, shape, t.numel() * w, step, forward,
-                              coded=payload)
+        written = self._write_coded(name, name_b, meta_b, hdr_area, t, shape, step, forward, payload)
         self.fp8_records += written
         return written
 
     def _write_any(self, name: str, t: "torch.Tensor", step: int, forward: int,
                    meta: Optional[Dict[str, Any]]) -> bool:
+        """Any tensor, by libstrap's write (``Session.write``): one record, or PART records
+        where it exceeds the record size; a small contiguous CPU tensor's bytes copied by C
+        from its data pointer, any other's by :meth:`_copy` into the ring (torch's ``copy_``,
+        asynchronous for a CUDA tensor) as libstrap asks for each record's payload."""
+        import torch
+
         dt = torch_dtype_id(t.dtype)
         shape = tuple(int(s) for s in t.shape)
         tensor_len = t.numel() * dtype_size(dt)
-        name_b = name.encode("utf-8")
-        meta_b = json.dumps(meta, separators=(",", ":")).encode() if meta else b""
-        hdr_area = header_area(len(shape), name_b, meta_b)
-        return self._write(name, name_b, meta_b, hdr_area, t, dt, shape, tensor_len, step, forward)
-
-    def _write(self, name: str, name_b: bytes, meta_b: bytes, hdr_area: int, t: "torch.Tensor",
-               dt: int, shape: Tuple[int, ...], tensor_len: int, step: int, forward: int,
-               coded: Optional["torch.Tensor"] = None) -> bool:
-        """Place ``t`` (or, for an FP8 record, its ``coded`` payload: one record, checked by
-        the caller to fit) as one record or PART records."""
-        plen_all = tensor_len if coded is None else coded.numel()
-        whole_len = align64(hdr_area + plen_all)
-        if coded is not None:
-            parts = [(0, plen_all)]
-        elif whole_len <= self.max_record:
-            parts = [(0, tensor_len)]
+        meta_b = json.dumps(meta, separators=(",", ":")).encode() if meta else None
+        src, copy = 0, None
+        # (with CUDA copies in the session, every record is counted by the copier: one behind
+        # a copy still running is not named before it)
+        if self._copier is None and t.is_cpu and tensor_len <= SMALL_COPY \
+                and type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout is torch.strided and t.is_contiguous():
+            src = t.data_ptr()
         else:
-            cap = (self.max_record - hdr_area) // 64 * 64
-            if cap <= 0:
-                raise ValueError(
-                    f"ring too small: a record header of {hdr_area} bytes for {name} leaves no "
-                    f"payload room in {self.max_record}-byte records; raise max_memory_gb"
-                )
-            parts = [(o, min(cap, tensor_len - o)) for o in range(0, tensor_len, cap)]
-        is_part = len(parts) > 1
+            copy = self._payload_writer(t, shape, tensor_len)
+        if self._s.write(name, dt, shape, tensor_len, meta_b, step, forward, src, copy):
+            return True
+        d = self.drops_by_module.setdefault(name, {"count": 0, "bytes": 0})
+        d["count"] += 1
+        d["bytes"] += tensor_len
+        return False
 
-        s = self._s
-        # The first record decides: no room under policy drop drops the whole tensor (one DROP
-        # of its tensor_len, sent by libstrap after the records before it); later PARTs wait.
-        seq = s.claim(align64(hdr_area + parts[0][1]), CLAIM_POLICY, name, tensor_len, step, forward)
+    def _payload_writer(self, t: "torch.Tensor", shape: Tuple[int, ...], tensor_len: int) -> Callable[..., None]:
+        """libstrap's copy callback for ``t``: the payload of the record at ``dst`` (the whole
+        tensor, or the PART from byte ``off``), its CUDA copy counted by the copier before
+        libstrap can name the record."""
+        flat: List[Any] = []
+        base = self._ring_addr
+
+        def write(dst: int, off: int, n: int, seq: int, end: int) -> None:
+            start = dst - base
+            u8 = self.ring.u8()[start:start + n]
+            if n == tensor_len:
+                self._copy(u8.view(t.dtype).view(shape), t)
+            else:
+                if not flat:
+                    flat.append(_flat_bytes(t))
+                self._copy(u8, flat[0][off:off + n])
+            if self._copier is not None:
+                self._copier.pending(end, seq)
+
+        return write
+
+    def _write_coded(self, name: str, name_b: bytes, meta_b: bytes, hdr_area: int, t: "torch.Tensor",
+                     shape: Tuple[int, ...], step: int, forward: int, coded: "torch.Tensor") -> bool:
+        """An FP8 record: ``coded`` (one record, checked by the caller to fit) claimed at the
+        head, its header and payload written here, then advanced."""
+        tensor_len = t.numel() * t.element_size()
+        plen = coded.numel()
+        rec_len = align64(hdr_area + plen)
+        seq = self._s.claim(rec_len, CLAIM_POLICY, name, tensor_len, step, forward)
         if not seq:
             d = self.drops_by_module.setdefault(name, {"count": 0, "bytes": 0})
             d["count"] += 1
             d["bytes"] += tensor_len
             return False
-        src_flat = None
-        for i, (part_offset, plen) in enumerate(parts):
-            rec_len = align64(hdr_area + plen)
-            if i:
-                seq = s.claim(rec_len, CLAIM_WAIT, name, tensor_len, step, forward)
-            hdr = encode_record_header(
-                dtype=dt, shape=shape, seq=seq, record_len=rec_len, step=step, forward=forward,
-                payload_len=plen, name=name_b, meta=meta_b, part_offset=part_offset,
-                tensor_len=tensor_len, part=is_part, fp8=coded is not None,
-            )
-            file_off = self.ring.write_header(hdr)
-            start = file_off + hdr_area
-            if coded is not None:
-                self._copy(self.ring.u8()[start:start + plen], coded, private=True)
-            elif is_part:
-                if src_flat is None:
-                    src_flat = _flat_bytes(t)
-                self._copy(self.ring.u8()[start:start + plen], src_flat[part_offset:part_offset + plen])
-            elif tensor_len:
-                dst = self.ring.u8()[start:start + plen].view(t.dtype).view(shape)
-                self._copy(dst, t)
-            self._advance(rec_len, plen, seq)
+        hdr = encode_record_header(dtype=torch_dtype_id(t.dtype), shape=shape, seq=seq, record_len=rec_len, step=step,
+                                   forward=forward, payload_len=plen, name=name_b, meta=meta_b, part_offset=0,
+                                   tensor_len=tensor_len, part=False, fp8=True)
+        start = self.ring.write_header(hdr) + hdr_area
+        self._copy(self.ring.u8()[start:start + plen], coded, private=True)
+        self._advance(rec_len, plen, seq)
         return True
 
     # ----- tokens and checkpoints (docs/CHECKPOINTS.md) ------------------------------------------

@@ -9,6 +9,11 @@
  * _session.py turns into the client's exceptions. A Python exception raised by the frontier
  * callable or by a signal handler while the session waits for strapd is raised as it is (the
  * session then has failed). Waits for strapd let the GIL go.
+ *
+ * Locks: libstrap's session has a mutex, and a call that lets the GIL go may hold it while a
+ * callback wants the GIL back. Every call that can take the mutex is either made under the
+ * Python session's own lock (_session.py: records, flush, tokens, checkpoint, close; one such
+ * call at a time) or lets the GIL go before taking it (state, set_mode, set_ring_tokens).
  */
 #define Py_LIMITED_API 0x030A0000
 #define PY_SSIZE_T_CLEAN
@@ -331,6 +336,103 @@ session_advance(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* write's copy callback: the Python callable called with (dst address, offset, n, seq,
+ * record end) for each record's payload, the GIL taken back for it. */
+typedef struct {
+    PyObject *fn;
+    srb_ring *rb;
+    uint64_t hdr; /* the header area's length: the record starts hdr bytes before dst */
+} CopyCtx;
+
+static int
+copy_cb(void *ctx, void *dst, size_t offset, size_t len)
+{
+    CopyCtx *c = ctx;
+    const uint8_t *rec = (const uint8_t *)dst - c->hdr;
+    uint64_t seq = sr_get_le64(rec + 8), rec_len = sr_get_le64(rec + 16);
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *r =
+        PyObject_CallFunction(c->fn, "KnnKK", (unsigned long long)(uintptr_t)dst, (Py_ssize_t)offset, (Py_ssize_t)len,
+                              (unsigned long long)seq, (unsigned long long)(c->rb->head + rec_len));
+    int rc = r == NULL ? -1 : 0;
+    Py_XDECREF(r);
+    PyGILState_Release(g);
+    return rc;
+}
+
+PyDoc_STRVAR(write_doc, "write(name, dtype, shape, tensor_len, meta, step, forward, src, copy) -> bool\n"
+                        "--\n\n"
+                        "One tensor as one record, or PART records where it exceeds the record size: its bytes\n"
+                        "copied from address src (src non-zero), or written by copy(dst, offset, n, seq,\n"
+                        "record_end) into the ring at address dst for each record (the GIL taken back for it;\n"
+                        "an exception it raises fails the write: before the first record nothing is written,\n"
+                        "after it the session ends). meta: JSON object bytes, or None. True when written, False\n"
+                        "when dropped under policy drop (a DROP sent).");
+
+static PyObject *
+session_write(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
+{
+    SessionObject *self = (SessionObject *)o;
+    Py_ssize_t name_len, meta_len = 0;
+    uint64_t dtype, nbytes, step, forward, src;
+    int64_t shape[SR_MAX_NDIM];
+    if (nargs_check("write", nargs, 9))
+        return NULL;
+    const char *name = PyUnicode_AsUTF8AndSize(args[0], &name_len);
+    if (name == NULL || u64_arg(args[1], "dtype", &dtype) || u64_arg(args[3], "tensor_len", &nbytes) ||
+        u64_arg(args[5], "step", &step) || u64_arg(args[6], "forward", &forward) || u64_arg(args[7], "src", &src))
+        return NULL;
+    PyObject *shp = PySequence_Tuple(args[2]);
+    if (shp == NULL)
+        return NULL;
+    Py_ssize_t ndim = PyTuple_Size(shp);
+    if (ndim > SR_MAX_NDIM) {
+        Py_DECREF(shp);
+        PyErr_Format(PyExc_ValueError, "%s: %zd dimensions (at most %d)", name, ndim, SR_MAX_NDIM);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < ndim; i++) {
+        shape[i] = PyLong_AsLongLong(PyTuple_GetItem(shp, i));
+        if (shape[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(shp);
+            return NULL;
+        }
+    }
+    Py_DECREF(shp);
+    const char *meta = NULL;
+    char *meta_buf = NULL;
+    if (args[4] != Py_None) {
+        char *m;
+        if (PyBytes_AsStringAndSize(args[4], &m, &meta_len) < 0)
+            return NULL;
+        meta_buf = PyMem_Malloc((size_t)meta_len + 1); /* libstrap takes a C string */
+        if (meta_buf == NULL)
+            return PyErr_NoMemory();
+        memcpy(meta_buf, m, (size_t)meta_len);
+        meta_buf[meta_len] = 0;
+        meta = meta_buf;
+    }
+    CopyCtx ctx = {args[8] == Py_None ? NULL : args[8], self->rb,
+                   sr_header_area((int)ndim, (size_t)name_len, (size_t)meta_len)};
+    if (src == 0 && ctx.fn == NULL && nbytes) {
+        PyMem_Free(meta_buf);
+        PyErr_Format(PyExc_ValueError, "%s: %llu bytes and neither src nor copy", name, (unsigned long long)nbytes);
+        return NULL;
+    }
+    int e;
+    strap_session *ss = self->s;
+    Py_BEGIN_ALLOW_THREADS;
+    e = strap__session_write(ss, name, (int)dtype, shape, (int)ndim, src ? (const void *)(uintptr_t)src : NULL,
+                             src ? NULL : copy_cb, &ctx, (size_t)nbytes, meta, step, forward);
+    Py_END_ALLOW_THREADS;
+    PyMem_Free(meta_buf);
+    if (e == STRAP_DROPPED)
+        Py_RETURN_FALSE;
+    if (e)
+        return fail(self, e);
+    Py_RETURN_TRUE;
+}
+
 /* ----- messages ----- */
 
 PyDoc_STRVAR(publish_doc, "publish(block, due_only=False)\n"
@@ -533,7 +635,12 @@ session_state(PyObject *o, PyObject *unused)
 {
     (void)unused;
     strap__state st;
-    strap__session_state(((SessionObject *)o)->s, &st);
+    strap_session *ss = ((SessionObject *)o)->s;
+    /* The GIL let go while the session's lock is taken: a thread inside a session call that
+     * let the GIL go may hold that lock and want the GIL back (a callback). */
+    Py_BEGIN_ALLOW_THREADS;
+    strap__session_state(ss, &st);
+    Py_END_ALLOW_THREADS;
     return Py_BuildValue("(KKKKKKKKKKKKNNNNNKK)", (unsigned long long)st.seq, (unsigned long long)st.last_tensor_seq,
                          (unsigned long long)st.tokens, (unsigned long long)st.records, (unsigned long long)st.bytes_in,
                          (unsigned long long)st.drops, (unsigned long long)st.drop_bytes,
@@ -551,7 +658,10 @@ session_set_ring_tokens(PyObject *o, PyObject *args)
     double seconds;
     if (!PyArg_ParseTuple(args, "Id", &every, &seconds))
         return NULL;
-    strap__session_set_ring_tokens(((SessionObject *)o)->s, every, seconds);
+    strap_session *ss = ((SessionObject *)o)->s;
+    Py_BEGIN_ALLOW_THREADS;
+    strap__session_set_ring_tokens(ss, every, seconds);
+    Py_END_ALLOW_THREADS;
     Py_RETURN_NONE;
 }
 
@@ -562,7 +672,10 @@ session_set_mode(PyObject *o, PyObject *args)
     long long seq;
     if (!PyArg_ParseTuple(args, "iiL", &cursor, &ring_tokens, &seq))
         return NULL;
-    strap__session_set_mode(((SessionObject *)o)->s, cursor, ring_tokens, seq);
+    strap_session *ss = ((SessionObject *)o)->s;
+    Py_BEGIN_ALLOW_THREADS;
+    strap__session_set_mode(ss, cursor, ring_tokens, (int64_t)seq);
+    Py_END_ALLOW_THREADS;
     Py_RETURN_NONE;
 }
 
@@ -590,6 +703,7 @@ static PyMethodDef session_methods[] = {
     {"put_cuda", (PyCFunction)(void (*)(void))session_put_cuda, METH_FASTCALL, put_cuda_doc},
     {"claim", (PyCFunction)(void (*)(void))session_claim, METH_FASTCALL, claim_doc},
     {"advance", (PyCFunction)(void (*)(void))session_advance, METH_FASTCALL, advance_doc},
+    {"write", (PyCFunction)(void (*)(void))session_write, METH_FASTCALL, write_doc},
     {"publish", (PyCFunction)(void (*)(void))session_publish, METH_FASTCALL, publish_doc},
     {"flush", session_flush, METH_NOARGS,
      "The end of a forward pass: PUBLISH, or the records left below the published cursor for the next TOKEN "
