@@ -221,23 +221,49 @@ PyDoc_STRVAR(put_doc, "put(header, record_len, step, forward, payload_off, src, 
                       "the head moved on and, once the unpublished bytes reach publish_bytes, a PUBLISH: its\n"
                       "sequence number. 0, writing nothing, otherwise.");
 
+/* put and put_cuda: the record at the head, its payload copied (src a host address) or queued
+ * by cudaMemcpyAsync on a raw CUDA stream (published by the caller once it counted the copy). */
 static PyObject *
-session_put(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
+put_any(PyObject *o, PyObject *const *args, Py_ssize_t nargs, int cuda)
 {
     SessionObject *self = (SessionObject *)o;
+    const char *fn_name = cuda ? "put_cuda" : "put";
     PutArgs a;
-    if (nargs_check("put", nargs, 7) || parse_put("put", args, &a) < 0)
+    uint64_t stream = 0;
+    if (nargs_check(fn_name, nargs, cuda ? 8 : 7) || parse_put(fn_name, args, &a) < 0 ||
+        (cuda && u64_arg(args[7], "stream", &stream)))
         return NULL;
+    speedups_cuda_memcpy_fn fn = cuda ? speedups_cuda_memcpy() : NULL;
+    if (cuda && fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "put_cuda: no cudaMemcpyAsync bound");
+        return NULL;
+    }
     if (!strap__session_ready(self->s, a.rec_len))
         return PyLong_FromLong(0);
     uint64_t seq = strap__session_next_seq(self->s);
-    uint8_t *d = put_header(self, &a);
-    if (a.n > 0)
+    uint8_t *d = srb_at(self->rb, self->rb->head);
+    if (a.n > 0 && cuda) {
+        int rc = fn(d + a.payload_off, (const void *)(uintptr_t)a.src, (size_t)a.n, SPEEDUPS_CUDA_D2H,
+                    (void *)(uintptr_t)stream);
+        if (rc != 0) {
+            PyErr_Format(PyExc_RuntimeError, "cudaMemcpyAsync of a %llu-byte record failed with cudaError %d",
+                         (unsigned long long)a.n, rc);
+            return NULL;
+        }
+    } else if (a.n > 0) {
         memcpy(d + a.payload_off, (const void *)(uintptr_t)a.src, (size_t)a.n);
-    int e = strap__session_advance(self->s, a.rec_len, a.n, true);
+    }
+    put_header(self, &a); /* after the payload: a queued copy's too */
+    int e = strap__session_advance(self->s, a.rec_len, a.n, !cuda);
     if (e)
         return fail(self, e);
     return PyLong_FromUnsignedLongLong(seq);
+}
+
+static PyObject *
+session_put(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
+{
+    return put_any(o, args, nargs, 0);
 }
 
 PyDoc_STRVAR(put_cuda_doc, "put_cuda(header, record_len, step, forward, payload_off, src, n, stream) -> int\n"
@@ -250,34 +276,7 @@ PyDoc_STRVAR(put_cuda_doc, "put_cuda(header, record_len, step, forward, payload_
 static PyObject *
 session_put_cuda(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
 {
-    SessionObject *self = (SessionObject *)o;
-    PutArgs a;
-    uint64_t stream;
-    if (nargs_check("put_cuda", nargs, 8) || parse_put("put_cuda", args, &a) < 0 || u64_arg(args[7], "stream", &stream))
-        return NULL;
-    speedups_cuda_memcpy_fn fn = speedups_cuda_memcpy();
-    if (fn == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "put_cuda: no cudaMemcpyAsync bound");
-        return NULL;
-    }
-    if (!strap__session_ready(self->s, a.rec_len))
-        return PyLong_FromLong(0);
-    uint64_t seq = strap__session_next_seq(self->s);
-    if (a.n > 0) {
-        uint8_t *d = srb_at(self->rb, self->rb->head);
-        int rc = fn(d + a.payload_off, (const void *)(uintptr_t)a.src, (size_t)a.n, SPEEDUPS_CUDA_D2H,
-                    (void *)(uintptr_t)stream);
-        if (rc != 0) {
-            PyErr_Format(PyExc_RuntimeError, "cudaMemcpyAsync of a %llu-byte record failed with cudaError %d",
-                         (unsigned long long)a.n, rc);
-            return NULL;
-        }
-    }
-    put_header(self, &a); /* the header follows the queued copy */
-    int e = strap__session_advance(self->s, a.rec_len, a.n, false);
-    if (e)
-        return fail(self, e);
-    return PyLong_FromUnsignedLongLong(seq);
+    return put_any(o, args, nargs, 1);
 }
 
 PyDoc_STRVAR(claim_doc, "claim(record_len, mode, name, tensor_len, step, forward) -> int\n"
