@@ -348,7 +348,7 @@ copy_cb(void *ctx, void *dst, size_t offset, size_t len)
 {
     CopyCtx *c = ctx;
     const uint8_t *rec = (const uint8_t *)dst - c->hdr;
-    uint64_t seq = sr_get_le64(rec + 8), rec_len = sr_get_le64(rec + 16);
+    uint64_t seq = sr_get_le64(rec + SR_SEQ_OFFSET), rec_len = sr_get_le64(rec + SR_SEQ_OFFSET + 8);
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *r =
         PyObject_CallFunction(c->fn, "KnnKK", (unsigned long long)(uintptr_t)dst, (Py_ssize_t)offset, (Py_ssize_t)len,
