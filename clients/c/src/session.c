@@ -893,6 +893,26 @@ int strap_session_set_step(strap_session *s, uint64_t step, uint64_t forward)
 
 /* One token (the lock is held): a TOKEN record at the head where the session keeps ring tokens
  * and it fits, else a TOKEN message naming the records before it. */
+/* One TOKEN record at the head (the lock is held); where it does not fit, RELEASEs received since
+ * the last publish may free the space. *put false: no room now, nothing written. */
+static int put_ring_token(strap_session *s, uint64_t index, int64_t token_id, int64_t position, const char *text,
+			  size_t text_len, bool *put)
+{
+	uint64_t seq = s->seq + 1;
+	int e = STRAP_OK;
+	*put = srb_put_token(s->rb, seq, index, token_id, position, text, text_len);
+	if (!*put && !(e = drain(s)))
+		*put = srb_put_token(s->rb, seq, index, token_id, position, text, text_len);
+	if (e || !*put)
+		return e;
+	/* the last record of the window: a PUBLISH ending here names its seq */
+	s->seq = s->last_tensor_seq = seq;
+	s->tokens++;
+	s->token_records++;
+	s->unsent_tokens++;
+	return STRAP_OK;
+}
+
 static int token_locked(strap_session *s, uint64_t index, int64_t token_id, const char *text, size_t text_len,
 			int64_t position, uint64_t *seq_out)
 {
@@ -904,21 +924,12 @@ static int token_locked(strap_session *s, uint64_t index, int64_t token_id, cons
 	if (!sp_utf8_valid(text, text_len)) /* strapd refuses it (bad_message) and the session would end */
 		return ss_fail(s, STRAP_E_INVALID, "token %llu text is not valid UTF-8", (unsigned long long)index);
 	if (s->ring_tokens && position >= 0 && text_len <= SR_MAX_TOKEN_TEXT && !s->resv_n) {
-		/* a TOKEN record at the head; where it does not fit, RELEASEs received since the
-		 * last publish may free the space, else a message goes instead */
-		uint64_t seq = s->seq + 1;
-		bool put = srb_put_token(s->rb, seq, index, token_id, position, text, text_len);
-		if (!put && !(e = drain(s)))
-			put = srb_put_token(s->rb, seq, index, token_id, position, text, text_len);
-		if (e)
+		/* a TOKEN record at the head, else a message goes instead */
+		bool put;
+		if ((e = put_ring_token(s, index, token_id, position, text, text_len, &put)))
 			return e;
 		if (put) {
-			/* the last record of the window: a PUBLISH ending here names its seq */
-			s->seq = s->last_tensor_seq = seq;
-			s->tokens++;
-			s->token_records++;
-			s->unsent_tokens++;
-			*seq_out = seq;
+			*seq_out = s->seq;
 			return doorbell(s);
 		}
 	}
@@ -1241,16 +1252,9 @@ int strap__session_tokens_to_ring(strap_session *s, const int64_t *positions, co
 	if (!s->ring_tokens || s->shut || s->failed || s->resv_n)
 		goto out;
 	for (size_t i = 0; i < n; i++) {
-		uint64_t seq = s->seq + 1;
-		bool put = srb_put_token(s->rb, seq, s->tokens, ids[i], positions[i], NULL, 0);
-		if (!put && !(e = drain(s)))
-			put = srb_put_token(s->rb, seq, s->tokens, ids[i], positions[i], NULL, 0);
-		if (e || !put)
+		bool put;
+		if ((e = put_ring_token(s, s->tokens, ids[i], positions[i], NULL, 0, &put)) || !put)
 			break;
-		s->seq = s->last_tensor_seq = seq;
-		s->tokens++;
-		s->token_records++;
-		s->unsent_tokens++;
 		(*done)++;
 	}
 	if (!e && *done)

@@ -81,9 +81,9 @@ class _Layout(NamedTuple):
     memmove: bool
 
 
-#: libstrap's claim modes (``Session.claim``, clients/c/src/attach.h): room now or nothing; a
-#: tensor's first record (no room drops it under policy drop, else waits); a later PART (waits).
-CLAIM_NOW, CLAIM_POLICY, CLAIM_WAIT = 0, 1, 2
+#: libstrap's claim modes (``Session.claim``, clients/c/src/attach.h) used here: room now or
+#: nothing (record_sum); a tensor's record (no room drops it under policy drop, else waits).
+CLAIM_NOW, CLAIM_POLICY = 0, 1
 
 #: Ring tokens (PROTOCOL.md 1.4): a PUBLISH after this many tokens at most ...
 RING_TOKENS_EVERY = 16

@@ -399,22 +399,19 @@ session_write(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_DECREF(shp);
     const char *meta = NULL;
-    char *meta_buf = NULL;
     if (args[4] != Py_None) {
         char *m;
         if (PyBytes_AsStringAndSize(args[4], &m, &meta_len) < 0)
             return NULL;
-        meta_buf = PyMem_Malloc((size_t)meta_len + 1); /* libstrap takes a C string */
-        if (meta_buf == NULL)
-            return PyErr_NoMemory();
-        memcpy(meta_buf, m, (size_t)meta_len);
-        meta_buf[meta_len] = 0;
-        meta = meta_buf;
+        if (strlen(m) != (size_t)meta_len) { /* libstrap reads it as a C string (bytes end in a NUL) */
+            PyErr_Format(PyExc_ValueError, "%s: meta holds a NUL byte", name);
+            return NULL;
+        }
+        meta = m;
     }
     CopyCtx ctx = {args[8] == Py_None ? NULL : args[8], self->rb,
                    sr_header_area((int)ndim, (size_t)name_len, (size_t)meta_len)};
     if (src == 0 && ctx.fn == NULL && nbytes) {
-        PyMem_Free(meta_buf);
         PyErr_Format(PyExc_ValueError, "%s: %llu bytes and neither src nor copy", name, (unsigned long long)nbytes);
         return NULL;
     }
@@ -424,7 +421,6 @@ session_write(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
     e = strap__session_write(ss, name, (int)dtype, shape, (int)ndim, src ? (const void *)(uintptr_t)src : NULL,
                              src ? NULL : copy_cb, &ctx, (size_t)nbytes, meta, step, forward);
     Py_END_ALLOW_THREADS;
-    PyMem_Free(meta_buf);
     if (e == STRAP_DROPPED)
         Py_RETURN_FALSE;
     if (e)
