@@ -1,9 +1,12 @@
-/* A session attached to a connection and ring its caller opened (the Python client: its
- * `_speedups.Session`, `_speedups_session.c`). The caller did what strap_session_open does before
- * OPENED (the output and its lock, the resume decision, the side files, HELLO, the ring, OPEN);
- * from OPENED on the session is this library's: sequence numbers, PUBLISH batching and the
- * published cursor, RELEASE and backpressure, DROP, TOKEN messages and records, CHECKPOINT and
- * CLOSE (docs/PROTOCOL.md 1.4), with the functions libstrap's own sessions use.
+/* Sessions for a caller that keeps its own connection and ring (the Python client: its
+ * `_speedups.Session`, `_speedups_session.c`, which keeps rings across captures and registers them
+ * with CUDA). The caller does what strap_session_open does before the connection (the output and
+ * its lock, the resume decision, the side files); strap__session_open_attached then opens as
+ * strap_session_open does — HELLO, the ring (the caller's, from a callback), OPEN, the budget's
+ * retries — and from OPENED on the session is this library's: sequence numbers, PUBLISH batching
+ * and the published cursor, RELEASE and backpressure, DROP, TOKEN messages and records,
+ * CHECKPOINT and CLOSE (docs/PROTOCOL.md 1.4), with the functions libstrap's own sessions use.
+ * strap__session_attach attaches to a connection and ring opened by hand (tests).
  *
  * Not part of the public API (no ABI promise): the Python extension compiles libstrap's sources
  * into itself. */
@@ -15,6 +18,7 @@
 
 #include "strap.h"
 #include "strap_ringbuf.h"
+#include "strap_wire.h"
 
 /* The caller's completion of records it copies itself (the Python client's CUDA copies): the
  * head and last sequence number below which every record is complete. block: wait for every
@@ -41,6 +45,56 @@ typedef struct strap__attach {
 	int (*interrupted)(void *user);
 	void *interrupt_user;
 } strap__attach;
+
+/* Opening a session for a caller that keeps its own connection and ring (the Python client):
+ * libstrap's open (open.c), the same as strap_session_open's from the connection on — HELLO, the
+ * ring clamped to WELCOME's max_ring_size, OPEN with its descriptors and the metadata's
+ * "transport" ring facts, OPENED, and the retries of a default ring the daemon's memory budget
+ * has no room for — with the connection and the ring made by the caller's callbacks. */
+typedef struct strap__open {
+	/* a connected socket to strapd (its connect and autostart), or < 0 with err set */
+	int (*connect)(void *user, strap_error *err);
+	/* a ring of size bytes (NULL with err set); ring_drop gives back one the open did not keep
+	 * (a refused try, a failure) */
+	srb_ring *(*ring)(void *user, uint64_t size, strap_error *err);
+	void (*ring_drop)(void *user, srb_ring *ring);
+	void *user;
+	const char *client; /* HELLO's client */
+	/* OPEN's fields; ring_size, metadata and policy are the open's, memory_hint (nonzero) follows
+	 * a ring the budget shrank */
+	sp_open_body body;
+	/* a JSON object: the stream's client metadata, but "transport", which is the open's: the
+	 * members of transport (a JSON object), then ring_size and ring_shrunk_by_budget_from */
+	const char *metadata, *transport;
+	uint64_t ring_size;
+	/* the caller chose ring_size: a budget with no room for it is an error naming ring_setting */
+	bool ring_explicit;
+	const char *ring_setting;
+	int out_fd, trace_fd, res_fd;      /* OPEN's descriptors (the caller's; < 0: none) */
+	uint64_t part_size, publish_bytes; /* 0: a quarter of the region; an eighth, at most 4 MiB */
+	bool defer;                        /* take the published cursor when OPENED offers it */
+	/* the session's: policy, stall_timeout_s, seq, ring_tokens_every/seconds, frontier,
+	 * interrupted (sock, ring, session_id, cursor, ring_tokens, max_record and publish_bytes are
+	 * the open's) */
+	strap__attach attach;
+} strap__open;
+
+/* What strap__session_open_attached opened. */
+typedef struct strap__opened {
+	int sock;       /* the connection (the caller's from now on) */
+	srb_ring *ring; /* the ring sent (the caller's) */
+	uint64_t session_id, block_size, max_record, publish_bytes;
+	uint64_t max_ring_size;  /* WELCOME's (the daemon's default when it does not say) */
+	uint64_t fitted_from;    /* the ring asked for, clamped to max_ring_size (0: not) */
+	uint64_t shrunk_from;    /* the default ring the budget had no room for (0: none) */
+	uint64_t fits_ring_size; /* a memory_budget failure: the ring that fits (0: none) */
+	bool published_cursor, ring_tokens;
+	char upload[4096]; /* OPENED's upload object ("" none) */
+} strap__opened;
+
+/* Open and attach: *out the session (socket and ring borrowed from the caller, as
+ * strap__session_attach's); on failure the connection is closed, every ring given back. */
+int strap__session_open_attached(const strap__open *o, strap__opened *opened, strap_session **out, strap_error *err);
 
 /* Claim modes (strap__session_claim). */
 enum {
@@ -93,6 +147,8 @@ int strap__session_checkpoint_exchange(strap_session *s, double timeout, uint64_
  * object strapd uploads the stream into ("" none), upload_cap bytes. */
 int strap__session_close_send(strap_session *s, const int *fds, int nfds);
 int strap__session_close_wait(strap_session *s, double timeout, strap_closed *out, char *upload, size_t upload_cap);
+/* The session's connection (the caller's RESOURCES go on it, beside the session's messages). */
+int strap__session_sock(const strap_session *s);
 /* Refuse records from now on (a closing or abandoned session). */
 void strap__session_shut(strap_session *s);
 

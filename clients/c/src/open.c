@@ -54,15 +54,34 @@ static int open_side_file(strap_session *s, const char *suffix, bool append, int
 	return STRAP_OK;
 }
 
-static int make_ring(strap_session *s, uint64_t size)
+/* The members of the JSON object text obj (between its braces, trimmed: *in == *end when it has
+ * none); -1 with why when obj is not a JSON object. */
+static int json_members(const char *obj, const char **in, const char **end, char *why, size_t len)
 {
-	char why[256];
-	if (srb_create(s->rb, size, why, sizeof why) != 0)
-		return ss_fail(s, STRAP_E_SYSTEM, "%s", why);
-	return STRAP_OK;
+	size_t n = strlen(obj);
+	if (!sj_validate(obj, n, why, len))
+		return -1;
+	const char *a = obj, *z = a + n;
+	while (a < z && *a != '{' && *a != '[' && *a != '"')
+		a++;
+	if (a == z || *a != '{') {
+		snprintf(why, len, "not a JSON object");
+		return -1;
+	}
+	while (z > a && z[-1] != '}')
+		z--;
+	const char *i = a + 1, *e = z - 1;
+	while (i < e && (*i == ' ' || *i == '\n' || *i == '\t' || *i == '\r'))
+		i++;
+	while (e > i && (e[-1] == ' ' || e[-1] == '\n' || e[-1] == '\t' || e[-1] == '\r'))
+		e--;
+	*in = i;
+	*end = e;
+	return 0;
 }
 
-/* OPEN's metadata: the library's members, then the caller's (a later repeat wins in Go). */
+/* OPEN's metadata of a libstrap session: the library's members, then the caller's (a later
+ * repeat wins in Go); the transport is the open's (open_metadata). */
 static int build_metadata(strap_session *s, const strap_session_params *p, const char *client, sw_buf *m)
 {
 	sw_lit(m, "{\"client\":{\"name\":");
@@ -73,10 +92,6 @@ static int build_metadata(strap_session *s, const strap_session_params *p, const
 	sw_str(m, s->fingerprint, strlen(s->fingerprint));
 	sw_lit(m, ",\"output_path\":");
 	sw_str(m, s->output_path, strlen(s->output_path));
-	if (s->budget_shrunk_from) { /* the stream says its ring is smaller than the default, and why */
-		sw_lit(m, ",\"ring_shrunk_by_budget_from\":");
-		sw_u64(m, s->budget_shrunk_from);
-	}
 	if (s->rank.world_size) { /* the same object as the Python client's (DISTRIBUTED.md) */
 		const sp_rank *r = &s->rank;
 		sw_lit(m, ",\"distributed\":{\"rank\":");
@@ -103,21 +118,10 @@ static int build_metadata(strap_session *s, const strap_session_params *p, const
 		sw_raw(m, "}", 1);
 	}
 	if (p->metadata_json) {
-		size_t n = strlen(p->metadata_json);
+		const char *in, *end;
 		char why[128];
-		if (!sj_validate(p->metadata_json, n, why, sizeof why))
-			return ss_fail(s, STRAP_E_INVALID, "metadata_json is not JSON: %s", why);
-		const char *a = p->metadata_json, *z = a + n;
-		while (a < z && *a != '{' && *a != '[' && *a != '"')
-			a++;
-		if (a == z || *a != '{')
-			return ss_fail(s, STRAP_E_INVALID, "metadata_json is not a JSON object");
-		while (z > a && z[-1] != '}')
-			z--;
-		/* the members between the braces, if any */
-		const char *in = a + 1, *end = z - 1;
-		while (in < end && (*in == ' ' || *in == '\n' || *in == '\t' || *in == '\r'))
-			in++;
+		if (json_members(p->metadata_json, &in, &end, why, sizeof why) != 0)
+			return ss_fail(s, STRAP_E_INVALID, "metadata_json: %s", why);
 		if (in < end) {
 			sw_raw(m, ",", 1);
 			sw_raw(m, in, (size_t)(end - in));
@@ -129,8 +133,8 @@ static int build_metadata(strap_session *s, const strap_session_params *p, const
 	return STRAP_OK;
 }
 
-static int connect_and_open(strap_session *s, const strap_session_params *p, const char *client, uint64_t size,
-			    const strap_resume_point *resume, uint64_t packets, uint64_t last_crc);
+static int open_with_retries(strap_session *s, const strap__open *o, strap__opened *out);
+static int own_connect(void *user, strap_error *err);
 static int budget_fail(strap_session *s, const char *refused, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
@@ -346,45 +350,81 @@ static int open_session(strap_session *s, const strap_session_params *p)
 					  .stream_offset = pt.offset,
 					  .from_stream = pt.from_stream};
 	rp.job_agreed = s->resume.job_agreed = job_agreed;
-	uint64_t packets = pt.packets, last_crc = pt.last_crc;
-	uint64_t size = p->ring_size ? p->ring_size : DEFAULT_RING;
-	for (int attempt = 0;; attempt++) {
-		s->has_fits_ring_size = false;
-		e = connect_and_open(s, p, client, size, resuming ? &rp : NULL, packets, last_crc);
-		if (e != STRAP_E_DAEMON || strcmp(s->err.daemon_code, "memory_budget") != 0 || !s->has_fits_ring_size)
-			return e;
-		/* The daemon's budget had no room for the ring: a default one is made as small as the
-		 * room left (fits_ring_size); one the caller chose is its error to fix. */
-		char refused[sizeof s->err.message];
-		memcpy(refused, s->err.message, sizeof refused);
-		uint64_t fits = s->fits_ring_size / 4096 * 4096;
-		if (p->ring_size)
-			return budget_fail(
-				s, refused,
-				"this session asked for a %llu-byte ring (params.ring_size): ask for "
-				"less, leave it 0 for a ring that fits, or raise the daemon's budget (strapd serve "
-				"--memory-limit)",
-				(unsigned long long)p->ring_size);
-		if (fits < MIN_RING)
-			return budget_fail(s, refused,
-					   "not even the smallest ring (%d bytes) fits: raise the daemon's "
-					   "budget (strapd serve --memory-limit) or end other sessions",
-					   MIN_RING);
-		if (attempt == BUDGET_RETRIES)
-			return budget_fail(s, refused,
-					   "the budget's room shrank %d times while this session tried to "
-					   "take it: raise the daemon's budget (strapd serve --memory-limit)",
-					   BUDGET_RETRIES);
-		/* a fresh connection and ring for the retry; the output and its lock stay */
-		s->budget_shrunk_from = s->rb->ring_size;
-		if (s->sock >= 0)
-			close(s->sock);
-		s->sock = -1;
-		srb_destroy(s->rb);
-		s->failed = false;
-		memset(&s->err, 0, sizeof s->err);
-		size = fits;
+	/* the connection and the ring: libstrap's own, the metadata built once */
+	sw_buf meta = {malloc(SP_MAX_MESSAGE), 0, SP_MAX_MESSAGE, false};
+	if (!meta.p)
+		return ss_fail(s, STRAP_E_NOMEM, "out of memory");
+	if ((e = build_metadata(s, p, client, &meta))) {
+		free(meta.p);
+		return e;
 	}
+	char transport[200];
+	int tn = snprintf(transport, sizeof transport, "{\"codec\":\"%.40s\"", p->codec);
+	if (p->codec_level >= 0)
+		tn += snprintf(transport + tn, sizeof transport - (size_t)tn, ",\"codec_level\":%lld",
+			       (long long)p->codec_level);
+	if (p->block_size)
+		tn += snprintf(transport + tn, sizeof transport - (size_t)tn, ",\"block_size\":%llu",
+			       (unsigned long long)p->block_size);
+	snprintf(transport + tn, sizeof transport - (size_t)tn, "}");
+	meta.p[meta.n] = 0;
+	strap__open o = {
+		.connect = own_connect,
+		.user = (void *)p,
+		.client = client,
+		.body = {.codec = p->codec,
+			 .has_codec_level = p->codec_level >= 0,
+			 .codec_level = p->codec_level,
+			 .block_size = p->block_size,
+			 .lossy_mode = p->lossy_mode,
+			 .has_lossy_value = p->lossy_mode != NULL,
+			 .lossy_value = p->lossy_value,
+			 .memory_hint = p->memory_hint,
+			 .resources = p->resources,
+			 .upload = upload,
+			 .upload_free_local = p->upload_free_local},
+		.metadata = meta.p,
+		.transport = transport,
+		.ring_size = p->ring_size ? p->ring_size : DEFAULT_RING,
+		.ring_explicit = p->ring_size != 0,
+		.ring_setting = "params.ring_size",
+		.out_fd = s->out_fd,
+		.trace_fd = s->trace_fd,
+		.res_fd = s->res_fd,
+		.part_size = p->part_size,
+		.publish_bytes = p->publish_bytes,
+		.defer = true,
+		.attach = {.ring_tokens_every = p->ring_tokens_every ? p->ring_tokens_every : RING_TOKENS_EVERY,
+			   .ring_tokens_seconds =
+				   p->ring_tokens_seconds > 0 ? p->ring_tokens_seconds : RING_TOKENS_SECONDS},
+	};
+	if (resuming) {
+		o.body.has_resume = 1;
+		o.body.append_at = rp.stream_offset;
+		o.body.resume_last_seq = rp.last_seq;
+		o.body.resume_last_crc = pt.last_crc;
+		o.body.resume_packets = pt.packets;
+	}
+	strap__opened *opened = malloc(sizeof *opened);
+	e = opened ? open_with_retries(s, &o, opened) : ss_fail(s, STRAP_E_NOMEM, "out of memory");
+	free(opened);
+	free(meta.p);
+	if (e)
+		return e;
+	if (resuming) {
+		s->seq = s->last_tensor_seq = rp.last_seq;
+		s->tokens = rp.token_count;
+		s->next_forward = rp.forward_count;
+		s->resume = rp;
+	}
+	return STRAP_OK;
+}
+
+static int own_connect(void *user, strap_error *err)
+{
+	const strap_session_params *p = user;
+	char path[4200];
+	return sc_connect(p->socket_path, p->autostart, p->strapd_bin, p->start_timeout_s, path, sizeof path, err);
 }
 
 /* The error of an OPEN refused for the daemon's memory budget that this session cannot retry:
@@ -401,23 +441,67 @@ static int budget_fail(strap_session *s, const char *refused, const char *fmt, .
 	return STRAP_E_DAEMON;
 }
 
-/* Connect, shake hands, make a ring of size bytes (clamped to the daemon's max_ring_size) and
- * OPEN the session on it; resume, when not NULL, continues a checkpointed stream. */
-static int connect_and_open(strap_session *s, const strap_session_params *p, const char *client, uint64_t size,
-			    const strap_resume_point *resume, uint64_t packets, uint64_t last_crc)
+/* OPEN's metadata: the caller's object with "transport" (its members, then the ring's size and
+ * the default ring the budget had no room for). */
+static int open_metadata(strap_session *s, const strap__open *o, uint64_t size, sw_buf *m)
 {
-	/* connect and shake hands */
+	const char *in = "", *end = in, *tin = "", *tend = tin;
+	char why[128];
+	if (o->metadata && json_members(o->metadata, &in, &end, why, sizeof why) != 0)
+		return ss_fail(s, STRAP_E_INVALID, "OPEN metadata: %s", why);
+	if (o->transport && json_members(o->transport, &tin, &tend, why, sizeof why) != 0)
+		return ss_fail(s, STRAP_E_INVALID, "OPEN metadata's transport: %s", why);
+	sw_raw(m, "{", 1);
+	if (in < end) {
+		sw_raw(m, in, (size_t)(end - in));
+		sw_raw(m, ",", 1);
+	}
+	sw_lit(m, "\"transport\":{");
+	if (tin < tend) {
+		sw_raw(m, tin, (size_t)(tend - tin));
+		sw_raw(m, ",", 1);
+	}
+	sw_lit(m, "\"ring_size\":");
+	sw_u64(m, size);
+	if (s->budget_shrunk_from) { /* the stream says its ring is smaller than the default, and why */
+		sw_lit(m, ",\"ring_shrunk_by_budget_from\":");
+		sw_u64(m, s->budget_shrunk_from);
+	}
+	sw_lit(m, "}}");
+	if (m->overflow)
+		return ss_fail(s, STRAP_E_TOO_LARGE, "OPEN metadata exceeds the message size");
+	return STRAP_OK;
+}
+
+/* The connection and the ring of a try that did not open: closed, given back. */
+static void open_release(strap_session *s, const strap__open *o)
+{
+	if (s->sock >= 0)
+		close(s->sock);
+	s->sock = -1;
+	if (o->ring) {
+		if (s->rb != &s->rb_own)
+			o->ring_drop(o->user, s->rb);
+		s->rb = &s->rb_own;
+	} else {
+		srb_destroy(s->rb);
+	}
+}
+
+/* One try: connect, shake hands, the ring of size bytes (clamped to the daemon's max_ring_size),
+ * OPEN on it, OPENED. */
+static int open_try(strap_session *s, const strap__open *o, uint64_t size, strap__opened *out)
+{
 	int e;
-	char path[4200];
 	strap_error cerr = {0};
-	s->sock = sc_connect(p->socket_path, p->autostart, p->strapd_bin, p->start_timeout_s, path, sizeof path, &cerr);
+	s->sock = o->connect(o->user, &cerr);
 	if (s->sock < 0) {
 		int code = s->sock;
 		s->sock = -1;
 		return ss_fail(s, code, "%s", cerr.message);
 	}
 	sw_buf b = ss_out_buf(s);
-	sp_enc_hello(&b, client, getpid());
+	sp_enc_hello(&b, o->client, getpid());
 	if ((e = ss_send_buf(s, &b, NULL, 0)))
 		return e;
 	sp_reply r;
@@ -428,81 +512,128 @@ static int connect_and_open(strap_session *s, const strap_session_params *p, con
 			       (long long)r.u.welcome.protocol, SP_VERSION);
 	uint64_t limit = r.u.welcome.max_ring_size ? r.u.welcome.max_ring_size : DEFAULT_MAX_RING;
 	if (size > limit) {
+		out->fitted_from = size;
 		size = limit / 4096 * 4096;
-		if (size < MIN_RING)
-			return ss_fail(s, STRAP_E_DAEMON,
-				       "strapd admits rings of at most %llu bytes (--max-ring-size), less "
-				       "than the smallest usable ring (%d bytes)",
-				       (unsigned long long)limit, MIN_RING);
+		if (size < MIN_RING) {
+			ss_fail(s, STRAP_E_DAEMON,
+				"strapd admits rings of at most %llu bytes (--max-ring-size), less than the "
+				"smallest usable ring (%d bytes)",
+				(unsigned long long)limit, MIN_RING);
+			snprintf(s->err.daemon_code, sizeof s->err.daemon_code, "limit");
+			return STRAP_E_DAEMON;
+		}
 	}
-	if ((e = make_ring(s, size)))
-		return e;
-	s->max_record = (p->part_size ? p->part_size : s->rb->data_size / 4) / 64 * 64;
+	out->max_ring_size = limit;
+	if (o->ring) {
+		strap_error rerr = {0};
+		srb_ring *ring = o->ring(o->user, size, &rerr);
+		if (!ring)
+			return ss_fail(s, rerr.code ? rerr.code : STRAP_E_SYSTEM, "%s", rerr.message);
+		s->rb = ring;
+	} else {
+		char why[256];
+		if (srb_create(s->rb, size, why, sizeof why) != 0)
+			return ss_fail(s, STRAP_E_SYSTEM, "%s", why);
+	}
+	s->max_record = (o->part_size ? o->part_size : s->rb->data_size / 4) / 64 * 64;
 	/* A record over half the region could need a PAD so long that PAD + record never fit,
 	 * even in an empty ring (a PAD is needed only past offset data_size - record). */
 	if (s->max_record > s->rb->data_size / 2)
 		s->max_record = s->rb->data_size / 2 / 64 * 64;
 	uint64_t pb = s->rb->data_size / 8 < (4u << 20) ? s->rb->data_size / 8 : (4u << 20);
-	s->publish_bytes = p->publish_bytes ? p->publish_bytes : pb;
+	s->publish_bytes = o->publish_bytes ? o->publish_bytes : pb;
 	if (s->publish_bytes < 64)
 		s->publish_bytes = 64;
+	s->published_head = s->rb->head;
 
 	/* OPEN, with the metadata built in the receive buffer (free until OPENED comes) */
 	sw_buf meta = {(char *)s->rbuf, 0, SP_MAX_MESSAGE, false};
-	if ((e = build_metadata(s, p, client, &meta)))
+	if ((e = open_metadata(s, o, size, &meta)))
 		return e;
-	sp_open_body o = {.ring_size = size,
-			  .codec = p->codec,
-			  .has_codec_level = p->codec_level >= 0,
-			  .codec_level = p->codec_level,
-			  .policy = p->policy == STRAP_POLICY_DROP ? "drop" : "block",
-			  .block_size = p->block_size,
-			  .lossy_mode = p->lossy_mode,
-			  .has_lossy_value = p->lossy_mode != NULL,
-			  .lossy_value = p->lossy_value,
-			  .memory_hint = p->memory_hint,
-			  .metadata = meta.p,
-			  .metadata_len = meta.n,
-			  .resources = p->resources,
-			  .upload = p->upload && *p->upload ? p->upload : NULL,
-			  .upload_free_local = p->upload_free_local};
-	if (resume) {
-		o.has_resume = 1;
-		o.append_at = resume->stream_offset;
-		o.resume_last_seq = resume->last_seq;
-		o.resume_last_crc = last_crc;
-		o.resume_packets = packets;
-	}
+	sp_open_body body = o->body;
+	body.ring_size = size;
+	body.policy = s->policy == STRAP_POLICY_DROP ? "drop" : "block";
+	body.metadata = meta.p;
+	body.metadata_len = meta.n;
+	if (s->budget_shrunk_from && body.memory_hint)
+		body.memory_hint = size;
 	b = ss_out_buf(s);
-	sp_enc_open(&b, &o);
+	sp_enc_open(&b, &body);
 	int fds[4], nfds = 0;
 	fds[nfds++] = s->rb->fd;
-	fds[nfds++] = s->out_fd;
-	if (s->trace_fd >= 0)
-		fds[nfds++] = s->trace_fd;
-	if (s->res_fd >= 0)
-		fds[nfds++] = s->res_fd;
+	fds[nfds++] = o->out_fd;
+	if (o->trace_fd >= 0)
+		fds[nfds++] = o->trace_fd;
+	if (o->res_fd >= 0)
+		fds[nfds++] = o->res_fd;
 	if ((e = ss_send_buf(s, &b, fds, nfds)))
 		return e;
 	if ((e = ss_expect(s, SP_OPENED, s->stall_timeout, &r)))
 		return e;
 	s->session_id = r.u.opened.session;
-	s->cursor = r.u.opened.published_cursor != 0;
-	s->rt_every = p->ring_tokens_every ? p->ring_tokens_every : RING_TOKENS_EVERY;
-	s->rt_seconds = p->ring_tokens_seconds > 0 ? p->ring_tokens_seconds : RING_TOKENS_SECONDS;
-	s->ring_tokens = s->cursor && r.u.opened.ring_tokens && s->trace_fd < 0 && s->rt_every > 1;
+	s->cursor = o->defer && r.u.opened.published_cursor != 0;
+	s->ring_tokens = s->cursor && r.u.opened.ring_tokens && o->trace_fd < 0 && s->rt_every > 1;
 	s->last_message = sc_now();
 	free(s->upload); /* a retried open (memory budget) answers again */
 	s->upload = r.u.opened.upload[0] ? dupstr(r.u.opened.upload, NULL) : NULL;
 	if (r.u.opened.upload[0] && !s->upload)
 		return ss_fail(s, STRAP_E_NOMEM, "out of memory");
-	if (resume) {
-		s->seq = s->last_tensor_seq = resume->last_seq;
-		s->tokens = resume->token_count;
-		s->next_forward = resume->forward_count;
-		s->resume = *resume;
-	}
+	out->sock = s->sock;
+	out->ring = s->rb;
+	out->session_id = s->session_id;
+	out->block_size = r.u.opened.block_size;
+	out->max_record = s->max_record;
+	out->publish_bytes = s->publish_bytes;
+	out->published_cursor = r.u.opened.published_cursor != 0;
+	out->ring_tokens = r.u.opened.ring_tokens != 0;
+	snprintf(out->upload, sizeof out->upload, "%s", r.u.opened.upload);
 	return STRAP_OK;
+}
+
+/* open_try until it opens; a default ring the daemon's budget had no room for (ERROR
+ * memory_budget with fits_ring_size) is tried again, on a new connection, as small as the room
+ * left; one the caller chose is its error to fix. Nothing of a failed try is kept. */
+static int open_with_retries(strap_session *s, const strap__open *o, strap__opened *out)
+{
+	memset(out, 0, sizeof *out);
+	out->sock = -1;
+	s->rt_every = o->attach.ring_tokens_every;
+	s->rt_seconds = o->attach.ring_tokens_seconds;
+	uint64_t size = o->ring_size;
+	for (int attempt = 0;; attempt++) {
+		s->has_fits_ring_size = false;
+		int e = open_try(s, o, size, out);
+		if (e == STRAP_OK)
+			return e;
+		uint64_t tried = s->rb != &s->rb_own || s->rb->base ? s->rb->ring_size : size;
+		open_release(s, o);
+		if (e != STRAP_E_DAEMON || strcmp(s->err.daemon_code, "memory_budget") != 0 || !s->has_fits_ring_size)
+			return e;
+		char refused[sizeof s->err.message];
+		memcpy(refused, s->err.message, sizeof refused);
+		uint64_t fits = s->fits_ring_size / 4096 * 4096;
+		out->fits_ring_size = fits;
+		if (o->ring_explicit)
+			return budget_fail(s, refused,
+					   "this capture asked for a %llu-byte ring (%s): ask for a smaller one, leave "
+					   "%s unset for a ring that fits, or raise the daemon's budget (strapd serve "
+					   "--memory-limit)",
+					   (unsigned long long)o->ring_size, o->ring_setting, o->ring_setting);
+		if (fits < MIN_RING)
+			return budget_fail(s, refused,
+					   "not even the smallest ring (%d bytes) fits: raise the daemon's "
+					   "budget (strapd serve --memory-limit) or end other captures",
+					   MIN_RING);
+		if (attempt == BUDGET_RETRIES)
+			return budget_fail(s, refused,
+					   "the budget's room shrank %d times while this capture tried to "
+					   "take it: raise the daemon's budget (strapd serve --memory-limit)",
+					   BUDGET_RETRIES);
+		s->budget_shrunk_from = out->shrunk_from = tried;
+		s->failed = false;
+		memset(&s->err, 0, sizeof s->err);
+		size = fits;
+	}
 }
 
 /* A session with nothing open yet (every descriptor -1): its message buffer, and with
@@ -600,6 +731,46 @@ int strap__session_attach(const strap__attach *a, strap_session **out, strap_err
 	s->frontier_user = a->frontier_user;
 	s->interrupted = a->interrupted;
 	s->interrupt_user = a->interrupt_user;
+	*out = s;
+	return STRAP_OK;
+}
+
+int strap__session_open_attached(const strap__open *o, strap__opened *opened, strap_session **out, strap_error *err)
+{
+	if (err)
+		memset(err, 0, sizeof *err);
+	const strap__attach *a = o ? &o->attach : NULL;
+	if (!out || !o || !opened || !o->connect || !o->ring || !o->ring_drop || !o->client || o->out_fd < 0 ||
+	    (a->policy != STRAP_POLICY_BLOCK && a->policy != STRAP_POLICY_DROP) || !o->body.codec) {
+		se_set(err, STRAP_E_INVALID,
+		       "open: connect, ring and ring_drop callbacks, a client, a codec, an output and a "
+		       "policy are required");
+		return STRAP_E_INVALID;
+	}
+	*out = NULL;
+	strap_session *s = bare_session(true, err);
+	if (!s)
+		return STRAP_E_NOMEM;
+	s->borrowed = true;
+	s->resv_cap = 1; /* the caller completes its own copies (frontier), reserving nothing */
+	s->resv = calloc(s->resv_cap, sizeof *s->resv);
+	s->policy = a->policy;
+	s->stall_timeout = a->stall_timeout_s > 0 ? a->stall_timeout_s : 120.0;
+	s->interrupted = a->interrupted;
+	s->interrupt_user = a->interrupt_user;
+	int e = !s->sbuf || !s->rbuf || !s->resv ? ss_fail(s, STRAP_E_NOMEM, "out of memory")
+						 : open_with_retries(s, o, opened);
+	if (e) {
+		if (err) {
+			*err = s->err;
+			err->fatal = 1;
+		}
+		strap_session_free(s);
+		return e;
+	}
+	s->seq = s->last_tensor_seq = a->seq;
+	s->frontier_fn = a->frontier;
+	s->frontier_user = a->frontier_user;
 	*out = s;
 	return STRAP_OK;
 }

@@ -1147,6 +1147,11 @@ void strap_session_free(strap_session *s)
 
 /* ----- attached sessions (attach.h): the Python client's ----- */
 
+int strap__session_sock(const strap_session *s)
+{
+	return s->sock; /* set once, at open or attach */
+}
+
 int strap__session_claim(strap_session *s, uint64_t rec_len, int mode, const char *name, size_t name_len,
 			 uint64_t nbytes, uint64_t step, uint64_t forward, uint64_t *seq)
 {

@@ -1,11 +1,15 @@
 #define _GNU_SOURCE
 /* A session attached to a connection and ring its caller opened (src/attach.h: the Python
- * client's), through a real strapd: the caller says HELLO, makes the ring and sends OPEN as the
- * Python client does; from OPENED on the records are claimed and advanced, the caller's copies
+ * client's), through a real strapd: the caller says HELLO, makes the ring and sends OPEN itself (as the
+ * Python client once did); from OPENED on the records are claimed and advanced, the caller's copies
  * held back by its frontier (the Python client's CUDA copies: nothing past an unfinished copy is
  * published, a blocking publish waits for it), tokens go as messages with the caller's index and
  * as TOKEN records, a DROP comes under policy drop, CHECKPOINT and CLOSE end it; the stream holds exactly that
- * (readback.py, strapd verify). */
+ * (readback.py, strapd verify). Then the open made for such a caller (strap__session_open_attached, the
+ * Python client's): its connection and rings from callbacks, the ring fitted to the daemon's
+ * max_ring_size, a default ring retried smaller for the memory budget (the refused ring given back),
+ * a ring the caller chose refused naming its setting, a failed connect taking no ring, and the
+ * transport's ring facts in the stream's metadata. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -85,6 +89,147 @@ static void record(strap_session *s, srb_ring *rb, const char *name, size_t n, i
 	memset(data, v, n);
 	th_expect_tensor(x, name, "uint8", (int64_t[]){(int64_t)n}, 1, step, forward, NULL, data, n, 1);
 	(*written)++;
+}
+
+/* ----- strap__session_open_attached ----- */
+
+typedef struct caller {
+	const char *socket;
+	int connects, fail_connect;
+	srb_ring rings[8];
+	int taken, dropped;
+} caller;
+
+static int caller_connect(void *user, strap_error *err)
+{
+	caller *c = user;
+	c->connects++;
+	if (c->fail_connect) {
+		snprintf(err->message, sizeof err->message, "no daemon for this test");
+		return STRAP_E_CONNECT;
+	}
+	char path[4200];
+	return sc_connect(c->socket, 0, NULL, 0, path, sizeof path, err);
+}
+
+static srb_ring *caller_ring(void *user, uint64_t size, strap_error *err)
+{
+	caller *c = user;
+	if (c->taken == 8 || srb_create(&c->rings[c->taken], size, err->message, sizeof err->message) != 0)
+		return NULL;
+	return &c->rings[c->taken++];
+}
+
+static void caller_ring_drop(void *user, srb_ring *ring)
+{
+	caller *c = user;
+	c->dropped++;
+	srb_destroy(ring);
+}
+
+static int open_as_caller(caller *c, const char *out, uint64_t ring_size, bool explicit_ring, strap__opened *op,
+			  strap_session **s, strap_error *err)
+{
+	int fd = open(out, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+	strap__open o = {
+		.connect = caller_connect,
+		.ring = caller_ring,
+		.ring_drop = caller_ring_drop,
+		.user = c,
+		.client = "test_attach/open",
+		.body = {.codec = "none"},
+		.metadata = "{\"model\": \"none\", \"n\": [1, 2]}",
+		.transport = "{\"codec\":\"none\",\"note\":\"caller's\"}",
+		.ring_size = ring_size,
+		.ring_explicit = explicit_ring,
+		.ring_setting = "the_ring_setting",
+		.out_fd = fd,
+		.trace_fd = -1,
+		.res_fd = -1,
+		.defer = true,
+		.attach = {.policy = STRAP_POLICY_BLOCK,
+			   .stall_timeout_s = 10,
+			   .ring_tokens_every = 16,
+			   .ring_tokens_seconds = 0.25,
+			   .interrupted = interrupted},
+	};
+	int rc = strap__session_open_attached(&o, op, s, err);
+	close(fd); /* strapd holds its own */
+	return rc;
+}
+
+/* End an opened session and give its connection and ring back. */
+static void close_as_caller(caller *c, strap_session *s, const strap__opened *op)
+{
+	CHECK_RC(s, strap__session_close_send(s, NULL, 0), STRAP_OK);
+	strap_closed cl;
+	char upload[16];
+	CHECK_RC(s, strap__session_close_wait(s, 0, &cl, upload, sizeof upload), STRAP_OK);
+	strap_session_free(s);
+	close(op->sock);
+	caller_ring_drop(c, op->ring);
+}
+
+static void check_open_attached(void)
+{
+	/* codec none reserves its ring only: 96 MiB hold one 80 MiB ring and leave 16 */
+	const char *extra[] = {"--memory-limit", "96MiB", "--max-ring-size", "80MiB", NULL};
+	th_daemon d;
+	if (th_start_daemon(&d, extra) != 0) {
+		CHECK(0, "strapd for the open");
+		return;
+	}
+	caller c = {.socket = d.socket};
+	char out[3][600];
+	for (int i = 0; i < 3; i++)
+		snprintf(out[i], sizeof out[i], "%s/open%d.strap", d.dir, i);
+	strap__opened op[2];
+	strap_session *s[2] = {NULL, NULL}, *none = NULL;
+	strap_error err;
+	/* 128 MiB asked: fitted to the daemon's 80 MiB */
+	int rc = open_as_caller(&c, out[0], 128ull << 20, false, &op[0], &s[0], &err);
+	CHECK(rc == STRAP_OK && op[0].fitted_from == 128ull << 20 && op[0].max_ring_size == 80ull << 20 &&
+		      op[0].ring->ring_size == 80ull << 20 && op[0].shrunk_from == 0 && op[0].sock >= 0 &&
+		      op[0].max_record == op[0].ring->data_size / 4 / 64 * 64,
+	      "fitted open: %s (fitted from %llu, ring %llu)", err.message, (unsigned long long)op[0].fitted_from,
+	      rc == STRAP_OK ? (unsigned long long)op[0].ring->ring_size : 0ull);
+	/* a default 64 MiB ring with 16 MiB left: refused, given back, retried as small as the room */
+	rc = open_as_caller(&c, out[1], 64ull << 20, false, &op[1], &s[1], &err);
+	CHECK(rc == STRAP_OK && op[1].shrunk_from == 64ull << 20 && op[1].ring->ring_size < 64ull << 20 &&
+		      c.dropped == 1 && c.connects == 3,
+	      "budget retry: %s (shrunk from %llu, dropped %d, connects %d)", err.message,
+	      (unsigned long long)op[1].shrunk_from, c.dropped, c.connects);
+	/* a ring the caller chose, with the budget spent: refused naming its setting, no ring kept */
+	strap__opened op2;
+	int taken = c.taken, dropped = c.dropped;
+	rc = open_as_caller(&c, out[2], 64ull << 20, true, &op2, &none, &err);
+	CHECK(rc == STRAP_E_DAEMON && strcmp(err.daemon_code, "memory_budget") == 0 &&
+		      strstr(err.message, "the_ring_setting") && strstr(err.message, "--memory-limit") && !none &&
+		      c.taken - taken == c.dropped - dropped,
+	      "explicit ring over the budget: %d %s: %s", rc, err.daemon_code, err.message);
+	/* a connect that fails: its error, no ring taken */
+	c.fail_connect = 1;
+	taken = c.taken;
+	rc = open_as_caller(&c, out[2], 1 << 20, false, &op2, &none, &err);
+	CHECK(rc == STRAP_E_CONNECT && strstr(err.message, "no daemon for this test") && c.taken == taken && !none,
+	      "failed connect: %d %s", rc, err.message);
+	for (int i = 0; i < 2; i++) {
+		if (s[i])
+			close_as_caller(&c, s[i], &op[i]);
+	}
+	CHECK(c.taken == c.dropped, "rings taken %d, given back %d", c.taken, c.dropped);
+	/* the transport's ring facts follow the caller's members in the stream's metadata */
+	char cmd[2000], txt[1 << 16];
+	snprintf(cmd, sizeof cmd, "'%s' inspect --json '%s' | tr -d ' \\n'", th_env("STRAPD_BIN"), out[1]);
+	th_run(cmd, txt, sizeof txt);
+	/* (strapd's inspect sorts the keys) */
+	char want[200];
+	snprintf(want, sizeof want,
+		 "\"transport\":{\"codec\":\"none\",\"note\":\"caller's\",\"ring_shrunk_by_budget_from\":67108864,"
+		 "\"ring_size\":%llu}",
+		 s[1] ? (unsigned long long)op[1].ring->ring_size : 0ull);
+	CHECK(strstr(txt, want) && strstr(txt, "\"model\":\"none\""), "metadata lacks %s: %.3000s", want, txt);
+	th_stop_daemon(&d);
 }
 
 int main(void)
@@ -216,5 +361,6 @@ int main(void)
 	th_expect_close(&x);
 	th_check_stream(out, &x);
 	th_stop_daemon(&d);
+	check_open_attached();
 	return th_done("attach");
 }

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence
 
 import pytest
 
@@ -209,3 +209,31 @@ def tiny_bert():
     torch.manual_seed(0)
     return BertModel(BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                                 intermediate_size=256, vocab_size=1000)).eval()
+
+
+def sent_resources(lines: List[bytes]) -> List[bytes]:
+    """The RESOURCES datagrams a capture session sends for ``lines`` (through SessionSink and
+    libstrap's packing), read at the other end of a socketpair."""
+    import socket
+
+    from llm_instrumentation import _ring
+    from llm_instrumentation._session import CaptureSession
+    from llm_instrumentation.resources import SessionSink
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s = CaptureSession(a, _ring.Ring(_ring.HEADER_SIZE + 64 * 64))
+    try:
+        sink = SessionSink(s.send_resources)
+        sink.write(lines)
+        b.setblocking(False)
+        got: List[bytes] = []
+        while True:
+            try:
+                got.append(b.recv(1 << 17))
+            except BlockingIOError:
+                break
+        assert len(got) == sink.messages
+        return got
+    finally:
+        s.shutdown()
+        b.close()

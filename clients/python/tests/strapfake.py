@@ -18,7 +18,7 @@ import google_crc32c
 import lz4.block
 import zstandard
 
-from llm_instrumentation import _protocol as P
+import wire as P
 from llm_instrumentation._ring import HEADER_SIZE, KIND_PAD, KIND_TENSOR, parse_record_header
 from llm_instrumentation.stream import FILE_HEADER, INDEX_ENTRY, PACKET
 

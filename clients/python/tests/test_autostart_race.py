@@ -24,7 +24,7 @@ import pytest
 from conftest import Daemon, short_tmpdir, strapd_bin
 
 from llm_instrumentation import _daemon as D
-from llm_instrumentation import _protocol as P
+import wire as P
 from llm_instrumentation.errors import StrapdConnectionError
 
 HERE = Path(__file__).resolve().parent
@@ -194,7 +194,7 @@ def test_waiter_uses_the_daemon_the_holder_started(strapd, sock, monkeypatch, ca
     monkeypatch.setenv("STRAPD_BIN", strapd)
     fd = hold_lock(sock)
     got: list = []
-    t = threading.Thread(target=lambda: got.append(D.connect(sock, timeout=10)))
+    t = threading.Thread(target=lambda: got.append(P.Connection(D.connect(sock, timeout=10))))
     daemon = None
     try:
         t.start()
@@ -223,7 +223,7 @@ def test_started_daemon_exiting_0_connects_to_the_live_one(strapd, sock, tmp_pat
                      "</dev/null >/dev/null 2>&1 &\nexit 0\n")
     other.chmod(0o755)
     monkeypatch.setenv("STRAPD_BIN", str(other))
-    conn = D.connect(sock, timeout=10)
+    conn = P.Connection(D.connect(sock, timeout=10))
     try:
         pid = P.handshake(conn, "t", os.getpid()).pid
     finally:

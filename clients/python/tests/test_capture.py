@@ -25,7 +25,7 @@ from llm_instrumentation import (
     capture_activations,
     open_stream,
 )
-from llm_instrumentation import _protocol as P
+import wire as P
 
 LOSSLESS = ["fast_capture", "balanced", "max"]
 

@@ -72,28 +72,28 @@ def test_config_131_positional_and_builders():
     assert c2.compression_algorithm == "zstd" and c2.ring_size == 16 << 30
 
 
-def test_fit_ring_to_daemon_limit(monkeypatch):
-    from llm_instrumentation import _session
-    from llm_instrumentation._session import fit_ring
+@pytest.mark.parametrize("limit,want", [((64 << 20) + 100, 64 << 20), (4096 + 4096, None)],
+                         ids=["page-multiple", "below-the-smallest"])
+def test_ring_fitted_to_a_daemon_limit(strapd_factory, tmp_path, limit, want):
+    """libstrap's open fits the ring to WELCOME's max_ring_size: the largest page multiple
+    within it, or an error naming --max-ring-size when not even the smallest ring fits."""
+    from llm_instrumentation import capture_activations
     from llm_instrumentation.errors import StrapdProtocolError
 
-    monkeypatch.setattr(_session, "_FIT_WARNED", set())
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert fit_ring(64 << 20, 1 << 30) == 64 << 20  # fits: no warning
-        assert fit_ring(1 << 30, 1 << 30) == 1 << 30
-    with pytest.warns(UserWarning, match="16 GiB ring.*--max-ring-size 0.0625 GiB.*using 0.0625 GiB"):
-        assert fit_ring(16 << 30, 64 << 20) == 64 << 20
-    with pytest.warns(UserWarning, match="using 1 GiB"):  # a daemon that does not say: its default
-        assert fit_ring(16 << 30, None) == MAX_RING_BYTES
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert fit_ring(16 << 30, None) == MAX_RING_BYTES  # warned once already
-    with pytest.warns(UserWarning):
-        assert fit_ring(1 << 30, (64 << 20) + 100) == 64 << 20  # a page multiple within the limit
-    with pytest.raises(StrapdProtocolError, match="smallest usable ring"):
-        fit_ring(1 << 30, 4096)
+    m = tiny_llama()
+    d = strapd_factory("--max-ring-size", str(limit))
+    cfg = InstrumentationConfig(HookGranularity.FULL_TENSOR, "zstd", None, 1)
+    out = tmp_path / "fit.stream"
+    kw = dict(config=cfg, output_path=out, socket_path=d.socket, autostart_daemon=False)
+    if want is None:
+        with pytest.raises(StrapdProtocolError, match="smallest usable ring.*--max-ring-size|--max-ring-size.*smallest"):
+            capture_activations(m, **kw).__enter__()
+        return
+    with pytest.warns(UserWarning, match="more than strapd admits"):
+        with torch.no_grad(), capture_activations(m, **kw):
+            m(input_ids=torch.tensor([[1, 2, 3]]))
+    with open_stream(out) as r:
+        assert r.metadata["client_metadata"]["transport"]["ring_size"] == want
 
 
 @pytest.mark.parametrize("limit", [None, 64 << 20], ids=["default-limit", "max-ring-size-64M"])

@@ -12,7 +12,7 @@ import socket
 import pytest
 import torch
 
-from llm_instrumentation import _protocol as P
+import wire as P
 from llm_instrumentation import _ring as R
 from llm_instrumentation._cuda import CudaCopier, wait_event
 from llm_instrumentation._session import CaptureSession
@@ -46,7 +46,7 @@ def _copier() -> CudaCopier:
 @pytest.fixture
 def session():
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s = CaptureSession(P.Connection(a), R.Ring(R.HEADER_SIZE + 64 * 64), publish_bytes=64)
+    s = CaptureSession(a, R.Ring(R.HEADER_SIZE + 64 * 64), publish_bytes=64)
     s._cuda = _copier()
     yield s, P.Connection(b)
     s.shutdown()
@@ -121,9 +121,9 @@ def test_the_registration_lives_with_the_ring():
     closed = []
     cop.close = lambda: (closed.append(True), CudaCopier.close(cop))
     ring.cuda = cop
-    s = CaptureSession(P.Connection(a), ring)
+    s = CaptureSession(a, ring)
     s._cuda = ring.cuda
-    s.conn.close()  # the session ends; with no CLOSED from a daemon the ring is not kept
+    s.sock.close()  # the session ends; with no CLOSED from a daemon the ring is not kept
     s.shutdown()
     b.close()
     assert closed == [True] and ring.cuda is None and cop._u8 is None and ring.fd == -1

@@ -14,7 +14,7 @@ from conftest import tiny_gpt2
 
 from llm_instrumentation import StrapdConnectionError, capture_activations, open_stream
 from llm_instrumentation import _daemon as D
-from llm_instrumentation import _protocol as P
+import wire as P
 
 FAKE_SCRIPT = Path(__file__).with_name("fake_strapd_bin.py")
 
@@ -169,7 +169,7 @@ def test_autostarted_daemon_exits_when_idle(monkeypatch, sockdir):
     monkeypatch.setenv("STRAPD_BIN", str(strapd_bin()))
     monkeypatch.setenv("STRAPD_EXIT_IDLE", "1s")
     path = os.path.join(sockdir, "idle", "strapd.sock")
-    conn = D.connect(path, autostart=True)
+    conn = P.Connection(D.connect(path, autostart=True))
     pid = P.handshake(conn, "t", os.getpid()).pid
     time.sleep(2.5)  # connected for longer than the idle time: must still be there
     os.kill(pid, 0)
@@ -227,7 +227,7 @@ def test_sched_idle_daemon_every_thread(monkeypatch, sockdir):
             monkeypatch.setenv("STRAPD_IDLE_WORKERS", "1")
         path = os.path.join(sockdir, f"idle-{idle}", "strapd.sock")
         monkeypatch.setenv("STRAPD_SOCKET", path)
-        conn = D.connect(path, autostart=True)
+        conn = P.Connection(D.connect(path, autostart=True))
         pid = P.handshake(conn, "t", os.getpid()).pid
         try:
             model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())

@@ -15,7 +15,7 @@ import torch
 from conftest import tiny_llama
 from genloop import generate
 
-from llm_instrumentation import _protocol as P
+from llm_instrumentation import _daemon
 from llm_instrumentation import _session, analyze_activations, capture_activations, open_stream
 
 N_TOKENS = 3
@@ -37,7 +37,7 @@ def test_sigkill_after_deferred_forward_keeps_its_records(real_strapd, tmp_path,
         assert f["unsent_tokens"] == str(N_TOKENS) and f["cursor_at"] == f["head"], p.stdout
     hooks = int(f["hooks"])
     deadline = time.monotonic() + 30
-    while P.status(real_strapd.socket)["sessions"]:  # strapd ends the dead client's stream
+    while _daemon.status(real_strapd.socket)["sessions"]:  # strapd ends the dead client's stream
         assert time.monotonic() < deadline, "strapd did not end the killed client's session"
         time.sleep(0.05)
     a = analyze_activations(out)
@@ -119,16 +119,23 @@ def test_two_passes_without_a_token_publish(real_strapd, tmp_path):
 
 def test_old_daemon_gets_publish(monkeypatch, real_strapd, tmp_path):
     # OPENED without published_cursor (an older strapd): the client publishes every pass
-    real_expect = _session.P.Connection.expect
+    # (libstrap decides at OPENED; here the flow an OPENED without it leads to is set at once)
+    real = _session._speedups
 
-    def expect(self, cls, *a, **kw):
-        got = real_expect(self, cls, *a, **kw)
-        if cls is P.Opened:
-            import dataclasses
-            got = dataclasses.replace(got, published_cursor=None)
-        return got
+    class OldDaemon:
+        @staticmethod
+        def open(*a, **kw):
+            s, ring, opened = real.Session.open(*a, **kw)
+            s.set_mode(0, 0, -1)
+            return s, ring, dict(opened, published_cursor=False, ring_tokens=False)
 
-    monkeypatch.setattr(_session.P.Connection, "expect", expect)
+    class Speedups:
+        Session = OldDaemon
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(_session, "_speedups", Speedups())
     m = tiny_llama()
     with capture_activations(m, preset="balanced", output_path=tmp_path / "o.strap", socket_path=real_strapd.socket,
                              autostart_daemon=False, track_per_token=True) as fw:

@@ -17,13 +17,13 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import pytest
 import torch
 
 from llm_instrumentation import _fp8_device as F
-from llm_instrumentation import _protocol as P
+import wire as P
 from llm_instrumentation import _ring as R
 from llm_instrumentation._session import open_session
 from llm_instrumentation.errors import StreamFormatError
@@ -124,12 +124,11 @@ def _cases(dtype: torch.dtype) -> List[Tuple[str, torch.Tensor]]:
 
 
 def _capture(sock: str, path: Path, tensors: List[Tuple[str, torch.Tensor]], mode: str, block_size: int,
-             lossy: P.Lossy, monkeypatch: pytest.MonkeyPatch) -> int:
+             lossy: Dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> int:
     monkeypatch.setenv("STRAP_FP8_CLIENT", mode)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        req = P.Open(ring_size=R.HEADER_SIZE + (1 << 20), codec="fp8", policy="block", block_size=block_size,
-                     lossy=lossy)
+        req = {"codec": "fp8", "block_size": block_size, **lossy}
         s = open_session(sock, False, 30.0, R.HEADER_SIZE + (1 << 20), "block", fd, None, req)
         try:
             for i, (name, t) in enumerate(tensors):
@@ -154,7 +153,7 @@ def _packets(path: Path) -> Dict[Tuple[str, int], object]:
 @pytest.mark.parametrize("bound", [None, 0.03, 0.02])
 def test_client_fp8_packets_equal_strapd(real_strapd, tmp_path, monkeypatch, dtype, bound) -> None:
     tensors = _cases(dtype)
-    lossy = P.Lossy(mode="fp8", value=bound)
+    lossy = {"lossy_mode": "fp8", "lossy_value": bound}
     block = 4096  # rows of 384 float32 (1536 bytes) or bfloat16 are cut by blocks
     a, b = tmp_path / "strapd.strap", tmp_path / "client.strap"
     assert _capture(real_strapd.socket, a, tensors, "off", block, lossy, monkeypatch) == 0
@@ -201,7 +200,7 @@ def test_nonfinite_cuda_record_becomes_a_drop(real_strapd, tmp_path, monkeypatch
     bad[1, 3] = float("nan")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        req = P.Open(ring_size=R.HEADER_SIZE + (1 << 20), codec="fp8", policy="block")
+        req = {"codec": "fp8"}
         s = open_session(real_strapd.socket, False, 30.0, R.HEADER_SIZE + (1 << 20), "block", fd, None, req)
         for i, x in enumerate([t, bad, t]):
             s.write_tensor(f"m{i}", x, i, 0)
@@ -235,7 +234,7 @@ def test_bad_fp8_record_fails_the_session_clearly(real_strapd, tmp_path, monkeyp
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     err = None
     try:
-        req = P.Open(ring_size=R.HEADER_SIZE + (1 << 20), codec="fp8", policy="block")
+        req = {"codec": "fp8"}
         s = open_session(real_strapd.socket, False, 30.0, R.HEADER_SIZE + (1 << 20), "block", fd, None, req)
         try:
             s.write_tensor("good", torch.randn(2, 16), 0, 0)
@@ -269,7 +268,7 @@ def test_strapd_inspect_and_verify_read_client_coded(real_strapd, tmp_path, monk
     """strapd verify and inspect read a client-coded stream unchanged (ordinary fp8 packets)."""
     path = tmp_path / "v.strap"
     _capture(real_strapd.socket, path, [("m", torch.randn(16, 64, dtype=torch.bfloat16))], "all", 1 << 20,
-             P.Lossy(mode="fp8"), monkeypatch)
+             {"lossy_mode": "fp8"}, monkeypatch)
     b = os.environ.get("STRAPD_BIN", str(REPO / "bin" / "strapd"))
     v = subprocess.run([b, "verify", str(path)], capture_output=True, text=True)
     assert v.returncode == 0, v.stdout + v.stderr
@@ -284,7 +283,7 @@ def test_dropped_fp8_record_is_dropped_once() -> None:
     from llm_instrumentation._session import CaptureSession
 
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s = CaptureSession(P.Connection(a), R.Ring(R.HEADER_SIZE + 64 * 64), policy="drop", publish_bytes=1 << 20)
+    s = CaptureSession(a, R.Ring(R.HEADER_SIZE + 64 * 64), policy="drop", publish_bytes=1 << 20)
     peer = P.Connection(b)
     try:
         s.fp8_client = "all"

@@ -9,7 +9,7 @@ import struct
 import pytest
 from conftest import TESTDATA
 
-from llm_instrumentation import _protocol as P
+import wire as P
 from llm_instrumentation import _ring as R
 from llm_instrumentation.errors import StrapdProtocolError
 
@@ -198,17 +198,13 @@ def test_meta_json_compact():
 
 
 def test_resources_sent_raw_match_the_golden():
-    """The monitor's path (events serialized once, packed by SessionSink, sent with
-    send_raw's header) gives the golden datagram byte for byte."""
+    """The monitor's path (events serialized once, packed and sent by libstrap through
+    SessionSink) gives the golden datagram byte for byte."""
     import json
 
-    from llm_instrumentation.resources import SessionSink
+    from conftest import sent_resources
 
     want = _need(PROTO / "resources.bin")
-    sent = []
     events = [{"event": "compute_execution", "step": 3, "flops": 65536, "duration_us": 12.5},
               {"event": "kv_cache_update", "step": 3, "cache_bytes": 8192}]
-    sink = SessionSink(sent.append, P.MAX_MESSAGE - P.HEADER.size)
-    sink.write([json.dumps(e, separators=(",", ":")).encode() + b"\n" for e in events])
-    assert len(sent) == 1
-    assert P.HEADER.pack(P.MAGIC, P.VERSION, P.RESOURCES, len(sent[0])) + sent[0] == want
+    assert sent_resources([json.dumps(e, separators=(",", ":")).encode() + b"\n" for e in events]) == [want]

@@ -21,7 +21,7 @@ from llm_instrumentation import (
     capture_activations,
     open_stream,
 )
-from llm_instrumentation import _protocol as P
+from llm_instrumentation import _daemon
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +80,7 @@ def strapd_verify(path) -> str:
 
 
 def _status(sock):
-    return P.status(sock)
+    return _daemon.status(sock)
 
 
 def test_sigkill_client_mid_capture(real_strapd, tmp_path):

@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from llm_instrumentation import _protocol as P
+from llm_instrumentation import _daemon
 from llm_instrumentation import capture_activations
 
 pytestmark = pytest.mark.integration
@@ -90,7 +90,7 @@ def test_resource_events_over_http_api(strapd_factory, tmp_path):
         seen: List[int] = []
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
-            sessions = [s for s in P.status(d.socket)["sessions"] if s["output_path"] == str(out)]
+            sessions = [s for s in _daemon.status(d.socket)["sessions"] if s["output_path"] == str(out)]
             assert len(sessions) == 1, sessions
             seen.append(sessions[0]["resource_events"])
             if len(seen) >= 3 and seen[-1] == seen[-2] == seen[-3] > 0:
@@ -135,7 +135,7 @@ def test_resource_events_over_http_api(strapd_factory, tmp_path):
         # strapd writes each RESOURCES message as its connection reads it, in order: once a
         # CHECKPOINT sent after them is answered, the file holds them all.
         fw2._session.checkpoint()
-        sid2 = [s for s in P.status(d.socket)["sessions"] if s["output_path"] == str(out2)][0]["session"]
+        sid2 = [s for s in _daemon.status(d.socket)["sessions"] if s["output_path"] == str(out2)][0]["session"]
         file2 = [json.loads(x) for x in Path(str(out2) + ".resources.jsonl").read_bytes().splitlines()]
 
         code, rep = api_get(api_sock, f"/api/v1/resource-logs?session={sid2}")

@@ -13,7 +13,7 @@ import torch
 from conftest import tiny_llama
 
 from llm_instrumentation import InstrumentationConfig, capture_activations, open_stream
-from llm_instrumentation import _protocol as P
+from llm_instrumentation import _daemon
 from llm_instrumentation.stream import TENSOR
 
 pytestmark = pytest.mark.integration
@@ -42,7 +42,7 @@ def test_resource_events_through_strapd(real_strapd, tmp_path):
         fw.resource_monitor.set_level("DETAILED")
         generate(fw, m, 1)
         fw.resource_monitor.flush()
-        st = P.status(real_strapd.socket)
+        st = _daemon.status(real_strapd.socket)
         seen_in_status = [s for s in st["sessions"] if s["output_path"] == str(out)]
     assert seen_in_status and seen_in_status[0]["resource_log"] is True
     assert seen_in_status[0]["resource_events"] > 0 and seen_in_status[0]["resource_events_lost"] == 0

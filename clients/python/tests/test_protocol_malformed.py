@@ -11,7 +11,7 @@ import socket
 import pytest
 from conftest import TESTDATA
 
-from llm_instrumentation import _protocol as P
+import wire as P
 from llm_instrumentation.errors import StrapdProtocolError
 
 PROTO = TESTDATA / "protocol"

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import TESTDATA
 
-from llm_instrumentation import _protocol as P
+import wire as P
 from llm_instrumentation import _ring as R
 from llm_instrumentation import _session
 from llm_instrumentation._session import CaptureSession
@@ -22,7 +22,7 @@ RING = TESTDATA / "ring"
 @pytest.fixture
 def session():
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s = CaptureSession(P.Connection(a), R.Ring(R.HEADER_SIZE + 64 * 64))
+    s = CaptureSession(a, R.Ring(R.HEADER_SIZE + 64 * 64))
     yield s, P.Connection(b)
     s.shutdown()
     b.close()
@@ -107,7 +107,7 @@ def test_record_writes_what_write_tensor_writes(session, monkeypatch, c_ext):
         monkeypatch.setattr(_session, "_c_write_record", None)
     s, peer = session
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    ref = CaptureSession(P.Connection(a), R.Ring(R.HEADER_SIZE + 64 * 64))
+    ref = CaptureSession(a, R.Ring(R.HEADER_SIZE + 64 * 64))
     try:
         tensors = [_f32_2x3(), _f32_2x3() * 2, torch.arange(6, dtype=torch.float32).reshape(3, 2).t(),
                    torch.ones(4, 3), _f32_2x3()]
@@ -191,7 +191,7 @@ def test_no_record_after_shutdown(monkeypatch, c_ext):
         monkeypatch.setattr(_session, "_c_write_record", None)
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ring = R.Ring(R.HEADER_SIZE + 64 * 64)
-    s = CaptureSession(P.Connection(a), ring)
+    s = CaptureSession(a, ring)
     t = _f32_2x3()
     assert s.record("model.layers.0.mlp", t, None) and s.record("model.layers.0.mlp", t, None)
     s.closed_summary = P.Closed(packets=2, drops=0, bytes_in=48, bytes_out=48, file_bytes=0)
@@ -213,7 +213,7 @@ def test_no_record_after_close():
 
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ring = R.Ring(R.HEADER_SIZE + 64 * 64)
-    s = CaptureSession(P.Connection(a), ring)
+    s = CaptureSession(a, ring)
     daemon = P.Connection(b)
     got = []
 

@@ -266,17 +266,17 @@ def test_runtime_control(tmp_path):
 
 
 def test_session_sink_batches_into_messages():
-    from llm_instrumentation.resources import SessionSink
+    from conftest import sent_resources
 
-    sent: List[bytes] = []
-    sink = SessionSink(sent.append, max_body=200)
-    lines = [json.dumps({"event": "e", "i": i, "pad": "x" * 30}).encode() + b"\n" for i in range(10)]
-    sink.write(lines)
-    assert len(sent) > 1 and all(len(b) <= 200 for b in sent)
-    got = [ev for b in sent for ev in json.loads(b)["events"]]
-    assert [e["i"] for e in got] == list(range(10))
+    lines = [json.dumps({"event": "e", "i": i, "pad": "x" * 3000}).encode() + b"\n" for i in range(50)]
+    sent = sent_resources(lines)
+    assert len(sent) > 1 and all(len(b) <= 65536 for b in sent)
+    got = [ev for b in sent for ev in json.loads(b[12:])["events"]]
+    assert [e["i"] for e in got] == list(range(50))
     with pytest.raises(ValueError, match="does not fit"):
-        sink.write([json.dumps({"event": "e", "pad": "x" * 300}).encode() + b"\n"])
+        sent_resources([json.dumps({"event": "e", "pad": "x" * 70000}).encode() + b"\n"])
+    with pytest.raises(ValueError, match="event"):
+        sent_resources([b'{"i": 1}\n'])  # not an event
 
 
 def test_write_errors_surface_and_self_cost_is_reported(tmp_path):

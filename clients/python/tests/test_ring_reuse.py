@@ -14,7 +14,7 @@ from captest import capture_and_check
 from conftest import tiny_llama
 
 from llm_instrumentation import InstrumentationConfig
-from llm_instrumentation import _protocol as P
+import wire as P
 from llm_instrumentation import _ring as R
 from llm_instrumentation._session import CaptureSession
 
@@ -86,7 +86,7 @@ def test_kept_ring_is_closed_when_the_time_is_up(monkeypatch):
 @pytest.mark.parametrize("closed", [False, True])
 def test_only_a_cleanly_closed_session_keeps_its_ring(closed):
     x, y = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s = CaptureSession(P.Connection(x), R.take_ring(SMALL))
+    s = CaptureSession(x, R.take_ring(SMALL))
     if closed:
         s.closed_summary = P.Closed(packets=0, drops=0, bytes_in=0, bytes_out=0, file_bytes=0)
     s.shutdown()

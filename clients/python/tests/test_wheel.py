@@ -39,7 +39,7 @@ CHILD = textwrap.dedent(r'''
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
     import llm_instrumentation as li
-    from llm_instrumentation import _daemon as D, _protocol as P
+    from llm_instrumentation import _daemon as D
     from llm_instrumentation import _session, _speedups, resources
     from llm_instrumentation.resources import native
 
@@ -51,9 +51,7 @@ CHILD = textwrap.dedent(r'''
     with torch.no_grad():
         with li.capture_activations(m, preset="balanced", output_path=out) as fw:
             m(input_ids=torch.tensor([[1, 2, 3, 4]]))
-    conn = P.Connection.connect(D.resolve_socket_path())
-    pid = P.handshake(conn, "wheel-test", os.getpid()).pid
-    conn.close()
+    pid = D.status()["daemon"]["pid"]
     with li.open_stream(out) as r:
         n = len(r.tensors())
     # Resource events through the wheel's C wrapper and writer.

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import _capture_files, _distributed, _open, _ringsize, _streamlock
-from . import _protocol as P
 from . import checkpoint as ckpt
 from ._hooks import ROOT_NAME, Hooks, choose_modules
 from ._options import SessionOptions
@@ -278,9 +277,7 @@ class Capture:
         counter already set and its events carry the stream packets' numbers."""
         from .resources import ResourceMonitor, SessionSink
 
-        conn = session.conn
-        sink = SessionSink(lambda body: conn.send_raw(P.RESOURCES, body), P.MAX_MESSAGE - P.HEADER.size,
-                           self.resources_path)
+        sink = SessionSink(session.send_resources, self.resources_path)
         self.resource_summary = None
         self.resource_monitor = ResourceMonitor(
             model, level, sink=sink, step_fn=lambda: self._step, forward_fn=lambda: self._forward,
@@ -476,7 +473,7 @@ class Capture:
         obj = summary["upload"]
         sid = session.opened.session if session.opened is not None else None
         try:
-            rep = P.status(_daemon.resolve_socket_path(self.options.socket_path), timeout=5.0)
+            rep = _daemon.status(self.options.socket_path)
         except Exception as e:  # the capture is complete; its upload's health is extra
             log.debug("llm_instrumentation: no upload status after CLOSED: %s", e)
             return

@@ -8,14 +8,16 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
-from . import _protocol as P
 from . import checkpoint as ckpt
 from . import _distributed, _job_resume, _streamlock
 from ._options import SessionOptions
 from ._warnings import warn_caller
 from .checkpoint import CAPTURE_FILE_MODE, CheckpointError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._session import Checkpointed
 
 
 def tokens_path(output_path: Union[str, "os.PathLike[str]"]) -> str:
@@ -402,7 +404,7 @@ def open_trace(path: str, resuming: bool) -> int:
     return os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, CAPTURE_FILE_MODE)
 
 
-def checkpoint_from(reply: P.Checkpointed, stream: str, fingerprint: str, token_count: int,
+def checkpoint_from(reply: "Checkpointed", stream: str, fingerprint: str, token_count: int,
                     forward_count: int) -> ckpt.Checkpoint:
     """The checkpoint file for a CHECKPOINTED reply.
 

@@ -6,14 +6,14 @@ beside the socket, which C clients take too)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Dict, Optional
 
-from ._protocol import Connection
 from ._ring import _c as _speedups  # imported by _ring, which says what is missing without it
 from .errors import StrapdConnectionError
 
@@ -114,7 +114,7 @@ def lock_path(socket_path: str) -> str:
 
 
 def connect(path: Optional[str] = None, autostart: bool = True, timeout: float = 10.0,
-            lock_timeout: Optional[float] = None) -> Connection:
+            lock_timeout: Optional[float] = None) -> socket.socket:
     """Connect to strapd, starting it when nobody answers and ``autostart`` is set.
 
     libstrap's connect (``clients/c/common/strap_connect.h``, through ``_speedups``): starting
@@ -138,7 +138,7 @@ def connect(path: Optional[str] = None, autostart: bool = True, timeout: float =
         lock_timeout: how long to wait for another process's start (default ``3 * timeout``).
 
     Returns:
-        a connected :class:`~._protocol.Connection` (no handshake yet).
+        the connected socket (no handshake yet).
 
     Raises:
         StrapdConnectionError: nobody answers and autostart is off; no binary; the start
@@ -162,4 +162,18 @@ def connect(path: Optional[str] = None, autostart: bool = True, timeout: float =
         print(msg, file=sys.stderr)
     if fd < 0:
         raise StrapdConnectionError(why)
-    return Connection(socket.socket(fileno=fd), p)
+    return socket.socket(fileno=fd)
+
+
+def status(path: Optional[str] = None) -> Dict[str, Any]:
+    """The status of the daemon on ``path`` (resolved by :func:`resolve_socket_path`; never
+    started): the STATUS_REPLY body (``daemon``, ``sessions``, ``uploads``), asked by libstrap's
+    ``strap_status``.
+
+    Raises:
+        StrapdConnectionError: nobody answers, or the daemon refused.
+    """
+    try:
+        return json.loads(_speedups.status(resolve_socket_path(path)))
+    except OSError as e:
+        raise StrapdConnectionError(f"strapd status: {e.args[-1]}") from e

@@ -8,7 +8,6 @@ import sys
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from . import _distributed
-from . import _protocol as P
 from . import checkpoint as ckpt
 from .config import InstrumentationConfig, TransportPlan
 from ._anatomy import describe_model
@@ -49,11 +48,10 @@ def fingerprint(model: "nn.Module", config: InstrumentationConfig, plan: Transpo
 
 def open_request(model: "nn.Module", config: InstrumentationConfig, plan: TransportPlan, modules: List[str],
                  output_path: str, fp: str, resume: Optional[ckpt.Checkpoint], upload: Optional[str] = None,
-                 distributed: Optional[Dict[str, Any]] = None, upload_free_local: bool = False) -> P.Open:
-    """The OPEN body of a capture.
-
-    ``ring_size`` and ``policy`` are the plan's here; the session sets them from the ring it
-    actually sends.
+                 distributed: Optional[Dict[str, Any]] = None, upload_free_local: bool = False) -> Dict[str, Any]:
+    """The OPEN request of a capture, for :func:`._session.open_session` (libstrap encodes it;
+    the ring's size and the policy are the session's, the transport's ``ring_size`` the ring
+    sent).
 
     Args:
         model: the model.
@@ -70,7 +68,7 @@ def open_request(model: "nn.Module", config: InstrumentationConfig, plan: Transp
             or None (then detected here, without a layout).
 
     Returns:
-        the OPEN body.
+        OPEN's fields, with ``metadata`` (a dict).
     """
     from ._version import __version__
 
@@ -80,7 +78,7 @@ def open_request(model: "nn.Module", config: InstrumentationConfig, plan: Transp
         "model_family": arch["family"],
         "capture_config": config.to_dict(),
         "transport": {"codec": plan.codec, "codec_level": plan.codec_level, "block_size": plan.block_size,
-                      "ring_size": plan.ring_size, "note": plan.note},
+                      "note": plan.note},
         "modules": list(modules),
         "output_path": output_path,
         "fingerprint": fp,
@@ -94,12 +92,10 @@ def open_request(model: "nn.Module", config: InstrumentationConfig, plan: Transp
         # Which rank of which job wrote the stream (docs/DISTRIBUTED.md), also when
         # STRAP_RANK_STREAMS=0 kept the path as given.
         metadata["distributed"] = distributed
-    lossy = P.Lossy(mode=plan.lossy["mode"], value=plan.lossy.get("value")) if plan.lossy is not None else None
-    resume_body = None
-    if resume is not None:
-        resume_body = P.Resume(last_seq=resume.last_seq, last_crc=resume.last_packet_crc, packets=resume.packets)
-    return P.Open(ring_size=plan.ring_size, codec=plan.codec, codec_level=plan.codec_level, policy=plan.policy,
-                  block_size=plan.block_size, lossy=lossy,
-                  append_at=resume.stream_offset if resume is not None else None, resume=resume_body,
-                  memory_hint=plan.memory_hint, metadata=metadata, upload=upload,
-                  upload_free_local=True if upload_free_local else None)
+    lossy = plan.lossy or {}
+    return {"codec": plan.codec, "codec_level": plan.codec_level, "block_size": plan.block_size,
+            "lossy_mode": lossy.get("mode"), "lossy_value": lossy.get("value"),
+            "resume": (resume.stream_offset, resume.last_seq, resume.last_packet_crc, resume.packets)
+            if resume is not None else None,
+            "memory_hint": plan.memory_hint, "metadata": metadata, "upload": upload,
+            "upload_free_local": upload_free_local}

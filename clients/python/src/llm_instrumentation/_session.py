@@ -23,15 +23,14 @@ records; FP8 records coded on the device.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
+import socket
 import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from . import _daemon
-from . import _protocol as P
 from ._dtypes import dtype_size, torch_dtype_id
 from ._ring import (HEADER_SIZE, Ring, align64, encode_record_header,
                     header_area, keep_ring, take_ring)
@@ -63,6 +62,44 @@ SMALL_COPY = 64 << 10
 #: (libstrap's strap_ring.h; the session never writes a header field itself). Tests set
 #: _c_write_record to None to send records through write_tensor instead.
 _c_write_record: Optional[Callable[..., None]] = _speedups.write_record
+
+
+class Opened(NamedTuple):
+    """OPENED: the session's number, the codec's block size, the object strapd uploads the
+    stream into ("" none), whether strapd takes the published cursor and TOKEN records."""
+
+    session: int
+    block_size: int
+    upload: str
+    published_cursor: bool
+    ring_tokens: bool
+
+
+class Closed(NamedTuple):
+    """CLOSED: the stream is complete and synced."""
+
+    packets: int
+    drops: int
+    bytes_in: int
+    bytes_out: int
+    file_bytes: int
+    upload: Optional[str]
+
+    def to_body(self) -> Dict[str, Any]:
+        """CLOSED's body (its JSON object, no ``upload`` when there is none)."""
+        return {k: v for k, v in self._asdict().items() if v is not None}
+
+
+class Checkpointed(NamedTuple):
+    """CHECKPOINTED: every packet up to ``seq`` is on disk (fields: PROTOCOL.md 1.4)."""
+
+    seq: int
+    offset: int
+    packets: int
+    drops: int
+    tokens: int
+    last_offset: int
+    last_crc: int
 
 
 class _Layout(NamedTuple):
@@ -114,9 +151,12 @@ class CaptureSession:
     RELEASE and backpressure, DROP, TOKEN messages and records, CHECKPOINT and CLOSE. What is
     left here is the tensors: their layouts, their copies into the ring, PART and FP8 records.
 
+    Made by :func:`open_session` (libstrap's open); directly, over a connected socket and a
+    ring (the tests' peers).
+
     Args:
-        conn: a connected :class:`~._protocol.Connection` after the handshake.
-        ring: the ring to send.
+        sock: the control connection after OPENED (closed by :meth:`shutdown`).
+        ring: the ring sent.
         policy: ``"block"`` or ``"drop"``.
         stall_timeout: seconds to wait for ring space (or an answer) before raising
             :class:`StrapdTimeoutError` while the daemon is alive but not releasing.
@@ -124,30 +164,33 @@ class CaptureSession:
         publish_bytes: unpublished bytes that trigger a PUBLISH without waiting for
             :meth:`flush` (default: an eighth of the region, at most 4 MiB), so the daemon
             starts on large tensors while the forward pass goes on.
+        opened: libstrap's session and OPENED's facts, from :func:`open_session`.
     """
 
-    def __init__(self, conn: P.Connection, ring: Ring, policy: str = "block",
+    def __init__(self, sock: socket.socket, ring: Ring, policy: str = "block",
                  stall_timeout: float = 120.0, part_size: Optional[int] = None,
-                 publish_bytes: Optional[int] = None) -> None:
+                 publish_bytes: Optional[int] = None, opened: Optional[Tuple[Any, Dict[str, Any]]] = None) -> None:
         if policy not in ("block", "drop"):
             raise ValueError(f"policy {policy!r} is not 'block' or 'drop'")
-        self.conn = conn
+        self.sock = sock
         self.ring = ring
         self.policy = policy
         self.stall_timeout = stall_timeout
         self.max_record = (part_size or ring.data_size // 4) // 64 * 64
         self.publish_bytes = max(64, publish_bytes or min(ring.data_size // 8, 4 << 20))
+        if opened is not None:
+            self.max_record, self.publish_bytes = opened[1]["max_record"], opened[1]["publish_bytes"]
         #: Defer the per-pass PUBLISH to the next TOKEN (PROTOCOL.md 1.4) where the daemon
         #: offers the published cursor.
         self.defer_publish = True
         self._rt = (RING_TOKENS_EVERY, RING_TOKENS_SECONDS)
-        #: libstrap's session (None after :meth:`shutdown`); made again at OPENED with its flow
-        self._s: Any = self._attach(0, 0, False, False)
+        #: libstrap's session (None after :meth:`shutdown`)
+        self._s: Any = opened[0] if opened is not None else self._attach(0, 0, False, False)
         #: its state when it ended (:meth:`shutdown`): the counters stay readable
         self._final: Optional[Tuple[Any, ...]] = None
         self.drops_by_module: Dict[str, Dict[str, int]] = {}
-        self.opened: Optional[P.Opened] = None
-        self.closed_summary: Optional[P.Closed] = None
+        self.opened: Optional[Opened] = None
+        self.closed_summary: Optional[Closed] = None
         self.error: Optional[BaseException] = None
         self._lock = threading.Lock()
         #: the ring's CUDA copier once this session copied from a CUDA tensor (:attr:`_cuda`)
@@ -178,7 +221,7 @@ class CaptureSession:
 
     def _attach(self, seq: int, session_id: int, cursor: bool, ring_tokens: bool) -> Any:
         """libstrap's session over this connection and ring (``_speedups.Session``)."""
-        return _speedups.Session(self.conn.sock.fileno(), self.ring, self.policy, float(self.stall_timeout),
+        return _speedups.Session(self.sock.fileno(), self.ring, self.policy, float(self.stall_timeout),
                                  self.max_record, self.publish_bytes, seq, session_id, cursor, ring_tokens, *self._rt)
 
     def _state(self) -> Tuple[Any, ...]:
@@ -249,67 +292,17 @@ class CaptureSession:
             self._s.set_frontier(None if copier is None else _frontier(copier))
 
     def _failed(self, e: Any) -> BaseException:
-        """The client's exception for libstrap's ``SessionError`` (code, message, daemon code,
-        fatal); a failure that ends the session is kept in :attr:`error`."""
-        code, message, daemon_code, fatal = e.args
-        if code in (_speedups.E_INVALID, _speedups.E_TOO_LARGE):
-            return ValueError(message)
-        exc: BaseException
-        if code == _speedups.E_DAEMON:
-            cls = StrapdWriteError if daemon_code == "write_error" else StrapdProtocolError
-            exc = cls(message, code=daemon_code, fatal=bool(fatal))
-        elif code == _speedups.E_PROTOCOL:
-            exc = StrapdProtocolError(message)
-        elif code == _speedups.E_TIMEOUT:
-            exc = StrapdTimeoutError(message)
-        elif code == _speedups.E_STATE:
-            exc = StrapdConnectionError(f"session already failed: {message}")
-        else:
-            exc = StrapdConnectionError(message)
-        self.error = exc
+        """The client's exception for libstrap's ``SessionError``; one that ends the session
+        (not a refused argument) is kept in :attr:`error`."""
+        exc = _error(e)
+        if not isinstance(exc, ValueError):
+            self.error = exc
         return exc
 
     # ----- open / close ------------------------------------------------------------------------
 
-    def open(self, output_fd: int, request: P.Open, timeout: float = 30.0,
-             trace_fd: Optional[int] = None, resources_fd: Optional[int] = None, seq: int = 0) -> P.Opened:
-        """Send OPEN with [ring memfd, output fd(, trace fd)(, resource log fd)] and return
-        the OPENED body; the session is libstrap's from then on.
-
-        Args:
-            output_fd: the stream file, open for writing (and reading when resuming).
-            request: the OPEN body; its ``ring_size`` and ``policy`` are this session's
-                (they are filled in here, so they cannot disagree with the ring sent).
-            timeout: seconds to wait for OPENED.
-            trace_fd: a file open for writing into which strapd writes its kernel trace
-                for this session (docs/PROTOCOL.md 1.3, docs/TRACE_FORMAT.md), or None.
-            resources_fd: a file open for writing into which strapd appends the session's
-                RESOURCES events (docs/RESOURCE_EVENTS.md), or None.
-            seq: the last sequence number of a resumed stream (0: a new one); the session
-                continues after it.
-
-        Returns:
-            the OPENED body.
-        """
-        request = dataclasses.replace(request, ring_size=self.ring.ring_size, policy=self.policy,
-                                      resources=True if resources_fd is not None else None)
-        fds = [self.ring.fd, output_fd] + ([trace_fd] if trace_fd is not None else []) \
-            + ([resources_fd] if resources_fd is not None else [])
-        self.conn.send(request, fds=fds)
-        self.opened = opened = self.conn.expect(P.Opened, timeout)
-        if request.codec == "fp8" and self.fp8_client != "off":
-            lossy = request.lossy
-            self._fp8 = (int(opened.block_size), float(lossy.value or 0.0) if lossy is not None else 0.0)
-        cursor = bool(opened.published_cursor) and self.defer_publish
-        # A session with a trace file gets each token's kernel counters when its TOKEN
-        # message arrives (PROTOCOL.md 1.4 TOKEN): it keeps one message per token.
-        ring_tokens = cursor and bool(opened.ring_tokens) and trace_fd is None
-        self._s = self._attach(seq, int(opened.session or 0), cursor, ring_tokens)
-        self._cuda = self._copier  # libstrap's session asks it which records are complete
-        return opened
-
     def close(self, timeout: Optional[float] = None, meanwhile: Optional[Callable[[], None]] = None,
-              fds: Sequence[int] = ()) -> P.Closed:
+              fds: Sequence[int] = ()) -> Closed:
         """Send CLOSE and wait for CLOSED.
 
         Args:
@@ -335,8 +328,8 @@ class CaptureSession:
                 c = s.close_wait(float(timeout or 0))
             except _speedups.SessionError as e:
                 raise self._failed(e) from None
-            self.closed_summary = P.Closed(packets=c[0], drops=c[1], bytes_in=c[2], bytes_out=c[3], file_bytes=c[4],
-                                           upload=c[5] or None)
+            self.closed_summary = Closed(packets=c[0], drops=c[1], bytes_in=c[2], bytes_out=c[3], file_bytes=c[4],
+                                         upload=c[5] or None)
             return self.closed_summary
 
     def shutdown(self) -> None:
@@ -353,7 +346,7 @@ class CaptureSession:
                 self._s.shut()
                 self._final = self._s.state()
                 self._s = None  # libstrap's session goes before the connection it used
-        self.conn.close()
+        self.sock.close()
         # The ring's CUDA registration stays with the ring (Ring.cuda): a kept ring is reused
         # registered; Ring.close waits for any copy still running, then unregisters.
         self._cuda = None
@@ -364,6 +357,17 @@ class CaptureSession:
             self.ring.close()
 
     # ----- messages ----------------------------------------------------------------------------
+
+    def send_resources(self, lines: Sequence[bytes]) -> int:
+        """RESOURCES messages for the serialized events (libstrap packs them, as few as fit),
+        sent beside the session's own from any thread: how many were sent."""
+        s = self._s
+        if s is None:
+            raise StrapdConnectionError("the session was shut down")
+        try:
+            return s.send_resources(lines)
+        except OSError as e:
+            raise StrapdConnectionError(f"send RESOURCES to strapd: {e}") from e
 
     def _check(self) -> None:
         if self.error is not None:
@@ -796,7 +800,7 @@ class CaptureSession:
             except _speedups.SessionError as e:
                 raise self._failed(e) from None
 
-    def checkpoint(self, timeout: Optional[float] = None) -> P.Checkpointed:
+    def checkpoint(self, timeout: Optional[float] = None) -> Checkpointed:
         """Ask the daemon to make every event sent so far durable.
 
         Args:
@@ -810,8 +814,7 @@ class CaptureSession:
                 c = self._session().checkpoint(float(timeout or 0))
             except _speedups.SessionError as e:
                 raise self._failed(e) from None
-            return P.Checkpointed(seq=c[0], offset=c[1], packets=c[2], drops=c[3], tokens=c[4], last_offset=c[5],
-                                  last_crc=c[6])
+            return Checkpointed(*c)
 
     def _copy(self, dst: "torch.Tensor", src: "torch.Tensor", private: bool = False) -> None:
         """Copy ``src`` into the ring view ``dst``; CUDA tensors asynchronously (``private``:
@@ -836,55 +839,20 @@ class CaptureSession:
 _FIT_WARNED: Set[Tuple[int, int]] = set()
 
 
-def fit_ring(ring_size: int, max_ring_size: Optional[int]) -> int:
-    """The ring size to use with a daemon that admits rings up to ``max_ring_size`` bytes.
-
-    ``max_memory_gb`` is a cap on host buffering (1.3.1's presets asked for 16–64 GB), so a
-    ring larger than the daemon admits is shrunk to fit, with a warning (once per size and
-    limit in a process), rather than refused.
-
-    Args:
-        ring_size: the ring the config asks for.
-        max_ring_size: WELCOME's ``max_ring_size`` (None, from a daemon that does not say:
-            strapd's default, :data:`~llm_instrumentation.config.MAX_RING_BYTES`).
-
-    Returns:
-        ``ring_size``, or the largest page multiple within the limit.
-
-    Raises:
-        StrapdProtocolError: the daemon admits no ring of the smallest usable size.
-    """
-    from .config import MAX_RING_BYTES, MIN_RING_BYTES
-
-    limit = MAX_RING_BYTES if max_ring_size is None else max_ring_size
-    if ring_size <= limit:
-        return ring_size
-    fitted = limit // 4096 * 4096
-    if fitted < MIN_RING_BYTES:
-        raise StrapdProtocolError(f"strapd admits rings of at most {limit} bytes (--max-ring-size), less than "
-                                  f"the smallest usable ring ({MIN_RING_BYTES} bytes)", code="limit")
-    if (ring_size, limit) in _FIT_WARNED:
-        return fitted
-    # Once per size and limit in this process: a script capturing in a loop gets one line.
-    # (The warnings module's own once-per-place is reset whenever anything, e.g. torch,
-    # enters warnings.catch_warnings.)
-    _FIT_WARNED.add((ring_size, limit))
-    warnings.warn(f"max_memory_gb asks for a {ring_size / (1 << 30):g} GiB ring, more than strapd admits "
-                  f"(--max-ring-size {limit / (1 << 30):g} GiB); using {fitted / (1 << 30):g} GiB "
-                  f"(max_memory_gb caps host buffering)", UserWarning, stacklevel=2)
-    return fitted
-
-
 def open_session(socket_path: Optional[str], autostart: bool, stall_timeout: float, ring_size: int, policy: str,
-                 output_fd: int, trace_fd: Optional[int], request: P.Open, resume_seq: int = 0,
+                 output_fd: int, trace_fd: Optional[int], request: Dict[str, Any], resume_seq: int = 0,
                  resources_fd: Optional[int] = None, ring_explicit: bool = True) -> CaptureSession:
-    """Connect to strapd (starting it when ``autostart``), shake hands, create the ring and
-    open a session. On any failure the connection and ring are released again.
+    """Connect to strapd (starting it when ``autostart``), shake hands, take a ring and open a
+    session: libstrap's open (``_speedups.Session.open``, ``clients/c/src/open.c``), over this
+    module's connect (:func:`._daemon.connect`) and kept rings (:func:`._ring.take_ring`). On
+    any failure the connection and every ring taken are released again.
 
-    A default ring (``ring_explicit`` False) that the daemon's memory budget has no room
-    for is made as small as the room left (the ``memory_budget`` ERROR's
-    ``fits_ring_size``), with a warning naming ``strapd serve --memory-limit``; a ring the
-    user asked for is refused with an error naming it and the budget.
+    A ring larger than the daemon admits (WELCOME's ``max_ring_size``) is shrunk to fit, with
+    a warning once per size and limit in a process: ``max_memory_gb`` caps host buffering.
+    A default ring (``ring_explicit`` False) that the daemon's memory budget has no room for
+    is made as small as the room left (the ``memory_budget`` ERROR's ``fits_ring_size``), with
+    a warning naming ``strapd serve --memory-limit``; a ring the user asked for is refused with
+    an error naming it and the budget.
 
     Args:
         socket_path: the control socket (None: default resolution).
@@ -894,7 +862,10 @@ def open_session(socket_path: Optional[str], autostart: bool, stall_timeout: flo
         policy: ``"block"`` or ``"drop"``.
         output_fd: the stream file (the caller keeps and closes it).
         trace_fd: the trace file, or None (the caller keeps and closes it).
-        request: the OPEN body.
+        request: OPEN's fields (:func:`._open.open_request`): ``codec``, ``codec_level``,
+            ``block_size``, ``lossy_mode``, ``lossy_value``, ``resume`` (append_at, last_seq,
+            last_crc, packets), ``memory_hint``, ``upload``, ``upload_free_local``, and
+            ``metadata`` (a dict; its ``transport`` gets the ring's size).
         resume_seq: the last sequence number of a resumed stream (0: fresh); the session
             continues after it.
         resources_fd: the resource log, or None (the caller keeps and closes it).
@@ -904,75 +875,75 @@ def open_session(socket_path: Optional[str], autostart: bool, stall_timeout: flo
     Returns:
         the open session.
     """
-    asked = ring_size
-    for attempt in range(_BUDGET_RETRIES + 1):
-        try:
-            return _open_once(socket_path, autostart, stall_timeout, ring_size, policy, output_fd, trace_fd,
-                              request, resume_seq, resources_fd)
-        except StrapdProtocolError as e:
-            if e.code != "memory_budget" or e.fits_ring_size is None:
-                raise
-            fits = e.fits_ring_size
-            if ring_explicit:
-                raise StrapdProtocolError(
-                    f"{e}. This capture asked for a {asked}-byte ring (max_memory_gb): ask for a smaller "
-                    f"one, leave max_memory_gb unset to take a ring that fits, or raise the daemon's "
-                    f"budget (strapd serve --memory-limit)", code=e.code, fatal=e.fatal,
-                    fits_ring_size=fits) from e
-            from .config import MIN_RING_BYTES
-
-            if fits < MIN_RING_BYTES or attempt == _BUDGET_RETRIES:
-                raise StrapdProtocolError(
-                    f"{e}. Not even the smallest ring ({MIN_RING_BYTES} bytes) fits: raise the daemon's "
-                    f"budget (strapd serve --memory-limit) or end other captures" if fits < MIN_RING_BYTES else
-                    f"{e}. The budget's room shrank {_BUDGET_RETRIES} times while this capture tried to "
-                    f"take it: raise the daemon's budget (strapd serve --memory-limit)",
-                    code=e.code, fatal=e.fatal, fits_ring_size=fits) from e
-            from ._warnings import warn_caller
-
-            warn_caller(f"strapd's memory budget has room for a {fits}-byte ring, not this capture's default "
-                        f"{ring_size} bytes: capturing with the smaller ring (the model may wait for strapd "
-                        f"more often). Raise the budget with `strapd serve --memory-limit`, or set "
-                        f"max_memory_gb to ask for a ring size (then a short budget is an error)")
-            meta = request.metadata or {}
-            transport = dict(meta.get("transport") or {}, ring_size=fits, ring_shrunk_by_budget_from=ring_size)
-            request = dataclasses.replace(request, metadata={**meta, "transport": transport},
-                                          memory_hint=fits if request.memory_hint else request.memory_hint)
-            ring_size = fits
-    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
-
-
-#: Times a default ring is made smaller for the daemon's budget before giving up (the room
-#: a refusal reports can be taken by another session before the retry).
-_BUDGET_RETRIES = 3
-
-
-def _open_once(socket_path: Optional[str], autostart: bool, stall_timeout: float, ring_size: int, policy: str,
-               output_fd: int, trace_fd: Optional[int], request: P.Open, resume_seq: int,
-               resources_fd: Optional[int]) -> CaptureSession:
-    """One try of :func:`open_session`: a connection, a ring, OPEN."""
     from ._version import __version__
 
-    conn: Optional[P.Connection] = None
-    ring: Optional[Ring] = None
+    req = dict(request, resources=resources_fd is not None)
+    meta = dict(req.pop("metadata", None) or {})
+    transport = meta.pop("transport", None) or {}
+
+    def connect() -> int:  # the descriptor is libstrap's from here on
+        return _daemon.connect(socket_path, autostart=autostart).detach()
+
+    rings: List[Ring] = []
+
+    def ring_for(size: int) -> Ring:
+        rings.append(take_ring(size))
+        return rings[-1]
+
     try:
-        conn = _daemon.connect(socket_path, autostart=autostart)
-        welcome = P.handshake(conn, f"llm_instrumentation/{__version__}", os.getpid())
-        fitted = fit_ring(ring_size, welcome.max_ring_size)
-        if fitted != ring_size:
-            meta = request.metadata or {}
-            transport = dict(meta.get("transport") or {}, ring_size=fitted)
-            request = dataclasses.replace(request, metadata={**meta, "transport": transport})
-        ring = take_ring(fitted)
-        session = CaptureSession(conn, ring, policy, stall_timeout)
-        session.open(output_fd, request, trace_fd=trace_fd, resources_fd=resources_fd, seq=resume_seq)
-    except BaseException:
-        if conn is not None:
-            conn.close()
-        if ring is not None:
-            ring.close()
-        raise
+        s, ring, opened = _speedups.Session.open(
+            connect, ring_for, f"llm_instrumentation/{__version__}", req, _json(meta), _json(transport),
+            ring_size, ring_explicit, "max_memory_gb", output_fd, -1 if trace_fd is None else trace_fd,
+            -1 if resources_fd is None else resources_fd, policy, float(stall_timeout), resume_seq, True,
+            RING_TOKENS_EVERY, RING_TOKENS_SECONDS)
+    except _speedups.SessionError as e:
+        raise _error(e) from None
+    session = CaptureSession(socket.socket(fileno=opened["sock"]), ring, policy, stall_timeout, opened=(s, opened))
+    session.opened = Opened(opened["session"], opened["block_size"], opened["upload"],
+                            opened["published_cursor"], opened["ring_tokens"])
+    if req["codec"] == "fp8" and session.fp8_client != "off":
+        session._fp8 = (int(opened["block_size"]), float(req.get("lossy_value") or 0.0))
+    session._cuda = session._copier  # libstrap's session asks it which records are complete
+    if opened["fitted_from"] and (opened["fitted_from"], opened["max_ring_size"]) not in _FIT_WARNED:
+        # Once per size and limit in this process: a script capturing in a loop gets one line.
+        # (The warnings module's own once-per-place is reset whenever anything, e.g. torch,
+        # enters warnings.catch_warnings.)
+        _FIT_WARNED.add((opened["fitted_from"], opened["max_ring_size"]))
+        warnings.warn(f"max_memory_gb asks for a {opened['fitted_from'] / (1 << 30):g} GiB ring, more than strapd "
+                      f"admits (--max-ring-size {opened['max_ring_size'] / (1 << 30):g} GiB); using "
+                      f"{ring.ring_size / (1 << 30):g} GiB (max_memory_gb caps host buffering)", UserWarning,
+                      stacklevel=2)
+    if opened["shrunk_from"]:
+        from ._warnings import warn_caller
+
+        warn_caller(f"strapd's memory budget has room for a {ring.ring_size}-byte ring, not this capture's default "
+                    f"{opened['shrunk_from']} bytes: capturing with the smaller ring (the model may wait for strapd "
+                    f"more often). Raise the budget with `strapd serve --memory-limit`, or set "
+                    f"max_memory_gb to ask for a ring size (then a short budget is an error)")
     return session
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def _error(e: Any) -> BaseException:
+    """The client's exception for libstrap's ``SessionError`` (code, message, daemon code,
+    fatal[, fits_ring_size])."""
+    code, message, daemon_code, fatal = e.args[:4]
+    if code in (_speedups.E_INVALID, _speedups.E_TOO_LARGE):
+        return ValueError(message)
+    if code == _speedups.E_DAEMON:
+        cls = StrapdWriteError if daemon_code == "write_error" else StrapdProtocolError
+        return cls(message, code=daemon_code, fatal=bool(fatal),
+                   fits_ring_size=(e.args[4] or None) if len(e.args) > 4 else None)
+    if code == _speedups.E_PROTOCOL:
+        return StrapdProtocolError(message)
+    if code == _speedups.E_TIMEOUT:
+        return StrapdTimeoutError(message)
+    if code == _speedups.E_STATE:
+        return StrapdConnectionError(f"session already failed: {message}")
+    return StrapdConnectionError(message)
 
 
 def _frontier(cuda: Any) -> Callable[[bool], Any]:

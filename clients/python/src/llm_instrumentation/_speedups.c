@@ -52,6 +52,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "strap.h"
 #include "strap_connect.h"
 #include "strap_rank.h"
 #include "strap_ring.h"
@@ -874,7 +875,54 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(status_doc, "status(path) -> str\n"
+                         "--\n\n"
+                         "libstrap's strap_status: HELLO, then STATUS to the daemon on path (no autostart),\n"
+                         "the STATUS_REPLY body (JSON). The GIL is let go. OSError(code, message) on failure.");
+
+static PyObject *
+status(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    PyObject *path;
+    if (!PyUnicode_FSConverter(arg, &path))
+        return NULL;
+    size_t len = 1 << 16, needed = 0;
+    PyObject *out = NULL;
+    for (int i = 0; i < 4 && out == NULL; i++) {
+        char *buf = PyMem_Malloc(len);
+        if (buf == NULL) {
+            PyErr_NoMemory();
+            break;
+        }
+        strap_error err;
+        int e;
+        const char *p = PyBytes_AsString(path);
+        Py_BEGIN_ALLOW_THREADS;
+        e = strap_status(p, buf, len, &needed, &err);
+        Py_END_ALLOW_THREADS;
+        if (e == STRAP_OK)
+            out = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)strlen(buf), "replace");
+        PyMem_Free(buf);
+        if (e == STRAP_E_TOO_LARGE && needed > len) {
+            len = needed;
+            continue;
+        }
+        if (e != STRAP_OK) {
+            PyObject *v = Py_BuildValue("(is)", e, err.message);
+            if (v != NULL) {
+                PyErr_SetObject(PyExc_OSError, v);
+                Py_DECREF(v);
+            }
+            break;
+        }
+    }
+    Py_DECREF(path);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"status", status, METH_O, status_doc},
     {"write_record", (PyCFunction)(void (*)(void))write_record, METH_FASTCALL, write_record_doc},
     {"write_record_sum", (PyCFunction)(void (*)(void))write_record_sum, METH_FASTCALL, write_record_sum_doc},
     {"bind_cuda_memcpy", (PyCFunction)bind_cuda_memcpy, METH_O, bind_cuda_memcpy_doc},

@@ -19,10 +19,13 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "attach.h"
+#include "strap_channel.h"
 #include "strap_ring.h"
 
 #include "_speedups.h"
@@ -158,6 +161,272 @@ session_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     return (PyObject *)self;
+}
+
+/* ----- opening (strap__session_open_attached) ----- */
+
+typedef struct {
+    PyObject *connect, *take_ring; /* the caller's callables */
+    PyObject *rings;               /* the Ring objects taken (a list) */
+} OpenCtx;
+
+/* A Python exception in a callback: the open fails with a code, the exception is raised. */
+static int
+callback_failed(strap_error *err)
+{
+    err->code = STRAP_E_SYSTEM;
+    snprintf(err->message, sizeof err->message, "a Python callback raised");
+    return STRAP_E_SYSTEM;
+}
+
+static int
+open_connect_cb(void *user, strap_error *err)
+{
+    OpenCtx *c = user;
+    PyGILState_STATE g = PyGILState_Ensure();
+    int fd = -1;
+    PyObject *r = PyErr_Occurred() ? NULL : PyObject_CallNoArgs(c->connect);
+    if (r != NULL) {
+        fd = (int)PyLong_AsLong(r);
+        Py_DECREF(r);
+    }
+    if (fd < 0 && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "connect returned no descriptor");
+    int rc = fd >= 0 ? fd : callback_failed(err); /* a descriptor, or STRAP_E_SYSTEM (< 0) */
+    PyGILState_Release(g);
+    return rc;
+}
+
+static srb_ring *
+open_ring_cb(void *user, uint64_t size, strap_error *err)
+{
+    OpenCtx *c = user;
+    PyGILState_STATE g = PyGILState_Ensure();
+    srb_ring *rb = NULL;
+    PyObject *r = PyErr_Occurred() ? NULL : PyObject_CallFunction(c->take_ring, "K", (unsigned long long)size);
+    if (r != NULL) {
+        rb = speedups_ring_srb(r);
+        if (rb != NULL && PyList_Append(c->rings, r) < 0)
+            rb = NULL;
+        Py_DECREF(r);
+    }
+    if (rb == NULL)
+        callback_failed(err);
+    PyGILState_Release(g);
+    return rb;
+}
+
+/* A ring the open did not keep: closed (Ring.close), dropped from the list. */
+static void
+open_ring_drop_cb(void *user, srb_ring *rb)
+{
+    OpenCtx *c = user;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb); /* an exception already raised stays the one raised */
+    for (Py_ssize_t i = PyList_Size(c->rings) - 1; i >= 0; i--) {
+        PyObject *r = PyList_GetItem(c->rings, i);
+        if (speedups_ring_srb(r) != rb) {
+            PyErr_Clear();
+            continue;
+        }
+        PyObject *x = PyObject_CallMethod(r, "close", NULL);
+        if (x == NULL)
+            PyErr_WriteUnraisable(r);
+        Py_XDECREF(x);
+        PySequence_DelItem(c->rings, i);
+        break;
+    }
+    PyErr_Clear();
+    PyErr_Restore(t, v, tb);
+    PyGILState_Release(g);
+}
+
+/* d[key] as an unsigned 64-bit number (absent or None: def). */
+static int
+dict_u64(PyObject *d, const char *key, uint64_t def, uint64_t *out)
+{
+    PyObject *v = PyDict_GetItemString(d, key);
+    if (v == NULL || v == Py_None) {
+        *out = def;
+        return 0;
+    }
+    unsigned long long x = PyLong_AsUnsignedLongLong(v);
+    if (x == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *out = x;
+    return 0;
+}
+
+/* d[key] as a UTF-8 string borrowed from d (absent or None: NULL). */
+static int
+dict_str(PyObject *d, const char *key, const char **out)
+{
+    PyObject *v = PyDict_GetItemString(d, key);
+    *out = NULL;
+    if (v == NULL || v == Py_None)
+        return 0;
+    *out = PyUnicode_AsUTF8AndSize(v, NULL);
+    return *out == NULL ? -1 : 0;
+}
+
+PyDoc_STRVAR(open_doc,
+             "open(connect, take_ring, client, request, metadata, transport, ring_size, ring_explicit, "
+             "ring_setting,\n     out_fd, trace_fd, resources_fd, policy, stall_timeout, seq, defer, "
+             "ring_tokens_every,\n     ring_tokens_seconds) -> (Session, Ring, opened)\n"
+             "--\n\n"
+             "libstrap's open (clients/c/src/open.c): connect() gives a connected socket's descriptor\n"
+             "(the caller's from then on), take_ring(size) a Ring; HELLO, the ring clamped to the daemon's\n"
+             "max_ring_size, OPEN with [ring, out_fd(, trace_fd)(, resources_fd)] (-1: none), OPENED, and\n"
+             "a default ring (ring_explicit False) the daemon's memory budget has no room for tried again\n"
+             "smaller (each ring not kept is closed). request: OPEN's fields (codec, codec_level,\n"
+             "block_size, lossy_mode, lossy_value, resume: (append_at, last_seq, last_crc, packets),\n"
+             "memory_hint, resources, upload, upload_free_local). metadata: the stream's metadata (a JSON\n"
+             "object) but its transport (transport: a JSON object of its members; the ring's size and\n"
+             "ring_shrunk_by_budget_from are added). opened: a dict (sock, session, block_size,\n"
+             "max_record, publish_bytes, published_cursor, ring_tokens, upload, fitted_from,\n"
+             "shrunk_from, max_ring_size). Failures raise SessionError(code, message, daemon_code, fatal,\n"
+             "fits_ring_size). The GIL is let go while it waits.");
+
+static PyObject *
+session_open(PyObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"connect", "take_ring", "client", "request", "metadata", "transport",
+                             "ring_size", "ring_explicit", "ring_setting", "out_fd", "trace_fd", "resources_fd",
+                             "policy", "stall_timeout", "seq", "defer", "ring_tokens_every",
+                             "ring_tokens_seconds", NULL};
+    OpenCtx c = {NULL, NULL, NULL};
+    PyObject *request;
+    const char *client, *metadata, *transport, *ring_setting, *policy;
+    unsigned long long ring_size, seq;
+    int ring_explicit, out_fd, trace_fd, res_fd, defer;
+    double stall, rt_seconds;
+    unsigned int rt_every;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOsO!ssKpsiiisdKpId", kwlist, &c.connect, &c.take_ring, &client,
+                                     &PyDict_Type, &request, &metadata, &transport, &ring_size, &ring_explicit,
+                                     &ring_setting, &out_fd, &trace_fd, &res_fd, &policy, &stall, &seq, &defer,
+                                     &rt_every, &rt_seconds))
+        return NULL;
+    int pol = strcmp(policy, "block") == 0 ? STRAP_POLICY_BLOCK : strcmp(policy, "drop") == 0 ? STRAP_POLICY_DROP : -1;
+    if (pol < 0) {
+        PyErr_Format(PyExc_ValueError, "policy %s is not 'block' or 'drop'", policy);
+        return NULL;
+    }
+    strap__open o = {
+        .connect = open_connect_cb,
+        .ring = open_ring_cb,
+        .ring_drop = open_ring_drop_cb,
+        .user = &c,
+        .client = client,
+        .metadata = metadata,
+        .transport = transport,
+        .ring_size = ring_size,
+        .ring_explicit = ring_explicit != 0,
+        .ring_setting = ring_setting,
+        .out_fd = out_fd,
+        .trace_fd = trace_fd,
+        .res_fd = res_fd,
+        .defer = defer != 0,
+    };
+    sp_open_body *b = &o.body;
+    uint64_t hint, resources, free_local;
+    PyObject *lv = PyDict_GetItemString(request, "lossy_value"), *lvl = PyDict_GetItemString(request, "codec_level"),
+             *resume = PyDict_GetItemString(request, "resume");
+    long long level = lvl != NULL && lvl != Py_None ? PyLong_AsLongLong(lvl) : 0;
+    if ((level == -1 && PyErr_Occurred()) || dict_str(request, "codec", &b->codec) ||
+        dict_u64(request, "block_size", 0, &b->block_size) || dict_str(request, "lossy_mode", &b->lossy_mode) ||
+        dict_u64(request, "memory_hint", 0, &hint) || dict_u64(request, "resources", 0, &resources) ||
+        dict_str(request, "upload", &b->upload) || dict_u64(request, "upload_free_local", 0, &free_local))
+        return NULL;
+    if (b->codec == NULL) {
+        PyErr_SetString(PyExc_ValueError, "open: request has no codec");
+        return NULL;
+    }
+    b->has_codec_level = lvl != NULL && lvl != Py_None;
+    b->codec_level = (int64_t)level;
+    b->memory_hint = hint;
+    b->resources = resources != 0;
+    b->upload_free_local = free_local != 0;
+    if (lv != NULL && lv != Py_None) {
+        b->has_lossy_value = 1;
+        b->lossy_value = PyFloat_AsDouble(lv);
+        if (b->lossy_value == -1.0 && PyErr_Occurred())
+            return NULL;
+    }
+    if (resume != NULL && resume != Py_None) {
+        unsigned long long at, ls, lc, pk;
+        if (!PyArg_ParseTuple(resume, "KKKK", &at, &ls, &lc, &pk))
+            return NULL;
+        b->has_resume = 1;
+        b->append_at = at;
+        b->resume_last_seq = ls;
+        b->resume_last_crc = lc;
+        b->resume_packets = pk;
+    }
+    SessionObject *self = (SessionObject *)PyType_GenericAlloc((PyTypeObject *)type, 0);
+    if (self == NULL)
+        return NULL;
+    c.rings = PyList_New(0);
+    strap__opened *op = PyMem_Malloc(sizeof *op);
+    if (c.rings == NULL || op == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    o.attach = (strap__attach){
+        .policy = pol,
+        .stall_timeout_s = stall,
+        .seq = seq,
+        .ring_tokens_every = rt_every,
+        .ring_tokens_seconds = rt_seconds,
+        .frontier = frontier_cb,
+        .frontier_user = self,
+        .interrupted = interrupted_cb,
+        .interrupt_user = self,
+    };
+    strap_error err;
+    int e;
+    Py_BEGIN_ALLOW_THREADS;
+    e = strap__session_open_attached(&o, op, &self->s, &err);
+    Py_END_ALLOW_THREADS;
+    if (e) {
+        if (!PyErr_Occurred()) {
+            PyObject *v = Py_BuildValue("(issiK)", e, err.message, err.daemon_code, err.fatal,
+                                        (unsigned long long)op->fits_ring_size);
+            if (v != NULL) {
+                PyErr_SetObject(session_error, v);
+                Py_DECREF(v);
+            }
+        }
+        goto fail;
+    }
+    /* the ring kept is the last one taken (the others were given back) */
+    Py_ssize_t n = PyList_Size(c.rings);
+    PyObject *ring = n > 0 ? PyList_GetItem(c.rings, n - 1) : NULL;
+    if (ring == NULL || speedups_ring_srb(ring) != op->ring) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "open: the ring sent is not the last one taken");
+        goto fail;
+    }
+    Py_INCREF(ring);
+    self->ring = ring;
+    self->rb = op->ring;
+    PyObject *out = Py_BuildValue(
+        "(NO{s:i,s:K,s:K,s:K,s:K,s:N,s:N,s:s,s:K,s:K,s:K})", (PyObject *)self, ring, "sock", op->sock, "session",
+        (unsigned long long)op->session_id, "block_size", (unsigned long long)op->block_size, "max_record",
+        (unsigned long long)op->max_record, "publish_bytes", (unsigned long long)op->publish_bytes, "published_cursor",
+        PyBool_FromLong(op->published_cursor), "ring_tokens", PyBool_FromLong(op->ring_tokens), "upload", op->upload,
+        "fitted_from", (unsigned long long)op->fitted_from, "shrunk_from", (unsigned long long)op->shrunk_from,
+        "max_ring_size", (unsigned long long)op->max_ring_size);
+    PyMem_Free(op);
+    Py_DECREF(c.rings);
+    if (out == NULL) /* the session and its socket go with self */
+        return NULL;
+    return out;
+fail:
+    PyMem_Free(op);
+    Py_XDECREF(c.rings);
+    Py_DECREF(self);
+    return NULL;
 }
 
 static void
@@ -613,6 +882,69 @@ session_close_wait(PyObject *o, PyObject *arg)
                          (unsigned long long)c.file_bytes, upload);
 }
 
+PyDoc_STRVAR(send_resources_doc,
+             "send_resources(lines) -> int\n"
+             "--\n\n"
+             "RESOURCES messages (PROTOCOL.md 1.4) for the serialized events (bytes, each a JSON object\n"
+             "with a string \"event\", a trailing newline ignored), as few as fit: the number sent. Sent\n"
+             "on the connection as they are, beside the session's own messages (a datagram is whole),\n"
+             "from any thread; the GIL is let go. ValueError when an event is not one or does not fit a\n"
+             "message; OSError when the connection fails.");
+
+static PyObject *
+session_send_resources(PyObject *o, PyObject *arg)
+{
+    SessionObject *self = (SessionObject *)o;
+    PyObject *fast = PySequence_List(arg);
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PyList_Size(fast);
+    const char **evs = PyMem_Calloc((size_t)n + 1, sizeof *evs);
+    size_t *lens = PyMem_Calloc((size_t)n + 1, sizeof *lens);
+    char *buf = PyMem_Malloc(SP_MAX_MESSAGE);
+    PyObject *out = NULL;
+    long sent = 0;
+    if (evs == NULL || lens == NULL || buf == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char *p;
+        Py_ssize_t len;
+        if (PyBytes_AsStringAndSize(PyList_GetItem(fast, i), &p, &len) < 0)
+            goto done;
+        while (len > 0 && p[len - 1] == '\n')
+            len--;
+        evs[i] = p, lens[i] = (size_t)len;
+    }
+    int sock = strap__session_sock(self->s), rc = SP_OK, err = 0;
+    char why[256] = "";
+    Py_BEGIN_ALLOW_THREADS;
+    for (size_t next = 0; next < (size_t)n && rc == SP_OK && !err;) {
+        sw_buf b = {buf, 0, SP_MAX_MESSAGE, false};
+        rc = sp_pack_resources(&b, evs, lens, (size_t)n, &next, why, sizeof why);
+        int r = rc == SP_OK ? sch_send(sock, b.p, b.n, NULL, 0) : 0;
+        if (r != 0)
+            err = -r;
+        sent += rc == SP_OK && !err;
+    }
+    Py_END_ALLOW_THREADS;
+    if (rc == SP_E_TOO_LARGE)
+        PyErr_Format(PyExc_ValueError, "a resource event does not fit in one message (%d bytes)", SP_MAX_MESSAGE);
+    else if (rc != SP_OK)
+        PyErr_SetString(PyExc_ValueError, why);
+    else if (err)
+        errno = err, PyErr_SetFromErrno(PyExc_OSError);
+    else
+        out = PyLong_FromLong(sent);
+done:
+    Py_DECREF(fast);
+    PyMem_Free(evs);
+    PyMem_Free(lens);
+    PyMem_Free(buf);
+    return out;
+}
+
 static PyObject *
 session_shut(PyObject *o, PyObject *unused)
 {
@@ -694,6 +1026,7 @@ session_set_frontier(PyObject *o, PyObject *fn)
 }
 
 static PyMethodDef session_methods[] = {
+    {"open", (PyCFunction)(void (*)(void))session_open, METH_VARARGS | METH_KEYWORDS | METH_CLASS, open_doc},
     {"put", (PyCFunction)(void (*)(void))session_put, METH_FASTCALL, put_doc},
     {"put_cuda", (PyCFunction)(void (*)(void))session_put_cuda, METH_FASTCALL, put_cuda_doc},
     {"claim", (PyCFunction)(void (*)(void))session_claim, METH_FASTCALL, claim_doc},
@@ -711,6 +1044,7 @@ static PyMethodDef session_methods[] = {
      "close_send(fds): CLOSE with descriptors; the session takes no more records."},
     {"close_wait", session_close_wait, METH_O,
      "close_wait(timeout) -> (packets, drops, bytes_in, bytes_out, file_bytes, upload): CLOSED."},
+    {"send_resources", session_send_resources, METH_O, send_resources_doc},
     {"shut", session_shut, METH_NOARGS, "Refuse records from now on."},
     {"state", session_state, METH_NOARGS, state_doc},
     {"set_ring_tokens", session_set_ring_tokens, METH_VARARGS,

@@ -7,7 +7,6 @@ id in one directory, rows that disagree with the tokens, and finish marks. No vL
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -40,8 +39,8 @@ def write_stream(path: Path, socket: str, steps: List[Dict[str, Any]], randomize
     model = torch.nn.Linear(1, 1)
     names = [f"model.layers.{n}" for n in layers]
     req = _open.open_request(model, cfg, plan, names, str(path), "sha256:x", None, distributed=distributed)
-    req = dataclasses.replace(req, metadata={**req.metadata, "vllm": {
-        "index_format": INDEX_FORMAT, "modules": {n: "sum" for n in names}, "request_id_randomized": randomized}})
+    req["metadata"] = {**req["metadata"], "vllm": {
+        "index_format": INDEX_FORMAT, "modules": {n: "sum" for n in names}, "request_id_randomized": randomized}}
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o640)
     try:
         s = open_session(socket, False, 30.0, plan.ring_size, plan.policy, fd, None, req)

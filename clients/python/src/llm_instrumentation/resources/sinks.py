@@ -41,14 +41,13 @@ class SessionSink:
     session's connection; strapd appends them to the resource log passed with OPEN.
 
     Args:
-        send: sends one RESOURCES body (bytes of a JSON object) as one message.
-        max_body: the largest body one message may carry.
+        send: packs the lines into as few RESOURCES messages as fit and sends them
+            (libstrap's ``_speedups.Session.send_resources``); returns how many it sent.
         path: the resource log strapd writes (for ``ResourceMonitor.path``).
     """
 
-    def __init__(self, send: Callable[[bytes], None], max_body: int, path: Optional[str] = None) -> None:
+    def __init__(self, send: Callable[[Sequence[bytes]], int], path: Optional[str] = None) -> None:
         self._send = send
-        self._max = max_body
         self.path = path
         self.messages = 0
 
@@ -58,26 +57,8 @@ class SessionSink:
         Raises:
             ValueError: one event alone is larger than a message can carry.
         """
-        head, tail = b'{"events":[', b"]}"
-        room = self._max - len(head) - len(tail)
-        batch: List[bytes] = []
-        size = 0
-        for line in lines:
-            ev = line.rstrip(b"\n")
-            if len(ev) + 1 > room:
-                raise ValueError(f"a resource event of {len(ev)} bytes does not fit in one message "
-                                 f"({self._max} bytes)")
-            if batch and size + len(ev) + 1 > room:
-                self._flush_batch(head, tail, batch)
-                batch, size = [], 0
-            batch.append(ev)
-            size += len(ev) + 1
-        if batch:
-            self._flush_batch(head, tail, batch)
-
-    def _flush_batch(self, head: bytes, tail: bytes, batch: List[bytes]) -> None:
-        self._send(head + b",".join(batch) + tail)
-        self.messages += 1
+        if lines:
+            self.messages += self._send(lines)
 
     def flush(self) -> None:
         """Messages are sent as they are made."""

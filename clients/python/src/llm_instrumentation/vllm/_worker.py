@@ -202,7 +202,7 @@ class WorkerCapture:
         fp = _open.fingerprint(model, cfg, plan, names)
         dist = self._distributed(vc, rank)
         req = _open.open_request(model, cfg, plan, names, self.path, fp, None, distributed=dist)
-        req = dataclasses.replace(req, metadata={**(req.metadata or {}), "vllm": self._metadata(vc, rank)})
+        req["metadata"] = {**req["metadata"], "vllm": self._metadata(vc, rank)}
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
         try:
             self.session = open_session(None, True, 120.0, plan.ring_size, plan.policy, fd, None, req,

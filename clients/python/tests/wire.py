@@ -1,4 +1,7 @@
-"""Control-socket messages of docs/PROTOCOL.md section 1, and the client end of the socket.
+"""The tests' typed view of the control messages of docs/PROTOCOL.md section 1: what their
+peers (strapfake, socketpair daemons) decode and answer with, and a client end of the socket
+for tests that speak to strapd by hand. The client itself sends and receives every message
+through libstrap (``_speedups.Session``); this module is the tests' only.
 
 A message is one SOCK_SEQPACKET datagram: ``"STRP" u16 version u16 type u32 body_len`` then a
 JSON object. The bytes are libstrap's: every body the client sends is encoded, and every reply
@@ -21,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
 
-from . import _speedups
-from .errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError, StrapdWriteError
+from llm_instrumentation import _speedups
+from llm_instrumentation.errors import StrapdConnectionError, StrapdProtocolError, StrapdTimeoutError, StrapdWriteError
 
 #: libstrap's control messages and their datagrams, compiled into the extension (_speedups_wire.c,
 #: _speedups_channel.c); no stub: Any.
@@ -766,7 +769,7 @@ def status(path: str, timeout: float = 5.0) -> Dict[str, Any]:
     """
     import os
 
-    from ._version import __version__
+    from llm_instrumentation._version import __version__
 
     conn = Connection.connect(path, timeout)
     try:
