@@ -2,8 +2,8 @@
  * The control connection's datagrams (docs/PROTOCOL.md 1), written once for the client side:
  * one SOCK_SEQPACKET datagram sent with its descriptors (SCM_RIGHTS), one received with a
  * timeout, and the daemon's last ERROR salvaged from a connection it closed. libstrap's
- * sessions (src/session.c, src/open.c) and the Python client's extension (_speedups_channel.c,
- * behind _protocol.Connection) both talk to strapd with them; the bodies are strap_wire.h's.
+ * sessions (src/session.c, src/open.c; the Python client's are libstrap's) talk to strapd with
+ * them, and the Python tests' peers through _speedups_channel.c; the bodies are strap_wire.h's.
  */
 #ifndef STRAP_CHANNEL_H
 #define STRAP_CHANNEL_H

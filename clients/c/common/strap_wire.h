@@ -1,8 +1,8 @@
 /* The control messages of docs/PROTOCOL.md 1, client side, written once: the JSON reader
  * (strap_json.c: strict validation, then lookups) and writer, the encoder of every body a
  * client sends and the decoder of every reply (strap_wire.c). libstrap builds its sessions on
- * them; the Python client's _speedups extension compiles the same two files and exposes them
- * to _protocol.py. Nothing here allocates; nothing includes libstrap's or Python's headers. */
+ * them (the Python client's too); the _speedups extension exposes them to the Python tests'
+ * typed bodies (tests/wire.py). Nothing here allocates; nothing includes libstrap's or Python's headers. */
 #ifndef STRAP_WIRE_H
 #define STRAP_WIRE_H
 

@@ -36,7 +36,7 @@
  *
  * - the control messages (docs/PROTOCOL.md 1): libstrap's encoders of every body a client sends
  *   and its decoder of every reply (clients/c/common/strap_wire.c, strap_json.c), bound in
- *   _speedups_wire.c for _protocol.py.
+ *   _speedups_wire.c for the tests' typed bodies (tests/wire.py).
  *
  * Built against the limited API of CPython 3.10 (one .abi3.so for every later CPython).
  * Required: the client's ring code is this module (a source install needs a C compiler; the

@@ -1,5 +1,5 @@
 /*
- * The control connection's datagrams for _protocol.Connection: libstrap's
+ * The control connection's datagrams for the tests' wire.Connection: libstrap's
  * clients/c/common/strap_channel.h (one datagram sent with its descriptors, one received with
  * a timeout, the daemon's last ERROR salvaged from a connection it closed), compiled in as
  * libstrap compiles it. The GIL is let go while a receive waits, taken back every 50 ms to run

@@ -270,31 +270,31 @@ dict_str(PyObject *d, const char *key, const char **out)
     return *out == NULL ? -1 : 0;
 }
 
-PyDoc_STRVAR(open_doc,
-             "open(connect, take_ring, client, request, metadata, transport, ring_size, ring_explicit, "
-             "ring_setting,\n     out_fd, trace_fd, resources_fd, policy, stall_timeout, seq, defer, "
-             "ring_tokens_every,\n     ring_tokens_seconds) -> (Session, Ring, opened)\n"
-             "--\n\n"
-             "libstrap's open (clients/c/src/open.c): connect() gives a connected socket's descriptor\n"
-             "(the caller's from then on), take_ring(size) a Ring; HELLO, the ring clamped to the daemon's\n"
-             "max_ring_size, OPEN with [ring, out_fd(, trace_fd)(, resources_fd)] (-1: none), OPENED, and\n"
-             "a default ring (ring_explicit False) the daemon's memory budget has no room for tried again\n"
-             "smaller (each ring not kept is closed). request: OPEN's fields (codec, codec_level,\n"
-             "block_size, lossy_mode, lossy_value, resume: (append_at, last_seq, last_crc, packets),\n"
-             "memory_hint, resources, upload, upload_free_local). metadata: the stream's metadata (a JSON\n"
-             "object) but its transport (transport: a JSON object of its members; the ring's size and\n"
-             "ring_shrunk_by_budget_from are added). opened: a dict (sock, session, block_size,\n"
-             "max_record, publish_bytes, published_cursor, ring_tokens, upload, fitted_from,\n"
-             "shrunk_from, max_ring_size). Failures raise SessionError(code, message, daemon_code, fatal,\n"
-             "fits_ring_size). The GIL is let go while it waits.");
+PyDoc_STRVAR(open_doc, "open(connect, take_ring, client, request, metadata, transport, ring_size, ring_explicit, "
+                       "ring_setting,\n     out_fd, trace_fd, resources_fd, policy, stall_timeout, seq, defer, "
+                       "ring_tokens_every,\n     ring_tokens_seconds) -> (Session, Ring, opened)\n"
+                       "--\n\n"
+                       "libstrap's open (clients/c/src/open.c): connect() gives a connected socket's descriptor\n"
+                       "(the caller's from then on), take_ring(size) a Ring; HELLO, the ring clamped to the daemon's\n"
+                       "max_ring_size, OPEN with [ring, out_fd(, trace_fd)(, resources_fd)] (-1: none), OPENED, and\n"
+                       "a default ring (ring_explicit False) the daemon's memory budget has no room for tried again\n"
+                       "smaller (each ring not kept is closed). request: OPEN's fields (codec, codec_level,\n"
+                       "block_size, lossy_mode, lossy_value, resume: (append_at, last_seq, last_crc, packets),\n"
+                       "memory_hint, resources, upload, upload_free_local). metadata: the stream's metadata (a JSON\n"
+                       "object) but its transport (transport: a JSON object of its members; the ring's size and\n"
+                       "ring_shrunk_by_budget_from are added). opened: a dict (sock, session, block_size,\n"
+                       "max_record, publish_bytes, published_cursor, ring_tokens, upload, fitted_from,\n"
+                       "shrunk_from, max_ring_size). Failures raise SessionError(code, message, daemon_code, fatal,\n"
+                       "fits_ring_size). The GIL is let go while it waits.");
 
 static PyObject *
 session_open(PyObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"connect", "take_ring", "client", "request", "metadata", "transport",
-                             "ring_size", "ring_explicit", "ring_setting", "out_fd", "trace_fd", "resources_fd",
-                             "policy", "stall_timeout", "seq", "defer", "ring_tokens_every",
-                             "ring_tokens_seconds", NULL};
+    static char *kwlist[] = {
+        "connect",   "take_ring",     "client",       "request", "metadata",          "transport",
+        "ring_size", "ring_explicit", "ring_setting", "out_fd",  "trace_fd",          "resources_fd",
+        "policy",    "stall_timeout", "seq",          "defer",   "ring_tokens_every", "ring_tokens_seconds",
+        NULL};
     OpenCtx c = {NULL, NULL, NULL};
     PyObject *request;
     const char *client, *metadata, *transport, *ring_setting, *policy;

@@ -1,13 +1,14 @@
 /*
- * The control messages of docs/PROTOCOL.md 1, bound for _protocol.py: libstrap's encoder of
- * every body a client sends and its decoder of every reply (clients/c/common/strap_wire.c,
- * compiled into this extension as libstrap compiles it), so the client side writes them once.
+ * The control messages of docs/PROTOCOL.md 1: libstrap's encoder of every body a client sends and
+ * its decoder of every reply (clients/c/common/strap_wire.c, compiled into this extension as
+ * libstrap compiles it), bound for the tests' typed bodies (clients/python/tests/wire.py: golden
+ * files, malformed replies, fake daemons); the client's own session sends and reads them in C.
  * Part of the _speedups module (its methods are added by _speedups.c's module_exec).
  *
  * Encoders return the whole datagram as bytes, or raise ValueError when it exceeds the
  * protocol's 65536 bytes (or a string holds a NUL the C encoder cannot take). The decoders
  * raise ValueError(reason, code) for bytes the protocol refuses: code is "protocol_version"
- * for a reply of another version, else None; _protocol.py raises StrapdProtocolError from it.
+ * for a reply of another version, else None; tests/wire.py raises StrapdProtocolError from it.
  */
 #define Py_LIMITED_API 0x030A0000
 #define PY_SSIZE_T_CLEAN
@@ -290,7 +291,7 @@ done:
 
 /* ----- reading ----- */
 
-/* ValueError(reason, code): _protocol.py raises StrapdProtocolError(reason, code=code). The
+/* ValueError(reason, code): tests/wire.py raises StrapdProtocolError(reason, code=code). The
  * reason quotes the daemon's bytes (cut to fit err): never a decode error of its own. */
 static PyObject *
 protocol_error(const char *why, const char *code)
