@@ -152,6 +152,25 @@ int strap__session_sock(const strap_session *s);
 /* Refuse records from now on (a closing or abandoned session). */
 void strap__session_shut(strap_session *s);
 
+/* The job's resume point by files beside the streams (docs/DISTRIBUTED.md D3: torchrun without a
+ * process group, per-rank stream names): this rank's contribution — its token count own, or
+ * own_error — written durably to <output_path>.job-resume.json with this start of the job, then
+ * every rank's read from the files beside it (this rank's marker .rankNNNNN-of-MMMMM replaced by
+ * each rank's), waited for up to wait_s. counts[r] (world_size entries) is rank r's count, or
+ * UINT64_MAX with its error in texts + r * STRAP__JOB_TEXT. STRAP_E_CHECKPOINT when the wait ran
+ * out, STRAP_E_INVALID without the marker, STRAP_E_SYSTEM when the file could not be written or
+ * interrupted said stop; why says which. libstrap's open and the Python client share it. */
+#define STRAP__JOB_TEXT 600
+typedef struct strap__job {
+	const char *output_path, *start, *own_error;
+	long long rank, world_size;
+	uint64_t own;
+	double wait_s;
+	int (*interrupted)(void *user);
+	void *interrupt_user;
+} strap__job;
+int strap__job_exchange(const strap__job *j, uint64_t *counts, char *texts, char *why, size_t whylen);
+
 /* The session's state, read together (the Python client's counters and tests). */
 typedef struct strap__state {
 	uint64_t seq, last_tensor_seq, tokens, records, bytes_in, drops, drop_bytes, published_head, unsent_tokens,

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "session.h"
@@ -97,101 +98,139 @@ bool ss_job_start(const strap_session *s, char *start, size_t len)
 	return true;
 }
 
-/* rank's exchange file: this rank's stream path with rank's marker instead of its own. */
-static bool sibling_file(const strap_session *s, long long rank, char *out, size_t len)
+/* rank's exchange file: the stream path with rank's marker instead of this rank's own. */
+static bool sibling_file(const char *output_path, long long mine_rank, long long world, long long rank, char *out,
+			 size_t len)
 {
 	char mine[64], theirs[64];
-	snprintf(mine, sizeof mine, ".rank%05lld-of-%05lld", s->rank.rank, s->rank.world_size);
-	snprintf(theirs, sizeof theirs, ".rank%05lld-of-%05lld", rank, s->rank.world_size);
-	const char *base = strrchr(s->output_path, '/');
-	base = base ? base + 1 : s->output_path;
+	snprintf(mine, sizeof mine, ".rank%05lld-of-%05lld", mine_rank, world);
+	snprintf(theirs, sizeof theirs, ".rank%05lld-of-%05lld", rank, world);
+	const char *base = strrchr(output_path, '/');
+	base = base ? base + 1 : output_path;
 	const char *at = NULL;
 	for (const char *p = strstr(base, mine); p; p = strstr(p + 1, mine))
 		at = p;
 	if (!at)
 		return false;
-	int n = snprintf(out, len, "%.*s%s%s.job-resume.json", (int)(at - s->output_path), s->output_path, theirs,
+	int n = snprintf(out, len, "%.*s%s%s.job-resume.json", (int)(at - output_path), output_path, theirs,
 			 at + strlen(mine));
 	return n > 0 && (size_t)n < len;
 }
 
-int ss_job_agree(strap_session *s, const char *start, int own_rc, uint64_t own, uint64_t *min)
+int strap__job_exchange(const strap__job *j, uint64_t *counts, char *texts, char *why, size_t whylen)
 {
 	/* this rank's contribution: its count, or its error (so that no other rank waits for it) */
-	char path[4400], why[1024] = "the message buffer is too small";
-	snprintf(path, sizeof path, "%s.job-resume.json", s->output_path);
-	sw_buf b = {s->sbuf, 0, SP_MAX_MESSAGE, false};
-	sw_lit(&b, "{\"start\": ");
-	sw_str(&b, start, strlen(start));
-	sw_lit(&b, ", \"rank\": ");
-	sw_i64(&b, s->rank.rank);
-	sw_lit(&b, ", \"value\": ");
-	if (own_rc) {
-		char v[1200];
-		snprintf(v, sizeof v, "%s: %s", strap_errstr(own_rc), s->err.message);
-		sw_str(&b, v, strlen(v));
-	} else {
-		sw_u64(&b, own);
+	char path[4400], *buf = malloc(SP_MAX_MESSAGE);
+	if (!buf) {
+		snprintf(why, whylen, "out of memory");
+		return STRAP_E_NOMEM;
 	}
+	snprintf(path, sizeof path, "%s.job-resume.json", j->output_path);
+	sw_buf b = {buf, 0, SP_MAX_MESSAGE, false};
+	sw_lit(&b, "{\"start\": ");
+	sw_str(&b, j->start, strlen(j->start));
+	sw_lit(&b, ", \"rank\": ");
+	sw_i64(&b, j->rank);
+	sw_lit(&b, ", \"value\": ");
+	if (j->own_error)
+		sw_str(&b, j->own_error, strlen(j->own_error));
+	else
+		sw_u64(&b, j->own);
 	sw_lit(&b, "}");
-	/* replaced atomically and durably, as the Python client's _job_resume.py does (sck_write_atomic) */
-	if (b.overflow || sck_write_atomic(path, b.p, b.n, 0640, why, sizeof why) != 0)
-		return own_rc ? own_rc : ss_fail(s, STRAP_E_SYSTEM, "job resume point %s: %s", path, why);
-	const char *w = getenv("STRAP_JOB_RESUME_WAIT");
-	double wait = w && *w ? strtod(w, NULL) : 600.0;
-	double deadline = sc_now() + wait;
-	long long n = s->rank.world_size;
-	uint64_t best = UINT64_MAX;
-	char bad[900] = "";
-	size_t nbad = 0;
-	for (long long r = 0; r < n;) {
+	int e = STRAP_OK;
+	char werr[1024] = "the message buffer is too small";
+	/* replaced atomically and durably (sck_write_atomic) */
+	if (b.overflow || sck_write_atomic(path, b.p, b.n, 0640, werr, sizeof werr) != 0) {
+		snprintf(why, whylen, "job resume point %s: %s", path, werr);
+		free(buf);
+		return STRAP_E_SYSTEM;
+	}
+	double deadline = sc_now() + j->wait_s;
+	for (long long r = 0; r < j->world_size;) {
 		char p[4400];
-		bool got = false;
-		if (!sibling_file(s, r, p, sizeof p))
-			return ss_fail(s, STRAP_E_INVALID, "%s does not carry this rank's marker", s->output_path);
+		if (!sibling_file(j->output_path, j->rank, j->world_size, r, p, sizeof p)) {
+			snprintf(why, whylen, "%s does not carry rank %lld's marker .rank%05lld-of-%05lld",
+				 j->output_path, j->rank, j->rank, j->world_size);
+			e = STRAP_E_INVALID;
+			break;
+		}
 		FILE *g = fopen(p, "re");
-		size_t len = g ? fread(s->sbuf, 1, SP_MAX_MESSAGE, g) : 0;
+		size_t len = g ? fread(buf, 1, SP_MAX_MESSAGE, g) : 0;
 		if (g)
 			fclose(g);
-		sj_val v = {s->sbuf, len}, fs, fr, fv;
+		sj_val v = {buf, len}, fs, fr, fv;
 		char st[600];
 		int64_t rank = -1;
-		if (len && len < SP_MAX_MESSAGE && sj_validate(s->sbuf, len, NULL, 0) && sj_kind(v) == '{' &&
-		    sj_get(v, "start", &fs) && sj_str(fs, st, sizeof st, NULL) && strcmp(st, start) == 0 &&
+		/* not written yet, or of an earlier start: waited for (a rename makes it whole) */
+		if (len && len < SP_MAX_MESSAGE && sj_validate(buf, len, NULL, 0) && sj_kind(v) == '{' &&
+		    sj_get(v, "start", &fs) && sj_str(fs, st, sizeof st, NULL) && strcmp(st, j->start) == 0 &&
 		    sj_get(v, "rank", &fr) && sj_i64(fr, &rank) && rank == r && sj_get(v, "value", &fv)) {
-			uint64_t c;
-			char text[600];
-			got = true;
-			if (sj_kind(fv) == 'n' && sj_u64(fv, &c)) {
-				best = c < best ? c : best;
-			} else {
-				if (!sj_str(fv, text, sizeof text, NULL))
-					snprintf(text, sizeof text,
-						 "wrote a value that is neither a count nor an error");
-				if (r != s->rank.rank) {
-					size_t at = strlen(bad);
-					snprintf(bad + at, sizeof bad - at, "%srank %lld: %s", nbad++ ? "; " : "", r,
-						 text);
-				}
-			}
-		}
-		if (got) {
+			char *text = texts + (size_t)r * STRAP__JOB_TEXT;
+			counts[r] = UINT64_MAX;
+			if (sj_kind(fv) == 'n' && sj_u64(fv, &counts[r]) && counts[r] != UINT64_MAX)
+				text[0] = 0;
+			else if (!sj_str(fv, text, STRAP__JOB_TEXT, NULL))
+				snprintf(text, STRAP__JOB_TEXT, "wrote a value that is neither a count nor an error");
 			r++;
 			continue;
 		}
-		if (sc_now() >= deadline)
-			return own_rc ? own_rc
-				      : ss_fail(s, STRAP_E_CHECKPOINT,
-						"rank %lld waited %gs for the resume point of rank %lld of this start "
-						"of the "
-						"job (%s) in %s: the ranks must share that directory "
-						"(STRAP_JOB_RESUME_WAIT sets the wait)",
-						s->rank.rank, wait, r, start, p);
+		if (sc_now() >= deadline) {
+			snprintf(why, whylen,
+				 "rank %lld waited %gs for the resume point of rank %lld of this start of the job (%s) "
+				 "in %s: the ranks must share that directory, or initialise a torch.distributed "
+				 "process group before the capture (STRAP_JOB_RESUME_WAIT sets the wait)",
+				 j->rank, j->wait_s, r, j->start, p);
+			e = STRAP_E_CHECKPOINT;
+			break;
+		}
+		if (j->interrupted && j->interrupted(j->interrupt_user)) {
+			snprintf(why, whylen, "interrupted while waiting for the job's resume point");
+			e = STRAP_E_SYSTEM;
+			break;
+		}
 		struct timespec ts = {0, 50 * 1000 * 1000};
 		nanosleep(&ts, NULL);
 	}
+	free(buf);
+	return e;
+}
+
+int ss_job_agree(strap_session *s, const char *start, int own_rc, uint64_t own, uint64_t *min)
+{
+	char own_error[1200], why[sizeof s->err.message];
 	if (own_rc)
-		return own_rc; /* every rank has heard of it */
+		snprintf(own_error, sizeof own_error, "%s: %s", strap_errstr(own_rc), s->err.message);
+	const char *w = getenv("STRAP_JOB_RESUME_WAIT");
+	strap__job j = {.output_path = s->output_path,
+			.rank = s->rank.rank,
+			.world_size = s->rank.world_size,
+			.start = start,
+			.own_error = own_rc ? own_error : NULL,
+			.own = own,
+			.wait_s = w && *w ? strtod(w, NULL) : 600.0};
+	uint64_t *counts = calloc((size_t)j.world_size, sizeof *counts);
+	char *texts = calloc((size_t)j.world_size, STRAP__JOB_TEXT);
+	int e = counts && texts ? strap__job_exchange(&j, counts, texts, why, sizeof why) : STRAP_E_NOMEM;
+	if (e == STRAP_E_NOMEM && (!counts || !texts))
+		snprintf(why, sizeof why, "out of memory");
+	char bad[900] = "";
+	size_t nbad = 0;
+	uint64_t best = UINT64_MAX;
+	for (long long r = 0; !e && r < j.world_size; r++) {
+		if (counts[r] != UINT64_MAX) {
+			best = counts[r] < best ? counts[r] : best;
+		} else if (r != j.rank) {
+			size_t at = strlen(bad);
+			snprintf(bad + at, sizeof bad - at, "%srank %lld: %s", nbad++ ? "; " : "", r,
+				 texts + (size_t)r * STRAP__JOB_TEXT);
+		}
+	}
+	free(counts);
+	free(texts);
+	if (own_rc)
+		return own_rc; /* every rank has heard of it (or could not: its own error comes first) */
+	if (e)
+		return ss_fail(s, e, "%s", why);
 	if (nbad)
 		return ss_fail(s, STRAP_E_CHECKPOINT,
 			       "the job cannot resume: %s (rank %lld could keep %llu tokens and is left as it was)",

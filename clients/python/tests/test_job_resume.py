@@ -123,11 +123,10 @@ def test_agree_takes_the_minimum_and_names_failed_ranks():
         _job_resume.agree(lambda own: [_job_resume._wire(own), 7, 3], mine, info)
 
 
-def test_sibling_paths():
+def test_file_exchange_needs_the_rank_marker(tmp_path):
     info = RankInfo(1, 2, None, None, "h", "env")
-    assert _job_resume.sibling_path("/r/cap.rank00001-of-00002.strap", info, 0) == "/r/cap.rank00000-of-00002.strap"
-    with pytest.raises(ValueError, match="marker"):
-        _job_resume.sibling_path("/r/cap.strap", info, 0)
+    with pytest.raises(CheckpointError, match=r"does not carry rank 1's marker \.rank00001-of-00002"):
+        _job_resume._files(info, str(tmp_path / "cap.strap"), "job/1", 3)
 
 
 def test_file_exchange_waits_for_every_rank_then_times_out(tmp_path, monkeypatch):
@@ -139,7 +138,7 @@ def test_file_exchange_waits_for_every_rank_then_times_out(tmp_path, monkeypatch
     i0, i1 = RankInfo(0, 2, 0, 2, "h", "env"), RankInfo(1, 2, 1, 2, "h", "env")
     (tmp_path / "cap.rank00001-of-00002.strap.job-resume.json").write_text(
         '{"start": "job/0", "rank": 1, "value": 2}')  # the job's earlier start: stale
-    with pytest.raises(CheckpointError, match=r"ranks \[1\]"):
+    with pytest.raises(CheckpointError, match=r"rank 0 waited 0.3s for the resume point of rank 1 .*job/1"):
         _job_resume._files(i0, s0, "job/1", 9)
     assert _job_resume._files(i1, s1, "job/1", 4) == [9, 4]  # rank 0's file of this start is there
     assert _job_resume._files(i0, s0, "job/1", 9) == [9, 4]

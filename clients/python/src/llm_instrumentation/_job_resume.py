@@ -22,15 +22,13 @@ so that no other rank waits for it: every rank then fails, naming the rank and i
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
-from typing import Callable, Dict, List, Optional, Union
+from typing import Callable, List, Optional, Union
 
 from . import _distributed
-from . import checkpoint as ckpt
 from ._distributed import RankInfo
+from ._ring import _c as _speedups
 from ._warnings import warn_caller
 from .checkpoint import CheckpointError
 
@@ -115,47 +113,10 @@ def _gather(info: RankInfo, own: Own) -> List[Union[int, str]]:
     return [v if isinstance(v, (int, str)) and not isinstance(v, bool) else f"sent {v!r}" for v in got]
 
 
-def sibling_path(path: str, info: RankInfo, rank: int) -> str:
-    """``path`` (carrying ``info``'s rank marker) with ``rank``'s marker instead.
-
-    Example:
-        >>> sibling_path("/r/cap.rank00001-of-00002.strap", RankInfo(1, 2, None, None, "h", "env"), 0)
-        '/r/cap.rank00000-of-00002.strap'
-    """
-    mine = f".rank{info.rank:05d}-of-{info.world_size:05d}"
-    head, base = os.path.split(path)
-    i = base.rfind(mine)
-    if i < 0:
-        raise ValueError(f"{path} does not carry rank {info.rank}'s marker {mine}")
-    return os.path.join(head, base[:i] + f".rank{rank:05d}-of-{info.world_size:05d}" + base[i + len(mine):])
-
-
 def _files(info: RankInfo, output_path: str, start: str, own: Own) -> List[Union[int, str]]:
-    mine = output_path + ".job-resume.json"
-    ckpt.write_atomic(mine, json.dumps({"start": start, "rank": info.rank, "value": _wire(own)}).encode())
+    """The file exchange, libstrap's (``strap__job_exchange``, which its own sessions use)."""
     wait = float(os.environ.get(WAIT_ENV, "") or DEFAULT_WAIT_S)
-    deadline = time.monotonic() + wait
-    got: Dict[int, Union[int, str]] = {}
-    while True:
-        for r in range(info.world_size):
-            if r in got:
-                continue
-            p = sibling_path(output_path, info, r) + ".job-resume.json"
-            try:
-                with open(p, "rb") as f:
-                    d = json.loads(f.read())
-            except (FileNotFoundError, ValueError):
-                continue  # not written yet (a rename makes it whole when it appears)
-            if isinstance(d, dict) and d.get("start") == start and d.get("rank") == r:
-                v = d.get("value")
-                got[r] = v if isinstance(v, (int, str)) and not isinstance(v, bool) else f"wrote {v!r}"
-        if len(got) == info.world_size:
-            return [got[r] for r in range(info.world_size)]
-        if time.monotonic() >= deadline:
-            missing = [r for r in range(info.world_size) if r not in got]
-            raise CheckpointError(
-                f"rank {info.rank} waited {wait:g} s for the resume points of ranks {missing} of this start of the "
-                f"job ({start}) in {os.path.dirname(mine)}: the ranks must share that directory, or initialise a "
-                f"torch.distributed process group before the capture ({WAIT_ENV} sets the wait)")
-        time.sleep(0.05)
-
+    try:
+        return _speedups.job_exchange(output_path, info.rank, info.world_size, start, _wire(own), wait)
+    except OSError as e:
+        raise CheckpointError(e.args[-1]) from None

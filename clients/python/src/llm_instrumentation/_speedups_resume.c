@@ -12,6 +12,7 @@
 #include <limits.h>
 #include <string.h>
 
+#include "attach.h"
 #include "strap_resume.h"
 
 #include "_speedups.h"
@@ -336,9 +337,99 @@ freed_range(PyObject *self, PyObject *args)
     return Py_BuildValue("(KK)", (unsigned long long)from, (unsigned long long)to);
 }
 
+static int
+job_interrupted(void *user)
+{
+    (void)user;
+    PyGILState_STATE g = PyGILState_Ensure();
+    int r = PyErr_CheckSignals() != 0;
+    PyGILState_Release(g);
+    return r;
+}
+
+PyDoc_STRVAR(job_exchange_doc,
+             "job_exchange(output_path, rank, world_size, start, own, wait) -> list\n"
+             "--\n\n"
+             "libstrap's strap__job_exchange (attach.h; docs/DISTRIBUTED.md D3): this rank's own (its\n"
+             "token count, an int, or its error, a str) written to output_path.job-resume.json with\n"
+             "start, then every rank's read from the files beside it, waiting up to wait seconds (the\n"
+             "GIL let go, signals run). Returns each rank's count (int) or error (str), in rank order.\n"
+             "OSError(code, message) when the wait runs out, the path lacks the rank's marker, or the\n"
+             "file cannot be written.");
+
+static PyObject *
+job_exchange(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *path, *own, *out = NULL;
+    long long rank, world;
+    const char *start;
+    double wait;
+    if (!PyArg_ParseTuple(args, "O&LLsOd:job_exchange", PyUnicode_FSConverter, &path, &rank, &world, &start, &own,
+                          &wait))
+        return NULL;
+    strap__job j = {.output_path = PyBytes_AsString(path),
+                    .start = start,
+                    .rank = rank,
+                    .world_size = world,
+                    .wait_s = wait,
+                    .interrupted = job_interrupted};
+    if (PyUnicode_Check(own)) {
+        j.own_error = PyUnicode_AsUTF8AndSize(own, NULL);
+    } else {
+        j.own = PyLong_AsUnsignedLongLong(own);
+    }
+    uint64_t *counts = NULL;
+    char *texts = NULL;
+    if (PyErr_Occurred() || j.output_path == NULL)
+        goto done;
+    if (world < 1 || world > (1 << 20) || rank < 0 || rank >= world) {
+        PyErr_Format(PyExc_ValueError, "job_exchange: rank %lld of %lld", rank, world);
+        goto done;
+    }
+    counts = PyMem_Calloc((size_t)world, sizeof *counts);
+    texts = PyMem_Calloc((size_t)world, STRAP__JOB_TEXT);
+    if (counts == NULL || texts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    char why[1200];
+    int e;
+    Py_BEGIN_ALLOW_THREADS;
+    e = strap__job_exchange(&j, counts, texts, why, sizeof why);
+    Py_END_ALLOW_THREADS;
+    if (PyErr_Occurred())
+        goto done;
+    if (e) {
+        PyObject *v = Py_BuildValue("(is)", e, why);
+        if (v != NULL) {
+            PyErr_SetObject(PyExc_OSError, v);
+            Py_DECREF(v);
+        }
+        goto done;
+    }
+    out = PyList_New((Py_ssize_t)world);
+    for (long long r = 0; out != NULL && r < world; r++) {
+        PyObject *x = counts[r] != UINT64_MAX
+                          ? PyLong_FromUnsignedLongLong(counts[r])
+                          : PyUnicode_DecodeUTF8(texts + (size_t)r * STRAP__JOB_TEXT,
+                                                 (Py_ssize_t)strlen(texts + (size_t)r * STRAP__JOB_TEXT), "replace");
+        if (x == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SetItem(out, (Py_ssize_t)r, x);
+    }
+done:
+    PyMem_Free(counts);
+    PyMem_Free(texts);
+    Py_DECREF(path);
+    return out;
+}
+
 PyMethodDef speedups_resume_methods[] = {
     {"resume_scan", (PyCFunction)(void (*)(void))resume_scan, METH_FASTCALL, resume_scan_doc},
     {"freed_range", freed_range, METH_VARARGS, freed_range_doc},
     {"token_log", token_log, METH_VARARGS, token_log_doc},
+    {"job_exchange", job_exchange, METH_VARARGS, job_exchange_doc},
     {NULL, NULL, 0, NULL},
 };
