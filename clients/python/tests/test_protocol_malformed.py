@@ -131,18 +131,21 @@ def test_mutated_golden_replies_never_crash(fname):
         _decodes_or_refuses(bytes(b))
 
 
-def test_connection_raises_protocol_error_for_a_malformed_reply():
+@pytest.mark.parametrize("data,why", [(_msg(P.RELEASE, b'{"tail":"x"}'), "RELEASE.tail"), (b"garbage", "shorter")],
+                         ids=["bad-field", "short"])
+def test_session_raises_protocol_error_for_a_malformed_reply(data, why):
+    """The client's session (libstrap's, attached over a socketpair) reading a malformed reply:
+    StrapdProtocolError with the decoder's reason, kept as the session's error."""
+    from llm_instrumentation import _ring as R
+    from llm_instrumentation._session import CaptureSession
+
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    conn = P.Connection(a)
+    s = CaptureSession(a, R.Ring(R.HEADER_SIZE + 64 * 64))
     try:
-        b.send(_msg(P.RELEASE, b'{"tail":"x"}'))
-        with pytest.raises(StrapdProtocolError, match="RELEASE.tail"):
-            conn.recv(1.0)
-        b.send(b"garbage")
-        with pytest.raises(StrapdProtocolError, match="shorter"):
-            conn.recv(1.0)
-        b.send(_msg(P.RELEASE, b'{"tail":4096}'))
-        assert conn.recv(1.0) == P.Release(tail=4096)
+        b.send(data)
+        with pytest.raises(StrapdProtocolError, match=why):
+            s.drain()
+        assert isinstance(s.error, StrapdProtocolError)
     finally:
-        conn.close()
+        s.shutdown()
         b.close()

@@ -180,9 +180,6 @@ class CaptureSession:
         self.publish_bytes = max(64, publish_bytes or min(ring.data_size // 8, 4 << 20))
         if opened is not None:
             self.max_record, self.publish_bytes = opened[1]["max_record"], opened[1]["publish_bytes"]
-        #: Defer the per-pass PUBLISH to the next TOKEN (PROTOCOL.md 1.4) where the daemon
-        #: offers the published cursor.
-        self.defer_publish = True
         self._rt = (RING_TOKENS_EVERY, RING_TOKENS_SECONDS)
         #: libstrap's session (None after :meth:`shutdown`)
         self._s: Any = opened[0] if opened is not None else self._attach(0, 0, False, False)
