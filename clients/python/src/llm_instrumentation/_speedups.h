@@ -77,5 +77,8 @@ struct srb_ring;
 struct srb_ring *speedups_ring_srb(PyObject *o);
 /* Add the Session type (_speedups_session.c) to the module. */
 int speedups_session_add(PyObject *m);
+/* A list of serialized events (bytes; a trailing newline not counted) as the arrays
+ * sp_pack_resources takes, borrowed from the list (PyMem_Free both; -1 with an exception). */
+int speedups_events(PyObject *list, const char ***evs, size_t **lens, Py_ssize_t *n);
 
 #endif

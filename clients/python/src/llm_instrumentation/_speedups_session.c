@@ -898,24 +898,16 @@ session_send_resources(PyObject *o, PyObject *arg)
     PyObject *fast = PySequence_List(arg);
     if (fast == NULL)
         return NULL;
-    Py_ssize_t n = PyList_Size(fast);
-    const char **evs = PyMem_Calloc((size_t)n + 1, sizeof *evs);
-    size_t *lens = PyMem_Calloc((size_t)n + 1, sizeof *lens);
+    const char **evs;
+    size_t *lens;
+    Py_ssize_t n;
     char *buf = PyMem_Malloc(SP_MAX_MESSAGE);
     PyObject *out = NULL;
     long sent = 0;
-    if (evs == NULL || lens == NULL || buf == NULL) {
-        PyErr_NoMemory();
+    if (speedups_events(fast, &evs, &lens, &n) < 0 || buf == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
         goto done;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        char *p;
-        Py_ssize_t len;
-        if (PyBytes_AsStringAndSize(PyList_GetItem(fast, i), &p, &len) < 0)
-            goto done;
-        while (len > 0 && p[len - 1] == '\n')
-            len--;
-        evs[i] = p, lens[i] = (size_t)len;
     }
     int sock = strap__session_sock(self->s), rc = SP_OK, err = 0;
     char why[256] = "";

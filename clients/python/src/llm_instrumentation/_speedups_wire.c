@@ -250,27 +250,45 @@ PyDoc_STRVAR(encode_resources_doc,
              "encode_resources(events) -> bytes: the RESOURCES datagram of a list of serialized events\n"
              "(bytes, each a JSON object with a string \"event\"); ValueError when they do not fit one.");
 
+int
+speedups_events(PyObject *list, const char ***evs, size_t **lens, Py_ssize_t *n)
+{
+    *evs = NULL;
+    *lens = NULL;
+    *n = PyList_Size(list);
+    if (*n < 0)
+        return -1;
+    *evs = PyMem_Calloc((size_t)*n + 1, sizeof **evs);
+    *lens = PyMem_Calloc((size_t)*n + 1, sizeof **lens);
+    if (*evs == NULL || *lens == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        char *p;
+        Py_ssize_t len;
+        if (PyBytes_AsStringAndSize(PyList_GetItem(list, i), &p, &len) < 0)
+            return -1;
+        while (len > 0 && p[len - 1] == '\n')
+            len--;
+        (*evs)[i] = p, (*lens)[i] = (size_t)len;
+    }
+    return 0;
+}
+
 static PyObject *
 encode_resources(PyObject *self, PyObject *arg)
 {
     (void)self;
-    Py_ssize_t n = PyList_Size(arg);
-    if (n < 0)
-        return NULL;
-    const char **evs = PyMem_Calloc((size_t)n + 1, sizeof *evs);
-    size_t *lens = PyMem_Calloc((size_t)n + 1, sizeof *lens);
+    const char **evs;
+    size_t *lens;
+    Py_ssize_t n;
     char *buf = PyMem_Malloc(SP_MAX_MESSAGE);
     PyObject *out = NULL;
-    if (evs == NULL || lens == NULL || buf == NULL) {
-        PyErr_NoMemory();
+    if (speedups_events(arg, &evs, &lens, &n) < 0 || buf == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
         goto done;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        char *p;
-        Py_ssize_t len;
-        if (PyBytes_AsStringAndSize(PyList_GetItem(arg, i), &p, &len) < 0)
-            goto done;
-        evs[i] = p, lens[i] = (size_t)len;
     }
     sw_buf b = {buf, 0, SP_MAX_MESSAGE, false};
     size_t next = 0;
